@@ -1,0 +1,180 @@
+"""Tests for keras_dyndp.schedules: DPSchedule and the paper's calibrated schedules."""
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from keras_dyndp import schedules
+from keras_dyndp.accounting import gdp
+
+P = 250 / 60000
+T = 4800
+DELTA = 1e-5
+
+
+def _calibrate(method, epsilon=1.2, **kwargs):
+    args = dict(
+        target_epsilon=epsilon, target_delta=DELTA, sampling_probability=P, num_steps=T, initial_clip=1.5,
+        rho_mu=1 / 0.3, rho_c=1 / 0.5,
+    )
+    args.update(kwargs)
+    return schedules.calibrate(method, **args)
+
+
+def test_vanilla_matches_paper_worked_numbers():
+    schedule = _calibrate("vanilla")
+    np.testing.assert_allclose(schedule.noise_multipliers, 1.1258165, rtol=1e-6)
+    np.testing.assert_allclose(schedule.clip_norms, 1.5)
+
+
+@pytest.mark.parametrize("method", schedules.METHODS)
+@pytest.mark.parametrize("epsilon", [0.05, 1.2, 8.0])
+def test_calibration_hits_gdp_clt_target(method, epsilon):
+    schedule = _calibrate(method, epsilon=epsilon)
+    spent = schedule.epsilon(DELTA)
+    assert spent <= epsilon
+    assert spent == pytest.approx(epsilon, rel=1e-6)
+    assert gdp.clt_mu(P, schedule.mus) == pytest.approx(gdp.mu_from_epsilon(epsilon, DELTA), rel=1e-9)
+
+
+def test_growing_mu_shape():
+    schedule = _calibrate("growing_mu", rho_mu=4.0)
+    t = np.arange(1, T + 1)
+    np.testing.assert_allclose(schedule.clip_norms, 1.5)
+    mu0 = schedule.mus[0] / 4.0 ** (1 / T)
+    np.testing.assert_allclose(schedule.mus, mu0 * 4.0 ** (t / T), rtol=1e-12)
+    mu_tot = gdp.mu_from_epsilon(1.2, DELTA)
+    assert P**2 * np.sum(np.expm1((4.0 ** (t / T) * mu0) ** 2)) == pytest.approx(mu_tot**2, rel=1e-12)
+
+
+def test_sensitivity_decay_has_closed_form_mu0():
+    schedule = _calibrate("sensitivity_decay", rho_c=2.0)
+    t = np.arange(1, T + 1)
+    mu_tot = gdp.mu_from_epsilon(1.2, DELTA)
+    mu0 = math.sqrt(math.log(mu_tot**2 / (P**2 * T) + 1))
+    np.testing.assert_allclose(schedule.mus, mu0, rtol=1e-12)
+    np.testing.assert_allclose(schedule.clip_norms, 1.5 * 2.0 ** (-t / T), rtol=1e-12)
+    np.testing.assert_allclose(schedule.noise_stddevs, 1.5 / mu0 * 2.0 ** (-t / T), rtol=1e-12)
+
+
+def test_dynamic_follows_algorithm_2():
+    rho_mu, rho_c = 1 / 0.8, 1 / 0.3
+    schedule = _calibrate("dynamic", rho_mu=rho_mu, rho_c=rho_c)
+    growing = _calibrate("growing_mu", rho_mu=rho_mu)
+    t = np.arange(1, T + 1)
+    mu0 = growing.mus[0] / rho_mu ** (1 / T)  # Alg. 2 takes mu_0 from Alg. 1.
+    np.testing.assert_allclose(schedule.clip_norms, 1.5 * rho_c ** (-t / T), rtol=1e-12)
+    np.testing.assert_allclose(schedule.noise_stddevs, 1.5 / mu0 * (rho_mu * rho_c) ** (-t / T), rtol=1e-10)
+
+
+def test_rho_one_reduces_to_vanilla():
+    vanilla = _calibrate("vanilla")
+    for method in ("growing_mu", "sensitivity_decay", "dynamic"):
+        np.testing.assert_allclose(
+            _calibrate(method, rho_mu=1.0, rho_c=1.0).noise_stddevs, vanilla.noise_stddevs, rtol=1e-12
+        )
+
+
+def test_calibrate_shape_accepts_arrays_and_callables():
+    clips = np.linspace(2.0, 1.0, 100)
+    from_array = schedules.calibrate_shape(
+        clips, clips / np.linspace(3.0, 1.0, 100), target_epsilon=2.0, target_delta=1e-6,
+        sampling_probability=0.05, num_steps=100,
+    )
+    from_callable = schedules.calibrate_shape(
+        lambda t: np.linspace(2.0, 1.0, 100), lambda t: np.linspace(2.0, 1.0, 100) / np.linspace(3.0, 1.0, 100),
+        target_epsilon=2.0, target_delta=1e-6, sampling_probability=0.05, num_steps=100,
+    )
+    assert from_array == from_callable
+    np.testing.assert_array_equal(from_array.clip_norms, clips)
+    # The noise keeps the requested shape: sigma_t proportional to linspace(3, 1).
+    ratio = from_array.noise_stddevs / np.linspace(3.0, 1.0, 100)
+    np.testing.assert_allclose(ratio, ratio[0], rtol=1e-12)
+    assert from_array.epsilon(1e-6) == pytest.approx(2.0, rel=1e-6)
+
+
+def test_event_is_run_length_encoded_and_composes_like_steps():
+    constant = _calibrate("vanilla")
+    event = constant.to_dp_event()
+    assert isinstance(event, dp_accounting.SelfComposedDpEvent) and event.count == T
+    dynamic = _calibrate("dynamic", num_steps=20)
+    event = dynamic.to_dp_event(steps=7)
+    assert isinstance(event, dp_accounting.ComposedDpEvent) and len(event.events) == 7
+    assert isinstance(dynamic.to_dp_event(steps=0), dp_accounting.NoOpDpEvent)
+
+
+def test_epsilon_grows_with_steps_and_accountants_agree_roughly():
+    schedule = _calibrate("vanilla", num_steps=200, sampling_probability=0.02)
+    eps = [schedule.epsilon(DELTA, steps=s) for s in (0, 50, 100, 200)]
+    assert eps[0] == 0.0 and eps[1] < eps[2] < eps[3]
+    rdp = schedule.epsilon(DELTA, accountant="rdp")
+    pld = schedule.epsilon(DELTA, accountant="pld")
+    # Rigorous accountants sit near the CLT value; RDP is the loosest of the two rigorous ones.
+    assert 0.8 * eps[3] < pld <= rdp < 1.6 * eps[3]
+
+
+def test_zero_noise_means_infinite_epsilon():
+    schedule = schedules.DPSchedule([1.0, 1.0], [0.0, 0.0], 0.1)
+    assert schedule.epsilon(DELTA) == math.inf
+    assert np.all(np.isinf(schedule.mus))
+
+
+def test_json_and_config_round_trip():
+    schedule = _calibrate("dynamic", num_steps=50)
+    assert schedules.DPSchedule.from_json(schedule.to_json()) == schedule
+    assert schedules.DPSchedule.from_config(schedule.get_config()) == schedule
+
+
+def test_schedule_is_immutable():
+    schedule = _calibrate("vanilla", num_steps=10)
+    with pytest.raises(ValueError):
+        schedule.clip_norms[0] = 5.0
+    with pytest.raises(AttributeError):
+        schedule.sampling_probability = 0.5
+
+
+def test_sampling_from_epochs_matches_tf_privacy_convention():
+    assert schedules.sampling_from_epochs(60000, 250, epochs=20) == (250 / 60000, 4800)
+    assert schedules.sampling_from_epochs(60000, 256, epochs=60) == (256 / 60000, 14063)
+    assert schedules.sampling_from_epochs(100, 10, steps=7) == (0.1, 7)
+
+
+@pytest.mark.parametrize(
+    "override, argument",
+    [
+        (dict(target_epsilon=0.0), "target_epsilon"),
+        (dict(target_epsilon=-1.0), "target_epsilon"),
+        (dict(target_epsilon=math.inf), "target_epsilon"),
+        (dict(target_delta=0.0), "target_delta"),
+        (dict(target_delta=1.0), "target_delta"),
+        (dict(sampling_probability=0.0), "sampling_probability"),
+        (dict(sampling_probability=1.5), "sampling_probability"),
+        (dict(num_steps=0), "num_steps"),
+        (dict(num_steps=2.5), "num_steps"),
+        (dict(rho_mu=0.5), "rho_mu"),
+        (dict(rho_c=0.9), "rho_c"),
+        (dict(initial_clip=0.0), "initial_clip"),
+        (dict(initial_clip=-2.0), "initial_clip"),
+        (dict(accountant="moments"), "accountant"),
+    ],
+)
+def test_bad_calibration_arguments_name_the_argument(override, argument):
+    with pytest.raises(ValueError, match=argument):
+        _calibrate("dynamic", **override)
+
+
+def test_bad_method_and_schedule_arguments():
+    with pytest.raises(ValueError, match="method"):
+        _calibrate("adaptive")
+    with pytest.raises(ValueError, match="clip_norms"):
+        schedules.DPSchedule([1.0, -1.0], [1.0, 1.0], 0.1)
+    with pytest.raises(ValueError, match="noise_stddevs"):
+        schedules.DPSchedule([1.0, 1.0], [1.0], 0.1)
+    with pytest.raises(ValueError, match="steps"):
+        _calibrate("vanilla", num_steps=10).epsilon(DELTA, steps=11)
+    with pytest.raises(ValueError, match="epochs"):
+        schedules.sampling_from_epochs(100, 10)
+    with pytest.raises(ValueError, match="batch_size"):
+        schedules.sampling_from_epochs(100, 200, epochs=1)
