@@ -1,0 +1,75 @@
+"""Times keras_dyndp's fast heterogeneous RDP accounting against dp_accounting's RdpAccountant composing step by step.
+
+The schedule is the one measured in DESIGN.md: p = 250/60000, noise multiplier linear from 1.2 to 0.6 over
+`--steps` steps (all distinct), delta = 1e-5. dp_accounting composes the first `--reference_steps` steps one by
+one (0 skips it; the default, all steps, takes ~4 minutes on 2 CPU cores); the epsilons are compared on that prefix.
+
+    python benchmarks/accounting.py --steps=4800 --reference_steps=200
+"""
+
+import time
+
+import numpy as np
+from absl import app
+from absl import flags
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from keras_dyndp.accounting import fast_rdp
+from keras_dyndp.accounting import gdp
+
+_STEPS = flags.DEFINE_integer("steps", 4800, "Number of DP-SGD steps T.", lower_bound=1)
+_REFERENCE_STEPS = flags.DEFINE_integer(
+    "reference_steps", None, "Steps composed one by one by dp_accounting (default: all; 0: skip).", lower_bound=0)
+_SAMPLING_PROBABILITY = flags.DEFINE_float("sampling_probability", 250 / 60000, "Poisson sampling probability p.")
+_DELTA = flags.DEFINE_float("delta", 1e-5, "Target delta.")
+_STEPS_PER_EPOCH = flags.DEFINE_integer("steps_per_epoch", 240, "Epoch length for the per-epoch curve.", lower_bound=1)
+
+
+def _timed(function):
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
+    value = function()
+    return value, time.perf_counter() - start_wall, time.process_time() - start_cpu
+
+
+def _reference_epsilon(noise_multipliers: np.ndarray) -> float:
+    accountant = rdp_privacy_accountant.RdpAccountant()
+    for noise_multiplier in noise_multipliers:
+        accountant.compose(dp_event.PoissonSampledDpEvent(
+            _SAMPLING_PROBABILITY.value, dp_event.GaussianDpEvent(noise_multiplier)))
+    return accountant.get_epsilon(_DELTA.value)
+
+
+def main(argv):
+    del argv
+    steps = _STEPS.value
+    reference_steps = steps if _REFERENCE_STEPS.value is None else min(_REFERENCE_STEPS.value, steps)
+    probability, delta = _SAMPLING_PROBABILITY.value, _DELTA.value
+    noise_multipliers = np.linspace(1.2, 0.6, steps)
+    print(f"p={probability:.6g} T={steps} delta={delta:g}, noise multiplier linear 1.2 -> 0.6")
+
+    epsilon, wall, cpu = _timed(lambda: fast_rdp.rdp_epsilon(probability, noise_multipliers, delta))
+    print(f"fast_rdp.rdp_epsilon, T={steps}: epsilon={epsilon:.10g}  wall {wall:.3f} s  cpu {cpu:.3f} s")
+
+    epoch_ends = list(range(0, steps + 1, _STEPS_PER_EPOCH.value))
+    curve, wall, cpu = _timed(lambda: fast_rdp.rdp_epsilons_at(probability, noise_multipliers, delta, epoch_ends))
+    print(f"fast_rdp.rdp_epsilons_at, {len(epoch_ends)} epoch ends: last={curve[-1]:.10g}  "
+          f"wall {wall:.3f} s  cpu {cpu:.3f} s")
+
+    clt_epsilon, wall, cpu = _timed(
+        lambda: gdp.epsilon_from_mu(gdp.clt_mu(probability, 1 / noise_multipliers), delta))
+    print(f"GDP-CLT (approximate): epsilon={clt_epsilon:.10g}  wall {wall:.4f} s  cpu {cpu:.4f} s")
+
+    if reference_steps:
+        prefix = noise_multipliers[:reference_steps]
+        expected, wall, cpu = _timed(lambda: _reference_epsilon(prefix))
+        fast = fast_rdp.rdp_epsilon(probability, prefix, delta)
+        print(f"dp_accounting RdpAccountant one by one, first {reference_steps} steps: epsilon={expected:.10g}  "
+              f"wall {wall:.3f} s  cpu {cpu:.3f} s  ({1000 * cpu / reference_steps:.1f} ms cpu/step, "
+              f"~{cpu * steps / reference_steps:.0f} s cpu for all {steps})")
+        print(f"fast_rdp on the same prefix: epsilon={fast:.10g}  relative difference "
+              f"{abs(fast - expected) / expected:.2e}")
+
+
+if __name__ == "__main__":
+    app.run(main)

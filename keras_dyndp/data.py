@@ -1,0 +1,331 @@
+"""Batching for DP-SGD: Poisson subsampling as the accountants assume it.
+
+Every accountant in this package (GDP-CLT, RDP, PLD) assumes *Poisson subsampling*: at each step every training
+example joins the batch independently with probability ``p``, so the batch size is Binomial(N, p) and changes
+from step to step. Shuffle-and-slice batching, the usual Keras habit, has no tight analysis under these
+accountants (tensorflow/privacy #483); it is offered here only as the common, documented approximation.
+
+Keras wants fixed shapes (a varying batch size retraces the train step), so the Poisson batches are padded to a
+fixed number of rows, ``max_batch_size``. Padding rows hold zeros and have sample weight 0, so a per-example
+clipped-gradient sum ignores them; a batch in which nobody was selected is all padding and all-zero weights.
+The real number of examples in a batch is the number of non-zero weights (with unit weights, their sum). Normalise
+the noisy gradient sum by the expected batch size ``p * N`` (the DP optimizers' ``expected_batch_size``), not by
+the number of rows, which counts the padding.
+
+Overflow and truncation
+-----------------------
+When more than ``max_batch_size`` examples are selected (an *overflow*), a uniformly random subset of
+``max_batch_size`` of them is kept and a warning is printed to stderr (``overflow='truncate'``, the default), or
+the input pipeline fails with ``tf.errors.InvalidArgumentError`` (``overflow='raise'``).
+
+Truncation is *not* free post-processing under add/remove adjacency: once the cap is hit, adding one example can
+push another one out of the batch, so the two batches differ by a swap (sensitivity 2C instead of C). It is safe
+only up to a small additive delta. The truncated run and the untruncated (exact Poisson) run, driven by the same
+randomness, differ only when some step overflows, which happens with probability at most ``T * eta``, where
+``eta = P[Binomial(N + 1, p) > max_batch_size]`` (``N + 1``: the larger neighbour). Hence, if the exact Poisson
+mechanism is (epsilon, delta)-DP, the truncated one is (epsilon, delta + (1 + e^epsilon) * T * eta)-DP; see
+`truncation_delta`. The default cap, `default_max_batch_size`, makes ``P[Binomial(N, p) > cap] <= 1e-15``, so this
+extra delta is about ``(1 + e^epsilon) * T * 1e-15`` (4e-11 for T = 4800, epsilon = 2), negligible next to the
+usual ``delta = 1 / (10 N)``. A looser tail such as 1e-9 would NOT be negligible: 4e-5 for the same T and epsilon,
+more than delta itself. The price of the safe cap is padding: 385 rows for an expected 250 (N = 60000). With a
+hand-picked small cap, check `truncation_delta` and add it to the reported delta.
+``overflow='raise'`` is no better in this respect: whether the run fails also differs between neighbours only
+on overflow, so the same extra delta applies; it only makes an overflow impossible to miss.
+
+Randomness
+----------
+Sampling is deterministic per ``seed``: a new dataset object built with the same seed yields the same batches.
+Every new iteration over the *same* dataset object (Keras re-iterates a finite dataset each epoch) draws fresh,
+independent batches, so epochs never repeat the same selections. ``seed=None`` seeds from OS entropy. When
+resuming a run from a checkpoint, build the dataset with a new seed (or ``None``): replaying the same selections
+would correlate steps, which the accountants do not allow for.
+"""
+
+import math
+import sys
+from typing import Any
+
+import scipy.stats
+import tensorflow as tf
+
+#: Tail probability that sets `default_max_batch_size`: P[Binomial(N, p) > cap] <= this.
+DEFAULT_OVERFLOW_TAIL = 1e-15
+
+_OVERFLOW_POLICIES = ("truncate", "raise")
+
+
+def _check_sampling_probability(sampling_probability: float) -> float:
+    if not 0.0 < sampling_probability <= 1.0:
+        raise ValueError("`sampling_probability` must be in (0, 1]. "
+                         f"Received: sampling_probability={sampling_probability}.")
+    return float(sampling_probability)
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value}.")
+    return int(value)
+
+
+def expected_steps_per_epoch(sampling_probability: float) -> int:
+    """Number of Poisson steps that visit each example once in expectation: ``round(1 / p)``.
+
+    Args:
+        sampling_probability: Poisson sampling rate p, in (0, 1].
+
+    Returns:
+        ``max(1, round(1 / p))``.
+    """
+    sampling_probability = _check_sampling_probability(sampling_probability)
+    return max(1, round(1.0 / sampling_probability))
+
+
+def default_max_batch_size(num_examples: int, sampling_probability: float,
+                           tail_probability: float = DEFAULT_OVERFLOW_TAIL) -> int:
+    """Smallest cap ``m >= 1`` with ``P[Binomial(N, p) > m] <= tail_probability``.
+
+    Args:
+        num_examples: Number of training examples N, >= 1.
+        sampling_probability: Poisson sampling rate p, in (0, 1].
+        tail_probability: Allowed per-step overflow probability, in (0, 1).
+
+    Returns:
+        The cap m (at most N). For N = 60000, p = 250 / 60000 it is 385 (mean 250, std 15.8).
+    """
+    num_examples = _check_positive_int("num_examples", num_examples)
+    sampling_probability = _check_sampling_probability(sampling_probability)
+    if not 0.0 < tail_probability < 1.0:
+        raise ValueError("`tail_probability` must be in (0, 1). "
+                         f"Received: tail_probability={tail_probability}.")
+    binom = scipy.stats.binom(num_examples, sampling_probability)
+    # Bisection on the survival function (non-increasing, sf(N) = 0); more robust than binom.isf, which returns
+    # N for tails as small as 1e-18.
+    low, high = 0, num_examples
+    while low < high:
+        middle = (low + high) // 2
+        if binom.sf(middle) <= tail_probability:
+            high = middle
+        else:
+            low = middle + 1
+    return max(low, 1)
+
+
+def truncation_delta(num_examples: int, sampling_probability: float, max_batch_size: int, num_steps: int,
+                     epsilon: float) -> float:
+    """Extra delta paid for truncating overflowing Poisson batches to ``max_batch_size`` rows.
+
+    ``(1 + e^epsilon) * T * P[Binomial(N + 1, p) > max_batch_size]``; see the module docstring for the argument.
+
+    Args:
+        num_examples: Number of training examples N, >= 1.
+        sampling_probability: Poisson sampling rate p, in (0, 1].
+        max_batch_size: The cap, >= 1.
+        num_steps: Number of steps T, >= 1.
+        epsilon: The epsilon of the (epsilon, delta) guarantee of the exact Poisson mechanism, >= 0.
+
+    Returns:
+        The amount to add to delta.
+    """
+    num_examples = _check_positive_int("num_examples", num_examples)
+    sampling_probability = _check_sampling_probability(sampling_probability)
+    max_batch_size = _check_positive_int("max_batch_size", max_batch_size)
+    num_steps = _check_positive_int("num_steps", num_steps)
+    if not epsilon >= 0.0:
+        raise ValueError(f"`epsilon` must be >= 0. Received: epsilon={epsilon}.")
+    eta = float(scipy.stats.binom.sf(max_batch_size, num_examples + 1, sampling_probability))
+    return min(1.0, (1.0 + math.exp(epsilon)) * num_steps * eta)
+
+
+def _as_tensors(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, tf.Tensor, int]:
+    """Converts (nests of) arrays to tensors and checks that all share the leading dimension N >= 1."""
+    x = tf.nest.map_structure(tf.convert_to_tensor, x)
+    y = tf.nest.map_structure(tf.convert_to_tensor, y)
+    leaves = tf.nest.flatten((x, y))
+    if not leaves or any(leaf.shape.rank == 0 for leaf in leaves):
+        raise ValueError("`x` and `y` must be arrays (or nests of arrays) with a leading example dimension.")
+    num_examples = int(leaves[0].shape[0])
+    if num_examples < 1:
+        raise ValueError(f"`x` must hold at least 1 example (N >= 1). Received: N={num_examples}.")
+    if any(int(leaf.shape[0]) != num_examples for leaf in leaves):
+        raise ValueError("All arrays in `x` and `y` must have the same number of rows. Received: "
+                         f"{[int(leaf.shape[0]) for leaf in leaves]}.")
+    if sample_weight is None:
+        sample_weight = tf.ones([num_examples], tf.float32)
+    else:
+        sample_weight = tf.cast(tf.convert_to_tensor(sample_weight), tf.float32)
+        if sample_weight.shape != (num_examples,):
+            raise ValueError(f"`sample_weight` must have shape ({num_examples},). "
+                             f"Received: shape={tuple(sample_weight.shape)}.")
+    return x, y, sample_weight, num_examples
+
+
+def _gather_rows(tensors: Any, indices: tf.Tensor, keep: tf.Tensor, num_padding_rows: int) -> Any:
+    """Rows ``indices`` of every tensor in a nest; rows where ``keep`` is False and padding rows are zeros."""
+
+    def gather(tensor: tf.Tensor) -> tf.Tensor:
+        rows = tf.gather(tensor, indices)
+        mask = tf.reshape(keep, [-1] + [1] * (rows.shape.rank - 1))
+        rows = tf.where(mask, rows, tf.zeros_like(rows))
+        if num_padding_rows:
+            padding = tf.zeros([num_padding_rows] + rows.shape[1:].as_list(), rows.dtype)
+            rows = tf.concat([rows, padding], axis=0)
+        return rows
+
+    return tf.nest.map_structure(gather, tensors)
+
+
+def poisson_batches_from_tensors(x: Any, y: Any, sampling_probability: float, *, sample_weight: Any = None,
+                                 max_batch_size: int | None = None, num_steps: int | None = None,
+                                 seed: int | None = None, overflow: str = "truncate") -> tf.data.Dataset:
+    """Poisson-sampled, fixed-shape batches ``(x, y, sample_weight)`` from in-memory arrays.
+
+    At each step every example is selected independently with probability p (one uniform draw per example), the
+    selected rows are gathered and the batch is padded to ``max_batch_size`` rows of zeros with sample weight 0.
+    Cost per step: O(N) random numbers plus a gather of ``max_batch_size`` rows; nothing is materialised per
+    epoch. See the module docstring for the overflow (truncation) policy and its privacy cost, and for seeding.
+
+    Typical use, one Keras epoch = ``round(1 / p)`` steps, fresh samples every epoch::
+
+        ds = poisson_batches_from_tensors(x_train, y_train, p, seed=0)
+        model.fit(ds, epochs=epochs)
+
+    Args:
+        x: Features: an array or a nest (dict, tuple) of arrays, all with N rows.
+        y: Labels: an array or a nest of arrays with N rows.
+        sampling_probability: Poisson sampling rate p, in (0, 1].
+        sample_weight: Optional per-example weights, shape [N]; default 1. Padding rows get weight 0.
+        max_batch_size: Number of rows of every batch, >= 1; default `default_max_batch_size(N, p)`.
+        num_steps: Steps (batches) per iteration over the dataset, >= 1; default `expected_steps_per_epoch(p)`.
+        seed: Sampling seed; None seeds from OS entropy.
+        overflow: 'truncate' (keep a uniformly random ``max_batch_size`` of the selected examples and print a
+            warning) or 'raise' (fail with ``tf.errors.InvalidArgumentError``).
+
+    Returns:
+        A finite ``tf.data.Dataset`` of ``num_steps`` elements ``(x, y, sample_weight)`` whose leading dimension
+        is ``max_batch_size``; ``sample_weight`` is float32.
+
+    Raises:
+        ValueError: On an invalid argument.
+    """
+    sampling_probability = _check_sampling_probability(sampling_probability)
+    x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight)
+    if max_batch_size is None:
+        max_batch_size = default_max_batch_size(num_examples, sampling_probability)
+    max_batch_size = _check_positive_int("max_batch_size", max_batch_size)
+    if num_steps is None:
+        num_steps = expected_steps_per_epoch(sampling_probability)
+    num_steps = _check_positive_int("num_steps", num_steps)
+    if overflow not in _OVERFLOW_POLICIES:
+        raise ValueError(f"`overflow` must be one of {_OVERFLOW_POLICIES}. Received: overflow={overflow!r}.")
+
+    num_gathered = min(max_batch_size, num_examples)
+    num_padding_rows = max_batch_size - num_gathered
+
+    def make_batch(step_seed: tf.Tensor) -> tuple[Any, Any, tf.Tensor]:
+        # float64: p down to ~1e-15 is represented without bias.
+        uniforms = tf.random.stateless_uniform([num_examples], seed=step_seed, dtype=tf.float64)
+        selected = uniforms < sampling_probability
+        num_selected = tf.reduce_sum(tf.cast(selected, tf.int32))
+        # The examples with the smallest uniforms: all selected ones first, and on overflow a uniformly random
+        # subset of them (the uniforms of the selected examples are i.i.d. U(0, p)).
+        _, indices = tf.math.top_k(-uniforms, k=num_gathered, sorted=False)
+        keep = tf.gather(selected, indices)
+        if overflow == "raise":
+            tf.debugging.assert_less_equal(
+                num_selected, max_batch_size,
+                message=f"keras_dyndp.data: Poisson batch larger than max_batch_size={max_batch_size}.")
+        else:
+            tf.cond(num_selected > max_batch_size,
+                    lambda: tf.print("WARNING keras_dyndp.data: Poisson sampling selected", num_selected,
+                                     f"examples; truncated to max_batch_size={max_batch_size}. This adds to "
+                                     "delta, see keras_dyndp.data.truncation_delta.", output_stream=sys.stderr),
+                    tf.no_op)
+        batch_x, batch_y = _gather_rows((x, y), indices, keep, num_padding_rows)
+        weights = _gather_rows(sample_weight, indices, keep, num_padding_rows)
+        return batch_x, batch_y, weights
+
+    step_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2, drop_remainder=True)
+    batches = step_seeds.take(num_steps).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return batches.prefetch(tf.data.AUTOTUNE)
+
+
+def poisson_batches(dataset: tf.data.Dataset, num_examples: int, sampling_probability: float,
+                    max_batch_size: int | None = None, seed: int | None = None, num_steps: int | None = None,
+                    overflow: str = "truncate") -> tf.data.Dataset:
+    """Poisson-sampled, fixed-shape batches from a finite, unbatched dataset of (x, y) or (x, y, w) elements.
+
+    The dataset is read once into memory (the same requirement as ``dataset.cache()``; elements must have fixed
+    shapes, pad variable-length features first) and then sampled by `poisson_batches_from_tensors`; see there
+    and the module docstring.
+
+    Args:
+        dataset: Finite dataset of exactly ``num_examples`` unbatched elements ``(x, y)`` or ``(x, y, w)``.
+        num_examples: Number of elements N in ``dataset``, >= 1 (checked).
+        sampling_probability: Poisson sampling rate p, in (0, 1].
+        max_batch_size: Rows per batch, >= 1; default `default_max_batch_size(N, p)`.
+        seed: Sampling seed; None seeds from OS entropy.
+        num_steps: Steps per iteration, >= 1; default `expected_steps_per_epoch(p)`.
+        overflow: 'truncate' or 'raise', as in `poisson_batches_from_tensors`.
+
+    Returns:
+        A dataset of ``(x, y, sample_weight)`` batches with ``max_batch_size`` rows.
+
+    Raises:
+        ValueError: On an invalid argument, an element structure other than (x, y) / (x, y, w), or a dataset
+            whose size is not ``num_examples``.
+    """
+    num_examples = _check_positive_int("num_examples", num_examples)
+    sampling_probability = _check_sampling_probability(sampling_probability)
+    spec = dataset.element_spec
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        raise ValueError("`dataset` elements must be tuples (x, y) or (x, y, sample_weight). "
+                         f"Received: element_spec={spec}.")
+    # One batch of N + 1 detects a dataset that is larger than announced.
+    everything = next(iter(dataset.batch(num_examples + 1)), None)
+    size = 0 if everything is None else int(tf.nest.flatten(everything)[0].shape[0])
+    if size != num_examples:
+        received = "more" if size > num_examples else str(size)
+        raise ValueError(f"`dataset` must have exactly num_examples={num_examples} elements. "
+                         f"Received: {received} elements.")
+    x, y = everything[0], everything[1]
+    sample_weight = everything[2] if len(everything) == 3 else None
+    return poisson_batches_from_tensors(x, y, sampling_probability, sample_weight=sample_weight,
+                                        max_batch_size=max_batch_size, num_steps=num_steps, seed=seed,
+                                        overflow=overflow)
+
+
+def shuffled_batches(x: Any, y: Any, batch_size: int, seed: int | None = None, *,
+                     sample_weight: Any = None) -> tf.data.Dataset:
+    """Shuffle-and-slice batches of exactly ``batch_size`` rows: an approximation, not what accountants assume.
+
+    Each iteration (Keras epoch) is a fresh permutation cut into ``N // batch_size`` batches (the remainder is
+    dropped, so shapes are fixed). This is the common practice, but every example appears exactly once per epoch
+    instead of independently with probability p, so the Poisson-subsampling accounting of this package does not
+    strictly hold for it (tensorflow/privacy #483). Use `poisson_batches_from_tensors` for an exact guarantee.
+
+    Args:
+        x: Features: an array or nest of arrays with N rows.
+        y: Labels: an array or nest of arrays with N rows.
+        batch_size: Rows per batch, in [1, N].
+        seed: Shuffle seed; None is nondeterministic.
+        sample_weight: Optional per-example weights, shape [N]; default 1.
+
+    Returns:
+        A dataset of ``(x, y, sample_weight)`` batches with ``batch_size`` rows.
+
+    Raises:
+        ValueError: On an invalid argument.
+    """
+    x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight)
+    batch_size = _check_positive_int("batch_size", batch_size)
+    if batch_size > num_examples:
+        raise ValueError(f"`batch_size` must be in [1, N={num_examples}]. Received: batch_size={batch_size}.")
+    keep_all = tf.ones([batch_size], tf.bool)
+
+    def make_batch(indices: tf.Tensor) -> tuple[Any, Any, tf.Tensor]:
+        batch_x, batch_y = _gather_rows((x, y), indices, keep_all, 0)
+        return batch_x, batch_y, tf.gather(sample_weight, indices)
+
+    indices = tf.data.Dataset.range(num_examples).shuffle(num_examples, seed=seed, reshuffle_each_iteration=True)
+    batches = indices.batch(batch_size, drop_remainder=True).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
+    return batches.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,185 @@
+"""Tests for keras_dyndp.data: Poisson batch statistics, padding, seeding, overflow, argument checks."""
+
+import numpy as np
+import pytest
+import scipy.stats
+import tensorflow as tf
+
+from keras_dyndp import data
+
+NUM_EXAMPLES = 200
+P = 0.1
+
+
+def _arrays(num_examples: int = NUM_EXAMPLES) -> tuple[np.ndarray, np.ndarray]:
+    # Row i holds i + 1 in every feature, so rows identify examples and padding (zeros) is distinguishable.
+    x = np.repeat(np.arange(1, num_examples + 1, dtype=np.float32)[:, None], 3, axis=1)
+    return x, np.arange(1, num_examples + 1, dtype=np.int64)
+
+
+def _selections(dataset: tf.data.Dataset) -> list[np.ndarray]:
+    """Example ids (0-based) of the real rows of each batch."""
+    return [y.numpy()[w.numpy() > 0] - 1 for _, y, w in dataset]
+
+
+def test_batch_size_and_inclusion_statistics():
+    x, y = _arrays()
+    num_steps = 2000
+    selections = _selections(data.poisson_batches_from_tensors(x, y, P, num_steps=num_steps, seed=0))
+    sizes = np.array([len(s) for s in selections])
+    mean, variance = NUM_EXAMPLES * P, NUM_EXAMPLES * P * (1 - P)
+    assert abs(sizes.mean() - mean) < 5 * np.sqrt(variance / num_steps)
+    assert variance * 0.85 < sizes.var() < variance * 1.15
+    counts = np.bincount(np.concatenate(selections), minlength=NUM_EXAMPLES)
+    # Each example's inclusion count is Binomial(num_steps, P); all within 5 standard deviations, and the
+    # counts spread like a binomial (chi-square-like check on their variance).
+    assert np.all(np.abs(counts - num_steps * P) < 5 * np.sqrt(num_steps * P * (1 - P)))
+    assert 0.7 < counts.var() / (num_steps * P * (1 - P)) < 1.3
+    assert all(len(np.unique(s)) == len(s) for s in selections)  # without replacement within a batch
+
+
+def test_fixed_shape_and_zero_weight_padding_rows():
+    x, y = _arrays()
+    weights_in = np.linspace(0.5, 2.0, NUM_EXAMPLES).astype(np.float32)
+    cap = data.default_max_batch_size(NUM_EXAMPLES, P)
+    dataset = data.poisson_batches_from_tensors(x, y, P, sample_weight=weights_in, num_steps=20, seed=1)
+    assert dataset.element_spec[0].shape == (cap, 3)
+    assert dataset.element_spec[2] == tf.TensorSpec((cap,), tf.float32)
+    for batch_x, batch_y, weights in dataset:
+        real = weights.numpy() > 0
+        assert np.all(batch_x.numpy()[~real] == 0) and np.all(batch_y.numpy()[~real] == 0)
+        ids = batch_y.numpy()[real] - 1
+        np.testing.assert_array_equal(batch_x.numpy()[real], x[ids])
+        np.testing.assert_allclose(weights.numpy()[real], weights_in[ids])
+
+
+def test_seed_determinism_and_fresh_epochs():
+    x, y = _arrays()
+
+    def make(seed):
+        return data.poisson_batches_from_tensors(x, y, P, num_steps=5, seed=seed)
+
+    first = make(7)
+    epoch_1, epoch_2 = _selections(first), _selections(first)
+    for a, b in zip(epoch_1, _selections(make(7))):
+        np.testing.assert_array_equal(np.sort(a), np.sort(b))
+    assert any(set(a) != set(b) for a, b in zip(epoch_1, epoch_2))  # re-iteration resamples
+    assert any(set(a) != set(b) for a, b in zip(epoch_1, _selections(make(8))))
+
+
+def test_empty_batches_have_all_zero_weights():
+    x, y = _arrays(3)
+    dataset = data.poisson_batches_from_tensors(x, y, 0.01, max_batch_size=2, num_steps=50, seed=0)
+    weights = np.stack([w.numpy() for _, _, w in dataset])
+    assert weights.shape == (50, 2)
+    assert np.any(np.all(weights == 0, axis=1))
+
+
+def test_cap_larger_than_dataset_pads():
+    x, y = _arrays(3)
+    (batch_x, _, weights), = data.poisson_batches_from_tensors(x, y, 1.0, max_batch_size=5, num_steps=1, seed=0)
+    np.testing.assert_array_equal(weights.numpy(), [1, 1, 1, 0, 0])
+    assert batch_x.shape == (5, 3)
+
+
+def test_overflow_truncates_with_warning(capfd):
+    x, y = _arrays()
+    selections = _selections(data.poisson_batches_from_tensors(x, y, 0.5, max_batch_size=10, num_steps=3, seed=0))
+    assert [len(s) for s in selections] == [10, 10, 10]
+    assert "truncated to max_batch_size=10" in capfd.readouterr().err
+
+
+def test_overflow_raise():
+    x, y = _arrays()
+    dataset = data.poisson_batches_from_tensors(x, y, 0.5, max_batch_size=10, num_steps=1, seed=0,
+                                                overflow="raise")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="larger than max_batch_size=10"):
+        list(dataset)
+
+
+def test_poisson_batches_from_dataset_with_weights():
+    x, y = _arrays()
+    weights_in = np.full(NUM_EXAMPLES, 3.0, np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y, weights_in))
+    from_dataset = data.poisson_batches(dataset, NUM_EXAMPLES, P, seed=4, num_steps=3)
+    from_tensors = data.poisson_batches_from_tensors(x, y, P, sample_weight=weights_in, seed=4, num_steps=3)
+    for (_, y_a, w_a), (_, y_b, w_b) in zip(from_dataset, from_tensors):
+        np.testing.assert_array_equal(y_a.numpy(), y_b.numpy())
+        np.testing.assert_array_equal(w_a.numpy(), w_b.numpy())
+        assert set(np.unique(w_a.numpy())) <= {0.0, 3.0}
+
+
+def test_poisson_batches_checks_dataset_size_and_structure():
+    x, y = _arrays(10)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    with pytest.raises(ValueError, match="exactly num_examples=11 elements. Received: 10"):
+        data.poisson_batches(dataset, 11, P)
+    with pytest.raises(ValueError, match="exactly num_examples=9 elements. Received: more"):
+        data.poisson_batches(dataset, 9, P)
+    with pytest.raises(ValueError, match="tuples"):
+        data.poisson_batches(tf.data.Dataset.from_tensor_slices(x), 10, P)
+
+
+def test_shuffled_batches():
+    x, y = _arrays(10)
+    dataset = data.shuffled_batches(x, y, batch_size=3, seed=0)
+    batches = [(by.numpy(), w.numpy()) for _, by, w in dataset]
+    assert len(batches) == 3  # remainder dropped
+    ids = np.concatenate([b for b, _ in batches])
+    assert len(np.unique(ids)) == 9
+    assert all(np.all(w == 1) for _, w in batches)
+    again = np.concatenate([by.numpy() for _, by, _ in data.shuffled_batches(x, y, batch_size=3, seed=0)])
+    np.testing.assert_array_equal(ids, again)
+
+
+def test_default_max_batch_size_is_smallest_cap_within_tail():
+    for num_examples, p in [(60000, 250 / 60000), (1797, 0.05), (10, 1.0), (1, 0.5)]:
+        cap = data.default_max_batch_size(num_examples, p)
+        assert scipy.stats.binom.sf(cap, num_examples, p) <= data.DEFAULT_OVERFLOW_TAIL
+        if cap > 1:
+            assert scipy.stats.binom.sf(cap - 1, num_examples, p) > data.DEFAULT_OVERFLOW_TAIL
+    assert data.default_max_batch_size(60000, 250 / 60000) == 385
+    assert data.default_max_batch_size(60000, 250 / 60000, tail_probability=1e-9) == 350
+
+
+def test_truncation_delta():
+    assert data.truncation_delta(60000, 250 / 60000, 385, 4800, 2.0) < 1e-10
+    expected = (1 + np.exp(2.0)) * 4800 * scipy.stats.binom.sf(350, 60001, 250 / 60000)
+    assert data.truncation_delta(60000, 250 / 60000, 350, 4800, 2.0) == pytest.approx(expected)
+
+
+def test_expected_steps_per_epoch():
+    assert data.expected_steps_per_epoch(250 / 60000) == 240
+    assert data.expected_steps_per_epoch(1.0) == 1
+    assert data.expected_steps_per_epoch(0.7) == 1
+
+
+@pytest.mark.parametrize("p", [0.0, -0.1, 1.5, float("nan")])
+def test_bad_sampling_probability(p):
+    x, y = _arrays(5)
+    with pytest.raises(ValueError, match=r"`sampling_probability` must be in \(0, 1\]"):
+        data.poisson_batches_from_tensors(x, y, p)
+    with pytest.raises(ValueError, match=r"`sampling_probability` must be in \(0, 1\]"):
+        data.expected_steps_per_epoch(p)
+
+
+def test_bad_arguments():
+    x, y = _arrays(5)
+    with pytest.raises(ValueError, match="`max_batch_size` must be an integer >= 1"):
+        data.poisson_batches_from_tensors(x, y, P, max_batch_size=0)
+    with pytest.raises(ValueError, match="`num_steps` must be an integer >= 1"):
+        data.poisson_batches_from_tensors(x, y, P, num_steps=0)
+    with pytest.raises(ValueError, match="`overflow` must be one of"):
+        data.poisson_batches_from_tensors(x, y, P, overflow="drop")
+    with pytest.raises(ValueError, match=r"N >= 1"):
+        data.poisson_batches_from_tensors(x[:0], y[:0], P)
+    with pytest.raises(ValueError, match="same number of rows"):
+        data.poisson_batches_from_tensors(x, y[:4], P)
+    with pytest.raises(ValueError, match=r"`sample_weight` must have shape \(5,\)"):
+        data.poisson_batches_from_tensors(x, y, P, sample_weight=np.ones(4))
+    with pytest.raises(ValueError, match="`num_examples` must be an integer >= 1"):
+        data.default_max_batch_size(0, P)
+    with pytest.raises(ValueError, match="`num_examples` must be an integer >= 1"):
+        data.poisson_batches(tf.data.Dataset.from_tensor_slices((x, y)), 0, P)
+    with pytest.raises(ValueError, match=r"`batch_size` must be in \[1, N=5\]"):
+        data.shuffled_batches(x, y, batch_size=6)
