@@ -1,0 +1,64 @@
+"""keras_dyndp: dynamic differentially private SGD for TensorFlow/Keras.
+
+Per-step clipping norms C_t and noise standard deviations sigma_t follow a `DPSchedule` calibrated so the whole
+run meets a target (epsilon, delta) (Du et al., "Dynamic Differential-Privacy Preserving SGD"), and Keras
+optimizers apply it with per-example clipping:
+
+```python
+import keras_dyndp
+optimizer = keras_dyndp.DynamicDPKerasSGD(
+    target_epsilon=1.2, target_delta=1e-5, num_examples=60000, batch_size=250, epochs=20,
+    method='dynamic', initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3, learning_rate=0.15)
+model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(
+    from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
+```
+
+The accounting and schedule modules import no TensorFlow; the TensorFlow-based names below (optimizers,
+callbacks, data helpers, `make_private`) are imported on first use, so `keras_dyndp.accounting` and the
+`dyndp-privacy` command start fast.
+"""
+
+import importlib
+
+from keras_dyndp.schedules import DPSchedule
+from keras_dyndp.schedules import calibrate
+from keras_dyndp.schedules import calibrate_shape
+from keras_dyndp.schedules import sampling_from_epochs
+from keras_dyndp.accounting.gdp_clt_accountant import GdpCltAccountant
+from keras_dyndp.accounting.registry import make_accountant
+from keras_dyndp.version import __version__
+
+_LAZY = {
+    "DynamicDPKerasSGD": "keras_dyndp.optimizers",
+    "DynamicDPKerasAdam": "keras_dyndp.optimizers",
+    "DynamicDPKerasAdagrad": "keras_dyndp.optimizers",
+    "DynamicDPKerasRMSprop": "keras_dyndp.optimizers",
+    "make_dynamic_dp_optimizer_class": "keras_dyndp.optimizers",
+    "PrivacyLogger": "keras_dyndp.callbacks",
+    "BudgetStop": "keras_dyndp.callbacks",
+    "poisson_batches": "keras_dyndp.data",
+    "poisson_batches_from_tensors": "keras_dyndp.data",
+    "shuffled_batches": "keras_dyndp.data",
+    "make_private": "keras_dyndp.fast_path",
+}
+
+__all__ = [
+    "DPSchedule",
+    "GdpCltAccountant",
+    "__version__",
+    "calibrate",
+    "calibrate_shape",
+    "make_accountant",
+    "sampling_from_epochs",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'keras_dyndp' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

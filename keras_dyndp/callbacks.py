@@ -1,0 +1,159 @@
+"""Keras callbacks that report the privacy spent so far and stop training when the budget is used up.
+
+Both callbacks read two attributes of the model's keras_dyndp DP optimizer: ``optimizer.schedule`` (the
+`keras_dyndp.schedules.DPSchedule` of T steps) and ``optimizer.dp_step`` (int64 variable, the number of DP steps
+already taken). Accounting itself is `DPSchedule.epsilon`; nothing is re-derived here.
+
+* `PrivacyLogger` writes the epsilon of the steps taken so far, and the clip norm and noise std of the last step,
+  into the epoch ``logs``, so they land in ``History.history``. Keras hands the same ``logs`` dict to the
+  callbacks in list order: list `PrivacyLogger` BEFORE ``tf.keras.callbacks.TensorBoard`` (or CSVLogger, ...)
+  for them to see the keys. The progress bar runs first and does not show them. With ``log_dir`` it also writes
+  TensorBoard scalars itself (x axis: DP steps), independent of the order.
+* `BudgetStop` sets ``model.stop_training`` once ``dp_step`` reaches T, so ``fit`` ends gracefully instead of
+  hitting the optimizer's in-graph guard, and refuses to start training on a spent schedule.
+"""
+
+import os
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from keras_dyndp.accounting import registry
+
+
+def _dp_optimizer(model: tf.keras.Model | None, caller: str) -> Any:
+    """The model's optimizer, checked to be a keras_dyndp DP optimizer (has `schedule` and `dp_step`)."""
+    optimizer = getattr(model, "optimizer", None)
+    if not (hasattr(optimizer, "schedule") and hasattr(optimizer, "dp_step")):
+        received = "no optimizer" if optimizer is None else type(optimizer).__name__
+        raise ValueError(f"{caller} needs a keras_dyndp DP optimizer (with `schedule` and `dp_step`), e.g. "
+                         f"keras_dyndp.optimizers.DynamicDPKerasSGD; got {received}.")
+    return optimizer
+
+
+def _steps_taken(optimizer: Any) -> int:
+    return int(tf.keras.backend.get_value(optimizer.dp_step))
+
+
+class PrivacyLogger(tf.keras.callbacks.Callback):
+    """Logs epsilon spent so far (GDP-CLT and a rigorous accountant), C_t and sigma_t at each epoch end.
+
+    Keys written into the epoch ``logs`` (hence ``History.history``):
+    ``'epsilon_gdp_clt'``, ``'epsilon_<accountant>'`` (unless ``accountant='gdp_clt'``), ``'clip_norm'`` and
+    ``'noise_stddev'`` of the last step taken (step ``dp_step - 1``; step 0 before any step) and ``'dp_step'``.
+    The epsilons are those of the first ``dp_step`` steps of the schedule, at ``delta``.
+
+    List this callback before ``TensorBoard``/``CSVLogger`` so they record the keys, or pass ``log_dir``.
+
+    Args:
+        accountant: Rigorous accountant reported beside the GDP-CLT: 'rdp' (fast) or 'pld' (tightest, slow for
+            schedules with many distinct steps); 'gdp_clt' reports the GDP-CLT only.
+        delta: Target delta in (0, 1), required.
+        log_every: 'epoch', or a positive integer k: additionally account every k DP steps (absl INFO log, and
+            TensorBoard scalars when ``log_dir`` is given). Each accounting call costs up to ~1 s (RDP, T = 5000).
+        log_dir: Optional directory; scalars ``privacy/<key>`` are written to ``<log_dir>/privacy`` with the DP
+            step as the x axis.
+    """
+
+    def __init__(self, accountant: str = "rdp", *, delta: float, log_every: str | int = "epoch",
+                 log_dir: str | None = None):
+        super().__init__()
+        if accountant not in registry.ACCOUNTANT_NAMES:
+            raise ValueError(f"`accountant` must be one of {registry.ACCOUNTANT_NAMES}. "
+                             f"Received: accountant={accountant!r}.")
+        if not 0.0 < delta < 1.0:
+            raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
+        if log_every != "epoch" and (isinstance(log_every, bool) or not isinstance(log_every, int)
+                                     or log_every < 1):
+            raise ValueError("`log_every` must be 'epoch' or an integer >= 1. "
+                             f"Received: log_every={log_every!r}.")
+        self.accountant = accountant
+        self.delta = float(delta)
+        self.log_every = log_every
+        self.log_dir = log_dir
+        self._writer: tf.summary.SummaryWriter | None = None
+        self._last_logged_step: int | None = None
+
+    def privacy_logs(self) -> dict[str, float]:
+        """The values this callback logs, for the current state of the model's optimizer."""
+        optimizer = _dp_optimizer(self.model, type(self).__name__)
+        schedule = optimizer.schedule
+        steps = min(_steps_taken(optimizer), schedule.num_steps)
+        last = min(max(steps - 1, 0), schedule.num_steps - 1)
+        values = {"epsilon_gdp_clt": schedule.epsilon(self.delta, accountant="gdp_clt", steps=steps)}
+        if self.accountant != "gdp_clt":
+            values[f"epsilon_{self.accountant}"] = schedule.epsilon(self.delta, accountant=self.accountant,
+                                                                    steps=steps)
+        values["clip_norm"] = float(schedule.clip_norms[last])
+        values["noise_stddev"] = float(schedule.noise_stddevs[last])
+        values["dp_step"] = float(steps)
+        return values
+
+    def _report(self, values: dict[str, float]) -> None:
+        step = int(values["dp_step"])
+        self._last_logged_step = step
+        logging.info("keras_dyndp privacy after %d of %d DP steps (delta=%g): %s", step,
+                     self.model.optimizer.schedule.num_steps, self.delta,
+                     ", ".join(f"{key}={value:.6g}" for key, value in values.items() if key != "dp_step"))
+        if self._writer is not None:
+            with self._writer.as_default():
+                for key, value in values.items():
+                    if key != "dp_step":
+                        tf.summary.scalar(f"privacy/{key}", value, step=step)
+            self._writer.flush()
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        _dp_optimizer(self.model, type(self).__name__)
+        if self.log_dir is not None and self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "privacy"))
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.log_every == "epoch":
+            return
+        steps = _steps_taken(_dp_optimizer(self.model, type(self).__name__))
+        if steps // self.log_every != (self._last_logged_step or 0) // self.log_every:
+            self._report(self.privacy_logs())
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        values = self.privacy_logs()
+        if logs is not None:
+            logs.update(values)
+        self._report(values)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class BudgetStop(tf.keras.callbacks.Callback):
+    """Stops ``fit`` once the optimizer has taken all T steps of its schedule (the privacy budget is spent).
+
+    Checked after every batch (every ``steps_per_execution`` steps when that is > 1; the optimizer's in-graph
+    guard still refuses steps beyond T). Training on an already spent schedule is refused at ``fit`` start.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.stopped_at_step: int | None = None
+
+    def _spent(self) -> tuple[bool, int, int]:
+        optimizer = _dp_optimizer(self.model, type(self).__name__)
+        steps, total = _steps_taken(optimizer), optimizer.schedule.num_steps
+        return steps >= total, steps, total
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        spent, steps, total = self._spent()
+        if spent:
+            raise RuntimeError(f"BudgetStop: the privacy budget is already spent: the optimizer has taken "
+                               f"{steps} of the schedule's {total} DP steps. Training more would exceed the "
+                               "accounted budget; build a new schedule (and a new optimizer) to continue.")
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        spent, steps, total = self._spent()
+        if spent and not self.model.stop_training:
+            self.model.stop_training = True
+            self.stopped_at_step = steps
+            logging.warning("BudgetStop: privacy budget spent: %d of the schedule's %d DP steps taken; "
+                            "stopping training.", steps, total)

@@ -1,0 +1,21 @@
+"""Dynamic DP-SGD Keras optimizers (see `dp_optimizer`) and the pure-TF clip/noise mechanism they share."""
+
+from keras_dyndp.optimizers.clip_and_noise import add_gaussian_noise
+from keras_dyndp.optimizers.clip_and_noise import clip_by_global_norm_per_example
+from keras_dyndp.optimizers.clip_and_noise import per_example_global_norms
+from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdagrad
+from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdam
+from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasRMSprop
+from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasSGD
+from keras_dyndp.optimizers.dp_optimizer import make_dynamic_dp_optimizer_class
+
+__all__ = [
+    "DynamicDPKerasAdagrad",
+    "DynamicDPKerasAdam",
+    "DynamicDPKerasRMSprop",
+    "DynamicDPKerasSGD",
+    "add_gaussian_noise",
+    "clip_by_global_norm_per_example",
+    "make_dynamic_dp_optimizer_class",
+    "per_example_global_norms",
+]

@@ -1,0 +1,507 @@
+"""Keras 2.15 optimizers that run dynamic DP-SGD: per-step clipping norms and noise from a `DPSchedule`.
+
+`make_dynamic_dp_optimizer_class(base_cls)` turns any new-API Keras optimizer (`tf.keras.optimizers.SGD`, `Adam`,
+...) into a differentially private one; `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and
+`DynamicDPKerasRMSprop` are its public instances. Step k (0-based) of training:
+
+1. computes one gradient per example (or per microbatch) from the per-example loss vector that `Model.train_step`
+   hands to `minimize` when the loss has `reduction=tf.keras.losses.Reduction.NONE`;
+2. clips each to global L2 norm C_k = `schedule.clip_norms[k]` across all variables;
+3. sums them and adds Gaussian noise N(0, sigma_k^2 I), sigma_k = `schedule.noise_stddevs[k]`, ONCE to the SUM.
+   sigma_k is an absolute standard deviation: the noise multiplier is z_k = sigma_k / C_k and the step is
+   (C_k / sigma_k)-GDP. (This answers the recurring "is the noise on the sum or the mean?" question,
+   tensorflow/privacy#153 and opacus#753: on the sum, with std sigma_k; equivalently std sigma_k / n on the mean);
+4. divides by a normaliser n and hands the result to the base optimizer's update rule (post-processing, so Adam,
+   Adagrad and RMSprop are as private as SGD):
+   * per-example clipping: n = `expected_batch_size` when given (p N, as in the paper's definition of g_t and
+     in Opacus; right for Poisson sampling, where the actual batch size is itself private), else the actual
+     number of rows in the batch, as in the paper's Alg. 2 (padding rows with sample weight 0 count as rows; an
+     empty batch divides by 1 and applies pure noise);
+   * microbatches (`num_microbatches` = M): n = M, a constant.
+   The optimizers built from budget arguments set `expected_batch_size = batch_size`.
+
+What is protected: each example under add-or-remove-one adjacency, with Poisson sampling at rate
+`schedule.sampling_probability` assumed for the accounting, and every intermediate model released.
+
+Step counter. `opt.dp_step` IS Keras's own `opt.iterations`: an int64 variable that checkpoints
+(`tf.train.Checkpoint`) and `model.save` already store with the optimizer and that `apply_gradients` increments once
+per update. It counts DP steps exactly because the DP paths are the only way gradients get applied: a direct
+`apply_gradients` call with gradients that did not come out of this optimizer's `compute_gradients` raises (the
+guard of TF-Privacy's `_was_dp_gradients_called`), and `apply_clipped_gradient_sum` (the fast per-example path's
+entry) applies through the same counter. The whole update, counter included, is tied to the noised gradients by
+control dependencies: Keras's base class increments `iterations` with no data dependency, and in `model.fit` on a
+dataset of unknown cardinality that increment runs once more when the exhausted iterator aborts the last call
+(plain Keras optimizers count B + 1 steps for B batches there), which would silently shift the schedule. The
+schedule is held as two float32 constant tensors and indexed by `tf.gather` with the counter in the graph, so one
+trace serves every step and nothing is retraced.
+
+Budget guard. When dp_step reaches T = `schedule.num_steps` the budget is spent. The next step raises
+`tf.errors.InvalidArgumentError` ("DP budget exhausted ...") from a `tf.debugging.assert_less` in eager and graph
+mode. XLA (`model.compile(jit_compile=True)`) drops Assert ops, so the step is also made data-independent and
+harmless: past T both the clipping norm and the noise are 0, the applied gradient is exactly zero and nothing about
+the data is released. Stop training at T (the `keras_dyndp.callbacks.BudgetStop` callback does) rather than rely on
+this.
+
+Microbatches. With `num_microbatches` = M < batch size, the loss is averaged within each of M equal microbatches
+and each microbatch mean gradient is clipped. Under add-or-remove-one adjacency one example can move a clipped
+microbatch mean by up to 2 C_k (tensorflow/privacy#620), so the optimizer adds noise of std 2 sigma_k in such steps:
+the ratio of sensitivity to noise, hence the schedule's accounting, stays valid. The batch size must be a non-zero
+multiple of M: use fixed-size (padded) batches such as `keras_dyndp.data.poisson_batches` gives.
+
+Speed. The generic path computes all per-example gradients with one pfor-vectorised `tape.jacobian` (as
+TF-Privacy's vectorized optimizers); each row back-propagates through the batched graph, so it costs O(B^2)
+for batch B. Graphs pfor cannot vectorise (some LSTM and embedding graphs, tensorflow#43904) fail here (a
+`while_loop` jacobian would need a persistent tape, which `Model.train_step` does not create): use the fast path of
+`keras_dyndp.fast_path`, which re-runs the forward pass per example and calls `apply_clipped_gradient_sum`.
+
+Not supported: more than one replica under `tf.distribute` (each replica would add its own noise), sparse
+(`tf.IndexedSlices`) per-example gradients (they are densified by the jacobian). Keras's `clipnorm`,
+`global_clipnorm` and `clipvalue` act on the already noised gradient: post-processing, harmless, but they are not
+DP clipping.
+
+Example:
+
+```python
+schedule = keras_dyndp.schedules.calibrate(
+    'dynamic', target_epsilon=1.2, target_delta=1e-5, sampling_probability=256 / 60000, num_steps=4688,
+    initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3)
+optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=256, learning_rate=0.1)
+# or, equivalently, from the budget:
+optimizer = DynamicDPKerasSGD(target_epsilon=1.2, target_delta=1e-5, num_examples=60000, batch_size=256,
+                              epochs=20, method='dynamic', initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3,
+                              learning_rate=0.1)
+model.compile(optimizer=optimizer,
+              loss=tf.keras.losses.SparseCategoricalCrossentropy(
+                  from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
+```
+
+References:
+  Abadi et al., Deep Learning with Differential Privacy, https://arxiv.org/abs/1607.00133
+  Du et al., Dynamic Differential-Privacy Preserving SGD.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from keras_dyndp import schedules
+from keras_dyndp.optimizers import clip_and_noise
+
+_BUDGET_ARGUMENTS = ("target_epsilon", "target_delta", "num_examples", "batch_size", "epochs", "steps", "method",
+                     "initial_clip", "rho_mu", "rho_c", "accountant")
+
+
+class _DPGradientGuard:
+    """Remembers the gradients the DP path produced, so `apply_gradients` can refuse any others.
+
+    A plain Python object (not a tracked list) so the optimizer's checkpoint graph is not affected.
+    """
+
+    def __init__(self):
+        self._pending: Optional[tuple] = None
+
+    def issue(self, grads: Sequence[tf.Tensor]) -> None:
+        self._pending = tuple(grads)
+
+    def check_and_clear(self, grads: Sequence[tf.Tensor]) -> bool:
+        pending, self._pending = self._pending, None
+        return (
+            pending is not None and len(pending) == len(grads) and all(g is p for g, p in zip(grads, pending))
+        )
+
+
+def _check_single_replica() -> None:
+    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if num_replicas > 1:
+        raise ValueError(
+            "Dynamic DP optimizers support a single replica only: under a tf.distribute strategy with "
+            f"{num_replicas} replicas each replica would add its own noise to its own clipped sum, which is not "
+            "the accounted mechanism. Train without a multi-replica strategy."
+        )
+
+
+def _check_num_microbatches(num_microbatches) -> Optional[int]:
+    if num_microbatches is None:
+        return None
+    is_integer = isinstance(num_microbatches, numbers.Integral) and not isinstance(num_microbatches, bool)
+    if not is_integer or num_microbatches < 1:
+        raise ValueError(
+            "`num_microbatches` must be None (one microbatch per example) or an integer >= 1. "
+            f"Received: num_microbatches={num_microbatches!r}."
+        )
+    return int(num_microbatches)
+
+
+def _check_expected_batch_size(expected_batch_size) -> Optional[float]:
+    if expected_batch_size is None:
+        return None
+    if (
+        isinstance(expected_batch_size, bool)
+        or not isinstance(expected_batch_size, numbers.Real)
+        or not math.isfinite(expected_batch_size)
+        or expected_batch_size <= 0
+    ):
+        raise ValueError(
+            "`expected_batch_size` must be None (normalise by the actual batch size) or a finite number > 0. "
+            f"Received: expected_batch_size={expected_batch_size!r}."
+        )
+    return float(expected_batch_size)
+
+
+def _resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[schedules.DPSchedule, Optional[float]]:
+    """The optimizer's schedule and normaliser, from a `DPSchedule` or from budget arguments (exactly one)."""
+    given = [name for name in _BUDGET_ARGUMENTS if budget[name] is not None]
+    if schedule is not None:
+        if given:
+            raise ValueError(
+                "Give either `schedule` or the budget arguments, not both. "
+                f"Received: schedule={schedule!r} and {', '.join(given)}."
+            )
+        if not isinstance(schedule, schedules.DPSchedule):
+            raise TypeError(
+                "`schedule` must be a keras_dyndp.schedules.DPSchedule. "
+                f"Received: schedule={schedule!r} of type {type(schedule).__name__}."
+            )
+        return schedule, _check_expected_batch_size(expected_batch_size)
+    if not given:
+        raise ValueError(
+            "Give either `schedule` (a DPSchedule) or the budget arguments target_epsilon, target_delta, "
+            "num_examples, batch_size, epochs or steps, method and initial_clip. Received neither."
+        )
+    missing = [
+        name for name in ("target_epsilon", "target_delta", "num_examples", "batch_size", "method", "initial_clip")
+        if budget[name] is None
+    ]
+    if missing:
+        raise ValueError(
+            f"Building the schedule from a budget needs {', '.join(missing)} as well. "
+            f"Received only: {', '.join(given)}."
+        )
+    batch_size = budget["batch_size"]
+    if expected_batch_size is not None and expected_batch_size != batch_size:
+        raise ValueError(
+            "With budget arguments `expected_batch_size` is `batch_size`; leave it out or make them equal. "
+            f"Received: expected_batch_size={expected_batch_size}, batch_size={batch_size}."
+        )
+    sampling_probability, num_steps = schedules.sampling_from_epochs(
+        budget["num_examples"], batch_size, epochs=budget["epochs"], steps=budget["steps"]
+    )
+    schedule = schedules.calibrate(
+        budget["method"],
+        target_epsilon=budget["target_epsilon"],
+        target_delta=budget["target_delta"],
+        sampling_probability=sampling_probability,
+        num_steps=num_steps,
+        initial_clip=budget["initial_clip"],
+        rho_mu=1.0 if budget["rho_mu"] is None else budget["rho_mu"],
+        rho_c=1.0 if budget["rho_c"] is None else budget["rho_c"],
+        accountant="gdp_clt" if budget["accountant"] is None else budget["accountant"],
+    )
+    return schedule, _check_expected_batch_size(batch_size)
+
+
+def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
+    """Returns a dynamic DP-SGD subclass of a Keras 2.15 (new API) optimizer class.
+
+    The subclass keeps the base update rule and all its arguments; see the module docstring for the mechanism.
+    It is registered for Keras serialization as 'keras_dyndp>DynamicDPKeras<BaseName>'.
+
+    Args:
+      base_cls: a subclass of `tf.keras.optimizers.Optimizer`, e.g. `tf.keras.optimizers.SGD`. Legacy
+        optimizers (`tf.keras.optimizers.legacy.*`) are not supported.
+
+    Returns:
+      The class `DynamicDPKeras<BaseName>`.
+
+    Raises:
+      TypeError: if `base_cls` is not a new-API Keras optimizer class.
+    """
+    if not (isinstance(base_cls, type) and issubclass(base_cls, tf.keras.optimizers.Optimizer)):
+        raise TypeError(
+            "`base_cls` must be a subclass of tf.keras.optimizers.Optimizer (the Keras 2.11+ optimizer API). "
+            f"Received: base_cls={base_cls!r}."
+        )
+    class_name = f"DynamicDPKeras{base_cls.__name__}"
+
+    class DynamicDPOptimizer(base_cls):
+        __doc__ = f"""`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD.
+
+        Build it from a `DPSchedule`, or from a privacy budget that is calibrated with
+        `keras_dyndp.schedules.sampling_from_epochs` and `keras_dyndp.schedules.calibrate`. Compile the model with
+        a per-example loss (`reduction=tf.keras.losses.Reduction.NONE`). The module docstring of
+        `keras_dyndp.optimizers.dp_optimizer` describes the mechanism, the normalisation, the step counter and
+        the budget guard.
+
+        Args:
+          schedule: the `DPSchedule` to follow (exclusive with the budget arguments).
+          target_epsilon, target_delta: the budget (epsilon > 0, delta in (0, 1)).
+          num_examples: training set size N.
+          batch_size: expected batch size; the sampling probability is batch_size / N and it becomes
+            `expected_batch_size`.
+          epochs, steps: the run length, exactly one of them.
+          method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic'.
+          initial_clip: C_0 > 0.
+          rho_mu, rho_c: the schedule's growth of mu and decay of C over the run (>= 1; default 1).
+          accountant: accountant the budget is met under ('gdp_clt', the paper's and the default, or 'rdp' /
+            'pld').
+          num_microbatches: None (default) clips every example; an integer M clips the means of M equal
+            microbatches, with twice the noise when a microbatch holds more than one example.
+          expected_batch_size: normaliser of the noisy sum (None: the actual number of rows).
+          **kwargs: arguments of `{base_cls.__name__}` (learning_rate, ...), keyword only.
+        """
+
+        def __init__(
+            self,
+            *,
+            schedule: Optional[schedules.DPSchedule] = None,
+            target_epsilon: Optional[float] = None,
+            target_delta: Optional[float] = None,
+            num_examples: Optional[int] = None,
+            batch_size: Optional[int] = None,
+            epochs: Optional[float] = None,
+            steps: Optional[int] = None,
+            method: Optional[str] = None,
+            initial_clip: Optional[float] = None,
+            rho_mu: Optional[float] = None,
+            rho_c: Optional[float] = None,
+            accountant: Optional[str] = None,
+            num_microbatches: Optional[int] = None,
+            expected_batch_size: Optional[float] = None,
+            **kwargs,
+        ):
+            budget = dict(
+                target_epsilon=target_epsilon, target_delta=target_delta, num_examples=num_examples,
+                batch_size=batch_size, epochs=epochs, steps=steps, method=method, initial_clip=initial_clip,
+                rho_mu=rho_mu, rho_c=rho_c, accountant=accountant,
+            )
+            schedule, expected_batch_size = _resolve_schedule(schedule, budget, expected_batch_size)
+            num_microbatches = _check_num_microbatches(num_microbatches)
+            _check_single_replica()
+            kwargs.setdefault("name", class_name)
+            super().__init__(**kwargs)
+            self._schedule = schedule
+            self._num_microbatches = num_microbatches
+            self._expected_batch_size = expected_batch_size
+            self._dp_gradient_guard = _DPGradientGuard()
+            with tf.init_scope():
+                self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
+                self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
+
+        @property
+        def schedule(self) -> schedules.DPSchedule:
+            """The `DPSchedule` this optimizer follows."""
+            return self._schedule
+
+        @property
+        def dp_step(self) -> tf.Variable:
+            """int64 variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
+            return self.iterations
+
+        @property
+        def expected_batch_size(self) -> Optional[float]:
+            """Normaliser of the noisy sum for per-example clipping; None means the actual batch size."""
+            return self._expected_batch_size
+
+        @property
+        def num_microbatches(self) -> Optional[int]:
+            """Number of microbatches per batch; None means one per example."""
+            return self._num_microbatches
+
+        def _budget_check(self) -> Optional[tf.Operation]:
+            return tf.debugging.assert_less(
+                self.dp_step,
+                tf.constant(self._schedule.num_steps, tf.int64),
+                message=(
+                    f"DP budget exhausted: all {self._schedule.num_steps} steps of the DPSchedule have been taken "
+                    "(dp_step >= schedule.num_steps); another step would exceed the accounted privacy budget. "
+                    "Stop training (keras_dyndp.callbacks.BudgetStop) or calibrate a longer schedule."
+                ),
+            )
+
+        def _schedule_value(self, values: tf.Tensor) -> tf.Tensor:
+            step = self.dp_step
+            num_steps = self._schedule.num_steps
+            index = tf.minimum(step, num_steps - 1)
+            return tf.where(step < num_steps, tf.gather(values, index), tf.zeros([], tf.float32))
+
+        def current_clip_norm(self) -> tf.Tensor:
+            """float32 scalar C at `dp_step` (0 once the budget is spent)."""
+            return self._schedule_value(self._clip_norms_tensor)
+
+        def current_noise_stddev(self) -> tf.Tensor:
+            """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
+            return self._schedule_value(self._noise_stddevs_tensor)
+
+        def _noise_and_normalise(
+            self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
+        ) -> list[tf.Tensor]:
+            noised = clip_and_noise.add_gaussian_noise(clipped_sums, noise_stddev)
+            return [grad / tf.cast(normaliser, grad.dtype) for grad in noised]
+
+        def _row_normaliser(self, num_rows: tf.Tensor) -> tf.Tensor:
+            if self._expected_batch_size is not None:
+                return tf.constant(self._expected_batch_size, tf.float32)
+            # An empty (Poisson) batch releases pure noise; dividing it by 1 instead of 0 keeps it finite.
+            return tf.maximum(tf.cast(num_rows, tf.float32), 1.0)
+
+        def compute_gradients(self, loss, var_list, tape=None):
+            """Clipped, noised and normalised gradients of a per-example loss (one DP release).
+
+            Each call releases one noisy sum at the current `dp_step`, which only `apply_gradients` advances: pass
+            the result to `apply_gradients` unchanged, once per call (as `minimize` and `model.fit` do).
+
+            Args:
+              loss: per-example loss tensor [B] (or [B, ...], averaged per example), or a callable returning it.
+              var_list: the variables, or a callable returning them.
+              tape: the `tf.GradientTape` that recorded `loss` (required for a tensor loss).
+
+            Returns:
+              A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
+
+            Raises:
+              ValueError: if the loss is a scalar (already averaged) or `tape` is missing.
+            """
+            _check_single_replica()
+            if tape is None and not callable(loss):
+                raise ValueError(
+                    "`tape` is required when a tensor loss is passed. Received: tape=None."
+                )
+            if callable(loss):
+                tape = tape if tape is not None else tf.GradientTape()
+                with tape:
+                    if not callable(var_list):
+                        tape.watch(var_list)
+                    loss = loss()
+            if callable(var_list):
+                var_list = var_list()
+            var_list = list(var_list)
+            rank = loss.shape.rank
+            if rank is None or rank == 0:
+                raise ValueError(
+                    "Dynamic DP optimizers need the per-example loss vector, but received a loss of shape "
+                    f"{loss.shape}. Averaging before clipping silently destroys the privacy guarantee: compile "
+                    "the model with a loss built with reduction=tf.keras.losses.Reduction.NONE, e.g. "
+                    "tf.keras.losses.SparseCategoricalCrossentropy(reduction=tf.keras.losses.Reduction.NONE)."
+                )
+            num_rows = tf.shape(loss)[0]
+            with tape:
+                if self._num_microbatches is None:
+                    unit_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
+                    # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient
+                    # is zero and adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
+                    unit_losses = tf.concat([unit_losses, tf.zeros([1], unit_losses.dtype)], axis=0)
+                else:
+                    num_microbatches = self._num_microbatches
+                    divisible = tf.debugging.assert_equal(
+                        num_rows % num_microbatches, 0,
+                        message=f"The batch size must be a multiple of num_microbatches={num_microbatches}.",
+                    )
+                    with tf.control_dependencies([divisible]):
+                        unit_losses = tf.reduce_mean(tf.reshape(loss, [num_microbatches, -1]), axis=1)
+            per_unit_grads = tape.jacobian(
+                unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO
+            )
+            with tf.control_dependencies([self._budget_check()]):
+                clip_norm = self.current_clip_norm()
+                noise_stddev = self.current_noise_stddev()
+            if self._num_microbatches is None:
+                normaliser = self._row_normaliser(num_rows)
+            else:
+                normaliser = tf.constant(self._num_microbatches, tf.float32)
+                noise_stddev = tf.where(num_rows > self._num_microbatches, 2.0 * noise_stddev, noise_stddev)
+            clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
+            grads = self._noise_and_normalise(clipped_sums, noise_stddev, normaliser)
+            self._dp_gradient_guard.issue(grads)
+            return list(zip(grads, var_list))
+
+        def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
+            """Applies the gradients returned by this optimizer's `compute_gradients`, and nothing else.
+
+            Raises:
+              RuntimeError: if the gradients are not exactly those of the latest `compute_gradients` call, e.g.
+                ordinary gradients from a tape: applying them would train without differential privacy.
+            """
+            grads_and_vars = list(grads_and_vars)
+            if not self._dp_gradient_guard.check_and_clear([grad for grad, _ in grads_and_vars]):
+                raise RuntimeError(
+                    f"{class_name}.apply_gradients accepts only the gradients returned by its own "
+                    "compute_gradients (or minimize / model.fit); applying other gradients would train without "
+                    "differential privacy. Per-example fast paths must call apply_clipped_gradient_sum instead."
+                )
+            return self._apply_private_gradients(grads_and_vars, name=name, **kwargs)
+
+        def _apply_private_gradients(self, grads_and_vars: list, name=None, **kwargs) -> tf.Variable:
+            # The base class increments `iterations` without any data dependency, so in a tf.function whose
+            # input iterator runs dry (the end of an unknown-cardinality dataset in model.fit) the increment can
+            # run although the step does not, silently shifting the schedule. Tie the whole update, counter
+            # included, to the gradients. A single replica is enforced, so there is nothing to aggregate.
+            with tf.control_dependencies([grad for grad, _ in grads_and_vars]):
+                return super().apply_gradients(
+                    grads_and_vars, name=name, skip_gradients_aggregation=True, **kwargs
+                )
+
+        def apply_clipped_gradient_sum(
+            self, clipped_sums: Sequence[Optional[tf.Tensor]], num_rows, var_list: Sequence[tf.Variable]
+        ) -> tf.Variable:
+            """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
+
+            For per-example (not microbatch) clipping done outside the optimizer, e.g. by the fast path: adds
+            N(0, sigma^2) with sigma = `current_noise_stddev()` to each sum, divides by `expected_batch_size` (or
+            by `num_rows` when it is None), applies the base update rule and advances `dp_step`. Raises in graph
+            and eager mode once the budget is spent (see the module docstring for XLA).
+
+            Args:
+              clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients
+                (`None` for a variable without gradient: treated as zero and still noised).
+              num_rows: number of rows in the batch (int scalar, may be a tensor).
+              var_list: the variables, in the order of `clipped_sums`.
+
+            Returns:
+              The `iterations` (= `dp_step`) variable, as `apply_gradients` does.
+            """
+            _check_single_replica()
+            var_list = list(var_list)
+            if len(clipped_sums) != len(var_list):
+                raise ValueError(
+                    "`clipped_sums` and `var_list` must have the same length. "
+                    f"Received: {len(clipped_sums)} and {len(var_list)}."
+                )
+            clipped_sums = [
+                tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
+                for grad, var in zip(clipped_sums, var_list)
+            ]
+            with tf.control_dependencies([self._budget_check()]):
+                noise_stddev = self.current_noise_stddev()
+            grads = self._noise_and_normalise(clipped_sums, noise_stddev, self._row_normaliser(num_rows))
+            return self._apply_private_gradients(list(zip(grads, var_list)))
+
+        def get_config(self) -> dict:
+            config = super().get_config()
+            config.update(
+                schedule=self._schedule.get_config(),
+                num_microbatches=self._num_microbatches,
+                expected_batch_size=self._expected_batch_size,
+            )
+            return config
+
+        @classmethod
+        def from_config(cls, config: dict, custom_objects=None):
+            config = dict(config)
+            if isinstance(config.get("schedule"), dict):
+                config["schedule"] = schedules.DPSchedule.from_config(config["schedule"])
+            return super().from_config(config, custom_objects=custom_objects)
+
+    DynamicDPOptimizer.__name__ = class_name
+    DynamicDPOptimizer.__qualname__ = class_name
+    DynamicDPOptimizer.__module__ = "keras_dyndp.optimizers"
+    return tf.keras.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(DynamicDPOptimizer)
+
+
+DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(tf.keras.optimizers.SGD)
+DynamicDPKerasAdam = make_dynamic_dp_optimizer_class(tf.keras.optimizers.Adam)
+DynamicDPKerasAdagrad = make_dynamic_dp_optimizer_class(tf.keras.optimizers.Adagrad)
+DynamicDPKerasRMSprop = make_dynamic_dp_optimizer_class(tf.keras.optimizers.RMSprop)

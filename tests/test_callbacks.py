@@ -1,0 +1,148 @@
+"""Tests for keras_dyndp.callbacks: PrivacyLogger values and logging, BudgetStop, optimizer checks, model.fit."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_dyndp import callbacks
+from keras_dyndp import data
+from keras_dyndp import schedules
+
+DELTA = 1e-5
+
+
+def _schedule() -> schedules.DPSchedule:
+    return schedules.DPSchedule([1.0, 1.0, 0.8, 0.6], [1.0, 0.9, 0.6, 0.4], sampling_probability=0.1)
+
+
+class _FakeOptimizer:
+    """The two attributes the callbacks read from a keras_dyndp optimizer."""
+
+    def __init__(self, schedule: schedules.DPSchedule, steps: int = 0):
+        self.schedule = schedule
+        self.dp_step = tf.Variable(steps, dtype=tf.int64)
+
+
+class _FakeModel:
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.stop_training = False
+
+
+def _attach(callback: tf.keras.callbacks.Callback, optimizer) -> _FakeModel:
+    model = _FakeModel(optimizer)
+    callback.set_model(model)
+    return model
+
+
+@pytest.mark.parametrize("steps", [0, 1, 4])
+def test_privacy_logger_values(steps):
+    schedule = _schedule()
+    logger = callbacks.PrivacyLogger("pld", delta=DELTA)
+    _attach(logger, _FakeOptimizer(schedule, steps))
+    logs = {"loss": 1.0}
+    logger.on_train_begin()
+    logger.on_epoch_end(0, logs)
+    last = max(steps - 1, 0)
+    assert logs == pytest.approx({
+        "loss": 1.0,
+        "epsilon_gdp_clt": schedule.epsilon(DELTA, accountant="gdp_clt", steps=steps),
+        "epsilon_pld": schedule.epsilon(DELTA, accountant="pld", steps=steps),
+        "clip_norm": schedule.clip_norms[last],
+        "noise_stddev": schedule.noise_stddevs[last],
+        "dp_step": float(steps),
+    })
+    assert (logs["epsilon_gdp_clt"] == 0.0) == (steps == 0)
+
+
+def test_privacy_logger_gdp_clt_only():
+    logger = callbacks.PrivacyLogger("gdp_clt", delta=DELTA)
+    _attach(logger, _FakeOptimizer(_schedule(), 2))
+    assert sorted(logger.privacy_logs()) == ["clip_norm", "dp_step", "epsilon_gdp_clt", "noise_stddev"]
+
+
+def test_privacy_logger_default_rdp():
+    pytest.importorskip("keras_dyndp.accounting.fast_rdp")
+    schedule = _schedule()
+    logger = callbacks.PrivacyLogger(delta=DELTA)
+    _attach(logger, _FakeOptimizer(schedule, 3))
+    assert logger.privacy_logs()["epsilon_rdp"] == pytest.approx(schedule.epsilon(DELTA, "rdp", steps=3))
+
+
+def test_privacy_logger_writes_summaries_every_k_steps(tmp_path):
+    optimizer = _FakeOptimizer(_schedule())
+    logger = callbacks.PrivacyLogger("gdp_clt", delta=DELTA, log_every=2, log_dir=str(tmp_path))
+    _attach(logger, optimizer)
+    logger.on_train_begin()
+    for step in range(1, 4):
+        optimizer.dp_step.assign(step)
+        logger.on_train_batch_end(step - 1)
+    logger.on_epoch_end(0, {})
+    logger.on_train_end()
+    steps = []
+    for event_file in os.listdir(tmp_path / "privacy"):
+        for event in tf.compat.v1.train.summary_iterator(str(tmp_path / "privacy" / event_file)):
+            steps += [event.step for value in event.summary.value if value.tag == "privacy/epsilon_gdp_clt"]
+    assert steps == [2, 3]  # every 2 DP steps, then at the epoch end
+
+
+def test_privacy_logger_rejects_non_dp_optimizer():
+    logger = callbacks.PrivacyLogger("pld", delta=DELTA)
+    _attach(logger, tf.keras.optimizers.SGD())
+    with pytest.raises(ValueError, match="PrivacyLogger needs a keras_dyndp DP optimizer.*got SGD"):
+        logger.on_train_begin()
+    stop = callbacks.BudgetStop()
+    _attach(stop, None)
+    with pytest.raises(ValueError, match="BudgetStop needs a keras_dyndp DP optimizer.*got no optimizer"):
+        stop.on_train_batch_end(0)
+
+
+def test_privacy_logger_bad_arguments():
+    with pytest.raises(ValueError, match="`accountant` must be one of"):
+        callbacks.PrivacyLogger("moments", delta=DELTA)
+    with pytest.raises(ValueError, match=r"`delta` must be in \(0, 1\)"):
+        callbacks.PrivacyLogger(delta=0.0)
+    with pytest.raises(ValueError, match="`log_every` must be 'epoch' or an integer >= 1"):
+        callbacks.PrivacyLogger(delta=DELTA, log_every=0)
+    with pytest.raises(TypeError):
+        callbacks.PrivacyLogger("rdp", 1e-5)  # delta is keyword-only
+
+
+def test_budget_stop():
+    optimizer = _FakeOptimizer(_schedule(), 2)
+    stop = callbacks.BudgetStop()
+    model = _attach(stop, optimizer)
+    stop.on_train_begin()
+    stop.on_train_batch_end(0)
+    assert not model.stop_training and stop.stopped_at_step is None
+    optimizer.dp_step.assign(4)
+    stop.on_train_batch_end(1)
+    assert model.stop_training and stop.stopped_at_step == 4
+    with pytest.raises(RuntimeError, match="already spent: the optimizer has taken 4 of the schedule's 4"):
+        stop.on_train_begin()
+
+
+def test_fit_with_dp_optimizer_logs_epsilon_and_stops_at_budget():
+    optimizers = pytest.importorskip("keras_dyndp.optimizers")
+    tf.keras.utils.set_random_seed(0)
+    num_examples, p = 40, 0.25
+    x = np.random.default_rng(0).normal(size=(num_examples, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    schedule = schedules.DPSchedule(np.full(6, 1.0), np.linspace(1.0, 0.5, 6), sampling_probability=p)
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    model.compile(
+        optimizer=optimizers.DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p,
+                                               learning_rate=0.1),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                           reduction=tf.keras.losses.Reduction.NONE))
+    dataset = data.poisson_batches_from_tensors(x, y, p, seed=0)  # 4 steps per epoch
+    budget_stop = callbacks.BudgetStop()
+    history = model.fit(dataset, epochs=3, verbose=0,
+                        callbacks=[callbacks.PrivacyLogger("gdp_clt", delta=DELTA), budget_stop])
+    assert history.history["dp_step"] == [4.0, 6.0]  # stopped in the second epoch, at T = 6
+    assert budget_stop.stopped_at_step == 6
+    assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
+    assert history.history["noise_stddev"][-1] == pytest.approx(0.5)
