@@ -48,23 +48,12 @@ from typing import Any
 import scipy.stats
 import tensorflow as tf
 
+from keras_dyndp import validation
+
 #: Tail probability that sets `default_max_batch_size`: P[Binomial(N, p) > cap] <= this.
 DEFAULT_OVERFLOW_TAIL = 1e-15
 
 _OVERFLOW_POLICIES = ("truncate", "raise")
-
-
-def _check_sampling_probability(sampling_probability: float) -> float:
-    if not 0.0 < sampling_probability <= 1.0:
-        raise ValueError("`sampling_probability` must be in (0, 1]. "
-                         f"Received: sampling_probability={sampling_probability}.")
-    return float(sampling_probability)
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value}.")
-    return int(value)
 
 
 def expected_steps_per_epoch(sampling_probability: float) -> int:
@@ -76,7 +65,7 @@ def expected_steps_per_epoch(sampling_probability: float) -> int:
     Returns:
         ``max(1, round(1 / p))``.
     """
-    sampling_probability = _check_sampling_probability(sampling_probability)
+    sampling_probability = validation.check_probability(sampling_probability)
     return max(1, round(1.0 / sampling_probability))
 
 
@@ -92,8 +81,8 @@ def default_max_batch_size(num_examples: int, sampling_probability: float,
     Returns:
         The cap m (at most N). For N = 60000, p = 250 / 60000 it is 385 (mean 250, std 15.8).
     """
-    num_examples = _check_positive_int("num_examples", num_examples)
-    sampling_probability = _check_sampling_probability(sampling_probability)
+    num_examples = validation.check_positive_int("num_examples", num_examples)
+    sampling_probability = validation.check_probability(sampling_probability)
     if not 0.0 < tail_probability < 1.0:
         raise ValueError("`tail_probability` must be in (0, 1). "
                          f"Received: tail_probability={tail_probability}.")
@@ -126,10 +115,10 @@ def truncation_delta(num_examples: int, sampling_probability: float, max_batch_s
     Returns:
         The amount to add to delta.
     """
-    num_examples = _check_positive_int("num_examples", num_examples)
-    sampling_probability = _check_sampling_probability(sampling_probability)
-    max_batch_size = _check_positive_int("max_batch_size", max_batch_size)
-    num_steps = _check_positive_int("num_steps", num_steps)
+    num_examples = validation.check_positive_int("num_examples", num_examples)
+    sampling_probability = validation.check_probability(sampling_probability)
+    max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)
+    num_steps = validation.check_positive_int("num_steps", num_steps)
     if not epsilon >= 0.0:
         raise ValueError(f"`epsilon` must be >= 0. Received: epsilon={epsilon}.")
     eta = float(scipy.stats.binom.sf(max_batch_size, num_examples + 1, sampling_probability))
@@ -207,14 +196,14 @@ def poisson_batches_from_tensors(x: Any, y: Any, sampling_probability: float, *,
     Raises:
         ValueError: On an invalid argument.
     """
-    sampling_probability = _check_sampling_probability(sampling_probability)
+    sampling_probability = validation.check_probability(sampling_probability)
     x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight)
     if max_batch_size is None:
         max_batch_size = default_max_batch_size(num_examples, sampling_probability)
-    max_batch_size = _check_positive_int("max_batch_size", max_batch_size)
+    max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)
     if num_steps is None:
         num_steps = expected_steps_per_epoch(sampling_probability)
-    num_steps = _check_positive_int("num_steps", num_steps)
+    num_steps = validation.check_positive_int("num_steps", num_steps)
     if overflow not in _OVERFLOW_POLICIES:
         raise ValueError(f"`overflow` must be one of {_OVERFLOW_POLICIES}. Received: overflow={overflow!r}.")
 
@@ -274,8 +263,8 @@ def poisson_batches(dataset: tf.data.Dataset, num_examples: int, sampling_probab
         ValueError: On an invalid argument, an element structure other than (x, y) / (x, y, w), or a dataset
             whose size is not ``num_examples``.
     """
-    num_examples = _check_positive_int("num_examples", num_examples)
-    sampling_probability = _check_sampling_probability(sampling_probability)
+    num_examples = validation.check_positive_int("num_examples", num_examples)
+    sampling_probability = validation.check_probability(sampling_probability)
     spec = dataset.element_spec
     if not isinstance(spec, tuple) or len(spec) not in (2, 3):
         raise ValueError("`dataset` elements must be tuples (x, y) or (x, y, sample_weight). "
@@ -317,7 +306,7 @@ def shuffled_batches(x: Any, y: Any, batch_size: int, seed: int | None = None, *
         ValueError: On an invalid argument.
     """
     x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight)
-    batch_size = _check_positive_int("batch_size", batch_size)
+    batch_size = validation.check_positive_int("batch_size", batch_size)
     if batch_size > num_examples:
         raise ValueError(f"`batch_size` must be in [1, N={num_examples}]. Received: batch_size={batch_size}.")
     keep_all = tf.ones([batch_size], tf.bool)

@@ -29,28 +29,15 @@ import dp_accounting
 import numpy as np
 from scipy import optimize
 
+from keras_dyndp.accounting import fast_pld
+from keras_dyndp.accounting import fast_rdp
 from keras_dyndp.accounting import gdp
 from keras_dyndp.accounting import registry
+from keras_dyndp import validation
 
 METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
 
 ArrayOrFn = Union[Sequence[float], np.ndarray, Callable[[np.ndarray], np.ndarray]]
-
-
-def _check_probability(sampling_probability: float) -> float:
-    p = float(sampling_probability)
-    if not 0.0 < p <= 1.0:
-        raise ValueError(
-            "`sampling_probability` must be in (0, 1]. "
-            f"Received: sampling_probability={sampling_probability}."
-        )
-    return p
-
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value}.")
-    return int(value)
 
 
 class DPSchedule:
@@ -85,7 +72,7 @@ class DPSchedule:
         noise.setflags(write=False)
         self._clip_norms = clip
         self._noise_stddevs = noise
-        self._sampling_probability = _check_probability(sampling_probability)
+        self._sampling_probability = validation.check_probability(sampling_probability)
 
     @property
     def clip_norms(self) -> np.ndarray:
@@ -154,8 +141,10 @@ class DPSchedule:
 
         Args:
           delta: target delta in (0, 1).
-          accountant: 'gdp_clt' (the paper's CLT approximation), 'rdp' (rigorous; exact heterogeneous RDP in
-            closed form, fast) or 'pld' (rigorous and tightest; slow for schedules with many distinct steps).
+          accountant: 'gdp_clt' (the paper's CLT approximation, via `GdpCltAccountant`), 'rdp' (rigorous; exact
+            heterogeneous RDP, `fast_rdp.rdp_epsilon`, about 1 s for 4800 distinct steps) or 'pld' (rigorous and
+            tightest; `fast_pld.pld_epsilon` groups steps by rounding noise multipliers down, a valid upper bound
+            within about 2% of the ungrouped PLD, a few seconds for 4800 distinct steps).
           steps: number of leading steps to account (default: all T).
         """
         if not 0.0 < delta < 1.0:
@@ -166,9 +155,9 @@ class DPSchedule:
         if np.any(self._noise_stddevs[:steps] == 0):
             return math.inf
         if accountant == "rdp":
-            from keras_dyndp.accounting import fast_rdp
-
             return float(fast_rdp.rdp_epsilon(self.sampling_probability, self.noise_multipliers[:steps], delta))
+        if accountant == "pld":
+            return float(fast_pld.pld_epsilon(self.sampling_probability, self.noise_multipliers[:steps], delta))
         return float(registry.make_accountant(accountant).compose(self.to_dp_event(steps)).get_epsilon(delta))
 
     def get_config(self) -> dict:
@@ -220,8 +209,8 @@ def sampling_from_epochs(
     p = batch_size / num_examples (batch_size is the EXPECTED batch size under Poisson sampling) and, given
     `epochs`, T = ceil(epochs * num_examples / batch_size). Give exactly one of `epochs` and `steps`.
     """
-    num_examples = _check_positive_int("num_examples", num_examples)
-    batch_size = _check_positive_int("batch_size", batch_size)
+    num_examples = validation.check_positive_int("num_examples", num_examples)
+    batch_size = validation.check_positive_int("batch_size", batch_size)
     if batch_size > num_examples:
         raise ValueError(
             f"`batch_size` must be <= num_examples={num_examples}. Received: batch_size={batch_size}."
@@ -232,7 +221,7 @@ def sampling_from_epochs(
         if not (math.isfinite(epochs) and epochs > 0):
             raise ValueError(f"`epochs` must be > 0. Received: epochs={epochs}.")
         steps = int(math.ceil(epochs * num_examples / batch_size))
-    steps = _check_positive_int("steps", steps)
+    steps = validation.check_positive_int("steps", steps)
     return batch_size / num_examples, steps
 
 
@@ -324,8 +313,8 @@ def calibrate_shape(
         raise ValueError(f"`target_delta` must be in (0, 1). Received: target_delta={target_delta}.")
     if accountant not in registry.ACCOUNTANT_NAMES:
         raise ValueError(f"`accountant` must be one of {registry.ACCOUNTANT_NAMES}. Received: {accountant!r}.")
-    p = _check_probability(sampling_probability)
-    num_steps = _check_positive_int("num_steps", num_steps)
+    p = validation.check_probability(sampling_probability)
+    num_steps = validation.check_positive_int("num_steps", num_steps)
     clips = _as_step_array("clip_norms", clip_norms, num_steps)
     shape = _as_step_array("mu_shape", mu_shape, num_steps)
 
@@ -384,7 +373,7 @@ def calibrate(
     for name, value in (("rho_mu", rho_mu), ("rho_c", rho_c)):
         if value < 1:
             raise ValueError(f"`{name}` must be >= 1 (the paper's 1/{name} is in (0, 1]). Received: {name}={value}.")
-    num_steps = _check_positive_int("num_steps", num_steps)
+    num_steps = validation.check_positive_int("num_steps", num_steps)
     uses_mu = method in ("growing_mu", "dynamic")
     uses_c = method in ("sensitivity_decay", "dynamic")
     growth_mu = rho_mu if uses_mu else 1.0

@@ -1,0 +1,363 @@
+"""Fast, pessimistic PLD accounting of heterogeneous Poisson-subsampled Gaussian steps.
+
+The privacy loss distribution (PLD) accountant of `dp_accounting` is the tightest rigorous accountant for DP-SGD,
+but a dynamic schedule has a different noise multiplier z_t = sigma_t / C_t at every step, and composing T = 4800
+distinct steps with `dp_accounting.pld.PLDAccountant` takes minutes. Two things make it fast here:
+
+1. Grouping that can only over-estimate epsilon. The PLD of a subsampled Gaussian step is monotone in z: a smaller
+   z is a less private step (its PLD dominates). Steps are sorted by z and cut into groups; every step of a group
+   is accounted with the group's SMALLEST z (noise rounded down, never up), and each group is one self-composed
+   PLD. The result is therefore an upper bound on the ungrouped PLD epsilon (at the same discretisation). The
+   pessimism is the only approximation. The cut points are chosen to keep it small: the extended GDP CLT weights
+   a step by w(z) = exp(1/z^2) - 1 (mu_tot^2 = p^2 sum_t w(z_t)), so rounding step t down to z_g adds
+   w(z_g) - w(z_t) to that sum. Groups are chosen greedily so that no group adds more than a threshold tau, and
+   tau is the largest value whose total addition stays below `tolerance` times the sum (or the smallest one that
+   fits in `max_groups` groups). Steps with equal z cost nothing to group, so piecewise-constant schedules are
+   exact. The CLT excess tracks the epsilon excess closely. Measured at p = 250/60000, T = 4800, delta = 1e-5
+   with the defaults (100 groups, 1e-3 grid; `benchmarks/pld_grouping.py`): the same groups with z rounded UP give
+   a lower bound on the ungrouped epsilon, and ours is within 1.44% (z linear 1.2 -> 0.6), 1.81% (dynamic, eps 1.2,
+   1/rho_mu = 1/rho_c = 0.3) and 1.79% (growing-mu, eps 0.4, 1/rho_mu = 0.1) of it, hence within 2% of the
+   ungrouped epsilon; directly, for T = 400 (z linear 1.2 -> 0.6) the excess is 0.52%.
+2. Vectorised PLD construction. `dp_accounting` builds each step's PMF from the hockey-stick divergence at every
+   grid point, inverting the privacy loss one Python float at a time (~0.1 s per distinct z at a 1e-3 grid), and
+   bounds each self-composition with 40 separate scipy `logsumexp` calls. `_VectorizedGaussianPrivacyLoss` and
+   `_self_compose_pmf` do both with numpy; the PMF construction, the FFTs, the truncation and the compositions are
+   still `dp_accounting`'s own code (0.4.3 internals, pinned in setup.cfg; tests compare against the public API).
+   T = 4800 distinct z takes ~4 s (2 shared CPU cores) instead of minutes.
+
+Both choices are pessimistic, including the grid itself: when each step's privacy loss is far below the grid
+spacing (e.g. z ~ 300, p = 0.004), the 1e-3 grid dominates and the PLD epsilon (0.023) exceeds RDP's (0.006); pass
+a finer `value_discretization_interval` for such schedules.
+
+`pld_epsilons_at` gives the epsilon after several step counts in one pass: the steps are cut at those counts into
+consecutive segments, each segment grouped as above, and the segment PLDs composed in order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence, Union
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld import privacy_loss_distribution
+from dp_accounting.pld import privacy_loss_mechanism
+from scipy import fft
+
+ArrayLike = Union[Sequence[float], np.ndarray]
+
+# Same default as `registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`: ~10x faster than dp_accounting's 1e-4 and
+# ~0.4% looser, still a valid upper bound. Pass 1e-4 for final reported numbers.
+DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
+# Largest number of self-composed groups (each costs ~0.04 s at a 1e-3 grid).
+DEFAULT_MAX_GROUPS = 100
+# Largest relative increase of the CLT sum sum_t (exp(1/z_t^2) - 1) that grouping may cause.
+DEFAULT_TOLERANCE = 0.01
+# Bisection steps on the per-group excess threshold tau (relative precision 2^-60).
+_BISECTION_STEPS = 60
+# dp_accounting's default: probability mass that a self-composition may move from the tails to +infinity.
+_TAIL_MASS_TRUNCATION = 1e-15
+# Chernoff orders of `dp_accounting.pld.common.compute_self_convolve_bounds`: +-1..+-20 over the PMF length.
+_CHERNOFF_MAX_ORDER = 20
+
+
+class _VectorizedGaussianPrivacyLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
+    """`GaussianPrivacyLoss` whose `get_delta_for_epsilon` inverts the privacy loss with numpy.
+
+    Same values as the parent (the inverse of the subsampled privacy loss, then the Gaussian CDFs), but one
+    vectorised pass over all epsilons instead of a Python call per epsilon.
+    """
+
+    def _inverse_privacy_loss_array(self, privacy_losses: np.ndarray) -> np.ndarray:
+        """Vectorised `inverse_privacy_loss` for losses inside the valid range of the adjacency type."""
+        q = self.sampling_prob
+        if self.adjacency_type == privacy_loss_mechanism.AdjacencyType.ADD:
+            exponents = -privacy_losses  # loss' = -log(1 + (exp(-loss) - 1) / q), valid for loss < -log(1 - q).
+        else:
+            exponents = privacy_losses  # loss' = log(1 + (exp(loss) - 1) / q), valid for loss > log(1 - q).
+        if q == 1.0:
+            unsampled = exponents
+        else:
+            with np.errstate(divide="ignore"):
+                # log(1 + (e^b - 1) / q), in two forms that avoid overflow (b > 0) and cancellation (b <= 0).
+                positive = exponents + np.log1p(-(1 - q) * np.exp(-np.maximum(exponents, 0.0))) - math.log(q)
+                negative = np.log1p(np.expm1(np.minimum(exponents, 0.0)) / q)
+            unsampled = np.where(exponents > 0, positive, negative)
+        if self.adjacency_type == privacy_loss_mechanism.AdjacencyType.ADD:
+            unsampled = -unsampled
+            offset = 0.5 * self.sensitivity
+        else:
+            offset = -0.5 * self.sensitivity
+        return offset - unsampled * self._standard_deviation**2 / self.sensitivity
+
+    def get_delta_for_epsilon(self, epsilon):
+        is_scalar = np.ndim(epsilon) == 0
+        epsilons = np.atleast_1d(np.asarray(epsilon, dtype=np.float64))
+        deltas = np.zeros_like(epsilons)
+        q = self.sampling_prob
+        if q == 1.0:
+            inverse = np.ones_like(epsilons, dtype=bool)
+        elif self.adjacency_type == privacy_loss_mechanism.AdjacencyType.ADD:
+            inverse = epsilons < -math.log1p(-q)
+        else:
+            inverse = epsilons > math.log1p(-q)
+            deltas[~inverse] = -np.expm1(epsilons[~inverse])
+        x_cutoffs = self._inverse_privacy_loss_array(epsilons[inverse])
+        deltas[inverse] = self.mu_upper_cdf(x_cutoffs) - np.exp(epsilons[inverse] + self.mu_lower_log_cdf(x_cutoffs))
+        deltas = np.clip(deltas, 0, 1)
+        return float(deltas[0]) if is_scalar else deltas
+
+
+def _self_compose_pmf(pmf: pld_pmf.DensePLDPmf, num_times: int) -> pld_pmf.DensePLDPmf:
+    """`DensePLDPmf.self_compose(num_times)` of dp-accounting 0.4.3, with cheaper Chernoff truncation bounds.
+
+    dp_accounting bounds the composed support with Chernoff bounds at the orders k / n (k = +-1..+-20, n the PMF
+    length), one scipy `logsumexp` per order (~half the run time of a grouped PLD). Here the moment generating
+    function sum_i probs_i e^(k i / n) is evaluated for all k at once from powers of e^(i / n) (exponents stay in
+    [-20, 20], so no overflow). The FFT power and the tail truncation moved to the infinity mass are dp_accounting's.
+    """
+    # pylint: disable=protected-access
+    probs = pmf._probs
+    length = probs.size
+    powers = np.cumprod(np.broadcast_to(np.exp(np.arange(length) / length), (_CHERNOFF_MAX_ORDER, length)), axis=0)
+    orders = np.arange(1, _CHERNOFF_MAX_ORDER + 1) / length
+    log_slack = math.log(2 / _TAIL_MASS_TRUNCATION)
+    upper_bounds = (num_times * np.log(powers @ probs) + log_slack) / orders
+    lower_bounds = (num_times * np.log((1 / powers) @ probs) + log_slack) / -orders
+    upper = min((length - 1) * num_times, math.ceil(np.min(upper_bounds)))
+    lower = max(0, math.floor(np.max(lower_bounds)))
+    output_len = upper - lower + 1
+    fast_len = fft.next_fast_len(max(output_len, probs.size))
+    convolution = np.real(fft.ifft(fft.fft(probs, fast_len) ** num_times))
+    composed = np.roll(convolution, -lower)[:output_len]
+    infinity_mass = _TAIL_MASS_TRUNCATION - math.expm1(num_times * math.log1p(-pmf._infinity_mass))
+    return pld_pmf.DensePLDPmf(pmf._discretization, pmf._lower_loss * num_times + lower, composed, infinity_mass,
+                               pmf._pessimistic_estimate)
+
+
+def subsampled_gaussian_pld(
+    noise_multiplier: float,
+    sampling_probability: float,
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    num_times: int = 1,
+) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """Pessimistic PLD of `num_times` Poisson-subsampled Gaussian steps (add-or-remove-one adjacency).
+
+    Equal, up to float rounding, to `dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
+    noise_multiplier, sampling_prob=sampling_probability, value_discretization_interval=...).self_compose(
+    num_times)` (connect-the-dots, pessimistic), built several times faster.
+
+    Args:
+      noise_multiplier: z = sigma / C, finite and > 0.
+      sampling_probability: Poisson sampling probability p in (0, 1].
+      value_discretization_interval: privacy-loss grid spacing, > 0.
+      num_times: number of identical steps composed, >= 1.
+    """
+
+    def single_pmf(adjacency_type: privacy_loss_mechanism.AdjacencyType) -> pld_pmf.PLDPmf:
+        pmf = privacy_loss_distribution._create_pld_pmf_from_additive_noise(  # pylint: disable=protected-access
+            _VectorizedGaussianPrivacyLoss(
+                noise_multiplier, sampling_prob=sampling_probability, adjacency_type=adjacency_type),
+            pessimistic_estimate=True,
+            value_discretization_interval=value_discretization_interval,
+            use_connect_dots=True,
+        )
+        if num_times == 1:
+            return pmf
+        dense = pmf if isinstance(pmf, pld_pmf.DensePLDPmf) else pmf.to_dense_pmf()
+        return _self_compose_pmf(dense, num_times)
+
+    pmf_remove = single_pmf(privacy_loss_mechanism.AdjacencyType.REMOVE)
+    if sampling_probability == 1.0:
+        return privacy_loss_distribution.PrivacyLossDistribution(pmf_remove)
+    return privacy_loss_distribution.PrivacyLossDistribution(
+        pmf_remove, single_pmf(privacy_loss_mechanism.AdjacencyType.ADD))
+
+
+def _clt_weights(sorted_multipliers: np.ndarray) -> np.ndarray:
+    """w(z) = exp(1/z^2) - 1, clipped to the float range (a huge weight just means "never round down to it")."""
+    with np.errstate(over="ignore"):
+        return np.minimum(np.expm1(1.0 / sorted_multipliers**2), np.finfo(np.float64).max / 1e6)
+
+
+def _greedy_cuts(weights: np.ndarray, prefix: np.ndarray, tau: float) -> list[int]:
+    """Fewest cuts of ascending-z steps into groups, each adding at most `tau` to the CLT sum when rounded down.
+
+    A group [i, j) rounded down to its first (smallest) z adds (j - i) w_i - sum_{i<=t<j} w_t, which grows with j,
+    so the greedy longest-group choice is optimal. Returns the group start indices plus the end index n.
+    """
+    n = weights.size
+    slack = 1e-12 * prefix[-1]  # Absorbs cumsum rounding, so equal z always share a group.
+    cuts = [0]
+    start = 0
+    positions = np.arange(n + 1)
+    while start < n:
+        excess = (positions[start + 1:] - start) * weights[start] - (prefix[start + 1:] - prefix[start])
+        # The first candidate (a group of one step) has excess 0, so every group gets at least one step.
+        start += int(np.searchsorted(excess, tau + slack, side="right"))
+        cuts.append(start)
+    return cuts
+
+
+def _excess(weights: np.ndarray, prefix: np.ndarray, cuts: list[int]) -> float:
+    starts, ends = np.array(cuts[:-1]), np.array(cuts[1:])
+    return float(np.sum((ends - starts) * weights[starts] - (prefix[ends] - prefix[starts])))
+
+
+def group_noise_multipliers(
+    noise_multipliers: ArrayLike,
+    max_groups: int = DEFAULT_MAX_GROUPS,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pessimistic grouping of per-step noise multipliers: (group noise multipliers, group step counts).
+
+    Every step is assigned to a group whose noise multiplier is <= its own (rounded DOWN), so accounting the groups
+    over-estimates the privacy loss of the steps. Uses the fewest groups whose rounding increases the CLT sum
+    sum_t (exp(1/z_t^2) - 1) by at most `tolerance` (relative), but never more than `max_groups` groups.
+
+    Args:
+      noise_multipliers: 1-D array of z_t, finite and > 0.
+      max_groups: cap on the number of groups, >= 1.
+      tolerance: allowed relative increase of the CLT sum, >= 0 (0: only equal values are grouped).
+
+    Returns:
+      (group_noise_multipliers ascending, counts) with counts.sum() == len(noise_multipliers).
+    """
+    sorted_multipliers = np.sort(np.asarray(noise_multipliers, dtype=np.float64))
+    weights = _clt_weights(sorted_multipliers)
+    prefix = np.concatenate([[0.0], np.cumsum(weights)])
+    allowed_excess = tolerance * prefix[-1]
+    # Largest tau with total excess <= allowed (excess grows with tau) ...
+    low, high = 0.0, float(sorted_multipliers.size * weights[0])
+    if _excess(weights, prefix, _greedy_cuts(weights, prefix, high)) > allowed_excess:
+        for _ in range(_BISECTION_STEPS):
+            middle = 0.5 * (low + high)
+            if _excess(weights, prefix, _greedy_cuts(weights, prefix, middle)) <= allowed_excess:
+                low = middle
+            else:
+                high = middle
+        tau = low
+    else:
+        tau = high
+    cuts = _greedy_cuts(weights, prefix, tau)
+    # ... raised to the smallest tau that fits in max_groups (group count falls as tau grows).
+    if len(cuts) - 1 > max_groups:
+        low, high = tau, float(sorted_multipliers.size * weights[0])
+        for _ in range(_BISECTION_STEPS):
+            middle = 0.5 * (low + high)
+            if len(_greedy_cuts(weights, prefix, middle)) - 1 <= max_groups:
+                high = middle
+            else:
+                low = middle
+        cuts = _greedy_cuts(weights, prefix, high)
+    starts = np.array(cuts[:-1])
+    return sorted_multipliers[starts], np.diff(cuts)
+
+
+def _check_arguments(sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval,
+                     tolerance) -> tuple[float, np.ndarray]:
+    p = float(sampling_probability)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"`sampling_probability` must be in [0, 1]. Received: sampling_probability={p}.")
+    multipliers = np.asarray(noise_multipliers, dtype=np.float64)
+    if multipliers.ndim != 1:
+        raise ValueError(
+            f"`noise_multipliers` must be 1-D (one noise multiplier per step). Received shape {multipliers.shape}.")
+    if not np.all(multipliers >= 0):  # Also rejects NaN.
+        raise ValueError("Every entry of `noise_multipliers` must be >= 0 (inf allowed).")
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
+    if isinstance(max_groups, bool) or int(max_groups) != max_groups or max_groups < 1:
+        raise ValueError(f"`max_groups` must be an integer >= 1. Received: max_groups={max_groups}.")
+    if not value_discretization_interval > 0:
+        raise ValueError(
+            "`value_discretization_interval` must be > 0. "
+            f"Received: value_discretization_interval={value_discretization_interval}.")
+    if not tolerance >= 0:
+        raise ValueError(f"`tolerance` must be >= 0. Received: tolerance={tolerance}.")
+    return p, multipliers
+
+
+def pld_epsilons_at(
+    sampling_probability: float,
+    noise_multipliers: ArrayLike,
+    delta: float,
+    steps: ArrayLike,
+    *,
+    max_groups: int = DEFAULT_MAX_GROUPS,
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> np.ndarray:
+    """Pessimistic PLD epsilon after each of several step counts, in one composition pass.
+
+    Args:
+      sampling_probability: Poisson sampling probability p in [0, 1].
+      noise_multipliers: 1-D array [T] of z_t = sigma_t / C_t (>= 0; 0 means no privacy, inf no privacy loss).
+      delta: target delta in (0, 1).
+      steps: non-decreasing step counts k in [0, T]; epsilon of the first k steps is returned for each.
+      max_groups: cap on the total number of self-composed groups over all segments (>= number of segments).
+      value_discretization_interval: PLD grid spacing > 0 (smaller is tighter and slower).
+      tolerance: per segment, allowed relative increase of the CLT sum caused by rounding z down.
+
+    Returns:
+      float array [len(steps)] of epsilons, each an upper bound on the ungrouped PLD epsilon.
+    """
+    p, multipliers = _check_arguments(sampling_probability, noise_multipliers, delta, max_groups,
+                                      value_discretization_interval, tolerance)
+    counts = np.asarray(steps)
+    if counts.ndim != 1 or not np.all((counts >= 0) & (counts <= multipliers.size)) or np.any(np.diff(counts) < 0):
+        raise ValueError(
+            f"`steps` must be a 1-D non-decreasing sequence of integers in [0, {multipliers.size}]. "
+            f"Received: steps={steps}.")
+    counts = counts.astype(int)
+    bounds = np.unique(np.concatenate([[0], counts]))
+    segments = [multipliers[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+    active = [segment[np.isfinite(segment)] for segment in segments]
+    active_steps = sum(segment.size for segment in active)
+    epsilon_at = {0: 0.0}
+    composed = None
+    infinite = False
+    for end, segment in zip(bounds[1:], active):
+        if infinite or (p > 0 and np.any(segment == 0)):
+            infinite = True
+            epsilon_at[end] = math.inf
+            continue
+        if p > 0 and segment.size:
+            budget = max(1, int(max_groups * segment.size / active_steps))
+            for multiplier, count in zip(*group_noise_multipliers(segment, budget, tolerance)):
+                pld = subsampled_gaussian_pld(float(multiplier), p, value_discretization_interval, int(count))
+                composed = pld if composed is None else composed.compose(pld)
+        epsilon_at[end] = 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+    return np.array([epsilon_at[int(k)] for k in counts], dtype=np.float64)
+
+
+def pld_epsilon(
+    sampling_probability: float,
+    noise_multipliers: ArrayLike,
+    delta: float,
+    *,
+    max_groups: int = DEFAULT_MAX_GROUPS,
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> float:
+    """Pessimistic PLD epsilon of T Poisson-subsampled Gaussian steps with per-step noise multipliers.
+
+    An upper bound on `dp_accounting.pld.PLDAccountant`'s epsilon for the same steps at the same discretisation:
+    steps are grouped with their noise multipliers rounded DOWN (see the module docstring), typically within 1%
+    of the ungrouped value, in a few seconds for T = 4800.
+
+    Args:
+      sampling_probability: Poisson sampling probability p in [0, 1].
+      noise_multipliers: 1-D array [T] of z_t = sigma_t / C_t (>= 0; 0 means no privacy, inf no privacy loss).
+      delta: target delta in (0, 1).
+      max_groups: cap on the number of self-composed groups, >= 1.
+      value_discretization_interval: PLD grid spacing > 0 (1e-3 default; 1e-4 for final numbers).
+      tolerance: allowed relative increase of the CLT sum sum_t (exp(1/z_t^2) - 1) caused by rounding z down.
+
+    Returns:
+      epsilon (math.inf if some step has z = 0 and p > 0).
+    """
+    num_steps = np.asarray(noise_multipliers).shape[0] if np.ndim(noise_multipliers) == 1 else 0
+    return float(pld_epsilons_at(
+        sampling_probability, noise_multipliers, delta, [num_steps], max_groups=max_groups,
+        value_discretization_interval=value_discretization_interval, tolerance=tolerance)[0])

@@ -1,0 +1,133 @@
+"""`dyndp-privacy`: privacy report of dynamic DP-SGD schedules from the command line (no TensorFlow import).
+
+Either calibrate schedules from a spec
+
+  dyndp-privacy --epsilon=1.2 --num_examples=60000 --batch_size=250 --epochs=20 --rho_mu=1.25 --rho_c=3.33 \\
+      --method=vanilla,dynamic,zcdp,tcdp --plot_dir=/tmp/plots
+
+or report a saved schedule (`DPSchedule.to_json()` text)
+
+  dyndp-privacy --schedule_json=schedule.json --delta=1e-5
+
+It prints one table row per method: first/last noise multiplier and clip norm and epsilon under the method's own
+accountant, GDP-CLT, RDP and PLD (see `keras_dyndp.privacy_report`). With --plot_dir it writes
+`epsilon_consumption.png` (paper Fig. 2, spec mode only) and `accountant_comparison.png` (paper Fig. 3, for the
+dynamic schedule or the loaded one). A bad spec prints one error line on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from keras_dyndp import privacy_report
+from keras_dyndp import schedules
+
+_METHOD = flags.DEFINE_string(
+    "method", "all", f"Comma-separated methods among {privacy_report.ALL_METHODS}, or 'all'.")
+_EPSILON = flags.DEFINE_float("epsilon", None, "Target epsilon of the run (spec mode).")
+_DELTA = flags.DEFINE_float("delta", None, "Target delta; default 1 / (10 num_examples), the paper's choice.")
+_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None, "Training set size N (spec mode).")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Expected batch size; p = batch_size / num_examples.")
+_EPOCHS = flags.DEFINE_float("epochs", None, "Epochs; T = ceil(epochs * N / batch_size). Or give --steps.")
+_STEPS = flags.DEFINE_integer("steps", None, "Number of steps T (instead of --epochs).")
+_RHO_MU = flags.DEFINE_float("rho_mu", 1.0, "mu_T / mu_0 >= 1 (also the zcdp/tcdp noise decay z_0 / z_T).")
+_RHO_C = flags.DEFINE_float("rho_c", 1.0, "C_0 / C_T >= 1.")
+_INITIAL_CLIP = flags.DEFINE_float("initial_clip", 1.0, "Initial clipping norm C_0.")
+_SCHEDULE_JSON = flags.DEFINE_string("schedule_json", None, "Path of a saved DPSchedule.to_json() file.")
+_ACCOUNTANTS = flags.DEFINE_list("accountants", list(privacy_report.ACCOUNTANTS), "Accountants to report.")
+_NUM_POINTS = flags.DEFINE_integer("num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.")
+_PLOT_DIR = flags.DEFINE_string("plot_dir", None, "Directory for the PNG plots (created if missing).")
+
+_EXIT_BAD_SPEC = 2
+
+
+def _fail(message: str) -> None:
+    """One error line on stderr, exit status 2."""
+    print(f"dyndp-privacy: error: {message}", file=sys.stderr)
+    sys.exit(_EXIT_BAD_SPEC)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    try:
+        remaining = flags.FLAGS(argv)
+    except flags.Error as error:
+        _fail(str(error).splitlines()[0])
+    if len(remaining) > 1:
+        _fail(f"unexpected positional arguments: {' '.join(remaining[1:])}")
+    return remaining
+
+
+def _methods() -> list[str]:
+    if _METHOD.value.strip() == "all":
+        return list(privacy_report.ALL_METHODS)
+    return [method.strip() for method in _METHOD.value.split(",") if method.strip()]
+
+
+def _require(**values) -> None:
+    missing = [f"--{name}" for name, value in values.items() if value is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} required (or give --schedule_json).")
+
+
+def _report_loaded(path: str) -> None:
+    if _DELTA.value is None:
+        raise ValueError("--delta is required with --schedule_json.")
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    try:
+        schedule = schedules.DPSchedule.from_json(text)
+    except (TypeError, KeyError, AttributeError) as error:
+        raise ValueError(f"{path} is not a DPSchedule.to_json() file ({error}).") from error
+    name = os.path.basename(path)
+    print(privacy_report.format_table(privacy_report.report_rows({name: schedule}, _DELTA.value, _ACCOUNTANTS.value)))
+    if _PLOT_DIR.value:
+        os.makedirs(_PLOT_DIR.value, exist_ok=True)
+        print(privacy_report.plot_accountant_comparison(
+            os.path.join(_PLOT_DIR.value, "accountant_comparison.png"), schedule, _DELTA.value, _ACCOUNTANTS.value,
+            _NUM_POINTS.value, title=f"{name}: epsilon over steps by accountant"))
+
+
+def _report_spec() -> None:
+    _require(epsilon=_EPSILON.value, num_examples=_NUM_EXAMPLES.value, batch_size=_BATCH_SIZE.value)
+    p, num_steps = schedules.sampling_from_epochs(
+        _NUM_EXAMPLES.value, _BATCH_SIZE.value, epochs=_EPOCHS.value, steps=_STEPS.value)
+    delta = 1 / (10 * _NUM_EXAMPLES.value) if _DELTA.value is None else _DELTA.value
+    spec = dict(target_epsilon=_EPSILON.value, target_delta=delta, sampling_probability=p, num_steps=num_steps,
+                initial_clip=_INITIAL_CLIP.value)
+    built = privacy_report.build_schedules(**spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value, methods=_methods())
+    print(f"p = {p:.6g}, T = {num_steps}, target (epsilon, delta) = ({_EPSILON.value:g}, {delta:g}), "
+          f"rho_mu = {_RHO_MU.value:g}, rho_c = {_RHO_C.value:g}")
+    print(privacy_report.format_table(privacy_report.report_rows(built, delta, _ACCOUNTANTS.value)))
+    if _PLOT_DIR.value:
+        os.makedirs(_PLOT_DIR.value, exist_ok=True)
+        print(privacy_report.plot_epsilon_consumption(
+            os.path.join(_PLOT_DIR.value, "epsilon_consumption.png"), **spec, num_points=_NUM_POINTS.value))
+        dynamic = schedules.calibrate("dynamic", **spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value)
+        print(privacy_report.plot_accountant_comparison(
+            os.path.join(_PLOT_DIR.value, "accountant_comparison.png"), dynamic, delta, _ACCOUNTANTS.value,
+            _NUM_POINTS.value,
+            title=f"Dynamic DP-SGD (1/rho_mu = {1 / _RHO_MU.value:.2g}, 1/rho_c = {1 / _RHO_C.value:.2g})"))
+
+
+def main(argv: list[str]) -> None:
+    del argv  # Checked by `_parse_flags`.
+    try:
+        if _SCHEDULE_JSON.value:
+            _report_loaded(_SCHEDULE_JSON.value)
+        else:
+            _report_spec()
+    except (ValueError, OSError) as error:
+        _fail(str(error))
+
+
+def run() -> None:
+    """Console entry point `dyndp-privacy`."""
+    app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+    run()

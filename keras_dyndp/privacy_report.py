@@ -1,0 +1,274 @@
+"""Privacy report: one schedule per method, its noise and its epsilon under several accountants, and plots.
+
+The paper calibrates every schedule with the extended GDP central limit theorem (GDP-CLT), an approximation that
+can understate epsilon (Gopi et al. 2021). This module puts numbers beside it: for each method (the paper's four,
+plus the noise-decay baselines of its Table 1 from `keras_dyndp.baselines`) it reports the first and last noise
+multipliers and the epsilon of the same schedule under
+
+* 'gdp_clt': the paper's accountant (what the paper's methods are calibrated with);
+* 'rdp': exact heterogeneous Renyi DP (`accounting.fast_rdp`), a rigorous upper bound;
+* 'pld': privacy loss distributions with steps grouped pessimistically (`accounting.fast_pld`), a rigorous upper
+  bound and the tightest of the three;
+* 'own': the accountant the method was calibrated with (GDP-CLT for the paper's methods, zCDP / tCDP for the
+  baselines), which equals the target epsilon up to rounding.
+
+Data (`ReportRow`), text formatting (`format_table`) and plotting (`plot_epsilon_consumption`, paper Fig. 2;
+`plot_accountant_comparison`, paper Fig. 3) are separate so that scripts and tests can use each alone. Plotting uses
+matplotlib's object-oriented API (`matplotlib.figure.Figure`), which needs no display and leaves pyplot alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from keras_dyndp import baselines
+from keras_dyndp import schedules
+from keras_dyndp import validation
+from keras_dyndp.accounting import fast_pld
+from keras_dyndp.accounting import fast_rdp
+from keras_dyndp.accounting import gdp
+
+BASELINES = ("zcdp", "tcdp")
+ALL_METHODS = schedules.METHODS + BASELINES
+ACCOUNTANTS = ("gdp_clt", "rdp", "pld")
+# Paper Fig. 2: mu_t growth rates 1/rho_mu in {1, 0.8, 0.5, 0.3}.
+DEFAULT_CONSUMPTION_RHO_MUS = (1.0, 1 / 0.8, 1 / 0.5, 1 / 0.3)
+DEFAULT_NUM_POINTS = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportRow:
+    """One method's schedule summary. Epsilons are None for accountants that were not requested."""
+
+    method: str
+    calibrated_by: str
+    num_steps: int
+    first_noise_multiplier: float
+    last_noise_multiplier: float
+    first_clip_norm: float
+    last_clip_norm: float
+    epsilon_own: float
+    epsilon_gdp_clt: Optional[float] = None
+    epsilon_rdp: Optional[float] = None
+    epsilon_pld: Optional[float] = None
+
+
+def _check_accountants(accountants: Sequence[str]) -> tuple[str, ...]:
+    accountants = tuple(accountants)
+    unknown = [name for name in accountants if name not in ACCOUNTANTS]
+    if unknown:
+        raise ValueError(f"`accountants` must be a subset of {ACCOUNTANTS}. Received: accountants={accountants}.")
+    return accountants
+
+
+def build_schedules(
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    sampling_probability: float,
+    num_steps: int,
+    initial_clip: float,
+    rho_mu: float = 1.0,
+    rho_c: float = 1.0,
+    methods: Sequence[str] = ALL_METHODS,
+) -> dict[str, schedules.DPSchedule]:
+    """Calibrates each method to (target_epsilon, target_delta) with its own accountant.
+
+    The paper's methods use `schedules.calibrate` (GDP-CLT); 'zcdp' and 'tcdp' use `baselines.zcdp_schedule` and
+    `baselines.tcdp_schedule` with exponential noise decay z_0 / z_T = rho_mu (the growing-mu noise shape), so that
+    one --rho_mu compares like with like.
+
+    Returns:
+      {method: DPSchedule} in the order of `methods`.
+    """
+    unknown = [method for method in methods if method not in ALL_METHODS]
+    if unknown or not methods:
+        raise ValueError(f"`methods` must be a non-empty subset of {ALL_METHODS}. Received: methods={tuple(methods)}.")
+    built = {}
+    for method in methods:
+        if method == "zcdp":
+            built[method] = baselines.zcdp_schedule(
+                target_epsilon, target_delta, sampling_probability, num_steps, initial_clip, noise_decay=rho_mu)
+        elif method == "tcdp":
+            built[method] = baselines.tcdp_schedule(
+                target_epsilon, target_delta, sampling_probability, num_steps, initial_clip, noise_decay=rho_mu)
+        else:
+            built[method] = schedules.calibrate(
+                method, target_epsilon=target_epsilon, target_delta=target_delta,
+                sampling_probability=sampling_probability, num_steps=num_steps, initial_clip=initial_clip,
+                rho_mu=rho_mu, rho_c=rho_c)
+    return built
+
+
+def _epsilon(schedule: schedules.DPSchedule, delta: float, accountant: str) -> float:
+    if np.any(schedule.noise_stddevs == 0):
+        return math.inf
+    if accountant == "gdp_clt":
+        return schedule.epsilon(delta, "gdp_clt")
+    if accountant == "rdp":
+        return fast_rdp.rdp_epsilon(schedule.sampling_probability, schedule.noise_multipliers, delta)
+    return fast_pld.pld_epsilon(schedule.sampling_probability, schedule.noise_multipliers, delta)
+
+
+def schedule_row(
+    method: str,
+    schedule: schedules.DPSchedule,
+    delta: float,
+    accountants: Sequence[str] = ACCOUNTANTS,
+) -> ReportRow:
+    """The `ReportRow` of one schedule. `method` in `ALL_METHODS` picks the 'own' accountant (a name outside them,
+    e.g. a loaded schedule, is reported with GDP-CLT as its own)."""
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
+    accountants = _check_accountants(accountants)
+    if method in BASELINES:
+        own = baselines.baseline_epsilon(method, schedule, delta)
+        calibrated_by = method
+    else:
+        own = _epsilon(schedule, delta, "gdp_clt")
+        calibrated_by = "gdp_clt"
+    epsilons = {f"epsilon_{name}": _epsilon(schedule, delta, name) for name in accountants}
+    multipliers = schedule.noise_multipliers
+    return ReportRow(
+        method=method, calibrated_by=calibrated_by, num_steps=schedule.num_steps,
+        first_noise_multiplier=float(multipliers[0]), last_noise_multiplier=float(multipliers[-1]),
+        first_clip_norm=float(schedule.clip_norms[0]), last_clip_norm=float(schedule.clip_norms[-1]),
+        epsilon_own=own, **epsilons)
+
+
+def report_rows(
+    named_schedules: Mapping[str, schedules.DPSchedule],
+    delta: float,
+    accountants: Sequence[str] = ACCOUNTANTS,
+) -> list[ReportRow]:
+    """`schedule_row` for each (method, schedule), in order."""
+    return [schedule_row(method, schedule, delta, accountants) for method, schedule in named_schedules.items()]
+
+
+def format_table(rows: Sequence[ReportRow]) -> str:
+    """Fixed-width text table of the rows (one line per method; '-' for accountants not computed)."""
+    headers = ("method", "calibrated_by", "T", "z_first", "z_last", "C_first", "C_last", "eps_own", "eps_gdp_clt",
+               "eps_rdp", "eps_pld")
+
+    def number(value: Optional[float]) -> str:
+        return "-" if value is None else f"{value:.4g}"
+
+    lines = [headers] + [
+        (row.method, row.calibrated_by, str(row.num_steps), number(row.first_noise_multiplier),
+         number(row.last_noise_multiplier), number(row.first_clip_norm), number(row.last_clip_norm),
+         number(row.epsilon_own), number(row.epsilon_gdp_clt), number(row.epsilon_rdp), number(row.epsilon_pld))
+        for row in rows
+    ]
+    widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
+
+
+def curve_steps(num_steps: int, num_points: int = DEFAULT_NUM_POINTS) -> np.ndarray:
+    """About `num_points` distinct step counts from 1 to T, evenly spaced (always ending at T)."""
+    num_steps = validation.check_positive_int("num_steps", num_steps)
+    num_points = validation.check_positive_int("num_points", num_points)
+    return np.unique(np.linspace(1, num_steps, min(num_points, num_steps)).round().astype(int))
+
+
+def gdp_clt_epsilons_at(schedule: schedules.DPSchedule, delta: float, steps: Sequence[int]) -> np.ndarray:
+    """GDP-CLT epsilon of the first k steps for each k: mu_k = p sqrt(cumsum_t (exp(mu_t^2) - 1))."""
+    with np.errstate(over="ignore"):
+        cumulative = np.concatenate([[0.0], np.cumsum(np.expm1(schedule.mus**2))])
+    mus = schedule.sampling_probability * np.sqrt(cumulative[np.asarray(steps, dtype=int)])
+    return np.array([0.0 if mu == 0 else gdp.epsilon_from_mu(mu, delta) for mu in mus])
+
+
+def epsilon_curves(
+    schedule: schedules.DPSchedule,
+    delta: float,
+    accountants: Sequence[str] = ACCOUNTANTS,
+    num_points: int = DEFAULT_NUM_POINTS,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Epsilon of the first k steps for about `num_points` values of k, under each accountant.
+
+    Cumulative in one pass per accountant: GDP-CLT and RDP sum per-step terms, PLD composes consecutive segments
+    (`fast_pld.pld_epsilons_at`).
+
+    Returns:
+      (steps [K], {accountant: epsilons [K]}).
+    """
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
+    accountants = _check_accountants(accountants)
+    steps = curve_steps(schedule.num_steps, num_points)
+    p, multipliers = schedule.sampling_probability, schedule.noise_multipliers
+    curves = {}
+    for name in accountants:
+        if name == "gdp_clt":
+            curves[name] = gdp_clt_epsilons_at(schedule, delta, steps)
+        elif name == "rdp":
+            curves[name] = fast_rdp.rdp_epsilons_at(p, multipliers, delta, steps)
+        else:
+            curves[name] = fast_pld.pld_epsilons_at(p, multipliers, delta, steps)
+    return steps, curves
+
+
+def _new_axes(title: str):
+    from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel  (slow import, plots only)
+
+    figure = Figure(figsize=(6.0, 4.0), layout="constrained")
+    axes = figure.add_subplot()
+    axes.set_title(title)
+    axes.set_xlabel("step k")
+    axes.set_ylabel("epsilon of the first k steps")
+    axes.grid(alpha=0.3)
+    return figure, axes
+
+
+def plot_epsilon_consumption(
+    path: str,
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    sampling_probability: float,
+    num_steps: int,
+    initial_clip: float = 1.0,
+    rho_mus: Sequence[float] = DEFAULT_CONSUMPTION_RHO_MUS,
+    num_points: int = DEFAULT_NUM_POINTS,
+) -> str:
+    """Paper Fig. 2: GDP-CLT epsilon consumed by the first k steps of growing-mu schedules, one curve per rho_mu.
+
+    A faster-growing mu_t spends less of the budget early and more late; every curve ends at target_epsilon.
+    Writes a PNG to `path` and returns `path`.
+    """
+    figure, axes = _new_axes(f"Privacy budget consumption (GDP-CLT), epsilon = {target_epsilon:g}")
+    for rho_mu in rho_mus:
+        schedule = schedules.calibrate(
+            "growing_mu", target_epsilon=target_epsilon, target_delta=target_delta,
+            sampling_probability=sampling_probability, num_steps=num_steps, initial_clip=initial_clip, rho_mu=rho_mu)
+        steps = curve_steps(num_steps, num_points)
+        axes.plot(steps, gdp_clt_epsilons_at(schedule, target_delta, steps), label=f"1/rho_mu = {1 / rho_mu:.2g}")
+    axes.legend()
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def plot_accountant_comparison(
+    path: str,
+    schedule: schedules.DPSchedule,
+    delta: float,
+    accountants: Sequence[str] = ACCOUNTANTS,
+    num_points: int = DEFAULT_NUM_POINTS,
+    title: str = "Epsilon over steps by accountant",
+) -> str:
+    """Paper Fig. 3: epsilon of the first k steps of one schedule under GDP-CLT, RDP and PLD.
+
+    RDP and PLD are rigorous upper bounds (PLD the tighter); the GDP-CLT approximation may fall below both.
+    Writes a PNG to `path` and returns `path`.
+    """
+    steps, curves = epsilon_curves(schedule, delta, accountants, num_points)
+    figure, axes = _new_axes(title)
+    for name, values in curves.items():
+        axes.plot(steps, values, label=name)
+    axes.legend()
+    figure.savefig(path, dpi=100)
+    return path

@@ -1,0 +1,52 @@
+"""Tests for the `dyndp-privacy` CLI (keras_dyndp.privacy), run as a subprocess as a user would."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from keras_dyndp import schedules
+
+SMALL_SPEC = ["--epsilon=1.0", "--num_examples=400", "--batch_size=20", "--steps=40", "--rho_mu=2", "--rho_c=2"]
+
+
+def _run(*args, cwd):
+    environment = dict(os.environ, MPLBACKEND="Agg")
+    return subprocess.run([sys.executable, "-m", "keras_dyndp.privacy", *args], capture_output=True, text=True,
+                          cwd=cwd, env=environment, timeout=120, check=False)
+
+
+def test_spec_prints_table_and_writes_plots(tmp_path):
+    result = _run(*SMALL_SPEC, "--num_points=8", f"--plot_dir={tmp_path / 'plots'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    methods = [line.split()[0] for line in result.stdout.splitlines()[2:8]]
+    assert methods == ["vanilla", "growing_mu", "sensitivity_decay", "dynamic", "zcdp", "tcdp"]
+    assert "delta) = (1, 0.00025)" in result.stdout  # Default delta = 1 / (10 N).
+    for name in ("epsilon_consumption.png", "accountant_comparison.png"):
+        assert (tmp_path / "plots" / name).stat().st_size > 1000
+
+
+def test_schedule_json(tmp_path):
+    schedule = schedules.calibrate("dynamic", target_epsilon=1.0, target_delta=1e-4, sampling_probability=0.05,
+                                   num_steps=30, initial_clip=1.0, rho_mu=2.0)
+    path = tmp_path / "schedule.json"
+    path.write_text(schedule.to_json())
+    result = _run(f"--schedule_json={path}", "--delta=1e-4", "--accountants=gdp_clt,rdp", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    row = result.stdout.splitlines()[1].split()
+    assert row[0] == "schedule.json" and row[-1] == "-" and float(row[-3]) == pytest.approx(1.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epsilon=-1", "--num_examples=400", "--batch_size=20", "--steps=40"], "target_epsilon"),
+    (["--epsilon=abc"], "--epsilon"),
+    (SMALL_SPEC + ["--method=vanilla,adaptive"], "methods"),
+    (["--schedule_json=missing.json", "--delta=1e-5"], "missing.json"),
+])
+def test_bad_spec_exits_2_with_one_line(tmp_path, args, message):
+    result = _run(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dyndp-privacy: error:") and message in lines[0]
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,91 @@
+"""Tests for keras_dyndp.privacy_report: table rows, formatting, cumulative curves and plots."""
+
+import numpy as np
+import pytest
+
+from keras_dyndp import privacy_report
+from keras_dyndp import schedules
+from keras_dyndp.accounting import fast_pld
+from keras_dyndp.accounting import fast_rdp
+
+SPEC = dict(target_epsilon=1.0, target_delta=1e-4, sampling_probability=0.05, num_steps=60, initial_clip=1.5)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    built = privacy_report.build_schedules(**SPEC, rho_mu=1 / 0.5, rho_c=1 / 0.3)
+    return built, privacy_report.report_rows(built, SPEC["target_delta"])
+
+
+def test_rows_contents(rows):
+    built, report = rows
+    assert [row.method for row in report] == list(privacy_report.ALL_METHODS)
+    for row in report:
+        schedule = built[row.method]
+        assert row.num_steps == 60
+        assert row.first_noise_multiplier == schedule.noise_multipliers[0]
+        assert row.last_noise_multiplier == schedule.noise_multipliers[-1]
+        assert row.first_clip_norm == schedule.clip_norms[0] and row.last_clip_norm == schedule.clip_norms[-1]
+        assert row.epsilon_own <= SPEC["target_epsilon"]
+        assert row.epsilon_own == pytest.approx(SPEC["target_epsilon"], rel=1e-6)
+        assert row.epsilon_rdp == pytest.approx(fast_rdp.rdp_epsilon(0.05, schedule.noise_multipliers, 1e-4))
+        assert row.epsilon_pld == fast_pld.pld_epsilon(0.05, schedule.noise_multipliers, 1e-4)
+    by_method = {row.method: row for row in report}
+    for method in schedules.METHODS:
+        assert by_method[method].calibrated_by == "gdp_clt"
+        assert by_method[method].epsilon_gdp_clt == pytest.approx(1.0, rel=1e-9)
+        # Rigorous accountants disagree with the CLT; PLD is the tighter of the two.
+        assert by_method[method].epsilon_pld < by_method[method].epsilon_rdp
+    assert by_method["sensitivity_decay"].last_clip_norm == pytest.approx(1.5 * 0.3)
+    assert by_method["zcdp"].calibrated_by == "zcdp" and by_method["tcdp"].calibrated_by == "tcdp"
+    # zCDP without amplification needs far more noise, so every other accountant reports far less than target.
+    assert by_method["zcdp"].epsilon_rdp < 0.2
+
+
+def test_format_table(rows):
+    _, report = rows
+    table = privacy_report.format_table(report)
+    lines = table.splitlines()
+    assert len(lines) == 1 + len(privacy_report.ALL_METHODS)
+    assert lines[0].split() == ["method", "calibrated_by", "T", "z_first", "z_last", "C_first", "C_last", "eps_own",
+                                "eps_gdp_clt", "eps_rdp", "eps_pld"]
+    assert lines[1].split()[0] == "vanilla" and lines[-1].split()[:2] == ["tcdp", "tcdp"]
+    partial = privacy_report.report_rows({"mine": schedules.DPSchedule([1.0, 1.0], [2.0, 1.0], 0.1)}, 1e-5,
+                                         accountants=["gdp_clt"])
+    assert partial[0].epsilon_rdp is None
+    assert privacy_report.format_table(partial).splitlines()[1].split()[-2:] == ["-", "-"]
+
+
+def test_curves_are_cumulative():
+    schedule = schedules.calibrate("dynamic", **SPEC, rho_mu=2.0, rho_c=2.0)
+    steps, curves = privacy_report.epsilon_curves(schedule, 1e-4, num_points=7)
+    assert steps.size == 7 and steps[0] == 1 and steps[-1] == 60 and np.all(np.diff(steps) > 0)
+    for name, values in curves.items():
+        assert np.all(np.diff(values) > 0), name
+    assert curves["gdp_clt"][-1] == pytest.approx(schedule.epsilon(1e-4), rel=1e-9)
+    assert curves["gdp_clt"][2] == pytest.approx(schedule.epsilon(1e-4, steps=int(steps[2])), rel=1e-9)
+    assert curves["rdp"][-1] == pytest.approx(fast_rdp.rdp_epsilon(0.05, schedule.noise_multipliers, 1e-4))
+
+
+def test_plots_write_png(tmp_path):
+    first = privacy_report.plot_epsilon_consumption(str(tmp_path / "consumption.png"), target_epsilon=1.0,
+                                                    target_delta=1e-4, sampling_probability=0.05, num_steps=40,
+                                                    num_points=10)
+    schedule = schedules.calibrate("dynamic", **SPEC, rho_mu=2.0, rho_c=2.0)
+    second = privacy_report.plot_accountant_comparison(str(tmp_path / "comparison.png"), schedule, 1e-4,
+                                                       num_points=10)
+    for path in (first, second):
+        with open(path, "rb") as handle:
+            assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="methods"):
+        privacy_report.build_schedules(**SPEC, methods=["vanilla", "adaptive"])
+    schedule = schedules.DPSchedule([1.0], [1.0], 0.1)
+    with pytest.raises(ValueError, match="accountants"):
+        privacy_report.report_rows({"x": schedule}, 1e-5, accountants=["moments"])
+    with pytest.raises(ValueError, match="delta"):
+        privacy_report.epsilon_curves(schedule, 0.0)
+    with pytest.raises(ValueError, match="num_points"):
+        privacy_report.curve_steps(10, 0)
