@@ -1,0 +1,335 @@
+"""Per-step time of DP-SGD paths against non-private SGD, measured interleaved in one process.
+
+Every path trains its own copy of the same model through Keras's own ``model.train_function`` (the function
+``model.fit`` calls once per step), fed from an in-memory repeated dataset, so Keras's per-step overhead is in
+every row alike. Paths:
+
+* ``nonprivate``: ``tf.keras.optimizers.SGD``, mean loss.
+* ``nonprivate_xla``: the same with ``compile(jit_compile=True)``.
+* ``dyndp_jacobian``: ``DynamicDPKerasSGD`` through plain ``model.compile`` (pfor jacobian, O(B^2)).
+* ``dyndp_fast``: ``keras_dyndp.fast_path.make_private(model)`` with ``method='auto'`` (ghost clipping when every layer
+  has a rule); ``dyndp_fast_xla``: the same, XLA-compiled.
+* ``dyndp_vectorized``: ``make_private(model, method='vectorized')`` (``tf.vectorized_map`` over examples).
+* ``tfp_dpkerassgd``: TF-Privacy ``DPKerasSGDOptimizer`` with ``num_microbatches`` = batch size.
+* ``tfp_dpsequential``: TF-Privacy ``DPSequential`` with the default fast-clipping layer registry (Dense and
+  Embedding; other layers take TF-Privacy's own fallback), ``use_xla=False``.
+
+Warm-up steps (tracing, first runs) are excluded. Each repetition runs every path once, in the same order, and
+the table reports the median over repetitions of the mean step time within one repetition. Slow paths (the
+jacobian, TF-Privacy's microbatches, the vectorized path (a sequential tf.map_fn for the LSTM) and XLA, which
+is slow on this CPU) run ``--slow_steps`` steps per repetition.
+
+Memory: on a GPU, the peak of ``tf.config.experimental.get_memory_info`` over a path's timed steps (after
+``reset_memory_stats``). On a CPU, the growth of the process's peak resident set size
+(``resource.getrusage(...).ru_maxrss``) while the path was first traced and warmed up: an upper bound for the
+first path that needs more than any path before it and 0 for one that fits in the peak reached already, so it
+depends on the order of the paths.
+
+Usage:
+    python benchmarks/step_time.py --batch_size 256 --steps 20 --slow_steps 2 --repeats 5 \
+        --models cnn,lstm,text --out_csv step_time.csv --out_md step_time.md
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import platform
+import resource
+import statistics
+import time
+from typing import Callable
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf
+
+from keras_dyndp.fast_path import make_private
+from keras_dyndp import schedules
+from keras_dyndp.optimizers import DynamicDPKerasSGD
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("batch_size", 256, "Examples per step.")
+flags.DEFINE_integer("steps", 20, "Timed steps per repetition for the fast paths.")
+flags.DEFINE_integer("slow_steps", 2, "Timed steps per repetition for the slow paths (SLOW_PATHS).")
+flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per path before the first repetition.")
+flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is reported.")
+flags.DEFINE_list("models", ["cnn", "lstm", "text"], "Models among cnn, lstm, text.")
+flags.DEFINE_list("paths", [], "Paths to run (default: all).")
+flags.DEFINE_string("out_csv", None, "Where to write the CSV table.")
+flags.DEFINE_string("out_md", None, "Where to write the markdown table.")
+
+ALL_PATHS = (
+    "nonprivate",
+    "nonprivate_xla",
+    "dyndp_jacobian",
+    "dyndp_fast",
+    "dyndp_fast_xla",
+    "dyndp_vectorized",
+    "tfp_dpkerassgd",
+    "tfp_dpsequential",
+)
+SLOW_PATHS = ("nonprivate_xla", "dyndp_jacobian", "dyndp_fast_xla", "dyndp_vectorized", "tfp_dpkerassgd")
+LEARNING_RATE = 0.05
+CLIP_NORM = 1.0
+NOISE_MULTIPLIER = 1.0
+
+# Model sizes. cnn: TF-Privacy's MNIST tutorial CNN. lstm: a small sequence classifier (names-like).
+# text: embedding + average pooling + dense (IMDB-like).
+LSTM_VOCAB, LSTM_LENGTH = 1000, 40
+TEXT_VOCAB, TEXT_LENGTH = 10000, 256
+
+
+def cnn_layers() -> list[tf.keras.layers.Layer]:
+    return [
+        tf.keras.layers.InputLayer(input_shape=(28, 28, 1)),
+        tf.keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
+        tf.keras.layers.MaxPool2D(2, 1),
+        tf.keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
+        tf.keras.layers.MaxPool2D(2, 1),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(32, activation="relu"),
+        tf.keras.layers.Dense(10),
+    ]
+
+
+def lstm_layers() -> list[tf.keras.layers.Layer]:
+    return [
+        tf.keras.layers.InputLayer(input_shape=(LSTM_LENGTH,)),
+        tf.keras.layers.Embedding(LSTM_VOCAB, 32),
+        tf.keras.layers.LSTM(32),
+        tf.keras.layers.Dense(10),
+    ]
+
+
+def text_layers() -> list[tf.keras.layers.Layer]:
+    return [
+        tf.keras.layers.InputLayer(input_shape=(TEXT_LENGTH,)),
+        tf.keras.layers.Embedding(TEXT_VOCAB, 16),
+        tf.keras.layers.GlobalAveragePooling1D(),
+        tf.keras.layers.Dense(16, activation="relu"),
+        tf.keras.layers.Dense(2),
+    ]
+
+
+MODELS: dict[str, Callable[[], list[tf.keras.layers.Layer]]] = {
+    "cnn": cnn_layers,
+    "lstm": lstm_layers,
+    "text": text_layers,
+}
+
+
+def make_data(name: str, batch_size: int) -> tuple[tf.Tensor, tf.Tensor]:
+    rng = np.random.default_rng(0)
+    if name == "cnn":
+        x = rng.normal(size=(batch_size, 28, 28, 1)).astype(np.float32)
+        y = rng.integers(0, 10, size=batch_size)
+    elif name == "lstm":
+        x = rng.integers(0, LSTM_VOCAB, size=(batch_size, LSTM_LENGTH))
+        y = rng.integers(0, 10, size=batch_size)
+    else:
+        x = rng.integers(0, TEXT_VOCAB, size=(batch_size, TEXT_LENGTH))
+        y = rng.integers(0, 2, size=batch_size)
+    return tf.constant(x), tf.constant(y, tf.int32)
+
+
+def dp_schedule(batch_size: int) -> schedules.DPSchedule:
+    num_steps = 100_000
+    return schedules.DPSchedule(
+        np.full(num_steps, CLIP_NORM), np.full(num_steps, NOISE_MULTIPLIER * CLIP_NORM), batch_size / 60000
+    )
+
+
+def per_example_loss() -> tf.keras.losses.Loss:
+    return tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=tf.keras.losses.Reduction.NONE
+    )
+
+
+def build(model_name: str, path: str, batch_size: int) -> tf.keras.Model:
+    layers = MODELS[model_name]()
+    if path == "tfp_dpsequential":
+        from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
+        from tensorflow_privacy.privacy.keras_models import dp_keras_model
+
+        model = dp_keras_model.DPSequential(
+            l2_norm_clip=CLIP_NORM,
+            noise_multiplier=NOISE_MULTIPLIER,
+            layer_registry=layer_registry.make_default_layer_registry(),
+            use_xla=False,
+            layers=layers,
+        )
+        model.compile(
+            optimizer=tf.keras.optimizers.SGD(LEARNING_RATE),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        return model
+    model = tf.keras.Sequential(layers)
+    if path in ("nonprivate", "nonprivate_xla"):
+        model.compile(
+            optimizer=tf.keras.optimizers.SGD(LEARNING_RATE),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=path == "nonprivate_xla",
+        )
+    elif path == "tfp_dpkerassgd":
+        from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras
+
+        model.compile(
+            optimizer=dp_optimizer_keras.DPKerasSGDOptimizer(
+                l2_norm_clip=CLIP_NORM,
+                noise_multiplier=NOISE_MULTIPLIER,
+                num_microbatches=batch_size,
+                learning_rate=LEARNING_RATE,
+            ),
+            loss=per_example_loss(),
+        )
+    else:
+        if path != "dyndp_jacobian":
+            make_private(model, method="vectorized" if path == "dyndp_vectorized" else "auto")
+        model.compile(
+            optimizer=DynamicDPKerasSGD(
+                schedule=dp_schedule(batch_size), expected_batch_size=batch_size, learning_rate=LEARNING_RATE
+            ),
+            loss=per_example_loss(),
+            jit_compile=path == "dyndp_fast_xla",
+        )
+    return model
+
+
+def device_description() -> str:
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        names = [tf.config.experimental.get_device_details(gpu).get("device_name", gpu.name) for gpu in gpus]
+        return "GPU: " + ", ".join(names)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"CPU: {cpu}, {os.cpu_count()} logical cores"
+
+
+def max_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class Runner:
+    """One path on one model: its compiled train function and an endless iterator over one batch."""
+
+    def __init__(self, model_name: str, path: str, batch_size: int):
+        self.path = path
+        self.model = build(model_name, path, batch_size)
+        x, y = make_data(model_name, batch_size)
+        self.iterator = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
+        self.train_function = self.model.make_train_function()
+        self.times: list[float] = []
+        self.peak_memory_mib: float | None = None
+        self.error: str | None = None
+
+    def run(self, steps: int) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            logs = self.train_function(self.iterator)
+        float(logs["loss"])
+        return (time.perf_counter() - start) / steps
+
+
+def measure(model_name: str, paths: list[str]) -> list[dict]:
+    gpu = bool(tf.config.list_physical_devices("GPU"))
+    runners = []
+    for path in paths:
+        rss_before = max_rss_mib()
+        try:
+            runner = Runner(model_name, path, FLAGS.batch_size)
+            runner.run(FLAGS.warmup_steps if path not in SLOW_PATHS else 1)
+        except Exception as error:  # pylint: disable=broad-except
+            print(f"[{model_name}] {path} failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            runner = None
+            failed = dict(path=path, error=f"{type(error).__name__}")
+        if runner is None:
+            runners.append(failed)
+            continue
+        if not gpu:
+            runner.peak_memory_mib = max_rss_mib() - rss_before
+        runners.append(runner)
+        print(f"[{model_name}] {path} warmed up")
+    for repeat in range(FLAGS.repeats):
+        for runner in runners:
+            if isinstance(runner, dict):
+                continue
+            if gpu:
+                tf.config.experimental.reset_memory_stats("GPU:0")
+            steps = FLAGS.slow_steps if runner.path in SLOW_PATHS else FLAGS.steps
+            runner.times.append(runner.run(steps))
+            if gpu:
+                peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+                runner.peak_memory_mib = max(runner.peak_memory_mib or 0.0, peak)
+        print(f"[{model_name}] repetition {repeat + 1}/{FLAGS.repeats} done")
+    baseline = None
+    rows = []
+    for runner in runners:
+        if isinstance(runner, dict):
+            rows.append(dict(model=model_name, path=runner["path"], seconds_per_step=None, ratio=None,
+                             peak_memory_mib=None, note=f"failed: {runner['error']}"))
+            continue
+        median = statistics.median(runner.times)
+        if runner.path == "nonprivate":
+            baseline = median
+        rows.append(dict(model=model_name, path=runner.path, seconds_per_step=median, ratio=None,
+                         peak_memory_mib=runner.peak_memory_mib,
+                         note=f"{len(runner.times)} x {FLAGS.slow_steps if runner.path in SLOW_PATHS else FLAGS.steps} steps"))
+    for row in rows:
+        if baseline and row["seconds_per_step"] is not None:
+            row["ratio"] = row["seconds_per_step"] / baseline
+    return rows
+
+
+def markdown(rows: list[dict], device: str) -> str:
+    memory_kind = "GPU peak MiB" if "GPU" in device else "CPU max-RSS growth at warm-up, MiB"
+    lines = [
+        f"Device: {device}; TF {tf.__version__}; batch {FLAGS.batch_size}; median of {FLAGS.repeats} "
+        "interleaved repetitions.",
+        "",
+        f"| model | path | s/step | x non-private | {memory_kind} | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        seconds = "—" if row["seconds_per_step"] is None else f"{row['seconds_per_step']:.4f}"
+        ratio = "—" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        memory = "—" if row["peak_memory_mib"] is None else f"{row['peak_memory_mib']:.0f}"
+        lines.append(f"| {row['model']} | {row['path']} | {seconds} | {ratio} | {memory} | {row['note']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    paths = FLAGS.paths or list(ALL_PATHS)
+    unknown = sorted(set(paths) - set(ALL_PATHS))
+    if unknown:
+        raise ValueError(f"`--paths` must be among {ALL_PATHS}. Received: {unknown}.")
+    unknown = sorted(set(FLAGS.models) - set(MODELS))
+    if unknown:
+        raise ValueError(f"`--models` must be among {sorted(MODELS)}. Received: {unknown}.")
+    device = device_description()
+    rows = []
+    for model_name in FLAGS.models:
+        rows.extend(measure(model_name, paths))
+    table = markdown(rows, device)
+    print(table)
+    if FLAGS.out_csv:
+        with open(FLAGS.out_csv, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    if FLAGS.out_md:
+        with open(FLAGS.out_md, "w", encoding="utf-8") as handle:
+            handle.write(table)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,57 @@
+"""Dynamic DP-SGD on scikit-learn's bundled digits: the quick, fully offline example (about a minute on 2 cores).
+
+The 1797 8x8 grey-level digits of `sklearn.datasets.load_digits` ship with scikit-learn, so this runs anywhere.
+A fixed stratified split (seed 0) keeps 1437 images for training and 360 for testing. The model is a small CNN
+(conv 16@3x3, max-pool 2x2, dense 32, dense 10). By default it trains with the paper's dynamic schedule
+(Alg. 2; 1/rho_mu = 0.8, 1/rho_c = 0.3) at epsilon = 3 and delta = 1 / (10 N), Poisson batches of expected size
+128, and prints the test accuracy and the privacy report (GDP-CLT and rigorous RDP epsilon).
+
+    python -m examples.digits                         # dynamic DP-SGD, epsilon 3
+    python -m examples.digits --method=vanilla        # constant clip and noise, same budget
+    python -m examples.digits --method=nonprivate
+    python -m examples.digits --epsilon=1 --model_dir=/tmp/digits   # rerun to resume from the checkpoint
+
+With only 1437 training examples a small epsilon costs more accuracy than on MNIST's 60000: the noise on the
+clipped sum is the same while the signal (the expected batch) is 40 times smaller at the same sampling rate.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from examples import datasets
+from examples import training
+
+
+def load_data() -> datasets.TaskData:
+    """The digits as float32 images [N, 8, 8, 1] in [0, 1], split 80/20 (stratified, seed 0)."""
+    from sklearn import datasets as sk_datasets
+
+    digits = sk_datasets.load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[..., None]
+    x_train, x_test, y_train, y_test = datasets.split_train_test(images, digits.target.astype(np.int64), 0.2)
+    return datasets.TaskData(
+        x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, num_classes=10,
+        description=f"scikit-learn digits: {len(y_train)} training / {len(y_test)} test images (8x8)")
+
+
+def build_model(data: datasets.TaskData) -> tf.keras.Model:
+    """Small CNN for 8x8 images; outputs logits."""
+    return tf.keras.Sequential([
+        tf.keras.layers.Input(data.x_train.shape[1:]),
+        tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+        tf.keras.layers.MaxPooling2D(2),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(32, activation="relu"),
+        tf.keras.layers.Dense(data.num_classes),
+    ])
+
+
+def make_task() -> training.Task:
+    """The digits task and its default hyperparameters."""
+    return training.Task(
+        name="digits", load_data=load_data, build_model=build_model, epsilon=3.0, learning_rate=1.0,
+        initial_clip=1.0, batch_size=128, epochs=30, rho_mu=1 / 0.8, rho_c=1 / 0.3)
+
+
+if __name__ == "__main__":
+    training.run(make_task)

@@ -1,0 +1,39 @@
+"""Dynamic DP-SGD on Fashion-MNIST: the MNIST setup of the paper with C_0 = 4 (Table 1, epsilon 0.4 / 1.2 / 2.0).
+
+Same CNN, learning rate 0.15, p = 250 / 60000, 20 epochs, delta = 1 / (10 N), 1/rho_mu = 0.8, 1/rho_c = 0.3.
+
+Data, first found wins (nothing is downloaded):
+  1. ``--idx_dir``: a folder with the four IDX files;
+  2. TensorFlow Datasets 'fashion_mnist' already prepared under ``--data_dir``;
+  3. /usr/share/datasets/fashion-mnist, where Debian's ``apt-get install dataset-fashion-mnist`` puts the real
+     files, then ~/.keras/datasets/fashion-mnist (``tf.keras.datasets.fashion_mnist`` cache).
+
+    python -m examples.fashion_mnist --epsilon=1.2 --method=dynamic --seed=0
+"""
+
+import os
+
+from examples import datasets
+from examples import mnist
+from examples import training
+
+DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def load_data() -> datasets.TaskData:
+    """Fashion-MNIST, from the first source found (see the module docstring)."""
+    return mnist.load_mnist_like(
+        "fashion_mnist", idx_dirs=(DEBIAN_DIR, os.path.join(mnist.KERAS_CACHE, "fashion-mnist")),
+        how_to_get="`apt-get install dataset-fashion-mnist` (Debian/Ubuntu; files land in "
+                   f"{DEBIAN_DIR}), or ")
+
+
+def make_task() -> training.Task:
+    """Fashion-MNIST with the paper's hyperparameters."""
+    return training.Task(
+        name="fashion_mnist", load_data=load_data, build_model=mnist.build_model, epsilon=1.2, learning_rate=0.15,
+        initial_clip=4.0, batch_size=250, epochs=20, rho_mu=1 / 0.8, rho_c=1 / 0.3)
+
+
+if __name__ == "__main__":
+    training.run(make_task)

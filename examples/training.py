@@ -1,0 +1,505 @@
+"""The training library every example script shares: flags, optimizer, fit loop, checkpoints and privacy report.
+
+A task script (``examples/digits.py``, ``examples/mnist.py``, ...) only says how to load its data, how to build its
+model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
+
+1. reads the shared flags below (a flag left unset takes the task's default);
+2. calibrates the `keras_dyndp.schedules.DPSchedule` of the run: p = batch_size / N, T = ceil(epochs N /
+   batch_size), C_t and sigma_t from ``--method``, ``--epsilon``, ``--delta`` (default 1 / (10 N)), ``--rho_mu``,
+   ``--rho_c`` and ``--initial_clip``, met exactly under the paper's GDP-CLT accountant (``--accountant``);
+3. trains with ``model.fit`` on Poisson-sampled batches (``--sampling=poisson``, what the accountants assume)
+   with a `DynamicDPKeras*` optimizer, `PrivacyLogger` and `BudgetStop`, per-example clipping through the fast
+   path (`keras_dyndp.fast_path.make_private`) or the optimizer's generic jacobian path (``--per_example``);
+4. with ``--model_dir``: checkpoints model and optimizer (the optimizer's ``dp_step`` is the schedule's step
+   counter) every epoch, writes TensorBoard logs under ``<model_dir>/logs`` and resumes from the latest
+   checkpoint when rerun. It refuses to resume a run whose saved schedule differs from the one the flags give:
+   the restored step counter would index another schedule and the accounting would be wrong;
+5. evaluates on the test set, prints the privacy report (GDP-CLT epsilon and a rigorous RDP or PLD epsilon of the
+   steps actually taken) and, with ``--results_csv``, appends one row per run.
+
+Bad flag values and missing data end the script with one line on stderr and exit code 2, without a traceback.
+
+Privacy unit: one training example (add-or-remove-one adjacency); for ``examples.federated_mnist`` one client.
+The sampling and noise randomness must stay secret for the guarantee to hold: ``--seed`` makes experiments
+reproducible and is meant for research; leave it unset (OS entropy) for a model you release.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+from absl import app
+from absl import flags
+from absl import logging
+
+from examples import datasets
+from keras_dyndp import callbacks as dp_callbacks
+from keras_dyndp import data as dp_data
+from keras_dyndp import optimizers as dp_optimizers
+from keras_dyndp import schedules
+from keras_dyndp.accounting import registry
+
+FLAGS = flags.FLAGS
+
+METHODS = ("nonprivate",) + schedules.METHODS
+OPTIMIZERS = {
+    "sgd": (tf.keras.optimizers.SGD, dp_optimizers.DynamicDPKerasSGD),
+    "adam": (tf.keras.optimizers.Adam, dp_optimizers.DynamicDPKerasAdam),
+    "adagrad": (tf.keras.optimizers.Adagrad, dp_optimizers.DynamicDPKerasAdagrad),
+    "rmsprop": (tf.keras.optimizers.RMSprop, dp_optimizers.DynamicDPKerasRMSprop),
+}
+
+flags.DEFINE_enum("method", "dynamic", METHODS,
+                  "nonprivate: plain training; vanilla: constant C and sigma (Abadi et al. with the GDP-CLT); "
+                  "growing_mu, sensitivity_decay, dynamic: the paper's schedules (Alg. 1, Eq. 15-17, Alg. 2).")
+flags.DEFINE_float("epsilon", None, "Target epsilon of the whole run, > 0. Default: the task's.")
+flags.DEFINE_float("delta", None, "Target delta in (0, 1). Default: 1 / (10 N), N = number of training examples.")
+flags.DEFINE_float("rho_mu", None,
+                   "Growth of the per-step privacy mu_T / mu_0, >= 1 (growing_mu, dynamic). The paper states it "
+                   "as 1/rho_mu in {0.1, ..., 0.8}: --rho_mu=1.25 is 1/rho_mu = 0.8. Default: the task's.")
+flags.DEFINE_float("rho_c", None,
+                   "Decay of the clipping norm C_0 / C_T, >= 1 (sensitivity_decay, dynamic). The paper's 1/rho_c "
+                   "= 0.3 is --rho_c=3.3333. Default: the task's.")
+flags.DEFINE_float("initial_clip", None, "Initial clipping norm C_0 > 0. Default: the task's.")
+flags.DEFINE_float("learning_rate", None, "Learning rate > 0. Default: the task's.")
+flags.DEFINE_enum("optimizer", None, list(OPTIMIZERS), "Update rule. Default: the task's.")
+flags.DEFINE_float("epochs", None,
+                   "Run length in epochs, > 0: T = ceil(epochs N / batch_size) steps. Default: the task's.")
+flags.DEFINE_integer("max_steps", None,
+                     "Stop after this many steps in total (resumed runs count their earlier steps). The schedule "
+                     "still spans --epochs; the report accounts only the steps taken.")
+flags.DEFINE_integer("batch_size", None,
+                     "Expected batch size, >= 1: the Poisson sampling probability is batch_size / N. "
+                     "Default: the task's.")
+flags.DEFINE_enum("sampling", None, ["poisson", "shuffle"],
+                  "Batching. poisson (default for DP): what the accountants assume. shuffle (default for "
+                  "nonprivate): shuffle-and-slice, for which the reported epsilon is only an approximation.")
+flags.DEFINE_enum("accountant", "gdp_clt", list(registry.ACCOUNTANT_NAMES),
+                  "Accountant the budget is calibrated under: gdp_clt (the paper's), or rigorous rdp / pld.")
+flags.DEFINE_enum("report_accountant", "rdp", ["rdp", "pld"],
+                  "Rigorous accountant reported beside the GDP-CLT (rdp is fast; pld is tighter and slower).")
+flags.DEFINE_enum("per_example", "fast", ["fast", "jacobian"],
+                  "Per-example gradients: fast (keras_dyndp.fast_path.make_private) or jacobian (the "
+                  "optimizer's generic tape.jacobian path, O(B^2)).")
+flags.DEFINE_integer("seed", None,
+                     "Seed of initialisation, sampling and noise, for reproducible experiments. Unset: OS "
+                     "entropy. A known seed reveals the noise and the batches: never publish it with a model.")
+flags.DEFINE_string("model_dir", None,
+                    "Directory for checkpoints (model + optimizer, resumed when rerun) and TensorBoard logs.")
+flags.DEFINE_string("results_csv", None, "CSV file to which one row per run is appended.")
+flags.DEFINE_integer("eval_batch_size", 500, "Batch size of the test-set evaluation, >= 1.")
+flags.DEFINE_integer("verbose", 1, "Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch.")
+flags.DEFINE_string("data_dir", None, "TensorFlow Datasets data directory (default ~/tensorflow_datasets).")
+
+_POSITIVE = ("epsilon", "initial_clip", "learning_rate", "epochs", "max_steps", "batch_size", "eval_batch_size")
+for _name in _POSITIVE:
+    flags.register_validator(_name, lambda value: value is None or value > 0, message=f"--{_name} must be > 0.")
+for _name in ("rho_mu", "rho_c"):
+    flags.register_validator(
+        _name, lambda value: value is None or (math.isfinite(value) and value >= 1),
+        message=f"--{_name} must be >= 1 (the paper's 1/{_name} is in (0, 1]).")
+flags.register_validator("delta", lambda value: value is None or 0 < value < 1, message="--delta must be in (0, 1).")
+flags.register_validator("verbose", lambda value: value in (0, 1, 2), message="--verbose must be 0, 1 or 2.")
+
+
+class FlagError(Exception):
+    """A flag value that only proves invalid once the data is known (e.g. --batch_size > N)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """What a script contributes: data, model and the paper's hyperparameters (the flags' defaults).
+
+    Attributes:
+      name: task name, written to the results CSV.
+      load_data: returns the `datasets.TaskData`; raises `datasets.DataNotFoundError` when the data is absent.
+      build_model: builds the (uncompiled) Keras model from the data; it outputs logits.
+      epsilon, learning_rate, initial_clip, batch_size, epochs, rho_mu, rho_c, optimizer: defaults of the flags.
+      binary: one logit and a binary cross-entropy instead of softmax cross-entropy.
+      privacy_unit: what one protected record is, for the report.
+      notes: extra lines for the privacy report (e.g. what the guarantee does not cover).
+    """
+
+    name: str
+    load_data: Callable[[], datasets.TaskData]
+    build_model: Callable[[datasets.TaskData], tf.keras.Model]
+    epsilon: float
+    learning_rate: float
+    initial_clip: float
+    batch_size: int
+    epochs: float
+    rho_mu: float = 1.25
+    rho_c: float = 1 / 0.3
+    optimizer: str = "sgd"
+    binary: bool = False
+    privacy_unit: str = "training example"
+    notes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The resolved hyperparameters of one run (flags over task defaults)."""
+
+    task: str
+    method: str
+    epsilon: float
+    delta: float
+    rho_mu: float
+    rho_c: float
+    initial_clip: float
+    learning_rate: float
+    optimizer: str
+    epochs: float
+    batch_size: int
+    sampling: str
+    accountant: str
+    seed: int | None
+
+    @property
+    def private(self) -> bool:
+        return self.method != "nonprivate"
+
+
+def _flag_or(name: str, default: Any) -> Any:
+    value = FLAGS[name].value
+    return default if value is None else value
+
+
+def resolve_config(task: Task, num_train: int) -> RunConfig:
+    """Combines the flags with the task's defaults and checks what needs the data size.
+
+    Raises:
+      FlagError: if --batch_size exceeds N.
+    """
+    method = FLAGS.method
+    batch_size = _flag_or("batch_size", task.batch_size)
+    if batch_size > num_train:
+        raise FlagError(f"--batch_size must be <= N = {num_train} (training examples). Received: {batch_size}.")
+    return RunConfig(
+        task=task.name,
+        method=method,
+        epsilon=_flag_or("epsilon", task.epsilon),
+        delta=_flag_or("delta", 1.0 / (10 * num_train)),
+        rho_mu=_flag_or("rho_mu", task.rho_mu),
+        rho_c=_flag_or("rho_c", task.rho_c),
+        initial_clip=_flag_or("initial_clip", task.initial_clip),
+        learning_rate=_flag_or("learning_rate", task.learning_rate),
+        optimizer=_flag_or("optimizer", task.optimizer),
+        epochs=_flag_or("epochs", task.epochs),
+        batch_size=batch_size,
+        sampling=_flag_or("sampling", "shuffle" if method == "nonprivate" else "poisson"),
+        accountant=FLAGS.accountant,
+        seed=FLAGS.seed,
+    )
+
+
+def make_schedule(config: RunConfig, num_train: int) -> tuple[schedules.DPSchedule | None, float, int]:
+    """The run's schedule (None for nonprivate), sampling probability p and step count T."""
+    try:
+        p, num_steps = schedules.sampling_from_epochs(num_train, config.batch_size, epochs=config.epochs)
+        if not config.private:
+            return None, p, num_steps
+        schedule = schedules.calibrate(
+            config.method, target_epsilon=config.epsilon, target_delta=config.delta, sampling_probability=p,
+            num_steps=num_steps, initial_clip=config.initial_clip, rho_mu=config.rho_mu, rho_c=config.rho_c,
+            accountant=config.accountant)
+    except ValueError as error:
+        raise FlagError(f"cannot calibrate the schedule from the flags: {error}") from error
+    return schedule, p, num_steps
+
+
+def make_optimizer(config: RunConfig, schedule: schedules.DPSchedule | None) -> tf.keras.optimizers.Optimizer:
+    """The Keras optimizer of the run: a `DynamicDPKeras*` following `schedule`, or the plain one."""
+    plain_cls, dp_cls = OPTIMIZERS[config.optimizer]
+    if schedule is None:
+        return plain_cls(learning_rate=config.learning_rate)
+    return dp_cls(schedule=schedule, expected_batch_size=config.batch_size, learning_rate=config.learning_rate)
+
+
+def make_loss_and_metric(task: Task, private: bool) -> tuple[tf.keras.losses.Loss, tf.keras.metrics.Metric]:
+    """Loss on logits (per-example, reduction NONE, when private) and the accuracy metric."""
+    reduction = tf.keras.losses.Reduction.NONE if private else tf.keras.losses.Reduction.AUTO
+    if task.binary:
+        return (tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=reduction),
+                tf.keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0))
+    return (tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction),
+            tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy"))
+
+
+def compile_model(model: tf.keras.Model, task: Task, optimizer: tf.keras.optimizers.Optimizer,
+                  private: bool) -> tf.keras.Model:
+    """Compiles `model` and, for DP runs with --per_example=fast, switches it to the fast per-example path."""
+    loss, metric = make_loss_and_metric(task, private)
+    if private and FLAGS.per_example == "fast":
+        from keras_dyndp import fast_path
+
+        model = fast_path.make_private(model)
+    model.compile(optimizer=optimizer, loss=loss, metrics=[metric])
+    return model
+
+
+def train_batches(config: RunConfig, data: datasets.TaskData, p: float, seed: int | None) -> tf.data.Dataset:
+    """One Keras epoch of batches (x, y, sample_weight): Poisson (round(1/p) steps) or shuffled (N // B steps)."""
+    if config.sampling == "poisson":
+        return dp_data.poisson_batches_from_tensors(data.x_train, data.y_train, p, seed=seed)
+    return dp_data.shuffled_batches(data.x_train, data.y_train, config.batch_size, seed=seed)
+
+
+def _derived_seed(seed: int | None, start_step: int) -> int | None:
+    """A fresh seed for each (seed, resume point): a resumed run must not replay the batches or the noise."""
+    if seed is None:
+        return None
+    return int(np.random.SeedSequence([seed, start_step]).generate_state(1)[0])
+
+
+class _StopAtStep(tf.keras.callbacks.Callback):
+    """Stops `fit` once the optimizer's step counter reaches `stop_step` (--max_steps, or T when nonprivate)."""
+
+    def __init__(self, counter: tf.Variable, stop_step: int):
+        super().__init__()
+        self._counter = counter
+        self._stop_step = stop_step
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if int(self._counter.numpy()) >= self._stop_step:
+            self.model.stop_training = True
+
+
+class _SaveCheckpoint(tf.keras.callbacks.Callback):
+    """Saves model + optimizer at every epoch end and at the end of training, numbered by the step counter."""
+
+    def __init__(self, manager: tf.train.CheckpointManager, counter: tf.Variable):
+        super().__init__()
+        self._manager = manager
+        self._counter = counter
+        self._saved_step: int | None = None
+
+    def _save(self) -> None:
+        step = int(self._counter.numpy())
+        if step != self._saved_step:
+            self._manager.save(checkpoint_number=step)
+            self._saved_step = step
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._save()
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._save()
+
+
+def _run_config_path(model_dir: str) -> str:
+    return os.path.join(model_dir, "run_config.json")
+
+
+def restore_or_start(model_dir: str, config: RunConfig, schedule: schedules.DPSchedule | None,
+                     checkpoint: tf.train.Checkpoint) -> tf.train.CheckpointManager:
+    """Restores the latest checkpoint of `model_dir` after checking it belongs to the same schedule.
+
+    A new `model_dir` gets `run_config.json` (the flags and the schedule) for later checks.
+
+    Raises:
+      FlagError: if `model_dir` holds a run of another task, method or schedule.
+    """
+    os.makedirs(model_dir, exist_ok=True)
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=2)
+    saved_path = _run_config_path(model_dir)
+    current = {"task": config.task, "method": config.method,
+               "schedule": None if schedule is None else schedule.get_config()}
+    if os.path.exists(saved_path):
+        with open(saved_path) as handle:
+            saved = json.load(handle)
+        if (saved.get("task"), saved.get("method")) != (config.task, config.method):
+            raise FlagError(
+                f"--model_dir={model_dir} holds a {saved.get('task')} run with --method={saved.get('method')}, "
+                f"not {config.task} with --method={config.method}; use another --model_dir.")
+        if schedule is not None and schedules.DPSchedule.from_config(saved["schedule"]) != schedule:
+            raise FlagError(
+                f"--model_dir={model_dir} holds a run with a different DP schedule "
+                f"({schedules.DPSchedule.from_config(saved['schedule'])!r}) than these flags give ({schedule!r}); "
+                "resuming would continue its step counter on another schedule and void the accounting. Rerun "
+                "with the original flags or use another --model_dir.")
+    else:
+        with open(saved_path, "w") as handle:
+            json.dump({**current, "flags": dataclasses.asdict(config)}, handle, indent=1)
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    return manager
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What `train` measured; also the columns of the results CSV."""
+
+    task: str
+    method: str
+    epsilon: float
+    delta: float
+    rho_mu: float
+    rho_c: float
+    initial_clip: float
+    learning_rate: float
+    batch_size: int
+    epochs: float
+    sampling: str
+    seed: int | None
+    steps: int
+    total_steps: int
+    test_accuracy: float
+    epsilon_gdp_clt: float
+    epsilon_rigorous: float
+    rigorous_accountant: str
+    wall_time_s: float
+
+
+def privacy_report(config: RunConfig, schedule: schedules.DPSchedule | None, steps: int, p: float,
+                   task: Task) -> tuple[str, float, float]:
+    """The report text and the GDP-CLT and rigorous epsilons of the first `steps` steps."""
+    if schedule is None:
+        return "Privacy: none (--method=nonprivate).", math.inf, math.inf
+    rigorous = FLAGS.report_accountant
+    eps_clt = schedule.epsilon(config.delta, accountant="gdp_clt", steps=steps)
+    eps_rigorous = schedule.epsilon(config.delta, accountant=rigorous, steps=steps)
+    taken = min(steps, schedule.num_steps) - 1
+    lines = [
+        f"Privacy report ({config.method}, per {task.privacy_unit}, add-or-remove-one adjacency):",
+        f"  sampling: {config.sampling}, p = {p:.6g}; steps taken {steps} of the schedule's {schedule.num_steps}",
+        f"  clip C_t: {schedule.clip_norms[0]:.4g} -> {schedule.clip_norms[max(taken, 0)]:.4g}; noise std on the "
+        f"clipped sum sigma_t: {schedule.noise_stddevs[0]:.4g} -> {schedule.noise_stddevs[max(taken, 0)]:.4g}",
+        f"  epsilon at delta = {config.delta:.3g}:",
+        f"    GDP-CLT (the paper's accountant; an approximation that can understate): {eps_clt:.4f}",
+        f"    {rigorous.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
+        f"  budget calibrated under {config.accountant}: target epsilon {config.epsilon:g}",
+    ]
+    if config.sampling == "shuffle":
+        lines.append("  NOTE: shuffled batches; these epsilons assume Poisson sampling and are approximate.")
+    if config.seed is not None:
+        lines.append(f"  NOTE: --seed={config.seed} fixes the sampling and noise; do not release this model.")
+    lines.extend(f"  NOTE: {note}" for note in task.notes)
+    return "\n".join(lines), eps_clt, eps_rigorous
+
+
+def append_results_csv(path: str, result: RunResult) -> None:
+    """Appends `result` to the CSV at `path`, writing the header to a new file."""
+    row = dataclasses.asdict(result)
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def train(task: Task) -> RunResult:
+    """Runs one training job of `task` as the flags say and returns what it measured.
+
+    Raises:
+      FlagError: on flag values that do not fit the data or the model directory.
+      datasets.DataNotFoundError: when the task's data is absent.
+    """
+    start_time = time.time()
+    data = task.load_data()
+    print(data.description)
+    config = resolve_config(task, data.num_train)
+    schedule, p, num_steps = make_schedule(config, data.num_train)
+    stop_step = num_steps if FLAGS.max_steps is None else min(num_steps, FLAGS.max_steps)
+
+    if config.seed is not None:
+        tf.keras.utils.set_random_seed(config.seed)
+    model = task.build_model(data)
+    optimizer = make_optimizer(config, schedule)
+    model = compile_model(model, task, optimizer, config.private)
+    optimizer.build(model.trainable_variables)
+    counter = optimizer.iterations  # = optimizer.dp_step for the DP optimizers.
+
+    fit_callbacks: list[tf.keras.callbacks.Callback] = []
+    if schedule is not None:
+        log_dir = None if FLAGS.model_dir is None else os.path.join(FLAGS.model_dir, "logs")
+        fit_callbacks += [dp_callbacks.PrivacyLogger(FLAGS.report_accountant, delta=config.delta, log_dir=log_dir),
+                          dp_callbacks.BudgetStop()]
+    if stop_step < num_steps or schedule is None:
+        fit_callbacks.append(_StopAtStep(counter, stop_step))
+    if FLAGS.model_dir is not None:
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        manager = restore_or_start(FLAGS.model_dir, config, schedule, checkpoint)
+        fit_callbacks += [_SaveCheckpoint(manager, counter),
+                          tf.keras.callbacks.TensorBoard(os.path.join(FLAGS.model_dir, "logs"), profile_batch=0)]
+    start_step = int(counter.numpy())
+    if config.seed is not None and start_step > 0:
+        tf.random.set_seed(_derived_seed(config.seed, start_step))  # Fresh noise after a resume.
+    if start_step:
+        print(f"Resumed from {FLAGS.model_dir} at step {start_step} of {num_steps}.")
+    print(f"{task.name}: method={config.method} N={data.num_train} batch={config.batch_size} ({config.sampling}) "
+          f"steps={num_steps} lr={config.learning_rate} optimizer={config.optimizer}"
+          + (f" epsilon={config.epsilon:g} delta={config.delta:.3g} C_0={config.initial_clip:g} "
+             f"rho_mu={config.rho_mu:g} rho_c={config.rho_c:g}" if config.private else ""))
+
+    if start_step < stop_step:
+        batches = train_batches(config, data, p, _derived_seed(config.seed, start_step))
+        steps_per_epoch = int(batches.cardinality().numpy())
+        model.fit(batches, epochs=math.ceil(stop_step / steps_per_epoch), initial_epoch=start_step // steps_per_epoch,
+                  callbacks=fit_callbacks, verbose=FLAGS.verbose)
+    else:
+        print(f"Nothing to train: {start_step} of {stop_step} steps already taken.")
+    steps = int(counter.numpy())
+
+    _, accuracy = model.evaluate(data.x_test, data.y_test, batch_size=FLAGS.eval_batch_size, verbose=0)
+    report, eps_clt, eps_rigorous = privacy_report(config, schedule, steps, p, task)
+    wall_time = time.time() - start_time
+    print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} examples); wall time {wall_time:.1f} s")
+    print(report)
+    result = RunResult(
+        task=task.name, method=config.method, epsilon=config.epsilon if config.private else math.inf,
+        delta=config.delta, rho_mu=config.rho_mu, rho_c=config.rho_c, initial_clip=config.initial_clip,
+        learning_rate=config.learning_rate, batch_size=config.batch_size, epochs=config.epochs,
+        sampling=config.sampling, seed=config.seed, steps=steps, total_steps=num_steps,
+        test_accuracy=float(accuracy), epsilon_gdp_clt=eps_clt, epsilon_rigorous=eps_rigorous,
+        rigorous_accountant=FLAGS.report_accountant if config.private else "none", wall_time_s=round(wall_time, 2))
+    if FLAGS.results_csv:
+        append_results_csv(FLAGS.results_csv, result)
+    return result
+
+
+def _program_name(argv: list[str]) -> str:
+    return os.path.basename(argv[0]) if argv else "example"
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing that reports a bad value in one line and exits with code 2 (absl's own exits 1)."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as error:
+        print(f"{_program_name(argv)}: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main_for(task_factory: Callable[[], Task]) -> Callable[[list[str]], None]:
+    """The absl `main` of a task script: trains, and turns expected errors into one line and exit code 2."""
+
+    def main(argv: list[str]) -> None:
+        if len(argv) > 1:
+            print(f"{_program_name(argv)}: error: unexpected arguments {argv[1:]}", file=sys.stderr)
+            sys.exit(2)
+        logging.set_verbosity(logging.WARNING)
+        try:
+            train(task_factory())
+        except (FlagError, datasets.DataNotFoundError) as error:
+            print(f"{_program_name(argv)}: error: {error}", file=sys.stderr)
+            sys.exit(2)
+
+    return main
+
+
+def run(task_factory: Callable[[], Task]) -> None:
+    """Entry point of a task script: ``if __name__ == '__main__': training.run(make_task)``."""
+    app.run(main_for(task_factory), flags_parser=parse_flags)

@@ -1,0 +1,577 @@
+"""Per-example clipped gradient sums for DP-SGD, computed without the O(B^2) jacobian.
+
+DP-SGD needs, at every step, the sum over the batch of each example's gradient clipped to L2 norm C_t:
+``sum_i min(1, C_t / ||g_i||) g_i``. Taking ``tape.jacobian`` of the per-example loss vector back-propagates
+each of the B rows through the whole batched graph (O(B^2) work). This module offers two O(B) ways:
+
+* ``'vectorized'``: ``tf.vectorized_map`` over a single-example forward and backward pass (``x[i:i+1]``).
+  Works for any model whose examples are independent; ops that ``pfor`` cannot vectorise (some LSTM and
+  embedding graphs) run in a ``tf.while_loop`` instead (``fallback_to_while_loop=True``), never through the
+  batch gradient. Materialises the B per-example gradients.
+* ``'ghost'``: one batched forward pass records every supported layer's input ``a`` and the gradient ``g`` of
+  the loss with respect to its pre-activation output; per-example squared norms follow from them
+  (Dense without a sequence axis: ``|a_i|^2 |g_i|^2 + |g_i|^2``; with one, and Conv2D through image patches,
+  whichever of the Gram-matrix ("ghost", Li et al. 2021) or per-example-gradient form costs fewer flops;
+  Embedding by grouping the output gradients by (example, id)). The clipped sum is then the
+  layer's own weight-gradient formula applied to ``min(1, C / n_i) g_i``: no second backward pass and no
+  per-example gradient of the full model. Supported layers: ``Dense``, ``Conv2D`` (channels_last, groups=1;
+  a 1-channel input uses a depthwise filter gradient with the batch as channels), ``Embedding`` (dense integer
+  ids) and ``LSTM`` (no mask, dropout, state or reversal; its recurrence is re-run with ``tf.scan`` so that the
+  gate pre-activation gradients and previous hidden states are available: kernel, recurrent kernel and bias are
+  then sequence Dense rules). A model with any other layer that owns a variable in ``var_list``, or a
+  supported layer called more than once per forward pass, falls back to ``'vectorized'`` as a whole.
+
+``'auto'`` (the default) picks ``'ghost'`` when every trainable variable is covered, else ``'vectorized'``.
+
+Sample weights multiply each example's loss before differentiation, so an example with weight 0 (a Poisson
+padding row) has a zero gradient and adds nothing to the sum. The sums returned are dense tensors (embedding
+``IndexedSlices`` are densified) and carry NO noise: the caller (``DynamicDPKeras*.apply_clipped_gradient_sum``)
+adds N(0, sigma_t^2) to each sum and then normalises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from keras_dyndp.optimizers import clip_and_noise
+
+METHODS = ("auto", "ghost", "vectorized")
+
+
+class _UnsupportedModel(Exception):
+    """Raised while tracing the ghost path when the model needs the vectorized path instead."""
+
+
+def clip_factors(norms: tf.Tensor, clip_norm: tf.Tensor | float) -> tf.Tensor:
+    """Per-example clipping factors ``min(1, clip_norm / norms)``, as ``clip_by_global_norm_per_example``.
+
+    ``clip_norm / max(norm, clip_norm)``: 1 for a zero gradient (no 0/0) and 0 for every example when
+    ``clip_norm`` is 0 (the optimizers' data-independent step once the budget is spent).
+
+    Args:
+        norms: float32 tensor [B] of per-example gradient L2 norms.
+        clip_norm: scalar clipping bound C >= 0.
+
+    Returns:
+        float32 tensor [B] of factors in [0, 1].
+    """
+    clip_norm = tf.cast(clip_norm, norms.dtype)
+    return tf.math.divide_no_nan(clip_norm, tf.maximum(norms, clip_norm))
+
+
+def per_example_loss(
+    loss_fn: Callable[[Any, Any], tf.Tensor], y: Any, y_pred: Any, sample_weight: tf.Tensor | None
+) -> tf.Tensor:
+    """Per-example loss vector [B]: ``loss_fn(y, y_pred)`` averaged over non-batch axes, times the weight.
+
+    Args:
+        loss_fn: a per-example loss, e.g. a ``tf.keras.losses.Loss`` with ``reduction=NONE`` or a function
+            such as ``tf.keras.losses.sparse_categorical_crossentropy``.
+        y: targets.
+        y_pred: model outputs.
+        sample_weight: float tensor [B] or None (all ones).
+
+    Returns:
+        float tensor [B].
+
+    Raises:
+        ValueError: if ``loss_fn`` returns a scalar (an already reduced loss cannot be clipped per example).
+    """
+    losses = loss_fn(y, y_pred)
+    if losses.shape.rank == 0:
+        raise ValueError(
+            "`loss_fn` must return one loss per example (use reduction=tf.keras.losses.Reduction.NONE). "
+            f"Received a scalar loss from loss_fn={loss_fn!r}."
+        )
+    losses = tf.cast(losses, tf.float32)
+    if losses.shape.rank > 1:
+        losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
+    if sample_weight is not None:
+        losses = losses * tf.reshape(tf.cast(sample_weight, losses.dtype), [-1])
+    return losses
+
+
+def _dense_gradient(gradient: tf.Tensor | tf.IndexedSlices | None, variable: tf.Variable) -> tf.Tensor:
+    if gradient is None:
+        return tf.zeros_like(variable)
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.convert_to_tensor(gradient)
+    return gradient
+
+
+def _batch_size(x: Any) -> tf.Tensor:
+    first = tf.nest.flatten(x)[0]
+    return tf.shape(first)[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Implementation A: vectorized_map over single-example forward + backward.
+
+
+def _vectorized(
+    model: tf.keras.Model,
+    loss_fn: Callable,
+    x: Any,
+    y: Any,
+    sample_weight: tf.Tensor,
+    clip_norm: tf.Tensor,
+    var_list: Sequence[tf.Variable],
+) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
+    def one_example(example):
+        x_i, y_i, w_i = tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), example)
+        with tf.GradientTape() as tape:
+            y_pred = model(x_i, training=True)
+            loss = per_example_loss(loss_fn, y_i, y_pred, w_i)
+        grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = [_dense_gradient(g, v) for g, v in zip(grads, var_list)]
+        return grads, tf.nest.map_structure(lambda t: t[0], y_pred), loss[0]
+
+    elems = (x, y, sample_weight)
+    try:
+        grads, y_pred, losses = tf.vectorized_map(one_example, elems, fallback_to_while_loop=True)
+    except (TypeError, ValueError, NotImplementedError) as error:
+        # pfor failed even with its while-loop fallback (e.g. the TensorList gradients of Keras's LSTM):
+        # run the single-example passes one after the other instead. Still per example, only slower.
+        tf.get_logger().warning(
+            "tf.vectorized_map could not vectorise the per-example gradient (%s); using tf.map_fn.",
+            str(error).strip().splitlines()[-1],
+        )
+        output_signature = (
+            [tf.TensorSpec(v.shape, v.dtype) for v in var_list],
+            tf.nest.map_structure(
+                lambda t: tf.TensorSpec(t.shape[1:], t.dtype), model(tf.nest.map_structure(lambda t: t[:1], x))
+            ),
+            tf.TensorSpec([], tf.float32),
+        )
+        grads, y_pred, losses = tf.map_fn(
+            one_example, elems, fn_output_signature=output_signature, parallel_iterations=16
+        )
+    sums, norms = clip_and_noise.clip_by_global_norm_per_example(grads, clip_norm)
+    return sums, norms, y_pred, losses
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Implementation B: ghost clipping from recorded layer inputs and output gradients.
+
+
+class _Tap:
+    """A supported layer's recorded input and pre-activation output during one forward pass."""
+
+    def __init__(self, layer: tf.keras.layers.Layer):
+        self.layer = layer
+        self.inputs: tf.Tensor | None = None
+        self.preactivation: tf.Tensor | None = None
+        self.recurrent_inputs: tf.Tensor | None = None
+
+    def record(self, inputs: tf.Tensor, preactivation: tf.Tensor) -> None:
+        if self.inputs is not None:
+            raise _UnsupportedModel(f"layer {self.layer.name!r} is called more than once per forward pass")
+        self.inputs = inputs
+        self.preactivation = preactivation
+
+
+def _dense_call(tap: _Tap) -> Callable:
+    layer = tap.layer
+
+    def call(inputs, *args, **kwargs):
+        if not isinstance(inputs, tf.Tensor):
+            raise _UnsupportedModel(f"Dense {layer.name!r} received a non-dense input")
+        inputs = tf.cast(inputs, layer.kernel.dtype)
+        z = tf.tensordot(inputs, layer.kernel, axes=[[inputs.shape.rank - 1], [0]])
+        if layer.use_bias:
+            z = z + layer.bias
+        tap.record(inputs, z)
+        return layer.activation(z) if layer.activation is not None else z
+
+    return call
+
+
+def _conv2d_call(tap: _Tap) -> Callable:
+    layer = tap.layer
+
+    def call(inputs, *args, **kwargs):
+        inputs = tf.cast(inputs, layer.kernel.dtype)
+        z = tf.nn.conv2d(
+            inputs,
+            layer.kernel,
+            strides=(1,) + tuple(layer.strides) + (1,),
+            padding=layer.padding.upper(),
+            dilations=(1,) + tuple(layer.dilation_rate) + (1,),
+        )
+        if layer.use_bias:
+            z = z + layer.bias
+        tap.record(inputs, z)
+        return layer.activation(z) if layer.activation is not None else z
+
+    return call
+
+
+def _embedding_call(tap: _Tap) -> Callable:
+    layer = tap.layer
+
+    def call(inputs, *args, **kwargs):
+        if not isinstance(inputs, tf.Tensor):
+            raise _UnsupportedModel(f"Embedding {layer.name!r} received a non-dense input")
+        if inputs.dtype not in (tf.int32, tf.int64):
+            inputs = tf.cast(inputs, tf.int32)
+        z = tf.gather(layer.embeddings, inputs)
+        tap.record(inputs, z)
+        return z
+
+    return call
+
+
+def _lstm_call(tap: _Tap) -> Callable:
+    layer = tap.layer
+    cell = layer.cell
+
+    def call(inputs, mask=None, training=None, initial_state=None, **kwargs):
+        del training
+        if mask is not None or initial_state is not None or kwargs:
+            raise _UnsupportedModel(f"LSTM {layer.name!r} called with a mask or an initial state")
+        inputs = tf.cast(inputs, cell.kernel.dtype)
+        input_projection = tf.tensordot(inputs, cell.kernel, axes=[[2], [0]])
+        if cell.use_bias:
+            input_projection = input_projection + cell.bias
+        batch = tf.shape(inputs)[0]
+        zeros = tf.zeros(tf.stack([batch, cell.units]), inputs.dtype)
+
+        def step(carry, projection_t):
+            h_prev, c_prev, _ = carry
+            z = projection_t + tf.matmul(h_prev, cell.recurrent_kernel)
+            z_i, z_f, z_c, z_o = tf.split(z, 4, axis=1)
+            c = cell.recurrent_activation(z_f) * c_prev + cell.recurrent_activation(z_i) * cell.activation(z_c)
+            h = cell.recurrent_activation(z_o) * cell.activation(c)
+            return h, c, h_prev
+
+        hs, cs, h_prevs = tf.scan(
+            step, tf.transpose(input_projection, [1, 0, 2]), initializer=(zeros, zeros, zeros)
+        )
+        tap.record(inputs, input_projection)
+        tap.recurrent_inputs = tf.transpose(h_prevs, [1, 0, 2])
+        output = tf.transpose(hs, [1, 0, 2]) if layer.return_sequences else hs[-1]
+        if layer.return_state:
+            return [output, hs[-1], cs[-1]]
+        return output
+
+    return call
+
+
+def _is_supported(layer: tf.keras.layers.Layer) -> bool:
+    if type(layer) is tf.keras.layers.Dense:
+        return True
+    if type(layer) is tf.keras.layers.Conv2D:
+        return layer.data_format == "channels_last" and layer.groups == 1 and layer.padding != "causal"
+    if type(layer) is tf.keras.layers.Embedding:
+        return not layer.sparse and not getattr(layer, "_use_one_hot_matmul", False)
+    if type(layer) is tf.keras.layers.LSTM:
+        return not (
+            layer.stateful or layer.go_backwards or layer.time_major or layer.dropout or layer.recurrent_dropout
+        )
+    return False
+
+
+_CALL_FACTORIES = {
+    tf.keras.layers.Dense: _dense_call,
+    tf.keras.layers.Conv2D: _conv2d_call,
+    tf.keras.layers.Embedding: _embedding_call,
+    tf.keras.layers.LSTM: _lstm_call,
+}
+
+
+def ghost_supported(model: tf.keras.Model, var_list: Sequence[tf.Variable]) -> bool:
+    """Whether every variable in ``var_list`` belongs to a layer with a ghost-clipping rule."""
+    covered = set()
+    for layer in model._flatten_layers(include_self=False, recursive=True):  # pylint: disable=protected-access
+        if _is_supported(layer):
+            covered.update(id(v) for v in layer.trainable_weights)
+    return all(id(v) in covered for v in var_list)
+
+
+@contextlib.contextmanager
+def _tapped(model: tf.keras.Model):
+    taps = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):  # pylint: disable=protected-access
+        if _is_supported(layer) and layer.trainable_weights:
+            taps.append(_Tap(layer))
+    try:
+        for tap in taps:
+            tap.layer.call = _CALL_FACTORIES[type(tap.layer)](tap)
+        yield taps
+    finally:
+        for tap in taps:
+            del tap.layer.call
+
+
+def _flatten_positions(tensor: tf.Tensor) -> tf.Tensor:
+    """[B, ..., d] -> [B, T, d] (T = 1 for a rank-2 tensor)."""
+    if tensor.shape.rank == 2:
+        return tensor[:, None, :]
+    return tf.reshape(tensor, [tf.shape(tensor)[0], -1, tensor.shape[-1]])
+
+
+def _use_gram(positions: int | None, fan_in: int, fan_out: int) -> bool:
+    """Ghost (Gram) norm costs T^2 (d_in + d_out) per example, materialising costs T d_in d_out."""
+    if positions is None:
+        return True
+    return positions * positions * (fan_in + fan_out) < positions * fan_in * fan_out
+
+
+def _bilinear_norms_and_sum(
+    a: tf.Tensor, g: tf.Tensor
+) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
+    """Squared norms of G_i = a_i^T g_i (a: [B, T, k], g: [B, T, c]) and a function factors -> sum f_i G_i."""
+    positions, fan_in, fan_out = a.shape[1], a.shape[-1], g.shape[-1]
+    if positions == 1:
+        a2, g2 = a[:, 0, :], g[:, 0, :]
+        squared = tf.reduce_sum(tf.square(a2), axis=1) * tf.reduce_sum(tf.square(g2), axis=1)
+        return squared, lambda f: tf.matmul(a2, g2 * f[:, None], transpose_a=True)
+    if _use_gram(positions, fan_in, fan_out):
+        gram_a = tf.matmul(a, a, transpose_b=True)
+        gram_g = tf.matmul(g, g, transpose_b=True)
+        squared = tf.reduce_sum(gram_a * gram_g, axis=[1, 2])
+        return squared, lambda f: tf.einsum("btk,btc->kc", a, g * f[:, None, None])
+    per_example = tf.einsum("btk,btc->bkc", a, g)
+    squared = tf.reduce_sum(tf.square(per_example), axis=[1, 2])
+    return squared, lambda f: tf.tensordot(f, per_example, axes=1)
+
+
+def _dense_rule(tap: _Tap, g: tf.Tensor, wanted: set[int]):
+    layer = tap.layer
+    a = _flatten_positions(tap.inputs)
+    g = _flatten_positions(g)
+    squared = tf.zeros([tf.shape(g)[0]], g.dtype)
+    makers = {}
+    if id(layer.kernel) in wanted:
+        kernel_squared, kernel_sum = _bilinear_norms_and_sum(a, g)
+        squared += kernel_squared
+        makers[id(layer.kernel)] = kernel_sum
+    if layer.use_bias and id(layer.bias) in wanted:
+        bias_per_example = tf.reduce_sum(g, axis=1)
+        squared += tf.reduce_sum(tf.square(bias_per_example), axis=1)
+        makers[id(layer.bias)] = lambda f: tf.tensordot(f, bias_per_example, axes=1)
+    return squared, makers
+
+
+def _single_channel_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor):
+    """Per-example kernel gradients of a 1-input-channel Conv2D as one depthwise filter gradient.
+
+    Treating the batch as the channels of a single image, ``DepthwiseConv2dNativeBackpropFilter`` returns
+    [kh, kw, B, c_out], example b's kernel gradient in slice b (several times faster on CPU than image patches).
+    """
+    kernel_h, kernel_w = layer.kernel_size
+    height, width = inputs.shape[1], inputs.shape[2]
+    out_height, out_width, out_channels = g.shape[1], g.shape[2], g.shape[3]
+    batch = tf.shape(inputs)[0]
+    images = tf.reshape(tf.transpose(inputs, [3, 1, 2, 0]), [1, height, width, batch])
+    out_backprop = tf.reshape(tf.transpose(g, [1, 2, 0, 3]), [1, out_height, out_width, batch * out_channels])
+    per_example = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+        input=images,
+        filter_sizes=tf.stack([kernel_h, kernel_w, batch, out_channels]),
+        out_backprop=out_backprop,
+        strides=[1, *layer.strides, 1],
+        padding=layer.padding.upper(),
+    )
+    squared = tf.reduce_sum(tf.square(per_example), axis=[0, 1, 3])
+    kernel_shape = layer.kernel.shape
+    return squared, lambda f: tf.reshape(tf.einsum("hwbc,b->hwc", per_example, f), kernel_shape)
+
+
+def _patch_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor):
+    """Per-example kernel-gradient norms of a Conv2D from image patches (Gram or materialised form)."""
+    kernel_h, kernel_w = layer.kernel_size
+    patches = tf.image.extract_patches(
+        inputs,
+        sizes=[1, kernel_h, kernel_w, 1],
+        strides=[1, *layer.strides, 1],
+        rates=[1, *layer.dilation_rate, 1],
+        padding=layer.padding.upper(),
+    )
+    squared, kernel_sum = _bilinear_norms_and_sum(_flatten_positions(patches), _flatten_positions(g))
+    kernel_shape = layer.kernel.shape
+    return squared, lambda f: tf.reshape(kernel_sum(f), kernel_shape)
+
+
+def _conv2d_rule(tap: _Tap, g: tf.Tensor, wanted: set[int]):
+    layer = tap.layer
+    squared = tf.zeros([tf.shape(g)[0]], g.dtype)
+    makers = {}
+    if id(layer.kernel) in wanted:
+        if tap.inputs.shape[-1] == 1 and tuple(layer.dilation_rate) == (1, 1):
+            kernel_squared, kernel_sum = _single_channel_conv2d_norms_and_sum(layer, tap.inputs, g)
+        else:
+            kernel_squared, kernel_sum = _patch_conv2d_norms_and_sum(layer, tap.inputs, g)
+        squared += kernel_squared
+        makers[id(layer.kernel)] = kernel_sum
+    if layer.use_bias and id(layer.bias) in wanted:
+        bias_per_example = tf.reduce_sum(g, axis=[1, 2])
+        squared += tf.reduce_sum(tf.square(bias_per_example), axis=1)
+        makers[id(layer.bias)] = lambda f: tf.tensordot(f, bias_per_example, axes=1)
+    return squared, makers
+
+
+def _embedding_rule(tap: _Tap, g: tf.Tensor, wanted: set[int]):
+    layer = tap.layer
+    batch = tf.shape(g)[0]
+    if id(layer.embeddings) not in wanted:
+        return tf.zeros([batch], g.dtype), {}
+    ids = tf.reshape(tap.inputs, [batch, -1])
+    g = _flatten_positions(g)
+    if ids.shape[1] == 1:
+        squared = tf.reduce_sum(tf.square(g), axis=[1, 2])
+    else:
+        # Example b's gradient has one row per distinct id in it, the sum of g over that id's positions: group
+        # the B*T rows by the pair (b, id) (tf.unique, O(B T)) instead of a [B, T, T] Gram matrix.
+        pairs = tf.cast(tf.range(batch), tf.int64)[:, None] * layer.input_dim + tf.cast(ids, tf.int64)
+        unique_pairs, pair_index = tf.unique(tf.reshape(pairs, [-1]))
+        num_pairs = tf.shape(unique_pairs)[0]
+        pair_rows = tf.math.unsorted_segment_sum(tf.reshape(g, [-1, g.shape[-1]]), pair_index, num_pairs)
+        squared = tf.math.unsorted_segment_sum(
+            tf.reduce_sum(tf.square(pair_rows), axis=1), unique_pairs // layer.input_dim, batch
+        )
+
+    def clipped_sum(f):
+        rows = tf.reshape(g * f[:, None, None], [-1, g.shape[-1]])
+        return tf.math.unsorted_segment_sum(rows, tf.reshape(ids, [-1]), layer.input_dim)
+
+    return squared, {id(layer.embeddings): clipped_sum}
+
+
+def _lstm_rule(tap: _Tap, g: tf.Tensor, wanted: set[int]):
+    """g is the gradient of the input projection x_t W + b, equal to that of the gate pre-activations z_t."""
+    cell = tap.layer.cell
+    squared = tf.zeros([tf.shape(g)[0]], g.dtype)
+    makers = {}
+    for variable, activations in ((cell.kernel, tap.inputs), (cell.recurrent_kernel, tap.recurrent_inputs)):
+        if id(variable) in wanted:
+            variable_squared, variable_sum = _bilinear_norms_and_sum(activations, g)
+            squared += variable_squared
+            makers[id(variable)] = variable_sum
+    if cell.use_bias and id(cell.bias) in wanted:
+        bias_per_example = tf.reduce_sum(g, axis=1)
+        squared += tf.reduce_sum(tf.square(bias_per_example), axis=1)
+        makers[id(cell.bias)] = lambda f: tf.tensordot(f, bias_per_example, axes=1)
+    return squared, makers
+
+
+_RULES = {
+    tf.keras.layers.Dense: _dense_rule,
+    tf.keras.layers.Conv2D: _conv2d_rule,
+    tf.keras.layers.Embedding: _embedding_rule,
+    tf.keras.layers.LSTM: _lstm_rule,
+}
+
+
+def _ghost(
+    model: tf.keras.Model,
+    loss_fn: Callable,
+    x: Any,
+    y: Any,
+    sample_weight: tf.Tensor,
+    clip_norm: tf.Tensor,
+    var_list: Sequence[tf.Variable],
+) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
+    with _tapped(model) as taps:
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
+            total = tf.reduce_sum(losses)
+    used = [tap for tap in taps if tap.inputs is not None]
+    outputs_grads = tape.gradient(
+        total, [tap.preactivation for tap in used], unconnected_gradients=tf.UnconnectedGradients.ZERO
+    )
+    wanted = {id(v) for v in var_list}
+    squared = tf.zeros_like(losses)
+    makers = {}
+    for tap, g in zip(used, outputs_grads):
+        layer_squared, layer_makers = _RULES[type(tap.layer)](tap, g, wanted)
+        squared += layer_squared
+        makers.update(layer_makers)
+    missing = [v.name for v in var_list if id(v) not in makers]
+    if missing:
+        raise _UnsupportedModel(f"variables not reached by a ghost rule: {missing}")
+    norms = tf.sqrt(tf.maximum(squared, 0.0))
+    factors = clip_factors(norms, clip_norm)
+    sums = [makers[id(v)](factors) for v in var_list]
+    return sums, norms, y_pred, losses
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def clipped_gradient_sum_with_outputs(
+    model: tf.keras.Model,
+    loss_fn: Callable[[Any, Any], tf.Tensor],
+    x: Any,
+    y: Any,
+    sample_weight: tf.Tensor | None,
+    clip_norm: tf.Tensor | float,
+    var_list: Sequence[tf.Variable],
+    method: str = "auto",
+) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
+    """Like ``clipped_gradient_sum`` but also returns the predictions and per-example losses (for metrics).
+
+    Returns:
+        ``(sums, norms, y_pred, losses)``: ``losses`` [B] already multiplied by the sample weights.
+    """
+    if method not in METHODS:
+        raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}.")
+    var_list = list(var_list)
+    if sample_weight is None:
+        sample_weight = tf.ones([_batch_size(x)], tf.float32)
+    sample_weight = tf.reshape(tf.cast(sample_weight, tf.float32), [-1])
+    clip_norm = tf.cast(clip_norm, tf.float32)
+    if method in ("auto", "ghost"):
+        if ghost_supported(model, var_list):
+            try:
+                return _ghost(model, loss_fn, x, y, sample_weight, clip_norm, var_list)
+            except _UnsupportedModel:
+                if method == "ghost":
+                    raise
+        elif method == "ghost":
+            raise ValueError(
+                "`method='ghost'` needs every variable of `var_list` to belong to a Dense, Conv2D, "
+                f"Embedding or LSTM layer. Received a model with other trainable layers: method={method!r}."
+            )
+    return _vectorized(model, loss_fn, x, y, sample_weight, clip_norm, var_list)
+
+
+def clipped_gradient_sum(
+    model: tf.keras.Model,
+    loss_fn: Callable[[Any, Any], tf.Tensor],
+    x: Any,
+    y: Any,
+    sample_weight: tf.Tensor | None,
+    clip_norm: tf.Tensor | float,
+    var_list: Sequence[tf.Variable],
+    method: str = "auto",
+) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """Sum over the batch of per-example gradients, each clipped to L2 norm ``clip_norm``. No noise added.
+
+    Example i's gradient is that of ``sample_weight[i] * loss_i`` with respect to ``var_list`` (all variables
+    together; one norm per example), and it enters the sum as ``min(1, clip_norm / ||g_i||) g_i``.
+
+    Args:
+        model: a Keras model whose examples do not interact (no batch normalisation).
+        loss_fn: per-example loss ``loss_fn(y, y_pred) -> [B]`` (or [B, ...], averaged over non-batch axes).
+        x: batch of inputs (a tensor or a nest of tensors with leading axis B).
+        y: batch of targets.
+        sample_weight: float [B] or None; rows with weight 0 contribute nothing.
+        clip_norm: scalar C > 0.
+        var_list: variables to differentiate, typically ``model.trainable_variables``.
+        method: ``'auto'`` (ghost when supported, else vectorized), ``'ghost'`` or ``'vectorized'``.
+
+    Returns:
+        ``(sums, norms)``: a list of dense tensors shaped like ``var_list`` and the unclipped per-example
+        gradient norms [B].
+
+    Raises:
+        ValueError: on an unknown ``method``, a scalar loss, or ``method='ghost'`` on an unsupported model.
+    """
+    sums, norms, _, _ = clipped_gradient_sum_with_outputs(
+        model, loss_fn, x, y, sample_weight, clip_norm, var_list, method
+    )
+    return sums, norms

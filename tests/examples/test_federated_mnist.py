@@ -1,0 +1,90 @@
+"""Tests for examples.federated_mnist: generated client data and client-level DP training end to end."""
+
+import numpy as np
+import pytest
+from absl.testing import flagsaver
+
+from examples import datasets
+from examples import federated_mnist
+from examples import training
+from keras_dyndp import per_example
+
+
+def test_deform_keeps_shape_range_and_is_seeded():
+    images = np.zeros((5, 28, 28))
+    images[:, 10:18, 12:16] = 1.0
+    first = federated_mnist.deform(images, np.random.default_rng(3))
+    again = federated_mnist.deform(images, np.random.default_rng(3))
+    other = federated_mnist.deform(images, np.random.default_rng(4))
+    assert first.shape == images.shape and first.min() >= 0.0 and first.max() <= 1.0
+    np.testing.assert_array_equal(first, again)
+    assert not np.allclose(first, other)
+    assert not np.allclose(first[0], first[1])  # Every image gets its own transformation.
+    # A moderate deformation moves ink around but keeps most of it.
+    assert np.all(np.abs(first.sum(axis=(1, 2)) / images[0].sum() - 1) < 0.5)
+
+
+def test_identity_deformation_returns_the_image():
+    image = np.random.default_rng(0).random((2, 28, 28))
+    out = federated_mnist.deform(image, np.random.default_rng(0), max_rotation_deg=0, max_shear=0,
+                                 scale_range=(1, 1), max_shift=0, elastic_alpha=0)
+    np.testing.assert_allclose(out, image, atol=1e-12)
+
+
+@pytest.mark.parametrize("images_per_client", [1, 3])
+def test_generate_clients_shapes_and_labels(images_per_client):
+    base = np.random.default_rng(0).random((7, 28, 28, 1))
+    labels = np.arange(7)
+    x, y = federated_mnist.generate_clients(base, labels, 10, images_per_client, seed=0)
+    if images_per_client == 1:
+        assert x.shape == (10, 28, 28, 1) and y.shape == (10,)
+    else:
+        assert x.shape == (10, 3, 28, 28, 1) and y.shape == (10, 3)
+    assert x.dtype == np.uint8 and set(y.ravel()) <= set(labels)
+    x_again, y_again = federated_mnist.generate_clients(base, labels, 10, images_per_client, seed=0)
+    np.testing.assert_array_equal(x, x_again)
+    np.testing.assert_array_equal(y, y_again)
+
+
+@pytest.mark.parametrize("images_per_client", [1, 2])
+def test_client_level_training_end_to_end(images_per_client, capsys):
+    with flagsaver.flagsaver(base="digits", num_clients=200, images_per_client=images_per_client, batch_size=8,
+                             seed=0, verbose=0, max_steps=2, epochs=1.0):
+        data = federated_mnist.load_data()
+        result = training.train(federated_mnist.make_task())
+    assert data.num_train == 200 and data.x_test.shape[-4 if images_per_client == 1 else -5] == 360
+    assert result.steps == 2 and result.delta == pytest.approx(1 / 2000)
+    out = capsys.readouterr().out
+    assert "per client (all its images)" in out and "client-level DP" in out
+
+
+def test_default_sampling_rate_is_the_papers():
+    with flagsaver.flagsaver(num_clients=250000):
+        assert federated_mnist.make_task().batch_size == 250  # p = 250 / 250000 = 1e-3.
+
+
+def test_missing_base_set(monkeypatch):
+    def missing():
+        raise datasets.DataNotFoundError("no mnist here")
+
+    monkeypatch.setattr(federated_mnist.mnist, "load_data", missing)
+    with flagsaver.flagsaver(base="mnist"):
+        with pytest.raises(datasets.DataNotFoundError, match="no base set found: no mnist here"):
+            federated_mnist.load_data()
+
+
+def test_several_images_per_client_are_clipped_as_one_unit():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (3, 2, 28, 28, 1)).astype(np.uint8)
+    y = rng.integers(0, 10, (3, 2))
+    model = federated_mnist.build_model(datasets.TaskData(x, y, x, y, 10, ""))
+    loss = training.make_loss_and_metric(federated_mnist.make_task(), private=True)[0]
+    sums, norms = per_example.clipped_gradient_sum(model, loss, x, y, None, 1e-3, model.trainable_variables)
+    assert norms.shape == (3,)  # One norm per client, not per image.
+    # Each client's whole update is clipped to 1e-3, so the sum of 3 clients has norm <= 3e-3.
+    total = np.sqrt(sum(float(np.sum(np.square(s))) for s in sums))
+    assert total <= 3e-3 * (1 + 1e-5)
+    # And the client's gradient is that of its MEAN loss over its images (the vectorized reference).
+    _, reference = per_example.clipped_gradient_sum(model, loss, x, y, None, 1e-3, model.trainable_variables,
+                                                    method="vectorized")
+    np.testing.assert_allclose(norms, reference, rtol=1e-5)

@@ -1,0 +1,76 @@
+"""Tests for examples.mnist and examples.fashion_mnist on tiny generated data (IDX files and mocked tfds)."""
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from absl.testing import flagsaver
+
+from examples import datasets
+from examples import fashion_mnist
+from examples import mnist
+from examples import training
+
+
+def _write_idx_folder(directory, num_train=60, num_test=20, gzip=True):
+    rng = np.random.default_rng(0)
+    suffix = ".gz" if gzip else ""
+    arrays = {
+        "x_train": rng.integers(0, 256, (num_train, 28, 28)), "y_train": rng.integers(0, 10, num_train),
+        "x_test": rng.integers(0, 256, (num_test, 28, 28)), "y_test": rng.integers(0, 10, num_test),
+    }
+    for key, stem in datasets.IDX_FILES.items():
+        datasets.write_idx(str(directory / (stem + suffix)), arrays[key])
+    return arrays
+
+
+@pytest.mark.parametrize("gzip", [True, False])
+def test_idx_round_trip(tmp_path, gzip):
+    arrays = _write_idx_folder(tmp_path, gzip=gzip)
+    loaded = datasets.load_idx_directory(str(tmp_path))
+    for key, array in arrays.items():
+        np.testing.assert_array_equal(loaded[key], array)
+        assert loaded[key].dtype == np.uint8
+
+
+def test_read_idx_rejects_other_files(tmp_path):
+    path = tmp_path / "bad"
+    path.write_bytes(b"\x01\x02\x03\x04rest")
+    with pytest.raises(ValueError, match="not an IDX file"):
+        datasets.read_idx(str(path))
+
+
+def test_fashion_mnist_trains_on_idx_files_and_resumes(tmp_path):
+    _write_idx_folder(tmp_path)
+    model_dir = str(tmp_path / "model")
+    settings = dict(idx_dir=str(tmp_path), seed=1, verbose=0, batch_size=10, epochs=1.0, model_dir=model_dir)
+    with flagsaver.flagsaver(max_steps=2, **settings):
+        first = training.train(fashion_mnist.make_task())
+    with flagsaver.flagsaver(**settings):
+        second = training.train(fashion_mnist.make_task())
+    assert first.steps == 2 and second.steps == second.total_steps == 6
+    assert first.initial_clip == 4.0 and first.learning_rate == 0.15 and first.delta == pytest.approx(1 / 600)
+    assert 0.0 <= second.test_accuracy <= 1.0
+
+
+def test_mnist_trains_on_mocked_tfds(tmp_path):
+    with tfds.testing.mock_data(num_examples=40):
+        with flagsaver.flagsaver(data_dir=str(tmp_path), seed=0, verbose=0, batch_size=8, max_steps=2,
+                                 method="vanilla", epsilon=2.0):
+            result = training.train(mnist.make_task())
+    assert result.task == "mnist" and result.steps == 2 and result.delta == pytest.approx(1 / 400)
+
+
+def test_missing_data_message_names_places_and_remedy(tmp_path, monkeypatch):
+    monkeypatch.setattr(fashion_mnist, "DEBIAN_DIR", str(tmp_path / "debian"))
+    monkeypatch.setattr(mnist, "KERAS_CACHE", str(tmp_path / "keras"))
+    with flagsaver.flagsaver(data_dir=str(tmp_path / "tfds")):
+        with pytest.raises(datasets.DataNotFoundError) as error:
+            fashion_mnist.load_data()
+        message = str(error.value)
+        assert str(tmp_path / "debian") in message and str(tmp_path / "tfds") in message
+        assert "apt-get install dataset-fashion-mnist" in message and "--idx_dir" in message
+        with pytest.raises(datasets.DataNotFoundError, match="mnist.npz"):
+            mnist.load_data()
+    with flagsaver.flagsaver(idx_dir=str(tmp_path / "empty")):
+        with pytest.raises(datasets.DataNotFoundError, match="--idx_dir="):
+            mnist.load_data()

@@ -1,0 +1,116 @@
+"""Tests for examples.imdb, examples.names and examples.chest_xray on tiny generated data in their real layouts."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from absl.testing import flagsaver
+
+from examples import chest_xray
+from examples import datasets
+from examples import imdb
+from examples import names
+from examples import training
+
+QUICK = dict(seed=0, verbose=0, max_steps=2)
+
+
+def _write_acl_imdb(root, per_class=6):
+    words = {"pos": "great wonderful superb fun", "neg": "awful boring terrible bad"}
+    for split in ("train", "test"):
+        for label in ("pos", "neg"):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                (folder / f"{i}_7.txt").write_text(f"A {words[label]} movie, number {i}!<br />", encoding="utf-8")
+    (root / "train" / "unsup").mkdir()  # Present in the real archive; must be ignored.
+    (root / "train" / "unsup" / "0_0.txt").write_text("unlabelled", encoding="utf-8")
+
+
+def test_imdb_from_acl_imdb_folder(tmp_path, capsys):
+    _write_acl_imdb(tmp_path)
+    with flagsaver.flagsaver(imdb_dir=str(tmp_path), batch_size=4, max_tokens=50, sequence_length=12, **QUICK):
+        data = imdb.load_data()
+        result = training.train(imdb.make_task())
+    assert data.x_train.shape == (12, 12) and data.x_train.dtype == np.int32
+    assert data.y_train.shape == (12, 1) and sorted(set(data.y_train[:, 0].tolist())) == [0.0, 1.0]
+    assert result.task == "imdb" and result.steps == 2 and result.initial_clip == 2.0
+    assert "not covered by the DP guarantee" in capsys.readouterr().out
+
+
+def test_imdb_from_mocked_tfds(tmp_path):
+    with tfds.testing.mock_data(num_examples=16):
+        with flagsaver.flagsaver(data_dir=str(tmp_path), batch_size=4, max_tokens=30, sequence_length=8, **QUICK):
+            result = training.train(imdb.make_task())
+    assert result.steps == 2
+
+
+def test_imdb_missing_data(tmp_path):
+    with flagsaver.flagsaver(data_dir=str(tmp_path)):
+        with pytest.raises(datasets.DataNotFoundError, match="aclImdb_v1.tar.gz"):
+            imdb.load_data()
+    with flagsaver.flagsaver(imdb_dir=str(tmp_path)):
+        with pytest.raises(datasets.DataNotFoundError, match="lacks"):
+            imdb.load_data()
+
+
+def test_names_encoding_is_left_padded_ascii():
+    ids = names.encode(["Zoë", "Ab"], 4)
+    assert ids.tolist()[1][:2] == [0, 0] and ids[1, 2] == names.ALPHABET.index("A") + 1
+    assert ids[0, 1:].tolist() == [names.ALPHABET.index(c) + 1 for c in "Zoe"]
+    assert names.encode(["x€"], 2)[0, 1] == names.NUM_CHAR_IDS - 1
+
+
+def test_names_from_language_files(tmp_path):
+    for language, stem in (("English", "son"), ("Italian", "ini"), ("Japanese", "moto")):
+        (tmp_path / f"{language}.txt").write_text(
+            "\n".join(f"{chr(65 + i)}{stem}" for i in range(10)) + "\n", encoding="utf-8")
+    with flagsaver.flagsaver(names_dir=str(tmp_path), batch_size=5, **QUICK):
+        data = names.load_data()
+        result = training.train(names.make_task())
+    assert data.num_classes == 3 and len(data.y_train) == 24 and len(data.y_test) == 6
+    assert result.learning_rate == 2.0 and result.steps == 2
+
+
+def test_names_missing_data(tmp_path):
+    with flagsaver.flagsaver(names_dir=str(tmp_path)):
+        with pytest.raises(datasets.DataNotFoundError, match="data.zip"):
+            names.load_data()
+
+
+def _write_chest_tree(root, per_class=4):
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for label in chest_xray.CLASS_NAMES:
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                image = rng.integers(0, 256, (40, 36, 1), dtype=np.uint8)
+                tf.io.write_file(str(folder / f"im{i}.jpeg"), tf.io.encode_jpeg(image))
+
+
+def test_chest_xray_from_image_folders(tmp_path):
+    _write_chest_tree(tmp_path)
+    with flagsaver.flagsaver(chest_xray_dir=str(tmp_path), image_size=32, vgg_width=1 / 16, batch_size=4,
+                             **QUICK):
+        data = chest_xray.load_data()
+        result = training.train(chest_xray.make_task())
+    assert data.x_train.shape == (8, 32, 32, 1) and data.x_train.dtype == np.uint8
+    assert data.y_train[:, 0].tolist() == [0.0] * 4 + [1.0] * 4
+    assert result.steps == 2 and 0.0 <= result.test_accuracy <= 1.0
+
+
+def test_vgg11_has_eight_convolutions_and_no_batch_norm():
+    data = datasets.TaskData(np.zeros((1, 32, 32, 1), np.uint8), np.zeros(1), np.zeros((1, 32, 32, 1)),
+                             np.zeros(1), 2, "")
+    with flagsaver.flagsaver(vgg_width=1 / 16):
+        model = chest_xray.build_model(data)
+    kinds = [type(layer).__name__ for layer in model.layers]
+    assert kinds.count("Conv2D") == 8 and kinds.count("MaxPooling2D") == 5
+    assert not any("Normalization" in kind for kind in kinds)
+
+
+def test_chest_xray_missing_data(tmp_path):
+    with flagsaver.flagsaver(chest_xray_dir=str(tmp_path)):
+        with pytest.raises(datasets.DataNotFoundError, match="NORMAL"):
+            chest_xray.load_data()

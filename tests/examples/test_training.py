@@ -1,0 +1,115 @@
+"""Tests for examples.training (through examples.digits): flags, fit loop, resume, results CSV, error exits."""
+
+import csv
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+
+from examples import datasets
+from examples import digits
+from examples import training
+
+FLAGS = flags.FLAGS
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _train(**overrides) -> training.RunResult:
+    settings = dict(seed=0, verbose=0, epochs=2.0, batch_size=64)
+    settings.update(overrides)
+    with flagsaver.flagsaver(**settings):
+        return training.train(digits.make_task())
+
+
+def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
+    csv_path = str(tmp_path / "results.csv")
+    first = _train(max_steps=4, results_csv=csv_path)
+    second = _train(max_steps=4, results_csv=csv_path, method="vanilla")
+    out = capsys.readouterr().out
+    assert "GDP-CLT" in out and "RDP (rigorous upper bound)" in out and "Test accuracy" in out
+    assert first.steps == 4 and first.total_steps == math.ceil(2 * 1437 / 64)
+    # Four steps spend only part of the budget; the rigorous bound is above the CLT approximation.
+    assert 0 < first.epsilon_gdp_clt < 3.0 and first.epsilon_rigorous > first.epsilon_gdp_clt
+    assert first.delta == pytest.approx(1 / 14370)
+    with open(csv_path) as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["method"] for row in rows] == ["dynamic", "vanilla"]
+    assert rows[0]["task"] == "digits" and int(rows[0]["steps"]) == 4
+    assert float(rows[1]["test_accuracy"]) == pytest.approx(second.test_accuracy)
+    assert set(rows[0]) >= {"epsilon", "delta", "seed", "test_accuracy", "epsilon_gdp_clt", "epsilon_rigorous"}
+
+
+def test_full_budget_run_spends_exactly_the_target():
+    result = _train(epochs=1.0, batch_size=256, epsilon=2.0, method="sensitivity_decay")
+    assert result.steps == result.total_steps == math.ceil(1437 / 256)
+    assert result.epsilon_gdp_clt == pytest.approx(2.0, rel=1e-9)
+
+
+def test_shuffled_batches_are_flagged_as_approximate(capsys):
+    result = _train(sampling="shuffle", max_steps=2)
+    assert result.steps == 2 and result.sampling == "shuffle"
+    assert "these epsilons assume Poisson sampling and are approximate" in capsys.readouterr().out
+
+
+def test_nonprivate_run():
+    result = _train(method="nonprivate", max_steps=5)
+    assert result.steps == 5 and math.isinf(result.epsilon_gdp_clt) and result.sampling == "shuffle"
+
+
+def test_resume_restores_the_step_counter_and_refuses_another_schedule(tmp_path, capsys):
+    model_dir = str(tmp_path / "run")
+    assert _train(model_dir=model_dir, max_steps=3).steps == 3
+    assert os.path.exists(os.path.join(model_dir, "run_config.json"))
+    assert os.listdir(os.path.join(model_dir, "logs"))
+    resumed = _train(model_dir=model_dir, max_steps=7)
+    assert resumed.steps == 7
+    assert f"Resumed from {model_dir} at step 3 of 45." in capsys.readouterr().out
+    # A finished run is not trained further: rerunning only evaluates and reports.
+    assert _train(model_dir=model_dir, max_steps=7).steps == 7
+    with pytest.raises(training.FlagError, match="different DP schedule"):
+        _train(model_dir=model_dir, epsilon=1.0)
+    with pytest.raises(training.FlagError, match="method"):
+        _train(model_dir=model_dir, method="nonprivate")
+
+
+def test_batch_size_larger_than_data_is_a_flag_error():
+    with pytest.raises(training.FlagError, match="--batch_size must be <= N = 1437"):
+        _train(batch_size=2000)
+
+
+@pytest.mark.parametrize("argument", ["--epsilon=-1", "--delta=1.5", "--rho_mu=0.5", "--method=bogus",
+                                      "--sampling=random", "--batch_size=0"])
+def test_bad_flag_exits_2_with_one_line(argument, capsys):
+    with flagsaver.flagsaver():
+        with pytest.raises(SystemExit) as exit_info:
+            training.parse_flags(["digits.py", argument])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("digits.py: error: flag " + argument.split("=")[0])
+
+
+def test_missing_data_exits_2_with_one_line(capsys):
+    def task():
+        def load():
+            raise datasets.DataNotFoundError("nothing in /nowhere. Get it with: magic.")
+
+        return training.Task(name="x", load_data=load, build_model=digits.build_model, epsilon=1.0,
+                             learning_rate=0.1, initial_clip=1.0, batch_size=10, epochs=1)
+
+    with pytest.raises(SystemExit) as exit_info:
+        training.main_for(task)(["x.py"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == "x.py: error: nothing in /nowhere. Get it with: magic."
+
+
+def test_command_line_error_has_no_traceback():
+    completed = subprocess.run([sys.executable, "-m", "examples.digits", "--rho_c=0.3"], cwd=REPO,
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert "Traceback" not in completed.stderr
+    assert completed.stderr.strip().splitlines()[-1] == (
+        "digits.py: error: flag --rho_c=0.3: --rho_c must be >= 1 (the paper's 1/rho_c is in (0, 1]).")

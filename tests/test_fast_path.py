@@ -1,0 +1,113 @@
+"""make_private: the fast train step equals the DP update, trains, and refuses non-private setups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_dyndp import schedules
+from keras_dyndp.fast_path import make_private
+from keras_dyndp.optimizers import DynamicDPKerasSGD
+
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+CLIP = 0.5
+
+
+def dp_optimizer(clip: float = CLIP, learning_rate: float = 0.5, noise: float = 0.0) -> DynamicDPKerasSGD:
+    schedule = schedules.DPSchedule(np.full(1000, clip), np.full(1000, noise), 0.01)
+    return DynamicDPKerasSGD(schedule=schedule, learning_rate=learning_rate)
+
+
+def sequential() -> tf.keras.Model:
+    return tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(8, 8, 1)),
+        tf.keras.layers.Conv2D(3, 3, strides=2, padding="same", activation="relu"),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(2),
+    ])
+
+
+def functional() -> tf.keras.Model:
+    inputs = tf.keras.Input(shape=(5,), dtype=tf.int32)
+    hidden = tf.keras.layers.Embedding(10, 4)(inputs)
+    hidden = tf.keras.layers.LSTM(4)(hidden)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(2)(hidden))
+
+
+class Subclassed(tf.keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = tf.keras.layers.Dense(6, activation="relu")
+        self.norm = tf.keras.layers.LayerNormalization()  # No ghost rule: vectorized path.
+        self.out = tf.keras.layers.Dense(2)
+
+    def call(self, inputs):
+        return self.out(self.norm(self.hidden(inputs)))
+
+
+def dataset(name: str, size: int = 32):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, size)
+    if name == "sequential":
+        x = rng.normal(size=(size, 8, 8, 1)).astype(np.float32) + y[:, None, None, None]
+    elif name == "functional":
+        x = (rng.integers(0, 5, (size, 5)) + 5 * y[:, None]).astype(np.int32)
+    else:
+        x = rng.normal(size=(size, 3)).astype(np.float32) + y[:, None]
+    return x, y
+
+
+@pytest.mark.parametrize("name,build,clip,learning_rate", [
+    ("sequential", sequential, 0.5, 0.5), ("functional", functional, 5.0, 2.0), ("subclassed", Subclassed, 0.5, 0.5)])
+def test_fit_trains_and_counts_steps(name, build, clip, learning_rate):
+    tf.keras.utils.set_random_seed(0)
+    model = make_private(build())
+    model.compile(optimizer=dp_optimizer(clip=clip, learning_rate=learning_rate, noise=0.01), loss=LOSS,
+                  metrics=["accuracy"])
+    x, y = dataset(name)
+    loss_before = model.evaluate(x, y, verbose=0)[0]
+    history = model.fit(x, y, batch_size=8, epochs=5, verbose=0)
+    assert model.evaluate(x, y, verbose=0)[0] < loss_before
+    assert "accuracy" in history.history
+    assert int(model.optimizer.dp_step.numpy()) == 20
+
+
+def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
+    tf.keras.utils.set_random_seed(0)
+    model = sequential()
+    x, y = dataset("sequential", 4)
+    weights = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
+    model(x[:1])
+    before = [v.numpy() for v in model.trainable_variables]
+    per_example = []
+    for i in range(4):
+        with tf.GradientTape() as tape:
+            loss = LOSS(y[i:i + 1], model(x[i:i + 1])) * weights[i]
+        per_example.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+    norms = [np.sqrt(sum(np.sum(g ** 2) for g in grads)) for grads in per_example]
+    factors = [min(1.0, CLIP / n) if n > 0 else 1.0 for n in norms]
+    expected_sums = [sum(f * grads[j] for f, grads in zip(factors, per_example)) for j in range(len(before))]
+    model = make_private(model)
+    model.compile(optimizer=dp_optimizer(learning_rate=0.1), loss=LOSS)
+    model.fit(x, y, sample_weight=weights, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    for old, new, expected in zip(before, model.trainable_variables, expected_sums):
+        np.testing.assert_allclose(new.numpy(), old - 0.1 * expected / 4, rtol=1e-5, atol=1e-7)
+
+
+def test_refuses_non_dp_optimizer_and_averaged_loss():
+    x, y = dataset("subclassed", 8)
+    model = Subclassed()
+    model.compile(optimizer=tf.keras.optimizers.SGD(), loss=LOSS)
+    with pytest.raises(ValueError, match="keras_dyndp DP optimizer"):
+        make_private(model)
+    model = make_private(Subclassed())
+    model.compile(optimizer=tf.keras.optimizers.SGD(), loss=LOSS)
+    with pytest.raises(ValueError, match="keras_dyndp DP optimizer"):
+        model.fit(x, y, verbose=0)
+    model = make_private(Subclassed())
+    model.compile(optimizer=dp_optimizer(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match="reduction"):
+        model.fit(x, y, verbose=0)
+    with pytest.raises(ValueError, match="`method`"):
+        make_private(Subclassed(), method="fastest")
