@@ -1,4 +1,4 @@
-"""Dynamic DP-SGD on scikit-learn's bundled digits: the quick, fully offline example (about a minute on 2 cores).
+"""Dynamic DP-SGD on scikit-learn's bundled digits: the quick, fully offline example (well under a minute on 2 cores).
 
 The 1797 8x8 grey-level digits of `sklearn.datasets.load_digits` ship with scikit-learn, so this runs anywhere.
 A fixed stratified split (seed 0) keeps 1437 images for training and 360 for testing. The model is a small CNN

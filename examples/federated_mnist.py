@@ -27,14 +27,13 @@ transformations. This script generates ``--num_clients`` x ``--images_per_client
 set (MNIST through tfds when prepared, else Fashion-MNIST IDX files such as Debian's, else scikit-learn's digits
 upsampled to 28x28; ``--base``): a random affine map (rotation, scale, shear, translation) and a smooth random
 elastic displacement field (Simard et al. 2003), seeded by ``--deformation_seed`` only, so the same clients come
-back for every run. The test set is the base set's untouched test split. Model and optimiser are MNIST's.
+back for every run (250K clients: about 70 s and 196 MB of uint8 on 2 CPU cores). The test set is the base set's
+untouched test split. Model and optimiser are MNIST's.
 
     python -m examples.federated_mnist --num_clients=250000 --epsilon=0.4
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import tensorflow as tf

@@ -44,6 +44,7 @@ from absl import logging
 from examples import datasets
 from keras_dyndp import callbacks as dp_callbacks
 from keras_dyndp import data as dp_data
+from keras_dyndp import fast_path
 from keras_dyndp import optimizers as dp_optimizers
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
@@ -240,8 +241,6 @@ def compile_model(model: tf.keras.Model, task: Task, optimizer: tf.keras.optimiz
     """Compiles `model` and, for DP runs with --per_example=fast, switches it to the fast per-example path."""
     loss, metric = make_loss_and_metric(task, private)
     if private and FLAGS.per_example == "fast":
-        from keras_dyndp import fast_path
-
         model = fast_path.make_private(model)
     model.compile(optimizer=optimizer, loss=loss, metrics=[metric])
     return model
