@@ -20,6 +20,7 @@ callbacks, data helpers, `make_private`) are imported on first use, so `keras_dy
 
 import importlib
 
+from keras_dyndp.schedules import CalibrationError
 from keras_dyndp.schedules import DPSchedule
 from keras_dyndp.schedules import calibrate
 from keras_dyndp.schedules import calibrate_shape
@@ -43,6 +44,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "CalibrationError",
     "DPSchedule",
     "GdpCltAccountant",
     "__version__",

@@ -21,6 +21,7 @@ pass ``accountant='rdp'`` (or ``'pld'``) to calibrate against a rigorous account
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Callable, Sequence, Union
@@ -36,6 +37,11 @@ from keras_dyndp.accounting import registry
 from keras_dyndp import validation
 
 METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
+
+
+class CalibrationError(ValueError):
+    """No schedule of the requested shape meets the target budget under the chosen accountant."""
+
 
 ArrayOrFn = Union[Sequence[float], np.ndarray, Callable[[np.ndarray], np.ndarray]]
 
@@ -261,21 +267,32 @@ def _rigorous_scale(
     make_schedule: Callable[[float], DPSchedule], target_epsilon: float, target_delta: float,
     accountant: str, initial: float,
 ) -> DPSchedule:
-    """Largest mu_0 whose schedule's rigorous epsilon is <= target (bracketed search, safe side)."""
+    """Largest mu_0 whose schedule's rigorous epsilon is <= target (bracketed search, then the safe side).
 
+    Epsilon increases with mu_0. The search starts at the GDP-CLT solution `initial`, widens a bracket in steps
+    that double (rigorous accountants usually need a little more noise than the CLT), finds the root with brentq
+    and finally steps mu_0 down until the target is met, as dp_accounting's `calibrate_dp_mechanism` does.
+    """
+
+    @functools.lru_cache(maxsize=None)
     def excess(log_mu0: float) -> float:
-        return make_schedule(math.exp(log_mu0)).epsilon(target_delta, accountant) - target_epsilon
+        spent = make_schedule(math.exp(log_mu0)).epsilon(target_delta, accountant)
+        return min(spent, 1e6) - target_epsilon  # brentq needs finite values.
 
-    low = high = math.log(initial)
-    while excess(low) > 0:
-        low -= 1.0
-    while excess(high) <= 0:
-        high += 1.0
-        if high > math.log(1e6):
-            raise ValueError("Calibration found no noise level exceeding the budget; check the arguments.")
-    log_mu0 = optimize.brentq(excess, low, high, xtol=1e-10)
+    start, width = math.log(initial), 0.125
+    low, high = (start - width, start) if excess(start) > 0 else (start, start + width)
+    for _ in range(60):
+        if excess(low) <= 0 < excess(high):
+            break
+        width *= 2
+        low, high = (low - width, low) if excess(low) > 0 else (high, high + width)
+    else:
+        raise CalibrationError(
+            f"No noise level meets target_epsilon={target_epsilon} under the {accountant!r} accountant."
+        )
+    log_mu0 = optimize.brentq(excess, low, high, xtol=1e-9)
     while excess(log_mu0) > 0:
-        log_mu0 -= 1e-10
+        log_mu0 -= 1e-9
     return make_schedule(math.exp(log_mu0))
 
 
