@@ -27,6 +27,8 @@ from absl import flags
 from examples import datasets
 from examples import training
 
+flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+
 flags.DEFINE_string("chest_xray_dir", None, "Folder with train/{NORMAL,PNEUMONIA} and test/{NORMAL,PNEUMONIA}.")
 flags.DEFINE_integer("image_size", 128, "Images are resized to image_size x image_size.")
 flags.DEFINE_float("vgg_width", 1.0, "Multiplier of every VGG-11 layer width (1.0: the real VGG-11).")

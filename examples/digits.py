@@ -8,7 +8,7 @@ A fixed stratified split (seed 0) keeps 1437 images for training and 360 for tes
 
     python -m examples.digits                         # dynamic DP-SGD, epsilon 3
     python -m examples.digits --method=vanilla        # constant clip and noise, same budget
-    python -m examples.digits --method=nonprivate
+    python -m examples.digits --method=nonprivate --learning_rate=0.3   # lr 1.0 is unstable without clipping
     python -m examples.digits --epsilon=1 --model_dir=/tmp/digits   # rerun to resume from the checkpoint
 
 With only 1437 training examples a small epsilon costs more accuracy than on MNIST's 60000: the noise on the
@@ -17,9 +17,12 @@ clipped sum is the same while the signal (the expected batch) is 40 times smalle
 
 import numpy as np
 import tensorflow as tf
+from absl import flags
 
 from examples import datasets
 from examples import training
+
+flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
 
 def load_data() -> datasets.TaskData:

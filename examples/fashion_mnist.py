@@ -13,9 +13,13 @@ Data, first found wins (nothing is downloaded):
 
 import os
 
+from absl import flags
+
 from examples import datasets
 from examples import mnist
 from examples import training
+
+flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 

@@ -45,6 +45,8 @@ from examples import fashion_mnist
 from examples import mnist
 from examples import training
 
+flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+
 flags.DEFINE_enum("base", "auto", ["auto", "mnist", "fashion_mnist", "digits"],
                   "Base image set the clients' images are generated from (auto: the first available of mnist, "
                   "fashion_mnist, digits).")

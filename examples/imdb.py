@@ -29,6 +29,8 @@ from absl import flags
 from examples import datasets
 from examples import training
 
+flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+
 flags.DEFINE_string("imdb_dir", None, "Extracted aclImdb folder (train/{pos,neg}, test/{pos,neg} of .txt files).")
 flags.DEFINE_string("vocabulary_file", None,
                     "Vocabulary, one token per line, from public data. Default: learnt from the training reviews "

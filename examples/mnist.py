@@ -25,6 +25,8 @@ from absl import flags
 from examples import datasets
 from examples import training
 
+flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+
 flags.DEFINE_string("idx_dir", None,
                     "Folder with the four (Fashion-)MNIST IDX files, plain or .gz. Default: searched (see --help).")
 

@@ -28,6 +28,8 @@ from absl import flags
 from examples import datasets
 from examples import training
 
+flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+
 flags.DEFINE_string("names_dir", None, "Folder of <Language>.txt files, one name per line.")
 flags.DEFINE_integer("max_name_length", 20, "Names are cut to this many characters.")
 

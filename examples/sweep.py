@@ -48,6 +48,8 @@ from examples import mnist
 from examples import names
 from examples import training
 
+flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+
 TASK_MODULES = {module.__name__.rsplit(".", 1)[1]: module
                 for module in (digits, mnist, fashion_mnist, imdb, names, chest_xray, federated_mnist)}
 TASKS = tuple(TASK_MODULES)

@@ -26,21 +26,32 @@ from absl import flags
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
 
+# The command's own flag registry, so that importing this module beside an example trainer (which defines flags of
+# the same names on absl's global registry) cannot clash.
+_FLAGS = flags.FlagValues()
 _METHOD = flags.DEFINE_string(
-    "method", "all", f"Comma-separated methods among {privacy_report.ALL_METHODS}, or 'all'.")
-_EPSILON = flags.DEFINE_float("epsilon", None, "Target epsilon of the run (spec mode).")
-_DELTA = flags.DEFINE_float("delta", None, "Target delta; default 1 / (10 num_examples), the paper's choice.")
-_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None, "Training set size N (spec mode).")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Expected batch size; p = batch_size / num_examples.")
-_EPOCHS = flags.DEFINE_float("epochs", None, "Epochs; T = ceil(epochs * N / batch_size). Or give --steps.")
-_STEPS = flags.DEFINE_integer("steps", None, "Number of steps T (instead of --epochs).")
-_RHO_MU = flags.DEFINE_float("rho_mu", 1.0, "mu_T / mu_0 >= 1 (also the zcdp/tcdp noise decay z_0 / z_T).")
-_RHO_C = flags.DEFINE_float("rho_c", 1.0, "C_0 / C_T >= 1.")
-_INITIAL_CLIP = flags.DEFINE_float("initial_clip", 1.0, "Initial clipping norm C_0.")
-_SCHEDULE_JSON = flags.DEFINE_string("schedule_json", None, "Path of a saved DPSchedule.to_json() file.")
-_ACCOUNTANTS = flags.DEFINE_list("accountants", list(privacy_report.ACCOUNTANTS), "Accountants to report.")
-_NUM_POINTS = flags.DEFINE_integer("num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.")
-_PLOT_DIR = flags.DEFINE_string("plot_dir", None, "Directory for the PNG plots (created if missing).")
+    "method", "all", f"Comma-separated methods among {privacy_report.ALL_METHODS}, or 'all'.", flag_values=_FLAGS)
+_EPSILON = flags.DEFINE_float("epsilon", None, "Target epsilon of the run (spec mode).", flag_values=_FLAGS)
+_DELTA = flags.DEFINE_float("delta", None, "Target delta; default 1 / (10 num_examples), the paper's choice.",
+    flag_values=_FLAGS)
+_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None, "Training set size N (spec mode).", flag_values=_FLAGS)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Expected batch size; p = batch_size / num_examples.",
+    flag_values=_FLAGS)
+_EPOCHS = flags.DEFINE_float("epochs", None, "Epochs; T = ceil(epochs * N / batch_size). Or give --steps.",
+    flag_values=_FLAGS)
+_STEPS = flags.DEFINE_integer("steps", None, "Number of steps T (instead of --epochs).", flag_values=_FLAGS)
+_RHO_MU = flags.DEFINE_float("rho_mu", 1.0, "mu_T / mu_0 >= 1 (also the zcdp/tcdp noise decay z_0 / z_T).",
+    flag_values=_FLAGS)
+_RHO_C = flags.DEFINE_float("rho_c", 1.0, "C_0 / C_T >= 1.", flag_values=_FLAGS)
+_INITIAL_CLIP = flags.DEFINE_float("initial_clip", 1.0, "Initial clipping norm C_0.", flag_values=_FLAGS)
+_SCHEDULE_JSON = flags.DEFINE_string("schedule_json", None, "Path of a saved DPSchedule.to_json() file.",
+    flag_values=_FLAGS)
+_ACCOUNTANTS = flags.DEFINE_list("accountants", list(privacy_report.ACCOUNTANTS), "Accountants to report.",
+    flag_values=_FLAGS)
+_NUM_POINTS = flags.DEFINE_integer("num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.",
+    flag_values=_FLAGS)
+_PLOT_DIR = flags.DEFINE_string("plot_dir", None, "Directory for the PNG plots (created if missing).",
+    flag_values=_FLAGS)
 
 _EXIT_BAD_SPEC = 2
 
@@ -56,6 +67,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
         remaining = flags.FLAGS(argv)
     except flags.Error as error:
         _fail(str(error).splitlines()[0])
+    _FLAGS.mark_as_parsed()  # Its flags were parsed through the global registry they were appended to.
     if len(remaining) > 1:
         _fail(f"unexpected positional arguments: {' '.join(remaining[1:])}")
     return remaining
@@ -126,6 +138,7 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """Console entry point `dyndp-privacy`."""
+    flags.FLAGS.append_flag_values(_FLAGS)  # Only in this program's process, so --help lists them.
     app.run(main, flags_parser=_parse_flags)
 
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from absl import flags
 
 from keras_dyndp import schedules
 
@@ -50,3 +51,12 @@ def test_bad_spec_exits_2_with_one_line(tmp_path, args, message):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("dyndp-privacy: error:") and message in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_flags_live_in_their_own_registry_beside_the_example_trainers():
+    import examples.training  # Defines --epsilon, --method, ... on absl's global registry.
+    from keras_dyndp import privacy
+
+    assert "epsilon" in privacy._FLAGS  # pylint: disable=protected-access
+    assert flags.FLAGS["epsilon"] is not privacy._FLAGS["epsilon"]  # pylint: disable=protected-access
+    del examples

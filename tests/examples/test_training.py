@@ -113,3 +113,8 @@ def test_command_line_error_has_no_traceback():
     assert "Traceback" not in completed.stderr
     assert completed.stderr.strip().splitlines()[-1] == (
         "digits.py: error: flag --rho_c=0.3: --rho_c must be >= 1 (the paper's 1/rho_c is in (0, 1]).")
+
+
+def test_generic_jacobian_path_runs():
+    result = _train(per_example="jacobian", batch_size=16, max_steps=2)
+    assert result.steps == 2 and result.epsilon_gdp_clt > 0
