@@ -15,7 +15,8 @@ every row alike. Paths:
   Embedding; other layers take TF-Privacy's own fallback), ``use_xla=False``.
 
 Warm-up steps (tracing, first runs) are excluded. Each repetition runs every path once, in the same order, and
-the table reports the median over repetitions of the mean step time within one repetition. Slow paths (the
+the table reports the median over repetitions of the mean step time within one repetition and, as the ratio to
+``nonprivate``, the median over repetitions of the ratio of the two within one repetition. Slow paths (the
 jacobian, TF-Privacy's microbatches, the vectorized path (a sequential tf.map_fn for the LSTM) and XLA, which
 is slow on this CPU) run ``--slow_steps`` steps per repetition.
 
@@ -270,22 +271,21 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
                 peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
                 runner.peak_memory_mib = max(runner.peak_memory_mib or 0.0, peak)
         print(f"[{model_name}] repetition {repeat + 1}/{FLAGS.repeats} done")
-    baseline = None
+    baseline_times = next((r.times for r in runners if not isinstance(r, dict) and r.path == "nonprivate"), None)
     rows = []
     for runner in runners:
         if isinstance(runner, dict):
             rows.append(dict(model=model_name, path=runner["path"], seconds_per_step=None, ratio=None,
                              peak_memory_mib=None, note=f"failed: {runner['error']}"))
             continue
-        median = statistics.median(runner.times)
-        if runner.path == "nonprivate":
-            baseline = median
-        rows.append(dict(model=model_name, path=runner.path, seconds_per_step=median, ratio=None,
-                         peak_memory_mib=runner.peak_memory_mib,
+        ratio = None
+        if baseline_times:
+            # Median over repetitions of the ratio within one repetition: steadier than a ratio of medians when
+            # the load on the machine drifts between repetitions.
+            ratio = statistics.median(t / b for t, b in zip(runner.times, baseline_times))
+        rows.append(dict(model=model_name, path=runner.path, seconds_per_step=statistics.median(runner.times),
+                         ratio=ratio, peak_memory_mib=runner.peak_memory_mib,
                          note=f"{len(runner.times)} x {FLAGS.slow_steps if runner.path in SLOW_PATHS else FLAGS.steps} steps"))
-    for row in rows:
-        if baseline and row["seconds_per_step"] is not None:
-            row["ratio"] = row["seconds_per_step"] / baseline
     return rows
 
 

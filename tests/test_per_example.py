@@ -118,6 +118,18 @@ def test_clipped_sum_matches_reference(case, method):
     assert np.all(norms.numpy()[WEIGHTS == 0] == 0)
 
 
+def test_ghost_path_compiles_with_xla(case):
+    name, model, x, y, clip_norm, (expected_sums, expected_norms) = case
+    if name not in ("cnn", "text"):
+        pytest.skip("One conv and one embedding model keep the test short.")
+    step = tf.function(lambda: per_example.clipped_gradient_sum(
+        model, LOSS, x, y, tf.constant(WEIGHTS), clip_norm, model.trainable_variables), jit_compile=True)
+    sums, norms = step()
+    assert_close(norms, expected_norms)
+    for actual, expected in zip(sums, expected_sums):
+        assert_close(actual, expected)
+
+
 def test_ghost_rules_cover_models(case):
     name, model, *_ = case
     assert per_example.ghost_supported(model, model.trainable_variables) == (name != "without_rule")
@@ -173,3 +185,35 @@ def test_zero_clip_norm_gives_zero_sums_and_scalar_loss_is_refused():
 def test_clip_factors():
     factors = per_example.clip_factors(tf.constant([0.0, 0.5, 2.0]), 1.0).numpy()
     np.testing.assert_allclose(factors, [1.0, 1.0, 0.5])
+
+
+@pytest.mark.parametrize("positions,fan_in,fan_out", [(2, 64, 64), (5, 3, 4), (4, 300, 300)])
+def test_bilinear_norms_and_sum_gram_and_materialised_forms(positions, fan_in, fan_out):
+    """(2, 64, 64) and (4, 300, 300) (too large to materialise) take the Gram form, (5, 3, 4) the other."""
+    rng = np.random.default_rng(2)
+    a = rng.normal(size=(3, positions, fan_in)).astype(np.float32)
+    g = rng.normal(size=(3, positions, fan_out)).astype(np.float32)
+    factors = np.array([0.5, 1.0, 0.0], np.float32)
+    per_example_grads = np.einsum("btk,btc->bkc", a.astype(np.float64), g.astype(np.float64))
+    squared, kernel_sum = per_example._bilinear_norms_and_sum(tf.constant(a), tf.constant(g))
+    assert_close(squared, np.sum(per_example_grads**2, axis=(1, 2)))
+    assert_close(kernel_sum(tf.constant(factors)), np.einsum("b,bkc->kc", factors, per_example_grads))
+
+
+@pytest.mark.parametrize("shape,kernel,strides,dilation,padding", [
+    ((2, 9, 8, 3), (3, 2), (2, 2), (1, 1), "same"),
+    ((1, 10, 7, 2), (3, 3), (1, 1), (2, 2), "valid"),
+    ((2, 11, 11, 1), (4, 4), (3, 2), (1, 1), "same"),
+])
+def test_image_patches_match_extract_patches(shape, kernel, strides, dilation, padding):
+    layer = tf.keras.layers.Conv2D(2, kernel, strides=strides, dilation_rate=dilation, padding=padding)
+    inputs = tf.constant(np.random.default_rng(3).normal(size=shape), tf.float32)
+    expected = tf.image.extract_patches(
+        inputs, [1, *kernel, 1], [1, *strides, 1], [1, *dilation, 1], padding.upper())
+    actual = per_example._image_patches(layer, inputs)
+    np.testing.assert_array_equal(actual.numpy(), tf.reshape(expected, actual.shape).numpy())
+    # An unknown image size takes tf.image.extract_patches.
+    unknown_size = tf.function(
+        lambda t: per_example._image_patches(layer, t),
+        input_signature=[tf.TensorSpec([None, None, None, shape[-1]], tf.float32)])
+    np.testing.assert_array_equal(unknown_size(inputs).numpy(), actual.numpy())
