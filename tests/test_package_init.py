@@ -1,0 +1,29 @@
+"""Tests for the top-level keras_dyndp namespace."""
+
+import subprocess
+import sys
+
+import pytest
+
+import keras_dyndp
+
+
+def test_import_and_accounting_do_not_load_tensorflow():
+    code = (
+        "import sys, keras_dyndp, keras_dyndp.accounting, keras_dyndp.privacy; "
+        "print('tensorflow' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name", keras_dyndp.__all__)
+def test_every_public_name_resolves_and_is_documented(name):
+    value = getattr(keras_dyndp, name)
+    if name != "__version__":
+        assert value.__doc__
+
+
+def test_unknown_attribute_raises():
+    with pytest.raises(AttributeError, match="no attribute 'DPKerasSGD'"):
+        keras_dyndp.DPKerasSGD  # pylint: disable=pointless-statement
