@@ -186,12 +186,17 @@ def _dense_call(tap: _Tap) -> Callable:
             raise _UnsupportedModel(f"Dense {layer.name!r} received a non-dense input")
         inputs = tf.cast(inputs, layer.kernel.dtype)
         z = tf.tensordot(inputs, layer.kernel, axes=[[inputs.shape.rank - 1], [0]])
-        if layer.use_bias:
-            z = z + layer.bias
-        tap.record(inputs, z)
-        return layer.activation(z) if layer.activation is not None else z
+        return _record_and_activate(tap, inputs, z)
 
     return call
+
+
+def _record_and_activate(tap: _Tap, inputs: tf.Tensor, kernel_output: tf.Tensor) -> tf.Tensor:
+    """Adds the bias, records (inputs, pre-activation) for the norms, and applies the activation."""
+    layer = tap.layer
+    z = kernel_output + layer.bias if layer.use_bias else kernel_output
+    tap.record(inputs, z)
+    return layer.activation(z) if layer.activation is not None else z
 
 
 def _conv2d_call(tap: _Tap) -> Callable:
@@ -206,10 +211,7 @@ def _conv2d_call(tap: _Tap) -> Callable:
             padding=layer.padding.upper(),
             dilations=(1,) + tuple(layer.dilation_rate) + (1,),
         )
-        if layer.use_bias:
-            z = z + layer.bias
-        tap.record(inputs, z)
-        return layer.activation(z) if layer.activation is not None else z
+        return _record_and_activate(tap, inputs, z)
 
     return call
 
