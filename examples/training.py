@@ -242,7 +242,8 @@ def compile_model(model: tf.keras.Model, task: Task, optimizer: tf.keras.optimiz
     loss, metric = make_loss_and_metric(task, private)
     if private and FLAGS.per_example == "fast":
         model = fast_path.make_private(model)
-    model.compile(optimizer=optimizer, loss=loss, metrics=[metric])
+    # weighted_metrics: Poisson batches are padded with zero-weight rows, which plain `metrics` would count.
+    model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[metric])
     return model
 
 
