@@ -89,13 +89,12 @@ def _private_train_step(self: tf.keras.Model, data) -> dict[str, tf.Tensor]:
     x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
     optimizer = _dp_optimizer(self)
     loss_fn = _per_example_loss_fn(self)
-    _check_no_regularization(self)
     var_list = self.trainable_variables
     clip_norm = optimizer.current_clip_norm()
     sums, _, y_pred, losses = per_example.clipped_gradient_sum_with_outputs(
         self, loss_fn, x, y, sample_weight, clip_norm, var_list, method=self._keras_dyndp_method
     )
-    _check_no_regularization(self)
+    _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
     optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list)
     self.compute_loss(x, y, y_pred, sample_weight)
     return self.compute_metrics(x, y, y_pred, sample_weight)

@@ -50,23 +50,6 @@ class _UnsupportedModel(Exception):
     """Raised while tracing the ghost path when the model needs the vectorized path instead."""
 
 
-def clip_factors(norms: tf.Tensor, clip_norm: tf.Tensor | float) -> tf.Tensor:
-    """Per-example clipping factors ``min(1, clip_norm / norms)``, as ``clip_by_global_norm_per_example``.
-
-    ``clip_norm / max(norm, clip_norm)``: 1 for a zero gradient (no 0/0) and 0 for every example when
-    ``clip_norm`` is 0 (the optimizers' data-independent step once the budget is spent).
-
-    Args:
-        norms: float32 tensor [B] of per-example gradient L2 norms.
-        clip_norm: scalar clipping bound C >= 0.
-
-    Returns:
-        float32 tensor [B] of factors in [0, 1].
-    """
-    clip_norm = tf.cast(clip_norm, norms.dtype)
-    return tf.math.divide_no_nan(clip_norm, tf.maximum(norms, clip_norm))
-
-
 def per_example_loss(
     loss_fn: Callable[[Any, Any], tf.Tensor], y: Any, y_pred: Any, sample_weight: tf.Tensor | None
 ) -> tf.Tensor:
@@ -592,7 +575,7 @@ def _ghost(
     if missing:
         raise _UnsupportedModel(f"variables not reached by a ghost rule: {missing}")
     norms = tf.sqrt(tf.maximum(squared, 0.0))
-    factors = clip_factors(norms, clip_norm)
+    factors = clip_and_noise.clip_factors(norms, clip_norm)
     sums = [makers[id(v)](factors) for v in var_list]
     return sums, norms, y_pred, losses
 

@@ -182,11 +182,6 @@ def test_zero_clip_norm_gives_zero_sums_and_scalar_loss_is_refused():
         per_example.clipped_gradient_sum(model, LOSS, x, y, None, 1.0, model.trainable_variables, method="x")
 
 
-def test_clip_factors():
-    factors = per_example.clip_factors(tf.constant([0.0, 0.5, 2.0]), 1.0).numpy()
-    np.testing.assert_allclose(factors, [1.0, 1.0, 0.5])
-
-
 @pytest.mark.parametrize("positions,fan_in,fan_out", [(2, 64, 64), (5, 3, 4), (4, 300, 300)])
 def test_bilinear_norms_and_sum_gram_and_materialised_forms(positions, fan_in, fan_out):
     """(2, 64, 64) and (4, 300, 300) (too large to materialise) take the Gram form, (5, 3, 4) the other."""

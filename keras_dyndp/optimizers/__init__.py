@@ -2,6 +2,7 @@
 
 from keras_dyndp.optimizers.clip_and_noise import add_gaussian_noise
 from keras_dyndp.optimizers.clip_and_noise import clip_by_global_norm_per_example
+from keras_dyndp.optimizers.clip_and_noise import clip_factors
 from keras_dyndp.optimizers.clip_and_noise import per_example_global_norms
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdam
@@ -16,6 +17,7 @@ __all__ = [
     "DynamicDPKerasSGD",
     "add_gaussian_noise",
     "clip_by_global_norm_per_example",
+    "clip_factors",
     "make_dynamic_dp_optimizer_class",
     "per_example_global_norms",
 ]

@@ -48,6 +48,23 @@ def per_example_global_norms(per_example_grads: Sequence[Optional[tf.Tensor]]) -
     return tf.sqrt(tf.add_n(squares))
 
 
+def clip_factors(norms: tf.Tensor, clip_norm: tf.Tensor | float) -> tf.Tensor:
+    """Per-example clipping factors min(1, clip_norm / norms), computed as clip_norm / max(norm, clip_norm).
+
+    A zero gradient gets factor 1 (no 0/0), and `clip_norm` = 0 gives factor 0 for every example (the optimizers'
+    data-independent step once the budget is spent).
+
+    Args:
+      norms: tensor [N] of per-example global L2 norms.
+      clip_norm: the clipping threshold C >= 0, a scalar.
+
+    Returns:
+      Tensor [N] of factors in [0, 1], of the dtype of `norms`.
+    """
+    clip_norm = tf.cast(clip_norm, norms.dtype)
+    return tf.math.divide_no_nan(clip_norm, tf.maximum(norms, clip_norm))
+
+
 def clip_by_global_norm_per_example(
     per_example_grads: Sequence[Optional[tf.Tensor]], clip_norm: tf.Tensor | float
 ) -> tuple[list[Optional[tf.Tensor]], tf.Tensor]:
@@ -67,8 +84,7 @@ def clip_by_global_norm_per_example(
       `None`); `norms` is the float32 tensor [N] of unclipped global norms.
     """
     norms = per_example_global_norms(per_example_grads)
-    clip_norm = tf.cast(clip_norm, tf.float32)
-    factors = tf.math.divide_no_nan(clip_norm, tf.maximum(norms, clip_norm))
+    factors = clip_factors(norms, clip_norm)
     clipped_sums = [
         None if grad is None else tf.tensordot(tf.cast(factors, grad.dtype), grad, axes=1)
         for grad in per_example_grads

@@ -59,3 +59,9 @@ def test_noise_has_absolute_stddev():
     assert noised[1].dtype == tf.float64
     assert np.std(noised[0].numpy()) == pytest.approx(2.5, rel=0.05)
     assert abs(np.mean(noised[0].numpy())) < 0.1
+
+
+def test_clip_factors_are_zero_safe_and_zero_at_zero_clip():
+    norms = tf.constant([0.0, 0.5, 2.0])
+    np.testing.assert_allclose(clip_and_noise.clip_factors(norms, 1.0).numpy(), [1.0, 1.0, 0.5])
+    np.testing.assert_allclose(clip_and_noise.clip_factors(norms, 0.0).numpy(), [0.0, 0.0, 0.0])
