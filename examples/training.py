@@ -6,7 +6,8 @@ model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
 1. reads the shared flags below (a flag left unset takes the task's default);
 2. calibrates the `keras_dyndp.schedules.DPSchedule` of the run: p = batch_size / N, T = ceil(epochs N /
    batch_size), C_t and sigma_t from ``--method``, ``--epsilon``, ``--delta`` (default 1 / (10 N)), ``--rho_mu``,
-   ``--rho_c`` and ``--initial_clip``, met exactly under the paper's GDP-CLT accountant (``--accountant``);
+   ``--rho_c`` and ``--initial_clip``, met exactly under the paper's GDP-CLT accountant (``--accountant``); the
+   baselines ``--method=zcdp`` / ``tcdp`` (constant clip, noise decaying by ``--rho_mu``) under their own;
 3. trains with ``model.fit`` on Poisson-sampled batches (``--sampling=poisson``, what the accountants assume)
    with a `DynamicDPKeras*` optimizer, `PrivacyLogger` and `BudgetStop`, per-example clipping through the fast
    path (`keras_dyndp.fast_path.make_private`) or the optimizer's generic jacobian path (``--per_example``);
@@ -45,13 +46,15 @@ from examples import datasets
 from keras_dyndp import callbacks as dp_callbacks
 from keras_dyndp import data as dp_data
 from keras_dyndp import fast_path
+from keras_dyndp import baselines
 from keras_dyndp import optimizers as dp_optimizers
+from keras_dyndp import privacy_report as dp_privacy_report
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
 
 FLAGS = flags.FLAGS
 
-METHODS = ("nonprivate",) + schedules.METHODS
+METHODS = ("nonprivate",) + dp_privacy_report.ALL_METHODS
 OPTIMIZERS = {
     "sgd": (tf.keras.optimizers.SGD, dp_optimizers.DynamicDPKerasSGD),
     "adam": (tf.keras.optimizers.Adam, dp_optimizers.DynamicDPKerasAdam),
@@ -61,12 +64,15 @@ OPTIMIZERS = {
 
 flags.DEFINE_enum("method", "dynamic", METHODS,
                   "nonprivate: plain training; vanilla: constant C and sigma (Abadi et al. with the GDP-CLT); "
-                  "growing_mu, sensitivity_decay, dynamic: the paper's schedules (Alg. 1, Eq. 15-17, Alg. 2).")
+                  "growing_mu, sensitivity_decay, dynamic: the paper's schedules (Alg. 1, Eq. 15-17, Alg. 2); "
+                  "zcdp, tcdp: the paper's noise-decay baselines (Table 1), constant clip, each calibrated by its "
+                  "own accountant (keras_dyndp.baselines).")
 flags.DEFINE_float("epsilon", None, "Target epsilon of the whole run, > 0. Default: the task's.")
 flags.DEFINE_float("delta", None, "Target delta in (0, 1). Default: 1 / (10 N), N = number of training examples.")
 flags.DEFINE_float("rho_mu", None,
-                   "Growth of the per-step privacy mu_T / mu_0, >= 1 (growing_mu, dynamic). The paper states it "
-                   "as 1/rho_mu in {0.1, ..., 0.8}: --rho_mu=1.25 is 1/rho_mu = 0.8. Default: the task's.")
+                   "Growth of the per-step privacy mu_T / mu_0, >= 1 (growing_mu, dynamic; for zcdp and tcdp the "
+                   "noise decay z_0 / z_T). The paper states it as 1/rho_mu in {0.1, ..., 0.8}: --rho_mu=1.25 is "
+                   "1/rho_mu = 0.8. Default: the task's.")
 flags.DEFINE_float("rho_c", None,
                    "Decay of the clipping norm C_0 / C_T, >= 1 (sensitivity_decay, dynamic). The paper's 1/rho_c "
                    "= 0.3 is --rho_c=3.3333. Default: the task's.")
@@ -85,7 +91,8 @@ flags.DEFINE_enum("sampling", None, ["poisson", "shuffle"],
                   "Batching. poisson (default for DP): what the accountants assume. shuffle (default for "
                   "nonprivate): shuffle-and-slice, for which the reported epsilon is only an approximation.")
 flags.DEFINE_enum("accountant", "gdp_clt", list(registry.ACCOUNTANT_NAMES),
-                  "Accountant the budget is calibrated under: gdp_clt (the paper's), or rigorous rdp / pld.")
+                  "Accountant the budget is calibrated under: gdp_clt (the paper's), or rigorous rdp / pld. "
+                  "Not for --method=zcdp / tcdp, which use their own.")
 flags.DEFINE_enum("report_accountant", "rdp", ["rdp", "pld"],
                   "Rigorous accountant reported beside the GDP-CLT (rdp is fast; pld is tighter and slower).")
 flags.DEFINE_enum("per_example", "fast", ["fast", "jacobian"],
@@ -185,6 +192,12 @@ def resolve_config(task: Task, num_train: int) -> RunConfig:
     batch_size = _flag_or("batch_size", task.batch_size)
     if batch_size > num_train:
         raise FlagError(f"--batch_size must be <= N = {num_train} (training examples). Received: {batch_size}.")
+    accountant = FLAGS.accountant
+    if method in dp_privacy_report.BASELINES:
+        if not FLAGS["accountant"].using_default_value and accountant != method:
+            raise FlagError(f"--method={method} is calibrated by its own accountant; --accountant applies to "
+                            f"{', '.join(schedules.METHODS)}. Received: --accountant={accountant}.")
+        accountant = method
     return RunConfig(
         task=task.name,
         method=method,
@@ -198,7 +211,7 @@ def resolve_config(task: Task, num_train: int) -> RunConfig:
         epochs=_flag_or("epochs", task.epochs),
         batch_size=batch_size,
         sampling=_flag_or("sampling", "shuffle" if method == "nonprivate" else "poisson"),
-        accountant=FLAGS.accountant,
+        accountant=accountant,
         seed=FLAGS.seed,
     )
 
@@ -209,6 +222,12 @@ def make_schedule(config: RunConfig, num_train: int) -> tuple[schedules.DPSchedu
         p, num_steps = schedules.sampling_from_epochs(num_train, config.batch_size, epochs=config.epochs)
         if not config.private:
             return None, p, num_steps
+        if config.method in dp_privacy_report.BASELINES:
+            schedule = dp_privacy_report.build_schedules(
+                target_epsilon=config.epsilon, target_delta=config.delta, sampling_probability=p,
+                num_steps=num_steps, initial_clip=config.initial_clip, rho_mu=config.rho_mu,
+                methods=(config.method,))[config.method]
+            return schedule, p, num_steps
         schedule = schedules.calibrate(
             config.method, target_epsilon=config.epsilon, target_delta=config.delta, sampling_probability=p,
             num_steps=num_steps, initial_clip=config.initial_clip, rho_mu=config.rho_mu, rho_c=config.rho_c,
@@ -377,8 +396,12 @@ def privacy_report(config: RunConfig, schedule: schedules.DPSchedule | None, ste
         f"  epsilon at delta = {config.delta:.3g}:",
         f"    GDP-CLT (the paper's accountant; an approximation that can understate): {eps_clt:.4f}",
         f"    {rigorous.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
-        f"  budget calibrated under {config.accountant}: target epsilon {config.epsilon:g}",
     ]
+    if config.method in dp_privacy_report.BASELINES:
+        taken_steps = min(steps, schedule.num_steps)
+        eps_own = baselines.baseline_epsilon(config.method, schedule, config.delta, taken_steps) if taken_steps else 0.0
+        lines.append(f"    {config.method} (the baseline's own accountant): {eps_own:.4f}")
+    lines.append(f"  budget calibrated under {config.accountant}: target epsilon {config.epsilon:g}")
     if config.sampling == "shuffle":
         lines.append("  NOTE: shuffled batches; these epsilons assume Poisson sampling and are approximate.")
     if config.seed is not None:

@@ -263,10 +263,21 @@ def tcdp_schedule(
     return _schedule(initial_clip, math.exp(high) * shape, p)
 
 
-def baseline_epsilon(name: str, schedule: schedules.DPSchedule, delta: float) -> float:
-    """Epsilon of `schedule` under a baseline's own accountant: name 'zcdp' or 'tcdp'."""
+def baseline_epsilon(name: str, schedule: schedules.DPSchedule, delta: float,
+                     steps: Optional[int] = None) -> float:
+    """Epsilon of `schedule` under a baseline's own accountant: name 'zcdp' or 'tcdp'.
+
+    Args:
+      name: 'zcdp' or 'tcdp'.
+      schedule: the schedule whose noise multipliers are accounted.
+      delta: in (0, 1).
+      steps: account only the first `steps` steps (1 <= steps <= T); None: all T.
+    """
+    if steps is not None and not 1 <= steps <= schedule.num_steps:
+        raise ValueError(f"`steps` must be in [1, {schedule.num_steps}]. Received: steps={steps}.")
+    multipliers = schedule.noise_multipliers[:steps]
     if name == "zcdp":
-        return zcdp_epsilon(schedule.noise_multipliers, delta)
+        return zcdp_epsilon(multipliers, delta)
     if name == "tcdp":
-        return tcdp_epsilon(schedule.sampling_probability, schedule.noise_multipliers, delta)
+        return tcdp_epsilon(schedule.sampling_probability, multipliers, delta)
     raise ValueError(f"`name` must be 'zcdp' or 'tcdp'. Received: name={name!r}.")

@@ -94,3 +94,14 @@ def test_bad_accounting_arguments():
         baselines.zcdp_rho([1.0], steps_per_epoch=0)
     with pytest.raises(ValueError, match="name"):
         baselines.baseline_epsilon("rdp", baselines.zcdp_schedule(1.0, DELTA, P, 10, 1.0), DELTA)
+    with pytest.raises(ValueError, match=r"`steps` must be in \[1, 10\]"):
+        baselines.baseline_epsilon("zcdp", baselines.zcdp_schedule(1.0, DELTA, P, 10, 1.0), DELTA, steps=11)
+
+
+@pytest.mark.parametrize("name", ["zcdp", "tcdp"])
+def test_baseline_epsilon_of_a_prefix_grows_to_the_target(name):
+    builder = baselines.zcdp_schedule if name == "zcdp" else baselines.tcdp_schedule
+    schedule = builder(1.0, DELTA, P, 50, 1.0)
+    epsilons = [baselines.baseline_epsilon(name, schedule, DELTA, steps=steps) for steps in (1, 10, 25, 50)]
+    assert epsilons == sorted(epsilons) and epsilons[0] < epsilons[-1]
+    assert epsilons[-1] == baselines.baseline_epsilon(name, schedule, DELTA) <= 1.0  # tCDP can stop below: jumps.

