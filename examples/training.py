@@ -43,10 +43,10 @@ from absl import flags
 from absl import logging
 
 from examples import datasets
+from keras_dyndp import baselines
 from keras_dyndp import callbacks as dp_callbacks
 from keras_dyndp import data as dp_data
 from keras_dyndp import fast_path
-from keras_dyndp import baselines
 from keras_dyndp import optimizers as dp_optimizers
 from keras_dyndp import privacy_report as dp_privacy_report
 from keras_dyndp import schedules
