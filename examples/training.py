@@ -387,19 +387,19 @@ def privacy_report(config: RunConfig, schedule: schedules.DPSchedule | None, ste
     rigorous = FLAGS.report_accountant
     eps_clt = schedule.epsilon(config.delta, accountant="gdp_clt", steps=steps)
     eps_rigorous = schedule.epsilon(config.delta, accountant=rigorous, steps=steps)
-    taken = min(steps, schedule.num_steps) - 1
+    taken = min(steps, schedule.num_steps)
+    last = max(taken - 1, 0)
     lines = [
         f"Privacy report ({config.method}, per {task.privacy_unit}, add-or-remove-one adjacency):",
         f"  sampling: {config.sampling}, p = {p:.6g}; steps taken {steps} of the schedule's {schedule.num_steps}",
-        f"  clip C_t: {schedule.clip_norms[0]:.4g} -> {schedule.clip_norms[max(taken, 0)]:.4g}; noise std on the "
-        f"clipped sum sigma_t: {schedule.noise_stddevs[0]:.4g} -> {schedule.noise_stddevs[max(taken, 0)]:.4g}",
+        f"  clip C_t: {schedule.clip_norms[0]:.4g} -> {schedule.clip_norms[last]:.4g}; noise std on the "
+        f"clipped sum sigma_t: {schedule.noise_stddevs[0]:.4g} -> {schedule.noise_stddevs[last]:.4g}",
         f"  epsilon at delta = {config.delta:.3g}:",
         f"    GDP-CLT (the paper's accountant; an approximation that can understate): {eps_clt:.4f}",
         f"    {rigorous.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
     ]
     if config.method in dp_privacy_report.BASELINES:
-        taken_steps = min(steps, schedule.num_steps)
-        eps_own = baselines.baseline_epsilon(config.method, schedule, config.delta, taken_steps) if taken_steps else 0.0
+        eps_own = baselines.baseline_epsilon(config.method, schedule, config.delta, taken) if taken else 0.0
         lines.append(f"    {config.method} (the baseline's own accountant): {eps_own:.4f}")
     lines.append(f"  budget calibrated under {config.accountant}: target epsilon {config.epsilon:g}")
     if config.sampling == "shuffle":
