@@ -1,0 +1,59 @@
+"""Which Keras model is training with a DP optimizer, and what its `fit` was given: read off the call stack.
+
+A Keras optimizer is handed only ``(loss, var_list, tape)`` by ``Model.train_step``; it never sees the model or the
+data. Yet two privacy checks need them before the first step: whether the model has layers that mix examples or
+store batch statistics (`keras_dyndp.model_checks`), and whether the data is Poisson-sampled as the accountants
+assume (`keras_dyndp.data`). While ``model.fit`` traces (or eagerly runs) its train step, both are on the Python
+call stack: the ``train_step`` frame whose ``self`` is the model, and the ``fit`` frame below it with its ``x``.
+
+These functions only read frames; they never keep a reference to one (frames hold every local of a training
+loop). In a custom training loop there is no such frame and they return None: the callers then say so.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import tensorflow as tf
+
+# Deep enough for Keras's fit -> tf.function tracing -> distribution -> train_step -> optimizer chain (~40 frames).
+_MAX_FRAMES = 200
+
+
+def _frames():
+    frame = inspect.currentframe()
+    try:
+        frame = frame.f_back if frame is not None else None
+        for _ in range(_MAX_FRAMES):
+            if frame is None:
+                return
+            yield frame
+            frame = frame.f_back
+    finally:
+        del frame
+
+
+def calling_model(optimizer: Any) -> tf.keras.Model | None:
+    """The nearest Keras model on the call stack whose ``optimizer`` is `optimizer`, or None."""
+    for frame in _frames():
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, tf.keras.Model) and getattr(candidate, "optimizer", None) is optimizer:
+            return candidate
+    return None
+
+
+class FitCall:
+    """What `model.fit` received: ``x`` (a dataset, arrays, a generator, ...) and ``batch_size``."""
+
+    def __init__(self, x: Any, batch_size: Any):
+        self.x = x
+        self.batch_size = batch_size
+
+
+def fit_call(model: tf.keras.Model) -> FitCall | None:
+    """The arguments of the ``model.fit`` call on the stack, or None when `model` is not inside ``fit``."""
+    for frame in _frames():
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+            return FitCall(frame.f_locals.get("x"), frame.f_locals.get("batch_size"))
+    return None
