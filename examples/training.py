@@ -401,6 +401,9 @@ def privacy_report(config: RunConfig, schedule: schedules.DPSchedule | None, ste
     if config.method in dp_privacy_report.BASELINES:
         eps_own = baselines.baseline_epsilon(config.method, schedule, config.delta, taken) if taken else 0.0
         lines.append(f"    {config.method} (the baseline's own accountant): {eps_own:.4f}")
+        if config.method == "tcdp":
+            lines.append("      (its claim for fixed-size batches drawn without replacement, replace-one neighbours; "
+                         "not a guarantee of this Poisson-sampled run)")
     lines.append(f"  budget calibrated under {config.accountant}: target epsilon {config.epsilon:g}")
     if config.sampling == "shuffle":
         lines.append("  NOTE: shuffled batches; these epsilons assume Poisson sampling and are approximate.")
