@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 from absl import flags
 from absl.testing import flagsaver
 
@@ -130,6 +131,30 @@ def test_command_line_error_has_no_traceback():
     assert "Traceback" not in completed.stderr
     assert completed.stderr.strip().splitlines()[-1] == (
         "digits.py: error: flag --rho_c=0.3: --rho_c must be >= 1 (the paper's 1/rho_c is in (0, 1]).")
+
+
+def _tensorboard_tags(model_dir: str) -> set[str]:
+    tags = set()
+    for root, _, files in os.walk(os.path.join(model_dir, "logs")):
+        for name in files:
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(root, name)):
+                tags.update(value.tag for value in event.summary.value)
+    return tags
+
+
+@pytest.mark.parametrize("per_example", ["fast", "jacobian"])
+def test_training_batch_metrics_only_with_the_flag(per_example, tmp_path, capsys):
+    quiet = _train(per_example=per_example, batch_size=16, max_steps=2, verbose=2, model_dir=str(tmp_path / "a"))
+    out = capsys.readouterr().out
+    assert quiet.steps == 2 and " - loss: " not in out and " - accuracy: " not in out
+    assert "training batches: no loss or metric computed" in out
+    tags = _tensorboard_tags(str(tmp_path / "a"))
+    assert "privacy/epsilon_gdp_clt" in tags and not {"epoch_loss", "epoch_accuracy"} & tags
+    _train(per_example=per_example, batch_size=16, max_steps=2, verbose=2, model_dir=str(tmp_path / "b"),
+           training_metrics=True)
+    out = capsys.readouterr().out
+    assert " - loss: " in out and " - accuracy: " in out and "OUTSIDE the DP guarantee" in out
+    assert {"epoch_loss", "epoch_accuracy"} <= _tensorboard_tags(str(tmp_path / "b"))
 
 
 def test_generic_jacobian_path_runs():
