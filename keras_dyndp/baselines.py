@@ -42,8 +42,9 @@ The noise shape is Yu et al.'s exponential decay z_t = z_0 noise_decay^(-t/T) (t
 paper's growing-mu schedule with rho_mu = noise_decay) or their time-based decay z_t = z_0 / (1 + (noise_decay - 1)
 t / T); either way z_0 / z_T = noise_decay. Only z_0 is calibrated.
 
-Both accountants are far looser than RDP or PLD: zCDP without amplification needs ~15x more noise than RDP at the
-paper's MNIST settings, tCDP's constant 13 and replace-one sensitivity need several times more.
+Both accountants are far looser than RDP or PLD. At the paper's MNIST settings (p = 250/60000, T = 4800, epsilon
+1.2, delta 1e-5, noise decay 1.25) RDP needs a constant z = 1.22, tCDP z_t from 9.6 to 7.7, zCDP (no amplification)
+from 319 to 255.
 """
 
 from __future__ import annotations
