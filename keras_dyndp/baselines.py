@@ -23,10 +23,11 @@ tCDP-SGD (Zhang et al. 2021, "Adaptive privacy preserving deep learning algorith
   - Neighbours (BDRS): datasets of equal size differing in one entry (replace-one). Replacing one example moves
     the clipped sum by up to 2C, so a Gaussian step is (rho_t, inf)-tCDP with rho_t = (2C)^2 / (2 sigma_t^2)
     = 2 / z_t^2 (four times the add-or-remove rho).
-  - Privacy amplification by subsampling (BDRS): let rho, s in (0, 0.1] and n, omega be integers with
-    log(1/s) >= 3 rho (2 + log2(1/rho)) and omega large enough (a Gaussian step meets any condition on omega: it is
-    (rho, omega)-tCDP for every omega). If M : X^{sn} -> Y is (rho, omega)-tCDP, then M^s(x) = M(x_S), S a
-    uniformly random subset of [n] of size sn drawn WITHOUT replacement, is (13 s^2 rho, log(1/s) / (4 rho))-tCDP.
+  - Privacy amplification by subsampling (BDRS): let rho, s in (0, 0.1] with log(1/s) >= 3 rho (2 + log2(1/rho)),
+    n with s n an integer, and omega meeting the theorem's lower bound (a Gaussian step meets any condition on
+    omega: it is (rho, omega)-tCDP for every omega). If M : X^{sn} -> Y is (rho, omega)-tCDP, then
+    M^s(x) = M(x_S), S a uniformly random subset of [n] of size s n drawn WITHOUT replacement, is
+    (13 s^2 rho, log(1/s) / (4 rho))-tCDP.
     Here s = p and each step must satisfy rho_t = 2 / z_t^2 <= 0.1 (z_t >= sqrt(20)) and the log condition (for
     s <= 0.1 it follows from rho_t <= 0.1, but it is checked). Outside these conditions this module raises
     ValueError rather than amplify.
