@@ -122,7 +122,9 @@ def load_data() -> datasets.TaskData:
         x_train=vectorize(train_texts), y_train=y_train.astype(np.float32)[:, None], x_test=vectorize(test_texts),
         y_test=y_test.astype(np.float32)[:, None], num_classes=2,
         description=f"imdb from {source}: {len(y_train)} training / {len(y_test)} test reviews, vocabulary "
-                    f"{vectorizer.vocabulary_size()} tokens")
+                    f"of at most {FLAGS.max_tokens} tokens "
+                    + (f"from {FLAGS.vocabulary_file}" if FLAGS.vocabulary_file else
+                       "learnt from the training reviews (outside the DP guarantee; its size is not printed)"))
 
 
 def build_model(data: datasets.TaskData) -> tf.keras.Model:
@@ -139,7 +141,8 @@ def build_model(data: datasets.TaskData) -> tf.keras.Model:
 def make_task() -> training.Task:
     """IMDB with the paper's settings where it gives them."""
     notes = () if FLAGS.vocabulary_file else (
-        "the vocabulary was learnt from the training reviews; that step is not covered by the DP guarantee.",)
+        "the vocabulary (the most frequent words of the training reviews, needed to use the model) was learnt "
+        "from the private reviews without noise; it is not covered by the DP guarantee.",)
     return training.Task(
         name="imdb", load_data=load_data, build_model=build_model, epsilon=3.0, learning_rate=0.01,
         initial_clip=2.0, batch_size=250, epochs=25, rho_mu=1 / 0.8, rho_c=1 / 0.3, optimizer="adam", binary=True,

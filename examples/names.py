@@ -6,10 +6,10 @@ learning rate 2, C_0 = 1.5, 50 epochs, delta = 1 / (10 N). The expected batch of
 
 Data: ``--names_dir``, a folder of ``<Language>.txt`` files with one name per line (UTF-8), as in the PyTorch
 char-RNN tutorial's data/names (https://download.pytorch.org/tutorial/data.zip). A fixed stratified 80/20 split
-(seed 0) gives the training and test sets. Names are folded to ASCII (accents dropped) and encoded with a fixed
-alphabet (letters and " .,;'-"), so the encoding reads nothing from the private data; they are left-padded with
-0 to the longest name (at most ``--max_name_length`` characters) so that the LSTM's last state follows the last
-character.
+(seed 0) gives the training and test sets. Names are folded to ASCII (accents dropped), encoded with a fixed
+alphabet (letters and " .,;'-"), cut to ``--max_name_length`` characters and left-padded with 0 to that length (so
+that the LSTM's last state follows the last character). The alphabet and the length are public constants: the
+encoding, and the model's input shape, read nothing from the private data.
 
     python -m examples.names --names_dir=/data/names --epsilon=2
 """
@@ -31,7 +31,10 @@ from examples import training
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
 flags.DEFINE_string("names_dir", None, "Folder of <Language>.txt files, one name per line.")
-flags.DEFINE_integer("max_name_length", 20, "Names are cut to this many characters.")
+flags.DEFINE_integer("max_name_length", 20,
+                     "Input length, >= 1: names are cut and left-padded to this many characters. A public constant "
+                     "(never the longest training name, which would publish a fact about the private data).",
+                     lower_bound=1)
 
 FLAGS = flags.FLAGS
 
@@ -74,9 +77,8 @@ def load_data() -> datasets.TaskData:
                 if line.strip():
                     names.append(line.strip())
                     labels.append(label)
-    length = min(FLAGS.max_name_length, max(len(name) for name in names))
     x_train, x_test, y_train, y_test = datasets.split_train_test(
-        encode(names, length), np.array(labels, dtype=np.int64), 0.2)
+        encode(names, FLAGS.max_name_length), np.array(labels, dtype=np.int64), 0.2)
     return datasets.TaskData(
         x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, num_classes=len(languages),
         description=f"names from {directory}: {len(languages)} languages, {len(y_train)} training / "

@@ -21,6 +21,8 @@ model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
 Bad flag values and missing data end the script with one line on stderr and exit code 2, without a traceback.
 
 Privacy unit: one training example (add-or-remove-one adjacency); for ``examples.federated_mnist`` one client.
+Only the noised updates are private: loss and accuracy of a training batch are computed without noise, so DP runs
+compute none unless ``--training_metrics`` asks for them (then the report says they are outside the guarantee).
 The sampling and noise randomness must stay secret for the guarantee to hold: ``--seed`` makes experiments
 reproducible and is meant for research; leave it unset (OS entropy) for a model you release.
 """
@@ -34,6 +36,7 @@ import math
 import os
 import sys
 import time
+import types
 from typing import Any, Callable
 
 import numpy as np
@@ -98,6 +101,10 @@ flags.DEFINE_enum("report_accountant", "rdp", ["rdp", "pld"],
 flags.DEFINE_enum("per_example", "fast", ["fast", "jacobian"],
                   "Per-example gradients: fast (keras_dyndp.fast_path.make_private) or jacobian (the "
                   "optimizer's generic tape.jacobian path, O(B^2)).")
+flags.DEFINE_bool("training_metrics", False,
+                  "Compute and show loss and accuracy of the training batches (progress bar, History, TensorBoard). "
+                  "They are computed on the private batches without noise, outside the DP guarantee; off, DP "
+                  "runs compute none. --method=nonprivate always shows them (it has no guarantee).")
 flags.DEFINE_integer("seed", None,
                      "Seed of initialisation, sampling and noise, for reproducible experiments. Unset: OS "
                      "entropy. A known seed reveals the noise and the batches: never publish it with a model.")
@@ -255,12 +262,25 @@ def make_loss_and_metric(task: Task, private: bool) -> tuple[tf.keras.losses.Los
             tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy"))
 
 
+def _train_step_without_logs(self: tf.keras.Model, data) -> dict:
+    """Keras's train step without its loss and metric trackers: the DP optimizer gets the per-example losses and
+    nothing else computed on the private batch leaves the step (generic --per_example=jacobian path)."""
+    x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+    with tf.GradientTape() as tape:
+        losses = self.loss(y, self(x, training=True), sample_weight=sample_weight)
+    self.optimizer.minimize(losses, self.trainable_variables, tape=tape)
+    return {}
+
+
 def compile_model(model: tf.keras.Model, task: Task, optimizer: tf.keras.optimizers.Optimizer,
                   private: bool) -> tf.keras.Model:
-    """Compiles `model` and, for DP runs with --per_example=fast, switches it to the fast per-example path."""
+    """Compiles `model`; for DP runs it takes the fast per-example path (--per_example=fast) and, without
+    --training_metrics, computes no loss or metric on the training batches (evaluation keeps them)."""
     loss, metric = make_loss_and_metric(task, private)
     if private and FLAGS.per_example == "fast":
-        model = fast_path.make_private(model)
+        model = fast_path.make_private(model, training_metrics=FLAGS.training_metrics)
+    elif private and not FLAGS.training_metrics:
+        model.train_step = types.MethodType(_train_step_without_logs, model)
     # weighted_metrics: Poisson batches are padded with zero-weight rows, which plain `metrics` would count.
     model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[metric])
     return model
@@ -401,7 +421,16 @@ def privacy_report(config: RunConfig, schedule: schedules.DPSchedule | None, ste
     if config.method in dp_privacy_report.BASELINES:
         eps_own = baselines.baseline_epsilon(config.method, schedule, config.delta, taken) if taken else 0.0
         lines.append(f"    {config.method} (the baseline's own accountant): {eps_own:.4f}")
+        if config.method == "tcdp":
+            lines.append("      (its claim for fixed-size batches drawn without replacement, replace-one neighbours; "
+                         "not a guarantee of this Poisson-sampled run)")
     lines.append(f"  budget calibrated under {config.accountant}: target epsilon {config.epsilon:g}")
+    if FLAGS.training_metrics:
+        lines.append("  NOTE: --training_metrics: the training loss and accuracy shown were computed on the private "
+                     "batches without noise; they are OUTSIDE the DP guarantee (one example can move them visibly). "
+                     "Do not publish them.")
+    else:
+        lines.append("  training batches: no loss or metric computed (only the noised updates leave them).")
     if config.sampling == "shuffle":
         lines.append("  NOTE: shuffled batches; these epsilons assume Poisson sampling and are approximate.")
     if config.seed is not None:

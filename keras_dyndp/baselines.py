@@ -2,40 +2,56 @@
 
 Du et al. compare dynamic DP-SGD with two earlier noise-decay methods. Both keep the clipping norm fixed
 (C_t = C_0) and decay the noise multiplier z_t = sigma_t / C_t over the run; they differ in how they account
-privacy, which decides how much noise a given (epsilon, delta) budget demands:
+privacy, which decides how much noise a given (epsilon, delta) budget demands. Each epsilon below is the
+baseline's OWN claim; report it beside the rigorous PLD or RDP epsilon of the same schedule
+(`DPSchedule.epsilon`), which is what this package's training (Poisson sampling, add-or-remove-one neighbours)
+actually guarantees.
 
-* rho-zCDP-SGD (Yu et al. 2019, "Differentially private model publishing for deep learning"): a Gaussian step of
-  noise multiplier z_t is (1 / (2 z_t^2))-zCDP, steps compose additively and NO amplification by subsampling is
-  used: rho = sum_t 1 / (2 z_t^2), and rho-zCDP gives (rho + 2 sqrt(rho log(1/delta)), delta)-DP (Bun and Steinke
-  2016). Yu et al. sample batches as disjoint partitions of a shuffled epoch and compose the steps of one epoch in
-  parallel (the epoch costs the max of its steps' rho); pass `steps_per_epoch` for that accounting, which is not
-  valid for the Poisson sampling that the other accountants (and this package's training) assume.
-* tCDP-SGD (Zhang et al. 2021, "Adaptive privacy preserving deep learning algorithms for medical data"): truncated
-  CDP (Bun, Dwork, Rothblum and Steinke 2018, "BDRS") with amplification by subsampling. The paper under
-  reproduction gives no formula, so this module ASSUMES the following, all from BDRS:
-  - a Gaussian step is (rho_t, inf)-tCDP with rho_t = 1 / (2 z_t^2);
-  - BDRS's subsampling theorem, applied with s = p (the sampling probability; BDRS prove it for sampling a subset
-    of fixed size s n without replacement): if rho_t <= 0.1 and log(1/s) >= 3 rho_t (2 + log2(1/rho_t)), the
-    subsampled step is (13 s^2 rho_t, log(1/s) / (4 rho_t))-tCDP. A step outside these conditions is accounted
-    without amplification, (rho_t, inf)-tCDP (subsampling never hurts: Renyi divergence is jointly quasi-convex);
-  - composition adds rho and takes the minimum omega;
-  - (rho, omega)-tCDP gives (epsilon, delta)-DP through its Renyi bound D_alpha <= rho alpha for alpha < omega:
-    epsilon = rho + 2 sqrt(rho log(1/delta)) when log(1/delta) <= (omega - 1)^2 rho, else
-    epsilon = rho omega + log(1/delta) / (omega - 1).
+rho-zCDP-SGD (Yu et al. 2019, "Differentially private model publishing for deep learning")
+  Add-or-remove-one neighbours: the clipped sum moves by at most C, so a Gaussian step of noise multiplier z_t is
+  (1 / (2 z_t^2))-zCDP. Steps compose additively and no amplification by subsampling is used:
+  rho = sum_t 1 / (2 z_t^2), and rho-zCDP gives (rho + 2 sqrt(rho log(1/delta)), delta)-DP (Bun and Steinke 2016,
+  Prop. 1.3). This holds under Poisson sampling too: a subsampled step is a mixture of Gaussians whose Renyi
+  divergences are each at most the full step's, and Renyi divergence is jointly quasi-convex. Yu et al. also
+  compose the steps of one epoch in parallel (the epoch costs its largest step); that needs disjoint batches, and
+  Poisson sampling can put one example in several batches of an epoch, so it is not offered.
+
+tCDP-SGD (Zhang et al. 2021, "Adaptive privacy preserving deep learning algorithms for medical data")
+  Truncated CDP with amplification by subsampling, from Bun, Dwork, Rothblum and Steinke (2018), "Composable and
+  versatile privacy via truncated CDP" (STOC), "BDRS". The paper under reproduction gives no formula; this module
+  uses BDRS's definitions and theorem as follows.
+  - Neighbours (BDRS): datasets of equal size differing in one entry (replace-one). Replacing one example moves
+    the clipped sum by up to 2C, so a Gaussian step is (rho_t, inf)-tCDP with rho_t = (2C)^2 / (2 sigma_t^2)
+    = 2 / z_t^2 (four times the add-or-remove rho).
+  - Privacy amplification by subsampling (BDRS): let rho, s in (0, 0.1] with log(1/s) >= 3 rho (2 + log2(1/rho)),
+    n with s n an integer, and omega meeting the theorem's lower bound (a Gaussian step meets any condition on
+    omega: it is (rho, omega)-tCDP for every omega). If M : X^{sn} -> Y is (rho, omega)-tCDP, then
+    M^s(x) = M(x_S), S a uniformly random subset of [n] of size s n drawn WITHOUT replacement, is
+    (13 s^2 rho, log(1/s) / (4 rho))-tCDP.
+    Here s = p and each step must satisfy rho_t = 2 / z_t^2 <= 0.1 (z_t >= sqrt(20)) and the log condition (for
+    s <= 0.1 it follows from rho_t <= 0.1, but it is checked). Outside these conditions this module raises
+    ValueError rather than amplify.
+  - Composition adds rho and takes the minimum omega; (rho, omega)-tCDP gives (epsilon, delta)-DP through its
+    Renyi bound D_alpha <= rho alpha for alpha < omega: epsilon = rho + 2 sqrt(rho log(1/delta)) when
+    log(1/delta) <= (omega - 1)^2 rho, else epsilon = rho omega + log(1/delta) / (omega - 1) (BDRS).
+  This package samples by Poisson (each example independently with probability p; batch size random), which
+  the theorem does not cover, and its other accountants use add-or-remove neighbours. So the tCDP epsilon is the
+  baseline's claim about fixed-size batches of s n examples under replace-one neighbours, not a guarantee of the
+  training run.
 
 The noise shape is Yu et al.'s exponential decay z_t = z_0 noise_decay^(-t/T) (t = 1..T; the same shape as the
 paper's growing-mu schedule with rho_mu = noise_decay) or their time-based decay z_t = z_0 / (1 + (noise_decay - 1)
 t / T); either way z_0 / z_T = noise_decay. Only z_0 is calibrated.
 
-The returned `DPSchedule`s are ordinary schedules: their GDP-CLT, RDP or PLD epsilon (`DPSchedule.epsilon`) can be
-reported beside their own accountant's. They differ: zCDP without amplification is far looser than all three (it
-needs ~15x more noise at the paper's MNIST settings), tCDP's constant 13 makes it looser than RDP.
+Both accountants are far looser than RDP or PLD. At the paper's MNIST settings (p = 250/60000, T = 4800, epsilon
+1.2, delta 1e-5, noise decay 1.25) RDP needs a constant z = 1.22, tCDP z_t from 9.6 to 7.7, zCDP (no amplification)
+from 319 to 255.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+import warnings
 
 import numpy as np
 
@@ -44,9 +60,10 @@ from keras_dyndp import validation
 
 DECAYS = ("exponential", "time")
 
-# BDRS subsampling theorem: amplified rho = 13 s^2 rho_t, valid for rho_t <= 0.1.
+# BDRS's subsampling theorem: s, rho in (0, 0.1]; the subsampled step is (13 s^2 rho, log(1/s) / (4 rho))-tCDP.
 _TCDP_AMPLIFICATION_CONSTANT = 13.0
 _TCDP_MAX_RHO = 0.1
+_TCDP_MAX_SAMPLING = 0.1
 # Bisection on log(z_0) for the tCDP calibration: 200 halvings of a bracket of width <= 2^11 reach float precision.
 _BISECTION_STEPS = 200
 
@@ -74,10 +91,32 @@ def _check_multipliers(noise_multipliers) -> np.ndarray:
     return multipliers
 
 
-def _step_rhos(multipliers: np.ndarray) -> np.ndarray:
-    """rho_t = 1 / (2 z_t^2) of each Gaussian step (inf for z = 0, 0 for z = inf)."""
+def _check_tcdp_sampling(sampling_probability: float) -> float:
+    """The sampling fraction s = p, which BDRS's subsampling theorem needs in (0, 0.1]."""
+    p = validation.check_probability(sampling_probability)
+    if p > _TCDP_MAX_SAMPLING:
+        raise ValueError(
+            f"`sampling_probability` must be <= {_TCDP_MAX_SAMPLING} for the tCDP baseline: the subsampling theorem "
+            "of Bun, Dwork, Rothblum and Steinke (2018) holds for sampling fractions s in (0, 0.1] only. Use a "
+            f"smaller batch, or the RDP/PLD accountants. Received: sampling_probability={p}.")
+    return p
+
+
+def _add_remove_rhos(multipliers: np.ndarray) -> np.ndarray:
+    """zCDP rho_t = 1 / (2 z_t^2) of each Gaussian step under add-or-remove-one (sensitivity C; inf for z = 0)."""
     with np.errstate(divide="ignore"):
         return 0.5 / multipliers**2
+
+
+def _replace_one_rhos(multipliers: np.ndarray) -> np.ndarray:
+    """tCDP rho_t = (2C)^2 / (2 sigma_t^2) = 2 / z_t^2 of each Gaussian step under replace-one (sensitivity 2C)."""
+    return 4.0 * _add_remove_rhos(multipliers)
+
+
+def _meets_subsampling_conditions(rhos: np.ndarray, s: float) -> np.ndarray:
+    """Per step: rho_t <= 0.1 and log(1/s) >= 3 rho_t (2 + log2(1/rho_t)), BDRS's conditions on rho."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (rhos <= _TCDP_MAX_RHO) & (math.log(1.0 / s) >= 3 * rhos * (2 + np.log2(1 / rhos)))
 
 
 def decay_shape(num_steps: int, noise_decay: float, decay: str = "exponential") -> np.ndarray:
@@ -100,19 +139,9 @@ def decay_shape(num_steps: int, noise_decay: float, decay: str = "exponential") 
     return 1.0 / (1.0 + (noise_decay - 1.0) * fraction)
 
 
-def zcdp_rho(noise_multipliers, steps_per_epoch: Optional[int] = None) -> float:
-    """zCDP rho of Gaussian steps without amplification by subsampling (Yu et al. 2019).
-
-    Args:
-      noise_multipliers: 1-D array [T] of z_t >= 0.
-      steps_per_epoch: None: sequential composition, rho = sum_t 1 / (2 z_t^2). An integer >= 1: Yu et al.'s
-        parallel composition within each epoch of disjoint batches, rho = sum over epochs of the max step rho.
-    """
-    rhos = _step_rhos(_check_multipliers(noise_multipliers))
-    if steps_per_epoch is None:
-        return float(np.sum(rhos))
-    size = validation.check_positive_int("steps_per_epoch", steps_per_epoch)
-    return float(sum(np.max(rhos[start:start + size]) for start in range(0, rhos.size, size)))
+def zcdp_rho(noise_multipliers) -> float:
+    """zCDP rho = sum_t 1 / (2 z_t^2) of Gaussian steps, composed sequentially without amplification (Yu et al.)."""
+    return float(np.sum(_add_remove_rhos(_check_multipliers(noise_multipliers))))
 
 
 def zcdp_epsilon_from_rho(rho: float, delta: float) -> float:
@@ -131,23 +160,37 @@ def zcdp_rho_from_epsilon(epsilon: float, delta: float) -> float:
     return float((epsilon / (math.sqrt(epsilon + log_inv_delta) + math.sqrt(log_inv_delta))) ** 2)
 
 
-def zcdp_epsilon(noise_multipliers, delta: float, steps_per_epoch: Optional[int] = None) -> float:
+def zcdp_epsilon(noise_multipliers, delta: float) -> float:
     """Epsilon of the noise multipliers under Yu et al.'s zCDP accounting (see `zcdp_rho`)."""
-    return zcdp_epsilon_from_rho(zcdp_rho(noise_multipliers, steps_per_epoch), delta)
+    return zcdp_epsilon_from_rho(zcdp_rho(noise_multipliers), delta)
 
 
 def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[float, float]:
-    """(rho, omega) of Poisson-subsampled Gaussian steps under tCDP, with the assumptions of the module docstring."""
-    p = validation.check_probability(sampling_probability)
-    rhos = _step_rhos(_check_multipliers(noise_multipliers))
-    omegas = np.full_like(rhos, math.inf)
-    if p < 1:
-        log_inv_p = math.log(1.0 / p)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            amplifiable = (rhos > 0) & (rhos <= _TCDP_MAX_RHO) & (log_inv_p >= 3 * rhos * (2 + np.log2(1 / rhos)))
-        omegas[amplifiable] = log_inv_p / (4 * rhos[amplifiable])
-        rhos = np.where(amplifiable, _TCDP_AMPLIFICATION_CONSTANT * p**2 * rhos, rhos)
-    return float(np.sum(rhos)), float(np.min(omegas))
+    """(rho, omega) of T subsampled Gaussian steps under BDRS's subsampling theorem (see the module docstring).
+
+    Each step is (2 / z_t^2, inf)-tCDP under replace-one neighbours and, subsampled at s = p, (13 s^2 rho_t,
+    log(1/s) / (4 rho_t))-tCDP; steps with z_t = inf cost nothing. The composition is (sum rho, min omega).
+
+    Raises:
+      ValueError: if p > 0.1, or a step fails rho_t = 2 / z_t^2 <= 0.1 (z_t >= sqrt(20)) or
+        log(1/p) >= 3 rho_t (2 + log2(1/rho_t)): the theorem does not hold there.
+    """
+    s = _check_tcdp_sampling(sampling_probability)
+    multipliers = _check_multipliers(noise_multipliers)
+    rhos = _replace_one_rhos(multipliers)
+    private = rhos > 0
+    outside = private & ~_meets_subsampling_conditions(rhos, s)
+    if np.any(outside):
+        step = int(np.argmax(outside))
+        raise ValueError(
+            "The tCDP baseline's subsampling theorem (Bun et al. 2018) needs rho_t = 2 / z_t^2 <= 0.1, i.e. "
+            f"z_t >= sqrt(20) = {math.sqrt(2 / _TCDP_MAX_RHO):.4f}, and log(1/p) >= 3 rho_t (2 + log2(1/rho_t)) "
+            f"at every step. Step {step + 1} has z_t = {multipliers[step]:.6g} (rho_t = {rhos[step]:.6g}) at "
+            f"p = {s:.6g}.")
+    if not np.any(private):
+        return 0.0, math.inf
+    rho = _TCDP_AMPLIFICATION_CONSTANT * s**2 * float(np.sum(rhos[private]))
+    return rho, math.log(1.0 / s) / (4.0 * float(np.max(rhos)))
 
 
 def tcdp_epsilon_from_parameters(rho: float, omega: float, delta: float) -> float:
@@ -164,7 +207,7 @@ def tcdp_epsilon_from_parameters(rho: float, omega: float, delta: float) -> floa
 
 
 def tcdp_epsilon(sampling_probability: float, noise_multipliers, delta: float) -> float:
-    """Epsilon of Poisson-subsampled Gaussian steps under the tCDP accounting of the module docstring."""
+    """Epsilon of subsampled Gaussian steps under the tCDP accounting of the module docstring (`tcdp_parameters`)."""
     rho, omega = tcdp_parameters(sampling_probability, noise_multipliers)
     return tcdp_epsilon_from_parameters(rho, omega, delta)
 
@@ -193,7 +236,6 @@ def zcdp_schedule(
     *,
     noise_decay: float = 1.25,
     decay: str = "exponential",
-    steps_per_epoch: Optional[int] = None,
 ) -> schedules.DPSchedule:
     """rho-zCDP-SGD (Yu et al. 2019): constant clip, decaying noise, calibrated so `zcdp_epsilon` <= target.
 
@@ -206,15 +248,14 @@ def zcdp_schedule(
       initial_clip: the constant clipping norm C > 0.
       noise_decay: z_0 / z_T >= 1.
       decay: 'exponential' or 'time' (see `decay_shape`).
-      steps_per_epoch: None (sequential composition over all steps) or Yu et al.'s epoch-parallel composition.
 
     Returns:
       A `DPSchedule` whose zCDP epsilon is <= target_epsilon (equal up to float rounding).
     """
     p, num_steps = _check_common(target_epsilon, target_delta, sampling_probability, num_steps, initial_clip)
     shape = decay_shape(num_steps, noise_decay, decay)
-    z0 = math.sqrt(zcdp_rho(shape, steps_per_epoch) / zcdp_rho_from_epsilon(target_epsilon, target_delta))
-    while zcdp_epsilon(z0 * shape, target_delta, steps_per_epoch) > target_epsilon:  # Rounding: step to safety.
+    z0 = math.sqrt(zcdp_rho(shape) / zcdp_rho_from_epsilon(target_epsilon, target_delta))
+    while zcdp_epsilon(z0 * shape, target_delta) > target_epsilon:  # Rounding: step to safety.
         z0 *= 1 + 1e-13
     return _schedule(initial_clip, z0 * shape, p)
 
@@ -229,42 +270,53 @@ def tcdp_schedule(
     noise_decay: float = 1.25,
     decay: str = "exponential",
 ) -> schedules.DPSchedule:
-    """tCDP-SGD (Zhang et al. 2021, as assumed in the module docstring): constant clip, decaying noise.
+    """tCDP-SGD (Zhang et al. 2021, accounted as in the module docstring): constant clip, decaying noise.
 
-    z_0 is the smallest value (to float precision, by bisection on log z_0) whose `tcdp_epsilon` is <= target;
-    epsilon is non-increasing in z_0 but can jump where a step enters the amplification conditions, so bisection is
-    used rather than a root finder.
+    z_0 is the smallest value (to float precision, by bisection on log z_0) whose `tcdp_epsilon` is <= target,
+    among those that keep every step inside the subsampling theorem's conditions (z_t >= sqrt(20)). Where even the
+    smallest such z_0 spends less than the target (large targets), that z_0 is returned with a warning: the
+    theorem certifies no schedule with less noise.
 
-    Args: as `zcdp_schedule` (without `steps_per_epoch`); p in (0, 1] drives the amplification.
+    Args: as `zcdp_schedule`; p in (0, 0.1] is the theorem's sampling fraction s.
 
     Returns:
-      A `DPSchedule` whose tCDP epsilon is <= target_epsilon: equal up to ~1e-12 relative, or just below the target
-      when the target falls inside a jump (e.g. 7.98 for a target of 8.0 at p = 250/60000, T = 4800).
+      A `DPSchedule` whose tCDP epsilon is <= target_epsilon (equal up to ~1e-12 relative unless warned).
+
+    Raises:
+      ValueError: on a bad argument, including p > 0.1.
     """
     p, num_steps = _check_common(target_epsilon, target_delta, sampling_probability, num_steps, initial_clip)
+    p = _check_tcdp_sampling(p)
     shape = decay_shape(num_steps, noise_decay, decay)
 
-    def fits(log_z0: float) -> bool:
-        return tcdp_epsilon(p, math.exp(log_z0) * shape, target_delta) <= target_epsilon
+    def epsilon(log_z0: float) -> float:
+        return tcdp_epsilon(p, math.exp(log_z0) * shape, target_delta)
 
-    low = high = 0.0
-    while fits(low):
-        low -= 1.0
-    while not fits(high):
+    # The last step has the least noise; for p <= 0.1 rho_t <= 0.1 implies the log condition.
+    low = math.log(math.sqrt(2.0 / _TCDP_MAX_RHO) / float(np.min(shape)))
+    while not np.all(_meets_subsampling_conditions(_replace_one_rhos(math.exp(low) * shape), p)):
+        low += 1e-14  # Rounding: step to the inside.
+    if epsilon(low) <= target_epsilon:
+        warnings.warn(
+            f"tCDP baseline: the subsampling theorem needs z_t >= sqrt(20) at every step, and with that little "
+            f"noise this schedule's tCDP epsilon is {epsilon(low):.4g}, below the target {target_epsilon:g}; it "
+            "spends less than the budget.", stacklevel=2)
+        return _schedule(initial_clip, math.exp(low) * shape, p)
+    high = low + 1.0
+    while epsilon(high) > target_epsilon:
         high += 1.0
     for _ in range(_BISECTION_STEPS):
         middle = 0.5 * (low + high)
         if middle in (low, high):
             break
-        if fits(middle):
+        if epsilon(middle) <= target_epsilon:
             high = middle
         else:
             low = middle
     return _schedule(initial_clip, math.exp(high) * shape, p)
 
 
-def baseline_epsilon(name: str, schedule: schedules.DPSchedule, delta: float,
-                     steps: Optional[int] = None) -> float:
+def baseline_epsilon(name: str, schedule: schedules.DPSchedule, delta: float, steps: int | None = None) -> float:
     """Epsilon of `schedule` under a baseline's own accountant: name 'zcdp' or 'tcdp'.
 
     Args:
@@ -272,6 +324,9 @@ def baseline_epsilon(name: str, schedule: schedules.DPSchedule, delta: float,
       schedule: the schedule whose noise multipliers are accounted.
       delta: in (0, 1).
       steps: account only the first `steps` steps (1 <= steps <= T); None: all T.
+
+    Raises:
+      ValueError: on bad arguments, or ('tcdp') a schedule outside the subsampling theorem's conditions.
     """
     if steps is not None and not 1 <= steps <= schedule.num_steps:
         raise ValueError(f"`steps` must be in [1, {schedule.num_steps}]. Received: steps={steps}.")

@@ -21,6 +21,9 @@ model.compile(optimizer=keras_dyndp.optimizers.DynamicDPKerasSGD(schedule=schedu
 model.fit(x, y, batch_size=256, epochs=20)
 ```
 
+Loss and metrics of the training batch are computed without noise; ``make_private(model,
+training_metrics=False)`` computes none, so nothing but the noised update is derived from the private batch.
+
 Works for Sequential, functional and subclassed models, compiled before or after the call. Refused (ValueError,
 when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss reduced over the
 batch, several losses (multi-output models), and regularisation losses (``model.losses``), which are not
@@ -96,11 +99,13 @@ def _private_train_step(self: tf.keras.Model, data) -> dict[str, tf.Tensor]:
     )
     _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
     optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list)
+    if not self._keras_dyndp_training_metrics:
+        return {}  # Nothing computed on the private batch leaves the step.
     self.compute_loss(x, y, y_pred, sample_weight)
     return self.compute_metrics(x, y, y_pred, sample_weight)
 
 
-def make_private(model: tf.keras.Model, method: str = "auto") -> tf.keras.Model:
+def make_private(model: tf.keras.Model, method: str = "auto", *, training_metrics: bool = True) -> tf.keras.Model:
     """Gives ``model`` a train step that clips per example fast and applies through the DP optimizer.
 
     The same model object is returned (its ``train_step`` is replaced on the instance), so
@@ -112,6 +117,11 @@ def make_private(model: tf.keras.Model, method: str = "auto") -> tf.keras.Model:
         method: how per-example gradients are clipped: ``'auto'`` (ghost clipping when every trainable layer
             has a rule, else vectorized), ``'ghost'`` or ``'vectorized'``
             (see ``keras_dyndp.per_example``).
+        training_metrics: True (Keras's default behaviour): the step also computes the compiled loss and metrics
+            on the training batch and returns them as logs (progress bar, ``History``, TensorBoard). They are
+            computed on the private batch WITHOUT noise, so they are outside the DP guarantee: one outlier
+            example can move the logged loss visibly. False: the step computes no loss or metric on the batch
+            and returns no logs; only the noised update leaves it.
 
     Returns:
         ``model``.
@@ -124,7 +134,10 @@ def make_private(model: tf.keras.Model, method: str = "auto") -> tf.keras.Model:
         raise ValueError(f"`model` must be a tf.keras.Model. Received: model={model!r}.")
     if method not in per_example.METHODS:
         raise ValueError(f"`method` must be one of {per_example.METHODS}. Received: method={method!r}.")
+    if not isinstance(training_metrics, bool):
+        raise ValueError(f"`training_metrics` must be True or False. Received: training_metrics={training_metrics!r}.")
     model._keras_dyndp_method = method  # pylint: disable=protected-access
+    model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)
     model.train_function = None
     if getattr(model, "optimizer", None) is not None:

@@ -10,7 +10,8 @@ multipliers and the epsilon of the same schedule under
 * 'pld': privacy loss distributions with steps grouped pessimistically (`accounting.fast_pld`), a rigorous upper
   bound and the tightest of the three;
 * 'own': the accountant the method was calibrated with (GDP-CLT for the paper's methods, zCDP / tCDP for the
-  baselines), which equals the target epsilon up to rounding.
+  baselines), which equals the target epsilon up to rounding (tCDP: at most the target, see
+  `baselines.tcdp_schedule`).
 
 Data (`ReportRow`), text formatting (`format_table`) and plotting (`plot_epsilon_consumption`, paper Fig. 2;
 `plot_accountant_comparison`, paper Fig. 3) are separate so that scripts and tests can use each alone. Plotting uses

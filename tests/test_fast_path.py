@@ -111,3 +111,18 @@ def test_refuses_non_dp_optimizer_and_averaged_loss():
         model.fit(x, y, verbose=0)
     with pytest.raises(ValueError, match="`method`"):
         make_private(Subclassed(), method="fastest")
+
+
+def test_training_metrics_false_computes_no_logs_from_the_private_batch():
+    tf.keras.utils.set_random_seed(0)
+    model = make_private(sequential(), training_metrics=False)
+    model.compile(optimizer=dp_optimizer(noise=0.01), loss=LOSS, metrics=["accuracy"])
+    x, y = dataset("sequential")
+    loss_before = model.evaluate(x, y, verbose=0)[0]
+    model.reset_metrics()
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert history.history == {}  # No loss, no accuracy: nothing but the noised update left the steps.
+    assert all(float(variable.numpy()) == 0 for metric in model.metrics for variable in metric.variables)
+    assert int(model.optimizer.dp_step.numpy()) == 8 and model.evaluate(x, y, verbose=0)[0] < loss_before
+    with pytest.raises(ValueError, match="`training_metrics` must be True or False"):
+        make_private(sequential(), training_metrics="no")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import flags
 from absl.testing import flagsaver
 
 from examples import chest_xray
@@ -38,6 +39,18 @@ def test_imdb_from_acl_imdb_folder(tmp_path, capsys):
     assert data.y_train.shape == (12, 1) and sorted(set(data.y_train[:, 0].tolist())) == [0.0, 1.0]
     assert result.task == "imdb" and result.steps == 2 and result.initial_clip == 2.0
     assert "not covered by the DP guarantee" in capsys.readouterr().out
+
+
+def test_imdb_prints_nothing_derived_from_the_private_vocabulary(tmp_path):
+    _write_acl_imdb(tmp_path / "a")
+    _write_acl_imdb(tmp_path / "b")
+    (tmp_path / "b" / "train" / "pos" / "0_7.txt").write_text("Zany quirky offbeat charm", encoding="utf-8")
+    descriptions = []
+    for root in ("a", "b"):
+        with flagsaver.flagsaver(imdb_dir=str(tmp_path / root), max_tokens=50, sequence_length=12):
+            descriptions.append(imdb.load_data().description.replace(str(tmp_path / root), "<dir>"))
+    # The two vocabularies differ in size (4 new words); the printed description does not.
+    assert descriptions[0] == descriptions[1] and "at most 50 tokens" in descriptions[0]
 
 
 def test_imdb_from_mocked_tfds(tmp_path):
@@ -92,6 +105,21 @@ def test_names_from_language_files(tmp_path):
     assert result.learning_rate == 2.0 and result.steps == 2
 
 
+def test_names_input_length_is_a_public_constant(tmp_path):
+    for language in ("English", "Italian"):
+        (tmp_path / f"{language}.txt").write_text("\n".join(f"{chr(65 + i)}son" for i in range(10)) + "\n",
+                                                   encoding="utf-8")
+    with flagsaver.flagsaver(names_dir=str(tmp_path)):
+        short = names.load_data()
+        with open(tmp_path / "English.txt", "a", encoding="utf-8") as handle:
+            handle.write("Wolfeschlegelsteinhausenbergerdorff\n")  # One long private name.
+        long = names.load_data()
+        released_shape = names.build_model(long).input_shape
+    assert short.x_train.shape[1] == long.x_train.shape[1] == 20 and released_shape == (None, 20)
+    with pytest.raises(flags.IllegalFlagValueError, match="max_name_length"):
+        flags.FLAGS.max_name_length = 0
+
+
 def test_names_missing_data(tmp_path):
     with flagsaver.flagsaver(names_dir=str(tmp_path)):
         with pytest.raises(datasets.DataNotFoundError, match="data.zip"):
@@ -118,6 +146,16 @@ def test_chest_xray_from_image_folders(tmp_path):
     assert data.x_train.shape == (8, 32, 32, 1) and data.x_train.dtype == np.uint8
     assert data.y_train[:, 0].tolist() == [0.0] * 4 + [1.0] * 4
     assert result.steps == 2 and 0.0 <= result.test_accuracy <= 1.0
+
+
+def test_chest_xray_prints_no_label_statistic(tmp_path):
+    _write_chest_tree(tmp_path)
+    descriptions = []
+    with flagsaver.flagsaver(chest_xray_dir=str(tmp_path), image_size=32):
+        descriptions.append(chest_xray.load_data().description)
+        (tmp_path / "train" / "NORMAL" / "im0.jpeg").rename(tmp_path / "train" / "PNEUMONIA" / "im9.jpeg")
+        data = chest_xray.load_data()
+    assert data.y_train.sum() == 5 and data.description == descriptions[0]  # One label changed, nothing printed.
 
 
 def test_vgg11_has_eight_convolutions_and_no_batch_norm():
