@@ -20,6 +20,10 @@
    * microbatches (`num_microbatches` = M): n = M, a constant.
    The optimizers built from budget arguments set `expected_batch_size = batch_size`.
 
+The noise (and the microbatch membership) comes from the optimizer's own `tf.random.Generator`, seeded from OS
+entropy and never saved (`keras_dyndp.optimizers.noise_source`): the global seed does not reach it and a restored
+checkpoint does not replay it. `noise_seed` makes it reproducible for tests and research only.
+
 What is protected: each example under add-or-remove-one adjacency, with Poisson sampling at rate
 `schedule.sampling_probability` assumed for the accounting, and every intermediate model released.
 
@@ -90,6 +94,7 @@ import tensorflow as tf
 
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import clip_and_noise
+from keras_dyndp.optimizers import noise_source
 
 _BUDGET_ARGUMENTS = ("target_epsilon", "target_delta", "num_examples", "batch_size", "epochs", "steps", "method",
                      "initial_clip", "rho_mu", "rho_c", "accountant")
@@ -251,6 +256,9 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
           num_microbatches: None (default) clips every example; an integer M clips the means of M equal
             microbatches, with twice the noise when a microbatch holds more than one example.
           expected_batch_size: normaliser of the noisy sum (None: the actual number of rows).
+          noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
+            integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
+            knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
           **kwargs: arguments of `{base_cls.__name__}` (learning_rate, ...), keyword only.
         """
 
@@ -271,6 +279,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             accountant: Optional[str] = None,
             num_microbatches: Optional[int] = None,
             expected_batch_size: Optional[float] = None,
+            noise_seed: int | None = None,
             **kwargs,
         ):
             budget = dict(
@@ -287,6 +296,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             self._num_microbatches = num_microbatches
             self._expected_batch_size = expected_batch_size
             self._dp_gradient_guard = _DPGradientGuard()
+            self._noise_source = noise_source.NoiseSource(noise_seed)
             with tf.init_scope():
                 self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
                 self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
@@ -339,7 +349,9 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
         def _noise_and_normalise(
             self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
         ) -> list[tf.Tensor]:
-            noised = clip_and_noise.add_gaussian_noise(clipped_sums, noise_stddev)
+            noised = clip_and_noise.add_gaussian_noise(
+                clipped_sums, noise_stddev, generator=self._noise_source.generator
+            )
             return [grad / tf.cast(normaliser, grad.dtype) for grad in noised]
 
         def _row_normaliser(self, num_rows: tf.Tensor) -> tf.Tensor:

@@ -118,7 +118,6 @@ def zero_data_update(optimizer, num_rows):
     [(None, None, 3.0 / 4), (None, 5.0, 3.0 / 5), (2, None, 2 * 3.0 / 2), (4, None, 3.0 / 4)],
 )
 def test_noise_std_is_sigma_over_normaliser(num_microbatches, expected_batch_size, expected_std):
-    tf.random.set_seed(0)
     schedule = schedules.DPSchedule([1.0, 1.0], [3.0, 3.0], 0.1)
     optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, num_microbatches=num_microbatches,
                                   expected_batch_size=expected_batch_size)
@@ -294,7 +293,6 @@ def test_compute_then_apply_unchanged_gradients_is_accepted():
 
 
 def test_empty_batch_releases_only_noise_normalised_by_expected_batch_size():
-    tf.random.set_seed(4)
     schedule = schedules.DPSchedule([1.0, 1.0], [2.0, 2.0], 0.1)
     optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=4)
     update = zero_data_update(optimizer, num_rows=0)
@@ -320,7 +318,6 @@ def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_o
 
 
 def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
-    tf.random.set_seed(3)
     schedule = schedules.DPSchedule([1.0, 1.0, 1.0], [0.0, 2.0, 2.0], 0.1)
     optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=8)
     small, large = tf.Variable(tf.zeros([3])), tf.Variable(tf.zeros([100, 100]))
@@ -373,3 +370,93 @@ def test_more_than_one_replica_is_refused(monkeypatch):
     monkeypatch.setattr(tf.distribute, "get_strategy", lambda: TwoReplicas())
     with pytest.raises(ValueError, match="single replica"):
         DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]))
+
+
+def noise_of_steps(optimizer, num_steps: int, variable: tf.Variable | None = None) -> np.ndarray:
+    """The noise the optimizer adds at each of `num_steps` steps to a zero clipped sum, one row per step."""
+    variable = tf.Variable(tf.zeros([2000])) if variable is None else variable
+    noises = []
+    for _ in range(num_steps):
+        before = variable.numpy()
+        optimizer.apply_clipped_gradient_sum([tf.zeros([2000])], 4, [variable])
+        noises.append(before - variable.numpy())
+    return np.array(noises)
+
+
+def unit_noise_optimizer(**kwargs) -> DynamicDPKerasSGD:
+    schedule = schedules.DPSchedule(np.ones(6), np.ones(6), 0.1)
+    return DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=1.0, **kwargs)
+
+
+def test_noise_ignores_the_global_seed():
+    tf.keras.utils.set_random_seed(0)
+    first = noise_of_steps(unit_noise_optimizer(), 1)[0]
+    tf.keras.utils.set_random_seed(0)
+    second = noise_of_steps(unit_noise_optimizer(), 1)[0]
+    assert abs(np.corrcoef(first, second)[0, 1]) < 0.15
+
+
+def test_resume_from_checkpoint_under_the_same_global_seed_does_not_replay_noise(tmp_path):
+    tf.keras.utils.set_random_seed(0)
+    optimizer, variable = unit_noise_optimizer(), tf.Variable(tf.zeros([2000]))
+    first_run = noise_of_steps(optimizer, 3, variable)
+    path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / "ckpt"))
+    first_run = np.concatenate([first_run, noise_of_steps(optimizer, 3, variable)])
+    tf.keras.utils.set_random_seed(0)  # as a new process resuming with the same seed would
+    resumed = unit_noise_optimizer()
+    tf.train.Checkpoint(optimizer=resumed).restore(path)
+    assert int(resumed.dp_step) == 3
+    resumed_run = noise_of_steps(resumed, 3)
+    assert np.std(resumed_run) == pytest.approx(1.0, rel=0.05)
+    correlations = np.corrcoef(np.concatenate([first_run, resumed_run]))[6:, :6]
+    assert np.max(np.abs(correlations)) < 0.15  # neither steps 0-2 nor steps 3-5 are repeated
+
+
+def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path):
+    x, y = data()
+    dp_model, plain_model = linear_model(), linear_model()
+    dp_model.compile(optimizer=unit_noise_optimizer(num_microbatches=2), loss=per_example_mse())
+    plain_model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=1.0), loss=per_example_mse())
+    for model in (dp_model, plain_model):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    names = [
+        sorted(name for name, _ in tf.train.list_variables(
+            tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / kind))))
+        for kind, model in (("dp", dp_model), ("plain", plain_model))
+    ]
+    assert names[0] == names[1]  # nothing beyond what a plain SGD saves
+    dp_model.save(str(tmp_path / "model.keras"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "model.keras"))
+    assert len(loaded.optimizer.variables) == len(plain_model.optimizer.variables)
+
+
+def test_noise_seed_reproduces_the_noise_warns_and_is_not_serialised():
+    with pytest.warns(UserWarning, match="noise_seed=5 makes the DP noise reproducible"):
+        first = unit_noise_optimizer(noise_seed=5)
+    with pytest.warns(UserWarning):
+        tf.keras.utils.set_random_seed(1)
+        second = unit_noise_optimizer(noise_seed=5)
+    np.testing.assert_array_equal(noise_of_steps(first, 2), noise_of_steps(second, 2))
+    config = first.get_config()
+    assert "noise_seed" not in config
+    rebuilt = DynamicDPKerasSGD.from_config(config)  # no warning: it draws OS entropy
+    assert abs(np.corrcoef(noise_of_steps(rebuilt, 1)[0], noise_of_steps(unit_noise_optimizer(), 1)[0])[0, 1]) < 0.15
+
+
+@pytest.mark.parametrize("jit_compile, steps_per_execution", [(True, 2), (False, 2)])
+def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution):
+    # Zero inputs and no bias: every per-example gradient is zero and each epoch's update is noise only.
+    model = tf.keras.Sequential([tf.keras.Input((3,)),
+                                 tf.keras.layers.Dense(2000, use_bias=False, kernel_initializer="zeros")])
+    schedule = schedules.DPSchedule(np.ones(20), np.ones(20), 0.5)
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=1.0),
+                  loss=per_example_mse(), jit_compile=jit_compile, steps_per_execution=steps_per_execution)
+    kernels = []
+    record = tf.keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: kernels.append(model.get_weights()[0]))
+    model.fit(np.zeros((4, 3), np.float32), np.zeros((4, 2000), np.float32), batch_size=2, epochs=3, verbose=0,
+              callbacks=[record])
+    assert int(model.optimizer.dp_step) == 6
+    epoch_noise = np.diff(np.stack([np.zeros_like(kernels[0])] + kernels), axis=0).reshape(3, -1)
+    # Two steps of independent unit noise per epoch: std sqrt(2) (a repeated draw would give 2).
+    assert np.std(epoch_noise) == pytest.approx(np.sqrt(2.0), rel=0.05)
+    assert np.max(np.abs(np.corrcoef(epoch_noise) - np.eye(3))) < 0.15
