@@ -46,11 +46,12 @@ harmless: past T both the clipping norm and the noise are 0, the applied gradien
 the data is released. Stop training at T (the `keras_dyndp.callbacks.BudgetStop` callback does) rather than rely on
 this.
 
-Microbatches. With `num_microbatches` = M < batch size, the loss is averaged within each of M equal microbatches
-and each microbatch mean gradient is clipped. Under add-or-remove-one adjacency one example can move a clipped
-microbatch mean by up to 2 C_k (tensorflow/privacy#620), so the optimizer adds noise of std 2 sigma_k in such steps:
-the ratio of sensitivity to noise, hence the schedule's accounting, stays valid. The batch size must be a non-zero
-multiple of M: use fixed-size (padded) batches such as `keras_dyndp.data.poisson_batches` gives.
+Microbatches. With `num_microbatches` = M, every row joins one of M microbatches uniformly at random, independently
+of its position and of the other rows, the loss is averaged within each microbatch over its rows with a non-zero
+loss, and each microbatch gradient is clipped. One example then moves exactly one clipped microbatch gradient, by
+up to 2 C_k (tensorflow/privacy#620), so the optimizer adds noise of std 2 sigma_k at every step: the ratio of
+sensitivity to noise, hence the schedule's accounting, stays valid. `keras_dyndp.optimizers.microbatches` proves it.
+Any batch size works.
 
 Speed. The generic path computes all per-example gradients with one pfor-vectorised `tape.jacobian` (as
 TF-Privacy's vectorized optimizers); each row back-propagates through the batched graph, so it costs O(B^2)
@@ -94,6 +95,7 @@ import tensorflow as tf
 
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import clip_and_noise
+from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers import noise_source
 
 _BUDGET_ARGUMENTS = ("target_epsilon", "target_delta", "num_examples", "batch_size", "epochs", "steps", "method",
@@ -253,8 +255,8 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
           rho_mu, rho_c: the schedule's growth of mu and decay of C over the run (>= 1; default 1).
           accountant: accountant the budget is met under ('gdp_clt', the paper's and the default, or 'rdp' /
             'pld').
-          num_microbatches: None (default) clips every example; an integer M clips the means of M equal
-            microbatches, with twice the noise when a microbatch holds more than one example.
+          num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
+            microbatches, with twice the noise at every step (see the module docstring).
           expected_batch_size: normaliser of the noisy sum (None: the actual number of rows).
           noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
             integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
@@ -401,19 +403,18 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                 )
             num_rows = tf.shape(loss)[0]
             with tape:
+                per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
                 if self._num_microbatches is None:
-                    unit_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
                     # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient
                     # is zero and adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
-                    unit_losses = tf.concat([unit_losses, tf.zeros([1], unit_losses.dtype)], axis=0)
+                    unit_losses = tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
                 else:
-                    num_microbatches = self._num_microbatches
-                    divisible = tf.debugging.assert_equal(
-                        num_rows % num_microbatches, 0,
-                        message=f"The batch size must be a multiple of num_microbatches={num_microbatches}.",
+                    assignment = microbatches.random_assignment(
+                        num_rows, self._num_microbatches, self._noise_source.generator
                     )
-                    with tf.control_dependencies([divisible]):
-                        unit_losses = tf.reduce_mean(tf.reshape(loss, [num_microbatches, -1]), axis=1)
+                    unit_losses = microbatches.microbatch_losses(
+                        per_example_losses, assignment, self._num_microbatches
+                    )
             per_unit_grads = tape.jacobian(
                 unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO
             )
@@ -423,8 +424,9 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             if self._num_microbatches is None:
                 normaliser = self._row_normaliser(num_rows)
             else:
+                # One example moves one clipped microbatch gradient by up to 2 C, whatever the batch size.
                 normaliser = tf.constant(self._num_microbatches, tf.float32)
-                noise_stddev = tf.where(num_rows > self._num_microbatches, 2.0 * noise_stddev, noise_stddev)
+                noise_stddev = 2.0 * noise_stddev
             clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
             grads = self._noise_and_normalise(clipped_sums, noise_stddev, normaliser)
             self._dp_gradient_guard.issue(grads)

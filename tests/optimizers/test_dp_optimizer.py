@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import dp_optimizer
+from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdam
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasRMSprop
@@ -54,14 +55,20 @@ def data(num_rows=4, seed=0):
     return x, y
 
 
-def numpy_dp_update(x, y, clip_norm, num_microbatches, normaliser):
-    """Mean-of-clipped gradient of the per-example MSE of the linear model at (KERNEL0, 0)."""
+def numpy_dp_update(x, y, clip_norm, normaliser, assignment=None):
+    """Mean-of-clipped gradient of the per-example MSE of the linear model at (KERNEL0, 0).
+
+    With `assignment` (row -> microbatch), each microbatch's gradient is the sum of its rows' gradients over the
+    number of its rows with a non-zero loss.
+    """
     residual = x @ KERNEL0 - y  # d/dpred of mean((pred - y)^2) over 2 outputs is residual
     grad_kernel = np.einsum("bi,bj->bij", x, residual)
     grad_bias = residual
-    if num_microbatches is not None:
-        grad_kernel = grad_kernel.reshape(num_microbatches, -1, 3, 2).mean(axis=1)
-        grad_bias = grad_bias.reshape(num_microbatches, -1, 2).mean(axis=1)
+    if assignment is not None:
+        membership = np.eye(max(assignment) + 1)[assignment].T  # [M, B]
+        counts = np.maximum(membership @ (np.mean(residual**2, axis=1) != 0), 1)
+        grad_kernel = np.einsum("mb,bij->mij", membership, grad_kernel) / counts[:, None, None]
+        grad_bias = membership @ grad_bias / counts[:, None]
     norms = np.sqrt(np.sum(grad_kernel**2, axis=(1, 2)) + np.sum(grad_bias**2, axis=1))
     factors = np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30))
     return (np.tensordot(factors, grad_kernel, axes=1) / normaliser,
@@ -72,9 +79,14 @@ def numpy_dp_update(x, y, clip_norm, num_microbatches, normaliser):
     "num_microbatches, expected_batch_size, normaliser",
     [(None, None, 4.0), (None, 5.0, 5.0), (2, None, 2.0)],
 )
-def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected_batch_size, normaliser):
+def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected_batch_size, normaliser,
+                                                      monkeypatch):
     x, y = data()
-    update_kernel, update_bias, norms = numpy_dp_update(x, y, 1.0, num_microbatches, normaliser)
+    # Microbatch 0 holds examples 0 and 1 (whose loss is 0: it does not count in the mean), microbatch 1 the rest.
+    assignment = None if num_microbatches is None else [0, 0, 1, 1]
+    if assignment is not None:
+        monkeypatch.setattr(microbatches, "random_assignment", lambda *args: tf.constant(assignment))
+    update_kernel, update_bias, norms = numpy_dp_update(x, y, 1.0, normaliser, assignment)
     assert norms.max() > 1.0  # clipping is active
     if num_microbatches is None:
         assert norms[1] == 0.0 and norms.min() < norms.max()
@@ -115,7 +127,8 @@ def zero_data_update(optimizer, num_rows):
 
 @pytest.mark.parametrize(
     "num_microbatches, expected_batch_size, expected_std",
-    [(None, None, 3.0 / 4), (None, 5.0, 3.0 / 5), (2, None, 2 * 3.0 / 2), (4, None, 3.0 / 4)],
+    # Microbatches: twice the noise at every step, also when there are as many microbatches as rows.
+    [(None, None, 3.0 / 4), (None, 5.0, 3.0 / 5), (2, None, 2 * 3.0 / 2), (4, None, 2 * 3.0 / 4)],
 )
 def test_noise_std_is_sigma_over_normaliser(num_microbatches, expected_batch_size, expected_std):
     schedule = schedules.DPSchedule([1.0, 1.0], [3.0, 3.0], 0.1)
@@ -370,6 +383,51 @@ def test_more_than_one_replica_is_refused(monkeypatch):
     monkeypatch.setattr(tf.distribute, "get_strategy", lambda: TwoReplicas())
     with pytest.raises(ValueError, match="single replica"):
         DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]))
+
+
+def test_microbatch_neighbour_moves_the_clipped_sum_by_at_most_2c_over_adversarial_orderings(monkeypatch):
+    """sigma = 0; D' = D + x; rows and padding shuffled anew per trial; each example keeps its microbatch."""
+    clip_norm, num_microbatches, num_rows = 1.0, 3, 10
+    rng = np.random.default_rng(0)
+    direction = np.array([1.0, -2.0], np.float32)
+    common_input = np.array([1.0, 0.5, -1.0], np.float32)
+    # Example a has residual +direction, x has residual -10 direction: opposite gradients, so x joining a alone
+    # flips a's clipped microbatch gradient, the worst case 2 C. The other examples have large random gradients.
+    inputs = np.concatenate([common_input[None], rng.normal(size=(5, 3)).astype(np.float32) * 3, common_input[None]])
+    targets = inputs @ KERNEL0 - np.concatenate(
+        [direction[None], rng.normal(size=(5, 2)).astype(np.float32) * 3, -10 * direction[None]])
+    example_x = len(inputs) - 1
+    assignment = tf.Variable(tf.zeros([num_rows], tf.int32))
+    monkeypatch.setattr(microbatches, "random_assignment", lambda *args: assignment.read_value())
+    model = linear_model()
+    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([clip_norm]), num_microbatches=num_microbatches)
+
+    @tf.function
+    def clipped_sum(x, y, weights):
+        with tf.GradientTape() as tape:
+            loss = per_example_mse()(y, model(x)) * weights
+        grads_and_vars = optimizer.compute_gradients(loss, model.trainable_variables, tape=tape)
+        return tf.concat([tf.reshape(grad, [-1]) for grad, _ in grads_and_vars], 0) * num_microbatches
+
+    def batch(examples, example_microbatch):
+        rows = np.full(num_rows, -1)  # -1: a zero-weight padding row
+        rows[rng.choice(num_rows, len(examples), replace=False)] = examples
+        real = rows >= 0
+        x = np.where(real[:, None], inputs[rows], 0.0).astype(np.float32)
+        y = np.where(real[:, None], targets[rows], 0.0).astype(np.float32)
+        assignment.assign(np.where(real, example_microbatch[rows], rng.integers(0, num_microbatches, num_rows)))
+        return clipped_sum(x, y, real.astype(np.float32)).numpy()
+
+    distances = []
+    for trial in range(45):
+        example_microbatch = rng.integers(0, num_microbatches, len(inputs))
+        if trial % 3 == 0:  # The worst case: a and x alone in microbatch 0.
+            example_microbatch = np.array([0, 1, 2, 1, 2, 1, 0])
+        without_x = batch(np.arange(example_x), example_microbatch)
+        with_x = batch(np.arange(example_x + 1), example_microbatch)
+        distances.append(np.linalg.norm(with_x - without_x))
+    assert max(distances) <= 2 * clip_norm * (1 + 1e-5)
+    assert max(distances) > 1.99 * clip_norm  # the bound is attained: 2 sigma of noise is needed, and enough
 
 
 def noise_of_steps(optimizer, num_steps: int, variable: tf.Variable | None = None) -> np.ndarray:
