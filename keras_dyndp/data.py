@@ -34,14 +34,19 @@ on overflow, so the same extra delta applies; it only makes an overflow impossib
 
 Randomness
 ----------
-Sampling is deterministic per ``seed``: a new dataset object built with the same seed yields the same batches.
-Every new iteration over the *same* dataset object (Keras re-iterates a finite dataset each epoch) draws fresh,
-independent batches, so epochs never repeat the same selections. ``seed=None`` seeds from OS entropy. When
-resuming a run from a checkpoint, build the dataset with a new seed (or ``None``): replaying the same selections
-would correlate steps, which the accountants do not allow for.
+The selections must stay secret and must never repeat. ``seed=None`` (the default, and the only choice for a
+model you release) draws 63 bits from the OS (`secrets`) when the dataset is built, so every process samples
+afresh; TensorFlow's global seed (``tf.keras.utils.set_random_seed``) cannot make two processes draw the same
+batches, as it would if the dataset's seed were left to TensorFlow. Every new iteration over the *same* dataset
+object (Keras re-iterates a finite dataset each epoch) draws fresh, independent batches, so epochs never repeat
+the same selections. An integer ``seed`` makes the batches reproducible, for tests and research: a new dataset
+object built with the same seed (and the same global seed, which TensorFlow mixes into every op seed) yields the
+same batches. When resuming a run from a checkpoint with a seed, build the dataset with a new seed: replaying the
+same selections would correlate steps, which the accountants do not allow for.
 """
 
 import math
+import secrets
 import sys
 from typing import Any
 
@@ -185,7 +190,8 @@ def poisson_batches_from_tensors(x: Any, y: Any, sampling_probability: float, *,
         sample_weight: Optional per-example weights, shape [N]; default 1. Padding rows get weight 0.
         max_batch_size: Number of rows of every batch, >= 1; default `default_max_batch_size(N, p)`.
         num_steps: Steps (batches) per iteration over the dataset, >= 1; default `expected_steps_per_epoch(p)`.
-        seed: Sampling seed; None seeds from OS entropy.
+        seed: Sampling seed for reproducible research runs; None (default) draws it from OS entropy, whatever the
+            global seed. See the module docstring.
         overflow: 'truncate' (keep a uniformly random ``max_batch_size`` of the selected examples and print a
             warning) or 'raise' (fail with ``tf.errors.InvalidArgumentError``).
 
@@ -233,6 +239,8 @@ def poisson_batches_from_tensors(x: Any, y: Any, sampling_probability: float, *,
         weights = _gather_rows(sample_weight, indices, keep, num_padding_rows)
         return batch_x, batch_y, weights
 
+    if seed is None:
+        seed = secrets.randbits(63)  # Left to TensorFlow, a None seed would follow the global seed.
     step_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2, drop_remainder=True)
     batches = step_seeds.take(num_steps).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return batches.prefetch(tf.data.AUTOTUNE)
@@ -252,7 +260,7 @@ def poisson_batches(dataset: tf.data.Dataset, num_examples: int, sampling_probab
         num_examples: Number of elements N in ``dataset``, >= 1 (checked).
         sampling_probability: Poisson sampling rate p, in (0, 1].
         max_batch_size: Rows per batch, >= 1; default `default_max_batch_size(N, p)`.
-        seed: Sampling seed; None seeds from OS entropy.
+        seed: Sampling seed; None (default) draws it from OS entropy, as in `poisson_batches_from_tensors`.
         num_steps: Steps per iteration, >= 1; default `expected_steps_per_epoch(p)`.
         overflow: 'truncate' or 'raise', as in `poisson_batches_from_tensors`.
 
@@ -296,7 +304,7 @@ def shuffled_batches(x: Any, y: Any, batch_size: int, seed: int | None = None, *
         x: Features: an array or nest of arrays with N rows.
         y: Labels: an array or nest of arrays with N rows.
         batch_size: Rows per batch, in [1, N].
-        seed: Shuffle seed; None is nondeterministic.
+        seed: Shuffle seed; None (default) draws it from OS entropy, whatever the global seed.
         sample_weight: Optional per-example weights, shape [N]; default 1.
 
     Returns:
@@ -315,6 +323,8 @@ def shuffled_batches(x: Any, y: Any, batch_size: int, seed: int | None = None, *
         batch_x, batch_y = _gather_rows((x, y), indices, keep_all, 0)
         return batch_x, batch_y, tf.gather(sample_weight, indices)
 
+    if seed is None:
+        seed = secrets.randbits(63)
     indices = tf.data.Dataset.range(num_examples).shuffle(num_examples, seed=seed, reshuffle_each_iteration=True)
     batches = indices.batch(batch_size, drop_remainder=True).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
     return batches.prefetch(tf.data.AUTOTUNE)

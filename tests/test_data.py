@@ -183,3 +183,17 @@ def test_bad_arguments():
         data.poisson_batches(tf.data.Dataset.from_tensor_slices((x, y)), 0, P)
     with pytest.raises(ValueError, match=r"`batch_size` must be in \[1, N=5\]"):
         data.shuffled_batches(x, y, batch_size=6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x, y: data.poisson_batches_from_tensors(x, y, P, num_steps=5),
+    lambda x, y: data.shuffled_batches(x, y, batch_size=20),
+])
+def test_seed_none_draws_os_entropy_whatever_the_global_seed(make):
+    x, y = _arrays()
+    selections = []
+    for _ in range(2):
+        tf.keras.utils.set_random_seed(1234)  # as two processes, or a resumed run, would
+        selections.append(_selections(make(x, y)))
+    assert any(set(a) != set(b) for a, b in zip(*selections))
+
