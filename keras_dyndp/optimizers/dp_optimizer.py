@@ -24,6 +24,10 @@ The noise (and the microbatch membership) comes from the optimizer's own `tf.ran
 entropy and never saved (`keras_dyndp.optimizers.noise_source`): the global seed does not reach it and a restored
 checkpoint does not replay it. `noise_seed` makes it reproducible for tests and research only.
 
+Sampling. The batches must be Poisson samples at the schedule's p (`keras_dyndp.optimizers.sampling_check`): with N
+known (`expected_batch_size` = p N) a step whose number of examples is far outside Binomial(N, p) raises, and
+`model.fit` on data that is not a keras_dyndp Poisson dataset gets one `SamplingWarning`.
+
 What is protected: each example under add-or-remove-one adjacency, with Poisson sampling at rate
 `schedule.sampling_probability` assumed for the accounting, and every intermediate model released.
 
@@ -97,6 +101,7 @@ from keras_dyndp import schedules
 from keras_dyndp.optimizers import clip_and_noise
 from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers import noise_source
+from keras_dyndp.optimizers import sampling_check
 
 _BUDGET_ARGUMENTS = ("target_epsilon", "target_delta", "num_examples", "batch_size", "epochs", "steps", "method",
                      "initial_clip", "rho_mu", "rho_c", "accountant")
@@ -257,7 +262,8 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             'pld').
           num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
             microbatches, with twice the noise at every step (see the module docstring).
-          expected_batch_size: normaliser of the noisy sum (None: the actual number of rows).
+          expected_batch_size: p N, the normaliser of the noisy sum (None: the actual number of rows). With it, a
+            batch whose number of examples is far outside Binomial(N, p) is refused.
           noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
             integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
             knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
@@ -299,6 +305,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             self._expected_batch_size = expected_batch_size
             self._dp_gradient_guard = _DPGradientGuard()
             self._noise_source = noise_source.NoiseSource(noise_seed)
+            self._sampling_check = sampling_check.SamplingCheck(schedule.sampling_probability, expected_batch_size)
             with tf.init_scope():
                 self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
                 self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
@@ -348,6 +355,9 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
             return self._schedule_value(self._noise_stddevs_tensor)
 
+        def _step_checks(self, batch_size_check: tf.Operation | None) -> list[tf.Operation]:
+            return [check for check in (self._budget_check(), batch_size_check) if check is not None]
+
         def _noise_and_normalise(
             self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
         ) -> list[tf.Tensor]:
@@ -377,7 +387,10 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
               A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
 
             Raises:
-              ValueError: if the loss is a scalar (already averaged) or `tape` is missing.
+              ValueError: if the loss is a scalar (already averaged) or `tape` is missing, or if `model.fit`
+                received Poisson batches at another rate than the schedule's.
+              tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
+                outside the schedule's Poisson sampling (see `sampling_check`).
             """
             _check_single_replica()
             if tape is None and not callable(loss):
@@ -401,6 +414,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                     "the model with a loss built with reduction=tf.keras.losses.Reduction.NONE, e.g. "
                     "tf.keras.losses.SparseCategoricalCrossentropy(reduction=tf.keras.losses.Reduction.NONE)."
                 )
+            self._sampling_check.inspect_fit_input(self)
             num_rows = tf.shape(loss)[0]
             with tape:
                 per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
@@ -418,7 +432,11 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             per_unit_grads = tape.jacobian(
                 unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO
             )
-            with tf.control_dependencies([self._budget_check()]):
+            # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
+            batch_size_check = self._sampling_check.assertion(
+                sampling_check.count_nonzero_rows(per_example_losses), num_rows
+            )
+            with tf.control_dependencies(self._step_checks(batch_size_check)):
                 clip_norm = self.current_clip_norm()
                 noise_stddev = self.current_noise_stddev()
             if self._num_microbatches is None:
@@ -459,7 +477,11 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                 )
 
         def apply_clipped_gradient_sum(
-            self, clipped_sums: Sequence[Optional[tf.Tensor]], num_rows, var_list: Sequence[tf.Variable]
+            self,
+            clipped_sums: Sequence[Optional[tf.Tensor]],
+            num_rows,
+            var_list: Sequence[tf.Variable],
+            sample_weight: tf.Tensor | None = None,
         ) -> tf.Variable:
             """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
 
@@ -473,9 +495,16 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                 (`None` for a variable without gradient: treated as zero and still noised).
               num_rows: number of rows in the batch (int scalar, may be a tensor).
               var_list: the variables, in the order of `clipped_sums`.
+              sample_weight: the batch's sample weights ([num_rows, ...]) or None (every row is an example); the
+                rows with a non-zero weight are the examples that the batch-size check counts.
 
             Returns:
               The `iterations` (= `dp_step`) variable, as `apply_gradients` does.
+
+            Raises:
+              ValueError: if `model.fit` received Poisson batches at another rate than the schedule's.
+              tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
+                outside the schedule's Poisson sampling (see `sampling_check`).
             """
             _check_single_replica()
             var_list = list(var_list)
@@ -488,7 +517,10 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                 tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
                 for grad, var in zip(clipped_sums, var_list)
             ]
-            with tf.control_dependencies([self._budget_check()]):
+            self._sampling_check.inspect_fit_input(self)
+            num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
+            batch_size_check = self._sampling_check.assertion(num_examples, num_examples)
+            with tf.control_dependencies(self._step_checks(batch_size_check)):
                 noise_stddev = self.current_noise_stddev()
             grads = self._noise_and_normalise(clipped_sums, noise_stddev, self._row_normaliser(num_rows))
             return self._apply_private_gradients(list(zip(grads, var_list)))
