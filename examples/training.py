@@ -24,7 +24,10 @@ Privacy unit: one training example (add-or-remove-one adjacency); for ``examples
 Only the noised updates are private: loss and accuracy of a training batch are computed without noise, so DP runs
 compute none unless ``--training_metrics`` asks for them (then the report says they are outside the guarantee).
 The sampling and noise randomness must stay secret for the guarantee to hold: ``--seed`` makes experiments
-reproducible and is meant for research; leave it unset (OS entropy) for a model you release.
+reproducible and is meant for research; leave it unset (OS entropy) for a model you release. It seeds the model's
+initialisation (TensorFlow's global seed) and, through seeds derived from (--seed, the step a run starts or resumes
+at), the Poisson batches and the optimizer's ``noise_seed``; the DP noise never follows the global seed. A resumed
+run thus repeats neither the batches nor the noise of the steps before it.
 """
 
 from __future__ import annotations
@@ -106,8 +109,10 @@ flags.DEFINE_bool("training_metrics", False,
                   "They are computed on the private batches without noise, outside the DP guarantee; off, DP "
                   "runs compute none. --method=nonprivate always shows them (it has no guarantee).")
 flags.DEFINE_integer("seed", None,
-                     "Seed of initialisation, sampling and noise, for reproducible experiments. Unset: OS "
-                     "entropy. A known seed reveals the noise and the batches: never publish it with a model.")
+                     "Seed for reproducible experiments: fixes the model's initialisation and, derived afresh for "
+                     "each start or resume step, the Poisson batches and the DP noise (so a resumed run replays "
+                     "neither). Unset: OS entropy. A known seed reveals the noise and the batches: never publish it "
+                     "with a model.")
 flags.DEFINE_string("model_dir", None,
                     "Directory for checkpoints (model + optimizer, resumed when rerun) and TensorBoard logs.")
 flags.DEFINE_string("results_csv", None, "CSV file to which one row per run is appended.")
@@ -244,12 +249,15 @@ def make_schedule(config: RunConfig, num_train: int) -> tuple[schedules.DPSchedu
     return schedule, p, num_steps
 
 
-def make_optimizer(config: RunConfig, schedule: schedules.DPSchedule | None) -> tf.keras.optimizers.Optimizer:
-    """The Keras optimizer of the run: a `DynamicDPKeras*` following `schedule`, or the plain one."""
+def make_optimizer(config: RunConfig, schedule: schedules.DPSchedule | None,
+                   noise_seed: int | None = None) -> tf.keras.optimizers.Optimizer:
+    """The Keras optimizer of the run: a `DynamicDPKeras*` following `schedule` (its noise seeded by `noise_seed`,
+    None: OS entropy), or the plain one."""
     plain_cls, dp_cls = OPTIMIZERS[config.optimizer]
     if schedule is None:
         return plain_cls(learning_rate=config.learning_rate)
-    return dp_cls(schedule=schedule, expected_batch_size=config.batch_size, learning_rate=config.learning_rate)
+    return dp_cls(schedule=schedule, expected_batch_size=config.batch_size, learning_rate=config.learning_rate,
+                  noise_seed=noise_seed)
 
 
 def make_loss_and_metric(task: Task, private: bool) -> tuple[tf.keras.losses.Loss, tf.keras.metrics.Metric]:
@@ -293,11 +301,24 @@ def train_batches(config: RunConfig, data: datasets.TaskData, p: float, seed: in
     return dp_data.shuffled_batches(data.x_train, data.y_train, config.batch_size, seed=seed)
 
 
-def _derived_seed(seed: int | None, start_step: int) -> int | None:
-    """A fresh seed for each (seed, resume point): a resumed run must not replay the batches or the noise."""
+_BATCH_STREAM, _NOISE_STREAM = 0, 1
+
+
+def _derived_seed(seed: int | None, start_step: int, stream: int) -> int | None:
+    """A fresh seed for each (seed, resume point, stream): a resumed run must not replay the batches or the noise.
+
+    `stream` (`_BATCH_STREAM` or `_NOISE_STREAM`) keeps the batches' and the noise's seeds apart. None stays None
+    (OS entropy).
+    """
     if seed is None:
         return None
-    return int(np.random.SeedSequence([seed, start_step]).generate_state(1)[0])
+    return int(np.random.SeedSequence([seed, start_step, stream]).generate_state(1)[0])
+
+
+def _checkpoint_step(model_dir: str | None) -> int:
+    """The step of the latest checkpoint under `model_dir` (its number, see `_SaveCheckpoint`); 0 if none."""
+    latest = None if model_dir is None else tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    return 0 if latest is None else int(latest.rsplit("-", 1)[1])
 
 
 class _StopAtStep(tf.keras.callbacks.Callback):
@@ -469,7 +490,9 @@ def train(task: Task) -> RunResult:
     if config.seed is not None:
         tf.keras.utils.set_random_seed(config.seed)
     model = task.build_model(data)
-    optimizer = make_optimizer(config, schedule)
+    # The noise seed must be fixed before the optimizer exists, hence before the checkpoint restores its counter.
+    optimizer = make_optimizer(config, schedule,
+                               _derived_seed(config.seed, _checkpoint_step(FLAGS.model_dir), _NOISE_STREAM))
     model = compile_model(model, task, optimizer, config.private)
     optimizer.build(model.trainable_variables)
     counter = optimizer.iterations  # = optimizer.dp_step for the DP optimizers.
@@ -487,8 +510,6 @@ def train(task: Task) -> RunResult:
         fit_callbacks += [_SaveCheckpoint(manager, counter),
                           tf.keras.callbacks.TensorBoard(os.path.join(FLAGS.model_dir, "logs"), profile_batch=0)]
     start_step = int(counter.numpy())
-    if config.seed is not None and start_step > 0:
-        tf.random.set_seed(_derived_seed(config.seed, start_step))  # Fresh noise after a resume.
     if start_step:
         print(f"Resumed from {FLAGS.model_dir} at step {start_step} of {num_steps}.")
     print(f"{task.name}: method={config.method} N={data.num_train} batch={config.batch_size} ({config.sampling}) "
@@ -497,7 +518,7 @@ def train(task: Task) -> RunResult:
              f"rho_mu={config.rho_mu:g} rho_c={config.rho_c:g}" if config.private else ""))
 
     if start_step < stop_step:
-        batches = train_batches(config, data, p, _derived_seed(config.seed, start_step))
+        batches = train_batches(config, data, p, _derived_seed(config.seed, start_step, _BATCH_STREAM))
         steps_per_epoch = int(batches.cardinality().numpy())
         model.fit(batches, epochs=math.ceil(stop_step / steps_per_epoch), initial_epoch=start_step // steps_per_epoch,
                   callbacks=fit_callbacks, verbose=FLAGS.verbose)

@@ -9,8 +9,9 @@ already taken). Accounting itself is `DPSchedule.epsilon`; nothing is re-derived
   callbacks in list order: list `PrivacyLogger` BEFORE ``tf.keras.callbacks.TensorBoard`` (or CSVLogger, ...)
   for them to see the keys. The progress bar runs first and does not show them. With ``log_dir`` it also writes
   TensorBoard scalars itself (x axis: DP steps), independent of the order.
-* `BudgetStop` sets ``model.stop_training`` once ``dp_step`` reaches T, so ``fit`` ends gracefully instead of
-  hitting the optimizer's in-graph guard, and refuses to start training on a spent schedule.
+* `BudgetStop` sets ``model.stop_training`` once ``dp_step`` reaches T (shortening the last call of a
+  ``steps_per_execution`` loop to end exactly there), so ``fit`` ends gracefully instead of hitting the
+  optimizer's in-graph guard, and refuses to start training on a spent schedule.
 """
 
 import os
@@ -128,15 +129,20 @@ class PrivacyLogger(tf.keras.callbacks.Callback):
 
 
 class BudgetStop(tf.keras.callbacks.Callback):
-    """Stops ``fit`` once the optimizer has taken all T steps of its schedule (the privacy budget is spent).
+    """Stops ``fit`` exactly when the optimizer has taken all T steps of its schedule (the budget is spent).
 
-    Checked after every batch (every ``steps_per_execution`` steps when that is > 1; the optimizer's in-graph
-    guard still refuses steps beyond T). Training on an already spent schedule is refused at ``fit`` start.
+    Checked after every batch. With ``steps_per_execution`` = k > 1, Keras runs k steps per call and the callbacks
+    see only every k-th step; when fewer than k steps of the budget remain, the next call would run past T into the
+    optimizer's in-graph guard and ``fit`` would end in an InvalidArgumentError, losing the epoch's History and
+    epsilon. So before each call the callback shortens that call to the remaining steps (Keras's
+    ``steps_per_execution`` variable, restored at the end of training), and ``fit`` ends gracefully at T. Training on
+    an already spent schedule is refused at ``fit`` start.
     """
 
     def __init__(self):
         super().__init__()
         self.stopped_at_step: int | None = None
+        self._steps_per_execution: int | None = None  # Keras's value, while this callback has shortened it.
 
     def _spent(self) -> tuple[bool, int, int]:
         optimizer = _dp_optimizer(self.model, type(self).__name__)
@@ -150,6 +156,16 @@ class BudgetStop(tf.keras.callbacks.Callback):
                                f"{steps} of the schedule's {total} DP steps. Training more would exceed the "
                                "accounted budget; build a new schedule (and a new optimizer) to continue.")
 
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        steps_per_execution = getattr(self.model, "_steps_per_execution", None)  # Keras 2's tf.Variable.
+        if steps_per_execution is None:
+            return
+        _, steps, total = self._spent()
+        if total - steps < int(steps_per_execution.numpy()):
+            if self._steps_per_execution is None:
+                self._steps_per_execution = int(steps_per_execution.numpy())
+            steps_per_execution.assign(max(total - steps, 1))
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         spent, steps, total = self._spent()
         if spent and not self.model.stop_training:
@@ -157,3 +173,8 @@ class BudgetStop(tf.keras.callbacks.Callback):
             self.stopped_at_step = steps
             logging.warning("BudgetStop: privacy budget spent: %d of the schedule's %d DP steps taken; "
                             "stopping training.", steps, total)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._steps_per_execution is not None:
+            self.model._steps_per_execution.assign(self._steps_per_execution)  # pylint: disable=protected-access
+            self._steps_per_execution = None

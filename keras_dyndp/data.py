@@ -34,15 +34,32 @@ on overflow, so the same extra delta applies; it only makes an overflow impossib
 
 Randomness
 ----------
-Sampling is deterministic per ``seed``: a new dataset object built with the same seed yields the same batches.
-Every new iteration over the *same* dataset object (Keras re-iterates a finite dataset each epoch) draws fresh,
-independent batches, so epochs never repeat the same selections. ``seed=None`` seeds from OS entropy. When
-resuming a run from a checkpoint, build the dataset with a new seed (or ``None``): replaying the same selections
-would correlate steps, which the accountants do not allow for.
+The selections must stay secret and must never repeat. ``seed=None`` (the default, and the only choice for a
+model you release) draws 63 bits from the OS (`secrets`) when the dataset is built, so every process samples
+afresh; TensorFlow's global seed (``tf.keras.utils.set_random_seed``) cannot make two processes draw the same
+batches, as it would if the dataset's seed were left to TensorFlow. Every new iteration over the *same* dataset
+object (Keras re-iterates a finite dataset each epoch) draws fresh, independent batches, so epochs never repeat
+the same selections. An integer ``seed`` makes the batches reproducible, for tests and research: a new dataset
+object built with the same seed (and the same global seed, which TensorFlow mixes into every op seed) yields the
+same batches. When resuming a run from a checkpoint with a seed, build the dataset with a new seed: replaying the
+same selections would correlate steps, which the accountants do not allow for.
+
+Telling the optimizer what it trains on
+---------------------------------------
+The datasets returned by `poisson_batches_from_tensors` and `poisson_batches` are registered with their N, p and
+cap (`poisson_sampling`), so a keras_dyndp DP optimizer can check that ``model.fit`` received Poisson batches at
+its schedule's p, and warn once when it received anything else. Pass the returned dataset to ``fit`` unchanged (a
+derived dataset, e.g. ``.repeat()``, is a new object and not registered). `batch_size_range` is the range of batch
+sizes the optimizers accept at each step.
 """
 
+from __future__ import annotations
+
+import dataclasses
 import math
+import secrets
 import sys
+import weakref
 from typing import Any
 
 import scipy.stats
@@ -53,7 +70,34 @@ from keras_dyndp import validation
 #: Tail probability that sets `default_max_batch_size`: P[Binomial(N, p) > cap] <= this.
 DEFAULT_OVERFLOW_TAIL = 1e-15
 
+#: Tail probability on each side of `batch_size_range`.
+BATCH_SIZE_TAIL = 1e-12
+
 _OVERFLOW_POLICIES = ("truncate", "raise")
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonSampling:
+    """How a dataset made by this module samples: N examples, rate p, batches padded to ``max_batch_size`` rows."""
+
+    num_examples: int
+    sampling_probability: float
+    max_batch_size: int
+
+
+# The datasets this module returned, with their sampling; weak keys, so registering keeps no dataset alive.
+_POISSON_DATASETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def poisson_sampling(dataset: Any) -> PoissonSampling | None:
+    """The `PoissonSampling` of a dataset returned by `poisson_batches_from_tensors` / `poisson_batches`, else None.
+
+    Anything else, including a dataset derived from one of them (``.repeat()``, ``.take()``, ...), gives None.
+    """
+    try:
+        return _POISSON_DATASETS.get(dataset)
+    except TypeError:  # Not weak-referenceable or not hashable (numpy arrays, lists, ...): not ours.
+        return None
 
 
 def expected_steps_per_epoch(sampling_probability: float) -> int:
@@ -97,6 +141,36 @@ def default_max_batch_size(num_examples: int, sampling_probability: float,
         else:
             low = middle + 1
     return max(low, 1)
+
+
+def batch_size_range(num_examples: int, sampling_probability: float,
+                     tail_probability: float = BATCH_SIZE_TAIL) -> tuple[int, int]:
+    """The batch sizes ``[low, high]`` that Poisson sampling leaves with probability at most the tail on each side.
+
+    ``low`` is the largest size with ``P[Binomial(N, p) < low] <= tail_probability`` and ``high`` is
+    ``default_max_batch_size(N, p, tail_probability)``, so ``P[Binomial(N, p) > high] <= tail_probability``. The DP
+    optimizers refuse a batch outside it: with the default tail of 1e-12, a correctly sampled run of T steps trips
+    the check with probability at most ``2e-12 T``.
+
+    Args:
+        num_examples: Number of training examples N, >= 1.
+        sampling_probability: Poisson sampling rate p, in (0, 1].
+        tail_probability: Allowed probability of each tail, in (0, 1).
+
+    Returns:
+        ``(low, high)``. For N = 60000, p = 250 / 60000: (147, 369); for p = 1: (N, N).
+    """
+    high = default_max_batch_size(num_examples, sampling_probability, tail_probability)
+    binom = scipy.stats.binom(num_examples, sampling_probability)
+    # Bisection for the largest low with cdf(low - 1) <= tail (cdf is non-decreasing; low = 0 always qualifies).
+    low, top = 0, high
+    while low < top:
+        middle = (low + top + 1) // 2
+        if binom.cdf(middle - 1) <= tail_probability:
+            low = middle
+        else:
+            top = middle - 1
+    return low, high
 
 
 def truncation_delta(num_examples: int, sampling_probability: float, max_batch_size: int, num_steps: int,
@@ -185,7 +259,8 @@ def poisson_batches_from_tensors(x: Any, y: Any, sampling_probability: float, *,
         sample_weight: Optional per-example weights, shape [N]; default 1. Padding rows get weight 0.
         max_batch_size: Number of rows of every batch, >= 1; default `default_max_batch_size(N, p)`.
         num_steps: Steps (batches) per iteration over the dataset, >= 1; default `expected_steps_per_epoch(p)`.
-        seed: Sampling seed; None seeds from OS entropy.
+        seed: Sampling seed for reproducible research runs; None (default) draws it from OS entropy, whatever the
+            global seed. See the module docstring.
         overflow: 'truncate' (keep a uniformly random ``max_batch_size`` of the selected examples and print a
             warning) or 'raise' (fail with ``tf.errors.InvalidArgumentError``).
 
@@ -233,9 +308,13 @@ def poisson_batches_from_tensors(x: Any, y: Any, sampling_probability: float, *,
         weights = _gather_rows(sample_weight, indices, keep, num_padding_rows)
         return batch_x, batch_y, weights
 
+    if seed is None:
+        seed = secrets.randbits(63)  # Left to TensorFlow, a None seed would follow the global seed.
     step_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2, drop_remainder=True)
     batches = step_seeds.take(num_steps).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return batches.prefetch(tf.data.AUTOTUNE)
+    batches = batches.prefetch(tf.data.AUTOTUNE)
+    _POISSON_DATASETS[batches] = PoissonSampling(num_examples, sampling_probability, max_batch_size)
+    return batches
 
 
 def poisson_batches(dataset: tf.data.Dataset, num_examples: int, sampling_probability: float,
@@ -252,7 +331,7 @@ def poisson_batches(dataset: tf.data.Dataset, num_examples: int, sampling_probab
         num_examples: Number of elements N in ``dataset``, >= 1 (checked).
         sampling_probability: Poisson sampling rate p, in (0, 1].
         max_batch_size: Rows per batch, >= 1; default `default_max_batch_size(N, p)`.
-        seed: Sampling seed; None seeds from OS entropy.
+        seed: Sampling seed; None (default) draws it from OS entropy, as in `poisson_batches_from_tensors`.
         num_steps: Steps per iteration, >= 1; default `expected_steps_per_epoch(p)`.
         overflow: 'truncate' or 'raise', as in `poisson_batches_from_tensors`.
 
@@ -296,7 +375,7 @@ def shuffled_batches(x: Any, y: Any, batch_size: int, seed: int | None = None, *
         x: Features: an array or nest of arrays with N rows.
         y: Labels: an array or nest of arrays with N rows.
         batch_size: Rows per batch, in [1, N].
-        seed: Shuffle seed; None is nondeterministic.
+        seed: Shuffle seed; None (default) draws it from OS entropy, whatever the global seed.
         sample_weight: Optional per-example weights, shape [N]; default 1.
 
     Returns:
@@ -315,6 +394,8 @@ def shuffled_batches(x: Any, y: Any, batch_size: int, seed: int | None = None, *
         batch_x, batch_y = _gather_rows((x, y), indices, keep_all, 0)
         return batch_x, batch_y, tf.gather(sample_weight, indices)
 
+    if seed is None:
+        seed = secrets.randbits(63)
     indices = tf.data.Dataset.range(num_examples).shuffle(num_examples, seed=seed, reshuffle_each_iteration=True)
     batches = indices.batch(batch_size, drop_remainder=True).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
     return batches.prefetch(tf.data.AUTOTUNE)

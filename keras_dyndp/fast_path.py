@@ -98,7 +98,7 @@ def _private_train_step(self: tf.keras.Model, data) -> dict[str, tf.Tensor]:
         self, loss_fn, x, y, sample_weight, clip_norm, var_list, method=self._keras_dyndp_method
     )
     _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
-    optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list)
+    optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list, sample_weight=sample_weight)
     if not self._keras_dyndp_training_metrics:
         return {}  # Nothing computed on the private batch leaves the step.
     self.compute_loss(x, y, y_pred, sample_weight)

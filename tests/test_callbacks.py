@@ -146,3 +146,28 @@ def test_fit_with_dp_optimizer_logs_epsilon_and_stops_at_budget():
     assert budget_stop.stopped_at_step == 6
     assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
     assert history.history["noise_stddev"][-1] == pytest.approx(0.5)
+
+
+def test_budget_stop_ends_a_steps_per_execution_loop_exactly_at_the_budget():
+    optimizers = pytest.importorskip("keras_dyndp.optimizers")
+    num_examples, p = 40, 0.25
+    x = np.random.default_rng(1).normal(size=(num_examples, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    schedule = schedules.DPSchedule(np.full(10, 1.0), np.full(10, 0.5), sampling_probability=p)
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    model.compile(
+        optimizer=optimizers.DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p,
+                                               learning_rate=0.1),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                           reduction=tf.keras.losses.Reduction.NONE),
+        steps_per_execution=3)
+    dataset = data.poisson_batches_from_tensors(x, y, p)  # 4 steps per epoch: calls of 3 and 1 steps
+    budget_stop = callbacks.BudgetStop()
+    # The third epoch starts at step 8 with a call of 3 steps, which would run step 10 past T = 10.
+    history = model.fit(dataset, epochs=5, verbose=0,
+                        callbacks=[callbacks.PrivacyLogger("gdp_clt", delta=DELTA), budget_stop])
+    assert history.history["dp_step"] == [4.0, 8.0, 10.0]
+    assert len(history.history["loss"]) == 3
+    assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
+    assert budget_stop.stopped_at_step == 10 == int(model.optimizer.dp_step)
+    assert int(model._steps_per_execution.numpy()) == 3  # restored for later calls (evaluate, predict)

@@ -183,3 +183,38 @@ def test_bad_arguments():
         data.poisson_batches(tf.data.Dataset.from_tensor_slices((x, y)), 0, P)
     with pytest.raises(ValueError, match=r"`batch_size` must be in \[1, N=5\]"):
         data.shuffled_batches(x, y, batch_size=6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x, y: data.poisson_batches_from_tensors(x, y, P, num_steps=5),
+    lambda x, y: data.shuffled_batches(x, y, batch_size=20),
+])
+def test_seed_none_draws_os_entropy_whatever_the_global_seed(make):
+    x, y = _arrays()
+    selections = []
+    for _ in range(2):
+        tf.keras.utils.set_random_seed(1234)  # as two processes, or a resumed run, would
+        selections.append(_selections(make(x, y)))
+    assert any(set(a) != set(b) for a, b in zip(*selections))
+
+
+def test_poisson_datasets_are_registered_with_their_sampling():
+    x, y = _arrays()
+    from_tensors = data.poisson_batches_from_tensors(x, y, P, max_batch_size=40, seed=0)
+    from_dataset = data.poisson_batches(tf.data.Dataset.from_tensor_slices((x, y)), NUM_EXAMPLES, 0.2, seed=0)
+    assert data.poisson_sampling(from_tensors) == data.PoissonSampling(NUM_EXAMPLES, P, 40)
+    assert data.poisson_sampling(from_dataset) == data.PoissonSampling(
+        NUM_EXAMPLES, 0.2, data.default_max_batch_size(NUM_EXAMPLES, 0.2))
+    for other in (from_tensors.repeat(), data.shuffled_batches(x, y, batch_size=20), x, [1, 2], None):
+        assert data.poisson_sampling(other) is None
+
+
+@pytest.mark.parametrize("num_examples, p", [(60000, 250 / 60000), (1797, 64 / 1797), (40, 0.25), (10, 1.0)])
+def test_batch_size_range_holds_all_but_the_tails(num_examples, p):
+    low, high = data.batch_size_range(num_examples, p)
+    binomial = scipy.stats.binom(num_examples, p)
+    tail = data.BATCH_SIZE_TAIL
+    assert binomial.cdf(low - 1) <= tail and binomial.sf(high) <= tail
+    assert low == 0 or binomial.cdf(low) > tail  # the range is the tightest one
+    assert high == 1 or binomial.sf(high - 1) > tail
+    assert low <= num_examples * p <= high

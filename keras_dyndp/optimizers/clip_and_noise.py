@@ -8,8 +8,9 @@ where g_i is the gradient of example (or microbatch) i flattened over ALL traina
 min(1, C_t / ||g_i||_2), and the noise of absolute standard deviation sigma_t is added ONCE, to the SUM. The noise
 multiplier that privacy depends on is z_t = sigma_t / C_t (TF-Privacy's `noise_multiplier`; Opacus's
 `noise_multiplier`); normalising the noisy sum afterwards (dividing by the batch size) is post-processing and
-changes no privacy. These functions hold no state, never read Python values at run time and compile under XLA, so
-the optimizers and the fast per-example path share one implementation of the mechanism.
+changes no privacy. These functions hold no state (the noise generator is passed in), never read Python values at
+run time and compile under XLA, so the optimizers and the fast per-example path share one implementation of the
+mechanism.
 
 References:
   Abadi et al., Deep Learning with Differential Privacy, https://arxiv.org/abs/1607.00133
@@ -92,17 +93,20 @@ def clip_by_global_norm_per_example(
     return clipped_sums, norms
 
 
-def add_gaussian_noise(tensors: Sequence[tf.Tensor], noise_stddev: tf.Tensor | float) -> list[tf.Tensor]:
+def add_gaussian_noise(
+    tensors: Sequence[tf.Tensor], noise_stddev: tf.Tensor | float, *, generator: tf.random.Generator
+) -> list[tf.Tensor]:
     """Adds independent N(0, noise_stddev^2) noise to every coordinate of every tensor.
 
     `noise_stddev` is ABSOLUTE: pass sigma_t = z_t * C_t when `tensors` are sums of gradients clipped to C_t.
-    The noise comes from TensorFlow's stateful random ops (seeded by `tf.random.set_seed` if the program sets it,
-    else from the OS); its state is not part of any checkpoint, so a released checkpoint does not reveal the noise.
-    TensorFlow's generator is not cryptographically secure, as in TF-Privacy and Opacus's default mode.
+    The noise comes from `generator` alone, never from TensorFlow's global seed: the optimizers pass their own
+    generator, seeded from OS entropy and kept out of checkpoints (`keras_dyndp.optimizers.noise_source`), so the
+    noise cannot be repeated by a seed or replayed by a restore. Each call advances the generator.
 
     Args:
       tensors: the clipped sums, one per variable.
       noise_stddev: the standard deviation sigma >= 0, a scalar.
+      generator: the `tf.random.Generator` to draw from.
 
     Returns:
       The noised tensors, same shapes and dtypes.
@@ -110,6 +114,6 @@ def add_gaussian_noise(tensors: Sequence[tf.Tensor], noise_stddev: tf.Tensor | f
     noise_stddev = tf.cast(noise_stddev, tf.float32)
     noised = []
     for tensor in tensors:
-        noise = tf.random.normal(tf.shape(tensor), stddev=noise_stddev, dtype=tf.float32)
+        noise = generator.normal(tf.shape(tensor), stddev=noise_stddev, dtype=tf.float32)
         noised.append(tensor + tf.cast(noise, tensor.dtype))
     return noised

@@ -20,6 +20,14 @@
    * microbatches (`num_microbatches` = M): n = M, a constant.
    The optimizers built from budget arguments set `expected_batch_size = batch_size`.
 
+The noise (and the microbatch membership) comes from the optimizer's own `tf.random.Generator`, seeded from OS
+entropy and never saved (`keras_dyndp.optimizers.noise_source`): the global seed does not reach it and a restored
+checkpoint does not replay it. `noise_seed` makes it reproducible for tests and research only.
+
+Sampling. The batches must be Poisson samples at the schedule's p (`keras_dyndp.optimizers.sampling_check`): with N
+known (`expected_batch_size` = p N) a step whose number of examples is far outside Binomial(N, p) raises, and
+`model.fit` on data that is not a keras_dyndp Poisson dataset gets one `SamplingWarning`.
+
 What is protected: each example under add-or-remove-one adjacency, with Poisson sampling at rate
 `schedule.sampling_probability` assumed for the accounting, and every intermediate model released.
 
@@ -42,11 +50,12 @@ harmless: past T both the clipping norm and the noise are 0, the applied gradien
 the data is released. Stop training at T (the `keras_dyndp.callbacks.BudgetStop` callback does) rather than rely on
 this.
 
-Microbatches. With `num_microbatches` = M < batch size, the loss is averaged within each of M equal microbatches
-and each microbatch mean gradient is clipped. Under add-or-remove-one adjacency one example can move a clipped
-microbatch mean by up to 2 C_k (tensorflow/privacy#620), so the optimizer adds noise of std 2 sigma_k in such steps:
-the ratio of sensitivity to noise, hence the schedule's accounting, stays valid. The batch size must be a non-zero
-multiple of M: use fixed-size (padded) batches such as `keras_dyndp.data.poisson_batches` gives.
+Microbatches. With `num_microbatches` = M, every row joins one of M microbatches uniformly at random, independently
+of its position and of the other rows, the loss is averaged within each microbatch over its rows with a non-zero
+loss, and each microbatch gradient is clipped. One example then moves exactly one clipped microbatch gradient, by
+up to 2 C_k (tensorflow/privacy#620), so the optimizer adds noise of std 2 sigma_k at every step: the ratio of
+sensitivity to noise, hence the schedule's accounting, stays valid. `keras_dyndp.optimizers.microbatches` proves it.
+Any batch size works.
 
 Speed. The generic path computes all per-example gradients with one pfor-vectorised `tape.jacobian` (as
 TF-Privacy's vectorized optimizers); each row back-propagates through the batched graph, so it costs O(B^2)
@@ -90,6 +99,9 @@ import tensorflow as tf
 
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import clip_and_noise
+from keras_dyndp.optimizers import microbatches
+from keras_dyndp.optimizers import noise_source
+from keras_dyndp.optimizers import sampling_check
 
 _BUDGET_ARGUMENTS = ("target_epsilon", "target_delta", "num_examples", "batch_size", "epochs", "steps", "method",
                      "initial_clip", "rho_mu", "rho_c", "accountant")
@@ -248,9 +260,13 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
           rho_mu, rho_c: the schedule's growth of mu and decay of C over the run (>= 1; default 1).
           accountant: accountant the budget is met under ('gdp_clt', the paper's and the default, or 'rdp' /
             'pld').
-          num_microbatches: None (default) clips every example; an integer M clips the means of M equal
-            microbatches, with twice the noise when a microbatch holds more than one example.
-          expected_batch_size: normaliser of the noisy sum (None: the actual number of rows).
+          num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
+            microbatches, with twice the noise at every step (see the module docstring).
+          expected_batch_size: p N, the normaliser of the noisy sum (None: the actual number of rows). With it, a
+            batch whose number of examples is far outside Binomial(N, p) is refused.
+          noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
+            integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
+            knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
           **kwargs: arguments of `{base_cls.__name__}` (learning_rate, ...), keyword only.
         """
 
@@ -271,6 +287,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             accountant: Optional[str] = None,
             num_microbatches: Optional[int] = None,
             expected_batch_size: Optional[float] = None,
+            noise_seed: int | None = None,
             **kwargs,
         ):
             budget = dict(
@@ -287,6 +304,8 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             self._num_microbatches = num_microbatches
             self._expected_batch_size = expected_batch_size
             self._dp_gradient_guard = _DPGradientGuard()
+            self._noise_source = noise_source.NoiseSource(noise_seed)
+            self._sampling_check = sampling_check.SamplingCheck(schedule.sampling_probability, expected_batch_size)
             with tf.init_scope():
                 self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
                 self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
@@ -336,10 +355,15 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
             """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
             return self._schedule_value(self._noise_stddevs_tensor)
 
+        def _step_checks(self, batch_size_check: tf.Operation | None) -> list[tf.Operation]:
+            return [check for check in (self._budget_check(), batch_size_check) if check is not None]
+
         def _noise_and_normalise(
             self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
         ) -> list[tf.Tensor]:
-            noised = clip_and_noise.add_gaussian_noise(clipped_sums, noise_stddev)
+            noised = clip_and_noise.add_gaussian_noise(
+                clipped_sums, noise_stddev, generator=self._noise_source.generator
+            )
             return [grad / tf.cast(normaliser, grad.dtype) for grad in noised]
 
         def _row_normaliser(self, num_rows: tf.Tensor) -> tf.Tensor:
@@ -363,7 +387,10 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
               A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
 
             Raises:
-              ValueError: if the loss is a scalar (already averaged) or `tape` is missing.
+              ValueError: if the loss is a scalar (already averaged) or `tape` is missing, or if `model.fit`
+                received Poisson batches at another rate than the schedule's.
+              tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
+                outside the schedule's Poisson sampling (see `sampling_check`).
             """
             _check_single_replica()
             if tape is None and not callable(loss):
@@ -387,32 +414,37 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                     "the model with a loss built with reduction=tf.keras.losses.Reduction.NONE, e.g. "
                     "tf.keras.losses.SparseCategoricalCrossentropy(reduction=tf.keras.losses.Reduction.NONE)."
                 )
+            self._sampling_check.inspect_fit_input(self)
             num_rows = tf.shape(loss)[0]
             with tape:
+                per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
                 if self._num_microbatches is None:
-                    unit_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
                     # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient
                     # is zero and adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
-                    unit_losses = tf.concat([unit_losses, tf.zeros([1], unit_losses.dtype)], axis=0)
+                    unit_losses = tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
                 else:
-                    num_microbatches = self._num_microbatches
-                    divisible = tf.debugging.assert_equal(
-                        num_rows % num_microbatches, 0,
-                        message=f"The batch size must be a multiple of num_microbatches={num_microbatches}.",
+                    assignment = microbatches.random_assignment(
+                        num_rows, self._num_microbatches, self._noise_source.generator
                     )
-                    with tf.control_dependencies([divisible]):
-                        unit_losses = tf.reduce_mean(tf.reshape(loss, [num_microbatches, -1]), axis=1)
+                    unit_losses = microbatches.microbatch_losses(
+                        per_example_losses, assignment, self._num_microbatches
+                    )
             per_unit_grads = tape.jacobian(
                 unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO
             )
-            with tf.control_dependencies([self._budget_check()]):
+            # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
+            batch_size_check = self._sampling_check.assertion(
+                sampling_check.count_nonzero_rows(per_example_losses), num_rows
+            )
+            with tf.control_dependencies(self._step_checks(batch_size_check)):
                 clip_norm = self.current_clip_norm()
                 noise_stddev = self.current_noise_stddev()
             if self._num_microbatches is None:
                 normaliser = self._row_normaliser(num_rows)
             else:
+                # One example moves one clipped microbatch gradient by up to 2 C, whatever the batch size.
                 normaliser = tf.constant(self._num_microbatches, tf.float32)
-                noise_stddev = tf.where(num_rows > self._num_microbatches, 2.0 * noise_stddev, noise_stddev)
+                noise_stddev = 2.0 * noise_stddev
             clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
             grads = self._noise_and_normalise(clipped_sums, noise_stddev, normaliser)
             self._dp_gradient_guard.issue(grads)
@@ -445,7 +477,11 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                 )
 
         def apply_clipped_gradient_sum(
-            self, clipped_sums: Sequence[Optional[tf.Tensor]], num_rows, var_list: Sequence[tf.Variable]
+            self,
+            clipped_sums: Sequence[Optional[tf.Tensor]],
+            num_rows,
+            var_list: Sequence[tf.Variable],
+            sample_weight: tf.Tensor | None = None,
         ) -> tf.Variable:
             """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
 
@@ -459,9 +495,16 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                 (`None` for a variable without gradient: treated as zero and still noised).
               num_rows: number of rows in the batch (int scalar, may be a tensor).
               var_list: the variables, in the order of `clipped_sums`.
+              sample_weight: the batch's sample weights ([num_rows, ...]) or None (every row is an example); the
+                rows with a non-zero weight are the examples that the batch-size check counts.
 
             Returns:
               The `iterations` (= `dp_step`) variable, as `apply_gradients` does.
+
+            Raises:
+              ValueError: if `model.fit` received Poisson batches at another rate than the schedule's.
+              tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
+                outside the schedule's Poisson sampling (see `sampling_check`).
             """
             _check_single_replica()
             var_list = list(var_list)
@@ -474,7 +517,10 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                 tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
                 for grad, var in zip(clipped_sums, var_list)
             ]
-            with tf.control_dependencies([self._budget_check()]):
+            self._sampling_check.inspect_fit_input(self)
+            num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
+            batch_size_check = self._sampling_check.assertion(num_examples, num_examples)
+            with tf.control_dependencies(self._step_checks(batch_size_check)):
                 noise_stddev = self.current_noise_stddev()
             grads = self._noise_and_normalise(clipped_sums, noise_stddev, self._row_normaliser(num_rows))
             return self._apply_private_gradients(list(zip(grads, var_list)))

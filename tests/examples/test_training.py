@@ -160,3 +160,29 @@ def test_training_batch_metrics_only_with_the_flag(per_example, tmp_path, capsys
 def test_generic_jacobian_path_runs():
     result = _train(per_example="jacobian", batch_size=16, max_steps=2)
     assert result.steps == 2 and result.epsilon_gdp_clt > 0
+
+
+def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp_path, monkeypatch):
+    noise_seeds, batch_seeds = [], []
+    plain_cls, dp_cls = training.OPTIMIZERS["sgd"]
+
+    def recording_dp_cls(**kwargs):
+        noise_seeds.append(kwargs["noise_seed"])
+        return dp_cls(**kwargs)
+
+    real_train_batches = training.train_batches
+
+    def recording_train_batches(config, data, p, seed):
+        batch_seeds.append(seed)
+        return real_train_batches(config, data, p, seed)
+
+    monkeypatch.setitem(training.OPTIMIZERS, "sgd", (plain_cls, recording_dp_cls))
+    monkeypatch.setattr(training, "train_batches", recording_train_batches)
+    model_dir = str(tmp_path / "run")
+    _train(model_dir=model_dir, max_steps=3)
+    _train(model_dir=model_dir, max_steps=6)  # resumed at step 3
+    _train(max_steps=1, seed=None)
+    assert noise_seeds[2] is None and batch_seeds[2] is None  # no --seed: OS entropy for both
+    seeds = noise_seeds[:2] + batch_seeds[:2]
+    assert None not in seeds and len(set(seeds)) == 4  # per resume point, and noise apart from batches
+    assert noise_seeds[1] == training._derived_seed(0, 3, training._NOISE_STREAM)  # reproducible from --seed

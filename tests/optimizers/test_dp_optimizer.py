@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import dp_optimizer
+from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdam
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasRMSprop
@@ -54,14 +55,20 @@ def data(num_rows=4, seed=0):
     return x, y
 
 
-def numpy_dp_update(x, y, clip_norm, num_microbatches, normaliser):
-    """Mean-of-clipped gradient of the per-example MSE of the linear model at (KERNEL0, 0)."""
+def numpy_dp_update(x, y, clip_norm, normaliser, assignment=None):
+    """Mean-of-clipped gradient of the per-example MSE of the linear model at (KERNEL0, 0).
+
+    With `assignment` (row -> microbatch), each microbatch's gradient is the sum of its rows' gradients over the
+    number of its rows with a non-zero loss.
+    """
     residual = x @ KERNEL0 - y  # d/dpred of mean((pred - y)^2) over 2 outputs is residual
     grad_kernel = np.einsum("bi,bj->bij", x, residual)
     grad_bias = residual
-    if num_microbatches is not None:
-        grad_kernel = grad_kernel.reshape(num_microbatches, -1, 3, 2).mean(axis=1)
-        grad_bias = grad_bias.reshape(num_microbatches, -1, 2).mean(axis=1)
+    if assignment is not None:
+        membership = np.eye(max(assignment) + 1)[assignment].T  # [M, B]
+        counts = np.maximum(membership @ (np.mean(residual**2, axis=1) != 0), 1)
+        grad_kernel = np.einsum("mb,bij->mij", membership, grad_kernel) / counts[:, None, None]
+        grad_bias = membership @ grad_bias / counts[:, None]
     norms = np.sqrt(np.sum(grad_kernel**2, axis=(1, 2)) + np.sum(grad_bias**2, axis=1))
     factors = np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30))
     return (np.tensordot(factors, grad_kernel, axes=1) / normaliser,
@@ -72,9 +79,14 @@ def numpy_dp_update(x, y, clip_norm, num_microbatches, normaliser):
     "num_microbatches, expected_batch_size, normaliser",
     [(None, None, 4.0), (None, 5.0, 5.0), (2, None, 2.0)],
 )
-def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected_batch_size, normaliser):
+def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected_batch_size, normaliser,
+                                                      monkeypatch):
     x, y = data()
-    update_kernel, update_bias, norms = numpy_dp_update(x, y, 1.0, num_microbatches, normaliser)
+    # Microbatch 0 holds examples 0 and 1 (whose loss is 0: it does not count in the mean), microbatch 1 the rest.
+    assignment = None if num_microbatches is None else [0, 0, 1, 1]
+    if assignment is not None:
+        monkeypatch.setattr(microbatches, "random_assignment", lambda *args: tf.constant(assignment))
+    update_kernel, update_bias, norms = numpy_dp_update(x, y, 1.0, normaliser, assignment)
     assert norms.max() > 1.0  # clipping is active
     if num_microbatches is None:
         assert norms[1] == 0.0 and norms.min() < norms.max()
@@ -115,10 +127,10 @@ def zero_data_update(optimizer, num_rows):
 
 @pytest.mark.parametrize(
     "num_microbatches, expected_batch_size, expected_std",
-    [(None, None, 3.0 / 4), (None, 5.0, 3.0 / 5), (2, None, 2 * 3.0 / 2), (4, None, 3.0 / 4)],
+    # Microbatches: twice the noise at every step, also when there are as many microbatches as rows.
+    [(None, None, 3.0 / 4), (None, 5.0, 3.0 / 5), (2, None, 2 * 3.0 / 2), (4, None, 2 * 3.0 / 4)],
 )
 def test_noise_std_is_sigma_over_normaliser(num_microbatches, expected_batch_size, expected_std):
-    tf.random.set_seed(0)
     schedule = schedules.DPSchedule([1.0, 1.0], [3.0, 3.0], 0.1)
     optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, num_microbatches=num_microbatches,
                                   expected_batch_size=expected_batch_size)
@@ -294,7 +306,6 @@ def test_compute_then_apply_unchanged_gradients_is_accepted():
 
 
 def test_empty_batch_releases_only_noise_normalised_by_expected_batch_size():
-    tf.random.set_seed(4)
     schedule = schedules.DPSchedule([1.0, 1.0], [2.0, 2.0], 0.1)
     optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=4)
     update = zero_data_update(optimizer, num_rows=0)
@@ -320,7 +331,6 @@ def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_o
 
 
 def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
-    tf.random.set_seed(3)
     schedule = schedules.DPSchedule([1.0, 1.0, 1.0], [0.0, 2.0, 2.0], 0.1)
     optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=8)
     small, large = tf.Variable(tf.zeros([3])), tf.Variable(tf.zeros([100, 100]))
@@ -373,3 +383,138 @@ def test_more_than_one_replica_is_refused(monkeypatch):
     monkeypatch.setattr(tf.distribute, "get_strategy", lambda: TwoReplicas())
     with pytest.raises(ValueError, match="single replica"):
         DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]))
+
+
+def test_microbatch_neighbour_moves_the_clipped_sum_by_at_most_2c_over_adversarial_orderings(monkeypatch):
+    """sigma = 0; D' = D + x; rows and padding shuffled anew per trial; each example keeps its microbatch."""
+    clip_norm, num_microbatches, num_rows = 1.0, 3, 10
+    rng = np.random.default_rng(0)
+    direction = np.array([1.0, -2.0], np.float32)
+    common_input = np.array([1.0, 0.5, -1.0], np.float32)
+    # Example a has residual +direction, x has residual -10 direction: opposite gradients, so x joining a alone
+    # flips a's clipped microbatch gradient, the worst case 2 C. The other examples have large random gradients.
+    inputs = np.concatenate([common_input[None], rng.normal(size=(5, 3)).astype(np.float32) * 3, common_input[None]])
+    targets = inputs @ KERNEL0 - np.concatenate(
+        [direction[None], rng.normal(size=(5, 2)).astype(np.float32) * 3, -10 * direction[None]])
+    example_x = len(inputs) - 1
+    assignment = tf.Variable(tf.zeros([num_rows], tf.int32))
+    monkeypatch.setattr(microbatches, "random_assignment", lambda *args: assignment.read_value())
+    model = linear_model()
+    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([clip_norm]), num_microbatches=num_microbatches)
+
+    @tf.function
+    def clipped_sum(x, y, weights):
+        with tf.GradientTape() as tape:
+            loss = per_example_mse()(y, model(x)) * weights
+        grads_and_vars = optimizer.compute_gradients(loss, model.trainable_variables, tape=tape)
+        return tf.concat([tf.reshape(grad, [-1]) for grad, _ in grads_and_vars], 0) * num_microbatches
+
+    def batch(examples, example_microbatch):
+        rows = np.full(num_rows, -1)  # -1: a zero-weight padding row
+        rows[rng.choice(num_rows, len(examples), replace=False)] = examples
+        real = rows >= 0
+        x = np.where(real[:, None], inputs[rows], 0.0).astype(np.float32)
+        y = np.where(real[:, None], targets[rows], 0.0).astype(np.float32)
+        assignment.assign(np.where(real, example_microbatch[rows], rng.integers(0, num_microbatches, num_rows)))
+        return clipped_sum(x, y, real.astype(np.float32)).numpy()
+
+    distances = []
+    for trial in range(45):
+        example_microbatch = rng.integers(0, num_microbatches, len(inputs))
+        if trial % 3 == 0:  # The worst case: a and x alone in microbatch 0.
+            example_microbatch = np.array([0, 1, 2, 1, 2, 1, 0])
+        without_x = batch(np.arange(example_x), example_microbatch)
+        with_x = batch(np.arange(example_x + 1), example_microbatch)
+        distances.append(np.linalg.norm(with_x - without_x))
+    assert max(distances) <= 2 * clip_norm * (1 + 1e-5)
+    assert max(distances) > 1.99 * clip_norm  # the bound is attained: 2 sigma of noise is needed, and enough
+
+
+def noise_of_steps(optimizer, num_steps: int, variable: tf.Variable | None = None) -> np.ndarray:
+    """The noise the optimizer adds at each of `num_steps` steps to a zero clipped sum, one row per step."""
+    variable = tf.Variable(tf.zeros([2000])) if variable is None else variable
+    noises = []
+    for _ in range(num_steps):
+        before = variable.numpy()
+        optimizer.apply_clipped_gradient_sum([tf.zeros([2000])], 4, [variable])
+        noises.append(before - variable.numpy())
+    return np.array(noises)
+
+
+def unit_noise_optimizer(**kwargs) -> DynamicDPKerasSGD:
+    schedule = schedules.DPSchedule(np.ones(6), np.ones(6), 0.1)
+    return DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=1.0, **kwargs)
+
+
+def test_noise_ignores_the_global_seed():
+    tf.keras.utils.set_random_seed(0)
+    first = noise_of_steps(unit_noise_optimizer(), 1)[0]
+    tf.keras.utils.set_random_seed(0)
+    second = noise_of_steps(unit_noise_optimizer(), 1)[0]
+    assert abs(np.corrcoef(first, second)[0, 1]) < 0.15
+
+
+def test_resume_from_checkpoint_under_the_same_global_seed_does_not_replay_noise(tmp_path):
+    tf.keras.utils.set_random_seed(0)
+    optimizer, variable = unit_noise_optimizer(), tf.Variable(tf.zeros([2000]))
+    first_run = noise_of_steps(optimizer, 3, variable)
+    path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / "ckpt"))
+    first_run = np.concatenate([first_run, noise_of_steps(optimizer, 3, variable)])
+    tf.keras.utils.set_random_seed(0)  # as a new process resuming with the same seed would
+    resumed = unit_noise_optimizer()
+    tf.train.Checkpoint(optimizer=resumed).restore(path)
+    assert int(resumed.dp_step) == 3
+    resumed_run = noise_of_steps(resumed, 3)
+    assert np.std(resumed_run) == pytest.approx(1.0, rel=0.05)
+    correlations = np.corrcoef(np.concatenate([first_run, resumed_run]))[6:, :6]
+    assert np.max(np.abs(correlations)) < 0.15  # neither steps 0-2 nor steps 3-5 are repeated
+
+
+def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path):
+    x, y = data()
+    dp_model, plain_model = linear_model(), linear_model()
+    dp_model.compile(optimizer=unit_noise_optimizer(num_microbatches=2), loss=per_example_mse())
+    plain_model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=1.0), loss=per_example_mse())
+    for model in (dp_model, plain_model):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    names = [
+        sorted(name for name, _ in tf.train.list_variables(
+            tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / kind))))
+        for kind, model in (("dp", dp_model), ("plain", plain_model))
+    ]
+    assert names[0] == names[1]  # nothing beyond what a plain SGD saves
+    dp_model.save(str(tmp_path / "model.keras"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "model.keras"))
+    assert len(loaded.optimizer.variables) == len(plain_model.optimizer.variables)
+
+
+def test_noise_seed_reproduces_the_noise_warns_and_is_not_serialised():
+    with pytest.warns(UserWarning, match="noise_seed=5 makes the DP noise reproducible"):
+        first = unit_noise_optimizer(noise_seed=5)
+    with pytest.warns(UserWarning):
+        tf.keras.utils.set_random_seed(1)
+        second = unit_noise_optimizer(noise_seed=5)
+    np.testing.assert_array_equal(noise_of_steps(first, 2), noise_of_steps(second, 2))
+    config = first.get_config()
+    assert "noise_seed" not in config
+    rebuilt = DynamicDPKerasSGD.from_config(config)  # no warning: it draws OS entropy
+    assert abs(np.corrcoef(noise_of_steps(rebuilt, 1)[0], noise_of_steps(unit_noise_optimizer(), 1)[0])[0, 1]) < 0.15
+
+
+@pytest.mark.parametrize("jit_compile, steps_per_execution", [(True, 2), (False, 2)])
+def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution):
+    # Zero inputs and no bias: every per-example gradient is zero and each epoch's update is noise only.
+    model = tf.keras.Sequential([tf.keras.Input((3,)),
+                                 tf.keras.layers.Dense(2000, use_bias=False, kernel_initializer="zeros")])
+    schedule = schedules.DPSchedule(np.ones(20), np.ones(20), 0.5)
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=1.0),
+                  loss=per_example_mse(), jit_compile=jit_compile, steps_per_execution=steps_per_execution)
+    kernels = []
+    record = tf.keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: kernels.append(model.get_weights()[0]))
+    model.fit(np.zeros((4, 3), np.float32), np.zeros((4, 2000), np.float32), batch_size=2, epochs=3, verbose=0,
+              callbacks=[record])
+    assert int(model.optimizer.dp_step) == 6
+    epoch_noise = np.diff(np.stack([np.zeros_like(kernels[0])] + kernels), axis=0).reshape(3, -1)
+    # Two steps of independent unit noise per epoch: std sqrt(2) (a repeated draw would give 2).
+    assert np.std(epoch_noise) == pytest.approx(np.sqrt(2.0), rel=0.05)
+    assert np.max(np.abs(np.corrcoef(epoch_noise) - np.eye(3))) < 0.15

@@ -1,0 +1,131 @@
+"""Tests for keras_dyndp.optimizers.sampling_check: the batches fit receives must match the schedule's sampling."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_dyndp import data
+from keras_dyndp import schedules
+from keras_dyndp.fast_path import make_private
+from keras_dyndp.optimizers import sampling_check
+from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasSGD
+
+NUM_EXAMPLES, P = 400, 0.05  # p N = 20 expected examples per batch
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+PATHS = ["plain", "make_private"]
+
+
+def arrays(num_examples=NUM_EXAMPLES):
+    x = np.random.default_rng(0).normal(size=(num_examples, 3)).astype(np.float32)
+    return x, (x[:, 0] > 0).astype(np.int64)
+
+
+def compiled_model(path="plain", sampling_probability=P, expected_batch_size=NUM_EXAMPLES * P, **compile_kwargs):
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    if path == "make_private":
+        model = make_private(model)
+    schedule = schedules.DPSchedule(np.ones(100), np.ones(100), sampling_probability)
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=expected_batch_size,
+                                              learning_rate=0.1), loss=LOSS, **compile_kwargs)
+    return model
+
+
+def sampling_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, sampling_check.SamplingWarning)]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_full_batch_fit_is_refused_before_any_update(path):
+    x, y = arrays()
+    model = compiled_model(path)
+    weights = model.get_weights()
+    low, high = data.batch_size_range(NUM_EXAMPLES, P)
+    expected = rf"too many examples in this batch: \W*{NUM_EXAMPLES}\W.*p=0.05 from N=400 .*between {low} and {high}\."
+    with pytest.warns(sampling_check.SamplingWarning), pytest.raises(tf.errors.InvalidArgumentError, match=expected):
+        model.fit(x, y, batch_size=NUM_EXAMPLES, epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step) == 0
+    for after, before in zip(model.get_weights(), weights):
+        np.testing.assert_array_equal(after, before)
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_batches_far_below_the_expected_size_are_refused(run_eagerly):
+    x, y = arrays(4000)  # p N = 200 expected examples per batch
+    model = compiled_model(expected_batch_size=4000 * P, run_eagerly=run_eagerly)
+    with pytest.warns(sampling_check.SamplingWarning), pytest.raises(
+            tf.errors.InvalidArgumentError, match=r"too few examples in this batch: \W*16\W.*p\*N=200"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_poisson_batches_at_the_schedules_rate_train_without_warning(path):
+    x, y = arrays()
+    model = compiled_model(path)
+    dataset = data.poisson_batches_from_tensors(x, y, P)  # padded to more rows than the check's upper bound
+    assert data.poisson_sampling(dataset).max_batch_size > data.batch_size_range(NUM_EXAMPLES, P)[1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(dataset, epochs=1, verbose=0)
+    assert sampling_warnings(caught) == []
+    assert int(model.optimizer.dp_step) == data.expected_steps_per_epoch(P)
+
+
+def test_zero_losses_do_not_trip_the_check():
+    x, y = arrays()
+    model = compiled_model()
+    model.layers[0].kernel.assign(tf.zeros([3, 2]))
+    # Confident correct logits: every real example has loss exactly 0, like the zero-weight padding rows.
+    model.layers[0].bias.assign([1e4, -1e4])
+    model.fit(data.poisson_batches_from_tensors(x, np.zeros_like(y), P), epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step) == data.expected_steps_per_epoch(P)
+
+
+def test_poisson_batches_at_another_rate_are_refused():
+    x, y = arrays()
+    model = compiled_model()
+    with pytest.raises(ValueError, match="sampled at p=0.1, but the optimizer's schedule is accounted at p=0.05"):
+        model.fit(data.poisson_batches_from_tensors(x, y, 0.1), epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("make_input, note", [
+    (lambda x, y: dict(x=x, y=y, batch_size=20), "ndarray"),
+    (lambda x, y: dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(20)), "BatchDataset"),
+])
+def test_other_inputs_get_one_warning(make_input, note):
+    x, y = arrays()
+    model = compiled_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(epochs=1, verbose=0, **make_input(x, y))
+        model.fit(epochs=1, verbose=0, **make_input(x, y))
+    messages = sampling_warnings(caught)
+    assert len(messages) == 1
+    assert f"model.fit received x of type _{note}" in messages[0] or f"type {note}" in messages[0]
+    assert "assumes Poisson sampling" in messages[0]
+    assert "poisson_batches_from_tensors(x, y, sampling_probability=0.05)" in messages[0]
+
+
+@pytest.mark.parametrize("kwargs, note", [
+    (dict(expected_batch_size=None), "Batch sizes cannot be checked"),
+    (dict(jit_compile=True), "XLA (jit_compile=True) drops the per-step batch-size check"),
+])
+def test_warning_says_when_batch_sizes_are_not_checked(kwargs, note):
+    x, y = arrays()
+    model = compiled_model(**kwargs)
+    with pytest.warns(sampling_check.SamplingWarning, match=note.replace("(", r"\(").replace(")", r"\)")):
+        model.fit(x, y, batch_size=NUM_EXAMPLES, epochs=1, verbose=0)  # no N, or XLA: nothing raises
+
+
+def test_custom_training_loop_gets_one_warning():
+    optimizer = DynamicDPKerasSGD(schedule=schedules.DPSchedule([1.0] * 2, [1.0] * 2, P), expected_batch_size=20)
+    variable = tf.Variable([1.0, 2.0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                loss = tf.stack([variable[0], variable[1]] * 10)
+            optimizer.minimize(loss, [variable], tape=tape)
+    messages = sampling_warnings(caught)
+    assert len(messages) == 1 and "cannot see the batches" in messages[0]
