@@ -30,6 +30,9 @@ Sample weights multiply each example's loss before differentiation, so an exampl
 padding row) has a zero gradient and adds nothing to the sum. The sums returned are dense tensors (embedding
 ``IndexedSlices`` are densified) and carry NO noise: the caller (``DynamicDPKeras*.apply_clipped_gradient_sum``)
 adds N(0, sigma_t^2) to each sum and then normalises.
+
+Before either method runs, ``keras_dyndp.model_checks`` refuses models that mix examples or store batch
+statistics (BatchNormalization): on such models neither method bounds one example's influence.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
+from keras_dyndp import model_checks
 from keras_dyndp.optimizers import clip_and_noise
 
 METHODS = ("auto", "ghost", "vectorized")
@@ -600,6 +604,7 @@ def clipped_gradient_sum_with_outputs(
     """
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}.")
+    model_checks.check_before_training(model, x)
     var_list = list(var_list)
     if sample_weight is None:
         sample_weight = tf.ones([_batch_size(x)], tf.float32)
@@ -636,7 +641,8 @@ def clipped_gradient_sum(
     together; one norm per example), and it enters the sum as ``min(1, clip_norm / ||g_i||) g_i``.
 
     Args:
-        model: a Keras model whose examples do not interact (no batch normalisation).
+        model: a Keras model whose examples do not interact (no batch normalisation: refused, see
+            ``keras_dyndp.model_checks``).
         loss_fn: per-example loss ``loss_fn(y, y_pred) -> [B]`` (or [B, ...], averaged over non-batch axes).
         x: batch of inputs (a tensor or a nest of tensors with leading axis B).
         y: batch of targets.
@@ -650,7 +656,8 @@ def clipped_gradient_sum(
         gradient norms [B].
 
     Raises:
-        ValueError: on an unknown ``method``, a scalar loss, or ``method='ghost'`` on an unsupported model.
+        ValueError: on an unknown ``method``, a scalar loss, ``method='ghost'`` on an unsupported model, or a
+            model that mixes examples or stores batch statistics (``keras_dyndp.model_checks.check_model``).
     """
     sums, norms, _, _ = clipped_gradient_sum_with_outputs(
         model, loss_fn, x, y, sample_weight, clip_norm, var_list, method

@@ -111,3 +111,21 @@ def test_refuses_non_dp_optimizer_and_averaged_loss():
         model.fit(x, y, verbose=0)
     with pytest.raises(ValueError, match="`method`"):
         make_private(Subclassed(), method="fastest")
+
+
+@pytest.mark.parametrize("norm", [
+    lambda: tf.keras.layers.BatchNormalization(),  # Trainable scale and offset: vectorized path.
+    lambda: tf.keras.layers.BatchNormalization(center=False, scale=False),  # No weights: ghost path.
+], ids=["vectorized", "ghost"])
+def test_batch_normalisation_is_refused_before_the_first_step(norm):
+    model = make_private(tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(3,)), norm(), tf.keras.layers.Dense(2)]))
+    schedule = schedules.DPSchedule(np.full(10, CLIP), np.full(10, 1e6), 8 / 8)  # Batch 8 of 8 examples.
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=8), loss=LOSS)
+    before = [v.numpy() for v in model.variables]
+    x, y = dataset("subclassed", 8)
+    with pytest.raises(ValueError, match="BatchNormalization.*GroupNormalization"):
+        model.fit(x, y, batch_size=8, verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 0
+    for old, new in zip(before, model.variables):  # moving_mean among them: nothing was released.
+        np.testing.assert_array_equal(old, new.numpy())

@@ -88,6 +88,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from keras_dyndp import model_checks
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import clip_and_noise
 
@@ -363,7 +364,8 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
               A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
 
             Raises:
-              ValueError: if the loss is a scalar (already averaged) or `tape` is missing.
+              ValueError: if the loss is a scalar (already averaged) or `tape` is missing, or if the model training
+                with this optimizer mixes examples or stores batch statistics (`keras_dyndp.model_checks`).
             """
             _check_single_replica()
             if tape is None and not callable(loss):
@@ -387,6 +389,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                     "the model with a loss built with reduction=tf.keras.losses.Reduction.NONE, e.g. "
                     "tf.keras.losses.SparseCategoricalCrossentropy(reduction=tf.keras.losses.Reduction.NONE)."
                 )
+            model_checks.check_training_model(self, var_list)  # Once per model, while the first step is traced.
             num_rows = tf.shape(loss)[0]
             with tape:
                 if self._num_microbatches is None:

@@ -373,3 +373,32 @@ def test_more_than_one_replica_is_refused(monkeypatch):
     monkeypatch.setattr(tf.distribute, "get_strategy", lambda: TwoReplicas())
     with pytest.raises(ValueError, match="single replica"):
         DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]))
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly):
+    x, y = data(num_rows=8)
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.BatchNormalization(name="norm"),
+                                 tf.keras.layers.Dense(2)])
+    schedule = schedules.DPSchedule([1.0] * 4, [1e6] * 4, 4 / 8)
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4), loss=per_example_mse(),
+                  run_eagerly=run_eagerly)
+    # Traced, nothing runs (moving_mean included); eagerly, the forward pass runs before the optimizer is called
+    # and updates the moving averages in memory, but no update is applied.
+    watched = model.trainable_variables if run_eagerly else model.variables
+    before = [v.numpy() for v in watched]
+    with pytest.raises(ValueError, match=r"Layer 'norm' \(BatchNormalization\).*GroupNormalization"):
+        model.fit(x, y, batch_size=4, verbose=0)
+    assert int(model.optimizer.dp_step) == 0
+    for old, new in zip(before, watched):
+        np.testing.assert_array_equal(old, new.numpy())
+
+
+def test_custom_training_loop_warns_that_the_model_was_not_checked():
+    x, y = data()
+    model = linear_model()
+    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0]))
+    with tf.GradientTape() as tape:
+        loss = per_example_mse()(y, model(x))
+    with pytest.warns(UserWarning, match=r"keras_dyndp\.check_model\(model, x\)"):
+        optimizer.minimize(loss, model.trainable_variables, tape=tape)
