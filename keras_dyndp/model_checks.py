@@ -14,21 +14,21 @@ the private batch). ``check_model`` refuses, before the first step:
    computed from the input batch (its values or its shape). It is found by tracing ``model(x, training=True)``
    into a scratch graph (nothing runs) and following each write's value back to the input placeholders, also
    into ``tf.cond`` / ``tf.while_loop`` bodies and nested ``tf.function`` calls. Writes whose value does not depend
-   on the batch are allowed: random-generator states of augmentation layers, step counters,
-   ``SpectralNormalization``'s power iteration on the kernel. Writes to the accumulators of Keras metrics
-   (``add_metric``) are not refused: metrics of training batches are reported, not part of the model, and are
-   outside the guarantee like the compiled metrics.
+   on the batch are allowed: random-generator states of augmentation layers, step counters. Writes to the
+   accumulators of Keras metrics (``add_metric``) are not refused: metrics of training batches are reported, not
+   part of the model, and are outside the guarantee like the compiled metrics.
 
 Not detected: a custom layer that mixes examples without storing anything (e.g. subtracting the batch mean) and
 does not subclass BatchNormalization. On ``make_private``'s vectorized path each example runs alone, so such a
 layer cannot mix examples there; on the ghost and plain paths it would.
 
-The DP paths call this for you, once per model, when the first training step is traced: ``make_private`` (through
-``keras_dyndp.per_example``) and the DP optimizers inside ``model.fit`` (which find the model on the call stack,
-see ``keras_dyndp.keras_context``). In a custom training loop the optimizer cannot see the model: it warns once,
-and you should call ``keras_dyndp.check_model(model, x)`` yourself. With ``run_eagerly=True`` the optimizer is
-called after the first forward pass has run: the error then comes before any update, but BatchNormalization's
-moving averages have already been updated once in memory (call ``check_model`` before ``fit`` to avoid that).
+The DP paths call this for you, once per model (again after a layer is unfrozen), when the first training step
+is traced: ``make_private`` (through ``keras_dyndp.per_example``) and the DP optimizers inside ``model.fit``
+(which find the model on the call stack, see ``keras_dyndp.keras_context``). In a custom training loop the
+optimizer cannot see the model: it warns once, and you should call ``keras_dyndp.check_model(model, x)``
+yourself. With ``run_eagerly=True`` the optimizer is called after the first forward pass has run: the error then
+comes before any update, but BatchNormalization's moving averages have already been updated once in memory (call
+``check_model`` before ``fit`` to avoid that).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import warnings
 import weakref
 from typing import Any, Iterator
 
-import numpy as np
 import tensorflow as tf
 
 from keras_dyndp import keras_context
@@ -140,7 +139,7 @@ def _mixes_batch_statistics(layer: tf.keras.layers.Layer) -> bool:
 
 
 def _input_signature(model: tf.keras.Model, inputs: Any) -> Any:
-    """TensorSpecs of one batch of ``inputs`` (or of the model's save spec), with an unknown batch size."""
+    """TypeSpecs of ``inputs``, or of the model's save spec (with an unknown batch size) when None."""
     if inputs is None:
         spec = model.save_spec(dynamic_batch=True)
         if spec is None:
@@ -152,13 +151,9 @@ def _input_signature(model: tf.keras.Model, inputs: Any) -> Any:
         inputs = args[0] if len(args) == 1 else tuple(args)
 
     def to_spec(value):
-        if not isinstance(value, tf.TypeSpec):
-            if isinstance(value, np.ndarray) or not tf.is_tensor(value):
-                value = tf.convert_to_tensor(value)
-            value = tf.type_spec_from_value(value)
-        if isinstance(value, tf.TensorSpec) and value.shape.rank:
-            return tf.TensorSpec([None, *value.shape[1:]], value.dtype)
-        return value
+        if isinstance(value, tf.TypeSpec):
+            return value
+        return tf.type_spec_from_value(value if tf.is_tensor(value) else tf.convert_to_tensor(value))
 
     return tf.nest.map_structure(to_spec, inputs)
 
@@ -217,7 +212,8 @@ def _is_write(op) -> bool:
 def _dependent_writes(graph, dependent: set, gated: bool) -> list[tuple[Any, str]]:
     """(resource tensor of ``graph``, op name) of every write whose value depends on the tensors ``dependent``.
 
-    ``dependent``: ids of ``graph``'s dependent tensors (graph tensors are not hashable). ``gated``: whether this graph runs only on a data-dependent condition (then every write counts).
+    ``dependent``: ids of ``graph``'s tensors computed from the batch (graph tensors are not hashable).
+    ``gated``: whether this graph runs only on a data-dependent condition or in a loop (then every write counts).
     Dependence is followed op by op through data inputs (conservatively: all outputs of an op depend on all its
     inputs). A write inside a nested body is reported as a write to the outer tensor that feeds the body's
     resource input.
