@@ -20,7 +20,7 @@ per-client noise of the full sigma_t the sum would carry sqrt(|S_t|) times the a
 
 With one image per client the round is literally DP-SGD with per-example clipping, and runs through the same
 fast path; with several, the clients' images are stacked on a second axis and a TimeDistributed model gives
-each client one loss (its mean), clipped as one unit.
+each client one loss (its mean), clipped as one unit (ghost clipping groups each client's images).
 
 Data ("InfiniteMNIST-style"): the paper uses InfiniteMNIST (Loosli et al.), MNIST digits under random
 transformations. This script generates ``--num_clients`` x ``--images_per_client`` images the same way from a base
@@ -177,7 +177,7 @@ def load_data() -> datasets.TaskData:
 def build_model(data: datasets.TaskData) -> tf.keras.Model:
     """MNIST's CNN on uint8 images; with several images per client, applied to each one (TimeDistributed)."""
     image_layers = [tf.keras.layers.Rescaling(1 / 255.0)] + mnist.cnn_layers(data.num_classes)
-    if data.x_train.ndim == 4:  # One image per client: a plain Sequential, eligible for ghost clipping.
+    if data.x_train.ndim == 4:  # One image per client: a plain Sequential.
         return tf.keras.Sequential([tf.keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype=tf.uint8)]
                                    + image_layers)
     image_model = tf.keras.Sequential([tf.keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype=tf.uint8)]

@@ -41,6 +41,7 @@ _LAZY = {
     "poisson_batches_from_tensors": "keras_dyndp.data",
     "shuffled_batches": "keras_dyndp.data",
     "make_private": "keras_dyndp.fast_path",
+    "check_model": "keras_dyndp.model_checks",
 }
 
 __all__ = [

@@ -26,8 +26,9 @@ training_metrics=False)`` computes none, so nothing but the noised update is der
 
 Works for Sequential, functional and subclassed models, compiled before or after the call. Refused (ValueError,
 when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss reduced over the
-batch, several losses (multi-output models), and regularisation losses (``model.losses``), which are not
-per-example terms.
+batch, several losses (multi-output models), regularisation losses (``model.losses``), which are not
+per-example terms, and layers that mix examples or store batch statistics such as BatchNormalization
+(``keras_dyndp.model_checks``).
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def make_private(model: tf.keras.Model, method: str = "auto", *, training_metric
     with a keras_dyndp DP optimizer and a per-example loss (``reduction=NONE``).
 
     Args:
-        model: a Keras model (Sequential, functional or subclassed) without batch normalisation.
+        model: a Keras model (Sequential, functional or subclassed) without batch normalisation (refused at the
+            first step; use GroupNormalization or LayerNormalization).
         method: how per-example gradients are clipped: ``'auto'`` (ghost clipping when every trainable layer
             has a rule, else vectorized), ``'ghost'`` or ``'vectorized'``
             (see ``keras_dyndp.per_example``).

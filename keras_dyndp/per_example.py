@@ -24,6 +24,25 @@ each of the B rows through the whole batched graph (O(B^2) work). This module of
   then sequence Dense rules). A model with any other layer that owns a variable in ``var_list``, or a
   supported layer called more than once per forward pass, falls back to ``'vectorized'`` as a whole.
 
+Ghost clipping assumes that row i of every tapped tensor belongs to example i; three things are checked for it,
+all while tracing (nothing at run time but a reshape):
+
+* Folds. ``TimeDistributed`` folds [B, T, ...] into [B * T, ...] example-major; in the tapped pass this module
+  does that fold itself (Keras loops over the steps instead when the batch size is known), so the rules know
+  that example b owns T consecutive rows and group them (per-example norms of the whole client or sequence).
+* Rows. Every tapped input (and every TimeDistributed input) must have exactly the rows expected there: one per
+  example, or per (example, step) inside TimeDistributed. Keras batches have an unknown batch size while the
+  train step is traced, so this is proven on a probe trace with an unusual static batch size (``_PROBE_BATCH``),
+  and enforced in the graph by a reshape to exactly that many rows, which fails at run time (also under XLA)
+  rather than clip a folded tensor row by row. A layer fed rows that are not examples (a fold made by hand with
+  ``tf.reshape``, a fixed-size table broadcast onto the batch) sends the model to ``'vectorized'``.
+* Tied weights. The tapped calls read their variables through ``tf.stop_gradient``; a variable that still gets
+  a gradient is used outside its layer's call (an embedding reused as the output layer, whose output-layer part
+  the rules would miss) and sends the model to ``'vectorized'``.
+
+Before either method runs, ``keras_dyndp.model_checks`` refuses models that mix examples or store batch
+statistics (BatchNormalization): on such models neither method bounds one example's influence.
+
 ``'auto'`` (the default) picks ``'ghost'`` when every trainable variable is covered, else ``'vectorized'``.
 
 Sample weights multiply each example's loss before differentiation, so an example with weight 0 (a Poisson
@@ -35,15 +54,23 @@ adds N(0, sigma_t^2) to each sum and then normalises.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
+from keras_dyndp import model_checks
 from keras_dyndp.optimizers import clip_and_noise
 
 METHODS = ("auto", "ghost", "vectorized")
+
+
+# For library functions that hold no Python control flow on tensors and call no user code: AutoGraph would
+# convert them at the first trace in each process (seconds for this module), for nothing.
+_not_autographed = tf.autograph.experimental.do_not_convert
 
 
 class _UnsupportedModel(Exception):
@@ -145,20 +172,97 @@ def _vectorized(
 # Implementation B: ghost clipping from recorded layer inputs and output gradients.
 
 
+class _Rows:
+    """The rows a tapped tensor must have: one per example, or per (example, time step) inside TimeDistributed.
+
+    ``count`` (int32 scalar tensor) and ``static`` (its value when known while tracing) are the number of rows;
+    ``fold`` is the number of consecutive rows per example (1 outside TimeDistributed; None when the time axis
+    is not known while tracing) and ``batch`` (int32 scalar tensor) the number of examples.
+    """
+
+    def __init__(self, count: tf.Tensor, static: int | None, fold: int | None, batch: tf.Tensor):
+        self.count = count
+        self.static = static
+        self.fold = fold
+        self.batch = batch
+
+    @classmethod
+    def of_batch(cls, x: Any) -> _Rows:
+        first = tf.nest.flatten(x)[0]
+        batch = tf.shape(first)[0]
+        return cls(batch, first.shape[0], 1, batch)
+
+    def times(self, steps: tf.Tensor, steps_static: int | None) -> _Rows:
+        """The rows after folding a time axis of ``steps`` into these rows, example-major (as TimeDistributed)."""
+
+        def product(a, b):
+            return None if a is None or b is None else a * b
+
+        return _Rows(self.count * steps, product(self.static, steps_static), product(self.fold, steps_static),
+                     self.batch)
+
+
+class _Tapping:
+    """One tapped forward pass: its taps, the rows expected where it is now, and whether each check was static.
+
+    Every supported layer's input (and every TimeDistributed input) goes through ``guard``, which makes sure its
+    leading dimension is the expected rows: compared while tracing when both are known (a mismatch means the
+    layer does not see one row per example: ``_UnsupportedModel``), else by a reshape to exactly that many rows,
+    which raises at run time (also under XLA) instead of letting a folded tensor be clipped row by row.
+    ``proven`` stays True while every check was static. ``tape`` (if any) watches each recorded pre-activation:
+    the layers' variables are read through ``tf.stop_gradient``, so nothing else would make the tape record the
+    rest of the forward pass.
+    """
+
+    def __init__(self, rows: _Rows, tape: tf.GradientTape | None):
+        self.taps: list[_Tap] = []
+        self.rows = [rows]
+        self.proven = True
+        self.tape = tape
+
+    def guard(self, tensor: tf.Tensor, what: str) -> tf.Tensor:
+        rows = self.rows[-1]
+        actual = tensor.shape[0]
+        if actual is not None and rows.static is not None:
+            if actual != rows.static:
+                raise _UnsupportedModel(
+                    f"{what} does not have one row per example (or per example and step): {actual} rows, "
+                    f"{rows.static} expected")
+            return tensor
+        self.proven = False
+        checked = tf.reshape(tensor, tf.concat([[rows.count], tf.shape(tensor)[1:]], axis=0))
+        checked.set_shape(tf.TensorShape([rows.static]).concatenate(tensor.shape[1:]))
+        return checked
+
+
 class _Tap:
     """A supported layer's recorded input and pre-activation output during one forward pass."""
 
-    def __init__(self, layer: tf.keras.layers.Layer):
+    def __init__(self, layer: tf.keras.layers.Layer, tapping: _Tapping):
         self.layer = layer
+        self.tapping = tapping
+        self.rows: _Rows | None = None
         self.inputs: tf.Tensor | None = None
         self.preactivation: tf.Tensor | None = None
         self.recurrent_inputs: tf.Tensor | None = None
 
+    def guard(self, inputs: tf.Tensor) -> tf.Tensor:
+        """``inputs`` with their leading dimension checked against the rows expected here (see ``_Tapping``)."""
+        return self.tapping.guard(inputs, f"the input of {type(self.layer).__name__} {self.layer.name!r}")
+
+    def weight(self, variable: tf.Variable) -> tf.Tensor:
+        """The variable's value without a gradient path: a gradient that still reaches the variable then comes
+        from a use outside this tapped call (tied weights), which ``_ghost`` detects."""
+        return tf.stop_gradient(variable)
+
     def record(self, inputs: tf.Tensor, preactivation: tf.Tensor) -> None:
         if self.inputs is not None:
             raise _UnsupportedModel(f"layer {self.layer.name!r} is called more than once per forward pass")
+        self.rows = self.tapping.rows[-1]
         self.inputs = inputs
         self.preactivation = preactivation
+        if self.tapping.tape is not None:
+            self.tapping.tape.watch(preactivation)
 
 
 def _dense_call(tap: _Tap) -> Callable:
@@ -167,8 +271,8 @@ def _dense_call(tap: _Tap) -> Callable:
     def call(inputs, *args, **kwargs):
         if not isinstance(inputs, tf.Tensor):
             raise _UnsupportedModel(f"Dense {layer.name!r} received a non-dense input")
-        inputs = tf.cast(inputs, layer.kernel.dtype)
-        z = tf.tensordot(inputs, layer.kernel, axes=[[inputs.shape.rank - 1], [0]])
+        inputs = tap.guard(tf.cast(inputs, layer.kernel.dtype))
+        z = tf.tensordot(inputs, tap.weight(layer.kernel), axes=[[inputs.shape.rank - 1], [0]])
         return _record_and_activate(tap, inputs, z)
 
     return call
@@ -177,7 +281,7 @@ def _dense_call(tap: _Tap) -> Callable:
 def _record_and_activate(tap: _Tap, inputs: tf.Tensor, kernel_output: tf.Tensor) -> tf.Tensor:
     """Adds the bias, records (inputs, pre-activation) for the norms, and applies the activation."""
     layer = tap.layer
-    z = kernel_output + layer.bias if layer.use_bias else kernel_output
+    z = kernel_output + tap.weight(layer.bias) if layer.use_bias else kernel_output
     tap.record(inputs, z)
     return layer.activation(z) if layer.activation is not None else z
 
@@ -186,10 +290,10 @@ def _conv2d_call(tap: _Tap) -> Callable:
     layer = tap.layer
 
     def call(inputs, *args, **kwargs):
-        inputs = tf.cast(inputs, layer.kernel.dtype)
+        inputs = tap.guard(tf.cast(inputs, layer.kernel.dtype))
         z = tf.nn.conv2d(
             inputs,
-            layer.kernel,
+            tap.weight(layer.kernel),
             strides=(1,) + tuple(layer.strides) + (1,),
             padding=layer.padding.upper(),
             dilations=(1,) + tuple(layer.dilation_rate) + (1,),
@@ -207,7 +311,8 @@ def _embedding_call(tap: _Tap) -> Callable:
             raise _UnsupportedModel(f"Embedding {layer.name!r} received a non-dense input")
         if inputs.dtype not in (tf.int32, tf.int64):
             inputs = tf.cast(inputs, tf.int32)
-        z = tf.gather(layer.embeddings, inputs)
+        inputs = tap.guard(inputs)
+        z = tf.gather(tap.weight(layer.embeddings), inputs)
         tap.record(inputs, z)
         return z
 
@@ -222,16 +327,18 @@ def _lstm_call(tap: _Tap) -> Callable:
         del training
         if mask is not None or initial_state is not None or kwargs:
             raise _UnsupportedModel(f"LSTM {layer.name!r} called with a mask or an initial state")
-        inputs = tf.cast(inputs, cell.kernel.dtype)
-        input_projection = tf.tensordot(inputs, cell.kernel, axes=[[2], [0]])
+        inputs = tap.guard(tf.cast(inputs, cell.kernel.dtype))
+        input_projection = tf.tensordot(inputs, tap.weight(cell.kernel), axes=[[2], [0]])
         if cell.use_bias:
-            input_projection = input_projection + cell.bias
+            input_projection = input_projection + tap.weight(cell.bias)
+        recurrent_kernel = tap.weight(cell.recurrent_kernel)
+        tap.record(inputs, input_projection)  # Before the recurrence, so that the tape records it.
         batch = tf.shape(inputs)[0]
         zeros = tf.zeros(tf.stack([batch, cell.units]), inputs.dtype)
 
         def step(carry, projection_t):
             h_prev, c_prev, _ = carry
-            z = projection_t + tf.matmul(h_prev, cell.recurrent_kernel)
+            z = projection_t + tf.matmul(h_prev, recurrent_kernel)
             z_i, z_f, z_c, z_o = tf.split(z, 4, axis=1)
             c = cell.recurrent_activation(z_f) * c_prev + cell.recurrent_activation(z_i) * cell.activation(z_c)
             h = cell.recurrent_activation(z_o) * cell.activation(c)
@@ -240,7 +347,6 @@ def _lstm_call(tap: _Tap) -> Callable:
         hs, cs, h_prevs = tf.scan(
             step, tf.transpose(input_projection, [1, 0, 2]), initializer=(zeros, zeros, zeros)
         )
-        tap.record(inputs, input_projection)
         tap.recurrent_inputs = tf.transpose(h_prevs, [1, 0, 2])
         output = tf.transpose(hs, [1, 0, 2]) if layer.return_sequences else hs[-1]
         if layer.return_state:
@@ -281,19 +387,81 @@ def ghost_supported(model: tf.keras.Model, var_list: Sequence[tf.Variable]) -> b
     return all(id(v) in covered for v in var_list)
 
 
+def _time_distributed_call(tapping: _Tapping, layer: tf.keras.layers.TimeDistributed) -> Callable:
+    """TimeDistributed's fold done here, so that the taps inside know their rows are (example, step) pairs.
+
+    Keras folds [B, T, ...] into [B * T, ...] example-major only when the batch size is unknown (else it loops
+    over the steps); this call always folds, records the fold, and unfolds the outputs.
+    """
+    inner = layer.layer
+    inner_takes_mask = "mask" in inspect.signature(type(inner).call).parameters
+
+    def call(inputs, training=None, mask=None):
+        if not isinstance(inputs, tf.Tensor) or (mask is not None and inner_takes_mask):
+            raise _UnsupportedModel(f"TimeDistributed {layer.name!r} received a nested, ragged or masked input")
+        inputs = tapping.guard(inputs, f"the input of TimeDistributed {layer.name!r}")
+        folded = tf.reshape(inputs, tf.concat([[-1], tf.shape(inputs)[2:]], axis=0))
+        folded.set_shape(tf.TensorShape([None]).concatenate(inputs.shape[2:]))
+        tapping.rows.append(tapping.rows[-1].times(tf.shape(inputs)[1], inputs.shape[1]))
+        try:
+            outputs = inner(folded, training=training)
+        finally:
+            tapping.rows.pop()
+
+        def unfold(output):
+            unfolded = tf.reshape(output, tf.concat([tf.shape(inputs)[:2], tf.shape(output)[1:]], axis=0))
+            unfolded.set_shape(inputs.shape[:2].concatenate(output.shape[1:]))
+            return unfolded
+
+        return tf.nest.map_structure(unfold, outputs)
+
+    return call
+
+
+def _time_distributed_mask(layer: tf.keras.layers.TimeDistributed) -> Callable:
+    """TimeDistributed's output mask: None, as no mask enters (see above) and none is made inside.
+
+    Keras's own ``compute_mask`` re-runs a functional inner model, which would record every tap twice.
+    """
+    inner = layer.layer
+    sublayers = [inner, *inner._flatten_layers(include_self=False, recursive=True)]  # pylint: disable=protected-access
+    makes_masks = any(isinstance(sub, tf.keras.layers.Masking) or getattr(sub, "mask_zero", False)
+                      for sub in sublayers)
+
+    def compute_mask(inputs, mask=None):
+        del inputs
+        if mask is not None or makes_masks:
+            raise _UnsupportedModel(f"TimeDistributed {layer.name!r} carries a mask")
+        return None
+
+    return compute_mask
+
+
 @contextlib.contextmanager
-def _tapped(model: tf.keras.Model):
-    taps = []
+def _tapped(model: tf.keras.Model, rows: _Rows, tape: tf.GradientTape | None = None):
+    """Replaces the calls of the model's supported layers (and TimeDistributed wrappers) for one forward pass."""
+    tapping = _Tapping(rows, tape)
+    calls = []
+    masks = []
     for layer in model._flatten_layers(include_self=False, recursive=True):  # pylint: disable=protected-access
         if _is_supported(layer) and layer.trainable_weights:
-            taps.append(_Tap(layer))
+            tap = _Tap(layer, tapping)
+            tapping.taps.append(tap)
+            calls.append((layer, _not_autographed(_CALL_FACTORIES[type(layer)](tap))))
+        elif isinstance(layer, tf.keras.layers.TimeDistributed):
+            calls.append((layer, _time_distributed_call(tapping, layer)))
+            masks.append((layer, _time_distributed_mask(layer)))
     try:
-        for tap in taps:
-            tap.layer.call = _CALL_FACTORIES[type(tap.layer)](tap)
-        yield taps
+        for layer, call in calls:
+            layer.call = call
+        for layer, compute_mask in masks:
+            layer.compute_mask = compute_mask
+        yield tapping
     finally:
-        for tap in taps:
-            del tap.layer.call
+        for layer, _ in calls:
+            del layer.call
+        for layer, _ in masks:
+            del layer.compute_mask
 
 
 def _squared_norms(tensor: tf.Tensor, axis: int | list[int]) -> tf.Tensor:
@@ -307,11 +475,19 @@ def _squared_norms(tensor: tf.Tensor, axis: int | list[int]) -> tf.Tensor:
     return tf.square(tf.math.reduce_euclidean_norm(tensor, axis=axis))
 
 
-def _flatten_positions(tensor: tf.Tensor) -> tf.Tensor:
-    """[B, ..., d] -> [B, T, d] (T = 1 for a rank-2 tensor)."""
-    if tensor.shape.rank == 2:
+def _flatten_positions(tensor: tf.Tensor, rows: _Rows) -> tf.Tensor:
+    """A tapped tensor [rows, ..., d] as [B, T, d]: each example's positions, its folded time steps included.
+
+    Rows folded by TimeDistributed are example-major (example b owns ``fold`` consecutive rows), so a reshape to
+    B rows groups each example's rows; T = 1 for a rank-2 tensor with one row per example.
+    """
+    if rows.fold == 1 and tensor.shape.rank == 2:
         return tensor[:, None, :]
-    return tf.reshape(tensor, [tf.shape(tensor)[0], -1, tensor.shape[-1]])
+    per_row = tensor.shape[1:-1].num_elements()
+    positions = None if rows.fold is None or per_row is None else rows.fold * per_row
+    flat = tf.reshape(tensor, [rows.batch, -1, tensor.shape[-1]])
+    flat.set_shape([None, positions, tensor.shape[-1]])
+    return flat
 
 
 # Largest per-example gradient (in floats) that may be materialised for a whole batch: 2^16 floats is 256 KiB
@@ -352,11 +528,12 @@ def _bilinear_norms_and_sum(
     return squared, lambda f: tf.transpose(tf.tensordot(f, per_example, axes=1))
 
 
+@_not_autographed
 def _dense_rule(tap: _Tap, g: tf.Tensor, wanted: set[int]):
     layer = tap.layer
-    a = _flatten_positions(tap.inputs)
-    g = _flatten_positions(g)
-    squared = tf.zeros([tf.shape(g)[0]], g.dtype)
+    a = _flatten_positions(tap.inputs, tap.rows)
+    g = _flatten_positions(g, tap.rows)
+    squared = tf.zeros([tap.rows.batch], g.dtype)
     makers = {}
     if id(layer.kernel) in wanted:
         kernel_squared, kernel_sum = _bilinear_norms_and_sum(a, g)
@@ -395,20 +572,31 @@ def _depthwise_kernel_gradients(layer, inputs: tf.Tensor, g: tf.Tensor) -> tf.Te
     return tf.reshape(per_example, [kernel_h * kernel_w, batch, out_channels])
 
 
-def _single_channel_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor):
+def _single_channel_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor, rows: _Rows):
     """Per-example kernel-gradient norms of a 1-input-channel Conv2D from depthwise filter gradients.
 
     The depthwise filter-gradient CPU kernel uses one thread for a single image, so the batch is cut into
     ``_DEPTHWISE_PARTS`` groups of examples, independent ops that TF's inter-op threads run in parallel (about
-    8% off the whole tutorial-CNN step on 2 cores).
+    8% off the whole tutorial-CNN step on 2 cores). Images folded in by TimeDistributed (``rows.fold`` per
+    example) get one gradient each, summed per example.
     """
     kernel_h, kernel_w = layer.kernel_size
-    batch = tf.shape(inputs)[0]
+    batch = rows.batch
+    images_per_example = 1 if rows.fold == 1 else rows.count // tf.maximum(rows.batch, 1)  # 0 // 1: empty batch.
+    static_batch = None if rows.static is None or rows.fold is None else rows.static // rows.fold
     # Balanced groups, none empty when the batch has at least `parts` examples (XLA refuses empty ones).
-    parts = min(_DEPTHWISE_PARTS, inputs.shape[0] or _DEPTHWISE_PARTS)
+    parts = min(_DEPTHWISE_PARTS, static_batch or _DEPTHWISE_PARTS)
     bounds = [i * batch // parts for i in range(parts + 1)]
     groups = list(zip(bounds[:-1], bounds[1:]))
-    per_example = [_depthwise_kernel_gradients(layer, inputs[start:end], g[start:end]) for start, end in groups]
+
+    def gradients_of(start, end):
+        images = slice(start * images_per_example, end * images_per_example)
+        per_image = _depthwise_kernel_gradients(layer, inputs[images], g[images])
+        if rows.fold == 1:
+            return per_image
+        return tf.reduce_sum(tf.reshape(per_image, [kernel_h * kernel_w, end - start, -1, g.shape[-1]]), axis=2)
+
+    per_example = [gradients_of(start, end) for start, end in groups]
     squared = tf.concat([_squared_norms(gradients, [0, 2]) for gradients in per_example], axis=0)
 
     def kernel_sum(f):
@@ -454,7 +642,7 @@ def _image_patches(layer, inputs: tf.Tensor) -> tf.Tensor:
             rates=[1, *layer.dilation_rate, 1],
             padding=layer.padding.upper(),
         )
-        return _flatten_positions(patches)
+        return tf.reshape(patches, [tf.shape(patches)[0], -1, patches.shape[-1]])
     rows, top, bottom = _window_starts(height, kernel_h, layer.strides[0], layer.dilation_rate[0], layer.padding)
     cols, left, right = _window_starts(width, kernel_w, layer.strides[1], layer.dilation_rate[1], layer.padding)
     padded_width = width + left + right
@@ -467,38 +655,41 @@ def _image_patches(layer, inputs: tf.Tensor) -> tf.Tensor:
     return tf.reshape(patches, [tf.shape(inputs)[0], positions, kernel_h * kernel_w * channels])
 
 
-def _patch_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor):
+def _patch_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor, rows: _Rows):
     """Per-example kernel-gradient norms of a Conv2D from image patches (Gram or materialised form)."""
-    squared, kernel_sum = _bilinear_norms_and_sum(_image_patches(layer, inputs), _flatten_positions(g))
+    patches = _flatten_positions(_image_patches(layer, inputs), rows)
+    squared, kernel_sum = _bilinear_norms_and_sum(patches, _flatten_positions(g, rows))
     kernel_shape = layer.kernel.shape
     return squared, lambda f: tf.reshape(kernel_sum(f), kernel_shape)
 
 
+@_not_autographed
 def _conv2d_rule(tap: _Tap, g: tf.Tensor, wanted: set[int]):
     layer = tap.layer
-    squared = tf.zeros([tf.shape(g)[0]], g.dtype)
+    squared = tf.zeros([tap.rows.batch], g.dtype)
     makers = {}
     if id(layer.kernel) in wanted:
         if tap.inputs.shape[-1] == 1 and tuple(layer.dilation_rate) == (1, 1):
-            kernel_squared, kernel_sum = _single_channel_conv2d_norms_and_sum(layer, tap.inputs, g)
+            kernel_squared, kernel_sum = _single_channel_conv2d_norms_and_sum(layer, tap.inputs, g, tap.rows)
         else:
-            kernel_squared, kernel_sum = _patch_conv2d_norms_and_sum(layer, tap.inputs, g)
+            kernel_squared, kernel_sum = _patch_conv2d_norms_and_sum(layer, tap.inputs, g, tap.rows)
         squared += kernel_squared
         makers[id(layer.kernel)] = kernel_sum
     if layer.use_bias and id(layer.bias) in wanted:
-        bias_per_example = tf.reduce_sum(g, axis=[1, 2])
+        bias_per_example = tf.reduce_sum(_flatten_positions(g, tap.rows), axis=1)
         squared += _squared_norms(bias_per_example, 1)
         makers[id(layer.bias)] = lambda f: tf.tensordot(f, bias_per_example, axes=1)
     return squared, makers
 
 
+@_not_autographed
 def _embedding_rule(tap: _Tap, g: tf.Tensor, wanted: set[int]):
     layer = tap.layer
-    batch = tf.shape(g)[0]
+    batch = tap.rows.batch
     if id(layer.embeddings) not in wanted:
         return tf.zeros([batch], g.dtype), {}
     ids = tf.reshape(tap.inputs, [batch, -1])
-    g = _flatten_positions(g)
+    g = _flatten_positions(g, tap.rows)
     if ids.shape[1] == 1:
         squared = _squared_norms(g, [1, 2])
     else:
@@ -521,14 +712,16 @@ def _embedding_rule(tap: _Tap, g: tf.Tensor, wanted: set[int]):
     return squared, {id(layer.embeddings): clipped_sum}
 
 
+@_not_autographed
 def _lstm_rule(tap: _Tap, g: tf.Tensor, wanted: set[int]):
     """g is the gradient of the input projection x_t W + b, equal to that of the gate pre-activations z_t."""
     cell = tap.layer.cell
-    squared = tf.zeros([tf.shape(g)[0]], g.dtype)
+    g = _flatten_positions(g, tap.rows)
+    squared = tf.zeros([tap.rows.batch], g.dtype)
     makers = {}
     for variable, activations in ((cell.kernel, tap.inputs), (cell.recurrent_kernel, tap.recurrent_inputs)):
         if id(variable) in wanted:
-            variable_squared, variable_sum = _bilinear_norms_and_sum(activations, g)
+            variable_squared, variable_sum = _bilinear_norms_and_sum(_flatten_positions(activations, tap.rows), g)
             squared += variable_squared
             makers[id(variable)] = variable_sum
     if cell.use_bias and id(cell.bias) in wanted:
@@ -546,6 +739,59 @@ _RULES = {
 }
 
 
+# The probe traces the model with this many examples (and this length for every other unknown input axis):
+# unusual sizes, so that a tensor whose leading dimension is not the batch is unlikely to match it by chance.
+_PROBE_BATCH = 1009
+_PROBE_LENGTH = 97
+
+
+_probe_results: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@_not_autographed
+def _rows_proven_by_probe(model: tf.keras.Model, x: Any) -> bool:
+    """Whether, with a batch of an unusual static size, every tapped tensor has the rows expected of it.
+
+    Keras batches usually have an unknown batch size, so while tracing the train step nothing tells a tensor
+    of B rows from one of B * T rows folded by hand (``tf.reshape``); and a known batch size can match a tensor
+    of fixed size (a table of B rows broadcast onto the batch) by chance. This traces (never runs) one more
+    forward pass into a scratch graph with ``_PROBE_BATCH`` examples, where ``_Tapping.guard`` compares the
+    leading dimensions. Any failure counts as no proof (the caller falls back to the vectorized path), e.g. a
+    model built for one fixed batch size. Cached per model and input signature.
+    """
+    flat = tf.nest.flatten(x)
+    if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) for t in flat):
+        return False
+    # Which layers are tapped depends on which are trainable.
+    key = (tuple((tf.as_dtype(t.dtype), tuple(t.shape[1:])) for t in flat),
+           tuple(id(v) for v in model.trainable_variables))
+    results = _probe_results.setdefault(model, {})
+    if key not in results:
+        results[key] = _probe(model, x)
+    return results[key]
+
+
+def _probe(model: tf.keras.Model, x: Any) -> bool:
+    """Traces the tapped forward pass on ``_PROBE_BATCH`` examples (other unknown axes ``_PROBE_LENGTH``)."""
+
+    def spec(tensor: tf.Tensor | np.ndarray) -> tf.TensorSpec:
+        return tf.TensorSpec([_PROBE_BATCH] + [_PROBE_LENGTH if d is None else d for d in tensor.shape[1:]],
+                             tf.as_dtype(tensor.dtype))
+
+    proofs = []
+
+    def forward(batch):
+        with _tapped(model, _Rows.of_batch(batch)) as tapping:
+            model(batch, training=True)
+        proofs.append(tapping.proven)
+
+    try:
+        tf.function(forward).get_concrete_function(tf.nest.map_structure(spec, x))
+    except (_UnsupportedModel, ValueError, TypeError, NotImplementedError, tf.errors.OpError):
+        return False
+    return proofs == [True]
+
+
 def _ghost(
     model: tf.keras.Model,
     loss_fn: Callable,
@@ -555,20 +801,28 @@ def _ghost(
     clip_norm: tf.Tensor,
     var_list: Sequence[tf.Variable],
 ) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
-    with _tapped(model) as taps:
-        with tf.GradientTape() as tape:
+    tape = tf.GradientTape()
+    with _tapped(model, _Rows.of_batch(x), tape) as tapping:
+        with tape:
             y_pred = model(x, training=True)
             losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
             total = tf.reduce_sum(losses)
-    used = [tap for tap in taps if tap.inputs is not None]
-    outputs_grads = tape.gradient(
-        total, [tap.preactivation for tap in used], unconnected_gradients=tf.UnconnectedGradients.ZERO
-    )
+    if not _rows_proven_by_probe(model, x):
+        raise _UnsupportedModel("a tapped layer does not have one row per example (or per example and step)")
+    used = [tap for tap in tapping.taps if tap.inputs is not None]
+    grads = tape.gradient(total, [tap.preactivation for tap in used] + var_list)
+    tied = [v.name for v, g in zip(var_list, grads[len(used):]) if g is not None]
+    if tied:
+        raise _UnsupportedModel(f"variables used outside their own layer's call (tied weights): {tied}")
     wanted = {id(v) for v in var_list}
     squared = tf.zeros_like(losses)
     makers = {}
-    for tap, g in zip(used, outputs_grads):
+    for tap, g in zip(used, grads):
+        g = tf.zeros_like(tap.preactivation) if g is None else g
         layer_squared, layer_makers = _RULES[type(tap.layer)](tap, g, wanted)
+        shared = set(makers) & set(layer_makers)
+        if shared:
+            raise _UnsupportedModel(f"layer {tap.layer.name!r} shares a variable with another layer")
         squared += layer_squared
         makers.update(layer_makers)
     missing = [v.name for v in var_list if id(v) not in makers]
@@ -600,6 +854,7 @@ def clipped_gradient_sum_with_outputs(
     """
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}.")
+    model_checks.check_before_training(model, x)
     var_list = list(var_list)
     if sample_weight is None:
         sample_weight = tf.ones([_batch_size(x)], tf.float32)
@@ -609,9 +864,12 @@ def clipped_gradient_sum_with_outputs(
         if ghost_supported(model, var_list):
             try:
                 return _ghost(model, loss_fn, x, y, sample_weight, clip_norm, var_list)
-            except _UnsupportedModel:
+            except _UnsupportedModel as reason:
                 if method == "ghost":
-                    raise
+                    raise ValueError(
+                        f"`method='ghost'` cannot clip this model per example: {reason}. Use method='auto' (which "
+                        f"falls back to the vectorized path) or 'vectorized'. Received: method={method!r}."
+                    ) from reason
         elif method == "ghost":
             raise ValueError(
                 "`method='ghost'` needs every variable of `var_list` to belong to a Dense, Conv2D, "
@@ -636,7 +894,8 @@ def clipped_gradient_sum(
     together; one norm per example), and it enters the sum as ``min(1, clip_norm / ||g_i||) g_i``.
 
     Args:
-        model: a Keras model whose examples do not interact (no batch normalisation).
+        model: a Keras model whose examples do not interact (no batch normalisation: refused, see
+            ``keras_dyndp.model_checks``).
         loss_fn: per-example loss ``loss_fn(y, y_pred) -> [B]`` (or [B, ...], averaged over non-batch axes).
         x: batch of inputs (a tensor or a nest of tensors with leading axis B).
         y: batch of targets.
@@ -650,7 +909,8 @@ def clipped_gradient_sum(
         gradient norms [B].
 
     Raises:
-        ValueError: on an unknown ``method``, a scalar loss, or ``method='ghost'`` on an unsupported model.
+        ValueError: on an unknown ``method``, a scalar loss, ``method='ghost'`` on an unsupported model, or a
+            model that mixes examples or stores batch statistics (``keras_dyndp.model_checks.check_model``).
     """
     sums, norms, _, _ = clipped_gradient_sum_with_outputs(
         model, loss_fn, x, y, sample_weight, clip_norm, var_list, method

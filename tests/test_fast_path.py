@@ -73,6 +73,18 @@ def test_fit_trains_and_counts_steps(name, build, clip, learning_rate):
     assert int(model.optimizer.dp_step.numpy()) == 20
 
 
+def clipped_sum_reference(model, x, y, weights) -> list[np.ndarray]:
+    """Sum of the examples' gradients, each clipped to CLIP alone (a Python loop of single-example gradients)."""
+    per_example = []
+    for i in range(len(weights)):
+        with tf.GradientTape() as tape:
+            loss = LOSS(y[i:i + 1], model(x[i:i + 1])) * weights[i]
+        per_example.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+    norms = [np.sqrt(sum(np.sum(g ** 2) for g in grads)) for grads in per_example]
+    factors = [min(1.0, CLIP / n) if n > 0 else 1.0 for n in norms]
+    return [sum(f * grads[j] for f, grads in zip(factors, per_example)) for j in range(len(per_example[0]))]
+
+
 def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
     tf.keras.utils.set_random_seed(0)
     model = sequential()
@@ -80,14 +92,7 @@ def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
     weights = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
     model(x[:1])
     before = [v.numpy() for v in model.trainable_variables]
-    per_example = []
-    for i in range(4):
-        with tf.GradientTape() as tape:
-            loss = LOSS(y[i:i + 1], model(x[i:i + 1])) * weights[i]
-        per_example.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
-    norms = [np.sqrt(sum(np.sum(g ** 2) for g in grads)) for grads in per_example]
-    factors = [min(1.0, CLIP / n) if n > 0 else 1.0 for n in norms]
-    expected_sums = [sum(f * grads[j] for f, grads in zip(factors, per_example)) for j in range(len(before))]
+    expected_sums = clipped_sum_reference(model, x, y, weights)
     model = make_private(model)
     model.compile(optimizer=dp_optimizer(learning_rate=0.1), loss=LOSS)
     model.fit(x, y, sample_weight=weights, batch_size=4, epochs=1, verbose=0, shuffle=False)
@@ -126,3 +131,50 @@ def test_training_metrics_false_computes_no_logs_from_the_private_batch():
     assert int(model.optimizer.dp_step.numpy()) == 8 and model.evaluate(x, y, verbose=0)[0] < loss_before
     with pytest.raises(ValueError, match="`training_metrics` must be True or False"):
         make_private(sequential(), training_metrics="no")
+
+
+@pytest.mark.parametrize("norm", [
+    lambda: tf.keras.layers.BatchNormalization(),  # Trainable scale and offset: vectorized path.
+    lambda: tf.keras.layers.BatchNormalization(center=False, scale=False),  # No weights: ghost path.
+], ids=["vectorized", "ghost"])
+def test_batch_normalisation_is_refused_before_the_first_step(norm):
+    model = make_private(tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(3,)), norm(), tf.keras.layers.Dense(2)]))
+    schedule = schedules.DPSchedule(np.full(10, CLIP), np.full(10, 1e6), 8 / 8)  # Batch 8 of 8 examples.
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=8), loss=LOSS)
+    before = [v.numpy() for v in model.variables]
+    x, y = dataset("subclassed", 8)
+    with pytest.raises(ValueError, match="BatchNormalization.*GroupNormalization"):
+        model.fit(x, y, batch_size=8, verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 0
+    for old, new in zip(before, model.variables):  # moving_mean among them: nothing was released.
+        np.testing.assert_array_equal(old, new.numpy())
+
+
+def time_distributed() -> tf.keras.Model:
+    inputs = tf.keras.Input(shape=(3, 4))
+    hidden = tf.keras.layers.TimeDistributed(tf.keras.layers.Dense(3, activation="tanh"))(inputs)
+    hidden = tf.keras.layers.TimeDistributed(tf.keras.layers.Dense(2))(hidden)
+    return tf.keras.Model(inputs, tf.keras.layers.GlobalAveragePooling1D()(hidden))
+
+
+def test_time_distributed_fit_with_a_partial_last_batch_clips_each_example():
+    """5 examples in batches of 2, 2 and 1 on the ghost path: each step is the sum of per-example clipped
+    gradients divided by the expected batch size 2."""
+    tf.keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(5, 3, 4)).astype(np.float32) * 3
+    y = rng.integers(0, 2, 5)
+    model, expected = time_distributed(), time_distributed()
+    expected.set_weights(model.get_weights())
+    for batch in (slice(0, 2), slice(2, 4), slice(4, 5)):
+        sums = clipped_sum_reference(expected, x[batch], y[batch], np.ones(len(y[batch])))
+        for variable, total in zip(expected.trainable_variables, sums):
+            variable.assign_sub(0.5 * total / 2)
+    schedule = schedules.DPSchedule(np.full(10, CLIP), np.zeros(10), 2 / 5)
+    model = make_private(model, method="ghost")
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=2, learning_rate=0.5), loss=LOSS)
+    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 3
+    for actual, wanted in zip(model.trainable_variables, expected.trainable_variables):
+        np.testing.assert_allclose(actual.numpy(), wanted.numpy(), rtol=1e-5, atol=1e-7)

@@ -97,6 +97,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from keras_dyndp import model_checks
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import clip_and_noise
 from keras_dyndp.optimizers import microbatches
@@ -387,8 +388,9 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
               A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
 
             Raises:
-              ValueError: if the loss is a scalar (already averaged) or `tape` is missing, or if `model.fit`
-                received Poisson batches at another rate than the schedule's.
+              ValueError: if the loss is a scalar (already averaged) or `tape` is missing, if the model training
+                with this optimizer mixes examples or stores batch statistics (`keras_dyndp.model_checks`), or if
+                `model.fit` received Poisson batches at another rate than the schedule's.
               tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
                 outside the schedule's Poisson sampling (see `sampling_check`).
             """
@@ -414,6 +416,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
                     "the model with a loss built with reduction=tf.keras.losses.Reduction.NONE, e.g. "
                     "tf.keras.losses.SparseCategoricalCrossentropy(reduction=tf.keras.losses.Reduction.NONE)."
                 )
+            model_checks.check_training_model(self, var_list)  # Once per model, while the first step is traced.
             self._sampling_check.inspect_fit_input(self)
             num_rows = tf.shape(loss)[0]
             with tape:

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from absl.testing import flagsaver
 
 from examples import datasets
@@ -73,18 +74,35 @@ def test_missing_base_set(monkeypatch):
             federated_mnist.load_data()
 
 
+def client_gradients(model, loss, x, y) -> list[list[np.ndarray]]:
+    """Each client's gradient alone (a batch of one client), eagerly: the reference."""
+    gradients = []
+    for i in range(len(x)):
+        with tf.GradientTape() as tape:
+            client_loss = tf.reduce_mean(loss(y[i:i + 1], model(x[i:i + 1], training=True)))  # Mean over images.
+        gradients.append([g.numpy() for g in tape.gradient(client_loss, model.trainable_variables)])
+    return gradients
+
+
 def test_several_images_per_client_are_clipped_as_one_unit():
+    """Batches of 2 and then 1 client, traced as in fit (unknown numbers of clients and images): the ghost path
+    (TimeDistributed rules) gives each client one norm, that of the gradient of its MEAN loss over its images,
+    and clips the client's whole update."""
     rng = np.random.default_rng(0)
-    x = rng.integers(0, 256, (3, 2, 28, 28, 1)).astype(np.uint8)
-    y = rng.integers(0, 10, (3, 2))
+    x = rng.integers(0, 256, (2, 3, 28, 28, 1)).astype(np.uint8)
+    y = rng.integers(0, 10, (2, 3))
     model = federated_mnist.build_model(datasets.TaskData(x, y, x, y, 10, ""))
     loss = training.make_loss_and_metric(federated_mnist.make_task(), private=True)[0]
-    sums, norms = per_example.clipped_gradient_sum(model, loss, x, y, None, 1e-3, model.trainable_variables)
-    assert norms.shape == (3,)  # One norm per client, not per image.
-    # Each client's whole update is clipped to 1e-3, so the sum of 3 clients has norm <= 3e-3.
-    total = np.sqrt(sum(float(np.sum(np.square(s))) for s in sums))
-    assert total <= 3e-3 * (1 + 1e-5)
-    # And the client's gradient is that of its MEAN loss over its images (the vectorized reference).
-    _, reference = per_example.clipped_gradient_sum(model, loss, x, y, None, 1e-3, model.trainable_variables,
-                                                    method="vectorized")
-    np.testing.assert_allclose(norms, reference, rtol=1e-5)
+    ghost = tf.function(
+        lambda x, y: per_example.clipped_gradient_sum(model, loss, x, y, None, 1e-3, model.trainable_variables,
+                                                      method="ghost"),
+        input_signature=[tf.TensorSpec([None, None, 28, 28, 1], tf.uint8), tf.TensorSpec([None, None], tf.int64)])
+    gradients = client_gradients(model, loss, x, y)
+    expected_norms = np.array([np.sqrt(sum(np.sum(np.square(g)) for g in client)) for client in gradients])
+    assert expected_norms.min() > 1e-3  # Every client is clipped.
+    for clients in (2, 1):
+        sums, norms = ghost(x[:clients], y[:clients])
+        np.testing.assert_allclose(norms, expected_norms[:clients], rtol=1e-5)  # One norm per client.
+        for j, actual in enumerate(sums):
+            expected = sum(client[j] * 1e-3 / norm for client, norm in zip(gradients[:clients], expected_norms))
+            np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-9)

@@ -518,3 +518,32 @@ def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution):
     # Two steps of independent unit noise per epoch: std sqrt(2) (a repeated draw would give 2).
     assert np.std(epoch_noise) == pytest.approx(np.sqrt(2.0), rel=0.05)
     assert np.max(np.abs(np.corrcoef(epoch_noise) - np.eye(3))) < 0.15
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly):
+    x, y = data(num_rows=8)
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.BatchNormalization(name="norm"),
+                                 tf.keras.layers.Dense(2)])
+    schedule = schedules.DPSchedule([1.0] * 4, [1e6] * 4, 4 / 8)
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4), loss=per_example_mse(),
+                  run_eagerly=run_eagerly)
+    # Traced, nothing runs (moving_mean included); eagerly, the forward pass runs before the optimizer is called
+    # and updates the moving averages in memory, but no update is applied.
+    watched = model.trainable_variables if run_eagerly else model.variables
+    before = [v.numpy() for v in watched]
+    with pytest.raises(ValueError, match=r"Layer 'norm' \(BatchNormalization\).*GroupNormalization"):
+        model.fit(x, y, batch_size=4, verbose=0)
+    assert int(model.optimizer.dp_step) == 0
+    for old, new in zip(before, watched):
+        np.testing.assert_array_equal(old, new.numpy())
+
+
+def test_custom_training_loop_warns_that_the_model_was_not_checked():
+    x, y = data()
+    model = linear_model()
+    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0]))
+    with tf.GradientTape() as tape:
+        loss = per_example_mse()(y, model(x))
+    with pytest.warns(UserWarning, match=r"keras_dyndp\.check_model\(model, x\)"):
+        optimizer.minimize(loss, model.trainable_variables, tape=tape)
