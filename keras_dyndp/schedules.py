@@ -376,8 +376,9 @@ def _calibrate_rigorous(make_schedule: Callable[[float], DPSchedule], mu0: float
                         target_epsilon: float, target_delta: float, accountant: str) -> DPSchedule:
     """The largest mu_0 whose schedule's rigorous epsilon is <= target, searched from the CLT solution mu0.
 
-    A rough pass first accounts the schedule with its noise multipliers rounded down into at most
-    `_ROUGH_SEARCH_GROUPS` distinct values (pessimistic, and ~10x cheaper for a schedule with many distinct steps).
+    When the shape has more than `_ROUGH_SEARCH_GROUPS` distinct values, a rough pass first accounts the schedule
+    with its noise multipliers rounded down into that many (pessimistic, and 3-5x cheaper per evaluation for T = 40
+    to 4800 distinct steps), which leaves 2-4 evaluations of the real thing.
     """
 
     def epsilon_of(schedule: DPSchedule) -> float:
@@ -395,7 +396,8 @@ def _calibrate_rigorous(make_schedule: Callable[[float], DPSchedule], mu0: float
     lower, upper = _scale_range(mu_shape, accountant)
     log_mu0 = scale_search.largest_scale_within(
         lambda log_mu0: epsilon_of(make_schedule(math.exp(log_mu0))), target_epsilon, start=math.log(mu0),
-        lower=lower, upper=upper, rough_epsilon_of=rough_epsilon_of,
+        lower=lower, upper=upper,
+        rough_epsilon_of=rough_epsilon_of if np.unique(mu_shape).size > _ROUGH_SEARCH_GROUPS else None,
         what=f"the schedule under the {accountant!r} accountant")
     return make_schedule(math.exp(log_mu0))
 
