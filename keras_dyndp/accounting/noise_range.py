@@ -3,19 +3,19 @@
 Every accountant here works on the noise multipliers z_t = sigma_t / C_t of a schedule. Outside a bounded range
 they fail in ways that help nobody: the GDP-CLT divides by z^2 (ZeroDivisionError at z = 1e-300, OverflowError at
 z = 1e300), the RDP series never reach their stopping rule (an endless loop at z = 1e-300) or lose the step's
-divergence to rounding (a "negative divergence" error above z ~ 1e5), and the PLD lays a grid over the privacy
+divergence to rounding (a "negative divergence" error from z ~ 1e6), and the PLD lays a grid over the privacy
 loss whose length grows as 1 / z^2 (z = 1e-3 asks for 3.8 GiB). So each accountant checks its input first and
 raises a ValueError that names the step, the value and the accepted range:
 
 * z = 0 (no noise: epsilon is infinite) and z = inf (no privacy loss) are exact and always accepted;
 * otherwise MIN_NOISE_MULTIPLIER <= z <= MAX_NOISE_MULTIPLIER for every accountant. Below 1e-4 a single step is
-  (epsilon > 1e7)-DP, above 1e4 its GDP parameter 1 / z is below 1e-4 and its privacy loss below the resolution
-  of the RDP series; no DP-SGD schedule worth accounting leaves that range;
+  (epsilon > 1e7)-DP; above 1e4 its GDP parameter 1 / z is below 1e-4 (a margin of 100 below where the RDP
+  series fail); no DP-SGD schedule worth accounting leaves that range;
 * the PLD additionally needs z >= `pld_min_noise_multiplier(value_discretization_interval)`: a Gaussian step's
   privacy loss spans about 1 / z^2 + 2 t / z (t ~ 10.06, the +-t standard deviations that dp_accounting keeps at
   its default truncation of e^-50), and the grid has that span / interval points; it must fit in
   MAX_PLD_GRID_POINTS (2^21, 16 MiB per array, ~2 s per distinct step). At the default interval 1e-3 the floor is
-  z ~ 0.027, where one unsampled step alone is (epsilon ~ 700)-DP. Composed PLDs are held to the same length
+  z ~ 0.027, where one unsampled step alone has an epsilon of several hundred. Composed PLDs are held to the same length
   (`check_pld_grid_points`).
 """
 
