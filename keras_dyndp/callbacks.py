@@ -106,7 +106,9 @@ class PrivacyLogger(tf.keras.callbacks.Callback):
             self._writer.flush()
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        _dp_optimizer(self.model, type(self).__name__)
+        schedule = _dp_optimizer(self.model, type(self).__name__).schedule
+        for accountant in {"gdp_clt", self.accountant}:  # Refuse now what the epoch-end accounting would refuse.
+            schedule.check_accountable(accountant)
         if self.log_dir is not None and self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "privacy"))
 

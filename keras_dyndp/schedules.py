@@ -181,6 +181,16 @@ class DPSchedule:
             raise ValueError(f"`steps` must be an integer in [0, {self.num_steps}]. Received: steps={steps}.")
         return int(steps)
 
+    def check_accountable(self, accountant: str = registry.DEFAULT_ACCOUNTANT) -> None:
+        """Raises now, before any training, if `epsilon(..., accountant)` would refuse a step of this schedule.
+
+        Raises:
+          noise_range.NoiseOutOfRangeError (a ValueError): naming the first step whose noise multiplier the
+            accountant cannot represent, and the accepted range (see `keras_dyndp.accounting.noise_range`).
+        """
+        noise_range.check_noise_multipliers(self.noise_multipliers, _check_accountant(accountant),
+                                            _min_noise_multiplier(accountant))
+
     def to_dp_event(self, steps: int | None = None) -> dp_accounting.DpEvent:
         """The dp_accounting event of the first `steps` steps (all T by default).
 
@@ -233,7 +243,7 @@ class DPSchedule:
             return float(fast_rdp.rdp_epsilon(self.sampling_probability, multipliers, delta))
         if accountant == "pld":
             return float(fast_pld.pld_epsilon(self.sampling_probability, multipliers, delta))
-        noise_range.check_noise_multipliers(multipliers, accountant)
+        noise_range.check_noise_multipliers(multipliers, accountant, _min_noise_multiplier(accountant))
         return float(registry.make_accountant(accountant).compose(self.to_dp_event(steps)).get_epsilon(delta))
 
     def get_config(self) -> dict:
@@ -347,11 +357,16 @@ def _clt_mu0(mu_tot: float, p: float, mu_shape: np.ndarray) -> float:
     return float(mu0)
 
 
+def _min_noise_multiplier(accountant: str) -> float:
+    """Smallest noise multiplier `DPSchedule.epsilon` can account under `accountant` (`noise_range`)."""
+    if accountant == "pld":
+        return noise_range.pld_min_noise_multiplier(fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL)
+    return noise_range.MIN_NOISE_MULTIPLIER
+
+
 def _scale_range(mu_shape: np.ndarray, accountant: str) -> tuple[float, float]:
     """[lower, upper] of log mu_0 whose noise multipliers z_t = 1 / (mu_0 s_t) the accountant accepts."""
-    floor = noise_range.MIN_NOISE_MULTIPLIER
-    if accountant == "pld":
-        floor = noise_range.pld_min_noise_multiplier(fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL)
+    floor = _min_noise_multiplier(accountant)
     inward = 1e-9  # Keeps exp() rounding at the ends inside the accepted range.
     return (-math.log(noise_range.MAX_NOISE_MULTIPLIER * mu_shape.min()) + inward,
             -math.log(floor * mu_shape.max()) - inward)

@@ -77,6 +77,17 @@ def test_privacy_logger_defaults_to_the_pld_the_budget_is_calibrated_under():
     assert rdp.privacy_logs()["epsilon_rdp"] == pytest.approx(schedule.epsilon(DELTA, "rdp", steps=3))
 
 
+def test_privacy_logger_refuses_before_training_what_it_could_not_account():
+    schedule = schedules.DPSchedule([1.0, 1.0], [1.0, 1e-3], sampling_probability=0.1)  # z = 1e-3: below the PLD's.
+    logger = callbacks.PrivacyLogger(delta=DELTA)
+    _attach(logger, _FakeOptimizer(schedule))
+    with pytest.raises(ValueError, match=r"noise multiplier of step 1 \(0-based\) is 0.001; the 'pld' accountant"):
+        logger.on_train_begin()
+    rdp = callbacks.PrivacyLogger("rdp", delta=DELTA)
+    _attach(rdp, _FakeOptimizer(schedule))
+    rdp.on_train_begin()  # The RDP accounts it (a huge epsilon).
+
+
 def test_privacy_logger_writes_summaries_every_k_steps(tmp_path):
     optimizer = _FakeOptimizer(_schedule())
     logger = callbacks.PrivacyLogger("gdp_clt", delta=DELTA, log_every=2, log_dir=str(tmp_path))
