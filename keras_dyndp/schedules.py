@@ -387,7 +387,24 @@ def _calibrate_gdp_clt(make_schedule: Callable[[float], DPSchedule], mu0: float,
     return schedule
 
 
-def _calibrate_rigorous(make_schedule: Callable[[float], DPSchedule], mu0: float, mu_shape: np.ndarray,
+def _clt_log_slope(mu0: float, p: float, mu_shape: np.ndarray, delta: float) -> float:
+    """d log(epsilon) / d log(mu_0) of the GDP-CLT at mu0 (central difference): the rigorous search's first guess.
+
+    nan where the CLT epsilon is 0 or infinite there (the search then assumes 1).
+    """
+    step = 0.01
+    try:
+        with np.errstate(over="ignore"):
+            epsilons = [gdp.epsilon_from_mu(gdp.clt_mu(p, mu0 * math.exp(sign * step) * mu_shape), delta)
+                        for sign in (-1, 1)]
+    except ValueError:  # No bracket for an extreme mu.
+        return math.nan
+    if not all(0 < epsilon < math.inf for epsilon in epsilons):
+        return math.nan
+    return math.log(epsilons[1] / epsilons[0]) / (2 * step)
+
+
+def _calibrate_rigorous(make_schedule: Callable[[float], DPSchedule], mu0: float, p: float, mu_shape: np.ndarray,
                         target_epsilon: float, target_delta: float, accountant: str) -> DPSchedule:
     """The largest mu_0 whose schedule's rigorous epsilon is <= target, searched from the CLT solution mu0.
 
@@ -413,6 +430,7 @@ def _calibrate_rigorous(make_schedule: Callable[[float], DPSchedule], mu0: float
         lambda log_mu0: epsilon_of(make_schedule(math.exp(log_mu0))), target_epsilon, start=math.log(mu0),
         lower=lower, upper=upper,
         rough_epsilon_of=rough_epsilon_of if np.unique(mu_shape).size > _ROUGH_SEARCH_GROUPS else None,
+        slope=_clt_log_slope(mu0, p, mu_shape, target_delta),
         what=f"the schedule under the {accountant!r} accountant")
     return make_schedule(math.exp(log_mu0))
 
@@ -465,7 +483,7 @@ def calibrate_shape(
     mu0 = _clt_mu0(gdp.mu_from_epsilon(target_epsilon, target_delta), p, shape)
     if accountant == "gdp_clt":
         return _calibrate_gdp_clt(make_schedule, mu0, target_epsilon, target_delta)
-    return _calibrate_rigorous(make_schedule, mu0, shape, target_epsilon, target_delta, accountant)
+    return _calibrate_rigorous(make_schedule, mu0, p, shape, target_epsilon, target_delta, accountant)
 
 
 def calibrate(

@@ -11,9 +11,10 @@ accountant does not resolve. Here, on f(x) = log(epsilon(x) / target), whose acc
 1. optionally, a rough pass on a cheap pessimistic stand-in for epsilon (the caller's `rough_epsilon_of`, e.g. the
    same accountant with the noise multipliers rounded down into a few groups) moves the start and measures the
    slope of f;
-2. secant steps aim at the middle of the window (slope 1 while only one point is known: epsilon is roughly
-   proportional to mu_0; at most a factor e^4 per step), kept inside the bracket [largest x under budget,
-   smallest x over budget] once there is one, by bisection when a step would leave it or f is infinite;
+2. secant steps aim at the middle of the window (while only one point is known, with the caller's guess of the
+   slope, e.g. the GDP-CLT's, else 1: epsilon roughly proportional to mu_0; at most a factor e^4 per step), kept
+   inside the bracket [largest x under budget, smallest x over budget] once there is one, by bisection when a step
+   would leave it or f is infinite;
 3. the search stops at the first evaluated x inside the window, or once the bracket is narrower than 1e-9 (f jumps
    across the window), returning the bracket's safe end.
 
@@ -106,6 +107,7 @@ def largest_scale_within(
     lower: float,
     upper: float,
     rough_epsilon_of: EpsilonFunction | None = None,
+    slope: float = 1.0,
     rtol: float = DEFAULT_RTOL,
     what: str = "the schedule",
 ) -> float:
@@ -118,6 +120,7 @@ def largest_scale_within(
       start: first guess.
       lower, upper: the accepted range of x.
       rough_epsilon_of: optional cheap approximation of `epsilon_of` (ideally pessimistic) for a first pass to 1%.
+      slope: guess of d log(epsilon) / dx at `start` for the first step (e.g. that of the GDP-CLT); > 0.
       rtol: the result's epsilon is in [target (1 - rtol), target] unless epsilon jumps across that window.
       what: how error messages name the calibrated object.
 
@@ -129,7 +132,7 @@ def largest_scale_within(
         epsilon_of is finite) spends less than target (1 - rtol), or if the search does not converge.
     """
     x = min(max(start, lower), upper)
-    slope = 1.0
+    slope = slope if math.isfinite(slope) and slope > 0 else 1.0
     if rough_epsilon_of is not None:
         try:
             x, slope = _search(rough_epsilon_of, target_epsilon, x, lower, upper, _ROUGH_RTOL, slope, what)

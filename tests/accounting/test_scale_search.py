@@ -50,3 +50,10 @@ def test_targets_outside_the_range_raise():
     # Where the accountant gives up (inf) before the target is reached: the edge is located, then refused.
     with pytest.raises(scale_search.CalibrationError, match="at the edge of what the accountant can represent"):
         scale_search.largest_scale_within(_Counted(infinite_above=1.0), 1e3, start=0.0, lower=-20.0, upper=20.0)
+
+
+def test_a_good_slope_guess_saves_evaluations():
+    guessed, unguessed = _Counted(power=4.0), _Counted(power=4.0)
+    scale_search.largest_scale_within(guessed, 2.0, start=2.0, lower=-20.0, upper=20.0, slope=4.0)
+    scale_search.largest_scale_within(unguessed, 2.0, start=2.0, lower=-20.0, upper=20.0)
+    assert guessed.calls == 2 < unguessed.calls
