@@ -8,9 +8,11 @@ The schedule is the one measured in DESIGN.md: p = 250/60000, noise multiplier l
 2. the grouped PLD upper bound (`fast_pld`), and dp_accounting's PLDAccountant composing the first
    `--reference_steps` steps one by one;
 3. `schedules.calibrate('dynamic', ...)` of a T-step schedule to epsilon 1.2 under each accountant, with the
-   epsilon of the result under all three.
+   epsilon of the result under all three;
+4. with --calibration_examples, the examples of issue 9 (delta 1e-5), each calibrated under the default accountant
+   (PLD) and under the GDP-CLT: wall time, and the PLD epsilon of both schedules.
 
-    python benchmarks/accounting.py --steps=4800 --reference_steps=200
+    python benchmarks/accounting.py --steps=4800 --reference_steps=200 --calibration_examples
 """
 
 import time
@@ -34,6 +36,25 @@ _REFERENCE_STEPS = flags.DEFINE_integer(
 _SAMPLING_PROBABILITY = flags.DEFINE_float("sampling_probability", 250 / 60000, "Poisson sampling probability p.")
 _DELTA = flags.DEFINE_float("delta", 1e-5, "Target delta.")
 _STEPS_PER_EPOCH = flags.DEFINE_integer("steps_per_epoch", 240, "Epoch length for the per-epoch curve.", lower_bound=1)
+_CALIBRATION_EXAMPLES = flags.DEFINE_bool("calibration_examples", False, "Also time issue 9's calibration examples.")
+
+# Issue 9's examples: (name, calibrate_shape arguments); delta 1e-5, constant clip 1.
+_BOOSTED_END = np.ones(4800)
+_BOOSTED_END[-5:] = 3.0
+ISSUE_EXAMPLES = (
+    ("vanilla p 0.01, T 20, eps 1", dict(mu_shape=1.0, target_epsilon=1.0, sampling_probability=0.01,
+                                         num_steps=20)),
+    ("vanilla p 0.00427, T 500, eps 1", dict(mu_shape=1.0, target_epsilon=1.0, sampling_probability=256 / 60000,
+                                             num_steps=500)),
+    ("dynamic 1/rho_mu 0.8 (the noise multipliers of growing mu), p 256/60000, T 4688, eps 8",
+     dict(mu_shape=lambda t: 1.25 ** (t / 4688), target_epsilon=8.0, sampling_probability=256 / 60000,
+          num_steps=4688)),
+    ("last 5 steps at 3x mu, p 250/60000, T 4800, eps 1", dict(mu_shape=_BOOSTED_END, target_epsilon=1.0,
+                                                              sampling_probability=250 / 60000, num_steps=4800)),
+    ("growing mu 1/rho_mu 0.1, p 250/60000, T 4800, eps 1.2", dict(mu_shape=lambda t: 10.0 ** (t / 4800),
+                                                                  target_epsilon=1.2, sampling_probability=250 / 60000,
+                                                                  num_steps=4800)),
+)
 
 
 def _timed(function):
@@ -97,6 +118,18 @@ def main(argv):
         spent = ", ".join(f"{name} {schedule.epsilon(delta, name):.4f}" for name in registry.ACCOUNTANT_NAMES)
         print(f"calibrate('dynamic', epsilon 1.2, accountant='{accountant}'): wall {wall:.2f} s  cpu {cpu:.2f} s; "
               f"z_first {schedule.noise_multipliers[0]:.4f}; epsilon {spent}")
+
+    if _CALIBRATION_EXAMPLES.value:
+        _calibration_examples()
+
+
+def _calibration_examples() -> None:
+    for name, arguments in ISSUE_EXAMPLES:
+        rigorous, wall, _ = _timed(lambda: schedules.calibrate_shape(1.0, target_delta=1e-5, **arguments))
+        clt = schedules.calibrate_shape(1.0, target_delta=1e-5, accountant="gdp_clt", **arguments)
+        print(f"{name}: default ({rigorous.calibration.accountant}) calibration {wall:.2f} s, PLD epsilon "
+              f"{rigorous.epsilon(1e-5, 'pld'):.4f}; calibrated under the GDP-CLT: PLD epsilon "
+              f"{clt.epsilon(1e-5, 'pld'):.4f}, RDP {clt.epsilon(1e-5, 'rdp'):.4f}")
 
 
 if __name__ == "__main__":

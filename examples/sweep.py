@@ -13,7 +13,8 @@ sensitivity_decay: the 1/rho_c values; vanilla and nonprivate: one run), then wr
 * ``heatmap_eps<epsilon>.png``: mean accuracy of the dynamic method over the (1/rho_mu, 1/rho_c) grid.
 
 Every other flag given on the command line (``--epochs``, ``--max_steps``, ``--idx_dir``, ...) applies to every
-run. Runs go in-process by default; ``--subprocess`` starts ``python -m examples.<task>`` for each (isolated, and
+run, except ``--accountant`` (the calibration accountant of the paper's methods), which the baselines zcdp and tcdp
+do not take: they are calibrated by their own. ``--accountant=gdp_clt`` reproduces the paper's calibration. Runs go in-process by default; ``--subprocess`` starts ``python -m examples.<task>`` for each (isolated, and
 a failing run does not stop the sweep).
 
     python -m examples.sweep --task=digits --epsilons=1,3 --seeds=0,1 --methods=vanilla,dynamic \\
@@ -47,6 +48,7 @@ from examples import imdb
 from examples import mnist
 from examples import names
 from examples import training
+from keras_dyndp import privacy_report
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
@@ -118,9 +120,15 @@ def read_results(path: str) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
-def _forwarded_arguments() -> list[str]:
-    return [FLAGS[name].serialize() for name in FLAGS
-            if FLAGS[name].present and name not in _PER_RUN_FLAGS + _SWEEP_FLAGS]
+def _not_for(method: str) -> tuple[str, ...]:
+    """Flags of the sweep's command line that do not apply to `method`: --accountant is the calibration accountant
+    of the paper's methods; the baselines (zcdp, tcdp) are calibrated by their own and refuse it."""
+    return ("accountant",) if method in privacy_report.BASELINES else ()
+
+
+def _forwarded_arguments(method: str) -> list[str]:
+    skipped = _PER_RUN_FLAGS + _SWEEP_FLAGS + _not_for(method)
+    return [FLAGS[name].serialize() for name in FLAGS if FLAGS[name].present and name not in skipped]
 
 
 def _run_in_process(module, run: dict, results_csv: str) -> None:
@@ -128,6 +136,8 @@ def _run_in_process(module, run: dict, results_csv: str) -> None:
     if run["method"] == "nonprivate":
         flag_values.pop("epsilon")
     with flagsaver.flagsaver(**flag_values):
+        for name in _not_for(run["method"]):
+            FLAGS[name].unparse()  # Back to its default for this run; flagsaver restores it afterwards.
         training.train(module.make_task())
     tf.keras.backend.clear_session()
 
@@ -137,7 +147,7 @@ def _run_subprocess(run: dict, results_csv: str) -> None:
                  f"--seed={run['seed']}", f"--results_csv={results_csv}"]
     if run["method"] != "nonprivate":
         arguments.append(f"--epsilon={run['epsilon']!r}")
-    command = [sys.executable, "-m", f"examples.{FLAGS.task}"] + arguments + _forwarded_arguments()
+    command = [sys.executable, "-m", f"examples.{FLAGS.task}"] + arguments + _forwarded_arguments(run["method"])
     completed = subprocess.run(command, check=False)
     if completed.returncode != 0:
         print(f"sweep: run failed (exit {completed.returncode}): {' '.join(command)}", file=sys.stderr)

@@ -6,8 +6,9 @@ model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
 1. reads the shared flags below (a flag left unset takes the task's default);
 2. calibrates the `keras_dyndp.schedules.DPSchedule` of the run: p = batch_size / N, T = ceil(epochs N /
    batch_size), C_t and sigma_t from ``--method``, ``--epsilon``, ``--delta`` (default 1 / (10 N)), ``--rho_mu``,
-   ``--rho_c`` and ``--initial_clip``, met exactly under the paper's GDP-CLT accountant (``--accountant``); the
-   baselines ``--method=zcdp`` / ``tcdp`` (constant clip, noise decaying by ``--rho_mu``) under their own;
+   ``--rho_c`` and ``--initial_clip``, met under ``--accountant`` (the rigorous PLD by default; ``gdp_clt`` is
+   the paper's approximation); the baselines ``--method=zcdp`` / ``tcdp`` (constant clip, noise decaying by
+   ``--rho_mu``) under their own;
 3. trains with ``model.fit`` on Poisson-sampled batches (``--sampling=poisson``, what the accountants assume)
    with a `DynamicDPKeras*` optimizer, `PrivacyLogger` and `BudgetStop`, per-example clipping through the fast
    path (`keras_dyndp.fast_path.make_private`) or the optimizer's generic jacobian path (``--per_example``);
@@ -15,7 +16,7 @@ model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
    counter) every epoch, writes TensorBoard logs under ``<model_dir>/logs`` and resumes from the latest
    checkpoint when rerun. It refuses to resume a run whose saved schedule differs from the one the flags give:
    the restored step counter would index another schedule and the accounting would be wrong;
-5. evaluates on the test set, prints the privacy report (GDP-CLT epsilon and a rigorous RDP or PLD epsilon of the
+5. evaluates on the test set, prints the privacy report (GDP-CLT epsilon and a rigorous PLD or RDP epsilon of the
    steps actually taken) and, with ``--results_csv``, appends one row per run.
 
 Bad flag values and missing data end the script with one line on stderr and exit code 2, without a traceback.
@@ -96,11 +97,13 @@ flags.DEFINE_integer("batch_size", None,
 flags.DEFINE_enum("sampling", None, ["poisson", "shuffle"],
                   "Batching. poisson (default for DP): what the accountants assume. shuffle (default for "
                   "nonprivate): shuffle-and-slice, for which the reported epsilon is only an approximation.")
-flags.DEFINE_enum("accountant", "gdp_clt", list(registry.ACCOUNTANT_NAMES),
-                  "Accountant the budget is calibrated under: gdp_clt (the paper's), or rigorous rdp / pld. "
-                  "Not for --method=zcdp / tcdp, which use their own.")
-flags.DEFINE_enum("report_accountant", "rdp", ["rdp", "pld"],
-                  "Rigorous accountant reported beside the GDP-CLT (rdp is fast; pld is tighter and slower).")
+flags.DEFINE_enum("accountant", registry.DEFAULT_ACCOUNTANT, list(registry.ACCOUNTANT_NAMES),
+                  "Accountant the budget is calibrated under: pld (default; rigorous and tight), rdp (rigorous), "
+                  "or gdp_clt (the paper's approximation, which can understate epsilon; pass it to reproduce the "
+                  "paper). Not for --method=zcdp / tcdp, which use their own.")
+flags.DEFINE_enum("report_accountant", registry.DEFAULT_ACCOUNTANT, ["rdp", "pld"],
+                  "Rigorous accountant reported beside the GDP-CLT: pld (default, the tightest; a full run "
+                  "calibrated under it reports the target) or rdp (looser).")
 flags.DEFINE_enum("per_example", "fast", ["fast", "jacobian"],
                   "Per-example gradients: fast (keras_dyndp.fast_path.make_private) or jacobian (the "
                   "optimizer's generic tape.jacobian path, O(B^2)).")

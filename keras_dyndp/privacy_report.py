@@ -1,17 +1,16 @@
 """Privacy report: one schedule per method, its noise and its epsilon under several accountants, and plots.
 
 The paper calibrates every schedule with the extended GDP central limit theorem (GDP-CLT), an approximation that
-can understate epsilon (Gopi et al. 2021). This module puts numbers beside it: for each method (the paper's four,
-plus the noise-decay baselines of its Table 1 from `keras_dyndp.baselines`) it reports the first and last noise
-multipliers and the epsilon of the same schedule under
+can understate epsilon (Gopi et al. 2021); this package calibrates under the PLD unless told otherwise. This module
+puts numbers side by side: for each method (the paper's four, plus the noise-decay baselines of its Table 1 from
+`keras_dyndp.baselines`) it reports the first and last noise multipliers and the epsilon of the same schedule under
 
-* 'gdp_clt': the paper's accountant (what the paper's methods are calibrated with);
+* 'gdp_clt': the paper's accountant;
 * 'rdp': exact heterogeneous Renyi DP (`accounting.fast_rdp`), a rigorous upper bound;
 * 'pld': privacy loss distributions with steps grouped pessimistically (`accounting.fast_pld`), a rigorous upper
   bound and the tightest of the three;
-* 'own': the accountant the method was calibrated with (GDP-CLT for the paper's methods, zCDP / tCDP for the
-  baselines), which equals the target epsilon up to rounding (tCDP: at most the target, see
-  `baselines.tcdp_schedule`).
+* 'own': the accountant the method was calibrated with (the schedule's `calibration`: 'pld' by default, 'rdp' or
+  'gdp_clt' when asked for, zCDP / tCDP for the baselines), which meets the target epsilon.
 
 Data (`ReportRow`), text formatting (`format_table`) and plotting (`plot_epsilon_consumption`, paper Fig. 2;
 `plot_accountant_comparison`, paper Fig. 3) are separate so that scripts and tests can use each alone. Plotting uses
@@ -21,7 +20,6 @@ matplotlib's object-oriented API (`matplotlib.figure.Figure`), which needs no di
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -32,6 +30,7 @@ from keras_dyndp import validation
 from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import fast_rdp
 from keras_dyndp.accounting import gdp
+from keras_dyndp.accounting import registry
 
 BASELINES = ("zcdp", "tcdp")
 ALL_METHODS = schedules.METHODS + BASELINES
@@ -43,7 +42,8 @@ DEFAULT_NUM_POINTS = 50
 
 @dataclasses.dataclass(frozen=True)
 class ReportRow:
-    """One method's schedule summary. Epsilons are None for accountants that were not requested."""
+    """One method's schedule summary. Epsilons are None for accountants that were not requested, and
+    `epsilon_own` is None (`calibrated_by` '-') for a schedule that does not say how it was calibrated."""
 
     method: str
     calibrated_by: str
@@ -52,7 +52,7 @@ class ReportRow:
     last_noise_multiplier: float
     first_clip_norm: float
     last_clip_norm: float
-    epsilon_own: float
+    epsilon_own: Optional[float]
     epsilon_gdp_clt: Optional[float] = None
     epsilon_rdp: Optional[float] = None
     epsilon_pld: Optional[float] = None
@@ -76,12 +76,13 @@ def build_schedules(
     rho_mu: float = 1.0,
     rho_c: float = 1.0,
     methods: Sequence[str] = ALL_METHODS,
+    accountant: str = registry.DEFAULT_ACCOUNTANT,
 ) -> dict[str, schedules.DPSchedule]:
     """Calibrates each method to (target_epsilon, target_delta) with its own accountant.
 
-    The paper's methods use `schedules.calibrate` (GDP-CLT); 'zcdp' and 'tcdp' use `baselines.zcdp_schedule` and
-    `baselines.tcdp_schedule` with exponential noise decay z_0 / z_T = rho_mu (the growing-mu noise shape), so that
-    one --rho_mu compares like with like.
+    The paper's methods use `schedules.calibrate` under `accountant` ('pld' by default; 'gdp_clt' is the paper's);
+    'zcdp' and 'tcdp' use `baselines.zcdp_schedule` and `baselines.tcdp_schedule` with exponential noise decay
+    z_0 / z_T = rho_mu (the growing-mu noise shape), so that one --rho_mu compares like with like.
 
     Returns:
       {method: DPSchedule} in the order of `methods`.
@@ -101,18 +102,8 @@ def build_schedules(
             built[method] = schedules.calibrate(
                 method, target_epsilon=target_epsilon, target_delta=target_delta,
                 sampling_probability=sampling_probability, num_steps=num_steps, initial_clip=initial_clip,
-                rho_mu=rho_mu, rho_c=rho_c)
+                rho_mu=rho_mu, rho_c=rho_c, accountant=accountant)
     return built
-
-
-def _epsilon(schedule: schedules.DPSchedule, delta: float, accountant: str) -> float:
-    if np.any(schedule.noise_stddevs == 0):
-        return math.inf
-    if accountant == "gdp_clt":
-        return schedule.epsilon(delta, "gdp_clt")
-    if accountant == "rdp":
-        return fast_rdp.rdp_epsilon(schedule.sampling_probability, schedule.noise_multipliers, delta)
-    return fast_pld.pld_epsilon(schedule.sampling_probability, schedule.noise_multipliers, delta)
 
 
 def schedule_row(
@@ -121,18 +112,20 @@ def schedule_row(
     delta: float,
     accountants: Sequence[str] = ACCOUNTANTS,
 ) -> ReportRow:
-    """The `ReportRow` of one schedule. `method` in `ALL_METHODS` picks the 'own' accountant (a name outside them,
-    e.g. a loaded schedule, is reported with GDP-CLT as its own)."""
+    """The `ReportRow` of one schedule. Its 'own' accountant is the baseline's for `method` 'zcdp' / 'tcdp', else
+    the one in `schedule.calibration` (none for a schedule that does not record one, e.g. one built by hand)."""
     if not 0.0 < delta < 1.0:
         raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
     accountants = _check_accountants(accountants)
     if method in BASELINES:
         own = baselines.baseline_epsilon(method, schedule, delta)
         calibrated_by = method
+    elif schedule.calibration is not None:
+        calibrated_by = schedule.calibration.accountant
+        own = schedule.epsilon(delta, calibrated_by)
     else:
-        own = _epsilon(schedule, delta, "gdp_clt")
-        calibrated_by = "gdp_clt"
-    epsilons = {f"epsilon_{name}": _epsilon(schedule, delta, name) for name in accountants}
+        own, calibrated_by = None, "-"
+    epsilons = {f"epsilon_{name}": schedule.epsilon(delta, name) for name in accountants}
     multipliers = schedule.noise_multipliers
     return ReportRow(
         method=method, calibrated_by=calibrated_by, num_steps=schedule.num_steps,
@@ -235,19 +228,22 @@ def plot_epsilon_consumption(
     initial_clip: float = 1.0,
     rho_mus: Sequence[float] = DEFAULT_CONSUMPTION_RHO_MUS,
     num_points: int = DEFAULT_NUM_POINTS,
+    accountant: str = registry.DEFAULT_ACCOUNTANT,
 ) -> str:
-    """Paper Fig. 2: GDP-CLT epsilon consumed by the first k steps of growing-mu schedules, one curve per rho_mu.
+    """Paper Fig. 2: epsilon consumed by the first k steps of growing-mu schedules, one curve per rho_mu.
 
-    A faster-growing mu_t spends less of the budget early and more late; every curve ends at target_epsilon.
-    Writes a PNG to `path` and returns `path`.
+    Each schedule is calibrated under `accountant` ('pld' by default; the paper's figure is 'gdp_clt') and its
+    consumption is measured by the same accountant, so every curve ends at target_epsilon. A faster-growing mu_t
+    spends less of the budget early and more late. Writes a PNG to `path` and returns `path`.
     """
-    figure, axes = _new_axes(f"Privacy budget consumption (GDP-CLT), epsilon = {target_epsilon:g}")
+    figure, axes = _new_axes(f"Privacy budget consumption ({accountant}), epsilon = {target_epsilon:g}")
     for rho_mu in rho_mus:
         schedule = schedules.calibrate(
             "growing_mu", target_epsilon=target_epsilon, target_delta=target_delta,
-            sampling_probability=sampling_probability, num_steps=num_steps, initial_clip=initial_clip, rho_mu=rho_mu)
-        steps = curve_steps(num_steps, num_points)
-        axes.plot(steps, gdp_clt_epsilons_at(schedule, target_delta, steps), label=f"1/rho_mu = {1 / rho_mu:.2g}")
+            sampling_probability=sampling_probability, num_steps=num_steps, initial_clip=initial_clip, rho_mu=rho_mu,
+            accountant=accountant)
+        steps, curves = epsilon_curves(schedule, target_delta, [accountant], num_points)
+        axes.plot(steps, curves[accountant], label=f"1/rho_mu = {1 / rho_mu:.2g}")
     axes.legend()
     figure.savefig(path, dpi=100)
     return path

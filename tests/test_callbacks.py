@@ -64,12 +64,28 @@ def test_privacy_logger_gdp_clt_only():
     assert sorted(logger.privacy_logs()) == ["clip_norm", "dp_step", "epsilon_gdp_clt", "noise_stddev"]
 
 
-def test_privacy_logger_default_rdp():
-    pytest.importorskip("keras_dyndp.accounting.fast_rdp")
-    schedule = _schedule()
+def test_privacy_logger_defaults_to_the_pld_the_budget_is_calibrated_under():
+    schedule = schedules.calibrate("vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.1,
+                                   num_steps=4, initial_clip=1.0)
     logger = callbacks.PrivacyLogger(delta=DELTA)
-    _attach(logger, _FakeOptimizer(schedule, 3))
-    assert logger.privacy_logs()["epsilon_rdp"] == pytest.approx(schedule.epsilon(DELTA, "rdp", steps=3))
+    _attach(logger, _FakeOptimizer(schedule, 4))
+    logs = logger.privacy_logs()
+    assert sorted(logs) == ["clip_norm", "dp_step", "epsilon_gdp_clt", "epsilon_pld", "noise_stddev"]
+    assert 0.999 <= logs["epsilon_pld"] <= 1.0  # The whole run spends the target, as calibrated.
+    rdp = callbacks.PrivacyLogger("rdp", delta=DELTA)
+    _attach(rdp, _FakeOptimizer(schedule, 3))
+    assert rdp.privacy_logs()["epsilon_rdp"] == pytest.approx(schedule.epsilon(DELTA, "rdp", steps=3))
+
+
+def test_privacy_logger_refuses_before_training_what_it_could_not_account():
+    schedule = schedules.DPSchedule([1.0, 1.0], [1.0, 1e-3], sampling_probability=0.1)  # z = 1e-3: below the PLD's.
+    logger = callbacks.PrivacyLogger(delta=DELTA)
+    _attach(logger, _FakeOptimizer(schedule))
+    with pytest.raises(ValueError, match=r"noise multiplier of step 1 \(0-based\) is 0.001; the 'pld' accountant"):
+        logger.on_train_begin()
+    rdp = callbacks.PrivacyLogger("rdp", delta=DELTA)
+    _attach(rdp, _FakeOptimizer(schedule))
+    rdp.on_train_begin()  # The RDP accounts it (a huge epsilon).
 
 
 def test_privacy_logger_writes_summaries_every_k_steps(tmp_path):

@@ -125,7 +125,7 @@ def test_custom_training_loop_warns_once_unless_the_model_was_checked():
     with pytest.warns(UserWarning, match="keras_dyndp.check_model"):
         model_checks.check_training_model(optimizer, model.trainable_variables)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", UserWarning)
         model_checks.check_training_model(optimizer, model.trainable_variables)  # Once per optimizer.
         checked = sequential()
         model_checks.check_model(checked)

@@ -19,24 +19,37 @@ def _run(*args, cwd):
 
 
 def test_spec_prints_table_and_writes_plots(tmp_path):
-    result = _run(*SMALL_SPEC, "--num_points=8", f"--plot_dir={tmp_path / 'plots'}", cwd=tmp_path)
+    result = _run(*SMALL_SPEC, "--accountant=gdp_clt", "--num_points=8", f"--plot_dir={tmp_path / 'plots'}",
+                  cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     methods = [line.split()[0] for line in result.stdout.splitlines()[2:8]]
     assert methods == ["vanilla", "growing_mu", "sensitivity_decay", "dynamic", "zcdp", "tcdp"]
     assert "delta) = (1, 0.00025)" in result.stdout  # Default delta = 1 / (10 N).
+    assert [line.split()[1] for line in result.stdout.splitlines()[2:6]] == ["gdp_clt"] * 4
     for name in ("epsilon_consumption.png", "accountant_comparison.png"):
         assert (tmp_path / "plots" / name).stat().st_size > 1000
 
 
+def test_spec_calibrates_under_the_pld_by_default(tmp_path):
+    result = _run(*SMALL_SPEC, "--method=vanilla,sensitivity_decay", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "paper's methods calibrated under pld" in result.stdout
+    for line in result.stdout.splitlines()[2:4]:
+        cells = line.split()  # Their own epsilon is their PLD epsilon, at the target.
+        assert cells[1] == "pld" and cells[7] == cells[-1] and 0.999 <= float(cells[-1]) <= 1.0
+
+
 def test_schedule_json(tmp_path):
     schedule = schedules.calibrate("dynamic", target_epsilon=1.0, target_delta=1e-4, sampling_probability=0.05,
-                                   num_steps=30, initial_clip=1.0, rho_mu=2.0)
+                                   num_steps=30, initial_clip=1.0, rho_mu=2.0, accountant="gdp_clt")
     path = tmp_path / "schedule.json"
     path.write_text(schedule.to_json())
     result = _run(f"--schedule_json={path}", "--delta=1e-4", "--accountants=gdp_clt,rdp", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     row = result.stdout.splitlines()[1].split()
-    assert row[0] == "schedule.json" and row[-1] == "-" and float(row[-3]) == pytest.approx(1.0, rel=1e-3)
+    # The saved schedule says how it was calibrated: its own accountant is the GDP-CLT, at the target.
+    assert row[0] == "schedule.json" and row[1] == "gdp_clt" and row[-1] == "-"
+    assert float(row[-4]) == float(row[-3]) == pytest.approx(1.0, rel=1e-3)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -13,7 +13,8 @@ SPEC = dict(target_epsilon=1.0, target_delta=1e-4, sampling_probability=0.05, nu
 
 @pytest.fixture(scope="module")
 def rows():
-    built = privacy_report.build_schedules(**SPEC, rho_mu=1 / 0.5, rho_c=1 / 0.3)
+    """The paper's calibration (GDP-CLT), beside the baselines."""
+    built = privacy_report.build_schedules(**SPEC, rho_mu=1 / 0.5, rho_c=1 / 0.3, accountant="gdp_clt")
     return built, privacy_report.report_rows(built, SPEC["target_delta"])
 
 
@@ -56,22 +57,32 @@ def test_format_table(rows):
     assert privacy_report.format_table(partial).splitlines()[1].split()[-2:] == ["-", "-"]
 
 
+def test_default_calibration_is_pld_and_is_the_own_accountant():
+    built = privacy_report.build_schedules(**SPEC, methods=["vanilla", "sensitivity_decay"], rho_c=2.0)
+    for row in privacy_report.report_rows(built, SPEC["target_delta"]):
+        assert row.calibrated_by == "pld" and row.epsilon_own == row.epsilon_pld
+        assert 0.999 <= row.epsilon_pld <= 1.0 and row.epsilon_gdp_clt < 1.0
+    by_hand = schedules.DPSchedule([1.0, 1.0], [2.0, 1.0], 0.1)
+    (row,) = privacy_report.report_rows({"mine": by_hand}, 1e-5)
+    assert row.calibrated_by == "-" and row.epsilon_own is None
+
+
 def test_curves_are_cumulative():
-    schedule = schedules.calibrate("dynamic", **SPEC, rho_mu=2.0, rho_c=2.0)
+    schedule = schedules.calibrate("dynamic", **SPEC, rho_mu=2.0, rho_c=2.0, accountant="gdp_clt")
     steps, curves = privacy_report.epsilon_curves(schedule, 1e-4, num_points=7)
     assert steps.size == 7 and steps[0] == 1 and steps[-1] == 60 and np.all(np.diff(steps) > 0)
     for name, values in curves.items():
         assert np.all(np.diff(values) > 0), name
-    assert curves["gdp_clt"][-1] == pytest.approx(schedule.epsilon(1e-4), rel=1e-9)
-    assert curves["gdp_clt"][2] == pytest.approx(schedule.epsilon(1e-4, steps=int(steps[2])), rel=1e-9)
+    assert curves["gdp_clt"][-1] == pytest.approx(schedule.epsilon(1e-4, "gdp_clt"), rel=1e-9)
+    assert curves["gdp_clt"][2] == pytest.approx(schedule.epsilon(1e-4, "gdp_clt", steps=int(steps[2])), rel=1e-9)
     assert curves["rdp"][-1] == pytest.approx(fast_rdp.rdp_epsilon(0.05, schedule.noise_multipliers, 1e-4))
 
 
 def test_plots_write_png(tmp_path):
     first = privacy_report.plot_epsilon_consumption(str(tmp_path / "consumption.png"), target_epsilon=1.0,
                                                     target_delta=1e-4, sampling_probability=0.05, num_steps=40,
-                                                    num_points=10)
-    schedule = schedules.calibrate("dynamic", **SPEC, rho_mu=2.0, rho_c=2.0)
+                                                    num_points=10, rho_mus=(1.0,))  # PLD, constant noise.
+    schedule = schedules.calibrate("dynamic", **SPEC, rho_mu=2.0, rho_c=2.0, accountant="gdp_clt")
     second = privacy_report.plot_accountant_comparison(str(tmp_path / "comparison.png"), schedule, 1e-4,
                                                        num_points=10)
     for path in (first, second):

@@ -25,6 +25,10 @@ distinct steps with `dp_accounting.pld.PLDAccountant` takes minutes. Two things 
    still `dp_accounting`'s own code (0.4.3 internals, pinned in setup.cfg; tests compare against the public API).
    T = 4800 distinct z takes ~4 s (2 shared CPU cores) instead of minutes.
 
+Inputs the grid cannot hold are refused before anything is allocated (`noise_range`): a noise multiplier below
+`noise_range.pld_min_noise_multiplier(value_discretization_interval)` or above 1e4, and any composition whose grid
+would exceed `noise_range.MAX_PLD_GRID_POINTS`, raise `noise_range.NoiseOutOfRangeError` (a ValueError).
+
 Both choices are pessimistic, including the grid itself: when each step's privacy loss is far below the grid
 spacing (e.g. z ~ 300, p = 0.004), the 1e-3 grid dominates and the PLD epsilon (0.023) exceeds RDP's (0.006); pass
 a finer `value_discretization_interval` for such schedules.
@@ -43,6 +47,8 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.pld import privacy_loss_mechanism
 from scipy import fft
+
+from keras_dyndp.accounting import noise_range
 
 ArrayLike = Union[Sequence[float], np.ndarray]
 
@@ -127,6 +133,7 @@ def _self_compose_pmf(pmf: pld_pmf.DensePLDPmf, num_times: int) -> pld_pmf.Dense
     upper = min((length - 1) * num_times, math.ceil(np.min(upper_bounds)))
     lower = max(0, math.floor(np.max(lower_bounds)))
     output_len = upper - lower + 1
+    noise_range.check_pld_grid_points(output_len, f"{num_times} identical steps")
     fast_len = fft.next_fast_len(max(output_len, probs.size))
     convolution = np.real(fft.ifft(fft.fft(probs, fast_len) ** num_times))
     composed = np.roll(convolution, -lower)[:output_len]
@@ -148,11 +155,18 @@ def subsampled_gaussian_pld(
     num_times)` (connect-the-dots, pessimistic), built several times faster.
 
     Args:
-      noise_multiplier: z = sigma / C, finite and > 0.
+      noise_multiplier: z = sigma / C, finite and > 0 (see Raises).
       sampling_probability: Poisson sampling probability p in (0, 1].
       value_discretization_interval: privacy-loss grid spacing, > 0.
       num_times: number of identical steps composed, >= 1.
+
+    Raises:
+      noise_range.NoiseOutOfRangeError: if `noise_multiplier` is outside [`noise_range.pld_min_noise_multiplier(
+        value_discretization_interval)`, 1e4] or the composition's grid would be too large.
     """
+    floor = noise_range.pld_min_noise_multiplier(value_discretization_interval)
+    if not floor <= noise_multiplier <= noise_range.MAX_NOISE_MULTIPLIER:
+        raise noise_range.NoiseOutOfRangeError(noise_range.out_of_range_message(noise_multiplier, None, "pld", floor))
 
     def single_pmf(adjacency_type: privacy_loss_mechanism.AdjacencyType) -> pld_pmf.PLDPmf:
         pmf = privacy_loss_distribution._create_pld_pmf_from_additive_noise(  # pylint: disable=protected-access
@@ -254,6 +268,20 @@ def group_noise_multipliers(
     return sorted_multipliers[starts], np.diff(cuts)
 
 
+def _grid_points(pld: privacy_loss_distribution.PrivacyLossDistribution) -> int:
+    # pylint: disable-next=protected-access
+    return max(pld._pmf_remove.size, pld._pmf_add.size)
+
+
+def _compose(first: privacy_loss_distribution.PrivacyLossDistribution,
+             second: privacy_loss_distribution.PrivacyLossDistribution,
+             steps: int) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """`first.compose(second)`, refused before the convolution if its grid would exceed MAX_PLD_GRID_POINTS."""
+    noise_range.check_pld_grid_points(_grid_points(first) + _grid_points(second) - 1,
+                                      f"the first {steps} steps")
+    return first.compose(second)
+
+
 def _check_arguments(sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval,
                      tolerance) -> tuple[float, np.ndarray]:
     p = float(sampling_probability)
@@ -265,14 +293,16 @@ def _check_arguments(sampling_probability, noise_multipliers, delta, max_groups,
             f"`noise_multipliers` must be 1-D (one noise multiplier per step). Received shape {multipliers.shape}.")
     if not np.all(multipliers >= 0):  # Also rejects NaN.
         raise ValueError("Every entry of `noise_multipliers` must be >= 0 (inf allowed).")
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
-    if isinstance(max_groups, bool) or int(max_groups) != max_groups or max_groups < 1:
-        raise ValueError(f"`max_groups` must be an integer >= 1. Received: max_groups={max_groups}.")
     if not value_discretization_interval > 0:
         raise ValueError(
             "`value_discretization_interval` must be > 0. "
             f"Received: value_discretization_interval={value_discretization_interval}.")
+    noise_range.check_noise_multipliers(
+        multipliers, "pld", noise_range.pld_min_noise_multiplier(value_discretization_interval))
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
+    if isinstance(max_groups, bool) or int(max_groups) != max_groups or max_groups < 1:
+        raise ValueError(f"`max_groups` must be an integer >= 1. Received: max_groups={max_groups}.")
     if not tolerance >= 0:
         raise ValueError(f"`tolerance` must be >= 0. Received: tolerance={tolerance}.")
     return p, multipliers
@@ -292,7 +322,8 @@ def pld_epsilons_at(
 
     Args:
       sampling_probability: Poisson sampling probability p in [0, 1].
-      noise_multipliers: 1-D array [T] of z_t = sigma_t / C_t (>= 0; 0 means no privacy, inf no privacy loss).
+      noise_multipliers: 1-D array [T] of z_t = sigma_t / C_t: 0 (no privacy), inf (no privacy loss), or in
+        [`noise_range.pld_min_noise_multiplier(value_discretization_interval)`, 1e4] (~0.027 at 1e-3).
       delta: target delta in (0, 1).
       steps: non-decreasing step counts k in [0, T]; epsilon of the first k steps is returned for each.
       max_groups: cap on the total number of self-composed groups over all segments (>= number of segments).
@@ -326,7 +357,7 @@ def pld_epsilons_at(
             budget = max(1, int(max_groups * segment.size / active_steps))
             for multiplier, count in zip(*group_noise_multipliers(segment, budget, tolerance)):
                 pld = subsampled_gaussian_pld(float(multiplier), p, value_discretization_interval, int(count))
-                composed = pld if composed is None else composed.compose(pld)
+                composed = pld if composed is None else _compose(composed, pld, end)
         epsilon_at[end] = 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
     return np.array([epsilon_at[int(k)] for k in counts], dtype=np.float64)
 
@@ -348,7 +379,8 @@ def pld_epsilon(
 
     Args:
       sampling_probability: Poisson sampling probability p in [0, 1].
-      noise_multipliers: 1-D array [T] of z_t = sigma_t / C_t (>= 0; 0 means no privacy, inf no privacy loss).
+      noise_multipliers: 1-D array [T] of z_t = sigma_t / C_t: 0 (no privacy), inf (no privacy loss), or in
+        [`noise_range.pld_min_noise_multiplier(value_discretization_interval)`, 1e4] (~0.027 at 1e-3).
       delta: target delta in (0, 1).
       max_groups: cap on the number of self-composed groups, >= 1.
       value_discretization_interval: PLD grid spacing > 0 (1e-3 default; 1e-4 for final numbers).

@@ -24,6 +24,8 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import special
 
+from keras_dyndp.accounting import noise_range
+
 ArrayLike = Union[Sequence[float], np.ndarray]
 
 DEFAULT_RDP_ORDERS = tuple(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
@@ -56,7 +58,7 @@ def _check_noise_multipliers(noise_multipliers: ArrayLike) -> np.ndarray:
     if not np.all(noise_multipliers >= 0):  # Also rejects NaN.
         bad = noise_multipliers[~(noise_multipliers >= 0)][0]
         raise ValueError(f"Every entry of `noise_multipliers` must be >= 0 (inf allowed). Received an entry {bad}.")
-    return noise_multipliers
+    return noise_range.check_noise_multipliers(noise_multipliers, "rdp")
 
 
 def _check_orders(orders: Optional[ArrayLike]) -> np.ndarray:
@@ -214,15 +216,16 @@ def poisson_subsampled_gaussian_rdp(
 
     Args:
         sampling_probability: Poisson sampling probability q, in [0, 1].
-        noise_multipliers: 1-D array of noise multipliers z (noise std / clip norm), each >= 0; 0 gives inf,
-            inf gives 0.
+        noise_multipliers: 1-D array of noise multipliers z (noise std / clip norm), each 0 (gives inf), inf
+            (gives 0) or in `noise_range`'s [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER] = [1e-4, 1e4].
         orders: RDP orders (> 1); defaults to dp_accounting's `DEFAULT_RDP_ORDERS`.
 
     Returns:
         Array [len(noise_multipliers), len(orders)] of RDP values.
 
     Raises:
-        ValueError: If an argument is outside its domain.
+        ValueError: If an argument is outside its domain (`noise_range.NoiseOutOfRangeError` for a noise
+            multiplier, naming its step).
     """
     q = _check_sampling_probability(sampling_probability)
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
@@ -252,7 +255,7 @@ def rdp_epsilons_at(
 
     Args:
         sampling_probability: Poisson sampling probability q, in [0, 1].
-        noise_multipliers: 1-D array [T], the noise multiplier of each step, each >= 0.
+        noise_multipliers: 1-D array [T], the noise multiplier of each step: 0, inf or in [1e-4, 1e4].
         delta: Target delta, in [0, 1].
         steps: Step counts, each in [0, T] (e.g. the step count at each epoch boundary).
         orders: RDP orders (> 1); defaults to dp_accounting's `DEFAULT_RDP_ORDERS`.
@@ -261,7 +264,8 @@ def rdp_epsilons_at(
         Array of epsilons, one per entry of `steps`.
 
     Raises:
-        ValueError: If an argument is outside its domain.
+        ValueError: If an argument is outside its domain (`noise_range.NoiseOutOfRangeError` for a noise
+            multiplier, naming its step).
     """
     delta = _check_delta(delta)
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
@@ -293,7 +297,7 @@ def rdp_epsilon(
 
     Args:
         sampling_probability: Poisson sampling probability q, in [0, 1].
-        noise_multipliers: 1-D array [T] of per-step noise multipliers sigma_t / C_t, each >= 0.
+        noise_multipliers: 1-D array [T] of per-step noise multipliers sigma_t / C_t: 0, inf or in [1e-4, 1e4].
         delta: Target delta, in [0, 1].
         orders: RDP orders (> 1); defaults to dp_accounting's `DEFAULT_RDP_ORDERS`.
 
@@ -301,7 +305,8 @@ def rdp_epsilon(
         epsilon (inf if some noise multiplier is 0).
 
     Raises:
-        ValueError: If an argument is outside its domain.
+        ValueError: If an argument is outside its domain (`noise_range.NoiseOutOfRangeError` for a noise
+            multiplier, naming its step).
     """
     q = _check_sampling_probability(sampling_probability)
     noise_multipliers = _check_noise_multipliers(noise_multipliers)

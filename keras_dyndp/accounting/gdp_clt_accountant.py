@@ -23,6 +23,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from keras_dyndp.accounting import gdp
+from keras_dyndp.accounting import noise_range
 
 _CompositionErrorDetails = dp_accounting.PrivacyAccountant.CompositionErrorDetails
 
@@ -39,7 +40,8 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
       Gaussian and is composed exactly (below); with p = 0 it costs nothing.
     * `GaussianDpEvent(z)` without sampling: exact GDP composition, mu_exact^2 += 1 / z^2.
     * `NoOpDpEvent` (nothing) and `NonPrivateDpEvent` (epsilon = inf). A noise multiplier of 0 also gives
-      epsilon = inf.
+      epsilon = inf, and one of inf costs nothing; any other must lie in `noise_range`'s [1e-4, 1e4] (outside it
+      1 / z^2 under- or overflows), or `compose` raises `UnsupportedEventError` saying so.
 
     Several sampling probabilities are combined by the same CLT, mu_clt^2 = sum_t p_t^2 (exp(mu_t^2) - 1): the CLT
     of Dong, Roth and Su (2021, Theorem 5) sums the per-step functionals kl_t ~ p_t^2 (e^{mu_t^2} - 1) / 2 and
@@ -91,8 +93,9 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
                     return error
             return None
         if isinstance(event, dp_event.GaussianDpEvent):
-            if not event.noise_multiplier >= 0:
-                return _negative_noise_error(event)
+            error = _noise_error(event)
+            if error is not None:
+                return error
             if do_compose and count > 0:
                 self._exact_mu_squared += count * _inverse_square(event.noise_multiplier)
             return None
@@ -105,8 +108,9 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
                         f"Found inner event {event.event}."
                     ),
                 )
-            if not event.event.noise_multiplier >= 0:
-                return _negative_noise_error(event.event)
+            error = _noise_error(event.event)
+            if error is not None:
+                return error
             probability = event.sampling_probability
             if not 0 <= probability <= 1:
                 return _CompositionErrorDetails(
@@ -175,9 +179,17 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
         return gdp.delta_from_mu(target_epsilon, mu)
 
 
-def _negative_noise_error(event: dp_event.GaussianDpEvent) -> _CompositionErrorDetails:
+def _noise_error(event: dp_event.GaussianDpEvent) -> Optional[_CompositionErrorDetails]:
+    """None if the event's noise multiplier is 0, inf or in `noise_range`'s range; else why not."""
+    noise_multiplier = event.noise_multiplier
+    if not noise_multiplier >= 0:
+        return _CompositionErrorDetails(
+            invalid_event=event, error_message=f"noise_multiplier must be >= 0. Found {noise_multiplier}.")
+    if noise_multiplier in (0, math.inf) or (
+            noise_range.MIN_NOISE_MULTIPLIER <= noise_multiplier <= noise_range.MAX_NOISE_MULTIPLIER):
+        return None
     return _CompositionErrorDetails(
-        invalid_event=event, error_message=f"noise_multiplier must be >= 0. Found {event.noise_multiplier}.")
+        invalid_event=event, error_message=noise_range.out_of_range_message(noise_multiplier, None, "gdp_clt"))
 
 
 def _inverse_square(noise_multiplier: float) -> float:

@@ -93,12 +93,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import Optional, Sequence
 
 import tensorflow as tf
 
 from keras_dyndp import model_checks
 from keras_dyndp import schedules
+from keras_dyndp.accounting import registry
 from keras_dyndp.optimizers import clip_and_noise
 from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers import noise_source
@@ -165,8 +167,20 @@ def _check_expected_batch_size(expected_batch_size) -> Optional[float]:
     return float(expected_batch_size)
 
 
+def _warn_if_gdp_clt_understates(schedule: schedules.DPSchedule) -> None:
+    """Warns (once, at construction) when a GDP-CLT calibration's PLD epsilon exceeds its target by > 5%."""
+    text = schedules.gdp_clt_understatement(schedule)
+    if text is not None:
+        # Attributed to the caller of the optimizer's constructor (this function, _resolve_schedule, __init__).
+        warnings.warn(text, schedules.GdpCltUnderstatementWarning, stacklevel=4)
+
+
 def _resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[schedules.DPSchedule, Optional[float]]:
-    """The optimizer's schedule and normaliser, from a `DPSchedule` or from budget arguments (exactly one)."""
+    """The optimizer's schedule and normaliser, from a `DPSchedule` or from budget arguments (exactly one).
+
+    Budget arguments are calibrated under `accountant` (default 'pld', rigorous). Either way a schedule that was
+    calibrated under the GDP-CLT gets one `GdpCltUnderstatementWarning` if its PLD epsilon is > 1.05 x its target.
+    """
     given = [name for name in _BUDGET_ARGUMENTS if budget[name] is not None]
     if schedule is not None:
         if given:
@@ -179,6 +193,7 @@ def _resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[sche
                 "`schedule` must be a keras_dyndp.schedules.DPSchedule. "
                 f"Received: schedule={schedule!r} of type {type(schedule).__name__}."
             )
+        _warn_if_gdp_clt_understates(schedule)
         return schedule, _check_expected_batch_size(expected_batch_size)
     if not given:
         raise ValueError(
@@ -212,8 +227,9 @@ def _resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[sche
         initial_clip=budget["initial_clip"],
         rho_mu=1.0 if budget["rho_mu"] is None else budget["rho_mu"],
         rho_c=1.0 if budget["rho_c"] is None else budget["rho_c"],
-        accountant="gdp_clt" if budget["accountant"] is None else budget["accountant"],
+        accountant=registry.DEFAULT_ACCOUNTANT if budget["accountant"] is None else budget["accountant"],
     )
+    _warn_if_gdp_clt_understates(schedule)
     return schedule, _check_expected_batch_size(batch_size)
 
 
@@ -259,8 +275,9 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
           method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic'.
           initial_clip: C_0 > 0.
           rho_mu, rho_c: the schedule's growth of mu and decay of C over the run (>= 1; default 1).
-          accountant: accountant the budget is met under ('gdp_clt', the paper's and the default, or 'rdp' /
-            'pld').
+          accountant: accountant the budget is met under: 'pld' (default; rigorous and tight), 'rdp' (rigorous)
+            or 'gdp_clt' (the paper's approximation, which can understate epsilon: a `GdpCltUnderstatementWarning`
+            gives the PLD epsilon when it exceeds the target by more than 5%).
           num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
             microbatches, with twice the noise at every step (see the module docstring).
           expected_batch_size: p N, the normaliser of the noisy sum (None: the actual number of rows). With it, a

@@ -6,10 +6,14 @@ import subprocess
 import sys
 
 import pytest
+from absl import flags
 from absl.testing import flagsaver
 
 from examples import sweep
 from examples import training
+from keras_dyndp import schedules
+
+FLAGS = flags.FLAGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -74,3 +78,18 @@ def test_subprocess_sweep_forwards_flags(tmp_path):
     assert completed.returncode == 0, completed.stderr[-2000:]
     (row,) = sweep.read_results(str(tmp_path / "results.csv"))
     assert (row["method"], row["seed"], row["steps"], row["batch_size"]) == ("vanilla", "3", "2", "100")
+
+
+def test_accountant_is_forwarded_to_the_paper_methods_only(tmp_path):
+    settings = dict(task="digits", methods=["vanilla", "zcdp"], epsilons=["2"], inv_rho_mus=["0.8"], seeds=["0"],
+                    sweep_dir=str(tmp_path), max_steps=1, verbose=0, epochs=1.0)
+    with flagsaver.flagsaver(**settings):
+        FLAGS["accountant"].parse("gdp_clt")  # As if given on the sweep's command line.
+        assert "--accountant=gdp_clt" in sweep._forwarded_arguments("vanilla")  # pylint: disable=protected-access
+        assert "--accountant=gdp_clt" not in sweep._forwarded_arguments("zcdp")  # pylint: disable=protected-access
+        # The vanilla run is calibrated under the GDP-CLT (so its optimizer warns); the zcdp run would refuse
+        # --accountant=gdp_clt (a FlagError) if it were forwarded.
+        with pytest.warns(schedules.GdpCltUnderstatementWarning):
+            sweep.sweep()
+    rows = {row["method"]: row for row in sweep.read_results(str(tmp_path / "results.csv"))}
+    assert set(rows) == {"vanilla", "zcdp"}

@@ -14,6 +14,7 @@ from absl.testing import flagsaver
 from examples import datasets
 from examples import digits
 from examples import training
+from keras_dyndp import schedules
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,7 +32,7 @@ def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
     first = _train(max_steps=4, results_csv=csv_path)
     second = _train(max_steps=4, results_csv=csv_path, method="vanilla")
     out = capsys.readouterr().out
-    assert "GDP-CLT" in out and "RDP (rigorous upper bound)" in out and "Test accuracy" in out
+    assert "GDP-CLT" in out and "PLD (rigorous upper bound)" in out and "Test accuracy" in out
     assert first.steps == 4 and first.total_steps == math.ceil(2 * 1437 / 64)
     # Four steps spend only part of the budget; the rigorous bound is above the CLT approximation.
     assert 0 < first.epsilon_gdp_clt < 3.0 and first.epsilon_rigorous > first.epsilon_gdp_clt
@@ -44,10 +45,19 @@ def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
     assert set(rows[0]) >= {"epsilon", "delta", "seed", "test_accuracy", "epsilon_gdp_clt", "epsilon_rigorous"}
 
 
-def test_full_budget_run_spends_exactly_the_target():
+def test_full_budget_run_spends_the_target_under_the_pld_by_default(capsys):
+    assert (FLAGS["accountant"].default, FLAGS["report_accountant"].default) == ("pld", "pld")
     result = _train(epochs=1.0, batch_size=256, epsilon=2.0, method="sensitivity_decay")
     assert result.steps == result.total_steps == math.ceil(1437 / 256)
-    assert result.epsilon_gdp_clt == pytest.approx(2.0, rel=1e-9)
+    assert result.rigorous_accountant == "pld" and 1.998 <= result.epsilon_rigorous <= 2.0
+    assert result.epsilon_gdp_clt < 1.5  # 6 steps at p = 0.18: far from the CLT's regime.
+    assert "budget calibrated under pld: target epsilon 2" in capsys.readouterr().out
+
+
+def test_gdp_clt_budget_reproduces_the_paper_and_warns():
+    with pytest.warns(schedules.GdpCltUnderstatementWarning, match="under the GDP-CLT"):
+        result = _train(epochs=1.0, batch_size=256, epsilon=2.0, method="sensitivity_decay", accountant="gdp_clt")
+    assert result.epsilon_gdp_clt == pytest.approx(2.0, rel=1e-9) and result.epsilon_rigorous > 2.1
 
 
 @pytest.mark.parametrize("method", ["zcdp", "tcdp"])

@@ -1,5 +1,7 @@
 """Tests for keras_dyndp.optimizers.dp_optimizer: the dynamic DP Keras optimizers."""
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -221,9 +223,9 @@ def test_get_config_from_config_round_trip(dp_cls):
 def test_budget_arguments_build_the_calibrated_schedule():
     optimizer = DynamicDPKerasSGD(target_epsilon=1.0, target_delta=1e-5, num_examples=1000, batch_size=10,
                                   epochs=2, method="dynamic", initial_clip=1.5, rho_mu=1.25, rho_c=2.0,
-                                  learning_rate=0.1)
+                                  accountant="rdp", learning_rate=0.1)
     expected = schedules.calibrate("dynamic", target_epsilon=1.0, target_delta=1e-5, sampling_probability=0.01,
-                                   num_steps=200, initial_clip=1.5, rho_mu=1.25, rho_c=2.0)
+                                   num_steps=200, initial_clip=1.5, rho_mu=1.25, rho_c=2.0, accountant="rdp")
     assert optimizer.schedule == expected
     assert optimizer.expected_batch_size == 10.0
     assert float(optimizer.learning_rate) == pytest.approx(0.1)
@@ -547,3 +549,40 @@ def test_custom_training_loop_warns_that_the_model_was_not_checked():
         loss = per_example_mse()(y, model(x))
     with pytest.warns(UserWarning, match=r"keras_dyndp\.check_model\(model, x\)"):
         optimizer.minimize(loss, model.trainable_variables, tape=tape)
+
+
+def _issue_budget(**overrides):
+    """The issue's short run: p = 0.01 (batch 1 of 100), T = 20, epsilon 1, delta 1e-5."""
+    budget = dict(target_epsilon=1.0, target_delta=1e-5, num_examples=100, batch_size=1, steps=20, method="vanilla",
+                  initial_clip=1.0)
+    budget.update(overrides)
+    return budget
+
+
+def test_budget_arguments_default_to_the_rigorous_pld():
+    optimizer = DynamicDPKerasSGD(**_issue_budget())
+    assert optimizer.schedule.calibration == schedules.Calibration("pld", 1.0, 1e-5)
+    assert 0.999 <= optimizer.schedule.epsilon(1e-5, "pld") <= 1.0
+
+
+def test_gdp_clt_calibration_warns_once_with_the_pld_epsilon():
+    with pytest.warns(schedules.GdpCltUnderstatementWarning) as from_budget:
+        optimizer = DynamicDPKerasSGD(**_issue_budget(accountant="gdp_clt"))
+    assert len(from_budget) == 1
+    assert "calibrated to epsilon = 1 (delta = 1e-05) under the GDP-CLT" in str(from_budget[0].message)
+    assert "PLD epsilon is 4.198" in str(from_budget[0].message)
+    assert from_budget[0].filename == __file__  # Attributed to the line that builds the optimizer.
+    with pytest.warns(schedules.GdpCltUnderstatementWarning, match="PLD epsilon is 4.198") as from_schedule:
+        DynamicDPKerasSGD(schedule=optimizer.schedule)
+    assert len(from_schedule) == 1
+    # No warning for a rigorous calibration, a hand-built schedule, or a GDP-CLT one within 5% of its PLD.
+    schedules_without_warning = [
+        DynamicDPKerasSGD(**_issue_budget()).schedule,
+        schedules.DPSchedule(optimizer.schedule.clip_norms, optimizer.schedule.noise_stddevs, 0.01),
+        schedules.calibrate("vanilla", target_epsilon=1.2, target_delta=1e-5, sampling_probability=250 / 60000,
+                            num_steps=4800, initial_clip=1.0, accountant="gdp_clt"),  # PLD 1.25.
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", schedules.GdpCltUnderstatementWarning)
+        for schedule in schedules_without_warning:
+            DynamicDPKerasSGD(schedule=schedule)

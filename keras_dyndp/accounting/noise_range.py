@@ -1,0 +1,97 @@
+"""The noise multipliers the accountants can represent, checked before any of them allocates or divides.
+
+Every accountant here works on the noise multipliers z_t = sigma_t / C_t of a schedule. Outside a bounded range
+they fail in ways that help nobody: the GDP-CLT divides by z^2 (ZeroDivisionError at z = 1e-300, OverflowError at
+z = 1e300), the RDP series never reach their stopping rule (an endless loop at z = 1e-300) or lose the step's
+divergence to rounding (a "negative divergence" error from z ~ 1e6), and the PLD lays a grid over the privacy
+loss whose length grows as 1 / z^2 (z = 1e-3 asks for 3.8 GiB). So each accountant checks its input first and
+raises a ValueError that names the step, the value and the accepted range:
+
+* z = 0 (no noise: epsilon is infinite) and z = inf (no privacy loss) are exact and always accepted;
+* otherwise MIN_NOISE_MULTIPLIER <= z <= MAX_NOISE_MULTIPLIER for every accountant. Below 1e-4 a single step is
+  (epsilon > 1e7)-DP; above 1e4 its GDP parameter 1 / z is below 1e-4 (a margin of 100 below where the RDP
+  series fail); no DP-SGD schedule worth accounting leaves that range;
+* the PLD additionally needs z >= `pld_min_noise_multiplier(value_discretization_interval)`: a Gaussian step's
+  privacy loss spans about 1 / z^2 + 2 t / z (t ~ 10.06, the +-t standard deviations that dp_accounting keeps at
+  its default truncation of e^-50), and the grid has that span / interval points; it must fit in
+  MAX_PLD_GRID_POINTS (2^21, 16 MiB per array, ~2 s per distinct step). At the default interval 1e-3 the floor is
+  z ~ 0.027, where one unsampled step alone has an epsilon of several hundred. Composed PLDs are held to the same length
+  (`check_pld_grid_points`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+MIN_NOISE_MULTIPLIER = 1e-4
+MAX_NOISE_MULTIPLIER = 1e4
+MAX_PLD_GRID_POINTS = 2**21
+# dp_accounting's GaussianPrivacyLoss keeps x within +-t standard deviations, CDF(-t) = exp(-50) / 2.
+_GAUSSIAN_TAIL_STDDEVS = float(-special.ndtri(0.5 * math.exp(-50.0)))
+
+
+class NoiseOutOfRangeError(ValueError):
+    """A noise multiplier (or a composition) outside what the chosen accountant can represent."""
+
+
+def pld_grid_points(noise_multiplier: float, value_discretization_interval: float) -> float:
+    """Upper estimate of the grid length of one Gaussian step's PLD: (1 / z^2 + 2 t / z) / interval + 3.
+
+    The span of the privacy loss over the grid, plus the rounding of both ends outward and the last point.
+    """
+    span = noise_multiplier**-2 + 2 * _GAUSSIAN_TAIL_STDDEVS / noise_multiplier
+    return span / value_discretization_interval + 3
+
+
+def pld_min_noise_multiplier(value_discretization_interval: float) -> float:
+    """Smallest noise multiplier whose single-step PLD grid fits in `MAX_PLD_GRID_POINTS` at this interval.
+
+    Solves `pld_grid_points(z, interval)` = MAX_PLD_GRID_POINTS for z (a quadratic in 1 / z), and never returns
+    less than MIN_NOISE_MULTIPLIER.
+    """
+    tail = _GAUSSIAN_TAIL_STDDEVS
+    inverse = math.sqrt(tail**2 + (MAX_PLD_GRID_POINTS - 3) * value_discretization_interval) - tail
+    return max(MIN_NOISE_MULTIPLIER, 1.0 / inverse)
+
+
+def out_of_range_message(noise_multiplier: float, step: int | None, accountant: str,
+                         min_noise_multiplier: float = MIN_NOISE_MULTIPLIER) -> str:
+    """The error text for one noise multiplier outside [min_noise_multiplier, MAX_NOISE_MULTIPLIER]."""
+    where = "" if step is None else f" of step {step} (0-based)"
+    text = (f"The noise multiplier{where} is {noise_multiplier:g}; the {accountant!r} accountant accepts 0 (no "
+            f"noise: epsilon is infinite), inf, or values in [{min_noise_multiplier:.4g}, "
+            f"{MAX_NOISE_MULTIPLIER:g}]. Outside that range a step has no meaningful privacy (below) or a privacy "
+            "loss below float resolution (above): check the schedule's noise_stddevs / clip_norms.")
+    if min_noise_multiplier > MIN_NOISE_MULTIPLIER:
+        text += (f" The PLD's lower end keeps its grid within MAX_PLD_GRID_POINTS = {MAX_PLD_GRID_POINTS} points; "
+                 "a larger value_discretization_interval lowers it, and the 'rdp' accountant accepts down to "
+                 f"{MIN_NOISE_MULTIPLIER:g}.")
+    return text
+
+
+def check_noise_multipliers(noise_multipliers: np.ndarray, accountant: str,
+                            min_noise_multiplier: float = MIN_NOISE_MULTIPLIER) -> np.ndarray:
+    """Returns `noise_multipliers` (1-D float array, entries >= 0 already checked) if each is 0, inf or in range.
+
+    Raises:
+      NoiseOutOfRangeError: naming the first offending step (its index in the array) and the accepted range.
+    """
+    regular = (noise_multipliers > 0) & np.isfinite(noise_multipliers)
+    outside = regular & ((noise_multipliers < min_noise_multiplier) | (noise_multipliers > MAX_NOISE_MULTIPLIER))
+    if np.any(outside):
+        step = int(np.argmax(outside))
+        raise NoiseOutOfRangeError(
+            out_of_range_message(float(noise_multipliers[step]), step, accountant, min_noise_multiplier))
+    return noise_multipliers
+
+
+def check_pld_grid_points(num_points: int, what: str) -> None:
+    """Raises NoiseOutOfRangeError before a PLD of more than `MAX_PLD_GRID_POINTS` points is allocated."""
+    if num_points > MAX_PLD_GRID_POINTS:
+        raise NoiseOutOfRangeError(
+            f"The PLD of {what} needs {num_points} grid points, more than MAX_PLD_GRID_POINTS = "
+            f"{MAX_PLD_GRID_POINTS} (~{8 * num_points / 2**20:.0f} MiB per array): its privacy loss is so large "
+            "that its epsilon is far beyond any meaningful budget. Use more noise, or the 'rdp' accountant.")
