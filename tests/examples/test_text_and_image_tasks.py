@@ -116,8 +116,9 @@ def test_names_input_length_is_a_public_constant(tmp_path):
         long = names.load_data()
         released_shape = names.build_model(long).input_shape
     assert short.x_train.shape[1] == long.x_train.shape[1] == 20 and released_shape == (None, 20)
-    with pytest.raises(flags.IllegalFlagValueError, match="max_name_length"):
-        flags.FLAGS.max_name_length = 0
+    with flagsaver.flagsaver():  # absl keeps a refused value: restore it.
+        with pytest.raises(flags.IllegalFlagValueError, match="max_name_length"):
+            flags.FLAGS.max_name_length = 0
 
 
 def test_names_missing_data(tmp_path):
