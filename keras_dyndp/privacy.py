@@ -146,7 +146,12 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """Console entry point `dyndp-privacy`."""
-    flags.FLAGS.append_flag_values(_FLAGS)  # Only in this program's process, so --help lists them.
+    main_module = sys.modules["__main__"]
+    if not main_module.__doc__:  # The console-script wrapper has none; absl's --help prints it as the usage.
+        main_module.__doc__ = __doc__
+    flags.FLAGS.append_flag_values(_FLAGS)  # Only in this program's process.
+    for name in _FLAGS:  # --help lists the key flags of the program that runs (sys.argv[0]): make ours key flags.
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], _FLAGS[name])
     app.run(main, flags_parser=_parse_flags)
 
 

@@ -18,6 +18,13 @@ def _run(*args, cwd):
                           cwd=cwd, env=environment, timeout=120, check=False)
 
 
+def test_help_lists_the_commands_own_flags(tmp_path):
+    result = _run("--help", cwd=tmp_path)  # absl's --help exits with status 1.
+    for name in ("--epsilon", "--num_examples", "--schedule_json", "--accountant", "--plot_dir"):
+        assert f"  {name}:" in result.stdout
+    assert "Either calibrate schedules from a spec" in result.stdout
+
+
 def test_spec_prints_table_and_writes_plots(tmp_path):
     result = _run(*SMALL_SPEC, "--accountant=gdp_clt", "--num_points=8", f"--plot_dir={tmp_path / 'plots'}",
                   cwd=tmp_path)
