@@ -5,10 +5,9 @@ Both callbacks read two attributes of the model's keras_dyndp DP optimizer: ``op
 already taken). Accounting itself is `DPSchedule.epsilon`; nothing is re-derived here.
 
 * `PrivacyLogger` writes the epsilon of the steps taken so far, and the clip norm and noise std of the last step,
-  into the epoch ``logs``, so they land in ``History.history``. Keras hands the same ``logs`` dict to the
-  callbacks in list order: list `PrivacyLogger` BEFORE ``tf.keras.callbacks.TensorBoard`` (or CSVLogger, ...)
-  for them to see the keys. The progress bar runs first and does not show them. With ``log_dir`` it also writes
-  TensorBoard scalars itself (x axis: DP steps), independent of the order.
+  into the epoch ``logs``, so they land in ``History.history``, TensorBoard, CSVLogger and the progress bar's
+  epoch line, wherever it stands in the ``callbacks`` list (see its docstring). With ``log_dir`` it also writes
+  TensorBoard scalars itself (x axis: DP steps).
 * `BudgetStop` sets ``model.stop_training`` once ``dp_step`` reaches T (shortening the last call of a
   ``steps_per_execution`` loop to end exactly there), so ``fit`` ends gracefully instead of hitting the
   optimizer's in-graph guard, and refuses to start training on a spent schedule.
@@ -45,7 +44,13 @@ class PrivacyLogger(tf.keras.callbacks.Callback):
     ``'noise_stddev'`` of the last step taken (step ``dp_step - 1``; step 0 before any step) and ``'dp_step'``.
     The epsilons are those of the first ``dp_step`` steps of the schedule, at ``delta``.
 
-    List this callback before ``TensorBoard``/``CSVLogger`` so they record the keys, or pass ``log_dir``.
+    The order of the ``callbacks`` list does not matter. Keras hands every callback's ``on_epoch_end`` a copy of the
+    logs of the epoch's last batch, and callbacks run in list order, so keys added in ``on_epoch_end`` would reach
+    only the callbacks listed after this one. This callback therefore accounts at the last batch of each epoch
+    (known from ``params['steps']``) and at the step that spends the budget, and adds the keys to that batch's logs
+    (it asks for them unconverted, ``_supports_tf_logs``, so it gets the very dict Keras then copies). An epoch
+    that ends early for another reason (another callback stopping training, a dataset of unknown length) gets the
+    keys in ``on_epoch_end``, which reaches the callbacks listed after this one.
 
     Args:
         accountant: Rigorous accountant reported beside the GDP-CLT: 'pld' (default: the tightest, and the one the
@@ -77,6 +82,8 @@ class PrivacyLogger(tf.keras.callbacks.Callback):
         self.log_dir = log_dir
         self._writer: tf.summary.SummaryWriter | None = None
         self._last_logged_step: int | None = None
+        self._batch_values: dict[str, float] | None = None  # Added to the last batch's logs, for the epoch.
+        self._supports_tf_logs = True  # Keras then passes the batch logs dict itself, which becomes the epoch's.
 
     def privacy_logs(self) -> dict[str, float]:
         """The values this callback logs, for the current state of the model's optimizer."""
@@ -113,15 +120,24 @@ class PrivacyLogger(tf.keras.callbacks.Callback):
         if self.log_dir is not None and self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "privacy"))
 
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._batch_values = None
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.log_every == "epoch":
-            return
-        steps = _steps_taken(_dp_optimizer(self.model, type(self).__name__))
-        if steps // self.log_every != (self._last_logged_step or 0) // self.log_every:
-            self._report(self.privacy_logs())
+        optimizer = _dp_optimizer(self.model, type(self).__name__)
+        steps = _steps_taken(optimizer)
+        epoch_steps = (getattr(self, "params", None) or {}).get("steps")
+        ends_epoch = epoch_steps is not None and batch + 1 >= epoch_steps
+        if logs is not None and (ends_epoch or steps >= optimizer.schedule.num_steps):
+            self._batch_values = self.privacy_logs()
+            logs.update(self._batch_values)
+        if self.log_every != "epoch" and steps // self.log_every != (self._last_logged_step or 0) // self.log_every:
+            self._report(self._batch_values if self._batch_values is not None else self.privacy_logs())
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        values = self.privacy_logs()
+        values = self._batch_values
+        if values is None or values["dp_step"] != _steps_taken(_dp_optimizer(self.model, type(self).__name__)):
+            values = self.privacy_logs()
         if logs is not None:
             logs.update(values)
         self._report(values)

@@ -187,3 +187,32 @@ def test_budget_stop_ends_a_steps_per_execution_loop_exactly_at_the_budget():
     assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
     assert budget_stop.stopped_at_step == 10 == int(model.optimizer.dp_step)
     assert int(model._steps_per_execution.numpy()) == 3  # restored for later calls (evaluate, predict)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_privacy_logger_reaches_tensorboard_csv_and_history_wherever_it_is_listed(tmp_path, steps_per_execution):
+    optimizers = pytest.importorskip("keras_dyndp.optimizers")
+    num_examples, p = 40, 0.25
+    x = np.random.default_rng(2).normal(size=(num_examples, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    schedule = schedules.DPSchedule(np.full(12, 1.0), np.full(12, 0.8), sampling_probability=p)
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    model.compile(
+        optimizer=optimizers.DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                           reduction=tf.keras.losses.Reduction.NONE),
+        steps_per_execution=steps_per_execution)
+    csv_path = str(tmp_path / "log.csv")
+    listed_first = [tf.keras.callbacks.TensorBoard(str(tmp_path / "tb")), tf.keras.callbacks.CSVLogger(csv_path)]
+    history = model.fit(data.poisson_batches_from_tensors(x, y, p), epochs=3, verbose=0,
+                        callbacks=[*listed_first, callbacks.PrivacyLogger("gdp_clt", delta=DELTA)])
+    assert history.history["dp_step"] == [4.0, 8.0, 12.0]
+    with open(csv_path) as handle:
+        rows = handle.read().splitlines()
+    assert "epsilon_gdp_clt" in rows[0].split(",") and len(rows) == 4
+    tags = set()
+    for event_file in tf.io.gfile.glob(str(tmp_path / "tb" / "train" / "events.*")):
+        for event in tf.compat.v1.train.summary_iterator(event_file):
+            tags.update(value.tag for value in event.summary.value)
+    assert {"epoch_epsilon_gdp_clt", "epoch_dp_step"} <= tags
+
