@@ -19,10 +19,14 @@ Kaggle "chest-xray-pneumonia" copy), read with `tf.keras.utils.image_dataset_fro
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import tensorflow as tf
 from absl import flags
+
+if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import datasets
 from examples import training

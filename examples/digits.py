@@ -15,9 +15,15 @@ With only 1437 training examples a small epsilon costs more accuracy than on MNI
 clipped sum is the same while the signal (the expected batch) is 40 times smaller at the same sampling rate.
 """
 
+import os
+import sys
+
 import numpy as np
 import tensorflow as tf
 from absl import flags
+
+if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import datasets
 from examples import training

@@ -12,8 +12,12 @@ Data, first found wins (nothing is downloaded):
 """
 
 import os
+import sys
 
 from absl import flags
+
+if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import datasets
 from examples import mnist

@@ -35,10 +35,16 @@ untouched test split. Model and optimiser are MNIST's.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import tensorflow as tf
 from absl import flags
 from scipy import ndimage
+
+if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import datasets
 from examples import fashion_mnist

@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import csv
 import os
+import sys
 
 import numpy as np
 import tensorflow as tf
 from absl import flags
 from absl import logging
+
+if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import datasets
 from examples import training

@@ -19,11 +19,15 @@ from __future__ import annotations
 import glob
 import os
 import string
+import sys
 import unicodedata
 
 import numpy as np
 import tensorflow as tf
 from absl import flags
+
+if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import datasets
 from examples import training

@@ -37,6 +37,9 @@ from absl import flags
 from absl import logging
 from absl.testing import flagsaver
 
+if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 # Every task module is imported so that its own flags (--idx_dir, --names_dir, ...) parse on the sweep's command
 # line and can be forwarded.
 from examples import chest_xray
