@@ -297,11 +297,42 @@ def compile_model(model: tf.keras.Model, task: Task, optimizer: tf.keras.optimiz
     return model
 
 
-def train_batches(config: RunConfig, data: datasets.TaskData, p: float, seed: int | None) -> tf.data.Dataset:
-    """One Keras epoch of batches (x, y, sample_weight): Poisson (round(1/p) steps) or shuffled (N // B steps)."""
+def steps_per_epoch(config: RunConfig, p: float, num_train: int) -> int:
+    """Steps of one Keras epoch: round(1/p) Poisson steps, or the N // B batches of a shuffled pass."""
     if config.sampling == "poisson":
-        return dp_data.poisson_batches_from_tensors(data.x_train, data.y_train, p, seed=seed)
-    return dp_data.shuffled_batches(data.x_train, data.y_train, config.batch_size, seed=seed)
+        return dp_data.expected_steps_per_epoch(p)
+    return num_train // config.batch_size
+
+
+def train_batches(config: RunConfig, data: datasets.TaskData, p: float, seed: int | None,
+                  num_steps: int) -> tf.data.Dataset:
+    """`num_steps` (at most one epoch's) batches (x, y, sample_weight), Poisson-sampled or shuffled."""
+    if config.sampling == "poisson":
+        return dp_data.poisson_batches_from_tensors(data.x_train, data.y_train, p, seed=seed, num_steps=num_steps)
+    return dp_data.shuffled_batches(data.x_train, data.y_train, config.batch_size, seed=seed).take(num_steps)
+
+
+def epoch_segments(start_step: int, stop_step: int, epoch_steps: int) -> list[tuple[int, int, int]]:
+    """The `model.fit` calls that take steps [start_step, stop_step) in Keras epochs of `epoch_steps` steps.
+
+    Each is ``(initial_epoch, epochs, steps)``: Keras epochs ``initial_epoch .. epochs - 1`` of ``steps`` steps
+    each. A run that starts or stops inside an epoch gets that epoch as a call of its own with only the steps it
+    takes, so the progress bar shows the true count ("7/7", not "11/11" for a last epoch cut short) and epoch
+    numbers continue across calls.
+    """
+    segments = []
+    step = start_step
+    while step < stop_step:
+        epoch, offset = divmod(step, epoch_steps)
+        if offset == 0 and stop_step - step >= epoch_steps:
+            full = (stop_step - step) // epoch_steps
+            segments.append((epoch, epoch + full, epoch_steps))
+            step += full * epoch_steps
+        else:
+            steps = min(epoch_steps - offset, stop_step - step)
+            segments.append((epoch, epoch + 1, steps))
+            step += steps
+    return segments
 
 
 _BATCH_STREAM, _NOISE_STREAM = 0, 1
@@ -520,13 +551,19 @@ def train(task: Task) -> RunResult:
           + (f" epsilon={config.epsilon:g} delta={config.delta:.3g} C_0={config.initial_clip:g} "
              f"rho_mu={config.rho_mu:g} rho_c={config.rho_c:g}" if config.private else ""))
 
-    if start_step < stop_step:
-        batches = train_batches(config, data, p, _derived_seed(config.seed, start_step, _BATCH_STREAM))
-        steps_per_epoch = int(batches.cardinality().numpy())
-        model.fit(batches, epochs=math.ceil(stop_step / steps_per_epoch), initial_epoch=start_step // steps_per_epoch,
-                  callbacks=fit_callbacks, verbose=FLAGS.verbose)
-    else:
+    if start_step >= stop_step:
         print(f"Nothing to train: {start_step} of {stop_step} steps already taken.")
+    epoch_steps = steps_per_epoch(config, p, data.num_train)
+    print(f"{num_steps} steps = {num_steps / epoch_steps:.3g} Keras epochs of {epoch_steps} steps"
+          + (" (round(1/p) Poisson steps)" if config.sampling == "poisson" else "")
+          + (f"; stopping after step {stop_step} (--max_steps)" if stop_step < num_steps else ""))
+    for initial_epoch, epochs, segment_steps in epoch_segments(start_step, stop_step, epoch_steps):
+        step = int(counter.numpy())
+        if step >= stop_step:  # A callback ended training early (the budget, --max_steps).
+            break
+        batches = train_batches(config, data, p, _derived_seed(config.seed, step, _BATCH_STREAM), segment_steps)
+        model.fit(batches, epochs=epochs, initial_epoch=initial_epoch, callbacks=fit_callbacks,
+                  verbose=FLAGS.verbose)
     steps = int(counter.numpy())
 
     _, accuracy = model.evaluate(data.x_test, data.y_test, batch_size=FLAGS.eval_batch_size, verbose=0)

@@ -182,9 +182,9 @@ def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp
 
     real_train_batches = training.train_batches
 
-    def recording_train_batches(config, data, p, seed):
+    def recording_train_batches(config, data, p, seed, num_steps):
         batch_seeds.append(seed)
-        return real_train_batches(config, data, p, seed)
+        return real_train_batches(config, data, p, seed, num_steps)
 
     monkeypatch.setitem(training.OPTIMIZERS, "sgd", (plain_cls, recording_dp_cls))
     monkeypatch.setattr(training, "train_batches", recording_train_batches)
@@ -196,3 +196,24 @@ def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp
     seeds = noise_seeds[:2] + batch_seeds[:2]
     assert None not in seeds and len(set(seeds)) == 4  # per resume point, and noise apart from batches
     assert noise_seeds[1] == training._derived_seed(0, 3, training._NOISE_STREAM)  # reproducible from --seed
+
+
+@pytest.mark.parametrize("start, stop, epoch_steps, expected", [
+    (0, 337, 11, [(0, 30, 11), (30, 31, 7)]),  # the digits demo: 30.6 epochs of round(1/p) = 11 steps
+    (100, 337, 11, [(9, 10, 10), (10, 30, 11), (30, 31, 7)]),  # resumed inside epoch 9
+    (0, 60, 240, [(0, 1, 60)]),  # --max_steps inside the first epoch
+    (22, 44, 22, [(1, 2, 22)]),
+    (5, 5, 11, []),
+])
+def test_epoch_segments_cover_the_steps_with_true_epoch_lengths(start, stop, epoch_steps, expected):
+    segments = training.epoch_segments(start, stop, epoch_steps)
+    assert segments == expected
+    assert sum((epochs - initial) * steps for initial, epochs, steps in segments) == stop - start
+
+
+def test_progress_bar_shows_the_steps_a_cut_epoch_takes(capsys):
+    _train(max_steps=30, verbose=1)  # 22 Poisson steps per epoch (N 1437, batch 64): 22, then 8
+    out = capsys.readouterr().out
+    assert "2.05 Keras epochs of 22 steps" in out and "stopping after step 30" in out
+    last_epoch = out.split("Epoch 2/2")[1]
+    assert "8/8" in last_epoch and "/22" not in last_epoch
