@@ -22,8 +22,10 @@ Mechanism", Sec. 3.3):
 
 So this module equals `RdpAccountant` of dp_accounting 0.5 and 0.6 to rounding. dp_accounting 0.4.3 summed the
 signed fractional series (the exact A_alpha) until a term fell below e^-30 and kept the small orders; at every
-order this module's value is at least 0.4.3's and it uses no order 0.4.3 lacks, so its epsilon is never below
-0.4.3's either (they differ where the best order is small and fractional, i.e. at large epsilon).
+order this module's value is at least 0.4.3's (up to float rounding) and it uses no order 0.4.3 lacks, so its
+epsilon is never below 0.4.3's either. They differ little, where the best order is small and fractional, i.e. at
+large epsilon: 9.0302 vs 0.4.3's 9.0226 (+0.08%) at p = 0.05, z = 0.6, T = 30, delta = 1e-5; 14.157 vs 14.136
+(+0.15%) at p = 250/60000, z = 0.5, T = 4800.
 
 Every step's RDP depends only on (q, z, order), so equal z are computed once (`np.unique`), and each order's sum
 or series is evaluated with numpy for every distinct z together. Cumulative sums over steps give epsilon after
