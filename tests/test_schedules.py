@@ -198,7 +198,9 @@ def test_rigorous_epsilons_match_dp_accounting_per_step():
     rdp = dp_accounting.rdp.RdpAccountant()
     for z in schedule.noise_multipliers:
         rdp.compose(dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(z)))
-    assert schedule.epsilon(DELTA, accountant="rdp") == pytest.approx(rdp.get_epsilon(DELTA), rel=1e-6)
+    expected = rdp.get_epsilon(DELTA)
+    # Equal on dp_accounting >= 0.5; on 0.4.3, whose fractional orders are tighter, never below it (test_fast_rdp).
+    assert expected * (1 - 1e-9) <= schedule.epsilon(DELTA, accountant="rdp") <= expected * (1 + 1e-4)
     pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
     pld.compose(schedule.to_dp_event())
     exact = pld.get_epsilon(DELTA)

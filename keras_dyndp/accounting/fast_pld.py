@@ -18,12 +18,29 @@ distinct steps with `dp_accounting.pld.PLDAccountant` takes minutes. Two things 
    a lower bound on the ungrouped epsilon, and ours is within 1.44% (z linear 1.2 -> 0.6), 1.81% (dynamic, eps 1.2,
    1/rho_mu = 1/rho_c = 0.3) and 1.79% (growing-mu, eps 0.4, 1/rho_mu = 0.1) of it, hence within 2% of the
    ungrouped epsilon; directly, for T = 400 (z linear 1.2 -> 0.6) the excess is 0.52%.
-2. Vectorised PLD construction. `dp_accounting` builds each step's PMF from the hockey-stick divergence at every
-   grid point, inverting the privacy loss one Python float at a time (~0.1 s per distinct z at a 1e-3 grid), and
-   bounds each self-composition with 40 separate scipy `logsumexp` calls. `_VectorizedGaussianPrivacyLoss` and
-   `_self_compose_pmf` do both with numpy; the PMF construction, the FFTs, the truncation and the compositions are
-   still `dp_accounting`'s own code (0.4.3 internals, pinned in setup.cfg; tests compare against the public API).
-   T = 4800 distinct z takes ~4 s (2 shared CPU cores) instead of minutes.
+2. Its own construction of each group's PLD, vectorised with numpy (dp_accounting builds it one Python float at a
+   time through private helpers: ~0.1 s per distinct z at a 1e-3 grid, minutes for T = 4800). It is the algorithm
+   of dp_accounting's `privacy_loss_distribution.from_gaussian_mechanism(z, sampling_prob=p,
+   value_discretization_interval=d)` (default truncation and connect-the-dots, pessimistic), written out here
+   and tested against that public function:
+   - the privacy loss of a Poisson-subsampled Gaussian step (sensitivity 1, noise std z), for the REMOVE pair
+     (upper (1 - p) N(0, z^2) + p N(-1, z^2) against lower N(0, z^2)) and the ADD pair (upper N(0, z^2) against
+     lower (1 - p) N(0, z^2) + p N(1, z^2)), is kept over x within +-t z (shifted by 1 toward the other mean),
+     t = `noise_range.GAUSSIAN_TAIL_STDDEVS`, the standard deviations beyond which N(0, 1) has mass e^-50 / 2;
+   - on the grid k d covering those losses (rounded outward), the hockey-stick divergence delta(k d) =
+     P_upper(x <= x_k) - e^(k d) P_lower(x <= x_k), x_k the point whose privacy loss is k d, is exact (Gaussian
+     CDFs);
+   - the pessimistic connect-the-dots PMF (Doroshenko, Ghazi, Kamath, Kumar and Manurangsi 2022, Algorithm 1,
+     fixed gap) puts mass (delta_(k+1) - delta_k - e^d (delta_k - delta_(k-1))) / (e^d - 1) on k d (first and
+     last points as in the paper) and the divergence at the top point on +infinity: its hockey-stick curve lies
+     above the mechanism's, so every epsilon read from it is an upper bound.
+   Self-composition raises the PMF's FFT to the power n; composition multiplies two FFTs. Both drop at most
+   1e-15 of probability from the tails (dp_accounting's default): the low tail is moved up onto the first kept
+   point, the high tail onto +infinity (pessimistic). The self-composed support is bounded by Chernoff bounds at
+   the orders k / n, k = +-1..+-20 (n the PMF length), as dp_accounting does. Only the final epsilon is read
+   through dp_accounting's public API: the arrays are wrapped in `pld_pmf.DensePLDPmf` and
+   `privacy_loss_distribution.PrivacyLossDistribution` and asked `get_epsilon_for_delta`.
+   T = 4800 distinct z takes ~1.5 s (2 shared CPU cores; 3.4 s with dp_accounting 0.4.3's private builders).
 
 Inputs the grid cannot hold are refused before anything is allocated (`noise_range`): a noise multiplier below
 `noise_range.pld_min_noise_multiplier(value_discretization_interval)` or above 1e4, and any composition whose grid
@@ -39,14 +56,16 @@ consecutive segments, each segment grouped as above, and the segment PLDs compos
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence, Union
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution
-from dp_accounting.pld import privacy_loss_mechanism
 from scipy import fft
+from scipy import signal
+from scipy import special
 
 from keras_dyndp.accounting import noise_range
 
@@ -55,75 +74,146 @@ ArrayLike = Union[Sequence[float], np.ndarray]
 # Same default as `registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`: ~10x faster than dp_accounting's 1e-4 and
 # ~0.4% looser, still a valid upper bound. Pass 1e-4 for final reported numbers.
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
-# Largest number of self-composed groups (each costs ~0.04 s at a 1e-3 grid).
+# Largest number of self-composed groups (each costs ~0.03 s at a 1e-3 grid).
 DEFAULT_MAX_GROUPS = 100
 # Largest relative increase of the CLT sum sum_t (exp(1/z_t^2) - 1) that grouping may cause.
 DEFAULT_TOLERANCE = 0.01
 # Bisection steps on the per-group excess threshold tau (relative precision 2^-60).
 _BISECTION_STEPS = 60
-# dp_accounting's default: probability mass that a self-composition may move from the tails to +infinity.
+# dp_accounting's default: probability mass that a composition may move from the tails (up, to +infinity).
 _TAIL_MASS_TRUNCATION = 1e-15
-# Chernoff orders of `dp_accounting.pld.common.compute_self_convolve_bounds`: +-1..+-20 over the PMF length.
+# Chernoff orders of a self-composition's support bounds: k / n for k = +-1..+-20, n the PMF length.
 _CHERNOFF_MAX_ORDER = 20
 
 
-class _VectorizedGaussianPrivacyLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
-    """`GaussianPrivacyLoss` whose `get_delta_for_epsilon` inverts the privacy loss with numpy.
+@dataclasses.dataclass(frozen=True)
+class _Pmf:
+    """A pessimistic PLD probability mass function on the grid k * interval (one adjacency direction).
 
-    Same values as the parent (the inverse of the subsampled privacy loss, then the Gaussian CDFs), but one
-    vectorised pass over all epsilons instead of a Python call per epsilon.
+    `probs[i]` is the probability of the privacy loss (lower_index + i) * interval; `infinity_mass` that of +inf.
     """
 
-    def _inverse_privacy_loss_array(self, privacy_losses: np.ndarray) -> np.ndarray:
-        """Vectorised `inverse_privacy_loss` for losses inside the valid range of the adjacency type."""
-        q = self.sampling_prob
-        if self.adjacency_type == privacy_loss_mechanism.AdjacencyType.ADD:
-            exponents = -privacy_losses  # loss' = -log(1 + (exp(-loss) - 1) / q), valid for loss < -log(1 - q).
-        else:
-            exponents = privacy_losses  # loss' = log(1 + (exp(loss) - 1) / q), valid for loss > log(1 - q).
-        if q == 1.0:
-            unsampled = exponents
-        else:
-            with np.errstate(divide="ignore"):
-                # log(1 + (e^b - 1) / q), in two forms that avoid overflow (b > 0) and cancellation (b <= 0).
-                positive = exponents + np.log1p(-(1 - q) * np.exp(-np.maximum(exponents, 0.0))) - math.log(q)
-                negative = np.log1p(np.expm1(np.minimum(exponents, 0.0)) / q)
-            unsampled = np.where(exponents > 0, positive, negative)
-        if self.adjacency_type == privacy_loss_mechanism.AdjacencyType.ADD:
-            unsampled = -unsampled
-            offset = 0.5 * self.sensitivity
-        else:
-            offset = -0.5 * self.sensitivity
-        return offset - unsampled * self._standard_deviation**2 / self.sensitivity
-
-    def get_delta_for_epsilon(self, epsilon):
-        is_scalar = np.ndim(epsilon) == 0
-        epsilons = np.atleast_1d(np.asarray(epsilon, dtype=np.float64))
-        deltas = np.zeros_like(epsilons)
-        q = self.sampling_prob
-        if q == 1.0:
-            inverse = np.ones_like(epsilons, dtype=bool)
-        elif self.adjacency_type == privacy_loss_mechanism.AdjacencyType.ADD:
-            inverse = epsilons < -math.log1p(-q)
-        else:
-            inverse = epsilons > math.log1p(-q)
-            deltas[~inverse] = -np.expm1(epsilons[~inverse])
-        x_cutoffs = self._inverse_privacy_loss_array(epsilons[inverse])
-        deltas[inverse] = self.mu_upper_cdf(x_cutoffs) - np.exp(epsilons[inverse] + self.mu_lower_log_cdf(x_cutoffs))
-        deltas = np.clip(deltas, 0, 1)
-        return float(deltas[0]) if is_scalar else deltas
+    lower_index: int
+    probs: np.ndarray
+    infinity_mass: float
 
 
-def _self_compose_pmf(pmf: pld_pmf.DensePLDPmf, num_times: int) -> pld_pmf.DensePLDPmf:
-    """`DensePLDPmf.self_compose(num_times)` of dp-accounting 0.4.3, with cheaper Chernoff truncation bounds.
+@dataclasses.dataclass(frozen=True)
+class _Pld:
+    """The REMOVE and ADD PMFs of a mechanism; `add is remove` when both are the same (p = 1)."""
 
-    dp_accounting bounds the composed support with Chernoff bounds at the orders k / n (k = +-1..+-20, n the PMF
-    length), one scipy `logsumexp` per order (~half the run time of a grouped PLD). Here the moment generating
-    function sum_i probs_i e^(k i / n) is evaluated for all k at once from powers of e^(i / n) (exponents stay in
-    [-20, 20], so no overflow). The FFT power and the tail truncation moved to the infinity mass are dp_accounting's.
+    remove: _Pmf
+    add: _Pmf
+
+    @property
+    def symmetric(self) -> bool:
+        return self.add is self.remove
+
+    @property
+    def grid_points(self) -> int:
+        return max(self.remove.probs.size, self.add.probs.size)
+
+    def to_dp_accounting(self, interval: float) -> privacy_loss_distribution.PrivacyLossDistribution:
+        """The same distribution as dp_accounting's public `PrivacyLossDistribution` (pessimistic estimate)."""
+
+        def dense(pmf: _Pmf) -> pld_pmf.DensePLDPmf:
+            return pld_pmf.DensePLDPmf(interval, pmf.lower_index, pmf.probs, pmf.infinity_mass, True)
+
+        return privacy_loss_distribution.PrivacyLossDistribution(
+            dense(self.remove), None if self.symmetric else dense(self.add))
+
+
+def _log_mixture_weight(exponents: np.ndarray, q: float) -> np.ndarray:
+    """log(1 - q + q e^b), elementwise, without overflow for large b or cancellation for b near 0."""
+    if q == 1.0:
+        return exponents
+    with np.errstate(divide="ignore"):
+        positive = exponents + np.log1p((1 - q) * np.exp(-np.maximum(exponents, 0.0)) / q) + math.log(q)
+        negative = np.log1p(q * np.expm1(np.minimum(exponents, 0.0)))
+    return np.where(exponents > 0, positive, negative)
+
+
+def _inverse_log_mixture_weight(losses: np.ndarray, q: float) -> np.ndarray:
+    """b with log(1 - q + q e^b) = loss, i.e. log(1 + (e^loss - 1) / q), for loss > log(1 - q)."""
+    if q == 1.0:
+        return losses
+    with np.errstate(divide="ignore"):
+        positive = losses + np.log1p(-(1 - q) * np.exp(-np.maximum(losses, 0.0))) - math.log(q)
+        negative = np.log1p(np.expm1(np.minimum(losses, 0.0)) / q)
+    return np.where(losses > 0, positive, negative)
+
+
+def _gaussian_step_pmf(noise_multiplier: float, q: float, interval: float, remove: bool) -> _Pmf:
+    """Connect-the-dots PMF of one Poisson-subsampled Gaussian step (module docstring, item 2), one direction.
+
+    With b(x) = (-1/2 - x) / z^2 (the unsampled REMOVE loss), the REMOVE loss is l(x) = log(1 - q + q e^b(x)) and
+    the ADD loss is -l(-x); both decrease in x, so {loss >= epsilon} = {x <= x_epsilon}.
     """
-    # pylint: disable=protected-access
-    probs = pmf._probs
+    variance = noise_multiplier**2
+    tail = noise_range.GAUSSIAN_TAIL_STDDEVS * noise_multiplier
+    if remove:
+        lowest_x, highest_x = -tail - 1.0, tail
+        loss_at = lambda x: _log_mixture_weight((-0.5 - x) / variance, q)
+    else:
+        lowest_x, highest_x = -tail, tail + 1.0
+        loss_at = lambda x: -_log_mixture_weight((-0.5 + x) / variance, q)
+    lower_index = math.floor(float(loss_at(np.array(highest_x))) / interval)
+    upper_index = math.ceil(float(loss_at(np.array(lowest_x))) / interval)
+    epsilons = np.arange(lower_index, upper_index + 1) * interval
+
+    # delta(epsilon) = P_upper(x <= x_eps) - e^eps P_lower(x <= x_eps); outside the loss's range it is 1 - e^eps
+    # (REMOVE, epsilon <= log(1 - q)) or 0 (ADD, epsilon >= -log(1 - q)).
+    deltas = np.zeros_like(epsilons)
+    if remove:
+        inside = epsilons > math.log1p(-q) if q < 1 else np.ones(epsilons.size, dtype=bool)
+        deltas[~inside] = -np.expm1(epsilons[~inside])
+        cutoffs = -0.5 - _inverse_log_mixture_weight(epsilons[inside], q) * variance
+        upper_cdf = (1 - q) * special.ndtr(cutoffs / noise_multiplier) + q * special.ndtr(
+            (cutoffs + 1) / noise_multiplier)
+        lower_log_cdf = special.log_ndtr(cutoffs / noise_multiplier)
+    else:
+        inside = epsilons < -math.log1p(-q) if q < 1 else np.ones(epsilons.size, dtype=bool)
+        cutoffs = 0.5 + _inverse_log_mixture_weight(-epsilons[inside], q) * variance
+        upper_cdf = special.ndtr(cutoffs / noise_multiplier)
+        with np.errstate(divide="ignore"):
+            lower_log_cdf = np.logaddexp(math.log1p(-q) + special.log_ndtr(cutoffs / noise_multiplier),
+                                         math.log(q) + special.log_ndtr((cutoffs - 1) / noise_multiplier))
+    deltas[inside] = upper_cdf - np.exp(epsilons[inside] + lower_log_cdf)
+    # Exact deltas never increase with epsilon; the clip and running minimum only remove float rounding.
+    deltas = np.minimum.accumulate(np.clip(deltas, 0.0, 1.0))
+    if deltas.size == 1:
+        return _Pmf(lower_index, np.array([1.0 - deltas[0]]), float(deltas[0]))
+    differences = np.diff(deltas)
+    probs = np.empty_like(deltas)
+    probs[0] = 1.0 - deltas[0] + differences[0] / math.expm1(interval)
+    probs[1:-1] = (differences[1:] - differences[:-1] * math.exp(interval)) / math.expm1(interval)
+    probs[-1] = differences[-1] / math.expm1(-interval)
+    return _Pmf(lower_index, np.maximum(probs, 0.0), float(deltas[-1]))
+
+
+def _truncate_tails(lower_index: int, probs: np.ndarray, infinity_mass: float) -> _Pmf:
+    """Drops the longest prefix and suffix of mass <= 1e-15 / 2 each: the prefix's mass is added to the first kept
+    point (losses rounded up), the suffix's to +infinity. Same rule as dp_accounting's composition."""
+    threshold = _TAIL_MASS_TRUNCATION / 2
+    exceeds_from_left = np.cumsum(probs) > threshold
+    left = int(np.argmax(exceeds_from_left)) if exceeds_from_left.any() else probs.size
+    exceeds_from_right = np.cumsum(probs[::-1]) > threshold
+    right = probs.size - (int(np.argmax(exceeds_from_right)) if exceeds_from_right.any() else probs.size)
+    right = max(right, left + 1)
+    kept = probs[left:right].copy()
+    kept[0] += probs[:left].sum()
+    return _Pmf(lower_index + left, kept, infinity_mass + float(probs[right:].sum()))
+
+
+def _self_compose_pmf(pmf: _Pmf, num_times: int) -> _Pmf:
+    """`num_times`-fold composition of a PMF with itself: FFT power, support bounded by Chernoff bounds.
+
+    The moment generating function sum_i probs_i e^(k i / n) (n the PMF length) bounds the mass of the composed
+    PMF beyond any index (Chernoff); the support is cut where each tail holds at most 1e-15 / 2, and that
+    1e-15 counts toward the infinity mass. The MGF is evaluated for all k at once from powers of e^(i / n)
+    (exponents stay in [-20, 20], so no overflow).
+    """
+    probs = pmf.probs
     length = probs.size
     powers = np.cumprod(np.broadcast_to(np.exp(np.arange(length) / length), (_CHERNOFF_MAX_ORDER, length)), axis=0)
     orders = np.arange(1, _CHERNOFF_MAX_ORDER + 1) / length
@@ -134,12 +224,30 @@ def _self_compose_pmf(pmf: pld_pmf.DensePLDPmf, num_times: int) -> pld_pmf.Dense
     lower = max(0, math.floor(np.max(lower_bounds)))
     output_len = upper - lower + 1
     noise_range.check_pld_grid_points(output_len, f"{num_times} identical steps")
-    fast_len = fft.next_fast_len(max(output_len, probs.size))
+    fast_len = fft.next_fast_len(max(output_len, length))
     convolution = np.real(fft.ifft(fft.fft(probs, fast_len) ** num_times))
     composed = np.roll(convolution, -lower)[:output_len]
-    infinity_mass = _TAIL_MASS_TRUNCATION - math.expm1(num_times * math.log1p(-pmf._infinity_mass))
-    return pld_pmf.DensePLDPmf(pmf._discretization, pmf._lower_loss * num_times + lower, composed, infinity_mass,
-                               pmf._pessimistic_estimate)
+    infinity_mass = _TAIL_MASS_TRUNCATION - math.expm1(num_times * math.log1p(-pmf.infinity_mass))
+    return _Pmf(pmf.lower_index * num_times + lower, composed, infinity_mass)
+
+
+def _compose_pmfs(first: _Pmf, second: _Pmf) -> _Pmf:
+    """The PMF of the sum of two independent privacy losses (FFT convolution), tails truncated."""
+    infinity_mass = first.infinity_mass + second.infinity_mass - first.infinity_mass * second.infinity_mass
+    return _truncate_tails(first.lower_index + second.lower_index, signal.fftconvolve(first.probs, second.probs),
+                           infinity_mass)
+
+
+def _subsampled_gaussian(noise_multiplier: float, sampling_probability: float, interval: float,
+                         num_times: int) -> _Pld:
+    """`num_times` identical steps; arguments validated by the caller."""
+
+    def one_direction(remove: bool) -> _Pmf:
+        pmf = _gaussian_step_pmf(noise_multiplier, sampling_probability, interval, remove)
+        return pmf if num_times == 1 else _self_compose_pmf(pmf, num_times)
+
+    remove = one_direction(True)
+    return _Pld(remove, remove if sampling_probability == 1.0 else one_direction(False))
 
 
 def subsampled_gaussian_pld(
@@ -152,7 +260,8 @@ def subsampled_gaussian_pld(
 
     Equal, up to float rounding, to `dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
     noise_multiplier, sampling_prob=sampling_probability, value_discretization_interval=...).self_compose(
-    num_times)` (connect-the-dots, pessimistic), built several times faster.
+    num_times)` (connect-the-dots, pessimistic), built by this module's own vectorised construction (module
+    docstring) and returned as dp_accounting's public `PrivacyLossDistribution`.
 
     Args:
       noise_multiplier: z = sigma / C, finite and > 0 (see Raises).
@@ -167,25 +276,8 @@ def subsampled_gaussian_pld(
     floor = noise_range.pld_min_noise_multiplier(value_discretization_interval)
     if not floor <= noise_multiplier <= noise_range.MAX_NOISE_MULTIPLIER:
         raise noise_range.NoiseOutOfRangeError(noise_range.out_of_range_message(noise_multiplier, None, "pld", floor))
-
-    def single_pmf(adjacency_type: privacy_loss_mechanism.AdjacencyType) -> pld_pmf.PLDPmf:
-        pmf = privacy_loss_distribution._create_pld_pmf_from_additive_noise(  # pylint: disable=protected-access
-            _VectorizedGaussianPrivacyLoss(
-                noise_multiplier, sampling_prob=sampling_probability, adjacency_type=adjacency_type),
-            pessimistic_estimate=True,
-            value_discretization_interval=value_discretization_interval,
-            use_connect_dots=True,
-        )
-        if num_times == 1:
-            return pmf
-        dense = pmf if isinstance(pmf, pld_pmf.DensePLDPmf) else pmf.to_dense_pmf()
-        return _self_compose_pmf(dense, num_times)
-
-    pmf_remove = single_pmf(privacy_loss_mechanism.AdjacencyType.REMOVE)
-    if sampling_probability == 1.0:
-        return privacy_loss_distribution.PrivacyLossDistribution(pmf_remove)
-    return privacy_loss_distribution.PrivacyLossDistribution(
-        pmf_remove, single_pmf(privacy_loss_mechanism.AdjacencyType.ADD))
+    return _subsampled_gaussian(noise_multiplier, sampling_probability, value_discretization_interval,
+                                num_times).to_dp_accounting(value_discretization_interval)
 
 
 def _clt_weights(sorted_multipliers: np.ndarray) -> np.ndarray:
@@ -268,18 +360,13 @@ def group_noise_multipliers(
     return sorted_multipliers[starts], np.diff(cuts)
 
 
-def _grid_points(pld: privacy_loss_distribution.PrivacyLossDistribution) -> int:
-    # pylint: disable-next=protected-access
-    return max(pld._pmf_remove.size, pld._pmf_add.size)
-
-
-def _compose(first: privacy_loss_distribution.PrivacyLossDistribution,
-             second: privacy_loss_distribution.PrivacyLossDistribution,
-             steps: int) -> privacy_loss_distribution.PrivacyLossDistribution:
-    """`first.compose(second)`, refused before the convolution if its grid would exceed MAX_PLD_GRID_POINTS."""
-    noise_range.check_pld_grid_points(_grid_points(first) + _grid_points(second) - 1,
-                                      f"the first {steps} steps")
-    return first.compose(second)
+def _compose(first: _Pld, second: _Pld, steps: int) -> _Pld:
+    """Composition of two PLDs, refused before the convolution if its grid would exceed MAX_PLD_GRID_POINTS."""
+    noise_range.check_pld_grid_points(first.grid_points + second.grid_points - 1, f"the first {steps} steps")
+    remove = _compose_pmfs(first.remove, second.remove)
+    if first.symmetric and second.symmetric:
+        return _Pld(remove, remove)
+    return _Pld(remove, _compose_pmfs(first.add, second.add))
 
 
 def _check_arguments(sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval,
@@ -356,9 +443,10 @@ def pld_epsilons_at(
         if p > 0 and segment.size:
             budget = max(1, int(max_groups * segment.size / active_steps))
             for multiplier, count in zip(*group_noise_multipliers(segment, budget, tolerance)):
-                pld = subsampled_gaussian_pld(float(multiplier), p, value_discretization_interval, int(count))
+                pld = _subsampled_gaussian(float(multiplier), p, value_discretization_interval, int(count))
                 composed = pld if composed is None else _compose(composed, pld, end)
-        epsilon_at[end] = 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+        epsilon_at[end] = 0.0 if composed is None else max(0.0, float(
+            composed.to_dp_accounting(value_discretization_interval).get_epsilon_for_delta(delta)))
     return np.array([epsilon_at[int(k)] for k in counts], dtype=np.float64)
 
 

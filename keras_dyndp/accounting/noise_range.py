@@ -29,8 +29,9 @@ from scipy import special
 MIN_NOISE_MULTIPLIER = 1e-4
 MAX_NOISE_MULTIPLIER = 1e4
 MAX_PLD_GRID_POINTS = 2**21
-# dp_accounting's GaussianPrivacyLoss keeps x within +-t standard deviations, CDF(-t) = exp(-50) / 2.
-_GAUSSIAN_TAIL_STDDEVS = float(-special.ndtri(0.5 * math.exp(-50.0)))
+# The PLD keeps a Gaussian step's x within +-t standard deviations, CDF(-t) = exp(-50) / 2 (dp_accounting's
+# default truncation, `fast_pld`).
+GAUSSIAN_TAIL_STDDEVS = float(-special.ndtri(0.5 * math.exp(-50.0)))
 
 
 class NoiseOutOfRangeError(ValueError):
@@ -42,7 +43,7 @@ def pld_grid_points(noise_multiplier: float, value_discretization_interval: floa
 
     The span of the privacy loss over the grid, plus the rounding of both ends outward and the last point.
     """
-    span = noise_multiplier**-2 + 2 * _GAUSSIAN_TAIL_STDDEVS / noise_multiplier
+    span = noise_multiplier**-2 + 2 * GAUSSIAN_TAIL_STDDEVS / noise_multiplier
     return span / value_discretization_interval + 3
 
 
@@ -52,7 +53,7 @@ def pld_min_noise_multiplier(value_discretization_interval: float) -> float:
     Solves `pld_grid_points(z, interval)` = MAX_PLD_GRID_POINTS for z (a quadratic in 1 / z), and never returns
     less than MIN_NOISE_MULTIPLIER.
     """
-    tail = _GAUSSIAN_TAIL_STDDEVS
+    tail = GAUSSIAN_TAIL_STDDEVS
     inverse = math.sqrt(tail**2 + (MAX_PLD_GRID_POINTS - 3) * value_discretization_interval) - tail
     return max(MIN_NOISE_MULTIPLIER, 1.0 / inverse)
 

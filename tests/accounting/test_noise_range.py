@@ -56,7 +56,7 @@ def test_range_edges_are_accepted_and_exact_values_pass():
     assert noise_range.pld_min_noise_multiplier(1e6) == noise_range.MIN_NOISE_MULTIPLIER
     # The estimate behind the floor bounds the real grid, and closely (a full-batch step is the widest).
     assert noise_range.pld_grid_points(floor, 1e-3) == pytest.approx(noise_range.MAX_PLD_GRID_POINTS)
-    size = fast_pld.subsampled_gaussian_pld(0.2, 1.0)._pmf_remove.size  # pylint: disable=protected-access
+    size = fast_pld._subsampled_gaussian(0.2, 1.0, 1e-3, 1).grid_points  # pylint: disable=protected-access
     assert size <= noise_range.pld_grid_points(0.2, 1e-3) <= 1.05 * size
 
 
