@@ -119,9 +119,9 @@ def input_signature(model: keras.Model) -> Any:
     return args[0] if len(args) == 1 else tuple(args)
 
 
-def flatten_layers(model: keras.Model) -> Iterator[keras.layers.Layer]:
-    """Every layer inside ``model``, nested ones included (not ``model`` itself)."""
-    return model._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
+def flatten_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
+    """Every layer inside ``layer`` (a model or a wrapper), nested ones included, not ``layer`` itself."""
+    return layer._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
 
 
 BATCH_NORM_CLASSES: tuple[type, ...] = (

@@ -23,10 +23,10 @@ does not subclass BatchNormalization. On ``make_private``'s vectorized path each
 layer cannot mix examples there; on the ghost and plain paths it would.
 
 The DP paths call this for you, once per model (again after a layer is unfrozen), when the first training step
-is traced: ``make_private`` (through ``keras_dyndp.per_example``) and the DP optimizers inside ``model.fit``
-(which find the model on the call stack, see ``keras_dyndp.keras_context``). In a custom training loop the
-optimizer cannot see the model: it warns once, and you should call ``keras_dyndp.check_model(model, x)``
-yourself. With ``run_eagerly=True`` the optimizer is called after the first forward pass has run: the error then
+is traced: ``make_private`` (through ``keras_dyndp.per_example.clipped_gradient_sum``) and the DP optimizers
+inside ``model.fit`` (which find the model on the call stack, see ``keras_dyndp.keras_context``). In a custom
+training loop the optimizer cannot see the model: it warns once, and you should call
+``keras_dyndp.check_model(model, x)`` yourself. With ``run_eagerly=True`` the optimizer is called after the first forward pass has run: the error then
 comes before any update, but BatchNormalization's moving averages have already been updated once in memory (call
 ``check_model`` before ``fit`` to avoid that).
 """

@@ -62,8 +62,9 @@ Any batch size works.
 Speed. The generic path computes all per-example gradients with one pfor-vectorised `tape.jacobian` (as
 TF-Privacy's vectorized optimizers); each row back-propagates through the batched graph, so it costs O(B^2)
 for batch B. Graphs pfor cannot vectorise (some LSTM and embedding graphs, tensorflow#43904) fail here (a
-`while_loop` jacobian would need a persistent tape, which `Model.train_step` does not create): use the fast path of
-`keras_dyndp.fast_path`, which re-runs the forward pass per example and calls `apply_clipped_gradient_sum`.
+`while_loop` jacobian would need a persistent tape, which `Model.train_step` does not create): use the fast path,
+`keras_dyndp.per_example.make_private`, which clips per example in the model's train step and calls
+`apply_clipped_gradient_sum`.
 
 Not supported: more than one replica under `tf.distribute` (each replica would add its own noise), sparse
 (`tf.IndexedSlices`) per-example gradients (they are densified by the jacobian). Keras's `clipnorm`,

@@ -4,8 +4,8 @@ A bare optimizer only sees ``minimize(loss_vector, var_list, tape)``, so the DP 
 take the jacobian of the per-example loss, which back-propagates every row through the batched graph (O(B^2),
 ~160x a non-private step on the tutorial CNN). ``make_private`` gives the model a ``train_step`` that has the
 model and the inputs in hand: it computes the per-example clipped gradient sums with
-``keras_dyndp.per_example.clipped_gradient_sum`` (ghost clipping for Dense / Conv2D / Embedding / LSTM models,
-else ``tf.vectorized_map`` over single-example passes) and hands them to
+``keras_dyndp.per_example.clipped_gradient_sum`` (ghost clipping where every trainable layer has a rule, else
+``tf.vectorized_map`` over single-example passes) and hands them to
 ``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
 normalises, applies the base update and advances ``dp_step``. The privacy mechanism is the optimizer's; only the
 way the clipped sum is computed changes.
@@ -39,9 +39,9 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from keras_dyndp import keras_compat
-from keras_dyndp import per_example
 from keras_dyndp.keras_compat import keras
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
+from keras_dyndp.per_example import clipped_sum
 
 
 def _dp_optimizer(model: keras.Model) -> DynamicDPOptimizerMixin:
@@ -96,7 +96,7 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
     loss_fn = _per_example_loss_fn(self)
     var_list = self.trainable_variables
     clip_norm = optimizer.current_clip_norm()
-    sums, _, y_pred, losses = per_example.clipped_gradient_sum_with_outputs(
+    sums, _, y_pred, losses = clipped_sum.clipped_gradient_sum_with_outputs(
         self, loss_fn, x, y, sample_weight, clip_norm, var_list, method=self._keras_dyndp_method
     )
     _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
@@ -134,8 +134,8 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}.")
-    if method not in per_example.METHODS:
-        raise ValueError(f"`method` must be one of {per_example.METHODS}. Received: method={method!r}.")
+    if method not in clipped_sum.METHODS:
+        raise ValueError(f"`method` must be one of {clipped_sum.METHODS}. Received: method={method!r}.")
     if not isinstance(training_metrics, bool):
         raise ValueError(f"`training_metrics` must be True or False. Received: training_metrics={training_metrics!r}.")
     model._keras_dyndp_method = method  # pylint: disable=protected-access
