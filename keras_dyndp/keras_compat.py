@@ -5,19 +5,31 @@ running on a second Keras version means filling in this module, not editing ever
 ``tf.keras``, or ``tf_keras`` with ``TF_USE_LEGACY_KERAS=1``) is implemented today; importing keras_dyndp's
 TensorFlow modules under Keras 3 raises an ImportError that says so.
 
-What differs, and where each difference is decided:
+What differs, and what a Keras 3 (TF 2.16+) implementation of each name must do:
 
-* Optimizers. Keras 2's ``Model.train_step`` hands the optimizer the per-example loss vector and the tape
-  (``minimize(loss, var_list, tape)``), so a DP optimizer alone can clip per example (the jacobian path,
-  `OPTIMIZER_GETS_PER_EXAMPLE_LOSS`). Keras 3's reduces the loss first and calls ``optimizer.apply(grads,
-  vars)``: there the per-example step must be the model's (``make_private``) and the optimizer must refuse
-  ordinary gradients. `apply_base_update` is how the DP optimizer hands its noised gradients to the base update
-  rule; `register_serializable` registers it for ``.keras`` files.
-* Losses. A per-example loss is ``reduction=tf.keras.losses.Reduction.NONE`` on Keras 2 and ``reduction=None``
-  or ``"none"`` on Keras 3 (`is_per_example_loss`, `PER_EXAMPLE_REDUCTION`).
-* Models. `unpack_x_y_sample_weight`, `training_logs` (``compute_loss`` differs), `reset_train_function`,
-  `input_signature` (Keras 2's ``save_spec``), `flatten_layers`, the batch normalisation classes, and
-  ``steps_per_execution`` (a variable on Keras 2, an int on Keras 3).
+* `keras`, `KERAS_MAJOR_VERSION`: ``tf.keras`` is Keras 3 there; replace the ImportError below.
+* `Optimizer`: ``keras.optimizers.Optimizer`` (same name).
+* `register_serializable`: ``keras.saving.register_keras_serializable`` (same call).
+* `apply_base_update`: ``base.apply(grads, variables)`` (no ``name`` or ``skip_gradients_aggregation``). Keras 3's
+  ``Model.train_step`` reduces the loss and calls ``optimizer.apply(grads, variables)``, so a DP optimizer cannot
+  clip per example there: `DynamicDPOptimizerMixin` must also override ``apply`` to refuse ordinary gradients
+  with an error naming ``make_private``, and the per-example step is the model's (``make_private``).
+* `is_per_example_loss`, `PER_EXAMPLE_REDUCTION`: ``loss.reduction in (None, "none")``; ``reduction=None``.
+* `unpack_x_y_sample_weight`: ``keras.utils.unpack_x_y_sample_weight`` (same).
+* `training_logs`: Keras 3's ``compute_loss(x, y, y_pred, sample_weight, training=True)`` returns the loss;
+  update ``model._loss_tracker`` with it, then ``compute_metrics``.
+* `reset_train_function`: ``model.train_function = None`` (check ``make_train_function``).
+* `input_signature`: there is no ``save_spec``; build specs from ``model.inputs`` or the build shapes.
+* `flatten_layers`: ``_flatten_layers(include_self=False, recursive=True)`` exists on Keras 3 layers too.
+* `BATCH_NORM_CLASSES`, `ALWAYS_MIXING_BATCH_NORM_CLASSES`: ``keras.layers.BatchNormalization`` only (its
+  ``synchronized=True`` replaces SyncBatchNormalization; no TF1 class).
+* `steps_per_execution`, `set_steps_per_execution`: an int attribute ``model.steps_per_execution``; check that
+  changing it during ``fit`` takes effect (BudgetStop relies on it).
+
+Outside this module, to check on Keras 3: the ghost rules' ``supports`` predicates (LoRA-enabled Dense and
+Embedding must be refused; ``time_major`` and ``sparse`` are read with getattr), the replacement of ``layer.call``
+and ``compute_mask`` on instances in ``per_example.ghost.tapped``, ``variable.handle`` in
+``model_checks._check_writes``, and the tests' and examples' ``tf.keras.losses.Reduction`` and legacy optimizers.
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ KERAS_MAJOR_VERSION: int = _major_version()
 
 if KERAS_MAJOR_VERSION != 2:
     raise ImportError(
-        f"keras_dyndp runs on Keras 2 only so far (TensorFlow 2.15, or tf_keras with TF_USE_LEGACY_KERAS=1); "
+        "keras_dyndp runs on Keras 2 only so far (TensorFlow 2.15, or tf_keras with TF_USE_LEGACY_KERAS=1); "
         f"tf.keras is Keras {KERAS_MAJOR_VERSION} here. Keras 3 support is issue 10."
     )
 
@@ -52,10 +64,6 @@ if KERAS_MAJOR_VERSION != 2:
 
 Optimizer = keras.optimizers.Optimizer
 """Base class of the optimizers a DP optimizer can be made from (Keras 2.11+ API; not ``optimizers.legacy``)."""
-
-OPTIMIZER_GETS_PER_EXAMPLE_LOSS = True
-"""Whether ``Model.train_step`` gives the optimizer the per-example loss and the tape (Keras 2), so that a DP
-optimizer can clip per example without ``make_private`` (the jacobian path)."""
 
 
 def register_serializable(package: str, name: str) -> Callable[[type], type]:

@@ -9,7 +9,6 @@ from keras_dyndp import keras_compat
 def test_the_keras_in_use_is_tf_keras_and_its_version_is_known():
     assert keras_compat.keras.Model is tf.keras.Model
     assert keras_compat.KERAS_MAJOR_VERSION == 2
-    assert keras_compat.OPTIMIZER_GETS_PER_EXAMPLE_LOSS
 
 
 def test_per_example_losses_are_told_from_reduced_ones():

@@ -466,7 +466,8 @@ class DynamicDPOptimizerMixin:
             raise RuntimeError(
                 f"{type(self).__name__}.apply_gradients accepts only the gradients returned by its own "
                 "compute_gradients (or minimize / model.fit); applying other gradients would train without "
-                "differential privacy. Per-example fast paths must call apply_clipped_gradient_sum instead."
+                "differential privacy. Train with model.fit, best after model = keras_dyndp.make_private(model); "
+                "per-example paths of your own must call apply_clipped_gradient_sum instead."
             )
         return self._apply_private_gradients(grads_and_vars, name=name, **kwargs)
 
