@@ -93,7 +93,8 @@ def register_layer_rule(
     Args:
         layer_class: a Keras layer class; the rule applies to layers of exactly this class.
         call: ``call(tap)`` returns the layer's call for the tapped pass, which records through ``tap``.
-        norms_and_sums: ``norms_and_sums(tap, g)`` returns one `GhostGradient` per variable of the layer.
+        norms_and_sums: ``norms_and_sums(tap, g)`` returns one `GhostGradient` per variable of the layer. It
+            runs without AutoGraph: control flow on tensors needs ``tf.cond`` / ``tf.while_loop``.
         supports: ``supports(layer)``: whether the rule covers this layer's configuration (None: always).
 
     Raises:
@@ -101,7 +102,10 @@ def register_layer_rule(
     """
     if not (isinstance(layer_class, type) and issubclass(layer_class, keras.layers.Layer)):
         raise TypeError(f"`layer_class` must be a Keras layer class. Received: layer_class={layer_class!r}.")
-    for name, part in (("call", call), ("norms_and_sums", norms_and_sums), ("supports", supports or callable)):
+    parts = {"call": call, "norms_and_sums": norms_and_sums}
+    if supports is not None:
+        parts["supports"] = supports
+    for name, part in parts.items():
         if not callable(part):
             raise TypeError(f"`{name}` must be callable. Received: {name}={part!r}.")
     # Graph code without Python control flow on tensors: AutoGraph would convert it at each first trace.
