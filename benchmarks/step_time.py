@@ -7,8 +7,8 @@ every row alike. Paths:
 * ``nonprivate``: ``tf.keras.optimizers.SGD``, mean loss.
 * ``nonprivate_xla``: the same with ``compile(jit_compile=True)``.
 * ``dyndp_jacobian``: ``DynamicDPKerasSGD`` through plain ``model.compile`` (pfor jacobian, O(B^2)).
-* ``dyndp_fast``: ``keras_dyndp.fast_path.make_private(model)`` with ``method='auto'`` (ghost clipping when every layer
-  has a rule); ``dyndp_fast_xla``: the same, XLA-compiled.
+* ``dyndp_fast``: ``keras_dyndp.per_example.make_private(model)`` with ``method='auto'`` (ghost clipping when every
+  layer has a rule); ``dyndp_fast_xla``: the same, XLA-compiled.
 * ``dyndp_vectorized``: ``make_private(model, method='vectorized')`` (``tf.vectorized_map`` over examples).
 * ``tfp_dpkerassgd``: TF-Privacy ``DPKerasSGDOptimizer`` with ``num_microbatches`` = batch size.
 * ``tfp_dpsequential``: TF-Privacy ``DPSequential`` with the default fast-clipping layer registry (Dense and
@@ -46,9 +46,9 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from keras_dyndp.fast_path import make_private
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import DynamicDPKerasSGD
+from keras_dyndp.per_example import make_private
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch_size", 256, "Examples per step.")

@@ -11,7 +11,7 @@ model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
    ``--rho_mu``) under their own;
 3. trains with ``model.fit`` on Poisson-sampled batches (``--sampling=poisson``, what the accountants assume)
    with a `DynamicDPKeras*` optimizer, `PrivacyLogger` and `BudgetStop`, per-example clipping through the fast
-   path (`keras_dyndp.fast_path.make_private`) or the optimizer's generic jacobian path (``--per_example``);
+   path (`keras_dyndp.per_example.make_private`) or the optimizer's generic jacobian path (``--per_example``);
 4. with ``--model_dir``: checkpoints model and optimizer (the optimizer's ``dp_step`` is the schedule's step
    counter) every epoch, writes TensorBoard logs under ``<model_dir>/logs`` and resumes from the latest
    checkpoint when rerun. It refuses to resume a run whose saved schedule differs from the one the flags give:
@@ -53,8 +53,8 @@ from examples import datasets
 from keras_dyndp import baselines
 from keras_dyndp import callbacks as dp_callbacks
 from keras_dyndp import data as dp_data
-from keras_dyndp import fast_path
 from keras_dyndp import optimizers as dp_optimizers
+from keras_dyndp import per_example
 from keras_dyndp import privacy_report as dp_privacy_report
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
@@ -105,7 +105,7 @@ flags.DEFINE_enum("report_accountant", registry.DEFAULT_ACCOUNTANT, ["rdp", "pld
                   "Rigorous accountant reported beside the GDP-CLT: pld (default, the tightest; a full run "
                   "calibrated under it reports the target) or rdp (looser).")
 flags.DEFINE_enum("per_example", "fast", ["fast", "jacobian"],
-                  "Per-example gradients: fast (keras_dyndp.fast_path.make_private) or jacobian (the "
+                  "Per-example gradients: fast (keras_dyndp.per_example.make_private) or jacobian (the "
                   "optimizer's generic tape.jacobian path, O(B^2)).")
 flags.DEFINE_bool("training_metrics", False,
                   "Compute and show loss and accuracy of the training batches (progress bar, History, TensorBoard). "
@@ -289,7 +289,7 @@ def compile_model(model: tf.keras.Model, task: Task, optimizer: tf.keras.optimiz
     --training_metrics, computes no loss or metric on the training batches (evaluation keeps them)."""
     loss, metric = make_loss_and_metric(task, private)
     if private and FLAGS.per_example == "fast":
-        model = fast_path.make_private(model, training_metrics=FLAGS.training_metrics)
+        model = per_example.make_private(model, training_metrics=FLAGS.training_metrics)
     elif private and not FLAGS.training_metrics:
         model.train_step = types.MethodType(_train_step_without_logs, model)
     # weighted_metrics: Poisson batches are padded with zero-weight rows, which plain `metrics` would count.

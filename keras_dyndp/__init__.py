@@ -40,7 +40,7 @@ _LAZY = {
     "poisson_batches": "keras_dyndp.data",
     "poisson_batches_from_tensors": "keras_dyndp.data",
     "shuffled_batches": "keras_dyndp.data",
-    "make_private": "keras_dyndp.fast_path",
+    "make_private": "keras_dyndp.per_example",
     "check_model": "keras_dyndp.model_checks",
 }
 

@@ -1,8 +1,8 @@
 """Keras callbacks that report the privacy spent so far and stop training when the budget is used up.
 
-Both callbacks read two attributes of the model's keras_dyndp DP optimizer: ``optimizer.schedule`` (the
-`keras_dyndp.schedules.DPSchedule` of T steps) and ``optimizer.dp_step`` (int64 variable, the number of DP steps
-already taken). Accounting itself is `DPSchedule.epsilon`; nothing is re-derived here.
+Both callbacks read two attributes of the model's keras_dyndp DP optimizer (a `DynamicDPOptimizerMixin`):
+``optimizer.schedule`` (the `keras_dyndp.schedules.DPSchedule` of T steps) and ``optimizer.dp_step`` (int64
+variable, the number of DP steps already taken). Accounting itself is `DPSchedule.epsilon`; nothing is re-derived here.
 
 * `PrivacyLogger` writes the epsilon of the steps taken so far, and the clip norm and noise std of the last step,
   into the epoch ``logs``, so they land in ``History.history``, TensorBoard, CSVLogger and the progress bar's
@@ -14,29 +14,30 @@ already taken). Accounting itself is `DPSchedule.epsilon`; nothing is re-derived
 """
 
 import os
-from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
+from keras_dyndp import keras_compat
 from keras_dyndp.accounting import registry
+from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
 
 
-def _dp_optimizer(model: tf.keras.Model | None, caller: str) -> Any:
-    """The model's optimizer, checked to be a keras_dyndp DP optimizer (has `schedule` and `dp_step`)."""
+def _dp_optimizer(model: keras_compat.keras.Model | None, caller: str) -> DynamicDPOptimizerMixin:
+    """The model's optimizer, checked to be a keras_dyndp DP optimizer."""
     optimizer = getattr(model, "optimizer", None)
-    if not (hasattr(optimizer, "schedule") and hasattr(optimizer, "dp_step")):
+    if not isinstance(optimizer, DynamicDPOptimizerMixin):
         received = "no optimizer" if optimizer is None else type(optimizer).__name__
         raise ValueError(f"{caller} needs a keras_dyndp DP optimizer (with `schedule` and `dp_step`), e.g. "
                          f"keras_dyndp.optimizers.DynamicDPKerasSGD; got {received}.")
     return optimizer
 
 
-def _steps_taken(optimizer: Any) -> int:
-    return int(tf.keras.backend.get_value(optimizer.dp_step))
+def _steps_taken(optimizer: DynamicDPOptimizerMixin) -> int:
+    return int(optimizer.dp_step.numpy())
 
 
-class PrivacyLogger(tf.keras.callbacks.Callback):
+class PrivacyLogger(keras_compat.keras.callbacks.Callback):
     """Logs epsilon spent so far (GDP-CLT and a rigorous accountant), C_t and sigma_t at each epoch end.
 
     Keys written into the epoch ``logs`` (hence ``History.history``):
@@ -148,7 +149,7 @@ class PrivacyLogger(tf.keras.callbacks.Callback):
             self._writer = None
 
 
-class BudgetStop(tf.keras.callbacks.Callback):
+class BudgetStop(keras_compat.keras.callbacks.Callback):
     """Stops ``fit`` exactly when the optimizer has taken all T steps of its schedule (the budget is spent).
 
     Checked after every batch. With ``steps_per_execution`` = k > 1, Keras runs k steps per call and the callbacks
@@ -177,14 +178,14 @@ class BudgetStop(tf.keras.callbacks.Callback):
                                "accounted budget; build a new schedule (and a new optimizer) to continue.")
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        steps_per_execution = getattr(self.model, "_steps_per_execution", None)  # Keras 2's tf.Variable.
+        steps_per_execution = keras_compat.steps_per_execution(self.model)
         if steps_per_execution is None:
             return
         _, steps, total = self._spent()
-        if total - steps < int(steps_per_execution.numpy()):
+        if total - steps < steps_per_execution:
             if self._steps_per_execution is None:
-                self._steps_per_execution = int(steps_per_execution.numpy())
-            steps_per_execution.assign(max(total - steps, 1))
+                self._steps_per_execution = steps_per_execution
+            keras_compat.set_steps_per_execution(self.model, max(total - steps, 1))
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         spent, steps, total = self._spent()
@@ -196,5 +197,5 @@ class BudgetStop(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._steps_per_execution is not None:
-            self.model._steps_per_execution.assign(self._steps_per_execution)  # pylint: disable=protected-access
+            keras_compat.set_steps_per_execution(self.model, self._steps_per_execution)
             self._steps_per_execution = None

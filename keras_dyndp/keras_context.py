@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import tensorflow as tf
+from keras_dyndp.keras_compat import keras
 
 # Deep enough for Keras's fit -> tf.function tracing -> distribution -> train_step -> optimizer chain (~40 frames).
 _MAX_FRAMES = 200
@@ -34,11 +34,11 @@ def _frames():
         del frame
 
 
-def calling_model(optimizer: Any) -> tf.keras.Model | None:
+def calling_model(optimizer: Any) -> keras.Model | None:
     """The nearest Keras model on the call stack whose ``optimizer`` is `optimizer`, or None."""
     for frame in _frames():
         candidate = frame.f_locals.get("self")
-        if isinstance(candidate, tf.keras.Model) and getattr(candidate, "optimizer", None) is optimizer:
+        if isinstance(candidate, keras.Model) and getattr(candidate, "optimizer", None) is optimizer:
             return candidate
     return None
 
@@ -51,7 +51,7 @@ class FitCall:
         self.batch_size = batch_size
 
 
-def fit_call(model: tf.keras.Model) -> FitCall | None:
+def fit_call(model: keras.Model) -> FitCall | None:
     """The arguments of the ``model.fit`` call on the stack, or None when `model` is not inside ``fit``."""
     for frame in _frames():
         if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:

@@ -23,10 +23,10 @@ does not subclass BatchNormalization. On ``make_private``'s vectorized path each
 layer cannot mix examples there; on the ghost and plain paths it would.
 
 The DP paths call this for you, once per model (again after a layer is unfrozen), when the first training step
-is traced: ``make_private`` (through ``keras_dyndp.per_example``) and the DP optimizers inside ``model.fit``
-(which find the model on the call stack, see ``keras_dyndp.keras_context``). In a custom training loop the
-optimizer cannot see the model: it warns once, and you should call ``keras_dyndp.check_model(model, x)``
-yourself. With ``run_eagerly=True`` the optimizer is called after the first forward pass has run: the error then
+is traced: ``make_private`` (through ``keras_dyndp.per_example.clipped_gradient_sum``) and the DP optimizers
+inside ``model.fit`` (which find the model on the call stack, see ``keras_dyndp.keras_context``). In a custom
+training loop the optimizer cannot see the model: it warns once, and you should call
+``keras_dyndp.check_model(model, x)`` yourself. With ``run_eagerly=True`` the optimizer is called after the first forward pass has run: the error then
 comes before any update, but BatchNormalization's moving averages have already been updated once in memory (call
 ``check_model`` before ``fit`` to avoid that).
 """
@@ -35,20 +35,13 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any, Iterator
+from typing import Any
 
 import tensorflow as tf
 
+from keras_dyndp import keras_compat
 from keras_dyndp import keras_context
-
-# Keras 2 BatchNormalization classes; all normalise with batch statistics in training and store moving averages.
-_BATCH_NORM_CLASSES = (
-    tf.keras.layers.BatchNormalization,
-    tf.keras.layers.experimental.SyncBatchNormalization,
-    tf.compat.v1.keras.layers.BatchNormalization,
-)
-# The TF1 class keeps using batch statistics in training even when frozen.
-_ALWAYS_MIXING_CLASSES = (tf.compat.v1.keras.layers.BatchNormalization,)
+from keras_dyndp.keras_compat import keras
 
 _WRITE_OPS = frozenset({
     "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceStridedSliceAssign",
@@ -64,7 +57,7 @@ _warned_optimizers: weakref.WeakSet = weakref.WeakSet()
 # Pure graph inspection: AutoGraph need not convert these when they run inside a traced train step (it would
 # take seconds at the first trace). The model itself is traced by a tf.function of its own, with AutoGraph.
 @tf.autograph.experimental.do_not_convert
-def check_model(model: tf.keras.Model, inputs: Any = None) -> None:
+def check_model(model: keras.Model, inputs: Any = None) -> None:
     """Raises ValueError if ``model`` mixes examples or stores batch-derived state in training (module docstring).
 
     Args:
@@ -81,7 +74,7 @@ def check_model(model: tf.keras.Model, inputs: Any = None) -> None:
     keras_dyndp.check_model(model, x_train[:1])  # Before a custom training loop.
     ```
     """
-    for layer in _layers(model):
+    for layer in keras_compat.flatten_layers(model):
         if _mixes_batch_statistics(layer):
             raise ValueError(
                 f"Layer {layer.name!r} ({type(layer).__name__}) normalises each example with the mean and variance "
@@ -95,7 +88,7 @@ def check_model(model: tf.keras.Model, inputs: Any = None) -> None:
 
 
 @tf.autograph.experimental.do_not_convert
-def check_before_training(model: tf.keras.Model, inputs: Any = None) -> None:
+def check_before_training(model: keras.Model, inputs: Any = None) -> None:
     """``check_model`` once per model and set of trainable variables; for the DP training paths."""
     if _trainable_ids(model) not in _checked_models.get(model, ()):
         check_model(model, inputs)
@@ -124,31 +117,25 @@ def check_training_model(optimizer: Any, var_list: list[tf.Variable]) -> None:
         )
 
 
-def _trainable_ids(model: tf.keras.Model) -> tuple[int, ...]:
+def _trainable_ids(model: keras.Model) -> tuple[int, ...]:
     return tuple(id(v) for v in model.trainable_variables)
 
 
-def _layers(model: tf.keras.Model) -> Iterator[tf.keras.layers.Layer]:
-    return model._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
-
-
-def _mixes_batch_statistics(layer: tf.keras.layers.Layer) -> bool:
-    if not isinstance(layer, _BATCH_NORM_CLASSES):
+def _mixes_batch_statistics(layer: keras.layers.Layer) -> bool:
+    if not isinstance(layer, keras_compat.BATCH_NORM_CLASSES):
         return False
-    return layer.trainable or isinstance(layer, _ALWAYS_MIXING_CLASSES)
+    return layer.trainable or isinstance(layer, keras_compat.ALWAYS_MIXING_BATCH_NORM_CLASSES)
 
 
-def _input_signature(model: tf.keras.Model, inputs: Any) -> Any:
+def _input_signature(model: keras.Model, inputs: Any) -> Any:
     """TypeSpecs of ``inputs``, or of the model's save spec (with an unknown batch size) when None."""
     if inputs is None:
-        spec = model.save_spec(dynamic_batch=True)
-        if spec is None:
+        inputs = keras_compat.input_signature(model)
+        if inputs is None:
             raise ValueError(
                 f"check_model cannot trace model {model.name!r}: it has never been built or called. Pass a batch "
                 "of inputs: check_model(model, inputs=x)."
             )
-        args, _ = spec
-        inputs = args[0] if len(args) == 1 else tuple(args)
 
     def to_spec(value):
         if isinstance(value, tf.TypeSpec):
@@ -158,7 +145,7 @@ def _input_signature(model: tf.keras.Model, inputs: Any) -> Any:
     return tf.nest.map_structure(to_spec, inputs)
 
 
-def _check_writes(model: tf.keras.Model, signature: Any) -> None:
+def _check_writes(model: keras.Model, signature: Any) -> None:
     """Traces ``model(x, training=True)`` and refuses writes to variables computed from ``x``."""
     graph = tf.function(lambda batch: model(batch, training=True)).get_concrete_function(signature).graph
     num_inputs = len(tf.nest.flatten(signature, expand_composites=True))
@@ -176,8 +163,9 @@ def _check_writes(model: tf.keras.Model, signature: Any) -> None:
         if variable is None:
             where = f"the variable written by op {op_name!r}"
         else:
-            owner = min((layer for layer in _layers(model) if any(w is variable for w in layer.weights)),
-                        key=lambda layer: len(layer.weights), default=None)
+            owners = [layer for layer in keras_compat.flatten_layers(model)
+                      if any(w is variable for w in layer.weights)]
+            owner = min(owners, key=lambda layer: len(layer.weights), default=None)
             where = f"variable {variable.name!r}" + (
                 f" of layer {owner.name!r} ({type(owner).__name__})" if owner is not None else "")
         raise ValueError(

@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras_dyndp import callbacks
 from keras_dyndp import data
 from keras_dyndp import schedules
+from keras_dyndp.optimizers import DynamicDPKerasSGD
 
 DELTA = 1e-5
 
@@ -17,12 +18,11 @@ def _schedule() -> schedules.DPSchedule:
     return schedules.DPSchedule([1.0, 1.0, 0.8, 0.6], [1.0, 0.9, 0.6, 0.4], sampling_probability=0.1)
 
 
-class _FakeOptimizer:
-    """The two attributes the callbacks read from a keras_dyndp optimizer."""
-
-    def __init__(self, schedule: schedules.DPSchedule, steps: int = 0):
-        self.schedule = schedule
-        self.dp_step = tf.Variable(steps, dtype=tf.int64)
+def _optimizer(schedule: schedules.DPSchedule, steps: int = 0) -> DynamicDPKerasSGD:
+    """A keras_dyndp optimizer that has taken `steps` DP steps (as far as the callbacks can tell)."""
+    optimizer = DynamicDPKerasSGD(schedule=schedule)
+    optimizer.dp_step.assign(steps)
+    return optimizer
 
 
 class _FakeModel:
@@ -42,7 +42,7 @@ def _attach(callback: tf.keras.callbacks.Callback, optimizer) -> _FakeModel:
 def test_privacy_logger_values(steps):
     schedule = _schedule()
     logger = callbacks.PrivacyLogger("pld", delta=DELTA)
-    _attach(logger, _FakeOptimizer(schedule, steps))
+    _attach(logger, _optimizer(schedule, steps))
     logs = {"loss": 1.0}
     logger.on_train_begin()
     logger.on_epoch_end(0, logs)
@@ -60,7 +60,7 @@ def test_privacy_logger_values(steps):
 
 def test_privacy_logger_gdp_clt_only():
     logger = callbacks.PrivacyLogger("gdp_clt", delta=DELTA)
-    _attach(logger, _FakeOptimizer(_schedule(), 2))
+    _attach(logger, _optimizer(_schedule(), 2))
     assert sorted(logger.privacy_logs()) == ["clip_norm", "dp_step", "epsilon_gdp_clt", "noise_stddev"]
 
 
@@ -68,28 +68,28 @@ def test_privacy_logger_defaults_to_the_pld_the_budget_is_calibrated_under():
     schedule = schedules.calibrate("vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.1,
                                    num_steps=4, initial_clip=1.0)
     logger = callbacks.PrivacyLogger(delta=DELTA)
-    _attach(logger, _FakeOptimizer(schedule, 4))
+    _attach(logger, _optimizer(schedule, 4))
     logs = logger.privacy_logs()
     assert sorted(logs) == ["clip_norm", "dp_step", "epsilon_gdp_clt", "epsilon_pld", "noise_stddev"]
     assert 0.999 <= logs["epsilon_pld"] <= 1.0  # The whole run spends the target, as calibrated.
     rdp = callbacks.PrivacyLogger("rdp", delta=DELTA)
-    _attach(rdp, _FakeOptimizer(schedule, 3))
+    _attach(rdp, _optimizer(schedule, 3))
     assert rdp.privacy_logs()["epsilon_rdp"] == pytest.approx(schedule.epsilon(DELTA, "rdp", steps=3))
 
 
 def test_privacy_logger_refuses_before_training_what_it_could_not_account():
     schedule = schedules.DPSchedule([1.0, 1.0], [1.0, 1e-3], sampling_probability=0.1)  # z = 1e-3: below the PLD's.
     logger = callbacks.PrivacyLogger(delta=DELTA)
-    _attach(logger, _FakeOptimizer(schedule))
+    _attach(logger, _optimizer(schedule))
     with pytest.raises(ValueError, match=r"noise multiplier of step 1 \(0-based\) is 0.001; the 'pld' accountant"):
         logger.on_train_begin()
     rdp = callbacks.PrivacyLogger("rdp", delta=DELTA)
-    _attach(rdp, _FakeOptimizer(schedule))
+    _attach(rdp, _optimizer(schedule))
     rdp.on_train_begin()  # The RDP accounts it (a huge epsilon).
 
 
 def test_privacy_logger_writes_summaries_every_k_steps(tmp_path):
-    optimizer = _FakeOptimizer(_schedule())
+    optimizer = _optimizer(_schedule())
     logger = callbacks.PrivacyLogger("gdp_clt", delta=DELTA, log_every=2, log_dir=str(tmp_path))
     _attach(logger, optimizer)
     logger.on_train_begin()
@@ -128,7 +128,7 @@ def test_privacy_logger_bad_arguments():
 
 
 def test_budget_stop():
-    optimizer = _FakeOptimizer(_schedule(), 2)
+    optimizer = _optimizer(_schedule(), 2)
     stop = callbacks.BudgetStop()
     model = _attach(stop, optimizer)
     stop.on_train_begin()

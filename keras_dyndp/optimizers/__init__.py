@@ -1,5 +1,5 @@
-"""Dynamic DP-SGD Keras optimizers (see `dp_optimizer`), the pure-TF clip/noise mechanism they share, and the
-warnings they give (`NoiseSeedWarning`, `SamplingWarning`)."""
+"""Dynamic DP-SGD Keras optimizers (see `dp_optimizer`; `DynamicDPOptimizerMixin` is their common base), the
+pure-TF clip/noise mechanism they share, and the warnings they give (`NoiseSeedWarning`, `SamplingWarning`)."""
 
 from keras_dyndp.optimizers.clip_and_noise import add_gaussian_noise
 from keras_dyndp.optimizers.clip_and_noise import clip_by_global_norm_per_example
@@ -9,6 +9,7 @@ from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdam
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasRMSprop
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasSGD
+from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
 from keras_dyndp.optimizers.dp_optimizer import make_dynamic_dp_optimizer_class
 from keras_dyndp.optimizers.noise_source import NoiseSeedWarning
 from keras_dyndp.optimizers.sampling_check import SamplingWarning
@@ -18,6 +19,7 @@ __all__ = [
     "DynamicDPKerasAdam",
     "DynamicDPKerasRMSprop",
     "DynamicDPKerasSGD",
+    "DynamicDPOptimizerMixin",
     "NoiseSeedWarning",
     "SamplingWarning",
     "add_gaussian_noise",

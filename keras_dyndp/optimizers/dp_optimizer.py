@@ -1,7 +1,9 @@
-"""Keras 2.15 optimizers that run dynamic DP-SGD: per-step clipping norms and noise from a `DPSchedule`.
+"""Keras optimizers that run dynamic DP-SGD: per-step clipping norms and noise from a `DPSchedule`.
 
 `make_dynamic_dp_optimizer_class(base_cls)` turns any new-API Keras optimizer (`tf.keras.optimizers.SGD`, `Adam`,
-...) into a differentially private one; `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and
+...) into a differentially private one, the class ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``:
+the mixin holds the whole mechanism, the base class the update rule, and `keras_dyndp.keras_compat` what depends
+on the Keras version. `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and
 `DynamicDPKerasRMSprop` are its public instances. Step k (0-based) of training:
 
 1. computes one gradient per example (or per microbatch) from the per-example loss vector that `Model.train_step`
@@ -60,8 +62,9 @@ Any batch size works.
 Speed. The generic path computes all per-example gradients with one pfor-vectorised `tape.jacobian` (as
 TF-Privacy's vectorized optimizers); each row back-propagates through the batched graph, so it costs O(B^2)
 for batch B. Graphs pfor cannot vectorise (some LSTM and embedding graphs, tensorflow#43904) fail here (a
-`while_loop` jacobian would need a persistent tape, which `Model.train_step` does not create): use the fast path of
-`keras_dyndp.fast_path`, which re-runs the forward pass per example and calls `apply_clipped_gradient_sum`.
+`while_loop` jacobian would need a persistent tape, which `Model.train_step` does not create): use the fast path,
+`keras_dyndp.per_example.make_private`, which clips per example in the model's train step and calls
+`apply_clipped_gradient_sum`.
 
 Not supported: more than one replica under `tf.distribute` (each replica would add its own noise), sparse
 (`tf.IndexedSlices`) per-example gradients (they are densified by the jacobian). Keras's `clipnorm`,
@@ -94,10 +97,11 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Optional, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 
+from keras_dyndp import keras_compat
 from keras_dyndp import model_checks
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
@@ -117,7 +121,7 @@ class _DPGradientGuard:
     """
 
     def __init__(self):
-        self._pending: Optional[tuple] = None
+        self._pending: tuple | None = None
 
     def issue(self, grads: Sequence[tf.Tensor]) -> None:
         self._pending = tuple(grads)
@@ -139,7 +143,7 @@ def _check_single_replica() -> None:
         )
 
 
-def _check_num_microbatches(num_microbatches) -> Optional[int]:
+def _check_num_microbatches(num_microbatches) -> int | None:
     if num_microbatches is None:
         return None
     is_integer = isinstance(num_microbatches, numbers.Integral) and not isinstance(num_microbatches, bool)
@@ -151,7 +155,7 @@ def _check_num_microbatches(num_microbatches) -> Optional[int]:
     return int(num_microbatches)
 
 
-def _check_expected_batch_size(expected_batch_size) -> Optional[float]:
+def _check_expected_batch_size(expected_batch_size) -> float | None:
     if expected_batch_size is None:
         return None
     if (
@@ -175,7 +179,7 @@ def _warn_if_gdp_clt_understates(schedule: schedules.DPSchedule) -> None:
         warnings.warn(text, schedules.GdpCltUnderstatementWarning, stacklevel=4)
 
 
-def _resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[schedules.DPSchedule, Optional[float]]:
+def _resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[schedules.DPSchedule, float | None]:
     """The optimizer's schedule and normaliser, from a `DPSchedule` or from budget arguments (exactly one).
 
     Budget arguments are calibrated under `accountant` (default 'pld', rigorous). Either way a schedule that was
@@ -233,8 +237,317 @@ def _resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[sche
     return schedule, _check_expected_batch_size(batch_size)
 
 
+class DynamicDPOptimizerMixin:
+    """The dynamic DP-SGD part of every keras_dyndp optimizer: `DynamicDPKerasSGD` is
+    ``class DynamicDPKerasSGD(DynamicDPOptimizerMixin, keras.optimizers.SGD)``, made by
+    `make_dynamic_dp_optimizer_class`. ``isinstance(optimizer, DynamicDPOptimizerMixin)`` tells a keras_dyndp DP
+    optimizer from any other.
+
+    Build it from a `DPSchedule`, or from a privacy budget that is calibrated with
+    `keras_dyndp.schedules.sampling_from_epochs` and `keras_dyndp.schedules.calibrate`. Compile the model with
+    a per-example loss (`reduction=tf.keras.losses.Reduction.NONE`). The module docstring of
+    `keras_dyndp.optimizers.dp_optimizer` describes the mechanism, the normalisation, the step counter and
+    the budget guard.
+
+    Args:
+      schedule: the `DPSchedule` to follow (exclusive with the budget arguments).
+      target_epsilon, target_delta: the budget (epsilon > 0, delta in (0, 1)).
+      num_examples: training set size N.
+      batch_size: expected batch size; the sampling probability is batch_size / N and it becomes
+        `expected_batch_size`.
+      epochs, steps: the run length, exactly one of them.
+      method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic'.
+      initial_clip: C_0 > 0.
+      rho_mu, rho_c: the schedule's growth of mu and decay of C over the run (>= 1; default 1).
+      accountant: accountant the budget is met under: 'pld' (default; rigorous and tight), 'rdp' (rigorous)
+        or 'gdp_clt' (the paper's approximation, which can understate epsilon: a `GdpCltUnderstatementWarning`
+        gives the PLD epsilon when it exceeds the target by more than 5%).
+      num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
+        microbatches, with twice the noise at every step (see the module docstring).
+      expected_batch_size: p N, the normaliser of the noisy sum (None: the actual number of rows). With it, a
+        batch whose number of examples is far outside Binomial(N, p) is refused.
+      noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
+        integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
+        knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
+      **kwargs: arguments of the base optimizer class (learning_rate, ...), keyword only.
+    """
+
+    def __init__(
+        self,
+        *,
+        schedule: schedules.DPSchedule | None = None,
+        target_epsilon: float | None = None,
+        target_delta: float | None = None,
+        num_examples: int | None = None,
+        batch_size: int | None = None,
+        epochs: float | None = None,
+        steps: int | None = None,
+        method: str | None = None,
+        initial_clip: float | None = None,
+        rho_mu: float | None = None,
+        rho_c: float | None = None,
+        accountant: str | None = None,
+        num_microbatches: int | None = None,
+        expected_batch_size: float | None = None,
+        noise_seed: int | None = None,
+        **kwargs,
+    ):
+        budget = dict(
+            target_epsilon=target_epsilon, target_delta=target_delta, num_examples=num_examples,
+            batch_size=batch_size, epochs=epochs, steps=steps, method=method, initial_clip=initial_clip,
+            rho_mu=rho_mu, rho_c=rho_c, accountant=accountant,
+        )
+        schedule, expected_batch_size = _resolve_schedule(schedule, budget, expected_batch_size)
+        num_microbatches = _check_num_microbatches(num_microbatches)
+        _check_single_replica()
+        kwargs.setdefault("name", type(self).__name__)
+        super().__init__(**kwargs)
+        self._schedule = schedule
+        self._num_microbatches = num_microbatches
+        self._expected_batch_size = expected_batch_size
+        self._dp_gradient_guard = _DPGradientGuard()
+        self._noise_source = noise_source.NoiseSource(noise_seed)
+        self._sampling_check = sampling_check.SamplingCheck(schedule.sampling_probability, expected_batch_size)
+        with tf.init_scope():
+            self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
+            self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
+
+    @property
+    def schedule(self) -> schedules.DPSchedule:
+        """The `DPSchedule` this optimizer follows."""
+        return self._schedule
+
+    @property
+    def dp_step(self) -> tf.Variable:
+        """int64 variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
+        return self.iterations
+
+    @property
+    def expected_batch_size(self) -> float | None:
+        """Normaliser of the noisy sum for per-example clipping; None means the actual batch size."""
+        return self._expected_batch_size
+
+    @property
+    def num_microbatches(self) -> int | None:
+        """Number of microbatches per batch; None means one per example."""
+        return self._num_microbatches
+
+    def _budget_check(self) -> tf.Operation | None:
+        return tf.debugging.assert_less(
+            self.dp_step,
+            tf.constant(self._schedule.num_steps, tf.int64),
+            message=(
+                f"DP budget exhausted: all {self._schedule.num_steps} steps of the DPSchedule have been taken "
+                "(dp_step >= schedule.num_steps); another step would exceed the accounted privacy budget. "
+                "Stop training (keras_dyndp.callbacks.BudgetStop) or calibrate a longer schedule."
+            ),
+        )
+
+    def _schedule_value(self, values: tf.Tensor) -> tf.Tensor:
+        step = self.dp_step
+        num_steps = self._schedule.num_steps
+        index = tf.minimum(step, num_steps - 1)
+        return tf.where(step < num_steps, tf.gather(values, index), tf.zeros([], tf.float32))
+
+    def current_clip_norm(self) -> tf.Tensor:
+        """float32 scalar C at `dp_step` (0 once the budget is spent)."""
+        return self._schedule_value(self._clip_norms_tensor)
+
+    def current_noise_stddev(self) -> tf.Tensor:
+        """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
+        return self._schedule_value(self._noise_stddevs_tensor)
+
+    def _step_checks(self, batch_size_check: tf.Operation | None) -> list[tf.Operation]:
+        return [check for check in (self._budget_check(), batch_size_check) if check is not None]
+
+    def _noise_and_normalise(
+        self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
+    ) -> list[tf.Tensor]:
+        noised = clip_and_noise.add_gaussian_noise(
+            clipped_sums, noise_stddev, generator=self._noise_source.generator
+        )
+        return [grad / tf.cast(normaliser, grad.dtype) for grad in noised]
+
+    def _row_normaliser(self, num_rows: tf.Tensor) -> tf.Tensor:
+        if self._expected_batch_size is not None:
+            return tf.constant(self._expected_batch_size, tf.float32)
+        # An empty (Poisson) batch releases pure noise; dividing it by 1 instead of 0 keeps it finite.
+        return tf.maximum(tf.cast(num_rows, tf.float32), 1.0)
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        """Clipped, noised and normalised gradients of a per-example loss (one DP release).
+
+        Each call releases one noisy sum at the current `dp_step`, which only `apply_gradients` advances: pass
+        the result to `apply_gradients` unchanged, once per call (as `minimize` and `model.fit` do).
+
+        Args:
+          loss: per-example loss tensor [B] (or [B, ...], averaged per example), or a callable returning it.
+          var_list: the variables, or a callable returning them.
+          tape: the `tf.GradientTape` that recorded `loss` (required for a tensor loss).
+
+        Returns:
+          A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
+
+        Raises:
+          ValueError: if the loss is a scalar (already averaged) or `tape` is missing, if the model training
+            with this optimizer mixes examples or stores batch statistics (`keras_dyndp.model_checks`), or if
+            `model.fit` received Poisson batches at another rate than the schedule's.
+          tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
+            outside the schedule's Poisson sampling (see `sampling_check`).
+        """
+        _check_single_replica()
+        if tape is None and not callable(loss):
+            raise ValueError(
+                "`tape` is required when a tensor loss is passed. Received: tape=None."
+            )
+        if callable(loss):
+            tape = tape if tape is not None else tf.GradientTape()
+            with tape:
+                if not callable(var_list):
+                    tape.watch(var_list)
+                loss = loss()
+        if callable(var_list):
+            var_list = var_list()
+        var_list = list(var_list)
+        rank = loss.shape.rank
+        if rank is None or rank == 0:
+            raise ValueError(
+                "Dynamic DP optimizers need the per-example loss vector, but received a loss of shape "
+                f"{loss.shape}. Averaging before clipping silently destroys the privacy guarantee: compile "
+                f"the model with a loss built with {keras_compat.PER_EXAMPLE_REDUCTION}, e.g. "
+                f"tf.keras.losses.SparseCategoricalCrossentropy({keras_compat.PER_EXAMPLE_REDUCTION})."
+            )
+        model_checks.check_training_model(self, var_list)  # Once per model, while the first step is traced.
+        self._sampling_check.inspect_fit_input(self)
+        num_rows = tf.shape(loss)[0]
+        with tape:
+            per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
+            if self._num_microbatches is None:
+                # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient
+                # is zero and adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
+                unit_losses = tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
+            else:
+                assignment = microbatches.random_assignment(
+                    num_rows, self._num_microbatches, self._noise_source.generator
+                )
+                unit_losses = microbatches.microbatch_losses(
+                    per_example_losses, assignment, self._num_microbatches
+                )
+        per_unit_grads = tape.jacobian(
+            unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
+        # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
+        batch_size_check = self._sampling_check.assertion(
+            sampling_check.count_nonzero_rows(per_example_losses), num_rows
+        )
+        with tf.control_dependencies(self._step_checks(batch_size_check)):
+            clip_norm = self.current_clip_norm()
+            noise_stddev = self.current_noise_stddev()
+        if self._num_microbatches is None:
+            normaliser = self._row_normaliser(num_rows)
+        else:
+            # One example moves one clipped microbatch gradient by up to 2 C, whatever the batch size.
+            normaliser = tf.constant(self._num_microbatches, tf.float32)
+            noise_stddev = 2.0 * noise_stddev
+        clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
+        grads = self._noise_and_normalise(clipped_sums, noise_stddev, normaliser)
+        self._dp_gradient_guard.issue(grads)
+        return list(zip(grads, var_list))
+
+    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
+        """Applies the gradients returned by this optimizer's `compute_gradients`, and nothing else.
+
+        Raises:
+          RuntimeError: if the gradients are not exactly those of the latest `compute_gradients` call, e.g.
+            ordinary gradients from a tape: applying them would train without differential privacy.
+        """
+        grads_and_vars = list(grads_and_vars)
+        if not self._dp_gradient_guard.check_and_clear([grad for grad, _ in grads_and_vars]):
+            raise RuntimeError(
+                f"{type(self).__name__}.apply_gradients accepts only the gradients returned by its own "
+                "compute_gradients (or minimize / model.fit); applying other gradients would train without "
+                "differential privacy. Train with model.fit, best after model = keras_dyndp.make_private(model); "
+                "per-example paths of your own must call apply_clipped_gradient_sum instead."
+            )
+        return self._apply_private_gradients(grads_and_vars, name=name, **kwargs)
+
+    def _apply_private_gradients(self, grads_and_vars: list, name=None, **kwargs) -> tf.Variable:
+        # The base class increments `iterations` without any data dependency, so in a tf.function whose
+        # input iterator runs dry (the end of an unknown-cardinality dataset in model.fit) the increment can
+        # run although the step does not, silently shifting the schedule. Tie the whole update, counter
+        # included, to the gradients.
+        with tf.control_dependencies([grad for grad, _ in grads_and_vars]):
+            return keras_compat.apply_base_update(super(), grads_and_vars, name=name, **kwargs)
+
+    def apply_clipped_gradient_sum(
+        self,
+        clipped_sums: Sequence[tf.Tensor | None],
+        num_rows,
+        var_list: Sequence[tf.Variable],
+        sample_weight: tf.Tensor | None = None,
+    ) -> tf.Variable:
+        """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
+
+        For per-example (not microbatch) clipping done outside the optimizer, e.g. by the fast path: adds
+        N(0, sigma^2) with sigma = `current_noise_stddev()` to each sum, divides by `expected_batch_size` (or
+        by `num_rows` when it is None), applies the base update rule and advances `dp_step`. Raises in graph
+        and eager mode once the budget is spent (see the module docstring for XLA).
+
+        Args:
+          clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients
+            (`None` for a variable without gradient: treated as zero and still noised).
+          num_rows: number of rows in the batch (int scalar, may be a tensor).
+          var_list: the variables, in the order of `clipped_sums`.
+          sample_weight: the batch's sample weights ([num_rows, ...]) or None (every row is an example); the
+            rows with a non-zero weight are the examples that the batch-size check counts.
+
+        Returns:
+          The `iterations` (= `dp_step`) variable, as `apply_gradients` does.
+
+        Raises:
+          ValueError: if `model.fit` received Poisson batches at another rate than the schedule's.
+          tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
+            outside the schedule's Poisson sampling (see `sampling_check`).
+        """
+        _check_single_replica()
+        var_list = list(var_list)
+        if len(clipped_sums) != len(var_list):
+            raise ValueError(
+                "`clipped_sums` and `var_list` must have the same length. "
+                f"Received: {len(clipped_sums)} and {len(var_list)}."
+            )
+        clipped_sums = [
+            tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
+            for grad, var in zip(clipped_sums, var_list)
+        ]
+        self._sampling_check.inspect_fit_input(self)
+        num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
+        batch_size_check = self._sampling_check.assertion(num_examples, num_examples)
+        with tf.control_dependencies(self._step_checks(batch_size_check)):
+            noise_stddev = self.current_noise_stddev()
+        grads = self._noise_and_normalise(clipped_sums, noise_stddev, self._row_normaliser(num_rows))
+        return self._apply_private_gradients(list(zip(grads, var_list)))
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            schedule=self._schedule.get_config(),
+            num_microbatches=self._num_microbatches,
+            expected_batch_size=self._expected_batch_size,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict, custom_objects=None):
+        config = dict(config)
+        if isinstance(config.get("schedule"), dict):
+            config["schedule"] = schedules.DPSchedule.from_config(config["schedule"])
+        return super().from_config(config, custom_objects=custom_objects)
+
+
+
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
-    """Returns a dynamic DP-SGD subclass of a Keras 2.15 (new API) optimizer class.
+    """Returns ``DynamicDPKeras<BaseName>(DynamicDPOptimizerMixin, base_cls)``: a dynamic DP-SGD optimizer class.
 
     The subclass keeps the base update rule and all its arguments; see the module docstring for the mechanism.
     It is registered for Keras serialization as 'keras_dyndp>DynamicDPKeras<BaseName>'.
@@ -249,325 +562,24 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     Raises:
       TypeError: if `base_cls` is not a new-API Keras optimizer class.
     """
-    if not (isinstance(base_cls, type) and issubclass(base_cls, tf.keras.optimizers.Optimizer)):
+    if not (isinstance(base_cls, type) and issubclass(base_cls, keras_compat.Optimizer)):
         raise TypeError(
             "`base_cls` must be a subclass of tf.keras.optimizers.Optimizer (the Keras 2.11+ optimizer API). "
             f"Received: base_cls={base_cls!r}."
         )
     class_name = f"DynamicDPKeras{base_cls.__name__}"
-
-    class DynamicDPOptimizer(base_cls):
-        __doc__ = f"""`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD.
-
-        Build it from a `DPSchedule`, or from a privacy budget that is calibrated with
-        `keras_dyndp.schedules.sampling_from_epochs` and `keras_dyndp.schedules.calibrate`. Compile the model with
-        a per-example loss (`reduction=tf.keras.losses.Reduction.NONE`). The module docstring of
-        `keras_dyndp.optimizers.dp_optimizer` describes the mechanism, the normalisation, the step counter and
-        the budget guard.
-
-        Args:
-          schedule: the `DPSchedule` to follow (exclusive with the budget arguments).
-          target_epsilon, target_delta: the budget (epsilon > 0, delta in (0, 1)).
-          num_examples: training set size N.
-          batch_size: expected batch size; the sampling probability is batch_size / N and it becomes
-            `expected_batch_size`.
-          epochs, steps: the run length, exactly one of them.
-          method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic'.
-          initial_clip: C_0 > 0.
-          rho_mu, rho_c: the schedule's growth of mu and decay of C over the run (>= 1; default 1).
-          accountant: accountant the budget is met under: 'pld' (default; rigorous and tight), 'rdp' (rigorous)
-            or 'gdp_clt' (the paper's approximation, which can understate epsilon: a `GdpCltUnderstatementWarning`
-            gives the PLD epsilon when it exceeds the target by more than 5%).
-          num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
-            microbatches, with twice the noise at every step (see the module docstring).
-          expected_batch_size: p N, the normaliser of the noisy sum (None: the actual number of rows). With it, a
-            batch whose number of examples is far outside Binomial(N, p) is refused.
-          noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
-            integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
-            knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
-          **kwargs: arguments of `{base_cls.__name__}` (learning_rate, ...), keyword only.
-        """
-
-        def __init__(
-            self,
-            *,
-            schedule: Optional[schedules.DPSchedule] = None,
-            target_epsilon: Optional[float] = None,
-            target_delta: Optional[float] = None,
-            num_examples: Optional[int] = None,
-            batch_size: Optional[int] = None,
-            epochs: Optional[float] = None,
-            steps: Optional[int] = None,
-            method: Optional[str] = None,
-            initial_clip: Optional[float] = None,
-            rho_mu: Optional[float] = None,
-            rho_c: Optional[float] = None,
-            accountant: Optional[str] = None,
-            num_microbatches: Optional[int] = None,
-            expected_batch_size: Optional[float] = None,
-            noise_seed: int | None = None,
-            **kwargs,
-        ):
-            budget = dict(
-                target_epsilon=target_epsilon, target_delta=target_delta, num_examples=num_examples,
-                batch_size=batch_size, epochs=epochs, steps=steps, method=method, initial_clip=initial_clip,
-                rho_mu=rho_mu, rho_c=rho_c, accountant=accountant,
-            )
-            schedule, expected_batch_size = _resolve_schedule(schedule, budget, expected_batch_size)
-            num_microbatches = _check_num_microbatches(num_microbatches)
-            _check_single_replica()
-            kwargs.setdefault("name", class_name)
-            super().__init__(**kwargs)
-            self._schedule = schedule
-            self._num_microbatches = num_microbatches
-            self._expected_batch_size = expected_batch_size
-            self._dp_gradient_guard = _DPGradientGuard()
-            self._noise_source = noise_source.NoiseSource(noise_seed)
-            self._sampling_check = sampling_check.SamplingCheck(schedule.sampling_probability, expected_batch_size)
-            with tf.init_scope():
-                self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
-                self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
-
-        @property
-        def schedule(self) -> schedules.DPSchedule:
-            """The `DPSchedule` this optimizer follows."""
-            return self._schedule
-
-        @property
-        def dp_step(self) -> tf.Variable:
-            """int64 variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
-            return self.iterations
-
-        @property
-        def expected_batch_size(self) -> Optional[float]:
-            """Normaliser of the noisy sum for per-example clipping; None means the actual batch size."""
-            return self._expected_batch_size
-
-        @property
-        def num_microbatches(self) -> Optional[int]:
-            """Number of microbatches per batch; None means one per example."""
-            return self._num_microbatches
-
-        def _budget_check(self) -> Optional[tf.Operation]:
-            return tf.debugging.assert_less(
-                self.dp_step,
-                tf.constant(self._schedule.num_steps, tf.int64),
-                message=(
-                    f"DP budget exhausted: all {self._schedule.num_steps} steps of the DPSchedule have been taken "
-                    "(dp_step >= schedule.num_steps); another step would exceed the accounted privacy budget. "
-                    "Stop training (keras_dyndp.callbacks.BudgetStop) or calibrate a longer schedule."
-                ),
-            )
-
-        def _schedule_value(self, values: tf.Tensor) -> tf.Tensor:
-            step = self.dp_step
-            num_steps = self._schedule.num_steps
-            index = tf.minimum(step, num_steps - 1)
-            return tf.where(step < num_steps, tf.gather(values, index), tf.zeros([], tf.float32))
-
-        def current_clip_norm(self) -> tf.Tensor:
-            """float32 scalar C at `dp_step` (0 once the budget is spent)."""
-            return self._schedule_value(self._clip_norms_tensor)
-
-        def current_noise_stddev(self) -> tf.Tensor:
-            """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
-            return self._schedule_value(self._noise_stddevs_tensor)
-
-        def _step_checks(self, batch_size_check: tf.Operation | None) -> list[tf.Operation]:
-            return [check for check in (self._budget_check(), batch_size_check) if check is not None]
-
-        def _noise_and_normalise(
-            self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
-        ) -> list[tf.Tensor]:
-            noised = clip_and_noise.add_gaussian_noise(
-                clipped_sums, noise_stddev, generator=self._noise_source.generator
-            )
-            return [grad / tf.cast(normaliser, grad.dtype) for grad in noised]
-
-        def _row_normaliser(self, num_rows: tf.Tensor) -> tf.Tensor:
-            if self._expected_batch_size is not None:
-                return tf.constant(self._expected_batch_size, tf.float32)
-            # An empty (Poisson) batch releases pure noise; dividing it by 1 instead of 0 keeps it finite.
-            return tf.maximum(tf.cast(num_rows, tf.float32), 1.0)
-
-        def compute_gradients(self, loss, var_list, tape=None):
-            """Clipped, noised and normalised gradients of a per-example loss (one DP release).
-
-            Each call releases one noisy sum at the current `dp_step`, which only `apply_gradients` advances: pass
-            the result to `apply_gradients` unchanged, once per call (as `minimize` and `model.fit` do).
-
-            Args:
-              loss: per-example loss tensor [B] (or [B, ...], averaged per example), or a callable returning it.
-              var_list: the variables, or a callable returning them.
-              tape: the `tf.GradientTape` that recorded `loss` (required for a tensor loss).
-
-            Returns:
-              A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
-
-            Raises:
-              ValueError: if the loss is a scalar (already averaged) or `tape` is missing, if the model training
-                with this optimizer mixes examples or stores batch statistics (`keras_dyndp.model_checks`), or if
-                `model.fit` received Poisson batches at another rate than the schedule's.
-              tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
-                outside the schedule's Poisson sampling (see `sampling_check`).
-            """
-            _check_single_replica()
-            if tape is None and not callable(loss):
-                raise ValueError(
-                    "`tape` is required when a tensor loss is passed. Received: tape=None."
-                )
-            if callable(loss):
-                tape = tape if tape is not None else tf.GradientTape()
-                with tape:
-                    if not callable(var_list):
-                        tape.watch(var_list)
-                    loss = loss()
-            if callable(var_list):
-                var_list = var_list()
-            var_list = list(var_list)
-            rank = loss.shape.rank
-            if rank is None or rank == 0:
-                raise ValueError(
-                    "Dynamic DP optimizers need the per-example loss vector, but received a loss of shape "
-                    f"{loss.shape}. Averaging before clipping silently destroys the privacy guarantee: compile "
-                    "the model with a loss built with reduction=tf.keras.losses.Reduction.NONE, e.g. "
-                    "tf.keras.losses.SparseCategoricalCrossentropy(reduction=tf.keras.losses.Reduction.NONE)."
-                )
-            model_checks.check_training_model(self, var_list)  # Once per model, while the first step is traced.
-            self._sampling_check.inspect_fit_input(self)
-            num_rows = tf.shape(loss)[0]
-            with tape:
-                per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
-                if self._num_microbatches is None:
-                    # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient
-                    # is zero and adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
-                    unit_losses = tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
-                else:
-                    assignment = microbatches.random_assignment(
-                        num_rows, self._num_microbatches, self._noise_source.generator
-                    )
-                    unit_losses = microbatches.microbatch_losses(
-                        per_example_losses, assignment, self._num_microbatches
-                    )
-            per_unit_grads = tape.jacobian(
-                unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO
-            )
-            # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
-            batch_size_check = self._sampling_check.assertion(
-                sampling_check.count_nonzero_rows(per_example_losses), num_rows
-            )
-            with tf.control_dependencies(self._step_checks(batch_size_check)):
-                clip_norm = self.current_clip_norm()
-                noise_stddev = self.current_noise_stddev()
-            if self._num_microbatches is None:
-                normaliser = self._row_normaliser(num_rows)
-            else:
-                # One example moves one clipped microbatch gradient by up to 2 C, whatever the batch size.
-                normaliser = tf.constant(self._num_microbatches, tf.float32)
-                noise_stddev = 2.0 * noise_stddev
-            clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
-            grads = self._noise_and_normalise(clipped_sums, noise_stddev, normaliser)
-            self._dp_gradient_guard.issue(grads)
-            return list(zip(grads, var_list))
-
-        def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
-            """Applies the gradients returned by this optimizer's `compute_gradients`, and nothing else.
-
-            Raises:
-              RuntimeError: if the gradients are not exactly those of the latest `compute_gradients` call, e.g.
-                ordinary gradients from a tape: applying them would train without differential privacy.
-            """
-            grads_and_vars = list(grads_and_vars)
-            if not self._dp_gradient_guard.check_and_clear([grad for grad, _ in grads_and_vars]):
-                raise RuntimeError(
-                    f"{class_name}.apply_gradients accepts only the gradients returned by its own "
-                    "compute_gradients (or minimize / model.fit); applying other gradients would train without "
-                    "differential privacy. Per-example fast paths must call apply_clipped_gradient_sum instead."
-                )
-            return self._apply_private_gradients(grads_and_vars, name=name, **kwargs)
-
-        def _apply_private_gradients(self, grads_and_vars: list, name=None, **kwargs) -> tf.Variable:
-            # The base class increments `iterations` without any data dependency, so in a tf.function whose
-            # input iterator runs dry (the end of an unknown-cardinality dataset in model.fit) the increment can
-            # run although the step does not, silently shifting the schedule. Tie the whole update, counter
-            # included, to the gradients. A single replica is enforced, so there is nothing to aggregate.
-            with tf.control_dependencies([grad for grad, _ in grads_and_vars]):
-                return super().apply_gradients(
-                    grads_and_vars, name=name, skip_gradients_aggregation=True, **kwargs
-                )
-
-        def apply_clipped_gradient_sum(
-            self,
-            clipped_sums: Sequence[Optional[tf.Tensor]],
-            num_rows,
-            var_list: Sequence[tf.Variable],
-            sample_weight: tf.Tensor | None = None,
-        ) -> tf.Variable:
-            """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
-
-            For per-example (not microbatch) clipping done outside the optimizer, e.g. by the fast path: adds
-            N(0, sigma^2) with sigma = `current_noise_stddev()` to each sum, divides by `expected_batch_size` (or
-            by `num_rows` when it is None), applies the base update rule and advances `dp_step`. Raises in graph
-            and eager mode once the budget is spent (see the module docstring for XLA).
-
-            Args:
-              clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients
-                (`None` for a variable without gradient: treated as zero and still noised).
-              num_rows: number of rows in the batch (int scalar, may be a tensor).
-              var_list: the variables, in the order of `clipped_sums`.
-              sample_weight: the batch's sample weights ([num_rows, ...]) or None (every row is an example); the
-                rows with a non-zero weight are the examples that the batch-size check counts.
-
-            Returns:
-              The `iterations` (= `dp_step`) variable, as `apply_gradients` does.
-
-            Raises:
-              ValueError: if `model.fit` received Poisson batches at another rate than the schedule's.
-              tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
-                outside the schedule's Poisson sampling (see `sampling_check`).
-            """
-            _check_single_replica()
-            var_list = list(var_list)
-            if len(clipped_sums) != len(var_list):
-                raise ValueError(
-                    "`clipped_sums` and `var_list` must have the same length. "
-                    f"Received: {len(clipped_sums)} and {len(var_list)}."
-                )
-            clipped_sums = [
-                tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
-                for grad, var in zip(clipped_sums, var_list)
-            ]
-            self._sampling_check.inspect_fit_input(self)
-            num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
-            batch_size_check = self._sampling_check.assertion(num_examples, num_examples)
-            with tf.control_dependencies(self._step_checks(batch_size_check)):
-                noise_stddev = self.current_noise_stddev()
-            grads = self._noise_and_normalise(clipped_sums, noise_stddev, self._row_normaliser(num_rows))
-            return self._apply_private_gradients(list(zip(grads, var_list)))
-
-        def get_config(self) -> dict:
-            config = super().get_config()
-            config.update(
-                schedule=self._schedule.get_config(),
-                num_microbatches=self._num_microbatches,
-                expected_batch_size=self._expected_batch_size,
-            )
-            return config
-
-        @classmethod
-        def from_config(cls, config: dict, custom_objects=None):
-            config = dict(config)
-            if isinstance(config.get("schedule"), dict):
-                config["schedule"] = schedules.DPSchedule.from_config(config["schedule"])
-            return super().from_config(config, custom_objects=custom_objects)
-
-    DynamicDPOptimizer.__name__ = class_name
-    DynamicDPOptimizer.__qualname__ = class_name
-    DynamicDPOptimizer.__module__ = "keras_dyndp.optimizers"
-    return tf.keras.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(DynamicDPOptimizer)
+    namespace = {
+        "__doc__": f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD.\n\n"
+                   f"See `DynamicDPOptimizerMixin` for its arguments; other keyword arguments go to "
+                   f"`{base_cls.__name__}`.",
+        "__module__": "keras_dyndp.optimizers",
+        "__qualname__": class_name,
+    }
+    dp_class = type(class_name, (DynamicDPOptimizerMixin, base_cls), namespace)
+    return keras_compat.register_serializable(package="keras_dyndp", name=class_name)(dp_class)
 
 
-DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(tf.keras.optimizers.SGD)
-DynamicDPKerasAdam = make_dynamic_dp_optimizer_class(tf.keras.optimizers.Adam)
-DynamicDPKerasAdagrad = make_dynamic_dp_optimizer_class(tf.keras.optimizers.Adagrad)
-DynamicDPKerasRMSprop = make_dynamic_dp_optimizer_class(tf.keras.optimizers.RMSprop)
+DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.SGD)
+DynamicDPKerasAdam = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.Adam)
+DynamicDPKerasAdagrad = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.Adagrad)
+DynamicDPKerasRMSprop = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.RMSprop)

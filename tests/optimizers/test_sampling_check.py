@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from keras_dyndp import data
 from keras_dyndp import schedules
-from keras_dyndp.fast_path import make_private
+from keras_dyndp.per_example import make_private
 from keras_dyndp.optimizers import sampling_check
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasSGD
 

@@ -1,4 +1,4 @@
-"""make_private: the fast train step equals the DP update, trains, and refuses non-private setups."""
+"""train_step: make_private's train step equals the DP update, trains, and refuses non-private setups."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from brute_force import LOSS
+from brute_force import reference
 from keras_dyndp import schedules
-from keras_dyndp.fast_path import make_private
+from keras_dyndp.per_example import make_private
 from keras_dyndp.optimizers import DynamicDPKerasSGD
 
-LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
 CLIP = 0.5
 
 
@@ -73,18 +74,6 @@ def test_fit_trains_and_counts_steps(name, build, clip, learning_rate):
     assert int(model.optimizer.dp_step.numpy()) == 20
 
 
-def clipped_sum_reference(model, x, y, weights) -> list[np.ndarray]:
-    """Sum of the examples' gradients, each clipped to CLIP alone (a Python loop of single-example gradients)."""
-    per_example = []
-    for i in range(len(weights)):
-        with tf.GradientTape() as tape:
-            loss = LOSS(y[i:i + 1], model(x[i:i + 1])) * weights[i]
-        per_example.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
-    norms = [np.sqrt(sum(np.sum(g ** 2) for g in grads)) for grads in per_example]
-    factors = [min(1.0, CLIP / n) if n > 0 else 1.0 for n in norms]
-    return [sum(f * grads[j] for f, grads in zip(factors, per_example)) for j in range(len(per_example[0]))]
-
-
 def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
     tf.keras.utils.set_random_seed(0)
     model = sequential()
@@ -92,7 +81,7 @@ def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
     weights = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
     model(x[:1])
     before = [v.numpy() for v in model.trainable_variables]
-    expected_sums = clipped_sum_reference(model, x, y, weights)
+    expected_sums = reference(model, x, y, weights, CLIP)[0]
     model = make_private(model)
     model.compile(optimizer=dp_optimizer(learning_rate=0.1), loss=LOSS)
     model.fit(x, y, sample_weight=weights, batch_size=4, epochs=1, verbose=0, shuffle=False)
@@ -168,7 +157,7 @@ def test_time_distributed_fit_with_a_partial_last_batch_clips_each_example():
     model, expected = time_distributed(), time_distributed()
     expected.set_weights(model.get_weights())
     for batch in (slice(0, 2), slice(2, 4), slice(4, 5)):
-        sums = clipped_sum_reference(expected, x[batch], y[batch], np.ones(len(y[batch])))
+        sums = reference(expected, x[batch], y[batch], np.ones(len(y[batch])), CLIP)[0]
         for variable, total in zip(expected.trainable_variables, sums):
             variable.assign_sub(0.5 * total / 2)
     schedule = schedules.DPSchedule(np.full(10, CLIP), np.zeros(10), 2 / 5)

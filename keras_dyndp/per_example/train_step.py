@@ -4,8 +4,8 @@ A bare optimizer only sees ``minimize(loss_vector, var_list, tape)``, so the DP 
 take the jacobian of the per-example loss, which back-propagates every row through the batched graph (O(B^2),
 ~160x a non-private step on the tutorial CNN). ``make_private`` gives the model a ``train_step`` that has the
 model and the inputs in hand: it computes the per-example clipped gradient sums with
-``keras_dyndp.per_example.clipped_gradient_sum`` (ghost clipping for Dense / Conv2D / Embedding / LSTM models,
-else ``tf.vectorized_map`` over single-example passes) and hands them to
+``keras_dyndp.per_example.clipped_gradient_sum`` (ghost clipping where every trainable layer has a rule, else
+``tf.vectorized_map`` over single-example passes) and hands them to
 ``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
 normalises, applies the base update and advances ``dp_step``. The privacy mechanism is the optimizer's; only the
 way the clipped sum is computed changes.
@@ -38,20 +38,21 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from keras_dyndp import per_example
+from keras_dyndp import keras_compat
+from keras_dyndp.keras_compat import keras
+from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
+from keras_dyndp.per_example import clipped_sum
 
-_OPTIMIZER_METHODS = ("apply_clipped_gradient_sum", "current_clip_norm", "schedule")
 
-
-def _dp_optimizer(model: tf.keras.Model):
+def _dp_optimizer(model: keras.Model) -> DynamicDPOptimizerMixin:
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or not all(hasattr(optimizer, name) for name in _OPTIMIZER_METHODS):
+    if not isinstance(optimizer, DynamicDPOptimizerMixin):
         raise ValueError(
             "`model.optimizer` must be a keras_dyndp DP optimizer (DynamicDPKerasSGD, DynamicDPKerasAdam, "
             "DynamicDPKerasAdagrad, DynamicDPKerasRMSprop or one made by make_dynamic_dp_optimizer_class) for a "
             f"model made private with make_private. Received: optimizer={optimizer!r}."
         )
-    if getattr(optimizer, "num_microbatches", None) is not None:
+    if optimizer.num_microbatches is not None:
         raise ValueError(
             "make_private clips every example; it cannot honour `num_microbatches`. Received: "
             f"num_microbatches={optimizer.num_microbatches}."
@@ -59,7 +60,7 @@ def _dp_optimizer(model: tf.keras.Model):
     return optimizer
 
 
-def _per_example_loss_fn(model: tf.keras.Model) -> Callable[[Any, Any], tf.Tensor]:
+def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], tf.Tensor]:
     loss = model.loss
     if isinstance(loss, (dict, list, tuple)):
         raise ValueError(
@@ -67,11 +68,11 @@ def _per_example_loss_fn(model: tf.keras.Model) -> Callable[[Any, Any], tf.Tenso
             f"{loss!r}."
         )
     if isinstance(loss, str):
-        loss = tf.keras.losses.get(loss)
-    if isinstance(loss, tf.keras.losses.Loss):
-        if loss.reduction != tf.keras.losses.Reduction.NONE:
+        loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.Loss):
+        if not keras_compat.is_per_example_loss(loss):
             raise ValueError(
-                "The compiled loss must be per-example: build it with reduction=tf.keras.losses.Reduction.NONE "
+                f"The compiled loss must be per-example: build it with {keras_compat.PER_EXAMPLE_REDUCTION} "
                 "(averaging before clipping destroys the privacy guarantee). Received: "
                 f"reduction={loss.reduction!r}."
             )
@@ -81,7 +82,7 @@ def _per_example_loss_fn(model: tf.keras.Model) -> Callable[[Any, Any], tf.Tenso
     raise ValueError(f"`model.loss` must be a Keras loss or a loss function. Received: loss={loss!r}.")
 
 
-def _check_no_regularization(model: tf.keras.Model) -> None:
+def _check_no_regularization(model: keras.Model) -> None:
     if model.losses:
         raise ValueError(
             "make_private does not support regularisation losses (kernel/activity regularizers, add_loss): "
@@ -89,24 +90,23 @@ def _check_no_regularization(model: tf.keras.Model) -> None:
         )
 
 
-def _private_train_step(self: tf.keras.Model, data) -> dict[str, tf.Tensor]:
-    x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
+    x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
     optimizer = _dp_optimizer(self)
     loss_fn = _per_example_loss_fn(self)
     var_list = self.trainable_variables
     clip_norm = optimizer.current_clip_norm()
-    sums, _, y_pred, losses = per_example.clipped_gradient_sum_with_outputs(
+    sums, _, y_pred, losses = clipped_sum.clipped_gradient_sum_with_outputs(
         self, loss_fn, x, y, sample_weight, clip_norm, var_list, method=self._keras_dyndp_method
     )
     _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
     optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list, sample_weight=sample_weight)
     if not self._keras_dyndp_training_metrics:
         return {}  # Nothing computed on the private batch leaves the step.
-    self.compute_loss(x, y, y_pred, sample_weight)
-    return self.compute_metrics(x, y, y_pred, sample_weight)
+    return keras_compat.training_logs(self, x, y, y_pred, sample_weight)
 
 
-def make_private(model: tf.keras.Model, method: str = "auto", *, training_metrics: bool = True) -> tf.keras.Model:
+def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = True) -> keras.Model:
     """Gives ``model`` a train step that clips per example fast and applies through the DP optimizer.
 
     The same model object is returned (its ``train_step`` is replaced on the instance), so
@@ -129,19 +129,19 @@ def make_private(model: tf.keras.Model, method: str = "auto", *, training_metric
         ``model``.
 
     Raises:
-        ValueError: on an unknown ``method`` or a model that is not a ``tf.keras.Model``; at the first training
+        ValueError: on an unknown ``method`` or a model that is not a ``keras.Model``; at the first training
             step, on an optimizer or loss that cannot give per-example DP (see the module docstring).
     """
-    if not isinstance(model, tf.keras.Model):
-        raise ValueError(f"`model` must be a tf.keras.Model. Received: model={model!r}.")
-    if method not in per_example.METHODS:
-        raise ValueError(f"`method` must be one of {per_example.METHODS}. Received: method={method!r}.")
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}.")
+    if method not in clipped_sum.METHODS:
+        raise ValueError(f"`method` must be one of {clipped_sum.METHODS}. Received: method={method!r}.")
     if not isinstance(training_metrics, bool):
         raise ValueError(f"`training_metrics` must be True or False. Received: training_metrics={training_metrics!r}.")
     model._keras_dyndp_method = method  # pylint: disable=protected-access
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)
-    model.train_function = None
+    keras_compat.reset_train_function(model)
     if getattr(model, "optimizer", None) is not None:
         _dp_optimizer(model)
     return model

@@ -1,0 +1,42 @@
+"""Per-example clipped gradient sums for DP-SGD without the O(B^2) jacobian, and the model's private train step.
+
+DP-SGD needs, at every step, the sum over the batch of each example's gradient clipped to L2 norm C_t:
+``sum_i min(1, C_t / ||g_i||) g_i``. Taking ``tape.jacobian`` of the per-example loss vector back-propagates
+each of the B rows through the whole batched graph (O(B^2) work). This package offers two O(B) ways, chosen by
+``clipped_gradient_sum`` (`clipped_sum`):
+
+* ``'vectorized'`` (`vectorized`): ``tf.vectorized_map`` over single-example forward and backward passes. Any
+  model whose examples are independent; materialises the B per-example gradients.
+* ``'ghost'`` (`ghost`): one batched forward and backward pass records each layer's inputs and output gradients,
+  and the layer's rule turns them into per-example norms and the clipped sum. The rules live in one registry
+  (`rules`): built in for Dense, Conv2D, Embedding and LSTM (`dense`, `conv2d`, `embedding`, `lstm`, with the
+  shared algebra in `norms`), ``TimeDistributed`` folds handled (`time_distributed`), and
+  ``register_layer_rule`` adds one for a custom layer.
+
+``make_private(model)`` (`train_step`) gives a compiled model the train step that uses them with the model's
+keras_dyndp DP optimizer, which adds the noise.
+"""
+
+from keras_dyndp.per_example.clipped_sum import METHODS
+from keras_dyndp.per_example.clipped_sum import clipped_gradient_sum
+from keras_dyndp.per_example.clipped_sum import clipped_gradient_sum_with_outputs
+from keras_dyndp.per_example.ghost import supported as ghost_supported
+from keras_dyndp.per_example.losses import per_example_loss
+from keras_dyndp.per_example.rules import LayerRule
+from keras_dyndp.per_example.rules import register_layer_rule
+from keras_dyndp.per_example.taps import GhostGradient
+from keras_dyndp.per_example.taps import Tap
+from keras_dyndp.per_example.train_step import make_private
+
+__all__ = [
+    "METHODS",
+    "GhostGradient",
+    "LayerRule",
+    "Tap",
+    "clipped_gradient_sum",
+    "clipped_gradient_sum_with_outputs",
+    "ghost_supported",
+    "make_private",
+    "per_example_loss",
+    "register_layer_rule",
+]

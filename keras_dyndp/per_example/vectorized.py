@@ -1,0 +1,69 @@
+"""Per-example clipping by ``tf.vectorized_map`` over single-example forward and backward passes (``x[i:i+1]``).
+
+Works for any model whose examples are independent, whatever its layers; materialises the B per-example
+gradients. Ops that ``pfor`` cannot vectorise (some LSTM and embedding graphs) run in a ``tf.while_loop`` instead
+(``fallback_to_while_loop=True``), and where even that fails, ``tf.map_fn`` runs the passes one after the other:
+never through the batch gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from keras_dyndp.keras_compat import keras
+from keras_dyndp.optimizers import clip_and_noise
+from keras_dyndp.per_example.losses import per_example_loss
+
+
+def _dense_gradient(gradient: tf.Tensor | tf.IndexedSlices | None, variable: tf.Variable) -> tf.Tensor:
+    if gradient is None:
+        return tf.zeros_like(variable)
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.convert_to_tensor(gradient)
+    return gradient
+
+
+def clipped_sum(
+    model: keras.Model,
+    loss_fn: Callable,
+    x: Any,
+    y: Any,
+    sample_weight: tf.Tensor,
+    clip_norm: tf.Tensor,
+    var_list: Sequence[tf.Variable],
+) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
+    """``(sums, norms, y_pred, losses)`` from single-example passes (see ``clipped_gradient_sum``)."""
+
+    def one_example(example):
+        x_i, y_i, w_i = tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), example)
+        with tf.GradientTape() as tape:
+            y_pred = model(x_i, training=True)
+            loss = per_example_loss(loss_fn, y_i, y_pred, w_i)
+        grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = [_dense_gradient(g, v) for g, v in zip(grads, var_list)]
+        return grads, tf.nest.map_structure(lambda t: t[0], y_pred), loss[0]
+
+    elems = (x, y, sample_weight)
+    try:
+        grads, y_pred, losses = tf.vectorized_map(one_example, elems, fallback_to_while_loop=True)
+    except (TypeError, ValueError, NotImplementedError) as error:
+        # pfor failed even with its while-loop fallback (e.g. the TensorList gradients of Keras's LSTM):
+        # run the single-example passes one after the other instead. Still per example, only slower.
+        tf.get_logger().warning(
+            "tf.vectorized_map could not vectorise the per-example gradient (%s); using tf.map_fn.",
+            str(error).strip().splitlines()[-1],
+        )
+        output_signature = (
+            [tf.TensorSpec(v.shape, v.dtype) for v in var_list],
+            tf.nest.map_structure(
+                lambda t: tf.TensorSpec(t.shape[1:], t.dtype), model(tf.nest.map_structure(lambda t: t[:1], x))
+            ),
+            tf.TensorSpec([], tf.float32),
+        )
+        grads, y_pred, losses = tf.map_fn(
+            one_example, elems, fn_output_signature=output_signature, parallel_iterations=16
+        )
+    sums, norms = clip_and_noise.clip_by_global_norm_per_example(grads, clip_norm)
+    return sums, norms, y_pred, losses

@@ -1,0 +1,37 @@
+"""The reference for per-example clipping tests: a Python loop of single-example gradients, and comparisons."""
+
+import numpy as np
+import tensorflow as tf
+
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+
+
+def reference(model, x, y, weights, clip_norm):
+    """Clipped sum from a Python loop of single-example gradients."""
+    per_example_grads = []
+    for i in range(len(weights)):
+        with tf.GradientTape() as tape:
+            loss = LOSS(y[i:i + 1], model(x[i:i + 1], training=True))[0] * weights[i]
+        grads = tape.gradient(loss, model.trainable_variables)
+        per_example_grads.append([tf.convert_to_tensor(g).numpy() for g in grads])
+    norms = np.array([np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads))
+                      for grads in per_example_grads])
+    factors = np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30))
+    sums = [sum(factors[i] * per_example_grads[i][j] for i in range(len(weights)))
+            for j in range(len(model.trainable_variables))]
+    return sums, norms
+
+
+def assert_close(actual, expected):
+    """Largest absolute difference below 1e-5 of the largest expected value."""
+    actual = np.asarray(actual, np.float64)
+    scale = max(np.max(np.abs(expected)), 1e-12)
+    assert np.max(np.abs(actual - expected)) / scale < 1e-5
+
+
+def assert_matches(sums, norms, expected):
+    """``(sums, norms)`` close to ``expected``, a `reference` result."""
+    expected_sums, expected_norms = expected
+    assert_close(norms, expected_norms)
+    for actual, wanted in zip(sums, expected_sums):
+        assert_close(actual, wanted)
