@@ -24,8 +24,8 @@ from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
 
 
 def _dp_optimizer(model: keras_compat.keras.Model | None, caller: str) -> DynamicDPOptimizerMixin:
-    """The model's optimizer, checked to be a keras_dyndp DP optimizer."""
-    optimizer = getattr(model, "optimizer", None)
+    """The model's optimizer (inside a mixed precision LossScaleOptimizer), checked to be a keras_dyndp one."""
+    optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
     if not isinstance(optimizer, DynamicDPOptimizerMixin):
         received = "no optimizer" if optimizer is None else type(optimizer).__name__
         raise ValueError(f"{caller} needs a keras_dyndp DP optimizer (with `schedule` and `dp_step`), e.g. "
@@ -45,13 +45,14 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
     ``'noise_stddev'`` of the last step taken (step ``dp_step - 1``; step 0 before any step) and ``'dp_step'``.
     The epsilons are those of the first ``dp_step`` steps of the schedule, at ``delta``.
 
-    The order of the ``callbacks`` list does not matter. Keras hands every callback's ``on_epoch_end`` a copy of the
-    logs of the epoch's last batch, and callbacks run in list order, so keys added in ``on_epoch_end`` would reach
-    only the callbacks listed after this one. This callback therefore accounts at the last batch of each epoch
-    (known from ``params['steps']``) and at the step that spends the budget, and adds the keys to that batch's logs
-    (it asks for them unconverted, ``_supports_tf_logs``, so it gets the very dict Keras then copies). An epoch
-    that ends early for another reason (another callback stopping training, a dataset of unknown length) gets the
-    keys in ``on_epoch_end``, which reaches the callbacks listed after this one.
+    The order of the ``callbacks`` list does not matter. Callbacks run in list order, so keys added in
+    ``on_epoch_end`` would reach only the callbacks listed after this one. This callback therefore accounts at the
+    last batch of each epoch (known from ``params['steps']``) and at the step that spends the budget, and puts the
+    keys into the logs that ``fit`` then builds for the epoch, before any callback's ``on_epoch_end``
+    (`keras_dyndp.keras_compat.add_to_epoch_logs`: on Keras 2 the last batch's logs, which it asks for unconverted
+    with ``_supports_tf_logs``; on Keras 3 the model's epoch-logs method). An epoch that ends early for another
+    reason (another callback stopping training, a dataset of unknown length) gets the keys in ``on_epoch_end``,
+    which reaches the callbacks listed after this one.
 
     Args:
         accountant: Rigorous accountant reported beside the GDP-CLT: 'pld' (default: the tightest, and the one the
@@ -129,9 +130,9 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
         steps = _steps_taken(optimizer)
         epoch_steps = (getattr(self, "params", None) or {}).get("steps")
         ends_epoch = epoch_steps is not None and batch + 1 >= epoch_steps
-        if logs is not None and (ends_epoch or steps >= optimizer.schedule.num_steps):
+        if ends_epoch or steps >= optimizer.schedule.num_steps:
             self._batch_values = self.privacy_logs()
-            logs.update(self._batch_values)
+            keras_compat.add_to_epoch_logs(self.model, logs, self._batch_values)
         if self.log_every != "epoch" and steps // self.log_every != (self._last_logged_step or 0) // self.log_every:
             self._report(self._batch_values if self._batch_values is not None else self.privacy_logs())
 
@@ -144,6 +145,7 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
         self._report(values)
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        keras_compat.remove_epoch_logs_hook(self.model)
         if self._writer is not None:
             self._writer.close()
             self._writer = None

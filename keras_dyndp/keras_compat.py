@@ -1,45 +1,51 @@
 """What keras_dyndp does differently on Keras 2 and Keras 3: the only module that may depend on the version.
 
-Every other module imports the Keras in use (`keras`) and the version-dependent helpers from here, so that
-running on a second Keras version means filling in this module, not editing every file. Only Keras 2 (TF 2.15's
-``tf.keras``, or ``tf_keras`` with ``TF_USE_LEGACY_KERAS=1``) is implemented today; importing keras_dyndp's
-TensorFlow modules under Keras 3 raises an ImportError that says so.
+Every other module imports the Keras in use (`keras`) and the version-dependent helpers from here. Both are
+implemented: Keras 2 (TF 2.15's ``tf.keras``, or ``tf_keras`` with ``TF_USE_LEGACY_KERAS=1`` on newer TF) and
+Keras 3 on the TensorFlow backend (TF 2.16+, whose ``tf.keras`` is Keras 3). `KERAS_MAJOR_VERSION` says which.
 
-What differs, and what a Keras 3 (TF 2.16+) implementation of each name must do:
+What differs, name by name (Keras 2 | Keras 3):
 
-* `keras`, `KERAS_MAJOR_VERSION`: ``tf.keras`` is Keras 3 there; replace the ImportError below.
-* `Optimizer`: ``keras.optimizers.Optimizer`` (same name).
-* `register_serializable`: ``keras.saving.register_keras_serializable`` (same call).
-* `apply_base_update`: ``base.apply(grads, variables)`` (no ``name`` or ``skip_gradients_aggregation``). Keras 3's
-  ``Model.train_step`` reduces the loss and calls ``optimizer.apply(grads, variables)``, so a DP optimizer cannot
-  clip per example there: `DynamicDPOptimizerMixin` must also override ``apply`` to refuse ordinary gradients
-  with an error naming ``make_private``, and the per-example step is the model's (``make_private``).
-* `is_per_example_loss`, `PER_EXAMPLE_REDUCTION`: ``loss.reduction in (None, "none")``; ``reduction=None``.
-* `unpack_x_y_sample_weight`: ``keras.utils.unpack_x_y_sample_weight`` (same).
-* `training_logs`: Keras 3's ``compute_loss(x, y, y_pred, sample_weight, training=True)`` returns the loss;
-  update ``model._loss_tracker`` with it, then ``compute_metrics``.
-* `reset_train_function`: ``model.train_function = None`` (check ``make_train_function``).
-* `input_signature`: there is no ``save_spec``; build specs from ``model.inputs`` or the build shapes.
-* `flatten_layers`: ``_flatten_layers(include_self=False, recursive=True)`` exists on Keras 3 layers too.
-* `BATCH_NORM_CLASSES`, `ALWAYS_MIXING_BATCH_NORM_CLASSES`: ``keras.layers.BatchNormalization`` only (its
-  ``synchronized=True`` replaces SyncBatchNormalization; no TF1 class).
-* `steps_per_execution`, `set_steps_per_execution`: an int attribute ``model.steps_per_execution``; check that
-  changing it during ``fit`` takes effect (BudgetStop relies on it).
-
-Outside this module, to check on Keras 3: the ghost rules' ``supports`` predicates (LoRA-enabled Dense and
-Embedding must be refused; ``time_major`` and ``sparse`` are read with getattr), the replacement of ``layer.call``
-and ``compute_mask`` on instances in ``per_example.ghost.tapped``, ``variable.handle`` in
-``model_checks._check_writes``, and the tests' and examples' ``tf.keras.losses.Reduction`` and legacy optimizers.
+* `keras`: ``tf.keras`` | the ``keras`` package, on the TensorFlow backend only (``tf.keras`` is a namespace of
+  the same classes without ``keras.saving``).
+* `Optimizer`, `register_serializable`: same names on both.
+* `apply_base_update`: ``apply_gradients(..., skip_gradients_aggregation=True)`` | ``apply(grads, variables)``.
+  Keras 3's ``Model.train_step`` reduces the loss and calls ``optimizer.apply_gradients`` (which calls
+  ``apply``) with the batch-averaged gradient, so the DP optimizers refuse both with an error naming
+  ``make_private``, and the per-example step is the model's (``keras_dyndp.make_private``).
+* `UNSUPPORTED_OPTIMIZER_ARGUMENTS`: none | ``gradient_accumulation_steps`` (would count micro-steps as DP steps
+  and add noise per micro-step) and ``loss_scale_factor`` (would rescale the noised update).
+* `LOSS_SCALE_OPTIMIZER_CLASSES`, `unwrap_optimizer`: ``keras.mixed_precision.LossScaleOptimizer`` |
+  ``keras.optimizers.LossScaleOptimizer``; both wrap the optimizer ``compile`` was given under the
+  'mixed_float16' policy, as ``inner_optimizer``.
+* `PER_EXAMPLE_REDUCTION`, `is_per_example_loss`: ``reduction="none"`` on both; Keras 3 also ``None``.
+* `unpack_x_y_sample_weight`: ``keras.utils.unpack_x_y_sample_weight`` on both.
+* `training_logs`: ``compute_loss`` updates the loss tracker | ``compute_loss`` returns the (per-example) loss,
+  which is averaged and fed to ``model._loss_tracker``; then ``compute_metrics`` on both.
+* `reset_train_function`: ``model.train_function = None`` on both (``make_train_function`` rebuilds it).
+* `steps_per_execution`, `set_steps_per_execution`: a variable ``model._steps_per_execution`` read by the traced
+  loop at every call | a Python int ``model.steps_per_execution`` read when the train function is traced, so
+  changing it swaps in a train function traced for the new value (and swaps the old one back when restored).
+* `add_to_epoch_logs`, `remove_epoch_logs_hook`: how a callback adds keys that EVERY callback's ``on_epoch_end``
+  sees, whatever the order of the list: Keras 2 copies the last batch's logs (the very dict a callback with
+  ``_supports_tf_logs`` receives) into the epoch logs | Keras 3 gives callbacks copies of the batch logs and
+  builds the epoch logs with ``model._get_metrics_result_or_logs``, which is wrapped on the instance.
+* `input_signature`: ``model.save_spec`` | specs of a functional model's ``inputs`` (else None).
+* `flatten_layers`: ``_flatten_layers(include_self=False, recursive=True)`` on both.
+* `BATCH_NORM_CLASSES`, `ALWAYS_MIXING_BATCH_NORM_CLASSES`: Keras 2's three classes |
+  ``keras.layers.BatchNormalization`` only (``synchronized=True`` replaces SyncBatchNormalization).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
 keras = tf.keras
-"""The Keras module in use: TF's ``tf.keras``."""
+"""The Keras module in use: TF's ``tf.keras`` on Keras 2, the ``keras`` package on Keras 3 (whose ``tf.keras``
+namespace lacks ``keras.saving``; its classes are the same)."""
 
 
 def _major_version() -> int:
@@ -53,11 +59,19 @@ def _major_version() -> int:
 
 KERAS_MAJOR_VERSION: int = _major_version()
 
-if KERAS_MAJOR_VERSION != 2:
+if KERAS_MAJOR_VERSION not in (2, 3):
     raise ImportError(
-        "keras_dyndp runs on Keras 2 only so far (TensorFlow 2.15, or tf_keras with TF_USE_LEGACY_KERAS=1); "
-        f"tf.keras is Keras {KERAS_MAJOR_VERSION} here. Keras 3 support is issue 10."
+        f"keras_dyndp runs on Keras 2 and Keras 3; tf.keras is Keras {KERAS_MAJOR_VERSION} here."
     )
+if KERAS_MAJOR_VERSION == 3 and tf.keras.backend.backend() != "tensorflow":
+    raise ImportError(
+        "keras_dyndp runs on Keras 3 with the TensorFlow backend only; KERAS_BACKEND is "
+        f"{keras.backend.backend()!r} here. Set KERAS_BACKEND=tensorflow."
+    )
+
+_KERAS_3 = KERAS_MAJOR_VERSION == 3
+if _KERAS_3:
+    import keras  # pylint: disable=import-outside-toplevel,redefined-outer-name,wrong-import-position  # noqa: E402,F811
 
 # ----------------------------------------------------------------------------------------------------------
 # Optimizers.
@@ -77,24 +91,55 @@ def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
     Args:
         base: ``super(...)`` of the DP optimizer: its base class's methods.
         grads_and_vars: (gradient, variable) pairs.
-        **kwargs: passed on to Keras 2's ``apply_gradients`` (``name``, ...).
+        **kwargs: passed on to Keras 2's ``apply_gradients`` (``name``, ...); ignored on Keras 3.
 
     Returns:
         The ``iterations`` variable. A single replica is enforced, so nothing is aggregated across replicas.
     """
+    if _KERAS_3:
+        grads, variables = zip(*grads_and_vars) if grads_and_vars else ((), ())
+        base.apply(list(grads), list(variables))
+        return base.iterations
     kwargs["skip_gradients_aggregation"] = True
     return base.apply_gradients(grads_and_vars, **kwargs)
+
+
+UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = (
+    {
+        "gradient_accumulation_steps": "each micro-step would be a DP step with its own noise, and the counter "
+                                       "would count updates, not DP steps",
+        "loss_scale_factor": "it rescales the already noised update; keras_dyndp computes the per-example "
+                             "gradients itself",
+    }
+    if _KERAS_3 else {}
+)
+"""Base-optimizer arguments a DP optimizer refuses (when not None), with the reason."""
+
+if _KERAS_3:
+    LOSS_SCALE_OPTIMIZER_CLASSES: tuple[type, ...] = (keras.optimizers.LossScaleOptimizer,)
+else:
+    LOSS_SCALE_OPTIMIZER_CLASSES = (keras.mixed_precision.LossScaleOptimizer,)
+"""The wrappers ``compile`` puts around the optimizer under the 'mixed_float16' policy."""
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The optimizer inside a LossScaleOptimizer (mixed precision), else ``optimizer`` itself."""
+    if isinstance(optimizer, LOSS_SCALE_OPTIMIZER_CLASSES):
+        return optimizer.inner_optimizer
+    return optimizer
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Losses.
 
-PER_EXAMPLE_REDUCTION = "reduction=tf.keras.losses.Reduction.NONE"
-"""How to ask for a per-example loss, as error messages spell it."""
+PER_EXAMPLE_REDUCTION = 'reduction="none"'
+"""How to ask for a per-example loss, as error messages spell it (valid on Keras 2 and 3)."""
 
 
 def is_per_example_loss(loss: keras.losses.Loss) -> bool:
     """Whether a Keras loss object returns one loss per example (no reduction over the batch)."""
+    if _KERAS_3:
+        return loss.reduction in (None, "none")
     return loss.reduction == keras.losses.Reduction.NONE
 
 
@@ -109,6 +154,16 @@ def unpack_x_y_sample_weight(data: Any) -> tuple[Any, Any, Any]:
 
 def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> dict[str, tf.Tensor]:
     """Updates the compiled loss and metrics on a training batch and returns the step's logs."""
+    if _KERAS_3:
+        loss = model._compute_loss(  # pylint: disable=protected-access  (also calls an old-style compute_loss)
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        loss = tf.convert_to_tensor(loss)
+        if loss.shape.rank:  # The per-example losses of a reduction="none" loss: log their batch mean.
+            loss = tf.reduce_mean(loss)
+        batch_size = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
+        model._loss_tracker.update_state(loss, sample_weight=batch_size)  # pylint: disable=protected-access
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     model.compute_loss(x, y, y_pred, sample_weight)
     return model.compute_metrics(x, y, y_pred, sample_weight)
 
@@ -116,10 +171,20 @@ def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight
 def reset_train_function(model: keras.Model) -> None:
     """Makes the next ``fit`` trace ``model.train_step`` anew (after it was replaced on the instance)."""
     model.train_function = None
+    _steps_overrides.pop(model, None)
 
 
 def input_signature(model: keras.Model) -> Any:
     """The inputs' specs of a model that has been built or called (unknown batch size), else None."""
+    if _KERAS_3:
+        try:
+            inputs = model.inputs
+        except (AttributeError, ValueError):  # A subclassed model has no symbolic inputs.
+            return None
+        if not inputs:
+            return None
+        specs = [tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype) for tensor in inputs]
+        return specs[0] if len(specs) == 1 else tuple(specs)
     spec = model.save_spec(dynamic_batch=True)
     if spec is None:
         return None
@@ -132,23 +197,109 @@ def flatten_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
     return layer._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
 
 
-BATCH_NORM_CLASSES: tuple[type, ...] = (
-    keras.layers.BatchNormalization,
-    keras.layers.experimental.SyncBatchNormalization,
-    tf.compat.v1.keras.layers.BatchNormalization,
-)
-"""Layers that normalise with batch statistics in training and store moving averages."""
+if _KERAS_3:
+    BATCH_NORM_CLASSES: tuple[type, ...] = (keras.layers.BatchNormalization,)
+    ALWAYS_MIXING_BATCH_NORM_CLASSES: tuple[type, ...] = ()
+else:
+    BATCH_NORM_CLASSES = (
+        keras.layers.BatchNormalization,
+        keras.layers.experimental.SyncBatchNormalization,
+        tf.compat.v1.keras.layers.BatchNormalization,
+    )
+    ALWAYS_MIXING_BATCH_NORM_CLASSES = (tf.compat.v1.keras.layers.BatchNormalization,)
+# BATCH_NORM_CLASSES: layers that normalise with batch statistics in training and store moving averages.
+# ALWAYS_MIXING_BATCH_NORM_CLASSES: those that use batch statistics in training even when frozen (TF1's).
 
-ALWAYS_MIXING_BATCH_NORM_CLASSES: tuple[type, ...] = (tf.compat.v1.keras.layers.BatchNormalization,)
-"""Batch normalisation classes that use batch statistics in training even when frozen (TF1's)."""
+
+# ----------------------------------------------------------------------------------------------------------
+# Training loop (fit) and callbacks.
+
+
+class _StepsOverride:
+    """Keras 3: the train function and ``steps_per_execution`` that `set_steps_per_execution` replaced."""
+
+    def __init__(self, steps: int, train_function: Any):
+        self.steps = steps
+        self.train_function = train_function
+        self.installed: Any = None
+
+
+_steps_overrides: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def steps_per_execution(model: keras.Model) -> int | None:
     """The compiled ``steps_per_execution`` (None before ``compile``)."""
+    if _KERAS_3:
+        return int(model.steps_per_execution) if getattr(model, "compiled", False) else None
     variable = getattr(model, "_steps_per_execution", None)
     return None if variable is None else int(variable.numpy())
 
 
 def set_steps_per_execution(model: keras.Model, steps: int) -> None:
-    """Changes ``steps_per_execution`` for the next call of the train function (no retracing)."""
-    model._steps_per_execution.assign(steps)  # pylint: disable=protected-access
+    """Changes ``steps_per_execution`` for the next call of the train function, also in the middle of ``fit``.
+
+    Keras 2 reads a variable at every call (no retracing). Keras 3 traces the value into its train function:
+    the first change keeps the current train function and builds one for the new value (one trace); setting
+    the original value back restores the original function, untouched.
+    """
+    if not _KERAS_3:
+        model._steps_per_execution.assign(steps)  # pylint: disable=protected-access
+        return
+    steps = int(steps)
+    if steps == model.steps_per_execution:
+        return
+    override = _steps_overrides.get(model)
+    if override is not None and model.train_function is not override.installed:
+        override = None  # The model was recompiled or made private since: its train function is not ours.
+    if override is not None and steps == override.steps:
+        model.steps_per_execution = steps
+        model.train_function = override.train_function
+        del _steps_overrides[model]
+        return
+    if override is None:
+        override = _StepsOverride(model.steps_per_execution, model.train_function)
+    model.steps_per_execution = steps
+    model.make_train_function(force=True)
+    override.installed = model.train_function
+    _steps_overrides[model] = override
+
+
+def add_to_epoch_logs(model: keras.Model, batch_logs: dict | None, values: dict[str, float]) -> None:
+    """Makes ``values`` part of the logs that every callback's ``on_epoch_end`` receives for this epoch.
+
+    Call it from ``on_train_batch_end`` of the epoch's last batch, in a callback with ``_supports_tf_logs = True``
+    (Keras 2 then passes the very dict it copies into the epoch logs). On Keras 3 the values wait in a wrapper of
+    ``model._get_metrics_result_or_logs``, which ``fit`` calls to build the epoch logs before any callback's
+    ``on_epoch_end``; they are used once (validation logs do not get them). `remove_epoch_logs_hook` removes it.
+    """
+    build_epoch_logs = getattr(type(model), "_get_metrics_result_or_logs", None)
+    if not _KERAS_3 or build_epoch_logs is None:  # Keras 2, or not a Keras 3 model.
+        if batch_logs is not None:
+            batch_logs.update(values)
+        return
+    hook = vars(model).get("_get_metrics_result_or_logs")
+    if not isinstance(hook, _EpochLogsHook):
+        hook = _EpochLogsHook(build_epoch_logs.__get__(model))
+        model._get_metrics_result_or_logs = hook  # pylint: disable=protected-access
+    hook.pending = dict(values)
+
+
+def remove_epoch_logs_hook(model: keras.Model) -> None:
+    """Removes what `add_to_epoch_logs` installed on ``model`` (at the end of training)."""
+    if _KERAS_3 and isinstance(vars(model).get("_get_metrics_result_or_logs"), _EpochLogsHook):
+        del model._get_metrics_result_or_logs  # pylint: disable=protected-access
+
+
+class _EpochLogsHook:
+    """Keras 3: ``model._get_metrics_result_or_logs`` plus the values waiting for the next epoch logs."""
+
+    def __init__(self, original: Callable[[Any], dict]):
+        self.original = original
+        self.pending: dict | None = None
+
+    def __call__(self, logs):
+        result = self.original(logs)
+        if self.pending is not None:
+            result = {**result, **self.pending}
+            self.pending = None
+        return result

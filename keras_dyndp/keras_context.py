@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from keras_dyndp import keras_compat
 from keras_dyndp.keras_compat import keras
 
 # Deep enough for Keras's fit -> tf.function tracing -> distribution -> train_step -> optimizer chain (~40 frames).
@@ -35,10 +36,17 @@ def _frames():
 
 
 def calling_model(optimizer: Any) -> keras.Model | None:
-    """The nearest Keras model on the call stack whose ``optimizer`` is `optimizer`, or None."""
+    """The nearest Keras model on the call stack whose ``optimizer`` is `optimizer`, or None.
+
+    A model compiled under mixed precision ('mixed_float16') holds `optimizer` inside a LossScaleOptimizer: it
+    counts too.
+    """
     for frame in _frames():
         candidate = frame.f_locals.get("self")
-        if isinstance(candidate, keras.Model) and getattr(candidate, "optimizer", None) is optimizer:
+        if not isinstance(candidate, keras.Model):
+            continue
+        compiled = getattr(candidate, "optimizer", None)
+        if compiled is not None and optimizer in (compiled, keras_compat.unwrap_optimizer(compiled)):
             return candidate
     return None
 

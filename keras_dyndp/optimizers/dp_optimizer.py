@@ -100,8 +100,10 @@ import warnings
 from typing import Sequence
 
 import tensorflow as tf
+from absl import logging
 
 from keras_dyndp import keras_compat
+from keras_dyndp import keras_context
 from keras_dyndp import model_checks
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
@@ -112,6 +114,10 @@ from keras_dyndp.optimizers import sampling_check
 
 _BUDGET_ARGUMENTS = ("target_epsilon", "target_delta", "num_examples", "batch_size", "epochs", "steps", "method",
                      "initial_clip", "rho_mu", "rho_c", "accountant")
+
+
+class SlowPathWarning(UserWarning):
+    """model.fit trains through the optimizer's O(B^2) jacobian path; `keras_dyndp.make_private` is the fast one."""
 
 
 class _DPGradientGuard:
@@ -153,6 +159,25 @@ def _check_num_microbatches(num_microbatches) -> int | None:
             f"Received: num_microbatches={num_microbatches!r}."
         )
     return int(num_microbatches)
+
+
+def _check_base_arguments(kwargs: dict) -> None:
+    for name, reason in keras_compat.UNSUPPORTED_OPTIMIZER_ARGUMENTS.items():
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"Dynamic DP optimizers do not support `{name}`: {reason}. Received: {name}={kwargs[name]!r}."
+            )
+
+
+def _check_private_train_step(private_train_step) -> dict | None:
+    if private_train_step is None:
+        return None
+    if not isinstance(private_train_step, dict) or set(private_train_step) != {"method", "training_metrics"}:
+        raise ValueError(
+            "`private_train_step` must be None or a dict with keys 'method' and 'training_metrics' (make_private's "
+            f"arguments). Received: private_train_step={private_train_step!r}."
+        )
+    return dict(private_train_step)
 
 
 def _check_expected_batch_size(expected_batch_size) -> float | None:
@@ -300,6 +325,7 @@ class DynamicDPOptimizerMixin:
         schedule, expected_batch_size = _resolve_schedule(schedule, budget, expected_batch_size)
         num_microbatches = _check_num_microbatches(num_microbatches)
         _check_single_replica()
+        _check_base_arguments(kwargs)
         kwargs.setdefault("name", type(self).__name__)
         super().__init__(**kwargs)
         self._schedule = schedule
@@ -308,6 +334,8 @@ class DynamicDPOptimizerMixin:
         self._dp_gradient_guard = _DPGradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._sampling_check = sampling_check.SamplingCheck(schedule.sampling_probability, expected_batch_size)
+        self._private_train_step: dict | None = None  # make_private's arguments, once it has used this optimizer.
+        self._warned_slow_path = False
         with tf.init_scope():
             self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
             self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
@@ -396,6 +424,7 @@ class DynamicDPOptimizerMixin:
             outside the schedule's Poisson sampling (see `sampling_check`).
         """
         _check_single_replica()
+        self._check_model_fit_path()
         if tape is None and not callable(loss):
             raise ValueError(
                 "`tape` is required when a tensor loss is passed. Received: tape=None."
@@ -454,22 +483,115 @@ class DynamicDPOptimizerMixin:
         self._dp_gradient_guard.issue(grads)
         return list(zip(grads, var_list))
 
+    def minimize(self, loss, var_list, tape=None):
+        """`compute_gradients` then `apply_gradients`: one DP step of the optimizer's own per-example path.
+
+        For custom training loops, on Keras 2 and 3; ``model.fit`` should use `keras_dyndp.make_private`.
+        Returns the ``iterations`` (= `dp_step`) variable.
+        """
+        return self.apply_gradients(self.compute_gradients(loss, var_list, tape=tape))
+
     def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
         """Applies the gradients returned by this optimizer's `compute_gradients`, and nothing else.
 
         Raises:
           RuntimeError: if the gradients are not exactly those of the latest `compute_gradients` call, e.g.
-            ordinary gradients from a tape: applying them would train without differential privacy.
+            ordinary gradients from a tape or from Keras 3's default train step: applying them would train
+            without differential privacy. The message says to call ``keras_dyndp.make_private(model)``.
         """
+        del skip_gradients_aggregation  # A single replica is enforced: nothing to aggregate.
         grads_and_vars = list(grads_and_vars)
-        if not self._dp_gradient_guard.check_and_clear([grad for grad, _ in grads_and_vars]):
-            raise RuntimeError(
-                f"{type(self).__name__}.apply_gradients accepts only the gradients returned by its own "
-                "compute_gradients (or minimize / model.fit); applying other gradients would train without "
-                "differential privacy. Train with model.fit, best after model = keras_dyndp.make_private(model); "
-                "per-example paths of your own must call apply_clipped_gradient_sum instead."
-            )
+        self._refuse_unless_issued([grad for grad, _ in grads_and_vars], "apply_gradients")
         return self._apply_private_gradients(grads_and_vars, name=name, **kwargs)
+
+    def apply(self, grads, trainable_variables=None):
+        """Keras 3's entry for gradients: refused, like `apply_gradients`, unless they come from
+        `compute_gradients` (then ``trainable_variables`` must be given)."""
+        grads = list(grads)
+        self._refuse_unless_issued(grads, "apply")
+        if trainable_variables is None:
+            raise ValueError(f"{type(self).__name__}.apply needs `trainable_variables`.")
+        return self._apply_private_gradients(list(zip(grads, trainable_variables)))
+
+    def _refuse_unless_issued(self, grads: list, entry: str) -> None:
+        if self._dp_gradient_guard.check_and_clear(grads):
+            return
+        message = (
+            f"{type(self).__name__}.{entry} accepts only the gradients returned by its own compute_gradients; "
+            "applying other gradients would train without differential privacy. "
+        )
+        model = keras_context.calling_model(self)
+        if model is not None and keras_compat.KERAS_MAJOR_VERSION >= 3:
+            message += (
+                "Keras 3's Model.train_step averages the loss over the batch and hands the optimizer only the "
+                "averaged gradient, so no example can be clipped there: call model = keras_dyndp.make_private(model) "
+                "before model.fit, which gives the model a train step that clips per example and applies through "
+                "this optimizer."
+            )
+            if self._private_train_step is not None:
+                message += (
+                    " This optimizer was trained through make_private before (its config says so); a model reloaded "
+                    "with load_model gets make_private back only when it is built at load: call "
+                    f"keras_dyndp.make_private(model, **{self._private_train_step!r}) after loading."
+                )
+        else:
+            message += (
+                "Train with model.fit after model = keras_dyndp.make_private(model); a custom training loop calls "
+                "this optimizer's minimize(per_example_loss, variables, tape) (or compute_gradients, then "
+                "apply_gradients with its result), and per-example paths of your own call "
+                "apply_clipped_gradient_sum."
+            )
+        raise RuntimeError(message)
+
+    def build(self, var_list):
+        """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.
+
+        ``load_model`` rebuilds a model and its optimizer from their configs, and builds the optimizer when the
+        model is built (Sequential, functional, and subclassed models saved after a call). If this optimizer was
+        trained through `keras_dyndp.make_private` (recorded in its config), the reloaded model gets that train
+        step back here, with the same arguments, before any ``fit`` can trace the slow or refused default one.
+        """
+        super().build(var_list)
+        if self._private_train_step is None or tf.inside_function():
+            return
+        model = keras_context.calling_model(self)
+        if model is None or keras_context.fit_call(model) is not None:
+            return
+        from keras_dyndp.per_example import train_step  # pylint: disable=import-outside-toplevel  (imports us)
+
+        if not train_step.is_private(model):
+            train_step.make_private(model, **self._private_train_step)
+            logging.info("keras_dyndp: model %r was trained through make_private (its optimizer's config says "
+                         "so); its private train step is restored.", model.name)
+
+    def _check_model_fit_path(self) -> None:
+        """Refuses mixed precision on this path, and warns once when model.fit runs it instead of make_private."""
+        model = keras_context.calling_model(self)
+        if model is None:
+            return
+        from keras_dyndp.per_example import train_step  # pylint: disable=import-outside-toplevel  (imports us)
+
+        if train_step.is_private(model):  # make_private's microbatch step: the intended use of this path.
+            return
+        if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
+            raise ValueError(
+                "Mixed precision ('mixed_float16') wraps the optimizer in a LossScaleOptimizer, whose dynamic loss "
+                "scale skips or shrinks updates depending on the private batch (a step with an overflow is not "
+                "applied), which differential privacy does not allow. Call model = keras_dyndp.make_private(model): "
+                "its train step supports mixed precision (computes in the policy's dtype, then clips, sums and adds "
+                "the noise in float32, without loss scaling)."
+            )
+        if not self._warned_slow_path:
+            self._warned_slow_path = True
+            warnings.warn(
+                f"model.fit is training model {model.name!r} through {type(self).__name__}'s generic per-example "
+                "path: one pfor tape.jacobian of the per-example loss, which back-propagates every row through the "
+                "whole batch (O(B^2) time and memory: ~160x a non-private step on a small CNN, and gigabytes). Call "
+                "model = keras_dyndp.make_private(model) before fit: the same DP mechanism at ~2-3x a "
+                "non-private step.",
+                SlowPathWarning,
+                stacklevel=5,
+            )
 
     def _apply_private_gradients(self, grads_and_vars: list, name=None, **kwargs) -> tf.Variable:
         # The base class increments `iterations` without any data dependency, so in a tf.function whose
@@ -534,6 +656,7 @@ class DynamicDPOptimizerMixin:
             schedule=self._schedule.get_config(),
             num_microbatches=self._num_microbatches,
             expected_batch_size=self._expected_batch_size,
+            private_train_step=None if self._private_train_step is None else dict(self._private_train_step),
         )
         return config
 
@@ -542,7 +665,10 @@ class DynamicDPOptimizerMixin:
         config = dict(config)
         if isinstance(config.get("schedule"), dict):
             config["schedule"] = schedules.DPSchedule.from_config(config["schedule"])
-        return super().from_config(config, custom_objects=custom_objects)
+        private_train_step = _check_private_train_step(config.pop("private_train_step", None))
+        optimizer = super().from_config(config, custom_objects=custom_objects)
+        optimizer._private_train_step = private_train_step  # pylint: disable=protected-access
+        return optimizer
 
 
 

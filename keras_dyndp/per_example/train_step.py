@@ -1,28 +1,39 @@
-"""One-line opt-in to fast per-example clipping: ``model = keras_dyndp.make_private(model)``.
+"""One-line opt-in to per-example clipping in ``model.fit``: ``model = keras_dyndp.make_private(model)``.
 
-A bare optimizer only sees ``minimize(loss_vector, var_list, tape)``, so the DP optimizers' generic path must
-take the jacobian of the per-example loss, which back-propagates every row through the batched graph (O(B^2),
-~160x a non-private step on the tutorial CNN). ``make_private`` gives the model a ``train_step`` that has the
-model and the inputs in hand: it computes the per-example clipped gradient sums with
-``keras_dyndp.per_example.clipped_gradient_sum`` (ghost clipping where every trainable layer has a rule, else
-``tf.vectorized_map`` over single-example passes) and hands them to
-``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
-normalises, applies the base update and advances ``dp_step``. The privacy mechanism is the optimizer's; only the
-way the clipped sum is computed changes.
+Keras's own ``train_step`` is no place for DP-SGD. Keras 3's averages the loss over the batch and hands the
+optimizer only the averaged gradient (the DP optimizers refuse it, naming ``make_private``); Keras 2's hands it
+``minimize(loss_vector, var_list, tape)``, from which the optimizer can only take the jacobian of the per-example
+loss, back-propagating every row through the batched graph (O(B^2), ~160x a non-private step on the tutorial CNN;
+it warns once). ``make_private`` gives the model a ``train_step`` that has the model and the inputs in hand: it
+computes the per-example clipped gradient sums with ``keras_dyndp.per_example.clipped_gradient_sum`` (ghost
+clipping where every trainable layer has a rule, else ``tf.vectorized_map`` over single-example passes) and hands
+them to ``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each
+SUM, normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the step runs the
+optimizer's own microbatch path (the jacobian of M microbatch losses) instead. The privacy mechanism is the
+optimizer's; only the way the clipped sum is computed changes. Same on Keras 2 and Keras 3.
 
 Example:
 
 ```python
 model = keras_dyndp.make_private(model)
 model.compile(optimizer=keras_dyndp.optimizers.DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1),
-              loss=tf.keras.losses.SparseCategoricalCrossentropy(
-                  from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
               metrics=['accuracy'])
 model.fit(x, y, batch_size=256, epochs=20)
 ```
 
 Loss and metrics of the training batch are computed without noise; ``make_private(model,
 training_metrics=False)`` computes none, so nothing but the noised update is derived from the private batch.
+
+Saving: the optimizer records make_private's arguments in its config, so a model saved to ``.keras`` and reloaded
+with ``load_model`` gets this train step back when the optimizer is built at load (any model built before saving);
+otherwise the first step refuses or warns, naming ``make_private``.
+
+Mixed precision: under 'mixed_float16' (``compile`` then wraps the optimizer in a LossScaleOptimizer) or
+'mixed_bfloat16' the layers compute in the policy's dtype, while the per-example losses, the gradients (of the
+float32 variables), the clipping, the sum and the noise are float32. The LossScaleOptimizer is bypassed: a
+dynamic loss scale skips or shrinks steps depending on the private batch, which DP cannot allow, and the
+per-example gradients of un-averaged losses need no scaling against underflow.
 
 Works for Sequential, functional and subclassed models, compiled before or after the call. Refused (ValueError,
 when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss reduced over the
@@ -39,23 +50,22 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from keras_dyndp import keras_compat
+from keras_dyndp import model_checks
 from keras_dyndp.keras_compat import keras
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
 from keras_dyndp.per_example import clipped_sum
+from keras_dyndp.per_example.losses import per_example_loss
 
 
 def _dp_optimizer(model: keras.Model) -> DynamicDPOptimizerMixin:
-    optimizer = getattr(model, "optimizer", None)
+    # Under the 'mixed_float16' policy compile wraps the optimizer in a LossScaleOptimizer: this step uses the DP
+    # optimizer inside and no loss scaling (a dynamic loss scale skips steps depending on the data).
+    optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
     if not isinstance(optimizer, DynamicDPOptimizerMixin):
         raise ValueError(
             "`model.optimizer` must be a keras_dyndp DP optimizer (DynamicDPKerasSGD, DynamicDPKerasAdam, "
             "DynamicDPKerasAdagrad, DynamicDPKerasRMSprop or one made by make_dynamic_dp_optimizer_class) for a "
             f"model made private with make_private. Received: optimizer={optimizer!r}."
-        )
-    if optimizer.num_microbatches is not None:
-        raise ValueError(
-            "make_private clips every example; it cannot honour `num_microbatches`. Received: "
-            f"num_microbatches={optimizer.num_microbatches}."
         )
     return optimizer
 
@@ -90,20 +100,76 @@ def _check_no_regularization(model: keras.Model) -> None:
         )
 
 
+def _private_train_step_arguments(model: keras.Model) -> dict:
+    """make_private's arguments for ``model``, as the optimizer records them (in its config) for load_model."""
+    return {"method": model._keras_dyndp_method,  # pylint: disable=protected-access
+            "training_metrics": model._keras_dyndp_training_metrics}  # pylint: disable=protected-access
+
+
+def is_private(model: keras.Model) -> bool:
+    """Whether ``model`` has make_private's train step."""
+    return getattr(getattr(model, "train_step", None), "__func__", None) is _private_train_step
+
+
 def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
     x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
     optimizer = _dp_optimizer(self)
+    optimizer._private_train_step = _private_train_step_arguments(self)  # pylint: disable=protected-access
     loss_fn = _per_example_loss_fn(self)
+    if not self.built:
+        # A subclassed model (or a Sequential without Input) creates its variables at its first call, here on Keras
+        # 3: call it once, in inference mode (no batch statistics are updated), so that var_list is complete.
+        self(x, training=False)
     var_list = self.trainable_variables
-    clip_norm = optimizer.current_clip_norm()
-    sums, _, y_pred, losses = clipped_sum.clipped_gradient_sum_with_outputs(
-        self, loss_fn, x, y, sample_weight, clip_norm, var_list, method=self._keras_dyndp_method
-    )
-    _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
-    optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list, sample_weight=sample_weight)
+    if optimizer.num_microbatches is None:
+        clip_norm = optimizer.current_clip_norm()
+        sums, _, y_pred, losses = clipped_sum.clipped_gradient_sum_with_outputs(
+            self, loss_fn, x, y, sample_weight, clip_norm, var_list, method=_clipping_method(self)
+        )
+        _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
+        optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list, sample_weight=sample_weight)
+    else:
+        y_pred = _microbatch_step(self, optimizer, loss_fn, x, y, sample_weight, var_list)
     if not self._keras_dyndp_training_metrics:
         return {}  # Nothing computed on the private batch leaves the step.
     return keras_compat.training_logs(self, x, y, y_pred, sample_weight)
+
+
+_LOW_PRECISION_DTYPES = ("float16", "bfloat16")
+
+
+def _clipping_method(model: keras.Model) -> str:
+    """make_private's method, with mixed precision sent to the vectorized path.
+
+    The vectorized path differentiates float32 per-example losses with respect to the float32 variables, so the
+    norms it clips by are those of the float32 gradients it sums. The ghost rules compute norms and sums from the
+    layers' float16/bfloat16 inputs and output gradients: a norm rounded down in low precision would let a clipped
+    gradient exceed C. Until they compute in float32, 'auto' takes the vectorized path and 'ghost' is refused.
+    """
+    method = model._keras_dyndp_method  # pylint: disable=protected-access
+    low_precision = sorted({getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
+                           & set(_LOW_PRECISION_DTYPES))
+    if not low_precision:
+        return method
+    if method == "ghost":
+        raise ValueError(
+            f"make_private(method='ghost') does not support mixed precision: model {model.name!r} computes in "
+            f"{', '.join(low_precision)}, and the ghost rules would clip by norms rounded in that precision. Use "
+            "method='auto' or 'vectorized' (float32 per-example gradients). Received: method='ghost'."
+        )
+    return "vectorized" if method == "auto" else method
+
+
+def _microbatch_step(model: keras.Model, optimizer: DynamicDPOptimizerMixin, loss_fn: Callable, x: Any, y: Any,
+                     sample_weight: Any, var_list: list) -> Any:
+    """One step of the optimizer's own microbatch path: the jacobian of its M random microbatch losses."""
+    model_checks.check_before_training(model, x)  # Before the forward pass updates any batch statistics.
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
+    _check_no_regularization(model)
+    optimizer.minimize(losses, var_list, tape=tape)
+    return y_pred
 
 
 def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = True) -> keras.Model:
@@ -143,5 +209,6 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     model.train_step = types.MethodType(_private_train_step, model)
     keras_compat.reset_train_function(model)
     if getattr(model, "optimizer", None) is not None:
-        _dp_optimizer(model)
+        optimizer = _dp_optimizer(model)
+        optimizer._private_train_step = _private_train_step_arguments(model)  # pylint: disable=protected-access
     return model

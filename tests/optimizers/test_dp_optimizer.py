@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_dyndp import keras_compat
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import dp_optimizer
 from keras_dyndp.optimizers import microbatches
@@ -13,15 +14,33 @@ from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdam
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasRMSprop
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasSGD
+from keras_dyndp.per_example import make_private
 
+keras = keras_compat.keras
 DP_CLASSES = [DynamicDPKerasSGD, DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop]
-BASE_CLASSES = [tf.keras.optimizers.SGD, tf.keras.optimizers.Adam, tf.keras.optimizers.Adagrad,
-                tf.keras.optimizers.RMSprop]
+BASE_CLASSES = [keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.Adagrad, keras.optimizers.RMSprop]
 KERNEL0 = np.array([[0.5, -1.0], [2.0, 0.3], [-0.7, 1.1]], np.float32)
 
 
+# How model.fit reaches the optimizer: its own per-example path under Keras 2's default train step, or
+# make_private's train step (the only one on Keras 3, where the default step hands over the averaged gradient).
+FIT_PATHS = [
+    pytest.param("optimizer", marks=pytest.mark.keras2_only(
+        reason="Keras 3's default train step hands the optimizer the averaged gradient; make_private is the path")),
+    "make_private",
+]
+
+
 def per_example_mse():
-    return tf.keras.losses.MeanSquaredError(reduction=tf.keras.losses.Reduction.NONE)
+    return keras.losses.MeanSquaredError(reduction="none")
+
+
+def compile_on(path, model, optimizer, loss=None, **compile_kwargs):
+    """Compiles ``model`` for ``fit`` on ``path`` ('optimizer' or 'make_private') and returns it."""
+    if path == "make_private":
+        model = make_private(model)
+    model.compile(optimizer=optimizer, loss=per_example_mse() if loss is None else loss, **compile_kwargs)
+    return model
 
 
 def noiseless_schedule(clip_norms, sampling_probability=0.1):
@@ -30,17 +49,17 @@ def noiseless_schedule(clip_norms, sampling_probability=0.1):
 
 def linear_model(kind="sequential"):
     """Dense(2) on 3 inputs with a fixed kernel and zero bias, built three ways."""
-    dense_args = dict(kernel_initializer=tf.keras.initializers.Constant(KERNEL0), bias_initializer="zeros")
+    dense_args = dict(kernel_initializer=keras.initializers.Constant(KERNEL0), bias_initializer="zeros")
     if kind == "sequential":
-        return tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2, **dense_args)])
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, **dense_args)])
     if kind == "functional":
-        inputs = tf.keras.Input((3,))
-        return tf.keras.Model(inputs, tf.keras.layers.Dense(2, **dense_args)(inputs))
+        inputs = keras.Input((3,))
+        return keras.Model(inputs, keras.layers.Dense(2, **dense_args)(inputs))
 
-    class Linear(tf.keras.Model):
+    class Linear(keras.Model):
         def __init__(self):
             super().__init__()
-            self.dense = tf.keras.layers.Dense(2, **dense_args)
+            self.dense = keras.layers.Dense(2, **dense_args)
 
         def call(self, inputs):
             return self.dense(inputs)
@@ -77,11 +96,12 @@ def numpy_dp_update(x, y, clip_norm, normaliser, assignment=None):
             np.tensordot(factors, grad_bias, axes=1) / normaliser, norms)
 
 
+@pytest.mark.parametrize("path", FIT_PATHS)
 @pytest.mark.parametrize(
     "num_microbatches, expected_batch_size, normaliser",
     [(None, None, 4.0), (None, 5.0, 5.0), (2, None, 2.0)],
 )
-def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected_batch_size, normaliser,
+def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected_batch_size, normaliser, path,
                                                       monkeypatch):
     x, y = data()
     # Microbatch 0 holds examples 0 and 1 (whose loss is 0: it does not count in the mean), microbatch 1 the rest.
@@ -92,10 +112,9 @@ def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected
     assert norms.max() > 1.0  # clipping is active
     if num_microbatches is None:
         assert norms[1] == 0.0 and norms.min() < norms.max()
-    model = linear_model()
     optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0]), learning_rate=0.5,
                                   num_microbatches=num_microbatches, expected_batch_size=expected_batch_size)
-    model.compile(optimizer=optimizer, loss=per_example_mse())
+    model = compile_on(path, linear_model(), optimizer)
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     kernel, bias = model.get_weights()
     np.testing.assert_allclose(kernel, KERNEL0 - 0.5 * update_kernel, rtol=1e-5, atol=1e-6)
@@ -103,13 +122,13 @@ def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected
     assert int(optimizer.dp_step) == 1
 
 
+@pytest.mark.parametrize("path", FIT_PATHS)
 @pytest.mark.parametrize("dp_cls, base_cls", list(zip(DP_CLASSES, BASE_CLASSES)))
-def test_huge_clip_and_no_noise_is_the_base_optimizer(dp_cls, base_cls):
+def test_huge_clip_and_no_noise_is_the_base_optimizer(dp_cls, base_cls, path):
     x, y = data(num_rows=8, seed=1)
-    dp_model, model = linear_model(), linear_model()
-    dp_model.compile(optimizer=dp_cls(schedule=noiseless_schedule([1e6] * 2), learning_rate=0.1),
-                     loss=per_example_mse())
-    model.compile(optimizer=base_cls(learning_rate=0.1), loss=tf.keras.losses.MeanSquaredError())
+    dp_model = compile_on(path, linear_model(), dp_cls(schedule=noiseless_schedule([1e6] * 2), learning_rate=0.1))
+    model = linear_model()
+    model.compile(optimizer=base_cls(learning_rate=0.1), loss=keras.losses.MeanSquaredError())
     dp_model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     for dp_weight, weight in zip(dp_model.get_weights(), model.get_weights()):
@@ -166,36 +185,36 @@ def test_step_counter_indexes_the_schedule():
     assert step.experimental_get_tracing_count() == traces_after_first_step  # no retracing per step
 
 
-def test_checkpoint_restore_continues_at_saved_step(tmp_path):
+@pytest.mark.parametrize("fit_path", FIT_PATHS)
+def test_checkpoint_restore_continues_at_saved_step(tmp_path, fit_path):
     schedule = noiseless_schedule([0.1, 1.0, 10.0, 10.0])
     x, y = data()
-    model = linear_model()
-    model.compile(optimizer=DynamicDPKerasAdam(schedule=schedule, learning_rate=0.1), loss=per_example_mse())
+    model = compile_on(fit_path, linear_model(), DynamicDPKerasAdam(schedule=schedule, learning_rate=0.1))
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
     path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / "ckpt"))
 
-    restored = linear_model()
-    restored.compile(optimizer=DynamicDPKerasAdam(schedule=schedule, learning_rate=0.1), loss=per_example_mse())
-    tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(path)
+    restored = compile_on(fit_path, linear_model(), DynamicDPKerasAdam(schedule=schedule, learning_rate=0.1))
+    status = tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(path)
     assert int(restored.optimizer.dp_step) == 2
     assert restored.optimizer.current_clip_norm().numpy() == pytest.approx(10.0)
     model.fit(x[:2], y[:2], batch_size=2, epochs=1, shuffle=False, verbose=0)
     restored.fit(x[:2], y[:2], batch_size=2, epochs=1, shuffle=False, verbose=0)
+    status.assert_consumed()  # Adam's moments too, restored when the optimizer was built.
     assert int(restored.optimizer.dp_step) == 3
     for restored_weight, weight in zip(restored.get_weights(), model.get_weights()):
         np.testing.assert_allclose(restored_weight, weight, rtol=1e-6)
 
 
-def test_model_save_and_load_round_trip(tmp_path):
+@pytest.mark.parametrize("fit_path", FIT_PATHS)
+def test_model_save_and_load_round_trip(tmp_path, fit_path):
     schedule = schedules.DPSchedule([1.0, 0.5, 0.25], [0.5, 0.4, 0.3], 0.01)
     x, y = data()
-    model = linear_model("functional")
-    model.compile(optimizer=DynamicDPKerasRMSprop(schedule=schedule, learning_rate=0.01, num_microbatches=2),
-                  loss=per_example_mse())
+    model = compile_on(fit_path, linear_model("functional"),
+                       DynamicDPKerasRMSprop(schedule=schedule, learning_rate=0.01, num_microbatches=2))
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     path = str(tmp_path / "model.keras")
     model.save(path)
-    loaded = tf.keras.models.load_model(path, custom_objects={"DynamicDPKerasRMSprop": DynamicDPKerasRMSprop})
+    loaded = keras.models.load_model(path)  # Registered as 'keras_dyndp>DynamicDPKerasRMSprop'.
     assert type(loaded.optimizer) is DynamicDPKerasRMSprop
     assert loaded.optimizer.get_config() == model.optimizer.get_config()
     assert loaded.optimizer.schedule == schedule
@@ -215,9 +234,9 @@ def test_get_config_from_config_round_trip(dp_cls):
     assert restored.get_config() == config
     assert restored.schedule == schedule
     assert restored.expected_batch_size == 32.0
-    serialized = tf.keras.optimizers.serialize(optimizer)
+    serialized = keras.optimizers.serialize(optimizer)
     assert serialized["registered_name"] == f"keras_dyndp>{dp_cls.__name__}"
-    assert type(tf.keras.optimizers.deserialize(serialized)) is dp_cls
+    assert type(keras.optimizers.deserialize(serialized)) is dp_cls
 
 
 def test_budget_arguments_build_the_calibrated_schedule():
@@ -231,19 +250,19 @@ def test_budget_arguments_build_the_calibrated_schedule():
     assert float(optimizer.learning_rate) == pytest.approx(0.1)
 
 
-def test_scalar_loss_is_refused_through_fit():
+@pytest.mark.parametrize("path", FIT_PATHS)
+def test_scalar_loss_is_refused_through_fit(path):
     x, y = data()
-    model = linear_model()
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=noiseless_schedule([1.0])),
-                  loss=tf.keras.losses.MeanSquaredError())
-    with pytest.raises(ValueError, match="reduction=tf.keras.losses.Reduction.NONE"):
+    model = compile_on(path, linear_model(), DynamicDPKerasSGD(schedule=noiseless_schedule([1.0])),
+                       loss=keras.losses.MeanSquaredError())
+    with pytest.raises(ValueError, match='reduction="none"'):
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)
 
 
-def test_exhausted_budget_raises():
+@pytest.mark.parametrize("path", FIT_PATHS)
+def test_exhausted_budget_raises(path):
     x, y = data()
-    model = linear_model()
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0])), loss=per_example_mse())
+    model = compile_on(path, linear_model(), DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0])))
     model.fit(x, y, batch_size=2, epochs=1, verbose=0)
     weights = model.get_weights()
     with pytest.raises(tf.errors.InvalidArgumentError, match="DP budget exhausted"):
@@ -255,12 +274,13 @@ def test_exhausted_budget_raises():
     assert model.optimizer.current_noise_stddev().numpy() == 0.0
 
 
-def test_jit_compile_fit_trains_then_stops_updating_past_the_budget():
+@pytest.mark.parametrize("path", FIT_PATHS)
+def test_jit_compile_fit_trains_then_stops_updating_past_the_budget(path):
     schedule = schedules.DPSchedule([1.0, 1.0], [0.1, 0.1], 0.1)
     x, y = data()
-    model = linear_model()
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, learning_rate=0.5), loss=per_example_mse(),
-                  jit_compile=True)
+    model = compile_on(path, linear_model(), DynamicDPKerasSGD(schedule=schedule, learning_rate=0.5),
+                       jit_compile=True)
+    assert model.jit_compile
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
     trained = model.get_weights()
     assert not np.allclose(trained[0], KERNEL0)
@@ -271,13 +291,14 @@ def test_jit_compile_fit_trains_then_stops_updating_past_the_budget():
     assert int(model.optimizer.dp_step) == 4
 
 
+@pytest.mark.parametrize("path", FIT_PATHS)
 @pytest.mark.parametrize("kind", ["sequential", "functional", "subclassed"])
-def test_fit_works_for_every_model_kind(kind):
+def test_fit_works_for_every_model_kind(kind, path):
     x, y = data(num_rows=8)
-    model = linear_model(kind)
     schedule = schedules.DPSchedule([1.0] * 4, [0.5] * 4, 0.1)
-    model.compile(optimizer=DynamicDPKerasAdam(schedule=schedule, learning_rate=0.01, expected_batch_size=4),
-                  loss=per_example_mse(), metrics=["mae"])
+    model = compile_on(path, linear_model(kind),
+                       DynamicDPKerasAdam(schedule=schedule, learning_rate=0.01, expected_batch_size=4),
+                       metrics=["mae"])
     history = model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     assert int(model.optimizer.dp_step) == 2
@@ -315,17 +336,17 @@ def test_empty_batch_releases_only_noise_normalised_by_expected_batch_size():
     assert int(optimizer.dp_step) == 1
 
 
-def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_only():
+@pytest.mark.parametrize("path", FIT_PATHS)
+def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_only(path):
     def batches():
         for num_rows in (2, 0):
             yield np.ones((num_rows, 3), np.float32), np.zeros((num_rows, 2), np.float32)
 
     dataset = tf.data.Dataset.from_generator(
         batches, output_signature=(tf.TensorSpec([None, 3]), tf.TensorSpec([None, 2])))
-    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4), tf.keras.layers.Dense(2)])
     schedule = schedules.DPSchedule([1.0] * 5, [0.5] * 5, 0.1)
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1, expected_batch_size=2),
-                  loss=per_example_mse())
+    model = compile_on(path, keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)]),
+                       DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1, expected_batch_size=2))
     model.fit(dataset, epochs=1, verbose=0)
     # Keras's base optimizers count 3 here: the counter ran when the exhausted iterator aborted the third call.
     assert int(model.optimizer.dp_step) == 2
@@ -361,7 +382,7 @@ def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
         (dict(schedule=None, target_epsilon=1.0, target_delta=1e-5), ValueError, "needs num_examples"),
         (dict(schedule=None, target_epsilon=1.0, target_delta=1e-5, num_examples=100, batch_size=10, epochs=1,
               method="vanilla", initial_clip=1.0, expected_batch_size=20), ValueError, "expected_batch_size"),
-        (dict(decay=0.1), ValueError, "decay"),
+        (dict(l2_norm_clip=1.0), (TypeError, ValueError), "l2_norm_clip"),  # TF-Privacy's name: not ours.
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -373,7 +394,7 @@ def test_bad_arguments(kwargs, error, match):
 
 def test_factory_rejects_non_optimizer_and_legacy_classes():
     with pytest.raises(TypeError, match="base_cls"):
-        dp_optimizer.make_dynamic_dp_optimizer_class(tf.keras.optimizers.legacy.SGD)
+        dp_optimizer.make_dynamic_dp_optimizer_class(keras.optimizers.legacy.SGD)
     with pytest.raises(TypeError, match="base_cls"):
         dp_optimizer.make_dynamic_dp_optimizer_class(object)
 
@@ -449,20 +470,20 @@ def unit_noise_optimizer(**kwargs) -> DynamicDPKerasSGD:
 
 
 def test_noise_ignores_the_global_seed():
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     first = noise_of_steps(unit_noise_optimizer(), 1)[0]
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     second = noise_of_steps(unit_noise_optimizer(), 1)[0]
     assert abs(np.corrcoef(first, second)[0, 1]) < 0.15
 
 
 def test_resume_from_checkpoint_under_the_same_global_seed_does_not_replay_noise(tmp_path):
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     optimizer, variable = unit_noise_optimizer(), tf.Variable(tf.zeros([2000]))
     first_run = noise_of_steps(optimizer, 3, variable)
     path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / "ckpt"))
     first_run = np.concatenate([first_run, noise_of_steps(optimizer, 3, variable)])
-    tf.keras.utils.set_random_seed(0)  # as a new process resuming with the same seed would
+    keras.utils.set_random_seed(0)  # as a new process resuming with the same seed would
     resumed = unit_noise_optimizer()
     tf.train.Checkpoint(optimizer=resumed).restore(path)
     assert int(resumed.dp_step) == 3
@@ -472,11 +493,12 @@ def test_resume_from_checkpoint_under_the_same_global_seed_does_not_replay_noise
     assert np.max(np.abs(correlations)) < 0.15  # neither steps 0-2 nor steps 3-5 are repeated
 
 
-def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path):
+@pytest.mark.parametrize("path", FIT_PATHS)
+def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path, path):
     x, y = data()
-    dp_model, plain_model = linear_model(), linear_model()
-    dp_model.compile(optimizer=unit_noise_optimizer(num_microbatches=2), loss=per_example_mse())
-    plain_model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=1.0), loss=per_example_mse())
+    dp_model = compile_on(path, linear_model(), unit_noise_optimizer(num_microbatches=2))
+    plain_model = linear_model()
+    plain_model.compile(optimizer=keras.optimizers.SGD(learning_rate=1.0), loss=per_example_mse())
     for model in (dp_model, plain_model):
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     names = [
@@ -486,7 +508,7 @@ def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path):
     ]
     assert names[0] == names[1]  # nothing beyond what a plain SGD saves
     dp_model.save(str(tmp_path / "model.keras"))
-    loaded = tf.keras.models.load_model(str(tmp_path / "model.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "model.keras"))
     assert len(loaded.optimizer.variables) == len(plain_model.optimizer.variables)
 
 
@@ -494,7 +516,7 @@ def test_noise_seed_reproduces_the_noise_warns_and_is_not_serialised():
     with pytest.warns(UserWarning, match="noise_seed=5 makes the DP noise reproducible"):
         first = unit_noise_optimizer(noise_seed=5)
     with pytest.warns(UserWarning):
-        tf.keras.utils.set_random_seed(1)
+        keras.utils.set_random_seed(1)
         second = unit_noise_optimizer(noise_seed=5)
     np.testing.assert_array_equal(noise_of_steps(first, 2), noise_of_steps(second, 2))
     config = first.get_config()
@@ -503,16 +525,16 @@ def test_noise_seed_reproduces_the_noise_warns_and_is_not_serialised():
     assert abs(np.corrcoef(noise_of_steps(rebuilt, 1)[0], noise_of_steps(unit_noise_optimizer(), 1)[0])[0, 1]) < 0.15
 
 
+@pytest.mark.parametrize("path", FIT_PATHS)
 @pytest.mark.parametrize("jit_compile, steps_per_execution", [(True, 2), (False, 2)])
-def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution):
+def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution, path):
     # Zero inputs and no bias: every per-example gradient is zero and each epoch's update is noise only.
-    model = tf.keras.Sequential([tf.keras.Input((3,)),
-                                 tf.keras.layers.Dense(2000, use_bias=False, kernel_initializer="zeros")])
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2000, use_bias=False, kernel_initializer="zeros")])
     schedule = schedules.DPSchedule(np.ones(20), np.ones(20), 0.5)
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=1.0),
-                  loss=per_example_mse(), jit_compile=jit_compile, steps_per_execution=steps_per_execution)
+    model = compile_on(path, model, DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=1.0),
+                       jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     kernels = []
-    record = tf.keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: kernels.append(model.get_weights()[0]))
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: kernels.append(model.get_weights()[0]))
     model.fit(np.zeros((4, 3), np.float32), np.zeros((4, 2000), np.float32), batch_size=2, epochs=3, verbose=0,
               callbacks=[record])
     assert int(model.optimizer.dp_step) == 6
@@ -522,17 +544,18 @@ def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution):
     assert np.max(np.abs(np.corrcoef(epoch_noise) - np.eye(3))) < 0.15
 
 
+@pytest.mark.parametrize("path", FIT_PATHS)
 @pytest.mark.parametrize("run_eagerly", [False, True])
-def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly):
+def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly, path):
     x, y = data(num_rows=8)
-    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.BatchNormalization(name="norm"),
-                                 tf.keras.layers.Dense(2)])
+    model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(name="norm"), keras.layers.Dense(2)])
     schedule = schedules.DPSchedule([1.0] * 4, [1e6] * 4, 4 / 8)
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4), loss=per_example_mse(),
-                  run_eagerly=run_eagerly)
-    # Traced, nothing runs (moving_mean included); eagerly, the forward pass runs before the optimizer is called
-    # and updates the moving averages in memory, but no update is applied.
-    watched = model.trainable_variables if run_eagerly else model.variables
+    model = compile_on(path, model, DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4),
+                       run_eagerly=run_eagerly)
+    # Traced, nothing runs (moving_mean included); eagerly on the optimizer's path, the forward pass runs before the
+    # optimizer is called and updates the moving averages in memory, but no update is applied. make_private checks
+    # before its forward pass.
+    watched = model.trainable_variables if run_eagerly and path == "optimizer" else model.variables
     before = [v.numpy() for v in watched]
     with pytest.raises(ValueError, match=r"Layer 'norm' \(BatchNormalization\).*GroupNormalization"):
         model.fit(x, y, batch_size=4, verbose=0)
