@@ -13,6 +13,7 @@ variable, the number of DP steps already taken). Accounting itself is `DPSchedul
   optimizer's in-graph guard, and refuses to start training on a spent schedule.
 """
 
+import importlib.util
 import os
 
 import tensorflow as tf
@@ -63,7 +64,7 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
         log_every: 'epoch', or a positive integer k: additionally account every k DP steps (absl INFO log, and
             TensorBoard scalars when ``log_dir`` is given). Each accounting call costs as above.
         log_dir: Optional directory; scalars ``privacy/<key>`` are written to ``<log_dir>/privacy`` with the DP
-            step as the x axis.
+            step as the x axis (needs the tensorboard package, which TensorFlow 2.16+ does not install).
     """
 
     def __init__(self, accountant: str = registry.DEFAULT_ACCOUNTANT, *, delta: float, log_every: str | int = "epoch",
@@ -78,6 +79,10 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
                                      or log_every < 1):
             raise ValueError("`log_every` must be 'epoch' or an integer >= 1. "
                              f"Received: log_every={log_every!r}.")
+        if log_dir is not None and importlib.util.find_spec("tensorboard") is None:
+            raise ImportError("PrivacyLogger(log_dir=...) writes TensorBoard summaries, which needs the tensorboard "
+                              "package (TensorFlow 2.16+ does not install it): pip install tensorboard. "
+                              f"Received: log_dir={log_dir!r}.")
         self.accountant = accountant
         self.delta = float(delta)
         self.log_every = log_every

@@ -1,5 +1,6 @@
 """Tests for keras_dyndp.callbacks: PrivacyLogger values and logging, BudgetStop, optimizer checks, model.fit."""
 
+import importlib.util
 import os
 
 import numpy as np
@@ -8,10 +9,15 @@ import tensorflow as tf
 
 from keras_dyndp import callbacks
 from keras_dyndp import data
+from keras_dyndp import keras_compat
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import DynamicDPKerasSGD
+from keras_dyndp.per_example import make_private
 
+keras = keras_compat.keras
 DELTA = 1e-5
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
 
 def _schedule() -> schedules.DPSchedule:
@@ -32,7 +38,7 @@ class _FakeModel:
         self.stop_training = False
 
 
-def _attach(callback: tf.keras.callbacks.Callback, optimizer) -> _FakeModel:
+def _attach(callback: keras.callbacks.Callback, optimizer) -> _FakeModel:
     model = _FakeModel(optimizer)
     callback.set_model(model)
     return model
@@ -88,6 +94,7 @@ def test_privacy_logger_refuses_before_training_what_it_could_not_account():
     rdp.on_train_begin()  # The RDP accounts it (a huge epsilon).
 
 
+@pytest.mark.skipif(not HAVE_TENSORBOARD, reason="writing summaries needs the tensorboard package")
 def test_privacy_logger_writes_summaries_every_k_steps(tmp_path):
     optimizer = _optimizer(_schedule())
     logger = callbacks.PrivacyLogger("gdp_clt", delta=DELTA, log_every=2, log_dir=str(tmp_path))
@@ -107,7 +114,7 @@ def test_privacy_logger_writes_summaries_every_k_steps(tmp_path):
 
 def test_privacy_logger_rejects_non_dp_optimizer():
     logger = callbacks.PrivacyLogger("pld", delta=DELTA)
-    _attach(logger, tf.keras.optimizers.SGD())
+    _attach(logger, keras.optimizers.SGD())
     with pytest.raises(ValueError, match="PrivacyLogger needs a keras_dyndp DP optimizer.*got SGD"):
         logger.on_train_begin()
     stop = callbacks.BudgetStop()
@@ -127,6 +134,15 @@ def test_privacy_logger_bad_arguments():
         callbacks.PrivacyLogger("rdp", 1e-5)  # delta is keyword-only
 
 
+def test_privacy_logger_log_dir_without_tensorboard_says_what_to_install(monkeypatch, tmp_path):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "tensorboard" else real_find_spec(name, *args))
+    with pytest.raises(ImportError, match="pip install tensorboard"):
+        callbacks.PrivacyLogger(delta=DELTA, log_dir=str(tmp_path))
+    callbacks.PrivacyLogger(delta=DELTA)  # Without log_dir it needs no tensorboard.
+
+
 def test_budget_stop():
     optimizer = _optimizer(_schedule(), 2)
     stop = callbacks.BudgetStop()
@@ -142,18 +158,16 @@ def test_budget_stop():
 
 
 def test_fit_with_dp_optimizer_logs_epsilon_and_stops_at_budget():
-    optimizers = pytest.importorskip("keras_dyndp.optimizers")
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     num_examples, p = 40, 0.25
     x = np.random.default_rng(0).normal(size=(num_examples, 3)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     schedule = schedules.DPSchedule(np.full(6, 1.0), np.linspace(1.0, 0.5, 6), sampling_probability=p)
-    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
     model.compile(
-        optimizer=optimizers.DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p,
+        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p,
                                                learning_rate=0.1),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                           reduction=tf.keras.losses.Reduction.NONE))
+        loss=LOSS)
     dataset = data.poisson_batches_from_tensors(x, y, p, seed=0)  # 4 steps per epoch
     budget_stop = callbacks.BudgetStop()
     history = model.fit(dataset, epochs=3, verbose=0,
@@ -165,17 +179,15 @@ def test_fit_with_dp_optimizer_logs_epsilon_and_stops_at_budget():
 
 
 def test_budget_stop_ends_a_steps_per_execution_loop_exactly_at_the_budget():
-    optimizers = pytest.importorskip("keras_dyndp.optimizers")
     num_examples, p = 40, 0.25
     x = np.random.default_rng(1).normal(size=(num_examples, 3)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     schedule = schedules.DPSchedule(np.full(10, 1.0), np.full(10, 0.5), sampling_probability=p)
-    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
     model.compile(
-        optimizer=optimizers.DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p,
+        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p,
                                                learning_rate=0.1),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                           reduction=tf.keras.losses.Reduction.NONE),
+        loss=LOSS,
         steps_per_execution=3)
     dataset = data.poisson_batches_from_tensors(x, y, p)  # 4 steps per epoch: calls of 3 and 1 steps
     budget_stop = callbacks.BudgetStop()
@@ -186,30 +198,35 @@ def test_budget_stop_ends_a_steps_per_execution_loop_exactly_at_the_budget():
     assert len(history.history["loss"]) == 3
     assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
     assert budget_stop.stopped_at_step == 10 == int(model.optimizer.dp_step)
-    assert int(model._steps_per_execution.numpy()) == 3  # restored for later calls (evaluate, predict)
+    assert keras_compat.steps_per_execution(model) == 3  # restored for later calls (evaluate, predict)
 
 
 @pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_privacy_logger_reaches_tensorboard_csv_and_history_wherever_it_is_listed(tmp_path, steps_per_execution):
-    optimizers = pytest.importorskip("keras_dyndp.optimizers")
     num_examples, p = 40, 0.25
     x = np.random.default_rng(2).normal(size=(num_examples, 3)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     schedule = schedules.DPSchedule(np.full(12, 1.0), np.full(12, 0.8), sampling_probability=p)
-    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
     model.compile(
-        optimizer=optimizers.DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                           reduction=tf.keras.losses.Reduction.NONE),
+        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p),
+        loss=LOSS,
         steps_per_execution=steps_per_execution)
     csv_path = str(tmp_path / "log.csv")
-    listed_first = [tf.keras.callbacks.TensorBoard(str(tmp_path / "tb")), tf.keras.callbacks.CSVLogger(csv_path)]
+    listed_first = [keras.callbacks.CSVLogger(csv_path), keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: seen_first.append(logs.get("epsilon_gdp_clt")))]
+    seen_first = []
+    if HAVE_TENSORBOARD:
+        listed_first.insert(0, keras.callbacks.TensorBoard(str(tmp_path / "tb")))
     history = model.fit(data.poisson_batches_from_tensors(x, y, p), epochs=3, verbose=0,
                         callbacks=[*listed_first, callbacks.PrivacyLogger("gdp_clt", delta=DELTA)])
     assert history.history["dp_step"] == [4.0, 8.0, 12.0]
     with open(csv_path) as handle:
         rows = handle.read().splitlines()
     assert "epsilon_gdp_clt" in rows[0].split(",") and len(rows) == 4
+    assert seen_first == pytest.approx(history.history["epsilon_gdp_clt"])
+    if not HAVE_TENSORBOARD:
+        pytest.skip("TensorBoard part: the tensorboard package is not installed (TensorFlow 2.16+ does not require it)")
     tags = set()
     for event_file in tf.io.gfile.glob(str(tmp_path / "tb" / "train" / "events.*")):
         for event in tf.compat.v1.train.summary_iterator(event_file):

@@ -23,7 +23,8 @@ model.fit(x, y, batch_size=256, epochs=20)
 ```
 
 Loss and metrics of the training batch are computed without noise; ``make_private(model,
-training_metrics=False)`` computes none, so nothing but the noised update is derived from the private batch.
+training_metrics=False)`` computes none, so nothing but the noised update is derived from the private batch (the
+step's logs then hold only ``dp_step``, the public number of DP steps taken).
 
 Saving: the optimizer records make_private's arguments in its config, so a model saved to ``.keras`` and reloaded
 with ``load_model`` gets this train step back when the optimizer is built at load (any model built before saving);
@@ -131,7 +132,9 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
     else:
         y_pred = _microbatch_step(self, optimizer, loss_fn, x, y, sample_weight, var_list)
     if not self._keras_dyndp_training_metrics:
-        return {}  # Nothing computed on the private batch leaves the step.
+        # Nothing computed on the private batch leaves the step; the public step count stands in for the logs
+        # (Keras 3's train function cannot return an empty structure).
+        return {"dp_step": tf.identity(optimizer.dp_step)}
     return keras_compat.training_logs(self, x, y, y_pred, sample_weight)
 
 
@@ -183,13 +186,14 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
         model: a Keras model (Sequential, functional or subclassed) without batch normalisation (refused at the
             first step; use GroupNormalization or LayerNormalization).
         method: how per-example gradients are clipped: ``'auto'`` (ghost clipping when every trainable layer
-            has a rule, else vectorized), ``'ghost'`` or ``'vectorized'``
-            (see ``keras_dyndp.per_example``).
+            has a rule, else vectorized; vectorized under mixed precision), ``'ghost'`` or ``'vectorized'``
+            (see ``keras_dyndp.per_example``). An optimizer with ``num_microbatches`` uses its own microbatch
+            path instead.
         training_metrics: True (Keras's default behaviour): the step also computes the compiled loss and metrics
             on the training batch and returns them as logs (progress bar, ``History``, TensorBoard). They are
             computed on the private batch WITHOUT noise, so they are outside the DP guarantee: one outlier
             example can move the logged loss visibly. False: the step computes no loss or metric on the batch
-            and returns no logs; only the noised update leaves it.
+            and logs only ``dp_step`` (public); only the noised update leaves it.
 
     Returns:
         ``model``.

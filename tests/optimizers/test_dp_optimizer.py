@@ -314,8 +314,61 @@ def test_direct_apply_gradients_is_refused():
     grads_and_vars = optimizer.compute_gradients(loss, [variable], tape=tape)
     with pytest.raises(RuntimeError, match="without differential privacy"):
         optimizer.apply_gradients([(grad * 10.0, var) for grad, var in grads_and_vars])
+    with pytest.raises(RuntimeError, match=r"without differential privacy.*keras_dyndp\.make_private\(model\)"):
+        optimizer.apply([tf.constant([0.1, 0.1])], [variable])  # Keras 3's entry point.
     np.testing.assert_array_equal(variable.numpy(), [1.0, 2.0])
     assert int(optimizer.dp_step) == 0
+
+
+@pytest.mark.skipif(keras_compat.KERAS_MAJOR_VERSION < 3, reason="Keras 2's default train step calls minimize")
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_keras3_default_train_step_is_refused_naming_make_private(policy):
+    x, y = data()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = linear_model()
+        model.compile(optimizer=DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0])), loss=per_example_mse())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    with pytest.raises(RuntimeError, match=(r"averaged gradient, so no example can be clipped there: call "
+                                            r"model = keras_dyndp\.make_private\(model\) before model\.fit")):
+        model.fit(x, y, batch_size=2, verbose=0)
+    np.testing.assert_array_equal(model.get_weights()[0], KERNEL0)
+    assert int(keras_compat.unwrap_optimizer(model.optimizer).dp_step) == 0
+
+
+@pytest.mark.keras2_only(reason="on Keras 3 the default train step is refused (test above)")
+def test_keras2_fit_without_make_private_warns_once_naming_it():
+    x, y = data(num_rows=8)
+    model = linear_model()
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=noiseless_schedule([1.0] * 8)), loss=per_example_mse())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0)  # A new trace: still one warning.
+    slow = [str(w.message) for w in caught if issubclass(w.category, dp_optimizer.SlowPathWarning)]
+    assert len(slow) == 1 and "O(B^2)" in slow[0] and "model = keras_dyndp.make_private(model)" in slow[0]
+    assert int(model.optimizer.dp_step) == 8  # It still trains, privately.
+
+
+@pytest.mark.keras2_only(reason="on Keras 3 the default train step is refused whatever the policy")
+def test_keras2_mixed_float16_without_make_private_is_refused_with_a_mixed_precision_message():
+    x, y = data()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = linear_model()
+        model.compile(optimizer=DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0])), loss=per_example_mse())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    with pytest.raises(ValueError, match=r"Mixed precision \('mixed_float16'\).*keras_dyndp\.make_private"):
+        model.fit(x, y, batch_size=2, verbose=0)
+
+
+@pytest.mark.skipif(keras_compat.KERAS_MAJOR_VERSION < 3, reason="Keras 3 optimizer arguments")
+@pytest.mark.parametrize("argument", [dict(gradient_accumulation_steps=2), dict(loss_scale_factor=128.0)])
+def test_keras3_arguments_that_would_change_the_mechanism_are_refused(argument):
+    with pytest.raises(ValueError, match=f"do not support `{next(iter(argument))}`"):
+        DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]), **argument)
 
 
 def test_compute_then_apply_unchanged_gradients_is_accepted():

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from brute_force import LOSS
 from brute_force import reference
+from keras_dyndp import keras_compat
 from keras_dyndp import schedules
-from keras_dyndp.per_example import make_private
+from keras_dyndp.optimizers import DynamicDPKerasAdam
 from keras_dyndp.optimizers import DynamicDPKerasSGD
+from keras_dyndp.optimizers.dp_optimizer import SlowPathWarning
+from keras_dyndp.per_example import make_private
+from keras_dyndp.per_example import train_step
 
+keras = keras_compat.keras
 CLIP = 0.5
 
 
@@ -20,28 +27,28 @@ def dp_optimizer(clip: float = CLIP, learning_rate: float = 0.5, noise: float = 
     return DynamicDPKerasSGD(schedule=schedule, learning_rate=learning_rate)
 
 
-def sequential() -> tf.keras.Model:
-    return tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape=(8, 8, 1)),
-        tf.keras.layers.Conv2D(3, 3, strides=2, padding="same", activation="relu"),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(2),
+def sequential() -> keras.Model:
+    return keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(3, 3, strides=2, padding="same", activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(2),
     ])
 
 
-def functional() -> tf.keras.Model:
-    inputs = tf.keras.Input(shape=(5,), dtype=tf.int32)
-    hidden = tf.keras.layers.Embedding(10, 4)(inputs)
-    hidden = tf.keras.layers.LSTM(4)(hidden)
-    return tf.keras.Model(inputs, tf.keras.layers.Dense(2)(hidden))
+def functional() -> keras.Model:
+    inputs = keras.Input(shape=(5,), dtype=tf.int32)
+    hidden = keras.layers.Embedding(10, 4)(inputs)
+    hidden = keras.layers.LSTM(4)(hidden)
+    return keras.Model(inputs, keras.layers.Dense(2)(hidden))
 
 
-class Subclassed(tf.keras.Model):
+class Subclassed(keras.Model):
     def __init__(self):
         super().__init__()
-        self.hidden = tf.keras.layers.Dense(6, activation="relu")
-        self.norm = tf.keras.layers.LayerNormalization()  # No ghost rule: vectorized path.
-        self.out = tf.keras.layers.Dense(2)
+        self.hidden = keras.layers.Dense(6, activation="relu")
+        self.norm = keras.layers.LayerNormalization()  # No ghost rule: vectorized path.
+        self.out = keras.layers.Dense(2)
 
     def call(self, inputs):
         return self.out(self.norm(self.hidden(inputs)))
@@ -62,7 +69,7 @@ def dataset(name: str, size: int = 32):
 @pytest.mark.parametrize("name,build,clip,learning_rate", [
     ("sequential", sequential, 0.5, 0.5), ("functional", functional, 5.0, 2.0), ("subclassed", Subclassed, 0.5, 0.5)])
 def test_fit_trains_and_counts_steps(name, build, clip, learning_rate):
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = make_private(build())
     model.compile(optimizer=dp_optimizer(clip=clip, learning_rate=learning_rate, noise=0.01), loss=LOSS,
                   metrics=["accuracy"])
@@ -75,7 +82,7 @@ def test_fit_trains_and_counts_steps(name, build, clip, learning_rate):
 
 
 def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = sequential()
     x, y = dataset("sequential", 4)
     weights = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
@@ -92,15 +99,15 @@ def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
 def test_refuses_non_dp_optimizer_and_averaged_loss():
     x, y = dataset("subclassed", 8)
     model = Subclassed()
-    model.compile(optimizer=tf.keras.optimizers.SGD(), loss=LOSS)
+    model.compile(optimizer=keras.optimizers.SGD(), loss=LOSS)
     with pytest.raises(ValueError, match="keras_dyndp DP optimizer"):
         make_private(model)
     model = make_private(Subclassed())
-    model.compile(optimizer=tf.keras.optimizers.SGD(), loss=LOSS)
+    model.compile(optimizer=keras.optimizers.SGD(), loss=LOSS)
     with pytest.raises(ValueError, match="keras_dyndp DP optimizer"):
         model.fit(x, y, verbose=0)
     model = make_private(Subclassed())
-    model.compile(optimizer=dp_optimizer(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer=dp_optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     with pytest.raises(ValueError, match="reduction"):
         model.fit(x, y, verbose=0)
     with pytest.raises(ValueError, match="`method`"):
@@ -108,14 +115,15 @@ def test_refuses_non_dp_optimizer_and_averaged_loss():
 
 
 def test_training_metrics_false_computes_no_logs_from_the_private_batch():
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = make_private(sequential(), training_metrics=False)
     model.compile(optimizer=dp_optimizer(noise=0.01), loss=LOSS, metrics=["accuracy"])
     x, y = dataset("sequential")
     loss_before = model.evaluate(x, y, verbose=0)[0]
     model.reset_metrics()
     history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
-    assert history.history == {}  # No loss, no accuracy: nothing but the noised update left the steps.
+    # No loss, no accuracy: nothing but the noised update left the steps; the public step count stands in.
+    assert history.history == {"dp_step": [4, 8]}
     assert all(float(variable.numpy()) == 0 for metric in model.metrics for variable in metric.variables)
     assert int(model.optimizer.dp_step.numpy()) == 8 and model.evaluate(x, y, verbose=0)[0] < loss_before
     with pytest.raises(ValueError, match="`training_metrics` must be True or False"):
@@ -123,12 +131,12 @@ def test_training_metrics_false_computes_no_logs_from_the_private_batch():
 
 
 @pytest.mark.parametrize("norm", [
-    lambda: tf.keras.layers.BatchNormalization(),  # Trainable scale and offset: vectorized path.
-    lambda: tf.keras.layers.BatchNormalization(center=False, scale=False),  # No weights: ghost path.
+    lambda: keras.layers.BatchNormalization(),  # Trainable scale and offset: vectorized path.
+    lambda: keras.layers.BatchNormalization(center=False, scale=False),  # No weights: ghost path.
 ], ids=["vectorized", "ghost"])
 def test_batch_normalisation_is_refused_before_the_first_step(norm):
-    model = make_private(tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape=(3,)), norm(), tf.keras.layers.Dense(2)]))
+    model = make_private(keras.Sequential([
+        keras.Input((3,)), norm(), keras.layers.Dense(2)]))
     schedule = schedules.DPSchedule(np.full(10, CLIP), np.full(10, 1e6), 8 / 8)  # Batch 8 of 8 examples.
     model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=8), loss=LOSS)
     before = [v.numpy() for v in model.variables]
@@ -140,17 +148,17 @@ def test_batch_normalisation_is_refused_before_the_first_step(norm):
         np.testing.assert_array_equal(old, new.numpy())
 
 
-def time_distributed() -> tf.keras.Model:
-    inputs = tf.keras.Input(shape=(3, 4))
-    hidden = tf.keras.layers.TimeDistributed(tf.keras.layers.Dense(3, activation="tanh"))(inputs)
-    hidden = tf.keras.layers.TimeDistributed(tf.keras.layers.Dense(2))(hidden)
-    return tf.keras.Model(inputs, tf.keras.layers.GlobalAveragePooling1D()(hidden))
+def time_distributed() -> keras.Model:
+    inputs = keras.Input(shape=(3, 4))
+    hidden = keras.layers.TimeDistributed(keras.layers.Dense(3, activation="tanh"))(inputs)
+    hidden = keras.layers.TimeDistributed(keras.layers.Dense(2))(hidden)
+    return keras.Model(inputs, keras.layers.GlobalAveragePooling1D()(hidden))
 
 
 def test_time_distributed_fit_with_a_partial_last_batch_clips_each_example():
     """5 examples in batches of 2, 2 and 1 on the ghost path: each step is the sum of per-example clipped
     gradients divided by the expected batch size 2."""
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     rng = np.random.default_rng(1)
     x = rng.normal(size=(5, 3, 4)).astype(np.float32) * 3
     y = rng.integers(0, 2, 5)
@@ -167,3 +175,92 @@ def test_time_distributed_fit_with_a_partial_last_batch_clips_each_example():
     assert int(model.optimizer.dp_step.numpy()) == 3
     for actual, wanted in zip(model.trainable_variables, expected.trainable_variables):
         np.testing.assert_allclose(actual.numpy(), wanted.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def _with_policy(policy: str, build):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        return build()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_clips_sums_and_noises_in_float32(policy):
+    tf.keras.utils.set_random_seed(0)
+    x, y = dataset("sequential", 4)
+    model = _with_policy(policy, sequential)
+    reference_model = sequential()
+    reference_model.set_weights(model.get_weights())
+    assert model.layers[0].compute_dtype == policy.split("_")[1] and model.layers[0].kernel.dtype == "float32"
+    before = [v.numpy() for v in model.trainable_variables]
+    model = make_private(model)
+    clip = 0.05
+    expected, norms = reference(reference_model, x[:1], y[:1], np.ones(1, np.float32), clip)[:2]  # In float32.
+    assert norms[0] > 10 * clip
+    model.compile(optimizer=_with_policy(policy, lambda: dp_optimizer(clip=clip, learning_rate=1.0)), loss=LOSS)
+    # One example, clipped: the update is C times its direction. Clipping in the policy's precision would miss the
+    # norm by ~0.1% (float16) or ~0.4% (bfloat16).
+    model.fit(x[:1], y[:1], batch_size=1, epochs=1, verbose=0)
+    update = [old - new.numpy() for old, new in zip(before, model.trainable_variables)]
+    assert np.sqrt(sum(np.sum(u.astype(np.float64) ** 2) for u in update)) == pytest.approx(clip, rel=1e-5)
+    cosine = sum(np.sum(u * e) for u, e in zip(update, expected)) / clip ** 2
+    assert cosine > 0.99  # The same direction, computed in low precision.
+    optimizer = keras_compat.unwrap_optimizer(model.optimizer)
+    assert (model.optimizer is not optimizer) == (policy == "mixed_float16")  # LossScaleOptimizer, bypassed.
+    assert int(optimizer.dp_step.numpy()) == 1
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_fit_trains_on_every_path_and_refuses_ghost(policy):
+    x, y = dataset("sequential")
+    for method, num_microbatches in (("auto", None), ("vectorized", None), ("auto", 4)):
+        tf.keras.utils.set_random_seed(0)
+        model = make_private(_with_policy(policy, sequential), method=method)
+        schedule = schedules.DPSchedule(np.full(100, CLIP), np.full(100, 0.01), 0.01)
+        model.compile(optimizer=_with_policy(policy, lambda: DynamicDPKerasSGD(
+            schedule=schedule, learning_rate=0.5, num_microbatches=num_microbatches)), loss=LOSS)
+        loss_before = model.evaluate(x, y, verbose=0)
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0)
+        assert model.evaluate(x, y, verbose=0) < loss_before
+        assert int(keras_compat.unwrap_optimizer(model.optimizer).dp_step.numpy()) == 12
+        assert all(variable.dtype == "float32" for variable in model.trainable_variables)
+    model = make_private(_with_policy(policy, sequential), method="ghost")
+    model.compile(optimizer=_with_policy(policy, dp_optimizer), loss=LOSS)
+    with pytest.raises(ValueError, match="method='ghost'.* does not support mixed precision"):
+        model.fit(x, y, batch_size=8, verbose=0)
+
+
+def test_load_model_restores_make_private_with_its_arguments(tmp_path):
+    x, y = dataset("sequential", 16)
+    model = make_private(sequential(), method="vectorized", training_metrics=False)
+    model.compile(optimizer=DynamicDPKerasAdam(schedule=schedules.DPSchedule(np.full(10, CLIP), np.full(10, 0.1),
+                                                                             0.5), learning_rate=0.01), loss=LOSS)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    arguments = {"method": "vectorized", "training_metrics": False}
+    assert loaded.optimizer.get_config()["private_train_step"] == arguments
+    assert train_step.is_private(loaded)
+    assert (loaded._keras_dyndp_method, loaded._keras_dyndp_training_metrics) == ("vectorized", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowPathWarning)
+        history = loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert history.history == {"dp_step": [4]}  # The restored step, with training_metrics=False.
+
+
+def test_a_model_never_made_private_is_not_made_private_by_load_model(tmp_path):
+    x, y = dataset("sequential", 16)
+    model = sequential()
+    model.compile(optimizer=dp_optimizer(), loss=LOSS)
+    model(x[:1])
+    model.save(str(tmp_path / "model.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "model.keras"))
+    assert loaded.optimizer.get_config()["private_train_step"] is None and not train_step.is_private(loaded)
+    if keras_compat.KERAS_MAJOR_VERSION >= 3:
+        with pytest.raises(RuntimeError, match=r"call model = keras_dyndp\.make_private\(model\)"):
+            loaded.fit(x, y, batch_size=8, verbose=0)
+    else:
+        with pytest.warns(SlowPathWarning, match=r"model = keras_dyndp\.make_private\(model\)"):
+            loaded.fit(x, y, batch_size=8, verbose=0)
