@@ -53,7 +53,11 @@ def _major_version() -> int:
 
 KERAS_MAJOR_VERSION: int = _major_version()
 
-if KERAS_MAJOR_VERSION != 2:
+# TEMPORARY (rules work): on Keras 3, `keras` is the Keras 3 package and the import goes on; the core port
+# replaces this.
+if KERAS_MAJOR_VERSION == 3:
+    import keras  # pylint: disable=g-import-not-at-top
+elif KERAS_MAJOR_VERSION != 2:
     raise ImportError(
         "keras_dyndp runs on Keras 2 only so far (TensorFlow 2.15, or tf_keras with TF_USE_LEGACY_KERAS=1); "
         f"tf.keras is Keras {KERAS_MAJOR_VERSION} here. Keras 3 support is issue 10."
