@@ -147,6 +147,12 @@ def variable_name(variable: Any) -> str:
     return getattr(variable, "path", None) or variable.name
 
 
+def depthwise_kernel(layer: keras.layers.Layer) -> Any:
+    """A ``DepthwiseConv2D``'s (or ``DepthwiseConv1D``'s) kernel variable: ``depthwise_kernel`` on Keras 2,
+    ``kernel`` on Keras 3 (SeparableConv2D's ``depthwise_kernel`` has the same name on both)."""
+    return layer.depthwise_kernel if KERAS_MAJOR_VERSION == 2 else layer.kernel
+
+
 def flatten_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
     """Every layer inside ``layer`` (a model or a wrapper), nested ones included, not ``layer`` itself."""
     return layer._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access

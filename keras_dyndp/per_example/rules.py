@@ -12,12 +12,13 @@ A `LayerRule` has three parts:
   applied at every position, ``bias_gradient``, ``materialised_gradient``).
 * ``supports(layer)`` says whether this layer's configuration is covered (default: every configuration).
 
-Built in: ``Dense``, ``Conv2D`` (channels_last, groups 1, not causal), ``Embedding`` (dense ids) and ``LSTM``
-(no mask, dropout, state or reversal). On Keras 3 none of them covers a layer with LoRA enabled or a quantized one
-(``lora_enabled``, ``quantization_mode``): their trainable variables are then not the ones the rules
-differentiate. Rules are looked up by exact class: a subclass may compute something else in its ``call``, so it
-needs a rule of its own. A model whose trainable variables are not all covered by rules is clipped on the
-vectorized path instead (``method='auto'``).
+Built in: ``Dense``, ``Conv1D`` (channels_last, groups 1; causal too), ``Conv2D`` (channels_last, groups 1),
+``DepthwiseConv2D`` and ``SeparableConv2D`` (channels_last), ``Embedding`` (dense ids) and ``LSTM`` (no mask,
+dropout, state or reversal). On Keras 3 none of them covers a layer with
+LoRA enabled or a quantized one (``lora_enabled``, ``quantization_mode``): their trainable variables are then not
+the ones the rules differentiate. Rules are looked up by exact class: a subclass may compute something else in its
+``call``, so it needs a rule of its own. A model whose trainable variables are not all covered by rules is clipped
+on the vectorized path instead (``method='auto'``).
 
 A rule for a custom layer, ``y = x * scale + shift`` over the last axis:
 
@@ -64,8 +65,10 @@ from typing import Callable
 import tensorflow as tf
 
 from keras_dyndp.keras_compat import keras
+from keras_dyndp.per_example import conv1d
 from keras_dyndp.per_example import conv2d
 from keras_dyndp.per_example import dense
+from keras_dyndp.per_example import depthwise
 from keras_dyndp.per_example import embedding
 from keras_dyndp.per_example import lstm
 from keras_dyndp.per_example.taps import GhostGradient
@@ -135,8 +138,14 @@ def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
 
 
 register_layer_rule(keras.layers.Dense, call=dense.call, norms_and_sums=dense.norms_and_sums, supports=_built_in())
+register_layer_rule(keras.layers.Conv1D, call=conv1d.call, norms_and_sums=conv1d.norms_and_sums,
+                    supports=_built_in(conv1d.supports))
 register_layer_rule(keras.layers.Conv2D, call=conv2d.call, norms_and_sums=conv2d.norms_and_sums,
                     supports=_built_in(conv2d.supports))
+register_layer_rule(keras.layers.DepthwiseConv2D, call=depthwise.depthwise_call,
+                    norms_and_sums=depthwise.depthwise_norms_and_sums, supports=_built_in(depthwise.supports))
+register_layer_rule(keras.layers.SeparableConv2D, call=depthwise.separable_call,
+                    norms_and_sums=depthwise.separable_norms_and_sums, supports=_built_in(depthwise.supports))
 register_layer_rule(keras.layers.Embedding, call=embedding.call, norms_and_sums=embedding.norms_and_sums,
                     supports=_built_in(embedding.supports))
 register_layer_rule(keras.layers.LSTM, call=lstm.call, norms_and_sums=lstm.norms_and_sums,
