@@ -175,21 +175,34 @@ def reset_train_function(model: keras.Model) -> None:
 
 
 def input_signature(model: keras.Model) -> Any:
-    """The inputs' specs of a model that has been built or called (unknown batch size), else None."""
-    if _KERAS_3:
-        try:
-            inputs = model.inputs
-        except (AttributeError, ValueError):  # A subclassed model has no symbolic inputs.
+    """The inputs' specs of a model that has been built or called (unknown batch size), else None.
+
+    Keras 3 records the input specs of functional and Sequential models only (``model.inputs``); a subclassed
+    model keeps its build shapes but not its input dtypes, so it gives None there.
+    """
+    if KERAS_MAJOR_VERSION == 2:
+        spec = model.save_spec(dynamic_batch=True)
+        if spec is None:
             return None
-        if not inputs:
-            return None
-        specs = [tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype) for tensor in inputs]
-        return specs[0] if len(specs) == 1 else tuple(specs)
-    spec = model.save_spec(dynamic_batch=True)
-    if spec is None:
+        args, _ = spec
+        return args[0] if len(args) == 1 else tuple(args)
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
         return None
-    args, _ = spec
-    return args[0] if len(args) == 1 else tuple(args)
+    specs = [tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)) for t in inputs]
+    return specs[0] if len(specs) == 1 else tuple(specs)
+
+
+def variable_name(variable: Any) -> str:
+    """A variable's name for messages, with its layer's: Keras 2's ``'dense/kernel:0'``, Keras 3's path
+    ``'dense/kernel'`` (a Keras 3 variable's ``name`` is only ``'kernel'``)."""
+    return getattr(variable, "path", None) or variable.name
+
+
+def depthwise_kernel(layer: keras.layers.Layer) -> Any:
+    """A ``DepthwiseConv2D``'s (or ``DepthwiseConv1D``'s) kernel variable: ``depthwise_kernel`` on Keras 2,
+    ``kernel`` on Keras 3 (SeparableConv2D's ``depthwise_kernel`` has the same name on both)."""
+    return layer.depthwise_kernel if KERAS_MAJOR_VERSION == 2 else layer.kernel
 
 
 def flatten_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
@@ -197,18 +210,18 @@ def flatten_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
     return layer._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
 
 
-if _KERAS_3:
-    BATCH_NORM_CLASSES: tuple[type, ...] = (keras.layers.BatchNormalization,)
-    ALWAYS_MIXING_BATCH_NORM_CLASSES: tuple[type, ...] = ()
-else:
-    BATCH_NORM_CLASSES = (
+# BATCH_NORM_CLASSES: layers that normalise with batch statistics in training and store moving averages.
+# ALWAYS_MIXING_BATCH_NORM_CLASSES: those that use batch statistics in training even when frozen (TF1's).
+if KERAS_MAJOR_VERSION == 2:
+    BATCH_NORM_CLASSES: tuple[type, ...] = (
         keras.layers.BatchNormalization,
         keras.layers.experimental.SyncBatchNormalization,
         tf.compat.v1.keras.layers.BatchNormalization,
     )
-    ALWAYS_MIXING_BATCH_NORM_CLASSES = (tf.compat.v1.keras.layers.BatchNormalization,)
-# BATCH_NORM_CLASSES: layers that normalise with batch statistics in training and store moving averages.
-# ALWAYS_MIXING_BATCH_NORM_CLASSES: those that use batch statistics in training even when frozen (TF1's).
+    ALWAYS_MIXING_BATCH_NORM_CLASSES: tuple[type, ...] = (tf.compat.v1.keras.layers.BatchNormalization,)
+else:  # Keras 3: one class; ``synchronized=True`` replaces SyncBatchNormalization, and there are no TF1 layers.
+    BATCH_NORM_CLASSES = (keras.layers.BatchNormalization,)
+    ALWAYS_MIXING_BATCH_NORM_CLASSES = ()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -7,28 +7,31 @@ normalisation breaks both: in training it normalises every example with the mean
 its moving averages, which are released with the model without any noise (100 x moving_mean was the exact mean of
 the private batch). ``check_model`` refuses, before the first step:
 
-1. every ``BatchNormalization`` (also ``SyncBatchNormalization`` and the TF1 ``compat.v1`` class) that takes part
-   in training. A frozen one (``layer.trainable = False``) is accepted: Keras 2 then runs it in inference mode,
-   with its moving statistics (from public pre-training), a fixed per-example affine map;
+1. every ``BatchNormalization`` that takes part in training (Keras 2: also ``SyncBatchNormalization`` and the TF1
+   ``compat.v1`` class, refused even when frozen; Keras 3: also ``synchronized=True``, the same class). A frozen
+   one (``layer.trainable = False``) is accepted: Keras then runs it in inference mode, with its moving
+   statistics (from public pre-training), a fixed per-example affine map;
 2. any other layer whose ``call`` writes to a variable (``assign``, ``assign_add``, scatter updates, ...) a value
    computed from the input batch (its values or its shape). It is found by tracing ``model(x, training=True)``
    into a scratch graph (nothing runs) and following each write's value back to the input placeholders, also
    into ``tf.cond`` / ``tf.while_loop`` bodies and nested ``tf.function`` calls. Writes whose value does not depend
-   on the batch are allowed: random-generator states of augmentation layers, step counters. Writes to the
-   accumulators of Keras metrics (``add_metric``) are not refused: metrics of training batches are reported, not
-   part of the model, and are outside the guarantee like the compiled metrics.
+   on the batch are allowed: random-generator states of augmentation layers (Keras 3's seed generators), step
+   counters. Writes to the accumulators of Keras metrics (a layer's own ``keras.metrics`` objects, Keras 2's
+   ``add_metric``) are not refused: metrics of training batches are reported, not part of the model, and are
+   outside the guarantee like the compiled metrics. Variables are matched by their TensorFlow resource
+   (``variable.handle``; on Keras 3 that of the ``tf.Variable`` inside each Keras variable).
 
 Not detected: a custom layer that mixes examples without storing anything (e.g. subtracting the batch mean) and
 does not subclass BatchNormalization. On ``make_private``'s vectorized path each example runs alone, so such a
 layer cannot mix examples there; on the ghost and plain paths it would.
 
 The DP paths call this for you, once per model (again after a layer is unfrozen), when the first training step
-is traced: ``make_private`` (through ``keras_dyndp.per_example.clipped_gradient_sum``) and the DP optimizers
-inside ``model.fit`` (which find the model on the call stack, see ``keras_dyndp.keras_context``). In a custom
-training loop the optimizer cannot see the model: it warns once, and you should call
-``keras_dyndp.check_model(model, x)`` yourself. With ``run_eagerly=True`` the optimizer is called after the first forward pass has run: the error then
-comes before any update, but BatchNormalization's moving averages have already been updated once in memory (call
-``check_model`` before ``fit`` to avoid that).
+is traced: ``make_private`` (through ``keras_dyndp.per_example.clipped_gradient_sum``) and, on Keras 2, the DP
+optimizers inside ``model.fit`` (which find the model on the call stack, see ``keras_dyndp.keras_context``). In
+a custom training loop the optimizer cannot see the model: it warns once, and you should call
+``keras_dyndp.check_model(model, x)`` yourself. With ``run_eagerly=True`` the optimizer is called after the
+first forward pass has run: the error then comes before any update, but BatchNormalization's moving averages have
+already been updated once in memory (call ``check_model`` before ``fit`` to avoid that).
 """
 
 from __future__ import annotations
@@ -63,12 +66,13 @@ def check_model(model: keras.Model, inputs: Any = None) -> None:
     Args:
         model: the Keras model to be trained with DP-SGD.
         inputs: a batch of inputs (tensors, arrays or ``tf.TensorSpec``s, nested as the model takes them) to trace
-            the model with; only their dtypes and shapes are used. None: the model's ``save_spec()``, known once
-            the model has been built or called.
+            the model with; only their dtypes and shapes are used. None: the input specs Keras recorded when the
+            model was built or called (``keras_compat.input_signature``; on Keras 3 only functional and Sequential
+            models record them).
 
     Raises:
         ValueError: naming the first offending layer (its name and class) and what to use instead, or when
-            ``inputs`` is None and the model has never been built.
+            ``inputs`` is None and Keras has no input specs of the model.
 
     ```python
     keras_dyndp.check_model(model, x_train[:1])  # Before a custom training loop.
@@ -80,7 +84,7 @@ def check_model(model: keras.Model, inputs: Any = None) -> None:
                 f"Layer {layer.name!r} ({type(layer).__name__}) normalises each example with the mean and variance "
                 "of the whole batch and stores them in its moving averages without noise: one example changes the "
                 "others' gradients and the released model, which DP-SGD's clipping does not bound. Replace it "
-                "with tf.keras.layers.GroupNormalization or tf.keras.layers.LayerNormalization (per-example), or "
+                "with keras.layers.GroupNormalization or keras.layers.LayerNormalization (per-example), or "
                 "freeze it (layer.trainable = False runs it in inference mode with fixed statistics)."
             )
     _check_writes(model, _input_signature(model, inputs))
@@ -128,13 +132,14 @@ def _mixes_batch_statistics(layer: keras.layers.Layer) -> bool:
 
 
 def _input_signature(model: keras.Model, inputs: Any) -> Any:
-    """TypeSpecs of ``inputs``, or of the model's save spec (with an unknown batch size) when None."""
+    """TypeSpecs of ``inputs``, or of the model's recorded inputs (with an unknown batch size) when None."""
     if inputs is None:
         inputs = keras_compat.input_signature(model)
         if inputs is None:
             raise ValueError(
-                f"check_model cannot trace model {model.name!r}: it has never been built or called. Pass a batch "
-                "of inputs: check_model(model, inputs=x)."
+                f"check_model cannot trace model {model.name!r}: it has never been built or called (on Keras 3, a "
+                "subclassed model does not record its input dtypes). Pass a batch of inputs: "
+                "check_model(model, inputs=x)."
             )
 
     def to_spec(value):
@@ -166,13 +171,13 @@ def _check_writes(model: keras.Model, signature: Any) -> None:
             owners = [layer for layer in keras_compat.flatten_layers(model)
                       if any(w is variable for w in layer.weights)]
             owner = min(owners, key=lambda layer: len(layer.weights), default=None)
-            where = f"variable {variable.name!r}" + (
+            where = f"variable {keras_compat.variable_name(variable)!r}" + (
                 f" of layer {owner.name!r} ({type(owner).__name__})" if owner is not None else "")
         raise ValueError(
             f"Model {model.name!r} writes {where} in its training-mode call with a value computed from the input "
             "batch: that state leaves the step without noise, and what is computed from it can carry one example "
             "into the others' gradients. Compute such statistics outside DP training (or on public data and "
-            "freeze them); for normalisation use tf.keras.layers.GroupNormalization or LayerNormalization."
+            "freeze them); for normalisation use keras.layers.GroupNormalization or LayerNormalization."
         )
 
 

@@ -69,7 +69,8 @@ def clipped_gradient_sum_with_outputs(
         elif method == "ghost":
             raise ValueError(
                 "`method='ghost'` needs every variable of `var_list` to belong to a layer with a ghost-clipping "
-                "rule (Dense, Conv2D, Embedding, LSTM or one registered with register_layer_rule). Received a "
+                "rule (Dense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding, LSTM or one registered "
+                "with register_layer_rule). Received a "
                 f"model with other trainable layers: method={method!r}."
             )
     return vectorized.clipped_sum(model, loss_fn, x, y, sample_weight, clip_norm, var_list)

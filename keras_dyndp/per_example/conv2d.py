@@ -1,12 +1,15 @@
-"""Ghost-clipping rule for ``Conv2D`` (channels_last, groups 1, not causal): kernel and bias.
+"""Ghost-clipping rule for ``Conv2D`` (channels_last, groups 1, not causal), and the convolution machinery that the
+Conv1D, DepthwiseConv2D and SeparableConv2D rules share.
 
-The kernel's per-example gradients come from image patches (the bilinear form of `norms`), or, for a 1-channel
-input without dilation, from a depthwise filter gradient that treats the batch as channels (faster on CPU).
+A convolution's kernel is applied at every output position to the input patch there, so its per-example gradient is
+the bilinear form of `norms` over image patches. Two faster forms where they apply: per channel (a depthwise
+convolution, or a 1-channel input without dilation), a depthwise filter gradient that treats the batch as channels
+gives every example's kernel gradient at once.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -17,6 +20,20 @@ from keras_dyndp.per_example import norms
 from keras_dyndp.per_example.taps import GhostGradient
 from keras_dyndp.per_example.taps import Rows
 from keras_dyndp.per_example.taps import Tap
+
+
+class Window(NamedTuple):
+    """The sliding window of a 2D convolution (channels_last): each field is (rows, columns) but ``padding``."""
+
+    kernel_size: tuple[int, int]
+    strides: tuple[int, int]
+    dilation_rate: tuple[int, int]
+    padding: str  # "valid" or "same".
+
+    @classmethod
+    def of(cls, layer: keras.layers.Layer) -> Window:
+        """The window of a 2D convolution layer (Conv2D, DepthwiseConv2D, SeparableConv2D)."""
+        return cls(tuple(layer.kernel_size), tuple(layer.strides), tuple(layer.dilation_rate), layer.padding)
 
 
 def supports(layer: keras.layers.Conv2D) -> bool:
@@ -30,53 +47,58 @@ def call(tap: Tap) -> Callable:
 
     def conv2d_call(inputs, *args, **kwargs):
         inputs = tap.guard(tf.cast(inputs, layer.kernel.dtype))
-        z = tf.nn.conv2d(
+        # tf.nn.convolution, as Keras: the CPU's Conv2D kernels have no dilation, it uses space_to_batch there.
+        z = tf.nn.convolution(
             inputs,
             tap.weight(layer.kernel),
-            strides=(1,) + tuple(layer.strides) + (1,),
+            strides=tuple(layer.strides),
             padding=layer.padding.upper(),
-            dilations=(1,) + tuple(layer.dilation_rate) + (1,),
+            dilations=tuple(layer.dilation_rate),
         )
         return dense.record_and_activate(tap, inputs, z)
 
     return conv2d_call
 
 
-# Groups of examples whose 1-channel Conv2D kernel gradients are separate ops (see below).
+# Groups of examples whose depthwise filter gradients are separate ops (see `_depthwise_filter_norms_and_sum`).
 _DEPTHWISE_PARTS = 4
 
 
-def _depthwise_kernel_gradients(layer, inputs: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
-    """[kh * kw, B, c_out]: example b's kernel gradient of a 1-input-channel Conv2D in slice b.
+def _depthwise_filter_gradients(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
+    """[kh * kw, N, c_in * m]: image n's kernel gradient [kh, kw, c_in, m] of a depthwise convolution, in slice n.
 
-    Treating the batch as the channels of a single image, ``DepthwiseConv2dNativeBackpropFilter`` returns
-    [kh, kw, B, c_out] (several times faster on CPU than image patches and a batched matmul).
+    ``inputs`` [N, H, W, c_in], ``g`` [N, OH, OW, c_in * m] (output channel c * m + j comes from input channel c).
+    Treating the N images' channels as the N * c_in channels of a single image, ``DepthwiseConv2dNativeBackpropFilter``
+    returns [kh, kw, N * c_in, m] (several times faster on CPU than image patches and a batched matmul). A
+    1-channel input of an ordinary convolution is the case c_in = 1, m = c_out. No dilation (the CPU kernel has none).
     """
-    kernel_h, kernel_w = layer.kernel_size
-    height, width = inputs.shape[1], inputs.shape[2]
+    kernel_h, kernel_w = window.kernel_size
+    height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
     out_height, out_width, out_channels = g.shape[1], g.shape[2], g.shape[3]
-    batch = tf.shape(inputs)[0]
-    images = tf.reshape(tf.transpose(inputs, [3, 1, 2, 0]), [1, height, width, batch])
-    out_backprop = tf.reshape(tf.transpose(g, [1, 2, 0, 3]), [1, out_height, out_width, batch * out_channels])
-    per_example = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
-        input=images,
-        filter_sizes=tf.stack([kernel_h, kernel_w, batch, out_channels]),
+    multiplier = out_channels // channels
+    images = tf.shape(inputs)[0]
+    stacked_inputs = tf.reshape(tf.transpose(inputs, [1, 2, 0, 3]), [1, height, width, images * channels])
+    out_backprop = tf.reshape(tf.transpose(g, [1, 2, 0, 3]), [1, out_height, out_width, images * out_channels])
+    per_image = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+        input=stacked_inputs,
+        filter_sizes=tf.stack([kernel_h, kernel_w, images * channels, multiplier]),
         out_backprop=out_backprop,
-        strides=[1, *layer.strides, 1],
-        padding=layer.padding.upper(),
+        strides=[1, *window.strides, 1],
+        padding=window.padding.upper(),
     )
-    return tf.reshape(per_example, [kernel_h * kernel_w, batch, out_channels])
+    return tf.reshape(per_image, [kernel_h * kernel_w, images, out_channels])
 
 
-def _single_channel_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
-    """Per-example kernel-gradient norms of a 1-input-channel Conv2D from depthwise filter gradients.
+def _depthwise_filter_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
+    """Per-example kernel-gradient norms and clipped sum [kh * kw, c_in * m] from depthwise filter gradients.
 
     The depthwise filter-gradient CPU kernel uses one thread for a single image, so the batch is cut into
     ``_DEPTHWISE_PARTS`` groups of examples, independent ops that TF's inter-op threads run in parallel (about
     8% off the whole tutorial-CNN step on 2 cores). Images folded in by TimeDistributed (``rows.fold`` per
     example) get one gradient each, summed per example.
     """
-    kernel_h, kernel_w = layer.kernel_size
+    kernel_positions = window.kernel_size[0] * window.kernel_size[1]
+    out_channels = g.shape[-1]
     batch = rows.batch
     images_per_example = 1 if rows.fold == 1 else rows.count // tf.maximum(rows.batch, 1)  # 0 // 1: empty batch.
     static_batch = None if rows.static is None or rows.fold is None else rows.static // rows.fold
@@ -87,10 +109,10 @@ def _single_channel_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor,
 
     def gradients_of(start, end):
         images = slice(start * images_per_example, end * images_per_example)
-        per_image = _depthwise_kernel_gradients(layer, inputs[images], g[images])
+        per_image = _depthwise_filter_gradients(window, inputs[images], g[images])
         if rows.fold == 1:
             return per_image
-        return tf.reduce_sum(tf.reshape(per_image, [kernel_h * kernel_w, end - start, -1, g.shape[-1]]), axis=2)
+        return tf.reduce_sum(tf.reshape(per_image, [kernel_positions, end - start, -1, out_channels]), axis=2)
 
     per_example = [gradients_of(start, end) for start, end in groups]
     squared = tf.concat([norms.squared_norms(gradients, [0, 2]) for gradients in per_example], axis=0)
@@ -98,10 +120,10 @@ def _single_channel_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor,
     def kernel_sum(f):
         # sum_b f_b G_b as kh*kw row-vector-matrix products: twice as fast on CPU as the einsum "hwbc,b->hwc".
         total = tf.add_n([
-            tf.matmul(tf.broadcast_to(f[None, None, start:end], [kernel_h * kernel_w, 1, end - start]), gradients)
+            tf.matmul(tf.broadcast_to(f[None, None, start:end], [kernel_positions, 1, end - start]), gradients)
             for (start, end), gradients in zip(groups, per_example)
         ])
-        return tf.reshape(total, layer.kernel.shape)
+        return tf.reshape(total, [kernel_positions, out_channels])
 
     return squared, kernel_sum
 
@@ -121,26 +143,26 @@ def _window_starts(
     return positions, pad_total // 2, pad_total - pad_total // 2
 
 
-def image_patches(layer, inputs: tf.Tensor) -> tf.Tensor:
-    """A Conv2D input's patches [B, T, kh * kw * c_in], in the kernel's (kh, kw, c_in) order.
+def image_patches(window: Window, inputs: tf.Tensor) -> tf.Tensor:
+    """A convolution input's patches [N, T, kh * kw * c_in], in the kernel's (kh, kw, c_in) order.
 
     With a static image size: one ``tf.gather`` of the padded input's pixel rows (c_in floats each) at positions
     computed once when tracing, several times faster on CPU than ``tf.image.extract_patches`` (which is used for
     an unknown image size).
     """
-    kernel_h, kernel_w = layer.kernel_size
+    kernel_h, kernel_w = window.kernel_size
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
     if height is None or width is None:
         patches = tf.image.extract_patches(
             inputs,
             sizes=[1, kernel_h, kernel_w, 1],
-            strides=[1, *layer.strides, 1],
-            rates=[1, *layer.dilation_rate, 1],
-            padding=layer.padding.upper(),
+            strides=[1, *window.strides, 1],
+            rates=[1, *window.dilation_rate, 1],
+            padding=window.padding.upper(),
         )
         return tf.reshape(patches, [tf.shape(patches)[0], -1, patches.shape[-1]])
-    rows, top, bottom = _window_starts(height, kernel_h, layer.strides[0], layer.dilation_rate[0], layer.padding)
-    cols, left, right = _window_starts(width, kernel_w, layer.strides[1], layer.dilation_rate[1], layer.padding)
+    rows, top, bottom = _window_starts(height, kernel_h, window.strides[0], window.dilation_rate[0], window.padding)
+    cols, left, right = _window_starts(width, kernel_w, window.strides[1], window.dilation_rate[1], window.padding)
     padded_width = width + left + right
     # [out_h, out_w, kh, kw] flat pixel positions in the padded image.
     pixels = rows[:, None, :, None] * padded_width + cols[None, :, None, :]
@@ -151,22 +173,54 @@ def image_patches(layer, inputs: tf.Tensor) -> tf.Tensor:
     return tf.reshape(patches, [tf.shape(inputs)[0], positions, kernel_h * kernel_w * channels])
 
 
-def _patch_conv2d_norms_and_sum(layer, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
-    """Per-example kernel-gradient norms of a Conv2D from image patches (Gram or materialised form)."""
-    patches = norms.flatten_positions(image_patches(layer, inputs), rows)
-    squared, kernel_sum = norms.bilinear_norms_and_sum(patches, norms.flatten_positions(g, rows))
-    kernel_shape = layer.kernel.shape
-    return squared, lambda f: tf.reshape(kernel_sum(f), kernel_shape)
+def _depthwise_filter_applies(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> bool:
+    """Whether `_depthwise_filter_gradients` can compute the kernel gradients: no dilation, equal strides (the
+    CPU kernel's limits) and image sizes known while tracing."""
+    return (window.dilation_rate == (1, 1) and window.strides[0] == window.strides[1]
+            and inputs.shape[1:].is_fully_defined() and g.shape[1:].is_fully_defined())
+
+
+def conv_kernel_gradient(
+    kernel: tf.Variable, window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows
+) -> GhostGradient:
+    """The per-example gradients of an ordinary 2D convolution's kernel [kh, kw, c_in, c_out] (groups 1).
+
+    ``inputs`` [rows, H, W, c_in] as the convolution saw them (padded by hand for a causal Conv1D), ``g`` the
+    gradient of its output [rows, OH, OW, c_out]. Depthwise filter gradients for a 1-channel input where they apply
+    (`_depthwise_filter_applies`), else image patches (Gram or materialised form).
+    """
+    if inputs.shape[-1] == 1 and _depthwise_filter_applies(window, inputs, g):
+        squared, kernel_sum = _depthwise_filter_norms_and_sum(window, inputs, g, rows)
+    else:
+        patches = norms.flatten_positions(image_patches(window, inputs), rows)
+        squared, kernel_sum = norms.bilinear_norms_and_sum(patches, norms.flatten_positions(g, rows))
+    return GhostGradient(kernel, squared, lambda f: tf.reshape(kernel_sum(f), kernel.shape))
+
+
+def depthwise_kernel_gradient(
+    kernel: tf.Variable, window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows
+) -> GhostGradient:
+    """The per-example gradients of a depthwise convolution's kernel [kh, kw, c_in, m].
+
+    ``inputs`` [rows, H, W, c_in], ``g`` [rows, OH, OW, c_in * m]. Depthwise filter gradients where they apply
+    (`_depthwise_filter_applies`); else each example's gradient sum_t patch_{t, c} g_{t, c, j} from image patches,
+    materialised (a depthwise kernel is small: kh kw c_in m floats).
+    """
+    if _depthwise_filter_applies(window, inputs, g):
+        squared, kernel_sum = _depthwise_filter_norms_and_sum(window, inputs, g, rows)
+        return GhostGradient(kernel, squared, lambda f: tf.reshape(kernel_sum(f), kernel.shape))
+    kernel_h, kernel_w, channels, multiplier = kernel.shape
+    patches = norms.flatten_positions(image_patches(window, inputs), rows)
+    patches = tf.reshape(patches, [rows.batch, -1, kernel_h * kernel_w, channels])
+    g = tf.reshape(norms.flatten_positions(g, rows), [rows.batch, -1, channels, multiplier])
+    per_example = tf.einsum("btkc,btcm->bkcm", patches, g)
+    return norms.materialised_gradient(kernel, tf.reshape(per_example, [-1, *kernel.shape]))
 
 
 def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
-    """Kernel (depthwise filter gradients for a 1-channel input without dilation, else image patches); bias."""
+    """Kernel (`conv_kernel_gradient`); bias."""
     layer = tap.layer
-    if tap.inputs.shape[-1] == 1 and tuple(layer.dilation_rate) == (1, 1):
-        kernel_squared, kernel_sum = _single_channel_conv2d_norms_and_sum(layer, tap.inputs, g, tap.rows)
-    else:
-        kernel_squared, kernel_sum = _patch_conv2d_norms_and_sum(layer, tap.inputs, g, tap.rows)
-    gradients = [GhostGradient(layer.kernel, kernel_squared, kernel_sum)]
+    gradients = [conv_kernel_gradient(layer.kernel, Window.of(layer), tap.inputs, g, tap.rows)]
     if layer.use_bias:
         gradients.append(norms.bias_gradient(layer.bias, norms.flatten_positions(g, tap.rows)))
     return gradients

@@ -79,7 +79,7 @@ def clipped_sum(
         raise UnsupportedModel("a tapped layer does not have one row per example (or per example and step)")
     used = [tap for tap in tapping.taps if tap.inputs is not None]
     grads = tape.gradient(total, [tap.preactivation for tap in used] + var_list)
-    tied = [v.name for v, g in zip(var_list, grads[len(used):]) if g is not None]
+    tied = [keras_compat.variable_name(v) for v, g in zip(var_list, grads[len(used):]) if g is not None]
     if tied:
         raise UnsupportedModel(f"variables used outside their own layer's call (tied weights): {tied}")
     wanted = {id(v) for v in var_list}
@@ -92,7 +92,7 @@ def clipped_sum(
             if id(gradient.variable) in gradients:
                 raise UnsupportedModel(f"layer {tap.layer.name!r} shares a variable with another layer")
             gradients[id(gradient.variable)] = gradient
-    missing = [v.name for v in var_list if id(v) not in gradients]
+    missing = [keras_compat.variable_name(v) for v in var_list if id(v) not in gradients]
     if missing:
         raise UnsupportedModel(f"variables not reached by a ghost rule: {missing}")
     squared = tf.zeros_like(losses)

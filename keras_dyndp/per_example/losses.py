@@ -15,8 +15,8 @@ def per_example_loss(
     """Per-example loss vector [B]: ``loss_fn(y, y_pred)`` averaged over non-batch axes, times the weight.
 
     Args:
-        loss_fn: a per-example loss, e.g. a ``tf.keras.losses.Loss`` with ``reduction=NONE`` or a function
-            such as ``tf.keras.losses.sparse_categorical_crossentropy``.
+        loss_fn: a per-example loss, e.g. a ``keras.losses.Loss`` with ``reduction="none"`` or a function
+            such as ``keras.losses.sparse_categorical_crossentropy``.
         y: targets.
         y_pred: model outputs.
         sample_weight: float tensor [B] or None (all ones).

@@ -12,19 +12,23 @@ A `LayerRule` has three parts:
   applied at every position, ``bias_gradient``, ``materialised_gradient``).
 * ``supports(layer)`` says whether this layer's configuration is covered (default: every configuration).
 
-Built in: ``Dense``, ``Conv2D`` (channels_last, groups 1, not causal), ``Embedding`` (dense ids) and ``LSTM``
-(no mask, dropout, state or reversal). Rules are looked up by exact class: a subclass may compute something
-else in its ``call``, so it needs a rule of its own. A model whose trainable variables are not all covered by
-rules is clipped on the vectorized path instead (``method='auto'``).
+Built in: ``Dense``, ``Conv1D`` (channels_last, groups 1; causal too), ``Conv2D`` (channels_last, groups 1),
+``DepthwiseConv2D`` and ``SeparableConv2D`` (channels_last), ``Embedding`` (dense ids) and ``LSTM`` (no mask,
+dropout, state or reversal). On Keras 3 none of them covers a layer with
+LoRA enabled or a quantized one (``lora_enabled``, ``quantization_mode``): their trainable variables are then not
+the ones the rules differentiate. Rules are looked up by exact class: a subclass may compute something else in its
+``call``, so it needs a rule of its own. A model whose trainable variables are not all covered by rules is clipped
+on the vectorized path instead (``method='auto'``).
 
 A rule for a custom layer, ``y = x * scale + shift`` over the last axis:
 
 ```python
 import tensorflow as tf
 from keras_dyndp import per_example
+from keras_dyndp.keras_compat import keras  # tf.keras on Keras 2, keras on Keras 3
 from keras_dyndp.per_example import norms
 
-class ScaleShift(tf.keras.layers.Layer):
+class ScaleShift(keras.layers.Layer):
     def build(self, input_shape):
         self.scale = self.add_weight(name="scale", shape=[input_shape[-1]], initializer="ones")
         self.shift = self.add_weight(name="shift", shape=[input_shape[-1]], initializer="zeros")
@@ -61,8 +65,10 @@ from typing import Callable
 import tensorflow as tf
 
 from keras_dyndp.keras_compat import keras
+from keras_dyndp.per_example import conv1d
 from keras_dyndp.per_example import conv2d
 from keras_dyndp.per_example import dense
+from keras_dyndp.per_example import depthwise
 from keras_dyndp.per_example import embedding
 from keras_dyndp.per_example import lstm
 from keras_dyndp.per_example.taps import GhostGradient
@@ -112,6 +118,17 @@ def register_layer_rule(
     _RULES[layer_class] = LayerRule(call, tf.autograph.experimental.do_not_convert(norms_and_sums), supports)
 
 
+def plain_weights(layer: keras.layers.Layer) -> bool:
+    """Whether the layer computes with its own trainable variables as such: not Keras 3's LoRA (a frozen kernel
+    plus trainable low-rank factors) or quantization (integer kernels), which the built-in rules do not cover."""
+    return not getattr(layer, "lora_enabled", False) and getattr(layer, "quantization_mode", None) is None
+
+
+def _built_in(supports: Callable[[keras.layers.Layer], bool] | None = None) -> Callable[[keras.layers.Layer], bool]:
+    """A built-in rule's ``supports``: ``plain_weights`` and the rule's own condition."""
+    return lambda layer: plain_weights(layer) and (supports is None or supports(layer))
+
+
 def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
     """The rule that covers ``layer`` (its exact class and configuration), or None."""
     rule = _RULES.get(type(layer))
@@ -120,9 +137,16 @@ def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
     return rule
 
 
-register_layer_rule(keras.layers.Dense, call=dense.call, norms_and_sums=dense.norms_and_sums)
+register_layer_rule(keras.layers.Dense, call=dense.call, norms_and_sums=dense.norms_and_sums, supports=_built_in())
+register_layer_rule(keras.layers.Conv1D, call=conv1d.call, norms_and_sums=conv1d.norms_and_sums,
+                    supports=_built_in(conv1d.supports))
 register_layer_rule(keras.layers.Conv2D, call=conv2d.call, norms_and_sums=conv2d.norms_and_sums,
-                    supports=conv2d.supports)
+                    supports=_built_in(conv2d.supports))
+register_layer_rule(keras.layers.DepthwiseConv2D, call=depthwise.depthwise_call,
+                    norms_and_sums=depthwise.depthwise_norms_and_sums, supports=_built_in(depthwise.supports))
+register_layer_rule(keras.layers.SeparableConv2D, call=depthwise.separable_call,
+                    norms_and_sums=depthwise.separable_norms_and_sums, supports=_built_in(depthwise.supports))
 register_layer_rule(keras.layers.Embedding, call=embedding.call, norms_and_sums=embedding.norms_and_sums,
-                    supports=embedding.supports)
-register_layer_rule(keras.layers.LSTM, call=lstm.call, norms_and_sums=lstm.norms_and_sums, supports=lstm.supports)
+                    supports=_built_in(embedding.supports))
+register_layer_rule(keras.layers.LSTM, call=lstm.call, norms_and_sums=lstm.norms_and_sums,
+                    supports=_built_in(lstm.supports))

@@ -1,9 +1,11 @@
 """Per-example clipping by ``tf.vectorized_map`` over single-example forward and backward passes (``x[i:i+1]``).
 
 Works for any model whose examples are independent, whatever its layers; materialises the B per-example
-gradients. Ops that ``pfor`` cannot vectorise (some LSTM and embedding graphs) run in a ``tf.while_loop`` instead
-(``fallback_to_while_loop=True``), and where even that fails, ``tf.map_fn`` runs the passes one after the other:
-never through the batch gradient.
+gradients. Ops that ``pfor`` cannot vectorise run in a ``tf.while_loop`` instead (``fallback_to_while_loop=True``),
+and where even that fails while tracing, ``tf.map_fn`` runs the passes one after the other: never through the
+batch gradient. Models with recurrent layers go to ``tf.map_fn`` directly: ``pfor`` turns the gradient of their
+``tf.while_loop`` over TensorLists into a graph that fails only when run ("Tried to append a tensor with
+incompatible shape to a list"; any Keras 3 RNN after an Embedding, and Keras 2's SimpleRNN), too late to fall back.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from keras_dyndp import keras_compat
 from keras_dyndp.keras_compat import keras
 from keras_dyndp.optimizers import clip_and_noise
 from keras_dyndp.per_example.losses import per_example_loss
@@ -23,6 +26,12 @@ def _dense_gradient(gradient: tf.Tensor | tf.IndexedSlices | None, variable: tf.
     if isinstance(gradient, tf.IndexedSlices):
         return tf.convert_to_tensor(gradient)
     return gradient
+
+
+def _has_recurrent_layer(model: keras.Model) -> bool:
+    """Whether a layer of the model runs a recurrent cell (RNN, LSTM, GRU, ConvLSTM, also inside wrappers)."""
+    return any(isinstance(getattr(layer, "cell", None), keras.layers.Layer)
+               for layer in keras_compat.flatten_layers(model))
 
 
 def clipped_sum(
@@ -46,15 +55,19 @@ def clipped_sum(
         return grads, tf.nest.map_structure(lambda t: t[0], y_pred), loss[0]
 
     elems = (x, y, sample_weight)
-    try:
-        grads, y_pred, losses = tf.vectorized_map(one_example, elems, fallback_to_while_loop=True)
-    except (TypeError, ValueError, NotImplementedError) as error:
-        # pfor failed even with its while-loop fallback (e.g. the TensorList gradients of Keras's LSTM):
-        # run the single-example passes one after the other instead. Still per example, only slower.
-        tf.get_logger().warning(
-            "tf.vectorized_map could not vectorise the per-example gradient (%s); using tf.map_fn.",
-            str(error).strip().splitlines()[-1],
-        )
+    vectorized = False
+    if not _has_recurrent_layer(model):
+        try:
+            grads, y_pred, losses = tf.vectorized_map(one_example, elems, fallback_to_while_loop=True)
+            vectorized = True
+        except (TypeError, ValueError, NotImplementedError) as error:
+            # pfor failed even with its while-loop fallback: run the single-example passes one after the other
+            # instead. Still per example, only slower.
+            tf.get_logger().warning(
+                "tf.vectorized_map could not vectorise the per-example gradient (%s); using tf.map_fn.",
+                str(error).strip().splitlines()[-1],
+            )
+    if not vectorized:
         output_signature = (
             [tf.TensorSpec(v.shape, v.dtype) for v in var_list],
             tf.nest.map_structure(

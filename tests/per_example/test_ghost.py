@@ -10,7 +10,9 @@ import tensorflow as tf
 from brute_force import LOSS
 from brute_force import assert_matches
 from brute_force import reference
+from keras_dyndp import keras_compat
 from keras_dyndp import per_example
+from keras_dyndp.keras_compat import keras
 
 BATCH = 6
 WEIGHTS = np.array([1.0, 0.0, 1.0, 2.0, 0.0, 1.0], np.float32)
@@ -23,14 +25,14 @@ def clipped_sum_step(model, x, clip_norm, method):
         model, LOSS, x, y, None, clip_norm, model.trainable_variables, method=method), input_signature=signature)
 
 
-def time_distributed() -> tf.keras.Model:
+def time_distributed() -> keras.Model:
     """Each example is 2 steps of 5 ids; Embedding and Dense see the steps folded into their rows."""
-    inputs = tf.keras.Input(shape=(2, 5), dtype=tf.int32)
-    hidden = tf.keras.layers.TimeDistributed(tf.keras.layers.Embedding(7, 4))(inputs)
-    hidden = tf.keras.layers.TimeDistributed(tf.keras.layers.Dense(3, activation="tanh"))(hidden)
-    hidden = tf.keras.layers.Reshape((2, 15))(hidden)
-    hidden = tf.keras.layers.TimeDistributed(tf.keras.layers.Dense(3))(hidden)
-    return tf.keras.Model(inputs, tf.keras.layers.GlobalAveragePooling1D()(hidden))
+    inputs = keras.Input(shape=(2, 5), dtype=tf.int32)
+    hidden = keras.layers.TimeDistributed(keras.layers.Embedding(7, 4))(inputs)
+    hidden = keras.layers.TimeDistributed(keras.layers.Dense(3, activation="tanh"))(hidden)
+    hidden = keras.layers.Reshape((2, 15))(hidden)
+    hidden = keras.layers.TimeDistributed(keras.layers.Dense(3))(hidden)
+    return keras.Model(inputs, keras.layers.GlobalAveragePooling1D()(hidden))
 
 
 def time_distributed_data():
@@ -40,7 +42,7 @@ def time_distributed_data():
 
 @pytest.mark.parametrize("batch", [1, 2, BATCH])
 def test_time_distributed_is_clipped_per_example_on_the_ghost_path(batch):
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = time_distributed()
     x, y = time_distributed_data()
     x, y = x[:batch], y[:batch]
@@ -56,30 +58,34 @@ def test_time_distributed_is_clipped_per_example_on_the_ghost_path(batch):
     assert distance == pytest.approx(clip_norm, rel=1e-4)
 
 
-class TiedEmbedding(tf.keras.Model):
+class TiedEmbedding(keras.Model):
     """The embedding matrix is also the output layer (tied weights): its gradient has two parts."""
 
     def __init__(self):
         super().__init__()
-        self.embedding = tf.keras.layers.Embedding(5, 4)
-        self.hidden = tf.keras.layers.Dense(4, activation="tanh")
+        self.embedding = keras.layers.Embedding(5, 4)
+        self.hidden = keras.layers.Dense(4, activation="tanh")
 
     def call(self, ids):
         hidden = self.hidden(tf.reduce_mean(self.embedding(ids), axis=1))
         return tf.matmul(hidden, self.embedding.embeddings, transpose_b=True)
 
 
-class SharedKernel(tf.keras.Model):
+class SharedKernel(keras.Model):
     """Two Dense layers with one kernel: its per-example gradient is the sum of both layers' parts."""
 
     def __init__(self):
         super().__init__()
-        self.first = tf.keras.layers.Dense(4, activation="tanh", use_bias=False)
-        self.second = tf.keras.layers.Dense(4, use_bias=False)
+        self.first = keras.layers.Dense(4, activation="tanh", use_bias=False)
+        self.second = keras.layers.Dense(4, use_bias=False)
 
     def build(self, input_shape):
         self.first.build(input_shape)
-        self.second.kernel = self.first.kernel
+        if keras_compat.KERAS_MAJOR_VERSION == 2:
+            self.second.kernel = self.first.kernel
+        else:  # Keras 3's Dense.kernel is a property reading `_kernel`; its build sets `bias`.
+            self.second._kernel = self.first.kernel  # pylint: disable=protected-access
+            self.second.bias = None
         self.second.built = True
         super().build(input_shape)
 
@@ -87,26 +93,26 @@ class SharedKernel(tf.keras.Model):
         return self.second(self.first(tf.reduce_mean(inputs, axis=1)))
 
 
-class FoldedByHand(tf.keras.Model):
+class FoldedByHand(keras.Model):
     """A Dense over the 5 steps of each example, folded into rows with tf.reshape (not TimeDistributed)."""
 
     def __init__(self):
         super().__init__()
-        self.dense = tf.keras.layers.Dense(3)
+        self.dense = keras.layers.Dense(3)
 
     def call(self, inputs):
         rows = self.dense(tf.reshape(inputs, [-1, 4]))
         return tf.reduce_mean(tf.reshape(rows, [-1, 5, 3]), axis=1)
 
 
-class FixedTable(tf.keras.Model):
+class FixedTable(keras.Model):
     """A Dense applied to a table of BATCH rows that are not examples, broadcast onto the batch."""
 
     def __init__(self):
         super().__init__()
         self.table = tf.constant(np.random.default_rng(5).normal(size=(BATCH, 4)), tf.float32)
-        self.keys = tf.keras.layers.Dense(3)
-        self.out = tf.keras.layers.Dense(3)
+        self.keys = keras.layers.Dense(3)
+        self.out = keras.layers.Dense(3)
 
     def call(self, inputs):
         return self.out(tf.reduce_mean(inputs, axis=1)) * tf.reduce_mean(self.keys(self.table), axis=0)
@@ -119,7 +125,7 @@ class FixedTable(tf.keras.Model):
     (FixedTable, "not have one row per example"),
 ])
 def test_rows_that_are_not_examples_fall_back_to_the_vectorized_path(build, reason):
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = build()
     rng = np.random.default_rng(6)
     if build is TiedEmbedding:

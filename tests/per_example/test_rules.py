@@ -8,6 +8,7 @@ from brute_force import LOSS
 from brute_force import assert_matches
 from brute_force import reference
 from keras_dyndp import per_example
+from keras_dyndp.keras_compat import keras
 from keras_dyndp.per_example import rules
 
 
@@ -27,16 +28,16 @@ class Unregistered(ScaleShift):
     """A subclass: rules are looked up by exact class, so it has none."""
 
 
-def model_with(layer_class) -> tf.keras.Model:
+def model_with(layer_class) -> keras.Model:
     """[B, 3, 4] -> Dense -> the custom layer, at each of 3 positions -> mean -> Dense."""
-    inputs = tf.keras.Input(shape=(3, 4))
-    hidden = layer_class()(tf.keras.layers.Dense(4, activation="tanh")(inputs))
-    hidden = tf.keras.layers.GlobalAveragePooling1D()(hidden)
-    return tf.keras.Model(inputs, tf.keras.layers.Dense(3)(hidden))
+    inputs = keras.Input(shape=(3, 4))
+    hidden = layer_class()(keras.layers.Dense(4, activation="tanh")(inputs))
+    hidden = keras.layers.GlobalAveragePooling1D()(hidden)
+    return keras.Model(inputs, keras.layers.Dense(3)(hidden))
 
 
 def test_custom_layer_rule_clips_like_the_brute_force():
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = model_with(ScaleShift)
     rng = np.random.default_rng(7)
     x = tf.constant(rng.normal(size=(5, 3, 4)) * 3, tf.float32)
@@ -57,10 +58,10 @@ def test_custom_layer_rule_clips_like_the_brute_force():
 def test_rules_apply_to_their_exact_class_and_supported_configurations():
     model = model_with(Unregistered)
     assert not per_example.ghost_supported(model, model.trainable_variables)
-    assert rules.rule_for(tf.keras.layers.Conv2D(2, 3)) is not None
-    assert rules.rule_for(tf.keras.layers.Conv2D(2, 3, groups=2)) is None
-    assert rules.rule_for(tf.keras.layers.LSTM(2, go_backwards=True)) is None
-    assert rules.rule_for(tf.keras.layers.LayerNormalization()) is None
+    assert rules.rule_for(keras.layers.Conv2D(2, 3)) is not None
+    assert rules.rule_for(keras.layers.Conv2D(2, 3, groups=2)) is None
+    assert rules.rule_for(keras.layers.LSTM(2, go_backwards=True)) is None
+    assert rules.rule_for(keras.layers.LayerNormalization()) is None
 
 
 def test_register_layer_rule_refuses_what_is_not_a_rule():
