@@ -15,6 +15,7 @@ The schedule is the one measured in DESIGN.md: p = 250/60000, noise multiplier l
     python benchmarks/accounting.py --steps=4800 --reference_steps=200 --calibration_examples
 """
 
+import functools
 import time
 
 import numpy as np
@@ -103,7 +104,7 @@ def main(argv):
              fast_pld.pld_epsilon),
         )
         for name, make_accountant, fast_function in references:
-            expected, wall, cpu = _timed(lambda: _reference_epsilon(make_accountant(), prefix))
+            expected, wall, cpu = _timed(lambda: _reference_epsilon(make_accountant(), prefix))  # noqa: B023 (run now)
             fast = fast_function(probability, prefix, delta)
             print(f"dp_accounting {name} one by one, first {reference_steps} steps: epsilon={expected:.10g}  "
                   f"wall {wall:.3f} s  cpu {cpu:.3f} s  ({1000 * cpu / reference_steps:.1f} ms cpu/step, "
@@ -112,9 +113,9 @@ def main(argv):
                   f"{(fast - expected) / expected:+.2e}")
 
     for accountant in registry.ACCOUNTANT_NAMES:
-        schedule, wall, cpu = _timed(lambda: schedules.calibrate(
-            "dynamic", target_epsilon=1.2, target_delta=delta, sampling_probability=probability, num_steps=steps,
-            initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3, accountant=accountant))
+        schedule, wall, cpu = _timed(functools.partial(
+            schedules.calibrate, "dynamic", target_epsilon=1.2, target_delta=delta, sampling_probability=probability,
+            num_steps=steps, initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3, accountant=accountant))
         spent = ", ".join(f"{name} {schedule.epsilon(delta, name):.4f}" for name in registry.ACCOUNTANT_NAMES)
         print(f"calibrate('dynamic', epsilon 1.2, accountant='{accountant}'): wall {wall:.2f} s  cpu {cpu:.2f} s; "
               f"z_first {schedule.noise_multipliers[0]:.4f}; epsilon {spent}")
@@ -125,7 +126,7 @@ def main(argv):
 
 def _calibration_examples() -> None:
     for name, arguments in ISSUE_EXAMPLES:
-        rigorous, wall, _ = _timed(lambda: schedules.calibrate_shape(1.0, target_delta=1e-5, **arguments))
+        rigorous, wall, _ = _timed(functools.partial(schedules.calibrate_shape, 1.0, target_delta=1e-5, **arguments))
         clt = schedules.calibrate_shape(1.0, target_delta=1e-5, accountant="gdp_clt", **arguments)
         print(f"{name}: default ({rigorous.calibration.accountant}) calibration {wall:.2f} s, PLD epsilon "
               f"{rigorous.epsilon(1e-5, 'pld'):.4f}; calibrated under the GDP-CLT: PLD epsilon "

@@ -4,13 +4,15 @@ Every path trains its own copy of the same model through Keras's own ``model.tra
 ``model.fit`` calls once per step), fed from an in-memory repeated dataset, so Keras's per-step overhead is in
 every row alike. Paths:
 
-* ``nonprivate``: ``tf.keras.optimizers.SGD``, mean loss.
+* ``nonprivate``: ``keras.optimizers.SGD``, mean loss.
 * ``nonprivate_xla``: the same with ``compile(jit_compile=True)``.
-* ``dyndp_jacobian``: ``DynamicDPKerasSGD`` through plain ``model.compile`` (pfor jacobian, O(B^2)).
+* ``dyndp_jacobian``: ``DynamicDPKerasSGD`` through plain ``model.compile`` (pfor jacobian, O(B^2)); Keras 2
+  only (Keras 3's train step gives an optimizer only the averaged gradient).
 * ``dyndp_fast``: ``keras_dyndp.per_example.make_private(model)`` with ``method='auto'`` (ghost clipping when every
   layer has a rule); ``dyndp_fast_xla``: the same, XLA-compiled.
 * ``dyndp_vectorized``: ``make_private(model, method='vectorized')`` (``tf.vectorized_map`` over examples).
-* ``tfp_dpkerassgd``: TF-Privacy ``DPKerasSGDOptimizer`` with ``num_microbatches`` = batch size.
+* ``tfp_dpkerassgd``: TF-Privacy ``DPKerasSGDOptimizer`` with ``num_microbatches`` = batch size (this and
+  ``tfp_dpsequential`` run only where tensorflow-privacy is installed: the comparison stack, Keras 2).
 * ``tfp_dpsequential``: TF-Privacy ``DPSequential`` with the default fast-clipping layer registry (Dense and
   Embedding; other layers take TF-Privacy's own fallback), ``use_xla=False``.
 
@@ -26,6 +28,8 @@ Memory: on a GPU, the peak of ``tf.config.experimental.get_memory_info`` over a 
 first path that needs more than any path before it and 0 for one that fits in the peak reached already, so it
 depends on the order of the paths.
 
+Paths that cannot run on this stack are listed in the table as skipped, with the reason.
+
 Usage:
     python benchmarks/step_time.py --batch_size 256 --steps 20 --slow_steps 2 --repeats 5 \
         --models cnn,lstm,text --out_csv step_time.csv --out_md step_time.md
@@ -34,19 +38,23 @@ Usage:
 from __future__ import annotations
 
 import csv
+import importlib.metadata
+import importlib.util
 import os
 import platform
 import resource
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from absl import app
-from absl import flags
 import numpy as np
 import tensorflow as tf
+from absl import app
+from absl import flags
 
+from keras_dyndp import keras_compat
 from keras_dyndp import schedules
+from keras_dyndp.keras_compat import keras
 from keras_dyndp.optimizers import DynamicDPKerasSGD
 from keras_dyndp.per_example import make_private
 
@@ -71,6 +79,7 @@ ALL_PATHS = (
     "tfp_dpkerassgd",
     "tfp_dpsequential",
 )
+TF_PRIVACY_PATHS = ("tfp_dpkerassgd", "tfp_dpsequential")
 SLOW_PATHS = ("nonprivate_xla", "dyndp_jacobian", "dyndp_fast_xla", "dyndp_vectorized", "tfp_dpkerassgd")
 LEARNING_RATE = 0.05
 CLIP_NORM = 1.0
@@ -82,39 +91,39 @@ LSTM_VOCAB, LSTM_LENGTH = 1000, 40
 TEXT_VOCAB, TEXT_LENGTH = 10000, 256
 
 
-def cnn_layers() -> list[tf.keras.layers.Layer]:
+def cnn_layers() -> list[keras.layers.Layer]:
     return [
-        tf.keras.layers.InputLayer(input_shape=(28, 28, 1)),
-        tf.keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-        tf.keras.layers.MaxPool2D(2, 1),
-        tf.keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-        tf.keras.layers.MaxPool2D(2, 1),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(32, activation="relu"),
-        tf.keras.layers.Dense(10),
+        keras.layers.InputLayer((28, 28, 1)),  # Positional: `input_shape` on Keras 2, `shape` on 3.
+        keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
+        keras.layers.MaxPool2D(2, 1),
+        keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
+        keras.layers.MaxPool2D(2, 1),
+        keras.layers.Flatten(),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(10),
     ]
 
 
-def lstm_layers() -> list[tf.keras.layers.Layer]:
+def lstm_layers() -> list[keras.layers.Layer]:
     return [
-        tf.keras.layers.InputLayer(input_shape=(LSTM_LENGTH,)),
-        tf.keras.layers.Embedding(LSTM_VOCAB, 32),
-        tf.keras.layers.LSTM(32),
-        tf.keras.layers.Dense(10),
+        keras.layers.InputLayer((LSTM_LENGTH,)),
+        keras.layers.Embedding(LSTM_VOCAB, 32),
+        keras.layers.LSTM(32),
+        keras.layers.Dense(10),
     ]
 
 
-def text_layers() -> list[tf.keras.layers.Layer]:
+def text_layers() -> list[keras.layers.Layer]:
     return [
-        tf.keras.layers.InputLayer(input_shape=(TEXT_LENGTH,)),
-        tf.keras.layers.Embedding(TEXT_VOCAB, 16),
-        tf.keras.layers.GlobalAveragePooling1D(),
-        tf.keras.layers.Dense(16, activation="relu"),
-        tf.keras.layers.Dense(2),
+        keras.layers.InputLayer((TEXT_LENGTH,)),
+        keras.layers.Embedding(TEXT_VOCAB, 16),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(2),
     ]
 
 
-MODELS: dict[str, Callable[[], list[tf.keras.layers.Layer]]] = {
+MODELS: dict[str, Callable[[], list[keras.layers.Layer]]] = {
     "cnn": cnn_layers,
     "lstm": lstm_layers,
     "text": text_layers,
@@ -142,13 +151,11 @@ def dp_schedule(batch_size: int) -> schedules.DPSchedule:
     )
 
 
-def per_example_loss() -> tf.keras.losses.Loss:
-    return tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf.keras.losses.Reduction.NONE
-    )
+def per_example_loss() -> keras.losses.Loss:
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")  # Keras 2 and 3.
 
 
-def build(model_name: str, path: str, batch_size: int) -> tf.keras.Model:
+def build(model_name: str, path: str, batch_size: int) -> keras.Model:
     layers = MODELS[model_name]()
     if path == "tfp_dpsequential":
         from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
@@ -162,15 +169,15 @@ def build(model_name: str, path: str, batch_size: int) -> tf.keras.Model:
             layers=layers,
         )
         model.compile(
-            optimizer=tf.keras.optimizers.SGD(LEARNING_RATE),
-            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
         return model
-    model = tf.keras.Sequential(layers)
+    model = keras.Sequential(layers)
     if path in ("nonprivate", "nonprivate_xla"):
         model.compile(
-            optimizer=tf.keras.optimizers.SGD(LEARNING_RATE),
-            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             jit_compile=path == "nonprivate_xla",
         )
     elif path == "tfp_dpkerassgd":
@@ -196,6 +203,21 @@ def build(model_name: str, path: str, batch_size: int) -> tf.keras.Model:
             jit_compile=path == "dyndp_fast_xla",
         )
     return model
+
+
+def unavailable_reason(path: str) -> str | None:
+    """Why `path` cannot run on this stack, or None if it can."""
+    if path in TF_PRIVACY_PATHS and importlib.util.find_spec("tensorflow_privacy") is None:
+        return "tensorflow-privacy is not installed (comparison stack only)"
+    if path == "dyndp_jacobian" and keras_compat.KERAS_MAJOR_VERSION != 2:
+        return "Keras 2 only"
+    return None
+
+
+def keras_version() -> str:
+    """The version of the Keras in use (TF 2.15's ``tf.keras`` has no ``__version__``; its package has)."""
+    version = getattr(keras, "__version__", None)
+    return version or importlib.metadata.version("keras")
 
 
 def device_description() -> str:
@@ -227,7 +249,8 @@ class Runner:
         self.model = build(model_name, path, batch_size)
         x, y = make_data(model_name, batch_size)
         self.iterator = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
-        self.train_function = self.model.make_train_function()
+        self.model.make_train_function()  # Keras 3's returns None; both set `model.train_function`.
+        self.train_function = self.model.train_function
         self.times: list[float] = []
         self.peak_memory_mib: float | None = None
         self.error: str | None = None
@@ -236,14 +259,24 @@ class Runner:
         start = time.perf_counter()
         for _ in range(steps):
             logs = self.train_function(self.iterator)
-        float(logs["loss"])
+        # Wait for the last step (a paths' logs may hold no loss: make_private without training metrics).
+        np.asarray(logs["loss"] if logs and "loss" in logs else self.model.optimizer.iterations.numpy())
         return (time.perf_counter() - start) / steps
+
+
+def steps_per_repetition(path: str) -> int:
+    return FLAGS.slow_steps if path in SLOW_PATHS else FLAGS.steps
 
 
 def measure(model_name: str, paths: list[str]) -> list[dict]:
     gpu = bool(tf.config.list_physical_devices("GPU"))
     runners = []
     for path in paths:
+        reason = unavailable_reason(path)
+        if reason is not None:
+            print(f"[{model_name}] {path} skipped: {reason}")
+            runners.append(dict(path=path, error=reason, skipped=True))
+            continue
         rss_before = max_rss_mib()
         try:
             runner = Runner(model_name, path, FLAGS.batch_size)
@@ -265,8 +298,7 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
                 continue
             if gpu:
                 tf.config.experimental.reset_memory_stats("GPU:0")
-            steps = FLAGS.slow_steps if runner.path in SLOW_PATHS else FLAGS.steps
-            runner.times.append(runner.run(steps))
+            runner.times.append(runner.run(steps_per_repetition(runner.path)))
             if gpu:
                 peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
                 runner.peak_memory_mib = max(runner.peak_memory_mib or 0.0, peak)
@@ -275,8 +307,9 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
     rows = []
     for runner in runners:
         if isinstance(runner, dict):
+            note = f"skipped: {runner['error']}" if runner.get("skipped") else f"failed: {runner['error']}"
             rows.append(dict(model=model_name, path=runner["path"], seconds_per_step=None, ratio=None,
-                             peak_memory_mib=None, note=f"failed: {runner['error']}"))
+                             peak_memory_mib=None, note=note))
             continue
         ratio = None
         if baseline_times:
@@ -285,14 +318,15 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
             ratio = statistics.median(t / b for t, b in zip(runner.times, baseline_times))
         rows.append(dict(model=model_name, path=runner.path, seconds_per_step=statistics.median(runner.times),
                          ratio=ratio, peak_memory_mib=runner.peak_memory_mib,
-                         note=f"{len(runner.times)} x {FLAGS.slow_steps if runner.path in SLOW_PATHS else FLAGS.steps} steps"))
+                         note=f"{len(runner.times)} x {steps_per_repetition(runner.path)} steps"))
     return rows
 
 
 def markdown(rows: list[dict], device: str) -> str:
     memory_kind = "GPU peak MiB" if "GPU" in device else "CPU max-RSS growth at warm-up, MiB"
     lines = [
-        f"Device: {device}; TF {tf.__version__}; batch {FLAGS.batch_size}; median of {FLAGS.repeats} "
+        f"Device: {device}; Python {platform.python_version()}, TF {tf.__version__}, Keras {keras_version()}; "
+        f"batch {FLAGS.batch_size}; median of {FLAGS.repeats} "
         "interleaved repetitions.",
         "",
         f"| model | path | s/step | x non-private | {memory_kind} | note |",
@@ -308,7 +342,8 @@ def markdown(rows: list[dict], device: str) -> str:
 
 def main(argv: list[str]) -> None:
     del argv
-    paths = FLAGS.paths or list(ALL_PATHS)
+    # By default the paths this stack can run; a path asked for by name is listed as skipped if it cannot.
+    paths = FLAGS.paths or [path for path in ALL_PATHS if unavailable_reason(path) is None]
     unknown = sorted(set(paths) - set(ALL_PATHS))
     if unknown:
         raise ValueError(f"`--paths` must be among {ALL_PATHS}. Received: {unknown}.")

@@ -11,7 +11,7 @@ The paper gives no optimiser settings for this task: SGD with learning rate 0.05
 
 Data: ``--chest_xray_dir``, the Kermany et al. folder tree ``train/{NORMAL,PNEUMONIA}`` and
 ``test/{NORMAL,PNEUMONIA}`` of image files (the "chest_xray" folder of Mendeley Data 10.17632/rscbjbr9sj.2 or the
-Kaggle "chest-xray-pneumonia" copy), read with `tf.keras.utils.image_dataset_from_directory`.
+Kaggle "chest-xray-pneumonia" copy), read with `keras.utils.image_dataset_from_directory`.
 
     python -m examples.chest_xray --chest_xray_dir=/data/chest_xray --epsilon=1
 """
@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the pack
 
 from examples import datasets
 from examples import training
+from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
@@ -44,7 +45,7 @@ VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 
 def _read_split(directory: str) -> tuple[np.ndarray, np.ndarray]:
-    images = tf.keras.utils.image_dataset_from_directory(
+    images = keras.utils.image_dataset_from_directory(
         directory, labels="inferred", label_mode="int", class_names=CLASS_NAMES, color_mode="grayscale",
         image_size=(FLAGS.image_size, FLAGS.image_size), batch_size=256, shuffle=False)
     x_parts, y_parts = [], []
@@ -73,20 +74,20 @@ def load_data() -> datasets.TaskData:
                     f"({FLAGS.image_size}x{FLAGS.image_size}; no statistic of the private labels is printed)")
 
 
-def build_model(data: datasets.TaskData) -> tf.keras.Model:
+def build_model(data: datasets.TaskData) -> keras.Model:
     """VGG-11 without batch normalisation, global average pooling, Dense(512), one logit."""
-    layers: list[tf.keras.layers.Layer] = [tf.keras.layers.Input(data.x_train.shape[1:], dtype=tf.uint8),
-                                           tf.keras.layers.Rescaling(1 / 255.0)]
+    layers: list[keras.layers.Layer] = [keras.layers.Input(data.x_train.shape[1:], dtype="uint8"),
+                                        keras.layers.Rescaling(1 / 255.0)]
     for item in VGG11:
         if item == "M":
-            layers.append(tf.keras.layers.MaxPooling2D(2))
+            layers.append(keras.layers.MaxPooling2D(2))
         else:
-            layers.append(tf.keras.layers.Conv2D(max(1, round(item * FLAGS.vgg_width)), 3, padding="same",
-                                                 activation="relu"))
-    layers += [tf.keras.layers.GlobalAveragePooling2D(),
-               tf.keras.layers.Dense(max(1, round(512 * FLAGS.vgg_width)), activation="relu"),
-               tf.keras.layers.Dense(1)]
-    return tf.keras.Sequential(layers)
+            layers.append(keras.layers.Conv2D(max(1, round(item * FLAGS.vgg_width)), 3, padding="same",
+                                              activation="relu"))
+    layers += [keras.layers.GlobalAveragePooling2D(),
+               keras.layers.Dense(max(1, round(512 * FLAGS.vgg_width)), activation="relu"),
+               keras.layers.Dense(1)]
+    return keras.Sequential(layers)
 
 
 def make_task() -> training.Task:

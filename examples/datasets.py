@@ -12,7 +12,7 @@ import dataclasses
 import gzip
 import importlib.util
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from absl import logging

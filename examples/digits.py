@@ -19,7 +19,6 @@ import os
 import sys
 
 import numpy as np
-import tensorflow as tf
 from absl import flags
 
 if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
@@ -27,6 +26,7 @@ if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the pack
 
 from examples import datasets
 from examples import training
+from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
@@ -43,15 +43,15 @@ def load_data() -> datasets.TaskData:
         description=f"scikit-learn digits: {len(y_train)} training / {len(y_test)} test images (8x8)")
 
 
-def build_model(data: datasets.TaskData) -> tf.keras.Model:
+def build_model(data: datasets.TaskData) -> keras.Model:
     """Small CNN for 8x8 images; outputs logits."""
-    return tf.keras.Sequential([
-        tf.keras.layers.Input(data.x_train.shape[1:]),
-        tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-        tf.keras.layers.MaxPooling2D(2),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(32, activation="relu"),
-        tf.keras.layers.Dense(data.num_classes),
+    return keras.Sequential([
+        keras.layers.Input(data.x_train.shape[1:]),
+        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.Flatten(),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(data.num_classes),
     ])
 
 

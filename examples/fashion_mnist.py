@@ -6,7 +6,7 @@ Data, first found wins (nothing is downloaded):
   1. ``--idx_dir``: a folder with the four IDX files;
   2. TensorFlow Datasets 'fashion_mnist' already prepared under ``--data_dir``;
   3. /usr/share/datasets/fashion-mnist, where Debian's ``apt-get install dataset-fashion-mnist`` puts the real
-     files, then ~/.keras/datasets/fashion-mnist (``tf.keras.datasets.fashion_mnist`` cache).
+     files, then ~/.keras/datasets/fashion-mnist (``keras.datasets.fashion_mnist`` cache).
 
     python -m examples.fashion_mnist --epsilon=1.2 --method=dynamic --seed=0
 """

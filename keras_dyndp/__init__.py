@@ -20,13 +20,13 @@ callbacks, data helpers, `make_private`) are imported on first use, so `keras_dy
 
 import importlib
 
+from keras_dyndp.accounting.gdp_clt_accountant import GdpCltAccountant
+from keras_dyndp.accounting.registry import make_accountant
 from keras_dyndp.schedules import CalibrationError
 from keras_dyndp.schedules import DPSchedule
 from keras_dyndp.schedules import calibrate
 from keras_dyndp.schedules import calibrate_shape
 from keras_dyndp.schedules import sampling_from_epochs
-from keras_dyndp.accounting.gdp_clt_accountant import GdpCltAccountant
-from keras_dyndp.accounting.registry import make_accountant
 from keras_dyndp.version import __version__
 
 _LAZY = {

@@ -11,9 +11,9 @@ or report a saved schedule (`DPSchedule.to_json()` text)
 
 It prints one table row per method: first/last noise multiplier and clip norm and epsilon under the method's own
 accountant, GDP-CLT, RDP and PLD (see `keras_dyndp.privacy_report`). The paper's methods are calibrated under
---accountant: pld by default (rigorous); pass --accountant=gdp_clt for the paper's own calibration. With --plot_dir it writes
-`epsilon_consumption.png` (paper Fig. 2, spec mode only) and `accountant_comparison.png` (paper Fig. 3, for the
-dynamic schedule or the loaded one). A bad spec prints one error line on stderr and exits with status 2.
+--accountant: pld by default (rigorous); pass --accountant=gdp_clt for the paper's own calibration. With --plot_dir
+it writes `epsilon_consumption.png` (paper Fig. 2, spec mode only) and `accountant_comparison.png` (paper Fig. 3,
+for the dynamic schedule or the loaded one). A bad spec prints one error line on stderr and exits with status 2.
 """
 
 from __future__ import annotations

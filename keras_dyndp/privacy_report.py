@@ -20,7 +20,8 @@ matplotlib's object-oriented API (`matplotlib.figure.Figure`), which needs no di
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -52,10 +53,10 @@ class ReportRow:
     last_noise_multiplier: float
     first_clip_norm: float
     last_clip_norm: float
-    epsilon_own: Optional[float]
-    epsilon_gdp_clt: Optional[float] = None
-    epsilon_rdp: Optional[float] = None
-    epsilon_pld: Optional[float] = None
+    epsilon_own: float | None
+    epsilon_gdp_clt: float | None = None
+    epsilon_rdp: float | None = None
+    epsilon_pld: float | None = None
 
 
 def _check_accountants(accountants: Sequence[str]) -> tuple[str, ...]:
@@ -148,7 +149,7 @@ def format_table(rows: Sequence[ReportRow]) -> str:
     headers = ("method", "calibrated_by", "T", "z_first", "z_last", "C_first", "C_last", "eps_own", "eps_gdp_clt",
                "eps_rdp", "eps_pld")
 
-    def number(value: Optional[float]) -> str:
+    def number(value: float | None) -> str:
         return "-" if value is None else f"{value:.4g}"
 
     lines = [headers] + [

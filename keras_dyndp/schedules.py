@@ -35,12 +35,14 @@ import dataclasses
 import json
 import math
 import numbers
-from typing import Callable, Sequence, Union
+from collections.abc import Callable
+from collections.abc import Sequence
 
 import dp_accounting
 import numpy as np
 from scipy import optimize
 
+from keras_dyndp import validation
 from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import fast_rdp
 from keras_dyndp.accounting import gdp
@@ -48,7 +50,6 @@ from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting import registry
 from keras_dyndp.accounting import scale_search
 from keras_dyndp.accounting.scale_search import CalibrationError
-from keras_dyndp import validation
 
 METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
 # A schedule calibrated under the GDP-CLT is flagged when its PLD epsilon exceeds the target by more than this.
@@ -94,7 +95,7 @@ class Calibration:
         _check_budget(self.target_epsilon, self.target_delta)
 
 
-ArrayOrFn = Union[Sequence[float], np.ndarray, Callable[[np.ndarray], np.ndarray]]
+ArrayOrFn = Sequence[float] | np.ndarray | Callable[[np.ndarray], np.ndarray]
 
 
 class DPSchedule:
@@ -258,7 +259,7 @@ class DPSchedule:
         return config
 
     @classmethod
-    def from_config(cls, config: dict) -> "DPSchedule":
+    def from_config(cls, config: dict) -> DPSchedule:
         """Rebuilds a schedule from `get_config()` output (also the output of versions without calibration)."""
         config = dict(config)
         if isinstance(config.get("calibration"), dict):
@@ -270,7 +271,7 @@ class DPSchedule:
         return json.dumps(self.get_config())
 
     @classmethod
-    def from_json(cls, text: str) -> "DPSchedule":
+    def from_json(cls, text: str) -> DPSchedule:
         """Rebuilds a schedule from `to_json()` output."""
         return cls.from_config(json.loads(text))
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -69,7 +69,7 @@ from scipy import special
 
 from keras_dyndp.accounting import noise_range
 
-ArrayLike = Union[Sequence[float], np.ndarray]
+ArrayLike = Sequence[float] | np.ndarray
 
 # Same default as `registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`: ~10x faster than dp_accounting's 1e-4 and
 # ~0.4% looser, still a valid upper bound. Pass 1e-4 for final reported numbers.
@@ -153,10 +153,14 @@ def _gaussian_step_pmf(noise_multiplier: float, q: float, interval: float, remov
     tail = noise_range.GAUSSIAN_TAIL_STDDEVS * noise_multiplier
     if remove:
         lowest_x, highest_x = -tail - 1.0, tail
-        loss_at = lambda x: _log_mixture_weight((-0.5 - x) / variance, q)
     else:
         lowest_x, highest_x = -tail, tail + 1.0
-        loss_at = lambda x: -_log_mixture_weight((-0.5 + x) / variance, q)
+
+    def loss_at(x: np.ndarray) -> np.ndarray:
+        if remove:
+            return _log_mixture_weight((-0.5 - x) / variance, q)
+        return -_log_mixture_weight((-0.5 + x) / variance, q)
+
     lower_index = math.floor(float(loss_at(np.array(highest_x))) / interval)
     upper_index = math.ceil(float(loss_at(np.array(lowest_x))) / interval)
     epsilons = np.arange(lower_index, upper_index + 1) * interval

@@ -34,7 +34,7 @@ any number of steps almost for free (`rdp_epsilons_at`), which is what per-epoch
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 from dp_accounting import rdp
@@ -42,7 +42,7 @@ from scipy import special
 
 from keras_dyndp.accounting import noise_range
 
-ArrayLike = Union[Sequence[float], np.ndarray]
+ArrayLike = Sequence[float] | np.ndarray
 
 DEFAULT_RDP_ORDERS = tuple(1 + x / 10 for x in range(1, 100)) + tuple(range(11, 64)) + (128, 256, 512, 1024)
 

@@ -18,7 +18,7 @@ fails for tiny or huge budgets (opacus issue #775).
 """
 
 import math
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import optimize
@@ -165,7 +165,7 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
     return float(optimize.brentq(excess, low, high, xtol=_XTOL, rtol=_RTOL))
 
 
-def clt_mu(sampling_probability: float, mus: Union[Sequence[float], np.ndarray]) -> float:
+def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> float:
     """Returns mu_tot of composing Poisson-subsampled mu_t-GDP steps by the extended GDP CLT.
 
     mu_tot = p * sqrt(sum_t (exp(mu_t^2) - 1))   (paper Corollary 1, Eq. 10).

@@ -16,7 +16,6 @@ Warning:
 """
 
 import math
-from typing import Optional
 
 import dp_accounting
 import numpy as np
@@ -77,7 +76,7 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
 
     def _maybe_compose(
         self, event: dp_event.DpEvent, count: int, do_compose: bool
-    ) -> Optional[_CompositionErrorDetails]:
+    ) -> _CompositionErrorDetails | None:
         if isinstance(event, dp_event.NoOpDpEvent):
             return None
         if isinstance(event, dp_event.NonPrivateDpEvent):
@@ -179,7 +178,7 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
         return gdp.delta_from_mu(target_epsilon, mu)
 
 
-def _noise_error(event: dp_event.GaussianDpEvent) -> Optional[_CompositionErrorDetails]:
+def _noise_error(event: dp_event.GaussianDpEvent) -> _CompositionErrorDetails | None:
     """None if the event's noise multiplier is 0, inf or in `noise_range`'s range; else why not."""
     noise_multiplier = event.noise_multiplier
     if not noise_multiplier >= 0:

@@ -26,7 +26,7 @@ when the target lies outside what that range can give.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 # The result's epsilon is within 0.1% below the target: finer than the PLD's own pessimism (grid ~0.4%, grouping
 # <= 2%), and each further digit would cost about one more evaluation of the accountant.
