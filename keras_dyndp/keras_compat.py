@@ -285,29 +285,54 @@ def add_to_epoch_logs(model: keras.Model, batch_logs: dict | None, values: dict[
     ``model._get_metrics_result_or_logs``, which ``fit`` calls to build the epoch logs before any callback's
     ``on_epoch_end``; they are used once (validation logs do not get them). `remove_epoch_logs_hook` removes it.
     """
-    build_epoch_logs = getattr(type(model), "_get_metrics_result_or_logs", None)
-    if not _KERAS_3 or build_epoch_logs is None:  # Keras 2, or not a Keras 3 model.
+    if not _KERAS_3 or not hasattr(model, "_get_metrics_result_or_logs"):  # Keras 2, or not a Keras 3 model.
         if batch_logs is not None:
             batch_logs.update(values)
         return
     hook = vars(model).get("_get_metrics_result_or_logs")
     if not isinstance(hook, _EpochLogsHook):
-        hook = _EpochLogsHook(build_epoch_logs.__get__(model))
+        hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # pylint: disable=protected-access
         model._get_metrics_result_or_logs = hook  # pylint: disable=protected-access
     hook.pending = dict(values)
 
 
 def remove_epoch_logs_hook(model: keras.Model) -> None:
     """Removes what `add_to_epoch_logs` installed on ``model`` (at the end of training)."""
-    if _KERAS_3 and isinstance(vars(model).get("_get_metrics_result_or_logs"), _EpochLogsHook):
+    hook = vars(model).get("_get_metrics_result_or_logs")
+    if not isinstance(hook, _EpochLogsHook):
+        return
+    if hook.replaced is None:
         del model._get_metrics_result_or_logs  # pylint: disable=protected-access
+    else:
+        model._get_metrics_result_or_logs = hook.replaced  # pylint: disable=protected-access
+
+
+def epoch_logs_from_the_step(model: keras.Model, from_the_step: bool) -> None:
+    """Keras 3: whether ``fit``'s epoch logs are the train step's own logs instead of ``model.metrics``' results.
+
+    A private train step with ``training_metrics=False`` never updates (so never builds) the compiled metrics,
+    whose ``result()`` then fails in ``fit``'s epoch end; its logs (the public step count) are the epoch's logs.
+    Keras 2 builds its epoch logs from the step's logs already.
+    """
+    if not _KERAS_3:
+        return
+    current = vars(model).get("_get_metrics_result_or_logs")
+    if from_the_step and current is None:
+        model._get_metrics_result_or_logs = _logs_of_the_step  # pylint: disable=protected-access
+    elif not from_the_step and current is _logs_of_the_step:
+        del model._get_metrics_result_or_logs  # pylint: disable=protected-access
+
+
+def _logs_of_the_step(logs: dict) -> dict:
+    return logs
 
 
 class _EpochLogsHook:
     """Keras 3: ``model._get_metrics_result_or_logs`` plus the values waiting for the next epoch logs."""
 
-    def __init__(self, original: Callable[[Any], dict]):
+    def __init__(self, original: Callable[[Any], dict], replaced: Callable[[Any], dict] | None):
         self.original = original
+        self.replaced = replaced  # The instance's own attribute that this hook replaced, if any.
         self.pending: dict | None = None
 
     def __call__(self, logs):

@@ -211,6 +211,7 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     model._keras_dyndp_method = method  # pylint: disable=protected-access
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)
+    keras_compat.epoch_logs_from_the_step(model, not training_metrics)
     keras_compat.reset_train_function(model)
     if getattr(model, "optimizer", None) is not None:
         optimizer = _dp_optimizer(model)

@@ -11,6 +11,7 @@ import tensorflow as tf
 from brute_force import LOSS
 from brute_force import reference
 from keras_dyndp import keras_compat
+from keras_dyndp.callbacks import PrivacyLogger
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import DynamicDPKerasAdam
 from keras_dyndp.optimizers import DynamicDPKerasSGD
@@ -128,6 +129,22 @@ def test_training_metrics_false_computes_no_logs_from_the_private_batch():
     assert int(model.optimizer.dp_step.numpy()) == 8 and model.evaluate(x, y, verbose=0)[0] < loss_before
     with pytest.raises(ValueError, match="`training_metrics` must be True or False"):
         make_private(sequential(), training_metrics="no")
+
+
+def test_training_metrics_false_fits_before_any_metric_is_built_and_can_be_switched_back():
+    # Keras 3 builds the compiled metrics on their first update; with training_metrics=False fit's epoch end
+    # must not ask the never-updated metrics for results (here nothing evaluated before fit built them).
+    model = make_private(sequential(), training_metrics=False)
+    model.compile(optimizer=dp_optimizer(noise=1.0), loss=LOSS, metrics=["accuracy"])
+    x, y = dataset("sequential")
+    logger = PrivacyLogger("rdp", delta=1e-5)
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[logger])
+    assert history.history["dp_step"] == [4, 8]
+    assert "loss" not in history.history and "accuracy" not in history.history
+    assert len(history.history["epsilon_rdp"]) == 2
+    make_private(model)  # training_metrics=True again: the epoch logs are the metrics' results.
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert set(history.history) == {"loss", "accuracy"}
 
 
 @pytest.mark.parametrize("norm", [
