@@ -579,7 +579,8 @@ def train(task: Task) -> RunResult:
         if step >= stop_step:  # A callback ended training early (the budget, --max_steps).
             break
         batches = train_batches(config, data, p, _derived_seed(config.seed, step, _BATCH_STREAM), segment_steps)
-        model.fit(batches, epochs=epochs, initial_epoch=initial_epoch, callbacks=fit_callbacks,
+        # shuffle=False: the batches are already sampled (Poisson or shuffled) by train_batches.
+        model.fit(batches, epochs=epochs, initial_epoch=initial_epoch, callbacks=fit_callbacks, shuffle=False,
                   verbose=FLAGS.verbose)
     steps = int(counter.numpy())
 
