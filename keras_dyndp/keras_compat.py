@@ -38,6 +38,7 @@ What differs, name by name (Keras 2 | Keras 3):
 
 from __future__ import annotations
 
+import importlib
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -50,10 +51,8 @@ namespace lacks ``keras.saving``; its classes are the same)."""
 
 def _major_version() -> int:
     version = getattr(keras, "__version__", None)
-    if version is None:  # TF 2.15's tf.keras (keras.api._v2.keras) has no __version__; its package has.
-        import keras as keras_package  # pylint: disable=import-outside-toplevel
-
-        version = keras_package.__version__
+    if version is None:  # TF 2.15's tf.keras (keras.api._v2.keras) and tf_keras' have none; their package has.
+        version = importlib.import_module(keras.__name__.split(".")[0]).__version__
     return int(version.split(".")[0])
 
 
