@@ -202,6 +202,18 @@ def test_ghost_rules_compile_with_xla():
     assert_matches(*step(), expected)
 
 
+def test_gru_rule_compiles_with_xla():
+    """tf.scan's loop and both reset modes under jit_compile."""
+    keras.utils.set_random_seed(0)
+    model = gru()
+    x, y = data(model)
+    expected = clipped(*per_example_gradients(model, x, y, WEIGHTS), 0.05)
+    assert expected[1].max() > 0.05
+    step = tf.function(lambda: per_example.clipped_gradient_sum(
+        model, LOSS, x, y, tf.constant(WEIGHTS), 0.05, model.trainable_variables, method="ghost"), jit_compile=True)
+    assert_matches(*step(), expected)
+
+
 @pytest.mark.parametrize("layer,covered", [
     (lambda: L.Conv1D(2, 3, padding="causal"), True),
     (lambda: L.Conv1D(2, 3, groups=2), False),
