@@ -9,8 +9,9 @@ each of the B rows through the whole batched graph (O(B^2) work). This package o
   model whose examples are independent; materialises the B per-example gradients.
 * ``'ghost'`` (`ghost`): one batched forward and backward pass records each layer's inputs and output gradients,
   and the layer's rule turns them into per-example norms and the clipped sum. The rules live in one registry
-  (`rules`): built in for Dense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding and LSTM (`dense`,
-  `conv1d`, `conv2d`, `depthwise`, `embedding`, `lstm`, with the shared algebra in `norms`), ``TimeDistributed`` folds handled (`time_distributed`), and ``register_layer_rule`` adds one for a
+  (`rules`): built in for Dense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding, LSTM and GRU
+  (`dense`, `conv1d`, `conv2d`, `depthwise`, `embedding`, `lstm`, `gru`, with the shared algebra in `norms`),
+  ``TimeDistributed`` folds handled (`time_distributed`), and ``register_layer_rule`` adds one for a
   custom layer. The same rules serve Keras 2 and Keras 3 (`keras_dyndp.keras_compat` names what differs).
 
 ``make_private(model)`` (`train_step`) gives a compiled model the train step that uses them with the model's

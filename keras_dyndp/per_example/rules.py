@@ -13,11 +13,11 @@ A `LayerRule` has three parts:
 * ``supports(layer)`` says whether this layer's configuration is covered (default: every configuration).
 
 Built in: ``Dense``, ``Conv1D`` (channels_last, groups 1; causal too), ``Conv2D`` (channels_last, groups 1),
-``DepthwiseConv2D`` and ``SeparableConv2D`` (channels_last), ``Embedding`` (dense ids) and ``LSTM`` (no mask,
-dropout, state or reversal). On Keras 3 none of them covers a layer with
-LoRA enabled or a quantized one (``lora_enabled``, ``quantization_mode``): their trainable variables are then not
-the ones the rules differentiate. Rules are looked up by exact class: a subclass may compute something else in its
-``call``, so it needs a rule of its own. A model whose trainable variables are not all covered by rules is clipped
+``DepthwiseConv2D`` and ``SeparableConv2D`` (channels_last), ``Embedding`` (dense ids), ``LSTM`` and ``GRU`` (either
+``reset_after``; no mask, dropout, state or reversal). On Keras 3 none of them covers a layer with LoRA enabled or a
+quantized one (``lora_enabled``, ``quantization_mode``): their trainable variables are then not the ones the rules
+differentiate. Rules are looked up by exact class: a subclass may compute something else in its ``call``, so it
+needs a rule of its own. A model whose trainable variables are not all covered by rules is clipped
 on the vectorized path instead (``method='auto'``).
 
 A rule for a custom layer, ``y = x * scale + shift`` over the last axis:
@@ -60,7 +60,7 @@ wrong rule breaks the privacy guarantee silently.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -70,6 +70,7 @@ from keras_dyndp.per_example import conv2d
 from keras_dyndp.per_example import dense
 from keras_dyndp.per_example import depthwise
 from keras_dyndp.per_example import embedding
+from keras_dyndp.per_example import gru
 from keras_dyndp.per_example import lstm
 from keras_dyndp.per_example.taps import GhostGradient
 from keras_dyndp.per_example.taps import Tap
@@ -150,3 +151,5 @@ register_layer_rule(keras.layers.Embedding, call=embedding.call, norms_and_sums=
                     supports=_built_in(embedding.supports))
 register_layer_rule(keras.layers.LSTM, call=lstm.call, norms_and_sums=lstm.norms_and_sums,
                     supports=_built_in(lstm.supports))
+register_layer_rule(keras.layers.GRU, call=gru.call, norms_and_sums=gru.norms_and_sums,
+                    supports=_built_in(gru.supports))

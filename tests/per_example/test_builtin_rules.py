@@ -1,4 +1,4 @@
-"""The built-in ghost rules (conv1d, conv2d, depthwise) against a loop of
+"""The built-in ghost rules (dense, conv1d, conv2d, depthwise, embedding, lstm, gru) against a loop of
 single-example gradients: the clipped sum and norms of the ghost path (eagerly and traced with an unknown batch
 size, as in fit) and of the vectorized fallback; with sigma = 0, removing one example moves the clipped sum by
 min(||g_i||, C) <= C."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from brute_force import LOSS
 from brute_force import assert_matches
 from brute_force import clipped
 from brute_force import per_example_gradients
+
 from keras_dyndp import keras_compat
 from keras_dyndp import per_example
 from keras_dyndp.keras_compat import keras
@@ -86,6 +86,39 @@ def time_distributed_conv() -> keras.Model:
     return keras.Model(inputs, L.Dense(3)(L.Flatten()(hidden)))
 
 
+def gru() -> keras.Model:
+    """GRU with reset_after (Keras' default: bias [2, 3u]) returning sequences, then one with the reset gate applied
+    before the recurrent kernel, without bias, returning its last state."""
+    return keras.Sequential([
+        L.Input((6, 3)),
+        L.GRU(4, return_sequences=True),
+        L.GRU(3, reset_after=False, use_bias=False),
+        L.Dense(3),
+    ])
+
+
+def gru_reset_before() -> keras.Model:
+    """The other combinations: reset gate before the recurrent kernel with bias, returning sequences; reset_after
+    without bias, returning its last state."""
+    return keras.Sequential([
+        L.Input((6, 3)),
+        L.GRU(4, reset_after=False, return_sequences=True),
+        L.GRU(3, use_bias=False),
+        L.Dense(3),
+    ])
+
+
+def recurrent_text() -> keras.Model:
+    """Embedding, then LSTM and GRU over a sequence of unknown length, then Dense."""
+    return keras.Sequential([
+        L.Input((None,), dtype="int32"),
+        L.Embedding(7, 4),
+        L.LSTM(4, return_sequences=True),
+        L.GRU(3),
+        L.Dense(3),
+    ])
+
+
 def data(model: keras.Model):
     rng = np.random.default_rng(11)
     spec = model.inputs[0]
@@ -98,6 +131,7 @@ def data(model: keras.Model):
 
 
 MODELS = {"conv1d": conv1d, "conv1d_one_channel": conv1d_one_channel, "conv2d": conv2d, "depthwise": depthwise,
+          "gru": gru, "gru_reset_before": gru_reset_before, "recurrent_text": recurrent_text,
           "separable": separable, "time_distributed_conv": time_distributed_conv}
 
 
@@ -168,12 +202,30 @@ def test_ghost_rules_compile_with_xla():
     assert_matches(*step(), expected)
 
 
+def test_gru_rule_compiles_with_xla():
+    """tf.scan's loop and both reset modes under jit_compile."""
+    keras.utils.set_random_seed(0)
+    model = gru()
+    x, y = data(model)
+    expected = clipped(*per_example_gradients(model, x, y, WEIGHTS), 0.05)
+    assert expected[1].max() > 0.05
+    step = tf.function(lambda: per_example.clipped_gradient_sum(
+        model, LOSS, x, y, tf.constant(WEIGHTS), 0.05, model.trainable_variables, method="ghost"), jit_compile=True)
+    assert_matches(*step(), expected)
+
+
 @pytest.mark.parametrize("layer,covered", [
     (lambda: L.Conv1D(2, 3, padding="causal"), True),
     (lambda: L.Conv1D(2, 3, groups=2), False),
     (lambda: L.DepthwiseConv2D(3, depth_multiplier=2), True),
     (lambda: L.DepthwiseConv2D(3, data_format="channels_first"), False),
     (lambda: L.SeparableConv2D(2, 3, data_format="channels_first"), False),
+    (lambda: L.GRU(2), True),
+    (lambda: L.GRU(2, reset_after=False, return_sequences=True, return_state=True), True),
+    (lambda: L.GRU(2, stateful=True), False),
+    (lambda: L.GRU(2, go_backwards=True), False),
+    (lambda: L.GRU(2, dropout=0.1), False),
+    (lambda: L.GRU(2, recurrent_dropout=0.1), False),
 ])
 def test_rules_cover_the_supported_configurations(layer, covered):
     assert (rules.rule_for(layer()) is not None) == covered

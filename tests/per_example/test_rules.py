@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from brute_force import LOSS
 from brute_force import assert_matches
 from brute_force import reference
+
 from keras_dyndp import per_example
 from keras_dyndp.keras_compat import keras
 from keras_dyndp.per_example import rules
@@ -61,12 +61,15 @@ def test_rules_apply_to_their_exact_class_and_supported_configurations():
     assert rules.rule_for(keras.layers.Conv2D(2, 3)) is not None
     assert rules.rule_for(keras.layers.Conv2D(2, 3, groups=2)) is None
     assert rules.rule_for(keras.layers.LSTM(2, go_backwards=True)) is None
+    assert rules.rule_for(keras.layers.GRU(2)) is not None
+    assert rules.rule_for(keras.layers.GRU(2, go_backwards=True)) is None
     assert rules.rule_for(keras.layers.LayerNormalization()) is None
 
 
 def test_register_layer_rule_refuses_what_is_not_a_rule():
     with pytest.raises(TypeError, match="`layer_class` must be a Keras layer class"):
-        per_example.register_layer_rule(object, call=EXAMPLE["scale_shift_call"], norms_and_sums=EXAMPLE["scale_shift_norms_and_sums"])
+        per_example.register_layer_rule(object, call=EXAMPLE["scale_shift_call"],
+                                        norms_and_sums=EXAMPLE["scale_shift_norms_and_sums"])
     with pytest.raises(TypeError, match="`norms_and_sums` must be callable"):
         per_example.register_layer_rule(Unregistered, call=EXAMPLE["scale_shift_call"], norms_and_sums=None)
     with pytest.raises(TypeError, match="`supports` must be callable"):
