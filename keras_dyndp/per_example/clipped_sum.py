@@ -69,7 +69,7 @@ def clipped_gradient_sum_with_outputs(
         elif method == "ghost":
             raise ValueError(
                 "`method='ghost'` needs every variable of `var_list` to belong to a layer with a ghost-clipping "
-                "rule (Dense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding, LSTM or one registered "
+                "rule (Dense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding, LSTM, GRU or one registered "
                 "with register_layer_rule). Received a "
                 f"model with other trainable layers: method={method!r}."
             )
