@@ -314,11 +314,19 @@ def compile_model(model: keras.Model, task: Task, optimizer: keras.optimizers.Op
     return model
 
 
-def steps_per_epoch(config: RunConfig, p: float, num_train: int) -> int:
-    """Steps of one Keras epoch: round(1/p) Poisson steps, or the N // B batches of a shuffled pass."""
-    if config.sampling == "poisson":
-        return dp_data.expected_steps_per_epoch(p)
-    return num_train // config.batch_size
+def epoch_lengths(config: RunConfig, num_steps: int, num_train: int) -> list[int]:
+    """Steps of each Keras epoch: the run's T steps spread over round(--epochs) epochs, longer epochs first.
+
+    T = round(epochs * N / B) is rarely a multiple of the epoch count, so the epochs take q or q + 1 steps; the
+    progress bar then counts the epochs the flag asked for ("Epoch 30/30", not a 31st epoch of the remainder).
+    A shuffled epoch is one pass of at most N // B batches, so shuffled runs take more epochs where T needs them.
+    """
+    num_epochs = max(1, round(config.epochs))
+    if config.sampling != "poisson":
+        num_epochs = max(num_epochs, math.ceil(num_steps / (num_train // config.batch_size)))
+    num_epochs = min(num_epochs, max(num_steps, 1))
+    shorter, longer_count = divmod(num_steps, num_epochs)
+    return [shorter + 1] * longer_count + [shorter] * (num_epochs - longer_count)
 
 
 def train_batches(config: RunConfig, data: datasets.TaskData, p: float, seed: int | None,
@@ -329,26 +337,25 @@ def train_batches(config: RunConfig, data: datasets.TaskData, p: float, seed: in
     return dp_data.shuffled_batches(data.x_train, data.y_train, config.batch_size, seed=seed).take(num_steps)
 
 
-def epoch_segments(start_step: int, stop_step: int, epoch_steps: int) -> list[tuple[int, int, int]]:
-    """The `model.fit` calls that take steps [start_step, stop_step) in Keras epochs of `epoch_steps` steps.
+def epoch_segments(start_step: int, stop_step: int, lengths: list[int]) -> list[tuple[int, int, int]]:
+    """The `model.fit` calls that take steps [start_step, stop_step) in Keras epochs of the given lengths.
 
     Each is ``(initial_epoch, epochs, steps)``: Keras epochs ``initial_epoch .. epochs - 1`` of ``steps`` steps
-    each. A run that starts or stops inside an epoch gets that epoch as a call of its own with only the steps it
-    takes, so the progress bar shows the true count ("7/7", not "11/11" for a last epoch cut short) and epoch
-    numbers continue across calls.
+    each. Consecutive epochs of one length share a call; a run that starts or stops inside an epoch gets that epoch
+    as a call of its own with only the steps it takes, so the progress bar shows the true count ("7/7", not
+    "11/11" for a last epoch cut short) and epoch numbers continue across calls.
     """
-    segments = []
-    step = start_step
-    while step < stop_step:
-        epoch, offset = divmod(step, epoch_steps)
-        if offset == 0 and stop_step - step >= epoch_steps:
-            full = (stop_step - step) // epoch_steps
-            segments.append((epoch, epoch + full, epoch_steps))
-            step += full * epoch_steps
+    segments: list[tuple[int, int, int]] = []
+    epoch_start = 0
+    for epoch, length in enumerate(lengths):
+        steps = min(stop_step, epoch_start + length) - max(start_step, epoch_start)
+        epoch_start += length
+        if steps <= 0:
+            continue
+        if segments and segments[-1][1] == epoch and segments[-1][2] == steps:
+            segments[-1] = (segments[-1][0], epoch + 1, steps)
         else:
-            steps = min(epoch_steps - offset, stop_step - step)
             segments.append((epoch, epoch + 1, steps))
-            step += steps
     return segments
 
 
@@ -570,11 +577,13 @@ def train(task: Task) -> RunResult:
 
     if start_step >= stop_step:
         print(f"Nothing to train: {start_step} of {stop_step} steps already taken.")
-    epoch_steps = steps_per_epoch(config, p, data.num_train)
-    print(f"{num_steps} steps = {num_steps / epoch_steps:.3g} Keras epochs of {epoch_steps} steps"
-          + (" (round(1/p) Poisson steps)" if config.sampling == "poisson" else "")
+    lengths = epoch_lengths(config, num_steps, data.num_train)
+    print(f"{num_steps} steps = {len(lengths)} Keras epochs of "
+          + "-".join(str(length) for length in sorted(set(lengths))) + " steps"
           + (f"; stopping after step {stop_step} (--max_steps)" if stop_step < num_steps else ""))
-    for initial_epoch, epochs, segment_steps in epoch_segments(start_step, stop_step, epoch_steps):
+    if FLAGS.verbose:
+        fit_callbacks.append(keras_compat.RunProgressBar(len(lengths)))
+    for initial_epoch, epochs, segment_steps in epoch_segments(start_step, stop_step, lengths):
         step = int(counter.numpy())
         if step >= stop_step:  # A callback ended training early (the budget, --max_steps).
             break

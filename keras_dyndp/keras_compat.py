@@ -26,6 +26,7 @@ What differs, name by name (Keras 2 | Keras 3):
 * `steps_per_execution`, `set_steps_per_execution`: a variable ``model._steps_per_execution`` read by the traced
   loop at every call | a Python int ``model.steps_per_execution`` read when the train function is traced, so
   changing it swaps in a train function traced for the new value (and swaps the old one back when restored).
+* `RunProgressBar`: ``ProgbarLogger(count_mode="steps")`` | ``ProgbarLogger()`` (Keras 3 counts steps).
 * `add_to_epoch_logs`, `remove_epoch_logs_hook`: how a callback adds keys that EVERY callback's ``on_epoch_end``
   sees, whatever the order of the list: Keras 2 copies the last batch's logs (the very dict a callback with
   ``_supports_tf_logs`` receives) into the epoch logs | Keras 3 gives callbacks copies of the batch logs and
@@ -274,6 +275,22 @@ def set_steps_per_execution(model: keras.Model, steps: int) -> None:
     model.make_train_function(force=True)
     override.installed = model.train_function
     _steps_overrides[model] = override
+
+
+class RunProgressBar(keras.callbacks.ProgbarLogger):
+    """Keras's step-counting progress bar that numbers epochs out of a run's total across several ``fit`` calls.
+
+    ``fit`` shows its own ``epochs`` argument ("Epoch 1/7", then "Epoch 8/30" from a second call); this bar shows
+    "Epoch k/total_epochs" throughout. Keras 2's bar counts samples unless told ``count_mode='steps'``; Keras 3's
+    counts steps.
+    """
+
+    def __init__(self, total_epochs: int):
+        super().__init__(**({} if _KERAS_3 else {"count_mode": "steps"}))
+        self.total_epochs = total_epochs
+
+    def set_params(self, params: dict) -> None:
+        super().set_params({**params, "epochs": self.total_epochs})
 
 
 def add_to_epoch_logs(model: keras.Model, batch_logs: dict | None, values: dict[str, float]) -> None:

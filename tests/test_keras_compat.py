@@ -128,3 +128,13 @@ def test_unsupported_optimizer_arguments_name_a_reason():
         assert name in ("gradient_accumulation_steps", "loss_scale_factor") and reason
     if keras_compat.KERAS_MAJOR_VERSION == 2:
         assert not keras_compat.UNSUPPORTED_OPTIMIZER_ARGUMENTS
+
+
+def test_run_progress_bar_counts_steps_and_the_run_s_epochs(capsys):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((12, 2), np.float32), np.ones((12, 1), np.float32)
+    bar = keras_compat.RunProgressBar(5)
+    model.fit(x, y, batch_size=4, epochs=3, initial_epoch=2, verbose=1, callbacks=[bar])
+    out = capsys.readouterr().out
+    assert "Epoch 3/5" in out and "3/3" in out and "Epoch 3/3" not in out  # 3 steps of the run's 5 epochs

@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import tensorflow as tf
@@ -221,22 +222,36 @@ def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp
     assert noise_seeds[1] == training._derived_seed(0, 3, training._NOISE_STREAM)  # reproducible from --seed
 
 
-@pytest.mark.parametrize("start, stop, epoch_steps, expected", [
-    (0, 337, 11, [(0, 30, 11), (30, 31, 7)]),  # the digits demo: 30.6 epochs of round(1/p) = 11 steps
-    (100, 337, 11, [(9, 10, 10), (10, 30, 11), (30, 31, 7)]),  # resumed inside epoch 9
-    (0, 60, 240, [(0, 1, 60)]),  # --max_steps inside the first epoch
-    (22, 44, 22, [(1, 2, 22)]),
-    (5, 5, 11, []),
+@pytest.mark.parametrize("start, stop, lengths, expected", [
+    (0, 337, [12] * 7 + [11] * 23, [(0, 7, 12), (7, 30, 11)]),  # the digits demo: 337 steps in 30 epochs
+    (100, 337, [12] * 7 + [11] * 23, [(8, 9, 6), (9, 30, 11)]),  # resumed inside epoch 8 (steps 95-105)
+    (0, 60, [240], [(0, 1, 60)]),  # --max_steps inside the first epoch
+    (22, 44, [22, 22], [(1, 2, 22)]),
+    (1, 23, [12, 11, 11], [(0, 2, 11)]),  # a cut first epoch of 11 steps shares its call with a full one of 11
+    (5, 5, [11], []),
 ])
-def test_epoch_segments_cover_the_steps_with_true_epoch_lengths(start, stop, epoch_steps, expected):
-    segments = training.epoch_segments(start, stop, epoch_steps)
+def test_epoch_segments_cover_the_steps_with_true_epoch_lengths(start, stop, lengths, expected):
+    segments = training.epoch_segments(start, stop, lengths)
     assert segments == expected
     assert sum((epochs - initial) * steps for initial, epochs, steps in segments) == stop - start
 
 
+@pytest.mark.parametrize("sampling, epochs, num_steps, expected", [
+    ("poisson", 30.0, 337, [12] * 7 + [11] * 23),  # the digits demo: N 1437, batch 128
+    ("poisson", 0.3, 3, [3]),
+    ("poisson", 2.0, 1, [1]),  # fewer steps than epochs: no empty epoch
+    ("shuffled", 2.0, 45, [15, 15, 15]),  # a shuffled pass holds at most N // B = 22 batches
+])
+def test_epoch_lengths_count_the_epochs_the_flag_asks_for(sampling, epochs, num_steps, expected):
+    config = types.SimpleNamespace(sampling=sampling, epochs=epochs, batch_size=64)
+    lengths = training.epoch_lengths(config, num_steps, 1437)
+    assert lengths == expected and sum(lengths) == num_steps
+
+
 def test_progress_bar_shows_the_steps_a_cut_epoch_takes(capsys):
-    _train(max_steps=30, verbose=1)  # 22 Poisson steps per epoch (N 1437, batch 64): 22, then 8
+    _train(max_steps=30, verbose=1)  # 45 Poisson steps in 2 epochs (N 1437, batch 64): 23, then 7 of 22
     out = capsys.readouterr().out
-    assert "2.05 Keras epochs of 22 steps" in out and "stopping after step 30" in out
+    assert "45 steps = 2 Keras epochs of 22-23 steps" in out and "stopping after step 30" in out
+    assert "Epoch 1/2" in out and "Epoch 1/1" not in out and "Epoch 3/" not in out  # one count across fit calls
     last_epoch = out.split("Epoch 2/2")[1]
-    assert "8/8" in last_epoch and "/22" not in last_epoch
+    assert "7/7" in last_epoch and "/22" not in last_epoch
