@@ -194,24 +194,14 @@ def test_ghost_rules_compile_with_xla():
         L.Flatten(),
         L.Dense(3),
     ])
-    x, y = data(model)
-    expected = clipped(*per_example_gradients(model, x, y, WEIGHTS), 0.05)
-    assert expected[1].max() > 0.05
-    step = tf.function(lambda: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), 0.05, model.trainable_variables, method="ghost"), jit_compile=True)
-    assert_matches(*step(), expected)
+    _assert_ghost_matches_under_xla(model)
 
 
 def test_gru_rule_compiles_with_xla():
     """tf.scan's loop and both reset modes under jit_compile."""
     keras.utils.set_random_seed(0)
     model = gru()
-    x, y = data(model)
-    expected = clipped(*per_example_gradients(model, x, y, WEIGHTS), 0.05)
-    assert expected[1].max() > 0.05
-    step = tf.function(lambda: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), 0.05, model.trainable_variables, method="ghost"), jit_compile=True)
-    assert_matches(*step(), expected)
+    _assert_ghost_matches_under_xla(model)
 
 
 @pytest.mark.parametrize("layer,covered", [
@@ -249,3 +239,13 @@ def test_lora_enabled_layers_are_clipped_on_the_vectorized_path(lora_layer):
     expected = clipped(*per_example_gradients(model, x, y, WEIGHTS), 0.1)
     assert_matches(*per_example.clipped_gradient_sum(
         model, LOSS, x, y, tf.constant(WEIGHTS), 0.1, model.trainable_variables), expected)
+
+
+def _assert_ghost_matches_under_xla(model: keras.Model) -> None:
+    """The ghost clipped sum of ``model`` under jit_compile equals the per-example loop's, with clipping active."""
+    x, y = data(model)
+    expected = clipped(*per_example_gradients(model, x, y, WEIGHTS), 0.05)
+    assert expected[1].max() > 0.05
+    step = tf.function(lambda: per_example.clipped_gradient_sum(
+        model, LOSS, x, y, tf.constant(WEIGHTS), 0.05, model.trainable_variables, method="ghost"), jit_compile=True)
+    assert_matches(*step(), expected)
