@@ -18,7 +18,8 @@ every row alike. Paths:
 
 Warm-up steps (tracing, first runs) are excluded. Each repetition runs every path once, in the same order, and
 the table reports the median over repetitions of the mean step time within one repetition and, as the ratio to
-``nonprivate``, the median over repetitions of the ratio of the two within one repetition. Slow paths (the
+``nonprivate``, the median over repetitions of the ratio of the two within one repetition (each repetition's
+mean step time per path is printed as it ends and kept in the CSV's ``seconds_per_repetition``). Slow paths (the
 jacobian, TF-Privacy's microbatches, the vectorized path (a sequential tf.map_fn for the LSTM) and XLA, which
 is slow on this CPU) run ``--slow_steps`` steps per repetition.
 
@@ -302,14 +303,15 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
             if gpu:
                 peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
                 runner.peak_memory_mib = max(runner.peak_memory_mib or 0.0, peak)
-        print(f"[{model_name}] repetition {repeat + 1}/{FLAGS.repeats} done")
+        done = ", ".join(f"{r.path} {r.times[-1]:.4f}" for r in runners if not isinstance(r, dict))
+        print(f"[{model_name}] repetition {repeat + 1}/{FLAGS.repeats} done (s/step: {done})")
     baseline_times = next((r.times for r in runners if not isinstance(r, dict) and r.path == "nonprivate"), None)
     rows = []
     for runner in runners:
         if isinstance(runner, dict):
             note = f"skipped: {runner['error']}" if runner.get("skipped") else f"failed: {runner['error']}"
             rows.append(dict(model=model_name, path=runner["path"], seconds_per_step=None, ratio=None,
-                             peak_memory_mib=None, note=note))
+                             peak_memory_mib=None, note=note, seconds_per_repetition=""))
             continue
         ratio = None
         if baseline_times:
@@ -318,7 +320,8 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
             ratio = statistics.median(t / b for t, b in zip(runner.times, baseline_times))
         rows.append(dict(model=model_name, path=runner.path, seconds_per_step=statistics.median(runner.times),
                          ratio=ratio, peak_memory_mib=runner.peak_memory_mib,
-                         note=f"{len(runner.times)} x {steps_per_repetition(runner.path)} steps"))
+                         note=f"{len(runner.times)} x {steps_per_repetition(runner.path)} steps",
+                         seconds_per_repetition=" ".join(f"{t:.4f}" for t in runner.times)))
     return rows
 
 
