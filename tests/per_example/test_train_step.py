@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -235,8 +236,9 @@ def test_mixed_precision_fit_trains_on_every_path_and_refuses_ghost(policy):
         tf.keras.utils.set_random_seed(0)
         model = make_private(_with_policy(policy, sequential), method=method)
         schedule = schedules.DPSchedule(np.full(100, CLIP), np.full(100, 0.01), 0.01)
-        model.compile(optimizer=_with_policy(policy, lambda: DynamicDPKerasSGD(
-            schedule=schedule, learning_rate=0.5, num_microbatches=num_microbatches)), loss=LOSS)
+        optimizer = functools.partial(DynamicDPKerasSGD, schedule=schedule, learning_rate=0.5,
+                                      num_microbatches=num_microbatches)
+        model.compile(optimizer=_with_policy(policy, optimizer), loss=LOSS)
         loss_before = model.evaluate(x, y, verbose=0)
         model.fit(x, y, batch_size=8, epochs=3, verbose=0)
         assert model.evaluate(x, y, verbose=0) < loss_before
