@@ -57,6 +57,7 @@ import numpy as np
 
 from keras_dyndp import schedules
 from keras_dyndp import validation
+from keras_dyndp.accounting import scale_search
 
 DECAYS = ("exponential", "time")
 
@@ -66,20 +67,16 @@ _TCDP_MAX_RHO = 0.1
 _TCDP_MAX_SAMPLING = 0.1
 # Bisection on log(z_0) for the tCDP calibration: 200 halvings of a bracket of width <= 2^11 reach float precision.
 _BISECTION_STEPS = 200
+# Steps past float rounding to the safe side of a closed form: relative on z_0 (zCDP), absolute on log z_0 (tCDP).
+_SAFETY_STEP = 1e-13
+_LOG_SAFETY_STEP = 1e-14
 
 
 def _check_budget(target_epsilon: float, target_delta: float) -> None:
     if isinstance(target_epsilon, bool) or not (
             isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"`target_epsilon` must be finite and > 0. Received: target_epsilon={target_epsilon}.")
-    if not (isinstance(target_delta, (int, float)) and 0.0 < target_delta < 1.0):
-        raise ValueError(f"`target_delta` must be in (0, 1). Received: target_delta={target_delta}.")
-
-
-def _check_delta(delta: float) -> float:
-    if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
-        raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
-    return float(delta)
+    validation.check_delta(target_delta, "target_delta")
 
 
 def _check_multipliers(noise_multipliers) -> np.ndarray:
@@ -146,7 +143,7 @@ def zcdp_rho(noise_multipliers) -> float:
 
 def zcdp_epsilon_from_rho(rho: float, delta: float) -> float:
     """epsilon = rho + 2 sqrt(rho log(1/delta)) of rho-zCDP at `delta` (Bun and Steinke 2016, Prop. 1.3)."""
-    delta = _check_delta(delta)
+    delta = validation.check_delta(delta)
     if not rho >= 0:
         raise ValueError(f"`rho` must be >= 0. Received: rho={rho}.")
     return float(rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta)))
@@ -195,7 +192,7 @@ def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[flo
 
 def tcdp_epsilon_from_parameters(rho: float, omega: float, delta: float) -> float:
     """Epsilon of (rho, omega)-tCDP at `delta`, through the Renyi bound D_alpha <= rho alpha for 1 < alpha < omega."""
-    delta = _check_delta(delta)
+    delta = validation.check_delta(delta)
     if not (rho >= 0 and omega > 1):
         raise ValueError(f"Need rho >= 0 and omega > 1. Received: rho={rho}, omega={omega}.")
     log_inv_delta = math.log(1.0 / delta)
@@ -255,8 +252,8 @@ def zcdp_schedule(
     p, num_steps = _check_common(target_epsilon, target_delta, sampling_probability, num_steps, initial_clip)
     shape = decay_shape(num_steps, noise_decay, decay)
     z0 = math.sqrt(zcdp_rho(shape) / zcdp_rho_from_epsilon(target_epsilon, target_delta))
-    while zcdp_epsilon(z0 * shape, target_delta) > target_epsilon:  # Rounding: step to safety.
-        z0 *= 1 + 1e-13
+    z0 = scale_search.step_to_safe_side(  # Rounding: step to more noise.
+        z0, lambda z: zcdp_epsilon(z * shape, target_delta) <= target_epsilon, lambda z: z * (1 + _SAFETY_STEP))
     return _schedule(initial_clip, z0 * shape, p)
 
 
@@ -294,8 +291,9 @@ def tcdp_schedule(
 
     # The last step has the least noise; for p <= 0.1 rho_t <= 0.1 implies the log condition.
     low = math.log(math.sqrt(2.0 / _TCDP_MAX_RHO) / float(np.min(shape)))
-    while not np.all(_meets_subsampling_conditions(_replace_one_rhos(math.exp(low) * shape), p)):
-        low += 1e-14  # Rounding: step to the inside.
+    low = scale_search.step_to_safe_side(  # Rounding: step to the inside.
+        low, lambda x: bool(np.all(_meets_subsampling_conditions(_replace_one_rhos(math.exp(x) * shape), p))),
+        lambda x: x + _LOG_SAFETY_STEP)
     if epsilon(low) <= target_epsilon:
         warnings.warn(
             f"tCDP baseline: the subsampling theorem needs z_t >= sqrt(20) at every step, and with that little "

@@ -52,7 +52,7 @@ _ACCOUNTANT = flags.DEFINE_enum(
     "accountant", registry.DEFAULT_ACCOUNTANT, list(registry.ACCOUNTANT_NAMES),
     "Accountant the paper's methods are calibrated under (spec mode): pld (rigorous, tight), rdp (rigorous), or "
     "gdp_clt (the paper's approximation, which can understate epsilon).", flag_values=_FLAGS)
-_ACCOUNTANTS = flags.DEFINE_list("accountants", list(privacy_report.ACCOUNTANTS), "Accountants to report.",
+_ACCOUNTANTS = flags.DEFINE_list("accountants", list(registry.ACCOUNTANT_NAMES), "Accountants to report.",
     flag_values=_FLAGS)
 _NUM_POINTS = flags.DEFINE_integer("num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.",
     flag_values=_FLAGS)

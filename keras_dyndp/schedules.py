@@ -44,7 +44,6 @@ from scipy import optimize
 
 from keras_dyndp import validation
 from keras_dyndp.accounting import fast_pld
-from keras_dyndp.accounting import fast_rdp
 from keras_dyndp.accounting import gdp
 from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting import registry
@@ -56,6 +55,17 @@ METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
 GDP_CLT_WARNING_RATIO = 1.05
 # Distinct noise multipliers of the rough first pass of a rigorous calibration (see `_calibrate_rigorous`).
 _ROUGH_SEARCH_GROUPS = 8
+# `_clt_mu0`: a closed-form bracket narrower than this (relative) is a single point, and brentq's tolerances on mu_0
+# (absolute: none to speak of; relative: 4 ulp) solve the CLT equation to float precision.
+_CLT_BRACKET_RTOL = 1e-15
+_CLT_XTOL = 1e-300
+_CLT_RTOL = 4 * np.finfo(float).eps
+# `_calibrate_gdp_clt`: relative step of mu_0 down past the float rounding of the eps <-> mu conversions.
+_GDP_CLT_SAFETY_STEP = 1e-13
+# `_scale_range`: margin in log mu_0 that keeps exp() rounding at the ends inside the accountant's accepted range.
+_SCALE_RANGE_MARGIN = 1e-9
+# `_clt_log_slope`: half-width in log mu_0 of the central difference.
+_SLOPE_HALF_WIDTH = 0.01
 
 __all__ = ["CalibrationError", "Calibration", "DPSchedule", "GdpCltUnderstatementWarning", "METHODS", "calibrate",
            "calibrate_shape", "gdp_clt_understatement", "sampling_from_epochs"]
@@ -65,17 +75,10 @@ class GdpCltUnderstatementWarning(UserWarning):
     """A schedule calibrated under the GDP-CLT spends noticeably more than its target under the PLD."""
 
 
-def _check_accountant(accountant: str) -> str:
-    if accountant not in registry.ACCOUNTANT_NAMES:
-        raise ValueError(f"`accountant` must be one of {registry.ACCOUNTANT_NAMES}. Received: {accountant!r}.")
-    return accountant
-
-
 def _check_budget(target_epsilon: float, target_delta: float) -> None:
     if not (isinstance(target_epsilon, numbers.Real) and math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"`target_epsilon` must be finite and > 0. Received: target_epsilon={target_epsilon}.")
-    if not (isinstance(target_delta, numbers.Real) and 0.0 < target_delta < 1.0):
-        raise ValueError(f"`target_delta` must be in (0, 1). Received: target_delta={target_delta}.")
+    validation.check_delta(target_delta, "target_delta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +94,7 @@ class Calibration:
     target_delta: float
 
     def __post_init__(self):
-        _check_accountant(self.accountant)
+        registry.get(self.accountant)
         _check_budget(self.target_epsilon, self.target_delta)
 
 
@@ -182,15 +185,18 @@ class DPSchedule:
             raise ValueError(f"`steps` must be an integer in [0, {self.num_steps}]. Received: steps={steps}.")
         return int(steps)
 
-    def check_accountable(self, accountant: str = registry.DEFAULT_ACCOUNTANT) -> None:
-        """Raises now, before any training, if `epsilon(..., accountant)` would refuse a step of this schedule.
+    def check_accountable(self, accountant: str = registry.DEFAULT_ACCOUNTANT, **options) -> None:
+        """Raises now, before any training, if `epsilon(..., accountant, **options)` would refuse a step of this
+        schedule.
 
         Raises:
-          noise_range.NoiseOutOfRangeError (a ValueError): naming the first step whose noise multiplier the
-            accountant cannot represent, and the accepted range (see `keras_dyndp.accounting.noise_range`).
+          ValueError: on an unknown accountant or option; noise_range.NoiseOutOfRangeError (a ValueError) naming
+            the first step whose noise multiplier the accountant cannot represent, and the accepted range (see
+            `keras_dyndp.accounting.noise_range`).
         """
-        noise_range.check_noise_multipliers(self.noise_multipliers, _check_accountant(accountant),
-                                            _min_noise_multiplier(accountant))
+        entry = registry.get(accountant)
+        noise_range.check_noise_multipliers(self.noise_multipliers, accountant,
+                                            entry.min_noise_multiplier(**entry.check_options(options)))
 
     def to_dp_event(self, steps: int | None = None) -> dp_accounting.DpEvent:
         """The dp_accounting event of the first `steps` steps (all T by default).
@@ -216,8 +222,9 @@ class DPSchedule:
         ]
         return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
-    def epsilon(self, delta: float, accountant: str = registry.DEFAULT_ACCOUNTANT, steps: int | None = None) -> float:
-        """Epsilon spent by the first `steps` steps at `delta`, by the named accountant.
+    def epsilon(self, delta: float, accountant: str = registry.DEFAULT_ACCOUNTANT, steps: int | None = None,
+                **options) -> float:
+        """Epsilon spent by the first `steps` steps at `delta`, by the named accountant (`accounting.registry`).
 
         Args:
           delta: target delta in (0, 1).
@@ -226,26 +233,23 @@ class DPSchedule:
             distinct steps), 'rdp' (rigorous; exact heterogeneous RDP, `fast_rdp.rdp_epsilon`, about 1 s for 4800
             distinct steps) or 'gdp_clt' (the paper's CLT approximation, via `GdpCltAccountant`; it can understate).
           steps: number of leading steps to account (default: all T).
+          **options: the accountant's options (`registry.get(accountant).option_checks`), e.g.
+            `value_discretization_interval=1e-4` for 'pld' (`registry.get('pld').final_options`, for final
+            reported numbers) or `orders` for 'rdp'.
 
         Raises:
-          ValueError: on a bad argument; `noise_range.NoiseOutOfRangeError` (a ValueError) naming the step if a
-            noise multiplier is outside what the accountant can represent (see `keras_dyndp.accounting.noise_range`).
+          ValueError: on a bad argument or option; `noise_range.NoiseOutOfRangeError` (a ValueError) naming the step
+            if a noise multiplier is outside what the accountant can represent (`keras_dyndp.accounting.noise_range`).
         """
-        if not 0.0 < delta < 1.0:
-            raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
-        _check_accountant(accountant)
+        delta = validation.check_delta(delta)
+        entry = registry.get(accountant)
+        options = entry.check_options(options)
         steps = self._check_steps(steps)
         if steps == 0:
             return 0.0
         if np.any(self._noise_stddevs[:steps] == 0):
             return math.inf
-        multipliers = self.noise_multipliers[:steps]
-        if accountant == "rdp":
-            return float(fast_rdp.rdp_epsilon(self.sampling_probability, multipliers, delta))
-        if accountant == "pld":
-            return float(fast_pld.pld_epsilon(self.sampling_probability, multipliers, delta))
-        noise_range.check_noise_multipliers(multipliers, accountant, _min_noise_multiplier(accountant))
-        return float(registry.make_accountant(accountant).compose(self.to_dp_event(steps)).get_epsilon(delta))
+        return float(entry.epsilon(self, delta, steps, **options))
 
     def get_config(self) -> dict:
         """Plain-Python description, the inverse of `from_config` ('calibration' only when there is one)."""
@@ -349,43 +353,33 @@ def _clt_mu0(mu_tot: float, p: float, mu_shape: np.ndarray) -> float:
     def excess(mu0: float) -> float:
         return float(np.sum(np.expm1((mu0 * mu_shape) ** 2))) - target
 
-    if high > low * (1 + 1e-15):
-        mu0 = optimize.brentq(excess, low, high, xtol=1e-300, rtol=4 * np.finfo(float).eps)
+    if high > low * (1 + _CLT_BRACKET_RTOL):
+        mu0 = optimize.brentq(excess, low, high, xtol=_CLT_XTOL, rtol=_CLT_RTOL)
     else:
         mu0 = low
-    while excess(mu0) > 0:  # brentq may land a hair above the root: step to the safe side.
-        mu0 = np.nextafter(mu0, 0.0)
-    return float(mu0)
-
-
-def _min_noise_multiplier(accountant: str) -> float:
-    """Smallest noise multiplier `DPSchedule.epsilon` can account under `accountant` (`noise_range`)."""
-    if accountant == "pld":
-        return noise_range.pld_min_noise_multiplier(fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL)
-    return noise_range.MIN_NOISE_MULTIPLIER
+    # brentq may land a hair above the root.
+    return float(scale_search.step_to_safe_side(mu0, lambda mu: excess(mu) <= 0, lambda mu: np.nextafter(mu, 0.0)))
 
 
 def _scale_range(mu_shape: np.ndarray, accountant: str) -> tuple[float, float]:
     """[lower, upper] of log mu_0 whose noise multipliers z_t = 1 / (mu_0 s_t) the accountant accepts."""
-    floor = _min_noise_multiplier(accountant)
-    inward = 1e-9  # Keeps exp() rounding at the ends inside the accepted range.
-    return (-math.log(noise_range.MAX_NOISE_MULTIPLIER * mu_shape.min()) + inward,
-            -math.log(floor * mu_shape.max()) - inward)
+    floor = registry.get(accountant).min_noise_multiplier()
+    return (-math.log(noise_range.MAX_NOISE_MULTIPLIER * mu_shape.min()) + _SCALE_RANGE_MARGIN,
+            -math.log(floor * mu_shape.max()) - _SCALE_RANGE_MARGIN)
 
 
 def _calibrate_gdp_clt(make_schedule: Callable[[float], DPSchedule], mu0: float, target_epsilon: float,
                        target_delta: float) -> DPSchedule:
     """The schedule at the CLT solution mu0, stepped down past float rounding in the eps <-> mu conversions."""
     try:
-        schedule = make_schedule(mu0)
-        while schedule.epsilon(target_delta, "gdp_clt") > target_epsilon:
-            mu0 *= 1 - 1e-13
-            schedule = make_schedule(mu0)
+        mu0 = scale_search.step_to_safe_side(
+            mu0, lambda mu: make_schedule(mu).epsilon(target_delta, "gdp_clt") <= target_epsilon,
+            lambda mu: mu * (1 - _GDP_CLT_SAFETY_STEP))
     except noise_range.NoiseOutOfRangeError as error:
         raise CalibrationError(
             f"Under the 'gdp_clt' accountant, target_epsilon={target_epsilon} needs noise outside the accepted "
             f"range: {error}") from error
-    return schedule
+    return make_schedule(mu0)
 
 
 def _clt_log_slope(mu0: float, p: float, mu_shape: np.ndarray, delta: float) -> float:
@@ -393,7 +387,7 @@ def _clt_log_slope(mu0: float, p: float, mu_shape: np.ndarray, delta: float) -> 
 
     nan where the CLT epsilon is 0 or infinite there (the search then assumes 1).
     """
-    step = 0.01
+    step = _SLOPE_HALF_WIDTH
     try:
         with np.errstate(over="ignore"):
             epsilons = [gdp.epsilon_from_mu(gdp.clt_mu(p, mu0 * math.exp(sign * step) * mu_shape), delta)
@@ -471,7 +465,7 @@ def calibrate_shape(
         (`keras_dyndp.accounting.noise_range`), e.g. a target so large that it needs almost no noise.
     """
     _check_budget(target_epsilon, target_delta)
-    _check_accountant(accountant)
+    registry.get(accountant)
     p = validation.check_probability(sampling_probability)
     num_steps = validation.check_positive_int("num_steps", num_steps)
     clips = _as_step_array("clip_norms", clip_norms, num_steps)
