@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from keras_dyndp import schedules
+from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import gdp
+from keras_dyndp.accounting import registry
 
 P = 250 / 60000
 T = 4800
@@ -114,6 +116,26 @@ def test_epsilon_grows_with_steps_and_accountants_agree_roughly():
     pld = schedule.epsilon(DELTA, accountant="pld")
     # Rigorous accountants sit near the CLT value; RDP is the loosest of the two rigorous ones.
     assert 0.8 * eps[3] < pld <= rdp < 1.6 * eps[3]
+
+
+def test_epsilon_passes_accountant_options():
+    schedule = _calibrate("vanilla", num_steps=200, sampling_probability=0.02)
+    final = schedule.epsilon(DELTA, "pld", **registry.get("pld").final_options)
+    assert final < schedule.epsilon(DELTA, "pld")
+    assert final == pytest.approx(fast_pld.pld_epsilon(0.02, schedule.noise_multipliers, DELTA,
+                                                       value_discretization_interval=1e-4), rel=1e-12)
+    assert schedule.epsilon(DELTA, "rdp", orders=[2, 8, 32]) >= schedule.epsilon(DELTA, "rdp")
+    with pytest.raises(ValueError, match="Options of the 'gdp_clt' accountant"):
+        schedule.epsilon(DELTA, "gdp_clt", orders=[2])
+    with pytest.raises(ValueError, match="`value_discretization_interval` must be > 0"):
+        schedule.epsilon(DELTA, "pld", value_discretization_interval=-1.0)
+
+
+def test_check_accountable_uses_the_options_noise_floor():
+    schedule = schedules.DPSchedule([1.0], [0.05], 0.1)  # z = 0.05: above the PLD floor at 1e-3, below it at 1e-4.
+    schedule.check_accountable("pld")
+    with pytest.raises(ValueError, match="the 'pld' accountant accepts"):
+        schedule.check_accountable("pld", value_discretization_interval=1e-4)
 
 
 def test_zero_noise_means_infinite_epsilon():
