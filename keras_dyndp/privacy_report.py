@@ -2,8 +2,9 @@
 
 The paper calibrates every schedule with the extended GDP central limit theorem (GDP-CLT), an approximation that
 can understate epsilon (Gopi et al. 2021); this package calibrates under the PLD unless told otherwise. This module
-puts numbers side by side: for each method (the paper's four, plus the noise-decay baselines of its Table 1 from
-`keras_dyndp.baselines`) it reports the first and last noise multipliers and the epsilon of the same schedule under
+puts numbers side by side: for each method (`schedules.ALL_METHODS`: the paper's four, plus the noise-decay
+baselines of its Table 1, each built by `schedules.calibrate`) it reports the first and last noise multipliers and
+the epsilon of the same schedule under
 
 * 'gdp_clt': the paper's accountant;
 * 'rdp': exact heterogeneous Renyi DP (`accounting.fast_rdp`), a rigorous upper bound;
@@ -25,13 +26,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_dyndp import baselines
 from keras_dyndp import schedules
 from keras_dyndp import validation
+from keras_dyndp.accounting import cdp
 from keras_dyndp.accounting import registry
 
-BASELINES = ("zcdp", "tcdp")
-ALL_METHODS = schedules.METHODS + BASELINES
 # Paper Fig. 2: mu_t growth rates 1/rho_mu in {1, 0.8, 0.5, 0.3}.
 DEFAULT_CONSUMPTION_RHO_MUS = (1.0, 1 / 0.8, 1 / 0.5, 1 / 0.3)
 DEFAULT_NUM_POINTS = 50
@@ -64,46 +63,6 @@ def _check_accountants(accountants: Sequence[str]) -> tuple[str, ...]:
     return accountants
 
 
-def build_schedules(
-    *,
-    target_epsilon: float,
-    target_delta: float,
-    sampling_probability: float,
-    num_steps: int,
-    initial_clip: float,
-    rho_mu: float = 1.0,
-    rho_c: float = 1.0,
-    methods: Sequence[str] = ALL_METHODS,
-    accountant: str = registry.DEFAULT_ACCOUNTANT,
-) -> dict[str, schedules.DPSchedule]:
-    """Calibrates each method to (target_epsilon, target_delta) with its own accountant.
-
-    The paper's methods use `schedules.calibrate` under `accountant` ('pld' by default; 'gdp_clt' is the paper's);
-    'zcdp' and 'tcdp' use `baselines.zcdp_schedule` and `baselines.tcdp_schedule` with exponential noise decay
-    z_0 / z_T = rho_mu (the growing-mu noise shape), so that one --rho_mu compares like with like.
-
-    Returns:
-      {method: DPSchedule} in the order of `methods`.
-    """
-    unknown = [method for method in methods if method not in ALL_METHODS]
-    if unknown or not methods:
-        raise ValueError(f"`methods` must be a non-empty subset of {ALL_METHODS}. Received: methods={tuple(methods)}.")
-    built = {}
-    for method in methods:
-        if method == "zcdp":
-            built[method] = baselines.zcdp_schedule(
-                target_epsilon, target_delta, sampling_probability, num_steps, initial_clip, noise_decay=rho_mu)
-        elif method == "tcdp":
-            built[method] = baselines.tcdp_schedule(
-                target_epsilon, target_delta, sampling_probability, num_steps, initial_clip, noise_decay=rho_mu)
-        else:
-            built[method] = schedules.calibrate(
-                method, target_epsilon=target_epsilon, target_delta=target_delta,
-                sampling_probability=sampling_probability, num_steps=num_steps, initial_clip=initial_clip,
-                rho_mu=rho_mu, rho_c=rho_c, accountant=accountant)
-    return built
-
-
 def schedule_row(
     method: str,
     schedule: schedules.DPSchedule,
@@ -114,8 +73,8 @@ def schedule_row(
     the one in `schedule.calibration` (none for a schedule that does not record one, e.g. one built by hand)."""
     delta = validation.check_delta(delta)
     accountants = _check_accountants(accountants)
-    if method in BASELINES:
-        own = baselines.baseline_epsilon(method, schedule, delta)
+    if method in schedules.BASELINES:
+        own = cdp.baseline_epsilon(method, schedule.sampling_probability, schedule.noise_multipliers, delta)
         calibrated_by = method
     elif schedule.calibration is not None:
         calibrated_by = schedule.calibration.accountant

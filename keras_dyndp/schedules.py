@@ -12,6 +12,10 @@ dp_accounting event that every accountant consumes, so what is trained and what 
 * ``sensitivity_decay`` (Eq. 15-17): C_t = rho_c^(-t/T) C_0, mu_t = mu_0.
 * ``dynamic`` (Alg. 2): C_t = rho_c^(-t/T) C_0, sigma_t = (C_0 / mu_0) (rho_mu rho_c)^(-t/T).
 
+and the baselines it compares with (its Table 1; `calibrate_baseline`): ``zcdp`` and ``tcdp``, C_t = C_0 and
+noise multipliers decaying by z_0 / z_T = rho_mu (the growing-mu noise shape), each calibrated by its own accountant
+(`keras_dyndp.accounting.cdp`).
+
 In every case only the scale mu_0 is solved for, so that the whole run spends the target (epsilon, delta) under
 the chosen accountant:
 
@@ -43,6 +47,7 @@ import numpy as np
 from scipy import optimize
 
 from keras_dyndp import validation
+from keras_dyndp.accounting import cdp
 from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import gdp
 from keras_dyndp.accounting import noise_range
@@ -51,6 +56,9 @@ from keras_dyndp.accounting import scale_search
 from keras_dyndp.accounting.scale_search import CalibrationError
 
 METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
+# The paper's noise-decay baselines (its Table 1), each calibrated by its own accountant (`accounting.cdp`).
+BASELINES = cdp.NAMES
+ALL_METHODS = METHODS + BASELINES
 # A schedule calibrated under the GDP-CLT is flagged when its PLD epsilon exceeds the target by more than this.
 GDP_CLT_WARNING_RATIO = 1.05
 # Distinct noise multipliers of the rough first pass of a rigorous calibration (see `_calibrate_rigorous`).
@@ -67,8 +75,9 @@ _SCALE_RANGE_MARGIN = 1e-9
 # `_clt_log_slope`: half-width in log mu_0 of the central difference.
 _SLOPE_HALF_WIDTH = 0.01
 
-__all__ = ["CalibrationError", "Calibration", "DPSchedule", "GdpCltUnderstatementWarning", "METHODS", "calibrate",
-           "calibrate_shape", "gdp_clt_understatement", "sampling_from_epochs"]
+__all__ = ["ALL_METHODS", "BASELINES", "CalibrationError", "Calibration", "DPSchedule", "GdpCltUnderstatementWarning",
+           "METHODS", "calibrate", "calibrate_baseline", "calibrate_shape", "gdp_clt_understatement",
+           "sampling_from_epochs"]
 
 
 class GdpCltUnderstatementWarning(UserWarning):
@@ -496,7 +505,9 @@ def calibrate(
     """Builds one of the paper's schedules, calibrated to (target_epsilon, target_delta).
 
     Args:
-      method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic' (see the module docstring).
+      method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic' (see the module docstring); or a
+        baseline, 'zcdp' or 'tcdp' (`calibrate_baseline` with exponential noise decay rho_mu; `rho_c` and
+        `accountant` are checked but not used: the baseline has its own accountant and no calibration record).
       target_epsilon: total epsilon > 0 of the run.
       target_delta: total delta in (0, 1); the paper uses 1 / (10 N).
       sampling_probability: Poisson sampling probability p = expected batch size / N, in (0, 1].
@@ -519,8 +530,8 @@ def calibrate(
       >>> schedule = calibrate('dynamic', target_epsilon=1.2, target_delta=1e-5, sampling_probability=250 / 60000,
       ...                      num_steps=4800, initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3)
     """
-    if method not in METHODS:
-        raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}.")
+    if method not in ALL_METHODS:
+        raise ValueError(f"`method` must be one of {ALL_METHODS}. Received: method={method!r}.")
     for name, value in (("initial_clip", initial_clip), ("rho_mu", rho_mu), ("rho_c", rho_c)):
         if not (isinstance(value, (int, float)) and math.isfinite(value)):
             raise ValueError(f"`{name}` must be a finite number. Received: {name}={value}.")
@@ -530,6 +541,11 @@ def calibrate(
         if value < 1:
             raise ValueError(f"`{name}` must be >= 1 (the paper's 1/{name} is in (0, 1]). Received: {name}={value}.")
     num_steps = validation.check_positive_int("num_steps", num_steps)
+    if method in BASELINES:
+        registry.get(accountant)
+        return calibrate_baseline(method, target_epsilon=target_epsilon, target_delta=target_delta,
+                                  sampling_probability=sampling_probability, num_steps=num_steps,
+                                  initial_clip=initial_clip, noise_decay=rho_mu)
     uses_mu = method in ("growing_mu", "dynamic")
     uses_c = method in ("sensitivity_decay", "dynamic")
     growth_mu = rho_mu if uses_mu else 1.0
@@ -543,6 +559,37 @@ def calibrate(
         num_steps=num_steps,
         accountant=accountant,
     )
+
+
+def calibrate_baseline(method: str, *, target_epsilon: float, target_delta: float, sampling_probability: float,
+                       num_steps: int, initial_clip: float, noise_decay: float = 1.25,
+                       decay: str = "exponential") -> DPSchedule:
+    """One of the paper's noise-decay baselines: constant clip C_0, noise multipliers z_0 s_t calibrated so that
+    the baseline's own accountant spends (target_epsilon, target_delta) (`accounting.cdp`).
+
+    Args:
+      method: 'zcdp' (rho-zCDP-SGD, Yu et al. 2019) or 'tcdp' (tCDP-SGD, Zhang et al. 2021; p <= 0.1).
+      target_epsilon, target_delta: the budget, epsilon > 0 and delta in (0, 1).
+      sampling_probability: p in (0, 1].
+      num_steps: T >= 1.
+      initial_clip: the constant clipping norm C > 0.
+      noise_decay: z_0 / z_T >= 1.
+      decay: 'exponential' or 'time' (`cdp.decay_shape`).
+
+    Returns:
+      A `DPSchedule` (no `calibration`: its accountant is not one of the registry's) whose epsilon under the
+      baseline's accountant (`cdp.baseline_epsilon`) is <= target_epsilon.
+
+    Raises:
+      ValueError: on a bad argument, e.g. ('tcdp') p > 0.1.
+    """
+    if isinstance(initial_clip, bool) or not (
+            isinstance(initial_clip, (int, float)) and math.isfinite(initial_clip) and initial_clip > 0):
+        raise ValueError(f"`initial_clip` must be finite and > 0. Received: initial_clip={initial_clip}.")
+    multipliers = cdp.calibrate_noise(method, target_epsilon, target_delta, sampling_probability, num_steps,
+                                      noise_decay=noise_decay, decay=decay)
+    clips = np.full(multipliers.size, float(initial_clip))
+    return DPSchedule(clips, clips * multipliers, sampling_probability)
 
 
 def gdp_clt_understatement(schedule: DPSchedule) -> str | None:
