@@ -103,7 +103,7 @@ flags.DEFINE_enum("accountant", registry.DEFAULT_ACCOUNTANT, list(registry.ACCOU
                   "Accountant the budget is calibrated under: pld (default; rigorous and tight), rdp (rigorous), "
                   "or gdp_clt (the paper's approximation, which can understate epsilon; pass it to reproduce the "
                   "paper). Not for --method=zcdp / tcdp, which use their own.")
-flags.DEFINE_enum("report_accountant", registry.DEFAULT_ACCOUNTANT, ["rdp", "pld"],
+flags.DEFINE_enum("report_accountant", registry.DEFAULT_ACCOUNTANT, list(registry.RIGOROUS_ACCOUNTANT_NAMES),
                   "Rigorous accountant reported beside the GDP-CLT: pld (default, the tightest; a full run "
                   "calibrated under it reports the target) or rdp (looser).")
 flags.DEFINE_enum("per_example", "fast", ["fast", "jacobian"],

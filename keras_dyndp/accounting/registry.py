@@ -18,6 +18,7 @@ and the tightest of the three. The GDP-CLT can understate epsilon badly (p = 0.0
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
@@ -71,8 +72,8 @@ class Accountant:
         the non-decreasing integer array `steps`, in one pass.
       min_noise_multiplier: `min_noise_multiplier(**options)`, the smallest noise multiplier it can represent
         (`noise_range`).
-      option_checks: {option name: check returning the option's value or raising ValueError}.
-      final_options: options recommended for final reported numbers (tighter, slower than the defaults).
+      option_checks: {option name: check returning the option's value or raising ValueError} (read-only).
+      final_options: options recommended for final reported numbers (tighter, slower than the defaults; read-only).
     """
 
     name: str
@@ -81,8 +82,9 @@ class Accountant:
     epsilon: Callable[..., float]
     epsilons_at: Callable[..., np.ndarray]
     min_noise_multiplier: Callable[..., float] = lambda **options: noise_range.MIN_NOISE_MULTIPLIER
-    option_checks: Mapping[str, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
-    final_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    option_checks: Mapping[str, Callable[[Any], Any]] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({}))
+    final_options: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Returns the checked `options`, or raises ValueError naming an unknown or bad one."""
@@ -118,7 +120,7 @@ _ACCOUNTANTS = {
                 schedule.sampling_probability, schedule.noise_multipliers[:steps], delta, **options),
             epsilons_at=lambda schedule, delta, steps, **options: fast_rdp.rdp_epsilons_at(
                 schedule.sampling_probability, schedule.noise_multipliers, delta, steps, **options),
-            option_checks={"orders": fast_rdp.check_orders},
+            option_checks=types.MappingProxyType({"orders": fast_rdp.check_orders}),
         ),
         Accountant(
             name="pld",
@@ -131,18 +133,21 @@ _ACCOUNTANTS = {
                 schedule.sampling_probability, schedule.noise_multipliers, delta, steps, **options),
             min_noise_multiplier=lambda value_discretization_interval=DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL: (
                 noise_range.pld_min_noise_multiplier(value_discretization_interval)),
-            option_checks={"value_discretization_interval": fast_pld.check_interval},
-            final_options={"value_discretization_interval": FINAL_PLD_VALUE_DISCRETIZATION_INTERVAL},
+            option_checks=types.MappingProxyType({"value_discretization_interval": fast_pld.check_interval}),
+            final_options=types.MappingProxyType(
+                {"value_discretization_interval": FINAL_PLD_VALUE_DISCRETIZATION_INTERVAL}),
         ),
     )
 }
 
 ACCOUNTANT_NAMES = tuple(_ACCOUNTANTS)
+# The accountants whose epsilon is an upper bound, for "report a rigorous epsilon" choices.
+RIGOROUS_ACCOUNTANT_NAMES = tuple(name for name, entry in _ACCOUNTANTS.items() if entry.rigorous)
 
 
 def get(name: str, argument: str = "accountant") -> Accountant:
     """The registry entry of accountant `name`, or ValueError naming `argument` and the valid names."""
-    if name not in _ACCOUNTANTS:
+    if name not in ACCOUNTANT_NAMES:
         raise ValueError(f"`{argument}` must be one of {ACCOUNTANT_NAMES}. Received: {argument}={name!r}.")
     return _ACCOUNTANTS[name]
 

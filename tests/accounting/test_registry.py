@@ -77,7 +77,7 @@ def test_names_are_the_tables_keys_and_the_pld_interval_is_one_constant():
     assert registry.ACCOUNTANT_NAMES == tuple(registry.get(name).name for name in registry.ACCOUNTANT_NAMES)
     assert registry.DEFAULT_ACCOUNTANT in registry.ACCOUNTANT_NAMES
     assert registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL == fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
-    assert [name for name in registry.ACCOUNTANT_NAMES if registry.get(name).rigorous] == ["rdp", "pld"]
+    assert registry.RIGOROUS_ACCOUNTANT_NAMES == ("rdp", "pld")
 
 
 @pytest.mark.parametrize("name", ["gdp_clt", "rdp", "pld"])
@@ -100,6 +100,8 @@ def test_options_reach_epsilon_and_final_options_are_tighter():
     default = entry.epsilon(schedule, 1e-5, 50)
     final = entry.epsilon(schedule, 1e-5, 50, **entry.final_options)
     assert final < default
+    with pytest.raises(TypeError):  # The table is shared: its options are read-only.
+        entry.final_options["value_discretization_interval"] = 1.0
     assert entry.min_noise_multiplier(**entry.final_options) > entry.min_noise_multiplier()
     orders = registry.get("rdp").check_options({"orders": [2, 4, 8]})["orders"]
     assert registry.get("rdp").epsilon(schedule, 1e-5, 50, orders=orders) >= registry.get("rdp").epsilon(
