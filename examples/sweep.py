@@ -52,7 +52,7 @@ from examples import imdb
 from examples import mnist
 from examples import names
 from examples import training
-from keras_dyndp import privacy_report
+from keras_dyndp import schedules
 from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
@@ -128,7 +128,7 @@ def read_results(path: str) -> list[dict]:
 def _not_for(method: str) -> tuple[str, ...]:
     """Flags of the sweep's command line that do not apply to `method`: --accountant is the calibration accountant
     of the paper's methods; the baselines (zcdp, tcdp) are calibrated by their own and refuse it."""
-    return ("accountant",) if method in privacy_report.BASELINES else ()
+    return ("accountant",) if method in schedules.BASELINES else ()
 
 
 def _forwarded_arguments(method: str) -> list[str]:

@@ -51,20 +51,19 @@ from absl import flags
 from absl import logging
 
 from examples import datasets
-from keras_dyndp import baselines
 from keras_dyndp import callbacks as dp_callbacks
 from keras_dyndp import data as dp_data
 from keras_dyndp import keras_compat
 from keras_dyndp import optimizers as dp_optimizers
 from keras_dyndp import per_example
-from keras_dyndp import privacy_report as dp_privacy_report
 from keras_dyndp import schedules
+from keras_dyndp.accounting import cdp
 from keras_dyndp.accounting import registry
 from keras_dyndp.keras_compat import keras
 
 FLAGS = flags.FLAGS
 
-METHODS = ("nonprivate",) + dp_privacy_report.ALL_METHODS
+METHODS = ("nonprivate",) + schedules.ALL_METHODS
 OPTIMIZERS = {
     "sgd": (keras.optimizers.SGD, dp_optimizers.DynamicDPKerasSGD),
     "adam": (keras.optimizers.Adam, dp_optimizers.DynamicDPKerasAdam),
@@ -76,7 +75,7 @@ flags.DEFINE_enum("method", "dynamic", METHODS,
                   "nonprivate: plain training; vanilla: constant C and sigma (Abadi et al. with the GDP-CLT); "
                   "growing_mu, sensitivity_decay, dynamic: the paper's schedules (Alg. 1, Eq. 15-17, Alg. 2); "
                   "zcdp, tcdp: the paper's noise-decay baselines (Table 1), constant clip, each calibrated by its "
-                  "own accountant (keras_dyndp.baselines).")
+                  "own accountant (keras_dyndp.accounting.cdp).")
 flags.DEFINE_float("epsilon", None, "Target epsilon of the whole run, > 0. Default: the task's.")
 flags.DEFINE_float("delta", None, "Target delta in (0, 1). Default: 1 / (10 N), N = number of training examples.")
 flags.DEFINE_float("rho_mu", None,
@@ -104,7 +103,7 @@ flags.DEFINE_enum("accountant", registry.DEFAULT_ACCOUNTANT, list(registry.ACCOU
                   "Accountant the budget is calibrated under: pld (default; rigorous and tight), rdp (rigorous), "
                   "or gdp_clt (the paper's approximation, which can understate epsilon; pass it to reproduce the "
                   "paper). Not for --method=zcdp / tcdp, which use their own.")
-flags.DEFINE_enum("report_accountant", registry.DEFAULT_ACCOUNTANT, ["rdp", "pld"],
+flags.DEFINE_enum("report_accountant", registry.DEFAULT_ACCOUNTANT, list(registry.RIGOROUS_ACCOUNTANT_NAMES),
                   "Rigorous accountant reported beside the GDP-CLT: pld (default, the tightest; a full run "
                   "calibrated under it reports the target) or rdp (looser).")
 flags.DEFINE_enum("per_example", "fast", ["fast", "jacobian"],
@@ -224,7 +223,7 @@ def resolve_config(task: Task, num_train: int) -> RunConfig:
     if batch_size > num_train:
         raise FlagError(f"--batch_size must be <= N = {num_train} (training examples). Received: {batch_size}.")
     accountant = FLAGS.accountant
-    if method in dp_privacy_report.BASELINES:
+    if method in schedules.BASELINES:
         if not FLAGS["accountant"].using_default_value and accountant != method:
             raise FlagError(f"--method={method} is calibrated by its own accountant; --accountant applies to "
                             f"{', '.join(schedules.METHODS)}. Received: --accountant={accountant}.")
@@ -253,16 +252,12 @@ def make_schedule(config: RunConfig, num_train: int) -> tuple[schedules.DPSchedu
         p, num_steps = schedules.sampling_from_epochs(num_train, config.batch_size, epochs=config.epochs)
         if not config.private:
             return None, p, num_steps
-        if config.method in dp_privacy_report.BASELINES:
-            schedule = dp_privacy_report.build_schedules(
-                target_epsilon=config.epsilon, target_delta=config.delta, sampling_probability=p,
-                num_steps=num_steps, initial_clip=config.initial_clip, rho_mu=config.rho_mu,
-                methods=(config.method,))[config.method]
-            return schedule, p, num_steps
+        # A baseline's config.accountant is its own ('zcdp' / 'tcdp'), which calibrate does not take.
+        accountant = registry.DEFAULT_ACCOUNTANT if config.method in schedules.BASELINES else config.accountant
         schedule = schedules.calibrate(
             config.method, target_epsilon=config.epsilon, target_delta=config.delta, sampling_probability=p,
             num_steps=num_steps, initial_clip=config.initial_clip, rho_mu=config.rho_mu, rho_c=config.rho_c,
-            accountant=config.accountant)
+            accountant=accountant)
     except ValueError as error:
         raise FlagError(f"cannot calibrate the schedule from the flags: {error}") from error
     return schedule, p, num_steps
@@ -497,8 +492,9 @@ def privacy_report(config: RunConfig, schedule: schedules.DPSchedule | None, ste
         f"    GDP-CLT (the paper's accountant; an approximation that can understate): {eps_clt:.4f}",
         f"    {rigorous.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
     ]
-    if config.method in dp_privacy_report.BASELINES:
-        eps_own = baselines.baseline_epsilon(config.method, schedule, config.delta, taken) if taken else 0.0
+    if config.method in schedules.BASELINES:
+        eps_own = cdp.baseline_epsilon(config.method, schedule.sampling_probability, schedule.noise_multipliers[:taken],
+                                       config.delta) if taken else 0.0
         lines.append(f"    {config.method} (the baseline's own accountant): {eps_own:.4f}")
         if config.method == "tcdp":
             lines.append("      (its claim for fixed-size batches drawn without replacement, replace-one neighbours; "

@@ -15,11 +15,14 @@ variable, the number of DP steps already taken). Accounting itself is `DPSchedul
 
 import importlib.util
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
 from keras_dyndp import keras_compat
+from keras_dyndp import validation
 from keras_dyndp.accounting import registry
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
 
@@ -65,16 +68,16 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
             TensorBoard scalars when ``log_dir`` is given). Each accounting call costs as above.
         log_dir: Optional directory; scalars ``privacy/<key>`` are written to ``<log_dir>/privacy`` with the DP
             step as the x axis (needs the tensorboard package, which TensorFlow 2.16+ does not install).
+        accountant_options: Options of ``accountant`` (`keras_dyndp.accounting.registry`), passed to
+            `DPSchedule.epsilon`; e.g. ``registry.get('pld').final_options`` (a 1e-4 PLD grid, ~10x slower) for
+            final numbers. None: its defaults.
     """
 
     def __init__(self, accountant: str = registry.DEFAULT_ACCOUNTANT, *, delta: float, log_every: str | int = "epoch",
-                 log_dir: str | None = None):
+                 log_dir: str | None = None, accountant_options: Mapping[str, Any] | None = None):
         super().__init__()
-        if accountant not in registry.ACCOUNTANT_NAMES:
-            raise ValueError(f"`accountant` must be one of {registry.ACCOUNTANT_NAMES}. "
-                             f"Received: accountant={accountant!r}.")
-        if not 0.0 < delta < 1.0:
-            raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
+        options = registry.get(accountant).check_options(accountant_options or {})
+        delta = validation.check_delta(delta)
         if log_every != "epoch" and (isinstance(log_every, bool) or not isinstance(log_every, int)
                                      or log_every < 1):
             raise ValueError("`log_every` must be 'epoch' or an integer >= 1. "
@@ -84,7 +87,8 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
                               "package (TensorFlow 2.16+ does not install it): pip install tensorboard. "
                               f"Received: log_dir={log_dir!r}.")
         self.accountant = accountant
-        self.delta = float(delta)
+        self.accountant_options = options
+        self.delta = delta
         self.log_every = log_every
         self.log_dir = log_dir
         self._writer: tf.summary.SummaryWriter | None = None
@@ -101,7 +105,7 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
         values = {"epsilon_gdp_clt": schedule.epsilon(self.delta, accountant="gdp_clt", steps=steps)}
         if self.accountant != "gdp_clt":
             values[f"epsilon_{self.accountant}"] = schedule.epsilon(self.delta, accountant=self.accountant,
-                                                                    steps=steps)
+                                                                    steps=steps, **self.accountant_options)
         values["clip_norm"] = float(schedule.clip_norms[last])
         values["noise_stddev"] = float(schedule.noise_stddevs[last])
         values["dp_step"] = float(steps)
@@ -122,8 +126,9 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         schedule = _dp_optimizer(self.model, type(self).__name__).schedule
-        for accountant in {"gdp_clt", self.accountant}:  # Refuse now what the epoch-end accounting would refuse.
-            schedule.check_accountable(accountant)
+        # Refuse now what the epoch-end accounting would refuse.
+        schedule.check_accountable("gdp_clt")
+        schedule.check_accountable(self.accountant, **self.accountant_options)
         if self.log_dir is not None and self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "privacy"))
 

@@ -32,7 +32,7 @@ from keras_dyndp.accounting import registry
 # the same names on absl's global registry) cannot clash.
 _FLAGS = flags.FlagValues()
 _METHOD = flags.DEFINE_string(
-    "method", "all", f"Comma-separated methods among {privacy_report.ALL_METHODS}, or 'all'.", flag_values=_FLAGS)
+    "method", "all", f"Comma-separated methods among {schedules.ALL_METHODS}, or 'all'.", flag_values=_FLAGS)
 _EPSILON = flags.DEFINE_float("epsilon", None, "Target epsilon of the run (spec mode).", flag_values=_FLAGS)
 _DELTA = flags.DEFINE_float("delta", None, "Target delta; default 1 / (10 num_examples), the paper's choice.",
     flag_values=_FLAGS)
@@ -52,7 +52,7 @@ _ACCOUNTANT = flags.DEFINE_enum(
     "accountant", registry.DEFAULT_ACCOUNTANT, list(registry.ACCOUNTANT_NAMES),
     "Accountant the paper's methods are calibrated under (spec mode): pld (rigorous, tight), rdp (rigorous), or "
     "gdp_clt (the paper's approximation, which can understate epsilon).", flag_values=_FLAGS)
-_ACCOUNTANTS = flags.DEFINE_list("accountants", list(privacy_report.ACCOUNTANTS), "Accountants to report.",
+_ACCOUNTANTS = flags.DEFINE_list("accountants", list(registry.ACCOUNTANT_NAMES), "Accountants to report.",
     flag_values=_FLAGS)
 _NUM_POINTS = flags.DEFINE_integer("num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.",
     flag_values=_FLAGS)
@@ -80,9 +80,14 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def _methods() -> list[str]:
+    """The --method list, checked against `schedules.ALL_METHODS`."""
     if _METHOD.value.strip() == "all":
-        return list(privacy_report.ALL_METHODS)
-    return [method.strip() for method in _METHOD.value.split(",") if method.strip()]
+        return list(schedules.ALL_METHODS)
+    methods = [method.strip() for method in _METHOD.value.split(",") if method.strip()]
+    if not methods or any(method not in schedules.ALL_METHODS for method in methods):
+        raise ValueError(f"`methods` must be a non-empty subset of {schedules.ALL_METHODS}. "
+                         f"Received: methods={tuple(methods)}.")
+    return methods
 
 
 def _require(**values) -> None:
@@ -116,7 +121,8 @@ def _report_spec() -> None:
     delta = 1 / (10 * _NUM_EXAMPLES.value) if _DELTA.value is None else _DELTA.value
     spec = dict(target_epsilon=_EPSILON.value, target_delta=delta, sampling_probability=p, num_steps=num_steps,
                 initial_clip=_INITIAL_CLIP.value, accountant=_ACCOUNTANT.value)
-    built = privacy_report.build_schedules(**spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value, methods=_methods())
+    built = {method: schedules.calibrate(method, **spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value)
+             for method in _methods()}
     print(f"p = {p:.6g}, T = {num_steps}, target (epsilon, delta) = ({_EPSILON.value:g}, {delta:g}), "
           f"rho_mu = {_RHO_MU.value:g}, rho_c = {_RHO_C.value:g}, paper's methods calibrated under "
           f"{_ACCOUNTANT.value}")

@@ -2,8 +2,9 @@
 
 The paper calibrates every schedule with the extended GDP central limit theorem (GDP-CLT), an approximation that
 can understate epsilon (Gopi et al. 2021); this package calibrates under the PLD unless told otherwise. This module
-puts numbers side by side: for each method (the paper's four, plus the noise-decay baselines of its Table 1 from
-`keras_dyndp.baselines`) it reports the first and last noise multipliers and the epsilon of the same schedule under
+puts numbers side by side: for each method (`schedules.ALL_METHODS`: the paper's four, plus the noise-decay
+baselines of its Table 1, each built by `schedules.calibrate`) it reports the first and last noise multipliers and
+the epsilon of the same schedule under
 
 * 'gdp_clt': the paper's accountant;
 * 'rdp': exact heterogeneous Renyi DP (`accounting.fast_rdp`), a rigorous upper bound;
@@ -25,17 +26,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_dyndp import baselines
 from keras_dyndp import schedules
 from keras_dyndp import validation
-from keras_dyndp.accounting import fast_pld
-from keras_dyndp.accounting import fast_rdp
-from keras_dyndp.accounting import gdp
+from keras_dyndp.accounting import cdp
 from keras_dyndp.accounting import registry
 
-BASELINES = ("zcdp", "tcdp")
-ALL_METHODS = schedules.METHODS + BASELINES
-ACCOUNTANTS = ("gdp_clt", "rdp", "pld")
 # Paper Fig. 2: mu_t growth rates 1/rho_mu in {1, 0.8, 0.5, 0.3}.
 DEFAULT_CONSUMPTION_RHO_MUS = (1.0, 1 / 0.8, 1 / 0.5, 1 / 0.3)
 DEFAULT_NUM_POINTS = 50
@@ -61,65 +56,25 @@ class ReportRow:
 
 def _check_accountants(accountants: Sequence[str]) -> tuple[str, ...]:
     accountants = tuple(accountants)
-    unknown = [name for name in accountants if name not in ACCOUNTANTS]
+    unknown = [name for name in accountants if name not in registry.ACCOUNTANT_NAMES]
     if unknown:
-        raise ValueError(f"`accountants` must be a subset of {ACCOUNTANTS}. Received: accountants={accountants}.")
+        raise ValueError(f"`accountants` must be a subset of {registry.ACCOUNTANT_NAMES}. "
+                         f"Received: accountants={accountants}.")
     return accountants
-
-
-def build_schedules(
-    *,
-    target_epsilon: float,
-    target_delta: float,
-    sampling_probability: float,
-    num_steps: int,
-    initial_clip: float,
-    rho_mu: float = 1.0,
-    rho_c: float = 1.0,
-    methods: Sequence[str] = ALL_METHODS,
-    accountant: str = registry.DEFAULT_ACCOUNTANT,
-) -> dict[str, schedules.DPSchedule]:
-    """Calibrates each method to (target_epsilon, target_delta) with its own accountant.
-
-    The paper's methods use `schedules.calibrate` under `accountant` ('pld' by default; 'gdp_clt' is the paper's);
-    'zcdp' and 'tcdp' use `baselines.zcdp_schedule` and `baselines.tcdp_schedule` with exponential noise decay
-    z_0 / z_T = rho_mu (the growing-mu noise shape), so that one --rho_mu compares like with like.
-
-    Returns:
-      {method: DPSchedule} in the order of `methods`.
-    """
-    unknown = [method for method in methods if method not in ALL_METHODS]
-    if unknown or not methods:
-        raise ValueError(f"`methods` must be a non-empty subset of {ALL_METHODS}. Received: methods={tuple(methods)}.")
-    built = {}
-    for method in methods:
-        if method == "zcdp":
-            built[method] = baselines.zcdp_schedule(
-                target_epsilon, target_delta, sampling_probability, num_steps, initial_clip, noise_decay=rho_mu)
-        elif method == "tcdp":
-            built[method] = baselines.tcdp_schedule(
-                target_epsilon, target_delta, sampling_probability, num_steps, initial_clip, noise_decay=rho_mu)
-        else:
-            built[method] = schedules.calibrate(
-                method, target_epsilon=target_epsilon, target_delta=target_delta,
-                sampling_probability=sampling_probability, num_steps=num_steps, initial_clip=initial_clip,
-                rho_mu=rho_mu, rho_c=rho_c, accountant=accountant)
-    return built
 
 
 def schedule_row(
     method: str,
     schedule: schedules.DPSchedule,
     delta: float,
-    accountants: Sequence[str] = ACCOUNTANTS,
+    accountants: Sequence[str] = registry.ACCOUNTANT_NAMES,
 ) -> ReportRow:
     """The `ReportRow` of one schedule. Its 'own' accountant is the baseline's for `method` 'zcdp' / 'tcdp', else
     the one in `schedule.calibration` (none for a schedule that does not record one, e.g. one built by hand)."""
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
+    delta = validation.check_delta(delta)
     accountants = _check_accountants(accountants)
-    if method in BASELINES:
-        own = baselines.baseline_epsilon(method, schedule, delta)
+    if method in schedules.BASELINES:
+        own = cdp.baseline_epsilon(method, schedule.sampling_probability, schedule.noise_multipliers, delta)
         calibrated_by = method
     elif schedule.calibration is not None:
         calibrated_by = schedule.calibration.accountant
@@ -138,7 +93,7 @@ def schedule_row(
 def report_rows(
     named_schedules: Mapping[str, schedules.DPSchedule],
     delta: float,
-    accountants: Sequence[str] = ACCOUNTANTS,
+    accountants: Sequence[str] = registry.ACCOUNTANT_NAMES,
 ) -> list[ReportRow]:
     """`schedule_row` for each (method, schedule), in order."""
     return [schedule_row(method, schedule, delta, accountants) for method, schedule in named_schedules.items()]
@@ -169,42 +124,24 @@ def curve_steps(num_steps: int, num_points: int = DEFAULT_NUM_POINTS) -> np.ndar
     return np.unique(np.linspace(1, num_steps, min(num_points, num_steps)).round().astype(int))
 
 
-def gdp_clt_epsilons_at(schedule: schedules.DPSchedule, delta: float, steps: Sequence[int]) -> np.ndarray:
-    """GDP-CLT epsilon of the first k steps for each k: mu_k = p sqrt(cumsum_t (exp(mu_t^2) - 1))."""
-    with np.errstate(over="ignore"):
-        cumulative = np.concatenate([[0.0], np.cumsum(np.expm1(schedule.mus**2))])
-    mus = schedule.sampling_probability * np.sqrt(cumulative[np.asarray(steps, dtype=int)])
-    return np.array([0.0 if mu == 0 else gdp.epsilon_from_mu(mu, delta) for mu in mus])
-
-
 def epsilon_curves(
     schedule: schedules.DPSchedule,
     delta: float,
-    accountants: Sequence[str] = ACCOUNTANTS,
+    accountants: Sequence[str] = registry.ACCOUNTANT_NAMES,
     num_points: int = DEFAULT_NUM_POINTS,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Epsilon of the first k steps for about `num_points` values of k, under each accountant.
 
-    Cumulative in one pass per accountant: GDP-CLT and RDP sum per-step terms, PLD composes consecutive segments
-    (`fast_pld.pld_epsilons_at`).
+    Cumulative in one pass per accountant (the registry's `epsilons_at`): GDP-CLT and RDP sum per-step terms, PLD
+    composes consecutive segments (`fast_pld.pld_epsilons_at`).
 
     Returns:
       (steps [K], {accountant: epsilons [K]}).
     """
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
+    delta = validation.check_delta(delta)
     accountants = _check_accountants(accountants)
     steps = curve_steps(schedule.num_steps, num_points)
-    p, multipliers = schedule.sampling_probability, schedule.noise_multipliers
-    curves = {}
-    for name in accountants:
-        if name == "gdp_clt":
-            curves[name] = gdp_clt_epsilons_at(schedule, delta, steps)
-        elif name == "rdp":
-            curves[name] = fast_rdp.rdp_epsilons_at(p, multipliers, delta, steps)
-        else:
-            curves[name] = fast_pld.pld_epsilons_at(p, multipliers, delta, steps)
-    return steps, curves
+    return steps, {name: registry.get(name).epsilons_at(schedule, delta, steps) for name in accountants}
 
 
 def _new_axes(title: str):
@@ -254,7 +191,7 @@ def plot_accountant_comparison(
     path: str,
     schedule: schedules.DPSchedule,
     delta: float,
-    accountants: Sequence[str] = ACCOUNTANTS,
+    accountants: Sequence[str] = registry.ACCOUNTANT_NAMES,
     num_points: int = DEFAULT_NUM_POINTS,
     title: str = "Epsilon over steps by accountant",
 ) -> str:

@@ -12,6 +12,10 @@ dp_accounting event that every accountant consumes, so what is trained and what 
 * ``sensitivity_decay`` (Eq. 15-17): C_t = rho_c^(-t/T) C_0, mu_t = mu_0.
 * ``dynamic`` (Alg. 2): C_t = rho_c^(-t/T) C_0, sigma_t = (C_0 / mu_0) (rho_mu rho_c)^(-t/T).
 
+and the baselines it compares with (its Table 1; `calibrate_baseline`): ``zcdp`` and ``tcdp``, C_t = C_0 and
+noise multipliers decaying by z_0 / z_T = rho_mu (the growing-mu noise shape), each calibrated by its own accountant
+(`keras_dyndp.accounting.cdp`).
+
 In every case only the scale mu_0 is solved for, so that the whole run spends the target (epsilon, delta) under
 the chosen accountant:
 
@@ -43,8 +47,8 @@ import numpy as np
 from scipy import optimize
 
 from keras_dyndp import validation
+from keras_dyndp.accounting import cdp
 from keras_dyndp.accounting import fast_pld
-from keras_dyndp.accounting import fast_rdp
 from keras_dyndp.accounting import gdp
 from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting import registry
@@ -52,30 +56,38 @@ from keras_dyndp.accounting import scale_search
 from keras_dyndp.accounting.scale_search import CalibrationError
 
 METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
+# The paper's noise-decay baselines (its Table 1), each calibrated by its own accountant (`accounting.cdp`).
+BASELINES = cdp.NAMES
+ALL_METHODS = METHODS + BASELINES
 # A schedule calibrated under the GDP-CLT is flagged when its PLD epsilon exceeds the target by more than this.
 GDP_CLT_WARNING_RATIO = 1.05
 # Distinct noise multipliers of the rough first pass of a rigorous calibration (see `_calibrate_rigorous`).
 _ROUGH_SEARCH_GROUPS = 8
+# `_clt_mu0`: a closed-form bracket narrower than this (relative) is a single point, and brentq's tolerances on mu_0
+# (absolute: none to speak of; relative: 4 ulp) solve the CLT equation to float precision.
+_CLT_BRACKET_RTOL = 1e-15
+_CLT_XTOL = 1e-300
+_CLT_RTOL = 4 * np.finfo(float).eps
+# `_calibrate_gdp_clt`: relative step of mu_0 down past the float rounding of the eps <-> mu conversions.
+_GDP_CLT_SAFETY_STEP = 1e-13
+# `_scale_range`: margin in log mu_0 that keeps exp() rounding at the ends inside the accountant's accepted range.
+_SCALE_RANGE_MARGIN = 1e-9
+# `_clt_log_slope`: half-width in log mu_0 of the central difference.
+_SLOPE_HALF_WIDTH = 0.01
 
-__all__ = ["CalibrationError", "Calibration", "DPSchedule", "GdpCltUnderstatementWarning", "METHODS", "calibrate",
-           "calibrate_shape", "gdp_clt_understatement", "sampling_from_epochs"]
+__all__ = ["ALL_METHODS", "BASELINES", "CalibrationError", "Calibration", "DPSchedule", "GdpCltUnderstatementWarning",
+           "METHODS", "calibrate", "calibrate_baseline", "calibrate_shape", "gdp_clt_understatement",
+           "sampling_from_epochs"]
 
 
 class GdpCltUnderstatementWarning(UserWarning):
     """A schedule calibrated under the GDP-CLT spends noticeably more than its target under the PLD."""
 
 
-def _check_accountant(accountant: str) -> str:
-    if accountant not in registry.ACCOUNTANT_NAMES:
-        raise ValueError(f"`accountant` must be one of {registry.ACCOUNTANT_NAMES}. Received: {accountant!r}.")
-    return accountant
-
-
 def _check_budget(target_epsilon: float, target_delta: float) -> None:
     if not (isinstance(target_epsilon, numbers.Real) and math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"`target_epsilon` must be finite and > 0. Received: target_epsilon={target_epsilon}.")
-    if not (isinstance(target_delta, numbers.Real) and 0.0 < target_delta < 1.0):
-        raise ValueError(f"`target_delta` must be in (0, 1). Received: target_delta={target_delta}.")
+    validation.check_delta(target_delta, "target_delta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +103,7 @@ class Calibration:
     target_delta: float
 
     def __post_init__(self):
-        _check_accountant(self.accountant)
+        registry.get(self.accountant)
         _check_budget(self.target_epsilon, self.target_delta)
 
 
@@ -182,15 +194,18 @@ class DPSchedule:
             raise ValueError(f"`steps` must be an integer in [0, {self.num_steps}]. Received: steps={steps}.")
         return int(steps)
 
-    def check_accountable(self, accountant: str = registry.DEFAULT_ACCOUNTANT) -> None:
-        """Raises now, before any training, if `epsilon(..., accountant)` would refuse a step of this schedule.
+    def check_accountable(self, accountant: str = registry.DEFAULT_ACCOUNTANT, **options) -> None:
+        """Raises now, before any training, if `epsilon(..., accountant, **options)` would refuse a step of this
+        schedule.
 
         Raises:
-          noise_range.NoiseOutOfRangeError (a ValueError): naming the first step whose noise multiplier the
-            accountant cannot represent, and the accepted range (see `keras_dyndp.accounting.noise_range`).
+          ValueError: on an unknown accountant or option; noise_range.NoiseOutOfRangeError (a ValueError) naming
+            the first step whose noise multiplier the accountant cannot represent, and the accepted range (see
+            `keras_dyndp.accounting.noise_range`).
         """
-        noise_range.check_noise_multipliers(self.noise_multipliers, _check_accountant(accountant),
-                                            _min_noise_multiplier(accountant))
+        entry = registry.get(accountant)
+        noise_range.check_noise_multipliers(self.noise_multipliers, accountant,
+                                            entry.min_noise_multiplier(**entry.check_options(options)))
 
     def to_dp_event(self, steps: int | None = None) -> dp_accounting.DpEvent:
         """The dp_accounting event of the first `steps` steps (all T by default).
@@ -216,8 +231,9 @@ class DPSchedule:
         ]
         return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
-    def epsilon(self, delta: float, accountant: str = registry.DEFAULT_ACCOUNTANT, steps: int | None = None) -> float:
-        """Epsilon spent by the first `steps` steps at `delta`, by the named accountant.
+    def epsilon(self, delta: float, accountant: str = registry.DEFAULT_ACCOUNTANT, steps: int | None = None,
+                **options) -> float:
+        """Epsilon spent by the first `steps` steps at `delta`, by the named accountant (`accounting.registry`).
 
         Args:
           delta: target delta in (0, 1).
@@ -226,26 +242,23 @@ class DPSchedule:
             distinct steps), 'rdp' (rigorous; exact heterogeneous RDP, `fast_rdp.rdp_epsilon`, about 1 s for 4800
             distinct steps) or 'gdp_clt' (the paper's CLT approximation, via `GdpCltAccountant`; it can understate).
           steps: number of leading steps to account (default: all T).
+          **options: the accountant's options (`registry.get(accountant).option_checks`), e.g.
+            `value_discretization_interval=1e-4` for 'pld' (`registry.get('pld').final_options`, for final
+            reported numbers) or `orders` for 'rdp'.
 
         Raises:
-          ValueError: on a bad argument; `noise_range.NoiseOutOfRangeError` (a ValueError) naming the step if a
-            noise multiplier is outside what the accountant can represent (see `keras_dyndp.accounting.noise_range`).
+          ValueError: on a bad argument or option; `noise_range.NoiseOutOfRangeError` (a ValueError) naming the step
+            if a noise multiplier is outside what the accountant can represent (`keras_dyndp.accounting.noise_range`).
         """
-        if not 0.0 < delta < 1.0:
-            raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
-        _check_accountant(accountant)
+        delta = validation.check_delta(delta)
+        entry = registry.get(accountant)
+        options = entry.check_options(options)
         steps = self._check_steps(steps)
         if steps == 0:
             return 0.0
         if np.any(self._noise_stddevs[:steps] == 0):
             return math.inf
-        multipliers = self.noise_multipliers[:steps]
-        if accountant == "rdp":
-            return float(fast_rdp.rdp_epsilon(self.sampling_probability, multipliers, delta))
-        if accountant == "pld":
-            return float(fast_pld.pld_epsilon(self.sampling_probability, multipliers, delta))
-        noise_range.check_noise_multipliers(multipliers, accountant, _min_noise_multiplier(accountant))
-        return float(registry.make_accountant(accountant).compose(self.to_dp_event(steps)).get_epsilon(delta))
+        return float(entry.epsilon(self, delta, steps, **options))
 
     def get_config(self) -> dict:
         """Plain-Python description, the inverse of `from_config` ('calibration' only when there is one)."""
@@ -349,43 +362,33 @@ def _clt_mu0(mu_tot: float, p: float, mu_shape: np.ndarray) -> float:
     def excess(mu0: float) -> float:
         return float(np.sum(np.expm1((mu0 * mu_shape) ** 2))) - target
 
-    if high > low * (1 + 1e-15):
-        mu0 = optimize.brentq(excess, low, high, xtol=1e-300, rtol=4 * np.finfo(float).eps)
+    if high > low * (1 + _CLT_BRACKET_RTOL):
+        mu0 = optimize.brentq(excess, low, high, xtol=_CLT_XTOL, rtol=_CLT_RTOL)
     else:
         mu0 = low
-    while excess(mu0) > 0:  # brentq may land a hair above the root: step to the safe side.
-        mu0 = np.nextafter(mu0, 0.0)
-    return float(mu0)
-
-
-def _min_noise_multiplier(accountant: str) -> float:
-    """Smallest noise multiplier `DPSchedule.epsilon` can account under `accountant` (`noise_range`)."""
-    if accountant == "pld":
-        return noise_range.pld_min_noise_multiplier(fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL)
-    return noise_range.MIN_NOISE_MULTIPLIER
+    # brentq may land a hair above the root.
+    return float(scale_search.step_to_safe_side(mu0, lambda mu: excess(mu) <= 0, lambda mu: np.nextafter(mu, 0.0)))
 
 
 def _scale_range(mu_shape: np.ndarray, accountant: str) -> tuple[float, float]:
     """[lower, upper] of log mu_0 whose noise multipliers z_t = 1 / (mu_0 s_t) the accountant accepts."""
-    floor = _min_noise_multiplier(accountant)
-    inward = 1e-9  # Keeps exp() rounding at the ends inside the accepted range.
-    return (-math.log(noise_range.MAX_NOISE_MULTIPLIER * mu_shape.min()) + inward,
-            -math.log(floor * mu_shape.max()) - inward)
+    floor = registry.get(accountant).min_noise_multiplier()
+    return (-math.log(noise_range.MAX_NOISE_MULTIPLIER * mu_shape.min()) + _SCALE_RANGE_MARGIN,
+            -math.log(floor * mu_shape.max()) - _SCALE_RANGE_MARGIN)
 
 
 def _calibrate_gdp_clt(make_schedule: Callable[[float], DPSchedule], mu0: float, target_epsilon: float,
                        target_delta: float) -> DPSchedule:
     """The schedule at the CLT solution mu0, stepped down past float rounding in the eps <-> mu conversions."""
     try:
-        schedule = make_schedule(mu0)
-        while schedule.epsilon(target_delta, "gdp_clt") > target_epsilon:
-            mu0 *= 1 - 1e-13
-            schedule = make_schedule(mu0)
+        mu0 = scale_search.step_to_safe_side(
+            mu0, lambda mu: make_schedule(mu).epsilon(target_delta, "gdp_clt") <= target_epsilon,
+            lambda mu: mu * (1 - _GDP_CLT_SAFETY_STEP))
     except noise_range.NoiseOutOfRangeError as error:
         raise CalibrationError(
             f"Under the 'gdp_clt' accountant, target_epsilon={target_epsilon} needs noise outside the accepted "
             f"range: {error}") from error
-    return schedule
+    return make_schedule(mu0)
 
 
 def _clt_log_slope(mu0: float, p: float, mu_shape: np.ndarray, delta: float) -> float:
@@ -393,7 +396,7 @@ def _clt_log_slope(mu0: float, p: float, mu_shape: np.ndarray, delta: float) -> 
 
     nan where the CLT epsilon is 0 or infinite there (the search then assumes 1).
     """
-    step = 0.01
+    step = _SLOPE_HALF_WIDTH
     try:
         with np.errstate(over="ignore"):
             epsilons = [gdp.epsilon_from_mu(gdp.clt_mu(p, mu0 * math.exp(sign * step) * mu_shape), delta)
@@ -471,7 +474,7 @@ def calibrate_shape(
         (`keras_dyndp.accounting.noise_range`), e.g. a target so large that it needs almost no noise.
     """
     _check_budget(target_epsilon, target_delta)
-    _check_accountant(accountant)
+    registry.get(accountant)
     p = validation.check_probability(sampling_probability)
     num_steps = validation.check_positive_int("num_steps", num_steps)
     clips = _as_step_array("clip_norms", clip_norms, num_steps)
@@ -502,7 +505,9 @@ def calibrate(
     """Builds one of the paper's schedules, calibrated to (target_epsilon, target_delta).
 
     Args:
-      method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic' (see the module docstring).
+      method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic' (see the module docstring); or a
+        baseline, 'zcdp' or 'tcdp' (`calibrate_baseline` with exponential noise decay rho_mu; `rho_c` and
+        `accountant` are checked but not used: the baseline has its own accountant and no calibration record).
       target_epsilon: total epsilon > 0 of the run.
       target_delta: total delta in (0, 1); the paper uses 1 / (10 N).
       sampling_probability: Poisson sampling probability p = expected batch size / N, in (0, 1].
@@ -525,8 +530,8 @@ def calibrate(
       >>> schedule = calibrate('dynamic', target_epsilon=1.2, target_delta=1e-5, sampling_probability=250 / 60000,
       ...                      num_steps=4800, initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3)
     """
-    if method not in METHODS:
-        raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}.")
+    if method not in ALL_METHODS:
+        raise ValueError(f"`method` must be one of {ALL_METHODS}. Received: method={method!r}.")
     for name, value in (("initial_clip", initial_clip), ("rho_mu", rho_mu), ("rho_c", rho_c)):
         if not (isinstance(value, (int, float)) and math.isfinite(value)):
             raise ValueError(f"`{name}` must be a finite number. Received: {name}={value}.")
@@ -536,6 +541,11 @@ def calibrate(
         if value < 1:
             raise ValueError(f"`{name}` must be >= 1 (the paper's 1/{name} is in (0, 1]). Received: {name}={value}.")
     num_steps = validation.check_positive_int("num_steps", num_steps)
+    if method in BASELINES:
+        registry.get(accountant)
+        return calibrate_baseline(method, target_epsilon=target_epsilon, target_delta=target_delta,
+                                  sampling_probability=sampling_probability, num_steps=num_steps,
+                                  initial_clip=initial_clip, noise_decay=rho_mu)
     uses_mu = method in ("growing_mu", "dynamic")
     uses_c = method in ("sensitivity_decay", "dynamic")
     growth_mu = rho_mu if uses_mu else 1.0
@@ -549,6 +559,37 @@ def calibrate(
         num_steps=num_steps,
         accountant=accountant,
     )
+
+
+def calibrate_baseline(method: str, *, target_epsilon: float, target_delta: float, sampling_probability: float,
+                       num_steps: int, initial_clip: float, noise_decay: float = 1.25,
+                       decay: str = "exponential") -> DPSchedule:
+    """One of the paper's noise-decay baselines: constant clip C_0, noise multipliers z_0 s_t calibrated so that
+    the baseline's own accountant spends (target_epsilon, target_delta) (`accounting.cdp`).
+
+    Args:
+      method: 'zcdp' (rho-zCDP-SGD, Yu et al. 2019) or 'tcdp' (tCDP-SGD, Zhang et al. 2021; p <= 0.1).
+      target_epsilon, target_delta: the budget, epsilon > 0 and delta in (0, 1).
+      sampling_probability: p in (0, 1].
+      num_steps: T >= 1.
+      initial_clip: the constant clipping norm C > 0.
+      noise_decay: z_0 / z_T >= 1.
+      decay: 'exponential' or 'time' (`cdp.decay_shape`).
+
+    Returns:
+      A `DPSchedule` (no `calibration`: its accountant is not one of the registry's) whose epsilon under the
+      baseline's accountant (`cdp.baseline_epsilon`) is <= target_epsilon.
+
+    Raises:
+      ValueError: on a bad argument, e.g. ('tcdp') p > 0.1.
+    """
+    if isinstance(initial_clip, bool) or not (
+            isinstance(initial_clip, (int, float)) and math.isfinite(initial_clip) and initial_clip > 0):
+        raise ValueError(f"`initial_clip` must be finite and > 0. Received: initial_clip={initial_clip}.")
+    multipliers = cdp.calibrate_noise(method, target_epsilon, target_delta, sampling_probability, num_steps,
+                                      noise_decay=noise_decay, decay=decay)
+    clips = np.full(multipliers.size, float(initial_clip))
+    return DPSchedule(clips, clips * multipliers, sampling_probability)
 
 
 def gdp_clt_understatement(schedule: DPSchedule) -> str | None:

@@ -11,6 +11,7 @@ from keras_dyndp import callbacks
 from keras_dyndp import data
 from keras_dyndp import keras_compat
 from keras_dyndp import schedules
+from keras_dyndp.accounting import registry
 from keras_dyndp.optimizers import DynamicDPKerasSGD
 from keras_dyndp.per_example import make_private
 
@@ -81,6 +82,16 @@ def test_privacy_logger_defaults_to_the_pld_the_budget_is_calibrated_under():
     rdp = callbacks.PrivacyLogger("rdp", delta=DELTA)
     _attach(rdp, _optimizer(schedule, 3))
     assert rdp.privacy_logs()["epsilon_rdp"] == pytest.approx(schedule.epsilon(DELTA, "rdp", steps=3))
+
+
+def test_privacy_logger_passes_accountant_options():
+    schedule = _schedule()
+    logger = callbacks.PrivacyLogger(delta=DELTA, accountant_options=registry.get("pld").final_options)
+    _attach(logger, _optimizer(schedule, 3))
+    assert logger.privacy_logs()["epsilon_pld"] == pytest.approx(
+        schedule.epsilon(DELTA, "pld", steps=3, value_discretization_interval=1e-4), rel=1e-12)
+    with pytest.raises(ValueError, match="Options of the 'rdp' accountant"):
+        callbacks.PrivacyLogger("rdp", delta=DELTA, accountant_options={"value_discretization_interval": 1e-4})
 
 
 def test_privacy_logger_refuses_before_training_what_it_could_not_account():

@@ -1,4 +1,4 @@
-"""Tests for keras_dyndp.schedules: DPSchedule and the paper's calibrated schedules."""
+"""Tests for keras_dyndp.schedules: DPSchedule, the paper's calibrated schedules and its baselines."""
 
 import math
 
@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 from keras_dyndp import schedules
+from keras_dyndp.accounting import cdp
+from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import gdp
+from keras_dyndp.accounting import registry
 
 P = 250 / 60000
 T = 4800
@@ -116,6 +119,26 @@ def test_epsilon_grows_with_steps_and_accountants_agree_roughly():
     assert 0.8 * eps[3] < pld <= rdp < 1.6 * eps[3]
 
 
+def test_epsilon_passes_accountant_options():
+    schedule = _calibrate("vanilla", num_steps=200, sampling_probability=0.02)
+    final = schedule.epsilon(DELTA, "pld", **registry.get("pld").final_options)
+    assert final < schedule.epsilon(DELTA, "pld")
+    assert final == pytest.approx(fast_pld.pld_epsilon(0.02, schedule.noise_multipliers, DELTA,
+                                                       value_discretization_interval=1e-4), rel=1e-12)
+    assert schedule.epsilon(DELTA, "rdp", orders=[2, 8, 32]) >= schedule.epsilon(DELTA, "rdp")
+    with pytest.raises(ValueError, match="Options of the 'gdp_clt' accountant"):
+        schedule.epsilon(DELTA, "gdp_clt", orders=[2])
+    with pytest.raises(ValueError, match="`value_discretization_interval` must be > 0"):
+        schedule.epsilon(DELTA, "pld", value_discretization_interval=-1.0)
+
+
+def test_check_accountable_uses_the_options_noise_floor():
+    schedule = schedules.DPSchedule([1.0], [0.05], 0.1)  # z = 0.05: above the PLD floor at 1e-3, below it at 1e-4.
+    schedule.check_accountable("pld")
+    with pytest.raises(ValueError, match="the 'pld' accountant accepts"):
+        schedule.check_accountable("pld", value_discretization_interval=1e-4)
+
+
 def test_zero_noise_means_infinite_epsilon():
     schedule = schedules.DPSchedule([1.0, 1.0], [0.0, 0.0], 0.1)
     assert schedule.epsilon(DELTA) == math.inf
@@ -164,6 +187,44 @@ def test_sampling_from_epochs_matches_tf_privacy_convention():
 def test_bad_calibration_arguments_name_the_argument(override, argument):
     with pytest.raises(ValueError, match=argument):
         _calibrate("dynamic", **override)
+
+
+@pytest.mark.parametrize("method", schedules.BASELINES)
+def test_calibrate_builds_the_baselines_with_noise_decay_rho_mu(method):
+    schedule = _calibrate(method, epsilon=0.5, num_steps=50, rho_mu=1.25)
+    assert schedule == schedules.calibrate_baseline(method, target_epsilon=0.5, target_delta=DELTA,
+                                                    sampling_probability=P, num_steps=50, initial_clip=1.5,
+                                                    noise_decay=1.25)
+    expected = cdp.calibrate_noise(method, 0.5, DELTA, P, 50, noise_decay=1.25)
+    np.testing.assert_allclose(schedule.noise_multipliers, expected, rtol=1e-15)
+    np.testing.assert_array_equal(schedule.clip_norms, 1.5)
+    assert schedule.sampling_probability == P and schedule.calibration is None
+    assert cdp.baseline_epsilon(method, P, schedule.noise_multipliers, DELTA) <= 0.5
+    assert schedules.ALL_METHODS == schedules.METHODS + schedules.BASELINES
+
+
+@pytest.mark.parametrize("decay", ["exponential", "time"])
+def test_calibrate_baseline_decays_the_noise_with_a_constant_clip(decay):
+    schedule = schedules.calibrate_baseline("zcdp", target_epsilon=1.2, target_delta=DELTA, sampling_probability=P,
+                                            num_steps=T, initial_clip=1.5, noise_decay=2.0, decay=decay)
+    np.testing.assert_array_equal(schedule.clip_norms, 1.5)
+    assert schedule.noise_multipliers[0] / schedule.noise_multipliers[-1] == pytest.approx(2.0 * (
+        cdp.decay_shape(T, 2.0, decay)[0]), rel=1e-12)
+    assert schedule.num_steps == T
+
+
+@pytest.mark.parametrize("initial_clip", [0.0, -1.0, math.inf, True, "1"])
+def test_calibrate_baseline_checks_the_clip(initial_clip):
+    with pytest.raises(ValueError, match="`initial_clip` must be finite and > 0"):
+        schedules.calibrate_baseline("tcdp", target_epsilon=1.0, target_delta=DELTA, sampling_probability=P,
+                                     num_steps=10, initial_clip=initial_clip)
+
+
+def test_calibrate_refuses_a_baseline_outside_its_accountant():
+    with pytest.raises(ValueError, match="`sampling_probability` must be <= 0.1 for the tCDP baseline"):
+        _calibrate("tcdp", sampling_probability=0.5, num_steps=10)
+    with pytest.raises(ValueError, match="`accountant` must be one of"):
+        _calibrate("zcdp", accountant="zcdp")
 
 
 def test_bad_method_and_schedule_arguments():

@@ -40,6 +40,7 @@ import numpy as np
 from dp_accounting import rdp
 from scipy import special
 
+from keras_dyndp import validation
 from keras_dyndp.accounting import noise_range
 
 ArrayLike = Sequence[float] | np.ndarray
@@ -56,16 +57,6 @@ _BLOCK_ELEMENTS = 2**16
 _MIN_SERIES_BLOCK = 8
 
 
-def _check_sampling_probability(sampling_probability: float) -> float:
-    sampling_probability = float(sampling_probability)
-    if not 0 <= sampling_probability <= 1:
-        raise ValueError(
-            "`sampling_probability` must be in [0, 1]. "
-            f"Received: sampling_probability={sampling_probability}."
-        )
-    return sampling_probability
-
-
 def _check_noise_multipliers(noise_multipliers: ArrayLike) -> np.ndarray:
     noise_multipliers = np.asarray(noise_multipliers, dtype=np.float64)
     if noise_multipliers.ndim != 1:
@@ -79,7 +70,8 @@ def _check_noise_multipliers(noise_multipliers: ArrayLike) -> np.ndarray:
     return noise_range.check_noise_multipliers(noise_multipliers, "rdp")
 
 
-def _check_orders(orders: ArrayLike | None) -> np.ndarray:
+def check_orders(orders: ArrayLike | None) -> np.ndarray:
+    """The RDP orders as a float array (`DEFAULT_RDP_ORDERS` for None), or ValueError unless each is > 1."""
     orders = np.asarray(DEFAULT_RDP_ORDERS if orders is None else orders, dtype=np.float64)
     if orders.ndim != 1 or orders.size == 0 or not np.all(orders > 1):
         raise ValueError(f"`orders` must be a non-empty 1-D sequence of RDP orders > 1. Received: orders={orders}.")
@@ -243,18 +235,11 @@ def poisson_subsampled_gaussian_rdp(
         ValueError: If an argument is outside its domain (`noise_range.NoiseOutOfRangeError` for a noise
             multiplier, naming its step).
     """
-    q = _check_sampling_probability(sampling_probability)
+    q = validation.check_probability(sampling_probability, allow_zero=True)
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
-    orders = _check_orders(orders)
+    orders = check_orders(orders)
     unique_sigmas, inverse = np.unique(noise_multipliers, return_inverse=True)
     return _unique_rdp(q, unique_sigmas, orders)[inverse]
-
-
-def _check_delta(delta: float) -> float:
-    delta = float(delta)
-    if not 0 <= delta <= 1:
-        raise ValueError(f"`delta` must be in [0, 1]. Received: delta={delta}.")
-    return delta
 
 
 def rdp_epsilons_at(
@@ -283,9 +268,9 @@ def rdp_epsilons_at(
         ValueError: If an argument is outside its domain (`noise_range.NoiseOutOfRangeError` for a noise
             multiplier, naming its step).
     """
-    delta = _check_delta(delta)
+    delta = validation.check_delta(delta, allow_ends=True)  # As dp_accounting: epsilon inf at 0.
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
-    orders = _check_orders(orders)
+    orders = check_orders(orders)
     steps = np.asarray(steps)
     if steps.ndim != 1 or not np.issubdtype(steps.dtype, np.integer) or np.any(steps < 0) or np.any(
             steps > noise_multipliers.size):
@@ -325,10 +310,10 @@ def rdp_epsilon(
         ValueError: If an argument is outside its domain (`noise_range.NoiseOutOfRangeError` for a noise
             multiplier, naming its step).
     """
-    q = _check_sampling_probability(sampling_probability)
+    q = validation.check_probability(sampling_probability, allow_zero=True)
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
-    delta = _check_delta(delta)
-    orders = _check_orders(orders)
+    delta = validation.check_delta(delta, allow_ends=True)  # As dp_accounting: epsilon inf at 0.
+    orders = check_orders(orders)
     unique_sigmas, counts = np.unique(noise_multipliers, return_counts=True)
     total = np.sum(counts[:, None] * _unique_rdp(q, unique_sigmas, orders), axis=0)
     return float(rdp.compute_epsilon(orders, total, delta)[0])

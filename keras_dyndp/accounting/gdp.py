@@ -10,6 +10,7 @@ This module gives the conversions the rest of the package needs:
 * `epsilon_from_mu` and `mu_from_epsilon`: its two inverses.
 * `clt_mu`: the extended central limit theorem (paper Corollary 1, Eq. 10) for T Poisson-subsampled steps with
   per-step GDP parameters mu_t: mu_tot = p * sqrt(sum_t (exp(mu_t^2) - 1)).
+* `gdp_clt_epsilons_at`: the CLT's epsilon after several step counts, the 'gdp_clt' accountant's curve.
 
 Why the care: delta is a difference of two tail probabilities that can both be tiny, so it is evaluated in log
 space (`scipy.stats.norm.logcdf`, `expm1`); the inverses are found with `scipy.optimize.brentq` on log(delta)
@@ -23,6 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import optimize
 from scipy import stats
+
+from keras_dyndp import validation
 
 # log(delta) is clamped to this value where it underflows to -inf, so that brentq always sees finite numbers.
 # Any delta of interest is far above exp(-1e4).
@@ -41,18 +44,20 @@ def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
     return epsilon
 
 
-def _check_delta(delta: float, name: str = "delta") -> float:
-    delta = float(delta)
-    if not 0 < delta < 1:
-        raise ValueError(f"`{name}` must be in the open interval (0, 1). Received: {name}={delta}.")
-    return delta
-
-
 def _check_mu(mu: float, name: str = "mu") -> float:
     mu = float(mu)
     if not mu > 0:  # Also rejects NaN.
         raise ValueError(f"`{name}` must be > 0 (math.inf allowed). Received: {name}={mu}.")
     return mu
+
+
+def _check_mus(mus: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Per-step GDP parameters as a 1-D float array, or ValueError unless each is >= 0 (inf allowed)."""
+    mus = np.asarray(mus, dtype=np.float64).reshape(-1)
+    if not np.all(mus >= 0):  # Also rejects NaN.
+        bad = mus[~(mus >= 0)][0]
+        raise ValueError(f"Every entry of `mus` must be >= 0. Received an entry mu={bad}.")
+    return mus
 
 
 def _log_delta_from_mu(epsilon: float, mu: float) -> float:
@@ -105,7 +110,7 @@ def epsilon_from_mu(mu: float, delta: float) -> float:
         ValueError: If `mu` <= 0 or NaN, or `delta` is outside (0, 1).
     """
     mu = _check_mu(mu)
-    delta = _check_delta(delta)
+    delta = validation.check_delta(delta)
     if math.isinf(mu):
         return math.inf
     log_target = math.log(delta)
@@ -142,7 +147,7 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
         ValueError: If `epsilon` <= 0 or not finite, or `delta` is outside (0, 1).
     """
     epsilon = _check_epsilon(epsilon)
-    delta = _check_delta(delta)
+    delta = validation.check_delta(delta)
     log_target = math.log(delta)
 
     def excess(mu: float) -> float:  # Increasing in mu.
@@ -184,16 +189,31 @@ def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> fl
     Raises:
         ValueError: If `sampling_probability` is outside (0, 1] or some entry of `mus` is negative or NaN.
     """
-    sampling_probability = float(sampling_probability)
-    if not 0 < sampling_probability <= 1:
-        raise ValueError(
-            "`sampling_probability` must be in (0, 1]. "
-            f"Received: sampling_probability={sampling_probability}."
-        )
-    mus = np.asarray(mus, dtype=np.float64).reshape(-1)
-    if not np.all(mus >= 0):  # Also rejects NaN.
-        bad = mus[~(mus >= 0)][0]
-        raise ValueError(f"Every entry of `mus` must be >= 0. Received an entry mu={bad}.")
+    sampling_probability = validation.check_probability(sampling_probability)
     with np.errstate(over="ignore"):
-        total = float(np.sum(np.expm1(np.square(mus))))
+        total = float(np.sum(np.expm1(np.square(_check_mus(mus)))))
     return sampling_probability * math.sqrt(total)
+
+
+def gdp_clt_epsilons_at(sampling_probability: float, mus: Sequence[float] | np.ndarray, delta: float,
+                        steps: Sequence[int] | np.ndarray) -> np.ndarray:
+    """GDP-CLT epsilon of the first k steps for each k in `steps`, in one pass.
+
+    mu_k = p sqrt(sum_{t <= k} (exp(mu_t^2) - 1)) (`clt_mu` of the first k steps) is converted at `delta`.
+
+    Args:
+        sampling_probability: Poisson sampling probability p, in (0, 1].
+        mus: Per-step GDP parameters mu_t = C_t / sigma_t, each >= 0 (as in `clt_mu`).
+        delta: Target delta, in (0, 1).
+        steps: Step counts k, each an integer in [0, T].
+
+    Returns:
+        Array of epsilons, one per entry of `steps` (0 where mu_k = 0).
+    """
+    sampling_probability = validation.check_probability(sampling_probability)
+    mus = _check_mus(mus)
+    delta = validation.check_delta(delta)
+    with np.errstate(over="ignore"):
+        cumulative = np.concatenate([[0.0], np.cumsum(np.expm1(mus**2))])
+    totals = sampling_probability * np.sqrt(cumulative[np.asarray(steps, dtype=int)])
+    return np.array([0.0 if mu == 0 else epsilon_from_mu(mu, delta) for mu in totals])

@@ -21,6 +21,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting import dp_event
 
+from keras_dyndp import validation
 from keras_dyndp.accounting import gdp
 from keras_dyndp.accounting import noise_range
 
@@ -145,9 +146,7 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
         Raises:
             ValueError: If `target_delta` is outside [0, 1].
         """
-        target_delta = float(target_delta)
-        if not 0 <= target_delta <= 1:
-            raise ValueError(f"`target_delta` must be in [0, 1]. Received: target_delta={target_delta}.")
+        target_delta = validation.check_delta(target_delta, "target_delta", allow_ends=True)
         mu = self.mu
         if mu == 0 or (target_delta == 1 and not self._non_private):
             return 0.0

@@ -139,3 +139,15 @@ def largest_scale_within(
         except CalibrationError:
             pass  # The stand-in is more pessimistic than the real thing: let the real search decide.
     return _search(epsilon_of, target_epsilon, x, lower, upper, rtol, slope, what)[0]
+
+
+def step_to_safe_side(value: float, is_safe: Callable[[float], bool], step: Callable[[float], float]) -> float:
+    """Applies `step` to `value` until `is_safe(value)` holds, and returns that value.
+
+    Closed forms and root finders land within float rounding of a boundary, sometimes a hair on the wrong side
+    (e.g. an epsilon 1 ulp above its target); this nudge puts the result on the side the guarantee needs. `step`
+    must move toward that side (e.g. `lambda x: x * (1 - 1e-13)`, or `np.nextafter(x, 0.0)`), so the loop ends.
+    """
+    while not is_safe(value):
+        value = step(value)
+    return value

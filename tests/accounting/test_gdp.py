@@ -95,3 +95,23 @@ def test_clt_mu_heterogeneous_formula():
 def test_invalid_arguments_raise(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_gdp_clt_epsilons_at_is_clt_mu_of_each_prefix():
+    mus = np.array([0.5, 0.8, 1.1, 0.0, 1.3])
+    steps = [0, 1, 3, 4, 5]
+    epsilons = gdp.gdp_clt_epsilons_at(0.05, mus, 1e-5, steps)
+    assert epsilons[0] == 0.0
+    for k, epsilon in zip(steps[1:], epsilons[1:]):
+        assert epsilon == pytest.approx(gdp.epsilon_from_mu(gdp.clt_mu(0.05, mus[:k]), 1e-5), rel=1e-12)
+    assert epsilons[2] == epsilons[3]  # A step with mu = 0 (infinite noise) costs nothing.
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: gdp.gdp_clt_epsilons_at(0.0, [1.0], 1e-5, [1]), r"`sampling_probability` must be in \(0, 1\]"),
+    (lambda: gdp.gdp_clt_epsilons_at(0.1, [-1.0], 1e-5, [1]), "`mus`"),
+    (lambda: gdp.gdp_clt_epsilons_at(0.1, [1.0], 1.0, [1]), r"`delta` must be in \(0, 1\)"),
+])
+def test_gdp_clt_epsilons_at_checks_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -1,11 +1,13 @@
 """Tests for keras_dyndp.accounting.registry."""
 
 import dp_accounting
+import numpy as np
 import pytest
 from dp_accounting import dp_event
 from dp_accounting import pld
 from dp_accounting import rdp
 
+from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import registry
 from keras_dyndp.accounting.gdp_clt_accountant import GdpCltAccountant
 
@@ -55,3 +57,69 @@ def test_pld_interval_is_passed_and_checked():
 def test_unknown_name_lists_valid_names(name):
     with pytest.raises(ValueError, match=r"`name` must be one of \('gdp_clt', 'rdp', 'pld'\)"):
         registry.make_accountant(name)
+
+
+class _Schedule:
+    """The part of a DPSchedule the registry reads, for a constant schedule of `size` steps."""
+
+    def __init__(self, sampling_probability=0.01, noise_multiplier=1.0, size=50):
+        self.sampling_probability = sampling_probability
+        self.noise_multipliers = np.full(size, noise_multiplier)
+        self.mus = 1.0 / self.noise_multipliers
+
+    def to_dp_event(self, steps=None):
+        event = dp_event.PoissonSampledDpEvent(self.sampling_probability,
+                                               dp_event.GaussianDpEvent(float(self.noise_multipliers[0])))
+        return dp_event.SelfComposedDpEvent(event, self.noise_multipliers.size if steps is None else steps)
+
+
+def test_names_are_the_tables_keys_and_the_pld_interval_is_one_constant():
+    assert registry.ACCOUNTANT_NAMES == tuple(registry.get(name).name for name in registry.ACCOUNTANT_NAMES)
+    assert registry.DEFAULT_ACCOUNTANT in registry.ACCOUNTANT_NAMES
+    assert registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL == fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+    assert registry.RIGOROUS_ACCOUNTANT_NAMES == ("rdp", "pld")
+
+
+@pytest.mark.parametrize("name", ["gdp_clt", "rdp", "pld"])
+def test_entry_epsilon_matches_its_constructor_and_its_curve(name):
+    entry = registry.get(name)
+    schedule = _Schedule()
+    epsilon = entry.epsilon(schedule, 1e-5, 30)
+    composed = entry.make().compose(schedule.to_dp_event(30)).get_epsilon(1e-5)
+    # The fast RDP and PLD match dp_accounting's to its version's rounding and the PLD's grouping (`fast_rdp`,
+    # `fast_pld`); the GDP-CLT entry composes the same accountant.
+    assert epsilon == pytest.approx(composed, rel={"gdp_clt": 1e-12, "rdp": 1e-6, "pld": 1e-2}[name])
+    curve = entry.epsilons_at(schedule, 1e-5, np.array([0, 10, 30]))
+    assert curve[0] == 0 and curve[1] < curve[2]
+    assert curve[2] == pytest.approx(epsilon, rel=1e-9)
+
+
+def test_options_reach_epsilon_and_final_options_are_tighter():
+    entry = registry.get("pld")
+    schedule = _Schedule()
+    default = entry.epsilon(schedule, 1e-5, 50)
+    final = entry.epsilon(schedule, 1e-5, 50, **entry.final_options)
+    assert final < default
+    with pytest.raises(TypeError):  # The table is shared: its options are read-only.
+        entry.final_options["value_discretization_interval"] = 1.0
+    assert entry.min_noise_multiplier(**entry.final_options) > entry.min_noise_multiplier()
+    orders = registry.get("rdp").check_options({"orders": [2, 4, 8]})["orders"]
+    assert registry.get("rdp").epsilon(schedule, 1e-5, 50, orders=orders) >= registry.get("rdp").epsilon(
+        schedule, 1e-5, 50)
+
+
+@pytest.mark.parametrize("name, options, match", [
+    ("gdp_clt", {"value_discretization_interval": 1e-4}, "Options of the 'gdp_clt' accountant must be among ()"),
+    ("pld", {"orders": [2]}, r"among \('value_discretization_interval',\)"),
+    ("pld", {"value_discretization_interval": 0.0}, "`value_discretization_interval` must be > 0"),
+    ("rdp", {"orders": [0.5]}, "`orders` must be"),
+])
+def test_bad_options_name_the_option(name, options, match):
+    with pytest.raises(ValueError, match=match):
+        registry.get(name).check_options(options)
+
+
+def test_get_unknown_name_names_the_argument():
+    with pytest.raises(ValueError, match=r"`accountant` must be one of \('gdp_clt', 'rdp', 'pld'\). "
+                                         r"Received: accountant='prv'"):
+        registry.get("prv")

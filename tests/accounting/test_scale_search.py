@@ -57,3 +57,11 @@ def test_a_good_slope_guess_saves_evaluations():
     scale_search.largest_scale_within(guessed, 2.0, start=2.0, lower=-20.0, upper=20.0, slope=4.0)
     scale_search.largest_scale_within(unguessed, 2.0, start=2.0, lower=-20.0, upper=20.0)
     assert guessed.calls == 2 < unguessed.calls
+
+
+def test_step_to_safe_side_steps_until_safe_and_leaves_a_safe_value_alone():
+    target = 0.1 + 0.2  # 0.30000000000000004: a hair above 0.3.
+    stepped = scale_search.step_to_safe_side(target, lambda x: x <= 0.3, lambda x: math.nextafter(x, 0.0))
+    assert stepped == 0.3
+    assert scale_search.step_to_safe_side(0.25, lambda x: x <= 0.3, lambda x: x / 0) == 0.25
+    assert scale_search.step_to_safe_side(1.0, lambda x: x >= 1.5, lambda x: x * 1.25) == 1.5625

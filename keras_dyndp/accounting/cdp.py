@@ -1,4 +1,4 @@
-"""The paper's noise-decay baselines (its Table 1), each calibrated by its own accountant.
+"""The accountants of the paper's noise-decay baselines (its Table 1), zCDP and tCDP, and their noise calibration.
 
 Du et al. compare dynamic DP-SGD with two earlier noise-decay methods. Both keep the clipping norm fixed
 (C_t = C_0) and decay the noise multiplier z_t = sigma_t / C_t over the run; they differ in how they account
@@ -46,6 +46,10 @@ t / T); either way z_0 / z_T = noise_decay. Only z_0 is calibrated.
 Both accountants are far looser than RDP or PLD. At the paper's MNIST settings (p = 250/60000, T = 4800, epsilon
 1.2, delta 1e-5, noise decay 1.25) RDP needs a constant z = 1.22, tCDP z_t from 9.6 to 7.7, zCDP (no amplification)
 from 319 to 255.
+
+`zcdp_noise_multipliers` and `tcdp_noise_multipliers` (`calibrate_noise` by name) calibrate the decaying noise
+shape under each accountant; `keras_dyndp.schedules.calibrate('zcdp' | 'tcdp', ...)` turns them into schedules
+(constant clip C_0), and `baseline_epsilon` gives a schedule's epsilon under either accountant by name.
 """
 
 from __future__ import annotations
@@ -55,9 +59,10 @@ import warnings
 
 import numpy as np
 
-from keras_dyndp import schedules
 from keras_dyndp import validation
+from keras_dyndp.accounting import scale_search
 
+NAMES = ("zcdp", "tcdp")
 DECAYS = ("exponential", "time")
 
 # BDRS's subsampling theorem: s, rho in (0, 0.1]; the subsampled step is (13 s^2 rho, log(1/s) / (4 rho))-tCDP.
@@ -66,20 +71,16 @@ _TCDP_MAX_RHO = 0.1
 _TCDP_MAX_SAMPLING = 0.1
 # Bisection on log(z_0) for the tCDP calibration: 200 halvings of a bracket of width <= 2^11 reach float precision.
 _BISECTION_STEPS = 200
+# Steps past float rounding to the safe side of a closed form: relative on z_0 (zCDP), absolute on log z_0 (tCDP).
+_SAFETY_STEP = 1e-13
+_LOG_SAFETY_STEP = 1e-14
 
 
 def _check_budget(target_epsilon: float, target_delta: float) -> None:
     if isinstance(target_epsilon, bool) or not (
             isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"`target_epsilon` must be finite and > 0. Received: target_epsilon={target_epsilon}.")
-    if not (isinstance(target_delta, (int, float)) and 0.0 < target_delta < 1.0):
-        raise ValueError(f"`target_delta` must be in (0, 1). Received: target_delta={target_delta}.")
-
-
-def _check_delta(delta: float) -> float:
-    if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
-        raise ValueError(f"`delta` must be in (0, 1). Received: delta={delta}.")
-    return float(delta)
+    validation.check_delta(target_delta, "target_delta")
 
 
 def _check_multipliers(noise_multipliers) -> np.ndarray:
@@ -146,7 +147,7 @@ def zcdp_rho(noise_multipliers) -> float:
 
 def zcdp_epsilon_from_rho(rho: float, delta: float) -> float:
     """epsilon = rho + 2 sqrt(rho log(1/delta)) of rho-zCDP at `delta` (Bun and Steinke 2016, Prop. 1.3)."""
-    delta = _check_delta(delta)
+    delta = validation.check_delta(delta)
     if not rho >= 0:
         raise ValueError(f"`rho` must be >= 0. Received: rho={rho}.")
     return float(rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta)))
@@ -195,7 +196,7 @@ def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[flo
 
 def tcdp_epsilon_from_parameters(rho: float, omega: float, delta: float) -> float:
     """Epsilon of (rho, omega)-tCDP at `delta`, through the Renyi bound D_alpha <= rho alpha for 1 < alpha < omega."""
-    delta = _check_delta(delta)
+    delta = validation.check_delta(delta)
     if not (rho >= 0 and omega > 1):
         raise ValueError(f"Need rho >= 0 and omega > 1. Received: rho={rho}, omega={omega}.")
     log_inv_delta = math.log(1.0 / delta)
@@ -212,81 +213,50 @@ def tcdp_epsilon(sampling_probability: float, noise_multipliers, delta: float) -
     return tcdp_epsilon_from_parameters(rho, omega, delta)
 
 
-def _check_common(target_epsilon, target_delta, sampling_probability, num_steps, initial_clip):
-    _check_budget(target_epsilon, target_delta)
-    p = validation.check_probability(sampling_probability)
-    num_steps = validation.check_positive_int("num_steps", num_steps)
-    if isinstance(initial_clip, bool) or not (
-            isinstance(initial_clip, (int, float)) and math.isfinite(initial_clip) and initial_clip > 0):
-        raise ValueError(f"`initial_clip` must be finite and > 0. Received: initial_clip={initial_clip}.")
-    return p, num_steps
-
-
-def _schedule(initial_clip: float, noise_multipliers: np.ndarray, p: float) -> schedules.DPSchedule:
-    clips = np.full(noise_multipliers.size, float(initial_clip))
-    return schedules.DPSchedule(clips, clips * noise_multipliers, p)
-
-
-def zcdp_schedule(
-    target_epsilon: float,
-    target_delta: float,
-    sampling_probability: float,
-    num_steps: int,
-    initial_clip: float,
-    *,
-    noise_decay: float = 1.25,
-    decay: str = "exponential",
-) -> schedules.DPSchedule:
-    """rho-zCDP-SGD (Yu et al. 2019): constant clip, decaying noise, calibrated so `zcdp_epsilon` <= target.
+def zcdp_noise_multipliers(target_epsilon: float, target_delta: float, sampling_probability: float, num_steps: int,
+                           *, noise_decay: float = 1.25, decay: str = "exponential") -> np.ndarray:
+    """rho-zCDP-SGD (Yu et al. 2019): decaying noise multipliers z_t = z_0 s_t whose `zcdp_epsilon` <= target.
 
     z_0 has a closed form: rho(z_0) = rho(shape) / z_0^2, so z_0 = sqrt(rho(shape) / rho_target).
 
     Args:
       target_epsilon, target_delta: the budget, epsilon > 0 and delta in (0, 1).
-      sampling_probability: p in (0, 1], stored in the schedule (zCDP itself ignores it: no amplification).
+      sampling_probability: p in (0, 1], checked only (zCDP itself ignores it: no amplification).
       num_steps: T >= 1.
-      initial_clip: the constant clipping norm C > 0.
       noise_decay: z_0 / z_T >= 1.
       decay: 'exponential' or 'time' (see `decay_shape`).
 
     Returns:
-      A `DPSchedule` whose zCDP epsilon is <= target_epsilon (equal up to float rounding).
+      Array [T] of noise multipliers whose zCDP epsilon is <= target_epsilon (equal up to float rounding).
     """
-    p, num_steps = _check_common(target_epsilon, target_delta, sampling_probability, num_steps, initial_clip)
+    _check_budget(target_epsilon, target_delta)
+    validation.check_probability(sampling_probability)
     shape = decay_shape(num_steps, noise_decay, decay)
     z0 = math.sqrt(zcdp_rho(shape) / zcdp_rho_from_epsilon(target_epsilon, target_delta))
-    while zcdp_epsilon(z0 * shape, target_delta) > target_epsilon:  # Rounding: step to safety.
-        z0 *= 1 + 1e-13
-    return _schedule(initial_clip, z0 * shape, p)
+    z0 = scale_search.step_to_safe_side(  # Rounding: step to more noise.
+        z0, lambda z: zcdp_epsilon(z * shape, target_delta) <= target_epsilon, lambda z: z * (1 + _SAFETY_STEP))
+    return z0 * shape
 
 
-def tcdp_schedule(
-    target_epsilon: float,
-    target_delta: float,
-    sampling_probability: float,
-    num_steps: int,
-    initial_clip: float,
-    *,
-    noise_decay: float = 1.25,
-    decay: str = "exponential",
-) -> schedules.DPSchedule:
-    """tCDP-SGD (Zhang et al. 2021, accounted as in the module docstring): constant clip, decaying noise.
+def tcdp_noise_multipliers(target_epsilon: float, target_delta: float, sampling_probability: float, num_steps: int,
+                           *, noise_decay: float = 1.25, decay: str = "exponential") -> np.ndarray:
+    """tCDP-SGD (Zhang et al. 2021, accounted as in the module docstring): decaying noise multipliers z_0 s_t.
 
     z_0 is the smallest value (to float precision, by bisection on log z_0) whose `tcdp_epsilon` is <= target,
     among those that keep every step inside the subsampling theorem's conditions (z_t >= sqrt(20)). Where even the
     smallest such z_0 spends less than the target (large targets), that z_0 is returned with a warning: the
     theorem certifies no schedule with less noise.
 
-    Args: as `zcdp_schedule`; p in (0, 0.1] is the theorem's sampling fraction s.
+    Args: as `zcdp_noise_multipliers`; p in (0, 0.1] is the theorem's sampling fraction s.
 
     Returns:
-      A `DPSchedule` whose tCDP epsilon is <= target_epsilon (equal up to ~1e-12 relative unless warned).
+      Array [T] of noise multipliers whose tCDP epsilon is <= target_epsilon (~1e-12 relative unless warned).
 
     Raises:
       ValueError: on a bad argument, including p > 0.1.
     """
-    p, num_steps = _check_common(target_epsilon, target_delta, sampling_probability, num_steps, initial_clip)
-    p = _check_tcdp_sampling(p)
+    _check_budget(target_epsilon, target_delta)
+    p = _check_tcdp_sampling(sampling_probability)
     shape = decay_shape(num_steps, noise_decay, decay)
 
     def epsilon(log_z0: float) -> float:
@@ -294,14 +264,15 @@ def tcdp_schedule(
 
     # The last step has the least noise; for p <= 0.1 rho_t <= 0.1 implies the log condition.
     low = math.log(math.sqrt(2.0 / _TCDP_MAX_RHO) / float(np.min(shape)))
-    while not np.all(_meets_subsampling_conditions(_replace_one_rhos(math.exp(low) * shape), p)):
-        low += 1e-14  # Rounding: step to the inside.
+    low = scale_search.step_to_safe_side(  # Rounding: step to the inside.
+        low, lambda x: bool(np.all(_meets_subsampling_conditions(_replace_one_rhos(math.exp(x) * shape), p))),
+        lambda x: x + _LOG_SAFETY_STEP)
     if epsilon(low) <= target_epsilon:
         warnings.warn(
             f"tCDP baseline: the subsampling theorem needs z_t >= sqrt(20) at every step, and with that little "
             f"noise this schedule's tCDP epsilon is {epsilon(low):.4g}, below the target {target_epsilon:g}; it "
             "spends less than the budget.", stacklevel=2)
-        return _schedule(initial_clip, math.exp(low) * shape, p)
+        return math.exp(low) * shape
     high = low + 1.0
     while epsilon(high) > target_epsilon:
         high += 1.0
@@ -313,26 +284,32 @@ def tcdp_schedule(
             high = middle
         else:
             low = middle
-    return _schedule(initial_clip, math.exp(high) * shape, p)
+    return math.exp(high) * shape
 
 
-def baseline_epsilon(name: str, schedule: schedules.DPSchedule, delta: float, steps: int | None = None) -> float:
-    """Epsilon of `schedule` under a baseline's own accountant: name 'zcdp' or 'tcdp'.
+_NOISE_MULTIPLIERS = {"zcdp": zcdp_noise_multipliers, "tcdp": tcdp_noise_multipliers}
 
-    Args:
-      name: 'zcdp' or 'tcdp'.
-      schedule: the schedule whose noise multipliers are accounted.
-      delta: in (0, 1).
-      steps: account only the first `steps` steps (1 <= steps <= T); None: all T.
+
+def _check_name(name: str) -> str:
+    if name not in NAMES:
+        raise ValueError(f"`name` must be one of {NAMES}. Received: name={name!r}.")
+    return name
+
+
+def calibrate_noise(name: str, target_epsilon: float, target_delta: float, sampling_probability: float,
+                      num_steps: int, *, noise_decay: float = 1.25, decay: str = "exponential") -> np.ndarray:
+    """The noise multipliers [T] of baseline `name` ('zcdp' or 'tcdp') calibrated to the target under its own
+    accountant (`zcdp_noise_multipliers`, `tcdp_noise_multipliers`)."""
+    return _NOISE_MULTIPLIERS[_check_name(name)](target_epsilon, target_delta, sampling_probability, num_steps,
+                                                 noise_decay=noise_decay, decay=decay)
+
+
+def baseline_epsilon(name: str, sampling_probability: float, noise_multipliers, delta: float) -> float:
+    """Epsilon of Poisson-subsampled Gaussian steps under baseline `name`'s own accountant: 'zcdp' or 'tcdp'.
 
     Raises:
-      ValueError: on bad arguments, or ('tcdp') a schedule outside the subsampling theorem's conditions.
+      ValueError: on bad arguments, or ('tcdp') steps outside the subsampling theorem's conditions.
     """
-    if steps is not None and not 1 <= steps <= schedule.num_steps:
-        raise ValueError(f"`steps` must be in [1, {schedule.num_steps}]. Received: steps={steps}.")
-    multipliers = schedule.noise_multipliers[:steps]
-    if name == "zcdp":
-        return zcdp_epsilon(multipliers, delta)
-    if name == "tcdp":
-        return tcdp_epsilon(schedule.sampling_probability, multipliers, delta)
-    raise ValueError(f"`name` must be 'zcdp' or 'tcdp'. Received: name={name!r}.")
+    if _check_name(name) == "zcdp":
+        return zcdp_epsilon(noise_multipliers, delta)
+    return tcdp_epsilon(sampling_probability, noise_multipliers, delta)
