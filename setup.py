@@ -16,7 +16,9 @@ _config = configparser.ConfigParser()
 _config.read(os.path.join(os.path.dirname(os.path.abspath(__file__)), "setup.cfg"))
 _python_requires = _config["options"]["python_requires"]
 if platform.python_version() not in specifiers.SpecifierSet(_python_requires):
-    sys.exit(f"keras_dyndp requires Python {_python_requires}; this is Python {platform.python_version()} "
-             f"({sys.executable}). See README.md, 'Supported stacks'.")
+    sys.exit(
+        f"keras_dyndp requires Python {_python_requires}; this is Python {platform.python_version()} "
+        f"({sys.executable}). See README.md, 'Supported stacks'."
+    )
 
 setuptools.setup()

@@ -33,7 +33,8 @@ from keras_dyndp.accounting import registry
 
 _STEPS = flags.DEFINE_integer("steps", 4800, "Number of DP-SGD steps T.", lower_bound=1)
 _REFERENCE_STEPS = flags.DEFINE_integer(
-    "reference_steps", None, "Steps composed one by one by dp_accounting (default: all; 0: skip).", lower_bound=0)
+    "reference_steps", None, "Steps composed one by one by dp_accounting (default: all; 0: skip).", lower_bound=0
+)
 _SAMPLING_PROBABILITY = flags.DEFINE_float("sampling_probability", 250 / 60000, "Poisson sampling probability p.")
 _DELTA = flags.DEFINE_float("delta", 1e-5, "Target delta.")
 _STEPS_PER_EPOCH = flags.DEFINE_integer("steps_per_epoch", 240, "Epoch length for the per-epoch curve.", lower_bound=1)
@@ -43,18 +44,27 @@ _CALIBRATION_EXAMPLES = flags.DEFINE_bool("calibration_examples", False, "Also t
 _BOOSTED_END = np.ones(4800)
 _BOOSTED_END[-5:] = 3.0
 ISSUE_EXAMPLES = (
-    ("vanilla p 0.01, T 20, eps 1", dict(mu_shape=1.0, target_epsilon=1.0, sampling_probability=0.01,
-                                         num_steps=20)),
-    ("vanilla p 0.00427, T 500, eps 1", dict(mu_shape=1.0, target_epsilon=1.0, sampling_probability=256 / 60000,
-                                             num_steps=500)),
-    ("dynamic 1/rho_mu 0.8 (the noise multipliers of growing mu), p 256/60000, T 4688, eps 8",
-     dict(mu_shape=lambda t: 1.25 ** (t / 4688), target_epsilon=8.0, sampling_probability=256 / 60000,
-          num_steps=4688)),
-    ("last 5 steps at 3x mu, p 250/60000, T 4800, eps 1", dict(mu_shape=_BOOSTED_END, target_epsilon=1.0,
-                                                              sampling_probability=250 / 60000, num_steps=4800)),
-    ("growing mu 1/rho_mu 0.1, p 250/60000, T 4800, eps 1.2", dict(mu_shape=lambda t: 10.0 ** (t / 4800),
-                                                                  target_epsilon=1.2, sampling_probability=250 / 60000,
-                                                                  num_steps=4800)),
+    ("vanilla p 0.01, T 20, eps 1", dict(mu_shape=1.0, target_epsilon=1.0, sampling_probability=0.01, num_steps=20)),
+    (
+        "vanilla p 0.00427, T 500, eps 1",
+        dict(mu_shape=1.0, target_epsilon=1.0, sampling_probability=256 / 60000, num_steps=500),
+    ),
+    (
+        "dynamic 1/rho_mu 0.8 (the noise multipliers of growing mu), p 256/60000, T 4688, eps 8",
+        dict(
+            mu_shape=lambda t: 1.25 ** (t / 4688), target_epsilon=8.0, sampling_probability=256 / 60000, num_steps=4688
+        ),
+    ),
+    (
+        "last 5 steps at 3x mu, p 250/60000, T 4800, eps 1",
+        dict(mu_shape=_BOOSTED_END, target_epsilon=1.0, sampling_probability=250 / 60000, num_steps=4800),
+    ),
+    (
+        "growing mu 1/rho_mu 0.1, p 250/60000, T 4800, eps 1.2",
+        dict(
+            mu_shape=lambda t: 10.0 ** (t / 4800), target_epsilon=1.2, sampling_probability=250 / 60000, num_steps=4800
+        ),
+    ),
 )
 
 
@@ -66,8 +76,9 @@ def _timed(function):
 
 def _reference_epsilon(accountant, noise_multipliers: np.ndarray) -> float:
     for noise_multiplier in noise_multipliers:
-        accountant.compose(dp_event.PoissonSampledDpEvent(
-            _SAMPLING_PROBABILITY.value, dp_event.GaussianDpEvent(noise_multiplier)))
+        accountant.compose(
+            dp_event.PoissonSampledDpEvent(_SAMPLING_PROBABILITY.value, dp_event.GaussianDpEvent(noise_multiplier))
+        )
     return accountant.get_epsilon(_DELTA.value)
 
 
@@ -84,41 +95,65 @@ def main(argv):
 
     epoch_ends = list(range(0, steps + 1, _STEPS_PER_EPOCH.value))
     curve, wall, cpu = _timed(lambda: fast_rdp.rdp_epsilons_at(probability, noise_multipliers, delta, epoch_ends))
-    print(f"fast_rdp.rdp_epsilons_at, {len(epoch_ends)} epoch ends: last={curve[-1]:.10g}  "
-          f"wall {wall:.3f} s  cpu {cpu:.3f} s")
+    print(
+        f"fast_rdp.rdp_epsilons_at, {len(epoch_ends)} epoch ends: last={curve[-1]:.10g}  "
+        f"wall {wall:.3f} s  cpu {cpu:.3f} s"
+    )
 
-    clt_epsilon, wall, cpu = _timed(
-        lambda: gdp.epsilon_from_mu(gdp.clt_mu(probability, 1 / noise_multipliers), delta))
+    clt_epsilon, wall, cpu = _timed(lambda: gdp.epsilon_from_mu(gdp.clt_mu(probability, 1 / noise_multipliers), delta))
     print(f"GDP-CLT (approximate): epsilon={clt_epsilon:.10g}  wall {wall:.4f} s  cpu {cpu:.4f} s")
 
     epsilon, wall, cpu = _timed(lambda: fast_pld.pld_epsilon(probability, noise_multipliers, delta))
-    print(f"fast_pld.pld_epsilon (grouped upper bound), T={steps}: epsilon={epsilon:.10g}  "
-          f"wall {wall:.3f} s  cpu {cpu:.3f} s")
+    print(
+        f"fast_pld.pld_epsilon (grouped upper bound), T={steps}: epsilon={epsilon:.10g}  "
+        f"wall {wall:.3f} s  cpu {cpu:.3f} s"
+    )
 
     if reference_steps:
         prefix = noise_multipliers[:reference_steps]
         references = (
             ("RdpAccountant", rdp_privacy_accountant.RdpAccountant, fast_rdp.rdp_epsilon),
-            ("PLDAccountant", lambda: pld_privacy_accountant.PLDAccountant(
-                value_discretization_interval=registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL),
-             fast_pld.pld_epsilon),
+            (
+                "PLDAccountant",
+                lambda: pld_privacy_accountant.PLDAccountant(
+                    value_discretization_interval=registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL
+                ),
+                fast_pld.pld_epsilon,
+            ),
         )
         for name, make_accountant, fast_function in references:
             expected, wall, cpu = _timed(lambda: _reference_epsilon(make_accountant(), prefix))  # noqa: B023 (run now)
             fast = fast_function(probability, prefix, delta)
-            print(f"dp_accounting {name} one by one, first {reference_steps} steps: epsilon={expected:.10g}  "
-                  f"wall {wall:.3f} s  cpu {cpu:.3f} s  ({1000 * cpu / reference_steps:.1f} ms cpu/step, "
-                  f"~{cpu * steps / reference_steps:.0f} s cpu for all {steps})")
-            print(f"  keras_dyndp on the same prefix: epsilon={fast:.10g}  relative difference "
-                  f"{(fast - expected) / expected:+.2e}")
+            print(
+                f"dp_accounting {name} one by one, first {reference_steps} steps: epsilon={expected:.10g}  "
+                f"wall {wall:.3f} s  cpu {cpu:.3f} s  ({1000 * cpu / reference_steps:.1f} ms cpu/step, "
+                f"~{cpu * steps / reference_steps:.0f} s cpu for all {steps})"
+            )
+            print(
+                f"  keras_dyndp on the same prefix: epsilon={fast:.10g}  relative difference "
+                f"{(fast - expected) / expected:+.2e}"
+            )
 
     for accountant in registry.ACCOUNTANT_NAMES:
-        schedule, wall, cpu = _timed(functools.partial(
-            schedules.calibrate, "dynamic", target_epsilon=1.2, target_delta=delta, sampling_probability=probability,
-            num_steps=steps, initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3, accountant=accountant))
+        schedule, wall, cpu = _timed(
+            functools.partial(
+                schedules.calibrate,
+                "dynamic",
+                target_epsilon=1.2,
+                target_delta=delta,
+                sampling_probability=probability,
+                num_steps=steps,
+                initial_clip=1.5,
+                rho_mu=1 / 0.8,
+                rho_c=1 / 0.3,
+                accountant=accountant,
+            )
+        )
         spent = ", ".join(f"{name} {schedule.epsilon(delta, name):.4f}" for name in registry.ACCOUNTANT_NAMES)
-        print(f"calibrate('dynamic', epsilon 1.2, accountant='{accountant}'): wall {wall:.2f} s  cpu {cpu:.2f} s; "
-              f"z_first {schedule.noise_multipliers[0]:.4f}; epsilon {spent}")
+        print(
+            f"calibrate('dynamic', epsilon 1.2, accountant='{accountant}'): wall {wall:.2f} s  cpu {cpu:.2f} s; "
+            f"z_first {schedule.noise_multipliers[0]:.4f}; epsilon {spent}"
+        )
 
     if _CALIBRATION_EXAMPLES.value:
         _calibration_examples()
@@ -128,9 +163,11 @@ def _calibration_examples() -> None:
     for name, arguments in ISSUE_EXAMPLES:
         rigorous, wall, _ = _timed(functools.partial(schedules.calibrate_shape, 1.0, target_delta=1e-5, **arguments))
         clt = schedules.calibrate_shape(1.0, target_delta=1e-5, accountant="gdp_clt", **arguments)
-        print(f"{name}: default ({rigorous.calibration.accountant}) calibration {wall:.2f} s, PLD epsilon "
-              f"{rigorous.epsilon(1e-5, 'pld'):.4f}; calibrated under the GDP-CLT: PLD epsilon "
-              f"{clt.epsilon(1e-5, 'pld'):.4f}, RDP {clt.epsilon(1e-5, 'rdp'):.4f}")
+        print(
+            f"{name}: default ({rigorous.calibration.accountant}) calibration {wall:.2f} s, PLD epsilon "
+            f"{rigorous.epsilon(1e-5, 'pld'):.4f}; calibrated under the GDP-CLT: PLD epsilon "
+            f"{clt.epsilon(1e-5, 'pld'):.4f}, RDP {clt.epsilon(1e-5, 'rdp'):.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -38,11 +38,24 @@ def main(_):
     cases = {
         "linear 1.2->0.6": np.linspace(1.2, 0.6, T),
         "dynamic eps=1.2 1/rho_mu=0.3 1/rho_c=0.3": schedules.calibrate(
-            "dynamic", target_epsilon=1.2, target_delta=DELTA, sampling_probability=P, num_steps=T,
-            initial_clip=1.5, rho_mu=1 / 0.3, rho_c=1 / 0.3).noise_multipliers,
+            "dynamic",
+            target_epsilon=1.2,
+            target_delta=DELTA,
+            sampling_probability=P,
+            num_steps=T,
+            initial_clip=1.5,
+            rho_mu=1 / 0.3,
+            rho_c=1 / 0.3,
+        ).noise_multipliers,
         "growing_mu eps=0.4 1/rho_mu=0.1": schedules.calibrate(
-            "growing_mu", target_epsilon=0.4, target_delta=DELTA, sampling_probability=P, num_steps=T,
-            initial_clip=1.5, rho_mu=10.0).noise_multipliers,
+            "growing_mu",
+            target_epsilon=0.4,
+            target_delta=DELTA,
+            sampling_probability=P,
+            num_steps=T,
+            initial_clip=1.5,
+            rho_mu=10.0,
+        ).noise_multipliers,
     }
     print(f"p={P:.6g} T={T} delta={DELTA} interval={_INTERVAL.value}")
     for name, multipliers in cases.items():
@@ -51,8 +64,10 @@ def main(_):
         seconds = time.perf_counter() - start
         groups = fast_pld.group_noise_multipliers(multipliers)[0].size
         lower = _grouped(multipliers, round_up=True)
-        print(f"{name}: groups={groups} pld_epsilon={upper:.4f} ({seconds:.1f} s) "
-              f"rounded-up lower bound={lower:.4f} gap={upper / lower - 1:.2%}")
+        print(
+            f"{name}: groups={groups} pld_epsilon={upper:.4f} ({seconds:.1f} s) "
+            f"rounded-up lower bound={lower:.4f} gap={upper / lower - 1:.2%}"
+        )
     if _UNGROUPED_STEPS.value:
         steps = _UNGROUPED_STEPS.value
         multipliers = np.linspace(1.2, 0.6, steps)
@@ -64,8 +79,10 @@ def main(_):
         exact = composed.get_epsilon_for_delta(DELTA)
         exact_seconds = time.perf_counter() - start
         grouped = fast_pld.pld_epsilon(P, multipliers, DELTA, value_discretization_interval=_INTERVAL.value)
-        print(f"linear 1.2->0.6, T={steps}: ungrouped={exact:.4f} ({exact_seconds:.1f} s) grouped={grouped:.4f} "
-              f"excess={grouped / exact - 1:.2%}")
+        print(
+            f"linear 1.2->0.6, T={steps}: ungrouped={exact:.4f} ({exact_seconds:.1f} s) grouped={grouped:.4f} "
+            f"excess={grouped / exact - 1:.2%}"
+        )
 
 
 if __name__ == "__main__":

@@ -310,18 +310,34 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
     for runner in runners:
         if isinstance(runner, dict):
             note = f"skipped: {runner['error']}" if runner.get("skipped") else f"failed: {runner['error']}"
-            rows.append(dict(model=model_name, path=runner["path"], seconds_per_step=None, ratio=None,
-                             peak_memory_mib=None, note=note, seconds_per_repetition=""))
+            rows.append(
+                dict(
+                    model=model_name,
+                    path=runner["path"],
+                    seconds_per_step=None,
+                    ratio=None,
+                    peak_memory_mib=None,
+                    note=note,
+                    seconds_per_repetition="",
+                )
+            )
             continue
         ratio = None
         if baseline_times:
             # Median over repetitions of the ratio within one repetition: steadier than a ratio of medians when
             # the load on the machine drifts between repetitions.
             ratio = statistics.median(t / b for t, b in zip(runner.times, baseline_times))
-        rows.append(dict(model=model_name, path=runner.path, seconds_per_step=statistics.median(runner.times),
-                         ratio=ratio, peak_memory_mib=runner.peak_memory_mib,
-                         note=f"{len(runner.times)} x {steps_per_repetition(runner.path)} steps",
-                         seconds_per_repetition=" ".join(f"{t:.4f}" for t in runner.times)))
+        rows.append(
+            dict(
+                model=model_name,
+                path=runner.path,
+                seconds_per_step=statistics.median(runner.times),
+                ratio=ratio,
+                peak_memory_mib=runner.peak_memory_mib,
+                note=f"{len(runner.times)} x {steps_per_repetition(runner.path)} steps",
+                seconds_per_repetition=" ".join(f"{t:.4f}" for t in runner.times),
+            )
+        )
     return rows
 
 

@@ -46,8 +46,15 @@ VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 def _read_split(directory: str) -> tuple[np.ndarray, np.ndarray]:
     images = keras.utils.image_dataset_from_directory(
-        directory, labels="inferred", label_mode="int", class_names=CLASS_NAMES, color_mode="grayscale",
-        image_size=(FLAGS.image_size, FLAGS.image_size), batch_size=256, shuffle=False)
+        directory,
+        labels="inferred",
+        label_mode="int",
+        class_names=CLASS_NAMES,
+        color_mode="grayscale",
+        image_size=(FLAGS.image_size, FLAGS.image_size),
+        batch_size=256,
+        shuffle=False,
+    )
     x_parts, y_parts = [], []
     for x, y in images:
         x_parts.append(tf.cast(tf.round(x), tf.uint8).numpy())  # uint8 keeps 5216 images at 128x128 in 85 MB.
@@ -58,43 +65,69 @@ def _read_split(directory: str) -> tuple[np.ndarray, np.ndarray]:
 def load_data() -> datasets.TaskData:
     """uint8 images [N, size, size, 1]; float labels [N, 1], 0 NORMAL / 1 PNEUMONIA."""
     root = FLAGS.chest_xray_dir
-    how_to_get = ("Get it from https://data.mendeley.com/datasets/rscbjbr9sj/2 (ChestXRay2017.zip) or Kaggle's "
-                  "paultimothymooney/chest-xray-pneumonia, and pass --chest_xray_dir=.../chest_xray.")
+    how_to_get = (
+        "Get it from https://data.mendeley.com/datasets/rscbjbr9sj/2 (ChestXRay2017.zip) or Kaggle's "
+        "paultimothymooney/chest-xray-pneumonia, and pass --chest_xray_dir=.../chest_xray."
+    )
     if not root:
         raise datasets.DataNotFoundError(f"chest_xray: no --chest_xray_dir given. {how_to_get}")
-    missing = [os.path.join(root, split, name) for split in ("train", "test") for name in CLASS_NAMES
-               if not os.path.isdir(os.path.join(root, split, name))]
+    missing = [
+        os.path.join(root, split, name)
+        for split in ("train", "test")
+        for name in CLASS_NAMES
+        if not os.path.isdir(os.path.join(root, split, name))
+    ]
     if missing:
         raise datasets.DataNotFoundError(f"chest_xray: missing folders {', '.join(missing)}. {how_to_get}")
     x_train, y_train = _read_split(os.path.join(root, "train"))
     x_test, y_test = _read_split(os.path.join(root, "test"))
     return datasets.TaskData(
-        x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, num_classes=2,
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=2,
         description=f"chest_xray from {root}: {len(y_train)} training / {len(y_test)} test images "
-                    f"({FLAGS.image_size}x{FLAGS.image_size}; no statistic of the private labels is printed)")
+        f"({FLAGS.image_size}x{FLAGS.image_size}; no statistic of the private labels is printed)",
+    )
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
     """VGG-11 without batch normalisation, global average pooling, Dense(512), one logit."""
-    layers: list[keras.layers.Layer] = [keras.layers.Input(data.x_train.shape[1:], dtype="uint8"),
-                                        keras.layers.Rescaling(1 / 255.0)]
+    layers: list[keras.layers.Layer] = [
+        keras.layers.Input(data.x_train.shape[1:], dtype="uint8"),
+        keras.layers.Rescaling(1 / 255.0),
+    ]
     for item in VGG11:
         if item == "M":
             layers.append(keras.layers.MaxPooling2D(2))
         else:
-            layers.append(keras.layers.Conv2D(max(1, round(item * FLAGS.vgg_width)), 3, padding="same",
-                                              activation="relu"))
-    layers += [keras.layers.GlobalAveragePooling2D(),
-               keras.layers.Dense(max(1, round(512 * FLAGS.vgg_width)), activation="relu"),
-               keras.layers.Dense(1)]
+            layers.append(
+                keras.layers.Conv2D(max(1, round(item * FLAGS.vgg_width)), 3, padding="same", activation="relu")
+            )
+    layers += [
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(max(1, round(512 * FLAGS.vgg_width)), activation="relu"),
+        keras.layers.Dense(1),
+    ]
     return keras.Sequential(layers)
 
 
 def make_task() -> training.Task:
     """Chest X-ray with our settings (the paper gives none)."""
     return training.Task(
-        name="chest_xray", load_data=load_data, build_model=build_model, epsilon=1.0, learning_rate=0.05,
-        initial_clip=1.5, batch_size=64, epochs=10, rho_mu=1 / 0.8, rho_c=1 / 0.3, binary=True)
+        name="chest_xray",
+        load_data=load_data,
+        build_model=build_model,
+        epsilon=1.0,
+        learning_rate=0.05,
+        initial_clip=1.5,
+        batch_size=64,
+        epochs=10,
+        rho_mu=1 / 0.8,
+        rho_c=1 / 0.3,
+        binary=True,
+    )
 
 
 if __name__ == "__main__":

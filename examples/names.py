@@ -35,10 +35,13 @@ from keras_dyndp.keras_compat import keras
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
 flags.DEFINE_string("names_dir", None, "Folder of <Language>.txt files, one name per line.")
-flags.DEFINE_integer("max_name_length", 20,
-                     "Input length, >= 1: names are cut and left-padded to this many characters. A public constant "
-                     "(never the longest training name, which would publish a fact about the private data).",
-                     lower_bound=1)
+flags.DEFINE_integer(
+    "max_name_length",
+    20,
+    "Input length, >= 1: names are cut and left-padded to this many characters. A public constant "
+    "(never the longest training name, which would publish a fact about the private data).",
+    lower_bound=1,
+)
 
 FLAGS = flags.FLAGS
 
@@ -58,21 +61,24 @@ def encode(names: list[str], length: int) -> np.ndarray:
     for row, name in enumerate(names):
         codes = [_CHAR_IDS.get(char, NUM_CHAR_IDS - 1) for char in to_ascii(name)[:length]]
         if codes:
-            ids[row, length - len(codes):] = codes
+            ids[row, length - len(codes) :] = codes
     return ids
 
 
 def load_data() -> datasets.TaskData:
     """Names from --names_dir, encoded, split 80/20."""
     directory = FLAGS.names_dir
-    how_to_get = ("Get it with: download https://download.pytorch.org/tutorial/data.zip, extract it and pass "
-                  "--names_dir=.../data/names (18 files such as English.txt, one name per line).")
+    how_to_get = (
+        "Get it with: download https://download.pytorch.org/tutorial/data.zip, extract it and pass "
+        "--names_dir=.../data/names (18 files such as English.txt, one name per line)."
+    )
     if not directory:
         raise datasets.DataNotFoundError(f"names: no --names_dir given. {how_to_get}")
     files = sorted(glob.glob(os.path.join(directory, "*.txt")))
     if len(files) < 2:
         raise datasets.DataNotFoundError(
-            f"names: --names_dir={directory} holds {len(files)} <Language>.txt files (need >= 2). {how_to_get}")
+            f"names: --names_dir={directory} holds {len(files)} <Language>.txt files (need >= 2). {how_to_get}"
+        )
     names, labels, languages = [], [], []
     for label, path in enumerate(files):
         languages.append(os.path.splitext(os.path.basename(path))[0])
@@ -82,28 +88,45 @@ def load_data() -> datasets.TaskData:
                     names.append(line.strip())
                     labels.append(label)
     x_train, x_test, y_train, y_test = datasets.split_train_test(
-        encode(names, FLAGS.max_name_length), np.array(labels, dtype=np.int64), 0.2)
+        encode(names, FLAGS.max_name_length), np.array(labels, dtype=np.int64), 0.2
+    )
     return datasets.TaskData(
-        x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, num_classes=len(languages),
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=len(languages),
         description=f"names from {directory}: {len(languages)} languages, {len(y_train)} training / "
-                    f"{len(y_test)} test names")
+        f"{len(y_test)} test names",
+    )
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
     """Character embedding 64, LSTM 128, dense to the languages (logits)."""
-    return keras.Sequential([
-        keras.layers.Input(data.x_train.shape[1:], dtype="int32"),
-        keras.layers.Embedding(NUM_CHAR_IDS, 64),
-        keras.layers.LSTM(128),
-        keras.layers.Dense(data.num_classes),
-    ])
+    return keras.Sequential(
+        [
+            keras.layers.Input(data.x_train.shape[1:], dtype="int32"),
+            keras.layers.Embedding(NUM_CHAR_IDS, 64),
+            keras.layers.LSTM(128),
+            keras.layers.Dense(data.num_classes),
+        ]
+    )
 
 
 def make_task() -> training.Task:
     """NAME with the paper's settings."""
     return training.Task(
-        name="names", load_data=load_data, build_model=build_model, epsilon=4.0, learning_rate=2.0,
-        initial_clip=1.5, batch_size=250, epochs=50, rho_mu=1 / 0.8, rho_c=1 / 0.3)
+        name="names",
+        load_data=load_data,
+        build_model=build_model,
+        epsilon=4.0,
+        learning_rate=2.0,
+        initial_clip=1.5,
+        batch_size=250,
+        epochs=50,
+        rho_mu=1 / 0.8,
+        rho_c=1 / 0.3,
+    )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,10 @@ from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
-TASK_MODULES = {module.__name__.rsplit(".", 1)[1]: module
-                for module in (digits, mnist, fashion_mnist, imdb, names, chest_xray, federated_mnist)}
+TASK_MODULES = {
+    module.__name__.rsplit(".", 1)[1]: module
+    for module in (digits, mnist, fashion_mnist, imdb, names, chest_xray, federated_mnist)
+}
 TASKS = tuple(TASK_MODULES)
 PAPER_GRID = ["0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8"]
 
@@ -102,19 +104,30 @@ def configurations(task_epsilon: float) -> list[dict]:
     except ValueError as error:
         raise training.FlagError(f"--seeds must be integers: {error}") from error
     mu_grid = [(m, 1.0) for m in inv_mus]
-    grids = {"dynamic": list(itertools.product(inv_mus, inv_cs)), "growing_mu": mu_grid, "zcdp": mu_grid,
-             "tcdp": mu_grid, "sensitivity_decay": [(1.0, c) for c in inv_cs]}
+    grids = {
+        "dynamic": list(itertools.product(inv_mus, inv_cs)),
+        "growing_mu": mu_grid,
+        "zcdp": mu_grid,
+        "tcdp": mu_grid,
+        "sensitivity_decay": [(1.0, c) for c in inv_cs],
+    }
     runs = []
     for method in FLAGS.methods:
-        for epsilon in ([math.inf] if method == "nonprivate" else epsilons):
+        for epsilon in [math.inf] if method == "nonprivate" else epsilons:
             for (inv_mu, inv_c), seed in itertools.product(grids.get(method, [(1.0, 1.0)]), seeds):
                 runs.append(dict(method=method, epsilon=epsilon, rho_mu=1 / inv_mu, rho_c=1 / inv_c, seed=seed))
     return runs
 
 
 def _key(task: str, run: dict) -> tuple:
-    return (task, run["method"], float(run["epsilon"]), round(float(run["rho_mu"]), 9),
-            round(float(run["rho_c"]), 9), str(run["seed"]))
+    return (
+        task,
+        run["method"],
+        float(run["epsilon"]),
+        round(float(run["rho_mu"]), 9),
+        round(float(run["rho_c"]), 9),
+        str(run["seed"]),
+    )
 
 
 def read_results(path: str) -> list[dict]:
@@ -148,8 +161,13 @@ def _run_in_process(module, run: dict, results_csv: str) -> None:
 
 
 def _run_subprocess(run: dict, results_csv: str) -> None:
-    arguments = [f"--method={run['method']}", f"--rho_mu={run['rho_mu']!r}", f"--rho_c={run['rho_c']!r}",
-                 f"--seed={run['seed']}", f"--results_csv={results_csv}"]
+    arguments = [
+        f"--method={run['method']}",
+        f"--rho_mu={run['rho_mu']!r}",
+        f"--rho_c={run['rho_c']!r}",
+        f"--seed={run['seed']}",
+        f"--results_csv={results_csv}",
+    ]
     if run["method"] != "nonprivate":
         arguments.append(f"--epsilon={run['epsilon']!r}")
     command = [sys.executable, "-m", f"examples.{FLAGS.task}"] + arguments + _forwarded_arguments(run["method"])
@@ -187,8 +205,11 @@ def markdown_table(rows: list[dict]) -> str:
             continue
         cells = []
         for eps in epsilons:
-            candidates = [(statistics.fmean(float(r["test_accuracy"]) for r in g), key, g)
-                          for key, g in groups.items() if key[0] == method and key[1] == eps]
+            candidates = [
+                (statistics.fmean(float(r["test_accuracy"]) for r in g), key, g)
+                for key, g in groups.items()
+                if key[0] == method and key[1] == eps
+            ]
             if not candidates:
                 cells.append("-")
                 continue
@@ -196,8 +217,10 @@ def markdown_table(rows: list[dict]) -> str:
             accuracies = [float(r["test_accuracy"]) for r in best]
             rigorous = max(float(r["epsilon_rigorous"]) for r in best)
             grid = f"; 1/ρ_μ={1 / key[2]:.2g}, 1/ρ_c={1 / key[3]:.2g}" if method != "vanilla" else ""
-            cells.append(f"{_mean_std(accuracies)} (n={len(accuracies)}; {best[0]['rigorous_accountant'].upper()} "
-                         f"ε ≤ {rigorous:.2f}{grid})")
+            cells.append(
+                f"{_mean_std(accuracies)} (n={len(accuracies)}; {best[0]['rigorous_accountant'].upper()} "
+                f"ε ≤ {rigorous:.2f}{grid})"
+            )
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -215,7 +238,8 @@ def plot_heatmaps(rows: list[dict], sweep_dir: str) -> list[str]:
         for (_, key_eps, rho_mu, rho_c), group in groups.items():
             if key_eps == eps:
                 grid[inv_cs.index(round(1 / rho_c, 6))][inv_mus.index(round(1 / rho_mu, 6))] = 100 * statistics.fmean(
-                    float(r["test_accuracy"]) for r in group)
+                    float(r["test_accuracy"]) for r in group
+                )
         fig = figure.Figure(figsize=(max(5.0, 1.5 + 0.7 * len(inv_mus)), max(3.0, 1.0 + 0.6 * len(inv_cs))))
         axes = fig.add_subplot()
         image = axes.imshow(grid, origin="lower", cmap="viridis", aspect="auto")
@@ -227,8 +251,7 @@ def plot_heatmaps(rows: list[dict], sweep_dir: str) -> list[str]:
         for row_index, row in enumerate(grid):
             for col_index, value in enumerate(row):
                 if not math.isnan(value):
-                    axes.text(col_index, row_index, f"{value:.1f}", ha="center", va="center", fontsize=7,
-                              color="white")
+                    axes.text(col_index, row_index, f"{value:.1f}", ha="center", va="center", fontsize=7, color="white")
         fig.colorbar(image, ax=axes)
         fig.tight_layout()
         path = os.path.join(sweep_dir, f"heatmap_eps{eps:g}.png")

@@ -71,55 +71,94 @@ OPTIMIZERS = {
     "rmsprop": (keras.optimizers.RMSprop, dp_optimizers.DynamicDPKerasRMSprop),
 }
 
-flags.DEFINE_enum("method", "dynamic", METHODS,
-                  "nonprivate: plain training; vanilla: constant C and sigma (Abadi et al. with the GDP-CLT); "
-                  "growing_mu, sensitivity_decay, dynamic: the paper's schedules (Alg. 1, Eq. 15-17, Alg. 2); "
-                  "zcdp, tcdp: the paper's noise-decay baselines (Table 1), constant clip, each calibrated by its "
-                  "own accountant (keras_dyndp.accounting.cdp).")
+flags.DEFINE_enum(
+    "method",
+    "dynamic",
+    METHODS,
+    "nonprivate: plain training; vanilla: constant C and sigma (Abadi et al. with the GDP-CLT); "
+    "growing_mu, sensitivity_decay, dynamic: the paper's schedules (Alg. 1, Eq. 15-17, Alg. 2); "
+    "zcdp, tcdp: the paper's noise-decay baselines (Table 1), constant clip, each calibrated by its "
+    "own accountant (keras_dyndp.accounting.cdp).",
+)
 flags.DEFINE_float("epsilon", None, "Target epsilon of the whole run, > 0. Default: the task's.")
 flags.DEFINE_float("delta", None, "Target delta in (0, 1). Default: 1 / (10 N), N = number of training examples.")
-flags.DEFINE_float("rho_mu", None,
-                   "Growth of the per-step privacy mu_T / mu_0, >= 1 (growing_mu, dynamic; for zcdp and tcdp the "
-                   "noise decay z_0 / z_T). The paper states it as 1/rho_mu in {0.1, ..., 0.8}: --rho_mu=1.25 is "
-                   "1/rho_mu = 0.8. Default: the task's.")
-flags.DEFINE_float("rho_c", None,
-                   "Decay of the clipping norm C_0 / C_T, >= 1 (sensitivity_decay, dynamic). The paper's 1/rho_c "
-                   "= 0.3 is --rho_c=3.3333. Default: the task's.")
+flags.DEFINE_float(
+    "rho_mu",
+    None,
+    "Growth of the per-step privacy mu_T / mu_0, >= 1 (growing_mu, dynamic; for zcdp and tcdp the "
+    "noise decay z_0 / z_T). The paper states it as 1/rho_mu in {0.1, ..., 0.8}: --rho_mu=1.25 is "
+    "1/rho_mu = 0.8. Default: the task's.",
+)
+flags.DEFINE_float(
+    "rho_c",
+    None,
+    "Decay of the clipping norm C_0 / C_T, >= 1 (sensitivity_decay, dynamic). The paper's 1/rho_c "
+    "= 0.3 is --rho_c=3.3333. Default: the task's.",
+)
 flags.DEFINE_float("initial_clip", None, "Initial clipping norm C_0 > 0. Default: the task's.")
 flags.DEFINE_float("learning_rate", None, "Learning rate > 0. Default: the task's.")
 flags.DEFINE_enum("optimizer", None, list(OPTIMIZERS), "Update rule. Default: the task's.")
-flags.DEFINE_float("epochs", None,
-                   "Run length in epochs, > 0: T = ceil(epochs N / batch_size) steps. Default: the task's.")
-flags.DEFINE_integer("max_steps", None,
-                     "Stop after this many steps in total (resumed runs count their earlier steps). The schedule "
-                     "still spans --epochs; the report accounts only the steps taken.")
-flags.DEFINE_integer("batch_size", None,
-                     "Expected batch size, >= 1: the Poisson sampling probability is batch_size / N. "
-                     "Default: the task's.")
-flags.DEFINE_enum("sampling", None, ["poisson", "shuffle"],
-                  "Batching. poisson (default for DP): what the accountants assume. shuffle (default for "
-                  "nonprivate): shuffle-and-slice, for which the reported epsilon is only an approximation.")
-flags.DEFINE_enum("accountant", registry.DEFAULT_ACCOUNTANT, list(registry.ACCOUNTANT_NAMES),
-                  "Accountant the budget is calibrated under: pld (default; rigorous and tight), rdp (rigorous), "
-                  "or gdp_clt (the paper's approximation, which can understate epsilon; pass it to reproduce the "
-                  "paper). Not for --method=zcdp / tcdp, which use their own.")
-flags.DEFINE_enum("report_accountant", registry.DEFAULT_ACCOUNTANT, list(registry.RIGOROUS_ACCOUNTANT_NAMES),
-                  "Rigorous accountant reported beside the GDP-CLT: pld (default, the tightest; a full run "
-                  "calibrated under it reports the target) or rdp (looser).")
-flags.DEFINE_enum("per_example", "fast", ["fast", "jacobian"],
-                  "Per-example gradients: fast (keras_dyndp.per_example.make_private) or jacobian (the "
-                  "optimizer's generic tape.jacobian path, O(B^2); Keras 2 only).")
-flags.DEFINE_bool("training_metrics", False,
-                  "Compute and show loss and accuracy of the training batches (progress bar, History, TensorBoard). "
-                  "They are computed on the private batches without noise, outside the DP guarantee; off, DP "
-                  "runs compute none. --method=nonprivate always shows them (it has no guarantee).")
-flags.DEFINE_integer("seed", None,
-                     "Seed for reproducible experiments: fixes the model's initialisation and, derived afresh for "
-                     "each start or resume step, the Poisson batches and the DP noise (so a resumed run replays "
-                     "neither). Unset: OS entropy. A known seed reveals the noise and the batches: never publish it "
-                     "with a model.")
-flags.DEFINE_string("model_dir", None,
-                    "Directory for checkpoints (model + optimizer, resumed when rerun) and TensorBoard logs.")
+flags.DEFINE_float(
+    "epochs", None, "Run length in epochs, > 0: T = ceil(epochs N / batch_size) steps. Default: the task's."
+)
+flags.DEFINE_integer(
+    "max_steps",
+    None,
+    "Stop after this many steps in total (resumed runs count their earlier steps). The schedule "
+    "still spans --epochs; the report accounts only the steps taken.",
+)
+flags.DEFINE_integer(
+    "batch_size",
+    None,
+    "Expected batch size, >= 1: the Poisson sampling probability is batch_size / N. Default: the task's.",
+)
+flags.DEFINE_enum(
+    "sampling",
+    None,
+    ["poisson", "shuffle"],
+    "Batching. poisson (default for DP): what the accountants assume. shuffle (default for "
+    "nonprivate): shuffle-and-slice, for which the reported epsilon is only an approximation.",
+)
+flags.DEFINE_enum(
+    "accountant",
+    registry.DEFAULT_ACCOUNTANT,
+    list(registry.ACCOUNTANT_NAMES),
+    "Accountant the budget is calibrated under: pld (default; rigorous and tight), rdp (rigorous), "
+    "or gdp_clt (the paper's approximation, which can understate epsilon; pass it to reproduce the "
+    "paper). Not for --method=zcdp / tcdp, which use their own.",
+)
+flags.DEFINE_enum(
+    "report_accountant",
+    registry.DEFAULT_ACCOUNTANT,
+    list(registry.RIGOROUS_ACCOUNTANT_NAMES),
+    "Rigorous accountant reported beside the GDP-CLT: pld (default, the tightest; a full run "
+    "calibrated under it reports the target) or rdp (looser).",
+)
+flags.DEFINE_enum(
+    "per_example",
+    "fast",
+    ["fast", "jacobian"],
+    "Per-example gradients: fast (keras_dyndp.per_example.make_private) or jacobian (the "
+    "optimizer's generic tape.jacobian path, O(B^2); Keras 2 only).",
+)
+flags.DEFINE_bool(
+    "training_metrics",
+    False,
+    "Compute and show loss and accuracy of the training batches (progress bar, History, TensorBoard). "
+    "They are computed on the private batches without noise, outside the DP guarantee; off, DP "
+    "runs compute none. --method=nonprivate always shows them (it has no guarantee).",
+)
+flags.DEFINE_integer(
+    "seed",
+    None,
+    "Seed for reproducible experiments: fixes the model's initialisation and, derived afresh for "
+    "each start or resume step, the Poisson batches and the DP noise (so a resumed run replays "
+    "neither). Unset: OS entropy. A known seed reveals the noise and the batches: never publish it "
+    "with a model.",
+)
+flags.DEFINE_string(
+    "model_dir", None, "Directory for checkpoints (model + optimizer, resumed when rerun) and TensorBoard logs."
+)
 flags.DEFINE_string("results_csv", None, "CSV file to which one row per run is appended.")
 flags.DEFINE_integer("eval_batch_size", 500, "Batch size of the test-set evaluation, >= 1.")
 flags.DEFINE_integer("verbose", 1, "Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch.")
@@ -130,8 +169,10 @@ for _name in _POSITIVE:
     flags.register_validator(_name, lambda value: value is None or value > 0, message=f"--{_name} must be > 0.")
 for _name in ("rho_mu", "rho_c"):
     flags.register_validator(
-        _name, lambda value: value is None or (math.isfinite(value) and value >= 1),
-        message=f"--{_name} must be >= 1 (the paper's 1/{_name} is in (0, 1]).")
+        _name,
+        lambda value: value is None or (math.isfinite(value) and value >= 1),
+        message=f"--{_name} must be >= 1 (the paper's 1/{_name} is in (0, 1]).",
+    )
 flags.register_validator("delta", lambda value: value is None or 0 < value < 1, message="--delta must be in (0, 1).")
 flags.register_validator("verbose", lambda value: value in (0, 1, 2), message="--verbose must be 0, 1 or 2.")
 
@@ -143,10 +184,12 @@ def per_example_supported(value: str, keras_major_version: int = keras_compat.KE
 
 
 flags.register_validator(
-    "per_example", per_example_supported,
+    "per_example",
+    per_example_supported,
     message="the jacobian path needs Keras 2 (TensorFlow 2.15, or tf_keras with TF_USE_LEGACY_KERAS=1); this is "
-            f"Keras {keras_compat.KERAS_MAJOR_VERSION}, whose train step gives the optimizer only the averaged "
-            "gradient. Use --per_example=fast.")
+    f"Keras {keras_compat.KERAS_MAJOR_VERSION}, whose train step gives the optimizer only the averaged "
+    "gradient. Use --per_example=fast.",
+)
 
 
 class FlagError(Exception):
@@ -225,8 +268,10 @@ def resolve_config(task: Task, num_train: int) -> RunConfig:
     accountant = FLAGS.accountant
     if method in schedules.BASELINES:
         if not FLAGS["accountant"].using_default_value and accountant != method:
-            raise FlagError(f"--method={method} is calibrated by its own accountant; --accountant applies to "
-                            f"{', '.join(schedules.METHODS)}. Received: --accountant={accountant}.")
+            raise FlagError(
+                f"--method={method} is calibrated by its own accountant; --accountant applies to "
+                f"{', '.join(schedules.METHODS)}. Received: --accountant={accountant}."
+            )
         accountant = method
     return RunConfig(
         task=task.name,
@@ -255,23 +300,35 @@ def make_schedule(config: RunConfig, num_train: int) -> tuple[schedules.DPSchedu
         # A baseline's config.accountant is its own ('zcdp' / 'tcdp'), which calibrate does not take.
         accountant = registry.DEFAULT_ACCOUNTANT if config.method in schedules.BASELINES else config.accountant
         schedule = schedules.calibrate(
-            config.method, target_epsilon=config.epsilon, target_delta=config.delta, sampling_probability=p,
-            num_steps=num_steps, initial_clip=config.initial_clip, rho_mu=config.rho_mu, rho_c=config.rho_c,
-            accountant=accountant)
+            config.method,
+            target_epsilon=config.epsilon,
+            target_delta=config.delta,
+            sampling_probability=p,
+            num_steps=num_steps,
+            initial_clip=config.initial_clip,
+            rho_mu=config.rho_mu,
+            rho_c=config.rho_c,
+            accountant=accountant,
+        )
     except ValueError as error:
         raise FlagError(f"cannot calibrate the schedule from the flags: {error}") from error
     return schedule, p, num_steps
 
 
-def make_optimizer(config: RunConfig, schedule: schedules.DPSchedule | None,
-                   noise_seed: int | None = None) -> keras.optimizers.Optimizer:
+def make_optimizer(
+    config: RunConfig, schedule: schedules.DPSchedule | None, noise_seed: int | None = None
+) -> keras.optimizers.Optimizer:
     """The Keras optimizer of the run: a `DynamicDPKeras*` following `schedule` (its noise seeded by `noise_seed`,
     None: OS entropy), or the plain one."""
     plain_cls, dp_cls = OPTIMIZERS[config.optimizer]
     if schedule is None:
         return plain_cls(learning_rate=config.learning_rate)
-    return dp_cls(schedule=schedule, expected_batch_size=config.batch_size, learning_rate=config.learning_rate,
-                  noise_seed=noise_seed)
+    return dp_cls(
+        schedule=schedule,
+        expected_batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        noise_seed=noise_seed,
+    )
 
 
 def make_loss_and_metric(task: Task, private: bool) -> tuple[keras.losses.Loss, keras.metrics.Metric]:
@@ -279,10 +336,14 @@ def make_loss_and_metric(task: Task, private: bool) -> tuple[keras.losses.Loss, 
     # "none" is Keras 2's Reduction.NONE and Keras 3's reduction=None alike; the default reduces over the batch.
     reduction = {"reduction": "none"} if private else {}
     if task.binary:
-        return (keras.losses.BinaryCrossentropy(from_logits=True, **reduction),
-                keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0))
-    return (keras.losses.SparseCategoricalCrossentropy(from_logits=True, **reduction),
-            keras.metrics.SparseCategoricalAccuracy(name="accuracy"))
+        return (
+            keras.losses.BinaryCrossentropy(from_logits=True, **reduction),
+            keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0),
+        )
+    return (
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True, **reduction),
+        keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+    )
 
 
 def _train_step_without_logs(self: keras.Model, data) -> dict:
@@ -295,8 +356,7 @@ def _train_step_without_logs(self: keras.Model, data) -> dict:
     return {}
 
 
-def compile_model(model: keras.Model, task: Task, optimizer: keras.optimizers.Optimizer,
-                  private: bool) -> keras.Model:
+def compile_model(model: keras.Model, task: Task, optimizer: keras.optimizers.Optimizer, private: bool) -> keras.Model:
     """Compiles `model`; for DP runs it takes the fast per-example path (--per_example=fast) and, without
     --training_metrics, computes no loss or metric on the training batches (evaluation keeps them)."""
     loss, metric = make_loss_and_metric(task, private)
@@ -324,8 +384,9 @@ def epoch_lengths(config: RunConfig, num_steps: int, num_train: int) -> list[int
     return [shorter + 1] * longer_count + [shorter] * (num_epochs - longer_count)
 
 
-def train_batches(config: RunConfig, data: datasets.TaskData, p: float, seed: int | None,
-                  num_steps: int) -> tf.data.Dataset:
+def train_batches(
+    config: RunConfig, data: datasets.TaskData, p: float, seed: int | None, num_steps: int
+) -> tf.data.Dataset:
     """`num_steps` (at most one epoch's) batches (x, y, sample_weight), Poisson-sampled or shuffled."""
     if config.sampling == "poisson":
         return dp_data.poisson_batches_from_tensors(data.x_train, data.y_train, p, seed=seed, num_steps=num_steps)
@@ -413,8 +474,9 @@ def _run_config_path(model_dir: str) -> str:
     return os.path.join(model_dir, "run_config.json")
 
 
-def restore_or_start(model_dir: str, config: RunConfig, schedule: schedules.DPSchedule | None,
-                     checkpoint: tf.train.Checkpoint) -> tf.train.CheckpointManager:
+def restore_or_start(
+    model_dir: str, config: RunConfig, schedule: schedules.DPSchedule | None, checkpoint: tf.train.Checkpoint
+) -> tf.train.CheckpointManager:
     """Restores the latest checkpoint of `model_dir` after checking it belongs to the same schedule.
 
     A new `model_dir` gets `run_config.json` (the flags and the schedule) for later checks.
@@ -425,21 +487,26 @@ def restore_or_start(model_dir: str, config: RunConfig, schedule: schedules.DPSc
     os.makedirs(model_dir, exist_ok=True)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=2)
     saved_path = _run_config_path(model_dir)
-    current = {"task": config.task, "method": config.method,
-               "schedule": None if schedule is None else schedule.get_config()}
+    current = {
+        "task": config.task,
+        "method": config.method,
+        "schedule": None if schedule is None else schedule.get_config(),
+    }
     if os.path.exists(saved_path):
         with open(saved_path) as handle:
             saved = json.load(handle)
         if (saved.get("task"), saved.get("method")) != (config.task, config.method):
             raise FlagError(
                 f"--model_dir={model_dir} holds a {saved.get('task')} run with --method={saved.get('method')}, "
-                f"not {config.task} with --method={config.method}; use another --model_dir.")
+                f"not {config.task} with --method={config.method}; use another --model_dir."
+            )
         if schedule is not None and schedules.DPSchedule.from_config(saved["schedule"]) != schedule:
             raise FlagError(
                 f"--model_dir={model_dir} holds a run with a different DP schedule "
                 f"({schedules.DPSchedule.from_config(saved['schedule'])!r}) than these flags give ({schedule!r}); "
                 "resuming would continue its step counter on another schedule and void the accounting. Rerun "
-                "with the original flags or use another --model_dir.")
+                "with the original flags or use another --model_dir."
+            )
     else:
         with open(saved_path, "w") as handle:
             json.dump({**current, "flags": dataclasses.asdict(config)}, handle, indent=1)
@@ -473,8 +540,9 @@ class RunResult:
     wall_time_s: float
 
 
-def privacy_report(config: RunConfig, schedule: schedules.DPSchedule | None, steps: int, p: float,
-                   task: Task) -> tuple[str, float, float]:
+def privacy_report(
+    config: RunConfig, schedule: schedules.DPSchedule | None, steps: int, p: float, task: Task
+) -> tuple[str, float, float]:
     """The report text and the GDP-CLT and rigorous epsilons of the first `steps` steps."""
     if schedule is None:
         return "Privacy: none (--method=nonprivate).", math.inf, math.inf
@@ -493,17 +561,26 @@ def privacy_report(config: RunConfig, schedule: schedules.DPSchedule | None, ste
         f"    {rigorous.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
     ]
     if config.method in schedules.BASELINES:
-        eps_own = cdp.baseline_epsilon(config.method, schedule.sampling_probability, schedule.noise_multipliers[:taken],
-                                       config.delta) if taken else 0.0
+        eps_own = (
+            cdp.baseline_epsilon(
+                config.method, schedule.sampling_probability, schedule.noise_multipliers[:taken], config.delta
+            )
+            if taken
+            else 0.0
+        )
         lines.append(f"    {config.method} (the baseline's own accountant): {eps_own:.4f}")
         if config.method == "tcdp":
-            lines.append("      (its claim for fixed-size batches drawn without replacement, replace-one neighbours; "
-                         "not a guarantee of this Poisson-sampled run)")
+            lines.append(
+                "      (its claim for fixed-size batches drawn without replacement, replace-one neighbours; "
+                "not a guarantee of this Poisson-sampled run)"
+            )
     lines.append(f"  budget calibrated under {config.accountant}: target epsilon {config.epsilon:g}")
     if FLAGS.training_metrics:
-        lines.append("  NOTE: --training_metrics: the training loss and accuracy shown were computed on the private "
-                     "batches without noise; they are OUTSIDE the DP guarantee (one example can move them visibly). "
-                     "Do not publish them.")
+        lines.append(
+            "  NOTE: --training_metrics: the training loss and accuracy shown were computed on the private "
+            "batches without noise; they are OUTSIDE the DP guarantee (one example can move them visibly). "
+            "Do not publish them."
+        )
     else:
         lines.append("  training batches: no loss or metric computed (only the noised updates leave them).")
     if config.sampling == "shuffle":
@@ -545,8 +622,9 @@ def train(task: Task) -> RunResult:
         keras.utils.set_random_seed(config.seed)
     model = task.build_model(data)
     # The noise seed must be fixed before the optimizer exists, hence before the checkpoint restores its counter.
-    optimizer = make_optimizer(config, schedule,
-                               _derived_seed(config.seed, _checkpoint_step(FLAGS.model_dir), _NOISE_STREAM))
+    optimizer = make_optimizer(
+        config, schedule, _derived_seed(config.seed, _checkpoint_step(FLAGS.model_dir), _NOISE_STREAM)
+    )
     model = compile_model(model, task, optimizer, config.private)
     optimizer.build(model.trainable_variables)
     counter = optimizer.iterations  # = optimizer.dp_step for the DP optimizers.
@@ -554,29 +632,42 @@ def train(task: Task) -> RunResult:
     fit_callbacks: list[keras.callbacks.Callback] = []
     if schedule is not None:
         log_dir = None if FLAGS.model_dir is None else os.path.join(FLAGS.model_dir, "logs")
-        fit_callbacks += [dp_callbacks.PrivacyLogger(FLAGS.report_accountant, delta=config.delta, log_dir=log_dir),
-                          dp_callbacks.BudgetStop()]
+        fit_callbacks += [
+            dp_callbacks.PrivacyLogger(FLAGS.report_accountant, delta=config.delta, log_dir=log_dir),
+            dp_callbacks.BudgetStop(),
+        ]
     if stop_step < num_steps or schedule is None:
         fit_callbacks.append(_StopAtStep(counter, stop_step))
     if FLAGS.model_dir is not None:
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         manager = restore_or_start(FLAGS.model_dir, config, schedule, checkpoint)
-        fit_callbacks += [_SaveCheckpoint(manager, counter),
-                          keras.callbacks.TensorBoard(os.path.join(FLAGS.model_dir, "logs"), profile_batch=0)]
+        fit_callbacks += [
+            _SaveCheckpoint(manager, counter),
+            keras.callbacks.TensorBoard(os.path.join(FLAGS.model_dir, "logs"), profile_batch=0),
+        ]
     start_step = int(counter.numpy())
     if start_step:
         print(f"Resumed from {FLAGS.model_dir} at step {start_step} of {num_steps}.")
-    print(f"{task.name}: method={config.method} N={data.num_train} batch={config.batch_size} ({config.sampling}) "
-          f"steps={num_steps} lr={config.learning_rate} optimizer={config.optimizer}"
-          + (f" epsilon={config.epsilon:g} delta={config.delta:.3g} C_0={config.initial_clip:g} "
-             f"rho_mu={config.rho_mu:g} rho_c={config.rho_c:g}" if config.private else ""))
+    print(
+        f"{task.name}: method={config.method} N={data.num_train} batch={config.batch_size} ({config.sampling}) "
+        f"steps={num_steps} lr={config.learning_rate} optimizer={config.optimizer}"
+        + (
+            f" epsilon={config.epsilon:g} delta={config.delta:.3g} C_0={config.initial_clip:g} "
+            f"rho_mu={config.rho_mu:g} rho_c={config.rho_c:g}"
+            if config.private
+            else ""
+        )
+    )
 
     if start_step >= stop_step:
         print(f"Nothing to train: {start_step} of {stop_step} steps already taken.")
     lengths = epoch_lengths(config, num_steps, data.num_train)
-    print(f"{num_steps} steps = {len(lengths)} Keras epochs of "
-          + "-".join(str(length) for length in sorted(set(lengths))) + " steps"
-          + (f"; stopping after step {stop_step} (--max_steps)" if stop_step < num_steps else ""))
+    print(
+        f"{num_steps} steps = {len(lengths)} Keras epochs of "
+        + "-".join(str(length) for length in sorted(set(lengths)))
+        + " steps"
+        + (f"; stopping after step {stop_step} (--max_steps)" if stop_step < num_steps else "")
+    )
     if FLAGS.verbose:
         fit_callbacks.append(keras_compat.RunProgressBar(len(lengths)))
     for initial_epoch, epochs, segment_steps in epoch_segments(start_step, stop_step, lengths):
@@ -585,8 +676,14 @@ def train(task: Task) -> RunResult:
             break
         batches = train_batches(config, data, p, _derived_seed(config.seed, step, _BATCH_STREAM), segment_steps)
         # shuffle=False: the batches are already sampled (Poisson or shuffled) by train_batches.
-        model.fit(batches, epochs=epochs, initial_epoch=initial_epoch, callbacks=fit_callbacks, shuffle=False,
-                  verbose=FLAGS.verbose)
+        model.fit(
+            batches,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            callbacks=fit_callbacks,
+            shuffle=False,
+            verbose=FLAGS.verbose,
+        )
     steps = int(counter.numpy())
 
     _, accuracy = model.evaluate(data.x_test, data.y_test, batch_size=FLAGS.eval_batch_size, verbose=0)
@@ -595,12 +692,26 @@ def train(task: Task) -> RunResult:
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} examples); wall time {wall_time:.1f} s")
     print(report)
     result = RunResult(
-        task=task.name, method=config.method, epsilon=config.epsilon if config.private else math.inf,
-        delta=config.delta, rho_mu=config.rho_mu, rho_c=config.rho_c, initial_clip=config.initial_clip,
-        learning_rate=config.learning_rate, batch_size=config.batch_size, epochs=config.epochs,
-        sampling=config.sampling, seed=config.seed, steps=steps, total_steps=num_steps,
-        test_accuracy=float(accuracy), epsilon_gdp_clt=eps_clt, epsilon_rigorous=eps_rigorous,
-        rigorous_accountant=FLAGS.report_accountant if config.private else "none", wall_time_s=round(wall_time, 2))
+        task=task.name,
+        method=config.method,
+        epsilon=config.epsilon if config.private else math.inf,
+        delta=config.delta,
+        rho_mu=config.rho_mu,
+        rho_c=config.rho_c,
+        initial_clip=config.initial_clip,
+        learning_rate=config.learning_rate,
+        batch_size=config.batch_size,
+        epochs=config.epochs,
+        sampling=config.sampling,
+        seed=config.seed,
+        steps=steps,
+        total_steps=num_steps,
+        test_accuracy=float(accuracy),
+        epsilon_gdp_clt=eps_clt,
+        epsilon_rigorous=eps_rigorous,
+        rigorous_accountant=FLAGS.report_accountant if config.private else "none",
+        wall_time_s=round(wall_time, 2),
+    )
     if FLAGS.results_csv:
         append_results_csv(FLAGS.results_csv, result)
     return result

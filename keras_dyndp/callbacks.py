@@ -32,8 +32,10 @@ def _dp_optimizer(model: keras_compat.keras.Model | None, caller: str) -> Dynami
     optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
     if not isinstance(optimizer, DynamicDPOptimizerMixin):
         received = "no optimizer" if optimizer is None else type(optimizer).__name__
-        raise ValueError(f"{caller} needs a keras_dyndp DP optimizer (with `schedule` and `dp_step`), e.g. "
-                         f"keras_dyndp.optimizers.DynamicDPKerasSGD; got {received}.")
+        raise ValueError(
+            f"{caller} needs a keras_dyndp DP optimizer (with `schedule` and `dp_step`), e.g. "
+            f"keras_dyndp.optimizers.DynamicDPKerasSGD; got {received}."
+        )
     return optimizer
 
 
@@ -73,19 +75,26 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
             final numbers. None: its defaults.
     """
 
-    def __init__(self, accountant: str = registry.DEFAULT_ACCOUNTANT, *, delta: float, log_every: str | int = "epoch",
-                 log_dir: str | None = None, accountant_options: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        accountant: str = registry.DEFAULT_ACCOUNTANT,
+        *,
+        delta: float,
+        log_every: str | int = "epoch",
+        log_dir: str | None = None,
+        accountant_options: Mapping[str, Any] | None = None,
+    ):
         super().__init__()
         options = registry.get(accountant).check_options(accountant_options or {})
         delta = validation.check_delta(delta)
-        if log_every != "epoch" and (isinstance(log_every, bool) or not isinstance(log_every, int)
-                                     or log_every < 1):
-            raise ValueError("`log_every` must be 'epoch' or an integer >= 1. "
-                             f"Received: log_every={log_every!r}.")
+        if log_every != "epoch" and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1):
+            raise ValueError(f"`log_every` must be 'epoch' or an integer >= 1. Received: log_every={log_every!r}.")
         if log_dir is not None and importlib.util.find_spec("tensorboard") is None:
-            raise ImportError("PrivacyLogger(log_dir=...) writes TensorBoard summaries, which needs the tensorboard "
-                              "package (TensorFlow 2.16+ does not install it): pip install tensorboard. "
-                              f"Received: log_dir={log_dir!r}.")
+            raise ImportError(
+                "PrivacyLogger(log_dir=...) writes TensorBoard summaries, which needs the tensorboard "
+                "package (TensorFlow 2.16+ does not install it): pip install tensorboard. "
+                f"Received: log_dir={log_dir!r}."
+            )
         self.accountant = accountant
         self.accountant_options = options
         self.delta = delta
@@ -104,8 +113,9 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
         last = min(max(steps - 1, 0), schedule.num_steps - 1)
         values = {"epsilon_gdp_clt": schedule.epsilon(self.delta, accountant="gdp_clt", steps=steps)}
         if self.accountant != "gdp_clt":
-            values[f"epsilon_{self.accountant}"] = schedule.epsilon(self.delta, accountant=self.accountant,
-                                                                    steps=steps, **self.accountant_options)
+            values[f"epsilon_{self.accountant}"] = schedule.epsilon(
+                self.delta, accountant=self.accountant, steps=steps, **self.accountant_options
+            )
         values["clip_norm"] = float(schedule.clip_norms[last])
         values["noise_stddev"] = float(schedule.noise_stddevs[last])
         values["dp_step"] = float(steps)
@@ -114,9 +124,13 @@ class PrivacyLogger(keras_compat.keras.callbacks.Callback):
     def _report(self, values: dict[str, float]) -> None:
         step = int(values["dp_step"])
         self._last_logged_step = step
-        logging.info("keras_dyndp privacy after %d of %d DP steps (delta=%g): %s", step,
-                     self.model.optimizer.schedule.num_steps, self.delta,
-                     ", ".join(f"{key}={value:.6g}" for key, value in values.items() if key != "dp_step"))
+        logging.info(
+            "keras_dyndp privacy after %d of %d DP steps (delta=%g): %s",
+            step,
+            self.model.optimizer.schedule.num_steps,
+            self.delta,
+            ", ".join(f"{key}={value:.6g}" for key, value in values.items() if key != "dp_step"),
+        )
         if self._writer is not None:
             with self._writer.as_default():
                 for key, value in values.items():
@@ -185,9 +199,11 @@ class BudgetStop(keras_compat.keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         spent, steps, total = self._spent()
         if spent:
-            raise RuntimeError(f"BudgetStop: the privacy budget is already spent: the optimizer has taken "
-                               f"{steps} of the schedule's {total} DP steps. Training more would exceed the "
-                               "accounted budget; build a new schedule (and a new optimizer) to continue.")
+            raise RuntimeError(
+                f"BudgetStop: the privacy budget is already spent: the optimizer has taken "
+                f"{steps} of the schedule's {total} DP steps. Training more would exceed the "
+                "accounted budget; build a new schedule (and a new optimizer) to continue."
+            )
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         steps_per_execution = keras_compat.steps_per_execution(self.model)
@@ -204,8 +220,11 @@ class BudgetStop(keras_compat.keras.callbacks.Callback):
         if spent and not self.model.stop_training:
             self.model.stop_training = True
             self.stopped_at_step = steps
-            logging.warning("BudgetStop: privacy budget spent: %d of the schedule's %d DP steps taken; "
-                            "stopping training.", steps, total)
+            logging.warning(
+                "BudgetStop: privacy budget spent: %d of the schedule's %d DP steps taken; stopping training.",
+                steps,
+                total,
+            )
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._steps_per_execution is not None:

@@ -113,8 +113,9 @@ def expected_steps_per_epoch(sampling_probability: float) -> int:
     return max(1, round(1.0 / sampling_probability))
 
 
-def default_max_batch_size(num_examples: int, sampling_probability: float,
-                           tail_probability: float = DEFAULT_OVERFLOW_TAIL) -> int:
+def default_max_batch_size(
+    num_examples: int, sampling_probability: float, tail_probability: float = DEFAULT_OVERFLOW_TAIL
+) -> int:
     """Smallest cap ``m >= 1`` with ``P[Binomial(N, p) > m] <= tail_probability``.
 
     Args:
@@ -128,8 +129,7 @@ def default_max_batch_size(num_examples: int, sampling_probability: float,
     num_examples = validation.check_positive_int("num_examples", num_examples)
     sampling_probability = validation.check_probability(sampling_probability)
     if not 0.0 < tail_probability < 1.0:
-        raise ValueError("`tail_probability` must be in (0, 1). "
-                         f"Received: tail_probability={tail_probability}.")
+        raise ValueError(f"`tail_probability` must be in (0, 1). Received: tail_probability={tail_probability}.")
     binom = scipy.stats.binom(num_examples, sampling_probability)
     # Bisection on the survival function (non-increasing, sf(N) = 0); more robust than binom.isf, which returns
     # N for tails as small as 1e-18.
@@ -143,8 +143,9 @@ def default_max_batch_size(num_examples: int, sampling_probability: float,
     return max(low, 1)
 
 
-def batch_size_range(num_examples: int, sampling_probability: float,
-                     tail_probability: float = BATCH_SIZE_TAIL) -> tuple[int, int]:
+def batch_size_range(
+    num_examples: int, sampling_probability: float, tail_probability: float = BATCH_SIZE_TAIL
+) -> tuple[int, int]:
     """The batch sizes ``[low, high]`` that Poisson sampling leaves with probability at most the tail on each side.
 
     ``low`` is the largest size with ``P[Binomial(N, p) < low] <= tail_probability`` and ``high`` is
@@ -173,8 +174,9 @@ def batch_size_range(num_examples: int, sampling_probability: float,
     return low, high
 
 
-def truncation_delta(num_examples: int, sampling_probability: float, max_batch_size: int, num_steps: int,
-                     epsilon: float) -> float:
+def truncation_delta(
+    num_examples: int, sampling_probability: float, max_batch_size: int, num_steps: int, epsilon: float
+) -> float:
     """Extra delta paid for truncating overflowing Poisson batches to ``max_batch_size`` rows.
 
     ``(1 + e^epsilon) * T * P[Binomial(N + 1, p) > max_batch_size]``; see the module docstring for the argument.
@@ -210,15 +212,18 @@ def _as_tensors(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, tf.Tensor
     if num_examples < 1:
         raise ValueError(f"`x` must hold at least 1 example (N >= 1). Received: N={num_examples}.")
     if any(int(leaf.shape[0]) != num_examples for leaf in leaves):
-        raise ValueError("All arrays in `x` and `y` must have the same number of rows. Received: "
-                         f"{[int(leaf.shape[0]) for leaf in leaves]}.")
+        raise ValueError(
+            "All arrays in `x` and `y` must have the same number of rows. Received: "
+            f"{[int(leaf.shape[0]) for leaf in leaves]}."
+        )
     if sample_weight is None:
         sample_weight = tf.ones([num_examples], tf.float32)
     else:
         sample_weight = tf.cast(tf.convert_to_tensor(sample_weight), tf.float32)
         if sample_weight.shape != (num_examples,):
-            raise ValueError(f"`sample_weight` must have shape ({num_examples},). "
-                             f"Received: shape={tuple(sample_weight.shape)}.")
+            raise ValueError(
+                f"`sample_weight` must have shape ({num_examples},). Received: shape={tuple(sample_weight.shape)}."
+            )
     return x, y, sample_weight, num_examples
 
 
@@ -237,9 +242,17 @@ def _gather_rows(tensors: Any, indices: tf.Tensor, keep: tf.Tensor, num_padding_
     return tf.nest.map_structure(gather, tensors)
 
 
-def poisson_batches_from_tensors(x: Any, y: Any, sampling_probability: float, *, sample_weight: Any = None,
-                                 max_batch_size: int | None = None, num_steps: int | None = None,
-                                 seed: int | None = None, overflow: str = "truncate") -> tf.data.Dataset:
+def poisson_batches_from_tensors(
+    x: Any,
+    y: Any,
+    sampling_probability: float,
+    *,
+    sample_weight: Any = None,
+    max_batch_size: int | None = None,
+    num_steps: int | None = None,
+    seed: int | None = None,
+    overflow: str = "truncate",
+) -> tf.data.Dataset:
     """Poisson-sampled, fixed-shape batches ``(x, y, sample_weight)`` from in-memory arrays.
 
     At each step every example is selected independently with probability p (one uniform draw per example), the
@@ -296,14 +309,22 @@ def poisson_batches_from_tensors(x: Any, y: Any, sampling_probability: float, *,
         keep = tf.gather(selected, indices)
         if overflow == "raise":
             tf.debugging.assert_less_equal(
-                num_selected, max_batch_size,
-                message=f"keras_dyndp.data: Poisson batch larger than max_batch_size={max_batch_size}.")
+                num_selected,
+                max_batch_size,
+                message=f"keras_dyndp.data: Poisson batch larger than max_batch_size={max_batch_size}.",
+            )
         else:
-            tf.cond(num_selected > max_batch_size,
-                    lambda: tf.print("WARNING keras_dyndp.data: Poisson sampling selected", num_selected,
-                                     f"examples; truncated to max_batch_size={max_batch_size}. This adds to "
-                                     "delta, see keras_dyndp.data.truncation_delta.", output_stream=sys.stderr),
-                    tf.no_op)
+            tf.cond(
+                num_selected > max_batch_size,
+                lambda: tf.print(
+                    "WARNING keras_dyndp.data: Poisson sampling selected",
+                    num_selected,
+                    f"examples; truncated to max_batch_size={max_batch_size}. This adds to "
+                    "delta, see keras_dyndp.data.truncation_delta.",
+                    output_stream=sys.stderr,
+                ),
+                tf.no_op,
+            )
         batch_x, batch_y = _gather_rows((x, y), indices, keep, num_padding_rows)
         weights = _gather_rows(sample_weight, indices, keep, num_padding_rows)
         return batch_x, batch_y, weights
@@ -317,9 +338,15 @@ def poisson_batches_from_tensors(x: Any, y: Any, sampling_probability: float, *,
     return batches
 
 
-def poisson_batches(dataset: tf.data.Dataset, num_examples: int, sampling_probability: float,
-                    max_batch_size: int | None = None, seed: int | None = None, num_steps: int | None = None,
-                    overflow: str = "truncate") -> tf.data.Dataset:
+def poisson_batches(
+    dataset: tf.data.Dataset,
+    num_examples: int,
+    sampling_probability: float,
+    max_batch_size: int | None = None,
+    seed: int | None = None,
+    num_steps: int | None = None,
+    overflow: str = "truncate",
+) -> tf.data.Dataset:
     """Poisson-sampled, fixed-shape batches from a finite, unbatched dataset of (x, y) or (x, y, w) elements.
 
     The dataset is read once into memory (the same requirement as ``dataset.cache()``; elements must have fixed
@@ -346,24 +373,34 @@ def poisson_batches(dataset: tf.data.Dataset, num_examples: int, sampling_probab
     sampling_probability = validation.check_probability(sampling_probability)
     spec = dataset.element_spec
     if not isinstance(spec, tuple) or len(spec) not in (2, 3):
-        raise ValueError("`dataset` elements must be tuples (x, y) or (x, y, sample_weight). "
-                         f"Received: element_spec={spec}.")
+        raise ValueError(
+            f"`dataset` elements must be tuples (x, y) or (x, y, sample_weight). Received: element_spec={spec}."
+        )
     # One batch of N + 1 detects a dataset that is larger than announced.
     everything = next(iter(dataset.batch(num_examples + 1)), None)
     size = 0 if everything is None else int(tf.nest.flatten(everything)[0].shape[0])
     if size != num_examples:
         received = "more" if size > num_examples else str(size)
-        raise ValueError(f"`dataset` must have exactly num_examples={num_examples} elements. "
-                         f"Received: {received} elements.")
+        raise ValueError(
+            f"`dataset` must have exactly num_examples={num_examples} elements. Received: {received} elements."
+        )
     x, y = everything[0], everything[1]
     sample_weight = everything[2] if len(everything) == 3 else None
-    return poisson_batches_from_tensors(x, y, sampling_probability, sample_weight=sample_weight,
-                                        max_batch_size=max_batch_size, num_steps=num_steps, seed=seed,
-                                        overflow=overflow)
+    return poisson_batches_from_tensors(
+        x,
+        y,
+        sampling_probability,
+        sample_weight=sample_weight,
+        max_batch_size=max_batch_size,
+        num_steps=num_steps,
+        seed=seed,
+        overflow=overflow,
+    )
 
 
-def shuffled_batches(x: Any, y: Any, batch_size: int, seed: int | None = None, *,
-                     sample_weight: Any = None) -> tf.data.Dataset:
+def shuffled_batches(
+    x: Any, y: Any, batch_size: int, seed: int | None = None, *, sample_weight: Any = None
+) -> tf.data.Dataset:
     """Shuffle-and-slice batches of exactly ``batch_size`` rows: an approximation, not what accountants assume.
 
     Each iteration (Keras epoch) is a fresh permutation cut into ``N // batch_size`` batches (the remainder is

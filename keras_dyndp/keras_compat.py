@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import importlib
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
 
 import tensorflow as tf
 
@@ -60,9 +62,7 @@ def _major_version() -> int:
 KERAS_MAJOR_VERSION: int = _major_version()
 
 if KERAS_MAJOR_VERSION not in (2, 3):
-    raise ImportError(
-        f"keras_dyndp runs on Keras 2 and Keras 3; tf.keras is Keras {KERAS_MAJOR_VERSION} here."
-    )
+    raise ImportError(f"keras_dyndp runs on Keras 2 and Keras 3; tf.keras is Keras {KERAS_MAJOR_VERSION} here.")
 if KERAS_MAJOR_VERSION == 3 and tf.keras.backend.backend() != "tensorflow":
     raise ImportError(
         "keras_dyndp runs on Keras 3 with the TensorFlow backend only; KERAS_BACKEND is "
@@ -107,11 +107,12 @@ def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
 UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = (
     {
         "gradient_accumulation_steps": "each micro-step would be a DP step with its own noise, and the counter "
-                                       "would count updates, not DP steps",
+        "would count updates, not DP steps",
         "loss_scale_factor": "it rescales the already noised update; keras_dyndp computes the per-example "
-                             "gradients itself",
+        "gradients itself",
     }
-    if _KERAS_3 else {}
+    if _KERAS_3
+    else {}
 )
 """Base-optimizer arguments a DP optimizer refuses (when not None), with the reason."""
 

@@ -46,10 +46,20 @@ from keras_dyndp import keras_compat
 from keras_dyndp import keras_context
 from keras_dyndp.keras_compat import keras
 
-_WRITE_OPS = frozenset({
-    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceStridedSliceAssign",
-    "Assign", "AssignAdd", "AssignSub", "ScatterUpdate", "ScatterAdd", "ScatterSub",
-})
+_WRITE_OPS = frozenset(
+    {
+        "AssignVariableOp",
+        "AssignAddVariableOp",
+        "AssignSubVariableOp",
+        "ResourceStridedSliceAssign",
+        "Assign",
+        "AssignAdd",
+        "AssignSub",
+        "ScatterUpdate",
+        "ScatterAdd",
+        "ScatterSub",
+    }
+)
 _WRITE_OP_PREFIXES = ("ResourceScatter", "ResourceApply", "ResourceSparseApply")
 
 # Models that passed, each with the trainable variables it had then (unfreezing a layer calls for a new check).
@@ -168,11 +178,13 @@ def _check_writes(model: keras.Model, signature: Any) -> None:
         if variable is None:
             where = f"the variable written by op {op_name!r}"
         else:
-            owners = [layer for layer in keras_compat.flatten_layers(model)
-                      if any(w is variable for w in layer.weights)]
+            owners = [
+                layer for layer in keras_compat.flatten_layers(model) if any(w is variable for w in layer.weights)
+            ]
             owner = min(owners, key=lambda layer: len(layer.weights), default=None)
             where = f"variable {keras_compat.variable_name(variable)!r}" + (
-                f" of layer {owner.name!r} ({type(owner).__name__})" if owner is not None else "")
+                f" of layer {owner.name!r} ({type(owner).__name__})" if owner is not None else ""
+            )
         raise ValueError(
             f"Model {model.name!r} writes {where} in its training-mode call with a value computed from the input "
             "batch: that state leaves the step without noise, and what is computed from it can carry one example "
@@ -226,10 +238,14 @@ def _dependent_writes(graph, dependent: set, gated: bool) -> list[tuple[Any, str
         for body in _nested_graphs(graph, op):
             offset = len(op.inputs) - len(body.inputs)
             # A loop or a data-dependent branch choice: every body input counts as dependent.
-            body_gated = gated or (offset > 0 and inputs_dependent[0]) or (
-                op.type in ("While", "StatelessWhile") and any(inputs_dependent))
+            body_gated = (
+                gated
+                or (offset > 0 and inputs_dependent[0])
+                or (op.type in ("While", "StatelessWhile") and any(inputs_dependent))
+            )
             body_dependent = {
-                id(inner) for i, inner in enumerate(body.inputs)
+                id(inner)
+                for i, inner in enumerate(body.inputs)
                 if offset < 0 or body_gated or inputs_dependent[offset + i]
             }
             for resource, name in _dependent_writes(body, body_dependent, body_gated):

@@ -32,32 +32,45 @@ from keras_dyndp.accounting import registry
 # the same names on absl's global registry) cannot clash.
 _FLAGS = flags.FlagValues()
 _METHOD = flags.DEFINE_string(
-    "method", "all", f"Comma-separated methods among {schedules.ALL_METHODS}, or 'all'.", flag_values=_FLAGS)
+    "method", "all", f"Comma-separated methods among {schedules.ALL_METHODS}, or 'all'.", flag_values=_FLAGS
+)
 _EPSILON = flags.DEFINE_float("epsilon", None, "Target epsilon of the run (spec mode).", flag_values=_FLAGS)
-_DELTA = flags.DEFINE_float("delta", None, "Target delta; default 1 / (10 num_examples), the paper's choice.",
-    flag_values=_FLAGS)
+_DELTA = flags.DEFINE_float(
+    "delta", None, "Target delta; default 1 / (10 num_examples), the paper's choice.", flag_values=_FLAGS
+)
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None, "Training set size N (spec mode).", flag_values=_FLAGS)
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Expected batch size; p = batch_size / num_examples.",
-    flag_values=_FLAGS)
-_EPOCHS = flags.DEFINE_float("epochs", None, "Epochs; T = ceil(epochs * N / batch_size). Or give --steps.",
-    flag_values=_FLAGS)
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", None, "Expected batch size; p = batch_size / num_examples.", flag_values=_FLAGS
+)
+_EPOCHS = flags.DEFINE_float(
+    "epochs", None, "Epochs; T = ceil(epochs * N / batch_size). Or give --steps.", flag_values=_FLAGS
+)
 _STEPS = flags.DEFINE_integer("steps", None, "Number of steps T (instead of --epochs).", flag_values=_FLAGS)
-_RHO_MU = flags.DEFINE_float("rho_mu", 1.0, "mu_T / mu_0 >= 1 (also the zcdp/tcdp noise decay z_0 / z_T).",
-    flag_values=_FLAGS)
+_RHO_MU = flags.DEFINE_float(
+    "rho_mu", 1.0, "mu_T / mu_0 >= 1 (also the zcdp/tcdp noise decay z_0 / z_T).", flag_values=_FLAGS
+)
 _RHO_C = flags.DEFINE_float("rho_c", 1.0, "C_0 / C_T >= 1.", flag_values=_FLAGS)
 _INITIAL_CLIP = flags.DEFINE_float("initial_clip", 1.0, "Initial clipping norm C_0.", flag_values=_FLAGS)
-_SCHEDULE_JSON = flags.DEFINE_string("schedule_json", None, "Path of a saved DPSchedule.to_json() file.",
-    flag_values=_FLAGS)
+_SCHEDULE_JSON = flags.DEFINE_string(
+    "schedule_json", None, "Path of a saved DPSchedule.to_json() file.", flag_values=_FLAGS
+)
 _ACCOUNTANT = flags.DEFINE_enum(
-    "accountant", registry.DEFAULT_ACCOUNTANT, list(registry.ACCOUNTANT_NAMES),
+    "accountant",
+    registry.DEFAULT_ACCOUNTANT,
+    list(registry.ACCOUNTANT_NAMES),
     "Accountant the paper's methods are calibrated under (spec mode): pld (rigorous, tight), rdp (rigorous), or "
-    "gdp_clt (the paper's approximation, which can understate epsilon).", flag_values=_FLAGS)
-_ACCOUNTANTS = flags.DEFINE_list("accountants", list(registry.ACCOUNTANT_NAMES), "Accountants to report.",
-    flag_values=_FLAGS)
-_NUM_POINTS = flags.DEFINE_integer("num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.",
-    flag_values=_FLAGS)
-_PLOT_DIR = flags.DEFINE_string("plot_dir", None, "Directory for the PNG plots (created if missing).",
-    flag_values=_FLAGS)
+    "gdp_clt (the paper's approximation, which can understate epsilon).",
+    flag_values=_FLAGS,
+)
+_ACCOUNTANTS = flags.DEFINE_list(
+    "accountants", list(registry.ACCOUNTANT_NAMES), "Accountants to report.", flag_values=_FLAGS
+)
+_NUM_POINTS = flags.DEFINE_integer(
+    "num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.", flag_values=_FLAGS
+)
+_PLOT_DIR = flags.DEFINE_string(
+    "plot_dir", None, "Directory for the PNG plots (created if missing).", flag_values=_FLAGS
+)
 
 _EXIT_BAD_SPEC = 2
 
@@ -85,8 +98,9 @@ def _methods() -> list[str]:
         return list(schedules.ALL_METHODS)
     methods = [method.strip() for method in _METHOD.value.split(",") if method.strip()]
     if not methods or any(method not in schedules.ALL_METHODS for method in methods):
-        raise ValueError(f"`methods` must be a non-empty subset of {schedules.ALL_METHODS}. "
-                         f"Received: methods={tuple(methods)}.")
+        raise ValueError(
+            f"`methods` must be a non-empty subset of {schedules.ALL_METHODS}. Received: methods={tuple(methods)}."
+        )
     return methods
 
 
@@ -109,34 +123,61 @@ def _report_loaded(path: str) -> None:
     print(privacy_report.format_table(privacy_report.report_rows({name: schedule}, _DELTA.value, _ACCOUNTANTS.value)))
     if _PLOT_DIR.value:
         os.makedirs(_PLOT_DIR.value, exist_ok=True)
-        print(privacy_report.plot_accountant_comparison(
-            os.path.join(_PLOT_DIR.value, "accountant_comparison.png"), schedule, _DELTA.value, _ACCOUNTANTS.value,
-            _NUM_POINTS.value, title=f"{name}: epsilon over steps by accountant"))
+        print(
+            privacy_report.plot_accountant_comparison(
+                os.path.join(_PLOT_DIR.value, "accountant_comparison.png"),
+                schedule,
+                _DELTA.value,
+                _ACCOUNTANTS.value,
+                _NUM_POINTS.value,
+                title=f"{name}: epsilon over steps by accountant",
+            )
+        )
 
 
 def _report_spec() -> None:
     _require(epsilon=_EPSILON.value, num_examples=_NUM_EXAMPLES.value, batch_size=_BATCH_SIZE.value)
     p, num_steps = schedules.sampling_from_epochs(
-        _NUM_EXAMPLES.value, _BATCH_SIZE.value, epochs=_EPOCHS.value, steps=_STEPS.value)
+        _NUM_EXAMPLES.value, _BATCH_SIZE.value, epochs=_EPOCHS.value, steps=_STEPS.value
+    )
     delta = 1 / (10 * _NUM_EXAMPLES.value) if _DELTA.value is None else _DELTA.value
-    spec = dict(target_epsilon=_EPSILON.value, target_delta=delta, sampling_probability=p, num_steps=num_steps,
-                initial_clip=_INITIAL_CLIP.value, accountant=_ACCOUNTANT.value)
-    built = {method: schedules.calibrate(method, **spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value)
-             for method in _methods()}
-    print(f"p = {p:.6g}, T = {num_steps}, target (epsilon, delta) = ({_EPSILON.value:g}, {delta:g}), "
-          f"rho_mu = {_RHO_MU.value:g}, rho_c = {_RHO_C.value:g}, paper's methods calibrated under "
-          f"{_ACCOUNTANT.value}")
+    spec = dict(
+        target_epsilon=_EPSILON.value,
+        target_delta=delta,
+        sampling_probability=p,
+        num_steps=num_steps,
+        initial_clip=_INITIAL_CLIP.value,
+        accountant=_ACCOUNTANT.value,
+    )
+    built = {
+        method: schedules.calibrate(method, **spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value) for method in _methods()
+    }
+    print(
+        f"p = {p:.6g}, T = {num_steps}, target (epsilon, delta) = ({_EPSILON.value:g}, {delta:g}), "
+        f"rho_mu = {_RHO_MU.value:g}, rho_c = {_RHO_C.value:g}, paper's methods calibrated under "
+        f"{_ACCOUNTANT.value}"
+    )
     print(privacy_report.format_table(privacy_report.report_rows(built, delta, _ACCOUNTANTS.value)))
     if _PLOT_DIR.value:
         os.makedirs(_PLOT_DIR.value, exist_ok=True)
-        print(privacy_report.plot_epsilon_consumption(
-            os.path.join(_PLOT_DIR.value, "epsilon_consumption.png"), **spec, num_points=_NUM_POINTS.value))
+        print(
+            privacy_report.plot_epsilon_consumption(
+                os.path.join(_PLOT_DIR.value, "epsilon_consumption.png"), **spec, num_points=_NUM_POINTS.value
+            )
+        )
         dynamic = built.get("dynamic") or schedules.calibrate(
-            "dynamic", **spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value)
-        print(privacy_report.plot_accountant_comparison(
-            os.path.join(_PLOT_DIR.value, "accountant_comparison.png"), dynamic, delta, _ACCOUNTANTS.value,
-            _NUM_POINTS.value,
-            title=f"Dynamic DP-SGD (1/rho_mu = {1 / _RHO_MU.value:.2g}, 1/rho_c = {1 / _RHO_C.value:.2g})"))
+            "dynamic", **spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value
+        )
+        print(
+            privacy_report.plot_accountant_comparison(
+                os.path.join(_PLOT_DIR.value, "accountant_comparison.png"),
+                dynamic,
+                delta,
+                _ACCOUNTANTS.value,
+                _NUM_POINTS.value,
+                title=f"Dynamic DP-SGD (1/rho_mu = {1 / _RHO_MU.value:.2g}, 1/rho_c = {1 / _RHO_C.value:.2g})",
+            )
+        )
 
 
 def main(argv: list[str]) -> None:

@@ -58,8 +58,9 @@ def _check_accountants(accountants: Sequence[str]) -> tuple[str, ...]:
     accountants = tuple(accountants)
     unknown = [name for name in accountants if name not in registry.ACCOUNTANT_NAMES]
     if unknown:
-        raise ValueError(f"`accountants` must be a subset of {registry.ACCOUNTANT_NAMES}. "
-                         f"Received: accountants={accountants}.")
+        raise ValueError(
+            f"`accountants` must be a subset of {registry.ACCOUNTANT_NAMES}. Received: accountants={accountants}."
+        )
     return accountants
 
 
@@ -84,10 +85,16 @@ def schedule_row(
     epsilons = {f"epsilon_{name}": schedule.epsilon(delta, name) for name in accountants}
     multipliers = schedule.noise_multipliers
     return ReportRow(
-        method=method, calibrated_by=calibrated_by, num_steps=schedule.num_steps,
-        first_noise_multiplier=float(multipliers[0]), last_noise_multiplier=float(multipliers[-1]),
-        first_clip_norm=float(schedule.clip_norms[0]), last_clip_norm=float(schedule.clip_norms[-1]),
-        epsilon_own=own, **epsilons)
+        method=method,
+        calibrated_by=calibrated_by,
+        num_steps=schedule.num_steps,
+        first_noise_multiplier=float(multipliers[0]),
+        last_noise_multiplier=float(multipliers[-1]),
+        first_clip_norm=float(schedule.clip_norms[0]),
+        last_clip_norm=float(schedule.clip_norms[-1]),
+        epsilon_own=own,
+        **epsilons,
+    )
 
 
 def report_rows(
@@ -101,16 +108,37 @@ def report_rows(
 
 def format_table(rows: Sequence[ReportRow]) -> str:
     """Fixed-width text table of the rows (one line per method; '-' for accountants not computed)."""
-    headers = ("method", "calibrated_by", "T", "z_first", "z_last", "C_first", "C_last", "eps_own", "eps_gdp_clt",
-               "eps_rdp", "eps_pld")
+    headers = (
+        "method",
+        "calibrated_by",
+        "T",
+        "z_first",
+        "z_last",
+        "C_first",
+        "C_last",
+        "eps_own",
+        "eps_gdp_clt",
+        "eps_rdp",
+        "eps_pld",
+    )
 
     def number(value: float | None) -> str:
         return "-" if value is None else f"{value:.4g}"
 
     lines = [headers] + [
-        (row.method, row.calibrated_by, str(row.num_steps), number(row.first_noise_multiplier),
-         number(row.last_noise_multiplier), number(row.first_clip_norm), number(row.last_clip_norm),
-         number(row.epsilon_own), number(row.epsilon_gdp_clt), number(row.epsilon_rdp), number(row.epsilon_pld))
+        (
+            row.method,
+            row.calibrated_by,
+            str(row.num_steps),
+            number(row.first_noise_multiplier),
+            number(row.last_noise_multiplier),
+            number(row.first_clip_norm),
+            number(row.last_clip_norm),
+            number(row.epsilon_own),
+            number(row.epsilon_gdp_clt),
+            number(row.epsilon_rdp),
+            number(row.epsilon_pld),
+        )
         for row in rows
     ]
     widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
@@ -177,9 +205,15 @@ def plot_epsilon_consumption(
     figure, axes = _new_axes(f"Privacy budget consumption ({accountant}), epsilon = {target_epsilon:g}")
     for rho_mu in rho_mus:
         schedule = schedules.calibrate(
-            "growing_mu", target_epsilon=target_epsilon, target_delta=target_delta,
-            sampling_probability=sampling_probability, num_steps=num_steps, initial_clip=initial_clip, rho_mu=rho_mu,
-            accountant=accountant)
+            "growing_mu",
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            sampling_probability=sampling_probability,
+            num_steps=num_steps,
+            initial_clip=initial_clip,
+            rho_mu=rho_mu,
+            accountant=accountant,
+        )
         steps, curves = epsilon_curves(schedule, target_delta, [accountant], num_points)
         axes.plot(steps, curves[accountant], label=f"1/rho_mu = {1 / rho_mu:.2g}")
     axes.legend()

@@ -75,9 +75,20 @@ _SCALE_RANGE_MARGIN = 1e-9
 # `_clt_log_slope`: half-width in log mu_0 of the central difference.
 _SLOPE_HALF_WIDTH = 0.01
 
-__all__ = ["ALL_METHODS", "BASELINES", "CalibrationError", "Calibration", "DPSchedule", "GdpCltUnderstatementWarning",
-           "METHODS", "calibrate", "calibrate_baseline", "calibrate_shape", "gdp_clt_understatement",
-           "sampling_from_epochs"]
+__all__ = [
+    "ALL_METHODS",
+    "BASELINES",
+    "CalibrationError",
+    "Calibration",
+    "DPSchedule",
+    "GdpCltUnderstatementWarning",
+    "METHODS",
+    "calibrate",
+    "calibrate_baseline",
+    "calibrate_shape",
+    "gdp_clt_understatement",
+    "sampling_from_epochs",
+]
 
 
 class GdpCltUnderstatementWarning(UserWarning):
@@ -126,8 +137,7 @@ class DPSchedule:
         schedule built by hand. Kept by `get_config` / `to_json`; equality ignores it (see `__eq__`).
     """
 
-    def __init__(self, clip_norms, noise_stddevs, sampling_probability: float,
-                 calibration: Calibration | None = None):
+    def __init__(self, clip_norms, noise_stddevs, sampling_probability: float, calibration: Calibration | None = None):
         clip = np.array(clip_norms, dtype=np.float64)
         noise = np.array(noise_stddevs, dtype=np.float64)
         if clip.ndim != 1 or clip.size < 1:
@@ -147,8 +157,10 @@ class DPSchedule:
         self._noise_stddevs = noise
         self._sampling_probability = validation.check_probability(sampling_probability)
         if calibration is not None and not isinstance(calibration, Calibration):
-            raise TypeError("`calibration` must be a keras_dyndp.schedules.Calibration or None. "
-                            f"Received: calibration={calibration!r}.")
+            raise TypeError(
+                "`calibration` must be a keras_dyndp.schedules.Calibration or None. "
+                f"Received: calibration={calibration!r}."
+            )
         self._calibration = calibration
 
     @property
@@ -204,8 +216,9 @@ class DPSchedule:
             `keras_dyndp.accounting.noise_range`).
         """
         entry = registry.get(accountant)
-        noise_range.check_noise_multipliers(self.noise_multipliers, accountant,
-                                            entry.min_noise_multiplier(**entry.check_options(options)))
+        noise_range.check_noise_multipliers(
+            self.noise_multipliers, accountant, entry.min_noise_multiplier(**entry.check_options(options))
+        )
 
     def to_dp_event(self, steps: int | None = None) -> dp_accounting.DpEvent:
         """The dp_accounting event of the first `steps` steps (all T by default).
@@ -231,8 +244,9 @@ class DPSchedule:
         ]
         return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
-    def epsilon(self, delta: float, accountant: str = registry.DEFAULT_ACCOUNTANT, steps: int | None = None,
-                **options) -> float:
+    def epsilon(
+        self, delta: float, accountant: str = registry.DEFAULT_ACCOUNTANT, steps: int | None = None, **options
+    ) -> float:
         """Epsilon spent by the first `steps` steps at `delta`, by the named accountant (`accounting.registry`).
 
         Args:
@@ -309,7 +323,8 @@ class DPSchedule:
             f"DPSchedule(num_steps={self.num_steps}, sampling_probability={self.sampling_probability:.6g}, "
             f"clip_norms=[{self._clip_norms[0]:.4g} .. {self._clip_norms[-1]:.4g}], "
             f"noise_stddevs=[{self._noise_stddevs[0]:.4g} .. {self._noise_stddevs[-1]:.4g}]"
-            + ("" if self._calibration is None else f", calibration={self._calibration}") + ")"
+            + ("" if self._calibration is None else f", calibration={self._calibration}")
+            + ")"
         )
 
 
@@ -324,9 +339,7 @@ def sampling_from_epochs(
     num_examples = validation.check_positive_int("num_examples", num_examples)
     batch_size = validation.check_positive_int("batch_size", batch_size)
     if batch_size > num_examples:
-        raise ValueError(
-            f"`batch_size` must be <= num_examples={num_examples}. Received: batch_size={batch_size}."
-        )
+        raise ValueError(f"`batch_size` must be <= num_examples={num_examples}. Received: batch_size={batch_size}.")
     if (epochs is None) == (steps is None):
         raise ValueError(f"Give exactly one of `epochs` and `steps`. Received: epochs={epochs}, steps={steps}.")
     if steps is None:
@@ -373,21 +386,27 @@ def _clt_mu0(mu_tot: float, p: float, mu_shape: np.ndarray) -> float:
 def _scale_range(mu_shape: np.ndarray, accountant: str) -> tuple[float, float]:
     """[lower, upper] of log mu_0 whose noise multipliers z_t = 1 / (mu_0 s_t) the accountant accepts."""
     floor = registry.get(accountant).min_noise_multiplier()
-    return (-math.log(noise_range.MAX_NOISE_MULTIPLIER * mu_shape.min()) + _SCALE_RANGE_MARGIN,
-            -math.log(floor * mu_shape.max()) - _SCALE_RANGE_MARGIN)
+    return (
+        -math.log(noise_range.MAX_NOISE_MULTIPLIER * mu_shape.min()) + _SCALE_RANGE_MARGIN,
+        -math.log(floor * mu_shape.max()) - _SCALE_RANGE_MARGIN,
+    )
 
 
-def _calibrate_gdp_clt(make_schedule: Callable[[float], DPSchedule], mu0: float, target_epsilon: float,
-                       target_delta: float) -> DPSchedule:
+def _calibrate_gdp_clt(
+    make_schedule: Callable[[float], DPSchedule], mu0: float, target_epsilon: float, target_delta: float
+) -> DPSchedule:
     """The schedule at the CLT solution mu0, stepped down past float rounding in the eps <-> mu conversions."""
     try:
         mu0 = scale_search.step_to_safe_side(
-            mu0, lambda mu: make_schedule(mu).epsilon(target_delta, "gdp_clt") <= target_epsilon,
-            lambda mu: mu * (1 - _GDP_CLT_SAFETY_STEP))
+            mu0,
+            lambda mu: make_schedule(mu).epsilon(target_delta, "gdp_clt") <= target_epsilon,
+            lambda mu: mu * (1 - _GDP_CLT_SAFETY_STEP),
+        )
     except noise_range.NoiseOutOfRangeError as error:
         raise CalibrationError(
             f"Under the 'gdp_clt' accountant, target_epsilon={target_epsilon} needs noise outside the accepted "
-            f"range: {error}") from error
+            f"range: {error}"
+        ) from error
     return make_schedule(mu0)
 
 
@@ -399,8 +418,9 @@ def _clt_log_slope(mu0: float, p: float, mu_shape: np.ndarray, delta: float) -> 
     step = _SLOPE_HALF_WIDTH
     try:
         with np.errstate(over="ignore"):
-            epsilons = [gdp.epsilon_from_mu(gdp.clt_mu(p, mu0 * math.exp(sign * step) * mu_shape), delta)
-                        for sign in (-1, 1)]
+            epsilons = [
+                gdp.epsilon_from_mu(gdp.clt_mu(p, mu0 * math.exp(sign * step) * mu_shape), delta) for sign in (-1, 1)
+            ]
     except ValueError:  # No bracket for an extreme mu.
         return math.nan
     if not all(0 < epsilon < math.inf for epsilon in epsilons):
@@ -408,8 +428,15 @@ def _clt_log_slope(mu0: float, p: float, mu_shape: np.ndarray, delta: float) -> 
     return math.log(epsilons[1] / epsilons[0]) / (2 * step)
 
 
-def _calibrate_rigorous(make_schedule: Callable[[float], DPSchedule], mu0: float, p: float, mu_shape: np.ndarray,
-                        target_epsilon: float, target_delta: float, accountant: str) -> DPSchedule:
+def _calibrate_rigorous(
+    make_schedule: Callable[[float], DPSchedule],
+    mu0: float,
+    p: float,
+    mu_shape: np.ndarray,
+    target_epsilon: float,
+    target_delta: float,
+    accountant: str,
+) -> DPSchedule:
     """The largest mu_0 whose schedule's rigorous epsilon is <= target, searched from the CLT solution mu0.
 
     When the shape has more than `_ROUGH_SEARCH_GROUPS` distinct values, a rough pass first accounts the schedule
@@ -431,11 +458,15 @@ def _calibrate_rigorous(make_schedule: Callable[[float], DPSchedule], mu0: float
 
     lower, upper = _scale_range(mu_shape, accountant)
     log_mu0 = scale_search.largest_scale_within(
-        lambda log_mu0: epsilon_of(make_schedule(math.exp(log_mu0))), target_epsilon, start=math.log(mu0),
-        lower=lower, upper=upper,
+        lambda log_mu0: epsilon_of(make_schedule(math.exp(log_mu0))),
+        target_epsilon,
+        start=math.log(mu0),
+        lower=lower,
+        upper=upper,
         rough_epsilon_of=rough_epsilon_of if np.unique(mu_shape).size > _ROUGH_SEARCH_GROUPS else None,
         slope=_clt_log_slope(mu0, p, mu_shape, target_delta),
-        what=f"the schedule under the {accountant!r} accountant")
+        what=f"the schedule under the {accountant!r} accountant",
+    )
     return make_schedule(math.exp(log_mu0))
 
 
@@ -543,9 +574,15 @@ def calibrate(
     num_steps = validation.check_positive_int("num_steps", num_steps)
     if method in BASELINES:
         registry.get(accountant)
-        return calibrate_baseline(method, target_epsilon=target_epsilon, target_delta=target_delta,
-                                  sampling_probability=sampling_probability, num_steps=num_steps,
-                                  initial_clip=initial_clip, noise_decay=rho_mu)
+        return calibrate_baseline(
+            method,
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            sampling_probability=sampling_probability,
+            num_steps=num_steps,
+            initial_clip=initial_clip,
+            noise_decay=rho_mu,
+        )
     uses_mu = method in ("growing_mu", "dynamic")
     uses_c = method in ("sensitivity_decay", "dynamic")
     growth_mu = rho_mu if uses_mu else 1.0
@@ -561,9 +598,17 @@ def calibrate(
     )
 
 
-def calibrate_baseline(method: str, *, target_epsilon: float, target_delta: float, sampling_probability: float,
-                       num_steps: int, initial_clip: float, noise_decay: float = 1.25,
-                       decay: str = "exponential") -> DPSchedule:
+def calibrate_baseline(
+    method: str,
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    sampling_probability: float,
+    num_steps: int,
+    initial_clip: float,
+    noise_decay: float = 1.25,
+    decay: str = "exponential",
+) -> DPSchedule:
     """One of the paper's noise-decay baselines: constant clip C_0, noise multipliers z_0 s_t calibrated so that
     the baseline's own accountant spends (target_epsilon, target_delta) (`accounting.cdp`).
 
@@ -584,10 +629,12 @@ def calibrate_baseline(method: str, *, target_epsilon: float, target_delta: floa
       ValueError: on a bad argument, e.g. ('tcdp') p > 0.1.
     """
     if isinstance(initial_clip, bool) or not (
-            isinstance(initial_clip, (int, float)) and math.isfinite(initial_clip) and initial_clip > 0):
+        isinstance(initial_clip, (int, float)) and math.isfinite(initial_clip) and initial_clip > 0
+    ):
         raise ValueError(f"`initial_clip` must be finite and > 0. Received: initial_clip={initial_clip}.")
-    multipliers = cdp.calibrate_noise(method, target_epsilon, target_delta, sampling_probability, num_steps,
-                                      noise_decay=noise_decay, decay=decay)
+    multipliers = cdp.calibrate_noise(
+        method, target_epsilon, target_delta, sampling_probability, num_steps, noise_decay=noise_decay, decay=decay
+    )
     clips = np.full(multipliers.size, float(initial_clip))
     return DPSchedule(clips, clips * multipliers, sampling_probability)
 
@@ -612,7 +659,9 @@ def gdp_clt_understatement(schedule: DPSchedule) -> str | None:
         detail = ""
     if rigorous <= GDP_CLT_WARNING_RATIO * target:
         return None
-    return (f"This schedule was calibrated to epsilon = {target:g} (delta = {delta:g}) under the GDP-CLT, an "
-            f"approximation; its rigorous PLD epsilon is {rigorous:.4g}{detail}, {rigorous / target:.2f}x the "
-            "target. For a guarantee, calibrate under a rigorous accountant: accountant='pld' (the default) or "
-            "'rdp' in keras_dyndp.schedules.calibrate / calibrate_shape or the optimizer's budget arguments.")
+    return (
+        f"This schedule was calibrated to epsilon = {target:g} (delta = {delta:g}) under the GDP-CLT, an "
+        f"approximation; its rigorous PLD epsilon is {rigorous:.4g}{detail}, {rigorous / target:.2f}x the "
+        "target. For a guarantee, calibrate under a rigorous accountant: accountant='pld' (the default) or "
+        "'rdp' in keras_dyndp.schedules.calibrate / calibrate_shape or the optimizer's budget arguments."
+    )

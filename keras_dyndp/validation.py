@@ -23,8 +23,9 @@ def _as_float(value: Any) -> float:
         return math.nan
 
 
-def check_probability(sampling_probability: Any, name: str = "sampling_probability", *,
-                      allow_zero: bool = False) -> float:
+def check_probability(
+    sampling_probability: Any, name: str = "sampling_probability", *, allow_zero: bool = False
+) -> float:
     """Returns `sampling_probability` as a float, or raises ValueError unless it lies in (0, 1] ([0, 1] with
     `allow_zero`)."""
     p = _as_float(sampling_probability)
@@ -53,4 +54,3 @@ def check_positive_int(name: str, value: Any) -> int:
     if not whole or value < 1:
         raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value}.")
     return int(value)
-

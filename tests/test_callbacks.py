@@ -33,7 +33,6 @@ def _optimizer(schedule: schedules.DPSchedule, steps: int = 0) -> DynamicDPKeras
 
 
 class _FakeModel:
-
     def __init__(self, optimizer):
         self.optimizer = optimizer
         self.stop_training = False
@@ -54,14 +53,16 @@ def test_privacy_logger_values(steps):
     logger.on_train_begin()
     logger.on_epoch_end(0, logs)
     last = max(steps - 1, 0)
-    assert logs == pytest.approx({
-        "loss": 1.0,
-        "epsilon_gdp_clt": schedule.epsilon(DELTA, accountant="gdp_clt", steps=steps),
-        "epsilon_pld": schedule.epsilon(DELTA, accountant="pld", steps=steps),
-        "clip_norm": schedule.clip_norms[last],
-        "noise_stddev": schedule.noise_stddevs[last],
-        "dp_step": float(steps),
-    })
+    assert logs == pytest.approx(
+        {
+            "loss": 1.0,
+            "epsilon_gdp_clt": schedule.epsilon(DELTA, accountant="gdp_clt", steps=steps),
+            "epsilon_pld": schedule.epsilon(DELTA, accountant="pld", steps=steps),
+            "clip_norm": schedule.clip_norms[last],
+            "noise_stddev": schedule.noise_stddevs[last],
+            "dp_step": float(steps),
+        }
+    )
     assert (logs["epsilon_gdp_clt"] == 0.0) == (steps == 0)
 
 
@@ -72,8 +73,9 @@ def test_privacy_logger_gdp_clt_only():
 
 
 def test_privacy_logger_defaults_to_the_pld_the_budget_is_calibrated_under():
-    schedule = schedules.calibrate("vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.1,
-                                   num_steps=4, initial_clip=1.0)
+    schedule = schedules.calibrate(
+        "vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.1, num_steps=4, initial_clip=1.0
+    )
     logger = callbacks.PrivacyLogger(delta=DELTA)
     _attach(logger, _optimizer(schedule, 4))
     logs = logger.privacy_logs()
@@ -89,7 +91,8 @@ def test_privacy_logger_passes_accountant_options():
     logger = callbacks.PrivacyLogger(delta=DELTA, accountant_options=registry.get("pld").final_options)
     _attach(logger, _optimizer(schedule, 3))
     assert logger.privacy_logs()["epsilon_pld"] == pytest.approx(
-        schedule.epsilon(DELTA, "pld", steps=3, value_discretization_interval=1e-4), rel=1e-12)
+        schedule.epsilon(DELTA, "pld", steps=3, value_discretization_interval=1e-4), rel=1e-12
+    )
     with pytest.raises(ValueError, match="Options of the 'rdp' accountant"):
         callbacks.PrivacyLogger("rdp", delta=DELTA, accountant_options={"value_discretization_interval": 1e-4})
 
@@ -147,8 +150,9 @@ def test_privacy_logger_bad_arguments():
 
 def test_privacy_logger_log_dir_without_tensorboard_says_what_to_install(monkeypatch, tmp_path):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *args: None if name == "tensorboard" else real_find_spec(name, *args))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == "tensorboard" else real_find_spec(name, *args)
+    )
     with pytest.raises(ImportError, match="pip install tensorboard"):
         callbacks.PrivacyLogger(delta=DELTA, log_dir=str(tmp_path))
     callbacks.PrivacyLogger(delta=DELTA)  # Without log_dir it needs no tensorboard.
@@ -176,13 +180,14 @@ def test_fit_with_dp_optimizer_logs_epsilon_and_stops_at_budget():
     schedule = schedules.DPSchedule(np.full(6, 1.0), np.linspace(1.0, 0.5, 6), sampling_probability=p)
     model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
     model.compile(
-        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p,
-                                               learning_rate=0.1),
-        loss=LOSS)
+        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p, learning_rate=0.1),
+        loss=LOSS,
+    )
     dataset = data.poisson_batches_from_tensors(x, y, p, seed=0)  # 4 steps per epoch
     budget_stop = callbacks.BudgetStop()
-    history = model.fit(dataset, epochs=3, verbose=0,
-                        callbacks=[callbacks.PrivacyLogger("gdp_clt", delta=DELTA), budget_stop])
+    history = model.fit(
+        dataset, epochs=3, verbose=0, callbacks=[callbacks.PrivacyLogger("gdp_clt", delta=DELTA), budget_stop]
+    )
     assert history.history["dp_step"] == [4.0, 6.0]  # stopped in the second epoch, at T = 6
     assert budget_stop.stopped_at_step == 6
     assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
@@ -196,15 +201,16 @@ def test_budget_stop_ends_a_steps_per_execution_loop_exactly_at_the_budget():
     schedule = schedules.DPSchedule(np.full(10, 1.0), np.full(10, 0.5), sampling_probability=p)
     model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
     model.compile(
-        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p,
-                                               learning_rate=0.1),
+        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p, learning_rate=0.1),
         loss=LOSS,
-        steps_per_execution=3)
+        steps_per_execution=3,
+    )
     dataset = data.poisson_batches_from_tensors(x, y, p)  # 4 steps per epoch: calls of 3 and 1 steps
     budget_stop = callbacks.BudgetStop()
     # The third epoch starts at step 8 with a call of 3 steps, which would run step 10 past T = 10.
-    history = model.fit(dataset, epochs=5, verbose=0,
-                        callbacks=[callbacks.PrivacyLogger("gdp_clt", delta=DELTA), budget_stop])
+    history = model.fit(
+        dataset, epochs=5, verbose=0, callbacks=[callbacks.PrivacyLogger("gdp_clt", delta=DELTA), budget_stop]
+    )
     assert history.history["dp_step"] == [4.0, 8.0, 10.0]
     assert len(history.history["loss"]) == 3
     assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
@@ -222,15 +228,22 @@ def test_privacy_logger_reaches_tensorboard_csv_and_history_wherever_it_is_liste
     model.compile(
         optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p),
         loss=LOSS,
-        steps_per_execution=steps_per_execution)
+        steps_per_execution=steps_per_execution,
+    )
     csv_path = str(tmp_path / "log.csv")
-    listed_first = [keras.callbacks.CSVLogger(csv_path), keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: seen_first.append(logs.get("epsilon_gdp_clt")))]
+    listed_first = [
+        keras.callbacks.CSVLogger(csv_path),
+        keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen_first.append(logs.get("epsilon_gdp_clt"))),
+    ]
     seen_first = []
     if HAVE_TENSORBOARD:
         listed_first.insert(0, keras.callbacks.TensorBoard(str(tmp_path / "tb")))
-    history = model.fit(data.poisson_batches_from_tensors(x, y, p), epochs=3, verbose=0,
-                        callbacks=[*listed_first, callbacks.PrivacyLogger("gdp_clt", delta=DELTA)])
+    history = model.fit(
+        data.poisson_batches_from_tensors(x, y, p),
+        epochs=3,
+        verbose=0,
+        callbacks=[*listed_first, callbacks.PrivacyLogger("gdp_clt", delta=DELTA)],
+    )
     assert history.history["dp_step"] == [4.0, 8.0, 12.0]
     with open(csv_path) as handle:
         rows = handle.read().splitlines()
@@ -243,4 +256,3 @@ def test_privacy_logger_reaches_tensorboard_csv_and_history_wherever_it_is_liste
         for event in tf.compat.v1.train.summary_iterator(event_file):
             tags.update(value.tag for value in event.summary.value)
     assert {"epoch_epsilon_gdp_clt", "epoch_dp_step"} <= tags
-

@@ -77,7 +77,7 @@ def test_empty_batches_have_all_zero_weights():
 
 def test_cap_larger_than_dataset_pads():
     x, y = _arrays(3)
-    (batch_x, _, weights), = data.poisson_batches_from_tensors(x, y, 1.0, max_batch_size=5, num_steps=1, seed=0)
+    ((batch_x, _, weights),) = data.poisson_batches_from_tensors(x, y, 1.0, max_batch_size=5, num_steps=1, seed=0)
     np.testing.assert_array_equal(weights.numpy(), [1, 1, 1, 0, 0])
     assert batch_x.shape == (5, 3)
 
@@ -91,8 +91,7 @@ def test_overflow_truncates_with_warning(capfd):
 
 def test_overflow_raise():
     x, y = _arrays()
-    dataset = data.poisson_batches_from_tensors(x, y, 0.5, max_batch_size=10, num_steps=1, seed=0,
-                                                overflow="raise")
+    dataset = data.poisson_batches_from_tensors(x, y, 0.5, max_batch_size=10, num_steps=1, seed=0, overflow="raise")
     with pytest.raises(tf.errors.InvalidArgumentError, match="larger than max_batch_size=10"):
         list(dataset)
 
@@ -185,10 +184,13 @@ def test_bad_arguments():
         data.shuffled_batches(x, y, batch_size=6)
 
 
-@pytest.mark.parametrize("make", [
-    lambda x, y: data.poisson_batches_from_tensors(x, y, P, num_steps=5),
-    lambda x, y: data.shuffled_batches(x, y, batch_size=20),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x, y: data.poisson_batches_from_tensors(x, y, P, num_steps=5),
+        lambda x, y: data.shuffled_batches(x, y, batch_size=20),
+    ],
+)
 def test_seed_none_draws_os_entropy_whatever_the_global_seed(make):
     x, y = _arrays()
     selections = []
@@ -204,7 +206,8 @@ def test_poisson_datasets_are_registered_with_their_sampling():
     from_dataset = data.poisson_batches(tf.data.Dataset.from_tensor_slices((x, y)), NUM_EXAMPLES, 0.2, seed=0)
     assert data.poisson_sampling(from_tensors) == data.PoissonSampling(NUM_EXAMPLES, P, 40)
     assert data.poisson_sampling(from_dataset) == data.PoissonSampling(
-        NUM_EXAMPLES, 0.2, data.default_max_batch_size(NUM_EXAMPLES, 0.2))
+        NUM_EXAMPLES, 0.2, data.default_max_batch_size(NUM_EXAMPLES, 0.2)
+    )
     for other in (from_tensors.repeat(), data.shuffled_batches(x, y, batch_size=20), x, [1, 2], None):
         assert data.poisson_sampling(other) is None
 

@@ -114,8 +114,9 @@ def test_add_to_epoch_logs_reaches_callbacks_listed_before_the_one_adding():
             keras_compat.remove_epoch_logs_hook(self.model)
 
     listed_first = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(dict(logs)))
-    history = model.fit(x, y, batch_size=4, epochs=2, verbose=0, validation_data=(x, y),
-                        callbacks=[listed_first, Adder()])
+    history = model.fit(
+        x, y, batch_size=4, epochs=2, verbose=0, validation_data=(x, y), callbacks=[listed_first, Adder()]
+    )
     assert [logs["extra"] for logs in seen] == [1.0, 1.0]
     assert history.history["extra"] == [1.0, 1.0]
     assert "val_extra" not in history.history and {"loss", "mae", "val_loss"} <= set(history.history)

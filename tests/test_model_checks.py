@@ -63,23 +63,43 @@ def frozen(layer: L.Layer) -> L.Layer:
 
 
 def time_distributed_batch_norm() -> L.Layer:
-    return keras.Sequential([L.Reshape((2, 2)), L.TimeDistributed(
-        keras.Sequential([L.Input((2,)), L.BatchNormalization(name="inner_norm")])), L.Flatten()])
+    return keras.Sequential(
+        [
+            L.Reshape((2, 2)),
+            L.TimeDistributed(keras.Sequential([L.Input((2,)), L.BatchNormalization(name="inner_norm")])),
+            L.Flatten(),
+        ]
+    )
 
 
-@pytest.mark.parametrize("layer,name,cls", [
-    (lambda: L.BatchNormalization(name="norm"), "norm", "BatchNormalization"),
-    (lambda: L.BatchNormalization(center=False, scale=False, name="norm"), "norm", "BatchNormalization"),
-    (lambda: L.BatchNormalization(synchronized=True, name="norm"), "norm", "BatchNormalization"),
-    pytest.param(lambda: L.experimental.SyncBatchNormalization(name="norm"), "norm", "SyncBatchNormalization",
-                 marks=pytest.mark.keras2_only(reason="Keras 3 has no SyncBatchNormalization (synchronized=True)")),
-    pytest.param(lambda: tf.compat.v1.keras.layers.BatchNormalization(name="norm"), "norm", "BatchNormalization",
-                 marks=pytest.mark.keras2_only(reason="Keras 3 has no TF1 layers")),
-    # TF1's BatchNormalization uses batch statistics in training even when frozen.
-    pytest.param(lambda: frozen(tf.compat.v1.keras.layers.BatchNormalization(name="norm")), "norm",
-                 "BatchNormalization", marks=pytest.mark.keras2_only(reason="Keras 3 has no TF1 layers")),
-    (time_distributed_batch_norm, "inner_norm", "BatchNormalization"),
-])
+@pytest.mark.parametrize(
+    "layer,name,cls",
+    [
+        (lambda: L.BatchNormalization(name="norm"), "norm", "BatchNormalization"),
+        (lambda: L.BatchNormalization(center=False, scale=False, name="norm"), "norm", "BatchNormalization"),
+        (lambda: L.BatchNormalization(synchronized=True, name="norm"), "norm", "BatchNormalization"),
+        pytest.param(
+            lambda: L.experimental.SyncBatchNormalization(name="norm"),
+            "norm",
+            "SyncBatchNormalization",
+            marks=pytest.mark.keras2_only(reason="Keras 3 has no SyncBatchNormalization (synchronized=True)"),
+        ),
+        pytest.param(
+            lambda: tf.compat.v1.keras.layers.BatchNormalization(name="norm"),
+            "norm",
+            "BatchNormalization",
+            marks=pytest.mark.keras2_only(reason="Keras 3 has no TF1 layers"),
+        ),
+        # TF1's BatchNormalization uses batch statistics in training even when frozen.
+        pytest.param(
+            lambda: frozen(tf.compat.v1.keras.layers.BatchNormalization(name="norm")),
+            "norm",
+            "BatchNormalization",
+            marks=pytest.mark.keras2_only(reason="Keras 3 has no TF1 layers"),
+        ),
+        (time_distributed_batch_norm, "inner_norm", "BatchNormalization"),
+    ],
+)
 def test_batch_normalisation_is_refused_naming_the_layer_and_the_replacement(layer, name, cls):
     with pytest.raises(ValueError, match=rf"Layer '{name}' \({cls}\).*GroupNormalization.*LayerNormalization"):
         model_checks.check_model(sequential(layer()))
@@ -93,10 +113,16 @@ def test_frozen_batch_normalisation_runs_in_inference_mode_and_is_accepted():
     np.testing.assert_allclose(model(x, training=True)[:1], model(x[:1], training=True), rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode,variable", [
-    ("batch_mean", "stat"), ("batch_size", "steps"), ("in_cond", "stat"), ("in_while_loop", "stat"),
-    ("in_tf_function", "stat"),
-])
+@pytest.mark.parametrize(
+    "mode,variable",
+    [
+        ("batch_mean", "stat"),
+        ("batch_size", "steps"),
+        ("in_cond", "stat"),
+        ("in_while_loop", "stat"),
+        ("in_tf_function", "stat"),
+    ],
+)
 def test_writes_computed_from_the_batch_are_refused(mode, variable):
     model = sequential(Writer(mode, name="writer"))
     # Keras 2 names the variable 'writer/stat:0', Keras 3 by its path 'sequential_7/writer/stat'.
@@ -104,16 +130,25 @@ def test_writes_computed_from_the_batch_are_refused(mode, variable):
         model_checks.check_model(model)
 
 
-@pytest.mark.parametrize("layers", [
-    pytest.param(lambda: [Writer("step_counter")], id="step_counter"),
-    pytest.param(lambda: [Writer("metric_object")], id="metric_object"),
-    pytest.param(lambda: [Writer("add_metric")], id="add_metric",
-                 marks=pytest.mark.keras2_only(reason="Keras 3 layers have no add_metric")),
-    pytest.param(lambda: [L.Dropout(0.5), L.GaussianNoise(0.1), L.LayerNormalization(), L.GroupNormalization(2)],
-                 id="dropout_noise_and_per_example_norms"),
-    pytest.param(lambda: [L.Reshape((2, 2, 1)), L.RandomFlip(), L.RandomRotation(0.1), L.Flatten()],
-                 id="augmentation"),
-])
+@pytest.mark.parametrize(
+    "layers",
+    [
+        pytest.param(lambda: [Writer("step_counter")], id="step_counter"),
+        pytest.param(lambda: [Writer("metric_object")], id="metric_object"),
+        pytest.param(
+            lambda: [Writer("add_metric")],
+            id="add_metric",
+            marks=pytest.mark.keras2_only(reason="Keras 3 layers have no add_metric"),
+        ),
+        pytest.param(
+            lambda: [L.Dropout(0.5), L.GaussianNoise(0.1), L.LayerNormalization(), L.GroupNormalization(2)],
+            id="dropout_noise_and_per_example_norms",
+        ),
+        pytest.param(
+            lambda: [L.Reshape((2, 2, 1)), L.RandomFlip(), L.RandomRotation(0.1), L.Flatten()], id="augmentation"
+        ),
+    ],
+)
 def test_writes_independent_of_the_batch_are_allowed(layers):
     model = sequential(*layers())
     model_checks.check_model(model, np.zeros((3, 4), np.float32))

@@ -14,8 +14,15 @@ SMALL_SPEC = ["--epsilon=1.0", "--num_examples=400", "--batch_size=20", "--steps
 
 def _run(*args, cwd):
     environment = dict(os.environ, MPLBACKEND="Agg")
-    return subprocess.run([sys.executable, "-m", "keras_dyndp.privacy", *args], capture_output=True, text=True,
-                          cwd=cwd, env=environment, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "keras_dyndp.privacy", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=environment,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_help_lists_the_commands_own_flags(tmp_path):
@@ -26,8 +33,9 @@ def test_help_lists_the_commands_own_flags(tmp_path):
 
 
 def test_spec_prints_table_and_writes_plots(tmp_path):
-    result = _run(*SMALL_SPEC, "--accountant=gdp_clt", "--num_points=8", f"--plot_dir={tmp_path / 'plots'}",
-                  cwd=tmp_path)
+    result = _run(
+        *SMALL_SPEC, "--accountant=gdp_clt", "--num_points=8", f"--plot_dir={tmp_path / 'plots'}", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     methods = [line.split()[0] for line in result.stdout.splitlines()[2:8]]
     assert methods == ["vanilla", "growing_mu", "sensitivity_decay", "dynamic", "zcdp", "tcdp"]
@@ -47,8 +55,16 @@ def test_spec_calibrates_under_the_pld_by_default(tmp_path):
 
 
 def test_schedule_json(tmp_path):
-    schedule = schedules.calibrate("dynamic", target_epsilon=1.0, target_delta=1e-4, sampling_probability=0.05,
-                                   num_steps=30, initial_clip=1.0, rho_mu=2.0, accountant="gdp_clt")
+    schedule = schedules.calibrate(
+        "dynamic",
+        target_epsilon=1.0,
+        target_delta=1e-4,
+        sampling_probability=0.05,
+        num_steps=30,
+        initial_clip=1.0,
+        rho_mu=2.0,
+        accountant="gdp_clt",
+    )
     path = tmp_path / "schedule.json"
     path.write_text(schedule.to_json())
     result = _run(f"--schedule_json={path}", "--delta=1e-4", "--accountants=gdp_clt,rdp", cwd=tmp_path)
@@ -59,12 +75,15 @@ def test_schedule_json(tmp_path):
     assert float(row[-4]) == float(row[-3]) == pytest.approx(1.0, rel=1e-3)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--epsilon=-1", "--num_examples=400", "--batch_size=20", "--steps=40"], "target_epsilon"),
-    (["--epsilon=abc"], "--epsilon"),
-    (SMALL_SPEC + ["--method=vanilla,adaptive"], "methods"),
-    (["--schedule_json=missing.json", "--delta=1e-5"], "missing.json"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--epsilon=-1", "--num_examples=400", "--batch_size=20", "--steps=40"], "target_epsilon"),
+        (["--epsilon=abc"], "--epsilon"),
+        (SMALL_SPEC + ["--method=vanilla,adaptive"], "methods"),
+        (["--schedule_json=missing.json", "--delta=1e-5"], "missing.json"),
+    ],
+)
 def test_bad_spec_exits_2_with_one_line(tmp_path, args, message):
     result = _run(*args, cwd=tmp_path)
     assert result.returncode == 2

@@ -52,11 +52,23 @@ def test_format_table(rows):
     table = privacy_report.format_table(report)
     lines = table.splitlines()
     assert len(lines) == 1 + len(schedules.ALL_METHODS)
-    assert lines[0].split() == ["method", "calibrated_by", "T", "z_first", "z_last", "C_first", "C_last", "eps_own",
-                                "eps_gdp_clt", "eps_rdp", "eps_pld"]
+    assert lines[0].split() == [
+        "method",
+        "calibrated_by",
+        "T",
+        "z_first",
+        "z_last",
+        "C_first",
+        "C_last",
+        "eps_own",
+        "eps_gdp_clt",
+        "eps_rdp",
+        "eps_pld",
+    ]
     assert lines[1].split()[0] == "vanilla" and lines[-1].split()[:2] == ["tcdp", "tcdp"]
-    partial = privacy_report.report_rows({"mine": schedules.DPSchedule([1.0, 1.0], [2.0, 1.0], 0.1)}, 1e-5,
-                                         accountants=["gdp_clt"])
+    partial = privacy_report.report_rows(
+        {"mine": schedules.DPSchedule([1.0, 1.0], [2.0, 1.0], 0.1)}, 1e-5, accountants=["gdp_clt"]
+    )
     assert partial[0].epsilon_rdp is None
     assert privacy_report.format_table(partial).splitlines()[1].split()[-2:] == ["-", "-"]
 
@@ -83,12 +95,17 @@ def test_curves_are_cumulative():
 
 
 def test_plots_write_png(tmp_path):
-    first = privacy_report.plot_epsilon_consumption(str(tmp_path / "consumption.png"), target_epsilon=1.0,
-                                                    target_delta=1e-4, sampling_probability=0.05, num_steps=40,
-                                                    num_points=10, rho_mus=(1.0,))  # PLD, constant noise.
+    first = privacy_report.plot_epsilon_consumption(
+        str(tmp_path / "consumption.png"),
+        target_epsilon=1.0,
+        target_delta=1e-4,
+        sampling_probability=0.05,
+        num_steps=40,
+        num_points=10,
+        rho_mus=(1.0,),
+    )  # PLD, constant noise.
     schedule = schedules.calibrate("dynamic", **SPEC, rho_mu=2.0, rho_c=2.0, accountant="gdp_clt")
-    second = privacy_report.plot_accountant_comparison(str(tmp_path / "comparison.png"), schedule, 1e-4,
-                                                       num_points=10)
+    second = privacy_report.plot_accountant_comparison(str(tmp_path / "comparison.png"), schedule, 1e-4, num_points=10)
     for path in (first, second):
         with open(path, "rb") as handle:
             assert handle.read(8) == b"\x89PNG\r\n\x1a\n"

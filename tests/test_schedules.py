@@ -20,8 +20,14 @@ DELTA = 1e-5
 def _calibrate(method, epsilon=1.2, **kwargs):
     """The paper's calibration (GDP-CLT) unless `accountant` is given: its worked numbers are exact there."""
     args = dict(
-        target_epsilon=epsilon, target_delta=DELTA, sampling_probability=P, num_steps=T, initial_clip=1.5,
-        rho_mu=1 / 0.3, rho_c=1 / 0.5, accountant="gdp_clt",
+        target_epsilon=epsilon,
+        target_delta=DELTA,
+        sampling_probability=P,
+        num_steps=T,
+        initial_clip=1.5,
+        rho_mu=1 / 0.3,
+        rho_c=1 / 0.5,
+        accountant="gdp_clt",
     )
     args.update(kwargs)
     return schedules.calibrate(method, **args)
@@ -84,12 +90,22 @@ def test_rho_one_reduces_to_vanilla():
 def test_calibrate_shape_accepts_arrays_and_callables():
     clips = np.linspace(2.0, 1.0, 100)
     from_array = schedules.calibrate_shape(
-        clips, clips / np.linspace(3.0, 1.0, 100), target_epsilon=2.0, target_delta=1e-6,
-        sampling_probability=0.05, num_steps=100, accountant="gdp_clt",
+        clips,
+        clips / np.linspace(3.0, 1.0, 100),
+        target_epsilon=2.0,
+        target_delta=1e-6,
+        sampling_probability=0.05,
+        num_steps=100,
+        accountant="gdp_clt",
     )
     from_callable = schedules.calibrate_shape(
-        lambda t: np.linspace(2.0, 1.0, 100), lambda t: np.linspace(2.0, 1.0, 100) / np.linspace(3.0, 1.0, 100),
-        target_epsilon=2.0, target_delta=1e-6, sampling_probability=0.05, num_steps=100, accountant="gdp_clt",
+        lambda t: np.linspace(2.0, 1.0, 100),
+        lambda t: np.linspace(2.0, 1.0, 100) / np.linspace(3.0, 1.0, 100),
+        target_epsilon=2.0,
+        target_delta=1e-6,
+        sampling_probability=0.05,
+        num_steps=100,
+        accountant="gdp_clt",
     )
     assert from_array == from_callable
     np.testing.assert_array_equal(from_array.clip_norms, clips)
@@ -123,8 +139,9 @@ def test_epsilon_passes_accountant_options():
     schedule = _calibrate("vanilla", num_steps=200, sampling_probability=0.02)
     final = schedule.epsilon(DELTA, "pld", **registry.get("pld").final_options)
     assert final < schedule.epsilon(DELTA, "pld")
-    assert final == pytest.approx(fast_pld.pld_epsilon(0.02, schedule.noise_multipliers, DELTA,
-                                                       value_discretization_interval=1e-4), rel=1e-12)
+    assert final == pytest.approx(
+        fast_pld.pld_epsilon(0.02, schedule.noise_multipliers, DELTA, value_discretization_interval=1e-4), rel=1e-12
+    )
     assert schedule.epsilon(DELTA, "rdp", orders=[2, 8, 32]) >= schedule.epsilon(DELTA, "rdp")
     with pytest.raises(ValueError, match="Options of the 'gdp_clt' accountant"):
         schedule.epsilon(DELTA, "gdp_clt", orders=[2])
@@ -192,9 +209,15 @@ def test_bad_calibration_arguments_name_the_argument(override, argument):
 @pytest.mark.parametrize("method", schedules.BASELINES)
 def test_calibrate_builds_the_baselines_with_noise_decay_rho_mu(method):
     schedule = _calibrate(method, epsilon=0.5, num_steps=50, rho_mu=1.25)
-    assert schedule == schedules.calibrate_baseline(method, target_epsilon=0.5, target_delta=DELTA,
-                                                    sampling_probability=P, num_steps=50, initial_clip=1.5,
-                                                    noise_decay=1.25)
+    assert schedule == schedules.calibrate_baseline(
+        method,
+        target_epsilon=0.5,
+        target_delta=DELTA,
+        sampling_probability=P,
+        num_steps=50,
+        initial_clip=1.5,
+        noise_decay=1.25,
+    )
     expected = cdp.calibrate_noise(method, 0.5, DELTA, P, 50, noise_decay=1.25)
     np.testing.assert_allclose(schedule.noise_multipliers, expected, rtol=1e-15)
     np.testing.assert_array_equal(schedule.clip_norms, 1.5)
@@ -205,19 +228,34 @@ def test_calibrate_builds_the_baselines_with_noise_decay_rho_mu(method):
 
 @pytest.mark.parametrize("decay", ["exponential", "time"])
 def test_calibrate_baseline_decays_the_noise_with_a_constant_clip(decay):
-    schedule = schedules.calibrate_baseline("zcdp", target_epsilon=1.2, target_delta=DELTA, sampling_probability=P,
-                                            num_steps=T, initial_clip=1.5, noise_decay=2.0, decay=decay)
+    schedule = schedules.calibrate_baseline(
+        "zcdp",
+        target_epsilon=1.2,
+        target_delta=DELTA,
+        sampling_probability=P,
+        num_steps=T,
+        initial_clip=1.5,
+        noise_decay=2.0,
+        decay=decay,
+    )
     np.testing.assert_array_equal(schedule.clip_norms, 1.5)
-    assert schedule.noise_multipliers[0] / schedule.noise_multipliers[-1] == pytest.approx(2.0 * (
-        cdp.decay_shape(T, 2.0, decay)[0]), rel=1e-12)
+    assert schedule.noise_multipliers[0] / schedule.noise_multipliers[-1] == pytest.approx(
+        2.0 * (cdp.decay_shape(T, 2.0, decay)[0]), rel=1e-12
+    )
     assert schedule.num_steps == T
 
 
 @pytest.mark.parametrize("initial_clip", [0.0, -1.0, math.inf, True, "1"])
 def test_calibrate_baseline_checks_the_clip(initial_clip):
     with pytest.raises(ValueError, match="`initial_clip` must be finite and > 0"):
-        schedules.calibrate_baseline("tcdp", target_epsilon=1.0, target_delta=DELTA, sampling_probability=P,
-                                     num_steps=10, initial_clip=initial_clip)
+        schedules.calibrate_baseline(
+            "tcdp",
+            target_epsilon=1.0,
+            target_delta=DELTA,
+            sampling_probability=P,
+            num_steps=10,
+            initial_clip=initial_clip,
+        )
 
 
 def test_calibrate_refuses_a_baseline_outside_its_accountant():
@@ -250,8 +288,9 @@ def test_rigorous_calibration_meets_target_without_overshoot(accountant):
     # The rigorous accountants charge more than the CLT, so the rigorous schedule is noisier than the paper's.
     paper = _calibrate("dynamic", epsilon=1.0, num_steps=100, sampling_probability=0.01)
     assert np.all(schedule.noise_stddevs > paper.noise_stddevs)
-    np.testing.assert_allclose(schedule.noise_stddevs / paper.noise_stddevs,
-                               schedule.noise_stddevs[0] / paper.noise_stddevs[0], rtol=1e-9)
+    np.testing.assert_allclose(
+        schedule.noise_stddevs / paper.noise_stddevs, schedule.noise_stddevs[0] / paper.noise_stddevs[0], rtol=1e-9
+    )
 
 
 def test_rigorous_epsilons_match_dp_accounting_per_step():
@@ -277,28 +316,46 @@ def _last_steps_boosted(mu_factor=3.0, boosted=5):
 
 def test_default_calibration_is_pld_and_meets_the_target_rigorously():
     # The issue's short run: calibrated to GDP-CLT 1.0 it is PLD 4.20; by default it is now PLD 1.0.
-    short = schedules.calibrate("vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.01,
-                                num_steps=20, initial_clip=1.0)
+    short = schedules.calibrate(
+        "vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.01, num_steps=20, initial_clip=1.0
+    )
     assert short.calibration == schedules.Calibration("pld", 1.0, DELTA)
     assert 0.999 <= short.epsilon(DELTA, "pld") <= 1.0
     assert short.epsilon(DELTA, "gdp_clt") < 0.5  # What the CLT makes of the rigorously calibrated noise.
-    paper = schedules.calibrate("vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.01,
-                                num_steps=20, initial_clip=1.0, accountant="gdp_clt")
+    paper = schedules.calibrate(
+        "vanilla",
+        target_epsilon=1.0,
+        target_delta=DELTA,
+        sampling_probability=0.01,
+        num_steps=20,
+        initial_clip=1.0,
+        accountant="gdp_clt",
+    )
     assert paper.epsilon(DELTA, "pld") == pytest.approx(4.20, abs=0.01)
     # The shape matters too: a long run whose last 5 steps have 3x mu.
-    shaped = schedules.calibrate_shape(1.0, _last_steps_boosted(), target_epsilon=1.0, target_delta=DELTA,
-                                       sampling_probability=P, num_steps=T)
+    shaped = schedules.calibrate_shape(
+        1.0, _last_steps_boosted(), target_epsilon=1.0, target_delta=DELTA, sampling_probability=P, num_steps=T
+    )
     assert shaped.calibration.accountant == "pld" and 0.999 <= shaped.epsilon(DELTA) <= 1.0
-    clt = schedules.calibrate_shape(1.0, _last_steps_boosted(), target_epsilon=1.0, target_delta=DELTA,
-                                    sampling_probability=P, num_steps=T, accountant="gdp_clt")
+    clt = schedules.calibrate_shape(
+        1.0,
+        _last_steps_boosted(),
+        target_epsilon=1.0,
+        target_delta=DELTA,
+        sampling_probability=P,
+        num_steps=T,
+        accountant="gdp_clt",
+    )
     assert clt.epsilon(DELTA, "pld") == pytest.approx(3.78, abs=0.01)
 
 
 def test_calibration_metadata_round_trips_and_equality_ignores_it():
     schedule = _calibrate("dynamic", num_steps=30)
     assert schedule.calibration == schedules.Calibration("gdp_clt", 1.2, DELTA)
-    for restored in (schedules.DPSchedule.from_json(schedule.to_json()),
-                     schedules.DPSchedule.from_config(schedule.get_config())):
+    for restored in (
+        schedules.DPSchedule.from_json(schedule.to_json()),
+        schedules.DPSchedule.from_config(schedule.get_config()),
+    ):
         assert restored.calibration == schedule.calibration and restored == schedule
     by_hand = schedules.DPSchedule(schedule.clip_norms, schedule.noise_stddevs, P)
     assert by_hand.calibration is None and "calibration" not in by_hand.get_config()
@@ -313,15 +370,23 @@ def test_calibration_metadata_round_trips_and_equality_ignores_it():
 
 
 def test_gdp_clt_understatement_reports_the_pld_epsilon_of_the_same_schedule():
-    paper = schedules.calibrate("vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.01,
-                                num_steps=20, initial_clip=1.0, accountant="gdp_clt")
+    paper = schedules.calibrate(
+        "vanilla",
+        target_epsilon=1.0,
+        target_delta=DELTA,
+        sampling_probability=0.01,
+        num_steps=20,
+        initial_clip=1.0,
+        accountant="gdp_clt",
+    )
     text = schedules.gdp_clt_understatement(paper)
     assert "epsilon = 1 (delta = 1e-05) under the GDP-CLT" in text and "PLD epsilon is 4.198, 4.20x the target" in text
     assert "accountant='pld'" in text
     # Within 5%: the paper's worked example (GDP-CLT 1.2, PLD 1.25) is not flagged.
     assert schedules.gdp_clt_understatement(_calibrate("vanilla")) is None
-    rigorous = schedules.calibrate("vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.01,
-                                   num_steps=20, initial_clip=1.0)
+    rigorous = schedules.calibrate(
+        "vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.01, num_steps=20, initial_clip=1.0
+    )
     assert schedules.gdp_clt_understatement(rigorous) is None
     by_hand = schedules.DPSchedule(paper.clip_norms, paper.noise_stddevs, 0.01)
     assert schedules.gdp_clt_understatement(by_hand) is None
@@ -344,5 +409,12 @@ def test_extreme_noise_fails_fast_or_is_accounted(accountant, noise_multiplier):
 @pytest.mark.parametrize("accountant, target", [("rdp", 1e9), ("rdp", 1e-9), ("gdp_clt", 1e-9)])
 def test_calibration_outside_the_accountants_range_raises_calibration_error(accountant, target):
     with pytest.raises(schedules.CalibrationError, match=f"target_epsilon={target}"):
-        schedules.calibrate("vanilla", target_epsilon=target, target_delta=DELTA, sampling_probability=1.0,
-                            num_steps=1, initial_clip=1.0, accountant=accountant)
+        schedules.calibrate(
+            "vanilla",
+            target_epsilon=target,
+            target_delta=DELTA,
+            sampling_probability=1.0,
+            num_steps=1,
+            initial_clip=1.0,
+            accountant=accountant,
+        )

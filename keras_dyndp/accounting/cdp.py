@@ -78,7 +78,8 @@ _LOG_SAFETY_STEP = 1e-14
 
 def _check_budget(target_epsilon: float, target_delta: float) -> None:
     if isinstance(target_epsilon, bool) or not (
-            isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
+        isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0
+    ):
         raise ValueError(f"`target_epsilon` must be finite and > 0. Received: target_epsilon={target_epsilon}.")
     validation.check_delta(target_delta, "target_delta")
 
@@ -99,7 +100,8 @@ def _check_tcdp_sampling(sampling_probability: float) -> float:
         raise ValueError(
             f"`sampling_probability` must be <= {_TCDP_MAX_SAMPLING} for the tCDP baseline: the subsampling theorem "
             "of Bun, Dwork, Rothblum and Steinke (2018) holds for sampling fractions s in (0, 0.1] only. Use a "
-            f"smaller batch, or the RDP/PLD accountants. Received: sampling_probability={p}.")
+            f"smaller batch, or the RDP/PLD accountants. Received: sampling_probability={p}."
+        )
     return p
 
 
@@ -132,7 +134,8 @@ def decay_shape(num_steps: int, noise_decay: float, decay: str = "exponential") 
     if decay not in DECAYS:
         raise ValueError(f"`decay` must be one of {DECAYS}. Received: decay={decay!r}.")
     if isinstance(noise_decay, bool) or not (
-            isinstance(noise_decay, (int, float)) and math.isfinite(noise_decay) and noise_decay >= 1):
+        isinstance(noise_decay, (int, float)) and math.isfinite(noise_decay) and noise_decay >= 1
+    ):
         raise ValueError(f"`noise_decay` must be a finite number >= 1. Received: noise_decay={noise_decay}.")
     fraction = np.arange(1, num_steps + 1, dtype=np.float64) / num_steps
     if decay == "exponential":
@@ -187,7 +190,8 @@ def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[flo
             "The tCDP baseline's subsampling theorem (Bun et al. 2018) needs rho_t = 2 / z_t^2 <= 0.1, i.e. "
             f"z_t >= sqrt(20) = {math.sqrt(2 / _TCDP_MAX_RHO):.4f}, and log(1/p) >= 3 rho_t (2 + log2(1/rho_t)) "
             f"at every step. Step {step + 1} has z_t = {multipliers[step]:.6g} (rho_t = {rhos[step]:.6g}) at "
-            f"p = {s:.6g}.")
+            f"p = {s:.6g}."
+        )
     if not np.any(private):
         return 0.0, math.inf
     rho = _TCDP_AMPLIFICATION_CONSTANT * s**2 * float(np.sum(rhos[private]))
@@ -213,8 +217,15 @@ def tcdp_epsilon(sampling_probability: float, noise_multipliers, delta: float) -
     return tcdp_epsilon_from_parameters(rho, omega, delta)
 
 
-def zcdp_noise_multipliers(target_epsilon: float, target_delta: float, sampling_probability: float, num_steps: int,
-                           *, noise_decay: float = 1.25, decay: str = "exponential") -> np.ndarray:
+def zcdp_noise_multipliers(
+    target_epsilon: float,
+    target_delta: float,
+    sampling_probability: float,
+    num_steps: int,
+    *,
+    noise_decay: float = 1.25,
+    decay: str = "exponential",
+) -> np.ndarray:
     """rho-zCDP-SGD (Yu et al. 2019): decaying noise multipliers z_t = z_0 s_t whose `zcdp_epsilon` <= target.
 
     z_0 has a closed form: rho(z_0) = rho(shape) / z_0^2, so z_0 = sqrt(rho(shape) / rho_target).
@@ -234,12 +245,20 @@ def zcdp_noise_multipliers(target_epsilon: float, target_delta: float, sampling_
     shape = decay_shape(num_steps, noise_decay, decay)
     z0 = math.sqrt(zcdp_rho(shape) / zcdp_rho_from_epsilon(target_epsilon, target_delta))
     z0 = scale_search.step_to_safe_side(  # Rounding: step to more noise.
-        z0, lambda z: zcdp_epsilon(z * shape, target_delta) <= target_epsilon, lambda z: z * (1 + _SAFETY_STEP))
+        z0, lambda z: zcdp_epsilon(z * shape, target_delta) <= target_epsilon, lambda z: z * (1 + _SAFETY_STEP)
+    )
     return z0 * shape
 
 
-def tcdp_noise_multipliers(target_epsilon: float, target_delta: float, sampling_probability: float, num_steps: int,
-                           *, noise_decay: float = 1.25, decay: str = "exponential") -> np.ndarray:
+def tcdp_noise_multipliers(
+    target_epsilon: float,
+    target_delta: float,
+    sampling_probability: float,
+    num_steps: int,
+    *,
+    noise_decay: float = 1.25,
+    decay: str = "exponential",
+) -> np.ndarray:
     """tCDP-SGD (Zhang et al. 2021, accounted as in the module docstring): decaying noise multipliers z_0 s_t.
 
     z_0 is the smallest value (to float precision, by bisection on log z_0) whose `tcdp_epsilon` is <= target,
@@ -265,13 +284,17 @@ def tcdp_noise_multipliers(target_epsilon: float, target_delta: float, sampling_
     # The last step has the least noise; for p <= 0.1 rho_t <= 0.1 implies the log condition.
     low = math.log(math.sqrt(2.0 / _TCDP_MAX_RHO) / float(np.min(shape)))
     low = scale_search.step_to_safe_side(  # Rounding: step to the inside.
-        low, lambda x: bool(np.all(_meets_subsampling_conditions(_replace_one_rhos(math.exp(x) * shape), p))),
-        lambda x: x + _LOG_SAFETY_STEP)
+        low,
+        lambda x: bool(np.all(_meets_subsampling_conditions(_replace_one_rhos(math.exp(x) * shape), p))),
+        lambda x: x + _LOG_SAFETY_STEP,
+    )
     if epsilon(low) <= target_epsilon:
         warnings.warn(
             f"tCDP baseline: the subsampling theorem needs z_t >= sqrt(20) at every step, and with that little "
             f"noise this schedule's tCDP epsilon is {epsilon(low):.4g}, below the target {target_epsilon:g}; it "
-            "spends less than the budget.", stacklevel=2)
+            "spends less than the budget.",
+            stacklevel=2,
+        )
         return math.exp(low) * shape
     high = low + 1.0
     while epsilon(high) > target_epsilon:
@@ -296,12 +319,21 @@ def _check_name(name: str) -> str:
     return name
 
 
-def calibrate_noise(name: str, target_epsilon: float, target_delta: float, sampling_probability: float,
-                      num_steps: int, *, noise_decay: float = 1.25, decay: str = "exponential") -> np.ndarray:
+def calibrate_noise(
+    name: str,
+    target_epsilon: float,
+    target_delta: float,
+    sampling_probability: float,
+    num_steps: int,
+    *,
+    noise_decay: float = 1.25,
+    decay: str = "exponential",
+) -> np.ndarray:
     """The noise multipliers [T] of baseline `name` ('zcdp' or 'tcdp') calibrated to the target under its own
     accountant (`zcdp_noise_multipliers`, `tcdp_noise_multipliers`)."""
-    return _NOISE_MULTIPLIERS[_check_name(name)](target_epsilon, target_delta, sampling_probability, num_steps,
-                                                 noise_decay=noise_decay, decay=decay)
+    return _NOISE_MULTIPLIERS[_check_name(name)](
+        target_epsilon, target_delta, sampling_probability, num_steps, noise_decay=noise_decay, decay=decay
+    )
 
 
 def baseline_epsilon(name: str, sampling_probability: float, noise_multipliers, delta: float) -> float:

@@ -125,7 +125,8 @@ class _Pld:
             return pld_pmf.DensePLDPmf(interval, pmf.lower_index, pmf.probs, pmf.infinity_mass, True)
 
         return privacy_loss_distribution.PrivacyLossDistribution(
-            dense(self.remove), None if self.symmetric else dense(self.add))
+            dense(self.remove), None if self.symmetric else dense(self.add)
+        )
 
 
 def _log_mixture_weight(exponents: np.ndarray, q: float) -> np.ndarray:
@@ -178,15 +179,18 @@ def _gaussian_step_pmf(noise_multiplier: float, q: float, interval: float, remov
         deltas[~inside] = -np.expm1(epsilons[~inside])
         cutoffs = -0.5 - _inverse_log_mixture_weight(epsilons[inside], q) * variance
         upper_cdf = (1 - q) * special.ndtr(cutoffs / noise_multiplier) + q * special.ndtr(
-            (cutoffs + 1) / noise_multiplier)
+            (cutoffs + 1) / noise_multiplier
+        )
         lower_log_cdf = special.log_ndtr(cutoffs / noise_multiplier)
     else:
         inside = epsilons < -math.log1p(-q) if q < 1 else np.ones(epsilons.size, dtype=bool)
         cutoffs = 0.5 + _inverse_log_mixture_weight(-epsilons[inside], q) * variance
         upper_cdf = special.ndtr(cutoffs / noise_multiplier)
         with np.errstate(divide="ignore"):
-            lower_log_cdf = np.logaddexp(math.log1p(-q) + special.log_ndtr(cutoffs / noise_multiplier),
-                                         math.log(q) + special.log_ndtr((cutoffs - 1) / noise_multiplier))
+            lower_log_cdf = np.logaddexp(
+                math.log1p(-q) + special.log_ndtr(cutoffs / noise_multiplier),
+                math.log(q) + special.log_ndtr((cutoffs - 1) / noise_multiplier),
+            )
     deltas[inside] = upper_cdf - np.exp(epsilons[inside] + lower_log_cdf)
     # Exact deltas never increase with epsilon; the clip and running minimum only remove float rounding.
     deltas = np.minimum.accumulate(np.clip(deltas, 0.0, 1.0))
@@ -243,12 +247,12 @@ def _self_compose_pmf(pmf: _Pmf, num_times: int) -> _Pmf:
 def _compose_pmfs(first: _Pmf, second: _Pmf) -> _Pmf:
     """The PMF of the sum of two independent privacy losses (FFT convolution), tails truncated."""
     infinity_mass = first.infinity_mass + second.infinity_mass - first.infinity_mass * second.infinity_mass
-    return _truncate_tails(first.lower_index + second.lower_index, signal.fftconvolve(first.probs, second.probs),
-                           infinity_mass)
+    return _truncate_tails(
+        first.lower_index + second.lower_index, signal.fftconvolve(first.probs, second.probs), infinity_mass
+    )
 
 
-def _subsampled_gaussian(noise_multiplier: float, sampling_probability: float, interval: float,
-                         num_times: int) -> _Pld:
+def _subsampled_gaussian(noise_multiplier: float, sampling_probability: float, interval: float, num_times: int) -> _Pld:
     """`num_times` identical steps; arguments validated by the caller."""
 
     def one_direction(remove: bool) -> _Pmf:
@@ -285,8 +289,9 @@ def subsampled_gaussian_pld(
     floor = noise_range.pld_min_noise_multiplier(value_discretization_interval)
     if not floor <= noise_multiplier <= noise_range.MAX_NOISE_MULTIPLIER:
         raise noise_range.NoiseOutOfRangeError(noise_range.out_of_range_message(noise_multiplier, None, "pld", floor))
-    return _subsampled_gaussian(noise_multiplier, sampling_probability, value_discretization_interval,
-                                num_times).to_dp_accounting(value_discretization_interval)
+    return _subsampled_gaussian(
+        noise_multiplier, sampling_probability, value_discretization_interval, num_times
+    ).to_dp_accounting(value_discretization_interval)
 
 
 def _clt_weights(sorted_multipliers: np.ndarray) -> np.ndarray:
@@ -307,7 +312,7 @@ def _greedy_cuts(weights: np.ndarray, prefix: np.ndarray, tau: float) -> list[in
     start = 0
     positions = np.arange(n + 1)
     while start < n:
-        excess = (positions[start + 1:] - start) * weights[start] - (prefix[start + 1:] - prefix[start])
+        excess = (positions[start + 1 :] - start) * weights[start] - (prefix[start + 1 :] - prefix[start])
         # The first candidate (a group of one step) has excess 0, so every group gets at least one step.
         start += int(np.searchsorted(excess, tau + slack, side="right"))
         cuts.append(start)
@@ -385,18 +390,21 @@ def check_interval(value: float, name: str = "value_discretization_interval") ->
     return float(value)
 
 
-def _check_arguments(sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval,
-                     tolerance) -> tuple[float, np.ndarray]:
+def _check_arguments(
+    sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval, tolerance
+) -> tuple[float, np.ndarray]:
     p = validation.check_probability(sampling_probability, allow_zero=True)
     multipliers = np.asarray(noise_multipliers, dtype=np.float64)
     if multipliers.ndim != 1:
         raise ValueError(
-            f"`noise_multipliers` must be 1-D (one noise multiplier per step). Received shape {multipliers.shape}.")
+            f"`noise_multipliers` must be 1-D (one noise multiplier per step). Received shape {multipliers.shape}."
+        )
     if not np.all(multipliers >= 0):  # Also rejects NaN.
         raise ValueError("Every entry of `noise_multipliers` must be >= 0 (inf allowed).")
     check_interval(value_discretization_interval)
     noise_range.check_noise_multipliers(
-        multipliers, "pld", noise_range.pld_min_noise_multiplier(value_discretization_interval))
+        multipliers, "pld", noise_range.pld_min_noise_multiplier(value_discretization_interval)
+    )
     validation.check_delta(delta)
     if isinstance(max_groups, bool) or int(max_groups) != max_groups or max_groups < 1:
         raise ValueError(f"`max_groups` must be an integer >= 1. Received: max_groups={max_groups}.")
@@ -430,13 +438,15 @@ def pld_epsilons_at(
     Returns:
       float array [len(steps)] of epsilons, each an upper bound on the ungrouped PLD epsilon.
     """
-    p, multipliers = _check_arguments(sampling_probability, noise_multipliers, delta, max_groups,
-                                      value_discretization_interval, tolerance)
+    p, multipliers = _check_arguments(
+        sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval, tolerance
+    )
     counts = np.asarray(steps)
     if counts.ndim != 1 or not np.all((counts >= 0) & (counts <= multipliers.size)) or np.any(np.diff(counts) < 0):
         raise ValueError(
             f"`steps` must be a 1-D non-decreasing sequence of integers in [0, {multipliers.size}]. "
-            f"Received: steps={steps}.")
+            f"Received: steps={steps}."
+        )
     counts = counts.astype(int)
     bounds = np.unique(np.concatenate([[0], counts]))
     segments = [multipliers[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
@@ -455,8 +465,11 @@ def pld_epsilons_at(
             for multiplier, count in zip(*group_noise_multipliers(segment, budget, tolerance)):
                 pld = _subsampled_gaussian(float(multiplier), p, value_discretization_interval, int(count))
                 composed = pld if composed is None else _compose(composed, pld, end)
-        epsilon_at[end] = 0.0 if composed is None else max(0.0, float(
-            composed.to_dp_accounting(value_discretization_interval).get_epsilon_for_delta(delta)))
+        epsilon_at[end] = (
+            0.0
+            if composed is None
+            else max(0.0, float(composed.to_dp_accounting(value_discretization_interval).get_epsilon_for_delta(delta)))
+        )
     return np.array([epsilon_at[int(k)] for k in counts], dtype=np.float64)
 
 
@@ -488,6 +501,14 @@ def pld_epsilon(
       epsilon (math.inf if some step has z = 0 and p > 0).
     """
     num_steps = np.asarray(noise_multipliers).shape[0] if np.ndim(noise_multipliers) == 1 else 0
-    return float(pld_epsilons_at(
-        sampling_probability, noise_multipliers, delta, [num_steps], max_groups=max_groups,
-        value_discretization_interval=value_discretization_interval, tolerance=tolerance)[0])
+    return float(
+        pld_epsilons_at(
+            sampling_probability,
+            noise_multipliers,
+            delta,
+            [num_steps],
+            max_groups=max_groups,
+            value_discretization_interval=value_discretization_interval,
+            tolerance=tolerance,
+        )[0]
+    )

@@ -84,18 +84,23 @@ def _log_a_integer(q: float, sigmas: np.ndarray, alpha: int) -> np.ndarray:
     Summed in log space (shifted by the largest term), one block of sigmas at a time.
     """
     i = np.arange(alpha + 1, dtype=np.float64)
-    log_coef = (special.gammaln(alpha + 1) - special.gammaln(i + 1) - special.gammaln(alpha - i + 1)
-                + i * np.log(q) + (alpha - i) * np.log(1 - q))
+    log_coef = (
+        special.gammaln(alpha + 1)
+        - special.gammaln(i + 1)
+        - special.gammaln(alpha - i + 1)
+        + i * np.log(q)
+        + (alpha - i) * np.log(1 - q)
+    )
     inverse_two_variances = 1 / (2 * sigmas**2)
     log_a = np.empty(sigmas.size)
     chunk = max(1, _BLOCK_ELEMENTS // (alpha + 1))
     for begin in range(0, sigmas.size, chunk):
-        exponents = np.multiply.outer(inverse_two_variances[begin:begin + chunk], i * i - i)
+        exponents = np.multiply.outer(inverse_two_variances[begin : begin + chunk], i * i - i)
         exponents += log_coef
         peak = exponents.max(axis=1)
         exponents -= peak[:, None]
         np.exp(exponents, out=exponents)
-        log_a[begin:begin + chunk] = peak + np.log(exponents.sum(axis=1))
+        log_a[begin : begin + chunk] = peak + np.log(exponents.sum(axis=1))
     return log_a
 
 
@@ -104,8 +109,14 @@ def _log_erfc(x: np.ndarray) -> np.ndarray:
     return np.log(2) + special.log_ndtr(-x * 2**0.5)
 
 
-def _log_s1_sigma_part(j_table: np.ndarray, alpha_inverse: np.ndarray, sigma_inverse: np.ndarray,
-                       sigmas: np.ndarray, z0: np.ndarray, inverse_two_variances: np.ndarray) -> np.ndarray:
+def _log_s1_sigma_part(
+    j_table: np.ndarray,
+    alpha_inverse: np.ndarray,
+    sigma_inverse: np.ndarray,
+    sigmas: np.ndarray,
+    z0: np.ndarray,
+    inverse_two_variances: np.ndarray,
+) -> np.ndarray:
     """(j^2 - j) / (2 sigma^2) + log_e1 of the A_1 series for each running pair (rows) and term (columns).
 
     `j_table` [alphas, terms] holds j = alpha - i; pair k has alpha row `alpha_inverse[k]` and sigma
@@ -117,12 +128,18 @@ def _log_s1_sigma_part(j_table: np.ndarray, alpha_inverse: np.ndarray, sigma_inv
     keys, first, j_inverse = np.unique(np.round(j_table * 1e9), return_index=True, return_inverse=True)
     if sigmas.size * keys.size < alpha_inverse.size * j_table.shape[1]:
         j = j_table.reshape(-1)[first][None, :]
-        table = ((j * j - j) * inverse_two_variances[:, None] + np.log(0.5)
-                 + _log_erfc((z0[:, None] - j) / (np.sqrt(2) * sigmas[:, None])))
+        table = (
+            (j * j - j) * inverse_two_variances[:, None]
+            + np.log(0.5)
+            + _log_erfc((z0[:, None] - j) / (np.sqrt(2) * sigmas[:, None]))
+        )
         return table[sigma_inverse[:, None], j_inverse.reshape(j_table.shape)[alpha_inverse]]
     j = j_table[alpha_inverse]
-    return ((j * j - j) * inverse_two_variances[sigma_inverse][:, None] + np.log(0.5)
-            + _log_erfc((z0[sigma_inverse][:, None] - j) / (np.sqrt(2) * sigmas[sigma_inverse][:, None])))
+    return (
+        (j * j - j) * inverse_two_variances[sigma_inverse][:, None]
+        + np.log(0.5)
+        + _log_erfc((z0[sigma_inverse][:, None] - j) / (np.sqrt(2) * sigmas[sigma_inverse][:, None]))
+    )
 
 
 def _log_a_fractional(q: float, sigmas: np.ndarray, alphas: np.ndarray) -> np.ndarray:
@@ -133,8 +150,9 @@ def _log_a_fractional(q: float, sigmas: np.ndarray, alphas: np.ndarray) -> np.nd
     """
     chunk = max(1, _BLOCK_ELEMENTS // (_MIN_SERIES_BLOCK * alphas.size))
     return np.concatenate(
-        [_log_a_fractional_chunk(q, sigmas[begin:begin + chunk], alphas) for begin in range(0, sigmas.size, chunk)],
-        axis=1)
+        [_log_a_fractional_chunk(q, sigmas[begin : begin + chunk], alphas) for begin in range(0, sigmas.size, chunk)],
+        axis=1,
+    )
 
 
 def _log_a_fractional_chunk(q: float, sigmas: np.ndarray, alphas: np.ndarray) -> np.ndarray:
@@ -160,23 +178,29 @@ def _log_a_fractional_chunk(q: float, sigmas: np.ndarray, alphas: np.ndarray) ->
         block_alphas, block_sigmas = alphas[running_alphas], sigmas[running_sigmas]
         block_z0, block_inverse_two_variances = z0[running_sigmas], inverse_two_variances[running_sigmas]
         j_table = block_alphas[:, None] - i[None, :]
-        log_abs_coef = (special.gammaln(block_alphas + 1)[:, None] - special.gammaln(i + 1)[None, :]
-                        - special.gammaln(j_table + 1))  # log |C(alpha, i)|: gammaln is log |Gamma|.
+        log_abs_coef = (
+            special.gammaln(block_alphas + 1)[:, None] - special.gammaln(i + 1)[None, :] - special.gammaln(j_table + 1)
+        )  # log |C(alpha, i)|: gammaln is log |Gamma|.
         log_t0_table = log_abs_coef + i[None, :] * log_q + j_table * log_1mq
         log_t1_table = log_abs_coef + j_table * log_q + i[None, :] * log_1mq
         # log_s0 = log_t0 + (i^2 - i) / (2 sigma^2) + log_e0; the last two depend on (sigma, i) only.
         log_s0_sigma_table = (
-            np.multiply.outer(block_inverse_two_variances, i * i - i) + np.log(0.5)
-            + _log_erfc((i[None, :] - block_z0[:, None]) / (np.sqrt(2) * block_sigmas[:, None])))
+            np.multiply.outer(block_inverse_two_variances, i * i - i)
+            + np.log(0.5)
+            + _log_erfc((i[None, :] - block_z0[:, None]) / (np.sqrt(2) * block_sigmas[:, None]))
+        )
         log_s0 = log_t0_table[alpha_inverse] + log_s0_sigma_table[sigma_inverse]
         log_s1 = log_t1_table[alpha_inverse] + _log_s1_sigma_part(
-            j_table, alpha_inverse, sigma_inverse, block_sigmas, block_z0, block_inverse_two_variances)
+            j_table, alpha_inverse, sigma_inverse, block_sigmas, block_z0, block_inverse_two_variances
+        )
 
         # Sum after each term, and the stopping rule at each term (against the previous term of each series).
-        sums = np.logaddexp.accumulate(
-            np.concatenate([log_a[:, None], np.logaddexp(log_s0, log_s1)], axis=1), axis=1)[:, 1:]
-        decreasing = ((log_s0 < np.concatenate([last_log_s0[:, None], log_s0[:, :-1]], axis=1))
-                      & (log_s1 < np.concatenate([last_log_s1[:, None], log_s1[:, :-1]], axis=1)))
+        sums = np.logaddexp.accumulate(np.concatenate([log_a[:, None], np.logaddexp(log_s0, log_s1)], axis=1), axis=1)[
+            :, 1:
+        ]
+        decreasing = (log_s0 < np.concatenate([last_log_s0[:, None], log_s0[:, :-1]], axis=1)) & (
+            log_s1 < np.concatenate([last_log_s1[:, None], log_s1[:, :-1]], axis=1)
+        )
         stops = decreasing & (np.maximum(log_s0, log_s1) < sums + _SERIES_RELATIVE_LOG_STOP)
         finished = stops.any(axis=1)
         result[pair_id[finished]] = sums[finished, np.argmax(stops[finished], axis=1)]
@@ -272,16 +296,19 @@ def rdp_epsilons_at(
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
     orders = check_orders(orders)
     steps = np.asarray(steps)
-    if steps.ndim != 1 or not np.issubdtype(steps.dtype, np.integer) or np.any(steps < 0) or np.any(
-            steps > noise_multipliers.size):
+    if (
+        steps.ndim != 1
+        or not np.issubdtype(steps.dtype, np.integer)
+        or np.any(steps < 0)
+        or np.any(steps > noise_multipliers.size)
+    ):
         raise ValueError(
             f"`steps` must be a 1-D sequence of integers in [0, {noise_multipliers.size}] (the number of noise "
             f"multipliers). Received: steps={steps}."
         )
     per_step = poisson_subsampled_gaussian_rdp(sampling_probability, noise_multipliers, orders)
     cumulative = np.vstack([np.zeros((1, orders.size)), np.cumsum(per_step, axis=0)])
-    return np.array([rdp.compute_epsilon(orders, cumulative[step], delta)[0]
-                     for step in steps], dtype=np.float64)
+    return np.array([rdp.compute_epsilon(orders, cumulative[step], delta)[0] for step in steps], dtype=np.float64)
 
 
 def rdp_epsilon(

@@ -195,8 +195,9 @@ def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> fl
     return sampling_probability * math.sqrt(total)
 
 
-def gdp_clt_epsilons_at(sampling_probability: float, mus: Sequence[float] | np.ndarray, delta: float,
-                        steps: Sequence[int] | np.ndarray) -> np.ndarray:
+def gdp_clt_epsilons_at(
+    sampling_probability: float, mus: Sequence[float] | np.ndarray, delta: float, steps: Sequence[int] | np.ndarray
+) -> np.ndarray:
     """GDP-CLT epsilon of the first k steps for each k in `steps`, in one pass.
 
     mu_k = p sqrt(sum_{t <= k} (exp(mu_t^2) - 1)) (`clt_mu` of the first k steps) is converted at `delta`.

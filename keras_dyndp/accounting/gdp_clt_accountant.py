@@ -75,9 +75,7 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
             return math.inf
         return math.sqrt(self._clt_mu_squared + self._exact_mu_squared)
 
-    def _maybe_compose(
-        self, event: dp_event.DpEvent, count: int, do_compose: bool
-    ) -> _CompositionErrorDetails | None:
+    def _maybe_compose(self, event: dp_event.DpEvent, count: int, do_compose: bool) -> _CompositionErrorDetails | None:
         if isinstance(event, dp_event.NoOpDpEvent):
             return None
         if isinstance(event, dp_event.NonPrivateDpEvent):
@@ -182,12 +180,15 @@ def _noise_error(event: dp_event.GaussianDpEvent) -> _CompositionErrorDetails | 
     noise_multiplier = event.noise_multiplier
     if not noise_multiplier >= 0:
         return _CompositionErrorDetails(
-            invalid_event=event, error_message=f"noise_multiplier must be >= 0. Found {noise_multiplier}.")
+            invalid_event=event, error_message=f"noise_multiplier must be >= 0. Found {noise_multiplier}."
+        )
     if noise_multiplier in (0, math.inf) or (
-            noise_range.MIN_NOISE_MULTIPLIER <= noise_multiplier <= noise_range.MAX_NOISE_MULTIPLIER):
+        noise_range.MIN_NOISE_MULTIPLIER <= noise_multiplier <= noise_range.MAX_NOISE_MULTIPLIER
+    ):
         return None
     return _CompositionErrorDetails(
-        invalid_event=event, error_message=noise_range.out_of_range_message(noise_multiplier, None, "gdp_clt"))
+        invalid_event=event, error_message=noise_range.out_of_range_message(noise_multiplier, None, "gdp_clt")
+    )
 
 
 def _inverse_square(noise_multiplier: float) -> float:

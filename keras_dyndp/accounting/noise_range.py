@@ -58,23 +58,29 @@ def pld_min_noise_multiplier(value_discretization_interval: float) -> float:
     return max(MIN_NOISE_MULTIPLIER, 1.0 / inverse)
 
 
-def out_of_range_message(noise_multiplier: float, step: int | None, accountant: str,
-                         min_noise_multiplier: float = MIN_NOISE_MULTIPLIER) -> str:
+def out_of_range_message(
+    noise_multiplier: float, step: int | None, accountant: str, min_noise_multiplier: float = MIN_NOISE_MULTIPLIER
+) -> str:
     """The error text for one noise multiplier outside [min_noise_multiplier, MAX_NOISE_MULTIPLIER]."""
     where = "" if step is None else f" of step {step} (0-based)"
-    text = (f"The noise multiplier{where} is {noise_multiplier:g}; the {accountant!r} accountant accepts 0 (no "
-            f"noise: epsilon is infinite), inf, or values in [{min_noise_multiplier:.4g}, "
-            f"{MAX_NOISE_MULTIPLIER:g}]. Outside that range a step has no meaningful privacy (below) or a privacy "
-            "loss below float resolution (above): check the schedule's noise_stddevs / clip_norms.")
+    text = (
+        f"The noise multiplier{where} is {noise_multiplier:g}; the {accountant!r} accountant accepts 0 (no "
+        f"noise: epsilon is infinite), inf, or values in [{min_noise_multiplier:.4g}, "
+        f"{MAX_NOISE_MULTIPLIER:g}]. Outside that range a step has no meaningful privacy (below) or a privacy "
+        "loss below float resolution (above): check the schedule's noise_stddevs / clip_norms."
+    )
     if min_noise_multiplier > MIN_NOISE_MULTIPLIER:
-        text += (f" The PLD's lower end keeps its grid within MAX_PLD_GRID_POINTS = {MAX_PLD_GRID_POINTS} points; "
-                 "a larger value_discretization_interval lowers it, and the 'rdp' accountant accepts down to "
-                 f"{MIN_NOISE_MULTIPLIER:g}.")
+        text += (
+            f" The PLD's lower end keeps its grid within MAX_PLD_GRID_POINTS = {MAX_PLD_GRID_POINTS} points; "
+            "a larger value_discretization_interval lowers it, and the 'rdp' accountant accepts down to "
+            f"{MIN_NOISE_MULTIPLIER:g}."
+        )
     return text
 
 
-def check_noise_multipliers(noise_multipliers: np.ndarray, accountant: str,
-                            min_noise_multiplier: float = MIN_NOISE_MULTIPLIER) -> np.ndarray:
+def check_noise_multipliers(
+    noise_multipliers: np.ndarray, accountant: str, min_noise_multiplier: float = MIN_NOISE_MULTIPLIER
+) -> np.ndarray:
     """Returns `noise_multipliers` (1-D float array, entries >= 0 already checked) if each is 0, inf or in range.
 
     Raises:
@@ -85,7 +91,8 @@ def check_noise_multipliers(noise_multipliers: np.ndarray, accountant: str,
     if np.any(outside):
         step = int(np.argmax(outside))
         raise NoiseOutOfRangeError(
-            out_of_range_message(float(noise_multipliers[step]), step, accountant, min_noise_multiplier))
+            out_of_range_message(float(noise_multipliers[step]), step, accountant, min_noise_multiplier)
+        )
     return noise_multipliers
 
 
@@ -95,4 +102,5 @@ def check_pld_grid_points(num_points: int, what: str) -> None:
         raise NoiseOutOfRangeError(
             f"The PLD of {what} needs {num_points} grid points, more than MAX_PLD_GRID_POINTS = "
             f"{MAX_PLD_GRID_POINTS} (~{8 * num_points / 2**20:.0f} MiB per array): its privacy loss is so large "
-            "that its epsilon is far beyond any meaningful budget. Use more noise, or the 'rdp' accountant.")
+            "that its epsilon is far beyond any meaningful budget. Use more noise, or the 'rdp' accountant."
+        )

@@ -83,15 +83,18 @@ class Accountant:
     epsilons_at: Callable[..., np.ndarray]
     min_noise_multiplier: Callable[..., float] = lambda **options: noise_range.MIN_NOISE_MULTIPLIER
     option_checks: Mapping[str, Callable[[Any], Any]] = dataclasses.field(
-        default_factory=lambda: types.MappingProxyType({}))
+        default_factory=lambda: types.MappingProxyType({})
+    )
     final_options: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Returns the checked `options`, or raises ValueError naming an unknown or bad one."""
         unknown = sorted(set(options) - set(self.option_checks))
         if unknown:
-            raise ValueError(f"Options of the {self.name!r} accountant must be among {tuple(self.option_checks)}. "
-                             f"Received: {', '.join(unknown)}.")
+            raise ValueError(
+                f"Options of the {self.name!r} accountant must be among {tuple(self.option_checks)}. "
+                f"Received: {', '.join(unknown)}."
+            )
         return {key: self.option_checks[key](value) for key, value in options.items()}
 
 
@@ -110,32 +113,40 @@ _ACCOUNTANTS = {
             make=GdpCltAccountant,
             epsilon=_gdp_clt_epsilon,
             epsilons_at=lambda schedule, delta, steps: gdp.gdp_clt_epsilons_at(
-                schedule.sampling_probability, schedule.mus, delta, steps),
+                schedule.sampling_probability, schedule.mus, delta, steps
+            ),
         ),
         Accountant(
             name="rdp",
             rigorous=True,
             make=lambda orders=None: rdp.RdpAccountant(orders),
             epsilon=lambda schedule, delta, steps, **options: fast_rdp.rdp_epsilon(
-                schedule.sampling_probability, schedule.noise_multipliers[:steps], delta, **options),
+                schedule.sampling_probability, schedule.noise_multipliers[:steps], delta, **options
+            ),
             epsilons_at=lambda schedule, delta, steps, **options: fast_rdp.rdp_epsilons_at(
-                schedule.sampling_probability, schedule.noise_multipliers, delta, steps, **options),
+                schedule.sampling_probability, schedule.noise_multipliers, delta, steps, **options
+            ),
             option_checks=types.MappingProxyType({"orders": fast_rdp.check_orders}),
         ),
         Accountant(
             name="pld",
             rigorous=True,
             make=lambda value_discretization_interval=DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL: pld.PLDAccountant(
-                value_discretization_interval=value_discretization_interval),
+                value_discretization_interval=value_discretization_interval
+            ),
             epsilon=lambda schedule, delta, steps, **options: fast_pld.pld_epsilon(
-                schedule.sampling_probability, schedule.noise_multipliers[:steps], delta, **options),
+                schedule.sampling_probability, schedule.noise_multipliers[:steps], delta, **options
+            ),
             epsilons_at=lambda schedule, delta, steps, **options: fast_pld.pld_epsilons_at(
-                schedule.sampling_probability, schedule.noise_multipliers, delta, steps, **options),
+                schedule.sampling_probability, schedule.noise_multipliers, delta, steps, **options
+            ),
             min_noise_multiplier=lambda value_discretization_interval=DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL: (
-                noise_range.pld_min_noise_multiplier(value_discretization_interval)),
+                noise_range.pld_min_noise_multiplier(value_discretization_interval)
+            ),
             option_checks=types.MappingProxyType({"value_discretization_interval": fast_pld.check_interval}),
             final_options=types.MappingProxyType(
-                {"value_discretization_interval": FINAL_PLD_VALUE_DISCRETIZATION_INTERVAL}),
+                {"value_discretization_interval": FINAL_PLD_VALUE_DISCRETIZATION_INTERVAL}
+            ),
         ),
     )
 }
@@ -174,5 +185,8 @@ def make_accountant(
     entry = get(name, "name")
     if "value_discretization_interval" not in entry.option_checks:
         return entry.make()
-    return entry.make(value_discretization_interval=fast_pld.check_interval(
-        pld_value_discretization_interval, "pld_value_discretization_interval"))
+    return entry.make(
+        value_discretization_interval=fast_pld.check_interval(
+            pld_value_discretization_interval, "pld_value_discretization_interval"
+        )
+    )

@@ -49,11 +49,20 @@ def _unreachable(target_epsilon: float, what: str, epsilon: float) -> Calibratio
     return CalibrationError(
         f"target_epsilon={target_epsilon} cannot be reached: {what} with the least noise the accountant accepts "
         f"(see keras_dyndp.accounting.noise_range) spends only epsilon = {epsilon:.6g}. A target this large means "
-        "no meaningful privacy; use a smaller target_epsilon.")
+        "no meaningful privacy; use a smaller target_epsilon."
+    )
 
 
-def _search(epsilon_of: EpsilonFunction, target_epsilon: float, x: float, lower: float, upper: float,
-            rtol: float, slope: float, what: str) -> tuple[float, float]:
+def _search(
+    epsilon_of: EpsilonFunction,
+    target_epsilon: float,
+    x: float,
+    lower: float,
+    upper: float,
+    rtol: float,
+    slope: float,
+    what: str,
+) -> tuple[float, float]:
     """(x in the window or the bracket's safe end, the last secant slope of f)."""
     window = math.log1p(-rtol)
     aim = window / 2
@@ -78,8 +87,11 @@ def _search(epsilon_of: EpsilonFunction, target_epsilon: float, x: float, lower:
             if width <= _BRACKET_WIDTH:
                 return safe[0], slope
             if math.isinf(over[1]) and width <= _EDGE_WIDTH:
-                raise _unreachable(target_epsilon, what + " (at the edge of what the accountant can represent)",
-                                   target_epsilon * math.exp(safe[1]))
+                raise _unreachable(
+                    target_epsilon,
+                    what + " (at the edge of what the accountant can represent)",
+                    target_epsilon * math.exp(safe[1]),
+                )
             step = x + (aim - value) / slope if math.isfinite(value) else math.nan
             inside = safe[0] + 1e-3 * width < step < over[0] - 1e-3 * width
             x = step if inside else 0.5 * (safe[0] + over[0])
@@ -92,11 +104,13 @@ def _search(epsilon_of: EpsilonFunction, target_epsilon: float, x: float, lower:
             if over[0] <= lower:
                 raise CalibrationError(
                     f"target_epsilon={target_epsilon} cannot be met: {what} with the most noise the accountant "
-                    f"accepts already spends epsilon = {target_epsilon * math.exp(over[1]):.6g}.")
+                    f"accepts already spends epsilon = {target_epsilon * math.exp(over[1]):.6g}."
+                )
             step = (aim - value) / slope if math.isfinite(value) else -1.0
             x = max(lower, x + max(min(step, -1e-3), -_MAX_STEP))
-    raise CalibrationError(f"No calibration of {what} to target_epsilon={target_epsilon} found in "
-                           f"{_MAX_EVALUATIONS} evaluations.")
+    raise CalibrationError(
+        f"No calibration of {what} to target_epsilon={target_epsilon} found in {_MAX_EVALUATIONS} evaluations."
+    )
 
 
 def largest_scale_within(

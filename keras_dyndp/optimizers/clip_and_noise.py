@@ -19,12 +19,12 @@ References:
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
 
-def per_example_global_norms(per_example_grads: Sequence[Optional[tf.Tensor]]) -> tf.Tensor:
+def per_example_global_norms(per_example_grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
     """L2 norm of each example's gradient taken across all variables at once (the "global" norm).
 
     Args:
@@ -67,8 +67,8 @@ def clip_factors(norms: tf.Tensor, clip_norm: tf.Tensor | float) -> tf.Tensor:
 
 
 def clip_by_global_norm_per_example(
-    per_example_grads: Sequence[Optional[tf.Tensor]], clip_norm: tf.Tensor | float
-) -> tuple[list[Optional[tf.Tensor]], tf.Tensor]:
+    per_example_grads: Sequence[tf.Tensor | None], clip_norm: tf.Tensor | float
+) -> tuple[list[tf.Tensor | None], tf.Tensor]:
     """Clips each example's gradient to global L2 norm `clip_norm` and sums over examples, vectorized.
 
     Example i is scaled by clip_norm / max(||g_i||, clip_norm), i.e. min(1, clip_norm / ||g_i||). A zero gradient
@@ -87,8 +87,7 @@ def clip_by_global_norm_per_example(
     norms = per_example_global_norms(per_example_grads)
     factors = clip_factors(norms, clip_norm)
     clipped_sums = [
-        None if grad is None else tf.tensordot(tf.cast(factors, grad.dtype), grad, axes=1)
-        for grad in per_example_grads
+        None if grad is None else tf.tensordot(tf.cast(factors, grad.dtype), grad, axes=1) for grad in per_example_grads
     ]
     return clipped_sums, norms
 

@@ -97,7 +97,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 from absl import logging
@@ -112,8 +112,19 @@ from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers import noise_source
 from keras_dyndp.optimizers import sampling_check
 
-_BUDGET_ARGUMENTS = ("target_epsilon", "target_delta", "num_examples", "batch_size", "epochs", "steps", "method",
-                     "initial_clip", "rho_mu", "rho_c", "accountant")
+_BUDGET_ARGUMENTS = (
+    "target_epsilon",
+    "target_delta",
+    "num_examples",
+    "batch_size",
+    "epochs",
+    "steps",
+    "method",
+    "initial_clip",
+    "rho_mu",
+    "rho_c",
+    "accountant",
+)
 
 
 class SlowPathWarning(UserWarning):
@@ -134,9 +145,7 @@ class _DPGradientGuard:
 
     def check_and_clear(self, grads: Sequence[tf.Tensor]) -> bool:
         pending, self._pending = self._pending, None
-        return (
-            pending is not None and len(pending) == len(grads) and all(g is p for g, p in zip(grads, pending))
-        )
+        return pending is not None and len(pending) == len(grads) and all(g is p for g, p in zip(grads, pending))
 
 
 def _check_single_replica() -> None:
@@ -230,7 +239,8 @@ def _resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[sche
             "num_examples, batch_size, epochs or steps, method and initial_clip. Received neither."
         )
     missing = [
-        name for name in ("target_epsilon", "target_delta", "num_examples", "batch_size", "method", "initial_clip")
+        name
+        for name in ("target_epsilon", "target_delta", "num_examples", "batch_size", "method", "initial_clip")
         if budget[name] is None
     ]
     if missing:
@@ -318,9 +328,17 @@ class DynamicDPOptimizerMixin:
         **kwargs,
     ):
         budget = dict(
-            target_epsilon=target_epsilon, target_delta=target_delta, num_examples=num_examples,
-            batch_size=batch_size, epochs=epochs, steps=steps, method=method, initial_clip=initial_clip,
-            rho_mu=rho_mu, rho_c=rho_c, accountant=accountant,
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            num_examples=num_examples,
+            batch_size=batch_size,
+            epochs=epochs,
+            steps=steps,
+            method=method,
+            initial_clip=initial_clip,
+            rho_mu=rho_mu,
+            rho_c=rho_c,
+            accountant=accountant,
         )
         schedule, expected_batch_size = _resolve_schedule(schedule, budget, expected_batch_size)
         num_microbatches = _check_num_microbatches(num_microbatches)
@@ -391,9 +409,7 @@ class DynamicDPOptimizerMixin:
     def _noise_and_normalise(
         self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
     ) -> list[tf.Tensor]:
-        noised = clip_and_noise.add_gaussian_noise(
-            clipped_sums, noise_stddev, generator=self._noise_source.generator
-        )
+        noised = clip_and_noise.add_gaussian_noise(clipped_sums, noise_stddev, generator=self._noise_source.generator)
         return [grad / tf.cast(normaliser, grad.dtype) for grad in noised]
 
     def _row_normaliser(self, num_rows: tf.Tensor) -> tf.Tensor:
@@ -426,9 +442,7 @@ class DynamicDPOptimizerMixin:
         _check_single_replica()
         self._check_model_fit_path()
         if tape is None and not callable(loss):
-            raise ValueError(
-                "`tape` is required when a tensor loss is passed. Received: tape=None."
-            )
+            raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
         if callable(loss):
             tape = tape if tape is not None else tf.GradientTape()
             with tape:
@@ -459,12 +473,8 @@ class DynamicDPOptimizerMixin:
                 assignment = microbatches.random_assignment(
                     num_rows, self._num_microbatches, self._noise_source.generator
                 )
-                unit_losses = microbatches.microbatch_losses(
-                    per_example_losses, assignment, self._num_microbatches
-                )
-        per_unit_grads = tape.jacobian(
-            unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO
-        )
+                unit_losses = microbatches.microbatch_losses(per_example_losses, assignment, self._num_microbatches)
+        per_unit_grads = tape.jacobian(unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
         batch_size_check = self._sampling_check.assertion(
             sampling_check.count_nonzero_rows(per_example_losses), num_rows
@@ -561,8 +571,11 @@ class DynamicDPOptimizerMixin:
 
         if not train_step.is_private(model):
             train_step.make_private(model, **self._private_train_step)
-            logging.info("keras_dyndp: model %r was trained through make_private (its optimizer's config says "
-                         "so); its private train step is restored.", model.name)
+            logging.info(
+                "keras_dyndp: model %r was trained through make_private (its optimizer's config says "
+                "so); its private train step is restored.",
+                model.name,
+            )
 
     def _check_model_fit_path(self) -> None:
         """Refuses mixed precision on this path, and warns once when model.fit runs it instead of make_private."""
@@ -671,7 +684,6 @@ class DynamicDPOptimizerMixin:
         return optimizer
 
 
-
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     """Returns ``DynamicDPKeras<BaseName>(DynamicDPOptimizerMixin, base_cls)``: a dynamic DP-SGD optimizer class.
 
@@ -696,8 +708,8 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     class_name = f"DynamicDPKeras{base_cls.__name__}"
     namespace = {
         "__doc__": f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD.\n\n"
-                   f"See `DynamicDPOptimizerMixin` for its arguments; other keyword arguments go to "
-                   f"`{base_cls.__name__}`.",
+        f"See `DynamicDPOptimizerMixin` for its arguments; other keyword arguments go to "
+        f"`{base_cls.__name__}`.",
         "__module__": "keras_dyndp.optimizers",
         "__qualname__": class_name,
     }

@@ -83,8 +83,9 @@ class SamplingCheck:
         call = None if model is None else keras_context.fit_call(model)
         p = self._sampling_probability
         if call is None:
-            problem = ("keras_dyndp cannot see the batches of this training step (a custom training loop or "
-                       "train_on_batch)")
+            problem = (
+                "keras_dyndp cannot see the batches of this training step (a custom training loop or train_on_batch)"
+            )
         else:
             sampling = data.poisson_sampling(call.x)
             if sampling is not None:
@@ -96,8 +97,10 @@ class SamplingCheck:
                         "the rate you sample at."
                     )
                 return
-            problem = (f"model.fit received x of type {type(call.x).__name__}, not a dataset returned by "
-                       "keras_dyndp.data.poisson_batches_from_tensors or keras_dyndp.data.poisson_batches")
+            problem = (
+                f"model.fit received x of type {type(call.x).__name__}, not a dataset returned by "
+                "keras_dyndp.data.poisson_batches_from_tensors or keras_dyndp.data.poisson_batches"
+            )
         if self._warned:
             return
         self._warned = True
@@ -108,8 +111,10 @@ class SamplingCheck:
             f"sampling_probability={p:g}) and pass the returned dataset to model.fit unchanged."
         )
         if self._range is None:
-            message += (" Batch sizes cannot be checked against the schedule either: build the optimizer with "
-                        "expected_batch_size = p * N.")
+            message += (
+                " Batch sizes cannot be checked against the schedule either: build the optimizer with "
+                "expected_batch_size = p * N."
+            )
         elif model is not None and getattr(model, "jit_compile", False):
             message += " XLA (jit_compile=True) drops the per-step batch-size check."
         warnings.warn(message, SamplingWarning, stacklevel=2)

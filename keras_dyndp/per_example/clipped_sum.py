@@ -15,7 +15,9 @@ adds N(0, sigma_t^2) to each sum and then normalises.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 

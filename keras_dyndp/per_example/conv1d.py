@@ -8,7 +8,7 @@ is the padded one and the window is 'valid'.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 

@@ -9,7 +9,8 @@ gives every example's kernel gradient at once.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -119,18 +120,18 @@ def _depthwise_filter_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Ten
 
     def kernel_sum(f):
         # sum_b f_b G_b as kh*kw row-vector-matrix products: twice as fast on CPU as the einsum "hwbc,b->hwc".
-        total = tf.add_n([
-            tf.matmul(tf.broadcast_to(f[None, None, start:end], [kernel_positions, 1, end - start]), gradients)
-            for (start, end), gradients in zip(groups, per_example)
-        ])
+        total = tf.add_n(
+            [
+                tf.matmul(tf.broadcast_to(f[None, None, start:end], [kernel_positions, 1, end - start]), gradients)
+                for (start, end), gradients in zip(groups, per_example)
+            ]
+        )
         return tf.reshape(total, [kernel_positions, out_channels])
 
     return squared, kernel_sum
 
 
-def _window_starts(
-    size: int, kernel: int, stride: int, dilation: int, padding: str
-) -> tuple[np.ndarray, int, int]:
+def _window_starts(size: int, kernel: int, stride: int, dilation: int, padding: str) -> tuple[np.ndarray, int, int]:
     """TF's conv windows along one axis: [out, kernel] input positions (padded coordinates) and the padding."""
     span = (kernel - 1) * dilation + 1
     if padding == "same":
@@ -176,8 +177,12 @@ def image_patches(window: Window, inputs: tf.Tensor) -> tf.Tensor:
 def _depthwise_filter_applies(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> bool:
     """Whether `_depthwise_filter_gradients` can compute the kernel gradients: no dilation, equal strides (the
     CPU kernel's limits) and image sizes known while tracing."""
-    return (window.dilation_rate == (1, 1) and window.strides[0] == window.strides[1]
-            and inputs.shape[1:].is_fully_defined() and g.shape[1:].is_fully_defined())
+    return (
+        window.dilation_rate == (1, 1)
+        and window.strides[0] == window.strides[1]
+        and inputs.shape[1:].is_fully_defined()
+        and g.shape[1:].is_fully_defined()
+    )
 
 
 def conv_kernel_gradient(

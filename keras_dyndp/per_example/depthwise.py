@@ -10,7 +10,7 @@ pointwise kernel as a [c_in * m, filters] matrix), from which the depthwise kern
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -83,12 +83,14 @@ def separable_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     depthwise_output = tap.saved["depthwise_output"]
     pointwise_matrix = tf.reshape(tf.convert_to_tensor(pointwise), pointwise.shape[2:])  # [c_in * m, filters].
     squared, pointwise_sum = norms.bilinear_norms_and_sum(
-        norms.flatten_positions(depthwise_output, tap.rows), norms.flatten_positions(g, tap.rows))
+        norms.flatten_positions(depthwise_output, tap.rows), norms.flatten_positions(g, tap.rows)
+    )
     g_depthwise = tf.tensordot(g, pointwise_matrix, axes=[[3], [1]])
     gradients = [
         GhostGradient(pointwise, squared, lambda f: tf.reshape(pointwise_sum(f), pointwise.shape)),
-        conv2d.depthwise_kernel_gradient(layer.depthwise_kernel, conv2d.Window.of(layer), tap.inputs, g_depthwise,
-                                         tap.rows),
+        conv2d.depthwise_kernel_gradient(
+            layer.depthwise_kernel, conv2d.Window.of(layer), tap.inputs, g_depthwise, tap.rows
+        ),
     ]
     if layer.use_bias:
         gradients.append(norms.bias_gradient(layer.bias, norms.flatten_positions(g, tap.rows)))

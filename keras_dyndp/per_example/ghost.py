@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -79,7 +81,7 @@ def clipped_sum(
         raise UnsupportedModel("a tapped layer does not have one row per example (or per example and step)")
     used = [tap for tap in tapping.taps if tap.inputs is not None]
     grads = tape.gradient(total, [tap.preactivation for tap in used] + var_list)
-    tied = [keras_compat.variable_name(v) for v, g in zip(var_list, grads[len(used):]) if g is not None]
+    tied = [keras_compat.variable_name(v) for v, g in zip(var_list, grads[len(used) :]) if g is not None]
     if tied:
         raise UnsupportedModel(f"variables used outside their own layer's call (tied weights): {tied}")
     wanted = {id(v) for v in var_list}
@@ -156,8 +158,10 @@ def _rows_proven_by_probe(model: keras.Model, x: Any) -> bool:
     if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) for t in flat):
         return False
     # Which layers are tapped depends on which are trainable.
-    key = (tuple((tf.as_dtype(t.dtype), tuple(t.shape[1:])) for t in flat),
-           tuple(id(v) for v in model.trainable_variables))
+    key = (
+        tuple((tf.as_dtype(t.dtype), tuple(t.shape[1:])) for t in flat),
+        tuple(id(v) for v in model.trainable_variables),
+    )
     results = _probe_results.setdefault(model, {})
     if key not in results:
         results[key] = _probe(model, x)
@@ -168,8 +172,9 @@ def _probe(model: keras.Model, x: Any) -> bool:
     """Traces the tapped forward pass on ``_PROBE_BATCH`` examples (other unknown axes ``_PROBE_LENGTH``)."""
 
     def spec(tensor: tf.Tensor | np.ndarray) -> tf.TensorSpec:
-        return tf.TensorSpec([_PROBE_BATCH] + [_PROBE_LENGTH if d is None else d for d in tensor.shape[1:]],
-                             tf.as_dtype(tensor.dtype))
+        return tf.TensorSpec(
+            [_PROBE_BATCH] + [_PROBE_LENGTH if d is None else d for d in tensor.shape[1:]], tf.as_dtype(tensor.dtype)
+        )
 
     proofs = []
 

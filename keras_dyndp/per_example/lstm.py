@@ -6,7 +6,7 @@ previous hidden states are available: kernel, recurrent kernel and bias are then
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -20,7 +20,10 @@ from keras_dyndp.per_example.taps import UnsupportedModel
 def supports(layer: keras.layers.LSTM) -> bool:
     """Not stateful, reversed, time-major (Keras 2 only) or with dropout."""
     return not (
-        layer.stateful or layer.go_backwards or getattr(layer, "time_major", False) or layer.dropout
+        layer.stateful
+        or layer.go_backwards
+        or getattr(layer, "time_major", False)
+        or layer.dropout
         or layer.recurrent_dropout
     )
 
@@ -52,9 +55,7 @@ def call(tap: Tap) -> Callable:
             h = cell.recurrent_activation(z_o) * cell.activation(c)
             return h, c, h_prev
 
-        hs, cs, h_prevs = tf.scan(
-            step, tf.transpose(input_projection, [1, 0, 2]), initializer=(zeros, zeros, zeros)
-        )
+        hs, cs, h_prevs = tf.scan(step, tf.transpose(input_projection, [1, 0, 2]), initializer=(zeros, zeros, zeros))
         tap.saved["previous_hidden_states"] = tf.transpose(h_prevs, [1, 0, 2])
         output = tf.transpose(hs, [1, 0, 2]) if layer.return_sequences else hs[-1]
         if layer.return_state:

@@ -8,7 +8,7 @@ and clipped sum `bilinear_norms_and_sum` computes in the cheaper of two forms; a
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
@@ -61,9 +61,7 @@ def _use_gram(positions: int | None, fan_in: int, fan_out: int) -> bool:
     return positions * positions * (fan_in + fan_out) < fan_in * fan_out
 
 
-def bilinear_norms_and_sum(
-    a: tf.Tensor, g: tf.Tensor
-) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
+def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
     """Squared norms of G_i = a_i^T g_i (a: [B, T, k], g: [B, T, c]) and a function factors -> sum f_i G_i."""
     positions, fan_in, fan_out = a.shape[1], a.shape[-1], g.shape[-1]
     if positions == 1:

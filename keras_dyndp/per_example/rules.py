@@ -139,17 +139,33 @@ def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
 
 
 register_layer_rule(keras.layers.Dense, call=dense.call, norms_and_sums=dense.norms_and_sums, supports=_built_in())
-register_layer_rule(keras.layers.Conv1D, call=conv1d.call, norms_and_sums=conv1d.norms_and_sums,
-                    supports=_built_in(conv1d.supports))
-register_layer_rule(keras.layers.Conv2D, call=conv2d.call, norms_and_sums=conv2d.norms_and_sums,
-                    supports=_built_in(conv2d.supports))
-register_layer_rule(keras.layers.DepthwiseConv2D, call=depthwise.depthwise_call,
-                    norms_and_sums=depthwise.depthwise_norms_and_sums, supports=_built_in(depthwise.supports))
-register_layer_rule(keras.layers.SeparableConv2D, call=depthwise.separable_call,
-                    norms_and_sums=depthwise.separable_norms_and_sums, supports=_built_in(depthwise.supports))
-register_layer_rule(keras.layers.Embedding, call=embedding.call, norms_and_sums=embedding.norms_and_sums,
-                    supports=_built_in(embedding.supports))
-register_layer_rule(keras.layers.LSTM, call=lstm.call, norms_and_sums=lstm.norms_and_sums,
-                    supports=_built_in(lstm.supports))
-register_layer_rule(keras.layers.GRU, call=gru.call, norms_and_sums=gru.norms_and_sums,
-                    supports=_built_in(gru.supports))
+register_layer_rule(
+    keras.layers.Conv1D, call=conv1d.call, norms_and_sums=conv1d.norms_and_sums, supports=_built_in(conv1d.supports)
+)
+register_layer_rule(
+    keras.layers.Conv2D, call=conv2d.call, norms_and_sums=conv2d.norms_and_sums, supports=_built_in(conv2d.supports)
+)
+register_layer_rule(
+    keras.layers.DepthwiseConv2D,
+    call=depthwise.depthwise_call,
+    norms_and_sums=depthwise.depthwise_norms_and_sums,
+    supports=_built_in(depthwise.supports),
+)
+register_layer_rule(
+    keras.layers.SeparableConv2D,
+    call=depthwise.separable_call,
+    norms_and_sums=depthwise.separable_norms_and_sums,
+    supports=_built_in(depthwise.supports),
+)
+register_layer_rule(
+    keras.layers.Embedding,
+    call=embedding.call,
+    norms_and_sums=embedding.norms_and_sums,
+    supports=_built_in(embedding.supports),
+)
+register_layer_rule(
+    keras.layers.LSTM, call=lstm.call, norms_and_sums=lstm.norms_and_sums, supports=_built_in(lstm.supports)
+)
+register_layer_rule(
+    keras.layers.GRU, call=gru.call, norms_and_sums=gru.norms_and_sums, supports=_built_in(gru.supports)
+)

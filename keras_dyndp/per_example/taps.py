@@ -9,7 +9,9 @@ model to the vectorized path.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -46,8 +48,9 @@ class Rows:
         def product(a, b):
             return None if a is None or b is None else a * b
 
-        return Rows(self.count * steps, product(self.static, steps_static), product(self.fold, steps_static),
-                     self.batch)
+        return Rows(
+            self.count * steps, product(self.static, steps_static), product(self.fold, steps_static), self.batch
+        )
 
 
 class Tapping:
@@ -75,7 +78,8 @@ class Tapping:
             if actual != rows.static:
                 raise UnsupportedModel(
                     f"{what} does not have one row per example (or per example and step): {actual} rows, "
-                    f"{rows.static} expected")
+                    f"{rows.static} expected"
+                )
             return tensor
         self.proven = False
         checked = tf.reshape(tensor, tf.concat([[rows.count], tf.shape(tensor)[1:]], axis=0))

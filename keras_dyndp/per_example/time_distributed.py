@@ -8,7 +8,7 @@ the `Tapping`'s rows, so that the rules inside know that example b owns T consec
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -52,8 +52,7 @@ def compute_mask(layer: keras.layers.TimeDistributed) -> Callable:
     """
     inner = layer.layer
     sublayers = [inner, *keras_compat.flatten_layers(inner)]
-    makes_masks = any(isinstance(sub, keras.layers.Masking) or getattr(sub, "mask_zero", False)
-                      for sub in sublayers)
+    makes_masks = any(isinstance(sub, keras.layers.Masking) or getattr(sub, "mask_zero", False) for sub in sublayers)
 
     def time_distributed_mask(inputs, mask=None):
         del inputs

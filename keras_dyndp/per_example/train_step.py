@@ -46,7 +46,8 @@ per-example terms, and layers that mix examples or store batch statistics such a
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -74,10 +75,7 @@ def _dp_optimizer(model: keras.Model) -> DynamicDPOptimizerMixin:
 def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], tf.Tensor]:
     loss = model.loss
     if isinstance(loss, (dict, list, tuple)):
-        raise ValueError(
-            "make_private supports a single loss (one output). Received: loss="
-            f"{loss!r}."
-        )
+        raise ValueError(f"make_private supports a single loss (one output). Received: loss={loss!r}.")
     if isinstance(loss, str):
         loss = keras.losses.get(loss)
     if isinstance(loss, keras.losses.Loss):
@@ -103,8 +101,10 @@ def _check_no_regularization(model: keras.Model) -> None:
 
 def _private_train_step_arguments(model: keras.Model) -> dict:
     """make_private's arguments for ``model``, as the optimizer records them (in its config) for load_model."""
-    return {"method": model._keras_dyndp_method,  # pylint: disable=protected-access
-            "training_metrics": model._keras_dyndp_training_metrics}  # pylint: disable=protected-access
+    return {
+        "method": model._keras_dyndp_method,  # pylint: disable=protected-access
+        "training_metrics": model._keras_dyndp_training_metrics,
+    }  # pylint: disable=protected-access
 
 
 def is_private(model: keras.Model) -> bool:
@@ -150,8 +150,10 @@ def _clipping_method(model: keras.Model) -> str:
     gradient exceed C. Until they compute in float32, 'auto' takes the vectorized path and 'ghost' is refused.
     """
     method = model._keras_dyndp_method  # pylint: disable=protected-access
-    low_precision = sorted({getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
-                           & set(_LOW_PRECISION_DTYPES))
+    low_precision = sorted(
+        {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
+        & set(_LOW_PRECISION_DTYPES)
+    )
     if not low_precision:
         return method
     if method == "ghost":
@@ -163,8 +165,15 @@ def _clipping_method(model: keras.Model) -> str:
     return "vectorized" if method == "auto" else method
 
 
-def _microbatch_step(model: keras.Model, optimizer: DynamicDPOptimizerMixin, loss_fn: Callable, x: Any, y: Any,
-                     sample_weight: Any, var_list: list) -> Any:
+def _microbatch_step(
+    model: keras.Model,
+    optimizer: DynamicDPOptimizerMixin,
+    loss_fn: Callable,
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    var_list: list,
+) -> Any:
     """One step of the optimizer's own microbatch path: the jacobian of its M random microbatch losses."""
     model_checks.check_before_training(model, x)  # Before the forward pass updates any batch statistics.
     with tf.GradientTape() as tape:

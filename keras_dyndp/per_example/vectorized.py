@@ -10,7 +10,9 @@ incompatible shape to a list"; any Keras 3 RNN after an Embedding, and Keras 2's
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -30,8 +32,9 @@ def _dense_gradient(gradient: tf.Tensor | tf.IndexedSlices | None, variable: tf.
 
 def _has_recurrent_layer(model: keras.Model) -> bool:
     """Whether a layer of the model runs a recurrent cell (RNN, LSTM, GRU, ConvLSTM, also inside wrappers)."""
-    return any(isinstance(getattr(layer, "cell", None), keras.layers.Layer)
-               for layer in keras_compat.flatten_layers(model))
+    return any(
+        isinstance(getattr(layer, "cell", None), keras.layers.Layer) for layer in keras_compat.flatten_layers(model)
+    )
 
 
 def clipped_sum(

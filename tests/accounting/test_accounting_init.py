@@ -20,5 +20,6 @@ def test_no_tensorflow_import_in_accounting_sources():
                 modules = [node.module or ""]
             else:
                 continue
-            assert not any(module.split(".")[0] in ("tensorflow", "tensorflow_privacy", "keras")
-                           for module in modules), f"{path.name} imports {modules}"
+            assert not any(
+                module.split(".")[0] in ("tensorflow", "tensorflow_privacy", "keras") for module in modules
+            ), f"{path.name} imports {modules}"

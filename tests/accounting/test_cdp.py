@@ -15,8 +15,7 @@ def test_zcdp_conversion_round_trip():
     for epsilon in (0.1, 1.2, 9.0):
         rho = cdp.zcdp_rho_from_epsilon(epsilon, DELTA)
         assert cdp.zcdp_epsilon_from_rho(rho, DELTA) == pytest.approx(epsilon, rel=1e-12)
-    assert cdp.zcdp_epsilon([1.0, 2.0], DELTA) == pytest.approx(
-        0.625 + 2 * math.sqrt(0.625 * math.log(1 / DELTA)))
+    assert cdp.zcdp_epsilon([1.0, 2.0], DELTA) == pytest.approx(0.625 + 2 * math.sqrt(0.625 * math.log(1 / DELTA)))
 
 
 @pytest.mark.parametrize("decay", cdp.DECAYS)
@@ -89,19 +88,31 @@ def test_tcdp_calibration_stays_inside_the_theorem_and_warns_when_it_cannot_spen
     assert 2.0 < cdp.tcdp_epsilon(P, multipliers, DELTA) < 2.2
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(target_epsilon=0.0), "target_epsilon"),
-    (dict(target_epsilon=math.inf), "target_epsilon"),
-    (dict(target_delta=1.0), "target_delta"),
-    (dict(sampling_probability=0.0), "sampling_probability"),
-    (dict(num_steps=0), "num_steps"),
-    (dict(noise_decay=0.5), "noise_decay"),
-    (dict(decay="linear"), "decay"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(target_epsilon=0.0), "target_epsilon"),
+        (dict(target_epsilon=math.inf), "target_epsilon"),
+        (dict(target_delta=1.0), "target_delta"),
+        (dict(sampling_probability=0.0), "sampling_probability"),
+        (dict(num_steps=0), "num_steps"),
+        (dict(noise_decay=0.5), "noise_decay"),
+        (dict(decay="linear"), "decay"),
+    ],
+)
 @pytest.mark.parametrize("name", cdp.NAMES)
 def test_bad_arguments(name, kwargs, match):
-    arguments = dict(target_epsilon=1.0, target_delta=DELTA, sampling_probability=P, num_steps=100,
-                     noise_decay=2.0, decay="exponential") | kwargs
+    arguments = (
+        dict(
+            target_epsilon=1.0,
+            target_delta=DELTA,
+            sampling_probability=P,
+            num_steps=100,
+            noise_decay=2.0,
+            decay="exponential",
+        )
+        | kwargs
+    )
     with pytest.raises(ValueError, match=match):
         cdp.calibrate_noise(name, **arguments)
 

@@ -14,11 +14,14 @@ from keras_dyndp.accounting import fast_pld
 DELTA = 1e-5
 
 
-@pytest.mark.parametrize("noise_multiplier, sampling_probability, num_times", [
-    (1.1258, 250 / 60000, 300), (0.7, 0.02, 7), (2.0, 1.0, 3), (40.0, 0.004, 1), (0.3, 0.5, 2)])
+@pytest.mark.parametrize(
+    "noise_multiplier, sampling_probability, num_times",
+    [(1.1258, 250 / 60000, 300), (0.7, 0.02, 7), (2.0, 1.0, 3), (40.0, 0.004, 1), (0.3, 0.5, 2)],
+)
 def test_subsampled_gaussian_pld_matches_dp_accounting(noise_multiplier, sampling_probability, num_times):
     expected = privacy_loss_distribution.from_gaussian_mechanism(
-        noise_multiplier, sampling_prob=sampling_probability, value_discretization_interval=1e-3)
+        noise_multiplier, sampling_prob=sampling_probability, value_discretization_interval=1e-3
+    )
     if num_times > 1:
         expected = expected.self_compose(num_times)
     actual = fast_pld.subsampled_gaussian_pld(noise_multiplier, sampling_probability, 1e-3, num_times)
@@ -28,14 +31,16 @@ def test_subsampled_gaussian_pld_matches_dp_accounting(noise_multiplier, samplin
     # (computed with different but equivalent CDF calls) shows up as ~1e-13 absolute in the PMF.
     for epsilon in (0.0, 0.5, 2.0):
         assert actual.get_delta_for_epsilon(epsilon) == pytest.approx(
-            expected.get_delta_for_epsilon(epsilon), rel=1e-9, abs=1e-12)
+            expected.get_delta_for_epsilon(epsilon), rel=1e-9, abs=1e-12
+        )
 
 
 def _accountant_epsilons(p, multipliers, steps):
     """dp_accounting's PLDAccountant (same grid) composing the steps one by one, in order (no grouping): its
     epsilon after each of `steps` (increasing) steps."""
     accountant = pld_privacy_accountant.PLDAccountant(
-        value_discretization_interval=fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL)
+        value_discretization_interval=fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+    )
     epsilons = []
     for step, value in enumerate(multipliers, start=1):
         accountant.compose(dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(float(value))))
@@ -44,20 +49,26 @@ def _accountant_epsilons(p, multipliers, steps):
     return epsilons
 
 
-@pytest.mark.parametrize("p, multipliers", [
-    (0.02, np.linspace(1.1, 0.8, 30)),  # Decreasing noise.
-    (0.05, np.linspace(0.8, 1.6, 20)),  # Increasing noise.
-    (0.01, np.random.default_rng(1).uniform(0.6, 2.0, 25)),
-])
+@pytest.mark.parametrize(
+    "p, multipliers",
+    [
+        (0.02, np.linspace(1.1, 0.8, 30)),  # Decreasing noise.
+        (0.05, np.linspace(0.8, 1.6, 20)),  # Increasing noise.
+        (0.01, np.random.default_rng(1).uniform(0.6, 2.0, 25)),
+    ],
+)
 def test_grouped_is_upper_bound_of_dp_accounting_within_two_percent(p, multipliers):
-    exact, = _accountant_epsilons(p, multipliers, [multipliers.size])
+    (exact,) = _accountant_epsilons(p, multipliers, [multipliers.size])
     # Ungrouped (every step its own group), the same construction gives the accountant's epsilon.
     assert fast_pld.pld_epsilon(p, multipliers, DELTA, tolerance=0.0) == pytest.approx(exact, rel=1e-6)
     grouped = fast_pld.pld_epsilon(p, multipliers, DELTA)
     assert exact <= grouped <= 1.02 * exact
     # Coarser grouping is looser, but still an upper bound.
-    assert exact < fast_pld.pld_epsilon(p, multipliers, DELTA, max_groups=5) < fast_pld.pld_epsilon(
-        p, multipliers, DELTA, max_groups=2)
+    assert (
+        exact
+        < fast_pld.pld_epsilon(p, multipliers, DELTA, max_groups=5)
+        < fast_pld.pld_epsilon(p, multipliers, DELTA, max_groups=2)
+    )
 
 
 def test_grouping_rounds_down_and_respects_limits():
@@ -99,16 +110,19 @@ def test_special_noise_multipliers():
     np.testing.assert_array_equal(fast_pld.pld_epsilons_at(0.01, [1.0, 0.0, 1.0], DELTA, [1, 2, 3])[1:], math.inf)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(sampling_probability=1.5), "sampling_probability"),
-    (dict(noise_multipliers=[[1.0]]), "noise_multipliers"),
-    (dict(noise_multipliers=[1.0, -1.0]), "noise_multipliers"),
-    (dict(noise_multipliers=[1.0, math.nan]), "noise_multipliers"),
-    (dict(delta=0.0), "delta"),
-    (dict(max_groups=0), "max_groups"),
-    (dict(value_discretization_interval=0.0), "value_discretization_interval"),
-    (dict(tolerance=-0.1), "tolerance"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(sampling_probability=1.5), "sampling_probability"),
+        (dict(noise_multipliers=[[1.0]]), "noise_multipliers"),
+        (dict(noise_multipliers=[1.0, -1.0]), "noise_multipliers"),
+        (dict(noise_multipliers=[1.0, math.nan]), "noise_multipliers"),
+        (dict(delta=0.0), "delta"),
+        (dict(max_groups=0), "max_groups"),
+        (dict(value_discretization_interval=0.0), "value_discretization_interval"),
+        (dict(tolerance=-0.1), "tolerance"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     arguments = dict(sampling_probability=0.01, noise_multipliers=[1.0, 2.0], delta=DELTA) | kwargs
     with pytest.raises(ValueError, match=match):

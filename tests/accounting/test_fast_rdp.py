@@ -17,7 +17,8 @@ from keras_dyndp.accounting import fast_rdp
 MNIST_P = 250 / 60000
 # dp_accounting 0.5 changed its fractional-order series to the one fast_rdp implements; 0.4.3 is below it.
 INSTALLED_DP_ACCOUNTING_MATCHES = tuple(
-    int(part) for part in importlib.metadata.version("dp-accounting").split(".")[:2]) >= (0, 5)
+    int(part) for part in importlib.metadata.version("dp-accounting").split(".")[:2]
+) >= (0, 5)
 
 
 def _sampled_gaussian(sampling_probability, noise_multiplier):
@@ -46,14 +47,16 @@ def _integrated_rdp(q, z, alpha):
     A_alpha - 1 = E_{x ~ N(0, z^2)}[(1 - q + q exp((2 x - 1) / (2 z^2)))^alpha - 1], integrated in that form so
     that a small divergence keeps its relative precision; the integrand's mass lies within [-12 z, alpha + 12 z].
     """
+
     def integrand(x):
         log_power = alpha * np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * z**2))
         if log_power < 0.5:
             return stats.norm.pdf(x, scale=z) * math.expm1(log_power)
         return math.exp(stats.norm.logpdf(x, scale=z) + log_power) - stats.norm.pdf(x, scale=z)
 
-    a_minus_one, _ = integrate.quad(integrand, -12 * z, alpha + 12 * z, points=[0.0, 0.5, alpha], epsabs=0,
-                                    epsrel=1e-13, limit=500)
+    a_minus_one, _ = integrate.quad(
+        integrand, -12 * z, alpha + 12 * z, points=[0.0, 0.5, alpha], epsabs=0, epsrel=1e-13, limit=500
+    )
     return math.log1p(a_minus_one) / (alpha - 1)
 
 
@@ -67,9 +70,11 @@ def test_default_orders_are_dp_accountings():
 def test_per_step_rdp_against_the_renyi_divergence(sampling_probability, noise_multiplier):
     integer_orders, fractional_orders = [2, 3, 8, 20], [1.5, 2.5, 4.5]
     actual = fast_rdp.poisson_subsampled_gaussian_rdp(
-        sampling_probability, [noise_multiplier], integer_orders + fractional_orders)[0]
-    expected = np.array([_integrated_rdp(sampling_probability, noise_multiplier, alpha)
-                         for alpha in integer_orders + fractional_orders])
+        sampling_probability, [noise_multiplier], integer_orders + fractional_orders
+    )[0]
+    expected = np.array(
+        [_integrated_rdp(sampling_probability, noise_multiplier, alpha) for alpha in integer_orders + fractional_orders]
+    )
     # Integer orders: the exact divergence. Fractional orders: an upper bound (the series of absolute values), or
     # inf where that series does not stop within 1000 terms.
     np.testing.assert_allclose(actual[:4], expected[:4], rtol=1e-7)
@@ -83,11 +88,14 @@ def test_series_that_does_not_stop_drops_its_order():
     assert math.isfinite(fast_rdp.rdp_epsilon(0.05, [0.8], 1e-5, [1.1, 2.5, 3]))
 
 
-@pytest.mark.parametrize("sampling_probability, noise_multipliers", [
-    (MNIST_P, np.linspace(1.2, 0.6, 20)),  # All distinct, as in a dynamic schedule.
-    (0.05, np.linspace(0.6, 0.5, 10)),  # Large epsilon: the best order is small and fractional.
-    (0.01, np.linspace(3.0, 5.0, 10)),
-])
+@pytest.mark.parametrize(
+    "sampling_probability, noise_multipliers",
+    [
+        (MNIST_P, np.linspace(1.2, 0.6, 20)),  # All distinct, as in a dynamic schedule.
+        (0.05, np.linspace(0.6, 0.5, 10)),  # Large epsilon: the best order is small and fractional.
+        (0.01, np.linspace(3.0, 5.0, 10)),
+    ],
+)
 def test_heterogeneous_schedule_matches_installed_accountant(sampling_probability, noise_multipliers):
     actual = fast_rdp.rdp_epsilon(sampling_probability, noise_multipliers, 1e-5)
     _assert_matches_installed(actual, _reference_epsilon(sampling_probability, noise_multipliers, 1e-5))

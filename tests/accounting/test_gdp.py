@@ -23,8 +23,7 @@ def test_worked_numbers_from_design():
 
 def test_delta_matches_direct_formula():
     for epsilon, mu in [(0.5, 0.3), (1.0, 1.0), (3.0, 2.5), (0.0, 0.7)]:
-        direct = stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(
-            -epsilon / mu - mu / 2)
+        direct = stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(-epsilon / mu - mu / 2)
         assert gdp.delta_from_mu(epsilon, mu) == pytest.approx(direct, rel=1e-10)
 
 
@@ -107,11 +106,14 @@ def test_gdp_clt_epsilons_at_is_clt_mu_of_each_prefix():
     assert epsilons[2] == epsilons[3]  # A step with mu = 0 (infinite noise) costs nothing.
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: gdp.gdp_clt_epsilons_at(0.0, [1.0], 1e-5, [1]), r"`sampling_probability` must be in \(0, 1\]"),
-    (lambda: gdp.gdp_clt_epsilons_at(0.1, [-1.0], 1e-5, [1]), "`mus`"),
-    (lambda: gdp.gdp_clt_epsilons_at(0.1, [1.0], 1.0, [1]), r"`delta` must be in \(0, 1\)"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: gdp.gdp_clt_epsilons_at(0.0, [1.0], 1e-5, [1]), r"`sampling_probability` must be in \(0, 1\]"),
+        (lambda: gdp.gdp_clt_epsilons_at(0.1, [-1.0], 1e-5, [1]), "`mus`"),
+        (lambda: gdp.gdp_clt_epsilons_at(0.1, [1.0], 1.0, [1]), r"`delta` must be in \(0, 1\)"),
+    ],
+)
 def test_gdp_clt_epsilons_at_checks_arguments(call, match):
     with pytest.raises(ValueError, match=match):
         call()

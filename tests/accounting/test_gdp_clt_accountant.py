@@ -25,7 +25,8 @@ def _load_tf_privacy_gdp_accountant():
         return None
     package_dir = pathlib.Path(package.submodule_search_locations[0])
     spec = importlib.util.spec_from_file_location(
-        "tfp_gdp_accountant", package_dir / "privacy" / "analysis" / "gdp_accountant.py")
+        "tfp_gdp_accountant", package_dir / "privacy" / "analysis" / "gdp_accountant.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -48,14 +49,17 @@ def _sampled_gaussian(probability, noise_multiplier):
 @pytest.mark.skipif(tf_privacy_gdp is None, reason="tensorflow-privacy is not installed (comparison stack only)")
 @pytest.mark.parametrize(
     "epochs, noise_multiplier, num_examples, batch_size, delta",
-    [(20, 1.1258165, 60000, 250, 1e-5), (16, 1.1, 60000, 240, 1e-5), (4, 0.8, 25000, 500, 4e-6),
-     (60, 4.0, 50000, 100, 1e-6)],
+    [
+        (20, 1.1258165, 60000, 250, 1e-5),
+        (16, 1.1, 60000, 240, 1e-5),
+        (4, 0.8, 25000, 500, 4e-6),
+        (60, 4.0, 50000, 100, 1e-6),
+    ],
 )
 def test_constant_schedule_matches_tf_privacy(epochs, noise_multiplier, num_examples, batch_size, delta):
     steps = epochs * num_examples // batch_size
     assert steps * batch_size == epochs * num_examples
-    accountant = GdpCltAccountant().compose(
-        _sampled_gaussian(batch_size / num_examples, noise_multiplier), steps)
+    accountant = GdpCltAccountant().compose(_sampled_gaussian(batch_size / num_examples, noise_multiplier), steps)
     expected = tf_privacy_gdp.compute_eps_poisson(epochs, noise_multiplier, num_examples, batch_size, delta)
     assert accountant.get_epsilon(delta) == pytest.approx(expected, rel=1e-6)
 
@@ -77,7 +81,8 @@ def test_heterogeneous_equals_clt_mu_and_orders_agree():
         one_by_one.compose(event)
     composed = GdpCltAccountant().compose(dp_event.ComposedDpEvent(events))
     nested = GdpCltAccountant().compose(
-        dp_event.ComposedDpEvent([dp_event.ComposedDpEvent(events[:20]), dp_event.ComposedDpEvent(events[20:])]))
+        dp_event.ComposedDpEvent([dp_event.ComposedDpEvent(events[:20]), dp_event.ComposedDpEvent(events[20:])])
+    )
     for accountant in (one_by_one, composed, nested):
         assert accountant.mu == pytest.approx(expected_mu, rel=1e-12)
         assert accountant.get_epsilon(1e-5) == pytest.approx(gdp.epsilon_from_mu(expected_mu, 1e-5), rel=1e-12)
@@ -92,7 +97,8 @@ def test_self_composed_equals_one_by_one_and_composed():
     counted = GdpCltAccountant().compose(event, 100)
     composed = GdpCltAccountant().compose(dp_event.ComposedDpEvent([event] * 100))
     nested = GdpCltAccountant().compose(
-        dp_event.SelfComposedDpEvent(dp_event.ComposedDpEvent([dp_event.SelfComposedDpEvent(event, 5)] * 4), 5))
+        dp_event.SelfComposedDpEvent(dp_event.ComposedDpEvent([dp_event.SelfComposedDpEvent(event, 5)] * 4), 5)
+    )
     reference = one_by_one.get_epsilon(1e-6)
     for accountant in (self_composed, counted, composed, nested):
         assert accountant.get_epsilon(1e-6) == pytest.approx(reference, rel=1e-12)
@@ -128,8 +134,9 @@ def test_zero_probability_costs_nothing():
     assert accountant.get_epsilon(1e-5) == 0
 
 
-@pytest.mark.parametrize("event", [dp_event.GaussianDpEvent(0.0), _sampled_gaussian(0.01, 0.0),
-                                   _sampled_gaussian(0.01, 0.01)])
+@pytest.mark.parametrize(
+    "event", [dp_event.GaussianDpEvent(0.0), _sampled_gaussian(0.01, 0.0), _sampled_gaussian(0.01, 0.01)]
+)
 def test_zero_or_tiny_noise_gives_infinite_epsilon(event):
     accountant = GdpCltAccountant().compose(event)
     assert accountant.get_epsilon(1e-5) == math.inf

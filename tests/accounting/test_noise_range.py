@@ -45,8 +45,12 @@ def test_rdp_and_gdp_clt_refuse_what_under_or_overflows(noise_multiplier):
 def test_range_edges_are_accepted_and_exact_values_pass():
     # 1e-3 is within the RDP's range (a huge but finite bound), below the PLD's floor.
     assert fast_rdp.rdp_epsilon(0.01, [1e-3], DELTA) > 1e5
-    assert GdpCltAccountant().compose(dp_accounting.PoissonSampledDpEvent(
-        0.01, dp_accounting.GaussianDpEvent(1e-3))).get_epsilon(DELTA) == math.inf
+    assert (
+        GdpCltAccountant()
+        .compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1e-3)))
+        .get_epsilon(DELTA)
+        == math.inf
+    )
     floor = noise_range.pld_min_noise_multiplier(1e-3)
     assert 0.026 < floor < 0.028
     assert fast_pld.pld_epsilon(0.01, [1.0, 1e4, math.inf], DELTA) > 0

@@ -12,8 +12,9 @@ from keras_dyndp.accounting import registry
 from keras_dyndp.accounting.gdp_clt_accountant import GdpCltAccountant
 
 
-@pytest.mark.parametrize("name, expected_type", [("gdp_clt", GdpCltAccountant), ("rdp", rdp.RdpAccountant),
-                                                 ("pld", pld.PLDAccountant)])
+@pytest.mark.parametrize(
+    "name, expected_type", [("gdp_clt", GdpCltAccountant), ("rdp", rdp.RdpAccountant), ("pld", pld.PLDAccountant)]
+)
 def test_make_accountant_types(name, expected_type):
     accountant = registry.make_accountant(name)
     assert type(accountant) is expected_type
@@ -37,8 +38,10 @@ def test_each_call_is_fresh():
 
 def test_rigorous_accountants_are_not_below_gdp_clt_on_worked_example():
     event = dp_event.PoissonSampledDpEvent(250 / 60000, dp_event.GaussianDpEvent(1.1258165))
-    epsilons = {name: registry.make_accountant(name).compose(event, 4800).get_epsilon(1e-5)
-                for name in registry.ACCOUNTANT_NAMES}
+    epsilons = {
+        name: registry.make_accountant(name).compose(event, 4800).get_epsilon(1e-5)
+        for name in registry.ACCOUNTANT_NAMES
+    }
     assert epsilons["gdp_clt"] == pytest.approx(1.2, rel=1e-6)
     assert epsilons["pld"] > epsilons["gdp_clt"]
     assert epsilons["rdp"] > epsilons["pld"]
@@ -68,8 +71,9 @@ class _Schedule:
         self.mus = 1.0 / self.noise_multipliers
 
     def to_dp_event(self, steps=None):
-        event = dp_event.PoissonSampledDpEvent(self.sampling_probability,
-                                               dp_event.GaussianDpEvent(float(self.noise_multipliers[0])))
+        event = dp_event.PoissonSampledDpEvent(
+            self.sampling_probability, dp_event.GaussianDpEvent(float(self.noise_multipliers[0]))
+        )
         return dp_event.SelfComposedDpEvent(event, self.noise_multipliers.size if steps is None else steps)
 
 
@@ -105,21 +109,28 @@ def test_options_reach_epsilon_and_final_options_are_tighter():
     assert entry.min_noise_multiplier(**entry.final_options) > entry.min_noise_multiplier()
     orders = registry.get("rdp").check_options({"orders": [2, 4, 8]})["orders"]
     assert registry.get("rdp").epsilon(schedule, 1e-5, 50, orders=orders) >= registry.get("rdp").epsilon(
-        schedule, 1e-5, 50)
+        schedule, 1e-5, 50
+    )
 
 
-@pytest.mark.parametrize("name, options, match", [
-    ("gdp_clt", {"value_discretization_interval": 1e-4}, "Options of the 'gdp_clt' accountant must be among ()"),
-    ("pld", {"orders": [2]}, r"among \('value_discretization_interval',\)"),
-    ("pld", {"value_discretization_interval": 0.0}, "`value_discretization_interval` must be > 0"),
-    ("rdp", {"orders": [0.5]}, "`orders` must be"),
-])
+@pytest.mark.parametrize(
+    "name, options, match",
+    [
+        ("gdp_clt", {"value_discretization_interval": 1e-4}, "Options of the 'gdp_clt' accountant must be among ()"),
+        ("pld", {"orders": [2]}, r"among \('value_discretization_interval',\)"),
+        ("pld", {"value_discretization_interval": 0.0}, "`value_discretization_interval` must be > 0"),
+        ("rdp", {"orders": [0.5]}, "`orders` must be"),
+    ],
+)
 def test_bad_options_name_the_option(name, options, match):
     with pytest.raises(ValueError, match=match):
         registry.get(name).check_options(options)
 
 
 def test_get_unknown_name_names_the_argument():
-    with pytest.raises(ValueError, match=r"`accountant` must be one of \('gdp_clt', 'rdp', 'pld'\). "
-                                         r"Received: accountant='prv'"):
+    with pytest.raises(
+        ValueError,
+        match=r"`accountant` must be one of \('gdp_clt', 'rdp', 'pld'\). "
+        r"Received: accountant='prv'",
+    ):
         registry.get("prv")

@@ -22,7 +22,13 @@ def test_default_dynamic_run_learns_within_budget():
 def test_runs_as_a_file_from_any_directory(tmp_path):
     """`python examples/digits.py` (how TF-Privacy's tutorials are run) works as well as `python -m`."""
     script = pathlib.Path(digits.__file__).resolve()
-    result = subprocess.run([sys.executable, str(script), "--helpshort"], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, str(script), "--helpshort"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
     assert "ModuleNotFoundError" not in result.stderr
     assert "--epsilon" in result.stdout and "--method" in result.stdout

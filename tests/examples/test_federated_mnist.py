@@ -27,8 +27,15 @@ def test_deform_keeps_shape_range_and_is_seeded():
 
 def test_identity_deformation_returns_the_image():
     image = np.random.default_rng(0).random((2, 28, 28))
-    out = federated_mnist.deform(image, np.random.default_rng(0), max_rotation_deg=0, max_shear=0,
-                                 scale_range=(1, 1), max_shift=0, elastic_alpha=0)
+    out = federated_mnist.deform(
+        image,
+        np.random.default_rng(0),
+        max_rotation_deg=0,
+        max_shear=0,
+        scale_range=(1, 1),
+        max_shift=0,
+        elastic_alpha=0,
+    )
     np.testing.assert_allclose(out, image, atol=1e-12)
 
 
@@ -49,8 +56,16 @@ def test_generate_clients_shapes_and_labels(images_per_client):
 
 @pytest.mark.parametrize("images_per_client", [1, 2])
 def test_client_level_training_end_to_end(images_per_client, capsys):
-    with flagsaver.flagsaver(base="digits", num_clients=200, images_per_client=images_per_client, batch_size=8,
-                             seed=0, verbose=0, max_steps=2, epochs=1.0):
+    with flagsaver.flagsaver(
+        base="digits",
+        num_clients=200,
+        images_per_client=images_per_client,
+        batch_size=8,
+        seed=0,
+        verbose=0,
+        max_steps=2,
+        epochs=1.0,
+    ):
         data = federated_mnist.load_data()
         result = training.train(federated_mnist.make_task())
     assert data.num_train == 200 and data.x_test.shape[-4 if images_per_client == 1 else -5] == 360
@@ -79,7 +94,7 @@ def client_gradients(model, loss, x, y) -> list[list[np.ndarray]]:
     gradients = []
     for i in range(len(x)):
         with tf.GradientTape() as tape:
-            client_loss = tf.reduce_mean(loss(y[i:i + 1], model(x[i:i + 1], training=True)))  # Mean over images.
+            client_loss = tf.reduce_mean(loss(y[i : i + 1], model(x[i : i + 1], training=True)))  # Mean over images.
         gradients.append([g.numpy() for g in tape.gradient(client_loss, model.trainable_variables)])
     return gradients
 
@@ -94,9 +109,11 @@ def test_several_images_per_client_are_clipped_as_one_unit():
     model = federated_mnist.build_model(datasets.TaskData(x, y, x, y, 10, ""))
     loss = training.make_loss_and_metric(federated_mnist.make_task(), private=True)[0]
     ghost = tf.function(
-        lambda x, y: per_example.clipped_gradient_sum(model, loss, x, y, None, 1e-3, model.trainable_variables,
-                                                      method="ghost"),
-        input_signature=[tf.TensorSpec([None, None, 28, 28, 1], tf.uint8), tf.TensorSpec([None, None], tf.int64)])
+        lambda x, y: per_example.clipped_gradient_sum(
+            model, loss, x, y, None, 1e-3, model.trainable_variables, method="ghost"
+        ),
+        input_signature=[tf.TensorSpec([None, None, 28, 28, 1], tf.uint8), tf.TensorSpec([None, None], tf.int64)],
+    )
     gradients = client_gradients(model, loss, x, y)
     expected_norms = np.array([np.sqrt(sum(np.sum(np.square(g)) for g in client)) for client in gradients])
     assert expected_norms.min() > 1e-3  # Every client is clipped.

@@ -15,8 +15,10 @@ def _write_idx_folder(directory, num_train=60, num_test=20, gzip=True):
     rng = np.random.default_rng(0)
     suffix = ".gz" if gzip else ""
     arrays = {
-        "x_train": rng.integers(0, 256, (num_train, 28, 28)), "y_train": rng.integers(0, 10, num_train),
-        "x_test": rng.integers(0, 256, (num_test, 28, 28)), "y_test": rng.integers(0, 10, num_test),
+        "x_train": rng.integers(0, 256, (num_train, 28, 28)),
+        "y_train": rng.integers(0, 10, num_train),
+        "x_test": rng.integers(0, 256, (num_test, 28, 28)),
+        "y_test": rng.integers(0, 10, num_test),
     }
     for key, stem in datasets.IDX_FILES.items():
         datasets.write_idx(str(directory / (stem + suffix)), arrays[key])
@@ -54,8 +56,9 @@ def test_fashion_mnist_trains_on_idx_files_and_resumes(tmp_path):
 
 def test_mnist_trains_on_mocked_tfds(tmp_path):
     with tfds.testing.mock_data(num_examples=40):
-        with flagsaver.flagsaver(data_dir=str(tmp_path), seed=0, verbose=0, batch_size=8, max_steps=2,
-                                 method="vanilla", epsilon=2.0):
+        with flagsaver.flagsaver(
+            data_dir=str(tmp_path), seed=0, verbose=0, batch_size=8, max_steps=2, method="vanilla", epsilon=2.0
+        ):
             result = training.train(mnist.make_task())
     assert result.task == "mnist" and result.steps == 2 and result.delta == pytest.approx(1 / 400)
 

@@ -19,23 +19,35 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_configurations_cover_each_methods_grid():
-    with flagsaver.flagsaver(methods=["nonprivate", "vanilla", "growing_mu", "sensitivity_decay", "dynamic", "zcdp"],
-                             epsilons=["0.5", "2"], inv_rho_mus=["0.8", "0.5"], inv_rho_cs=["0.3"],
-                             seeds=["0", "1"]):
+    with flagsaver.flagsaver(
+        methods=["nonprivate", "vanilla", "growing_mu", "sensitivity_decay", "dynamic", "zcdp"],
+        epsilons=["0.5", "2"],
+        inv_rho_mus=["0.8", "0.5"],
+        inv_rho_cs=["0.3"],
+        seeds=["0", "1"],
+    ):
         runs = sweep.configurations(task_epsilon=3.0)
     count = {method: sum(run["method"] == method for run in runs) for method in training.METHODS}
     # Per seed: nonprivate 1; vanilla 1 per epsilon; growing_mu and zcdp 2, sensitivity_decay 1, dynamic 2 x 1 per
     # epsilon; tcdp not asked for.
-    assert count == {"nonprivate": 2, "vanilla": 4, "growing_mu": 8, "sensitivity_decay": 4, "dynamic": 8,
-                     "zcdp": 8, "tcdp": 0}
+    assert count == {
+        "nonprivate": 2,
+        "vanilla": 4,
+        "growing_mu": 8,
+        "sensitivity_decay": 4,
+        "dynamic": 8,
+        "zcdp": 8,
+        "tcdp": 0,
+    }
     assert {run["rho_mu"] for run in runs if run["method"] == "zcdp"} == {1 / 0.8, 1 / 0.5}
     dynamic = [run for run in runs if run["method"] == "dynamic"]
     assert {(run["rho_mu"], run["rho_c"]) for run in dynamic} == {(1 / 0.8, 1 / 0.3), (1 / 0.5, 1 / 0.3)}
     assert all(math.isinf(run["epsilon"]) for run in runs if run["method"] == "nonprivate")
 
 
-@pytest.mark.parametrize("override", [dict(inv_rho_mus=["1.5"]), dict(epsilons=["-1"]), dict(seeds=["a"]),
-                                      dict(methods=["magic"])])
+@pytest.mark.parametrize(
+    "override", [dict(inv_rho_mus=["1.5"]), dict(epsilons=["-1"]), dict(seeds=["a"]), dict(methods=["magic"])]
+)
 def test_bad_grids_are_flag_errors(override):
     with flagsaver.flagsaver(**override):
         with pytest.raises(training.FlagError):
@@ -43,8 +55,18 @@ def test_bad_grids_are_flag_errors(override):
 
 
 def test_in_process_sweep_writes_csv_table_heatmap_and_resumes(tmp_path, capsys):
-    settings = dict(task="digits", methods=["vanilla", "dynamic"], epsilons=["2"], inv_rho_mus=["0.8", "0.5"],
-                    inv_rho_cs=["0.3"], seeds=["0"], sweep_dir=str(tmp_path), max_steps=2, verbose=0, epochs=1.0)
+    settings = dict(
+        task="digits",
+        methods=["vanilla", "dynamic"],
+        epsilons=["2"],
+        inv_rho_mus=["0.8", "0.5"],
+        inv_rho_cs=["0.3"],
+        seeds=["0"],
+        sweep_dir=str(tmp_path),
+        max_steps=2,
+        verbose=0,
+        epochs=1.0,
+    )
     with flagsaver.flagsaver(**settings):
         sweep.sweep()
         rows = sweep.read_results(str(tmp_path / "results.csv"))
@@ -59,11 +81,25 @@ def test_in_process_sweep_writes_csv_table_heatmap_and_resumes(tmp_path, capsys)
 
 def test_markdown_table_mean_and_std():
     def row(method, eps, acc, seed, rho_mu=1.0):
-        return dict(task="t", method=method, epsilon=str(eps), rho_mu=str(rho_mu), rho_c="1.0", seed=str(seed),
-                    test_accuracy=str(acc), epsilon_rigorous="1.5", rigorous_accountant="rdp")
+        return dict(
+            task="t",
+            method=method,
+            epsilon=str(eps),
+            rho_mu=str(rho_mu),
+            rho_c="1.0",
+            seed=str(seed),
+            test_accuracy=str(acc),
+            epsilon_rigorous="1.5",
+            rigorous_accountant="rdp",
+        )
 
-    rows = [row("vanilla", 1, 0.8, 0), row("vanilla", 1, 0.9, 1), row("nonprivate", "inf", 0.95, 0),
-            row("growing_mu", 1, 0.5, 0, rho_mu=2.0), row("growing_mu", 1, 0.7, 0, rho_mu=1.25)]
+    rows = [
+        row("vanilla", 1, 0.8, 0),
+        row("vanilla", 1, 0.9, 1),
+        row("nonprivate", "inf", 0.95, 0),
+        row("growing_mu", 1, 0.5, 0, rho_mu=2.0),
+        row("growing_mu", 1, 0.7, 0, rho_mu=1.25),
+    ]
     table = sweep.markdown_table(rows)
     assert "| nonprivate | 95.00 ± 0.00 (n=1) |" in table
     assert "| vanilla | 85.00 ± 7.07 (n=2; RDP ε ≤ 1.50) |" in table
@@ -72,17 +108,42 @@ def test_markdown_table_mean_and_std():
 
 def test_subprocess_sweep_forwards_flags(tmp_path):
     completed = subprocess.run(
-        [sys.executable, "-m", "examples.sweep", "--task=digits", "--methods=vanilla", "--epsilons=2", "--seeds=3",
-         f"--sweep_dir={tmp_path}", "--subprocess", "--max_steps=2", "--verbose=0", "--batch_size=100"],
-        cwd=REPO, capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "examples.sweep",
+            "--task=digits",
+            "--methods=vanilla",
+            "--epsilons=2",
+            "--seeds=3",
+            f"--sweep_dir={tmp_path}",
+            "--subprocess",
+            "--max_steps=2",
+            "--verbose=0",
+            "--batch_size=100",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     (row,) = sweep.read_results(str(tmp_path / "results.csv"))
     assert (row["method"], row["seed"], row["steps"], row["batch_size"]) == ("vanilla", "3", "2", "100")
 
 
 def test_accountant_is_forwarded_to_the_paper_methods_only(tmp_path):
-    settings = dict(task="digits", methods=["vanilla", "zcdp"], epsilons=["2"], inv_rho_mus=["0.8"], seeds=["0"],
-                    sweep_dir=str(tmp_path), max_steps=1, verbose=0, epochs=1.0)
+    settings = dict(
+        task="digits",
+        methods=["vanilla", "zcdp"],
+        epsilons=["2"],
+        inv_rho_mus=["0.8"],
+        seeds=["0"],
+        sweep_dir=str(tmp_path),
+        max_steps=1,
+        verbose=0,
+        epochs=1.0,
+    )
     with flagsaver.flagsaver(**settings):
         FLAGS["accountant"].parse("gdp_clt")  # As if given on the sweep's command line.
         assert "--accountant=gdp_clt" in sweep._forwarded_arguments("vanilla")  # pylint: disable=protected-access

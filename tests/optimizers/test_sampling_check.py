@@ -9,16 +9,20 @@ import tensorflow as tf
 from keras_dyndp import data
 from keras_dyndp import keras_compat
 from keras_dyndp import schedules
-from keras_dyndp.per_example import make_private
 from keras_dyndp.optimizers import sampling_check
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasSGD
+from keras_dyndp.per_example import make_private
 
 keras = keras_compat.keras
 NUM_EXAMPLES, P = 400, 0.05  # p N = 20 expected examples per batch
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 PATHS = [
-    pytest.param("plain", marks=pytest.mark.keras2_only(
-        reason="Keras 3's default train step hands the optimizer the averaged gradient; make_private is the path")),
+    pytest.param(
+        "plain",
+        marks=pytest.mark.keras2_only(
+            reason="Keras 3's default train step hands the optimizer the averaged gradient; make_private is the path"
+        ),
+    ),
     "make_private",
 ]
 
@@ -33,8 +37,11 @@ def compiled_model(path, sampling_probability=P, expected_batch_size=NUM_EXAMPLE
     if path == "make_private":
         model = make_private(model)
     schedule = schedules.DPSchedule(np.ones(100), np.ones(100), sampling_probability)
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=expected_batch_size,
-                                              learning_rate=0.1), loss=LOSS, **compile_kwargs)
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=expected_batch_size, learning_rate=0.1),
+        loss=LOSS,
+        **compile_kwargs,
+    )
     return model
 
 
@@ -61,8 +68,10 @@ def test_full_batch_fit_is_refused_before_any_update(path):
 def test_batches_far_below_the_expected_size_are_refused(run_eagerly, path):
     x, y = arrays(4000)  # p N = 200 expected examples per batch
     model = compiled_model(path, expected_batch_size=4000 * P, run_eagerly=run_eagerly)
-    with pytest.warns(sampling_check.SamplingWarning), pytest.raises(
-            tf.errors.InvalidArgumentError, match=r"too few examples in this batch: \W*16\W.*p\*N=200"):
+    with (
+        pytest.warns(sampling_check.SamplingWarning),
+        pytest.raises(tf.errors.InvalidArgumentError, match=r"too few examples in this batch: \W*16\W.*p\*N=200"),
+    ):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
 
 
@@ -99,10 +108,13 @@ def test_poisson_batches_at_another_rate_are_refused(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("make_input, note", [
-    (lambda x, y: dict(x=x, y=y, batch_size=20), "ndarray"),
-    (lambda x, y: dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(20)), "BatchDataset"),
-])
+@pytest.mark.parametrize(
+    "make_input, note",
+    [
+        (lambda x, y: dict(x=x, y=y, batch_size=20), "ndarray"),
+        (lambda x, y: dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(20)), "BatchDataset"),
+    ],
+)
 def test_other_inputs_get_one_warning(make_input, note, path):
     x, y = arrays()
     model = compiled_model(path)
@@ -118,10 +130,13 @@ def test_other_inputs_get_one_warning(make_input, note, path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kwargs, note", [
-    (dict(expected_batch_size=None), "Batch sizes cannot be checked"),
-    (dict(jit_compile=True), "XLA (jit_compile=True) drops the per-step batch-size check"),
-])
+@pytest.mark.parametrize(
+    "kwargs, note",
+    [
+        (dict(expected_batch_size=None), "Batch sizes cannot be checked"),
+        (dict(jit_compile=True), "XLA (jit_compile=True) drops the per-step batch-size check"),
+    ],
+)
 def test_warning_says_when_batch_sizes_are_not_checked(kwargs, note, path):
     x, y = arrays()
     model = compiled_model(path, **kwargs)

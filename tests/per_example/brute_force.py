@@ -13,7 +13,7 @@ def per_example_gradients(model, x, y, weights):
     gradients = []
     for i in range(len(weights)):
         with tf.GradientTape() as tape:
-            loss = LOSS(y[i:i + 1], model(x[i:i + 1], training=True))[0] * weights[i]
+            loss = LOSS(y[i : i + 1], model(x[i : i + 1], training=True))[0] * weights[i]
         grads = tape.gradient(loss, model.trainable_variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         gradients.append([tf.convert_to_tensor(g).numpy().astype(np.float64) for g in grads])
     norms = np.array([np.sqrt(sum(np.sum(g**2) for g in grads)) for grads in gradients])

@@ -25,14 +25,16 @@ WEIGHTS = np.array([1.0, 2.0, 0.0, 1.0, 1.0], np.float32)
 
 def conv1d() -> keras.Model:
     """Strided 'same', causal and dilated, unbiased 'valid' Conv1D layers on 3 channels."""
-    return keras.Sequential([
-        L.Input((12, 3)),
-        L.Conv1D(4, 3, strides=2, padding="same", activation="relu"),
-        L.Conv1D(4, 2, dilation_rate=2, padding="causal", activation="tanh"),
-        L.Conv1D(3, 2, padding="valid", use_bias=False),
-        L.Flatten(),
-        L.Dense(3),
-    ])
+    return keras.Sequential(
+        [
+            L.Input((12, 3)),
+            L.Conv1D(4, 3, strides=2, padding="same", activation="relu"),
+            L.Conv1D(4, 2, dilation_rate=2, padding="causal", activation="tanh"),
+            L.Conv1D(3, 2, padding="valid", use_bias=False),
+            L.Flatten(),
+            L.Dense(3),
+        ]
+    )
 
 
 def conv1d_one_channel() -> keras.Model:
@@ -46,36 +48,42 @@ def conv1d_one_channel() -> keras.Model:
 
 def conv2d() -> keras.Model:
     """Conv2D: a 1-channel input with unequal strides (image patches), a dilated one (space_to_batch)."""
-    return keras.Sequential([
-        L.Input((9, 8, 1)),
-        L.Conv2D(3, (3, 2), strides=(2, 1), padding="same", activation="relu"),
-        L.Conv2D(2, 2, dilation_rate=2, activation="tanh"),
-        L.Flatten(),
-        L.Dense(3),
-    ])
+    return keras.Sequential(
+        [
+            L.Input((9, 8, 1)),
+            L.Conv2D(3, (3, 2), strides=(2, 1), padding="same", activation="relu"),
+            L.Conv2D(2, 2, dilation_rate=2, activation="tanh"),
+            L.Flatten(),
+            L.Dense(3),
+        ]
+    )
 
 
 def depthwise() -> keras.Model:
     """DepthwiseConv2D: depth multiplier 2, strided 'same'; dilated 'valid' without bias."""
-    return keras.Sequential([
-        L.Input((9, 9, 3)),
-        L.DepthwiseConv2D(3, depth_multiplier=2, strides=2, padding="same", activation="relu"),
-        L.DepthwiseConv2D(2, dilation_rate=2, use_bias=False),
-        L.Flatten(),
-        L.Dense(3),
-    ])
+    return keras.Sequential(
+        [
+            L.Input((9, 9, 3)),
+            L.DepthwiseConv2D(3, depth_multiplier=2, strides=2, padding="same", activation="relu"),
+            L.DepthwiseConv2D(2, dilation_rate=2, use_bias=False),
+            L.Flatten(),
+            L.Dense(3),
+        ]
+    )
 
 
 def separable() -> keras.Model:
     """SeparableConv2D: depth multiplier 2 'same'; strided without bias; dilated 'same'."""
-    return keras.Sequential([
-        L.Input((8, 8, 2)),
-        L.SeparableConv2D(4, 3, depth_multiplier=2, padding="same", activation="relu"),
-        L.SeparableConv2D(3, 2, strides=2, use_bias=False, activation="tanh"),
-        L.SeparableConv2D(3, 3, dilation_rate=2, padding="same"),
-        L.GlobalAveragePooling2D(),
-        L.Dense(3),
-    ])
+    return keras.Sequential(
+        [
+            L.Input((8, 8, 2)),
+            L.SeparableConv2D(4, 3, depth_multiplier=2, padding="same", activation="relu"),
+            L.SeparableConv2D(3, 2, strides=2, use_bias=False, activation="tanh"),
+            L.SeparableConv2D(3, 3, dilation_rate=2, padding="same"),
+            L.GlobalAveragePooling2D(),
+            L.Dense(3),
+        ]
+    )
 
 
 def time_distributed_conv() -> keras.Model:
@@ -89,34 +97,40 @@ def time_distributed_conv() -> keras.Model:
 def gru() -> keras.Model:
     """GRU with reset_after (Keras' default: bias [2, 3u]) returning sequences, then one with the reset gate applied
     before the recurrent kernel, without bias, returning its last state."""
-    return keras.Sequential([
-        L.Input((6, 3)),
-        L.GRU(4, return_sequences=True),
-        L.GRU(3, reset_after=False, use_bias=False),
-        L.Dense(3),
-    ])
+    return keras.Sequential(
+        [
+            L.Input((6, 3)),
+            L.GRU(4, return_sequences=True),
+            L.GRU(3, reset_after=False, use_bias=False),
+            L.Dense(3),
+        ]
+    )
 
 
 def gru_reset_before() -> keras.Model:
     """The other combinations: reset gate before the recurrent kernel with bias, returning sequences; reset_after
     without bias, returning its last state."""
-    return keras.Sequential([
-        L.Input((6, 3)),
-        L.GRU(4, reset_after=False, return_sequences=True),
-        L.GRU(3, use_bias=False),
-        L.Dense(3),
-    ])
+    return keras.Sequential(
+        [
+            L.Input((6, 3)),
+            L.GRU(4, reset_after=False, return_sequences=True),
+            L.GRU(3, use_bias=False),
+            L.Dense(3),
+        ]
+    )
 
 
 def recurrent_text() -> keras.Model:
     """Embedding, then LSTM and GRU over a sequence of unknown length, then Dense."""
-    return keras.Sequential([
-        L.Input((None,), dtype="int32"),
-        L.Embedding(7, 4),
-        L.LSTM(4, return_sequences=True),
-        L.GRU(3),
-        L.Dense(3),
-    ])
+    return keras.Sequential(
+        [
+            L.Input((None,), dtype="int32"),
+            L.Embedding(7, 4),
+            L.LSTM(4, return_sequences=True),
+            L.GRU(3),
+            L.Dense(3),
+        ]
+    )
 
 
 def data(model: keras.Model):
@@ -130,9 +144,17 @@ def data(model: keras.Model):
     return x, tf.constant(rng.integers(0, 3, BATCH), tf.int32)
 
 
-MODELS = {"conv1d": conv1d, "conv1d_one_channel": conv1d_one_channel, "conv2d": conv2d, "depthwise": depthwise,
-          "gru": gru, "gru_reset_before": gru_reset_before, "recurrent_text": recurrent_text,
-          "separable": separable, "time_distributed_conv": time_distributed_conv}
+MODELS = {
+    "conv1d": conv1d,
+    "conv1d_one_channel": conv1d_one_channel,
+    "conv2d": conv2d,
+    "depthwise": depthwise,
+    "gru": gru,
+    "gru_reset_before": gru_reset_before,
+    "recurrent_text": recurrent_text,
+    "separable": separable,
+    "time_distributed_conv": time_distributed_conv,
+}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -148,18 +170,30 @@ def case(request):
 
 def traced(model, x, method):
     """The clipped sum traced as in fit: a tf.function whose batch size is unknown while tracing."""
-    signature = [tf.TensorSpec([None, *x.shape[1:]], x.dtype), tf.TensorSpec([None], tf.int32),
-                 tf.TensorSpec([None]), tf.TensorSpec([])]
-    return tf.function(lambda x, y, w, c: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, w, c, model.trainable_variables, method=method), input_signature=signature)
+    signature = [
+        tf.TensorSpec([None, *x.shape[1:]], x.dtype),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([None]),
+        tf.TensorSpec([]),
+    ]
+    return tf.function(
+        lambda x, y, w, c: per_example.clipped_gradient_sum(
+            model, LOSS, x, y, w, c, model.trainable_variables, method=method
+        ),
+        input_signature=signature,
+    )
 
 
 def test_ghost_rules_match_the_brute_force(case):
     model, x, y, gradients, norms, clip_norm = case
     assert per_example.ghost_supported(model, model.trainable_variables)
     expected = clipped(gradients, norms, clip_norm)
-    assert_matches(*per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), clip_norm, model.trainable_variables, method="ghost"), expected)
+    assert_matches(
+        *per_example.clipped_gradient_sum(
+            model, LOSS, x, y, tf.constant(WEIGHTS), clip_norm, model.trainable_variables, method="ghost"
+        ),
+        expected,
+    )
     assert_matches(*traced(model, x, "ghost")(x, y, tf.constant(WEIGHTS), clip_norm), expected)
 
 
@@ -185,15 +219,17 @@ def test_vectorized_fallback_matches_the_brute_force(case):
 
 def test_ghost_rules_compile_with_xla():
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        L.Input((8, 8, 2)),
-        L.SeparableConv2D(3, 3, padding="same", activation="relu"),
-        L.DepthwiseConv2D(2, strides=2, activation="relu"),
-        L.Reshape((8, 6)),
-        L.Conv1D(3, 2, padding="causal", activation="relu"),
-        L.Flatten(),
-        L.Dense(3),
-    ])
+    model = keras.Sequential(
+        [
+            L.Input((8, 8, 2)),
+            L.SeparableConv2D(3, 3, padding="same", activation="relu"),
+            L.DepthwiseConv2D(2, strides=2, activation="relu"),
+            L.Reshape((8, 6)),
+            L.Conv1D(3, 2, padding="causal", activation="relu"),
+            L.Flatten(),
+            L.Dense(3),
+        ]
+    )
     _assert_ghost_matches_under_xla(model)
 
 
@@ -204,19 +240,22 @@ def test_gru_rule_compiles_with_xla():
     _assert_ghost_matches_under_xla(model)
 
 
-@pytest.mark.parametrize("layer,covered", [
-    (lambda: L.Conv1D(2, 3, padding="causal"), True),
-    (lambda: L.Conv1D(2, 3, groups=2), False),
-    (lambda: L.DepthwiseConv2D(3, depth_multiplier=2), True),
-    (lambda: L.DepthwiseConv2D(3, data_format="channels_first"), False),
-    (lambda: L.SeparableConv2D(2, 3, data_format="channels_first"), False),
-    (lambda: L.GRU(2), True),
-    (lambda: L.GRU(2, reset_after=False, return_sequences=True, return_state=True), True),
-    (lambda: L.GRU(2, stateful=True), False),
-    (lambda: L.GRU(2, go_backwards=True), False),
-    (lambda: L.GRU(2, dropout=0.1), False),
-    (lambda: L.GRU(2, recurrent_dropout=0.1), False),
-])
+@pytest.mark.parametrize(
+    "layer,covered",
+    [
+        (lambda: L.Conv1D(2, 3, padding="causal"), True),
+        (lambda: L.Conv1D(2, 3, groups=2), False),
+        (lambda: L.DepthwiseConv2D(3, depth_multiplier=2), True),
+        (lambda: L.DepthwiseConv2D(3, data_format="channels_first"), False),
+        (lambda: L.SeparableConv2D(2, 3, data_format="channels_first"), False),
+        (lambda: L.GRU(2), True),
+        (lambda: L.GRU(2, reset_after=False, return_sequences=True, return_state=True), True),
+        (lambda: L.GRU(2, stateful=True), False),
+        (lambda: L.GRU(2, go_backwards=True), False),
+        (lambda: L.GRU(2, dropout=0.1), False),
+        (lambda: L.GRU(2, recurrent_dropout=0.1), False),
+    ],
+)
 def test_rules_cover_the_supported_configurations(layer, covered):
     assert (rules.rule_for(layer()) is not None) == covered
 
@@ -237,8 +276,10 @@ def test_lora_enabled_layers_are_clipped_on_the_vectorized_path(lora_layer):
     assert rules.rule_for(model.layers[0]) is None
     assert not per_example.ghost_supported(model, model.trainable_variables)
     expected = clipped(*per_example_gradients(model, x, y, WEIGHTS), 0.1)
-    assert_matches(*per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), 0.1, model.trainable_variables), expected)
+    assert_matches(
+        *per_example.clipped_gradient_sum(model, LOSS, x, y, tf.constant(WEIGHTS), 0.1, model.trainable_variables),
+        expected,
+    )
 
 
 def _assert_ghost_matches_under_xla(model: keras.Model) -> None:
@@ -246,6 +287,10 @@ def _assert_ghost_matches_under_xla(model: keras.Model) -> None:
     x, y = data(model)
     expected = clipped(*per_example_gradients(model, x, y, WEIGHTS), 0.05)
     assert expected[1].max() > 0.05
-    step = tf.function(lambda: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), 0.05, model.trainable_variables, method="ghost"), jit_compile=True)
+    step = tf.function(
+        lambda: per_example.clipped_gradient_sum(
+            model, LOSS, x, y, tf.constant(WEIGHTS), 0.05, model.trainable_variables, method="ghost"
+        ),
+        jit_compile=True,
+    )
     assert_matches(*step(), expected)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from brute_force import LOSS
 from brute_force import assert_matches
 from brute_force import reference
+
 from keras_dyndp import per_example
 from keras_dyndp.keras_compat import keras
 
@@ -17,26 +17,30 @@ WEIGHTS = np.array([1.0, 0.0, 1.0, 2.0, 0.0, 1.0], np.float32)
 
 
 def cnn() -> keras.Model:
-    return keras.Sequential([
-        keras.layers.InputLayer(input_shape=(16, 16, 1)),
-        keras.layers.Conv2D(4, 8, strides=2, padding="same", activation="relu"),
-        keras.layers.MaxPool2D(2, 1),
-        keras.layers.Conv2D(6, 3, strides=2, padding="valid", activation="relu"),
-        keras.layers.MaxPool2D(2, 1),
-        keras.layers.Flatten(),
-        keras.layers.Dense(8, activation="relu"),
-        keras.layers.Dense(3),
-    ])
+    return keras.Sequential(
+        [
+            keras.layers.InputLayer(input_shape=(16, 16, 1)),
+            keras.layers.Conv2D(4, 8, strides=2, padding="same", activation="relu"),
+            keras.layers.MaxPool2D(2, 1),
+            keras.layers.Conv2D(6, 3, strides=2, padding="valid", activation="relu"),
+            keras.layers.MaxPool2D(2, 1),
+            keras.layers.Flatten(),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(3),
+        ]
+    )
 
 
 def lstm() -> keras.Model:
-    return keras.Sequential([
-        keras.layers.InputLayer(input_shape=(5,)),
-        keras.layers.Embedding(7, 4),
-        keras.layers.LSTM(5, return_sequences=True),
-        keras.layers.LSTM(3),
-        keras.layers.Dense(3),
-    ])
+    return keras.Sequential(
+        [
+            keras.layers.InputLayer(input_shape=(5,)),
+            keras.layers.Embedding(7, 4),
+            keras.layers.LSTM(5, return_sequences=True),
+            keras.layers.LSTM(3),
+            keras.layers.Dense(3),
+        ]
+    )
 
 
 def text() -> keras.Model:
@@ -75,7 +79,6 @@ def data(name: str):
 MODELS = {"cnn": cnn, "lstm": lstm, "text": text, "without_rule": WithoutRule}
 
 
-
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def case(request):
     keras.utils.set_random_seed(0)
@@ -89,8 +92,11 @@ def case(request):
 @pytest.mark.parametrize("method", ["auto", "vectorized"])
 def test_clipped_sum_matches_reference(case, method):
     _, model, x, y, clip_norm, (expected_sums, expected_norms) = case
-    step = tf.function(lambda: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), clip_norm, model.trainable_variables, method=method))
+    step = tf.function(
+        lambda: per_example.clipped_gradient_sum(
+            model, LOSS, x, y, tf.constant(WEIGHTS), clip_norm, model.trainable_variables, method=method
+        )
+    )
     sums, norms = step()
     assert_matches(sums, norms, (expected_sums, expected_norms))
     assert np.all(norms.numpy()[WEIGHTS == 0] == 0)
@@ -100,8 +106,12 @@ def test_ghost_path_compiles_with_xla(case):
     name, model, x, y, clip_norm, (expected_sums, expected_norms) = case
     if name not in ("cnn", "text"):
         pytest.skip("One conv and one embedding model keep the test short.")
-    step = tf.function(lambda: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), clip_norm, model.trainable_variables), jit_compile=True)
+    step = tf.function(
+        lambda: per_example.clipped_gradient_sum(
+            model, LOSS, x, y, tf.constant(WEIGHTS), clip_norm, model.trainable_variables
+        ),
+        jit_compile=True,
+    )
     sums, norms = step()
     assert_matches(sums, norms, (expected_sums, expected_norms))
 
@@ -119,8 +129,11 @@ def test_recurrent_layers_take_map_fn_on_the_vectorized_path(recurrent):
     x, y = data("lstm")
     model(x[:1])
     expected_sums, expected_norms = reference(model, x, y, WEIGHTS, 0.1)
-    sums, norms = tf.function(lambda: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), 0.1, model.trainable_variables, method="vectorized"))()
+    sums, norms = tf.function(
+        lambda: per_example.clipped_gradient_sum(
+            model, LOSS, x, y, tf.constant(WEIGHTS), 0.1, model.trainable_variables, method="vectorized"
+        )
+    )()
     assert_matches(sums, norms, (expected_sums, expected_norms))
 
 
@@ -139,7 +152,8 @@ def test_shared_layer_falls_back_to_vectorized():
     x, y = data("without_rule")
     expected_sums, expected_norms = reference(model, x, y, WEIGHTS, 0.5)
     sums, norms = per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), 0.5, model.trainable_variables)
+        model, LOSS, x, y, tf.constant(WEIGHTS), 0.5, model.trainable_variables
+    )
     assert_matches(sums, norms, (expected_sums, expected_norms))
 
 
@@ -150,7 +164,13 @@ def test_zero_clip_norm_gives_zero_sums_and_scalar_loss_is_refused():
     assert all(np.all(s.numpy() == 0) for s in sums)
     with pytest.raises(ValueError, match="one loss per example"):
         per_example.clipped_gradient_sum(
-            model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), x, y, None, 1.0,
-            model.trainable_variables)
+            model,
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            x,
+            y,
+            None,
+            1.0,
+            model.trainable_variables,
+        )
     with pytest.raises(ValueError, match="`method`"):
         per_example.clipped_gradient_sum(model, LOSS, x, y, None, 1.0, model.trainable_variables, method="x")

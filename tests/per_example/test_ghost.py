@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from brute_force import LOSS
 from brute_force import assert_matches
 from brute_force import reference
+
 from keras_dyndp import keras_compat
 from keras_dyndp import per_example
 from keras_dyndp.keras_compat import keras
@@ -21,8 +21,12 @@ WEIGHTS = np.array([1.0, 0.0, 1.0, 2.0, 0.0, 1.0], np.float32)
 def clipped_sum_step(model, x, clip_norm, method):
     """The clipped sum traced as in model.fit: a tf.function whose batch size is unknown while tracing."""
     signature = [tf.TensorSpec([None, *x.shape[1:]], x.dtype), tf.TensorSpec([None], tf.int32)]
-    return tf.function(lambda x, y: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, None, clip_norm, model.trainable_variables, method=method), input_signature=signature)
+    return tf.function(
+        lambda x, y: per_example.clipped_gradient_sum(
+            model, LOSS, x, y, None, clip_norm, model.trainable_variables, method=method
+        ),
+        input_signature=signature,
+    )
 
 
 def time_distributed() -> keras.Model:
@@ -118,12 +122,15 @@ class FixedTable(keras.Model):
         return self.out(tf.reduce_mean(inputs, axis=1)) * tf.reduce_mean(self.keys(self.table), axis=0)
 
 
-@pytest.mark.parametrize("build,reason", [
-    (TiedEmbedding, "tied weights"),
-    (SharedKernel, "shares a variable"),
-    (FoldedByHand, "not have one row per example"),
-    (FixedTable, "not have one row per example"),
-])
+@pytest.mark.parametrize(
+    "build,reason",
+    [
+        (TiedEmbedding, "tied weights"),
+        (SharedKernel, "shares a variable"),
+        (FoldedByHand, "not have one row per example"),
+        (FixedTable, "not have one row per example"),
+    ],
+)
 def test_rows_that_are_not_examples_fall_back_to_the_vectorized_path(build, reason):
     keras.utils.set_random_seed(0)
     model = build()
@@ -136,11 +143,18 @@ def test_rows_that_are_not_examples_fall_back_to_the_vectorized_path(build, reas
     model(x[:1])
     expected = reference(model, x, y, WEIGHTS, 0.1)
     # Eagerly (the batch size is known: BATCH, as many as the table's rows) and traced as in fit (unknown).
-    assert_matches(*per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(WEIGHTS), 0.1, model.trainable_variables), expected)
-    step = tf.function(lambda x, y, w: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, w, 0.1, model.trainable_variables), input_signature=[
-        tf.TensorSpec([None, *x.shape[1:]], x.dtype), tf.TensorSpec([None], tf.int32), tf.TensorSpec([None])])
+    assert_matches(
+        *per_example.clipped_gradient_sum(model, LOSS, x, y, tf.constant(WEIGHTS), 0.1, model.trainable_variables),
+        expected,
+    )
+    step = tf.function(
+        lambda x, y, w: per_example.clipped_gradient_sum(model, LOSS, x, y, w, 0.1, model.trainable_variables),
+        input_signature=[
+            tf.TensorSpec([None, *x.shape[1:]], x.dtype),
+            tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None]),
+        ],
+    )
     assert_matches(*step(x, y, tf.constant(WEIGHTS)), expected)
     with pytest.raises(ValueError, match=reason):
         per_example.clipped_gradient_sum(model, LOSS, x, y, None, 0.1, model.trainable_variables, method="ghost")

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from brute_force import assert_close
+
 from keras_dyndp.per_example import norms
 
 
@@ -34,5 +34,5 @@ def test_bias_and_materialised_gradients():
     kernel = tf.Variable(tf.zeros([2, 3]))
     per_example_grads = rng.normal(size=(3, 2, 3)).astype(np.float32)
     gradient = norms.materialised_gradient(kernel, tf.constant(per_example_grads))
-    assert_close(gradient.squared_norms, np.sum(per_example_grads.astype(np.float64)**2, axis=(1, 2)))
+    assert_close(gradient.squared_norms, np.sum(per_example_grads.astype(np.float64) ** 2, axis=(1, 2)))
     assert_close(gradient.clipped_sum(tf.constant(factors)), np.einsum("b,bkc->kc", factors, per_example_grads))

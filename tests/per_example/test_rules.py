@@ -47,11 +47,18 @@ def test_custom_layer_rule_clips_like_the_brute_force():
     assert expected[1].max() > 0.2  # Clipping is active.
     assert per_example.ghost_supported(model, model.trainable_variables)
     # Eagerly, and traced with an unknown batch size as in fit.
-    assert_matches(*per_example.clipped_gradient_sum(
-        model, LOSS, x, y, tf.constant(weights), 0.2, model.trainable_variables, method="ghost"), expected)
-    step = tf.function(lambda x, y, w: per_example.clipped_gradient_sum(
-        model, LOSS, x, y, w, 0.2, model.trainable_variables, method="ghost"), input_signature=[
-        tf.TensorSpec([None, 3, 4]), tf.TensorSpec([None], tf.int32), tf.TensorSpec([None])])
+    assert_matches(
+        *per_example.clipped_gradient_sum(
+            model, LOSS, x, y, tf.constant(weights), 0.2, model.trainable_variables, method="ghost"
+        ),
+        expected,
+    )
+    step = tf.function(
+        lambda x, y, w: per_example.clipped_gradient_sum(
+            model, LOSS, x, y, w, 0.2, model.trainable_variables, method="ghost"
+        ),
+        input_signature=[tf.TensorSpec([None, 3, 4]), tf.TensorSpec([None], tf.int32), tf.TensorSpec([None])],
+    )
     assert_matches(*step(x, y, tf.constant(weights)), expected)
 
 
@@ -68,11 +75,16 @@ def test_rules_apply_to_their_exact_class_and_supported_configurations():
 
 def test_register_layer_rule_refuses_what_is_not_a_rule():
     with pytest.raises(TypeError, match="`layer_class` must be a Keras layer class"):
-        per_example.register_layer_rule(object, call=EXAMPLE["scale_shift_call"],
-                                        norms_and_sums=EXAMPLE["scale_shift_norms_and_sums"])
+        per_example.register_layer_rule(
+            object, call=EXAMPLE["scale_shift_call"], norms_and_sums=EXAMPLE["scale_shift_norms_and_sums"]
+        )
     with pytest.raises(TypeError, match="`norms_and_sums` must be callable"):
         per_example.register_layer_rule(Unregistered, call=EXAMPLE["scale_shift_call"], norms_and_sums=None)
     with pytest.raises(TypeError, match="`supports` must be callable"):
-        per_example.register_layer_rule(Unregistered, call=EXAMPLE["scale_shift_call"],
-                                        norms_and_sums=EXAMPLE["scale_shift_norms_and_sums"], supports=True)
+        per_example.register_layer_rule(
+            Unregistered,
+            call=EXAMPLE["scale_shift_call"],
+            norms_and_sums=EXAMPLE["scale_shift_norms_and_sums"],
+            supports=True,
+        )
     assert rules.rule_for(Unregistered()) is None

@@ -8,12 +8,12 @@ import warnings
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from brute_force import LOSS
 from brute_force import reference
+
 from keras_dyndp import keras_compat
-from keras_dyndp.callbacks import PrivacyLogger
 from keras_dyndp import schedules
+from keras_dyndp.callbacks import PrivacyLogger
 from keras_dyndp.optimizers import DynamicDPKerasAdam
 from keras_dyndp.optimizers import DynamicDPKerasSGD
 from keras_dyndp.optimizers.dp_optimizer import SlowPathWarning
@@ -30,12 +30,14 @@ def dp_optimizer(clip: float = CLIP, learning_rate: float = 0.5, noise: float = 
 
 
 def sequential() -> keras.Model:
-    return keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(3, 3, strides=2, padding="same", activation="relu"),
-        keras.layers.Flatten(),
-        keras.layers.Dense(2),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(3, 3, strides=2, padding="same", activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2),
+        ]
+    )
 
 
 def functional() -> keras.Model:
@@ -68,13 +70,16 @@ def dataset(name: str, size: int = 32):
     return x, y
 
 
-@pytest.mark.parametrize("name,build,clip,learning_rate", [
-    ("sequential", sequential, 0.5, 0.5), ("functional", functional, 5.0, 2.0), ("subclassed", Subclassed, 0.5, 0.5)])
+@pytest.mark.parametrize(
+    "name,build,clip,learning_rate",
+    [("sequential", sequential, 0.5, 0.5), ("functional", functional, 5.0, 2.0), ("subclassed", Subclassed, 0.5, 0.5)],
+)
 def test_fit_trains_and_counts_steps(name, build, clip, learning_rate):
     keras.utils.set_random_seed(0)
     model = make_private(build())
-    model.compile(optimizer=dp_optimizer(clip=clip, learning_rate=learning_rate, noise=0.01), loss=LOSS,
-                  metrics=["accuracy"])
+    model.compile(
+        optimizer=dp_optimizer(clip=clip, learning_rate=learning_rate, noise=0.01), loss=LOSS, metrics=["accuracy"]
+    )
     x, y = dataset(name)
     loss_before = model.evaluate(x, y, verbose=0)[0]
     history = model.fit(x, y, batch_size=8, epochs=5, verbose=0)
@@ -148,13 +153,16 @@ def test_training_metrics_false_fits_before_any_metric_is_built_and_can_be_switc
     assert set(history.history) == {"loss", "accuracy"}
 
 
-@pytest.mark.parametrize("norm", [
-    lambda: keras.layers.BatchNormalization(),  # Trainable scale and offset: vectorized path.
-    lambda: keras.layers.BatchNormalization(center=False, scale=False),  # No weights: ghost path.
-], ids=["vectorized", "ghost"])
+@pytest.mark.parametrize(
+    "norm",
+    [
+        lambda: keras.layers.BatchNormalization(),  # Trainable scale and offset: vectorized path.
+        lambda: keras.layers.BatchNormalization(center=False, scale=False),  # No weights: ghost path.
+    ],
+    ids=["vectorized", "ghost"],
+)
 def test_batch_normalisation_is_refused_before_the_first_step(norm):
-    model = make_private(keras.Sequential([
-        keras.Input((3,)), norm(), keras.layers.Dense(2)]))
+    model = make_private(keras.Sequential([keras.Input((3,)), norm(), keras.layers.Dense(2)]))
     schedule = schedules.DPSchedule(np.full(10, CLIP), np.full(10, 1e6), 8 / 8)  # Batch 8 of 8 examples.
     model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=8), loss=LOSS)
     before = [v.numpy() for v in model.variables]
@@ -222,7 +230,7 @@ def test_mixed_precision_clips_sums_and_noises_in_float32(policy):
     model.fit(x[:1], y[:1], batch_size=1, epochs=1, verbose=0)
     update = [old - new.numpy() for old, new in zip(before, model.trainable_variables)]
     assert np.sqrt(sum(np.sum(u.astype(np.float64) ** 2) for u in update)) == pytest.approx(clip, rel=1e-5)
-    cosine = sum(np.sum(u * e) for u, e in zip(update, expected)) / clip ** 2
+    cosine = sum(np.sum(u * e) for u, e in zip(update, expected)) / clip**2
     assert cosine > 0.99  # The same direction, computed in low precision.
     optimizer = keras_compat.unwrap_optimizer(model.optimizer)
     assert (model.optimizer is not optimizer) == (policy == "mixed_float16")  # LossScaleOptimizer, bypassed.
@@ -236,8 +244,9 @@ def test_mixed_precision_fit_trains_on_every_path_and_refuses_ghost(policy):
         tf.keras.utils.set_random_seed(0)
         model = make_private(_with_policy(policy, sequential), method=method)
         schedule = schedules.DPSchedule(np.full(100, CLIP), np.full(100, 0.01), 0.01)
-        optimizer = functools.partial(DynamicDPKerasSGD, schedule=schedule, learning_rate=0.5,
-                                      num_microbatches=num_microbatches)
+        optimizer = functools.partial(
+            DynamicDPKerasSGD, schedule=schedule, learning_rate=0.5, num_microbatches=num_microbatches
+        )
         model.compile(optimizer=_with_policy(policy, optimizer), loss=LOSS)
         loss_before = model.evaluate(x, y, verbose=0)
         model.fit(x, y, batch_size=8, epochs=3, verbose=0)
@@ -253,8 +262,12 @@ def test_mixed_precision_fit_trains_on_every_path_and_refuses_ghost(policy):
 def test_load_model_restores_make_private_with_its_arguments(tmp_path):
     x, y = dataset("sequential", 16)
     model = make_private(sequential(), method="vectorized", training_metrics=False)
-    model.compile(optimizer=DynamicDPKerasAdam(schedule=schedules.DPSchedule(np.full(10, CLIP), np.full(10, 0.1),
-                                                                             0.5), learning_rate=0.01), loss=LOSS)
+    model.compile(
+        optimizer=DynamicDPKerasAdam(
+            schedule=schedules.DPSchedule(np.full(10, CLIP), np.full(10, 0.1), 0.5), learning_rate=0.01
+        ),
+        loss=LOSS,
+    )
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     path = str(tmp_path / "model.keras")
     model.save(path)
