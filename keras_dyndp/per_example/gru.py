@@ -21,21 +21,14 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from keras_dyndp.keras_compat import keras
+from keras_dyndp.per_example import lstm
 from keras_dyndp.per_example import norms
 from keras_dyndp.per_example.taps import GhostGradient
 from keras_dyndp.per_example.taps import Tap
 from keras_dyndp.per_example.taps import UnsupportedModel
 
-
-def supports(layer: keras.layers.GRU) -> bool:
-    """Not stateful, reversed, time-major (Keras 2 only) or with dropout."""
-    return not (
-        layer.stateful
-        or layer.go_backwards
-        or getattr(layer, "time_major", False)
-        or layer.dropout
-        or layer.recurrent_dropout
-    )
+supports = lstm.supports
+"""Not stateful, reversed, time-major (Keras 2 only) or with dropout: the conditions of the LSTM rule."""
 
 
 def _biases(tap: Tap) -> tuple[tf.Tensor | None, tf.Tensor | None]:

@@ -17,8 +17,8 @@ from keras_dyndp.per_example.taps import Tap
 from keras_dyndp.per_example.taps import UnsupportedModel
 
 
-def supports(layer: keras.layers.LSTM) -> bool:
-    """Not stateful, reversed, time-major (Keras 2 only) or with dropout."""
+def supports(layer: keras.layers.RNN) -> bool:
+    """Not stateful, reversed, time-major (Keras 2 only) or with dropout (the LSTM and GRU rules' conditions)."""
     return not (
         layer.stateful
         or layer.go_backwards
