@@ -9,12 +9,14 @@ What differs, name by name (Keras 2 | Keras 3):
 * `keras`: ``tf.keras`` | the ``keras`` package, on the TensorFlow backend only (``tf.keras`` is a namespace of
   the same classes without ``keras.saving``).
 * `Optimizer`, `register_serializable`: same names on both.
-* `apply_base_update`: ``apply_gradients(..., skip_gradients_aggregation=True)`` | ``apply(grads, variables)``.
+* `apply_base_update`: ``apply_gradients(grads_and_vars)`` | ``apply(grads, variables)``; both all-reduce (SUM)
+  across replicas.
   Keras 3's ``Model.train_step`` reduces the loss and calls ``optimizer.apply_gradients`` (which calls
   ``apply``) with the batch-averaged gradient, so the DP optimizers refuse both with an error naming
   ``make_private``, and the per-example step is the model's (``keras_dyndp.make_private``).
 * `UNSUPPORTED_OPTIMIZER_ARGUMENTS`: none | ``gradient_accumulation_steps`` (would count micro-steps as DP steps
-  and add noise per micro-step) and ``loss_scale_factor`` (would rescale the noised update).
+  and add noise per micro-step; ``accumulation_steps`` is the DP one) and ``loss_scale_factor`` (would rescale the
+  noised update).
 * `LOSS_SCALE_OPTIMIZER_CLASSES`, `unwrap_optimizer`: ``keras.mixed_precision.LossScaleOptimizer`` |
   ``keras.optimizers.LossScaleOptimizer``; both wrap the optimizer ``compile`` was given under the
   'mixed_float16' policy, as ``inner_optimizer``.
@@ -94,20 +96,22 @@ def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
         **kwargs: passed on to Keras 2's ``apply_gradients`` (``name``, ...); ignored on Keras 3.
 
     Returns:
-        The ``iterations`` variable. A single replica is enforced, so nothing is aggregated across replicas.
+        The ``iterations`` variable. Under a multi-replica strategy both sum the replicas' gradients (all-reduce
+        SUM) before the update rule: each replica passes its part of the DP update (`keras_dyndp.optimizers.replicas`).
     """
     if _KERAS_3:
         grads, variables = zip(*grads_and_vars) if grads_and_vars else ((), ())
         base.apply(list(grads), list(variables))
         return base.iterations
-    kwargs["skip_gradients_aggregation"] = True
+    kwargs["skip_gradients_aggregation"] = False
     return base.apply_gradients(grads_and_vars, **kwargs)
 
 
 UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = (
     {
         "gradient_accumulation_steps": "each micro-step would be a DP step with its own noise, and the counter "
-        "would count updates, not DP steps",
+        "would count updates, not DP steps; use `accumulation_steps`, which clips a batch in that many physical "
+        "batches and adds the noise once",
         "loss_scale_factor": "it rescales the already noised update; keras_dyndp computes the per-example "
         "gradients itself",
     }
@@ -160,8 +164,9 @@ def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
         )
         loss = tf.convert_to_tensor(loss)
-        if loss.shape.rank:  # The per-example losses of a reduction="none" loss: log their batch mean.
-            loss = tf.reduce_mean(loss)
+        if loss.shape.rank:  # The per-example losses of a reduction="none" loss: log their batch mean (a replica
+            # of a tf.distribute strategy may hold no row: its mean is 0, with weight 0).
+            loss = tf.math.divide_no_nan(tf.reduce_sum(loss), tf.cast(tf.size(loss), loss.dtype))
         batch_size = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
         model._loss_tracker.update_state(loss, sample_weight=batch_size)  # pylint: disable=protected-access
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

@@ -13,6 +13,8 @@ loop). In a custom training loop there is no such frame and they return None: th
 from __future__ import annotations
 
 import inspect
+import sys
+import threading
 from typing import Any
 
 from keras_dyndp import keras_compat
@@ -22,10 +24,12 @@ from keras_dyndp.keras_compat import keras
 _MAX_FRAMES = 200
 
 
-def _frames():
-    frame = inspect.currentframe()
-    try:
+def _frames(frame=None):
+    """The frames from `frame` down the stack; by default from the frame that iterates over them."""
+    if frame is None:
+        frame = inspect.currentframe()
         frame = frame.f_back if frame is not None else None
+    try:
         for _ in range(_MAX_FRAMES):
             if frame is None:
                 return
@@ -59,9 +63,29 @@ class FitCall:
         self.batch_size = batch_size
 
 
-def fit_call(model: keras.Model) -> FitCall | None:
-    """The arguments of the ``model.fit`` call on the stack, or None when `model` is not inside ``fit``."""
-    for frame in _frames():
+def _fit_call_in(frames, model: keras.Model) -> FitCall | None:
+    for frame in frames:
         if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
             return FitCall(frame.f_locals.get("x"), frame.f_locals.get("batch_size"))
+    return None
+
+
+def fit_call(model: keras.Model) -> FitCall | None:
+    """The arguments of the ``model.fit`` call on the stack, or None when `model` is not inside ``fit``.
+
+    Under ``MirroredStrategy`` the train step of each replica is traced in a thread of its own, while ``fit`` waits
+    in the thread that started them: when this thread's stack has no ``fit`` of `model`, the other threads' are read.
+    """
+    call = _fit_call_in(_frames(), model)
+    if call is not None:
+        return call
+    current = threading.get_ident()
+    for thread_id, frame in sys._current_frames().items():  # pylint: disable=protected-access
+        try:
+            if thread_id != current:
+                call = _fit_call_in(_frames(frame), model)
+                if call is not None:
+                    return call
+        finally:
+            del frame
     return None

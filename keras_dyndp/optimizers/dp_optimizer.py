@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 import warnings
 from collections.abc import Sequence
 
@@ -110,6 +111,7 @@ from keras_dyndp.accounting import registry
 from keras_dyndp.optimizers import clip_and_noise
 from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers import noise_source
+from keras_dyndp.optimizers import replicas
 from keras_dyndp.optimizers import sampling_check
 
 _BUDGET_ARGUMENTS = (
@@ -134,28 +136,20 @@ class SlowPathWarning(UserWarning):
 class _DPGradientGuard:
     """Remembers the gradients the DP path produced, so `apply_gradients` can refuse any others.
 
-    A plain Python object (not a tracked list) so the optimizer's checkpoint graph is not affected.
+    A plain Python object (not a tracked list) so the optimizer's checkpoint graph is not affected. Per thread:
+    MirroredStrategy traces each replica's step in a thread of its own, between compute_gradients and
+    apply_gradients of the same replica.
     """
 
     def __init__(self):
-        self._pending: tuple | None = None
+        self._local = threading.local()
 
     def issue(self, grads: Sequence[tf.Tensor]) -> None:
-        self._pending = tuple(grads)
+        self._local.pending = tuple(grads)
 
     def check_and_clear(self, grads: Sequence[tf.Tensor]) -> bool:
-        pending, self._pending = self._pending, None
+        pending, self._local.pending = getattr(self._local, "pending", None), None
         return pending is not None and len(pending) == len(grads) and all(g is p for g, p in zip(grads, pending))
-
-
-def _check_single_replica() -> None:
-    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    if num_replicas > 1:
-        raise ValueError(
-            "Dynamic DP optimizers support a single replica only: under a tf.distribute strategy with "
-            f"{num_replicas} replicas each replica would add its own noise to its own clipped sum, which is not "
-            "the accounted mechanism. Train without a multi-replica strategy."
-        )
 
 
 def _check_num_microbatches(num_microbatches) -> int | None:
@@ -168,6 +162,22 @@ def _check_num_microbatches(num_microbatches) -> int | None:
             f"Received: num_microbatches={num_microbatches!r}."
         )
     return int(num_microbatches)
+
+
+def _check_accumulation_steps(accumulation_steps, num_microbatches: int | None) -> int:
+    is_integer = isinstance(accumulation_steps, numbers.Integral) and not isinstance(accumulation_steps, bool)
+    if not is_integer or accumulation_steps < 1:
+        raise ValueError(
+            "`accumulation_steps` must be an integer >= 1 (the number of physical batches each batch is clipped in). "
+            f"Received: accumulation_steps={accumulation_steps!r}."
+        )
+    if accumulation_steps > 1 and num_microbatches is not None:
+        raise ValueError(
+            "`accumulation_steps` > 1 splits a batch of examples, each clipped on its own; microbatches are clipped "
+            "as a whole and cannot be split. Use one of them. Received: "
+            f"accumulation_steps={accumulation_steps}, num_microbatches={num_microbatches}."
+        )
+    return int(accumulation_steps)
 
 
 def _check_base_arguments(kwargs: dict) -> None:
@@ -300,7 +310,11 @@ class DynamicDPOptimizerMixin:
       num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
         microbatches, with twice the noise at every step (see the module docstring).
       expected_batch_size: p N, the normaliser of the noisy sum (None: the actual number of rows). With it, a
-        batch whose number of examples is far outside Binomial(N, p) is refused.
+        batch whose number of examples is far outside Binomial(N, p) is refused. Under a multi-replica
+        tf.distribute strategy it is the GLOBAL batch's (`keras_dyndp.optimizers.replicas`).
+      accumulation_steps: k >= 1 (default 1). `keras_dyndp.make_private`'s step clips each batch (the logical
+        batch that p and the schedule count) in k physical batches, one after another, and adds the noise once:
+        a batch k times larger than memory allows (`keras_dyndp.per_example.accumulation`).
       noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
         integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
         knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
@@ -324,6 +338,7 @@ class DynamicDPOptimizerMixin:
         accountant: str | None = None,
         num_microbatches: int | None = None,
         expected_batch_size: float | None = None,
+        accumulation_steps: int = 1,
         noise_seed: int | None = None,
         **kwargs,
     ):
@@ -342,12 +357,14 @@ class DynamicDPOptimizerMixin:
         )
         schedule, expected_batch_size = _resolve_schedule(schedule, budget, expected_batch_size)
         num_microbatches = _check_num_microbatches(num_microbatches)
-        _check_single_replica()
+        accumulation_steps = _check_accumulation_steps(accumulation_steps, num_microbatches)
+        replicas.check_strategy()
         _check_base_arguments(kwargs)
         kwargs.setdefault("name", type(self).__name__)
         super().__init__(**kwargs)
         self._schedule = schedule
         self._num_microbatches = num_microbatches
+        self._accumulation_steps = accumulation_steps
         self._expected_batch_size = expected_batch_size
         self._dp_gradient_guard = _DPGradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
@@ -372,6 +389,11 @@ class DynamicDPOptimizerMixin:
     def expected_batch_size(self) -> float | None:
         """Normaliser of the noisy sum for per-example clipping; None means the actual batch size."""
         return self._expected_batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Number of physical batches `make_private`'s step clips each batch in (1: the whole batch at once)."""
+        return self._accumulation_steps
 
     @property
     def num_microbatches(self) -> int | None:
@@ -409,14 +431,17 @@ class DynamicDPOptimizerMixin:
     def _noise_and_normalise(
         self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
     ) -> list[tf.Tensor]:
+        """This replica's part of the update: its clipped sums, the step's noise on one replica only, over the
+        global normaliser; the base optimizer sums the parts over replicas (`keras_dyndp.optimizers.replicas`)."""
+        noise_stddev = noise_stddev * replicas.noise_share()
         noised = clip_and_noise.add_gaussian_noise(clipped_sums, noise_stddev, generator=self._noise_source.generator)
         return [grad / tf.cast(normaliser, grad.dtype) for grad in noised]
 
-    def _row_normaliser(self, num_rows: tf.Tensor) -> tf.Tensor:
+    def _row_normaliser(self, global_num_rows: tf.Tensor) -> tf.Tensor:
         if self._expected_batch_size is not None:
             return tf.constant(self._expected_batch_size, tf.float32)
         # An empty (Poisson) batch releases pure noise; dividing it by 1 instead of 0 keeps it finite.
-        return tf.maximum(tf.cast(num_rows, tf.float32), 1.0)
+        return tf.maximum(tf.cast(global_num_rows, tf.float32), 1.0)
 
     def compute_gradients(self, loss, var_list, tape=None):
         """Clipped, noised and normalised gradients of a per-example loss (one DP release).
@@ -439,7 +464,13 @@ class DynamicDPOptimizerMixin:
           tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
             outside the schedule's Poisson sampling (see `sampling_check`).
         """
-        _check_single_replica()
+        replicas.check_strategy()
+        if self._accumulation_steps > 1:
+            raise ValueError(
+                f"accumulation_steps={self._accumulation_steps} splits each batch in make_private's train step; "
+                "compute_gradients receives a loss already computed on the whole batch. Train with model.fit after "
+                "model = keras_dyndp.make_private(model)."
+            )
         self._check_model_fit_path()
         if tape is None and not callable(loss):
             raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
@@ -476,17 +507,19 @@ class DynamicDPOptimizerMixin:
                 unit_losses = microbatches.microbatch_losses(per_example_losses, assignment, self._num_microbatches)
         per_unit_grads = tape.jacobian(unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
-        batch_size_check = self._sampling_check.assertion(
-            sampling_check.count_nonzero_rows(per_example_losses), num_rows
+        min_examples, global_num_rows = tf.unstack(
+            replicas.global_sum(tf.stack([sampling_check.count_nonzero_rows(per_example_losses), num_rows]))
         )
+        batch_size_check = self._sampling_check.assertion(min_examples, global_num_rows)
         with tf.control_dependencies(self._step_checks(batch_size_check)):
             clip_norm = self.current_clip_norm()
             noise_stddev = self.current_noise_stddev()
         if self._num_microbatches is None:
-            normaliser = self._row_normaliser(num_rows)
+            normaliser = self._row_normaliser(global_num_rows)
         else:
-            # One example moves one clipped microbatch gradient by up to 2 C, whatever the batch size.
-            normaliser = tf.constant(self._num_microbatches, tf.float32)
+            # One example moves one clipped microbatch gradient by up to 2 C, whatever the batch size; each replica
+            # forms its own M microbatches.
+            normaliser = tf.constant(self._num_microbatches * replicas.num_replicas(), tf.float32)
             noise_stddev = 2.0 * noise_stddev
         clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
         grads = self._noise_and_normalise(clipped_sums, noise_stddev, normaliser)
@@ -509,7 +542,7 @@ class DynamicDPOptimizerMixin:
             ordinary gradients from a tape or from Keras 3's default train step: applying them would train
             without differential privacy. The message says to call ``keras_dyndp.make_private(model)``.
         """
-        del skip_gradients_aggregation  # A single replica is enforced: nothing to aggregate.
+        del skip_gradients_aggregation  # The DP step always sums the replicas' parts (see `replicas`).
         grads_and_vars = list(grads_and_vars)
         self._refuse_unless_issued([grad for grad, _ in grads_and_vars], "apply_gradients")
         return self._apply_private_gradients(grads_and_vars, name=name, **kwargs)
@@ -644,7 +677,7 @@ class DynamicDPOptimizerMixin:
           tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
             outside the schedule's Poisson sampling (see `sampling_check`).
         """
-        _check_single_replica()
+        replicas.check_strategy()
         var_list = list(var_list)
         if len(clipped_sums) != len(var_list):
             raise ValueError(
@@ -657,10 +690,13 @@ class DynamicDPOptimizerMixin:
         ]
         self._sampling_check.inspect_fit_input(self)
         num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
-        batch_size_check = self._sampling_check.assertion(num_examples, num_examples)
+        global_examples, global_num_rows = tf.unstack(
+            replicas.global_sum(tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)]))
+        )
+        batch_size_check = self._sampling_check.assertion(global_examples, global_examples)
         with tf.control_dependencies(self._step_checks(batch_size_check)):
             noise_stddev = self.current_noise_stddev()
-        grads = self._noise_and_normalise(clipped_sums, noise_stddev, self._row_normaliser(num_rows))
+        grads = self._noise_and_normalise(clipped_sums, noise_stddev, self._row_normaliser(global_num_rows))
         return self._apply_private_gradients(list(zip(grads, var_list)))
 
     def get_config(self) -> dict:
@@ -669,6 +705,7 @@ class DynamicDPOptimizerMixin:
             schedule=self._schedule.get_config(),
             num_microbatches=self._num_microbatches,
             expected_batch_size=self._expected_batch_size,
+            accumulation_steps=self._accumulation_steps,
             private_train_step=None if self._private_train_step is None else dict(self._private_train_step),
         )
         return config

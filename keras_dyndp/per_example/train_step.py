@@ -55,6 +55,7 @@ from keras_dyndp import keras_compat
 from keras_dyndp import model_checks
 from keras_dyndp.keras_compat import keras
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
+from keras_dyndp.per_example import accumulation
 from keras_dyndp.per_example import clipped_sum
 from keras_dyndp.per_example.losses import per_example_loss
 
@@ -124,9 +125,15 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
     var_list = self.trainable_variables
     if optimizer.num_microbatches is None:
         clip_norm = optimizer.current_clip_norm()
-        sums, _, y_pred, losses = clipped_sum.clipped_gradient_sum_with_outputs(
-            self, loss_fn, x, y, sample_weight, clip_norm, var_list, method=_clipping_method(self)
-        )
+        method = _clipping_method(self)
+        if optimizer.accumulation_steps == 1:
+            sums, _, y_pred, losses = clipped_sum.clipped_gradient_sum_with_outputs(
+                self, loss_fn, x, y, sample_weight, clip_norm, var_list, method
+            )
+        else:
+            sums, _, y_pred, losses = accumulation.clipped_gradient_sum_with_outputs(
+                self, loss_fn, x, y, sample_weight, clip_norm, var_list, method, optimizer.accumulation_steps
+            )
         _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
         optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list, sample_weight=sample_weight)
     else:

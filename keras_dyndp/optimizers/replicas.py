@@ -1,0 +1,79 @@
+"""The DP step across the replicas of a `tf.distribute` strategy: one noise, one normaliser, one counter.
+
+Under ``MirroredStrategy`` (several devices of one machine) or ``MultiWorkerMirroredStrategy`` (several machines),
+``model.fit`` splits each global batch across the R replicas and runs the train step on every replica. The DP step
+must release exactly what one device would release for the whole global batch:
+
+    update = (sum over all examples of the clipped gradients + N(0, sigma_t^2 I)) / n.
+
+Each replica clips its own examples and sums them (one example lives on one replica, so it moves the global sum by
+at most C_t). The noise is drawn by ONE replica, the first of the sync group (``replica_id_in_sync_group == 0``), with
+the full std sigma_t; the others add none. Every replica divides its part by the GLOBAL normaliser n (the expected
+global batch size, or the all-reduced number of rows) and the base optimizer all-reduces the parts with SUM before
+its update rule (Keras 2's ``apply_gradients`` aggregation, Keras 3's ``_all_reduce_sum_gradients``). The released
+sum then carries exactly one N(0, sigma_t^2 I) draw, whatever R is and whether or not the replicas' random streams
+are independent (one replica's noise cannot be cancelled by another's, since no other adds any). The alternative,
+every replica adding std sigma_t / sqrt(R), has std sigma_t only if the R streams are independent, which seeds shared
+across workers would break. What the replicas exchange inside the all-reduce (un-noised partial sums) stays inside
+the training job, whose workers see the raw data anyway; what leaves it is the noised update.
+
+The step counter (Keras's ``iterations``, aggregated ONLY_FIRST_REPLICA) advances once per global step, so the
+schedule index and the privacy ledger are those of one device training on the global batch. The batch-size check of
+`keras_dyndp.optimizers.sampling_check` counts the examples of the global batch (all-reduced), so a replica that got
+zero rows, or only padding, changes neither the noise nor the count.
+
+Supported: the default (no) strategy, ``OneDeviceStrategy``, ``MirroredStrategy`` and
+``MultiWorkerMirroredStrategy``. Others (TPU, parameter-server, central-storage) are refused: their update paths
+are not the one analysed here.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+_SUPPORTED_STRATEGIES = (
+    tf.distribute.MirroredStrategy,
+    tf.distribute.MultiWorkerMirroredStrategy,
+    tf.distribute.OneDeviceStrategy,
+)
+
+
+def check_strategy() -> tf.distribute.Strategy:
+    """Returns the current strategy if a DP step can run under it.
+
+    Raises:
+      ValueError: under a strategy other than the default one, OneDevice, Mirrored or MultiWorkerMirrored.
+    """
+    strategy = tf.distribute.get_strategy()
+    if not tf.distribute.has_strategy() or isinstance(strategy, _SUPPORTED_STRATEGIES):
+        return strategy
+    raise ValueError(
+        "Dynamic DP optimizers run under no strategy, OneDeviceStrategy, MirroredStrategy or "
+        "MultiWorkerMirroredStrategy, where each global step adds the noise once to the all-reduced sum of the "
+        f"clipped gradients. Received: {type(strategy).__name__}, whose update path is not that mechanism."
+    )
+
+
+def num_replicas() -> int:
+    """Number of replicas taking part in each global step (1 without a strategy)."""
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def noise_share() -> tf.Tensor:
+    """float32 1 on the replica that draws the step's noise (the first of the sync group), 0 on the others."""
+    context = tf.distribute.get_replica_context()
+    if context is None or num_replicas() == 1:
+        return tf.ones([], tf.float32)
+    return tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.float32)
+
+
+def global_sum(values: tf.Tensor) -> tf.Tensor:
+    """``values`` summed over the replicas of the step, in its dtype; the identity for one replica.
+
+    Counts travel as float32 (every all-reduce implementation sums it; exact up to 2^24).
+    """
+    values = tf.convert_to_tensor(values)
+    context = tf.distribute.get_replica_context()
+    if context is None or num_replicas() == 1:
+        return values
+    return tf.cast(context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(values, tf.float32)), values.dtype)
