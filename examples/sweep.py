@@ -6,7 +6,7 @@ seed in ``--seeds`` this script trains the task of ``--task`` once per grid poin
 all (1/rho_mu, 1/rho_c) pairs; growing_mu, and zcdp and tcdp (noise decay z_0 / z_T = rho_mu): the 1/rho_mu values;
 sensitivity_decay: the 1/rho_c values; vanilla and nonprivate: one run), then writes into ``--sweep_dir``:
 
-* ``results.csv``: one row per run (the columns of `examples.training.RunResult`). Runs already in it (same task,
+* ``results.csv``: one row per run (`examples.training.RunResult.csv_row`). Runs already in it (same task,
   method, epsilon, rho_mu, rho_c, seed) are skipped, so an interrupted sweep continues where it stopped;
 * ``table.md``: accuracy mean +- std over seeds per method and epsilon, with the rigorous epsilon; for methods with
   a grid, the best grid point (by mean accuracy) and its 1/rho values;
@@ -15,8 +15,8 @@ sensitivity_decay: the 1/rho_c values; vanilla and nonprivate: one run), then wr
 Every other flag given on the command line (``--epochs``, ``--max_steps``, ``--idx_dir``, ...) applies to every
 run, except ``--accountant`` (the calibration accountant of the paper's methods), which the baselines zcdp and tcdp
 do not take: they are calibrated by their own. ``--accountant=gdp_clt`` reproduces the paper's calibration. Runs go
-in-process by default; ``--subprocess`` starts ``python -m examples.<task>`` for each (isolated, and a failing run
-does not stop the sweep).
+in-process by default (`examples.training.train` with the flags' `RunConfig` and the grid point); ``--subprocess``
+starts ``python -m examples.<task>`` for each (isolated, and a failing run does not stop the sweep).
 
     python -m examples.sweep --task=digits --epsilons=1,3 --seeds=0,1 --methods=vanilla,dynamic \\
         --sweep_dir=/tmp/digits_sweep
@@ -25,6 +25,7 @@ does not stop the sweep).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import math
 import os
@@ -36,7 +37,6 @@ import tensorflow as tf
 from absl import app
 from absl import flags
 from absl import logging
-from absl.testing import flagsaver
 
 if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -78,7 +78,6 @@ FLAGS = flags.FLAGS
 # Flags the sweep sets per run (never forwarded from its own command line).
 _PER_RUN_FLAGS = ("method", "epsilon", "rho_mu", "rho_c", "seed", "results_csv", "model_dir")
 _SWEEP_FLAGS = ("task", "methods", "epsilons", "inv_rho_mus", "inv_rho_cs", "seeds", "sweep_dir", "subprocess")
-_KEY_FIELDS = ("task", "method", "epsilon", "rho_mu", "rho_c", "seed")
 
 
 def _floats(name: str, values: list[str], low: float, high: float) -> list[float]:
@@ -149,14 +148,15 @@ def _forwarded_arguments(method: str) -> list[str]:
     return [FLAGS[name].serialize() for name in FLAGS if FLAGS[name].present and name not in skipped]
 
 
-def _run_in_process(module, run: dict, results_csv: str) -> None:
-    flag_values = dict(run, results_csv=results_csv)
-    if run["method"] == "nonprivate":
-        flag_values.pop("epsilon")
-    with flagsaver.flagsaver(**flag_values):
-        for name in _not_for(run["method"]):
-            FLAGS[name].unparse()  # Back to its default for this run; flagsaver restores it afterwards.
-        training.train(module.make_task())
+def _run_in_process(module, base: training.RunConfig, run: dict, results_csv: str) -> None:
+    """Trains one grid point: `base` (the flags' config) with the run's values, its CSV row in `results_csv`.
+
+    Like the subprocess runs it gets no --model_dir (one directory cannot hold several runs), and the flags that do
+    not apply to its method go back to their defaults (None in the config)."""
+    config = dataclasses.replace(
+        base, **run, results_csv=results_csv, model_dir=None, **dict.fromkeys(_not_for(run["method"]))
+    )
+    training.train(module.make_task(), config)
     keras.backend.clear_session()
 
 
@@ -270,13 +270,14 @@ def sweep() -> None:
     results_csv = os.path.join(FLAGS.sweep_dir, "results.csv")
     done = {_key(row["task"], row) for row in read_results(results_csv)}
     todo = [run for run in runs if _key(FLAGS.task, run) not in done]
+    base = training.config_from_flags()
     print(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} already in {results_csv}, {len(todo)} to go")
     for index, run in enumerate(todo, 1):
         print(f"sweep: run {index}/{len(todo)}: {run}", flush=True)
         if FLAGS.subprocess:
             _run_subprocess(run, results_csv)
         else:
-            _run_in_process(module, run, results_csv)
+            _run_in_process(module, base, run, results_csv)
     wanted = {_key(FLAGS.task, run) for run in runs}
     rows = [row for row in read_results(results_csv) if _key(row["task"], row) in wanted]
     table = markdown_table(rows)

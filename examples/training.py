@@ -3,7 +3,9 @@
 A task script (``examples/digits.py``, ``examples/mnist.py``, ...) only says how to load its data, how to build its
 model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
 
-1. reads the shared flags below (a flag left unset takes the task's default);
+1. turns the shared flags below into a `RunConfig` (`config_from_flags`, the only reader of them; a flag left unset
+   takes the task's default) and hands it to `train(task, config)`, which reads no flag and can be called from
+   Python with a `RunConfig` built by hand;
 2. calibrates the `keras_dyndp.schedules.DPSchedule` of the run: p = batch_size / N, T = ceil(epochs N /
    batch_size), C_t and sigma_t from ``--method``, ``--epsilon``, ``--delta`` (default 1 / (10 N)), ``--rho_mu``,
    ``--rho_c`` and ``--initial_clip``, met under ``--accountant`` (the rigorous PLD by default; ``gdp_clt`` is
@@ -228,67 +230,91 @@ class Task:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """The resolved hyperparameters of one run (flags over task defaults)."""
+    """Everything one run of `train` needs besides its `Task`: hyperparameters and run options.
 
-    task: str
-    method: str
-    epsilon: float
-    delta: float
-    rho_mu: float
-    rho_c: float
-    initial_clip: float
-    learning_rate: float
-    optimizer: str
-    epochs: float
-    batch_size: int
-    sampling: str
-    accountant: str
-    seed: int | None
+    Each field is the flag of the same name (`config_from_flags`), with the flag's default. A field left None takes
+    the default that depends on the task or its data, filled in by `resolved` once the data is loaded: the task's
+    hyperparameters (epsilon, rho_mu, rho_c, initial_clip, learning_rate, optimizer, epochs, batch_size), delta
+    1 / (10 N), sampling 'shuffle' for nonprivate and 'poisson' otherwise, and accountant the registry's default
+    for the paper's methods and the baseline's own for zcdp / tcdp. `max_steps`, `seed`, `model_dir` and
+    `results_csv` stay None when unset: no step limit, OS entropy, no checkpoints, no CSV row.
+    """
+
+    method: str = "dynamic"
+    epsilon: float | None = None
+    delta: float | None = None
+    rho_mu: float | None = None
+    rho_c: float | None = None
+    initial_clip: float | None = None
+    learning_rate: float | None = None
+    optimizer: str | None = None
+    epochs: float | None = None
+    max_steps: int | None = None
+    batch_size: int | None = None
+    sampling: str | None = None
+    accountant: str | None = None
+    report_accountant: str = registry.DEFAULT_ACCOUNTANT
+    per_example: str = "fast"
+    training_metrics: bool = False
+    seed: int | None = None
+    model_dir: str | None = None
+    results_csv: str | None = None
+    eval_batch_size: int = 500
+    verbose: int = 1
 
     @property
     def private(self) -> bool:
         return self.method != "nonprivate"
 
+    def resolved(self, task: Task, num_train: int) -> RunConfig:
+        """This config with the defaults of `task` and of its N = `num_train` training examples filled in.
 
-def _flag_or(name: str, default: Any) -> Any:
-    value = FLAGS[name].value
-    return default if value is None else value
+        The epsilon of a nonprivate run is inf (it has no guarantee), whatever the config says.
+
+        Raises:
+          FlagError: if batch_size exceeds N, or an accountant other than its own is asked of a baseline.
+        """
+        batch_size = task.batch_size if self.batch_size is None else self.batch_size
+        if batch_size > num_train:
+            raise FlagError(f"--batch_size must be <= N = {num_train} (training examples). Received: {batch_size}.")
+        accountant = registry.DEFAULT_ACCOUNTANT if self.accountant is None else self.accountant
+        if self.method in schedules.BASELINES:
+            if self.accountant is not None and self.accountant != self.method:
+                raise FlagError(
+                    f"--method={self.method} is calibrated by its own accountant; --accountant applies to "
+                    f"{', '.join(schedules.METHODS)}. Received: --accountant={self.accountant}."
+                )
+            accountant = self.method
+
+        def default(value: Any, fallback: Any) -> Any:
+            return fallback if value is None else value
+
+        return dataclasses.replace(
+            self,
+            epsilon=default(self.epsilon, task.epsilon) if self.private else math.inf,
+            delta=default(self.delta, 1.0 / (10 * num_train)),
+            rho_mu=default(self.rho_mu, task.rho_mu),
+            rho_c=default(self.rho_c, task.rho_c),
+            initial_clip=default(self.initial_clip, task.initial_clip),
+            learning_rate=default(self.learning_rate, task.learning_rate),
+            optimizer=default(self.optimizer, task.optimizer),
+            epochs=default(self.epochs, task.epochs),
+            batch_size=batch_size,
+            sampling=default(self.sampling, "poisson" if self.private else "shuffle"),
+            accountant=accountant,
+        )
 
 
-def resolve_config(task: Task, num_train: int) -> RunConfig:
-    """Combines the flags with the task's defaults and checks what needs the data size.
+def config_from_flags() -> RunConfig:
+    """The `RunConfig` the shared flags give: the one place that reads them (each field is the flag of its name).
 
-    Raises:
-      FlagError: if --batch_size exceeds N.
+    An --accountant neither given nor set becomes None, the method's own default, so that only an --accountant asked
+    for is refused for the baselines.
     """
-    method = FLAGS.method
-    batch_size = _flag_or("batch_size", task.batch_size)
-    if batch_size > num_train:
-        raise FlagError(f"--batch_size must be <= N = {num_train} (training examples). Received: {batch_size}.")
-    accountant = FLAGS.accountant
-    if method in schedules.BASELINES:
-        if not FLAGS["accountant"].using_default_value and accountant != method:
-            raise FlagError(
-                f"--method={method} is calibrated by its own accountant; --accountant applies to "
-                f"{', '.join(schedules.METHODS)}. Received: --accountant={accountant}."
-            )
-        accountant = method
-    return RunConfig(
-        task=task.name,
-        method=method,
-        epsilon=_flag_or("epsilon", task.epsilon),
-        delta=_flag_or("delta", 1.0 / (10 * num_train)),
-        rho_mu=_flag_or("rho_mu", task.rho_mu),
-        rho_c=_flag_or("rho_c", task.rho_c),
-        initial_clip=_flag_or("initial_clip", task.initial_clip),
-        learning_rate=_flag_or("learning_rate", task.learning_rate),
-        optimizer=_flag_or("optimizer", task.optimizer),
-        epochs=_flag_or("epochs", task.epochs),
-        batch_size=batch_size,
-        sampling=_flag_or("sampling", "shuffle" if method == "nonprivate" else "poisson"),
-        accountant=accountant,
-        seed=FLAGS.seed,
-    )
+    values = {field.name: FLAGS[field.name].value for field in dataclasses.fields(RunConfig)}
+    if FLAGS["accountant"].using_default_value and not FLAGS["accountant"].present:
+        values["accountant"] = None
+    return RunConfig(**values)
 
 
 def make_schedule(config: RunConfig, num_train: int) -> tuple[schedules.DPSchedule | None, float, int]:
@@ -356,13 +382,16 @@ def _train_step_without_logs(self: keras.Model, data) -> dict:
     return {}
 
 
-def compile_model(model: keras.Model, task: Task, optimizer: keras.optimizers.Optimizer, private: bool) -> keras.Model:
-    """Compiles `model`; for DP runs it takes the fast per-example path (--per_example=fast) and, without
-    --training_metrics, computes no loss or metric on the training batches (evaluation keeps them)."""
+def compile_model(
+    model: keras.Model, task: Task, optimizer: keras.optimizers.Optimizer, config: RunConfig
+) -> keras.Model:
+    """Compiles `model`; for DP runs it takes the fast per-example path (per_example 'fast') and, without
+    training_metrics, computes no loss or metric on the training batches (evaluation keeps them)."""
+    private = config.private
     loss, metric = make_loss_and_metric(task, private)
-    if private and FLAGS.per_example == "fast":
-        model = per_example.make_private(model, training_metrics=FLAGS.training_metrics)
-    elif private and not FLAGS.training_metrics:
+    if private and config.per_example == "fast":
+        model = per_example.make_private(model, training_metrics=config.training_metrics)
+    elif private and not config.training_metrics:
         model.train_step = types.MethodType(_train_step_without_logs, model)
     # weighted_metrics: Poisson batches are padded with zero-weight rows, which plain `metrics` would count.
     model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[metric])
@@ -475,11 +504,15 @@ def _run_config_path(model_dir: str) -> str:
 
 
 def restore_or_start(
-    model_dir: str, config: RunConfig, schedule: schedules.DPSchedule | None, checkpoint: tf.train.Checkpoint
+    model_dir: str,
+    task_name: str,
+    config: RunConfig,
+    schedule: schedules.DPSchedule | None,
+    checkpoint: tf.train.Checkpoint,
 ) -> tf.train.CheckpointManager:
     """Restores the latest checkpoint of `model_dir` after checking it belongs to the same schedule.
 
-    A new `model_dir` gets `run_config.json` (the flags and the schedule) for later checks.
+    A new `model_dir` gets `run_config.json` (the config and the schedule) for later checks.
 
     Raises:
       FlagError: if `model_dir` holds a run of another task, method or schedule.
@@ -488,17 +521,17 @@ def restore_or_start(
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=2)
     saved_path = _run_config_path(model_dir)
     current = {
-        "task": config.task,
+        "task": task_name,
         "method": config.method,
         "schedule": None if schedule is None else schedule.get_config(),
     }
     if os.path.exists(saved_path):
         with open(saved_path) as handle:
             saved = json.load(handle)
-        if (saved.get("task"), saved.get("method")) != (config.task, config.method):
+        if (saved.get("task"), saved.get("method")) != (task_name, config.method):
             raise FlagError(
                 f"--model_dir={model_dir} holds a {saved.get('task')} run with --method={saved.get('method')}, "
-                f"not {config.task} with --method={config.method}; use another --model_dir."
+                f"not {task_name} with --method={config.method}; use another --model_dir."
             )
         if schedule is not None and schedules.DPSchedule.from_config(saved["schedule"]) != schedule:
             raise FlagError(
@@ -515,38 +548,63 @@ def restore_or_start(
     return manager
 
 
-@dataclasses.dataclass
+# The config fields written to the results CSV, in its column order; earlier files have these columns, so a sweep
+# still reads and resumes them.
+_CSV_CONFIG_COLUMNS = (
+    "method",
+    "epsilon",
+    "delta",
+    "rho_mu",
+    "rho_c",
+    "initial_clip",
+    "learning_rate",
+    "batch_size",
+    "epochs",
+    "sampling",
+    "seed",
+)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunResult:
-    """What `train` measured; also the columns of the results CSV."""
+    """What `train` measured, with the task's name and the resolved `RunConfig` of the run."""
 
     task: str
-    method: str
-    epsilon: float
-    delta: float
-    rho_mu: float
-    rho_c: float
-    initial_clip: float
-    learning_rate: float
-    batch_size: int
-    epochs: float
-    sampling: str
-    seed: int | None
+    config: RunConfig
     steps: int
     total_steps: int
     test_accuracy: float
     epsilon_gdp_clt: float
     epsilon_rigorous: float
-    rigorous_accountant: str
     wall_time_s: float
 
+    @property
+    def rigorous_accountant(self) -> str:
+        """The accountant of `epsilon_rigorous` ('none' for a nonprivate run)."""
+        return self.config.report_accountant if self.config.private else "none"
 
-def privacy_report(
+    def csv_row(self) -> dict[str, Any]:
+        """The flat row of the results CSV: task, the config's `_CSV_CONFIG_COLUMNS`, then what was measured."""
+        return {
+            "task": self.task,
+            **{name: getattr(self.config, name) for name in _CSV_CONFIG_COLUMNS},
+            "steps": self.steps,
+            "total_steps": self.total_steps,
+            "test_accuracy": self.test_accuracy,
+            "epsilon_gdp_clt": self.epsilon_gdp_clt,
+            "epsilon_rigorous": self.epsilon_rigorous,
+            "rigorous_accountant": self.rigorous_accountant,
+            "wall_time_s": self.wall_time_s,
+        }
+
+
+def describe_privacy(
     config: RunConfig, schedule: schedules.DPSchedule | None, steps: int, p: float, task: Task
 ) -> tuple[str, float, float]:
-    """The report text and the GDP-CLT and rigorous epsilons of the first `steps` steps."""
+    """The privacy report text of a run and the GDP-CLT and rigorous epsilons of its first `steps` steps."""
     if schedule is None:
         return "Privacy: none (--method=nonprivate).", math.inf, math.inf
-    rigorous = FLAGS.report_accountant
+    rigorous = config.report_accountant
     eps_clt = schedule.epsilon(config.delta, accountant="gdp_clt", steps=steps)
     eps_rigorous = schedule.epsilon(config.delta, accountant=rigorous, steps=steps)
     taken = min(steps, schedule.num_steps)
@@ -575,7 +633,7 @@ def privacy_report(
                 "not a guarantee of this Poisson-sampled run)"
             )
     lines.append(f"  budget calibrated under {config.accountant}: target epsilon {config.epsilon:g}")
-    if FLAGS.training_metrics:
+    if config.training_metrics:
         lines.append(
             "  NOTE: --training_metrics: the training loss and accuracy shown were computed on the private "
             "batches without noise; they are OUTSIDE the DP guarantee (one example can move them visibly). "
@@ -592,8 +650,8 @@ def privacy_report(
 
 
 def append_results_csv(path: str, result: RunResult) -> None:
-    """Appends `result` to the CSV at `path`, writing the header to a new file."""
-    row = dataclasses.asdict(result)
+    """Appends `result.csv_row()` to the CSV at `path`, writing the header to a new file."""
+    row = result.csv_row()
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -604,50 +662,50 @@ def append_results_csv(path: str, result: RunResult) -> None:
         writer.writerow(row)
 
 
-def train(task: Task) -> RunResult:
-    """Runs one training job of `task` as the flags say and returns what it measured.
+def train(task: Task, config: RunConfig) -> RunResult:
+    """Runs one training job of `task` as `config` says and returns what it measured.
 
     Raises:
-      FlagError: on flag values that do not fit the data or the model directory.
+      FlagError: on config values that do not fit the data or the model directory (named by their flags).
       datasets.DataNotFoundError: when the task's data is absent.
     """
     start_time = time.time()
     data = task.load_data()
     print(data.description)
-    config = resolve_config(task, data.num_train)
+    config = config.resolved(task, data.num_train)
     schedule, p, num_steps = make_schedule(config, data.num_train)
-    stop_step = num_steps if FLAGS.max_steps is None else min(num_steps, FLAGS.max_steps)
+    stop_step = num_steps if config.max_steps is None else min(num_steps, config.max_steps)
 
     if config.seed is not None:
         keras.utils.set_random_seed(config.seed)
     model = task.build_model(data)
     # The noise seed must be fixed before the optimizer exists, hence before the checkpoint restores its counter.
     optimizer = make_optimizer(
-        config, schedule, _derived_seed(config.seed, _checkpoint_step(FLAGS.model_dir), _NOISE_STREAM)
+        config, schedule, _derived_seed(config.seed, _checkpoint_step(config.model_dir), _NOISE_STREAM)
     )
-    model = compile_model(model, task, optimizer, config.private)
+    model = compile_model(model, task, optimizer, config)
     optimizer.build(model.trainable_variables)
     counter = optimizer.iterations  # = optimizer.dp_step for the DP optimizers.
 
     fit_callbacks: list[keras.callbacks.Callback] = []
     if schedule is not None:
-        log_dir = None if FLAGS.model_dir is None else os.path.join(FLAGS.model_dir, "logs")
+        log_dir = None if config.model_dir is None else os.path.join(config.model_dir, "logs")
         fit_callbacks += [
-            dp_callbacks.PrivacyLogger(FLAGS.report_accountant, delta=config.delta, log_dir=log_dir),
+            dp_callbacks.PrivacyLogger(config.report_accountant, delta=config.delta, log_dir=log_dir),
             dp_callbacks.BudgetStop(),
         ]
     if stop_step < num_steps or schedule is None:
         fit_callbacks.append(_StopAtStep(counter, stop_step))
-    if FLAGS.model_dir is not None:
+    if config.model_dir is not None:
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-        manager = restore_or_start(FLAGS.model_dir, config, schedule, checkpoint)
+        manager = restore_or_start(config.model_dir, task.name, config, schedule, checkpoint)
         fit_callbacks += [
             _SaveCheckpoint(manager, counter),
-            keras.callbacks.TensorBoard(os.path.join(FLAGS.model_dir, "logs"), profile_batch=0),
+            keras.callbacks.TensorBoard(os.path.join(config.model_dir, "logs"), profile_batch=0),
         ]
     start_step = int(counter.numpy())
     if start_step:
-        print(f"Resumed from {FLAGS.model_dir} at step {start_step} of {num_steps}.")
+        print(f"Resumed from {config.model_dir} at step {start_step} of {num_steps}.")
     print(
         f"{task.name}: method={config.method} N={data.num_train} batch={config.batch_size} ({config.sampling}) "
         f"steps={num_steps} lr={config.learning_rate} optimizer={config.optimizer}"
@@ -668,7 +726,7 @@ def train(task: Task) -> RunResult:
         + " steps"
         + (f"; stopping after step {stop_step} (--max_steps)" if stop_step < num_steps else "")
     )
-    if FLAGS.verbose:
+    if config.verbose:
         fit_callbacks.append(keras_compat.RunProgressBar(len(lengths)))
     for initial_epoch, epochs, segment_steps in epoch_segments(start_step, stop_step, lengths):
         step = int(counter.numpy())
@@ -682,38 +740,27 @@ def train(task: Task) -> RunResult:
             initial_epoch=initial_epoch,
             callbacks=fit_callbacks,
             shuffle=False,
-            verbose=FLAGS.verbose,
+            verbose=config.verbose,
         )
     steps = int(counter.numpy())
 
-    _, accuracy = model.evaluate(data.x_test, data.y_test, batch_size=FLAGS.eval_batch_size, verbose=0)
-    report, eps_clt, eps_rigorous = privacy_report(config, schedule, steps, p, task)
+    _, accuracy = model.evaluate(data.x_test, data.y_test, batch_size=config.eval_batch_size, verbose=0)
+    report, eps_clt, eps_rigorous = describe_privacy(config, schedule, steps, p, task)
     wall_time = time.time() - start_time
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} examples); wall time {wall_time:.1f} s")
     print(report)
     result = RunResult(
         task=task.name,
-        method=config.method,
-        epsilon=config.epsilon if config.private else math.inf,
-        delta=config.delta,
-        rho_mu=config.rho_mu,
-        rho_c=config.rho_c,
-        initial_clip=config.initial_clip,
-        learning_rate=config.learning_rate,
-        batch_size=config.batch_size,
-        epochs=config.epochs,
-        sampling=config.sampling,
-        seed=config.seed,
+        config=config,
         steps=steps,
         total_steps=num_steps,
         test_accuracy=float(accuracy),
         epsilon_gdp_clt=eps_clt,
         epsilon_rigorous=eps_rigorous,
-        rigorous_accountant=FLAGS.report_accountant if config.private else "none",
         wall_time_s=round(wall_time, 2),
     )
-    if FLAGS.results_csv:
-        append_results_csv(FLAGS.results_csv, result)
+    if config.results_csv:
+        append_results_csv(config.results_csv, result)
     return result
 
 
@@ -739,7 +786,7 @@ def main_for(task_factory: Callable[[], Task]) -> Callable[[list[str]], None]:
             sys.exit(2)
         logging.set_verbosity(logging.WARNING)
         try:
-            train(task_factory())
+            train(task_factory(), config_from_flags())
         except (FlagError, datasets.DataNotFoundError) as error:
             print(f"{_program_name(argv)}: error: {error}", file=sys.stderr)
             sys.exit(2)

@@ -38,8 +38,12 @@ DEFAULT_NUM_POINTS = 50
 
 @dataclasses.dataclass(frozen=True)
 class ReportRow:
-    """One method's schedule summary. Epsilons are None for accountants that were not requested, and
-    `epsilon_own` is None (`calibrated_by` '-') for a schedule that does not say how it was calibrated."""
+    """One method's schedule summary.
+
+    `epsilons` maps each requested accountant of `registry.ACCOUNTANT_NAMES` to the schedule's epsilon under it
+    (accountants not requested are absent), so a new registry entry needs no new field. `epsilon_own` is None
+    (`calibrated_by` '-') for a schedule that does not say how it was calibrated.
+    """
 
     method: str
     calibrated_by: str
@@ -49,9 +53,7 @@ class ReportRow:
     first_clip_norm: float
     last_clip_norm: float
     epsilon_own: float | None
-    epsilon_gdp_clt: float | None = None
-    epsilon_rdp: float | None = None
-    epsilon_pld: float | None = None
+    epsilons: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _check_accountants(accountants: Sequence[str]) -> tuple[str, ...]:
@@ -82,7 +84,6 @@ def schedule_row(
         own = schedule.epsilon(delta, calibrated_by)
     else:
         own, calibrated_by = None, "-"
-    epsilons = {f"epsilon_{name}": schedule.epsilon(delta, name) for name in accountants}
     multipliers = schedule.noise_multipliers
     return ReportRow(
         method=method,
@@ -93,7 +94,7 @@ def schedule_row(
         first_clip_norm=float(schedule.clip_norms[0]),
         last_clip_norm=float(schedule.clip_norms[-1]),
         epsilon_own=own,
-        **epsilons,
+        epsilons={name: schedule.epsilon(delta, name) for name in accountants},
     )
 
 
@@ -107,19 +108,10 @@ def report_rows(
 
 
 def format_table(rows: Sequence[ReportRow]) -> str:
-    """Fixed-width text table of the rows (one line per method; '-' for accountants not computed)."""
-    headers = (
-        "method",
-        "calibrated_by",
-        "T",
-        "z_first",
-        "z_last",
-        "C_first",
-        "C_last",
-        "eps_own",
-        "eps_gdp_clt",
-        "eps_rdp",
-        "eps_pld",
+    """Fixed-width text table of the rows (one line per method, one epsilon column per accountant of the registry;
+    '-' for accountants not computed)."""
+    headers = ("method", "calibrated_by", "T", "z_first", "z_last", "C_first", "C_last", "eps_own") + tuple(
+        f"eps_{name}" for name in registry.ACCOUNTANT_NAMES
     )
 
     def number(value: float | None) -> str:
@@ -135,9 +127,7 @@ def format_table(rows: Sequence[ReportRow]) -> str:
             number(row.first_clip_norm),
             number(row.last_clip_norm),
             number(row.epsilon_own),
-            number(row.epsilon_gdp_clt),
-            number(row.epsilon_rdp),
-            number(row.epsilon_pld),
+            *(number(row.epsilons.get(name)) for name in registry.ACCOUNTANT_NAMES),
         )
         for row in rows
     ]

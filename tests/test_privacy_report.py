@@ -33,18 +33,18 @@ def test_rows_contents(rows):
         assert row.first_clip_norm == schedule.clip_norms[0] and row.last_clip_norm == schedule.clip_norms[-1]
         assert row.epsilon_own <= SPEC["target_epsilon"]
         assert row.epsilon_own == pytest.approx(SPEC["target_epsilon"], rel=1e-6)
-        assert row.epsilon_rdp == pytest.approx(fast_rdp.rdp_epsilon(0.05, schedule.noise_multipliers, 1e-4))
-        assert row.epsilon_pld == fast_pld.pld_epsilon(0.05, schedule.noise_multipliers, 1e-4)
+        assert row.epsilons["rdp"] == pytest.approx(fast_rdp.rdp_epsilon(0.05, schedule.noise_multipliers, 1e-4))
+        assert row.epsilons["pld"] == fast_pld.pld_epsilon(0.05, schedule.noise_multipliers, 1e-4)
     by_method = {row.method: row for row in report}
     for method in schedules.METHODS:
         assert by_method[method].calibrated_by == "gdp_clt"
-        assert by_method[method].epsilon_gdp_clt == pytest.approx(1.0, rel=1e-9)
+        assert by_method[method].epsilons["gdp_clt"] == pytest.approx(1.0, rel=1e-9)
         # Rigorous accountants disagree with the CLT; PLD is the tighter of the two.
-        assert by_method[method].epsilon_pld < by_method[method].epsilon_rdp
+        assert by_method[method].epsilons["pld"] < by_method[method].epsilons["rdp"]
     assert by_method["sensitivity_decay"].last_clip_norm == pytest.approx(1.5 * 0.3)
     assert by_method["zcdp"].calibrated_by == "zcdp" and by_method["tcdp"].calibrated_by == "tcdp"
     # zCDP without amplification needs far more noise, so every other accountant reports far less than target.
-    assert by_method["zcdp"].epsilon_rdp < 0.2
+    assert by_method["zcdp"].epsilons["rdp"] < 0.2
 
 
 def test_format_table(rows):
@@ -69,15 +69,15 @@ def test_format_table(rows):
     partial = privacy_report.report_rows(
         {"mine": schedules.DPSchedule([1.0, 1.0], [2.0, 1.0], 0.1)}, 1e-5, accountants=["gdp_clt"]
     )
-    assert partial[0].epsilon_rdp is None
+    assert set(partial[0].epsilons) == {"gdp_clt"}
     assert privacy_report.format_table(partial).splitlines()[1].split()[-2:] == ["-", "-"]
 
 
 def test_default_calibration_is_pld_and_is_the_own_accountant():
     built = _build(["vanilla", "sensitivity_decay"], rho_c=2.0)
     for row in privacy_report.report_rows(built, SPEC["target_delta"]):
-        assert row.calibrated_by == "pld" and row.epsilon_own == row.epsilon_pld
-        assert 0.999 <= row.epsilon_pld <= 1.0 and row.epsilon_gdp_clt < 1.0
+        assert row.calibrated_by == "pld" and row.epsilon_own == row.epsilons["pld"]
+        assert 0.999 <= row.epsilons["pld"] <= 1.0 and row.epsilons["gdp_clt"] < 1.0
     by_hand = schedules.DPSchedule([1.0, 1.0], [2.0, 1.0], 0.1)
     (row,) = privacy_report.report_rows({"mine": by_hand}, 1e-5)
     assert row.calibrated_by == "-" and row.epsilon_own is None

@@ -60,16 +60,12 @@ def test_client_level_training_end_to_end(images_per_client, capsys):
         base="digits",
         num_clients=200,
         images_per_client=images_per_client,
-        batch_size=8,
-        seed=0,
-        verbose=0,
-        max_steps=2,
-        epochs=1.0,
     ):
         data = federated_mnist.load_data()
-        result = training.train(federated_mnist.make_task())
+        config = training.RunConfig(batch_size=8, seed=0, verbose=0, max_steps=2, epochs=1.0)
+        result = training.train(federated_mnist.make_task(), config)
     assert data.num_train == 200 and data.x_test.shape[-4 if images_per_client == 1 else -5] == 360
-    assert result.steps == 2 and result.delta == pytest.approx(1 / 2000)
+    assert result.steps == 2 and result.config.delta == pytest.approx(1 / 2000)
     out = capsys.readouterr().out
     assert "per client (all its images)" in out and "client-level DP" in out
 

@@ -1,5 +1,7 @@
 """Tests for examples.mnist and examples.fashion_mnist on tiny generated data (IDX files and mocked tfds)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -44,23 +46,22 @@ def test_read_idx_rejects_other_files(tmp_path):
 def test_fashion_mnist_trains_on_idx_files_and_resumes(tmp_path):
     _write_idx_folder(tmp_path)
     model_dir = str(tmp_path / "model")
-    settings = dict(idx_dir=str(tmp_path), seed=1, verbose=0, batch_size=10, epochs=1.0, model_dir=model_dir)
-    with flagsaver.flagsaver(max_steps=2, **settings):
-        first = training.train(fashion_mnist.make_task())
-    with flagsaver.flagsaver(**settings):
-        second = training.train(fashion_mnist.make_task())
+    config = training.RunConfig(seed=1, verbose=0, batch_size=10, epochs=1.0, model_dir=model_dir)
+    with flagsaver.flagsaver(idx_dir=str(tmp_path)):
+        first = training.train(fashion_mnist.make_task(), dataclasses.replace(config, max_steps=2))
+        second = training.train(fashion_mnist.make_task(), config)
     assert first.steps == 2 and second.steps == second.total_steps == 6
-    assert first.initial_clip == 4.0 and first.learning_rate == 0.15 and first.delta == pytest.approx(1 / 600)
+    assert first.config.initial_clip == 4.0 and first.config.learning_rate == 0.15
+    assert first.config.delta == pytest.approx(1 / 600)
     assert 0.0 <= second.test_accuracy <= 1.0
 
 
 def test_mnist_trains_on_mocked_tfds(tmp_path):
     with tfds.testing.mock_data(num_examples=40):
-        with flagsaver.flagsaver(
-            data_dir=str(tmp_path), seed=0, verbose=0, batch_size=8, max_steps=2, method="vanilla", epsilon=2.0
-        ):
-            result = training.train(mnist.make_task())
-    assert result.task == "mnist" and result.steps == 2 and result.delta == pytest.approx(1 / 400)
+        with flagsaver.flagsaver(data_dir=str(tmp_path)):
+            config = training.RunConfig(seed=0, verbose=0, batch_size=8, max_steps=2, method="vanilla", epsilon=2.0)
+            result = training.train(mnist.make_task(), config)
+    assert result.task == "mnist" and result.steps == 2 and result.config.delta == pytest.approx(1 / 400)
 
 
 def _fake_sample_package(root, name, num_rows=50):

@@ -1,6 +1,7 @@
 """Tests for examples.imdb, examples.names and examples.chest_xray on tiny generated data in their real layouts."""
 
 import csv
+import dataclasses
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from examples import imdb
 from examples import names
 from examples import training
 
-QUICK = dict(seed=0, verbose=0, max_steps=2)
+QUICK = training.RunConfig(seed=0, verbose=0, max_steps=2)
 
 
 def _write_acl_imdb(root, per_class=6):
@@ -32,12 +33,12 @@ def _write_acl_imdb(root, per_class=6):
 
 def test_imdb_from_acl_imdb_folder(tmp_path, capsys):
     _write_acl_imdb(tmp_path)
-    with flagsaver.flagsaver(imdb_dir=str(tmp_path), batch_size=4, max_tokens=50, sequence_length=12, **QUICK):
+    with flagsaver.flagsaver(imdb_dir=str(tmp_path), max_tokens=50, sequence_length=12):
         data = imdb.load_data()
-        result = training.train(imdb.make_task())
+        result = training.train(imdb.make_task(), dataclasses.replace(QUICK, batch_size=4))
     assert data.x_train.shape == (12, 12) and data.x_train.dtype == np.int32
     assert data.y_train.shape == (12, 1) and sorted(set(data.y_train[:, 0].tolist())) == [0.0, 1.0]
-    assert result.task == "imdb" and result.steps == 2 and result.initial_clip == 2.0
+    assert result.task == "imdb" and result.steps == 2 and result.config.initial_clip == 2.0
     assert "not covered by the DP guarantee" in capsys.readouterr().out
 
 
@@ -55,8 +56,8 @@ def test_imdb_prints_nothing_derived_from_the_private_vocabulary(tmp_path):
 
 def test_imdb_from_mocked_tfds(tmp_path):
     with tfds.testing.mock_data(num_examples=16):
-        with flagsaver.flagsaver(data_dir=str(tmp_path), batch_size=4, max_tokens=30, sequence_length=8, **QUICK):
-            result = training.train(imdb.make_task())
+        with flagsaver.flagsaver(data_dir=str(tmp_path), max_tokens=30, sequence_length=8):
+            result = training.train(imdb.make_task(), dataclasses.replace(QUICK, batch_size=4))
     assert result.steps == 2
 
 
@@ -100,11 +101,11 @@ def test_names_from_language_files(tmp_path):
         (tmp_path / f"{language}.txt").write_text(
             "\n".join(f"{chr(65 + i)}{stem}" for i in range(10)) + "\n", encoding="utf-8"
         )
-    with flagsaver.flagsaver(names_dir=str(tmp_path), batch_size=5, **QUICK):
+    with flagsaver.flagsaver(names_dir=str(tmp_path)):
         data = names.load_data()
-        result = training.train(names.make_task())
+        result = training.train(names.make_task(), dataclasses.replace(QUICK, batch_size=5))
     assert data.num_classes == 3 and len(data.y_train) == 24 and len(data.y_test) == 6
-    assert result.learning_rate == 2.0 and result.steps == 2
+    assert result.config.learning_rate == 2.0 and result.steps == 2
 
 
 def test_names_input_length_is_a_public_constant(tmp_path):
@@ -143,9 +144,9 @@ def _write_chest_tree(root, per_class=4):
 
 def test_chest_xray_from_image_folders(tmp_path):
     _write_chest_tree(tmp_path)
-    with flagsaver.flagsaver(chest_xray_dir=str(tmp_path), image_size=32, vgg_width=1 / 16, batch_size=4, **QUICK):
+    with flagsaver.flagsaver(chest_xray_dir=str(tmp_path), image_size=32, vgg_width=1 / 16):
         data = chest_xray.load_data()
-        result = training.train(chest_xray.make_task())
+        result = training.train(chest_xray.make_task(), dataclasses.replace(QUICK, batch_size=4))
     assert data.x_train.shape == (8, 32, 32, 1) and data.x_train.dtype == np.uint8
     assert data.y_train[:, 0].tolist() == [0.0] * 4 + [1.0] * 4
     assert result.steps == 2 and 0.0 <= result.test_accuracy <= 1.0

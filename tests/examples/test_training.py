@@ -1,4 +1,5 @@
-"""Tests for examples.training (through examples.digits): flags, fit loop, resume, results CSV, error exits."""
+"""Tests for examples.training (through examples.digits): flags, RunConfig, fit loop, resume, results CSV, error
+exits."""
 
 import csv
 import math
@@ -25,8 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _train(**overrides) -> training.RunResult:
     settings = dict(seed=0, verbose=0, epochs=2.0, batch_size=64)
     settings.update(overrides)
-    with flagsaver.flagsaver(**settings):
-        return training.train(digits.make_task())
+    return training.train(digits.make_task(), training.RunConfig(**settings))
 
 
 def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
@@ -38,7 +38,7 @@ def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
     assert first.steps == 4 and first.total_steps == math.ceil(2 * 1437 / 64)
     # Four steps spend only part of the budget; the rigorous bound is above the CLT approximation.
     assert 0 < first.epsilon_gdp_clt < 3.0 and first.epsilon_rigorous > first.epsilon_gdp_clt
-    assert first.delta == pytest.approx(1 / 14370)
+    assert first.config.delta == pytest.approx(1 / 14370)
     with open(csv_path) as handle:
         rows = list(csv.DictReader(handle))
     assert [row["method"] for row in rows] == ["dynamic", "vanilla"]
@@ -47,11 +47,49 @@ def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
     assert set(rows[0]) >= {"epsilon", "delta", "seed", "test_accuracy", "epsilon_gdp_clt", "epsilon_rigorous"}
 
 
+def test_results_csv_keeps_its_flat_columns(tmp_path):
+    """The CSV row flattens the run's config and measurements into the columns earlier versions wrote, so a sweep
+    resumes from an old results.csv."""
+    result = _train(method="nonprivate", max_steps=1, results_csv=str(tmp_path / "results.csv"))
+    with open(tmp_path / "results.csv") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert (
+        list(row)
+        == (
+            "task method epsilon delta rho_mu rho_c initial_clip learning_rate batch_size epochs sampling seed steps "
+            "total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous rigorous_accountant wall_time_s"
+        ).split()
+    )
+    assert (row["task"], row["method"], row["epsilon"], row["rigorous_accountant"]) == (
+        "digits",
+        "nonprivate",
+        "inf",
+        "none",
+    )
+    assert math.isinf(result.config.epsilon) and row["batch_size"] == "64" and row["steps"] == "1"
+
+
+def test_config_from_flags_reads_each_flag_into_its_field():
+    with flagsaver.flagsaver():
+        training.parse_flags(
+            ["digits.py", "--method=zcdp", "--epochs=2", "--max_steps=3", "--verbose=0", "--training_metrics"]
+        )
+        config = training.config_from_flags()
+        assert config == training.RunConfig(method="zcdp", epochs=2.0, max_steps=3, verbose=0, training_metrics=True)
+        # An --accountant left at its default is the method's own; one given is refused for a baseline.
+        assert config.resolved(digits.make_task(), 1437).accountant == "zcdp"
+        training.parse_flags(["digits.py", "--method=zcdp", "--accountant=pld"])
+        config = training.config_from_flags()
+    with pytest.raises(training.FlagError, match="--method=zcdp is calibrated by its own accountant"):
+        config.resolved(digits.make_task(), 1437)
+
+
 def test_full_budget_run_spends_the_target_under_the_pld_by_default(capsys):
     assert (FLAGS["accountant"].default, FLAGS["report_accountant"].default) == ("pld", "pld")
     result = _train(epochs=1.0, batch_size=256, epsilon=2.0, method="sensitivity_decay")
     assert result.steps == result.total_steps == math.ceil(1437 / 256)
     assert result.rigorous_accountant == "pld" and 1.998 <= result.epsilon_rigorous <= 2.0
+    assert result.config.accountant == "pld" and training.RunConfig().report_accountant == "pld"
     assert result.epsilon_gdp_clt < 1.5  # 6 steps at p = 0.18: far from the CLT's regime.
     assert "budget calibrated under pld: target epsilon 2" in capsys.readouterr().out
 
@@ -68,7 +106,7 @@ def test_baseline_methods_spend_their_own_budget(method, capsys):
     own = float(capsys.readouterr().out.split(f"{method} (the baseline's own accountant): ")[1].split()[0])
     assert result.steps == result.total_steps and own == pytest.approx(2.0, abs=1e-4)
     # Both baselines account more loosely than RDP: the rigorous epsilon of the same noise is lower.
-    assert result.epsilon_rigorous < own and result.rho_mu == 1.25
+    assert result.epsilon_rigorous < own and result.config.rho_mu == 1.25
     with pytest.raises(training.FlagError, match=f"--method={method} is calibrated by its own accountant"):
         _train(method=method, accountant="rdp", max_steps=1)
 
@@ -81,13 +119,13 @@ def test_tcdp_outside_its_subsampling_theorem_is_a_flag_error():
 
 def test_shuffled_batches_are_flagged_as_approximate(capsys):
     result = _train(sampling="shuffle", max_steps=2)
-    assert result.steps == 2 and result.sampling == "shuffle"
+    assert result.steps == 2 and result.config.sampling == "shuffle"
     assert "these epsilons assume Poisson sampling and are approximate" in capsys.readouterr().out
 
 
 def test_nonprivate_run():
     result = _train(method="nonprivate", max_steps=5)
-    assert result.steps == 5 and math.isinf(result.epsilon_gdp_clt) and result.sampling == "shuffle"
+    assert result.steps == 5 and math.isinf(result.epsilon_gdp_clt) and result.config.sampling == "shuffle"
 
 
 def test_resume_restores_the_step_counter_and_refuses_another_schedule(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Tests for the `dyndp-privacy` CLI (keras_dyndp.privacy), run as a subprocess as a user would."""
+"""Tests for the `dyndp-privacy` CLI (keras_dyndp.privacy_cli), run as a subprocess as a user would."""
 
 import os
 import subprocess
@@ -15,7 +15,7 @@ SMALL_SPEC = ["--epsilon=1.0", "--num_examples=400", "--batch_size=20", "--steps
 def _run(*args, cwd):
     environment = dict(os.environ, MPLBACKEND="Agg")
     return subprocess.run(
-        [sys.executable, "-m", "keras_dyndp.privacy", *args],
+        [sys.executable, "-m", "keras_dyndp.privacy_cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -94,8 +94,8 @@ def test_bad_spec_exits_2_with_one_line(tmp_path, args, message):
 
 def test_flags_live_in_their_own_registry_beside_the_example_trainers():
     import examples.training  # Defines --epsilon, --method, ... on absl's global registry.
-    from keras_dyndp import privacy
+    from keras_dyndp import privacy_cli
 
-    assert "epsilon" in privacy._FLAGS  # pylint: disable=protected-access
-    assert flags.FLAGS["epsilon"] is not privacy._FLAGS["epsilon"]  # pylint: disable=protected-access
+    assert "epsilon" in privacy_cli._FLAGS  # pylint: disable=protected-access
+    assert flags.FLAGS["epsilon"] is not privacy_cli._FLAGS["epsilon"]  # pylint: disable=protected-access
     del examples
