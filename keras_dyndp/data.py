@@ -42,7 +42,9 @@ object (Keras re-iterates a finite dataset each epoch) draws fresh, independent 
 the same selections. An integer ``seed`` makes the batches reproducible, for tests and research: a new dataset
 object built with the same seed (and the same global seed, which TensorFlow mixes into every op seed) yields the
 same batches. When resuming a run from a checkpoint with a seed, build the dataset with a new seed: replaying the
-same selections would correlate steps, which the accountants do not allow for.
+same selections would correlate steps, which the accountants do not allow for. Under a multi-worker
+``tf.distribute`` strategy (dataset built in its scope) the workers agree on the OS-drawn seed, since each worker
+takes its share of the same global batches (`keras_dyndp.replicas.agreed_random_bits`).
 
 Telling the optimizer what it trains on
 ---------------------------------------
@@ -57,7 +59,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import secrets
 import sys
 import weakref
 from typing import Any
@@ -65,6 +66,7 @@ from typing import Any
 import scipy.stats
 import tensorflow as tf
 
+from keras_dyndp import replicas
 from keras_dyndp import validation
 
 #: Tail probability that sets `default_max_batch_size`: P[Binomial(N, p) > cap] <= this.
@@ -270,7 +272,8 @@ def poisson_batches_from_tensors(
         y: Labels: an array or a nest of arrays with N rows.
         sampling_probability: Poisson sampling rate p, in (0, 1].
         sample_weight: Optional per-example weights, shape [N]; default 1. Padding rows get weight 0.
-        max_batch_size: Number of rows of every batch, >= 1; default `default_max_batch_size(N, p)`.
+        max_batch_size: Number of rows of every batch, >= 1; default `default_max_batch_size(N, p)`, rounded up to a
+            multiple of the replicas when built under a tf.distribute strategy's scope.
         num_steps: Steps (batches) per iteration over the dataset, >= 1; default `expected_steps_per_epoch(p)`.
         seed: Sampling seed for reproducible research runs; None (default) draws it from OS entropy, whatever the
             global seed. See the module docstring.
@@ -287,7 +290,9 @@ def poisson_batches_from_tensors(
     sampling_probability = validation.check_probability(sampling_probability)
     x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight)
     if max_batch_size is None:
-        max_batch_size = default_max_batch_size(num_examples, sampling_probability)
+        # A multiple of the replicas: Keras 3 needs the first batch to split evenly (keras-team/keras#19246).
+        max_batch_size = -(-default_max_batch_size(num_examples, sampling_probability) // replicas.num_replicas())
+        max_batch_size *= replicas.num_replicas()
     max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)
     if num_steps is None:
         num_steps = expected_steps_per_epoch(sampling_probability)
@@ -330,7 +335,9 @@ def poisson_batches_from_tensors(
         return batch_x, batch_y, weights
 
     if seed is None:
-        seed = secrets.randbits(63)  # Left to TensorFlow, a None seed would follow the global seed.
+        # Left to TensorFlow, a None seed would follow the global seed; the workers of a multi-worker strategy must
+        # agree on it (see `replicas.agreed_random_bits`).
+        seed = replicas.agreed_random_bits(63)
     step_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2, drop_remainder=True)
     batches = step_seeds.take(num_steps).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     batches = batches.prefetch(tf.data.AUTOTUNE)
@@ -432,7 +439,7 @@ def shuffled_batches(
         return batch_x, batch_y, tf.gather(sample_weight, indices)
 
     if seed is None:
-        seed = secrets.randbits(63)
+        seed = replicas.agreed_random_bits(63)
     indices = tf.data.Dataset.range(num_examples).shuffle(num_examples, seed=seed, reshuffle_each_iteration=True)
     batches = indices.batch(batch_size, drop_remainder=True).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
     return batches.prefetch(tf.data.AUTOTUNE)

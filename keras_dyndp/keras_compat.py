@@ -97,7 +97,7 @@ def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
 
     Returns:
         The ``iterations`` variable. Under a multi-replica strategy both sum the replicas' gradients (all-reduce
-        SUM) before the update rule: each replica passes its part of the DP update (`keras_dyndp.optimizers.replicas`).
+        SUM) before the update rule: each replica passes its part of the DP update (`keras_dyndp.replicas`).
     """
     if _KERAS_3:
         grads, variables = zip(*grads_and_vars) if grads_and_vars else ((), ())

@@ -66,10 +66,15 @@ for batch B. Graphs pfor cannot vectorise (some LSTM and embedding graphs, tenso
 `keras_dyndp.per_example.make_private`, which clips per example in the model's train step and calls
 `apply_clipped_gradient_sum`.
 
-Not supported: more than one replica under `tf.distribute` (each replica would add its own noise), sparse
-(`tf.IndexedSlices`) per-example gradients (they are densified by the jacobian). Keras's `clipnorm`,
-`global_clipnorm` and `clipvalue` act on the already noised gradient: post-processing, harmless, but they are not
-DP clipping.
+Replicas. Under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each replica clips its share of the global
+batch, the first replica alone adds the noise, each divides by the global normaliser and the base optimizer sums the
+parts over replicas: the one-device step of the global batch (`keras_dyndp.replicas`). Other strategies
+are refused. With ``accumulation_steps`` = k, `make_private`'s step clips each batch in k physical batches and adds
+the noise once (`keras_dyndp.per_example.accumulation`).
+
+Not supported: sparse (`tf.IndexedSlices`) per-example gradients (they are densified by the jacobian). Keras's
+`clipnorm`, `global_clipnorm` and `clipvalue` act on the already noised gradient: post-processing, harmless, but they
+are not DP clipping.
 
 Example:
 
@@ -106,12 +111,12 @@ from absl import logging
 from keras_dyndp import keras_compat
 from keras_dyndp import keras_context
 from keras_dyndp import model_checks
+from keras_dyndp import replicas
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
 from keras_dyndp.optimizers import clip_and_noise
 from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers import noise_source
-from keras_dyndp.optimizers import replicas
 from keras_dyndp.optimizers import sampling_check
 
 _BUDGET_ARGUMENTS = (
@@ -311,7 +316,7 @@ class DynamicDPOptimizerMixin:
         microbatches, with twice the noise at every step (see the module docstring).
       expected_batch_size: p N, the normaliser of the noisy sum (None: the actual number of rows). With it, a
         batch whose number of examples is far outside Binomial(N, p) is refused. Under a multi-replica
-        tf.distribute strategy it is the GLOBAL batch's (`keras_dyndp.optimizers.replicas`).
+        tf.distribute strategy it is the GLOBAL batch's (`keras_dyndp.replicas`).
       accumulation_steps: k >= 1 (default 1). `keras_dyndp.make_private`'s step clips each batch (the logical
         batch that p and the schedule count) in k physical batches, one after another, and adds the noise once:
         a batch k times larger than memory allows (`keras_dyndp.per_example.accumulation`).
@@ -432,7 +437,7 @@ class DynamicDPOptimizerMixin:
         self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
     ) -> list[tf.Tensor]:
         """This replica's part of the update: its clipped sums, the step's noise on one replica only, over the
-        global normaliser; the base optimizer sums the parts over replicas (`keras_dyndp.optimizers.replicas`)."""
+        global normaliser; the base optimizer sums the parts over replicas (`keras_dyndp.replicas`)."""
         noise_stddev = noise_stddev * replicas.noise_share()
         noised = clip_and_noise.add_gaussian_noise(clipped_sums, noise_stddev, generator=self._noise_source.generator)
         return [grad / tf.cast(normaliser, grad.dtype) for grad in noised]

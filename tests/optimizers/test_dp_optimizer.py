@@ -515,15 +515,6 @@ def test_factory_rejects_non_optimizer_and_legacy_classes():
         dp_optimizer.make_dynamic_dp_optimizer_class(object)
 
 
-def test_more_than_one_replica_is_refused(monkeypatch):
-    class TwoReplicas:
-        num_replicas_in_sync = 2
-
-    monkeypatch.setattr(tf.distribute, "get_strategy", lambda: TwoReplicas())
-    with pytest.raises(ValueError, match="single replica"):
-        DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]))
-
-
 def test_microbatch_neighbour_moves_the_clipped_sum_by_at_most_2c_over_adversarial_orderings(monkeypatch):
     """sigma = 0; D' = D + x; rows and padding shuffled anew per trial; each example keeps its microbatch."""
     clip_norm, num_microbatches, num_rows = 1.0, 3, 10

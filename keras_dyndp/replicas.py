@@ -29,7 +29,11 @@ are not the one analysed here.
 
 from __future__ import annotations
 
+import secrets
+
 import tensorflow as tf
+
+_BITS_PER_WORD = 24  # Exact in float32, the dtype every all-reduce sums.
 
 _SUPPORTED_STRATEGIES = (
     tf.distribute.MirroredStrategy,
@@ -77,3 +81,27 @@ def global_sum(values: tf.Tensor) -> tf.Tensor:
     if context is None or num_replicas() == 1:
         return values
     return tf.cast(context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(values, tf.float32)), values.dtype)
+
+
+def _is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and num_replicas() > len(
+        strategy.extended.worker_devices
+    )
+
+
+def agreed_random_bits(num_bits: int) -> int:
+    """``num_bits`` (<= 72) secret random bits from the OS, the same on every worker of a multi-worker strategy.
+
+    Under ``MultiWorkerMirroredStrategy`` every worker builds its own input pipeline, and tf.data then gives each
+    worker its share of every global batch: the workers must sample the SAME Poisson batches, or the global batch
+    would join pieces of different samples (an example could be in two of them, and the sampling rate would not be
+    p). The first worker's bits are all-reduced to all; elsewhere they are this process's own.
+    """
+    words = [secrets.randbits(_BITS_PER_WORD) for _ in range(-(-num_bits // _BITS_PER_WORD))]
+    strategy = tf.distribute.get_strategy()
+    if tf.distribute.has_strategy() and _is_multi_worker(strategy):
+        local = tf.constant(words, tf.float32)
+        shared = strategy.run(lambda: global_sum(local * noise_share()))
+        words = [int(word) for word in strategy.experimental_local_results(shared)[0].numpy()]
+    bits = sum(word << (_BITS_PER_WORD * index) for index, word in enumerate(words))
+    return bits & ((1 << num_bits) - 1)

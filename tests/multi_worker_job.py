@@ -1,0 +1,98 @@
+"""One worker of the 2-process MultiWorkerMirroredStrategy test (tests/test_multi_worker.py), over localhost.
+
+Usage: TF_CONFIG=... python multi_worker_job.py OUT_DIR. Writes OUT_DIR/worker<i>.npz with what the test compares.
+Every run goes through model.fit under the strategy; the global batch is 8 rows split 4 + 4 over the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
+
+from keras_dyndp import data  # noqa: E402
+from keras_dyndp import schedules  # noqa: E402
+from keras_dyndp.keras_compat import keras  # noqa: E402
+from keras_dyndp.optimizers import DynamicDPKerasSGD  # noqa: E402
+from keras_dyndp.optimizers import SamplingWarning  # noqa: E402
+from keras_dyndp.per_example import make_private  # noqa: E402
+
+BATCH, NUM_INPUTS, NUM_CLASSES, LEARNING_RATE = 8, 60, 80, 0.5
+
+
+def examples(num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(num_rows, NUM_INPUTS)).astype(np.float32), rng.integers(0, NUM_CLASSES, num_rows)
+
+
+def train(schedule, dataset, *, accumulation_steps=1, checkpoint_dir=None, strategy=STRATEGY):
+    with strategy.scope():
+        model = make_private(
+            keras.Sequential(
+                [
+                    keras.Input((NUM_INPUTS,)),
+                    keras.layers.Dense(NUM_CLASSES, kernel_initializer=keras.initializers.GlorotUniform(2)),
+                ]
+            )
+        )
+        optimizer = DynamicDPKerasSGD(
+            schedule=schedule,
+            learning_rate=LEARNING_RATE,
+            expected_batch_size=BATCH,
+            accumulation_steps=accumulation_steps,
+        )
+        model.compile(
+            optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+        )
+        optimizer.build(model.trainable_variables)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        if checkpoint_dir is not None and tf.train.latest_checkpoint(checkpoint_dir):
+            checkpoint.restore(tf.train.latest_checkpoint(checkpoint_dir)).assert_existing_objects_matched()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SamplingWarning)
+        model.fit(dataset, epochs=1, verbose=0)
+    if checkpoint_dir is not None:
+        checkpoint.save(os.path.join(checkpoint_dir, "ckpt"))
+    return np.concatenate([np.ravel(w) for w in model.get_weights()]), int(optimizer.dp_step.numpy())
+
+
+def batches(x, y):
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+def main(out_dir: str) -> None:
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    results = {}
+    varying = schedules.DPSchedule(0.05 * 3.0 ** np.arange(3), np.zeros(3), 0.1)
+    x, y = examples(3 * BATCH)
+    # sigma = 0, clip varying by step: the update of 3 global steps, and the same from 2 steps + checkpoint + 1.
+    results["noiseless"], results["steps"] = train(varying, batches(x, y))
+    for k in (2,):
+        results[f"noiseless_accumulated_{k}"], _ = train(varying, batches(x, y), accumulation_steps=k)
+    checkpoint_dir = os.path.join(out_dir, f"checkpoints{task}")  # One per worker: each saves its own copy.
+    train(varying, batches(x[: 2 * BATCH], y[: 2 * BATCH]), checkpoint_dir=checkpoint_dir)
+    results["resumed"], results["resumed_steps"] = train(
+        varying, batches(x[2 * BATCH :], y[2 * BATCH :]), checkpoint_dir=checkpoint_dir
+    )
+    # Step 0 noiseless, step 1 sigma = 4: the difference is one step's noise.
+    noisy = schedules.DPSchedule([1.0, 1.0], [0.0, 4.0], 0.1)
+    quiet = schedules.DPSchedule([1.0, 1.0], [0.0, 0.0], 0.1)
+    x2, y2 = examples(2 * BATCH)
+    results["noise"] = train(noisy, batches(x2, y2))[0] - train(quiet, batches(x2, y2))[0]
+    # The one-device reference, computed by each worker outside the strategy.
+    results["reference"], _ = train(varying, batches(x, y), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    # Poisson batches with an OS-drawn seed: the workers must sample the same ones.
+    with STRATEGY.scope():
+        poisson = data.poisson_batches_from_tensors(x, y, 0.3, num_steps=2)
+    results["poisson_rows"] = np.concatenate([np.ravel(batch[0]) for batch in poisson])
+    np.savez(os.path.join(out_dir, f"worker{task}.npz"), **results)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
