@@ -230,11 +230,46 @@ flags.register_validator(
 )
 
 
-_OPTION_FLAGS = ("method", "per_example", "accumulation_steps", "strategy", "seed", "model_dir")
+def _accumulation_conflict(options: dict[str, Any]) -> str | None:
+    if options["accumulation_steps"] <= 1:
+        return None
+    if options["per_example"] != "fast":
+        return (
+            "--accumulation_steps > 1 needs --per_example=fast: make_private's train step clips the batch in physical "
+            "batches; the jacobian path clips inside the optimizer, on the whole batch."
+        )
+    if options["method"] == "nonprivate":
+        return "--accumulation_steps applies to the DP methods; --method=nonprivate has no clipping to split."
+    return None
+
+
+def _multi_worker_conflict(options: dict[str, Any]) -> str | None:
+    if options["strategy"] != "multi_worker":
+        return None
+    if options["seed"] is None:
+        return (
+            "--strategy=multi_worker needs --seed: every worker builds the Poisson batches and tf.data splits each "
+            "one across the workers, which samples the batch the accountant assumes only if all workers draw the "
+            "SAME batches; without --seed each worker would draw its own from OS entropy. Pass the same --seed to "
+            "every worker (and keep it secret)."
+        )
+    if options["model_dir"] is not None:
+        return (
+            "--strategy=multi_worker takes no --model_dir: every worker would write the same checkpoints and "
+            "run_config.json into it. Run without --model_dir (or use --strategy=mirrored on one machine)."
+        )
+    return None
+
+
+# Each check with the flags it reads (those a command-line error names).
+_OPTION_CHECKS = (
+    (("method", "per_example", "accumulation_steps"), _accumulation_conflict),
+    (("strategy", "seed", "model_dir"), _multi_worker_conflict),
+)
 
 
 def option_conflict(options: dict[str, Any]) -> str | None:
-    """Why the run options `options` (a dict with at least the `_OPTION_FLAGS`) cannot go together, or None.
+    """Why the run options `options` (a dict of flag or `RunConfig` field values) cannot go together, or None.
 
     * --accumulation_steps > 1 needs the fast path, whose train step splits the batch (the jacobian path clips
       in the optimizer, which sees one batch), and a DP method (a plain optimizer has nothing to accumulate).
@@ -245,39 +280,25 @@ def option_conflict(options: dict[str, Any]) -> str | None:
       logs and run_config.json into it; the examples do not implement Keras's chief-and-temporary-directories
       pattern.
     """
-    if options["accumulation_steps"] > 1:
-        if options["per_example"] != "fast":
-            return (
-                "--accumulation_steps > 1 needs --per_example=fast: make_private's train step clips the batch in "
-                "physical batches; the jacobian path clips inside the optimizer, on the whole batch. Received: "
-                f"--per_example={options['per_example']} --accumulation_steps={options['accumulation_steps']}."
-            )
-        if options["method"] == "nonprivate":
-            return "--accumulation_steps applies to the DP methods; --method=nonprivate has no clipping to split."
-    if options["strategy"] == "multi_worker":
-        if options["seed"] is None:
-            return (
-                "--strategy=multi_worker needs --seed: every worker builds the Poisson batches and tf.data splits "
-                "each one across the workers, which samples the batch the accountant assumes only if all workers "
-                "draw the SAME batches; without --seed each worker would draw its own from OS entropy. Pass the "
-                "same --seed to every worker (and keep it secret)."
-            )
-        if options["model_dir"] is not None:
-            return (
-                "--strategy=multi_worker takes no --model_dir: every worker would write the same checkpoints and "
-                "run_config.json into it. Run without --model_dir (or use --strategy=mirrored on one machine)."
-            )
+    for _, check in _OPTION_CHECKS:
+        message = check(options)
+        if message is not None:
+            return message
     return None
 
 
-def _check_options(values: dict[str, Any]) -> bool:
-    message = option_conflict(values)
-    if message is not None:
-        raise flags.ValidationError(message)
-    return True
+def _validator(check: Callable[[dict[str, Any]], str | None]) -> Callable[[dict[str, Any]], bool]:
+    def validate(values: dict[str, Any]) -> bool:
+        message = check(values)
+        if message is not None:
+            raise flags.ValidationError(message)
+        return True
+
+    return validate
 
 
-flags.register_multi_flags_validator(_OPTION_FLAGS, _check_options)
+for _names, _check in _OPTION_CHECKS:
+    flags.register_multi_flags_validator(_names, _validator(_check))
 
 
 class FlagError(Exception):
