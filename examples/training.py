@@ -580,12 +580,6 @@ def _derived_seed(seed: int | None, start_step: int, stream: int) -> int | None:
     return int(np.random.SeedSequence([seed, start_step, stream]).generate_state(1)[0])
 
 
-@functools.cache
-def _multi_worker_strategy() -> tf.distribute.Strategy:
-    # One per process: TensorFlow configures its collective ops once (a sweep calls `train` many times).
-    return tf.distribute.MultiWorkerMirroredStrategy()
-
-
 def make_strategy(name: str) -> tf.distribute.Strategy:
     """The `tf.distribute` strategy of `--strategy=name` ('default', 'mirrored' or 'multi_worker').
 
@@ -596,13 +590,20 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     """
     if name == "default":
         return tf.distribute.get_strategy()
-    if name == "mirrored":
-        if tf.config.list_physical_devices("GPU"):
-            return tf.distribute.MirroredStrategy()
-        return tf.distribute.MirroredStrategy([device.name for device in tf.config.list_logical_devices("CPU")])
+    if name not in STRATEGIES:
+        raise FlagError(f"--strategy must be one of {', '.join(STRATEGIES)}. Received: {name!r}.")
+    return _distributed_strategy(name)
+
+
+@functools.cache
+def _distributed_strategy(name: str) -> tf.distribute.Strategy:
+    # One object per process and name, reused by every `train` (a sweep): TensorFlow sets up MultiWorkerMirrored's
+    # collectives once, and two MirroredStrategy objects over the same devices number their collective ops alike.
     if name == "multi_worker":
-        return _multi_worker_strategy()
-    raise FlagError(f"--strategy must be one of {', '.join(STRATEGIES)}. Received: {name!r}.")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if tf.config.list_physical_devices("GPU"):
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.MirroredStrategy([device.name for device in tf.config.list_logical_devices("CPU")])
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
