@@ -911,9 +911,15 @@ def train(task: Task, config: RunConfig) -> RunResult:
         step = int(counter.numpy())
         if step >= stop_step:  # A callback ended training early (the budget, --max_steps).
             break
-        batches = train_batches(
-            config, data, p, _derived_seed(config.seed, step, _BATCH_STREAM), segment_steps, num_replicas=num_replicas
-        )
+        with strategy.scope():  # keras_dyndp.data sees the strategy the batches are split across.
+            batches = train_batches(
+                config,
+                data,
+                p,
+                _derived_seed(config.seed, step, _BATCH_STREAM),
+                segment_steps,
+                num_replicas=num_replicas,
+            )
         # shuffle=False: the batches are already sampled (Poisson or shuffled) by train_batches.
         model.fit(
             batches,
