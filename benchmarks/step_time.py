@@ -31,14 +31,24 @@ depends on the order of the paths.
 
 Paths that cannot run on this stack are listed in the table as skipped, with the reason.
 
+Strategies (``--strategies``, default ``default``): every path runs once per listed strategy, interleaved with the
+others in each repetition, its model, optimizer and compile under the strategy's scope and its batch split across
+the replicas (``strategy.experimental_distribute_dataset``); the ratio column is to ``nonprivate`` under the same
+strategy. ``default``: one device. ``mirrored``: ``MirroredStrategy`` over the local GPUs or, on a machine without
+one, over ``--cpu_replicas`` logical CPU devices split from the one physical CPU (they share its cores: this times
+the multi-replica path and its overhead, not a speed-up). Under ``mirrored`` only ``nonprivate`` and ``dyndp_fast``
+run.
+
 Usage:
     python benchmarks/step_time.py --batch_size 256 --steps 20 --slow_steps 2 --repeats 5 \
         --models cnn,lstm,text --out_csv step_time.csv --out_md step_time.md
+    python benchmarks/step_time.py --models cnn --paths nonprivate,dyndp_fast --strategies default,mirrored
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -67,6 +77,12 @@ flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per path before the first
 flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is reported.")
 flags.DEFINE_list("models", ["cnn", "lstm", "text"], "Models among cnn, lstm, text.")
 flags.DEFINE_list("paths", [], "Paths to run (default: all).")
+flags.DEFINE_list("strategies", ["default"], "tf.distribute strategies to compare, among default and mirrored.")
+flags.DEFINE_integer(
+    "cpu_replicas",
+    2,
+    "Logical CPU devices for --strategies=mirrored on a machine without a GPU (they share the cores).",
+)
 flags.DEFINE_string("out_csv", None, "Where to write the CSV table.")
 flags.DEFINE_string("out_md", None, "Where to write the markdown table.")
 
@@ -81,6 +97,8 @@ ALL_PATHS = (
     "tfp_dpsequential",
 )
 TF_PRIVACY_PATHS = ("tfp_dpkerassgd", "tfp_dpsequential")
+STRATEGIES = ("default", "mirrored")
+STRATEGY_PATHS = ("nonprivate", "dyndp_fast")  # The paths timed under a strategy other than the default one.
 SLOW_PATHS = ("nonprivate_xla", "dyndp_jacobian", "dyndp_fast_xla", "dyndp_vectorized", "tfp_dpkerassgd")
 LEARNING_RATE = 0.05
 CLIP_NORM = 1.0
@@ -206,8 +224,10 @@ def build(model_name: str, path: str, batch_size: int) -> keras.Model:
     return model
 
 
-def unavailable_reason(path: str) -> str | None:
-    """Why `path` cannot run on this stack, or None if it can."""
+def unavailable_reason(path: str, strategy: str = "default") -> str | None:
+    """Why `path` cannot run on this stack (under `strategy`), or None if it can."""
+    if strategy != "default" and path not in STRATEGY_PATHS:
+        return f"timed under --strategies={strategy} only for {', '.join(STRATEGY_PATHS)}"
     if path in TF_PRIVACY_PATHS and importlib.util.find_spec("tensorflow_privacy") is None:
         return "tensorflow-privacy is not installed (comparison stack only)"
     if path == "dyndp_jacobian" and keras_compat.KERAS_MAJOR_VERSION != 2:
@@ -242,14 +262,44 @@ def max_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-class Runner:
-    """One path on one model: its compiled train function and an endless iterator over one batch."""
+def split_cpu_for_mirrored(num_devices: int) -> None:
+    """Splits the physical CPU into `num_devices` logical devices (before TensorFlow initialises them), so that
+    ``MirroredStrategy`` has that many replicas on a machine without a GPU."""
+    if tf.config.list_physical_devices("GPU"):
+        return
+    (cpu,) = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
 
-    def __init__(self, model_name: str, path: str, batch_size: int):
+
+@functools.cache
+def make_strategy(name: str) -> tf.distribute.Strategy:
+    """One strategy object per name for the whole run: two MirroredStrategy objects over the same devices number
+    their collective ops alike, and interleaved steps of both would mix them up."""
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if tf.config.list_physical_devices("GPU"):
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.MirroredStrategy([device.name for device in tf.config.list_logical_devices("CPU")])
+
+
+class Runner:
+    """One path on one model under one strategy: its compiled train function and an endless iterator over one
+    (global) batch, split across the replicas."""
+
+    def __init__(self, model_name: str, path: str, batch_size: int, strategy_name: str = "default"):
         self.path = path
-        self.model = build(model_name, path, batch_size)
+        self.strategy_name = strategy_name
+        strategy = make_strategy(strategy_name)
+        self.num_replicas = strategy.num_replicas_in_sync
+        with strategy.scope():
+            self.model = build(model_name, path, batch_size)
+            if strategy_name != "default":  # Create the slots here, not in the replicas' first step.
+                self.model.optimizer.build(self.model.trainable_variables)
         x, y = make_data(model_name, batch_size)
-        self.iterator = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
+        dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+        if strategy_name != "default":
+            dataset = strategy.experimental_distribute_dataset(dataset)
+        self.iterator = iter(dataset)
         self.model.make_train_function()  # Keras 3's returns None; both set `model.train_function`.
         self.train_function = self.model.train_function
         self.times: list[float] = []
@@ -269,30 +319,31 @@ def steps_per_repetition(path: str) -> int:
     return FLAGS.slow_steps if path in SLOW_PATHS else FLAGS.steps
 
 
-def measure(model_name: str, paths: list[str]) -> list[dict]:
+def measure(model_name: str, paths: list[str], strategies: tuple[str, ...] = ("default",)) -> list[dict]:
     gpu = bool(tf.config.list_physical_devices("GPU"))
     runners = []
-    for path in paths:
-        reason = unavailable_reason(path)
+    for strategy, path in [(strategy, path) for strategy in strategies for path in paths]:
+        label = path if strategies == ("default",) else f"{path} ({strategy})"
+        reason = unavailable_reason(path, strategy)
         if reason is not None:
-            print(f"[{model_name}] {path} skipped: {reason}")
-            runners.append(dict(path=path, error=reason, skipped=True))
+            print(f"[{model_name}] {label} skipped: {reason}")
+            runners.append(dict(path=path, strategy=strategy, error=reason, skipped=True))
             continue
         rss_before = max_rss_mib()
         try:
-            runner = Runner(model_name, path, FLAGS.batch_size)
+            runner = Runner(model_name, path, FLAGS.batch_size, strategy)
             runner.run(FLAGS.warmup_steps if path not in SLOW_PATHS else 1)
         except Exception as error:  # pylint: disable=broad-except
-            print(f"[{model_name}] {path} failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            print(f"[{model_name}] {label} failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
             runner = None
-            failed = dict(path=path, error=f"{type(error).__name__}")
+            failed = dict(path=path, strategy=strategy, error=f"{type(error).__name__}")
         if runner is None:
             runners.append(failed)
             continue
         if not gpu:
             runner.peak_memory_mib = max_rss_mib() - rss_before
         runners.append(runner)
-        print(f"[{model_name}] {path} warmed up")
+        print(f"[{model_name}] {label} warmed up ({runner.num_replicas} replica(s))")
     for repeat in range(FLAGS.repeats):
         for runner in runners:
             if isinstance(runner, dict):
@@ -303,9 +354,8 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
             if gpu:
                 peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
                 runner.peak_memory_mib = max(runner.peak_memory_mib or 0.0, peak)
-        done = ", ".join(f"{r.path} {r.times[-1]:.4f}" for r in runners if not isinstance(r, dict))
+        done = ", ".join(f"{r.path}/{r.strategy_name} {r.times[-1]:.4f}" for r in runners if not isinstance(r, dict))
         print(f"[{model_name}] repetition {repeat + 1}/{FLAGS.repeats} done (s/step: {done})")
-    baseline_times = next((r.times for r in runners if not isinstance(r, dict) and r.path == "nonprivate"), None)
     rows = []
     for runner in runners:
         if isinstance(runner, dict):
@@ -314,6 +364,8 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
                 dict(
                     model=model_name,
                     path=runner["path"],
+                    strategy=runner["strategy"],
+                    replicas=None,
                     seconds_per_step=None,
                     ratio=None,
                     peak_memory_mib=None,
@@ -322,6 +374,14 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
                 )
             )
             continue
+        baseline_times = next(
+            (
+                r.times
+                for r in runners
+                if not isinstance(r, dict) and r.path == "nonprivate" and r.strategy_name == runner.strategy_name
+            ),
+            None,
+        )
         ratio = None
         if baseline_times:
             # Median over repetitions of the ratio within one repetition: steadier than a ratio of medians when
@@ -331,6 +391,8 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
             dict(
                 model=model_name,
                 path=runner.path,
+                strategy=runner.strategy_name,
+                replicas=runner.num_replicas,
                 seconds_per_step=statistics.median(runner.times),
                 ratio=ratio,
                 peak_memory_mib=runner.peak_memory_mib,
@@ -343,19 +405,23 @@ def measure(model_name: str, paths: list[str]) -> list[dict]:
 
 def markdown(rows: list[dict], device: str) -> str:
     memory_kind = "GPU peak MiB" if "GPU" in device else "CPU max-RSS growth at warm-up, MiB"
+    # The strategy column only when a strategy other than the default one was timed (earlier tables lack it).
+    with_strategy = any(row["strategy"] != "default" for row in rows)
+    strategy_header = " strategy (replicas) |" if with_strategy else ""
     lines = [
         f"Device: {device}; Python {platform.python_version()}, TF {tf.__version__}, Keras {keras_version()}; "
         f"batch {FLAGS.batch_size}; median of {FLAGS.repeats} "
         "interleaved repetitions.",
         "",
-        f"| model | path | s/step | x non-private | {memory_kind} | note |",
-        "|---|---|---|---|---|---|",
+        f"| model | path |{strategy_header} s/step | x non-private | {memory_kind} | note |",
+        "|---|---|" + ("---|" if with_strategy else "") + "---|---|---|---|",
     ]
     for row in rows:
         seconds = "—" if row["seconds_per_step"] is None else f"{row['seconds_per_step']:.4f}"
         ratio = "—" if row["ratio"] is None else f"{row['ratio']:.2f}"
         memory = "—" if row["peak_memory_mib"] is None else f"{row['peak_memory_mib']:.0f}"
-        lines.append(f"| {row['model']} | {row['path']} | {seconds} | {ratio} | {memory} | {row['note']} |")
+        strategy = f" {row['strategy']} ({row['replicas'] or '—'}) |" if with_strategy else ""
+        lines.append(f"| {row['model']} | {row['path']} |{strategy} {seconds} | {ratio} | {memory} | {row['note']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -369,10 +435,18 @@ def main(argv: list[str]) -> None:
     unknown = sorted(set(FLAGS.models) - set(MODELS))
     if unknown:
         raise ValueError(f"`--models` must be among {sorted(MODELS)}. Received: {unknown}.")
+    strategies = tuple(FLAGS.strategies)
+    unknown = sorted(set(strategies) - set(STRATEGIES))
+    if unknown or not strategies:
+        raise ValueError(f"`--strategies` must be among {STRATEGIES}. Received: {list(strategies)}.")
+    if "mirrored" in strategies:
+        split_cpu_for_mirrored(FLAGS.cpu_replicas)
     device = device_description()
+    if "mirrored" in strategies and "CPU" in device:
+        device += f"; mirrored: {FLAGS.cpu_replicas} logical CPU devices sharing those cores"
     rows = []
     for model_name in FLAGS.models:
-        rows.extend(measure(model_name, paths))
+        rows.extend(measure(model_name, paths, strategies))
     table = markdown(rows, device)
     print(table)
     if FLAGS.out_csv:

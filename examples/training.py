@@ -18,7 +18,14 @@ model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
    counter) every epoch, writes TensorBoard logs under ``<model_dir>/logs`` and resumes from the latest
    checkpoint when rerun. It refuses to resume a run whose saved schedule differs from the one the flags give:
    the restored step counter would index another schedule and the accounting would be wrong;
-5. evaluates on the test set, prints the privacy report (GDP-CLT epsilon and a rigorous PLD or RDP epsilon of the
+5. with ``--strategy=mirrored`` (the local GPUs, or the logical CPUs) or ``--strategy=multi_worker`` (the
+   machines of TF_CONFIG) builds model, optimizer and compile under the `tf.distribute` strategy, pads the Poisson
+   batches to a multiple of the replica count and lets ``model.fit`` split each batch across the replicas; the
+   noise is still added once per global step (`keras_dyndp.optimizers.replicas`). ``--accumulation_steps=k`` clips
+   each batch in k physical batches inside the step (`keras_dyndp.per_example.accumulation`). Under multi_worker
+   every worker needs the same ``--seed`` (the same Poisson batches), there is no ``--model_dir``, and only the
+   chief appends to ``--results_csv``;
+6. evaluates on the test set, prints the privacy report (GDP-CLT epsilon and a rigorous PLD or RDP epsilon of the
    steps actually taken) and, with ``--results_csv``, appends one row per run.
 
 Bad flag values and missing data end the script with one line on stderr and exit code 2, without a traceback.
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -66,6 +74,7 @@ from keras_dyndp.keras_compat import keras
 FLAGS = flags.FLAGS
 
 METHODS = ("nonprivate",) + schedules.ALL_METHODS
+STRATEGIES = ("default", "mirrored", "multi_worker")
 OPTIMIZERS = {
     "sgd": (keras.optimizers.SGD, dp_optimizers.DynamicDPKerasSGD),
     "adam": (keras.optimizers.Adam, dp_optimizers.DynamicDPKerasAdam),
@@ -165,8 +174,35 @@ flags.DEFINE_string("results_csv", None, "CSV file to which one row per run is a
 flags.DEFINE_integer("eval_batch_size", 500, "Batch size of the test-set evaluation, >= 1.")
 flags.DEFINE_integer("verbose", 1, "Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch.")
 flags.DEFINE_string("data_dir", None, "TensorFlow Datasets data directory (default ~/tensorflow_datasets).")
+flags.DEFINE_enum(
+    "strategy",
+    "default",
+    list(STRATEGIES),
+    "tf.distribute strategy of the run. default: one device. mirrored: MirroredStrategy over all local GPUs (none: "
+    "over the logical CPUs, usually one replica). multi_worker: MultiWorkerMirroredStrategy over the machines "
+    "that the TF_CONFIG environment variable names; set TF_CONFIG on EACH worker (same cluster, its own task "
+    "index) and start the same command on each; needs --seed (every worker must draw the same Poisson batches) "
+    "and takes no --model_dir. The noise is added once per global step whatever the number of replicas "
+    "(keras_dyndp.optimizers.replicas).",
+)
+flags.DEFINE_integer(
+    "accumulation_steps",
+    1,
+    "k >= 1: clip each batch (the logical batch, which p and T count) in k physical batches inside one train "
+    "step and add the noise once: batches k times larger than memory allows. Needs --per_example=fast and a DP "
+    "--method.",
+)
 
-_POSITIVE = ("epsilon", "initial_clip", "learning_rate", "epochs", "max_steps", "batch_size", "eval_batch_size")
+_POSITIVE = (
+    "epsilon",
+    "initial_clip",
+    "learning_rate",
+    "epochs",
+    "max_steps",
+    "batch_size",
+    "eval_batch_size",
+    "accumulation_steps",
+)
 for _name in _POSITIVE:
     flags.register_validator(_name, lambda value: value is None or value > 0, message=f"--{_name} must be > 0.")
 for _name in ("rho_mu", "rho_c"):
@@ -192,6 +228,77 @@ flags.register_validator(
     f"Keras {keras_compat.KERAS_MAJOR_VERSION}, whose train step gives the optimizer only the averaged "
     "gradient. Use --per_example=fast.",
 )
+
+
+def _accumulation_conflict(options: dict[str, Any]) -> str | None:
+    if options["accumulation_steps"] <= 1:
+        return None
+    if options["per_example"] != "fast":
+        return (
+            "--accumulation_steps > 1 needs --per_example=fast: make_private's train step clips the batch in physical "
+            "batches; the jacobian path clips inside the optimizer, on the whole batch."
+        )
+    if options["method"] == "nonprivate":
+        return "--accumulation_steps applies to the DP methods; --method=nonprivate has no clipping to split."
+    return None
+
+
+def _multi_worker_conflict(options: dict[str, Any]) -> str | None:
+    if options["strategy"] != "multi_worker":
+        return None
+    if options["seed"] is None:
+        return (
+            "--strategy=multi_worker needs --seed: every worker builds the Poisson batches and tf.data splits each "
+            "one across the workers, which samples the batch the accountant assumes only if all workers draw the "
+            "SAME batches; without --seed each worker would draw its own from OS entropy. Pass the same --seed to "
+            "every worker (and keep it secret)."
+        )
+    if options["model_dir"] is not None:
+        return (
+            "--strategy=multi_worker takes no --model_dir: every worker would write the same checkpoints and "
+            "run_config.json into it. Run without --model_dir (or use --strategy=mirrored on one machine)."
+        )
+    return None
+
+
+# Each check with the flags it reads (those a command-line error names).
+_OPTION_CHECKS = (
+    (("method", "per_example", "accumulation_steps"), _accumulation_conflict),
+    (("strategy", "seed", "model_dir"), _multi_worker_conflict),
+)
+
+
+def option_conflict(options: dict[str, Any]) -> str | None:
+    """Why the run options `options` (a dict of flag or `RunConfig` field values) cannot go together, or None.
+
+    * --accumulation_steps > 1 needs the fast path, whose train step splits the batch (the jacobian path clips
+      in the optimizer, which sees one batch), and a DP method (a plain optimizer has nothing to accumulate).
+    * --strategy=multi_worker needs --seed: each worker builds the Poisson dataset and tf.data's auto-sharding
+      splits each global batch across the workers, which is one Poisson sample only if every worker draws the same
+      one; with OS entropy each worker would draw its own and the step would not be the accounted mechanism.
+    * --strategy=multi_worker takes no --model_dir: every worker would write the same checkpoints, TensorBoard
+      logs and run_config.json into it; the examples do not implement Keras's chief-and-temporary-directories
+      pattern.
+    """
+    for _, check in _OPTION_CHECKS:
+        message = check(options)
+        if message is not None:
+            return message
+    return None
+
+
+def _validator(check: Callable[[dict[str, Any]], str | None]) -> Callable[[dict[str, Any]], bool]:
+    def validate(values: dict[str, Any]) -> bool:
+        message = check(values)
+        if message is not None:
+            raise flags.ValidationError(message)
+        return True
+
+    return validate
+
+
+for _names, _check in _OPTION_CHECKS:
+    flags.register_multi_flags_validator(_names, _validator(_check))
 
 
 class FlagError(Exception):
@@ -237,7 +344,10 @@ class RunConfig:
     hyperparameters (epsilon, rho_mu, rho_c, initial_clip, learning_rate, optimizer, epochs, batch_size), delta
     1 / (10 N), sampling 'shuffle' for nonprivate and 'poisson' otherwise, and accountant the registry's default
     for the paper's methods and the baseline's own for zcdp / tcdp. `max_steps`, `seed`, `model_dir` and
-    `results_csv` stay None when unset: no step limit, OS entropy, no checkpoints, no CSV row.
+    `results_csv` stay None when unset: no step limit, OS entropy, no checkpoints, no CSV row. `strategy` ('default',
+    'mirrored' or 'multi_worker', see `make_strategy`) and `accumulation_steps` (k physical batches per logical
+    batch) change how a step is computed, not what it releases; `option_conflict` says which combinations `train`
+    refuses.
     """
 
     method: str = "dynamic"
@@ -261,6 +371,8 @@ class RunConfig:
     results_csv: str | None = None
     eval_batch_size: int = 500
     verbose: int = 1
+    strategy: str = "default"
+    accumulation_steps: int = 1
 
     @property
     def private(self) -> bool:
@@ -354,6 +466,7 @@ def make_optimizer(
         expected_batch_size=config.batch_size,
         learning_rate=config.learning_rate,
         noise_seed=noise_seed,
+        accumulation_steps=config.accumulation_steps,
     )
 
 
@@ -414,11 +527,20 @@ def epoch_lengths(config: RunConfig, num_steps: int, num_train: int) -> list[int
 
 
 def train_batches(
-    config: RunConfig, data: datasets.TaskData, p: float, seed: int | None, num_steps: int
+    config: RunConfig, data: datasets.TaskData, p: float, seed: int | None, num_steps: int, num_replicas: int = 1
 ) -> tf.data.Dataset:
-    """`num_steps` (at most one epoch's) batches (x, y, sample_weight), Poisson-sampled or shuffled."""
+    """`num_steps` (at most one epoch's) batches (x, y, sample_weight), Poisson-sampled or shuffled.
+
+    Poisson batches are padded to `keras_dyndp.data.default_max_batch_size` rows rounded up to a multiple of
+    `num_replicas`, so that each global batch splits evenly across the replicas (Keras 3 needs it of the first
+    batch of `fit`, keras-team/keras#19246); a larger cap only makes truncation rarer.
+    """
     if config.sampling == "poisson":
-        return dp_data.poisson_batches_from_tensors(data.x_train, data.y_train, p, seed=seed, num_steps=num_steps)
+        max_batch_size = dp_data.default_max_batch_size(data.num_train, p)
+        max_batch_size = num_replicas * math.ceil(max_batch_size / num_replicas)
+        return dp_data.poisson_batches_from_tensors(
+            data.x_train, data.y_train, p, max_batch_size=max_batch_size, seed=seed, num_steps=num_steps
+        )
     return dp_data.shuffled_batches(data.x_train, data.y_train, config.batch_size, seed=seed).take(num_steps)
 
 
@@ -456,6 +578,42 @@ def _derived_seed(seed: int | None, start_step: int, stream: int) -> int | None:
     if seed is None:
         return None
     return int(np.random.SeedSequence([seed, start_step, stream]).generate_state(1)[0])
+
+
+def make_strategy(name: str) -> tf.distribute.Strategy:
+    """The `tf.distribute` strategy of `--strategy=name` ('default', 'mirrored' or 'multi_worker').
+
+    mirrored: `MirroredStrategy` over all local GPUs or, on a machine without one, over its logical CPU devices
+    (one replica unless the CPU was split with `tf.config.set_logical_device_configuration`). multi_worker:
+    `MultiWorkerMirroredStrategy` from the TF_CONFIG environment variable; it must be created before TensorFlow
+    initialises its devices, so `train` makes it before loading any data.
+    """
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name not in STRATEGIES:
+        raise FlagError(f"--strategy must be one of {', '.join(STRATEGIES)}. Received: {name!r}.")
+    return _distributed_strategy(name)
+
+
+@functools.cache
+def _distributed_strategy(name: str) -> tf.distribute.Strategy:
+    # One object per process and name, reused by every `train` (a sweep): TensorFlow sets up MultiWorkerMirrored's
+    # collectives once, and two MirroredStrategy objects over the same devices number their collective ops alike.
+    if name == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if tf.config.list_physical_devices("GPU"):
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.MirroredStrategy([device.name for device in tf.config.list_logical_devices("CPU")])
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this process writes the run's files: always, except on a non-chief worker of a multi-worker job."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return True
+    if resolver.task_type == "chief":
+        return True
+    return resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().jobs
 
 
 def _checkpoint_step(model_dir: str | None) -> int:
@@ -670,22 +828,43 @@ def train(task: Task, config: RunConfig) -> RunResult:
       datasets.DataNotFoundError: when the task's data is absent.
     """
     start_time = time.time()
+    conflict = option_conflict(dataclasses.asdict(config))
+    if conflict is not None:
+        raise FlagError(conflict)
+    # First: MultiWorkerMirroredStrategy must exist before anything initialises TensorFlow's devices.
+    strategy = make_strategy(config.strategy)
+    num_replicas = strategy.num_replicas_in_sync
+    chief = is_chief(strategy)
     data = task.load_data()
     print(data.description)
     config = config.resolved(task, data.num_train)
+    if config.sampling == "shuffle" and config.batch_size % num_replicas:
+        raise FlagError(
+            f"--sampling=shuffle under {num_replicas} replicas needs a --batch_size that is a multiple of "
+            f"{num_replicas} (each batch is split evenly). Received: {config.batch_size}."
+        )
     schedule, p, num_steps = make_schedule(config, data.num_train)
     stop_step = num_steps if config.max_steps is None else min(num_steps, config.max_steps)
+    print(
+        f"Strategy: {config.strategy}, {num_replicas} replica(s) in sync"
+        + (
+            f"; each batch clipped in {config.accumulation_steps} physical batches"
+            if config.accumulation_steps > 1
+            else ""
+        )
+    )
 
     if config.seed is not None:
         keras.utils.set_random_seed(config.seed)
-    model = task.build_model(data)
-    # The noise seed must be fixed before the optimizer exists, hence before the checkpoint restores its counter.
-    optimizer = make_optimizer(
-        config, schedule, _derived_seed(config.seed, _checkpoint_step(config.model_dir), _NOISE_STREAM)
-    )
-    model = compile_model(model, task, optimizer, config)
-    optimizer.build(model.trainable_variables)
-    counter = optimizer.iterations  # = optimizer.dp_step for the DP optimizers.
+    with strategy.scope():  # Variables (model, optimizer, metrics) are created mirrored.
+        model = task.build_model(data)
+        # The noise seed must be fixed before the optimizer exists, hence before the checkpoint restores its counter.
+        optimizer = make_optimizer(
+            config, schedule, _derived_seed(config.seed, _checkpoint_step(config.model_dir), _NOISE_STREAM)
+        )
+        model = compile_model(model, task, optimizer, config)
+        optimizer.build(model.trainable_variables)
+    counter = optimizer.iterations  # = optimizer.dp_step for the DP optimizers; once per global step.
 
     fit_callbacks: list[keras.callbacks.Callback] = []
     if schedule is not None:
@@ -732,7 +911,15 @@ def train(task: Task, config: RunConfig) -> RunResult:
         step = int(counter.numpy())
         if step >= stop_step:  # A callback ended training early (the budget, --max_steps).
             break
-        batches = train_batches(config, data, p, _derived_seed(config.seed, step, _BATCH_STREAM), segment_steps)
+        with strategy.scope():  # keras_dyndp.data sees the strategy the batches are split across.
+            batches = train_batches(
+                config,
+                data,
+                p,
+                _derived_seed(config.seed, step, _BATCH_STREAM),
+                segment_steps,
+                num_replicas=num_replicas,
+            )
         # shuffle=False: the batches are already sampled (Poisson or shuffled) by train_batches.
         model.fit(
             batches,
@@ -759,7 +946,7 @@ def train(task: Task, config: RunConfig) -> RunResult:
         epsilon_rigorous=eps_rigorous,
         wall_time_s=round(wall_time, 2),
     )
-    if config.results_csv:
+    if config.results_csv and chief:  # One row per run, not one per worker.
         append_results_csv(config.results_csv, result)
     return result
 

@@ -265,9 +265,9 @@ def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp
 
     real_train_batches = training.train_batches
 
-    def recording_train_batches(config, data, p, seed, num_steps):
+    def recording_train_batches(config, data, p, seed, num_steps, **kwargs):
         batch_seeds.append(seed)
-        return real_train_batches(config, data, p, seed, num_steps)
+        return real_train_batches(config, data, p, seed, num_steps, **kwargs)
 
     monkeypatch.setitem(training.OPTIMIZERS, "sgd", (plain_cls, recording_dp_cls))
     monkeypatch.setattr(training, "train_batches", recording_train_batches)
