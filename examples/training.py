@@ -21,10 +21,10 @@ model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
 5. with ``--strategy=mirrored`` (the local GPUs, or the logical CPUs) or ``--strategy=multi_worker`` (the
    machines of TF_CONFIG) builds model, optimizer and compile under the `tf.distribute` strategy, pads the Poisson
    batches to a multiple of the replica count and lets ``model.fit`` split each batch across the replicas; the
-   noise is still added once per global step (`keras_dyndp.optimizers.replicas`). ``--accumulation_steps=k`` clips
+   noise is still added once per global step (`keras_dyndp.replicas`). ``--accumulation_steps=k`` clips
    each batch in k physical batches inside the step (`keras_dyndp.per_example.accumulation`). Under multi_worker
-   every worker needs the same ``--seed`` (the same Poisson batches), there is no ``--model_dir``, and only the
-   chief appends to ``--results_csv``;
+   the workers agree on the sampling seed (`keras_dyndp.replicas.agreed_random_bits`: the same Poisson batches),
+   there is no ``--model_dir``, and only the chief appends to ``--results_csv``;
 6. evaluates on the test set, prints the privacy report (GDP-CLT epsilon and a rigorous PLD or RDP epsilon of the
    steps actually taken) and, with ``--results_csv``, appends one row per run.
 
@@ -183,7 +183,7 @@ flags.DEFINE_enum(
     "that the TF_CONFIG environment variable names; set TF_CONFIG on EACH worker (same cluster, its own task "
     "index) and start the same command on each; needs --seed (every worker must draw the same Poisson batches) "
     "and takes no --model_dir. The noise is added once per global step whatever the number of replicas "
-    "(keras_dyndp.optimizers.replicas).",
+    "(keras_dyndp.replicas).",
 )
 flags.DEFINE_integer(
     "accumulation_steps",
@@ -246,13 +246,6 @@ def _accumulation_conflict(options: dict[str, Any]) -> str | None:
 def _multi_worker_conflict(options: dict[str, Any]) -> str | None:
     if options["strategy"] != "multi_worker":
         return None
-    if options["seed"] is None:
-        return (
-            "--strategy=multi_worker needs --seed: every worker builds the Poisson batches and tf.data splits each "
-            "one across the workers, which samples the batch the accountant assumes only if all workers draw the "
-            "SAME batches; without --seed each worker would draw its own from OS entropy. Pass the same --seed to "
-            "every worker (and keep it secret)."
-        )
     if options["model_dir"] is not None:
         return (
             "--strategy=multi_worker takes no --model_dir: every worker would write the same checkpoints and "
@@ -264,7 +257,7 @@ def _multi_worker_conflict(options: dict[str, Any]) -> str | None:
 # Each check with the flags it reads (those a command-line error names).
 _OPTION_CHECKS = (
     (("method", "per_example", "accumulation_steps"), _accumulation_conflict),
-    (("strategy", "seed", "model_dir"), _multi_worker_conflict),
+    (("strategy", "model_dir"), _multi_worker_conflict),
 )
 
 
@@ -273,9 +266,6 @@ def option_conflict(options: dict[str, Any]) -> str | None:
 
     * --accumulation_steps > 1 needs the fast path, whose train step splits the batch (the jacobian path clips
       in the optimizer, which sees one batch), and a DP method (a plain optimizer has nothing to accumulate).
-    * --strategy=multi_worker needs --seed: each worker builds the Poisson dataset and tf.data's auto-sharding
-      splits each global batch across the workers, which is one Poisson sample only if every worker draws the same
-      one; with OS entropy each worker would draw its own and the step would not be the accounted mechanism.
     * --strategy=multi_worker takes no --model_dir: every worker would write the same checkpoints, TensorBoard
       logs and run_config.json into it; the examples do not implement Keras's chief-and-temporary-directories
       pattern.

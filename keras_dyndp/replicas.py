@@ -101,7 +101,7 @@ def agreed_random_bits(num_bits: int) -> int:
     strategy = tf.distribute.get_strategy()
     if tf.distribute.has_strategy() and _is_multi_worker(strategy):
         local = tf.constant(words, tf.float32)
-        shared = strategy.run(lambda: global_sum(local * noise_share()))
+        shared = tf.function(lambda: strategy.run(lambda: global_sum(local * noise_share())))()
         words = [int(word) for word in strategy.experimental_local_results(shared)[0].numpy()]
     bits = sum(word << (_BITS_PER_WORD * index) for index, word in enumerate(words))
     return bits & ((1 << num_bits) - 1)

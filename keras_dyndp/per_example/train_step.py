@@ -10,7 +10,9 @@ clipping where every trainable layer has a rule, else ``tf.vectorized_map`` over
 them to ``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each
 SUM, normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the step runs the
 optimizer's own microbatch path (the jacobian of M microbatch losses) instead. The privacy mechanism is the
-optimizer's; only the way the clipped sum is computed changes. Same on Keras 2 and Keras 3.
+optimizer's; only the way the clipped sum is computed changes. Same on Keras 2 and Keras 3. With the optimizer's
+``accumulation_steps`` = k the batch is clipped in k physical batches (``keras_dyndp.per_example.accumulation``);
+under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share (``keras_dyndp.replicas``).
 
 Example:
 

@@ -58,7 +58,6 @@ def test_poisson_batches_split_evenly_across_the_replicas():
     [
         (dict(per_example="jacobian", accumulation_steps=2), "--accumulation_steps > 1 needs --per_example=fast"),
         (dict(method="nonprivate", accumulation_steps=2), "--accumulation_steps applies to the DP methods"),
-        (dict(strategy="multi_worker", seed=None), "--strategy=multi_worker needs --seed"),
         (dict(strategy="multi_worker", model_dir="/tmp/x"), "--strategy=multi_worker takes no --model_dir"),
     ],
 )
@@ -72,11 +71,7 @@ def test_conflicting_options_are_flag_errors_before_training(overrides, message)
     "arguments, named",
     [
         (["--accumulation_steps=0"], "flag --accumulation_steps=0: --accumulation_steps must be > 0."),
-        (
-            ["--strategy=multi_worker"],
-            "flags strategy=multi_worker, seed=None, model_dir=None: --strategy=multi_worker needs --seed",
-        ),
-        (["--strategy=multi_worker", "--seed=1", "--model_dir=/tmp/x"], "takes no --model_dir"),
+        (["--strategy=multi_worker", "--model_dir=/tmp/x"], "takes no --model_dir"),
         (["--strategy=gpus"], "flag --strategy=gpus"),
         pytest.param(
             ["--per_example=jacobian", "--accumulation_steps=2"],
