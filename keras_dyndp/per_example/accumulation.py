@@ -25,7 +25,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_dyndp.keras_compat import keras
 from keras_dyndp.per_example import clipped_sum
 
 
@@ -34,33 +33,31 @@ def _pad_rows(tensor: tf.Tensor, num_padding_rows: tf.Tensor) -> tf.Tensor:
     return tf.pad(tensor, paddings)
 
 
-def clipped_gradient_sum_with_outputs(
-    model: keras.Model,
-    loss_fn: Callable[[Any, Any], tf.Tensor],
+def clipped_sum_in_physical_batches(
+    clipped_sum_fn: Callable[[Any, Any, tf.Tensor], tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, tf.Tensor]],
+    var_list: Sequence[tf.Variable],
     x: Any,
     y: Any,
     sample_weight: tf.Tensor | None,
-    clip_norm: tf.Tensor | float,
-    var_list: Sequence[tf.Variable],
-    method: str,
     num_physical_batches: int,
 ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, tf.Tensor]:
-    """`keras_dyndp.per_example.clipped_sum.clipped_gradient_sum_with_outputs`, k physical batches at a time.
+    """``clipped_sum_fn`` on the whole batch, computed k physical batches at a time and summed.
 
     Args:
-      model, loss_fn, x, y, sample_weight, clip_norm, var_list, method: as for the one-pass function (a single
-        model output).
+      clipped_sum_fn: ``(x, y, sample_weight) -> (sums, norms, y_pred, losses)`` for one batch, e.g.
+        `keras_dyndp.per_example.clipped_sum.clipped_gradient_sum_with_outputs` with the model, loss, clipping norm,
+        variables and method bound (one model output).
+      var_list: the variables, in the order of ``sums``.
+      x, y, sample_weight: the (logical) batch.
       num_physical_batches: k >= 1, the number of physical batches the batch is clipped in.
 
     Returns:
-      ``(sums, norms, y_pred, losses)`` of the whole batch, as the one-pass function returns them (``y_pred`` in
+      ``(sums, norms, y_pred, losses)`` of the whole batch, as ``clipped_sum_fn`` would return them (``y_pred`` in
       float32).
     """
     var_list = list(var_list)
-    num_rows = tf.shape(tf.nest.flatten(x)[0])[0]
-    if sample_weight is None:
-        sample_weight = tf.ones([num_rows], tf.float32)
-    sample_weight = tf.reshape(tf.cast(sample_weight, tf.float32), [-1])
+    sample_weight = clipped_sum.example_weights(x, sample_weight)
+    num_rows = tf.shape(sample_weight)[0]
     rows_per_batch = (num_rows + num_physical_batches - 1) // num_physical_batches
     num_padding_rows = rows_per_batch * num_physical_batches - num_rows
     x, y, sample_weight = tf.nest.map_structure(
@@ -75,9 +72,7 @@ def clipped_gradient_sum_with_outputs(
         batch_x, batch_y, batch_weight = tf.nest.map_structure(
             lambda tensor: tf.gather(tensor, rows), (x, y, sample_weight)
         )
-        batch_sums, batch_norms, batch_pred, batch_losses = clipped_sum.clipped_gradient_sum_with_outputs(
-            model, loss_fn, batch_x, batch_y, batch_weight, clip_norm, var_list, method
-        )
+        batch_sums, batch_norms, batch_pred, batch_losses = clipped_sum_fn(batch_x, batch_y, batch_weight)
         row_shapes.update(y_pred=batch_pred.shape[1:], losses=batch_losses.shape[1:])
         sums = [total + tf.cast(part, total.dtype) for total, part in zip(sums, batch_sums)]
         return (

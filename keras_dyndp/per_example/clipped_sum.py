@@ -30,9 +30,11 @@ from keras_dyndp.per_example.taps import UnsupportedModel
 METHODS = ("auto", "ghost", "vectorized")
 
 
-def _batch_size(x: Any) -> tf.Tensor:
-    first = tf.nest.flatten(x)[0]
-    return tf.shape(first)[0]
+def example_weights(x: Any, sample_weight: Any) -> tf.Tensor:
+    """float32 [B] weight of each row of the batch ``x`` (1 where ``sample_weight`` is None; 0 on padding rows)."""
+    if sample_weight is None:
+        return tf.ones([tf.shape(tf.nest.flatten(x)[0])[0]], tf.float32)
+    return tf.reshape(tf.cast(sample_weight, tf.float32), [-1])
 
 
 def clipped_gradient_sum_with_outputs(
@@ -54,9 +56,7 @@ def clipped_gradient_sum_with_outputs(
         raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}.")
     model_checks.check_before_training(model, x)
     var_list = list(var_list)
-    if sample_weight is None:
-        sample_weight = tf.ones([_batch_size(x)], tf.float32)
-    sample_weight = tf.reshape(tf.cast(sample_weight, tf.float32), [-1])
+    sample_weight = example_weights(x, sample_weight)
     clip_norm = tf.cast(clip_norm, tf.float32)
     if method in ("auto", "ghost"):
         if ghost.supported(model, var_list):

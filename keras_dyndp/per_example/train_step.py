@@ -47,6 +47,7 @@ per-example terms, and layers that mix examples or store batch statistics such a
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -126,15 +127,19 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
         self(x, training=False)
     var_list = self.trainable_variables
     if optimizer.num_microbatches is None:
-        clip_norm = optimizer.current_clip_norm()
-        method = _clipping_method(self)
+        clip = functools.partial(
+            clipped_sum.clipped_gradient_sum_with_outputs,
+            self,
+            loss_fn,
+            clip_norm=optimizer.current_clip_norm(),
+            var_list=var_list,
+            method=_clipping_method(self),
+        )
         if optimizer.accumulation_steps == 1:
-            sums, _, y_pred, losses = clipped_sum.clipped_gradient_sum_with_outputs(
-                self, loss_fn, x, y, sample_weight, clip_norm, var_list, method
-            )
+            sums, _, y_pred, losses = clip(x, y, sample_weight)
         else:
-            sums, _, y_pred, losses = accumulation.clipped_gradient_sum_with_outputs(
-                self, loss_fn, x, y, sample_weight, clip_norm, var_list, method, optimizer.accumulation_steps
+            sums, _, y_pred, losses = accumulation.clipped_sum_in_physical_batches(
+                clip, var_list, x, y, sample_weight, optimizer.accumulation_steps
             )
         _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
         optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list, sample_weight=sample_weight)

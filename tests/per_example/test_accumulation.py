@@ -3,6 +3,8 @@ accumulation_steps is checked and reaches make_private's step, with the noise ad
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -39,8 +41,15 @@ def test_physical_batches_give_the_one_pass_sums_and_outputs(num_rows, num_physi
     variables = model.trainable_variables
     expected = clipped_sum.clipped_gradient_sum_with_outputs(model, LOSS, x, y, weight, 0.3, variables)
     actual = tf.function(
-        lambda: accumulation.clipped_gradient_sum_with_outputs(
-            model, LOSS, x, y, weight, 0.3, variables, "auto", num_physical_batches
+        lambda: accumulation.clipped_sum_in_physical_batches(
+            functools.partial(
+                clipped_sum.clipped_gradient_sum_with_outputs, model, LOSS, clip_norm=0.3, var_list=variables
+            ),
+            variables,
+            x,
+            y,
+            weight,
+            num_physical_batches,
         )
     )()
     for expected_sum, actual_sum in zip(expected[0], actual[0]):
