@@ -23,7 +23,15 @@ LEARNING_RATE = 0.5
 
 
 def mirrored() -> tf.distribute.Strategy:
-    return tf.distribute.MirroredStrategy([device.name for device in tf.config.list_logical_devices("CPU")][:2])
+    """A new MirroredStrategy on the 2 logical CPUs, reducing through one device.
+
+    TensorFlow's default cross-device ops use collective ops, whose instance keys each strategy object counts from
+    the same start: a second strategy in the process whose collectives have other shapes than the first's fails
+    ("Shape mismatch in the collective instance"). ReductionToOneDevice has no keys; the examples' strategy (one per
+    process, tests/examples/test_scaling.py) and the multi-worker test cover the collective path.
+    """
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
 def strategy_of(kind: str) -> tf.distribute.Strategy:
