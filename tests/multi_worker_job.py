@@ -73,8 +73,7 @@ def main(out_dir: str) -> None:
     x, y = examples(3 * BATCH)
     # sigma = 0, clip varying by step: the update of 3 global steps, and the same from 2 steps + checkpoint + 1.
     results["noiseless"], results["steps"] = train(varying, batches(x, y))
-    for k in (2,):
-        results[f"noiseless_accumulated_{k}"], _ = train(varying, batches(x, y), accumulation_steps=k)
+    results["noiseless_accumulated_2"], _ = train(varying, batches(x, y), accumulation_steps=2)
     checkpoint_dir = os.path.join(out_dir, f"checkpoints{task}")  # One per worker: each saves its own copy.
     train(varying, batches(x[: 2 * BATCH], y[: 2 * BATCH]), checkpoint_dir=checkpoint_dir)
     results["resumed"], results["resumed_steps"] = train(

@@ -3,6 +3,7 @@ batch: same update, one noise of std sigma_t, one counter, the global batch-size
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -104,17 +105,21 @@ def max_difference(first, second) -> float:
     return max(float(np.abs(a - b).max()) for a, b in zip(first, second))
 
 
-@pytest.mark.parametrize(
-    "kind,accumulation_steps,method",
-    [("mirrored", 1, "auto"), ("mirrored", 1, "vectorized"), ("mirrored", 3, "auto"), ("default", 3, "vectorized")],
-)
-def test_noiseless_update_equals_the_one_device_update_of_the_global_batch(kind, accumulation_steps, method):
+@functools.cache
+def one_device_update(method: str) -> list[np.ndarray]:
+    weights, optimizer = train("default", varying_clip(3), batches(*examples()), method=method)
+    assert int(optimizer.dp_step.numpy()) == 3
+    return weights
+
+
+@pytest.mark.parametrize("accumulation_steps,method", [(1, "auto"), (1, "vectorized"), (3, "auto")])
+def test_noiseless_update_equals_the_one_device_update_of_the_global_batch(accumulation_steps, method):
     """17 rows in batches of 8, 8, 1: the last step leaves one replica without rows."""
-    dataset = batches(*examples())
-    expected, expected_optimizer = train("default", varying_clip(3), dataset, method=method)
-    actual, optimizer = train(kind, varying_clip(3), dataset, method=method, accumulation_steps=accumulation_steps)
-    assert int(expected_optimizer.dp_step.numpy()) == int(optimizer.dp_step.numpy()) == 3
-    assert max_difference(actual, expected) < 1e-5
+    actual, optimizer = train(
+        "mirrored", varying_clip(3), batches(*examples()), method=method, accumulation_steps=accumulation_steps
+    )
+    assert int(optimizer.dp_step.numpy()) == 3
+    assert max_difference(actual, one_device_update(method)) < 1e-5
 
 
 @pytest.mark.parametrize("kind,accumulation_steps", [("mirrored", 1), ("mirrored", 3), ("default", 3)])
@@ -134,7 +139,7 @@ def test_noise_std_is_sigma_t_times_learning_rate_over_the_batch_size(kind, accu
 
 
 def test_checkpoint_and_resume_under_the_strategy_continue_the_schedule(tmp_path):
-    x, y = examples(3 * BATCH)
+    x, y = examples(3 * BATCH)  # The resumed fit's first batch must split evenly on Keras 3 (keras-team/keras#19246).
     expected, _ = train("default", varying_clip(3), batches(x, y))
     first_two = tf.data.Dataset.from_tensor_slices((x[: 2 * BATCH], y[: 2 * BATCH])).batch(BATCH)
     train("mirrored", varying_clip(3), first_two, checkpoint_dir=str(tmp_path))

@@ -59,7 +59,7 @@ def test_physical_batches_give_the_one_pass_sums_and_outputs(num_rows, num_physi
         np.testing.assert_allclose(actual_part, expected_part, rtol=1e-5, atol=1e-6)
 
 
-def fit_once(accumulation_steps: int, noise: float, batch: int = 12):
+def fit_once(accumulation_steps: int, noise: float, batch: int = 12) -> np.ndarray:
     """One make_private step on `batch` rows from the same initial weights; returns the weight change."""
     model, x, y, _ = model_and_batch(batch, vectorized_layer=False)
     initial = [np.asarray(weight) for weight in model.get_weights()]
@@ -74,11 +74,9 @@ def fit_once(accumulation_steps: int, noise: float, batch: int = 12):
 
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizers.SamplingWarning")
-def test_accumulated_step_equals_one_pass_and_adds_the_noise_once():
+def test_accumulated_step_equals_one_pass():
+    """(That the noise is added once per accumulated step, std sigma / B, is tests/test_replicas.py's.)"""
     np.testing.assert_allclose(fit_once(4, 0.0), fit_once(1, 0.0), atol=1e-6)
-    deltas = np.stack([fit_once(4, 5.0) - fit_once(4, 0.0) for _ in range(3)])
-    # One draw of std sigma / B per coordinate and step (k draws would give sqrt(k) times more).
-    assert np.std(deltas) == pytest.approx(5.0 / 12, rel=0.25)
 
 
 @pytest.mark.parametrize(
