@@ -48,15 +48,16 @@ def call(tap: Tap) -> Callable:
         zeros = tf.zeros(tf.stack([batch, cell.units]), inputs.dtype)
 
         def step(carry, projection_t):
-            h_prev, c_prev, _ = carry
+            h_prev, c_prev = carry
             z = projection_t + tf.matmul(h_prev, recurrent_kernel)
             z_i, z_f, z_c, z_o = tf.split(z, 4, axis=1)
             c = cell.recurrent_activation(z_f) * c_prev + cell.recurrent_activation(z_i) * cell.activation(z_c)
             h = cell.recurrent_activation(z_o) * cell.activation(c)
-            return h, c, h_prev
+            return h, c
 
-        hs, cs, h_prevs = tf.scan(step, tf.transpose(input_projection, [1, 0, 2]), initializer=(zeros, zeros, zeros))
-        tap.saved["previous_hidden_states"] = tf.transpose(h_prevs, [1, 0, 2])
+        hs, cs = tf.scan(step, tf.transpose(input_projection, [1, 0, 2]), initializer=(zeros, zeros))
+        # h_{t-1} for t = 0..T-1: the initial zeros, then hs shifted by one step (no third scan output to stack).
+        tap.saved["previous_hidden_states"] = tf.transpose(tf.concat([zeros[None], hs[:-1]], axis=0), [1, 0, 2])
         output = tf.transpose(hs, [1, 0, 2]) if layer.return_sequences else hs[-1]
         if layer.return_state:
             return [output, hs[-1], cs[-1]]
