@@ -80,11 +80,13 @@ _OVERFLOW_POLICIES = ("truncate", "raise")
 
 @dataclasses.dataclass(frozen=True)
 class PoissonSampling:
-    """How a dataset made by this module samples: N examples, rate p, batches padded to ``max_batch_size`` rows."""
+    """How a dataset made by this module samples: N examples, rate p, batches padded to ``max_batch_size`` rows;
+    ``same_on_every_worker``: its seed was given, or agreed by the workers of a multi-worker strategy."""
 
     num_examples: int
     sampling_probability: float
     max_batch_size: int
+    same_on_every_worker: bool = True
 
 
 # The datasets this module returned, with their sampling; weak keys, so registering keeps no dataset alive.
@@ -334,6 +336,7 @@ def poisson_batches_from_tensors(
         weights = _gather_rows(sample_weight, indices, keep, num_padding_rows)
         return batch_x, batch_y, weights
 
+    same_on_every_worker = seed is not None or replicas.is_multi_worker()
     if seed is None:
         # Left to TensorFlow, a None seed would follow the global seed; the workers of a multi-worker strategy must
         # agree on it (see `replicas.agreed_random_bits`).
@@ -341,7 +344,9 @@ def poisson_batches_from_tensors(
     step_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2, drop_remainder=True)
     batches = step_seeds.take(num_steps).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     batches = batches.prefetch(tf.data.AUTOTUNE)
-    _POISSON_DATASETS[batches] = PoissonSampling(num_examples, sampling_probability, max_batch_size)
+    _POISSON_DATASETS[batches] = PoissonSampling(
+        num_examples, sampling_probability, max_batch_size, same_on_every_worker
+    )
     return batches
 
 

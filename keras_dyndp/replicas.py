@@ -83,9 +83,13 @@ def global_sum(values: tf.Tensor) -> tf.Tensor:
     return tf.cast(context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(values, tf.float32)), values.dtype)
 
 
-def _is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and num_replicas() > len(
-        strategy.extended.worker_devices
+def is_multi_worker() -> bool:
+    """Whether the current strategy is a MultiWorkerMirroredStrategy over more than one worker."""
+    strategy = tf.distribute.get_strategy()
+    return (
+        tf.distribute.has_strategy()
+        and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        and num_replicas() > len(strategy.extended.worker_devices)
     )
 
 
@@ -98,8 +102,8 @@ def agreed_random_bits(num_bits: int) -> int:
     p). The first worker's bits are all-reduced to all; elsewhere they are this process's own.
     """
     words = [secrets.randbits(_BITS_PER_WORD) for _ in range(-(-num_bits // _BITS_PER_WORD))]
-    strategy = tf.distribute.get_strategy()
-    if tf.distribute.has_strategy() and _is_multi_worker(strategy):
+    if is_multi_worker():
+        strategy = tf.distribute.get_strategy()
         local = tf.constant(words, tf.float32)
         shared = tf.function(lambda: strategy.run(lambda: global_sum(local * noise_share())))()
         words = [int(word) for word in strategy.experimental_local_results(shared)[0].numpy()]

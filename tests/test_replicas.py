@@ -206,5 +206,6 @@ def test_other_strategies_are_refused():
 
 def test_one_replica_helpers_are_the_identity():
     assert replicas.num_replicas() == 1
+    assert not replicas.is_multi_worker()
     assert float(replicas.noise_share()) == 1.0
     assert int(replicas.global_sum(tf.constant(3))) == 3

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from keras_dyndp import data
 from keras_dyndp import keras_context
+from keras_dyndp import replicas
 
 
 class SamplingWarning(UserWarning):
@@ -95,6 +96,15 @@ class SamplingCheck:
                         f"the optimizer's schedule is accounted at p={p:g}: the reported epsilon would be wrong. "
                         "Sample the batches at the schedule's sampling_probability, or calibrate the schedule for "
                         "the rate you sample at."
+                    )
+                if replicas.is_multi_worker() and not sampling.same_on_every_worker:
+                    raise ValueError(
+                        "model.fit under a multi-worker strategy received Poisson batches whose seed each worker drew "
+                        "on its own (the dataset was built outside the strategy's scope, without a seed): tf.data "
+                        "gives each worker its share of ITS batches, so the global batch would join pieces of "
+                        "different samples (an example could be in two) and not be the accounted Poisson sample. "
+                        "Build the dataset inside strategy.scope() (the workers then agree on the seed) or pass the "
+                        "same secret seed on every worker."
                     )
                 return
             problem = (

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from keras_dyndp import data
 from keras_dyndp import keras_compat
+from keras_dyndp import replicas
 from keras_dyndp import schedules
 from keras_dyndp.optimizers import sampling_check
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasSGD
@@ -155,3 +156,17 @@ def test_custom_training_loop_gets_one_warning():
             optimizer.minimize(loss, [variable], tape=tape)
     messages = sampling_warnings(caught)
     assert len(messages) == 1 and "cannot see the batches" in messages[0]
+
+
+def test_multi_worker_fit_refuses_poisson_batches_each_worker_seeded_alone(monkeypatch):
+    """Built outside a multi-worker strategy's scope without a seed, each worker would sample its own batches; a given
+    seed (or a dataset built in the scope, tests/test_multi_worker.py) is the same on every worker."""
+    x, y = arrays()
+    unseeded = data.poisson_batches_from_tensors(x, y, P)
+    seeded = data.poisson_batches_from_tensors(x, y, P, seed=0)
+    assert not data.poisson_sampling(unseeded).same_on_every_worker
+    assert data.poisson_sampling(seeded).same_on_every_worker
+    monkeypatch.setattr(replicas, "is_multi_worker", lambda: True)
+    with pytest.raises(ValueError, match="seed each worker drew on its own"):
+        compiled_model("make_private").fit(unseeded, epochs=1, verbose=0)
+    compiled_model("make_private").fit(seeded, epochs=1, verbose=0)
