@@ -108,6 +108,18 @@ flags.DEFINE_float(
 )
 flags.DEFINE_float("initial_clip", None, "Initial clipping norm C_0 > 0. Default: the task's.")
 flags.DEFINE_float("learning_rate", None, "Learning rate > 0. Default: the task's.")
+flags.DEFINE_float(
+    "lr_decay",
+    1.0,
+    "Decay of the learning rate lr_0 / lr_T, >= 1: lr_t = lr_0 lr_decay^(-t/T) at steps t = 1..T, the family and "
+    "index of the clip decay rho_c (1: constant). A learning-rate schedule is post-processing: privacy unchanged.",
+)
+flags.DEFINE_bool(
+    "rescale_to_unit_norm",
+    False,
+    "DP methods: divide the noisy clipped sum by C_t as well (per-example gradients rescaled to norm <= 1, De et "
+    "al. 2022), so that a clip decay no longer shrinks the step. Post-processing: privacy unchanged.",
+)
 flags.DEFINE_enum("optimizer", None, list(OPTIMIZERS), "Update rule. Default: the task's.")
 flags.DEFINE_float(
     "epochs", None, "Run length in epochs, > 0: T = ceil(epochs N / batch_size) steps. Default: the task's."
@@ -211,6 +223,11 @@ for _name in ("rho_mu", "rho_c"):
         lambda value: value is None or (math.isfinite(value) and value >= 1),
         message=f"--{_name} must be >= 1 (the paper's 1/{_name} is in (0, 1]).",
     )
+flags.register_validator(
+    "lr_decay",
+    lambda value: math.isfinite(value) and value >= 1,
+    message="--lr_decay must be >= 1 (lr_0 / lr_T; 1 keeps the learning rate constant).",
+)
 flags.register_validator("delta", lambda value: value is None or 0 < value < 1, message="--delta must be in (0, 1).")
 flags.register_validator("verbose", lambda value: value in (0, 1, 2), message="--verbose must be 0, 1 or 2.")
 
@@ -334,7 +351,8 @@ class RunConfig:
     hyperparameters (epsilon, rho_mu, rho_c, initial_clip, learning_rate, optimizer, epochs, batch_size), delta
     1 / (10 N), sampling 'shuffle' for nonprivate and 'poisson' otherwise, and accountant the registry's default
     for the paper's methods and the baseline's own for zcdp / tcdp. `max_steps`, `seed`, `model_dir` and
-    `results_csv` stay None when unset: no step limit, OS entropy, no checkpoints, no CSV row. `strategy` ('default',
+    `results_csv` stay None when unset: no step limit, OS entropy, no checkpoints, no CSV row. `lr_decay`
+    (lr_0 / lr_T) and `rescale_to_unit_norm` post-process the noisy sum (`make_optimizer`). `strategy` ('default',
     'mirrored' or 'multi_worker', see `make_strategy`) and `accumulation_steps` (k physical batches per logical
     batch) change how a step is computed, not what it releases; `option_conflict` says which combinations `train`
     refuses.
@@ -347,6 +365,8 @@ class RunConfig:
     rho_c: float | None = None
     initial_clip: float | None = None
     learning_rate: float | None = None
+    lr_decay: float = 1.0
+    rescale_to_unit_norm: bool = False
     optimizer: str | None = None
     epochs: float | None = None
     max_steps: int | None = None
@@ -443,20 +463,39 @@ def make_schedule(config: RunConfig, num_train: int) -> tuple[schedules.DPSchedu
     return schedule, p, num_steps
 
 
+def learning_rate(config: RunConfig, num_steps: int) -> float | keras.optimizers.schedules.LearningRateSchedule:
+    """The learning rate of the run: constant, or lr_t = lr_0 lr_decay^(-t/T) at steps t = 1..T (T = `num_steps`).
+
+    It is the clip decay's family on the clip's index (`schedules`: step k = t - 1 clips to C_0 rho_c^(-t/T)), so
+    with lr_decay = rho_c, vanilla with this learning rate takes the step of sensitivity decay wherever every
+    gradient is clipped. Keras's `ExponentialDecay` evaluates lr(k) = r lr_0 lr_decay^(-k/T) at the optimizer's
+    step counter k, hence r = lr_decay^(-1/T).
+    """
+    if config.lr_decay == 1.0:
+        return config.learning_rate
+    return keras.optimizers.schedules.ExponentialDecay(
+        config.learning_rate * config.lr_decay ** (-1.0 / num_steps),
+        decay_steps=num_steps,
+        decay_rate=1.0 / config.lr_decay,
+    )
+
+
 def make_optimizer(
-    config: RunConfig, schedule: schedules.DPSchedule | None, noise_seed: int | None = None
+    config: RunConfig, schedule: schedules.DPSchedule | None, num_steps: int, noise_seed: int | None = None
 ) -> keras.optimizers.Optimizer:
-    """The Keras optimizer of the run: a `DynamicDPKeras*` following `schedule` (its noise seeded by `noise_seed`,
-    None: OS entropy), or the plain one."""
+    """The Keras optimizer of the run's `num_steps` steps: a `DynamicDPKeras*` following `schedule` (its noise
+    seeded by `noise_seed`, None: OS entropy), or the plain one."""
     plain_cls, dp_cls = OPTIMIZERS[config.optimizer]
+    rate = learning_rate(config, num_steps)
     if schedule is None:
-        return plain_cls(learning_rate=config.learning_rate)
+        return plain_cls(learning_rate=rate)
     return dp_cls(
         schedule=schedule,
         expected_batch_size=config.batch_size,
-        learning_rate=config.learning_rate,
+        learning_rate=rate,
         noise_seed=noise_seed,
         accumulation_steps=config.accumulation_steps,
+        rescale_to_unit_norm=config.rescale_to_unit_norm,
     )
 
 
@@ -696,8 +735,8 @@ def restore_or_start(
     return manager
 
 
-# The config fields written to the results CSV, in its column order; earlier files have these columns, so a sweep
-# still reads and resumes them.
+# The config fields written to the results CSV, in its column order. Files of earlier versions lack the last two;
+# `append_results_csv` adds them (with their defaults) before appending.
 _CSV_CONFIG_COLUMNS = (
     "method",
     "epsilon",
@@ -710,6 +749,8 @@ _CSV_CONFIG_COLUMNS = (
     "epochs",
     "sampling",
     "seed",
+    "lr_decay",
+    "rescale_to_unit_norm",
 )
 
 
@@ -798,11 +839,33 @@ def describe_privacy(
 
 
 def append_results_csv(path: str, result: RunResult) -> None:
-    """Appends `result.csv_row()` to the CSV at `path`, writing the header to a new file."""
+    """Appends `result.csv_row()` to the CSV at `path`, writing the header to a new file.
+
+    A file of an earlier version, whose header lacks some config columns, is first rewritten with them, filled with
+    the `RunConfig` defaults those runs had (constant learning rate, no rescaling).
+
+    Raises:
+      FlagError: if the file's header has columns this version does not write (another program's CSV).
+    """
     row = result.csv_row()
-    new = not os.path.exists(path) or os.path.getsize(path) == 0
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        with open(path, newline="") as handle:
+            reader = csv.DictReader(handle)
+            old_rows, header = list(reader), list(reader.fieldnames or [])
+        if set(header) - set(row):
+            raise FlagError(
+                f"--results_csv={path} has columns this program does not write ({sorted(set(header) - set(row))}); "
+                "use another file."
+            )
+        if header != list(row):
+            defaults = {field.name: field.default for field in dataclasses.fields(RunConfig)}
+            with open(path, "w", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=list(row))
+                writer.writeheader()
+                writer.writerows({name: old.get(name, defaults.get(name)) for name in row} for old in old_rows)
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
     with open(path, "a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(row))
         if new:
@@ -850,7 +913,7 @@ def train(task: Task, config: RunConfig) -> RunResult:
         model = task.build_model(data)
         # The noise seed must be fixed before the optimizer exists, hence before the checkpoint restores its counter.
         optimizer = make_optimizer(
-            config, schedule, _derived_seed(config.seed, _checkpoint_step(config.model_dir), _NOISE_STREAM)
+            config, schedule, num_steps, _derived_seed(config.seed, _checkpoint_step(config.model_dir), _NOISE_STREAM)
         )
         model = compile_model(model, task, optimizer, config)
         optimizer.build(model.trainable_variables)
@@ -877,7 +940,10 @@ def train(task: Task, config: RunConfig) -> RunResult:
         print(f"Resumed from {config.model_dir} at step {start_step} of {num_steps}.")
     print(
         f"{task.name}: method={config.method} N={data.num_train} batch={config.batch_size} ({config.sampling}) "
-        f"steps={num_steps} lr={config.learning_rate} optimizer={config.optimizer}"
+        f"steps={num_steps} lr={config.learning_rate}"
+        + (f" (decaying to lr/{config.lr_decay:g})" if config.lr_decay != 1.0 else "")
+        + f" optimizer={config.optimizer}"
+        + (" rescaled to unit norm" if config.private and config.rescale_to_unit_norm else "")
         + (
             f" epsilon={config.epsilon:g} delta={config.delta:.3g} C_0={config.initial_clip:g} "
             f"rho_mu={config.rho_mu:g} rho_c={config.rho_c:g}"

@@ -21,6 +21,10 @@ on the Keras version. `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKeras
      empty batch divides by 1 and applies pure noise);
    * microbatches (`num_microbatches` = M): n = M, a constant.
    The optimizers built from budget arguments set `expected_batch_size = batch_size`.
+   With ``rescale_to_unit_norm=True`` the normaliser is n C_k: the update is the mean of per-example gradients
+   rescaled to norm at most 1 plus noise of std z_k / n (De et al. 2022; jax_privacy's option of that name). It is
+   post-processing of the same noisy sum, so privacy is unchanged; what changes is that a decaying C_k no longer
+   shrinks the step, which tells the clip schedule apart from a learning-rate schedule.
 
 The noise (and the microbatch membership) comes from the optimizer's own `tf.random.Generator`, seeded from OS
 entropy and never saved (`keras_dyndp.optimizers.noise_source`): the global seed does not reach it and a restored
@@ -320,6 +324,8 @@ class DynamicDPOptimizerMixin:
       accumulation_steps: k >= 1 (default 1). `keras_dyndp.make_private`'s step clips each batch (the logical
         batch that p and the schedule count) in k physical batches, one after another, and adds the noise once:
         a batch k times larger than memory allows (`keras_dyndp.per_example.accumulation`).
+      rescale_to_unit_norm: False (default) divides the noisy clipped sum by the normaliser alone; True divides
+        it by the normaliser times C_t as well (the module docstring, step 4). Post-processing: privacy unchanged.
       noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
         integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
         knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
@@ -344,6 +350,7 @@ class DynamicDPOptimizerMixin:
         num_microbatches: int | None = None,
         expected_batch_size: float | None = None,
         accumulation_steps: int = 1,
+        rescale_to_unit_norm: bool = False,
         noise_seed: int | None = None,
         **kwargs,
     ):
@@ -363,6 +370,11 @@ class DynamicDPOptimizerMixin:
         schedule, expected_batch_size = _resolve_schedule(schedule, budget, expected_batch_size)
         num_microbatches = _check_num_microbatches(num_microbatches)
         accumulation_steps = _check_accumulation_steps(accumulation_steps, num_microbatches)
+        if not isinstance(rescale_to_unit_norm, bool):
+            raise ValueError(
+                "`rescale_to_unit_norm` must be True or False. "
+                f"Received: rescale_to_unit_norm={rescale_to_unit_norm!r}."
+            )
         replicas.check_strategy()
         _check_base_arguments(kwargs)
         kwargs.setdefault("name", type(self).__name__)
@@ -370,6 +382,7 @@ class DynamicDPOptimizerMixin:
         self._schedule = schedule
         self._num_microbatches = num_microbatches
         self._accumulation_steps = accumulation_steps
+        self._rescale_to_unit_norm = rescale_to_unit_norm
         self._expected_batch_size = expected_batch_size
         self._dp_gradient_guard = _DPGradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
@@ -399,6 +412,11 @@ class DynamicDPOptimizerMixin:
     def accumulation_steps(self) -> int:
         """Number of physical batches `make_private`'s step clips each batch in (1: the whole batch at once)."""
         return self._accumulation_steps
+
+    @property
+    def rescale_to_unit_norm(self) -> bool:
+        """Whether the noisy clipped sum is divided by C_t as well as by the normaliser."""
+        return self._rescale_to_unit_norm
 
     @property
     def num_microbatches(self) -> int | None:
@@ -437,10 +455,14 @@ class DynamicDPOptimizerMixin:
         self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
     ) -> list[tf.Tensor]:
         """This replica's part of the update: its clipped sums, the step's noise on one replica only, over the
-        global normaliser; the base optimizer sums the parts over replicas (`keras_dyndp.replicas`)."""
+        global normaliser (times C_t with `rescale_to_unit_norm`; 0 / 0 = 0 once the budget is spent); the base
+        optimizer sums the parts over replicas (`keras_dyndp.replicas`)."""
         noise_stddev = noise_stddev * replicas.noise_share()
         noised = clip_and_noise.add_gaussian_noise(clipped_sums, noise_stddev, generator=self._noise_source.generator)
-        return [grad / tf.cast(normaliser, grad.dtype) for grad in noised]
+        normaliser = tf.cast(normaliser, tf.float32)
+        if self._rescale_to_unit_norm:
+            normaliser = normaliser * self.current_clip_norm()
+        return [tf.math.divide_no_nan(grad, tf.cast(normaliser, grad.dtype)) for grad in noised]
 
     def _row_normaliser(self, global_num_rows: tf.Tensor) -> tf.Tensor:
         if self._expected_batch_size is not None:
@@ -711,6 +733,7 @@ class DynamicDPOptimizerMixin:
             num_microbatches=self._num_microbatches,
             expected_batch_size=self._expected_batch_size,
             accumulation_steps=self._accumulation_steps,
+            rescale_to_unit_norm=self._rescale_to_unit_norm,
             private_train_step=None if self._private_train_step is None else dict(self._private_train_step),
         )
         return config

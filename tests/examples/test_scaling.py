@@ -34,7 +34,7 @@ def test_mirrored_run_with_accumulation_reports_what_one_device_reports(tmp_path
     assert mirrored.epsilon_rigorous == single.epsilon_rigorous
     assert mirrored.config.strategy == "mirrored" and mirrored.config.accumulation_steps == 2
     schedule, _, _ = training.make_schedule(mirrored.config, 1437)
-    assert training.make_optimizer(mirrored.config, schedule).accumulation_steps == 2
+    assert training.make_optimizer(mirrored.config, schedule, schedule.num_steps).accumulation_steps == 2
     # A checkpoint written under the strategy resumes under it, its counter continuing the schedule.
     resumed = _train(strategy="mirrored", accumulation_steps=2, model_dir=model_dir, max_steps=4)
     assert resumed.steps == 4 and f"Resumed from {model_dir} at step 3 of 45." in capsys.readouterr().out

@@ -48,16 +48,17 @@ def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
 
 
 def test_results_csv_keeps_its_flat_columns(tmp_path):
-    """The CSV row flattens the run's config and measurements into the columns earlier versions wrote, so a sweep
-    resumes from an old results.csv."""
+    """The CSV row flattens the run's config and measurements into flat columns, those of earlier versions first,
+    so a sweep resumes from an old results.csv."""
     result = _train(method="nonprivate", max_steps=1, results_csv=str(tmp_path / "results.csv"))
     with open(tmp_path / "results.csv") as handle:
         (row,) = list(csv.DictReader(handle))
     assert (
         list(row)
         == (
-            "task method epsilon delta rho_mu rho_c initial_clip learning_rate batch_size epochs sampling seed steps "
-            "total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous rigorous_accountant wall_time_s"
+            "task method epsilon delta rho_mu rho_c initial_clip learning_rate batch_size epochs sampling seed lr_decay "
+            "rescale_to_unit_norm steps total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous "
+            "rigorous_accountant wall_time_s"
         ).split()
     )
     assert (row["task"], row["method"], row["epsilon"], row["rigorous_accountant"]) == (
@@ -67,6 +68,54 @@ def test_results_csv_keeps_its_flat_columns(tmp_path):
         "none",
     )
     assert math.isinf(result.config.epsilon) and row["batch_size"] == "64" and row["steps"] == "1"
+
+
+def test_results_csv_of_an_earlier_version_gets_the_new_columns_before_a_row_is_appended(tmp_path):
+    path = tmp_path / "results.csv"
+    old_columns = "task method epsilon delta rho_mu rho_c initial_clip learning_rate batch_size epochs sampling seed "
+    old_columns += "steps total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous rigorous_accountant wall_time_s"
+    old_row = "digits vanilla 1.0 1e-05 1.0 1.0 1.0 0.5 64 2.0 poisson 0 3 46 0.5 0.9 1.1 pld 3.0"
+    path.write_text(",".join(old_columns.split()) + "\n" + ",".join(old_row.split()) + "\n")
+    _train(method="nonprivate", max_steps=1, results_csv=str(path), lr_decay=2.0)
+    with open(path) as handle:
+        old, new = list(csv.DictReader(handle))
+    assert (old["lr_decay"], old["rescale_to_unit_norm"], old["learning_rate"]) == ("1.0", "False", "0.5")
+    assert (new["lr_decay"], new["method"]) == ("2.0", "nonprivate")
+    path.write_text("task,other\ndigits,1\n")
+    with pytest.raises(training.FlagError, match="columns this program does not write"):
+        _train(method="nonprivate", max_steps=1, results_csv=str(path))
+
+
+def test_learning_rate_decays_geometrically_over_the_run_like_the_clip():
+    config = training.RunConfig(learning_rate=0.8, lr_decay=4.0)
+    rate = training.learning_rate(config, num_steps=10)
+    assert [float(rate(k)) for k in (-1, 4, 9)] == pytest.approx([0.8, 0.4, 0.2])  # lr_t at the counter's k = t - 1
+    clips = schedules.calibrate(
+        "sensitivity_decay",
+        target_epsilon=1.0,
+        target_delta=1e-5,
+        sampling_probability=0.01,
+        num_steps=10,
+        initial_clip=0.8,
+        rho_c=4.0,
+    ).clip_norms
+    assert [float(rate(k)) for k in range(10)] == pytest.approx(list(clips))  # the clip decay's family and index
+    assert training.learning_rate(training.RunConfig(learning_rate=0.8), num_steps=10) == 0.8
+
+
+def test_lr_decay_and_rescaling_reach_the_optimizer(tmp_path):
+    config = training.RunConfig(
+        learning_rate=0.5, lr_decay=2.0, rescale_to_unit_norm=True, optimizer="sgd", batch_size=64
+    ).resolved(digits.make_task(), 1437)
+    schedule, _, num_steps = training.make_schedule(config, 1437)
+    optimizer = training.make_optimizer(config, schedule, num_steps)
+    assert optimizer.rescale_to_unit_norm
+    assert float(optimizer.learning_rate) == pytest.approx(0.5 * 2.0 ** (-1 / num_steps))
+    result = _train(max_steps=2, lr_decay=2.0, rescale_to_unit_norm=True, results_csv=str(tmp_path / "r.csv"))
+    assert result.steps == 2 and result.config.lr_decay == 2.0
+    with open(tmp_path / "r.csv") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert (row["lr_decay"], row["rescale_to_unit_norm"]) == ("2.0", "True")
 
 
 def test_config_from_flags_reads_each_flag_into_its_field():
@@ -150,7 +199,16 @@ def test_batch_size_larger_than_data_is_a_flag_error():
 
 
 @pytest.mark.parametrize(
-    "argument", ["--epsilon=-1", "--delta=1.5", "--rho_mu=0.5", "--method=bogus", "--sampling=random", "--batch_size=0"]
+    "argument",
+    [
+        "--epsilon=-1",
+        "--delta=1.5",
+        "--rho_mu=0.5",
+        "--lr_decay=0.5",
+        "--method=bogus",
+        "--sampling=random",
+        "--batch_size=0",
+    ],
 )
 def test_bad_flag_exits_2_with_one_line(argument, capsys):
     with flagsaver.flagsaver():

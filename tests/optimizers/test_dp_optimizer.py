@@ -158,6 +158,46 @@ def zero_data_update(optimizer, num_rows):
     return -variable.numpy()
 
 
+@pytest.mark.parametrize("path", FIT_PATHS)
+def test_rescale_to_unit_norm_divides_the_update_by_the_step_clip(path):
+    """No noise: the rescaled step is the plain step over C_t, sum_i g_i / max(||g_i||, C_t) / n."""
+    x, y = data()
+    clip = 0.5
+    rescaled_optimizer = DynamicDPKerasSGD(
+        schedule=noiseless_schedule([clip]), learning_rate=0.5, rescale_to_unit_norm=True
+    )
+    assert rescaled_optimizer.rescale_to_unit_norm
+    assert not DynamicDPKerasSGD(schedule=noiseless_schedule([clip])).rescale_to_unit_norm
+    rescaled = compile_on(path, linear_model(), rescaled_optimizer)
+    rescaled.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    update_kernel, update_bias, norms = numpy_dp_update(x, y, clip, 4.0 * clip)
+    assert norms.max() > clip
+    np.testing.assert_allclose(rescaled.get_weights()[0], KERNEL0 - 0.5 * update_kernel, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rescaled.get_weights()[1], -0.5 * update_bias, rtol=1e-5, atol=1e-6)
+
+
+def test_rescale_to_unit_norm_noise_std_is_the_step_noise_multiplier_over_normaliser():
+    schedule = schedules.DPSchedule([0.5, 2.0], [3.0, 3.0], 0.1)  # z_t = sigma_t / C_t = 6, then 1.5
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, learning_rate=1.0, expected_batch_size=5.0, rescale_to_unit_norm=True
+    )
+    variable = tf.Variable(tf.zeros([100, 100]))
+    for noise_multiplier in (6.0, 1.5):
+        before = variable.numpy()
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.zeros([4, 100]) @ variable, axis=1)
+        optimizer.minimize(loss, [variable], tape=tape)
+        assert np.std(before - variable.numpy()) == pytest.approx(noise_multiplier / 5, rel=0.1)
+
+
+def test_rescale_to_unit_norm_round_trips_through_get_config():
+    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]), rescale_to_unit_norm=True)
+    config = optimizer.get_config()
+    assert config["rescale_to_unit_norm"] is True
+    assert DynamicDPKerasSGD.from_config(config).rescale_to_unit_norm is True
+    assert DynamicDPKerasSGD(schedule=noiseless_schedule([1.0])).get_config()["rescale_to_unit_norm"] is False
+
+
 @pytest.mark.parametrize(
     "num_microbatches, expected_batch_size, expected_std",
     # Microbatches: twice the noise at every step, also when there are as many microbatches as rows.
@@ -498,6 +538,7 @@ def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
             ValueError,
             "expected_batch_size",
         ),
+        (dict(rescale_to_unit_norm="yes"), ValueError, "`rescale_to_unit_norm` must be True or False"),
         (dict(l2_norm_clip=1.0), (TypeError, ValueError), "l2_norm_clip"),  # TF-Privacy's name: not ours.
     ],
 )
