@@ -41,32 +41,17 @@ from absl import logging
 if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Every task module is imported so that its own flags (--idx_dir, --names_dir, ...) parse on the sweep's command
-# line and can be forwarded.
-from examples import chest_xray
 from examples import datasets
-from examples import digits
-from examples import fashion_mnist
-from examples import federated_mnist
-from examples import imdb
-from examples import mnist
-from examples import names
+from examples import tasks
 from examples import training
 from keras_dyndp import schedules
 from keras_dyndp.keras_compat import keras
 
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
-TASK_MODULES = {
-    module.__name__.rsplit(".", 1)[1]: module
-    for module in (digits, mnist, fashion_mnist, imdb, names, chest_xray, federated_mnist)
-}
-TASKS = tuple(TASK_MODULES)
 PAPER_GRID = ["0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8"]
 
-flags.DEFINE_enum("task", "digits", TASKS, "Task script to sweep.")
 flags.DEFINE_list("methods", ["dynamic"], f"Methods to run, among {training.METHODS}.")
-flags.DEFINE_list("epsilons", None, "Target epsilons (default: the task's default epsilon).")
 flags.DEFINE_list("inv_rho_mus", PAPER_GRID, "Grid of 1/rho_mu values, each in (0, 1].")
 flags.DEFINE_list("inv_rho_cs", PAPER_GRID, "Grid of 1/rho_c values, each in (0, 1].")
 flags.DEFINE_list("seeds", ["0", "1"], "Seeds (integers); each grid point runs once per seed.")
@@ -80,24 +65,14 @@ _PER_RUN_FLAGS = ("method", "epsilon", "rho_mu", "rho_c", "seed", "results_csv",
 _SWEEP_FLAGS = ("task", "methods", "epsilons", "inv_rho_mus", "inv_rho_cs", "seeds", "sweep_dir", "subprocess")
 
 
-def _floats(name: str, values: list[str], low: float, high: float) -> list[float]:
-    try:
-        numbers = [float(value) for value in values]
-    except ValueError as error:
-        raise training.FlagError(f"--{name} must be a comma-separated list of numbers: {error}") from error
-    if not numbers or not all(low < number <= high for number in numbers):
-        raise training.FlagError(f"--{name} values must be in ({low:g}, {high:g}]. Received: {values}.")
-    return numbers
-
-
 def configurations(task_epsilon: float) -> list[dict]:
     """Every run of the sweep as the per-run flag values (method, epsilon, rho_mu, rho_c, seed)."""
     for method in FLAGS.methods:
         if method not in training.METHODS:
             raise training.FlagError(f"--methods: {method!r} is not one of {training.METHODS}.")
-    epsilons = _floats("epsilons", FLAGS.epsilons, 0, math.inf) if FLAGS.epsilons else [task_epsilon]
-    inv_mus = _floats("inv_rho_mus", FLAGS.inv_rho_mus, 0, 1)
-    inv_cs = _floats("inv_rho_cs", FLAGS.inv_rho_cs, 0, 1)
+    epsilons = tasks.epsilons_from_flag(task_epsilon)
+    inv_mus = tasks.floats("inv_rho_mus", FLAGS.inv_rho_mus, 0, 1)
+    inv_cs = tasks.floats("inv_rho_cs", FLAGS.inv_rho_cs, 0, 1)
     try:
         seeds = [int(seed) for seed in FLAGS.seeds]
     except ValueError as error:
@@ -264,7 +239,7 @@ def sweep() -> None:
     """Runs the missing configurations, then writes the table and the heat maps."""
     if not FLAGS.sweep_dir:
         raise training.FlagError("--sweep_dir is required.")
-    module = TASK_MODULES[FLAGS.task]
+    module = tasks.TASK_MODULES[FLAGS.task]
     runs = configurations(module.make_task().epsilon)
     os.makedirs(FLAGS.sweep_dir, exist_ok=True)
     results_csv = os.path.join(FLAGS.sweep_dir, "results.csv")

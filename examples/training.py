@@ -756,7 +756,8 @@ _CSV_CONFIG_COLUMNS = (
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-    """What `train` measured, with the task's name and the resolved `RunConfig` of the run."""
+    """What `train` measured, with the task's name, the resolved `RunConfig` and the `DPSchedule` (None: nonprivate)
+    of the run."""
 
     task: str
     config: RunConfig
@@ -766,6 +767,7 @@ class RunResult:
     epsilon_gdp_clt: float
     epsilon_rigorous: float
     wall_time_s: float
+    schedule: schedules.DPSchedule | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def rigorous_accountant(self) -> str:
@@ -1001,6 +1003,7 @@ def train(task: Task, config: RunConfig) -> RunResult:
         epsilon_gdp_clt=eps_clt,
         epsilon_rigorous=eps_rigorous,
         wall_time_s=round(wall_time, 2),
+        schedule=schedule,
     )
     if config.results_csv and chief:  # One row per run, not one per worker.
         append_results_csv(config.results_csv, result)

@@ -56,8 +56,8 @@ def test_results_csv_keeps_its_flat_columns(tmp_path):
     assert (
         list(row)
         == (
-            "task method epsilon delta rho_mu rho_c initial_clip learning_rate batch_size epochs sampling seed lr_decay "
-            "rescale_to_unit_norm steps total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous "
+            "task method epsilon delta rho_mu rho_c initial_clip learning_rate batch_size epochs sampling seed "
+            "lr_decay rescale_to_unit_norm steps total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous "
             "rigorous_accountant wall_time_s"
         ).split()
     )
