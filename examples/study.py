@@ -21,8 +21,8 @@ the contender's own schedule parameters as inverse ratios in ``--inverse_ratio_r
 (0, 1]): 1/lr_decay (vanilla_lr_decay), 1/rho_c (sensitivity_decay), 1/rho_mu (growing_mu), 1/rho_mu and
 1/rho_c (dynamic, dynamic_rescaled). So configuration i of every contender shares its learning rate and C_0, and
 sensitivity_decay's i decays the clip by the ratio by which vanilla_lr_decay's i decays the learning rate. The
-rescaled contender divides its update by C_t, so its learning rate is the drawn one times C_0: its first step
-equals dynamic's.
+rescaled contender divides its update by C_t; under SGD its learning rate is the drawn one times C_0, so that its
+first step equals dynamic's (Adam, Adagrad and RMSprop are invariant to the gradient's scale: the drawn one).
 
 Privacy of tuning. Every run here trains on the private training data, and the selection looks at ``--budget``
 of them: the model a user would release (a final run) has the epsilon of its own run only if the tuning is not
@@ -119,6 +119,7 @@ class SearchSpace:
 
     learning_rate: float
     initial_clip: float
+    optimizer: str = "sgd"
     lr_range: tuple[float, float] = (0.25, 4.0)
     clip_range: tuple[float, float] = (0.25, 4.0)
     inverse_ratio_range: tuple[float, float] = (0.1, 0.9)
@@ -141,7 +142,9 @@ def configurations(contender: str, space: SearchSpace, budget: int, search_seed:
         clip = _log_uniform(point[1], space.initial_clip, space.clip_range)
         values = dict(
             method=spec.method,
-            learning_rate=rate * clip if spec.rescale_to_unit_norm else rate,
+            # SGD's step scales with the gradient, so dividing it by C_t needs a learning rate C_0 times larger for
+            # the same first step; Adam, Adagrad and RMSprop normalise the gradient's scale away.
+            learning_rate=rate * clip if spec.rescale_to_unit_norm and space.optimizer == "sgd" else rate,
             initial_clip=clip,
             rho_mu=1.0,
             rho_c=1.0,
@@ -430,6 +433,7 @@ def study_from_flags() -> Study:
     space = SearchSpace(
         learning_rate=task.learning_rate if FLAGS.learning_rate is None else FLAGS.learning_rate,
         initial_clip=task.initial_clip if FLAGS.initial_clip is None else FLAGS.initial_clip,
+        optimizer=task.optimizer if FLAGS.optimizer is None else FLAGS.optimizer,
         lr_range=_range("lr_range", 0, math.inf),
         clip_range=_range("clip_range", 0, math.inf),
         inverse_ratio_range=_range("inverse_ratio_range", 0, 1),

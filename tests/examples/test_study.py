@@ -78,6 +78,10 @@ def test_every_contender_gets_the_budget_paired_on_learning_rate_and_clip():
     assert strata == list(range(budget))
     assert sorted(int(budget * (value - 0.1) / 0.8) for value in inverse_decays) == list(range(budget))
     assert study.configurations("dynamic", SPACE, budget, search_seed=4) != plans["dynamic"]
+    adam = dataclasses.replace(SPACE, optimizer="adam")  # scale-invariant: the rescaled contender's rate is dynamic's
+    assert [config["learning_rate"] for config in study.configurations("dynamic_rescaled", adam, budget, 3)] == [
+        config["learning_rate"] for config in plans["dynamic"]
+    ]
 
 
 def test_validation_task_splits_the_training_set_and_leaves_the_test_set_out():
@@ -216,3 +220,4 @@ def test_flags_build_the_study():
     )
     assert (built.base.accountant, built.base.report_accountant) == ("pld", "pld")
     assert dataclasses.replace(built.space, lr_range=(0.25, 4.0)) == built.space
+    assert built.space.optimizer == "sgd"
