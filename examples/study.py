@@ -44,7 +44,6 @@ ignored (the study calibrates under PLD).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 import os
@@ -193,23 +192,6 @@ def _key(phase: str, epsilon: float, contender: str, values: dict, seed) -> tupl
     )
 
 
-def read_rows(path: str) -> list[dict]:
-    """The rows of a study CSV (empty when the file does not exist)."""
-    if not os.path.exists(path):
-        return []
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
-def append_row(path: str, row: dict) -> None:
-    new = not os.path.exists(path) or os.path.getsize(path) == 0
-    with open(path, "a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(row))
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
-
-
 def _score(row: dict) -> float:
     accuracy = float(row["test_accuracy"])
     return accuracy if math.isfinite(accuracy) else -math.inf
@@ -269,12 +251,12 @@ class Study:
             "epsilon_pld": result.schedule.epsilon(result.config.delta, accountant="pld", steps=steps),
             "epsilon_rdp": result.schedule.epsilon(result.config.delta, accountant="rdp", steps=steps),
         }
-        append_row(self.csv_path, row)
+        training.append_csv_row(self.csv_path, row)
 
     def _done(self) -> dict[tuple, dict]:
         return {
             _key(row["phase"], row["epsilon"], row["contender"], row, row["seed"]): row
-            for row in read_rows(self.csv_path)
+            for row in training.read_csv_rows(self.csv_path)
         }
 
     def run(self) -> list[dict]:

@@ -24,7 +24,6 @@ starts ``python -m examples.<task>`` for each (isolated, and a failing run does 
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import itertools
 import math
@@ -102,14 +101,6 @@ def _key(task: str, run: dict) -> tuple:
         round(float(run["rho_c"]), 9),
         str(run["seed"]),
     )
-
-
-def read_results(path: str) -> list[dict]:
-    """Rows of a results CSV (empty when the file does not exist)."""
-    if not os.path.exists(path):
-        return []
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def _not_for(method: str) -> tuple[str, ...]:
@@ -243,7 +234,7 @@ def sweep() -> None:
     runs = configurations(module.make_task().epsilon)
     os.makedirs(FLAGS.sweep_dir, exist_ok=True)
     results_csv = os.path.join(FLAGS.sweep_dir, "results.csv")
-    done = {_key(row["task"], row) for row in read_results(results_csv)}
+    done = {_key(row["task"], row) for row in training.read_csv_rows(results_csv)}
     todo = [run for run in runs if _key(FLAGS.task, run) not in done]
     base = training.config_from_flags()
     print(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} already in {results_csv}, {len(todo)} to go")
@@ -254,7 +245,7 @@ def sweep() -> None:
         else:
             _run_in_process(module, base, run, results_csv)
     wanted = {_key(FLAGS.task, run) for run in runs}
-    rows = [row for row in read_results(results_csv) if _key(row["task"], row) in wanted]
+    rows = [row for row in training.read_csv_rows(results_csv) if _key(row["task"], row) in wanted]
     table = markdown_table(rows)
     with open(os.path.join(FLAGS.sweep_dir, "table.md"), "w") as handle:
         handle.write(table)

@@ -854,8 +854,8 @@ def append_results_csv(path: str, result: RunResult) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.exists(path) and os.path.getsize(path) > 0:
         with open(path, newline="") as handle:
-            reader = csv.DictReader(handle)
-            old_rows, header = list(reader), list(reader.fieldnames or [])
+            header = next(csv.reader(handle), [])
+        old_rows = read_csv_rows(path)
         if set(header) - set(row):
             raise FlagError(
                 f"--results_csv={path} has columns this program does not write ({sorted(set(header) - set(row))}); "
@@ -867,6 +867,19 @@ def append_results_csv(path: str, result: RunResult) -> None:
                 writer = csv.DictWriter(handle, fieldnames=list(row))
                 writer.writeheader()
                 writer.writerows({name: old.get(name, defaults.get(name)) for name in row} for old in old_rows)
+    append_csv_row(path, row)
+
+
+def read_csv_rows(path: str) -> list[dict[str, str]]:
+    """The rows of the CSV file at `path` as dicts (empty when it does not exist)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def append_csv_row(path: str, row: dict[str, Any]) -> None:
+    """Appends `row` to the CSV file at `path`, writing its keys as the header of a new or empty file."""
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     with open(path, "a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(row))

@@ -116,17 +116,20 @@ def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_o
     calls = []
     monkeypatch.setattr(training, "train", _fake_train(calls))
     contenders = ["vanilla", "dynamic_rescaled"]
-    run = study.Study(
-        blob_task(),
-        training.RunConfig(verbose=0),
-        str(tmp_path),
-        epsilons=[1.0, 2.0],
-        contenders=contenders,
-        budget=4,
-        space=SPACE,
-        final_seeds=(1, 2),
-    )
-    rows = run.run()
+
+    def make_study():
+        return study.Study(
+            blob_task(),
+            training.RunConfig(verbose=0),
+            str(tmp_path),
+            epsilons=[1.0, 2.0],
+            contenders=contenders,
+            budget=4,
+            space=SPACE,
+            final_seeds=(1, 2),
+        )
+
+    rows = make_study().run()
     tuning, finals = calls[:16], calls[16:]
     assert len(calls) == 2 * 2 * 4 + 2 * 2 * 2
     assert not any(call["on_test"] for call in tuning) and all(call["config"].seed == 0 for call in tuning)
@@ -144,16 +147,7 @@ def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_o
             }
             assert chosen == {str(smallest)}  # validation's choice, although the test set prefers another
     # Resume: nothing left to run.
-    rows_again = study.Study(
-        blob_task(),
-        training.RunConfig(verbose=0),
-        str(tmp_path),
-        epsilons=[1.0, 2.0],
-        contenders=contenders,
-        budget=4,
-        space=SPACE,
-        final_seeds=(1, 2),
-    ).run()
+    rows_again = make_study().run()
     assert len(calls) == 24 and len(rows_again) == len(rows) == 24
     table = study.markdown_table(rows)
     assert table.count("| vanilla |") == 2 and table.count("| dynamic_rescaled |") == 2

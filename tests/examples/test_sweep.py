@@ -69,10 +69,10 @@ def test_in_process_sweep_writes_csv_table_heatmap_and_resumes(tmp_path, capsys)
     )
     with flagsaver.flagsaver(**settings):
         sweep.sweep()
-        rows = sweep.read_results(str(tmp_path / "results.csv"))
+        rows = training.read_csv_rows(str(tmp_path / "results.csv"))
         assert len(rows) == 3
         sweep.sweep()  # Everything is done: nothing runs again.
-    assert len(sweep.read_results(str(tmp_path / "results.csv"))) == 3
+    assert len(training.read_csv_rows(str(tmp_path / "results.csv"))) == 3
     assert "0 to go" in capsys.readouterr().out
     table = (tmp_path / "table.md").read_text()
     assert table.startswith("| method | ε = 2 |") and "| vanilla |" in table and "1/ρ_μ=" in table
@@ -128,7 +128,7 @@ def test_subprocess_sweep_forwards_flags(tmp_path):
         timeout=240,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
-    (row,) = sweep.read_results(str(tmp_path / "results.csv"))
+    (row,) = training.read_csv_rows(str(tmp_path / "results.csv"))
     assert (row["method"], row["seed"], row["steps"], row["batch_size"]) == ("vanilla", "3", "2", "100")
 
 
@@ -152,5 +152,5 @@ def test_accountant_is_forwarded_to_the_paper_methods_only(tmp_path):
         # --accountant=gdp_clt (a FlagError) if it were forwarded.
         with pytest.warns(schedules.GdpCltUnderstatementWarning):
             sweep.sweep()
-    rows = {row["method"]: row for row in sweep.read_results(str(tmp_path / "results.csv"))}
+    rows = {row["method"]: row for row in training.read_csv_rows(str(tmp_path / "results.csv"))}
     assert set(rows) == {"vanilla", "zcdp"}
