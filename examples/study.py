@@ -317,6 +317,7 @@ def summary(rows: list[dict]) -> list[dict]:
                     mean=mean,
                     std=std,
                     n=len(group),
+                    by_seed={row["seed"]: float(row["test_accuracy"]) for row in group},
                     validation_accuracy=float(chosen["test_accuracy"]),
                     config=group[0],
                     epsilon_pld=max(float(row["epsilon_pld"]) for row in group),
@@ -337,18 +338,36 @@ def _hyperparameters(row: dict) -> str:
     return ", ".join(parts)
 
 
+def _paired_difference(entry: dict, reference: dict | None) -> str:
+    """Mean ± std over the seeds both ran of entry's accuracy minus reference's (same seed: same initialisation and
+    batch sampling), in points."""
+    if reference is None or reference is entry:
+        return "-"
+    seeds = sorted(set(entry["by_seed"]) & set(reference["by_seed"]))
+    if not seeds:
+        return "-"
+    mean, std = _mean_std([100 * (entry["by_seed"][seed] - reference["by_seed"][seed]) for seed in seeds])
+    return f"{mean:+.2f} ± {std:.2f}"
+
+
 def markdown_table(rows: list[dict]) -> str:
-    """The study's table: one line per epsilon and contender."""
+    """The study's table: one line per epsilon and contender, with its difference to vanilla paired by seed."""
     lines = [
-        "| ε (PLD target) | contender | test accuracy % (mean ± std, n) | selected (#, validation %) | "
-        "PLD ε | RDP ε | wall s: final run (median), tuning (sum) |",
-        "|---|---|---|---|---|---|---|",
+        "| ε (PLD target) | contender | test accuracy % (mean ± std, n) | − vanilla, paired by seed | "
+        "selected (#, validation %) | PLD ε | RDP ε | wall s: final run (median), tuning (sum) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for entry in summary(rows):
+    entries = summary(rows)
+    for entry in entries:
         config = entry["config"]
+        vanilla = next(
+            (other for other in entries if other["contender"] == "vanilla" and other["epsilon"] == entry["epsilon"]),
+            None,
+        )
         lines.append(
             f"| {entry['epsilon']:g} | {entry['contender']} | {100 * entry['mean']:.2f} ± {100 * entry['std']:.2f} "
-            f"({entry['n']}) | {_hyperparameters(config)} (#{config['config_index']} of {entry['tuned']}, "
+            f"({entry['n']}) | {_paired_difference(entry, vanilla)} | "
+            f"{_hyperparameters(config)} (#{config['config_index']} of {entry['tuned']}, "
             f"{100 * entry['validation_accuracy']:.2f}) | {entry['epsilon_pld']:.3f} | {entry['epsilon_rdp']:.3f} | "
             f"{entry['final_wall_s']:.0f}, {entry['tuning_wall_s']:.0f} |"
         )
@@ -376,6 +395,9 @@ def plot(rows: list[dict], path: str) -> None:
             label=name,
         )
     axes.set_xscale("log")
+    epsilons = sorted({entry["epsilon"] for entry in entries})
+    axes.set_xticks(epsilons, [f"{epsilon:g}" for epsilon in epsilons])
+    axes.minorticks_off()
     axes.set_xlabel("ε (PLD, δ = 1/(10N))")
     axes.set_ylabel("test accuracy (%)")
     task = rows[0]["task"] if rows else ""

@@ -98,13 +98,15 @@ def test_validation_task_splits_the_training_set_and_leaves_the_test_set_out():
 
 def _fake_train(calls):
     """A stand-in for training.train: the "accuracy" of a run on the validation split favours the configuration with
-    the smallest initial clip; on the test set, the largest. Records what data each run evaluated on."""
+    the smallest initial clip; on the test set, the largest (plus a seed and a rescaling term). Records what data
+    each run evaluated on."""
 
     def train(task, config):
         data = task.load_data()
         on_test = bool(np.all(np.abs(data.x_test[:, 0]) == 100))
         calls.append(dict(on_test=on_test, config=config, x_test_rows=len(data.x_test)))
-        accuracy = config.initial_clip / 10 if on_test else 1 / config.initial_clip
+        bonus = 0.01 * config.seed + (0.02 if config.rescale_to_unit_norm else 0.0)
+        accuracy = config.initial_clip / 10 + bonus if on_test else 1 / config.initial_clip
         config = config.resolved(task, data.num_train)
         schedule = schedules.DPSchedule([config.initial_clip] * 3, [config.initial_clip] * 3, 0.1)
         return training.RunResult(task.name, config, 3, 3, accuracy, 1.0, 1.0, 0.5, schedule=schedule)
@@ -151,6 +153,9 @@ def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_o
     assert len(calls) == 24 and len(rows_again) == len(rows) == 24
     table = study.markdown_table(rows)
     assert table.count("| vanilla |") == 2 and table.count("| dynamic_rescaled |") == 2
+    # The fake test accuracy of a final run is C_0 / 10 + seed / 100 (+ 0.02 rescaled): the seeds spread each
+    # contender's accuracy, the paired difference is exactly 2 points.
+    assert table.count("| +2.00 ± 0.00 |") == 2
 
 
 def test_a_real_study_on_generated_data_writes_csv_table_and_plot(tmp_path):
