@@ -38,8 +38,9 @@ hyperparameters, PLD and RDP epsilon, wall times) and ``accuracy_vs_epsilon.png`
 
     python -m examples.study --task=fashion_mnist --epsilons=0.4,2 --study_dir=runs/study/fashion_mnist --verbose=0
 
-Every other flag (``--epochs``, ``--max_steps``, ``--idx_dir``, ...) applies to every run; ``--accountant`` is
-ignored (the study calibrates under PLD).
+Every other flag (``--epochs``, ``--max_steps``, ``--idx_dir``, ...) applies to every run; ``--learning_rate`` and
+``--initial_clip`` move the centres of the search. The flags the study sets per run (``--method``, ``--epsilon``,
+``--seed``, ``--accountant``, ...) are refused.
 """
 
 from __future__ import annotations
@@ -417,10 +418,32 @@ def _range(name: str, low_bound: float, high_bound: float) -> tuple[float, float
     return low, high
 
 
+# Training flags the study sets for each run: given on its command line they would be overridden, so they are refused.
+_PER_RUN_FLAGS = (
+    "method",
+    "epsilon",
+    "rho_mu",
+    "rho_c",
+    "lr_decay",
+    "rescale_to_unit_norm",
+    "seed",
+    "accountant",
+    "report_accountant",
+    "results_csv",
+    "model_dir",
+)
+
+
 def study_from_flags() -> Study:
     """The `Study` the command line asks for; bad values raise `training.FlagError` naming the flag."""
     if not FLAGS.study_dir:
         raise training.FlagError("--study_dir is required.")
+    given = [f"--{name}" for name in _PER_RUN_FLAGS if FLAGS[name].present]
+    if given:
+        raise training.FlagError(
+            f"{', '.join(given)}: set by the study for each run (contenders, --epsilons, --tune_seed and "
+            "--final_seeds; calibration and report under PLD; results in --study_dir). Leave them out."
+        )
     unknown = [name for name in FLAGS.contenders if name not in CONTENDERS]
     if unknown or not FLAGS.contenders:
         raise training.FlagError(f"--contenders must be among {list(CONTENDERS)}. Received: {FLAGS.contenders}.")

@@ -208,6 +208,14 @@ def test_bad_flags_are_flag_errors(override, match, tmp_path):
             study.study_from_flags()
 
 
+@pytest.mark.parametrize("flag", ["--method=vanilla", "--accountant=gdp_clt", "--seed=3", "--lr_decay=2"])
+def test_flags_the_study_sets_per_run_are_refused(flag, tmp_path):
+    with flagsaver.flagsaver():
+        training.parse_flags(["study.py", "--task=digits", f"--study_dir={tmp_path}", flag])
+        with pytest.raises(training.FlagError, match=f"{flag.split('=')[0]}: set by the study for each run"):
+            study.study_from_flags()
+
+
 def test_flags_build_the_study():
     with flagsaver.flagsaver(task="digits", study_dir="/tmp/x", epsilons=["1", "3"], budget=7, final_seeds=["5"]):
         built = study.study_from_flags()
