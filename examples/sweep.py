@@ -7,7 +7,8 @@ all (1/rho_mu, 1/rho_c) pairs; growing_mu, and zcdp and tcdp (noise decay z_0 / 
 sensitivity_decay: the 1/rho_c values; vanilla and nonprivate: one run), then writes into ``--sweep_dir``:
 
 * ``results.csv``: one row per run (`examples.training.RunResult.csv_row`). Runs already in it (same task,
-  method, epsilon, rho_mu, rho_c, seed) are skipped, so an interrupted sweep continues where it stopped;
+  method, epsilon, rho_mu, rho_c, seed, and the values the command line sets for every run: learning rate, C_0,
+  --lr_decay, ...) are skipped, so an interrupted sweep continues where it stopped;
 * ``table.md``: accuracy mean +- std over seeds per method and epsilon, with the rigorous epsilon; for methods with
   a grid, the best grid point (by mean accuracy) and its 1/rho values;
 * ``heatmap_eps<epsilon>.png``: mean accuracy of the dynamic method over the (1/rho_mu, 1/rho_c) grid.
@@ -101,6 +102,37 @@ def _key(task: str, run: dict) -> tuple:
         round(float(run["rho_c"]), 9),
         str(run["seed"]),
     )
+
+
+# RunConfig fields that the sweep's command line sets for all its runs and the results CSV records: a row counts as a
+# done run only where it agrees with them (a rerun with another --learning_rate or --lr_decay is not "done").
+_SHARED_COLUMNS = (
+    "delta",
+    "initial_clip",
+    "learning_rate",
+    "batch_size",
+    "epochs",
+    "sampling",
+    "lr_decay",
+    "rescale_to_unit_norm",
+)
+
+
+def agrees_with(row: dict, base: training.RunConfig) -> bool:
+    """Whether a results-CSV `row` was run with the values that `base` sets (fields left None, the task's defaults,
+    are not compared; a column missing from an older file holds the field's default)."""
+    defaults = {field.name: field.default for field in dataclasses.fields(training.RunConfig)}
+    for name in _SHARED_COLUMNS:
+        wanted = getattr(base, name)
+        if wanted is None:
+            continue
+        recorded = row.get(name, str(defaults[name]))
+        if isinstance(wanted, (bool, str)):
+            if recorded != str(wanted):
+                return False
+        elif not math.isclose(float(recorded), float(wanted), rel_tol=1e-9):
+            return False
+    return True
 
 
 def _not_for(method: str) -> tuple[str, ...]:
@@ -234,9 +266,10 @@ def sweep() -> None:
     runs = configurations(module.make_task().epsilon)
     os.makedirs(FLAGS.sweep_dir, exist_ok=True)
     results_csv = os.path.join(FLAGS.sweep_dir, "results.csv")
-    done = {_key(row["task"], row) for row in training.read_csv_rows(results_csv)}
-    todo = [run for run in runs if _key(FLAGS.task, run) not in done]
     base = training.config_from_flags()
+    rows = [row for row in training.read_csv_rows(results_csv) if agrees_with(row, base)]
+    done = {_key(row["task"], row) for row in rows}
+    todo = [run for run in runs if _key(FLAGS.task, run) not in done]
     print(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} already in {results_csv}, {len(todo)} to go")
     for index, run in enumerate(todo, 1):
         print(f"sweep: run {index}/{len(todo)}: {run}", flush=True)
@@ -245,7 +278,11 @@ def sweep() -> None:
         else:
             _run_in_process(module, base, run, results_csv)
     wanted = {_key(FLAGS.task, run) for run in runs}
-    rows = [row for row in training.read_csv_rows(results_csv) if _key(row["task"], row) in wanted]
+    rows = [
+        row
+        for row in training.read_csv_rows(results_csv)
+        if _key(row["task"], row) in wanted and agrees_with(row, base)
+    ]
     table = markdown_table(rows)
     with open(os.path.join(FLAGS.sweep_dir, "table.md"), "w") as handle:
         handle.write(table)

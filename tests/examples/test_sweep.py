@@ -154,3 +154,15 @@ def test_accountant_is_forwarded_to_the_paper_methods_only(tmp_path):
             sweep.sweep()
     rows = {row["method"]: row for row in training.read_csv_rows(str(tmp_path / "results.csv"))}
     assert set(rows) == {"vanilla", "zcdp"}
+
+
+def test_a_run_with_other_shared_settings_is_not_done():
+    row = dict(learning_rate="0.5", initial_clip="1.0", epochs="2.0", sampling="poisson", delta="1e-05")
+    assert sweep.agrees_with(row, training.RunConfig())  # nothing set: task defaults, not compared
+    assert sweep.agrees_with(row, training.RunConfig(learning_rate=0.5, epochs=2))
+    assert not sweep.agrees_with(row, training.RunConfig(learning_rate=0.25))
+    assert not sweep.agrees_with(row, training.RunConfig(lr_decay=2.0))  # an older row: constant learning rate
+    assert sweep.agrees_with({**row, "lr_decay": "2.0"}, training.RunConfig(lr_decay=2.0))
+    assert not sweep.agrees_with(
+        {**row, "rescale_to_unit_norm": "False"}, training.RunConfig(rescale_to_unit_norm=True)
+    )
