@@ -121,12 +121,11 @@ _SHARED_COLUMNS = (
 def agrees_with(row: dict, base: training.RunConfig) -> bool:
     """Whether a results-CSV `row` was run with the values that `base` sets (fields left None, the task's defaults,
     are not compared; a column missing from an older file holds the field's default)."""
-    defaults = {field.name: field.default for field in dataclasses.fields(training.RunConfig)}
     for name in _SHARED_COLUMNS:
         wanted = getattr(base, name)
         if wanted is None:
             continue
-        recorded = row.get(name, str(defaults[name]))
+        recorded = row.get(name, str(training.RUN_CONFIG_DEFAULTS[name]))
         if isinstance(wanted, (bool, str)):
             if recorded != str(wanted):
                 return False

@@ -427,6 +427,10 @@ class RunConfig:
         )
 
 
+# Each RunConfig field's default: what a results-CSV row of an earlier version, lacking the field's column, ran with.
+RUN_CONFIG_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
+
+
 def config_from_flags() -> RunConfig:
     """The `RunConfig` the shared flags give: the one place that reads them (each field is the flag of its name).
 
@@ -854,19 +858,20 @@ def append_results_csv(path: str, result: RunResult) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.exists(path) and os.path.getsize(path) > 0:
         with open(path, newline="") as handle:
-            header = next(csv.reader(handle), [])
-        old_rows = read_csv_rows(path)
+            reader = csv.DictReader(handle)
+            old_rows, header = list(reader), list(reader.fieldnames or [])
         if set(header) - set(row):
             raise FlagError(
                 f"--results_csv={path} has columns this program does not write ({sorted(set(header) - set(row))}); "
                 "use another file."
             )
         if header != list(row):
-            defaults = {field.name: field.default for field in dataclasses.fields(RunConfig)}
             with open(path, "w", newline="") as handle:
                 writer = csv.DictWriter(handle, fieldnames=list(row))
                 writer.writeheader()
-                writer.writerows({name: old.get(name, defaults.get(name)) for name in row} for old in old_rows)
+                writer.writerows(
+                    {name: old.get(name, RUN_CONFIG_DEFAULTS.get(name)) for name in row} for old in old_rows
+                )
     append_csv_row(path, row)
 
 
