@@ -39,13 +39,29 @@ one, over ``--cpu_replicas`` logical CPU devices split from the one physical CPU
 the multi-replica path and its overhead, not a speed-up). Under ``mirrored`` only ``nonprivate`` and ``dyndp_fast``
 run.
 
+Backends: ``--backend=tensorflow`` (default) runs this module; ``--backend=jax`` runs
+``benchmarks/jax_step_time.py`` instead (Keras 3 on JAX, no TensorFlow: non-private against ``make_private``'s step,
+timed the same way), before TensorFlow is imported.
+
 Usage:
+    python benchmarks/step_time.py --backend=jax --models cnn --batch_size 256 --steps 20 --repeats 5
     python benchmarks/step_time.py --batch_size 256 --steps 20 --slow_steps 2 --repeats 5 \
         --models cnn,lstm,text --out_csv step_time.csv --out_md step_time.md
     python benchmarks/step_time.py --models cnn --paths nonprivate,dyndp_fast --strategies default,mirrored
 """
 
 from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+if "--backend=jax" in sys.argv:  # Before TensorFlow is imported: the JAX stack has none.
+    sys.argv.remove("--backend=jax")
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_step_time.py"), run_name="__main__")
+    sys.exit(0)
+if "--backend=tensorflow" in sys.argv:
+    sys.argv.remove("--backend=tensorflow")
 
 import csv
 import functools
@@ -56,8 +72,8 @@ import platform
 import resource
 import statistics
 import time
-from collections.abc import Callable
 
+import models  # benchmarks/models.py (this script's directory is on sys.path)
 import numpy as np
 import tensorflow as tf
 from absl import app
@@ -104,62 +120,11 @@ LEARNING_RATE = 0.05
 CLIP_NORM = 1.0
 NOISE_MULTIPLIER = 1.0
 
-# Model sizes. cnn: TF-Privacy's MNIST tutorial CNN. lstm: a small sequence classifier (names-like).
-# text: embedding + average pooling + dense (IMDB-like).
-LSTM_VOCAB, LSTM_LENGTH = 1000, 40
-TEXT_VOCAB, TEXT_LENGTH = 10000, 256
-
-
-def cnn_layers() -> list[keras.layers.Layer]:
-    return [
-        keras.layers.InputLayer((28, 28, 1)),  # Positional: `input_shape` on Keras 2, `shape` on 3.
-        keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-        keras.layers.MaxPool2D(2, 1),
-        keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-        keras.layers.MaxPool2D(2, 1),
-        keras.layers.Flatten(),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(10),
-    ]
-
-
-def lstm_layers() -> list[keras.layers.Layer]:
-    return [
-        keras.layers.InputLayer((LSTM_LENGTH,)),
-        keras.layers.Embedding(LSTM_VOCAB, 32),
-        keras.layers.LSTM(32),
-        keras.layers.Dense(10),
-    ]
-
-
-def text_layers() -> list[keras.layers.Layer]:
-    return [
-        keras.layers.InputLayer((TEXT_LENGTH,)),
-        keras.layers.Embedding(TEXT_VOCAB, 16),
-        keras.layers.GlobalAveragePooling1D(),
-        keras.layers.Dense(16, activation="relu"),
-        keras.layers.Dense(2),
-    ]
-
-
-MODELS: dict[str, Callable[[], list[keras.layers.Layer]]] = {
-    "cnn": cnn_layers,
-    "lstm": lstm_layers,
-    "text": text_layers,
-}
+MODELS = models.LAYERS
 
 
 def make_data(name: str, batch_size: int) -> tuple[tf.Tensor, tf.Tensor]:
-    rng = np.random.default_rng(0)
-    if name == "cnn":
-        x = rng.normal(size=(batch_size, 28, 28, 1)).astype(np.float32)
-        y = rng.integers(0, 10, size=batch_size)
-    elif name == "lstm":
-        x = rng.integers(0, LSTM_VOCAB, size=(batch_size, LSTM_LENGTH))
-        y = rng.integers(0, 10, size=batch_size)
-    else:
-        x = rng.integers(0, TEXT_VOCAB, size=(batch_size, TEXT_LENGTH))
-        y = rng.integers(0, 2, size=batch_size)
+    x, y = models.make_data(name, batch_size)
     return tf.constant(x), tf.constant(y, tf.int32)
 
 
@@ -175,7 +140,7 @@ def per_example_loss() -> keras.losses.Loss:
 
 
 def build(model_name: str, path: str, batch_size: int) -> keras.Model:
-    layers = MODELS[model_name]()
+    layers = MODELS[model_name](keras)
     if path == "tfp_dpsequential":
         from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
         from tensorflow_privacy.privacy.keras_models import dp_keras_model

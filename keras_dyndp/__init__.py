@@ -13,12 +13,15 @@ model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossen
     from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
 ```
 
-The accounting and schedule modules import no TensorFlow; the TensorFlow-based names below (optimizers,
+The accounting and schedule modules import no TensorFlow; the Keras-based names below (optimizers,
 callbacks, data helpers, `make_private`) are imported on first use, so `keras_dyndp.accounting` and the
-`dyndp-privacy` command start fast.
+`dyndp-privacy` command start fast. When Keras 3 runs on JAX (``KERAS_BACKEND=jax``), the optimizers,
+`make_private` and `BudgetStop` are those of `keras_dyndp.jax_backend`, so the same code trains on either backend;
+the other Keras-based names need TensorFlow.
 """
 
 import importlib
+import importlib.util
 
 from keras_dyndp.accounting.gdp_clt_accountant import GdpCltAccountant
 from keras_dyndp.accounting.registry import make_accountant
@@ -44,6 +47,17 @@ _LAZY = {
     "check_model": "keras_dyndp.model_checks",
 }
 
+# The names keras_dyndp.jax_backend provides when Keras runs on JAX.
+_JAX = {
+    "DynamicDPKerasSGD",
+    "DynamicDPKerasAdam",
+    "DynamicDPKerasAdagrad",
+    "DynamicDPKerasRMSprop",
+    "make_dynamic_dp_optimizer_class",
+    "make_private",
+    "BudgetStop",
+}
+
 __all__ = [
     "CalibrationError",
     "DPSchedule",
@@ -52,15 +66,36 @@ __all__ = [
     "calibrate",
     "calibrate_shape",
     "make_accountant",
+    "keras_backend",
     "sampling_from_epochs",
     *_LAZY,
 ]
 
 
+def keras_backend() -> str:
+    """The backend Keras runs on here: 'jax' when Keras 3 is set to JAX, else 'tensorflow' (Keras 2 included)."""
+    if importlib.util.find_spec("keras") is None:
+        return "tensorflow"
+    config = getattr(importlib.import_module("keras"), "config", None)
+    return config.backend() if config is not None and hasattr(config, "backend") else "tensorflow"
+
+
 def __getattr__(name: str):
-    if name in _LAZY:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'keras_dyndp' has no attribute {name!r}")
+    backend = keras_backend()
+    if backend == "jax" and name in _JAX:
+        return getattr(importlib.import_module("keras_dyndp.jax_backend"), name)
+    try:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'keras_dyndp' has no attribute {name!r}")
+    except ModuleNotFoundError as error:
+        if error.name != "tensorflow":
+            raise
+        raise ImportError(
+            f"keras_dyndp.{name} needs TensorFlow (pip install 'keras_dyndp[tensorflow]'), which is not installed. "
+            f"Keras runs on {backend!r} here; with KERAS_BACKEND=jax and 'keras_dyndp[jax]' installed, "
+            f"keras_dyndp provides {', '.join(sorted(_JAX))}."
+        ) from error
 
 
 def __dir__():

@@ -49,6 +49,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_dyndp import optimizer_base
+
 keras = tf.keras
 """The Keras module in use: TF's ``tf.keras`` on Keras 2, the ``keras`` package on Keras 3 (whose ``tf.keras``
 namespace lacks ``keras.saving``; its classes are the same)."""
@@ -108,15 +110,7 @@ def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
 
 
 UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = (
-    {
-        "gradient_accumulation_steps": "each micro-step would be a DP step with its own noise, and the counter "
-        "would count updates, not DP steps; use `accumulation_steps`, which clips a batch in that many physical "
-        "batches and adds the noise once",
-        "loss_scale_factor": "it rescales the already noised update; keras_dyndp computes the per-example "
-        "gradients itself",
-    }
-    if _KERAS_3
-    else {}
+    optimizer_base.KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS if _KERAS_3 else {}
 )
 """Base-optimizer arguments a DP optimizer refuses (when not None), with the reason."""
 

@@ -17,8 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from keras_dyndp import keras_compat
-from keras_dyndp.keras_compat import keras
+import keras_dyndp
 
 # Deep enough for Keras's fit -> tf.function tracing -> distribution -> train_step -> optimizer chain (~40 frames).
 _MAX_FRAMES = 200
@@ -39,20 +38,32 @@ def _frames(frame=None):
         del frame
 
 
-def calling_model(optimizer: Any) -> keras.Model | None:
+def calling_model(optimizer: Any) -> Any:
     """The nearest Keras model on the call stack whose ``optimizer`` is `optimizer`, or None.
 
     A model compiled under mixed precision ('mixed_float16') holds `optimizer` inside a LossScaleOptimizer: it
     counts too.
     """
+    model_class, unwrap = _model_class_and_unwrap()
     for frame in _frames():
         candidate = frame.f_locals.get("self")
-        if not isinstance(candidate, keras.Model):
+        if not isinstance(candidate, model_class):
             continue
         compiled = getattr(candidate, "optimizer", None)
-        if compiled is not None and optimizer in (compiled, keras_compat.unwrap_optimizer(compiled)):
+        if compiled is not None and optimizer in (compiled, unwrap(compiled)):
             return candidate
     return None
+
+
+def _model_class_and_unwrap() -> tuple[type, Any]:
+    """The Keras model class in use and the function that unwraps a LossScaleOptimizer, on either backend."""
+    if keras_dyndp.keras_backend() == "jax":
+        import keras  # pylint: disable=import-outside-toplevel
+
+        return keras.Model, lambda optimizer: getattr(optimizer, "inner_optimizer", optimizer)
+    from keras_dyndp import keras_compat  # pylint: disable=import-outside-toplevel  (imports TensorFlow)
+
+    return keras_compat.keras.Model, keras_compat.unwrap_optimizer
 
 
 class FitCall:
@@ -63,14 +74,14 @@ class FitCall:
         self.batch_size = batch_size
 
 
-def _fit_call_in(frames, model: keras.Model) -> FitCall | None:
+def _fit_call_in(frames, model: Any) -> FitCall | None:
     for frame in frames:
         if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
             return FitCall(frame.f_locals.get("x"), frame.f_locals.get("batch_size"))
     return None
 
 
-def fit_call(model: keras.Model) -> FitCall | None:
+def fit_call(model: Any) -> FitCall | None:
     """The arguments of the ``model.fit`` call on the stack, or None when `model` is not inside ``fit``.
 
     Under ``MirroredStrategy`` the train step of each replica is traced in a thread of its own, while ``fit`` waits

@@ -5,10 +5,41 @@
   replicas on this CPU-only machine (ops without a device still run on the first, as with one device).
 * ``@pytest.mark.keras2_only(reason=...)`` marks a test of a Keras 2 feature (e.g. the optimizer's own per-example
   jacobian path, which Keras 3's train step cannot reach): it is skipped, with its reason, on Keras 3.
+* The JAX stack (``keras_dyndp[jax,test]``, no TensorFlow): Keras runs on JAX (``KERAS_BACKEND=jax`` unless set)
+  and the suite is tests/jax_backend plus the modules in `BACKEND_NEUTRAL` (they import neither TensorFlow nor
+  JAX). Where JAX is not installed, tests/jax_backend is not collected.
 """
+
+import importlib.util
+import os
+import pathlib
 
 import pytest
 from absl import flags
+
+HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+HAS_JAX = importlib.util.find_spec("jax") is not None
+if HAS_JAX and not HAS_TENSORFLOW:
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+
+BACKEND_NEUTRAL = frozenset(
+    {
+        "test_batch_sizes.py",
+        "test_noise_seed.py",
+        "test_optimizer_base.py",
+        "test_privacy_report.py",
+        "test_schedules.py",
+        "test_validation.py",
+        "accounting/test_cdp.py",
+        "accounting/test_fast_pld.py",
+        "accounting/test_fast_rdp.py",
+        "accounting/test_gdp.py",
+        "accounting/test_noise_range.py",
+        "accounting/test_registry.py",
+        "accounting/test_scale_search.py",
+    }
+)
+_TESTS = pathlib.Path(__file__).parent
 
 NUM_LOGICAL_CPUS = 2
 
@@ -20,9 +51,23 @@ def _split_the_cpu() -> None:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
 
 
+def pytest_ignore_collect(collection_path, config):
+    del config  # Unused.
+    path = pathlib.Path(collection_path)
+    if not path.is_relative_to(_TESTS):
+        return None
+    relative = path.relative_to(_TESTS).as_posix()
+    if relative.startswith("jax_backend"):
+        return True if not HAS_JAX else None
+    if not HAS_TENSORFLOW and collection_path.suffix == ".py" and relative not in BACKEND_NEUTRAL:
+        return True
+    return None
+
+
 def pytest_configure(config):
     flags.FLAGS.mark_as_parsed()
-    _split_the_cpu()
+    if HAS_TENSORFLOW:
+        _split_the_cpu()
     config.addinivalue_line("markers", "keras2_only(reason): the test needs Keras 2; skipped on Keras 3.")
 
 

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import scipy.stats
 import tensorflow as tf
 
 from keras_dyndp import data
@@ -131,28 +130,6 @@ def test_shuffled_batches():
     np.testing.assert_array_equal(ids, again)
 
 
-def test_default_max_batch_size_is_smallest_cap_within_tail():
-    for num_examples, p in [(60000, 250 / 60000), (1797, 0.05), (10, 1.0), (1, 0.5)]:
-        cap = data.default_max_batch_size(num_examples, p)
-        assert scipy.stats.binom.sf(cap, num_examples, p) <= data.DEFAULT_OVERFLOW_TAIL
-        if cap > 1:
-            assert scipy.stats.binom.sf(cap - 1, num_examples, p) > data.DEFAULT_OVERFLOW_TAIL
-    assert data.default_max_batch_size(60000, 250 / 60000) == 385
-    assert data.default_max_batch_size(60000, 250 / 60000, tail_probability=1e-9) == 350
-
-
-def test_truncation_delta():
-    assert data.truncation_delta(60000, 250 / 60000, 385, 4800, 2.0) < 1e-10
-    expected = (1 + np.exp(2.0)) * 4800 * scipy.stats.binom.sf(350, 60001, 250 / 60000)
-    assert data.truncation_delta(60000, 250 / 60000, 350, 4800, 2.0) == pytest.approx(expected)
-
-
-def test_expected_steps_per_epoch():
-    assert data.expected_steps_per_epoch(250 / 60000) == 240
-    assert data.expected_steps_per_epoch(1.0) == 1
-    assert data.expected_steps_per_epoch(0.7) == 1
-
-
 @pytest.mark.parametrize("p", [0.0, -0.1, 1.5, float("nan")])
 def test_bad_sampling_probability(p):
     x, y = _arrays(5)
@@ -210,14 +187,3 @@ def test_poisson_datasets_are_registered_with_their_sampling():
     )
     for other in (from_tensors.repeat(), data.shuffled_batches(x, y, batch_size=20), x, [1, 2], None):
         assert data.poisson_sampling(other) is None
-
-
-@pytest.mark.parametrize("num_examples, p", [(60000, 250 / 60000), (1797, 64 / 1797), (40, 0.25), (10, 1.0)])
-def test_batch_size_range_holds_all_but_the_tails(num_examples, p):
-    low, high = data.batch_size_range(num_examples, p)
-    binomial = scipy.stats.binom(num_examples, p)
-    tail = data.BATCH_SIZE_TAIL
-    assert binomial.cdf(low - 1) <= tail and binomial.sf(high) <= tail
-    assert low == 0 or binomial.cdf(low) > tail  # the range is the tightest one
-    assert high == 1 or binomial.sf(high - 1) > tail
-    assert low <= num_examples * p <= high

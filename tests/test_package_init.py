@@ -26,3 +26,10 @@ def test_every_public_name_resolves_and_is_documented(name):
 def test_unknown_attribute_raises():
     with pytest.raises(AttributeError, match="no attribute 'DPKerasSGD'"):
         _ = keras_dyndp.DPKerasSGD
+
+
+def test_tensorflow_stacks_resolve_the_tensorflow_names():
+    from keras_dyndp import optimizers  # pylint: disable=import-outside-toplevel
+
+    assert keras_dyndp.keras_backend() == "tensorflow"
+    assert keras_dyndp.DynamicDPKerasSGD is optimizers.DynamicDPKerasSGD

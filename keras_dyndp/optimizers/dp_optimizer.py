@@ -103,9 +103,6 @@ References:
 
 from __future__ import annotations
 
-import math
-import numbers
-import threading
 import warnings
 from collections.abc import Sequence
 
@@ -115,183 +112,19 @@ from absl import logging
 from keras_dyndp import keras_compat
 from keras_dyndp import keras_context
 from keras_dyndp import model_checks
+from keras_dyndp import optimizer_base
 from keras_dyndp import replicas
-from keras_dyndp import schedules
-from keras_dyndp.accounting import registry
 from keras_dyndp.optimizers import clip_and_noise
 from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers import noise_source
 from keras_dyndp.optimizers import sampling_check
-
-_BUDGET_ARGUMENTS = (
-    "target_epsilon",
-    "target_delta",
-    "num_examples",
-    "batch_size",
-    "epochs",
-    "steps",
-    "method",
-    "initial_clip",
-    "rho_mu",
-    "rho_c",
-    "accountant",
-)
 
 
 class SlowPathWarning(UserWarning):
     """model.fit trains through the optimizer's O(B^2) jacobian path; `keras_dyndp.make_private` is the fast one."""
 
 
-class _DPGradientGuard:
-    """Remembers the gradients the DP path produced, so `apply_gradients` can refuse any others.
-
-    A plain Python object (not a tracked list) so the optimizer's checkpoint graph is not affected. Per thread:
-    MirroredStrategy traces each replica's step in a thread of its own, between compute_gradients and
-    apply_gradients of the same replica.
-    """
-
-    def __init__(self):
-        self._local = threading.local()
-
-    def issue(self, grads: Sequence[tf.Tensor]) -> None:
-        self._local.pending = tuple(grads)
-
-    def check_and_clear(self, grads: Sequence[tf.Tensor]) -> bool:
-        pending, self._local.pending = getattr(self._local, "pending", None), None
-        return pending is not None and len(pending) == len(grads) and all(g is p for g, p in zip(grads, pending))
-
-
-def _check_num_microbatches(num_microbatches) -> int | None:
-    if num_microbatches is None:
-        return None
-    is_integer = isinstance(num_microbatches, numbers.Integral) and not isinstance(num_microbatches, bool)
-    if not is_integer or num_microbatches < 1:
-        raise ValueError(
-            "`num_microbatches` must be None (one microbatch per example) or an integer >= 1. "
-            f"Received: num_microbatches={num_microbatches!r}."
-        )
-    return int(num_microbatches)
-
-
-def _check_accumulation_steps(accumulation_steps, num_microbatches: int | None) -> int:
-    is_integer = isinstance(accumulation_steps, numbers.Integral) and not isinstance(accumulation_steps, bool)
-    if not is_integer or accumulation_steps < 1:
-        raise ValueError(
-            "`accumulation_steps` must be an integer >= 1 (the number of physical batches each batch is clipped in). "
-            f"Received: accumulation_steps={accumulation_steps!r}."
-        )
-    if accumulation_steps > 1 and num_microbatches is not None:
-        raise ValueError(
-            "`accumulation_steps` > 1 splits a batch of examples, each clipped on its own; microbatches are clipped "
-            "as a whole and cannot be split. Use one of them. Received: "
-            f"accumulation_steps={accumulation_steps}, num_microbatches={num_microbatches}."
-        )
-    return int(accumulation_steps)
-
-
-def _check_base_arguments(kwargs: dict) -> None:
-    for name, reason in keras_compat.UNSUPPORTED_OPTIMIZER_ARGUMENTS.items():
-        if kwargs.get(name) is not None:
-            raise ValueError(
-                f"Dynamic DP optimizers do not support `{name}`: {reason}. Received: {name}={kwargs[name]!r}."
-            )
-
-
-def _check_private_train_step(private_train_step) -> dict | None:
-    if private_train_step is None:
-        return None
-    if not isinstance(private_train_step, dict) or set(private_train_step) != {"method", "training_metrics"}:
-        raise ValueError(
-            "`private_train_step` must be None or a dict with keys 'method' and 'training_metrics' (make_private's "
-            f"arguments). Received: private_train_step={private_train_step!r}."
-        )
-    return dict(private_train_step)
-
-
-def _check_expected_batch_size(expected_batch_size) -> float | None:
-    if expected_batch_size is None:
-        return None
-    if (
-        isinstance(expected_batch_size, bool)
-        or not isinstance(expected_batch_size, numbers.Real)
-        or not math.isfinite(expected_batch_size)
-        or expected_batch_size <= 0
-    ):
-        raise ValueError(
-            "`expected_batch_size` must be None (normalise by the actual batch size) or a finite number > 0. "
-            f"Received: expected_batch_size={expected_batch_size!r}."
-        )
-    return float(expected_batch_size)
-
-
-def _warn_if_gdp_clt_understates(schedule: schedules.DPSchedule) -> None:
-    """Warns (once, at construction) when a GDP-CLT calibration's PLD epsilon exceeds its target by > 5%."""
-    text = schedules.gdp_clt_understatement(schedule)
-    if text is not None:
-        # Attributed to the caller of the optimizer's constructor (this function, _resolve_schedule, __init__).
-        warnings.warn(text, schedules.GdpCltUnderstatementWarning, stacklevel=4)
-
-
-def _resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[schedules.DPSchedule, float | None]:
-    """The optimizer's schedule and normaliser, from a `DPSchedule` or from budget arguments (exactly one).
-
-    Budget arguments are calibrated under `accountant` (default 'pld', rigorous). Either way a schedule that was
-    calibrated under the GDP-CLT gets one `GdpCltUnderstatementWarning` if its PLD epsilon is > 1.05 x its target.
-    """
-    given = [name for name in _BUDGET_ARGUMENTS if budget[name] is not None]
-    if schedule is not None:
-        if given:
-            raise ValueError(
-                "Give either `schedule` or the budget arguments, not both. "
-                f"Received: schedule={schedule!r} and {', '.join(given)}."
-            )
-        if not isinstance(schedule, schedules.DPSchedule):
-            raise TypeError(
-                "`schedule` must be a keras_dyndp.schedules.DPSchedule. "
-                f"Received: schedule={schedule!r} of type {type(schedule).__name__}."
-            )
-        _warn_if_gdp_clt_understates(schedule)
-        return schedule, _check_expected_batch_size(expected_batch_size)
-    if not given:
-        raise ValueError(
-            "Give either `schedule` (a DPSchedule) or the budget arguments target_epsilon, target_delta, "
-            "num_examples, batch_size, epochs or steps, method and initial_clip. Received neither."
-        )
-    missing = [
-        name
-        for name in ("target_epsilon", "target_delta", "num_examples", "batch_size", "method", "initial_clip")
-        if budget[name] is None
-    ]
-    if missing:
-        raise ValueError(
-            f"Building the schedule from a budget needs {', '.join(missing)} as well. "
-            f"Received only: {', '.join(given)}."
-        )
-    batch_size = budget["batch_size"]
-    if expected_batch_size is not None and expected_batch_size != batch_size:
-        raise ValueError(
-            "With budget arguments `expected_batch_size` is `batch_size`; leave it out or make them equal. "
-            f"Received: expected_batch_size={expected_batch_size}, batch_size={batch_size}."
-        )
-    sampling_probability, num_steps = schedules.sampling_from_epochs(
-        budget["num_examples"], batch_size, epochs=budget["epochs"], steps=budget["steps"]
-    )
-    schedule = schedules.calibrate(
-        budget["method"],
-        target_epsilon=budget["target_epsilon"],
-        target_delta=budget["target_delta"],
-        sampling_probability=sampling_probability,
-        num_steps=num_steps,
-        initial_clip=budget["initial_clip"],
-        rho_mu=1.0 if budget["rho_mu"] is None else budget["rho_mu"],
-        rho_c=1.0 if budget["rho_c"] is None else budget["rho_c"],
-        accountant=registry.DEFAULT_ACCOUNTANT if budget["accountant"] is None else budget["accountant"],
-    )
-    _warn_if_gdp_clt_understates(schedule)
-    return schedule, _check_expected_batch_size(batch_size)
-
-
-class DynamicDPOptimizerMixin:
+class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     """The dynamic DP-SGD part of every keras_dyndp optimizer: `DynamicDPKerasSGD` is
     ``class DynamicDPKerasSGD(DynamicDPOptimizerMixin, keras.optimizers.SGD)``, made by
     `make_dynamic_dp_optimizer_class`. ``isinstance(optimizer, DynamicDPOptimizerMixin)`` tells a keras_dyndp DP
@@ -303,125 +136,31 @@ class DynamicDPOptimizerMixin:
     `keras_dyndp.optimizers.dp_optimizer` describes the mechanism, the normalisation, the step counter and
     the budget guard.
 
-    Args:
-      schedule: the `DPSchedule` to follow (exclusive with the budget arguments).
-      target_epsilon, target_delta: the budget (epsilon > 0, delta in (0, 1)).
-      num_examples: training set size N.
-      batch_size: expected batch size; the sampling probability is batch_size / N and it becomes
-        `expected_batch_size`.
-      epochs, steps: the run length, exactly one of them.
-      method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic'.
-      initial_clip: C_0 > 0.
-      rho_mu, rho_c: the schedule's growth of mu and decay of C over the run (>= 1; default 1).
-      accountant: accountant the budget is met under: 'pld' (default; rigorous and tight), 'rdp' (rigorous)
-        or 'gdp_clt' (the paper's approximation, which can understate epsilon: a `GdpCltUnderstatementWarning`
-        gives the PLD epsilon when it exceeds the target by more than 5%).
-      num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
-        microbatches, with twice the noise at every step (see the module docstring).
-      expected_batch_size: p N, the normaliser of the noisy sum (None: the actual number of rows). With it, a
-        batch whose number of examples is far outside Binomial(N, p) is refused. Under a multi-replica
-        tf.distribute strategy it is the GLOBAL batch's (`keras_dyndp.replicas`).
-      accumulation_steps: k >= 1 (default 1). `keras_dyndp.make_private`'s step clips each batch (the logical
-        batch that p and the schedule count) in k physical batches, one after another, and adds the noise once:
-        a batch k times larger than memory allows (`keras_dyndp.per_example.accumulation`).
-      rescale_to_unit_norm: False (default) divides the noisy clipped sum by the normaliser alone; True divides
-        it by the normaliser times C_t as well (the module docstring, step 4). Post-processing: privacy unchanged.
-      noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
-        integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
-        knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
-      **kwargs: arguments of the base optimizer class (learning_rate, ...), keyword only.
+    Its arguments, their checks and its config are `keras_dyndp.optimizer_base.DPOptimizerBase`'s (shared with the
+    JAX backend's optimizers); this class adds the TensorFlow mechanism.
     """
 
-    def __init__(
-        self,
-        *,
-        schedule: schedules.DPSchedule | None = None,
-        target_epsilon: float | None = None,
-        target_delta: float | None = None,
-        num_examples: int | None = None,
-        batch_size: int | None = None,
-        epochs: float | None = None,
-        steps: int | None = None,
-        method: str | None = None,
-        initial_clip: float | None = None,
-        rho_mu: float | None = None,
-        rho_c: float | None = None,
-        accountant: str | None = None,
-        num_microbatches: int | None = None,
-        expected_batch_size: float | None = None,
-        accumulation_steps: int = 1,
-        rescale_to_unit_norm: bool = False,
-        noise_seed: int | None = None,
-        **kwargs,
-    ):
-        budget = dict(
-            target_epsilon=target_epsilon,
-            target_delta=target_delta,
-            num_examples=num_examples,
-            batch_size=batch_size,
-            epochs=epochs,
-            steps=steps,
-            method=method,
-            initial_clip=initial_clip,
-            rho_mu=rho_mu,
-            rho_c=rho_c,
-            accountant=accountant,
-        )
-        schedule, expected_batch_size = _resolve_schedule(schedule, budget, expected_batch_size)
-        num_microbatches = _check_num_microbatches(num_microbatches)
-        accumulation_steps = _check_accumulation_steps(accumulation_steps, num_microbatches)
-        if not isinstance(rescale_to_unit_norm, bool):
-            raise ValueError(
-                "`rescale_to_unit_norm` must be True or False. "
-                f"Received: rescale_to_unit_norm={rescale_to_unit_norm!r}."
-            )
+    def _check_backend(self) -> None:
         replicas.check_strategy()
-        _check_base_arguments(kwargs)
-        kwargs.setdefault("name", type(self).__name__)
-        super().__init__(**kwargs)
-        self._schedule = schedule
-        self._num_microbatches = num_microbatches
-        self._accumulation_steps = accumulation_steps
-        self._rescale_to_unit_norm = rescale_to_unit_norm
-        self._expected_batch_size = expected_batch_size
-        self._dp_gradient_guard = _DPGradientGuard()
+
+    def _unsupported_base_arguments(self) -> dict[str, str]:
+        return keras_compat.UNSUPPORTED_OPTIMIZER_ARGUMENTS
+
+    def _build_dp_state(self, noise_seed: int | None) -> None:
+        self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
-        self._sampling_check = sampling_check.SamplingCheck(schedule.sampling_probability, expected_batch_size)
-        self._private_train_step: dict | None = None  # make_private's arguments, once it has used this optimizer.
+        self._sampling_check = sampling_check.SamplingCheck(
+            self._schedule.sampling_probability, self._expected_batch_size
+        )
         self._warned_slow_path = False
         with tf.init_scope():
-            self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
-            self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
-
-    @property
-    def schedule(self) -> schedules.DPSchedule:
-        """The `DPSchedule` this optimizer follows."""
-        return self._schedule
+            self._clip_norms_tensor = tf.constant(self._schedule.clip_norms, dtype=tf.float32)
+            self._noise_stddevs_tensor = tf.constant(self._schedule.noise_stddevs, dtype=tf.float32)
 
     @property
     def dp_step(self) -> tf.Variable:
         """int64 variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
         return self.iterations
-
-    @property
-    def expected_batch_size(self) -> float | None:
-        """Normaliser of the noisy sum for per-example clipping; None means the actual batch size."""
-        return self._expected_batch_size
-
-    @property
-    def accumulation_steps(self) -> int:
-        """Number of physical batches `make_private`'s step clips each batch in (1: the whole batch at once)."""
-        return self._accumulation_steps
-
-    @property
-    def rescale_to_unit_norm(self) -> bool:
-        """Whether the noisy clipped sum is divided by C_t as well as by the normaliser."""
-        return self._rescale_to_unit_norm
-
-    @property
-    def num_microbatches(self) -> int | None:
-        """Number of microbatches per batch; None means one per example."""
-        return self._num_microbatches
 
     def _budget_check(self) -> tf.Operation | None:
         return tf.debugging.assert_less(
@@ -725,28 +464,6 @@ class DynamicDPOptimizerMixin:
             noise_stddev = self.current_noise_stddev()
         grads = self._noise_and_normalise(clipped_sums, noise_stddev, self._row_normaliser(global_num_rows))
         return self._apply_private_gradients(list(zip(grads, var_list)))
-
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(
-            schedule=self._schedule.get_config(),
-            num_microbatches=self._num_microbatches,
-            expected_batch_size=self._expected_batch_size,
-            accumulation_steps=self._accumulation_steps,
-            rescale_to_unit_norm=self._rescale_to_unit_norm,
-            private_train_step=None if self._private_train_step is None else dict(self._private_train_step),
-        )
-        return config
-
-    @classmethod
-    def from_config(cls, config: dict, custom_objects=None):
-        config = dict(config)
-        if isinstance(config.get("schedule"), dict):
-            config["schedule"] = schedules.DPSchedule.from_config(config["schedule"])
-        private_train_step = _check_private_train_step(config.pop("private_train_step", None))
-        optimizer = super().from_config(config, custom_objects=custom_objects)
-        optimizer._private_train_step = private_train_step  # pylint: disable=protected-access
-        return optimizer
 
 
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:

@@ -27,41 +27,12 @@ that the noise cannot be predicted without the state, which never leaves the pro
 
 from __future__ import annotations
 
-import numbers
-import secrets
-import warnings
-
-import numpy as np
 import tensorflow as tf
 
+from keras_dyndp import noise_seed as noise_seed_module
+from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: F401  (re-exported: keras_dyndp.optimizers names it)
+
 _STATE_BITS = 192  # Philox: a 128-bit counter and a 64-bit key.
-
-
-class NoiseSeedWarning(UserWarning):
-    """A known `noise_seed` makes the DP noise reproducible, hence removable: unfit for a released model."""
-
-
-def check_noise_seed(noise_seed) -> int | None:
-    """Returns `noise_seed` as an int (None stays None).
-
-    Raises:
-      ValueError: if `noise_seed` is not None or an integer >= 0.
-    """
-    if noise_seed is None:
-        return None
-    if isinstance(noise_seed, bool) or not isinstance(noise_seed, numbers.Integral) or noise_seed < 0:
-        raise ValueError(
-            "`noise_seed` must be None (fresh OS entropy, the only choice for a model you release) or an integer "
-            f">= 0 (reproducible noise for tests and research). Received: noise_seed={noise_seed!r}."
-        )
-    return int(noise_seed)
-
-
-def _state_seed(noise_seed: int | None) -> int:
-    if noise_seed is None:
-        return secrets.randbits(_STATE_BITS)
-    words = np.random.SeedSequence(noise_seed).generate_state(_STATE_BITS // 64, dtype=np.uint64)
-    return sum(int(word) << (64 * index) for index, word in enumerate(words))
 
 
 class NoiseSource:
@@ -73,18 +44,11 @@ class NoiseSource:
     """
 
     def __init__(self, noise_seed: int | None = None):
-        noise_seed = check_noise_seed(noise_seed)
-        if noise_seed is not None:
-            warnings.warn(
-                f"noise_seed={noise_seed} makes the DP noise reproducible: anyone who knows the seed can regenerate "
-                "the noise and subtract it from the released updates, so the model has no privacy. Use it for tests "
-                "and research only; leave noise_seed=None (OS entropy) for a model you release.",
-                NoiseSeedWarning,
-                stacklevel=3,
-            )
+        noise_seed = noise_seed_module.check_and_warn(noise_seed, stacklevel=4)
         self._reproducible = noise_seed is not None
         with tf.init_scope():
-            self._generator = tf.random.Generator.from_seed(_state_seed(noise_seed), alg="philox")
+            state = noise_seed_module.state_seed(noise_seed, _STATE_BITS)
+            self._generator = tf.random.Generator.from_seed(state, alg="philox")
 
     @property
     def generator(self) -> tf.random.Generator:

@@ -1,0 +1,155 @@
+"""Per-step time of keras_dyndp's DP step against non-private SGD on Keras 3's JAX backend, interleaved in one run.
+
+Run through ``python benchmarks/step_time.py --backend=jax ...`` (or directly; KERAS_BACKEND is set to jax here).
+Each path trains its own copy of the same model with the jitted step that ``model.fit`` uses
+(``model.make_train_function()``), called on the model's state with one fixed batch; the timing blocks on the
+returned state (``jax.block_until_ready``), so asynchronous dispatch is not mistaken for speed. Paths:
+
+* ``nonprivate``: ``keras.optimizers.SGD``, mean loss.
+* ``dyndp_fast``: ``keras_dyndp.make_private(model)`` with ``DynamicDPKerasSGD`` (``jax.vmap`` per-example
+  gradients, clipping, noise from the host callback).
+
+Warm-up steps (compilation) are excluded. Each repetition runs every path for ``--steps`` steps, in the same order;
+the table reports the median over repetitions of the mean step time and of the ratio to ``nonprivate`` within one
+repetition. Models: cnn, lstm, text (as benchmarks/step_time.py) and wrn (WideResNet-16-4, CIFAR-10 shapes).
+
+Usage:
+    python benchmarks/step_time.py --backend=jax --models cnn,lstm,text --batch_size 256 --steps 20 --repeats 5
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["KERAS_BACKEND"] = "jax"
+
+import importlib.metadata  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+import models  # noqa: E402  (benchmarks/models.py)
+import numpy as np  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from keras_dyndp import schedules  # noqa: E402
+from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
+from keras_dyndp.jax_backend import make_private  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("batch_size", 256, "Examples per step.")
+flags.DEFINE_integer("steps", 20, "Timed steps per repetition.")
+flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per path before the first repetition.")
+flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is reported.")
+flags.DEFINE_list("models", ["cnn", "lstm", "text"], "Models among cnn, lstm, text, wrn.")
+flags.DEFINE_string("out_md", None, "Where to write the markdown table.")
+
+PATHS = ("nonprivate", "dyndp_fast")
+LEARNING_RATE = 0.05
+
+
+def build(model_name: str, path: str, batch_size: int) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = models.wide_resnet(keras) if model_name == "wrn" else keras.Sequential(models.LAYERS[model_name](keras))
+    if path == "nonprivate":
+        model.compile(
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        return model
+    num_steps = 100_000
+    schedule = schedules.DPSchedule(np.ones(num_steps), np.ones(num_steps), batch_size / 60000)
+    make_private(model)
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=batch_size, learning_rate=LEARNING_RATE),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+    )
+    return model
+
+
+class _Stepper:
+    """One path: its model's jitted train function and state, stepped on one batch."""
+
+    def __init__(self, model: keras.Model, x: np.ndarray, y: np.ndarray):
+        model.fit(x, y, batch_size=len(x), epochs=1, verbose=0)  # builds the model, the optimizer, the function
+        model.make_train_function()
+        self._function = model.train_function
+        self._state = (
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            [v.value for v in model.optimizer.variables],
+            [v.value for v in model.metrics_variables],
+        )
+        self._data = [(jax.numpy.asarray(x), jax.numpy.asarray(y))]
+
+    def run(self, steps: int) -> float:
+        """Seconds per step over ``steps`` steps."""
+        start = time.perf_counter()
+        for _ in range(steps):
+            _, self._state = self._function(self._state, iter(self._data))
+        jax.block_until_ready(self._state)
+        return (time.perf_counter() - start) / steps
+
+
+def measure(model_name: str) -> list[dict]:
+    x, y = models.make_data(model_name, FLAGS.batch_size)
+    steppers = {path: _Stepper(build(model_name, path, FLAGS.batch_size), x, y) for path in PATHS}
+    for stepper in steppers.values():
+        stepper.run(FLAGS.warmup_steps)
+    seconds = {path: [] for path in PATHS}
+    for repetition in range(FLAGS.repeats):
+        for path, stepper in steppers.items():
+            seconds[path].append(stepper.run(FLAGS.steps))
+        print(
+            f"{model_name} repetition {repetition}: "
+            + ", ".join(f"{p} {s[-1] * 1e3:.2f} ms" for p, s in seconds.items())
+        )
+    return [
+        {
+            "model": model_name,
+            "path": path,
+            "ms_per_step": 1e3 * statistics.median(seconds[path]),
+            "ratio": statistics.median(s / n for s, n in zip(seconds[path], seconds["nonprivate"])),
+        }
+        for path in PATHS
+    ]
+
+
+def device_description() -> str:
+    device = jax.devices()[0]
+    kind = getattr(device, "device_kind", device.platform)
+    cores = os.cpu_count()
+    return f"{kind} ({device.platform}; {cores} CPU cores, {platform.processor() or platform.machine()})"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        f"Keras {keras.__version__} on JAX {jax.__version__}, dp-accounting "
+        f"{importlib.metadata.version('dp-accounting')}; {device_description()}; batch {FLAGS.batch_size}, "
+        f"{FLAGS.steps} steps x {FLAGS.repeats} interleaved repetitions, medians.",
+        "",
+        "| model | path | ms / step | x non-private |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {r['model']} | {r['path']} | {r['ms_per_step']:.2f} | {r['ratio']:.2f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    del argv  # Unused.
+    unknown = sorted(set(FLAGS.models) - {*models.LAYERS, "wrn"})
+    if unknown:
+        raise app.UsageError(f"`--models` must be among {sorted({*models.LAYERS, 'wrn'})}. Received: {unknown}.")
+    rows = [row for name in FLAGS.models for row in measure(name)]
+    table = markdown(rows)
+    print(table)
+    if FLAGS.out_md:
+        with open(FLAGS.out_md, "w", encoding="utf-8") as handle:
+            handle.write(table)
+
+
+if __name__ == "__main__":
+    app.run(main)

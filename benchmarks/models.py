@@ -1,0 +1,93 @@
+"""The models and synthetic batches the step-time benchmarks time, for any Keras module (``tf.keras`` or Keras 3 on
+TensorFlow or JAX): each builder takes the ``keras`` module and returns the layers of a ``keras.Sequential``.
+
+cnn: TF-Privacy's MNIST tutorial CNN (the paper's). lstm: a small sequence classifier (names-like). text: embedding
++ average pooling + dense (IMDB-like). wrn: a WideResNet-16-4 on CIFAR-10-shaped inputs (Zagoruyko & Komodakis
+2016) with GroupNormalization instead of batch normalisation (which DP-SGD refuses), as in De et al. 2022; built as
+a functional model (``wide_resnet``), so it is not in `LAYERS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+LSTM_VOCAB, LSTM_LENGTH = 1000, 40
+TEXT_VOCAB, TEXT_LENGTH = 10000, 256
+
+
+def cnn_layers(keras: Any) -> list:
+    return [
+        keras.layers.InputLayer((28, 28, 1)),  # Positional: `input_shape` on Keras 2, `shape` on 3.
+        keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
+        keras.layers.MaxPool2D(2, 1),
+        keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
+        keras.layers.MaxPool2D(2, 1),
+        keras.layers.Flatten(),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(10),
+    ]
+
+
+def lstm_layers(keras: Any) -> list:
+    return [
+        keras.layers.InputLayer((LSTM_LENGTH,)),
+        keras.layers.Embedding(LSTM_VOCAB, 32),
+        keras.layers.LSTM(32),
+        keras.layers.Dense(10),
+    ]
+
+
+def text_layers(keras: Any) -> list:
+    return [
+        keras.layers.InputLayer((TEXT_LENGTH,)),
+        keras.layers.Embedding(TEXT_VOCAB, 16),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(2),
+    ]
+
+
+LAYERS = {"cnn": cnn_layers, "lstm": lstm_layers, "text": text_layers}
+
+
+def wide_resnet(keras: Any, depth: int = 16, width: int = 4, groups: int = 16) -> Any:
+    """WRN-depth-width for 32x32x3 inputs and 10 classes, GroupNormalization(groups) before each convolution."""
+    blocks_per_stage = (depth - 4) // 6
+
+    def norm_relu(h):
+        return keras.layers.Activation("relu")(keras.layers.GroupNormalization(groups)(h))
+
+    inputs = keras.Input((32, 32, 3))
+    h = keras.layers.Conv2D(16, 3, padding="same")(inputs)
+    for stage, filters in enumerate((16 * width, 32 * width, 64 * width)):
+        for block in range(blocks_per_stage):
+            strides = 2 if stage > 0 and block == 0 else 1
+            shortcut = h
+            h = norm_relu(h)
+            if block == 0:
+                shortcut = keras.layers.Conv2D(filters, 1, strides=strides)(h)
+            h = keras.layers.Conv2D(filters, 3, strides=strides, padding="same")(h)
+            h = keras.layers.Conv2D(filters, 3, padding="same")(norm_relu(h))
+            h = keras.layers.Add()([h, shortcut])
+    h = keras.layers.GlobalAveragePooling2D()(norm_relu(h))
+    return keras.Model(inputs, keras.layers.Dense(10)(h), name=f"wrn_{depth}_{width}")
+
+
+def make_data(name: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed synthetic batch (numpy inputs, int32 labels) for model ``name``."""
+    rng = np.random.default_rng(0)
+    if name == "cnn":
+        x = rng.normal(size=(batch_size, 28, 28, 1)).astype(np.float32)
+        y = rng.integers(0, 10, size=batch_size)
+    elif name == "wrn":
+        x = rng.normal(size=(batch_size, 32, 32, 3)).astype(np.float32)
+        y = rng.integers(0, 10, size=batch_size)
+    elif name == "lstm":
+        x = rng.integers(0, LSTM_VOCAB, size=(batch_size, LSTM_LENGTH))
+        y = rng.integers(0, 10, size=batch_size)
+    else:
+        x = rng.integers(0, TEXT_VOCAB, size=(batch_size, TEXT_LENGTH))
+        y = rng.integers(0, 2, size=batch_size)
+    return x, y.astype(np.int32)

@@ -1,0 +1,299 @@
+"""Keras 3 optimizers that run dynamic DP-SGD on the JAX backend: the same mechanism as the TensorFlow ones.
+
+`make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``;
+`DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its public
+instances. Their arguments, checks and config are `keras_dyndp.optimizer_base.DPOptimizerBase`'s, shared with the
+TensorFlow optimizers (whose module docstring, `keras_dyndp.optimizers.dp_optimizer`, states the mechanism). Step k
+(0-based; k is Keras's ``iterations`` variable, read inside the jitted step from the optimizer's state):
+
+1. `keras_dyndp.jax_backend.make_private`'s train step hands `stateless_apply_clipped_sum` the sum over the batch of
+   the per-example gradients clipped to global norm C_k = ``schedule.clip_norms[k]`` (`clip_norm_at`);
+2. one host callback per step checks the step against the budget and the batch's number of examples against the
+   schedule's Poisson sampling, and returns a fresh key from the optimizer's own
+   `keras_dyndp.jax_backend.noise.NoiseSource`. A step out of either range is refused: it changes nothing (the
+   variables and the counter keep their values, whatever the data) and `raise_refused_step`, which
+   ``make_private``'s ``fit`` calls after every batch, raises RuntimeError with the reason;
+3. Gaussian noise of std sigma_k = ``schedule.noise_stddevs[k]`` is added ONCE to each SUM;
+4. the result is divided by the normaliser (``expected_batch_size`` = p N when known, else the number of rows, at
+   least 1; times C_k with ``rescale_to_unit_norm``) and handed to the base optimizer's update rule through Keras's
+   ``stateless_apply``, which advances ``iterations``.
+
+Past T = ``schedule.num_steps`` the step is refused (and C_k, sigma_k read as 0). Gradients that did not come out
+of step 3 (Keras's default train step, which hands the optimizer the gradient of the batch's mean loss) are refused
+by `apply` with a message naming ``make_private``.
+
+Not yet on this backend (refused at construction, with the reason): ``num_microbatches`` and
+``accumulation_steps`` > 1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from jax.experimental import io_callback
+
+from keras_dyndp import batch_sizes
+from keras_dyndp import keras_context
+from keras_dyndp import optimizer_base
+from keras_dyndp.jax_backend import noise
+
+
+class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
+    """The dynamic DP-SGD part of every keras_dyndp optimizer on Keras 3's JAX backend (module docstring).
+
+    ``isinstance(optimizer, JaxDPOptimizerMixin)`` tells a keras_dyndp JAX DP optimizer from any other. Arguments:
+    `keras_dyndp.optimizer_base.DPOptimizerBase`.
+    """
+
+    def _check_backend(self) -> None:
+        if keras.backend.backend() != "jax":
+            raise ValueError(
+                "keras_dyndp.jax_backend's optimizers run on Keras 3's JAX backend, but Keras is running on "
+                f"{keras.backend.backend()!r}. Set KERAS_BACKEND=jax before importing keras, or use "
+                "keras_dyndp.DynamicDPKeras* (which picks the optimizers of the backend in use)."
+            )
+
+    def _build_dp_state(self, noise_seed: int | None) -> None:
+        if self._num_microbatches is not None:
+            raise ValueError(
+                "`num_microbatches` is not supported on the JAX backend yet: leave it None (every example is "
+                f"clipped on its own), or train on the TensorFlow backend. Received: num_microbatches="
+                f"{self._num_microbatches}."
+            )
+        if self._accumulation_steps != 1:
+            raise ValueError(
+                "`accumulation_steps` > 1 is not supported on the JAX backend yet: use a batch that fits in memory "
+                "or the TensorFlow backend. Received: "
+                f"accumulation_steps={self._accumulation_steps}."
+            )
+        self._dp_gradient_guard = optimizer_base.GradientGuard()
+        # Attributed to the caller of the optimizer's constructor (NoiseSource, this method, DPOptimizerBase).
+        self._noise_source = noise.NoiseSource(noise_seed, stacklevel=4)
+        self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
+        self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
+        if self._expected_batch_size is None:
+            self._num_examples = self._batch_size_range = None
+        else:
+            p = self._schedule.sampling_probability
+            self._num_examples = max(1, round(self._expected_batch_size / p))
+            self._batch_size_range = batch_sizes.batch_size_range(self._num_examples, p)
+        self._refusal: str | None = None  # The first refused step's reason, until raise_refused_step raises it.
+
+    @property
+    def dp_step(self) -> keras.Variable:
+        """int variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
+        return self.iterations
+
+    @property
+    def batch_size_range(self) -> tuple[int, int] | None:
+        """The accepted ``(low, high)`` number of examples per batch; None when N is unknown."""
+        return self._batch_size_range
+
+    def _iterations_index(self) -> int:
+        return next(i for i, variable in enumerate(self.variables) if variable is self.iterations)
+
+    def step_at(self, optimizer_variables) -> jax.Array:
+        """The step counter's value in ``optimizer_variables`` (the optimizer's state in a stateless train step)."""
+        return optimizer_variables[self._iterations_index()]
+
+    def schedule_values(self, step) -> tuple[jax.Array, jax.Array]:
+        """float32 (C, sigma) of step ``step``; both 0 once the budget is spent."""
+        num_steps = self._schedule.num_steps
+        index = jnp.minimum(step, num_steps - 1)
+        live = step < num_steps
+        zero = jnp.zeros([], jnp.float32)
+        return (
+            jnp.where(live, jnp.asarray(self._clip_norms)[index], zero),
+            jnp.where(live, jnp.asarray(self._noise_stddevs)[index], zero),
+        )
+
+    def clip_norm_at(self, optimizer_variables) -> jax.Array:
+        """float32 C at the step counter in ``optimizer_variables`` (0 once spent)."""
+        return self.schedule_values(self.step_at(optimizer_variables))[0]
+
+    def current_clip_norm(self) -> jax.Array:
+        """float32 C at `dp_step` (0 once the budget is spent)."""
+        return self.schedule_values(self.iterations.value)[0]
+
+    def current_noise_stddev(self) -> jax.Array:
+        """float32 sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
+        return self.schedule_values(self.iterations.value)[1]
+
+    def _host_step(self, step: np.ndarray, num_examples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """On the host, once per step: a fresh key's data, and whether the step may run (False records why)."""
+        refusal = self._refusal_of(int(step), int(num_examples))
+        if refusal is not None and self._refusal is None:
+            self._refusal = refusal
+        return self._noise_source.draw_key_data(), np.asarray(refusal is None)
+
+    def _refusal_of(self, step: int, num_examples: int) -> str | None:
+        num_steps = self._schedule.num_steps
+        if step >= num_steps:
+            return (
+                f"DP budget exhausted: all {num_steps} steps of the DPSchedule have been taken "
+                "(dp_step >= schedule.num_steps); another step would exceed the accounted privacy budget. The step "
+                "was not applied. Stop training (keras_dyndp.jax_backend.BudgetStop) or calibrate a longer schedule."
+            )
+        if self._batch_size_range is None:
+            return None
+        low, high = self._batch_size_range
+        if low <= num_examples <= high:
+            return None
+        p = self._schedule.sampling_probability
+        return (
+            f"keras_dyndp: {num_examples} examples in this batch: the schedule's Poisson sampling at p={p:g} "
+            f"from N={self._num_examples} examples expects about p*N={p * self._num_examples:g}, and all but "
+            f"2e-12 of its batches hold between {low} and {high}. The epsilon reported for this schedule would "
+            "not hold, so the step was not applied. Train on Poisson batches at the schedule's rate (rows with "
+            "sample weight 0 are padding), or give the optimizer the expected_batch_size (p*N) of the data you "
+            "train on, or calibrate the schedule for the batches you use."
+        )
+
+    def raise_refused_step(self) -> None:
+        """Raises RuntimeError if a step was refused since the last call (then it was not applied).
+
+        A refusal cannot raise inside the jitted step without losing the model's state, which ``fit`` holds
+        outside the model while it trains; the step is then a no-op instead, and ``make_private``'s ``fit`` calls
+        this after every batch (with the state synced back). A custom loop calling `stateless_apply_clipped_sum`
+        should call it after each step.
+        """
+        refusal, self._refusal = self._refusal, None
+        if refusal is not None:
+            raise RuntimeError(refusal)
+
+    def _noise_and_normalise(self, clipped_sums: list, step, num_examples, num_rows) -> tuple[list, jax.Array]:
+        clip_norm, noise_stddev = self.schedule_values(step)
+        key_data, allowed = io_callback(
+            self._host_step,
+            (jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((), jnp.bool_)),
+            step,
+            num_examples,
+            ordered=False,
+        )
+        keys = jax.random.split(jax.random.wrap_key_data(key_data, impl="threefry2x32"), len(clipped_sums))
+        if self._expected_batch_size is not None:
+            normaliser = jnp.asarray(self._expected_batch_size, jnp.float32)
+        else:  # An empty batch releases pure noise; dividing it by 1 instead of 0 keeps it finite.
+            normaliser = jnp.maximum(jnp.asarray(num_rows, jnp.float32), 1.0)
+        if self._rescale_to_unit_norm:
+            normaliser = normaliser * clip_norm
+        grads = []
+        for key, clipped_sum in zip(keys, clipped_sums):
+            noised = clipped_sum.astype(jnp.float32) + noise_stddev * jax.random.normal(
+                key, clipped_sum.shape, jnp.float32
+            )
+            grads.append(jnp.where(normaliser > 0, noised / jnp.where(normaliser > 0, normaliser, 1.0), 0.0))
+        return grads, allowed
+
+    def stateless_apply_clipped_sum(
+        self, optimizer_variables: list, clipped_sums: list, num_examples, num_rows, trainable_variables: list
+    ) -> tuple[list, list]:
+        """Noises, normalises and applies sums of per-example gradients clipped to `clip_norm_at`; stateless.
+
+        For per-example clipping done outside the optimizer (`keras_dyndp.jax_backend.make_private`'s step).
+
+        Args:
+          optimizer_variables: the optimizer's state (values of ``self.variables``).
+          clipped_sums: one array per trainable variable, the batch's sum of clipped per-example gradients.
+          num_examples: the batch's number of examples (rows with a non-zero sample weight), checked against the
+            schedule's Poisson sampling.
+          num_rows: the batch's number of rows (the normaliser when ``expected_batch_size`` is None).
+          trainable_variables: the values of the trainable variables the optimizer was built with.
+
+        Returns:
+          ``(trainable_variables, optimizer_variables)`` after the step, as Keras's ``stateless_apply``; both
+          unchanged when the step was refused (`raise_refused_step` then raises).
+        """
+        if len(clipped_sums) != len(trainable_variables):
+            raise ValueError(
+                "`clipped_sums` and `trainable_variables` must have the same length. "
+                f"Received: {len(clipped_sums)} and {len(trainable_variables)}."
+            )
+        grads, allowed = self._noise_and_normalise(
+            list(clipped_sums), self.step_at(optimizer_variables), num_examples, num_rows
+        )
+        self._dp_gradient_guard.issue(grads)
+        new_trainable, new_optimizer = self.stateless_apply(optimizer_variables, grads, trainable_variables)
+        keep = lambda new, old: [jnp.where(allowed, n, o) for n, o in zip(new, old)]  # noqa: E731
+        return keep(new_trainable, trainable_variables), keep(new_optimizer, optimizer_variables)
+
+    def build(self, var_list):
+        """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.
+
+        ``load_model`` rebuilds the optimizer from its config, which records make_private's arguments when it was
+        trained through it, and builds it while compiling the model: the model found on the call stack then gets
+        that train step back, before any ``fit`` can run Keras's default one. Built by ``fit`` for a model without
+        make_private's step, it raises ValueError naming make_private.
+        """
+        super().build(var_list)
+        model = keras_context.calling_model(self)
+        if model is None:
+            return
+        from keras_dyndp.jax_backend import train_step  # pylint: disable=import-outside-toplevel  (imports us)
+
+        if train_step.is_private(model):
+            return
+        if self._private_train_step is not None:
+            train_step.make_private(model, **self._private_train_step)
+        elif keras_context.fit_call(model) is not None:
+            raise ValueError(
+                f"model.fit is training model {model.name!r} with {type(self).__name__} through Keras's own train "
+                "step, which differentiates the batch's mean loss: no example can be clipped there. Call "
+                "model = keras_dyndp.make_private(model) before fit."
+            )
+
+    def apply(self, grads, trainable_variables=None):
+        """Keras 3's entry for gradients: applies only those `stateless_apply_clipped_sum` noised.
+
+        Raises:
+          RuntimeError: on any other gradients, e.g. from Keras's default train step (the gradient of the
+            batch's mean loss, which no clipping has bounded): they would train without differential privacy.
+        """
+        grads = list(grads)
+        if not self._dp_gradient_guard.check_and_clear(grads):
+            message = (
+                f"{type(self).__name__}.apply accepts only the gradients its own DP step noised; applying other "
+                "gradients would train without differential privacy. Keras 3's Model.train_step averages the loss "
+                "over the batch and hands the optimizer only the averaged gradient, so no example can be clipped "
+                "there: call model = keras_dyndp.make_private(model) before model.fit, which gives the model a "
+                "train step that clips per example and applies through this optimizer."
+            )
+            if self._private_train_step is not None:
+                message += (
+                    " This optimizer was trained through make_private before (its config says so): after "
+                    f"load_model, call keras_dyndp.make_private(model, **{self._private_train_step!r})."
+                )
+            raise RuntimeError(message)
+        return super().apply(grads, trainable_variables)
+
+
+def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
+    """Returns ``DynamicDPKeras<BaseName>(JaxDPOptimizerMixin, base_cls)``, registered for Keras serialization as
+    'keras_dyndp>DynamicDPKeras<BaseName>' (the TensorFlow classes' names: a model saved on one backend loads on
+    the other with the optimizer of that backend).
+
+    Raises:
+      TypeError: if `base_cls` is not a subclass of ``keras.optimizers.Optimizer``.
+    """
+    if not (isinstance(base_cls, type) and issubclass(base_cls, keras.optimizers.Optimizer)):
+        raise TypeError(
+            f"`base_cls` must be a subclass of keras.optimizers.Optimizer. Received: base_cls={base_cls!r}."
+        )
+    class_name = f"DynamicDPKeras{base_cls.__name__}"
+    namespace = {
+        "__doc__": f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on the JAX backend.\n\n"
+        "See `keras_dyndp.optimizer_base.DPOptimizerBase` for its arguments; other keyword arguments go to "
+        f"`{base_cls.__name__}`.",
+        "__module__": "keras_dyndp.jax_backend",
+        "__qualname__": class_name,
+    }
+    dp_class = type(class_name, (JaxDPOptimizerMixin, base_cls), namespace)
+    return keras.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(dp_class)
+
+
+DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(keras.optimizers.SGD)
+DynamicDPKerasAdam = make_dynamic_dp_optimizer_class(keras.optimizers.Adam)
+DynamicDPKerasAdagrad = make_dynamic_dp_optimizer_class(keras.optimizers.Adagrad)
+DynamicDPKerasRMSprop = make_dynamic_dp_optimizer_class(keras.optimizers.RMSprop)

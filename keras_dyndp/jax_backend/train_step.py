@@ -1,0 +1,267 @@
+"""``model = keras_dyndp.make_private(model)`` on Keras 3's JAX backend: per-example clipping in ``model.fit``.
+
+Keras's JAX train step differentiates the batch's mean loss and hands the optimizer one averaged gradient, where no
+example can be clipped (the DP optimizers refuse it). ``make_private`` gives the model a stateless ``train_step``
+that computes one gradient per example with ``jax.vmap`` of ``jax.grad`` of the example's loss (the model's
+``stateless_call`` on a batch of one), clips each to the global norm C_t that the optimizer's schedule gives at its
+step counter, sums them, and hands the sums to the optimizer's ``stateless_apply_clipped_sum``, which adds the
+noise once, normalises and applies (`keras_dyndp.jax_backend.optimizer`). Each example runs alone, so no layer can
+mix examples.
+
+State. Non-trainable variables that the training-mode call writes with a value computed from the batch (batch
+statistics: BatchNormalization's moving averages, or any custom layer's) would leave the step without noise: they
+are refused when the step is traced (ValueError naming the variable). Random-generator states (``SeedGenerator``,
+used by Dropout and augmentation layers) are the exception: each example draws with the state offset by its
+index in the batch (so examples get different dropout masks), and the state advances as in Keras.
+
+A step the optimizer refuses (the budget is spent, or the batch's number of examples is far outside the
+schedule's Poisson sampling) changes nothing, and ``fit`` raises RuntimeError with the reason after that batch, the
+model's state intact (``make_private`` gives ``fit`` a callback for it).
+
+Loss and metrics of the training batch are computed from the per-example losses and outputs without noise;
+``training_metrics=False`` computes none and logs only ``dp_step`` (public). Refused as on TensorFlow: an optimizer
+that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a loss reduced over the batch, several
+losses, regularisation losses, trainable BatchNormalization, ``method='ghost'`` (no ghost rules on JAX yet).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+
+from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
+
+METHODS = ("auto", "vectorized")
+
+
+def _dp_optimizer(model: keras.Model) -> JaxDPOptimizerMixin:
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "Mixed precision with loss scaling ('mixed_float16') wraps the optimizer in a LossScaleOptimizer, whose "
+            "dynamic loss scale skips or shrinks updates depending on the private batch, which differential privacy "
+            "does not allow; make_private on JAX does not bypass it yet. Use 'mixed_bfloat16' (no loss scaling) or "
+            "float32."
+        )
+    if not isinstance(optimizer, JaxDPOptimizerMixin):
+        raise ValueError(
+            "`model.optimizer` must be a keras_dyndp DP optimizer of the JAX backend (DynamicDPKerasSGD, "
+            "DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop) for a model made private with "
+            f"make_private. Received: optimizer={optimizer!r}."
+        )
+    return optimizer
+
+
+def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], Any]:
+    loss = model.loss
+    if isinstance(loss, (dict, list, tuple)):
+        raise ValueError(f"make_private supports a single loss (one output). Received: loss={loss!r}.")
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.Loss):
+        if loss.reduction not in (None, "none"):
+            raise ValueError(
+                'The compiled loss must be per-example: build it with reduction="none" (averaging before clipping '
+                f"destroys the privacy guarantee). Received: reduction={loss.reduction!r}."
+            )
+        return loss
+    if callable(loss):
+        return loss
+    raise ValueError(f"`model.loss` must be a Keras loss or a loss function. Received: loss={loss!r}.")
+
+
+def _check_model(model: keras.Model) -> None:
+    for layer in model._flatten_layers():  # pylint: disable=protected-access
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
+            raise ValueError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) normalises each example with the mean and variance "
+                "of the whole batch and stores them in its moving averages without noise, which DP-SGD's clipping "
+                "does not bound. Replace it with keras.layers.GroupNormalization or LayerNormalization "
+                "(per-example), or freeze it (layer.trainable = False runs it in inference mode)."
+            )
+    regularised = [layer.name for layer in model._flatten_layers() if _has_regularizer(layer)]  # pylint: disable=protected-access
+    if regularised:
+        _refuse_regularization(f"layers {regularised} have regularizers")
+
+
+def _has_regularizer(layer: keras.layers.Layer) -> bool:
+    return getattr(layer, "activity_regularizer", None) is not None or any(
+        getattr(variable, "regularizer", None) is not None for variable in layer.weights
+    )
+
+
+def _refuse_regularization(what: str) -> None:
+    raise ValueError(
+        "make_private does not support regularisation losses (kernel/activity regularizers, add_loss): they are "
+        f"not per-example terms. Received: {what}."
+    )
+
+
+def _seed_states(model: keras.Model) -> list[bool]:
+    """For each non-trainable variable of ``model``, whether it is a random-generator (SeedGenerator) state."""
+    states = {
+        id(generator.state)
+        for layer in model._flatten_layers()  # pylint: disable=protected-access
+        for generator in getattr(layer, "_seed_generators", ())
+    }
+    return [id(variable) in states for variable in model.non_trainable_variables]
+
+
+def _batch_size(x: Any) -> int:
+    return next(leaf for leaf in jax.tree_util.tree_leaves(x) if leaf is not None).shape[0]
+
+
+def _private_train_step_arguments(model: keras.Model) -> dict:
+    """make_private's arguments for ``model``, as the optimizer records them (in its config) for load_model."""
+    return {
+        "method": model._keras_dyndp_method,  # pylint: disable=protected-access
+        "training_metrics": model._keras_dyndp_training_metrics,  # pylint: disable=protected-access
+    }
+
+
+def is_private(model: keras.Model) -> bool:
+    """Whether ``model`` has make_private's train step."""
+    return getattr(getattr(model, "train_step", None), "__func__", None) is _private_train_step
+
+
+def _private_train_step(self: keras.Model, state, data):
+    trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables = state
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    optimizer = _dp_optimizer(self)
+    optimizer._private_train_step = _private_train_step_arguments(self)  # pylint: disable=protected-access
+    loss_fn = _per_example_loss_fn(self)
+    _check_model(self)
+    num_rows = _batch_size(x)
+    weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.reshape(sample_weight, [num_rows])
+    is_seed_state = _seed_states(self)
+    clip_norm = optimizer.clip_norm_at(optimizer_variables)
+
+    def example_loss(trainable, non_trainable, x_i, y_i, weight, index):
+        offset = jnp.stack([index, 0])
+        non_trainable = [
+            value + offset.astype(value.dtype) if seed else value for value, seed in zip(non_trainable, is_seed_state)
+        ]
+        add_batch_axis = lambda value: None if value is None else value[None]  # noqa: E731
+        y_pred, non_trainable, added_losses = self.stateless_call(
+            trainable, non_trainable, jax.tree_util.tree_map(add_batch_axis, x_i), training=True, return_losses=True
+        )
+        if added_losses:
+            _refuse_regularization(f"{len(added_losses)} losses added in the model's call")
+        losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)
+        if jnp.ndim(losses) == 0 and isinstance(loss_fn, keras.losses.Loss):
+            raise ValueError(f'`loss` must return one loss per example (reduction="none"). Received: {loss_fn!r}.')
+        loss = jnp.mean(jnp.asarray(losses, jnp.float32)) * weight
+        return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss)
+
+    out_axes = (0, (0, [0 if seed else None for seed in is_seed_state], 0))
+    per_example = jax.vmap(jax.grad(example_loss, has_aux=True), in_axes=(None, None, 0, 0, 0, 0), out_axes=out_axes)
+    try:
+        grads, (y_pred, new_non_trainable, losses) = per_example(
+            trainable_variables, non_trainable_variables, x, y, weights, jnp.arange(num_rows, dtype=jnp.int32)
+        )
+    except ValueError as error:
+        if "out_axes" not in str(error):
+            raise
+        raise ValueError(
+            f"Model {self.name!r} writes a non-trainable variable in its training-mode call with a value computed "
+            "from the input batch: that state leaves the step without noise. Compute such statistics outside DP "
+            "training (or on public data and freeze them); for normalisation use keras.layers.GroupNormalization "
+            "or LayerNormalization."
+        ) from error
+    squared_norms = sum(jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1) for g in grads)
+    norms = jnp.sqrt(squared_norms)
+    factors = jnp.where(norms > clip_norm, clip_norm / jnp.where(norms > 0, norms, 1.0), 1.0)
+    clipped_sums = [jnp.tensordot(factors, g.astype(jnp.float32), axes=1) for g in grads]
+    num_examples = jnp.sum(weights != 0)
+    trainable_variables, optimizer_variables = optimizer.stateless_apply_clipped_sum(
+        optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables
+    )
+    non_trainable_variables = [
+        (value[0] if num_rows else old) if seed else value
+        for value, old, seed in zip(new_non_trainable, non_trainable_variables, is_seed_state)
+    ]
+    if self._keras_dyndp_training_metrics:  # pylint: disable=protected-access
+        logs, metrics_variables = self._update_metrics_variables(  # pylint: disable=protected-access
+            metrics_variables, jnp.sum(losses) / max(num_rows, 1), x, y, y_pred, sample_weight
+        )
+    else:
+        logs = {"dp_step": optimizer.step_at(optimizer_variables)}
+    return logs, (trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables)
+
+
+class _RefusedStepCheck(keras.callbacks.Callback):
+    """Raises, with the model's state synced back, when the DP optimizer refused a step (`raise_refused_step`)."""
+
+    def _check(self) -> None:
+        optimizer = self._model.optimizer  # pylint: disable=protected-access  (self.model would sync every batch)
+        if getattr(optimizer, "_refusal", None) is not None:
+            self.model.stop_training = True  # self.model syncs the state into the model's variables first.
+            optimizer.raise_refused_step()
+
+    def on_train_batch_end(self, batch, logs=None):
+        del batch, logs  # Unused.
+        self._check()
+
+    def on_epoch_end(self, epoch, logs=None):
+        del epoch, logs  # Unused.
+        self._check()
+
+    def on_train_end(self, logs=None):
+        del logs  # Unused.
+        self._check()
+
+
+_FIT_SIGNATURE = inspect.signature(keras.Model.fit)
+
+
+def _private_fit(self: keras.Model, *args, **kwargs):
+    """``Model.fit`` with `_RefusedStepCheck` added to the callbacks; refuses what Keras would fail on first."""
+    _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
+    bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
+    bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _RefusedStepCheck()]
+    return keras.Model.fit(*bound.args, **bound.kwargs)
+
+
+def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = True) -> keras.Model:
+    """Gives ``model`` a JAX train step that clips per example and applies through the DP optimizer.
+
+    The same model object is returned (its ``train_step`` is replaced on the instance). Compile it, before or after,
+    with a `keras_dyndp.jax_backend` DP optimizer and a per-example loss (``reduction="none"``).
+
+    Args:
+        model: a Keras model (Sequential, functional or subclassed) without trainable batch normalisation.
+        method: ``'auto'`` or ``'vectorized'`` (the same on JAX: ``jax.vmap`` of per-example gradients).
+        training_metrics: True computes the compiled loss and metrics on the training batch WITHOUT noise (outside
+            the DP guarantee); False computes none and logs only ``dp_step``.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ValueError: on a ``method`` other than 'auto' or 'vectorized', a ``training_metrics`` that is not a bool or
+            a model that is not a ``keras.Model``; when the first step is traced, on what the module docstring
+            lists.
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}.")
+    if method not in METHODS:
+        raise ValueError(
+            f"`method` must be one of {METHODS} on the JAX backend ('ghost' clipping has no JAX rules yet). "
+            f"Received: method={method!r}."
+        )
+    if not isinstance(training_metrics, bool):
+        raise ValueError(f"`training_metrics` must be True or False. Received: training_metrics={training_metrics!r}.")
+    model._keras_dyndp_method = method  # pylint: disable=protected-access
+    model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
+    model.train_step = types.MethodType(_private_train_step, model)
+    model.fit = types.MethodType(_private_fit, model)
+    model.train_function = None
+    if getattr(model, "optimizer", None) is not None:
+        _dp_optimizer(model)._private_train_step = _private_train_step_arguments(model)  # pylint: disable=protected-access
+    return model

@@ -1,0 +1,265 @@
+"""Tests for keras_dyndp.jax_backend.train_step: make_private's vmapped per-example step on Keras 3's JAX backend."""
+
+import pytest
+
+jax = pytest.importorskip("jax")
+keras = pytest.importorskip("keras")
+if keras.backend.backend() != "jax":
+    pytest.skip("Keras is not running on JAX (set KERAS_BACKEND=jax)", allow_module_level=True)
+
+import jax_brute_force as brute_force  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_dyndp  # noqa: E402
+from keras_dyndp import schedules  # noqa: E402
+from keras_dyndp.jax_backend import BudgetStop  # noqa: E402  (the top-level name)
+from keras_dyndp.jax_backend import DynamicDPKerasAdagrad  # noqa: E402
+from keras_dyndp.jax_backend import DynamicDPKerasAdam  # noqa: E402
+from keras_dyndp.jax_backend import DynamicDPKerasRMSprop  # noqa: E402
+from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
+from keras_dyndp.jax_backend import make_private  # noqa: E402
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+
+def _data(num_rows=12, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(num_rows, 6, 6, 1)).astype("float32") * 3
+    return x, rng.integers(0, 3, size=num_rows).astype("int32")
+
+
+def _cnn(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((6, 6, 1)),
+            keras.layers.Conv2D(3, 3, activation="tanh"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3),
+        ]
+    )
+
+
+def _weights(model):
+    return [np.asarray(v.value, np.float64) for v in model.trainable_variables]
+
+
+def _schedule(clip_norms, noise_stddevs=None, p=0.5):
+    clip_norms = np.asarray(clip_norms, float)
+    noise = np.zeros_like(clip_norms) if noise_stddevs is None else np.asarray(noise_stddevs, float)
+    return schedules.DPSchedule(clip_norms, noise, p)
+
+
+def test_top_level_names_resolve_to_the_jax_backend():
+    assert keras_dyndp.keras_backend() == "jax"
+    assert keras_dyndp.DynamicDPKerasSGD is DynamicDPKerasSGD
+    assert keras_dyndp.make_private is make_private and keras_dyndp.BudgetStop is BudgetStop
+    with pytest.raises(ImportError, match="needs TensorFlow"):
+        keras_dyndp.poisson_batches  # noqa: B018
+
+
+def test_each_step_applies_the_clipped_sum_of_a_per_example_loop_with_the_steps_clip_norm():
+    x, y = _data()
+    model = make_private(_cnn())
+    clip_norms = [0.5, 2.0, 0.1]  # C_t changes at every step; some rows are clipped, some not
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule(clip_norms), learning_rate=1.0), loss=LOSS)
+    for step, clip_norm in enumerate(clip_norms):
+        batch = slice(4 * step, 4 * step + 4)
+        before = _weights(model)
+        expected = brute_force.clipped_sum(model, LOSS, x[batch], y[batch], clip_norm)
+        model.fit(x[batch], y[batch], batch_size=4, epochs=1, verbose=0, shuffle=False)
+        for old, new, total in zip(before, _weights(model), expected):
+            np.testing.assert_allclose(new, old - total / 4, rtol=1e-4, atol=1e-6)
+        assert int(model.optimizer.dp_step.numpy()) == step + 1
+
+
+def test_padding_rows_with_weight_zero_add_nothing_and_expected_batch_size_normalises():
+    x, y = _data(8)
+    weights = np.array([1, 1, 0, 1, 0, 1, 1, 1], "float32")
+    model = make_private(_cnn())
+    optimizer = DynamicDPKerasSGD(schedule=_schedule([0.3, 0.3], p=0.6), expected_batch_size=5.0, learning_rate=1.0)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    before = _weights(model)
+    expected = brute_force.clipped_sum(model, LOSS, x, y, 0.3, weights)
+    model.fit(x, y, sample_weight=weights, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    for old, new, total in zip(before, _weights(model), expected):
+        np.testing.assert_allclose(new, old - total / 5.0, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "dp_class", [DynamicDPKerasSGD, DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop]
+)
+def test_every_optimizer_applies_its_update_rule_to_the_clipped_mean(dp_class):
+    x, y = _data(6)
+    model = make_private(_cnn())
+    model.compile(optimizer=dp_class(schedule=_schedule([0.2, 0.2]), learning_rate=0.01), loss=LOSS)
+    reference = _cnn()
+    base = getattr(keras.optimizers, dp_class.__name__.removeprefix("DynamicDPKeras"))(learning_rate=0.01)
+    base.build(reference.trainable_variables)
+    expected = brute_force.clipped_sum(model, LOSS, x, y, 0.2)
+    base.apply([np.asarray(g / 6, "float32") for g in expected], reference.trainable_variables)
+    model.fit(x, y, batch_size=6, epochs=1, verbose=0, shuffle=False)
+    for new, want in zip(_weights(model), _weights(reference)):
+        np.testing.assert_allclose(new, want, rtol=1e-4, atol=1e-6)
+
+
+def test_noise_std_on_the_sum_follows_the_schedule_at_steps_0_and_2():
+    keras.utils.set_random_seed(0)
+    model = make_private(keras.Sequential([keras.Input((100,)), keras.layers.Dense(50, use_bias=False)]))
+    sigmas = [4.0, 4.0, 12.0]
+    optimizer = DynamicDPKerasSGD(
+        schedule=_schedule([1e-6] * 3, sigmas, p=0.5), expected_batch_size=8.0, learning_rate=1.0
+    )
+    model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError(reduction="none"))
+    x, y = np.ones((8, 100), "float32"), np.zeros((8, 50), "float32")
+    for step in range(3):
+        before = _weights(model)[0]
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        update = _weights(model)[0] - before  # -(clipped sum (<= 8e-6) + noise) / 8, over 5000 coordinates
+        if step != 1:
+            assert np.std(update) == pytest.approx(sigmas[step] / 8, rel=0.05)
+            assert abs(np.mean(update)) < 0.1 * sigmas[step] / 8
+
+
+def test_dropout_draws_per_example_masks_and_advances_its_seed():
+    keras.utils.set_random_seed(1)
+    dense = keras.layers.Dense(4, kernel_initializer="ones", use_bias=False)
+    model = make_private(keras.Sequential([keras.Input((10,)), keras.layers.Dropout(0.5), dense]))
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=_schedule([1e6, 1e6]), learning_rate=1.0),
+        loss=keras.losses.MeanSquaredError(reduction="none"),
+    )
+    x = np.eye(10, dtype="float32")[:1].repeat(16, axis=0)  # 16 copies of one example
+    seeds_before = [np.asarray(v.value).copy() for v in model.non_trainable_variables]
+    kernel_before = _weights(model)[0]
+    model.fit(x, np.zeros((16, 4), "float32"), batch_size=16, epochs=1, verbose=0)
+    # With one mask for all 16 copies the update of input 0's row would be 0 or the full gradient; per-example
+    # masks keep about half of the copies: any other fraction of it.
+    # A kept copy's gradient for w_00: d/dw of mean_j((2 w_0j)^2) over 4 outputs = 2 (dropout scale 2, w = 1); the
+    # update is the sum over kept copies / 16 rows.
+    fraction = (kernel_before[0, 0] - _weights(model)[0][0, 0]) / 2.0
+    assert 0.05 < fraction < 0.95
+    assert any(not np.array_equal(a, np.asarray(v.value)) for a, v in zip(seeds_before, model.non_trainable_variables))
+
+
+def test_budget_spent_refuses_the_step_and_keeps_the_model():
+    x, y = _data(8)
+    model = make_private(_cnn())
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0] * 2, [0.5] * 2), learning_rate=0.1), loss=LOSS)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    after_budget = _weights(model)
+    with pytest.raises(RuntimeError, match="DP budget exhausted: all 2 steps"):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    for want, got in zip(after_budget, _weights(model)):
+        np.testing.assert_array_equal(got, want)
+    assert int(model.optimizer.dp_step.numpy()) == 2
+    assert model.predict(x[:2], verbose=0).shape == (2, 3)  # the state is back in the model
+
+
+def test_a_batch_far_outside_the_poisson_range_is_refused_and_not_applied():
+    x, y = _data(40)
+    model = make_private(_cnn())
+    # N = 10 / 0.01 = 1000 examples at p = 0.01: a batch of 40 is far above the range.
+    optimizer = DynamicDPKerasSGD(schedule=_schedule([1.0] * 3, [1.0] * 3, p=0.01), expected_batch_size=10.0)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    before = _weights(model)
+    with pytest.raises(RuntimeError, match=r"40 examples in this batch.*between \d+ and \d+"):
+        model.fit(x, y, batch_size=40, epochs=1, verbose=0)
+    for want, got in zip(before, _weights(model)):
+        np.testing.assert_array_equal(got, want)
+    assert int(model.optimizer.dp_step.numpy()) == 0
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum_over_batch_size"])
+def test_keras_default_train_step_is_refused_naming_make_private(reduction):
+    x, y = _data(4)
+    model = _cnn()
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0], [1.0])),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction),
+    )
+    with pytest.raises(ValueError, match="Call model = keras_dyndp.make_private"):
+        model.fit(x, y, batch_size=4, verbose=0)
+
+
+def test_gradients_that_the_dp_step_did_not_noise_are_refused():
+    model = _cnn()
+    optimizer = DynamicDPKerasSGD(schedule=_schedule([1.0], [1.0]))
+    optimizer.build(model.trainable_variables)
+    with pytest.raises(RuntimeError, match="accepts only the gradients its own DP step noised.*make_private"):
+        optimizer.apply([np.zeros(v.shape, "float32") for v in model.trainable_variables])
+
+
+class _BatchSum(keras.layers.Layer):
+    """Stores the sum of its input batch: state computed from the data."""
+
+    def build(self, input_shape):
+        self.total = self.add_weight(shape=(), initializer="zeros", trainable=False)
+
+    def call(self, inputs, training=False):
+        if training:
+            self.total.assign(keras.ops.sum(inputs))
+        return inputs
+
+
+@pytest.mark.parametrize(
+    "layers, loss, message",
+    [
+        ([keras.layers.BatchNormalization()], LOSS, "GroupNormalization"),
+        ([_BatchSum()], LOSS, "writes a non-trainable variable"),
+        ([keras.layers.Dense(3, kernel_regularizer="l2")], LOSS, "regularisation losses"),
+        ([], keras.losses.SparseCategoricalCrossentropy(from_logits=True), 'reduction="none"'),
+    ],
+)
+def test_models_and_losses_that_break_per_example_privacy_are_refused(layers, loss, message):
+    x, y = _data(4)
+    model = make_private(
+        keras.Sequential([keras.Input((6, 6, 1)), *layers, keras.layers.Flatten(), keras.layers.Dense(3)])
+    )
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0], [1.0])), loss=loss)
+    with pytest.raises(ValueError, match=message):
+        model.fit(x, y, batch_size=4, verbose=0)
+
+
+def test_a_non_dp_optimizer_and_bad_arguments_are_refused():
+    x, y = _data(4)
+    model = make_private(_cnn())
+    model.compile(optimizer=keras.optimizers.SGD(), loss=LOSS)
+    with pytest.raises(ValueError, match="must be a keras_dyndp DP optimizer of the JAX backend"):
+        model.fit(x, y, batch_size=4, verbose=0)
+    with pytest.raises(ValueError, match="'ghost' clipping has no JAX rules"):
+        make_private(_cnn(), method="ghost")
+    with pytest.raises(ValueError, match="`training_metrics` must be True or False"):
+        make_private(_cnn(), training_metrics=1)
+    with pytest.raises(ValueError, match="`model` must be a keras.Model"):
+        make_private(object())
+
+
+def test_training_metrics_false_logs_only_the_public_step():
+    x, y = _data(8)
+    model = make_private(_cnn(), training_metrics=False)
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0] * 2, [1.0] * 2)), loss=LOSS, metrics=["accuracy"]
+    )
+    history = model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert set(history.history) == {"dp_step"} and history.history["dp_step"] == [2]
+
+
+def test_mixed_bfloat16_clips_float32_gradients_and_mixed_float16_is_refused():
+    x, y = _data(8)
+    try:
+        keras.config.set_dtype_policy("mixed_bfloat16")
+        model = make_private(_cnn())
+        model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule([0.5, 0.5]), learning_rate=1.0), loss=LOSS)
+        before = _weights(model)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        change = np.sqrt(sum(np.sum((new - old) ** 2) for old, new in zip(before, _weights(model))))
+        assert 0 < change <= 0.5 + 1e-6  # the mean of 8 gradients clipped to 0.5, no noise
+        assert all(v.dtype == "float32" for v in model.trainable_variables)
+        keras.config.set_dtype_policy("mixed_float16")
+        model = make_private(_cnn())
+        model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule([0.5])), loss=LOSS)
+        with pytest.raises(ValueError, match="LossScaleOptimizer"):
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    finally:
+        keras.config.set_dtype_policy("float32")

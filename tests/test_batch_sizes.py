@@ -1,0 +1,48 @@
+"""Tests for keras_dyndp.batch_sizes: the cap, the accepted range, truncation delta, steps per epoch."""
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from keras_dyndp import batch_sizes
+
+
+def test_default_max_batch_size_is_smallest_cap_within_tail():
+    for num_examples, p in [(60000, 250 / 60000), (1797, 0.05), (10, 1.0), (1, 0.5)]:
+        cap = batch_sizes.default_max_batch_size(num_examples, p)
+        assert scipy.stats.binom.sf(cap, num_examples, p) <= batch_sizes.DEFAULT_OVERFLOW_TAIL
+        if cap > 1:
+            assert scipy.stats.binom.sf(cap - 1, num_examples, p) > batch_sizes.DEFAULT_OVERFLOW_TAIL
+    assert batch_sizes.default_max_batch_size(60000, 250 / 60000) == 385
+    assert batch_sizes.default_max_batch_size(60000, 250 / 60000, tail_probability=1e-9) == 350
+
+
+def test_truncation_delta():
+    assert batch_sizes.truncation_delta(60000, 250 / 60000, 385, 4800, 2.0) < 1e-10
+    expected = (1 + np.exp(2.0)) * 4800 * scipy.stats.binom.sf(350, 60001, 250 / 60000)
+    assert batch_sizes.truncation_delta(60000, 250 / 60000, 350, 4800, 2.0) == pytest.approx(expected)
+
+
+def test_expected_steps_per_epoch():
+    assert batch_sizes.expected_steps_per_epoch(250 / 60000) == 240
+    assert batch_sizes.expected_steps_per_epoch(1.0) == 1
+    assert batch_sizes.expected_steps_per_epoch(0.7) == 1
+
+
+@pytest.mark.parametrize("num_examples, p", [(60000, 250 / 60000), (1797, 64 / 1797), (40, 0.25), (10, 1.0)])
+def test_batch_size_range_holds_all_but_the_tails(num_examples, p):
+    low, high = batch_sizes.batch_size_range(num_examples, p)
+    binomial = scipy.stats.binom(num_examples, p)
+    tail = batch_sizes.BATCH_SIZE_TAIL
+    assert binomial.cdf(low - 1) <= tail and binomial.sf(high) <= tail
+    assert low == 0 or binomial.cdf(low) > tail  # the range is the tightest one
+    assert high == 1 or binomial.sf(high - 1) > tail
+    assert low <= num_examples * p <= high
+
+
+@pytest.mark.parametrize("p", [0.0, -0.1, 1.5, float("nan")])
+def test_bad_sampling_probability(p):
+    with pytest.raises(ValueError, match=r"`sampling_probability` must be in \(0, 1\]"):
+        batch_sizes.expected_steps_per_epoch(p)
+    with pytest.raises(ValueError, match=r"`sampling_probability` must be in \(0, 1\]"):
+        batch_sizes.batch_size_range(100, p)
