@@ -1,5 +1,6 @@
 """Poisson sampling's batch sizes, in plain Python (no TensorFlow, no JAX): the steps per epoch, the cap that
-padded batches are built to, the range of sizes the DP optimizers accept, and the delta that truncation costs.
+padded batches are built to, the range of sizes the DP optimizers accept, the delta that truncation costs, and the
+`SamplingWarning` given when training data is not known to be Poisson-sampled.
 
 Shared by `keras_dyndp.data` (TensorFlow datasets; it re-exports these names) and the JAX backend. The argument for
 `truncation_delta` is in `keras_dyndp.data`'s module docstring.
@@ -12,6 +13,20 @@ import math
 import scipy.stats
 
 from keras_dyndp import validation
+
+
+class SamplingWarning(UserWarning):
+    """The batches are not known to be Poisson samples at the schedule's rate, which its epsilon assumes."""
+
+
+def not_poisson_message(problem: str, sampling_probability: float, remedy: str) -> str:
+    """The `SamplingWarning` text: what was seen (``problem``), what the epsilon assumes, what to do (``remedy``)."""
+    return (
+        f"{problem}. The epsilon reported for this schedule assumes Poisson sampling: each of the N training "
+        f"examples joins each batch independently with probability p={sampling_probability:g}. Shuffled or "
+        f"fixed-size batches are not covered by that analysis. {remedy}"
+    )
+
 
 #: Tail probability that sets `default_max_batch_size`: P[Binomial(N, p) > cap] <= this.
 DEFAULT_OVERFLOW_TAIL = 1e-15

@@ -50,6 +50,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_dyndp import optimizer_base
+from keras_dyndp import refusals
 
 keras = tf.keras
 """The Keras module in use: TF's ``tf.keras`` on Keras 2, the ``keras`` package on Keras 3 (whose ``tf.keras``
@@ -131,8 +132,7 @@ def unwrap_optimizer(optimizer: Any) -> Any:
 # ----------------------------------------------------------------------------------------------------------
 # Losses.
 
-PER_EXAMPLE_REDUCTION = 'reduction="none"'
-"""How to ask for a per-example loss, as error messages spell it (valid on Keras 2 and 3)."""
+PER_EXAMPLE_REDUCTION = refusals.PER_EXAMPLE_REDUCTION
 
 
 def is_per_example_loss(loss: keras.losses.Loss) -> bool:

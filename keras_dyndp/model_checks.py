@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from keras_dyndp import keras_compat
 from keras_dyndp import keras_context
+from keras_dyndp import refusals
 from keras_dyndp.keras_compat import keras
 
 _WRITE_OPS = frozenset(
@@ -90,13 +91,7 @@ def check_model(model: keras.Model, inputs: Any = None) -> None:
     """
     for layer in keras_compat.flatten_layers(model):
         if _mixes_batch_statistics(layer):
-            raise ValueError(
-                f"Layer {layer.name!r} ({type(layer).__name__}) normalises each example with the mean and variance "
-                "of the whole batch and stores them in its moving averages without noise: one example changes the "
-                "others' gradients and the released model, which DP-SGD's clipping does not bound. Replace it "
-                "with keras.layers.GroupNormalization or keras.layers.LayerNormalization (per-example), or "
-                "freeze it (layer.trainable = False runs it in inference mode with fixed statistics)."
-            )
+            raise refusals.batch_statistics_error(layer)
     _check_writes(model, _input_signature(model, inputs))
     _checked_models.setdefault(model, set()).add(_trainable_ids(model))
 

@@ -28,6 +28,7 @@ BACKEND_NEUTRAL = frozenset(
         "test_noise_seed.py",
         "test_optimizer_base.py",
         "test_privacy_report.py",
+        "test_refusals.py",
         "test_schedules.py",
         "test_validation.py",
         "accounting/test_cdp.py",

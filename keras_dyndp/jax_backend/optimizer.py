@@ -69,6 +69,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 f"accumulation_steps={self._accumulation_steps}."
             )
         self._dp_gradient_guard = optimizer_base.GradientGuard()
+        self._warned_sampling = False  # make_private's fit warns once when the data is not Poisson-sampled.
         # Attributed to the caller of the optimizer's constructor (NoiseSource, this method, DPOptimizerBase).
         self._noise_source = noise.NoiseSource(noise_seed, stacklevel=4)
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)

@@ -14,6 +14,9 @@ are refused when the step is traced (ValueError naming the variable). Random-gen
 used by Dropout and augmentation layers) are the exception: each example draws with the state offset by its
 index in the batch (so examples get different dropout masks), and the state advances as in Keras.
 
+Sampling: ``fit`` on a `keras_dyndp.jax_backend.PoissonBatches` at another rate than the schedule's is refused;
+on anything else it gives one `SamplingWarning` (the epsilon assumes Poisson sampling).
+
 A step the optimizer refuses (the budget is spent, or the batch's number of examples is far outside the
 schedule's Poisson sampling) changes nothing, and ``fit`` raises RuntimeError with the reason after that batch, the
 model's state intact (``make_private`` gives ``fit`` a callback for it).
@@ -27,7 +30,9 @@ losses, regularisation losses, trainable BatchNormalization, ``method='ghost'`` 
 from __future__ import annotations
 
 import inspect
+import math
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +40,9 @@ import jax
 import jax.numpy as jnp
 import keras
 
+from keras_dyndp import batch_sizes
+from keras_dyndp import refusals
+from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
 
 METHODS = ("auto", "vectorized")
@@ -59,47 +67,21 @@ def _dp_optimizer(model: keras.Model) -> JaxDPOptimizerMixin:
 
 
 def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], Any]:
-    loss = model.loss
-    if isinstance(loss, (dict, list, tuple)):
-        raise ValueError(f"make_private supports a single loss (one output). Received: loss={loss!r}.")
-    if isinstance(loss, str):
-        loss = keras.losses.get(loss)
-    if isinstance(loss, keras.losses.Loss):
-        if loss.reduction not in (None, "none"):
-            raise ValueError(
-                'The compiled loss must be per-example: build it with reduction="none" (averaging before clipping '
-                f"destroys the privacy guarantee). Received: reduction={loss.reduction!r}."
-            )
-        return loss
-    if callable(loss):
-        return loss
-    raise ValueError(f"`model.loss` must be a Keras loss or a loss function. Received: loss={loss!r}.")
+    return refusals.per_example_loss_fn(model.loss, keras, lambda loss: loss.reduction in (None, "none"))
 
 
 def _check_model(model: keras.Model) -> None:
     for layer in model._flatten_layers():  # pylint: disable=protected-access
         if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
-            raise ValueError(
-                f"Layer {layer.name!r} ({type(layer).__name__}) normalises each example with the mean and variance "
-                "of the whole batch and stores them in its moving averages without noise, which DP-SGD's clipping "
-                "does not bound. Replace it with keras.layers.GroupNormalization or LayerNormalization "
-                "(per-example), or freeze it (layer.trainable = False runs it in inference mode)."
-            )
+            raise refusals.batch_statistics_error(layer)
     regularised = [layer.name for layer in model._flatten_layers() if _has_regularizer(layer)]  # pylint: disable=protected-access
     if regularised:
-        _refuse_regularization(f"layers {regularised} have regularizers")
+        raise refusals.regularization_error(f"layers {regularised} have regularizers")
 
 
 def _has_regularizer(layer: keras.layers.Layer) -> bool:
     return getattr(layer, "activity_regularizer", None) is not None or any(
         getattr(variable, "regularizer", None) is not None for variable in layer.weights
-    )
-
-
-def _refuse_regularization(what: str) -> None:
-    raise ValueError(
-        "make_private does not support regularisation losses (kernel/activity regularizers, add_loss): they are "
-        f"not per-example terms. Received: {what}."
     )
 
 
@@ -152,7 +134,7 @@ def _private_train_step(self: keras.Model, state, data):
             trainable, non_trainable, jax.tree_util.tree_map(add_batch_axis, x_i), training=True, return_losses=True
         )
         if added_losses:
-            _refuse_regularization(f"{len(added_losses)} losses added in the model's call")
+            raise refusals.regularization_error(f"{len(added_losses)} losses added in the model's call")
         losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)
         if jnp.ndim(losses) == 0 and isinstance(loss_fn, keras.losses.Loss):
             raise ValueError(f'`loss` must return one loss per example (reduction="none"). Received: {loss_fn!r}.')
@@ -220,10 +202,41 @@ class _RefusedStepCheck(keras.callbacks.Callback):
 _FIT_SIGNATURE = inspect.signature(keras.Model.fit)
 
 
+def _check_sampling(model: keras.Model, x: Any) -> None:
+    """Refuses Poisson batches at another rate than the schedule's; warns (once per optimizer) on other data."""
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, JaxDPOptimizerMixin):
+        return  # The train step refuses it, naming what to use.
+    p = optimizer.schedule.sampling_probability
+    if isinstance(x, data.PoissonBatches):
+        if not math.isclose(x.sampling_probability, p, rel_tol=1e-9):
+            raise ValueError(
+                f"model.fit received Poisson batches sampled at p={x.sampling_probability:g}, but the optimizer's "
+                f"schedule is accounted at p={p:g}: the reported epsilon would be wrong. Sample the batches at the "
+                "schedule's sampling_probability, or calibrate the schedule for the rate you sample at."
+            )
+        return
+    if optimizer._warned_sampling:  # pylint: disable=protected-access
+        return
+    optimizer._warned_sampling = True  # pylint: disable=protected-access
+    warnings.warn(
+        batch_sizes.not_poisson_message(
+            f"model.fit received x of type {type(x).__name__}, not keras_dyndp.jax_backend.PoissonBatches",
+            p,
+            f"Train on keras_dyndp.jax_backend.PoissonBatches(x, y, sampling_probability={p:g}) and pass it to "
+            "model.fit unchanged.",
+        ),
+        batch_sizes.SamplingWarning,
+        stacklevel=3,
+    )
+
+
 def _private_fit(self: keras.Model, *args, **kwargs):
-    """``Model.fit`` with `_RefusedStepCheck` added to the callbacks; refuses what Keras would fail on first."""
+    """``Model.fit`` with `_RefusedStepCheck` added to the callbacks; checks the data's sampling and refuses what
+    Keras would fail on first."""
     _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
     bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
+    _check_sampling(self, bound.arguments.get("x"))
     bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _RefusedStepCheck()]
     return keras.Model.fit(*bound.args, **bound.kwargs)
 

@@ -35,13 +35,11 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_dyndp import batch_sizes
 from keras_dyndp import data
 from keras_dyndp import keras_context
 from keras_dyndp import replicas
-
-
-class SamplingWarning(UserWarning):
-    """The batches are not known to be Poisson samples at the schedule's rate, which its epsilon assumes."""
+from keras_dyndp.batch_sizes import SamplingWarning
 
 
 def count_nonzero_rows(values: tf.Tensor) -> tf.Tensor:
@@ -114,11 +112,11 @@ class SamplingCheck:
         if self._warned:
             return
         self._warned = True
-        message = (
-            f"{problem}. The epsilon reported for this schedule assumes Poisson sampling: each of the N training "
-            f"examples joins each batch independently with probability p={p:g}. Shuffled or fixed-size batches are "
-            "not covered by that analysis. Train on keras_dyndp.data.poisson_batches_from_tensors(x, y, "
-            f"sampling_probability={p:g}) and pass the returned dataset to model.fit unchanged."
+        message = batch_sizes.not_poisson_message(
+            problem,
+            p,
+            f"Train on keras_dyndp.data.poisson_batches_from_tensors(x, y, sampling_probability={p:g}) and pass the "
+            "returned dataset to model.fit unchanged.",
         )
         if self._range is None:
             message += (

@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from keras_dyndp import keras_compat
 from keras_dyndp import model_checks
+from keras_dyndp import refusals
 from keras_dyndp.keras_compat import keras
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
 from keras_dyndp.per_example import accumulation
@@ -77,30 +78,12 @@ def _dp_optimizer(model: keras.Model) -> DynamicDPOptimizerMixin:
 
 
 def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], tf.Tensor]:
-    loss = model.loss
-    if isinstance(loss, (dict, list, tuple)):
-        raise ValueError(f"make_private supports a single loss (one output). Received: loss={loss!r}.")
-    if isinstance(loss, str):
-        loss = keras.losses.get(loss)
-    if isinstance(loss, keras.losses.Loss):
-        if not keras_compat.is_per_example_loss(loss):
-            raise ValueError(
-                f"The compiled loss must be per-example: build it with {keras_compat.PER_EXAMPLE_REDUCTION} "
-                "(averaging before clipping destroys the privacy guarantee). Received: "
-                f"reduction={loss.reduction!r}."
-            )
-        return loss
-    if callable(loss):
-        return loss
-    raise ValueError(f"`model.loss` must be a Keras loss or a loss function. Received: loss={loss!r}.")
+    return refusals.per_example_loss_fn(model.loss, keras, keras_compat.is_per_example_loss)
 
 
 def _check_no_regularization(model: keras.Model) -> None:
     if model.losses:
-        raise ValueError(
-            "make_private does not support regularisation losses (kernel/activity regularizers, add_loss): "
-            f"they are not per-example terms. Received {len(model.losses)} of them in model.losses."
-        )
+        raise refusals.regularization_error(f"{len(model.losses)} of them in model.losses")
 
 
 def _private_train_step_arguments(model: keras.Model) -> dict:

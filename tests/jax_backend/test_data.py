@@ -1,0 +1,111 @@
+"""Tests for keras_dyndp.jax_backend.data: PoissonBatches' sampling, padding and seeding, and fit's checks."""
+
+import warnings
+
+import pytest
+
+jax = pytest.importorskip("jax")
+keras = pytest.importorskip("keras")
+if keras.backend.backend() != "jax":
+    pytest.skip("Keras is not running on JAX (set KERAS_BACKEND=jax)", allow_module_level=True)
+
+import numpy as np  # noqa: E402
+
+from keras_dyndp import batch_sizes  # noqa: E402
+from keras_dyndp import schedules  # noqa: E402
+from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
+from keras_dyndp.jax_backend import PoissonBatches  # noqa: E402
+from keras_dyndp.jax_backend import SamplingWarning  # noqa: E402
+from keras_dyndp.jax_backend import make_private  # noqa: E402
+
+N, P = 200, 0.1
+
+
+def _arrays():
+    # Row i holds i + 1, so rows identify examples and padding (zeros) is told apart.
+    return np.repeat(np.arange(1, N + 1, dtype=np.float32)[:, None], 3, axis=1), np.arange(1, N + 1)
+
+
+def test_batches_are_poisson_samples_padded_with_zero_weight_rows():
+    x, y = _arrays()
+    batches = PoissonBatches(x, y, sampling_probability=P, steps_per_epoch=400, seed=0)
+    assert len(batches) == 400 and batches.max_batch_size == batch_sizes.default_max_batch_size(N, P)
+    counts, sizes = np.zeros(N), []
+    for index in range(len(batches)):
+        bx, by, weights = batches[index]
+        assert bx.shape == (batches.max_batch_size, 3) and weights.shape == (batches.max_batch_size,)
+        real = weights > 0
+        sizes.append(real.sum())
+        assert np.all(bx[~real] == 0) and np.all(by[~real] == 0)
+        np.testing.assert_array_equal(bx[real, 0], by[real])  # rows stay whole
+        assert len(set(by[real])) == real.sum()  # no example twice
+        counts[by[real] - 1] += 1
+    # Sizes follow Binomial(N, p), each example's inclusion count Binomial(400, p): means within 5 standard errors,
+    # variances within 30%.
+    sizes, variance = np.array(sizes), N * P * (1 - P)
+    assert abs(sizes.mean() - N * P) < 5 * np.sqrt(variance / 400) and 0.7 < sizes.var() / variance < 1.3
+    assert np.all(np.abs(counts - 400 * P) < 5 * np.sqrt(400 * P * (1 - P)))
+    assert 0.7 < counts.var() / (400 * P * (1 - P)) < 1.3
+
+
+def test_a_seed_repeats_the_batches_and_none_draws_fresh_ones():
+    x, y = _arrays()
+    first, second = (PoissonBatches(x, y, sampling_probability=P, seed=3) for _ in range(2))
+    np.testing.assert_array_equal(first[0][1], second[0][1])
+    fresh = [PoissonBatches(x, y, sampling_probability=P)[0][1] for _ in range(2)]
+    assert not np.array_equal(*fresh)
+
+
+def test_overflow_is_truncated_to_the_cap():
+    x, y = _arrays()
+    batch = PoissonBatches(x, y, sampling_probability=0.5, max_batch_size=5, seed=0)[0]
+    assert batch[0].shape == (5, 3) and np.all(batch[2] == 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"sampling_probability": 0.0}, r"`sampling_probability` must be in \(0, 1\]"),
+        ({"sampling_probability": P, "steps_per_epoch": 0}, "`steps_per_epoch`"),
+        ({"sampling_probability": P, "max_batch_size": 0}, "`max_batch_size`"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, message):
+    x, y = _arrays()
+    with pytest.raises(ValueError, match=message):
+        PoissonBatches(x, y, **kwargs)
+    with pytest.raises(ValueError, match="must have N=200 rows"):
+        PoissonBatches(x, y[:10], sampling_probability=P)
+
+
+def _model(p):
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    schedule = schedules.DPSchedule(np.ones(50), np.ones(50), p)
+    optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=p * N, learning_rate=0.01)
+    model.compile(
+        optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    )
+    return model
+
+
+def test_fit_accepts_poisson_batches_at_the_schedules_rate_and_refuses_another():
+    x, y = _arrays()
+    y = (y % 2).astype("int32")
+    model = _model(P)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SamplingWarning)
+        model.fit(PoissonBatches(x, y, sampling_probability=P, steps_per_epoch=3), verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 3
+    with pytest.raises(ValueError, match=r"sampled at p=0.2, but the optimizer's schedule is accounted at p=0.1"):
+        model.fit(PoissonBatches(x, y, sampling_probability=0.2, steps_per_epoch=1), verbose=0)
+
+
+def test_fit_on_arrays_warns_once_that_the_epsilon_assumes_poisson_sampling():
+    x, y = _arrays()
+    y = (y % 2).astype("int32")
+    model = _model(20 / N)
+    with pytest.warns(SamplingWarning, match=r"not keras_dyndp.jax_backend.PoissonBatches.*p=0.1"):
+        model.fit(x, y, batch_size=20, epochs=1, verbose=0, shuffle=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SamplingWarning)
+        model.fit(x, y, batch_size=20, epochs=1, verbose=0)

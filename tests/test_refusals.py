@@ -1,0 +1,53 @@
+"""Tests for keras_dyndp.refusals: the per-example loss rule and the refusal messages, with no backend."""
+
+import types
+
+import pytest
+
+from keras_dyndp import refusals
+
+
+class _Loss:
+    def __init__(self, reduction):
+        self.reduction = reduction
+
+    def __call__(self, y, y_pred):
+        return y_pred
+
+
+class _Keras:
+    """Stands in for a Keras module: ``keras.losses.Loss`` and ``keras.losses.get``."""
+
+    losses = types.SimpleNamespace(Loss=_Loss, get=lambda name: _Loss("none" if name == "per_example" else "sum"))
+
+
+def _is_per_example(loss):
+    return loss.reduction == "none"
+
+
+def test_a_per_example_loss_and_a_function_are_accepted():
+    loss = _Loss("none")
+    assert refusals.per_example_loss_fn(loss, _Keras, _is_per_example) is loss
+    assert refusals.per_example_loss_fn("per_example", _Keras, _is_per_example).reduction == "none"
+    assert refusals.per_example_loss_fn(abs, _Keras, _is_per_example) is abs
+
+
+@pytest.mark.parametrize(
+    "loss, message",
+    [
+        (_Loss("sum"), r'must be per-example: build it with reduction="none".*Received: reduction=\'sum\''),
+        ("batch_mean", "must be per-example"),
+        ([_Loss("none"), _Loss("none")], "supports a single loss"),
+        (3, "must be a Keras loss or a loss function"),
+    ],
+)
+def test_losses_that_cannot_be_clipped_per_example_are_refused(loss, message):
+    with pytest.raises(ValueError, match=message):
+        refusals.per_example_loss_fn(loss, _Keras, _is_per_example)
+
+
+def test_messages_name_what_was_received_and_what_to_do():
+    assert "Received: 2 losses" in str(refusals.regularization_error("2 losses"))
+    layer = types.SimpleNamespace(name="bn")
+    message = str(refusals.batch_statistics_error(layer))
+    assert "'bn' (SimpleNamespace)" in message and "GroupNormalization" in message and "trainable = False" in message
