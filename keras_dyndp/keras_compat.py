@@ -49,6 +49,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 
@@ -297,30 +298,18 @@ def add_to_epoch_logs(model: keras.Model, batch_logs: dict | None, values: dict[
     """Makes ``values`` part of the logs that every callback's ``on_epoch_end`` receives for this epoch.
 
     Call it from ``on_train_batch_end`` of the epoch's last batch, in a callback with ``_supports_tf_logs = True``
-    (Keras 2 then passes the very dict it copies into the epoch logs). On Keras 3 the values wait in a wrapper of
-    ``model._get_metrics_result_or_logs``, which ``fit`` calls to build the epoch logs before any callback's
-    ``on_epoch_end``; they are used once (validation logs do not get them). `remove_epoch_logs_hook` removes it.
+    (Keras 2 then passes the very dict it copies into the epoch logs). On Keras 3, `keras_dyndp.epoch_logs`.
     """
     if not _KERAS_3 or not hasattr(model, "_get_metrics_result_or_logs"):  # Keras 2, or not a Keras 3 model.
         if batch_logs is not None:
             batch_logs.update(values)
         return
-    hook = vars(model).get("_get_metrics_result_or_logs")
-    if not isinstance(hook, _EpochLogsHook):
-        hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # pylint: disable=protected-access
-        model._get_metrics_result_or_logs = hook  # pylint: disable=protected-access
-    hook.pending = dict(values)
+    epoch_logs.add(model, values)
 
 
 def remove_epoch_logs_hook(model: keras.Model) -> None:
     """Removes what `add_to_epoch_logs` installed on ``model`` (at the end of training)."""
-    hook = vars(model).get("_get_metrics_result_or_logs")
-    if not isinstance(hook, _EpochLogsHook):
-        return
-    if hook.replaced is None:
-        del model._get_metrics_result_or_logs  # pylint: disable=protected-access
-    else:
-        model._get_metrics_result_or_logs = hook.replaced  # pylint: disable=protected-access
+    epoch_logs.remove_hook(model)
 
 
 def epoch_logs_from_the_step(model: keras.Model, from_the_step: bool) -> None:
@@ -341,19 +330,3 @@ def epoch_logs_from_the_step(model: keras.Model, from_the_step: bool) -> None:
 
 def _logs_of_the_step(logs: dict) -> dict:
     return logs
-
-
-class _EpochLogsHook:
-    """Keras 3: ``model._get_metrics_result_or_logs`` plus the values waiting for the next epoch logs."""
-
-    def __init__(self, original: Callable[[Any], dict], replaced: Callable[[Any], dict] | None):
-        self.original = original
-        self.replaced = replaced  # The instance's own attribute that this hook replaced, if any.
-        self.pending: dict | None = None
-
-    def __call__(self, logs):
-        result = self.original(logs)
-        if self.pending is not None:
-            result = {**result, **self.pending}
-            self.pending = None
-        return result

@@ -25,6 +25,7 @@ if HAS_JAX and not HAS_TENSORFLOW:
 BACKEND_NEUTRAL = frozenset(
     {
         "test_batch_sizes.py",
+        "test_epoch_logs.py",
         "test_noise_seed.py",
         "test_optimizer_base.py",
         "test_privacy_report.py",

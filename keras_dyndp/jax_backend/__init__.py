@@ -21,6 +21,7 @@ JAX's own: the per-example gradients (`train_step`), the random source (`noise`)
 
 from keras_dyndp.batch_sizes import SamplingWarning
 from keras_dyndp.jax_backend.callbacks import BudgetStop
+from keras_dyndp.jax_backend.callbacks import PrivacyLogger
 from keras_dyndp.jax_backend.data import PoissonBatches
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdam
@@ -38,6 +39,7 @@ __all__ = [
     "DynamicDPKerasSGD",
     "JaxDPOptimizerMixin",
     "PoissonBatches",
+    "PrivacyLogger",
     "SamplingWarning",
     "make_dynamic_dp_optimizer_class",
     "make_private",

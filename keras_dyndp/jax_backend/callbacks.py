@@ -1,10 +1,49 @@
-"""`BudgetStop` for the JAX backend: stops ``fit`` when the DP optimizer has taken its schedule's last step."""
+"""The JAX backend's callbacks: `PrivacyLogger` (the shared `keras_dyndp.privacy_logger` logic) and `BudgetStop`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 
+from keras_dyndp import epoch_logs
+from keras_dyndp import privacy_logger
 from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
+
+
+def _dp_optimizer(model: Any, caller: str) -> JaxDPOptimizerMixin:
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, JaxDPOptimizerMixin):
+        raise ValueError(
+            f"{caller} needs a model compiled with a keras_dyndp JAX DP optimizer. Received: optimizer={optimizer!r}."
+        )
+    return optimizer
+
+
+class PrivacyLogger(privacy_logger.PrivacyLoggerMixin, keras.callbacks.Callback):
+    __doc__ = (privacy_logger.PrivacyLoggerMixin.__doc__ or "") + (
+        "\n    On JAX, ``log_dir`` is refused: TensorBoard summaries need TensorFlow (the epoch logs still reach"
+        "\n    ``History`` and any callback).\n"
+    )
+
+    def __init__(self, *args, **kwargs):
+        if kwargs.get("log_dir") is not None:
+            raise ValueError(
+                "PrivacyLogger(log_dir=...) writes TensorBoard summaries with TensorFlow, which the JAX backend does "
+                f"not have: leave log_dir None (the values are in History and the epoch logs). Received: "
+                f"log_dir={kwargs['log_dir']!r}."
+            )
+        super().__init__(*args, **kwargs)
+
+    def _dp_optimizer(self) -> JaxDPOptimizerMixin:
+        return _dp_optimizer(self.model, type(self).__name__)
+
+    def _add_to_epoch_logs(self, batch_logs: dict | None, values: dict[str, float]) -> None:
+        del batch_logs  # Keras 3 builds the epoch logs itself.
+        epoch_logs.add(self.model, values)
+
+    def _remove_epoch_logs_hook(self) -> None:
+        epoch_logs.remove_hook(self.model)
 
 
 class BudgetStop(keras.callbacks.Callback):
@@ -16,11 +55,6 @@ class BudgetStop(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         del batch, logs  # Unused.
-        optimizer = self.model.optimizer
-        if not isinstance(optimizer, JaxDPOptimizerMixin):
-            raise ValueError(
-                "BudgetStop needs a model compiled with a keras_dyndp JAX DP optimizer. "
-                f"Received: optimizer={optimizer!r}."
-            )
+        optimizer = _dp_optimizer(self.model, type(self).__name__)
         if int(optimizer.dp_step.numpy()) >= optimizer.schedule.num_steps:
             self.model.stop_training = True

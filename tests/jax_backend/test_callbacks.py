@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import BudgetStop  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
+from keras_dyndp.jax_backend import PrivacyLogger  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 
 LOSS = keras.losses.MeanSquaredError(reduction="none")
@@ -37,3 +38,27 @@ def test_budget_stop_refuses_a_model_without_a_dp_optimizer():
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ValueError, match="BudgetStop needs a model compiled with a keras_dyndp JAX DP optimizer"):
         model.fit(np.ones((4, 3)), np.zeros((4, 2)), batch_size=4, verbose=0, callbacks=[BudgetStop()])
+
+
+def test_privacy_logger_puts_the_accountants_epsilon_into_every_callbacks_epoch_logs():
+    seen = []
+    before = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(dict(logs)))
+    x, y = np.ones((12, 3), "float32"), np.zeros((12, 2), "float32")
+    model = _model(num_steps=6)
+    history = model.fit(
+        x, y, batch_size=4, epochs=2, verbose=0, callbacks=[before, PrivacyLogger(delta=1e-5), BudgetStop()]
+    )
+    schedule = model.optimizer.schedule
+    for epoch, steps in enumerate((3, 6)):
+        expected = schedule.epsilon(1e-5, accountant="pld", steps=steps)
+        assert history.history["epsilon_pld"][epoch] == pytest.approx(expected)
+        assert seen[epoch]["epsilon_pld"] == pytest.approx(expected)  # listed before the logger, still sees it
+        assert history.history["dp_step"][epoch] == steps
+    assert history.history["epsilon_gdp_clt"][1] == pytest.approx(schedule.epsilon(1e-5, accountant="gdp_clt"))
+
+
+def test_privacy_logger_refuses_log_dir_and_bad_arguments():
+    with pytest.raises(ValueError, match="log_dir.*TensorFlow"):
+        PrivacyLogger(delta=1e-5, log_dir="/tmp/logs")
+    with pytest.raises(ValueError, match="`log_every` must be 'epoch' or an integer >= 1"):
+        PrivacyLogger(delta=1e-5, log_every=0)

@@ -1,0 +1,49 @@
+"""Keras 3, any backend: values that join the logs every callback's ``on_epoch_end`` receives for this epoch.
+
+Callbacks run in list order, so keys one of them adds in its ``on_epoch_end`` reach only those listed after it.
+Keras 3's ``fit`` builds the epoch logs with ``model._get_metrics_result_or_logs`` before any callback's
+``on_epoch_end``: `add` wraps that method on the model instance, with the values waiting in the wrapper until the
+next call uses them (once; validation logs do not get them). `remove_hook` restores the method. Pure Python, no
+TensorFlow: `keras_dyndp.keras_compat` uses it on Keras 3 with TensorFlow, the JAX backend's callbacks directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class _EpochLogsHook:
+    """``model._get_metrics_result_or_logs`` plus the values waiting for the next epoch logs."""
+
+    def __init__(self, original: Callable[[Any], dict], replaced: Callable[[Any], dict] | None):
+        self.original = original
+        self.replaced = replaced  # The instance's own attribute that this hook replaced, if any.
+        self.pending: dict | None = None
+
+    def __call__(self, logs):
+        result = self.original(logs)
+        if self.pending is not None:
+            result = {**result, **self.pending}
+            self.pending = None
+        return result
+
+
+def add(model: Any, values: dict[str, float]) -> None:
+    """Makes ``values`` part of the next epoch logs ``fit`` builds for ``model``."""
+    hook = vars(model).get("_get_metrics_result_or_logs")
+    if not isinstance(hook, _EpochLogsHook):
+        hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # pylint: disable=protected-access
+        model._get_metrics_result_or_logs = hook  # pylint: disable=protected-access
+    hook.pending = dict(values)
+
+
+def remove_hook(model: Any) -> None:
+    """Removes what `add` installed on ``model`` (at the end of training)."""
+    hook = vars(model).get("_get_metrics_result_or_logs")
+    if not isinstance(hook, _EpochLogsHook):
+        return
+    if hook.replaced is None:
+        del model._get_metrics_result_or_logs  # pylint: disable=protected-access
+    else:
+        model._get_metrics_result_or_logs = hook.replaced  # pylint: disable=protected-access
