@@ -24,7 +24,8 @@ model's state intact (``make_private`` gives ``fit`` a callback for it).
 Loss and metrics of the training batch are computed from the per-example losses and outputs without noise;
 ``training_metrics=False`` computes none and logs only ``dp_step`` (public). Refused as on TensorFlow: an optimizer
 that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a loss reduced over the batch, several
-losses, regularisation losses, trainable BatchNormalization, ``method='ghost'`` (no ghost rules on JAX yet).
+losses, regularisation losses, trainable BatchNormalization, ``method='ghost'`` (no ghost rules on JAX yet), a
+``keras.distribution`` (not yet on JAX).
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], Any]:
 
 
 def _check_model(model: keras.Model) -> None:
+    if keras.distribution.distribution() is not None:
+        raise ValueError(
+            "make_private on JAX does not support keras.distribution (data or model parallel) yet: its noise and "
+            "batch-size checks are written for one device. Unset it (keras.distribution.set_distribution(None)) or "
+            f"train on TensorFlow with MirroredStrategy. Received: {keras.distribution.distribution()!r}."
+        )
     for layer in model._flatten_layers():  # pylint: disable=protected-access
         if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
             raise refusals.batch_statistics_error(layer)

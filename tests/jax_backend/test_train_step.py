@@ -58,11 +58,13 @@ def test_top_level_names_resolve_to_the_jax_backend():
         keras_dyndp.poisson_batches  # noqa: B018
 
 
-def test_each_step_applies_the_clipped_sum_of_a_per_example_loop_with_the_steps_clip_norm():
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_each_step_applies_the_clipped_sum_of_a_per_example_loop_with_the_steps_clip_norm(jit_compile):
     x, y = _data()
     model = make_private(_cnn())
     clip_norms = [0.5, 2.0, 0.1]  # C_t changes at every step; some rows are clipped, some not
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule(clip_norms), learning_rate=1.0), loss=LOSS)
+    optimizer = DynamicDPKerasSGD(schedule=_schedule(clip_norms), learning_rate=1.0)
+    model.compile(optimizer=optimizer, loss=LOSS, jit_compile=jit_compile)
     for step, clip_norm in enumerate(clip_norms):
         batch = slice(4 * step, 4 * step + 4)
         before = _weights(model)
@@ -263,3 +265,15 @@ def test_mixed_bfloat16_clips_float32_gradients_and_mixed_float16_is_refused():
             model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+def test_a_keras_distribution_is_refused():
+    x, y = _data(4)
+    model = make_private(_cnn())
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0], [1.0])), loss=LOSS)
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()[:1]))
+    try:
+        with pytest.raises(ValueError, match="does not support keras.distribution"):
+            model.fit(x, y, batch_size=4, verbose=0)
+    finally:
+        keras.distribution.set_distribution(None)
