@@ -28,6 +28,7 @@ BACKEND_NEUTRAL = frozenset(
         "test_epoch_logs.py",
         "test_noise_seed.py",
         "test_optimizer_base.py",
+        "test_privacy_logger.py",
         "test_privacy_report.py",
         "test_refusals.py",
         "test_schedules.py",
