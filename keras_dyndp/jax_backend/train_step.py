@@ -44,6 +44,7 @@ import keras
 from keras_dyndp import batch_sizes
 from keras_dyndp import refusals
 from keras_dyndp.jax_backend import data
+from keras_dyndp.jax_backend import embedding_taps
 from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
 
 METHODS = ("auto", "vectorized")
@@ -92,6 +93,21 @@ def _has_regularizer(layer: keras.layers.Layer) -> bool:
     )
 
 
+def _tapped_embeddings(model: keras.Model, trainable, non_trainable, x) -> dict[int, tuple[int, tuple]]:
+    """Embedding layers whose tables this step differentiates through output taps (`embedding_taps`): layer id ->
+    (the table's index in the trainable variables, the layer's output shape for the batch)."""
+    candidates = embedding_taps.candidates(model)
+    if not candidates:
+        return {}
+
+    def forward(trainable, non_trainable, batch):
+        return model.stateless_call(trainable, non_trainable, batch, training=True)
+
+    with embedding_taps.session() as probe:  # An abstract trace: which of them run once, and their output shapes.
+        jax.eval_shape(forward, trainable, non_trainable, x)
+    return {key: (index, probe.shapes[key]) for key, (_, index) in candidates.items() if probe.calls.get(key) == 1}
+
+
 def _seed_states(model: keras.Model) -> list[bool]:
     """For each non-trainable variable of ``model``, whether it is a random-generator (SeedGenerator) state."""
     states = {
@@ -131,28 +147,49 @@ def _private_train_step(self: keras.Model, state, data):
     is_seed_state = _seed_states(self)
     clip_norm = optimizer.clip_norm_at(optimizer_variables)
 
-    def example_loss(trainable, non_trainable, x_i, y_i, weight, index):
+    tapped = _tapped_embeddings(self, trainable_variables, non_trainable_variables, x)
+    tables = {index: key for key, (index, _) in tapped.items()}
+    differentiated = [i for i in range(len(trainable_variables)) if i not in tables]
+
+    def example_loss(diff_trainable, taps, trainable, non_trainable, x_i, y_i, weight, index):
+        trainable = list(trainable)  # the tables (not differentiated) come from here, the rest from diff_trainable
+        for position, value in zip(differentiated, diff_trainable):
+            trainable[position] = value
         offset = jnp.stack([index, 0])
         non_trainable = [
             value + offset.astype(value.dtype) if seed else value for value, seed in zip(non_trainable, is_seed_state)
         ]
         add_batch_axis = lambda value: None if value is None else value[None]  # noqa: E731
-        y_pred, non_trainable, added_losses = self.stateless_call(
-            trainable, non_trainable, jax.tree_util.tree_map(add_batch_axis, x_i), training=True, return_losses=True
-        )
+        with embedding_taps.session(taps) as trace:
+            y_pred, non_trainable, added_losses = self.stateless_call(
+                trainable, non_trainable, jax.tree_util.tree_map(add_batch_axis, x_i), training=True, return_losses=True
+            )
         if added_losses:
             raise refusals.regularization_error(f"{len(added_losses)} losses added in the model's call")
         losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)
         if jnp.ndim(losses) == 0 and isinstance(loss_fn, keras.losses.Loss):
             raise ValueError(f'`loss` must return one loss per example (reduction="none"). Received: {loss_fn!r}.')
         loss = jnp.mean(jnp.asarray(losses, jnp.float32)) * weight
-        return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss)
+        ids = {key: trace.ids[key][0] for key in taps}
+        return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss, ids)
 
-    out_axes = (0, (0, [0 if seed else None for seed in is_seed_state], 0))
-    per_example = jax.vmap(jax.grad(example_loss, has_aux=True), in_axes=(None, None, 0, 0, 0, 0), out_axes=out_axes)
+    out_axes = (0, (0, [0 if seed else None for seed in is_seed_state], 0, 0))
+    per_example = jax.vmap(
+        jax.grad(example_loss, argnums=(0, 1), has_aux=True),
+        in_axes=(None, 0, None, None, 0, 0, 0, 0),
+        out_axes=out_axes,
+    )
+    taps = {key: jnp.zeros((num_rows, 1, *shape[1:]), jnp.float32) for key, (_, shape) in tapped.items()}
     try:
-        grads, (y_pred, new_non_trainable, losses) = per_example(
-            trainable_variables, non_trainable_variables, x, y, weights, jnp.arange(num_rows, dtype=jnp.int32)
+        (grads, tap_grads), (y_pred, new_non_trainable, losses, ids) = per_example(
+            [trainable_variables[i] for i in differentiated],
+            taps,
+            trainable_variables,
+            non_trainable_variables,
+            x,
+            y,
+            weights,
+            jnp.arange(num_rows, dtype=jnp.int32),
         )
     except ValueError as error:
         if "out_axes" not in str(error):
@@ -163,10 +200,23 @@ def _private_train_step(self: keras.Model, state, data):
             "training (or on public data and freeze them); for normalisation use keras.layers.GroupNormalization "
             "or LayerNormalization."
         ) from error
+    rows = {
+        key: (ids[key].reshape(num_rows, -1), tap_grads[key].reshape(num_rows, -1, tap_grads[key].shape[-1]))
+        for key in taps
+    }
     squared_norms = sum(jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1) for g in grads)
+    for key_ids, deltas in rows.values():
+        squared_norms = squared_norms + embedding_taps.squared_norms(key_ids, deltas.astype(jnp.float32))
     norms = jnp.sqrt(squared_norms)
     factors = jnp.where(norms > clip_norm, clip_norm / jnp.where(norms > 0, norms, 1.0), 1.0)
-    clipped_sums = [jnp.tensordot(factors, g.astype(jnp.float32), axes=1) for g in grads]
+    clipped_sums = [None] * len(trainable_variables)
+    for position, g in zip(differentiated, grads):
+        clipped_sums[position] = jnp.tensordot(factors, g.astype(jnp.float32), axes=1)
+    for index, key in tables.items():
+        key_ids, deltas = rows[key]
+        clipped_sums[index] = embedding_taps.clipped_sum(
+            trainable_variables[index].shape, key_ids, deltas.astype(jnp.float32), factors
+        )
     num_examples = jnp.sum(weights != 0)
     trainable_variables, optimizer_variables = optimizer.stateless_apply_clipped_sum(
         optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables

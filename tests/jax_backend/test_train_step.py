@@ -277,3 +277,45 @@ def test_a_keras_distribution_is_refused():
             model.fit(x, y, batch_size=4, verbose=0)
     finally:
         keras.distribution.set_distribution(None)
+
+
+class _TwiceEmbedded(keras.Model):
+    """One Embedding called on two inputs: its table keeps the vmap path."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = keras.layers.Embedding(20, 4)
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, inputs, training=False):
+        del training  # Unused.
+        first = keras.ops.mean(self.embedding(inputs), axis=1)
+        second = keras.ops.mean(self.embedding(inputs[:, ::-1] % 7), axis=1)
+        return self.dense(first * second)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_embedding_tables_clip_as_the_per_example_loop_with_repeated_tokens(shared):
+    keras.utils.set_random_seed(3)
+    if shared:
+        model = _TwiceEmbedded()
+        model(np.zeros((1, 6), "int32"))
+    else:
+        model = keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Embedding(20, 4),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(3),
+            ]
+        )
+    model = make_private(model)
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule([0.05, 0.05]), learning_rate=1.0), loss=LOSS)
+    x = np.random.default_rng(0).integers(0, 20, size=(8, 6)).astype("int32")
+    x[:, 3:] = x[:, :3]  # every row repeats its tokens: their rows of the table gradient add up
+    y = np.arange(8, dtype="int32") % 3
+    before = _weights(model)
+    expected = brute_force.clipped_sum(model, LOSS, x, y, 0.05)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    for old, new, total in zip(before, _weights(model), expected):
+        np.testing.assert_allclose(new, old - total / 8, rtol=1e-4, atol=1e-7)

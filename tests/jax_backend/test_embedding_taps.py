@@ -1,0 +1,53 @@
+"""Tests for keras_dyndp.jax_backend.embedding_taps: norms and clipped sums from row gradients, and which layers."""
+
+import pytest
+
+jax = pytest.importorskip("jax")
+keras = pytest.importorskip("keras")
+if keras.backend.backend() != "jax":
+    pytest.skip("Keras is not running on JAX (set KERAS_BACKEND=jax)", allow_module_level=True)
+
+import numpy as np  # noqa: E402
+
+from keras_dyndp.jax_backend import embedding_taps  # noqa: E402
+
+
+def _dense_gradients(ids, deltas, vocabulary):
+    """Per-example table gradients [B, V, D] by scatter-add: the reference."""
+    grads = np.zeros((ids.shape[0], vocabulary, deltas.shape[-1]))
+    for example in range(ids.shape[0]):
+        np.add.at(grads[example], ids[example], deltas[example])
+    return grads
+
+
+def test_norms_and_clipped_sum_equal_the_dense_per_example_gradients():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 6, size=(5, 9))  # 9 tokens from 6 ids: repeats in every row
+    deltas = rng.normal(size=(5, 9, 3))
+    factors = rng.uniform(size=5)
+    dense = _dense_gradients(ids, deltas, 6)
+    np.testing.assert_allclose(
+        embedding_taps.squared_norms(jax.numpy.asarray(ids), jax.numpy.asarray(deltas, "float32")),
+        np.sum(dense**2, axis=(1, 2)),
+        rtol=1e-5,
+    )
+    np.testing.assert_allclose(
+        embedding_taps.clipped_sum((6, 3), jax.numpy.asarray(ids), jax.numpy.asarray(deltas, "float32"), factors),
+        np.tensordot(factors, dense, axes=1),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_candidates_are_trainable_embeddings_whose_table_no_other_layer_holds():
+    own = keras.layers.Embedding(10, 4)
+    frozen = keras.layers.Embedding(10, 4)
+    frozen.trainable = False
+    inputs = keras.Input((3,), dtype="int32")
+    pooled = [keras.layers.GlobalAveragePooling1D()(layer(inputs)) for layer in (own, frozen)]
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Concatenate()(pooled)))
+    found = embedding_taps.candidates(model)
+    assert list(found) == [id(own)] and found[id(own)][1] == 0
+    assert own._keras_dyndp_tapped and not getattr(frozen, "_keras_dyndp_tapped", False)
+    ids = np.array([[1, 2, 3]])
+    np.testing.assert_array_equal(own(ids), np.asarray(own.embeddings)[ids])  # no session: the original call
