@@ -3,7 +3,8 @@
 Keras's JAX train step differentiates the batch's mean loss and hands the optimizer one averaged gradient, where no
 example can be clipped (the DP optimizers refuse it). ``make_private`` gives the model a stateless ``train_step``
 that computes one gradient per example with ``jax.vmap`` of ``jax.grad`` of the example's loss (the model's
-``stateless_call`` on a batch of one), clips each to the global norm C_t that the optimizer's schedule gives at its
+``stateless_call`` on a batch of one; Embedding tables through their output's gradient instead,
+`keras_dyndp.jax_backend.embedding_taps`), clips each to the global norm C_t that the optimizer's schedule gives at its
 step counter, sums them, and hands the sums to the optimizer's ``stateless_apply_clipped_sum``, which adds the
 noise once, normalises and applies (`keras_dyndp.jax_backend.optimizer`). Each example runs alone, so no layer can
 mix examples.
