@@ -77,7 +77,17 @@ def keras_backend() -> str:
     """The backend Keras runs on here: 'jax' when Keras 3 is set to JAX, else 'tensorflow' (Keras 2 included)."""
     if importlib.util.find_spec("keras") is None:
         return "tensorflow"
-    config = getattr(importlib.import_module("keras"), "config", None)
+    try:
+        keras = importlib.import_module("keras")
+    except ModuleNotFoundError as error:
+        if error.name != "tensorflow":
+            raise
+        raise ImportError(
+            "Keras is set to its TensorFlow backend (KERAS_BACKEND unset or 'tensorflow', or ~/.keras/keras.json), "
+            "but TensorFlow is not installed: set KERAS_BACKEND=jax before importing keras (keras_dyndp[jax]), or "
+            "pip install 'keras_dyndp[tensorflow]'."
+        ) from error
+    config = getattr(keras, "config", None)
     return config.backend() if config is not None and hasattr(config, "backend") else "tensorflow"
 
 

@@ -1,5 +1,7 @@
 """Tests for keras_dyndp.jax_backend.train_step: make_private's vmapped per-example step on Keras 3's JAX backend."""
 
+import importlib.util
+
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -319,3 +321,17 @@ def test_embedding_tables_clip_as_the_per_example_loop_with_repeated_tokens(shar
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
     for old, new, total in zip(before, _weights(model), expected):
         np.testing.assert_allclose(new, old - total / 8, rtol=1e-4, atol=1e-7)
+
+
+def test_without_keras_backend_set_and_without_tensorflow_the_message_says_what_to_do(tmp_path):
+    import os  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    if importlib.util.find_spec("tensorflow") is not None:
+        pytest.skip("TensorFlow is installed here")
+    env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
+    env["KERAS_HOME"] = str(tmp_path)  # no keras.json choosing jax
+    code = "import keras_dyndp; keras_dyndp.DynamicDPKerasSGD"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode != 0 and "set KERAS_BACKEND=jax" in result.stderr
