@@ -11,7 +11,9 @@ rows, delta (L x D for L tokens). Then, per example, with the rows of equal toke
 * clipped sum over the batch = one scatter-add of factor_i * delta_i into the table's shape.
 
 Tapped: a trainable ``keras.layers.Embedding`` (the class itself; LoRA and quantized ones excluded) whose table
-belongs to no other layer and that runs once per forward pass (a layer called twice keeps the vmap path). The
+belongs to no other layer, that runs once per forward pass, and that sits in Sequential / functional models only (a
+subclassed model or layer could read the table in its own call, e.g. tied to an output projection, and that read's
+gradient would be missed). The others keep the vmap path. The
 patched ``call`` is the original one whenever no private step is tracing.
 """
 
@@ -67,12 +69,28 @@ def _patch(layer: keras.layers.Embedding) -> None:
     layer._keras_dyndp_tapped = True  # pylint: disable=protected-access
 
 
+def _wiring_only(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer`` is a Sequential or functional model: its call only wires its sublayers' calls together."""
+    return type(layer).__module__.startswith("keras.") and type(layer).__name__ in ("Sequential", "Functional")
+
+
+def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """The leaf layers below ``layer`` reached through Sequential / functional models only. A subclassed model or
+    layer could read a sublayer's table in its own call (tied weights): that read's gradient would be lost."""
+    if not _wiring_only(layer):
+        return []
+    leaves = []
+    for sublayer in layer._layers:  # pylint: disable=protected-access
+        leaves += _leaves_under_wiring(sublayer) if sublayer._layers else [sublayer]  # pylint: disable=protected-access
+    return leaves
+
+
 def candidates(model: keras.Model) -> dict[int, tuple[keras.layers.Embedding, int]]:
     """Tappable Embedding layers by id, each with its table's index in ``model.trainable_variables`` (patched)."""
     trainable = model.trainable_variables
     leaves = [layer for layer in model._flatten_layers() if not layer._layers]  # pylint: disable=protected-access
     found = {}
-    for layer in leaves:
+    for layer in _leaves_under_wiring(model):
         if type(layer) is not keras.layers.Embedding or not layer.trainable:  # pylint: disable=unidiomatic-typecheck
             continue
         if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None) is not None:

@@ -51,3 +51,19 @@ def test_candidates_are_trainable_embeddings_whose_table_no_other_layer_holds():
     assert own._keras_dyndp_tapped and not getattr(frozen, "_keras_dyndp_tapped", False)
     ids = np.array([[1, 2, 3]])
     np.testing.assert_array_equal(own(ids), np.asarray(own.embeddings)[ids])  # no session: the original call
+
+
+def test_an_embedding_inside_a_subclassed_model_is_not_tapped():
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embedding = keras.layers.Embedding(10, 4)
+
+        def call(self, inputs):
+            return keras.ops.mean(self.embedding(inputs), axis=1) @ keras.ops.transpose(self.embedding.embeddings)
+
+    model = Subclassed()
+    model(np.zeros((1, 3), "int32"))
+    assert embedding_taps.candidates(model) == {}
+    wrapped = keras.Sequential([keras.Input((3,), dtype="int32"), model])  # a wiring model above does not help
+    assert embedding_taps.candidates(wrapped) == {}
