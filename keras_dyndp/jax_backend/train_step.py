@@ -167,9 +167,7 @@ def _private_train_step(self: keras.Model, state, data):
             )
         if added_losses:
             raise refusals.regularization_error(f"{len(added_losses)} losses added in the model's call")
-        losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)
-        if jnp.ndim(losses) == 0 and isinstance(loss_fn, keras.losses.Loss):
-            raise ValueError(f'`loss` must return one loss per example (reduction="none"). Received: {loss_fn!r}.')
+        losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)  # A batch of one: any shape is its own.
         loss = jnp.mean(jnp.asarray(losses, jnp.float32)) * weight
         ids = {key: trace.ids[key][0] for key in taps}
         return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss, ids)
@@ -260,7 +258,7 @@ class _RefusedStepCheck(keras.callbacks.Callback):
 _FIT_SIGNATURE = inspect.signature(keras.Model.fit)
 
 
-def _check_sampling(model: keras.Model, x: Any) -> None:
+def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> None:
     """Refuses Poisson batches at another rate than the schedule's; warns (once per optimizer) on other data."""
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, JaxDPOptimizerMixin):
@@ -279,7 +277,7 @@ def _check_sampling(model: keras.Model, x: Any) -> None:
     optimizer._warned_sampling = True  # pylint: disable=protected-access
     warnings.warn(
         batch_sizes.not_poisson_message(
-            f"model.fit received x of type {type(x).__name__}, not keras_dyndp.jax_backend.PoissonBatches",
+            f"{caller} received x of type {type(x).__name__}, not keras_dyndp.jax_backend.PoissonBatches",
             p,
             f"Train on keras_dyndp.jax_backend.PoissonBatches(x, y, sampling_probability={p:g}) and pass it to "
             "model.fit unchanged.",
@@ -297,6 +295,15 @@ def _private_fit(self: keras.Model, *args, **kwargs):
     _check_sampling(self, bound.arguments.get("x"))
     bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _RefusedStepCheck()]
     return keras.Model.fit(*bound.args, **bound.kwargs)
+
+
+def _private_train_on_batch(self: keras.Model, *args, **kwargs):
+    """``Model.train_on_batch`` after the sampling check, then `raise_refused_step` (the state is back in the model
+    by then)."""
+    _check_sampling(self, args[0] if args else kwargs.get("x"), "model.train_on_batch")
+    logs = keras.Model.train_on_batch(self, *args, **kwargs)
+    _dp_optimizer(self).raise_refused_step()
+    return logs
 
 
 def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = True) -> keras.Model:
@@ -332,6 +339,7 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)
     model.fit = types.MethodType(_private_fit, model)
+    model.train_on_batch = types.MethodType(_private_train_on_batch, model)
     model.train_function = None
     if getattr(model, "optimizer", None) is not None:
         _dp_optimizer(model)._private_train_step = _private_train_step_arguments(model)  # pylint: disable=protected-access

@@ -109,3 +109,10 @@ def test_fit_on_arrays_warns_once_that_the_epsilon_assumes_poisson_sampling():
     with warnings.catch_warnings():
         warnings.simplefilter("error", SamplingWarning)
         model.fit(x, y, batch_size=20, epochs=1, verbose=0)
+
+
+def test_train_on_batch_warns_too():
+    x, y = _arrays()
+    model = _model(20 / N)
+    with pytest.warns(SamplingWarning, match="model.train_on_batch received x of type ndarray"):
+        model.train_on_batch(x[:20], (y[:20] % 2).astype("int32"))

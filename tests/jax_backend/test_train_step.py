@@ -158,6 +158,10 @@ def test_budget_spent_refuses_the_step_and_keeps_the_model():
         np.testing.assert_array_equal(got, want)
     assert int(model.optimizer.dp_step.numpy()) == 2
     assert model.predict(x[:2], verbose=0).shape == (2, 3)  # the state is back in the model
+    with pytest.raises(RuntimeError, match="DP budget exhausted"):
+        model.train_on_batch(x[:4], y[:4])
+    for want, got in zip(after_budget, _weights(model)):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_a_batch_far_outside_the_poisson_range_is_refused_and_not_applied():
@@ -296,11 +300,24 @@ class _TwiceEmbedded(keras.Model):
         return self.dense(first * second)
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_embedding_tables_clip_as_the_per_example_loop_with_repeated_tokens(shared):
+class _Tied(keras.Model):
+    """An Embedding whose table is also the output projection: read outside the layer's call."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = keras.layers.Embedding(20, 4)
+
+    def call(self, inputs, training=False):
+        del training  # Unused.
+        pooled = keras.ops.mean(self.embedding(inputs), axis=1)
+        return keras.ops.matmul(pooled, keras.ops.transpose(self.embedding.embeddings[:3]))
+
+
+@pytest.mark.parametrize("model_class", [None, _TwiceEmbedded, _Tied])
+def test_embedding_tables_clip_as_the_per_example_loop_with_repeated_tokens(model_class):
     keras.utils.set_random_seed(3)
-    if shared:
-        model = _TwiceEmbedded()
+    if model_class is not None:
+        model = model_class()
         model(np.zeros((1, 6), "int32"))
     else:
         model = keras.Sequential(
