@@ -22,8 +22,10 @@ Past T = ``schedule.num_steps`` the step is refused (and C_k, sigma_k read as 0)
 of step 3 (Keras's default train step, which hands the optimizer the gradient of the batch's mean loss) are refused
 by `apply` with a message naming ``make_private``.
 
-Not yet on this backend (refused at construction, with the reason): ``num_microbatches`` and
-``accumulation_steps`` > 1.
+With ``num_microbatches`` = M the sums are of M random microbatch gradients clipped to C_k
+(`keras_dyndp.jax_backend.microbatches`, whose membership comes from `microbatch_assignment`): the noise is then
+2 sigma_k and the normaliser M, as on TensorFlow. ``accumulation_steps`` = k is ``make_private``'s: it clips each
+batch in k physical batches; the optimizer sees one sum and takes one step.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from jax.experimental import io_callback
 from keras_dyndp import batch_sizes
 from keras_dyndp import keras_context
 from keras_dyndp import optimizer_base
+from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import noise
 
 
@@ -56,18 +59,6 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             )
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        if self._num_microbatches is not None:
-            raise ValueError(
-                "`num_microbatches` is not supported on the JAX backend yet: leave it None (every example is "
-                f"clipped on its own), or train on the TensorFlow backend. Received: num_microbatches="
-                f"{self._num_microbatches}."
-            )
-        if self._accumulation_steps != 1:
-            raise ValueError(
-                "`accumulation_steps` > 1 is not supported on the JAX backend yet: use a batch that fits in memory "
-                "or the TensorFlow backend. Received: "
-                f"accumulation_steps={self._accumulation_steps}."
-            )
         self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._warned_sampling = False  # make_private's fit warns once when the data is not Poisson-sampled.
         # Attributed to the caller of the optimizer's constructor (NoiseSource, this method, DPOptimizerBase).
@@ -164,6 +155,13 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         if refusal is not None:
             raise RuntimeError(refusal)
 
+    def microbatch_assignment(self, num_rows: int) -> jax.Array:
+        """int32 [num_rows]: each row's microbatch for this step, uniform on {0, ..., M - 1}, from a fresh key of
+        the noise source (inside a jitted step, through a host callback): never from the data or the row order."""
+        key_data = io_callback(self._noise_source.draw_key_data, jax.ShapeDtypeStruct((2,), jnp.uint32), ordered=False)
+        key = jax.random.wrap_key_data(key_data, impl="threefry2x32")
+        return microbatches.random_assignment(key, num_rows, self._num_microbatches)
+
     def _noise_and_normalise(self, clipped_sums: list, step, num_examples, num_rows) -> tuple[list, jax.Array]:
         clip_norm, noise_stddev = self.schedule_values(step)
         key_data, allowed = io_callback(
@@ -174,7 +172,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             ordered=False,
         )
         keys = jax.random.split(jax.random.wrap_key_data(key_data, impl="threefry2x32"), len(clipped_sums))
-        if self._expected_batch_size is not None:
+        if self._num_microbatches is not None:  # One example moves one clipped microbatch gradient by up to 2 C.
+            noise_stddev = 2.0 * noise_stddev
+            normaliser = jnp.asarray(self._num_microbatches, jnp.float32)
+        elif self._expected_batch_size is not None:
             normaliser = jnp.asarray(self._expected_batch_size, jnp.float32)
         else:  # An empty batch releases pure noise; dividing it by 1 instead of 0 keeps it finite.
             normaliser = jnp.maximum(jnp.asarray(num_rows, jnp.float32), 1.0)
@@ -191,13 +192,15 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def stateless_apply_clipped_sum(
         self, optimizer_variables: list, clipped_sums: list, num_examples, num_rows, trainable_variables: list
     ) -> tuple[list, list]:
-        """Noises, normalises and applies sums of per-example gradients clipped to `clip_norm_at`; stateless.
+        """Noises, normalises and applies sums of per-example (with ``num_microbatches``, per-microbatch) gradients
+        clipped to `clip_norm_at`; stateless.
 
         For per-example clipping done outside the optimizer (`keras_dyndp.jax_backend.make_private`'s step).
 
         Args:
           optimizer_variables: the optimizer's state (values of ``self.variables``).
-          clipped_sums: one array per trainable variable, the batch's sum of clipped per-example gradients.
+          clipped_sums: one array per trainable variable, the batch's sum of clipped per-example gradients (with
+            ``num_microbatches``, of the clipped gradients of the microbatches `microbatch_assignment` drew).
           num_examples: the batch's number of examples (rows with a non-zero sample weight), checked against the
             schedule's Poisson sampling.
           num_rows: the batch's number of rows (the normaliser when ``expected_batch_size`` is None).

@@ -9,6 +9,13 @@ step counter, sums them, and hands the sums to the optimizer's ``stateless_apply
 noise once, normalises and applies (`keras_dyndp.jax_backend.optimizer`). Each example runs alone, so no layer can
 mix examples.
 
+With the optimizer's ``accumulation_steps`` = k the batch (the logical one: the Poisson sample the schedule
+accounts) is clipped in k physical batches of ceil(B / k) rows, one after another (``jax.lax.scan``), their clipped
+sums added; the noise comes once and the step counter advances once, as on TensorFlow
+(`keras_dyndp.per_example.accumulation`). With ``num_microbatches`` = M the per-example gradients are combined into
+M random microbatch gradients before clipping (`keras_dyndp.jax_backend.microbatches`); Embedding tables keep the
+vmap path then.
+
 State. Non-trainable variables that the training-mode call writes with a value computed from the batch (batch
 statistics: BatchNormalization's moving averages, or any custom layer's) would leave the step without noise: they
 are refused when the step is traced (ValueError naming the variable). Random-generator states (``SeedGenerator``,
@@ -46,6 +53,7 @@ from keras_dyndp import batch_sizes
 from keras_dyndp import refusals
 from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend import embedding_taps
+from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
 
 METHODS = ("auto", "vectorized")
@@ -136,6 +144,115 @@ def is_private(model: keras.Model) -> bool:
     return getattr(getattr(model, "train_step", None), "__func__", None) is _private_train_step
 
 
+def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is_seed_state) -> Callable:
+    """``(non_trainable, x, y, weights, indices) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``: per
+    example (``jax.vmap``), the gradients of the weighted loss (tapped tables excluded), each tapped table's ids and
+    row gradients, the outputs, the non-trainable values the call wrote and the weighted losses."""
+    tables = {index for index, _ in tapped.values()}
+    differentiated = [i for i in range(len(trainable_variables)) if i not in tables]
+
+    def example_loss(diff_trainable, taps, non_trainable, x_i, y_i, weight, index):
+        trainable = list(trainable_variables)  # the tables (not differentiated) come from here
+        for position, value in zip(differentiated, diff_trainable):
+            trainable[position] = value
+        offset = jnp.stack([index, 0])
+        non_trainable = [
+            value + offset.astype(value.dtype) if seed else value for value, seed in zip(non_trainable, is_seed_state)
+        ]
+        add_batch_axis = lambda value: None if value is None else value[None]  # noqa: E731
+        with embedding_taps.session(taps) as trace:
+            y_pred, non_trainable, added_losses = model.stateless_call(
+                trainable, non_trainable, jax.tree_util.tree_map(add_batch_axis, x_i), training=True, return_losses=True
+            )
+        if added_losses:
+            raise refusals.regularization_error(f"{len(added_losses)} losses added in the model's call")
+        losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)  # A batch of one: any shape is its own.
+        loss = jnp.mean(jnp.asarray(losses, jnp.float32)) * weight
+        ids = {key: trace.ids[key][0] for key in taps}
+        return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss, ids)
+
+    per_example = jax.vmap(
+        jax.grad(example_loss, argnums=(0, 1), has_aux=True),
+        in_axes=(None, 0, None, 0, 0, 0, 0),
+        out_axes=(0, (0, [0 if seed else None for seed in is_seed_state], 0, 0)),
+    )
+
+    def fn(non_trainable, x, y, weights, indices):
+        num_rows = weights.shape[0]
+        taps = {key: jnp.zeros((num_rows, 1, *shape[1:]), jnp.float32) for key, (_, shape) in tapped.items()}
+        try:
+            (grads, tap_grads), (y_pred, new_non_trainable, losses, ids) = per_example(
+                [trainable_variables[i] for i in differentiated], taps, non_trainable, x, y, weights, indices
+            )
+        except ValueError as error:
+            if "out_axes" not in str(error):
+                raise
+            raise ValueError(
+                f"Model {model.name!r} writes a non-trainable variable in its training-mode call with a value "
+                "computed from the input batch: that state leaves the step without noise. Compute such statistics "
+                "outside DP training (or on public data and freeze them); for normalisation use "
+                "keras.layers.GroupNormalization or LayerNormalization."
+            ) from error
+        all_grads = [None] * len(trainable_variables)
+        for position, g in zip(differentiated, grads):
+            all_grads[position] = g
+        tap_rows = {
+            index: (
+                ids[key].reshape(num_rows, -1),
+                tap_grads[key].reshape(num_rows, -1, tap_grads[key].shape[-1]).astype(jnp.float32),
+            )
+            for key, (index, _) in tapped.items()
+        }
+        return all_grads, tap_rows, y_pred, new_non_trainable, losses
+
+    return fn
+
+
+def _clipped_sum_per_example(grads, tap_rows, clip_norm, table_shapes, num_rows: int) -> list:
+    """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and tapped tables' rows."""
+    squared_norms = jnp.zeros([num_rows], jnp.float32)
+    for g in grads:
+        if g is not None:
+            squared_norms = squared_norms + jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1)
+    for key_ids, deltas in tap_rows.values():
+        squared_norms = squared_norms + embedding_taps.squared_norms(key_ids, deltas)
+    norms = jnp.sqrt(squared_norms)
+    factors = jnp.where(norms > clip_norm, clip_norm / jnp.where(norms > 0, norms, 1.0), 1.0)
+    sums = [None if g is None else jnp.tensordot(factors, g.astype(jnp.float32), axes=1) for g in grads]
+    for index, (key_ids, deltas) in tap_rows.items():
+        sums[index] = embedding_taps.clipped_sum(table_shapes[index], key_ids, deltas, factors)
+    return sums
+
+
+def _in_physical_batches(
+    physical_batch: Callable, batch: tuple, num_rows: int, num_physical_batches: int, sum_shapes: list
+) -> tuple[list, Any]:
+    """``physical_batch`` on the whole batch, k = ``num_physical_batches`` physical batches at a time, summed.
+
+    ``physical_batch(batch) -> (sums, outputs)``, with float32 ``sums`` of ``sum_shapes``; ``batch`` is a tuple of
+    arrays (or pytrees of them) whose leading axis is the rows. The rows are padded with zeros to k * ceil(B / k)
+    (``batch``'s weights then give padding rows weight 0: they add nothing) and the k physical batches run one after
+    another (``jax.lax.scan``), so the peak memory is one physical batch's. Returns the summed ``sums`` and the
+    ``outputs`` stacked over the physical batches ([k, ceil(B / k), ...] for those with a row axis).
+    """
+    size = -(-num_rows // num_physical_batches)
+    padding = num_physical_batches * size - num_rows
+
+    def split(value):
+        if value is None:
+            return None
+        value = jnp.pad(value, [(0, padding)] + [(0, 0)] * (value.ndim - 1))
+        return value.reshape(num_physical_batches, size, *value.shape[1:])
+
+    def body(carry, chunk):
+        sums, outputs = physical_batch(chunk)
+        return [total + value for total, value in zip(carry, sums)], outputs
+
+    init = [jnp.zeros(shape, jnp.float32) for shape in sum_shapes]
+    sums, outputs = jax.lax.scan(body, init, jax.tree_util.tree_map(split, batch))
+    return sums, outputs
+
+
 def _private_train_step(self: keras.Model, state, data):
     trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables = state
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -147,81 +264,39 @@ def _private_train_step(self: keras.Model, state, data):
     weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.reshape(sample_weight, [num_rows])
     is_seed_state = _seed_states(self)
     clip_norm = optimizer.clip_norm_at(optimizer_variables)
+    num_microbatches = optimizer.num_microbatches
+    # Microbatch gradients mix examples, which the taps' per-example row sums do not: no taps there.
+    tapped = {} if num_microbatches else _tapped_embeddings(self, trainable_variables, non_trainable_variables, x)
+    per_example = _per_example_fn(self, loss_fn, trainable_variables, tapped, is_seed_state)
+    table_shapes = {index: trainable_variables[index].shape for index, _ in tapped.values()}
 
-    tapped = _tapped_embeddings(self, trainable_variables, non_trainable_variables, x)
-    tables = {index: key for key, (index, _) in tapped.items()}
-    differentiated = [i for i in range(len(trainable_variables)) if i not in tables]
+    def physical_batch(batch):
+        grads, tap_rows, y_pred, new_non_trainable, losses = per_example(non_trainable_variables, *batch)
+        if num_microbatches:
+            assignment = optimizer.microbatch_assignment(losses.shape[0])
+            sums = microbatches.clipped_sum(grads, losses, assignment, num_microbatches, clip_norm)
+        else:
+            sums = _clipped_sum_per_example(grads, tap_rows, clip_norm, table_shapes, losses.shape[0])
+        return sums, (y_pred, new_non_trainable, losses)
 
-    def example_loss(diff_trainable, taps, trainable, non_trainable, x_i, y_i, weight, index):
-        trainable = list(trainable)  # the tables (not differentiated) come from here, the rest from diff_trainable
-        for position, value in zip(differentiated, diff_trainable):
-            trainable[position] = value
-        offset = jnp.stack([index, 0])
-        non_trainable = [
-            value + offset.astype(value.dtype) if seed else value for value, seed in zip(non_trainable, is_seed_state)
-        ]
-        add_batch_axis = lambda value: None if value is None else value[None]  # noqa: E731
-        with embedding_taps.session(taps) as trace:
-            y_pred, non_trainable, added_losses = self.stateless_call(
-                trainable, non_trainable, jax.tree_util.tree_map(add_batch_axis, x_i), training=True, return_losses=True
-            )
-        if added_losses:
-            raise refusals.regularization_error(f"{len(added_losses)} losses added in the model's call")
-        losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)  # A batch of one: any shape is its own.
-        loss = jnp.mean(jnp.asarray(losses, jnp.float32)) * weight
-        ids = {key: trace.ids[key][0] for key in taps}
-        return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss, ids)
-
-    out_axes = (0, (0, [0 if seed else None for seed in is_seed_state], 0, 0))
-    per_example = jax.vmap(
-        jax.grad(example_loss, argnums=(0, 1), has_aux=True),
-        in_axes=(None, 0, None, None, 0, 0, 0, 0),
-        out_axes=out_axes,
-    )
-    taps = {key: jnp.zeros((num_rows, 1, *shape[1:]), jnp.float32) for key, (_, shape) in tapped.items()}
-    try:
-        (grads, tap_grads), (y_pred, new_non_trainable, losses, ids) = per_example(
-            [trainable_variables[i] for i in differentiated],
-            taps,
-            trainable_variables,
-            non_trainable_variables,
-            x,
-            y,
-            weights,
-            jnp.arange(num_rows, dtype=jnp.int32),
+    batch = (x, y, weights, jnp.arange(num_rows, dtype=jnp.int32))
+    num_physical_batches = optimizer.accumulation_steps
+    if num_physical_batches == 1 or num_rows <= 1:
+        clipped_sums, (y_pred, new_non_trainable, losses) = physical_batch(batch)
+        first = lambda value: value  # noqa: E731
+    else:
+        clipped_sums, (y_pred, new_non_trainable, losses) = _in_physical_batches(
+            physical_batch, batch, num_rows, num_physical_batches, [v.shape for v in trainable_variables]
         )
-    except ValueError as error:
-        if "out_axes" not in str(error):
-            raise
-        raise ValueError(
-            f"Model {self.name!r} writes a non-trainable variable in its training-mode call with a value computed "
-            "from the input batch: that state leaves the step without noise. Compute such statistics outside DP "
-            "training (or on public data and freeze them); for normalisation use keras.layers.GroupNormalization "
-            "or LayerNormalization."
-        ) from error
-    rows = {
-        key: (ids[key].reshape(num_rows, -1), tap_grads[key].reshape(num_rows, -1, tap_grads[key].shape[-1]))
-        for key in taps
-    }
-    squared_norms = sum(jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1) for g in grads)
-    for key_ids, deltas in rows.values():
-        squared_norms = squared_norms + embedding_taps.squared_norms(key_ids, deltas.astype(jnp.float32))
-    norms = jnp.sqrt(squared_norms)
-    factors = jnp.where(norms > clip_norm, clip_norm / jnp.where(norms > 0, norms, 1.0), 1.0)
-    clipped_sums = [None] * len(trainable_variables)
-    for position, g in zip(differentiated, grads):
-        clipped_sums[position] = jnp.tensordot(factors, g.astype(jnp.float32), axes=1)
-    for index, key in tables.items():
-        key_ids, deltas = rows[key]
-        clipped_sums[index] = embedding_taps.clipped_sum(
-            trainable_variables[index].shape, key_ids, deltas.astype(jnp.float32), factors
-        )
+        rows = lambda value: value.reshape(-1, *value.shape[2:])[:num_rows]  # noqa: E731
+        y_pred, losses = jax.tree_util.tree_map(rows, (y_pred, losses))
+        first = lambda value: value[0]  # noqa: E731
     num_examples = jnp.sum(weights != 0)
     trainable_variables, optimizer_variables = optimizer.stateless_apply_clipped_sum(
         optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables
     )
     non_trainable_variables = [
-        (value[0] if num_rows else old) if seed else value
+        (first(value)[0] if num_rows else old) if seed else first(value)
         for value, old, seed in zip(new_non_trainable, non_trainable_variables, is_seed_state)
     ]
     if self._keras_dyndp_training_metrics:  # pylint: disable=protected-access

@@ -62,8 +62,6 @@ def test_budget_arguments_and_config_round_trip():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"num_microbatches": 4}, "`num_microbatches` is not supported on the JAX backend"),
-        ({"accumulation_steps": 2}, "`accumulation_steps` > 1 is not supported on the JAX backend"),
         ({"loss_scale_factor": 2.0}, "do not support `loss_scale_factor`"),
     ],
 )

@@ -90,6 +90,34 @@ def test_padding_rows_with_weight_zero_add_nothing_and_expected_batch_size_norma
         np.testing.assert_allclose(new, old - total / 5.0, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("accumulation_steps", [2, 3, 10])
+def test_accumulation_clips_the_batch_in_physical_batches_with_the_one_pass_result(accumulation_steps):
+    """10 rows in k physical batches (padded to k * ceil(10 / k)), sample weights with zeros, taps and vmap: the
+    update, the step count and the logged loss and accuracy are those of one pass over the batch."""
+    keras.utils.set_random_seed(4)
+    layers = [keras.Input((6,)), keras.layers.Embedding(20, 4), keras.layers.GlobalAveragePooling1D()]
+    model = make_private(keras.Sequential([*layers, keras.layers.Dense(3)]))
+    optimizer = DynamicDPKerasSGD(
+        schedule=_schedule([0.05, 0.05]), accumulation_steps=accumulation_steps, learning_rate=1.0
+    )
+    model.compile(optimizer=optimizer, loss=LOSS, metrics=["accuracy"])
+    x = np.random.default_rng(1).integers(0, 20, size=(10, 6)).astype("int32")
+    x[:, 3:] = x[:, :3]
+    y = np.arange(10, dtype="int32") % 3
+    weights = np.array([1, 1, 0, 1, 1, 1, 0, 1, 1, 1], "float32")
+    before = _weights(model)
+    expected = brute_force.clipped_sum(model, LOSS, x, y, 0.05, weights)
+    logits = model(x)
+    accuracy = keras.metrics.SparseCategoricalAccuracy()
+    accuracy.update_state(y, logits)  # Keras's `metrics` ignore sample weights (`weighted_metrics` use them)
+    history = model.fit(x, y, sample_weight=weights, batch_size=10, epochs=1, verbose=0, shuffle=False)
+    for old, new, total in zip(before, _weights(model), expected):
+        np.testing.assert_allclose(new, old - total / 10, rtol=1e-4, atol=1e-7)
+    assert int(optimizer.dp_step.numpy()) == 1
+    assert history.history["loss"][0] == pytest.approx(float(np.mean(LOSS(y, logits) * weights)), rel=1e-5)
+    assert history.history["accuracy"][0] == pytest.approx(float(accuracy.result()), rel=1e-6)
+
+
 @pytest.mark.parametrize(
     "dp_class", [DynamicDPKerasSGD, DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop]
 )
@@ -125,12 +153,16 @@ def test_noise_std_on_the_sum_follows_the_schedule_at_steps_0_and_2():
             assert abs(np.mean(update)) < 0.1 * sigmas[step] / 8
 
 
-def test_dropout_draws_per_example_masks_and_advances_its_seed():
+@pytest.mark.parametrize("accumulation_steps", [1, 16])
+def test_dropout_draws_per_example_masks_and_advances_its_seed(accumulation_steps):
+    """16 copies of one example; with 16 physical batches of one row, a mask per physical batch would be one mask."""
     keras.utils.set_random_seed(1)
     dense = keras.layers.Dense(4, kernel_initializer="ones", use_bias=False)
     model = make_private(keras.Sequential([keras.Input((10,)), keras.layers.Dropout(0.5), dense]))
     model.compile(
-        optimizer=DynamicDPKerasSGD(schedule=_schedule([1e6, 1e6]), learning_rate=1.0),
+        optimizer=DynamicDPKerasSGD(
+            schedule=_schedule([1e6, 1e6]), accumulation_steps=accumulation_steps, learning_rate=1.0
+        ),
         loss=keras.losses.MeanSquaredError(reduction="none"),
     )
     x = np.eye(10, dtype="float32")[:1].repeat(16, axis=0)  # 16 copies of one example

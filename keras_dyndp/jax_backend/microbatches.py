@@ -1,0 +1,50 @@
+"""Microbatches on the JAX backend: the clipped sum of M random microbatch gradients, from per-example gradients.
+
+The mechanism is the TensorFlow optimizers' (`keras_dyndp.optimizers.microbatches`, which states it and proves its
+sensitivity of 2 C): every row joins microbatch a_i, drawn uniformly from {0, ..., M - 1} per row and per step from
+the optimizer's own noise source (never from the data or the row's position); microbatch j's loss is the sum of its
+rows' weighted losses over the number of its rows whose loss is non-zero (at least 1); each microbatch gradient is
+clipped to C; the optimizer adds noise of std 2 sigma to the sum and divides by M.
+
+Here the per-example gradients g_i are at hand already (``jax.vmap``), and a microbatch's loss is linear in its
+rows' losses, so microbatch j's gradient is G_j = sum_{a_i = j} g_i / n_j: the M gradients cost one contraction, not
+M more backward passes. The clipped sum, sum_j f_j G_j with f_j = min(1, C / ||G_j||), is then one more contraction
+of the g_i with the coefficient f_{a_i} / n_{a_i} of each row.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def random_assignment(key: jax.Array, num_rows: int, num_microbatches: int) -> jax.Array:
+    """int32 [num_rows]: each row's microbatch, i.i.d. uniform on {0, ..., num_microbatches - 1} under ``key``."""
+    return jax.random.randint(key, (num_rows,), 0, num_microbatches, dtype=jnp.int32)
+
+
+def clipped_sum(
+    grads: list[jax.Array], losses: jax.Array, assignment: jax.Array, num_microbatches: int, clip_norm: jax.Array
+) -> list[jax.Array]:
+    """sum_j clip(G_j, C) per variable, G_j the gradient of microbatch j's loss (module docstring).
+
+    Args:
+      grads: per variable, the per-example gradients [B, ...] of the weighted per-example losses.
+      losses: float [B], the weighted per-example losses (0 for padding rows).
+      assignment: int32 [B], each row's microbatch (`random_assignment`).
+      num_microbatches: M >= 1.
+      clip_norm: C, a float32 scalar.
+
+    Returns:
+      Per variable, the float32 sum of the M clipped microbatch gradients.
+    """
+    num_rows = assignment.shape[0]
+    membership = jax.nn.one_hot(assignment, num_microbatches, dtype=jnp.float32)  # [B, M]
+    counts = jnp.maximum(membership.T @ (losses != 0).astype(jnp.float32), 1.0)  # [M]
+    row_coefficients = membership / counts  # [B, M]: 1 / n_j on row i's microbatch j, else 0
+    flat = [jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) for g in grads]
+    squared_norms = sum(jnp.sum((row_coefficients.T @ g) ** 2, axis=1) for g in flat)  # [M]
+    norms = jnp.sqrt(squared_norms)
+    factors = jnp.where(norms > clip_norm, clip_norm / jnp.where(norms > 0, norms, 1.0), 1.0)
+    coefficients = row_coefficients @ factors  # [B]: f_{a_i} / n_{a_i}
+    return [jnp.tensordot(coefficients, g.astype(jnp.float32), axes=1) for g in grads]
