@@ -33,7 +33,12 @@ Loss and metrics of the training batch are computed from the per-example losses 
 ``training_metrics=False`` computes none and logs only ``dp_step`` (public). Refused as on TensorFlow: an optimizer
 that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a loss reduced over the batch, several
 losses, regularisation losses, trainable BatchNormalization, ``method='ghost'`` (no ghost rules on JAX yet), a
-``keras.distribution`` (not yet on JAX).
+``keras.distribution`` across several processes.
+
+Devices. Under a ``keras.distribution`` (``DataParallel``, ``ModelParallel``) in one process, Keras jits the same
+step over sharded arrays; JAX keeps its global meaning (one program over the whole batch), so the step releases
+what one device would release for the batch: per-example clipping of every example, the noise drawn once per step
+(one host callback, one key) and added once to the global sum, every replica holding the same noisy update.
 """
 
 from __future__ import annotations
@@ -82,11 +87,11 @@ def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], Any]:
 
 
 def _check_model(model: keras.Model) -> None:
-    if keras.distribution.distribution() is not None:
+    if keras.distribution.distribution() is not None and jax.process_count() > 1:
         raise ValueError(
-            "make_private on JAX does not support keras.distribution (data or model parallel) yet: its noise and "
-            "batch-size checks are written for one device. Unset it (keras.distribution.set_distribution(None)) or "
-            f"train on TensorFlow with MirroredStrategy. Received: {keras.distribution.distribution()!r}."
+            "make_private on JAX runs a keras.distribution within one process only: each of the "
+            f"{jax.process_count()} processes would draw its own noise for what must be one noisy step. Train in "
+            "one process (all its local devices can share the batch with keras.distribution.DataParallel)."
         )
     for layer in model._flatten_layers():  # pylint: disable=protected-access
         if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:

@@ -1,6 +1,10 @@
 """Tests for keras_dyndp.jax_backend.train_step: make_private's vmapped per-example step on Keras 3's JAX backend."""
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -305,13 +309,33 @@ def test_mixed_bfloat16_clips_float32_gradients_and_mixed_float16_is_refused():
         keras.config.set_dtype_policy("float32")
 
 
-def test_a_keras_distribution_is_refused():
+def test_data_and_model_parallel_release_the_one_device_step():
+    """In a process of its own with 2 CPU devices (`distributed_step.py`): DataParallel and ModelParallel (one kernel
+    sharded) give the per-example loop's update, one host callback (one noise key) per step, noise of the
+    schedule's std, and the same variables on every device."""
+    script = os.path.join(os.path.dirname(__file__), "distributed_step.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
+    result = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(result.stdout)
+    assert results["devices"] == 2
+    for kind, sharded in (("data", 0), ("model", 1)):
+        case = results[kind]
+        assert case["max_deviation"] < 1e-6
+        assert case["host_calls"] == [0]  # once for the step, not once per device
+        assert case["sharded_variables"] == sharded
+        assert case["noise_std_ratio"] == pytest.approx(1.0, abs=0.08)
+        assert case["replicas"] == 2 and case["replicas_equal"]
+
+
+def test_a_keras_distribution_across_processes_is_refused(monkeypatch):
     x, y = _data(4)
     model = make_private(_cnn())
     model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0], [1.0])), loss=LOSS)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()[:1]))
     try:
-        with pytest.raises(ValueError, match="does not support keras.distribution"):
+        with pytest.raises(ValueError, match="within one process only"):
             model.fit(x, y, batch_size=4, verbose=0)
     finally:
         keras.distribution.set_distribution(None)
@@ -373,10 +397,6 @@ def test_embedding_tables_clip_as_the_per_example_loop_with_repeated_tokens(mode
 
 
 def test_without_keras_backend_set_and_without_tensorflow_the_message_says_what_to_do(tmp_path):
-    import os  # pylint: disable=import-outside-toplevel
-    import subprocess  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
-
     if importlib.util.find_spec("tensorflow") is not None:
         pytest.skip("TensorFlow is installed here")
     env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
