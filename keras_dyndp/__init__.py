@@ -16,8 +16,8 @@ model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossen
 The accounting and schedule modules import no TensorFlow; the Keras-based names below (optimizers,
 callbacks, data helpers, `make_private`) are imported on first use, so `keras_dyndp.accounting` and the
 `dyndp-privacy` command start fast. When Keras 3 runs on JAX (``KERAS_BACKEND=jax``), the optimizers,
-`make_private`, `PrivacyLogger` and `BudgetStop` are those of `keras_dyndp.jax_backend`, so the same code trains
-on either backend; the other Keras-based names need TensorFlow.
+`make_private`, `check_model`, `PrivacyLogger` and `BudgetStop` are those of `keras_dyndp.jax_backend`, so the same
+code trains on either backend; the other Keras-based names need TensorFlow.
 """
 
 import importlib
@@ -57,6 +57,7 @@ _JAX = {
     "make_private",
     "BudgetStop",
     "PrivacyLogger",
+    "check_model",
 }
 
 __all__ = [

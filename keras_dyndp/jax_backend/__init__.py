@@ -15,14 +15,16 @@ model.compile(optimizer=keras_dyndp.DynamicDPKerasSGD(target_epsilon=2.0, target
 
 The schedules, calibration and accounting are the backend-neutral ones (`keras_dyndp.schedules`,
 `keras_dyndp.accounting`); so are the optimizers' arguments and config (`keras_dyndp.optimizer_base`). What is
-JAX's own: the per-example gradients (`train_step`), the random source (`noise`), the step's mechanism
-(`optimizer`) and Poisson-sampled batches (`data`). Installing ``keras_dyndp[jax]`` pulls no TensorFlow.
+JAX's own: the per-example gradients (`train_step`, `embedding_taps`, `microbatches`), the random source (`noise`),
+the step's mechanism (`optimizer`), the model check (`model_checks`) and Poisson-sampled batches (`data`).
+Installing ``keras_dyndp[jax]`` pulls no TensorFlow.
 """
 
 from keras_dyndp.batch_sizes import SamplingWarning
 from keras_dyndp.jax_backend.callbacks import BudgetStop
 from keras_dyndp.jax_backend.callbacks import PrivacyLogger
 from keras_dyndp.jax_backend.data import PoissonBatches
+from keras_dyndp.jax_backend.model_checks import check_model
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdam
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasRMSprop
@@ -41,6 +43,7 @@ __all__ = [
     "PoissonBatches",
     "PrivacyLogger",
     "SamplingWarning",
+    "check_model",
     "make_dynamic_dp_optimizer_class",
     "make_private",
 ]

@@ -59,6 +59,7 @@ from keras_dyndp import refusals
 from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend import embedding_taps
 from keras_dyndp.jax_backend import microbatches
+from keras_dyndp.jax_backend import model_checks
 from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
 
 METHODS = ("auto", "vectorized")
@@ -93,9 +94,7 @@ def _check_model(model: keras.Model) -> None:
             f"{jax.process_count()} processes would draw its own noise for what must be one noisy step. Train in "
             "one process (all its local devices can share the batch with keras.distribution.DataParallel)."
         )
-    for layer in model._flatten_layers():  # pylint: disable=protected-access
-        if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
-            raise refusals.batch_statistics_error(layer)
+    model_checks.check_layers(model)
     regularised = [layer.name for layer in model._flatten_layers() if _has_regularizer(layer)]  # pylint: disable=protected-access
     if regularised:
         raise refusals.regularization_error(f"layers {regularised} have regularizers")
@@ -192,6 +191,7 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
         except ValueError as error:
             if "out_axes" not in str(error):
                 raise
+            model_checks.check_model(model, x, (trainable_variables, non_trainable))  # names the variables
             raise ValueError(
                 f"Model {model.name!r} writes a non-trainable variable in its training-mode call with a value "
                 "computed from the input batch: that state leaves the step without noise. Compute such statistics "
@@ -335,6 +335,38 @@ class _RefusedStepCheck(keras.callbacks.Callback):
         self._check()
 
 
+class _FirstStepGuard(keras.callbacks.Callback):
+    """Keeps the state's values over ``fit``'s first step, whose trace raises the refusals found there.
+
+    Keras's JAX ``fit`` empties the model's and optimizer's variables when it hands their values to the first step;
+    when tracing that step raises, nothing puts them back, and the model would be left without weights. This keeps
+    references to the values (no copies) until the first step has run, so `restore` can put them back.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._saved: list | None = None
+        self._done = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        del batch, logs  # Unused.
+        if not self._done and self._saved is None:
+            model = self._model  # pylint: disable=protected-access  (self.model would sync the state)
+            variables = [*model.variables, *model.optimizer.variables, *model.metrics_variables]
+            self._saved = [(variable, variable.value) for variable in variables]
+
+    def on_train_batch_end(self, batch, logs=None):
+        del batch, logs  # Unused.
+        self._saved, self._done = None, True
+
+    def restore(self) -> None:
+        """Puts back the values held before the first step (nothing once it has run)."""
+        for variable, value in self._saved or ():
+            if not value.is_deleted():  # A step that ran took them over (donated buffers): nothing to restore.
+                variable.assign(value)
+        self._saved = None
+
+
 _FIT_SIGNATURE = inspect.signature(keras.Model.fit)
 
 
@@ -368,13 +400,19 @@ def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> No
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):
-    """``Model.fit`` with `_RefusedStepCheck` added to the callbacks; checks the data's sampling and refuses what
-    Keras would fail on first."""
+    """``Model.fit`` with `_RefusedStepCheck` added to the callbacks and the model's weights kept when the first
+    step's trace raises (`_FirstStepGuard`); checks the data's sampling and refuses what Keras would fail on first."""
     _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
     bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
     _check_sampling(self, bound.arguments.get("x"))
-    bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _RefusedStepCheck()]
-    return keras.Model.fit(*bound.args, **bound.kwargs)
+    guard = _FirstStepGuard()
+    # The guard first: it lets go of the values as soon as the first step has run (and donated them).
+    bound.arguments["callbacks"] = [guard, *(bound.arguments.get("callbacks") or []), _RefusedStepCheck()]
+    try:
+        return keras.Model.fit(*bound.args, **bound.kwargs)
+    except Exception:
+        guard.restore()
+        raise
 
 
 def _private_train_on_batch(self: keras.Model, *args, **kwargs):

@@ -250,7 +250,7 @@ class _BatchSum(keras.layers.Layer):
     "layers, loss, message",
     [
         ([keras.layers.BatchNormalization()], LOSS, "GroupNormalization"),
-        ([_BatchSum()], LOSS, "writes a non-trainable variable"),
+        ([_BatchSum()], LOSS, "writes the non-trainable variables"),
         ([keras.layers.Dense(3, kernel_regularizer="l2")], LOSS, "regularisation losses"),
         ([], keras.losses.SparseCategoricalCrossentropy(from_logits=True), 'reduction="none"'),
     ],
@@ -261,8 +261,11 @@ def test_models_and_losses_that_break_per_example_privacy_are_refused(layers, lo
         keras.Sequential([keras.Input((6, 6, 1)), *layers, keras.layers.Flatten(), keras.layers.Dense(3)])
     )
     model.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0], [1.0])), loss=loss)
+    before = [np.asarray(v.value) for v in model.variables]
     with pytest.raises(ValueError, match=message):
         model.fit(x, y, batch_size=4, verbose=0)
+    for variable, value in zip(model.variables, before):  # refused before any step, the model intact
+        np.testing.assert_array_equal(np.asarray(variable.value), value)
 
 
 def test_a_non_dp_optimizer_and_bad_arguments_are_refused():
