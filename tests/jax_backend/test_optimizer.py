@@ -84,6 +84,22 @@ def test_save_and_load_keep_the_schedule_counter_and_private_step():
     assert int(loaded.optimizer.dp_step.numpy()) == 4  # the schedule continues where it stopped
 
 
+def test_a_resumed_run_clips_with_the_schedules_value_at_the_restored_step():
+    x, y = _data()
+    schedule = schedules.DPSchedule(np.array([5.0, 5.0, 0.01, 0.01]), np.zeros(4), 0.5)
+    model = _private(DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0))
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    path = f"{pytest.importorskip('tempfile').mkdtemp()}/model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    before = _kernel(loaded)
+    loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    # Step 2 clips every example to C_2 = 0.01: the kernel moves by at most 8 * 0.01 / 8 in norm, and by about that
+    # (every example's gradient is far larger); with C_0 = 5 at that step it moved by 0.084.
+    moved = np.linalg.norm(_kernel(loaded) - before)
+    assert 0.005 < moved <= 0.01 * (1 + 1e-5)
+
+
 def test_noise_is_fresh_after_a_restore_and_never_follows_the_global_seed():
     x, y = _data()
     updates = []
