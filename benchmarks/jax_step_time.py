@@ -8,6 +8,9 @@ returned state (``jax.block_until_ready``), so asynchronous dispatch is not mist
 * ``nonprivate``: ``keras.optimizers.SGD``, mean loss.
 * ``dyndp_fast``: ``keras_dyndp.make_private(model)`` with ``DynamicDPKerasSGD`` (``jax.vmap`` per-example
   gradients, clipping, noise from the host callback).
+* ``jax_privacy``: jax_privacy's Keras API, ``jax_privacy.keras_api.make_private(model, DPKerasConfig(...))`` with
+  ``keras.optimizers.SGD`` (constant clipping norm 1 and noise multiplier 1, vmapped per-example gradients); in
+  ``--paths`` by default when jax_privacy is installed (``pip install jax-privacy``; not a dependency).
 
 Warm-up steps (compilation) are excluded. Each repetition runs every path for ``--steps`` steps, in the same order;
 the table reports the median over repetitions of the mean step time and of the ratio to ``nonprivate`` within one
@@ -24,6 +27,7 @@ import os
 os.environ["KERAS_BACKEND"] = "jax"
 
 import importlib.metadata  # noqa: E402
+import importlib.util  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -47,7 +51,12 @@ flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is repor
 flags.DEFINE_list("models", ["cnn", "lstm", "text"], "Models among cnn, lstm, text, wrn.")
 flags.DEFINE_string("out_md", None, "Where to write the markdown table.")
 
-PATHS = ("nonprivate", "dyndp_fast")
+PATHS = ("nonprivate", "dyndp_fast", "jax_privacy")
+flags.DEFINE_list(
+    "paths",
+    [path for path in PATHS if path != "jax_privacy" or importlib.util.find_spec("jax_privacy") is not None],
+    f"Paths among {PATHS}; nonprivate is always run (the ratios' denominator).",
+)
 LEARNING_RATE = 0.05
 
 
@@ -55,6 +64,26 @@ def build(model_name: str, path: str, batch_size: int) -> keras.Model:
     keras.utils.set_random_seed(0)
     model = models.wide_resnet(keras) if model_name == "wrn" else keras.Sequential(models.LAYERS[model_name](keras))
     if path == "nonprivate":
+        model.compile(
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        return model
+    if path == "jax_privacy":
+        from jax_privacy import keras_api  # pylint: disable=import-outside-toplevel  (optional)
+
+        config = keras_api.DPKerasConfig(
+            epsilon=10.0,  # only checked against the noise multiplier given: the benchmark trains far fewer steps
+            delta=1e-5,
+            clipping_norm=1.0,
+            batch_size=batch_size,
+            gradient_accumulation_steps=1,
+            train_steps=2_000,
+            train_size=60_000,
+            noise_multiplier=1.0,
+            rescale_to_unit_norm=False,
+        )
+        model = keras_api.make_private(model, config)
         model.compile(
             optimizer=keras.optimizers.SGD(LEARNING_RATE),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -96,10 +125,11 @@ class _Stepper:
 
 def measure(model_name: str) -> list[dict]:
     x, y = models.make_data(model_name, FLAGS.batch_size)
-    steppers = {path: _Stepper(build(model_name, path, FLAGS.batch_size), x, y) for path in PATHS}
+    paths = ["nonprivate", *(path for path in FLAGS.paths if path != "nonprivate")]
+    steppers = {path: _Stepper(build(model_name, path, FLAGS.batch_size), x, y) for path in paths}
     for stepper in steppers.values():
         stepper.run(FLAGS.warmup_steps)
-    seconds = {path: [] for path in PATHS}
+    seconds = {path: [] for path in paths}
     for repetition in range(FLAGS.repeats):
         for path, stepper in steppers.items():
             seconds[path].append(stepper.run(FLAGS.steps))
@@ -114,7 +144,7 @@ def measure(model_name: str) -> list[dict]:
             "ms_per_step": 1e3 * statistics.median(seconds[path]),
             "ratio": statistics.median(s / n for s, n in zip(seconds[path], seconds["nonprivate"])),
         }
-        for path in PATHS
+        for path in paths
     ]
 
 
@@ -140,6 +170,9 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str]) -> None:
     del argv  # Unused.
+    unknown_paths = sorted(set(FLAGS.paths) - set(PATHS))
+    if unknown_paths:
+        raise app.UsageError(f"`--paths` must be among {PATHS}. Received: {unknown_paths}.")
     unknown = sorted(set(FLAGS.models) - {*models.LAYERS, "wrn"})
     if unknown:
         raise app.UsageError(f"`--models` must be among {sorted({*models.LAYERS, 'wrn'})}. Received: {unknown}.")

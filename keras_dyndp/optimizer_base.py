@@ -371,6 +371,15 @@ class DPOptimizerBase:
         """Number of microbatches per batch; None means one per example."""
         return self._num_microbatches
 
+    @property
+    def sensitivity_in_clip_norms(self) -> float:
+        """How far one example can move the clipped sum, in units of C_t; the noise's std is this times sigma_t.
+
+        1 for per-example clipping; 2 with microbatches, whatever the batch size: one example moves one clipped
+        microbatch gradient, from one vector of norm <= C_t to another (`keras_dyndp.optimizers.microbatches`).
+        """
+        return 1.0 if self._num_microbatches is None else 2.0
+
     def get_config(self) -> dict:
         config = super().get_config()
         config.update(

@@ -30,8 +30,9 @@ class PrivacyLogger(privacy_logger.PrivacyLoggerMixin, keras.callbacks.Callback)
         if kwargs.get("log_dir") is not None:
             raise ValueError(
                 "PrivacyLogger(log_dir=...) writes TensorBoard summaries with TensorFlow, which the JAX backend does "
-                f"not have: leave log_dir None (the values are in History and the epoch logs). Received: "
-                f"log_dir={kwargs['log_dir']!r}."
+                "not use: leave log_dir None. The values are in History and in every callback's epoch logs, so "
+                "keras.callbacks.TensorBoard(log_dir) (it needs the tensorflow package installed) writes them, "
+                f"wherever it stands in the callbacks. Received: log_dir={kwargs['log_dir']!r}."
             )
         super().__init__(*args, **kwargs)
 

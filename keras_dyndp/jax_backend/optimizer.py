@@ -172,8 +172,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             ordered=False,
         )
         keys = jax.random.split(jax.random.wrap_key_data(key_data, impl="threefry2x32"), len(clipped_sums))
-        if self._num_microbatches is not None:  # One example moves one clipped microbatch gradient by up to 2 C.
-            noise_stddev = 2.0 * noise_stddev
+        noise_stddev = self.sensitivity_in_clip_norms * noise_stddev
+        if self._num_microbatches is not None:
             normaliser = jnp.asarray(self._num_microbatches, jnp.float32)
         elif self._expected_batch_size is not None:
             normaliser = jnp.asarray(self._expected_batch_size, jnp.float32)

@@ -283,10 +283,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         if self._num_microbatches is None:
             normaliser = self._row_normaliser(global_num_rows)
         else:
-            # One example moves one clipped microbatch gradient by up to 2 C, whatever the batch size; each replica
-            # forms its own M microbatches.
+            # Each replica forms its own M microbatches.
             normaliser = tf.constant(self._num_microbatches * replicas.num_replicas(), tf.float32)
-            noise_stddev = 2.0 * noise_stddev
+            noise_stddev = self.sensitivity_in_clip_norms * noise_stddev
         clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
         grads = self._noise_and_normalise(clipped_sums, noise_stddev, normaliser)
         self._dp_gradient_guard.issue(grads)
