@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU check of the JAX backend (issue 14, goal 5), as ONE prepared device run: non-private against keras_dyndp's
+# DP step (and jax_privacy's Keras API) on the paper's CNN and a WideResNet-16-4 (CIFAR-10 shapes), batch 256 and
+# 1024, with benchmarks/jax_step_time.py. Run from the repository root on the device machine, which has JAX and
+# Python 3.12 but not keras, dp-accounting or jax-privacy: those travel as wheels in .whl/ (ignored by git; see
+# .library/device/README.md). Download them here once:
+#
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl keras==3.15.1 namex==0.1.0 \
+#     optree==0.20.0 dp-accounting==0.6.0 dm-tree==0.1.10 jax-privacy==2.0.0 optax==0.2.8 pydantic==2.14.4 \
+#     pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+#
+# then call the device tool's run with carry [".whl"] and command "bash benchmarks/gpu_jax.sh" (timeout_s 540).
+# The tables and the GPU's name come back in $OUT.
+set -euo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 KERAS_BACKEND=jax
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import jax, keras; print('jax', jax.__version__, jax.devices(), 'keras', keras.__version__)" | tee -a "$OUT/gpu.txt"
+cd benchmarks
+timeout 240 python3 jax_step_time.py --models cnn,wrn --batch_size 256 --steps 20 --repeats 5 \
+  --out_md "$OUT/batch256.md" 2>&1 | grep -v Warning | tee "$OUT/batch256.log" | grep -E "repetition|\|" || true
+timeout 240 python3 jax_step_time.py --models wrn --batch_size 1024 --steps 10 --repeats 3 \
+  --out_md "$OUT/batch1024.md" 2>&1 | grep -v Warning | tee "$OUT/batch1024.log" | grep -E "repetition|\|" || true
