@@ -184,6 +184,23 @@ def default_tfds_dir() -> str:
     return os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
 
 
+def load_digits() -> TaskData:
+    """scikit-learn's bundled digits as float32 images [N, 8, 8, 1] in [0, 1], split 80/20 (stratified, seed 0)."""
+    from sklearn import datasets as sk_datasets  # pylint: disable=import-outside-toplevel
+
+    digits = sk_datasets.load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[..., None]
+    x_train, x_test, y_train, y_test = split_train_test(images, digits.target.astype(np.int64), 0.2)
+    return TaskData(
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=10,
+        description=f"scikit-learn digits: {len(y_train)} training / {len(y_test)} test images (8x8)",
+    )
+
+
 def split_train_test(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int = 0):
     """A fixed stratified split (seed 0 by default, independent of the training seed) of arrays x, y."""
     from sklearn import model_selection

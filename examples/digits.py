@@ -18,7 +18,6 @@ clipped sum is the same while the signal (the expected batch) is 40 times smalle
 import os
 import sys
 
-import numpy as np
 from absl import flags
 
 if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
@@ -31,21 +30,7 @@ from keras_dyndp.keras_compat import keras
 flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
 
 
-def load_data() -> datasets.TaskData:
-    """The digits as float32 images [N, 8, 8, 1] in [0, 1], split 80/20 (stratified, seed 0)."""
-    from sklearn import datasets as sk_datasets
-
-    digits = sk_datasets.load_digits()
-    images = (digits.images / 16.0).astype(np.float32)[..., None]
-    x_train, x_test, y_train, y_test = datasets.split_train_test(images, digits.target.astype(np.int64), 0.2)
-    return datasets.TaskData(
-        x_train=x_train,
-        y_train=y_train,
-        x_test=x_test,
-        y_test=y_test,
-        num_classes=10,
-        description=f"scikit-learn digits: {len(y_train)} training / {len(y_test)} test images (8x8)",
-    )
+load_data = datasets.load_digits
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
