@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the pack
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import datasets
+from examples import digits_cnn
 from examples import training
 from keras_dyndp.keras_compat import keras
 
@@ -35,16 +36,7 @@ load_data = datasets.load_digits
 
 def build_model(data: datasets.TaskData) -> keras.Model:
     """Small CNN for 8x8 images; outputs logits."""
-    return keras.Sequential(
-        [
-            keras.layers.Input(data.x_train.shape[1:]),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(data.num_classes),
-        ]
-    )
+    return digits_cnn.build(keras, data.x_train.shape[1:], data.num_classes)
 
 
 def make_task() -> training.Task:

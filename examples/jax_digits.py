@@ -25,6 +25,7 @@ import keras  # noqa: E402
 
 import keras_dyndp  # noqa: E402
 from examples import datasets  # noqa: E402
+from examples import digits_cnn  # noqa: E402
 from keras_dyndp import jax_backend  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -40,17 +41,8 @@ flags.DEFINE_integer("verbose", 2, "Keras fit verbosity.")
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
-    """The small CNN of examples.digits (conv 16@3x3, max-pool 2x2, dense 32, dense 10); logits."""
-    return keras.Sequential(
-        [
-            keras.layers.Input(data.x_train.shape[1:]),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(data.num_classes),
-        ]
-    )
+    """The small CNN of examples.digits (`examples.digits_cnn`); logits."""
+    return digits_cnn.build(keras, data.x_train.shape[1:], data.num_classes)
 
 
 def train(data: datasets.TaskData) -> dict:
