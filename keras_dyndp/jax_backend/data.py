@@ -4,9 +4,10 @@
 with probability p (the schedule's ``sampling_probability``), drawn from a numpy generator of its own (OS entropy
 unless a ``seed`` is given, never Keras's global seed). Batches are padded with rows of sample weight 0 to a fixed
 ``max_batch_size`` (one compiled step for every batch; padding rows add nothing to the clipped sum and are not
-counted as examples by the DP optimizers' batch-size check). A batch larger than the cap is truncated to it, with a
-warning: the default cap, `keras_dyndp.batch_sizes.default_max_batch_size`, is exceeded with probability at most
-1e-15 per step, and `keras_dyndp.batch_sizes.truncation_delta` gives what a smaller cap costs in delta.
+counted as examples by the DP optimizers' batch-size check), or to the next multiple of ``pad_to_multiple``. A
+batch larger than the cap is truncated to it, with a warning: the default cap,
+`keras_dyndp.batch_sizes.default_max_batch_size`, is exceeded with probability at most 1e-15 per step, and
+`keras_dyndp.batch_sizes.truncation_delta` gives what a smaller cap costs in delta.
 
 ``make_private``'s ``fit`` checks what it is given: a `PoissonBatches` at another rate than the optimizer's schedule
 is refused; anything else (arrays, a generator, another PyDataset) gets one `keras_dyndp.batch_sizes.SamplingWarning`.
@@ -35,6 +36,11 @@ class PoissonBatches(keras.utils.PyDataset):
       sampling_probability: p in (0, 1].
       steps_per_epoch: batches per epoch (default round(1 / p): each example once per epoch in expectation).
       max_batch_size: rows of every batch (default `batch_sizes.default_max_batch_size(N, p)`).
+      pad_to_multiple: None (default) pads every batch to ``max_batch_size``: one shape, one compiled step. An
+        integer m pads each batch to the next multiple of m instead (at most ``max_batch_size``): a few shapes, each
+        compiled once, and far fewer padding rows to compute when ``max_batch_size`` is well above p N. The step
+        must then not normalise by the rows, which would follow the batch's size: ``make_private``'s ``fit``
+        refuses it unless the optimizer has an ``expected_batch_size`` (the budget arguments set it).
       seed: None (OS entropy, for training you release) or an integer (reproducible batches, for tests).
     """
 
@@ -47,6 +53,7 @@ class PoissonBatches(keras.utils.PyDataset):
         sampling_probability: float,
         steps_per_epoch: int | None = None,
         max_batch_size: int | None = None,
+        pad_to_multiple: int | None = None,
         seed: int | None = None,
     ):
         super().__init__()
@@ -73,6 +80,9 @@ class PoissonBatches(keras.utils.PyDataset):
             if max_batch_size is None
             else validation.check_positive_int("max_batch_size", max_batch_size)
         )
+        self._multiple = (
+            None if pad_to_multiple is None else validation.check_positive_int("pad_to_multiple", pad_to_multiple)
+        )
         self._x, self._y = x, y
         self._weights = (
             np.ones(self._num_examples, np.float32)
@@ -93,8 +103,13 @@ class PoissonBatches(keras.utils.PyDataset):
 
     @property
     def max_batch_size(self) -> int:
-        """The rows of every batch."""
+        """The rows of every batch (with `pad_to_multiple`, the most rows of a batch)."""
         return self._cap
+
+    @property
+    def pad_to_multiple(self) -> int | None:
+        """None (every batch has `max_batch_size` rows) or m (each is padded to the next multiple of m)."""
+        return self._multiple
 
     def __len__(self) -> int:
         return self._steps
@@ -110,9 +125,12 @@ class PoissonBatches(keras.utils.PyDataset):
                 self._cap,
             )
             chosen = self._rng.permutation(chosen)[: self._cap]
-        rows = np.zeros(self._cap, np.int64)
+        num_rows = self._cap
+        if self._multiple is not None:
+            num_rows = min(self._cap, max(1, -(-len(chosen) // self._multiple)) * self._multiple)
+        rows = np.zeros(num_rows, np.int64)
         rows[: len(chosen)] = chosen
-        weights = np.zeros(self._cap, np.float32)
+        weights = np.zeros(num_rows, np.float32)
         weights[: len(chosen)] = self._weights[chosen]
 
         def gather(value):

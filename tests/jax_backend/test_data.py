@@ -62,10 +62,42 @@ def test_overflow_is_truncated_to_the_cap():
     assert batch[0].shape == (5, 3) and np.all(batch[2] == 1)
 
 
+def test_pad_to_multiple_pads_each_batch_to_the_next_multiple_up_to_the_cap():
+    x, y = _arrays()
+    batches = PoissonBatches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=200, seed=1)
+    assert batches.pad_to_multiple == 8
+    shapes = set()
+    for index in range(len(batches)):
+        bx, by, weights = batches[index]
+        real = int((weights > 0).sum())
+        assert len(bx) == len(by) == len(weights) == min(batches.max_batch_size, max(8, -(-real // 8) * 8))
+        assert np.all(bx[real:] == 0) and np.all(weights[real:] == 0)
+        shapes.add(len(bx))
+    assert 2 <= len(shapes) <= 5  # about 20 +- 4.2 examples: a few multiples of 8, never the cap of 51
+    assert max(shapes) < batches.max_batch_size
+
+
+def test_fit_refuses_bucketed_padding_when_the_step_would_normalise_by_rows():
+    x, y = _arrays()
+    y = (y % 2).astype("int32")
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    optimizer = DynamicDPKerasSGD(schedule=schedules.DPSchedule(np.ones(5), np.ones(5), P), learning_rate=0.01)
+    model.compile(
+        optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    )
+    bucketed = PoissonBatches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=2)
+    with pytest.raises(ValueError, match="no expected_batch_size.*follow the private batch size"):
+        model.fit(bucketed, verbose=0)
+    with_normaliser = _model(P)  # expected_batch_size = p N: the rows do not matter
+    with_normaliser.fit(bucketed, verbose=0)
+    assert int(with_normaliser.optimizer.dp_step.numpy()) == 2
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         ({"sampling_probability": 0.0}, r"`sampling_probability` must be in \(0, 1\]"),
+        ({"sampling_probability": P, "pad_to_multiple": 0}, "`pad_to_multiple`"),
         ({"sampling_probability": P, "steps_per_epoch": 0}, "`steps_per_epoch`"),
         ({"sampling_probability": P, "max_batch_size": 0}, "`max_batch_size`"),
     ],
