@@ -243,9 +243,7 @@ def _in_physical_batches(
     size = -(-num_rows // num_physical_batches)
     padding = num_physical_batches * size - num_rows
 
-    def split(value):
-        if value is None:
-            return None
+    def split(value):  # tree_map skips None leaves (no y, no sample weight)
         value = jnp.pad(value, [(0, padding)] + [(0, 0)] * (value.ndim - 1))
         return value.reshape(num_physical_batches, size, *value.shape[1:])
 
