@@ -2,9 +2,10 @@
 Conv1D, DepthwiseConv2D and SeparableConv2D rules share.
 
 A convolution's kernel is applied at every output position to the input patch there, so its per-example gradient is
-the bilinear form of `norms` over image patches. Two faster forms where they apply: per channel (a depthwise
-convolution, or a 1-channel input without dilation), a depthwise filter gradient that treats the batch as channels
-gives every example's kernel gradient at once.
+the bilinear form of `norms` over image patches. A faster form where it applies: per channel (a depthwise
+convolution, or a 1-channel input with few output channels, no dilation), a depthwise filter gradient that treats the
+batch as channels gives every example's kernel gradient at once. ``python benchmarks/conv_gradient.py`` times the
+forms against each other.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def call(tap: Tap) -> Callable:
     return conv2d_call
 
 
-# Groups of examples whose depthwise filter gradients are separate ops (see `_depthwise_filter_norms_and_sum`).
+# Groups of examples whose depthwise filter gradients are separate ops (see `depthwise_filter_norms_and_sum`).
 _DEPTHWISE_PARTS = 4
 
 
@@ -90,7 +91,7 @@ def _depthwise_filter_gradients(window: Window, inputs: tf.Tensor, g: tf.Tensor)
     return tf.reshape(per_image, [kernel_h * kernel_w, images, out_channels])
 
 
-def _depthwise_filter_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
+def depthwise_filter_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
     """Per-example kernel-gradient norms and clipped sum [kh * kw, c_in * m] from depthwise filter gradients.
 
     The depthwise filter-gradient CPU kernel uses one thread for a single image, so the batch is cut into
@@ -174,6 +175,20 @@ def image_patches(window: Window, inputs: tf.Tensor) -> tf.Tensor:
     return tf.reshape(patches, [tf.shape(inputs)[0], positions, kernel_h * kernel_w * channels])
 
 
+def patch_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
+    """Per-example kernel-gradient norms and clipped sum of an ordinary convolution from image patches: the
+    bilinear form (Gram or materialised, `norms.bilinear_norms_and_sum`) of the patches and ``g``."""
+    patches = norms.flatten_positions(image_patches(window, inputs), rows)
+    return norms.bilinear_norms_and_sum(patches, norms.flatten_positions(g, rows))
+
+
+# A 1-channel convolution's per-example kernel gradients come from depthwise filter gradients when it has fewer output
+# channels than this, else from image patches. The depthwise filter-gradient CPU kernel is 1.5-5x faster than image
+# patches up to 15 channels and 2-5x slower from 16 (a step at 16 seen at every kernel size and stride, ties at 3x3
+# 16 and 32 channels); measured with benchmarks/conv_gradient.py (2-core AMD EPYC, TF 2.15 and 2.21, batch 256).
+_DEPTHWISE_FILTERS_BELOW = 16
+
+
 def _depthwise_filter_applies(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> bool:
     """Whether `_depthwise_filter_gradients` can compute the kernel gradients: no dilation, equal strides (the
     CPU kernel's limits) and image sizes known while tracing."""
@@ -185,20 +200,29 @@ def _depthwise_filter_applies(window: Window, inputs: tf.Tensor, g: tf.Tensor) -
     )
 
 
+def one_channel_by_depthwise_filter(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> bool:
+    """Whether an ordinary convolution's per-example kernel gradients come from depthwise filter gradients: a
+    1-channel input, fewer than ``_DEPTHWISE_FILTERS_BELOW`` output channels, and `_depthwise_filter_applies`."""
+    return (
+        inputs.shape[-1] == 1
+        and g.shape[-1] < _DEPTHWISE_FILTERS_BELOW
+        and _depthwise_filter_applies(window, inputs, g)
+    )
+
+
 def conv_kernel_gradient(
     kernel: tf.Variable, window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows
 ) -> GhostGradient:
     """The per-example gradients of an ordinary 2D convolution's kernel [kh, kw, c_in, c_out] (groups 1).
 
     ``inputs`` [rows, H, W, c_in] as the convolution saw them (padded by hand for a causal Conv1D), ``g`` the
-    gradient of its output [rows, OH, OW, c_out]. Depthwise filter gradients for a 1-channel input where they apply
-    (`_depthwise_filter_applies`), else image patches (Gram or materialised form).
+    gradient of its output [rows, OH, OW, c_out]. Depthwise filter gradients where
+    `one_channel_by_depthwise_filter` says so, else image patches (`patch_norms_and_sum`).
     """
-    if inputs.shape[-1] == 1 and _depthwise_filter_applies(window, inputs, g):
-        squared, kernel_sum = _depthwise_filter_norms_and_sum(window, inputs, g, rows)
+    if one_channel_by_depthwise_filter(window, inputs, g):
+        squared, kernel_sum = depthwise_filter_norms_and_sum(window, inputs, g, rows)
     else:
-        patches = norms.flatten_positions(image_patches(window, inputs), rows)
-        squared, kernel_sum = norms.bilinear_norms_and_sum(patches, norms.flatten_positions(g, rows))
+        squared, kernel_sum = patch_norms_and_sum(window, inputs, g, rows)
     return GhostGradient(kernel, squared, lambda f: tf.reshape(kernel_sum(f), kernel.shape))
 
 
@@ -212,7 +236,7 @@ def depthwise_kernel_gradient(
     materialised (a depthwise kernel is small: kh kw c_in m floats).
     """
     if _depthwise_filter_applies(window, inputs, g):
-        squared, kernel_sum = _depthwise_filter_norms_and_sum(window, inputs, g, rows)
+        squared, kernel_sum = depthwise_filter_norms_and_sum(window, inputs, g, rows)
         return GhostGradient(kernel, squared, lambda f: tf.reshape(kernel_sum(f), kernel.shape))
     kernel_h, kernel_w, channels, multiplier = kernel.shape
     patches = norms.flatten_positions(image_patches(window, inputs), rows)

@@ -47,16 +47,14 @@ def conv1d_one_channel() -> keras.Model:
 
 
 def conv2d() -> keras.Model:
-    """Conv2D: a 1-channel input with unequal strides (image patches), a dilated one (space_to_batch)."""
-    return keras.Sequential(
-        [
-            L.Input((9, 8, 1)),
-            L.Conv2D(3, (3, 2), strides=(2, 1), padding="same", activation="relu"),
-            L.Conv2D(2, 2, dilation_rate=2, activation="tanh"),
-            L.Flatten(),
-            L.Dense(3),
-        ]
-    )
+    """Conv2D on a 1-channel input: unequal strides (image patches), then a dilated one (space_to_batch); beside
+    them 16 output channels (image patches, see conv2d.one_channel_by_depthwise_filter)."""
+    inputs = L.Input((9, 8, 1))
+    hidden = L.Conv2D(3, (3, 2), strides=(2, 1), padding="same", activation="relu")(inputs)
+    hidden = L.Conv2D(2, 2, dilation_rate=2, activation="tanh")(hidden)
+    wide = L.Conv2D(16, 3, strides=2, activation="relu")(inputs)
+    merged = L.Concatenate()([L.Flatten()(hidden), L.Flatten()(wide)])
+    return keras.Model(inputs, L.Dense(3)(merged))
 
 
 def depthwise() -> keras.Model:

@@ -1,5 +1,5 @@
-"""conv2d: the image patches behind the Conv2D rule (its norms are tested against the brute force in
-test_clipped_sum)."""
+"""conv2d: the image patches behind the Conv2D rule, and its two forms for a 1-channel input (the rule's norms are
+tested against the brute force in test_builtin_rules)."""
 
 import numpy as np
 import pytest
@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from keras_dyndp.keras_compat import keras
 from keras_dyndp.per_example import conv2d
+from keras_dyndp.per_example.taps import Rows
 
 
 @pytest.mark.parametrize(
@@ -29,3 +30,25 @@ def test_image_patches_match_extract_patches(shape, kernel, strides, dilation, p
         input_signature=[tf.TensorSpec([None, None, None, shape[-1]], tf.float32)],
     )
     np.testing.assert_array_equal(unknown_size(inputs).numpy(), actual.numpy())
+
+
+@pytest.mark.parametrize("filters,depthwise", [(15, True), (16, False)])
+def test_one_channel_forms_agree_and_the_rule_picks_by_output_channels(filters, depthwise):
+    window = conv2d.Window.of(keras.layers.Conv2D(filters, 3, strides=2, padding="same"))
+    rng = np.random.default_rng(4)
+    inputs = tf.constant(rng.normal(size=(6, 9, 9, 1)), tf.float32)
+    g = tf.constant(rng.normal(size=(6, 5, 5, filters)), tf.float32)
+    factors = tf.constant(rng.uniform(size=6), tf.float32)
+    rows = Rows.of_batch(inputs)
+    assert conv2d.one_channel_by_depthwise_filter(window, inputs, g) == depthwise
+    by_depthwise = conv2d.depthwise_filter_norms_and_sum(window, inputs, g, rows)
+    by_patches = conv2d.patch_norms_and_sum(window, inputs, g, rows)
+    np.testing.assert_allclose(by_depthwise[0].numpy(), by_patches[0].numpy(), rtol=1e-5)
+    np.testing.assert_allclose(
+        tf.reshape(by_depthwise[1](factors), [3, 3, 1, filters]).numpy(),
+        tf.reshape(by_patches[1](factors), [3, 3, 1, filters]).numpy(),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    # Neither form applies to more than one input channel.
+    assert not conv2d.one_channel_by_depthwise_filter(window, tf.concat([inputs, inputs], axis=-1), g)
