@@ -3,11 +3,12 @@ patches, and the batch's own filter gradient for scale, interleaved in one run.
 
 The Conv2D rule (`keras_dyndp.per_example.conv2d`) has two forms for a 1-channel input (a grayscale image's first
 convolution): a depthwise filter gradient that treats the batch as channels, and image patches with a batched
-matmul. Which is faster depends on the output channels; `conv2d.one_channel_by_depthwise_filter` picks by them.
+matmul. Which is faster depends on the output channels and on whether TensorFlow uses oneDNN;
+`conv2d.one_channel_by_depthwise_filter` picks by them.
 This prints, per shape, both forms' time for the norms and the clipped sum, and which form the rule picks, so the
 choice can be checked on another machine or TensorFlow.
 
-Usage: python benchmarks/conv_gradient.py [--batch_size 256 --image 28 --calls 5 --repeats 5]
+Usage: [TF_ENABLE_ONEDNN_OPTS=0|1] python benchmarks/conv_gradient.py [--batch_size 256 --image 28 --repeats 5]
 """
 
 from __future__ import annotations
@@ -67,7 +68,11 @@ def main(argv):
     rng = np.random.default_rng(0)
     size = FLAGS.image
     inputs = tf.constant(rng.normal(size=(FLAGS.batch_size, size, size, 1)).astype("float32"))
-    print(f"TensorFlow {tf.__version__}, {platform.processor() or platform.machine()}, batch {FLAGS.batch_size}")
+    onednn = "on" if conv2d._onednn_enabled() else "off"  # pylint: disable=protected-access
+    print(
+        f"TensorFlow {tf.__version__}, oneDNN {onednn} (TF_ENABLE_ONEDNN_OPTS), "
+        f"{platform.processor() or platform.machine()}, batch {FLAGS.batch_size}"
+    )
     print("| kernel | stride | filters | depthwise filter ms | image patches ms | batch gradient ms | picked |")
     print("|---|---|---|---|---|---|---|")
     for kernel, filters, stride in itertools.product(

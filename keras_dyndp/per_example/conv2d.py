@@ -3,13 +3,14 @@ Conv1D, DepthwiseConv2D and SeparableConv2D rules share.
 
 A convolution's kernel is applied at every output position to the input patch there, so its per-example gradient is
 the bilinear form of `norms` over image patches. A faster form where it applies: per channel (a depthwise
-convolution, or a 1-channel input with few output channels, no dilation), a depthwise filter gradient that treats the
-batch as channels gives every example's kernel gradient at once. ``python benchmarks/conv_gradient.py`` times the
-forms against each other.
+convolution, or a 1-channel input without dilation where `one_channel_by_depthwise_filter` says so), a depthwise
+filter gradient that treats the batch as channels gives every example's kernel gradient at once.
+``python benchmarks/conv_gradient.py`` times the forms against each other.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -182,11 +183,26 @@ def patch_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: R
     return norms.bilinear_norms_and_sum(patches, norms.flatten_positions(g, rows))
 
 
-# A 1-channel convolution's per-example kernel gradients come from depthwise filter gradients when it has fewer output
-# channels than this, else from image patches. The depthwise filter-gradient CPU kernel is 1.5-5x faster than image
-# patches up to 15 channels and 2-5x slower from 16 (a step at 16 seen at every kernel size and stride, ties at 3x3
-# 16 and 32 channels); measured with benchmarks/conv_gradient.py (2-core AMD EPYC, TF 2.15 and 2.21, batch 256).
+# Without oneDNN, a 1-channel convolution's per-example kernel gradients come from depthwise filter gradients when it
+# has fewer output channels than this, else from image patches: TF's own depthwise filter-gradient CPU kernel is
+# 1.5-5x faster than image patches up to 15 channels and 2-5x slower from 16 (a step at 16 seen at every kernel size
+# and stride). With oneDNN on they always come from depthwise filter gradients: oneDNN's kernel was faster in 36 of 42
+# shapes (up to 11x) and at most 1.7x slower (3x3 and 5x5 kernels with 32-64 channels). Measured with
+# benchmarks/conv_gradient.py (2-core AMD EPYC, TF 2.15 and 2.21, batch 256, 28x28 images).
 _DEPTHWISE_FILTERS_BELOW = 16
+
+
+@functools.cache
+def _onednn_enabled() -> bool:
+    """Whether TensorFlow runs its CPU kernels through oneDNN (``TF_ENABLE_ONEDNN_OPTS``, or TF's default for the
+    CPU). TensorFlow has no public API for it; where the private one is missing, False (the safer guess: with 16 or
+    more channels, image patches were at most 3.8x slower with oneDNN, depthwise filter gradients up to 5.4x slower
+    without)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-direct-tensorflow-import
+    except ImportError:
+        return False
+    return bool(getattr(_pywrap_util_port, "IsMklEnabled", lambda: False)())
 
 
 def _depthwise_filter_applies(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> bool:
@@ -202,10 +218,11 @@ def _depthwise_filter_applies(window: Window, inputs: tf.Tensor, g: tf.Tensor) -
 
 def one_channel_by_depthwise_filter(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> bool:
     """Whether an ordinary convolution's per-example kernel gradients come from depthwise filter gradients: a
-    1-channel input, fewer than ``_DEPTHWISE_FILTERS_BELOW`` output channels, and `_depthwise_filter_applies`."""
+    1-channel input, `_depthwise_filter_applies`, and oneDNN on or fewer than ``_DEPTHWISE_FILTERS_BELOW`` output
+    channels."""
     return (
         inputs.shape[-1] == 1
-        and g.shape[-1] < _DEPTHWISE_FILTERS_BELOW
+        and (_onednn_enabled() or g.shape[-1] < _DEPTHWISE_FILTERS_BELOW)
         and _depthwise_filter_applies(window, inputs, g)
     )
 

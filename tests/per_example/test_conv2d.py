@@ -32,8 +32,9 @@ def test_image_patches_match_extract_patches(shape, kernel, strides, dilation, p
     np.testing.assert_array_equal(unknown_size(inputs).numpy(), actual.numpy())
 
 
-@pytest.mark.parametrize("filters,depthwise", [(15, True), (16, False)])
-def test_one_channel_forms_agree_and_the_rule_picks_by_output_channels(filters, depthwise):
+@pytest.mark.parametrize("filters,onednn,depthwise", [(15, False, True), (16, False, False), (16, True, True)])
+def test_one_channel_forms_agree_and_the_rule_picks_by_output_channels(filters, onednn, depthwise, monkeypatch):
+    monkeypatch.setattr(conv2d, "_onednn_enabled", lambda: onednn)
     window = conv2d.Window.of(keras.layers.Conv2D(filters, 3, strides=2, padding="same"))
     rng = np.random.default_rng(4)
     inputs = tf.constant(rng.normal(size=(6, 9, 9, 1)), tf.float32)
@@ -52,3 +53,11 @@ def test_one_channel_forms_agree_and_the_rule_picks_by_output_channels(filters, 
     )
     # Neither form applies to more than one input channel.
     assert not conv2d.one_channel_by_depthwise_filter(window, tf.concat([inputs, inputs], axis=-1), g)
+
+
+def test_onednn_state_is_read_from_tensorflow(monkeypatch):
+    conv2d._onednn_enabled.cache_clear()
+    try:
+        assert isinstance(conv2d._onednn_enabled(), bool)
+    finally:
+        conv2d._onednn_enabled.cache_clear()
