@@ -73,10 +73,13 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
         gram_g = tf.matmul(g, g, transpose_b=True)
         squared = tf.reduce_sum(gram_a * gram_g, axis=[1, 2])
         return squared, lambda f: tf.einsum("btk,btc->kc", a, g * f[:, None, None])
-    # G_i^T = g_i^T a_i, [B, c, k]: the batched matmul is faster on CPU this way round than a_i^T g_i.
+    # TF's own (Eigen) batched matmul is 1.2-2x faster on CPU with the larger of k and c as the output's last axis
+    # (G_i [B, k, c] or G_i^T [B, c, k]); with oneDNN the order makes no difference.
+    if fan_out >= fan_in:
+        per_example = tf.matmul(a, g, transpose_a=True)
+        return squared_norms(per_example, [1, 2]), lambda f: tf.tensordot(f, per_example, axes=1)
     per_example = tf.matmul(g, a, transpose_a=True)
-    squared = squared_norms(per_example, [1, 2])
-    return squared, lambda f: tf.transpose(tf.tensordot(f, per_example, axes=1))
+    return squared_norms(per_example, [1, 2]), lambda f: tf.transpose(tf.tensordot(f, per_example, axes=1))
 
 
 def bilinear_gradient(variable: tf.Variable, a: tf.Tensor, g: tf.Tensor) -> GhostGradient:

@@ -8,9 +8,10 @@ from brute_force import assert_close
 from keras_dyndp.per_example import norms
 
 
-@pytest.mark.parametrize("positions,fan_in,fan_out", [(2, 64, 64), (5, 3, 4), (4, 300, 300)])
+@pytest.mark.parametrize("positions,fan_in,fan_out", [(2, 64, 64), (5, 3, 4), (6, 5, 2), (4, 300, 300)])
 def test_bilinear_norms_and_sum_gram_and_materialised_forms(positions, fan_in, fan_out):
-    """(2, 64, 64) and (4, 300, 300) (too large to materialise) take the Gram form, (5, 3, 4) the other."""
+    """(2, 64, 64) and (4, 300, 300) (too large to materialise) take the Gram form; (5, 3, 4) and (6, 5, 2) the
+    materialised one, with the larger fan as the batched matmul's last axis."""
     rng = np.random.default_rng(2)
     a = rng.normal(size=(3, positions, fan_in)).astype(np.float32)
     g = rng.normal(size=(3, positions, fan_out)).astype(np.float32)
