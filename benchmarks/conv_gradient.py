@@ -68,7 +68,7 @@ def main(argv):
     rng = np.random.default_rng(0)
     size = FLAGS.image
     inputs = tf.constant(rng.normal(size=(FLAGS.batch_size, size, size, 1)).astype("float32"))
-    onednn = "on" if conv2d._onednn_enabled() else "off"  # pylint: disable=protected-access
+    onednn = "on" if conv2d.onednn_enabled() else "off"
     print(
         f"TensorFlow {tf.__version__}, oneDNN {onednn} (TF_ENABLE_ONEDNN_OPTS), "
         f"{platform.processor() or platform.machine()}, batch {FLAGS.batch_size}"

@@ -193,7 +193,7 @@ _DEPTHWISE_FILTERS_BELOW = 16
 
 
 @functools.cache
-def _onednn_enabled() -> bool:
+def onednn_enabled() -> bool:
     """Whether TensorFlow runs its CPU kernels through oneDNN (``TF_ENABLE_ONEDNN_OPTS``, or TF's default for the
     CPU). TensorFlow has no public API for it; where the private one is missing, False (the safer guess: with 16 or
     more channels, image patches were at most 3.8x slower with oneDNN, depthwise filter gradients up to 5.4x slower
@@ -222,7 +222,7 @@ def one_channel_by_depthwise_filter(window: Window, inputs: tf.Tensor, g: tf.Ten
     channels."""
     return (
         inputs.shape[-1] == 1
-        and (_onednn_enabled() or g.shape[-1] < _DEPTHWISE_FILTERS_BELOW)
+        and (onednn_enabled() or g.shape[-1] < _DEPTHWISE_FILTERS_BELOW)
         and _depthwise_filter_applies(window, inputs, g)
     )
 

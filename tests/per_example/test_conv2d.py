@@ -34,7 +34,7 @@ def test_image_patches_match_extract_patches(shape, kernel, strides, dilation, p
 
 @pytest.mark.parametrize("filters,onednn,depthwise", [(15, False, True), (16, False, False), (16, True, True)])
 def test_one_channel_forms_agree_and_the_rule_picks_by_output_channels(filters, onednn, depthwise, monkeypatch):
-    monkeypatch.setattr(conv2d, "_onednn_enabled", lambda: onednn)
+    monkeypatch.setattr(conv2d, "onednn_enabled", lambda: onednn)
     window = conv2d.Window.of(keras.layers.Conv2D(filters, 3, strides=2, padding="same"))
     rng = np.random.default_rng(4)
     inputs = tf.constant(rng.normal(size=(6, 9, 9, 1)), tf.float32)
@@ -56,8 +56,8 @@ def test_one_channel_forms_agree_and_the_rule_picks_by_output_channels(filters, 
 
 
 def test_onednn_state_is_read_from_tensorflow(monkeypatch):
-    conv2d._onednn_enabled.cache_clear()
+    conv2d.onednn_enabled.cache_clear()
     try:
-        assert isinstance(conv2d._onednn_enabled(), bool)
+        assert isinstance(conv2d.onednn_enabled(), bool)
     finally:
-        conv2d._onednn_enabled.cache_clear()
+        conv2d.onednn_enabled.cache_clear()
