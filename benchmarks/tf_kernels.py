@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 
+import models  # benchmarks/models.py (this script's directory is on sys.path)
 import numpy as np
 import tensorflow as tf
 from absl import app
@@ -25,8 +26,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("calls", 20, "Timed calls per repetition.")
 flags.DEFINE_integer("repeats", 9, "Interleaved repetitions; the median is reported.")
 
-BATCH, STEPS, UNITS, FEATURES = 256, 40, 32, 32
-TEXT_LENGTH, VOCABULARY, WIDTH = 80, 10_000, 16
+BATCH, STEPS, UNITS, FEATURES = 256, models.LSTM_LENGTH, 32, 32  # The lstm model: Embedding(., 32), LSTM(32).
+TEXT_LENGTH, VOCABULARY, WIDTH = models.TEXT_LENGTH, models.TEXT_VOCAB, 16  # The text model: Embedding(., 16).
 
 
 def kernels() -> dict:
