@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import itertools
 import platform
-import statistics
-import time
 
+import interleaved  # benchmarks/interleaved.py (this script's directory is on sys.path)
 import numpy as np
 import tensorflow as tf
 from absl import app
@@ -84,16 +83,7 @@ def main(argv):
         forms = _forms(window, inputs, g)
         depthwise, patches = forms["depthwise filter"](), forms["image patches"]()
         np.testing.assert_allclose(depthwise[0].numpy(), patches[0].numpy(), rtol=1e-4)
-        for form in forms.values():
-            form()  # trace
-        milliseconds = {name: [] for name in forms}
-        for _ in range(FLAGS.repeats):
-            for name, form in forms.items():
-                start = time.perf_counter()
-                for _ in range(FLAGS.calls):
-                    form()
-                milliseconds[name].append((time.perf_counter() - start) / FLAGS.calls * 1e3)
-        medians = {name: statistics.median(times) for name, times in milliseconds.items()}
+        medians = interleaved.median_milliseconds(forms, FLAGS.calls, FLAGS.repeats)
         picked = "depthwise filter" if conv2d.one_channel_by_depthwise_filter(window, inputs, g) else "image patches"
         print(
             f"| {kernel}x{kernel} | {stride} | {filters} | "

@@ -10,9 +10,7 @@ Usage: python benchmarks/lstm_recurrence.py [--batch_size 256 --steps 40 --units
 
 from __future__ import annotations
 
-import statistics
-import time
-
+import interleaved  # benchmarks/interleaved.py (this script's directory is on sys.path)
 import numpy as np
 import tensorflow as tf
 from absl import app
@@ -71,19 +69,12 @@ def main(argv):
         "tf.scan, parallel_iterations 32": timed(lambda: scan(32)),
         "tf.while_loop + TensorArray": timed(while_loop),
     }
-    for step in variants.values():
-        step()  # trace
-    milliseconds = {name: [] for name in variants}
-    for _ in range(FLAGS.repeats):
-        for name, step in variants.items():
-            start = time.perf_counter()
-            for _ in range(FLAGS.calls):
-                gradients = step()
-            gradients[0].numpy()
-            milliseconds[name].append(1e3 * (time.perf_counter() - start) / FLAGS.calls)
+    medians = interleaved.median_milliseconds(
+        variants, FLAGS.calls, FLAGS.repeats, wait=lambda gradients: gradients[0].numpy()
+    )
     print(f"TensorFlow {tf.__version__}, B={batch} T={steps} U={units}, forward + backward, medians:")
-    for name, values in milliseconds.items():
-        print(f"  {name}: {statistics.median(values):.1f} ms")
+    for name, median in medians.items():
+        print(f"  {name}: {median:.1f} ms")
 
 
 if __name__ == "__main__":

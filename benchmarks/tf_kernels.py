@@ -11,10 +11,8 @@ Usage: [TF_ENABLE_ONEDNN_OPTS=0|1] python benchmarks/tf_kernels.py [--calls 20 -
 
 from __future__ import annotations
 
-import statistics
-import time
-
-import models  # benchmarks/models.py (this script's directory is on sys.path)
+import interleaved  # benchmarks/interleaved.py (this script's directory is on sys.path)
+import models
 import numpy as np
 import tensorflow as tf
 from absl import app
@@ -57,20 +55,12 @@ def kernels() -> dict:
 def main(argv):
     del argv  # Unused.
     functions = {name: tf.function(kernel) for name, kernel in kernels().items()}
-    for function in functions.values():
-        function()  # trace
-    milliseconds = {name: [] for name in functions}
-    for _ in range(FLAGS.repeats):
-        for name, function in functions.items():
-            start = time.perf_counter()
-            for _ in range(FLAGS.calls):
-                function()
-            milliseconds[name].append((time.perf_counter() - start) / FLAGS.calls * 1e3)
+    medians = interleaved.median_milliseconds(functions, FLAGS.calls, FLAGS.repeats)
     print(f"TensorFlow {tf.__version__}, oneDNN {'on' if conv2d.onednn_enabled() else 'off'}")
     print("| kernel | ms (median) |")
     print("|---|---|")
-    for name, times in milliseconds.items():
-        print(f"| {name} | {statistics.median(times):.3f} |")
+    for name, median in medians.items():
+        print(f"| {name} | {median:.3f} |")
 
 
 if __name__ == "__main__":
