@@ -29,6 +29,7 @@ TEXT_LENGTH, VOCABULARY, WIDTH = models.TEXT_LENGTH, models.TEXT_VOCAB, 16  # Th
 
 
 def kernels() -> dict:
+    """Name -> a no-argument call of one kernel on fixed random inputs of the benchmark models' shapes."""
     rng = np.random.default_rng(0)
     a = tf.constant(rng.normal(size=(BATCH, STEPS, FEATURES)).astype("float32"))
     g = tf.constant(rng.normal(size=(BATCH, STEPS, 4 * UNITS)).astype("float32"))

@@ -48,7 +48,7 @@ def conv1d_one_channel() -> keras.Model:
 
 def conv2d() -> keras.Model:
     """Conv2D on a 1-channel input: unequal strides (image patches), then a dilated one (space_to_batch); beside
-    them 16 output channels (image patches, see conv2d.one_channel_by_depthwise_filter)."""
+    them 16 output channels (image patches unless oneDNN is on, see conv2d.one_channel_by_depthwise_filter)."""
     inputs = L.Input((9, 8, 1))
     hidden = L.Conv2D(3, (3, 2), strides=(2, 1), padding="same", activation="relu")(inputs)
     hidden = L.Conv2D(2, 2, dilation_rate=2, activation="tanh")(hidden)

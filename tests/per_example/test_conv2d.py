@@ -1,6 +1,10 @@
 """conv2d: the image patches behind the Conv2D rule, and its two forms for a 1-channel input (the rule's norms are
 tested against the brute force in test_builtin_rules)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -55,9 +59,10 @@ def test_one_channel_forms_agree_and_the_rule_picks_by_output_channels(filters, 
     assert not conv2d.one_channel_by_depthwise_filter(window, tf.concat([inputs, inputs], axis=-1), g)
 
 
-def test_onednn_state_is_read_from_tensorflow(monkeypatch):
-    conv2d.onednn_enabled.cache_clear()
-    try:
-        assert isinstance(conv2d.onednn_enabled(), bool)
-    finally:
-        conv2d.onednn_enabled.cache_clear()
+@pytest.mark.parametrize("setting,expected", [("0", False), ("1", True)])
+def test_onednn_state_follows_tf_enable_onednn_opts(setting, expected):
+    """TF reads TF_ENABLE_ONEDNN_OPTS at import, so each setting needs a fresh process."""
+    code = "from keras_dyndp.per_example import conv2d; print(conv2d.onednn_enabled())"
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": setting, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert result.stdout.strip().splitlines()[-1] == str(expected)
