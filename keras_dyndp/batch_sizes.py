@@ -28,6 +28,22 @@ def not_poisson_message(problem: str, sampling_probability: float, remedy: str) 
     )
 
 
+def check_padding(pad_to_multiple: int | None, normalises_by_rows: bool) -> None:
+    """Refuses batches padded to multiples (whose rows follow the private batch size) when the step would divide
+    the noisy sum by the rows: the divisor would then depend on the private data and escape the accounting.
+
+    Raises:
+      ValueError: when ``pad_to_multiple`` is set and ``normalises_by_rows``.
+    """
+    if pad_to_multiple is not None and normalises_by_rows:
+        raise ValueError(
+            f"model.fit received Poisson batches padded to multiples of {pad_to_multiple} rows, but the optimizer "
+            "has no expected_batch_size, so it would divide the noisy sum by the batch's rows, which then follow "
+            "the private batch size. Give the optimizer expected_batch_size=p*N (the budget arguments set it), or "
+            "leave pad_to_multiple None."
+        )
+
+
 #: Tail probability that sets `default_max_batch_size`: P[Binomial(N, p) > cap] <= this.
 DEFAULT_OVERFLOW_TAIL = 1e-15
 

@@ -46,3 +46,10 @@ def test_bad_sampling_probability(p):
         batch_sizes.expected_steps_per_epoch(p)
     with pytest.raises(ValueError, match=r"`sampling_probability` must be in \(0, 1\]"):
         batch_sizes.batch_size_range(100, p)
+
+
+def test_padding_to_multiples_is_refused_only_where_the_step_divides_by_the_rows():
+    batch_sizes.check_padding(None, normalises_by_rows=True)
+    batch_sizes.check_padding(32, normalises_by_rows=False)
+    with pytest.raises(ValueError, match="padded to multiples of 32 rows.*expected_batch_size=p\\*N"):
+        batch_sizes.check_padding(32, normalises_by_rows=True)

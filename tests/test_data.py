@@ -52,6 +52,52 @@ def test_fixed_shape_and_zero_weight_padding_rows():
         np.testing.assert_allclose(weights.numpy()[real], weights_in[ids])
 
 
+def test_pad_to_multiple_puts_the_examples_first_and_pads_to_the_next_multiple_up_to_the_cap():
+    x, y = _arrays()
+    weights_in = np.linspace(0.5, 2.0, NUM_EXAMPLES).astype(np.float32)
+    cap = data.default_max_batch_size(NUM_EXAMPLES, P)
+    dataset = data.poisson_batches_from_tensors(
+        x, y, P, sample_weight=weights_in, num_steps=200, seed=1, pad_to_multiple=8
+    )
+    assert dataset.element_spec[0].shape.as_list() == [None, 3]
+    assert data.poisson_sampling(dataset) == data.PoissonSampling(NUM_EXAMPLES, P, cap, pad_to_multiple=8)
+    rows, sizes = set(), []
+    for batch_x, batch_y, weights in dataset:
+        size = int(np.sum(weights.numpy() > 0))
+        assert len(batch_x) == len(batch_y) == len(weights) == min(cap, max(8, -(-size // 8) * 8))
+        ids = batch_y.numpy()[:size] - 1  # the examples first, then only padding
+        np.testing.assert_array_equal(batch_x.numpy()[:size], x[ids])
+        np.testing.assert_allclose(weights.numpy()[:size], weights_in[ids])
+        assert np.all(batch_x.numpy()[size:] == 0) and np.all(weights.numpy()[size:] == 0)
+        rows.add(len(batch_x))
+        sizes.append(size)
+    assert 3 <= len(rows) and max(rows) < cap  # about 20 +- 4.2 examples: a few multiples of 8, never the cap (41)
+    mean, variance = NUM_EXAMPLES * P, NUM_EXAMPLES * P * (1 - P)
+    assert abs(np.mean(sizes) - mean) < 5 * np.sqrt(variance / len(sizes))  # still Binomial(N, p)
+
+
+def test_pad_to_multiple_keeps_the_cap_on_overflow_and_pads_empty_batches_to_one_multiple(capfd):
+    x, y = _arrays()
+    overflowing = data.poisson_batches_from_tensors(
+        x, y, 0.5, max_batch_size=10, num_steps=3, seed=0, pad_to_multiple=4
+    )
+    assert [int(np.sum(w.numpy() > 0)) for _, _, w in overflowing] == [10, 10, 10]
+    assert [len(w) for _, _, w in overflowing] == [10, 10, 10]
+    assert "truncated to max_batch_size=10" in capfd.readouterr().err
+    sparse = data.poisson_batches_from_tensors(x, y, 0.002, num_steps=50, seed=0, pad_to_multiple=4)
+    empty = [len(w) for _, _, w in sparse if np.all(w.numpy() == 0)]  # about 2/3 of the batches (e^-0.4)
+    assert empty and set(empty) == {4}
+
+
+def test_pad_to_multiple_is_rounded_up_to_a_multiple_of_the_replicas():
+    x, y = _arrays()
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
+    with tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice()).scope():
+        dataset = data.poisson_batches_from_tensors(x, y, P, num_steps=30, seed=0, pad_to_multiple=3)
+    assert data.poisson_sampling(dataset).pad_to_multiple == 6
+    assert all(len(w) % 6 == 0 for _, _, w in dataset)
+
+
 def test_seed_determinism_and_fresh_epochs():
     x, y = _arrays()
 
@@ -147,6 +193,8 @@ def test_bad_arguments():
         data.poisson_batches_from_tensors(x, y, P, num_steps=0)
     with pytest.raises(ValueError, match="`overflow` must be one of"):
         data.poisson_batches_from_tensors(x, y, P, overflow="drop")
+    with pytest.raises(ValueError, match="`pad_to_multiple` must be an integer >= 1"):
+        data.poisson_batches_from_tensors(x, y, P, pad_to_multiple=0)
     with pytest.raises(ValueError, match=r"N >= 1"):
         data.poisson_batches_from_tensors(x[:0], y[:0], P)
     with pytest.raises(ValueError, match="same number of rows"):

@@ -381,13 +381,9 @@ def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> No
                 f"schedule is accounted at p={p:g}: the reported epsilon would be wrong. Sample the batches at the "
                 "schedule's sampling_probability, or calibrate the schedule for the rate you sample at."
             )
-        if x.pad_to_multiple is not None and optimizer.expected_batch_size is None and not optimizer.num_microbatches:
-            raise ValueError(
-                f"model.fit received Poisson batches padded to multiples of {x.pad_to_multiple} rows, but the "
-                "optimizer has no expected_batch_size, so it would divide the noisy sum by the batch's rows, which "
-                "then follow the private batch size. Give the optimizer expected_batch_size=p*N (the budget "
-                "arguments set it), or leave pad_to_multiple None."
-            )
+        batch_sizes.check_padding(
+            x.pad_to_multiple, optimizer.expected_batch_size is None and not optimizer.num_microbatches
+        )
         return
     if optimizer._warned_sampling:  # pylint: disable=protected-access
         return

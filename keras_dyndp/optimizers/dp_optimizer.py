@@ -150,7 +150,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._sampling_check = sampling_check.SamplingCheck(
-            self._schedule.sampling_probability, self._expected_batch_size
+            self._schedule.sampling_probability, self._expected_batch_size, self._num_microbatches
         )
         self._warned_slow_path = False
         with tf.init_scope():

@@ -54,11 +54,16 @@ class SamplingCheck:
 
     Args:
       sampling_probability: the schedule's Poisson rate p.
-      expected_batch_size: p N, or None when N is unknown (then batch sizes are not checked).
+      expected_batch_size: p N, or None when N is unknown (then batch sizes are not checked, and the noisy sum is
+        divided by the batch's rows).
+      num_microbatches: the optimizer's M, or None (per-example clipping).
     """
 
-    def __init__(self, sampling_probability: float, expected_batch_size: float | None):
+    def __init__(
+        self, sampling_probability: float, expected_batch_size: float | None, num_microbatches: int | None = None
+    ):
         self._sampling_probability = sampling_probability
+        self._normalises_by_rows = expected_batch_size is None and num_microbatches is None
         if expected_batch_size is None:
             self._num_examples = None
             self._range = None
@@ -76,7 +81,8 @@ class SamplingCheck:
         """Checks, in Python, what ``model.fit`` received (point 2 of the module docstring).
 
         Raises:
-          ValueError: if ``fit`` received a keras_dyndp Poisson dataset sampled at another rate than the schedule.
+          ValueError: if ``fit`` received a keras_dyndp Poisson dataset sampled at another rate than the schedule,
+            or one padded to multiples (``pad_to_multiple``) while the step divides by the batch's rows.
         """
         model = keras_context.calling_model(optimizer)
         call = None if model is None else keras_context.fit_call(model)
@@ -95,6 +101,7 @@ class SamplingCheck:
                         "Sample the batches at the schedule's sampling_probability, or calibrate the schedule for "
                         "the rate you sample at."
                     )
+                batch_sizes.check_padding(sampling.pad_to_multiple, self._normalises_by_rows)
                 if replicas.is_multi_worker() and not sampling.same_on_every_worker:
                     raise ValueError(
                         "model.fit under a multi-worker strategy received Poisson batches whose seed each worker drew "

@@ -40,17 +40,24 @@ def test_mirrored_run_with_accumulation_reports_what_one_device_reports(tmp_path
     assert resumed.steps == 4 and f"Resumed from {model_dir} at step 3 of 45." in capsys.readouterr().out
 
 
-def test_poisson_batches_split_evenly_across_the_replicas():
+@pytest.mark.parametrize("pad_to_multiple", [0, 32, 5])
+def test_poisson_batches_split_evenly_across_the_replicas(pad_to_multiple):
     data = digits.load_data()
-    config = training.RunConfig(sampling="poisson")
+    config = training.RunConfig(sampling="poisson", pad_to_multiple=pad_to_multiple)
     p = 64 / data.num_train
     default_cap = dp_data.default_max_batch_size(data.num_train, p)
     for num_replicas in (1, 2, 3):
-        batches = training.train_batches(config, data, p, seed=0, num_steps=1, num_replicas=num_replicas)
-        cap = dp_data.poisson_sampling(batches).max_batch_size
-        assert cap % num_replicas == 0 and default_cap <= cap < default_cap + num_replicas
-        (x, _, _), *_ = batches
-        assert x.shape[0] == cap
+        batches = training.train_batches(config, data, p, seed=0, num_steps=20, num_replicas=num_replicas)
+        sampling = dp_data.poisson_sampling(batches)
+        assert sampling.max_batch_size % num_replicas == 0
+        assert default_cap <= sampling.max_batch_size < default_cap + num_replicas
+        rows = [len(weights) for _, _, weights in batches]
+        assert all(row % num_replicas == 0 for row in rows)
+        if pad_to_multiple:
+            assert sampling.pad_to_multiple % pad_to_multiple == 0
+            assert max(rows) < sampling.max_batch_size  # about 64 +- 8 examples: below the cap of about 110
+        else:
+            assert set(rows) == {sampling.max_batch_size}
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,22 @@ def test_poisson_batches_at_another_rate_are_refused(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_batches_padded_to_multiples_need_a_normaliser_independent_of_the_rows(path):
+    x, y = arrays()
+    padded = data.poisson_batches_from_tensors(x, y, P, num_steps=4, pad_to_multiple=8)
+    by_rows = compiled_model(path, expected_batch_size=None)
+    with pytest.raises(ValueError, match="padded to multiples of 8 rows, but the optimizer has no expected_batch"):
+        by_rows.fit(padded, epochs=1, verbose=0)
+    assert int(by_rows.optimizer.dp_step) == 0
+    model = compiled_model(path)  # expected_batch_size = p N
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(padded, epochs=2, verbose=0)
+    assert sampling_warnings(caught) == []
+    assert int(model.optimizer.dp_step) == 8
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "make_input, note",
     [
