@@ -3,8 +3,9 @@
 Where the Keras 3 / Keras 2 gap of the fast path comes from: run this under each stack's Python (and with
 ``TF_ENABLE_ONEDNN_OPTS=1`` or ``0``) and compare. The shapes are those of the benchmark models at batch 256: the
 LSTM's per-example kernel gradients (a batched matmul a_i^T g_i, in both orders), the embedding rule's grouping of
-(example, id) pairs (``tf.unique``, ``tf.math.unsorted_segment_sum``) and clipped sum (``tf.tensor_scatter_nd_add``),
-and a plain matmul of the LSTM's recurrence for scale.
+(example, id) pairs (``tf.unique``, ``tf.math.unsorted_segment_sum``) and clipped sum
+(``tf.tensor_scatter_nd_add``; for comparison, a variable's ``scatter_add``, the sparse update that Keras's
+optimizers make in a non-private step), and a plain matmul of the LSTM's recurrence for scale.
 
 Usage: [TF_ENABLE_ONEDNN_OPTS=0|1] python benchmarks/tf_kernels.py [--calls 20 --repeats 9]
 """
@@ -39,6 +40,7 @@ def kernels() -> dict:
     pairs = tf.constant((np.arange(BATCH)[:, None] * VOCABULARY + ids).reshape(-1), tf.int64)
     rows = tf.constant(rng.normal(size=(BATCH * TEXT_LENGTH, WIDTH)).astype("float32"))
     table = tf.zeros([VOCABULARY, WIDTH])
+    buffer = tf.Variable(table)
     index = tf.unique(pairs)[1]
     num_pairs = int(tf.reduce_max(index)) + 1
     flat_ids = tf.constant(ids.reshape(-1, 1), tf.int32)
@@ -48,6 +50,9 @@ def kernels() -> dict:
         "unique of B*T (example, id) pairs": lambda: tf.unique(pairs)[1],
         "unsorted_segment_sum of B*T rows": lambda: tf.math.unsorted_segment_sum(rows, index, num_pairs),
         "tensor_scatter_nd_add into the table": lambda: tf.tensor_scatter_nd_add(table, flat_ids, rows),
+        "scatter_add into a variable (the optimizer's sparse update)": lambda: buffer.scatter_add(
+            tf.IndexedSlices(rows, flat_ids[:, 0])
+        ),
         "gather of B*T table rows": lambda: tf.gather(table, flat_ids[:, 0]),
         "matmul h U, 40 times (the recurrence)": lambda: [tf.matmul(h, recurrent_kernel) for _ in range(STEPS)][-1],
     }
