@@ -528,14 +528,16 @@ def make_loss_and_metric(task: Task, private: bool) -> tuple[keras.losses.Loss, 
     )
 
 
-def _train_step_without_logs(self: keras.Model, data) -> dict:
-    """Keras's train step without its loss and metric trackers: the DP optimizer gets the per-example losses and
-    nothing else computed on the private batch leaves the step (generic --per_example=jacobian path)."""
+def _jacobian_train_step(self: keras.Model, data, *, training_metrics: bool) -> dict:
+    """The generic --per_example=jacobian step: the DP optimizer gets the per-example losses; the loss and metrics
+    of the private batch are computed (without noise) only with --training_metrics, else nothing else computed on
+    the batch leaves the step."""
     x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
     with tf.GradientTape() as tape:
-        losses = self.loss(y, self(x, training=True), sample_weight=sample_weight)
+        y_pred = self(x, training=True)
+        losses = self.loss(y, y_pred, sample_weight=sample_weight)
     self.optimizer.minimize(losses, self.trainable_variables, tape=tape)
-    return {}
+    return keras_compat.training_logs(self, x, y, y_pred, sample_weight) if training_metrics else {}
 
 
 def compile_model(
@@ -547,8 +549,9 @@ def compile_model(
     loss, metric = make_loss_and_metric(task, private)
     if private and config.per_example == "fast":
         model = per_example.make_private(model, training_metrics=config.training_metrics)
-    elif private and not config.training_metrics:
-        model.train_step = types.MethodType(_train_step_without_logs, model)
+    elif private:
+        step = functools.partial(_jacobian_train_step, training_metrics=config.training_metrics)
+        model.train_step = types.MethodType(step, model)
     # weighted_metrics: Poisson batches are padded with zero-weight rows, which plain `metrics` would count.
     model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[metric])
     return model

@@ -28,20 +28,53 @@ def not_poisson_message(problem: str, sampling_probability: float, remedy: str) 
     )
 
 
-def check_padding(pad_to_multiple: int | None, normalises_by_rows: bool) -> None:
-    """Refuses batches padded to multiples (whose rows follow the private batch size) when the step would divide
-    the noisy sum by the rows: the divisor would then depend on the private data and escape the accounting.
+def check_poisson_batches(public_batch_size: bool, caller: str) -> None:
+    """Refuses keras_dyndp's Poisson batches for an optimizer that states batch sizes are public.
+
+    Such an optimizer divides the noisy sum by each batch's rows. A Poisson batch's number of examples is private,
+    and its rows follow it when padded to a multiple (``pad_to_multiple``); the optimizer must divide by p N.
 
     Raises:
-      ValueError: when ``pad_to_multiple`` is set and ``normalises_by_rows``.
+      ValueError: when ``public_batch_size``, naming ``caller`` (what received the batches).
     """
-    if pad_to_multiple is not None and normalises_by_rows:
+    if public_batch_size:
         raise ValueError(
-            f"model.fit received Poisson batches padded to multiples of {pad_to_multiple} rows, but the optimizer "
-            "has no expected_batch_size, so it would divide the noisy sum by the batch's rows, which then follow "
-            "the private batch size. Give the optimizer expected_batch_size=p*N (the budget arguments set it), or "
-            "leave pad_to_multiple None."
+            f"{caller} received keras_dyndp Poisson batches, whose sizes are private, but the optimizer was built "
+            "with public_batch_size=True, which divides the noisy sum by each batch's rows (with pad_to_multiple "
+            "they follow the private batch size). Build the optimizer with expected_batch_size=p*N instead."
         )
+
+
+PADDING_ROWS_REFUSAL = (
+    "keras_dyndp: this batch has rows with sample weight 0 (padding), but the optimizer was built with "
+    "public_batch_size=True, which divides the noisy sum by the rows: rows padded to follow the number of examples "
+    "would release it. Train on batches without padding rows, or build the optimizer with expected_batch_size=p*N "
+    "(then the rows do not matter)."
+)
+"""Why a step that divides by the rows refuses a batch with zero-weight rows (both backends)."""
+
+
+def out_of_range_refusal(
+    what: str, sampling_probability: float, num_examples: int, low: int, high: int
+) -> tuple[str, str]:
+    """The refusal of a batch whose number of examples is outside ``[low, high]`` (`batch_size_range`), as the text
+    before and after that number (the TensorFlow step prints it from the graph).
+
+    Args:
+      what: 'few' or 'many'.
+      sampling_probability, num_examples: the schedule's p and the optimizer's N.
+      low, high: the accepted range.
+    """
+    p = sampling_probability
+    return (
+        f"keras_dyndp: too {what} examples in this batch: ",
+        f"; the schedule's Poisson sampling at p={p:g} from N={num_examples} examples expects about "
+        f"p*N={p * num_examples:g}, and all but 2e-12 of its batches hold between {low} and {high}. The epsilon "
+        "reported for this schedule would not hold. Train on Poisson batches at the schedule's rate "
+        "(keras_dyndp.poisson_batches_from_tensors, or keras_dyndp.jax_backend.PoissonBatches; rows with sample "
+        "weight 0 are padding), or give the optimizer the expected_batch_size (p*N) of the data you train on, or "
+        "calibrate the schedule for the batches you use.",
+    )
 
 
 #: Tail probability that sets `default_max_batch_size`: P[Binomial(N, p) > cap] <= this.

@@ -11,11 +11,11 @@ clipped-gradient sum ignores them; a batch in which nobody was selected is all p
 ``pad_to_multiple=m`` pads each batch only to the next multiple of m instead (at most ``max_batch_size``): a few
 batch shapes, each traced once, and far fewer padding rows to compute (the default cap is 385 rows for an
 expected 250; with m = 32, about 270 on average). The number of rows then follows the private batch size, so the
-step must not normalise by it: the DP optimizers refuse such batches unless they have an ``expected_batch_size``
-(the budget arguments set it) or clip microbatches.
-The real number of examples in a batch is the number of non-zero weights (with unit weights, their sum). Normalise
-the noisy gradient sum by the expected batch size ``p * N`` (the DP optimizers' ``expected_batch_size``), not by
-the number of rows, which counts the padding.
+step must not normalise by it.
+The real number of examples in a batch is the number of non-zero weights (with unit weights, their sum), and it is
+private too. The DP optimizers divide the noisy gradient sum by the expected batch size ``p * N`` (their
+``expected_batch_size``), never by the rows or the examples; an optimizer built with ``public_batch_size=True``
+(rows as the normaliser, for batches of a public size) refuses these datasets.
 
 Overflow and truncation
 -----------------------

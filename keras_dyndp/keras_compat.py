@@ -11,6 +11,7 @@ What differs, name by name (Keras 2 | Keras 3):
 * `Optimizer`, `register_serializable`: same names on both.
 * `apply_base_update`: ``apply_gradients(grads_and_vars)`` | ``apply(grads, variables)``; both all-reduce (SUM)
   across replicas.
+* `add_int32_optimizer_variable`: a ``tf.Variable`` appended to ``optimizer._variables`` | ``add_variable``.
   Keras 3's ``Model.train_step`` reduces the loss and calls ``optimizer.apply_gradients`` (which calls
   ``apply``) with the batch-averaged gradient, so the DP optimizers refuse both with an error naming
   ``make_private``, and the per-example step is the model's (``keras_dyndp.make_private``).
@@ -24,7 +25,12 @@ What differs, name by name (Keras 2 | Keras 3):
 * `unpack_x_y_sample_weight`: ``keras.utils.unpack_x_y_sample_weight`` on both.
 * `training_logs`: ``compute_loss`` updates the loss tracker | ``compute_loss`` returns the (per-example) loss,
   which is averaged and fed to ``model._loss_tracker``; then ``compute_metrics`` on both.
+* `is_keras_train_step`, `logs_instead_of_training_metrics`: Keras's own ``Model.train_step`` calls the DP
+  optimizer's ``minimize`` with the per-example losses, then returns ``compute_metrics`` (loss and metrics of the
+  training batch) | it hands the optimizer the averaged gradient (refused), so a DP step never runs in it.
 * `reset_train_function`: ``model.train_function = None`` on both (``make_train_function`` rebuilds it).
+* `DIRECT_BATCHES_REACH_EVERY_REPLICA`: ``train_on_batch`` distributes its batch across a strategy's replicas |
+  hands it whole to every replica (`keras_dyndp.replicas.split_direct_batches` splits it for private models).
 * `steps_per_execution`, `set_steps_per_execution`: a variable ``model._steps_per_execution`` read by the traced
   loop at every call | a Python int ``model.steps_per_execution`` read when the train function is traced, so
   changing it swaps in a train function traced for the new value (and swaps the old one back when restored).
@@ -41,7 +47,10 @@ What differs, name by name (Keras 2 | Keras 3):
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import threading
+import types
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -111,6 +120,25 @@ def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
     return base.apply_gradients(grads_and_vars, **kwargs)
 
 
+def add_int32_optimizer_variable(optimizer: Any, name: str, shape: tuple[int, ...]) -> Any:
+    """A non-trainable int32 variable of zeros in ``optimizer.variables``, saved with the optimizer (checkpoints,
+    ``.keras``, Keras 3's ``.weights.h5``) and written from the first replica only (it may be assigned in a replica's
+    step, as ``iterations`` is)."""
+    if _KERAS_3:
+        return optimizer.add_variable(
+            shape=shape, initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name
+        )
+    with tf.init_scope():
+        variable = tf.Variable(
+            tf.zeros(shape, tf.int32),
+            name=name,
+            trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+    optimizer._variables.append(variable)  # pylint: disable=protected-access  (Keras 2's add_variable has no aggregation)
+    return variable
+
+
 UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = (
     optimizer_base.KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS if _KERAS_3 else {}
 )
@@ -152,6 +180,36 @@ def unpack_x_y_sample_weight(data: Any) -> tuple[Any, Any, Any]:
     return keras.utils.unpack_x_y_sample_weight(data)
 
 
+def is_keras_train_step(model: keras.Model) -> bool:
+    """Whether ``model`` trains with Keras's own ``Model.train_step`` (not overridden by its class or instance)."""
+    return getattr(getattr(model, "train_step", None), "__func__", None) is keras.Model.train_step
+
+
+_pending_logs = threading.local()
+
+
+def logs_instead_of_training_metrics(model: keras.Model, logs: Callable[[], dict]) -> None:
+    """Makes the Keras train step of ``model`` now running (or being traced) in this thread return ``logs()``.
+
+    Keras 2's own ``Model.train_step`` ends with ``return self.compute_metrics(x, y, y_pred, sample_weight)``: the
+    loss and metrics of the private batch, without noise. Call this from the DP optimizer inside that step; the
+    next ``compute_metrics`` call for ``model`` in this thread (the step's own; a replica of a strategy traces in
+    a thread of its own) returns ``logs()`` instead and computes no metric. Other calls (``evaluate``'s test step)
+    are Keras's.
+    """
+    if "compute_metrics" not in vars(model):
+        model.compute_metrics = types.MethodType(_compute_metrics_unless_replaced, model)
+    _pending_logs.value = (model, logs)
+
+
+def _compute_metrics_unless_replaced(self: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> dict:
+    model, logs = getattr(_pending_logs, "value", None) or (None, None)
+    if model is self:
+        _pending_logs.value = None
+        return logs()
+    return type(self).compute_metrics(self, x, y, y_pred, sample_weight)
+
+
 def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> dict[str, tf.Tensor]:
     """Updates the compiled loss and metrics on a training batch and returns the step's logs."""
     if _KERAS_3:
@@ -167,6 +225,10 @@ def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     model.compute_loss(x, y, y_pred, sample_weight)
     return model.compute_metrics(x, y, y_pred, sample_weight)
+
+
+DIRECT_BATCHES_REACH_EVERY_REPLICA: bool = _KERAS_3
+"""Whether ``train_on_batch`` under a strategy of several replicas gives each replica the whole batch."""
 
 
 def reset_train_function(model: keras.Model) -> None:
@@ -209,6 +271,105 @@ def depthwise_kernel(layer: keras.layers.Layer) -> Any:
 def flatten_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
     """Every layer inside ``layer`` (a model or a wrapper), nested ones included, not ``layer`` itself."""
     return layer._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
+
+
+def _keras_module(name: str) -> Any:
+    """A module of the Keras in use by its path below ``src`` (``keras.src...`` or ``tf_keras.src...``)."""
+    return importlib.import_module(f"{keras.Model.__module__.split('.src.')[0]}.src.{name}")
+
+
+FUNCTIONAL_CLASS: type = _keras_module("models.functional" if _KERAS_3 else "engine.functional").Functional
+"""Keras's functional model class (``keras.Model(inputs, outputs)`` makes one)."""
+
+if _KERAS_3:
+    _SYMBOLIC_TENSOR: type = keras.KerasTensor
+    _OP_LAYER_CLASSES: tuple[type, ...] = ()
+else:
+    _SYMBOLIC_TENSOR = _keras_module("engine.keras_tensor").KerasTensor
+    _OP_LAYER_CLASSES = (_keras_module("layers.core.tf_op_layer").TFOpLambda,)
+
+
+def functional_operations(layer: keras.layers.Layer) -> list[Any]:
+    """The operations of a functional model that are not layers: Keras 3's ``keras.ops`` nodes | none (Keras 2
+    wraps TF ops applied to symbolic tensors in ``TFOpLambda`` layers, see `is_op_layer`)."""
+    if not _KERAS_3 or not isinstance(layer, FUNCTIONAL_CLASS):
+        return []
+    return [op for op in layer.operations if not isinstance(op, keras.layers.Layer)]
+
+
+def is_op_layer(layer: keras.layers.Layer) -> bool:
+    """Keras 2: whether ``layer`` wraps a TF function applied to symbolic tensors (``TFOpLambda``, its slicing
+    subclass); its ``symbol`` (`op_layer_symbol`) names the function. Keras 3: never."""
+    return isinstance(layer, _OP_LAYER_CLASSES)
+
+
+def op_layer_symbol(layer: keras.layers.Layer) -> str:
+    """The TF API name of a Keras 2 op layer's function, such as ``'math.add'`` or ``'__operators__.getitem'``."""
+    return layer.symbol
+
+
+def is_symbolic_tensor(value: Any) -> bool:
+    """Whether ``value`` is a symbolic tensor of a functional model (a ``KerasTensor``)."""
+    return isinstance(value, _SYMBOLIC_TENSOR)
+
+
+def call_arguments(operation: Any) -> list[tuple[Any, Any]]:
+    """``(args, kwargs)`` of each recorded call of an operation or layer in a functional model: Keras 3's
+    ``node.arguments`` | Keras 2's ``node.call_args`` and ``call_kwargs``."""
+    nodes = getattr(operation, "_inbound_nodes", ())
+    if _KERAS_3:
+        return [(node.arguments.args, node.arguments.kwargs) for node in nodes]
+    return [(node.call_args, node.call_kwargs) for node in nodes]
+
+
+@contextlib.contextmanager
+def layer_randomness_from(model: keras.Model, draw_seed: Callable[[], tf.Tensor]) -> Iterator[None]:
+    """Makes every random draw of the model's layers a function of one seed alone while the block traces (or runs)
+    the forward pass: the k-th draw traced uses ``stateless_fold_in(seed, k)``, with ``seed = draw_seed()`` (int64
+    [2]) drawn once on entry if the model has random layers.
+
+    Keras 3: every ``SeedGenerator`` of the model's layers returns those seeds from ``next`` and leaves its state
+    alone (ops with ``seed=None`` use Keras's global generator, not covered) | Keras 2: every layer's
+    ``_random_generator`` (Dropout, GaussianNoise, RNN cells' dropout, ...) is replaced by a stateless one drawing
+    those seeds (Keras's legacy random ops would follow the global seed). The draws no longer depend on how often
+    the forward pass ran: inside ``tf.vectorized_map`` and ``tf.map_fn`` every example draws with the same seeds,
+    whatever its position.
+    """
+    counter = iter(range(1 << 30))
+    seed: list[tf.Tensor] = []
+
+    def next_seed(*args, **kwargs) -> tf.Tensor:
+        del args, kwargs
+        return tf.random.experimental.stateless_fold_in(seed[0], next(counter))
+
+    layers = [model, *flatten_layers(model)]
+    if _KERAS_3:
+        generators = {id(g): g for layer in layers for g in getattr(layer, "_seed_generators", ())}
+        if generators:
+            seed.append(draw_seed())
+        for generator in generators.values():
+            generator.next = next_seed
+        try:
+            yield
+        finally:
+            for generator in generators.values():
+                del generator.next
+        return
+    random_generator_class = _keras_module("backend").RandomGenerator
+    swapped = [layer for layer in layers if isinstance(vars(layer).get("_random_generator"), random_generator_class)]
+    originals = [vars(layer)["_random_generator"] for layer in swapped]
+    if swapped:
+        seed.append(draw_seed())
+    replacement = random_generator_class(rng_type=random_generator_class.RNG_STATELESS)
+    replacement._built = True  # pylint: disable=protected-access
+    replacement.make_seed_for_stateless_op = next_seed
+    for layer in swapped:
+        object.__setattr__(layer, "_random_generator", replacement)  # Not tracked: no checkpoint dependency.
+    try:
+        yield
+    finally:
+        for layer, original in zip(swapped, originals):
+            object.__setattr__(layer, "_random_generator", original)
 
 
 # BATCH_NORM_CLASSES: layers that normalise with batch statistics in training and store moving averages.

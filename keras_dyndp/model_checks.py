@@ -21,9 +21,12 @@ the private batch). ``check_model`` refuses, before the first step:
    outside the guarantee like the compiled metrics. Variables are matched by their TensorFlow resource
    (``variable.handle``; on Keras 3 that of the ``tf.Variable`` inside each Keras variable).
 
-Not detected: a custom layer that mixes examples without storing anything (e.g. subtracting the batch mean) and
-does not subclass BatchNormalization. On ``make_private``'s vectorized path each example runs alone, so such a
-layer cannot mix examples there; on the ghost and plain paths it would.
+Not detected here: a layer that mixes examples without storing anything (e.g. a ``Lambda`` subtracting the batch
+mean). ``make_private`` is safe from it by construction: its batched (ghost) path runs only models whose every
+layer and op is on a list of those known to act per example (`keras_dyndp.per_example.per_example_layers`), and
+every other model runs on the vectorized path, where each example runs alone and cannot meet another
+(``method='ghost'`` is refused for them). The paths that run the whole batch through any model, the optimizer's
+microbatches and Keras 2's plain ``fit`` with a DP optimizer, do not check it.
 
 The DP paths call this for you, once per model (again after a layer is unfrozen), when the first training step
 is traced: ``make_private`` (through ``keras_dyndp.per_example.clipped_gradient_sum``) and, on Keras 2, the DP
@@ -90,7 +93,7 @@ def check_model(model: keras.Model, inputs: Any = None) -> None:
     ```
     """
     for layer in keras_compat.flatten_layers(model):
-        if _mixes_batch_statistics(layer):
+        if mixes_batch_statistics(layer):
             raise refusals.batch_statistics_error(layer)
     _check_writes(model, _input_signature(model, inputs))
     _checked_models.setdefault(model, set()).add(_trainable_ids(model))
@@ -130,7 +133,8 @@ def _trainable_ids(model: keras.Model) -> tuple[int, ...]:
     return tuple(id(v) for v in model.trainable_variables)
 
 
-def _mixes_batch_statistics(layer: keras.layers.Layer) -> bool:
+def mixes_batch_statistics(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer`` normalises with the statistics of the training batch (a BatchNormalization that trains)."""
     if not isinstance(layer, keras_compat.BATCH_NORM_CLASSES):
         return False
     return layer.trainable or isinstance(layer, keras_compat.ALWAYS_MIXING_BATCH_NORM_CLASSES)
@@ -180,12 +184,7 @@ def _check_writes(model: keras.Model, signature: Any) -> None:
             where = f"variable {keras_compat.variable_name(variable)!r}" + (
                 f" of layer {owner.name!r} ({type(owner).__name__})" if owner is not None else ""
             )
-        raise ValueError(
-            f"Model {model.name!r} writes {where} in its training-mode call with a value computed from the input "
-            "batch: that state leaves the step without noise, and what is computed from it can carry one example "
-            "into the others' gradients. Compute such statistics outside DP training (or on public data and "
-            "freeze them); for normalisation use keras.layers.GroupNormalization or LayerNormalization."
-        )
+        raise refusals.batch_state_error(model.name, where)
 
 
 def _nested_graphs(graph, op) -> list:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_dyndp import schedules
+from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting import registry
 
 KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = {
@@ -93,10 +94,49 @@ def check_expected_batch_size(expected_batch_size) -> float | None:
         or expected_batch_size <= 0
     ):
         raise ValueError(
-            "`expected_batch_size` must be None (normalise by the actual batch size) or a finite number > 0. "
+            "`expected_batch_size` must be a finite number > 0 (p*N, the expected number of examples per batch). "
             f"Received: expected_batch_size={expected_batch_size!r}."
         )
     return float(expected_batch_size)
+
+
+def check_public_batch_size(public_batch_size) -> bool:
+    if not isinstance(public_batch_size, bool):
+        raise ValueError(
+            f"`public_batch_size` must be True or False. Received: public_batch_size={public_batch_size!r}."
+        )
+    return public_batch_size
+
+
+def schedule_normaliser(schedule: schedules.DPSchedule, expected_batch_size, public_batch_size: bool) -> float | None:
+    """The normaliser of an optimizer given a `DPSchedule`: ``expected_batch_size`` (p N), or None (each batch's
+    rows) when ``public_batch_size`` is True; exactly one of them.
+
+    The update releases the noisy sum divided by the normaliser, so the normaliser must not depend on the private
+    data. Under Poisson sampling the number of examples in a batch is private, and so are the rows of a batch padded
+    to a multiple of some size; p N is a public constant, and it also gives N, which the batch-size check needs. The
+    rows are a safe normaliser only for batches whose size is public (fixed-size batches), which Poisson sampling's
+    accounting does not cover: ``public_batch_size=True`` states that, and nothing checks the batch sizes then.
+    """
+    expected_batch_size = check_expected_batch_size(expected_batch_size)
+    if public_batch_size and expected_batch_size is not None:
+        raise ValueError(
+            "Give either `expected_batch_size` (p*N: divide the noisy sum by that public constant and check each "
+            "batch's size against Poisson sampling) or public_batch_size=True (divide it by each batch's rows, "
+            f"which you state are public), not both. Received: expected_batch_size={expected_batch_size:g}, "
+            "public_batch_size=True."
+        )
+    if not public_batch_size and expected_batch_size is None:
+        p = schedule.sampling_probability
+        raise ValueError(
+            "An optimizer built from a `schedule` needs `expected_batch_size` = p*N (here p*N = "
+            f"{p:g} * the number of training examples): the noisy sum is divided by it. Dividing by each batch's "
+            "rows instead would release the private Poisson batch size with every update (padded batches follow "
+            "it too), and without N no batch size can be checked against the schedule's sampling. Only if your "
+            "batches have a fixed, public size (not Poisson sampling, so outside the schedule's accounting) pass "
+            "public_batch_size=True instead. Received: expected_batch_size=None."
+        )
+    return expected_batch_size
 
 
 def _warn_if_gdp_clt_understates(schedule: schedules.DPSchedule) -> None:
@@ -107,8 +147,13 @@ def _warn_if_gdp_clt_understates(schedule: schedules.DPSchedule) -> None:
         warnings.warn(text, schedules.GdpCltUnderstatementWarning, stacklevel=5)
 
 
-def resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[schedules.DPSchedule, float | None]:
+def resolve_schedule(
+    schedule, budget: dict, expected_batch_size, public_batch_size: bool
+) -> tuple[schedules.DPSchedule, float | None]:
     """The optimizer's schedule and normaliser, from a `DPSchedule` or from budget arguments (exactly one).
+
+    The normaliser is ``expected_batch_size`` = p N: the budget arguments' ``batch_size``, or given with the schedule
+    (`schedule_normaliser`); None (each batch's rows) only with a schedule and ``public_batch_size=True``.
 
     Budget arguments are calibrated under `accountant` (default 'pld', rigorous). Either way a schedule that was
     calibrated under the GDP-CLT gets one `GdpCltUnderstatementWarning` if its PLD epsilon is > 1.05 x its target.
@@ -125,8 +170,9 @@ def resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[sched
                 "`schedule` must be a keras_dyndp.schedules.DPSchedule. "
                 f"Received: schedule={schedule!r} of type {type(schedule).__name__}."
             )
+        expected_batch_size = schedule_normaliser(schedule, expected_batch_size, public_batch_size)
         _warn_if_gdp_clt_understates(schedule)
-        return schedule, check_expected_batch_size(expected_batch_size)
+        return schedule, expected_batch_size
     if not given:
         raise ValueError(
             "Give either `schedule` (a DPSchedule) or the budget arguments target_epsilon, target_delta, "
@@ -143,6 +189,12 @@ def resolve_schedule(schedule, budget: dict, expected_batch_size) -> tuple[sched
             f"Received only: {', '.join(given)}."
         )
     batch_size = budget["batch_size"]
+    if public_batch_size:
+        raise ValueError(
+            "The budget arguments account for Poisson batches of batch_size examples in expectation, whose actual "
+            "sizes are private: the noisy sum is divided by expected_batch_size = batch_size. Leave "
+            "public_batch_size out. Received: public_batch_size=True."
+        )
     if expected_batch_size is not None and expected_batch_size != batch_size:
         raise ValueError(
             "With budget arguments `expected_batch_size` is `batch_size`; leave it out or make them equal. "
@@ -183,15 +235,99 @@ def check_base_arguments(kwargs: dict, unsupported: dict[str, str]) -> None:
             )
 
 
+class DegenerateNoiseWarning(UserWarning):
+    """An optimizer trains with noise multipliers outside the accountants' range (``allow_degenerate_noise=True``)."""
+
+
+def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_degenerate_noise) -> bool:
+    """Refuses a schedule with a noise multiplier outside what every accountant represents, before any step.
+
+    z_t = 0 (sigma_t = 0) releases the clipped sum in the clear, and z_t = 1e-6 leaves one step at epsilon > 1e7:
+    no DP-SGD run that is worth accounting trains there, and `PrivacyLogger` could not account it.
+    ``allow_degenerate_noise=True`` accepts such a schedule with a `DegenerateNoiseWarning` (for tests that measure
+    the clipped sum without noise); it returns that flag.
+
+    Raises:
+      noise_range.NoiseOutOfRangeError (a ValueError): naming ``argument``, the step and the accepted range.
+    """
+    if not isinstance(allow_degenerate_noise, bool):
+        raise ValueError(
+            "`allow_degenerate_noise` must be True or False. "
+            f"Received: allow_degenerate_noise={allow_degenerate_noise!r}."
+        )
+    try:
+        noise_range.check_trained_noise_multipliers(schedule.noise_multipliers, argument)
+    except noise_range.NoiseOutOfRangeError as error:
+        if not allow_degenerate_noise:
+            raise
+        # Attributed to the caller of the optimizer's constructor (this function, resolve, __init__).
+        warnings.warn(
+            f"allow_degenerate_noise=True: {error} This optimizer trains anyway: its updates have no meaningful "
+            "differential privacy. Use it only to test.",
+            DegenerateNoiseWarning,
+            stacklevel=4,
+        )
+    return allow_degenerate_noise
+
+
+UNRECORDED_FINGERPRINT = (0, 0)
+"""The schedule fingerprint an optimizer holds before its first step (`DPSchedule.fingerprint` is never this)."""
+
+
+def restored_schedule_refusal(
+    step: int, recorded_fingerprint: Sequence[int], schedule: schedules.DPSchedule
+) -> str | None:
+    """Why a DP step must not run at step counter ``step`` under ``schedule``, or None when it may.
+
+    The optimizer records its schedule's fingerprint with the step counter at step 0 (and keeps it at every step),
+    and both are saved together. A step counter past 0 indexes the schedule its steps were taken under: restored
+    into an optimizer of another schedule (another fingerprint), or without any fingerprint (a checkpoint from
+    before keras_dyndp recorded one, or a counter restored or set alone), it would continue on the wrong schedule
+    and `PrivacyLogger` would account the steps taken under the wrong noise. Step 0 always runs: nothing is spent.
+    """
+    recorded = tuple(int(word) for word in recorded_fingerprint)
+    if step == 0 or recorded == schedule.fingerprint:
+        return None
+    return schedule_mismatch_message(recorded != UNRECORDED_FINGERPRINT) + f" {step}."
+
+
+def schedule_mismatch_message(recorded: bool) -> str:
+    """The refusal of a restored step counter (`restored_schedule_refusal`), up to the number of steps taken."""
+    if recorded:
+        what = (
+            "The optimizer's step counter was restored from a checkpoint written under another DP schedule (its "
+            "schedule fingerprint differs from this optimizer's schedule's)"
+        )
+        unknown = ""
+    else:
+        what = (
+            "The optimizer's step counter is past 0 but no schedule fingerprint was saved with it (a checkpoint "
+            "written before keras_dyndp recorded one, or a counter restored or set alone), so nothing shows which "
+            "schedule its steps were taken under"
+        )
+        unknown = (
+            " If you know that it was written under this very schedule, call optimizer.record_schedule_fingerprint() "
+            "after the restore."
+        )
+    return (
+        f"{what}: continuing would index this schedule at the wrong step, and its epsilon would not be that of the "
+        "steps taken, so no step runs. Restore into an optimizer built from the checkpoint's schedule (the same "
+        "schedule or budget arguments), or start a new run with a fresh optimizer, knowing that the privacy "
+        f"budget the checkpoint's steps spent is spent.{unknown} Steps taken (dp_step):"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class DPArguments:
     """A DP optimizer's checked arguments: its schedule and how it clips and normalises."""
 
     schedule: schedules.DPSchedule
     expected_batch_size: float | None
+    public_batch_size: bool
     num_microbatches: int | None
     accumulation_steps: int
     rescale_to_unit_norm: bool
+    allow_degenerate_noise: bool
 
 
 def resolve(
@@ -200,8 +336,10 @@ def resolve(
     *,
     num_microbatches,
     expected_batch_size,
+    public_batch_size,
     accumulation_steps,
     rescale_to_unit_norm,
+    allow_degenerate_noise,
     base_kwargs: dict,
     unsupported: dict[str, str],
 ) -> DPArguments:
@@ -210,19 +348,32 @@ def resolve(
     Args:
       schedule: a `DPSchedule`, or None when ``budget`` gives the privacy budget.
       budget: the budget arguments by name (`BUDGET_ARGUMENTS`; None where not given).
-      num_microbatches, expected_batch_size, accumulation_steps, rescale_to_unit_norm: as the optimizers take them.
+      num_microbatches, expected_batch_size, public_batch_size, accumulation_steps, rescale_to_unit_norm: as the
+        optimizers take them.
       base_kwargs: the keyword arguments for the base optimizer class.
       unsupported: base-optimizer arguments the backend's DP optimizers refuse, with the reason.
 
     Raises:
-      ValueError, TypeError: naming the argument and its valid values.
+      ValueError, TypeError: naming the argument and its valid values (`check_schedule_noise`: a noise multiplier
+        outside the accountants' range).
     """
-    schedule, expected_batch_size = resolve_schedule(schedule, budget, expected_batch_size)
+    public_batch_size = check_public_batch_size(public_batch_size)
+    noise_argument = "schedule" if schedule is not None else "target_epsilon"
+    schedule, expected_batch_size = resolve_schedule(schedule, budget, expected_batch_size, public_batch_size)
     num_microbatches = check_num_microbatches(num_microbatches)
     accumulation_steps = check_accumulation_steps(accumulation_steps, num_microbatches)
     rescale_to_unit_norm = check_rescale_to_unit_norm(rescale_to_unit_norm)
     check_base_arguments(base_kwargs, unsupported)
-    return DPArguments(schedule, expected_batch_size, num_microbatches, accumulation_steps, rescale_to_unit_norm)
+    allow_degenerate_noise = check_schedule_noise(schedule, noise_argument, allow_degenerate_noise)
+    return DPArguments(
+        schedule,
+        expected_batch_size,
+        public_batch_size,
+        num_microbatches,
+        accumulation_steps,
+        rescale_to_unit_norm,
+        allow_degenerate_noise,
+    )
 
 
 class GradientGuard:
@@ -265,9 +416,16 @@ class DPOptimizerBase:
         gives the PLD epsilon when it exceeds the target by more than 5%).
       num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
         microbatches, with twice the noise at every step (see the module docstring).
-      expected_batch_size: p N, the normaliser of the noisy sum (None: the actual number of rows). With it, a
-        batch whose number of examples is far outside Binomial(N, p) is refused. Under a multi-replica
-        tf.distribute strategy it is the GLOBAL batch's (`keras_dyndp.replicas`).
+      expected_batch_size: p N, the normaliser of the noisy sum: a public constant, whatever the batch holds, and
+        it gives N, so every step, on every path, refuses a batch whose number of examples is far outside
+        Binomial(N, p). Required with ``schedule`` (the budget arguments set it to ``batch_size``) unless
+        ``public_batch_size=True``. Under a multi-replica tf.distribute strategy it is the GLOBAL batch's
+        (`keras_dyndp.replicas`).
+      public_batch_size: False (default). True, only with ``schedule`` and without ``expected_batch_size``:
+        divide the noisy sum by each batch's number of rows, which you thereby state is public (fixed-size
+        batches). That is outside the schedule's Poisson accounting (whose batch sizes are private), no batch size
+        is checked, keras_dyndp's Poisson batches are refused, and so is a step that sees rows with sample weight
+        0 (padding, which would count as rows) where the step sees the weights (`make_private`'s, JAX's).
       accumulation_steps: k >= 1 (default 1). `keras_dyndp.make_private`'s step clips each batch (the logical
         batch that p and the schedule count) in k physical batches, one after another, and adds the noise once:
         a batch k times larger than memory allows (`keras_dyndp.per_example.accumulation`).
@@ -276,6 +434,9 @@ class DPOptimizerBase:
       noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
         integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
         knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
+      allow_degenerate_noise: False (default) refuses, at construction, a schedule with a noise multiplier
+        sigma_t / C_t outside [1e-4, 1e4] (`check_schedule_noise`; sigma_t = 0 included). True trains with it, with
+        a `DegenerateNoiseWarning`: for tests that measure the clipped sum without noise, never for a release.
       **kwargs: arguments of the base optimizer class (learning_rate, ...), keyword only.
     """
 
@@ -296,9 +457,11 @@ class DPOptimizerBase:
         accountant: str | None = None,
         num_microbatches: int | None = None,
         expected_batch_size: float | None = None,
+        public_batch_size: bool = False,
         accumulation_steps: int = 1,
         rescale_to_unit_norm: bool = False,
         noise_seed: int | None = None,
+        allow_degenerate_noise: bool = False,
         **kwargs,
     ):
         budget = dict(
@@ -319,8 +482,10 @@ class DPOptimizerBase:
             budget,
             num_microbatches=num_microbatches,
             expected_batch_size=expected_batch_size,
+            public_batch_size=public_batch_size,
             accumulation_steps=accumulation_steps,
             rescale_to_unit_norm=rescale_to_unit_norm,
+            allow_degenerate_noise=allow_degenerate_noise,
             base_kwargs=kwargs,
             unsupported=self._unsupported_base_arguments(),
         )
@@ -332,6 +497,8 @@ class DPOptimizerBase:
         self._accumulation_steps = arguments.accumulation_steps
         self._rescale_to_unit_norm = arguments.rescale_to_unit_norm
         self._expected_batch_size = arguments.expected_batch_size
+        self._public_batch_size = arguments.public_batch_size
+        self._allow_degenerate_noise = arguments.allow_degenerate_noise
         self._private_train_step: dict | None = None  # make_private's arguments, once it has used this optimizer.
         self._build_dp_state(noise_seed)
 
@@ -343,7 +510,8 @@ class DPOptimizerBase:
         return KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks."""
+        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks, and
+        ``self._schedule_fingerprint`` (an int32 [2] optimizer variable of zeros, saved with the step counter)."""
         raise NotImplementedError
 
     @property
@@ -352,9 +520,61 @@ class DPOptimizerBase:
         return self._schedule
 
     @property
+    def schedule_fingerprint(self) -> Any:
+        """int32 [2] variable saved with `dp_step`: the `DPSchedule.fingerprint` of the schedule its steps were
+        taken under, recorded at step 0; (0, 0) before. Every step refuses a mismatch (`restored_schedule_refusal`)."""
+        return self._schedule_fingerprint
+
+    def check_restored_schedule(self) -> None:
+        """Raises RuntimeError if `dp_step` was restored from a run under another schedule (or without a
+        fingerprint): `restored_schedule_refusal`. The DP step checks the same inside the step."""
+        refusal = restored_schedule_refusal(
+            int(self.dp_step.numpy()), self._schedule_fingerprint.numpy().tolist(), self._schedule
+        )
+        if refusal is not None:
+            raise RuntimeError(refusal)
+
+    def load_own_variables(self, store) -> None:
+        """Keras's ``.keras`` / ``.weights.h5`` loading. A file from before the optimizer saved its schedule
+        fingerprint (exactly that variable fewer, the others' shapes equal) loads with the fingerprint unrecorded,
+        so that a restored step counter past 0 is refused until `record_schedule_fingerprint` (Keras itself would
+        skip every optimizer variable, restarting the schedule at step 0 and spending the budget again)."""
+        older = [variable for variable in self.variables if variable is not self._schedule_fingerprint]
+        if len(store.keys()) == len(older) and all(
+            tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(older)
+        ):
+            for i, variable in enumerate(older):
+                variable.assign(store[str(i)])
+            self._schedule_fingerprint.assign(list(UNRECORDED_FINGERPRINT))
+            return
+        super().load_own_variables(store)
+
+    def record_schedule_fingerprint(self) -> None:
+        """Records this optimizer's schedule with a restored step counter that has no fingerprint (a checkpoint from
+        before keras_dyndp saved one): you state that its steps were taken under this very schedule.
+
+        Raises:
+          RuntimeError: if a fingerprint of another schedule is recorded (it cannot be overwritten).
+        """
+        recorded = tuple(self._schedule_fingerprint.numpy().tolist())
+        if recorded not in (UNRECORDED_FINGERPRINT, self._schedule.fingerprint):
+            raise RuntimeError(schedule_mismatch_message(recorded=True) + f" {int(self.dp_step.numpy())}.")
+        self._schedule_fingerprint.assign(list(self._schedule.fingerprint))
+
+    @property
     def expected_batch_size(self) -> float | None:
-        """Normaliser of the noisy sum for per-example clipping; None means the actual batch size."""
+        """p N, the normaliser of the noisy sum for per-example clipping; None only with `public_batch_size`."""
         return self._expected_batch_size
+
+    @property
+    def public_batch_size(self) -> bool:
+        """Whether the user stated that batch sizes are public (then no batch size is checked)."""
+        return self._public_batch_size
+
+    @property
+    def normalises_by_rows(self) -> bool:
+        """Whether the noisy sum is divided by each batch's rows: `public_batch_size` with per-example clipping."""
+        return self._public_batch_size and self._num_microbatches is None
 
     @property
     def accumulation_steps(self) -> int:
@@ -386,8 +606,10 @@ class DPOptimizerBase:
             schedule=self._schedule.get_config(),
             num_microbatches=self._num_microbatches,
             expected_batch_size=self._expected_batch_size,
+            public_batch_size=self._public_batch_size,
             accumulation_steps=self._accumulation_steps,
             rescale_to_unit_norm=self._rescale_to_unit_norm,
+            allow_degenerate_noise=self._allow_degenerate_noise,
             private_train_step=None if self._private_train_step is None else dict(self._private_train_step),
         )
         return config

@@ -81,8 +81,14 @@ class PrivacyLoggerMixin:
         self._supports_tf_logs = True  # Keras then passes the batch logs dict itself, which becomes the epoch's.
 
     def privacy_logs(self) -> dict[str, float]:
-        """The values this callback logs, for the current state of the model's optimizer."""
+        """The values this callback logs, for the current state of the model's optimizer.
+
+        Raises:
+          RuntimeError: if the optimizer's step counter was restored from a run under another schedule (its steps'
+            epsilon is not this schedule's: `DPOptimizerBase.check_restored_schedule`).
+        """
         optimizer = self._dp_optimizer()
+        optimizer.check_restored_schedule()
         schedule = optimizer.schedule
         steps = min(int(optimizer.dp_step.numpy()), schedule.num_steps)
         last = min(max(steps - 1, 0), schedule.num_steps - 1)
@@ -110,8 +116,10 @@ class PrivacyLoggerMixin:
             self._write_scalars({key: value for key, value in values.items() if key != "dp_step"}, step)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        schedule = self._dp_optimizer().schedule
+        optimizer = self._dp_optimizer()
+        schedule = optimizer.schedule
         # Refuse now what the epoch-end accounting would refuse.
+        optimizer.check_restored_schedule()
         schedule.check_accountable("gdp_clt")
         schedule.check_accountable(self.accountant, **self.accountant_options)
         if self.log_dir is not None and self._writer is None:

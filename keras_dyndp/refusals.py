@@ -58,3 +58,14 @@ def batch_statistics_error(layer: Any) -> ValueError:
         "keras.layers.GroupNormalization or keras.layers.LayerNormalization (per-example), or freeze it "
         "(layer.trainable = False runs it in inference mode with fixed statistics)."
     )
+
+
+def batch_state_error(model_name: str, written: str, source: str = "the input batch") -> ValueError:
+    """A training-mode call that writes state computed from the private batch (or, on JAX, from the step's secret
+    per-example randomness): the stored value leaves the step without noise. ``written`` names what is written."""
+    return ValueError(
+        f"Model {model_name!r} writes {written} in its training-mode call with a value computed from {source}: "
+        "that state leaves the step without noise, and what is computed from it can carry one example into the "
+        "others' gradients. Compute such statistics outside DP training (or on public data and freeze them); for "
+        "normalisation use keras.layers.GroupNormalization or LayerNormalization."
+    )

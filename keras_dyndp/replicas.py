@@ -22,6 +22,13 @@ schedule index and the privacy ledger are those of one device training on the gl
 `keras_dyndp.optimizers.sampling_check` counts the examples of the global batch (all-reduced), so a replica that got
 zero rows, or only padding, changes neither the noise nor the count.
 
+Batches that bypass ``fit``'s input pipeline must be split the same way. Keras 3's ``train_on_batch`` (and a direct
+call of ``model.train_function`` with batches that are not a distributed iterator) hands its batch to
+``strategy.run`` as it is, so EVERY replica would clip the whole batch: one example would move the all-reduced sum by
+R C_t against noise calibrated to C_t, and the batch-size check would count R times the rows. `split_direct_batches`
+gives a private model a train function that first distributes such a batch, as ``fit`` (and Keras 2's
+``train_on_batch``) do.
+
 Supported: the default (no) strategy, ``OneDeviceStrategy``, ``MirroredStrategy`` and
 ``MultiWorkerMirroredStrategy``. Others (TPU, parameter-server, central-storage) are refused: their update paths
 are not the one analysed here.
@@ -29,7 +36,11 @@ are not the one analysed here.
 
 from __future__ import annotations
 
+import itertools
 import secrets
+import types
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -109,3 +120,56 @@ def agreed_random_bits(num_bits: int) -> int:
         words = [int(word) for word in strategy.experimental_local_results(shared)[0].numpy()]
     bits = sum(word << (_BITS_PER_WORD * index) for index, word in enumerate(words))
     return bits & ((1 << num_bits) - 1)
+
+
+def split_direct_batches(model: Any) -> None:
+    """Makes each batch that reaches ``model``'s train function undistributed split across the replicas.
+
+    Keras 3's ``train_on_batch`` calls ``model.train_function`` with a Python iterator over its one batch, and the
+    train function hands that batch to ``strategy.run`` whole: every replica would clip every example. The model
+    gets a ``make_train_function`` (on the instance) that wraps the train function under a strategy of more than one
+    replica: a distributed iterator (``fit``'s) passes through; any other iterable's batches are distributed one by
+    one with ``strategy.experimental_distribute_dataset``, which splits each batch's rows across the replicas as
+    ``fit`` does. Under one replica the train function is Keras's own.
+    """
+
+    def make_train_function(self, force: bool = False):
+        if self.train_function is not None and not force:
+            return self.train_function
+        type(self).make_train_function(self, force=True)
+        strategy = self.distribute_strategy
+        if strategy.num_replicas_in_sync > 1:
+            self.train_function = _split_across_replicas(self.train_function, strategy, self.steps_per_execution)
+        return self.train_function
+
+    model.make_train_function = types.MethodType(make_train_function, model)
+
+
+def _split_across_replicas(train_function: Callable, strategy: tf.distribute.Strategy, steps: int) -> Callable:
+    """``train_function`` (Keras 3's, taking an iterator) that distributes batches not distributed yet.
+
+    Like Keras's own, it runs at most ``steps`` (``steps_per_execution``) batches of a plain iterator and returns
+    the logs of the last.
+    """
+
+    def function(iterator):
+        if isinstance(iterator, tf.distribute.DistributedIterator):
+            return train_function(iterator)
+        outputs = None
+        for data in itertools.islice(iterator, steps):
+            batch = tf.data.Dataset.from_tensors(_without_trailing_none(data))
+            outputs = train_function(iter(strategy.experimental_distribute_dataset(batch)))
+        if outputs is None:
+            raise StopIteration
+        return outputs
+
+    return function
+
+
+def _without_trailing_none(data: Any) -> Any:
+    """``(x, y, sample_weight)`` without the absent (None) trailing parts, as ``fit``'s batches come."""
+    if not isinstance(data, tuple):
+        return data
+    while len(data) > 1 and data[-1] is None:
+        data = data[:-1]
+    return data

@@ -36,6 +36,7 @@ accountants on the same schedule.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import numbers
@@ -192,6 +193,22 @@ class DPSchedule:
     def noise_multipliers(self) -> np.ndarray:
         """z_t = sigma_t / C_t, the quantity privacy depends on (TF-Privacy's `noise_multiplier`)."""
         return self._noise_stddevs / self._clip_norms
+
+    @property
+    def fingerprint(self) -> tuple[int, int]:
+        """Two int32 words of a 64-bit hash of T, p, the clip norms and the noise (not the calibration), first word
+        odd: equal schedules (`__eq__`) have equal fingerprints, and no fingerprint is (0, 0).
+
+        The DP optimizers store it with their step counter, so that a counter restored into another schedule is
+        refused (`keras_dyndp.optimizer_base.restored_schedule_refusal`); int32 survives every backend's saving.
+        """
+        digest = hashlib.blake2b(digest_size=8)
+        digest.update(np.asarray([self.num_steps], "<i8").tobytes())
+        # + 0.0 makes -0.0 (equal to 0.0 under __eq__) hash as 0.0.
+        for values in ([self._sampling_probability], self._clip_norms, self._noise_stddevs):
+            digest.update((np.asarray(values, np.float64) + 0.0).astype("<f8").tobytes())
+        first, second = (int(word) for word in np.frombuffer(digest.digest(), "<i4"))
+        return first | 1, second
 
     @property
     def mus(self) -> np.ndarray:

@@ -46,6 +46,7 @@ def train(schedule, dataset, *, accumulation_steps=1, checkpoint_dir=None, strat
             learning_rate=LEARNING_RATE,
             expected_batch_size=BATCH,
             accumulation_steps=accumulation_steps,
+            allow_degenerate_noise=True,  # The clipped sums are compared with the noise off.
         )
         model.compile(
             optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")

@@ -48,8 +48,14 @@ def test_bad_sampling_probability(p):
         batch_sizes.batch_size_range(100, p)
 
 
-def test_padding_to_multiples_is_refused_only_where_the_step_divides_by_the_rows():
-    batch_sizes.check_padding(None, normalises_by_rows=True)
-    batch_sizes.check_padding(32, normalises_by_rows=False)
-    with pytest.raises(ValueError, match="padded to multiples of 32 rows.*expected_batch_size=p\\*N"):
-        batch_sizes.check_padding(32, normalises_by_rows=True)
+def test_poisson_batches_are_refused_only_where_the_batch_size_is_stated_public():
+    batch_sizes.check_poisson_batches(False, "model.fit")
+    with pytest.raises(ValueError, match="model.fit received .* public_batch_size=True.*expected_batch_size=p\\*N"):
+        batch_sizes.check_poisson_batches(True, "model.fit")
+
+
+def test_out_of_range_refusal_names_the_count_the_range_and_what_to_do():
+    prefix, advice = batch_sizes.out_of_range_refusal("many", 0.05, 400, 3, 50)
+    message = f"{prefix}400{advice}"
+    assert message.startswith("keras_dyndp: too many examples in this batch: 400; ")
+    assert "p=0.05 from N=400 examples expects about p*N=20" in message and "between 3 and 50" in message

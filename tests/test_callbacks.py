@@ -27,8 +27,9 @@ def _schedule() -> schedules.DPSchedule:
 
 def _optimizer(schedule: schedules.DPSchedule, steps: int = 0) -> DynamicDPKerasSGD:
     """A keras_dyndp optimizer that has taken `steps` DP steps (as far as the callbacks can tell)."""
-    optimizer = DynamicDPKerasSGD(schedule=schedule)
+    optimizer = DynamicDPKerasSGD(schedule=schedule, public_batch_size=True)
     optimizer.dp_step.assign(steps)
+    optimizer.record_schedule_fingerprint()  # as the steps would have
     return optimizer
 
 
@@ -199,7 +200,7 @@ def test_budget_stop_ends_a_steps_per_execution_loop_exactly_at_the_budget():
     x = np.random.default_rng(1).normal(size=(num_examples, 3)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     schedule = schedules.DPSchedule(np.full(10, 1.0), np.full(10, 0.5), sampling_probability=p)
-    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), training_metrics=True)
     model.compile(
         optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p, learning_rate=0.1),
         loss=LOSS,

@@ -19,6 +19,9 @@ BUDGET = dict(
 )
 
 
+SCHEDULE = schedules.DPSchedule(np.ones(2), np.ones(2), 0.1)
+
+
 class _Base:
     """Stands in for a Keras optimizer: keyword arguments and a config."""
 
@@ -53,9 +56,10 @@ def test_budget_arguments_calibrate_under_pld_to_the_target():
 
 def test_microbatches_double_the_sensitivity_whatever_their_number():
     schedule = schedules.DPSchedule(np.ones(2), np.ones(2), 0.1)
-    assert _Optimizer(schedule=schedule).sensitivity_in_clip_norms == 1.0
+    assert _Optimizer(schedule=schedule, expected_batch_size=5).sensitivity_in_clip_norms == 1.0
     for num_microbatches in (1, 7):
-        assert _Optimizer(schedule=schedule, num_microbatches=num_microbatches).sensitivity_in_clip_norms == 2.0
+        optimizer = _Optimizer(schedule=schedule, expected_batch_size=5, num_microbatches=num_microbatches)
+        assert optimizer.sensitivity_in_clip_norms == 2.0
 
 
 def test_config_round_trip_keeps_schedule_and_private_train_step():
@@ -67,7 +71,7 @@ def test_config_round_trip_keeps_schedule_and_private_train_step():
     restored = _Optimizer.from_config(config)
     np.testing.assert_array_equal(restored.schedule.clip_norms, [2.0, 1.0])
     np.testing.assert_array_equal(restored.schedule.noise_stddevs, [3.0, 1.5])
-    assert restored.expected_batch_size == 7.0 and restored.rescale_to_unit_norm
+    assert restored.expected_batch_size == 7.0 and restored.rescale_to_unit_norm and not restored.public_batch_size
     assert restored._private_train_step == {"method": "auto", "training_metrics": False}
     assert restored.noise_seed_given is None
 
@@ -82,6 +86,10 @@ def test_config_round_trip_keeps_schedule_and_private_train_step():
         ({**BUDGET, "accumulation_steps": 0}, "`accumulation_steps` must be an integer >= 1"),
         ({**BUDGET, "accumulation_steps": 2, "num_microbatches": 4}, "Use one of them"),
         ({**BUDGET, "expected_batch_size": 10}, "`expected_batch_size` is `batch_size`"),
+        ({**BUDGET, "public_batch_size": True}, "sizes are private.*Leave public_batch_size out"),
+        ({"schedule": SCHEDULE, "public_batch_size": 1}, "`public_batch_size` must be True or False"),
+        ({"schedule": SCHEDULE, "expected_batch_size": 5, "public_batch_size": True}, "not both"),
+        ({"schedule": SCHEDULE, "expected_batch_size": 0}, "`expected_batch_size` must be a finite number > 0"),
         ({**BUDGET, "rescale_to_unit_norm": 1}, "`rescale_to_unit_norm` must be True or False"),
         ({**BUDGET, "gradient_accumulation_steps": 2}, "do not support `gradient_accumulation_steps`"),
     ],
@@ -89,6 +97,21 @@ def test_config_round_trip_keeps_schedule_and_private_train_step():
 def test_bad_arguments_are_refused_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _Optimizer(**kwargs)
+
+
+def test_a_schedule_without_a_normaliser_is_refused_unless_the_batch_sizes_are_stated_public():
+    """The normaliser never follows the data: p N (given, or the budget's batch_size), or rows stated public."""
+    with pytest.raises(ValueError, match=r"needs `expected_batch_size` = p\*N \(here p\*N = 0.1 \* the number"):
+        _Optimizer(schedule=SCHEDULE)
+    with pytest.raises(ValueError, match="needs `expected_batch_size`"):
+        _Optimizer(schedule=SCHEDULE, num_microbatches=4)  # The batch-size check needs N here too.
+    public = _Optimizer(schedule=SCHEDULE, public_batch_size=True)
+    assert public.expected_batch_size is None and public.normalises_by_rows
+    restored = _Optimizer.from_config(public.get_config())
+    assert restored.public_batch_size and restored.expected_batch_size is None
+    assert not _Optimizer(schedule=SCHEDULE, public_batch_size=True, num_microbatches=2).normalises_by_rows
+    budget = _Optimizer(**BUDGET)
+    assert budget.expected_batch_size == 50.0 and not budget.public_batch_size and not budget.normalises_by_rows
 
 
 def test_a_schedule_of_another_type_is_refused():
@@ -114,3 +137,27 @@ def test_gradient_guard_accepts_only_the_issued_gradients_once():
     guard.issue(grads)
     assert guard.check_and_clear(list(grads))
     assert not guard.check_and_clear(grads)
+
+
+def test_noise_outside_the_accountants_range_is_refused_at_construction_unless_allowed():
+    degenerate = schedules.DPSchedule(np.ones(3), np.array([1.0, 0.0, 1.0]), 0.1)
+    with pytest.raises(ValueError, match=r"`schedule`: the noise multiplier .* of step 1 .* is 0; .*\[0.0001, 10000\]"):
+        _Optimizer(schedule=degenerate, expected_batch_size=5)
+    with pytest.raises(ValueError, match="`allow_degenerate_noise` must be True or False"):
+        _Optimizer(schedule=degenerate, expected_batch_size=5, allow_degenerate_noise=1)
+    with pytest.warns(optimizer_base.DegenerateNoiseWarning, match="no meaningful differential privacy") as caught:
+        allowed = _Optimizer(schedule=degenerate, expected_batch_size=5, allow_degenerate_noise=True)
+    assert caught[0].filename == __file__  # attributed to the constructor's caller
+    assert _Optimizer.from_config(allowed.get_config()).get_config()["allow_degenerate_noise"] is True
+    _Optimizer(schedule=SCHEDULE, expected_batch_size=5)  # z = 1: accepted, no warning
+
+
+def test_a_step_counter_runs_only_under_the_schedule_its_fingerprint_records():
+    other = schedules.DPSchedule(np.ones(2), np.full(2, 0.01), 0.1)
+    refusal = optimizer_base.restored_schedule_refusal
+    for recorded in (SCHEDULE.fingerprint, other.fingerprint, optimizer_base.UNRECORDED_FINGERPRINT):
+        assert refusal(0, recorded, SCHEDULE) is None  # step 0: nothing spent yet
+    assert refusal(5, SCHEDULE.fingerprint, SCHEDULE) is None
+    assert "another DP schedule" in refusal(5, other.fingerprint, SCHEDULE)
+    assert refusal(5, other.fingerprint, SCHEDULE).endswith("Steps taken (dp_step): 5.")
+    assert "no schedule fingerprint was saved" in refusal(5, optimizer_base.UNRECORDED_FINGERPRINT, SCHEDULE)

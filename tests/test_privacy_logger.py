@@ -5,6 +5,7 @@ import types
 import numpy as np
 import pytest
 
+from keras_dyndp import optimizer_base
 from keras_dyndp import privacy_logger
 from keras_dyndp import schedules
 
@@ -47,9 +48,20 @@ class _Logger(privacy_logger.PrivacyLoggerMixin, _Callback):
         self.scalars.append((step, dict(values)))
 
 
-def _logger(steps_taken, **kwargs):
+class _Optimizer:
+    """A DP optimizer's state as the logger reads it: schedule, step counter and recorded schedule fingerprint."""
+
+    check_restored_schedule = optimizer_base.DPOptimizerBase.check_restored_schedule
+
+    def __init__(self, steps_taken, fingerprint=SCHEDULE.fingerprint):
+        self.schedule = self._schedule = SCHEDULE
+        self.dp_step = _Step(steps_taken)
+        self._schedule_fingerprint = types.SimpleNamespace(numpy=lambda: np.array(fingerprint, np.int32))
+
+
+def _logger(steps_taken, fingerprint=SCHEDULE.fingerprint, **kwargs):
     logger = _Logger(delta=1e-5, **kwargs)
-    optimizer = types.SimpleNamespace(schedule=SCHEDULE, dp_step=_Step(steps_taken))
+    optimizer = _Optimizer(steps_taken, fingerprint)
     logger.model = types.SimpleNamespace(optimizer=optimizer)
     logger.params = {"steps": 2}
     return logger
@@ -66,6 +78,17 @@ def test_values_are_the_accountants_for_the_steps_taken_and_the_last_steps_c_and
         "noise_stddev",
         "dp_step",
     }
+
+
+def test_a_step_counter_of_another_schedule_is_never_accounted_under_this_one():
+    other = schedules.DPSchedule(SCHEDULE.clip_norms, SCHEDULE.noise_stddevs * 100, 0.05)
+    for fingerprint, match in [(other.fingerprint, "another DP schedule"), ((0, 0), "no schedule fingerprint")]:
+        logger = _logger(3, fingerprint)
+        with pytest.raises(RuntimeError, match=match):
+            logger.on_train_begin()
+        with pytest.raises(RuntimeError, match=match):
+            logger.privacy_logs()
+    _logger(0, (0, 0)).privacy_logs()  # before the first step nothing is recorded, nor spent
 
 
 def test_the_epochs_last_batch_puts_the_values_into_the_epoch_logs_and_log_every_writes_scalars():

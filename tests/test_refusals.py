@@ -51,3 +51,6 @@ def test_messages_name_what_was_received_and_what_to_do():
     layer = types.SimpleNamespace(name="bn")
     message = str(refusals.batch_statistics_error(layer))
     assert "'bn' (SimpleNamespace)" in message and "GroupNormalization" in message and "trainable = False" in message
+    message = str(refusals.batch_state_error("net", "the non-trainable variables ['s'] (of layers ['leaky'])"))
+    assert "'net' writes the non-trainable variables ['s'] (of layers ['leaky'])" in message
+    assert "computed from the input batch" in message and "LayerNormalization" in message

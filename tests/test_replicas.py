@@ -3,6 +3,7 @@ batch: same update, one noise of std sigma_t, one counter, the global batch-size
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -11,9 +12,11 @@ import pytest
 import tensorflow as tf
 
 from keras_dyndp import data
+from keras_dyndp import keras_compat
 from keras_dyndp import replicas
 from keras_dyndp import schedules
 from keras_dyndp.keras_compat import keras
+from keras_dyndp.optimizer_base import DegenerateNoiseWarning
 from keras_dyndp.optimizers import DynamicDPKerasSGD
 from keras_dyndp.optimizers import SamplingWarning
 from keras_dyndp.per_example import make_private
@@ -72,6 +75,7 @@ def train(
             expected_batch_size=expected_batch_size,
             accumulation_steps=accumulation_steps,
             num_microbatches=num_microbatches,
+            allow_degenerate_noise=True,  # Most measure the clipped sums with the noise off.
         )
         model.compile(
             optimizer=optimizer,
@@ -187,7 +191,9 @@ def test_fit_on_a_poisson_dataset_is_recognised_from_the_replica_threads():
     with mirrored().scope():
         model = build_model()
         model.compile(
-            optimizer=DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1, expected_batch_size=BATCH),
+            optimizer=DynamicDPKerasSGD(
+                schedule=schedule, learning_rate=0.1, expected_batch_size=BATCH, allow_degenerate_noise=True
+            ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
         )
     with warnings.catch_warnings():
@@ -196,12 +202,67 @@ def test_fit_on_a_poisson_dataset_is_recognised_from_the_replica_threads():
     assert int(model.optimizer.dp_step.numpy()) == 3
 
 
+def train_on_batch_update(x: np.ndarray, y: np.ndarray, schedule: schedules.DPSchedule, entry: str) -> np.ndarray:
+    """The change of the weights after one step on the batch (x, y) under the strategy, through ``entry``:
+    ``train_on_batch``, or (Keras 3) the train function called with a plain iterator of the batch."""
+    noiseless = not schedule.noise_stddevs.any()
+    with mirrored().scope():
+        model = build_model()
+        with pytest.warns(DegenerateNoiseWarning) if noiseless else contextlib.nullcontext():
+            optimizer = DynamicDPKerasSGD(
+                schedule=schedule,
+                learning_rate=LEARNING_RATE,
+                expected_batch_size=BATCH,
+                allow_degenerate_noise=noiseless,
+            )
+        model.compile(
+            optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+        )
+        before = model.get_weights()
+    with pytest.warns(SamplingWarning, match="train_on_batch"):
+        if entry == "train_on_batch":
+            model.train_on_batch(x, y)
+        else:
+            model.make_train_function()
+            model.train_function(iter(tf.data.Dataset.from_tensors((x, y))))
+    return np.concatenate([(after - first).ravel() for after, first in zip(model.get_weights(), before)])
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "train_on_batch",
+        pytest.param(
+            "train_function",
+            marks=pytest.mark.skipif(keras_compat.KERAS_MAJOR_VERSION == 2, reason="Keras 3's train function"),
+        ),
+    ],
+)
+def test_a_batch_given_directly_is_split_across_the_replicas(entry):
+    """Noise off, every example clipped (C = 0.01): removing one example of the batch moves the clipped sum by
+    exactly C, as when each example lives on one replica (2 C if every replica received the whole batch)."""
+    clip = 0.01
+    schedule = schedules.DPSchedule([clip], [0.0], 0.01)
+    x, y = examples(BATCH)
+    difference = train_on_batch_update(x, y, schedule, entry) - train_on_batch_update(x[1:], y[1:], schedule, entry)
+    assert np.linalg.norm(difference) * BATCH / (LEARNING_RATE * clip) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_train_on_batch_counts_each_row_once():
+    """p = 0.5 and p N = 8, so N = 16 and at most 16 examples are accepted: 12 rows pass, 24 would not."""
+    schedule = schedules.DPSchedule([1.0], [1.0], 0.5)
+    assert data.batch_size_range(16, 0.5)[1] == 16
+    x, y = examples(12)
+    update = train_on_batch_update(x, y, schedule, "train_on_batch")
+    assert np.abs(update).max() > 0
+
+
 def test_other_strategies_are_refused():
     strategy = tf.distribute.experimental.CentralStorageStrategy(
         [device.name for device in tf.config.list_logical_devices("CPU")][:2]
     )
     with strategy.scope(), pytest.raises(ValueError, match="CentralStorageStrategy"):
-        DynamicDPKerasSGD(schedule=varying_clip(1))
+        DynamicDPKerasSGD(schedule=varying_clip(1, noise=1.0), public_batch_size=True)
 
 
 def test_one_replica_helpers_are_the_identity():

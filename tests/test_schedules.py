@@ -149,6 +149,30 @@ def test_epsilon_passes_accountant_options():
         schedule.epsilon(DELTA, "pld", value_discretization_interval=-1.0)
 
 
+def test_fingerprint_is_equal_exactly_for_equal_schedules():
+    clip, noise = np.array([2.0, 1.0, 0.5]), np.array([3.0, 0.0, 1.0])
+    schedule = schedules.DPSchedule(clip, noise, 0.01)
+    calibration = schedules.Calibration("pld", 1.0, 1e-5)
+    same = [
+        schedules.DPSchedule(clip.copy(), noise.copy(), 0.01),
+        schedules.DPSchedule(clip, np.where(noise == 0, -0.0, noise), 0.01),  # -0.0 == 0.0
+        schedules.DPSchedule(clip, noise, 0.01, calibration=calibration),
+        schedules.DPSchedule.from_json(schedule.to_json()),
+    ]
+    different = [
+        schedules.DPSchedule(clip * (1 + 1e-15), noise, 0.01),
+        schedules.DPSchedule(clip, noise + [0.0, 0.0, 1e-12], 0.01),
+        schedules.DPSchedule(clip, noise, 0.0100001),
+        schedules.DPSchedule(clip[:2], noise[:2], 0.01),
+    ]
+    for other in same:
+        assert other == schedule and other.fingerprint == schedule.fingerprint
+    for other in different:
+        assert other != schedule and other.fingerprint != schedule.fingerprint
+    first, second = schedule.fingerprint
+    assert first % 2 == 1 and all(-(2**31) <= word < 2**31 for word in (first, second))  # never (0, 0); int32
+
+
 def test_check_accountable_uses_the_options_noise_floor():
     schedule = schedules.DPSchedule([1.0], [0.05], 0.1)  # z = 0.05: above the PLD floor at 1e-3, below it at 1e-4.
     schedule.check_accountable("pld")

@@ -96,6 +96,30 @@ def check_noise_multipliers(
     return noise_multipliers
 
 
+def check_trained_noise_multipliers(noise_multipliers: np.ndarray, argument: str) -> None:
+    """Raises unless every noise multiplier is in [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: what a DP optimizer
+    may train with, since no accountant gives a meaningful epsilon for a step outside it (z = 0 is no privacy at all).
+
+    Args:
+      noise_multipliers: the schedule's z_t = sigma_t / C_t.
+      argument: how the schedule reached the optimizer, named in the message (e.g. "schedule").
+
+    Raises:
+      NoiseOutOfRangeError: naming the argument, the first offending step and the accepted range.
+    """
+    outside = ~((noise_multipliers >= MIN_NOISE_MULTIPLIER) & (noise_multipliers <= MAX_NOISE_MULTIPLIER))
+    if np.any(outside):
+        step = int(np.argmax(outside))
+        raise NoiseOutOfRangeError(
+            f"`{argument}`: the noise multiplier sigma_t / C_t of step {step} (0-based) is "
+            f"{float(noise_multipliers[step]):g}; a DP optimizer trains only with noise multipliers in "
+            f"[{MIN_NOISE_MULTIPLIER:g}, {MAX_NOISE_MULTIPLIER:g}], where the accountants can represent every step. "
+            "Below it a step has no meaningful privacy (0: none at all, epsilon is infinite), above it a privacy "
+            "loss below float resolution. Check the schedule's noise_stddevs / clip_norms (or the budget "
+            "arguments); a test that measures the clipped sum without noise passes allow_degenerate_noise=True."
+        )
+
+
 def check_pld_grid_points(num_points: int, what: str) -> None:
     """Raises NoiseOutOfRangeError before a PLD of more than `MAX_PLD_GRID_POINTS` points is allocated."""
     if num_points > MAX_PLD_GRID_POINTS:

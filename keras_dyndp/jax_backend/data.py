@@ -38,9 +38,10 @@ class PoissonBatches(keras.utils.PyDataset):
       max_batch_size: rows of every batch (default `batch_sizes.default_max_batch_size(N, p)`).
       pad_to_multiple: None (default) pads every batch to ``max_batch_size``: one shape, one compiled step. An
         integer m pads each batch to the next multiple of m instead (at most ``max_batch_size``): a few shapes, each
-        compiled once, and far fewer padding rows to compute when ``max_batch_size`` is well above p N. The step
-        must then not normalise by the rows, which would follow the batch's size: ``make_private``'s ``fit``
-        refuses it unless the optimizer has an ``expected_batch_size`` (the budget arguments set it).
+        compiled once, and far fewer padding rows to compute when ``max_batch_size`` is well above p N. The rows
+        then follow the private batch size, so the step divides by the optimizer's ``expected_batch_size`` (p N),
+        never by the rows: ``make_private``'s ``fit`` refuses these batches for an optimizer built with
+        ``public_batch_size=True``.
       seed: None (OS entropy, for training you release) or an integer (reproducible batches, for tests).
     """
 

@@ -11,15 +11,19 @@ rows, delta (L x D for L tokens). Then, per example, with the rows of equal toke
 * clipped sum over the batch = one scatter-add of factor_i * delta_i into the table's shape.
 
 Tapped: a trainable ``keras.layers.Embedding`` (the class itself; LoRA and quantized ones excluded) whose table
-belongs to no other layer, that runs once per forward pass, and that sits in Sequential / functional models only (a
-subclassed model or layer could read the table in its own call, e.g. tied to an output projection, and that read's
-gradient would be missed). The others keep the vmap path. The
-patched ``call`` is the original one whenever no private step is tracing.
+belongs to no other layer, that sits in Sequential / functional models only, that runs once per forward pass, and
+whose table nothing else in the forward pass reads (`tappable`): a table also read elsewhere (tied to an output
+projection, ``ops.matmul(h, ops.transpose(embedding.embeddings))`` in a custom layer or Lambda) gets a gradient from
+that read too, which the taps would miss. The probe finds such reads as the ghost path does on TensorFlow: it
+traces the forward pass with the tapped call reading a stand-in for its table, and any equation that still reads
+the table is another use. The others keep the vmap path. The patched ``call`` is the original one whenever no
+private step is tracing.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -30,10 +34,12 @@ _ACTIVE = threading.local()
 
 
 class _Session:
-    """One trace of the model: records each tapped layer's ids and output, adds the taps when given."""
+    """One trace of the model: records each tapped layer's ids and output, adds the taps when given, and lets the
+    layers in ``stand_ins`` (by layer id, set by `tappable`'s probe) read their stand-in instead of their table."""
 
     def __init__(self, taps: dict[int, Any] | None = None):
         self.taps = taps
+        self.stand_ins: dict[int, Any] = {}
         self.ids: dict[int, Any] = {}
         self.shapes: dict[int, tuple] = {}
         self.calls: dict[int, int] = {}
@@ -45,8 +51,13 @@ class _Session:
     def __exit__(self, *exc_info):
         _ACTIVE.session = None
 
-    def tap(self, layer: keras.layers.Layer, inputs: Any, outputs: Any) -> Any:
+    def tap(self, layer: keras.layers.Embedding, inputs: Any, call: Callable[[], Any]) -> Any:
         key = id(layer)
+        if key in self.stand_ins:
+            with keras.StatelessScope(state_mapping=[(layer.embeddings, self.stand_ins[key])]):
+                outputs = call()
+        else:
+            outputs = call()
         self.calls[key] = self.calls.get(key, 0) + 1
         self.ids[key] = jnp.asarray(inputs).astype(jnp.int32)
         self.shapes[key] = tuple(outputs.shape)
@@ -61,9 +72,10 @@ def _patch(layer: keras.layers.Embedding) -> None:
     original = layer.call
 
     def call(inputs, *args, **kwargs):
-        outputs = original(inputs, *args, **kwargs)
         session = getattr(_ACTIVE, "session", None)
-        return outputs if session is None else session.tap(layer, inputs, outputs)
+        if session is None:
+            return original(inputs, *args, **kwargs)
+        return session.tap(layer, inputs, lambda: original(inputs, *args, **kwargs))
 
     layer.call = call
     layer._keras_dyndp_tapped = True  # pylint: disable=protected-access
@@ -102,6 +114,35 @@ def candidates(model: keras.Model) -> dict[int, tuple[keras.layers.Embedding, in
             _patch(layer)
             found[id(layer)] = (layer, index)
     return found
+
+
+def tappable(model: keras.Model, trainable: list, non_trainable: list, x: Any) -> dict[int, tuple[int, tuple]]:
+    """The `candidates` this step taps, by layer id: (the table's index in ``trainable``, the layer's output shape
+    for the batch ``x``). A candidate is left out when it runs other than once in the forward pass, or when the
+    forward pass reads its table outside its call (module docstring). Traces ``model``'s training-mode call on the
+    values' shapes; nothing runs."""
+    found = candidates(model)
+    if not found:
+        return {}
+    probe = _Session()
+
+    def forward(trainable, non_trainable, x, stand_ins):
+        probe.stand_ins = stand_ins
+        with probe:
+            return model.stateless_call(trainable, non_trainable, x, training=True)
+
+    stand_ins = {key: trainable[index] for key, (_, index) in found.items()}
+    abstract = jax.tree_util.tree_map(
+        lambda value: jax.ShapeDtypeStruct(value.shape, value.dtype), (trainable, non_trainable, x, stand_ins)
+    )
+    jaxpr = jax.make_jaxpr(forward)(*abstract).jaxpr
+    read = {id(var) for equation in jaxpr.eqns for var in equation.invars} | {id(var) for var in jaxpr.outvars}
+    table_vars = jaxpr.invars[: len(trainable)]  # ``trainable`` is a flat list: its leaves come first, in order.
+    return {
+        key: (index, probe.shapes[key])
+        for key, (_, index) in found.items()
+        if probe.calls.get(key) == 1 and id(table_vars[index]) not in read
+    }
 
 
 def session(taps: dict[int, Any] | None = None) -> _Session:

@@ -7,7 +7,8 @@ moving averages held the exact mean of the private batch). ``check_model`` finds
 ``model.stateless_call(..., training=True)`` into a jaxpr (nothing runs) and following the inputs forward through
 its equations to the non-trainable variables it returns; an equation with any batch-derived input counts all its
 outputs as batch-derived, nested jaxprs (``jit``, ``scan``, ``cond``) included, so the check can over-refuse but not
-miss a data dependence. Random-generator states (Dropout's seed, advanced by a constant) and step counters pass.
+miss a data dependence. Random-generator states (Dropout's seed, advanced by a constant) and step counters pass; a
+random-generator state written from the batch is refused like any other variable (its value would leave the step).
 
 Not detected: a value computed from the batch's SHAPE alone (its number of rows is a constant of the trace).
 ``make_private``'s step runs each example alone, so there the shape says nothing; a custom loop that writes the
@@ -43,6 +44,10 @@ def batch_dependent_writes(model: keras.Model, inputs: Any, state: tuple[list, l
     """Paths of the non-trainable variables that ``model``'s training-mode call on ``inputs`` writes with a value
     computed from ``inputs`` (module docstring). ``state``: the (trainable, non-trainable) values to trace with when
     the variables hold none (inside ``fit``); only their shapes and dtypes are used."""
+    return [variable.path for variable in _batch_dependent_variables(model, inputs, state)]
+
+
+def _batch_dependent_variables(model: keras.Model, inputs: Any, state: tuple[list, list] | None) -> list:
     if state is None:
         state = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables])
 
@@ -55,9 +60,7 @@ def batch_dependent_writes(model: keras.Model, inputs: Any, state: tuple[list, l
     for equation in jaxpr.eqns:
         if any(id(var) in dependent for var in equation.invars):
             dependent.update(id(var) for var in equation.outvars)
-    return [
-        variable.path for variable, out in zip(model.non_trainable_variables, jaxpr.outvars) if id(out) in dependent
-    ]
+    return [variable for variable, out in zip(model.non_trainable_variables, jaxpr.outvars) if id(out) in dependent]
 
 
 def check_model(model: keras.Model, inputs: Any, state: tuple[list, list] | None = None) -> None:
@@ -80,11 +83,19 @@ def check_model(model: keras.Model, inputs: Any, state: tuple[list, list] | None
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}.")
     check_layers(model)
-    written = batch_dependent_writes(model, inputs, state)
+    written = _batch_dependent_variables(model, inputs, state)
     if written:
-        raise ValueError(
-            f"Model {model.name!r} writes the non-trainable variables {written} in its training-mode call with "
-            "values computed from the input batch: they would leave the step without noise. Compute such "
-            "statistics outside DP training (or on public data and freeze them); for normalisation use "
-            "keras.layers.GroupNormalization or LayerNormalization."
+        paths = [variable.path for variable in written]
+        raise refusals.batch_state_error(
+            model.name, f"the non-trainable variables {paths} (of layers {_owners(model, written)})"
         )
+
+
+def _owners(model: keras.Model, variables: list) -> list[str]:
+    """The name of the innermost layer that holds each of ``variables`` (a SeedGenerator state's path names none)."""
+    layers = list(model._flatten_layers(include_self=False))  # pylint: disable=protected-access
+    names = []
+    for variable in variables:
+        holders = [layer for layer in layers if any(held is variable for held in layer.variables)]
+        names.append(min(holders, key=lambda layer: len(layer.variables)).name if holders else model.name)
+    return names

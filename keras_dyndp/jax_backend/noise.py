@@ -7,12 +7,17 @@ Philox generator in a plain Python object (nothing trackable, so no checkpoint o
 seeded by `keras_dyndp.noise_seed` (OS entropy unless `noise_seed` is given). Each DP step asks it, from inside the
 jitted train step, for a fresh 64-bit JAX key through ``jax.experimental.io_callback``; the generator advances on
 every draw, so no two steps (in one process, across a restore, or in two processes) share a key. The noise itself
-is ``jax.random.normal`` under that key, on the device.
+is ``jax.random.normal`` under that key, on the device. The step's other secret randomness comes from the same source
+(`NoiseSource.jax_key`): the microbatch memberships, and the random-generator states of random layers (Dropout)
+inside ``make_private``'s step.
 """
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 from keras_dyndp import noise_seed as noise_seed_module
 
@@ -42,3 +47,8 @@ class NoiseSource:
     def draw_key_data(self) -> np.ndarray:
         """uint32[2]: the data of a fresh ``threefry2x32`` JAX key."""
         return self._generator.integers(0, 2**32, size=2, dtype=np.uint32)
+
+    def jax_key(self) -> jax.Array:
+        """A fresh JAX key from `draw_key_data`, inside a jitted function (through a host callback)."""
+        key_data = io_callback(self.draw_key_data, jax.ShapeDtypeStruct((2,), jnp.uint32), ordered=False)
+        return jax.random.wrap_key_data(key_data, impl="threefry2x32")

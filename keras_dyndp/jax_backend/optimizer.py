@@ -8,15 +8,17 @@ TensorFlow optimizers (whose module docstring, `keras_dyndp.optimizers.dp_optimi
 
 1. `keras_dyndp.jax_backend.make_private`'s train step hands `stateless_apply_clipped_sum` the sum over the batch of
    the per-example gradients clipped to global norm C_k = ``schedule.clip_norms[k]`` (`clip_norm_at`);
-2. one host callback per step checks the step against the budget and the batch's number of examples against the
-   schedule's Poisson sampling, and returns a fresh key from the optimizer's own
-   `keras_dyndp.jax_backend.noise.NoiseSource`. A step out of either range is refused: it changes nothing (the
+2. one host callback per step checks the step against the budget, the step counter against the schedule it was
+   saved with (`keras_dyndp.optimizer_base.restored_schedule_refusal`) and the batch's number of examples against
+   the schedule's Poisson sampling, and returns a fresh key from the optimizer's own
+   `keras_dyndp.jax_backend.noise.NoiseSource`. A step failing a check is refused: it changes nothing (the
    variables and the counter keep their values, whatever the data) and `raise_refused_step`, which
    ``make_private``'s ``fit`` calls after every batch, raises RuntimeError with the reason;
 3. Gaussian noise of std sigma_k = ``schedule.noise_stddevs[k]`` is added ONCE to each SUM;
-4. the result is divided by the normaliser (``expected_batch_size`` = p N when known, else the number of rows, at
-   least 1; times C_k with ``rescale_to_unit_norm``) and handed to the base optimizer's update rule through Keras's
-   ``stateless_apply``, which advances ``iterations``.
+4. the result is divided by the normaliser (``expected_batch_size`` = p N, a public constant; the number of rows,
+   at least 1, only with ``public_batch_size=True``, which checks no batch size and refuses a batch with rows of
+   sample weight 0 instead; times C_k with ``rescale_to_unit_norm``) and handed to the base optimizer's update
+   rule through Keras's ``stateless_apply``, which advances ``iterations``.
 
 Past T = ``schedule.num_steps`` the step is refused (and C_k, sigma_k read as 0). Gradients that did not come out
 of step 3 (Keras's default train step, which hands the optimizer the gradient of the batch's mean loss) are refused
@@ -72,6 +74,13 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             self._num_examples = max(1, round(self._expected_batch_size / p))
             self._batch_size_range = batch_sizes.batch_size_range(self._num_examples, p)
         self._refusal: str | None = None  # The first refused step's reason, until raise_refused_step raises it.
+        self._schedule_fingerprint = self.add_variable(
+            shape=(2,),
+            initializer="zeros",
+            dtype="int32",
+            aggregation="only_first_replica",
+            name="schedule_fingerprint",
+        )
 
     @property
     def dp_step(self) -> keras.Variable:
@@ -85,6 +94,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def _iterations_index(self) -> int:
         return next(i for i, variable in enumerate(self.variables) if variable is self.iterations)
+
+    def _fingerprint_index(self) -> int:
+        return next(i for i, variable in enumerate(self.variables) if variable is self._schedule_fingerprint)
 
     def step_at(self, optimizer_variables) -> jax.Array:
         """The step counter's value in ``optimizer_variables`` (the optimizer's state in a stateless train step)."""
@@ -113,14 +125,18 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """float32 sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
         return self.schedule_values(self.iterations.value)[1]
 
-    def _host_step(self, step: np.ndarray, num_examples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _host_step(
+        self, step: np.ndarray, num_examples: np.ndarray, num_rows: np.ndarray, recorded_fingerprint: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """On the host, once per step: a fresh key's data, and whether the step may run (False records why)."""
-        refusal = self._refusal_of(int(step), int(num_examples))
+        refusal = optimizer_base.restored_schedule_refusal(
+            int(step), recorded_fingerprint.tolist(), self._schedule
+        ) or self._refusal_of(int(step), int(num_examples), int(num_rows))
         if refusal is not None and self._refusal is None:
             self._refusal = refusal
         return self._noise_source.draw_key_data(), np.asarray(refusal is None)
 
-    def _refusal_of(self, step: int, num_examples: int) -> str | None:
+    def _refusal_of(self, step: int, num_examples: int, num_rows: int) -> str | None:
         num_steps = self._schedule.num_steps
         if step >= num_steps:
             return (
@@ -128,20 +144,18 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 "(dp_step >= schedule.num_steps); another step would exceed the accounted privacy budget. The step "
                 "was not applied. Stop training (keras_dyndp.jax_backend.BudgetStop) or calibrate a longer schedule."
             )
+        not_applied = " The step was not applied."
+        if self.normalises_by_rows:
+            return None if num_examples == num_rows else batch_sizes.PADDING_ROWS_REFUSAL + not_applied
         if self._batch_size_range is None:
             return None
         low, high = self._batch_size_range
         if low <= num_examples <= high:
             return None
-        p = self._schedule.sampling_probability
-        return (
-            f"keras_dyndp: {num_examples} examples in this batch: the schedule's Poisson sampling at p={p:g} "
-            f"from N={self._num_examples} examples expects about p*N={p * self._num_examples:g}, and all but "
-            f"2e-12 of its batches hold between {low} and {high}. The epsilon reported for this schedule would "
-            "not hold, so the step was not applied. Train on Poisson batches at the schedule's rate (rows with "
-            "sample weight 0 are padding), or give the optimizer the expected_batch_size (p*N) of the data you "
-            "train on, or calibrate the schedule for the batches you use."
+        prefix, advice = batch_sizes.out_of_range_refusal(
+            "few" if num_examples < low else "many", self._schedule.sampling_probability, self._num_examples, low, high
         )
+        return f"{prefix}{num_examples}{advice}{not_applied}"
 
     def raise_refused_step(self) -> None:
         """Raises RuntimeError if a step was refused since the last call (then it was not applied).
@@ -158,24 +172,31 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def microbatch_assignment(self, num_rows: int) -> jax.Array:
         """int32 [num_rows]: each row's microbatch for this step, uniform on {0, ..., M - 1}, from a fresh key of
         the noise source (inside a jitted step, through a host callback): never from the data or the row order."""
-        key_data = io_callback(self._noise_source.draw_key_data, jax.ShapeDtypeStruct((2,), jnp.uint32), ordered=False)
-        key = jax.random.wrap_key_data(key_data, impl="threefry2x32")
-        return microbatches.random_assignment(key, num_rows, self._num_microbatches)
+        return microbatches.random_assignment(self.secret_key(), num_rows, self._num_microbatches)
 
-    def _noise_and_normalise(self, clipped_sums: list, step, num_examples, num_rows) -> tuple[list, jax.Array]:
+    def secret_key(self) -> jax.Array:
+        """A fresh JAX key of the noise source (inside a jitted step, through a host callback): known to no one and
+        never saved, for the step's randomness that must not follow a public seed (module `noise`)."""
+        return self._noise_source.jax_key()
+
+    def _noise_and_normalise(
+        self, clipped_sums: list, step, num_examples, num_rows, recorded_fingerprint
+    ) -> tuple[list, jax.Array]:
         clip_norm, noise_stddev = self.schedule_values(step)
         key_data, allowed = io_callback(
             self._host_step,
             (jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((), jnp.bool_)),
             step,
             num_examples,
+            num_rows,
+            recorded_fingerprint,
             ordered=False,
         )
         keys = jax.random.split(jax.random.wrap_key_data(key_data, impl="threefry2x32"), len(clipped_sums))
         noise_stddev = self.sensitivity_in_clip_norms * noise_stddev
         if self._num_microbatches is not None:
             normaliser = jnp.asarray(self._num_microbatches, jnp.float32)
-        elif self._expected_batch_size is not None:
+        elif not self.normalises_by_rows:
             normaliser = jnp.asarray(self._expected_batch_size, jnp.float32)
         else:  # An empty batch releases pure noise; dividing it by 1 instead of 0 keeps it finite.
             normaliser = jnp.maximum(jnp.asarray(num_rows, jnp.float32), 1.0)
@@ -203,7 +224,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             ``num_microbatches``, of the clipped gradients of the microbatches `microbatch_assignment` drew).
           num_examples: the batch's number of examples (rows with a non-zero sample weight), checked against the
             schedule's Poisson sampling.
-          num_rows: the batch's number of rows (the normaliser when ``expected_batch_size`` is None).
+          num_rows: the batch's number of rows (the normaliser with ``public_batch_size=True``, which then refuses
+            a batch with fewer examples than rows).
           trainable_variables: the values of the trainable variables the optimizer was built with.
 
         Returns:
@@ -215,11 +237,19 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 "`clipped_sums` and `trainable_variables` must have the same length. "
                 f"Received: {len(clipped_sums)} and {len(trainable_variables)}."
             )
+        fingerprint_index = self._fingerprint_index()
         grads, allowed = self._noise_and_normalise(
-            list(clipped_sums), self.step_at(optimizer_variables), num_examples, num_rows
+            list(clipped_sums),
+            self.step_at(optimizer_variables),
+            num_examples,
+            num_rows,
+            optimizer_variables[fingerprint_index],
         )
         self._dp_gradient_guard.issue(grads)
         new_trainable, new_optimizer = self.stateless_apply(optimizer_variables, grads, trainable_variables)
+        # A step that runs keeps (at step 0: records) the schedule's fingerprint, saved with the counter.
+        new_optimizer = list(new_optimizer)
+        new_optimizer[fingerprint_index] = jnp.asarray(self._schedule.fingerprint, jnp.int32)
         keep = lambda new, old: [jnp.where(allowed, n, o) for n, o in zip(new, old)]  # noqa: E731
         return keep(new_trainable, trainable_variables), keep(new_optimizer, optimizer_variables)
 

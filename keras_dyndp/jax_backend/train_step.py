@@ -3,11 +3,13 @@
 Keras's JAX train step differentiates the batch's mean loss and hands the optimizer one averaged gradient, where no
 example can be clipped (the DP optimizers refuse it). ``make_private`` gives the model a stateless ``train_step``
 that computes one gradient per example with ``jax.vmap`` of ``jax.grad`` of the example's loss (the model's
-``stateless_call`` on a batch of one; Embedding tables through their output's gradient instead,
-`keras_dyndp.jax_backend.embedding_taps`), clips each to the global norm C_t that the optimizer's schedule gives at its
-step counter, sums them, and hands the sums to the optimizer's ``stateless_apply_clipped_sum``, which adds the
-noise once, normalises and applies (`keras_dyndp.jax_backend.optimizer`). Each example runs alone, so no layer can
-mix examples.
+``stateless_call`` on a batch of one; Embedding tables through their output's gradient instead where nothing else
+reads the table, `keras_dyndp.jax_backend.embedding_taps`), clips each to the global norm C_t that the optimizer's
+schedule gives at its step counter, sums them, and hands the sums to the optimizer's ``stateless_apply_clipped_sum``,
+which adds the noise once, normalises and applies (`keras_dyndp.jax_backend.optimizer`). Each example runs alone on
+every path (taps, microbatches and physical batches all vmap that batch of one; the traces of the whole batch that
+check the model read only shapes), so no layer can mix examples: a Lambda adding the batch mean moves the clipped
+sum by C.
 
 With the optimizer's ``accumulation_steps`` = k the batch (the logical one: the Poisson sample the schedule
 accounts) is clipped in k physical batches of ceil(B / k) rows, one after another (``jax.lax.scan``), their clipped
@@ -17,10 +19,17 @@ M random microbatch gradients before clipping (`keras_dyndp.jax_backend.microbat
 vmap path then.
 
 State. Non-trainable variables that the training-mode call writes with a value computed from the batch (batch
-statistics: BatchNormalization's moving averages, or any custom layer's) would leave the step without noise: they
-are refused when the step is traced (ValueError naming the variable). Random-generator states (``SeedGenerator``,
-used by Dropout and augmentation layers) are the exception: each example draws with the state offset by its
-index in the batch (so examples get different dropout masks), and the state advances as in Keras.
+statistics: BatchNormalization's moving averages, or any custom layer's, a random-generator state included) would
+leave the step without noise: they are refused when the step is traced (`model_checks`, ValueError naming the
+variable and its layer), before any update. Random-generator states (``SeedGenerator``, used by Dropout and
+augmentation layers) are not drawn from Keras's seed inside the step: ``keras.utils.set_random_seed``, which users
+publish, would make every example's dropout mask a public function of its row (deleting a row shifted every later
+row's mask: 2.96 C). Each step takes a secret key from the optimizer's noise source (`keras_dyndp.jax_backend.noise`)
+and every example's states are drawn from it alone, the same for every row (as on TensorFlow,
+`keras_dyndp.per_example.randomness`): one secret dropout mask per step, never released and independent of the
+rows' positions, so removing an example moves no other example's gradient. The states the model keeps advance from their
+public values as one example's call advances them in Keras. A variable written from those secret draws (a stored
+mask) is refused too.
 
 Sampling: ``fit`` on a `keras_dyndp.jax_backend.PoissonBatches` at another rate than the schedule's is refused;
 on anything else it gives one `SamplingWarning` (the epsilon assumes Poisson sampling).
@@ -29,8 +38,9 @@ A step the optimizer refuses (the budget is spent, or the batch's number of exam
 schedule's Poisson sampling) changes nothing, and ``fit`` raises RuntimeError with the reason after that batch, the
 model's state intact (``make_private`` gives ``fit`` a callback for it).
 
-Loss and metrics of the training batch are computed from the per-example losses and outputs without noise;
-``training_metrics=False`` computes none and logs only ``dp_step`` (public). Refused as on TensorFlow: an optimizer
+By default the step computes no loss or metric on the training batch and logs only ``dp_step`` (public);
+``training_metrics=True`` opts in to the loss and metrics of the training batch, computed from the per-example
+losses and outputs without noise (outside the DP guarantee). Refused as on TensorFlow: an optimizer
 that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a loss reduced over the batch, several
 losses, regularisation losses, trainable BatchNormalization, ``method='ghost'`` (no ghost rules on JAX yet), a
 ``keras.distribution`` across several processes.
@@ -43,6 +53,7 @@ what one device would release for the batch: per-example clipping of every examp
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import types
@@ -106,21 +117,6 @@ def _has_regularizer(layer: keras.layers.Layer) -> bool:
     )
 
 
-def _tapped_embeddings(model: keras.Model, trainable, non_trainable, x) -> dict[int, tuple[int, tuple]]:
-    """Embedding layers whose tables this step differentiates through output taps (`embedding_taps`): layer id ->
-    (the table's index in the trainable variables, the layer's output shape for the batch)."""
-    candidates = embedding_taps.candidates(model)
-    if not candidates:
-        return {}
-
-    def forward(trainable, non_trainable, batch):
-        return model.stateless_call(trainable, non_trainable, batch, training=True)
-
-    with embedding_taps.session() as probe:  # An abstract trace: which of them run once, and their output shapes.
-        jax.eval_shape(forward, trainable, non_trainable, x)
-    return {key: (index, probe.shapes[key]) for key, (_, index) in candidates.items() if probe.calls.get(key) == 1}
-
-
 def _seed_states(model: keras.Model) -> list[bool]:
     """For each non-trainable variable of ``model``, whether it is a random-generator (SeedGenerator) state."""
     states = {
@@ -129,6 +125,26 @@ def _seed_states(model: keras.Model) -> list[bool]:
         for generator in getattr(layer, "_seed_generators", ())
     }
     return [id(variable) in states for variable in model.non_trainable_variables]
+
+
+def _secret_seed_state(step_key: jax.Array, position: int, public_state: jax.Array) -> jax.Array:
+    """The state random-generator variable ``position`` holds in the step, for every row alike: drawn from the
+    step's secret key (never from Keras's seed, which users publish, and never released) and from nothing about the
+    row, so deleting a row changes no other row's draws."""
+    key = jax.random.fold_in(step_key, position)
+    return jax.random.bits(key, public_state.shape, jnp.uint32).astype(public_state.dtype)
+
+
+def _advanced_seed_states(model: keras.Model, trainable, non_trainable, x, is_seed_state) -> list:
+    """``non_trainable`` with the random-generator states advanced as one example's training-mode call advances
+    them in Keras, from their public values (the step's per-example states are secret and stay inside it): the
+    call on a row of zeros (a seed state written from the data is refused before, `model_checks`), of which jit
+    keeps only the states' arithmetic."""
+    if not any(is_seed_state):
+        return non_trainable
+    row = jax.tree_util.tree_map(lambda value: jnp.zeros((1, *value.shape[1:]), value.dtype), x)
+    _, written = model.stateless_call(trainable, non_trainable, row, training=True)
+    return [new if seed else old for new, old, seed in zip(written, non_trainable, is_seed_state)]
 
 
 def _batch_size(x: Any) -> int:
@@ -149,19 +165,20 @@ def is_private(model: keras.Model) -> bool:
 
 
 def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is_seed_state) -> Callable:
-    """``(non_trainable, x, y, weights, indices) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``: per
-    example (``jax.vmap``), the gradients of the weighted loss (tapped tables excluded), each tapped table's ids and
-    row gradients, the outputs, the non-trainable values the call wrote and the weighted losses."""
+    """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``:
+    per example (``jax.vmap``), the gradients of the weighted loss (tapped tables excluded), each tapped table's ids
+    and row gradients, the outputs, the non-trainable values the call wrote (None for the random-generator states,
+    whose per-example values are secret, `_secret_seed_state`) and the weighted losses."""
     tables = {index for index, _ in tapped.values()}
     differentiated = [i for i in range(len(trainable_variables)) if i not in tables]
 
-    def example_loss(diff_trainable, taps, non_trainable, x_i, y_i, weight, index):
+    def example_loss(diff_trainable, taps, non_trainable, step_key, x_i, y_i, weight):
         trainable = list(trainable_variables)  # the tables (not differentiated) come from here
         for position, value in zip(differentiated, diff_trainable):
             trainable[position] = value
-        offset = jnp.stack([index, 0])
         non_trainable = [
-            value + offset.astype(value.dtype) if seed else value for value, seed in zip(non_trainable, is_seed_state)
+            _secret_seed_state(step_key, position, value) if seed else value
+            for position, (value, seed) in enumerate(zip(non_trainable, is_seed_state))
         ]
         add_batch_axis = lambda value: None if value is None else value[None]  # noqa: E731
         with embedding_taps.session(taps) as trace:
@@ -173,31 +190,28 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
         losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)  # A batch of one: any shape is its own.
         loss = jnp.mean(jnp.asarray(losses, jnp.float32)) * weight
         ids = {key: trace.ids[key][0] for key in taps}
+        non_trainable = [None if seed else value for value, seed in zip(non_trainable, is_seed_state)]
         return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss, ids)
 
     per_example = jax.vmap(
         jax.grad(example_loss, argnums=(0, 1), has_aux=True),
-        in_axes=(None, 0, None, 0, 0, 0, 0),
-        out_axes=(0, (0, [0 if seed else None for seed in is_seed_state], 0, 0)),
+        in_axes=(None, 0, None, None, 0, 0, 0),
+        out_axes=(0, (0, None, 0, 0)),
     )
 
-    def fn(non_trainable, x, y, weights, indices):
+    def fn(non_trainable, step_key, x, y, weights):
         num_rows = weights.shape[0]
         taps = {key: jnp.zeros((num_rows, 1, *shape[1:]), jnp.float32) for key, (_, shape) in tapped.items()}
-        try:
-            (grads, tap_grads), (y_pred, new_non_trainable, losses, ids) = per_example(
-                [trainable_variables[i] for i in differentiated], taps, non_trainable, x, y, weights, indices
-            )
-        except ValueError as error:
-            if "out_axes" not in str(error):
-                raise
-            model_checks.check_model(model, x, (trainable_variables, non_trainable))  # names the variables
-            raise ValueError(
-                f"Model {model.name!r} writes a non-trainable variable in its training-mode call with a value "
-                "computed from the input batch: that state leaves the step without noise. Compute such statistics "
-                "outside DP training (or on public data and freeze them); for normalisation use "
-                "keras.layers.GroupNormalization or LayerNormalization."
-            ) from error
+        diff_trainable = [trainable_variables[i] for i in differentiated]
+
+        def run(key):
+            return per_example(diff_trainable, taps, non_trainable, key, x, y, weights)
+
+        with _refuse_writes_from_random_draws(model):
+            (grads, tap_grads), (y_pred, new_non_trainable, losses, ids) = run(step_key)
+            if step_key is not None:
+                # Two keys at once, traced only: a stored value that follows the step's secret key is batched.
+                jax.eval_shape(jax.vmap(lambda key: run(key)[1][1], out_axes=None), jax.random.split(step_key, 2))
         all_grads = [None] * len(trainable_variables)
         for position, g in zip(differentiated, grads):
             all_grads[position] = g
@@ -211,6 +225,24 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
         return all_grads, tap_rows, y_pred, new_non_trainable, losses
 
     return fn
+
+
+@contextlib.contextmanager
+def _refuse_writes_from_random_draws(model: keras.Model):
+    """Turns vmap's refusal of a batched output where none is expected (the non-trainable values the call writes,
+    other than the random-generator states) into the refusal of state that leaves the step without noise: such a
+    value followed an example (`model_checks` refused the data-derived writes before) or the step's secret random
+    draws, which must not be released either."""
+    try:
+        yield
+    except ValueError as error:
+        if "out_axes" not in str(error):
+            raise
+        raise refusals.batch_state_error(
+            model.name,
+            "a non-trainable variable",
+            "its random draws in the DP step (the secret states of its random generators)",
+        ) from error
 
 
 def _clipped_sum_per_example(grads, tap_rows, clip_norm, table_shapes, num_rows: int) -> list:
@@ -263,18 +295,22 @@ def _private_train_step(self: keras.Model, state, data):
     optimizer._private_train_step = _private_train_step_arguments(self)  # pylint: disable=protected-access
     loss_fn = _per_example_loss_fn(self)
     _check_model(self)
+    model_checks.check_model(self, x, (trainable_variables, non_trainable_variables))  # random-generator states too
     num_rows = _batch_size(x)
     weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.reshape(sample_weight, [num_rows])
     is_seed_state = _seed_states(self)
     clip_norm = optimizer.clip_norm_at(optimizer_variables)
     num_microbatches = optimizer.num_microbatches
     # Microbatch gradients mix examples, which the taps' per-example row sums do not: no taps there.
-    tapped = {} if num_microbatches else _tapped_embeddings(self, trainable_variables, non_trainable_variables, x)
+    tapped = {} if num_microbatches else embedding_taps.tappable(self, trainable_variables, non_trainable_variables, x)
     per_example = _per_example_fn(self, loss_fn, trainable_variables, tapped, is_seed_state)
     table_shapes = {index: trainable_variables[index].shape for index, _ in tapped.values()}
 
+    # Once per step, for the random layers' states (every example of every physical batch draws the same).
+    step_key = optimizer.secret_key() if any(is_seed_state) else None
+
     def physical_batch(batch):
-        grads, tap_rows, y_pred, new_non_trainable, losses = per_example(non_trainable_variables, *batch)
+        grads, tap_rows, y_pred, new_non_trainable, losses = per_example(non_trainable_variables, step_key, *batch)
         if num_microbatches:
             assignment = optimizer.microbatch_assignment(losses.shape[0])
             sums = microbatches.clipped_sum(grads, losses, assignment, num_microbatches, clip_norm)
@@ -282,7 +318,7 @@ def _private_train_step(self: keras.Model, state, data):
             sums = _clipped_sum_per_example(grads, tap_rows, clip_norm, table_shapes, losses.shape[0])
         return sums, (y_pred, new_non_trainable, losses)
 
-    batch = (x, y, weights, jnp.arange(num_rows, dtype=jnp.int32))
+    batch = (x, y, weights)
     num_physical_batches = optimizer.accumulation_steps
     if num_physical_batches == 1 or num_rows <= 1:
         clipped_sums, (y_pred, new_non_trainable, losses) = physical_batch(batch)
@@ -295,12 +331,12 @@ def _private_train_step(self: keras.Model, state, data):
         y_pred, losses = jax.tree_util.tree_map(rows, (y_pred, losses))
         first = lambda value: value[0]  # noqa: E731
     num_examples = jnp.sum(weights != 0)
+    advanced = _advanced_seed_states(self, trainable_variables, non_trainable_variables, x, is_seed_state)
     trainable_variables, optimizer_variables = optimizer.stateless_apply_clipped_sum(
         optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables
     )
     non_trainable_variables = [
-        (first(value)[0] if num_rows else old) if seed else first(value)
-        for value, old, seed in zip(new_non_trainable, non_trainable_variables, is_seed_state)
+        new if seed else first(value) for value, new, seed in zip(new_non_trainable, advanced, is_seed_state)
     ]
     if self._keras_dyndp_training_metrics:  # pylint: disable=protected-access
         logs, metrics_variables = self._update_metrics_variables(  # pylint: disable=protected-access
@@ -369,7 +405,8 @@ _FIT_SIGNATURE = inspect.signature(keras.Model.fit)
 
 
 def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> None:
-    """Refuses Poisson batches at another rate than the schedule's; warns (once per optimizer) on other data."""
+    """Refuses Poisson batches at another rate than the schedule's, or for an optimizer with ``public_batch_size``;
+    warns (once per optimizer) on other data."""
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, JaxDPOptimizerMixin):
         return  # The train step refuses it, naming what to use.
@@ -381,9 +418,7 @@ def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> No
                 f"schedule is accounted at p={p:g}: the reported epsilon would be wrong. Sample the batches at the "
                 "schedule's sampling_probability, or calibrate the schedule for the rate you sample at."
             )
-        batch_sizes.check_padding(
-            x.pad_to_multiple, optimizer.expected_batch_size is None and not optimizer.num_microbatches
-        )
+        batch_sizes.check_poisson_batches(optimizer.public_batch_size, caller)
         return
     if optimizer._warned_sampling:  # pylint: disable=protected-access
         return
@@ -425,7 +460,7 @@ def _private_train_on_batch(self: keras.Model, *args, **kwargs):
     return logs
 
 
-def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = True) -> keras.Model:
+def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:
     """Gives ``model`` a JAX train step that clips per example and applies through the DP optimizer.
 
     The same model object is returned (its ``train_step`` is replaced on the instance). Compile it, before or after,
@@ -434,8 +469,10 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     Args:
         model: a Keras model (Sequential, functional or subclassed) without trainable batch normalisation.
         method: ``'auto'`` or ``'vectorized'`` (the same on JAX: ``jax.vmap`` of per-example gradients).
-        training_metrics: True computes the compiled loss and metrics on the training batch WITHOUT noise (outside
-            the DP guarantee); False computes none and logs only ``dp_step``.
+        training_metrics: False (the default) computes no loss or metric on the training batch and logs only
+            ``dp_step`` (public; validation metrics as usual). True opts in to the compiled loss and metrics of the
+            training batch, computed WITHOUT noise and released outside the DP guarantee (one outlier moved the
+            logged epoch loss from 0.205 to 0.977).
 
     Returns:
         ``model``.

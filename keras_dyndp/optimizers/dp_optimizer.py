@@ -15,12 +15,13 @@ on the Keras version. `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKeras
    tensorflow/privacy#153 and opacus#753: on the sum, with std sigma_k; equivalently std sigma_k / n on the mean);
 4. divides by a normaliser n and hands the result to the base optimizer's update rule (post-processing, so Adam,
    Adagrad and RMSprop are as private as SGD):
-   * per-example clipping: n = `expected_batch_size` when given (p N, as in the paper's definition of g_t and
-     in Opacus; right for Poisson sampling, where the actual batch size is itself private), else the actual
-     number of rows in the batch, as in the paper's Alg. 2 (padding rows with sample weight 0 count as rows; an
-     empty batch divides by 1 and applies pure noise);
+   * per-example clipping: n = `expected_batch_size` = p N, a public constant (as in the paper's definition of
+     g_t and in Opacus; under Poisson sampling the actual batch size is itself private, and so are the rows of a
+     batch padded to a multiple). The budget arguments set it to `batch_size`; with a `schedule` it is required,
+     unless ``public_batch_size=True`` states that each batch's size is public (fixed-size batches, outside the
+     Poisson accounting): then n is the number of rows (an empty batch divides by 1 and applies pure noise), no
+     batch size is checked and rows of sample weight 0 are refused where the step sees the weights;
    * microbatches (`num_microbatches` = M): n = M, a constant.
-   The optimizers built from budget arguments set `expected_batch_size = batch_size`.
    With ``rescale_to_unit_norm=True`` the normaliser is n C_k: the update is the mean of per-example gradients
    rescaled to norm at most 1 plus noise of std z_k / n (De et al. 2022; jax_privacy's option of that name). It is
    post-processing of the same noisy sum, so privacy is unchanged; what changes is that a decaying C_k no longer
@@ -31,7 +32,8 @@ entropy and never saved (`keras_dyndp.optimizers.noise_source`): the global seed
 checkpoint does not replay it. `noise_seed` makes it reproducible for tests and research only.
 
 Sampling. The batches must be Poisson samples at the schedule's p (`keras_dyndp.optimizers.sampling_check`): with N
-known (`expected_batch_size` = p N) a step whose number of examples is far outside Binomial(N, p) raises, and
+known (`expected_batch_size` = p N) a step whose number of examples is far outside Binomial(N, p) raises, on every
+path, and
 `model.fit` on data that is not a keras_dyndp Poisson dataset gets one `SamplingWarning`.
 
 What is protected: each example under add-or-remove-one adjacency, with Poisson sampling at rate
@@ -47,7 +49,11 @@ control dependencies: Keras's base class increments `iterations` with no data de
 dataset of unknown cardinality that increment runs once more when the exhausted iterator aborts the last call
 (plain Keras optimizers count B + 1 steps for B batches there), which would silently shift the schedule. The
 schedule is held as two float32 constant tensors and indexed by `tf.gather` with the counter in the graph, so one
-trace serves every step and nothing is retraced.
+trace serves every step and nothing is retraced. Beside the counter, the optimizer variable `schedule_fingerprint`
+(saved with it) records at step 0 which schedule the steps are taken under (`DPSchedule.fingerprint`); every step
+refuses a counter past 0 whose fingerprint is another schedule's or missing (an in-graph assertion; under XLA C and
+sigma read 0, so the step releases nothing), since it would continue, and be accounted, on the wrong schedule
+(`keras_dyndp.optimizer_base.restored_schedule_refusal`).
 
 Budget guard. When dp_step reaches T = `schedule.num_steps` the budget is spent. The next step raises
 `tf.errors.InvalidArgumentError` ("DP budget exhausted ...") from a `tf.debugging.assert_less` in eager and graph
@@ -86,7 +92,7 @@ Example:
 schedule = keras_dyndp.schedules.calibrate(
     'dynamic', target_epsilon=1.2, target_delta=1e-5, sampling_probability=256 / 60000, num_steps=4688,
     initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3)
-optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=256, learning_rate=0.1)
+optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=256, learning_rate=0.1)  # p N
 # or, equivalently, from the budget:
 optimizer = DynamicDPKerasSGD(target_epsilon=1.2, target_delta=1e-5, num_examples=60000, batch_size=256,
                               epochs=20, method='dynamic', initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3,
@@ -150,12 +156,16 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._sampling_check = sampling_check.SamplingCheck(
-            self._schedule.sampling_probability, self._expected_batch_size, self._num_microbatches
+            self._schedule.sampling_probability,
+            self._expected_batch_size,
+            self._public_batch_size,
+            self.normalises_by_rows,
         )
         self._warned_slow_path = False
         with tf.init_scope():
             self._clip_norms_tensor = tf.constant(self._schedule.clip_norms, dtype=tf.float32)
             self._noise_stddevs_tensor = tf.constant(self._schedule.noise_stddevs, dtype=tf.float32)
+        self._schedule_fingerprint = keras_compat.add_int32_optimizer_variable(self, "schedule_fingerprint", (2,))
 
     @property
     def dp_step(self) -> tf.Variable:
@@ -173,22 +183,50 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             ),
         )
 
+    def _schedule_matches(self) -> tf.Tensor:
+        """bool scalar: the step may run under this schedule (`optimizer_base.restored_schedule_refusal`'s rule)."""
+        recorded = tf.convert_to_tensor(self._schedule_fingerprint)
+        own = tf.constant(self._schedule.fingerprint, tf.int32)
+        return tf.logical_or(tf.equal(self.dp_step, 0), tf.reduce_all(tf.equal(recorded, own)))
+
+    def _schedule_check(self) -> list[tf.Operation]:
+        """Refuses a step counter restored from another schedule (or without a fingerprint); records the
+        schedule's fingerprint at step 0 (kept at every step it may run, kept as restored when refused)."""
+        recorded = tf.convert_to_tensor(self._schedule_fingerprint)
+        matches = self._schedule_matches()
+        unrecorded = tf.reduce_all(tf.equal(recorded, tf.constant(optimizer_base.UNRECORDED_FINGERPRINT, tf.int32)))
+        checks = [
+            tf.debugging.Assert(
+                tf.logical_or(matches, tf.equal(unrecorded, recorded_kind)),  # passes the other kind's state
+                [optimizer_base.schedule_mismatch_message(recorded=recorded_kind), self.dp_step],
+            )
+            for recorded_kind in (True, False)
+        ]
+        with tf.control_dependencies(checks):
+            own = tf.constant(self._schedule.fingerprint, tf.int32)
+            record = self._schedule_fingerprint.assign(tf.where(matches, own, recorded))
+        return checks + [record]
+
     def _schedule_value(self, values: tf.Tensor) -> tf.Tensor:
+        # 0 past the budget and on a restored step counter of another schedule: XLA drops the assertions.
         step = self.dp_step
         num_steps = self._schedule.num_steps
         index = tf.minimum(step, num_steps - 1)
-        return tf.where(step < num_steps, tf.gather(values, index), tf.zeros([], tf.float32))
+        live = tf.logical_and(step < num_steps, self._schedule_matches())
+        return tf.where(live, tf.gather(values, index), tf.zeros([], tf.float32))
 
     def current_clip_norm(self) -> tf.Tensor:
-        """float32 scalar C at `dp_step` (0 once the budget is spent)."""
+        """float32 scalar C at `dp_step` (0 once the budget is spent, or on another schedule's step counter)."""
         return self._schedule_value(self._clip_norms_tensor)
 
     def current_noise_stddev(self) -> tf.Tensor:
-        """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
+        """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent, or on another
+        schedule's step counter)."""
         return self._schedule_value(self._noise_stddevs_tensor)
 
     def _step_checks(self, batch_size_check: tf.Operation | None) -> list[tf.Operation]:
-        return [check for check in (self._budget_check(), batch_size_check) if check is not None]
+        checks = [check for check in (self._budget_check(), batch_size_check) if check is not None]
+        return checks + self._schedule_check()
 
     def _noise_and_normalise(
         self, clipped_sums: Sequence[tf.Tensor], noise_stddev: tf.Tensor, normaliser: tf.Tensor
@@ -276,7 +314,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         min_examples, global_num_rows = tf.unstack(
             replicas.global_sum(tf.stack([sampling_check.count_nonzero_rows(per_example_losses), num_rows]))
         )
-        batch_size_check = self._sampling_check.assertion(min_examples, global_num_rows)
+        batch_size_check = self._sampling_check.assertion(min_examples, global_num_rows, global_num_rows)
         with tf.control_dependencies(self._step_checks(batch_size_check)):
             clip_norm = self.current_clip_norm()
             noise_stddev = self.current_noise_stddev()
@@ -376,7 +414,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             )
 
     def _check_model_fit_path(self) -> None:
-        """Refuses mixed precision on this path, and warns once when model.fit runs it instead of make_private."""
+        """Refuses mixed precision on this path, warns once when model.fit runs it instead of make_private, and
+        keeps Keras 2's own train step from logging the loss and metrics of the private batch."""
         model = keras_context.calling_model(self)
         if model is None:
             return
@@ -392,6 +431,11 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 "its train step supports mixed precision (computes in the policy's dtype, then clips, sums and adds "
                 "the noise in float32, without loss scaling)."
             )
+        keras_train_step = keras_compat.is_keras_train_step(model)
+        if keras_train_step:
+            # Its loss and metrics would be computed on the private batch without noise: the step logs the public
+            # step count instead (make_private(model, training_metrics=True) is the opt-in).
+            keras_compat.logs_instead_of_training_metrics(model, lambda: {"dp_step": tf.identity(self.dp_step)})
         if not self._warned_slow_path:
             self._warned_slow_path = True
             warnings.warn(
@@ -399,7 +443,14 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 "path: one pfor tape.jacobian of the per-example loss, which back-propagates every row through the "
                 "whole batch (O(B^2) time and memory: ~160x a non-private step on a small CNN, and gigabytes). Call "
                 "model = keras_dyndp.make_private(model) before fit: the same DP mechanism at ~2-3x a "
-                "non-private step.",
+                "non-private step."
+                + (
+                    " Keras's train step logs only dp_step here: its loss and metrics of the training batch would "
+                    "be computed without noise, outside the DP guarantee (make_private(model, training_metrics=True) "
+                    "computes them if you accept that)."
+                    if keras_train_step
+                    else ""
+                ),
                 SlowPathWarning,
                 stacklevel=5,
             )
@@ -422,9 +473,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
 
         For per-example (not microbatch) clipping done outside the optimizer, e.g. by the fast path: adds
-        N(0, sigma^2) with sigma = `current_noise_stddev()` to each sum, divides by `expected_batch_size` (or
-        by `num_rows` when it is None), applies the base update rule and advances `dp_step`. Raises in graph
-        and eager mode once the budget is spent (see the module docstring for XLA).
+        N(0, sigma^2) with sigma = `current_noise_stddev()` to each sum, divides by `expected_batch_size` (by
+        `num_rows` with ``public_batch_size=True``), applies the base update rule and advances `dp_step`. Raises
+        in graph and eager mode once the budget is spent (see the module docstring for XLA).
 
         Args:
           clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients
@@ -458,7 +509,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         global_examples, global_num_rows = tf.unstack(
             replicas.global_sum(tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)]))
         )
-        batch_size_check = self._sampling_check.assertion(global_examples, global_examples)
+        batch_size_check = self._sampling_check.assertion(global_examples, global_examples, global_num_rows)
         with tf.control_dependencies(self._step_checks(batch_size_check)):
             noise_stddev = self.current_noise_stddev()
         grads = self._noise_and_normalise(clipped_sums, noise_stddev, self._row_normaliser(global_num_rows))

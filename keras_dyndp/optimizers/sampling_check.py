@@ -5,26 +5,29 @@ with probability p = `schedule.sampling_probability`. Nothing in Keras enforces 
 schedule accounted at p = 0.01 trains, and `PrivacyLogger` reports RDP epsilon 5.39 where the truth at p = 1 is
 75.2; a ``.batch(250)`` dataset trains without a word. Two checks close this.
 
-1. At every step, in the graph, when N is known (N = ``expected_batch_size / p``, given directly or through the
-   budget arguments): the number of examples in the batch must lie in `keras_dyndp.data.batch_size_range(N, p)`,
-   which a Poisson batch leaves with probability at most 1e-12 on each side. Otherwise the step raises
-   ``tf.errors.InvalidArgumentError`` with the count, p N, the range and what to do. What counts as an example: on
-   `make_private`'s path, the rows with a non-zero sample weight (every row without sample weights). The
-   optimizer's own path sees only the sample-weighted per-example losses: the number of rows bounds the count from
-   above and the number of rows with a non-zero loss bounds it from below (padding rows have weight 0, hence loss
-   0, but a real example may have loss 0 too). The step is refused when the upper bound is below the range or the
-   lower bound above it, so a zero loss never trips the check.
-   The check is a data-dependent abort. Under Poisson sampling at p, neighbouring datasets can differ in whether
-   it fires only when the batch size leaves the range, with probability at most 2e-12 per step: it adds at most
-   (1 + e^epsilon) T 2e-12 to delta (the argument of `keras_dyndp.data.truncation_delta`). XLA
-   (``jit_compile=True``) drops assertions, so there the check does not run.
+1. At every step, in the graph, on every path (``fit`` on any data, ``train_on_batch``, a custom loop calling
+   ``minimize`` or ``apply_clipped_gradient_sum``): with N = ``expected_batch_size / p`` (given with the schedule,
+   or set by the budget arguments; only ``public_batch_size=True`` leaves it out) the number of examples in the
+   batch must lie in `keras_dyndp.data.batch_size_range(N, p)`, which a Poisson batch leaves with probability at
+   most 1e-12 on each side. Otherwise the step raises ``tf.errors.InvalidArgumentError`` with the count, p N, the
+   range and what to do. What counts as an example: on `make_private`'s path, the rows with a non-zero sample
+   weight (every row without sample weights). The optimizer's own path sees only the sample-weighted per-example
+   losses: the number of rows bounds the count from above and the number of rows with a non-zero loss bounds it
+   from below (padding rows have weight 0, hence loss 0, but a real example may have loss 0 too). The step is
+   refused when the upper bound is below the range or the lower bound above it, so a zero loss never trips the
+   check. The check is a data-dependent abort. Under Poisson sampling at p, neighbouring datasets can differ in
+   whether it fires only when the batch size leaves the range, with probability at most 2e-12 per step: it adds
+   at most (1 + e^epsilon) T 2e-12 to delta (the argument of `keras_dyndp.data.truncation_delta`). XLA
+   (``jit_compile=True``) drops assertions, so there the check does not run. With ``public_batch_size=True`` the
+   step divides by the rows instead and checks no size; where it sees sample weights (``make_private``'s step)
+   it refuses rows of weight 0 (padding), which would count as rows.
 2. Once per optimizer, when its train step is traced (at every step under ``run_eagerly``): the ``x`` that
    ``model.fit`` received (`keras_dyndp.keras_context`) must be a dataset returned by
    `keras_dyndp.data.poisson_batches_from_tensors` or `keras_dyndp.data.poisson_batches`. One sampled at another
-   p raises ValueError. Anything else (numpy arrays, a ``.batch()`` dataset, a generator) gets one
-   `SamplingWarning` saying that the reported epsilon assumes Poisson sampling and what to do, and so does a
-   custom training loop, whose data the optimizer cannot see. The warning also says when the batch sizes cannot be
-   checked (no N) or are not checked (XLA).
+   p raises ValueError, and so does any of them for an optimizer with ``public_batch_size=True``. Anything else
+   (numpy arrays, a ``.batch()`` dataset, a generator) gets one `SamplingWarning` saying that the reported
+   epsilon assumes Poisson sampling and what to do, and so does a custom training loop, whose data the optimizer
+   cannot see. The warning also says when the batch sizes are not checked (``public_batch_size``, XLA).
 """
 
 from __future__ import annotations
@@ -54,16 +57,21 @@ class SamplingCheck:
 
     Args:
       sampling_probability: the schedule's Poisson rate p.
-      expected_batch_size: p N, or None when N is unknown (then batch sizes are not checked, and the noisy sum is
-        divided by the batch's rows).
-      num_microbatches: the optimizer's M, or None (per-example clipping).
+      expected_batch_size: p N, or None with ``public_batch_size`` (then batch sizes are not checked).
+      public_batch_size: the optimizer's `public_batch_size`: keras_dyndp's Poisson batches are refused.
+      normalises_by_rows: the step divides by the rows (rows of sample weight 0 are then refused).
     """
 
     def __init__(
-        self, sampling_probability: float, expected_batch_size: float | None, num_microbatches: int | None = None
+        self,
+        sampling_probability: float,
+        expected_batch_size: float | None,
+        public_batch_size: bool,
+        normalises_by_rows: bool,
     ):
         self._sampling_probability = sampling_probability
-        self._normalises_by_rows = expected_batch_size is None and num_microbatches is None
+        self._public_batch_size = public_batch_size
+        self._normalises_by_rows = normalises_by_rows
         if expected_batch_size is None:
             self._num_examples = None
             self._range = None
@@ -82,7 +90,7 @@ class SamplingCheck:
 
         Raises:
           ValueError: if ``fit`` received a keras_dyndp Poisson dataset sampled at another rate than the schedule,
-            or one padded to multiples (``pad_to_multiple``) while the step divides by the batch's rows.
+            or any of them while the optimizer has ``public_batch_size=True``.
         """
         model = keras_context.calling_model(optimizer)
         call = None if model is None else keras_context.fit_call(model)
@@ -101,7 +109,7 @@ class SamplingCheck:
                         "Sample the batches at the schedule's sampling_probability, or calibrate the schedule for "
                         "the rate you sample at."
                     )
-                batch_sizes.check_padding(sampling.pad_to_multiple, self._normalises_by_rows)
+                batch_sizes.check_poisson_batches(self._public_batch_size, "model.fit")
                 if replicas.is_multi_worker() and not sampling.same_on_every_worker:
                     raise ValueError(
                         "model.fit under a multi-worker strategy received Poisson batches whose seed each worker drew "
@@ -127,21 +135,27 @@ class SamplingCheck:
         )
         if self._range is None:
             message += (
-                " Batch sizes cannot be checked against the schedule either: build the optimizer with "
-                "expected_batch_size = p * N."
+                " The optimizer was built with public_batch_size=True, so no batch size is checked and the epsilon "
+                "holds only as far as your batches are Poisson samples, whose sizes are private: build it with "
+                "expected_batch_size = p * N instead."
             )
         elif model is not None and getattr(model, "jit_compile", False):
             message += " XLA (jit_compile=True) drops the per-step batch-size check."
         warnings.warn(message, SamplingWarning, stacklevel=2)
 
-    def assertion(self, min_examples: tf.Tensor, max_examples: tf.Tensor) -> tf.Operation | None:
-        """In-graph check that the batch's number of examples, known to lie in [min, max], is in the range.
+    def assertion(self, min_examples: tf.Tensor, max_examples: tf.Tensor, num_rows: tf.Tensor) -> tf.Operation | None:
+        """In-graph check of the batch, whose number of examples is known to lie in [min, max], among ``num_rows``
+        rows: in the range (point 1), or, when the step divides by the rows, no row that cannot be an example.
 
-        Returns None when there is nothing to wait for: N is unknown, or eager mode, where it checks at once.
+        Returns None when there is nothing to wait for: no check applies, or eager mode, where it checks at once.
 
         Raises:
-          tf.errors.InvalidArgumentError: when `max_examples` is below the range or `min_examples` above it.
+          tf.errors.InvalidArgumentError: when `max_examples` is below the range or `min_examples` above it; when
+            the step divides by the rows and `max_examples` is below `num_rows` (rows of sample weight 0).
         """
+        if self._normalises_by_rows:
+            condition = tf.cast(max_examples, tf.int64) >= tf.cast(num_rows, tf.int64)
+            return _refuse_unless(condition, [batch_sizes.PADDING_ROWS_REFUSAL])
         if self._range is None:
             return None
         low, high = self._range
@@ -151,18 +165,18 @@ class SamplingCheck:
 
     def _refusal(self, condition: tf.Tensor, what: str, count: tf.Tensor) -> tf.Operation | None:
         low, high = self._range
-        p, num_examples = self._sampling_probability, self._num_examples
-        prefix = f"keras_dyndp: too {what} examples in this batch: "
-        advice = (
-            f"; the schedule's Poisson sampling at p={p:g} from N={num_examples} examples expects about "
-            f"p*N={p * num_examples:g}, and all but 2e-12 of its batches hold between {low} and {high}. The "
-            "epsilon reported for this schedule would not hold. Train on "
-            f"keras_dyndp.data.poisson_batches_from_tensors(x, y, sampling_probability={p:g}), or give the "
-            "optimizer the expected_batch_size (p*N) of the data you train on, or calibrate the schedule for the "
-            "batches you use."
+        prefix, advice = batch_sizes.out_of_range_refusal(
+            what, self._sampling_probability, self._num_examples, low, high
         )
-        if tf.executing_eagerly():
-            if not bool(condition):
-                raise tf.errors.InvalidArgumentError(None, None, f"{prefix}{int(count)}{advice}")
-            return None
-        return tf.debugging.Assert(condition, [prefix, count, advice])  # no string ops: XLA compiles it away
+        return _refuse_unless(condition, [prefix, count, advice])
+
+
+def _refuse_unless(condition: tf.Tensor, message: list) -> tf.Operation | None:
+    """Raises at once in eager mode; else an assertion to run before the step (XLA compiles it away)."""
+    if tf.executing_eagerly():
+        if not bool(condition):
+            raise tf.errors.InvalidArgumentError(
+                None, None, "".join(str(int(part)) if tf.is_tensor(part) else part for part in message)
+            )
+        return None
+    return tf.debugging.Assert(condition, message)  # no string ops: XLA compiles it away

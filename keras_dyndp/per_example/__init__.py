@@ -6,9 +6,11 @@ each of the B rows through the whole batched graph (O(B^2) work). This package o
 ``clipped_gradient_sum`` (`clipped_sum`):
 
 * ``'vectorized'`` (`vectorized`): ``tf.vectorized_map`` over single-example forward and backward passes. Any
-  model whose examples are independent; materialises the B per-example gradients.
-* ``'ghost'`` (`ghost`): one batched forward and backward pass records each layer's inputs and output gradients,
-  and the layer's rule turns them into per-example norms and the clipped sum. The rules live in one registry
+  model (each example runs alone); materialises the B per-example gradients.
+* ``'ghost'`` (`ghost`), for models whose every layer is known to act per example (`per_example_layers`;
+  ``register_per_example_layer`` declares a custom one): one batched forward and backward pass records each layer's
+  inputs and output gradients, and the layer's rule turns them into per-example norms and the clipped sum. The
+  rules live in one registry
   (`rules`): built in for Dense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding, LSTM and GRU
   (`dense`, `conv1d`, `conv2d`, `depthwise`, `embedding`, `lstm`, `gru`, with the shared algebra in `norms`),
   ``TimeDistributed`` folds handled (`time_distributed`), and ``register_layer_rule`` adds one for a
@@ -23,6 +25,7 @@ from keras_dyndp.per_example.clipped_sum import clipped_gradient_sum
 from keras_dyndp.per_example.clipped_sum import clipped_gradient_sum_with_outputs
 from keras_dyndp.per_example.ghost import supported as ghost_supported
 from keras_dyndp.per_example.losses import per_example_loss
+from keras_dyndp.per_example.per_example_layers import register_per_example_layer
 from keras_dyndp.per_example.rules import LayerRule
 from keras_dyndp.per_example.rules import register_layer_rule
 from keras_dyndp.per_example.taps import GhostGradient
@@ -40,4 +43,5 @@ __all__ = [
     "make_private",
     "per_example_loss",
     "register_layer_rule",
+    "register_per_example_layer",
 ]

@@ -130,6 +130,11 @@ def _built_in(supports: Callable[[keras.layers.Layer], bool] | None = None) -> C
     return lambda layer: plain_weights(layer) and (supports is None or supports(layer))
 
 
+def has_rule(layer_class: type) -> bool:
+    """Whether a rule is registered for exactly ``layer_class`` (whatever configurations it supports)."""
+    return layer_class in _RULES
+
+
 def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
     """The rule that covers ``layer`` (its exact class and configuration), or None."""
     rule = _RULES.get(type(layer))

@@ -12,21 +12,25 @@ SUM, normalises, applies the base update and advances ``dp_step``. With ``num_mi
 optimizer's own microbatch path (the jacobian of M microbatch losses) instead. The privacy mechanism is the
 optimizer's; only the way the clipped sum is computed changes. Same on Keras 2 and Keras 3. With the optimizer's
 ``accumulation_steps`` = k the batch is clipped in k physical batches (``keras_dyndp.per_example.accumulation``);
-under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share (``keras_dyndp.replicas``).
+under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share (``keras_dyndp.replicas``),
+also of a batch given to ``train_on_batch``.
 
 Example:
 
 ```python
 model = keras_dyndp.make_private(model)
-model.compile(optimizer=keras_dyndp.optimizers.DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1),
+optimizer = keras_dyndp.optimizers.DynamicDPKerasSGD(schedule=schedule, expected_batch_size=256, learning_rate=0.1)
+model.compile(optimizer=optimizer,
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
               metrics=['accuracy'])
 model.fit(x, y, batch_size=256, epochs=20)
 ```
 
-Loss and metrics of the training batch are computed without noise; ``make_private(model,
-training_metrics=False)`` computes none, so nothing but the noised update is derived from the private batch (the
-step's logs then hold only ``dp_step``, the public number of DP steps taken).
+By default the step computes no loss or metric on the training batch: nothing but the noised update is derived
+from the private batch, and the step's logs hold only ``dp_step`` (the public number of DP steps taken; callbacks
+such as ``PrivacyLogger`` add the epsilon, and ``fit``'s ``validation_data`` its metrics as usual).
+``make_private(model, training_metrics=True)`` opts in to the compiled loss and metrics of the training batch,
+computed without noise and outside the DP guarantee.
 
 Saving: the optimizer records make_private's arguments in its config, so a model saved to ``.keras`` and reloaded
 with ``load_model`` gets this train step back when the optimizer is built at load (any model built before saving);
@@ -57,10 +61,12 @@ import tensorflow as tf
 from keras_dyndp import keras_compat
 from keras_dyndp import model_checks
 from keras_dyndp import refusals
+from keras_dyndp import replicas
 from keras_dyndp.keras_compat import keras
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
 from keras_dyndp.per_example import accumulation
 from keras_dyndp.per_example import clipped_sum
+from keras_dyndp.per_example import randomness
 from keras_dyndp.per_example.losses import per_example_loss
 
 
@@ -117,6 +123,7 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
             clip_norm=optimizer.current_clip_norm(),
             var_list=var_list,
             method=_clipping_method(self),
+            random_source=optimizer._noise_source.generator,  # pylint: disable=protected-access
         )
         if optimizer.accumulation_steps == 1:
             sums, _, y_pred, losses = clip(x, y, sample_weight)
@@ -173,15 +180,17 @@ def _microbatch_step(
 ) -> Any:
     """One step of the optimizer's own microbatch path: the jacobian of its M random microbatch losses."""
     model_checks.check_before_training(model, x)  # Before the forward pass updates any batch statistics.
-    with tf.GradientTape() as tape:
-        y_pred = model(x, training=True)
-        losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
+    # Random layers draw from the optimizer's secret generator, not from masks tied to the rows' positions.
+    with randomness.secret_randomness(model, optimizer._noise_source.generator):  # pylint: disable=protected-access
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
     _check_no_regularization(model)
     optimizer.minimize(losses, var_list, tape=tape)
     return y_pred
 
 
-def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = True) -> keras.Model:
+def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:
     """Gives ``model`` a train step that clips per example fast and applies through the DP optimizer.
 
     The same model object is returned (its ``train_step`` is replaced on the instance), so
@@ -195,11 +204,12 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
             has a rule, else vectorized; vectorized under mixed precision), ``'ghost'`` or ``'vectorized'``
             (see ``keras_dyndp.per_example``). An optimizer with ``num_microbatches`` uses its own microbatch
             path instead.
-        training_metrics: True (Keras's default behaviour): the step also computes the compiled loss and metrics
-            on the training batch and returns them as logs (progress bar, ``History``, TensorBoard). They are
-            computed on the private batch WITHOUT noise, so they are outside the DP guarantee: one outlier
-            example can move the logged loss visibly. False: the step computes no loss or metric on the batch
-            and logs only ``dp_step`` (public); only the noised update leaves it.
+        training_metrics: False (the default): the step computes no loss or metric on the batch and logs only
+            ``dp_step`` (public); only the noised update leaves it (validation metrics are computed as usual).
+            True (Keras's behaviour, an opt-in): the step also computes the compiled loss and metrics on the
+            training batch and returns them as logs (progress bar, ``History``, TensorBoard, CSVLogger). They are
+            computed on the private batch WITHOUT noise, so they are released outside the DP guarantee: one
+            outlier example moved the logged epoch loss from 0.234 to 0.567.
 
     Returns:
         ``model``.
@@ -219,6 +229,8 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     model.train_step = types.MethodType(_private_train_step, model)
     keras_compat.epoch_logs_from_the_step(model, not training_metrics)
     keras_compat.reset_train_function(model)
+    if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:
+        replicas.split_direct_batches(model)
     if getattr(model, "optimizer", None) is not None:
         optimizer = _dp_optimizer(model)
         optimizer._private_train_step = _private_train_step_arguments(model)  # pylint: disable=protected-access

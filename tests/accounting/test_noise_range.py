@@ -70,3 +70,11 @@ def test_composition_too_large_for_the_grid_is_refused():
     with pytest.raises(noise_range.NoiseOutOfRangeError, match="needs .* grid points, more than MAX_PLD_GRID_POINTS"):
         fast_pld.pld_epsilon(1.0, np.full(2000, 0.3), DELTA)
     assert fast_pld.pld_epsilon(1.0, np.full(500, 0.3), DELTA) > 3000  # A quarter of that fits: accounted.
+
+
+def test_an_optimizer_trains_only_inside_the_range_and_never_without_noise():
+    inside = np.array([noise_range.MIN_NOISE_MULTIPLIER, 1.0, noise_range.MAX_NOISE_MULTIPLIER])
+    noise_range.check_trained_noise_multipliers(inside, "schedule")
+    for outside in (0.0, 1e-6, 9.9e-5, 1.01e4, math.inf):
+        with pytest.raises(noise_range.NoiseOutOfRangeError, match=r"`schedule`: .* step 1 .*\[0.0001, 10000\]"):
+            noise_range.check_trained_noise_multipliers(np.array([1.0, outside]), "schedule")

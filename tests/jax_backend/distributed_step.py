@@ -55,7 +55,7 @@ def _counting_host_calls(optimizer):
 
 def _dp_sgd(clip_norm, noise_stddev):
     schedule = schedules.DPSchedule(np.full(2, clip_norm), np.full(2, noise_stddev), 0.5)
-    return DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0)
+    return DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, learning_rate=1.0, allow_degenerate_noise=True)
 
 
 def _case(x, y):

@@ -21,7 +21,7 @@ LOSS = keras.losses.MeanSquaredError(reduction="none")
 def _model(num_steps):
     model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
     schedule = schedules.DPSchedule(np.ones(num_steps), np.full(num_steps, 0.5), 0.5)
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1), loss=LOSS)
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, learning_rate=0.1), loss=LOSS)
     return model
 
 

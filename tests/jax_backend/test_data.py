@@ -77,16 +77,17 @@ def test_pad_to_multiple_pads_each_batch_to_the_next_multiple_up_to_the_cap():
     assert max(shapes) < batches.max_batch_size
 
 
-def test_fit_refuses_bucketed_padding_when_the_step_would_normalise_by_rows():
+def test_fit_refuses_poisson_batches_when_the_step_would_normalise_by_rows():
     x, y = _arrays()
     y = (y % 2).astype("int32")
     model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
-    optimizer = DynamicDPKerasSGD(schedule=schedules.DPSchedule(np.ones(5), np.ones(5), P), learning_rate=0.01)
+    schedule = schedules.DPSchedule(np.ones(5), np.ones(5), P)
+    optimizer = DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, learning_rate=0.01)
     model.compile(
         optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     )
     bucketed = PoissonBatches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=2)
-    with pytest.raises(ValueError, match="no expected_batch_size.*follow the private batch size"):
+    with pytest.raises(ValueError, match="Poisson batches, whose sizes are private, but .* public_batch_size=True"):
         model.fit(bucketed, verbose=0)
     with_normaliser = _model(P)  # expected_batch_size = p N: the rows do not matter
     with_normaliser.fit(bucketed, verbose=0)

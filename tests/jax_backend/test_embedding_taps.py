@@ -67,3 +67,21 @@ def test_an_embedding_inside_a_subclassed_model_is_not_tapped():
     assert embedding_taps.candidates(model) == {}
     wrapped = keras.Sequential([keras.Input((3,), dtype="int32"), model])  # a wiring model above does not help
     assert embedding_taps.candidates(wrapped) == {}
+
+
+def _values(model):
+    return [v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables]
+
+
+def test_a_table_read_outside_its_layers_call_is_not_tapped():
+    """Tied weights in a functional model (the table also the output projection, through a Lambda here): the taps
+    would miss that read's gradient (issue 25: relative error 0.563), so the table keeps the vmap path."""
+    inputs = keras.Input((3,), dtype="int32")
+    tied, untied = keras.layers.Embedding(10, 4), keras.layers.Embedding(10, 4)
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Add()([tied(inputs), untied(inputs)]))
+    output = keras.layers.Lambda(lambda h: keras.ops.matmul(h, keras.ops.transpose(tied.embeddings)))(pooled)
+    model = keras.Model(inputs, output)
+    x = np.zeros((2, 3), "int32")
+    assert set(embedding_taps.candidates(model)) == {id(tied), id(untied)}  # one owner each
+    untied_index = next(i for i, v in enumerate(model.trainable_variables) if v is untied.embeddings)
+    assert embedding_taps.tappable(model, *_values(model), x) == {id(untied): (untied_index, (2, 3, 4))}

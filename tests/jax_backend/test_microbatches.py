@@ -109,7 +109,9 @@ def test_fit_applies_the_microbatch_sum_over_m_with_the_drawn_assignment(monkeyp
     model = make_private(_model(2))
     x, y = _data(10, seed=3)
     schedule = schedules.DPSchedule(np.array([0.25, 0.25]), np.zeros(2), 0.5)
-    optimizer = DynamicDPKerasSGD(schedule=schedule, num_microbatches=4, learning_rate=1.0)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, public_batch_size=True, num_microbatches=4, learning_rate=1.0, allow_degenerate_noise=True
+    )
     assignment = np.array([3, 0, 1, 1, 3, 0, 0, 2, 3, 1], "int32")
     drawn = []
 
@@ -129,7 +131,9 @@ def test_the_noise_on_the_microbatch_sum_is_twice_sigma():
     keras.utils.set_random_seed(0)
     model = make_private(keras.Sequential([keras.Input((100,)), keras.layers.Dense(50, use_bias=False)]))
     schedule = schedules.DPSchedule(np.array([1e-6]), np.array([3.0]), 0.5)
-    optimizer = DynamicDPKerasSGD(schedule=schedule, num_microbatches=2, learning_rate=1.0)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, public_batch_size=True, num_microbatches=2, learning_rate=1.0, allow_degenerate_noise=True
+    )
     model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError(reduction="none"))
     before = np.asarray(model.trainable_variables[0].value)
     model.fit(np.ones((8, 100), "float32"), np.zeros((8, 50), "float32"), batch_size=8, epochs=1, verbose=0)
@@ -138,7 +142,9 @@ def test_the_noise_on_the_microbatch_sum_is_twice_sigma():
 
 
 def test_the_assignment_is_uniform_and_fresh_at_every_draw():
-    optimizer = DynamicDPKerasSGD(schedule=schedules.DPSchedule(np.ones(1), np.ones(1), 0.5), num_microbatches=4)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedules.DPSchedule(np.ones(1), np.ones(1), 0.5), public_batch_size=True, num_microbatches=4
+    )
     draw = jax.jit(lambda: optimizer.microbatch_assignment(4000))
     first, second = np.asarray(draw()), np.asarray(draw())
     assert np.mean(first == second) < 0.4  # independent draws agree on about 1/4 of the rows

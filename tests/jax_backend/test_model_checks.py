@@ -62,7 +62,10 @@ def test_batch_normalization_is_refused_unless_frozen_and_the_top_level_name_res
 def test_make_private_names_the_variable_its_step_would_leak():
     model = make_private(_model(_RunningMean(name="running")))
     schedule = schedules.DPSchedule(np.ones(2), np.ones(2), 0.5)
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule), loss=keras.losses.MeanSquaredError(reduction="none"))
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=schedule, public_batch_size=True),
+        loss=keras.losses.MeanSquaredError(reduction="none"),
+    )
     before = [np.asarray(v.value) for v in model.variables]
     with pytest.raises(ValueError, match=r"\['net/running/mean'\]"):
         model.fit(np.ones((4, 5), "float32"), np.zeros((4, 2), "float32"), batch_size=4, verbose=0)

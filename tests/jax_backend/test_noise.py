@@ -2,7 +2,7 @@
 
 import pytest
 
-pytest.importorskip("jax")
+jax = pytest.importorskip("jax")
 
 import numpy as np  # noqa: E402
 
@@ -27,3 +27,13 @@ def test_a_seed_repeats_the_keys_and_warns():
     assert first.reproducible
     for _ in range(3):
         np.testing.assert_array_equal(first.draw_key_data(), second.draw_key_data())
+
+
+def test_a_jitted_function_gets_a_fresh_key_of_the_source_at_every_call():
+    with pytest.warns(NoiseSeedWarning):
+        source, reference = noise.NoiseSource(3), noise.NoiseSource(3)
+    draw = jax.jit(lambda: jax.random.key_data(source.jax_key()))
+    first, second = np.asarray(draw()), np.asarray(draw())
+    np.testing.assert_array_equal(first, reference.draw_key_data())  # the source's own draws, in order
+    np.testing.assert_array_equal(second, reference.draw_key_data())
+    assert not np.array_equal(first, second)

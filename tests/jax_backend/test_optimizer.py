@@ -11,10 +11,14 @@ if keras.backend.backend() != "jax":
 
 import numpy as np  # noqa: E402
 
+from keras_dyndp import batch_sizes  # noqa: E402
+from keras_dyndp import optimizer_base  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
+from keras_dyndp.accounting import noise_range  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasAdam  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import JaxDPOptimizerMixin  # noqa: E402
+from keras_dyndp.jax_backend import PrivacyLogger  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import train_step  # noqa: E402
 from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
@@ -67,27 +71,76 @@ def test_budget_arguments_and_config_round_trip():
 )
 def test_what_the_jax_backend_cannot_do_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        DynamicDPKerasSGD(schedule=_schedule(), **kwargs)
+        DynamicDPKerasSGD(schedule=_schedule(), public_batch_size=True, **kwargs)
 
 
 def test_save_and_load_keep_the_schedule_counter_and_private_step():
     x, y = _data()
-    model = _private(DynamicDPKerasSGD(schedule=_schedule(), learning_rate=0.1))
+    model = _private(DynamicDPKerasSGD(schedule=_schedule(), public_batch_size=True, learning_rate=0.1))
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     path = f"{pytest.importorskip('tempfile').mkdtemp()}/model.keras"
     model.save(path)
     loaded = keras.models.load_model(path)
     assert type(loaded.optimizer) is DynamicDPKerasSGD and int(loaded.optimizer.dp_step.numpy()) == 2
+    # The file's config holds the schedule, so the saved fingerprint matches the reloaded optimizer's by construction.
+    assert tuple(loaded.optimizer.schedule_fingerprint.numpy().tolist()) == model.optimizer.schedule.fingerprint
     np.testing.assert_array_equal(loaded.optimizer.schedule.clip_norms, model.optimizer.schedule.clip_norms)
     assert train_step.is_private(loaded)  # restored at load from the optimizer's config
     loaded.fit(x, y, batch_size=8, epochs=2, verbose=0)
     assert int(loaded.optimizer.dp_step.numpy()) == 4  # the schedule continues where it stopped
 
 
+@pytest.mark.parametrize("noise_multiplier", [0.0, 1e-6])
+def test_degenerate_noise_is_refused_at_construction(noise_multiplier):
+    schedule = schedules.DPSchedule([2.0] * 3, [2.0, 2.0 * noise_multiplier, 2.0], 0.5)  # sigma = z C at step 1
+    with pytest.raises(noise_range.NoiseOutOfRangeError, match=r"`schedule`: .* step 1 .*\[0\.0001, 10000\]"):
+        DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4)
+    with pytest.warns(optimizer_base.DegenerateNoiseWarning, match="no meaningful"):
+        DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4, allow_degenerate_noise=True)
+    DynamicDPKerasSGD(schedule=schedules.DPSchedule([2.0] * 3, [2e-4, 2.0, 2e4], 0.5), expected_batch_size=4)
+
+
+def test_a_step_counter_restored_into_another_schedule_is_refused(tmp_path):
+    x, y = _data()
+    schedule_a, schedule_b = _schedule(noise=1.0), _schedule(noise=0.01)  # same C and p, 100 times less noise
+    model = _private(DynamicDPKerasSGD(schedule=schedule_a, expected_batch_size=4, learning_rate=0.1))
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    path = str(tmp_path / "model.weights.h5")  # Keras 3's weights file holds the optimizer's variables too.
+    model.save_weights(path)
+
+    def restored(schedule):
+        new = _private(DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4, learning_rate=0.1))
+        new.optimizer.build(new.trainable_variables)
+        new.load_weights(path)
+        assert int(new.optimizer.dp_step.numpy()) == 2
+        return new
+
+    other = restored(schedule_b)
+    kernel = _kernel(other)
+    with pytest.raises(RuntimeError, match=r"another DP schedule.*Steps taken \(dp_step\): 2\."):
+        other.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert int(other.optimizer.dp_step.numpy()) == 2
+    np.testing.assert_array_equal(_kernel(other), kernel)  # the refused step changed nothing
+    with pytest.raises(RuntimeError, match="another DP schedule"):  # PrivacyLogger refuses before any step
+        other.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[PrivacyLogger("rdp", delta=1e-5)])
+    same = restored(schedule_a)
+    same.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[PrivacyLogger("rdp", delta=1e-5)])
+    assert int(same.optimizer.dp_step.numpy()) == 3
+    unrecorded = restored(schedule_a)
+    unrecorded.optimizer.schedule_fingerprint.assign([0, 0])  # as from a file written before fingerprints
+    with pytest.raises(RuntimeError, match="no schedule fingerprint was saved"):
+        unrecorded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    unrecorded.optimizer.record_schedule_fingerprint()
+    unrecorded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert int(unrecorded.optimizer.dp_step.numpy()) == 3
+
+
 def test_a_resumed_run_clips_with_the_schedules_value_at_the_restored_step():
     x, y = _data()
     schedule = schedules.DPSchedule(np.array([5.0, 5.0, 0.01, 0.01]), np.zeros(4), 0.5)
-    model = _private(DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0))
+    model = _private(
+        DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, learning_rate=1.0, allow_degenerate_noise=True)
+    )
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     path = f"{pytest.importorskip('tempfile').mkdtemp()}/model.keras"
     model.save(path)
@@ -104,14 +157,16 @@ def test_noise_is_fresh_after_a_restore_and_never_follows_the_global_seed():
     x, y = _data()
     updates = []
     for _ in range(2):
-        model = _private(DynamicDPKerasSGD(schedule=_schedule(noise=5.0), learning_rate=1.0))  # same weights
+        model = _private(
+            DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0)
+        )  # same weights
         keras.utils.set_random_seed(0)  # the global seed does not reach the DP noise
         before = _kernel(model)
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
         updates.append(_kernel(model) - before)
     assert not np.allclose(updates[0], updates[1])
     # One optimizer rewound to the same state draws new noise: its generator is not part of the state.
-    model = _private(DynamicDPKerasSGD(schedule=_schedule(noise=5.0), learning_rate=1.0))
+    model = _private(DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0))
     state = [np.asarray(v.value).copy() for v in model.variables + model.optimizer.variables]
     first = None
     for _ in range(2):
@@ -129,7 +184,9 @@ def test_a_noise_seed_reproduces_the_noise_and_warns_at_the_caller():
     for _ in range(2):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            optimizer = DynamicDPKerasSGD(schedule=_schedule(noise=5.0), learning_rate=1.0, noise_seed=11)
+            optimizer = DynamicDPKerasSGD(
+                schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0, noise_seed=11
+            )
         (warning,) = [w for w in caught if issubclass(w.category, NoiseSeedWarning)]
         assert warning.filename == __file__
         model = _private(optimizer)
@@ -145,10 +202,67 @@ def test_rescale_to_unit_norm_divides_the_sum_by_the_clip_norm_as_well():
     deltas = []
     for rescale in (False, True):
         model = _private(
-            DynamicDPKerasSGD(schedule=_schedule(clip=0.25, noise=0.0), learning_rate=1.0, rescale_to_unit_norm=rescale)
+            DynamicDPKerasSGD(
+                schedule=_schedule(clip=0.25, noise=0.0),
+                allow_degenerate_noise=True,
+                public_batch_size=True,
+                learning_rate=1.0,
+                rescale_to_unit_norm=rescale,
+            )
         )
         before = _kernel(model)
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
         deltas.append(_kernel(model) - before)
     assert np.abs(deltas[0]).max() > 0
     np.testing.assert_allclose(deltas[1], deltas[0] / 0.25, rtol=1e-4, atol=1e-6)
+
+
+NUM_EXAMPLES, P = 400, 0.05  # p N = 20 examples per batch in expectation
+
+
+def _padded_batch(num_examples, num_rows):
+    """The same first ``num_examples`` examples, padded with zero-weight rows to ``num_rows`` rows."""
+    x = np.random.default_rng(0).normal(size=(NUM_EXAMPLES, 5)).astype("float32")[:num_rows]
+    weights = (np.arange(num_rows) < num_examples).astype("float32")
+    return x * weights[:, None], np.ones((num_rows, 40), "float32") * weights[:, None], weights
+
+
+def _one_step_update(entry, batch, **optimizer_kwargs):
+    """The change of the kernel after one DP step through ``entry`` (the noise seeded, so runs can be compared)."""
+    with pytest.warns(NoiseSeedWarning):
+        optimizer = DynamicDPKerasSGD(schedule=_schedule(p=P), learning_rate=1.0, noise_seed=3, **optimizer_kwargs)
+    model = _private(optimizer)
+    before = _kernel(model)
+    with pytest.warns(batch_sizes.SamplingWarning, match="not keras_dyndp.jax_backend.PoissonBatches"):
+        if entry == "generator":
+            model.fit((batch for _ in range(1)), steps_per_epoch=1, epochs=1, shuffle=False, verbose=0)
+        else:
+            model.train_on_batch(*batch[:2], sample_weight=batch[2])
+    return _kernel(model) - before
+
+
+@pytest.mark.parametrize("entry", ["generator", "train_on_batch"])
+def test_every_path_divides_by_p_n_and_checks_the_batch_size(entry):
+    """Issue 25 item 4: on main an optimizer given only a schedule divided by the padded rows on these paths (the
+    update's scale gave the private batch size away). Now it divides by p N: 5 examples padded to 8 or to 16 rows
+    give the same update, and a batch of N examples is refused, not applied, on every path."""
+    with pytest.raises(ValueError, match="needs `expected_batch_size` = p\\*N"):
+        DynamicDPKerasSGD(schedule=_schedule(p=P))
+    by_8, by_16 = (
+        _one_step_update(entry, _padded_batch(5, rows), expected_batch_size=NUM_EXAMPLES * P) for rows in (8, 16)
+    )
+    assert np.abs(by_8).max() > 0.01
+    np.testing.assert_allclose(by_16, by_8, rtol=1e-5, atol=1e-7)  # rows as normaliser: by_16 = by_8 / 2
+    with pytest.raises(RuntimeError, match="too many examples in this batch: 400; .*The step was not applied"):
+        _one_step_update(entry, _padded_batch(NUM_EXAMPLES, NUM_EXAMPLES), expected_batch_size=NUM_EXAMPLES * P)
+
+
+def test_public_batch_sizes_divide_by_the_rows_and_refuse_padding_rows():
+    """public_batch_size=True divides by the rows, so a batch with zero-weight (padding) rows is refused (the step
+    refuses it, whichever way the batch came); a batch without them trains, divided by its rows."""
+    entry = "train_on_batch"
+    unpadded = _one_step_update(entry, _padded_batch(8, 8), public_batch_size=True)
+    by_p_n = _one_step_update(entry, _padded_batch(8, 8), expected_batch_size=16.0)
+    np.testing.assert_allclose(unpadded, 2 * by_p_n, rtol=1e-5, atol=1e-7)  # 8 rows against p N = 16
+    with pytest.raises(RuntimeError, match="rows with sample weight 0 .* public_batch_size=True.*not applied"):
+        _one_step_update(entry, _padded_batch(5, 8), public_batch_size=True)

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_dyndp import callbacks
 from keras_dyndp import keras_compat
+from keras_dyndp import optimizer_base
 from keras_dyndp import schedules
+from keras_dyndp.accounting import noise_range
 from keras_dyndp.optimizers import dp_optimizer
 from keras_dyndp.optimizers import microbatches
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasAdagrad
@@ -122,9 +125,11 @@ def test_step_matches_numpy_mean_of_clipped_gradients(
         assert norms[1] == 0.0 and norms.min() < norms.max()
     optimizer = DynamicDPKerasSGD(
         schedule=noiseless_schedule([1.0, 1.0]),
+        allow_degenerate_noise=True,
         learning_rate=0.5,
         num_microbatches=num_microbatches,
         expected_batch_size=expected_batch_size,
+        public_batch_size=expected_batch_size is None,
     )
     model = compile_on(path, linear_model(), optimizer)
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
@@ -138,7 +143,16 @@ def test_step_matches_numpy_mean_of_clipped_gradients(
 @pytest.mark.parametrize("dp_cls, base_cls", list(zip(DP_CLASSES, BASE_CLASSES)))
 def test_huge_clip_and_no_noise_is_the_base_optimizer(dp_cls, base_cls, path):
     x, y = data(num_rows=8, seed=1)
-    dp_model = compile_on(path, linear_model(), dp_cls(schedule=noiseless_schedule([1e6] * 2), learning_rate=0.1))
+    dp_model = compile_on(
+        path,
+        linear_model(),
+        dp_cls(
+            schedule=noiseless_schedule([1e6] * 2),
+            allow_degenerate_noise=True,
+            public_batch_size=True,
+            learning_rate=0.1,
+        ),
+    )
     model = linear_model()
     model.compile(optimizer=base_cls(learning_rate=0.1), loss=keras.losses.MeanSquaredError())
     dp_model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
@@ -164,10 +178,16 @@ def test_rescale_to_unit_norm_divides_the_update_by_the_step_clip(path):
     x, y = data()
     clip = 0.5
     rescaled_optimizer = DynamicDPKerasSGD(
-        schedule=noiseless_schedule([clip]), learning_rate=0.5, rescale_to_unit_norm=True
+        schedule=noiseless_schedule([clip]),
+        allow_degenerate_noise=True,
+        public_batch_size=True,
+        learning_rate=0.5,
+        rescale_to_unit_norm=True,
     )
     assert rescaled_optimizer.rescale_to_unit_norm
-    assert not DynamicDPKerasSGD(schedule=noiseless_schedule([clip])).rescale_to_unit_norm
+    assert not DynamicDPKerasSGD(
+        schedule=noiseless_schedule([clip]), allow_degenerate_noise=True, public_batch_size=True
+    ).rescale_to_unit_norm
     rescaled = compile_on(path, linear_model(), rescaled_optimizer)
     rescaled.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     update_kernel, update_bias, norms = numpy_dp_update(x, y, clip, 4.0 * clip)
@@ -191,11 +211,21 @@ def test_rescale_to_unit_norm_noise_std_is_the_step_noise_multiplier_over_normal
 
 
 def test_rescale_to_unit_norm_round_trips_through_get_config():
-    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]), rescale_to_unit_norm=True)
+    optimizer = DynamicDPKerasSGD(
+        schedule=noiseless_schedule([1.0]),
+        allow_degenerate_noise=True,
+        public_batch_size=True,
+        rescale_to_unit_norm=True,
+    )
     config = optimizer.get_config()
     assert config["rescale_to_unit_norm"] is True
     assert DynamicDPKerasSGD.from_config(config).rescale_to_unit_norm is True
-    assert DynamicDPKerasSGD(schedule=noiseless_schedule([1.0])).get_config()["rescale_to_unit_norm"] is False
+    assert (
+        DynamicDPKerasSGD(
+            schedule=noiseless_schedule([1.0]), allow_degenerate_noise=True, public_batch_size=True
+        ).get_config()["rescale_to_unit_norm"]
+        is False
+    )
 
 
 @pytest.mark.parametrize(
@@ -206,7 +236,11 @@ def test_rescale_to_unit_norm_round_trips_through_get_config():
 def test_noise_std_is_sigma_over_normaliser(num_microbatches, expected_batch_size, expected_std):
     schedule = schedules.DPSchedule([1.0, 1.0], [3.0, 3.0], 0.1)
     optimizer = DynamicDPKerasSGD(
-        schedule=schedule, learning_rate=1.0, num_microbatches=num_microbatches, expected_batch_size=expected_batch_size
+        schedule=schedule,
+        learning_rate=1.0,
+        num_microbatches=num_microbatches,
+        expected_batch_size=expected_batch_size,
+        public_batch_size=expected_batch_size is None,
     )
     update = zero_data_update(optimizer, num_rows=4)
     assert np.std(update) == pytest.approx(expected_std, rel=0.1)
@@ -215,7 +249,9 @@ def test_noise_std_is_sigma_over_normaliser(num_microbatches, expected_batch_siz
 
 def test_step_counter_indexes_the_schedule():
     schedule = noiseless_schedule([0.1, 1.0, 10.0])
-    optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, public_batch_size=True, learning_rate=1.0, allow_degenerate_noise=True
+    )
     variable = tf.Variable(tf.zeros([2]))
     direction = tf.constant([[300.0, 400.0]])  # one example, gradient norm 500: always clipped
 
@@ -242,11 +278,19 @@ def test_step_counter_indexes_the_schedule():
 def test_checkpoint_restore_continues_at_saved_step(tmp_path, fit_path):
     schedule = noiseless_schedule([0.1, 1.0, 10.0, 10.0])
     x, y = data()
-    model = compile_on(fit_path, linear_model(), DynamicDPKerasAdam(schedule=schedule, learning_rate=0.1))
+    model = compile_on(
+        fit_path,
+        linear_model(),
+        DynamicDPKerasAdam(schedule=schedule, public_batch_size=True, learning_rate=0.1, allow_degenerate_noise=True),
+    )
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
     path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / "ckpt"))
 
-    restored = compile_on(fit_path, linear_model(), DynamicDPKerasAdam(schedule=schedule, learning_rate=0.1))
+    restored = compile_on(
+        fit_path,
+        linear_model(),
+        DynamicDPKerasAdam(schedule=schedule, public_batch_size=True, learning_rate=0.1, allow_degenerate_noise=True),
+    )
     status = tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(path)
     assert int(restored.optimizer.dp_step) == 2
     assert restored.optimizer.current_clip_norm().numpy() == pytest.approx(10.0)
@@ -258,6 +302,101 @@ def test_checkpoint_restore_continues_at_saved_step(tmp_path, fit_path):
         np.testing.assert_allclose(restored_weight, weight, rtol=1e-6)
 
 
+@pytest.mark.parametrize("noise_multiplier", [0.0, 1e-6])
+def test_degenerate_noise_is_refused_at_construction(noise_multiplier):
+    schedule = schedules.DPSchedule([2.0] * 3, [2.0, 2.0 * noise_multiplier, 2.0], 0.1)  # sigma = z C at step 1
+    with pytest.raises(noise_range.NoiseOutOfRangeError, match=r"`schedule`: .* step 1 .*\[0\.0001, 10000\]"):
+        DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4)
+    config = DynamicDPKerasSGD(
+        schedule=noiseless_schedule([2.0] * 3), expected_batch_size=4, allow_degenerate_noise=True
+    ).get_config()
+    config["allow_degenerate_noise"] = False  # a config (or .keras file) with such a schedule
+    with pytest.raises(noise_range.NoiseOutOfRangeError, match="`schedule`"):
+        DynamicDPKerasSGD.from_config(config)
+    with pytest.warns(optimizer_base.DegenerateNoiseWarning, match="no meaningful"):
+        DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4, allow_degenerate_noise=True)
+    DynamicDPKerasSGD(schedule=schedules.DPSchedule([2.0] * 3, [2e-4, 2.0, 2e4], 0.1), expected_batch_size=4)
+
+
+SCHEDULE_A = schedules.DPSchedule([1.0] * 4, [1.0] * 4, 0.5)
+SCHEDULE_B = schedules.DPSchedule([1.0] * 4, [0.01] * 4, 0.5)  # same C and p, 100 times less noise
+
+
+def _trained_under_a(tmp_path, restore_path):
+    """Two make_private steps under SCHEDULE_A, saved by ``restore_path``; returns a function that restores
+    them into a new model with a given schedule."""
+    x, y = data()
+
+    def compiled(schedule):
+        optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=2, learning_rate=0.1)
+        return compile_on("make_private", linear_model(), optimizer)
+
+    model = compiled(SCHEDULE_A)
+    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    if restore_path == "checkpoint":
+        saved = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / "ckpt"))
+    else:  # Keras 3's .weights.h5 and Keras 2's TensorFlow format hold the optimizer's variables.
+        saved = str(tmp_path / ("w.weights.h5" if keras_compat.KERAS_MAJOR_VERSION >= 3 else "w"))
+        model.save_weights(saved)
+
+    def restored(schedule):
+        new = compiled(schedule)
+        new.optimizer.build(new.trainable_variables)
+        if restore_path == "checkpoint":
+            tf.train.Checkpoint(model=new, optimizer=new.optimizer).restore(saved)
+        else:
+            new.load_weights(saved)
+        assert int(new.optimizer.dp_step) == 2
+        return new
+
+    return restored, (x, y)
+
+
+@pytest.mark.parametrize("restore_path", ["checkpoint", "weights"])
+def test_a_step_counter_restored_into_another_schedule_is_refused(tmp_path, restore_path):
+    restored, (x, y) = _trained_under_a(tmp_path, restore_path)
+    model = restored(SCHEDULE_B)
+    weights = model.get_weights()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="written under another DP schedule"):
+        model.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step) == 2
+    for weight, before in zip(model.get_weights(), weights):
+        np.testing.assert_array_equal(weight, before)
+    # PrivacyLogger would report SCHEDULE_B's epsilon for steps taken under SCHEDULE_A: refused before any step.
+    logger = callbacks.PrivacyLogger("rdp", delta=1e-5)
+    with pytest.raises(RuntimeError, match=r"another DP schedule.*Steps taken \(dp_step\): 2\."):
+        model.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0, callbacks=[logger])
+    same = restored(SCHEDULE_A)
+    same.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0, callbacks=[callbacks.PrivacyLogger("rdp", delta=1e-5)])
+    assert int(same.optimizer.dp_step) == 3
+
+
+def test_a_step_counter_without_a_fingerprint_is_refused_until_recorded(tmp_path):
+    restored, (x, y) = _trained_under_a(tmp_path, "checkpoint")
+    model = restored(SCHEDULE_A)
+    model.optimizer.schedule_fingerprint.assign([0, 0])  # as restored from a checkpoint written before fingerprints
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no schedule fingerprint was saved"):
+        model.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0)
+    model.optimizer.record_schedule_fingerprint()
+    model.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step) == 3
+    other = restored(SCHEDULE_B)
+    with pytest.raises(RuntimeError, match="another DP schedule"):
+        other.optimizer.record_schedule_fingerprint()
+
+
+def test_an_optimizer_file_without_a_fingerprint_loads_its_counter_unrecorded():
+    optimizer = DynamicDPKerasSGD(schedule=SCHEDULE_A, expected_batch_size=2, learning_rate=0.1)
+    optimizer.dp_step.assign(3)
+    # The layout before: the same variables without the fingerprint.
+    older = [variable.numpy() for variable in optimizer.variables if variable is not optimizer.schedule_fingerprint]
+    optimizer.dp_step.assign(0)
+    optimizer.load_own_variables({str(i): value for i, value in enumerate(older)})
+    assert int(optimizer.dp_step) == 3
+    with pytest.raises(RuntimeError, match="no schedule fingerprint was saved"):
+        optimizer.check_restored_schedule()
+
+
 @pytest.mark.parametrize("fit_path", FIT_PATHS)
 def test_model_save_and_load_round_trip(tmp_path, fit_path):
     schedule = schedules.DPSchedule([1.0, 0.5, 0.25], [0.5, 0.4, 0.3], 0.01)
@@ -265,7 +404,7 @@ def test_model_save_and_load_round_trip(tmp_path, fit_path):
     model = compile_on(
         fit_path,
         linear_model("functional"),
-        DynamicDPKerasRMSprop(schedule=schedule, learning_rate=0.01, num_microbatches=2),
+        DynamicDPKerasRMSprop(schedule=schedule, public_batch_size=True, learning_rate=0.01, num_microbatches=2),
     )
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     path = str(tmp_path / "model.keras")
@@ -275,6 +414,8 @@ def test_model_save_and_load_round_trip(tmp_path, fit_path):
     assert loaded.optimizer.get_config() == model.optimizer.get_config()
     assert loaded.optimizer.schedule == schedule
     assert int(loaded.optimizer.dp_step) == 1
+    # The file's config holds the schedule, so the saved fingerprint matches the reloaded optimizer's by construction.
+    assert tuple(loaded.optimizer.schedule_fingerprint.numpy()) == schedule.fingerprint
     loaded.fit(x, y, batch_size=4, epochs=1, verbose=0)
     assert int(loaded.optimizer.dp_step) == 2
 
@@ -331,7 +472,7 @@ def test_scalar_loss_is_refused_through_fit(path):
     model = compile_on(
         path,
         linear_model(),
-        DynamicDPKerasSGD(schedule=noiseless_schedule([1.0])),
+        DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]), allow_degenerate_noise=True, public_batch_size=True),
         loss=keras.losses.MeanSquaredError(),
     )
     with pytest.raises(ValueError, match='reduction="none"'):
@@ -341,7 +482,11 @@ def test_scalar_loss_is_refused_through_fit(path):
 @pytest.mark.parametrize("path", FIT_PATHS)
 def test_exhausted_budget_raises(path):
     x, y = data()
-    model = compile_on(path, linear_model(), DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0])))
+    model = compile_on(
+        path,
+        linear_model(),
+        DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0]), allow_degenerate_noise=True, public_batch_size=True),
+    )
     model.fit(x, y, batch_size=2, epochs=1, verbose=0)
     weights = model.get_weights()
     with pytest.raises(tf.errors.InvalidArgumentError, match="DP budget exhausted"):
@@ -357,7 +502,12 @@ def test_exhausted_budget_raises(path):
 def test_jit_compile_fit_trains_then_stops_updating_past_the_budget(path):
     schedule = schedules.DPSchedule([1.0, 1.0], [0.1, 0.1], 0.1)
     x, y = data()
-    model = compile_on(path, linear_model(), DynamicDPKerasSGD(schedule=schedule, learning_rate=0.5), jit_compile=True)
+    model = compile_on(
+        path,
+        linear_model(),
+        DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, learning_rate=0.5),
+        jit_compile=True,
+    )
     assert model.jit_compile
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
     trained = model.get_weights()
@@ -381,12 +531,15 @@ def test_fit_works_for_every_model_kind(kind, path):
         metrics=["mae"],
     )
     history = model.fit(x, y, batch_size=4, epochs=1, verbose=0)
-    assert np.isfinite(history.history["loss"][0])
+    assert history.history["dp_step"] == [2.0]  # No loss of the private batch is logged on either path.
+    assert np.all(np.isfinite(model.evaluate(x, y, verbose=0)))
     assert int(model.optimizer.dp_step) == 2
 
 
 def test_direct_apply_gradients_is_refused():
-    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0]))
+    optimizer = DynamicDPKerasSGD(
+        schedule=noiseless_schedule([1.0, 1.0]), allow_degenerate_noise=True, public_batch_size=True
+    )
     variable = tf.Variable([1.0, 2.0])
     with pytest.raises(RuntimeError, match="without differential privacy"):
         optimizer.apply_gradients([(tf.constant([0.1, 0.1]), variable)])
@@ -408,7 +561,12 @@ def test_keras3_default_train_step_is_refused_naming_make_private(policy):
     keras.mixed_precision.set_global_policy(policy)
     try:
         model = linear_model()
-        model.compile(optimizer=DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0])), loss=per_example_mse())
+        model.compile(
+            optimizer=DynamicDPKerasSGD(
+                schedule=noiseless_schedule([1.0, 1.0]), allow_degenerate_noise=True, public_batch_size=True
+            ),
+            loss=per_example_mse(),
+        )
     finally:
         keras.mixed_precision.set_global_policy("float32")
     with pytest.raises(
@@ -424,10 +582,35 @@ def test_keras3_default_train_step_is_refused_naming_make_private(policy):
 
 
 @pytest.mark.keras2_only(reason="on Keras 3 the default train step is refused (test above)")
+def test_keras2_fit_without_make_private_logs_nothing_computed_on_the_training_batch():
+    """Keras 2's own train step with a DP optimizer logs dp_step instead of the loss and metrics of the private
+    batch (which an outlier moved from 0.232 to 1.075); evaluation and validation data keep Keras's metrics."""
+    x, y = data(num_rows=8)
+    outlier = x.copy()
+    outlier[0] = 100.0
+    training_logs = []
+    for x_train in (x, outlier):
+        model = linear_model()
+        optimizer = DynamicDPKerasSGD(schedule=schedules.DPSchedule([1.0] * 4, [1.0] * 4, 0.1), expected_batch_size=4)
+        model.compile(optimizer=optimizer, loss=per_example_mse(), metrics=["mae"])
+        with pytest.warns(dp_optimizer.SlowPathWarning, match="logs only dp_step"):
+            history = model.fit(x_train, y, batch_size=4, epochs=1, verbose=0, validation_data=(x, y))
+        assert set(history.history) == {"dp_step", "val_loss", "val_mae"}
+        assert np.all(np.isfinite(model.evaluate(x, y, verbose=0)))  # Keras's test step: loss and mae.
+        training_logs.append(history.history["dp_step"])
+    assert training_logs == [[2.0], [2.0]]
+
+
+@pytest.mark.keras2_only(reason="on Keras 3 the default train step is refused (test above)")
 def test_keras2_fit_without_make_private_warns_once_naming_it():
     x, y = data(num_rows=8)
     model = linear_model()
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=noiseless_schedule([1.0] * 8)), loss=per_example_mse())
+    model.compile(
+        optimizer=DynamicDPKerasSGD(
+            schedule=noiseless_schedule([1.0] * 8), allow_degenerate_noise=True, public_batch_size=True
+        ),
+        loss=per_example_mse(),
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(x, y, batch_size=4, epochs=2, verbose=0)
@@ -443,7 +626,12 @@ def test_keras2_mixed_float16_without_make_private_is_refused_with_a_mixed_preci
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = linear_model()
-        model.compile(optimizer=DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0])), loss=per_example_mse())
+        model.compile(
+            optimizer=DynamicDPKerasSGD(
+                schedule=noiseless_schedule([1.0, 1.0]), allow_degenerate_noise=True, public_batch_size=True
+            ),
+            loss=per_example_mse(),
+        )
     finally:
         keras.mixed_precision.set_global_policy("float32")
     with pytest.raises(ValueError, match=r"Mixed precision \('mixed_float16'\).*keras_dyndp\.make_private"):
@@ -454,11 +642,15 @@ def test_keras2_mixed_float16_without_make_private_is_refused_with_a_mixed_preci
 @pytest.mark.parametrize("argument", [dict(gradient_accumulation_steps=2), dict(loss_scale_factor=128.0)])
 def test_keras3_arguments_that_would_change_the_mechanism_are_refused(argument):
     with pytest.raises(ValueError, match=f"do not support `{next(iter(argument))}`"):
-        DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]), **argument)
+        DynamicDPKerasSGD(
+            schedule=noiseless_schedule([1.0]), allow_degenerate_noise=True, public_batch_size=True, **argument
+        )
 
 
 def test_compute_then_apply_unchanged_gradients_is_accepted():
-    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0]), learning_rate=1.0)
+    optimizer = DynamicDPKerasSGD(
+        schedule=noiseless_schedule([1.0, 1.0]), allow_degenerate_noise=True, public_batch_size=True, learning_rate=1.0
+    )
     variable = tf.Variable([1.0, 2.0])
     with tf.GradientTape() as tape:
         loss = tf.stack([variable[0] * 0.5, variable[1] * 4.0])  # example gradients (0.5, 0) and (0, 4 -> 1)
@@ -498,7 +690,9 @@ def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_o
 
 def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
     schedule = schedules.DPSchedule([1.0, 1.0, 1.0], [0.0, 2.0, 2.0], 0.1)
-    optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=8)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, learning_rate=1.0, expected_batch_size=8, allow_degenerate_noise=True
+    )
     small, large = tf.Variable(tf.zeros([3])), tf.Variable(tf.zeros([100, 100]))
     optimizer.apply_clipped_gradient_sum([tf.constant([8.0, 4.0, 0.0]), None], 3, [small, large])
     np.testing.assert_allclose(small.numpy(), [-1.0, -0.5, 0.0])
@@ -515,7 +709,7 @@ def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
         (dict(num_microbatches=0), ValueError, "`num_microbatches` must be None .* integer >= 1"),
         (dict(num_microbatches=1.5), ValueError, "num_microbatches"),
         (dict(num_microbatches=True), ValueError, "num_microbatches"),
-        (dict(expected_batch_size=0), ValueError, "`expected_batch_size` must be None .* > 0"),
+        (dict(expected_batch_size=0), ValueError, "`expected_batch_size` must be a finite number > 0"),
         (dict(expected_batch_size=-3.0), ValueError, "expected_batch_size"),
         (dict(expected_batch_size=float("nan")), ValueError, "expected_batch_size"),
         (dict(schedule=None), ValueError, "Received neither"),
@@ -534,6 +728,7 @@ def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
                 method="vanilla",
                 initial_clip=1.0,
                 expected_batch_size=20,
+                public_batch_size=False,
             ),
             ValueError,
             "expected_batch_size",
@@ -543,7 +738,7 @@ def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
     ],
 )
 def test_bad_arguments(kwargs, error, match):
-    arguments = dict(schedule=noiseless_schedule([1.0]))
+    arguments = dict(schedule=noiseless_schedule([1.0]), allow_degenerate_noise=True, public_batch_size=True)
     arguments.update(kwargs)
     with pytest.raises(error, match=match):
         DynamicDPKerasSGD(**arguments)
@@ -572,7 +767,12 @@ def test_microbatch_neighbour_moves_the_clipped_sum_by_at_most_2c_over_adversari
     assignment = tf.Variable(tf.zeros([num_rows], tf.int32))
     monkeypatch.setattr(microbatches, "random_assignment", lambda *args: assignment.read_value())
     model = linear_model()
-    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([clip_norm]), num_microbatches=num_microbatches)
+    optimizer = DynamicDPKerasSGD(
+        schedule=noiseless_schedule([clip_norm]),
+        allow_degenerate_noise=True,
+        public_batch_size=True,
+        num_microbatches=num_microbatches,
+    )
 
     @tf.function
     def clipped_sum(x, y, weights):
@@ -650,19 +850,21 @@ def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path, path):
     plain_model.compile(optimizer=keras.optimizers.SGD(learning_rate=1.0), loss=per_example_mse())
     for model in (dp_model, plain_model):
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)
-    names = [
-        sorted(
-            name
-            for name, _ in tf.train.list_variables(
-                tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / kind))
-            )
-        )
+    paths = [
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / kind))
         for kind, model in (("dp", dp_model), ("plain", plain_model))
     ]
-    assert names[0] == names[1]  # nothing beyond what a plain SGD saves
+    # Keras 2 also lists the optimizer's variables by index ("_variables/<i>"), which the fingerprint shifts.
+    dp_names, plain_names = (
+        {name for name, _ in tf.train.list_variables(path) if not name.startswith("optimizer/_variables/")}
+        for path in paths
+    )
+    # nothing beyond what a plain SGD saves, except the schedule's fingerprint
+    assert dp_names - plain_names == {"optimizer/_schedule_fingerprint/.ATTRIBUTES/VARIABLE_VALUE"}
+    assert plain_names < dp_names
     dp_model.save(str(tmp_path / "model.keras"))
     loaded = keras.models.load_model(str(tmp_path / "model.keras"))
-    assert len(loaded.optimizer.variables) == len(plain_model.optimizer.variables)
+    assert len(loaded.optimizer.variables) == len(plain_model.optimizer.variables) + 1
 
 
 def test_noise_seed_reproduces_the_noise_warns_and_is_not_serialised():
@@ -715,7 +917,10 @@ def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly, path)
     model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(name="norm"), keras.layers.Dense(2)])
     schedule = schedules.DPSchedule([1.0] * 4, [1e6] * 4, 4 / 8)
     model = compile_on(
-        path, model, DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4), run_eagerly=run_eagerly
+        path,
+        model,
+        DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4, allow_degenerate_noise=True),
+        run_eagerly=run_eagerly,
     )
     # Traced, nothing runs (moving_mean included); eagerly on the optimizer's path, the forward pass runs before the
     # optimizer is called and updates the moving averages in memory, but no update is applied. make_private checks
@@ -732,7 +937,9 @@ def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly, path)
 def test_custom_training_loop_warns_that_the_model_was_not_checked():
     x, y = data()
     model = linear_model()
-    optimizer = DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0]))
+    optimizer = DynamicDPKerasSGD(
+        schedule=noiseless_schedule([1.0, 1.0]), allow_degenerate_noise=True, public_batch_size=True
+    )
     with tf.GradientTape() as tape:
         loss = per_example_mse()(y, model(x))
     with pytest.warns(UserWarning, match=r"keras_dyndp\.check_model\(model, x\)"):
@@ -768,7 +975,7 @@ def test_gdp_clt_calibration_warns_once_with_the_pld_epsilon():
     assert "PLD epsilon is 4.198" in str(from_budget[0].message)
     assert from_budget[0].filename == __file__  # Attributed to the line that builds the optimizer.
     with pytest.warns(schedules.GdpCltUnderstatementWarning, match="PLD epsilon is 4.198") as from_schedule:
-        DynamicDPKerasSGD(schedule=optimizer.schedule)
+        DynamicDPKerasSGD(schedule=optimizer.schedule, public_batch_size=True)
     assert len(from_schedule) == 1
     # No warning for a rigorous calibration, a hand-built schedule, or a GDP-CLT one within 5% of its PLD.
     schedules_without_warning = [
@@ -787,4 +994,4 @@ def test_gdp_clt_calibration_warns_once_with_the_pld_epsilon():
     with warnings.catch_warnings():
         warnings.simplefilter("error", schedules.GdpCltUnderstatementWarning)
         for schedule in schedules_without_warning:
-            DynamicDPKerasSGD(schedule=schedule)
+            DynamicDPKerasSGD(schedule=schedule, public_batch_size=True)

@@ -38,8 +38,14 @@ def compiled_model(path, sampling_probability=P, expected_batch_size=NUM_EXAMPLE
     if path == "make_private":
         model = make_private(model)
     schedule = schedules.DPSchedule(np.ones(100), np.ones(100), sampling_probability)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule,
+        expected_batch_size=expected_batch_size,
+        public_batch_size=expected_batch_size is None,
+        learning_rate=0.1,
+    )
     model.compile(
-        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=expected_batch_size, learning_rate=0.1),
+        optimizer=optimizer,
         loss=LOSS,
         **compile_kwargs,
     )
@@ -109,11 +115,11 @@ def test_poisson_batches_at_another_rate_are_refused(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_batches_padded_to_multiples_need_a_normaliser_independent_of_the_rows(path):
+def test_poisson_batches_need_a_normaliser_independent_of_the_rows(path):
     x, y = arrays()
     padded = data.poisson_batches_from_tensors(x, y, P, num_steps=4, pad_to_multiple=8)
-    by_rows = compiled_model(path, expected_batch_size=None)
-    with pytest.raises(ValueError, match="padded to multiples of 8 rows, but the optimizer has no expected_batch"):
+    by_rows = compiled_model(path, expected_batch_size=None)  # public_batch_size=True
+    with pytest.raises(ValueError, match="Poisson batches, whose sizes are private, but .* public_batch_size=True"):
         by_rows.fit(padded, epochs=1, verbose=0)
     assert int(by_rows.optimizer.dp_step) == 0
     model = compiled_model(path)  # expected_batch_size = p N
@@ -150,7 +156,7 @@ def test_other_inputs_get_one_warning(make_input, note, path):
 @pytest.mark.parametrize(
     "kwargs, note",
     [
-        (dict(expected_batch_size=None), "Batch sizes cannot be checked"),
+        (dict(expected_batch_size=None), "public_batch_size=True, so no batch size is checked"),
         (dict(jit_compile=True), "XLA (jit_compile=True) drops the per-step batch-size check"),
     ],
 )
@@ -158,7 +164,7 @@ def test_warning_says_when_batch_sizes_are_not_checked(kwargs, note, path):
     x, y = arrays()
     model = compiled_model(path, **kwargs)
     with pytest.warns(sampling_check.SamplingWarning, match=note.replace("(", r"\(").replace(")", r"\)")):
-        model.fit(x, y, batch_size=NUM_EXAMPLES, epochs=1, verbose=0)  # no N, or XLA: nothing raises
+        model.fit(x, y, batch_size=NUM_EXAMPLES, epochs=1, verbose=0)  # public batch sizes, or XLA: nothing raises
 
 
 def test_custom_training_loop_gets_one_warning():
@@ -186,3 +192,65 @@ def test_multi_worker_fit_refuses_poisson_batches_each_worker_seeded_alone(monke
     with pytest.raises(ValueError, match="seed each worker drew on its own"):
         compiled_model("make_private").fit(unseeded, epochs=1, verbose=0)
     compiled_model("make_private").fit(seeded, epochs=1, verbose=0)
+
+
+ENTRIES = ["fit_repeat", "train_on_batch", "minimize"]  # fit on a derived dataset, train_on_batch, a custom loop
+
+
+def padded_batch(num_examples, num_rows):
+    """The same first ``num_examples`` examples, padded with zero-weight rows to ``num_rows`` rows."""
+    x, y = arrays(NUM_EXAMPLES)
+    weights = (np.arange(num_rows) < num_examples).astype(np.float32)
+    return x[:num_rows] * weights[:, None], y[:num_rows] * weights.astype(np.int64), weights
+
+
+def one_step_update(entry, batch, **optimizer_kwargs):
+    """The change of the weights after one DP step through ``entry`` (the noise seeded, so runs can be compared)."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, kernel_initializer="ones")])
+    schedule = schedules.DPSchedule([1.0] * 4, [1.0] * 4, P)
+    with pytest.warns(UserWarning, match="noise_seed=3 makes the DP noise reproducible"):
+        optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, noise_seed=3, **optimizer_kwargs)
+    if entry != "minimize":
+        model = make_private(model)
+        model.compile(optimizer=optimizer, loss=LOSS)
+    before = model.get_weights()
+    x, y, weights = batch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if entry == "fit_repeat":  # A derived dataset is not registered: fit cannot see how it was sampled.
+            model.fit(tf.data.Dataset.from_tensors(batch).repeat(), steps_per_epoch=1, epochs=1, verbose=0)
+        elif entry == "train_on_batch":
+            model.train_on_batch(x, y, sample_weight=weights)
+        else:
+            with tf.GradientTape() as tape:
+                loss = LOSS(y, model(x, training=True)) * weights
+            optimizer.minimize(loss, model.trainable_variables, tape=tape)
+    assert sampling_warnings(caught), "the optimizer cannot see these batches: it says so"
+    return np.concatenate([(after - old).ravel() for after, old in zip(model.get_weights(), before)])
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_path_divides_by_p_n_and_checks_the_batch_size(entry):
+    """Issue 25 item 4: on main an optimizer given only a schedule divided by the padded rows on these paths (the
+    update's scale gave the private batch size away: 84 examples -> 96 rows). Now it divides by p N: 5 examples
+    padded to 8 or to 16 rows give the same update, and a batch of N examples is refused on every path."""
+    with pytest.raises(ValueError, match="needs `expected_batch_size` = p\\*N"):
+        DynamicDPKerasSGD(schedule=schedules.DPSchedule([1.0], [1.0], P))
+    by_8, by_16 = (
+        one_step_update(entry, padded_batch(5, rows), expected_batch_size=NUM_EXAMPLES * P) for rows in (8, 16)
+    )
+    assert np.abs(by_8).max() > 0.01
+    np.testing.assert_allclose(by_16, by_8, rtol=1e-5, atol=1e-7)  # rows as normaliser: by_16 = by_8 / 2
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"too many examples in this batch: \W*400\W"):
+        one_step_update(entry, padded_batch(NUM_EXAMPLES, NUM_EXAMPLES), expected_batch_size=NUM_EXAMPLES * P)
+
+
+@pytest.mark.parametrize("entry", ["fit_repeat", "train_on_batch"])
+def test_public_batch_sizes_divide_by_the_rows_and_refuse_padding_rows(entry):
+    """public_batch_size=True divides by the rows, so make_private's step, which sees the sample weights, refuses
+    a batch with zero-weight (padding) rows; a batch without them trains, divided by its rows."""
+    unpadded = one_step_update(entry, padded_batch(8, 8), public_batch_size=True)
+    by_p_n = one_step_update(entry, padded_batch(8, 8), expected_batch_size=16.0)
+    np.testing.assert_allclose(unpadded, 2 * by_p_n, rtol=1e-5, atol=1e-7)  # 8 rows against p N = 16
+    with pytest.raises(tf.errors.InvalidArgumentError, match="rows with sample weight 0 .* public_batch_size=True"):
+        one_step_update(entry, padded_batch(5, 8), public_batch_size=True)

@@ -65,7 +65,11 @@ def fit_once(accumulation_steps: int, noise: float, batch: int = 12) -> np.ndarr
     initial = [np.asarray(weight) for weight in model.get_weights()]
     schedule = schedules.DPSchedule([0.3], [noise], 0.1)
     optimizer = DynamicDPKerasSGD(
-        schedule=schedule, learning_rate=1.0, expected_batch_size=batch, accumulation_steps=accumulation_steps
+        schedule=schedule,
+        learning_rate=1.0,
+        expected_batch_size=batch,
+        accumulation_steps=accumulation_steps,
+        allow_degenerate_noise=True,
     )
     make_private(model).compile(optimizer=optimizer, loss=LOSS)
     model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
@@ -90,17 +94,21 @@ def test_accumulated_step_equals_one_pass():
 )
 def test_bad_accumulation_arguments_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        DynamicDPKerasSGD(schedule=schedules.DPSchedule([1.0], [0.0], 0.1), **kwargs)
+        DynamicDPKerasSGD(schedule=schedules.DPSchedule([1.0], [1.0], 0.1), public_batch_size=True, **kwargs)
 
 
 def test_accumulation_survives_get_config():
-    optimizer = DynamicDPKerasSGD(schedule=schedules.DPSchedule([1.0], [0.0], 0.1), accumulation_steps=3)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedules.DPSchedule([1.0], [1.0], 0.1), public_batch_size=True, accumulation_steps=3
+    )
     assert DynamicDPKerasSGD.from_config(optimizer.get_config()).accumulation_steps == 3
 
 
 def test_the_optimizers_own_path_refuses_accumulation():
     model, x, y, _ = model_and_batch(4, vectorized_layer=False)
-    optimizer = DynamicDPKerasSGD(schedule=schedules.DPSchedule([1.0], [0.0], 0.1), accumulation_steps=2)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedules.DPSchedule([1.0], [1.0], 0.1), public_batch_size=True, accumulation_steps=2
+    )
     with tf.GradientTape() as tape:
         losses = LOSS(y, model(x))
     with pytest.raises(ValueError, match="make_private"):

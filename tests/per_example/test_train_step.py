@@ -24,9 +24,18 @@ keras = keras_compat.keras
 CLIP = 0.5
 
 
-def dp_optimizer(clip: float = CLIP, learning_rate: float = 0.5, noise: float = 0.0) -> DynamicDPKerasSGD:
+def dp_optimizer(
+    clip: float = CLIP, learning_rate: float = 0.5, noise: float = 0.0, expected_batch_size: float | None = None
+) -> DynamicDPKerasSGD:
+    """A DP SGD at p = 0.01 that divides by ``expected_batch_size`` (None: by the rows, stated public)."""
     schedule = schedules.DPSchedule(np.full(1000, clip), np.full(1000, noise), 0.01)
-    return DynamicDPKerasSGD(schedule=schedule, learning_rate=learning_rate)
+    return DynamicDPKerasSGD(
+        schedule=schedule,
+        expected_batch_size=expected_batch_size,
+        public_batch_size=expected_batch_size is None,
+        learning_rate=learning_rate,
+        allow_degenerate_noise=True,
+    )
 
 
 def sequential() -> keras.Model:
@@ -76,7 +85,7 @@ def dataset(name: str, size: int = 32):
 )
 def test_fit_trains_and_counts_steps(name, build, clip, learning_rate):
     keras.utils.set_random_seed(0)
-    model = make_private(build())
+    model = make_private(build(), training_metrics=True)
     model.compile(
         optimizer=dp_optimizer(clip=clip, learning_rate=learning_rate, noise=0.01), loss=LOSS, metrics=["accuracy"]
     )
@@ -97,7 +106,7 @@ def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
     before = [v.numpy() for v in model.trainable_variables]
     expected_sums = reference(model, x, y, weights, CLIP)[0]
     model = make_private(model)
-    model.compile(optimizer=dp_optimizer(learning_rate=0.1), loss=LOSS)
+    model.compile(optimizer=dp_optimizer(learning_rate=0.1, expected_batch_size=4.0), loss=LOSS)
     model.fit(x, y, sample_weight=weights, batch_size=4, epochs=1, verbose=0, shuffle=False)
     for old, new, expected in zip(before, model.trainable_variables, expected_sums):
         np.testing.assert_allclose(new.numpy(), old - 0.1 * expected / 4, rtol=1e-5, atol=1e-7)
@@ -137,6 +146,35 @@ def test_training_metrics_false_computes_no_logs_from_the_private_batch():
         make_private(sequential(), training_metrics="no")
 
 
+def test_by_default_nothing_computed_on_the_training_batch_is_logged():
+    """Default make_private: the logs hold dp_step, PrivacyLogger's values and the metrics of the validation data;
+    an outlier in the training data moves none of the training logs (with the training loss logged, one outlier
+    moved the epoch loss from 0.234 to 0.567)."""
+    x, y = dataset("sequential")
+    outlier = x.copy()
+    outlier[0] = 100.0
+    training_logs = []
+    for x_train in (x, outlier):
+        model = make_private(sequential())
+        model.compile(optimizer=dp_optimizer(noise=1.0), loss=LOSS, metrics=["accuracy"])
+        history = model.fit(
+            x_train,
+            y,
+            batch_size=8,
+            epochs=1,
+            verbose=0,
+            validation_data=(x[:8], y[:8]),
+            callbacks=[PrivacyLogger("rdp", delta=1e-5)],
+        )
+        logs = history.history
+        public = {"dp_step", "epsilon_rdp", "epsilon_gdp_clt", "clip_norm", "noise_stddev"}
+        assert set(logs) == public | {"val_loss", "val_accuracy"}
+        assert np.isfinite(logs["val_loss"][0])
+        assert model.optimizer.get_config()["private_train_step"]["training_metrics"] is False
+        training_logs.append({key: value for key, value in logs.items() if not key.startswith("val_")})
+    assert training_logs[0] == training_logs[1]
+
+
 def test_training_metrics_false_fits_before_any_metric_is_built_and_can_be_switched_back():
     # Keras 3 builds the compiled metrics on their first update; with training_metrics=False fit's epoch end
     # must not ask the never-updated metrics for results (here nothing evaluated before fit built them).
@@ -148,7 +186,7 @@ def test_training_metrics_false_fits_before_any_metric_is_built_and_can_be_switc
     assert history.history["dp_step"] == [4, 8]
     assert "loss" not in history.history and "accuracy" not in history.history
     assert len(history.history["epsilon_rdp"]) == 2
-    make_private(model)  # training_metrics=True again: the epoch logs are the metrics' results.
+    make_private(model, training_metrics=True)  # Opted in: the epoch logs are the metrics' results.
     history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert set(history.history) == {"loss", "accuracy"}
 
@@ -164,7 +202,9 @@ def test_training_metrics_false_fits_before_any_metric_is_built_and_can_be_switc
 def test_batch_normalisation_is_refused_before_the_first_step(norm):
     model = make_private(keras.Sequential([keras.Input((3,)), norm(), keras.layers.Dense(2)]))
     schedule = schedules.DPSchedule(np.full(10, CLIP), np.full(10, 1e6), 8 / 8)  # Batch 8 of 8 examples.
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=8), loss=LOSS)
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=8, allow_degenerate_noise=True), loss=LOSS
+    )
     before = [v.numpy() for v in model.variables]
     x, y = dataset("subclassed", 8)
     with pytest.raises(ValueError, match="BatchNormalization.*GroupNormalization"):
@@ -196,7 +236,10 @@ def test_time_distributed_fit_with_a_partial_last_batch_clips_each_example():
             variable.assign_sub(0.5 * total / 2)
     schedule = schedules.DPSchedule(np.full(10, CLIP), np.zeros(10), 2 / 5)
     model = make_private(model, method="ghost")
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=2, learning_rate=0.5), loss=LOSS)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, expected_batch_size=2, learning_rate=0.5, allow_degenerate_noise=True
+    )
+    model.compile(optimizer=optimizer, loss=LOSS)
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
     assert int(model.optimizer.dp_step.numpy()) == 3
     for actual, wanted in zip(model.trainable_variables, expected.trainable_variables):
@@ -245,7 +288,11 @@ def test_mixed_precision_fit_trains_on_every_path_and_refuses_ghost(policy):
         model = make_private(_with_policy(policy, sequential), method=method)
         schedule = schedules.DPSchedule(np.full(100, CLIP), np.full(100, 0.01), 0.01)
         optimizer = functools.partial(
-            DynamicDPKerasSGD, schedule=schedule, learning_rate=0.5, num_microbatches=num_microbatches
+            DynamicDPKerasSGD,
+            schedule=schedule,
+            public_batch_size=True,
+            learning_rate=0.5,
+            num_microbatches=num_microbatches,
         )
         model.compile(optimizer=_with_policy(policy, optimizer), loss=LOSS)
         loss_before = model.evaluate(x, y, verbose=0)
@@ -264,7 +311,9 @@ def test_load_model_restores_make_private_with_its_arguments(tmp_path):
     model = make_private(sequential(), method="vectorized", training_metrics=False)
     model.compile(
         optimizer=DynamicDPKerasAdam(
-            schedule=schedules.DPSchedule(np.full(10, CLIP), np.full(10, 0.1), 0.5), learning_rate=0.01
+            schedule=schedules.DPSchedule(np.full(10, CLIP), np.full(10, 0.1), 0.5),
+            public_batch_size=True,
+            learning_rate=0.01,
         ),
         loss=LOSS,
     )
