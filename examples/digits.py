@@ -4,7 +4,8 @@ The 1797 8x8 grey-level digits of `sklearn.datasets.load_digits` ship with sciki
 A fixed stratified split (seed 0) keeps 1437 images for training and 360 for testing. The model is a small CNN
 (conv 16@3x3, max-pool 2x2, dense 32, dense 10). By default it trains with the paper's dynamic schedule
 (Alg. 2; 1/rho_mu = 0.8, 1/rho_c = 0.3) at epsilon = 3 and delta = 1 / (10 N), Poisson batches of expected size
-128, and prints the test accuracy and the privacy report (GDP-CLT and rigorous RDP epsilon).
+128, and prints the test accuracy and the privacy report (GDP-CLT and rigorous PLD epsilon; RDP with
+--report_accountant=rdp).
 
     python -m examples.digits                         # dynamic DP-SGD, epsilon 3
     python -m examples.digits --method=vanilla        # constant clip and noise, same budget

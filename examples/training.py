@@ -15,8 +15,9 @@ model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
    with a `DynamicDPKeras*` optimizer, `PrivacyLogger` and `BudgetStop`, per-example clipping through the fast
    path (`keras_dyndp.per_example.make_private`) or the optimizer's generic jacobian path (``--per_example``);
 4. with ``--model_dir``: checkpoints model and optimizer (the optimizer's ``dp_step`` is the schedule's step
-   counter) every epoch, writes TensorBoard logs under ``<model_dir>/logs`` and resumes from the latest
-   checkpoint when rerun. It refuses to resume a run whose saved schedule differs from the one the flags give:
+   counter) every epoch, writes TensorBoard logs under ``<model_dir>/logs``, after training the run's privacy
+   curve ``<model_dir>/privacy_curve.png`` (`write_privacy_curve`), and resumes from the latest checkpoint when
+   rerun. It refuses to resume a run whose saved schedule differs from the one the flags give:
    the restored step counter would index another schedule and the accounting would be wrong;
 5. with ``--strategy=mirrored`` (the local GPUs, or the logical CPUs) or ``--strategy=multi_worker`` (the
    machines of TF_CONFIG) builds model, optimizer and compile under the `tf.distribute` strategy, pads the Poisson
@@ -45,6 +46,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
@@ -66,6 +68,7 @@ from keras_dyndp import data as dp_data
 from keras_dyndp import keras_compat
 from keras_dyndp import optimizers as dp_optimizers
 from keras_dyndp import per_example
+from keras_dyndp import privacy_report
 from keras_dyndp import schedules
 from keras_dyndp.accounting import cdp
 from keras_dyndp.accounting import registry
@@ -180,7 +183,10 @@ flags.DEFINE_integer(
     "with a model.",
 )
 flags.DEFINE_string(
-    "model_dir", None, "Directory for checkpoints (model + optimizer, resumed when rerun) and TensorBoard logs."
+    "model_dir",
+    None,
+    "Directory for checkpoints (model + optimizer, resumed when rerun), TensorBoard logs and, after a DP run, the "
+    "privacy curve privacy_curve.png (epsilon at each epoch end, clip and noise per step).",
 )
 flags.DEFINE_string("results_csv", None, "CSV file to which one row per run is appended.")
 flags.DEFINE_integer("eval_batch_size", 500, "Batch size of the test-set evaluation, >= 1.")
@@ -864,6 +870,23 @@ def describe_privacy(
     return "\n".join(lines), eps_clt, eps_rigorous
 
 
+def write_privacy_curve(
+    config: RunConfig, schedule: schedules.DPSchedule, lengths: list[int], steps: int, task_name: str
+) -> str:
+    """Writes ``<model_dir>/privacy_curve.png`` and returns its path: the epsilon of the run's first k steps under
+    the reported accountant at each epoch end up to the `steps` taken (a point per epoch, not per step, keeps the
+    accountant fast), above the clip norm and noise std of those steps (`privacy_report.plot_run_privacy`)."""
+    epoch_ends = [end for end in itertools.accumulate(lengths) if end < steps] + [steps]
+    return privacy_report.plot_run_privacy(
+        os.path.join(config.model_dir, "privacy_curve.png"),
+        schedule,
+        config.delta,
+        epoch_ends,
+        accountant=config.report_accountant,
+        title=f"{task_name}, {config.method}: epsilon after the first k of {steps} steps",
+    )
+
+
 def append_results_csv(path: str, result: RunResult) -> None:
     """Appends `result.csv_row()` to the CSV at `path`, writing the header to a new file.
 
@@ -1032,6 +1055,8 @@ def train(task: Task, config: RunConfig) -> RunResult:
     wall_time = time.time() - start_time
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} examples); wall time {wall_time:.1f} s")
     print(report)
+    if config.model_dir is not None and schedule is not None and steps:
+        print(f"Privacy curve: {write_privacy_curve(config, schedule, lengths, steps, task.name)}")
     result = RunResult(
         task=task.name,
         config=config,
@@ -1053,12 +1078,18 @@ def _program_name(argv: list[str]) -> str:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing that reports a bad value in one line and exits with code 2 (absl's own exits 1)."""
+    """absl flag parsing that reports a bad value in one line and exits with code 2 (absl's own exits 1).
+
+    ``--help`` (and ``--helpshort``, ``--helpfull``, ``--helpxml``) print the usage and exit 0: absl exits 1 after
+    them, which a shell or CI step would read as a failure.
+    """
     try:
         return FLAGS(argv)
     except flags.Error as error:
         print(f"{_program_name(argv)}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except SystemExit as help_exit:  # Only absl's help flags exit while parsing, with status 1.
+        sys.exit(0 if help_exit.code == 1 else help_exit.code)
 
 
 def main_for(task_factory: Callable[[], Task]) -> Callable[[list[str]], None]:

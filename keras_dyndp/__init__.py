@@ -15,14 +15,16 @@ model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossen
 
 The accounting and schedule modules import no TensorFlow; the Keras-based names below (optimizers,
 callbacks, data helpers, `make_private`) are imported on first use, so `keras_dyndp.accounting` and the
-`dyndp-privacy` command start fast. When Keras 3 runs on JAX (``KERAS_BACKEND=jax``), the optimizers,
-`make_private`, `check_model`, `PrivacyLogger` and `BudgetStop` are those of `keras_dyndp.jax_backend`, so the same
-code trains on either backend; the other Keras-based names need TensorFlow.
+`dyndp-privacy` command start fast. The DP optimizers are registered with Keras (for `load_model`) as soon as Keras
+is imported, before or after keras_dyndp (`keras_dyndp.registration`). When Keras 3 runs on JAX
+(``KERAS_BACKEND=jax``), the optimizers, `make_private`, `check_model`, `PrivacyLogger` and `BudgetStop` are those of
+`keras_dyndp.jax_backend`, so the same code trains on either backend; the other Keras-based names need TensorFlow.
 """
 
 import importlib
 import importlib.util
 
+from keras_dyndp import registration
 from keras_dyndp.accounting.gdp_clt_accountant import GdpCltAccountant
 from keras_dyndp.accounting.registry import make_accountant
 from keras_dyndp.schedules import CalibrationError
@@ -112,3 +114,7 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(__all__)
+
+
+# After keras_backend: load_model finds the DP optimizers in a process that only imported keras_dyndp and Keras.
+registration.register_with_keras()

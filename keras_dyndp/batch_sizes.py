@@ -1,6 +1,6 @@
 """Poisson sampling's batch sizes, in plain Python (no TensorFlow, no JAX): the steps per epoch, the cap that
 padded batches are built to, the range of sizes the DP optimizers accept, the delta that truncation costs, and the
-`SamplingWarning` given when training data is not known to be Poisson-sampled.
+`SamplingWarning` given when training data is not known to be Poisson-sampled, and the refusal of arrays in ``fit``.
 
 Shared by `keras_dyndp.data` (TensorFlow datasets; it re-exports these names) and the JAX backend. The argument for
 `truncation_delta` is in `keras_dyndp.data`'s module docstring.
@@ -9,6 +9,7 @@ Shared by `keras_dyndp.data` (TensorFlow datasets; it re-exports these names) an
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import scipy.stats
 
@@ -43,6 +44,49 @@ def check_poisson_batches(public_batch_size: bool, caller: str) -> None:
             "with public_batch_size=True, which divides the noisy sum by each batch's rows (with pad_to_multiple "
             "they follow the private batch size). Build the optimizer with expected_batch_size=p*N instead."
         )
+
+
+def _leaves(value: Any) -> list:
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def is_arrays(x: Any) -> bool:
+    """Whether ``fit``'s ``x`` is arrays (numpy, tensors, or a list or dict of them), which Keras cuts itself into
+    shuffled batches of ``batch_size`` rows; not a dataset, a generator or a ``PyDataset``, which have no shape."""
+    leaves = _leaves(x)
+    return bool(leaves) and all(hasattr(leaf, "shape") for leaf in leaves)
+
+
+def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: bool, poisson_fix: str) -> None:
+    """Refuses arrays for ``model.fit`` (`is_arrays`) unless the optimizer states ``public_batch_size``.
+
+    Keras cuts arrays into shuffled batches of exactly ``batch_size`` rows and a shorter last one: never the
+    Poisson sample the epsilon is accounted for, and the batch-size check would refuse the short batch mid-run,
+    after budget was spent. ``public_batch_size=True`` states fixed-size batches, so arrays are taken then (with a
+    `SamplingWarning`).
+
+    Args:
+      x: what ``fit`` received.
+      sampling_probability: the schedule's p.
+      public_batch_size: the optimizer's.
+      poisson_fix: the two lines that train on the backend's Poisson batches instead.
+
+    Raises:
+      ValueError: on arrays without ``public_batch_size``.
+    """
+    if public_batch_size or not is_arrays(x):
+        return
+    raise ValueError(
+        f"model.fit received arrays (x of type {type(x).__name__}), which Keras cuts into shuffled batches of "
+        f"batch_size rows: not the Poisson sampling at p={sampling_probability:g} that the optimizer's epsilon is "
+        "accounted for (and a last, shorter batch would be refused mid-run). Nothing was trained. Train on Poisson "
+        f"batches instead:\n    {poisson_fix}\nor, for fixed-size batches outside the Poisson accounting, build the "
+        "optimizer with public_batch_size=True instead of expected_batch_size."
+    )
 
 
 PADDING_ROWS_REFUSAL = (

@@ -14,9 +14,9 @@ variable, the number of DP steps already taken). Accounting itself is `DPSchedul
 """
 
 import tensorflow as tf
-from absl import logging
 
 from keras_dyndp import keras_compat
+from keras_dyndp import optimizer_base
 from keras_dyndp import privacy_logger
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
 
@@ -66,8 +66,9 @@ class BudgetStop(keras_compat.keras.callbacks.Callback):
     see only every k-th step; when fewer than k steps of the budget remain, the next call would run past T into the
     optimizer's in-graph guard and ``fit`` would end in an InvalidArgumentError, losing the epoch's History and
     epsilon. So before each call the callback shortens that call to the remaining steps (Keras's
-    ``steps_per_execution`` variable, restored at the end of training), and ``fit`` ends gracefully at T. Training on
-    an already spent schedule is refused at ``fit`` start.
+    ``steps_per_execution`` variable, restored at the end of training), and ``fit`` ends gracefully at T, printing one
+    line after the progress bar (unless ``verbose=0``). Training on an already spent schedule is refused at ``fit``
+    start.
     """
 
     def __init__(self):
@@ -104,13 +105,11 @@ class BudgetStop(keras_compat.keras.callbacks.Callback):
         if spent and not self.model.stop_training:
             self.model.stop_training = True
             self.stopped_at_step = steps
-            logging.warning(
-                "BudgetStop: privacy budget spent: %d of the schedule's %d DP steps taken; stopping training.",
-                steps,
-                total,
-            )
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        _, steps, total = self._spent()
+        if self.stopped_at_step == steps and (self.params or {}).get("verbose", 1):
+            keras_compat.print_msg(optimizer_base.budget_spent_line(steps, total))
         if self._steps_per_execution is not None:
             keras_compat.set_steps_per_execution(self.model, self._steps_per_execution)
             self._steps_per_execution = None

@@ -278,6 +278,9 @@ def _keras_module(name: str) -> Any:
     return importlib.import_module(f"{keras.Model.__module__.split('.src.')[0]}.src.{name}")
 
 
+print_msg: Callable[[str], None] = _keras_module("utils.io_utils").print_msg
+"""Keras's way to print a line: to stdout, or to absl logging when interactive logging is off."""
+
 FUNCTIONAL_CLASS: type = _keras_module("models.functional" if _KERAS_3 else "engine.functional").Functional
 """Keras's functional model class (``keras.Model(inputs, outputs)`` makes one)."""
 

@@ -15,6 +15,7 @@ import math
 import numbers
 import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -235,6 +236,41 @@ def check_base_arguments(kwargs: dict, unsupported: dict[str, str]) -> None:
             )
 
 
+class ScheduleRestartWarning(UserWarning):
+    """A model that took DP steps under one DP optimizer trains under another, whose schedule starts at step 0."""
+
+
+_DP_STEP_OF_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per model, the step counter (``dp_step``) of the DP optimizer it was last built with: only the counter is kept,
+so that a replaced optimizer's slots are freed."""
+
+
+def warn_on_schedule_restart(model: Any, optimizer: DPOptimizerBase) -> None:
+    """Warns when ``optimizer``, built for ``model`` at step 0, replaces a DP optimizer that took steps on it.
+
+    The replaced one was restored with the model (``load_model``, a checkpoint) or trained it in this process; a
+    fresh one starts its schedule over, and its epsilon leaves out the earlier steps, although their budget was
+    spent on the same data. Restoring the counter into the model's optimizer (the README's "Resuming") warns not.
+    """
+    previous = _DP_STEP_OF_MODEL.get(model)
+    _DP_STEP_OF_MODEL[model] = optimizer.dp_step
+    if previous is None or previous is optimizer.dp_step:
+        return
+    steps = int(previous.numpy())
+    if steps == 0 or int(optimizer.dp_step.numpy()) != 0:
+        return
+    warnings.warn(
+        f"Model {model.name!r} took {steps} DP steps under its previous DP optimizer (restored by load_model or a "
+        f"checkpoint, or trained in this process) and now trains under a new {type(optimizer).__name__} at "
+        f"dp_step 0: its schedule starts over, and the epsilon it reports leaves out those {steps} steps, whose "
+        "budget was spent on the same data (the two runs' epsilons add up). To resume, keep the restored "
+        "optimizer (load_model restores it with its counter: do not compile the model again) or restore the "
+        "counter into this one from a checkpoint; to train a second run on purpose, account for both runs.",
+        ScheduleRestartWarning,
+        stacklevel=3,
+    )
+
+
 class DegenerateNoiseWarning(UserWarning):
     """An optimizer trains with noise multipliers outside the accountants' range (``allow_degenerate_noise=True``)."""
 
@@ -268,6 +304,28 @@ def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_de
             stacklevel=4,
         )
     return allow_degenerate_noise
+
+
+class BudgetExhaustedError(RuntimeError):
+    """A DP step past the schedule's T steps was refused: the accounted epsilon covers only T (nothing applied)."""
+
+
+BUDGET_EXHAUSTED = "DP budget exhausted: all"
+"""How `budget_exhausted_message` begins (what a caller looks for in a TensorFlow assertion's text)."""
+
+
+def budget_exhausted_message(num_steps: int, budget_stop: str) -> str:
+    """The one-line refusal of a step past the schedule's ``num_steps``; ``budget_stop``: the backend's callback."""
+    return (
+        f"{BUDGET_EXHAUSTED} {num_steps} steps of the DPSchedule have been taken (dp_step >= schedule.num_steps) "
+        "and another step would exceed the accounted privacy budget, so none was applied. Add "
+        f"{budget_stop}() to the callbacks of fit to end training at the last step, or calibrate a longer schedule."
+    )
+
+
+def budget_spent_line(steps: int, num_steps: int) -> str:
+    """What `BudgetStop` prints when it ends ``fit`` at the schedule's last step (a normal end)."""
+    return f"BudgetStop: the privacy budget is spent ({steps} of the schedule's {num_steps} DP steps); training ended."
 
 
 UNRECORDED_FINGERPRINT = (0, 0)
@@ -560,6 +618,15 @@ class DPOptimizerBase:
         if recorded not in (UNRECORDED_FINGERPRINT, self._schedule.fingerprint):
             raise RuntimeError(schedule_mismatch_message(recorded=True) + f" {int(self.dp_step.numpy())}.")
         self._schedule_fingerprint.assign(list(self._schedule.fingerprint))
+
+    def check_budget_left(self, budget_stop: str) -> None:
+        """Refuses, on the host, to start training on a spent schedule (before any step is traced).
+
+        Raises:
+          BudgetExhaustedError: when ``dp_step`` has reached the schedule's T; ``budget_stop`` names the callback.
+        """
+        if int(self.dp_step.numpy()) >= self._schedule.num_steps:
+            raise BudgetExhaustedError(budget_exhausted_message(self._schedule.num_steps, budget_stop))
 
     @property
     def expected_batch_size(self) -> float | None:

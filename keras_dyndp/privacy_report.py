@@ -14,8 +14,10 @@ the epsilon of the same schedule under
   'gdp_clt' when asked for, zCDP / tCDP for the baselines), which meets the target epsilon.
 
 Data (`ReportRow`), text formatting (`format_table`) and plotting (`plot_epsilon_consumption`, paper Fig. 2;
-`plot_accountant_comparison`, paper Fig. 3) are separate so that scripts and tests can use each alone. Plotting uses
-matplotlib's object-oriented API (`matplotlib.figure.Figure`), which needs no display and leaves pyplot alone.
+`plot_accountant_comparison`, paper Fig. 3; `plot_run_privacy`, the curve of a training run, which the example
+trainers write beside their checkpoints) are separate so that scripts and tests can use each alone. Plotting uses
+matplotlib's object-oriented API (`matplotlib.figure.Figure`, whose PNGs Agg renders), which needs no display and
+leaves pyplot alone.
 """
 
 from __future__ import annotations
@@ -162,16 +164,18 @@ def epsilon_curves(
     return steps, {name: registry.get(name).epsilons_at(schedule, delta, steps) for name in accountants}
 
 
-def _new_axes(title: str):
+def _new_figure(title: str, num_panels: int = 1):
+    """A figure of `num_panels` stacked axes sharing the step axis; the first plots epsilon over steps."""
     from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel  (slow import, plots only)
 
-    figure = Figure(figsize=(6.0, 4.0), layout="constrained")
-    axes = figure.add_subplot()
-    axes.set_title(title)
-    axes.set_xlabel("step k")
-    axes.set_ylabel("epsilon of the first k steps")
-    axes.grid(alpha=0.3)
-    return figure, axes
+    figure = Figure(figsize=(6.0, 4.0 + 2.0 * (num_panels - 1)), layout="constrained")
+    panels = list(figure.subplots(num_panels, 1, sharex=True, squeeze=False)[:, 0])
+    panels[0].set_title(title)
+    panels[0].set_ylabel("epsilon of the first k steps")
+    panels[-1].set_xlabel("step k")
+    for axes in panels:
+        axes.grid(alpha=0.3)
+    return figure, panels
 
 
 def plot_epsilon_consumption(
@@ -192,7 +196,7 @@ def plot_epsilon_consumption(
     consumption is measured by the same accountant, so every curve ends at target_epsilon. A faster-growing mu_t
     spends less of the budget early and more late. Writes a PNG to `path` and returns `path`.
     """
-    figure, axes = _new_axes(f"Privacy budget consumption ({accountant}), epsilon = {target_epsilon:g}")
+    figure, (axes,) = _new_figure(f"Privacy budget consumption ({accountant}), epsilon = {target_epsilon:g}")
     for rho_mu in rho_mus:
         schedule = schedules.calibrate(
             "growing_mu",
@@ -225,9 +229,53 @@ def plot_accountant_comparison(
     Writes a PNG to `path` and returns `path`.
     """
     steps, curves = epsilon_curves(schedule, delta, accountants, num_points)
-    figure, axes = _new_axes(title)
+    figure, (axes,) = _new_figure(title)
     for name, values in curves.items():
         axes.plot(steps, values, label=name)
     axes.legend()
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def plot_run_privacy(
+    path: str,
+    schedule: schedules.DPSchedule,
+    delta: float,
+    steps: Sequence[int],
+    accountant: str = registry.DEFAULT_ACCOUNTANT,
+    title: str = "Privacy of the run",
+) -> str:
+    """The privacy curve of a training run: epsilon of its first k steps under `accountant` at each k of `steps`
+    (e.g. the epoch ends, the last one the steps taken: a few points keep it fast), above the clip norm C_t and the
+    noise std sigma_t of the steps taken.
+
+    Writes a PNG to `path` and returns `path`.
+
+    Raises:
+      ValueError: if `steps` is empty or holds a count outside [1, T], or on a bad `delta` or `accountant`.
+    """
+    delta = validation.check_delta(delta)
+    entry = registry.get(accountant)
+    counts = np.unique(np.asarray(steps, dtype=np.int64))
+    if counts.size == 0 or counts[0] < 1 or counts[-1] > schedule.num_steps:
+        raise ValueError(
+            f"`steps` must hold step counts in [1, T = {schedule.num_steps}]. Received: steps={list(steps)}."
+        )
+    epsilons = entry.epsilons_at(schedule, delta, counts)
+    taken = np.arange(1, counts[-1] + 1)
+    figure, (privacy, knobs) = _new_figure(title, num_panels=2)
+    privacy.plot(  # From (0, 0): no step, no privacy spent.
+        np.concatenate([[0], counts]),
+        np.concatenate([[0.0], epsilons]),
+        marker="o",
+        label=f"{accountant}, delta = {delta:.3g}",
+    )
+    if schedule.calibration is not None:
+        privacy.axhline(schedule.calibration.target_epsilon, color="grey", linestyle="--", label="target epsilon")
+    privacy.legend()
+    knobs.plot(taken, schedule.clip_norms[: taken.size], label="clip norm C_t")
+    knobs.plot(taken, schedule.noise_stddevs[: taken.size], label="noise std sigma_t (on the clipped sum)")
+    knobs.set_ylabel("C_t, sigma_t")
+    knobs.legend()
     figure.savefig(path, dpi=100)
     return path

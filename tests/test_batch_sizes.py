@@ -59,3 +59,15 @@ def test_out_of_range_refusal_names_the_count_the_range_and_what_to_do():
     message = f"{prefix}400{advice}"
     assert message.startswith("keras_dyndp: too many examples in this batch: 400; ")
     assert "p=0.05 from N=400 examples expects about p*N=20" in message and "between 3 and 50" in message
+
+
+def test_arrays_are_refused_for_fit_unless_batch_sizes_are_stated_public():
+    x = np.zeros((10, 3))
+    for arrays in (x, [x, x], {"a": x}):
+        assert batch_sizes.is_arrays(arrays)
+        with pytest.raises(ValueError, match=r"(?s)arrays.*p=0.1.*\n    FIX\n.*public_batch_size=True"):
+            batch_sizes.check_not_arrays(arrays, 0.1, public_batch_size=False, poisson_fix="FIX")
+        batch_sizes.check_not_arrays(arrays, 0.1, public_batch_size=True, poisson_fix="FIX")
+    for other in (iter([x]), None, [], object()):  # a generator, a dataset or a PyDataset has no shape
+        assert not batch_sizes.is_arrays(other)
+        batch_sizes.check_not_arrays(other, 0.1, public_batch_size=False, poisson_fix="FIX")

@@ -257,3 +257,18 @@ def test_privacy_logger_reaches_tensorboard_csv_and_history_wherever_it_is_liste
         for event in tf.compat.v1.train.summary_iterator(event_file):
             tags.update(value.tag for value in event.summary.value)
     assert {"epoch_epsilon_gdp_clt", "epoch_dp_step"} <= tags
+
+
+def test_budget_stop_ends_fit_with_an_ordinary_line_after_the_progress_bar(capsys, caplog):
+    p = 0.25
+    x = np.random.default_rng(3).normal(size=(40, 3)).astype(np.float32)
+    schedule = schedules.DPSchedule(np.ones(6), np.ones(6), sampling_probability=p)
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=10.0), loss=LOSS)
+    dataset = data.poisson_batches_from_tensors(x, (x[:, 0] > 0).astype(np.int64), p, seed=0)  # 4 steps per epoch
+    with caplog.at_level("WARNING"):
+        model.fit(dataset, epochs=3, verbose=2, callbacks=[callbacks.BudgetStop()])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == "BudgetStop: the privacy budget is spent (6 of the schedule's 6 DP steps); training ended."
+    assert "dp_step" in lines[-2]  # after the progress bar's last line
+    assert not [record for record in caplog.records if "BudgetStop" in record.getMessage()]

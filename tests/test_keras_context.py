@@ -66,7 +66,7 @@ def test_does_not_confuse_another_model_sharing_the_stack():
     other = _model(keras.optimizers.SGD())  # A model whose optimizer is not ours is never returned.
     model = _model(optimizer)
     dataset = tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), np.float32), np.zeros((4, 2), np.float32)))
-    model.fit(dataset.batch(2), verbose=0)
+    model.fit(dataset.batch(2), verbose=0, shuffle=False)
     found, call = optimizer.seen[0]
     assert found is model and found is not other
     assert isinstance(call.x, tf.data.Dataset)

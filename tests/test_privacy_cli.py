@@ -1,5 +1,6 @@
 """Tests for the `dyndp-privacy` CLI (keras_dyndp.privacy_cli), run as a subprocess as a user would."""
 
+import json
 import os
 import subprocess
 import sys
@@ -25,8 +26,9 @@ def _run(*args, cwd):
     )
 
 
-def test_help_lists_the_commands_own_flags(tmp_path):
-    result = _run("--help", cwd=tmp_path)  # absl's --help exits with status 1.
+def test_help_lists_the_commands_own_flags_and_exits_0(tmp_path):
+    result = _run("--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr  # absl's own --help exits with status 1.
     for name in ("--epsilon", "--num_examples", "--schedule_json", "--accountant", "--plot_dir"):
         assert f"  {name}:" in result.stdout
     assert "Either calibrate schedules from a spec" in result.stdout
@@ -41,6 +43,7 @@ def test_spec_prints_table_and_writes_plots(tmp_path):
     assert methods == ["vanilla", "growing_mu", "sensitivity_decay", "dynamic", "zcdp", "tcdp"]
     assert "delta) = (1, 0.00025)" in result.stdout  # Default delta = 1 / (10 N).
     assert [line.split()[1] for line in result.stdout.splitlines()[2:6]] == ["gdp_clt"] * 4
+    assert "zcdp: its accountant uses no amplification by subsampling" in result.stdout  # Why its z is so large.
     for name in ("epsilon_consumption.png", "accountant_comparison.png"):
         assert (tmp_path / "plots" / name).stat().st_size > 1000
 
@@ -54,7 +57,8 @@ def test_spec_calibrates_under_the_pld_by_default(tmp_path):
         assert cells[1] == "pld" and cells[7] == cells[-1] and 0.999 <= float(cells[-1]) <= 1.0
 
 
-def test_schedule_json(tmp_path):
+@pytest.mark.parametrize("saved_as", ["schedule.json", "run_config.json"])
+def test_schedule_json(tmp_path, saved_as):
     schedule = schedules.calibrate(
         "dynamic",
         target_epsilon=1.0,
@@ -65,13 +69,16 @@ def test_schedule_json(tmp_path):
         rho_mu=2.0,
         accountant="gdp_clt",
     )
-    path = tmp_path / "schedule.json"
-    path.write_text(schedule.to_json())
+    path = tmp_path / saved_as
+    if saved_as == "schedule.json":
+        path.write_text(schedule.to_json())
+    else:  # What an example trainer writes into its --model_dir (examples/training.py, restore_or_start).
+        path.write_text(json.dumps({"task": "digits", "method": "dynamic", "schedule": schedule.get_config()}))
     result = _run(f"--schedule_json={path}", "--delta=1e-4", "--accountants=gdp_clt,rdp", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     row = result.stdout.splitlines()[1].split()
     # The saved schedule says how it was calibrated: its own accountant is the GDP-CLT, at the target.
-    assert row[0] == "schedule.json" and row[1] == "gdp_clt" and row[-1] == "-"
+    assert row[0] == saved_as and row[1] == "gdp_clt" and row[-1] == "-"
     assert float(row[-4]) == float(row[-3]) == pytest.approx(1.0, rel=1e-3)
 
 

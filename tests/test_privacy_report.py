@@ -119,3 +119,14 @@ def test_bad_arguments():
         privacy_report.epsilon_curves(schedule, 0.0)
     with pytest.raises(ValueError, match="num_points"):
         privacy_report.curve_steps(10, 0)
+
+
+def test_run_privacy_plot_writes_a_png_of_the_steps_taken(tmp_path):
+    schedule = schedules.calibrate("dynamic", **SPEC, rho_mu=2.0, rho_c=2.0)
+    path = privacy_report.plot_run_privacy(str(tmp_path / "privacy.png"), schedule, 1e-4, steps=[20, 40, 45])
+    with open(path, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "privacy.png").stat().st_size > 1000
+    for steps in ([], [0, 10], [61]):
+        with pytest.raises(ValueError, match=r"`steps` must hold step counts in \[1, T = 60\]"):
+            privacy_report.plot_run_privacy(str(tmp_path / "bad.png"), schedule, 1e-4, steps=steps)

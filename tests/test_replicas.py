@@ -24,6 +24,9 @@ from keras_dyndp.per_example import make_private
 NUM_INPUTS, NUM_CLASSES = 60, 80
 BATCH = 8
 LEARNING_RATE = 0.5
+# Most tests measure the clipped sums with the noise off (allow_degenerate_noise=True); the test of that warning
+# asserts it (pytest.warns).
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")
 
 
 def mirrored() -> tf.distribute.Strategy:
@@ -75,7 +78,7 @@ def train(
             expected_batch_size=expected_batch_size,
             accumulation_steps=accumulation_steps,
             num_microbatches=num_microbatches,
-            allow_degenerate_noise=True,  # Most measure the clipped sums with the noise off.
+            allow_degenerate_noise=True,  # Most measure the clipped sums with the noise off (pytestmark).
         )
         model.compile(
             optimizer=optimizer,

@@ -7,6 +7,7 @@ from typing import Any
 import keras
 
 from keras_dyndp import epoch_logs
+from keras_dyndp import optimizer_base
 from keras_dyndp import privacy_logger
 from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
 
@@ -51,11 +52,25 @@ class BudgetStop(keras.callbacks.Callback):
     """Stops training once ``model.optimizer.dp_step`` reaches ``schedule.num_steps`` (the budget is spent).
 
     Checked after every batch (``steps_per_execution`` batches on Keras 3), so training ends at the schedule's last
-    step rather than at the next step, which the optimizer would refuse.
+    step rather than at the next step, which the optimizer would refuse; then prints one line after the progress bar
+    (unless ``verbose=0``).
     """
+
+    def __init__(self):
+        super().__init__()
+        self.stopped_at_step: int | None = None
 
     def on_train_batch_end(self, batch, logs=None):
         del batch, logs  # Unused.
         optimizer = _dp_optimizer(self.model, type(self).__name__)
-        if int(optimizer.dp_step.numpy()) >= optimizer.schedule.num_steps:
+        steps = int(optimizer.dp_step.numpy())
+        if steps >= optimizer.schedule.num_steps and not self.model.stop_training:
             self.model.stop_training = True
+            self.stopped_at_step = steps
+
+    def on_train_end(self, logs=None):
+        del logs  # Unused.
+        optimizer = _dp_optimizer(self.model, type(self).__name__)
+        steps = int(optimizer.dp_step.numpy())
+        if self.stopped_at_step == steps and (self.params or {}).get("verbose", 1):
+            print(optimizer_base.budget_spent_line(steps, optimizer.schedule.num_steps), flush=True)

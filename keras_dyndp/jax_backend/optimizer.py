@@ -73,7 +73,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             p = self._schedule.sampling_probability
             self._num_examples = max(1, round(self._expected_batch_size / p))
             self._batch_size_range = batch_sizes.batch_size_range(self._num_examples, p)
-        self._refusal: str | None = None  # The first refused step's reason, until raise_refused_step raises it.
+        self._refusal: RuntimeError | None = None  # The first refused step's error, until raise_refused_step.
         self._schedule_fingerprint = self.add_variable(
             shape=(2,),
             initializer="zeros",
@@ -129,24 +129,21 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self, step: np.ndarray, num_examples: np.ndarray, num_rows: np.ndarray, recorded_fingerprint: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """On the host, once per step: a fresh key's data, and whether the step may run (False records why)."""
-        refusal = optimizer_base.restored_schedule_refusal(
-            int(step), recorded_fingerprint.tolist(), self._schedule
-        ) or self._refusal_of(int(step), int(num_examples), int(num_rows))
+        mismatch = optimizer_base.restored_schedule_refusal(int(step), recorded_fingerprint.tolist(), self._schedule)
+        refusal = RuntimeError(mismatch) if mismatch else self._refusal_of(int(step), int(num_examples), int(num_rows))
         if refusal is not None and self._refusal is None:
             self._refusal = refusal
         return self._noise_source.draw_key_data(), np.asarray(refusal is None)
 
-    def _refusal_of(self, step: int, num_examples: int, num_rows: int) -> str | None:
+    def _refusal_of(self, step: int, num_examples: int, num_rows: int) -> RuntimeError | None:
         num_steps = self._schedule.num_steps
         if step >= num_steps:
-            return (
-                f"DP budget exhausted: all {num_steps} steps of the DPSchedule have been taken "
-                "(dp_step >= schedule.num_steps); another step would exceed the accounted privacy budget. The step "
-                "was not applied. Stop training (keras_dyndp.jax_backend.BudgetStop) or calibrate a longer schedule."
+            return optimizer_base.BudgetExhaustedError(
+                optimizer_base.budget_exhausted_message(num_steps, "keras_dyndp.BudgetStop")
             )
         not_applied = " The step was not applied."
         if self.normalises_by_rows:
-            return None if num_examples == num_rows else batch_sizes.PADDING_ROWS_REFUSAL + not_applied
+            return None if num_examples == num_rows else RuntimeError(batch_sizes.PADDING_ROWS_REFUSAL + not_applied)
         if self._batch_size_range is None:
             return None
         low, high = self._batch_size_range
@@ -155,10 +152,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         prefix, advice = batch_sizes.out_of_range_refusal(
             "few" if num_examples < low else "many", self._schedule.sampling_probability, self._num_examples, low, high
         )
-        return f"{prefix}{num_examples}{advice}{not_applied}"
+        return RuntimeError(f"{prefix}{num_examples}{advice}{not_applied}")
 
     def raise_refused_step(self) -> None:
-        """Raises RuntimeError if a step was refused since the last call (then it was not applied).
+        """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call
+        (then it was not applied).
 
         A refusal cannot raise inside the jitted step without losing the model's state, which ``fit`` holds
         outside the model while it trains; the step is then a no-op instead, and ``make_private``'s ``fit`` calls
@@ -167,7 +165,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """
         refusal, self._refusal = self._refusal, None
         if refusal is not None:
-            raise RuntimeError(refusal)
+            raise refusal
 
     def microbatch_assignment(self, num_rows: int) -> jax.Array:
         """int32 [num_rows]: each row's microbatch for this step, uniform on {0, ..., M - 1}, from a fresh key of
@@ -259,12 +257,14 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         ``load_model`` rebuilds the optimizer from its config, which records make_private's arguments when it was
         trained through it, and builds it while compiling the model: the model found on the call stack then gets
         that train step back, before any ``fit`` can run Keras's default one. Built by ``fit`` for a model without
-        make_private's step, it raises ValueError naming make_private.
+        make_private's step, it raises ValueError naming make_private. Built at step 0 for a model whose previous DP
+        optimizer took steps, it warns that the schedule starts over (`optimizer_base.warn_on_schedule_restart`).
         """
         super().build(var_list)
         model = keras_context.calling_model(self)
         if model is None:
             return
+        optimizer_base.warn_on_schedule_restart(model, self)
         from keras_dyndp.jax_backend import train_step  # pylint: disable=import-outside-toplevel  (imports us)
 
         if train_step.is_private(model):

@@ -31,12 +31,14 @@ rows' positions, so removing an example moves no other example's gradient. The s
 public values as one example's call advances them in Keras. A variable written from those secret draws (a stored
 mask) is refused too.
 
-Sampling: ``fit`` on a `keras_dyndp.jax_backend.PoissonBatches` at another rate than the schedule's is refused;
-on anything else it gives one `SamplingWarning` (the epsilon assumes Poisson sampling).
+Sampling: ``fit`` on a `keras_dyndp.jax_backend.PoissonBatches` at another rate than the schedule's is refused,
+and so are arrays (fixed-size batches) unless the optimizer has ``public_batch_size=True``; anything else gets one
+`SamplingWarning` (the epsilon assumes Poisson sampling).
 
 A step the optimizer refuses (the budget is spent, or the batch's number of examples is far outside the
 schedule's Poisson sampling) changes nothing, and ``fit`` raises RuntimeError with the reason after that batch, the
-model's state intact (``make_private`` gives ``fit`` a callback for it).
+model's state intact (``make_private`` gives ``fit`` a callback for it); past the budget it is one
+`keras_dyndp.optimizer_base.BudgetExhaustedError`, raised before the first step when the budget is already spent.
 
 By default the step computes no loss or metric on the training batch and logs only ``dp_step`` (public);
 ``training_metrics=True`` opts in to the loss and metrics of the training batch, computed from the per-example
@@ -66,6 +68,7 @@ import jax.numpy as jnp
 import keras
 
 from keras_dyndp import batch_sizes
+from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend import embedding_taps
@@ -405,8 +408,8 @@ _FIT_SIGNATURE = inspect.signature(keras.Model.fit)
 
 
 def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> None:
-    """Refuses Poisson batches at another rate than the schedule's, or for an optimizer with ``public_batch_size``;
-    warns (once per optimizer) on other data."""
+    """Refuses Poisson batches at another rate than the schedule's, or for an optimizer with ``public_batch_size``,
+    and arrays for ``fit`` without it (`batch_sizes.check_not_arrays`); warns (once per optimizer) on other data."""
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, JaxDPOptimizerMixin):
         return  # The train step refuses it, naming what to use.
@@ -420,6 +423,14 @@ def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> No
             )
         batch_sizes.check_poisson_batches(optimizer.public_batch_size, caller)
         return
+    if caller == "model.fit":  # train_on_batch takes one batch, which may be the user's own Poisson sample
+        batch_sizes.check_not_arrays(
+            x,
+            p,
+            optimizer.public_batch_size,
+            f"batches = keras_dyndp.jax_backend.PoissonBatches(x, y, sampling_probability={p:g})"
+            "\n    model.fit(batches, epochs=...)",
+        )
     if optimizer._warned_sampling:  # pylint: disable=protected-access
         return
     optimizer._warned_sampling = True  # pylint: disable=protected-access
@@ -437,15 +448,22 @@ def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> No
 
 def _private_fit(self: keras.Model, *args, **kwargs):
     """``Model.fit`` with `_RefusedStepCheck` added to the callbacks and the model's weights kept when the first
-    step's trace raises (`_FirstStepGuard`); checks the data's sampling and refuses what Keras would fail on first."""
+    step's trace raises (`_FirstStepGuard`); checks the data's sampling and the budget left, and refuses what Keras
+    would fail on first. A step refused past the budget ends it in one `BudgetExhaustedError`, without Keras's
+    traceback."""
     _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
     bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
     _check_sampling(self, bound.arguments.get("x"))
+    if isinstance(self.optimizer, JaxDPOptimizerMixin):
+        self.optimizer.check_budget_left("keras_dyndp.BudgetStop")
     guard = _FirstStepGuard()
     # The guard first: it lets go of the values as soon as the first step has run (and donated them).
     bound.arguments["callbacks"] = [guard, *(bound.arguments.get("callbacks") or []), _RefusedStepCheck()]
     try:
         return keras.Model.fit(*bound.args, **bound.kwargs)
+    except optimizer_base.BudgetExhaustedError as error:
+        guard.restore()
+        raise optimizer_base.BudgetExhaustedError(str(error)) from None
     except Exception:
         guard.restore()
         raise
@@ -458,6 +476,19 @@ def _private_train_on_batch(self: keras.Model, *args, **kwargs):
     logs = keras.Model.train_on_batch(self, *args, **kwargs)
     _dp_optimizer(self).raise_refused_step()
     return logs
+
+
+def _private_make_train_function(self: keras.Model, force: bool = False):
+    """Keras's ``make_train_function``, with a new train-step object whenever it builds a new train function.
+
+    JAX caches a jitted function's traces by the function object, and a trace holds the Python objects it was
+    traced with: after ``compile`` with another DP optimizer, the rebuilt ``jit(self.train_step)`` replayed the first
+    optimizer's trace (its schedule, noise source and refusals: the update followed the old clip norm, 1.06 where
+    the new schedule allows 0.0014) while the new optimizer's counter advanced.
+    """
+    if force or self.train_function is None:
+        self.train_step = types.MethodType(_private_train_step, self)
+    return type(self).make_train_function(self, force)
 
 
 def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:
@@ -494,6 +525,7 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     model._keras_dyndp_method = method  # pylint: disable=protected-access
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)
+    model.make_train_function = types.MethodType(_private_make_train_function, model)
     model.fit = types.MethodType(_private_fit, model)
     model.train_on_batch = types.MethodType(_private_train_on_batch, model)
     model.train_function = None

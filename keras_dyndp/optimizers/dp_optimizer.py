@@ -57,9 +57,10 @@ sigma read 0, so the step releases nothing), since it would continue, and be acc
 
 Budget guard. When dp_step reaches T = `schedule.num_steps` the budget is spent. The next step raises
 `tf.errors.InvalidArgumentError` ("DP budget exhausted ...") from a `tf.debugging.assert_less` in eager and graph
-mode. XLA (`model.compile(jit_compile=True)`) drops Assert ops, so the step is also made data-independent and
-harmless: past T both the clipping norm and the noise are 0, the applied gradient is exactly zero and nothing about
-the data is released. Stop training at T (the `keras_dyndp.callbacks.BudgetStop` callback does) rather than rely on
+mode; `make_private`'s ``fit`` raises `keras_dyndp.optimizer_base.BudgetExhaustedError` instead, in one line. XLA
+(`model.compile(jit_compile=True)`) drops Assert ops, so the step is also made data-independent and harmless: past
+T both the clipping norm and the noise are 0, the applied gradient is exactly zero and nothing about the data is
+released. Stop training at T (the `keras_dyndp.callbacks.BudgetStop` callback does) rather than rely on
 this.
 
 Microbatches. With `num_microbatches` = M, every row joins one of M microbatches uniformly at random, independently
@@ -176,11 +177,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return tf.debugging.assert_less(
             self.dp_step,
             tf.constant(self._schedule.num_steps, tf.int64),
-            message=(
-                f"DP budget exhausted: all {self._schedule.num_steps} steps of the DPSchedule have been taken "
-                "(dp_step >= schedule.num_steps); another step would exceed the accounted privacy budget. "
-                "Stop training (keras_dyndp.callbacks.BudgetStop) or calibrate a longer schedule."
-            ),
+            message=optimizer_base.budget_exhausted_message(self._schedule.num_steps, "keras_dyndp.BudgetStop"),
         )
 
     def _schedule_matches(self) -> tf.Tensor:
@@ -396,12 +393,16 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         model is built (Sequential, functional, and subclassed models saved after a call). If this optimizer was
         trained through `keras_dyndp.make_private` (recorded in its config), the reloaded model gets that train
         step back here, with the same arguments, before any ``fit`` can trace the slow or refused default one.
+        Built at step 0 for a model whose previous DP optimizer took steps, it warns that the schedule starts over
+        (`optimizer_base.warn_on_schedule_restart`).
         """
         super().build(var_list)
-        if self._private_train_step is None or tf.inside_function():
-            return
         model = keras_context.calling_model(self)
-        if model is None or keras_context.fit_call(model) is not None:
+        if model is None:
+            return
+        with tf.init_scope():  # Keras 3 builds it in the traced step: the counters are read eagerly.
+            optimizer_base.warn_on_schedule_restart(model, self)
+        if self._private_train_step is None or tf.inside_function() or keras_context.fit_call(model) is not None:
             return
         from keras_dyndp.per_example import train_step  # pylint: disable=import-outside-toplevel  (imports us)
 

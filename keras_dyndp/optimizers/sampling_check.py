@@ -24,8 +24,10 @@ schedule accounted at p = 0.01 trains, and `PrivacyLogger` reports RDP epsilon 5
 2. Once per optimizer, when its train step is traced (at every step under ``run_eagerly``): the ``x`` that
    ``model.fit`` received (`keras_dyndp.keras_context`) must be a dataset returned by
    `keras_dyndp.data.poisson_batches_from_tensors` or `keras_dyndp.data.poisson_batches`. One sampled at another
-   p raises ValueError, and so does any of them for an optimizer with ``public_batch_size=True``. Anything else
-   (numpy arrays, a ``.batch()`` dataset, a generator) gets one `SamplingWarning` saying that the reported
+   p raises ValueError, and so does any of them for an optimizer with ``public_batch_size=True``. Arrays (numpy,
+   tensors), which Keras cuts into fixed-size batches, raise ValueError before the first step unless the optimizer
+   has ``public_batch_size=True`` (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else (a ``.batch()``
+   dataset, a generator; arrays with ``public_batch_size=True``) gets one `SamplingWarning` saying that the reported
    epsilon assumes Poisson sampling and what to do, and so does a custom training loop, whose data the optimizer
    cannot see. The warning also says when the batch sizes are not checked (``public_batch_size``, XLA).
 """
@@ -43,6 +45,14 @@ from keras_dyndp import data
 from keras_dyndp import keras_context
 from keras_dyndp import replicas
 from keras_dyndp.batch_sizes import SamplingWarning
+
+
+def poisson_fix(sampling_probability: float) -> str:
+    """The two lines that train on Poisson batches at ``sampling_probability`` (`batch_sizes.check_not_arrays`)."""
+    return (
+        f"batches = keras_dyndp.poisson_batches_from_tensors(x, y, sampling_probability={sampling_probability:g})"
+        "\n    model.fit(batches, epochs=...)"
+    )
 
 
 def count_nonzero_rows(values: tf.Tensor) -> tf.Tensor:
@@ -90,7 +100,7 @@ class SamplingCheck:
 
         Raises:
           ValueError: if ``fit`` received a keras_dyndp Poisson dataset sampled at another rate than the schedule,
-            or any of them while the optimizer has ``public_batch_size=True``.
+            or any of them while the optimizer has ``public_batch_size=True``; arrays while it has not.
         """
         model = keras_context.calling_model(optimizer)
         call = None if model is None else keras_context.fit_call(model)
@@ -120,6 +130,7 @@ class SamplingCheck:
                         "same secret seed on every worker."
                     )
                 return
+            batch_sizes.check_not_arrays(call.x, p, self._public_batch_size, poisson_fix(p))
             problem = (
                 f"model.fit received x of type {type(call.x).__name__}, not a dataset returned by "
                 "keras_dyndp.data.poisson_batches_from_tensors or keras_dyndp.data.poisson_batches"

@@ -23,7 +23,8 @@ optimizer = keras_dyndp.optimizers.DynamicDPKerasSGD(schedule=schedule, expected
 model.compile(optimizer=optimizer,
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
               metrics=['accuracy'])
-model.fit(x, y, batch_size=256, epochs=20)
+model.fit(keras_dyndp.poisson_batches_from_tensors(x, y, sampling_probability=schedule.sampling_probability),
+          epochs=20)
 ```
 
 By default the step computes no loss or metric on the training batch: nothing but the noised update is derived
@@ -42,6 +43,11 @@ float32 variables), the clipping, the sum and the noise are float32. The LossSca
 dynamic loss scale skips or shrinks steps depending on the private batch, which DP cannot allow, and the
 per-example gradients of un-averaged losses need no scaling against underflow.
 
+``fit`` checks before the first step that the budget is not spent and refuses arrays unless the optimizer has
+``public_batch_size=True`` (Keras cuts them into fixed-size batches, not the Poisson sample the epsilon accounts;
+`keras_dyndp.batch_sizes.check_not_arrays`); a step refused past the budget ends ``fit`` in one
+`keras_dyndp.optimizer_base.BudgetExhaustedError`.
+
 Works for Sequential, functional and subclassed models, compiled before or after the call. Refused (ValueError,
 when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss reduced over the
 batch, several losses (multi-output models), regularisation losses (``model.losses``), which are not
@@ -52,17 +58,21 @@ per-example terms, and layers that mix examples or store batch statistics such a
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
+from keras_dyndp import batch_sizes
 from keras_dyndp import keras_compat
 from keras_dyndp import model_checks
+from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 from keras_dyndp import replicas
 from keras_dyndp.keras_compat import keras
+from keras_dyndp.optimizers import sampling_check
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPOptimizerMixin
 from keras_dyndp.per_example import accumulation
 from keras_dyndp.per_example import clipped_sum
@@ -190,6 +200,55 @@ def _microbatch_step(
     return y_pred
 
 
+def _private_fit(self: keras.Model, *args, **kwargs):
+    """``Model.fit`` after the checks that need no step: the budget left and arrays (`batch_sizes.check_not_arrays`);
+    a step refused past the budget ends it in one `BudgetExhaustedError` instead of TensorFlow's graph traceback.
+    A dataset's ``shuffle`` defaults to False, which Keras ignores for datasets anyway (it warns on True)."""
+    bound = inspect.signature(type(self).fit).bind(self, *args, **kwargs)
+    x = bound.arguments.get("x")
+    optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
+    if not isinstance(optimizer, DynamicDPOptimizerMixin):
+        return type(self).fit(*bound.args, **bound.kwargs)  # The step refuses it, naming what to use.
+    optimizer.check_budget_left("keras_dyndp.BudgetStop")
+    p = optimizer.schedule.sampling_probability
+    batch_sizes.check_not_arrays(x, p, optimizer.public_batch_size, sampling_check.poisson_fix(p))
+    if "shuffle" not in bound.arguments and isinstance(x, tf.data.Dataset):
+        bound.arguments["shuffle"] = False
+    bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _BudgetCheck(optimizer)]
+    try:
+        return type(self).fit(*bound.args, **bound.kwargs)
+    except optimizer_base.BudgetExhaustedError as error:
+        raise optimizer_base.BudgetExhaustedError(str(error)) from None
+    except tf.errors.InvalidArgumentError as error:  # Under steps_per_execution the budget can end inside a call.
+        if optimizer_base.BUDGET_EXHAUSTED not in error.message:
+            raise
+        message = optimizer_base.budget_exhausted_message(optimizer.schedule.num_steps, "keras_dyndp.BudgetStop")
+        raise optimizer_base.BudgetExhaustedError(message) from None
+
+
+class _BudgetCheck(keras.callbacks.Callback):
+    """Refuses, on the host, the call of the train function that would start past the budget (before the in-graph
+    guard fails with TensorFlow's traceback). Reads the step counter only near the end: before the n-th call of a
+    ``fit`` that started at step s, at most s + n k steps are taken (``steps_per_execution`` k)."""
+
+    def __init__(self, optimizer: DynamicDPOptimizerMixin):
+        super().__init__()
+        self._supports_tf_logs = True  # It reads no logs; Keras 2 would otherwise convert the ones PrivacyLogger fills.
+        self._optimizer = optimizer
+        self._most_steps = 0
+        self._steps_per_call = 1
+
+    def on_train_begin(self, logs=None):
+        self._most_steps = int(self._optimizer.dp_step.numpy())
+        # BudgetStop may only shorten a call later: an upper bound, read once.
+        self._steps_per_call = keras_compat.steps_per_execution(self.model) or 1
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._most_steps >= self._optimizer.schedule.num_steps:
+            self._optimizer.check_budget_left("keras_dyndp.BudgetStop")
+        self._most_steps += self._steps_per_call
+
+
 def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:
     """Gives ``model`` a train step that clips per example fast and applies through the DP optimizer.
 
@@ -227,6 +286,7 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     model._keras_dyndp_method = method  # pylint: disable=protected-access
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)
+    model.fit = types.MethodType(_private_fit, model)
     keras_compat.epoch_logs_from_the_step(model, not training_metrics)
     keras_compat.reset_train_function(model)
     if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:

@@ -10,6 +10,9 @@ from examples import federated_mnist
 from examples import training
 from keras_dyndp import per_example
 
+# The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
+
 
 def test_deform_keeps_shape_range_and_is_seeded():
     images = np.zeros((5, 28, 28))

@@ -12,6 +12,9 @@ from examples import fashion_mnist
 from examples import mnist
 from examples import training
 
+# The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
+
 
 def _write_idx_folder(directory, num_train=60, num_test=20, gzip=True):
     rng = np.random.default_rng(0)

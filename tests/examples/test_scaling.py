@@ -12,6 +12,9 @@ from examples import digits
 from examples import training
 from keras_dyndp import data as dp_data
 
+# The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
+
 FLAGS = flags.FLAGS
 
 

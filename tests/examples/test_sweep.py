@@ -13,6 +13,9 @@ from examples import sweep
 from examples import training
 from keras_dyndp import schedules
 
+# The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
+
 FLAGS = flags.FLAGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -16,6 +16,9 @@ from examples import imdb
 from examples import names
 from examples import training
 
+# The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
+
 QUICK = training.RunConfig(seed=0, verbose=0, max_steps=2)
 
 

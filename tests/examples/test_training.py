@@ -17,7 +17,15 @@ from examples import datasets
 from examples import digits
 from examples import training
 from keras_dyndp import keras_compat
+from keras_dyndp import privacy_report
 from keras_dyndp import schedules
+
+# The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning"),
+    # The Keras 2 plain-optimizer path, taken on purpose here.
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizers.dp_optimizer.SlowPathWarning"),
+]
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -170,7 +178,8 @@ def test_tcdp_outside_its_subsampling_theorem_is_a_flag_error():
 
 
 def test_shuffled_batches_are_flagged_as_approximate(capsys):
-    result = _train(sampling="shuffle", max_steps=2)
+    with pytest.warns(UserWarning, match="not a dataset returned by keras_dyndp.data"):
+        result = _train(sampling="shuffle", max_steps=2)
     assert result.steps == 2 and result.config.sampling == "shuffle"
     assert "these epsilons assume Poisson sampling and are approximate" in capsys.readouterr().out
 
@@ -194,6 +203,25 @@ def test_resume_restores_the_step_counter_and_refuses_another_schedule(tmp_path,
         _train(model_dir=model_dir, epsilon=1.0)
     with pytest.raises(training.FlagError, match="method"):
         _train(model_dir=model_dir, method="nonprivate")
+
+
+def test_model_dir_gets_the_privacy_curve_at_the_epoch_ends(tmp_path, capsys, monkeypatch):
+    plot, calls = privacy_report.plot_run_privacy, []
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return plot(*args, **kwargs)
+
+    monkeypatch.setattr(privacy_report, "plot_run_privacy", spy)
+    model_dir = str(tmp_path / "run")
+    assert _train(model_dir=model_dir, batch_size=512, epochs=3.0).steps == 9  # 3 epochs of 3 steps
+    path = os.path.join(model_dir, "privacy_curve.png")
+    assert f"Privacy curve: {path}" in capsys.readouterr().out
+    with open(path, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(path) > 1000
+    ((args, kwargs),) = calls
+    assert list(args[3]) == [3, 6, 9] and kwargs["accountant"] == "pld"
 
 
 def test_batch_size_larger_than_data_is_a_flag_error():

@@ -1,7 +1,8 @@
-"""A per-example loop, the reference the JAX backend's vmapped step must equal."""
+"""A per-example loop, the reference the JAX backend's vmapped step must equal, and batches in order for fit."""
 
 import jax
 import jax.numpy as jnp
+import keras
 import numpy as np
 
 
@@ -23,3 +24,19 @@ def clipped_sum(model, loss_fn, x, y, clip_norm, weights=None):
         factor = min(1.0, clip_norm / norm) if norm > 0 else 1.0
         total = [t + factor * g for t, g in zip(total, grads)]
     return total
+
+
+class FixedBatches(keras.utils.PyDataset):
+    """Batches of ``batch_size`` rows in order, as fit cuts arrays, which it refuses for an optimizer with
+    ``expected_batch_size``; a PyDataset is taken (with a SamplingWarning) and its batch sizes checked."""
+
+    def __init__(self, x, y, batch_size, sample_weight=None):
+        super().__init__()
+        self._rows = (x, y) if sample_weight is None else (x, y, sample_weight)
+        self._batch_size = batch_size
+
+    def __len__(self):
+        return -(-len(self._rows[0]) // self._batch_size)
+
+    def __getitem__(self, index):
+        return tuple(part[index * self._batch_size : (index + 1) * self._batch_size] for part in self._rows)

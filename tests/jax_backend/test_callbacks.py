@@ -15,6 +15,13 @@ from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import PrivacyLogger  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 
+pytestmark = [
+    # Tests that measure the clipped sum without noise, and arrays with public_batch_size=True (fixed-size batches
+    # by declaration): both warned by design.
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+]
+
 LOSS = keras.losses.MeanSquaredError(reduction="none")
 
 
@@ -62,3 +69,13 @@ def test_privacy_logger_refuses_log_dir_and_bad_arguments():
         PrivacyLogger(delta=1e-5, log_dir="/tmp/logs")
     with pytest.raises(ValueError, match="`log_every` must be 'epoch' or an integer >= 1"):
         PrivacyLogger(delta=1e-5, log_every=0)
+
+
+def test_budget_stop_ends_fit_with_an_ordinary_line_after_the_progress_bar(capsys):
+    x, y = np.ones((8, 3), "float32"), np.zeros((8, 2), "float32")
+    model = _model(num_steps=3)
+    with pytest.warns(UserWarning, match="not keras_dyndp.jax_backend.PoissonBatches"):  # arrays, public batch size
+        model.fit(x, y, batch_size=4, epochs=3, verbose=2, callbacks=[BudgetStop()])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == "BudgetStop: the privacy budget is spent (3 of the schedule's 3 DP steps); training ended."
+    assert "dp_step" in lines[-2]  # after the progress bar's last line

@@ -111,10 +111,11 @@ def test_bad_arguments_are_refused(kwargs, message):
         PoissonBatches(x, y[:10], sampling_probability=P)
 
 
-def _model(p):
+def _model(p, public_batch_size=False):
     model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
     schedule = schedules.DPSchedule(np.ones(50), np.ones(50), p)
-    optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=p * N, learning_rate=0.01)
+    normaliser = dict(public_batch_size=True) if public_batch_size else dict(expected_batch_size=p * N)
+    optimizer = DynamicDPKerasSGD(schedule=schedule, learning_rate=0.01, **normaliser)
     model.compile(
         optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     )
@@ -133,15 +134,18 @@ def test_fit_accepts_poisson_batches_at_the_schedules_rate_and_refuses_another()
         model.fit(PoissonBatches(x, y, sampling_probability=0.2, steps_per_epoch=1), verbose=0)
 
 
-def test_fit_on_arrays_warns_once_that_the_epsilon_assumes_poisson_sampling():
+def test_fit_refuses_arrays_unless_batch_sizes_are_public_then_warns_once():
     x, y = _arrays()
     y = (y % 2).astype("int32")
-    model = _model(20 / N)
+    with pytest.raises(ValueError, match=r"(?s)received arrays.*PoissonBatches\(x, y, sampling_probability=0.1\)"):
+        _model(20 / N).fit(x, y, batch_size=20, epochs=1, verbose=0)
+    model = _model(20 / N, public_batch_size=True)  # fixed-size batches, stated
     with pytest.warns(SamplingWarning, match=r"not keras_dyndp.jax_backend.PoissonBatches.*p=0.1"):
         model.fit(x, y, batch_size=20, epochs=1, verbose=0, shuffle=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SamplingWarning)
         model.fit(x, y, batch_size=20, epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 20
 
 
 def test_train_on_batch_warns_too():

@@ -15,6 +15,13 @@ from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import microbatches  # noqa: E402
 
+pytestmark = [
+    # Tests that measure the clipped sum without noise, and arrays with public_batch_size=True (fixed-size batches
+    # by declaration): both warned by design.
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+]
+
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
 

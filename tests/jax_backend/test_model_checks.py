@@ -16,6 +16,13 @@ from keras_dyndp.jax_backend import check_model  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import model_checks  # noqa: E402
 
+pytestmark = [
+    # Tests that measure the clipped sum without noise, and arrays with public_batch_size=True (fixed-size batches
+    # by declaration): both warned by design.
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+]
+
 
 class _RunningMean(keras.layers.Layer):
     """Stores the batch mean (private), a call counter and a constant (public) in training."""

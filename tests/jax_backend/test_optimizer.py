@@ -9,6 +9,7 @@ keras = pytest.importorskip("keras")
 if keras.backend.backend() != "jax":
     pytest.skip("Keras is not running on JAX (set KERAS_BACKEND=jax)", allow_module_level=True)
 
+import jax_brute_force as brute_force  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_dyndp import batch_sizes  # noqa: E402
@@ -22,6 +23,13 @@ from keras_dyndp.jax_backend import PrivacyLogger  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import train_step  # noqa: E402
 from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
+
+pytestmark = [
+    # Tests that measure the clipped sum without noise, and arrays with public_batch_size=True (fixed-size batches
+    # by declaration): both warned by design.
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+]
 
 LOSS = keras.losses.MeanSquaredError(reduction="none")
 
@@ -100,11 +108,12 @@ def test_degenerate_noise_is_refused_at_construction(noise_multiplier):
     DynamicDPKerasSGD(schedule=schedules.DPSchedule([2.0] * 3, [2e-4, 2.0, 2e4], 0.5), expected_batch_size=4)
 
 
+@pytest.mark.filterwarnings("ignore:model.fit received x of type FixedBatches:keras_dyndp.batch_sizes.SamplingWarning")
 def test_a_step_counter_restored_into_another_schedule_is_refused(tmp_path):
     x, y = _data()
     schedule_a, schedule_b = _schedule(noise=1.0), _schedule(noise=0.01)  # same C and p, 100 times less noise
     model = _private(DynamicDPKerasSGD(schedule=schedule_a, expected_batch_size=4, learning_rate=0.1))
-    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    model.fit(brute_force.FixedBatches(x, y, 8), epochs=2, verbose=0)
     path = str(tmp_path / "model.weights.h5")  # Keras 3's weights file holds the optimizer's variables too.
     model.save_weights(path)
 
@@ -118,20 +127,20 @@ def test_a_step_counter_restored_into_another_schedule_is_refused(tmp_path):
     other = restored(schedule_b)
     kernel = _kernel(other)
     with pytest.raises(RuntimeError, match=r"another DP schedule.*Steps taken \(dp_step\): 2\."):
-        other.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        other.fit(brute_force.FixedBatches(x, y, 8), epochs=1, verbose=0)
     assert int(other.optimizer.dp_step.numpy()) == 2
     np.testing.assert_array_equal(_kernel(other), kernel)  # the refused step changed nothing
     with pytest.raises(RuntimeError, match="another DP schedule"):  # PrivacyLogger refuses before any step
-        other.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[PrivacyLogger("rdp", delta=1e-5)])
+        other.fit(brute_force.FixedBatches(x, y, 8), epochs=1, verbose=0, callbacks=[PrivacyLogger("rdp", delta=1e-5)])
     same = restored(schedule_a)
-    same.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[PrivacyLogger("rdp", delta=1e-5)])
+    same.fit(brute_force.FixedBatches(x, y, 8), epochs=1, verbose=0, callbacks=[PrivacyLogger("rdp", delta=1e-5)])
     assert int(same.optimizer.dp_step.numpy()) == 3
     unrecorded = restored(schedule_a)
     unrecorded.optimizer.schedule_fingerprint.assign([0, 0])  # as from a file written before fingerprints
     with pytest.raises(RuntimeError, match="no schedule fingerprint was saved"):
-        unrecorded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        unrecorded.fit(brute_force.FixedBatches(x, y, 8), epochs=1, verbose=0)
     unrecorded.optimizer.record_schedule_fingerprint()
-    unrecorded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    unrecorded.fit(brute_force.FixedBatches(x, y, 8), epochs=1, verbose=0)
     assert int(unrecorded.optimizer.dp_step.numpy()) == 3
 
 
@@ -266,3 +275,18 @@ def test_public_batch_sizes_divide_by_the_rows_and_refuse_padding_rows():
     np.testing.assert_allclose(unpadded, 2 * by_p_n, rtol=1e-5, atol=1e-7)  # 8 rows against p N = 16
     with pytest.raises(RuntimeError, match="rows with sample weight 0 .* public_batch_size=True.*not applied"):
         _one_step_update(entry, _padded_batch(5, 8), public_batch_size=True)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+def test_a_fresh_optimizer_on_a_reloaded_model_warns_that_the_schedule_restarts(tmp_path):
+    x, y = _data()
+    model = _private(DynamicDPKerasSGD(schedule=_schedule(), public_batch_size=True, learning_rate=0.1))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.save(str(tmp_path / "model.keras"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", optimizer_base.ScheduleRestartWarning)
+        keras.models.load_model(str(tmp_path / "model.keras")).fit(x, y, batch_size=8, verbose=0)  # Resumes: silent.
+    loaded = keras.models.load_model(str(tmp_path / "model.keras"))
+    loaded.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule(), public_batch_size=True), loss=LOSS)
+    with pytest.warns(optimizer_base.ScheduleRestartWarning, match="took 1 DP steps .* starts over"):
+        loaded.fit(x, y, batch_size=8, verbose=0)

@@ -17,6 +17,7 @@ import jax_brute_force as brute_force  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from keras_dyndp import optimizer_base  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import BudgetStop  # noqa: E402  (the top-level name)
 from keras_dyndp.jax_backend import DynamicDPKerasAdagrad  # noqa: E402
@@ -26,8 +27,19 @@ from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import PrivacyLogger  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
+from keras_dyndp.optimizer_base import ScheduleRestartWarning  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+pytestmark = [
+    # FixedBatches: exact batches in order, not Poisson samples, to compare with the reference (warned by design).
+    pytest.mark.filterwarnings(
+        "ignore:model.fit received x of type FixedBatches:keras_dyndp.batch_sizes.SamplingWarning"
+    ),
+    # Tests that measure the clipped sum without noise, and arrays with public_batch_size=True (fixed-size batches
+    # by declaration): both warned by design.
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+]
 
 
 def _data(num_rows=12, seed=0):
@@ -95,7 +107,7 @@ def test_padding_rows_with_weight_zero_add_nothing_and_expected_batch_size_norma
     model.compile(optimizer=optimizer, loss=LOSS)
     before = _weights(model)
     expected = brute_force.clipped_sum(model, LOSS, x, y, 0.3, weights)
-    model.fit(x, y, sample_weight=weights, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    model.fit(brute_force.FixedBatches(x, y, 8, weights), epochs=1, verbose=0)
     for old, new, total in zip(before, _weights(model), expected):
         np.testing.assert_allclose(new, old - total / 5.0, rtol=1e-4, atol=1e-6)
 
@@ -124,7 +136,7 @@ def test_accumulation_clips_the_batch_in_physical_batches_with_the_one_pass_resu
     logits = model(x)
     accuracy = keras.metrics.SparseCategoricalAccuracy()
     accuracy.update_state(y, logits)  # Keras's `metrics` ignore sample weights (`weighted_metrics` use them)
-    history = model.fit(x, y, sample_weight=weights, batch_size=10, epochs=1, verbose=0, shuffle=False)
+    history = model.fit(brute_force.FixedBatches(x, y, 10, weights), epochs=1, verbose=0)
     for old, new, total in zip(before, _weights(model), expected):
         np.testing.assert_allclose(new, old - total / 10, rtol=1e-4, atol=1e-7)
     assert int(optimizer.dp_step.numpy()) == 1
@@ -168,7 +180,7 @@ def test_noise_std_on_the_sum_follows_the_schedule_at_steps_0_and_2():
     x, y = np.ones((8, 100), "float32"), np.zeros((8, 50), "float32")
     for step in range(3):
         before = _weights(model)[0]
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        model.fit(brute_force.FixedBatches(x, y, 8), epochs=1, verbose=0)
         update = _weights(model)[0] - before  # -(clipped sum (<= 8e-6) + noise) / 8, over 5000 coordinates
         if step != 1:
             assert np.std(update) == pytest.approx(sigmas[step] / 8, rel=0.05)
@@ -215,7 +227,7 @@ def _step_sum(model, x, y, clip_norm, sample_weight=None, noise_seed=None):
     )
     model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError(reduction="none"), jit_compile=False)
     before = _weights(model)
-    model.fit(x, y, sample_weight=sample_weight, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    model.fit(brute_force.FixedBatches(x, y, len(x), sample_weight), epochs=1, verbose=0)
     return np.concatenate([(old - new).ravel() for old, new in zip(before, _weights(model))])
 
 
@@ -303,7 +315,7 @@ def test_a_batch_far_outside_the_poisson_range_is_refused_and_not_applied():
     with pytest.raises(
         RuntimeError, match=r"too many examples in this batch: 40.*between \d+ and \d+.*The step was not applied"
     ):
-        model.fit(x, y, batch_size=40, epochs=1, verbose=0)
+        model.fit(brute_force.FixedBatches(x, y, 40), epochs=1, verbose=0)
     for want, got in zip(before, _weights(model)):
         np.testing.assert_array_equal(got, want)
     assert int(model.optimizer.dp_step.numpy()) == 0
@@ -597,3 +609,55 @@ def test_without_keras_backend_set_and_without_tensorflow_the_message_says_what_
     code = "import keras_dyndp; keras_dyndp.DynamicDPKerasSGD"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert result.returncode != 0 and "set KERAS_BACKEND=jax" in result.stderr
+
+
+def test_fit_refuses_arrays_before_the_first_step_showing_the_two_line_fix():
+    x, y = _data()
+    model = make_private(_cnn())
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0] * 3, [1.0] * 3), expected_batch_size=6.0), loss=LOSS
+    )
+    with pytest.raises(ValueError, match="model.fit received arrays") as refused:
+        model.fit(x, y, batch_size=6, verbose=0)
+    assert "keras_dyndp.jax_backend.PoissonBatches(x, y, sampling_probability=0.5)" in str(refused.value)
+    assert "public_batch_size=True" in str(refused.value) and int(model.optimizer.dp_step.numpy()) == 0
+
+
+def test_training_past_the_budget_is_one_short_keras_dyndp_error():
+    x, y = _data()
+    model = make_private(_cnn())
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0] * 3, [1.0] * 3), expected_batch_size=6.0), loss=LOSS
+    )
+    batches = keras_dyndp.jax_backend.PoissonBatches(x, y, sampling_probability=0.5, steps_per_epoch=2, seed=0)
+    for start in (0, 3):  # Past T in the middle of a fit, then at the start of one (before any step).
+        with pytest.raises(optimizer_base.BudgetExhaustedError) as exhausted:
+            model.fit(batches, epochs=2, verbose=0)
+        message = str(exhausted.value)
+        assert message.startswith("DP budget exhausted: all 3 steps") and "keras_dyndp.BudgetStop()" in message
+        assert "\n" not in message and exhausted.value.__cause__ is None
+        assert exhausted.value.__context__ is None or exhausted.value.__suppress_context__
+        assert int(model.optimizer.dp_step.numpy()) == 3, start
+
+
+def test_compiling_with_another_optimizer_traces_the_step_anew():
+    """JAX caches jitted traces by the function object: after ``compile`` with a second DP optimizer the rebuilt
+    train function replayed the first optimizer's trace (its clip norm: an update of norm 1.06 where the second
+    schedule's C = 1e-3 allows about 1e-3) while the second optimizer's counter advanced."""
+    x, y = np.full((4, 3), 10.0, "float32"), np.zeros((4, 2), "float32")
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    loss = keras.losses.MeanSquaredError(reduction="none")
+    for clip_norm in (1.0, 1e-3):
+        optimizer = DynamicDPKerasSGD(
+            schedule=_schedule([clip_norm] * 4, [clip_norm] * 4), public_batch_size=True, learning_rate=1.0
+        )
+        model.compile(optimizer=optimizer, loss=loss)
+        before = _weights(model)
+        if clip_norm == 1.0:
+            model.fit(x, y, batch_size=4, verbose=0)
+            continue
+        with pytest.warns(ScheduleRestartWarning, match="starts over"):  # a fresh optimizer on a trained model
+            model.fit(x, y, batch_size=4, verbose=0)
+    update = np.sqrt(sum(np.sum((new - old) ** 2) for new, old in zip(_weights(model), before)))
+    assert int(optimizer.dp_step.numpy()) == 1
+    assert update < 0.01  # the second schedule's: C / 4 rows plus noise of std C / 4 per coordinate

@@ -20,6 +20,17 @@ from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasSGD
 from keras_dyndp.per_example import make_private
 
 keras = keras_compat.keras
+# Test-only settings this module uses on purpose, named so that no other warning is hidden: noiseless schedules
+# (allow_degenerate_noise=True) to compare clipped sums exactly, the optimizer called outside a Keras train step to
+# measure one step, and numpy arrays to fit for brevity. The tests of these warnings assert them (pytest.warns).
+pytestmark = [
+    # The Keras 2 plain-optimizer path, taken on purpose here.
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizers.dp_optimizer.SlowPathWarning"),
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
+    pytest.mark.filterwarnings("ignore:keras_dyndp cannot see the batches:keras_dyndp.batch_sizes.SamplingWarning"),
+    pytest.mark.filterwarnings("ignore:DynamicDPKeras\\w+ is not called from a Keras model's train step:UserWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type:keras_dyndp.batch_sizes.SamplingWarning"),
+]
 DP_CLASSES = [DynamicDPKerasSGD, DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop]
 BASE_CLASSES = [keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.Adagrad, keras.optimizers.RMSprop]
 KERNEL0 = np.array([[0.5, -1.0], [2.0, 0.3], [-0.7, 1.1]], np.float32)
@@ -83,6 +94,12 @@ def data(num_rows=4, seed=0):
     return x, y
 
 
+def batches(x, y, batch_size):
+    """Batches of ``batch_size`` rows in order, as fit cuts arrays, which it refuses for an optimizer with
+    ``expected_batch_size``; a dataset is taken (with a SamplingWarning) and its batch sizes checked."""
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+
+
 def numpy_dp_update(x, y, clip_norm, normaliser, assignment=None):
     """Mean-of-clipped gradient of the per-example MSE of the linear model at (KERNEL0, 0).
 
@@ -132,7 +149,7 @@ def test_step_matches_numpy_mean_of_clipped_gradients(
         public_batch_size=expected_batch_size is None,
     )
     model = compile_on(path, linear_model(), optimizer)
-    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    model.fit(batches(x, y, 4), epochs=1, verbose=0)
     kernel, bias = model.get_weights()
     np.testing.assert_allclose(kernel, KERNEL0 - 0.5 * update_kernel, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(bias, -0.5 * update_bias, rtol=1e-5, atol=1e-6)
@@ -332,7 +349,7 @@ def _trained_under_a(tmp_path, restore_path):
         return compile_on("make_private", linear_model(), optimizer)
 
     model = compiled(SCHEDULE_A)
-    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    model.fit(batches(x, y, 2), epochs=1, verbose=0)
     if restore_path == "checkpoint":
         saved = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / "ckpt"))
     else:  # Keras 3's .weights.h5 and Keras 2's TensorFlow format hold the optimizer's variables.
@@ -358,16 +375,16 @@ def test_a_step_counter_restored_into_another_schedule_is_refused(tmp_path, rest
     model = restored(SCHEDULE_B)
     weights = model.get_weights()
     with pytest.raises(tf.errors.InvalidArgumentError, match="written under another DP schedule"):
-        model.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0)
+        model.fit(batches(x[:2], y[:2], 2), epochs=1, verbose=0)
     assert int(model.optimizer.dp_step) == 2
     for weight, before in zip(model.get_weights(), weights):
         np.testing.assert_array_equal(weight, before)
     # PrivacyLogger would report SCHEDULE_B's epsilon for steps taken under SCHEDULE_A: refused before any step.
     logger = callbacks.PrivacyLogger("rdp", delta=1e-5)
     with pytest.raises(RuntimeError, match=r"another DP schedule.*Steps taken \(dp_step\): 2\."):
-        model.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0, callbacks=[logger])
+        model.fit(batches(x[:2], y[:2], 2), epochs=1, verbose=0, callbacks=[logger])
     same = restored(SCHEDULE_A)
-    same.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0, callbacks=[callbacks.PrivacyLogger("rdp", delta=1e-5)])
+    same.fit(batches(x[:2], y[:2], 2), epochs=1, verbose=0, callbacks=[callbacks.PrivacyLogger("rdp", delta=1e-5)])
     assert int(same.optimizer.dp_step) == 3
 
 
@@ -376,9 +393,9 @@ def test_a_step_counter_without_a_fingerprint_is_refused_until_recorded(tmp_path
     model = restored(SCHEDULE_A)
     model.optimizer.schedule_fingerprint.assign([0, 0])  # as restored from a checkpoint written before fingerprints
     with pytest.raises(tf.errors.InvalidArgumentError, match="no schedule fingerprint was saved"):
-        model.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0)
+        model.fit(batches(x[:2], y[:2], 2), epochs=1, verbose=0)
     model.optimizer.record_schedule_fingerprint()
-    model.fit(x[:2], y[:2], batch_size=2, epochs=1, verbose=0)
+    model.fit(batches(x[:2], y[:2], 2), epochs=1, verbose=0)
     assert int(model.optimizer.dp_step) == 3
     other = restored(SCHEDULE_B)
     with pytest.raises(RuntimeError, match="another DP schedule"):
@@ -489,7 +506,9 @@ def test_exhausted_budget_raises(path):
     )
     model.fit(x, y, batch_size=2, epochs=1, verbose=0)
     weights = model.get_weights()
-    with pytest.raises(tf.errors.InvalidArgumentError, match="DP budget exhausted"):
+    # make_private's fit refuses on the host, in one line; the optimizer's own path in the graph.
+    refusal = optimizer_base.BudgetExhaustedError if path == "make_private" else tf.errors.InvalidArgumentError
+    with pytest.raises(refusal, match="DP budget exhausted"):
         model.fit(x, y, batch_size=2, epochs=1, verbose=0)
     for after, before in zip(model.get_weights(), weights):
         np.testing.assert_array_equal(after, before)
@@ -512,11 +531,17 @@ def test_jit_compile_fit_trains_then_stops_updating_past_the_budget(path):
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
     trained = model.get_weights()
     assert not np.allclose(trained[0], KERNEL0)
-    # XLA drops the assert; past T the clip and the noise are 0, so the update is exactly zero.
-    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    # XLA drops the assert; past T the clip and the noise are 0, so the update is exactly zero. (make_private's fit
+    # refuses a spent schedule on the host before any step; its train_on_batch runs the step.)
+    if path == "make_private":
+        with pytest.raises(optimizer_base.BudgetExhaustedError):
+            model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+        model.train_on_batch(x[:2], y[:2])
+    else:
+        model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
     for after, before in zip(model.get_weights(), trained):
         np.testing.assert_array_equal(after, before)
-    assert int(model.optimizer.dp_step) == 4
+    assert int(model.optimizer.dp_step) == (3 if path == "make_private" else 4)
 
 
 @pytest.mark.parametrize("path", FIT_PATHS)
@@ -530,7 +555,7 @@ def test_fit_works_for_every_model_kind(kind, path):
         DynamicDPKerasAdam(schedule=schedule, learning_rate=0.01, expected_batch_size=4),
         metrics=["mae"],
     )
-    history = model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    history = model.fit(batches(x, y, 4), epochs=1, verbose=0)
     assert history.history["dp_step"] == [2.0]  # No loss of the private batch is logged on either path.
     assert np.all(np.isfinite(model.evaluate(x, y, verbose=0)))
     assert int(model.optimizer.dp_step) == 2
@@ -594,7 +619,8 @@ def test_keras2_fit_without_make_private_logs_nothing_computed_on_the_training_b
         optimizer = DynamicDPKerasSGD(schedule=schedules.DPSchedule([1.0] * 4, [1.0] * 4, 0.1), expected_batch_size=4)
         model.compile(optimizer=optimizer, loss=per_example_mse(), metrics=["mae"])
         with pytest.warns(dp_optimizer.SlowPathWarning, match="logs only dp_step"):
-            history = model.fit(x_train, y, batch_size=4, epochs=1, verbose=0, validation_data=(x, y))
+            batches = tf.data.Dataset.from_tensor_slices((x_train, y)).batch(4)
+            history = model.fit(batches, epochs=1, verbose=0, validation_data=(x, y))
         assert set(history.history) == {"dp_step", "val_loss", "val_mae"}
         assert np.all(np.isfinite(model.evaluate(x, y, verbose=0)))  # Keras's test step: loss and mae.
         training_logs.append(history.history["dp_step"])
@@ -682,7 +708,9 @@ def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_o
         keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)]),
         DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1, expected_batch_size=2),
     )
-    model.fit(dataset, epochs=1, verbose=0)
+    with pytest.warns(UserWarning) as caught:  # A generator's batches are not Poisson; Keras: "ran out of data".
+        model.fit(dataset, epochs=1, verbose=0)
+    assert any("not a dataset returned by keras_dyndp.data" in str(warning.message) for warning in caught)
     # Keras's base optimizers count 3 here: the counter ran when the exhausted iterator aborted the third call.
     assert int(model.optimizer.dp_step) == 2
     assert all(np.all(np.isfinite(weight)) for weight in model.get_weights())
@@ -849,7 +877,7 @@ def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path, path):
     plain_model = linear_model()
     plain_model.compile(optimizer=keras.optimizers.SGD(learning_rate=1.0), loss=per_example_mse())
     for model in (dp_model, plain_model):
-        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        model.fit(batches(x, y, 4), epochs=1, verbose=0, shuffle=False)
     paths = [
         tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / kind))
         for kind, model in (("dp", dp_model), ("plain", plain_model))
@@ -865,6 +893,26 @@ def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path, path):
     dp_model.save(str(tmp_path / "model.keras"))
     loaded = keras.models.load_model(str(tmp_path / "model.keras"))
     assert len(loaded.optimizer.variables) == len(plain_model.optimizer.variables) + 1
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+def test_a_fresh_optimizer_on_a_reloaded_model_warns_that_the_schedule_restarts(tmp_path):
+    def fresh_optimizer():
+        schedule = schedules.DPSchedule(np.full(10, 1.0), np.full(10, 1.0), 0.5)
+        return DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, learning_rate=0.1)
+
+    x, y = np.ones((4, 3), np.float32), np.ones((4, 1), np.float32)
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]))
+    model.compile(optimizer=fresh_optimizer(), loss=per_example_mse())
+    model.fit(x, y, batch_size=4, verbose=0)
+    model.save(str(tmp_path / "model.keras"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", optimizer_base.ScheduleRestartWarning)
+        keras.models.load_model(str(tmp_path / "model.keras")).fit(x, y, batch_size=4, verbose=0)  # Resumes: silent.
+    loaded = keras.models.load_model(str(tmp_path / "model.keras"))
+    loaded.compile(optimizer=fresh_optimizer(), loss=per_example_mse())
+    with pytest.warns(optimizer_base.ScheduleRestartWarning, match="took 1 DP steps .* starts over"):
+        loaded.fit(x, y, batch_size=4, verbose=0)
 
 
 def test_noise_seed_reproduces_the_noise_warns_and_is_not_serialised():
@@ -896,9 +944,7 @@ def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution, p
     kernels = []
     record = keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: kernels.append(model.get_weights()[0]))
     model.fit(
-        np.zeros((4, 3), np.float32),
-        np.zeros((4, 2000), np.float32),
-        batch_size=2,
+        batches(np.zeros((4, 3), np.float32), np.zeros((4, 2000), np.float32), 2),
         epochs=3,
         verbose=0,
         callbacks=[record],
@@ -928,7 +974,7 @@ def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly, path)
     watched = model.trainable_variables if run_eagerly and path == "optimizer" else model.variables
     before = [v.numpy() for v in watched]
     with pytest.raises(ValueError, match=r"Layer 'norm' \(BatchNormalization\).*GroupNormalization"):
-        model.fit(x, y, batch_size=4, verbose=0)
+        model.fit(batches(x, y, 4), verbose=0)
     assert int(model.optimizer.dp_step) == 0
     for old, new in zip(before, watched):
         np.testing.assert_array_equal(old, new.numpy())

@@ -14,6 +14,9 @@ from keras_dyndp.optimizers import sampling_check
 from keras_dyndp.optimizers.dp_optimizer import DynamicDPKerasSGD
 from keras_dyndp.per_example import make_private
 
+# The Keras 2 plain-optimizer path, taken on purpose here.
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.optimizers.dp_optimizer.SlowPathWarning")
+
 keras = keras_compat.keras
 NUM_EXAMPLES, P = 400, 0.05  # p N = 20 expected examples per batch
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
@@ -52,6 +55,11 @@ def compiled_model(path, sampling_probability=P, expected_batch_size=NUM_EXAMPLE
     return model
 
 
+def batches(x, y, batch_size):
+    """Batches of ``batch_size`` rows in order: not Poisson, but a dataset, which fit takes with a warning."""
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+
+
 def sampling_warnings(caught) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, sampling_check.SamplingWarning)]
 
@@ -64,7 +72,7 @@ def test_full_batch_fit_is_refused_before_any_update(path):
     low, high = data.batch_size_range(NUM_EXAMPLES, P)
     expected = rf"too many examples in this batch: \W*{NUM_EXAMPLES}\W.*p=0.05 from N=400 .*between {low} and {high}\."
     with pytest.warns(sampling_check.SamplingWarning), pytest.raises(tf.errors.InvalidArgumentError, match=expected):
-        model.fit(x, y, batch_size=NUM_EXAMPLES, epochs=1, verbose=0)
+        model.fit(batches(x, y, NUM_EXAMPLES), epochs=1, verbose=0)
     assert int(model.optimizer.dp_step) == 0
     for after, before in zip(model.get_weights(), weights):
         np.testing.assert_array_equal(after, before)
@@ -79,7 +87,7 @@ def test_batches_far_below_the_expected_size_are_refused(run_eagerly, path):
         pytest.warns(sampling_check.SamplingWarning),
         pytest.raises(tf.errors.InvalidArgumentError, match=r"too few examples in this batch: \W*16\W.*p\*N=200"),
     ):
-        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        model.fit(batches(x, y, 16), epochs=1, verbose=0)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -131,16 +139,29 @@ def test_poisson_batches_need_a_normaliser_independent_of_the_rows(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_arrays_are_refused_before_the_first_step_unless_batch_sizes_are_public(path):
+    x, y = arrays(NUM_EXAMPLES + 5)  # Keras would cut 20 batches of 20 and one of 5, refused after 20 steps
+    model = compiled_model(path)
+    with pytest.raises(ValueError, match=r"(?s)received arrays.*poisson_batches_from_tensors\(x, y, sampling_prob"):
+        model.fit(x, y, batch_size=20, epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step) == 0
+    public = compiled_model(path, expected_batch_size=None)  # public_batch_size=True: fixed-size batches, stated
+    with pytest.warns(sampling_check.SamplingWarning, match="public_batch_size=True, so no batch size is checked"):
+        public.fit(x, y, batch_size=20, epochs=1, verbose=0)
+    assert int(public.optimizer.dp_step) == 21
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
-    "make_input, note",
+    "make_input, note, expected_batch_size",
     [
-        (lambda x, y: dict(x=x, y=y, batch_size=20), "ndarray"),
-        (lambda x, y: dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(20)), "BatchDataset"),
+        (lambda x, y: dict(x=x, y=y, batch_size=20), "ndarray", None),  # arrays: only with public_batch_size=True
+        (lambda x, y: dict(x=batches(x, y, 20)), "BatchDataset", NUM_EXAMPLES * P),
     ],
 )
-def test_other_inputs_get_one_warning(make_input, note, path):
+def test_other_inputs_get_one_warning(make_input, note, expected_batch_size, path):
     x, y = arrays()
-    model = compiled_model(path)
+    model = compiled_model(path, expected_batch_size=expected_batch_size)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(epochs=1, verbose=0, **make_input(x, y))
@@ -164,7 +185,7 @@ def test_warning_says_when_batch_sizes_are_not_checked(kwargs, note, path):
     x, y = arrays()
     model = compiled_model(path, **kwargs)
     with pytest.warns(sampling_check.SamplingWarning, match=note.replace("(", r"\(").replace(")", r"\)")):
-        model.fit(x, y, batch_size=NUM_EXAMPLES, epochs=1, verbose=0)  # public batch sizes, or XLA: nothing raises
+        model.fit(batches(x, y, NUM_EXAMPLES), epochs=1, verbose=0)  # public batch sizes, or XLA: nothing raises
 
 
 def test_custom_training_loop_gets_one_warning():

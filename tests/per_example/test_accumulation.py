@@ -17,6 +17,8 @@ from keras_dyndp.per_example import clipped_sum
 from keras_dyndp.per_example import make_private
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+# The steps are compared with the noise off (allow_degenerate_noise=True), which warns by design.
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")
 
 
 def model_and_batch(num_rows: int, vectorized_layer: bool):
@@ -72,7 +74,8 @@ def fit_once(accumulation_steps: int, noise: float, batch: int = 12) -> np.ndarr
         allow_degenerate_noise=True,
     )
     make_private(model).compile(optimizer=optimizer, loss=LOSS)
-    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+    # A dataset: fit refuses arrays for an optimizer with expected_batch_size (it takes this one with a warning).
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch), epochs=1, verbose=0)
     assert int(optimizer.dp_step.numpy()) == 1
     return np.concatenate([(after - before).ravel() for after, before in zip(model.get_weights(), initial)])
 

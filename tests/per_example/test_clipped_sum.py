@@ -19,7 +19,7 @@ WEIGHTS = np.array([1.0, 0.0, 1.0, 2.0, 0.0, 1.0], np.float32)
 def cnn() -> keras.Model:
     return keras.Sequential(
         [
-            keras.layers.InputLayer(input_shape=(16, 16, 1)),
+            keras.Input((16, 16, 1)),
             keras.layers.Conv2D(4, 8, strides=2, padding="same", activation="relu"),
             keras.layers.MaxPool2D(2, 1),
             keras.layers.Conv2D(6, 3, strides=2, padding="valid", activation="relu"),
@@ -34,7 +34,7 @@ def cnn() -> keras.Model:
 def lstm() -> keras.Model:
     return keras.Sequential(
         [
-            keras.layers.InputLayer(input_shape=(5,)),
+            keras.Input((5,)),
             keras.layers.Embedding(7, 4),
             keras.layers.LSTM(5, return_sequences=True),
             keras.layers.LSTM(3),

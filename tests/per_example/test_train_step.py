@@ -11,7 +11,9 @@ import tensorflow as tf
 from brute_force import LOSS
 from brute_force import reference
 
+from keras_dyndp import data
 from keras_dyndp import keras_compat
+from keras_dyndp import optimizer_base
 from keras_dyndp import schedules
 from keras_dyndp.callbacks import PrivacyLogger
 from keras_dyndp.optimizers import DynamicDPKerasAdam
@@ -22,6 +24,17 @@ from keras_dyndp.per_example import train_step
 
 keras = keras_compat.keras
 CLIP = 0.5
+# Most tests compare with the exact clipped sums, so their optimizers add no noise (allow_degenerate_noise=True); the
+# tests of that warning assert it (pytest.warns).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
+    # batches(): exact batches in order, not Poisson samples, to compare with the reference (warned by design).
+    pytest.mark.filterwarnings(
+        "ignore:model.fit received x of type _?BatchDataset:keras_dyndp.batch_sizes.SamplingWarning"
+    ),
+    # Arrays with public_batch_size=True: fixed-size batches by declaration (warned by design).
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+]
 
 
 def dp_optimizer(
@@ -36,6 +49,13 @@ def dp_optimizer(
         learning_rate=learning_rate,
         allow_degenerate_noise=True,
     )
+
+
+def batches(x, y, batch_size: int, sample_weight=None) -> tf.data.Dataset:
+    """Batches of ``batch_size`` rows in order (the last one shorter), as fit cuts arrays, which it refuses for an
+    optimizer with ``expected_batch_size``; a dataset is taken (with a SamplingWarning) and its sizes checked."""
+    rows = (x, y) if sample_weight is None else (x, y, sample_weight)
+    return tf.data.Dataset.from_tensor_slices(rows).batch(batch_size)
 
 
 def sequential() -> keras.Model:
@@ -107,7 +127,7 @@ def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
     expected_sums = reference(model, x, y, weights, CLIP)[0]
     model = make_private(model)
     model.compile(optimizer=dp_optimizer(learning_rate=0.1, expected_batch_size=4.0), loss=LOSS)
-    model.fit(x, y, sample_weight=weights, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    model.fit(batches(x, y, 4, weights), epochs=1, verbose=0)
     for old, new, expected in zip(before, model.trainable_variables, expected_sums):
         np.testing.assert_allclose(new.numpy(), old - 0.1 * expected / 4, rtol=1e-5, atol=1e-7)
 
@@ -208,7 +228,7 @@ def test_batch_normalisation_is_refused_before_the_first_step(norm):
     before = [v.numpy() for v in model.variables]
     x, y = dataset("subclassed", 8)
     with pytest.raises(ValueError, match="BatchNormalization.*GroupNormalization"):
-        model.fit(x, y, batch_size=8, verbose=0)
+        model.fit(batches(x, y, 8), verbose=0)
     assert int(model.optimizer.dp_step.numpy()) == 0
     for old, new in zip(before, model.variables):  # moving_mean among them: nothing was released.
         np.testing.assert_array_equal(old, new.numpy())
@@ -240,7 +260,7 @@ def test_time_distributed_fit_with_a_partial_last_batch_clips_each_example():
         schedule=schedule, expected_batch_size=2, learning_rate=0.5, allow_degenerate_noise=True
     )
     model.compile(optimizer=optimizer, loss=LOSS)
-    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    model.fit(batches(x, y, 2), epochs=1, verbose=0)
     assert int(model.optimizer.dp_step.numpy()) == 3
     for actual, wanted in zip(model.trainable_variables, expected.trainable_variables):
         np.testing.assert_allclose(actual.numpy(), wanted.numpy(), rtol=1e-5, atol=1e-7)
@@ -345,3 +365,50 @@ def test_a_model_never_made_private_is_not_made_private_by_load_model(tmp_path):
     else:
         with pytest.warns(SlowPathWarning, match=r"model = keras_dyndp\.make_private\(model\)"):
             loaded.fit(x, y, batch_size=8, verbose=0)
+
+
+def _poisson_model(num_steps: int = 3, **optimizer_kwargs) -> keras.Model:
+    """A make_private model whose DP SGD runs ``num_steps`` steps at p = 0.25 (p N = 8 of 32 rows)."""
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    schedule = schedules.DPSchedule(np.ones(num_steps), np.ones(num_steps), 0.25)
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, **optimizer_kwargs), loss=LOSS)
+    return model
+
+
+def test_fit_refuses_arrays_before_the_first_step_showing_the_two_line_fix():
+    x, y = dataset("subclassed")
+    model = _poisson_model(expected_batch_size=8.0)
+    with pytest.raises(ValueError, match="model.fit received arrays") as refused:
+        model.fit(x, y, batch_size=8, verbose=0)  # 32 rows: 4 fixed-size batches, not a Poisson sample
+    assert "keras_dyndp.poisson_batches_from_tensors(x, y, sampling_probability=0.25)" in str(refused.value)
+    assert "public_batch_size=True" in str(refused.value)
+    assert int(model.optimizer.dp_step) == 0
+    # Stated fixed-size batches take arrays (warned: the epsilon assumes Poisson sampling), a last short batch too.
+    public = _poisson_model(num_steps=10, public_batch_size=True)
+    with pytest.warns(UserWarning, match="not a dataset returned by keras_dyndp.data.poisson_batches"):
+        public.fit(x[:30], y[:30], batch_size=8, verbose=0)
+    assert int(public.optimizer.dp_step) == 4
+
+
+def test_training_past_the_budget_is_one_short_keras_dyndp_error():
+    x, y = dataset("subclassed")
+    batches = data.poisson_batches_from_tensors(x, y, 0.25, seed=0)
+    model = _poisson_model(expected_batch_size=8.0)
+    for start in (0, 3):  # Past T in the middle of a fit (checked before the batch), then at the start of one.
+        with pytest.raises(optimizer_base.BudgetExhaustedError) as exhausted:
+            model.fit(batches, epochs=2, verbose=0)
+        message = str(exhausted.value)
+        assert message.startswith("DP budget exhausted: all 3 steps") and "keras_dyndp.BudgetStop()" in message
+        assert "\n" not in message and exhausted.value.__cause__ is None
+        assert exhausted.value.__context__ is None or exhausted.value.__suppress_context__
+        assert int(model.optimizer.dp_step) == 3, start
+
+
+def test_fit_on_a_poisson_dataset_gives_no_shuffle_warning():
+    x, y = dataset("subclassed")
+    model = _poisson_model(expected_batch_size=8.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(data.poisson_batches_from_tensors(x, y, 0.25, seed=0, num_steps=2), verbose=0)
+    assert not [str(warning.message) for warning in caught if "shuffle" in str(warning.message)]
+    assert int(model.optimizer.dp_step) == 2

@@ -1,0 +1,109 @@
+"""Registers keras_dyndp's Keras-serializable classes (the DP optimizers) once Keras is imported.
+
+``keras.models.load_model`` finds a class that is not Keras's own only in Keras's registry, which the class's module
+fills when it is imported: ``import keras, keras_dyndp; keras.models.load_model("m.keras")`` in a fresh process
+would fail on ``DynamicDPKerasSGD`` if importing the optimizers waited for their first use. Importing them at
+``import keras_dyndp`` would import TensorFlow, which the accounting and ``dyndp-privacy`` do without (seconds), so
+registration follows Keras: at ``import keras_dyndp`` if Keras (or TensorFlow, which imports it) is already imported,
+else as soon as the first of them has been. TensorFlow imports Keras from its ``__init__`` and Keras imports
+TensorFlow from its own, so registration waits until every import of them in progress has finished. Only the
+backends keras_dyndp trains on register: TensorFlow (Keras 2 or 3) and JAX.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+_KERAS_MODULES = ("keras", "tf_keras", "tensorflow")
+"""The modules whose import makes Keras usable: Keras 3 and TF 2.15's Keras 2, tf_keras, and TensorFlow."""
+
+_OPTIMIZER_MODULES = {"tensorflow": "keras_dyndp.optimizers", "jax": "keras_dyndp.jax_backend.optimizer"}
+"""Per Keras backend, the module whose import registers the DP optimizers."""
+
+
+def register_with_keras() -> None:
+    """Registers the DP optimizers now if Keras is imported, else once it is (a hook on ``sys.meta_path``)."""
+    if any(name in sys.modules for name in _KERAS_MODULES):
+        _register()
+    elif not any(isinstance(finder, _RegisterAfterKerasImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterKerasImport())
+
+
+def _register() -> None:
+    import keras_dyndp  # pylint: disable=import-outside-toplevel  (imported by the time this runs)
+
+    module = _OPTIMIZER_MODULES.get(keras_dyndp.keras_backend())
+    if module is not None:
+        importlib.import_module(module)
+
+
+class _RegisterAfterKerasImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loaders of `_KERAS_MODULES` to register once their imports have finished."""
+
+    def __init__(self):
+        self._searching: set[str] = set()
+        self._importing: set[str] = set()
+
+    def find_spec(self, fullname, path=None, target=None):
+        del path, target
+        if fullname not in _KERAS_MODULES or fullname in self._searching:
+            return None
+        self._searching.add(fullname)  # The search below must not come back here.
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._searching.discard(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _RegisteringLoader(spec.loader, self, fullname)
+        return spec
+
+    def started(self, fullname: str) -> None:
+        """Called by the loader of `fullname` when it executes the module (a find_spec alone imports nothing)."""
+        self._importing.add(fullname)
+
+    def finished(self, fullname: str, succeeded: bool) -> None:
+        """Called by the loader of `fullname`: registers (once) when no import of a Keras module is in progress."""
+        self._importing.discard(fullname)
+        if succeeded and not self._importing and self in sys.meta_path:
+            sys.meta_path.remove(self)
+            if not _inside_keras_dyndp_import():
+                _register()
+
+
+def _inside_keras_dyndp_import() -> bool:
+    """Whether a keras_dyndp module is executing its imports: then it imported Keras itself, and importing the
+    optimizers now could meet it half-initialised. Each of its Keras modules imports them (keras_compat aside)."""
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__", "").startswith("keras_dyndp."):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _RegisteringLoader(importlib.abc.Loader):
+    """The loader of a Keras module, telling the finder when the module has been executed."""
+
+    def __init__(self, loader, finder: _RegisterAfterKerasImport, fullname: str):
+        self._loader = loader
+        self._finder = finder
+        self._fullname = fullname
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        succeeded = False
+        self._finder.started(self._fullname)
+        try:
+            self._loader.exec_module(module)
+            succeeded = True
+        finally:
+            self._finder.finished(self._fullname, succeeded)
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, ...: the wrapped loader's.
+        return getattr(self._loader, name)
