@@ -102,6 +102,7 @@ def check_expected_batch_size(expected_batch_size) -> float | None:
 
 
 def check_public_batch_size(public_batch_size) -> bool:
+    """``public_batch_size`` as a bool (`schedule_normaliser` says what it states); ValueError for anything else."""
     if not isinstance(public_batch_size, bool):
         raise ValueError(
             f"`public_batch_size` must be True or False. Received: public_batch_size={public_batch_size!r}."
