@@ -1,8 +1,8 @@
 """Per-example kernel gradients of a 1-channel Conv2D in TensorFlow: depthwise filter gradients against image
 patches, and the batch's own filter gradient for scale, interleaved in one run.
 
-The Conv2D rule (`keras_dyndp.per_example.conv2d`) has two forms for a 1-channel input (a grayscale image's first
-convolution): a depthwise filter gradient that treats the batch as channels, and image patches with a batched
+The Conv2D rule (`keras_dyndp.tf_backend.per_example.conv2d`) has two forms for a 1-channel input (a grayscale image's
+first convolution): a depthwise filter gradient that treats the batch as channels, and image patches with a batched
 matmul. Which is faster depends on the output channels and on whether TensorFlow uses oneDNN;
 `conv2d.one_channel_by_depthwise_filter` picks by them.
 This prints, per shape, both forms' time for the norms and the clipped sum, and which form the rule picks, so the
@@ -22,8 +22,8 @@ import tensorflow as tf
 from absl import app
 from absl import flags
 
-from keras_dyndp.per_example import conv2d
-from keras_dyndp.per_example.taps import Rows
+from keras_dyndp.tf_backend.per_example import conv2d
+from keras_dyndp.tf_backend.per_example.taps import Rows
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch_size", 256, "Examples per call.")

@@ -1,6 +1,6 @@
 """Step time of keras_dyndp's JAX step on Poisson batches padded to one shape or to multiples of 32 rows.
 
-`keras_dyndp.jax_backend.PoissonBatches` pads every batch to ``max_batch_size`` by default (one compiled step), which
+`keras_dyndp.poisson_batches` (on JAX) pads every batch to ``max_batch_size`` by default (one compiled step), which
 for an expected batch of 250 from 54000 examples is 385 rows: the vmapped step computes every padding row.
 ``pad_to_multiple=32`` pads to the next multiple of 32 instead (a few shapes, each compiled once). This times both
 on the paper's CNN (Fashion-MNIST shapes, random images: the time does not depend on them), through ``model.fit``,
@@ -26,7 +26,6 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp import jax_backend  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_examples", 54_000, "N.")
@@ -54,8 +53,8 @@ def main(argv):
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(True, reduction="none"))
     p = optimizer.schedule.sampling_probability
     paths = {
-        "one shape": jax_backend.PoissonBatches(x, y, sampling_probability=p, steps_per_epoch=FLAGS.steps),
-        "pad_to_multiple=32": jax_backend.PoissonBatches(
+        "one shape": keras_dyndp.poisson_batches(x, y, sampling_probability=p, steps_per_epoch=FLAGS.steps),
+        "pad_to_multiple=32": keras_dyndp.poisson_batches(
             x, y, sampling_probability=p, steps_per_epoch=FLAGS.steps, pad_to_multiple=32
         ),
     }

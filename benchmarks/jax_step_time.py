@@ -31,6 +31,7 @@ import importlib.util  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 
 import jax  # noqa: E402
 import keras  # noqa: E402
@@ -40,6 +41,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from keras_dyndp import schedules  # noqa: E402
+from keras_dyndp.batch_sizes import SamplingWarning  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 
@@ -103,7 +105,11 @@ class _Stepper:
     """One path: its model's jitted train function and state, stepped on one batch."""
 
     def __init__(self, model: keras.Model, x: np.ndarray, y: np.ndarray):
-        model.fit(x, y, batch_size=len(x), epochs=1, verbose=0)  # builds the model, the optimizer, the function
+        # Builds the model, the optimizer and the function. One fixed batch (not fit's arrays, which a DP optimizer
+        # refuses since they are not Poisson batches): its SamplingWarning says so, and is expected here.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SamplingWarning)
+            model.train_on_batch(x, y)
         model.make_train_function()
         self._function = model.train_function
         self._state = (

@@ -8,8 +8,8 @@ every row alike. Paths:
 * ``nonprivate_xla``: the same with ``compile(jit_compile=True)``.
 * ``dyndp_jacobian``: ``DynamicDPKerasSGD`` through plain ``model.compile`` (pfor jacobian, O(B^2)); Keras 2
   only (Keras 3's train step gives an optimizer only the averaged gradient).
-* ``dyndp_fast``: ``keras_dyndp.per_example.make_private(model)`` with ``method='auto'`` (ghost clipping when every
-  layer has a rule); ``dyndp_fast_xla``: the same, XLA-compiled.
+* ``dyndp_fast``: ``keras_dyndp.make_private(model)`` with ``method='auto'`` (ghost clipping when every layer
+  has a rule); ``dyndp_fast_xla``: the same, XLA-compiled.
 * ``dyndp_vectorized``: ``make_private(model, method='vectorized')`` (``tf.vectorized_map`` over examples).
 * ``tfp_dpkerassgd``: TF-Privacy ``DPKerasSGDOptimizer`` with ``num_microbatches`` = batch size (this and
   ``tfp_dpsequential`` run only where tensorflow-privacy is installed: the comparison stack, Keras 2).
@@ -79,11 +79,11 @@ import tensorflow as tf
 from absl import app
 from absl import flags
 
-from keras_dyndp import keras_compat
 from keras_dyndp import schedules
-from keras_dyndp.keras_compat import keras
-from keras_dyndp.optimizers import DynamicDPKerasSGD
-from keras_dyndp.per_example import make_private
+from keras_dyndp.tf_backend import DynamicDPKerasSGD
+from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example import make_private
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch_size", 256, "Examples per step.")

@@ -19,7 +19,7 @@ import tensorflow as tf
 from absl import app
 from absl import flags
 
-from keras_dyndp.per_example import conv2d  # onednn_enabled
+from keras_dyndp.tf_backend.per_example import conv2d  # onednn_enabled
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("calls", 20, "Timed calls per repetition.")

@@ -1,134 +1,119 @@
 """Dynamic DP-SGD on paediatric chest radiographs (pneumonia or not) with VGG-11 without batch norm (Table 5).
 
-Model: the VGG-11 convolution stack (64, M, 128, M, 256, 256, M, 512, 512, M, 512, 512, M; 3x3 convolutions, ReLU,
-2x2 max-pooling) WITHOUT batch normalisation, as the paper and Ziller et al. do (batch norm mixes examples, so
-per-example clipping would not bound one example's influence), then global average pooling, Dense(512, ReLU) and
-one logit. ``--vgg_width`` scales every layer's width (tests use a tiny one). Images are grey-level, resized to
-``--image_size`` (default 128 to keep CPU runs possible) and scaled to [0, 1] inside the model.
-
-The paper gives no optimiser settings for this task: SGD with learning rate 0.05, C_0 = 1.5, expected batch 64,
-10 epochs and default epsilon 1 (the paper reports 0.5, 1, 1.5) are ours.
-
-Data: ``--chest_xray_dir``, the Kermany et al. folder tree ``train/{NORMAL,PNEUMONIA}`` and
-``test/{NORMAL,PNEUMONIA}`` of image files (the "chest_xray" folder of Mendeley Data 10.17632/rscbjbr9sj.2 or the
-Kaggle "chest-xray-pneumonia" copy), read with `keras.utils.image_dataset_from_directory`.
+VGG-11's convolution stack without batch normalisation (as in the paper and Ziller et al.: batch norm mixes
+examples, so per-example clipping would not bound one image's influence), global average pooling, Dense(512) and
+one logit, on grey images resized to ``--image_size`` (128 keeps CPU runs possible). SGD with learning rate 0.05,
+C_0 = 1.5, expected batch 64, 10 epochs, epsilon 1 (the paper gives no optimiser settings: these are ours).
+``--chest_xray_dir`` is the Kermany et al. tree train|test/NORMAL|PNEUMONIA (Mendeley Data 10.17632/rscbjbr9sj.2
+or Kaggle's chest-xray-pneumonia); see `research.datasets.load_chest_xray`.
 
     python -m examples.chest_xray --chest_xray_dir=/data/chest_xray --epsilon=1
+
+The paper's full runs (checkpoints, results CSV, sweeps): ``python -m research.chest_xray``.
 """
 
-from __future__ import annotations
-
+import math
 import os
 import sys
 
-import numpy as np
-import tensorflow as tf
+from absl import app
 from absl import flags
+from absl import logging
 
-if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
+if __package__ in (None, ""):  # Run as `python examples/chest_xray.py`: make the repository's packages importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from examples import datasets
-from examples import training
-from keras_dyndp.keras_compat import keras
+import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import it first)
 
-flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+# isort: split
+import tensorflow as tf  # noqa: E402
+
+import keras_dyndp  # noqa: E402
+from research import datasets  # noqa: E402
+
+keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 
 flags.DEFINE_string("chest_xray_dir", None, "Folder with train/{NORMAL,PNEUMONIA} and test/{NORMAL,PNEUMONIA}.")
-flags.DEFINE_integer("image_size", 128, "Images are resized to image_size x image_size.")
+flags.DEFINE_integer("image_size", 128, "Images are resized to image_size x image_size grey levels.")
 flags.DEFINE_float("vgg_width", 1.0, "Multiplier of every VGG-11 layer width (1.0: the real VGG-11).")
-
+flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
+flags.DEFINE_float("epsilon", 1.0, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
+flags.DEFINE_integer("epochs", 10, "Epochs: T = ceil(epochs N / batch_size) DP steps.")
+flags.DEFINE_integer("batch_size", 64, "Expected batch size: each image joins a step with p = batch_size / N.")
+flags.DEFINE_float("learning_rate", 0.05, "SGD learning rate.")
+flags.DEFINE_string("model_dir", None, "Where to write the trained weights and the TensorBoard privacy logs.")
+flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
 FLAGS = flags.FLAGS
 
-CLASS_NAMES = ["NORMAL", "PNEUMONIA"]
+
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 
-def _read_split(directory: str) -> tuple[np.ndarray, np.ndarray]:
-    images = keras.utils.image_dataset_from_directory(
-        directory,
-        labels="inferred",
-        label_mode="int",
-        class_names=CLASS_NAMES,
-        color_mode="grayscale",
-        image_size=(FLAGS.image_size, FLAGS.image_size),
-        batch_size=256,
-        shuffle=False,
-    )
-    x_parts, y_parts = [], []
-    for x, y in images:
-        x_parts.append(tf.cast(tf.round(x), tf.uint8).numpy())  # uint8 keeps 5216 images at 128x128 in 85 MB.
-        y_parts.append(y.numpy())
-    return np.concatenate(x_parts), np.concatenate(y_parts).astype(np.float32)[:, None]
-
-
-def load_data() -> datasets.TaskData:
-    """uint8 images [N, size, size, 1]; float labels [N, 1], 0 NORMAL / 1 PNEUMONIA."""
-    root = FLAGS.chest_xray_dir
-    how_to_get = (
-        "Get it from https://data.mendeley.com/datasets/rscbjbr9sj/2 (ChestXRay2017.zip) or Kaggle's "
-        "paultimothymooney/chest-xray-pneumonia, and pass --chest_xray_dir=.../chest_xray."
-    )
-    if not root:
-        raise datasets.DataNotFoundError(f"chest_xray: no --chest_xray_dir given. {how_to_get}")
-    missing = [
-        os.path.join(root, split, name)
-        for split in ("train", "test")
-        for name in CLASS_NAMES
-        if not os.path.isdir(os.path.join(root, split, name))
-    ]
-    if missing:
-        raise datasets.DataNotFoundError(f"chest_xray: missing folders {', '.join(missing)}. {how_to_get}")
-    x_train, y_train = _read_split(os.path.join(root, "train"))
-    x_test, y_test = _read_split(os.path.join(root, "test"))
-    return datasets.TaskData(
-        x_train=x_train,
-        y_train=y_train,
-        x_test=x_test,
-        y_test=y_test,
-        num_classes=2,
-        description=f"chest_xray from {root}: {len(y_train)} training / {len(y_test)} test images "
-        f"({FLAGS.image_size}x{FLAGS.image_size}; no statistic of the private labels is printed)",
-    )
-
-
-def build_model(data: datasets.TaskData) -> keras.Model:
-    """VGG-11 without batch normalisation, global average pooling, Dense(512), one logit."""
-    layers: list[keras.layers.Layer] = [
-        keras.layers.Input(data.x_train.shape[1:], dtype="uint8"),
-        keras.layers.Rescaling(1 / 255.0),
-    ]
+def build_model(image_size: int, width: float) -> keras.Model:
+    """VGG-11 without batch normalisation (it mixes examples), global average pooling, Dense(512), one logit."""
+    layers = [keras.layers.Input((image_size, image_size, 1), dtype="uint8"), keras.layers.Rescaling(1 / 255.0)]
     for item in VGG11:
         if item == "M":
             layers.append(keras.layers.MaxPooling2D(2))
         else:
-            layers.append(
-                keras.layers.Conv2D(max(1, round(item * FLAGS.vgg_width)), 3, padding="same", activation="relu")
-            )
-    layers += [
-        keras.layers.GlobalAveragePooling2D(),
-        keras.layers.Dense(max(1, round(512 * FLAGS.vgg_width)), activation="relu"),
-        keras.layers.Dense(1),
-    ]
-    return keras.Sequential(layers)
+            layers.append(keras.layers.Conv2D(max(1, round(item * width)), 3, padding="same", activation="relu"))
+    layers.append(keras.layers.GlobalAveragePooling2D())
+    layers.append(keras.layers.Dense(max(1, round(512 * width)), activation="relu"))
+    return keras.Sequential(layers + [keras.layers.Dense(1)])
 
 
-def make_task() -> training.Task:
-    """Chest X-ray with our settings (the paper gives none)."""
-    return training.Task(
-        name="chest_xray",
-        load_data=load_data,
-        build_model=build_model,
-        epsilon=1.0,
-        learning_rate=0.05,
+def main(argv: list[str]) -> None:
+    del argv  # Unused.
+    logging.set_verbosity(logging.WARNING)  # PrivacyLogger's per-epoch INFO line repeats the progress line.
+    try:
+        data = datasets.load_chest_xray(FLAGS.chest_xray_dir, FLAGS.image_size)
+    except datasets.DataNotFoundError as error:
+        sys.exit(str(error))
+    print(data.description)
+    delta = 1 / (10 * data.num_train)
+    optimizer = keras_dyndp.DynamicDPKerasSGD(
+        target_epsilon=FLAGS.epsilon,
+        target_delta=delta,
+        num_examples=data.num_train,
+        batch_size=FLAGS.batch_size,
+        epochs=FLAGS.epochs,
+        method=FLAGS.method,
         initial_clip=1.5,
-        batch_size=64,
-        epochs=10,
-        rho_mu=1 / 0.8,
-        rho_c=1 / 0.3,
-        binary=True,
+        rho_mu=1 / 0.8 if FLAGS.method in ("growing_mu", "dynamic") else 1.0,
+        rho_c=1 / 0.3 if FLAGS.method in ("sensitivity_decay", "dynamic") else 1.0,
+        learning_rate=FLAGS.learning_rate,
     )
+    schedule = optimizer.schedule
+    model = keras_dyndp.make_private(build_model(FLAGS.image_size, FLAGS.vgg_width))
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.BinaryCrossentropy(from_logits=True, reduction="none"),  # per example
+        weighted_metrics=[keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)],  # on logits
+    )
+    batches = keras_dyndp.poisson_batches(
+        data.x_train,
+        data.y_train,
+        sampling_probability=schedule.sampling_probability,
+        steps_per_epoch=math.ceil(schedule.num_steps / FLAGS.epochs),
+        pad_to_multiple=32,
+    )
+    log_dir = os.path.join(FLAGS.model_dir, "logs") if FLAGS.model_dir else None
+    callbacks = [keras_dyndp.PrivacyLogger(delta=delta, log_dir=log_dir), keras_dyndp.BudgetStop()]
+    model.fit(batches, epochs=FLAGS.epochs, callbacks=callbacks, verbose=FLAGS.verbose)
+
+    _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
+    steps = int(optimizer.dp_step.numpy())
+    print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test images)")
+    print(
+        f"Privacy ({FLAGS.method}, per training image): {steps} of {schedule.num_steps} DP steps, "
+        f"p = {schedule.sampling_probability:.4g}; epsilon at delta = {delta:.3g}: "
+        f"PLD {schedule.epsilon(delta, accountant='pld', steps=steps):.4f} (rigorous; target {FLAGS.epsilon:g}), "
+        f"GDP-CLT {schedule.epsilon(delta, accountant='gdp_clt', steps=steps):.4f} (the paper's approximation)"
+    )
+    if FLAGS.model_dir:
+        model.save_weights(os.path.join(FLAGS.model_dir, "chest_xray.weights.h5"))
+        print(f"Weights and TensorBoard privacy logs in {FLAGS.model_dir}")
 
 
 if __name__ == "__main__":
-    training.run(make_task)
+    app.run(main)

@@ -1,133 +1,112 @@
 """Dynamic DP-SGD on the NAME task: which of 18 languages a surname comes from, with a character LSTM (Table 3).
 
-Model (appendix "NAME"): embedding 64, one LSTM layer of 128 units, a dense layer to the languages. SGD with
-learning rate 2, C_0 = 1.5, 50 epochs, delta = 1 / (10 N). The expected batch of 250 is ours. Default epsilon 4
-(the paper reports 1, 2, 4, 8).
-
-Data: ``--names_dir``, a folder of ``<Language>.txt`` files with one name per line (UTF-8), as in the PyTorch
-char-RNN tutorial's data/names (https://download.pytorch.org/tutorial/data.zip). A fixed stratified 80/20 split
-(seed 0) gives the training and test sets. Names are folded to ASCII (accents dropped), encoded with a fixed
-alphabet (letters and " .,;'-"), cut to ``--max_name_length`` characters and left-padded with 0 to that length (so
-that the LSTM's last state follows the last character). The alphabet and the length are public constants: the
-encoding, and the model's input shape, read nothing from the private data.
+Embedding 64, LSTM 128, a dense layer to the languages; SGD with learning rate 2, C_0 = 1.5, 50 epochs, expected
+batch 250, epsilon 4, delta = 1 / (10 N). ``--names_dir`` is a folder of ``<Language>.txt`` files, one name per
+line, as in the PyTorch char-RNN tutorial's data/names (https://download.pytorch.org/tutorial/data.zip); names are
+folded to ASCII, encoded with a fixed alphabet and left-padded to 20 characters (public constants: nothing of the
+encoding reads the private data); see `research.datasets.load_names`.
 
     python -m examples.names --names_dir=/data/names --epsilon=2
+
+The paper's full runs (checkpoints, results CSV, sweeps): ``python -m research.names``.
 """
 
-from __future__ import annotations
-
-import glob
+import math
 import os
-import string
 import sys
-import unicodedata
 
-import numpy as np
+from absl import app
 from absl import flags
+from absl import logging
 
-if __package__ in (None, ""):  # Run as `python examples/NAME.py`: make the package `examples` importable.
+if __package__ in (None, ""):  # Run as `python examples/names.py`: make the repository's packages importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from examples import datasets
-from examples import training
-from keras_dyndp.keras_compat import keras
+import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import it first)
 
-flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+# isort: split
+import tensorflow as tf  # noqa: E402
+
+import keras_dyndp  # noqa: E402
+from research import datasets  # noqa: E402
+
+keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 
 flags.DEFINE_string("names_dir", None, "Folder of <Language>.txt files, one name per line.")
-flags.DEFINE_integer(
-    "max_name_length",
-    20,
-    "Input length, >= 1: names are cut and left-padded to this many characters. A public constant "
-    "(never the longest training name, which would publish a fact about the private data).",
-    lower_bound=1,
-)
-
+flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
+flags.DEFINE_float("epsilon", 4.0, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
+flags.DEFINE_integer("epochs", 50, "Epochs: T = ceil(epochs N / batch_size) DP steps.")
+flags.DEFINE_integer("batch_size", 250, "Expected batch size: each name joins a step with p = batch_size / N.")
+flags.DEFINE_float("learning_rate", 2.0, "SGD learning rate.")
+flags.DEFINE_string("model_dir", None, "Where to write the trained weights and the TensorBoard privacy logs.")
+flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
 FLAGS = flags.FLAGS
 
-ALPHABET = string.ascii_letters + " .,;'-"
-_CHAR_IDS = {char: index + 1 for index, char in enumerate(ALPHABET)}  # 0 is padding.
-NUM_CHAR_IDS = len(ALPHABET) + 2  # Padding, the alphabet, and one id for any other character.
 
-
-def to_ascii(name: str) -> str:
-    """Drops accents (NFD decomposition without combining marks), as the PyTorch tutorial does."""
-    return "".join(char for char in unicodedata.normalize("NFD", name) if unicodedata.category(char) != "Mn")
-
-
-def encode(names: list[str], length: int) -> np.ndarray:
-    """Left-padded character ids [len(names), length]; characters outside the alphabet share one id."""
-    ids = np.zeros((len(names), length), dtype=np.int32)
-    for row, name in enumerate(names):
-        codes = [_CHAR_IDS.get(char, NUM_CHAR_IDS - 1) for char in to_ascii(name)[:length]]
-        if codes:
-            ids[row, length - len(codes) :] = codes
-    return ids
-
-
-def load_data() -> datasets.TaskData:
-    """Names from --names_dir, encoded, split 80/20."""
-    directory = FLAGS.names_dir
-    how_to_get = (
-        "Get it with: download https://download.pytorch.org/tutorial/data.zip, extract it and pass "
-        "--names_dir=.../data/names (18 files such as English.txt, one name per line)."
-    )
-    if not directory:
-        raise datasets.DataNotFoundError(f"names: no --names_dir given. {how_to_get}")
-    files = sorted(glob.glob(os.path.join(directory, "*.txt")))
-    if len(files) < 2:
-        raise datasets.DataNotFoundError(
-            f"names: --names_dir={directory} holds {len(files)} <Language>.txt files (need >= 2). {how_to_get}"
-        )
-    names, labels, languages = [], [], []
-    for label, path in enumerate(files):
-        languages.append(os.path.splitext(os.path.basename(path))[0])
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    names.append(line.strip())
-                    labels.append(label)
-    x_train, x_test, y_train, y_test = datasets.split_train_test(
-        encode(names, FLAGS.max_name_length), np.array(labels, dtype=np.int64), 0.2
-    )
-    return datasets.TaskData(
-        x_train=x_train,
-        y_train=y_train,
-        x_test=x_test,
-        y_test=y_test,
-        num_classes=len(languages),
-        description=f"names from {directory}: {len(languages)} languages, {len(y_train)} training / "
-        f"{len(y_test)} test names",
-    )
-
-
-def build_model(data: datasets.TaskData) -> keras.Model:
+def build_model(name_length: int, num_languages: int) -> keras.Model:
     """Character embedding 64, LSTM 128, dense to the languages (logits)."""
     return keras.Sequential(
         [
-            keras.layers.Input(data.x_train.shape[1:], dtype="int32"),
-            keras.layers.Embedding(NUM_CHAR_IDS, 64),
+            keras.layers.Input((name_length,), dtype="int32"),
+            keras.layers.Embedding(datasets.NUM_CHAR_IDS, 64),
             keras.layers.LSTM(128),
-            keras.layers.Dense(data.num_classes),
+            keras.layers.Dense(num_languages),
         ]
     )
 
 
-def make_task() -> training.Task:
-    """NAME with the paper's settings."""
-    return training.Task(
-        name="names",
-        load_data=load_data,
-        build_model=build_model,
-        epsilon=4.0,
-        learning_rate=2.0,
+def main(argv: list[str]) -> None:
+    del argv  # Unused.
+    logging.set_verbosity(logging.WARNING)  # PrivacyLogger's per-epoch INFO line repeats the progress line.
+    try:
+        data = datasets.load_names(FLAGS.names_dir)
+    except datasets.DataNotFoundError as error:
+        sys.exit(str(error))
+    print(data.description)
+    delta = 1 / (10 * data.num_train)
+    optimizer = keras_dyndp.DynamicDPKerasSGD(
+        target_epsilon=FLAGS.epsilon,
+        target_delta=delta,
+        num_examples=data.num_train,
+        batch_size=FLAGS.batch_size,
+        epochs=FLAGS.epochs,
+        method=FLAGS.method,
         initial_clip=1.5,
-        batch_size=250,
-        epochs=50,
-        rho_mu=1 / 0.8,
-        rho_c=1 / 0.3,
+        rho_mu=1 / 0.8 if FLAGS.method in ("growing_mu", "dynamic") else 1.0,
+        rho_c=1 / 0.3 if FLAGS.method in ("sensitivity_decay", "dynamic") else 1.0,
+        learning_rate=FLAGS.learning_rate,
     )
+    schedule = optimizer.schedule
+    model = keras_dyndp.make_private(build_model(data.x_train.shape[1], data.num_classes))
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),  # per example
+        weighted_metrics=["accuracy"],  # padding rows of the Poisson batches have weight 0
+    )
+    batches = keras_dyndp.poisson_batches(
+        data.x_train,
+        data.y_train,
+        sampling_probability=schedule.sampling_probability,
+        steps_per_epoch=math.ceil(schedule.num_steps / FLAGS.epochs),
+        pad_to_multiple=32,
+    )
+    log_dir = os.path.join(FLAGS.model_dir, "logs") if FLAGS.model_dir else None
+    callbacks = [keras_dyndp.PrivacyLogger(delta=delta, log_dir=log_dir), keras_dyndp.BudgetStop()]
+    model.fit(batches, epochs=FLAGS.epochs, callbacks=callbacks, verbose=FLAGS.verbose)
+
+    _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
+    steps = int(optimizer.dp_step.numpy())
+    print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test names)")
+    print(
+        f"Privacy ({FLAGS.method}, per training name): {steps} of {schedule.num_steps} DP steps, "
+        f"p = {schedule.sampling_probability:.4g}; epsilon at delta = {delta:.3g}: "
+        f"PLD {schedule.epsilon(delta, accountant='pld', steps=steps):.4f} (rigorous; target {FLAGS.epsilon:g}), "
+        f"GDP-CLT {schedule.epsilon(delta, accountant='gdp_clt', steps=steps):.4f} (the paper's approximation)"
+    )
+    if FLAGS.model_dir:
+        model.save_weights(os.path.join(FLAGS.model_dir, "names.weights.h5"))
+        print(f"Weights and TensorBoard privacy logs in {FLAGS.model_dir}")
 
 
 if __name__ == "__main__":
-    training.run(make_task)
+    app.run(main)

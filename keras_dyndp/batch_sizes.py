@@ -2,8 +2,8 @@
 padded batches are built to, the range of sizes the DP optimizers accept, the delta that truncation costs, and the
 `SamplingWarning` given when training data is not known to be Poisson-sampled, and the refusal of arrays in ``fit``.
 
-Shared by `keras_dyndp.data` (TensorFlow datasets; it re-exports these names) and the JAX backend. The argument for
-`truncation_delta` is in `keras_dyndp.data`'s module docstring.
+Shared by `keras_dyndp.sampling` (`keras_dyndp.poisson_batches`, whose module docstring holds the argument for
+`truncation_delta`) and both backends.
 """
 
 from __future__ import annotations
@@ -20,24 +20,48 @@ class SamplingWarning(UserWarning):
     """The batches are not known to be Poisson samples at the schedule's rate, which its epsilon assumes."""
 
 
-def not_poisson_message(problem: str, sampling_probability: float, remedy: str) -> str:
-    """The `SamplingWarning` text: what was seen (``problem``), what the epsilon assumes, what to do (``remedy``)."""
+def poisson_fix(sampling_probability: float) -> str:
+    """The two lines that train on Poisson batches at ``sampling_probability``, on either backend."""
     return (
-        f"{problem}. The epsilon reported for this schedule assumes Poisson sampling: each of the N training "
-        f"examples joins each batch independently with probability p={sampling_probability:g}. Shuffled or "
-        f"fixed-size batches are not covered by that analysis. {remedy}"
+        f"batches = keras_dyndp.poisson_batches(x, y, sampling_probability={sampling_probability:g})"
+        "\n    model.fit(batches, epochs=...)"
     )
 
 
-def check_poisson_batches(public_batch_size: bool, caller: str) -> None:
-    """Refuses keras_dyndp's Poisson batches for an optimizer that states batch sizes are public.
+def not_poisson_batches(caller: str, x: Any) -> str:
+    """What `not_poisson_message` says was seen when ``caller`` received ``x``."""
+    return f"{caller} received x of type {type(x).__name__}, not batches returned by keras_dyndp.poisson_batches"
+
+
+def not_poisson_message(problem: str, sampling_probability: float) -> str:
+    """The `SamplingWarning` text: what was seen (``problem``), what the epsilon assumes, and what to do."""
+    p = sampling_probability
+    return (
+        f"{problem}. The epsilon reported for this schedule assumes Poisson sampling: each of the N training "
+        f"examples joins each batch independently with probability p={p:g}. Shuffled or fixed-size batches are "
+        "not covered by that analysis. Train on "
+        f"keras_dyndp.poisson_batches(x, y, sampling_probability={p:g}) and pass the returned batches to model.fit "
+        "unchanged."
+    )
+
+
+def check_poisson_batches(batches_p: float, sampling_probability: float, public_batch_size: bool, caller: str) -> None:
+    """Refuses keras_dyndp's Poisson batches sampled at another rate than the schedule's (its epsilon would be
+    wrong), or given to an optimizer that states batch sizes are public.
 
     Such an optimizer divides the noisy sum by each batch's rows. A Poisson batch's number of examples is private,
     and its rows follow it when padded to a multiple (``pad_to_multiple``); the optimizer must divide by p N.
 
     Raises:
-      ValueError: when ``public_batch_size``, naming ``caller`` (what received the batches).
+      ValueError: naming ``caller`` (what received the batches), the batches' rate ``batches_p`` and the schedule's.
     """
+    p = sampling_probability
+    if not math.isclose(batches_p, p, rel_tol=1e-9):
+        raise ValueError(
+            f"{caller} received Poisson batches sampled at p={batches_p:g}, but the optimizer's schedule is "
+            f"accounted at p={p:g}: the reported epsilon would be wrong. Sample the batches at the schedule's "
+            "sampling_probability, or calibrate the schedule for the rate you sample at."
+        )
     if public_batch_size:
         raise ValueError(
             f"{caller} received keras_dyndp Poisson batches, whose sizes are private, but the optimizer was built "
@@ -61,7 +85,7 @@ def is_arrays(x: Any) -> bool:
     return bool(leaves) and all(hasattr(leaf, "shape") for leaf in leaves)
 
 
-def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: bool, poisson_fix: str) -> None:
+def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: bool) -> None:
     """Refuses arrays for ``model.fit`` (`is_arrays`) unless the optimizer states ``public_batch_size``.
 
     Keras cuts arrays into shuffled batches of exactly ``batch_size`` rows and a shorter last one: never the
@@ -73,7 +97,6 @@ def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: boo
       x: what ``fit`` received.
       sampling_probability: the schedule's p.
       public_batch_size: the optimizer's.
-      poisson_fix: the two lines that train on the backend's Poisson batches instead.
 
     Raises:
       ValueError: on arrays without ``public_batch_size``.
@@ -84,8 +107,8 @@ def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: boo
         f"model.fit received arrays (x of type {type(x).__name__}), which Keras cuts into shuffled batches of "
         f"batch_size rows: not the Poisson sampling at p={sampling_probability:g} that the optimizer's epsilon is "
         "accounted for (and a last, shorter batch would be refused mid-run). Nothing was trained. Train on Poisson "
-        f"batches instead:\n    {poisson_fix}\nor, for fixed-size batches outside the Poisson accounting, build the "
-        "optimizer with public_batch_size=True instead of expected_batch_size."
+        f"batches instead:\n    {poisson_fix(sampling_probability)}\nor, for fixed-size batches outside the Poisson "
+        "accounting, build the optimizer with public_batch_size=True instead of expected_batch_size."
     )
 
 
@@ -115,9 +138,8 @@ def out_of_range_refusal(
         f"; the schedule's Poisson sampling at p={p:g} from N={num_examples} examples expects about "
         f"p*N={p * num_examples:g}, and all but 2e-12 of its batches hold between {low} and {high}. The epsilon "
         "reported for this schedule would not hold. Train on Poisson batches at the schedule's rate "
-        "(keras_dyndp.poisson_batches_from_tensors, or keras_dyndp.jax_backend.PoissonBatches; rows with sample "
-        "weight 0 are padding), or give the optimizer the expected_batch_size (p*N) of the data you train on, or "
-        "calibrate the schedule for the batches you use.",
+        "(keras_dyndp.poisson_batches; rows with sample weight 0 are padding), or give the optimizer the "
+        "expected_batch_size (p*N) of the data you train on, or calibrate the schedule for the batches you use.",
     )
 
 
@@ -156,8 +178,7 @@ def default_max_batch_size(
     """
     num_examples = validation.check_positive_int("num_examples", num_examples)
     sampling_probability = validation.check_probability(sampling_probability)
-    if not 0.0 < tail_probability < 1.0:
-        raise ValueError(f"`tail_probability` must be in (0, 1). Received: tail_probability={tail_probability}.")
+    validation.check_delta(tail_probability, "tail_probability")  # (0, 1), as a delta
     binom = scipy.stats.binom(num_examples, sampling_probability)
     # Bisection on the survival function (non-increasing, sf(N) = 0); more robust than binom.isf, which returns
     # N for tails as small as 1e-18.
@@ -223,7 +244,6 @@ def truncation_delta(
     sampling_probability = validation.check_probability(sampling_probability)
     max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)
     num_steps = validation.check_positive_int("num_steps", num_steps)
-    if not epsilon >= 0.0:
-        raise ValueError(f"`epsilon` must be >= 0. Received: epsilon={epsilon}.")
+    epsilon = validation.check_float("epsilon", epsilon, 0.0, inclusive=True, allow_inf=True)
     eta = float(scipy.stats.binom.sf(max_batch_size, num_examples + 1, sampling_probability))
     return min(1.0, (1.0 + math.exp(epsilon)) * num_steps * eta)

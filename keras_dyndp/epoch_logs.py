@@ -4,7 +4,8 @@ Callbacks run in list order, so keys one of them adds in its ``on_epoch_end`` re
 Keras 3's ``fit`` builds the epoch logs with ``model._get_metrics_result_or_logs`` before any callback's
 ``on_epoch_end``: `add` wraps that method on the model instance, with the values waiting in the wrapper until the
 next call uses them (once; validation logs do not get them). `remove_hook` restores the method. Pure Python, no
-TensorFlow: `keras_dyndp.keras_compat` uses it on Keras 3 with TensorFlow, the JAX backend's callbacks directly.
+TensorFlow: `keras_dyndp.tf_backend.keras_compat` uses it on Keras 3 with TensorFlow, the JAX backend's callbacks
+directly.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 A Keras optimizer is handed only ``(loss, var_list, tape)`` by ``Model.train_step``; it never sees the model or the
 data. Yet two privacy checks need them before the first step: whether the model has layers that mix examples or
-store batch statistics (`keras_dyndp.model_checks`), and whether the data is Poisson-sampled as the accountants
-assume (`keras_dyndp.data`). While ``model.fit`` traces (or eagerly runs) its train step, both are on the Python
-call stack: the ``train_step`` frame whose ``self`` is the model, and the ``fit`` frame below it with its ``x``.
+store batch statistics (`keras_dyndp.tf_backend.model_checks`), and whether the data is Poisson-sampled as the
+accountants assume (`keras_dyndp.tf_backend.data`). While ``model.fit`` traces (or eagerly runs) its train step, both
+are on the Python call stack: the ``train_step`` frame whose ``self`` is the model, and the ``fit`` frame below it with
+its ``x``.
 
 These functions only read frames; they never keep a reference to one (frames hold every local of a training
 loop). In a custom training loop there is no such frame and they return None: the callers then say so.
@@ -16,8 +17,6 @@ import inspect
 import sys
 import threading
 from typing import Any
-
-import keras_dyndp
 
 # Deep enough for Keras's fit -> tf.function tracing -> distribution -> train_step -> optimizer chain (~40 frames).
 _MAX_FRAMES = 200
@@ -38,32 +37,18 @@ def _frames(frame=None):
         del frame
 
 
-def calling_model(optimizer: Any) -> Any:
-    """The nearest Keras model on the call stack whose ``optimizer`` is `optimizer`, or None.
-
-    A model compiled under mixed precision ('mixed_float16') holds `optimizer` inside a LossScaleOptimizer: it
-    counts too.
-    """
-    model_class, unwrap = _model_class_and_unwrap()
+def calling_model(optimizer: Any, model_class: type) -> Any:
+    """The nearest model (an instance of `model_class`, the backend's ``keras.Model``) on the call stack whose
+    ``optimizer`` is `optimizer`, or None. A model compiled under mixed precision holds `optimizer` inside a
+    LossScaleOptimizer (its ``inner_optimizer``): it counts too."""
     for frame in _frames():
         candidate = frame.f_locals.get("self")
         if not isinstance(candidate, model_class):
             continue
         compiled = getattr(candidate, "optimizer", None)
-        if compiled is not None and optimizer in (compiled, unwrap(compiled)):
+        if compiled is not None and optimizer in (compiled, getattr(compiled, "inner_optimizer", compiled)):
             return candidate
     return None
-
-
-def _model_class_and_unwrap() -> tuple[type, Any]:
-    """The Keras model class in use and the function that unwraps a LossScaleOptimizer, on either backend."""
-    if keras_dyndp.keras_backend() == "jax":
-        import keras  # pylint: disable=import-outside-toplevel
-
-        return keras.Model, lambda optimizer: getattr(optimizer, "inner_optimizer", optimizer)
-    from keras_dyndp import keras_compat  # pylint: disable=import-outside-toplevel  (imports TensorFlow)
-
-    return keras_compat.keras.Model, keras_compat.unwrap_optimizer
 
 
 class FitCall:

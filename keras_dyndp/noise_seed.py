@@ -1,7 +1,7 @@
 """The `noise_seed` argument of the DP optimizers, on every backend: OS entropy unless a seed is given.
 
 Noise that can be predicted, repeated or cancelled protects nothing, so each backend's random source
-(`keras_dyndp.optimizers.noise_source` for TensorFlow, `keras_dyndp.jax_backend.noise` for JAX) is seeded here:
+(`keras_dyndp.tf_backend.noise_source` for TensorFlow, `keras_dyndp.jax_backend.noise` for JAX) is seeded here:
 by default with bits from `secrets` (the OS's entropy), fresh in every process and for every optimizer, whatever
 Keras's global seed; with an integer `noise_seed`, with bits derived from it by `numpy.random.SeedSequence`, for
 tests and research only (a `NoiseSeedWarning` says why). The seed is never serialised by the optimizers.

@@ -4,15 +4,13 @@ every Keras backend, its schedule and its config (`DPOptimizerBase`).
 `resolve` turns the constructor's arguments (a `DPSchedule` or a privacy budget, microbatches, the normaliser,
 accumulation, rescaling, the base optimizer's keyword arguments) into `DPArguments`, or raises ValueError / TypeError
 naming the argument and its valid range, before anything is built. It imports no TensorFlow and no JAX: the
-TensorFlow optimizers (`keras_dyndp.optimizers`) and the JAX ones (`keras_dyndp.jax_backend`) both subclass
+TensorFlow optimizers (`keras_dyndp.tf_backend`) and the JAX ones (`keras_dyndp.jax_backend`) both subclass
 `DPOptimizerBase`, which calls it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import threading
 import warnings
 import weakref
@@ -20,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_dyndp import schedules
+from keras_dyndp import validation
 from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting import registry
 
@@ -46,32 +45,17 @@ BUDGET_ARGUMENTS = (
 )
 
 
-def check_num_microbatches(num_microbatches) -> int | None:
-    if num_microbatches is None:
-        return None
-    is_integer = isinstance(num_microbatches, numbers.Integral) and not isinstance(num_microbatches, bool)
-    if not is_integer or num_microbatches < 1:
-        raise ValueError(
-            "`num_microbatches` must be None (one microbatch per example) or an integer >= 1. "
-            f"Received: num_microbatches={num_microbatches!r}."
-        )
-    return int(num_microbatches)
-
-
 def check_accumulation_steps(accumulation_steps, num_microbatches: int | None) -> int:
-    is_integer = isinstance(accumulation_steps, numbers.Integral) and not isinstance(accumulation_steps, bool)
-    if not is_integer or accumulation_steps < 1:
-        raise ValueError(
-            "`accumulation_steps` must be an integer >= 1 (the number of physical batches each batch is clipped in). "
-            f"Received: accumulation_steps={accumulation_steps!r}."
-        )
+    accumulation_steps = validation.check_positive_int(
+        "accumulation_steps", accumulation_steps, "the number of physical batches each batch is clipped in", exact=True
+    )
     if accumulation_steps > 1 and num_microbatches is not None:
         raise ValueError(
             "`accumulation_steps` > 1 splits a batch of examples, each clipped on its own; microbatches are clipped "
             "as a whole and cannot be split. Use one of them. Received: "
             f"accumulation_steps={accumulation_steps}, num_microbatches={num_microbatches}."
         )
-    return int(accumulation_steps)
+    return accumulation_steps
 
 
 def check_private_train_step(private_train_step) -> dict | None:
@@ -88,26 +72,9 @@ def check_private_train_step(private_train_step) -> dict | None:
 def check_expected_batch_size(expected_batch_size) -> float | None:
     if expected_batch_size is None:
         return None
-    if (
-        isinstance(expected_batch_size, bool)
-        or not isinstance(expected_batch_size, numbers.Real)
-        or not math.isfinite(expected_batch_size)
-        or expected_batch_size <= 0
-    ):
-        raise ValueError(
-            "`expected_batch_size` must be a finite number > 0 (p*N, the expected number of examples per batch). "
-            f"Received: expected_batch_size={expected_batch_size!r}."
-        )
-    return float(expected_batch_size)
-
-
-def check_public_batch_size(public_batch_size) -> bool:
-    """``public_batch_size`` as a bool (`schedule_normaliser` says what it states); ValueError for anything else."""
-    if not isinstance(public_batch_size, bool):
-        raise ValueError(
-            f"`public_batch_size` must be True or False. Received: public_batch_size={public_batch_size!r}."
-        )
-    return public_batch_size
+    return validation.check_float(
+        "expected_batch_size", expected_batch_size, hint="p*N, the expected number of examples per batch"
+    )
 
 
 def schedule_normaliser(schedule: schedules.DPSchedule, expected_batch_size, public_batch_size: bool) -> float | None:
@@ -220,14 +187,6 @@ def resolve_schedule(
     return schedule, check_expected_batch_size(batch_size)
 
 
-def check_rescale_to_unit_norm(rescale_to_unit_norm) -> bool:
-    if not isinstance(rescale_to_unit_norm, bool):
-        raise ValueError(
-            f"`rescale_to_unit_norm` must be True or False. Received: rescale_to_unit_norm={rescale_to_unit_norm!r}."
-        )
-    return rescale_to_unit_norm
-
-
 def check_base_arguments(kwargs: dict, unsupported: dict[str, str]) -> None:
     """Refuses the base-optimizer arguments in ``unsupported`` (name: reason) that ``kwargs`` sets."""
     for name, reason in unsupported.items():
@@ -251,7 +210,7 @@ def warn_on_schedule_restart(model: Any, optimizer: DPOptimizerBase) -> None:
 
     The replaced one was restored with the model (``load_model``, a checkpoint) or trained it in this process; a
     fresh one starts its schedule over, and its epsilon leaves out the earlier steps, although their budget was
-    spent on the same data. Restoring the counter into the model's optimizer (the README's "Resuming") warns not.
+    spent on the same data. Restoring the counter into the model's optimizer (docs/privacy.md, "Resuming") warns not.
     """
     previous = _DP_STEP_OF_MODEL.get(model)
     _DP_STEP_OF_MODEL[model] = optimizer.dp_step
@@ -287,11 +246,7 @@ def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_de
     Raises:
       noise_range.NoiseOutOfRangeError (a ValueError): naming ``argument``, the step and the accepted range.
     """
-    if not isinstance(allow_degenerate_noise, bool):
-        raise ValueError(
-            "`allow_degenerate_noise` must be True or False. "
-            f"Received: allow_degenerate_noise={allow_degenerate_noise!r}."
-        )
+    validation.check_bool("allow_degenerate_noise", allow_degenerate_noise)
     try:
         noise_range.check_trained_noise_multipliers(schedule.noise_multipliers, argument)
     except noise_range.NoiseOutOfRangeError as error:
@@ -416,12 +371,14 @@ def resolve(
       ValueError, TypeError: naming the argument and its valid values (`check_schedule_noise`: a noise multiplier
         outside the accountants' range).
     """
-    public_batch_size = check_public_batch_size(public_batch_size)
+    public_batch_size = validation.check_bool("public_batch_size", public_batch_size)
     noise_argument = "schedule" if schedule is not None else "target_epsilon"
     schedule, expected_batch_size = resolve_schedule(schedule, budget, expected_batch_size, public_batch_size)
-    num_microbatches = check_num_microbatches(num_microbatches)
+    num_microbatches = validation.check_positive_int(
+        "num_microbatches", num_microbatches, none_means="one microbatch per example", exact=True
+    )
     accumulation_steps = check_accumulation_steps(accumulation_steps, num_microbatches)
-    rescale_to_unit_norm = check_rescale_to_unit_norm(rescale_to_unit_norm)
+    rescale_to_unit_norm = validation.check_bool("rescale_to_unit_norm", rescale_to_unit_norm)
     check_base_arguments(base_kwargs, unsupported)
     allow_degenerate_noise = check_schedule_noise(schedule, noise_argument, allow_degenerate_noise)
     return DPArguments(
@@ -456,7 +413,7 @@ class GradientGuard:
 
 class DPOptimizerBase:
     """The backend-neutral part of every keras_dyndp DP optimizer: its arguments, their checks, its schedule and
-    its config. A backend's mixin (`keras_dyndp.optimizers.DynamicDPOptimizerMixin` for TensorFlow,
+    its config. A backend's mixin (`keras_dyndp.tf_backend.DynamicDPOptimizerMixin` for TensorFlow,
     `keras_dyndp.jax_backend.optimizer.JaxDPOptimizerMixin` for JAX) subclasses it and adds the mechanism in
     `_build_dp_state`; ``class DynamicDPKerasSGD(<backend mixin>, keras.optimizers.SGD)``.
 
@@ -474,12 +431,12 @@ class DPOptimizerBase:
         or 'gdp_clt' (the paper's approximation, which can understate epsilon: a `GdpCltUnderstatementWarning`
         gives the PLD epsilon when it exceeds the target by more than 5%).
       num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
-        microbatches, with twice the noise at every step (see the module docstring).
+        microbatches, with twice the noise at every step (`keras_dyndp.mechanism`).
       expected_batch_size: p N, the normaliser of the noisy sum: a public constant, whatever the batch holds, and
         it gives N, so every step, on every path, refuses a batch whose number of examples is far outside
         Binomial(N, p). Required with ``schedule`` (the budget arguments set it to ``batch_size``) unless
         ``public_batch_size=True``. Under a multi-replica tf.distribute strategy it is the GLOBAL batch's
-        (`keras_dyndp.replicas`).
+        (`keras_dyndp.tf_backend.replicas`).
       public_batch_size: False (default). True, only with ``schedule`` and without ``expected_batch_size``:
         divide the noisy sum by each batch's number of rows, which you thereby state is public (fixed-size
         batches). That is outside the schedule's Poisson accounting (whose batch sizes are private), no batch size
@@ -487,9 +444,9 @@ class DPOptimizerBase:
         0 (padding, which would count as rows) where the step sees the weights (`make_private`'s, JAX's).
       accumulation_steps: k >= 1 (default 1). `keras_dyndp.make_private`'s step clips each batch (the logical
         batch that p and the schedule count) in k physical batches, one after another, and adds the noise once:
-        a batch k times larger than memory allows (`keras_dyndp.per_example.accumulation`).
+        a batch k times larger than memory allows (`keras_dyndp.tf_backend.per_example.accumulation`).
       rescale_to_unit_norm: False (default) divides the noisy clipped sum by the normaliser alone; True divides
-        it by the normaliser times C_t as well (the module docstring, step 4). Post-processing: privacy unchanged.
+        it by the normaliser times C_t as well (`keras_dyndp.mechanism`, step 4). Post-processing: privacy unchanged.
       noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
         integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
         knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
@@ -658,15 +615,6 @@ class DPOptimizerBase:
     def num_microbatches(self) -> int | None:
         """Number of microbatches per batch; None means one per example."""
         return self._num_microbatches
-
-    @property
-    def sensitivity_in_clip_norms(self) -> float:
-        """How far one example can move the clipped sum, in units of C_t; the noise's std is this times sigma_t.
-
-        1 for per-example clipping; 2 with microbatches, whatever the batch size: one example moves one clipped
-        microbatch gradient, from one vector of norm <= C_t to another (`keras_dyndp.optimizers.microbatches`).
-        """
-        return 1.0 if self._num_microbatches is None else 2.0
 
     def get_config(self) -> dict:
         config = super().get_config()

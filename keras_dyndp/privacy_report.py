@@ -33,6 +33,20 @@ from keras_dyndp import validation
 from keras_dyndp.accounting import cdp
 from keras_dyndp.accounting import registry
 
+__all__ = [
+    "DEFAULT_CONSUMPTION_RHO_MUS",
+    "DEFAULT_NUM_POINTS",
+    "ReportRow",
+    "curve_steps",
+    "epsilon_curves",
+    "format_table",
+    "plot_accountant_comparison",
+    "plot_epsilon_consumption",
+    "plot_run_privacy",
+    "report_rows",
+    "schedule_row",
+]
+
 # Paper Fig. 2: mu_t growth rates 1/rho_mu in {1, 0.8, 0.5, 0.3}.
 DEFAULT_CONSUMPTION_RHO_MUS = (1.0, 1 / 0.8, 1 / 0.5, 1 / 0.3)
 DEFAULT_NUM_POINTS = 50

@@ -1,8 +1,13 @@
 """What ``make_private`` refuses on every backend, and the messages that say what to do instead.
 
-The TensorFlow step (`keras_dyndp.per_example.train_step`, `keras_dyndp.model_checks`) and the JAX step
-(`keras_dyndp.jax_backend.train_step`) find these cases in their own ways; the rule and its wording live here.
+The TensorFlow step (`keras_dyndp.tf_backend.per_example.train_step`, `keras_dyndp.tf_backend.model_checks`) and the
+JAX step (`keras_dyndp.jax_backend.train_step`) find these cases in their own ways; the rule and its wording live here.
 Imports no TensorFlow and no JAX: the caller passes its Keras module.
+
+Elsewhere, each in one place: argument checks (`keras_dyndp.validation`, one per kind of argument; the optimizers'
+own in `keras_dyndp.optimizer_base`), sampling refusals (`keras_dyndp.batch_sizes`: arrays, Poisson batches at
+another rate, batch sizes out of range, padding with public batch sizes), the budget's and the restored schedule's
+(`keras_dyndp.optimizer_base`), the noise multiplier range (`keras_dyndp.accounting.noise_range`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,35 @@ from typing import Any
 
 PER_EXAMPLE_REDUCTION = 'reduction="none"'
 """How to ask for a per-example loss, as error messages spell it (valid on Keras 2 and 3)."""
+
+
+# The model and its optimizer.
+
+
+def not_a_model_error(model: Any) -> ValueError:
+    return ValueError(f"`model` must be a keras.Model. Received: model={model!r}.")
+
+
+def not_dp_optimizer_error(optimizer: Any, backend: str) -> ValueError:
+    """``model.optimizer`` of a model made private is not a DP optimizer of ``backend`` ('TensorFlow' or 'JAX')."""
+    return ValueError(
+        f"`model.optimizer` must be a keras_dyndp DP optimizer of the {backend} backend "
+        "(keras_dyndp.DynamicDPKerasSGD, DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop or one made "
+        "by make_dynamic_dp_optimizer_class) for a model made private with make_private. "
+        f"Received: optimizer={optimizer!r}."
+    )
+
+
+def loss_scale_error(remedy: str) -> ValueError:
+    """A LossScaleOptimizer ('mixed_float16') around the DP optimizer; ``remedy``: what trains instead."""
+    return ValueError(
+        "Mixed precision ('mixed_float16') wraps the optimizer in a LossScaleOptimizer, whose dynamic loss scale "
+        "skips or shrinks updates depending on the private batch (a step with an overflow is not applied), which "
+        f"differential privacy does not allow. {remedy}"
+    )
+
+
+# The loss.
 
 
 def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
@@ -39,6 +73,9 @@ def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], b
     if callable(loss):
         return loss
     raise ValueError(f"`model.loss` must be a Keras loss or a loss function. Received: loss={loss!r}.")
+
+
+# What the model computes in training.
 
 
 def regularization_error(received: str) -> ValueError:
@@ -69,3 +106,32 @@ def batch_state_error(model_name: str, written: str, source: str = "the input ba
         "others' gradients. Compute such statistics outside DP training (or on public data and freeze them); for "
         "normalisation use keras.layers.GroupNormalization or LayerNormalization."
     )
+
+
+# Gradients from outside the DP step.
+
+
+def foreign_gradients(entry: str, accepted: str) -> str:
+    """A DP optimizer's ``entry`` (``'DynamicDPKerasSGD.apply'``) handed gradients its DP step did not produce
+    (``accepted`` says which it takes); the backend appends what to do (`keras_train_step`)."""
+    return (
+        f"{entry} accepts only the gradients {accepted}; applying other gradients would train without differential "
+        "privacy. "
+    )
+
+
+def keras_train_step(private_train_step: dict | None = None) -> str:
+    """Why Keras's own train step cannot train with a DP optimizer, and ``make_private`` instead; with the
+    make_private arguments a reloaded optimizer recorded (``private_train_step``), how to restore them."""
+    message = (
+        "Keras's own train step differentiates the batch's mean loss and hands the optimizer only the averaged "
+        "gradient, so no example can be clipped there: call model = keras_dyndp.make_private(model) before "
+        "model.fit, which gives the model a train step that clips per example and applies through the DP optimizer."
+    )
+    if private_train_step is not None:
+        message += (
+            " This optimizer was trained through make_private before (its config says so); a model reloaded with "
+            "load_model gets make_private back only when it is built at load: call "
+            f"keras_dyndp.make_private(model, **{private_train_step!r}) after loading."
+        )
+    return message

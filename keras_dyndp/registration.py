@@ -17,10 +17,12 @@ import importlib.abc
 import importlib.util
 import sys
 
+from keras_dyndp import backend
+
 _KERAS_MODULES = ("keras", "tf_keras", "tensorflow")
 """The modules whose import makes Keras usable: Keras 3 and TF 2.15's Keras 2, tf_keras, and TensorFlow."""
 
-_OPTIMIZER_MODULES = {"tensorflow": "keras_dyndp.optimizers", "jax": "keras_dyndp.jax_backend.optimizer"}
+_OPTIMIZER_MODULES = {"tensorflow": "keras_dyndp.tf_backend", "jax": "keras_dyndp.jax_backend.optimizer"}
 """Per Keras backend, the module whose import registers the DP optimizers."""
 
 
@@ -33,9 +35,7 @@ def register_with_keras() -> None:
 
 
 def _register() -> None:
-    import keras_dyndp  # pylint: disable=import-outside-toplevel  (imported by the time this runs)
-
-    module = _OPTIMIZER_MODULES.get(keras_dyndp.keras_backend())
+    module = _OPTIMIZER_MODULES.get(backend.keras_backend())
     if module is not None:
         importlib.import_module(module)
 

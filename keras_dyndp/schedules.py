@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import numbers
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -96,12 +95,6 @@ class GdpCltUnderstatementWarning(UserWarning):
     """A schedule calibrated under the GDP-CLT spends noticeably more than its target under the PLD."""
 
 
-def _check_budget(target_epsilon: float, target_delta: float) -> None:
-    if not (isinstance(target_epsilon, numbers.Real) and math.isfinite(target_epsilon) and target_epsilon > 0):
-        raise ValueError(f"`target_epsilon` must be finite and > 0. Received: target_epsilon={target_epsilon}.")
-    validation.check_delta(target_delta, "target_delta")
-
-
 @dataclasses.dataclass(frozen=True)
 class Calibration:
     """How a schedule was calibrated: its epsilon under `accountant` meets (target_epsilon, target_delta).
@@ -116,7 +109,7 @@ class Calibration:
 
     def __post_init__(self):
         registry.get(self.accountant)
-        _check_budget(self.target_epsilon, self.target_delta)
+        validation.check_budget(self.target_epsilon, self.target_delta)
 
 
 ArrayOrFn = Sequence[float] | np.ndarray | Callable[[np.ndarray], np.ndarray]
@@ -360,9 +353,7 @@ def sampling_from_epochs(
     if (epochs is None) == (steps is None):
         raise ValueError(f"Give exactly one of `epochs` and `steps`. Received: epochs={epochs}, steps={steps}.")
     if steps is None:
-        if not (math.isfinite(epochs) and epochs > 0):
-            raise ValueError(f"`epochs` must be > 0. Received: epochs={epochs}.")
-        steps = int(math.ceil(epochs * num_examples / batch_size))
+        steps = int(math.ceil(validation.check_float("epochs", epochs) * num_examples / batch_size))
     steps = validation.check_positive_int("steps", steps)
     return batch_size / num_examples, steps
 
@@ -521,7 +512,7 @@ def calibrate_shape(
       CalibrationError: if no scale meets the target with noise multipliers the accountant accepts
         (`keras_dyndp.accounting.noise_range`), e.g. a target so large that it needs almost no noise.
     """
-    _check_budget(target_epsilon, target_delta)
+    validation.check_budget(target_epsilon, target_delta)
     registry.get(accountant)
     p = validation.check_probability(sampling_probability)
     num_steps = validation.check_positive_int("num_steps", num_steps)
@@ -578,18 +569,13 @@ def calibrate(
       >>> schedule = calibrate('dynamic', target_epsilon=1.2, target_delta=1e-5, sampling_probability=250 / 60000,
       ...                      num_steps=4800, initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3)
     """
-    if method not in ALL_METHODS:
-        raise ValueError(f"`method` must be one of {ALL_METHODS}. Received: method={method!r}.")
-    for name, value in (("initial_clip", initial_clip), ("rho_mu", rho_mu), ("rho_c", rho_c)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value)):
-            raise ValueError(f"`{name}` must be a finite number. Received: {name}={value}.")
-    if initial_clip <= 0:
-        raise ValueError(f"`initial_clip` must be > 0. Received: initial_clip={initial_clip}.")
-    for name, value in (("rho_mu", rho_mu), ("rho_c", rho_c)):
-        if value < 1:
-            raise ValueError(f"`{name}` must be >= 1 (the paper's 1/{name} is in (0, 1]). Received: {name}={value}.")
+    validation.check_choice("method", method, ALL_METHODS)
+    rho_mu, rho_c = (
+        validation.check_float(name, value, 1.0, inclusive=True, hint=f"the paper's 1/{name} is in (0, 1]")
+        for name, value in (("rho_mu", rho_mu), ("rho_c", rho_c))
+    )
     num_steps = validation.check_positive_int("num_steps", num_steps)
-    if method in BASELINES:
+    if method in BASELINES:  # calibrate_baseline checks initial_clip.
         registry.get(accountant)
         return calibrate_baseline(
             method,
@@ -600,6 +586,7 @@ def calibrate(
             initial_clip=initial_clip,
             noise_decay=rho_mu,
         )
+    initial_clip = validation.check_float("initial_clip", initial_clip)
     uses_mu = method in ("growing_mu", "dynamic")
     uses_c = method in ("sensitivity_decay", "dynamic")
     growth_mu = rho_mu if uses_mu else 1.0
@@ -645,14 +632,11 @@ def calibrate_baseline(
     Raises:
       ValueError: on a bad argument, e.g. ('tcdp') p > 0.1.
     """
-    if isinstance(initial_clip, bool) or not (
-        isinstance(initial_clip, (int, float)) and math.isfinite(initial_clip) and initial_clip > 0
-    ):
-        raise ValueError(f"`initial_clip` must be finite and > 0. Received: initial_clip={initial_clip}.")
+    initial_clip = validation.check_float("initial_clip", initial_clip)
     multipliers = cdp.calibrate_noise(
         method, target_epsilon, target_delta, sampling_probability, num_steps, noise_decay=noise_decay, decay=decay
     )
-    clips = np.full(multipliers.size, float(initial_clip))
+    clips = np.full(multipliers.size, initial_clip)
     return DPSchedule(clips, clips * multipliers, sampling_probability)
 
 

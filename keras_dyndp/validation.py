@@ -1,4 +1,6 @@
-"""Argument checks shared by the public entry points: each error names the argument and its valid range.
+"""Argument checks, one per kind of argument: each returns the value it accepts, or raises ValueError naming the
+argument, its valid range and what was received. The constructors and functions of every backend call these, once,
+when they receive an argument.
 
 Two ranges exist for delta and for the sampling probability, and each has one helper here:
 
@@ -10,17 +12,26 @@ Two ranges exist for delta and for the sampling probability, and each has one he
 """
 
 import math
+import numbers
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 
 def _as_float(value: Any) -> float:
-    """`value` as a float, or nan when it is no real number (strings included), so that range checks fail."""
-    if isinstance(value, (str, bytes)):
+    """`value` as a float, or nan when it is no real number (bools and strings included), so that range checks
+    fail."""
+    if isinstance(value, (bool, str, bytes)):
         return math.nan
     try:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+
+
+def _hint(hint: str) -> str:
+    return f" ({hint})" if hint else ""
 
 
 def check_probability(
@@ -45,12 +56,81 @@ def check_delta(delta: Any, name: str = "delta", *, allow_ends: bool = False) ->
     return value
 
 
-def check_positive_int(name: str, value: Any) -> int:
-    """Returns `value` as an int, or raises ValueError unless it is a whole number >= 1."""
+def check_budget(target_epsilon: Any, target_delta: Any) -> tuple[float, float]:
+    """Returns a privacy budget as floats, or raises ValueError unless epsilon is finite and > 0 and delta in (0, 1)."""
+    return check_float("target_epsilon", target_epsilon), check_delta(target_delta, "target_delta")
+
+
+def check_float(
+    name: str, value: Any, low: float = 0.0, *, inclusive: bool = False, allow_inf: bool = False, hint: str = ""
+) -> float:
+    """Returns `value` as a float, or raises ValueError unless it is a real number > `low` (>= `low` with
+    `inclusive`), finite unless `allow_inf`. The default is a positive, finite number (a clip norm, an epsilon)."""
+    number = _as_float(value)
+    if not ((number >= low if inclusive else number > low) and (allow_inf or math.isfinite(number))):
+        bound = f"{'' if allow_inf else 'a finite number '}{'>=' if inclusive else '>'} {low:g}"
+        raise ValueError(f"`{name}` must be {bound}{_hint(hint)}. Received: {name}={value!r}.")
+    return number
+
+
+def check_positive_int(
+    name: str, value: Any, hint: str = "", *, none_means: str | None = None, exact: bool = False
+) -> int | None:
+    """Returns `value` as an int, or raises ValueError unless it is a whole number >= 1 (an int, not a float, with
+    `exact`); None passes as None where `none_means` says what None means."""
+    if value is None and none_means is not None:
+        return None
     try:
-        whole = not isinstance(value, bool) and int(value) == value
+        whole = (
+            not isinstance(value, bool) and int(value) == value and (not exact or isinstance(value, numbers.Integral))
+        )
     except (TypeError, ValueError, OverflowError):
         whole = False
     if not whole or value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value}.")
+        accepted = "an integer >= 1" if none_means is None else f"None ({none_means}) or an integer >= 1"
+        raise ValueError(f"`{name}` must be {accepted}{_hint(hint)}. Received: {name}={value!r}.")
     return int(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """Returns `value`, or raises ValueError unless it is True or False (not a truthy number or string)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}.")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any], hint: str = "") -> Any:
+    """Returns `value`, or raises ValueError unless it is one of `choices`."""
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {tuple(choices)}{_hint(hint)}. Received: {name}={value!r}.")
+    return value
+
+
+def check_step_counts(steps: Any, num_steps: int, *, non_decreasing: bool = False) -> np.ndarray:
+    """Returns `steps` as a 1-D int array, or raises ValueError unless each is a whole number in [0, `num_steps`]
+    (and, with `non_decreasing`, none is below the one before)."""
+    counts = np.asarray(steps)
+    try:
+        valid = counts.ndim == 1 and bool(np.all((counts == np.floor(counts)) & (counts >= 0) & (counts <= num_steps)))
+    except TypeError:
+        valid = False
+    if not valid or (non_decreasing and np.any(np.diff(counts) < 0)):
+        order = "non-decreasing " if non_decreasing else ""
+        raise ValueError(
+            f"`steps` must be a 1-D {order}sequence of integers in [0, {num_steps}] (the number of noise multipliers). "
+            f"Received: steps={steps}."
+        )
+    return counts.astype(int)
+
+
+def check_nonnegative_array(name: str, values: Any, *, allow_empty: bool = True) -> np.ndarray:
+    """Returns `values` as a 1-D float64 array, or raises ValueError unless it is one (non-empty unless
+    `allow_empty`) whose every entry is >= 0 (inf allowed, nan not)."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1 or (array.size == 0 and not allow_empty):
+        size = "" if allow_empty else "non-empty "
+        raise ValueError(f"`{name}` must be a {size}1-D array (one entry per step). Received shape {array.shape}.")
+    if not np.all(array >= 0):
+        bad = array[~(array >= 0)][0]
+        raise ValueError(f"Every entry of `{name}` must be >= 0 (inf allowed). Received an entry {bad}.")
+    return array

@@ -6,8 +6,9 @@
 * ``@pytest.mark.keras2_only(reason=...)`` marks a test of a Keras 2 feature (e.g. the optimizer's own per-example
   jacobian path, which Keras 3's train step cannot reach): it is skipped, with its reason, on Keras 3.
 * The JAX stack (``keras_dyndp[jax,test]``, no TensorFlow): Keras runs on JAX (``KERAS_BACKEND=jax`` unless set)
-  and the suite is tests/jax_backend plus the modules in `BACKEND_NEUTRAL` (they import neither TensorFlow nor
-  JAX). Where JAX is not installed, tests/jax_backend is not collected.
+  and the suite is tests/jax_backend, tests/conformance (the DP invariants every backend keeps) and the modules in
+  `BACKEND_NEUTRAL` (they import neither TensorFlow nor JAX). Where JAX is not installed, tests/jax_backend is not
+  collected.
 """
 
 import importlib.util
@@ -25,15 +26,18 @@ if HAS_JAX and not HAS_TENSORFLOW:
 BACKEND_NEUTRAL = frozenset(
     {
         "test_batch_sizes.py",
+        "test_callbacks.py",
+        "test_sampling.py",
         "test_epoch_logs.py",
+        "test_mechanism.py",
         "test_noise_seed.py",
         "test_optimizer_base.py",
-        "test_privacy_logger.py",
         "test_privacy_report.py",
         "test_refusals.py",
         "test_registration.py",
         "test_schedules.py",
         "test_validation.py",
+        "test_audit.py",
         "accounting/test_cdp.py",
         "accounting/test_fast_pld.py",
         "accounting/test_fast_rdp.py",
@@ -66,6 +70,8 @@ def pytest_ignore_collect(collection_path, config):
     relative = path.relative_to(_TESTS).as_posix()
     if relative.startswith("jax_backend"):
         return True if not HAS_JAX else None
+    if relative.startswith("conformance"):
+        return None  # Every stack runs it, through the backend it has.
     if not HAS_TENSORFLOW and collection_path.suffix == ".py" and relative not in BACKEND_NEUTRAL:
         return True
     return None
@@ -83,7 +89,7 @@ def pytest_collection_modifyitems(config, items):
     marked = [item for item in items if item.get_closest_marker("keras2_only")]
     if not marked:
         return
-    from keras_dyndp import keras_compat  # pylint: disable=import-outside-toplevel  (imports TensorFlow)
+    from keras_dyndp.tf_backend import keras_compat  # pylint: disable=import-outside-toplevel  (imports TensorFlow)
 
     if keras_compat.KERAS_MAJOR_VERSION == 2:
         return

@@ -16,12 +16,12 @@ import tensorflow as tf
 
 STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
 
-from keras_dyndp import data  # noqa: E402
+import keras_dyndp  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
-from keras_dyndp.keras_compat import keras  # noqa: E402
-from keras_dyndp.optimizers import DynamicDPKerasSGD  # noqa: E402
-from keras_dyndp.optimizers import SamplingWarning  # noqa: E402
-from keras_dyndp.per_example import make_private  # noqa: E402
+from keras_dyndp.tf_backend import DynamicDPKerasSGD  # noqa: E402
+from keras_dyndp.tf_backend import SamplingWarning  # noqa: E402
+from keras_dyndp.tf_backend.keras_compat import keras  # noqa: E402
+from keras_dyndp.tf_backend.per_example import make_private  # noqa: E402
 
 BATCH, NUM_INPUTS, NUM_CLASSES, LEARNING_RATE = 8, 60, 80, 0.5
 
@@ -89,7 +89,7 @@ def main(out_dir: str) -> None:
     results["reference"], _ = train(varying, batches(x, y), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
     # Poisson batches with an OS-drawn seed: the workers must sample the same ones.
     with STRATEGY.scope():
-        poisson = data.poisson_batches_from_tensors(x, y, 0.3, num_steps=2)
+        poisson = keras_dyndp.poisson_batches(x, y, sampling_probability=0.3, steps_per_epoch=2)
     results["poisson_rows"] = np.concatenate([np.ravel(batch[0]) for batch in poisson])
     np.savez(os.path.join(out_dir, f"worker{task}.npz"), **results)
 

@@ -48,10 +48,12 @@ def test_bad_sampling_probability(p):
         batch_sizes.batch_size_range(100, p)
 
 
-def test_poisson_batches_are_refused_only_where_the_batch_size_is_stated_public():
-    batch_sizes.check_poisson_batches(False, "model.fit")
+def test_poisson_batches_are_refused_at_another_rate_or_where_the_batch_size_is_stated_public():
+    batch_sizes.check_poisson_batches(0.1, 0.1 * (1 + 1e-12), False, "model.fit")
     with pytest.raises(ValueError, match="model.fit received .* public_batch_size=True.*expected_batch_size=p\\*N"):
-        batch_sizes.check_poisson_batches(True, "model.fit")
+        batch_sizes.check_poisson_batches(0.1, 0.1, True, "model.fit")
+    with pytest.raises(ValueError, match=r"train_on_batch received Poisson batches sampled at p=0.2, .* at p=0.1:"):
+        batch_sizes.check_poisson_batches(0.2, 0.1, False, "train_on_batch")
 
 
 def test_out_of_range_refusal_names_the_count_the_range_and_what_to_do():
@@ -65,9 +67,10 @@ def test_arrays_are_refused_for_fit_unless_batch_sizes_are_stated_public():
     x = np.zeros((10, 3))
     for arrays in (x, [x, x], {"a": x}):
         assert batch_sizes.is_arrays(arrays)
-        with pytest.raises(ValueError, match=r"(?s)arrays.*p=0.1.*\n    FIX\n.*public_batch_size=True"):
-            batch_sizes.check_not_arrays(arrays, 0.1, public_batch_size=False, poisson_fix="FIX")
-        batch_sizes.check_not_arrays(arrays, 0.1, public_batch_size=True, poisson_fix="FIX")
+        fix = r"\n    batches = keras_dyndp.poisson_batches\(x, y, sampling_probability=0.1\)\n"
+        with pytest.raises(ValueError, match=rf"(?s)arrays.*p=0.1.*{fix}.*public_batch_size=True"):
+            batch_sizes.check_not_arrays(arrays, 0.1, public_batch_size=False)
+        batch_sizes.check_not_arrays(arrays, 0.1, public_batch_size=True)
     for other in (iter([x]), None, [], object()):  # a generator, a dataset or a PyDataset has no shape
         assert not batch_sizes.is_arrays(other)
-        batch_sizes.check_not_arrays(other, 0.1, public_batch_size=False, poisson_fix="FIX")
+        batch_sizes.check_not_arrays(other, 0.1, public_batch_size=False)

@@ -1,48 +1,59 @@
-"""Tests for keras_dyndp.callbacks: PrivacyLogger values and logging, BudgetStop, optimizer checks, model.fit."""
+"""callbacks: PrivacyLogger's values and logging, BudgetStop, their optimizer checks and model.fit, on the backend in
+use (TensorFlow's Keras 2 or 3, or JAX); the TensorBoard parts run on TensorFlow only."""
 
 import importlib.util
-import os
+import types
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
+import keras_dyndp
 from keras_dyndp import callbacks
-from keras_dyndp import data
-from keras_dyndp import keras_compat
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
-from keras_dyndp.optimizers import DynamicDPKerasSGD
-from keras_dyndp.per_example import make_private
 
-keras = keras_compat.keras
+keras = callbacks.keras
+ON_JAX = keras_dyndp.keras_backend() == "jax"
 DELTA = 1e-5
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+tensorflow_only = pytest.mark.skipif(ON_JAX, reason="TensorBoard summaries are written with TensorFlow")
 
 
 def _schedule() -> schedules.DPSchedule:
     return schedules.DPSchedule([1.0, 1.0, 0.8, 0.6], [1.0, 0.9, 0.6, 0.4], sampling_probability=0.1)
 
 
-def _optimizer(schedule: schedules.DPSchedule, steps: int = 0) -> DynamicDPKerasSGD:
+def _optimizer(schedule: schedules.DPSchedule, steps: int = 0):
     """A keras_dyndp optimizer that has taken `steps` DP steps (as far as the callbacks can tell)."""
-    optimizer = DynamicDPKerasSGD(schedule=schedule, public_batch_size=True)
+    optimizer = keras_dyndp.DynamicDPKerasSGD(schedule=schedule, public_batch_size=True)
     optimizer.dp_step.assign(steps)
     optimizer.record_schedule_fingerprint()  # as the steps would have
     return optimizer
 
 
-class _FakeModel:
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-        self.stop_training = False
-
-
-def _attach(callback: keras.callbacks.Callback, optimizer) -> _FakeModel:
-    model = _FakeModel(optimizer)
+def _attach(callback, optimizer, steps_per_epoch=None):
+    """`callback` on a stand-in model (not a Keras model: the epoch values land in the batch logs)."""
+    model = types.SimpleNamespace(optimizer=optimizer, stop_training=False)
     callback.set_model(model)
+    callback.set_params({"steps": steps_per_epoch, "verbose": 0})
     return model
+
+
+def _private_model(schedule, num_examples, training_metrics=False, **compile_kwargs):
+    model = keras_dyndp.make_private(
+        keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), training_metrics=training_metrics
+    )
+    optimizer = keras_dyndp.DynamicDPKerasSGD(
+        schedule=schedule, expected_batch_size=num_examples * schedule.sampling_probability, learning_rate=0.1
+    )
+    model.compile(optimizer=optimizer, loss=LOSS, **compile_kwargs)
+    return model
+
+
+def _data(seed, num_examples=40):
+    x = np.random.default_rng(seed).normal(size=(num_examples, 3)).astype(np.float32)
+    return x, (x[:, 0] > 0).astype(np.int32)  # int64 warns on JAX (Keras traces the batch spec in int32)
 
 
 @pytest.mark.parametrize("steps", [0, 1, 4])
@@ -109,8 +120,104 @@ def test_privacy_logger_refuses_before_training_what_it_could_not_account():
     rdp.on_train_begin()  # The RDP accounts it (a huge epsilon).
 
 
+def test_a_step_counter_of_another_schedule_is_never_accounted_under_this_one():
+    schedule = _schedule()
+    other = schedules.DPSchedule(schedule.clip_norms, schedule.noise_stddevs * 100, 0.1)
+    optimizer = keras_dyndp.DynamicDPKerasSGD(schedule=schedule, public_batch_size=True)
+    optimizer.dp_step.assign(3)  # a counter restored from a run under `other`
+    optimizer._schedule_fingerprint.assign(list(other.fingerprint))  # pylint: disable=protected-access
+    logger = callbacks.PrivacyLogger(delta=DELTA)
+    _attach(logger, optimizer)
+    with pytest.raises(RuntimeError, match="another DP schedule"):
+        logger.on_train_begin()
+    with pytest.raises(RuntimeError, match="another DP schedule"):
+        logger.privacy_logs()
+    unrecorded = keras_dyndp.DynamicDPKerasSGD(schedule=schedule, public_batch_size=True)
+    _attach(logger, unrecorded)
+    logger.privacy_logs()  # before the first step nothing is recorded, nor spent
+    unrecorded.dp_step.assign(3)
+    with pytest.raises(RuntimeError, match="no schedule fingerprint"):
+        logger.privacy_logs()
+
+
+def test_the_epochs_last_batch_puts_the_values_into_the_epoch_logs_and_log_every_reports(monkeypatch):
+    scalars = []
+    monkeypatch.setattr(callbacks, "_write_scalars", lambda writer, values, step: scalars.append((step, values)))
+    optimizer = _optimizer(_schedule(), 2)
+    logger = callbacks.PrivacyLogger(delta=DELTA, log_every=1)
+    model = _attach(logger, optimizer, steps_per_epoch=2)
+    logger.on_train_begin()
+    logger._writer = types.SimpleNamespace(close=lambda: None)  # what log_dir does, without TensorBoard
+    logger.on_epoch_begin(0)
+    batch_logs = {}
+    logger.on_train_batch_end(0, batch_logs)  # not the epoch's last batch: nothing for the epoch yet
+    assert batch_logs == {} and scalars[-1][0] == 2  # but log_every=1 reports the step
+    logger.on_train_batch_end(1, batch_logs)
+    assert batch_logs["dp_step"] == 2.0
+    logs = {}
+    logger.on_epoch_end(0, logs)
+    assert logs["epsilon_pld"] == pytest.approx(_schedule().epsilon(DELTA, steps=2))
+    logger.on_train_end()
+    assert logger._writer is None and "_get_metrics_result_or_logs" not in vars(model)
+
+
+def test_privacy_logger_rejects_non_dp_optimizer():
+    logger = callbacks.PrivacyLogger("pld", delta=DELTA)
+    _attach(logger, keras.optimizers.SGD())
+    with pytest.raises(
+        ValueError, match="PrivacyLogger needs a model compiled with a keras_dyndp DP optimizer.*got SGD"
+    ):
+        logger.on_train_begin()
+    stop = callbacks.BudgetStop()
+    _attach(stop, None)
+    with pytest.raises(ValueError, match="BudgetStop needs a model compiled with a keras_dyndp DP optimizer.*got no"):
+        stop.on_train_batch_end(0)
+
+
+def test_budget_stop_refuses_a_model_without_a_dp_optimizer_in_fit():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="BudgetStop needs a model compiled with a keras_dyndp DP optimizer"):
+        model.fit(np.ones((4, 3)), np.zeros((4, 2)), batch_size=4, verbose=0, callbacks=[callbacks.BudgetStop()])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"accountant": "moments"}, "`accountant` must be one of"),
+        ({"delta": 0.0}, r"`delta` must be in \(0, 1\)"),
+        ({"log_every": 0}, "`log_every` must be 'epoch' or an integer >= 1"),
+        ({"log_every": True}, "`log_every`"),
+    ],
+)
+def test_privacy_logger_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        callbacks.PrivacyLogger(**{"delta": DELTA, **kwargs})
+    with pytest.raises(TypeError):
+        callbacks.PrivacyLogger("rdp", 1e-5)  # delta is keyword-only
+
+
+def test_privacy_logger_log_dir_says_what_it_needs(monkeypatch, tmp_path):
+    if ON_JAX:
+        with pytest.raises(ValueError, match="log_dir.*TensorFlow"):
+            callbacks.PrivacyLogger(delta=DELTA, log_dir=str(tmp_path))
+    else:
+        real_find_spec = importlib.util.find_spec
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *args: None if name == "tensorboard" else real_find_spec(name, *args),
+        )
+        with pytest.raises(ImportError, match="pip install tensorboard"):
+            callbacks.PrivacyLogger(delta=DELTA, log_dir=str(tmp_path))
+    callbacks.PrivacyLogger(delta=DELTA)  # Without log_dir it needs no tensorboard.
+
+
+@tensorflow_only
 @pytest.mark.skipif(not HAVE_TENSORBOARD, reason="writing summaries needs the tensorboard package")
 def test_privacy_logger_writes_summaries_every_k_steps(tmp_path):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     optimizer = _optimizer(_schedule())
     logger = callbacks.PrivacyLogger("gdp_clt", delta=DELTA, log_every=2, log_dir=str(tmp_path))
     _attach(logger, optimizer)
@@ -121,42 +228,10 @@ def test_privacy_logger_writes_summaries_every_k_steps(tmp_path):
     logger.on_epoch_end(0, {})
     logger.on_train_end()
     steps = []
-    for event_file in os.listdir(tmp_path / "privacy"):
-        for event in tf.compat.v1.train.summary_iterator(str(tmp_path / "privacy" / event_file)):
+    for event_file in tf.io.gfile.glob(str(tmp_path / "privacy" / "events.*")):
+        for event in tf.compat.v1.train.summary_iterator(event_file):
             steps += [event.step for value in event.summary.value if value.tag == "privacy/epsilon_gdp_clt"]
     assert steps == [2, 3]  # every 2 DP steps, then at the epoch end
-
-
-def test_privacy_logger_rejects_non_dp_optimizer():
-    logger = callbacks.PrivacyLogger("pld", delta=DELTA)
-    _attach(logger, keras.optimizers.SGD())
-    with pytest.raises(ValueError, match="PrivacyLogger needs a keras_dyndp DP optimizer.*got SGD"):
-        logger.on_train_begin()
-    stop = callbacks.BudgetStop()
-    _attach(stop, None)
-    with pytest.raises(ValueError, match="BudgetStop needs a keras_dyndp DP optimizer.*got no optimizer"):
-        stop.on_train_batch_end(0)
-
-
-def test_privacy_logger_bad_arguments():
-    with pytest.raises(ValueError, match="`accountant` must be one of"):
-        callbacks.PrivacyLogger("moments", delta=DELTA)
-    with pytest.raises(ValueError, match=r"`delta` must be in \(0, 1\)"):
-        callbacks.PrivacyLogger(delta=0.0)
-    with pytest.raises(ValueError, match="`log_every` must be 'epoch' or an integer >= 1"):
-        callbacks.PrivacyLogger(delta=DELTA, log_every=0)
-    with pytest.raises(TypeError):
-        callbacks.PrivacyLogger("rdp", 1e-5)  # delta is keyword-only
-
-
-def test_privacy_logger_log_dir_without_tensorboard_says_what_to_install(monkeypatch, tmp_path):
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *args: None if name == "tensorboard" else real_find_spec(name, *args)
-    )
-    with pytest.raises(ImportError, match="pip install tensorboard"):
-        callbacks.PrivacyLogger(delta=DELTA, log_dir=str(tmp_path))
-    callbacks.PrivacyLogger(delta=DELTA)  # Without log_dir it needs no tensorboard.
 
 
 def test_budget_stop():
@@ -173,74 +248,82 @@ def test_budget_stop():
         stop.on_train_begin()
 
 
-def test_fit_with_dp_optimizer_logs_epsilon_and_stops_at_budget():
+def test_fit_logs_epsilon_into_every_callbacks_epoch_logs_and_stops_at_the_budget():
     keras.utils.set_random_seed(0)
-    num_examples, p = 40, 0.25
-    x = np.random.default_rng(0).normal(size=(num_examples, 3)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int64)
+    p = 0.25
+    x, y = _data(0)
     schedule = schedules.DPSchedule(np.full(6, 1.0), np.linspace(1.0, 0.5, 6), sampling_probability=p)
-    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
-    model.compile(
-        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p, learning_rate=0.1),
-        loss=LOSS,
-    )
-    dataset = data.poisson_batches_from_tensors(x, y, p, seed=0)  # 4 steps per epoch
+    model = _private_model(schedule, len(x))
+    seen = []
+    before = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(dict(logs)))
     budget_stop = callbacks.BudgetStop()
     history = model.fit(
-        dataset, epochs=3, verbose=0, callbacks=[callbacks.PrivacyLogger("gdp_clt", delta=DELTA), budget_stop]
+        keras_dyndp.poisson_batches(x, y, sampling_probability=p, seed=0),  # 4 steps per epoch
+        epochs=3,
+        verbose=0,
+        callbacks=[before, callbacks.PrivacyLogger(delta=DELTA), budget_stop],
     )
     assert history.history["dp_step"] == [4.0, 6.0]  # stopped in the second epoch, at T = 6
     assert budget_stop.stopped_at_step == 6
+    for epoch, steps in enumerate((4, 6)):
+        expected = schedule.epsilon(DELTA, accountant="pld", steps=steps)
+        assert history.history["epsilon_pld"][epoch] == pytest.approx(expected)
+        assert seen[epoch]["epsilon_pld"] == pytest.approx(expected)  # listed before the logger, still sees it
     assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
     assert history.history["noise_stddev"][-1] == pytest.approx(0.5)
 
 
+@pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray")  # arrays, public batch size: warned
+@pytest.mark.parametrize("steps_per_epoch, epochs", [(3, 4), (5, 1)])
+def test_budget_stop_ends_fit_on_arrays_at_the_last_step(steps_per_epoch, epochs):
+    x, y = _data(4, num_examples=4 * steps_per_epoch)
+    model = keras_dyndp.make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    schedule = schedules.DPSchedule(np.ones(5), np.full(5, 0.5), 0.5)
+    model.compile(optimizer=keras_dyndp.DynamicDPKerasSGD(schedule=schedule, public_batch_size=True), loss=LOSS)
+    model.fit(x, y, batch_size=4, epochs=epochs, verbose=0, callbacks=[callbacks.BudgetStop()])
+    assert int(model.optimizer.dp_step.numpy()) == min(5, steps_per_epoch * epochs)
+
+
 def test_budget_stop_ends_a_steps_per_execution_loop_exactly_at_the_budget():
-    num_examples, p = 40, 0.25
-    x = np.random.default_rng(1).normal(size=(num_examples, 3)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int64)
+    p = 0.25
+    x, y = _data(1)
     schedule = schedules.DPSchedule(np.full(10, 1.0), np.full(10, 0.5), sampling_probability=p)
-    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), training_metrics=True)
-    model.compile(
-        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p, learning_rate=0.1),
-        loss=LOSS,
-        steps_per_execution=3,
-    )
-    dataset = data.poisson_batches_from_tensors(x, y, p)  # 4 steps per epoch: calls of 3 and 1 steps
+    model = _private_model(schedule, len(x), training_metrics=True, steps_per_execution=3)
     budget_stop = callbacks.BudgetStop()
-    # The third epoch starts at step 8 with a call of 3 steps, which would run step 10 past T = 10.
+    # 4 steps per epoch: calls of 3 and 1 steps. The third epoch starts at step 8 with a call of 3 steps, which
+    # would run step 10 past T = 10.
     history = model.fit(
-        dataset, epochs=5, verbose=0, callbacks=[callbacks.PrivacyLogger("gdp_clt", delta=DELTA), budget_stop]
+        keras_dyndp.poisson_batches(x, y, sampling_probability=p),
+        epochs=5,
+        verbose=0,
+        callbacks=[callbacks.PrivacyLogger("gdp_clt", delta=DELTA), budget_stop],
     )
     assert history.history["dp_step"] == [4.0, 8.0, 10.0]
     assert len(history.history["loss"]) == 3
     assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
-    assert budget_stop.stopped_at_step == 10 == int(model.optimizer.dp_step)
-    assert keras_compat.steps_per_execution(model) == 3  # restored for later calls (evaluate, predict)
+    assert budget_stop.stopped_at_step == 10 == int(model.optimizer.dp_step.numpy())
+    assert callbacks._steps_per_execution(model) == 3  # restored for later calls (evaluate, predict)
 
 
+@tensorflow_only
 @pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_privacy_logger_reaches_tensorboard_csv_and_history_wherever_it_is_listed(tmp_path, steps_per_execution):
-    num_examples, p = 40, 0.25
-    x = np.random.default_rng(2).normal(size=(num_examples, 3)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int64)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    p = 0.25
+    x, y = _data(2)
     schedule = schedules.DPSchedule(np.full(12, 1.0), np.full(12, 0.8), sampling_probability=p)
-    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
-    model.compile(
-        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=num_examples * p),
-        loss=LOSS,
-        steps_per_execution=steps_per_execution,
-    )
+    model = _private_model(schedule, len(x), steps_per_execution=steps_per_execution)
     csv_path = str(tmp_path / "log.csv")
+    seen_first = []
     listed_first = [
         keras.callbacks.CSVLogger(csv_path),
         keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen_first.append(logs.get("epsilon_gdp_clt"))),
     ]
-    seen_first = []
     if HAVE_TENSORBOARD:
         listed_first.insert(0, keras.callbacks.TensorBoard(str(tmp_path / "tb")))
     history = model.fit(
-        data.poisson_batches_from_tensors(x, y, p),
+        keras_dyndp.poisson_batches(x, y, sampling_probability=p),
         epochs=3,
         verbose=0,
         callbacks=[*listed_first, callbacks.PrivacyLogger("gdp_clt", delta=DELTA)],
@@ -261,13 +344,15 @@ def test_privacy_logger_reaches_tensorboard_csv_and_history_wherever_it_is_liste
 
 def test_budget_stop_ends_fit_with_an_ordinary_line_after_the_progress_bar(capsys, caplog):
     p = 0.25
-    x = np.random.default_rng(3).normal(size=(40, 3)).astype(np.float32)
-    schedule = schedules.DPSchedule(np.ones(6), np.ones(6), sampling_probability=p)
-    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
-    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=10.0), loss=LOSS)
-    dataset = data.poisson_batches_from_tensors(x, (x[:, 0] > 0).astype(np.int64), p, seed=0)  # 4 steps per epoch
+    x, y = _data(3)
+    model = _private_model(schedules.DPSchedule(np.ones(6), np.ones(6), sampling_probability=p), len(x))
     with caplog.at_level("WARNING"):
-        model.fit(dataset, epochs=3, verbose=2, callbacks=[callbacks.BudgetStop()])
+        model.fit(
+            keras_dyndp.poisson_batches(x, y, sampling_probability=p, seed=0),  # 4 steps per epoch
+            epochs=3,
+            verbose=2,
+            callbacks=[callbacks.BudgetStop()],
+        )
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == "BudgetStop: the privacy budget is spent (6 of the schedule's 6 DP steps); training ended."
     assert "dp_step" in lines[-2]  # after the progress bar's last line

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from keras_dyndp import keras_compat
 from keras_dyndp import keras_context
+from keras_dyndp.tf_backend import keras_compat
 
 keras = keras_compat.keras
 
@@ -29,7 +29,7 @@ class _Recorder(keras.optimizers.SGD):
             return method(*args)
         self._inside = True
         try:
-            model = keras_context.calling_model(self)
+            model = keras_context.calling_model(self, keras.Model)
             call = None if model is None else keras_context.fit_call(model)
             self.seen.append((model, call))
             return method(*args)

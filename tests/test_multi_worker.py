@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from keras_dyndp import keras_compat
+from keras_dyndp.tf_backend import keras_compat
 
 pytestmark = pytest.mark.skipif(
     keras_compat.KERAS_MAJOR_VERSION >= 3,

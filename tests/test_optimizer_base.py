@@ -54,14 +54,6 @@ def test_budget_arguments_calibrate_under_pld_to_the_target():
     assert optimizer.name == "_Optimizer" and optimizer.noise_seed_given is None
 
 
-def test_microbatches_double_the_sensitivity_whatever_their_number():
-    schedule = schedules.DPSchedule(np.ones(2), np.ones(2), 0.1)
-    assert _Optimizer(schedule=schedule, expected_batch_size=5).sensitivity_in_clip_norms == 1.0
-    for num_microbatches in (1, 7):
-        optimizer = _Optimizer(schedule=schedule, expected_batch_size=5, num_microbatches=num_microbatches)
-        assert optimizer.sensitivity_in_clip_norms == 2.0
-
-
 def test_config_round_trip_keeps_schedule_and_private_train_step():
     schedule = schedules.DPSchedule(np.array([2.0, 1.0]), np.array([3.0, 1.5]), 0.1)
     optimizer = _Optimizer(schedule=schedule, expected_batch_size=7.0, rescale_to_unit_norm=True, noise_seed=4)

@@ -29,7 +29,13 @@ def test_unknown_attribute_raises():
 
 
 def test_tensorflow_stacks_resolve_the_tensorflow_names():
-    from keras_dyndp import optimizers  # pylint: disable=import-outside-toplevel
+    from keras_dyndp import tf_backend as optimizers  # pylint: disable=import-outside-toplevel
 
     assert keras_dyndp.keras_backend() == "tensorflow"
     assert keras_dyndp.DynamicDPKerasSGD is optimizers.DynamicDPKerasSGD
+
+
+def test_each_public_name_is_listed_once_and_former_names_are_gone():
+    assert len(keras_dyndp.__all__) == len(set(keras_dyndp.__all__))
+    assert not hasattr(keras_dyndp, "poisson_batches_from_tensors")  # one sampler: keras_dyndp.poisson_batches
+    assert keras_dyndp.BudgetStop.__module__ == "keras_dyndp.callbacks"

@@ -99,10 +99,10 @@ def test_bad_spec_exits_2_with_one_line(tmp_path, args, message):
     assert "Traceback" not in result.stderr
 
 
-def test_flags_live_in_their_own_registry_beside_the_example_trainers():
-    import examples.training  # Defines --epsilon, --method, ... on absl's global registry.
+def test_flags_live_in_their_own_registry_beside_the_research_trainers():
+    import research.training  # Defines --epsilon, --method, ... on absl's global registry.
     from keras_dyndp import privacy_cli
 
     assert "epsilon" in privacy_cli._FLAGS  # pylint: disable=protected-access
     assert flags.FLAGS["epsilon"] is not privacy_cli._FLAGS["epsilon"]  # pylint: disable=protected-access
-    del examples
+    del research

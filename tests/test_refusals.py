@@ -54,3 +54,14 @@ def test_messages_name_what_was_received_and_what_to_do():
     message = str(refusals.batch_state_error("net", "the non-trainable variables ['s'] (of layers ['leaky'])"))
     assert "'net' writes the non-trainable variables ['s'] (of layers ['leaky'])" in message
     assert "computed from the input batch" in message and "LayerNormalization" in message
+
+
+def test_model_and_optimizer_refusals_name_the_backend_and_what_to_use():
+    assert str(refusals.not_a_model_error(3)) == "`model` must be a keras.Model. Received: model=3."
+    for backend in ("TensorFlow", "JAX"):
+        message = str(refusals.not_dp_optimizer_error("sgd", backend))
+        assert f"must be a keras_dyndp DP optimizer of the {backend} backend" in message
+        assert "DynamicDPKerasSGD" in message and "Received: optimizer='sgd'." in message
+    message = str(refusals.loss_scale_error("Do X."))
+    assert message.startswith("Mixed precision ('mixed_float16') wraps the optimizer in a LossScaleOptimizer")
+    assert message.endswith("differential privacy does not allow. Do X.")

@@ -269,17 +269,16 @@ def test_calibrate_baseline_decays_the_noise_with_a_constant_clip(decay):
     assert schedule.num_steps == T
 
 
+@pytest.mark.parametrize("method", ["tcdp", "vanilla"])
 @pytest.mark.parametrize("initial_clip", [0.0, -1.0, math.inf, True, "1"])
-def test_calibrate_baseline_checks_the_clip(initial_clip):
-    with pytest.raises(ValueError, match="`initial_clip` must be finite and > 0"):
-        schedules.calibrate_baseline(
-            "tcdp",
-            target_epsilon=1.0,
-            target_delta=DELTA,
-            sampling_probability=P,
-            num_steps=10,
-            initial_clip=initial_clip,
-        )
+def test_calibrate_and_the_baselines_check_the_clip_in_the_same_words(initial_clip, method):
+    arguments = dict(target_epsilon=1.0, target_delta=DELTA, sampling_probability=P, num_steps=10)
+    message = r"`initial_clip` must be a finite number > 0\. Received: initial_clip="
+    with pytest.raises(ValueError, match=message):
+        schedules.calibrate(method, initial_clip=initial_clip, **arguments)
+    if method == "tcdp":
+        with pytest.raises(ValueError, match=message):
+            schedules.calibrate_baseline(method, initial_clip=initial_clip, **arguments)
 
 
 def test_calibrate_refuses_a_baseline_outside_its_accountant():

@@ -52,3 +52,68 @@ def test_probability_with_zero():
     assert validation.check_probability(0, allow_zero=True) == 0.0
     with pytest.raises(ValueError, match=r"`sampling_probability` must be in \[0, 1\]"):
         validation.check_probability(-0.1, allow_zero=True)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan, True, "1", None])
+def test_bad_positive_float_names_argument_and_range(value):
+    with pytest.raises(ValueError, match=r"`initial_clip` must be a finite number > 0\. Received: initial_clip="):
+        validation.check_float("initial_clip", value)
+
+
+def test_float_bounds_inclusive_infinite_and_hint():
+    assert validation.check_float("rho_mu", 1, 1.0, inclusive=True) == 1.0
+    assert validation.check_float("mu", math.inf, allow_inf=True) == math.inf
+    with pytest.raises(ValueError, match=r"`rho_mu` must be a finite number >= 1 \(why\)\. Received: rho_mu=0\.5"):
+        validation.check_float("rho_mu", 0.5, 1.0, inclusive=True, hint="why")
+    with pytest.raises(ValueError, match=r"`tolerance` must be >= 0\. "):
+        validation.check_float("tolerance", -1, 0.0, inclusive=True, allow_inf=True)
+
+
+def test_budget():
+    assert validation.check_budget(1, 1e-5) == (1.0, 1e-5)
+    with pytest.raises(ValueError, match="`target_epsilon` must be a finite number > 0"):
+        validation.check_budget(0, 1e-5)
+    with pytest.raises(ValueError, match=r"`target_delta` must be in \(0, 1\)"):
+        validation.check_budget(1, 0)
+
+
+def test_positive_int_optional_and_exact():
+    assert validation.check_positive_int("num_microbatches", None, none_means="one per example") is None
+    with pytest.raises(ValueError, match=r"`num_microbatches` must be None \(one per example\) or an integer >= 1"):
+        validation.check_positive_int("num_microbatches", 0, none_means="one per example")
+    assert validation.check_positive_int("accumulation_steps", np.int64(2), exact=True) == 2
+    with pytest.raises(ValueError, match="`accumulation_steps` must be an integer >= 1"):
+        validation.check_positive_int("accumulation_steps", 2.0, exact=True)
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None, np.bool_(True)])
+def test_bool_refuses_what_is_only_truthy(value):
+    with pytest.raises(ValueError, match="`training_metrics` must be True or False. Received: training_metrics="):
+        validation.check_bool("training_metrics", value)
+    assert validation.check_bool("training_metrics", False) is False
+
+
+def test_choice_names_the_choices():
+    assert validation.check_choice("method", "auto", ["auto", "ghost"]) == "auto"
+    with pytest.raises(ValueError, match=r"`method` must be one of \('auto', 'ghost'\) \(hint\)\. Received: method="):
+        validation.check_choice("method", "x", ["auto", "ghost"], "hint")
+
+
+def test_nonnegative_array():
+    np.testing.assert_array_equal(validation.check_nonnegative_array("z", [0, math.inf]), [0.0, math.inf])
+    assert validation.check_nonnegative_array("z", []).size == 0
+    with pytest.raises(ValueError, match=r"`z` must be a non-empty 1-D array"):
+        validation.check_nonnegative_array("z", [], allow_empty=False)
+    with pytest.raises(ValueError, match=r"`z` must be a 1-D array"):
+        validation.check_nonnegative_array("z", [[1.0]])
+    with pytest.raises(ValueError, match=r"Every entry of `z` must be >= 0 \(inf allowed\)\. Received an entry nan"):
+        validation.check_nonnegative_array("z", [1.0, math.nan])
+
+
+def test_step_counts():
+    np.testing.assert_array_equal(validation.check_step_counts([0, 3.0, 2], 3), [0, 3, 2])
+    for bad in ([4], [-1], [[1]], ["1"], [1.5]):
+        with pytest.raises(ValueError, match=r"`steps` must be a 1-D sequence of integers in \[0, 3\]"):
+            validation.check_step_counts(bad, 3)
+    with pytest.raises(ValueError, match=r"`steps` must be a 1-D non-decreasing sequence of integers in \[0, 3\]"):
+        validation.check_step_counts([2, 1], 3, non_decreasing=True)

@@ -76,23 +76,6 @@ _SAFETY_STEP = 1e-13
 _LOG_SAFETY_STEP = 1e-14
 
 
-def _check_budget(target_epsilon: float, target_delta: float) -> None:
-    if isinstance(target_epsilon, bool) or not (
-        isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0
-    ):
-        raise ValueError(f"`target_epsilon` must be finite and > 0. Received: target_epsilon={target_epsilon}.")
-    validation.check_delta(target_delta, "target_delta")
-
-
-def _check_multipliers(noise_multipliers) -> np.ndarray:
-    multipliers = np.asarray(noise_multipliers, dtype=np.float64)
-    if multipliers.ndim != 1 or multipliers.size == 0:
-        raise ValueError(f"`noise_multipliers` must be a non-empty 1-D array. Received shape {multipliers.shape}.")
-    if not np.all(multipliers >= 0):  # Also rejects NaN.
-        raise ValueError("Every entry of `noise_multipliers` must be >= 0 (inf allowed).")
-    return multipliers
-
-
 def _check_tcdp_sampling(sampling_probability: float) -> float:
     """The sampling fraction s = p, which BDRS's subsampling theorem needs in (0, 0.1]."""
     p = validation.check_probability(sampling_probability)
@@ -131,12 +114,8 @@ def decay_shape(num_steps: int, noise_decay: float, decay: str = "exponential") 
       decay: 'exponential' (s_t = noise_decay^(-t/T)) or 'time' (s_t = 1 / (1 + (noise_decay - 1) t / T)).
     """
     num_steps = validation.check_positive_int("num_steps", num_steps)
-    if decay not in DECAYS:
-        raise ValueError(f"`decay` must be one of {DECAYS}. Received: decay={decay!r}.")
-    if isinstance(noise_decay, bool) or not (
-        isinstance(noise_decay, (int, float)) and math.isfinite(noise_decay) and noise_decay >= 1
-    ):
-        raise ValueError(f"`noise_decay` must be a finite number >= 1. Received: noise_decay={noise_decay}.")
+    validation.check_choice("decay", decay, DECAYS)
+    noise_decay = validation.check_float("noise_decay", noise_decay, 1.0, inclusive=True)
     fraction = np.arange(1, num_steps + 1, dtype=np.float64) / num_steps
     if decay == "exponential":
         return noise_decay ** (-fraction)
@@ -145,20 +124,20 @@ def decay_shape(num_steps: int, noise_decay: float, decay: str = "exponential") 
 
 def zcdp_rho(noise_multipliers) -> float:
     """zCDP rho = sum_t 1 / (2 z_t^2) of Gaussian steps, composed sequentially without amplification (Yu et al.)."""
-    return float(np.sum(_add_remove_rhos(_check_multipliers(noise_multipliers))))
+    multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers, allow_empty=False)
+    return float(np.sum(_add_remove_rhos(multipliers)))
 
 
 def zcdp_epsilon_from_rho(rho: float, delta: float) -> float:
     """epsilon = rho + 2 sqrt(rho log(1/delta)) of rho-zCDP at `delta` (Bun and Steinke 2016, Prop. 1.3)."""
     delta = validation.check_delta(delta)
-    if not rho >= 0:
-        raise ValueError(f"`rho` must be >= 0. Received: rho={rho}.")
+    rho = validation.check_float("rho", rho, 0.0, inclusive=True, allow_inf=True)
     return float(rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta)))
 
 
 def zcdp_rho_from_epsilon(epsilon: float, delta: float) -> float:
     """Largest rho-zCDP that converts to at most `epsilon`: (sqrt(eps + L) - sqrt(L))^2 with L = log(1/delta)."""
-    _check_budget(epsilon, delta)
+    epsilon, delta = validation.check_budget(epsilon, delta)
     log_inv_delta = math.log(1.0 / delta)
     # (sqrt(eps + L) - sqrt(L))^2 written without cancellation.
     return float((epsilon / (math.sqrt(epsilon + log_inv_delta) + math.sqrt(log_inv_delta))) ** 2)
@@ -180,7 +159,7 @@ def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[flo
         log(1/p) >= 3 rho_t (2 + log2(1/rho_t)): the theorem does not hold there.
     """
     s = _check_tcdp_sampling(sampling_probability)
-    multipliers = _check_multipliers(noise_multipliers)
+    multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers, allow_empty=False)
     rhos = _replace_one_rhos(multipliers)
     private = rhos > 0
     outside = private & ~_meets_subsampling_conditions(rhos, s)
@@ -201,8 +180,8 @@ def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[flo
 def tcdp_epsilon_from_parameters(rho: float, omega: float, delta: float) -> float:
     """Epsilon of (rho, omega)-tCDP at `delta`, through the Renyi bound D_alpha <= rho alpha for 1 < alpha < omega."""
     delta = validation.check_delta(delta)
-    if not (rho >= 0 and omega > 1):
-        raise ValueError(f"Need rho >= 0 and omega > 1. Received: rho={rho}, omega={omega}.")
+    rho = validation.check_float("rho", rho, 0.0, inclusive=True, allow_inf=True)
+    omega = validation.check_float("omega", omega, 1.0, allow_inf=True)
     log_inv_delta = math.log(1.0 / delta)
     if math.isinf(rho):
         return math.inf
@@ -240,7 +219,7 @@ def zcdp_noise_multipliers(
     Returns:
       Array [T] of noise multipliers whose zCDP epsilon is <= target_epsilon (equal up to float rounding).
     """
-    _check_budget(target_epsilon, target_delta)
+    validation.check_budget(target_epsilon, target_delta)
     validation.check_probability(sampling_probability)
     shape = decay_shape(num_steps, noise_decay, decay)
     z0 = math.sqrt(zcdp_rho(shape) / zcdp_rho_from_epsilon(target_epsilon, target_delta))
@@ -274,7 +253,7 @@ def tcdp_noise_multipliers(
     Raises:
       ValueError: on a bad argument, including p > 0.1.
     """
-    _check_budget(target_epsilon, target_delta)
+    validation.check_budget(target_epsilon, target_delta)
     p = _check_tcdp_sampling(sampling_probability)
     shape = decay_shape(num_steps, noise_decay, decay)
 
@@ -313,12 +292,6 @@ def tcdp_noise_multipliers(
 _NOISE_MULTIPLIERS = {"zcdp": zcdp_noise_multipliers, "tcdp": tcdp_noise_multipliers}
 
 
-def _check_name(name: str) -> str:
-    if name not in NAMES:
-        raise ValueError(f"`name` must be one of {NAMES}. Received: name={name!r}.")
-    return name
-
-
 def calibrate_noise(
     name: str,
     target_epsilon: float,
@@ -331,7 +304,7 @@ def calibrate_noise(
 ) -> np.ndarray:
     """The noise multipliers [T] of baseline `name` ('zcdp' or 'tcdp') calibrated to the target under its own
     accountant (`zcdp_noise_multipliers`, `tcdp_noise_multipliers`)."""
-    return _NOISE_MULTIPLIERS[_check_name(name)](
+    return _NOISE_MULTIPLIERS[validation.check_choice("name", name, NAMES)](
         target_epsilon, target_delta, sampling_probability, num_steps, noise_decay=noise_decay, decay=decay
     )
 
@@ -342,6 +315,6 @@ def baseline_epsilon(name: str, sampling_probability: float, noise_multipliers, 
     Raises:
       ValueError: on bad arguments, or ('tcdp') steps outside the subsampling theorem's conditions.
     """
-    if _check_name(name) == "zcdp":
+    if validation.check_choice("name", name, NAMES) == "zcdp":
         return zcdp_epsilon(noise_multipliers, delta)
     return tcdp_epsilon(sampling_probability, noise_multipliers, delta)

@@ -385,31 +385,21 @@ def _compose(first: _Pld, second: _Pld, steps: int) -> _Pld:
 
 def check_interval(value: float, name: str = "value_discretization_interval") -> float:
     """Returns a PLD discretisation interval as a float, or raises ValueError unless it is > 0."""
-    if not value > 0:
-        raise ValueError(f"`{name}` must be > 0. Received: {name}={value}.")
-    return float(value)
+    return validation.check_float(name, value, allow_inf=True)
 
 
 def _check_arguments(
     sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval, tolerance
 ) -> tuple[float, np.ndarray]:
     p = validation.check_probability(sampling_probability, allow_zero=True)
-    multipliers = np.asarray(noise_multipliers, dtype=np.float64)
-    if multipliers.ndim != 1:
-        raise ValueError(
-            f"`noise_multipliers` must be 1-D (one noise multiplier per step). Received shape {multipliers.shape}."
-        )
-    if not np.all(multipliers >= 0):  # Also rejects NaN.
-        raise ValueError("Every entry of `noise_multipliers` must be >= 0 (inf allowed).")
+    multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers)
     check_interval(value_discretization_interval)
     noise_range.check_noise_multipliers(
         multipliers, "pld", noise_range.pld_min_noise_multiplier(value_discretization_interval)
     )
     validation.check_delta(delta)
-    if isinstance(max_groups, bool) or int(max_groups) != max_groups or max_groups < 1:
-        raise ValueError(f"`max_groups` must be an integer >= 1. Received: max_groups={max_groups}.")
-    if not tolerance >= 0:
-        raise ValueError(f"`tolerance` must be >= 0. Received: tolerance={tolerance}.")
+    validation.check_positive_int("max_groups", max_groups)
+    validation.check_float("tolerance", tolerance, 0.0, inclusive=True, allow_inf=True)
     return p, multipliers
 
 
@@ -441,13 +431,7 @@ def pld_epsilons_at(
     p, multipliers = _check_arguments(
         sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval, tolerance
     )
-    counts = np.asarray(steps)
-    if counts.ndim != 1 or not np.all((counts >= 0) & (counts <= multipliers.size)) or np.any(np.diff(counts) < 0):
-        raise ValueError(
-            f"`steps` must be a 1-D non-decreasing sequence of integers in [0, {multipliers.size}]. "
-            f"Received: steps={steps}."
-        )
-    counts = counts.astype(int)
+    counts = validation.check_step_counts(steps, multipliers.size, non_decreasing=True)
     bounds = np.unique(np.concatenate([[0], counts]))
     segments = [multipliers[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
     active = [segment[np.isfinite(segment)] for segment in segments]

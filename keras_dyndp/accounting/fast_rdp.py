@@ -58,16 +58,9 @@ _MIN_SERIES_BLOCK = 8
 
 
 def _check_noise_multipliers(noise_multipliers: ArrayLike) -> np.ndarray:
-    noise_multipliers = np.asarray(noise_multipliers, dtype=np.float64)
-    if noise_multipliers.ndim != 1:
-        raise ValueError(
-            "`noise_multipliers` must be 1-D (one noise multiplier per step). "
-            f"Received shape {noise_multipliers.shape}."
-        )
-    if not np.all(noise_multipliers >= 0):  # Also rejects NaN.
-        bad = noise_multipliers[~(noise_multipliers >= 0)][0]
-        raise ValueError(f"Every entry of `noise_multipliers` must be >= 0 (inf allowed). Received an entry {bad}.")
-    return noise_range.check_noise_multipliers(noise_multipliers, "rdp")
+    return noise_range.check_noise_multipliers(
+        validation.check_nonnegative_array("noise_multipliers", noise_multipliers), "rdp"
+    )
 
 
 def check_orders(orders: ArrayLike | None) -> np.ndarray:
@@ -295,17 +288,7 @@ def rdp_epsilons_at(
     delta = validation.check_delta(delta, allow_ends=True)  # As dp_accounting: epsilon inf at 0.
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
     orders = check_orders(orders)
-    steps = np.asarray(steps)
-    if (
-        steps.ndim != 1
-        or not np.issubdtype(steps.dtype, np.integer)
-        or np.any(steps < 0)
-        or np.any(steps > noise_multipliers.size)
-    ):
-        raise ValueError(
-            f"`steps` must be a 1-D sequence of integers in [0, {noise_multipliers.size}] (the number of noise "
-            f"multipliers). Received: steps={steps}."
-        )
+    steps = validation.check_step_counts(steps, noise_multipliers.size)
     per_step = poisson_subsampled_gaussian_rdp(sampling_probability, noise_multipliers, orders)
     cumulative = np.vstack([np.zeros((1, orders.size)), np.cumsum(per_step, axis=0)])
     return np.array([rdp.compute_epsilon(orders, cumulative[step], delta)[0] for step in steps], dtype=np.float64)

@@ -37,29 +37,6 @@ _RTOL = 4 * np.finfo(float).eps
 _MAX_BRACKET_STEPS = 1000
 
 
-def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
-    epsilon = float(epsilon)
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"`{name}` must be finite and > 0. Received: {name}={epsilon}.")
-    return epsilon
-
-
-def _check_mu(mu: float, name: str = "mu") -> float:
-    mu = float(mu)
-    if not mu > 0:  # Also rejects NaN.
-        raise ValueError(f"`{name}` must be > 0 (math.inf allowed). Received: {name}={mu}.")
-    return mu
-
-
-def _check_mus(mus: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Per-step GDP parameters as a 1-D float array, or ValueError unless each is >= 0 (inf allowed)."""
-    mus = np.asarray(mus, dtype=np.float64).reshape(-1)
-    if not np.all(mus >= 0):  # Also rejects NaN.
-        bad = mus[~(mus >= 0)][0]
-        raise ValueError(f"Every entry of `mus` must be >= 0. Received an entry mu={bad}.")
-    return mus
-
-
 def _log_delta_from_mu(epsilon: float, mu: float) -> float:
     """log(delta(epsilon; mu)), accurate when delta is tiny; clamped below at `_LOG_DELTA_FLOOR`."""
     log_cdf_plus = stats.norm.logcdf(-epsilon / mu + mu / 2)
@@ -86,10 +63,8 @@ def delta_from_mu(epsilon: float, mu: float) -> float:
     Raises:
         ValueError: If `epsilon` < 0 or not finite, or `mu` <= 0 or NaN.
     """
-    epsilon = float(epsilon)
-    if not (math.isfinite(epsilon) and epsilon >= 0):
-        raise ValueError(f"`epsilon` must be finite and >= 0. Received: epsilon={epsilon}.")
-    mu = _check_mu(mu)
+    epsilon = validation.check_float("epsilon", epsilon, 0.0, inclusive=True)
+    mu = validation.check_float("mu", mu, allow_inf=True)
     if math.isinf(mu):
         return 1.0
     log_delta = _log_delta_from_mu(epsilon, mu)
@@ -109,7 +84,7 @@ def epsilon_from_mu(mu: float, delta: float) -> float:
     Raises:
         ValueError: If `mu` <= 0 or NaN, or `delta` is outside (0, 1).
     """
-    mu = _check_mu(mu)
+    mu = validation.check_float("mu", mu, allow_inf=True)
     delta = validation.check_delta(delta)
     if math.isinf(mu):
         return math.inf
@@ -146,7 +121,7 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
     Raises:
         ValueError: If `epsilon` <= 0 or not finite, or `delta` is outside (0, 1).
     """
-    epsilon = _check_epsilon(epsilon)
+    epsilon = validation.check_float("epsilon", epsilon)
     delta = validation.check_delta(delta)
     log_target = math.log(delta)
 
@@ -191,7 +166,7 @@ def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> fl
     """
     sampling_probability = validation.check_probability(sampling_probability)
     with np.errstate(over="ignore"):
-        total = float(np.sum(np.expm1(np.square(_check_mus(mus)))))
+        total = float(np.sum(np.expm1(np.square(validation.check_nonnegative_array("mus", np.reshape(mus, -1))))))
     return sampling_probability * math.sqrt(total)
 
 
@@ -212,7 +187,7 @@ def gdp_clt_epsilons_at(
         Array of epsilons, one per entry of `steps` (0 where mu_k = 0).
     """
     sampling_probability = validation.check_probability(sampling_probability)
-    mus = _check_mus(mus)
+    mus = validation.check_nonnegative_array("mus", np.reshape(mus, -1))
     delta = validation.check_delta(delta)
     with np.errstate(over="ignore"):
         cumulative = np.concatenate([[0.0], np.cumsum(np.expm1(mus**2))])

@@ -164,9 +164,7 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
         Raises:
             ValueError: If `target_epsilon` is negative or NaN.
         """
-        target_epsilon = float(target_epsilon)
-        if not target_epsilon >= 0:
-            raise ValueError(f"`target_epsilon` must be >= 0. Received: target_epsilon={target_epsilon}.")
+        target_epsilon = validation.check_float("target_epsilon", target_epsilon, 0.0, inclusive=True, allow_inf=True)
         mu = self.mu
         if math.isinf(mu):
             return 1.0

@@ -29,6 +29,7 @@ import numpy as np
 from dp_accounting import pld
 from dp_accounting import rdp
 
+from keras_dyndp import validation
 from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import fast_rdp
 from keras_dyndp.accounting import gdp
@@ -158,9 +159,7 @@ RIGOROUS_ACCOUNTANT_NAMES = tuple(name for name, entry in _ACCOUNTANTS.items() i
 
 def get(name: str, argument: str = "accountant") -> Accountant:
     """The registry entry of accountant `name`, or ValueError naming `argument` and the valid names."""
-    if name not in ACCOUNTANT_NAMES:
-        raise ValueError(f"`{argument}` must be one of {ACCOUNTANT_NAMES}. Received: {argument}={name!r}.")
-    return _ACCOUNTANTS[name]
+    return _ACCOUNTANTS[validation.check_choice(argument, name, ACCOUNTANT_NAMES)]
 
 
 def make_accountant(

@@ -16,13 +16,12 @@ model.compile(optimizer=keras_dyndp.DynamicDPKerasSGD(target_epsilon=2.0, target
 The schedules, calibration and accounting are the backend-neutral ones (`keras_dyndp.schedules`,
 `keras_dyndp.accounting`); so are the optimizers' arguments and config (`keras_dyndp.optimizer_base`). What is
 JAX's own: the per-example gradients (`train_step`, `embedding_taps`, `microbatches`), the random source (`noise`),
-the step's mechanism (`optimizer`), the model check (`model_checks`) and Poisson-sampled batches (`data`).
-Installing ``keras_dyndp[jax]`` pulls no TensorFlow.
+the step's mechanism (`optimizer`), the model check (`model_checks`) and Poisson-sampled batches as a
+``keras.utils.PyDataset`` (`data`, behind `keras_dyndp.poisson_batches`). The callbacks are backend-neutral
+(`keras_dyndp.callbacks`). Installing ``keras_dyndp[jax]`` pulls no TensorFlow.
 """
 
 from keras_dyndp.batch_sizes import SamplingWarning
-from keras_dyndp.jax_backend.callbacks import BudgetStop
-from keras_dyndp.jax_backend.callbacks import PrivacyLogger
 from keras_dyndp.jax_backend.data import PoissonBatches
 from keras_dyndp.jax_backend.model_checks import check_model
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdagrad
@@ -34,14 +33,12 @@ from keras_dyndp.jax_backend.optimizer import make_dynamic_dp_optimizer_class
 from keras_dyndp.jax_backend.train_step import make_private
 
 __all__ = [
-    "BudgetStop",
     "DynamicDPKerasAdagrad",
     "DynamicDPKerasAdam",
     "DynamicDPKerasRMSprop",
     "DynamicDPKerasSGD",
     "JaxDPOptimizerMixin",
     "PoissonBatches",
-    "PrivacyLogger",
     "SamplingWarning",
     "check_model",
     "make_dynamic_dp_optimizer_class",

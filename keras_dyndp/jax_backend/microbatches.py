@@ -1,10 +1,8 @@
 """Microbatches on the JAX backend: the clipped sum of M random microbatch gradients, from per-example gradients.
 
-The mechanism is the TensorFlow optimizers' (`keras_dyndp.optimizers.microbatches`, which states it and proves its
-sensitivity of 2 C): every row joins microbatch a_i, drawn uniformly from {0, ..., M - 1} per row and per step from
-the optimizer's own noise source (never from the data or the row's position); microbatch j's loss is the sum of its
-rows' weighted losses over the number of its rows whose loss is non-zero (at least 1); each microbatch gradient is
-clipped to C; the optimizer adds noise of std 2 sigma to the sum and divides by M.
+The mechanism (each row's microbatch drawn uniformly per row and per step from the optimizer's noise source, a
+microbatch's loss the sum of its rows' weighted losses over its rows with a non-zero loss, sensitivity 2 C) is
+`keras_dyndp.mechanism`'s, as on TensorFlow (`keras_dyndp.tf_backend.microbatches`).
 
 Here the per-example gradients g_i are at hand already (``jax.vmap``), and a microbatch's loss is linear in its
 rows' losses, so microbatch j's gradient is G_j = sum_{a_i = j} g_i / n_j: the M gradients cost one contraction, not
@@ -16,6 +14,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from keras_dyndp import mechanism
+from keras_dyndp.jax_backend import ops
 
 
 def random_assignment(key: jax.Array, num_rows: int, num_microbatches: int) -> jax.Array:
@@ -45,6 +46,6 @@ def clipped_sum(
     flat = [jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) for g in grads]
     squared_norms = sum(jnp.sum((row_coefficients.T @ g) ** 2, axis=1) for g in flat)  # [M]
     norms = jnp.sqrt(squared_norms)
-    factors = jnp.where(norms > clip_norm, clip_norm / jnp.where(norms > 0, norms, 1.0), 1.0)
+    factors = mechanism.clip_factors(ops.OPS, norms, clip_norm)
     coefficients = row_coefficients @ factors  # [B]: f_{a_i} / n_{a_i}
     return [jnp.tensordot(coefficients, g.astype(jnp.float32), axes=1) for g in grads]

@@ -1,7 +1,7 @@
 """Refuses, on the JAX backend, models whose training-mode call stores state computed from the batch.
 
-The rule is the TensorFlow backend's (`keras_dyndp.model_checks`, which says why): batch normalisation that takes
-part in training is refused, and so is any layer whose training-mode call writes a non-trainable variable with a
+The rule is the TensorFlow backend's (`keras_dyndp.tf_backend.model_checks`, which says why): batch normalisation that
+takes part in training is refused, and so is any layer whose training-mode call writes a non-trainable variable with a
 value computed from the input batch, since that value would leave the step without noise (BatchNormalization's
 moving averages held the exact mean of the private batch). ``check_model`` finds such writes by tracing
 ``model.stateless_call(..., training=True)`` into a jaxpr (nothing runs) and following the inputs forward through
@@ -81,7 +81,7 @@ def check_model(model: keras.Model, inputs: Any, state: tuple[list, list] | None
     ```
     """
     if not isinstance(model, keras.Model):
-        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}.")
+        raise refusals.not_a_model_error(model)
     check_layers(model)
     written = _batch_dependent_variables(model, inputs, state)
     if written:

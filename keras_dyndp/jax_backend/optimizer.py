@@ -1,33 +1,22 @@
-"""Keras 3 optimizers that run dynamic DP-SGD on the JAX backend: the same mechanism as the TensorFlow ones.
+"""Keras 3 optimizers that run dynamic DP-SGD on the JAX backend: the mechanism of `keras_dyndp.mechanism`.
 
 `make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``;
 `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its public
-instances. Their arguments, checks and config are `keras_dyndp.optimizer_base.DPOptimizerBase`'s, shared with the
-TensorFlow optimizers (whose module docstring, `keras_dyndp.optimizers.dp_optimizer`, states the mechanism). Step k
-(0-based; k is Keras's ``iterations`` variable, read inside the jitted step from the optimizer's state):
+instances, with the arguments, checks and config of `keras_dyndp.optimizer_base.DPOptimizerBase`. Step k is Keras's
+``iterations`` variable, read inside the jitted step from the optimizer's state:
 
-1. `keras_dyndp.jax_backend.make_private`'s train step hands `stateless_apply_clipped_sum` the sum over the batch of
-   the per-example gradients clipped to global norm C_k = ``schedule.clip_norms[k]`` (`clip_norm_at`);
+1. `keras_dyndp.jax_backend.make_private`'s train step hands `stateless_apply_clipped_sum` the batch's sum of
+   per-example (or microbatch, `keras_dyndp.jax_backend.microbatches`) gradients clipped to C_k (`clip_norm_at`);
 2. one host callback per step checks the step against the budget, the step counter against the schedule it was
    saved with (`keras_dyndp.optimizer_base.restored_schedule_refusal`) and the batch's number of examples against
    the schedule's Poisson sampling, and returns a fresh key from the optimizer's own
-   `keras_dyndp.jax_backend.noise.NoiseSource`. A step failing a check is refused: it changes nothing (the
-   variables and the counter keep their values, whatever the data) and `raise_refused_step`, which
-   ``make_private``'s ``fit`` calls after every batch, raises RuntimeError with the reason;
-3. Gaussian noise of std sigma_k = ``schedule.noise_stddevs[k]`` is added ONCE to each SUM;
-4. the result is divided by the normaliser (``expected_batch_size`` = p N, a public constant; the number of rows,
-   at least 1, only with ``public_batch_size=True``, which checks no batch size and refuses a batch with rows of
-   sample weight 0 instead; times C_k with ``rescale_to_unit_norm``) and handed to the base optimizer's update
-   rule through Keras's ``stateless_apply``, which advances ``iterations``.
+   `keras_dyndp.jax_backend.noise.NoiseSource`. A refused step changes nothing (the variables and the counter keep
+   their values, whatever the data) and `raise_refused_step`, which ``make_private``'s ``fit`` calls after every
+   batch, raises RuntimeError with the reason;
+3. the noise and the normaliser (`keras_dyndp.mechanism.private_update`) make the update, which Keras's
+   ``stateless_apply`` hands to the base optimizer's update rule, advancing ``iterations``.
 
-Past T = ``schedule.num_steps`` the step is refused (and C_k, sigma_k read as 0). Gradients that did not come out
-of step 3 (Keras's default train step, which hands the optimizer the gradient of the batch's mean loss) are refused
-by `apply` with a message naming ``make_private``.
-
-With ``num_microbatches`` = M the sums are of M random microbatch gradients clipped to C_k
-(`keras_dyndp.jax_backend.microbatches`, whose membership comes from `microbatch_assignment`): the noise is then
-2 sigma_k and the normaliser M, as on TensorFlow. ``accumulation_steps`` = k is ``make_private``'s: it clips each
-batch in k physical batches; the optimizer sees one sum and takes one step.
+Gradients that did not come out of step 3 (Keras's default train step) are refused by `apply`, naming ``make_private``.
 """
 
 from __future__ import annotations
@@ -40,9 +29,13 @@ from jax.experimental import io_callback
 
 from keras_dyndp import batch_sizes
 from keras_dyndp import keras_context
+from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
+from keras_dyndp import refusals
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import noise
+from keras_dyndp.jax_backend import ops
+from keras_dyndp.jax_backend import train_step
 
 
 class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
@@ -104,14 +97,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def schedule_values(self, step) -> tuple[jax.Array, jax.Array]:
         """float32 (C, sigma) of step ``step``; both 0 once the budget is spent."""
-        num_steps = self._schedule.num_steps
-        index = jnp.minimum(step, num_steps - 1)
-        live = step < num_steps
-        zero = jnp.zeros([], jnp.float32)
-        return (
-            jnp.where(live, jnp.asarray(self._clip_norms)[index], zero),
-            jnp.where(live, jnp.asarray(self._noise_stddevs)[index], zero),
-        )
+        return mechanism.schedule_values(ops.OPS, self._clip_norms, self._noise_stddevs, step, self._schedule.num_steps)
 
     def clip_norm_at(self, optimizer_variables) -> jax.Array:
         """float32 C at the step counter in ``optimizer_variables`` (0 once spent)."""
@@ -177,7 +163,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         never saved, for the step's randomness that must not follow a public seed (module `noise`)."""
         return self._noise_source.jax_key()
 
-    def _noise_and_normalise(
+    def _private_update(
         self, clipped_sums: list, step, num_examples, num_rows, recorded_fingerprint
     ) -> tuple[list, jax.Array]:
         clip_norm, noise_stddev = self.schedule_values(step)
@@ -190,22 +176,17 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             recorded_fingerprint,
             ordered=False,
         )
-        keys = jax.random.split(jax.random.wrap_key_data(key_data, impl="threefry2x32"), len(clipped_sums))
-        noise_stddev = self.sensitivity_in_clip_norms * noise_stddev
-        if self._num_microbatches is not None:
-            normaliser = jnp.asarray(self._num_microbatches, jnp.float32)
-        elif not self.normalises_by_rows:
-            normaliser = jnp.asarray(self._expected_batch_size, jnp.float32)
-        else:  # An empty batch releases pure noise; dividing it by 1 instead of 0 keeps it finite.
-            normaliser = jnp.maximum(jnp.asarray(num_rows, jnp.float32), 1.0)
-        if self._rescale_to_unit_norm:
-            normaliser = normaliser * clip_norm
-        grads = []
-        for key, clipped_sum in zip(keys, clipped_sums):
-            noised = clipped_sum.astype(jnp.float32) + noise_stddev * jax.random.normal(
-                key, clipped_sum.shape, jnp.float32
-            )
-            grads.append(jnp.where(normaliser > 0, noised / jnp.where(normaliser > 0, normaliser, 1.0), 0.0))
+        grads = mechanism.private_update(
+            ops.OPS,
+            [jnp.asarray(clipped_sum, jnp.float32) for clipped_sum in clipped_sums],
+            jax.random.wrap_key_data(key_data, impl="threefry2x32"),
+            clip_norm=clip_norm,
+            sigma=noise_stddev,
+            num_rows=num_rows,
+            expected_batch_size=self._expected_batch_size,
+            num_microbatches=self._num_microbatches,
+            rescale_to_unit_norm=self._rescale_to_unit_norm,
+        )
         return grads, allowed
 
     def stateless_apply_clipped_sum(
@@ -236,7 +217,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 f"Received: {len(clipped_sums)} and {len(trainable_variables)}."
             )
         fingerprint_index = self._fingerprint_index()
-        grads, allowed = self._noise_and_normalise(
+        grads, allowed = self._private_update(
             list(clipped_sums),
             self.step_at(optimizer_variables),
             num_examples,
@@ -261,21 +242,17 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         optimizer took steps, it warns that the schedule starts over (`optimizer_base.warn_on_schedule_restart`).
         """
         super().build(var_list)
-        model = keras_context.calling_model(self)
+        model = keras_context.calling_model(self, keras.Model)
         if model is None:
             return
         optimizer_base.warn_on_schedule_restart(model, self)
-        from keras_dyndp.jax_backend import train_step  # pylint: disable=import-outside-toplevel  (imports us)
-
         if train_step.is_private(model):
             return
         if self._private_train_step is not None:
             train_step.make_private(model, **self._private_train_step)
         elif keras_context.fit_call(model) is not None:
             raise ValueError(
-                f"model.fit is training model {model.name!r} with {type(self).__name__} through Keras's own train "
-                "step, which differentiates the batch's mean loss: no example can be clipped there. Call "
-                "model = keras_dyndp.make_private(model) before fit."
+                f"model.fit is training model {model.name!r} with {type(self).__name__}. " + refusals.keras_train_step()
             )
 
     def apply(self, grads, trainable_variables=None):
@@ -287,19 +264,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """
         grads = list(grads)
         if not self._dp_gradient_guard.check_and_clear(grads):
-            message = (
-                f"{type(self).__name__}.apply accepts only the gradients its own DP step noised; applying other "
-                "gradients would train without differential privacy. Keras 3's Model.train_step averages the loss "
-                "over the batch and hands the optimizer only the averaged gradient, so no example can be clipped "
-                "there: call model = keras_dyndp.make_private(model) before model.fit, which gives the model a "
-                "train step that clips per example and applies through this optimizer."
+            raise RuntimeError(
+                refusals.foreign_gradients(f"{type(self).__name__}.apply", "its own DP step noised")
+                + refusals.keras_train_step(self._private_train_step)
             )
-            if self._private_train_step is not None:
-                message += (
-                    " This optimizer was trained through make_private before (its config says so): after "
-                    f"load_model, call keras_dyndp.make_private(model, **{self._private_train_step!r})."
-                )
-            raise RuntimeError(message)
         return super().apply(grads, trainable_variables)
 
 

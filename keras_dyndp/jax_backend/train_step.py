@@ -14,9 +14,9 @@ sum by C.
 With the optimizer's ``accumulation_steps`` = k the batch (the logical one: the Poisson sample the schedule
 accounts) is clipped in k physical batches of ceil(B / k) rows, one after another (``jax.lax.scan``), their clipped
 sums added; the noise comes once and the step counter advances once, as on TensorFlow
-(`keras_dyndp.per_example.accumulation`). With ``num_microbatches`` = M the per-example gradients are combined into
-M random microbatch gradients before clipping (`keras_dyndp.jax_backend.microbatches`); Embedding tables keep the
-vmap path then.
+(`keras_dyndp.tf_backend.per_example.accumulation`). With ``num_microbatches`` = M the per-example gradients are
+combined into M random microbatch gradients before clipping (`keras_dyndp.jax_backend.microbatches`); Embedding tables
+keep the vmap path then.
 
 State. Non-trainable variables that the training-mode call writes with a value computed from the batch (batch
 statistics: BatchNormalization's moving averages, or any custom layer's, a random-generator state included) would
@@ -26,12 +26,12 @@ augmentation layers) are not drawn from Keras's seed inside the step: ``keras.ut
 publish, would make every example's dropout mask a public function of its row (deleting a row shifted every later
 row's mask: 2.96 C). Each step takes a secret key from the optimizer's noise source (`keras_dyndp.jax_backend.noise`)
 and every example's states are drawn from it alone, the same for every row (as on TensorFlow,
-`keras_dyndp.per_example.randomness`): one secret dropout mask per step, never released and independent of the
-rows' positions, so removing an example moves no other example's gradient. The states the model keeps advance from their
-public values as one example's call advances them in Keras. A variable written from those secret draws (a stored
+`keras_dyndp.tf_backend.per_example.randomness`): one secret dropout mask per step, never released and independent of
+the rows' positions, so removing an example moves no other example's gradient. The states the model keeps advance from
+their public values as one example's call advances them in Keras. A variable written from those secret draws (a stored
 mask) is refused too.
 
-Sampling: ``fit`` on a `keras_dyndp.jax_backend.PoissonBatches` at another rate than the schedule's is refused,
+Sampling: ``fit`` on `keras_dyndp.poisson_batches` at another rate than the schedule's is refused,
 and so are arrays (fixed-size batches) unless the optimizer has ``public_batch_size=True``; anything else gets one
 `SamplingWarning` (the epsilon assumes Poisson sampling).
 
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 import types
 import warnings
 from collections.abc import Callable
@@ -68,32 +67,27 @@ import jax.numpy as jnp
 import keras
 
 from keras_dyndp import batch_sizes
+from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
+from keras_dyndp import validation
 from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend import embedding_taps
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import model_checks
-from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
+from keras_dyndp.jax_backend import ops
 
 METHODS = ("auto", "vectorized")
 
 
-def _dp_optimizer(model: keras.Model) -> JaxDPOptimizerMixin:
+def _dp_optimizer(model: keras.Model) -> optimizer_base.DPOptimizerBase:
     optimizer = getattr(model, "optimizer", None)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError(
-            "Mixed precision with loss scaling ('mixed_float16') wraps the optimizer in a LossScaleOptimizer, whose "
-            "dynamic loss scale skips or shrinks updates depending on the private batch, which differential privacy "
-            "does not allow; make_private on JAX does not bypass it yet. Use 'mixed_bfloat16' (no loss scaling) or "
-            "float32."
+        raise refusals.loss_scale_error(
+            "make_private on JAX does not bypass it yet: use 'mixed_bfloat16' (no loss scaling) or float32."
         )
-    if not isinstance(optimizer, JaxDPOptimizerMixin):
-        raise ValueError(
-            "`model.optimizer` must be a keras_dyndp DP optimizer of the JAX backend (DynamicDPKerasSGD, "
-            "DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop) for a model made private with "
-            f"make_private. Received: optimizer={optimizer!r}."
-        )
+    if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
+        raise refusals.not_dp_optimizer_error(optimizer, "JAX")
     return optimizer
 
 
@@ -257,7 +251,7 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, table_shapes, num_rows:
     for key_ids, deltas in tap_rows.values():
         squared_norms = squared_norms + embedding_taps.squared_norms(key_ids, deltas)
     norms = jnp.sqrt(squared_norms)
-    factors = jnp.where(norms > clip_norm, clip_norm / jnp.where(norms > 0, norms, 1.0), 1.0)
+    factors = mechanism.clip_factors(ops.OPS, norms, clip_norm)
     sums = [None if g is None else jnp.tensordot(factors, g.astype(jnp.float32), axes=1) for g in grads]
     for index, (key_ids, deltas) in tap_rows.items():
         sums[index] = embedding_taps.clipped_sum(table_shapes[index], key_ids, deltas, factors)
@@ -411,36 +405,19 @@ def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> No
     """Refuses Poisson batches at another rate than the schedule's, or for an optimizer with ``public_batch_size``,
     and arrays for ``fit`` without it (`batch_sizes.check_not_arrays`); warns (once per optimizer) on other data."""
     optimizer = getattr(model, "optimizer", None)
-    if not isinstance(optimizer, JaxDPOptimizerMixin):
+    if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return  # The train step refuses it, naming what to use.
     p = optimizer.schedule.sampling_probability
     if isinstance(x, data.PoissonBatches):
-        if not math.isclose(x.sampling_probability, p, rel_tol=1e-9):
-            raise ValueError(
-                f"model.fit received Poisson batches sampled at p={x.sampling_probability:g}, but the optimizer's "
-                f"schedule is accounted at p={p:g}: the reported epsilon would be wrong. Sample the batches at the "
-                "schedule's sampling_probability, or calibrate the schedule for the rate you sample at."
-            )
-        batch_sizes.check_poisson_batches(optimizer.public_batch_size, caller)
+        batch_sizes.check_poisson_batches(x.sampling_probability, p, optimizer.public_batch_size, caller)
         return
     if caller == "model.fit":  # train_on_batch takes one batch, which may be the user's own Poisson sample
-        batch_sizes.check_not_arrays(
-            x,
-            p,
-            optimizer.public_batch_size,
-            f"batches = keras_dyndp.jax_backend.PoissonBatches(x, y, sampling_probability={p:g})"
-            "\n    model.fit(batches, epochs=...)",
-        )
+        batch_sizes.check_not_arrays(x, p, optimizer.public_batch_size)
     if optimizer._warned_sampling:  # pylint: disable=protected-access
         return
     optimizer._warned_sampling = True  # pylint: disable=protected-access
     warnings.warn(
-        batch_sizes.not_poisson_message(
-            f"{caller} received x of type {type(x).__name__}, not keras_dyndp.jax_backend.PoissonBatches",
-            p,
-            f"Train on keras_dyndp.jax_backend.PoissonBatches(x, y, sampling_probability={p:g}) and pass it to "
-            "model.fit unchanged.",
-        ),
+        batch_sizes.not_poisson_message(batch_sizes.not_poisson_batches(caller, x), p),
         batch_sizes.SamplingWarning,
         stacklevel=3,
     )
@@ -454,7 +431,7 @@ def _private_fit(self: keras.Model, *args, **kwargs):
     _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
     bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
     _check_sampling(self, bound.arguments.get("x"))
-    if isinstance(self.optimizer, JaxDPOptimizerMixin):
+    if isinstance(self.optimizer, optimizer_base.DPOptimizerBase):
         self.optimizer.check_budget_left("keras_dyndp.BudgetStop")
     guard = _FirstStepGuard()
     # The guard first: it lets go of the values as soon as the first step has run (and donated them).
@@ -514,14 +491,9 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
             lists.
     """
     if not isinstance(model, keras.Model):
-        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}.")
-    if method not in METHODS:
-        raise ValueError(
-            f"`method` must be one of {METHODS} on the JAX backend ('ghost' clipping has no JAX rules yet). "
-            f"Received: method={method!r}."
-        )
-    if not isinstance(training_metrics, bool):
-        raise ValueError(f"`training_metrics` must be True or False. Received: training_metrics={training_metrics!r}.")
+        raise refusals.not_a_model_error(model)
+    validation.check_choice("method", method, METHODS, "on JAX: 'ghost' clipping has no JAX rules yet")
+    validation.check_bool("training_metrics", training_metrics)
     model._keras_dyndp_method = method  # pylint: disable=protected-access
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)

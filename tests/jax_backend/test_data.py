@@ -1,4 +1,5 @@
-"""Tests for keras_dyndp.jax_backend.data: PoissonBatches' sampling, padding and seeding, and fit's checks."""
+"""Tests for keras_dyndp.jax_backend.data (`keras_dyndp.poisson_batches` on JAX): sampling, padding, seeding, overflow,
+and fit's checks. The argument checks: test_sampling."""
 
 import warnings
 
@@ -11,10 +12,11 @@ if keras.backend.backend() != "jax":
 
 import numpy as np  # noqa: E402
 
+import keras_dyndp  # noqa: E402
 from keras_dyndp import batch_sizes  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
-from keras_dyndp.jax_backend import PoissonBatches  # noqa: E402
+from keras_dyndp.jax_backend import PoissonBatches  # noqa: E402  (the class of what poisson_batches returns)
 from keras_dyndp.jax_backend import SamplingWarning  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 
@@ -28,7 +30,7 @@ def _arrays():
 
 def test_batches_are_poisson_samples_padded_with_zero_weight_rows():
     x, y = _arrays()
-    batches = PoissonBatches(x, y, sampling_probability=P, steps_per_epoch=400, seed=0)
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=400, seed=0)
     assert len(batches) == 400 and batches.max_batch_size == batch_sizes.default_max_batch_size(N, P)
     counts, sizes = np.zeros(N), []
     for index in range(len(batches)):
@@ -50,21 +52,21 @@ def test_batches_are_poisson_samples_padded_with_zero_weight_rows():
 
 def test_a_seed_repeats_the_batches_and_none_draws_fresh_ones():
     x, y = _arrays()
-    first, second = (PoissonBatches(x, y, sampling_probability=P, seed=3) for _ in range(2))
+    first, second = (keras_dyndp.poisson_batches(x, y, sampling_probability=P, seed=3) for _ in range(2))
     np.testing.assert_array_equal(first[0][1], second[0][1])
-    fresh = [PoissonBatches(x, y, sampling_probability=P)[0][1] for _ in range(2)]
+    fresh = [keras_dyndp.poisson_batches(x, y, sampling_probability=P)[0][1] for _ in range(2)]
     assert not np.array_equal(*fresh)
 
 
 def test_overflow_is_truncated_to_the_cap():
     x, y = _arrays()
-    batch = PoissonBatches(x, y, sampling_probability=0.5, max_batch_size=5, seed=0)[0]
+    batch = keras_dyndp.poisson_batches(x, y, sampling_probability=0.5, max_batch_size=5, seed=0)[0]
     assert batch[0].shape == (5, 3) and np.all(batch[2] == 1)
 
 
 def test_pad_to_multiple_pads_each_batch_to_the_next_multiple_up_to_the_cap():
     x, y = _arrays()
-    batches = PoissonBatches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=200, seed=1)
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=200, seed=1)
     assert batches.pad_to_multiple == 8
     shapes = set()
     for index in range(len(batches)):
@@ -86,7 +88,7 @@ def test_fit_refuses_poisson_batches_when_the_step_would_normalise_by_rows():
     model.compile(
         optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     )
-    bucketed = PoissonBatches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=2)
+    bucketed = keras_dyndp.poisson_batches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=2)
     with pytest.raises(ValueError, match="Poisson batches, whose sizes are private, but .* public_batch_size=True"):
         model.fit(bucketed, verbose=0)
     with_normaliser = _model(P)  # expected_batch_size = p N: the rows do not matter
@@ -94,21 +96,13 @@ def test_fit_refuses_poisson_batches_when_the_step_would_normalise_by_rows():
     assert int(with_normaliser.optimizer.dp_step.numpy()) == 2
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        ({"sampling_probability": 0.0}, r"`sampling_probability` must be in \(0, 1\]"),
-        ({"sampling_probability": P, "pad_to_multiple": 0}, "`pad_to_multiple`"),
-        ({"sampling_probability": P, "steps_per_epoch": 0}, "`steps_per_epoch`"),
-        ({"sampling_probability": P, "max_batch_size": 0}, "`max_batch_size`"),
-    ],
-)
-def test_bad_arguments_are_refused(kwargs, message):
+def test_overflow_raise_fails_the_step_and_the_former_constructor_still_samples():
     x, y = _arrays()
-    with pytest.raises(ValueError, match=message):
-        PoissonBatches(x, y, **kwargs)
-    with pytest.raises(ValueError, match="must have N=200 rows"):
-        PoissonBatches(x, y[:10], sampling_probability=P)
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.5, max_batch_size=5, overflow="raise", seed=0)
+    with pytest.raises(RuntimeError, match="larger than max_batch_size=5"):
+        batches[0]  # noqa: B018
+    former = PoissonBatches(x, y, sampling_probability=P, steps_per_epoch=2, seed=0)
+    assert (len(former), former.sampling_probability, former.num_examples) == (2, P, N)
 
 
 def _model(p, public_batch_size=False):
@@ -128,19 +122,20 @@ def test_fit_accepts_poisson_batches_at_the_schedules_rate_and_refuses_another()
     model = _model(P)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SamplingWarning)
-        model.fit(PoissonBatches(x, y, sampling_probability=P, steps_per_epoch=3), verbose=0)
+        model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=3), verbose=0)
     assert int(model.optimizer.dp_step.numpy()) == 3
     with pytest.raises(ValueError, match=r"sampled at p=0.2, but the optimizer's schedule is accounted at p=0.1"):
-        model.fit(PoissonBatches(x, y, sampling_probability=0.2, steps_per_epoch=1), verbose=0)
+        model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=0.2, steps_per_epoch=1), verbose=0)
 
 
 def test_fit_refuses_arrays_unless_batch_sizes_are_public_then_warns_once():
     x, y = _arrays()
     y = (y % 2).astype("int32")
-    with pytest.raises(ValueError, match=r"(?s)received arrays.*PoissonBatches\(x, y, sampling_probability=0.1\)"):
+    fix = r"keras_dyndp.poisson_batches\(x, y, sampling_probability=0.1\)"
+    with pytest.raises(ValueError, match=rf"(?s)received arrays.*{fix}"):
         _model(20 / N).fit(x, y, batch_size=20, epochs=1, verbose=0)
     model = _model(20 / N, public_batch_size=True)  # fixed-size batches, stated
-    with pytest.warns(SamplingWarning, match=r"not keras_dyndp.jax_backend.PoissonBatches.*p=0.1"):
+    with pytest.warns(SamplingWarning, match=r"not batches returned by keras_dyndp.poisson_batches.*p=0.1"):
         model.fit(x, y, batch_size=20, epochs=1, verbose=0, shuffle=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SamplingWarning)

@@ -16,10 +16,10 @@ from keras_dyndp import batch_sizes  # noqa: E402
 from keras_dyndp import optimizer_base  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.accounting import noise_range  # noqa: E402
+from keras_dyndp.callbacks import PrivacyLogger  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasAdam  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import JaxDPOptimizerMixin  # noqa: E402
-from keras_dyndp.jax_backend import PrivacyLogger  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import train_step  # noqa: E402
 from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
@@ -242,7 +242,7 @@ def _one_step_update(entry, batch, **optimizer_kwargs):
         optimizer = DynamicDPKerasSGD(schedule=_schedule(p=P), learning_rate=1.0, noise_seed=3, **optimizer_kwargs)
     model = _private(optimizer)
     before = _kernel(model)
-    with pytest.warns(batch_sizes.SamplingWarning, match="not keras_dyndp.jax_backend.PoissonBatches"):
+    with pytest.warns(batch_sizes.SamplingWarning, match="not batches returned by keras_dyndp.poisson_batches"):
         if entry == "generator":
             model.fit((batch for _ in range(1)), steps_per_epoch=1, epochs=1, shuffle=False, verbose=0)
         else:

@@ -19,12 +19,12 @@ import numpy as np  # noqa: E402
 import keras_dyndp  # noqa: E402
 from keras_dyndp import optimizer_base  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
-from keras_dyndp.jax_backend import BudgetStop  # noqa: E402  (the top-level name)
+from keras_dyndp.callbacks import BudgetStop  # noqa: E402  (the top-level name)
+from keras_dyndp.callbacks import PrivacyLogger  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasAdagrad  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasAdam  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasRMSprop  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
-from keras_dyndp.jax_backend import PrivacyLogger  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
 from keras_dyndp.optimizer_base import ScheduleRestartWarning  # noqa: E402
@@ -75,7 +75,7 @@ def test_top_level_names_resolve_to_the_jax_backend():
     assert keras_dyndp.DynamicDPKerasSGD is DynamicDPKerasSGD
     assert keras_dyndp.make_private is make_private and keras_dyndp.BudgetStop is BudgetStop
     with pytest.raises(ImportError, match="needs TensorFlow"):
-        keras_dyndp.poisson_batches  # noqa: B018
+        keras_dyndp.shuffled_batches  # noqa: B018
 
 
 @pytest.mark.parametrize("jit_compile", [True, False])
@@ -331,7 +331,9 @@ def test_keras_default_train_step_is_refused_naming_make_private(reduction):
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction),
     )
-    with pytest.raises(ValueError, match="Call model = keras_dyndp.make_private"):
+    with pytest.raises(
+        ValueError, match=r"Keras.s own train step.*call model = keras_dyndp\.make_private\(model\) before model\.fit"
+    ):
         model.fit(x, y, batch_size=4, verbose=0)
 
 
@@ -619,7 +621,7 @@ def test_fit_refuses_arrays_before_the_first_step_showing_the_two_line_fix():
     )
     with pytest.raises(ValueError, match="model.fit received arrays") as refused:
         model.fit(x, y, batch_size=6, verbose=0)
-    assert "keras_dyndp.jax_backend.PoissonBatches(x, y, sampling_probability=0.5)" in str(refused.value)
+    assert "keras_dyndp.poisson_batches(x, y, sampling_probability=0.5)" in str(refused.value)
     assert "public_batch_size=True" in str(refused.value) and int(model.optimizer.dp_step.numpy()) == 0
 
 
@@ -629,7 +631,7 @@ def test_training_past_the_budget_is_one_short_keras_dyndp_error():
     model.compile(
         optimizer=DynamicDPKerasSGD(schedule=_schedule([1.0] * 3, [1.0] * 3), expected_batch_size=6.0), loss=LOSS
     )
-    batches = keras_dyndp.jax_backend.PoissonBatches(x, y, sampling_probability=0.5, steps_per_epoch=2, seed=0)
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.5, steps_per_epoch=2, seed=0)
     for start in (0, 3):  # Past T in the middle of a fit, then at the start of one (before any step).
         with pytest.raises(optimizer_base.BudgetExhaustedError) as exhausted:
             model.fit(batches, epochs=2, verbose=0)

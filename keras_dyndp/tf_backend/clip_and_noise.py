@@ -1,0 +1,86 @@
+"""TensorFlow's primitives of the DP step (`OPS`, for `keras_dyndp.mechanism`) and its per-example clipping kernel.
+
+The functions hold no state (the noise generator is passed in), read no Python values at run time and compile under
+XLA, so the optimizers and the fast per-example path share them.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from keras_dyndp import mechanism
+
+OPS = types.SimpleNamespace(
+    where=tf.where,
+    minimum=tf.minimum,
+    maximum=tf.maximum,
+    take=tf.gather,
+    cast=tf.cast,
+    divide_no_nan=tf.math.divide_no_nan,
+    normals=lambda generator, tensors: [generator.normal(tf.shape(t), dtype=tf.float32) for t in tensors],
+)
+"""`keras_dyndp.mechanism`'s primitives in TensorFlow; ``normals`` draws from a `tf.random.Generator`."""
+
+
+def per_example_global_norms(per_example_grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
+    """L2 norm of each example's gradient taken across all variables at once (the "global" norm).
+
+    Args:
+      per_example_grads: one tensor [N, *variable_shape] per variable; row i is example i's gradient. `None`
+        entries (variables the loss does not depend on) count as zero.
+
+    Returns:
+      float32 tensor [N] of global norms.
+
+    Raises:
+      ValueError: if every entry is `None` (the number of examples is then unknown).
+    """
+    squares = []
+    for grad in per_example_grads:
+        if grad is None:
+            continue
+        grad = tf.cast(grad, tf.float32)
+        flat = tf.reshape(grad, tf.stack([tf.shape(grad)[0], -1]))
+        squares.append(tf.reduce_sum(tf.square(flat), axis=1))
+    if not squares:
+        raise ValueError("`per_example_grads` must contain at least one tensor. Received only None.")
+    return tf.sqrt(tf.add_n(squares))
+
+
+def clip_factors(norms: tf.Tensor, clip_norm: tf.Tensor | float) -> tf.Tensor:
+    """Per-example clipping factors min(1, clip_norm / norms) (`keras_dyndp.mechanism.clip_factors`), [N]."""
+    return mechanism.clip_factors(OPS, norms, clip_norm)
+
+
+def clip_by_global_norm_per_example(
+    per_example_grads: Sequence[tf.Tensor | None], clip_norm: tf.Tensor | float
+) -> tuple[list[tf.Tensor | None], tf.Tensor]:
+    """Clips each example's gradient to global L2 norm `clip_norm` (`clip_factors`) and sums over examples, as one
+    contraction of the factors with the gradients: the clipped per-example gradients are never materialised.
+
+    Args:
+      per_example_grads: one tensor [N, *variable_shape] per variable (`None` for variables without a gradient).
+      clip_norm: the clipping threshold C >= 0, a scalar.
+
+    Returns:
+      `(clipped_sums, norms)`: `clipped_sums[j]` has variable j's shape and dtype (`None` where the input was
+      `None`); `norms` is the float32 tensor [N] of unclipped global norms.
+    """
+    norms = per_example_global_norms(per_example_grads)
+    factors = clip_factors(norms, clip_norm)
+    clipped_sums = [
+        None if grad is None else tf.tensordot(tf.cast(factors, grad.dtype), grad, axes=1) for grad in per_example_grads
+    ]
+    return clipped_sums, norms
+
+
+def add_gaussian_noise(
+    tensors: Sequence[tf.Tensor], noise_stddev: tf.Tensor | float, *, generator: tf.random.Generator
+) -> list[tf.Tensor]:
+    """Adds independent N(0, noise_stddev^2) noise, drawn from ``generator`` alone (never from TensorFlow's global
+    seed; `keras_dyndp.tf_backend.noise_source`), to every coordinate of every tensor; each call advances it.
+    ``noise_stddev`` is absolute: sigma_t = z_t C_t for sums of gradients clipped to C_t."""
+    return mechanism.add_noise(OPS, tensors, tf.cast(noise_stddev, tf.float32), generator)

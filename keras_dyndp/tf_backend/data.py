@@ -1,0 +1,222 @@
+"""Poisson-sampled batches as a ``tf.data.Dataset`` (`keras_dyndp.poisson_batches` on TensorFlow), and shuffled ones.
+
+`keras_dyndp.sampling` holds the sampler's arguments, checks and privacy argument (padding, overflow and its
+delta); this module materialises the batches. Each step draws N uniforms from a stateless seed, keeps those below
+p, gathers them first and pads with zero rows of weight 0 (see `make_poisson_batches`).
+
+Randomness: ``seed=None`` draws 63 bits from the OS (`secrets`) when the dataset is built, so TensorFlow's global
+seed (``tf.keras.utils.set_random_seed``) cannot make two processes draw the same batches. Every new iteration over
+the *same* dataset object (Keras re-iterates a finite dataset each epoch) draws fresh, independent batches. An
+integer seed makes a new dataset built with it (and the same global seed, which TensorFlow mixes into every op
+seed) yield the same batches. Under a multi-worker ``tf.distribute`` strategy (dataset built in its scope) the
+workers agree on the OS-drawn seed, since each worker takes its share of the same global batches
+(`keras_dyndp.tf_backend.replicas.agreed_random_bits`).
+
+The datasets made here are registered with their `keras_dyndp.sampling.PoissonSampling` (`poisson_sampling`), so
+a DP optimizer can check that ``model.fit`` received Poisson batches at its schedule's p, and warn once when it
+received anything else. A dataset derived from one (``.repeat()``, ...) is a new object and not registered.
+`shuffled_batches` is the common shuffle-and-slice approximation, which the accounting does not cover.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import weakref
+from typing import Any
+
+import tensorflow as tf
+
+from keras_dyndp import sampling
+from keras_dyndp import validation
+from keras_dyndp.batch_sizes import BATCH_SIZE_TAIL  # noqa: F401  (re-exported)
+from keras_dyndp.batch_sizes import DEFAULT_OVERFLOW_TAIL  # noqa: F401  (re-exported)
+from keras_dyndp.batch_sizes import batch_size_range  # noqa: F401  (re-exported)
+from keras_dyndp.batch_sizes import default_max_batch_size  # noqa: F401  (re-exported)
+from keras_dyndp.batch_sizes import expected_steps_per_epoch  # noqa: F401  (re-exported)
+from keras_dyndp.batch_sizes import truncation_delta  # noqa: F401  (re-exported)
+from keras_dyndp.sampling import PoissonSampling
+from keras_dyndp.tf_backend import replicas
+
+# The datasets this module returned, with their sampling; weak keys, so registering keeps no dataset alive.
+_POISSON_DATASETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def poisson_sampling(dataset: Any) -> PoissonSampling | None:
+    """The `PoissonSampling` of a dataset returned by `keras_dyndp.poisson_batches`, else None.
+
+    Anything else, including a dataset derived from one of them (``.repeat()``, ``.take()``, ...), gives None.
+    """
+    try:
+        return _POISSON_DATASETS.get(dataset)
+    except TypeError:  # Not weak-referenceable or not hashable (numpy arrays, lists, ...): not ours.
+        return None
+
+
+def _as_tensors(x: Any, y: Any, sample_weight: Any, num_examples: int | None = None) -> tuple[Any, Any, tf.Tensor, int]:
+    """Converts (nests of) arrays to tensors, checked by `keras_dyndp.sampling.check_rows`."""
+    num_rows = sampling.check_rows(x, y, sample_weight, num_examples)
+    x = tf.nest.map_structure(tf.convert_to_tensor, x)
+    y = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
+    if sample_weight is None:
+        sample_weight = tf.ones([num_rows], tf.float32)
+    else:
+        sample_weight = tf.reshape(tf.cast(tf.convert_to_tensor(sample_weight), tf.float32), [num_rows])
+    return x, y, sample_weight, num_rows
+
+
+def _read_dataset(dataset: tf.data.Dataset, num_examples: int | None) -> tuple[Any, Any, Any]:
+    """``(x, y, sample_weight or None)``: all of a finite dataset of unbatched ``(x, y[, w])`` elements, checked."""
+    spec = dataset.element_spec
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        raise ValueError(
+            f"`x` dataset elements must be tuples (x, y) or (x, y, sample_weight). Received: element_spec={spec}."
+        )
+    if num_examples is None:
+        num_examples = int(dataset.cardinality())
+        if num_examples < 1:
+            raise ValueError(
+                "The size of the `x` dataset is unknown (or infinite) to tf.data: pass num_examples=N, its number "
+                f"of elements. Received: cardinality={num_examples}."
+            )
+    # One batch of N + 1 detects a dataset that is larger than announced.
+    everything = next(iter(dataset.batch(num_examples + 1)), None)
+    size = 0 if everything is None else int(tf.nest.flatten(everything)[0].shape[0])
+    if size != num_examples:
+        received = "more" if size > num_examples else str(size)
+        raise ValueError(
+            f"The `x` dataset must have exactly num_examples={num_examples} elements. Received: {received} elements."
+        )
+    return everything[0], everything[1], everything[2] if len(everything) == 3 else None
+
+
+def _gather_rows(
+    tensors: Any, indices: tf.Tensor, keep: tf.Tensor, num_padding_rows: int, num_rows: tf.Tensor | None = None
+) -> Any:
+    """Rows ``indices`` of every tensor in a nest (None stays None); rows where ``keep`` is False and padding rows
+    are zeros; only the first ``num_rows`` rows when it is not None."""
+
+    def gather(tensor: tf.Tensor) -> tf.Tensor:
+        rows = tf.gather(tensor, indices)
+        mask = tf.reshape(keep, [-1] + [1] * (rows.shape.rank - 1))
+        rows = tf.where(mask, rows, tf.zeros_like(rows))
+        if num_padding_rows:
+            padding = tf.zeros([num_padding_rows] + rows.shape[1:].as_list(), rows.dtype)
+            rows = tf.concat([rows, padding], axis=0)
+        return rows if num_rows is None else rows[:num_rows]
+
+    return None if tensors is None else tf.nest.map_structure(gather, tensors)
+
+
+def make_poisson_batches(
+    x: Any, y: Any, sample_weight: Any, arguments: sampling.SamplerArguments, num_examples: int | None
+) -> tf.data.Dataset:
+    """`keras_dyndp.poisson_batches` on TensorFlow: a finite dataset of ``steps_per_epoch`` batches.
+
+    At each step every example is selected independently with probability p (one float64 uniform per example), the
+    selected rows are gathered first and the batch is padded with zero rows of weight 0. Cost per step: O(N) random
+    numbers plus a gather of ``max_batch_size`` rows; nothing is materialised per epoch. ``x`` may be a finite,
+    unbatched dataset of ``(x, y[, w])`` elements, read once into memory (elements must have fixed shapes).
+    """
+    if isinstance(x, tf.data.Dataset):
+        if y is not None or sample_weight is not None:
+            raise ValueError(
+                "With a tf.data.Dataset `x`, its elements hold y and sample_weight: leave `y` and `sample_weight` None."
+            )
+        x, y, sample_weight = _read_dataset(x, num_examples)
+    x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight, num_examples)
+    p, overflow, pad_to_multiple = arguments.sampling_probability, arguments.overflow, arguments.pad_to_multiple
+    # A multiple of the replicas: Keras 3 needs the first batch to split evenly (keras-team/keras#19246).
+    max_batch_size = arguments.cap(num_examples, replicas.num_replicas())
+    if pad_to_multiple is not None:
+        pad_to_multiple = math.lcm(pad_to_multiple, replicas.num_replicas())
+    num_gathered = min(max_batch_size, num_examples)
+    num_padding_rows = max_batch_size - num_gathered
+
+    def make_batch(step_seed: tf.Tensor) -> tuple[Any, Any, tf.Tensor]:
+        # float64: p down to ~1e-15 is represented without bias.
+        uniforms = tf.random.stateless_uniform([num_examples], seed=step_seed, dtype=tf.float64)
+        selected = uniforms < p
+        num_selected = tf.reduce_sum(tf.cast(selected, tf.int32))
+        # The examples with the smallest uniforms: all selected ones, and on overflow a uniformly random subset of
+        # them (the uniforms of the selected examples are i.i.d. U(0, p)); sorted puts them first.
+        _, indices = tf.math.top_k(-uniforms, k=num_gathered, sorted=pad_to_multiple is not None)
+        keep = tf.gather(selected, indices)
+        num_rows = None
+        if pad_to_multiple is not None:
+            num_rows = tf.minimum(max_batch_size, tf.maximum(1, -(-num_selected // pad_to_multiple)) * pad_to_multiple)
+        if overflow == "raise":
+            tf.debugging.assert_less_equal(
+                num_selected,
+                max_batch_size,
+                message=f"keras_dyndp.poisson_batches: Poisson batch larger than max_batch_size={max_batch_size}.",
+            )
+        else:
+            tf.cond(
+                num_selected > max_batch_size,
+                lambda: tf.print(
+                    "WARNING keras_dyndp.poisson_batches: Poisson sampling selected",
+                    num_selected,
+                    f"examples; truncated to max_batch_size={max_batch_size}. This adds to "
+                    "delta, see keras_dyndp.batch_sizes.truncation_delta.",
+                    output_stream=sys.stderr,
+                ),
+                tf.no_op,
+            )
+        return tuple(
+            _gather_rows(tensors, indices, keep, num_padding_rows, num_rows) for tensors in (x, y, sample_weight)
+        )
+
+    seed = arguments.seed
+    same_on_every_worker = seed is not None or replicas.is_multi_worker()
+    if seed is None:
+        # Left to TensorFlow, a None seed would follow the global seed; the workers of a multi-worker strategy must
+        # agree on it (see `replicas.agreed_random_bits`).
+        seed = replicas.agreed_random_bits(63)
+    step_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2, drop_remainder=True)
+    batches = step_seeds.take(arguments.steps_per_epoch).map(
+        make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
+    batches = batches.prefetch(tf.data.AUTOTUNE)
+    _POISSON_DATASETS[batches] = PoissonSampling(num_examples, p, max_batch_size, same_on_every_worker, pad_to_multiple)
+    return batches
+
+
+def shuffled_batches(
+    x: Any, y: Any, batch_size: int, seed: int | None = None, *, sample_weight: Any = None
+) -> tf.data.Dataset:
+    """Shuffle-and-slice batches of exactly ``batch_size`` rows: an approximation, not what accountants assume.
+
+    Each iteration (Keras epoch) is a fresh permutation cut into ``N // batch_size`` batches (the remainder is
+    dropped, so shapes are fixed). This is the common practice, but every example appears exactly once per epoch
+    instead of independently with probability p, so the Poisson-subsampling accounting of this package does not
+    strictly hold for it (tensorflow/privacy #483). Use `keras_dyndp.poisson_batches` for an exact guarantee.
+
+    Args:
+        x: Features: an array or nest of arrays with N rows.
+        y: Labels: an array or nest of arrays with N rows.
+        batch_size: Rows per batch, in [1, N].
+        seed: Shuffle seed; None (default) draws it from OS entropy, whatever the global seed.
+        sample_weight: Optional per-example weights, shape [N]; default 1.
+
+    Returns:
+        A dataset of ``(x, y, sample_weight)`` batches with ``batch_size`` rows.
+
+    Raises:
+        ValueError: On an invalid argument.
+    """
+    x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight)
+    batch_size = validation.check_positive_int("batch_size", batch_size)
+    if batch_size > num_examples:
+        raise ValueError(f"`batch_size` must be in [1, N={num_examples}]. Received: batch_size={batch_size}.")
+    keep_all = tf.ones([batch_size], tf.bool)
+
+    def make_batch(indices: tf.Tensor) -> tuple[Any, Any, tf.Tensor]:
+        batch_x, batch_y = _gather_rows((x, y), indices, keep_all, 0)
+        return batch_x, batch_y, tf.gather(sample_weight, indices)
+
+    if seed is None:
+        seed = replicas.agreed_random_bits(63)
+    indices = tf.data.Dataset.range(num_examples).shuffle(num_examples, seed=seed, reshuffle_each_iteration=True)
+    batches = indices.batch(batch_size, drop_remainder=True).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
+    return batches.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,491 @@
+"""Keras optimizers that run dynamic DP-SGD on TensorFlow: per-step clipping norms and noise from a `DPSchedule`.
+
+`make_dynamic_dp_optimizer_class(base_cls)` turns any new-API Keras optimizer (`tf.keras.optimizers.SGD`, `Adam`,
+...) into a differentially private one, the class ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``:
+the mixin runs the mechanism (`keras_dyndp.mechanism`, which states it: C_t, sigma_t, clipping, noise once on the
+sum, the normaliser, microbatches) in graph ops, the base class holds the update rule, and
+`keras_dyndp.tf_backend.keras_compat` what depends on the Keras version. `DynamicDPKerasSGD`, `DynamicDPKerasAdam`,
+`DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its public instances. Its own per-example path
+(`compute_gradients`) takes the jacobian of the per-example loss vector that `Model.train_step` hands to `minimize`
+when the loss has ``reduction=NONE``; `keras_dyndp.make_private`'s step clips faster and calls
+`apply_clipped_gradient_sum`.
+
+The noise (and the microbatch membership) comes from the optimizer's own `tf.random.Generator`, seeded from OS
+entropy and never saved (`keras_dyndp.tf_backend.noise_source`). The batches must be Poisson samples at the
+schedule's p (`keras_dyndp.tf_backend.sampling_check`): with N known a step whose number of examples is far outside
+Binomial(N, p) raises, and `model.fit` on data that is not a keras_dyndp Poisson dataset gets one `SamplingWarning`.
+
+Step counter. `opt.dp_step` IS Keras's own `opt.iterations`, which checkpoints and `model.save` store with the
+optimizer. It counts DP steps exactly because the DP paths are the only way gradients get applied: `apply_gradients`
+refuses gradients that did not come out of this optimizer's `compute_gradients` (TF-Privacy's
+`_was_dp_gradients_called` guard), and `apply_clipped_gradient_sum` applies through the same counter. The whole
+update, counter included, is tied to the noised gradients by control dependencies: in `model.fit` on a dataset of
+unknown cardinality Keras's data-independent increment would otherwise run once more when the exhausted iterator
+aborts the last call, silently shifting the schedule. The schedule is two float32 constants indexed in the graph
+(one trace for every step). The variable `schedule_fingerprint`, saved with the counter, records at step 0 which
+schedule the steps are taken under; a step at a counter restored from another schedule is refused by an in-graph
+assertion (`keras_dyndp.optimizer_base.restored_schedule_refusal`).
+
+Budget guard. Past T = `schedule.num_steps` a step raises `tf.errors.InvalidArgumentError` ("DP budget exhausted
+...") from an assertion; `make_private`'s ``fit`` raises `keras_dyndp.optimizer_base.BudgetExhaustedError` instead.
+XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t also read 0 there and the step releases nothing.
+Stop at T with `keras_dyndp.BudgetStop` rather than rely on this.
+
+Speed. The generic path computes all per-example gradients with one pfor-vectorised `tape.jacobian` (as
+TF-Privacy's vectorized optimizers): O(B^2) for batch B, and graphs pfor cannot vectorise (some LSTM and embedding
+graphs, tensorflow#43904) fail here; `keras_dyndp.tf_backend.per_example.make_private` is the fast path.
+
+Replicas. Under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each replica clips its share of the global
+batch, the first replica alone adds the noise, each divides by the global normaliser and the base optimizer sums the
+parts (`keras_dyndp.tf_backend.replicas`). Other strategies are refused. With ``accumulation_steps`` = k,
+`make_private`'s step clips each batch in k physical batches and adds the noise once
+(`keras_dyndp.tf_backend.per_example.accumulation`).
+
+Not supported: sparse (`tf.IndexedSlices`) per-example gradients (the jacobian densifies them). Keras's `clipnorm`,
+`global_clipnorm` and `clipvalue` act on the already noised gradient: harmless, but not DP clipping.
+
+Example:
+
+```python
+schedule = keras_dyndp.schedules.calibrate(
+    'dynamic', target_epsilon=1.2, target_delta=1e-5, sampling_probability=256 / 60000, num_steps=4688,
+    initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3)
+optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=256, learning_rate=0.1)  # p N
+# or, equivalently, from the budget:
+optimizer = DynamicDPKerasSGD(target_epsilon=1.2, target_delta=1e-5, num_examples=60000, batch_size=256,
+                              epochs=20, method='dynamic', initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3,
+                              learning_rate=0.1)
+model.compile(optimizer=optimizer,
+              loss=tf.keras.losses.SparseCategoricalCrossentropy(
+                  from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
+```
+
+References:
+  Abadi et al., Deep Learning with Differential Privacy, https://arxiv.org/abs/1607.00133
+  Du et al., Dynamic Differential-Privacy Preserving SGD.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import tensorflow as tf
+from absl import logging
+
+from keras_dyndp import keras_context
+from keras_dyndp import mechanism
+from keras_dyndp import optimizer_base
+from keras_dyndp import refusals
+from keras_dyndp.tf_backend import clip_and_noise
+from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend import microbatches
+from keras_dyndp.tf_backend import model_checks
+from keras_dyndp.tf_backend import noise_source
+from keras_dyndp.tf_backend import replicas
+from keras_dyndp.tf_backend import sampling_check
+from keras_dyndp.tf_backend.per_example import train_step
+
+
+class SlowPathWarning(UserWarning):
+    """model.fit trains through the optimizer's O(B^2) jacobian path; `keras_dyndp.make_private` is the fast one."""
+
+
+class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
+    """The dynamic DP-SGD part of every keras_dyndp optimizer: `DynamicDPKerasSGD` is
+    ``class DynamicDPKerasSGD(DynamicDPOptimizerMixin, keras.optimizers.SGD)``, made by
+    `make_dynamic_dp_optimizer_class`. ``isinstance(optimizer, DynamicDPOptimizerMixin)`` tells a keras_dyndp DP
+    optimizer from any other.
+
+    Build it from a `DPSchedule`, or from a privacy budget that is calibrated with
+    `keras_dyndp.schedules.sampling_from_epochs` and `keras_dyndp.schedules.calibrate`. Compile the model with
+    a per-example loss (`reduction=tf.keras.losses.Reduction.NONE`). `keras_dyndp.mechanism` states the
+    mechanism, this module's docstring the step counter and the budget guard.
+
+    Its arguments, their checks and its config are `keras_dyndp.optimizer_base.DPOptimizerBase`'s (shared with the
+    JAX backend's optimizers); this class adds the TensorFlow mechanism.
+    """
+
+    def _check_backend(self) -> None:
+        replicas.check_strategy()
+
+    def _unsupported_base_arguments(self) -> dict[str, str]:
+        return keras_compat.UNSUPPORTED_OPTIMIZER_ARGUMENTS
+
+    def _build_dp_state(self, noise_seed: int | None) -> None:
+        self._dp_gradient_guard = optimizer_base.GradientGuard()
+        self._noise_source = noise_source.NoiseSource(noise_seed)
+        self._sampling_check = sampling_check.SamplingCheck(
+            self._schedule.sampling_probability,
+            self._expected_batch_size,
+            self._public_batch_size,
+            self.normalises_by_rows,
+        )
+        self._warned_slow_path = False
+        with tf.init_scope():
+            self._clip_norms_tensor = tf.constant(self._schedule.clip_norms, dtype=tf.float32)
+            self._noise_stddevs_tensor = tf.constant(self._schedule.noise_stddevs, dtype=tf.float32)
+        self._schedule_fingerprint = keras_compat.add_int32_optimizer_variable(self, "schedule_fingerprint", (2,))
+
+    @property
+    def dp_step(self) -> tf.Variable:
+        """int64 variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
+        return self.iterations
+
+    def _budget_check(self) -> tf.Operation | None:
+        return tf.debugging.assert_less(
+            self.dp_step,
+            tf.constant(self._schedule.num_steps, tf.int64),
+            message=optimizer_base.budget_exhausted_message(self._schedule.num_steps, "keras_dyndp.BudgetStop"),
+        )
+
+    def _schedule_matches(self) -> tf.Tensor:
+        """bool scalar: the step may run under this schedule (`optimizer_base.restored_schedule_refusal`'s rule)."""
+        recorded = tf.convert_to_tensor(self._schedule_fingerprint)
+        own = tf.constant(self._schedule.fingerprint, tf.int32)
+        return tf.logical_or(tf.equal(self.dp_step, 0), tf.reduce_all(tf.equal(recorded, own)))
+
+    def _schedule_check(self) -> list[tf.Operation]:
+        """Refuses a step counter restored from another schedule (or without a fingerprint); records the
+        schedule's fingerprint at step 0 (kept at every step it may run, kept as restored when refused)."""
+        recorded = tf.convert_to_tensor(self._schedule_fingerprint)
+        matches = self._schedule_matches()
+        unrecorded = tf.reduce_all(tf.equal(recorded, tf.constant(optimizer_base.UNRECORDED_FINGERPRINT, tf.int32)))
+        checks = [
+            tf.debugging.Assert(
+                tf.logical_or(matches, tf.equal(unrecorded, recorded_kind)),  # passes the other kind's state
+                [optimizer_base.schedule_mismatch_message(recorded=recorded_kind), self.dp_step],
+            )
+            for recorded_kind in (True, False)
+        ]
+        with tf.control_dependencies(checks):
+            own = tf.constant(self._schedule.fingerprint, tf.int32)
+            record = self._schedule_fingerprint.assign(tf.where(matches, own, recorded))
+        return checks + [record]
+
+    def _schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
+        # 0 past the budget and on a restored step counter of another schedule: XLA drops the assertions.
+        return mechanism.schedule_values(
+            clip_and_noise.OPS,
+            self._clip_norms_tensor,
+            self._noise_stddevs_tensor,
+            self.dp_step,
+            self._schedule.num_steps,
+            self._schedule_matches(),
+        )
+
+    def current_clip_norm(self) -> tf.Tensor:
+        """float32 scalar C at `dp_step` (0 once the budget is spent, or on another schedule's step counter)."""
+        return self._schedule_values()[0]
+
+    def current_noise_stddev(self) -> tf.Tensor:
+        """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent, or on another
+        schedule's step counter)."""
+        return self._schedule_values()[1]
+
+    def _step_checks(self, batch_size_check: tf.Operation | None) -> list[tf.Operation]:
+        checks = [check for check in (self._budget_check(), batch_size_check) if check is not None]
+        return checks + self._schedule_check()
+
+    def _private_update(self, clipped_sums, clip_norm, sigma, global_num_rows, num_microbatches) -> list[tf.Tensor]:
+        """This replica's part of the update (`keras_dyndp.mechanism.private_update`): its clipped sums, the step's
+        noise on the first replica only, over the global normaliser; the base optimizer sums the parts over
+        replicas (`keras_dyndp.tf_backend.replicas`)."""
+        return mechanism.private_update(
+            clip_and_noise.OPS,
+            clipped_sums,
+            self._noise_source.generator,
+            clip_norm=clip_norm,
+            sigma=sigma * replicas.noise_share(),
+            num_rows=global_num_rows,
+            expected_batch_size=self._expected_batch_size,
+            num_microbatches=num_microbatches,
+            rescale_to_unit_norm=self._rescale_to_unit_norm,
+        )
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        """Clipped, noised and normalised gradients of a per-example loss (one DP release).
+
+        Each call releases one noisy sum at the current `dp_step`, which only `apply_gradients` advances: pass
+        the result to `apply_gradients` unchanged, once per call (as `minimize` and `model.fit` do).
+
+        Args:
+          loss: per-example loss tensor [B] (or [B, ...], averaged per example), or a callable returning it.
+          var_list: the variables, or a callable returning them.
+          tape: the `tf.GradientTape` that recorded `loss` (required for a tensor loss).
+
+        Returns:
+          A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
+
+        Raises:
+          ValueError: if the loss is a scalar (already averaged) or `tape` is missing, if the model training
+            with this optimizer mixes examples or stores batch statistics (`keras_dyndp.tf_backend.model_checks`), or if
+            `model.fit` received Poisson batches at another rate than the schedule's.
+          tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
+            outside the schedule's Poisson sampling (see `sampling_check`).
+        """
+        replicas.check_strategy()
+        if self._accumulation_steps > 1:
+            raise ValueError(
+                f"accumulation_steps={self._accumulation_steps} splits each batch in make_private's train step; "
+                "compute_gradients receives a loss already computed on the whole batch. Train with model.fit after "
+                "model = keras_dyndp.make_private(model)."
+            )
+        self._check_model_fit_path()
+        if tape is None and not callable(loss):
+            raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
+        if callable(loss):
+            tape = tape if tape is not None else tf.GradientTape()
+            with tape:
+                if not callable(var_list):
+                    tape.watch(var_list)
+                loss = loss()
+        if callable(var_list):
+            var_list = var_list()
+        var_list = list(var_list)
+        rank = loss.shape.rank
+        if rank is None or rank == 0:
+            raise ValueError(
+                "Dynamic DP optimizers need the per-example loss vector, but received a loss of shape "
+                f"{loss.shape}. Averaging before clipping silently destroys the privacy guarantee: compile "
+                f"the model with a loss built with {keras_compat.PER_EXAMPLE_REDUCTION}, e.g. "
+                f"tf.keras.losses.SparseCategoricalCrossentropy({keras_compat.PER_EXAMPLE_REDUCTION})."
+            )
+        model_checks.check_training_model(self, var_list)  # Once per model, while the first step is traced.
+        self._sampling_check.inspect_fit_input(self)
+        num_rows = tf.shape(loss)[0]
+        with tape:
+            per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
+            if self._num_microbatches is None:
+                # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient
+                # is zero and adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
+                unit_losses = tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
+            else:
+                assignment = microbatches.random_assignment(
+                    num_rows, self._num_microbatches, self._noise_source.generator
+                )
+                unit_losses = microbatches.microbatch_losses(per_example_losses, assignment, self._num_microbatches)
+        per_unit_grads = tape.jacobian(unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
+        min_examples, global_num_rows = tf.unstack(
+            replicas.global_sum(tf.stack([sampling_check.count_nonzero_rows(per_example_losses), num_rows]))
+        )
+        batch_size_check = self._sampling_check.assertion(min_examples, global_num_rows, global_num_rows)
+        with tf.control_dependencies(self._step_checks(batch_size_check)):
+            clip_norm, sigma = self._schedule_values()
+        clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
+        # Each replica forms its own M microbatches.
+        num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
+        grads = self._private_update(clipped_sums, clip_norm, sigma, global_num_rows, num_microbatches)
+        self._dp_gradient_guard.issue(grads)
+        return list(zip(grads, var_list))
+
+    def minimize(self, loss, var_list, tape=None):
+        """`compute_gradients` then `apply_gradients`: one DP step of the optimizer's own per-example path.
+
+        For custom training loops, on Keras 2 and 3; ``model.fit`` should use `keras_dyndp.make_private`.
+        Returns the ``iterations`` (= `dp_step`) variable.
+        """
+        return self.apply_gradients(self.compute_gradients(loss, var_list, tape=tape))
+
+    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
+        """Applies the gradients returned by this optimizer's `compute_gradients`, and nothing else.
+
+        Raises:
+          RuntimeError: if the gradients are not exactly those of the latest `compute_gradients` call, e.g.
+            ordinary gradients from a tape or from Keras 3's default train step: applying them would train
+            without differential privacy. The message says to call ``keras_dyndp.make_private(model)``.
+        """
+        del skip_gradients_aggregation  # The DP step always sums the replicas' parts (see `replicas`).
+        grads_and_vars = list(grads_and_vars)
+        self._refuse_unless_issued([grad for grad, _ in grads_and_vars], "apply_gradients")
+        return self._apply_private_gradients(grads_and_vars, name=name, **kwargs)
+
+    def apply(self, grads, trainable_variables=None):
+        """Keras 3's entry for gradients: refused, like `apply_gradients`, unless they come from
+        `compute_gradients` (then ``trainable_variables`` must be given)."""
+        grads = list(grads)
+        self._refuse_unless_issued(grads, "apply")
+        if trainable_variables is None:
+            raise ValueError(f"{type(self).__name__}.apply needs `trainable_variables`.")
+        return self._apply_private_gradients(list(zip(grads, trainable_variables)))
+
+    def _refuse_unless_issued(self, grads: list, entry: str) -> None:
+        if self._dp_gradient_guard.check_and_clear(grads):
+            return
+        message = refusals.foreign_gradients(f"{type(self).__name__}.{entry}", "returned by its own compute_gradients")
+        if (
+            keras_context.calling_model(self, keras_compat.keras.Model) is not None
+            and keras_compat.KERAS_MAJOR_VERSION >= 3
+        ):
+            message += refusals.keras_train_step(self._private_train_step)
+        else:
+            message += (
+                "Train with model.fit after model = keras_dyndp.make_private(model); a custom training loop calls "
+                "this optimizer's minimize(per_example_loss, variables, tape) (or compute_gradients, then "
+                "apply_gradients with its result), and per-example paths of your own call "
+                "apply_clipped_gradient_sum."
+            )
+        raise RuntimeError(message)
+
+    def build(self, var_list):
+        """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.
+
+        ``load_model`` rebuilds a model and its optimizer from their configs, and builds the optimizer when the
+        model is built (Sequential, functional, and subclassed models saved after a call). If this optimizer was
+        trained through `keras_dyndp.make_private` (recorded in its config), the reloaded model gets that train
+        step back here, with the same arguments, before any ``fit`` can trace the slow or refused default one.
+        Built at step 0 for a model whose previous DP optimizer took steps, it warns that the schedule starts over
+        (`optimizer_base.warn_on_schedule_restart`).
+        """
+        super().build(var_list)
+        model = keras_context.calling_model(self, keras_compat.keras.Model)
+        if model is None:
+            return
+        with tf.init_scope():  # Keras 3 builds it in the traced step: the counters are read eagerly.
+            optimizer_base.warn_on_schedule_restart(model, self)
+        if self._private_train_step is None or tf.inside_function() or keras_context.fit_call(model) is not None:
+            return
+        if not train_step.is_private(model):
+            train_step.make_private(model, **self._private_train_step)
+            logging.info(
+                "keras_dyndp: model %r was trained through make_private (its optimizer's config says "
+                "so); its private train step is restored.",
+                model.name,
+            )
+
+    def _check_model_fit_path(self) -> None:
+        """Refuses mixed precision on this path, warns once when model.fit runs it instead of make_private, and
+        keeps Keras 2's own train step from logging the loss and metrics of the private batch."""
+        model = keras_context.calling_model(self, keras_compat.keras.Model)
+        if model is None:
+            return
+        if train_step.is_private(model):  # make_private's microbatch step: the intended use of this path.
+            return
+        if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
+            raise refusals.loss_scale_error(
+                "Call model = keras_dyndp.make_private(model): its train step supports mixed precision (computes in "
+                "the policy's dtype, then clips, sums and adds the noise in float32, without loss scaling)."
+            )
+        keras_train_step = keras_compat.is_keras_train_step(model)
+        if keras_train_step:
+            # Its loss and metrics would be computed on the private batch without noise: the step logs the public
+            # step count instead (make_private(model, training_metrics=True) is the opt-in).
+            keras_compat.logs_instead_of_training_metrics(model, lambda: {"dp_step": tf.identity(self.dp_step)})
+        if not self._warned_slow_path:
+            self._warned_slow_path = True
+            warnings.warn(
+                f"model.fit is training model {model.name!r} through {type(self).__name__}'s generic per-example "
+                "path: one pfor tape.jacobian of the per-example loss, which back-propagates every row through the "
+                "whole batch (O(B^2) time and memory: ~160x a non-private step on a small CNN, and gigabytes). Call "
+                "model = keras_dyndp.make_private(model) before fit: the same DP mechanism at ~2-3x a "
+                "non-private step."
+                + (
+                    " Keras's train step logs only dp_step here: its loss and metrics of the training batch would "
+                    "be computed without noise, outside the DP guarantee (make_private(model, training_metrics=True) "
+                    "computes them if you accept that)."
+                    if keras_train_step
+                    else ""
+                ),
+                SlowPathWarning,
+                stacklevel=5,
+            )
+
+    def _apply_private_gradients(self, grads_and_vars: list, name=None, **kwargs) -> tf.Variable:
+        # The base class increments `iterations` without any data dependency, so in a tf.function whose
+        # input iterator runs dry (the end of an unknown-cardinality dataset in model.fit) the increment can
+        # run although the step does not, silently shifting the schedule. Tie the whole update, counter
+        # included, to the gradients.
+        with tf.control_dependencies([grad for grad, _ in grads_and_vars]):
+            return keras_compat.apply_base_update(super(), grads_and_vars, name=name, **kwargs)
+
+    def apply_clipped_gradient_sum(
+        self,
+        clipped_sums: Sequence[tf.Tensor | None],
+        num_rows,
+        var_list: Sequence[tf.Variable],
+        sample_weight: tf.Tensor | None = None,
+    ) -> tf.Variable:
+        """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
+
+        For per-example (not microbatch) clipping done outside the optimizer, e.g. by the fast path: adds
+        N(0, sigma^2) with sigma = `current_noise_stddev()` to each sum, divides by `expected_batch_size` (by
+        `num_rows` with ``public_batch_size=True``), applies the base update rule and advances `dp_step`. Raises
+        in graph and eager mode once the budget is spent (see the module docstring for XLA).
+
+        Args:
+          clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients
+            (`None` for a variable without gradient: treated as zero and still noised).
+          num_rows: number of rows in the batch (int scalar, may be a tensor).
+          var_list: the variables, in the order of `clipped_sums`.
+          sample_weight: the batch's sample weights ([num_rows, ...]) or None (every row is an example); the
+            rows with a non-zero weight are the examples that the batch-size check counts.
+
+        Returns:
+          The `iterations` (= `dp_step`) variable, as `apply_gradients` does.
+
+        Raises:
+          ValueError: if `model.fit` received Poisson batches at another rate than the schedule's.
+          tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
+            outside the schedule's Poisson sampling (see `sampling_check`).
+        """
+        replicas.check_strategy()
+        var_list = list(var_list)
+        if len(clipped_sums) != len(var_list):
+            raise ValueError(
+                "`clipped_sums` and `var_list` must have the same length. "
+                f"Received: {len(clipped_sums)} and {len(var_list)}."
+            )
+        clipped_sums = [
+            tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
+            for grad, var in zip(clipped_sums, var_list)
+        ]
+        self._sampling_check.inspect_fit_input(self)
+        num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
+        global_examples, global_num_rows = tf.unstack(
+            replicas.global_sum(tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)]))
+        )
+        batch_size_check = self._sampling_check.assertion(global_examples, global_examples, global_num_rows)
+        with tf.control_dependencies(self._step_checks(batch_size_check)):
+            clip_norm, sigma = self._schedule_values()
+        grads = self._private_update(clipped_sums, clip_norm, sigma, global_num_rows, None)
+        return self._apply_private_gradients(list(zip(grads, var_list)))
+
+
+def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
+    """Returns ``DynamicDPKeras<BaseName>(DynamicDPOptimizerMixin, base_cls)``: a dynamic DP-SGD optimizer class.
+
+    The subclass keeps the base update rule and all its arguments; see the module docstring for the mechanism.
+    It is registered for Keras serialization as 'keras_dyndp>DynamicDPKeras<BaseName>'.
+
+    Args:
+      base_cls: a subclass of `tf.keras.optimizers.Optimizer`, e.g. `tf.keras.optimizers.SGD`. Legacy
+        optimizers (`tf.keras.optimizers.legacy.*`) are not supported.
+
+    Returns:
+      The class `DynamicDPKeras<BaseName>`.
+
+    Raises:
+      TypeError: if `base_cls` is not a new-API Keras optimizer class.
+    """
+    if not (isinstance(base_cls, type) and issubclass(base_cls, keras_compat.Optimizer)):
+        raise TypeError(
+            "`base_cls` must be a subclass of tf.keras.optimizers.Optimizer (the Keras 2.11+ optimizer API). "
+            f"Received: base_cls={base_cls!r}."
+        )
+    class_name = f"DynamicDPKeras{base_cls.__name__}"
+    namespace = {
+        "__doc__": f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD.\n\n"
+        f"See `DynamicDPOptimizerMixin` for its arguments; other keyword arguments go to "
+        f"`{base_cls.__name__}`.",
+        "__module__": "keras_dyndp.tf_backend",
+        "__qualname__": class_name,
+    }
+    dp_class = type(class_name, (DynamicDPOptimizerMixin, base_cls), namespace)
+    return keras_compat.register_serializable(package="keras_dyndp", name=class_name)(dp_class)
+
+
+DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.SGD)
+DynamicDPKerasAdam = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.Adam)
+DynamicDPKerasAdagrad = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.Adagrad)
+DynamicDPKerasRMSprop = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.RMSprop)

@@ -1,0 +1,251 @@
+"""Refuses models whose training-mode forward pass lets examples affect each other or the stored state.
+
+DP-SGD bounds one example's influence by clipping its own gradient. That bound holds only if an example's
+gradient depends on that example alone and nothing else derived from the batch leaves the step. Batch
+normalisation breaks both: in training it normalises every example with the mean and variance of the whole batch
+(adding one example moved the clipped sum by 1.47 C, 4.64 C with an outlier) and it stores those statistics in
+its moving averages, which are released with the model without any noise (100 x moving_mean was the exact mean of
+the private batch). ``check_model`` refuses, before the first step:
+
+1. every ``BatchNormalization`` that takes part in training (Keras 2: also ``SyncBatchNormalization`` and the TF1
+   ``compat.v1`` class, refused even when frozen; Keras 3: also ``synchronized=True``, the same class). A frozen
+   one (``layer.trainable = False``) is accepted: Keras then runs it in inference mode, with its moving
+   statistics (from public pre-training), a fixed per-example affine map;
+2. any other layer whose ``call`` writes to a variable (``assign``, ``assign_add``, scatter updates, ...) a value
+   computed from the input batch (its values or its shape). It is found by tracing ``model(x, training=True)``
+   into a scratch graph (nothing runs) and following each write's value back to the input placeholders, also
+   into ``tf.cond`` / ``tf.while_loop`` bodies and nested ``tf.function`` calls. Writes whose value does not depend
+   on the batch are allowed: random-generator states of augmentation layers (Keras 3's seed generators), step
+   counters. Writes to the accumulators of Keras metrics (a layer's own ``keras.metrics`` objects, Keras 2's
+   ``add_metric``) are not refused: metrics of training batches are reported, not part of the model, and are
+   outside the guarantee like the compiled metrics. Variables are matched by their TensorFlow resource
+   (``variable.handle``; on Keras 3 that of the ``tf.Variable`` inside each Keras variable).
+
+Not detected here: a layer that mixes examples without storing anything (e.g. a ``Lambda`` subtracting the batch
+mean). ``make_private`` is safe from it by construction: its batched (ghost) path runs only models whose every
+layer and op is on a list of those known to act per example (`keras_dyndp.tf_backend.per_example.per_example_layers`),
+and every other model runs on the vectorized path, where each example runs alone and cannot meet another
+(``method='ghost'`` is refused for them). The paths that run the whole batch through any model, the optimizer's
+microbatches and Keras 2's plain ``fit`` with a DP optimizer, do not check it.
+
+The DP paths call this for you, once per model (again after a layer is unfrozen), when the first training step
+is traced: ``make_private`` (through ``keras_dyndp.tf_backend.per_example.clipped_gradient_sum``) and, on Keras 2, the
+DP optimizers inside ``model.fit`` (which find the model on the call stack, see ``keras_dyndp.keras_context``). In
+a custom training loop the optimizer cannot see the model: it warns once, and you should call
+``keras_dyndp.check_model(model, x)`` yourself. With ``run_eagerly=True`` the optimizer is called after the
+first forward pass has run: the error then comes before any update, but BatchNormalization's moving averages have
+already been updated once in memory (call ``check_model`` before ``fit`` to avoid that).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any
+
+import tensorflow as tf
+
+from keras_dyndp import keras_context
+from keras_dyndp import refusals
+from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend.keras_compat import keras
+
+_WRITE_OPS = frozenset(
+    {
+        "AssignVariableOp",
+        "AssignAddVariableOp",
+        "AssignSubVariableOp",
+        "ResourceStridedSliceAssign",
+        "Assign",
+        "AssignAdd",
+        "AssignSub",
+        "ScatterUpdate",
+        "ScatterAdd",
+        "ScatterSub",
+    }
+)
+_WRITE_OP_PREFIXES = ("ResourceScatter", "ResourceApply", "ResourceSparseApply")
+
+# Models that passed, each with the trainable variables it had then (unfreezing a layer calls for a new check).
+_checked_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_warned_optimizers: weakref.WeakSet = weakref.WeakSet()
+
+
+# Pure graph inspection: AutoGraph need not convert these when they run inside a traced train step (it would
+# take seconds at the first trace). The model itself is traced by a tf.function of its own, with AutoGraph.
+@tf.autograph.experimental.do_not_convert
+def check_model(model: keras.Model, inputs: Any = None) -> None:
+    """Raises ValueError if ``model`` mixes examples or stores batch-derived state in training (module docstring).
+
+    Args:
+        model: the Keras model to be trained with DP-SGD.
+        inputs: a batch of inputs (tensors, arrays or ``tf.TensorSpec``s, nested as the model takes them) to trace
+            the model with; only their dtypes and shapes are used. None: the input specs Keras recorded when the
+            model was built or called (``keras_compat.input_signature``; on Keras 3 only functional and Sequential
+            models record them).
+
+    Raises:
+        ValueError: naming the first offending layer (its name and class) and what to use instead, or when
+            ``inputs`` is None and Keras has no input specs of the model.
+
+    ```python
+    keras_dyndp.check_model(model, x_train[:1])  # Before a custom training loop.
+    ```
+    """
+    for layer in keras_compat.flatten_layers(model):
+        if mixes_batch_statistics(layer):
+            raise refusals.batch_statistics_error(layer)
+    _check_writes(model, _input_signature(model, inputs))
+    _checked_models.setdefault(model, set()).add(_trainable_ids(model))
+
+
+@tf.autograph.experimental.do_not_convert
+def check_before_training(model: keras.Model, inputs: Any = None) -> None:
+    """``check_model`` once per model and set of trainable variables; for the DP training paths."""
+    if _trainable_ids(model) not in _checked_models.get(model, ()):
+        check_model(model, inputs)
+
+
+@tf.autograph.experimental.do_not_convert
+def check_training_model(optimizer: Any, var_list: list[tf.Variable]) -> None:
+    """Checks the model whose train step is calling ``optimizer``.
+
+    In a custom training loop no model is found: unless a model holding every variable of ``var_list`` has passed
+    ``check_model``, this warns (once per optimizer) that the model could not be checked.
+    """
+    model = keras_context.calling_model(optimizer, keras.Model)
+    if model is not None:
+        check_before_training(model)
+        return
+    wanted = {id(v) for v in var_list}
+    checked = any(wanted <= set(ids) for passed in list(_checked_models.values()) for ids in passed)
+    if not checked and optimizer not in _warned_optimizers:
+        _warned_optimizers.add(optimizer)
+        warnings.warn(
+            f"{type(optimizer).__name__} is not called from a Keras model's train step, so it cannot check the "
+            "model for layers that mix examples or store batch statistics (BatchNormalization), which break the "
+            "privacy guarantee. Call keras_dyndp.check_model(model, x) before training.",
+            stacklevel=4,  # The caller of compute_gradients (this function is wrapped once).
+        )
+
+
+def _trainable_ids(model: keras.Model) -> tuple[int, ...]:
+    return tuple(id(v) for v in model.trainable_variables)
+
+
+def mixes_batch_statistics(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer`` normalises with the statistics of the training batch (a BatchNormalization that trains)."""
+    if not isinstance(layer, keras_compat.BATCH_NORM_CLASSES):
+        return False
+    return layer.trainable or isinstance(layer, keras_compat.ALWAYS_MIXING_BATCH_NORM_CLASSES)
+
+
+def _input_signature(model: keras.Model, inputs: Any) -> Any:
+    """TypeSpecs of ``inputs``, or of the model's recorded inputs (with an unknown batch size) when None."""
+    if inputs is None:
+        inputs = keras_compat.input_signature(model)
+        if inputs is None:
+            raise ValueError(
+                f"check_model cannot trace model {model.name!r}: it has never been built or called (on Keras 3, a "
+                "subclassed model does not record its input dtypes). Pass a batch of inputs: "
+                "check_model(model, inputs=x)."
+            )
+
+    def to_spec(value):
+        if isinstance(value, tf.TypeSpec):
+            return value
+        return tf.type_spec_from_value(value if tf.is_tensor(value) else tf.convert_to_tensor(value))
+
+    return tf.nest.map_structure(to_spec, inputs)
+
+
+def _check_writes(model: keras.Model, signature: Any) -> None:
+    """Traces ``model(x, training=True)`` and refuses writes to variables computed from ``x``."""
+    graph = tf.function(lambda batch: model(batch, training=True)).get_concrete_function(signature).graph
+    num_inputs = len(tf.nest.flatten(signature, expand_composites=True))
+    written = _dependent_writes(graph, {id(t) for t in graph.inputs[:num_inputs]}, gated=False)
+    if not written:
+        return
+    external = {id(internal): handle for handle, internal in graph.captures}
+    variables = {id(v.handle): v for v in model.variables}
+    metric_handles = {id(v.handle) for metric in model.metrics for v in metric.variables}
+    for resource, op_name in written:
+        handle = external.get(id(resource))
+        if handle is not None and id(handle) in metric_handles:
+            continue
+        variable = variables.get(id(handle)) if handle is not None else None
+        if variable is None:
+            where = f"the variable written by op {op_name!r}"
+        else:
+            owners = [
+                layer for layer in keras_compat.flatten_layers(model) if any(w is variable for w in layer.weights)
+            ]
+            owner = min(owners, key=lambda layer: len(layer.weights), default=None)
+            where = f"variable {keras_compat.variable_name(variable)!r}" + (
+                f" of layer {owner.name!r} ({type(owner).__name__})" if owner is not None else ""
+            )
+        raise refusals.batch_state_error(model.name, where)
+
+
+def _nested_graphs(graph, op) -> list:
+    """The function bodies an op calls (tf.cond branches, while_loop cond/body, nested tf.function)."""
+    names = []
+    for value in op.node_def.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names.extend(func.name for func in value.list.func)
+    bodies = []
+    for name in names:
+        function = graph._get_function(name)  # pylint: disable=protected-access
+        body = getattr(function, "graph", None)
+        if body is None:
+            raise ValueError(f"check_model cannot inspect the function {name!r} called by op {op.name!r}.")
+        bodies.append(body)
+    return bodies
+
+
+def _is_write(op) -> bool:
+    return op.type in _WRITE_OPS or op.type.startswith(_WRITE_OP_PREFIXES)
+
+
+def _dependent_writes(graph, dependent: set, gated: bool) -> list[tuple[Any, str]]:
+    """(resource tensor of ``graph``, op name) of every write whose value depends on the tensors ``dependent``.
+
+    ``dependent``: ids of ``graph``'s tensors computed from the batch (graph tensors are not hashable).
+    ``gated``: whether this graph runs only on a data-dependent condition or in a loop (then every write counts).
+    Dependence is followed op by op through data inputs (conservatively: all outputs of an op depend on all its
+    inputs). A write inside a nested body is reported as a write to the outer tensor that feeds the body's
+    resource input.
+    """
+    dependent_ops = set()
+    writes = []
+
+    def depends(tensor) -> bool:
+        return id(tensor) in dependent or id(tensor.op) in dependent_ops
+
+    for op in graph.get_operations():
+        inputs_dependent = [depends(t) for t in op.inputs]
+        if any(inputs_dependent):
+            dependent_ops.add(id(op))
+        if _is_write(op) and op.inputs and (gated or any(inputs_dependent[1:])):
+            writes.append((op.inputs[0], op.name))
+        for body in _nested_graphs(graph, op):
+            offset = len(op.inputs) - len(body.inputs)
+            # A loop or a data-dependent branch choice: every body input counts as dependent.
+            body_gated = (
+                gated
+                or (offset > 0 and inputs_dependent[0])
+                or (op.type in ("While", "StatelessWhile") and any(inputs_dependent))
+            )
+            body_dependent = {
+                id(inner)
+                for i, inner in enumerate(body.inputs)
+                if offset < 0 or body_gated or inputs_dependent[offset + i]
+            }
+            for resource, name in _dependent_writes(body, body_dependent, body_gated):
+                index = next((i for i, inner in enumerate(body.inputs) if inner is resource), None)
+                if offset < 0 or index is None:
+                    writes.append((None, name))
+                else:
+                    writes.append((op.inputs[offset + index], name))
+    return writes

@@ -1,0 +1,102 @@
+"""Logical batches larger than memory: the clipped-gradient sum of one batch, computed k physical batches at a time.
+
+DP-SGD's best results use logical batches of thousands of examples (De et al. 2022), far more than the per-example
+gradients (or the activations behind them) of one device can hold at once. With ``accumulation_steps = k`` on the
+DP optimizer, ``make_private``'s train step takes the batch the dataset yields (the LOGICAL batch: the Poisson
+sample that p and the schedule's step count T describe) and clips it in k physical batches of ceil(B / k) rows,
+one after another in a ``tf.while_loop``, adding each physical batch's clipped sum to a running sum. Only then does
+the optimizer add the noise, once, and apply one update; the step counter advances once.
+
+So the mechanism, the accounting (p = expected logical batch / N, T = logical steps) and the batch-size check are
+exactly those of one step on the whole batch; the result equals the one-pass sum up to float rounding. Because the
+accumulation happens inside one train step, there is no partial sum that a checkpoint could save, lose or replay:
+a resumed run continues at a logical-step boundary. Peak memory is that of one physical batch plus the inputs,
+predictions and losses of the logical batch.
+
+Rows are padded with zeros and sample weight 0 to k * ceil(B / k), so every physical batch has the same shape
+(one trace, XLA-friendly); padding rows contribute nothing to the sum and are dropped from the outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from keras_dyndp.tf_backend.per_example import clipped_sum
+
+
+def _pad_rows(tensor: tf.Tensor, num_padding_rows: tf.Tensor) -> tf.Tensor:
+    paddings = tf.concat([[[0, num_padding_rows]], tf.zeros([tf.rank(tensor) - 1, 2], tf.int32)], axis=0)
+    return tf.pad(tensor, paddings)
+
+
+def clipped_sum_in_physical_batches(
+    clipped_sum_fn: Callable[[Any, Any, tf.Tensor], tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, tf.Tensor]],
+    var_list: Sequence[tf.Variable],
+    x: Any,
+    y: Any,
+    sample_weight: tf.Tensor | None,
+    num_physical_batches: int,
+) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``clipped_sum_fn`` on the whole batch, computed k physical batches at a time and summed.
+
+    Args:
+      clipped_sum_fn: ``(x, y, sample_weight) -> (sums, norms, y_pred, losses)`` for one batch, e.g.
+        `keras_dyndp.tf_backend.per_example.clipped_sum.clipped_gradient_sum_with_outputs` with the model, loss,
+        clipping norm, variables and method bound (one model output).
+      var_list: the variables, in the order of ``sums``.
+      x, y, sample_weight: the (logical) batch.
+      num_physical_batches: k >= 1, the number of physical batches the batch is clipped in.
+
+    Returns:
+      ``(sums, norms, y_pred, losses)`` of the whole batch, as ``clipped_sum_fn`` would return them (``y_pred`` in
+      float32).
+    """
+    var_list = list(var_list)
+    sample_weight = clipped_sum.example_weights(x, sample_weight)
+    num_rows = tf.shape(sample_weight)[0]
+    rows_per_batch = (num_rows + num_physical_batches - 1) // num_physical_batches
+    num_padding_rows = rows_per_batch * num_physical_batches - num_rows
+    x, y, sample_weight = tf.nest.map_structure(
+        lambda tensor: _pad_rows(tf.convert_to_tensor(tensor), num_padding_rows), (x, y, sample_weight)
+    )
+
+    # The shapes of a physical batch's outputs, as tracing the loop body finds them: TensorArray.concat loses them.
+    row_shapes = {}
+
+    def physical_batch(index, sums, norms, predictions, losses):
+        rows = tf.range(index * rows_per_batch, (index + 1) * rows_per_batch)
+        batch_x, batch_y, batch_weight = tf.nest.map_structure(
+            lambda tensor: tf.gather(tensor, rows), (x, y, sample_weight)
+        )
+        batch_sums, batch_norms, batch_pred, batch_losses = clipped_sum_fn(batch_x, batch_y, batch_weight)
+        row_shapes.update(y_pred=batch_pred.shape[1:], losses=batch_losses.shape[1:])
+        sums = [total + tf.cast(part, total.dtype) for total, part in zip(sums, batch_sums)]
+        return (
+            index + 1,
+            sums,
+            norms.write(index, batch_norms),
+            predictions.write(index, tf.cast(batch_pred, tf.float32)),
+            losses.write(index, batch_losses),
+        )
+
+    def array() -> tf.TensorArray:
+        return tf.TensorArray(tf.float32, size=num_physical_batches, infer_shape=False)
+
+    _, sums, norms, predictions, losses = tf.while_loop(
+        lambda index, *_: index < num_physical_batches,
+        physical_batch,
+        (
+            tf.constant(0),
+            [tf.zeros(var.shape, tf.float32) for var in var_list],
+            array(),
+            array(),
+            array(),
+        ),
+    )
+    y_pred = tf.ensure_shape(predictions.concat()[:num_rows], [None, *row_shapes["y_pred"]])
+    losses = tf.ensure_shape(losses.concat()[:num_rows], [None, *row_shapes["losses"]])
+    return sums, norms.concat()[:num_rows], y_pred, losses

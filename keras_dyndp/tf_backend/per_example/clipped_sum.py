@@ -1,0 +1,150 @@
+"""Per-example clipped gradient sums: the entry point that picks ghost clipping or the vectorized path.
+
+``'ghost'`` (`keras_dyndp.tf_backend.per_example.ghost`) runs the batch through the model at once: it needs every layer
+and op of the model to be known to act on each example alone (`keras_dyndp.tf_backend.per_example.per_example_layers`),
+every trainable variable to belong to a layer with a rule (`keras_dyndp.tf_backend.per_example.rules`) and rows that are
+examples.
+``'vectorized'`` (`keras_dyndp.tf_backend.per_example.vectorized`) runs each example through the model alone, so no
+layer can mix examples there. ``'auto'`` (the default) takes the ghost path where all of that holds, else the vectorized
+one, for the whole model; ``'ghost'`` on a model that fails any of it is refused. Before either runs,
+``keras_dyndp.tf_backend.model_checks`` refuses models that store batch statistics (BatchNormalization) or other state
+computed from the batch. Random layers (Dropout, ...) draw from a secret generator on both paths
+(`keras_dyndp.tf_backend.per_example.randomness`), never from Keras's global seed.
+
+Sample weights multiply each example's loss before differentiation, so an example with weight 0 (a Poisson
+padding row) has a zero gradient and adds nothing to the sum. The sums returned are dense tensors (embedding
+``IndexedSlices`` are densified) and carry NO noise: the caller (``DynamicDPKeras*.apply_clipped_gradient_sum``)
+adds N(0, sigma_t^2) to each sum and then normalises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from keras_dyndp.tf_backend import model_checks
+from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example import ghost
+from keras_dyndp.tf_backend.per_example import per_example_layers
+from keras_dyndp.tf_backend.per_example import randomness
+from keras_dyndp.tf_backend.per_example import vectorized
+from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
+
+METHODS = ("auto", "ghost", "vectorized")
+
+
+def example_weights(x: Any, sample_weight: Any) -> tf.Tensor:
+    """float32 [B] weight of each row of the batch ``x`` (1 where ``sample_weight`` is None; 0 on padding rows)."""
+    if sample_weight is None:
+        return tf.ones([tf.shape(tf.nest.flatten(x)[0])[0]], tf.float32)
+    return tf.reshape(tf.cast(sample_weight, tf.float32), [-1])
+
+
+def clipped_gradient_sum_with_outputs(
+    model: keras.Model,
+    loss_fn: Callable[[Any, Any], tf.Tensor],
+    x: Any,
+    y: Any,
+    sample_weight: tf.Tensor | None,
+    clip_norm: tf.Tensor | float,
+    var_list: Sequence[tf.Variable],
+    method: str = "auto",
+    random_source: tf.random.Generator | None = None,
+) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
+    """Like ``clipped_gradient_sum`` but also returns the predictions and per-example losses (for metrics).
+
+    Returns:
+        ``(sums, norms, y_pred, losses)``: ``losses`` [B] already multiplied by the sample weights.
+    """
+    if method not in METHODS:
+        raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}.")
+    model_checks.check_before_training(model, x)
+    var_list = list(var_list)
+    sample_weight = example_weights(x, sample_weight)
+    clip_norm = tf.cast(clip_norm, tf.float32)
+    with randomness.secret_randomness(model, random_source):
+        if method != "vectorized" and _ghost_applies(model, var_list, method):
+            try:
+                return ghost.clipped_sum(model, loss_fn, x, y, sample_weight, clip_norm, var_list)
+            except UnsupportedModel as reason:
+                if method == "ghost":
+                    raise ValueError(
+                        f"`method='ghost'` cannot clip this model per example: {reason}. Use method='auto' (which "
+                        f"falls back to the vectorized path) or 'vectorized'. Received: method={method!r}."
+                    ) from reason
+        return vectorized.clipped_sum(model, loss_fn, x, y, sample_weight, clip_norm, var_list)
+
+
+def _ghost_applies(model: keras.Model, var_list: list[tf.Variable], method: str) -> bool:
+    """Whether the model may take the ghost path; for ``method='ghost'``, a ValueError saying why not."""
+    unknown = per_example_layers.first_unknown(model)
+    if unknown is not None:
+        if method == "ghost":
+            raise ValueError(
+                f"`method='ghost'` runs the batch through the model at once, which is per-example clipping only if "
+                f"every layer acts on each example alone, and {unknown} of model {model.name!r} is not known to (a "
+                "layer that reads across the batch, such as a Lambda subtracting the batch mean, would let one "
+                "example move the others' gradients). If its class does act per example, declare it with "
+                "keras_dyndp.tf_backend.per_example.register_per_example_layer(cls) (or give it a ghost rule with "
+                "register_layer_rule); otherwise use method='auto' (which takes the vectorized path, where each "
+                f"example runs alone) or 'vectorized'. Received: method={method!r}."
+            )
+        return False
+    if ghost.supported(model, var_list):
+        return True
+    if method == "ghost":
+        raise ValueError(
+            "`method='ghost'` needs every variable of `var_list` to belong to a layer with a ghost-clipping "
+            "rule (Dense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding, LSTM, GRU or one registered "
+            "with register_layer_rule). Received a "
+            f"model with other trainable layers: method={method!r}."
+        )
+    return False
+
+
+def clipped_gradient_sum(
+    model: keras.Model,
+    loss_fn: Callable[[Any, Any], tf.Tensor],
+    x: Any,
+    y: Any,
+    sample_weight: tf.Tensor | None,
+    clip_norm: tf.Tensor | float,
+    var_list: Sequence[tf.Variable],
+    method: str = "auto",
+    random_source: tf.random.Generator | None = None,
+) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """Sum over the batch of per-example gradients, each clipped to L2 norm ``clip_norm``. No noise added.
+
+    Example i's gradient is that of ``sample_weight[i] * loss_i`` with respect to ``var_list`` (all variables
+    together; one norm per example), and it enters the sum as ``min(1, clip_norm / ||g_i||) g_i``.
+
+    Args:
+        model: a Keras model whose examples do not interact (no batch normalisation: refused, see
+            ``keras_dyndp.tf_backend.model_checks``).
+        loss_fn: per-example loss ``loss_fn(y, y_pred) -> [B]`` (or [B, ...], averaged over non-batch axes).
+        x: batch of inputs (a tensor or a nest of tensors with leading axis B).
+        y: batch of targets.
+        sample_weight: float [B] or None; rows with weight 0 contribute nothing.
+        clip_norm: scalar C > 0.
+        var_list: variables to differentiate, typically ``model.trainable_variables``.
+        method: ``'auto'`` (ghost where every layer is known to act per example and has a rule where trainable,
+            else vectorized), ``'ghost'`` or ``'vectorized'`` (module docstring).
+        random_source: the secret generator the model's random layers (Dropout, ...) draw from; None: one of
+            this process seeded from OS entropy (`keras_dyndp.tf_backend.per_example.randomness`).
+
+    Returns:
+        ``(sums, norms)``: a list of dense tensors shaped like ``var_list`` and the unclipped per-example
+        gradient norms [B].
+
+    Raises:
+        ValueError: on an unknown ``method``, a scalar loss, ``method='ghost'`` on a model with a layer or op not
+            known to act per example or without ghost rules, or a model that stores batch statistics
+            (``keras_dyndp.tf_backend.model_checks.check_model``).
+    """
+    sums, norms, _, _ = clipped_gradient_sum_with_outputs(
+        model, loss_fn, x, y, sample_weight, clip_norm, var_list, method, random_source
+    )
+    return sums, norms

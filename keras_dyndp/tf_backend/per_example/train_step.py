@@ -1,0 +1,290 @@
+"""One-line opt-in to per-example clipping in ``model.fit``: ``model = keras_dyndp.make_private(model)``.
+
+Keras's own ``train_step`` is no place for DP-SGD. Keras 3's averages the loss over the batch and hands the
+optimizer only the averaged gradient (the DP optimizers refuse it, naming ``make_private``); Keras 2's hands it
+``minimize(loss_vector, var_list, tape)``, from which the optimizer can only take the jacobian of the per-example
+loss, back-propagating every row through the batched graph (O(B^2), ~160x a non-private step on the tutorial CNN;
+it warns once). ``make_private`` gives the model a ``train_step`` that has the model and the inputs in hand: it
+computes the per-example clipped gradient sums with ``keras_dyndp.tf_backend.per_example.clipped_gradient_sum`` (ghost
+clipping where every trainable layer has a rule, else ``tf.vectorized_map`` over single-example passes) and hands
+them to ``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each
+SUM, normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the step runs the
+optimizer's own microbatch path (the jacobian of M microbatch losses) instead. The privacy mechanism is the
+optimizer's; only the way the clipped sum is computed changes. Same on Keras 2 and Keras 3. With the optimizer's
+``accumulation_steps`` = k the batch is clipped in k physical batches (`accumulation`); under
+``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share (`keras_dyndp.tf_backend.replicas`),
+also of a batch given to ``train_on_batch``.
+
+Example:
+
+```python
+model = keras_dyndp.make_private(model)
+optimizer = keras_dyndp.tf_backend.DynamicDPKerasSGD(schedule=schedule, expected_batch_size=256, learning_rate=0.1)
+model.compile(optimizer=optimizer,
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+              metrics=['accuracy'])
+model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=schedule.sampling_probability),
+          epochs=20)
+```
+
+By default the step computes no loss or metric on the training batch: nothing but the noised update is derived
+from the private batch, and the step's logs hold only ``dp_step`` (the public number of DP steps taken; callbacks
+such as ``PrivacyLogger`` add the epsilon, and ``fit``'s ``validation_data`` its metrics as usual).
+``make_private(model, training_metrics=True)`` opts in to the compiled loss and metrics of the training batch,
+computed without noise and outside the DP guarantee.
+
+Saving: the optimizer records make_private's arguments in its config, so a model saved to ``.keras`` and reloaded
+with ``load_model`` gets this train step back when the optimizer is built at load (any model built before saving);
+otherwise the first step refuses or warns, naming ``make_private``.
+
+Mixed precision: under 'mixed_float16' (``compile`` then wraps the optimizer in a LossScaleOptimizer) or
+'mixed_bfloat16' the layers compute in the policy's dtype, while the per-example losses, the gradients (of the
+float32 variables), the clipping, the sum and the noise are float32. The LossScaleOptimizer is bypassed: a
+dynamic loss scale skips or shrinks steps depending on the private batch, which DP cannot allow, and the
+per-example gradients of un-averaged losses need no scaling against underflow.
+
+``fit`` checks before the first step that the budget is not spent and refuses arrays unless the optimizer has
+``public_batch_size=True`` (Keras cuts them into fixed-size batches, not the Poisson sample the epsilon accounts;
+`keras_dyndp.batch_sizes.check_not_arrays`); a step refused past the budget ends ``fit`` in one
+`keras_dyndp.optimizer_base.BudgetExhaustedError`.
+
+Works for Sequential, functional and subclassed models, compiled before or after the call. Refused (ValueError,
+when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss reduced over the
+batch, several losses (multi-output models), regularisation losses (``model.losses``), which are not
+per-example terms, and layers that mix examples or store batch statistics such as BatchNormalization
+(``keras_dyndp.tf_backend.model_checks``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from keras_dyndp import batch_sizes
+from keras_dyndp import optimizer_base
+from keras_dyndp import refusals
+from keras_dyndp import validation
+from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend import model_checks
+from keras_dyndp.tf_backend import replicas
+from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example import accumulation
+from keras_dyndp.tf_backend.per_example import clipped_sum
+from keras_dyndp.tf_backend.per_example import randomness
+from keras_dyndp.tf_backend.per_example.losses import per_example_loss
+
+
+def _dp_optimizer(model: keras.Model) -> optimizer_base.DPOptimizerBase:
+    # Under the 'mixed_float16' policy compile wraps the optimizer in a LossScaleOptimizer: this step uses the DP
+    # optimizer inside and no loss scaling (a dynamic loss scale skips steps depending on the data).
+    optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
+    if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
+        raise refusals.not_dp_optimizer_error(optimizer, "TensorFlow")
+    return optimizer
+
+
+def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], tf.Tensor]:
+    return refusals.per_example_loss_fn(model.loss, keras, keras_compat.is_per_example_loss)
+
+
+def _check_no_regularization(model: keras.Model) -> None:
+    if model.losses:
+        raise refusals.regularization_error(f"{len(model.losses)} of them in model.losses")
+
+
+def _private_train_step_arguments(model: keras.Model) -> dict:
+    """make_private's arguments for ``model``, as the optimizer records them (in its config) for load_model."""
+    return {
+        "method": model._keras_dyndp_method,  # pylint: disable=protected-access
+        "training_metrics": model._keras_dyndp_training_metrics,
+    }  # pylint: disable=protected-access
+
+
+def is_private(model: keras.Model) -> bool:
+    """Whether ``model`` has make_private's train step."""
+    return getattr(getattr(model, "train_step", None), "__func__", None) is _private_train_step
+
+
+def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
+    x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
+    optimizer = _dp_optimizer(self)
+    optimizer._private_train_step = _private_train_step_arguments(self)  # pylint: disable=protected-access
+    loss_fn = _per_example_loss_fn(self)
+    if not self.built:
+        # A subclassed model (or a Sequential without Input) creates its variables at its first call, here on Keras
+        # 3: call it once, in inference mode (no batch statistics are updated), so that var_list is complete.
+        self(x, training=False)
+    var_list = self.trainable_variables
+    if optimizer.num_microbatches is None:
+        clip = functools.partial(
+            clipped_sum.clipped_gradient_sum_with_outputs,
+            self,
+            loss_fn,
+            clip_norm=optimizer.current_clip_norm(),
+            var_list=var_list,
+            method=_clipping_method(self),
+            random_source=optimizer._noise_source.generator,  # pylint: disable=protected-access
+        )
+        if optimizer.accumulation_steps == 1:
+            sums, _, y_pred, losses = clip(x, y, sample_weight)
+        else:
+            sums, _, y_pred, losses = accumulation.clipped_sum_in_physical_batches(
+                clip, var_list, x, y, sample_weight, optimizer.accumulation_steps
+            )
+        _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
+        optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list, sample_weight=sample_weight)
+    else:
+        y_pred = _microbatch_step(self, optimizer, loss_fn, x, y, sample_weight, var_list)
+    if not self._keras_dyndp_training_metrics:
+        # Nothing computed on the private batch leaves the step; the public step count stands in for the logs
+        # (Keras 3's train function cannot return an empty structure).
+        return {"dp_step": tf.identity(optimizer.dp_step)}
+    return keras_compat.training_logs(self, x, y, y_pred, sample_weight)
+
+
+_LOW_PRECISION_DTYPES = ("float16", "bfloat16")
+
+
+def _clipping_method(model: keras.Model) -> str:
+    """make_private's method, with mixed precision sent to the vectorized path.
+
+    The vectorized path differentiates float32 per-example losses with respect to the float32 variables, so the
+    norms it clips by are those of the float32 gradients it sums. The ghost rules compute norms and sums from the
+    layers' float16/bfloat16 inputs and output gradients: a norm rounded down in low precision would let a clipped
+    gradient exceed C. Until they compute in float32, 'auto' takes the vectorized path and 'ghost' is refused.
+    """
+    method = model._keras_dyndp_method  # pylint: disable=protected-access
+    low_precision = sorted(
+        {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
+        & set(_LOW_PRECISION_DTYPES)
+    )
+    if not low_precision:
+        return method
+    if method == "ghost":
+        raise ValueError(
+            f"make_private(method='ghost') does not support mixed precision: model {model.name!r} computes in "
+            f"{', '.join(low_precision)}, and the ghost rules would clip by norms rounded in that precision. Use "
+            "method='auto' or 'vectorized' (float32 per-example gradients). Received: method='ghost'."
+        )
+    return "vectorized" if method == "auto" else method
+
+
+def _microbatch_step(
+    model: keras.Model,
+    optimizer: optimizer_base.DPOptimizerBase,
+    loss_fn: Callable,
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    var_list: list,
+) -> Any:
+    """One step of the optimizer's own microbatch path: the jacobian of its M random microbatch losses."""
+    model_checks.check_before_training(model, x)  # Before the forward pass updates any batch statistics.
+    # Random layers draw from the optimizer's secret generator, not from masks tied to the rows' positions.
+    with randomness.secret_randomness(model, optimizer._noise_source.generator):  # pylint: disable=protected-access
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
+    _check_no_regularization(model)
+    optimizer.minimize(losses, var_list, tape=tape)
+    return y_pred
+
+
+def _private_fit(self: keras.Model, *args, **kwargs):
+    """``Model.fit`` after the checks that need no step: the budget left and arrays (`batch_sizes.check_not_arrays`);
+    a step refused past the budget ends it in one `BudgetExhaustedError` instead of TensorFlow's graph traceback.
+    A dataset's ``shuffle`` defaults to False, which Keras ignores for datasets anyway (it warns on True)."""
+    bound = inspect.signature(type(self).fit).bind(self, *args, **kwargs)
+    x = bound.arguments.get("x")
+    optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
+    if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
+        return type(self).fit(*bound.args, **bound.kwargs)  # The step refuses it, naming what to use.
+    optimizer.check_budget_left("keras_dyndp.BudgetStop")
+    p = optimizer.schedule.sampling_probability
+    batch_sizes.check_not_arrays(x, p, optimizer.public_batch_size)
+    if "shuffle" not in bound.arguments and isinstance(x, tf.data.Dataset):
+        bound.arguments["shuffle"] = False
+    bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _BudgetCheck(optimizer)]
+    try:
+        return type(self).fit(*bound.args, **bound.kwargs)
+    except optimizer_base.BudgetExhaustedError as error:
+        raise optimizer_base.BudgetExhaustedError(str(error)) from None
+    except tf.errors.InvalidArgumentError as error:  # Under steps_per_execution the budget can end inside a call.
+        if optimizer_base.BUDGET_EXHAUSTED not in error.message:
+            raise
+        message = optimizer_base.budget_exhausted_message(optimizer.schedule.num_steps, "keras_dyndp.BudgetStop")
+        raise optimizer_base.BudgetExhaustedError(message) from None
+
+
+class _BudgetCheck(keras.callbacks.Callback):
+    """Refuses, on the host, the call of the train function that would start past the budget (before the in-graph
+    guard fails with TensorFlow's traceback). Reads the step counter only near the end: before the n-th call of a
+    ``fit`` that started at step s, at most s + n k steps are taken (``steps_per_execution`` k)."""
+
+    def __init__(self, optimizer: optimizer_base.DPOptimizerBase):
+        super().__init__()
+        self._supports_tf_logs = True  # It reads no logs; Keras 2 would otherwise convert the ones PrivacyLogger fills.
+        self._optimizer = optimizer
+        self._most_steps = 0
+        self._steps_per_call = 1
+
+    def on_train_begin(self, logs=None):
+        self._most_steps = int(self._optimizer.dp_step.numpy())
+        # BudgetStop may only shorten a call later: an upper bound, read once.
+        self._steps_per_call = keras_compat.steps_per_execution(self.model) or 1
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._most_steps >= self._optimizer.schedule.num_steps:
+            self._optimizer.check_budget_left("keras_dyndp.BudgetStop")
+        self._most_steps += self._steps_per_call
+
+
+def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:
+    """Gives ``model`` a train step that clips per example fast and applies through the DP optimizer.
+
+    The same model object is returned (its ``train_step`` is replaced on the instance), so
+    ``model = make_private(model)`` and ``make_private(model)`` are equivalent. Compile it, before or after,
+    with a keras_dyndp DP optimizer and a per-example loss (``reduction=NONE``).
+
+    Args:
+        model: a Keras model (Sequential, functional or subclassed) without batch normalisation (refused at the
+            first step; use GroupNormalization or LayerNormalization).
+        method: how per-example gradients are clipped: ``'auto'`` (ghost clipping when every trainable layer
+            has a rule, else vectorized; vectorized under mixed precision), ``'ghost'`` or ``'vectorized'``
+            (see ``keras_dyndp.tf_backend.per_example``). An optimizer with ``num_microbatches`` uses its own microbatch
+            path instead.
+        training_metrics: False (the default): the step computes no loss or metric on the batch and logs only
+            ``dp_step`` (public); only the noised update leaves it (validation metrics are computed as usual).
+            True (Keras's behaviour, an opt-in): the step also computes the compiled loss and metrics on the
+            training batch and returns them as logs (progress bar, ``History``, TensorBoard, CSVLogger). They are
+            computed on the private batch WITHOUT noise, so they are released outside the DP guarantee: one
+            outlier example moved the logged epoch loss from 0.234 to 0.567.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ValueError: on an unknown ``method`` or a model that is not a ``keras.Model``; at the first training
+            step, on an optimizer or loss that cannot give per-example DP (see the module docstring).
+    """
+    if not isinstance(model, keras.Model):
+        raise refusals.not_a_model_error(model)
+    validation.check_choice("method", method, clipped_sum.METHODS)
+    validation.check_bool("training_metrics", training_metrics)
+    model._keras_dyndp_method = method  # pylint: disable=protected-access
+    model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
+    model.train_step = types.MethodType(_private_train_step, model)
+    model.fit = types.MethodType(_private_fit, model)
+    keras_compat.epoch_logs_from_the_step(model, not training_metrics)
+    keras_compat.reset_train_function(model)
+    if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:
+        replicas.split_direct_batches(model)
+    if getattr(model, "optimizer", None) is not None:
+        optimizer = _dp_optimizer(model)
+        optimizer._private_train_step = _private_train_step_arguments(model)  # pylint: disable=protected-access
+    return model

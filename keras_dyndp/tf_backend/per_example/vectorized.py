@@ -1,0 +1,85 @@
+"""Per-example clipping by ``tf.vectorized_map`` over single-example forward and backward passes (``x[i:i+1]``).
+
+Works for any model whose examples are independent, whatever its layers; materialises the B per-example
+gradients. Ops that ``pfor`` cannot vectorise run in a ``tf.while_loop`` instead (``fallback_to_while_loop=True``),
+and where even that fails while tracing, ``tf.map_fn`` runs the passes one after the other: never through the
+batch gradient. Models with recurrent layers go to ``tf.map_fn`` directly: ``pfor`` turns the gradient of their
+``tf.while_loop`` over TensorLists into a graph that fails only when run ("Tried to append a tensor with
+incompatible shape to a list"; any Keras 3 RNN after an Embedding, and Keras 2's SimpleRNN), too late to fall back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from keras_dyndp.tf_backend import clip_and_noise
+from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example.losses import per_example_loss
+
+
+def _dense_gradient(gradient: tf.Tensor | tf.IndexedSlices | None, variable: tf.Variable) -> tf.Tensor:
+    if gradient is None:
+        return tf.zeros_like(variable)
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.convert_to_tensor(gradient)
+    return gradient
+
+
+def _has_recurrent_layer(model: keras.Model) -> bool:
+    """Whether a layer of the model runs a recurrent cell (RNN, LSTM, GRU, ConvLSTM, also inside wrappers)."""
+    return any(
+        isinstance(getattr(layer, "cell", None), keras.layers.Layer) for layer in keras_compat.flatten_layers(model)
+    )
+
+
+def clipped_sum(
+    model: keras.Model,
+    loss_fn: Callable,
+    x: Any,
+    y: Any,
+    sample_weight: tf.Tensor,
+    clip_norm: tf.Tensor,
+    var_list: Sequence[tf.Variable],
+) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
+    """``(sums, norms, y_pred, losses)`` from single-example passes (see ``clipped_gradient_sum``)."""
+
+    def one_example(example):
+        x_i, y_i, w_i = tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), example)
+        with tf.GradientTape() as tape:
+            y_pred = model(x_i, training=True)
+            loss = per_example_loss(loss_fn, y_i, y_pred, w_i)
+        grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = [_dense_gradient(g, v) for g, v in zip(grads, var_list)]
+        return grads, tf.nest.map_structure(lambda t: t[0], y_pred), loss[0]
+
+    elems = (x, y, sample_weight)
+    vectorized = False
+    if not _has_recurrent_layer(model):
+        try:
+            grads, y_pred, losses = tf.vectorized_map(one_example, elems, fallback_to_while_loop=True)
+            vectorized = True
+        except (TypeError, ValueError, NotImplementedError) as error:
+            # pfor failed even with its while-loop fallback: run the single-example passes one after the other
+            # instead. Still per example, only slower.
+            tf.get_logger().warning(
+                "tf.vectorized_map could not vectorise the per-example gradient (%s); using tf.map_fn.",
+                str(error).strip().splitlines()[-1],
+            )
+    if not vectorized:
+        output_signature = (
+            [tf.TensorSpec(v.shape, v.dtype) for v in var_list],
+            tf.nest.map_structure(
+                lambda t: tf.TensorSpec(t.shape[1:], t.dtype), model(tf.nest.map_structure(lambda t: t[:1], x))
+            ),
+            tf.TensorSpec([], tf.float32),
+        )
+        grads, y_pred, losses = tf.map_fn(
+            one_example, elems, fn_output_signature=output_signature, parallel_iterations=16
+        )
+    sums, norms = clip_and_noise.clip_by_global_norm_per_example(grads, clip_norm)
+    return sums, norms, y_pred, losses

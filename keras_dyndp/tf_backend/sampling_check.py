@@ -1,0 +1,173 @@
+"""Ties the batches a DP optimizer trains on to the Poisson sampling its schedule is accounted for.
+
+Every accountant here assumes that at each step each of the N training examples joins the batch independently
+with probability p = `schedule.sampling_probability`. Nothing in Keras enforces it: a full-batch ``fit`` with a
+schedule accounted at p = 0.01 trains, and `PrivacyLogger` reports RDP epsilon 5.39 where the truth at p = 1 is
+75.2; a ``.batch(250)`` dataset trains without a word. Two checks close this.
+
+1. At every step, in the graph, on every path (``fit`` on any data, ``train_on_batch``, a custom loop calling
+   ``minimize`` or ``apply_clipped_gradient_sum``): with N = ``expected_batch_size / p`` (given with the schedule,
+   or set by the budget arguments; only ``public_batch_size=True`` leaves it out) the number of examples in the
+   batch must lie in `keras_dyndp.tf_backend.data.batch_size_range(N, p)`, which a Poisson batch leaves with
+   probability at
+   most 1e-12 on each side. Otherwise the step raises ``tf.errors.InvalidArgumentError`` with the count, p N, the
+   range and what to do. What counts as an example: on `make_private`'s path, the rows with a non-zero sample
+   weight (every row without sample weights). The optimizer's own path sees only the sample-weighted per-example
+   losses: the number of rows bounds the count from above and the number of rows with a non-zero loss bounds it
+   from below (padding rows have weight 0, hence loss 0, but a real example may have loss 0 too). The step is
+   refused when the upper bound is below the range or the lower bound above it, so a zero loss never trips the
+   check. The check is a data-dependent abort. Under Poisson sampling at p, neighbouring datasets can differ in
+   whether it fires only when the batch size leaves the range, with probability at most 2e-12 per step: it adds
+   at most (1 + e^epsilon) T 2e-12 to delta (the argument of `keras_dyndp.tf_backend.data.truncation_delta`). XLA
+   (``jit_compile=True``) drops assertions, so there the check does not run. With ``public_batch_size=True`` the
+   step divides by the rows instead and checks no size; where it sees sample weights (``make_private``'s step)
+   it refuses rows of weight 0 (padding), which would count as rows.
+2. Once per optimizer, when its train step is traced (at every step under ``run_eagerly``): the ``x`` that
+   ``model.fit`` received (`keras_dyndp.keras_context`) must be a dataset returned by
+   `keras_dyndp.poisson_batches` (`keras_dyndp.tf_backend.data`). One sampled at another
+   p raises ValueError, and so does any of them for an optimizer with ``public_batch_size=True``. Arrays (numpy,
+   tensors), which Keras cuts into fixed-size batches, raise ValueError before the first step unless the optimizer
+   has ``public_batch_size=True`` (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else (a ``.batch()``
+   dataset, a generator; arrays with ``public_batch_size=True``) gets one `SamplingWarning` saying that the reported
+   epsilon assumes Poisson sampling and what to do, and so does a custom training loop, whose data the optimizer
+   cannot see. The warning also says when the batch sizes are not checked (``public_batch_size``, XLA).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import tensorflow as tf
+
+from keras_dyndp import batch_sizes
+from keras_dyndp import keras_context
+from keras_dyndp.batch_sizes import SamplingWarning
+from keras_dyndp.tf_backend import data
+from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend import replicas
+
+
+def count_nonzero_rows(values: tf.Tensor) -> tf.Tensor:
+    """int32 number of rows (leading index) of `values` with at least one non-zero entry."""
+    values = tf.convert_to_tensor(values)
+    flat = tf.reshape(values, tf.stack([tf.shape(values)[0], -1]))
+    return tf.reduce_sum(tf.cast(tf.reduce_any(tf.not_equal(flat, 0), axis=1), tf.int32))
+
+
+class SamplingCheck:
+    """The two checks of the module docstring for one optimizer; a plain object, so nothing of it is saved.
+
+    Args:
+      sampling_probability: the schedule's Poisson rate p.
+      expected_batch_size: p N, or None with ``public_batch_size`` (then batch sizes are not checked).
+      public_batch_size: the optimizer's `public_batch_size`: keras_dyndp's Poisson batches are refused.
+      normalises_by_rows: the step divides by the rows (rows of sample weight 0 are then refused).
+    """
+
+    def __init__(
+        self,
+        sampling_probability: float,
+        expected_batch_size: float | None,
+        public_batch_size: bool,
+        normalises_by_rows: bool,
+    ):
+        self._sampling_probability = sampling_probability
+        self._public_batch_size = public_batch_size
+        self._normalises_by_rows = normalises_by_rows
+        if expected_batch_size is None:
+            self._num_examples = None
+            self._range = None
+        else:
+            self._num_examples = max(1, round(expected_batch_size / sampling_probability))
+            self._range = data.batch_size_range(self._num_examples, sampling_probability)
+        self._warned = False
+
+    @property
+    def batch_size_range(self) -> tuple[int, int] | None:
+        """The accepted ``(low, high)`` number of examples per batch; None when N is unknown."""
+        return self._range
+
+    def inspect_fit_input(self, optimizer: Any) -> None:
+        """Checks, in Python, what ``model.fit`` received (point 2 of the module docstring).
+
+        Raises:
+          ValueError: if ``fit`` received a keras_dyndp Poisson dataset sampled at another rate than the schedule,
+            or any of them while the optimizer has ``public_batch_size=True``; arrays while it has not.
+        """
+        model = keras_context.calling_model(optimizer, keras_compat.keras.Model)
+        call = None if model is None else keras_context.fit_call(model)
+        p = self._sampling_probability
+        if call is None:
+            problem = (
+                "keras_dyndp cannot see the batches of this training step (a custom training loop or train_on_batch)"
+            )
+        else:
+            sampling = data.poisson_sampling(call.x)
+            if sampling is not None:
+                batch_sizes.check_poisson_batches(
+                    sampling.sampling_probability, p, self._public_batch_size, "model.fit"
+                )
+                if replicas.is_multi_worker() and not sampling.same_on_every_worker:
+                    raise ValueError(
+                        "model.fit under a multi-worker strategy received Poisson batches whose seed each worker drew "
+                        "on its own (the dataset was built outside the strategy's scope, without a seed): tf.data "
+                        "gives each worker its share of ITS batches, so the global batch would join pieces of "
+                        "different samples (an example could be in two) and not be the accounted Poisson sample. "
+                        "Build the dataset inside strategy.scope() (the workers then agree on the seed) or pass the "
+                        "same secret seed on every worker."
+                    )
+                return
+            batch_sizes.check_not_arrays(call.x, p, self._public_batch_size)
+            problem = batch_sizes.not_poisson_batches("model.fit", call.x)
+        if self._warned:
+            return
+        self._warned = True
+        message = batch_sizes.not_poisson_message(problem, p)
+        if self._range is None:
+            message += (
+                " The optimizer was built with public_batch_size=True, so no batch size is checked and the epsilon "
+                "holds only as far as your batches are Poisson samples, whose sizes are private: build it with "
+                "expected_batch_size = p * N instead."
+            )
+        elif model is not None and getattr(model, "jit_compile", False):
+            message += " XLA (jit_compile=True) drops the per-step batch-size check."
+        warnings.warn(message, SamplingWarning, stacklevel=2)
+
+    def assertion(self, min_examples: tf.Tensor, max_examples: tf.Tensor, num_rows: tf.Tensor) -> tf.Operation | None:
+        """In-graph check of the batch, whose number of examples is known to lie in [min, max], among ``num_rows``
+        rows: in the range (point 1), or, when the step divides by the rows, no row that cannot be an example.
+
+        Returns None when there is nothing to wait for: no check applies, or eager mode, where it checks at once.
+
+        Raises:
+          tf.errors.InvalidArgumentError: when `max_examples` is below the range or `min_examples` above it; when
+            the step divides by the rows and `max_examples` is below `num_rows` (rows of sample weight 0).
+        """
+        if self._normalises_by_rows:
+            condition = tf.cast(max_examples, tf.int64) >= tf.cast(num_rows, tf.int64)
+            return _refuse_unless(condition, [batch_sizes.PADDING_ROWS_REFUSAL])
+        if self._range is None:
+            return None
+        low, high = self._range
+        too_few = self._refusal(tf.cast(max_examples, tf.int64) >= low, "few", max_examples)
+        with tf.control_dependencies([] if too_few is None else [too_few]):
+            return self._refusal(tf.cast(min_examples, tf.int64) <= high, "many", min_examples)
+
+    def _refusal(self, condition: tf.Tensor, what: str, count: tf.Tensor) -> tf.Operation | None:
+        low, high = self._range
+        prefix, advice = batch_sizes.out_of_range_refusal(
+            what, self._sampling_probability, self._num_examples, low, high
+        )
+        return _refuse_unless(condition, [prefix, count, advice])
+
+
+def _refuse_unless(condition: tf.Tensor, message: list) -> tf.Operation | None:
+    """Raises at once in eager mode; else an assertion to run before the step (XLA compiles it away)."""
+    if tf.executing_eagerly():
+        if not bool(condition):
+            raise tf.errors.InvalidArgumentError(
+                None, None, "".join(str(int(part)) if tf.is_tensor(part) else part for part in message)
+            )
+        return None
+    return tf.debugging.Assert(condition, message)  # no string ops: XLA compiles it away

@@ -1,0 +1,24 @@
+"""The paper's experiments: one trainer for every task, the sweep and the tuned-contender study.
+
+Research code over keras_dyndp, kept apart from the short trainers of examples/ (which show the public API):
+
+* `research.training`: the shared trainer (absl flags -> `RunConfig` -> `train`): schedule calibration, Poisson
+  batches, checkpoints and resume, tf.distribute, the privacy report and a results CSV row per run.
+* one module per task of the paper, each a `training.Task` (data, model, the paper's hyperparameters) and its
+  command: `digits`, `mnist`, `fashion_mnist`, `imdb`, `names`, `chest_xray`, `federated_mnist`;
+  `research.tasks` lists them for the drivers.
+* `research.datasets`: the offline loaders (nothing is downloaded; a missing dataset says where it looked);
+  `research.infinite_mnist`: the deformed digits of the federated task.
+* `research.sweep`: the paper's grid over 1/rho_mu, 1/rho_c, epsilons and seeds (Table 1, Fig. 4).
+* `research.study`: does a dynamic schedule beat a tuned vanilla DP-SGD at the same rigorous epsilon?
+
+Run them as modules from the repository root:
+
+    python -m research.mnist --method=dynamic --epsilon=1.2 --results_csv=runs/mnist.csv
+    python -m research.sweep --task=digits --methods=vanilla,dynamic --epsilons=1,3 --sweep_dir=/tmp/sweep
+    python -m research.study --task=digits --epsilons=1,3 --study_dir=/tmp/study --verbose=0
+
+Importing this package quiets TensorFlow's start-up logs as `examples` does.
+"""
+
+import examples  # noqa: F401  (quiets TensorFlow's C++ start-up lines before any research module imports it)

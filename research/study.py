@@ -1,0 +1,503 @@
+"""Does a dynamic schedule beat a tuned vanilla DP-SGD at the same rigorous epsilon? Equal tuning budgets, one command.
+
+For one task, each epsilon of ``--epsilons`` and each contender of ``--contenders``:
+
+1. Tuning. ``--budget`` configurations (at least 6 for the study's claims; default 6) are trained once each
+   (seed ``--tune_seed``) on the training set minus a validation split (``--validation_fraction`` of it, default
+   10%, a fixed random subset) and scored on that split. The test set is not loaded into these runs at all.
+2. Selection: the configuration with the best validation accuracy (the first on ties; a diverged run scores -inf).
+3. Final runs: the selected configuration, trained on the whole training set with each of ``--final_seeds``
+   (default 1, 2, 3: not the tuning seed) and evaluated on the test set, once per run.
+
+Contenders (`CONTENDERS`), each calibrated under the PLD accountant to the same (epsilon, delta = 1 / (10 N)):
+vanilla; vanilla with a learning rate decaying by lr_0 / lr_T (`--lr_decay`, the clip decay's geometric family);
+sensitivity decay; growing mu; dynamic; and dynamic with the noisy sum divided by C_t (`rescale_to_unit_norm`),
+which keeps the clip decay but takes away its shrinking of the step.
+
+Equal budgets, paired configurations. One Latin hypercube of ``--budget`` points in [0, 1)^4 (seed
+``--search_seed``) gives every contender its configurations: coordinate 0 the learning rate and 1 the initial clip
+C_0 (log-uniform over ``--lr_range`` and ``--clip_range``, factors of the task's defaults), coordinates 2 and 3
+the contender's own schedule parameters as inverse ratios in ``--inverse_ratio_range`` (the paper's 1/rho in
+(0, 1]): 1/lr_decay (vanilla_lr_decay), 1/rho_c (sensitivity_decay), 1/rho_mu (growing_mu), 1/rho_mu and
+1/rho_c (dynamic, dynamic_rescaled). So configuration i of every contender shares its learning rate and C_0, and
+sensitivity_decay's i decays the clip by the ratio by which vanilla_lr_decay's i decays the learning rate. The
+rescaled contender divides its update by C_t; under SGD its learning rate is the drawn one times C_0, so that its
+first step equals dynamic's (Adam, Adagrad and RMSprop are invariant to the gradient's scale: the drawn one).
+
+Privacy of tuning. Every run here trains on the private training data, and the selection looks at ``--budget``
+of them: the model a user would release (a final run) has the epsilon of its own run only if the tuning is not
+counted. Counting it, the selected run is at most (K epsilon, K delta)-DP by basic composition over K = budget
+runs; private selection (Liu & Talwar, STOC 2019; Papernot & Steinke, ICLR 2022) brings the cost down to a small
+multiple of epsilon when the number of candidates is itself random. The study reports the per-run epsilon, as the
+literature it compares with does, and says so; all contenders pay the same tuning cost.
+
+Outputs in ``--study_dir``: ``study.csv`` (one row per run: phase, contender, configuration, the run's results CSV
+columns, its PLD and RDP epsilon; an interrupted study resumes from it: runs already in it are skipped),
+``study.md`` (per epsilon and contender: test accuracy mean ± std over the final seeds, the selected
+hyperparameters, PLD and RDP epsilon, wall times) and ``accuracy_vs_epsilon.png``.
+
+    python -m research.study --task=fashion_mnist --epsilons=0.4,2 --study_dir=runs/study/fashion_mnist --verbose=0
+
+Every other flag (``--epochs``, ``--max_steps``, ``--idx_dir``, ...) applies to every run; ``--learning_rate`` and
+``--initial_clip`` move the centres of the search. The flags the study sets per run (``--method``, ``--epsilon``,
+``--seed``, ``--accountant``, ...) are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+import sys
+
+import numpy as np
+import tensorflow as tf
+from absl import app
+from absl import flags
+from absl import logging
+from scipy.stats import qmc
+
+if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from keras_dyndp.tf_backend.keras_compat import keras
+from research import datasets
+from research import tasks
+from research import training
+
+flags.adopt_module_key_flags(training)
+
+
+@dataclasses.dataclass(frozen=True)
+class Contender:
+    """One way to train: a schedule method, and what its own coordinates of the search draw.
+
+    Attributes:
+      method: the `training` method.
+      parameters: the `RunConfig` fields set from the draw's coordinates 2, 3, ... as inverse ratios (1 / value).
+      rescale_to_unit_norm: divide the noisy sum by C_t (its learning rate is then scaled by C_0).
+    """
+
+    method: str
+    parameters: tuple[str, ...] = ()
+    rescale_to_unit_norm: bool = False
+
+
+CONTENDERS = {
+    "vanilla": Contender("vanilla"),
+    "vanilla_lr_decay": Contender("vanilla", ("lr_decay",)),
+    "sensitivity_decay": Contender("sensitivity_decay", ("rho_c",)),
+    "growing_mu": Contender("growing_mu", ("rho_mu",)),
+    "dynamic": Contender("dynamic", ("rho_mu", "rho_c")),
+    "dynamic_rescaled": Contender("dynamic", ("rho_mu", "rho_c"), rescale_to_unit_norm=True),
+}
+_SEARCH_DIMENSIONS = 2 + max(len(contender.parameters) for contender in CONTENDERS.values())
+PHASES = ("tune", "final")
+
+flags.DEFINE_list("contenders", list(CONTENDERS), f"Contenders, among {list(CONTENDERS)}.")
+flags.DEFINE_integer("budget", 6, "Configurations tuned per contender and epsilon (the same for all), >= 1.")
+flags.DEFINE_float("validation_fraction", 0.1, "Share of the training set held out for tuning, in (0, 0.5].")
+flags.DEFINE_integer("tune_seed", 0, "Seed of every tuning run.")
+flags.DEFINE_list("final_seeds", ["1", "2", "3"], "Seeds of the final runs of each selected configuration.")
+flags.DEFINE_integer("search_seed", 0, "Seed of the Latin hypercube of configurations.")
+flags.DEFINE_list("lr_range", ["0.25", "4"], "Learning rates searched: [lo, hi] times the task's, log-uniform.")
+flags.DEFINE_list("clip_range", ["0.25", "4"], "Initial clips C_0 searched: [lo, hi] times the task's, log-uniform.")
+flags.DEFINE_list(
+    "inverse_ratio_range",
+    ["0.1", "0.9"],
+    "Range of 1/rho_mu, 1/rho_c and 1/lr_decay searched, uniform, within (0, 1] (the paper's grid is 0.1-0.8).",
+)
+flags.DEFINE_string("study_dir", None, "Output directory (study.csv, study.md, accuracy_vs_epsilon.png). Required.")
+
+FLAGS = flags.FLAGS
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """Where the configurations are drawn: the task's defaults and the ranges around them."""
+
+    learning_rate: float
+    initial_clip: float
+    optimizer: str = "sgd"
+    lr_range: tuple[float, float] = (0.25, 4.0)
+    clip_range: tuple[float, float] = (0.25, 4.0)
+    inverse_ratio_range: tuple[float, float] = (0.1, 0.9)
+
+
+def _log_uniform(unit: float, center: float, factors: tuple[float, float]) -> float:
+    low, high = center * factors[0], center * factors[1]
+    return float(low * (high / low) ** unit)
+
+
+def configurations(contender: str, space: SearchSpace, budget: int, search_seed: int) -> list[dict]:
+    """The `budget` configurations of `contender`: `RunConfig` field values, paired across contenders (the module
+    docstring)."""
+    spec = CONTENDERS[contender]
+    points = qmc.LatinHypercube(d=_SEARCH_DIMENSIONS, seed=search_seed).random(budget)
+    low, high = space.inverse_ratio_range
+    result = []
+    for point in points:
+        rate = _log_uniform(point[0], space.learning_rate, space.lr_range)
+        clip = _log_uniform(point[1], space.initial_clip, space.clip_range)
+        values = dict(
+            method=spec.method,
+            # SGD's step scales with the gradient, so dividing it by C_t needs a learning rate C_0 times larger for
+            # the same first step; Adam, Adagrad and RMSprop normalise the gradient's scale away.
+            learning_rate=rate * clip if spec.rescale_to_unit_norm and space.optimizer == "sgd" else rate,
+            initial_clip=clip,
+            rho_mu=1.0,
+            rho_c=1.0,
+            lr_decay=1.0,
+            rescale_to_unit_norm=spec.rescale_to_unit_norm,
+        )
+        for offset, name in enumerate(spec.parameters):
+            values[name] = 1.0 / (low + (high - low) * float(point[2 + offset]))
+        result.append(values)
+    return result
+
+
+def validation_task(task: training.Task, fraction: float, seed: int = 0) -> training.Task:
+    """`task` with its data replaced by a split of its training set: `fraction` of it (a fixed random subset) as
+    the "test" set the run evaluates on, the rest as the training set. The task's test set is not passed on."""
+
+    def load_data() -> datasets.TaskData:
+        data = task.load_data()
+        order = np.random.default_rng(seed).permutation(data.num_train)
+        held_out = max(1, round(fraction * data.num_train))
+        val, train = order[:held_out], order[held_out:]
+        return datasets.TaskData(
+            x_train=data.x_train[train],
+            y_train=data.y_train[train],
+            x_test=data.x_train[val],
+            y_test=data.y_train[val],
+            num_classes=data.num_classes,
+            description=f"{data.description}; tuning split: {len(train)} training / {len(val)} validation examples "
+            "carved from the training set (the test set is not used)",
+        )
+
+    return dataclasses.replace(task, load_data=load_data)
+
+
+_CONFIG_KEY = ("learning_rate", "initial_clip", "rho_mu", "rho_c", "lr_decay")
+
+
+def _key(phase: str, epsilon: float, contender: str, values: dict, seed) -> tuple:
+    return (
+        phase,
+        float(epsilon),
+        contender,
+        *(round(float(values[name]), 9) for name in _CONFIG_KEY),
+        str(values["rescale_to_unit_norm"]) == "True",
+        str(seed),
+    )
+
+
+def _score(row: dict) -> float:
+    accuracy = float(row["test_accuracy"])
+    return accuracy if math.isfinite(accuracy) else -math.inf
+
+
+def select(tuning_rows: list[dict]) -> dict:
+    """The tuning row with the best validation accuracy (its `test_accuracy` column, measured on the validation
+    split); the lowest configuration index on ties."""
+    return max(sorted(tuning_rows, key=lambda row: int(row["config_index"])), key=_score)
+
+
+class Study:
+    """One study: the task, its base `RunConfig` and the search, run phase by phase into `study_dir`."""
+
+    def __init__(
+        self,
+        task: training.Task,
+        base: training.RunConfig,
+        study_dir: str,
+        *,
+        epsilons: list[float],
+        contenders: list[str],
+        budget: int,
+        space: SearchSpace,
+        validation_fraction: float = 0.1,
+        tune_seed: int = 0,
+        final_seeds: tuple[int, ...] = (1, 2, 3),
+        search_seed: int = 0,
+    ):
+        self.task = task
+        self.base = dataclasses.replace(
+            base, accountant="pld", report_accountant="pld", results_csv=None, model_dir=None
+        )
+        self.study_dir = study_dir
+        self.epsilons = epsilons
+        self.contenders = contenders
+        self.budget = budget
+        self.space = space
+        self.validation_fraction = validation_fraction
+        self.tune_seed = tune_seed
+        self.final_seeds = final_seeds
+        self.search_seed = search_seed
+        self.csv_path = os.path.join(study_dir, "study.csv")
+
+    def _run(self, phase: str, epsilon: float, contender: str, index: int, values: dict, seed: int) -> None:
+        task = self.task if phase == "final" else validation_task(self.task, self.validation_fraction)
+        config = dataclasses.replace(self.base, epsilon=epsilon, seed=seed, **values)
+        result = training.train(task, config)
+        keras.backend.clear_session()
+        steps = result.steps
+        row = {
+            "phase": phase,
+            "contender": contender,
+            "config_index": index,
+            "validation_fraction": self.validation_fraction if phase == "tune" else 0.0,
+            **result.csv_row(),
+            "epsilon_pld": result.schedule.epsilon(result.config.delta, accountant="pld", steps=steps),
+            "epsilon_rdp": result.schedule.epsilon(result.config.delta, accountant="rdp", steps=steps),
+        }
+        training.append_csv_row(self.csv_path, row)
+
+    def _done(self) -> dict[tuple, dict]:
+        return {
+            _key(row["phase"], row["epsilon"], row["contender"], row, row["seed"]): row
+            for row in training.read_csv_rows(self.csv_path)
+        }
+
+    def run(self) -> list[dict]:
+        """Runs what `study.csv` lacks (tuning, then the finals of the selections) and returns the study's rows."""
+        os.makedirs(self.study_dir, exist_ok=True)
+        plan = {name: configurations(name, self.space, self.budget, self.search_seed) for name in self.contenders}
+        for epsilon in self.epsilons:
+            for name, configs in plan.items():
+                for index, values in enumerate(configs):
+                    if _key("tune", epsilon, name, values, self.tune_seed) not in self._done():
+                        print(f"study: tune eps={epsilon:g} {name} #{index}: {values}", flush=True)
+                        self._run("tune", epsilon, name, index, values, self.tune_seed)
+        for epsilon in self.epsilons:
+            for name, configs in plan.items():
+                done = self._done()
+                tuned = [done[_key("tune", epsilon, name, values, self.tune_seed)] for values in configs]
+                chosen = select(tuned)
+                index = int(chosen["config_index"])
+                for seed in self.final_seeds:
+                    if _key("final", epsilon, name, configs[index], seed) not in done:
+                        print(f"study: final eps={epsilon:g} {name} #{index} seed {seed}", flush=True)
+                        self._run("final", epsilon, name, index, configs[index], seed)
+        wanted = {
+            _key(phase, epsilon, name, values, seed)
+            for epsilon in self.epsilons
+            for name, configs in plan.items()
+            for values in configs
+            for phase, seeds in (("tune", [self.tune_seed]), ("final", self.final_seeds))
+            for seed in seeds
+        }
+        return [row for key, row in self._done().items() if key in wanted]
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per (epsilon, contender): the selection and its final runs' test accuracy, epsilons and wall times."""
+    result = []
+    finals = [row for row in rows if row["phase"] == "final"]
+    for epsilon in sorted({float(row["epsilon"]) for row in finals}):
+        for name in CONTENDERS:
+            group = [row for row in finals if float(row["epsilon"]) == epsilon and row["contender"] == name]
+            if not group:
+                continue
+            tuning = [
+                row
+                for row in rows
+                if row["phase"] == "tune" and float(row["epsilon"]) == epsilon and row["contender"] == name
+            ]
+            chosen = next(row for row in tuning if row["config_index"] == group[0]["config_index"])
+            mean, std = _mean_std([float(row["test_accuracy"]) for row in group])
+            result.append(
+                dict(
+                    epsilon=epsilon,
+                    contender=name,
+                    mean=mean,
+                    std=std,
+                    n=len(group),
+                    by_seed={row["seed"]: float(row["test_accuracy"]) for row in group},
+                    validation_accuracy=float(chosen["test_accuracy"]),
+                    config=group[0],
+                    epsilon_pld=max(float(row["epsilon_pld"]) for row in group),
+                    epsilon_rdp=max(float(row["epsilon_rdp"]) for row in group),
+                    final_wall_s=statistics.median(float(row["wall_time_s"]) for row in group),
+                    tuning_wall_s=sum(float(row["wall_time_s"]) for row in tuning),
+                    tuned=len(tuning),
+                )
+            )
+    return result
+
+
+def _hyperparameters(row: dict) -> str:
+    parts = [f"lr {float(row['learning_rate']):.3g}", f"C_0 {float(row['initial_clip']):.3g}"]
+    for name, label in (("rho_mu", "1/ρ_μ"), ("rho_c", "1/ρ_c"), ("lr_decay", "1/lr_decay")):
+        if float(row[name]) != 1.0:
+            parts.append(f"{label} {1 / float(row[name]):.2f}")
+    return ", ".join(parts)
+
+
+def _paired_difference(entry: dict, reference: dict | None) -> str:
+    """Mean ± std over the seeds both ran of entry's accuracy minus reference's (same seed: same initialisation and
+    batch sampling), in points."""
+    if reference is None or reference is entry:
+        return "-"
+    seeds = sorted(set(entry["by_seed"]) & set(reference["by_seed"]))
+    if not seeds:
+        return "-"
+    mean, std = _mean_std([100 * (entry["by_seed"][seed] - reference["by_seed"][seed]) for seed in seeds])
+    return f"{mean:+.2f} ± {std:.2f}"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The study's table: one line per epsilon and contender, with its difference to vanilla paired by seed."""
+    lines = [
+        "| ε (PLD target) | contender | test accuracy % (mean ± std, n) | − vanilla, paired by seed | "
+        "selected (#, validation %) | PLD ε | RDP ε | wall s: final run (median), tuning (sum) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    entries = summary(rows)
+    for entry in entries:
+        config = entry["config"]
+        vanilla = next(
+            (other for other in entries if other["contender"] == "vanilla" and other["epsilon"] == entry["epsilon"]),
+            None,
+        )
+        lines.append(
+            f"| {entry['epsilon']:g} | {entry['contender']} | {100 * entry['mean']:.2f} ± {100 * entry['std']:.2f} "
+            f"({entry['n']}) | {_paired_difference(entry, vanilla)} | "
+            f"{_hyperparameters(config)} (#{config['config_index']} of {entry['tuned']}, "
+            f"{100 * entry['validation_accuracy']:.2f}) | {entry['epsilon_pld']:.3f} | {entry['epsilon_rdp']:.3f} | "
+            f"{entry['final_wall_s']:.0f}, {entry['tuning_wall_s']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Test accuracy (mean ± std over the final seeds) against epsilon, one line per contender."""
+    from matplotlib import figure
+
+    entries = summary(rows)
+    fig = figure.Figure(figsize=(6.0, 4.0))
+    axes = fig.add_subplot()
+    names = [name for name in CONTENDERS if any(entry["contender"] == name for entry in entries)]
+    for offset, name in enumerate(names):
+        own = [entry for entry in entries if entry["contender"] == name]
+        # A small horizontal offset per contender keeps the error bars apart.
+        shift = 1 + 0.02 * (offset - (len(names) - 1) / 2)
+        axes.errorbar(
+            [entry["epsilon"] * shift for entry in own],
+            [100 * entry["mean"] for entry in own],
+            yerr=[100 * entry["std"] for entry in own],
+            marker="o",
+            capsize=3,
+            label=name,
+        )
+    axes.set_xscale("log")
+    epsilons = sorted({entry["epsilon"] for entry in entries})
+    axes.set_xticks(epsilons, [f"{epsilon:g}" for epsilon in epsilons])
+    axes.minorticks_off()
+    axes.set_xlabel("ε (PLD, δ = 1/(10N))")
+    axes.set_ylabel("test accuracy (%)")
+    task = rows[0]["task"] if rows else ""
+    axes.set_title(f"{task}: tuned contenders at equal PLD ε", fontsize=9)
+    axes.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _range(name: str, low_bound: float, high_bound: float) -> tuple[float, float]:
+    numbers = tasks.floats(name, FLAGS[name].value, -math.inf, math.inf)
+    if len(numbers) != 2:
+        raise training.FlagError(f"--{name} takes two numbers, lo,hi. Received: {FLAGS[name].value}.")
+    low, high = numbers
+    if not low_bound < low <= high <= high_bound:
+        raise training.FlagError(f"--{name} must be lo,hi with {low_bound:g} < lo <= hi <= {high_bound:g}.")
+    return low, high
+
+
+# Training flags the study sets for each run: given on its command line they would be overridden, so they are refused.
+_PER_RUN_FLAGS = (
+    "method",
+    "epsilon",
+    "rho_mu",
+    "rho_c",
+    "lr_decay",
+    "rescale_to_unit_norm",
+    "seed",
+    "accountant",
+    "report_accountant",
+    "results_csv",
+    "model_dir",
+)
+
+
+def study_from_flags() -> Study:
+    """The `Study` the command line asks for; bad values raise `training.FlagError` naming the flag."""
+    if not FLAGS.study_dir:
+        raise training.FlagError("--study_dir is required.")
+    given = [f"--{name}" for name in _PER_RUN_FLAGS if FLAGS[name].present]
+    if given:
+        raise training.FlagError(
+            f"{', '.join(given)}: set by the study for each run (contenders, --epsilons, --tune_seed and "
+            "--final_seeds; calibration and report under PLD; results in --study_dir). Leave them out."
+        )
+    unknown = [name for name in FLAGS.contenders if name not in CONTENDERS]
+    if unknown or not FLAGS.contenders:
+        raise training.FlagError(f"--contenders must be among {list(CONTENDERS)}. Received: {FLAGS.contenders}.")
+    if FLAGS.budget < 1:
+        raise training.FlagError(f"--budget must be >= 1. Received: {FLAGS.budget}.")
+    if not 0 < FLAGS.validation_fraction <= 0.5:
+        raise training.FlagError(f"--validation_fraction must be in (0, 0.5]. Received: {FLAGS.validation_fraction}.")
+    task = tasks.TASK_MODULES[FLAGS.task].make_task()
+    epsilons = tasks.epsilons_from_flag(task.epsilon)
+    try:
+        final_seeds = tuple(int(seed) for seed in FLAGS.final_seeds)
+    except ValueError as error:
+        raise training.FlagError(f"--final_seeds must be integers: {error}") from error
+    space = SearchSpace(
+        learning_rate=task.learning_rate if FLAGS.learning_rate is None else FLAGS.learning_rate,
+        initial_clip=task.initial_clip if FLAGS.initial_clip is None else FLAGS.initial_clip,
+        optimizer=task.optimizer if FLAGS.optimizer is None else FLAGS.optimizer,
+        lr_range=_range("lr_range", 0, math.inf),
+        clip_range=_range("clip_range", 0, math.inf),
+        inverse_ratio_range=_range("inverse_ratio_range", 0, 1),
+    )
+    return Study(
+        task,
+        training.config_from_flags(),
+        FLAGS.study_dir,
+        epsilons=epsilons,
+        contenders=list(FLAGS.contenders),
+        budget=FLAGS.budget,
+        space=space,
+        validation_fraction=FLAGS.validation_fraction,
+        tune_seed=FLAGS.tune_seed,
+        final_seeds=final_seeds,
+        search_seed=FLAGS.search_seed,
+    )
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        print(f"study: error: unexpected arguments {argv[1:]}", file=sys.stderr)
+        sys.exit(2)
+    logging.set_verbosity(logging.WARNING)
+    tf.get_logger().setLevel("ERROR")
+    try:
+        study = study_from_flags()
+        rows = study.run()
+    except (training.FlagError, datasets.DataNotFoundError) as error:
+        print(f"study: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    table = markdown_table(rows)
+    with open(os.path.join(study.study_dir, "study.md"), "w") as handle:
+        handle.write(table)
+    print(table)
+    plot(rows, os.path.join(study.study_dir, "accuracy_vs_epsilon.png"))
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=training.parse_flags)

@@ -1,0 +1,297 @@
+"""The DP invariants every backend must keep, written once (as dp_accounting's accountants share one suite).
+
+Runs on every stack: TensorFlow with Keras 3 and Keras 2, and Keras 3 on JAX (`conformance_backend` gives what
+differs, through keras_dyndp's public API only). Each invariant is measured on the released update of ``fit``
+after ``make_private``, with SGD at learning rate 1 without rescaling, so that the noisy clipped sum of a step is
+S_t = -(w_{t+1} - w_t) * expected_batch_size. C_t and sigma_t change from step to step, so a mechanism that reads
+the schedule at the wrong step fails.
+
+1. One-example neighbour: removing one example (its sample weight set to 0, as a Poisson batch pads) moves S_t by
+   at most C_t (2 C_t with microbatches); an example with a huge gradient moves it by exactly C_t.
+2. Noise: the per-coordinate std of S_t on a zero gradient is sigma_t (2 sigma_t with microbatches).
+3. The schedule index survives save and load; a step counter restored into another schedule's optimizer is refused.
+4. Refusals: past the budget (and `BudgetStop` ends fit at T exactly), arrays, BatchNormalization, degenerate
+   noise, Keras 3's default train step.
+5. No loss or metric of the training batch is released unless ``training_metrics=True``.
+"""
+
+import functools
+import re
+
+import conformance_backend as backend
+import numpy as np
+import pytest
+
+import keras_dyndp
+from keras_dyndp.schedules import DPSchedule
+
+keras = backend.keras
+LR = 1.0
+P = 0.5
+ROWS = 4
+EXPECTED = P * ROWS  # p N with N = ROWS: every batch of 0..4 examples is a plausible Poisson sample.
+
+pytestmark = pytest.mark.filterwarnings(
+    # Exact batches, not Poisson samples: warned once per optimizer, by design.
+    "ignore:.*The epsilon reported for this schedule assumes Poisson sampling"
+)
+
+# (path id, optimizer arguments, make_private method, sensitivity in units of C_t)
+PATHS = [
+    *[(f"per_example-{method}", {}, method, 1.0) for method in backend.METHODS],
+    ("microbatches", {"num_microbatches": 2}, "auto", 2.0),
+    ("accumulation", {"accumulation_steps": 2}, backend.METHODS[0], 1.0),
+]
+PATH_IDS = [path[0] for path in PATHS]
+
+
+def _schedule(clip_norms, noise_stddevs, p=P):
+    return DPSchedule(np.asarray(clip_norms, float), np.asarray(noise_stddevs, float), p)
+
+
+def _optimizer(schedule, **kwargs):
+    """A DP SGD optimizer; one without noise (sigma = 0) is built with the warnings it must give."""
+    cls = keras_dyndp.DynamicDPKerasSGD
+    kwargs = dict(expected_batch_size=EXPECTED, learning_rate=LR, **kwargs)
+    if np.any(schedule.noise_stddevs == 0):
+        with pytest.warns(UserWarning, match="noise_seed=0 makes the DP noise reproducible"):
+            with pytest.warns(UserWarning, match=r"allow_degenerate_noise=True: .*no meaningful"):
+                return cls(schedule=schedule, allow_degenerate_noise=True, noise_seed=0, **kwargs)
+    return cls(schedule=schedule, **kwargs)
+
+
+def _private_model(schedule, optimizer_kwargs=None, method="auto", model=None):
+    model = keras_dyndp.make_private(model or backend.dense_model(), method)
+    model.compile(optimizer=_optimizer(schedule, **(optimizer_kwargs or {})), loss=backend.loss())
+    return model
+
+
+def _data(seed=0, num_inputs=5, num_outputs=3, huge_row=None):
+    """ROWS examples for `backend.dense_model`; ``huge_row``'s target is 1e3, so that its gradient has norm ~1e3
+    (far above every C_t) at every step of these tests, whatever the updates before."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(ROWS, num_inputs)).astype("float32")
+    y = rng.normal(size=(ROWS, num_outputs)).astype("float32")
+    if huge_row is not None:
+        y[huge_row] = 1e3
+    return x, y
+
+
+def _noisy_sums(model, batches):
+    """S_t of each step, flattened: -(w_{t+1} - w_t) * expected_batch_size / lr."""
+    steps = backend.weights_after_each_step(model, batches)
+    return [
+        np.concatenate([(b - a).ravel() for a, b in zip(after, before)]) * EXPECTED / LR
+        for before, after in zip(steps, steps[1:])
+    ]
+
+
+def _huge_example_alone(seed=1, num_inputs=5, num_outputs=3):
+    """One example whose gradient has norm ~1e3 and 3 padding rows (sample weight 0)."""
+    x, y = _data(seed, num_inputs, num_outputs, huge_row=0)
+    return x, y, np.array([1, 0, 0, 0], "float32")
+
+
+# The steps of `_runs`: C_t grows from step 0 to 1 and shrinks from 1 to 2 (a schedule index one step behind or
+# ahead is measured wrong either way); steps 3 and 4 are noisy, with sigma_3 != sigma_4.
+CLIP_NORMS = [0.5, 1.5, 0.5, 1.0, 1.0, 0.5]
+NOISE = [0.0, 0.0, 0.0, 0.5, 2.0, 0.0]
+INPUTS, OUTPUTS = 50, 40  # 2,040 weights: their noise's std within ~2%
+
+
+@functools.cache
+def _runs(path_id):
+    """S_t of two runs of a path from the same weights and noise seed (microbatch memberships included):
+    ``full`` = [huge example alone, same, full batch, padding, padding, an ordinary example alone with sample
+    weight 1e3] and ``neighbour``, which takes at step 2 the full batch without its huge-gradient row (sample
+    weight 0, as a Poisson batch pads), and stops there."""
+    _, optimizer_kwargs, method, _ = PATHS[PATH_IDS.index(path_id)]
+    alone = _huge_example_alone(num_inputs=INPUTS, num_outputs=OUTPUTS)
+    x, y = _data(num_inputs=INPUTS, num_outputs=OUTPUTS, huge_row=1)
+    full = (x, y, np.ones(ROWS, "float32"))
+    neighbour = (x, y, np.array([1, 0, 1, 1], "float32"))
+    padding = (x, y, np.zeros(ROWS, "float32"))  # a zero gradient: S_t is the noise
+    weighted = (x, y, np.array([0, 0, 1e3, 0], "float32"))
+
+    def run(batches):
+        model = backend.dense_model(INPUTS, OUTPUTS)
+        return _noisy_sums(_private_model(_schedule(CLIP_NORMS, NOISE), optimizer_kwargs, method, model), batches)
+
+    return {"full": run([alone, alone, full, padding, padding, weighted]), "neighbour": run([alone, alone, neighbour])}
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_one_huge_example_moves_the_sum_by_exactly_the_clip_norm_of_its_step(path):
+    """Alone in the batch (alone in its microbatch too: padding rows count in no microbatch), one huge gradient is
+    clipped to C_t of the step the counter is at: ||S_t|| = C_t."""
+    sums = _runs(path[0])["full"][:2]
+    np.testing.assert_allclose([np.linalg.norm(total) for total in sums], CLIP_NORMS[:2], rtol=1e-4)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_removing_one_example_moves_the_clipped_sum_by_at_most_the_clip_norm_of_its_step(path):
+    """At step 2 the neighbour moves S_2 by at most sensitivity * C_2 (C_1 would allow 3x more), and per example
+    by C_2 exactly (its row's gradient is clipped to C_2)."""
+    sensitivity = path[3]
+    runs = _runs(path[0])
+    np.testing.assert_array_equal(runs["full"][1], runs["neighbour"][1])  # the same weights before step 2
+    move = np.linalg.norm(runs["full"][2] - runs["neighbour"][2])
+    bound = sensitivity * CLIP_NORMS[2] * (1 + 1e-4)
+    assert 0 < move <= bound, f"removing one example moved S_2 by {move:.6g} > {bound:.6g}"
+    if sensitivity == 1.0:
+        np.testing.assert_allclose(move, CLIP_NORMS[2], rtol=1e-4)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_noise_std_per_coordinate_is_sigma_t_times_the_sensitivity(path):
+    """On a zero gradient (every row padding) S_t is the noise: per coordinate, mean 0 and std sensitivity *
+    sigma_t, added once per step (accumulation included), at the step's own sigma_t."""
+    sensitivity = path[3]
+    for step in (3, 4):
+        total = _runs(path[0])["full"][step]
+        expected = sensitivity * NOISE[step]
+        assert abs(total.mean()) < 0.1 * expected, f"step {step}: noise mean {total.mean():.4g}"
+        np.testing.assert_allclose(total.std(), expected, rtol=0.08, err_msg=f"step {step}: noise std")
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_a_sample_weight_cannot_scale_one_example_past_the_clip_norm(path):
+    """Sample weights multiply the loss before clipping: an ordinary example with weight 1e3 alone moves S_5 by
+    C_5 (sensitivity C_5 holds for any weights)."""
+    np.testing.assert_allclose(np.linalg.norm(_runs(path[0])["full"][5]), CLIP_NORMS[5], rtol=1e-4)
+
+
+def _clip_norm_measured(model):
+    """||S_t|| of one huge-gradient example alone: C_t where the noise is tiny."""
+    (total,) = _noisy_sums(model, [_huge_example_alone()])
+    return float(np.linalg.norm(total))
+
+
+def test_the_schedule_index_continues_after_save_and_load(tmp_path):
+    """Saved after step 0 and loaded with keras.models.load_model, the model takes step 1 at C_1 and step 2 at
+    sigma_2 (noise multipliers 2e-4 before, so that one huge example alone measures C_t)."""
+    clip_norms, noise = [0.5, 1.5, 1.0, 1.0], [1e-4, 3e-4, 3.0, 0.5]
+    model = _private_model(_schedule(clip_norms, noise), model=backend.dense_model(INPUTS, OUTPUTS))
+    alone = _huge_example_alone(num_inputs=INPUTS, num_outputs=OUTPUTS)
+    (total,) = _noisy_sums(model, [alone])
+    np.testing.assert_allclose(np.linalg.norm(total), clip_norms[0], rtol=1e-2)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    assert backend.dp_step(restored) == 1
+    x, y = _data(num_inputs=INPUTS, num_outputs=OUTPUTS)
+    step_1, step_2 = _noisy_sums(restored, [alone, (x, y, np.zeros(ROWS, "float32"))])
+    np.testing.assert_allclose(np.linalg.norm(step_1), clip_norms[1], rtol=1e-2)
+    np.testing.assert_allclose(step_2.std(), noise[2], rtol=0.08)
+    assert backend.dp_step(restored) == 3
+
+
+def test_a_step_counter_restored_into_another_schedule_is_refused():
+    clip_norms = [0.5, 1.5, 3.0]
+    trained = _private_model(_schedule(clip_norms, 2e-4 * np.asarray(clip_norms)))
+    _clip_norm_measured(trained)
+    other = _private_model(_schedule([3.0, 0.5, 1.5], [6e-4, 1e-4, 3e-4]))
+    other.optimizer.build(other.trainable_variables)
+    sources, targets = (backend.optimizer_variables(m.optimizer) for m in (trained, other))
+    assert [tuple(v.shape) for v in sources] == [tuple(v.shape) for v in targets]
+    for source, target in zip(sources, targets):
+        target.assign(np.asarray(source))
+    before = backend.weights(other)
+    with pytest.raises(backend.STEP_REFUSALS, match="another DP schedule .*schedule fingerprint differs"):
+        _clip_norm_measured(other)
+    assert backend.dp_step(other) == 1
+    for old, new in zip(before, backend.weights(other)):
+        np.testing.assert_array_equal(old, new)
+
+
+def _poisson_like_batches(num_batches, seed=0):
+    rng = np.random.default_rng(seed)
+    x, y = _data(seed)
+    return [(x, y, (rng.random(ROWS) < P).astype("float32")) for _ in range(num_batches)]
+
+
+def _budget_error(error: BaseException) -> None:
+    """keras_dyndp's BudgetExhaustedError (not a top-level name: checked by type name), naming BudgetStop."""
+    assert type(error).__name__ == "BudgetExhaustedError" and isinstance(error, RuntimeError)
+    assert "keras_dyndp.BudgetStop()" in str(error) and "3 steps" in str(error)
+
+
+def test_budget_stop_ends_fit_at_the_last_step_and_fit_refuses_a_spent_schedule():
+    model = _private_model(_schedule([1.0] * 3, [1.0] * 3))
+    backend.fit_batches(model, _poisson_like_batches(5), callbacks=[keras_dyndp.BudgetStop()])
+    assert backend.dp_step(model) == 3
+    before = backend.weights(model)
+    with pytest.raises(RuntimeError) as raised:
+        backend.fit_batches(model, _poisson_like_batches(2))
+    _budget_error(raised.value)
+    assert backend.dp_step(model) == 3
+    for old, new in zip(before, backend.weights(model)):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_budget_stop_ends_fit_at_the_last_step_under_steps_per_execution():
+    """Keras runs 2 steps per call here: the call that would cross T = 3 is shortened, not refused."""
+    model = keras_dyndp.make_private(backend.dense_model())
+    model.compile(optimizer=_optimizer(_schedule([1.0] * 3, [1.0] * 3)), loss=backend.loss(), steps_per_execution=2)
+    backend.fit_batches(model, _poisson_like_batches(6), callbacks=[keras_dyndp.BudgetStop()])
+    assert backend.dp_step(model) == 3
+
+
+def test_a_step_past_the_budget_ends_fit_with_budget_exhausted_error():
+    model = _private_model(_schedule([1.0] * 3, [1.0] * 3))
+    with pytest.raises(RuntimeError) as raised:
+        backend.fit_batches(model, _poisson_like_batches(5))
+    _budget_error(raised.value)
+    assert backend.dp_step(model) == 3
+
+
+def test_arrays_are_refused_before_the_first_step():
+    model = _private_model(_schedule([1.0] * 3, [1.0] * 3))
+    x, y = _data()
+    before = backend.weights(model)
+    with pytest.raises(ValueError, match="model.fit received arrays .*Nothing was trained"):
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    assert backend.dp_step(model) == 0
+    for old, new in zip(before, backend.weights(model)):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_batch_normalization_in_training_is_refused():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.BatchNormalization(), keras.layers.Dense(3)])
+    model = _private_model(_schedule([1.0] * 3, [1.0] * 3), model=model)
+    with pytest.raises(ValueError, match="BatchNormalization.*GroupNormalization or keras.layers.LayerNormalization"):
+        backend.fit_batches(model, _poisson_like_batches(1))
+    assert backend.dp_step(model) == 0
+
+
+@pytest.mark.parametrize("name", ["DynamicDPKerasSGD", "DynamicDPKerasAdam"])
+def test_a_zero_noise_multiplier_is_refused_at_construction(name):
+    schedule = _schedule([1.0, 1.0], [1.0, 0.0])
+    with pytest.raises(ValueError, match=r"step 1 \(0-based\) is 0; .*" + re.escape("[0.0001, 10000]")):
+        getattr(keras_dyndp, name)(schedule=schedule, expected_batch_size=EXPECTED)
+
+
+@pytest.mark.skipif(backend.KERAS_MAJOR == 2, reason="Keras 2's default train step reaches the optimizer's own path")
+def test_keras_3_default_train_step_cannot_apply_non_private_gradients():
+    model = backend.dense_model()
+    model.compile(optimizer=_optimizer(_schedule([1.0] * 3, [1.0] * 3)), loss=backend.loss())
+    before = backend.weights(model)
+    # TensorFlow: RuntimeError when the averaged gradient reaches apply_gradients; JAX: ValueError when fit builds
+    # the optimizer outside make_private's step. Both name make_private.
+    with pytest.raises((RuntimeError, ValueError), match=r"no example can be clipped there.*make_private\(model\)"):
+        backend.fit_batches(model, _poisson_like_batches(1))
+    for old, new in zip(before, backend.weights(model)):
+        np.testing.assert_array_equal(old, new)
+
+
+@pytest.mark.parametrize("training_metrics", [False, True])
+def test_no_training_loss_or_metric_is_logged_unless_asked(training_metrics):
+    model = keras_dyndp.make_private(backend.dense_model(), training_metrics=training_metrics)
+    model.compile(optimizer=_optimizer(_schedule([1.0] * 3, [1.0] * 3)), loss=backend.loss(), metrics=["mae"])
+    logger = keras_dyndp.PrivacyLogger(delta=1e-5)
+    history = backend.fit_batches(model, _poisson_like_batches(2), callbacks=[logger])
+    assert "epsilon_pld" in history.history  # PrivacyLogger's, public
+    released = {"loss", "mae"} & set(history.history)
+    assert released == ({"loss", "mae"} if training_metrics else set())
+    assert backend.dp_step(model) == 2

@@ -1,0 +1,34 @@
+"""Runs an example as a user does (``python -m examples.<name>`` from the repository root) and reads its report."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+_ACCURACY = re.compile(r"^Test accuracy: (\S+) ", re.MULTILINE)
+_PRIVACY = re.compile(r": (\d+) of (\d+) DP steps, .* PLD (\S+) \(rigorous; target (\S+)\)")
+
+
+@pytest.fixture(name="run_example")
+def fixture_run_example():
+    """``run_example(name, *flags)`` -> (test accuracy, steps, T, PLD epsilon, target epsilon, stdout)."""
+
+    def run(name: str, *arguments: str) -> tuple[float, int, int, float, float, str]:
+        result = subprocess.run(
+            [sys.executable, "-m", f"examples.{name}", "--verbose=0", *arguments],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        accuracy, privacy = _ACCURACY.search(result.stdout), _PRIVACY.search(result.stdout)
+        assert accuracy and privacy, result.stdout[-2000:]
+        steps, total, epsilon, target = privacy.groups()
+        return float(accuracy.group(1)), int(steps), int(total), float(epsilon), float(target), result.stdout
+
+    return run

@@ -1,0 +1,47 @@
+"""The reference for per-example clipping tests: a Python loop of single-example gradients, and comparisons."""
+
+import numpy as np
+import tensorflow as tf
+
+from keras_dyndp.tf_backend.keras_compat import keras
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+
+def per_example_gradients(model, x, y, weights):
+    """Each example's gradients (float64 arrays, one per trainable variable) and their global norms."""
+    gradients = []
+    for i in range(len(weights)):
+        with tf.GradientTape() as tape:
+            loss = LOSS(y[i : i + 1], model(x[i : i + 1], training=True))[0] * weights[i]
+        grads = tape.gradient(loss, model.trainable_variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        gradients.append([tf.convert_to_tensor(g).numpy().astype(np.float64) for g in grads])
+    norms = np.array([np.sqrt(sum(np.sum(g**2) for g in grads)) for grads in gradients])
+    return gradients, norms
+
+
+def clipped(gradients, norms, clip_norm):
+    """``(sums, norms)``: the sums of the per-example gradients clipped to ``clip_norm``."""
+    factors = np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30))
+    sums = [sum(factors[i] * gradients[i][j] for i in range(len(gradients))) for j in range(len(gradients[0]))]
+    return sums, norms
+
+
+def reference(model, x, y, weights, clip_norm):
+    """Clipped sum from a Python loop of single-example gradients."""
+    return clipped(*per_example_gradients(model, x, y, weights), clip_norm)
+
+
+def assert_close(actual, expected):
+    """Largest absolute difference below 1e-5 of the largest expected value."""
+    actual = np.asarray(actual, np.float64)
+    scale = max(np.max(np.abs(expected)), 1e-12)
+    assert np.max(np.abs(actual - expected)) / scale < 1e-5
+
+
+def assert_matches(sums, norms, expected):
+    """``(sums, norms)`` close to ``expected``, a `reference` result."""
+    expected_sums, expected_norms = expected
+    assert_close(norms, expected_norms)
+    for actual, wanted in zip(sums, expected_sums):
+        assert_close(actual, wanted)

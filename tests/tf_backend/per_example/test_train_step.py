@@ -1,0 +1,414 @@
+"""train_step: make_private's train step equals the DP update, trains, and refuses non-private setups."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from brute_force import LOSS
+from brute_force import reference
+
+import keras_dyndp
+from keras_dyndp import optimizer_base
+from keras_dyndp import schedules
+from keras_dyndp.callbacks import PrivacyLogger
+from keras_dyndp.tf_backend import DynamicDPKerasAdam
+from keras_dyndp.tf_backend import DynamicDPKerasSGD
+from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend.dp_optimizer import SlowPathWarning
+from keras_dyndp.tf_backend.per_example import make_private
+from keras_dyndp.tf_backend.per_example import train_step
+
+keras = keras_compat.keras
+CLIP = 0.5
+# Most tests compare with the exact clipped sums, so their optimizers add no noise (allow_degenerate_noise=True); the
+# tests of that warning assert it (pytest.warns).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
+    # batches(): exact batches in order, not Poisson samples, to compare with the reference (warned by design).
+    pytest.mark.filterwarnings(
+        "ignore:model.fit received x of type _?BatchDataset:keras_dyndp.batch_sizes.SamplingWarning"
+    ),
+    # Arrays with public_batch_size=True: fixed-size batches by declaration (warned by design).
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+]
+
+
+def dp_optimizer(
+    clip: float = CLIP, learning_rate: float = 0.5, noise: float = 0.0, expected_batch_size: float | None = None
+) -> DynamicDPKerasSGD:
+    """A DP SGD at p = 0.01 that divides by ``expected_batch_size`` (None: by the rows, stated public)."""
+    schedule = schedules.DPSchedule(np.full(1000, clip), np.full(1000, noise), 0.01)
+    return DynamicDPKerasSGD(
+        schedule=schedule,
+        expected_batch_size=expected_batch_size,
+        public_batch_size=expected_batch_size is None,
+        learning_rate=learning_rate,
+        allow_degenerate_noise=True,
+    )
+
+
+def batches(x, y, batch_size: int, sample_weight=None) -> tf.data.Dataset:
+    """Batches of ``batch_size`` rows in order (the last one shorter), as fit cuts arrays, which it refuses for an
+    optimizer with ``expected_batch_size``; a dataset is taken (with a SamplingWarning) and its sizes checked."""
+    rows = (x, y) if sample_weight is None else (x, y, sample_weight)
+    return tf.data.Dataset.from_tensor_slices(rows).batch(batch_size)
+
+
+def sequential() -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(3, 3, strides=2, padding="same", activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2),
+        ]
+    )
+
+
+def functional() -> keras.Model:
+    inputs = keras.Input(shape=(5,), dtype=tf.int32)
+    hidden = keras.layers.Embedding(10, 4)(inputs)
+    hidden = keras.layers.LSTM(4)(hidden)
+    return keras.Model(inputs, keras.layers.Dense(2)(hidden))
+
+
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(6, activation="relu")
+        self.norm = keras.layers.LayerNormalization()  # No ghost rule: vectorized path.
+        self.out = keras.layers.Dense(2)
+
+    def call(self, inputs):
+        return self.out(self.norm(self.hidden(inputs)))
+
+
+def dataset(name: str, size: int = 32):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, size)
+    if name == "sequential":
+        x = rng.normal(size=(size, 8, 8, 1)).astype(np.float32) + y[:, None, None, None]
+    elif name == "functional":
+        x = (rng.integers(0, 5, (size, 5)) + 5 * y[:, None]).astype(np.int32)
+    else:
+        x = rng.normal(size=(size, 3)).astype(np.float32) + y[:, None]
+    return x, y
+
+
+@pytest.mark.parametrize(
+    "name,build,clip,learning_rate",
+    [("sequential", sequential, 0.5, 0.5), ("functional", functional, 5.0, 2.0), ("subclassed", Subclassed, 0.5, 0.5)],
+)
+def test_fit_trains_and_counts_steps(name, build, clip, learning_rate):
+    keras.utils.set_random_seed(0)
+    model = make_private(build(), training_metrics=True)
+    model.compile(
+        optimizer=dp_optimizer(clip=clip, learning_rate=learning_rate, noise=0.01), loss=LOSS, metrics=["accuracy"]
+    )
+    x, y = dataset(name)
+    loss_before = model.evaluate(x, y, verbose=0)[0]
+    history = model.fit(x, y, batch_size=8, epochs=5, verbose=0)
+    assert model.evaluate(x, y, verbose=0)[0] < loss_before
+    assert "accuracy" in history.history
+    assert int(model.optimizer.dp_step.numpy()) == 20
+
+
+def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
+    keras.utils.set_random_seed(0)
+    model = sequential()
+    x, y = dataset("sequential", 4)
+    weights = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
+    model(x[:1])
+    before = [v.numpy() for v in model.trainable_variables]
+    expected_sums = reference(model, x, y, weights, CLIP)[0]
+    model = make_private(model)
+    model.compile(optimizer=dp_optimizer(learning_rate=0.1, expected_batch_size=4.0), loss=LOSS)
+    model.fit(batches(x, y, 4, weights), epochs=1, verbose=0)
+    for old, new, expected in zip(before, model.trainable_variables, expected_sums):
+        np.testing.assert_allclose(new.numpy(), old - 0.1 * expected / 4, rtol=1e-5, atol=1e-7)
+
+
+def test_refuses_non_dp_optimizer_and_averaged_loss():
+    x, y = dataset("subclassed", 8)
+    model = Subclassed()
+    model.compile(optimizer=keras.optimizers.SGD(), loss=LOSS)
+    with pytest.raises(ValueError, match="keras_dyndp DP optimizer"):
+        make_private(model)
+    model = make_private(Subclassed())
+    model.compile(optimizer=keras.optimizers.SGD(), loss=LOSS)
+    with pytest.raises(ValueError, match="keras_dyndp DP optimizer"):
+        model.fit(x, y, verbose=0)
+    model = make_private(Subclassed())
+    model.compile(optimizer=dp_optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match="reduction"):
+        model.fit(x, y, verbose=0)
+    with pytest.raises(ValueError, match="`method`"):
+        make_private(Subclassed(), method="fastest")
+
+
+def test_training_metrics_false_computes_no_logs_from_the_private_batch():
+    keras.utils.set_random_seed(0)
+    model = make_private(sequential(), training_metrics=False)
+    model.compile(optimizer=dp_optimizer(noise=0.01), loss=LOSS, metrics=["accuracy"])
+    x, y = dataset("sequential")
+    loss_before = model.evaluate(x, y, verbose=0)[0]
+    model.reset_metrics()
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    # No loss, no accuracy: nothing but the noised update left the steps; the public step count stands in.
+    assert history.history == {"dp_step": [4, 8]}
+    assert all(float(variable.numpy()) == 0 for metric in model.metrics for variable in metric.variables)
+    assert int(model.optimizer.dp_step.numpy()) == 8 and model.evaluate(x, y, verbose=0)[0] < loss_before
+    with pytest.raises(ValueError, match="`training_metrics` must be True or False"):
+        make_private(sequential(), training_metrics="no")
+
+
+def test_by_default_nothing_computed_on_the_training_batch_is_logged():
+    """Default make_private: the logs hold dp_step, PrivacyLogger's values and the metrics of the validation data;
+    an outlier in the training data moves none of the training logs (with the training loss logged, one outlier
+    moved the epoch loss from 0.234 to 0.567)."""
+    x, y = dataset("sequential")
+    outlier = x.copy()
+    outlier[0] = 100.0
+    training_logs = []
+    for x_train in (x, outlier):
+        model = make_private(sequential())
+        model.compile(optimizer=dp_optimizer(noise=1.0), loss=LOSS, metrics=["accuracy"])
+        history = model.fit(
+            x_train,
+            y,
+            batch_size=8,
+            epochs=1,
+            verbose=0,
+            validation_data=(x[:8], y[:8]),
+            callbacks=[PrivacyLogger("rdp", delta=1e-5)],
+        )
+        logs = history.history
+        public = {"dp_step", "epsilon_rdp", "epsilon_gdp_clt", "clip_norm", "noise_stddev"}
+        assert set(logs) == public | {"val_loss", "val_accuracy"}
+        assert np.isfinite(logs["val_loss"][0])
+        assert model.optimizer.get_config()["private_train_step"]["training_metrics"] is False
+        training_logs.append({key: value for key, value in logs.items() if not key.startswith("val_")})
+    assert training_logs[0] == training_logs[1]
+
+
+def test_training_metrics_false_fits_before_any_metric_is_built_and_can_be_switched_back():
+    # Keras 3 builds the compiled metrics on their first update; with training_metrics=False fit's epoch end
+    # must not ask the never-updated metrics for results (here nothing evaluated before fit built them).
+    model = make_private(sequential(), training_metrics=False)
+    model.compile(optimizer=dp_optimizer(noise=1.0), loss=LOSS, metrics=["accuracy"])
+    x, y = dataset("sequential")
+    logger = PrivacyLogger("rdp", delta=1e-5)
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[logger])
+    assert history.history["dp_step"] == [4, 8]
+    assert "loss" not in history.history and "accuracy" not in history.history
+    assert len(history.history["epsilon_rdp"]) == 2
+    make_private(model, training_metrics=True)  # Opted in: the epoch logs are the metrics' results.
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert set(history.history) == {"loss", "accuracy"}
+
+
+@pytest.mark.parametrize(
+    "norm",
+    [
+        lambda: keras.layers.BatchNormalization(),  # Trainable scale and offset: vectorized path.
+        lambda: keras.layers.BatchNormalization(center=False, scale=False),  # No weights: ghost path.
+    ],
+    ids=["vectorized", "ghost"],
+)
+def test_batch_normalisation_is_refused_before_the_first_step(norm):
+    model = make_private(keras.Sequential([keras.Input((3,)), norm(), keras.layers.Dense(2)]))
+    schedule = schedules.DPSchedule(np.full(10, CLIP), np.full(10, 1e6), 8 / 8)  # Batch 8 of 8 examples.
+    model.compile(
+        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=8, allow_degenerate_noise=True), loss=LOSS
+    )
+    before = [v.numpy() for v in model.variables]
+    x, y = dataset("subclassed", 8)
+    with pytest.raises(ValueError, match="BatchNormalization.*GroupNormalization"):
+        model.fit(batches(x, y, 8), verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 0
+    for old, new in zip(before, model.variables):  # moving_mean among them: nothing was released.
+        np.testing.assert_array_equal(old, new.numpy())
+
+
+def time_distributed() -> keras.Model:
+    inputs = keras.Input(shape=(3, 4))
+    hidden = keras.layers.TimeDistributed(keras.layers.Dense(3, activation="tanh"))(inputs)
+    hidden = keras.layers.TimeDistributed(keras.layers.Dense(2))(hidden)
+    return keras.Model(inputs, keras.layers.GlobalAveragePooling1D()(hidden))
+
+
+def test_time_distributed_fit_with_a_partial_last_batch_clips_each_example():
+    """5 examples in batches of 2, 2 and 1 on the ghost path: each step is the sum of per-example clipped
+    gradients divided by the expected batch size 2."""
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(5, 3, 4)).astype(np.float32) * 3
+    y = rng.integers(0, 2, 5)
+    model, expected = time_distributed(), time_distributed()
+    expected.set_weights(model.get_weights())
+    for batch in (slice(0, 2), slice(2, 4), slice(4, 5)):
+        sums = reference(expected, x[batch], y[batch], np.ones(len(y[batch])), CLIP)[0]
+        for variable, total in zip(expected.trainable_variables, sums):
+            variable.assign_sub(0.5 * total / 2)
+    schedule = schedules.DPSchedule(np.full(10, CLIP), np.zeros(10), 2 / 5)
+    model = make_private(model, method="ghost")
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, expected_batch_size=2, learning_rate=0.5, allow_degenerate_noise=True
+    )
+    model.compile(optimizer=optimizer, loss=LOSS)
+    model.fit(batches(x, y, 2), epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 3
+    for actual, wanted in zip(model.trainable_variables, expected.trainable_variables):
+        np.testing.assert_allclose(actual.numpy(), wanted.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def _with_policy(policy: str, build):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        return build()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_clips_sums_and_noises_in_float32(policy):
+    tf.keras.utils.set_random_seed(0)
+    x, y = dataset("sequential", 4)
+    model = _with_policy(policy, sequential)
+    reference_model = sequential()
+    reference_model.set_weights(model.get_weights())
+    assert model.layers[0].compute_dtype == policy.split("_")[1] and model.layers[0].kernel.dtype == "float32"
+    before = [v.numpy() for v in model.trainable_variables]
+    model = make_private(model)
+    clip = 0.05
+    expected, norms = reference(reference_model, x[:1], y[:1], np.ones(1, np.float32), clip)[:2]  # In float32.
+    assert norms[0] > 10 * clip
+    model.compile(optimizer=_with_policy(policy, lambda: dp_optimizer(clip=clip, learning_rate=1.0)), loss=LOSS)
+    # One example, clipped: the update is C times its direction. Clipping in the policy's precision would miss the
+    # norm by ~0.1% (float16) or ~0.4% (bfloat16).
+    model.fit(x[:1], y[:1], batch_size=1, epochs=1, verbose=0)
+    update = [old - new.numpy() for old, new in zip(before, model.trainable_variables)]
+    assert np.sqrt(sum(np.sum(u.astype(np.float64) ** 2) for u in update)) == pytest.approx(clip, rel=1e-5)
+    cosine = sum(np.sum(u * e) for u, e in zip(update, expected)) / clip**2
+    assert cosine > 0.99  # The same direction, computed in low precision.
+    optimizer = keras_compat.unwrap_optimizer(model.optimizer)
+    assert (model.optimizer is not optimizer) == (policy == "mixed_float16")  # LossScaleOptimizer, bypassed.
+    assert int(optimizer.dp_step.numpy()) == 1
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_fit_trains_on_every_path_and_refuses_ghost(policy):
+    x, y = dataset("sequential")
+    for method, num_microbatches in (("auto", None), ("vectorized", None), ("auto", 4)):
+        tf.keras.utils.set_random_seed(0)
+        model = make_private(_with_policy(policy, sequential), method=method)
+        schedule = schedules.DPSchedule(np.full(100, CLIP), np.full(100, 0.01), 0.01)
+        optimizer = functools.partial(
+            DynamicDPKerasSGD,
+            schedule=schedule,
+            public_batch_size=True,
+            learning_rate=0.5,
+            num_microbatches=num_microbatches,
+        )
+        model.compile(optimizer=_with_policy(policy, optimizer), loss=LOSS)
+        loss_before = model.evaluate(x, y, verbose=0)
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0)
+        assert model.evaluate(x, y, verbose=0) < loss_before
+        assert int(keras_compat.unwrap_optimizer(model.optimizer).dp_step.numpy()) == 12
+        assert all(variable.dtype == "float32" for variable in model.trainable_variables)
+    model = make_private(_with_policy(policy, sequential), method="ghost")
+    model.compile(optimizer=_with_policy(policy, dp_optimizer), loss=LOSS)
+    with pytest.raises(ValueError, match="method='ghost'.* does not support mixed precision"):
+        model.fit(x, y, batch_size=8, verbose=0)
+
+
+def test_load_model_restores_make_private_with_its_arguments(tmp_path):
+    x, y = dataset("sequential", 16)
+    model = make_private(sequential(), method="vectorized", training_metrics=False)
+    model.compile(
+        optimizer=DynamicDPKerasAdam(
+            schedule=schedules.DPSchedule(np.full(10, CLIP), np.full(10, 0.1), 0.5),
+            public_batch_size=True,
+            learning_rate=0.01,
+        ),
+        loss=LOSS,
+    )
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    arguments = {"method": "vectorized", "training_metrics": False}
+    assert loaded.optimizer.get_config()["private_train_step"] == arguments
+    assert train_step.is_private(loaded)
+    assert (loaded._keras_dyndp_method, loaded._keras_dyndp_training_metrics) == ("vectorized", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowPathWarning)
+        history = loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert history.history == {"dp_step": [4]}  # The restored step, with training_metrics=False.
+
+
+def test_a_model_never_made_private_is_not_made_private_by_load_model(tmp_path):
+    x, y = dataset("sequential", 16)
+    model = sequential()
+    model.compile(optimizer=dp_optimizer(), loss=LOSS)
+    model(x[:1])
+    model.save(str(tmp_path / "model.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "model.keras"))
+    assert loaded.optimizer.get_config()["private_train_step"] is None and not train_step.is_private(loaded)
+    if keras_compat.KERAS_MAJOR_VERSION >= 3:
+        with pytest.raises(RuntimeError, match=r"call model = keras_dyndp\.make_private\(model\)"):
+            loaded.fit(x, y, batch_size=8, verbose=0)
+    else:
+        with pytest.warns(SlowPathWarning, match=r"model = keras_dyndp\.make_private\(model\)"):
+            loaded.fit(x, y, batch_size=8, verbose=0)
+
+
+def _poisson_model(num_steps: int = 3, **optimizer_kwargs) -> keras.Model:
+    """A make_private model whose DP SGD runs ``num_steps`` steps at p = 0.25 (p N = 8 of 32 rows)."""
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    schedule = schedules.DPSchedule(np.ones(num_steps), np.ones(num_steps), 0.25)
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, **optimizer_kwargs), loss=LOSS)
+    return model
+
+
+def test_fit_refuses_arrays_before_the_first_step_showing_the_two_line_fix():
+    x, y = dataset("subclassed")
+    model = _poisson_model(expected_batch_size=8.0)
+    with pytest.raises(ValueError, match="model.fit received arrays") as refused:
+        model.fit(x, y, batch_size=8, verbose=0)  # 32 rows: 4 fixed-size batches, not a Poisson sample
+    assert "keras_dyndp.poisson_batches(x, y, sampling_probability=0.25)" in str(refused.value)
+    assert "public_batch_size=True" in str(refused.value)
+    assert int(model.optimizer.dp_step) == 0
+    # Stated fixed-size batches take arrays (warned: the epsilon assumes Poisson sampling), a last short batch too.
+    public = _poisson_model(num_steps=10, public_batch_size=True)
+    with pytest.warns(UserWarning, match="not batches returned by keras_dyndp.poisson_batches"):
+        public.fit(x[:30], y[:30], batch_size=8, verbose=0)
+    assert int(public.optimizer.dp_step) == 4
+
+
+def test_training_past_the_budget_is_one_short_keras_dyndp_error():
+    x, y = dataset("subclassed")
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.25, seed=0)
+    model = _poisson_model(expected_batch_size=8.0)
+    for start in (0, 3):  # Past T in the middle of a fit (checked before the batch), then at the start of one.
+        with pytest.raises(optimizer_base.BudgetExhaustedError) as exhausted:
+            model.fit(batches, epochs=2, verbose=0)
+        message = str(exhausted.value)
+        assert message.startswith("DP budget exhausted: all 3 steps") and "keras_dyndp.BudgetStop()" in message
+        assert "\n" not in message and exhausted.value.__cause__ is None
+        assert exhausted.value.__context__ is None or exhausted.value.__suppress_context__
+        assert int(model.optimizer.dp_step) == 3, start
+
+
+def test_fit_on_a_poisson_dataset_gives_no_shuffle_warning():
+    x, y = dataset("subclassed")
+    model = _poisson_model(expected_batch_size=8.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=0.25, seed=0, steps_per_epoch=2), verbose=0)
+    assert not [str(warning.message) for warning in caught if "shuffle" in str(warning.message)]
+    assert int(model.optimizer.dp_step) == 2
