@@ -38,6 +38,7 @@ BACKEND_NEUTRAL = frozenset(
         "test_schedules.py",
         "test_validation.py",
         "test_audit.py",
+        "test_canary_audit.py",
         "accounting/test_cdp.py",
         "accounting/test_fast_pld.py",
         "accounting/test_fast_rdp.py",
