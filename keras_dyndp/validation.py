@@ -46,12 +46,14 @@ def check_probability(
     return p
 
 
-def check_delta(delta: Any, name: str = "delta", *, allow_ends: bool = False) -> float:
+def check_delta(delta: Any, name: str = "delta", *, allow_ends: bool = False, allow_zero: bool = False) -> float:
     """Returns `delta` as a float, or raises ValueError unless it is a real number in (0, 1) ([0, 1] with
-    `allow_ends`, `dp_accounting`'s range for `get_epsilon`)."""
+    `allow_ends`, `dp_accounting`'s range for `get_epsilon`; [0, 1) with `allow_zero`). Also any other quantity
+    of that range (a confidence)."""
     value = _as_float(delta)
-    if not (0.0 <= value <= 1.0 if allow_ends else 0.0 < value < 1.0):
-        interval = "[0, 1]" if allow_ends else "(0, 1)"
+    low_ok = value >= 0.0 if (allow_ends or allow_zero) else value > 0.0
+    if not (low_ok and (value <= 1.0 if allow_ends else value < 1.0)):
+        interval = "[0, 1]" if allow_ends else "[0, 1)" if allow_zero else "(0, 1)"
         raise ValueError(f"`{name}` must be in {interval}. Received: {name}={delta}.")
     return value
 
@@ -71,6 +73,16 @@ def check_float(
         bound = f"{'' if allow_inf else 'a finite number '}{'>=' if inclusive else '>'} {low:g}"
         raise ValueError(f"`{name}` must be {bound}{_hint(hint)}. Received: {name}={value!r}.")
     return number
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    """Returns `value` as an int, or raises ValueError unless it is an integer (not a bool or a float) >= `low`
+    (and <= `high`)."""
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not whole or value < low or (high is not None and value > high):
+        accepted = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise ValueError(f"`{name}` must be {accepted}. Received: {name}={value!r}.")
+    return int(value)
 
 
 def check_positive_int(

@@ -117,3 +117,22 @@ def test_step_counts():
             validation.check_step_counts(bad, 3)
     with pytest.raises(ValueError, match=r"`steps` must be a 1-D non-decreasing sequence of integers in \[0, 3\]"):
         validation.check_step_counts([2, 1], 3, non_decreasing=True)
+
+
+def test_check_int_takes_integers_in_range_only():
+    assert validation.check_int("num_guesses", 3, 0, 3) == 3
+    assert validation.check_int("epochs", np.int64(7), 1) == 7
+    for value in (True, 2.0, "2", None, -1, 4):
+        with pytest.raises(ValueError, match=r"`num_guesses` must be an integer in \[0, 3\]. Received: num_guesses="):
+            validation.check_int("num_guesses", value, 0, 3)
+    with pytest.raises(ValueError, match="`epochs` must be an integer >= 1"):
+        validation.check_int("epochs", 0, 1)
+
+
+def test_check_delta_with_zero_allowed_is_the_half_open_interval():
+    assert validation.check_delta(0.0, allow_zero=True) == 0.0
+    for value in (1.0, -1e-9, float("nan")):
+        with pytest.raises(ValueError, match=r"`delta` must be in \[0, 1\)"):
+            validation.check_delta(value, allow_zero=True)
+    with pytest.raises(ValueError, match=r"`confidence` must be in \(0, 1\)"):
+        validation.check_delta(1.0, "confidence")

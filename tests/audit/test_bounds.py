@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from keras_dyndp import audit
+from keras_dyndp.audit import bounds as audit
 
 M = 1000
 DELTA = 1e-5
@@ -221,15 +221,15 @@ def test_one_sided_guesses_only_guess_in():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"confidence": 1.0}, r"confidence must be in \(0, 1\)"),
-        ({"confidence": 0.0}, r"confidence must be in \(0, 1\)"),
-        ({"delta": 1.0}, r"delta must be in \[0, 1\)"),
-        ({"delta": -1e-9}, r"delta must be in \[0, 1\)"),
-        ({"num_correct": 11}, r"num_correct must be >= 0 and <= 10"),
-        ({"num_correct": -1}, r"num_correct must be >= 0 and <= 10"),
-        ({"num_guesses": 101}, r"num_guesses must be >= 0 and <= 100"),
-        ({"num_canaries": 0}, r"num_canaries must be >= 1"),
-        ({"num_guesses": 2.5}, r"num_guesses must be an integer"),
+        ({"confidence": 1.0}, r"`confidence` must be in \(0, 1\)"),
+        ({"confidence": 0.0}, r"`confidence` must be in \(0, 1\)"),
+        ({"delta": 1.0}, r"`delta` must be in \[0, 1\)"),
+        ({"delta": -1e-9}, r"`delta` must be in \[0, 1\)"),
+        ({"num_correct": 11}, r"`num_correct` must be an integer in \[0, 10\]"),
+        ({"num_correct": -1}, r"`num_correct` must be an integer in \[0, 10\]"),
+        ({"num_guesses": 101}, r"`num_guesses` must be an integer in \[0, 100\]"),
+        ({"num_canaries": 0}, r"`num_canaries` must be an integer >= 1"),
+        ({"num_guesses": 2.5}, r"`num_guesses` must be an integer"),
     ],
 )
 def test_one_run_bad_input(kwargs, match):
@@ -240,13 +240,13 @@ def test_one_run_bad_input(kwargs, match):
 
 
 def test_fdp_bad_input():
-    with pytest.raises(ValueError, match=r"delta must be in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"`delta` must be in \(0, 1\)"):
         audit.fdp_epsilon_lower_bound(10, 5, 100, delta=0.0)
-    with pytest.raises(ValueError, match=r"confidence must be in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"`confidence` must be in \(0, 1\)"):
         audit.fdp_mu_lower_bound(10, 5, 100, confidence=1.5)
-    with pytest.raises(ValueError, match=r"num_correct must be >= 0 and <= 10"):
+    with pytest.raises(ValueError, match=r"`num_correct` must be an integer in \[0, 10\]"):
         audit.fdp_mu_lower_bound(10, 11, 100)
-    with pytest.raises(ValueError, match=r"mu must be finite and >= 0"):
+    with pytest.raises(ValueError, match=r"`mu` must be a finite number >= 0"):
         audit.gdp_epsilon(-1.0, 1e-5)
 
 
@@ -257,14 +257,34 @@ def test_fdp_bad_input():
         ([1.0], [[0.0]], {}, "out_scores must be a 1-D array of finite scores"),
         ([1.0], [np.inf], {}, "out_scores must be a 1-D array of finite scores"),
         ([], [], {}, "at least one canary"),
-        ([1.0], [0.0], {"num_guesses": 3}, r"num_guesses must be >= 1 and <= 2"),
-        ([1.0], [0.0], {"num_guesses": 0}, r"num_guesses must be >= 1 and <= 2"),
+        ([1.0], [0.0], {"num_guesses": 3}, r"`num_guesses` must be an integer in \[1, 2\]"),
+        ([1.0], [0.0], {"num_guesses": 0}, r"`num_guesses` must be an integer in \[1, 2\]"),
         ([1.0], [0.0], {"num_guesses": []}, "non-empty sequence"),
-        ([1.0], [0.0], {"confidence": 1.0}, r"confidence must be in \(0, 1\)"),
-        ([1.0], [0.0], {"delta": 1.0}, r"delta must be in \[0, 1\)"),
+        ([1.0], [0.0], {"confidence": 1.0}, r"`confidence` must be in \(0, 1\)"),
+        ([1.0], [0.0], {"delta": 1.0}, r"`delta` must be in \[0, 1\)"),
     ],
 )
 def test_audit_from_scores_bad_input(in_scores, out_scores, kwargs, match):
     kwargs = {"delta": DELTA, **kwargs}
     with pytest.raises(ValueError, match=match):
         audit.audit_from_scores(in_scores, out_scores, **kwargs)
+
+
+@pytest.mark.parametrize("num_guesses", [50, 150, 400])
+def test_bounds_equal_jax_privacys_on_the_same_scores_where_it_is_installed(num_guesses):
+    jax_privacy_auditing = pytest.importorskip("jax_privacy.auditing")  # not a dependency: skipped without it
+    rng = np.random.default_rng(0)
+    member = rng.random(1000) < 0.5
+    scores = rng.normal(size=1000) + 1.7 * member
+    ranked = np.sort(scores)[::-1]
+    threshold = jax_privacy_auditing.Explicit((ranked[num_guesses - 1] + ranked[num_guesses]) / 2)
+    auditor = jax_privacy_auditing.CanaryScoreAuditor(scores[member], scores[~member])
+    ours = audit.audit_from_scores(
+        scores[member], scores[~member], delta=1e-5, confidence=0.95, num_guesses=num_guesses, two_sided=False
+    )
+    assert ours.epsilon_one_run == pytest.approx(
+        auditor.epsilon_one_run(0.05, 1e-5, threshold_strategy=threshold), rel=1e-5
+    )
+    assert ours.epsilon_fdp == pytest.approx(
+        auditor.epsilon_one_run_fdp(0.05, 1e-5, threshold_strategy=threshold), rel=1e-5
+    )

@@ -2,10 +2,11 @@
 
 What is audited: everything between a batch and the released weights, on the backend Keras runs on, as a user
 trains: ``make_private(model)``, a `DynamicDPKerasSGD` on a `DPSchedule`, ``fit`` on `poisson_batches` with
-`BudgetStop`. m canaries are each included in the training set independently with probability 1/2; after the run
-each canary is scored from the weights after every step (every intermediate model counts as released, as the
-accountant assumes) and `keras_dyndp.audit.audit_from_scores` turns the scores into lower bounds on epsilon, beside
-the schedule's PLD epsilon.
+`BudgetStop`; or one of the package's other paths (``method``, ``accumulation_steps``, a tf.distribute
+``strategy``, or Keras 2's optimizer-only path with ``method=None``). m canaries are each included in the training
+set independently with probability 1/2; after the run each canary is scored from the weights after every step (every
+intermediate model counts as released, as the accountant assumes) and `keras_dyndp.audit.audit_from_scores` turns
+the scores into lower bounds on epsilon, beside the schedule's PLD epsilon.
 
 Why Dirac canaries: the model is one bias-free Dense layer of d_in x d_out >= m weights and the per-example loss is
 ``-sum(y * f(x))``. Canary c has a one-hot input e_i and target s e_j (its own weight (i, j)), so its gradient is
@@ -25,12 +26,15 @@ proves nothing (see `keras_dyndp.audit`). Audit runs are for testing the pipelin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
 import numpy as np
 
-from keras_dyndp import audit
+from keras_dyndp import backend
+from keras_dyndp import validation
+from keras_dyndp.audit import bounds
 
 __all__ = ["CanaryAuditReport", "white_box_audit"]
 
@@ -42,7 +46,7 @@ class CanaryAuditReport:
     """One white-box audit: the schedule's claimed epsilon (PLD) at ``result.delta`` and the audit's lower bounds."""
 
     claimed_epsilon: float
-    result: audit.AuditResult
+    result: bounds.AuditResult
     score: str
 
     @property
@@ -62,16 +66,16 @@ class CanaryAuditReport:
         )
 
 
-def _keras():
-    import keras_dyndp  # pylint: disable=import-outside-toplevel
+def _dirac_loss(total):
+    """The per-example loss -sum(y * f(x)), as a Keras loss of reduction 'none' (the optimizer's own path needs
+    the loss vector; make_private's step computes it per example either way)."""
+    keras = backend.keras_module()
 
-    if keras_dyndp.keras_backend() == "jax":
-        import keras  # pylint: disable=import-outside-toplevel
+    class DiracLoss(keras.losses.Loss):
+        def call(self, y_true, y_pred):
+            return -total(y_true * y_pred, axis=-1)
 
-        return keras
-    from keras_dyndp.tf_backend.keras_compat import keras  # pylint: disable=import-outside-toplevel
-
-    return keras
+    return DiracLoss(reduction="none")
 
 
 def _scores(trajectory: np.ndarray, schedule, score: str) -> np.ndarray:
@@ -94,7 +98,9 @@ def white_box_audit(
     score: str = "sum",
     num_guesses: int | None = None,
     gradient_norm: float | None = None,
-    method: str = "auto",
+    method: str | None = "auto",
+    accumulation_steps: int = 1,
+    strategy=None,
     noise_seed: int | None = None,
     seed: int = 0,
 ) -> CanaryAuditReport:
@@ -107,16 +113,20 @@ def white_box_audit(
         score: 'sum' (the statistic of correct DP-SGD) or 'reused_noise' (module docstring).
         num_guesses: r, fixed before the run; None searches `audit_from_scores`'s grid (Bonferroni over it).
         gradient_norm: s, each canary's gradient norm; default 10 max_t C_t (clipped at every step).
-        method: ``make_private``'s per-example clipping method.
+        method: ``make_private``'s per-example clipping method; None trains without ``make_private``, through the
+            optimizer's own per-example path (the jacobian of the loss vector under Keras 2's train step; Keras 3
+            refuses it).
+        accumulation_steps: the optimizer's: each batch clipped in that many physical batches, noised once.
+        strategy: a TensorFlow ``tf.distribute`` strategy (e.g. ``MirroredStrategy``) whose scope the model and the
+            optimizer are built and compiled in, so that ``fit`` splits every batch across its replicas; None: none.
         noise_seed: the optimizer's ``noise_seed`` (reproducible noise, for tests; None: fresh noise).
         seed: the coin flips, the Poisson batches and the tie-breaking of equal scores.
     """
     import keras_dyndp  # pylint: disable=import-outside-toplevel
 
-    if score not in SCORES:
-        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    keras = _keras()
-    m = audit._check_int("num_canaries", num_canaries, 2)  # pylint: disable=protected-access
+    validation.check_choice("score", score, SCORES)
+    keras = backend.keras_module()
+    m = validation.check_int("num_canaries", num_canaries, 2)
     side = math.isqrt(m - 1) + 1  # side * side >= m weights, one per canary
     rows, cols = np.divmod(np.arange(m), side)
     s = 10.0 * float(np.max(schedule.clip_norms)) if gradient_norm is None else float(gradient_norm)
@@ -125,18 +135,29 @@ def white_box_audit(
     y = s * np.eye(side, dtype="float32")[cols[included]]
 
     total = keras.ops.sum if hasattr(keras, "ops") else keras.backend.sum
-    dense = keras.layers.Dense(side, use_bias=False, kernel_initializer="zeros")
-    model = keras.Sequential([keras.Input((side,)), dense])
-    model = keras_dyndp.make_private(model, method)
     p = schedule.sampling_probability
     learning_rate = 1.0
     optimizer_kwargs = {} if noise_seed is None else {"noise_seed": noise_seed}
-    # p N of the data trained on (the optimizer checks the batches against it): one factor on every update, which
-    # the scores are invariant to.
-    optimizer = keras_dyndp.DynamicDPKerasSGD(
-        schedule=schedule, expected_batch_size=p * int(included.sum()), learning_rate=learning_rate, **optimizer_kwargs
-    )
-    model.compile(optimizer=optimizer, loss=lambda y_true, y_pred: -total(y_true * y_pred, axis=-1))
+    with contextlib.nullcontext() if strategy is None else strategy.scope():
+        dense = keras.layers.Dense(side, use_bias=False, kernel_initializer="zeros")
+        model = keras.Sequential([keras.Input((side,)), dense])
+        if method is not None:
+            model = keras_dyndp.make_private(model, method)
+        # p N of the data trained on (the optimizer checks the batches against it): one factor on every update,
+        # which the scores are invariant to.
+        optimizer = keras_dyndp.DynamicDPKerasSGD(
+            schedule=schedule,
+            expected_batch_size=p * int(included.sum()),
+            learning_rate=learning_rate,
+            accumulation_steps=accumulation_steps,
+            **optimizer_kwargs,
+        )
+        model.compile(optimizer=optimizer, loss=_dirac_loss(total))
+        # Under the strategy: the batches are padded to a multiple of its replicas (Keras 3 needs the first batch to
+        # split evenly, keras-team/keras#19246).
+        batches = keras_dyndp.poisson_batches(
+            x, y, sampling_probability=p, steps_per_epoch=schedule.num_steps, seed=seed
+        )
 
     trajectory = [dense.get_weights()[0][rows, cols]]
 
@@ -145,10 +166,9 @@ def white_box_audit(
             del batch, logs  # Unused.
             trajectory.append(dense.get_weights()[0][rows, cols])
 
-    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=p, steps_per_epoch=schedule.num_steps, seed=seed)
     model.fit(batches, epochs=1, verbose=0, callbacks=[keras_dyndp.BudgetStop(), Record()])
     scores = _scores(np.asarray(trajectory, np.float64), schedule, score)
-    result = audit.audit_from_scores(
+    result = bounds.audit_from_scores(
         scores[included], scores[~included], delta=delta, confidence=confidence, num_guesses=num_guesses, seed=seed
     )
     return CanaryAuditReport(claimed_epsilon=schedule.epsilon(delta, "pld"), result=result, score=score)

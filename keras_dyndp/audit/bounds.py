@@ -34,6 +34,8 @@ import scipy.optimize
 import scipy.special
 import scipy.stats
 
+from keras_dyndp import validation
+
 __all__ = [
     "AuditResult",
     "audit_from_scores",
@@ -54,37 +56,11 @@ _GUESS_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 # ----------------------------------------------------------------------------------------------------- checks
 
 
-def _check_int(name: str, value, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        upper = "" if high is None else f" and <= {high}"
-        raise ValueError(f"{name} must be >= {low}{upper}, got {value}")
-    return value
-
-
 def _check_counts(num_guesses, num_correct, num_canaries) -> tuple[int, int, int]:
-    m = _check_int("num_canaries", num_canaries, 1)
-    r = _check_int("num_guesses", num_guesses, 0, m)
-    v = _check_int("num_correct", num_correct, 0, r)
+    m = validation.check_int("num_canaries", num_canaries, 1)
+    r = validation.check_int("num_guesses", num_guesses, 0, m)
+    v = validation.check_int("num_correct", num_correct, 0, r)
     return r, v, m
-
-
-def _check_confidence(confidence) -> float:
-    confidence = float(confidence)
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    return confidence
-
-
-def _check_delta(delta, *, allow_zero: bool = True) -> float:
-    delta = float(delta)
-    low_ok = delta >= 0.0 if allow_zero else delta > 0.0
-    if not (low_ok and delta < 1.0):
-        interval = "[0, 1)" if allow_zero else "(0, 1)"
-        raise ValueError(f"delta must be in {interval}, got {delta}")
-    return delta
 
 
 def _check_scores(name: str, scores) -> np.ndarray:
@@ -116,7 +92,7 @@ def one_run_p_value(num_guesses, num_correct, num_canaries, epsilon, delta=0.0) 
     nothing is dropped and the value is the paper's bound exactly; with delta = 0 it is f(v).
     """
     r, v, m = _check_counts(num_guesses, num_correct, num_canaries)
-    delta = _check_delta(delta)
+    delta = validation.check_delta(delta, allow_zero=True)
     return _one_run_p_value(r, v, m, float(epsilon), delta)
 
 
@@ -148,8 +124,8 @@ def one_run_epsilon_lower_bound(num_guesses, num_correct, num_canaries, delta=0.
     least the returned value. It is never a guarantee of privacy.
     """
     r, v, m = _check_counts(num_guesses, num_correct, num_canaries)
-    delta = _check_delta(delta)
-    alpha = 1.0 - _check_confidence(confidence)
+    delta = validation.check_delta(delta, allow_zero=True)
+    alpha = 1.0 - validation.check_delta(confidence, "confidence")
     return _bisect_largest_rejected(lambda eps: _one_run_p_value(r, v, m, eps, delta) <= alpha, _EPS_MAX)
 
 
@@ -183,10 +159,8 @@ def gdp_epsilon(mu, delta) -> float:
 
     The smallest eps >= 0 with  delta >= Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)  (computed in logs).
     """
-    mu = float(mu)
-    if not (math.isfinite(mu) and mu >= 0.0):
-        raise ValueError(f"mu must be finite and >= 0, got {mu}")
-    delta = _check_delta(delta, allow_zero=False)
+    mu = validation.check_float("mu", mu, 0.0, inclusive=True)
+    delta = validation.check_delta(delta)
     if mu == 0.0:
         return 0.0
     log_delta = math.log(delta)
@@ -246,7 +220,7 @@ def fdp_mu_lower_bound(num_guesses, num_correct, num_canaries, confidence=0.95) 
     nothing about the privacy of a run whose bound is small.
     """
     r, v, m = _check_counts(num_guesses, num_correct, num_canaries)
-    alpha = 1.0 - _check_confidence(confidence)
+    alpha = 1.0 - validation.check_delta(confidence, "confidence")
     return _bisect_largest_rejected(lambda mu: _fdp_rejects(mu, r, v, m, alpha), _MU_MAX)
 
 
@@ -263,7 +237,7 @@ def fdp_epsilon_lower_bound(num_guesses, num_correct, num_canaries, delta, confi
     `one_run_epsilon_lower_bound` for a statement free of that assumption. ``delta`` must be in (0, 1): at
     delta = 0 every mu > 0 has epsilon = infinity.
     """
-    delta = _check_delta(delta, allow_zero=False)
+    delta = validation.check_delta(delta)
     return gdp_epsilon(fdp_mu_lower_bound(num_guesses, num_correct, num_canaries, confidence), delta)
 
 
@@ -329,17 +303,17 @@ def audit_from_scores(
     """
     in_scores = _check_scores("in_scores", in_scores)
     out_scores = _check_scores("out_scores", out_scores)
-    confidence = _check_confidence(confidence)
-    delta = _check_delta(delta)
+    confidence = validation.check_delta(confidence, "confidence")
+    delta = validation.check_delta(delta, allow_zero=True)
     m = in_scores.size + out_scores.size
     if m == 0:
         raise ValueError("in_scores and out_scores must hold at least one canary between them, got none")
     if num_guesses is None:
         grid = _guess_grid(m)
     elif isinstance(num_guesses, numbers.Integral) and not isinstance(num_guesses, bool):
-        grid = (_check_int("num_guesses", num_guesses, 1, m),)
+        grid = (validation.check_int("num_guesses", num_guesses, 1, m),)
     else:
-        grid = tuple(sorted({_check_int("num_guesses", r, 1, m) for r in num_guesses}))
+        grid = tuple(sorted({validation.check_int("num_guesses", r, 1, m) for r in num_guesses}))
         if not grid:
             raise ValueError("num_guesses must be None, an integer in [1, num_canaries] or a non-empty sequence")
     scores = np.concatenate([in_scores, out_scores])

@@ -1,0 +1,137 @@
+"""Black-box (input-space) canary audit: mislabeled or out-of-distribution canaries, scored by the final model's loss.
+
+What is audited: a user's own task as a user trains it: ``make_private(model)``, the user's DP optimizer, ``fit`` on
+`poisson_batches` with `BudgetStop`. m canaries are made from the user's data, each joins the training set
+independently with probability 1/2, the model trains once, and each canary is scored by the NEGATIVE loss of the
+final model on it (higher = more likely IN: a trained-on canary tends to have a lower loss). The scores go to
+`keras_dyndp.audit.audit_from_scores`, beside the schedule's PLD epsilon. Canaries:
+
+* ``'mislabeled'``: m real inputs drawn from ``x`` (those rows leave the training set, so their true labels are not
+  trained on) with a uniformly random WRONG label: an example the model can fit only by memorising it.
+* ``'ood'``: m out-of-distribution inputs, uniform noise over ``x``'s value range, with a uniformly random label.
+
+What the bound means: as for `white_box` (with probability >= ``confidence`` the run's true epsilon at
+``delta`` is at least ``epsilon_one_run``; at least ``epsilon_fdp`` if its trade-off curve is Gaussian-shaped). The
+black-box attack sees only the final model, not the intermediate ones the accountant counts as released, and a loss
+is a weak test statistic: for a correct DP run its bounds are FAR below the claim (often 0), which is expected and
+says nothing about privacy. A weak attack gives a small bound; only a bound ABOVE the claim is evidence that the code
+leaks more than it accounts. Use it to check a whole user pipeline end to end (data, model, preprocessing); the
+white-box `white_box.white_box_audit` is the one that comes close to the claim.
+
+Backend-neutral: Keras is taken lazily, for the backend in use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from keras_dyndp import backend
+from keras_dyndp import validation
+from keras_dyndp.audit import bounds
+from keras_dyndp.audit.white_box import CanaryAuditReport
+
+__all__ = ["black_box_audit"]
+
+CANARIES = ("mislabeled", "ood")
+
+
+def _make_canaries(x: np.ndarray, y: np.ndarray, m: int, num_classes: int, canaries: str, rng: np.random.Generator):
+    """(training x, training y, canary x, canary y): the training set without the canaries' rows."""
+    if canaries == "mislabeled":
+        order = rng.permutation(len(y))
+        chosen, kept = order[:m], np.sort(order[m:])
+        wrong = (y[chosen] + rng.integers(1, num_classes, size=m)) % num_classes
+        return x[kept], y[kept], x[chosen], wrong.astype(y.dtype)
+    low, high = float(np.min(x)), float(np.max(x))
+    canary_x = rng.uniform(low, high, size=(m, *x.shape[1:])).astype(x.dtype)
+    return x, y, canary_x, rng.integers(0, num_classes, size=m).astype(y.dtype)
+
+
+def black_box_audit(
+    x,
+    y,
+    *,
+    model_fn: Callable[[], object],
+    optimizer_fn: Callable[[int], object],
+    num_canaries: int = 100,
+    canaries: str = "mislabeled",
+    num_classes: int | None = None,
+    loss=None,
+    epochs: int = 1,
+    delta: float = 1e-5,
+    confidence: float = 0.95,
+    num_guesses: int | None = None,
+    method: str = "auto",
+    pad_to_multiple: int | None = None,
+    seed: int = 0,
+) -> CanaryAuditReport:
+    """Trains ``model_fn()`` once on ``(x, y)`` plus the included canaries (module docstring) and audits the run.
+
+    Args:
+        x, y: the user's training inputs [N, ...] and integer class labels [N] (numpy arrays).
+        model_fn: builds a fresh, uncompiled Keras model (logits out, unless ``loss`` says otherwise).
+        optimizer_fn: ``optimizer_fn(num_examples)`` -> a keras_dyndp DP optimizer for a training set of that many
+            examples (the kept rows of ``x`` plus the included canaries), e.g. `DynamicDPKerasSGD` from a budget.
+        num_canaries: m, each included with probability 1/2 (coin flips from ``seed``); for 'mislabeled' < N.
+        canaries: 'mislabeled' or 'ood' (module docstring).
+        num_classes: K; default ``max(y) + 1``.
+        loss: a per-example Keras loss (``reduction='none'``), used to train and to score; default sparse
+            categorical cross-entropy on logits.
+        epochs: Keras epochs the schedule's T steps are spread over (``BudgetStop`` ends the run at T).
+        delta, confidence: of the claimed epsilon and the lower bounds.
+        num_guesses: r, fixed before the run; None searches `audit_from_scores`'s grid (Bonferroni over it).
+        method: ``make_private``'s per-example clipping method.
+        pad_to_multiple: `poisson_batches`' padding.
+        seed: the canaries, their coin flips, the Poisson batches and the tie-breaking of equal scores (the
+            optimizer's noise is its own).
+
+    Returns:
+        A `CanaryAuditReport` (score 'loss'): claimed PLD epsilon of the optimizer's schedule at ``delta`` and both
+        lower bounds. For a correct DP run expect bounds far below the claim: only a bound above it is evidence.
+    """
+    import keras_dyndp  # pylint: disable=import-outside-toplevel
+
+    validation.check_choice("canaries", canaries, CANARIES)
+    x = np.asarray(x)
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"y must be integer class labels [N] matching x's {len(x)} rows, got {y.dtype} {y.shape}")
+    y = y.astype(np.int32)  # JAX's default integer width
+    m = validation.check_int("num_canaries", num_canaries, 2)
+    if canaries == "mislabeled" and m >= len(y):
+        raise ValueError(f"'mislabeled' canaries are rows of x: num_canaries must be < N = {len(y)}, got {m}")
+    k = int(np.max(y)) + 1 if num_classes is None else int(num_classes)
+    validation.check_int("num_classes", k, 2)  # a canary needs a wrong label
+    epochs = validation.check_int("epochs", epochs, 1)
+    keras = backend.keras_module()
+    rng = np.random.default_rng(seed)
+    train_x, train_y, canary_x, canary_y = _make_canaries(x, y, m, k, canaries, rng)
+    included = rng.random(m) < 0.5
+    train_x = np.concatenate([train_x, canary_x[included]])
+    train_y = np.concatenate([train_y, canary_y[included]])
+
+    if loss is None:
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    optimizer = optimizer_fn(len(train_y))
+    schedule = optimizer.schedule
+    model = keras_dyndp.make_private(model_fn(), method)
+    model.compile(optimizer=optimizer, loss=loss)
+    batches = keras_dyndp.poisson_batches(
+        train_x,
+        train_y,
+        sampling_probability=schedule.sampling_probability,
+        steps_per_epoch=math.ceil(schedule.num_steps / epochs),
+        pad_to_multiple=pad_to_multiple,
+        seed=seed,
+    )
+    model.fit(batches, epochs=epochs, verbose=0, callbacks=[keras_dyndp.BudgetStop()])
+
+    losses = np.asarray(loss(canary_y, model.predict(canary_x, verbose=0)), np.float64).reshape(m)
+    scores = -losses
+    result = bounds.audit_from_scores(
+        scores[included], scores[~included], delta=delta, confidence=confidence, num_guesses=num_guesses, seed=seed
+    )
+    return CanaryAuditReport(claimed_epsilon=schedule.epsilon(delta, "pld"), result=result, score="loss")
