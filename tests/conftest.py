@@ -25,6 +25,7 @@ if HAS_JAX and not HAS_TENSORFLOW:
 
 BACKEND_NEUTRAL = frozenset(
     {
+        "test_backend.py",
         "test_batch_sizes.py",
         "test_callbacks.py",
         "test_sampling.py",

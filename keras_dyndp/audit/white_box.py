@@ -51,10 +51,12 @@ class CanaryAuditReport:
 
     @property
     def epsilon_one_run(self) -> float:
+        """The one-run lower bound (Steinke et al.) on the run's epsilon at ``result.delta``."""
         return self.result.epsilon_one_run
 
     @property
     def epsilon_fdp(self) -> float:
+        """The f-DP lower bound (Mahloujifar et al.; Gaussian trade-off shape) at ``result.delta``."""
         return self.result.epsilon_fdp
 
     def __str__(self) -> str:

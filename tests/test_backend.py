@@ -1,0 +1,23 @@
+"""backend: which backend Keras runs on, and the Keras keras_dyndp trains with there."""
+
+import importlib.util
+
+from keras_dyndp import backend
+
+
+def test_the_backend_is_the_one_keras_runs_on():
+    expected = "tensorflow" if importlib.util.find_spec("tensorflow") else "jax"
+    assert backend.keras_backend() == expected
+
+
+def test_keras_module_is_the_stacks_keras():
+    keras = backend.keras_module()
+    assert hasattr(keras, "Model") and hasattr(keras.optimizers, "SGD")
+    if backend.keras_backend() == "jax":
+        import keras as keras_3  # pylint: disable=import-outside-toplevel
+
+        assert keras is keras_3
+    else:
+        from keras_dyndp.tf_backend import keras_compat  # pylint: disable=import-outside-toplevel
+
+        assert keras is keras_compat.keras
