@@ -70,19 +70,22 @@ def check_poisson_batches(batches_p: float, sampling_probability: float, public_
         )
 
 
-def _leaves(value: Any) -> list:
+def leaves(value: Any) -> list:
+    """The arrays of a nest of lists, tuples and dicts (None: none)."""
+    if value is None:
+        return []
     if isinstance(value, dict):
-        return [leaf for item in value.values() for leaf in _leaves(item)]
+        return [leaf for item in value.values() for leaf in leaves(item)]
     if isinstance(value, (list, tuple)):
-        return [leaf for item in value for leaf in _leaves(item)]
+        return [leaf for item in value for leaf in leaves(item)]
     return [value]
 
 
 def is_arrays(x: Any) -> bool:
     """Whether ``fit``'s ``x`` is arrays (numpy, tensors, or a list or dict of them), which Keras cuts itself into
     shuffled batches of ``batch_size`` rows; not a dataset, a generator or a ``PyDataset``, which have no shape."""
-    leaves = _leaves(x)
-    return bool(leaves) and all(hasattr(leaf, "shape") for leaf in leaves)
+    arrays = leaves(x)
+    return bool(arrays) and all(hasattr(leaf, "shape") for leaf in arrays)
 
 
 def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: bool) -> None:

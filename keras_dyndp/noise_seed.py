@@ -9,11 +9,12 @@ tests and research only (a `NoiseSeedWarning` says why). The seed is never seria
 
 from __future__ import annotations
 
-import numbers
 import secrets
 import warnings
 
 import numpy as np
+
+from keras_dyndp import validation
 
 
 class NoiseSeedWarning(UserWarning):
@@ -26,14 +27,9 @@ def check_noise_seed(noise_seed) -> int | None:
     Raises:
       ValueError: if `noise_seed` is not None or an integer >= 0.
     """
-    if noise_seed is None:
-        return None
-    if isinstance(noise_seed, bool) or not isinstance(noise_seed, numbers.Integral) or noise_seed < 0:
-        raise ValueError(
-            "`noise_seed` must be None (fresh OS entropy, the only choice for a model you release) or an integer "
-            f">= 0 (reproducible noise for tests and research). Received: noise_seed={noise_seed!r}."
-        )
-    return int(noise_seed)
+    return validation.check_int(
+        "noise_seed", noise_seed, 0, none_means="fresh OS entropy, the only choice for a model you release"
+    )
 
 
 def check_and_warn(noise_seed, stacklevel: int) -> int | None:

@@ -144,10 +144,7 @@ def check_arguments(
     Raises:
         ValueError: On an invalid argument, naming it and its valid range.
     """
-    if overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"`overflow` must be one of {OVERFLOW_POLICIES}. Received: overflow={overflow!r}.")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ValueError(f"`seed` must be None (OS entropy) or an integer >= 0. Received: seed={seed!r}.")
+    validation.check_choice("overflow", overflow, OVERFLOW_POLICIES)
     p = validation.check_probability(sampling_probability)
     return SamplerArguments(
         sampling_probability=p,
@@ -163,18 +160,8 @@ def check_arguments(
             None if pad_to_multiple is None else validation.check_positive_int("pad_to_multiple", pad_to_multiple)
         ),
         overflow=overflow,
-        seed=None if seed is None else int(seed),
+        seed=validation.check_int("seed", seed, 0, none_means="OS entropy"),
     )
-
-
-def _leaves(value: Any) -> list:
-    if value is None:
-        return []
-    if isinstance(value, dict):
-        return [leaf for key in sorted(value) for leaf in _leaves(value[key])]
-    if isinstance(value, (list, tuple)):
-        return [leaf for item in value for leaf in _leaves(item)]
-    return [value]
 
 
 def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = None) -> int:
@@ -184,7 +171,7 @@ def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = No
         ValueError: if an array has no leading example dimension, N < 1, the rows differ or are not
             ``num_examples`` (when given).
     """
-    shapes = [tuple(np.shape(leaf)) for leaf in _leaves(x) + _leaves(y)]
+    shapes = [tuple(np.shape(leaf)) for leaf in batch_sizes.leaves(x) + batch_sizes.leaves(y)]
     if not shapes or any(not shape for shape in shapes):
         raise ValueError("`x` and `y` must be arrays (or nests of arrays) with a leading example dimension.")
     num_rows = shapes[0][0]

@@ -75,12 +75,16 @@ def check_float(
     return number
 
 
-def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+def check_int(name: str, value: Any, low: int, high: int | None = None, *, none_means: str | None = None) -> int | None:
     """Returns `value` as an int, or raises ValueError unless it is an integer (not a bool or a float) >= `low`
-    (and <= `high`)."""
+    (and <= `high`); None passes as None where `none_means` says what None means."""
+    if value is None and none_means is not None:
+        return None
     whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if not whole or value < low or (high is not None and value > high):
         accepted = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        if none_means is not None:
+            accepted = f"None ({none_means}) or {accepted}"
         raise ValueError(f"`{name}` must be {accepted}. Received: {name}={value!r}.")
     return int(value)
 
