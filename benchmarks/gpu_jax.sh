@@ -9,10 +9,12 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl keras==3.15.1 namex==0.1.0 \
 #     optree==0.20.0 dp-accounting==0.6.0 dm-tree==0.1.10 jax-privacy==2.0.0 optax==0.2.8 pydantic==2.14.4 \
-#     pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+#     pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 pytest==9.2.0 pytest-xdist==3.8.0 \
+#     execnet==2.1.2 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4
 #
-# then call the device tool's run with carry [".whl"] and command "bash benchmarks/gpu_jax.sh" (timeout_s 540).
-# The tables and the GPU's name come back in $OUT.
+# then call the device tool's run with carry [".whl"] and command "bash benchmarks/gpu_jax.sh bench" (the tables,
+# timeout_s 540), then "bash benchmarks/gpu_jax.sh tests" (the JAX test suite, its summary printed and in
+# $OUT/tests.log; timeout_s 480): no argument runs both, longer than one call may last. The GPU's name is in $OUT.
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 KERAS_BACKEND=jax
@@ -20,6 +22,12 @@ OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import jax, keras; print('jax', jax.__version__, jax.devices(), 'keras', keras.__version__)" | tee -a "$OUT/gpu.txt"
+PARTS="${1:-bench tests}"
+if [[ "$PARTS" == *tests* ]]; then
+  timeout 420 python3 -m pytest tests/jax_backend tests/conformance -q -n 8 2>&1 \
+    | tee "$OUT/tests.log" | tail -n 40 || true
+fi
+[[ "$PARTS" == *bench* ]] || exit 0
 cd benchmarks
 timeout 240 python3 jax_step_time.py --models cnn,wrn --batch_size 256 --steps 20 --repeats 5 \
   --out_md "$OUT/batch256.md" 2>&1 | grep -v Warning | tee "$OUT/batch256.log" | grep -E "repetition|\|" || true

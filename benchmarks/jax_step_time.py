@@ -6,8 +6,8 @@ Each path trains its own copy of the same model with the jitted step that ``mode
 returned state (``jax.block_until_ready``), so asynchronous dispatch is not mistaken for speed. Paths:
 
 * ``nonprivate``: ``keras.optimizers.SGD``, mean loss.
-* ``dyndp_fast``: ``keras_dyndp.make_private(model)`` with ``DynamicDPKerasSGD`` (``jax.vmap`` per-example
-  gradients, clipping, noise from the host callback).
+* ``dyndp_fast``: ``keras_dyndp.make_private(model)`` with ``DynamicDPKerasSGD`` (each example alone under
+  ``jax.vmap``, ghost rules for Dense, convolutions and Embedding, per-example gradients for the rest; in-graph noise).
 * ``jax_privacy``: jax_privacy's Keras API, ``jax_privacy.keras_api.make_private(model, DPKerasConfig(...))`` with
   ``keras.optimizers.SGD`` (constant clipping norm 1 and noise multiplier 1, vmapped per-example gradients); in
   ``--paths`` by default when jax_privacy is installed (``pip install jax-privacy``; not a dependency).

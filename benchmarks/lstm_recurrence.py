@@ -1,7 +1,7 @@
 """The ghost LSTM rule's recurrence alone, in plain TensorFlow: forward and backward of ``tf.scan`` variants.
 
 Where does the Keras 3 / Keras 2 gap of the LSTM fast path come from? This times the recurrence that
-`keras_dyndp.tf_backend.per_example.lstm` runs (the gate pre-activations' scan, B x T x 4U inputs) on whichever
+`keras_dyndp.tf_backend.per_example.recurrent` runs (the gate pre-activations' scan, B x T x 4U inputs) on whichever
 TensorFlow runs it, without Keras: ``tf.scan`` with ``parallel_iterations`` 10 (TF's default, what the rule uses), 1 and
 32, and a hand-written ``tf.while_loop`` over a ``TensorArray``. Run it under each stack's Python and compare.
 

@@ -6,8 +6,8 @@ every row alike. Paths:
 
 * ``nonprivate``: ``keras.optimizers.SGD``, mean loss.
 * ``nonprivate_xla``: the same with ``compile(jit_compile=True)``.
-* ``dyndp_jacobian``: ``DynamicDPKerasSGD`` through plain ``model.compile`` (pfor jacobian, O(B^2)); Keras 2
-  only (Keras 3's train step gives an optimizer only the averaged gradient).
+* ``dyndp_jacobian``: ``make_private(model, method='jacobian')``, the optimizer's own per-example path (one pfor
+  jacobian of the per-example losses, O(B^2)).
 * ``dyndp_fast``: ``keras_dyndp.make_private(model)`` with ``method='auto'`` (ghost clipping when every layer
   has a rule); ``dyndp_fast_xla``: the same, XLA-compiled.
 * ``dyndp_vectorized``: ``make_private(model, method='vectorized')`` (``tf.vectorized_map`` over examples).
@@ -81,7 +81,6 @@ from absl import flags
 
 from keras_dyndp import schedules
 from keras_dyndp.tf_backend import DynamicDPKerasSGD
-from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import make_private
 
@@ -177,8 +176,7 @@ def build(model_name: str, path: str, batch_size: int) -> keras.Model:
             loss=per_example_loss(),
         )
     else:
-        if path != "dyndp_jacobian":
-            make_private(model, method="vectorized" if path == "dyndp_vectorized" else "auto")
+        make_private(model, method={"dyndp_jacobian": "jacobian", "dyndp_vectorized": "vectorized"}.get(path, "auto"))
         model.compile(
             optimizer=DynamicDPKerasSGD(
                 schedule=dp_schedule(batch_size), expected_batch_size=batch_size, learning_rate=LEARNING_RATE
@@ -195,8 +193,6 @@ def unavailable_reason(path: str, strategy: str = "default") -> str | None:
         return f"timed under --strategies={strategy} only for {', '.join(STRATEGY_PATHS)}"
     if path in TF_PRIVACY_PATHS and importlib.util.find_spec("tensorflow_privacy") is None:
         return "tensorflow-privacy is not installed (comparison stack only)"
-    if path == "dyndp_jacobian" and keras_compat.KERAS_MAJOR_VERSION != 2:
-        return "Keras 2 only"
     return None
 
 

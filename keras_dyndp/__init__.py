@@ -56,7 +56,6 @@ _LAZY = {
     "check_model": (f"{_TF}.model_checks", _JAX),
     "BudgetStop": _CALLBACKS,
     "PrivacyLogger": _CALLBACKS,
-    "SlowPathWarning": (f"{_TF}.dp_optimizer", None),
     "LayerRule": (_PER_EXAMPLE, None),
     "register_layer_rule": (_PER_EXAMPLE, None),
     "register_per_example_layer": (_PER_EXAMPLE, None),

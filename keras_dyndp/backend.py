@@ -23,8 +23,7 @@ def keras_backend() -> str:
 
 
 def keras_module():
-    """The Keras that keras_dyndp trains with here: ``keras`` on JAX, else the TensorFlow stack's (``tf.keras`` on
-    Keras 2, tf_keras under TF_USE_LEGACY_KERAS, ``keras`` 3); imports TensorFlow only on TensorFlow."""
+    """The Keras that keras_dyndp trains with: ``keras`` on JAX, else the TensorFlow stack's (`keras_compat`)."""
     if keras_backend() == "jax":
         return importlib.import_module("keras")
     return importlib.import_module("keras_dyndp.tf_backend.keras_compat").keras

@@ -1,24 +1,11 @@
-"""Keras callbacks that report the privacy spent so far and stop training when the budget is used up, on either
-backend.
-
-Both read two attributes of the model's keras_dyndp DP optimizer (`keras_dyndp.optimizer_base.DPOptimizerBase`):
-``optimizer.schedule`` (the `keras_dyndp.schedules.DPSchedule` of T steps) and ``optimizer.dp_step`` (the number of
-DP steps taken). Accounting itself is `DPSchedule.epsilon`; nothing is re-derived here.
-
-* `PrivacyLogger` writes the epsilon of the steps taken so far, and the clip norm and noise std of the last step,
-  into the epoch ``logs``, so they land in ``History.history``, TensorBoard, CSVLogger and the progress bar's epoch
-  line, wherever it stands in the ``callbacks`` list. With ``log_dir`` (TensorFlow) it also writes TensorBoard
-  scalars itself (x axis: DP steps).
-* `BudgetStop` sets ``model.stop_training`` once ``dp_step`` reaches T (shortening the last call of a
-  ``steps_per_execution`` loop to end exactly there), so ``fit`` ends gracefully instead of hitting the optimizer's
-  refusal, and refuses to start training on a spent schedule.
-
-The Keras of the backend in use is chosen once, at import (`keras_dyndp.backend.keras_backend`); the few things
-that differ (the ``Callback`` class, ``steps_per_execution``, the epoch logs, TensorBoard) are the `_hooks` below.
+"""`PrivacyLogger` (epsilon spent, C_t and sigma_t into the epoch logs) and `BudgetStop` (ends ``fit`` at the
+schedule's last step), on either backend. Both read the DP optimizer's ``schedule`` and ``dp_step``; accounting is
+`DPSchedule.epsilon`. The backend is chosen once, at import; what differs per backend is the hooks below.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Mapping
@@ -60,8 +47,7 @@ if backend.keras_backend() == "jax":
             f"it stands in the callbacks. Received: log_dir={directory!r}."
         )
 
-    def _print(line: str) -> None:
-        print(line, flush=True)
+    _print = functools.partial(print, flush=True)
 
     _create_writer = _write_scalars = None  # log_dir is refused.
 
@@ -107,36 +93,26 @@ def _dp_optimizer(model: Any, caller: str) -> optimizer_base.DPOptimizerBase:
 
 
 class PrivacyLogger(keras.callbacks.Callback):
-    """Logs epsilon spent so far (GDP-CLT and a rigorous accountant), C_t and sigma_t at each epoch end.
+    """Writes into the epoch ``logs`` (hence History, TensorBoard, CSVLogger) ``'epsilon_gdp_clt'``,
+    ``'epsilon_<accountant>'`` (unless 'gdp_clt') of the first ``dp_step`` steps at ``delta``, ``'clip_norm'`` and
+    ``'noise_stddev'`` of the last step taken, and ``'dp_step'``.
 
-    Keys written into the epoch ``logs`` (hence ``History.history``):
-    ``'epsilon_gdp_clt'``, ``'epsilon_<accountant>'`` (unless ``accountant='gdp_clt'``), ``'clip_norm'`` and
-    ``'noise_stddev'`` of the last step taken (step ``dp_step - 1``; step 0 before any step) and ``'dp_step'``.
-    The epsilons are those of the first ``dp_step`` steps of the schedule, at ``delta``.
-
-    The order of the ``callbacks`` list does not matter. Callbacks run in list order, so keys added in
-    ``on_epoch_end`` would reach only the callbacks listed after this one. This callback therefore accounts at the
-    last batch of each epoch (known from ``params['steps']``) and at the step that spends the budget, and puts the
-    keys into the logs that ``fit`` then builds for the epoch, before any callback's ``on_epoch_end`` (on Keras 2
-    the last batch's logs, which it asks for unconverted with ``_supports_tf_logs``; on Keras 3 the model's
-    epoch-logs method, `keras_dyndp.epoch_logs`). An epoch that ends early for another reason (another callback
-    stopping training, a dataset of unknown length) gets the keys in ``on_epoch_end``, which reaches the callbacks
-    listed after this one.
+    Wherever it stands in the ``callbacks`` list: keys added in ``on_epoch_end`` would reach only the callbacks
+    after it, so it accounts at the epoch's last batch (``params['steps']``) or the budget's last step, into the
+    logs ``fit`` builds for the epoch (Keras 2: the last batch's, unconverted by ``_supports_tf_logs``; Keras 3:
+    `keras_dyndp.epoch_logs`). An epoch ending early otherwise gets them in ``on_epoch_end``.
 
     Args:
-        accountant: Rigorous accountant reported beside the GDP-CLT: 'pld' (default: the tightest, and the one the
-            library calibrates under by default, so the last value of a full run is the target epsilon; 0.04-0.7 s
-            per call for the paper's T = 4800 dynamic schedule at epsilon 1.2, ~4 s at epsilon 8) or 'rdp' (a looser
-            bound, ~10-20% above the PLD); 'gdp_clt' reports the GDP-CLT approximation only.
-        delta: Target delta in (0, 1), required.
-        log_every: 'epoch', or a positive integer k: additionally account every k DP steps (absl INFO log, and
-            TensorBoard scalars when ``log_dir`` is given). Each accounting call costs as above.
-        log_dir: Optional directory (TensorFlow only; refused on JAX, where ``keras.callbacks.TensorBoard`` writes
-            the epoch values); scalars ``privacy/<key>`` are written to ``<log_dir>/privacy`` with the DP step as
-            the x axis (needs the tensorboard package, which TensorFlow 2.16+ does not install).
-        accountant_options: Options of ``accountant`` (`keras_dyndp.accounting.registry`), passed to
-            `DPSchedule.epsilon`; e.g. ``registry.get('pld').final_options`` (a 1e-4 PLD grid, ~10x slower) for
-            final numbers. None: its defaults.
+        accountant: reported beside the GDP-CLT: 'pld' (default, tightest; 0.04-0.7 s per call for the paper's
+            T = 4800 dynamic schedule at epsilon 1.2, ~4 s at epsilon 8), 'rdp' (~10-20% above the PLD) or
+            'gdp_clt' (that only).
+        delta: target delta in (0, 1), required.
+        log_every: 'epoch', or an integer k >= 1: also account every k DP steps (absl INFO log; TensorBoard with
+            ``log_dir``), each call costing as above.
+        log_dir: TensorFlow only (needs the tensorboard package): scalars ``privacy/<key>`` in
+            ``<log_dir>/privacy`` over DP steps. On JAX ``keras.callbacks.TensorBoard`` writes the epoch values.
+        accountant_options: passed to `DPSchedule.epsilon`, e.g. ``registry.get('pld').final_options`` (a 1e-4 PLD
+            grid, ~10x slower) for final numbers; None: the defaults.
     """
 
     def __init__(
@@ -188,17 +164,17 @@ class PrivacyLogger(keras.callbacks.Callback):
         return values
 
     def _report(self, values: dict[str, float]) -> None:
-        step = int(values["dp_step"])
-        self._last_logged_step = step
+        step = self._last_logged_step = int(values["dp_step"])
+        scalars = {key: value for key, value in values.items() if key != "dp_step"}
         logging.info(
             "keras_dyndp privacy after %d of %d DP steps (delta=%g): %s",
             step,
             self.model.optimizer.schedule.num_steps,
             self.delta,
-            ", ".join(f"{key}={value:.6g}" for key, value in values.items() if key != "dp_step"),
+            ", ".join(f"{key}={value:.6g}" for key, value in scalars.items()),
         )
         if self._writer is not None:
-            _write_scalars(self._writer, {key: value for key, value in values.items() if key != "dp_step"}, step)
+            _write_scalars(self._writer, scalars, step)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         optimizer = _dp_optimizer(self.model, type(self).__name__)
@@ -239,23 +215,16 @@ class PrivacyLogger(keras.callbacks.Callback):
 
 
 class BudgetStop(keras.callbacks.Callback):
-    """Stops ``fit`` exactly when the optimizer has taken all T steps of its schedule (the budget is spent).
-
-    Checked after every batch. With ``steps_per_execution`` = k > 1, Keras runs k steps per call and the callbacks
-    see only every k-th step; when fewer than k steps of the budget remain, the next call would run past T into the
-    optimizer's refusal and ``fit`` would end in an error, losing the epoch's History and epsilon. So before each
-    call the callback shortens that call to the remaining steps (Keras's ``steps_per_execution``, restored at the
-    end of training), and ``fit`` ends gracefully at T, printing one line after the progress bar (unless
-    ``verbose=0``). Training on an already spent schedule is refused at ``fit`` start.
+    """Stops ``fit`` exactly when the optimizer has taken all T steps of its schedule, printing one line (unless
+    ``verbose=0``); refuses to start on a spent schedule. A ``steps_per_execution`` call that would run past T (into
+    the optimizer's refusal, losing the epoch's History) is shortened to the steps left, restored at the end.
     """
 
     def __init__(self):
         super().__init__()
         self.stopped_at_step: int | None = None
         self._steps_per_execution: int | None = None  # Keras's value, while this callback has shortened it.
-        # It reads no logs. Keras 2 gives every batch hook a converted copy of the logs unless all of them take the
-        # logs as they are, and PrivacyLogger's keys must reach the dict that becomes the epoch's logs.
-        self._supports_tf_logs = True
+        self._supports_tf_logs = True  # Else Keras 2 copies the batch logs, and PrivacyLogger's keys would be lost.
 
     def _spent(self) -> tuple[bool, int, int]:
         optimizer = _dp_optimizer(self.model, type(self).__name__)

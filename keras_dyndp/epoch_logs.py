@@ -1,11 +1,8 @@
-"""Keras 3, any backend: values that join the logs every callback's ``on_epoch_end`` receives for this epoch.
+"""Keras 3, any backend: values that join the epoch logs every callback's ``on_epoch_end`` receives.
 
-Callbacks run in list order, so keys one of them adds in its ``on_epoch_end`` reach only those listed after it.
-Keras 3's ``fit`` builds the epoch logs with ``model._get_metrics_result_or_logs`` before any callback's
-``on_epoch_end``: `add` wraps that method on the model instance, with the values waiting in the wrapper until the
-next call uses them (once; validation logs do not get them). `remove_hook` restores the method. Pure Python, no
-TensorFlow: `keras_dyndp.tf_backend.keras_compat` uses it on Keras 3 with TensorFlow, the JAX backend's callbacks
-directly.
+Keys a callback adds in its ``on_epoch_end`` reach only the callbacks after it; ``fit`` builds the epoch logs with
+``model._get_metrics_result_or_logs`` before them all, so `add` wraps that method on the instance, the values
+waiting until its next call (once); `remove_hook` restores it.
 """
 
 from __future__ import annotations

@@ -1,56 +1,42 @@
-"""The DP-SGD step of keras_dyndp, written once for every backend.
-
-Step t (0-based, t = the optimizer's step counter ``dp_step``) of dynamic DP-SGD (Abadi et al. 2016; Du et al.,
-Dynamic DP-SGD, Alg. 2) releases
+"""The DP-SGD step, written once for every backend. Step t (t = the optimizer's ``dp_step``) of dynamic DP-SGD
+(Abadi et al. 2016; Du et al., Dynamic DP-SGD, Alg. 2) releases
 
     update_t = (sum_i clip(g_i, C_t) + N(0, (s sigma_t)^2 I)) / n_t,
 
-1. `schedule_values`: C_t = ``schedule.clip_norms[t]`` and sigma_t = ``schedule.noise_stddevs[t]``; both 0 past the
-   schedule's T steps, or when the step may not run (a step counter restored from another schedule), so that a
-   step the checks should stop releases nothing about the data even where XLA drops TensorFlow's assertions;
-2. `clip_factors`: g_i, the gradient of example (or microbatch) i flattened over ALL trainable variables, is scaled
-   by min(1, C_t / ||g_i||_2) (the backends contract the factors with the gradients);
-3. `noise_stddev`: Gaussian noise is added ONCE, to the SUM, with std s sigma_t, where s is the sensitivity in clip
-   norms (`sensitivity`). sigma_t is absolute: the noise multiplier is z_t = sigma_t / C_t and each step is
-   (C_t / sigma_t)-GDP (on the sum, not the mean: tensorflow/privacy#153, opacus#753);
-4. `normaliser`: the noisy sum is divided by n_t and handed to the base optimizer's update rule (post-processing,
-   so Adam, Adagrad and RMSprop are as private as SGD):
-   * per-example clipping: n = ``expected_batch_size`` = p N, a public constant (as in the paper's g_t and in
-     Opacus): under Poisson sampling the batch's size is itself private, and so are the rows of a padded batch.
-     Only with ``public_batch_size=True`` (fixed-size batches, outside the Poisson accounting) is n the batch's
-     rows, at least 1 (an empty batch applies pure noise);
-   * microbatches (``num_microbatches`` = M): n = M, a constant;
-   * ``rescale_to_unit_norm=True`` multiplies n by C_t: the update is the mean of per-example gradients rescaled to
-     norm at most 1 plus noise of std z_t / n (De et al. 2022). Privacy is unchanged; a decaying C_t then no
-     longer shrinks the step as a learning-rate schedule would.
-   A normaliser of 0 (C_t = 0 with ``rescale_to_unit_norm``) gives a zero update.
+1. `schedule_values`: C_t and sigma_t of the schedule; both 0 past its T steps or when the step may not run (a
+   counter restored from another schedule), so a step the checks should stop releases nothing even where XLA drops
+   TensorFlow's assertions;
+2. `clip_factors`: g_i, example (or microbatch) i's gradient over ALL trainable variables, is scaled by
+   min(1, C_t / ||g_i||_2);
+3. `noise_stddev`: noise is added ONCE, to the SUM, with std s sigma_t, s the sensitivity in clip norms
+   (`sensitivity`). sigma_t is absolute: z_t = sigma_t / C_t and each step is (C_t / sigma_t)-GDP (on the sum, not
+   the mean: tensorflow/privacy#153, opacus#753);
+4. `normaliser`: the noisy sum is divided by n_t and handed to the base optimizer (post-processing, so Adam etc.
+   are as private as SGD): n = ``expected_batch_size`` = p N, public (a Poisson batch's size and a padded batch's
+   rows are private), or the batch's rows (at least 1) only with ``public_batch_size=True``; n = M with M
+   microbatches; times C_t with ``rescale_to_unit_norm`` (De et al. 2022: unit-norm gradients plus noise of std
+   z_t / n; privacy unchanged, and a decaying C_t no longer shrinks the step). n = 0 gives a zero update.
 
-Microbatches. With M microbatches every row joins one of them uniformly at random, per row and per step, from the
-optimizer's noise source (never from its position or the data); microbatch j's loss is the sum of its rows' losses
-over the number of its rows with a non-zero loss, and each microbatch gradient is clipped. Placing rows by position
-is unsound: in a Poisson batch adding one example shifts others into other microbatches (a neighbour moved the
-clipped sum by 4 C). Sensitivity 2 C: couple the memberships of D and D' = D + {x} by drawing every row's
-microbatch once (i.i.d. and position-free, so each batch's membership keeps its law); every microbatch but x's holds
-the same examples and the same clipped gradient, and x's moves from one vector of norm <= C to another, by at most
-2 C. For a fixed membership the outputs are N(s, 4 sigma^2 I) and N(s + v, 4 sigma^2 I) with ||v|| <= 2 C, dominated
-by N(0, 1) vs N(C / sigma, 1); the released law mixes such pairs, and the hockey-stick and Renyi divergences are
-jointly convex, so each step is dominated by ``PoissonSampledDpEvent(p, GaussianDpEvent(sigma / C))``, what the
-schedule accounts. Hence s = 2 on EVERY step (a scale chosen from the batch size would depend on the data).
-Microbatches cost twice the noise of per-example clipping: use them only when per-example gradients are too slow.
+Microbatches: each row joins one of M microbatches uniformly at random, per row and per step, from the noise source
+(never by position: adding one example would shift others, moving the clipped sum by 4 C); microbatch j's loss is
+its rows' loss sum over its rows with a non-zero loss, and each microbatch gradient is clipped. Sensitivity 2 C:
+coupling D and D' = D + {x} by drawing every row's microbatch once (i.i.d., so each membership keeps its law), only
+x's microbatch changes, by at most 2 C. For a fixed membership the outputs N(s, 4 sigma^2 I) and N(s + v, 4 sigma^2 I),
+||v|| <= 2 C, are dominated by N(0, 1) vs N(C / sigma, 1); the released law mixes such pairs, and the hockey-stick and
+Renyi divergences are jointly convex, so each step is dominated by what the schedule accounts,
+``PoissonSampledDpEvent(p, GaussianDpEvent(sigma / C))``. Hence s = 2 on EVERY step (a data-dependent scale would
+leak): twice the noise.
 
-What is protected: each example under add-or-remove-one adjacency, with Poisson sampling at the schedule's rate
-assumed by the accounting, and every intermediate model released.
+Protected: each example under add-or-remove-one adjacency, Poisson sampling at the schedule's rate, every
+intermediate model released.
 
-Primitives. Each function takes ``ops``, a backend's small set of array primitives (`keras_dyndp.tf_backend.
-clip_and_noise.OPS`, `keras_dyndp.jax_backend.ops.OPS`; numpy in the tests): ``where``, ``minimum``, ``maximum``,
-``take(values, index)``, ``cast(x, dtype)``, ``divide_no_nan(x, y)`` (0 where y is 0) and ``normals(source,
-tensors)`` (independent standard normal float32 draws shaped like each tensor, from a generator or key). This module
-imports neither TensorFlow nor JAX.
+``ops``: a backend's array primitives (`keras_dyndp.tf_backend.clip_and_noise.OPS`, `keras_dyndp.jax_backend.ops.OPS`;
+numpy in the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``,
+``divide_no_nan(x, y)`` (0 where y is 0), ``normals(source, tensors)`` (standard normal float32 draws shaped like
+each tensor). No TensorFlow or JAX import here.
 
-References:
-  Abadi et al., Deep Learning with Differential Privacy, https://arxiv.org/abs/1607.00133
-  Du et al., Dynamic Differential-Privacy Preserving SGD.
-  De et al., Unlocking High-Accuracy Differentially Private Image Classification through Scale, 2022.
+References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic Differential-Privacy Preserving
+SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification through Scale, 2022.
 """
 
 from __future__ import annotations
@@ -124,8 +110,7 @@ def private_update(
     num_microbatches: int | None,
     rescale_to_unit_norm: bool,
 ) -> list[Any]:
-    """Steps 3 and 4 of the module docstring: (clipped sum + noise) / normaliser for each sum, the update that the
-    base optimizer applies."""
+    """Steps 3 and 4: (clipped sum + noise) / normaliser for each sum, the update the base optimizer applies."""
     n = normaliser(
         ops,
         clip_norm=clip_norm,

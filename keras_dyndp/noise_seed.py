@@ -1,10 +1,6 @@
-"""The `noise_seed` argument of the DP optimizers, on every backend: OS entropy unless a seed is given.
-
-Noise that can be predicted, repeated or cancelled protects nothing, so each backend's random source
-(`keras_dyndp.tf_backend.noise_source` for TensorFlow, `keras_dyndp.jax_backend.noise` for JAX) is seeded here:
-by default with bits from `secrets` (the OS's entropy), fresh in every process and for every optimizer, whatever
-Keras's global seed; with an integer `noise_seed`, with bits derived from it by `numpy.random.SeedSequence`, for
-tests and research only (a `NoiseSeedWarning` says why). The seed is never serialised by the optimizers.
+"""The DP optimizers' `noise_seed`: each backend's random source is seeded from `secrets` (OS entropy, fresh in every
+process and optimizer, whatever Keras's global seed: predictable noise protects nothing), or, for tests and research,
+from an integer `noise_seed` via `numpy.random.SeedSequence`, with a `NoiseSeedWarning`. Never serialised.
 """
 
 from __future__ import annotations
@@ -22,11 +18,7 @@ class NoiseSeedWarning(UserWarning):
 
 
 def check_noise_seed(noise_seed) -> int | None:
-    """Returns `noise_seed` as an int (None stays None).
-
-    Raises:
-      ValueError: if `noise_seed` is not None or an integer >= 0.
-    """
+    """`noise_seed` as an int (None stays None); ValueError unless None or an integer >= 0."""
     return validation.check_int(
         "noise_seed", noise_seed, 0, none_means="fresh OS entropy, the only choice for a model you release"
     )

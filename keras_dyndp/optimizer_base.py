@@ -1,16 +1,10 @@
-"""The backend-neutral part of a keras_dyndp DP optimizer: its arguments, checked and resolved the same way on
-every Keras backend, its schedule and its config (`DPOptimizerBase`).
-
-`resolve` turns the constructor's arguments (a `DPSchedule` or a privacy budget, microbatches, the normaliser,
-accumulation, rescaling, the base optimizer's keyword arguments) into `DPArguments`, or raises ValueError / TypeError
-naming the argument and its valid range, before anything is built. It imports no TensorFlow and no JAX: the
-TensorFlow optimizers (`keras_dyndp.tf_backend`) and the JAX ones (`keras_dyndp.jax_backend`) both subclass
-`DPOptimizerBase`, which calls it.
+"""The backend-neutral part of every DP optimizer (`DPOptimizerBase`): its arguments, checked once at construction
+(ValueError / TypeError naming the argument and its range), its schedule, its refusals and its config. Imports no
+TensorFlow and no JAX: the optimizers of `keras_dyndp.tf_backend` and `keras_dyndp.jax_backend` subclass it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 import weakref
@@ -30,19 +24,11 @@ KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = {
 }
 """Keras 3 base-optimizer arguments a DP optimizer refuses (when not None), with the reason."""
 
-BUDGET_ARGUMENTS = (
-    "target_epsilon",
-    "target_delta",
-    "num_examples",
-    "batch_size",
-    "epochs",
-    "steps",
-    "method",
-    "initial_clip",
-    "rho_mu",
-    "rho_c",
-    "accountant",
+BUDGET_ARGUMENTS = tuple(
+    "target_epsilon target_delta num_examples batch_size epochs steps method initial_clip rho_mu rho_c "
+    "accountant".split()
 )
+_REQUIRED_BUDGET_ARGUMENTS = ("target_epsilon", "target_delta", "num_examples", "batch_size", "method", "initial_clip")
 
 
 def check_accumulation_steps(accumulation_steps, num_microbatches: int | None) -> int:
@@ -78,14 +64,12 @@ def check_expected_batch_size(expected_batch_size) -> float | None:
 
 
 def schedule_normaliser(schedule: schedules.DPSchedule, expected_batch_size, public_batch_size: bool) -> float | None:
-    """The normaliser of an optimizer given a `DPSchedule`: ``expected_batch_size`` (p N), or None (each batch's
-    rows) when ``public_batch_size`` is True; exactly one of them.
+    """The normaliser given a `DPSchedule`: ``expected_batch_size`` (p N), or None (each batch's rows) with
+    ``public_batch_size``; exactly one of them.
 
-    The update releases the noisy sum divided by the normaliser, so the normaliser must not depend on the private
-    data. Under Poisson sampling the number of examples in a batch is private, and so are the rows of a batch padded
-    to a multiple of some size; p N is a public constant, and it also gives N, which the batch-size check needs. The
-    rows are a safe normaliser only for batches whose size is public (fixed-size batches), which Poisson sampling's
-    accounting does not cover: ``public_batch_size=True`` states that, and nothing checks the batch sizes then.
+    The noisy sum is divided by it, so it must not depend on the private data: under Poisson sampling a batch's
+    size is private, and so are a padded batch's rows; p N is public, and gives the N the batch-size check needs.
+    Rows are safe only for fixed-size batches (outside Poisson accounting): ``public_batch_size=True`` states that.
     """
     expected_batch_size = check_expected_batch_size(expected_batch_size)
     if public_batch_size and expected_batch_size is not None:
@@ -108,24 +92,12 @@ def schedule_normaliser(schedule: schedules.DPSchedule, expected_batch_size, pub
     return expected_batch_size
 
 
-def _warn_if_gdp_clt_understates(schedule: schedules.DPSchedule) -> None:
-    """Warns (once, at construction) when a GDP-CLT calibration's PLD epsilon exceeds its target by > 5%."""
-    text = schedules.gdp_clt_understatement(schedule)
-    if text is not None:
-        # Attributed to the caller of the optimizer's constructor (this function, resolve_schedule, resolve, __init__).
-        warnings.warn(text, schedules.GdpCltUnderstatementWarning, stacklevel=5)
-
-
 def resolve_schedule(
     schedule, budget: dict, expected_batch_size, public_batch_size: bool
 ) -> tuple[schedules.DPSchedule, float | None]:
-    """The optimizer's schedule and normaliser, from a `DPSchedule` or from budget arguments (exactly one).
+    """The optimizer's schedule and normaliser, from a `DPSchedule` or from the budget arguments (exactly one).
 
-    The normaliser is ``expected_batch_size`` = p N: the budget arguments' ``batch_size``, or given with the schedule
-    (`schedule_normaliser`); None (each batch's rows) only with a schedule and ``public_batch_size=True``.
-
-    Budget arguments are calibrated under `accountant` (default 'pld', rigorous). Either way a schedule that was
-    calibrated under the GDP-CLT gets one `GdpCltUnderstatementWarning` if its PLD epsilon is > 1.05 x its target.
+    Budget arguments are calibrated under ``accountant`` (default 'pld'), and their normaliser is ``batch_size``.
     """
     given = [name for name in BUDGET_ARGUMENTS if budget[name] is not None]
     if schedule is not None:
@@ -139,19 +111,13 @@ def resolve_schedule(
                 "`schedule` must be a keras_dyndp.schedules.DPSchedule. "
                 f"Received: schedule={schedule!r} of type {type(schedule).__name__}."
             )
-        expected_batch_size = schedule_normaliser(schedule, expected_batch_size, public_batch_size)
-        _warn_if_gdp_clt_understates(schedule)
-        return schedule, expected_batch_size
+        return schedule, schedule_normaliser(schedule, expected_batch_size, public_batch_size)
     if not given:
         raise ValueError(
             "Give either `schedule` (a DPSchedule) or the budget arguments target_epsilon, target_delta, "
             "num_examples, batch_size, epochs or steps, method and initial_clip. Received neither."
         )
-    missing = [
-        name
-        for name in ("target_epsilon", "target_delta", "num_examples", "batch_size", "method", "initial_clip")
-        if budget[name] is None
-    ]
+    missing = [name for name in _REQUIRED_BUDGET_ARGUMENTS if budget[name] is None]
     if missing:
         raise ValueError(
             f"Building the schedule from a budget needs {', '.join(missing)} as well. "
@@ -183,7 +149,6 @@ def resolve_schedule(
         rho_c=1.0 if budget["rho_c"] is None else budget["rho_c"],
         accountant=registry.DEFAULT_ACCOUNTANT if budget["accountant"] is None else budget["accountant"],
     )
-    _warn_if_gdp_clt_understates(schedule)
     return schedule, check_expected_batch_size(batch_size)
 
 
@@ -201,17 +166,12 @@ class ScheduleRestartWarning(UserWarning):
 
 
 _DP_STEP_OF_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per model, the step counter (``dp_step``) of the DP optimizer it was last built with: only the counter is kept,
-so that a replaced optimizer's slots are freed."""
+"""Per model, the ``dp_step`` of the DP optimizer it was last built with (only the counter: the slots are freed)."""
 
 
 def warn_on_schedule_restart(model: Any, optimizer: DPOptimizerBase) -> None:
-    """Warns when ``optimizer``, built for ``model`` at step 0, replaces a DP optimizer that took steps on it.
-
-    The replaced one was restored with the model (``load_model``, a checkpoint) or trained it in this process; a
-    fresh one starts its schedule over, and its epsilon leaves out the earlier steps, although their budget was
-    spent on the same data. Restoring the counter into the model's optimizer (docs/privacy.md, "Resuming") warns not.
-    """
+    """Warns when ``optimizer``, at step 0, replaces a DP optimizer that took steps on ``model`` (restored with it,
+    or trained in this process): the new schedule starts over, and its epsilon leaves out the earlier steps."""
     previous = _DP_STEP_OF_MODEL.get(model)
     _DP_STEP_OF_MODEL[model] = optimizer.dp_step
     if previous is None or previous is optimizer.dp_step:
@@ -236,12 +196,9 @@ class DegenerateNoiseWarning(UserWarning):
 
 
 def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_degenerate_noise) -> bool:
-    """Refuses a schedule with a noise multiplier outside what every accountant represents, before any step.
-
-    z_t = 0 (sigma_t = 0) releases the clipped sum in the clear, and z_t = 1e-6 leaves one step at epsilon > 1e7:
-    no DP-SGD run that is worth accounting trains there, and `PrivacyLogger` could not account it.
-    ``allow_degenerate_noise=True`` accepts such a schedule with a `DegenerateNoiseWarning` (for tests that measure
-    the clipped sum without noise); it returns that flag.
+    """Refuses, before any step, a schedule with a noise multiplier outside what every accountant represents
+    (z_t = 0 releases the clipped sum in the clear; z_t = 1e-6 gives one step epsilon > 1e7), unless
+    ``allow_degenerate_noise`` (returned): then a `DegenerateNoiseWarning`, for tests without noise.
 
     Raises:
       noise_range.NoiseOutOfRangeError (a ValueError): naming ``argument``, the step and the accepted range.
@@ -252,12 +209,11 @@ def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_de
     except noise_range.NoiseOutOfRangeError as error:
         if not allow_degenerate_noise:
             raise
-        # Attributed to the caller of the optimizer's constructor (this function, resolve, __init__).
-        warnings.warn(
+        warnings.warn(  # Attributed to the caller of the optimizer's constructor.
             f"allow_degenerate_noise=True: {error} This optimizer trains anyway: its updates have no meaningful "
             "differential privacy. Use it only to test.",
             DegenerateNoiseWarning,
-            stacklevel=4,
+            stacklevel=3,
         )
     return allow_degenerate_noise
 
@@ -293,11 +249,9 @@ def restored_schedule_refusal(
 ) -> str | None:
     """Why a DP step must not run at step counter ``step`` under ``schedule``, or None when it may.
 
-    The optimizer records its schedule's fingerprint with the step counter at step 0 (and keeps it at every step),
-    and both are saved together. A step counter past 0 indexes the schedule its steps were taken under: restored
-    into an optimizer of another schedule (another fingerprint), or without any fingerprint (a checkpoint from
-    before keras_dyndp recorded one, or a counter restored or set alone), it would continue on the wrong schedule
-    and `PrivacyLogger` would account the steps taken under the wrong noise. Step 0 always runs: nothing is spent.
+    The fingerprint of the schedule is recorded at step 0 and saved with the counter. A counter past 0 restored
+    under another fingerprint (or none) would index the wrong schedule, and `PrivacyLogger` would account steps
+    taken under other noise. Step 0 always runs: nothing is spent.
     """
     recorded = tuple(int(word) for word in recorded_fingerprint)
     if step == 0 or recorded == schedule.fingerprint:
@@ -331,74 +285,9 @@ def schedule_mismatch_message(recorded: bool) -> str:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class DPArguments:
-    """A DP optimizer's checked arguments: its schedule and how it clips and normalises."""
-
-    schedule: schedules.DPSchedule
-    expected_batch_size: float | None
-    public_batch_size: bool
-    num_microbatches: int | None
-    accumulation_steps: int
-    rescale_to_unit_norm: bool
-    allow_degenerate_noise: bool
-
-
-def resolve(
-    schedule,
-    budget: dict,
-    *,
-    num_microbatches,
-    expected_batch_size,
-    public_batch_size,
-    accumulation_steps,
-    rescale_to_unit_norm,
-    allow_degenerate_noise,
-    base_kwargs: dict,
-    unsupported: dict[str, str],
-) -> DPArguments:
-    """Checks a DP optimizer's constructor arguments and builds (or takes) its schedule.
-
-    Args:
-      schedule: a `DPSchedule`, or None when ``budget`` gives the privacy budget.
-      budget: the budget arguments by name (`BUDGET_ARGUMENTS`; None where not given).
-      num_microbatches, expected_batch_size, public_batch_size, accumulation_steps, rescale_to_unit_norm: as the
-        optimizers take them.
-      base_kwargs: the keyword arguments for the base optimizer class.
-      unsupported: base-optimizer arguments the backend's DP optimizers refuse, with the reason.
-
-    Raises:
-      ValueError, TypeError: naming the argument and its valid values (`check_schedule_noise`: a noise multiplier
-        outside the accountants' range).
-    """
-    public_batch_size = validation.check_bool("public_batch_size", public_batch_size)
-    noise_argument = "schedule" if schedule is not None else "target_epsilon"
-    schedule, expected_batch_size = resolve_schedule(schedule, budget, expected_batch_size, public_batch_size)
-    num_microbatches = validation.check_positive_int(
-        "num_microbatches", num_microbatches, none_means="one microbatch per example", exact=True
-    )
-    accumulation_steps = check_accumulation_steps(accumulation_steps, num_microbatches)
-    rescale_to_unit_norm = validation.check_bool("rescale_to_unit_norm", rescale_to_unit_norm)
-    check_base_arguments(base_kwargs, unsupported)
-    allow_degenerate_noise = check_schedule_noise(schedule, noise_argument, allow_degenerate_noise)
-    return DPArguments(
-        schedule,
-        expected_batch_size,
-        public_batch_size,
-        num_microbatches,
-        accumulation_steps,
-        rescale_to_unit_norm,
-        allow_degenerate_noise,
-    )
-
-
 class GradientGuard:
-    """Remembers the gradients the DP path produced, so the optimizer's apply can refuse any others.
-
-    A plain Python object (not a tracked list) so the optimizer's checkpoint graph is not affected. Per thread:
-    MirroredStrategy traces each replica's step in a thread of its own, between compute_gradients and
-    apply_gradients of the same replica.
-    """
+    """Remembers the gradients the DP path produced, so the optimizer's apply can refuse any others. A plain object
+    (the checkpoint graph is unaffected), per thread (MirroredStrategy traces each replica in its own thread)."""
 
     def __init__(self):
         self._local = threading.local()
@@ -411,49 +300,38 @@ class GradientGuard:
         return pending is not None and len(pending) == len(grads) and all(g is p for g, p in zip(grads, pending))
 
 
+def _attribute(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self, name), doc=doc)
+
+
+_SETTINGS = tuple(
+    "num_microbatches expected_batch_size public_batch_size accumulation_steps rescale_to_unit_norm "
+    "allow_degenerate_noise".split()
+)
+"""The checked arguments an optimizer keeps as ``_<name>`` and saves in its config."""
+
+
 class DPOptimizerBase:
-    """The backend-neutral part of every keras_dyndp DP optimizer: its arguments, their checks, its schedule and
-    its config. A backend's mixin (`keras_dyndp.tf_backend.DynamicDPOptimizerMixin` for TensorFlow,
-    `keras_dyndp.jax_backend.optimizer.JaxDPOptimizerMixin` for JAX) subclasses it and adds the mechanism in
-    `_build_dp_state`; ``class DynamicDPKerasSGD(<backend mixin>, keras.optimizers.SGD)``.
+    """The backend-neutral part of every DP optimizer. A backend's mixin (`keras_dyndp.tf_backend.
+    DynamicDPOptimizerMixin`, `keras_dyndp.jax_backend.optimizer.JaxDPOptimizerMixin`) subclasses it and builds the
+    mechanism in `_build_dp_state`: ``class DynamicDPKerasSGD(<backend mixin>, keras.optimizers.SGD)``.
 
     Args:
-      schedule: the `DPSchedule` to follow (exclusive with the budget arguments).
-      target_epsilon, target_delta: the budget (epsilon > 0, delta in (0, 1)).
-      num_examples: training set size N.
-      batch_size: expected batch size; the sampling probability is batch_size / N and it becomes
-        `expected_batch_size`.
-      epochs, steps: the run length, exactly one of them.
-      method: 'vanilla', 'growing_mu', 'sensitivity_decay' or 'dynamic'.
-      initial_clip: C_0 > 0.
-      rho_mu, rho_c: the schedule's growth of mu and decay of C over the run (>= 1; default 1).
-      accountant: accountant the budget is met under: 'pld' (default; rigorous and tight), 'rdp' (rigorous)
-        or 'gdp_clt' (the paper's approximation, which can understate epsilon: a `GdpCltUnderstatementWarning`
-        gives the PLD epsilon when it exceeds the target by more than 5%).
-      num_microbatches: None (default) clips every example; an integer M >= 1 clips the means of M random
-        microbatches, with twice the noise at every step (`keras_dyndp.mechanism`).
-      expected_batch_size: p N, the normaliser of the noisy sum: a public constant, whatever the batch holds, and
-        it gives N, so every step, on every path, refuses a batch whose number of examples is far outside
-        Binomial(N, p). Required with ``schedule`` (the budget arguments set it to ``batch_size``) unless
-        ``public_batch_size=True``. Under a multi-replica tf.distribute strategy it is the GLOBAL batch's
-        (`keras_dyndp.tf_backend.replicas`).
-      public_batch_size: False (default). True, only with ``schedule`` and without ``expected_batch_size``:
-        divide the noisy sum by each batch's number of rows, which you thereby state is public (fixed-size
-        batches). That is outside the schedule's Poisson accounting (whose batch sizes are private), no batch size
-        is checked, keras_dyndp's Poisson batches are refused, and so is a step that sees rows with sample weight
-        0 (padding, which would count as rows) where the step sees the weights (`make_private`'s, JAX's).
-      accumulation_steps: k >= 1 (default 1). `keras_dyndp.make_private`'s step clips each batch (the logical
-        batch that p and the schedule count) in k physical batches, one after another, and adds the noise once:
-        a batch k times larger than memory allows (`keras_dyndp.tf_backend.per_example.accumulation`).
-      rescale_to_unit_norm: False (default) divides the noisy clipped sum by the normaliser alone; True divides
-        it by the normaliser times C_t as well (`keras_dyndp.mechanism`, step 4). Post-processing: privacy unchanged.
-      noise_seed: None (default) seeds the noise from OS entropy, the only choice for a model you release. An
-        integer >= 0 makes the noise reproducible for tests and research, with a `NoiseSeedWarning`: whoever
-        knows it can remove the noise. It is never serialised; a reloaded optimizer draws OS entropy.
-      allow_degenerate_noise: False (default) refuses, at construction, a schedule with a noise multiplier
-        sigma_t / C_t outside [1e-4, 1e4] (`check_schedule_noise`; sigma_t = 0 included). True trains with it, with
-        a `DegenerateNoiseWarning`: for tests that measure the clipped sum without noise, never for a release.
-      **kwargs: arguments of the base optimizer class (learning_rate, ...), keyword only.
+      schedule: the `DPSchedule` to follow; or the budget arguments target_epsilon, target_delta, num_examples (N),
+        batch_size (p N), epochs or steps, method, initial_clip (C_0), rho_mu, rho_c (>= 1; default 1), accountant
+        ('pld' default, 'rdp', or 'gdp_clt', which warns when its PLD epsilon exceeds the target by > 5%).
+      num_microbatches: None clips every example; M >= 1 clips M random microbatches, with twice the noise.
+      expected_batch_size: p N, the public normaliser, which also lets every step refuse a batch size far outside
+        Binomial(N, p); required with ``schedule`` unless ``public_batch_size``. Multi-replica: the global batch's.
+      public_batch_size: True (``schedule`` only) divides by each batch's rows, stated public (fixed-size batches,
+        outside the Poisson accounting): no size check; Poisson batches and rows of sample weight 0 are refused.
+      accumulation_steps: k >= 1 physical batches per batch in `make_private`'s step, noise added once.
+      rescale_to_unit_norm: True divides by C_t as well (`keras_dyndp.mechanism`, step 4).
+      noise_seed: None: OS entropy (the only choice for a release); an integer >= 0 (tests): reproducible, with a
+        `NoiseSeedWarning`. Never serialised.
+      allow_degenerate_noise: True trains with noise multipliers outside [1e-4, 1e4], with a
+        `DegenerateNoiseWarning`: for tests only.
+      **kwargs: the base optimizer's arguments (learning_rate, ...).
     """
 
     def __init__(
@@ -480,41 +358,31 @@ class DPOptimizerBase:
         allow_degenerate_noise: bool = False,
         **kwargs,
     ):
-        budget = dict(
-            target_epsilon=target_epsilon,
-            target_delta=target_delta,
-            num_examples=num_examples,
-            batch_size=batch_size,
-            epochs=epochs,
-            steps=steps,
-            method=method,
-            initial_clip=initial_clip,
-            rho_mu=rho_mu,
-            rho_c=rho_c,
-            accountant=accountant,
+        arguments = locals()
+        budget = {name: arguments[name] for name in BUDGET_ARGUMENTS}
+        public_batch_size = validation.check_bool("public_batch_size", public_batch_size)
+        noise_argument = "schedule" if schedule is not None else "target_epsilon"
+        schedule, expected_batch_size = resolve_schedule(schedule, budget, expected_batch_size, public_batch_size)
+        understatement = schedules.gdp_clt_understatement(schedule)  # PLD epsilon > 1.05 x a GDP-CLT target
+        if understatement is not None:
+            warnings.warn(understatement, schedules.GdpCltUnderstatementWarning, stacklevel=2)
+        num_microbatches = validation.check_positive_int(
+            "num_microbatches", num_microbatches, none_means="one microbatch per example", exact=True
         )
-        arguments = resolve(
-            schedule,
-            budget,
-            num_microbatches=num_microbatches,
-            expected_batch_size=expected_batch_size,
-            public_batch_size=public_batch_size,
-            accumulation_steps=accumulation_steps,
-            rescale_to_unit_norm=rescale_to_unit_norm,
-            allow_degenerate_noise=allow_degenerate_noise,
-            base_kwargs=kwargs,
-            unsupported=self._unsupported_base_arguments(),
-        )
+        accumulation_steps = check_accumulation_steps(accumulation_steps, num_microbatches)
+        rescale_to_unit_norm = validation.check_bool("rescale_to_unit_norm", rescale_to_unit_norm)
+        check_base_arguments(kwargs, self._unsupported_base_arguments())
+        allow_degenerate_noise = check_schedule_noise(schedule, noise_argument, allow_degenerate_noise)
         self._check_backend()
         kwargs.setdefault("name", type(self).__name__)
         super().__init__(**kwargs)
-        self._schedule = arguments.schedule
-        self._num_microbatches = arguments.num_microbatches
-        self._accumulation_steps = arguments.accumulation_steps
-        self._rescale_to_unit_norm = arguments.rescale_to_unit_norm
-        self._expected_batch_size = arguments.expected_batch_size
-        self._public_batch_size = arguments.public_batch_size
-        self._allow_degenerate_noise = arguments.allow_degenerate_noise
+        self._schedule = schedule
+        self._num_microbatches = num_microbatches
+        self._expected_batch_size = expected_batch_size
+        self._public_batch_size = public_batch_size
+        self._accumulation_steps = accumulation_steps
+        self._rescale_to_unit_norm = rescale_to_unit_norm
+        self._allow_degenerate_noise = allow_degenerate_noise
         self._private_train_step: dict | None = None  # make_private's arguments, once it has used this optimizer.
         self._build_dp_state(noise_seed)
 
@@ -530,20 +398,26 @@ class DPOptimizerBase:
         ``self._schedule_fingerprint`` (an int32 [2] optimizer variable of zeros, saved with the step counter)."""
         raise NotImplementedError
 
-    @property
-    def schedule(self) -> schedules.DPSchedule:
-        """The `DPSchedule` this optimizer follows."""
-        return self._schedule
+    schedule = _attribute("_schedule", "The `DPSchedule` this optimizer follows.")
+    schedule_fingerprint = _attribute(
+        "_schedule_fingerprint",
+        "int32 [2] variable saved with `dp_step`: the `DPSchedule.fingerprint` its steps were taken under, recorded "
+        "at step 0; (0, 0) before. Every step refuses a mismatch (`restored_schedule_refusal`).",
+    )
+    expected_batch_size = _attribute("_expected_batch_size", "p N, the normaliser; None only with `public_batch_size`.")
+    public_batch_size = _attribute("_public_batch_size", "Whether batch sizes are stated public.")
+    accumulation_steps = _attribute("_accumulation_steps", "Physical batches `make_private`'s step clips a batch in.")
+    rescale_to_unit_norm = _attribute("_rescale_to_unit_norm", "Whether the noisy sum is divided by C_t as well.")
+    num_microbatches = _attribute("_num_microbatches", "Microbatches per batch; None means one per example.")
 
     @property
-    def schedule_fingerprint(self) -> Any:
-        """int32 [2] variable saved with `dp_step`: the `DPSchedule.fingerprint` of the schedule its steps were
-        taken under, recorded at step 0; (0, 0) before. Every step refuses a mismatch (`restored_schedule_refusal`)."""
-        return self._schedule_fingerprint
+    def normalises_by_rows(self) -> bool:
+        """Whether the noisy sum is divided by each batch's rows: `public_batch_size` with per-example clipping."""
+        return self._public_batch_size and self._num_microbatches is None
 
     def check_restored_schedule(self) -> None:
         """Raises RuntimeError if `dp_step` was restored from a run under another schedule (or without a
-        fingerprint): `restored_schedule_refusal`. The DP step checks the same inside the step."""
+        fingerprint): `restored_schedule_refusal`, as the DP step checks inside the step."""
         refusal = restored_schedule_refusal(
             int(self.dp_step.numpy()), self._schedule_fingerprint.numpy().tolist(), self._schedule
         )
@@ -551,10 +425,9 @@ class DPOptimizerBase:
             raise RuntimeError(refusal)
 
     def load_own_variables(self, store) -> None:
-        """Keras's ``.keras`` / ``.weights.h5`` loading. A file from before the optimizer saved its schedule
-        fingerprint (exactly that variable fewer, the others' shapes equal) loads with the fingerprint unrecorded,
-        so that a restored step counter past 0 is refused until `record_schedule_fingerprint` (Keras itself would
-        skip every optimizer variable, restarting the schedule at step 0 and spending the budget again)."""
+        """Keras's ``.keras`` / ``.weights.h5`` loading. A file saved before the schedule fingerprint existed (that
+        variable fewer, the other shapes equal) loads with it unrecorded, so a counter past 0 is refused until
+        `record_schedule_fingerprint` (Keras would skip every variable and restart the schedule at step 0)."""
         older = [variable for variable in self.variables if variable is not self._schedule_fingerprint]
         if len(store.keys()) == len(older) and all(
             tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(older)
@@ -566,8 +439,7 @@ class DPOptimizerBase:
         super().load_own_variables(store)
 
     def record_schedule_fingerprint(self) -> None:
-        """Records this optimizer's schedule with a restored step counter that has no fingerprint (a checkpoint from
-        before keras_dyndp saved one): you state that its steps were taken under this very schedule.
+        """States that a restored counter without a fingerprint (an older checkpoint) counts steps of this schedule.
 
         Raises:
           RuntimeError: if a fingerprint of another schedule is recorded (it cannot be overwritten).
@@ -586,48 +458,10 @@ class DPOptimizerBase:
         if int(self.dp_step.numpy()) >= self._schedule.num_steps:
             raise BudgetExhaustedError(budget_exhausted_message(self._schedule.num_steps, budget_stop))
 
-    @property
-    def expected_batch_size(self) -> float | None:
-        """p N, the normaliser of the noisy sum for per-example clipping; None only with `public_batch_size`."""
-        return self._expected_batch_size
-
-    @property
-    def public_batch_size(self) -> bool:
-        """Whether the user stated that batch sizes are public (then no batch size is checked)."""
-        return self._public_batch_size
-
-    @property
-    def normalises_by_rows(self) -> bool:
-        """Whether the noisy sum is divided by each batch's rows: `public_batch_size` with per-example clipping."""
-        return self._public_batch_size and self._num_microbatches is None
-
-    @property
-    def accumulation_steps(self) -> int:
-        """Number of physical batches `make_private`'s step clips each batch in (1: the whole batch at once)."""
-        return self._accumulation_steps
-
-    @property
-    def rescale_to_unit_norm(self) -> bool:
-        """Whether the noisy clipped sum is divided by C_t as well as by the normaliser."""
-        return self._rescale_to_unit_norm
-
-    @property
-    def num_microbatches(self) -> int | None:
-        """Number of microbatches per batch; None means one per example."""
-        return self._num_microbatches
-
     def get_config(self) -> dict:
         config = super().get_config()
-        config.update(
-            schedule=self._schedule.get_config(),
-            num_microbatches=self._num_microbatches,
-            expected_batch_size=self._expected_batch_size,
-            public_batch_size=self._public_batch_size,
-            accumulation_steps=self._accumulation_steps,
-            rescale_to_unit_norm=self._rescale_to_unit_norm,
-            allow_degenerate_noise=self._allow_degenerate_noise,
-            private_train_step=None if self._private_train_step is None else dict(self._private_train_step),
-        )
+        config.update(schedule=self._schedule.get_config(), **{name: getattr(self, f"_{name}") for name in _SETTINGS})
+        config.update(private_train_step=None if self._private_train_step is None else dict(self._private_train_step))
         return config
 
     @classmethod

@@ -9,15 +9,15 @@ or report a saved schedule (`DPSchedule.to_json()` text, or an example trainer's
 
   dyndp-privacy --schedule_json=schedule.json --delta=1e-5
 
-It prints one table row per method: first/last noise multiplier and clip norm and epsilon under the method's own
-accountant, GDP-CLT, RDP and PLD (see `keras_dyndp.privacy_report`). The paper's methods are calibrated under
---accountant: pld by default (rigorous); pass --accountant=gdp_clt for the paper's own calibration. With --plot_dir
-it writes `epsilon_consumption.png` (paper Fig. 2, spec mode only) and `accountant_comparison.png` (paper Fig. 3,
-for the dynamic schedule or the loaded one). A bad spec prints one error line on stderr and exits with status 2.
+It prints a table row per method (`keras_dyndp.privacy_report`). The paper's methods are calibrated under
+--accountant (pld by default; gdp_clt is the paper's). --plot_dir writes `epsilon_consumption.png` (paper Fig. 2,
+spec mode) and `accountant_comparison.png` (Fig. 3, of the dynamic or the loaded schedule). A bad spec prints one
+error line on stderr and exits with status 2.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -32,31 +32,24 @@ from keras_dyndp.accounting import registry
 # The command's own flag registry, so that importing this module beside an example trainer (which defines flags of
 # the same names on absl's global registry) cannot clash.
 _FLAGS = flags.FlagValues()
-_METHOD = flags.DEFINE_string(
-    "method", "all", f"Comma-separated methods among {schedules.ALL_METHODS}, or 'all'.", flag_values=_FLAGS
+_string, _float, _integer = (
+    functools.partial(define, flag_values=_FLAGS)
+    for define in (flags.DEFINE_string, flags.DEFINE_float, flags.DEFINE_integer)
 )
-_EPSILON = flags.DEFINE_float("epsilon", None, "Target epsilon of the run (spec mode).", flag_values=_FLAGS)
-_DELTA = flags.DEFINE_float(
-    "delta", None, "Target delta; default 1 / (10 num_examples), the paper's choice.", flag_values=_FLAGS
-)
-_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None, "Training set size N (spec mode).", flag_values=_FLAGS)
-_BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", None, "Expected batch size; p = batch_size / num_examples.", flag_values=_FLAGS
-)
-_EPOCHS = flags.DEFINE_float(
-    "epochs", None, "Epochs; T = ceil(epochs * N / batch_size). Or give --steps.", flag_values=_FLAGS
-)
-_STEPS = flags.DEFINE_integer("steps", None, "Number of steps T (instead of --epochs).", flag_values=_FLAGS)
-_RHO_MU = flags.DEFINE_float(
-    "rho_mu", 1.0, "mu_T / mu_0 >= 1 (also the zcdp/tcdp noise decay z_0 / z_T).", flag_values=_FLAGS
-)
-_RHO_C = flags.DEFINE_float("rho_c", 1.0, "C_0 / C_T >= 1.", flag_values=_FLAGS)
-_INITIAL_CLIP = flags.DEFINE_float("initial_clip", 1.0, "Initial clipping norm C_0.", flag_values=_FLAGS)
-_SCHEDULE_JSON = flags.DEFINE_string(
+_METHOD = _string("method", "all", f"Comma-separated methods among {schedules.ALL_METHODS}, or 'all'.")
+_EPSILON = _float("epsilon", None, "Target epsilon of the run (spec mode).")
+_DELTA = _float("delta", None, "Target delta; default 1 / (10 num_examples), the paper's choice.")
+_NUM_EXAMPLES = _integer("num_examples", None, "Training set size N (spec mode).")
+_BATCH_SIZE = _integer("batch_size", None, "Expected batch size; p = batch_size / num_examples.")
+_EPOCHS = _float("epochs", None, "Epochs; T = ceil(epochs * N / batch_size). Or give --steps.")
+_STEPS = _integer("steps", None, "Number of steps T (instead of --epochs).")
+_RHO_MU = _float("rho_mu", 1.0, "mu_T / mu_0 >= 1 (also the zcdp/tcdp noise decay z_0 / z_T).")
+_RHO_C = _float("rho_c", 1.0, "C_0 / C_T >= 1.")
+_INITIAL_CLIP = _float("initial_clip", 1.0, "Initial clipping norm C_0.")
+_SCHEDULE_JSON = _string(
     "schedule_json",
     None,
     "Path of a saved DPSchedule.to_json() file or of an example trainer's <model_dir>/run_config.json.",
-    flag_values=_FLAGS,
 )
 _ACCOUNTANT = flags.DEFINE_enum(
     "accountant",
@@ -69,12 +62,8 @@ _ACCOUNTANT = flags.DEFINE_enum(
 _ACCOUNTANTS = flags.DEFINE_list(
     "accountants", list(registry.ACCOUNTANT_NAMES), "Accountants to report.", flag_values=_FLAGS
 )
-_NUM_POINTS = flags.DEFINE_integer(
-    "num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.", flag_values=_FLAGS
-)
-_PLOT_DIR = flags.DEFINE_string(
-    "plot_dir", None, "Directory for the PNG plots (created if missing).", flag_values=_FLAGS
-)
+_NUM_POINTS = _integer("num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.")
+_PLOT_DIR = _string("plot_dir", None, "Directory for the PNG plots (created if missing).")
 
 _EXIT_BAD_SPEC = 2
 
@@ -120,12 +109,6 @@ def _methods() -> list[str]:
     return methods
 
 
-def _require(**values) -> None:
-    missing = [f"--{name}" for name, value in values.items() if value is None]
-    if missing:
-        raise ValueError(f"{', '.join(missing)} required (or give --schedule_json).")
-
-
 def _load_schedule(path: str) -> schedules.DPSchedule:
     """The schedule of a `DPSchedule.to_json()` file or of an example trainer's run_config.json (its "schedule")."""
     with open(path, encoding="utf-8") as handle:
@@ -143,6 +126,17 @@ def _load_schedule(path: str) -> schedules.DPSchedule:
         ) from error
 
 
+def _plot(plot, name: str, *args, **kwargs) -> None:
+    """Writes a `privacy_report` plot as --plot_dir/``name`` and prints its path."""
+    os.makedirs(_PLOT_DIR.value, exist_ok=True)
+    print(plot(os.path.join(_PLOT_DIR.value, name), *args, **kwargs))
+
+
+def _plot_comparison(schedule: schedules.DPSchedule, delta: float, title: str) -> None:
+    comparison = privacy_report.plot_accountant_comparison
+    _plot(comparison, "accountant_comparison.png", schedule, delta, _ACCOUNTANTS.value, _NUM_POINTS.value, title=title)
+
+
 def _report_loaded(path: str) -> None:
     if _DELTA.value is None:
         raise ValueError("--delta is required with --schedule_json.")
@@ -150,21 +144,14 @@ def _report_loaded(path: str) -> None:
     name = os.path.basename(path)
     print(privacy_report.format_table(privacy_report.report_rows({name: schedule}, _DELTA.value, _ACCOUNTANTS.value)))
     if _PLOT_DIR.value:
-        os.makedirs(_PLOT_DIR.value, exist_ok=True)
-        print(
-            privacy_report.plot_accountant_comparison(
-                os.path.join(_PLOT_DIR.value, "accountant_comparison.png"),
-                schedule,
-                _DELTA.value,
-                _ACCOUNTANTS.value,
-                _NUM_POINTS.value,
-                title=f"{name}: epsilon over steps by accountant",
-            )
-        )
+        _plot_comparison(schedule, _DELTA.value, f"{name}: epsilon over steps by accountant")
 
 
 def _report_spec() -> None:
-    _require(epsilon=_EPSILON.value, num_examples=_NUM_EXAMPLES.value, batch_size=_BATCH_SIZE.value)
+    required = {"epsilon": _EPSILON.value, "num_examples": _NUM_EXAMPLES.value, "batch_size": _BATCH_SIZE.value}
+    missing = [f"--{name}" for name, value in required.items() if value is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} required (or give --schedule_json).")
     p, num_steps = schedules.sampling_from_epochs(
         _NUM_EXAMPLES.value, _BATCH_SIZE.value, epochs=_EPOCHS.value, steps=_STEPS.value
     )
@@ -190,24 +177,12 @@ def _report_spec() -> None:
     if baselines:
         print("\n".join(["Notes:"] + [_BASELINE_NOTES[method] for method in baselines]))
     if _PLOT_DIR.value:
-        os.makedirs(_PLOT_DIR.value, exist_ok=True)
-        print(
-            privacy_report.plot_epsilon_consumption(
-                os.path.join(_PLOT_DIR.value, "epsilon_consumption.png"), **spec, num_points=_NUM_POINTS.value
-            )
-        )
+        _plot(privacy_report.plot_epsilon_consumption, "epsilon_consumption.png", **spec, num_points=_NUM_POINTS.value)
         dynamic = built.get("dynamic") or schedules.calibrate(
             "dynamic", **spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value
         )
-        print(
-            privacy_report.plot_accountant_comparison(
-                os.path.join(_PLOT_DIR.value, "accountant_comparison.png"),
-                dynamic,
-                delta,
-                _ACCOUNTANTS.value,
-                _NUM_POINTS.value,
-                title=f"Dynamic DP-SGD (1/rho_mu = {1 / _RHO_MU.value:.2g}, 1/rho_c = {1 / _RHO_C.value:.2g})",
-            )
+        _plot_comparison(
+            dynamic, delta, f"Dynamic DP-SGD (1/rho_mu = {1 / _RHO_MU.value:.2g}, 1/rho_c = {1 / _RHO_C.value:.2g})"
         )
 
 

@@ -1,23 +1,9 @@
-"""Privacy report: one schedule per method, its noise and its epsilon under several accountants, and plots.
-
-The paper calibrates every schedule with the extended GDP central limit theorem (GDP-CLT), an approximation that
-can understate epsilon (Gopi et al. 2021); this package calibrates under the PLD unless told otherwise. This module
-puts numbers side by side: for each method (`schedules.ALL_METHODS`: the paper's four, plus the noise-decay
-baselines of its Table 1, each built by `schedules.calibrate`) it reports the first and last noise multipliers and
-the epsilon of the same schedule under
-
-* 'gdp_clt': the paper's accountant;
-* 'rdp': exact heterogeneous Renyi DP (`accounting.fast_rdp`), a rigorous upper bound;
-* 'pld': privacy loss distributions with steps grouped pessimistically (`accounting.fast_pld`), a rigorous upper
-  bound and the tightest of the three;
-* 'own': the accountant the method was calibrated with (the schedule's `calibration`: 'pld' by default, 'rdp' or
-  'gdp_clt' when asked for, zCDP / tCDP for the baselines), which meets the target epsilon.
-
-Data (`ReportRow`), text formatting (`format_table`) and plotting (`plot_epsilon_consumption`, paper Fig. 2;
-`plot_accountant_comparison`, paper Fig. 3; `plot_run_privacy`, the curve of a training run, which the example
-trainers write beside their checkpoints) are separate so that scripts and tests can use each alone. Plotting uses
-matplotlib's object-oriented API (`matplotlib.figure.Figure`, whose PNGs Agg renders), which needs no display and
-leaves pyplot alone.
+"""Privacy report: for each method (`schedules.ALL_METHODS`: the paper's four and the noise-decay baselines of its
+Table 1), the schedule's first and last noise multipliers and clip norms, and its epsilon under 'gdp_clt' (the
+paper's approximation, which can understate epsilon: Gopi et al. 2021), 'rdp' and 'pld' (rigorous; PLD the
+tightest), and 'own' (the accountant it was calibrated with, which meets the target). Rows (`ReportRow`), text
+(`format_table`) and plots (paper Fig. 2 `plot_epsilon_consumption`, Fig. 3 `plot_accountant_comparison`, a run's
+`plot_run_privacy`) are separate. Plots use matplotlib's `Figure` (Agg PNGs): no display, pyplot left alone.
 """
 
 from __future__ import annotations
@@ -54,12 +40,8 @@ DEFAULT_NUM_POINTS = 50
 
 @dataclasses.dataclass(frozen=True)
 class ReportRow:
-    """One method's schedule summary.
-
-    `epsilons` maps each requested accountant of `registry.ACCOUNTANT_NAMES` to the schedule's epsilon under it
-    (accountants not requested are absent), so a new registry entry needs no new field. `epsilon_own` is None
-    (`calibrated_by` '-') for a schedule that does not say how it was calibrated.
-    """
+    """One method's schedule summary. `epsilons`: {requested accountant: epsilon}. `epsilon_own` is None
+    (`calibrated_by` '-') for a schedule that does not say how it was calibrated."""
 
     method: str
     calibrated_by: str
@@ -88,8 +70,8 @@ def schedule_row(
     delta: float,
     accountants: Sequence[str] = registry.ACCOUNTANT_NAMES,
 ) -> ReportRow:
-    """The `ReportRow` of one schedule. Its 'own' accountant is the baseline's for `method` 'zcdp' / 'tcdp', else
-    the one in `schedule.calibration` (none for a schedule that does not record one, e.g. one built by hand)."""
+    """The `ReportRow` of one schedule; 'own' is the baseline's accountant for 'zcdp' / 'tcdp', else
+    `schedule.calibration`'s (none for a schedule built by hand)."""
     delta = validation.check_delta(delta)
     accountants = _check_accountants(accountants)
     if method in schedules.BASELINES:
@@ -124,29 +106,17 @@ def report_rows(
 
 
 def format_table(rows: Sequence[ReportRow]) -> str:
-    """Fixed-width text table of the rows (one line per method, one epsilon column per accountant of the registry;
-    '-' for accountants not computed)."""
+    """Fixed-width text table, a line per row, an epsilon column per accountant ('-' where not computed)."""
     headers = ("method", "calibrated_by", "T", "z_first", "z_last", "C_first", "C_last", "eps_own") + tuple(
         f"eps_{name}" for name in registry.ACCOUNTANT_NAMES
     )
 
-    def number(value: float | None) -> str:
-        return "-" if value is None else f"{value:.4g}"
+    def cells(row: ReportRow) -> tuple[str, ...]:
+        values = [row.first_noise_multiplier, row.last_noise_multiplier, row.first_clip_norm, row.last_clip_norm]
+        values += [row.epsilon_own, *(row.epsilons.get(name) for name in registry.ACCOUNTANT_NAMES)]
+        return (row.method, row.calibrated_by, str(row.num_steps), *("-" if v is None else f"{v:.4g}" for v in values))
 
-    lines = [headers] + [
-        (
-            row.method,
-            row.calibrated_by,
-            str(row.num_steps),
-            number(row.first_noise_multiplier),
-            number(row.last_noise_multiplier),
-            number(row.first_clip_norm),
-            number(row.last_clip_norm),
-            number(row.epsilon_own),
-            *(number(row.epsilons.get(name)) for name in registry.ACCOUNTANT_NAMES),
-        )
-        for row in rows
-    ]
+    lines = [headers] + [cells(row) for row in rows]
     widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
     return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
 
@@ -164,18 +134,17 @@ def epsilon_curves(
     accountants: Sequence[str] = registry.ACCOUNTANT_NAMES,
     num_points: int = DEFAULT_NUM_POINTS,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Epsilon of the first k steps for about `num_points` values of k, under each accountant.
-
-    Cumulative in one pass per accountant (the registry's `epsilons_at`): GDP-CLT and RDP sum per-step terms, PLD
-    composes consecutive segments (`fast_pld.pld_epsilons_at`).
-
-    Returns:
-      (steps [K], {accountant: epsilons [K]}).
-    """
+    """(steps [K], {accountant: epsilons [K]}): epsilon of the first k steps for about `num_points` values of k,
+    one cumulative pass per accountant (`epsilons_at`)."""
     delta = validation.check_delta(delta)
     accountants = _check_accountants(accountants)
     steps = curve_steps(schedule.num_steps, num_points)
     return steps, {name: registry.get(name).epsilons_at(schedule, delta, steps) for name in accountants}
+
+
+def _save(figure, path: str) -> str:
+    figure.savefig(path, dpi=100)
+    return path
 
 
 def _new_figure(title: str, num_panels: int = 1):
@@ -204,12 +173,8 @@ def plot_epsilon_consumption(
     num_points: int = DEFAULT_NUM_POINTS,
     accountant: str = registry.DEFAULT_ACCOUNTANT,
 ) -> str:
-    """Paper Fig. 2: epsilon consumed by the first k steps of growing-mu schedules, one curve per rho_mu.
-
-    Each schedule is calibrated under `accountant` ('pld' by default; the paper's figure is 'gdp_clt') and its
-    consumption is measured by the same accountant, so every curve ends at target_epsilon. A faster-growing mu_t
-    spends less of the budget early and more late. Writes a PNG to `path` and returns `path`.
-    """
+    """Paper Fig. 2 (the paper used 'gdp_clt'): epsilon of the first k steps of growing-mu schedules, one curve per
+    rho_mu, calibrated and measured under `accountant` (every curve ends at the target). A PNG at `path`, returned."""
     figure, (axes,) = _new_figure(f"Privacy budget consumption ({accountant}), epsilon = {target_epsilon:g}")
     for rho_mu in rho_mus:
         schedule = schedules.calibrate(
@@ -225,8 +190,7 @@ def plot_epsilon_consumption(
         steps, curves = epsilon_curves(schedule, target_delta, [accountant], num_points)
         axes.plot(steps, curves[accountant], label=f"1/rho_mu = {1 / rho_mu:.2g}")
     axes.legend()
-    figure.savefig(path, dpi=100)
-    return path
+    return _save(figure, path)
 
 
 def plot_accountant_comparison(
@@ -237,18 +201,14 @@ def plot_accountant_comparison(
     num_points: int = DEFAULT_NUM_POINTS,
     title: str = "Epsilon over steps by accountant",
 ) -> str:
-    """Paper Fig. 3: epsilon of the first k steps of one schedule under GDP-CLT, RDP and PLD.
-
-    RDP and PLD are rigorous upper bounds (PLD the tighter); the GDP-CLT approximation may fall below both.
-    Writes a PNG to `path` and returns `path`.
-    """
+    """Paper Fig. 3: epsilon of the first k steps of one schedule under each accountant (the GDP-CLT may fall below
+    the rigorous RDP and PLD). A PNG at `path`, returned."""
     steps, curves = epsilon_curves(schedule, delta, accountants, num_points)
     figure, (axes,) = _new_figure(title)
     for name, values in curves.items():
         axes.plot(steps, values, label=name)
     axes.legend()
-    figure.savefig(path, dpi=100)
-    return path
+    return _save(figure, path)
 
 
 def plot_run_privacy(
@@ -259,11 +219,8 @@ def plot_run_privacy(
     accountant: str = registry.DEFAULT_ACCOUNTANT,
     title: str = "Privacy of the run",
 ) -> str:
-    """The privacy curve of a training run: epsilon of its first k steps under `accountant` at each k of `steps`
-    (e.g. the epoch ends, the last one the steps taken: a few points keep it fast), above the clip norm C_t and the
-    noise std sigma_t of the steps taken.
-
-    Writes a PNG to `path` and returns `path`.
+    """A run's privacy: epsilon of its first k steps under `accountant` at each k of `steps` (e.g. the epoch ends; a
+    few points keep it fast), above C_t and sigma_t of the steps taken. A PNG at `path`, returned.
 
     Raises:
       ValueError: if `steps` is empty or holds a count outside [1, T], or on a bad `delta` or `accountant`.
@@ -291,5 +248,4 @@ def plot_run_privacy(
     knobs.plot(taken, schedule.noise_stddevs[: taken.size], label="noise std sigma_t (on the clipped sum)")
     knobs.set_ylabel("C_t, sigma_t")
     knobs.legend()
-    figure.savefig(path, dpi=100)
-    return path
+    return _save(figure, path)

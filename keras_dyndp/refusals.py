@@ -124,14 +124,16 @@ def keras_train_step(private_train_step: dict | None = None) -> str:
     """Why Keras's own train step cannot train with a DP optimizer, and ``make_private`` instead; with the
     make_private arguments a reloaded optimizer recorded (``private_train_step``), how to restore them."""
     message = (
-        "Keras's own train step differentiates the batch's mean loss and hands the optimizer only the averaged "
-        "gradient, so no example can be clipped there: call model = keras_dyndp.make_private(model) before "
-        "model.fit, which gives the model a train step that clips per example and applies through the DP optimizer."
+        "Keras's own train step cannot train with a DP optimizer. Keras 3's differentiates the batch's mean loss "
+        "and hands the optimizer only the averaged gradient, so no example can be clipped there; Keras 2's would "
+        "log the loss and metrics of the private batch without noise and cannot see how its batches were sampled: "
+        "call model = keras_dyndp.make_private(model) before model.fit, which gives the model a train step that "
+        "clips per example and applies through the DP optimizer, and a fit that checks the data it is handed."
     )
     if private_train_step is not None:
         message += (
             " This optimizer was trained through make_private before (its config says so); a model reloaded with "
             "load_model gets make_private back only when it is built at load: call "
-            f"keras_dyndp.make_private(model, **{private_train_step!r}) after loading."
+            f"keras_dyndp.make_private(model, **{dict(private_train_step)!r}) after loading."
         )
     return message

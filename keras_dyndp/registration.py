@@ -1,13 +1,7 @@
-"""Registers keras_dyndp's Keras-serializable classes (the DP optimizers) once Keras is imported.
-
-``keras.models.load_model`` finds a class that is not Keras's own only in Keras's registry, which the class's module
-fills when it is imported: ``import keras, keras_dyndp; keras.models.load_model("m.keras")`` in a fresh process
-would fail on ``DynamicDPKerasSGD`` if importing the optimizers waited for their first use. Importing them at
-``import keras_dyndp`` would import TensorFlow, which the accounting and ``dyndp-privacy`` do without (seconds), so
-registration follows Keras: at ``import keras_dyndp`` if Keras (or TensorFlow, which imports it) is already imported,
-else as soon as the first of them has been. TensorFlow imports Keras from its ``__init__`` and Keras imports
-TensorFlow from its own, so registration waits until every import of them in progress has finished. Only the
-backends keras_dyndp trains on register: TensorFlow (Keras 2 or 3) and JAX.
+"""Registers the DP optimizers with Keras (for ``load_model`` in a process that only imported keras and keras_dyndp)
+as soon as Keras is imported: at ``import keras_dyndp`` if Keras or TensorFlow already is, else once the first of
+them has been and no import of them is in progress (each imports the other), without importing TensorFlow at
+``import keras_dyndp`` (the accounting and ``dyndp-privacy`` do without). Only TensorFlow and JAX register.
 """
 
 from __future__ import annotations
@@ -19,11 +13,9 @@ import sys
 
 from keras_dyndp import backend
 
-_KERAS_MODULES = ("keras", "tf_keras", "tensorflow")
-"""The modules whose import makes Keras usable: Keras 3 and TF 2.15's Keras 2, tf_keras, and TensorFlow."""
+_KERAS_MODULES = ("keras", "tf_keras", "tensorflow")  # Whose import makes Keras usable.
 
 _OPTIMIZER_MODULES = {"tensorflow": "keras_dyndp.tf_backend", "jax": "keras_dyndp.jax_backend.optimizer"}
-"""Per Keras backend, the module whose import registers the DP optimizers."""
 
 
 def register_with_keras() -> None:
@@ -75,8 +67,8 @@ class _RegisterAfterKerasImport(importlib.abc.MetaPathFinder):
 
 
 def _inside_keras_dyndp_import() -> bool:
-    """Whether a keras_dyndp module is executing its imports: then it imported Keras itself, and importing the
-    optimizers now could meet it half-initialised. Each of its Keras modules imports them (keras_compat aside)."""
+    """Whether a keras_dyndp module is executing its imports (it imported Keras itself; the optimizers, imported now,
+    could meet it half-initialised)."""
     frame = sys._getframe(1)  # pylint: disable=protected-access
     while frame is not None:
         if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__", "").startswith("keras_dyndp."):

@@ -1,31 +1,14 @@
-"""`poisson_batches`: the training batches the accountants assume, for ``fit`` on either backend.
+"""`poisson_batches`: the batches the accountants assume (Poisson subsampling: each example joins each batch
+independently with probability p; shuffle-and-slice has no tight analysis, tensorflow/privacy #483), for ``fit``.
 
-Every accountant in this package (GDP-CLT, RDP, PLD) assumes *Poisson subsampling*: at each step every training
-example joins the batch independently with probability ``p``, so the batch size is Binomial(N, p) and changes from
-step to step. Shuffle-and-slice batching, the usual Keras habit, has no tight analysis under these accountants
-(tensorflow/privacy #483).
-
-Keras wants fixed shapes, so each batch is padded to ``max_batch_size`` rows of zeros with sample weight 0, which
-add nothing to a clipped-gradient sum; ``pad_to_multiple=m`` pads to the next multiple of m instead (at most the
-cap): a few shapes, each compiled once, and far fewer padding rows. The rows then follow the private batch size, so
-the step must never normalise by them: the DP optimizers divide by the expected batch size p N, and one built with
-``public_batch_size=True`` refuses these batches.
-
-Overflow: when more than ``max_batch_size`` examples are selected, a uniformly random ``max_batch_size`` of them
-are kept, with a warning (``overflow='truncate'``), or the step fails (``overflow='raise'``). Either way this is
-not free post-processing: adding one example can push another out (a swap, sensitivity 2C), so the run is
-(epsilon, delta + (1 + e^epsilon) T eta)-DP with ``eta = P[Binomial(N + 1, p) > cap]``
-(`keras_dyndp.batch_sizes.truncation_delta`). The default cap (`keras_dyndp.batch_sizes.default_max_batch_size`)
-makes eta <= 1e-15, negligible next to the usual delta (4e-11 for T = 4800, epsilon = 2); with a hand-picked
-small cap, add `truncation_delta` to the reported delta.
-
-Randomness: ``seed=None`` (the default, and the only choice for a model you release) draws the sampling seed from
-the OS, whatever Keras's global seed; every epoch draws fresh batches. An integer seed makes the batches
-reproducible, for tests and research; never resume a run with the seed it started with.
-
-This module holds the arguments, their checks and defaults; each backend materialises the batches:
-`keras_dyndp.tf_backend.data` as a ``tf.data.Dataset``, `keras_dyndp.jax_backend.data` as a
-``keras.utils.PyDataset``.
+Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``):
+the rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
+More than ``max_batch_size`` selected: a random ``max_batch_size`` of them are kept with a warning ('truncate') or the
+step fails ('raise'). Not free: one example can push another out (sensitivity 2C), so the run is
+(epsilon, delta + (1 + e^epsilon) T eta)-DP, eta = P[Binomial(N + 1, p) > cap] (`batch_sizes.truncation_delta`);
+the default cap makes eta <= 1e-15 (adds 4e-11 for T = 4800, epsilon = 2: negligible; with a small hand-picked cap,
+report it). ``seed=None`` draws from OS entropy (the only choice for a release). Each backend's ``data`` module
+materialises the batches.
 """
 
 from __future__ import annotations
@@ -48,9 +31,7 @@ OVERFLOW_POLICIES = ("truncate", "raise")
 
 @dataclasses.dataclass(frozen=True)
 class PoissonSampling:
-    """How `poisson_batches` samples: N examples at rate p, batches padded to ``max_batch_size`` rows (or to the next
-    multiple of ``pad_to_multiple``, at most that); ``same_on_every_worker`` (TensorFlow): its seed was given, or
-    agreed by the workers of a multi-worker strategy."""
+    """How `poisson_batches` samples; ``same_on_every_worker`` (TensorFlow): its seed was given or agreed by all."""
 
     num_examples: int
     sampling_probability: float
@@ -91,38 +72,26 @@ def poisson_batches(
     seed: int | None = None,
     num_examples: int | None = None,
 ) -> Any:
-    """Poisson-sampled, padded batches ``(x, y, sample_weight)`` for ``model.fit`` (module docstring).
-
-    Typical use, one Keras epoch = ``round(1 / p)`` steps, fresh samples every epoch::
-
-        model.fit(keras_dyndp.poisson_batches(x_train, y_train, sampling_probability=p), epochs=epochs)
-
-    Pass the result to ``fit`` unchanged: the DP optimizers check that it samples at their schedule's p.
+    """Poisson-sampled, padded batches ``(x, y, sample_weight)`` for ``model.fit`` (module docstring); pass them
+    unchanged: the DP optimizers check that they sample at the schedule's p.
 
     Args:
-        x: Features: an array or a nest (dict, tuple) of arrays, all with N rows. On TensorFlow also a finite,
-            unbatched ``tf.data.Dataset`` of ``(x, y)`` or ``(x, y, sample_weight)`` elements with fixed shapes,
-            read once into memory (then ``y`` and ``sample_weight`` stay None).
-        y: Labels: an array or a nest of arrays with N rows, or None.
-        sample_weight: Optional per-example weights, shape [N]; default 1. Padding rows get weight 0.
-        sampling_probability: Poisson sampling rate p, in (0, 1]: the schedule's ``sampling_probability``.
-        steps_per_epoch: Batches per epoch (iteration), >= 1; default ``round(1 / p)``.
-        max_batch_size: Rows of every batch, >= 1; default `keras_dyndp.batch_sizes.default_max_batch_size(N, p)`
-            (on TensorFlow rounded up to a multiple of a tf.distribute strategy's replicas).
-        pad_to_multiple: None (default): every batch has ``max_batch_size`` rows, one compiled step. An integer
-            m >= 1: each batch holds the selected examples first, then padding up to the next multiple of m (at
-            least m rows, at most ``max_batch_size``; on TensorFlow m is rounded up to a multiple of the replicas).
-        overflow: 'truncate' (keep a uniformly random ``max_batch_size`` of the selected examples, with a warning) or
-            'raise' (the step fails).
-        seed: None (default): drawn from OS entropy. An integer: reproducible batches, for tests and research.
-        num_examples: For a ``tf.data.Dataset`` ``x``, its number of elements N, checked; None counts them.
+        x: an array or a nest of arrays with N rows; on TensorFlow also a finite, unbatched ``tf.data.Dataset`` of
+            ``(x, y[, sample_weight])`` with fixed shapes, read into memory (``y``, ``sample_weight`` then None).
+        y: an array or a nest of arrays with N rows, or None.
+        sample_weight: per-example weights, shape [N]; default 1 (padding rows: 0).
+        sampling_probability: p in (0, 1], the schedule's.
+        steps_per_epoch: batches per epoch, >= 1; default ``round(1 / p)``.
+        max_batch_size: rows of every batch, >= 1; default `batch_sizes.default_max_batch_size(N, p)` (TensorFlow:
+            rounded up to a multiple of the replicas).
+        pad_to_multiple: None: every batch has ``max_batch_size`` rows. m >= 1: pad to the next multiple of m (at
+            least m, at most ``max_batch_size``; TensorFlow: m rounded up to a multiple of the replicas).
+        overflow: 'truncate' (keep a random ``max_batch_size`` of them, with a warning) or 'raise'.
+        seed: None: OS entropy. An integer: reproducible batches, for tests and research.
+        num_examples: for a ``tf.data.Dataset`` ``x``, its N, checked; None counts them.
 
     Returns:
-        On TensorFlow a finite ``tf.data.Dataset`` of ``steps_per_epoch`` batches; on JAX a
-        ``keras.utils.PyDataset`` of as many. ``sample_weight`` is float32.
-
-    Raises:
-        ValueError: On an invalid argument, naming it and its valid range.
+        TensorFlow: a finite ``tf.data.Dataset`` of ``steps_per_epoch`` batches; JAX: a ``keras.utils.PyDataset``.
     """
     arguments = check_arguments(sampling_probability, steps_per_epoch, max_batch_size, pad_to_multiple, overflow, seed)
     if num_examples is not None:
@@ -139,28 +108,20 @@ def check_arguments(
     overflow: str = "truncate",
     seed: int | None = None,
 ) -> SamplerArguments:
-    """`poisson_batches`' arguments checked, with the default ``steps_per_epoch``.
-
-    Raises:
-        ValueError: On an invalid argument, naming it and its valid range.
-    """
+    """`poisson_batches`' arguments checked (ValueError naming the argument), with the default ``steps_per_epoch``."""
     validation.check_choice("overflow", overflow, OVERFLOW_POLICIES)
     p = validation.check_probability(sampling_probability)
+
+    def positive(name: str, value: int | None) -> int | None:
+        return None if value is None else validation.check_positive_int(name, value)
+
     return SamplerArguments(
-        sampling_probability=p,
-        steps_per_epoch=(
-            batch_sizes.expected_steps_per_epoch(p)
-            if steps_per_epoch is None
-            else validation.check_positive_int("steps_per_epoch", steps_per_epoch)
-        ),
-        max_batch_size=None
-        if max_batch_size is None
-        else validation.check_positive_int("max_batch_size", max_batch_size),
-        pad_to_multiple=(
-            None if pad_to_multiple is None else validation.check_positive_int("pad_to_multiple", pad_to_multiple)
-        ),
-        overflow=overflow,
-        seed=validation.check_int("seed", seed, 0, none_means="OS entropy"),
+        p,
+        positive("steps_per_epoch", steps_per_epoch) or batch_sizes.expected_steps_per_epoch(p),
+        positive("max_batch_size", max_batch_size),
+        positive("pad_to_multiple", pad_to_multiple),
+        overflow,
+        validation.check_int("seed", seed, 0, none_means="OS entropy"),
     )
 
 

@@ -1,14 +1,9 @@
-"""Argument checks, one per kind of argument: each returns the value it accepts, or raises ValueError naming the
-argument, its valid range and what was received. The constructors and functions of every backend call these, once,
-when they receive an argument.
+"""Argument checks, one per kind of argument, called once where an argument is received: each returns the value it
+accepts or raises ValueError naming the argument, its valid range and what was received.
 
-Two ranges exist for delta and for the sampling probability, and each has one helper here:
-
-* delta: (0, 1) open, the budget a schedule is calibrated or reported at (delta = 0 has infinite epsilon under a
-  Gaussian mechanism, delta = 1 promises nothing). Functions that mirror `dp_accounting`'s
-  `PrivacyAccountant.get_epsilon(target_delta)` contract accept [0, 1] instead (`allow_ends=True`), as it does.
-* sampling probability: (0, 1] for a schedule (a step that samples nobody trains nothing); [0, 1] for the
-  accounting of a single event (`allow_zero=True`), where p = 0 is a valid, free step.
+Delta is in (0, 1) for a budget (0 has infinite epsilon for a Gaussian, 1 promises nothing); [0, 1] where a function
+mirrors `dp_accounting`'s ``get_epsilon(target_delta)`` (``allow_ends``). The sampling probability is in (0, 1] for
+a schedule (sampling nobody trains nothing); [0, 1] for a single event's accounting, where p = 0 is a free step.
 """
 
 import math
@@ -20,8 +15,7 @@ import numpy as np
 
 
 def _as_float(value: Any) -> float:
-    """`value` as a float, or nan when it is no real number (bools and strings included), so that range checks
-    fail."""
+    """`value` as a float, or nan (failing every range check) when it is no real number, bools and strings included."""
     if isinstance(value, (bool, str, bytes)):
         return math.nan
     try:
@@ -37,8 +31,7 @@ def _hint(hint: str) -> str:
 def check_probability(
     sampling_probability: Any, name: str = "sampling_probability", *, allow_zero: bool = False
 ) -> float:
-    """Returns `sampling_probability` as a float, or raises ValueError unless it lies in (0, 1] ([0, 1] with
-    `allow_zero`)."""
+    """`sampling_probability` as a float in (0, 1] ([0, 1] with `allow_zero`)."""
     p = _as_float(sampling_probability)
     if not (0.0 <= p <= 1.0 if allow_zero else 0.0 < p <= 1.0):
         interval = "[0, 1]" if allow_zero else "(0, 1]"
@@ -47,9 +40,8 @@ def check_probability(
 
 
 def check_delta(delta: Any, name: str = "delta", *, allow_ends: bool = False, allow_zero: bool = False) -> float:
-    """Returns `delta` as a float, or raises ValueError unless it is a real number in (0, 1) ([0, 1] with
-    `allow_ends`, `dp_accounting`'s range for `get_epsilon`; [0, 1) with `allow_zero`). Also any other quantity
-    of that range (a confidence)."""
+    """`delta` (or any quantity of that range, a confidence) as a float in (0, 1); [0, 1] with `allow_ends`, [0, 1)
+    with `allow_zero`."""
     value = _as_float(delta)
     low_ok = value >= 0.0 if (allow_ends or allow_zero) else value > 0.0
     if not (low_ok and (value <= 1.0 if allow_ends else value < 1.0)):
@@ -59,15 +51,14 @@ def check_delta(delta: Any, name: str = "delta", *, allow_ends: bool = False, al
 
 
 def check_budget(target_epsilon: Any, target_delta: Any) -> tuple[float, float]:
-    """Returns a privacy budget as floats, or raises ValueError unless epsilon is finite and > 0 and delta in (0, 1)."""
+    """A privacy budget as floats: epsilon finite and > 0, delta in (0, 1)."""
     return check_float("target_epsilon", target_epsilon), check_delta(target_delta, "target_delta")
 
 
 def check_float(
     name: str, value: Any, low: float = 0.0, *, inclusive: bool = False, allow_inf: bool = False, hint: str = ""
 ) -> float:
-    """Returns `value` as a float, or raises ValueError unless it is a real number > `low` (>= `low` with
-    `inclusive`), finite unless `allow_inf`. The default is a positive, finite number (a clip norm, an epsilon)."""
+    """`value` as a float > `low` (>= with `inclusive`), finite unless `allow_inf`; by default positive, finite."""
     number = _as_float(value)
     if not ((number >= low if inclusive else number > low) and (allow_inf or math.isfinite(number))):
         bound = f"{'' if allow_inf else 'a finite number '}{'>=' if inclusive else '>'} {low:g}"
@@ -76,8 +67,8 @@ def check_float(
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None, *, none_means: str | None = None) -> int | None:
-    """Returns `value` as an int, or raises ValueError unless it is an integer (not a bool or a float) >= `low`
-    (and <= `high`); None passes as None where `none_means` says what None means."""
+    """`value` as an int (not a bool or a float) in [`low`, `high`]; None passes where `none_means` says what it
+    means."""
     if value is None and none_means is not None:
         return None
     whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -92,8 +83,8 @@ def check_int(name: str, value: Any, low: int, high: int | None = None, *, none_
 def check_positive_int(
     name: str, value: Any, hint: str = "", *, none_means: str | None = None, exact: bool = False
 ) -> int | None:
-    """Returns `value` as an int, or raises ValueError unless it is a whole number >= 1 (an int, not a float, with
-    `exact`); None passes as None where `none_means` says what None means."""
+    """`value` as an int, a whole number >= 1 (an int, not a float, with `exact`); None passes where `none_means`
+    says what it means."""
     if value is None and none_means is not None:
         return None
     try:
@@ -109,22 +100,21 @@ def check_positive_int(
 
 
 def check_bool(name: str, value: Any) -> bool:
-    """Returns `value`, or raises ValueError unless it is True or False (not a truthy number or string)."""
+    """`value`, True or False (not a truthy number or string)."""
     if not isinstance(value, bool):
         raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}.")
     return value
 
 
 def check_choice(name: str, value: Any, choices: Sequence[Any], hint: str = "") -> Any:
-    """Returns `value`, or raises ValueError unless it is one of `choices`."""
+    """`value`, one of `choices`."""
     if value not in choices:
         raise ValueError(f"`{name}` must be one of {tuple(choices)}{_hint(hint)}. Received: {name}={value!r}.")
     return value
 
 
 def check_step_counts(steps: Any, num_steps: int, *, non_decreasing: bool = False) -> np.ndarray:
-    """Returns `steps` as a 1-D int array, or raises ValueError unless each is a whole number in [0, `num_steps`]
-    (and, with `non_decreasing`, none is below the one before)."""
+    """`steps` as a 1-D int array of whole numbers in [0, `num_steps`] (non-decreasing with `non_decreasing`)."""
     counts = np.asarray(steps)
     try:
         valid = counts.ndim == 1 and bool(np.all((counts == np.floor(counts)) & (counts >= 0) & (counts <= num_steps)))
@@ -140,8 +130,7 @@ def check_step_counts(steps: Any, num_steps: int, *, non_decreasing: bool = Fals
 
 
 def check_nonnegative_array(name: str, values: Any, *, allow_empty: bool = True) -> np.ndarray:
-    """Returns `values` as a 1-D float64 array, or raises ValueError unless it is one (non-empty unless
-    `allow_empty`) whose every entry is >= 0 (inf allowed, nan not)."""
+    """`values` as a 1-D float64 array (non-empty unless `allow_empty`) of entries >= 0 (inf allowed, nan not)."""
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != 1 or (array.size == 0 and not allow_empty):
         size = "" if allow_empty else "non-empty "

@@ -54,7 +54,6 @@ import math
 import os
 import sys
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -167,7 +166,7 @@ flags.DEFINE_enum(
     "fast",
     ["fast", "jacobian"],
     "Per-example gradients: fast (keras_dyndp.tf_backend.per_example.make_private) or jacobian (the "
-    "optimizer's generic tape.jacobian path, O(B^2); Keras 2 only).",
+    "optimizer's generic tape.jacobian path, O(B^2)).",
 )
 flags.DEFINE_bool(
     "training_metrics",
@@ -247,21 +246,6 @@ flags.register_validator(
 )
 flags.register_validator("delta", lambda value: value is None or 0 < value < 1, message="--delta must be in (0, 1).")
 flags.register_validator("verbose", lambda value: value in (0, 1, 2), message="--verbose must be 0, 1 or 2.")
-
-
-def per_example_supported(value: str, keras_major_version: int = keras_compat.KERAS_MAJOR_VERSION) -> bool:
-    """Whether `--per_example=value` runs on this Keras: the jacobian path needs Keras 2, whose train step hands
-    the optimizer the per-example losses; Keras 3's hands it only the averaged gradient."""
-    return value != "jacobian" or keras_major_version == 2
-
-
-flags.register_validator(
-    "per_example",
-    per_example_supported,
-    message="the jacobian path needs Keras 2 (TensorFlow 2.15, or tf_keras with TF_USE_LEGACY_KERAS=1); this is "
-    f"Keras {keras_compat.KERAS_MAJOR_VERSION}, whose train step gives the optimizer only the averaged "
-    "gradient. Use --per_example=fast.",
-)
 
 
 def _accumulation_conflict(options: dict[str, Any]) -> str | None:
@@ -536,18 +520,6 @@ def make_loss_and_metric(task: Task, private: bool) -> tuple[keras.losses.Loss, 
     )
 
 
-def _jacobian_train_step(self: keras.Model, data, *, training_metrics: bool) -> dict:
-    """The generic --per_example=jacobian step: the DP optimizer gets the per-example losses; the loss and metrics
-    of the private batch are computed (without noise) only with --training_metrics, else nothing else computed on
-    the batch leaves the step."""
-    x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
-    with tf.GradientTape() as tape:
-        y_pred = self(x, training=True)
-        losses = self.loss(y, y_pred, sample_weight=sample_weight)
-    self.optimizer.minimize(losses, self.trainable_variables, tape=tape)
-    return keras_compat.training_logs(self, x, y, y_pred, sample_weight) if training_metrics else {}
-
-
 def compile_model(
     model: keras.Model, task: Task, optimizer: keras.optimizers.Optimizer, config: RunConfig
 ) -> keras.Model:
@@ -555,11 +527,9 @@ def compile_model(
     training_metrics, computes no loss or metric on the training batches (evaluation keeps them)."""
     private = config.private
     loss, metric = make_loss_and_metric(task, private)
-    if private and config.per_example == "fast":
-        model = per_example.make_private(model, training_metrics=config.training_metrics)
-    elif private:
-        step = functools.partial(_jacobian_train_step, training_metrics=config.training_metrics)
-        model.train_step = types.MethodType(step, model)
+    if private:
+        method = "jacobian" if config.per_example == "jacobian" else "auto"
+        model = per_example.make_private(model, method=method, training_metrics=config.training_metrics)
     # weighted_metrics: Poisson batches are padded with zero-weight rows, which plain `metrics` would count.
     model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[metric])
     return model

@@ -1,4 +1,4 @@
-"""keras_context: the training model and its fit arguments are found from an optimizer call, and only then."""
+"""keras_context: the training model is found from an optimizer call, and only then; no data is read."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ keras = keras_compat.keras
 
 
 class _Recorder(keras.optimizers.SGD):
-    """Records what keras_context finds each time Keras hands it gradients.
+    """Records the model keras_context finds each time Keras hands it gradients: from any caller, from ``fit``,
+    from ``evaluate``.
 
     Keras 2's train step calls ``minimize`` (then ``apply_gradients``), Keras 3's ``apply_gradients`` (then
     ``apply``); a LossScaleOptimizer calls the inner optimizer's ``apply_gradients`` (Keras 2) or ``apply``
@@ -29,9 +30,9 @@ class _Recorder(keras.optimizers.SGD):
             return method(*args)
         self._inside = True
         try:
-            model = keras_context.calling_model(self, keras.Model)
-            call = None if model is None else keras_context.fit_call(model)
-            self.seen.append((model, call))
+            self.seen.append(
+                tuple(keras_context.calling_model(self, keras.Model, caller) for caller in (None, "fit", "evaluate"))
+            )
             return method(*args)
         finally:
             self._inside = False
@@ -49,16 +50,14 @@ def _model(optimizer: keras.optimizers.Optimizer, run_eagerly: bool = False) -> 
     return model
 
 
-def test_finds_the_model_and_fit_arguments_when_traced_and_eager():
+def test_finds_the_model_when_traced_and_eager_and_in_a_named_caller_only():
     x, y = np.zeros((4, 3), np.float32), np.zeros((4, 2), np.float32)
     for run_eagerly in (False, True):
         optimizer = _Recorder()
         model = _model(optimizer, run_eagerly)
         model.fit(x, y, batch_size=2, epochs=1, verbose=0)
         assert optimizer.seen
-        found, call = optimizer.seen[0]
-        assert found is model
-        assert call.x is x and call.batch_size == 2
+        assert optimizer.seen[0] == (model, model, None)  # Its train step, the fit below it, and no evaluate.
 
 
 def test_does_not_confuse_another_model_sharing_the_stack():
@@ -67,9 +66,8 @@ def test_does_not_confuse_another_model_sharing_the_stack():
     model = _model(optimizer)
     dataset = tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), np.float32), np.zeros((4, 2), np.float32)))
     model.fit(dataset.batch(2), verbose=0, shuffle=False)
-    found, call = optimizer.seen[0]
+    found = optimizer.seen[0][0]
     assert found is model and found is not other
-    assert isinstance(call.x, tf.data.Dataset)
 
 
 def test_finds_the_model_whose_loss_scale_optimizer_wraps_the_optimizer():
@@ -82,8 +80,7 @@ def test_finds_the_model_whose_loss_scale_optimizer_wraps_the_optimizer():
     assert model.optimizer is not optimizer  # compile wrapped it in a LossScaleOptimizer.
     x = np.zeros((4, 3), np.float32)
     model.fit(x, np.zeros((4, 2), np.float32), batch_size=2, verbose=0)
-    found, call = optimizer.seen[0]
-    assert found is model and call.x is x
+    assert optimizer.seen[0] == (model, model, None)
 
 
 def test_custom_training_loop_finds_nothing():
@@ -93,4 +90,4 @@ def test_custom_training_loop_finds_nothing():
         loss = tf.reduce_sum(model(np.ones((2, 3), np.float32)))
     variables = model.trainable_variables
     optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-    assert optimizer.seen == [(None, None)]
+    assert optimizer.seen == [(None, None, None)]

@@ -1,55 +1,30 @@
 """The accountants of the paper's noise-decay baselines (its Table 1), zCDP and tCDP, and their noise calibration.
 
-Du et al. compare dynamic DP-SGD with two earlier noise-decay methods. Both keep the clipping norm fixed
-(C_t = C_0) and decay the noise multiplier z_t = sigma_t / C_t over the run; they differ in how they account
-privacy, which decides how much noise a given (epsilon, delta) budget demands. Each epsilon below is the
-baseline's OWN claim; report it beside the rigorous PLD or RDP epsilon of the same schedule
-(`DPSchedule.epsilon`), which is what this package's training (Poisson sampling, add-or-remove-one neighbours)
-actually guarantees.
+Both keep C_t = C_0 and decay z_t = sigma_t / C_t: exponentially, z_t = z_0 noise_decay^(-t/T) (t = 1..T; the
+growing-mu shape with rho_mu = noise_decay), or by time, z_t = z_0 / (1 + (noise_decay - 1) t / T); only z_0 is
+calibrated. Each epsilon here is the baseline's OWN claim; report it beside the PLD or RDP epsilon of the same
+schedule (`DPSchedule.epsilon`), which is what this package's training guarantees. Both are far looser: at
+p = 250/60000, T = 4800, epsilon 1.2, delta 1e-5, noise decay 1.25, RDP needs a constant z = 1.22, tCDP z_t from 9.6
+to 7.7, zCDP from 319 to 255.
 
 rho-zCDP-SGD (Yu et al. 2019, "Differentially private model publishing for deep learning")
-  Add-or-remove-one neighbours: the clipped sum moves by at most C, so a Gaussian step of noise multiplier z_t is
-  (1 / (2 z_t^2))-zCDP. Steps compose additively and no amplification by subsampling is used:
-  rho = sum_t 1 / (2 z_t^2), and rho-zCDP gives (rho + 2 sqrt(rho log(1/delta)), delta)-DP (Bun and Steinke 2016,
-  Prop. 1.3). This holds under Poisson sampling too: a subsampled step is a mixture of Gaussians whose Renyi
-  divergences are each at most the full step's, and Renyi divergence is jointly quasi-convex. Yu et al. also
-  compose the steps of one epoch in parallel (the epoch costs its largest step); that needs disjoint batches, and
-  Poisson sampling can put one example in several batches of an epoch, so it is not offered.
+  Add-or-remove-one: a step is (1 / (2 z_t^2))-zCDP (also under Poisson sampling: Renyi divergence is jointly
+  quasi-convex), steps add up without amplification, and rho-zCDP is (rho + 2 sqrt(rho log(1/delta)), delta)-DP
+  (Bun and Steinke 2016, Prop. 1.3). Yu et al.'s parallel composition needs disjoint batches: not offered.
 
 tCDP-SGD (Zhang et al. 2021, "Adaptive privacy preserving deep learning algorithms for medical data")
-  Truncated CDP with amplification by subsampling, from Bun, Dwork, Rothblum and Steinke (2018), "Composable and
-  versatile privacy via truncated CDP" (STOC), "BDRS". The paper under reproduction gives no formula; this module
-  uses BDRS's definitions and theorem as follows.
-  - Neighbours (BDRS): datasets of equal size differing in one entry (replace-one). Replacing one example moves
-    the clipped sum by up to 2C, so a Gaussian step is (rho_t, inf)-tCDP with rho_t = (2C)^2 / (2 sigma_t^2)
-    = 2 / z_t^2 (four times the add-or-remove rho).
-  - Privacy amplification by subsampling (BDRS): let rho, s in (0, 0.1] with log(1/s) >= 3 rho (2 + log2(1/rho)),
-    n with s n an integer, and omega meeting the theorem's lower bound (a Gaussian step meets any condition on
-    omega: it is (rho, omega)-tCDP for every omega). If M : X^{sn} -> Y is (rho, omega)-tCDP, then
-    M^s(x) = M(x_S), S a uniformly random subset of [n] of size s n drawn WITHOUT replacement, is
-    (13 s^2 rho, log(1/s) / (4 rho))-tCDP.
-    Here s = p and each step must satisfy rho_t = 2 / z_t^2 <= 0.1 (z_t >= sqrt(20)) and the log condition (for
-    s <= 0.1 it follows from rho_t <= 0.1, but it is checked). Outside these conditions this module raises
-    ValueError rather than amplify.
-  - Composition adds rho and takes the minimum omega; (rho, omega)-tCDP gives (epsilon, delta)-DP through its
-    Renyi bound D_alpha <= rho alpha for alpha < omega: epsilon = rho + 2 sqrt(rho log(1/delta)) when
-    log(1/delta) <= (omega - 1)^2 rho, else epsilon = rho omega + log(1/delta) / (omega - 1) (BDRS).
-  This package samples by Poisson (each example independently with probability p; batch size random), which
-  the theorem does not cover, and its other accountants use add-or-remove neighbours. So the tCDP epsilon is the
-  baseline's claim about fixed-size batches of s n examples under replace-one neighbours, not a guarantee of the
-  training run.
-
-The noise shape is Yu et al.'s exponential decay z_t = z_0 noise_decay^(-t/T) (t = 1..T; the same shape as the
-paper's growing-mu schedule with rho_mu = noise_decay) or their time-based decay z_t = z_0 / (1 + (noise_decay - 1)
-t / T); either way z_0 / z_T = noise_decay. Only z_0 is calibrated.
-
-Both accountants are far looser than RDP or PLD. At the paper's MNIST settings (p = 250/60000, T = 4800, epsilon
-1.2, delta 1e-5, noise decay 1.25) RDP needs a constant z = 1.22, tCDP z_t from 9.6 to 7.7, zCDP (no amplification)
-from 319 to 255.
-
-`zcdp_noise_multipliers` and `tcdp_noise_multipliers` (`calibrate_noise` by name) calibrate the decaying noise
-shape under each accountant; `keras_dyndp.schedules.calibrate('zcdp' | 'tcdp', ...)` turns them into schedules
-(constant clip C_0), and `baseline_epsilon` gives a schedule's epsilon under either accountant by name.
+  Truncated CDP with amplification by subsampling from Bun, Dwork, Rothblum and Steinke (2018), "Composable and
+  versatile privacy via truncated CDP" (STOC), "BDRS" (the paper under reproduction gives no formula):
+  - replace-one neighbours move the clipped sum by up to 2C: a step is (rho_t, inf)-tCDP, rho_t = 2 / z_t^2;
+  - subsampling (BDRS): for rho, s in (0, 0.1] with log(1/s) >= 3 rho (2 + log2(1/rho)), if M is (rho, omega)-tCDP
+    on s n examples, M on a uniformly random subset of size s n drawn WITHOUT replacement is
+    (13 s^2 rho, log(1/s) / (4 rho))-tCDP. Here s = p; a step outside these conditions (rho_t <= 0.1 means
+    z_t >= sqrt(20)) raises ValueError rather than amplify;
+  - composition adds rho and takes the minimum omega; by the Renyi bound D_alpha <= rho alpha for alpha < omega,
+    epsilon = rho + 2 sqrt(rho log(1/delta)) when log(1/delta) <= (omega - 1)^2 rho, else
+    rho omega + log(1/delta) / (omega - 1).
+  Poisson sampling and add-or-remove neighbours are outside the theorem: the tCDP epsilon is a claim about
+  fixed-size batches under replace-one neighbours, not a guarantee of the training run.
 """
 
 from __future__ import annotations
@@ -65,7 +40,7 @@ from keras_dyndp.accounting import scale_search
 NAMES = ("zcdp", "tcdp")
 DECAYS = ("exponential", "time")
 
-# BDRS's subsampling theorem: s, rho in (0, 0.1]; the subsampled step is (13 s^2 rho, log(1/s) / (4 rho))-tCDP.
+# BDRS's subsampling theorem (module docstring).
 _TCDP_AMPLIFICATION_CONSTANT = 13.0
 _TCDP_MAX_RHO = 0.1
 _TCDP_MAX_SAMPLING = 0.1
@@ -77,7 +52,6 @@ _LOG_SAFETY_STEP = 1e-14
 
 
 def _check_tcdp_sampling(sampling_probability: float) -> float:
-    """The sampling fraction s = p, which BDRS's subsampling theorem needs in (0, 0.1]."""
     p = validation.check_probability(sampling_probability)
     if p > _TCDP_MAX_SAMPLING:
         raise ValueError(
@@ -89,30 +63,20 @@ def _check_tcdp_sampling(sampling_probability: float) -> float:
 
 
 def _add_remove_rhos(multipliers: np.ndarray) -> np.ndarray:
-    """zCDP rho_t = 1 / (2 z_t^2) of each Gaussian step under add-or-remove-one (sensitivity C; inf for z = 0)."""
+    """zCDP rho_t = 1 / (2 z_t^2) per step (inf for z = 0); 4x that is the replace-one tCDP rho_t = 2 / z_t^2."""
     with np.errstate(divide="ignore"):
         return 0.5 / multipliers**2
 
 
-def _replace_one_rhos(multipliers: np.ndarray) -> np.ndarray:
-    """tCDP rho_t = (2C)^2 / (2 sigma_t^2) = 2 / z_t^2 of each Gaussian step under replace-one (sensitivity 2C)."""
-    return 4.0 * _add_remove_rhos(multipliers)
-
-
 def _meets_subsampling_conditions(rhos: np.ndarray, s: float) -> np.ndarray:
-    """Per step: rho_t <= 0.1 and log(1/s) >= 3 rho_t (2 + log2(1/rho_t)), BDRS's conditions on rho."""
+    """Per step: BDRS's rho_t <= 0.1 and log(1/s) >= 3 rho_t (2 + log2(1/rho_t))."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return (rhos <= _TCDP_MAX_RHO) & (math.log(1.0 / s) >= 3 * rhos * (2 + np.log2(1 / rhos)))
 
 
 def decay_shape(num_steps: int, noise_decay: float, decay: str = "exponential") -> np.ndarray:
-    """Relative noise multipliers s_t (z_t = z_0 s_t) for t = 1..T, with s_T = 1 / noise_decay.
-
-    Args:
-      num_steps: T >= 1.
-      noise_decay: z_0 / z_T >= 1 (1: constant noise).
-      decay: 'exponential' (s_t = noise_decay^(-t/T)) or 'time' (s_t = 1 / (1 + (noise_decay - 1) t / T)).
-    """
+    """Relative noise multipliers s_t (z_t = z_0 s_t) for t = 1..T >= 1, s_T = 1 / noise_decay (>= 1), of the
+    module docstring's 'exponential' or 'time' decay."""
     num_steps = validation.check_positive_int("num_steps", num_steps)
     validation.check_choice("decay", decay, DECAYS)
     noise_decay = validation.check_float("noise_decay", noise_decay, 1.0, inclusive=True)
@@ -149,18 +113,12 @@ def zcdp_epsilon(noise_multipliers, delta: float) -> float:
 
 
 def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[float, float]:
-    """(rho, omega) of T subsampled Gaussian steps under BDRS's subsampling theorem (see the module docstring).
-
-    Each step is (2 / z_t^2, inf)-tCDP under replace-one neighbours and, subsampled at s = p, (13 s^2 rho_t,
-    log(1/s) / (4 rho_t))-tCDP; steps with z_t = inf cost nothing. The composition is (sum rho, min omega).
-
-    Raises:
-      ValueError: if p > 0.1, or a step fails rho_t = 2 / z_t^2 <= 0.1 (z_t >= sqrt(20)) or
-        log(1/p) >= 3 rho_t (2 + log2(1/rho_t)): the theorem does not hold there.
+    """(rho, omega) = (13 p^2 sum_t rho_t, log(1/p) / (4 max_t rho_t)) of T subsampled Gaussian steps under BDRS's
+    theorem (module docstring; z_t = inf costs nothing); ValueError if p > 0.1 or a step is outside its conditions.
     """
     s = _check_tcdp_sampling(sampling_probability)
     multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers, allow_empty=False)
-    rhos = _replace_one_rhos(multipliers)
+    rhos = 4.0 * _add_remove_rhos(multipliers)
     private = rhos > 0
     outside = private & ~_meets_subsampling_conditions(rhos, s)
     if np.any(outside):
@@ -178,7 +136,7 @@ def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[flo
 
 
 def tcdp_epsilon_from_parameters(rho: float, omega: float, delta: float) -> float:
-    """Epsilon of (rho, omega)-tCDP at `delta`, through the Renyi bound D_alpha <= rho alpha for 1 < alpha < omega."""
+    """Epsilon of (rho, omega)-tCDP at `delta` (module docstring)."""
     delta = validation.check_delta(delta)
     rho = validation.check_float("rho", rho, 0.0, inclusive=True, allow_inf=True)
     omega = validation.check_float("omega", omega, 1.0, allow_inf=True)
@@ -205,20 +163,9 @@ def zcdp_noise_multipliers(
     noise_decay: float = 1.25,
     decay: str = "exponential",
 ) -> np.ndarray:
-    """rho-zCDP-SGD (Yu et al. 2019): decaying noise multipliers z_t = z_0 s_t whose `zcdp_epsilon` <= target.
-
-    z_0 has a closed form: rho(z_0) = rho(shape) / z_0^2, so z_0 = sqrt(rho(shape) / rho_target).
-
-    Args:
-      target_epsilon, target_delta: the budget, epsilon > 0 and delta in (0, 1).
-      sampling_probability: p in (0, 1], checked only (zCDP itself ignores it: no amplification).
-      num_steps: T >= 1.
-      noise_decay: z_0 / z_T >= 1.
-      decay: 'exponential' or 'time' (see `decay_shape`).
-
-    Returns:
-      Array [T] of noise multipliers whose zCDP epsilon is <= target_epsilon (equal up to float rounding).
-    """
+    """rho-zCDP-SGD (Yu et al. 2019): noise multipliers z_0 s_t [T] (`decay_shape`) whose `zcdp_epsilon` is the
+    target (<=, equal up to float rounding): z_0 = sqrt(rho(shape) / rho_target) in closed form. p in (0, 1] is
+    checked only (zCDP has no amplification)."""
     validation.check_budget(target_epsilon, target_delta)
     validation.check_probability(sampling_probability)
     shape = decay_shape(num_steps, noise_decay, decay)
@@ -238,20 +185,10 @@ def tcdp_noise_multipliers(
     noise_decay: float = 1.25,
     decay: str = "exponential",
 ) -> np.ndarray:
-    """tCDP-SGD (Zhang et al. 2021, accounted as in the module docstring): decaying noise multipliers z_0 s_t.
-
-    z_0 is the smallest value (to float precision, by bisection on log z_0) whose `tcdp_epsilon` is <= target,
-    among those that keep every step inside the subsampling theorem's conditions (z_t >= sqrt(20)). Where even the
-    smallest such z_0 spends less than the target (large targets), that z_0 is returned with a warning: the
-    theorem certifies no schedule with less noise.
-
-    Args: as `zcdp_noise_multipliers`; p in (0, 0.1] is the theorem's sampling fraction s.
-
-    Returns:
-      Array [T] of noise multipliers whose tCDP epsilon is <= target_epsilon (~1e-12 relative unless warned).
-
-    Raises:
-      ValueError: on a bad argument, including p > 0.1.
+    """tCDP-SGD (Zhang et al. 2021, module docstring): noise multipliers z_0 s_t [T], z_0 the smallest (bisection
+    on log z_0, to float precision) whose `tcdp_epsilon` is <= target among those inside the theorem's conditions
+    (z_t >= sqrt(20)). If even the smallest such z_0 spends less than the target, it is returned with a warning: the
+    theorem certifies no schedule with less noise. Arguments as `zcdp_noise_multipliers`, with p in (0, 0.1].
     """
     validation.check_budget(target_epsilon, target_delta)
     p = _check_tcdp_sampling(sampling_probability)
@@ -264,7 +201,7 @@ def tcdp_noise_multipliers(
     low = math.log(math.sqrt(2.0 / _TCDP_MAX_RHO) / float(np.min(shape)))
     low = scale_search.step_to_safe_side(  # Rounding: step to the inside.
         low,
-        lambda x: bool(np.all(_meets_subsampling_conditions(_replace_one_rhos(math.exp(x) * shape), p))),
+        lambda x: bool(np.all(_meets_subsampling_conditions(4.0 * _add_remove_rhos(math.exp(x) * shape), p))),
         lambda x: x + _LOG_SAFETY_STEP,
     )
     if epsilon(low) <= target_epsilon:
@@ -302,19 +239,14 @@ def calibrate_noise(
     noise_decay: float = 1.25,
     decay: str = "exponential",
 ) -> np.ndarray:
-    """The noise multipliers [T] of baseline `name` ('zcdp' or 'tcdp') calibrated to the target under its own
-    accountant (`zcdp_noise_multipliers`, `tcdp_noise_multipliers`)."""
+    """`zcdp_noise_multipliers` or `tcdp_noise_multipliers` by `name` ('zcdp' or 'tcdp')."""
     return _NOISE_MULTIPLIERS[validation.check_choice("name", name, NAMES)](
         target_epsilon, target_delta, sampling_probability, num_steps, noise_decay=noise_decay, decay=decay
     )
 
 
 def baseline_epsilon(name: str, sampling_probability: float, noise_multipliers, delta: float) -> float:
-    """Epsilon of Poisson-subsampled Gaussian steps under baseline `name`'s own accountant: 'zcdp' or 'tcdp'.
-
-    Raises:
-      ValueError: on bad arguments, or ('tcdp') steps outside the subsampling theorem's conditions.
-    """
+    """`zcdp_epsilon` or `tcdp_epsilon` of the noise multipliers by `name` ('zcdp' or 'tcdp')."""
     if validation.check_choice("name", name, NAMES) == "zcdp":
         return zcdp_epsilon(noise_multipliers, delta)
     return tcdp_epsilon(sampling_probability, noise_multipliers, delta)

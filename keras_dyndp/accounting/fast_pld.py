@@ -1,63 +1,37 @@
 """Fast, pessimistic PLD accounting of heterogeneous Poisson-subsampled Gaussian steps.
 
-The privacy loss distribution (PLD) accountant of `dp_accounting` is the tightest rigorous accountant for DP-SGD,
-but a dynamic schedule has a different noise multiplier z_t = sigma_t / C_t at every step, and composing T = 4800
-distinct steps with `dp_accounting.pld.PLDAccountant` takes minutes. Two things make it fast here:
+dp_accounting's `PLDAccountant` is the tightest rigorous accountant for DP-SGD, but composing T = 4800 distinct noise
+multipliers z_t = sigma_t / C_t with it takes minutes. Two things make it fast here:
 
-1. Grouping that can only over-estimate epsilon. The PLD of a subsampled Gaussian step is monotone in z: a smaller
-   z is a less private step (its PLD dominates). Steps are sorted by z and cut into groups; every step of a group
-   is accounted with the group's SMALLEST z (noise rounded down, never up), and each group is one self-composed
-   PLD. The result is therefore an upper bound on the ungrouped PLD epsilon (at the same discretisation). The
-   pessimism is the only approximation. The cut points are chosen to keep it small: the extended GDP CLT weights
-   a step by w(z) = exp(1/z^2) - 1 (mu_tot^2 = p^2 sum_t w(z_t)), so rounding step t down to z_g adds
-   w(z_g) - w(z_t) to that sum. Groups are chosen greedily so that no group adds more than a threshold tau, and
-   tau is the largest value whose total addition stays below `tolerance` times the sum (or the smallest one that
-   fits in `max_groups` groups). Steps with equal z cost nothing to group, so piecewise-constant schedules are
-   exact. The CLT excess tracks the epsilon excess closely. Measured at p = 250/60000, T = 4800, delta = 1e-5
-   with the defaults (100 groups, 1e-3 grid; `benchmarks/pld_grouping.py`): the same groups with z rounded UP give
-   a lower bound on the ungrouped epsilon, and ours is within 1.44% (z linear 1.2 -> 0.6), 1.81% (dynamic, eps 1.2,
-   1/rho_mu = 1/rho_c = 0.3) and 1.79% (growing-mu, eps 0.4, 1/rho_mu = 0.1) of it, hence within 2% of the
-   ungrouped epsilon; directly, for T = 400 (z linear 1.2 -> 0.6) the excess is 0.52%.
-2. Its own construction of each group's PLD, vectorised with numpy (dp_accounting builds it one Python float at a
-   time through private helpers: ~0.1 s per distinct z at a 1e-3 grid, minutes for T = 4800). It is the algorithm
-   of dp_accounting's `privacy_loss_distribution.from_gaussian_mechanism(z, sampling_prob=p,
-   value_discretization_interval=d)` (default truncation and connect-the-dots, pessimistic), written out here
-   and tested against that public function:
-   - the privacy loss of a Poisson-subsampled Gaussian step (sensitivity 1, noise std z), for the REMOVE pair
-     (upper (1 - p) N(0, z^2) + p N(-1, z^2) against lower N(0, z^2)) and the ADD pair (upper N(0, z^2) against
-     lower (1 - p) N(0, z^2) + p N(1, z^2)), is kept over x within +-t z (shifted by 1 toward the other mean),
-     t = `noise_range.GAUSSIAN_TAIL_STDDEVS`, the standard deviations beyond which N(0, 1) has mass e^-50 / 2;
-   - on the grid k d covering those losses (rounded outward), the hockey-stick divergence delta(k d) =
-     P_upper(x <= x_k) - e^(k d) P_lower(x <= x_k), x_k the point whose privacy loss is k d, is exact (Gaussian
-     CDFs);
-   - the pessimistic connect-the-dots PMF (Doroshenko, Ghazi, Kamath, Kumar and Manurangsi 2022, Algorithm 1,
-     fixed gap) puts mass (delta_(k+1) - delta_k - e^d (delta_k - delta_(k-1))) / (e^d - 1) on k d (first and
-     last points as in the paper) and the divergence at the top point on +infinity: its hockey-stick curve lies
-     above the mechanism's, so every epsilon read from it is an upper bound.
-   Self-composition raises the PMF's FFT to the power n; composition multiplies two FFTs. Both drop at most
-   1e-15 of probability from the tails (dp_accounting's default): the low tail is moved up onto the first kept
-   point, the high tail onto +infinity (pessimistic). The self-composed support is bounded by Chernoff bounds at
-   the orders k / n, k = +-1..+-20 (n the PMF length), as dp_accounting does. Only the final epsilon is read
-   through dp_accounting's public API: the arrays are wrapped in `pld_pmf.DensePLDPmf` and
-   `privacy_loss_distribution.PrivacyLossDistribution` and asked `get_epsilon_for_delta`.
-   T = 4800 distinct z takes ~1.5 s (2 shared CPU cores; 3.4 s with dp_accounting 0.4.3's private builders).
+1. Grouping that can only over-estimate epsilon: a smaller z is a less private step (its PLD dominates), so steps
+   sorted by z are cut into groups, each one self-composed PLD at its SMALLEST z. Rounding step t down to z_g adds
+   w(z_g) - w(z_t) to the extended GDP CLT's sum of w(z) = exp(1/z^2) - 1; greedy groups add at most tau each, the
+   largest tau whose total stays below `tolerance` times the sum (or the smallest that fits `max_groups` groups).
+   Equal z cost nothing. Measured at p = 250/60000, T = 4800, delta = 1e-5 with the defaults
+   (`benchmarks/pld_grouping.py`): the same groups with z rounded UP give a lower bound on the ungrouped epsilon,
+   and ours is within 1.44% (z linear 1.2 -> 0.6), 1.81% (dynamic, eps 1.2, 1/rho_mu = 1/rho_c = 0.3) and 1.79%
+   (growing-mu, eps 0.4, 1/rho_mu = 0.1) of it; for T = 400 (z linear 1.2 -> 0.6) the excess is 0.52%.
+2. Each group's PLD built with numpy, by the algorithm of dp_accounting's `from_gaussian_mechanism(z,
+   sampling_prob=p, value_discretization_interval=d)` (tested against it): the privacy loss of the REMOVE pair
+   ((1 - p) N(0, z^2) + p N(-1, z^2) against N(0, z^2)) and of the ADD pair (N(0, z^2) against (1 - p) N(0, z^2) +
+   p N(1, z^2)) over x within +-t z (t = `noise_range.GAUSSIAN_TAIL_STDDEVS`); the exact hockey-stick divergence
+   delta(k d) = P_upper(x <= x_k) - e^(k d) P_lower(x <= x_k) on the grid k d; the pessimistic connect-the-dots PMF
+   (Doroshenko et al. 2022, Algorithm 1) with mass (delta_(k+1) - delta_k - e^d (delta_k - delta_(k-1))) / (e^d - 1)
+   on k d and the top divergence on +infinity. Compositions are FFT powers and products that drop at most 1e-15 of
+   tail mass (the low tail onto the first kept point, the high onto +infinity), a self-composition's support bounded
+   by Chernoff bounds at the orders k / n, k = +-1..+-20, as dp_accounting does. Epsilon is read through
+   dp_accounting's public `DensePLDPmf` and `PrivacyLossDistribution`.
 
-Inputs the grid cannot hold are refused before anything is allocated (`noise_range`): a noise multiplier below
-`noise_range.pld_min_noise_multiplier(value_discretization_interval)` or above 1e4, and any composition whose grid
-would exceed `noise_range.MAX_PLD_GRID_POINTS`, raise `noise_range.NoiseOutOfRangeError` (a ValueError).
-
-Both choices are pessimistic, including the grid itself: when each step's privacy loss is far below the grid
-spacing (e.g. z ~ 300, p = 0.004), the 1e-3 grid dominates and the PLD epsilon (0.023) exceeds RDP's (0.006); pass
-a finer `value_discretization_interval` for such schedules.
-
-`pld_epsilons_at` gives the epsilon after several step counts in one pass: the steps are cut at those counts into
-consecutive segments, each segment grouped as above, and the segment PLDs composed in order.
+Inputs the grid cannot hold raise `noise_range.NoiseOutOfRangeError` before anything is allocated. The grid is
+pessimistic too: for steps far below its spacing (z ~ 300, p = 0.004) the 1e-3 grid dominates (PLD 0.023, RDP
+0.006); pass a finer `value_discretization_interval` there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import numpy as np
@@ -72,31 +46,22 @@ from keras_dyndp.accounting import noise_range
 
 ArrayLike = Sequence[float] | np.ndarray
 
-# PLD discretisation of the privacy-loss values, the package's default (also exported as
-# `registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`). dp_accounting's default is 1e-4. 1e-3 is ~10x faster
-# (p = 250/60000, T = 4800, sigma 1.126, delta 1e-5: 0.06 s vs 0.55 s; ten distinct sigmas: 1.0 s vs 7.7 s), which
-# matters when epsilon is logged every epoch, and the epsilon it gives stays a valid upper bound (the discretisation
-# is pessimistic) that is only ~0.4% looser (1.2554 vs 1.2505). Pass 1e-4 or smaller for final reported numbers
-# (the PLD's `final_options` in `registry`).
+# The package's PLD grid (`registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`): ~10x faster than dp_accounting's
+# 1e-4 and ~0.4% looser (p = 250/60000, T = 4800, sigma 1.126, delta 1e-5: 1.2554 vs 1.2505), still an upper bound.
+# The PLD's `final_options` in `registry` (1e-4) are for final reported numbers.
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
-# Largest number of self-composed groups (each costs ~0.03 s at a 1e-3 grid).
 DEFAULT_MAX_GROUPS = 100
 # Largest relative increase of the CLT sum sum_t (exp(1/z_t^2) - 1) that grouping may cause.
 DEFAULT_TOLERANCE = 0.01
-# Bisection steps on the per-group excess threshold tau (relative precision 2^-60).
-_BISECTION_STEPS = 60
+_BISECTION_STEPS = 60  # On the per-group excess threshold tau (relative precision 2^-60).
 # dp_accounting's default: probability mass that a composition may move from the tails (up, to +infinity).
 _TAIL_MASS_TRUNCATION = 1e-15
-# Chernoff orders of a self-composition's support bounds: k / n for k = +-1..+-20, n the PMF length.
 _CHERNOFF_MAX_ORDER = 20
 
 
 @dataclasses.dataclass(frozen=True)
 class _Pmf:
-    """A pessimistic PLD probability mass function on the grid k * interval (one adjacency direction).
-
-    `probs[i]` is the probability of the privacy loss (lower_index + i) * interval; `infinity_mass` that of +inf.
-    """
+    """Pessimistic PLD PMF of one adjacency direction: `probs[i]` on the loss (lower_index + i) * interval."""
 
     lower_index: int
     probs: np.ndarray
@@ -111,21 +76,15 @@ class _Pld:
     add: _Pmf
 
     @property
-    def symmetric(self) -> bool:
-        return self.add is self.remove
-
-    @property
     def grid_points(self) -> int:
         return max(self.remove.probs.size, self.add.probs.size)
 
     def to_dp_accounting(self, interval: float) -> privacy_loss_distribution.PrivacyLossDistribution:
-        """The same distribution as dp_accounting's public `PrivacyLossDistribution` (pessimistic estimate)."""
-
         def dense(pmf: _Pmf) -> pld_pmf.DensePLDPmf:
             return pld_pmf.DensePLDPmf(interval, pmf.lower_index, pmf.probs, pmf.infinity_mass, True)
 
         return privacy_loss_distribution.PrivacyLossDistribution(
-            dense(self.remove), None if self.symmetric else dense(self.add)
+            dense(self.remove), None if self.add is self.remove else dense(self.add)
         )
 
 
@@ -157,10 +116,7 @@ def _gaussian_step_pmf(noise_multiplier: float, q: float, interval: float, remov
     """
     variance = noise_multiplier**2
     tail = noise_range.GAUSSIAN_TAIL_STDDEVS * noise_multiplier
-    if remove:
-        lowest_x, highest_x = -tail - 1.0, tail
-    else:
-        lowest_x, highest_x = -tail, tail + 1.0
+    lowest_x, highest_x = (-tail - 1.0, tail) if remove else (-tail, tail + 1.0)
 
     def loss_at(x: np.ndarray) -> np.ndarray:
         if remove:
@@ -221,10 +177,8 @@ def _truncate_tails(lower_index: int, probs: np.ndarray, infinity_mass: float) -
 def _self_compose_pmf(pmf: _Pmf, num_times: int) -> _Pmf:
     """`num_times`-fold composition of a PMF with itself: FFT power, support bounded by Chernoff bounds.
 
-    The moment generating function sum_i probs_i e^(k i / n) (n the PMF length) bounds the mass of the composed
-    PMF beyond any index (Chernoff); the support is cut where each tail holds at most 1e-15 / 2, and that
-    1e-15 counts toward the infinity mass. The MGF is evaluated for all k at once from powers of e^(i / n)
-    (exponents stay in [-20, 20], so no overflow).
+    The MGF sum_i probs_i e^(k i / n) (n the PMF length, k = +-1..+-20, from powers of e^(i / n): no overflow)
+    bounds the composed mass beyond any index; each tail cut holds at most 1e-15 / 2, counted as infinity mass.
     """
     probs = pmf.probs
     length = probs.size
@@ -269,23 +223,9 @@ def subsampled_gaussian_pld(
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     num_times: int = 1,
 ) -> privacy_loss_distribution.PrivacyLossDistribution:
-    """Pessimistic PLD of `num_times` Poisson-subsampled Gaussian steps (add-or-remove-one adjacency).
-
-    Equal, up to float rounding, to `dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
-    noise_multiplier, sampling_prob=sampling_probability, value_discretization_interval=...).self_compose(
-    num_times)` (connect-the-dots, pessimistic), built by this module's own vectorised construction (module
-    docstring) and returned as dp_accounting's public `PrivacyLossDistribution`.
-
-    Args:
-      noise_multiplier: z = sigma / C, finite and > 0 (see Raises).
-      sampling_probability: Poisson sampling probability p in (0, 1].
-      value_discretization_interval: privacy-loss grid spacing, > 0.
-      num_times: number of identical steps composed, >= 1.
-
-    Raises:
-      noise_range.NoiseOutOfRangeError: if `noise_multiplier` is outside [`noise_range.pld_min_noise_multiplier(
-        value_discretization_interval)`, 1e4] or the composition's grid would be too large.
-    """
+    """Pessimistic PLD of `num_times` Poisson-subsampled Gaussian steps: dp_accounting's `from_gaussian_mechanism(
+    noise_multiplier, sampling_prob=..., value_discretization_interval=...).self_compose(num_times)` up to rounding.
+    Raises `noise_range.NoiseOutOfRangeError` outside [`noise_range.pld_min_noise_multiplier(interval)`, 1e4]."""
     floor = noise_range.pld_min_noise_multiplier(value_discretization_interval)
     if not floor <= noise_multiplier <= noise_range.MAX_NOISE_MULTIPLIER:
         raise noise_range.NoiseOutOfRangeError(noise_range.out_of_range_message(noise_multiplier, None, "pld", floor))
@@ -294,18 +234,9 @@ def subsampled_gaussian_pld(
     ).to_dp_accounting(value_discretization_interval)
 
 
-def _clt_weights(sorted_multipliers: np.ndarray) -> np.ndarray:
-    """w(z) = exp(1/z^2) - 1, clipped to the float range (a huge weight just means "never round down to it")."""
-    with np.errstate(over="ignore"):
-        return np.minimum(np.expm1(1.0 / sorted_multipliers**2), np.finfo(np.float64).max / 1e6)
-
-
 def _greedy_cuts(weights: np.ndarray, prefix: np.ndarray, tau: float) -> list[int]:
-    """Fewest cuts of ascending-z steps into groups, each adding at most `tau` to the CLT sum when rounded down.
-
-    A group [i, j) rounded down to its first (smallest) z adds (j - i) w_i - sum_{i<=t<j} w_t, which grows with j,
-    so the greedy longest-group choice is optimal. Returns the group start indices plus the end index n.
-    """
+    """Group starts plus the end n of the fewest groups of ascending-z steps, each adding at most `tau` to the CLT
+    sum when rounded down: [i, j) adds (j - i) w_i - sum_{i<=t<j} w_t, growing with j, so greedy is optimal."""
     n = weights.size
     slack = 1e-12 * prefix[-1]  # Absorbs cumsum rounding, so equal z always share a group.
     cuts = [0]
@@ -319,66 +250,50 @@ def _greedy_cuts(weights: np.ndarray, prefix: np.ndarray, tau: float) -> list[in
     return cuts
 
 
-def _excess(weights: np.ndarray, prefix: np.ndarray, cuts: list[int]) -> float:
-    starts, ends = np.array(cuts[:-1]), np.array(cuts[1:])
-    return float(np.sum((ends - starts) * weights[starts] - (prefix[ends] - prefix[starts])))
+def _bisect(is_low: Callable[[float], bool], low: float, high: float) -> tuple[float, float]:
+    """`_BISECTION_STEPS` halvings of [low, high] keeping `is_low` true at low and false at high."""
+    for _ in range(_BISECTION_STEPS):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if is_low(middle) else (low, middle)
+    return low, high
 
 
 def group_noise_multipliers(
-    noise_multipliers: ArrayLike,
-    max_groups: int = DEFAULT_MAX_GROUPS,
-    tolerance: float = DEFAULT_TOLERANCE,
+    noise_multipliers: ArrayLike, max_groups: int = DEFAULT_MAX_GROUPS, tolerance: float = DEFAULT_TOLERANCE
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Pessimistic grouping of per-step noise multipliers: (group noise multipliers, group step counts).
+    """Pessimistic grouping of per-step noise multipliers (finite, > 0): (group noise multipliers ascending, counts).
 
-    Every step is assigned to a group whose noise multiplier is <= its own (rounded DOWN), so accounting the groups
-    over-estimates the privacy loss of the steps. Uses the fewest groups whose rounding increases the CLT sum
-    sum_t (exp(1/z_t^2) - 1) by at most `tolerance` (relative), but never more than `max_groups` groups.
-
-    Args:
-      noise_multipliers: 1-D array of z_t, finite and > 0.
-      max_groups: cap on the number of groups, >= 1.
-      tolerance: allowed relative increase of the CLT sum, >= 0 (0: only equal values are grouped).
-
-    Returns:
-      (group_noise_multipliers ascending, counts) with counts.sum() == len(noise_multipliers).
+    Every step joins a group whose noise multiplier is <= its own (rounded DOWN), so accounting the groups
+    over-estimates the privacy loss. Uses the fewest groups whose rounding increases the CLT sum
+    sum_t (exp(1/z_t^2) - 1) by at most `tolerance` (relative, >= 0), but never more than `max_groups` (>= 1).
     """
     sorted_multipliers = np.sort(np.asarray(noise_multipliers, dtype=np.float64))
-    weights = _clt_weights(sorted_multipliers)
+    with np.errstate(over="ignore"):  # A huge weight just means "never round down to it".
+        weights = np.minimum(np.expm1(1.0 / sorted_multipliers**2), np.finfo(np.float64).max / 1e6)
     prefix = np.concatenate([[0.0], np.cumsum(weights)])
-    allowed_excess = tolerance * prefix[-1]
+
+    def excess(tau: float) -> float:
+        cuts = _greedy_cuts(weights, prefix, tau)
+        starts, ends = np.array(cuts[:-1]), np.array(cuts[1:])
+        return float(np.sum((ends - starts) * weights[starts] - (prefix[ends] - prefix[starts])))
+
     # Largest tau with total excess <= allowed (excess grows with tau) ...
-    low, high = 0.0, float(sorted_multipliers.size * weights[0])
-    if _excess(weights, prefix, _greedy_cuts(weights, prefix, high)) > allowed_excess:
-        for _ in range(_BISECTION_STEPS):
-            middle = 0.5 * (low + high)
-            if _excess(weights, prefix, _greedy_cuts(weights, prefix, middle)) <= allowed_excess:
-                low = middle
-            else:
-                high = middle
-        tau = low
-    else:
-        tau = high
+    tau = high = float(sorted_multipliers.size * weights[0])
+    if excess(high) > tolerance * prefix[-1]:
+        tau = _bisect(lambda middle: excess(middle) <= tolerance * prefix[-1], 0.0, high)[0]
     cuts = _greedy_cuts(weights, prefix, tau)
     # ... raised to the smallest tau that fits in max_groups (group count falls as tau grows).
     if len(cuts) - 1 > max_groups:
-        low, high = tau, float(sorted_multipliers.size * weights[0])
-        for _ in range(_BISECTION_STEPS):
-            middle = 0.5 * (low + high)
-            if len(_greedy_cuts(weights, prefix, middle)) - 1 <= max_groups:
-                high = middle
-            else:
-                low = middle
-        cuts = _greedy_cuts(weights, prefix, high)
-    starts = np.array(cuts[:-1])
-    return sorted_multipliers[starts], np.diff(cuts)
+        tau = _bisect(lambda middle: len(_greedy_cuts(weights, prefix, middle)) - 1 > max_groups, tau, high)[1]
+        cuts = _greedy_cuts(weights, prefix, tau)
+    return sorted_multipliers[np.array(cuts[:-1])], np.diff(cuts)
 
 
 def _compose(first: _Pld, second: _Pld, steps: int) -> _Pld:
     """Composition of two PLDs, refused before the convolution if its grid would exceed MAX_PLD_GRID_POINTS."""
     noise_range.check_pld_grid_points(first.grid_points + second.grid_points - 1, f"the first {steps} steps")
     remove = _compose_pmfs(first.remove, second.remove)
-    if first.symmetric and second.symmetric:
+    if first.add is first.remove and second.add is second.remove:
         return _Pld(remove, remove)
     return _Pld(remove, _compose_pmfs(first.add, second.add))
 
@@ -386,21 +301,6 @@ def _compose(first: _Pld, second: _Pld, steps: int) -> _Pld:
 def check_interval(value: float, name: str = "value_discretization_interval") -> float:
     """Returns a PLD discretisation interval as a float, or raises ValueError unless it is > 0."""
     return validation.check_float(name, value, allow_inf=True)
-
-
-def _check_arguments(
-    sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval, tolerance
-) -> tuple[float, np.ndarray]:
-    p = validation.check_probability(sampling_probability, allow_zero=True)
-    multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers)
-    check_interval(value_discretization_interval)
-    noise_range.check_noise_multipliers(
-        multipliers, "pld", noise_range.pld_min_noise_multiplier(value_discretization_interval)
-    )
-    validation.check_delta(delta)
-    validation.check_positive_int("max_groups", max_groups)
-    validation.check_float("tolerance", tolerance, 0.0, inclusive=True, allow_inf=True)
-    return p, multipliers
 
 
 def pld_epsilons_at(
@@ -413,24 +313,20 @@ def pld_epsilons_at(
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> np.ndarray:
-    """Pessimistic PLD epsilon after each of several step counts, in one composition pass.
-
-    Args:
-      sampling_probability: Poisson sampling probability p in [0, 1].
-      noise_multipliers: 1-D array [T] of z_t = sigma_t / C_t: 0 (no privacy), inf (no privacy loss), or in
-        [`noise_range.pld_min_noise_multiplier(value_discretization_interval)`, 1e4] (~0.027 at 1e-3).
-      delta: target delta in (0, 1).
-      steps: non-decreasing step counts k in [0, T]; epsilon of the first k steps is returned for each.
-      max_groups: cap on the total number of self-composed groups over all segments (>= number of segments).
-      value_discretization_interval: PLD grid spacing > 0 (smaller is tighter and slower).
-      tolerance: per segment, allowed relative increase of the CLT sum caused by rounding z down.
-
-    Returns:
-      float array [len(steps)] of epsilons, each an upper bound on the ungrouped PLD epsilon.
+    """Pessimistic PLD epsilon of the first k steps for each k of `steps` (non-decreasing, in [0, T]), in one pass:
+    the steps cut at those counts into segments, each grouped (`group_noise_multipliers`: `tolerance` per segment,
+    `max_groups` over all), the segment PLDs composed in order. p in [0, 1]; each z_t is 0 (no privacy), inf (no
+    loss) or in [`noise_range.pld_min_noise_multiplier(value_discretization_interval)`, 1e4]; delta in (0, 1).
     """
-    p, multipliers = _check_arguments(
-        sampling_probability, noise_multipliers, delta, max_groups, value_discretization_interval, tolerance
+    p = validation.check_probability(sampling_probability, allow_zero=True)
+    multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers)
+    check_interval(value_discretization_interval)
+    noise_range.check_noise_multipliers(
+        multipliers, "pld", noise_range.pld_min_noise_multiplier(value_discretization_interval)
     )
+    validation.check_delta(delta)
+    validation.check_positive_int("max_groups", max_groups)
+    validation.check_float("tolerance", tolerance, 0.0, inclusive=True, allow_inf=True)
     counts = validation.check_step_counts(steps, multipliers.size, non_decreasing=True)
     bounds = np.unique(np.concatenate([[0], counts]))
     segments = [multipliers[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
@@ -466,33 +362,11 @@ def pld_epsilon(
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> float:
-    """Pessimistic PLD epsilon of T Poisson-subsampled Gaussian steps with per-step noise multipliers.
+    """Pessimistic PLD epsilon of all T steps (`pld_epsilons_at`; math.inf if some step has z = 0 and p > 0).
 
-    An upper bound on `dp_accounting.pld.PLDAccountant`'s epsilon for the same steps at the same discretisation:
-    steps are grouped with their noise multipliers rounded DOWN (see the module docstring), typically within 1%
-    of the ungrouped value, in a few seconds for T = 4800.
-
-    Args:
-      sampling_probability: Poisson sampling probability p in [0, 1].
-      noise_multipliers: 1-D array [T] of z_t = sigma_t / C_t: 0 (no privacy), inf (no privacy loss), or in
-        [`noise_range.pld_min_noise_multiplier(value_discretization_interval)`, 1e4] (~0.027 at 1e-3).
-      delta: target delta in (0, 1).
-      max_groups: cap on the number of self-composed groups, >= 1.
-      value_discretization_interval: PLD grid spacing > 0 (1e-3 default; 1e-4 for final numbers).
-      tolerance: allowed relative increase of the CLT sum sum_t (exp(1/z_t^2) - 1) caused by rounding z down.
-
-    Returns:
-      epsilon (math.inf if some step has z = 0 and p > 0).
+    An upper bound on `dp_accounting.pld.PLDAccountant`'s epsilon for the same steps at the same discretisation.
     """
     num_steps = np.asarray(noise_multipliers).shape[0] if np.ndim(noise_multipliers) == 1 else 0
-    return float(
-        pld_epsilons_at(
-            sampling_probability,
-            noise_multipliers,
-            delta,
-            [num_steps],
-            max_groups=max_groups,
-            value_discretization_interval=value_discretization_interval,
-            tolerance=tolerance,
-        )[0]
-    )
+    options = {"max_groups": max_groups, "tolerance": tolerance}
+    options["value_discretization_interval"] = value_discretization_interval
+    return float(pld_epsilons_at(sampling_probability, noise_multipliers, delta, [num_steps], **options)[0])

@@ -1,24 +1,16 @@
 """Gaussian differential privacy (GDP): duality with (epsilon, delta)-DP and the extended CLT.
 
-A mechanism is mu-GDP when distinguishing neighbouring datasets is no easier than distinguishing N(0, 1) from
-N(mu, 1). The Gaussian mechanism with sensitivity C and noise standard deviation sigma is (C / sigma)-GDP.
+A mechanism is mu-GDP when telling neighbouring datasets apart is no easier than N(0, 1) from N(mu, 1); a Gaussian
+mechanism of sensitivity C and noise std sigma is (C / sigma)-GDP. `delta_from_mu` is the exact duality (Dong, Roth
+and Su 2021; paper Eq. 1) delta(epsilon; mu) = Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2), which
+`epsilon_from_mu` and `mu_from_epsilon` invert; `clt_mu` the extended CLT (paper Corollary 1, Eq. 10).
 
-This module gives the conversions the rest of the package needs:
-
-* `delta_from_mu`: the exact duality (Dong, Roth and Su 2021; paper Eq. 1)
-  delta(epsilon; mu) = Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2).
-* `epsilon_from_mu` and `mu_from_epsilon`: its two inverses.
-* `clt_mu`: the extended central limit theorem (paper Corollary 1, Eq. 10) for T Poisson-subsampled steps with
-  per-step GDP parameters mu_t: mu_tot = p * sqrt(sum_t (exp(mu_t^2) - 1)).
-* `gdp_clt_epsilons_at`: the CLT's epsilon after several step counts, the 'gdp_clt' accountant's curve.
-
-Why the care: delta is a difference of two tail probabilities that can both be tiny, so it is evaluated in log
-space (`scipy.stats.norm.logcdf`, `expm1`); the inverses are found with `scipy.optimize.brentq` on log(delta)
-inside brackets that expand until they contain the root, never inside a fixed bracket such as [0, 500], which
-fails for tiny or huge budgets (opacus issue #775).
+delta is evaluated in log space (a difference of two possibly tiny tails); the inverses run brentq on log(delta) in
+brackets expanded until they hold the root (a fixed one such as [0, 500] fails for extreme budgets: opacus #775).
 """
 
 import math
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,14 +19,12 @@ from scipy import stats
 
 from keras_dyndp import validation
 
-# log(delta) is clamped to this value where it underflows to -inf, so that brentq always sees finite numbers.
-# Any delta of interest is far above exp(-1e4).
+# log(delta) is clamped to this where it underflows, so that brentq sees finite numbers (any delta of interest is
+# far above exp(-1e4)).
 _LOG_DELTA_FLOOR = -1e4
-# brentq tolerances: relative precision close to machine precision.
 _XTOL = 1e-15
 _RTOL = 4 * np.finfo(float).eps
-# Maximum number of bracket doublings/halvings (2**1000 covers every finite float64 scale).
-_MAX_BRACKET_STEPS = 1000
+_MAX_BRACKET_STEPS = 1000  # Doublings or halvings: 2**1000 covers every finite float64 scale.
 
 
 def _log_delta_from_mu(epsilon: float, mu: float) -> float:
@@ -48,21 +38,18 @@ def _log_delta_from_mu(epsilon: float, mu: float) -> float:
     return max(float(log_cdf_plus + np.log(-np.expm1(exponent))), _LOG_DELTA_FLOOR)
 
 
+def _expand(value: float, factor: float, found: Callable[[float], bool], what: str) -> float:
+    """The first of value, value * factor, value * factor^2, ... where `found` holds (a bracket's end)."""
+    for _ in range(_MAX_BRACKET_STEPS):
+        if found(value):
+            return value
+        value *= factor
+    raise ValueError(f"Could not bracket {what}.")
+
+
 def delta_from_mu(epsilon: float, mu: float) -> float:
-    """Returns the smallest delta such that a mu-GDP mechanism is (epsilon, delta)-DP (paper Eq. 1).
-
-    delta = Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2), evaluated in log space.
-
-    Args:
-        epsilon: Privacy parameter epsilon, >= 0 and finite.
-        mu: GDP parameter, > 0; `math.inf` gives delta = 1.
-
-    Returns:
-        delta in [0, 1].
-
-    Raises:
-        ValueError: If `epsilon` < 0 or not finite, or `mu` <= 0 or NaN.
-    """
+    """The smallest delta in [0, 1] with mu-GDP (epsilon, delta)-DP (paper Eq. 1), for epsilon >= 0 finite and
+    mu > 0 (`math.inf` gives 1); ValueError otherwise."""
     epsilon = validation.check_float("epsilon", epsilon, 0.0, inclusive=True)
     mu = validation.check_float("mu", mu, allow_inf=True)
     if math.isinf(mu):
@@ -72,18 +59,8 @@ def delta_from_mu(epsilon: float, mu: float) -> float:
 
 
 def epsilon_from_mu(mu: float, delta: float) -> float:
-    """Returns the smallest epsilon >= 0 such that a mu-GDP mechanism is (epsilon, delta)-DP.
-
-    Args:
-        mu: GDP parameter, > 0; `math.inf` gives epsilon = inf.
-        delta: Target delta, in (0, 1).
-
-    Returns:
-        epsilon >= 0 (0 when mu is so small that delta(0; mu) <= delta).
-
-    Raises:
-        ValueError: If `mu` <= 0 or NaN, or `delta` is outside (0, 1).
-    """
+    """The smallest epsilon >= 0 with mu-GDP (epsilon, delta)-DP, for mu > 0 (`math.inf` gives inf) and delta in
+    (0, 1); ValueError otherwise."""
     mu = validation.check_float("mu", mu, allow_inf=True)
     delta = validation.check_delta(delta)
     if math.isinf(mu):
@@ -95,32 +72,14 @@ def epsilon_from_mu(mu: float, delta: float) -> float:
 
     if excess(0.0) <= 0:
         return 0.0
-    low, high = 0.0, max(1.0, mu)
-    for _ in range(_MAX_BRACKET_STEPS):
-        if excess(high) < 0:
-            break
-        low, high = high, 2 * high
-    else:
-        raise ValueError(f"Could not bracket epsilon for mu={mu}, delta={delta}.")
+    high = _expand(max(1.0, mu), 2, lambda epsilon: excess(epsilon) < 0, f"epsilon for mu={mu}, delta={delta}")
+    low = 0.0 if high == max(1.0, mu) else high / 2
     return float(optimize.brentq(excess, low, high, xtol=_XTOL, rtol=_RTOL))
 
 
 def mu_from_epsilon(epsilon: float, delta: float) -> float:
-    """Returns the mu such that mu-GDP is exactly (epsilon, delta)-DP, i.e. delta_from_mu(epsilon, mu) = delta.
-
-    Robust (tested) for epsilon in [0.01, 50] and delta in [1e-12, 0.1]; it also works well outside that box.
-    Example: mu_from_epsilon(1.2, 1e-5) ~= 0.3163786.
-
-    Args:
-        epsilon: Target epsilon, finite and > 0.
-        delta: Target delta, in (0, 1).
-
-    Returns:
-        mu > 0.
-
-    Raises:
-        ValueError: If `epsilon` <= 0 or not finite, or `delta` is outside (0, 1).
-    """
+    """The mu > 0 with delta_from_mu(epsilon, mu) = delta, for epsilon > 0 finite and delta in (0, 1); ValueError
+    otherwise. Tested for epsilon in [0.01, 50] and delta in [1e-12, 0.1]; mu_from_epsilon(1.2, 1e-5) ~= 0.3163786."""
     epsilon = validation.check_float("epsilon", epsilon)
     delta = validation.check_delta(delta)
     log_target = math.log(delta)
@@ -128,42 +87,16 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
     def excess(mu: float) -> float:  # Increasing in mu.
         return _log_delta_from_mu(epsilon, mu) - log_target
 
-    high = 1.0
-    for _ in range(_MAX_BRACKET_STEPS):
-        if excess(high) > 0:
-            break
-        high *= 2
-    else:
-        raise ValueError(f"Could not bracket mu for epsilon={epsilon}, delta={delta}.")
-    low = high / 2
-    for _ in range(_MAX_BRACKET_STEPS):
-        if excess(low) < 0:
-            break
-        low /= 2
-    else:
-        raise ValueError(f"Could not bracket mu for epsilon={epsilon}, delta={delta}.")
+    what = f"mu for epsilon={epsilon}, delta={delta}"
+    high = _expand(1.0, 2, lambda mu: excess(mu) > 0, what)
+    low = _expand(high / 2, 0.5, lambda mu: excess(mu) < 0, what)
     return float(optimize.brentq(excess, low, high, xtol=_XTOL, rtol=_RTOL))
 
 
 def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> float:
-    """Returns mu_tot of composing Poisson-subsampled mu_t-GDP steps by the extended GDP CLT.
-
-    mu_tot = p * sqrt(sum_t (exp(mu_t^2) - 1))   (paper Corollary 1, Eq. 10).
-    With a constant mu it is Bu et al.'s p * sqrt(T (exp(mu^2) - 1)). The CLT is an asymptotic approximation
-    (T -> inf with p sqrt(T) fixed) and can underestimate the true epsilon (Gopi et al. 2021, arXiv 2106.02848);
-    use an RDP or PLD accountant for a rigorous bound.
-
-    Args:
-        sampling_probability: Poisson sampling probability p, in (0, 1].
-        mus: Per-step GDP parameters mu_t = C_t / sigma_t, each >= 0 (0: an infinitely noisy step; inf: a
-            non-private step).
-
-    Returns:
-        mu_tot >= 0 (inf when some mu_t is so large that exp(mu_t^2) overflows).
-
-    Raises:
-        ValueError: If `sampling_probability` is outside (0, 1] or some entry of `mus` is negative or NaN.
-    """
+    """mu_tot = p * sqrt(sum_t (exp(mu_t^2) - 1)) of Poisson-subsampled mu_t-GDP steps (paper Corollary 1, Eq. 10),
+    p in (0, 1], mu_t = C_t / sigma_t >= 0 (inf: non-private; mu_tot inf where exp(mu_t^2) overflows). An asymptotic
+    approximation (T -> inf with p sqrt(T) fixed) that can underestimate epsilon (Gopi et al. 2021)."""
     sampling_probability = validation.check_probability(sampling_probability)
     with np.errstate(over="ignore"):
         total = float(np.sum(np.expm1(np.square(validation.check_nonnegative_array("mus", np.reshape(mus, -1))))))
@@ -173,19 +106,8 @@ def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> fl
 def gdp_clt_epsilons_at(
     sampling_probability: float, mus: Sequence[float] | np.ndarray, delta: float, steps: Sequence[int] | np.ndarray
 ) -> np.ndarray:
-    """GDP-CLT epsilon of the first k steps for each k in `steps`, in one pass.
-
-    mu_k = p sqrt(sum_{t <= k} (exp(mu_t^2) - 1)) (`clt_mu` of the first k steps) is converted at `delta`.
-
-    Args:
-        sampling_probability: Poisson sampling probability p, in (0, 1].
-        mus: Per-step GDP parameters mu_t = C_t / sigma_t, each >= 0 (as in `clt_mu`).
-        delta: Target delta, in (0, 1).
-        steps: Step counts k, each an integer in [0, T].
-
-    Returns:
-        Array of epsilons, one per entry of `steps` (0 where mu_k = 0).
-    """
+    """GDP-CLT epsilon (`clt_mu` of the first k steps at `delta` in (0, 1); 0 where it is 0) for each integer k in
+    [0, T] of `steps`, in one pass."""
     sampling_probability = validation.check_probability(sampling_probability)
     mus = validation.check_nonnegative_array("mus", np.reshape(mus, -1))
     delta = validation.check_delta(delta)

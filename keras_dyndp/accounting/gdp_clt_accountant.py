@@ -1,18 +1,13 @@
 """`GdpCltAccountant`: a `dp_accounting.PrivacyAccountant` that composes by the extended GDP CLT.
 
-This is the accountant of the dynamic DP-SGD paper (Corollary 1): T Poisson-subsampled Gaussian steps with
-sampling probability p and noise multipliers z_t (step t is mu_t-GDP with mu_t = 1 / z_t) compose to
-mu_tot-GDP with mu_tot = p * sqrt(sum_t (exp(1 / z_t^2) - 1)), and epsilon follows from the GDP duality. Being a
-`PrivacyAccountant`, it plugs into anything that speaks `dp_accounting` (ledgers of `DpEvent`s,
-`dp_accounting.mechanism_calibration`), side by side with `RdpAccountant` and `PLDAccountant`.
+The dynamic DP-SGD paper's accountant (Corollary 1): T Poisson-subsampled Gaussian steps (p, z_t) compose to
+mu_tot = p * sqrt(sum_t (exp(1 / z_t^2) - 1)), and epsilon follows from the GDP duality (`gdp`).
 
 Warning:
     The GDP CLT is an asymptotic approximation, not an upper bound: it can UNDERESTIMATE epsilon (Gopi, Lee and
-    Wutschitz 2021, "Numerical Composition of Differential Privacy", arXiv 2106.02848). Measured here for
-    p = 250/60000, T = 4800, delta = 1e-5: schedules calibrated to GDP-CLT epsilon 0.4 / 1.2 / 2.0 have PLD
-    epsilon 0.40 / 1.25 / 2.21. For a rigorous guarantee report epsilon from
-    `dp_accounting.rdp.RdpAccountant` or `dp_accounting.pld.PLDAccountant`
-    (`keras_dyndp.accounting.make_accountant('rdp' | 'pld')`, or the fast `keras_dyndp.accounting.rdp_epsilon`).
+    Wutschitz 2021, arXiv 2106.02848; p = 250/60000, T = 4800, delta = 1e-5: schedules calibrated to GDP-CLT
+    epsilon 0.4 / 1.2 / 2.0 have PLD epsilon 0.40 / 1.25 / 2.21). For a guarantee use
+    `keras_dyndp.accounting.make_accountant('rdp' | 'pld')`.
 """
 
 import math
@@ -29,33 +24,15 @@ _CompositionErrorDetails = dp_accounting.PrivacyAccountant.CompositionErrorDetai
 
 
 class GdpCltAccountant(dp_accounting.PrivacyAccountant):
-    """Privacy accountant based on the extended central limit theorem of Gaussian DP.
+    """Privacy accountant of the extended GDP CLT, under add-or-remove-one neighbours.
 
-    Neighbouring relation: add or remove one record (the relation under which Poisson subsampling is analysed).
-
-    Supported events, nested in any way through `SelfComposedDpEvent` and `ComposedDpEvent`:
-
-    * `PoissonSampledDpEvent(p, GaussianDpEvent(z))` with any z per event (heterogeneous schedules): adds
-      p^2 * (exp(1 / z^2) - 1) per step to mu_clt^2 (paper Eq. 10). With p = 1 the step is an un-sampled
-      Gaussian and is composed exactly (below); with p = 0 it costs nothing.
-    * `GaussianDpEvent(z)` without sampling: exact GDP composition, mu_exact^2 += 1 / z^2.
-    * `NoOpDpEvent` (nothing) and `NonPrivateDpEvent` (epsilon = inf). A noise multiplier of 0 also gives
-      epsilon = inf, and one of inf costs nothing; any other must lie in `noise_range`'s [1e-4, 1e4] (outside it
-      1 / z^2 under- or overflows), or `compose` raises `UnsupportedEventError` saying so.
-
-    Several sampling probabilities are combined by the same CLT, mu_clt^2 = sum_t p_t^2 (exp(mu_t^2) - 1): the CLT
-    of Dong, Roth and Su (2021, Theorem 5) sums the per-step functionals kl_t ~ p_t^2 (e^{mu_t^2} - 1) / 2 and
-    kappa2_t ~ p_t^2 (e^{mu_t^2} - 1) whatever the p_t, and the composition is then
-    mu = 2 sum kl / sqrt(sum kappa2) = sqrt(sum_t p_t^2 (e^{mu_t^2} - 1)); it reduces to Corollary 1 for a single
-    p. The CLT and exact parts, both GDP, compose as GDP mechanisms do: mu_tot = sqrt(mu_clt^2 + mu_exact^2).
-
-    Any other event (e.g. `LaplaceDpEvent`, `SampledWithoutReplacementDpEvent`, or a Poisson-sampled event whose
-    inner event is not a single `GaussianDpEvent`) is rejected with `UnsupportedEventError` by `compose`.
-
-    Warning:
-        The GDP CLT can UNDERESTIMATE epsilon (Gopi et al. 2021, arXiv 2106.02848): it is an approximation, not a
-        bound. For a rigorous epsilon use `dp_accounting.rdp.RdpAccountant` or `dp_accounting.pld.PLDAccountant`
-        on the same events (`keras_dyndp.accounting.make_accountant('rdp')` or `('pld')`).
+    Events, nested in any way through `SelfComposedDpEvent` and `ComposedDpEvent`: `PoissonSampledDpEvent(p,
+    GaussianDpEvent(z))` adds p^2 (exp(1 / z^2) - 1) per step to mu_clt^2 (paper Eq. 10; several p combine by the
+    same CLT: Dong, Roth and Su 2021, Theorem 5, sums kl_t ~ p_t^2 (e^{mu_t^2} - 1) / 2 and kappa2_t ~ 2 kl_t, so
+    mu = 2 sum kl / sqrt(sum kappa2)); `GaussianDpEvent(z)` (and p = 1) compose exactly, mu_exact^2 += 1 / z^2;
+    mu_tot = sqrt(mu_clt^2 + mu_exact^2); `NoOpDpEvent` costs nothing, `NonPrivateDpEvent` makes epsilon inf. z = 0
+    gives epsilon inf and z = inf costs nothing; another z outside `noise_range`'s [1e-4, 1e4], or another event,
+    makes `compose` raise `UnsupportedEventError` saying why.
 
     Example:
         >>> event = dp_event.PoissonSampledDpEvent(250 / 60000, dp_event.GaussianDpEvent(1.1258165))
@@ -90,33 +67,23 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
                 if error is not None:
                     return error
             return None
-        if isinstance(event, dp_event.GaussianDpEvent):
-            error = _noise_error(event)
-            if error is not None:
-                return error
-            if do_compose and count > 0:
-                self._exact_mu_squared += count * _inverse_square(event.noise_multiplier)
-            return None
-        if isinstance(event, dp_event.PoissonSampledDpEvent):
-            if not isinstance(event.event, dp_event.GaussianDpEvent):
+        if isinstance(event, (dp_event.GaussianDpEvent, dp_event.PoissonSampledDpEvent)):
+            sampled = isinstance(event, dp_event.PoissonSampledDpEvent)
+            gaussian = event.event if sampled else event
+            if not isinstance(gaussian, dp_event.GaussianDpEvent):
                 return _CompositionErrorDetails(
-                    invalid_event=event,
-                    error_message=(
-                        "GdpCltAccountant supports PoissonSampledDpEvent only around a single GaussianDpEvent. "
-                        f"Found inner event {event.event}."
-                    ),
+                    event,
+                    "GdpCltAccountant supports PoissonSampledDpEvent only around a single GaussianDpEvent. "
+                    f"Found inner event {event.event}.",
                 )
-            error = _noise_error(event.event)
+            error = _noise_error(gaussian)
             if error is not None:
                 return error
-            probability = event.sampling_probability
+            probability = event.sampling_probability if sampled else 1
             if not 0 <= probability <= 1:
-                return _CompositionErrorDetails(
-                    invalid_event=event,
-                    error_message=f"sampling_probability must be in [0, 1]. Found {probability}.",
-                )
+                return _CompositionErrorDetails(event, f"sampling_probability must be in [0, 1]. Found {probability}.")
             if do_compose and count > 0 and probability > 0:
-                mu_squared = _inverse_square(event.event.noise_multiplier)
+                mu_squared = _inverse_square(gaussian.noise_multiplier)
                 if probability == 1:
                     self._exact_mu_squared += count * mu_squared
                 else:
@@ -125,25 +92,13 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
                     self._clt_mu_squared += count * probability**2 * per_step
             return None
         return _CompositionErrorDetails(
-            invalid_event=event,
-            error_message=(
-                "GdpCltAccountant supports only Gaussian, Poisson-sampled Gaussian, NoOp, NonPrivate, "
-                f"SelfComposed and Composed events. Found {type(event).__name__}."
-            ),
+            event,
+            "GdpCltAccountant supports only Gaussian, Poisson-sampled Gaussian, NoOp, NonPrivate, "
+            f"SelfComposed and Composed events. Found {type(event).__name__}.",
         )
 
     def get_epsilon(self, target_delta: float) -> float:
-        """Returns the GDP-CLT epsilon at `target_delta` (an approximation: see the class warning).
-
-        Args:
-            target_delta: Target delta, in [0, 1].
-
-        Returns:
-            epsilon >= 0; inf when nothing private is left (non-private events, zero noise, or delta = 0).
-
-        Raises:
-            ValueError: If `target_delta` is outside [0, 1].
-        """
+        """GDP-CLT epsilon >= 0 at `target_delta` in [0, 1]; inf for non-private events, zero noise or delta 0."""
         target_delta = validation.check_delta(target_delta, "target_delta", allow_ends=True)
         mu = self.mu
         if mu == 0 or (target_delta == 1 and not self._non_private):
@@ -153,17 +108,7 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
         return gdp.epsilon_from_mu(mu, target_delta)
 
     def get_delta(self, target_epsilon: float) -> float:
-        """Returns the GDP-CLT delta at `target_epsilon` (an approximation: see the class warning).
-
-        Args:
-            target_epsilon: Target epsilon, >= 0 (inf allowed).
-
-        Returns:
-            delta in [0, 1]; 1 when non-private events were composed.
-
-        Raises:
-            ValueError: If `target_epsilon` is negative or NaN.
-        """
+        """GDP-CLT delta in [0, 1] at `target_epsilon` >= 0 (inf allowed); 1 after non-private events."""
         target_epsilon = validation.check_float("target_epsilon", target_epsilon, 0.0, inclusive=True, allow_inf=True)
         mu = self.mu
         if math.isinf(mu):
@@ -177,20 +122,14 @@ def _noise_error(event: dp_event.GaussianDpEvent) -> _CompositionErrorDetails | 
     """None if the event's noise multiplier is 0, inf or in `noise_range`'s range; else why not."""
     noise_multiplier = event.noise_multiplier
     if not noise_multiplier >= 0:
-        return _CompositionErrorDetails(
-            invalid_event=event, error_message=f"noise_multiplier must be >= 0. Found {noise_multiplier}."
-        )
+        return _CompositionErrorDetails(event, f"noise_multiplier must be >= 0. Found {noise_multiplier}.")
     if noise_multiplier in (0, math.inf) or (
         noise_range.MIN_NOISE_MULTIPLIER <= noise_multiplier <= noise_range.MAX_NOISE_MULTIPLIER
     ):
         return None
-    return _CompositionErrorDetails(
-        invalid_event=event, error_message=noise_range.out_of_range_message(noise_multiplier, None, "gdp_clt")
-    )
+    return _CompositionErrorDetails(event, noise_range.out_of_range_message(noise_multiplier, None, "gdp_clt"))
 
 
 def _inverse_square(noise_multiplier: float) -> float:
     """1 / z^2, the squared GDP parameter of a Gaussian step; inf for z = 0."""
-    if noise_multiplier == 0:
-        return math.inf
-    return 1.0 / float(noise_multiplier) ** 2
+    return math.inf if noise_multiplier == 0 else 1.0 / float(noise_multiplier) ** 2

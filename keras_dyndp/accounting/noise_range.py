@@ -1,22 +1,14 @@
-"""The noise multipliers the accountants can represent, checked before any of them allocates or divides.
+"""The noise multipliers z = sigma / C the accountants can represent, checked before any of them allocates or divides.
 
-Every accountant here works on the noise multipliers z_t = sigma_t / C_t of a schedule. Outside a bounded range
-they fail in ways that help nobody: the GDP-CLT divides by z^2 (ZeroDivisionError at z = 1e-300, OverflowError at
-z = 1e300), the RDP series never reach their stopping rule (an endless loop at z = 1e-300) or lose the step's
-divergence to rounding (a "negative divergence" error from z ~ 1e6), and the PLD lays a grid over the privacy
-loss whose length grows as 1 / z^2 (z = 1e-3 asks for 3.8 GiB). So each accountant checks its input first and
-raises a ValueError that names the step, the value and the accepted range:
-
-* z = 0 (no noise: epsilon is infinite) and z = inf (no privacy loss) are exact and always accepted;
-* otherwise MIN_NOISE_MULTIPLIER <= z <= MAX_NOISE_MULTIPLIER for every accountant. Below 1e-4 a single step is
-  (epsilon > 1e7)-DP; above 1e4 its GDP parameter 1 / z is below 1e-4 (a margin of 100 below where the RDP
-  series fail); no DP-SGD schedule worth accounting leaves that range;
-* the PLD additionally needs z >= `pld_min_noise_multiplier(value_discretization_interval)`: a Gaussian step's
-  privacy loss spans about 1 / z^2 + 2 t / z (t ~ 10.06, the +-t standard deviations that dp_accounting keeps at
-  its default truncation of e^-50), and the grid has that span / interval points; it must fit in
-  MAX_PLD_GRID_POINTS (2^21, 16 MiB per array, ~2 s per distinct step). At the default interval 1e-3 the floor is
-  z ~ 0.027, where one unsampled step alone has an epsilon of several hundred. Composed PLDs are held to the same length
-  (`check_pld_grid_points`).
+Outside a bounded range they fail unhelpfully: the GDP-CLT divides by z^2 (ZeroDivisionError at 1e-300), the RDP
+series loop forever (1e-300) or lose the divergence to rounding (from z ~ 1e6), the PLD's grid grows as 1 / z^2
+(3.8 GiB at z = 1e-3). So each accountant first raises a ValueError naming the step, the value and the range:
+z = 0 (epsilon inf) and z = inf (no loss) are exact; otherwise MIN_NOISE_MULTIPLIER <= z <= MAX_NOISE_MULTIPLIER
+(below 1e-4 one step is (epsilon > 1e7)-DP; above 1e4 its GDP mu is below 1e-4, 100x below where the RDP series
+fail), and for the PLD z >= `pld_min_noise_multiplier(value_discretization_interval)`: a step's privacy loss spans
+about 1 / z^2 + 2 t / z (t ~ 10.06 standard deviations, dp_accounting's default truncation of e^-50), and its grid
+of span / interval points must fit MAX_PLD_GRID_POINTS (2^21, 16 MiB per array): z ~ 0.027 at the interval 1e-3.
+Composed PLDs are held to the same length (`check_pld_grid_points`).
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ from scipy import special
 MIN_NOISE_MULTIPLIER = 1e-4
 MAX_NOISE_MULTIPLIER = 1e4
 MAX_PLD_GRID_POINTS = 2**21
-# The PLD keeps a Gaussian step's x within +-t standard deviations, CDF(-t) = exp(-50) / 2 (dp_accounting's
-# default truncation, `fast_pld`).
+# t with CDF(-t) = exp(-50) / 2: the PLD keeps a Gaussian step's x within +-t standard deviations.
 GAUSSIAN_TAIL_STDDEVS = float(-special.ndtri(0.5 * math.exp(-50.0)))
 
 
@@ -39,20 +30,15 @@ class NoiseOutOfRangeError(ValueError):
 
 
 def pld_grid_points(noise_multiplier: float, value_discretization_interval: float) -> float:
-    """Upper estimate of the grid length of one Gaussian step's PLD: (1 / z^2 + 2 t / z) / interval + 3.
-
-    The span of the privacy loss over the grid, plus the rounding of both ends outward and the last point.
-    """
+    """Upper estimate of one Gaussian step's PLD grid length: (1 / z^2 + 2 t / z) / interval, + 3 for the rounding
+    of both ends outward and the last point."""
     span = noise_multiplier**-2 + 2 * GAUSSIAN_TAIL_STDDEVS / noise_multiplier
     return span / value_discretization_interval + 3
 
 
 def pld_min_noise_multiplier(value_discretization_interval: float) -> float:
-    """Smallest noise multiplier whose single-step PLD grid fits in `MAX_PLD_GRID_POINTS` at this interval.
-
-    Solves `pld_grid_points(z, interval)` = MAX_PLD_GRID_POINTS for z (a quadratic in 1 / z), and never returns
-    less than MIN_NOISE_MULTIPLIER.
-    """
+    """Smallest z >= MIN_NOISE_MULTIPLIER whose one-step PLD grid fits `MAX_PLD_GRID_POINTS`: the root of
+    `pld_grid_points(z, interval)` = MAX_PLD_GRID_POINTS, a quadratic in 1 / z."""
     tail = GAUSSIAN_TAIL_STDDEVS
     inverse = math.sqrt(tail**2 + (MAX_PLD_GRID_POINTS - 3) * value_discretization_interval) - tail
     return max(MIN_NOISE_MULTIPLIER, 1.0 / inverse)
@@ -81,11 +67,8 @@ def out_of_range_message(
 def check_noise_multipliers(
     noise_multipliers: np.ndarray, accountant: str, min_noise_multiplier: float = MIN_NOISE_MULTIPLIER
 ) -> np.ndarray:
-    """Returns `noise_multipliers` (1-D float array, entries >= 0 already checked) if each is 0, inf or in range.
-
-    Raises:
-      NoiseOutOfRangeError: naming the first offending step (its index in the array) and the accepted range.
-    """
+    """Returns `noise_multipliers` (1-D, >= 0 already checked) if each is 0, inf or in range, else raises
+    NoiseOutOfRangeError naming the first offending step and the accepted range."""
     regular = (noise_multipliers > 0) & np.isfinite(noise_multipliers)
     outside = regular & ((noise_multipliers < min_noise_multiplier) | (noise_multipliers > MAX_NOISE_MULTIPLIER))
     if np.any(outside):
@@ -97,16 +80,9 @@ def check_noise_multipliers(
 
 
 def check_trained_noise_multipliers(noise_multipliers: np.ndarray, argument: str) -> None:
-    """Raises unless every noise multiplier is in [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: what a DP optimizer
-    may train with, since no accountant gives a meaningful epsilon for a step outside it (z = 0 is no privacy at all).
-
-    Args:
-      noise_multipliers: the schedule's z_t = sigma_t / C_t.
-      argument: how the schedule reached the optimizer, named in the message (e.g. "schedule").
-
-    Raises:
-      NoiseOutOfRangeError: naming the argument, the first offending step and the accepted range.
-    """
+    """Raises NoiseOutOfRangeError (naming `argument`, the first offending step and the range) unless every z_t is in
+    [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: what a DP optimizer may train with, since no accountant gives a
+    meaningful epsilon outside it (z = 0 is no privacy at all)."""
     outside = ~((noise_multipliers >= MIN_NOISE_MULTIPLIER) & (noise_multipliers <= MAX_NOISE_MULTIPLIER))
     if np.any(outside):
         step = int(np.argmax(outside))

@@ -1,18 +1,9 @@
 """Accountants by name: one table from an accountant's name to everything the package does with it.
 
-Schedules, callbacks, reports and scripts take an `--accountant` string and look it up here (`get`), so a new
-accountant is one `Accountant` entry in `_ACCOUNTANTS`. An entry offers a fresh `dp_accounting` accountant
-(`make`), the epsilon of a schedule's first steps (`epsilon`), the epsilons after several step counts in one pass
-(`epsilons_at`), the smallest noise multiplier it can represent, and its options (keyword arguments of all of
-these, checked by `check_options`), with the values recommended for final reported numbers (`final_options`).
-
-'gdp_clt' is the paper's extended-CLT accountant (an approximation that can underestimate epsilon); 'rdp' and
-'pld' are rigorous upper bounds (`dp_accounting`'s, computed fast by `fast_rdp` and `fast_pld`). Every `make`
-returns a fresh accountant with an empty ledger.
-
-`DEFAULT_ACCOUNTANT` ('pld') is the one the library calibrates and reports under unless told otherwise: rigorous
-and the tightest of the three. The GDP-CLT can understate epsilon badly (p = 0.01, T = 20, delta = 1e-5: GDP-CLT
-1.00 is PLD 4.20), so it is only ever used when asked for by name.
+Schedules, callbacks, reports and scripts look an `--accountant` up here (`get`): a new accountant is one `Accountant`
+in `_ACCOUNTANTS`. 'rdp' and 'pld' are rigorous (`fast_rdp`, `fast_pld`); 'gdp_clt', the paper's CLT approximation,
+can understate epsilon badly (p = 0.01, T = 20, delta = 1e-5: GDP-CLT 1.00 is PLD 4.20) and is used only when named.
+`DEFAULT_ACCOUNTANT` 'pld' is the tightest.
 """
 
 from __future__ import annotations
@@ -22,7 +13,6 @@ import types
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
-from typing import Protocol
 
 import dp_accounting
 import numpy as np
@@ -37,44 +27,20 @@ from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting.gdp_clt_accountant import GdpCltAccountant
 
 DEFAULT_ACCOUNTANT = "pld"
-# The PLD grid the package accounts on by default (`fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL`, one constant
-# under its registry name): ~10x faster than dp_accounting's 1e-4 and ~0.4% looser, still a valid upper bound.
 DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL = fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
 # dp_accounting's own default grid, recommended for final reported numbers (the PLD entry's `final_options`).
 FINAL_PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 
 
-class Schedule(Protocol):
-    """What an accountant reads of a `keras_dyndp.schedules.DPSchedule` (which this layer does not import)."""
-
-    @property
-    def sampling_probability(self) -> float: ...
-
-    @property
-    def noise_multipliers(self) -> np.ndarray: ...
-
-    @property
-    def mus(self) -> np.ndarray: ...
-
-    def to_dp_event(self, steps: int | None = None) -> dp_accounting.DpEvent: ...
-
-
 @dataclasses.dataclass(frozen=True)
 class Accountant:
-    """What one accountant offers. Every callable takes the accountant's options as keyword arguments.
+    """What one accountant offers; every callable takes the accountant's options as keyword arguments.
 
-    Attributes:
-      name: the name callers pass (`--accountant`).
-      rigorous: whether its epsilon is an upper bound (False for the GDP-CLT approximation).
-      make: `make(**options)`, a fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one) with nothing composed.
-      epsilon: `epsilon(schedule, delta, steps, **options)`, the epsilon of the first `steps` steps (1 <= steps
-        <= T, every one with noise > 0; `DPSchedule.epsilon` handles the other cases).
-      epsilons_at: `epsilons_at(schedule, delta, steps, **options)`, the epsilon of the first k steps for each k of
-        the non-decreasing integer array `steps`, in one pass.
-      min_noise_multiplier: `min_noise_multiplier(**options)`, the smallest noise multiplier it can represent
-        (`noise_range`).
-      option_checks: {option name: check returning the option's value or raising ValueError} (read-only).
-      final_options: options recommended for final reported numbers (tighter, slower than the defaults; read-only).
+    `make()` gives a fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one); `epsilon(schedule, delta, steps)`
+    the epsilon of a `DPSchedule`'s first 1 <= steps <= T steps, each with noise > 0 (`DPSchedule.epsilon` handles
+    the other cases); `epsilons_at(schedule, delta, steps)` that of the first k steps for each k of the
+    non-decreasing `steps`, in one pass; `min_noise_multiplier()` the least noise it represents (`noise_range`).
+    `option_checks` maps an option to its check, `final_options` are for final reported numbers (read-only).
     """
 
     name: str
@@ -99,7 +65,7 @@ class Accountant:
         return {key: self.option_checks[key](value) for key, value in options.items()}
 
 
-def _gdp_clt_epsilon(schedule: Schedule, delta: float, steps: int) -> float:
+def _gdp_clt_epsilon(schedule, delta: float, steps: int) -> float:
     """GDP-CLT epsilon of the schedule's dp_accounting event (the same numbers as composing it by hand)."""
     noise_range.check_noise_multipliers(schedule.noise_multipliers[:steps], "gdp_clt")
     return float(GdpCltAccountant().compose(schedule.to_dp_event(steps)).get_epsilon(delta))
@@ -163,23 +129,11 @@ def get(name: str, argument: str = "accountant") -> Accountant:
 
 
 def make_accountant(
-    name: str,
-    *,
-    pld_value_discretization_interval: float = DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL,
+    name: str, *, pld_value_discretization_interval: float = DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL
 ) -> dp_accounting.PrivacyAccountant:
-    """Returns a fresh privacy accountant (add-or-remove-one neighbouring relation).
-
-    Args:
-        name: One of `ACCOUNTANT_NAMES`: 'gdp_clt' (`GdpCltAccountant`), 'rdp' (`dp_accounting.rdp.RdpAccountant`
-            with its default orders) or 'pld' (`dp_accounting.pld.PLDAccountant`).
-        pld_value_discretization_interval: Discretisation interval of the PLD accountant (only used for 'pld'),
-            > 0. Smaller is tighter and slower.
-
-    Returns:
-        A new `dp_accounting.PrivacyAccountant` with nothing composed.
-
-    Raises:
-        ValueError: If `name` is not in `ACCOUNTANT_NAMES` or the interval is not > 0.
+    """A fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one) with nothing composed: 'gdp_clt'
+    (`GdpCltAccountant`), 'rdp' (`RdpAccountant`, default orders) or 'pld' (`PLDAccountant` on the grid
+    `pld_value_discretization_interval` > 0, used for 'pld' only; smaller is tighter and slower).
     """
     entry = get(name, "name")
     if "value_discretization_interval" not in entry.option_checks:

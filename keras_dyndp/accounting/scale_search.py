@@ -1,26 +1,14 @@
 """Calibration search: the largest scale whose epsilon meets a target, with few calls to a costly accountant.
 
-Calibrating a schedule against a rigorous accountant means solving epsilon(x) = target for one scalar x (the log of
-the schedule's mu_0), where each evaluation composes the whole schedule (0.1 to several seconds for the PLD of
-thousands of distinct steps). epsilon increases with x and is smooth, up to tiny steps from the PLD's grouping and
-grid. A generic search (dp_accounting's `mechanism_calibration.calibrate_dp_mechanism`: widen a bracket by
-doubling, then brentq to a tolerance on x) spends most of its calls on the bracket and on digits of x that the
-accountant does not resolve. Here, on f(x) = log(epsilon(x) / target), whose acceptance window is
-[log(1 - rtol), 0]:
-
-1. optionally, a rough pass on a cheap pessimistic stand-in for epsilon (the caller's `rough_epsilon_of`, e.g. the
-   same accountant with the noise multipliers rounded down into a few groups) moves the start and measures the
-   slope of f;
-2. secant steps aim at the middle of the window (while only one point is known, with the caller's guess of the
-   slope, e.g. the GDP-CLT's, else 1: epsilon roughly proportional to mu_0; at most a factor e^4 per step), kept
-   inside the bracket [largest x under budget, smallest x over budget] once there is one, by bisection when a step
-   would leave it or f is infinite;
-3. the search stops at the first evaluated x inside the window, or once the bracket is narrower than 1e-9 (f jumps
-   across the window), returning the bracket's safe end.
-
-Every returned x was evaluated and meets the target, so no final nudge to the safe side is needed. The search stays
-within [lower, upper] (the scales whose noise multipliers the accountant accepts) and raises `CalibrationError`
-when the target lies outside what that range can give.
+It solves epsilon(x) = target for x = log mu_0, each evaluation composing the whole schedule (epsilon increases with
+x, smooth up to tiny steps from the PLD's grouping and grid). A generic search (dp_accounting's
+`calibrate_dp_mechanism`: bracket by doubling, then brentq on x) spends most calls on the bracket and on digits the
+accountant does not resolve. Here, on f(x) = log(epsilon(x) / target) with acceptance window [log(1 - rtol), 0]:
+an optional rough pass on a cheap pessimistic stand-in moves the start and measures f's slope; secant steps aim at
+the window's middle (at most a factor e^4 per step), kept inside the bracket [largest x under budget, smallest x
+over] once there is one, by bisection when a step would leave it or f is infinite; the search stops at the first x
+in the window, or returns the bracket's safe end once it is narrower than 1e-9. Every returned x was evaluated and
+meets the target; outside [lower, upper] (the scales the accountant accepts) it raises `CalibrationError`.
 """
 
 from __future__ import annotations
@@ -28,15 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-# The result's epsilon is within 0.1% below the target: finer than the PLD's own pessimism (grid ~0.4%, grouping
-# <= 2%), and each further digit would cost about one more evaluation of the accountant.
+# Within 0.1% below the target: finer than the PLD's own pessimism (grid ~0.4%, grouping <= 2%); each further digit
+# would cost about one more evaluation.
 DEFAULT_RTOL = 1e-3
 _ROUGH_RTOL = 1e-2
 _MAX_EVALUATIONS = 60
 _BRACKET_WIDTH = 1e-9
-# Where epsilon is infinite (the accountant refused the schedule), the edge is located to this width in x only.
-_EDGE_WIDTH = 1e-3
-_MAX_STEP = 4.0  # In x = log mu_0: at most a factor e^4 ~ 55 per step before a bracket exists.
+_EDGE_WIDTH = 1e-3  # Where epsilon is infinite (the accountant refused the schedule), its edge is located to this.
+_MAX_STEP = 4.0
 
 EpsilonFunction = Callable[[float], float]
 
@@ -125,25 +112,14 @@ def largest_scale_within(
     rtol: float = DEFAULT_RTOL,
     what: str = "the schedule",
 ) -> float:
-    """The largest x in [lower, upper], to within `rtol` in epsilon, with epsilon_of(x) <= target_epsilon.
-
-    Args:
-      epsilon_of: increasing function of x (e.g. the log of mu_0) giving epsilon >= 0; inf where the accountant
-        cannot represent the schedule (treated as over budget).
-      target_epsilon: target > 0.
-      start: first guess.
-      lower, upper: the accepted range of x.
-      rough_epsilon_of: optional cheap approximation of `epsilon_of` (ideally pessimistic) for a first pass to 1%.
-      slope: guess of d log(epsilon) / dx at `start` for the first step (e.g. that of the GDP-CLT); > 0.
-      rtol: the result's epsilon is in [target (1 - rtol), target] unless epsilon jumps across that window.
-      what: how error messages name the calibrated object.
-
-    Returns:
-      x with epsilon_of(x) <= target_epsilon (evaluated).
+    """The largest evaluated x in [lower, upper] with epsilon_of(x) <= target_epsilon, searched from `start`, the
+    epsilon in [target (1 - rtol), target] unless it jumps across that window (module docstring). `epsilon_of` is
+    increasing, inf where the accountant cannot represent the schedule; `rough_epsilon_of` an optional cheap stand-in
+    for a first pass to 1%; `slope` a guess of d log(epsilon) / dx at `start`; `what` names the object in errors.
 
     Raises:
-      CalibrationError: if even `lower` spends more than the target, if even `upper` (or the edge of where
-        epsilon_of is finite) spends less than target (1 - rtol), or if the search does not converge.
+      CalibrationError: if `lower` spends more than the target, if `upper` (or the edge where epsilon_of is finite)
+        spends less than target (1 - rtol), or if the search does not converge.
     """
     x = min(max(start, lower), upper)
     slope = slope if math.isfinite(slope) and slope > 0 else 1.0
@@ -156,12 +132,8 @@ def largest_scale_within(
 
 
 def step_to_safe_side(value: float, is_safe: Callable[[float], bool], step: Callable[[float], float]) -> float:
-    """Applies `step` to `value` until `is_safe(value)` holds, and returns that value.
-
-    Closed forms and root finders land within float rounding of a boundary, sometimes a hair on the wrong side
-    (e.g. an epsilon 1 ulp above its target); this nudge puts the result on the side the guarantee needs. `step`
-    must move toward that side (e.g. `lambda x: x * (1 - 1e-13)`, or `np.nextafter(x, 0.0)`), so the loop ends.
-    """
+    """Applies `step` (which must move toward the safe side) to `value` until `is_safe(value)`, and returns it: closed
+    forms and root finders land within float rounding of a boundary, sometimes a hair on the wrong side."""
     while not is_safe(value):
         value = step(value)
     return value

@@ -1,10 +1,7 @@
-"""Empirical privacy audit in one training run: canaries in, lower bounds on epsilon out, beside the accountant's.
+"""Empirical privacy audit in one training run: canaries in, lower bounds on epsilon out (docs/audit.md).
 
-`bounds`: the analysis (numpy and scipy only): the one-run bound of Steinke, Nasr, Jagielski (2023) and the f-DP
-bound of Mahloujifar et al. (2024) from canary scores (`audit_from_scores`). `white_box`: Dirac gradient canaries
-through the real pipeline, scored from every released update (`white_box_audit`). `black_box`: mislabeled or
-out-of-distribution examples in a user's data, scored by the final model's loss (`black_box_audit`). The training
-modules import Keras only when called, on the backend in use. docs/audit.md says what the bounds mean and do not.
+`bounds`: the analysis from canary scores. `white_box`: Dirac gradient canaries through the real pipeline.
+`black_box`: canaries in a user's data, scored by the final model's loss.
 """
 
 from keras_dyndp.audit.black_box import black_box_audit

@@ -1,24 +1,9 @@
-"""Black-box (input-space) canary audit: mislabeled or out-of-distribution canaries, scored by the final model's loss.
+"""Black-box canary audit of a user's own training: mislabeled or out-of-distribution canaries, scored by loss.
 
-What is audited: a user's own task as a user trains it: ``make_private(model)``, the user's DP optimizer, ``fit`` on
-`poisson_batches` with `BudgetStop`. m canaries are made from the user's data, each joins the training set
-independently with probability 1/2, the model trains once, and each canary is scored by the NEGATIVE loss of the
-final model on it (higher = more likely IN: a trained-on canary tends to have a lower loss). The scores go to
-`keras_dyndp.audit.audit_from_scores`, beside the schedule's PLD epsilon. Canaries:
-
-* ``'mislabeled'``: m real inputs drawn from ``x`` (those rows leave the training set, so their true labels are not
-  trained on) with a uniformly random WRONG label: an example the model can fit only by memorising it.
-* ``'ood'``: m out-of-distribution inputs, uniform noise over ``x``'s value range, with a uniformly random label.
-
-What the bound means: as for `white_box` (with probability >= ``confidence`` the run's true epsilon at
-``delta`` is at least ``epsilon_one_run``; at least ``epsilon_fdp`` if its trade-off curve is Gaussian-shaped). The
-black-box attack sees only the final model, not the intermediate ones the accountant counts as released, and a loss
-is a weak test statistic: for a correct DP run its bounds are FAR below the claim (often 0), which is expected and
-says nothing about privacy. A weak attack gives a small bound; only a bound ABOVE the claim is evidence that the code
-leaks more than it accounts. Use it to check a whole user pipeline end to end (data, model, preprocessing); the
-white-box `white_box.white_box_audit` is the one that comes close to the claim.
-
-Backend-neutral: Keras is taken lazily, for the backend in use.
+Trained as a user trains (``make_private``, the user's optimizer, `poisson_batches`, `BudgetStop`) with m canaries
+included with probability 1/2: 'mislabeled' (rows of ``x``, taken out of the training set, with a wrong label) or
+'ood' (uniform noise over ``x``'s range), scored by the final model's NEGATIVE loss. A weak attack: a correct run's
+bounds are far below the claim (often 0); only a bound above it is evidence of a leak (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -68,29 +53,15 @@ def black_box_audit(
     pad_to_multiple: int | None = None,
     seed: int = 0,
 ) -> CanaryAuditReport:
-    """Trains ``model_fn()`` once on ``(x, y)`` plus the included canaries (module docstring) and audits the run.
+    """Trains ``model_fn()`` once on ``(x, y)`` plus the included canaries and audits the run.
 
     Args:
-        x, y: the user's training inputs [N, ...] and integer class labels [N] (numpy arrays).
+        x, y: the user's inputs [N, ...] and integer class labels [N]; num_classes: default max(y) + 1.
         model_fn: builds a fresh, uncompiled Keras model (logits out, unless ``loss`` says otherwise).
-        optimizer_fn: ``optimizer_fn(num_examples)`` -> a keras_dyndp DP optimizer for a training set of that many
-            examples (the kept rows of ``x`` plus the included canaries), e.g. `DynamicDPKerasSGD` from a budget.
-        num_canaries: m, each included with probability 1/2 (coin flips from ``seed``); for 'mislabeled' < N.
-        canaries: 'mislabeled' or 'ood' (module docstring).
-        num_classes: K; default ``max(y) + 1``.
-        loss: a per-example Keras loss (``reduction='none'``), used to train and to score; default sparse
-            categorical cross-entropy on logits.
-        epochs: Keras epochs the schedule's T steps are spread over (``BudgetStop`` ends the run at T).
-        delta, confidence: of the claimed epsilon and the lower bounds.
-        num_guesses: r, fixed before the run; None searches `audit_from_scores`'s grid (Bonferroni over it).
-        method: ``make_private``'s per-example clipping method.
-        pad_to_multiple: `poisson_batches`' padding.
-        seed: the canaries, their coin flips, the Poisson batches and the tie-breaking of equal scores (the
-            optimizer's noise is its own).
-
-    Returns:
-        A `CanaryAuditReport` (score 'loss'): claimed PLD epsilon of the optimizer's schedule at ``delta`` and both
-        lower bounds. For a correct DP run expect bounds far below the claim: only a bound above it is evidence.
+        optimizer_fn: ``optimizer_fn(num_examples)`` -> a keras_dyndp DP optimizer for that many training examples.
+        num_canaries: m (< N for 'mislabeled'); loss: per-example, to train and score (default: cross-entropy).
+        epochs: Keras epochs the schedule's T steps are spread over; num_guesses: as `audit_from_scores`'s.
+        seed: the canaries, their coin flips, the Poisson batches and the tie-breaking (not the optimizer's noise).
     """
     import keras_dyndp  # pylint: disable=import-outside-toplevel
 
@@ -129,8 +100,7 @@ def black_box_audit(
     )
     model.fit(batches, epochs=epochs, verbose=0, callbacks=[keras_dyndp.BudgetStop()])
 
-    losses = np.asarray(loss(canary_y, model.predict(canary_x, verbose=0)), np.float64).reshape(m)
-    scores = -losses
+    scores = -np.asarray(loss(canary_y, model.predict(canary_x, verbose=0)), np.float64).reshape(m)
     result = bounds.audit_from_scores(
         scores[included], scores[~included], delta=delta, confidence=confidence, num_guesses=num_guesses, seed=seed
     )

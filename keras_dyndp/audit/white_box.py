@@ -1,27 +1,13 @@
 """White-box (gradient-space) canary audit of the real DP training pipeline, in one run.
 
-What is audited: everything between a batch and the released weights, on the backend Keras runs on, as a user
-trains: ``make_private(model)``, a `DynamicDPKerasSGD` on a `DPSchedule`, ``fit`` on `poisson_batches` with
-`BudgetStop`; or one of the package's other paths (``method``, ``accumulation_steps``, a tf.distribute
-``strategy``, or Keras 2's optimizer-only path with ``method=None``). m canaries are each included in the training
-set independently with probability 1/2; after the run each canary is scored from the weights after every step (every
-intermediate model counts as released, as the accountant assumes) and `keras_dyndp.audit.audit_from_scores` turns
-the scores into lower bounds on epsilon, beside the schedule's PLD epsilon.
-
-Why Dirac canaries: the model is one bias-free Dense layer of d_in x d_out >= m weights and the per-example loss is
-``-sum(y * f(x))``. Canary c has a one-hot input e_i and target s e_j (its own weight (i, j)), so its gradient is
--s on W[i, j] and 0 elsewhere: with s above every C_t it is clipped to exactly C_t, the largest move one example may
-make, and no other canary touches its coordinate. Step t's released noisy sum on that coordinate is then
-S_t = b C_t + sigma_t N_t (b = 1 if the canary was sampled), a Gaussian mechanism of shift C_t / sigma_t, exactly
-what the accountant charges; the auditor's statistic (``score='sum'``, sum_t (C_t / sigma_t^2) S_t, the likelihood
-ratio's for p = 1) is then the best test there is, so the bound measures the implementation, not a weak attack.
-``score='reused_noise'`` (the spread over t of S_t / sigma_t, 0 for an absent canary when every step's noise is the
-same draw) is the test for noise repeated across steps; it needs C_t / sigma_t to vary over t or p < 1.
-
-What the bound means: with probability >= ``confidence`` the run's true epsilon at ``delta`` is at least
-``epsilon_one_run`` (and at least ``epsilon_fdp`` if its trade-off curve is Gaussian-shaped, as DP-SGD's is). A bound
-ABOVE ``claimed_epsilon`` is evidence, at that confidence, that the code leaks more than it accounts; a bound below
-proves nothing (see `keras_dyndp.audit`). Audit runs are for testing the pipeline: the canary data set is synthetic.
+Trains as a user does (``make_private``, `DynamicDPKerasSGD`, `poisson_batches`, `BudgetStop`; or another path) with
+m canaries each included with probability 1/2, scores each from the weights after every step (every intermediate
+model counts as released) and bounds epsilon with `audit_from_scores`, beside the schedule's PLD epsilon. Dirac
+canaries: one bias-free Dense layer, loss ``-sum(y * f(x))``; canary c (input e_i, target s e_j) has gradient -s on
+W[i, j] alone, clipped to exactly C_t, so step t's noisy sum there is S_t = b C_t + sigma_t N_t (b = 1 if sampled),
+the Gaussian mechanism the accountant charges. ``score='sum'`` (sum_t (C_t / sigma_t^2) S_t, the likelihood ratio's
+for p = 1) is the best test; ``'reused_noise'`` (the spread of S_t / sigma_t, 0 for an absent canary when one noise
+draw is reused) tests for repeated noise and needs C_t / sigma_t to vary or p < 1.
 """
 
 from __future__ import annotations
@@ -69,8 +55,7 @@ class CanaryAuditReport:
 
 
 def _dirac_loss(total):
-    """The per-example loss -sum(y * f(x)), as a Keras loss of reduction 'none' (the optimizer's own path needs
-    the loss vector; make_private's step computes it per example either way)."""
+    """The per-example loss -sum(y * f(x)), as a Keras loss of reduction 'none'."""
     keras = backend.keras_module()
 
     class DiracLoss(keras.losses.Loss):
@@ -100,7 +85,7 @@ def white_box_audit(
     score: str = "sum",
     num_guesses: int | None = None,
     gradient_norm: float | None = None,
-    method: str | None = "auto",
+    method: str = "auto",
     accumulation_steps: int = 1,
     strategy=None,
     noise_seed: int | None = None,
@@ -108,21 +93,9 @@ def white_box_audit(
 ) -> CanaryAuditReport:
     """Trains once with ``num_canaries`` Dirac canaries (module docstring) under ``schedule`` and audits the run.
 
-    Args:
-        schedule: the `keras_dyndp.DPSchedule` to train with (its T steps, its sampling probability p).
-        num_canaries: m, each included with probability 1/2 (coin flips from ``seed``, seen only by the scoring).
-        delta, confidence: of the claimed epsilon and the lower bounds.
-        score: 'sum' (the statistic of correct DP-SGD) or 'reused_noise' (module docstring).
-        num_guesses: r, fixed before the run; None searches `audit_from_scores`'s grid (Bonferroni over it).
-        gradient_norm: s, each canary's gradient norm; default 10 max_t C_t (clipped at every step).
-        method: ``make_private``'s per-example clipping method; None trains without ``make_private``, through the
-            optimizer's own per-example path (the jacobian of the loss vector under Keras 2's train step; Keras 3
-            refuses it).
-        accumulation_steps: the optimizer's: each batch clipped in that many physical batches, noised once.
-        strategy: a TensorFlow ``tf.distribute`` strategy (e.g. ``MirroredStrategy``) whose scope the model and the
-            optimizer are built and compiled in, so that ``fit`` splits every batch across its replicas; None: none.
-        noise_seed: the optimizer's ``noise_seed`` (reproducible noise, for tests; None: fresh noise).
-        seed: the coin flips, the Poisson batches and the tie-breaking of equal scores.
+    ``method`` is ``make_private``'s (TensorFlow's ``'jacobian'``: the optimizer's own path); ``gradient_norm`` s
+    defaults to 10 max_t C_t; ``strategy`` is a ``tf.distribute`` strategy to build, compile and fit in; ``seed`` sets
+    the coin flips, the Poisson batches and the tie-breaking; ``num_guesses`` is as `audit_from_scores`'s.
     """
     import keras_dyndp  # pylint: disable=import-outside-toplevel
 
@@ -138,25 +111,22 @@ def white_box_audit(
 
     total = keras.ops.sum if hasattr(keras, "ops") else keras.backend.sum
     p = schedule.sampling_probability
-    learning_rate = 1.0
     optimizer_kwargs = {} if noise_seed is None else {"noise_seed": noise_seed}
     with contextlib.nullcontext() if strategy is None else strategy.scope():
         dense = keras.layers.Dense(side, use_bias=False, kernel_initializer="zeros")
         model = keras.Sequential([keras.Input((side,)), dense])
-        if method is not None:
-            model = keras_dyndp.make_private(model, method)
+        model = keras_dyndp.make_private(model, method)
         # p N of the data trained on (the optimizer checks the batches against it): one factor on every update,
         # which the scores are invariant to.
         optimizer = keras_dyndp.DynamicDPKerasSGD(
             schedule=schedule,
             expected_batch_size=p * int(included.sum()),
-            learning_rate=learning_rate,
+            learning_rate=1.0,
             accumulation_steps=accumulation_steps,
             **optimizer_kwargs,
         )
         model.compile(optimizer=optimizer, loss=_dirac_loss(total))
-        # Under the strategy: the batches are padded to a multiple of its replicas (Keras 3 needs the first batch to
-        # split evenly, keras-team/keras#19246).
+        # In the strategy's scope: padded to a multiple of its replicas.
         batches = keras_dyndp.poisson_batches(
             x, y, sampling_probability=p, steps_per_epoch=schedule.num_steps, seed=seed
         )
@@ -165,7 +135,7 @@ def white_box_audit(
 
     class Record(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            del batch, logs  # Unused.
+            del batch, logs
             trajectory.append(dense.get_weights()[0][rows, cols])
 
     model.fit(batches, epochs=1, verbose=0, callbacks=[keras_dyndp.BudgetStop(), Record()])

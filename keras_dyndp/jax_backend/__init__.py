@@ -15,10 +15,10 @@ model.compile(optimizer=keras_dyndp.DynamicDPKerasSGD(target_epsilon=2.0, target
 
 The schedules, calibration and accounting are the backend-neutral ones (`keras_dyndp.schedules`,
 `keras_dyndp.accounting`); so are the optimizers' arguments and config (`keras_dyndp.optimizer_base`). What is
-JAX's own: the per-example gradients (`train_step`, `embedding_taps`, `microbatches`), the random source (`noise`),
-the step's mechanism (`optimizer`), the model check (`model_checks`) and Poisson-sampled batches as a
-``keras.utils.PyDataset`` (`data`, behind `keras_dyndp.poisson_batches`). The callbacks are backend-neutral
-(`keras_dyndp.callbacks`). Installing ``keras_dyndp[jax]`` pulls no TensorFlow.
+JAX's own: per-example gradients and norms (`train_step`, `taps`, `ghost`, `microbatches`), the step's mechanism and its
+secret keys (`optimizer`), the model check (`model_checks`) and Poisson-sampled batches as a ``keras.utils.PyDataset``
+(`data`, behind `keras_dyndp.poisson_batches`). The callbacks are backend-neutral (`keras_dyndp.callbacks`).
+Installing ``keras_dyndp[jax]`` pulls no TensorFlow.
 """
 
 from keras_dyndp.batch_sizes import SamplingWarning

@@ -1,6 +1,6 @@
 """Microbatches on the JAX backend: the clipped sum of M random microbatch gradients, from per-example gradients.
 
-The mechanism (each row's microbatch drawn uniformly per row and per step from the optimizer's noise source, a
+The mechanism (each row's microbatch drawn uniformly per row and per step under the step's secret key, a
 microbatch's loss the sum of its rows' weighted losses over its rows with a non-zero loss, sensitivity 2 C) is
 `keras_dyndp.mechanism`'s, as on TensorFlow (`keras_dyndp.tf_backend.microbatches`).
 

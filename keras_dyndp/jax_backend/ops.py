@@ -27,4 +27,4 @@ OPS = types.SimpleNamespace(
     divide_no_nan=_divide_no_nan,
     normals=_normals,
 )
-"""`keras_dyndp.mechanism`'s primitives in JAX; ``normals`` splits one key (a fresh key of the noise source)."""
+"""`keras_dyndp.mechanism`'s primitives in JAX; ``normals`` splits one key (the step's noise key)."""

@@ -3,39 +3,55 @@
 `make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``;
 `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its public
 instances, with the arguments, checks and config of `keras_dyndp.optimizer_base.DPOptimizerBase`. Step k is Keras's
-``iterations`` variable, read inside the jitted step from the optimizer's state:
+``iterations`` variable, read inside the jitted step from the optimizer's state; the step never calls the host:
 
 1. `keras_dyndp.jax_backend.make_private`'s train step hands `stateless_apply_clipped_sum` the batch's sum of
    per-example (or microbatch, `keras_dyndp.jax_backend.microbatches`) gradients clipped to C_k (`clip_norm_at`);
-2. one host callback per step checks the step against the budget, the step counter against the schedule it was
-   saved with (`keras_dyndp.optimizer_base.restored_schedule_refusal`) and the batch's number of examples against
-   the schedule's Poisson sampling, and returns a fresh key from the optimizer's own
-   `keras_dyndp.jax_backend.noise.NoiseSource`. A refused step changes nothing (the variables and the counter keep
-   their values, whatever the data) and `raise_refused_step`, which ``make_private``'s ``fit`` calls after every
-   batch, raises RuntimeError with the reason;
+2. the step checks, in the graph, the step counter against the budget and against the schedule it was saved with
+   (`keras_dyndp.optimizer_base.restored_schedule_refusal`) and the batch's number of examples against the
+   schedule's Poisson sampling. A refused step changes nothing (the variables and the counter keep their values,
+   whatever the data), and neither does any later step until `raise_refused_step` reads the refusal's code from the
+   optimizer's run state and raises RuntimeError with the reason (``make_private``'s ``fit`` calls it at each
+   epoch's end, where Keras syncs the state anyway);
 3. the noise and the normaliser (`keras_dyndp.mechanism.private_update`) make the update, which Keras's
    ``stateless_apply`` hands to the base optimizer's update rule, advancing ``iterations``.
+
+Randomness (`_step_key`). Keras's seeds (``keras.utils.set_random_seed``, ``SeedGenerator`` states in checkpoints)
+are public or restorable: noise drawn from them could be regenerated or replayed. Each optimizer instead holds a
+64-bit base key from OS entropy (`keras_dyndp.noise_seed`), a Python constant of the traced step that no variable,
+checkpoint or ``.keras`` file contains. Step k's keys fold in a run nonce and k: the nonce, in the optimizer's run
+state, is set to a never-used value by `raise_refused_step`, which ``fit`` calls before the first step of every epoch
+and after any callback synced (hence possibly restored) the state, so a restored counter never meets a used nonce;
+a second process has another base key whatever Keras's seed. The microbatch memberships and the states of random
+layers (Dropout) in ``make_private``'s step come from the same step key, folded with another purpose.
 
 Gradients that did not come out of step 3 (Keras's default train step) are refused by `apply`, naming ``make_private``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
-from jax.experimental import io_callback
 
 from keras_dyndp import batch_sizes
 from keras_dyndp import keras_context
 from keras_dyndp import mechanism
+from keras_dyndp import noise_seed as noise_seed_module
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 from keras_dyndp.jax_backend import microbatches
-from keras_dyndp.jax_backend import noise
 from keras_dyndp.jax_backend import ops
 from keras_dyndp.jax_backend import train_step
+
+_NOISE, _MICROBATCHES, _LAYER_SEEDS = range(3)  # The purposes `_step_key` folds in: one key for each use.
+
+_SCHEDULE_MISMATCH, _BUDGET_SPENT, _PADDING_ROWS, _TOO_FEW, _TOO_MANY = range(1, 6)
+_NOT_APPLIED = " The step was not applied, nor any step after it until this error."
 
 
 class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
@@ -56,8 +72,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _build_dp_state(self, noise_seed: int | None) -> None:
         self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._warned_sampling = False  # make_private's fit warns once when the data is not Poisson-sampled.
-        # Attributed to the caller of the optimizer's constructor (NoiseSource, this method, DPOptimizerBase).
-        self._noise_source = noise.NoiseSource(noise_seed, stacklevel=4)
+        # Attributed to the caller of the optimizer's constructor (this method, DPOptimizerBase.__init__).
+        noise_seed = noise_seed_module.check_and_warn(noise_seed, stacklevel=3)
+        self._base_key = np.asarray(divmod(noise_seed_module.state_seed(noise_seed, 64), 2**32), np.uint32)
+        self._runs = 0  # The last run nonce handed out: nonces only grow, whatever the run state is restored to.
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
         if self._expected_batch_size is None:
@@ -66,13 +84,13 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             p = self._schedule.sampling_probability
             self._num_examples = max(1, round(self._expected_batch_size / p))
             self._batch_size_range = batch_sizes.batch_size_range(self._num_examples, p)
-        self._refusal: RuntimeError | None = None  # The first refused step's error, until raise_refused_step.
-        self._schedule_fingerprint = self.add_variable(
-            shape=(2,),
-            initializer="zeros",
-            dtype="int32",
-            aggregation="only_first_replica",
-            name="schedule_fingerprint",
+        self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
+        # [run nonce, the first refusal's code (0: none), its batch's number of examples]; never saved.
+        self._run_state = self._int32_variable("dp_run_state", 3)
+
+    def _int32_variable(self, name: str, size: int) -> keras.Variable:
+        return self.add_variable(
+            shape=(size,), initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name
         )
 
     @property
@@ -85,15 +103,12 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """The accepted ``(low, high)`` number of examples per batch; None when N is unknown."""
         return self._batch_size_range
 
-    def _iterations_index(self) -> int:
-        return next(i for i, variable in enumerate(self.variables) if variable is self.iterations)
-
-    def _fingerprint_index(self) -> int:
-        return next(i for i, variable in enumerate(self.variables) if variable is self._schedule_fingerprint)
+    def _index(self, variable: keras.Variable) -> int:
+        return next(i for i, v in enumerate(self.variables) if v is variable)
 
     def step_at(self, optimizer_variables) -> jax.Array:
         """The step counter's value in ``optimizer_variables`` (the optimizer's state in a stateless train step)."""
-        return optimizer_variables[self._iterations_index()]
+        return optimizer_variables[self._index(self.iterations)]
 
     def schedule_values(self, step) -> tuple[jax.Array, jax.Array]:
         """float32 (C, sigma) of step ``step``; both 0 once the budget is spent."""
@@ -111,83 +126,92 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """float32 sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
         return self.schedule_values(self.iterations.value)[1]
 
-    def _host_step(
-        self, step: np.ndarray, num_examples: np.ndarray, num_rows: np.ndarray, recorded_fingerprint: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """On the host, once per step: a fresh key's data, and whether the step may run (False records why)."""
-        mismatch = optimizer_base.restored_schedule_refusal(int(step), recorded_fingerprint.tolist(), self._schedule)
-        refusal = RuntimeError(mismatch) if mismatch else self._refusal_of(int(step), int(num_examples), int(num_rows))
-        if refusal is not None and self._refusal is None:
-            self._refusal = refusal
-        return self._noise_source.draw_key_data(), np.asarray(refusal is None)
+    def _step_key(self, optimizer_variables, purpose: int) -> jax.Array:
+        """The secret key of the step in ``optimizer_variables`` for ``purpose``: the base key folded with the run
+        nonce, the step counter and ``purpose`` (module docstring), never from the data or Keras's seed."""
+        key = jax.random.wrap_key_data(jnp.asarray(self._base_key), impl="threefry2x32")
+        nonce = optimizer_variables[self._index(self._run_state)][0]
+        for data in (nonce, self.step_at(optimizer_variables), purpose):
+            key = jax.random.fold_in(key, data)
+        return key
 
-    def _refusal_of(self, step: int, num_examples: int, num_rows: int) -> RuntimeError | None:
-        num_steps = self._schedule.num_steps
-        if step >= num_steps:
+    def microbatch_assignment(self, optimizer_variables, num_rows: int) -> jax.Array:
+        """int32 [num_rows]: each row's microbatch at the step in ``optimizer_variables``, uniform on
+        {0, ..., M - 1}, under its own secret key (module docstring)."""
+        key = self._step_key(optimizer_variables, _MICROBATCHES)
+        return microbatches.random_assignment(key, num_rows, self._num_microbatches)
+
+    def secret_key(self, optimizer_variables) -> jax.Array:
+        """The secret key of the step in ``optimizer_variables`` for its random layers' states (module
+        docstring): never saved, never from Keras's seed."""
+        return self._step_key(optimizer_variables, _LAYER_SEEDS)
+
+    def _refusal_code(self, step, recorded_fingerprint, num_examples, num_rows) -> jax.Array:
+        """int32: why the step must not run, 0 when it may (`raise_refused_step` words it)."""
+        fingerprint = jnp.asarray(self._schedule.fingerprint, jnp.int32)
+        checks = {
+            _SCHEDULE_MISMATCH: (step > 0) & jnp.any(recorded_fingerprint != fingerprint),
+            _BUDGET_SPENT: step >= self._schedule.num_steps,
+        }
+        if self.normalises_by_rows:
+            checks[_PADDING_ROWS] = num_examples != num_rows
+        elif self._batch_size_range is not None:
+            checks[_TOO_FEW] = num_examples < self._batch_size_range[0]
+            checks[_TOO_MANY] = num_examples > self._batch_size_range[1]
+        return jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
+
+    def _refusal(self, code: int, num_examples: int) -> RuntimeError:
+        if code == _SCHEDULE_MISMATCH:
+            step, recorded = int(self.iterations.numpy()), self._schedule_fingerprint.numpy().tolist()
+            return RuntimeError(optimizer_base.restored_schedule_refusal(step, recorded, self._schedule))
+        if code == _BUDGET_SPENT:
+            num_steps = self._schedule.num_steps
             return optimizer_base.BudgetExhaustedError(
                 optimizer_base.budget_exhausted_message(num_steps, "keras_dyndp.BudgetStop")
             )
-        not_applied = " The step was not applied."
-        if self.normalises_by_rows:
-            return None if num_examples == num_rows else RuntimeError(batch_sizes.PADDING_ROWS_REFUSAL + not_applied)
-        if self._batch_size_range is None:
-            return None
+        if code == _PADDING_ROWS:
+            return RuntimeError(batch_sizes.PADDING_ROWS_REFUSAL + _NOT_APPLIED)
         low, high = self._batch_size_range
-        if low <= num_examples <= high:
-            return None
         prefix, advice = batch_sizes.out_of_range_refusal(
-            "few" if num_examples < low else "many", self._schedule.sampling_probability, self._num_examples, low, high
+            "few" if code == _TOO_FEW else "many", self._schedule.sampling_probability, self._num_examples, low, high
         )
-        return RuntimeError(f"{prefix}{num_examples}{advice}{not_applied}")
+        return RuntimeError(f"{prefix}{num_examples}{advice}{_NOT_APPLIED}")
 
     def raise_refused_step(self) -> None:
-        """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call
-        (then it was not applied).
+        """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call,
+        and starts a new run of steps: the next steps' keys fold in a nonce never used before (module docstring).
 
-        A refusal cannot raise inside the jitted step without losing the model's state, which ``fit`` holds
-        outside the model while it trains; the step is then a no-op instead, and ``make_private``'s ``fit`` calls
-        this after every batch (with the state synced back). A custom loop calling `stateless_apply_clipped_sum`
-        should call it after each step.
+        A refusal cannot raise inside the jitted step, and reading it there would stop the device every step: the
+        refused step and every step after it are no-ops instead, and the refusal waits in the optimizer's run state
+        until this call. ``make_private``'s ``fit`` calls it before each epoch's first step, after any callback synced
+        the state and at each epoch's end (a refusal surfaces there at the latest), ``train_on_batch`` before and
+        after its step. A custom loop calling `stateless_apply_clipped_sum` assigns the state back and calls it after
+        each run of steps and after any restore.
         """
-        refusal, self._refusal = self._refusal, None
-        if refusal is not None:
-            raise refusal
+        _, code, num_examples = (int(value) for value in self._run_state.numpy())
+        self._runs += 1
+        self._run_state.assign([self._runs, 0, 0])
+        if code:
+            raise self._refusal(code, num_examples)
 
-    def microbatch_assignment(self, num_rows: int) -> jax.Array:
-        """int32 [num_rows]: each row's microbatch for this step, uniform on {0, ..., M - 1}, from a fresh key of
-        the noise source (inside a jitted step, through a host callback): never from the data or the row order."""
-        return microbatches.random_assignment(self.secret_key(), num_rows, self._num_microbatches)
+    @contextlib.contextmanager
+    def _without_run_state(self):
+        index = self._index(self._run_state)
+        self._variables.pop(index)
+        try:
+            yield
+        finally:
+            self._variables.insert(index, self._run_state)
 
-    def secret_key(self) -> jax.Array:
-        """A fresh JAX key of the noise source (inside a jitted step, through a host callback): known to no one and
-        never saved, for the step's randomness that must not follow a public seed (module `noise`)."""
-        return self._noise_source.jax_key()
+    def save_own_variables(self, store) -> None:
+        """Keras's saving, without the run state (which a restore must not bring back)."""
+        with self._without_run_state():
+            super().save_own_variables(store)
 
-    def _private_update(
-        self, clipped_sums: list, step, num_examples, num_rows, recorded_fingerprint
-    ) -> tuple[list, jax.Array]:
-        clip_norm, noise_stddev = self.schedule_values(step)
-        key_data, allowed = io_callback(
-            self._host_step,
-            (jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((), jnp.bool_)),
-            step,
-            num_examples,
-            num_rows,
-            recorded_fingerprint,
-            ordered=False,
-        )
-        grads = mechanism.private_update(
-            ops.OPS,
-            [jnp.asarray(clipped_sum, jnp.float32) for clipped_sum in clipped_sums],
-            jax.random.wrap_key_data(key_data, impl="threefry2x32"),
-            clip_norm=clip_norm,
-            sigma=noise_stddev,
-            num_rows=num_rows,
-            expected_batch_size=self._expected_batch_size,
-            num_microbatches=self._num_microbatches,
-            rescale_to_unit_norm=self._rescale_to_unit_norm,
-        )
-        return grads, allowed
+    def load_own_variables(self, store) -> None:
+        """Keras's loading, without the run state (files hold none)."""
+        with self._without_run_state():
+            super().load_own_variables(store)
 
     def stateless_apply_clipped_sum(
         self, optimizer_variables: list, clipped_sums: list, num_examples, num_rows, trainable_variables: list
@@ -209,37 +233,52 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
         Returns:
           ``(trainable_variables, optimizer_variables)`` after the step, as Keras's ``stateless_apply``; both
-          unchanged when the step was refused (`raise_refused_step` then raises).
+          unchanged but for the recorded refusal when the step was refused (`raise_refused_step` then raises).
         """
         if len(clipped_sums) != len(trainable_variables):
             raise ValueError(
                 "`clipped_sums` and `trainable_variables` must have the same length. "
                 f"Received: {len(clipped_sums)} and {len(trainable_variables)}."
             )
-        fingerprint_index = self._fingerprint_index()
-        grads, allowed = self._private_update(
-            list(clipped_sums),
-            self.step_at(optimizer_variables),
-            num_examples,
-            num_rows,
-            optimizer_variables[fingerprint_index],
+        step = self.step_at(optimizer_variables)
+        fingerprint_index, run_index = self._index(self._schedule_fingerprint), self._index(self._run_state)
+        run_state = optimizer_variables[run_index]
+        code = self._refusal_code(step, optimizer_variables[fingerprint_index], num_examples, num_rows)
+        code = jnp.where(run_state[1] != 0, run_state[1], code)  # Once refused, refused until raise_refused_step.
+        clip_norm, noise_stddev = self.schedule_values(step)
+        grads = mechanism.private_update(
+            ops.OPS,
+            [jnp.asarray(clipped_sum, jnp.float32) for clipped_sum in clipped_sums],
+            self._step_key(optimizer_variables, _NOISE),
+            clip_norm=clip_norm,
+            sigma=noise_stddev,
+            num_rows=num_rows,
+            expected_batch_size=self._expected_batch_size,
+            num_microbatches=self._num_microbatches,
+            rescale_to_unit_norm=self._rescale_to_unit_norm,
         )
         self._dp_gradient_guard.issue(grads)
         new_trainable, new_optimizer = self.stateless_apply(optimizer_variables, grads, trainable_variables)
         # A step that runs keeps (at step 0: records) the schedule's fingerprint, saved with the counter.
         new_optimizer = list(new_optimizer)
         new_optimizer[fingerprint_index] = jnp.asarray(self._schedule.fingerprint, jnp.int32)
-        keep = lambda new, old: [jnp.where(allowed, n, o) for n, o in zip(new, old)]  # noqa: E731
-        return keep(new_trainable, trainable_variables), keep(new_optimizer, optimizer_variables)
+        new_trainable = [jnp.where(code == 0, n, o) for n, o in zip(new_trainable, trainable_variables)]
+        new_optimizer = [jnp.where(code == 0, n, o) for n, o in zip(new_optimizer, optimizer_variables)]
+        newly_refused = (run_state[1] == 0) & (code != 0)
+        refused_examples = jnp.where(newly_refused, jnp.asarray(num_examples, jnp.int32), run_state[2])
+        new_optimizer[run_index] = jnp.stack([run_state[0], code, refused_examples]).astype(jnp.int32)
+        return new_trainable, new_optimizer
 
     def build(self, var_list):
         """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.
 
         ``load_model`` rebuilds the optimizer from its config, which records make_private's arguments when it was
-        trained through it, and builds it while compiling the model: the model found on the call stack then gets
-        that train step back, before any ``fit`` can run Keras's default one. Built by ``fit`` for a model without
-        make_private's step, it raises ValueError naming make_private. Built at step 0 for a model whose previous DP
-        optimizer took steps, it warns that the schedule starts over (`optimizer_base.warn_on_schedule_restart`).
+        trained through it, and builds it in the model's ``compile_from_config``: that model gets the train step
+        back. Not when built by ``fit`` (which would go on without make_private's data checks): any other model gets
+        Keras's own train step refused when ``fit`` makes it (RuntimeError naming make_private, before the state
+        leaves the model; `apply` refuses its gradients too). Built at step 0 for a model whose previous DP
+        optimizer took steps, it warns that the schedule starts over
+        (`optimizer_base.warn_on_schedule_restart`).
         """
         super().build(var_list)
         model = keras_context.calling_model(self, keras.Model)
@@ -248,12 +287,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         optimizer_base.warn_on_schedule_restart(model, self)
         if train_step.is_private(model):
             return
-        if self._private_train_step is not None:
+        restoring = keras_context.calling_model(self, keras.Model, caller="compile_from_config") is model
+        if self._private_train_step is not None and restoring:
             train_step.make_private(model, **self._private_train_step)
-        elif keras_context.fit_call(model) is not None:
-            raise ValueError(
-                f"model.fit is training model {model.name!r} with {type(self).__name__}. " + refusals.keras_train_step()
-            )
+        else:  # make_private replaces this with its own.
+            model.make_train_function = functools.partial(_refuse_keras_train_step, model, self)
 
     def apply(self, grads, trainable_variables=None):
         """Keras 3's entry for gradients: applies only those `stateless_apply_clipped_sum` noised.
@@ -269,6 +307,16 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 + refusals.keras_train_step(self._private_train_step)
             )
         return super().apply(grads, trainable_variables)
+
+
+def _refuse_keras_train_step(model: keras.Model, optimizer: JaxDPOptimizerMixin, force: bool = False):
+    if optimizer not in (model.optimizer, getattr(model.optimizer, "inner_optimizer", None)):  # compiled anew
+        del model.make_train_function
+        return model.make_train_function(force)
+    raise RuntimeError(
+        f"Model {model.name!r} would train with {type(optimizer).__name__} in Keras's own train step. "
+        + refusals.keras_train_step()
+    )
 
 
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:

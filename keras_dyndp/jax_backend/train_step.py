@@ -3,13 +3,17 @@
 Keras's JAX train step differentiates the batch's mean loss and hands the optimizer one averaged gradient, where no
 example can be clipped (the DP optimizers refuse it). ``make_private`` gives the model a stateless ``train_step``
 that computes one gradient per example with ``jax.vmap`` of ``jax.grad`` of the example's loss (the model's
-``stateless_call`` on a batch of one; Embedding tables through their output's gradient instead where nothing else
-reads the table, `keras_dyndp.jax_backend.embedding_taps`), clips each to the global norm C_t that the optimizer's
-schedule gives at its step counter, sums them, and hands the sums to the optimizer's ``stateless_apply_clipped_sum``,
-which adds the noise once, normalises and applies (`keras_dyndp.jax_backend.optimizer`). Each example runs alone on
-every path (taps, microbatches and physical batches all vmap that batch of one; the traces of the whole batch that
-check the model read only shapes), so no layer can mix examples: a Lambda adding the batch mean moves the clipped
-sum by C.
+``stateless_call`` on a batch of one; tapped kernels by their rules instead, below), clips each to the global norm
+C_t that the optimizer's schedule gives at its step counter, sums them, and hands the sums to the optimizer's
+``stateless_apply_clipped_sum``, which adds the noise once, normalises and applies
+(`keras_dyndp.jax_backend.optimizer`). Each example runs alone on every path (taps, microbatches and physical batches
+all vmap that batch of one; the traces of the whole batch that check the model read only shapes), so no layer can
+mix examples: a Lambda adding the batch mean moves the clipped sum by C. Method, per layer: ``'auto'`` (=
+``'ghost'``) differentiates, instead of the kernels of Dense, Conv1D, Conv2D, DepthwiseConv2D and Embedding layers,
+their outputs, and clips those kernels from each example's layer input and output gradient
+(`keras_dyndp.jax_backend.taps`, `keras_dyndp.jax_backend.ghost`: no per-example kernel gradient); every other
+variable (biases, normalisation layers' scales, layers without a rule, a tapped layer's kernel used twice or read
+elsewhere) keeps its per-example gradient. ``'vectorized'`` taps only Embedding tables.
 
 With the optimizer's ``accumulation_steps`` = k the batch (the logical one: the Poisson sample the schedule
 accounts) is clipped in k physical batches of ceil(B / k) rows, one after another (``jax.lax.scan``), their clipped
@@ -24,7 +28,7 @@ leave the step without noise: they are refused when the step is traced (`model_c
 variable and its layer), before any update. Random-generator states (``SeedGenerator``, used by Dropout and
 augmentation layers) are not drawn from Keras's seed inside the step: ``keras.utils.set_random_seed``, which users
 publish, would make every example's dropout mask a public function of its row (deleting a row shifted every later
-row's mask: 2.96 C). Each step takes a secret key from the optimizer's noise source (`keras_dyndp.jax_backend.noise`)
+row's mask: 2.96 C). Each step takes a secret key from the optimizer (`keras_dyndp.jax_backend.optimizer`)
 and every example's states are drawn from it alone, the same for every row (as on TensorFlow,
 `keras_dyndp.tf_backend.per_example.randomness`): one secret dropout mask per step, never released and independent of
 the rows' positions, so removing an example moves no other example's gradient. The states the model keeps advance from
@@ -36,21 +40,21 @@ and so are arrays (fixed-size batches) unless the optimizer has ``public_batch_s
 `SamplingWarning` (the epsilon assumes Poisson sampling).
 
 A step the optimizer refuses (the budget is spent, or the batch's number of examples is far outside the
-schedule's Poisson sampling) changes nothing, and ``fit`` raises RuntimeError with the reason after that batch, the
-model's state intact (``make_private`` gives ``fit`` a callback for it); past the budget it is one
-`keras_dyndp.optimizer_base.BudgetExhaustedError`, raised before the first step when the budget is already spent.
+schedule's Poisson sampling) changes nothing, nor does any later step, and ``fit`` raises RuntimeError with the
+reason at that epoch's end at the latest, the model's state intact (``make_private`` gives ``fit`` a callback for
+it); past the budget it is one `keras_dyndp.optimizer_base.BudgetExhaustedError`, raised before the first step when
+the budget is already spent.
 
 By default the step computes no loss or metric on the training batch and logs only ``dp_step`` (public);
 ``training_metrics=True`` opts in to the loss and metrics of the training batch, computed from the per-example
 losses and outputs without noise (outside the DP guarantee). Refused as on TensorFlow: an optimizer
 that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a loss reduced over the batch, several
-losses, regularisation losses, trainable BatchNormalization, ``method='ghost'`` (no ghost rules on JAX yet), a
-``keras.distribution`` across several processes.
+losses, regularisation losses, trainable BatchNormalization, a ``keras.distribution`` across several processes.
 
 Devices. Under a ``keras.distribution`` (``DataParallel``, ``ModelParallel``) in one process, Keras jits the same
 step over sharded arrays; JAX keeps its global meaning (one program over the whole batch), so the step releases
 what one device would release for the batch: per-example clipping of every example, the noise drawn once per step
-(one host callback, one key) and added once to the global sum, every replica holding the same noisy update.
+(one key) and added once to the global sum, every replica holding the same noisy update.
 """
 
 from __future__ import annotations
@@ -72,12 +76,13 @@ from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 from keras_dyndp import validation
 from keras_dyndp.jax_backend import data
-from keras_dyndp.jax_backend import embedding_taps
+from keras_dyndp.jax_backend import ghost
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import model_checks
 from keras_dyndp.jax_backend import ops
+from keras_dyndp.jax_backend import taps
 
-METHODS = ("auto", "vectorized")
+METHODS = ("auto", "ghost", "vectorized")
 
 
 def _dp_optimizer(model: keras.Model) -> optimizer_base.DPOptimizerBase:
@@ -163,14 +168,14 @@ def is_private(model: keras.Model) -> bool:
 
 def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is_seed_state) -> Callable:
     """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``:
-    per example (``jax.vmap``), the gradients of the weighted loss (tapped tables excluded), each tapped table's ids
-    and row gradients, the outputs, the non-trainable values the call wrote (None for the random-generator states,
-    whose per-example values are secret, `_secret_seed_state`) and the weighted losses."""
-    tables = {index for index, _ in tapped.values()}
-    differentiated = [i for i in range(len(trainable_variables)) if i not in tables]
+    per example (``jax.vmap``), the gradients of the weighted loss (tapped kernels excluded), each tapped layer's
+    inputs and output gradients (`taps`), the outputs, the non-trainable values the call wrote (None for the
+    random-generator states, whose per-example values are secret, `_secret_seed_state`) and the weighted losses."""
+    kernels = {index for _, index, _ in tapped.values()}
+    differentiated = [i for i in range(len(trainable_variables)) if i not in kernels]
 
-    def example_loss(diff_trainable, taps, non_trainable, step_key, x_i, y_i, weight):
-        trainable = list(trainable_variables)  # the tables (not differentiated) come from here
+    def example_loss(diff_trainable, taps_values, non_trainable, step_key, x_i, y_i, weight):
+        trainable = list(trainable_variables)  # the tapped kernels (not differentiated) come from here
         for position, value in zip(differentiated, diff_trainable):
             trainable[position] = value
         non_trainable = [
@@ -178,7 +183,7 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
             for position, (value, seed) in enumerate(zip(non_trainable, is_seed_state))
         ]
         add_batch_axis = lambda value: None if value is None else value[None]  # noqa: E731
-        with embedding_taps.session(taps) as trace:
+        with taps.session(taps_values) as trace:
             y_pred, non_trainable, added_losses = model.stateless_call(
                 trainable, non_trainable, jax.tree_util.tree_map(add_batch_axis, x_i), training=True, return_losses=True
             )
@@ -186,9 +191,9 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
             raise refusals.regularization_error(f"{len(added_losses)} losses added in the model's call")
         losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)  # A batch of one: any shape is its own.
         loss = jnp.mean(jnp.asarray(losses, jnp.float32)) * weight
-        ids = {key: trace.ids[key][0] for key in taps}
+        inputs = {key: trace.inputs[key] for key in taps_values}
         non_trainable = [None if seed else value for value, seed in zip(non_trainable, is_seed_state)]
-        return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss, ids)
+        return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss, inputs)
 
     per_example = jax.vmap(
         jax.grad(example_loss, argnums=(0, 1), has_aux=True),
@@ -198,27 +203,21 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
 
     def fn(non_trainable, step_key, x, y, weights):
         num_rows = weights.shape[0]
-        taps = {key: jnp.zeros((num_rows, 1, *shape[1:]), jnp.float32) for key, (_, shape) in tapped.items()}
+        zeros = {key: jnp.zeros((num_rows, *shape), jnp.float32) for key, (*_, shape) in tapped.items()}
         diff_trainable = [trainable_variables[i] for i in differentiated]
 
         def run(key):
-            return per_example(diff_trainable, taps, non_trainable, key, x, y, weights)
+            return per_example(diff_trainable, zeros, non_trainable, key, x, y, weights)
 
         with _refuse_writes_from_random_draws(model):
-            (grads, tap_grads), (y_pred, new_non_trainable, losses, ids) = run(step_key)
+            (grads, tap_grads), (y_pred, new_non_trainable, losses, inputs) = run(step_key)
             if step_key is not None:
                 # Two keys at once, traced only: a stored value that follows the step's secret key is batched.
                 jax.eval_shape(jax.vmap(lambda key: run(key)[1][1], out_axes=None), jax.random.split(step_key, 2))
         all_grads = [None] * len(trainable_variables)
         for position, g in zip(differentiated, grads):
             all_grads[position] = g
-        tap_rows = {
-            index: (
-                ids[key].reshape(num_rows, -1),
-                tap_grads[key].reshape(num_rows, -1, tap_grads[key].shape[-1]).astype(jnp.float32),
-            )
-            for key, (index, _) in tapped.items()
-        }
+        tap_rows = {key: (inputs[key], tap_grads[key]) for key in tapped}
         return all_grads, tap_rows, y_pred, new_non_trainable, losses
 
     return fn
@@ -242,19 +241,19 @@ def _refuse_writes_from_random_draws(model: keras.Model):
         ) from error
 
 
-def _clipped_sum_per_example(grads, tap_rows, clip_norm, table_shapes, num_rows: int) -> list:
-    """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and tapped tables' rows."""
+def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, trainable_variables, num_rows: int) -> list:
+    """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and the tapped layers' rules (`ghost`)."""
     squared_norms = jnp.zeros([num_rows], jnp.float32)
     for g in grads:
         if g is not None:
             squared_norms = squared_norms + jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1)
-    for key_ids, deltas in tap_rows.values():
-        squared_norms = squared_norms + embedding_taps.squared_norms(key_ids, deltas)
-    norms = jnp.sqrt(squared_norms)
-    factors = mechanism.clip_factors(ops.OPS, norms, clip_norm)
+    rules = {key: (layer, ghost.RULES[type(layer)], index) for key, (layer, index, _) in tapped.items()}
+    for key, (layer, rule, _) in rules.items():
+        squared_norms = squared_norms + rule.squared_norms(layer, *tap_rows[key])
+    factors = mechanism.clip_factors(ops.OPS, jnp.sqrt(squared_norms), clip_norm)
     sums = [None if g is None else jnp.tensordot(factors, g.astype(jnp.float32), axes=1) for g in grads]
-    for index, (key_ids, deltas) in tap_rows.items():
-        sums[index] = embedding_taps.clipped_sum(table_shapes[index], key_ids, deltas, factors)
+    for key, (layer, rule, index) in rules.items():
+        sums[index] = ghost.clipped_sum(rule, layer, trainable_variables[index], *tap_rows[key], factors)
     return sums
 
 
@@ -298,21 +297,22 @@ def _private_train_step(self: keras.Model, state, data):
     is_seed_state = _seed_states(self)
     clip_norm = optimizer.clip_norm_at(optimizer_variables)
     num_microbatches = optimizer.num_microbatches
-    # Microbatch gradients mix examples, which the taps' per-example row sums do not: no taps there.
-    tapped = {} if num_microbatches else embedding_taps.tappable(self, trainable_variables, non_trainable_variables, x)
+    # Microbatch gradients mix examples, which the taps' per-example norms do not: no taps there.
+    method = self._keras_dyndp_method  # pylint: disable=protected-access
+    classes = (keras.layers.Embedding,) if method == "vectorized" else tuple(ghost.RULES)
+    tapped = {} if num_microbatches else taps.tappable(self, trainable_variables, non_trainable_variables, x, classes)
     per_example = _per_example_fn(self, loss_fn, trainable_variables, tapped, is_seed_state)
-    table_shapes = {index: trainable_variables[index].shape for index, _ in tapped.values()}
 
     # Once per step, for the random layers' states (every example of every physical batch draws the same).
-    step_key = optimizer.secret_key() if any(is_seed_state) else None
+    step_key = optimizer.secret_key(optimizer_variables) if any(is_seed_state) else None
 
     def physical_batch(batch):
         grads, tap_rows, y_pred, new_non_trainable, losses = per_example(non_trainable_variables, step_key, *batch)
         if num_microbatches:
-            assignment = optimizer.microbatch_assignment(losses.shape[0])
+            assignment = optimizer.microbatch_assignment(optimizer_variables, losses.shape[0])
             sums = microbatches.clipped_sum(grads, losses, assignment, num_microbatches, clip_norm)
         else:
-            sums = _clipped_sum_per_example(grads, tap_rows, clip_norm, table_shapes, losses.shape[0])
+            sums = _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, trainable_variables, losses.shape[0])
         return sums, (y_pred, new_non_trainable, losses)
 
     batch = (x, y, weights)
@@ -345,25 +345,18 @@ def _private_train_step(self: keras.Model, state, data):
 
 
 class _RefusedStepCheck(keras.callbacks.Callback):
-    """Raises, with the model's state synced back, when the DP optimizer refused a step (`raise_refused_step`)."""
+    """Calls the optimizer's `raise_refused_step` only where Keras has synced the state anyway: before a step that
+    reads it back from the variables (each epoch's first, or one after a callback synced, maybe restored, it: new
+    keys) and at each epoch's end, where a refused step surfaces at the latest."""
 
-    def _check(self) -> None:
-        optimizer = self._model.optimizer  # pylint: disable=protected-access  (self.model would sync every batch)
-        if getattr(optimizer, "_refusal", None) is not None:
-            self.model.stop_training = True  # self.model syncs the state into the model's variables first.
-            optimizer.raise_refused_step()
-
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_begin(self, batch, logs=None):
         del batch, logs  # Unused.
-        self._check()
+        if getattr(self._model, "_jax_state_synced", True):  # pylint: disable=protected-access
+            _dp_optimizer(self._model).raise_refused_step()  # pylint: disable=protected-access
 
     def on_epoch_end(self, epoch, logs=None):
         del epoch, logs  # Unused.
-        self._check()
-
-    def on_train_end(self, logs=None):
-        del logs  # Unused.
-        self._check()
+        _dp_optimizer(self.model).raise_refused_step()
 
 
 class _FirstStepGuard(keras.callbacks.Callback):
@@ -447,9 +440,10 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _private_train_on_batch(self: keras.Model, *args, **kwargs):
-    """``Model.train_on_batch`` after the sampling check, then `raise_refused_step` (the state is back in the model
-    by then)."""
+    """``Model.train_on_batch`` after the sampling check, between two `raise_refused_step` (new keys before, the
+    step's refusal after; the state is in the model then)."""
     _check_sampling(self, args[0] if args else kwargs.get("x"), "model.train_on_batch")
+    _dp_optimizer(self).raise_refused_step()
     logs = keras.Model.train_on_batch(self, *args, **kwargs)
     _dp_optimizer(self).raise_refused_step()
     return logs
@@ -476,7 +470,8 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
 
     Args:
         model: a Keras model (Sequential, functional or subclassed) without trainable batch normalisation.
-        method: ``'auto'`` or ``'vectorized'`` (the same on JAX: ``jax.vmap`` of per-example gradients).
+        method: ``'auto'`` or ``'ghost'`` (the same: the layers' kernels clipped from their taps where a rule
+            covers them, the rest by ``jax.vmap``) or ``'vectorized'`` (per-example gradients, Embedding taps).
         training_metrics: False (the default) computes no loss or metric on the training batch and logs only
             ``dp_step`` (public; validation metrics as usual). True opts in to the compiled loss and metrics of the
             training batch, computed WITHOUT noise and released outside the DP guarantee (one outlier moved the
@@ -486,13 +481,13 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
         ``model``.
 
     Raises:
-        ValueError: on a ``method`` other than 'auto' or 'vectorized', a ``training_metrics`` that is not a bool or
+        ValueError: on a ``method`` other than these, a ``training_metrics`` that is not a bool or
             a model that is not a ``keras.Model``; when the first step is traced, on what the module docstring
             lists.
     """
     if not isinstance(model, keras.Model):
         raise refusals.not_a_model_error(model)
-    validation.check_choice("method", method, METHODS, "on JAX: 'ghost' clipping has no JAX rules yet")
+    validation.check_choice("method", method, METHODS)
     validation.check_bool("training_metrics", training_metrics)
     model._keras_dyndp_method = method  # pylint: disable=protected-access
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access

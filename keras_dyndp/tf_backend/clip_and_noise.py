@@ -1,8 +1,5 @@
-"""TensorFlow's primitives of the DP step (`OPS`, for `keras_dyndp.mechanism`) and its per-example clipping kernel.
-
-The functions hold no state (the noise generator is passed in), read no Python values at run time and compile under
-XLA, so the optimizers and the fast per-example path share them.
-"""
+"""TensorFlow's primitives of the DP step (`OPS`, for `keras_dyndp.mechanism`) and its per-example clipping kernel:
+stateless (the noise generator is passed in), XLA-compatible, shared by the optimizers and `per_example`."""
 
 from __future__ import annotations
 
@@ -26,18 +23,8 @@ OPS = types.SimpleNamespace(
 
 
 def per_example_global_norms(per_example_grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
-    """L2 norm of each example's gradient taken across all variables at once (the "global" norm).
-
-    Args:
-      per_example_grads: one tensor [N, *variable_shape] per variable; row i is example i's gradient. `None`
-        entries (variables the loss does not depend on) count as zero.
-
-    Returns:
-      float32 tensor [N] of global norms.
-
-    Raises:
-      ValueError: if every entry is `None` (the number of examples is then unknown).
-    """
+    """float32 [N]: the L2 norm of each example's gradient over all variables (one tensor [N, *shape] per variable;
+    None counts as zero). ValueError if every entry is None."""
     squares = []
     for grad in per_example_grads:
         if grad is None:
@@ -58,17 +45,8 @@ def clip_factors(norms: tf.Tensor, clip_norm: tf.Tensor | float) -> tf.Tensor:
 def clip_by_global_norm_per_example(
     per_example_grads: Sequence[tf.Tensor | None], clip_norm: tf.Tensor | float
 ) -> tuple[list[tf.Tensor | None], tf.Tensor]:
-    """Clips each example's gradient to global L2 norm `clip_norm` (`clip_factors`) and sums over examples, as one
-    contraction of the factors with the gradients: the clipped per-example gradients are never materialised.
-
-    Args:
-      per_example_grads: one tensor [N, *variable_shape] per variable (`None` for variables without a gradient).
-      clip_norm: the clipping threshold C >= 0, a scalar.
-
-    Returns:
-      `(clipped_sums, norms)`: `clipped_sums[j]` has variable j's shape and dtype (`None` where the input was
-      `None`); `norms` is the float32 tensor [N] of unclipped global norms.
-    """
+    """``(clipped_sums, norms)``: each example's gradient clipped to global L2 norm ``clip_norm`` and summed, as one
+    contraction of the factors with the gradients (None stays None), and the float32 [N] unclipped norms."""
     norms = per_example_global_norms(per_example_grads)
     factors = clip_factors(norms, clip_norm)
     clipped_sums = [
@@ -80,7 +58,6 @@ def clip_by_global_norm_per_example(
 def add_gaussian_noise(
     tensors: Sequence[tf.Tensor], noise_stddev: tf.Tensor | float, *, generator: tf.random.Generator
 ) -> list[tf.Tensor]:
-    """Adds independent N(0, noise_stddev^2) noise, drawn from ``generator`` alone (never from TensorFlow's global
-    seed; `keras_dyndp.tf_backend.noise_source`), to every coordinate of every tensor; each call advances it.
-    ``noise_stddev`` is absolute: sigma_t = z_t C_t for sums of gradients clipped to C_t."""
+    """Adds N(0, noise_stddev^2) (absolute: sigma_t = z_t C_t) to every coordinate, drawn from ``generator`` alone
+    (`noise_source`), never from TensorFlow's global seed."""
     return mechanism.add_noise(OPS, tensors, tf.cast(noise_stddev, tf.float32), generator)

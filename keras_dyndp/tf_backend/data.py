@@ -1,21 +1,10 @@
 """Poisson-sampled batches as a ``tf.data.Dataset`` (`keras_dyndp.poisson_batches` on TensorFlow), and shuffled ones.
 
-`keras_dyndp.sampling` holds the sampler's arguments, checks and privacy argument (padding, overflow and its
-delta); this module materialises the batches. Each step draws N uniforms from a stateless seed, keeps those below
-p, gathers them first and pads with zero rows of weight 0 (see `make_poisson_batches`).
-
-Randomness: ``seed=None`` draws 63 bits from the OS (`secrets`) when the dataset is built, so TensorFlow's global
-seed (``tf.keras.utils.set_random_seed``) cannot make two processes draw the same batches. Every new iteration over
-the *same* dataset object (Keras re-iterates a finite dataset each epoch) draws fresh, independent batches. An
-integer seed makes a new dataset built with it (and the same global seed, which TensorFlow mixes into every op
-seed) yield the same batches. Under a multi-worker ``tf.distribute`` strategy (dataset built in its scope) the
-workers agree on the OS-drawn seed, since each worker takes its share of the same global batches
-(`keras_dyndp.tf_backend.replicas.agreed_random_bits`).
-
-The datasets made here are registered with their `keras_dyndp.sampling.PoissonSampling` (`poisson_sampling`), so
-a DP optimizer can check that ``model.fit`` received Poisson batches at its schedule's p, and warn once when it
-received anything else. A dataset derived from one (``.repeat()``, ...) is a new object and not registered.
-`shuffled_batches` is the common shuffle-and-slice approximation, which the accounting does not cover.
+`keras_dyndp.sampling` holds the sampler's arguments, checks and privacy argument. ``seed=None`` draws 63 bits from
+the OS (never the global seed; agreed by multi-worker workers, `replicas.agreed_random_bits`) and every iteration
+draws fresh batches; an integer seed (with the same global seed, which TensorFlow mixes in) repeats them. The
+datasets are registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's check; a derived
+one is not. `shuffled_batches` is an approximation the accounting does not cover.
 """
 
 from __future__ import annotations
@@ -43,10 +32,7 @@ _POISSON_DATASETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def poisson_sampling(dataset: Any) -> PoissonSampling | None:
-    """The `PoissonSampling` of a dataset returned by `keras_dyndp.poisson_batches`, else None.
-
-    Anything else, including a dataset derived from one of them (``.repeat()``, ``.take()``, ...), gives None.
-    """
+    """The `PoissonSampling` of a dataset returned by `keras_dyndp.poisson_batches` (not one derived), else None."""
     try:
         return _POISSON_DATASETS.get(dataset)
     except TypeError:  # Not weak-referenceable or not hashable (numpy arrays, lists, ...): not ours.
@@ -111,13 +97,9 @@ def _gather_rows(
 def make_poisson_batches(
     x: Any, y: Any, sample_weight: Any, arguments: sampling.SamplerArguments, num_examples: int | None
 ) -> tf.data.Dataset:
-    """`keras_dyndp.poisson_batches` on TensorFlow: a finite dataset of ``steps_per_epoch`` batches.
-
-    At each step every example is selected independently with probability p (one float64 uniform per example), the
-    selected rows are gathered first and the batch is padded with zero rows of weight 0. Cost per step: O(N) random
-    numbers plus a gather of ``max_batch_size`` rows; nothing is materialised per epoch. ``x`` may be a finite,
-    unbatched dataset of ``(x, y[, w])`` elements, read once into memory (elements must have fixed shapes).
-    """
+    """`keras_dyndp.poisson_batches` on TensorFlow: each step keeps every example with probability p (one float64
+    uniform each), gathers the kept rows first and pads with zero rows of weight 0. ``x`` may be a finite, unbatched
+    dataset of ``(x, y[, w])`` elements of fixed shapes, read once into memory."""
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
             raise ValueError(
@@ -146,32 +128,24 @@ def make_poisson_batches(
         if pad_to_multiple is not None:
             num_rows = tf.minimum(max_batch_size, tf.maximum(1, -(-num_selected // pad_to_multiple)) * pad_to_multiple)
         if overflow == "raise":
-            tf.debugging.assert_less_equal(
-                num_selected,
-                max_batch_size,
-                message=f"keras_dyndp.poisson_batches: Poisson batch larger than max_batch_size={max_batch_size}.",
-            )
+            message = f"keras_dyndp.poisson_batches: Poisson batch larger than max_batch_size={max_batch_size}."
+            tf.debugging.assert_less_equal(num_selected, max_batch_size, message=message)
         else:
-            tf.cond(
-                num_selected > max_batch_size,
-                lambda: tf.print(
-                    "WARNING keras_dyndp.poisson_batches: Poisson sampling selected",
-                    num_selected,
-                    f"examples; truncated to max_batch_size={max_batch_size}. This adds to "
-                    "delta, see keras_dyndp.batch_sizes.truncation_delta.",
-                    output_stream=sys.stderr,
-                ),
-                tf.no_op,
+            warn = lambda: tf.print(  # noqa: E731
+                "WARNING keras_dyndp.poisson_batches: Poisson sampling selected",
+                num_selected,
+                f"examples; truncated to max_batch_size={max_batch_size}. This adds to delta, see "
+                "keras_dyndp.batch_sizes.truncation_delta.",
+                output_stream=sys.stderr,
             )
+            tf.cond(num_selected > max_batch_size, warn, tf.no_op)
         return tuple(
             _gather_rows(tensors, indices, keep, num_padding_rows, num_rows) for tensors in (x, y, sample_weight)
         )
 
     seed = arguments.seed
     same_on_every_worker = seed is not None or replicas.is_multi_worker()
-    if seed is None:
-        # Left to TensorFlow, a None seed would follow the global seed; the workers of a multi-worker strategy must
-        # agree on it (see `replicas.agreed_random_bits`).
+    if seed is None:  # Not left to TensorFlow, whose None follows the global seed.
         seed = replicas.agreed_random_bits(63)
     step_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2, drop_remainder=True)
     batches = step_seeds.take(arguments.steps_per_epoch).map(
@@ -185,26 +159,9 @@ def make_poisson_batches(
 def shuffled_batches(
     x: Any, y: Any, batch_size: int, seed: int | None = None, *, sample_weight: Any = None
 ) -> tf.data.Dataset:
-    """Shuffle-and-slice batches of exactly ``batch_size`` rows: an approximation, not what accountants assume.
-
-    Each iteration (Keras epoch) is a fresh permutation cut into ``N // batch_size`` batches (the remainder is
-    dropped, so shapes are fixed). This is the common practice, but every example appears exactly once per epoch
-    instead of independently with probability p, so the Poisson-subsampling accounting of this package does not
-    strictly hold for it (tensorflow/privacy #483). Use `keras_dyndp.poisson_batches` for an exact guarantee.
-
-    Args:
-        x: Features: an array or nest of arrays with N rows.
-        y: Labels: an array or nest of arrays with N rows.
-        batch_size: Rows per batch, in [1, N].
-        seed: Shuffle seed; None (default) draws it from OS entropy, whatever the global seed.
-        sample_weight: Optional per-example weights, shape [N]; default 1.
-
-    Returns:
-        A dataset of ``(x, y, sample_weight)`` batches with ``batch_size`` rows.
-
-    Raises:
-        ValueError: On an invalid argument.
-    """
+    """Shuffle-and-slice ``(x, y, sample_weight)`` batches of ``batch_size`` rows in [1, N], a fresh permutation each
+    epoch: not Poisson sampling, so the accounting does not strictly hold (tensorflow/privacy #483). ``seed=None``
+    draws from OS entropy; ``sample_weight`` defaults to 1."""
     x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight)
     batch_size = validation.check_positive_int("batch_size", batch_size)
     if batch_size > num_examples:

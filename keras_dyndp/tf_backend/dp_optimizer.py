@@ -6,9 +6,10 @@ the mixin runs the mechanism (`keras_dyndp.mechanism`, which states it: C_t, sig
 sum, the normaliser, microbatches) in graph ops, the base class holds the update rule, and
 `keras_dyndp.tf_backend.keras_compat` what depends on the Keras version. `DynamicDPKerasSGD`, `DynamicDPKerasAdam`,
 `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its public instances. Its own per-example path
-(`compute_gradients`) takes the jacobian of the per-example loss vector that `Model.train_step` hands to `minimize`
-when the loss has ``reduction=NONE``; `keras_dyndp.make_private`'s step clips faster and calls
-`apply_clipped_gradient_sum`.
+(`compute_gradients`) takes the jacobian of the per-example loss vector handed to `minimize` by a custom training
+loop or by ``make_private``'s step with ``method='jacobian'`` or microbatches; ``make_private``'s step clips faster
+and calls `apply_clipped_gradient_sum`. Keras's own train step is refused, naming ``make_private`` (Keras 3's in
+`apply_gradients`, Keras 2's in `compute_gradients`, before any update).
 
 The noise (and the microbatch membership) comes from the optimizer's own `tf.random.Generator`, seeded from OS
 entropy and never saved (`keras_dyndp.tf_backend.noise_source`). The batches must be Poisson samples at the
@@ -67,7 +68,6 @@ References:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -85,10 +85,6 @@ from keras_dyndp.tf_backend import noise_source
 from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
 from keras_dyndp.tf_backend.per_example import train_step
-
-
-class SlowPathWarning(UserWarning):
-    """model.fit trains through the optimizer's O(B^2) jacobian path; `keras_dyndp.make_private` is the fast one."""
 
 
 class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
@@ -121,7 +117,6 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             self._public_batch_size,
             self.normalises_by_rows,
         )
-        self._warned_slow_path = False
         with tf.init_scope():
             self._clip_norms_tensor = tf.constant(self._schedule.clip_norms, dtype=tf.float32)
             self._noise_stddevs_tensor = tf.constant(self._schedule.noise_stddevs, dtype=tf.float32)
@@ -218,9 +213,10 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
 
         Raises:
-          ValueError: if the loss is a scalar (already averaged) or `tape` is missing, if the model training
-            with this optimizer mixes examples or stores batch statistics (`keras_dyndp.tf_backend.model_checks`), or if
-            `model.fit` received Poisson batches at another rate than the schedule's.
+          RuntimeError: when Keras 2's own train step calls it (``model.fit`` without ``make_private``).
+          ValueError: if the loss is a scalar (already averaged) or `tape` is missing, or if the model training
+            with this optimizer mixes examples or stores batch statistics (`keras_dyndp.tf_backend.model_checks`) or
+            wraps it in a LossScaleOptimizer (mixed_float16) outside ``make_private``.
           tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
             outside the schedule's Poisson sampling (see `sampling_check`).
         """
@@ -231,7 +227,15 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 "compute_gradients receives a loss already computed on the whole batch. Train with model.fit after "
                 "model = keras_dyndp.make_private(model)."
             )
-        self._check_model_fit_path()
+        model = keras_context.calling_model(self, keras_compat.keras.Model)
+        if model is not None and not train_step.is_private(model):
+            if keras_compat.is_keras_train_step(model):
+                raise RuntimeError(refusals.keras_train_step(self._private_train_step))
+            if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
+                raise refusals.loss_scale_error(
+                    "Call model = keras_dyndp.make_private(model): its train step supports mixed precision (computes "
+                    "in the policy's dtype, then clips, sums and adds the noise in float32, without loss scaling)."
+                )
         if tape is None and not callable(loss):
             raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
         if callable(loss):
@@ -251,8 +255,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 f"the model with a loss built with {keras_compat.PER_EXAMPLE_REDUCTION}, e.g. "
                 f"tf.keras.losses.SparseCategoricalCrossentropy({keras_compat.PER_EXAMPLE_REDUCTION})."
             )
-        model_checks.check_training_model(self, var_list)  # Once per model, while the first step is traced.
-        self._sampling_check.inspect_fit_input(self)
+        model_checks.check_training_model(self, model, var_list)  # Once per model, while the first step is traced.
+        self._sampling_check.check_step_input()
         num_rows = tf.shape(loss)[0]
         with tape:
             per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
@@ -283,7 +287,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def minimize(self, loss, var_list, tape=None):
         """`compute_gradients` then `apply_gradients`: one DP step of the optimizer's own per-example path.
 
-        For custom training loops, on Keras 2 and 3; ``model.fit`` should use `keras_dyndp.make_private`.
+        For custom training loops, on Keras 2 and 3; ``model.fit`` takes it with
+        ``keras_dyndp.make_private(model, method='jacobian')``.
         Returns the ``iterations`` (= `dp_step`) variable.
         """
         return self.apply_gradients(self.compute_gradients(loss, var_list, tape=tape))
@@ -331,12 +336,13 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def build(self, var_list):
         """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.
 
-        ``load_model`` rebuilds a model and its optimizer from their configs, and builds the optimizer when the
-        model is built (Sequential, functional, and subclassed models saved after a call). If this optimizer was
-        trained through `keras_dyndp.make_private` (recorded in its config), the reloaded model gets that train
-        step back here, with the same arguments, before any ``fit`` can trace the slow or refused default one.
-        Built at step 0 for a model whose previous DP optimizer took steps, it warns that the schedule starts over
-        (`optimizer_base.warn_on_schedule_restart`).
+        ``load_model`` rebuilds a model and its optimizer from their configs, and builds the optimizer in the
+        model's ``compile_from_config`` when the model is built (Sequential, functional, and subclassed models saved
+        after a call). If this optimizer was trained through `keras_dyndp.make_private` (recorded in its config),
+        the reloaded model gets that train step back there, with the same arguments. Not when built by a ``fit``
+        (Keras 3's, or a train step): that ``fit`` would go on without make_private's data checks, and Keras's own
+        train step is refused instead, naming the arguments. Built at step 0 for a model whose previous DP optimizer
+        took steps, it warns that the schedule starts over (`optimizer_base.warn_on_schedule_restart`).
         """
         super().build(var_list)
         model = keras_context.calling_model(self, keras_compat.keras.Model)
@@ -344,51 +350,14 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             return
         with tf.init_scope():  # Keras 3 builds it in the traced step: the counters are read eagerly.
             optimizer_base.warn_on_schedule_restart(model, self)
-        if self._private_train_step is None or tf.inside_function() or keras_context.fit_call(model) is not None:
+        if self._private_train_step is None or train_step.is_private(model):
             return
-        if not train_step.is_private(model):
+        if keras_context.calling_model(self, keras_compat.keras.Model, caller="compile_from_config") is model:
             train_step.make_private(model, **self._private_train_step)
             logging.info(
                 "keras_dyndp: model %r was trained through make_private (its optimizer's config says "
                 "so); its private train step is restored.",
                 model.name,
-            )
-
-    def _check_model_fit_path(self) -> None:
-        """Refuses mixed precision on this path, warns once when model.fit runs it instead of make_private, and
-        keeps Keras 2's own train step from logging the loss and metrics of the private batch."""
-        model = keras_context.calling_model(self, keras_compat.keras.Model)
-        if model is None:
-            return
-        if train_step.is_private(model):  # make_private's microbatch step: the intended use of this path.
-            return
-        if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
-            raise refusals.loss_scale_error(
-                "Call model = keras_dyndp.make_private(model): its train step supports mixed precision (computes in "
-                "the policy's dtype, then clips, sums and adds the noise in float32, without loss scaling)."
-            )
-        keras_train_step = keras_compat.is_keras_train_step(model)
-        if keras_train_step:
-            # Its loss and metrics would be computed on the private batch without noise: the step logs the public
-            # step count instead (make_private(model, training_metrics=True) is the opt-in).
-            keras_compat.logs_instead_of_training_metrics(model, lambda: {"dp_step": tf.identity(self.dp_step)})
-        if not self._warned_slow_path:
-            self._warned_slow_path = True
-            warnings.warn(
-                f"model.fit is training model {model.name!r} through {type(self).__name__}'s generic per-example "
-                "path: one pfor tape.jacobian of the per-example loss, which back-propagates every row through the "
-                "whole batch (O(B^2) time and memory: ~160x a non-private step on a small CNN, and gigabytes). Call "
-                "model = keras_dyndp.make_private(model) before fit: the same DP mechanism at ~2-3x a "
-                "non-private step."
-                + (
-                    " Keras's train step logs only dp_step here: its loss and metrics of the training batch would "
-                    "be computed without noise, outside the DP guarantee (make_private(model, training_metrics=True) "
-                    "computes them if you accept that)."
-                    if keras_train_step
-                    else ""
-                ),
-                SlowPathWarning,
-                stacklevel=5,
             )
 
     def _apply_private_gradients(self, grads_and_vars: list, name=None, **kwargs) -> tf.Variable:
@@ -440,7 +409,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
             for grad, var in zip(clipped_sums, var_list)
         ]
-        self._sampling_check.inspect_fit_input(self)
+        self._sampling_check.check_step_input()
         num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
         global_examples, global_num_rows = tf.unstack(
             replicas.global_sum(tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)]))

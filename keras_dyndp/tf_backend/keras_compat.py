@@ -25,9 +25,9 @@ What differs, name by name (Keras 2 | Keras 3):
 * `unpack_x_y_sample_weight`: ``keras.utils.unpack_x_y_sample_weight`` on both.
 * `training_logs`: ``compute_loss`` updates the loss tracker | ``compute_loss`` returns the (per-example) loss,
   which is averaged and fed to ``model._loss_tracker``; then ``compute_metrics`` on both.
-* `is_keras_train_step`, `logs_instead_of_training_metrics`: Keras's own ``Model.train_step`` calls the DP
-  optimizer's ``minimize`` with the per-example losses, then returns ``compute_metrics`` (loss and metrics of the
-  training batch) | it hands the optimizer the averaged gradient (refused), so a DP step never runs in it.
+* `is_keras_train_step`: Keras's own ``Model.train_step`` calls the DP optimizer's ``minimize`` with the
+  per-example losses, then returns the loss and metrics of the training batch (refused in ``compute_gradients``) |
+  it hands the optimizer the averaged gradient (refused in ``apply_gradients``).
 * `reset_train_function`: ``model.train_function = None`` on both (``make_train_function`` rebuilds it).
 * `DIRECT_BATCHES_REACH_EVERY_REPLICA`: ``train_on_batch`` distributes its batch across a strategy's replicas |
   hands it whole to every replica (`keras_dyndp.tf_backend.replicas.split_direct_batches` splits it for private models).
@@ -49,8 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
-import types
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -183,31 +181,6 @@ def unpack_x_y_sample_weight(data: Any) -> tuple[Any, Any, Any]:
 def is_keras_train_step(model: keras.Model) -> bool:
     """Whether ``model`` trains with Keras's own ``Model.train_step`` (not overridden by its class or instance)."""
     return getattr(getattr(model, "train_step", None), "__func__", None) is keras.Model.train_step
-
-
-_pending_logs = threading.local()
-
-
-def logs_instead_of_training_metrics(model: keras.Model, logs: Callable[[], dict]) -> None:
-    """Makes the Keras train step of ``model`` now running (or being traced) in this thread return ``logs()``.
-
-    Keras 2's own ``Model.train_step`` ends with ``return self.compute_metrics(x, y, y_pred, sample_weight)``: the
-    loss and metrics of the private batch, without noise. Call this from the DP optimizer inside that step; the
-    next ``compute_metrics`` call for ``model`` in this thread (the step's own; a replica of a strategy traces in
-    a thread of its own) returns ``logs()`` instead and computes no metric. Other calls (``evaluate``'s test step)
-    are Keras's.
-    """
-    if "compute_metrics" not in vars(model):
-        model.compute_metrics = types.MethodType(_compute_metrics_unless_replaced, model)
-    _pending_logs.value = (model, logs)
-
-
-def _compute_metrics_unless_replaced(self: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> dict:
-    model, logs = getattr(_pending_logs, "value", None) or (None, None)
-    if model is self:
-        _pending_logs.value = None
-        return logs()
-    return type(self).compute_metrics(self, x, y, y_pred, sample_weight)
 
 
 def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> dict[str, tf.Tensor]:

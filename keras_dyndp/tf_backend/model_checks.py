@@ -26,15 +26,14 @@ mean). ``make_private`` is safe from it by construction: its batched (ghost) pat
 layer and op is on a list of those known to act per example (`keras_dyndp.tf_backend.per_example.per_example_layers`),
 and every other model runs on the vectorized path, where each example runs alone and cannot meet another
 (``method='ghost'`` is refused for them). The paths that run the whole batch through any model, the optimizer's
-microbatches and Keras 2's plain ``fit`` with a DP optimizer, do not check it.
+microbatches and jacobian, do not check it.
 
 The DP paths call this for you, once per model (again after a layer is unfrozen), when the first training step
-is traced: ``make_private`` (through ``keras_dyndp.tf_backend.per_example.clipped_gradient_sum``) and, on Keras 2, the
-DP optimizers inside ``model.fit`` (which find the model on the call stack, see ``keras_dyndp.keras_context``). In
-a custom training loop the optimizer cannot see the model: it warns once, and you should call
-``keras_dyndp.check_model(model, x)`` yourself. With ``run_eagerly=True`` the optimizer is called after the
-first forward pass has run: the error then comes before any update, but BatchNormalization's moving averages have
-already been updated once in memory (call ``check_model`` before ``fit`` to avoid that).
+is traced: ``make_private`` (before its forward pass) and a DP optimizer called from a model's custom train step
+(which finds the model on the call stack, see ``keras_dyndp.keras_context``; after the forward pass, which under
+``run_eagerly=True`` has then updated BatchNormalization's moving averages once in memory, though no update is
+applied). In a custom training loop the optimizer cannot see the model: it warns once, and you should call
+``keras_dyndp.check_model(model, x)`` yourself.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_dyndp import keras_context
 from keras_dyndp import refusals
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend.keras_compat import keras
@@ -107,13 +105,12 @@ def check_before_training(model: keras.Model, inputs: Any = None) -> None:
 
 
 @tf.autograph.experimental.do_not_convert
-def check_training_model(optimizer: Any, var_list: list[tf.Variable]) -> None:
-    """Checks the model whose train step is calling ``optimizer``.
+def check_training_model(optimizer: Any, model: keras.Model | None, var_list: list[tf.Variable]) -> None:
+    """Checks ``model``, whose train step is calling ``optimizer`` (`keras_dyndp.keras_context.calling_model`).
 
-    In a custom training loop no model is found: unless a model holding every variable of ``var_list`` has passed
+    In a custom training loop (``model`` None): unless a model holding every variable of ``var_list`` has passed
     ``check_model``, this warns (once per optimizer) that the model could not be checked.
     """
-    model = keras_context.calling_model(optimizer, keras.Model)
     if model is not None:
         check_before_training(model)
         return

@@ -1,37 +1,10 @@
 """The DP step across the replicas of a `tf.distribute` strategy: one noise, one normaliser, one counter.
 
-Under ``MirroredStrategy`` (several devices of one machine) or ``MultiWorkerMirroredStrategy`` (several machines),
-``model.fit`` splits each global batch across the R replicas and runs the train step on every replica. The DP step
-must release exactly what one device would release for the whole global batch:
-
-    update = (sum over all examples of the clipped gradients + N(0, sigma_t^2 I)) / n.
-
-Each replica clips its own examples and sums them (one example lives on one replica, so it moves the global sum by
-at most C_t). The noise is drawn by ONE replica, the first of the sync group (``replica_id_in_sync_group == 0``), with
-the full std sigma_t; the others add none. Every replica divides its part by the GLOBAL normaliser n (the expected
-global batch size, or the all-reduced number of rows) and the base optimizer all-reduces the parts with SUM before
-its update rule (Keras 2's ``apply_gradients`` aggregation, Keras 3's ``_all_reduce_sum_gradients``). The released
-sum then carries exactly one N(0, sigma_t^2 I) draw, whatever R is and whether or not the replicas' random streams
-are independent (one replica's noise cannot be cancelled by another's, since no other adds any). The alternative,
-every replica adding std sigma_t / sqrt(R), has std sigma_t only if the R streams are independent, which seeds shared
-across workers would break. What the replicas exchange inside the all-reduce (un-noised partial sums) stays inside
-the training job, whose workers see the raw data anyway; what leaves it is the noised update.
-
-The step counter (Keras's ``iterations``, aggregated ONLY_FIRST_REPLICA) advances once per global step, so the
-schedule index and the privacy ledger are those of one device training on the global batch. The batch-size check of
-`keras_dyndp.tf_backend.sampling_check` counts the examples of the global batch (all-reduced), so a replica that got
-zero rows, or only padding, changes neither the noise nor the count.
-
-Batches that bypass ``fit``'s input pipeline must be split the same way. Keras 3's ``train_on_batch`` (and a direct
-call of ``model.train_function`` with batches that are not a distributed iterator) hands its batch to
-``strategy.run`` as it is, so EVERY replica would clip the whole batch: one example would move the all-reduced sum by
-R C_t against noise calibrated to C_t, and the batch-size check would count R times the rows. `split_direct_batches`
-gives a private model a train function that first distributes such a batch, as ``fit`` (and Keras 2's
-``train_on_batch``) do.
-
-Supported: the default (no) strategy, ``OneDeviceStrategy``, ``MirroredStrategy`` and
-``MultiWorkerMirroredStrategy``. Others (TPU, parameter-server, central-storage) are refused: their update paths
-are not the one analysed here.
+Each replica clips and sums its examples; ONE replica (the first of the sync group) adds the noise with the full
+sigma_t, so the sum carries exactly one draw however the replicas' streams relate; every replica divides by the
+GLOBAL normaliser and the base optimizer all-reduces with SUM. `split_direct_batches` splits batches that bypass
+``fit``'s pipeline (else one example moves the sum by R C_t). Supported: no strategy, OneDevice, Mirrored,
+MultiWorkerMirrored (docs/scaling.md); others are refused.
 """
 
 from __future__ import annotations
@@ -54,11 +27,7 @@ _SUPPORTED_STRATEGIES = (
 
 
 def check_strategy() -> tf.distribute.Strategy:
-    """Returns the current strategy if a DP step can run under it.
-
-    Raises:
-      ValueError: under a strategy other than the default one, OneDevice, Mirrored or MultiWorkerMirrored.
-    """
+    """The current strategy; ValueError under one other than the default, OneDevice, Mirrored, MultiWorkerMirrored."""
     strategy = tf.distribute.get_strategy()
     if not tf.distribute.has_strategy() or isinstance(strategy, _SUPPORTED_STRATEGIES):
         return strategy
@@ -83,10 +52,7 @@ def noise_share() -> tf.Tensor:
 
 
 def global_sum(values: tf.Tensor) -> tf.Tensor:
-    """``values`` summed over the replicas of the step, in its dtype; the identity for one replica.
-
-    Counts travel as float32 (every all-reduce implementation sums it; exact up to 2^24).
-    """
+    """``values`` summed over the replicas, in its dtype (as float32: every all-reduce sums it; exact to 2^24)."""
     values = tf.convert_to_tensor(values)
     context = tf.distribute.get_replica_context()
     if context is None or num_replicas() == 1:
@@ -105,13 +71,8 @@ def is_multi_worker() -> bool:
 
 
 def agreed_random_bits(num_bits: int) -> int:
-    """``num_bits`` (<= 72) secret random bits from the OS, the same on every worker of a multi-worker strategy.
-
-    Under ``MultiWorkerMirroredStrategy`` every worker builds its own input pipeline, and tf.data then gives each
-    worker its share of every global batch: the workers must sample the SAME Poisson batches, or the global batch
-    would join pieces of different samples (an example could be in two of them, and the sampling rate would not be
-    p). The first worker's bits are all-reduced to all; elsewhere they are this process's own.
-    """
+    """``num_bits`` (<= 72) secret random bits from the OS, the same on every worker (the first worker's, all-reduced):
+    the workers take their shares of the same global batches, so they must sample the same Poisson batches."""
     words = [secrets.randbits(_BITS_PER_WORD) for _ in range(-(-num_bits // _BITS_PER_WORD))]
     if is_multi_worker():
         strategy = tf.distribute.get_strategy()
@@ -123,15 +84,8 @@ def agreed_random_bits(num_bits: int) -> int:
 
 
 def split_direct_batches(model: Any) -> None:
-    """Makes each batch that reaches ``model``'s train function undistributed split across the replicas.
-
-    Keras 3's ``train_on_batch`` calls ``model.train_function`` with a Python iterator over its one batch, and the
-    train function hands that batch to ``strategy.run`` whole: every replica would clip every example. The model
-    gets a ``make_train_function`` (on the instance) that wraps the train function under a strategy of more than one
-    replica: a distributed iterator (``fit``'s) passes through; any other iterable's batches are distributed one by
-    one with ``strategy.experimental_distribute_dataset``, which splits each batch's rows across the replicas as
-    ``fit`` does. Under one replica the train function is Keras's own.
-    """
+    """Splits each undistributed batch reaching ``model``'s train function (``train_on_batch``'s) across the replicas
+    as ``fit`` does (``experimental_distribute_dataset``, at most ``steps_per_execution`` per call); ``fit``'s pass."""
 
     def make_train_function(self, force: bool = False):
         if self.train_function is not None and not force:
@@ -146,12 +100,6 @@ def split_direct_batches(model: Any) -> None:
 
 
 def _split_across_replicas(train_function: Callable, strategy: tf.distribute.Strategy, steps: int) -> Callable:
-    """``train_function`` (Keras 3's, taking an iterator) that distributes batches not distributed yet.
-
-    Like Keras's own, it runs at most ``steps`` (``steps_per_execution``) batches of a plain iterator and returns
-    the logs of the last.
-    """
-
     def function(iterator):
         if isinstance(iterator, tf.distribute.DistributedIterator):
             return train_function(iterator)
@@ -168,8 +116,6 @@ def _split_across_replicas(train_function: Callable, strategy: tf.distribute.Str
 
 def _without_trailing_none(data: Any) -> Any:
     """``(x, y, sample_weight)`` without the absent (None) trailing parts, as ``fit``'s batches come."""
-    if not isinstance(data, tuple):
-        return data
-    while len(data) > 1 and data[-1] is None:
+    while isinstance(data, tuple) and len(data) > 1 and data[-1] is None:
         data = data[:-1]
     return data

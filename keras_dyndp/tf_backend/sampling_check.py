@@ -22,29 +22,30 @@ schedule accounted at p = 0.01 trains, and `PrivacyLogger` reports RDP epsilon 5
    (``jit_compile=True``) drops assertions, so there the check does not run. With ``public_batch_size=True`` the
    step divides by the rows instead and checks no size; where it sees sample weights (``make_private``'s step)
    it refuses rows of weight 0 (padding), which would count as rows.
-2. Once per optimizer, when its train step is traced (at every step under ``run_eagerly``): the ``x`` that
-   ``model.fit`` received (`keras_dyndp.keras_context`) must be a dataset returned by
-   `keras_dyndp.poisson_batches` (`keras_dyndp.tf_backend.data`). One sampled at another
-   p raises ValueError, and so does any of them for an optimizer with ``public_batch_size=True``. Arrays (numpy,
-   tensors), which Keras cuts into fixed-size batches, raise ValueError before the first step unless the optimizer
-   has ``public_batch_size=True`` (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else (a ``.batch()``
-   dataset, a generator; arrays with ``public_batch_size=True``) gets one `SamplingWarning` saying that the reported
-   epsilon assumes Poisson sampling and what to do, and so does a custom training loop, whose data the optimizer
-   cannot see. The warning also says when the batch sizes are not checked (``public_batch_size``, XLA).
+2. In Python, on what ``fit`` received: ``make_private``'s ``fit`` hands its ``x`` to `SamplingCheck.check_fit_input`
+   (no stack frame is read for it; Keras's own train step is refused). A dataset returned by
+   `keras_dyndp.poisson_batches` sampled at another p raises ValueError, and so does any of them for an optimizer
+   with ``public_batch_size=True``, and one whose seed each worker drew alone under a multi-worker strategy. Arrays
+   (numpy, tensors), which Keras cuts into fixed-size batches, raise ValueError unless the optimizer has
+   ``public_batch_size=True`` (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else (a ``.batch()`` dataset,
+   a generator; arrays with ``public_batch_size=True``) gets one `SamplingWarning` per optimizer saying that the
+   reported epsilon assumes Poisson sampling and what to do; so does a step whose data the optimizer cannot see (a
+   custom training loop or train step, ``train_on_batch``). The warning also says when the batch sizes are not
+   checked (``public_batch_size``, XLA).
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
 
 from keras_dyndp import batch_sizes
-from keras_dyndp import keras_context
 from keras_dyndp.batch_sizes import SamplingWarning
 from keras_dyndp.tf_backend import data
-from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import replicas
 
 
@@ -82,57 +83,65 @@ class SamplingCheck:
             self._num_examples = max(1, round(expected_batch_size / sampling_probability))
             self._range = data.batch_size_range(self._num_examples, sampling_probability)
         self._warned = False
+        self._fit_checked = False
 
     @property
     def batch_size_range(self) -> tuple[int, int] | None:
         """The accepted ``(low, high)`` number of examples per batch; None when N is unknown."""
         return self._range
 
-    def inspect_fit_input(self, optimizer: Any) -> None:
-        """Checks, in Python, what ``model.fit`` received (point 2 of the module docstring).
+    @contextlib.contextmanager
+    def handed_over(self) -> Iterator[None]:
+        """``make_private``'s ``fit`` checked its data (`check_fit_input`): its steps, in any thread, add nothing."""
+        self._fit_checked = True
+        try:
+            yield
+        finally:
+            self._fit_checked = False
 
-        Raises:
-          ValueError: if ``fit`` received a keras_dyndp Poisson dataset sampled at another rate than the schedule,
-            or any of them while the optimizer has ``public_batch_size=True``; arrays while it has not.
-        """
-        model = keras_context.calling_model(optimizer, keras_compat.keras.Model)
-        call = None if model is None else keras_context.fit_call(model)
+    def check_fit_input(self, x: Any, jit_compile: bool = False) -> None:
+        """Checks ``x``, what ``model.fit`` received: point 2 of the module docstring, which says what raises
+        ValueError; ``jit_compile``: the model's."""
         p = self._sampling_probability
-        if call is None:
-            problem = (
-                "keras_dyndp cannot see the batches of this training step (a custom training loop or train_on_batch)"
+        sampling = data.poisson_sampling(x)
+        if sampling is None:
+            batch_sizes.check_not_arrays(x, p, self._public_batch_size)
+            self.warn_once(batch_sizes.not_poisson_batches("model.fit", x), jit_compile)
+            return
+        batch_sizes.check_poisson_batches(sampling.sampling_probability, p, self._public_batch_size, "model.fit")
+        if replicas.is_multi_worker() and not sampling.same_on_every_worker:
+            raise ValueError(
+                "model.fit under a multi-worker strategy received Poisson batches whose seed each worker drew "
+                "on its own (the dataset was built outside the strategy's scope, without a seed): tf.data "
+                "gives each worker its share of ITS batches, so the global batch would join pieces of "
+                "different samples (an example could be in two) and not be the accounted Poisson sample. "
+                "Build the dataset inside strategy.scope() (the workers then agree on the seed) or pass the "
+                "same secret seed on every worker."
             )
-        else:
-            sampling = data.poisson_sampling(call.x)
-            if sampling is not None:
-                batch_sizes.check_poisson_batches(
-                    sampling.sampling_probability, p, self._public_batch_size, "model.fit"
-                )
-                if replicas.is_multi_worker() and not sampling.same_on_every_worker:
-                    raise ValueError(
-                        "model.fit under a multi-worker strategy received Poisson batches whose seed each worker drew "
-                        "on its own (the dataset was built outside the strategy's scope, without a seed): tf.data "
-                        "gives each worker its share of ITS batches, so the global batch would join pieces of "
-                        "different samples (an example could be in two) and not be the accounted Poisson sample. "
-                        "Build the dataset inside strategy.scope() (the workers then agree on the seed) or pass the "
-                        "same secret seed on every worker."
-                    )
-                return
-            batch_sizes.check_not_arrays(call.x, p, self._public_batch_size)
-            problem = batch_sizes.not_poisson_batches("model.fit", call.x)
+
+    def check_step_input(self) -> None:
+        """For a step: nothing more inside `handed_over`; elsewhere the warning, once."""
+        if not self._fit_checked:
+            self.warn_once(
+                "keras_dyndp cannot see the batches of this training step (a custom training loop or train step, or "
+                "train_on_batch)"
+            )
+
+    def warn_once(self, problem: str, jit_compile: bool = False) -> None:
+        """One `SamplingWarning` per optimizer: ``problem`` (what was seen), what the epsilon assumes, what to do."""
         if self._warned:
             return
         self._warned = True
-        message = batch_sizes.not_poisson_message(problem, p)
+        message = batch_sizes.not_poisson_message(problem, self._sampling_probability)
         if self._range is None:
             message += (
                 " The optimizer was built with public_batch_size=True, so no batch size is checked and the epsilon "
                 "holds only as far as your batches are Poisson samples, whose sizes are private: build it with "
                 "expected_batch_size = p * N instead."
             )
-        elif model is not None and getattr(model, "jit_compile", False):
+        elif jit_compile:
             message += " XLA (jit_compile=True) drops the per-step batch-size check."
-        warnings.warn(message, SamplingWarning, stacklevel=2)
+        warnings.warn(message, SamplingWarning, stacklevel=3)
 
     def assertion(self, min_examples: tf.Tensor, max_examples: tf.Tensor, num_rows: tf.Tensor) -> tf.Operation | None:
         """In-graph check of the batch, whose number of examples is known to lie in [min, max], among ``num_rows``

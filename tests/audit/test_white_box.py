@@ -114,8 +114,8 @@ def test_every_example_counted_twice_is_flagged(monkeypatch):
 
 # Every training path the package offers (issue 29, item 4), audited at small scale so that a path that silently
 # leaks more than it accounts fails a test. On TensorFlow: make_private's two per-example methods, accumulation and
-# MirroredStrategy (2 logical CPUs, tests/conftest.py), and on Keras 2 the optimizer's own jacobian path (no
-# make_private); on JAX: its one per-example path (jax.vmap, 'vectorized' =
+# MirroredStrategy (2 logical CPUs, tests/conftest.py), and the optimizer's own jacobian path (make_private's
+# method='jacobian'); on JAX: its one per-example path (jax.vmap, 'vectorized' =
 # 'auto') and accumulation. Microbatches are left out: a Dirac canary shares its microbatch with other rows (the
 # microbatch's mean gradient is clipped, not the canary's), so its contribution to its coordinate is not C_t but a
 # data-dependent share of it, and the Gaussian shift per step is not known exactly (only bounded by the 2 C_t
@@ -150,19 +150,14 @@ def _path(path: str) -> dict:
         return {"accumulation_steps": 2}
     if path == "jacobian":
         if _on_jax():
-            pytest.skip("JAX trains through make_private only")
-        from keras_dyndp.tf_backend import keras_compat  # pylint: disable=import-outside-toplevel
-
-        if keras_compat.KERAS_MAJOR_VERSION != 2:
-            pytest.skip("Keras 3's default train step hands the optimizer the averaged gradient: make_private only")
-        return {"method": None}
+            pytest.skip("the optimizer's own jacobian path is TensorFlow's")
+        return {"method": "jacobian"}
     if _on_jax():
         pytest.skip("tf.distribute strategies are TensorFlow's; JAX trains on one device")
     return {"strategy": _mirrored()}
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.filterwarnings("ignore:model.fit is training model .* generic per-example path")  # jacobian: meant
 def test_every_training_path_stays_below_its_claim(path):
     report = _audit(FAULT_MU, num_canaries=PATH_CANARIES, **_path(path))
     assert report.epsilon_fdp < report.claimed_epsilon

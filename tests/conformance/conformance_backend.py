@@ -13,7 +13,7 @@ BACKEND = keras_dyndp.keras_backend()
 if BACKEND == "jax":
     import keras
 
-    METHODS = ("vectorized",)  # No ghost rules on JAX: 'auto' is the vmap path.
+    METHODS = ("vectorized", "ghost")
     STEP_REFUSALS: tuple[type[BaseException], ...] = (RuntimeError,)
 else:
     import tensorflow as tf

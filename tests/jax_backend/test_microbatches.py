@@ -122,7 +122,7 @@ def test_fit_applies_the_microbatch_sum_over_m_with_the_drawn_assignment(monkeyp
     assignment = np.array([3, 0, 1, 1, 3, 0, 0, 2, 3, 1], "int32")
     drawn = []
 
-    def fixed(num_rows):
+    def fixed(optimizer_variables, num_rows):
         drawn.append(num_rows)
         return jnp.asarray(assignment)
 
@@ -148,12 +148,18 @@ def test_the_noise_on_the_microbatch_sum_is_twice_sigma():
     assert np.std(update) == pytest.approx(2 * 3.0 / 2, rel=0.05)
 
 
-def test_the_assignment_is_uniform_and_fresh_at_every_draw():
+def test_the_assignment_is_uniform_and_fresh_at_every_step():
     optimizer = DynamicDPKerasSGD(
-        schedule=schedules.DPSchedule(np.ones(1), np.ones(1), 0.5), public_batch_size=True, num_microbatches=4
+        schedule=schedules.DPSchedule(np.ones(2), np.ones(2), 0.5), public_batch_size=True, num_microbatches=4
     )
-    draw = jax.jit(lambda: optimizer.microbatch_assignment(4000))
-    first, second = np.asarray(draw()), np.asarray(draw())
+    optimizer.build([keras.Variable(np.zeros(3, "float32"))])
+    step = optimizer.variables.index(optimizer.iterations)
+
+    def draw(k):  # the assignment of step k
+        state = [variable.value if i != step else k for i, variable in enumerate(optimizer.variables)]
+        return np.asarray(jax.jit(optimizer.microbatch_assignment, static_argnums=1)(state, 4000))
+
+    first, second = draw(0), draw(1)
     assert np.mean(first == second) < 0.4  # independent draws agree on about 1/4 of the rows
     for assignment in (first, second):
         counts = np.bincount(assignment, minlength=4)

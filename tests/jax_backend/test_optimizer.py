@@ -290,3 +290,104 @@ def test_a_fresh_optimizer_on_a_reloaded_model_warns_that_the_schedule_restarts(
     loaded.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule(), public_batch_size=True), loss=LOSS)
     with pytest.warns(optimizer_base.ScheduleRestartWarning, match="took 1 DP steps .* starts over"):
         loaded.fit(x, y, batch_size=8, verbose=0)
+
+
+class _Batches(keras.utils.PyDataset):
+    def __init__(self, batches):
+        super().__init__()
+        self._batches = batches
+
+    def __len__(self):
+        return len(self._batches)
+
+    def __getitem__(self, index):
+        return self._batches[index]
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+def test_a_refused_step_surfaces_at_the_epoch_end_and_no_later_step_of_it_is_applied():
+    """Issue 28 item 1: the refusal is read where Keras syncs the state (the epoch's end), not after every step; the
+    refused step and the rest of its epoch change nothing, so the result is the good first step's alone."""
+    good, bad = _padded_batch(20, 24), _padded_batch(NUM_EXAMPLES, NUM_EXAMPLES)
+    results = []
+    for batches in ([good], [good, bad, good, good]):
+        with pytest.warns(NoiseSeedWarning):
+            optimizer = DynamicDPKerasSGD(
+                schedule=_schedule(p=P), expected_batch_size=NUM_EXAMPLES * P, learning_rate=1.0, noise_seed=3
+            )
+        model = _private(optimizer)
+        if len(batches) > 1:
+            with pytest.raises(RuntimeError, match="too many examples in this batch: 400; .*not applied, nor any"):
+                model.fit(_Batches(batches), epochs=1, verbose=0, shuffle=False)
+        else:
+            model.fit(_Batches(batches), epochs=1, verbose=0, shuffle=False)
+        results.append((int(model.optimizer.dp_step.numpy()), _kernel(model)))
+    assert results[0][0] == results[1][0] == 1
+    np.testing.assert_array_equal(results[1][1], results[0][1])
+
+
+def test_the_jitted_train_step_calls_no_host():
+    """Issue 28 item 1: keys, budget and batch-size checks all inside the graph (random layers and microbatches
+    included): the traced step holds no callback."""
+    keras.utils.set_random_seed(0)
+    model = make_private(keras.Sequential([keras.Input((5,)), keras.layers.Dropout(0.5), keras.layers.Dense(3)]))
+    optimizer = DynamicDPKerasSGD(schedule=_schedule(p=P), expected_batch_size=2.0, num_microbatches=2)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    model.optimizer.build(model.trainable_variables)
+    state = [[v.value for v in variables] for variables in (model.trainable_variables,
+             model.non_trainable_variables, optimizer.variables, model.metrics_variables)]  # fmt: skip
+    data = (np.ones((4, 5), "float32"), np.ones((4, 3), "float32"), np.ones(4, "float32"))
+    text = str(jax.make_jaxpr(model.train_step)(state, data))
+    assert "dot_general" in text and "random_fold_in" in text and "callback" not in text
+
+
+def _seeded_step_update():
+    """One DP step's update after ``keras.utils.set_random_seed(0)``, from the same weights and data each time."""
+    x, y = _data()
+    model = _private(DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0))
+    keras.utils.set_random_seed(0)
+    before = _kernel(model)
+    model.train_on_batch(x, y)
+    return (_kernel(model) - before).tolist()
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+def test_two_processes_with_the_same_global_seed_draw_different_noise():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = "import json, sys, test_optimizer; json.dump(test_optimizer._seeded_step_update(), sys.stdout)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
+    run = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    here, there = np.asarray(_seeded_step_update()), np.asarray(json.loads(run.stdout))
+    assert np.abs(here).max() > 0.5 and not np.allclose(here, there)
+
+
+class _RewindOnce(keras.callbacks.Callback):
+    """Records the kernel after each step and rewinds the whole state to its start after the first step."""
+
+    def __init__(self, updates):
+        super().__init__()
+        self._updates, self._start = updates, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._start is None:
+            self._start = [np.asarray(v.value).copy() for v in self.model.variables + self.model.optimizer.variables]
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._updates.append(_kernel(self.model) - self._start[0])
+        if batch == 0:
+            for variable, value in zip(self.model.variables + self.model.optimizer.variables, self._start):
+                variable.assign(value)
+
+
+def test_a_state_rewound_in_the_middle_of_an_epoch_draws_new_noise():
+    x, y = (np.concatenate([part[:4], part[:4]]) for part in _data())  # two equal batches
+    model = _private(DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0))
+    updates = []
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False, callbacks=[_RewindOnce(updates)])
+    assert int(model.optimizer.dp_step.numpy()) == 1 and len(updates) == 2
+    assert not np.allclose(updates[0], updates[1])  # the same step counter, weights and rows: only the keys differ

@@ -85,11 +85,10 @@ def test_conflicting_options_are_flag_errors_before_training(overrides, message)
         (["--accumulation_steps=0"], "flag --accumulation_steps=0: --accumulation_steps must be > 0."),
         (["--strategy=multi_worker", "--model_dir=/tmp/x"], "takes no --model_dir"),
         (["--strategy=gpus"], "flag --strategy=gpus"),
-        pytest.param(
+        (
             ["--per_example=jacobian", "--accumulation_steps=2"],
             "flags method=dynamic, per_example=jacobian, accumulation_steps=2: --accumulation_steps > 1 needs "
             "--per_example=fast",
-            marks=pytest.mark.keras2_only(reason="Keras 3 refuses --per_example=jacobian on its own"),
         ),
     ],
 )

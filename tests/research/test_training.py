@@ -15,7 +15,6 @@ from absl.testing import flagsaver
 
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
-from keras_dyndp.tf_backend import keras_compat
 from research import datasets
 from research import digits
 from research import training
@@ -23,8 +22,6 @@ from research import training
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = [
     pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning"),
-    # The Keras 2 plain-optimizer path, taken on purpose here.
-    pytest.mark.filterwarnings("ignore::keras_dyndp.tf_backend.dp_optimizer.SlowPathWarning"),
 ]
 
 FLAGS = flags.FLAGS
@@ -292,12 +289,7 @@ def _tensorboard_tags(model_dir: str) -> set[str]:
     return tags
 
 
-_JACOBIAN_NEEDS_KERAS_2 = "--per_example=jacobian: Keras 3's train step gives the optimizer only the averaged gradient"
-
-
-@pytest.mark.parametrize(
-    "per_example", ["fast", pytest.param("jacobian", marks=pytest.mark.keras2_only(reason=_JACOBIAN_NEEDS_KERAS_2))]
-)
+@pytest.mark.parametrize("per_example", ["fast", "jacobian"])
 def test_training_batch_metrics_only_with_the_flag(per_example, tmp_path, capsys):
     quiet = _train(per_example=per_example, batch_size=16, max_steps=2, verbose=2, model_dir=str(tmp_path / "a"))
     out = capsys.readouterr().out
@@ -318,30 +310,9 @@ def test_training_batch_metrics_only_with_the_flag(per_example, tmp_path, capsys
     assert {"epoch_loss", "epoch_accuracy"} <= _tensorboard_tags(str(tmp_path / "b"))
 
 
-@pytest.mark.keras2_only(reason=_JACOBIAN_NEEDS_KERAS_2)
 def test_generic_jacobian_path_runs():
     result = _train(per_example="jacobian", batch_size=16, max_steps=2)
     assert result.steps == 2 and result.epsilon_gdp_clt > 0
-
-
-def test_jacobian_path_is_refused_as_a_flag_error_on_keras_3(capsys):
-    assert training.per_example_supported("jacobian", keras_major_version=2)
-    assert training.per_example_supported("fast", keras_major_version=3)
-    assert not training.per_example_supported("jacobian", keras_major_version=3)
-    with flagsaver.flagsaver():
-        if keras_compat.KERAS_MAJOR_VERSION == 2:
-            training.parse_flags(["digits.py", "--per_example=jacobian"])
-            assert FLAGS.per_example == "jacobian"
-            return
-        with pytest.raises(SystemExit) as exit_info:
-            training.parse_flags(["digits.py", "--per_example=jacobian"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        len(err) == 1
-        and err[0].startswith("digits.py: error: flag --per_example=jacobian: the jacobian path needs Keras 2")
-        and "Use --per_example=fast." in err[0]
-    )
 
 
 def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp_path, monkeypatch):

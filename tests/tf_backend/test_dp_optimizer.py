@@ -18,14 +18,13 @@ from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasAdam
 from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasRMSprop
 from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasSGD
 from keras_dyndp.tf_backend.per_example import make_private
+from keras_dyndp.tf_backend.per_example import train_step
 
 keras = keras_compat.keras
 # Test-only settings this module uses on purpose, named so that no other warning is hidden: noiseless schedules
 # (allow_degenerate_noise=True) to compare clipped sums exactly, the optimizer called outside a Keras train step to
 # measure one step, and numpy arrays to fit for brevity. The tests of these warnings assert them (pytest.warns).
 pytestmark = [
-    # The Keras 2 plain-optimizer path, taken on purpose here.
-    pytest.mark.filterwarnings("ignore::keras_dyndp.tf_backend.dp_optimizer.SlowPathWarning"),
     pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
     pytest.mark.filterwarnings("ignore:keras_dyndp cannot see the batches:keras_dyndp.batch_sizes.SamplingWarning"),
     pytest.mark.filterwarnings("ignore:DynamicDPKeras\\w+ is not called from a Keras model's train step:UserWarning"),
@@ -36,17 +35,9 @@ BASE_CLASSES = [keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.Ad
 KERNEL0 = np.array([[0.5, -1.0], [2.0, 0.3], [-0.7, 1.1]], np.float32)
 
 
-# How model.fit reaches the optimizer: its own per-example path under Keras 2's default train step, or
-# make_private's train step (the only one on Keras 3, where the default step hands over the averaged gradient).
-FIT_PATHS = [
-    pytest.param(
-        "optimizer",
-        marks=pytest.mark.keras2_only(
-            reason="Keras 3's default train step hands the optimizer the averaged gradient; make_private is the path"
-        ),
-    ),
-    "make_private",
-]
+# How a step reaches the optimizer: make_private's fast train step; its step with method="jacobian", which hands the
+# per-example losses to the optimizer's own path (minimize: one jacobian); a custom loop calling minimize.
+FAST, JACOBIAN, MINIMIZE = "make_private", "jacobian", "minimize"
 
 
 def per_example_mse():
@@ -54,11 +45,21 @@ def per_example_mse():
 
 
 def compile_on(path, model, optimizer, loss=None, **compile_kwargs):
-    """Compiles ``model`` for ``fit`` on ``path`` ('optimizer' or 'make_private') and returns it."""
-    if path == "make_private":
-        model = make_private(model)
+    """Compiles ``model`` for training on ``path`` (FAST, JACOBIAN or MINIMIZE) and returns it."""
+    if path != MINIMIZE:
+        model = make_private(model, "auto" if path == FAST else "jacobian")
     model.compile(optimizer=optimizer, loss=per_example_mse() if loss is None else loss, **compile_kwargs)
     return model
+
+
+def fit_on(path, model, x, y, batch_size):
+    """One epoch in order: ``model.fit``, or (MINIMIZE) a custom loop calling the optimizer's minimize."""
+    if path != MINIMIZE:
+        return model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)
+    for x_batch, y_batch in batches(x, y, batch_size):
+        with tf.GradientTape() as tape:
+            losses = model.loss(y_batch, model(x_batch, training=True))
+        model.optimizer.minimize(losses, model.trainable_variables, tape=tape)
 
 
 def noiseless_schedule(clip_norms, sampling_probability=0.1):
@@ -123,7 +124,7 @@ def numpy_dp_update(x, y, clip_norm, normaliser, assignment=None):
     )
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
+@pytest.mark.parametrize("path", [JACOBIAN, FAST])
 @pytest.mark.parametrize(
     "num_microbatches, expected_batch_size, normaliser",
     [(None, None, 4.0), (None, 5.0, 5.0), (2, None, 2.0)],
@@ -156,12 +157,11 @@ def test_step_matches_numpy_mean_of_clipped_gradients(
     assert int(optimizer.dp_step) == 1
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
 @pytest.mark.parametrize("dp_cls, base_cls", list(zip(DP_CLASSES, BASE_CLASSES)))
-def test_huge_clip_and_no_noise_is_the_base_optimizer(dp_cls, base_cls, path):
+def test_huge_clip_and_no_noise_is_the_base_optimizer(dp_cls, base_cls):
     x, y = data(num_rows=8, seed=1)
     dp_model = compile_on(
-        path,
+        FAST,
         linear_model(),
         dp_cls(
             schedule=noiseless_schedule([1e6] * 2),
@@ -189,8 +189,7 @@ def zero_data_update(optimizer, num_rows):
     return -variable.numpy()
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
-def test_rescale_to_unit_norm_divides_the_update_by_the_step_clip(path):
+def test_rescale_to_unit_norm_divides_the_update_by_the_step_clip():
     """No noise: the rescaled step is the plain step over C_t, sum_i g_i / max(||g_i||, C_t) / n."""
     x, y = data()
     clip = 0.5
@@ -205,7 +204,7 @@ def test_rescale_to_unit_norm_divides_the_update_by_the_step_clip(path):
     assert not DynamicDPKerasSGD(
         schedule=noiseless_schedule([clip]), allow_degenerate_noise=True, public_batch_size=True
     ).rescale_to_unit_norm
-    rescaled = compile_on(path, linear_model(), rescaled_optimizer)
+    rescaled = compile_on(FAST, linear_model(), rescaled_optimizer)
     rescaled.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     update_kernel, update_bias, norms = numpy_dp_update(x, y, clip, 4.0 * clip)
     assert norms.max() > clip
@@ -291,12 +290,11 @@ def test_step_counter_indexes_the_schedule():
     assert step.experimental_get_tracing_count() == traces_after_first_step  # no retracing per step
 
 
-@pytest.mark.parametrize("fit_path", FIT_PATHS)
-def test_checkpoint_restore_continues_at_saved_step(tmp_path, fit_path):
+def test_checkpoint_restore_continues_at_saved_step(tmp_path):
     schedule = noiseless_schedule([0.1, 1.0, 10.0, 10.0])
     x, y = data()
     model = compile_on(
-        fit_path,
+        FAST,
         linear_model(),
         DynamicDPKerasAdam(schedule=schedule, public_batch_size=True, learning_rate=0.1, allow_degenerate_noise=True),
     )
@@ -304,7 +302,7 @@ def test_checkpoint_restore_continues_at_saved_step(tmp_path, fit_path):
     path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / "ckpt"))
 
     restored = compile_on(
-        fit_path,
+        FAST,
         linear_model(),
         DynamicDPKerasAdam(schedule=schedule, public_batch_size=True, learning_rate=0.1, allow_degenerate_noise=True),
     )
@@ -414,12 +412,11 @@ def test_an_optimizer_file_without_a_fingerprint_loads_its_counter_unrecorded():
         optimizer.check_restored_schedule()
 
 
-@pytest.mark.parametrize("fit_path", FIT_PATHS)
-def test_model_save_and_load_round_trip(tmp_path, fit_path):
+def test_model_save_and_load_round_trip(tmp_path):
     schedule = schedules.DPSchedule([1.0, 0.5, 0.25], [0.5, 0.4, 0.3], 0.01)
     x, y = data()
     model = compile_on(
-        fit_path,
+        FAST,
         linear_model("functional"),
         DynamicDPKerasRMSprop(schedule=schedule, public_batch_size=True, learning_rate=0.01, num_microbatches=2),
     )
@@ -435,6 +432,21 @@ def test_model_save_and_load_round_trip(tmp_path, fit_path):
     assert tuple(loaded.optimizer.schedule_fingerprint.numpy()) == schedule.fingerprint
     loaded.fit(x, y, batch_size=4, epochs=1, verbose=0)
     assert int(loaded.optimizer.dp_step) == 2
+
+
+def test_make_private_recorded_in_the_config_is_restored_at_load_only():
+    """load_model's compile_from_config restores it (tests/tf_backend/per_example/test_train_step.py); a fit that
+    builds the optimizer does not, as that fit would skip make_private's data checks: Keras's step is refused."""
+    config = DynamicDPKerasSGD(
+        schedule=noiseless_schedule([1.0]), allow_degenerate_noise=True, public_batch_size=True
+    ).get_config()
+    config["private_train_step"] = {"method": "vectorized", "training_metrics": False}
+    model = linear_model()
+    model.compile(optimizer=DynamicDPKerasSGD.from_config(config), loss=per_example_mse())
+    x, y = data()
+    with pytest.raises(RuntimeError, match=r"make_private\(model, \*\*\{'method': 'vectorized', 'training_metrics'"):
+        model.fit(x, y, batch_size=2, verbose=0)
+    assert not train_step.is_private(model) and int(model.optimizer.dp_step) == 0
 
 
 @pytest.mark.parametrize("dp_cls", DP_CLASSES)
@@ -483,8 +495,8 @@ def test_budget_arguments_build_the_calibrated_schedule():
     assert float(optimizer.learning_rate) == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
-def test_scalar_loss_is_refused_through_fit(path):
+@pytest.mark.parametrize("path", [MINIMIZE, FAST])
+def test_scalar_loss_is_refused(path):
     x, y = data()
     model = compile_on(
         path,
@@ -493,10 +505,10 @@ def test_scalar_loss_is_refused_through_fit(path):
         loss=keras.losses.MeanSquaredError(),
     )
     with pytest.raises(ValueError, match='reduction="none"'):
-        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        fit_on(path, model, x, y, batch_size=4)
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
+@pytest.mark.parametrize("path", [MINIMIZE, FAST])
 def test_exhausted_budget_raises(path):
     x, y = data()
     model = compile_on(
@@ -504,12 +516,12 @@ def test_exhausted_budget_raises(path):
         linear_model(),
         DynamicDPKerasSGD(schedule=noiseless_schedule([1.0, 1.0]), allow_degenerate_noise=True, public_batch_size=True),
     )
-    model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    fit_on(path, model, x, y, batch_size=2)
     weights = model.get_weights()
-    # make_private's fit refuses on the host, in one line; the optimizer's own path in the graph.
-    refusal = optimizer_base.BudgetExhaustedError if path == "make_private" else tf.errors.InvalidArgumentError
+    # make_private's fit refuses on the host, in one line; the optimizer's own step in its graph (eagerly here).
+    refusal = optimizer_base.BudgetExhaustedError if path == FAST else tf.errors.InvalidArgumentError
     with pytest.raises(refusal, match="DP budget exhausted"):
-        model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+        fit_on(path, model, x, y, batch_size=2)
     for after, before in zip(model.get_weights(), weights):
         np.testing.assert_array_equal(after, before)
     assert int(model.optimizer.dp_step) == 2
@@ -517,12 +529,11 @@ def test_exhausted_budget_raises(path):
     assert model.optimizer.current_noise_stddev().numpy() == 0.0
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
-def test_jit_compile_fit_trains_then_stops_updating_past_the_budget(path):
+def test_jit_compile_fit_trains_then_stops_updating_past_the_budget():
     schedule = schedules.DPSchedule([1.0, 1.0], [0.1, 0.1], 0.1)
     x, y = data()
     model = compile_on(
-        path,
+        FAST,
         linear_model(),
         DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, learning_rate=0.5),
         jit_compile=True,
@@ -533,30 +544,26 @@ def test_jit_compile_fit_trains_then_stops_updating_past_the_budget(path):
     assert not np.allclose(trained[0], KERNEL0)
     # XLA drops the assert; past T the clip and the noise are 0, so the update is exactly zero. (make_private's fit
     # refuses a spent schedule on the host before any step; its train_on_batch runs the step.)
-    if path == "make_private":
-        with pytest.raises(optimizer_base.BudgetExhaustedError):
-            model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
-        model.train_on_batch(x[:2], y[:2])
-    else:
+    with pytest.raises(optimizer_base.BudgetExhaustedError):
         model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    model.train_on_batch(x[:2], y[:2])
     for after, before in zip(model.get_weights(), trained):
         np.testing.assert_array_equal(after, before)
-    assert int(model.optimizer.dp_step) == (3 if path == "make_private" else 4)
+    assert int(model.optimizer.dp_step) == 3
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
 @pytest.mark.parametrize("kind", ["sequential", "functional", "subclassed"])
-def test_fit_works_for_every_model_kind(kind, path):
+def test_fit_works_for_every_model_kind(kind):
     x, y = data(num_rows=8)
     schedule = schedules.DPSchedule([1.0] * 4, [0.5] * 4, 0.1)
     model = compile_on(
-        path,
+        FAST,
         linear_model(kind),
         DynamicDPKerasAdam(schedule=schedule, learning_rate=0.01, expected_batch_size=4),
         metrics=["mae"],
     )
     history = model.fit(batches(x, y, 4), epochs=1, verbose=0)
-    assert history.history["dp_step"] == [2.0]  # No loss of the private batch is logged on either path.
+    assert history.history["dp_step"] == [2.0]  # No loss of the private batch is logged.
     assert np.all(np.isfinite(model.evaluate(x, y, verbose=0)))
     assert int(model.optimizer.dp_step) == 2
 
@@ -579,9 +586,10 @@ def test_direct_apply_gradients_is_refused():
     assert int(optimizer.dp_step) == 0
 
 
-@pytest.mark.skipif(keras_compat.KERAS_MAJOR_VERSION < 3, reason="Keras 2's default train step calls minimize")
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
-def test_keras3_default_train_step_is_refused_naming_make_private(policy):
+def test_keras_default_train_step_is_refused_naming_make_private_before_any_update(policy):
+    """Keras 3's step hands over the averaged gradient (refused in apply_gradients), Keras 2's the per-example
+    losses (refused in compute_gradients): either way at the first step, before any update."""
     x, y = data()
     keras.mixed_precision.set_global_policy(policy)
     try:
@@ -597,7 +605,7 @@ def test_keras3_default_train_step_is_refused_naming_make_private(policy):
     with pytest.raises(
         RuntimeError,
         match=(
-            r"averaged gradient, so no example can be clipped there: call "
+            r"Keras's own train step cannot train with a DP optimizer\..* call "
             r"model = keras_dyndp\.make_private\(model\) before model\.fit"
         ),
     ):
@@ -606,62 +614,58 @@ def test_keras3_default_train_step_is_refused_naming_make_private(policy):
     assert int(keras_compat.unwrap_optimizer(model.optimizer).dp_step) == 0
 
 
-@pytest.mark.keras2_only(reason="on Keras 3 the default train step is refused (test above)")
-def test_keras2_fit_without_make_private_logs_nothing_computed_on_the_training_batch():
-    """Keras 2's own train step with a DP optimizer logs dp_step instead of the loss and metrics of the private
-    batch (which an outlier moved from 0.232 to 1.075); evaluation and validation data keep Keras's metrics."""
+@pytest.mark.keras2_only(reason="Keras 3's default train step never reaches compute_gradients (test above)")
+def test_keras2_train_step_is_refused_in_compute_gradients_unlike_a_custom_one():
+    """Keras 2's own step (fit, train_on_batch) would log the private batch's loss and metrics and cannot see the
+    sampling; a custom train step calling minimize is the user's (warned that its batches are not seen)."""
     x, y = data(num_rows=8)
-    outlier = x.copy()
-    outlier[0] = 100.0
-    training_logs = []
-    for x_train in (x, outlier):
-        model = linear_model()
-        optimizer = DynamicDPKerasSGD(schedule=schedules.DPSchedule([1.0] * 4, [1.0] * 4, 0.1), expected_batch_size=4)
-        model.compile(optimizer=optimizer, loss=per_example_mse(), metrics=["mae"])
-        with pytest.warns(dp_optimizer.SlowPathWarning, match="logs only dp_step"):
-            batches = tf.data.Dataset.from_tensor_slices((x_train, y)).batch(4)
-            history = model.fit(batches, epochs=1, verbose=0, validation_data=(x, y))
-        assert set(history.history) == {"dp_step", "val_loss", "val_mae"}
-        assert np.all(np.isfinite(model.evaluate(x, y, verbose=0)))  # Keras's test step: loss and mae.
-        training_logs.append(history.history["dp_step"])
-    assert training_logs == [[2.0], [2.0]]
-
-
-@pytest.mark.keras2_only(reason="on Keras 3 the default train step is refused (test above)")
-def test_keras2_fit_without_make_private_warns_once_naming_it():
-    x, y = data(num_rows=8)
-    model = linear_model()
-    model.compile(
-        optimizer=DynamicDPKerasSGD(
-            schedule=noiseless_schedule([1.0] * 8), allow_degenerate_noise=True, public_batch_size=True
-        ),
-        loss=per_example_mse(),
+    model = compile_on(
+        MINIMIZE,
+        linear_model(),
+        DynamicDPKerasSGD(schedule=noiseless_schedule([1.0] * 4), allow_degenerate_noise=True, public_batch_size=True),
+        metrics=["mae"],
     )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.fit(x, y, batch_size=4, epochs=2, verbose=0)
-        model.fit(x, y, batch_size=2, epochs=1, verbose=0)  # A new trace: still one warning.
-    slow = [str(w.message) for w in caught if issubclass(w.category, dp_optimizer.SlowPathWarning)]
-    assert len(slow) == 1 and "O(B^2)" in slow[0] and "model = keras_dyndp.make_private(model)" in slow[0]
-    assert int(model.optimizer.dp_step) == 8  # It still trains, privately.
+    keras_2_reason = "Keras 2's would log the loss and metrics of the private batch without noise"
+    with pytest.raises(RuntimeError, match=keras_2_reason):
+        model.fit(x, y, batch_size=4, verbose=0)
+    with pytest.raises(RuntimeError, match=keras_2_reason):
+        model.train_on_batch(x, y)
+    assert int(model.optimizer.dp_step) == 0
+
+    def custom_step(data):
+        x_batch, y_batch = data
+        with tf.GradientTape() as tape:
+            losses = model.loss(y_batch, model(x_batch, training=True))
+        return {"dp_step": model.optimizer.minimize(losses, model.trainable_variables, tape=tape)}
+
+    model.train_step = custom_step
+    model.train_function = None
+    with pytest.warns(UserWarning, match="cannot see the batches of this training step"):
+        history = model.fit(x, y, batch_size=4, verbose=0)
+    assert history.history == {"dp_step": [2]} and int(model.optimizer.dp_step) == 2
 
 
-@pytest.mark.keras2_only(reason="on Keras 3 the default train step is refused whatever the policy")
-def test_keras2_mixed_float16_without_make_private_is_refused_with_a_mixed_precision_message():
-    x, y = data()
+@pytest.mark.keras2_only(reason="Keras 3's LossScaleOptimizer has no minimize to call from a custom train step")
+def test_keras2_custom_train_step_under_mixed_float16_is_refused():
+    """Its LossScaleOptimizer would skip or shrink updates depending on the private batch."""
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = linear_model()
-        model.compile(
-            optimizer=DynamicDPKerasSGD(
-                schedule=noiseless_schedule([1.0, 1.0]), allow_degenerate_noise=True, public_batch_size=True
-            ),
-            loss=per_example_mse(),
+        model = compile_on(
+            MINIMIZE,
+            linear_model(),
+            DynamicDPKerasSGD(schedule=noiseless_schedule([1.0]), allow_degenerate_noise=True, public_batch_size=True),
         )
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+    def custom_step(data):
+        with tf.GradientTape() as tape:
+            losses = model.loss(data[1], model(data[0], training=True))
+        return {"dp_step": model.optimizer.minimize(losses, model.trainable_variables, tape=tape)}
+
+    model.train_step = custom_step
     with pytest.raises(ValueError, match=r"Mixed precision \('mixed_float16'\).*keras_dyndp\.make_private"):
-        model.fit(x, y, batch_size=2, verbose=0)
+        model.fit(*data(), batch_size=2, verbose=0)
 
 
 @pytest.mark.skipif(keras_compat.KERAS_MAJOR_VERSION < 3, reason="Keras 3 optimizer arguments")
@@ -693,8 +697,7 @@ def test_empty_batch_releases_only_noise_normalised_by_expected_batch_size():
     assert int(optimizer.dp_step) == 1
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
-def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_only(path):
+def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_only():
     def batches():
         for num_rows in (2, 0):
             yield np.ones((num_rows, 3), np.float32), np.zeros((num_rows, 2), np.float32)
@@ -704,7 +707,7 @@ def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_o
     )
     schedule = schedules.DPSchedule([1.0] * 5, [0.5] * 5, 0.1)
     model = compile_on(
-        path,
+        FAST,
         keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)]),
         DynamicDPKerasSGD(schedule=schedule, learning_rate=0.1, expected_batch_size=2),
     )
@@ -870,10 +873,9 @@ def test_resume_from_checkpoint_under_the_same_global_seed_does_not_replay_noise
     assert np.max(np.abs(correlations)) < 0.15  # neither steps 0-2 nor steps 3-5 are repeated
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
-def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path, path):
+def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path):
     x, y = data()
-    dp_model = compile_on(path, linear_model(), unit_noise_optimizer(num_microbatches=2))
+    dp_model = compile_on(FAST, linear_model(), unit_noise_optimizer(num_microbatches=2))
     plain_model = linear_model()
     plain_model.compile(optimizer=keras.optimizers.SGD(learning_rate=1.0), loss=per_example_mse())
     for model in (dp_model, plain_model):
@@ -928,14 +930,13 @@ def test_noise_seed_reproduces_the_noise_warns_and_is_not_serialised():
     assert abs(np.corrcoef(noise_of_steps(rebuilt, 1)[0], noise_of_steps(unit_noise_optimizer(), 1)[0])[0, 1]) < 0.15
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
 @pytest.mark.parametrize("jit_compile, steps_per_execution", [(True, 2), (False, 2)])
-def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution, path):
+def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution):
     # Zero inputs and no bias: every per-example gradient is zero and each epoch's update is noise only.
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2000, use_bias=False, kernel_initializer="zeros")])
     schedule = schedules.DPSchedule(np.ones(20), np.ones(20), 0.5)
     model = compile_on(
-        path,
+        FAST,
         model,
         DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, expected_batch_size=1.0),
         jit_compile=jit_compile,
@@ -956,22 +957,19 @@ def test_fit_draws_fresh_noise_at_every_step(jit_compile, steps_per_execution, p
     assert np.max(np.abs(np.corrcoef(epoch_noise) - np.eye(3))) < 0.15
 
 
-@pytest.mark.parametrize("path", FIT_PATHS)
 @pytest.mark.parametrize("run_eagerly", [False, True])
-def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly, path):
+def test_batch_normalisation_is_refused_before_the_first_step(run_eagerly):
     x, y = data(num_rows=8)
     model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(name="norm"), keras.layers.Dense(2)])
     schedule = schedules.DPSchedule([1.0] * 4, [1e6] * 4, 4 / 8)
     model = compile_on(
-        path,
+        FAST,
         model,
         DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4, allow_degenerate_noise=True),
         run_eagerly=run_eagerly,
     )
-    # Traced, nothing runs (moving_mean included); eagerly on the optimizer's path, the forward pass runs before the
-    # optimizer is called and updates the moving averages in memory, but no update is applied. make_private checks
-    # before its forward pass.
-    watched = model.trainable_variables if run_eagerly and path == "optimizer" else model.variables
+    # make_private checks before its forward pass: nothing runs, moving_mean included.
+    watched = model.variables
     before = [v.numpy() for v in watched]
     with pytest.raises(ValueError, match=r"Layer 'norm' \(BatchNormalization\).*GroupNormalization"):
         model.fit(batches(x, y, 4), verbose=0)

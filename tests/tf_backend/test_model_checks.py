@@ -188,13 +188,13 @@ def test_custom_training_loop_warns_once_unless_the_model_was_checked():
     optimizer = keras.optimizers.SGD()
     model = sequential()
     with pytest.warns(UserWarning, match="keras_dyndp.check_model"):
-        model_checks.check_training_model(optimizer, model.trainable_variables)
+        model_checks.check_training_model(optimizer, None, model.trainable_variables)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        model_checks.check_training_model(optimizer, model.trainable_variables)  # Once per optimizer.
+        model_checks.check_training_model(optimizer, None, model.trainable_variables)  # Once per optimizer.
         checked = sequential()
         model_checks.check_model(checked)
-        model_checks.check_training_model(keras.optimizers.SGD(), checked.trainable_variables)
+        model_checks.check_training_model(keras.optimizers.SGD(), None, checked.trainable_variables)
 
 
 def test_the_graph_check_alone_finds_batch_normalisation_moving_averages():

@@ -1,5 +1,6 @@
 """Tests for keras_dyndp.tf_backend.sampling_check: the batches fit receives must match the schedule's sampling."""
 
+import sys
 import warnings
 
 import numpy as np
@@ -15,21 +16,12 @@ from keras_dyndp.tf_backend import sampling_check
 from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasSGD
 from keras_dyndp.tf_backend.per_example import make_private
 
-# The Keras 2 plain-optimizer path, taken on purpose here.
-pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.tf_backend.dp_optimizer.SlowPathWarning")
-
 keras = keras_compat.keras
 NUM_EXAMPLES, P = 400, 0.05  # p N = 20 expected examples per batch
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-PATHS = [
-    pytest.param(
-        "plain",
-        marks=pytest.mark.keras2_only(
-            reason="Keras 3's default train step hands the optimizer the averaged gradient; make_private is the path"
-        ),
-    ),
-    "make_private",
-]
+# make_private's fast step counts the rows of non-zero sample weight; its step with method="jacobian" (the optimizer's
+# own path) sees only the per-example losses and bounds the count by the rows with a non-zero loss and all the rows.
+PATHS = ["jacobian", "make_private"]
 
 
 def arrays(num_examples=NUM_EXAMPLES):
@@ -37,10 +29,10 @@ def arrays(num_examples=NUM_EXAMPLES):
     return x, (x[:, 0] > 0).astype(np.int64)
 
 
-def compiled_model(path, sampling_probability=P, expected_batch_size=NUM_EXAMPLES * P, **compile_kwargs):
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    if path == "make_private":
-        model = make_private(model)
+def compiled_model(path="make_private", sampling_probability=P, expected_batch_size=NUM_EXAMPLES * P, **compile_kwargs):
+    model = make_private(
+        keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), "jacobian" if path == "jacobian" else "auto"
+    )
     schedule = schedules.DPSchedule(np.ones(100), np.ones(100), sampling_probability)
     optimizer = DynamicDPKerasSGD(
         schedule=schedule,
@@ -115,23 +107,21 @@ def test_zero_losses_do_not_trip_the_check(path):
     assert int(model.optimizer.dp_step) == data.expected_steps_per_epoch(P)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_poisson_batches_at_another_rate_are_refused(path):
+def test_poisson_batches_at_another_rate_are_refused():
     x, y = arrays()
-    model = compiled_model(path)
+    model = compiled_model()
     with pytest.raises(ValueError, match="sampled at p=0.1, but the optimizer's schedule is accounted at p=0.05"):
         model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=0.1), epochs=1, verbose=0)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_poisson_batches_need_a_normaliser_independent_of_the_rows(path):
+def test_poisson_batches_need_a_normaliser_independent_of_the_rows():
     x, y = arrays()
     padded = keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=4, pad_to_multiple=8)
-    by_rows = compiled_model(path, expected_batch_size=None)  # public_batch_size=True
+    by_rows = compiled_model(expected_batch_size=None)  # public_batch_size=True
     with pytest.raises(ValueError, match="Poisson batches, whose sizes are private, but .* public_batch_size=True"):
         by_rows.fit(padded, epochs=1, verbose=0)
     assert int(by_rows.optimizer.dp_step) == 0
-    model = compiled_model(path)  # expected_batch_size = p N
+    model = compiled_model()  # expected_batch_size = p N
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(padded, epochs=2, verbose=0)
@@ -139,20 +129,18 @@ def test_poisson_batches_need_a_normaliser_independent_of_the_rows(path):
     assert int(model.optimizer.dp_step) == 8
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_arrays_are_refused_before_the_first_step_unless_batch_sizes_are_public(path):
+def test_arrays_are_refused_before_the_first_step_unless_batch_sizes_are_public():
     x, y = arrays(NUM_EXAMPLES + 5)  # Keras would cut 20 batches of 20 and one of 5, refused after 20 steps
-    model = compiled_model(path)
+    model = compiled_model()
     with pytest.raises(ValueError, match=r"(?s)received arrays.*poisson_batches\(x, y, sampling_prob"):
         model.fit(x, y, batch_size=20, epochs=1, verbose=0)
     assert int(model.optimizer.dp_step) == 0
-    public = compiled_model(path, expected_batch_size=None)  # public_batch_size=True: fixed-size batches, stated
+    public = compiled_model(expected_batch_size=None)  # public_batch_size=True: fixed-size batches, stated
     with pytest.warns(sampling_check.SamplingWarning, match="public_batch_size=True, so no batch size is checked"):
         public.fit(x, y, batch_size=20, epochs=1, verbose=0)
     assert int(public.optimizer.dp_step) == 21
 
 
-@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "make_input, note, expected_batch_size",
     [
@@ -160,9 +148,9 @@ def test_arrays_are_refused_before_the_first_step_unless_batch_sizes_are_public(
         (lambda x, y: dict(x=batches(x, y, 20)), "BatchDataset", NUM_EXAMPLES * P),
     ],
 )
-def test_other_inputs_get_one_warning(make_input, note, expected_batch_size, path):
+def test_other_inputs_get_one_warning(make_input, note, expected_batch_size):
     x, y = arrays()
-    model = compiled_model(path, expected_batch_size=expected_batch_size)
+    model = compiled_model(expected_batch_size=expected_batch_size)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(epochs=1, verbose=0, **make_input(x, y))
@@ -174,7 +162,6 @@ def test_other_inputs_get_one_warning(make_input, note, expected_batch_size, pat
     assert "keras_dyndp.poisson_batches(x, y, sampling_probability=0.05)" in messages[0]
 
 
-@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "kwargs, note",
     [
@@ -182,9 +169,9 @@ def test_other_inputs_get_one_warning(make_input, note, expected_batch_size, pat
         (dict(jit_compile=True), "XLA (jit_compile=True) drops the per-step batch-size check"),
     ],
 )
-def test_warning_says_when_batch_sizes_are_not_checked(kwargs, note, path):
+def test_warning_says_when_batch_sizes_are_not_checked(kwargs, note):
     x, y = arrays()
-    model = compiled_model(path, **kwargs)
+    model = compiled_model(**kwargs)
     with pytest.warns(sampling_check.SamplingWarning, match=note.replace("(", r"\(").replace(")", r"\)")):
         model.fit(batches(x, y, NUM_EXAMPLES), epochs=1, verbose=0)  # public batch sizes, or XLA: nothing raises
 
@@ -214,6 +201,33 @@ def test_multi_worker_fit_refuses_poisson_batches_each_worker_seeded_alone(monke
     with pytest.raises(ValueError, match="seed each worker drew on its own"):
         compiled_model("make_private").fit(unseeded, epochs=1, verbose=0)
     compiled_model("make_private").fit(seeded, epochs=1, verbose=0)
+
+
+def test_make_private_fit_checks_the_data_it_is_handed_without_reading_stack_frames(monkeypatch):
+    """Issue 27 item 3: make_private's fit hands x to the checks; no frame (of any thread) is read for it."""
+
+    def no_frames(*args):
+        raise AssertionError("read stack frames")
+
+    monkeypatch.setattr(sys, "_current_frames", no_frames)
+    x, y = arrays()
+    with pytest.raises(ValueError, match="sampled at p=0.1"):
+        compiled_model("make_private").fit(keras_dyndp.poisson_batches(x, y, sampling_probability=0.1), verbose=0)
+    with pytest.raises(ValueError, match="received arrays"):
+        compiled_model("make_private").fit(x, y, batch_size=20, verbose=0)
+    with pytest.warns(sampling_check.SamplingWarning, match="model.fit received x of type"):
+        compiled_model("make_private").fit(batches(x, y, 20), verbose=0)
+
+
+def test_train_on_batch_of_a_private_model_is_warned_once():
+    x, y = arrays(20)
+    model = compiled_model("make_private")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.train_on_batch(x, y)
+        model.train_on_batch(x, y)
+    messages = sampling_warnings(caught)
+    assert len(messages) == 1 and "model.train_on_batch received x of type ndarray" in messages[0]
 
 
 ENTRIES = ["fit_repeat", "train_on_batch", "minimize"]  # fit on a derived dataset, train_on_batch, a custom loop

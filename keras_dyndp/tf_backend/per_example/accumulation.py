@@ -1,20 +1,8 @@
 """Logical batches larger than memory: the clipped-gradient sum of one batch, computed k physical batches at a time.
 
-DP-SGD's best results use logical batches of thousands of examples (De et al. 2022), far more than the per-example
-gradients (or the activations behind them) of one device can hold at once. With ``accumulation_steps = k`` on the
-DP optimizer, ``make_private``'s train step takes the batch the dataset yields (the LOGICAL batch: the Poisson
-sample that p and the schedule's step count T describe) and clips it in k physical batches of ceil(B / k) rows,
-one after another in a ``tf.while_loop``, adding each physical batch's clipped sum to a running sum. Only then does
-the optimizer add the noise, once, and apply one update; the step counter advances once.
-
-So the mechanism, the accounting (p = expected logical batch / N, T = logical steps) and the batch-size check are
-exactly those of one step on the whole batch; the result equals the one-pass sum up to float rounding. Because the
-accumulation happens inside one train step, there is no partial sum that a checkpoint could save, lose or replay:
-a resumed run continues at a logical-step boundary. Peak memory is that of one physical batch plus the inputs,
-predictions and losses of the logical batch.
-
-Rows are padded with zeros and sample weight 0 to k * ceil(B / k), so every physical batch has the same shape
-(one trace, XLA-friendly); padding rows contribute nothing to the sum and are dropped from the outputs.
+With ``accumulation_steps = k`` the LOGICAL batch (the Poisson sample) is clipped in k physical batches of ceil(B / k)
+rows (zeros of weight 0 pad the last) in a ``tf.while_loop`` into one sum, then noised once: the mechanism,
+accounting and batch-size check of one step, and no partial sum a checkpoint could replay.
 """
 
 from __future__ import annotations
@@ -41,20 +29,10 @@ def clipped_sum_in_physical_batches(
     sample_weight: tf.Tensor | None,
     num_physical_batches: int,
 ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, tf.Tensor]:
-    """``clipped_sum_fn`` on the whole batch, computed k physical batches at a time and summed.
-
-    Args:
-      clipped_sum_fn: ``(x, y, sample_weight) -> (sums, norms, y_pred, losses)`` for one batch, e.g.
-        `keras_dyndp.tf_backend.per_example.clipped_sum.clipped_gradient_sum_with_outputs` with the model, loss,
-        clipping norm, variables and method bound (one model output).
-      var_list: the variables, in the order of ``sums``.
-      x, y, sample_weight: the (logical) batch.
-      num_physical_batches: k >= 1, the number of physical batches the batch is clipped in.
-
-    Returns:
-      ``(sums, norms, y_pred, losses)`` of the whole batch, as ``clipped_sum_fn`` would return them (``y_pred`` in
-      float32).
-    """
+    """``clipped_sum_fn(x, y, sample_weight) -> (sums, norms, y_pred, losses)`` (e.g.
+    `clipped_sum.clipped_gradient_sum_with_outputs` with all else bound; one model output) on the whole batch,
+    computed in ``num_physical_batches`` (k >= 1) physical batches and summed; ``sums`` in ``var_list``'s order,
+    ``y_pred`` in float32."""
     var_list = list(var_list)
     sample_weight = clipped_sum.example_weights(x, sample_weight)
     num_rows = tf.shape(sample_weight)[0]

@@ -1,20 +1,9 @@
 """Per-example clipped gradient sums: the entry point that picks ghost clipping or the vectorized path.
 
-``'ghost'`` (`keras_dyndp.tf_backend.per_example.ghost`) runs the batch through the model at once: it needs every layer
-and op of the model to be known to act on each example alone (`keras_dyndp.tf_backend.per_example.per_example_layers`),
-every trainable variable to belong to a layer with a rule (`keras_dyndp.tf_backend.per_example.rules`) and rows that are
-examples.
-``'vectorized'`` (`keras_dyndp.tf_backend.per_example.vectorized`) runs each example through the model alone, so no
-layer can mix examples there. ``'auto'`` (the default) takes the ghost path where all of that holds, else the vectorized
-one, for the whole model; ``'ghost'`` on a model that fails any of it is refused. Before either runs,
-``keras_dyndp.tf_backend.model_checks`` refuses models that store batch statistics (BatchNormalization) or other state
-computed from the batch. Random layers (Dropout, ...) draw from a secret generator on both paths
-(`keras_dyndp.tf_backend.per_example.randomness`), never from Keras's global seed.
-
-Sample weights multiply each example's loss before differentiation, so an example with weight 0 (a Poisson
-padding row) has a zero gradient and adds nothing to the sum. The sums returned are dense tensors (embedding
-``IndexedSlices`` are densified) and carry NO noise: the caller (``DynamicDPKeras*.apply_clipped_gradient_sum``)
-adds N(0, sigma_t^2) to each sum and then normalises.
+``'ghost'`` (`ghost`) needs every layer and op known to act per example (`per_example_layers`), every trainable
+variable in a layer with a rule (`rules`) and rows that are examples; ``'auto'`` takes it where all of that holds,
+else ``'vectorized'`` (each example alone). `model_checks` refuses batch statistics first; random layers draw from
+a secret generator (`randomness`). Weight-0 rows add nothing. The sums carry NO noise: the optimizer adds it.
 """
 
 from __future__ import annotations
@@ -54,11 +43,7 @@ def clipped_gradient_sum_with_outputs(
     method: str = "auto",
     random_source: tf.random.Generator | None = None,
 ) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
-    """Like ``clipped_gradient_sum`` but also returns the predictions and per-example losses (for metrics).
-
-    Returns:
-        ``(sums, norms, y_pred, losses)``: ``losses`` [B] already multiplied by the sample weights.
-    """
+    """``clipped_gradient_sum``'s ``(sums, norms)``, the predictions and the weighted per-example losses [B]."""
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}.")
     model_checks.check_before_training(model, x)
@@ -118,31 +103,11 @@ def clipped_gradient_sum(
 ) -> tuple[list[tf.Tensor], tf.Tensor]:
     """Sum over the batch of per-example gradients, each clipped to L2 norm ``clip_norm``. No noise added.
 
-    Example i's gradient is that of ``sample_weight[i] * loss_i`` with respect to ``var_list`` (all variables
-    together; one norm per example), and it enters the sum as ``min(1, clip_norm / ||g_i||) g_i``.
-
-    Args:
-        model: a Keras model whose examples do not interact (no batch normalisation: refused, see
-            ``keras_dyndp.tf_backend.model_checks``).
-        loss_fn: per-example loss ``loss_fn(y, y_pred) -> [B]`` (or [B, ...], averaged over non-batch axes).
-        x: batch of inputs (a tensor or a nest of tensors with leading axis B).
-        y: batch of targets.
-        sample_weight: float [B] or None; rows with weight 0 contribute nothing.
-        clip_norm: scalar C > 0.
-        var_list: variables to differentiate, typically ``model.trainable_variables``.
-        method: ``'auto'`` (ghost where every layer is known to act per example and has a rule where trainable,
-            else vectorized), ``'ghost'`` or ``'vectorized'`` (module docstring).
-        random_source: the secret generator the model's random layers (Dropout, ...) draw from; None: one of
-            this process seeded from OS entropy (`keras_dyndp.tf_backend.per_example.randomness`).
-
-    Returns:
-        ``(sums, norms)``: a list of dense tensors shaped like ``var_list`` and the unclipped per-example
-        gradient norms [B].
-
-    Raises:
-        ValueError: on an unknown ``method``, a scalar loss, ``method='ghost'`` on a model with a layer or op not
-            known to act per example or without ghost rules, or a model that stores batch statistics
-            (``keras_dyndp.tf_backend.model_checks.check_model``).
+    Example i's gradient g_i is that of ``sample_weight[i] * loss_i`` (``loss_fn(y, y_pred)`` -> [B], or [B, ...]
+    averaged) with respect to all of ``var_list``; it enters as ``min(1, clip_norm / ||g_i||) g_i``. ``method``:
+    'auto', 'ghost' or 'vectorized' (module docstring); ``random_source``: the secret generator random layers draw
+    from (None: this process's). Returns ``(sums, norms)``: dense sums shaped like ``var_list``, unclipped norms [B].
+    ValueError on an unknown method, a scalar loss, 'ghost' on a model it cannot clip, or batch statistics.
     """
     sums, norms, _, _ = clipped_gradient_sum_with_outputs(
         model, loss_fn, x, y, sample_weight, clip_norm, var_list, method, random_source

@@ -1,11 +1,11 @@
-"""Ghost-clipping rule for ``Conv2D`` (channels_last, groups 1, not causal), and the convolution machinery that the
-Conv1D, DepthwiseConv2D and SeparableConv2D rules share.
+"""Ghost-clipping rules for the convolutions (channels_last): Conv1D and Conv2D (groups 1; Conv1D causal too),
+DepthwiseConv2D and SeparableConv2D, and the kernel-gradient machinery they share.
 
-A convolution's kernel is applied at every output position to the input patch there, so its per-example gradient is
-the bilinear form of `norms` over image patches. A faster form where it applies: per channel (a depthwise
-convolution, or a 1-channel input without dilation where `one_channel_by_depthwise_filter` says so), a depthwise
-filter gradient that treats the batch as channels gives every example's kernel gradient at once.
-``python benchmarks/conv_gradient.py`` times the forms against each other.
+A kernel's per-example gradient is the bilinear form of its image patches and g (`norms`), or, faster where it
+applies, a depthwise filter gradient with the batch as channels (a depthwise kernel, or a 1-channel input, see
+`one_channel_by_depthwise_filter`; ``benchmarks/conv_gradient.py``). A Conv1D is a Conv2D one row high. A
+SeparableConv2D is a depthwise convolution u then a 1 x 1 pointwise P: P's gradient is bilinear in u and g, and u's
+gradient g P^T gives the depthwise kernel's.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import dense
 from keras_dyndp.tf_backend.per_example import norms
@@ -35,32 +36,100 @@ class Window(NamedTuple):
 
     @classmethod
     def of(cls, layer: keras.layers.Layer) -> Window:
-        """The window of a 2D convolution layer (Conv2D, DepthwiseConv2D, SeparableConv2D)."""
-        return cls(tuple(layer.kernel_size), tuple(layer.strides), tuple(layer.dilation_rate), layer.padding)
+        """The window of a 2D convolution layer; of a Conv1D, a 1 x k window over its (causally padded) input one
+        row high, with the row stride equal to the column stride (the depthwise filter gradients need equal ones)."""
+        if len(layer.kernel_size) == 2:
+            return cls(tuple(layer.kernel_size), tuple(layer.strides), tuple(layer.dilation_rate), layer.padding)
+        padding = "valid" if layer.padding == "causal" else layer.padding
+        stride = layer.strides[0]
+        return cls((1, layer.kernel_size[0]), (stride, stride), (1, layer.dilation_rate[0]), padding)
 
 
-def supports(layer: keras.layers.Conv2D) -> bool:
-    """channels_last, groups 1 and no causal padding."""
-    return layer.data_format == "channels_last" and layer.groups == 1 and layer.padding != "causal"
+def channels_last(layer: keras.layers.Layer) -> bool:
+    return layer.data_format == "channels_last"
+
+
+def supports(layer: keras.layers.Layer) -> bool:
+    """Conv1D and Conv2D: channels_last, groups 1; causal padding only on a Conv1D."""
+    return channels_last(layer) and layer.groups == 1 and (layer.padding != "causal" or len(layer.kernel_size) == 1)
 
 
 def call(tap: Tap) -> Callable:
-    """Conv2D's call for the tapped pass, recording its inputs and pre-activation."""
+    """Conv1D's and Conv2D's call for the tapped pass, recording its (causally padded) inputs and pre-activation."""
     layer = tap.layer
 
-    def conv2d_call(inputs, *args, **kwargs):
+    def conv_call(inputs, *args, **kwargs):
         inputs = tap.guard(tf.cast(inputs, layer.kernel.dtype))
+        if layer.padding == "causal":
+            inputs = tf.pad(inputs, [[0, 0], [layer.dilation_rate[0] * (layer.kernel_size[0] - 1), 0], [0, 0]])
         # tf.nn.convolution, as Keras: the CPU's Conv2D kernels have no dilation, it uses space_to_batch there.
         z = tf.nn.convolution(
             inputs,
             tap.weight(layer.kernel),
             strides=tuple(layer.strides),
-            padding=layer.padding.upper(),
+            padding=Window.of(layer).padding.upper(),
             dilations=tuple(layer.dilation_rate),
         )
         return dense.record_and_activate(tap, inputs, z)
 
-    return conv2d_call
+    return conv_call
+
+
+def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
+    """Kernel (`conv_kernel_gradient`; a Conv1D's as a Conv2D kernel one row high); bias."""
+    layer, inputs, image_g = tap.layer, tap.inputs, g
+    if len(layer.kernel_size) == 1:
+        inputs, image_g = inputs[:, None], g[:, None]
+    kernel = conv_kernel_gradient(layer.kernel, Window.of(layer), inputs, image_g, tap.rows)
+    return norms.with_bias(layer, norms.flatten_positions(g, tap.rows), [kernel])
+
+
+def depthwise_call(tap: Tap) -> Callable:
+    """DepthwiseConv2D's and SeparableConv2D's call for the tapped pass, recording inputs and pre-activation; a
+    separable one keeps its depthwise output."""
+    layer = tap.layer
+    separable = isinstance(layer, keras.layers.SeparableConv2D)
+    kernel = layer.depthwise_kernel if separable else keras_compat.depthwise_kernel(layer)
+
+    def call(inputs, *args, **kwargs):
+        inputs = tap.guard(tf.cast(inputs, kernel.dtype))
+        z = tf.nn.depthwise_conv2d(
+            inputs,
+            tap.weight(kernel),
+            strides=(1,) + tuple(layer.strides) + (1,),
+            padding=layer.padding.upper(),
+            dilations=tuple(layer.dilation_rate),
+        )
+        if separable:
+            tap.saved["depthwise_output"] = z
+            z = tf.nn.conv2d(z, tap.weight(layer.pointwise_kernel), strides=1, padding="VALID")
+        return dense.record_and_activate(tap, inputs, z)
+
+    return call
+
+
+def depthwise_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
+    """Depthwise kernel; a separable one's pointwise kernel first (module docstring); bias."""
+    layer = tap.layer
+    window = Window.of(layer)
+    if not isinstance(layer, keras.layers.SeparableConv2D):
+        gradients = [depthwise_kernel_gradient(keras_compat.depthwise_kernel(layer), window, tap.inputs, g, tap.rows)]
+    else:
+        pointwise = layer.pointwise_kernel
+        pointwise_matrix = tf.reshape(tf.convert_to_tensor(pointwise), pointwise.shape[2:])  # [c_in * m, filters].
+        squared, pointwise_sum = norms.bilinear_norms_and_sum(
+            norms.flatten_positions(tap.saved["depthwise_output"], tap.rows), norms.flatten_positions(g, tap.rows)
+        )
+        g_depthwise = tf.tensordot(g, pointwise_matrix, axes=[[3], [1]])
+        gradients = [
+            _reshaped(pointwise, squared, pointwise_sum),
+            depthwise_kernel_gradient(layer.depthwise_kernel, window, tap.inputs, g_depthwise, tap.rows),
+        ]
+    return norms.with_bias(layer, norms.flatten_positions(g, tap.rows), gradients)
+
+
+def _reshaped(variable: tf.Variable, squared: tf.Tensor, clipped_sum: Callable) -> GhostGradient:
+    return GhostGradient(variable, squared, lambda f: tf.reshape(clipped_sum(f), variable.shape))
 
 
 # Groups of examples whose depthwise filter gradients are separate ops (see `depthwise_filter_norms_and_sum`).
@@ -68,13 +137,9 @@ _DEPTHWISE_PARTS = 4
 
 
 def _depthwise_filter_gradients(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
-    """[kh * kw, N, c_in * m]: image n's kernel gradient [kh, kw, c_in, m] of a depthwise convolution, in slice n.
-
-    ``inputs`` [N, H, W, c_in], ``g`` [N, OH, OW, c_in * m] (output channel c * m + j comes from input channel c).
-    Treating the N images' channels as the N * c_in channels of a single image, ``DepthwiseConv2dNativeBackpropFilter``
-    returns [kh, kw, N * c_in, m] (several times faster on CPU than image patches and a batched matmul). A
-    1-channel input of an ordinary convolution is the case c_in = 1, m = c_out. No dilation (the CPU kernel has none).
-    """
+    """[kh * kw, N, c_in * m]: image n's depthwise kernel gradient in slice n (``inputs`` [N, H, W, c_in], ``g`` [N,
+    OH, OW, c_in * m]), from one ``DepthwiseConv2dNativeBackpropFilter`` with the N images' channels as one image's
+    N * c_in channels. A 1-channel ordinary convolution is c_in = 1, m = c_out. No dilation."""
     kernel_h, kernel_w = window.kernel_size
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
     out_height, out_width, out_channels = g.shape[1], g.shape[2], g.shape[3]
@@ -93,13 +158,9 @@ def _depthwise_filter_gradients(window: Window, inputs: tf.Tensor, g: tf.Tensor)
 
 
 def depthwise_filter_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
-    """Per-example kernel-gradient norms and clipped sum [kh * kw, c_in * m] from depthwise filter gradients.
-
-    The depthwise filter-gradient CPU kernel uses one thread for a single image, so the batch is cut into
-    ``_DEPTHWISE_PARTS`` groups of examples, independent ops that TF's inter-op threads run in parallel (about
-    8% off the whole tutorial-CNN step on 2 cores). Images folded in by TimeDistributed (``rows.fold`` per
-    example) get one gradient each, summed per example.
-    """
+    """Per-example kernel-gradient norms and clipped sum [kh * kw, c_in * m] from depthwise filter gradients, the
+    batch cut into ``_DEPTHWISE_PARTS`` ops that run in parallel (the CPU kernel uses one thread per image; about 8% off
+    the tutorial-CNN step on 2 cores); TimeDistributed's images are summed per example."""
     kernel_positions = window.kernel_size[0] * window.kernel_size[1]
     out_channels = g.shape[-1]
     batch = rows.batch
@@ -147,12 +208,9 @@ def _window_starts(size: int, kernel: int, stride: int, dilation: int, padding: 
 
 
 def image_patches(window: Window, inputs: tf.Tensor) -> tf.Tensor:
-    """A convolution input's patches [N, T, kh * kw * c_in], in the kernel's (kh, kw, c_in) order.
-
-    With a static image size: one ``tf.gather`` of the padded input's pixel rows (c_in floats each) at positions
-    computed once when tracing, several times faster on CPU than ``tf.image.extract_patches`` (which is used for
-    an unknown image size).
-    """
+    """A convolution input's patches [N, T, kh * kw * c_in], in the kernel's (kh, kw, c_in) order: with a static
+    image size one ``tf.gather`` of the padded input's pixels at positions computed while tracing (several times
+    faster on CPU than ``tf.image.extract_patches``, used for an unknown size)."""
     kernel_h, kernel_w = window.kernel_size
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
     if height is None or width is None:
@@ -177,27 +235,23 @@ def image_patches(window: Window, inputs: tf.Tensor) -> tf.Tensor:
 
 
 def patch_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
-    """Per-example kernel-gradient norms and clipped sum of an ordinary convolution from image patches: the
-    bilinear form (Gram or materialised, `norms.bilinear_norms_and_sum`) of the patches and ``g``."""
+    """Per-example kernel-gradient norms and clipped sum from image patches (`norms.bilinear_norms_and_sum`)."""
     patches = norms.flatten_positions(image_patches(window, inputs), rows)
     return norms.bilinear_norms_and_sum(patches, norms.flatten_positions(g, rows))
 
 
-# Without oneDNN, a 1-channel convolution's per-example kernel gradients come from depthwise filter gradients when it
-# has fewer output channels than this, else from image patches: TF's own depthwise filter-gradient CPU kernel is
-# 1.5-5x faster than image patches up to 15 channels and 2-5x slower from 16 (a step at 16 seen at every kernel size
-# and stride). With oneDNN on they always come from depthwise filter gradients: oneDNN's kernel was faster in 36 of 42
-# shapes (up to 11x) and at most 1.7x slower (3x3 and 5x5 kernels with 32-64 channels). Measured with
-# benchmarks/conv_gradient.py (2-core AMD EPYC, TF 2.15 and 2.21, batch 256, 28x28 images).
+# Without oneDNN, a 1-channel convolution's kernel gradients come from depthwise filter gradients below this many
+# output channels, else from image patches (docs/performance.md: TF's own kernel is 1.5-5x faster up to 15 channels,
+# 2-5x slower from 16); with oneDNN always from depthwise filter gradients (faster in 36 of 42 shapes, up to 11x; at
+# most 1.7x slower, 3x3 and 5x5 kernels with 32-64 channels). benchmarks/conv_gradient.py, 2-core AMD EPYC, batch 256.
 _DEPTHWISE_FILTERS_BELOW = 16
 
 
 @functools.cache
 def onednn_enabled() -> bool:
-    """Whether TensorFlow runs its CPU kernels through oneDNN (``TF_ENABLE_ONEDNN_OPTS``, or TF's default for the
-    CPU). TensorFlow has no public API for it; where the private one is missing, False (the safer guess: with 16 or
-    more channels, image patches were at most 3.8x slower with oneDNN, depthwise filter gradients up to 5.4x slower
-    without)."""
+    """Whether TensorFlow runs its CPU kernels through oneDNN (``TF_ENABLE_ONEDNN_OPTS`` or TF's default). No public
+    API says; without the private one, False (the safer guess: from 16 channels, image patches were at most 3.8x
+    slower with oneDNN, depthwise filter gradients up to 5.4x slower without)."""
     try:
         from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-direct-tensorflow-import
     except ImportError:
@@ -206,8 +260,7 @@ def onednn_enabled() -> bool:
 
 
 def _depthwise_filter_applies(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> bool:
-    """Whether `_depthwise_filter_gradients` can compute the kernel gradients: no dilation, equal strides (the
-    CPU kernel's limits) and image sizes known while tracing."""
+    """No dilation, equal strides (the CPU kernel's limits) and image sizes known while tracing."""
     return (
         window.dilation_rate == (1, 1)
         and window.strides[0] == window.strides[1]
@@ -217,9 +270,8 @@ def _depthwise_filter_applies(window: Window, inputs: tf.Tensor, g: tf.Tensor) -
 
 
 def one_channel_by_depthwise_filter(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> bool:
-    """Whether an ordinary convolution's per-example kernel gradients come from depthwise filter gradients: a
-    1-channel input, `_depthwise_filter_applies`, and oneDNN on or fewer than ``_DEPTHWISE_FILTERS_BELOW`` output
-    channels."""
+    """Whether an ordinary convolution's kernel gradients come from depthwise filter gradients: a 1-channel input,
+    `_depthwise_filter_applies`, and oneDNN on or fewer than ``_DEPTHWISE_FILTERS_BELOW`` output channels."""
     return (
         inputs.shape[-1] == 1
         and (onednn_enabled() or g.shape[-1] < _DEPTHWISE_FILTERS_BELOW)
@@ -230,43 +282,23 @@ def one_channel_by_depthwise_filter(window: Window, inputs: tf.Tensor, g: tf.Ten
 def conv_kernel_gradient(
     kernel: tf.Variable, window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows
 ) -> GhostGradient:
-    """The per-example gradients of an ordinary 2D convolution's kernel [kh, kw, c_in, c_out] (groups 1).
-
-    ``inputs`` [rows, H, W, c_in] as the convolution saw them (padded by hand for a causal Conv1D), ``g`` the
-    gradient of its output [rows, OH, OW, c_out]. Depthwise filter gradients where
-    `one_channel_by_depthwise_filter` says so, else image patches (`patch_norms_and_sum`).
-    """
+    """Per-example gradients of an ordinary convolution's kernel [kh, kw, c_in, c_out] from its inputs [rows, H, W,
+    c_in] and output gradient [rows, OH, OW, c_out]: depthwise filter gradients or image patches."""
     if one_channel_by_depthwise_filter(window, inputs, g):
-        squared, kernel_sum = depthwise_filter_norms_and_sum(window, inputs, g, rows)
-    else:
-        squared, kernel_sum = patch_norms_and_sum(window, inputs, g, rows)
-    return GhostGradient(kernel, squared, lambda f: tf.reshape(kernel_sum(f), kernel.shape))
+        return _reshaped(kernel, *depthwise_filter_norms_and_sum(window, inputs, g, rows))
+    return _reshaped(kernel, *patch_norms_and_sum(window, inputs, g, rows))
 
 
 def depthwise_kernel_gradient(
     kernel: tf.Variable, window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows
 ) -> GhostGradient:
-    """The per-example gradients of a depthwise convolution's kernel [kh, kw, c_in, m].
-
-    ``inputs`` [rows, H, W, c_in], ``g`` [rows, OH, OW, c_in * m]. Depthwise filter gradients where they apply
-    (`_depthwise_filter_applies`); else each example's gradient sum_t patch_{t, c} g_{t, c, j} from image patches,
-    materialised (a depthwise kernel is small: kh kw c_in m floats).
-    """
+    """Per-example gradients of a depthwise kernel [kh, kw, c_in, m] (``g`` [rows, OH, OW, c_in * m]): depthwise
+    filter gradients where they apply, else sum_t patch_{t, c} g_{t, c, j} materialised (the kernel is small)."""
     if _depthwise_filter_applies(window, inputs, g):
-        squared, kernel_sum = depthwise_filter_norms_and_sum(window, inputs, g, rows)
-        return GhostGradient(kernel, squared, lambda f: tf.reshape(kernel_sum(f), kernel.shape))
+        return _reshaped(kernel, *depthwise_filter_norms_and_sum(window, inputs, g, rows))
     kernel_h, kernel_w, channels, multiplier = kernel.shape
     patches = norms.flatten_positions(image_patches(window, inputs), rows)
     patches = tf.reshape(patches, [rows.batch, -1, kernel_h * kernel_w, channels])
     g = tf.reshape(norms.flatten_positions(g, rows), [rows.batch, -1, channels, multiplier])
     per_example = tf.einsum("btkc,btcm->bkcm", patches, g)
     return norms.materialised_gradient(kernel, tf.reshape(per_example, [-1, *kernel.shape]))
-
-
-def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
-    """Kernel (`conv_kernel_gradient`); bias."""
-    layer = tap.layer
-    gradients = [conv_kernel_gradient(layer.kernel, Window.of(layer), tap.inputs, g, tap.rows)]
-    if layer.use_bias:
-        gradients.append(norms.bias_gradient(layer.bias, norms.flatten_positions(g, tap.rows)))
-    return gradients

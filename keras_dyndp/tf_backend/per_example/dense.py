@@ -1,4 +1,5 @@
-"""Ghost-clipping rule for ``Dense``: a kernel used at every position of its input, and a bias."""
+"""Ghost-clipping rules for ``Dense`` (a kernel used at every position of its input, and a bias) and ``Embedding``
+(dense integer ids, no sparse or one-hot lookup)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,17 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import norms
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Tap
 from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
+
+
+def _dense_input(tap: Tap, inputs: tf.Tensor) -> tf.Tensor:
+    if not isinstance(inputs, tf.Tensor):
+        raise UnsupportedModel(f"{type(tap.layer).__name__} {tap.layer.name!r} received a non-dense input")
+    return inputs
 
 
 def call(tap: Tap) -> Callable:
@@ -17,9 +25,7 @@ def call(tap: Tap) -> Callable:
     layer = tap.layer
 
     def dense_call(inputs, *args, **kwargs):
-        if not isinstance(inputs, tf.Tensor):
-            raise UnsupportedModel(f"Dense {layer.name!r} received a non-dense input")
-        inputs = tap.guard(tf.cast(inputs, layer.kernel.dtype))
+        inputs = tap.guard(tf.cast(_dense_input(tap, inputs), layer.kernel.dtype))
         z = tf.tensordot(inputs, tap.weight(layer.kernel), axes=[[inputs.shape.rank - 1], [0]])
         return record_and_activate(tap, inputs, z)
 
@@ -36,9 +42,51 @@ def record_and_activate(tap: Tap, inputs: tf.Tensor, kernel_output: tf.Tensor) -
 
 def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     """Kernel: G_i = a_i^T g_i over the example's positions (a sequence axis, TimeDistributed steps); bias."""
-    layer = tap.layer
     g = norms.flatten_positions(g, tap.rows)
-    gradients = [norms.bilinear_gradient(layer.kernel, norms.flatten_positions(tap.inputs, tap.rows), g)]
-    if layer.use_bias:
-        gradients.append(norms.bias_gradient(layer.bias, g))
-    return gradients
+    kernel = norms.bilinear_gradient(tap.layer.kernel, norms.flatten_positions(tap.inputs, tap.rows), g)
+    return norms.with_bias(tap.layer, g, [kernel])
+
+
+def embedding_supports(layer: keras.layers.Embedding) -> bool:
+    """A dense lookup (``sparse`` and Keras 2's one-hot matmul lookup are not supported)."""
+    return not getattr(layer, "sparse", False) and not getattr(layer, "_use_one_hot_matmul", False)
+
+
+def embedding_call(tap: Tap) -> Callable:
+    """Embedding's call for the tapped pass: a gather of the rows, recording the ids and the gathered rows."""
+
+    def call(inputs, *args, **kwargs):
+        inputs = _dense_input(tap, inputs)
+        inputs = tap.guard(inputs if inputs.dtype in (tf.int32, tf.int64) else tf.cast(inputs, tf.int32))
+        z = tf.gather(tap.weight(tap.layer.embeddings), inputs)
+        tap.record(inputs, z)
+        return z
+
+    return call
+
+
+def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
+    """Example b's gradient has one row per distinct id in it: the sum of g over that id's positions."""
+    layer = tap.layer
+    batch = tap.rows.batch
+    ids = tf.reshape(tap.inputs, [batch, -1])
+    g = norms.flatten_positions(g, tap.rows)
+    if ids.shape[1] == 1:
+        squared = norms.squared_norms(g, [1, 2])
+    else:
+        # Group the B*T rows by the pair (b, id) (tf.unique, O(B T)) instead of a [B, T, T] Gram matrix.
+        pairs = tf.cast(tf.range(batch), tf.int64)[:, None] * layer.input_dim + tf.cast(ids, tf.int64)
+        unique_pairs, pair_index = tf.unique(tf.reshape(pairs, [-1]))
+        num_pairs = tf.shape(unique_pairs)[0]
+        pair_rows = tf.math.unsorted_segment_sum(tf.reshape(g, [-1, g.shape[-1]]), pair_index, num_pairs)
+        squared = tf.math.unsorted_segment_sum(
+            norms.squared_norms(pair_rows, 1), unique_pairs // layer.input_dim, batch
+        )
+
+    def clipped_sum(f):
+        # tensor_scatter_nd_add is faster on CPU than unsorted_segment_sum. The B*T rows of g (not the (b, id)
+        # pair rows above) keep a static shape for XLA.
+        rows = tf.reshape(g * f[:, None, None], [-1, g.shape[-1]])
+        return tf.tensor_scatter_nd_add(tf.zeros_like(layer.embeddings), tf.reshape(ids, [-1, 1]), rows)
+
+    return [GhostGradient(layer.embeddings, squared, clipped_sum)]

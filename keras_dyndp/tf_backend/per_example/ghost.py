@@ -1,32 +1,18 @@
 """Ghost clipping: per-example gradient norms and the clipped sum from one batched forward and backward pass.
 
-One forward pass records every covered layer's input ``a`` and the gradient ``g`` of the summed loss with
-respect to its pre-activation output (the layers read their variables through ``tf.stop_gradient``, so the
-batch's weight gradients are never computed); each layer's rule (`keras_dyndp.tf_backend.per_example.rules`) turns them
-into per-example squared norms and a function from clipping factors to the clipped sum: no second backward pass
-and no per-example gradient of the full model. Li et al. 2021 ("ghost clipping"), after Goodfellow 2015.
-
-It assumes that row i of every tapped tensor belongs to example i; three things are checked for it, all while
-tracing (nothing at run time but a reshape):
-
-* Folds. ``TimeDistributed`` folds [B, T, ...] into [B * T, ...] example-major; in the tapped pass this module
-  does that fold itself (`keras_dyndp.tf_backend.per_example.time_distributed`), so the rules know that example b owns T
-  consecutive rows and group them (per-example norms of the whole client or sequence).
-* Rows. Every tapped input (and every TimeDistributed input) must have exactly the rows expected there: one per
-  example, or per (example, step) inside TimeDistributed. Keras batches have an unknown batch size while the
-  train step is traced, so this is proven on a probe trace with an unusual static batch size (``_PROBE_BATCH``),
-  and enforced in the graph by a reshape to exactly that many rows, which fails at run time (also under XLA)
-  rather than clip a folded tensor row by row. A layer fed rows that are not examples (a fold made by hand with
-  ``tf.reshape``, a fixed-size table broadcast onto the batch) sends the model to the vectorized path.
-* Tied weights. The tapped calls read their variables through ``tf.stop_gradient``; a variable that still gets
-  a gradient is used outside its layer's call (an embedding reused as the output layer, whose output-layer part
-  the rules would miss) and sends the model to the vectorized path, as does a variable shared by two layers
-  or a covered layer called more than once per forward pass.
+One pass records each covered layer's input and the gradient of the summed loss with respect to its pre-activation
+(variables read through ``tf.stop_gradient``: no weight gradient computed); its rule (`rules`) turns them into
+per-example squared norms and the clipped sum. Li et al. 2021, after Goodfellow 2015. Row i of every tapped tensor
+must belong to example i, checked while tracing: TimeDistributed folds [B, T, ...] example-major itself in the tapped
+pass; every tapped input must have one row per example (or per example and step), proven on a probe trace with an
+unusual static batch size and enforced by a reshape that fails at run time; a variable that still gets a gradient
+(tied weights), is shared by two layers, or a layer called twice sends the model to the vectorized path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -39,7 +25,6 @@ from keras_dyndp.tf_backend import clip_and_noise
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import rules
-from keras_dyndp.tf_backend.per_example import time_distributed
 from keras_dyndp.tf_backend.per_example.losses import per_example_loss
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
@@ -66,11 +51,7 @@ def clipped_sum(
     clip_norm: tf.Tensor,
     var_list: Sequence[tf.Variable],
 ) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
-    """``(sums, norms, y_pred, losses)`` by ghost clipping (see `clipped_sum.clipped_gradient_sum`).
-
-    Raises:
-        UnsupportedModel: if the model needs the vectorized path (module docstring).
-    """
+    """``(sums, norms, y_pred, losses)`` by ghost clipping; UnsupportedModel where the vectorized path is needed."""
     tape = tf.GradientTape()
     with tapped(model, Rows.of_batch(x), tape) as tapping:
         with tape:
@@ -110,28 +91,23 @@ def clipped_sum(
 def tapped(model: keras.Model, rows: Rows, tape: tf.GradientTape | None = None):
     """Replaces the calls of the model's covered layers (and TimeDistributed wrappers) for one forward pass."""
     tapping = Tapping(rows, tape)
-    calls = []
-    masks = []
+    patches = []
     for layer in keras_compat.flatten_layers(model):
         rule = rules.rule_for(layer)
         if rule is not None and layer.trainable_weights:
             tap = Tap(layer, tapping)
             tapping.taps.append(tap)
-            calls.append((layer, tf.autograph.experimental.do_not_convert(rule.call(tap))))
+            patches.append((layer, "call", tf.autograph.experimental.do_not_convert(rule.call(tap))))
         elif isinstance(layer, keras.layers.TimeDistributed):
-            calls.append((layer, time_distributed.call(tapping, layer)))
-            masks.append((layer, time_distributed.compute_mask(layer)))
+            patches.append((layer, "call", _time_distributed_call(tapping, layer)))
+            patches.append((layer, "compute_mask", _time_distributed_mask(layer)))
     try:
-        for layer, call in calls:
-            layer.call = call
-        for layer, compute_mask in masks:
-            layer.compute_mask = compute_mask
+        for layer, name, function in patches:
+            setattr(layer, name, function)
         yield tapping
     finally:
-        for layer, _ in calls:
-            del layer.call
-        for layer, _ in masks:
-            del layer.compute_mask
+        for layer, name, _ in patches:
+            delattr(layer, name)
 
 
 # The probe traces the model with this many examples (and this length for every other unknown input axis):
@@ -145,15 +121,8 @@ _probe_results: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 @tf.autograph.experimental.do_not_convert
 def _rows_proven_by_probe(model: keras.Model, x: Any) -> bool:
-    """Whether, with a batch of an unusual static size, every tapped tensor has the rows expected of it.
-
-    Keras batches usually have an unknown batch size, so while tracing the train step nothing tells a tensor
-    of B rows from one of B * T rows folded by hand (``tf.reshape``); and a known batch size can match a tensor
-    of fixed size (a table of B rows broadcast onto the batch) by chance. This traces (never runs) one more
-    forward pass into a scratch graph with ``_PROBE_BATCH`` examples, where ``Tapping.guard`` compares the
-    leading dimensions. Any failure counts as no proof (the caller falls back to the vectorized path), e.g. a
-    model built for one fixed batch size. Cached per model and input signature.
-    """
+    """Whether every tapped tensor has its expected rows in a pass traced (never run) with ``_PROBE_BATCH``
+    examples, where ``Tapping.guard`` compares statically. Any failure counts as no proof. Cached per signature."""
     flat = tf.nest.flatten(x)
     if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) for t in flat):
         return False
@@ -163,15 +132,10 @@ def _rows_proven_by_probe(model: keras.Model, x: Any) -> bool:
         tuple(id(v) for v in model.trainable_variables),
     )
     results = _probe_results.setdefault(model, {})
-    if key not in results:
-        results[key] = _probe(model, x)
-    return results[key]
+    if key in results:
+        return results[key]
 
-
-def _probe(model: keras.Model, x: Any) -> bool:
-    """Traces the tapped forward pass on ``_PROBE_BATCH`` examples (other unknown axes ``_PROBE_LENGTH``)."""
-
-    def spec(tensor: tf.Tensor | np.ndarray) -> tf.TensorSpec:
+    def spec(tensor: tf.Tensor | np.ndarray) -> tf.TensorSpec:  # Other unknown axes: _PROBE_LENGTH.
         return tf.TensorSpec(
             [_PROBE_BATCH] + [_PROBE_LENGTH if d is None else d for d in tensor.shape[1:]], tf.as_dtype(tensor.dtype)
         )
@@ -186,5 +150,48 @@ def _probe(model: keras.Model, x: Any) -> bool:
     try:
         tf.function(forward).get_concrete_function(tf.nest.map_structure(spec, x))
     except (UnsupportedModel, ValueError, TypeError, NotImplementedError, tf.errors.OpError):
-        return False
-    return proofs == [True]
+        proofs = []
+    results[key] = proofs == [True]
+    return results[key]
+
+
+def _time_distributed_call(tapping: Tapping, layer: keras.layers.TimeDistributed) -> Callable:
+    """TimeDistributed's call for the tapped pass: folds, pushes the fold onto the rows, and unfolds the outputs."""
+    inner = layer.layer
+    inner_takes_mask = "mask" in inspect.signature(type(inner).call).parameters
+
+    def call(inputs, training=None, mask=None):
+        if not isinstance(inputs, tf.Tensor) or (mask is not None and inner_takes_mask):
+            raise UnsupportedModel(f"TimeDistributed {layer.name!r} received a nested, ragged or masked input")
+        inputs = tapping.guard(inputs, f"the input of TimeDistributed {layer.name!r}")
+        folded = tf.reshape(inputs, tf.concat([[-1], tf.shape(inputs)[2:]], axis=0))
+        folded.set_shape(tf.TensorShape([None]).concatenate(inputs.shape[2:]))
+        tapping.rows.append(tapping.rows[-1].times(tf.shape(inputs)[1], inputs.shape[1]))
+        try:
+            outputs = inner(folded, training=training)
+        finally:
+            tapping.rows.pop()
+
+        def unfold(output):
+            unfolded = tf.reshape(output, tf.concat([tf.shape(inputs)[:2], tf.shape(output)[1:]], axis=0))
+            unfolded.set_shape(inputs.shape[:2].concatenate(output.shape[1:]))
+            return unfolded
+
+        return tf.nest.map_structure(unfold, outputs)
+
+    return call
+
+
+def _time_distributed_mask(layer: keras.layers.TimeDistributed) -> Callable:
+    """TimeDistributed's output mask: None, as none enters or is made inside (Keras's own ``compute_mask`` re-runs a
+    functional inner model, which would record every tap twice)."""
+    sublayers = [layer.layer, *keras_compat.flatten_layers(layer.layer)]
+    makes_masks = any(isinstance(sub, keras.layers.Masking) or getattr(sub, "mask_zero", False) for sub in sublayers)
+
+    def compute_mask(inputs, mask=None):
+        del inputs
+        if mask is not None or makes_masks:
+            raise UnsupportedModel(f"TimeDistributed {layer.name!r} carries a mask")
+        return None
+
+    return compute_mask

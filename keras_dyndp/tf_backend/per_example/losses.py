@@ -13,21 +13,8 @@ from keras_dyndp.tf_backend import keras_compat
 def per_example_loss(
     loss_fn: Callable[[Any, Any], tf.Tensor], y: Any, y_pred: Any, sample_weight: tf.Tensor | None
 ) -> tf.Tensor:
-    """Per-example loss vector [B]: ``loss_fn(y, y_pred)`` averaged over non-batch axes, times the weight.
-
-    Args:
-        loss_fn: a per-example loss, e.g. a ``keras.losses.Loss`` with ``reduction="none"`` or a function
-            such as ``keras.losses.sparse_categorical_crossentropy``.
-        y: targets.
-        y_pred: model outputs.
-        sample_weight: float tensor [B] or None (all ones).
-
-    Returns:
-        float tensor [B].
-
-    Raises:
-        ValueError: if ``loss_fn`` returns a scalar (an already reduced loss cannot be clipped per example).
-    """
+    """float32 [B]: ``loss_fn(y, y_pred)`` (a per-example loss) averaged over non-batch axes, times ``sample_weight``
+    (None: 1). ValueError if ``loss_fn`` returns a scalar (a reduced loss cannot be clipped per example)."""
     losses = loss_fn(y, y_pred)
     if losses.shape.rank == 0:
         raise ValueError(

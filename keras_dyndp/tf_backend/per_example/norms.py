@@ -1,10 +1,6 @@
-"""Per-example squared norms and clipped sums from a layer's recorded inputs and output gradients.
-
-The building blocks of the layer rules (`keras_dyndp.tf_backend.per_example.rules`), for built-in and custom rules
-alike. Tensors come rows first, as a `Tap` recorded them; `flatten_positions` groups each example's rows (and positions)
-into [B, T, d]. A weight used as ``a_t W`` at T positions has the per-example gradient G_i = a_i^T g_i, whose norms
-and clipped sum `bilinear_norms_and_sum` computes in the cheaper of two forms; a bias has sum_t g_{i,t}.
-"""
+"""Per-example squared norms and clipped sums from a layer's recorded inputs and output gradients: the building
+blocks of the layer rules. A weight used as ``a_t W`` at T positions has G_i = a_i^T g_i (`bilinear_norms_and_sum`,
+Gram or materialised, whichever is cheaper); a bias has sum_t g_{i,t}."""
 
 from __future__ import annotations
 
@@ -13,27 +9,22 @@ from collections.abc import Callable
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
+from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
 
 
 def squared_norms(tensor: tf.Tensor, axis: int | list[int]) -> tf.Tensor:
-    """Sum of squares over ``axis``.
-
-    One fused kernel (``reduce_euclidean_norm``, then squared) is ~2.5x faster on CPU than
-    ``reduce_sum(square(.))``, which writes the squares out first; XLA has no kernel for it but fuses the latter.
-    """
+    """Sum of squares over ``axis``: ``reduce_euclidean_norm`` squared (one fused kernel, ~2.5x faster on CPU than
+    ``reduce_sum(square(.))``), except under XLA, which has no kernel for it but fuses the latter."""
     if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
         return tf.reduce_sum(tf.square(tensor), axis=axis)
     return tf.square(tf.math.reduce_euclidean_norm(tensor, axis=axis))
 
 
 def flatten_positions(tensor: tf.Tensor, rows: Rows) -> tf.Tensor:
-    """A tapped tensor [rows, ..., d] as [B, T, d]: each example's positions, its folded time steps included.
-
-    Rows folded by TimeDistributed are example-major (example b owns ``fold`` consecutive rows), so a reshape to
-    B rows groups each example's rows; T = 1 for a rank-2 tensor with one row per example.
-    """
+    """A tapped tensor [rows, ..., d] as [B, T, d]: each example's positions, its folded time steps included
+    (TimeDistributed's rows are example-major, so a reshape to B rows groups them)."""
     if rows.fold == 1 and tensor.shape.rank == 2:
         return tensor[:, None, :]
     per_row = tensor.shape[1:-1].num_elements()
@@ -49,13 +40,9 @@ _MAX_MATERIALISED = 2**16
 
 
 def _use_gram(positions: int | None, fan_in: int, fan_out: int) -> bool:
-    """Whether the Gram ("ghost") form beats materialising the per-example gradients a_i^T g_i.
-
-    Per example, the Gram norms cost T^2 (d_in + d_out) and the clipped sum then needs the layer's own
-    weight-gradient contraction of the scaled g (T d_in d_out); materialising costs T d_in d_out once, after
-    which the norms and the weighted sum cost d_in d_out each. So materialise when T^2 (d_in + d_out) >=
-    d_in d_out, unless the B x d_in x d_out tensor would be too large (``_MAX_MATERIALISED`` per example).
-    """
+    """Whether the Gram ("ghost") form beats materialising G_i = a_i^T g_i: per example the Gram norms cost
+    T^2 (d_in + d_out), materialising T d_in d_out once (then d_in d_out for the norms and the sum, which the Gram
+    form pays T d_in d_out for). Materialise when T^2 (d_in + d_out) >= d_in d_out and G fits ``_MAX_MATERIALISED``."""
     if positions is None or fan_in * fan_out > _MAX_MATERIALISED:
         return True
     return positions * positions * (fan_in + fan_out) < fan_in * fan_out
@@ -91,6 +78,11 @@ def bilinear_gradient(variable: tf.Variable, a: tf.Tensor, g: tf.Tensor) -> Ghos
 def bias_gradient(variable: tf.Variable, g: tf.Tensor) -> GhostGradient:
     """The per-example gradients sum_t g_{i,t} of a bias ``variable`` added at every position (g: [B, T, c])."""
     return materialised_gradient(variable, tf.reduce_sum(g, axis=1))
+
+
+def with_bias(owner: keras.layers.Layer, g: tf.Tensor, gradients: list[GhostGradient]) -> list[GhostGradient]:
+    """``gradients``, then ``owner.bias``'s `bias_gradient` (g: [B, T, c]) where ``owner`` uses a bias."""
+    return [*gradients, bias_gradient(owner.bias, g)] if owner.use_bias else gradients
 
 
 def materialised_gradient(variable: tf.Variable, per_example: tf.Tensor) -> GhostGradient:

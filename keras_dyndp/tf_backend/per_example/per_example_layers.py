@@ -1,35 +1,10 @@
-"""Which models may run their batch through one forward pass: those whose every layer is KNOWN to act per example.
+"""Which models may take the batched (ghost) path: those whose every layer and op is KNOWN to act per example.
 
-Ghost clipping (`keras_dyndp.tf_backend.per_example.ghost`) runs the whole batch through the model at once and reads
-each example's gradient off its rows. That is per-example clipping only if row i of every tensor depends on example i
-alone. A layer that reads across the batch (a ``Lambda`` subtracting the batch mean, any custom layer or ``call``
-that does) breaks it silently: one example moved the clipped sum by 3.5 C. Nothing in a traced graph tells such a
-layer from an honest one, so the batched path is taken only where every layer and op of the model is on a list of
-layers known to act on each example alone; every other model is clipped on the vectorized path, where each example
-runs through the model alone (`keras_dyndp.tf_backend.per_example.vectorized`) and no layer can see another example.
-
-Known (exact classes; a subclass may compute something else in its ``call``):
-
-* Keras layers: InputLayer, Dense, EinsumDense (an equation that keeps the batch axis apart), convolutions
-  (Conv*, Conv*Transpose, DepthwiseConv*, SeparableConv*), Embedding, LSTM, GRU, SimpleRNN, RNN with their cells
-  (without dropout), Bidirectional, TimeDistributed, activations (Activation, ReLU, LeakyReLU, ELU, PReLU,
-  ThresholdedReLU, Softmax), Flatten, Reshape, Permute, RepeatVector, pooling and global pooling, UpSampling,
-  ZeroPadding, Cropping, LayerNormalization, GroupNormalization, UnitNormalization, Normalization, Rescaling,
-  Identity, Masking, the merge layers Add, Subtract, Multiply, Average, Maximum, Minimum, Concatenate, and Dropout
-  (one mask for all rows from a secret seed, `keras_dyndp.tf_backend.per_example.randomness`; the other random layers
-  draw row by row, so they take the vectorized path). Layers with an ``axis`` (Softmax, the normalisations,
-  Concatenate) only where it is not the batch axis; BatchNormalization only frozen (inference mode, a fixed affine
-  map; a trainable one is refused by ``keras_dyndp.tf_backend.model_checks``).
-* Containers: Sequential and functional models (also nested) whose ``call`` is Keras's own.
-* Operations on symbolic tensors in a functional model (Keras 3 ``keras.ops`` nodes, Keras 2 ``TFOpLambda``
-  layers): elementwise ones (arithmetic, ``maximum`` / ``minimum``, ``exp``, ``log``, ``sqrt``, activations such as
-  ``relu``, ``cast``) whose tensor arguments have the same rank and whose constant arguments are scalars or of a
-  lower rank, so that broadcasting never pairs row i with another row. Reductions, reshapes, slicing and every
-  other op are unknown.
-* Any layer class with a ghost rule (``register_layer_rule``), and any class declared with
-  `register_per_example_layer`.
-
-Everything else is unknown: ``Lambda``, custom layers, subclassed models with their own ``call``, other ops.
+A layer that reads across the batch (a ``Lambda`` subtracting the batch mean) breaks per-example clipping silently
+(one example moved the clipped sum by 3.5 C) and looks like an honest one in a traced graph. Known (exact classes):
+`_known_classes` (with conditions on ``axis``, dropout, frozen BatchNormalization; Dropout draws one mask for all
+rows, `randomness`), plain Sequential and functional models, `_ELEMENTWISE` ops on tensors of one rank with
+lower-rank constants, layers with a rule and those declared with `register_per_example_layer`.
 """
 
 from __future__ import annotations
@@ -49,27 +24,17 @@ _declared: set[type] = set()
 
 
 def register_per_example_layer(layer_class: type) -> None:
-    """Declares that ``layer_class``'s own ``call`` acts on each example alone, so models using it can be clipped
-    on the fast batched (ghost) path.
-
-    Declare a layer only if row i of its output depends on row i of its inputs alone, for every batch (no batch
-    statistics, no mixing of rows, no use of a row's position in the batch, no random draws, which would differ
-    row by row): a wrong declaration breaks the privacy guarantee silently. Its sublayers are checked
-    on their own, and its trainable variables, if any, still need a ghost rule (``register_layer_rule``; a layer
-    with a rule needs no declaration). Applies to layers of exactly this class. A subclassed ``keras.Model`` may
-    be declared too, for its own ``call``.
-
-    Raises:
-        TypeError: if ``layer_class`` is not a Keras layer class.
-    """
+    """Declares that ``layer_class``'s own ``call`` acts on each example alone (exactly this class), so models using
+    it can take the ghost path: only if row i of its output depends on row i of its inputs alone, for every batch (no
+    batch statistics, mixing of rows, use of a row's position or random draws), else privacy breaks silently. Its
+    trainable variables still need a rule. TypeError if ``layer_class`` is not a Keras layer class."""
     if not (isinstance(layer_class, type) and issubclass(layer_class, keras.layers.Layer)):
         raise TypeError(f"`layer_class` must be a Keras layer class. Received: layer_class={layer_class!r}.")
     _declared.add(layer_class)
 
 
 def first_unknown(model: keras.Model) -> str | None:
-    """The first layer or op of ``model`` not known to act per example (module docstring), described for a
-    message; None when every one is known."""
+    """The first layer or op of ``model`` not known to act per example, described for a message; else None."""
     for layer in [model, *keras_compat.flatten_layers(model)]:
         if not _known_layer(layer):
             return f"layer {layer.name!r} ({type(layer).__name__})"
@@ -85,14 +50,10 @@ def _known_layer(layer: keras.layers.Layer) -> bool:
         return True
     if keras_compat.is_op_layer(layer):
         return _known_operation(keras_compat.op_layer_symbol(layer), *_arguments(layer))
-    if _is_plain_container(layer):
+    if cls.call in (keras_compat.FUNCTIONAL_CLASS.call, keras.Sequential.call):  # A plain container.
         return True
     condition = _KNOWN.get(cls, False)
     return condition is None or (condition is not False and condition(layer))
-
-
-def _is_plain_container(layer: keras.layers.Layer) -> bool:
-    return type(layer).call in (keras_compat.FUNCTIONAL_CLASS.call, keras.Sequential.call)
 
 
 def _input_ranks(layer: keras.layers.Layer) -> set[int]:
@@ -107,8 +68,9 @@ def _input_ranks(layer: keras.layers.Layer) -> set[int]:
     return ranks
 
 
-def _avoids_batch_axis(axes: Any, layer: keras.layers.Layer) -> bool:
-    """Whether ``axes`` (an int, a sequence or None: all but the batch axis) never name axis 0 of the inputs."""
+def _avoids_batch_axis(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer.axis`` (an int, a sequence or None: all but the batch axis) never names axis 0 of the inputs."""
+    axes = layer.axis
     if axes is None:
         return True
     axes = [int(axes)] if isinstance(axes, (int, np.integer)) else [int(a) for a in axes]
@@ -118,10 +80,6 @@ def _avoids_batch_axis(axes: Any, layer: keras.layers.Layer) -> bool:
         return True
     ranks = _input_ranks(layer)  # A negative axis names the batch axis where it is minus the rank.
     return bool(ranks) and all(a + rank != 0 for a in axes if a < 0 for rank in ranks)
-
-
-def _axis(name: str = "axis") -> Callable[[keras.layers.Layer], bool]:
-    return lambda layer: _avoids_batch_axis(getattr(layer, name), layer)
 
 
 def _einsum_keeps_batch(layer: keras.layers.Layer) -> bool:
@@ -139,10 +97,6 @@ def _no_dropout(layer: keras.layers.Layer) -> bool:
     return not getattr(layer, "dropout", 0) and not getattr(layer, "recurrent_dropout", 0)
 
 
-def _frozen_batch_norm(layer: keras.layers.Layer) -> bool:
-    return not model_checks.mixes_batch_statistics(layer)
-
-
 def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
     """Known layer classes (those this Keras has) and their condition (None: always)."""
     unconditional = """InputLayer Dense Conv1D Conv2D Conv3D Conv1DTranspose Conv2DTranspose Conv3DTranspose
@@ -153,19 +107,16 @@ def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
         GlobalAveragePooling1D GlobalAveragePooling2D GlobalAveragePooling3D UpSampling1D UpSampling2D UpSampling3D
         ZeroPadding1D ZeroPadding2D ZeroPadding3D Cropping1D Cropping2D Cropping3D Rescaling Identity Masking Add
         Subtract Multiply Average Maximum Minimum Dropout""".split()
+    axis = "Softmax LayerNormalization GroupNormalization UnitNormalization Normalization Concatenate".split()
     conditional = {
-        "Softmax": _axis(),
-        "LayerNormalization": _axis(),
-        "GroupNormalization": _axis(),
-        "UnitNormalization": _axis(),
-        "Normalization": _axis(),
-        "Concatenate": _axis(),
+        **dict.fromkeys(axis, _avoids_batch_axis),
         "EinsumDense": _einsum_keeps_batch,
-        **{name: _no_dropout for name in "LSTM GRU SimpleRNN LSTMCell GRUCell SimpleRNNCell".split()},
+        **dict.fromkeys("LSTM GRU SimpleRNN LSTMCell GRUCell SimpleRNNCell".split(), _no_dropout),
     }
     known = {getattr(keras.layers, name): None for name in unconditional if hasattr(keras.layers, name)}
     known.update({getattr(keras.layers, n): test for n, test in conditional.items() if hasattr(keras.layers, n)})
-    known.update({cls: _frozen_batch_norm for cls in keras_compat.BATCH_NORM_CLASSES})
+    frozen = lambda layer: not model_checks.mixes_batch_statistics(layer)  # noqa: E731
+    known.update(dict.fromkeys(keras_compat.BATCH_NORM_CLASSES, frozen))
     return known
 
 
@@ -197,10 +148,7 @@ def _arguments(node_owner: Any) -> tuple[list, list]:
 
 def _known_operation(name: str | None, symbolic: list, constants: list) -> bool:
     """Elementwise, with tensors of one rank (row i meets row i) and constants that broadcast over other axes."""
-    if name not in _ELEMENTWISE or not symbolic:
+    if name not in _ELEMENTWISE:
         return False
     ranks = {len(t.shape) for t in symbolic}
-    if len(ranks) != 1:
-        return False
-    (rank,) = ranks
-    return all(len(np.shape(c)) < rank for c in constants)
+    return len(ranks) == 1 and all(len(np.shape(c)) < min(ranks) for c in constants)

@@ -1,27 +1,10 @@
 """Random layers in the DP step: one draw per step from a secret source, the same for every example.
 
-Dropout and Keras's other random layers draw from seeds that follow ``keras.utils.set_random_seed``, which users
-publish for reproducibility. A batched forward pass then gives row i a mask that is a public function of i, so
-deleting one example shifts the masks of every later example: the clipped sum moved by 3.0 C (TF 2.21, ghost path)
-and 4.3 C (Keras 2, on the ghost and the vectorized path alike: ``tf.vectorized_map`` turns the legacy random op
-into one batched op).
-
-`secret_randomness` fixes both halves for the forward passes of one clipped sum:
-
-* every random draw of the model's layers is a function of one seed drawn for the step from a secret generator
-  (`keras_compat.layer_randomness_from`): ``make_private``'s step uses its DP optimizer's noise generator (OS
-  entropy, never saved or restored; ``noise_seed`` makes it reproducible, with its warning), a direct call of
-  ``clipped_gradient_sum`` this module's generator, seeded from OS entropy;
-* no draw depends on an example's position: on the vectorized path each example runs alone with the step's seed
-  (the same masks for every example), and on the batched (ghost) path ``Dropout``, the one random layer allowed
-  there (`keras_dyndp.tf_backend.per_example.per_example_layers`), draws one mask for all rows (``noise_shape`` 1 on the
-  batch axis), the mask each example draws alone.
-
-Given the step's seed, each example's clipped gradient is then a function of that example alone, so deleting one
-moves the clipped sum by at most C, whatever anyone knows about the seed; the secret source keeps the masks
-unpredictable. Models without random layers draw nothing (their noise stream is unchanged). Random ops outside
-Keras's random layers and their seed generators (``tf.random.uniform`` or ``keras.random`` with ``seed=None`` in a
-custom layer) are not covered.
+Keras's random layers follow ``set_random_seed``, which users publish; in a batched pass row i's mask is then a
+public function of i, so deleting one example shifts later masks: the clipped sum moved by 3.0 C (TF 2.21, ghost)
+and 4.3 C (Keras 2, both paths). `secret_randomness` draws one seed per step from a secret generator (the
+optimizer's, in ``make_private``) for all the model's random layers, and Dropout draws one mask for all rows; on the
+vectorized path each example runs alone with that seed. Random ops outside Keras's random layers are not covered.
 """
 
 from __future__ import annotations
@@ -39,20 +22,17 @@ from keras_dyndp.tf_backend.keras_compat import keras
 _default: list[noise_source.NoiseSource] = []
 
 
-def default_generator() -> tf.random.Generator:
-    """This process's generator for random layers outside ``make_private``'s step: OS entropy, never saved."""
-    if not _default:
-        _default.append(noise_source.NoiseSource())
-    return _default[0].generator
-
-
 @contextlib.contextmanager
 def secret_randomness(model: keras.Model, generator: tf.random.Generator | None = None) -> Iterator[None]:
-    """Within the block, ``model``'s random layers draw from one seed of ``generator`` (None: `default_generator`),
-    and its Dropout layers one mask for all rows (module docstring)."""
+    """Within the block, ``model``'s random layers draw from one seed of ``generator`` (None: this process's own,
+    OS-seeded, never saved), and its Dropout layers one mask for all rows."""
 
     def draw_seed() -> tf.Tensor:
-        return (generator if generator is not None else default_generator()).uniform_full_int([2], tf.int64)
+        if generator is not None:
+            return generator.uniform_full_int([2], tf.int64)
+        if not _default:
+            _default.append(noise_source.NoiseSource())
+        return _default[0].generator.uniform_full_int([2], tf.int64)
 
     dropouts = [layer for layer in keras_compat.flatten_layers(model) if type(layer) is keras.layers.Dropout]
     for layer in dropouts:

@@ -1,19 +1,20 @@
 """One-line opt-in to per-example clipping in ``model.fit``: ``model = keras_dyndp.make_private(model)``.
 
-Keras's own ``train_step`` is no place for DP-SGD. Keras 3's averages the loss over the batch and hands the
-optimizer only the averaged gradient (the DP optimizers refuse it, naming ``make_private``); Keras 2's hands it
-``minimize(loss_vector, var_list, tape)``, from which the optimizer can only take the jacobian of the per-example
-loss, back-propagating every row through the batched graph (O(B^2), ~160x a non-private step on the tutorial CNN;
-it warns once). ``make_private`` gives the model a ``train_step`` that has the model and the inputs in hand: it
-computes the per-example clipped gradient sums with ``keras_dyndp.tf_backend.per_example.clipped_gradient_sum`` (ghost
-clipping where every trainable layer has a rule, else ``tf.vectorized_map`` over single-example passes) and hands
-them to ``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each
-SUM, normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the step runs the
-optimizer's own microbatch path (the jacobian of M microbatch losses) instead. The privacy mechanism is the
-optimizer's; only the way the clipped sum is computed changes. Same on Keras 2 and Keras 3. With the optimizer's
-``accumulation_steps`` = k the batch is clipped in k physical batches (`accumulation`); under
-``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share (`keras_dyndp.tf_backend.replicas`),
-also of a batch given to ``train_on_batch``.
+Keras's own ``train_step`` is no place for DP-SGD, and the DP optimizers refuse it, naming ``make_private``. Keras 3's
+averages the loss over the batch and hands the optimizer only the averaged gradient; Keras 2's hands it the
+per-example losses, but logs the loss and metrics of the private batch and cannot see how the batches were sampled.
+``make_private`` gives the model a ``train_step`` that has the model and the inputs in hand: it computes the
+per-example clipped gradient sums with ``keras_dyndp.tf_backend.per_example.clipped_gradient_sum`` (ghost clipping
+where every trainable layer has a rule, else ``tf.vectorized_map`` over single-example passes) and hands them to
+``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
+normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the step runs the optimizer's
+own microbatch path (the jacobian of M microbatch losses) instead; with ``method='jacobian'`` its own per-example path
+(one pfor ``tape.jacobian`` of the per-example losses, every row back-propagated through the batched graph: O(B^2),
+~160x a non-private step on the tutorial CNN; for comparisons and audits). The privacy mechanism is the optimizer's;
+only the way the clipped sum is computed changes. Same on Keras 2 and Keras 3. With the optimizer's
+``accumulation_steps`` = k the batch is clipped in k physical batches (`accumulation`); under ``MirroredStrategy`` /
+``MultiWorkerMirroredStrategy`` each replica clips its share (`keras_dyndp.tf_backend.replicas`), also of a batch given
+to ``train_on_batch``.
 
 Example:
 
@@ -35,7 +36,7 @@ computed without noise and outside the DP guarantee.
 
 Saving: the optimizer records make_private's arguments in its config, so a model saved to ``.keras`` and reloaded
 with ``load_model`` gets this train step back when the optimizer is built at load (any model built before saving);
-otherwise the first step refuses or warns, naming ``make_private``.
+otherwise the first step refuses, naming ``make_private``.
 
 Mixed precision: under 'mixed_float16' (``compile`` then wraps the optimizer in a LossScaleOptimizer) or
 'mixed_bfloat16' the layers compute in the policy's dtype, while the per-example losses, the gradients (of the
@@ -43,10 +44,10 @@ float32 variables), the clipping, the sum and the noise are float32. The LossSca
 dynamic loss scale skips or shrinks steps depending on the private batch, which DP cannot allow, and the
 per-example gradients of un-averaged losses need no scaling against underflow.
 
-``fit`` checks before the first step that the budget is not spent and refuses arrays unless the optimizer has
-``public_batch_size=True`` (Keras cuts them into fixed-size batches, not the Poisson sample the epsilon accounts;
-`keras_dyndp.batch_sizes.check_not_arrays`); a step refused past the budget ends ``fit`` in one
-`keras_dyndp.optimizer_base.BudgetExhaustedError`.
+``fit`` checks before the first step that the budget is not spent and the data it is handed
+(`keras_dyndp.tf_backend.sampling_check`: Poisson batches at the schedule's rate; arrays, which Keras cuts into
+fixed-size batches, only with ``public_batch_size=True``; anything else and ``train_on_batch`` warned once); a step
+refused past the budget ends ``fit`` in one `keras_dyndp.optimizer_base.BudgetExhaustedError`.
 
 Works for Sequential, functional and subclassed models, compiled before or after the call. Refused (ValueError,
 when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss reduced over the
@@ -120,7 +121,7 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
         # 3: call it once, in inference mode (no batch statistics are updated), so that var_list is complete.
         self(x, training=False)
     var_list = self.trainable_variables
-    if optimizer.num_microbatches is None:
+    if optimizer.num_microbatches is None and self._keras_dyndp_method != "jacobian":
         clip = functools.partial(
             clipped_sum.clipped_gradient_sum_with_outputs,
             self,
@@ -183,7 +184,8 @@ def _microbatch_step(
     sample_weight: Any,
     var_list: list,
 ) -> Any:
-    """One step of the optimizer's own microbatch path: the jacobian of its M random microbatch losses."""
+    """One step of the optimizer's own path: the jacobian of its M random microbatch losses (of the per-example
+    losses without microbatches)."""
     model_checks.check_before_training(model, x)  # Before the forward pass updates any batch statistics.
     # Random layers draw from the optimizer's secret generator, not from masks tied to the rows' positions.
     with randomness.secret_randomness(model, optimizer._noise_source.generator):  # pylint: disable=protected-access
@@ -196,22 +198,25 @@ def _microbatch_step(
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):
-    """``Model.fit`` after the checks that need no step: the budget left and arrays (`batch_sizes.check_not_arrays`);
-    a step refused past the budget ends it in one `BudgetExhaustedError` instead of TensorFlow's graph traceback.
-    A dataset's ``shuffle`` defaults to False, which Keras ignores for datasets anyway (it warns on True)."""
+    """``Model.fit`` after the checks that need no step: the budget left and the data it is handed
+    (`keras_dyndp.tf_backend.sampling_check.SamplingCheck.check_fit_input`); a step refused past the budget ends it in
+    one `BudgetExhaustedError` instead of TensorFlow's graph traceback. A dataset's ``shuffle`` defaults to False,
+    which Keras ignores for datasets anyway (it warns on True)."""
     bound = inspect.signature(type(self).fit).bind(self, *args, **kwargs)
     x = bound.arguments.get("x")
     optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return type(self).fit(*bound.args, **bound.kwargs)  # The step refuses it, naming what to use.
     optimizer.check_budget_left("keras_dyndp.BudgetStop")
-    p = optimizer.schedule.sampling_probability
-    batch_sizes.check_not_arrays(x, p, optimizer.public_batch_size)
+    check = optimizer._sampling_check  # pylint: disable=protected-access
+    with self.distribute_strategy.scope():  # Where the multi-worker refusal looks for the strategy.
+        check.check_fit_input(x, getattr(self, "jit_compile", False))
     if "shuffle" not in bound.arguments and isinstance(x, tf.data.Dataset):
         bound.arguments["shuffle"] = False
     bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _BudgetCheck(optimizer)]
     try:
-        return type(self).fit(*bound.args, **bound.kwargs)
+        with check.handed_over():
+            return type(self).fit(*bound.args, **bound.kwargs)
     except optimizer_base.BudgetExhaustedError as error:
         raise optimizer_base.BudgetExhaustedError(str(error)) from None
     except tf.errors.InvalidArgumentError as error:  # Under steps_per_execution the budget can end inside a call.
@@ -219,6 +224,14 @@ def _private_fit(self: keras.Model, *args, **kwargs):
             raise
         message = optimizer_base.budget_exhausted_message(optimizer.schedule.num_steps, "keras_dyndp.BudgetStop")
         raise optimizer_base.BudgetExhaustedError(message) from None
+
+
+def _private_train_on_batch(self: keras.Model, x=None, *args, **kwargs):
+    """``Model.train_on_batch`` after one `SamplingWarning` per optimizer: how one batch was sampled is not known."""
+    optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
+    if isinstance(optimizer, optimizer_base.DPOptimizerBase):
+        optimizer._sampling_check.warn_once(batch_sizes.not_poisson_batches("model.train_on_batch", x))  # pylint: disable=protected-access
+    return type(self).train_on_batch(self, x, *args, **kwargs)
 
 
 class _BudgetCheck(keras.callbacks.Callback):
@@ -256,8 +269,8 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
             first step; use GroupNormalization or LayerNormalization).
         method: how per-example gradients are clipped: ``'auto'`` (ghost clipping when every trainable layer
             has a rule, else vectorized; vectorized under mixed precision), ``'ghost'`` or ``'vectorized'``
-            (see ``keras_dyndp.tf_backend.per_example``). An optimizer with ``num_microbatches`` uses its own microbatch
-            path instead.
+            (see ``keras_dyndp.tf_backend.per_example``), or ``'jacobian'`` (the optimizer's own O(B^2) path). An
+            optimizer with ``num_microbatches`` uses its own microbatch path instead.
         training_metrics: False (the default): the step computes no loss or metric on the batch and logs only
             ``dp_step`` (public); only the noised update leaves it (validation metrics are computed as usual).
             True (Keras's behaviour, an opt-in): the step also computes the compiled loss and metrics on the
@@ -274,12 +287,13 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     """
     if not isinstance(model, keras.Model):
         raise refusals.not_a_model_error(model)
-    validation.check_choice("method", method, clipped_sum.METHODS)
+    validation.check_choice("method", method, (*clipped_sum.METHODS, "jacobian"))
     validation.check_bool("training_metrics", training_metrics)
     model._keras_dyndp_method = method  # pylint: disable=protected-access
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)
     model.fit = types.MethodType(_private_fit, model)
+    model.train_on_batch = types.MethodType(_private_train_on_batch, model)
     keras_compat.epoch_logs_from_the_step(model, not training_metrics)
     keras_compat.reset_train_function(model)
     if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:

@@ -1,11 +1,8 @@
-"""Per-example clipping by ``tf.vectorized_map`` over single-example forward and backward passes (``x[i:i+1]``).
+"""Per-example clipping by ``tf.vectorized_map`` over single-example passes: any model, B gradients materialised.
 
-Works for any model whose examples are independent, whatever its layers; materialises the B per-example
-gradients. Ops that ``pfor`` cannot vectorise run in a ``tf.while_loop`` instead (``fallback_to_while_loop=True``),
-and where even that fails while tracing, ``tf.map_fn`` runs the passes one after the other: never through the
-batch gradient. Models with recurrent layers go to ``tf.map_fn`` directly: ``pfor`` turns the gradient of their
-``tf.while_loop`` over TensorLists into a graph that fails only when run ("Tried to append a tensor with
-incompatible shape to a list"; any Keras 3 RNN after an Embedding, and Keras 2's SimpleRNN), too late to fall back.
+Where ``pfor`` fails while tracing, ``tf.map_fn`` runs the passes one by one (never the batch gradient). Recurrent
+models go to ``tf.map_fn`` directly: ``pfor`` turns their while-loop gradient into a graph that fails only when run
+("Tried to append a tensor with incompatible shape to a list"; Keras 3 RNNs after an Embedding, Keras 2 SimpleRNN).
 """
 
 from __future__ import annotations
@@ -20,21 +17,6 @@ from keras_dyndp.tf_backend import clip_and_noise
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.losses import per_example_loss
-
-
-def _dense_gradient(gradient: tf.Tensor | tf.IndexedSlices | None, variable: tf.Variable) -> tf.Tensor:
-    if gradient is None:
-        return tf.zeros_like(variable)
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.convert_to_tensor(gradient)
-    return gradient
-
-
-def _has_recurrent_layer(model: keras.Model) -> bool:
-    """Whether a layer of the model runs a recurrent cell (RNN, LSTM, GRU, ConvLSTM, also inside wrappers)."""
-    return any(
-        isinstance(getattr(layer, "cell", None), keras.layers.Layer) for layer in keras_compat.flatten_layers(model)
-    )
 
 
 def clipped_sum(
@@ -54,18 +36,19 @@ def clipped_sum(
             y_pred = model(x_i, training=True)
             loss = per_example_loss(loss_fn, y_i, y_pred, w_i)
         grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        grads = [_dense_gradient(g, v) for g, v in zip(grads, var_list)]
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, var_list)]
         return grads, tf.nest.map_structure(lambda t: t[0], y_pred), loss[0]
 
     elems = (x, y, sample_weight)
     vectorized = False
-    if not _has_recurrent_layer(model):
+    # A recurrent cell (RNN, LSTM, GRU, ConvLSTM, also inside wrappers) goes to tf.map_fn (module docstring).
+    layers = keras_compat.flatten_layers(model)
+    if not any(isinstance(getattr(layer, "cell", None), keras.layers.Layer) for layer in layers):
         try:
             grads, y_pred, losses = tf.vectorized_map(one_example, elems, fallback_to_while_loop=True)
             vectorized = True
         except (TypeError, ValueError, NotImplementedError) as error:
-            # pfor failed even with its while-loop fallback: run the single-example passes one after the other
-            # instead. Still per example, only slower.
+            # pfor failed even with its while-loop fallback: still per example, only slower.
             tf.get_logger().warning(
                 "tf.vectorized_map could not vectorise the per-example gradient (%s); using tf.map_fn.",
                 str(error).strip().splitlines()[-1],

@@ -18,7 +18,6 @@ from keras_dyndp.callbacks import PrivacyLogger
 from keras_dyndp.tf_backend import DynamicDPKerasAdam
 from keras_dyndp.tf_backend import DynamicDPKerasSGD
 from keras_dyndp.tf_backend import keras_compat
-from keras_dyndp.tf_backend.dp_optimizer import SlowPathWarning
 from keras_dyndp.tf_backend.per_example import make_private
 from keras_dyndp.tf_backend.per_example import train_step
 
@@ -345,9 +344,7 @@ def test_load_model_restores_make_private_with_its_arguments(tmp_path):
     assert loaded.optimizer.get_config()["private_train_step"] == arguments
     assert train_step.is_private(loaded)
     assert (loaded._keras_dyndp_method, loaded._keras_dyndp_training_metrics) == ("vectorized", False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", SlowPathWarning)
-        history = loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    history = loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert history.history == {"dp_step": [4]}  # The restored step, with training_metrics=False.
 
 
@@ -359,12 +356,8 @@ def test_a_model_never_made_private_is_not_made_private_by_load_model(tmp_path):
     model.save(str(tmp_path / "model.keras"))
     loaded = keras.models.load_model(str(tmp_path / "model.keras"))
     assert loaded.optimizer.get_config()["private_train_step"] is None and not train_step.is_private(loaded)
-    if keras_compat.KERAS_MAJOR_VERSION >= 3:
-        with pytest.raises(RuntimeError, match=r"call model = keras_dyndp\.make_private\(model\)"):
-            loaded.fit(x, y, batch_size=8, verbose=0)
-    else:
-        with pytest.warns(SlowPathWarning, match=r"model = keras_dyndp\.make_private\(model\)"):
-            loaded.fit(x, y, batch_size=8, verbose=0)
+    with pytest.raises(RuntimeError, match=r"call model = keras_dyndp\.make_private\(model\)"):
+        loaded.fit(x, y, batch_size=8, verbose=0)
 
 
 def _poisson_model(num_steps: int = 3, **optimizer_kwargs) -> keras.Model:

@@ -1,4 +1,4 @@
-"""Tests for keras_dyndp.jax_backend.embedding_taps: norms and clipped sums from row gradients, and which layers."""
+"""Tests for keras_dyndp.jax_backend.taps: which layers are tapped."""
 
 import pytest
 
@@ -9,34 +9,7 @@ if keras.backend.backend() != "jax":
 
 import numpy as np  # noqa: E402
 
-from keras_dyndp.jax_backend import embedding_taps  # noqa: E402
-
-
-def _dense_gradients(ids, deltas, vocabulary):
-    """Per-example table gradients [B, V, D] by scatter-add: the reference."""
-    grads = np.zeros((ids.shape[0], vocabulary, deltas.shape[-1]))
-    for example in range(ids.shape[0]):
-        np.add.at(grads[example], ids[example], deltas[example])
-    return grads
-
-
-def test_norms_and_clipped_sum_equal_the_dense_per_example_gradients():
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, 6, size=(5, 9))  # 9 tokens from 6 ids: repeats in every row
-    deltas = rng.normal(size=(5, 9, 3))
-    factors = rng.uniform(size=5)
-    dense = _dense_gradients(ids, deltas, 6)
-    np.testing.assert_allclose(
-        embedding_taps.squared_norms(jax.numpy.asarray(ids), jax.numpy.asarray(deltas, "float32")),
-        np.sum(dense**2, axis=(1, 2)),
-        rtol=1e-5,
-    )
-    np.testing.assert_allclose(
-        embedding_taps.clipped_sum((6, 3), jax.numpy.asarray(ids), jax.numpy.asarray(deltas, "float32"), factors),
-        np.tensordot(factors, dense, axes=1),
-        rtol=1e-5,
-        atol=1e-6,
-    )
+from keras_dyndp.jax_backend import taps  # noqa: E402
 
 
 def test_candidates_are_trainable_embeddings_whose_table_no_other_layer_holds():
@@ -46,7 +19,7 @@ def test_candidates_are_trainable_embeddings_whose_table_no_other_layer_holds():
     inputs = keras.Input((3,), dtype="int32")
     pooled = [keras.layers.GlobalAveragePooling1D()(layer(inputs)) for layer in (own, frozen)]
     model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Concatenate()(pooled)))
-    found = embedding_taps.candidates(model)
+    found = taps.candidates(model, (keras.layers.Embedding,))
     assert list(found) == [id(own)] and found[id(own)][1] == 0
     assert own._keras_dyndp_tapped and not getattr(frozen, "_keras_dyndp_tapped", False)
     ids = np.array([[1, 2, 3]])
@@ -64,9 +37,9 @@ def test_an_embedding_inside_a_subclassed_model_is_not_tapped():
 
     model = Subclassed()
     model(np.zeros((1, 3), "int32"))
-    assert embedding_taps.candidates(model) == {}
+    assert taps.candidates(model) == {}
     wrapped = keras.Sequential([keras.Input((3,), dtype="int32"), model])  # a wiring model above does not help
-    assert embedding_taps.candidates(wrapped) == {}
+    assert taps.candidates(wrapped) == {}
 
 
 def _values(model):
@@ -82,6 +55,17 @@ def test_a_table_read_outside_its_layers_call_is_not_tapped():
     output = keras.layers.Lambda(lambda h: keras.ops.matmul(h, keras.ops.transpose(tied.embeddings)))(pooled)
     model = keras.Model(inputs, output)
     x = np.zeros((2, 3), "int32")
-    assert set(embedding_taps.candidates(model)) == {id(tied), id(untied)}  # one owner each
+    assert set(taps.candidates(model)) == {id(tied), id(untied)}  # one owner each
     untied_index = next(i for i, v in enumerate(model.trainable_variables) if v is untied.embeddings)
-    assert embedding_taps.tappable(model, *_values(model), x) == {id(untied): (untied_index, (2, 3, 4))}
+    assert taps.tappable(model, *_values(model), x) == {id(untied): (untied, untied_index, (1, 3, 4))}
+
+
+def test_a_dense_layer_called_twice_or_whose_kernel_a_lambda_reads_keeps_the_vmap_path():
+    shared, read, own = keras.layers.Dense(4), keras.layers.Dense(4), keras.layers.Dense(4, activation="relu")
+    inputs = keras.Input((4,))
+    h = shared(shared(inputs))
+    h = keras.layers.Lambda(lambda v: keras.ops.matmul(v, read.kernel))(read(h))
+    model = keras.Model(inputs, own(h))
+    found = taps.tappable(model, *_values(model), np.zeros((2, 4), "float32"))
+    assert list(found) == [id(own)] and found[id(own)][2] == (1, 4)
+    assert taps.tappable(model, *_values(model), np.zeros((2, 4), "float32"), (keras.layers.Embedding,)) == {}

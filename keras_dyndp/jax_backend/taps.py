@@ -1,0 +1,166 @@
+"""Taps: each example's input to a layer and the gradient of the layer's output, so that the layer's rule
+(`keras_dyndp.jax_backend.ghost`) clips its kernel without a per-example gradient of it.
+
+``jax.vmap`` of ``jax.grad`` gives every example its own gradient of every variable (a V x D Embedding table, a
+convolution kernel: B of them). In make_private's step every example runs alone (a batch of one under ``jax.vmap``);
+in a `session`, a tapped layer's call records its input and adds a zero "tap" to its output (before the activation
+where the layer has an op, `ghost.Rule`), and the step differentiates the tap instead of the kernel: the gradient with
+respect to the tap is the example's output gradient.
+
+Tapped (`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports,
+whose kernel no other layer holds, reached through Sequential / functional models only (a subclassed model could
+read a sublayer's kernel in its own call), that runs once per forward pass and whose kernel nothing else in the
+forward pass reads: a table tied to an output projection (or a kernel read in a Lambda) gets a gradient from that
+read too, which the tap would miss. The probe traces the forward pass with the tapped calls reading a stand-in for
+their kernel; any equation that still reads the kernel is another use. The others keep the vmap path, layer by
+layer. The patched call is the original one whenever no private step is tracing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+from keras.src.backend.common.stateless_scope import get_stateless_scope
+
+from keras_dyndp.jax_backend import ghost
+
+_ACTIVE = threading.local()
+
+
+class _Session:
+    """One trace of the model: records each tapped layer's inputs and tapped shape, adds the taps when given, and
+    lets the layers in ``stand_ins`` (by layer id) read a stand-in for their kernel (`tappable`'s probe)."""
+
+    def __init__(self, taps: dict[int, Any] | None = None):
+        self.taps = taps
+        self.stand_ins: dict[int, Any] = {}
+        self.inputs: dict[int, Any] = {}
+        self.shapes: dict[int, tuple] = {}
+        self.calls: dict[int, int] = {}
+
+    def __enter__(self):
+        _ACTIVE.session = self
+        return self
+
+    def __exit__(self, *exc_info):
+        _ACTIVE.session = None
+
+    def call(self, layer: keras.layers.Layer, rule: ghost.Rule, inputs: Any, call: Callable[[], Any]) -> Any:
+        key = id(layer)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        self.inputs[key] = jnp.asarray(inputs).astype(jnp.int32) if rule.op is None else inputs
+
+        def tap(outputs):
+            self.shapes[key] = tuple(outputs.shape)
+            if self.taps is not None and key in self.taps:
+                return outputs + self.taps[key].astype(outputs.dtype)
+            return outputs
+
+        mapping = get_stateless_scope().state_mapping
+        kernel = id(rule.kernel(layer))
+        kept = mapping.get(kernel)
+        if key in self.stand_ins:
+            mapping[kernel] = self.stand_ins[key]
+        activation = layer.activation if rule.op is not None else None
+        if activation is not None:
+            object.__setattr__(layer, "activation", lambda z: activation(tap(z)))
+        try:
+            outputs = call()
+        finally:
+            if kept is None:
+                mapping.pop(kernel, None)
+            else:
+                mapping[kernel] = kept
+            if activation is not None:
+                object.__setattr__(layer, "activation", activation)
+        return tap(outputs) if rule.op is None else outputs
+
+
+def _patch(layer: keras.layers.Layer, rule: ghost.Rule) -> None:
+    if getattr(layer, "_keras_dyndp_tapped", False):
+        return
+    original = layer.call
+
+    def call(inputs, *args, **kwargs):
+        session = getattr(_ACTIVE, "session", None)
+        if session is None:
+            return original(inputs, *args, **kwargs)
+        return session.call(layer, rule, inputs, lambda: original(inputs, *args, **kwargs))
+
+    layer.call = call
+    layer._keras_dyndp_tapped = True  # pylint: disable=protected-access
+
+
+def _wiring_only(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer`` is a Sequential or functional model: its call only wires its sublayers' calls together."""
+    return type(layer).__module__.startswith("keras.") and type(layer).__name__ in ("Sequential", "Functional")
+
+
+def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """The leaf layers below ``layer`` reached through Sequential / functional models only."""
+    if not _wiring_only(layer):
+        return []
+    leaves = []
+    for sublayer in layer._layers:  # pylint: disable=protected-access
+        leaves += _leaves_under_wiring(sublayer) if sublayer._layers else [sublayer]  # pylint: disable=protected-access
+    return leaves
+
+
+def candidates(model: keras.Model, classes=tuple(ghost.RULES)) -> dict[int, tuple[keras.layers.Layer, int]]:
+    """Tappable layers of ``classes`` by id, each with its kernel's index in ``model.trainable_variables``
+    (patched)."""
+    trainable = model.trainable_variables
+    leaves = [layer for layer in model._flatten_layers() if not layer._layers]  # pylint: disable=protected-access
+    found = {}
+    for layer in _leaves_under_wiring(model):
+        rule = ghost.RULES.get(type(layer)) if type(layer) in classes else None
+        if rule is None or not layer.trainable or not rule.supports(layer):
+            continue
+        kernel = rule.kernel(layer)
+        owners = sum(any(weight is kernel for weight in other.weights) for other in leaves)
+        index = next((i for i, variable in enumerate(trainable) if variable is kernel), None)
+        if owners == 1 and index is not None:
+            _patch(layer, rule)
+            found[id(layer)] = (layer, index)
+    return found
+
+
+def tappable(
+    model: keras.Model, trainable: list, non_trainable: list, x: Any, classes=tuple(ghost.RULES)
+) -> dict[int, tuple[keras.layers.Layer, int, tuple]]:
+    """The `candidates` this step taps, by layer id: (the layer, its kernel's index in ``trainable``, its tapped
+    output's shape for one example). A candidate is left out when it runs other than once in the forward pass, or
+    when the forward pass reads its kernel outside its call (module docstring). Traces ``model``'s training-mode
+    call on one row of ``x``'s shape, as the step runs each example; nothing runs."""
+    found = candidates(model, classes)
+    if not found:
+        return {}
+    probe = _Session()
+
+    def forward(trainable, non_trainable, x, stand_ins):
+        probe.stand_ins = stand_ins
+        with probe:
+            return model.stateless_call(trainable, non_trainable, x, training=True)
+
+    stand_ins = {key: trainable[index] for key, (_, index) in found.items()}
+    shaped = lambda value: jax.ShapeDtypeStruct(value.shape, value.dtype)  # noqa: E731
+    row = lambda value: jax.ShapeDtypeStruct((1, *value.shape[1:]), value.dtype)  # noqa: E731
+    abstract = jax.tree_util.tree_map(shaped, (trainable, non_trainable, stand_ins))
+    jaxpr = jax.make_jaxpr(forward)(*abstract[:2], jax.tree_util.tree_map(row, x), abstract[2]).jaxpr
+    read = {id(var) for equation in jaxpr.eqns for var in equation.invars} | {id(var) for var in jaxpr.outvars}
+    kernels = jaxpr.invars[: len(trainable)]  # ``trainable`` is a flat list: its leaves come first, in order.
+    return {
+        key: (layer, index, probe.shapes[key])
+        for key, (layer, index) in found.items()
+        if probe.calls.get(key) == 1 and key in probe.shapes and id(kernels[index]) not in read
+    }
+
+
+def session(taps: dict[int, Any] | None = None) -> _Session:
+    """A context in which the patched layers record their inputs and tapped shapes (and add ``taps``, by id)."""
+    return _Session(taps)
