@@ -14,11 +14,9 @@ model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=250 / 60000), e
           callbacks=[keras_dyndp.PrivacyLogger(delta=1e-5), keras_dyndp.BudgetStop()])
 ```
 
-Every public name is listed once below. The accounting, schedules, sampler front end and warnings import no
-TensorFlow (`import keras_dyndp` and the ``dyndp-privacy`` command start fast); the Keras-based names are imported
-on first use, from the module of the backend Keras runs on (`keras_backend`, asked once), so the same code trains
-on either backend. The DP optimizers are registered with Keras (for ``load_model``) as soon as Keras is imported,
-before or after keras_dyndp (`keras_dyndp.registration`).
+Every public name is listed once below. The backend-neutral names import no TensorFlow (fast start); the Keras-based
+ones are imported on first use from the module of the backend Keras runs on (`keras_backend`). The DP optimizers are
+registered with Keras (for ``load_model``) as soon as Keras is imported (`keras_dyndp.registration`).
 """
 
 import functools

@@ -1,9 +1,6 @@
-"""Poisson sampling's batch sizes, in plain Python (no TensorFlow, no JAX): the steps per epoch, the cap that
-padded batches are built to, the range of sizes the DP optimizers accept, the delta that truncation costs, and the
-`SamplingWarning` given when training data is not known to be Poisson-sampled, and the refusal of arrays in ``fit``.
-
-Shared by `keras_dyndp.sampling` (`keras_dyndp.poisson_batches`, whose module docstring holds the argument for
-`truncation_delta`) and both backends.
+"""Poisson sampling's batch sizes, in plain Python, for `keras_dyndp.sampling` and both backends: steps per epoch,
+the cap of padded batches, the sizes the DP optimizers accept, the delta truncation costs, and the warnings and
+refusals of data not known to be Poisson-sampled.
 """
 
 from __future__ import annotations
@@ -46,15 +43,9 @@ def not_poisson_message(problem: str, sampling_probability: float) -> str:
 
 
 def check_poisson_batches(batches_p: float, sampling_probability: float, public_batch_size: bool, caller: str) -> None:
-    """Refuses keras_dyndp's Poisson batches sampled at another rate than the schedule's (its epsilon would be
-    wrong), or given to an optimizer that states batch sizes are public.
-
-    Such an optimizer divides the noisy sum by each batch's rows. A Poisson batch's number of examples is private,
-    and its rows follow it when padded to a multiple (``pad_to_multiple``); the optimizer must divide by p N.
-
-    Raises:
-      ValueError: naming ``caller`` (what received the batches), the batches' rate ``batches_p`` and the schedule's.
-    """
+    """Raises ValueError, naming ``caller``, for keras_dyndp's Poisson batches sampled at another rate than the
+    schedule's (its epsilon would be wrong) or given to an optimizer with public batch sizes (it divides by the rows,
+    which follow the private number of examples when padded to a multiple)."""
     p = sampling_probability
     if not math.isclose(batches_p, p, rel_tol=1e-9):
         raise ValueError(
@@ -72,13 +63,11 @@ def check_poisson_batches(batches_p: float, sampling_probability: float, public_
 
 def leaves(value: Any) -> list:
     """The arrays of a nest of lists, tuples and dicts (None: none)."""
-    if value is None:
-        return []
     if isinstance(value, dict):
-        return [leaf for item in value.values() for leaf in leaves(item)]
+        value = list(value.values())
     if isinstance(value, (list, tuple)):
         return [leaf for item in value for leaf in leaves(item)]
-    return [value]
+    return [] if value is None else [value]
 
 
 def is_arrays(x: Any) -> bool:
@@ -89,20 +78,10 @@ def is_arrays(x: Any) -> bool:
 
 
 def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: bool) -> None:
-    """Refuses arrays for ``model.fit`` (`is_arrays`) unless the optimizer states ``public_batch_size``.
+    """Raises ValueError if ``fit`` received arrays (`is_arrays`), unless the optimizer has ``public_batch_size``.
 
-    Keras cuts arrays into shuffled batches of exactly ``batch_size`` rows and a shorter last one: never the
-    Poisson sample the epsilon is accounted for, and the batch-size check would refuse the short batch mid-run,
-    after budget was spent. ``public_batch_size=True`` states fixed-size batches, so arrays are taken then (with a
-    `SamplingWarning`).
-
-    Args:
-      x: what ``fit`` received.
-      sampling_probability: the schedule's p.
-      public_batch_size: the optimizer's.
-
-    Raises:
-      ValueError: on arrays without ``public_batch_size``.
+    Keras cuts arrays into fixed-size shuffled batches and a shorter last one: never the Poisson sample the epsilon
+    is accounted for, and the batch-size check would refuse the short batch mid-run, after budget was spent.
     """
     if public_batch_size or not is_arrays(x):
         return
@@ -127,14 +106,8 @@ PADDING_ROWS_REFUSAL = (
 def out_of_range_refusal(
     what: str, sampling_probability: float, num_examples: int, low: int, high: int
 ) -> tuple[str, str]:
-    """The refusal of a batch whose number of examples is outside ``[low, high]`` (`batch_size_range`), as the text
-    before and after that number (the TensorFlow step prints it from the graph).
-
-    Args:
-      what: 'few' or 'many'.
-      sampling_probability, num_examples: the schedule's p and the optimizer's N.
-      low, high: the accepted range.
-    """
+    """The refusal of too ``what`` ('few' or 'many') examples, outside ``[low, high]`` (`batch_size_range`), as the
+    text before and after that number (the TensorFlow step prints it from the graph)."""
     p = sampling_probability
     return (
         f"keras_dyndp: too {what} examples in this batch: ",
@@ -154,14 +127,7 @@ BATCH_SIZE_TAIL = 1e-12
 
 
 def expected_steps_per_epoch(sampling_probability: float) -> int:
-    """Number of Poisson steps that visit each example once in expectation: ``round(1 / p)``.
-
-    Args:
-        sampling_probability: Poisson sampling rate p, in (0, 1].
-
-    Returns:
-        ``max(1, round(1 / p))``.
-    """
+    """Number of Poisson steps that visit each example once in expectation: ``max(1, round(1 / p))``, p in (0, 1]."""
     sampling_probability = validation.check_probability(sampling_probability)
     return max(1, round(1.0 / sampling_probability))
 
@@ -169,22 +135,13 @@ def expected_steps_per_epoch(sampling_probability: float) -> int:
 def default_max_batch_size(
     num_examples: int, sampling_probability: float, tail_probability: float = DEFAULT_OVERFLOW_TAIL
 ) -> int:
-    """Smallest cap ``m >= 1`` with ``P[Binomial(N, p) > m] <= tail_probability``.
-
-    Args:
-        num_examples: Number of training examples N, >= 1.
-        sampling_probability: Poisson sampling rate p, in (0, 1].
-        tail_probability: Allowed per-step overflow probability, in (0, 1).
-
-    Returns:
-        The cap m (at most N). For N = 60000, p = 250 / 60000 it is 385 (mean 250, std 15.8).
-    """
+    """Smallest cap ``m >= 1`` with ``P[Binomial(N, p) > m] <= tail_probability`` (N >= 1, p in (0, 1], tail in
+    (0, 1)). For N = 60000, p = 250 / 60000 it is 385 (mean 250, std 15.8)."""
     num_examples = validation.check_positive_int("num_examples", num_examples)
     sampling_probability = validation.check_probability(sampling_probability)
     validation.check_delta(tail_probability, "tail_probability")  # (0, 1), as a delta
     binom = scipy.stats.binom(num_examples, sampling_probability)
-    # Bisection on the survival function (non-increasing, sf(N) = 0); more robust than binom.isf, which returns
-    # N for tails as small as 1e-18.
+    # Bisection on the survival function (non-increasing, sf(N) = 0): binom.isf returns N for tails like 1e-18.
     low, high = 0, num_examples
     while low < high:
         middle = (low + high) // 2
@@ -198,20 +155,9 @@ def default_max_batch_size(
 def batch_size_range(
     num_examples: int, sampling_probability: float, tail_probability: float = BATCH_SIZE_TAIL
 ) -> tuple[int, int]:
-    """The batch sizes ``[low, high]`` that Poisson sampling leaves with probability at most the tail on each side.
-
-    ``low`` is the largest size with ``P[Binomial(N, p) < low] <= tail_probability`` and ``high`` is
-    ``default_max_batch_size(N, p, tail_probability)``, so ``P[Binomial(N, p) > high] <= tail_probability``. The DP
-    optimizers refuse a batch outside it: with the default tail of 1e-12, a correctly sampled run of T steps trips
-    the check with probability at most ``2e-12 T``.
-
-    Args:
-        num_examples: Number of training examples N, >= 1.
-        sampling_probability: Poisson sampling rate p, in (0, 1].
-        tail_probability: Allowed probability of each tail, in (0, 1).
-
-    Returns:
-        ``(low, high)``. For N = 60000, p = 250 / 60000: (147, 369); for p = 1: (N, N).
+    """The batch sizes ``(low, high)`` that Poisson sampling leaves with probability at most the tail on each side:
+    the largest ``low`` with ``P[Binomial(N, p) < low] <= tail`` and ``high = default_max_batch_size(N, p, tail)``.
+    The DP optimizers refuse a batch outside it. For N = 60000, p = 250 / 60000: (147, 369); for p = 1: (N, N).
     """
     high = default_max_batch_size(num_examples, sampling_probability, tail_probability)
     binom = scipy.stats.binom(num_examples, sampling_probability)
@@ -229,20 +175,9 @@ def batch_size_range(
 def truncation_delta(
     num_examples: int, sampling_probability: float, max_batch_size: int, num_steps: int, epsilon: float
 ) -> float:
-    """Extra delta paid for truncating overflowing Poisson batches to ``max_batch_size`` rows.
-
-    ``(1 + e^epsilon) * T * P[Binomial(N + 1, p) > max_batch_size]``; see the module docstring for the argument.
-
-    Args:
-        num_examples: Number of training examples N, >= 1.
-        sampling_probability: Poisson sampling rate p, in (0, 1].
-        max_batch_size: The cap, >= 1.
-        num_steps: Number of steps T, >= 1.
-        epsilon: The epsilon of the (epsilon, delta) guarantee of the exact Poisson mechanism, >= 0.
-
-    Returns:
-        The amount to add to delta.
-    """
+    """Extra delta paid for truncating overflowing Poisson batches to ``max_batch_size`` rows over T = ``num_steps``:
+    ``(1 + e^epsilon) * T * P[Binomial(N + 1, p) > max_batch_size]``, with the epsilon of the exact Poisson mechanism
+    (`keras_dyndp.sampling`'s module docstring gives the argument)."""
     num_examples = validation.check_positive_int("num_examples", num_examples)
     sampling_probability = validation.check_probability(sampling_probability)
     max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)

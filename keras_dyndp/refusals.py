@@ -1,13 +1,9 @@
 """What ``make_private`` refuses on every backend, and the messages that say what to do instead.
 
-The TensorFlow step (`keras_dyndp.tf_backend.per_example.train_step`, `keras_dyndp.tf_backend.model_checks`) and the
-JAX step (`keras_dyndp.jax_backend.train_step`) find these cases in their own ways; the rule and its wording live here.
-Imports no TensorFlow and no JAX: the caller passes its Keras module.
-
-Elsewhere, each in one place: argument checks (`keras_dyndp.validation`, one per kind of argument; the optimizers'
-own in `keras_dyndp.optimizer_base`), sampling refusals (`keras_dyndp.batch_sizes`: arrays, Poisson batches at
-another rate, batch sizes out of range, padding with public batch sizes), the budget's and the restored schedule's
-(`keras_dyndp.optimizer_base`), the noise multiplier range (`keras_dyndp.accounting.noise_range`).
+Each backend's step finds these cases in its own way; the rule and its wording live here (no TensorFlow or JAX
+import: the caller passes its Keras module). Elsewhere: argument checks (`keras_dyndp.validation`,
+`keras_dyndp.optimizer_base`), sampling refusals (`keras_dyndp.batch_sizes`), the budget's and the restored
+schedule's (`keras_dyndp.optimizer_base`), the noise multiplier range (`keras_dyndp.accounting.noise_range`).
 """
 
 from __future__ import annotations
@@ -49,16 +45,9 @@ def loss_scale_error(remedy: str) -> ValueError:
 
 
 def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
-    """The compiled ``loss`` as a per-example loss function.
-
-    Args:
-        loss: ``model.loss``: a Keras loss object, its name, or a loss function.
-        keras: the Keras module in use (for ``keras.losses``).
-        is_per_example: whether a Keras loss object returns one loss per example.
-
-    Raises:
-        ValueError: for several losses (multi-output), a loss reduced over the batch, or anything else.
-    """
+    """The compiled ``loss`` (a Keras loss object, its name, or a function) as a per-example loss function; raises
+    ValueError for several losses (multi-output), a loss reduced over the batch (``is_per_example`` false), or
+    anything else. ``keras``: the Keras module in use."""
     if isinstance(loss, (dict, list, tuple)):
         raise ValueError(f"make_private supports a single loss (one output). Received: loss={loss!r}.")
     if isinstance(loss, str):
@@ -113,7 +102,7 @@ def batch_state_error(model_name: str, written: str, source: str = "the input ba
 
 def foreign_gradients(entry: str, accepted: str) -> str:
     """A DP optimizer's ``entry`` (``'DynamicDPKerasSGD.apply'``) handed gradients its DP step did not produce
-    (``accepted`` says which it takes); the backend appends what to do (`keras_train_step`)."""
+    (``accepted`` says which it takes); the backend appends what to do."""
     return (
         f"{entry} accepts only the gradients {accepted}; applying other gradients would train without differential "
         "privacy. "
@@ -121,8 +110,8 @@ def foreign_gradients(entry: str, accepted: str) -> str:
 
 
 def keras_train_step(private_train_step: dict | None = None) -> str:
-    """Why Keras's own train step cannot train with a DP optimizer, and ``make_private`` instead; with the
-    make_private arguments a reloaded optimizer recorded (``private_train_step``), how to restore them."""
+    """Why Keras's own train step cannot train with a DP optimizer, and ``make_private`` instead (with the arguments
+    a reloaded optimizer recorded)."""
     message = (
         "Keras's own train step cannot train with a DP optimizer. Keras 3's differentiates the batch's mean loss "
         "and hands the optimizer only the averaged gradient, so no example can be clipped there; Keras 2's would "

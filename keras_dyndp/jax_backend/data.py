@@ -1,12 +1,8 @@
 """Poisson-sampled batches as a ``keras.utils.PyDataset`` (`keras_dyndp.poisson_batches` on JAX).
 
-`keras_dyndp.sampling` holds the sampler's arguments, checks and privacy argument (padding, overflow and its
-delta); `PoissonBatches` materialises the batches: at every step each of the N examples joins the batch
-independently with probability p, drawn from a numpy generator of its own (OS entropy unless a ``seed`` is given,
-never Keras's global seed), the selected rows first, then rows of zeros with sample weight 0.
-
-``make_private``'s ``fit`` checks what it is given: a `PoissonBatches` at another rate than the optimizer's schedule
-is refused; anything else (arrays, a generator, another PyDataset) gets one `keras_dyndp.batch_sizes.SamplingWarning`.
+`keras_dyndp.sampling` holds the arguments, checks and privacy argument; at every step each of the N examples joins
+the batch independently with probability p, drawn from a numpy generator of its own (OS entropy unless a ``seed`` is
+given, never Keras's global seed), the selected rows first, then rows of zeros with sample weight 0.
 """
 
 from __future__ import annotations
@@ -23,12 +19,8 @@ from keras_dyndp import sampling
 
 
 class PoissonBatches(keras.utils.PyDataset):
-    """Poisson-sampled, padded batches of ``(x, y, sample_weight)`` arrays: what `keras_dyndp.poisson_batches`
-    returns on JAX (see there for the arguments).
-
-    ``PoissonBatches(x, y, sampling_probability=p, ...)`` (keyword arguments instead of ``arguments``) is the
-    former constructor, kept while callers move to `keras_dyndp.poisson_batches`.
-    """
+    """Poisson-sampled, padded ``(x, y, sample_weight)`` batches: `keras_dyndp.poisson_batches` on JAX (its
+    arguments). ``PoissonBatches(x, y, sampling_probability=p, ...)`` is the former constructor, kept for callers."""
 
     def __init__(
         self,
@@ -46,11 +38,8 @@ class PoissonBatches(keras.utils.PyDataset):
         )
         self._steps, self._overflow = arguments.steps_per_epoch, arguments.overflow
         self._x, self._y = x, y
-        self._weights = (
-            np.ones(num_examples, np.float32)
-            if sample_weight is None
-            else np.asarray(sample_weight, np.float32).reshape(num_examples)
-        )
+        weights = np.ones(num_examples) if sample_weight is None else sample_weight
+        self._weights = np.asarray(weights, np.float32).reshape(num_examples)
         self._rng = np.random.default_rng(secrets.randbits(128) if arguments.seed is None else arguments.seed)
 
     @property

@@ -1,14 +1,12 @@
-"""Ghost-clipping rules on JAX: a layer weight's per-example gradient norms and clipped sum from each example's
-input ``a_i`` to the layer and gradient ``g_i`` of its output (before the activation), as `taps` records them:
-[B, rows, ...], the rows that example's call gave the layer (one, unless the model tiles them).
+"""Ghost-clipping rules on JAX: a kernel's per-example gradient norms and clipped sum from each example's layer
+input ``a_i`` and output gradient ``g_i`` (before the activation) as `taps` records them, [B, rows, ...].
 
-A weight applied at T positions (``z_t = a_t W``: Dense, over a sequence axis too; a convolution, ``a_t`` the input
-patch at output position t) has the per-example gradient G_i = sum_t a_{i,t}^T g_{i,t}. Its squared norm comes from
-the Gram matrices, ||G_i||^2 = sum_{t,s} (a_i a_i^T)_{ts} (g_i g_i^T)_{ts} ("ghost", Li et al. 2021), or from G_i
-itself, whichever is cheaper as Bu et al. 2022 decide: Gram when 2 T^2 < p d, the kernel's size. The clipped sum
-sum_i f_i G_i is the layer's own weight gradient for the output gradients f_i g_i (one ``jax.vjp`` of its op on the
-batch: book-keeping, Bu et al. 2023), so no second backward pass through the model runs. The same math as the
-TensorFlow rules (`keras_dyndp.tf_backend.per_example.rules`); check a new rule against the vmap path.
+A kernel applied at T positions (``z_t = a_t W``: Dense, also over a sequence axis; a convolution, ``a_t`` the input
+patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}; ||G_i||^2 = sum_{t,s} (a_i a_i^T)_{ts} (g_i g_i^T)_{ts} ("ghost", Li et
+al. 2021) when 2 T^2 < p d (the kernel's size), else from G_i itself (Bu et al. 2022). The clipped sum sum_i f_i G_i is
+the op's weight gradient for the output gradients f_i g_i (one ``jax.vjp`` on the batch, book-keeping, Bu et al.
+2023): no second backward pass. The TensorFlow rules' math (`keras_dyndp.tf_backend.per_example.rules`); check a new
+rule against the vmap path.
 """
 
 from __future__ import annotations
@@ -23,8 +21,8 @@ import keras
 
 class Rule(NamedTuple):
     """How one layer class is clipped from its taps: the ``kernel`` it covers (its other variables keep per-example
-    gradients, cheap for a bias), its ``op(layer, a, kernel)`` (None: the tap is the output, else the
-    pre-activation), ``squared_norms(layer, a, g)`` [B], and which configurations it ``supports``."""
+    gradients), ``squared_norms(layer, a, g)`` [B], its ``op(layer, a, kernel)`` (None: the tap is the output, else
+    the pre-activation) and which configurations it ``supports``."""
 
     kernel: Callable[[keras.layers.Layer], keras.Variable]
     squared_norms: Callable[[keras.layers.Layer, jax.Array, jax.Array], jax.Array]
@@ -62,10 +60,6 @@ def _patches(layer: keras.layers.Layer, a: jax.Array) -> jax.Array:
     return patches.reshape(a.shape[0], -1, patches.shape[-1])
 
 
-def _conv_norms(layer, a, g):
-    return bilinear_squared_norms(_patches(layer, a), _positions(g))
-
-
 def _depthwise_norms(layer, a, g):
     """G_i [c, kernel positions, m] materialised: a depthwise kernel is small."""
     channels = a.shape[-1]
@@ -75,8 +69,7 @@ def _depthwise_norms(layer, a, g):
 
 
 def _embedding_norms(layer, ids, deltas):
-    """sum over distinct ids of ||sum of their rows of delta||^2 (ids [B, ...], deltas [B, ..., D]), exact: the
-    rows of equal ids summed after a sort."""
+    """sum over distinct ids of ||sum of their rows of delta||^2 (ids [B, ...], deltas [B, ..., D]), after a sort."""
     del layer  # Unused.
     ids, deltas = ids.reshape(ids.shape[0], -1), deltas.reshape(ids.shape[0], ids.size // ids.shape[0], -1)
     batch, rows = ids.shape
@@ -109,7 +102,7 @@ def _channels_last(layer) -> bool:
 
 _CONV = Rule(
     lambda layer: layer.kernel,
-    _conv_norms,
+    lambda layer, a, g: bilinear_squared_norms(_patches(layer, a), _positions(g)),
     lambda layer, a, k: layer.convolution_op(a, k),
     lambda layer: _channels_last(layer) and layer.groups == 1,
 )

@@ -1,13 +1,9 @@
 """Microbatches on the JAX backend: the clipped sum of M random microbatch gradients, from per-example gradients.
 
-The mechanism (each row's microbatch drawn uniformly per row and per step under the step's secret key, a
-microbatch's loss the sum of its rows' weighted losses over its rows with a non-zero loss, sensitivity 2 C) is
-`keras_dyndp.mechanism`'s, as on TensorFlow (`keras_dyndp.tf_backend.microbatches`).
-
-Here the per-example gradients g_i are at hand already (``jax.vmap``), and a microbatch's loss is linear in its
-rows' losses, so microbatch j's gradient is G_j = sum_{a_i = j} g_i / n_j: the M gradients cost one contraction, not
-M more backward passes. The clipped sum, sum_j f_j G_j with f_j = min(1, C / ||G_j||), is then one more contraction
-of the g_i with the coefficient f_{a_i} / n_{a_i} of each row.
+The mechanism (rows drawn uniformly into microbatches per step under a secret key, sensitivity 2 C) is
+`keras_dyndp.mechanism`'s. A microbatch's loss is linear in its rows' losses, so from the per-example gradients g_i
+microbatch j's gradient is G_j = sum_{a_i = j} g_i / n_j (n_j: its rows with a non-zero loss), one contraction, and
+the clipped sum sum_j f_j G_j, f_j = min(1, C / ||G_j||), another, with the coefficient f_{a_i} / n_{a_i} of row i.
 """
 
 from __future__ import annotations
@@ -27,17 +23,13 @@ def random_assignment(key: jax.Array, num_rows: int, num_microbatches: int) -> j
 def clipped_sum(
     grads: list[jax.Array], losses: jax.Array, assignment: jax.Array, num_microbatches: int, clip_norm: jax.Array
 ) -> list[jax.Array]:
-    """sum_j clip(G_j, C) per variable, G_j the gradient of microbatch j's loss (module docstring).
+    """Per variable, the float32 sum_j clip(G_j, C) (module docstring).
 
     Args:
       grads: per variable, the per-example gradients [B, ...] of the weighted per-example losses.
       losses: float [B], the weighted per-example losses (0 for padding rows).
-      assignment: int32 [B], each row's microbatch (`random_assignment`).
-      num_microbatches: M >= 1.
+      assignment: int32 [B], each row's microbatch (`random_assignment`), in [0, ``num_microbatches``).
       clip_norm: C, a float32 scalar.
-
-    Returns:
-      Per variable, the float32 sum of the M clipped microbatch gradients.
     """
     num_rows = assignment.shape[0]
     membership = jax.nn.one_hot(assignment, num_microbatches, dtype=jnp.float32)  # [B, M]

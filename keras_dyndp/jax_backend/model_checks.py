@@ -1,21 +1,13 @@
 """Refuses, on the JAX backend, models whose training-mode call stores state computed from the batch.
 
-The rule is the TensorFlow backend's (`keras_dyndp.tf_backend.model_checks`, which says why): batch normalisation that
-takes part in training is refused, and so is any layer whose training-mode call writes a non-trainable variable with a
-value computed from the input batch, since that value would leave the step without noise (BatchNormalization's
-moving averages held the exact mean of the private batch). ``check_model`` finds such writes by tracing
-``model.stateless_call(..., training=True)`` into a jaxpr (nothing runs) and following the inputs forward through
-its equations to the non-trainable variables it returns; an equation with any batch-derived input counts all its
-outputs as batch-derived, nested jaxprs (``jit``, ``scan``, ``cond``) included, so the check can over-refuse but not
-miss a data dependence. Random-generator states (Dropout's seed, advanced by a constant) and step counters pass; a
-random-generator state written from the batch is refused like any other variable (its value would leave the step).
-
-Not detected: a value computed from the batch's SHAPE alone (its number of rows is a constant of the trace).
-``make_private``'s step runs each example alone, so there the shape says nothing; a custom loop that writes the
-batch size into a variable releases it.
-
-``make_private``'s step checks its model when it is traced; call ``check_model(model, x)`` yourself before a
-custom loop that calls `stateless_apply_clipped_sum`.
+The rule is the TensorFlow backend's (`keras_dyndp.tf_backend.model_checks`): trainable batch normalisation, and any
+layer whose training-mode call writes a non-trainable variable with a value computed from the input batch (that value
+would leave the step without noise), are refused; a seed advanced by a constant (Dropout's) and step counters pass.
+``check_model`` traces ``model.stateless_call(..., training=True)`` into a jaxpr (nothing runs) and follows the inputs
+forward to the non-trainable variables it returns; an equation with any batch-derived input makes all its outputs
+batch-derived, nested jaxprs included, so the check can over-refuse but not miss a data dependence. Not detected: a
+value computed from the batch's SHAPE alone (``make_private``'s step runs each example alone: the shape says nothing
+there; a custom loop that writes the batch size into a variable releases it).
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ from keras_dyndp import refusals
 
 
 def check_layers(model: keras.Model) -> None:
-    """Raises ValueError on the first BatchNormalization of ``model`` that takes part in training (a frozen one,
-    ``trainable = False``, runs in inference mode with fixed statistics and passes)."""
+    """Raises ValueError on the first trainable BatchNormalization of ``model`` (a frozen one uses fixed statistics)."""
     for layer in model._flatten_layers():  # pylint: disable=protected-access
         if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
             raise refusals.batch_statistics_error(layer)
@@ -41,9 +32,8 @@ def _abstract(values: Any) -> Any:
 
 
 def batch_dependent_writes(model: keras.Model, inputs: Any, state: tuple[list, list] | None = None) -> list[str]:
-    """Paths of the non-trainable variables that ``model``'s training-mode call on ``inputs`` writes with a value
-    computed from ``inputs`` (module docstring). ``state``: the (trainable, non-trainable) values to trace with when
-    the variables hold none (inside ``fit``); only their shapes and dtypes are used."""
+    """Paths of the non-trainable variables ``model``'s training-mode call writes from ``inputs``. ``state``: the
+    (trainable, non-trainable) values to trace with when the variables hold none (inside ``fit``); shapes only."""
     return [variable.path for variable in _batch_dependent_variables(model, inputs, state)]
 
 
@@ -64,21 +54,13 @@ def _batch_dependent_variables(model: keras.Model, inputs: Any, state: tuple[lis
 
 
 def check_model(model: keras.Model, inputs: Any, state: tuple[list, list] | None = None) -> None:
-    """Raises ValueError if ``model`` has trainable batch normalisation or stores batch-derived state in training.
+    """Raises ValueError if ``model`` (built) has trainable batch normalisation or stores batch-derived state in
+    training, naming the layer or the variables and what to use instead. ``make_private``'s step calls it; call it
+    before a custom loop: ``keras_dyndp.check_model(model, x_train[:2])``.
 
     Args:
-        model: the Keras model to be trained with DP-SGD (built).
-        inputs: a batch of inputs as the model takes them (arrays, or ``jax.ShapeDtypeStruct``s: only their shapes
-            and dtypes are used).
+        inputs: a batch as the model takes it (arrays or ``jax.ShapeDtypeStruct``s: shapes and dtypes only).
         state: see `batch_dependent_writes`.
-
-    Raises:
-        ValueError: naming the first BatchNormalization layer, or the variables written from the batch, and what
-            to use instead.
-
-    ```python
-    keras_dyndp.check_model(model, x_train[:2])  # Before a custom training loop.
-    ```
     """
     if not isinstance(model, keras.Model):
         raise refusals.not_a_model_error(model)
@@ -92,7 +74,7 @@ def check_model(model: keras.Model, inputs: Any, state: tuple[list, list] | None
 
 
 def _owners(model: keras.Model, variables: list) -> list[str]:
-    """The name of the innermost layer that holds each of ``variables`` (a SeedGenerator state's path names none)."""
+    """The innermost layer holding each of ``variables`` (a SeedGenerator state's path names none)."""
     layers = list(model._flatten_layers(include_self=False))  # pylint: disable=protected-access
     names = []
     for variable in variables:

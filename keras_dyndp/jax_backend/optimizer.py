@@ -1,31 +1,18 @@
-"""Keras 3 optimizers that run dynamic DP-SGD on the JAX backend: the mechanism of `keras_dyndp.mechanism`.
+"""Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.mechanism`) on the JAX backend.
 
-`make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``;
-`DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its public
-instances, with the arguments, checks and config of `keras_dyndp.optimizer_base.DPOptimizerBase`. Step k is Keras's
-``iterations`` variable, read inside the jitted step from the optimizer's state; the step never calls the host:
+`make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``, with
+the arguments, checks and config of `keras_dyndp.optimizer_base.DPOptimizerBase`. The jitted step never calls the
+host: `stateless_apply_clipped_sum` takes the sums of gradients clipped to C_k (`clip_norm_at`, k = ``iterations``),
+checks in the graph the counter against the budget and the recorded schedule and the batch's number of examples
+against the schedule's Poisson sampling, then noises, normalises (`keras_dyndp.mechanism.private_update`) and applies
+through Keras's ``stateless_apply``. A refused step, and every later one, changes nothing until `raise_refused_step`
+reads the refusal from the run state and raises. `apply` refuses any other gradients (Keras's default train step).
 
-1. `keras_dyndp.jax_backend.make_private`'s train step hands `stateless_apply_clipped_sum` the batch's sum of
-   per-example (or microbatch, `keras_dyndp.jax_backend.microbatches`) gradients clipped to C_k (`clip_norm_at`);
-2. the step checks, in the graph, the step counter against the budget and against the schedule it was saved with
-   (`keras_dyndp.optimizer_base.restored_schedule_refusal`) and the batch's number of examples against the
-   schedule's Poisson sampling. A refused step changes nothing (the variables and the counter keep their values,
-   whatever the data), and neither does any later step until `raise_refused_step` reads the refusal's code from the
-   optimizer's run state and raises RuntimeError with the reason (``make_private``'s ``fit`` calls it at each
-   epoch's end, where Keras syncs the state anyway);
-3. the noise and the normaliser (`keras_dyndp.mechanism.private_update`) make the update, which Keras's
-   ``stateless_apply`` hands to the base optimizer's update rule, advancing ``iterations``.
-
-Randomness (`_step_key`). Keras's seeds (``keras.utils.set_random_seed``, ``SeedGenerator`` states in checkpoints)
-are public or restorable: noise drawn from them could be regenerated or replayed. Each optimizer instead holds a
-64-bit base key from OS entropy (`keras_dyndp.noise_seed`), a Python constant of the traced step that no variable,
-checkpoint or ``.keras`` file contains. Step k's keys fold in a run nonce and k: the nonce, in the optimizer's run
-state, is set to a never-used value by `raise_refused_step`, which ``fit`` calls before the first step of every epoch
-and after any callback synced (hence possibly restored) the state, so a restored counter never meets a used nonce;
-a second process has another base key whatever Keras's seed. The microbatch memberships and the states of random
-layers (Dropout) in ``make_private``'s step come from the same step key, folded with another purpose.
-
-Gradients that did not come out of step 3 (Keras's default train step) are refused by `apply`, naming ``make_private``.
+Randomness (`_step_key`). Keras's seeds are public or restorable (``set_random_seed``, ``SeedGenerator`` states in
+checkpoints), so noise drawn from them could be regenerated or replayed. Each optimizer holds a 64-bit base key from
+OS entropy (`keras_dyndp.noise_seed`), a constant of the traced step in no variable, checkpoint or ``.keras`` file.
+Step k's keys fold in a run nonce, k and their purpose (noise, microbatches, random layers); `raise_refused_step`
+sets the nonce to a never-used value before each run of steps, so a restored counter never meets a used nonce.
 """
 
 from __future__ import annotations
@@ -55,11 +42,8 @@ _NOT_APPLIED = " The step was not applied, nor any step after it until this erro
 
 
 class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
-    """The dynamic DP-SGD part of every keras_dyndp optimizer on Keras 3's JAX backend (module docstring).
-
-    ``isinstance(optimizer, JaxDPOptimizerMixin)`` tells a keras_dyndp JAX DP optimizer from any other. Arguments:
-    `keras_dyndp.optimizer_base.DPOptimizerBase`.
-    """
+    """The dynamic DP-SGD part of every keras_dyndp JAX optimizer (module docstring; arguments:
+    `keras_dyndp.optimizer_base.DPOptimizerBase`)."""
 
     def _check_backend(self) -> None:
         if keras.backend.backend() != "jax":
@@ -127,8 +111,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self.schedule_values(self.iterations.value)[1]
 
     def _step_key(self, optimizer_variables, purpose: int) -> jax.Array:
-        """The secret key of the step in ``optimizer_variables`` for ``purpose``: the base key folded with the run
-        nonce, the step counter and ``purpose`` (module docstring), never from the data or Keras's seed."""
+        """The step's secret key for ``purpose``: the base key folded with the run nonce, the counter, ``purpose``."""
         key = jax.random.wrap_key_data(jnp.asarray(self._base_key), impl="threefry2x32")
         nonce = optimizer_variables[self._index(self._run_state)][0]
         for data in (nonce, self.step_at(optimizer_variables), purpose):
@@ -136,14 +119,12 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return key
 
     def microbatch_assignment(self, optimizer_variables, num_rows: int) -> jax.Array:
-        """int32 [num_rows]: each row's microbatch at the step in ``optimizer_variables``, uniform on
-        {0, ..., M - 1}, under its own secret key (module docstring)."""
+        """int32 [num_rows]: each row's microbatch at the step, uniform on {0, ..., M - 1}, under a secret key."""
         key = self._step_key(optimizer_variables, _MICROBATCHES)
         return microbatches.random_assignment(key, num_rows, self._num_microbatches)
 
     def secret_key(self, optimizer_variables) -> jax.Array:
-        """The secret key of the step in ``optimizer_variables`` for its random layers' states (module
-        docstring): never saved, never from Keras's seed."""
+        """The step's secret key for its random layers' states (module docstring)."""
         return self._step_key(optimizer_variables, _LAYER_SEEDS)
 
     def _refusal_code(self, step, recorded_fingerprint, num_examples, num_rows) -> jax.Array:
@@ -165,10 +146,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             step, recorded = int(self.iterations.numpy()), self._schedule_fingerprint.numpy().tolist()
             return RuntimeError(optimizer_base.restored_schedule_refusal(step, recorded, self._schedule))
         if code == _BUDGET_SPENT:
-            num_steps = self._schedule.num_steps
-            return optimizer_base.BudgetExhaustedError(
-                optimizer_base.budget_exhausted_message(num_steps, "keras_dyndp.BudgetStop")
-            )
+            message = optimizer_base.budget_exhausted_message(self._schedule.num_steps, "keras_dyndp.BudgetStop")
+            return optimizer_base.BudgetExhaustedError(message)
         if code == _PADDING_ROWS:
             return RuntimeError(batch_sizes.PADDING_ROWS_REFUSAL + _NOT_APPLIED)
         low, high = self._batch_size_range
@@ -179,15 +158,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def raise_refused_step(self) -> None:
         """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call,
-        and starts a new run of steps: the next steps' keys fold in a nonce never used before (module docstring).
-
-        A refusal cannot raise inside the jitted step, and reading it there would stop the device every step: the
-        refused step and every step after it are no-ops instead, and the refusal waits in the optimizer's run state
-        until this call. ``make_private``'s ``fit`` calls it before each epoch's first step, after any callback synced
-        the state and at each epoch's end (a refusal surfaces there at the latest), ``train_on_batch`` before and
-        after its step. A custom loop calling `stateless_apply_clipped_sum` assigns the state back and calls it after
-        each run of steps and after any restore.
-        """
+        and starts a new run of steps whose keys fold in a never-used nonce. A refusal cannot raise inside the jitted
+        step (reading it there would stop the device every step): it waits in the run state until this call, which
+        ``make_private``'s ``fit`` and ``train_on_batch`` make; a custom loop calling `stateless_apply_clipped_sum`
+        assigns the state back and calls it after each run of steps and after any restore."""
         _, code, num_examples = (int(value) for value in self._run_state.numpy())
         self._runs += 1
         self._run_state.assign([self._runs, 0, 0])
@@ -216,24 +190,20 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def stateless_apply_clipped_sum(
         self, optimizer_variables: list, clipped_sums: list, num_examples, num_rows, trainable_variables: list
     ) -> tuple[list, list]:
-        """Noises, normalises and applies sums of per-example (with ``num_microbatches``, per-microbatch) gradients
-        clipped to `clip_norm_at`; stateless.
-
-        For per-example clipping done outside the optimizer (`keras_dyndp.jax_backend.make_private`'s step).
+        """Stateless: noises, normalises and applies sums of per-example (with ``num_microbatches``, per-microbatch)
+        gradients clipped to `clip_norm_at` (`make_private`'s step clips them).
 
         Args:
           optimizer_variables: the optimizer's state (values of ``self.variables``).
-          clipped_sums: one array per trainable variable, the batch's sum of clipped per-example gradients (with
-            ``num_microbatches``, of the clipped gradients of the microbatches `microbatch_assignment` drew).
-          num_examples: the batch's number of examples (rows with a non-zero sample weight), checked against the
-            schedule's Poisson sampling.
-          num_rows: the batch's number of rows (the normaliser with ``public_batch_size=True``, which then refuses
-            a batch with fewer examples than rows).
+          clipped_sums: per trainable variable, the batch's sum of clipped gradients (of the microbatches
+            `microbatch_assignment` drew, with ``num_microbatches``).
+          num_examples: rows with a non-zero sample weight, checked against the schedule's Poisson sampling.
+          num_rows: the batch's rows (the normaliser with ``public_batch_size=True``, which then refuses padding).
           trainable_variables: the values of the trainable variables the optimizer was built with.
 
         Returns:
-          ``(trainable_variables, optimizer_variables)`` after the step, as Keras's ``stateless_apply``; both
-          unchanged but for the recorded refusal when the step was refused (`raise_refused_step` then raises).
+          ``(trainable_variables, optimizer_variables)`` as Keras's ``stateless_apply``; unchanged but for the
+          recorded refusal when the step was refused.
         """
         if len(clipped_sums) != len(trainable_variables):
             raise ValueError(
@@ -270,15 +240,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return new_trainable, new_optimizer
 
     def build(self, var_list):
-        """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.
-
-        ``load_model`` rebuilds the optimizer from its config, which records make_private's arguments when it was
-        trained through it, and builds it in the model's ``compile_from_config``: that model gets the train step
-        back. Not when built by ``fit`` (which would go on without make_private's data checks): any other model gets
-        Keras's own train step refused when ``fit`` makes it (RuntimeError naming make_private, before the state
-        leaves the model; `apply` refuses its gradients too). Built at step 0 for a model whose previous DP
-        optimizer took steps, it warns that the schedule starts over
-        (`optimizer_base.warn_on_schedule_restart`).
+        """Builds the base optimizer's variables. In ``load_model``'s ``compile_from_config``, gives the model back
+        make_private's step when the config records it; any other model not made private gets Keras's own train
+        step refused when ``fit`` makes it (before the state leaves the model). Warns when a model's schedule starts
+        over (`optimizer_base.warn_on_schedule_restart`).
         """
         super().build(var_list)
         model = keras_context.calling_model(self, keras.Model)
@@ -294,12 +259,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             model.make_train_function = functools.partial(_refuse_keras_train_step, model, self)
 
     def apply(self, grads, trainable_variables=None):
-        """Keras 3's entry for gradients: applies only those `stateless_apply_clipped_sum` noised.
-
-        Raises:
-          RuntimeError: on any other gradients, e.g. from Keras's default train step (the gradient of the
-            batch's mean loss, which no clipping has bounded): they would train without differential privacy.
-        """
+        """Keras 3's entry for gradients: applies only those `stateless_apply_clipped_sum` noised; RuntimeError on
+        any other (e.g. Keras's default train step's, unclipped), which would train without differential privacy."""
         grads = list(grads)
         if not self._dp_gradient_guard.check_and_clear(grads):
             raise RuntimeError(
@@ -320,13 +281,9 @@ def _refuse_keras_train_step(model: keras.Model, optimizer: JaxDPOptimizerMixin,
 
 
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
-    """Returns ``DynamicDPKeras<BaseName>(JaxDPOptimizerMixin, base_cls)``, registered for Keras serialization as
-    'keras_dyndp>DynamicDPKeras<BaseName>' (the TensorFlow classes' names: a model saved on one backend loads on
-    the other with the optimizer of that backend).
-
-    Raises:
-      TypeError: if `base_cls` is not a subclass of ``keras.optimizers.Optimizer``.
-    """
+    """Returns ``DynamicDPKeras<BaseName>(JaxDPOptimizerMixin, base_cls)``, registered as
+    'keras_dyndp>DynamicDPKeras<BaseName>' (the TensorFlow classes' names: a model saved on one backend loads on the
+    other). Raises TypeError if ``base_cls`` is not a subclass of ``keras.optimizers.Optimizer``."""
     if not (isinstance(base_cls, type) and issubclass(base_cls, keras.optimizers.Optimizer)):
         raise TypeError(
             f"`base_cls` must be a subclass of keras.optimizers.Optimizer. Received: base_cls={base_cls!r}."

@@ -1,19 +1,14 @@
-"""Taps: each example's input to a layer and the gradient of the layer's output, so that the layer's rule
-(`keras_dyndp.jax_backend.ghost`) clips its kernel without a per-example gradient of it.
+"""Taps: each example's input to a layer and the gradient of the layer's output, from which the layer's rule
+(`ghost`) clips its kernel without a per-example gradient of it (``jax.vmap`` of ``jax.grad`` would give B of them).
 
-``jax.vmap`` of ``jax.grad`` gives every example its own gradient of every variable (a V x D Embedding table, a
-convolution kernel: B of them). In make_private's step every example runs alone (a batch of one under ``jax.vmap``);
-in a `session`, a tapped layer's call records its input and adds a zero "tap" to its output (before the activation
-where the layer has an op, `ghost.Rule`), and the step differentiates the tap instead of the kernel: the gradient with
-respect to the tap is the example's output gradient.
-
+In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before the activation
+where the rule has an op); the step differentiates the tap instead of the kernel, which gives the output gradient.
 Tapped (`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports,
-whose kernel no other layer holds, reached through Sequential / functional models only (a subclassed model could
-read a sublayer's kernel in its own call), that runs once per forward pass and whose kernel nothing else in the
-forward pass reads: a table tied to an output projection (or a kernel read in a Lambda) gets a gradient from that
-read too, which the tap would miss. The probe traces the forward pass with the tapped calls reading a stand-in for
-their kernel; any equation that still reads the kernel is another use. The others keep the vmap path, layer by
-layer. The patched call is the original one whenever no private step is tracing.
+whose kernel no other layer holds, reached through Sequential / functional models only (a subclassed model could read
+a sublayer's kernel in its own call), run once per forward pass, and whose kernel nothing else in the forward pass
+reads (a tied output projection or a Lambda would add a gradient the tap misses): the probe traces the forward pass
+with the tapped calls reading a stand-in for their kernel, and any equation still reading the kernel is another use.
+The others keep the vmap path. Outside a session the patched call is the original.
 """
 
 from __future__ import annotations
@@ -32,9 +27,9 @@ from keras_dyndp.jax_backend import ghost
 _ACTIVE = threading.local()
 
 
-class _Session:
-    """One trace of the model: records each tapped layer's inputs and tapped shape, adds the taps when given, and
-    lets the layers in ``stand_ins`` (by layer id) read a stand-in for their kernel (`tappable`'s probe)."""
+class Session:
+    """A context for one trace: records each tapped layer's inputs and tapped shape, adds ``taps`` (by layer id)
+    when given, and lets the layers in ``stand_ins`` read a stand-in for their kernel (`tappable`'s probe)."""
 
     def __init__(self, taps: dict[int, Any] | None = None):
         self.taps = taps
@@ -96,14 +91,10 @@ def _patch(layer: keras.layers.Layer, rule: ghost.Rule) -> None:
     layer._keras_dyndp_tapped = True  # pylint: disable=protected-access
 
 
-def _wiring_only(layer: keras.layers.Layer) -> bool:
-    """Whether ``layer`` is a Sequential or functional model: its call only wires its sublayers' calls together."""
-    return type(layer).__module__.startswith("keras.") and type(layer).__name__ in ("Sequential", "Functional")
-
-
 def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    """The leaf layers below ``layer`` reached through Sequential / functional models only."""
-    if not _wiring_only(layer):
+    """The leaf layers below ``layer`` reached through Sequential / functional models only (whose calls only wire
+    their sublayers' calls together)."""
+    if not (type(layer).__module__.startswith("keras.") and type(layer).__name__ in ("Sequential", "Functional")):
         return []
     leaves = []
     for sublayer in layer._layers:  # pylint: disable=protected-access
@@ -112,8 +103,7 @@ def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
 
 
 def candidates(model: keras.Model, classes=tuple(ghost.RULES)) -> dict[int, tuple[keras.layers.Layer, int]]:
-    """Tappable layers of ``classes`` by id, each with its kernel's index in ``model.trainable_variables``
-    (patched)."""
+    """Tappable layers of ``classes`` (patched) by id, each with its kernel's index in ``trainable_variables``."""
     trainable = model.trainable_variables
     leaves = [layer for layer in model._flatten_layers() if not layer._layers]  # pylint: disable=protected-access
     found = {}
@@ -133,14 +123,13 @@ def candidates(model: keras.Model, classes=tuple(ghost.RULES)) -> dict[int, tupl
 def tappable(
     model: keras.Model, trainable: list, non_trainable: list, x: Any, classes=tuple(ghost.RULES)
 ) -> dict[int, tuple[keras.layers.Layer, int, tuple]]:
-    """The `candidates` this step taps, by layer id: (the layer, its kernel's index in ``trainable``, its tapped
-    output's shape for one example). A candidate is left out when it runs other than once in the forward pass, or
-    when the forward pass reads its kernel outside its call (module docstring). Traces ``model``'s training-mode
-    call on one row of ``x``'s shape, as the step runs each example; nothing runs."""
+    """The `candidates` this step taps, by layer id: (layer, kernel's index in ``trainable``, tapped output's shape
+    for one example); those run other than once or whose kernel is read elsewhere are left out (module docstring).
+    Traces the training-mode call on one row of ``x``'s shape; nothing runs."""
     found = candidates(model, classes)
     if not found:
         return {}
-    probe = _Session()
+    probe = Session()
 
     def forward(trainable, non_trainable, x, stand_ins):
         probe.stand_ins = stand_ins
@@ -159,8 +148,3 @@ def tappable(
         for key, (layer, index) in found.items()
         if probe.calls.get(key) == 1 and key in probe.shapes and id(kernels[index]) not in read
     }
-
-
-def session(taps: dict[int, Any] | None = None) -> _Session:
-    """A context in which the patched layers record their inputs and tapped shapes (and add ``taps``, by id)."""
-    return _Session(taps)

@@ -1,60 +1,28 @@
 """``model = keras_dyndp.make_private(model)`` on Keras 3's JAX backend: per-example clipping in ``model.fit``.
 
-Keras's JAX train step differentiates the batch's mean loss and hands the optimizer one averaged gradient, where no
-example can be clipped (the DP optimizers refuse it). ``make_private`` gives the model a stateless ``train_step``
-that computes one gradient per example with ``jax.vmap`` of ``jax.grad`` of the example's loss (the model's
-``stateless_call`` on a batch of one; tapped kernels by their rules instead, below), clips each to the global norm
-C_t that the optimizer's schedule gives at its step counter, sums them, and hands the sums to the optimizer's
-``stateless_apply_clipped_sum``, which adds the noise once, normalises and applies
-(`keras_dyndp.jax_backend.optimizer`). Each example runs alone on every path (taps, microbatches and physical batches
-all vmap that batch of one; the traces of the whole batch that check the model read only shapes), so no layer can
-mix examples: a Lambda adding the batch mean moves the clipped sum by C. Method, per layer: ``'auto'`` (=
-``'ghost'``) differentiates, instead of the kernels of Dense, Conv1D, Conv2D, DepthwiseConv2D and Embedding layers,
-their outputs, and clips those kernels from each example's layer input and output gradient
-(`keras_dyndp.jax_backend.taps`, `keras_dyndp.jax_backend.ghost`: no per-example kernel gradient); every other
-variable (biases, normalisation layers' scales, layers without a rule, a tapped layer's kernel used twice or read
-elsewhere) keeps its per-example gradient. ``'vectorized'`` taps only Embedding tables.
+Keras's JAX train step hands the optimizer the gradient of the batch's mean loss, where no example can be clipped.
+make_private's stateless ``train_step`` runs each example alone (``jax.vmap`` of ``jax.grad`` of the model's
+``stateless_call`` on a batch of one, on every path: no layer can mix examples, a Lambda adding the batch mean moves
+the clipped sum by C), clips each example's gradient to the optimizer's C_t, sums, and hands the sums to
+``stateless_apply_clipped_sum`` (noise once, normalise, apply: `keras_dyndp.jax_backend.optimizer`). ``method='auto'``
+(= ``'ghost'``) clips the kernels of the layers `ghost.RULES` covers from each example's layer input and output
+gradient (`taps`, `ghost`); every other variable keeps its vmap gradient; ``'vectorized'`` taps only Embedding tables.
+``accumulation_steps`` = k clips the batch in k physical batches (``jax.lax.scan``), one noise and one counter step;
+``num_microbatches`` = M clips M random microbatch gradients (`microbatches`, no taps).
 
-With the optimizer's ``accumulation_steps`` = k the batch (the logical one: the Poisson sample the schedule
-accounts) is clipped in k physical batches of ceil(B / k) rows, one after another (``jax.lax.scan``), their clipped
-sums added; the noise comes once and the step counter advances once, as on TensorFlow
-(`keras_dyndp.tf_backend.per_example.accumulation`). With ``num_microbatches`` = M the per-example gradients are
-combined into M random microbatch gradients before clipping (`keras_dyndp.jax_backend.microbatches`); Embedding tables
-keep the vmap path then.
+State. Non-trainable variables written from the batch would leave the step without noise: refused when the step is
+traced (`model_checks`). Random-generator states (Dropout) are drawn from the step's secret key, the same for every
+row, never from Keras's seed, which users publish (deleting a row shifted every later row's mask: 2.96 C); a variable
+written from those draws is refused too; the kept states advance from their public values as in Keras.
 
-State. Non-trainable variables that the training-mode call writes with a value computed from the batch (batch
-statistics: BatchNormalization's moving averages, or any custom layer's, a random-generator state included) would
-leave the step without noise: they are refused when the step is traced (`model_checks`, ValueError naming the
-variable and its layer), before any update. Random-generator states (``SeedGenerator``, used by Dropout and
-augmentation layers) are not drawn from Keras's seed inside the step: ``keras.utils.set_random_seed``, which users
-publish, would make every example's dropout mask a public function of its row (deleting a row shifted every later
-row's mask: 2.96 C). Each step takes a secret key from the optimizer (`keras_dyndp.jax_backend.optimizer`)
-and every example's states are drawn from it alone, the same for every row (as on TensorFlow,
-`keras_dyndp.tf_backend.per_example.randomness`): one secret dropout mask per step, never released and independent of
-the rows' positions, so removing an example moves no other example's gradient. The states the model keeps advance from
-their public values as one example's call advances them in Keras. A variable written from those secret draws (a stored
-mask) is refused too.
-
-Sampling: ``fit`` on `keras_dyndp.poisson_batches` at another rate than the schedule's is refused,
-and so are arrays (fixed-size batches) unless the optimizer has ``public_batch_size=True``; anything else gets one
-`SamplingWarning` (the epsilon assumes Poisson sampling).
-
-A step the optimizer refuses (the budget is spent, or the batch's number of examples is far outside the
-schedule's Poisson sampling) changes nothing, nor does any later step, and ``fit`` raises RuntimeError with the
-reason at that epoch's end at the latest, the model's state intact (``make_private`` gives ``fit`` a callback for
-it); past the budget it is one `keras_dyndp.optimizer_base.BudgetExhaustedError`, raised before the first step when
-the budget is already spent.
-
-By default the step computes no loss or metric on the training batch and logs only ``dp_step`` (public);
-``training_metrics=True`` opts in to the loss and metrics of the training batch, computed from the per-example
-losses and outputs without noise (outside the DP guarantee). Refused as on TensorFlow: an optimizer
-that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a loss reduced over the batch, several
-losses, regularisation losses, trainable BatchNormalization, a ``keras.distribution`` across several processes.
-
-Devices. Under a ``keras.distribution`` (``DataParallel``, ``ModelParallel``) in one process, Keras jits the same
-step over sharded arrays; JAX keeps its global meaning (one program over the whole batch), so the step releases
-what one device would release for the batch: per-example clipping of every example, the noise drawn once per step
-(one key) and added once to the global sum, every replica holding the same noisy update.
+Refused as on TensorFlow: an optimizer that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a
+loss reduced over the batch, several losses, regularisation losses, trainable BatchNormalization, a
+``keras.distribution`` across several processes; in ``fit``, `keras_dyndp.poisson_batches` at another rate than the
+schedule's and arrays unless ``public_batch_size=True`` (other data: one `SamplingWarning`). A step the optimizer
+refuses changes nothing, nor does any later step; ``fit`` raises at that epoch's end at the latest
+(`BudgetExhaustedError` past the budget, before the first step when it is spent). Only ``dp_step`` is logged unless
+``training_metrics=True``. Under a one-process ``keras.distribution`` the jitted step keeps its global meaning: every
+example clipped, one noise key, the noise added once to the global sum.
 """
 
 from __future__ import annotations
@@ -96,10 +64,6 @@ def _dp_optimizer(model: keras.Model) -> optimizer_base.DPOptimizerBase:
     return optimizer
 
 
-def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], Any]:
-    return refusals.per_example_loss_fn(model.loss, keras, lambda loss: loss.reduction in (None, "none"))
-
-
 def _check_model(model: keras.Model) -> None:
     if keras.distribution.distribution() is not None and jax.process_count() > 1:
         raise ValueError(
@@ -108,15 +72,14 @@ def _check_model(model: keras.Model) -> None:
             "one process (all its local devices can share the batch with keras.distribution.DataParallel)."
         )
     model_checks.check_layers(model)
-    regularised = [layer.name for layer in model._flatten_layers() if _has_regularizer(layer)]  # pylint: disable=protected-access
+    regularised = [
+        layer.name
+        for layer in model._flatten_layers()  # pylint: disable=protected-access
+        if getattr(layer, "activity_regularizer", None) is not None
+        or any(getattr(variable, "regularizer", None) is not None for variable in layer.weights)
+    ]
     if regularised:
         raise refusals.regularization_error(f"layers {regularised} have regularizers")
-
-
-def _has_regularizer(layer: keras.layers.Layer) -> bool:
-    return getattr(layer, "activity_regularizer", None) is not None or any(
-        getattr(variable, "regularizer", None) is not None for variable in layer.weights
-    )
 
 
 def _seed_states(model: keras.Model) -> list[bool]:
@@ -130,18 +93,16 @@ def _seed_states(model: keras.Model) -> list[bool]:
 
 
 def _secret_seed_state(step_key: jax.Array, position: int, public_state: jax.Array) -> jax.Array:
-    """The state random-generator variable ``position`` holds in the step, for every row alike: drawn from the
-    step's secret key (never from Keras's seed, which users publish, and never released) and from nothing about the
-    row, so deleting a row changes no other row's draws."""
+    """Random-generator state ``position`` in the step, the same for every row: from the secret step key alone (never
+    released), so deleting a row changes no other row's draws."""
     key = jax.random.fold_in(step_key, position)
     return jax.random.bits(key, public_state.shape, jnp.uint32).astype(public_state.dtype)
 
 
 def _advanced_seed_states(model: keras.Model, trainable, non_trainable, x, is_seed_state) -> list:
-    """``non_trainable`` with the random-generator states advanced as one example's training-mode call advances
-    them in Keras, from their public values (the step's per-example states are secret and stay inside it): the
-    call on a row of zeros (a seed state written from the data is refused before, `model_checks`), of which jit
-    keeps only the states' arithmetic."""
+    """``non_trainable`` with the random-generator states advanced from their public values as one example's call
+    advances them (the secret per-example states stay in the step): a call on a row of zeros, of which jit keeps only
+    the states' arithmetic (a state written from the data was refused, `model_checks`)."""
     if not any(is_seed_state):
         return non_trainable
     row = jax.tree_util.tree_map(lambda value: jnp.zeros((1, *value.shape[1:]), value.dtype), x)
@@ -149,12 +110,8 @@ def _advanced_seed_states(model: keras.Model, trainable, non_trainable, x, is_se
     return [new if seed else old for new, old, seed in zip(written, non_trainable, is_seed_state)]
 
 
-def _batch_size(x: Any) -> int:
-    return next(leaf for leaf in jax.tree_util.tree_leaves(x) if leaf is not None).shape[0]
-
-
 def _private_train_step_arguments(model: keras.Model) -> dict:
-    """make_private's arguments for ``model``, as the optimizer records them (in its config) for load_model."""
+    """make_private's arguments for ``model``, as the optimizer's config records them for load_model."""
     return {
         "method": model._keras_dyndp_method,  # pylint: disable=protected-access
         "training_metrics": model._keras_dyndp_training_metrics,  # pylint: disable=protected-access
@@ -167,10 +124,9 @@ def is_private(model: keras.Model) -> bool:
 
 
 def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is_seed_state) -> Callable:
-    """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``:
-    per example (``jax.vmap``), the gradients of the weighted loss (tapped kernels excluded), each tapped layer's
-    inputs and output gradients (`taps`), the outputs, the non-trainable values the call wrote (None for the
-    random-generator states, whose per-example values are secret, `_secret_seed_state`) and the weighted losses."""
+    """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``, per
+    example (``jax.vmap``): the weighted loss's gradients (None for tapped kernels), each tapped layer's inputs and
+    output gradients, the outputs, the non-trainable values written (None for the secret seed states), the losses."""
     kernels = {index for _, index, _ in tapped.values()}
     differentiated = [i for i in range(len(trainable_variables)) if i not in kernels]
 
@@ -183,7 +139,7 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
             for position, (value, seed) in enumerate(zip(non_trainable, is_seed_state))
         ]
         add_batch_axis = lambda value: None if value is None else value[None]  # noqa: E731
-        with taps.session(taps_values) as trace:
+        with taps.Session(taps_values) as trace:
             y_pred, non_trainable, added_losses = model.stateless_call(
                 trainable, non_trainable, jax.tree_util.tree_map(add_batch_axis, x_i), training=True, return_losses=True
             )
@@ -225,10 +181,9 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
 
 @contextlib.contextmanager
 def _refuse_writes_from_random_draws(model: keras.Model):
-    """Turns vmap's refusal of a batched output where none is expected (the non-trainable values the call writes,
-    other than the random-generator states) into the refusal of state that leaves the step without noise: such a
-    value followed an example (`model_checks` refused the data-derived writes before) or the step's secret random
-    draws, which must not be released either."""
+    """Turns vmap's refusal of a batched written non-trainable value (``out_axes=None``) into the refusal of state
+    that leaves the step without noise: it followed the step's secret random draws (data-derived writes were refused
+    before, `model_checks`)."""
     try:
         yield
     except ValueError as error:
@@ -247,12 +202,12 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, trainable_varia
     for g in grads:
         if g is not None:
             squared_norms = squared_norms + jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1)
-    rules = {key: (layer, ghost.RULES[type(layer)], index) for key, (layer, index, _) in tapped.items()}
-    for key, (layer, rule, _) in rules.items():
-        squared_norms = squared_norms + rule.squared_norms(layer, *tap_rows[key])
+    for key, (layer, _, _) in tapped.items():
+        squared_norms = squared_norms + ghost.RULES[type(layer)].squared_norms(layer, *tap_rows[key])
     factors = mechanism.clip_factors(ops.OPS, jnp.sqrt(squared_norms), clip_norm)
     sums = [None if g is None else jnp.tensordot(factors, g.astype(jnp.float32), axes=1) for g in grads]
-    for key, (layer, rule, index) in rules.items():
+    for key, (layer, index, _) in tapped.items():
+        rule = ghost.RULES[type(layer)]
         sums[index] = ghost.clipped_sum(rule, layer, trainable_variables[index], *tap_rows[key], factors)
     return sums
 
@@ -260,13 +215,11 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, trainable_varia
 def _in_physical_batches(
     physical_batch: Callable, batch: tuple, num_rows: int, num_physical_batches: int, sum_shapes: list
 ) -> tuple[list, Any]:
-    """``physical_batch`` on the whole batch, k = ``num_physical_batches`` physical batches at a time, summed.
+    """``physical_batch(batch) -> (sums, outputs)`` over k = ``num_physical_batches`` physical batches in turn
+    (``jax.lax.scan``: the peak memory is one physical batch's), the float32 ``sums`` (of ``sum_shapes``) added.
 
-    ``physical_batch(batch) -> (sums, outputs)``, with float32 ``sums`` of ``sum_shapes``; ``batch`` is a tuple of
-    arrays (or pytrees of them) whose leading axis is the rows. The rows are padded with zeros to k * ceil(B / k)
-    (``batch``'s weights then give padding rows weight 0: they add nothing) and the k physical batches run one after
-    another (``jax.lax.scan``), so the peak memory is one physical batch's. Returns the summed ``sums`` and the
-    ``outputs`` stacked over the physical batches ([k, ceil(B / k), ...] for those with a row axis).
+    ``batch``'s rows (leading axes) are padded with zeros to k * ceil(B / k): weight 0, they add nothing. Returns
+    the summed ``sums`` and the ``outputs`` stacked over the physical batches ([k, ceil(B / k), ...]).
     """
     size = -(-num_rows // num_physical_batches)
     padding = num_physical_batches * size - num_rows
@@ -280,8 +233,7 @@ def _in_physical_batches(
         return [total + value for total, value in zip(carry, sums)], outputs
 
     init = [jnp.zeros(shape, jnp.float32) for shape in sum_shapes]
-    sums, outputs = jax.lax.scan(body, init, jax.tree_util.tree_map(split, batch))
-    return sums, outputs
+    return jax.lax.scan(body, init, jax.tree_util.tree_map(split, batch))
 
 
 def _private_train_step(self: keras.Model, state, data):
@@ -289,10 +241,10 @@ def _private_train_step(self: keras.Model, state, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     optimizer = _dp_optimizer(self)
     optimizer._private_train_step = _private_train_step_arguments(self)  # pylint: disable=protected-access
-    loss_fn = _per_example_loss_fn(self)
+    loss_fn = refusals.per_example_loss_fn(self.loss, keras, lambda loss: loss.reduction in (None, "none"))
     _check_model(self)
     model_checks.check_model(self, x, (trainable_variables, non_trainable_variables))  # random-generator states too
-    num_rows = _batch_size(x)
+    num_rows = jax.tree_util.tree_leaves(x)[0].shape[0]  # tree_leaves skips None
     weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.reshape(sample_weight, [num_rows])
     is_seed_state = _seed_states(self)
     clip_norm = optimizer.clip_norm_at(optimizer_variables)
@@ -345,9 +297,8 @@ def _private_train_step(self: keras.Model, state, data):
 
 
 class _RefusedStepCheck(keras.callbacks.Callback):
-    """Calls the optimizer's `raise_refused_step` only where Keras has synced the state anyway: before a step that
-    reads it back from the variables (each epoch's first, or one after a callback synced, maybe restored, it: new
-    keys) and at each epoch's end, where a refused step surfaces at the latest."""
+    """Calls `raise_refused_step` where Keras syncs the state anyway: before a step that reads it back from the
+    variables (new keys after a possible restore) and at each epoch's end (a refusal surfaces there at the latest)."""
 
     def on_train_batch_begin(self, batch, logs=None):
         del batch, logs  # Unused.
@@ -360,12 +311,8 @@ class _RefusedStepCheck(keras.callbacks.Callback):
 
 
 class _FirstStepGuard(keras.callbacks.Callback):
-    """Keeps the state's values over ``fit``'s first step, whose trace raises the refusals found there.
-
-    Keras's JAX ``fit`` empties the model's and optimizer's variables when it hands their values to the first step;
-    when tracing that step raises, nothing puts them back, and the model would be left without weights. This keeps
-    references to the values (no copies) until the first step has run, so `restore` can put them back.
-    """
+    """Keeps references to the state's values over ``fit``'s first step, whose trace raises the refusals: Keras's
+    JAX ``fit`` empties the variables when it hands their values to that step, and puts nothing back if it raises."""
 
     def __init__(self):
         super().__init__()
@@ -395,8 +342,8 @@ _FIT_SIGNATURE = inspect.signature(keras.Model.fit)
 
 
 def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> None:
-    """Refuses Poisson batches at another rate than the schedule's, or for an optimizer with ``public_batch_size``,
-    and arrays for ``fit`` without it (`batch_sizes.check_not_arrays`); warns (once per optimizer) on other data."""
+    """Refuses Poisson batches at another rate than the schedule's or with ``public_batch_size``, and arrays for
+    ``fit`` without it; warns (once per optimizer) on other data."""
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return  # The train step refuses it, naming what to use.
@@ -417,10 +364,8 @@ def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> No
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):
-    """``Model.fit`` with `_RefusedStepCheck` added to the callbacks and the model's weights kept when the first
-    step's trace raises (`_FirstStepGuard`); checks the data's sampling and the budget left, and refuses what Keras
-    would fail on first. A step refused past the budget ends it in one `BudgetExhaustedError`, without Keras's
-    traceback."""
+    """``Model.fit`` after the model, sampling and budget checks, with `_RefusedStepCheck` and `_FirstStepGuard`; a
+    refusal past the budget ends it in one `BudgetExhaustedError`, without Keras's traceback."""
     _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
     bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
     _check_sampling(self, bound.arguments.get("x"))
@@ -440,8 +385,8 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _private_train_on_batch(self: keras.Model, *args, **kwargs):
-    """``Model.train_on_batch`` after the sampling check, between two `raise_refused_step` (new keys before, the
-    step's refusal after; the state is in the model then)."""
+    """``Model.train_on_batch`` after the sampling check, between two `raise_refused_step` (new keys, then the
+    step's refusal)."""
     _check_sampling(self, args[0] if args else kwargs.get("x"), "model.train_on_batch")
     _dp_optimizer(self).raise_refused_step()
     logs = keras.Model.train_on_batch(self, *args, **kwargs)
@@ -450,40 +395,30 @@ def _private_train_on_batch(self: keras.Model, *args, **kwargs):
 
 
 def _private_make_train_function(self: keras.Model, force: bool = False):
-    """Keras's ``make_train_function``, with a new train-step object whenever it builds a new train function.
-
-    JAX caches a jitted function's traces by the function object, and a trace holds the Python objects it was
-    traced with: after ``compile`` with another DP optimizer, the rebuilt ``jit(self.train_step)`` replayed the first
-    optimizer's trace (its schedule, noise source and refusals: the update followed the old clip norm, 1.06 where
-    the new schedule allows 0.0014) while the new optimizer's counter advanced.
-    """
+    """Keras's ``make_train_function``, with a new train-step object for each new train function: JAX caches traces
+    by function object, so after ``compile`` with another DP optimizer the old trace (its schedule, keys, refusals)
+    was replayed (the update followed the old clip norm, 1.06 where the new schedule allows 0.0014)."""
     if force or self.train_function is None:
         self.train_step = types.MethodType(_private_train_step, self)
     return type(self).make_train_function(self, force)
 
 
 def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:
-    """Gives ``model`` a JAX train step that clips per example and applies through the DP optimizer.
-
-    The same model object is returned (its ``train_step`` is replaced on the instance). Compile it, before or after,
-    with a `keras_dyndp.jax_backend` DP optimizer and a per-example loss (``reduction="none"``).
+    """Gives ``model`` (returned, changed in place) a JAX train step that clips per example and applies through the
+    DP optimizer. Compile it, before or after, with a `keras_dyndp.jax_backend` DP optimizer and a per-example loss
+    (``reduction="none"``).
 
     Args:
         model: a Keras model (Sequential, functional or subclassed) without trainable batch normalisation.
-        method: ``'auto'`` or ``'ghost'`` (the same: the layers' kernels clipped from their taps where a rule
-            covers them, the rest by ``jax.vmap``) or ``'vectorized'`` (per-example gradients, Embedding taps).
-        training_metrics: False (the default) computes no loss or metric on the training batch and logs only
-            ``dp_step`` (public; validation metrics as usual). True opts in to the compiled loss and metrics of the
-            training batch, computed WITHOUT noise and released outside the DP guarantee (one outlier moved the
-            logged epoch loss from 0.205 to 0.977).
-
-    Returns:
-        ``model``.
+        method: ``'auto'`` or ``'ghost'`` (the same: kernels clipped from their taps where a rule covers them, the
+            rest by ``jax.vmap``) or ``'vectorized'`` (per-example gradients, Embedding taps).
+        training_metrics: False logs only ``dp_step`` (public; validation metrics as usual). True logs the training
+            batch's loss and metrics, WITHOUT noise, outside the DP guarantee (one outlier moved the logged epoch
+            loss from 0.205 to 0.977).
 
     Raises:
-        ValueError: on a ``method`` other than these, a ``training_metrics`` that is not a bool or
-            a model that is not a ``keras.Model``; when the first step is traced, on what the module docstring
-            lists.
+        ValueError: on another ``method``, a non-bool ``training_metrics`` or a non-``keras.Model``; when the first
+            step is traced, on what the module docstring lists.
     """
     if not isinstance(model, keras.Model):
         raise refusals.not_a_model_error(model)

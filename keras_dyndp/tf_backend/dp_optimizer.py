@@ -1,69 +1,33 @@
 """Keras optimizers that run dynamic DP-SGD on TensorFlow: per-step clipping norms and noise from a `DPSchedule`.
 
-`make_dynamic_dp_optimizer_class(base_cls)` turns any new-API Keras optimizer (`tf.keras.optimizers.SGD`, `Adam`,
-...) into a differentially private one, the class ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``:
-the mixin runs the mechanism (`keras_dyndp.mechanism`, which states it: C_t, sigma_t, clipping, noise once on the
-sum, the normaliser, microbatches) in graph ops, the base class holds the update rule, and
-`keras_dyndp.tf_backend.keras_compat` what depends on the Keras version. `DynamicDPKerasSGD`, `DynamicDPKerasAdam`,
-`DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its public instances. Its own per-example path
-(`compute_gradients`) takes the jacobian of the per-example loss vector handed to `minimize` by a custom training
-loop or by ``make_private``'s step with ``method='jacobian'`` or microbatches; ``make_private``'s step clips faster
-and calls `apply_clipped_gradient_sum`. Keras's own train step is refused, naming ``make_private`` (Keras 3's in
-`apply_gradients`, Keras 2's in `compute_gradients`, before any update).
+`make_dynamic_dp_optimizer_class(base_cls)` makes ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``: the
+mixin runs the mechanism (`keras_dyndp.mechanism`) in graph ops, the base class holds the update rule;
+`DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its instances.
+Its own per-example path (`compute_gradients`) takes the jacobian of the per-example losses handed to `minimize` (a
+custom loop, or ``make_private``'s step with ``method='jacobian'`` or microbatches): O(B^2), and graphs pfor cannot
+vectorise fail (tensorflow#43904). ``make_private``'s faster step calls `apply_clipped_gradient_sum`. Keras's own
+train step is refused, naming ``make_private``. The noise comes from the optimizer's own `tf.random.Generator`,
+seeded from OS entropy and never saved (`keras_dyndp.tf_backend.noise_source`); batch sizes are checked against the
+schedule's Poisson sampling (`keras_dyndp.tf_backend.sampling_check`).
 
-The noise (and the microbatch membership) comes from the optimizer's own `tf.random.Generator`, seeded from OS
-entropy and never saved (`keras_dyndp.tf_backend.noise_source`). The batches must be Poisson samples at the
-schedule's p (`keras_dyndp.tf_backend.sampling_check`): with N known a step whose number of examples is far outside
-Binomial(N, p) raises, and `model.fit` on data that is not a keras_dyndp Poisson dataset gets one `SamplingWarning`.
-
-Step counter. `opt.dp_step` IS Keras's own `opt.iterations`, which checkpoints and `model.save` store with the
-optimizer. It counts DP steps exactly because the DP paths are the only way gradients get applied: `apply_gradients`
-refuses gradients that did not come out of this optimizer's `compute_gradients` (TF-Privacy's
-`_was_dp_gradients_called` guard), and `apply_clipped_gradient_sum` applies through the same counter. The whole
-update, counter included, is tied to the noised gradients by control dependencies: in `model.fit` on a dataset of
-unknown cardinality Keras's data-independent increment would otherwise run once more when the exhausted iterator
-aborts the last call, silently shifting the schedule. The schedule is two float32 constants indexed in the graph
-(one trace for every step). The variable `schedule_fingerprint`, saved with the counter, records at step 0 which
-schedule the steps are taken under; a step at a counter restored from another schedule is refused by an in-graph
-assertion (`keras_dyndp.optimizer_base.restored_schedule_refusal`).
+Step counter. `opt.dp_step` IS Keras's `opt.iterations`, saved with the optimizer. It counts DP steps because
+`apply_gradients` refuses gradients that did not come out of this optimizer's `compute_gradients`, and the whole
+update, counter included, depends on the noised gradients (else, at the end of a dataset of unknown cardinality,
+Keras's increment would run once more and shift the schedule). The variable `schedule_fingerprint` records at step 0
+the schedule the steps are taken under; a counter restored from another schedule is refused in the graph
+(`keras_dyndp.optimizer_base.restored_schedule_refusal`).
 
 Budget guard. Past T = `schedule.num_steps` a step raises `tf.errors.InvalidArgumentError` ("DP budget exhausted
-...") from an assertion; `make_private`'s ``fit`` raises `keras_dyndp.optimizer_base.BudgetExhaustedError` instead.
-XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t also read 0 there and the step releases nothing.
-Stop at T with `keras_dyndp.BudgetStop` rather than rely on this.
+..."). XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t also read 0 there and the step releases
+nothing; stop at T with `keras_dyndp.BudgetStop`.
 
-Speed. The generic path computes all per-example gradients with one pfor-vectorised `tape.jacobian` (as
-TF-Privacy's vectorized optimizers): O(B^2) for batch B, and graphs pfor cannot vectorise (some LSTM and embedding
-graphs, tensorflow#43904) fail here; `keras_dyndp.tf_backend.per_example.make_private` is the fast path.
+Replicas (`keras_dyndp.tf_backend.replicas`): under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each
+replica clips its share, the first alone adds the noise and the base optimizer sums the parts; other strategies are
+refused. Not supported: sparse per-example gradients (the jacobian densifies them). Keras's ``clipnorm``,
+``global_clipnorm`` and ``clipvalue`` act on the noised gradient: harmless, but not DP clipping.
 
-Replicas. Under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each replica clips its share of the global
-batch, the first replica alone adds the noise, each divides by the global normaliser and the base optimizer sums the
-parts (`keras_dyndp.tf_backend.replicas`). Other strategies are refused. With ``accumulation_steps`` = k,
-`make_private`'s step clips each batch in k physical batches and adds the noise once
-(`keras_dyndp.tf_backend.per_example.accumulation`).
-
-Not supported: sparse (`tf.IndexedSlices`) per-example gradients (the jacobian densifies them). Keras's `clipnorm`,
-`global_clipnorm` and `clipvalue` act on the already noised gradient: harmless, but not DP clipping.
-
-Example:
-
-```python
-schedule = keras_dyndp.schedules.calibrate(
-    'dynamic', target_epsilon=1.2, target_delta=1e-5, sampling_probability=256 / 60000, num_steps=4688,
-    initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3)
-optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=256, learning_rate=0.1)  # p N
-# or, equivalently, from the budget:
-optimizer = DynamicDPKerasSGD(target_epsilon=1.2, target_delta=1e-5, num_examples=60000, batch_size=256,
-                              epochs=20, method='dynamic', initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3,
-                              learning_rate=0.1)
-model.compile(optimizer=optimizer,
-              loss=tf.keras.losses.SparseCategoricalCrossentropy(
-                  from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
-```
-
-References:
-  Abadi et al., Deep Learning with Differential Privacy, https://arxiv.org/abs/1607.00133
-  Du et al., Dynamic Differential-Privacy Preserving SGD.
+References: Abadi et al., Deep Learning with Differential Privacy, https://arxiv.org/abs/1607.00133; Du et al.,
+Dynamic Differential-Privacy Preserving SGD.
 """
 
 from __future__ import annotations
@@ -88,18 +52,10 @@ from keras_dyndp.tf_backend.per_example import train_step
 
 
 class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
-    """The dynamic DP-SGD part of every keras_dyndp optimizer: `DynamicDPKerasSGD` is
-    ``class DynamicDPKerasSGD(DynamicDPOptimizerMixin, keras.optimizers.SGD)``, made by
-    `make_dynamic_dp_optimizer_class`. ``isinstance(optimizer, DynamicDPOptimizerMixin)`` tells a keras_dyndp DP
-    optimizer from any other.
-
-    Build it from a `DPSchedule`, or from a privacy budget that is calibrated with
-    `keras_dyndp.schedules.sampling_from_epochs` and `keras_dyndp.schedules.calibrate`. Compile the model with
-    a per-example loss (`reduction=tf.keras.losses.Reduction.NONE`). `keras_dyndp.mechanism` states the
-    mechanism, this module's docstring the step counter and the budget guard.
+    """The dynamic DP-SGD part of every keras_dyndp TensorFlow optimizer (``isinstance`` tells them from others).
 
     Its arguments, their checks and its config are `keras_dyndp.optimizer_base.DPOptimizerBase`'s (shared with the
-    JAX backend's optimizers); this class adds the TensorFlow mechanism.
+    JAX backend); this class adds the TensorFlow mechanism. Compile the model with a per-example loss.
     """
 
     def _check_backend(self) -> None:
@@ -111,15 +67,13 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _build_dp_state(self, noise_seed: int | None) -> None:
         self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
+        schedule = self._schedule
         self._sampling_check = sampling_check.SamplingCheck(
-            self._schedule.sampling_probability,
-            self._expected_batch_size,
-            self._public_batch_size,
-            self.normalises_by_rows,
+            schedule.sampling_probability, self._expected_batch_size, self._public_batch_size, self.normalises_by_rows
         )
         with tf.init_scope():
-            self._clip_norms_tensor = tf.constant(self._schedule.clip_norms, dtype=tf.float32)
-            self._noise_stddevs_tensor = tf.constant(self._schedule.noise_stddevs, dtype=tf.float32)
+            self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
+            self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
         self._schedule_fingerprint = keras_compat.add_int32_optimizer_variable(self, "schedule_fingerprint", (2,))
 
     @property
@@ -142,7 +96,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def _schedule_check(self) -> list[tf.Operation]:
         """Refuses a step counter restored from another schedule (or without a fingerprint); records the
-        schedule's fingerprint at step 0 (kept at every step it may run, kept as restored when refused)."""
+        schedule's fingerprint at step 0."""
         recorded = tf.convert_to_tensor(self._schedule_fingerprint)
         matches = self._schedule_matches()
         unrecorded = tf.reduce_all(tf.equal(recorded, tf.constant(optimizer_base.UNRECORDED_FINGERPRINT, tf.int32)))
@@ -174,8 +128,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self._schedule_values()[0]
 
     def current_noise_stddev(self) -> tf.Tensor:
-        """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent, or on another
-        schedule's step counter)."""
+        """float32 scalar sigma at `dp_step`, the noise std on the clipped sum (0 as `current_clip_norm`)."""
         return self._schedule_values()[1]
 
     def _step_checks(self, batch_size_check: tf.Operation | None) -> list[tf.Operation]:
@@ -183,9 +136,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return checks + self._schedule_check()
 
     def _private_update(self, clipped_sums, clip_norm, sigma, global_num_rows, num_microbatches) -> list[tf.Tensor]:
-        """This replica's part of the update (`keras_dyndp.mechanism.private_update`): its clipped sums, the step's
-        noise on the first replica only, over the global normaliser; the base optimizer sums the parts over
-        replicas (`keras_dyndp.tf_backend.replicas`)."""
+        """This replica's part of the update (`keras_dyndp.mechanism.private_update`): its clipped sums, the noise
+        on the first replica only, over the global normaliser; the base optimizer sums the parts."""
         return mechanism.private_update(
             clip_and_noise.OPS,
             clipped_sums,
@@ -199,26 +151,21 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         )
 
     def compute_gradients(self, loss, var_list, tape=None):
-        """Clipped, noised and normalised gradients of a per-example loss (one DP release).
-
-        Each call releases one noisy sum at the current `dp_step`, which only `apply_gradients` advances: pass
-        the result to `apply_gradients` unchanged, once per call (as `minimize` and `model.fit` do).
+        """Clipped, noised and normalised gradients of a per-example loss: one DP release at `dp_step`, which only
+        `apply_gradients` advances; pass the (gradient, variable) pairs to it unchanged, once per call.
 
         Args:
           loss: per-example loss tensor [B] (or [B, ...], averaged per example), or a callable returning it.
           var_list: the variables, or a callable returning them.
           tape: the `tf.GradientTape` that recorded `loss` (required for a tensor loss).
 
-        Returns:
-          A list of (gradient, variable) pairs to pass unchanged to `apply_gradients`.
-
         Raises:
           RuntimeError: when Keras 2's own train step calls it (``model.fit`` without ``make_private``).
-          ValueError: if the loss is a scalar (already averaged) or `tape` is missing, or if the model training
-            with this optimizer mixes examples or stores batch statistics (`keras_dyndp.tf_backend.model_checks`) or
-            wraps it in a LossScaleOptimizer (mixed_float16) outside ``make_private``.
+          ValueError: if the loss is a scalar (already averaged) or `tape` is missing, or if the model mixes
+            examples or stores batch statistics (`keras_dyndp.tf_backend.model_checks`) or wraps the optimizer in a
+            LossScaleOptimizer outside ``make_private``.
           tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
-            outside the schedule's Poisson sampling (see `sampling_check`).
+            outside the schedule's Poisson sampling (`sampling_check`).
         """
         replicas.check_strategy()
         if self._accumulation_steps > 1:
@@ -285,22 +232,12 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return list(zip(grads, var_list))
 
     def minimize(self, loss, var_list, tape=None):
-        """`compute_gradients` then `apply_gradients`: one DP step of the optimizer's own per-example path.
-
-        For custom training loops, on Keras 2 and 3; ``model.fit`` takes it with
-        ``keras_dyndp.make_private(model, method='jacobian')``.
-        Returns the ``iterations`` (= `dp_step`) variable.
-        """
+        """`compute_gradients` then `apply_gradients`: one DP step for custom training loops; returns `dp_step`."""
         return self.apply_gradients(self.compute_gradients(loss, var_list, tape=tape))
 
     def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
-        """Applies the gradients returned by this optimizer's `compute_gradients`, and nothing else.
-
-        Raises:
-          RuntimeError: if the gradients are not exactly those of the latest `compute_gradients` call, e.g.
-            ordinary gradients from a tape or from Keras 3's default train step: applying them would train
-            without differential privacy. The message says to call ``keras_dyndp.make_private(model)``.
-        """
+        """Applies the gradients returned by this optimizer's latest `compute_gradients`; RuntimeError for any
+        other (ordinary gradients from a tape or Keras 3's train step would train without differential privacy)."""
         del skip_gradients_aggregation  # The DP step always sums the replicas' parts (see `replicas`).
         grads_and_vars = list(grads_and_vars)
         self._refuse_unless_issued([grad for grad, _ in grads_and_vars], "apply_gradients")
@@ -319,10 +256,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         if self._dp_gradient_guard.check_and_clear(grads):
             return
         message = refusals.foreign_gradients(f"{type(self).__name__}.{entry}", "returned by its own compute_gradients")
-        if (
-            keras_context.calling_model(self, keras_compat.keras.Model) is not None
-            and keras_compat.KERAS_MAJOR_VERSION >= 3
-        ):
+        in_train_step = keras_context.calling_model(self, keras_compat.keras.Model) is not None
+        if in_train_step and keras_compat.KERAS_MAJOR_VERSION >= 3:
             message += refusals.keras_train_step(self._private_train_step)
         else:
             message += (
@@ -336,13 +271,10 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def build(self, var_list):
         """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.
 
-        ``load_model`` rebuilds a model and its optimizer from their configs, and builds the optimizer in the
-        model's ``compile_from_config`` when the model is built (Sequential, functional, and subclassed models saved
-        after a call). If this optimizer was trained through `keras_dyndp.make_private` (recorded in its config),
-        the reloaded model gets that train step back there, with the same arguments. Not when built by a ``fit``
-        (Keras 3's, or a train step): that ``fit`` would go on without make_private's data checks, and Keras's own
-        train step is refused instead, naming the arguments. Built at step 0 for a model whose previous DP optimizer
-        took steps, it warns that the schedule starts over (`optimizer_base.warn_on_schedule_restart`).
+        ``load_model`` builds the optimizer in the model's ``compile_from_config``: if its config records that it
+        trained through `keras_dyndp.make_private`, the model gets that train step back, with the same arguments.
+        Not when built by a ``fit``, which would go on without make_private's data checks: Keras's own train step is
+        refused instead, naming the arguments. Warns if the schedule starts over (`warn_on_schedule_restart`).
         """
         super().build(var_list)
         model = keras_context.calling_model(self, keras_compat.keras.Model)
@@ -361,10 +293,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             )
 
     def _apply_private_gradients(self, grads_and_vars: list, name=None, **kwargs) -> tf.Variable:
-        # The base class increments `iterations` without any data dependency, so in a tf.function whose
-        # input iterator runs dry (the end of an unknown-cardinality dataset in model.fit) the increment can
-        # run although the step does not, silently shifting the schedule. Tie the whole update, counter
-        # included, to the gradients.
+        # The base class's data-independent increment could run when the input iterator runs dry: tie it to the
+        # gradients (module docstring).
         with tf.control_dependencies([grad for grad, _ in grads_and_vars]):
             return keras_compat.apply_base_update(super(), grads_and_vars, name=name, **kwargs)
 
@@ -377,10 +307,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     ) -> tf.Variable:
         """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
 
-        For per-example (not microbatch) clipping done outside the optimizer, e.g. by the fast path: adds
-        N(0, sigma^2) with sigma = `current_noise_stddev()` to each sum, divides by `expected_batch_size` (by
-        `num_rows` with ``public_batch_size=True``), applies the base update rule and advances `dp_step`. Raises
-        in graph and eager mode once the budget is spent (see the module docstring for XLA).
+        For per-example clipping done outside the optimizer (the fast path): adds N(0, sigma^2), sigma =
+        `current_noise_stddev()`, to each sum, divides by `expected_batch_size` (by `num_rows` with
+        ``public_batch_size=True``), applies the base update rule and advances `dp_step`.
 
         Args:
           clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients
@@ -390,13 +319,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           sample_weight: the batch's sample weights ([num_rows, ...]) or None (every row is an example); the
             rows with a non-zero weight are the examples that the batch-size check counts.
 
-        Returns:
-          The `iterations` (= `dp_step`) variable, as `apply_gradients` does.
-
-        Raises:
-          ValueError: if `model.fit` received Poisson batches at another rate than the schedule's.
-          tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
-            outside the schedule's Poisson sampling (see `sampling_check`).
+        Returns `dp_step`. Raises `tf.errors.InvalidArgumentError` at run time as `compute_gradients` does.
         """
         replicas.check_strategy()
         var_list = list(var_list)
@@ -422,20 +345,10 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
 
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
-    """Returns ``DynamicDPKeras<BaseName>(DynamicDPOptimizerMixin, base_cls)``: a dynamic DP-SGD optimizer class.
+    """Returns ``DynamicDPKeras<BaseName>(DynamicDPOptimizerMixin, base_cls)``, a dynamic DP-SGD optimizer class
+    keeping the base update rule and arguments, registered with Keras as 'keras_dyndp>DynamicDPKeras<BaseName>'.
 
-    The subclass keeps the base update rule and all its arguments; see the module docstring for the mechanism.
-    It is registered for Keras serialization as 'keras_dyndp>DynamicDPKeras<BaseName>'.
-
-    Args:
-      base_cls: a subclass of `tf.keras.optimizers.Optimizer`, e.g. `tf.keras.optimizers.SGD`. Legacy
-        optimizers (`tf.keras.optimizers.legacy.*`) are not supported.
-
-    Returns:
-      The class `DynamicDPKeras<BaseName>`.
-
-    Raises:
-      TypeError: if `base_cls` is not a new-API Keras optimizer class.
+    Raises TypeError unless ``base_cls`` subclasses `tf.keras.optimizers.Optimizer` (not ``optimizers.legacy``).
     """
     if not (isinstance(base_cls, type) and issubclass(base_cls, keras_compat.Optimizer)):
         raise TypeError(

@@ -1,48 +1,8 @@
 """What keras_dyndp does differently on Keras 2 and Keras 3: the only module that may depend on the version.
 
-Every other module imports the Keras in use (`keras`) and the version-dependent helpers from here. Both are
-implemented: Keras 2 (TF 2.15's ``tf.keras``, or ``tf_keras`` with ``TF_USE_LEGACY_KERAS=1`` on newer TF) and
-Keras 3 on the TensorFlow backend (TF 2.16+, whose ``tf.keras`` is Keras 3). `KERAS_MAJOR_VERSION` says which.
-
-What differs, name by name (Keras 2 | Keras 3):
-
-* `keras`: ``tf.keras`` | the ``keras`` package, on the TensorFlow backend only (``tf.keras`` is a namespace of
-  the same classes without ``keras.saving``).
-* `Optimizer`, `register_serializable`: same names on both.
-* `apply_base_update`: ``apply_gradients(grads_and_vars)`` | ``apply(grads, variables)``; both all-reduce (SUM)
-  across replicas.
-* `add_int32_optimizer_variable`: a ``tf.Variable`` appended to ``optimizer._variables`` | ``add_variable``.
-  Keras 3's ``Model.train_step`` reduces the loss and calls ``optimizer.apply_gradients`` (which calls
-  ``apply``) with the batch-averaged gradient, so the DP optimizers refuse both with an error naming
-  ``make_private``, and the per-example step is the model's (``keras_dyndp.make_private``).
-* `UNSUPPORTED_OPTIMIZER_ARGUMENTS`: none | ``gradient_accumulation_steps`` (would count micro-steps as DP steps
-  and add noise per micro-step; ``accumulation_steps`` is the DP one) and ``loss_scale_factor`` (would rescale the
-  noised update).
-* `LOSS_SCALE_OPTIMIZER_CLASSES`, `unwrap_optimizer`: ``keras.mixed_precision.LossScaleOptimizer`` |
-  ``keras.optimizers.LossScaleOptimizer``; both wrap the optimizer ``compile`` was given under the
-  'mixed_float16' policy, as ``inner_optimizer``.
-* `PER_EXAMPLE_REDUCTION`, `is_per_example_loss`: ``reduction="none"`` on both; Keras 3 also ``None``.
-* `unpack_x_y_sample_weight`: ``keras.utils.unpack_x_y_sample_weight`` on both.
-* `training_logs`: ``compute_loss`` updates the loss tracker | ``compute_loss`` returns the (per-example) loss,
-  which is averaged and fed to ``model._loss_tracker``; then ``compute_metrics`` on both.
-* `is_keras_train_step`: Keras's own ``Model.train_step`` calls the DP optimizer's ``minimize`` with the
-  per-example losses, then returns the loss and metrics of the training batch (refused in ``compute_gradients``) |
-  it hands the optimizer the averaged gradient (refused in ``apply_gradients``).
-* `reset_train_function`: ``model.train_function = None`` on both (``make_train_function`` rebuilds it).
-* `DIRECT_BATCHES_REACH_EVERY_REPLICA`: ``train_on_batch`` distributes its batch across a strategy's replicas |
-  hands it whole to every replica (`keras_dyndp.tf_backend.replicas.split_direct_batches` splits it for private models).
-* `steps_per_execution`, `set_steps_per_execution`: a variable ``model._steps_per_execution`` read by the traced
-  loop at every call | a Python int ``model.steps_per_execution`` read when the train function is traced, so
-  changing it swaps in a train function traced for the new value (and swaps the old one back when restored).
-* `RunProgressBar`: ``ProgbarLogger(count_mode="steps")`` | ``ProgbarLogger()`` (Keras 3 counts steps).
-* `add_to_epoch_logs`, `remove_epoch_logs_hook`: how a callback adds keys that EVERY callback's ``on_epoch_end``
-  sees, whatever the order of the list: Keras 2 copies the last batch's logs (the very dict a callback with
-  ``_supports_tf_logs`` receives) into the epoch logs | Keras 3 gives callbacks copies of the batch logs and
-  builds the epoch logs with ``model._get_metrics_result_or_logs``, which is wrapped on the instance.
-* `input_signature`: ``model.save_spec`` | specs of a functional model's ``inputs`` (else None).
-* `flatten_layers`: ``_flatten_layers(include_self=False, recursive=True)`` on both.
-* `BATCH_NORM_CLASSES`, `ALWAYS_MIXING_BATCH_NORM_CLASSES`: Keras 2's three classes |
-  ``keras.layers.BatchNormalization`` only (``synchronized=True`` replaces SyncBatchNormalization).
+Every other module imports the Keras in use (`keras`) and the version-dependent helpers from here. Keras 2 is TF
+2.15's ``tf.keras`` or ``tf_keras`` (``TF_USE_LEGACY_KERAS=1`` on newer TF); Keras 3 is the ``keras`` package on the
+TensorFlow backend (TF 2.16+). `KERAS_MAJOR_VERSION` says which; each helper's docstring says what differs.
 """
 
 from __future__ import annotations
@@ -61,8 +21,7 @@ from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 
 keras = tf.keras
-"""The Keras module in use: TF's ``tf.keras`` on Keras 2, the ``keras`` package on Keras 3 (whose ``tf.keras``
-namespace lacks ``keras.saving``; its classes are the same)."""
+"""The Keras in use: ``tf.keras`` on Keras 2, the ``keras`` package on Keras 3 (``tf.keras`` lacks ``keras.saving``)."""
 
 
 def _major_version() -> int:
@@ -99,17 +58,9 @@ def register_serializable(package: str, name: str) -> Callable[[type], type]:
 
 
 def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
-    """Applies already noised gradients with the base optimizer's update rule, incrementing ``iterations``.
-
-    Args:
-        base: ``super(...)`` of the DP optimizer: its base class's methods.
-        grads_and_vars: (gradient, variable) pairs.
-        **kwargs: passed on to Keras 2's ``apply_gradients`` (``name``, ...); ignored on Keras 3.
-
-    Returns:
-        The ``iterations`` variable. Under a multi-replica strategy both sum the replicas' gradients (all-reduce
-        SUM) before the update rule: each replica passes its part of the DP update (`keras_dyndp.tf_backend.replicas`).
-    """
+    """Applies noised ``grads_and_vars`` with the update rule of ``base`` (``super()`` of the DP optimizer): Keras 2's
+    ``apply_gradients(grads_and_vars, **kwargs)`` | Keras 3's ``apply(grads, variables)``. Both sum the replicas'
+    parts (all-reduce SUM, `keras_dyndp.tf_backend.replicas`) and return ``iterations``, incremented."""
     if _KERAS_3:
         grads, variables = zip(*grads_and_vars) if grads_and_vars else ((), ())
         base.apply(list(grads), list(variables))
@@ -119,41 +70,33 @@ def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
 
 
 def add_int32_optimizer_variable(optimizer: Any, name: str, shape: tuple[int, ...]) -> Any:
-    """A non-trainable int32 variable of zeros in ``optimizer.variables``, saved with the optimizer (checkpoints,
-    ``.keras``, Keras 3's ``.weights.h5``) and written from the first replica only (it may be assigned in a replica's
-    step, as ``iterations`` is)."""
+    """A non-trainable int32 variable of zeros in ``optimizer.variables`` (so saved with it), written from the first
+    replica only, as ``iterations`` is. Keras 2's ``add_variable`` takes no aggregation."""
     if _KERAS_3:
         return optimizer.add_variable(
             shape=shape, initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name
         )
     with tf.init_scope():
-        variable = tf.Variable(
-            tf.zeros(shape, tf.int32),
-            name=name,
-            trainable=False,
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-        )
-    optimizer._variables.append(variable)  # pylint: disable=protected-access  (Keras 2's add_variable has no aggregation)
+        aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        variable = tf.Variable(tf.zeros(shape, tf.int32), name=name, trainable=False, aggregation=aggregation)
+    optimizer._variables.append(variable)  # pylint: disable=protected-access
     return variable
 
 
 UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = (
     optimizer_base.KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS if _KERAS_3 else {}
 )
-"""Base-optimizer arguments a DP optimizer refuses (when not None), with the reason."""
+"""Base-optimizer arguments a DP optimizer refuses (when not None), with the reason: none on Keras 2."""
 
-if _KERAS_3:
-    LOSS_SCALE_OPTIMIZER_CLASSES: tuple[type, ...] = (keras.optimizers.LossScaleOptimizer,)
-else:
-    LOSS_SCALE_OPTIMIZER_CLASSES = (keras.mixed_precision.LossScaleOptimizer,)
-"""The wrappers ``compile`` puts around the optimizer under the 'mixed_float16' policy."""
+LOSS_SCALE_OPTIMIZER_CLASSES: tuple[type, ...] = (
+    (keras.optimizers.LossScaleOptimizer,) if _KERAS_3 else (keras.mixed_precision.LossScaleOptimizer,)
+)
+"""The wrappers ``compile`` puts around the optimizer (its ``inner_optimizer``) under the 'mixed_float16' policy."""
 
 
 def unwrap_optimizer(optimizer: Any) -> Any:
     """The optimizer inside a LossScaleOptimizer (mixed precision), else ``optimizer`` itself."""
-    if isinstance(optimizer, LOSS_SCALE_OPTIMIZER_CLASSES):
-        return optimizer.inner_optimizer
-    return optimizer
+    return optimizer.inner_optimizer if isinstance(optimizer, LOSS_SCALE_OPTIMIZER_CLASSES) else optimizer
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -163,10 +106,8 @@ PER_EXAMPLE_REDUCTION = refusals.PER_EXAMPLE_REDUCTION
 
 
 def is_per_example_loss(loss: keras.losses.Loss) -> bool:
-    """Whether a Keras loss object returns one loss per example (no reduction over the batch)."""
-    if _KERAS_3:
-        return loss.reduction in (None, "none")
-    return loss.reduction == keras.losses.Reduction.NONE
+    """Whether a Keras loss object returns one loss per example: ``reduction="none"`` (Keras 3: also None)."""
+    return loss.reduction in ((None, "none") if _KERAS_3 else (keras.losses.Reduction.NONE,))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -179,19 +120,23 @@ def unpack_x_y_sample_weight(data: Any) -> tuple[Any, Any, Any]:
 
 
 def is_keras_train_step(model: keras.Model) -> bool:
-    """Whether ``model`` trains with Keras's own ``Model.train_step`` (not overridden by its class or instance)."""
+    """Whether ``model`` trains with Keras's own ``Model.train_step`` (not overridden by its class or instance).
+
+    Keras 2's calls the DP optimizer's ``minimize`` with the per-example losses and logs the batch's loss and metrics
+    (refused in ``compute_gradients``) | Keras 3's hands it the averaged gradient (refused in ``apply_gradients``).
+    """
     return getattr(getattr(model, "train_step", None), "__func__", None) is keras.Model.train_step
 
 
 def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> dict[str, tf.Tensor]:
-    """Updates the compiled loss and metrics on a training batch and returns the step's logs."""
+    """Updates the compiled loss and metrics on a training batch and returns the step's logs: Keras 2's
+    ``compute_loss`` updates the loss tracker | Keras 3's returns the loss, whose batch mean feeds it."""
     if _KERAS_3:
         loss = model._compute_loss(  # pylint: disable=protected-access  (also calls an old-style compute_loss)
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
         )
         loss = tf.convert_to_tensor(loss)
-        if loss.shape.rank:  # The per-example losses of a reduction="none" loss: log their batch mean (a replica
-            # of a tf.distribute strategy may hold no row: its mean is 0, with weight 0).
+        if loss.shape.rank:  # Per-example losses: log their mean (0, with weight 0, on a replica without rows).
             loss = tf.math.divide_no_nan(tf.reduce_sum(loss), tf.cast(tf.size(loss), loss.dtype))
         batch_size = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
         model._loss_tracker.update_state(loss, sample_weight=batch_size)  # pylint: disable=protected-access
@@ -201,7 +146,8 @@ def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight
 
 
 DIRECT_BATCHES_REACH_EVERY_REPLICA: bool = _KERAS_3
-"""Whether ``train_on_batch`` under a strategy of several replicas gives each replica the whole batch."""
+"""Whether ``train_on_batch`` under several replicas gives each the whole batch (Keras 3) instead of a share
+(`keras_dyndp.tf_backend.replicas.split_direct_batches` splits it for private models)."""
 
 
 def reset_train_function(model: keras.Model) -> None:
@@ -211,11 +157,8 @@ def reset_train_function(model: keras.Model) -> None:
 
 
 def input_signature(model: keras.Model) -> Any:
-    """The inputs' specs of a model that has been built or called (unknown batch size), else None.
-
-    Keras 3 records the input specs of functional and Sequential models only (``model.inputs``); a subclassed
-    model keeps its build shapes but not its input dtypes, so it gives None there.
-    """
+    """The inputs' specs of a model that has been built or called (unknown batch size), else None: Keras 2's
+    ``save_spec`` | Keras 3's ``model.inputs``, of functional and Sequential models only (None for subclassed ones)."""
     if KERAS_MAJOR_VERSION == 2:
         spec = model.save_spec(dynamic_batch=True)
         if spec is None:
@@ -230,14 +173,12 @@ def input_signature(model: keras.Model) -> Any:
 
 
 def variable_name(variable: Any) -> str:
-    """A variable's name for messages, with its layer's: Keras 2's ``'dense/kernel:0'``, Keras 3's path
-    ``'dense/kernel'`` (a Keras 3 variable's ``name`` is only ``'kernel'``)."""
+    """A variable's name with its layer's, for messages: ``'dense/kernel:0'`` (Keras 2) | ``'dense/kernel'``."""
     return getattr(variable, "path", None) or variable.name
 
 
 def depthwise_kernel(layer: keras.layers.Layer) -> Any:
-    """A ``DepthwiseConv2D``'s (or ``DepthwiseConv1D``'s) kernel variable: ``depthwise_kernel`` on Keras 2,
-    ``kernel`` on Keras 3 (SeparableConv2D's ``depthwise_kernel`` has the same name on both)."""
+    """A ``DepthwiseConv1D/2D``'s kernel: ``depthwise_kernel`` on Keras 2 | ``kernel`` on Keras 3."""
     return layer.depthwise_kernel if KERAS_MAJOR_VERSION == 2 else layer.kernel
 
 
@@ -266,16 +207,15 @@ else:
 
 
 def functional_operations(layer: keras.layers.Layer) -> list[Any]:
-    """The operations of a functional model that are not layers: Keras 3's ``keras.ops`` nodes | none (Keras 2
-    wraps TF ops applied to symbolic tensors in ``TFOpLambda`` layers, see `is_op_layer`)."""
+    """The operations of a functional model that are not layers: none on Keras 2 (`is_op_layer`) | ``keras.ops``."""
     if not _KERAS_3 or not isinstance(layer, FUNCTIONAL_CLASS):
         return []
     return [op for op in layer.operations if not isinstance(op, keras.layers.Layer)]
 
 
 def is_op_layer(layer: keras.layers.Layer) -> bool:
-    """Keras 2: whether ``layer`` wraps a TF function applied to symbolic tensors (``TFOpLambda``, its slicing
-    subclass); its ``symbol`` (`op_layer_symbol`) names the function. Keras 3: never."""
+    """Keras 2: whether ``layer`` wraps a TF function applied to symbolic tensors (``TFOpLambda`` and subclasses),
+    named by `op_layer_symbol`. Keras 3: never."""
     return isinstance(layer, _OP_LAYER_CLASSES)
 
 
@@ -290,8 +230,7 @@ def is_symbolic_tensor(value: Any) -> bool:
 
 
 def call_arguments(operation: Any) -> list[tuple[Any, Any]]:
-    """``(args, kwargs)`` of each recorded call of an operation or layer in a functional model: Keras 3's
-    ``node.arguments`` | Keras 2's ``node.call_args`` and ``call_kwargs``."""
+    """``(args, kwargs)`` of each recorded call of an operation or layer in a functional model."""
     nodes = getattr(operation, "_inbound_nodes", ())
     if _KERAS_3:
         return [(node.arguments.args, node.arguments.kwargs) for node in nodes]
@@ -300,16 +239,12 @@ def call_arguments(operation: Any) -> list[tuple[Any, Any]]:
 
 @contextlib.contextmanager
 def layer_randomness_from(model: keras.Model, draw_seed: Callable[[], tf.Tensor]) -> Iterator[None]:
-    """Makes every random draw of the model's layers a function of one seed alone while the block traces (or runs)
-    the forward pass: the k-th draw traced uses ``stateless_fold_in(seed, k)``, with ``seed = draw_seed()`` (int64
-    [2]) drawn once on entry if the model has random layers.
+    """While the block traces (or runs) the forward pass, the k-th random draw of the model's layers uses
+    ``stateless_fold_in(seed, k)``, ``seed = draw_seed()`` (int64 [2]) drawn once on entry if any layer is random:
+    inside ``tf.vectorized_map`` or ``tf.map_fn`` every example draws the same seeds, whatever its position.
 
-    Keras 3: every ``SeedGenerator`` of the model's layers returns those seeds from ``next`` and leaves its state
-    alone (ops with ``seed=None`` use Keras's global generator, not covered) | Keras 2: every layer's
-    ``_random_generator`` (Dropout, GaussianNoise, RNN cells' dropout, ...) is replaced by a stateless one drawing
-    those seeds (Keras's legacy random ops would follow the global seed). The draws no longer depend on how often
-    the forward pass ran: inside ``tf.vectorized_map`` and ``tf.map_fn`` every example draws with the same seeds,
-    whatever its position.
+    Keras 3: each layer ``SeedGenerator``'s ``next`` returns them (ops with ``seed=None`` use Keras's global
+    generator, not covered) | Keras 2: each layer's ``_random_generator`` is replaced by a stateless one drawing them.
     """
     counter = iter(range(1 << 30))
     seed: list[tf.Tensor] = []
@@ -367,7 +302,7 @@ else:  # Keras 3: one class; ``synchronized=True`` replaces SyncBatchNormalizati
 
 
 class _StepsOverride:
-    """Keras 3: the train function and ``steps_per_execution`` that `set_steps_per_execution` replaced."""
+    """Keras 3: what `set_steps_per_execution` replaced."""
 
     def __init__(self, steps: int, train_function: Any):
         self.steps = steps
@@ -389,9 +324,8 @@ def steps_per_execution(model: keras.Model) -> int | None:
 def set_steps_per_execution(model: keras.Model, steps: int) -> None:
     """Changes ``steps_per_execution`` for the next call of the train function, also in the middle of ``fit``.
 
-    Keras 2 reads a variable at every call (no retracing). Keras 3 traces the value into its train function:
-    the first change keeps the current train function and builds one for the new value (one trace); setting
-    the original value back restores the original function, untouched.
+    Keras 2 reads a variable at every call. Keras 3 traces the value into its train function: the first change keeps
+    the current one and traces one for the new value; setting the original value back restores the original.
     """
     if not _KERAS_3:
         model._steps_per_execution.assign(steps)  # pylint: disable=protected-access
@@ -416,12 +350,8 @@ def set_steps_per_execution(model: keras.Model, steps: int) -> None:
 
 
 class RunProgressBar(keras.callbacks.ProgbarLogger):
-    """Keras's step-counting progress bar that numbers epochs out of a run's total across several ``fit`` calls.
-
-    ``fit`` shows its own ``epochs`` argument ("Epoch 1/7", then "Epoch 8/30" from a second call); this bar shows
-    "Epoch k/total_epochs" throughout. Keras 2's bar counts samples unless told ``count_mode='steps'``; Keras 3's
-    counts steps.
-    """
+    """Keras's step-counting progress bar showing "Epoch k/total_epochs" across several ``fit`` calls (``fit``
+    shows its own ``epochs`` argument)."""
 
     def __init__(self, total_epochs: int):
         super().__init__(**({} if _KERAS_3 else {"count_mode": "steps"}))
@@ -435,13 +365,12 @@ def add_to_epoch_logs(model: keras.Model, batch_logs: dict | None, values: dict[
     """Makes ``values`` part of the logs that every callback's ``on_epoch_end`` receives for this epoch.
 
     Call it from ``on_train_batch_end`` of the epoch's last batch, in a callback with ``_supports_tf_logs = True``
-    (Keras 2 then passes the very dict it copies into the epoch logs). On Keras 3, `keras_dyndp.epoch_logs`.
+    (Keras 2 then passes the very dict it copies into the epoch logs) | Keras 3: `keras_dyndp.epoch_logs`.
     """
-    if not _KERAS_3 or not hasattr(model, "_get_metrics_result_or_logs"):  # Keras 2, or not a Keras 3 model.
-        if batch_logs is not None:
-            batch_logs.update(values)
-        return
-    epoch_logs.add(model, values)
+    if _KERAS_3 and hasattr(model, "_get_metrics_result_or_logs"):
+        epoch_logs.add(model, values)
+    elif batch_logs is not None:  # Keras 2, or not a Keras 3 model.
+        batch_logs.update(values)
 
 
 def remove_epoch_logs_hook(model: keras.Model) -> None:
@@ -450,12 +379,8 @@ def remove_epoch_logs_hook(model: keras.Model) -> None:
 
 
 def epoch_logs_from_the_step(model: keras.Model, from_the_step: bool) -> None:
-    """Keras 3: whether ``fit``'s epoch logs are the train step's own logs instead of ``model.metrics``' results.
-
-    A private train step with ``training_metrics=False`` never updates (so never builds) the compiled metrics,
-    whose ``result()`` then fails in ``fit``'s epoch end; its logs (the public step count) are the epoch's logs.
-    Keras 2 builds its epoch logs from the step's logs already.
-    """
+    """Keras 3: whether ``fit``'s epoch logs are the train step's own logs instead of ``model.metrics``' results
+    (which fail when ``training_metrics=False`` never built them). Keras 2 uses the step's logs already."""
     if not _KERAS_3:
         return
     current = vars(model).get("_get_metrics_result_or_logs")

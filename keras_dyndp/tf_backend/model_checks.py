@@ -1,39 +1,27 @@
 """Refuses models whose training-mode forward pass lets examples affect each other or the stored state.
 
-DP-SGD bounds one example's influence by clipping its own gradient. That bound holds only if an example's
-gradient depends on that example alone and nothing else derived from the batch leaves the step. Batch
-normalisation breaks both: in training it normalises every example with the mean and variance of the whole batch
-(adding one example moved the clipped sum by 1.47 C, 4.64 C with an outlier) and it stores those statistics in
-its moving averages, which are released with the model without any noise (100 x moving_mean was the exact mean of
-the private batch). ``check_model`` refuses, before the first step:
+DP-SGD bounds one example's influence by clipping its own gradient, which holds only if that gradient depends on
+the example alone and nothing else derived from the batch leaves the step. Batch normalisation breaks both: it
+normalises with the batch's statistics (one example moved the clipped sum by 1.47 C, 4.64 C with an outlier) and
+stores them, unnoised, in its moving averages. ``check_model`` refuses, before the first step:
 
-1. every ``BatchNormalization`` that takes part in training (Keras 2: also ``SyncBatchNormalization`` and the TF1
-   ``compat.v1`` class, refused even when frozen; Keras 3: also ``synchronized=True``, the same class). A frozen
-   one (``layer.trainable = False``) is accepted: Keras then runs it in inference mode, with its moving
-   statistics (from public pre-training), a fixed per-example affine map;
-2. any other layer whose ``call`` writes to a variable (``assign``, ``assign_add``, scatter updates, ...) a value
-   computed from the input batch (its values or its shape). It is found by tracing ``model(x, training=True)``
-   into a scratch graph (nothing runs) and following each write's value back to the input placeholders, also
-   into ``tf.cond`` / ``tf.while_loop`` bodies and nested ``tf.function`` calls. Writes whose value does not depend
-   on the batch are allowed: random-generator states of augmentation layers (Keras 3's seed generators), step
-   counters. Writes to the accumulators of Keras metrics (a layer's own ``keras.metrics`` objects, Keras 2's
-   ``add_metric``) are not refused: metrics of training batches are reported, not part of the model, and are
-   outside the guarantee like the compiled metrics. Variables are matched by their TensorFlow resource
-   (``variable.handle``; on Keras 3 that of the ``tf.Variable`` inside each Keras variable).
+1. every ``BatchNormalization`` that trains (Keras 2: also ``SyncBatchNormalization``, and TF1's class even when
+   frozen). A frozen one runs in inference mode with its moving statistics: a fixed per-example affine map;
+2. any other layer whose ``call`` writes a variable with a value computed from the input batch (its values or shape),
+   found by tracing ``model(x, training=True)`` into a scratch graph and following each write's value back to the
+   inputs, also into ``tf.cond`` / ``tf.while_loop`` bodies and nested ``tf.function``s. Writes independent of the
+   batch (random-generator states, step counters) are allowed, and so are writes to Keras metrics' accumulators
+   (reported, not part of the model, like the compiled metrics). Variables are matched by ``variable.handle``.
 
-Not detected here: a layer that mixes examples without storing anything (e.g. a ``Lambda`` subtracting the batch
-mean). ``make_private`` is safe from it by construction: its batched (ghost) path runs only models whose every
-layer and op is on a list of those known to act per example (`keras_dyndp.tf_backend.per_example.per_example_layers`),
-and every other model runs on the vectorized path, where each example runs alone and cannot meet another
-(``method='ghost'`` is refused for them). The paths that run the whole batch through any model, the optimizer's
-microbatches and jacobian, do not check it.
+Not detected: a layer that mixes examples without storing anything (a ``Lambda`` subtracting the batch mean).
+``make_private`` is safe from it by construction: its ghost path runs only layers known to act per example
+(`keras_dyndp.tf_backend.per_example.per_example_layers`), its vectorized path runs each example alone. The
+optimizer's microbatch and jacobian paths do not check it.
 
-The DP paths call this for you, once per model (again after a layer is unfrozen), when the first training step
-is traced: ``make_private`` (before its forward pass) and a DP optimizer called from a model's custom train step
-(which finds the model on the call stack, see ``keras_dyndp.keras_context``; after the forward pass, which under
-``run_eagerly=True`` has then updated BatchNormalization's moving averages once in memory, though no update is
-applied). In a custom training loop the optimizer cannot see the model: it warns once, and you should call
-``keras_dyndp.check_model(model, x)`` yourself.
+The DP paths call this once per model (again after a layer is unfrozen) when the first step is traced:
+``make_private``, and a DP optimizer called from a model's train step (`keras_dyndp.keras_context`; after the
+forward pass, which under ``run_eagerly=True`` has updated BatchNormalization's moving averages in memory). In a custom
+training loop the optimizer cannot see the model: it warns once; call ``keras_dyndp.check_model(model, x)``.
 """
 
 from __future__ import annotations
@@ -49,18 +37,8 @@ from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend.keras_compat import keras
 
 _WRITE_OPS = frozenset(
-    {
-        "AssignVariableOp",
-        "AssignAddVariableOp",
-        "AssignSubVariableOp",
-        "ResourceStridedSliceAssign",
-        "Assign",
-        "AssignAdd",
-        "AssignSub",
-        "ScatterUpdate",
-        "ScatterAdd",
-        "ScatterSub",
-    }
+    "AssignVariableOp AssignAddVariableOp AssignSubVariableOp ResourceStridedSliceAssign Assign AssignAdd AssignSub "
+    "ScatterUpdate ScatterAdd ScatterSub".split()
 )
 _WRITE_OP_PREFIXES = ("ResourceScatter", "ResourceApply", "ResourceSparseApply")
 
@@ -73,22 +51,14 @@ _warned_optimizers: weakref.WeakSet = weakref.WeakSet()
 # take seconds at the first trace). The model itself is traced by a tf.function of its own, with AutoGraph.
 @tf.autograph.experimental.do_not_convert
 def check_model(model: keras.Model, inputs: Any = None) -> None:
-    """Raises ValueError if ``model`` mixes examples or stores batch-derived state in training (module docstring).
+    """Raises ValueError, naming the first offending layer and what to use instead, if ``model`` mixes examples or
+    stores batch-derived state in training (module docstring).
 
     Args:
-        model: the Keras model to be trained with DP-SGD.
-        inputs: a batch of inputs (tensors, arrays or ``tf.TensorSpec``s, nested as the model takes them) to trace
-            the model with; only their dtypes and shapes are used. None: the input specs Keras recorded when the
-            model was built or called (``keras_compat.input_signature``; on Keras 3 only functional and Sequential
-            models record them).
-
-    Raises:
-        ValueError: naming the first offending layer (its name and class) and what to use instead, or when
-            ``inputs`` is None and Keras has no input specs of the model.
-
-    ```python
-    keras_dyndp.check_model(model, x_train[:1])  # Before a custom training loop.
-    ```
+        model: the Keras model to be trained with DP-SGD, e.g. ``check_model(model, x_train[:1])``.
+        inputs: a batch of inputs (tensors, arrays or ``tf.TensorSpec``s, nested as the model takes them) whose
+            dtypes and shapes trace the model. None: the specs Keras recorded (``keras_compat.input_signature``;
+            ValueError if there are none).
     """
     for layer in keras_compat.flatten_layers(model):
         if mixes_batch_statistics(layer):
@@ -106,11 +76,8 @@ def check_before_training(model: keras.Model, inputs: Any = None) -> None:
 
 @tf.autograph.experimental.do_not_convert
 def check_training_model(optimizer: Any, model: keras.Model | None, var_list: list[tf.Variable]) -> None:
-    """Checks ``model``, whose train step is calling ``optimizer`` (`keras_dyndp.keras_context.calling_model`).
-
-    In a custom training loop (``model`` None): unless a model holding every variable of ``var_list`` has passed
-    ``check_model``, this warns (once per optimizer) that the model could not be checked.
-    """
+    """Checks ``model``, whose train step is calling ``optimizer``. In a custom training loop (``model`` None), warns
+    once per optimizer unless a model holding every variable of ``var_list`` has passed ``check_model``."""
     if model is not None:
         check_before_training(model)
         return

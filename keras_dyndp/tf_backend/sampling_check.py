@@ -1,37 +1,25 @@
 """Ties the batches a DP optimizer trains on to the Poisson sampling its schedule is accounted for.
 
-Every accountant here assumes that at each step each of the N training examples joins the batch independently
-with probability p = `schedule.sampling_probability`. Nothing in Keras enforces it: a full-batch ``fit`` with a
-schedule accounted at p = 0.01 trains, and `PrivacyLogger` reports RDP epsilon 5.39 where the truth at p = 1 is
-75.2; a ``.batch(250)`` dataset trains without a word. Two checks close this.
+Every accountant here assumes that at each step each of the N examples joins the batch independently with
+probability p = `schedule.sampling_probability`; nothing in Keras enforces it (a full-batch ``fit`` trains). Two
+checks close this.
 
-1. At every step, in the graph, on every path (``fit`` on any data, ``train_on_batch``, a custom loop calling
-   ``minimize`` or ``apply_clipped_gradient_sum``): with N = ``expected_batch_size / p`` (given with the schedule,
-   or set by the budget arguments; only ``public_batch_size=True`` leaves it out) the number of examples in the
-   batch must lie in `keras_dyndp.tf_backend.data.batch_size_range(N, p)`, which a Poisson batch leaves with
-   probability at
-   most 1e-12 on each side. Otherwise the step raises ``tf.errors.InvalidArgumentError`` with the count, p N, the
-   range and what to do. What counts as an example: on `make_private`'s path, the rows with a non-zero sample
-   weight (every row without sample weights). The optimizer's own path sees only the sample-weighted per-example
-   losses: the number of rows bounds the count from above and the number of rows with a non-zero loss bounds it
-   from below (padding rows have weight 0, hence loss 0, but a real example may have loss 0 too). The step is
-   refused when the upper bound is below the range or the lower bound above it, so a zero loss never trips the
-   check. The check is a data-dependent abort. Under Poisson sampling at p, neighbouring datasets can differ in
-   whether it fires only when the batch size leaves the range, with probability at most 2e-12 per step: it adds
-   at most (1 + e^epsilon) T 2e-12 to delta (the argument of `keras_dyndp.tf_backend.data.truncation_delta`). XLA
-   (``jit_compile=True``) drops assertions, so there the check does not run. With ``public_batch_size=True`` the
-   step divides by the rows instead and checks no size; where it sees sample weights (``make_private``'s step)
-   it refuses rows of weight 0 (padding), which would count as rows.
-2. In Python, on what ``fit`` received: ``make_private``'s ``fit`` hands its ``x`` to `SamplingCheck.check_fit_input`
-   (no stack frame is read for it; Keras's own train step is refused). A dataset returned by
-   `keras_dyndp.poisson_batches` sampled at another p raises ValueError, and so does any of them for an optimizer
-   with ``public_batch_size=True``, and one whose seed each worker drew alone under a multi-worker strategy. Arrays
-   (numpy, tensors), which Keras cuts into fixed-size batches, raise ValueError unless the optimizer has
-   ``public_batch_size=True`` (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else (a ``.batch()`` dataset,
-   a generator; arrays with ``public_batch_size=True``) gets one `SamplingWarning` per optimizer saying that the
-   reported epsilon assumes Poisson sampling and what to do; so does a step whose data the optimizer cannot see (a
-   custom training loop or train step, ``train_on_batch``). The warning also says when the batch sizes are not
-   checked (``public_batch_size``, XLA).
+1. At every step, in the graph, on every path (``fit``, ``train_on_batch``, ``minimize``,
+   ``apply_clipped_gradient_sum``): with N = ``expected_batch_size / p`` the number of examples must lie in
+   `keras_dyndp.tf_backend.data.batch_size_range(N, p)`, which a Poisson batch leaves with probability at most
+   1e-12 on each side; otherwise the step raises ``tf.errors.InvalidArgumentError``. Examples are the rows with a
+   non-zero sample weight; the optimizer's own path sees only weighted losses, so the rows bound the count from
+   above and the rows with a non-zero loss from below (a real example may have loss 0): it refuses when the upper
+   bound is below the range or the lower bound above it. Neighbouring datasets differ in whether this abort fires
+   only when the size leaves the range: at most (1 + e^epsilon) T 2e-12 more delta
+   (`keras_dyndp.tf_backend.data.truncation_delta`'s argument). XLA drops the check. With
+   ``public_batch_size=True`` the step divides by the rows and checks no size, but refuses rows of weight 0
+   (padding) where it sees sample weights.
+2. In Python, on what ``make_private``'s ``fit`` received (`SamplingCheck.check_fit_input`): keras_dyndp Poisson
+   batches at another p, or for ``public_batch_size=True``, or whose seed each worker drew alone, raise ValueError;
+   so do arrays without ``public_batch_size=True`` (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else, and
+   a step whose data the optimizer cannot see (custom loop or train step, ``train_on_batch``), gets one
+   `SamplingWarning` per optimizer, which also says when batch sizes are not checked.
 """
 
 from __future__ import annotations
@@ -100,8 +88,7 @@ class SamplingCheck:
             self._fit_checked = False
 
     def check_fit_input(self, x: Any, jit_compile: bool = False) -> None:
-        """Checks ``x``, what ``model.fit`` received: point 2 of the module docstring, which says what raises
-        ValueError; ``jit_compile``: the model's."""
+        """Checks ``x``, what ``model.fit`` received (point 2 of the module docstring); ``jit_compile``: the model's."""
         p = self._sampling_probability
         sampling = data.poisson_sampling(x)
         if sampling is None:
@@ -144,14 +131,9 @@ class SamplingCheck:
         warnings.warn(message, SamplingWarning, stacklevel=3)
 
     def assertion(self, min_examples: tf.Tensor, max_examples: tf.Tensor, num_rows: tf.Tensor) -> tf.Operation | None:
-        """In-graph check of the batch, whose number of examples is known to lie in [min, max], among ``num_rows``
-        rows: in the range (point 1), or, when the step divides by the rows, no row that cannot be an example.
-
-        Returns None when there is nothing to wait for: no check applies, or eager mode, where it checks at once.
-
-        Raises:
-          tf.errors.InvalidArgumentError: when `max_examples` is below the range or `min_examples` above it; when
-            the step divides by the rows and `max_examples` is below `num_rows` (rows of sample weight 0).
+        """In-graph check (point 1) of a batch of ``num_rows`` rows holding between ``min_examples`` and
+        ``max_examples`` examples: in the range, or, when the step divides by the rows, every row an example.
+        Returns None when there is nothing to wait for (no check applies, or eager mode, which checks at once).
         """
         if self._normalises_by_rows:
             condition = tf.cast(max_examples, tf.int64) >= tf.cast(num_rows, tf.int64)
