@@ -183,9 +183,12 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             super().save_own_variables(store)
 
     def load_own_variables(self, store) -> None:
-        """Keras's loading, without the run state (files hold none)."""
+        """Keras's loading, without the run state (files hold none); a restore starts a new run of steps (a
+        never-used nonce), so a restored counter draws fresh keys even in a custom loop."""
         with self._without_run_state():
             super().load_own_variables(store)
+        self._runs += 1
+        self._run_state.assign([self._runs, 0, 0])
 
     def stateless_apply_clipped_sum(
         self, optimizer_variables: list, clipped_sums: list, num_examples, num_rows, trainable_variables: list

@@ -187,6 +187,24 @@ def test_noise_is_fresh_after_a_restore_and_never_follows_the_global_seed():
         first = update
 
 
+def test_a_restore_through_keras_loading_draws_new_noise_at_the_same_step():
+    optimizer = DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0)
+    variable = keras.Variable(np.zeros(3, np.float32))
+    optimizer.build([variable])
+    store = {}
+    optimizer.save_own_variables(store)
+
+    def update():
+        state = [v.value for v in optimizer.variables]
+        new, _ = optimizer.stateless_apply_clipped_sum(state, [np.zeros(3, np.float32)], 4, 4, [variable.value])
+        return np.asarray(new[0])
+
+    np.testing.assert_array_equal(update(), update())  # the same state and counter: the same key
+    before = update()
+    optimizer.load_own_variables(store)  # what load_model and checkpoint restores call
+    assert not np.allclose(update(), before)
+
+
 def test_a_noise_seed_reproduces_the_noise_and_warns_at_the_caller():
     x, y = _data()
     updates = []
