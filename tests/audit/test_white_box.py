@@ -99,8 +99,7 @@ def test_noise_reused_at_every_step_is_flagged(monkeypatch):
     assert report.epsilon_one_run > report.claimed_epsilon
 
 
-def test_every_example_counted_twice_is_flagged(monkeypatch):
-    """As a replica that receives the whole batch would: the clipped sums doubled, the noise not."""
+def _double_the_clipped_sums(monkeypatch):
     original = mechanism.private_update
     monkeypatch.setattr(
         mechanism,
@@ -109,17 +108,22 @@ def test_every_example_counted_twice_is_flagged(monkeypatch):
             ops, [2.0 * total for total in clipped_sums], noise_source, **kwargs
         ),
     )
+
+
+def test_every_example_counted_twice_is_flagged(monkeypatch):
+    """As a replica that receives the whole batch would: the clipped sums doubled, the noise not."""
+    _double_the_clipped_sums(monkeypatch)
     _flagged(_audit(FAULT_MU))
 
 
-# Every training path the package offers (issue 29, item 4), audited at small scale so that a path that silently
-# leaks more than it accounts fails a test. On TensorFlow: make_private's two per-example methods, accumulation and
+# Every training path the package offers (issue 29, item 4), audited at small scale so that a path that silently leaks
+# more than it accounts fails a test. On TensorFlow: make_private's two per-example methods, accumulation and
 # MirroredStrategy (2 logical CPUs, tests/conftest.py), and the optimizer's own jacobian path (make_private's
-# method='jacobian'); on JAX: its one per-example path (jax.vmap, 'vectorized' =
-# 'auto') and accumulation. Microbatches are left out: a Dirac canary shares its microbatch with other rows (the
-# microbatch's mean gradient is clipped, not the canary's), so its contribution to its coordinate is not C_t but a
-# data-dependent share of it, and the Gaussian shift per step is not known exactly (only bounded by the 2 C_t
-# sensitivity against noise 2 sigma_t); a bound below the claim would then prove even less than it does here.
+# method='jacobian'); on JAX: its ghost rules ('auto' = 'ghost'), its vmap path ('vectorized') and accumulation.
+# Microbatches are left out: a Dirac canary shares its microbatch with other rows (the microbatch's mean gradient is
+# clipped, not the canary's), so its contribution to its coordinate is not C_t but a data-dependent share of it, and the
+# Gaussian shift per step is not known exactly (only bounded by the 2 C_t sensitivity against noise 2 sigma_t); a bound
+# below the claim would then prove even less than it does here.
 PATHS = ("ghost", "vectorized", "accumulation", "mirrored", "jacobian")
 PATH_CANARIES = 1000
 
@@ -140,12 +144,8 @@ def _mirrored():
 
 def _path(path: str) -> dict:
     """white_box_audit's arguments for ``path``; skips a path the stack does not offer."""
-    if path == "ghost":
-        if _on_jax():
-            pytest.skip("make_private on JAX has no ghost clipping: 'auto' and 'vectorized' are its one path")
-        return {"method": "ghost"}
-    if path == "vectorized":
-        return {"method": "vectorized"}
+    if path in ("ghost", "vectorized"):
+        return {"method": path}
     if path == "accumulation":
         return {"accumulation_steps": 2}
     if path == "jacobian":
@@ -171,14 +171,7 @@ def test_every_example_counted_twice_is_flagged_on_every_training_path(monkeypat
     if path == "jacobian":
         pytest.skip("not cheap: the doubled sum needs m = 5000 canaries, a 40 s O(B^2) jacobian run on 2 CPUs")
     kwargs = _path(path)
-    original = mechanism.private_update
-    monkeypatch.setattr(
-        mechanism,
-        "private_update",
-        lambda ops, clipped_sums, noise_source, **kwargs: original(
-            ops, [2.0 * total for total in clipped_sums], noise_source, **kwargs
-        ),
-    )
+    _double_the_clipped_sums(monkeypatch)
     _flagged(_audit(FAULT_MU, **kwargs))
 
 
