@@ -33,3 +33,11 @@ timeout 240 python3 jax_step_time.py --models cnn,wrn --batch_size 256 --steps 2
   --out_md "$OUT/batch256.md" 2>&1 | grep -v Warning | tee "$OUT/batch256.log" | grep -E "repetition|\|" || true
 timeout 240 python3 jax_step_time.py --models wrn --batch_size 1024 --steps 10 --repeats 3 \
   --out_md "$OUT/batch1024.md" 2>&1 | grep -v Warning | tee "$OUT/batch1024.log" | grep -E "repetition|\|" || true
+# Peak memory at batch 1024, one process per path set (memory_stats keeps the process's peak); then mixed_bfloat16.
+for paths in nonprivate dyndp_fast; do
+  timeout 120 python3 jax_step_time.py --models wrn --batch_size 1024 --steps 3 --repeats 1 --paths "$paths" \
+    2>&1 | grep -v Warning | tee "$OUT/memory_$paths.log" | grep -E "peak" || true
+done
+timeout 180 python3 jax_step_time.py --models cnn,wrn --batch_size 256 --steps 20 --repeats 3 \
+  --dtype_policy mixed_bfloat16 --out_md "$OUT/bf16.md" 2>&1 | grep -v Warning | tee "$OUT/bf16.log" \
+  | grep -E "repetition|\|" || true

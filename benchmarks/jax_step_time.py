@@ -15,6 +15,9 @@ returned state (``jax.block_until_ready``), so asynchronous dispatch is not mist
 Warm-up steps (compilation) are excluded. Each repetition runs every path for ``--steps`` steps, in the same order;
 the table reports the median over repetitions of the mean step time and of the ratio to ``nonprivate`` within one
 repetition. Models: cnn, lstm, text (as benchmarks/step_time.py) and wrn (WideResNet-16-4, CIFAR-10 shapes).
+``--dtype_policy=mixed_bfloat16`` computes in bfloat16 (norms, clipping, noise and sums stay float32). The table's
+header gives the device's peak memory (``memory_stats``; GPUs report it, CPUs do not): the largest of the paths run,
+so run one path per process (``--paths=nonprivate``, ``--paths=dyndp_fast``) to compare them.
 
 Usage:
     python benchmarks/step_time.py --backend=jax --models cnn,lstm,text --batch_size 256 --steps 20 --repeats 5
@@ -52,6 +55,7 @@ flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per path before the first
 flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is reported.")
 flags.DEFINE_list("models", ["cnn", "lstm", "text"], "Models among cnn, lstm, text, wrn.")
 flags.DEFINE_string("out_md", None, "Where to write the markdown table.")
+flags.DEFINE_enum("dtype_policy", "float32", ["float32", "mixed_bfloat16"], "Keras's global dtype policy.")
 
 PATHS = ("nonprivate", "dyndp_fast", "jax_privacy")
 flags.DEFINE_list(
@@ -154,6 +158,13 @@ def measure(model_name: str) -> list[dict]:
     ]
 
 
+def peak_memory() -> str:
+    """The device's peak bytes in use so far (``memory_stats``; the largest of the paths run in this process)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return "not reported by this device" if peak is None else f"{peak / 2**20:,.0f} MiB"
+
+
 def device_description() -> str:
     device = jax.devices()[0]
     kind = getattr(device, "device_kind", device.platform)
@@ -165,7 +176,8 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         f"Keras {keras.__version__} on JAX {jax.__version__}, dp-accounting "
         f"{importlib.metadata.version('dp-accounting')}; {device_description()}; batch {FLAGS.batch_size}, "
-        f"{FLAGS.steps} steps x {FLAGS.repeats} interleaved repetitions, medians.",
+        f"{FLAGS.steps} steps x {FLAGS.repeats} interleaved repetitions, medians; dtype policy {FLAGS.dtype_policy}; "
+        f"peak device memory {peak_memory()} (paths {', '.join(FLAGS.paths)}).",
         "",
         "| model | path | ms / step | x non-private |",
         "|---|---|---|---|",
@@ -182,6 +194,7 @@ def main(argv: list[str]) -> None:
     unknown = sorted(set(FLAGS.models) - {*models.LAYERS, "wrn"})
     if unknown:
         raise app.UsageError(f"`--models` must be among {sorted({*models.LAYERS, 'wrn'})}. Received: {unknown}.")
+    keras.config.set_dtype_policy(FLAGS.dtype_policy)
     rows = [row for name in FLAGS.models for row in measure(name)]
     table = markdown(rows)
     print(table)

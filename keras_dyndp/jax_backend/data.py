@@ -2,7 +2,8 @@
 
 `keras_dyndp.sampling` holds the arguments, checks and privacy argument; at every step each of the N examples joins
 the batch independently with probability p, drawn from a numpy generator of its own (OS entropy unless a ``seed`` is
-given, never Keras's global seed), the selected rows first, then rows of zeros with sample weight 0.
+given, never Keras's global seed), the selected rows first, then rows of zeros with sample weight 0. Under several
+processes (`processes`) every process draws the same global batch from process 0's seed and yields its share.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 from absl import logging
 
 from keras_dyndp import sampling
+from keras_dyndp.jax_backend import processes
 
 
 class PoissonBatches(keras.utils.PyDataset):
@@ -33,14 +35,18 @@ class PoissonBatches(keras.utils.PyDataset):
         super().__init__()
         arguments = arguments or sampling.check_arguments(**sampler_arguments)
         num_examples = sampling.check_rows(x, y, sample_weight)
+        processes.check_rows("max_batch_size", arguments.max_batch_size)
+        processes.check_rows("pad_to_multiple", arguments.pad_to_multiple)
+        cap = arguments.cap(num_examples, processes.rows_multiple())
         self.sampling = sampling.PoissonSampling(
-            num_examples, arguments.sampling_probability, arguments.cap(num_examples), True, arguments.pad_to_multiple
+            num_examples, arguments.sampling_probability, cap, True, arguments.pad_to_multiple
         )
         self._steps, self._overflow = arguments.steps_per_epoch, arguments.overflow
         self._x, self._y = x, y
         weights = np.ones(num_examples) if sample_weight is None else sample_weight
         self._weights = np.asarray(weights, np.float32).reshape(num_examples)
-        self._rng = np.random.default_rng(secrets.randbits(128) if arguments.seed is None else arguments.seed)
+        seed = processes.agreed_random_bits(128, secrets.randbits) if arguments.seed is None else arguments.seed
+        self._rng = np.random.default_rng(seed)
 
     @property
     def sampling_probability(self) -> float:
@@ -93,7 +99,8 @@ class PoissonBatches(keras.utils.PyDataset):
             batch[len(chosen) :] = 0
             return batch
 
-        return jax.tree_util.tree_map(gather, self._x), jax.tree_util.tree_map(gather, self._y), weights
+        batch = jax.tree_util.tree_map(gather, self._x), jax.tree_util.tree_map(gather, self._y), weights
+        return jax.tree_util.tree_map(processes.local_rows, batch)
 
 
 def make_poisson_batches(

@@ -10,9 +10,10 @@ reads the refusal from the run state and raises. `apply` refuses any other gradi
 
 Randomness (`_step_key`). Keras's seeds are public or restorable (``set_random_seed``, ``SeedGenerator`` states in
 checkpoints), so noise drawn from them could be regenerated or replayed. Each optimizer holds a 64-bit base key from
-OS entropy (`keras_dyndp.noise_seed`), a constant of the traced step in no variable, checkpoint or ``.keras`` file.
-Step k's keys fold in a run nonce, k and their purpose (noise, microbatches, random layers); `raise_refused_step`
-sets the nonce to a never-used value before each run of steps, so a restored counter never meets a used nonce.
+OS entropy (`keras_dyndp.noise_seed`; process 0's under several processes), a constant of the traced step in no
+variable, checkpoint or ``.keras`` file. Step k's keys fold in a run nonce, k and their purpose (noise, microbatches,
+random layers); `raise_refused_step` sets the nonce to a never-used value before each run of steps, so a restored
+counter never meets a used nonce.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import ops
+from keras_dyndp.jax_backend import processes
 from keras_dyndp.jax_backend import train_step
 
 _NOISE, _MICROBATCHES, _LAYER_SEEDS = range(3)  # The purposes `_step_key` folds in: one key for each use.
@@ -58,7 +60,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._warned_sampling = False  # make_private's fit warns once when the data is not Poisson-sampled.
         # Attributed to the caller of the optimizer's constructor (this method, DPOptimizerBase.__init__).
         noise_seed = noise_seed_module.check_and_warn(noise_seed, stacklevel=3)
-        self._base_key = np.asarray(divmod(noise_seed_module.state_seed(noise_seed, 64), 2**32), np.uint32)
+        # Process 0's under several processes: one program, one noise (`processes`).
+        self._base_key = processes.agreed(
+            np.asarray(divmod(noise_seed_module.state_seed(noise_seed, 64), 2**32), np.uint32)
+        )
         self._runs = 0  # The last run nonce handed out: nonces only grow, whatever the run state is restored to.
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)

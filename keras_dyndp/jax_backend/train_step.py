@@ -16,13 +16,13 @@ row, never from Keras's seed, which users publish (deleting a row shifted every 
 written from those draws is refused too; the kept states advance from their public values as in Keras.
 
 Refused as on TensorFlow: an optimizer that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a
-loss reduced over the batch, several losses, regularisation losses, trainable BatchNormalization, a
-``keras.distribution`` across several processes; in ``fit``, `keras_dyndp.poisson_batches` at another rate than the
-schedule's and arrays unless ``public_batch_size=True`` (other data: one `SamplingWarning`). A step the optimizer
-refuses changes nothing, nor does any later step; ``fit`` raises at that epoch's end at the latest
-(`BudgetExhaustedError` past the budget, before the first step when it is spent). Only ``dp_step`` is logged unless
-``training_metrics=True``. Under a one-process ``keras.distribution`` the jitted step keeps its global meaning: every
-example clipped, one noise key, the noise added once to the global sum.
+loss reduced over the batch, several losses, regularisation losses, trainable BatchNormalization; in ``fit``,
+`keras_dyndp.poisson_batches` at another rate than the schedule's and arrays unless ``public_batch_size=True`` (other
+data: one `SamplingWarning`); under several processes what `processes` lists. A step the optimizer refuses changes
+nothing, nor does any later step; ``fit`` raises at that epoch's end at the latest (`BudgetExhaustedError` past the
+budget, before the first step when it is spent). Only ``dp_step`` is logged unless ``training_metrics=True``. Under a
+``keras.distribution`` (one process, or `processes`' DataParallel over several) the jitted step keeps its global
+meaning: every example clipped, one noise key, the noise added once to the global sum.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from keras_dyndp.jax_backend import ghost
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import model_checks
 from keras_dyndp.jax_backend import ops
+from keras_dyndp.jax_backend import processes
 from keras_dyndp.jax_backend import taps
 
 METHODS = ("auto", "ghost", "vectorized")
@@ -65,12 +66,7 @@ def _dp_optimizer(model: keras.Model) -> optimizer_base.DPOptimizerBase:
 
 
 def _check_model(model: keras.Model) -> None:
-    if keras.distribution.distribution() is not None and jax.process_count() > 1:
-        raise ValueError(
-            "make_private on JAX runs a keras.distribution within one process only: each of the "
-            f"{jax.process_count()} processes would draw its own noise for what must be one noisy step. Train in "
-            "one process (all its local devices can share the batch with keras.distribution.DataParallel)."
-        )
+    processes.check_distribution()
     model_checks.check_layers(model)
     regularised = [
         layer.name
@@ -347,6 +343,7 @@ def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> No
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return  # The train step refuses it, naming what to use.
+    processes.check_data(x, caller, data.PoissonBatches)
     p = optimizer.schedule.sampling_probability
     if isinstance(x, data.PoissonBatches):
         batch_sizes.check_poisson_batches(x.sampling_probability, p, optimizer.public_batch_size, caller)

@@ -508,24 +508,6 @@ def test_data_and_model_parallel_release_the_one_device_step():
         assert case["replicas"] == 2 and case["replicas_equal"]
 
 
-def test_a_keras_distribution_across_processes_is_refused(monkeypatch):
-    x, y = _data(4)
-    model = make_private(_cnn())
-    model.compile(
-        optimizer=DynamicDPKerasSGD(
-            schedule=_schedule([1.0], [1.0]), allow_degenerate_noise=True, public_batch_size=True
-        ),
-        loss=LOSS,
-    )
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()[:1]))
-    try:
-        with pytest.raises(ValueError, match="within one process only"):
-            model.fit(x, y, batch_size=4, verbose=0)
-    finally:
-        keras.distribution.set_distribution(None)
-
-
 class _TwiceEmbedded(keras.Model):
     """One Embedding called on two inputs: its table keeps the vmap path."""
 

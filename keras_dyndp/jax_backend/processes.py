@@ -1,0 +1,97 @@
+"""Several processes (``jax.distributed``): one DP step over the devices of every process.
+
+Under ``keras.distribution.DataParallel`` over all processes' devices the jitted step is one program with a global
+meaning (every example clipped, the noise drawn once from one key, added once to the global sum), provided that the
+processes agree on what the program holds and on the global batch:
+- the optimizer's secret base key and `keras_dyndp.poisson_batches`' sampler seed are process 0's OS entropy,
+  broadcast (`agreed`): with a key of its own each process would add other noise to its copy of the weights, and with
+  a sampler of its own an example could sit in two processes' shares of the batch (moving the sum by 2 C);
+- every process draws the same global Poisson batch and feeds only its share (`local_rows`): the global batch is
+  the processes' shares in process order (``jax.make_array_from_process_local_data``).
+Refused (`check_distribution`, `check_data`): several processes without a ``keras.distribution`` (each would train
+its own model with the same noise, which two released models would cancel) or with another than ``DataParallel``
+over all devices; data other than `keras_dyndp.poisson_batches` (a process handed the whole batch, or a share no one
+checked, would count an example several times) and ``train_on_batch``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import keras
+import numpy as np
+from jax.experimental import multihost_utils
+
+
+def several() -> bool:
+    """Whether this program runs in several ``jax.distributed`` processes."""
+    return jax.process_count() > 1
+
+
+def agreed(value: np.ndarray) -> np.ndarray:
+    """``value`` of process 0 on every process (a collective: every process calls it); ``value`` in one process."""
+    if not several():
+        return value
+    return np.asarray(multihost_utils.broadcast_one_to_all(value), value.dtype)
+
+
+def agreed_random_bits(num_bits: int, draw) -> int:
+    """``draw(num_bits)`` (OS entropy) of process 0 on every process, as an int."""
+    words = agreed(np.asarray([draw(32) for _ in range(-(-num_bits // 32))], np.uint32))
+    return sum(int(word) << (32 * index) for index, word in enumerate(words))
+
+
+def rows_multiple() -> int:
+    """What every global batch's rows must be a multiple of: the global devices under several processes (each
+    process's share splits evenly over its devices), else 1."""
+    return jax.device_count() if several() else 1
+
+
+def check_rows(name: str, value: int | None) -> None:
+    """ValueError if ``value`` (rows of every batch, or the multiple they are padded to) does not split evenly over
+    the devices of several processes."""
+    multiple = rows_multiple()
+    if value is not None and value % multiple:
+        raise ValueError(
+            f"`{name}` must be a multiple of the {multiple} devices of the {jax.process_count()} processes (each "
+            f"process feeds an equal share of every global batch). Received: {name}={value}; use "
+            f"{-(-value // multiple) * multiple}."
+        )
+
+
+def local_rows(value: Any) -> Any:
+    """This process's share of a global batch's rows (all of them in one process)."""
+    if not several():
+        return value
+    share = len(value) // jax.process_count()
+    return value[jax.process_index() * share : (jax.process_index() + 1) * share]
+
+
+def check_distribution() -> None:
+    """ValueError under several processes unless ``keras.distribution`` is ``DataParallel`` over every device."""
+    if not several():
+        return
+    distribution = keras.distribution.distribution()
+    devices = None if distribution is None else set(np.asarray(distribution.device_mesh.devices).ravel().tolist())
+    if not isinstance(distribution, keras.distribution.DataParallel) or devices != set(jax.devices()):
+        raise ValueError(
+            f"make_private on JAX in {jax.process_count()} processes trains one model: set "
+            "keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices(), "
+            f"auto_shard_dataset=False)) on every process. Received: {distribution!r}. Without a distribution each "
+            "process trains its own model with the same noise (two released models would cancel it); "
+            "ModelParallel and meshes over some devices are not supported across processes."
+        )
+
+
+def check_data(x: Any, caller: str, poisson_batches_class: type) -> None:
+    """ValueError under several processes unless ``caller`` is ``model.fit`` and ``x`` is `keras_dyndp.poisson_batches`
+    (whose processes sample one global batch and feed their shares)."""
+    if not several() or (caller == "model.fit" and isinstance(x, poisson_batches_class)):
+        return
+    raise ValueError(
+        f"{caller} in {jax.process_count()} processes takes only keras_dyndp.poisson_batches(...) given to "
+        "model.fit (the same arguments on every process): its processes sample one global batch and each feeds its "
+        f"share. Received: {type(x).__name__}. A batch handed to every process would count each example "
+        f"{jax.process_count()} times against noise for one; shares made elsewhere cannot be checked."
+    )
