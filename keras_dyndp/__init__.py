@@ -54,8 +54,8 @@ _LAZY = {
     "check_model": (f"{_TF}.model_checks", _JAX),
     "BudgetStop": _CALLBACKS,
     "PrivacyLogger": _CALLBACKS,
-    "LayerRule": (_PER_EXAMPLE, None),
-    "register_layer_rule": (_PER_EXAMPLE, None),
+    "LayerRule": (_PER_EXAMPLE, _JAX),
+    "register_layer_rule": (_PER_EXAMPLE, _JAX),
     "register_per_example_layer": (_PER_EXAMPLE, None),
     "shuffled_batches": (f"{_TF}.data", None),
 }

@@ -106,6 +106,16 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def check_layer_rule(layer_class: Any, layer_base: type, parts: dict[str, Any], optional: Sequence[str] = ()) -> None:
+    """TypeError unless ``layer_class`` subclasses ``layer_base`` (the backend's Keras layer) and every part of a
+    layer rule is callable (those named in ``optional`` may be None): both backends' ``register_layer_rule``."""
+    if not (isinstance(layer_class, type) and issubclass(layer_class, layer_base)):
+        raise TypeError(f"`layer_class` must be a Keras layer class. Received: layer_class={layer_class!r}.")
+    for name, part in parts.items():
+        if not callable(part) and not (name in optional and part is None):
+            raise TypeError(f"`{name}` must be callable. Received: {name}={part!r}.")
+
+
 def check_choice(name: str, value: Any, choices: Sequence[Any], hint: str = "") -> Any:
     """`value`, one of `choices`."""
     if value not in choices:

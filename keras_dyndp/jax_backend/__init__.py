@@ -3,13 +3,16 @@
 ``keras_dyndp.DynamicDPKerasSGD`` (and Adam, Adagrad, RMSprop), ``make_private``, ``check_model`` and
 ``poisson_batches`` resolve to this package's when Keras runs on JAX, so the same user code trains on either backend
 (docs/jax.md); schedules, calibration, accounting, the optimizers' arguments and config and the callbacks are the
-backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`, `taps`, `ghost`, `microbatches`), the
-step's mechanism and secret keys (`optimizer`), the model check (`model_checks`) and Poisson batches (`data`).
+backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`, `taps`, `ghost` and its
+`register_layer_rule`, `microbatches`), several processes (`processes`), the step's mechanism and secret keys
+(`optimizer`), the model check (`model_checks`) and Poisson batches (`data`).
 ``keras_dyndp[jax]`` pulls no TensorFlow.
 """
 
 from keras_dyndp.batch_sizes import SamplingWarning
 from keras_dyndp.jax_backend.data import PoissonBatches
+from keras_dyndp.jax_backend.ghost import LayerRule
+from keras_dyndp.jax_backend.ghost import register_layer_rule
 from keras_dyndp.jax_backend.model_checks import check_model
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdam
@@ -25,9 +28,11 @@ __all__ = [
     "DynamicDPKerasRMSprop",
     "DynamicDPKerasSGD",
     "JaxDPOptimizerMixin",
+    "LayerRule",
     "PoissonBatches",
     "SamplingWarning",
     "check_model",
     "make_dynamic_dp_optimizer_class",
     "make_private",
+    "register_layer_rule",
 ]

@@ -1,14 +1,15 @@
 """Taps: each example's input to a layer and the gradient of the layer's output, from which the layer's rule
-(`ghost`) clips its kernel without a per-example gradient of it (``jax.vmap`` of ``jax.grad`` would give B of them).
+(`ghost`) clips the variables it covers (kernels, normalisation scales and offsets) without a per-example gradient of
+them (``jax.vmap`` of ``jax.grad`` would give B of them).
 
-In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before the activation
-where the rule has an op); the step differentiates the tap instead of the kernel, which gives the output gradient.
+In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before its activation
+where it has one); the step differentiates the tap instead of the covered variables, which gives the output gradient.
 Tapped (`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports,
-whose kernel no other layer holds, reached through Sequential / functional models only (a subclassed model could read
-a sublayer's kernel in its own call), run once per forward pass, and whose kernel nothing else in the forward pass
-reads (a tied output projection or a Lambda would add a gradient the tap misses): the probe traces the forward pass
-with the tapped calls reading a stand-in for their kernel, and any equation still reading the kernel is another use.
-The others keep the vmap path. Outside a session the patched call is the original.
+whose covered variables no other layer holds, reached through Sequential / functional models only (a subclassed model
+could read a sublayer's variables in its own call), run once per forward pass, and whose covered variables nothing
+else in the forward pass reads (a tied output projection or a Lambda would add a gradient the tap misses): the probe
+traces the forward pass with the tapped calls reading stand-ins for them, and any equation still reading one is
+another use. The others keep the vmap path. Outside a session the patched call is the original.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import keras
 from keras.src.backend.common.stateless_scope import get_stateless_scope
 
@@ -29,11 +29,12 @@ _ACTIVE = threading.local()
 
 class Session:
     """A context for one trace: records each tapped layer's inputs and tapped shape, adds ``taps`` (by layer id)
-    when given, and lets the layers in ``stand_ins`` read a stand-in for their kernel (`tappable`'s probe)."""
+    when given, and lets the layers in ``stand_ins`` read stand-ins for their covered variables (`tappable`'s
+    probe)."""
 
     def __init__(self, taps: dict[int, Any] | None = None):
         self.taps = taps
-        self.stand_ins: dict[int, Any] = {}
+        self.stand_ins: dict[int, list] = {}
         self.inputs: dict[int, Any] = {}
         self.shapes: dict[int, tuple] = {}
         self.calls: dict[int, int] = {}
@@ -45,10 +46,10 @@ class Session:
     def __exit__(self, *exc_info):
         _ACTIVE.session = None
 
-    def call(self, layer: keras.layers.Layer, rule: ghost.Rule, inputs: Any, call: Callable[[], Any]) -> Any:
+    def call(self, layer: keras.layers.Layer, rule: ghost.LayerRule, inputs: Any, call: Callable[[], Any]) -> Any:
         key = id(layer)
         self.calls[key] = self.calls.get(key, 0) + 1
-        self.inputs[key] = jnp.asarray(inputs).astype(jnp.int32) if rule.op is None else inputs
+        self.inputs[key] = inputs
 
         def tap(outputs):
             self.shapes[key] = tuple(outputs.shape)
@@ -57,26 +58,26 @@ class Session:
             return outputs
 
         mapping = get_stateless_scope().state_mapping
-        kernel = id(rule.kernel(layer))
-        kept = mapping.get(kernel)
-        if key in self.stand_ins:
-            mapping[kernel] = self.stand_ins[key]
-        activation = layer.activation if rule.op is not None else None
+        variables = [id(variable) for variable in rule.variables(layer)]
+        kept = {variable: mapping.get(variable) for variable in variables}
+        mapping.update(zip(variables, self.stand_ins.get(key, ())))
+        activation = getattr(layer, "activation", None)
         if activation is not None:
             object.__setattr__(layer, "activation", lambda z: activation(tap(z)))
         try:
             outputs = call()
         finally:
-            if kept is None:
-                mapping.pop(kernel, None)
-            else:
-                mapping[kernel] = kept
+            for variable, value in kept.items():
+                if value is None:
+                    mapping.pop(variable, None)
+                else:
+                    mapping[variable] = value
             if activation is not None:
                 object.__setattr__(layer, "activation", activation)
-        return tap(outputs) if rule.op is None else outputs
+        return tap(outputs) if activation is None else outputs
 
 
-def _patch(layer: keras.layers.Layer, rule: ghost.Rule) -> None:
+def _patch(layer: keras.layers.Layer, rule: ghost.LayerRule) -> None:
     if getattr(layer, "_keras_dyndp_tapped", False):
         return
     original = layer.call
@@ -102,30 +103,31 @@ def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     return leaves
 
 
-def candidates(model: keras.Model, classes=tuple(ghost.RULES)) -> dict[int, tuple[keras.layers.Layer, int]]:
-    """Tappable layers of ``classes`` (patched) by id, each with its kernel's index in ``trainable_variables``."""
+def candidates(model: keras.Model, classes: tuple | None = None) -> dict[int, tuple[keras.layers.Layer, tuple]]:
+    """Tappable layers of ``classes`` (None: every class with a rule; patched) by id, each with its covered
+    variables' indices in ``trainable_variables``."""
     trainable = model.trainable_variables
     leaves = [layer for layer in model._flatten_layers() if not layer._layers]  # pylint: disable=protected-access
     found = {}
     for layer in _leaves_under_wiring(model):
-        rule = ghost.RULES.get(type(layer)) if type(layer) in classes else None
+        rule = ghost.RULES.get(type(layer)) if classes is None or type(layer) in classes else None
         if rule is None or not layer.trainable or not rule.supports(layer):
             continue
-        kernel = rule.kernel(layer)
-        owners = sum(any(weight is kernel for weight in other.weights) for other in leaves)
-        index = next((i for i, variable in enumerate(trainable) if variable is kernel), None)
-        if owners == 1 and index is not None:
+        variables = rule.variables(layer)
+        owned = all(sum(any(weight is v for weight in other.weights) for other in leaves) == 1 for v in variables)
+        indices = tuple(next((i for i, value in enumerate(trainable) if value is v), None) for v in variables)
+        if variables and owned and None not in indices:
             _patch(layer, rule)
-            found[id(layer)] = (layer, index)
+            found[id(layer)] = (layer, indices)
     return found
 
 
 def tappable(
-    model: keras.Model, trainable: list, non_trainable: list, x: Any, classes=tuple(ghost.RULES)
-) -> dict[int, tuple[keras.layers.Layer, int, tuple]]:
-    """The `candidates` this step taps, by layer id: (layer, kernel's index in ``trainable``, tapped output's shape
-    for one example); those run other than once or whose kernel is read elsewhere are left out (module docstring).
-    Traces the training-mode call on one row of ``x``'s shape; nothing runs."""
+    model: keras.Model, trainable: list, non_trainable: list, x: Any, classes: tuple | None = None
+) -> dict[int, tuple[keras.layers.Layer, tuple, tuple]]:
+    """The `candidates` this step taps, by layer id: (layer, covered variables' indices in ``trainable``, tapped
+    output's shape for one example); those run other than once or whose covered variables are read elsewhere are
+    left out (module docstring). Traces the training-mode call on one row of ``x``'s shape; nothing runs."""
     found = candidates(model, classes)
     if not found:
         return {}
@@ -136,15 +138,15 @@ def tappable(
         with probe:
             return model.stateless_call(trainable, non_trainable, x, training=True)
 
-    stand_ins = {key: trainable[index] for key, (_, index) in found.items()}
+    stand_ins = {key: [trainable[index] for index in indices] for key, (_, indices) in found.items()}
     shaped = lambda value: jax.ShapeDtypeStruct(value.shape, value.dtype)  # noqa: E731
     row = lambda value: jax.ShapeDtypeStruct((1, *value.shape[1:]), value.dtype)  # noqa: E731
     abstract = jax.tree_util.tree_map(shaped, (trainable, non_trainable, stand_ins))
     jaxpr = jax.make_jaxpr(forward)(*abstract[:2], jax.tree_util.tree_map(row, x), abstract[2]).jaxpr
     read = {id(var) for equation in jaxpr.eqns for var in equation.invars} | {id(var) for var in jaxpr.outvars}
-    kernels = jaxpr.invars[: len(trainable)]  # ``trainable`` is a flat list: its leaves come first, in order.
+    variables = jaxpr.invars[: len(trainable)]  # ``trainable`` is a flat list: its leaves come first, in order.
     return {
-        key: (layer, index, probe.shapes[key])
-        for key, (layer, index) in found.items()
-        if probe.calls.get(key) == 1 and key in probe.shapes and id(kernels[index]) not in read
+        key: (layer, indices, probe.shapes[key])
+        for key, (layer, indices) in found.items()
+        if probe.calls.get(key) == 1 and key in probe.shapes and all(id(variables[i]) not in read for i in indices)
     }

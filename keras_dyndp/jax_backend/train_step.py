@@ -5,8 +5,9 @@ make_private's stateless ``train_step`` runs each example alone (``jax.vmap`` of
 ``stateless_call`` on a batch of one, on every path: no layer can mix examples, a Lambda adding the batch mean moves
 the clipped sum by C), clips each example's gradient to the optimizer's C_t, sums, and hands the sums to
 ``stateless_apply_clipped_sum`` (noise once, normalise, apply: `keras_dyndp.jax_backend.optimizer`). ``method='auto'``
-(= ``'ghost'``) clips the kernels of the layers `ghost.RULES` covers from each example's layer input and output
-gradient (`taps`, `ghost`); every other variable keeps its vmap gradient; ``'vectorized'`` taps only Embedding tables.
+(= ``'ghost'``) clips the variables `ghost.RULES` covers (kernels, normalisation scales and offsets) from each
+example's layer input and output gradient (`taps`, `ghost`); every other variable keeps its vmap gradient;
+``'vectorized'`` taps only Embedding tables.
 ``accumulation_steps`` = k clips the batch in k physical batches (``jax.lax.scan``), one noise and one counter step;
 ``num_microbatches`` = M clips M random microbatch gradients (`microbatches`, no taps).
 
@@ -121,13 +122,14 @@ def is_private(model: keras.Model) -> bool:
 
 def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is_seed_state) -> Callable:
     """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``, per
-    example (``jax.vmap``): the weighted loss's gradients (None for tapped kernels), each tapped layer's inputs and
-    output gradients, the outputs, the non-trainable values written (None for the secret seed states), the losses."""
-    kernels = {index for _, index, _ in tapped.values()}
-    differentiated = [i for i in range(len(trainable_variables)) if i not in kernels]
+    example (``jax.vmap``): the weighted loss's gradients (None for the variables the taps cover), each tapped
+    layer's inputs and output gradients, the outputs, the non-trainable values written (None for the secret seed
+    states), the losses."""
+    covered = {index for _, indices, _ in tapped.values() for index in indices}
+    differentiated = [i for i in range(len(trainable_variables)) if i not in covered]
 
     def example_loss(diff_trainable, taps_values, non_trainable, step_key, x_i, y_i, weight):
-        trainable = list(trainable_variables)  # the tapped kernels (not differentiated) come from here
+        trainable = list(trainable_variables)  # the covered variables (not differentiated) come from here
         for position, value in zip(differentiated, diff_trainable):
             trainable[position] = value
         non_trainable = [
@@ -192,7 +194,7 @@ def _refuse_writes_from_random_draws(model: keras.Model):
         ) from error
 
 
-def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, trainable_variables, num_rows: int) -> list:
+def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) -> list:
     """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and the tapped layers' rules (`ghost`)."""
     squared_norms = jnp.zeros([num_rows], jnp.float32)
     for g in grads:
@@ -202,9 +204,9 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, trainable_varia
         squared_norms = squared_norms + ghost.RULES[type(layer)].squared_norms(layer, *tap_rows[key])
     factors = mechanism.clip_factors(ops.OPS, jnp.sqrt(squared_norms), clip_norm)
     sums = [None if g is None else jnp.tensordot(factors, g.astype(jnp.float32), axes=1) for g in grads]
-    for key, (layer, index, _) in tapped.items():
-        rule = ghost.RULES[type(layer)]
-        sums[index] = ghost.clipped_sum(rule, layer, trainable_variables[index], *tap_rows[key], factors)
+    for key, (layer, indices, _) in tapped.items():
+        for index, total in zip(indices, ghost.RULES[type(layer)].clipped_sums(layer, *tap_rows[key], factors)):
+            sums[index] = total
     return sums
 
 
@@ -247,7 +249,7 @@ def _private_train_step(self: keras.Model, state, data):
     num_microbatches = optimizer.num_microbatches
     # Microbatch gradients mix examples, which the taps' per-example norms do not: no taps there.
     method = self._keras_dyndp_method  # pylint: disable=protected-access
-    classes = (keras.layers.Embedding,) if method == "vectorized" else tuple(ghost.RULES)
+    classes = (keras.layers.Embedding,) if method == "vectorized" else None
     tapped = {} if num_microbatches else taps.tappable(self, trainable_variables, non_trainable_variables, x, classes)
     per_example = _per_example_fn(self, loss_fn, trainable_variables, tapped, is_seed_state)
 
@@ -260,7 +262,7 @@ def _private_train_step(self: keras.Model, state, data):
             assignment = optimizer.microbatch_assignment(optimizer_variables, losses.shape[0])
             sums = microbatches.clipped_sum(grads, losses, assignment, num_microbatches, clip_norm)
         else:
-            sums = _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, trainable_variables, losses.shape[0])
+            sums = _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, losses.shape[0])
         return sums, (y_pred, new_non_trainable, losses)
 
     batch = (x, y, weights)
@@ -407,7 +409,7 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
 
     Args:
         model: a Keras model (Sequential, functional or subclassed) without trainable batch normalisation.
-        method: ``'auto'`` or ``'ghost'`` (the same: kernels clipped from their taps where a rule covers them, the
+        method: ``'auto'`` or ``'ghost'`` (the same: the variables a rule covers clipped from their taps, the
             rest by ``jax.vmap``) or ``'vectorized'`` (per-example gradients, Embedding taps).
         training_metrics: False logs only ``dp_step`` (public; validation metrics as usual). True logs the training
             batch's loss and metrics, WITHOUT noise, outside the DP guarantee (one outlier moved the logged epoch

@@ -1,5 +1,6 @@
-"""Tests for keras_dyndp.jax_backend.ghost: each rule's per-example norms and clipped sum equal those of the
-per-example kernel gradients (one jax.grad per example), in the Gram and the materialised form."""
+"""Tests for keras_dyndp.jax_backend.ghost: each rule's per-example norms and clipped sums equal those of the
+per-example gradients of the variables it covers (one jax.grad of the layer's call per example), in the Gram and the
+materialised form."""
 
 import pytest
 
@@ -15,33 +16,49 @@ from keras_dyndp.jax_backend import ghost  # noqa: E402
 
 LAYERS = [  # (layer, one example's rows and shape)
     (lambda: keras.layers.Dense(3), (1, 4)),  # one position
-    (lambda: keras.layers.Dense(3), (1, 2, 4)),  # 2 T^2 < p d: Gram
+    (lambda: keras.layers.Dense(16), (1, 2, 16)),  # T^2 (p + d) < p d: Gram
+    (lambda: keras.layers.Dense(3), (1, 2, 4)),  # materialised
     (lambda: keras.layers.Dense(2), (3, 3, 3)),  # materialised; 3 rows (a model that tiles the example's row)
     (lambda: keras.layers.Conv1D(3, 3, dilation_rate=2, padding="same"), (1, 11, 2)),
-    (lambda: keras.layers.Conv2D(6, 3, strides=2), (2, 7, 7, 4)),  # T = 2 * 9: Gram
+    (lambda: keras.layers.Conv2D(6, 3, strides=2), (2, 7, 7, 4)),  # T = 2 * 9: materialised
+    (lambda: keras.layers.Conv2D(32, 3, strides=2), (1, 5, 5, 16)),  # T = 4, p = 144, d = 32: Gram
+    (lambda: keras.layers.Conv2D(300, 1), (1, 2, 2, 300)),  # p d > ghost_cost.MAX_MATERIALISED: Gram
     (lambda: keras.layers.Conv2D(2, 2, padding="same"), (1, 6, 5, 1)),  # T = 30: materialised
     (lambda: keras.layers.DepthwiseConv2D(3, depth_multiplier=2, strides=2, padding="same"), (2, 7, 7, 3)),
+    (lambda: keras.layers.LayerNormalization(), (2, 3, 4)),
+    (lambda: keras.layers.LayerNormalization(axis=[1, 3], center=False), (1, 3, 2, 4)),
+    (lambda: keras.layers.LayerNormalization(axis=[-1, 1]), (1, 3, 2, 4)),  # gamma [4, 3] on axes (1, 3)
+    (lambda: keras.layers.GroupNormalization(2, epsilon=0.1), (2, 5, 5, 6)),
+    (lambda: keras.layers.GroupNormalization(-1, axis=1), (1, 4, 3)),  # channels first, one group per channel
 ]
 
 
 @pytest.mark.parametrize("make_layer, shape", LAYERS)
-def test_norms_and_clipped_sum_equal_the_per_example_kernel_gradients(make_layer, shape):
+def test_norms_and_clipped_sums_equal_the_per_example_gradients(make_layer, shape):
     rng = np.random.default_rng(0)
     layer = make_layer()
-    a = jnp.asarray(rng.normal(size=(5, *shape)), jnp.float32)
     layer.build(shape)
     rule = ghost.RULES[type(layer)]
-    kernel = jnp.asarray(layer.kernel.value)
-    g = jnp.asarray(rng.normal(size=jax.vmap(lambda a_i: rule.op(layer, a_i, kernel))(a).shape), jnp.float32)
+    covered = [[v is variable for v in layer.trainable_variables].index(True) for variable in rule.variables(layer)]
+    values = [jnp.asarray(rng.normal(size=v.shape), jnp.float32) for v in layer.trainable_variables]
+    a = jnp.asarray(rng.normal(size=(5, *shape)) * 3 + 1, jnp.float32)
+
+    def loss(covered_values, a_i, g_i):
+        trainable = list(values)
+        for index, value in zip(covered, covered_values):
+            trainable[index] = value
+        return jnp.sum(layer.stateless_call(trainable, [], a_i)[0] * g_i)
+
+    g = jnp.asarray(rng.normal(size=(5, *layer.compute_output_shape(shape))), jnp.float32)
     factors = jnp.asarray(rng.uniform(size=5), jnp.float32)
     with jax.default_matmul_precision("highest"):
-        grads = jax.vmap(jax.grad(lambda k, a_i, g_i: jnp.sum(rule.op(layer, a_i, k) * g_i)), (None, 0, 0))(
-            kernel, a, g
-        )
-        np.testing.assert_allclose(rule.squared_norms(layer, a, g), jnp.sum(grads**2, axis=range(1, grads.ndim)), 1e-5)
-        np.testing.assert_allclose(
-            ghost.clipped_sum(rule, layer, kernel, a, g, factors), jnp.tensordot(factors, grads, 1), 1e-5, 1e-6
-        )
+        grads = jax.vmap(jax.grad(loss), (None, 0, 0))([values[i] for i in covered], a, g)
+        squared_norms = sum(jnp.sum(grad**2, axis=range(1, grad.ndim)) for grad in grads)
+        np.testing.assert_allclose(rule.squared_norms(layer, a, g), squared_norms, 1e-5)
+        sums = rule.clipped_sums(layer, a, g, factors)
+        assert len(sums) == len(grads) == len(covered) > 0
+        for total, grad in zip(sums, grads):
+            np.testing.assert_allclose(total, jnp.tensordot(factors, grad, 1), 1e-5, 1e-5)
 
 
 def test_embedding_norms_and_clipped_sum_equal_the_dense_per_example_gradients():
@@ -55,5 +72,68 @@ def test_embedding_norms_and_clipped_sum_equal_the_dense_per_example_gradients()
     rule = ghost.RULES[keras.layers.Embedding]
     ids, deltas = jnp.asarray(ids), jnp.asarray(deltas, "float32")
     np.testing.assert_allclose(rule.squared_norms(None, ids, deltas), np.sum(dense**2, axis=(1, 2)), rtol=1e-5)
-    sums = ghost.clipped_sum(rule, None, jnp.zeros((6, 3)), ids, deltas, jnp.asarray(factors, "float32"))
+    layer = keras.layers.Embedding(6, 3)
+    layer.build()
+    (sums,) = rule.clipped_sums(layer, ids, deltas, jnp.asarray(factors, "float32"))
     np.testing.assert_allclose(sums, np.tensordot(factors, dense, axes=1), rtol=1e-5, atol=1e-6)
+
+
+def _documented_example() -> dict:
+    """Runs the custom-layer example of ghost's docstring (it registers its rule) and returns its names."""
+    code = ghost.__doc__.split("```python\n")[1].split("```")[0]
+    names = {}
+    exec(code, names)  # pylint: disable=exec-used
+    return names
+
+
+def test_the_documented_custom_rule_clips_as_the_per_example_loop():
+    import jax_brute_force as brute_force  # pylint: disable=import-outside-toplevel  (tests/jax_backend)
+
+    from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend import DynamicDPKerasSGD  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend import make_private  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend import taps  # pylint: disable=import-outside-toplevel
+
+    scale_shift = _documented_example()["ScaleShift"]
+    keras.utils.set_random_seed(3)
+    layer = scale_shift()
+    inputs = keras.Input((3, 4))
+    outputs = keras.layers.Dense(2)(keras.layers.Flatten()(layer(keras.layers.Dense(4)(inputs))))
+    model = make_private(keras.Model(inputs, outputs), "ghost")
+    loss = keras.losses.MeanSquaredError(reduction="none")
+    schedule = schedules.DPSchedule(np.full(1, 0.3), np.zeros(1), 0.5)
+    model.compile(
+        optimizer=DynamicDPKerasSGD(
+            schedule=schedule, allow_degenerate_noise=True, expected_batch_size=3.0, learning_rate=1.0
+        ),
+        loss=loss,
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(6, 3, 4)).astype("float32"), rng.normal(size=(6, 2)).astype("float32")
+    layer.scale.assign(rng.normal(size=4).astype("float32"))  # not ones: the rule's gradient must not assume them
+    values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]
+    assert layer in [tapped for tapped, *_ in taps.tappable(model, *values, x).values()]
+    before = [np.asarray(v.value, np.float64) for v in model.trainable_variables]
+    with jax.default_matmul_precision("highest"):
+        expected = brute_force.clipped_sum(model, loss, x, y, 0.3)
+        model.fit(brute_force.FixedBatches(x, y, 6), epochs=1, verbose=0)
+    for old, variable, total in zip(before, model.trainable_variables, expected):
+        np.testing.assert_allclose(np.asarray(variable.value), old - total / 3.0, rtol=1e-5, atol=1e-7)
+
+
+def test_register_layer_rule_refuses_what_is_not_a_rule():
+    parts = dict(variables=lambda layer: [], squared_norms=lambda layer, a, g: a, clipped_sums=lambda *args: [])
+    with pytest.raises(TypeError, match="`layer_class` must be a Keras layer class"):
+        ghost.register_layer_rule(object, **parts)
+    with pytest.raises(TypeError, match="`clipped_sums` must be callable"):
+        ghost.register_layer_rule(keras.layers.Dense, **{**parts, "clipped_sums": None})
+    with pytest.raises(TypeError, match="`supports` must be callable"):
+        ghost.register_layer_rule(keras.layers.Dense, **parts, supports=True)
+    assert ghost.RULES[keras.layers.Dense].variables is not parts["variables"]  # nothing registered
+
+
+def test_keras_dyndp_register_layer_rule_is_the_backends():
+    import keras_dyndp  # pylint: disable=import-outside-toplevel
+
+    assert keras_dyndp.register_layer_rule is ghost.register_layer_rule
+    assert keras_dyndp.LayerRule is ghost.LayerRule

@@ -20,7 +20,7 @@ def test_candidates_are_trainable_embeddings_whose_table_no_other_layer_holds():
     pooled = [keras.layers.GlobalAveragePooling1D()(layer(inputs)) for layer in (own, frozen)]
     model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Concatenate()(pooled)))
     found = taps.candidates(model, (keras.layers.Embedding,))
-    assert list(found) == [id(own)] and found[id(own)][1] == 0
+    assert list(found) == [id(own)] and found[id(own)][1] == (0,)
     assert own._keras_dyndp_tapped and not getattr(frozen, "_keras_dyndp_tapped", False)
     ids = np.array([[1, 2, 3]])
     np.testing.assert_array_equal(own(ids), np.asarray(own.embeddings)[ids])  # no session: the original call
@@ -57,7 +57,7 @@ def test_a_table_read_outside_its_layers_call_is_not_tapped():
     x = np.zeros((2, 3), "int32")
     assert set(taps.candidates(model)) == {id(tied), id(untied)}  # one owner each
     untied_index = next(i for i, v in enumerate(model.trainable_variables) if v is untied.embeddings)
-    assert taps.tappable(model, *_values(model), x) == {id(untied): (untied, untied_index, (1, 3, 4))}
+    assert taps.tappable(model, *_values(model), x) == {id(untied): (untied, (untied_index,), (1, 3, 4))}
 
 
 def test_a_dense_layer_called_twice_or_whose_kernel_a_lambda_reads_keeps_the_vmap_path():
@@ -69,3 +69,23 @@ def test_a_dense_layer_called_twice_or_whose_kernel_a_lambda_reads_keeps_the_vma
     found = taps.tappable(model, *_values(model), np.zeros((2, 4), "float32"))
     assert list(found) == [id(own)] and found[id(own)][2] == (1, 4)
     assert taps.tappable(model, *_values(model), np.zeros((2, 4), "float32"), (keras.layers.Embedding,)) == {}
+
+
+def test_normalisations_are_tapped_unless_one_of_their_variables_is_read_elsewhere():
+    """Every variable a rule covers (a normalisation's gamma and beta) is checked: a Lambda reading only the beta of
+    one GroupNormalization keeps that layer on the vmap path; a LayerNormalization without variables is no
+    candidate."""
+    inputs = keras.Input((4, 6))
+    norm, read, bare = (
+        keras.layers.LayerNormalization(),
+        keras.layers.GroupNormalization(2),
+        keras.layers.LayerNormalization(center=False, scale=False),
+    )
+    h = keras.layers.Lambda(lambda v: v + read.beta)(read(norm(inputs)))
+    model = keras.Model(inputs, bare(h))
+    assert set(taps.candidates(model)) == {id(norm), id(read)}
+    trainable = model.trainable_variables
+    indices = tuple(next(i for i, v in enumerate(trainable) if v is w) for w in (norm.gamma, norm.beta))
+    assert taps.tappable(model, *_values(model), np.zeros((2, 4, 6), "float32")) == {
+        id(norm): (norm, indices, (1, 4, 6))
+    }

@@ -619,7 +619,9 @@ def test_ghost_and_vmap_paths_clip_as_the_per_example_loop_with_shared_and_read_
     )
     values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]
     tapped = taps.tappable(model, *values, x)
-    assert [type(layer).__name__ for layer, *_ in tapped.values()] == ["Conv2D", "DepthwiseConv2D", "Dense", "Dense"]
+    assert [type(layer).__name__ for layer, *_ in tapped.values()] == (
+        ["Conv2D", "DepthwiseConv2D", "GroupNormalization", "Dense", "LayerNormalization", "Dense"]
+    )
     before = _weights(model)
     with jax.default_matmul_precision("highest"):
         expected = brute_force.clipped_sum(model, LOSS, x, y, 0.5, weights)

@@ -1,6 +1,6 @@
 """Per-example squared norms and clipped sums from a layer's recorded inputs and output gradients: the building
 blocks of the layer rules. A weight used as ``a_t W`` at T positions has G_i = a_i^T g_i (`bilinear_norms_and_sum`,
-Gram or materialised, whichever is cheaper); a bias has sum_t g_{i,t}."""
+Gram or materialised, whichever `keras_dyndp.ghost_cost` finds cheaper); a bias has sum_t g_{i,t}."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
+from keras_dyndp import ghost_cost
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
@@ -34,20 +35,6 @@ def flatten_positions(tensor: tf.Tensor, rows: Rows) -> tf.Tensor:
     return flat
 
 
-# Largest per-example gradient (in floats) that may be materialised for a whole batch: 2^16 floats is 256 KiB
-# per example, 64 MiB at batch 256.
-_MAX_MATERIALISED = 2**16
-
-
-def _use_gram(positions: int | None, fan_in: int, fan_out: int) -> bool:
-    """Whether the Gram ("ghost") form beats materialising G_i = a_i^T g_i: per example the Gram norms cost
-    T^2 (d_in + d_out), materialising T d_in d_out once (then d_in d_out for the norms and the sum, which the Gram
-    form pays T d_in d_out for). Materialise when T^2 (d_in + d_out) >= d_in d_out and G fits ``_MAX_MATERIALISED``."""
-    if positions is None or fan_in * fan_out > _MAX_MATERIALISED:
-        return True
-    return positions * positions * (fan_in + fan_out) < fan_in * fan_out
-
-
 def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
     """Squared norms of G_i = a_i^T g_i (a: [B, T, k], g: [B, T, c]) and a function factors -> sum f_i G_i."""
     positions, fan_in, fan_out = a.shape[1], a.shape[-1], g.shape[-1]
@@ -55,7 +42,7 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
         a2, g2 = a[:, 0, :], g[:, 0, :]
         squared = squared_norms(a2, 1) * squared_norms(g2, 1)
         return squared, lambda f: tf.matmul(a2, g2 * f[:, None], transpose_a=True)
-    if _use_gram(positions, fan_in, fan_out):
+    if ghost_cost.use_gram(positions, fan_in, fan_out):
         gram_a = tf.matmul(a, a, transpose_b=True)
         gram_g = tf.matmul(g, g, transpose_b=True)
         squared = tf.reduce_sum(gram_a * gram_g, axis=[1, 2])

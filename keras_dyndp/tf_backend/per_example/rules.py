@@ -48,6 +48,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from keras_dyndp import validation
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import conv2d
 from keras_dyndp.tf_backend.per_example import dense
@@ -78,11 +79,8 @@ def register_layer_rule(
     """Registers (or replaces) the rule of exactly ``layer_class`` (module docstring). ``norms_and_sums`` runs
     without AutoGraph (control flow on tensors needs ``tf.cond`` / ``tf.while_loop``). TypeError if
     ``layer_class`` is not a Keras layer class or a part is not callable."""
-    if not (isinstance(layer_class, type) and issubclass(layer_class, keras.layers.Layer)):
-        raise TypeError(f"`layer_class` must be a Keras layer class. Received: layer_class={layer_class!r}.")
-    for name, part in (("call", call), ("norms_and_sums", norms_and_sums), ("supports", supports)):
-        if not callable(part) and not (name == "supports" and part is None):
-            raise TypeError(f"`{name}` must be callable. Received: {name}={part!r}.")
+    parts = {"call": call, "norms_and_sums": norms_and_sums, "supports": supports}
+    validation.check_layer_rule(layer_class, keras.layers.Layer, parts, optional=("supports",))
     # Graph code without Python control flow on tensors: AutoGraph would convert it at each first trace.
     _RULES[layer_class] = LayerRule(call, tf.autograph.experimental.do_not_convert(norms_and_sums), supports)
 
