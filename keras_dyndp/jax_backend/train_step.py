@@ -200,12 +200,13 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) 
     for g in grads:
         if g is not None:
             squared_norms = squared_norms + jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1)
-    for key, (layer, _, _) in tapped.items():
-        squared_norms = squared_norms + ghost.RULES[type(layer)].squared_norms(layer, *tap_rows[key])
+    ruled = {key: ghost.RULES[type(layer)].norms_and_sums(layer, *tap_rows[key]) for key, (layer, *_) in tapped.items()}
+    for squared, _ in ruled.values():
+        squared_norms = squared_norms + squared
     factors = mechanism.clip_factors(ops.OPS, jnp.sqrt(squared_norms), clip_norm)
     sums = [None if g is None else jnp.tensordot(factors, g.astype(jnp.float32), axes=1) for g in grads]
-    for key, (layer, indices, _) in tapped.items():
-        for index, total in zip(indices, ghost.RULES[type(layer)].clipped_sums(layer, *tap_rows[key], factors)):
+    for key, (_, indices, _) in tapped.items():
+        for index, total in zip(indices, ruled[key][1](factors)):
             sums[index] = total
     return sums
 

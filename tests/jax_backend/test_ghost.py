@@ -54,8 +54,9 @@ def test_norms_and_clipped_sums_equal_the_per_example_gradients(make_layer, shap
     with jax.default_matmul_precision("highest"):
         grads = jax.vmap(jax.grad(loss), (None, 0, 0))([values[i] for i in covered], a, g)
         squared_norms = sum(jnp.sum(grad**2, axis=range(1, grad.ndim)) for grad in grads)
-        np.testing.assert_allclose(rule.squared_norms(layer, a, g), squared_norms, 1e-5)
-        sums = rule.clipped_sums(layer, a, g, factors)
+        squared, clipped_sums = rule.norms_and_sums(layer, a, g)
+        np.testing.assert_allclose(squared, squared_norms, 1e-5)
+        sums = clipped_sums(factors)
         assert len(sums) == len(grads) == len(covered) > 0
         for total, grad in zip(sums, grads):
             np.testing.assert_allclose(total, jnp.tensordot(factors, grad, 1), 1e-5, 1e-5)
@@ -71,10 +72,11 @@ def test_embedding_norms_and_clipped_sum_equal_the_dense_per_example_gradients()
         np.add.at(dense[example], ids[example], deltas[example])
     rule = ghost.RULES[keras.layers.Embedding]
     ids, deltas = jnp.asarray(ids), jnp.asarray(deltas, "float32")
-    np.testing.assert_allclose(rule.squared_norms(None, ids, deltas), np.sum(dense**2, axis=(1, 2)), rtol=1e-5)
     layer = keras.layers.Embedding(6, 3)
     layer.build()
-    (sums,) = rule.clipped_sums(layer, ids, deltas, jnp.asarray(factors, "float32"))
+    squared, clipped_sums = rule.norms_and_sums(layer, ids, deltas)
+    np.testing.assert_allclose(squared, np.sum(dense**2, axis=(1, 2)), rtol=1e-5)
+    (sums,) = clipped_sums(jnp.asarray(factors, "float32"))
     np.testing.assert_allclose(sums, np.tensordot(factors, dense, axes=1), rtol=1e-5, atol=1e-6)
 
 
@@ -122,11 +124,11 @@ def test_the_documented_custom_rule_clips_as_the_per_example_loop():
 
 
 def test_register_layer_rule_refuses_what_is_not_a_rule():
-    parts = dict(variables=lambda layer: [], squared_norms=lambda layer, a, g: a, clipped_sums=lambda *args: [])
+    parts = dict(variables=lambda layer: [], norms_and_sums=lambda layer, a, g: (a, lambda f: []))
     with pytest.raises(TypeError, match="`layer_class` must be a Keras layer class"):
         ghost.register_layer_rule(object, **parts)
-    with pytest.raises(TypeError, match="`clipped_sums` must be callable"):
-        ghost.register_layer_rule(keras.layers.Dense, **{**parts, "clipped_sums": None})
+    with pytest.raises(TypeError, match="`norms_and_sums` must be callable"):
+        ghost.register_layer_rule(keras.layers.Dense, **{**parts, "norms_and_sums": None})
     with pytest.raises(TypeError, match="`supports` must be callable"):
         ghost.register_layer_rule(keras.layers.Dense, **parts, supports=True)
     assert ghost.RULES[keras.layers.Dense].variables is not parts["variables"]  # nothing registered
