@@ -45,6 +45,7 @@ class PoissonBatches(keras.utils.PyDataset):
         self._x, self._y = x, y
         weights = np.ones(num_examples) if sample_weight is None else sample_weight
         self._weights = np.asarray(weights, np.float32).reshape(num_examples)
+        processes.check_same_data([*jax.tree_util.tree_leaves((x, y)), self._weights])
         seed = processes.agreed_random_bits(128, secrets.randbits) if arguments.seed is None else arguments.seed
         self._rng = np.random.default_rng(seed)
 

@@ -6,8 +6,9 @@ processes agree on what the program holds and on the global batch:
 - the optimizer's secret base key and `keras_dyndp.poisson_batches`' sampler seed are process 0's OS entropy,
   broadcast (`agreed`): with a key of its own each process would add other noise to its copy of the weights, and with
   a sampler of its own an example could sit in two processes' shares of the batch (moving the sum by 2 C);
-- every process draws the same global Poisson batch and feeds only its share (`local_rows`): the global batch is
-  the processes' shares in process order (``jax.make_array_from_process_local_data``).
+- every process holds the same data (`check_same_data`), draws the same global Poisson batch and feeds only its
+  share (`local_rows`): the global batch is the processes' shares in process order
+  (``jax.make_array_from_process_local_data``).
 Refused (`check_distribution`, `check_data`): several processes without a ``keras.distribution`` (each would train
 its own model with the same noise, which two released models would cancel) or with another than ``DataParallel``
 over all devices; data other than `keras_dyndp.poisson_batches` (a process handed the whole batch, or a share no one
@@ -16,6 +17,7 @@ checked, would count an example several times) and ``train_on_batch``.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import jax
@@ -40,6 +42,29 @@ def agreed_random_bits(num_bits: int, draw) -> int:
     """``draw(num_bits)`` (OS entropy) of process 0 on every process, as an int."""
     words = agreed(np.asarray([draw(32) for _ in range(-(-num_bits // 32))], np.uint32))
     return sum(int(word) << (32 * index) for index, word in enumerate(words))
+
+
+def check_same_data(arrays: list) -> None:
+    """ValueError on every process unless all hold the same ``arrays`` (a collective): each process takes its share
+    of one global sample of row indices, which is a Poisson sample of the data only if the rows are the same
+    everywhere (a process holding its own shard would feed other examples, at another rate than p)."""
+    if not several():
+        return
+    digest = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(array.tobytes())
+    fingerprints = multihost_utils.process_allgather(np.frombuffer(digest.digest(), np.uint32))
+    differing = [
+        index for index, fingerprint in enumerate(fingerprints) if not np.array_equal(fingerprint, fingerprints[0])
+    ]
+    if differing:
+        raise ValueError(
+            f"keras_dyndp.poisson_batches in {jax.process_count()} processes needs the whole dataset, the same, on "
+            f"every process (they sample one global batch of its rows and each feeds its share); processes "
+            f"{differing} hold other data than process 0. Pass every process the same x, y and sample_weight."
+        )
 
 
 def rows_multiple() -> int:

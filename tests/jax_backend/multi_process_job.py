@@ -98,6 +98,7 @@ def main():
         lambda: spent.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=2), verbose=0)
     )
     result["budget_steps"] = int(spent.optimizer.dp_step.numpy())
+    result["other_data"] = _refusal(lambda: keras_dyndp.poisson_batches(x + PROCESS_ID, y, sampling_probability=P))
     result["arrays"] = _refusal(lambda: model.fit(x, y, batch_size=10, verbose=0))
     result["train_on_batch"] = _refusal(lambda: model.train_on_batch(x[:10], y[:10]))
     keras.distribution.set_distribution(None)
