@@ -14,7 +14,9 @@
 #
 # then call the device tool's run with carry [".whl"] and command "bash benchmarks/gpu_jax.sh bench" (the tables,
 # timeout_s 540), then "bash benchmarks/gpu_jax.sh tests" (the JAX test suite, its summary printed and in
-# $OUT/tests.log; timeout_s 480): no argument runs both, longer than one call may last. The GPU's name is in $OUT.
+# $OUT/tests.log; timeout_s 480), then "bash benchmarks/gpu_jax.sh extra" (peak memory per path at batch 1024 and
+# mixed_bfloat16 at batch 256; timeout_s 480): no argument runs all three, longer than one call may last. The GPU's
+# name is in $OUT.
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 KERAS_BACKEND=jax
@@ -22,17 +24,19 @@ OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import jax, keras; print('jax', jax.__version__, jax.devices(), 'keras', keras.__version__)" | tee -a "$OUT/gpu.txt"
-PARTS="${1:-bench tests}"
+PARTS="${1:-bench tests extra}"
 if [[ "$PARTS" == *tests* ]]; then
   timeout 420 python3 -m pytest tests/jax_backend tests/conformance -q -n 8 2>&1 \
     | tee "$OUT/tests.log" | tail -n 40 || true
 fi
-[[ "$PARTS" == *bench* ]] || exit 0
 cd benchmarks
-timeout 240 python3 jax_step_time.py --models cnn,wrn --batch_size 256 --steps 20 --repeats 5 \
-  --out_md "$OUT/batch256.md" 2>&1 | grep -v Warning | tee "$OUT/batch256.log" | grep -E "repetition|\|" || true
-timeout 240 python3 jax_step_time.py --models wrn --batch_size 1024 --steps 10 --repeats 3 \
-  --out_md "$OUT/batch1024.md" 2>&1 | grep -v Warning | tee "$OUT/batch1024.log" | grep -E "repetition|\|" || true
+if [[ "$PARTS" == *bench* ]]; then
+  timeout 240 python3 jax_step_time.py --models cnn,wrn --batch_size 256 --steps 20 --repeats 5 \
+    --out_md "$OUT/batch256.md" 2>&1 | grep -v Warning | tee "$OUT/batch256.log" | grep -E "repetition|\|" || true
+  timeout 240 python3 jax_step_time.py --models wrn --batch_size 1024 --steps 10 --repeats 3 \
+    --out_md "$OUT/batch1024.md" 2>&1 | grep -v Warning | tee "$OUT/batch1024.log" | grep -E "repetition|\|" || true
+fi
+[[ "$PARTS" == *extra* ]] || exit 0
 # Peak memory at batch 1024, one process per path set (memory_stats keeps the process's peak); then mixed_bfloat16.
 for paths in nonprivate dyndp_fast; do
   timeout 120 python3 jax_step_time.py --models wrn --batch_size 1024 --steps 3 --repeats 1 --paths "$paths" \
