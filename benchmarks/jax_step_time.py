@@ -17,7 +17,9 @@ the table reports the median over repetitions of the mean step time and of the r
 repetition. Models: cnn, lstm, text (as benchmarks/step_time.py) and wrn (WideResNet-16-4, CIFAR-10 shapes).
 ``--dtype_policy=mixed_bfloat16`` computes in bfloat16 (norms, clipping, noise and sums stay float32). The table's
 header gives the device's peak memory (``memory_stats``; GPUs report it, CPUs do not): the largest of the paths run,
-so run one path per process (``--paths=nonprivate``, ``--paths=dyndp_fast``) to compare them.
+so run one path per process (``--paths=nonprivate``, ``--paths=dyndp_fast``) to compare them. Each row also gives
+XLA's account of its compiled step (floating-point operations, bytes accessed, temporary memory; `_compiled_cost`)
+and its ratio to the non-private step's: device-independent counts beside the times.
 
 Usage:
     python benchmarks/step_time.py --backend=jax --models cnn,lstm,text --batch_size 256 --steps 20 --repeats 5
@@ -116,6 +118,7 @@ class _Stepper:
             model.train_on_batch(x, y)
         model.make_train_function()
         self._function = model.train_function
+        self.cost = _compiled_cost(model, x, y)
         self._state = (
             [v.value for v in model.trainable_variables],
             [v.value for v in model.non_trainable_variables],
@@ -131,6 +134,31 @@ class _Stepper:
             _, self._state = self._function(self._state, iter(self._data))
         jax.block_until_ready(self._state)
         return (time.perf_counter() - start) / steps
+
+
+def _compiled_cost(model: keras.Model, x: np.ndarray, y: np.ndarray) -> dict:
+    """XLA's own account of the compiled train step (Keras's ``jit(train_step, donate_argnums=0)``, compiled again
+    here): its floating-point operations and bytes accessed (``cost_analysis``; a loop's body is counted once) and
+    its temporary buffers (``memory_analysis``, the working memory beyond the state and batch: a device-independent
+    view of the peak). On a GPU the estimate is the GPU compiler's."""
+    state = [
+        [v.value for v in variables]
+        for variables in (
+            model.trainable_variables,
+            model.non_trainable_variables,
+            model.optimizer.variables,
+            model.metrics_variables,
+        )
+    ]
+    compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, (x, y)).compile()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, list) else cost) or {}
+    memory = compiled.memory_analysis()
+    return {
+        "gflop": cost.get("flops", float("nan")) / 1e9,
+        "gbytes": cost.get("bytes accessed", float("nan")) / 1e9,
+        "temp_mib": float("nan") if memory is None else memory.temp_size_in_bytes / 2**20,
+    }
 
 
 def measure(model_name: str) -> list[dict]:
@@ -153,6 +181,7 @@ def measure(model_name: str) -> list[dict]:
             "path": path,
             "ms_per_step": 1e3 * statistics.median(seconds[path]),
             "ratio": statistics.median(s / n for s, n in zip(seconds[path], seconds["nonprivate"])),
+            **{key: (value, value / steppers["nonprivate"].cost[key]) for key, value in steppers[path].cost.items()},
         }
         for path in paths
     ]
@@ -179,10 +208,15 @@ def markdown(rows: list[dict]) -> str:
         f"{FLAGS.steps} steps x {FLAGS.repeats} interleaved repetitions, medians; dtype policy {FLAGS.dtype_policy}; "
         f"peak device memory {peak_memory()} (paths {', '.join(FLAGS.paths)}).",
         "",
-        "| model | path | ms / step | x non-private |",
-        "|---|---|---|---|",
+        "| model | path | ms / step | x non-private | XLA GFLOP (x) | XLA GB accessed (x) | XLA temp MiB (x) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    lines += [f"| {r['model']} | {r['path']} | {r['ms_per_step']:.2f} | {r['ratio']:.2f} |" for r in rows]
+    lines += [
+        f"| {r['model']} | {r['path']} | {r['ms_per_step']:.2f} | {r['ratio']:.2f} | "
+        + " | ".join(f"{r[key][0]:,.2f} ({r[key][1]:.2f}x)" for key in ("gflop", "gbytes", "temp_mib"))
+        + " |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -1,24 +1,41 @@
-"""Tests for keras_dyndp.ghost_cost: the one choice between the Gram and the materialised per-example norm."""
+"""Tests for keras_dyndp.ghost_cost: the one choice of form for a bilinear weight's per-example norms and sum."""
 
 import pytest
 
 from keras_dyndp import ghost_cost
 
+GRAM, PER_EXAMPLE, NORMS = ghost_cost.GRAM, ghost_cost.PER_EXAMPLE, ghost_cost.PER_EXAMPLE_NORMS
+
 
 @pytest.mark.parametrize(
-    "positions, fan_in, fan_out, gram",
+    "positions, fan_in, fan_out, form",
     [
-        (None, 4, 4, True),  # unknown positions
-        (1, 4, 4, True),  # 1 * 8 < 16
-        (1, 2, 2, False),  # 1 * 4 >= 4
-        (2, 16, 16, True),  # 4 * 32 < 256
-        (2, 4, 3, False),  # 4 * 7 >= 12
-        (25, 256, 32, False),  # the paper's CNN's second convolution: 625 * 288 >= 8192
-        (4, 300, 300, True),  # 90,000 floats per example > MAX_MATERIALISED
+        (None, 4, 4, GRAM),  # unknown positions
+        (1, 4, 4, GRAM),  # 1 * 8 < 16
+        (1, 2, 2, PER_EXAMPLE),  # 1 * 4 >= 4
+        (2, 16, 16, GRAM),  # 4 * 32 < 256
+        (2, 4, 3, PER_EXAMPLE),  # 4 * 7 >= 12
+        (25, 256, 32, PER_EXAMPLE),  # the paper's CNN's second convolution: 625 * 288 >= 8192
+        (4, 300, 300, GRAM),  # 90,000 floats per example > MAX_MATERIALISED, and 16 * 600 < 90,000
+        (160, 300, 300, NORMS),  # too large to hold; 90,000 < 160 * 600 (2 T k c beats T^2 (k + c) + T k c)
+        (256, 1152, 128, NORMS),  # WideResNet-16-4's 3x3 convolutions at 16x16, 128 channels
+        (64, 2304, 256, GRAM),  # ... at 8x8, 256 channels: 589,824 >= 64 * 2560
+        (1024, 576, 64, PER_EXAMPLE),  # ... at 32x32, 64 channels: 36,864 floats fit
     ],
 )
-def test_gram_where_cheaper_or_materialising_would_not_fit(positions, fan_in, fan_out, gram):
-    assert ghost_cost.use_gram(positions, fan_in, fan_out) is gram
+def test_the_cheapest_form_that_fits(positions, fan_in, fan_out, form):
+    assert ghost_cost.form(positions, fan_in, fan_out) == form
+
+
+@pytest.mark.parametrize("positions", [1, 2, 3, 10, 100, 1000])
+@pytest.mark.parametrize("fan_in, fan_out", [(1, 1), (3, 700), (64, 64), (300, 300), (2304, 256), (4096, 4096)])
+def test_the_form_chosen_costs_no_more_than_another_that_fits(positions, fan_in, fan_out):
+    size, t = fan_in * fan_out, positions
+    cost = {GRAM: t * t * (fan_in + fan_out) + t * size, PER_EXAMPLE: t * size + size, NORMS: 2 * t * size}
+    fits = [GRAM, NORMS] + ([PER_EXAMPLE] if size <= ghost_cost.MAX_MATERIALISED else [])
+    chosen = ghost_cost.form(positions, fan_in, fan_out)
+    assert chosen in fits
+    assert cost[chosen] <= min(cost[form] for form in fits)
 
 
 def test_the_cap_is_what_a_batch_of_256_can_hold_in_64_mib():

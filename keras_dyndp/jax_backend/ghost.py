@@ -4,9 +4,9 @@ them, [B, rows, ...].
 
 A kernel applied at T positions (``z_t = a_t W``: Dense, also over a sequence axis; a convolution, ``a_t`` the input
 patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}; ||G_i||^2 = sum_{t,s} (a_i a_i^T)_{ts} (g_i g_i^T)_{ts} ("ghost", Li et
-al. 2021) where `keras_dyndp.ghost_cost` finds it cheaper, else from G_i itself (Bu et al. 2022). The clipped sum
-sum_i f_i G_i is then the op's weight gradient for the output gradients f_i g_i (one ``jax.vjp`` on the batch,
-book-keeping, Bu et al. 2023: no second backward pass), or the materialised G_i's weighted sum. The TensorFlow
+al. 2021) or from G_i itself (Bu et al. 2022), whichever `keras_dyndp.ghost_cost` finds cheaper. The clipped sum
+sum_i f_i G_i is the materialised G_i's weighted sum where they are kept, else the op's weight gradient for the output
+gradients f_i g_i (one ``jax.vjp`` on the batch, book-keeping, Bu et al. 2023: no second backward pass). The TensorFlow
 rules' math (`keras_dyndp.tf_backend.per_example.rules`); check a new rule against the vmap path. A layer
 normalisation's scale and offset (LayerNormalization, GroupNormalization) have per-example gradients
 sum_t x_hat_t g_t and sum_t g_t (x_hat the normalised input): small, they are materialised.
@@ -99,22 +99,25 @@ def _weight_gradient(op: Callable, layer, a: jax.Array, g: jax.Array, factors: j
 
 def _bilinear(op: Callable, inputs: Callable) -> Callable:
     """``norms_and_sums`` of a kernel applied at T positions, ``op(layer, a, kernel)`` (linear in it: zeros stand in
-    for its value), whose position inputs are ``inputs(layer, a)`` [B, T, p]: the Gram norms and the weight gradient
-    (book-keeping), or each example's G_i (the vjp of its own op: on CPU 1.2x faster than from the input patches for
-    the paper's CNN, and no patches in memory), its norms and sum_i f_i G_i, whichever `ghost_cost` finds cheaper."""
+    for its value), whose position inputs are ``inputs(layer, a)`` [B, T, p], in `ghost_cost`'s form for the shapes:
+    the Gram norms, or each example's G_i (the vjp of its own op: on CPU 1.2x faster than from the input patches for
+    the paper's CNN, and no patches in memory); the sum from the G_i kept, or by book-keeping."""
 
     def norms_and_sums(layer, a, g):
         rows, g_t = inputs(layer, a).astype(jnp.float32), _positions(g).astype(jnp.float32)
+        book_keeping = lambda f: [_weight_gradient(op, layer, a, g, f)]  # noqa: E731
         if rows.shape[1] == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2
-            squared = jnp.sum(rows[:, 0] ** 2, axis=1) * jnp.sum(g_t[:, 0] ** 2, axis=1)
-            return squared, lambda f: [_weight_gradient(op, layer, a, g, f)]
-        if ghost_cost.use_gram(rows.shape[1], rows.shape[2], g_t.shape[2]):
+            return jnp.sum(rows[:, 0] ** 2, axis=1) * jnp.sum(g_t[:, 0] ** 2, axis=1), book_keeping
+        form = ghost_cost.form(rows.shape[1], rows.shape[2], g_t.shape[2])
+        if form == ghost_cost.GRAM:
             gram = jnp.einsum("btp,bsp->bts", rows, rows) * jnp.einsum("btd,bsd->bts", g_t, g_t)
-            return jnp.sum(gram, axis=(1, 2)), lambda f: [_weight_gradient(op, layer, a, g, f)]
+            return jnp.sum(gram, axis=(1, 2)), book_keeping
         kernel = jnp.zeros(layer.kernel.shape, jnp.float32)
         vjp = lambda a_i, g_i: jax.vjp(lambda k: op(layer, a_i, k), kernel)[1](g_i)[0]  # noqa: E731
         per_example = jax.vmap(vjp)(a.astype(jnp.float32), g.astype(jnp.float32))
         squared = jnp.sum(per_example.reshape(per_example.shape[0], -1) ** 2, axis=1)
+        if form == ghost_cost.PER_EXAMPLE_NORMS:
+            return squared, book_keeping
         return squared, lambda f: [jnp.tensordot(f, per_example, axes=1)]
 
     return norms_and_sums

@@ -1,6 +1,6 @@
 """Per-example squared norms and clipped sums from a layer's recorded inputs and output gradients: the building
 blocks of the layer rules. A weight used as ``a_t W`` at T positions has G_i = a_i^T g_i (`bilinear_norms_and_sum`,
-Gram or materialised, whichever `keras_dyndp.ghost_cost` finds cheaper); a bias has sum_t g_{i,t}."""
+in `keras_dyndp.ghost_cost`'s form for the shapes); a bias has sum_t g_{i,t}."""
 
 from __future__ import annotations
 
@@ -42,18 +42,22 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
         a2, g2 = a[:, 0, :], g[:, 0, :]
         squared = squared_norms(a2, 1) * squared_norms(g2, 1)
         return squared, lambda f: tf.matmul(a2, g2 * f[:, None], transpose_a=True)
-    if ghost_cost.use_gram(positions, fan_in, fan_out):
+    form = ghost_cost.form(positions, fan_in, fan_out)
+    book_keeping = lambda f: tf.einsum("btk,btc->kc", a, g * f[:, None, None])  # noqa: E731
+    if form == ghost_cost.GRAM:
         gram_a = tf.matmul(a, a, transpose_b=True)
         gram_g = tf.matmul(g, g, transpose_b=True)
-        squared = tf.reduce_sum(gram_a * gram_g, axis=[1, 2])
-        return squared, lambda f: tf.einsum("btk,btc->kc", a, g * f[:, None, None])
+        return tf.reduce_sum(gram_a * gram_g, axis=[1, 2]), book_keeping
     # TF's own (Eigen) batched matmul is 1.2-2x faster on CPU with the larger of k and c as the output's last axis
     # (G_i [B, k, c] or G_i^T [B, c, k]); with oneDNN the order makes no difference.
-    if fan_out >= fan_in:
-        per_example = tf.matmul(a, g, transpose_a=True)
-        return squared_norms(per_example, [1, 2]), lambda f: tf.tensordot(f, per_example, axes=1)
-    per_example = tf.matmul(g, a, transpose_a=True)
-    return squared_norms(per_example, [1, 2]), lambda f: tf.transpose(tf.tensordot(f, per_example, axes=1))
+    transposed = fan_out < fan_in
+    per_example = tf.matmul(g, a, transpose_a=True) if transposed else tf.matmul(a, g, transpose_a=True)
+    squared = squared_norms(per_example, [1, 2])
+    if form == ghost_cost.PER_EXAMPLE_NORMS:
+        return squared, book_keeping
+    if transposed:
+        return squared, lambda f: tf.transpose(tf.tensordot(f, per_example, axes=1))
+    return squared, lambda f: tf.tensordot(f, per_example, axes=1)
 
 
 def bilinear_gradient(variable: tf.Variable, a: tf.Tensor, g: tf.Tensor) -> GhostGradient:

@@ -1,17 +1,28 @@
-"""norms: per-example squared norms and clipped sums of the bilinear, bias and materialised forms."""
+"""norms: per-example squared norms and clipped sums of the bilinear (each `ghost_cost` form), bias and materialised
+gradients."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from brute_force import assert_close
 
+from keras_dyndp import ghost_cost
 from keras_dyndp.tf_backend.per_example import norms
 
 
-@pytest.mark.parametrize("positions,fan_in,fan_out", [(2, 64, 64), (5, 3, 4), (6, 5, 2), (4, 300, 300)])
-def test_bilinear_norms_and_sum_gram_and_materialised_forms(positions, fan_in, fan_out):
-    """(2, 64, 64) and (4, 300, 300) (too large to materialise) take the Gram form; (5, 3, 4) and (6, 5, 2) the
-    materialised one, with the larger fan as the batched matmul's last axis."""
+@pytest.mark.parametrize(
+    "positions,fan_in,fan_out,form",
+    [
+        (2, 64, 64, ghost_cost.GRAM),
+        (4, 300, 300, ghost_cost.GRAM),  # too large to hold, and the Gram form is cheaper
+        (5, 3, 4, ghost_cost.PER_EXAMPLE),
+        (6, 5, 2, ghost_cost.PER_EXAMPLE),  # the larger fan as the batched matmul's last axis
+        (160, 300, 300, ghost_cost.PER_EXAMPLE_NORMS),
+        (144, 1152, 128, ghost_cost.PER_EXAMPLE_NORMS),  # fan_out < fan_in
+    ],
+)
+def test_bilinear_norms_and_sum_in_each_form(positions, fan_in, fan_out, form):
+    assert ghost_cost.form(positions, fan_in, fan_out) == form
     rng = np.random.default_rng(2)
     a = rng.normal(size=(3, positions, fan_in)).astype(np.float32)
     g = rng.normal(size=(3, positions, fan_out)).astype(np.float32)
