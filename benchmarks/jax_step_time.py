@@ -1,9 +1,9 @@
 """Per-step time of keras_dyndp's DP step against non-private SGD on Keras 3's JAX backend, interleaved in one run.
 
 Run through ``python benchmarks/step_time.py --backend=jax ...`` (or directly; KERAS_BACKEND is set to jax here).
-Each path trains its own copy of the same model with the jitted step that ``model.fit`` uses
-(``model.make_train_function()``), called on the model's state with one fixed batch; the timing blocks on the
-returned state (``jax.block_until_ready``), so asynchronous dispatch is not mistaken for speed. Paths:
+Each path trains its own copy of the same model with its train step compiled as ``model.fit`` compiles it
+(``jax.jit(model.train_step, donate_argnums=0)``), called on the model's state with one fixed batch; the timing blocks
+on the returned state (``jax.block_until_ready``), so asynchronous dispatch is not mistaken for speed. Paths:
 
 * ``nonprivate``: ``keras.optimizers.SGD``, mean loss.
 * ``dyndp_fast``: ``keras_dyndp.make_private(model)`` with ``DynamicDPKerasSGD`` (each example alone under
@@ -108,49 +108,41 @@ def build(model_name: str, path: str, batch_size: int) -> keras.Model:
 
 
 class _Stepper:
-    """One path: its model's jitted train function and state, stepped on one batch."""
+    """One path: its model's train step, compiled as Keras compiles it for ``fit`` (``jax.jit(train_step,
+    donate_argnums=0)``), and its state, stepped on one batch; ``cost`` is XLA's account of that program."""
 
     def __init__(self, model: keras.Model, x: np.ndarray, y: np.ndarray):
-        # Builds the model, the optimizer and the function. One fixed batch (not fit's arrays, which a DP optimizer
-        # refuses since they are not Poisson batches): its SamplingWarning says so, and is expected here.
+        # Builds the model, the optimizer and the path's train step. One fixed batch (not fit's arrays, which a DP
+        # optimizer refuses since they are not Poisson batches): its SamplingWarning says so, and is expected here.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SamplingWarning)
             model.train_on_batch(x, y)
-        model.make_train_function()
-        self._function = model.train_function
-        self.cost = _compiled_cost(model, x, y)
-        self._state = (
-            [v.value for v in model.trainable_variables],
-            [v.value for v in model.non_trainable_variables],
-            [v.value for v in model.optimizer.variables],
-            [v.value for v in model.metrics_variables],
+        self._state = tuple(
+            [v.value for v in variables]
+            for variables in (
+                model.trainable_variables,
+                model.non_trainable_variables,
+                model.optimizer.variables,
+                model.metrics_variables,
+            )
         )
-        self._data = [(jax.numpy.asarray(x), jax.numpy.asarray(y))]
+        self._data = (jax.numpy.asarray(x), jax.numpy.asarray(y))
+        self._function = jax.jit(model.train_step, donate_argnums=0).lower(self._state, self._data).compile()
+        self.cost = _compiled_cost(self._function)
 
     def run(self, steps: int) -> float:
         """Seconds per step over ``steps`` steps."""
         start = time.perf_counter()
         for _ in range(steps):
-            _, self._state = self._function(self._state, iter(self._data))
+            _, self._state = self._function(self._state, self._data)
         jax.block_until_ready(self._state)
         return (time.perf_counter() - start) / steps
 
 
-def _compiled_cost(model: keras.Model, x: np.ndarray, y: np.ndarray) -> dict:
-    """XLA's own account of the compiled train step (Keras's ``jit(train_step, donate_argnums=0)``, compiled again
-    here): its floating-point operations and bytes accessed (``cost_analysis``; a loop's body is counted once) and
-    its temporary buffers (``memory_analysis``, the working memory beyond the state and batch: a device-independent
-    view of the peak). On a GPU the estimate is the GPU compiler's."""
-    state = [
-        [v.value for v in variables]
-        for variables in (
-            model.trainable_variables,
-            model.non_trainable_variables,
-            model.optimizer.variables,
-            model.metrics_variables,
-        )
-    ]
-    compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, (x, y)).compile()
+def _compiled_cost(compiled: jax.stages.Compiled) -> dict:
+    """XLA's own account of a compiled step: its floating-point operations and bytes accessed (``cost_analysis``; a
+    loop's body is counted once) and its temporary buffers (``memory_analysis``: the working memory beyond the state
+    and batch, a device-independent view of the peak), as the compiler of the device it runs on estimates them."""
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list) else cost) or {}
     memory = compiled.memory_analysis()
