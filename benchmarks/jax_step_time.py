@@ -18,8 +18,8 @@ repetition. Models: cnn, lstm, text (as benchmarks/step_time.py) and wrn (WideRe
 ``--dtype_policy=mixed_bfloat16`` computes in bfloat16 (norms, clipping, noise and sums stay float32). The table's
 header gives the device's peak memory (``memory_stats``; GPUs report it, CPUs do not): the largest of the paths run,
 so run one path per process (``--paths=nonprivate``, ``--paths=dyndp_fast``) to compare them. Each row also gives
-XLA's account of its compiled step (floating-point operations, bytes accessed, temporary memory; `_compiled_cost`)
-and its ratio to the non-private step's: device-independent counts beside the times.
+XLA's account of its compiled step (kernels, floating-point operations, bytes accessed, temporary memory;
+`_compiled_cost`) and its ratio to the non-private step's: counts beside the times.
 
 Usage:
     python benchmarks/step_time.py --backend=jax --models cnn,lstm,text --batch_size 256 --steps 20 --repeats 5
@@ -34,6 +34,7 @@ os.environ["KERAS_BACKEND"] = "jax"
 import importlib.metadata  # noqa: E402
 import importlib.util  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -139,14 +140,29 @@ class _Stepper:
         return (time.perf_counter() - start) / steps
 
 
+_NOT_KERNELS = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast")
+
+
+def _entry_kernels(hlo: str) -> int:
+    """The operations of a compiled module's entry computation that run as kernels of their own (fusions, copies,
+    convolutions, ...; not parameters, constants, tuples or bitcasts): on a GPU each is a launch, which dominates a
+    small model's step."""
+    entry = hlo[hlo.index("\nENTRY") :]
+    entry = entry[: entry.index("\n}")]
+    opcodes = re.findall(r"^\s*(?:ROOT )?\S+ = .*? ([\w-]+)\(", entry, flags=re.MULTILINE)  # type, opcode(
+    return sum(opcode not in _NOT_KERNELS for opcode in opcodes)
+
+
 def _compiled_cost(compiled: jax.stages.Compiled) -> dict:
-    """XLA's own account of a compiled step: its floating-point operations and bytes accessed (``cost_analysis``; a
-    loop's body is counted once) and its temporary buffers (``memory_analysis``: the working memory beyond the state
-    and batch, a device-independent view of the peak), as the compiler of the device it runs on estimates them."""
+    """XLA's own account of a compiled step: the kernels it launches (`_entry_kernels`), its floating-point
+    operations and bytes accessed (``cost_analysis``; a loop's body is counted once) and its temporary buffers
+    (``memory_analysis``: the working memory beyond the state and batch, a device-independent view of the peak), as
+    the compiler of the device it runs on makes them."""
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list) else cost) or {}
     memory = compiled.memory_analysis()
     return {
+        "kernels": _entry_kernels(compiled.as_text()),
         "gflop": cost.get("flops", float("nan")) / 1e9,
         "gbytes": cost.get("bytes accessed", float("nan")) / 1e9,
         "temp_mib": float("nan") if memory is None else memory.temp_size_in_bytes / 2**20,
@@ -200,11 +216,13 @@ def markdown(rows: list[dict]) -> str:
         f"{FLAGS.steps} steps x {FLAGS.repeats} interleaved repetitions, medians; dtype policy {FLAGS.dtype_policy}; "
         f"peak device memory {peak_memory()} (paths {', '.join(FLAGS.paths)}).",
         "",
-        "| model | path | ms / step | x non-private | XLA GFLOP (x) | XLA GB accessed (x) | XLA temp MiB (x) |",
-        "|---|---|---|---|---|---|---|",
+        "| model | path | ms / step | x non-private | XLA kernels (x) | XLA GFLOP (x) | XLA GB accessed (x) "
+        "| XLA temp MiB (x) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {r['model']} | {r['path']} | {r['ms_per_step']:.2f} | {r['ratio']:.2f} | "
+        + f"{r['kernels'][0]:,} ({r['kernels'][1]:.2f}x) | "
         + " | ".join(f"{r[key][0]:,.2f} ({r[key][1]:.2f}x)" for key in ("gflop", "gbytes", "temp_mib"))
         + " |"
         for r in rows

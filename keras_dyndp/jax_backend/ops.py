@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 import types
 
 import jax
@@ -14,8 +16,12 @@ def _divide_no_nan(x, y):
 
 
 def _normals(key: jax.Array, tensors) -> list[jax.Array]:
-    keys = jax.random.split(key, len(tensors))
-    return [jax.random.normal(k, tensor.shape, jnp.float32) for k, tensor in zip(keys, tensors)]
+    """Standard normals shaped like ``tensors``: one draw for all of them, cut in turn (a random generator's kernels
+    run once per step, not once per variable: a GPU launches each)."""
+    sizes = [math.prod(tensor.shape) for tensor in tensors]
+    flat = jax.lax.optimization_barrier(jax.random.normal(key, (sum(sizes),), jnp.float32))
+    starts = itertools.accumulate(sizes, initial=0)
+    return [flat[start : start + size].reshape(tensor.shape) for start, size, tensor in zip(starts, sizes, tensors)]
 
 
 OPS = types.SimpleNamespace(
@@ -27,4 +33,4 @@ OPS = types.SimpleNamespace(
     divide_no_nan=_divide_no_nan,
     normals=_normals,
 )
-"""`keras_dyndp.mechanism`'s primitives in JAX; ``normals`` splits one key (the step's noise key)."""
+"""`keras_dyndp.mechanism`'s primitives in JAX; ``normals`` draws from one key (the step's noise key)."""
