@@ -11,15 +11,17 @@ reads the refusal from the run state and raises. `apply` refuses any other gradi
 Randomness (`_step_key`). Keras's seeds are public or restorable (``set_random_seed``, ``SeedGenerator`` states in
 checkpoints), so noise drawn from them could be regenerated or replayed. Each optimizer holds a 64-bit base key from
 OS entropy (`keras_dyndp.noise_seed`; process 0's under several processes), a constant of the traced step in no
-variable, checkpoint or ``.keras`` file. Step k's keys fold in a run nonce, k and their purpose (noise, microbatches,
-random layers); `raise_refused_step` sets the nonce to a never-used value before each run of steps, so a restored
-counter never meets a used nonce.
+variable, checkpoint or ``.keras`` file; a step is refused when it is traced while JAX's persistent compilation
+cache or an IR dump would write the compiled step, and so the key, to disk (`_disk_writers`). Step k's keys fold
+in a run nonce, k and their purpose (noise, microbatches, random layers); `raise_refused_step` sets the nonce to a
+never-used value before each run of steps, so a restored counter never meets a used nonce.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +45,23 @@ _SCHEDULE_MISMATCH, _BUDGET_SPENT, _PADDING_ROWS, _TOO_FEW, _TOO_MANY = range(1,
 _NOT_APPLIED = " The step was not applied, nor any step after it until this error."
 
 
+def _disk_writers() -> list[str]:
+    """The settings under which JAX or XLA writes a compiled step, with its constants, to disk: each named with how
+    to turn it off."""
+    writers = []
+    cache_dir = jax.config.values.get("jax_compilation_cache_dir")
+    if cache_dir and jax.config.values.get("jax_enable_compilation_cache", True):
+        writers.append(
+            f"JAX's persistent compilation cache (jax_compilation_cache_dir={cache_dir!r}: unset it or "
+            "JAX_COMPILATION_CACHE_DIR, or set jax_enable_compilation_cache=False)"
+        )
+    if jax.config.values.get("jax_dump_ir_to"):
+        writers.append(f"JAX's IR dumps (jax_dump_ir_to={jax.config.values['jax_dump_ir_to']!r}: unset it)")
+    if "--xla_dump_to" in os.environ.get("XLA_FLAGS", ""):
+        writers.append("XLA's dumps (--xla_dump_to in XLA_FLAGS: remove it)")
+    return writers
+
+
 class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     """The dynamic DP-SGD part of every keras_dyndp JAX optimizer (module docstring; arguments:
     `keras_dyndp.optimizer_base.DPOptimizerBase`)."""
@@ -64,6 +83,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._base_key = processes.agreed(
             np.asarray(divmod(noise_seed_module.state_seed(noise_seed, 64), 2**32), np.uint32)
         )
+        self._secret_base_key = noise_seed is None
         self._runs = 0  # The last run nonce handed out: nonces only grow, whatever the run state is restored to.
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
@@ -116,7 +136,17 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self.schedule_values(self.iterations.value)[1]
 
     def _step_key(self, optimizer_variables, purpose: int) -> jax.Array:
-        """The step's secret key for ``purpose``: the base key folded with the run nonce, the counter, ``purpose``."""
+        """The step's secret key for ``purpose``: the base key folded with the run nonce, the counter, ``purpose``.
+        ValueError when the step being traced would be written to disk (`_disk_writers`) with a secret base key."""
+        writers = _disk_writers() if self._secret_base_key else []
+        if writers:
+            raise ValueError(
+                "The DP step's secret noise key is a constant of the compiled step, and "
+                + " and ".join(writers)
+                + " would write the compiled step to disk, where anyone who reads it could regenerate the noise and "
+                "subtract it from the released updates. Turn that off in the process that trains with privacy, or "
+                "pass noise_seed= to the optimizer in tests (no privacy)."
+            )
         key = jax.random.wrap_key_data(jnp.asarray(self._base_key), impl="threefry2x32")
         nonce = optimizer_variables[self._index(self._run_state)][0]
         for data in (nonce, self.step_at(optimizer_variables), purpose):

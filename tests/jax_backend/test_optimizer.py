@@ -224,6 +224,43 @@ def test_a_noise_seed_reproduces_the_noise_and_warns_at_the_caller():
     assert "noise_seed" not in optimizer.get_config()
 
 
+@pytest.mark.parametrize(
+    "setting, named",
+    [
+        ("jax_compilation_cache_dir", "persistent compilation cache"),
+        ("jax_dump_ir_to", "IR dumps"),
+        ("XLA_FLAGS", "--xla_dump_to"),
+    ],
+)
+def test_a_step_that_would_write_the_secret_key_to_disk_is_refused(setting, named, tmp_path, monkeypatch):
+    """The base key is a constant of the compiled step (a persistent-cache entry of the DP step held its bytes):
+    tracing the step under a setting that writes compiled steps to disk is refused before any step; with noise_seed
+    (no secret) it trains."""
+    x, y = _data()
+    model = _private(DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoiseSeedWarning)
+        seeded = _private(
+            DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0, noise_seed=3)
+        )
+    before = _kernel(model)
+    # Both models are built: this process has compiled, so JAX decided then that it has no persistent cache.
+    try:
+        if setting == "XLA_FLAGS":  # read when the backend starts (already started): nothing is dumped here
+            monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to={tmp_path}")
+        else:
+            jax.config.update(setting, str(tmp_path))
+        with pytest.raises(ValueError, match=named):
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        np.testing.assert_array_equal(_kernel(model), before)
+        if setting != "jax_compilation_cache_dir":
+            seeded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+            assert not np.allclose(_kernel(seeded), before)
+    finally:
+        if setting != "XLA_FLAGS":
+            jax.config.update(setting, None)
+
+
 def test_rescale_to_unit_norm_divides_the_sum_by_the_clip_norm_as_well():
     x, y = _data()
     deltas = []
