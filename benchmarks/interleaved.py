@@ -30,3 +30,33 @@ def median_milliseconds(
             wait(result)
             milliseconds[name].append((time.perf_counter() - start) / calls * 1e3)
     return {name: statistics.median(times) for name, times in milliseconds.items()}
+
+
+def step_table(
+    runs: dict[str, Callable[[int], float]], steps: int, repeats: int, warmup: int, label: str
+) -> dict[str, tuple[float, float]]:
+    """Median ms per step and median ratio to the first run of each run, over ``repeats`` interleaved repetitions.
+
+    ``runs`` maps a path to a function that takes ``steps`` steps and returns the seconds per step; each is first
+    called with ``warmup`` (untimed). The ratio is taken within each repetition, so that load drifting between
+    repetitions cancels; each repetition's times are printed, prefixed by ``label``."""
+    for run in runs.values():
+        run(warmup)
+    seconds = {path: [] for path in runs}
+    for repetition in range(repeats):
+        for path, run in runs.items():
+            seconds[path].append(run(steps))
+        print(f"{label} repetition {repetition}: " + ", ".join(f"{p} {s[-1] * 1e3:.2f} ms" for p, s in seconds.items()))
+    baseline = seconds[next(iter(runs))]
+    return {
+        path: (1e3 * statistics.median(times), statistics.median(t / b for t, b in zip(times, baseline)))
+        for path, times in seconds.items()
+    }
+
+
+def report(table: str, out_md: str | None) -> None:
+    """Prints a benchmark's markdown table and, with ``out_md``, writes it there."""
+    print(table)
+    if out_md:
+        with open(out_md, "w", encoding="utf-8") as handle:
+            handle.write(table)

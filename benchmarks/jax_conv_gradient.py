@@ -1,75 +1,84 @@
-"""Per-example kernel gradients of the paper's CNN convolutions on JAX: ``jax.vmap`` of the convolution against an
-im2col form (image patches and a batched matmul), and the batch's own gradient, interleaved in one run.
+"""Per-example kernel-gradient norms of single convolutions on JAX: keras_dyndp's Conv2D ghost rule
+(`keras_dyndp.jax_backend.ghost`: in the form `ghost_cost` picks, from input patches or one batched matmul per kernel
+offset) against ``jax.vmap`` of the convolution's vjp (which XLA compiles to a convolution grouped by example) and
+the batch's own kernel gradient (what the non-private step pays), interleaved in one run.
 
-Why keras_dyndp's JAX step has no rule of its own for convolutions: if an im2col form's per-example gradients were
-cheaper than ``jax.vmap``'s, a rule like the Embedding taps would pay. The network is the CNN's two convolutions
-(16 filters 8x8 stride 2 'same', max-pool 2/1, 32 filters 4x4 stride 2 'valid', ReLU) with a sum-of-squares loss.
+Shapes: the paper CNN's two convolutions at batch 256 and WideResNet-16-4's 3x3 convolutions of each group at
+batch 32 (``--batch_scale`` multiplies both batches).
 
-Usage: python benchmarks/jax_conv_gradient.py [--batch_size 256 --steps 5 --repeats 5]
+Usage: python benchmarks/jax_conv_gradient.py [--steps 3 --repeats 5 --batch_scale 1]
 """
 
 from __future__ import annotations
 
-import statistics
-import time
+import os
 
-import jax
-import jax.numpy as jnp
-from absl import app
-from absl import flags
+os.environ["KERAS_BACKEND"] = "jax"
+
+import functools  # noqa: E402
+
+import interleaved  # noqa: E402  (benchmarks/interleaved.py)
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import keras  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from keras_dyndp import ghost_cost  # noqa: E402
+from keras_dyndp.jax_backend import ghost  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("batch_size", 256, "Examples per step.")
-flags.DEFINE_integer("steps", 5, "Timed calls per repetition.")
+flags.DEFINE_integer("steps", 3, "Timed calls per repetition.")
 flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is reported.")
+flags.DEFINE_integer("batch_scale", 1, "Multiplies every shape's batch size.")
 
-DIMENSIONS = ("NHWC", "HWIO", "NHWC")
-
-
-def _conv(x, kernel, stride, padding):
-    return jax.lax.conv_general_dilated(x, kernel, (stride, stride), padding, dimension_numbers=DIMENSIONS)
-
-
-def _conv_im2col(x, kernel, stride, padding):
-    height, width, channels, filters = kernel.shape
-    patches = jax.lax.conv_general_dilated_patches(
-        x, (height, width), (stride, stride), padding, dimension_numbers=DIMENSIONS
-    )  # [N, OH, OW, channels * height * width], channel-major
-    return patches @ jnp.transpose(kernel, (2, 0, 1, 3)).reshape(channels * height * width, filters)
+SHAPES = {  # name: (batch, input [H, W, C], Conv2D arguments)
+    "CNN conv 1 (8x8/2, 1->16)": (256, (28, 28, 1), dict(filters=16, kernel_size=8, strides=2, padding="same")),
+    "CNN conv 2 (4x4/2, 16->32)": (256, (13, 13, 16), dict(filters=32, kernel_size=4, strides=2)),
+    "WRN group 1 (3x3, 64->64 at 32x32)": (32, (32, 32, 64), dict(filters=64, kernel_size=3, padding="same")),
+    "WRN group 2 (3x3, 128->128 at 16x16)": (32, (16, 16, 128), dict(filters=128, kernel_size=3, padding="same")),
+    "WRN group 3 (3x3, 256->256 at 8x8)": (32, (8, 8, 256), dict(filters=256, kernel_size=3, padding="same")),
+}
 
 
-def _loss(kernels, x, conv):
-    h = jax.nn.relu(conv(x, kernels[0], 2, "SAME"))
-    h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 1, 1, 1), "VALID")
-    return jnp.sum(jax.nn.relu(conv(h, kernels[1], 2, "VALID")) ** 2)
+def _functions(layer: keras.layers.Conv2D) -> dict:
+    kernel = layer.kernel.value
+
+    def vjp(a, g):
+        return jax.vjp(lambda k: layer.convolution_op(a, k), kernel)[1](g)[0]
+
+    def vmap_norms(a, g):
+        per_example = jax.vmap(lambda a_i, g_i: vjp(a_i[None], g_i[None]))(a, g)
+        return jnp.sum(per_example.reshape(a.shape[0], -1) ** 2, axis=1)
+
+    def rule_norms(a, g):
+        return ghost.RULES[keras.layers.Conv2D].norms_and_sums(layer, a[:, None], g[:, None])[0]
+
+    return {"batch gradient": jax.jit(vjp), "vmap of the vjp": jax.jit(vmap_norms), "ghost rule": jax.jit(rule_norms)}
 
 
 def main(argv):
     del argv  # Unused.
-    key = jax.random.PRNGKey(0)
-    x = jax.random.normal(key, (FLAGS.batch_size, 28, 28, 1))
-    kernels = [jax.random.normal(key, (8, 8, 1, 16)) * 0.1, jax.random.normal(key, (4, 4, 16, 32)) * 0.1]
-    functions = {
-        "batch gradient": jax.jit(lambda k, x: jax.grad(_loss)(k, x, _conv)),
-        "per-example, vmap of the convolution": jax.jit(
-            lambda k, x: jax.vmap(lambda row: jax.grad(_loss)(k, row[None], _conv))(x)
-        ),
-        "per-example, vmap of im2col": jax.jit(
-            lambda k, x: jax.vmap(lambda row: jax.grad(_loss)(k, row[None], _conv_im2col))(x)
-        ),
-    }
-    for function in functions.values():
-        jax.block_until_ready(function(kernels, x))  # compile
-    seconds = {name: [] for name in functions}
-    for _ in range(FLAGS.repeats):
-        for name, function in functions.items():
-            start = time.perf_counter()
-            for _ in range(FLAGS.steps):
-                jax.block_until_ready(function(kernels, x))
-            seconds[name].append((time.perf_counter() - start) / FLAGS.steps)
-    print(f"JAX {jax.__version__} on {jax.devices()[0].platform}, batch {FLAGS.batch_size}, medians:")
-    for name, values in seconds.items():
-        print(f"  {name}: {1e3 * statistics.median(values):.1f} ms")
+    print(f"JAX {jax.__version__} on {jax.devices()[0].platform}; median ms per call, {FLAGS.repeats} repetitions")
+    print("| convolution | batch | form | batch gradient | vmap of the vjp | ghost rule | vmap / rule |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (batch, shape, arguments) in SHAPES.items():
+        batch *= FLAGS.batch_scale
+        layer = keras.layers.Conv2D(**arguments)
+        layer.build((batch, *shape))
+        a = jax.random.normal(jax.random.PRNGKey(0), (batch, *shape))
+        g = jax.random.normal(jax.random.PRNGKey(1), (batch, *layer.compute_output_shape((batch, *shape))[1:]))
+        functions = _functions(layer)
+        vmapped, rule = functions["vmap of the vjp"](a, g), functions["ghost rule"](a, g)
+        assert jnp.allclose(vmapped, rule, rtol=1e-3), "the rule's norms differ from vmap's"
+        calls = {key: functools.partial(f, a, g) for key, f in functions.items()}
+        ms = interleaved.median_milliseconds(calls, FLAGS.steps, FLAGS.repeats, jax.block_until_ready)
+        fan_in = layer.kernel.shape[0] * layer.kernel.shape[1] * shape[2]
+        form = ghost_cost.form(g.shape[1] * g.shape[2], fan_in, arguments["filters"])
+        print(
+            f"| {name} | {batch} | {form} | {ms['batch gradient']:.1f} | {ms['vmap of the vjp']:.1f} "
+            f"| {ms['ghost rule']:.1f} | {ms['vmap of the vjp'] / ms['ghost rule']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

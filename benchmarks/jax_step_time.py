@@ -35,10 +35,10 @@ import importlib.metadata  # noqa: E402
 import importlib.util  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 
+import interleaved  # noqa: E402  (benchmarks/interleaved.py)
 import jax  # noqa: E402
 import keras  # noqa: E402
 import models  # noqa: E402  (benchmarks/models.py)
@@ -173,22 +173,14 @@ def measure(model_name: str) -> list[dict]:
     x, y = models.make_data(model_name, FLAGS.batch_size)
     paths = ["nonprivate", *(path for path in FLAGS.paths if path != "nonprivate")]
     steppers = {path: _Stepper(build(model_name, path, FLAGS.batch_size), x, y) for path in paths}
-    for stepper in steppers.values():
-        stepper.run(FLAGS.warmup_steps)
-    seconds = {path: [] for path in paths}
-    for repetition in range(FLAGS.repeats):
-        for path, stepper in steppers.items():
-            seconds[path].append(stepper.run(FLAGS.steps))
-        print(
-            f"{model_name} repetition {repetition}: "
-            + ", ".join(f"{p} {s[-1] * 1e3:.2f} ms" for p, s in seconds.items())
-        )
+    runs = {path: stepper.run for path, stepper in steppers.items()}
+    times = interleaved.step_table(runs, FLAGS.steps, FLAGS.repeats, FLAGS.warmup_steps, model_name)
     return [
         {
             "model": model_name,
             "path": path,
-            "ms_per_step": 1e3 * statistics.median(seconds[path]),
-            "ratio": statistics.median(s / n for s, n in zip(seconds[path], seconds["nonprivate"])),
+            "ms_per_step": times[path][0],
+            "ratio": times[path][1],
             **{key: (value, value / steppers["nonprivate"].cost[key]) for key, value in steppers[path].cost.items()},
         }
         for path in paths
@@ -240,11 +232,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"`--models` must be among {sorted({*models.LAYERS, 'wrn'})}. Received: {unknown}.")
     keras.config.set_dtype_policy(FLAGS.dtype_policy)
     rows = [row for name in FLAGS.models for row in measure(name)]
-    table = markdown(rows)
-    print(table)
-    if FLAGS.out_md:
-        with open(FLAGS.out_md, "w", encoding="utf-8") as handle:
-            handle.write(table)
+    interleaved.report(markdown(rows), FLAGS.out_md)
 
 
 if __name__ == "__main__":

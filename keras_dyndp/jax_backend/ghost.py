@@ -43,6 +43,7 @@ Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -70,19 +71,57 @@ def _positions(value: jax.Array) -> jax.Array:
     return value.reshape(value.shape[0], -1, value.shape[-1])
 
 
-def _patches(layer: keras.layers.Layer, a: jax.Array) -> jax.Array:
-    """A channels_last convolution's input patches [B, T, c_in * kernel positions] (channel-major)."""
-    spatial = "DHW"[3 - layer.rank :]
-    patches = jax.lax.conv_general_dilated_patches(
-        a.reshape(-1, *a.shape[2:]).astype(jnp.float32),
-        tuple(layer.kernel_size),
-        tuple(layer.strides),
-        layer.padding.upper(),
-        rhs_dilation=tuple(layer.dilation_rate),
-        dimension_numbers=(f"N{spatial}C", f"OI{spatial}", f"N{spatial}C"),
-        precision=jax.lax.Precision.HIGHEST,  # a copy of the input: exact
-    )
-    return patches.reshape(a.shape[0], -1, patches.shape[-1])
+class _Pieces(NamedTuple):
+    """A kernel's position inputs [B, T, width] in ``count`` pieces ``piece(index)`` [B, T, width / count] whose
+    concatenation is in the kernel's order (one piece per kernel offset where the whole would be large)."""
+
+    count: int
+    width: int
+    piece: Callable[[jax.Array | int], jax.Array]
+
+
+def _one_piece(rows: jax.Array) -> _Pieces:
+    return _Pieces(1, rows.shape[-1], lambda index: rows)
+
+
+def _shifts(layer: keras.layers.Layer, a: jax.Array) -> _Pieces:
+    """A channels_last convolution's input at each kernel offset [B, T, c_in], in the kernel's order: the layer's
+    output at position t is sum_o shift_o[t] @ kernel[o] (strided slices of the padded input, exact copies)."""
+    x = a.reshape(-1, *a.shape[2:]).astype(jnp.float32)
+    spatial, strides, dilations = x.shape[1:-1], tuple(layer.strides), tuple(layer.dilation_rate)
+    spans = [(size - 1) * dilation + 1 for size, dilation in zip(layer.kernel_size, dilations)]
+    pads = jax.lax.padtype_to_pads(spatial, spans, strides, layer.padding.upper())
+    x = jnp.pad(x, [(0, 0), *pads, (0, 0)])
+    windows = [(size - span) // stride * stride + 1 for size, span, stride in zip(x.shape[1:-1], spans, strides)]
+    starts = jnp.asarray(list(itertools.product(*(range(size) for size in layer.kernel_size)))) * jnp.asarray(dilations)
+
+    def shift(index):
+        window = jax.lax.dynamic_slice(x, (0, *starts[index], 0), (x.shape[0], *windows, x.shape[-1]))
+        strided = jax.lax.slice(window, (0,) * x.ndim, window.shape, (1, *strides, 1))
+        return strided.reshape(a.shape[0], -1, x.shape[-1])
+
+    return _Pieces(len(starts), len(starts) * x.shape[-1], shift)
+
+
+def _conv_inputs(layer: keras.layers.Layer, a: jax.Array) -> _Pieces:
+    """A convolution's input patches [B, T, kernel positions * c_in] (the kernel's order): whole while no larger per
+    example than `ghost_cost.MAX_MATERIALISED`, else one kernel offset at a time (never held whole; one batched
+    matmul per offset, in a loop: for WideResNet-16-4's convolutions on CPU 1.3-3x faster than vmapping the
+    convolution's vjp, which XLA makes a convolution grouped by example; benchmarks/jax_conv_gradient.py)."""
+    shifts = _shifts(layer, a)
+    positions = shifts.piece(0).shape[1]  # its shape only: XLA drops the slice
+    if positions * shifts.width <= ghost_cost.MAX_MATERIALISED:
+        return _one_piece(jnp.concatenate([shifts.piece(index) for index in range(shifts.count)], axis=-1))
+    return shifts
+
+
+def _over_pieces(pieces: _Pieces, function: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """sum_j function(piece j), one piece at a time."""
+    first = function(pieces.piece(0))
+    if pieces.count == 1:
+        return first
+    step = lambda total, index: (total + function(pieces.piece(index)), None)  # noqa: E731
+    return jax.lax.scan(step, first, jnp.arange(1, pieces.count))[0]
 
 
 def _scaled(g: jax.Array, factors: jax.Array) -> jax.Array:
@@ -97,28 +136,37 @@ def _weight_gradient(op: Callable, layer, a: jax.Array, g: jax.Array, factors: j
     return jax.vjp(lambda k: op(layer, a, k), kernel)[1](g)[0]
 
 
-def _bilinear(op: Callable, inputs: Callable) -> Callable:
+def _bilinear(op: Callable, inputs: Callable, whole_by_vjp: bool = False) -> Callable:
     """``norms_and_sums`` of a kernel applied at T positions, ``op(layer, a, kernel)`` (linear in it: zeros stand in
-    for its value), whose position inputs are ``inputs(layer, a)`` [B, T, p], in `ghost_cost`'s form for the shapes:
-    the Gram norms, or each example's G_i (the vjp of its own op: on CPU 1.2x faster than from the input patches for
-    the paper's CNN, and no patches in memory); the sum from the G_i kept, or by book-keeping."""
+    for its value), whose position inputs are ``inputs(layer, a)`` (`_Pieces`), in `ghost_cost`'s form for the
+    shapes: the Gram norms, or each example's G_i (a batched matmul per piece; with ``whole_by_vjp``, where the
+    inputs come whole, each example's vjp of its own op instead: for the paper CNN's small convolutions on CPU 1.2x
+    faster than from the patches, and fewer kernels); the sum from the G_i kept, or by book-keeping."""
 
     def norms_and_sums(layer, a, g):
-        rows, g_t = inputs(layer, a).astype(jnp.float32), _positions(g).astype(jnp.float32)
+        pieces, g_t = inputs(layer, a), _positions(g).astype(jnp.float32)
         book_keeping = lambda f: [_weight_gradient(op, layer, a, g, f)]  # noqa: E731
-        if rows.shape[1] == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2
-            return jnp.sum(rows[:, 0] ** 2, axis=1) * jnp.sum(g_t[:, 0] ** 2, axis=1), book_keeping
-        form = ghost_cost.form(rows.shape[1], rows.shape[2], g_t.shape[2])
+        if g_t.shape[1] == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2
+            rows = _over_pieces(pieces, lambda piece: jnp.sum(piece[:, 0].astype(jnp.float32) ** 2, axis=1))
+            return rows * jnp.sum(g_t[:, 0] ** 2, axis=1), book_keeping
+        form = ghost_cost.form(g_t.shape[1], pieces.width, g_t.shape[2])
         if form == ghost_cost.GRAM:
-            gram = jnp.einsum("btp,bsp->bts", rows, rows) * jnp.einsum("btd,bsd->bts", g_t, g_t)
-            return jnp.sum(gram, axis=(1, 2)), book_keeping
-        kernel = jnp.zeros(layer.kernel.shape, jnp.float32)
-        vjp = lambda a_i, g_i: jax.vjp(lambda k: op(layer, a_i, k), kernel)[1](g_i)[0]  # noqa: E731
-        per_example = jax.vmap(vjp)(a.astype(jnp.float32), g.astype(jnp.float32))
-        squared = jnp.sum(per_example.reshape(per_example.shape[0], -1) ** 2, axis=1)
+            rows = lambda piece: piece.astype(jnp.float32)  # noqa: E731
+            gram = _over_pieces(pieces, lambda piece: jnp.einsum("btp,bsp->bts", rows(piece), rows(piece)))
+            return jnp.sum(gram * jnp.einsum("btd,bsd->bts", g_t, g_t), axis=(1, 2)), book_keeping
+        per_example = lambda piece: jnp.einsum("btp,btd->bpd", piece.astype(jnp.float32), g_t)  # noqa: E731
+        if whole_by_vjp and pieces.count == 1:
+            kernel = jnp.zeros(layer.kernel.shape, jnp.float32)
+            vjp = lambda a_i, g_i: jax.vjp(lambda k: op(layer, a_i, k), kernel)[1](g_i)[0]  # noqa: E731
+            kept = jax.vmap(vjp)(a.astype(jnp.float32), g.astype(jnp.float32))[None]  # [1, B, *kernel]
+        elif form == ghost_cost.PER_EXAMPLE_NORMS:
+            return _over_pieces(pieces, lambda piece: jnp.sum(per_example(piece) ** 2, axis=(1, 2))), book_keeping
+        else:  # [pieces, B, p_j, d]
+            kept = jax.lax.map(lambda index: per_example(pieces.piece(index)), jnp.arange(pieces.count))
+        squared = jnp.sum(kept**2, axis=(0, *range(2, kept.ndim)))
         if form == ghost_cost.PER_EXAMPLE_NORMS:
             return squared, book_keeping
-        return squared, lambda f: [jnp.tensordot(f, per_example, axes=1)]
+        return squared, lambda f: [jnp.tensordot(f, kept, axes=((0,), (1,))).reshape(layer.kernel.shape)]
 
     return norms_and_sums
 
@@ -126,9 +174,10 @@ def _bilinear(op: Callable, inputs: Callable) -> Callable:
 def _depthwise_norms_and_sums(layer, a, g):
     """G_i [c, kernel positions, m] materialised (a depthwise kernel is small); the sum by book-keeping."""
     channels = a.shape[-1]
-    patches = _patches(layer, a).reshape(a.shape[0], -1, channels, layer.kernel.shape[0] * layer.kernel.shape[1])
+    shifts = _shifts(layer, a)
+    patches = jnp.stack([shifts.piece(index) for index in range(shifts.count)], axis=2)  # [B, T, positions, c]
     g_t = _positions(g).reshape(g.shape[0], -1, channels, g.shape[-1] // channels).astype(jnp.float32)
-    squared = jnp.sum(jnp.einsum("btck,btcm->bckm", patches, g_t) ** 2, axis=(1, 2, 3))
+    squared = jnp.sum(jnp.einsum("btkc,btcm->bckm", patches, g_t) ** 2, axis=(1, 2, 3))
     return squared, lambda f: [_weight_gradient(_depthwise_op, layer, a, g, f)]
 
 
@@ -182,14 +231,14 @@ def _channels_last(layer) -> bool:
 
 _CONV = LayerRule(
     lambda layer: [layer.kernel],
-    _bilinear(lambda layer, a, k: layer.convolution_op(a, k), _patches),
+    _bilinear(lambda layer, a, k: layer.convolution_op(a, k), _conv_inputs, whole_by_vjp=True),
     lambda layer: _channels_last(layer) and layer.groups == 1,
 )
 _NORM = LayerRule(_norm_variables, _norm_norms_and_sums)
 RULES: dict[type, LayerRule] = {
     keras.layers.Dense: LayerRule(
         lambda layer: [layer.kernel],
-        _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _positions(a)),
+        _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a))),
         _plain,
     ),
     keras.layers.Conv1D: _CONV,

@@ -26,6 +26,11 @@ LAYERS = [  # (layer, one example's rows and shape)
     (lambda: keras.layers.Conv2D(128, 3, padding="same"), (1, 12, 12, 128)),  # G_i for the norms, then book-keeping
     (lambda: keras.layers.Dense(300), (1, 160, 300)),  # the same
     (lambda: keras.layers.Conv2D(2, 2, padding="same"), (1, 6, 5, 1)),  # T = 30: materialised
+    (lambda: keras.layers.Conv2D(8, 3, padding="same"), (2, 20, 20, 16)),  # materialised, patches > cap: per offset
+    (lambda: keras.layers.Conv2D(3, (2, 4), strides=(2, 3), padding="same"), (1, 9, 10, 2)),  # uneven padding
+    (lambda: keras.layers.Conv1D(5, 4, strides=3), (1, 13, 3)),
+    (lambda: keras.layers.Conv2D(512, 3, padding="same"), (1, 6, 6, 256)),  # Gram, patches > cap: per offset
+    (lambda: keras.layers.Conv1D(2, 2), (1, 2, 40_000)),  # one position, patches > cap: per offset
     (lambda: keras.layers.DepthwiseConv2D(3, depth_multiplier=2, strides=2, padding="same"), (2, 7, 7, 3)),
     (lambda: keras.layers.LayerNormalization(), (2, 3, 4)),
     (lambda: keras.layers.LayerNormalization(axis=[1, 3], center=False), (1, 3, 2, 4)),
