@@ -147,3 +147,21 @@ def test_keras_dyndp_register_layer_rule_is_the_backends():
 
     assert keras_dyndp.register_layer_rule is ghost.register_layer_rule
     assert keras_dyndp.LayerRule is ghost.LayerRule
+
+
+@pytest.mark.parametrize("shape", [(1, 20, 20, 16), (1, 5, 5, 16)])  # one kernel offset at a time; whole patches
+def test_bfloat16_taps_give_float32_norms_and_sums_of_their_values(shape):
+    """Under mixed_bfloat16 the taps are bfloat16: the rule computes in float32 from their exact values."""
+    rng = np.random.default_rng(1)
+    layer = keras.layers.Conv2D(8, 3, padding="same")
+    layer.build(shape)
+    rule = ghost.RULES[keras.layers.Conv2D]
+    a = jnp.asarray(rng.normal(size=(3, *shape)), jnp.bfloat16)
+    g = jnp.asarray(rng.normal(size=(3, *layer.compute_output_shape(shape))), jnp.bfloat16)
+    factors = jnp.asarray(rng.uniform(size=3), jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        squared, sums = rule.norms_and_sums(layer, a, g)
+        expected, expected_sums = rule.norms_and_sums(layer, a.astype(jnp.float32), g.astype(jnp.float32))
+        assert squared.dtype == jnp.float32 and sums(factors)[0].dtype == jnp.float32
+        np.testing.assert_allclose(squared, expected, 1e-6)
+        np.testing.assert_allclose(sums(factors)[0], expected_sums(factors)[0], 1e-6, 1e-6)
