@@ -72,8 +72,8 @@ def _positions(value: jax.Array) -> jax.Array:
 
 
 class _Pieces(NamedTuple):
-    """A kernel's position inputs [B, T, width] in ``count`` pieces ``piece(index)`` [B, T, width / count] whose
-    concatenation is in the kernel's order (one piece per kernel offset where the whole would be large)."""
+    """A kernel's position inputs [B, T, width], float32, in ``count`` pieces ``piece(index)`` [B, T, width / count]
+    whose concatenation is in the kernel's order (one piece per kernel offset where the whole would be large)."""
 
     count: int
     width: int
@@ -81,6 +81,7 @@ class _Pieces(NamedTuple):
 
 
 def _one_piece(rows: jax.Array) -> _Pieces:
+    rows = rows.astype(jnp.float32)
     return _Pieces(1, rows.shape[-1], lambda index: rows)
 
 
@@ -106,8 +107,8 @@ def _shifts(layer: keras.layers.Layer, a: jax.Array) -> _Pieces:
 def _conv_inputs(layer: keras.layers.Layer, a: jax.Array) -> _Pieces:
     """A convolution's input patches [B, T, kernel positions * c_in] (the kernel's order): whole while no larger per
     example than `ghost_cost.MAX_MATERIALISED`, else one kernel offset at a time (never held whole; one batched
-    matmul per offset, in a loop: for WideResNet-16-4's convolutions on CPU 1.3-3x faster than vmapping the
-    convolution's vjp, which XLA makes a convolution grouped by example; benchmarks/jax_conv_gradient.py)."""
+    matmul per offset, in a loop: for WideResNet-16-4's 64- and 128-channel convolutions on CPU 3-5x faster than
+    vmapping the convolution's vjp, which XLA makes a convolution grouped by example; jax_conv_gradient.py)."""
     shifts = _shifts(layer, a)
     positions = shifts.piece(0).shape[1]  # its shape only: XLA drops the slice
     if positions * shifts.width <= ghost_cost.MAX_MATERIALISED:
@@ -140,21 +141,20 @@ def _bilinear(op: Callable, inputs: Callable, whole_by_vjp: bool = False) -> Cal
     """``norms_and_sums`` of a kernel applied at T positions, ``op(layer, a, kernel)`` (linear in it: zeros stand in
     for its value), whose position inputs are ``inputs(layer, a)`` (`_Pieces`), in `ghost_cost`'s form for the
     shapes: the Gram norms, or each example's G_i (a batched matmul per piece; with ``whole_by_vjp``, where the
-    inputs come whole, each example's vjp of its own op instead: for the paper CNN's small convolutions on CPU 1.2x
-    faster than from the patches, and fewer kernels); the sum from the G_i kept, or by book-keeping."""
+    inputs come whole, each example's vjp of its own op instead: the paper CNN's step was faster so on CPU, and has
+    fewer kernels, docs/jax.md); the sum from the G_i kept, or by book-keeping."""
 
     def norms_and_sums(layer, a, g):
         pieces, g_t = inputs(layer, a), _positions(g).astype(jnp.float32)
         book_keeping = lambda f: [_weight_gradient(op, layer, a, g, f)]  # noqa: E731
         if g_t.shape[1] == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2
-            rows = _over_pieces(pieces, lambda piece: jnp.sum(piece[:, 0].astype(jnp.float32) ** 2, axis=1))
+            rows = _over_pieces(pieces, lambda piece: jnp.sum(piece[:, 0] ** 2, axis=1))
             return rows * jnp.sum(g_t[:, 0] ** 2, axis=1), book_keeping
         form = ghost_cost.form(g_t.shape[1], pieces.width, g_t.shape[2])
         if form == ghost_cost.GRAM:
-            rows = lambda piece: piece.astype(jnp.float32)  # noqa: E731
-            gram = _over_pieces(pieces, lambda piece: jnp.einsum("btp,bsp->bts", rows(piece), rows(piece)))
+            gram = _over_pieces(pieces, lambda piece: jnp.einsum("btp,bsp->bts", piece, piece))
             return jnp.sum(gram * jnp.einsum("btd,bsd->bts", g_t, g_t), axis=(1, 2)), book_keeping
-        per_example = lambda piece: jnp.einsum("btp,btd->bpd", piece.astype(jnp.float32), g_t)  # noqa: E731
+        per_example = lambda piece: jnp.einsum("btp,btd->bpd", piece, g_t)  # noqa: E731
         if whole_by_vjp and pieces.count == 1:
             kernel = jnp.zeros(layer.kernel.shape, jnp.float32)
             vjp = lambda a_i, g_i: jax.vjp(lambda k: op(layer, a_i, k), kernel)[1](g_i)[0]  # noqa: E731
