@@ -374,6 +374,13 @@ class DPOptimizerBase:
         check_base_arguments(kwargs, self._unsupported_base_arguments())
         allow_degenerate_noise = check_schedule_noise(schedule, noise_argument, allow_degenerate_noise)
         self._check_backend()
+        settings = {name: value for name, value in locals().items() if name in _SETTINGS}
+        base_arguments = {name: value for name, value in kwargs.items() if name != "name"}  # a name is a label
+        self._check_same_release(
+            {"class": f"{type(self).__module__}.{type(self).__qualname__}", "schedule": schedule.get_config()}
+            | settings
+            | base_arguments
+        )
         kwargs.setdefault("name", type(self).__name__)
         super().__init__(**kwargs)
         self._schedule = schedule
@@ -388,6 +395,14 @@ class DPOptimizerBase:
 
     def _check_backend(self) -> None:
         """Raises if the backend cannot run this optimizer here (before the base optimizer is built)."""
+
+    def _check_same_release(self, description: dict) -> None:
+        """Raises if the processes that train one model build their optimizers unlike; the JAX optimizers compare
+        them across ``jax.distributed`` processes (`keras_dyndp.jax_backend.processes.check_same_release`).
+
+        Called before the base optimizer is built (whose variables several processes replicate) with what
+        determines the release, by name: the class, the schedule's config (its C_t, sigma_t, p and calibration),
+        the checked DP settings and the base optimizer's arguments as given (the learning rate, ...)."""
 
     def _unsupported_base_arguments(self) -> dict[str, str]:
         """Base-optimizer arguments refused on this backend, with the reason."""

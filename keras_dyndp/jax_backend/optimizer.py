@@ -97,6 +97,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         # [run nonce, the first refusal's code (0: none), its batch's number of examples]; never saved.
         self._run_state = self._int32_variable("dp_run_state", 3)
 
+    def _check_same_release(self, description: dict) -> None:
+        processes.check_same_release(description)
+
     def _int32_variable(self, name: str, size: int) -> keras.Variable:
         return self.add_variable(
             shape=(size,), initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name

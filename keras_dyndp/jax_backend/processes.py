@@ -8,7 +8,10 @@ processes agree on what the program holds and on the global batch:
   a sampler of its own an example could sit in two processes' shares of the batch (moving the sum by 2 C);
 - every process holds the same data (`check_same_data`), draws the same global Poisson batch and feeds only its
   share (`local_rows`): the global batch is the processes' shares in process order
-  (``jax.make_array_from_process_local_data``).
+  (``jax.make_array_from_process_local_data``);
+- every process builds the DP optimizer alike (`check_same_release`: schedule, learning rate, DP and base settings):
+  with the one noise key a process under other noise or another learning rate would apply the same draw at another
+  scale, and two released copies would cancel it. Both checks gather SHA-256 digests (`disagreements`).
 Refused (`check_distribution`, `check_data`): several processes without a ``keras.distribution`` (each would train
 its own model with the same noise, which two released models would cancel) or with another than ``DataParallel``
 over all devices; data other than `keras_dyndp.poisson_batches` (a process handed the whole batch, or a share no one
@@ -18,6 +21,7 @@ checked, would count an example several times) and ``train_on_batch``.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import jax
@@ -44,26 +48,63 @@ def agreed_random_bits(num_bits: int, draw) -> int:
     return sum(int(word) << (32 * index) for index, word in enumerate(words))
 
 
+def disagreements(parts: dict[str, list]) -> dict[int, list[str]]:
+    """The processes whose ``parts`` differ from process 0's, each with the names of its differing parts (a
+    collective: every process calls it with the same names; {} in one process).
+
+    Each process hashes (SHA-256) every part, its buffers (bytes, contiguous arrays) in order, and gathers the
+    digests: one rule for whatever the processes must hold alike, which no process sees of another but its digest.
+    """
+    if not several():
+        return {}
+    digests = []
+    for buffers in parts.values():
+        digest = hashlib.sha256()
+        for buffer in buffers:
+            digest.update(buffer)
+        digests.append(np.frombuffer(digest.digest(), np.uint32))
+    gathered = multihost_utils.process_allgather(np.stack(digests))  # [processes, parts, 8]
+    names = list(parts)
+    differing = {index: np.flatnonzero(np.any(theirs != gathered[0], axis=-1)) for index, theirs in enumerate(gathered)}
+    return {index: [names[i] for i in which] for index, which in differing.items() if which.size}
+
+
 def check_same_data(arrays: list) -> None:
     """ValueError on every process unless all hold the same ``arrays`` (a collective): each process takes its share
     of one global sample of row indices, which is a Poisson sample of the data only if the rows are the same
     everywhere (a process holding its own shard would feed other examples, at another rate than p)."""
-    if not several():
-        return
-    digest = hashlib.sha256()
+    buffers = []
     for array in arrays:
         array = np.ascontiguousarray(array)
-        digest.update(f"{array.dtype}{array.shape}".encode())
-        digest.update(array.tobytes())
-    fingerprints = multihost_utils.process_allgather(np.frombuffer(digest.digest(), np.uint32))
-    differing = [
-        index for index, fingerprint in enumerate(fingerprints) if not np.array_equal(fingerprint, fingerprints[0])
-    ]
+        buffers += [f"{array.dtype}{array.shape}".encode(), array]
+    differing = disagreements({"data": buffers})
     if differing:
         raise ValueError(
             f"keras_dyndp.poisson_batches in {jax.process_count()} processes needs the whole dataset, the same, on "
             f"every process (they sample one global batch of its rows and each feeds its share); processes "
-            f"{differing} hold other data than process 0. Pass every process the same x, y and sample_weight."
+            f"{sorted(differing)} hold other data than process 0. Pass every process the same x, y and sample_weight."
+        )
+
+
+def check_same_release(description: dict[str, Any]) -> None:
+    """ValueError on every process unless all describe the release alike (a collective): ``description`` maps what
+    determines it (`keras_dyndp.optimizer_base.DPOptimizerBase._check_same_release`) to values JSON or Keras
+    serialises (TypeError on others: what cannot be compared is not taken as equal). The processes run one program
+    with process 0's noise key; under another schedule or learning rate a process would apply that same noise at
+    another scale to its copy of the weights, and two released copies would cancel it."""
+    if not several():
+        return
+    serialise = keras.saving.serialize_keras_object
+    texts = {
+        name: [json.dumps(value, sort_keys=True, default=serialise).encode()] for name, value in description.items()
+    }
+    differing = disagreements(texts)
+    if differing:
+        details = "; ".join(f"process {index}: {', '.join(names)}" for index, names in differing.items())
+        raise ValueError(
+            f"The DP optimizers of the {jax.process_count()} processes train one model and must be built alike, but "
+            f"some differ from process 0's ({details}). Build the optimizer with the same schedule (or budget "
+            "arguments), learning rate and other arguments on every process."
         )
 
 

@@ -3,7 +3,8 @@ step under ``keras.distribution.DataParallel`` over both processes' devices.
 
 Usage: multi_process_job.py PROCESS_ID PORT OUT_DIR. Writes OUT_DIR/process<ID>.npz, which the test compares across
 the processes: the agreed keys and sampler states, this process's share of the global Poisson batch and the global
-batch, the update against the per-example loop's on the global batch, the noisy kernel, and the refusals' messages.
+batch, the update against the per-example loop's on the global batch, the noisy kernel, and the refusals' messages
+(among them of optimizers that differ between the processes).
 """
 
 import os
@@ -31,12 +32,12 @@ N, P = 40, 0.25
 LOSS = keras.losses.MeanSquaredError(reduction="none")
 
 
-def _model(width, clip_norm, noise_stddev, steps=3):
+def _model(width, clip_norm, noise_stddev, steps=3, learning_rate=1.0):
     keras.utils.set_random_seed(0)
     model = make_private(keras.Sequential([keras.Input((4,)), keras.layers.Dense(width, activation="tanh")]))
     schedule = schedules.DPSchedule(np.full(steps, clip_norm), np.full(steps, noise_stddev), P)
     optimizer = DynamicDPKerasSGD(
-        schedule=schedule, expected_batch_size=P * N, learning_rate=1.0, allow_degenerate_noise=True
+        schedule=schedule, expected_batch_size=P * N, learning_rate=learning_rate, allow_degenerate_noise=True
     )
     model.compile(optimizer=optimizer, loss=LOSS)
     return model
@@ -98,6 +99,13 @@ def main():
         lambda: spent.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=2), verbose=0)
     )
     result["budget_steps"] = int(spent.optimizer.dp_step.numpy())
+
+    def fit_other(**other):  # Process 1's optimizer differs from process 0's in ``other``.
+        arguments = {"clip_norm": 0.1, "noise_stddev": 1.0, "learning_rate": 1.0, **(other if PROCESS_ID else {})}
+        _model(2, **arguments).fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P), verbose=0)
+
+    result["other_noise"] = _refusal(lambda: fit_other(noise_stddev=0.5))
+    result["other_learning_rate"] = _refusal(lambda: fit_other(learning_rate=0.5))
     result["other_data"] = _refusal(lambda: keras_dyndp.poisson_batches(x + PROCESS_ID, y, sampling_probability=P))
     result["arrays"] = _refusal(lambda: model.fit(x, y, batch_size=10, verbose=0))
     result["train_on_batch"] = _refusal(lambda: model.train_on_batch(x[:10], y[:10]))

@@ -96,6 +96,13 @@ def test_the_budget_and_unsupported_inputs_are_refused_on_every_process(runs):
         assert "DataParallel(devices=jax.devices()" in str(run["no_distribution"])
 
 
+def test_processes_with_other_schedules_or_learning_rates_refuse_before_any_step(runs):
+    for run in runs:  # Process 1's noise 0.5 (or learning rate 0.5) against process 0's 1.0: both refuse, at build.
+        for key, differing in (("other_noise", "schedule"), ("other_learning_rate", "learning_rate")):
+            assert str(run[key]).startswith("ValueError: The DP optimizers of the 2 processes")
+            assert f"(process 1: {differing})" in str(run[key])
+
+
 @pytest.fixture
 def two_processes(monkeypatch):
     monkeypatch.setattr(jax, "process_count", lambda: 2)
