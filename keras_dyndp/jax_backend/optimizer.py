@@ -13,8 +13,9 @@ checkpoints), so noise drawn from them could be regenerated or replayed. Each op
 OS entropy (`keras_dyndp.noise_seed`; process 0's under several processes), a constant of the traced step in no
 variable, checkpoint or ``.keras`` file; a step is refused when it is traced while JAX's persistent compilation
 cache or an IR dump would write the compiled step, and so the key, to disk (`_disk_writers`). Step k's keys fold
-in a run nonce, k and their purpose (noise, microbatches, random layers); `raise_refused_step` sets the nonce to a
-never-used value before each run of steps, so a restored counter never meets a used nonce.
+in a run nonce, k and their purpose (noise, microbatches, random layers); `new_run` sets the nonce to a never-used
+value before each run of steps (make_private's train function whenever the state comes from the variables, which
+is where they can have been rewound or restored), so a restored counter never meets a used nonce.
 """
 
 from __future__ import annotations
@@ -179,9 +180,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             checks[_TOO_MANY] = num_examples > self._batch_size_range[1]
         return jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
 
-    def _refusal(self, code: int, num_examples: int) -> RuntimeError:
+    def _refusal(self, code: int, num_examples: int, optimizer_variables) -> RuntimeError:
         if code == _SCHEDULE_MISMATCH:
-            step, recorded = int(self.iterations.numpy()), self._schedule_fingerprint.numpy().tolist()
+            step = int(self.step_at(optimizer_variables))
+            recorded = np.asarray(optimizer_variables[self._index(self._schedule_fingerprint)]).tolist()
             return RuntimeError(optimizer_base.restored_schedule_refusal(step, recorded, self._schedule))
         if code == _BUDGET_SPENT:
             message = optimizer_base.budget_exhausted_message(self._schedule.num_steps, "keras_dyndp.BudgetStop")
@@ -194,17 +196,39 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         )
         return RuntimeError(f"{prefix}{num_examples}{advice}{_NOT_APPLIED}")
 
+    def refusal_in(self, optimizer_variables, *, before_a_step: bool = False) -> RuntimeError | None:
+        """The refusal recorded in ``optimizer_variables`` (the optimizer's state) since its run of steps began;
+        with ``before_a_step``, also the budget's when the counter has reached T. None when there is none. Reads
+        the values back to the host (it waits for the step that wrote them)."""
+        _, code, num_examples = (int(value) for value in np.asarray(optimizer_variables[self._index(self._run_state)]))
+        if not code and before_a_step and int(self.step_at(optimizer_variables)) >= self._schedule.num_steps:
+            code = _BUDGET_SPENT
+        return self._refusal(code, num_examples, optimizer_variables) if code else None
+
+    def new_run(self, optimizer_variables) -> list:
+        """``optimizer_variables`` starting a new run of steps: a never-used run nonce (the keys of a counter that
+        was rewound or restored are new), no refusal recorded."""
+        self._runs += 1
+        values = list(optimizer_variables)
+        index = self._index(self._run_state)
+        fresh = np.asarray([self._runs, 0, 0], np.int32)
+        sharding = getattr(values[index], "sharding", None)
+        values[index] = jnp.asarray(fresh) if sharding is None else jax.device_put(fresh, sharding)
+        return values
+
     def raise_refused_step(self) -> None:
         """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call,
-        and starts a new run of steps whose keys fold in a never-used nonce. A refusal cannot raise inside the jitted
-        step (reading it there would stop the device every step): it waits in the run state until this call, which
-        ``make_private``'s ``fit`` and ``train_on_batch`` make; a custom loop calling `stateless_apply_clipped_sum`
-        assigns the state back and calls it after each run of steps and after any restore."""
-        _, code, num_examples = (int(value) for value in self._run_state.numpy())
-        self._runs += 1
-        self._run_state.assign([self._runs, 0, 0])
-        if code:
-            raise self._refusal(code, num_examples)
+        and starts a new run of steps (`new_run`) in the variables. A refusal cannot raise inside the jitted step
+        (reading it there would stop the device every step): it waits in the run state until this call, which
+        ``make_private``'s model makes wherever Keras syncs the state back (`keras_dyndp.jax_backend.train_step`,
+        whose train function also starts a new run whenever the state comes from the variables); a custom loop
+        calling `stateless_apply_clipped_sum` assigns the state back and calls it after each run of steps and after
+        any restore."""
+        values = [variable.value for variable in self.variables]
+        refusal = self.refusal_in(values)
+        self._run_state.assign(self.new_run(values)[self._index(self._run_state)])
+        if refusal is not None:
+            raise refusal
 
     @contextlib.contextmanager
     def _without_run_state(self):

@@ -29,7 +29,7 @@ meaning: every example clipped, one noise key, the noise added once to the globa
 from __future__ import annotations
 
 import contextlib
-import inspect
+import operator
 import types
 import warnings
 from collections.abc import Callable
@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import keras
 
 from keras_dyndp import batch_sizes
+from keras_dyndp import entry_points
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
@@ -203,8 +204,8 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) 
     ruled = {key: ghost.RULES[type(layer)].norms_and_sums(layer, *tap_rows[key]) for key, (layer, *_) in tapped.items()}
     for squared, _ in ruled.values():
         squared_norms = squared_norms + squared
-    factors = mechanism.clip_factors(ops.OPS, jnp.sqrt(squared_norms), clip_norm)
-    sums = [None if g is None else jnp.tensordot(factors, g.astype(jnp.float32), axes=1) for g in grads]
+    factors = mechanism.clip_factors(ops.OPS, mechanism.norms_from_squares(ops.OPS, squared_norms), clip_norm)
+    sums = [None if g is None else ops.weighted_sum(factors, g) for g in grads]
     for key, (_, indices, _) in tapped.items():
         for index, total in zip(indices, ruled[key][1](factors)):
             sums[index] = total
@@ -295,112 +296,132 @@ def _private_train_step(self: keras.Model, state, data):
     return logs, (trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables)
 
 
-class _RefusedStepCheck(keras.callbacks.Callback):
-    """Calls `raise_refused_step` where Keras syncs the state anyway: before a step that reads it back from the
-    variables (new keys after a possible restore) and at each epoch's end (a refusal surfaces there at the latest)."""
+class _CheckedTrainFunction:
+    """The train function Keras calls for a made-private model, from every entry point (``fit`` and
+    ``train_on_batch``, bound or called unbound, ``model.train_function`` after ``make_train_function``): Keras's
+    ``(state, iterator) -> (logs, state)`` after the host-side checks that protect the release.
 
-    def on_train_batch_begin(self, batch, logs=None):
-        del batch, logs  # Unused.
-        if getattr(self._model, "_jax_state_synced", True):  # pylint: disable=protected-access
-            _dp_optimizer(self._model).raise_refused_step()  # pylint: disable=protected-access
+    An optimizer state that is not, array for array, the one it returned last came from elsewhere (the variables,
+    where the counter can have been rewound or restored, or a caller's own state): it starts a new run of steps (the
+    refusal recorded since the last run raised, the budget checked, a never-used nonce, `JaxDPOptimizerMixin.new_run`).
+    Within a run it reads nothing back until the step counter may have reached T (at most ``steps_per_execution``
+    steps per call), then refuses on the host before the call. When a call raises, the state it was handed goes back
+    into the variables: Keras's ``fit`` empties them when it hands their values to the first step and puts nothing
+    back if that step's trace raises a refusal.
+    """
 
-    def on_epoch_end(self, epoch, logs=None):
-        del epoch, logs  # Unused.
-        _dp_optimizer(self.model).raise_refused_step()
+    def __init__(self, model: keras.Model, function: Callable):
+        self._model = model
+        self._function = function
+        self._returned: tuple = ()  # The optimizer state returned last: the only one a run continues from.
+        self._most_steps = 0  # The step counter is at most this.
+
+    def __call__(self, state, iterator):
+        optimizer = _dp_optimizer(self._model)
+        trainable, non_trainable, optimizer_variables, metrics = state
+        try:
+            if len(optimizer_variables) != len(self._returned) or any(
+                map(operator.is_not, optimizer_variables, self._returned)
+            ):
+                refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True)
+                self._most_steps = int(optimizer.step_at(optimizer_variables))
+                state = (trainable, non_trainable, optimizer.new_run(optimizer_variables), metrics)
+            elif self._most_steps >= optimizer.schedule.num_steps:
+                refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True)
+            else:
+                refusal = None
+            if refusal is not None:
+                raise refusal
+            logs, state = self._function(state, iterator)
+        except BaseException:
+            self._returned = ()
+            _put_back(self._model, state)
+            raise
+        self._returned = tuple(state[2])
+        self._most_steps += max(1, int(self._model.steps_per_execution))
+        return logs, state
 
 
-class _FirstStepGuard(keras.callbacks.Callback):
-    """Keeps references to the state's values over ``fit``'s first step, whose trace raises the refusals: Keras's
-    JAX ``fit`` empties the variables when it hands their values to that step, and puts nothing back if it raises."""
-
-    def __init__(self):
-        super().__init__()
-        self._saved: list | None = None
-        self._done = False
-
-    def on_train_batch_begin(self, batch, logs=None):
-        del batch, logs  # Unused.
-        if not self._done and self._saved is None:
-            model = self._model  # pylint: disable=protected-access  (self.model would sync the state)
-            variables = [*model.variables, *model.optimizer.variables, *model.metrics_variables]
-            self._saved = [(variable, variable.value) for variable in variables]
-
-    def on_train_batch_end(self, batch, logs=None):
-        del batch, logs  # Unused.
-        self._saved, self._done = None, True
-
-    def restore(self) -> None:
-        """Puts back the values held before the first step (nothing once it has run)."""
-        for variable, value in self._saved or ():
-            if not value.is_deleted():  # A step that ran took them over (donated buffers): nothing to restore.
+def _put_back(model: keras.Model, state) -> None:
+    """Assigns ``state``'s values, where a step has not taken them over (donated buffers), to ``model``'s
+    variables."""
+    groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables)
+    for variables, values in zip((*groups, model.metrics_variables), state):
+        for variable, value in zip(variables, values):
+            if not value.is_deleted():
                 variable.assign(value)
-        self._saved = None
 
 
-_FIT_SIGNATURE = inspect.signature(keras.Model.fit)
-
-
-def _check_sampling(model: keras.Model, x: Any, caller: str = "model.fit") -> None:
-    """Refuses Poisson batches at another rate than the schedule's or with ``public_batch_size``, and arrays for
-    ``fit`` without it; warns (once per optimizer) on other data."""
+def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
+    """Refuses Poisson batches at another rate than the schedule's or with ``public_batch_size``, arrays given to
+    ``fit`` without it, and under several processes anything but Poisson batches given to ``fit``; warns (once per
+    optimizer) on other data. ``seen``: ``(caller, x)`` as `keras_dyndp.entry_points.DataSeen` recorded it, None
+    when no entry point showed the data."""
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return  # The train step refuses it, naming what to use.
+    caller, x = seen or ("model.train_function", None)
     processes.check_data(x, caller, data.PoissonBatches)
     p = optimizer.schedule.sampling_probability
     if isinstance(x, data.PoissonBatches):
         batch_sizes.check_poisson_batches(x.sampling_probability, p, optimizer.public_batch_size, caller)
         return
-    if caller == "model.fit":  # train_on_batch takes one batch, which may be the user's own Poisson sample
+    if caller == entry_points.FIT:  # train_on_batch takes one batch, which may be the user's own Poisson sample
         batch_sizes.check_not_arrays(x, p, optimizer.public_batch_size)
     if optimizer._warned_sampling:  # pylint: disable=protected-access
         return
     optimizer._warned_sampling = True  # pylint: disable=protected-access
-    warnings.warn(
-        batch_sizes.not_poisson_message(batch_sizes.not_poisson_batches(caller, x), p),
-        batch_sizes.SamplingWarning,
-        stacklevel=3,
-    )
+    problem = entry_points.UNSEEN_BATCHES if seen is None else batch_sizes.not_poisson_batches(caller, x)
+    warnings.warn(batch_sizes.not_poisson_message(problem, p), batch_sizes.SamplingWarning, stacklevel=4)
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):
-    """``Model.fit`` after the model, sampling and budget checks, with `_RefusedStepCheck` and `_FirstStepGuard`; a
-    refusal past the budget ends it in one `BudgetExhaustedError`, without Keras's traceback."""
+    """``Model.fit``, whose refusal past the budget is one `BudgetExhaustedError` without Keras's traceback (the
+    checks are the train function's, the same for ``keras.Model.fit(model, ...)``)."""
     _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
-    bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
-    _check_sampling(self, bound.arguments.get("x"))
-    if isinstance(self.optimizer, optimizer_base.DPOptimizerBase):
-        self.optimizer.check_budget_left("keras_dyndp.BudgetStop")
-    guard = _FirstStepGuard()
-    # The guard first: it lets go of the values as soon as the first step has run (and donated them).
-    bound.arguments["callbacks"] = [guard, *(bound.arguments.get("callbacks") or []), _RefusedStepCheck()]
     try:
-        return keras.Model.fit(*bound.args, **bound.kwargs)
+        return keras.Model.fit(self, *args, **kwargs)
     except optimizer_base.BudgetExhaustedError as error:
-        guard.restore()
         raise optimizer_base.BudgetExhaustedError(str(error)) from None
-    except Exception:
-        guard.restore()
-        raise
 
 
-def _private_train_on_batch(self: keras.Model, *args, **kwargs):
-    """``Model.train_on_batch`` after the sampling check, between two `raise_refused_step` (new keys, then the
-    step's refusal)."""
-    _check_sampling(self, args[0] if args else kwargs.get("x"), "model.train_on_batch")
-    _dp_optimizer(self).raise_refused_step()
-    logs = keras.Model.train_on_batch(self, *args, **kwargs)
-    _dp_optimizer(self).raise_refused_step()
-    return logs
+def _private_train_on_batch(self: keras.Model, x, *args, **kwargs):
+    """``Model.train_on_batch`` with the batch shown to the checks as the user gave it (Keras converts it first)."""
+    self._keras_dyndp_data_seen.record_call(entry_points.TRAIN_ON_BATCH, x)  # pylint: disable=protected-access
+    return keras.Model.train_on_batch(self, x, *args, **kwargs)
+
+
+def _private_symbolic_build(self: keras.Model, iterator=None, data_batch=None):
+    """Keras's ``_symbolic_build``, which ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch`` call with
+    their data (also unbound), after recording the data for the next `_private_make_train_function`."""
+    self._keras_dyndp_data_seen.record(iterator, data_batch)  # pylint: disable=protected-access
+    return type(self)._symbolic_build(self, iterator=iterator, data_batch=data_batch)  # pylint: disable=protected-access
 
 
 def _private_make_train_function(self: keras.Model, force: bool = False):
-    """Keras's ``make_train_function``, with a new train-step object for each new train function: JAX caches traces
-    by function object, so after ``compile`` with another DP optimizer the old trace (its schedule, keys, refusals)
-    was replayed (the update followed the old clip norm, 1.06 where the new schedule allows 0.0014)."""
+    """Keras's ``make_train_function`` (which every training entry point calls first), after the model and sampling
+    checks of the data the entry point showed (`_check_sampling`), with a new train-step object for each new train
+    function (JAX caches traces by function object: after ``compile`` with another DP optimizer the old trace, its
+    schedule, keys and refusals, was replayed: the update followed the old clip norm, 1.06 where the new schedule
+    allows 0.0014), wrapped in `_CheckedTrainFunction`."""
+    _check_model(self)
+    _check_sampling(self, self._keras_dyndp_data_seen.take())  # pylint: disable=protected-access
     if force or self.train_function is None:
         self.train_step = types.MethodType(_private_train_step, self)
-    return type(self).make_train_function(self, force)
+    type(self).make_train_function(self, force)
+    if not isinstance(self.train_function, _CheckedTrainFunction):
+        self.train_function = _CheckedTrainFunction(self, self.train_function)
+
+
+def _private_jax_state_sync(self: keras.Model):
+    """Keras's ``jax_state_sync`` (``fit`` calls it at each epoch's end and when it ends, ``train_on_batch`` after its
+    step, a callback when it reads ``self.model``), then `raise_refused_step` when steps ran since the last sync: a
+    refusal surfaces in the call that made it, at the epoch's end at the latest."""
+    stepped = not getattr(self, "_jax_state_synced", True) and getattr(self, "_jax_state", None)
+    type(self).jax_state_sync(self)
+    optimizer = getattr(self, "optimizer", None)
+    if stepped and isinstance(optimizer, optimizer_base.DPOptimizerBase):
+        optimizer.raise_refused_step()
 
 
 def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:
@@ -426,8 +447,11 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     validation.check_bool("training_metrics", training_metrics)
     model._keras_dyndp_method = method  # pylint: disable=protected-access
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
+    model._keras_dyndp_data_seen = entry_points.DataSeen(keras.utils.unpack_x_y_sample_weight)  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)
     model.make_train_function = types.MethodType(_private_make_train_function, model)
+    model._symbolic_build = types.MethodType(_private_symbolic_build, model)  # pylint: disable=protected-access
+    model.jax_state_sync = types.MethodType(_private_jax_state_sync, model)
     model.fit = types.MethodType(_private_fit, model)
     model.train_on_batch = types.MethodType(_private_train_on_batch, model)
     model.train_function = None

@@ -32,6 +32,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_dyndp import batch_sizes
+from keras_dyndp import entry_points
 from keras_dyndp.batch_sizes import SamplingWarning
 from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import replicas
@@ -109,10 +110,7 @@ class SamplingCheck:
     def check_step_input(self) -> None:
         """For a step: nothing more inside `handed_over`; elsewhere the warning, once."""
         if not self._fit_checked:
-            self.warn_once(
-                "keras_dyndp cannot see the batches of this training step (a custom training loop or train step, or "
-                "train_on_batch)"
-            )
+            self.warn_once(entry_points.UNSEEN_BATCHES)
 
     def warn_once(self, problem: str, jit_compile: bool = False) -> None:
         """One `SamplingWarning` per optimizer: ``problem`` (what was seen), what the epsilon assumes, what to do."""

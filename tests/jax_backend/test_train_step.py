@@ -17,6 +17,7 @@ import jax_brute_force as brute_force  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from keras_dyndp import batch_sizes  # noqa: E402
 from keras_dyndp import optimizer_base  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.callbacks import BudgetStop  # noqa: E402  (the top-level name)
@@ -304,7 +305,9 @@ def test_budget_spent_refuses_the_step_and_keeps_the_model():
         np.testing.assert_array_equal(got, want)
 
 
-def test_a_batch_far_outside_the_poisson_range_is_refused_and_not_applied():
+@pytest.mark.parametrize("fit", [keras.Model.fit, lambda model, *args, **kwargs: model.fit(*args, **kwargs)])
+def test_a_batch_far_outside_the_poisson_range_is_refused_and_not_applied(fit):
+    """Also by ``keras.Model.fit(model, ...)`` called unbound, in the same call (it returned normally)."""
     x, y = _data(40)
     model = make_private(_cnn())
     # N = 10 / 0.01 = 1000 examples at p = 0.01: a batch of 40 is far above the range.
@@ -316,7 +319,7 @@ def test_a_batch_far_outside_the_poisson_range_is_refused_and_not_applied():
     with pytest.raises(
         RuntimeError, match=r"too many examples in this batch: 40.*between \d+ and \d+.*The step was not applied"
     ):
-        model.fit(brute_force.FixedBatches(x, y, 40), epochs=1, verbose=0)
+        fit(model, brute_force.FixedBatches(x, y, 40), epochs=1, verbose=0)
     for want, got in zip(before, _weights(model)):
         np.testing.assert_array_equal(got, want)
     assert int(model.optimizer.dp_step.numpy()) == 0
@@ -690,3 +693,132 @@ def test_compiling_with_another_optimizer_traces_the_step_anew():
     update = np.sqrt(sum(np.sum((new - old) ** 2) for new, old in zip(_weights(model), before)))
     assert int(optimizer.dp_step.numpy()) == 1
     assert update < 0.01  # the second schedule's: C / 4 rows plus noise of std C / 4 per coordinate
+
+
+# Issue 38, item 5: every way of driving a made-private model (``keras.Model.fit(model, ...)`` and
+# ``keras.Model.train_on_batch(model, ...)`` called unbound, which skip the instance's wrappers, and
+# ``model.train_function`` after ``make_train_function``) runs the checks that protect the release.
+
+
+def _noise_only_model():
+    """A made-private Dense whose update is the noise (C = 1e-3, sigma = 5), with public batch sizes (arrays)."""
+    keras.utils.set_random_seed(0)
+    model = make_private(keras.Sequential([keras.Input((5,)), keras.layers.Dense(40)]))
+    optimizer = DynamicDPKerasSGD(schedule=_schedule([1e-3] * 4, [5.0] * 4), public_batch_size=True, learning_rate=1.0)
+    model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError(reduction="none"))
+    return model
+
+
+def _variable_groups(model):
+    """The variables of the state Keras hands the train function, in its order."""
+    return (
+        model.trainable_variables,
+        model.non_trainable_variables,
+        model.optimizer.variables,
+        model.metrics_variables,
+    )
+
+
+def _direct_train_function(model, x, y):
+    """One step through ``model.train_function`` after ``model.make_train_function()``, as a custom loop drives it:
+    the state read from the variables (which the step takes over) and assigned back."""
+    model.optimizer.build(model.trainable_variables)
+    model.make_train_function()
+    state = tuple([variable.value for variable in group] for group in _variable_groups(model))
+    _, state = model.train_function(state, iter([(x, y)]))
+    for variables, values in zip(_variable_groups(model), state):
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.parametrize("entry_point", ["unbound fit", "unbound train_on_batch", "train_function"])
+def test_a_rewound_step_counter_draws_new_noise_on_every_entry_point(entry_point):
+    """Unbound ``fit`` and ``train_on_batch`` skipped the run nonce's refresh: after ``iterations.assign(0)`` the
+    noise repeated exactly (correlation +1.0000)."""
+    x = np.linspace(-1, 1, 40, dtype="float32").reshape(8, 5)
+    y = np.zeros((8, 40), "float32")
+    model = _noise_only_model()
+    train = {
+        "unbound fit": lambda: keras.Model.fit(model, x, y, batch_size=8, verbose=0),
+        "unbound train_on_batch": lambda: keras.Model.train_on_batch(model, x, y),
+        "train_function": lambda: _direct_train_function(model, x, y),
+    }[entry_point]
+    kernel = model.trainable_variables[0]
+    start = np.asarray(kernel.value).copy()
+    updates = []
+    for _ in range(2):
+        kernel.assign(start)
+        model.optimizer.iterations.assign(0)
+        train()
+        assert int(model.optimizer.dp_step.numpy()) == 1
+        updates.append((np.asarray(kernel.value) - start).ravel())
+    assert np.std(updates[0]) > 0.1  # the noise, 5 / 8 per coordinate
+    assert abs(np.corrcoef(*updates)[0, 1]) < 0.3
+
+
+def _poisson_model(num_steps=3):
+    model = make_private(_cnn())
+    optimizer = DynamicDPKerasSGD(schedule=_schedule([1.0] * num_steps, [1.0] * num_steps), expected_batch_size=6.0)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    return model
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+def test_past_the_budget_unbound_fit_and_train_on_batch_raise_and_apply_nothing():
+    """Unbound ``fit`` over the budget returned normally after 3 of 6 steps, the refusal left unreported."""
+    x, y = _data()
+    model = _poisson_model()
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.5, steps_per_epoch=2, seed=0)
+    with pytest.raises(optimizer_base.BudgetExhaustedError, match="DP budget exhausted: all 3 steps"):
+        keras.Model.fit(model, batches, epochs=3, verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 3
+    spent = _weights(model)
+    with pytest.raises(optimizer_base.BudgetExhaustedError, match="DP budget exhausted: all 3 steps"):
+        keras.Model.train_on_batch(model, *batches[0])
+    with pytest.raises(optimizer_base.BudgetExhaustedError, match="DP budget exhausted: all 3 steps"):
+        keras.Model.fit(model, batches, verbose=0)
+    for want, got in zip(spent, _weights(model)):
+        np.testing.assert_array_equal(got, want)
+    assert int(model.optimizer.dp_step.numpy()) == 3
+    assert model.predict(x[:2], verbose=0).shape == (2, 3)  # the state is back in the model
+
+
+def test_every_entry_point_refuses_or_warns_on_data_that_is_not_poisson_sampled():
+    """Unbound ``fit`` trained 20 fixed-size steps of arrays without even a SamplingWarning."""
+    x, y = _data()
+    model = _poisson_model()
+    with pytest.raises(ValueError, match="model.fit received arrays"):
+        keras.Model.fit(model, x, y, batch_size=6, verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 0
+    with pytest.raises(ValueError, match="sampled at p=0.25"):
+        keras.Model.fit(model, keras_dyndp.poisson_batches(x, y, sampling_probability=0.25), verbose=0)
+    with pytest.warns(batch_sizes.SamplingWarning, match="model.train_on_batch received x of type"):
+        keras.Model.train_on_batch(model, x[:6], y[:6])
+    direct = _poisson_model()
+    with pytest.warns(batch_sizes.SamplingWarning, match="cannot see the batches of this training step"):
+        _direct_train_function(direct, x[:6], y[:6])
+    assert int(direct.optimizer.dp_step.numpy()) == 1
+
+
+def test_under_several_processes_only_poisson_batches_given_to_fit_are_taken_on_every_entry_point(monkeypatch):
+    """In 2 processes, arrays given to an unbound ``fit`` put every example into the global batch twice."""
+    x, y = _data()
+    model = make_private(_cnn())
+    optimizer = DynamicDPKerasSGD(schedule=_schedule([1.0] * 3, [1.0] * 3), public_batch_size=True)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)  # after the optimizer agreed on its key (a collective)
+    keras.distribution.set_distribution(
+        keras.distribution.DataParallel(devices=jax.devices(), auto_shard_dataset=False)
+    )
+    try:
+        for train in (
+            lambda: keras.Model.fit(model, x, y, batch_size=6, verbose=0),
+            lambda: keras.Model.train_on_batch(model, x[:6], y[:6]),
+            lambda: model.make_train_function(),
+        ):
+            with pytest.raises(ValueError, match="count each example 2 times"):
+                train()
+    finally:
+        keras.distribution.set_distribution(None)
+    assert int(model.optimizer.dp_step.numpy()) == 0

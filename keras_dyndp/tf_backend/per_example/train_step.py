@@ -58,6 +58,7 @@ per-example terms, and layers that mix examples or store batch statistics such a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -67,6 +68,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_dyndp import batch_sizes
+from keras_dyndp import entry_points
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 from keras_dyndp import validation
@@ -198,40 +200,98 @@ def _microbatch_step(
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):
-    """``Model.fit`` after the checks that need no step: the budget left and the data it is handed
-    (`keras_dyndp.tf_backend.sampling_check.SamplingCheck.check_fit_input`); a step refused past the budget ends it in
-    one `BudgetExhaustedError` instead of TensorFlow's graph traceback. A dataset's ``shuffle`` defaults to False,
-    which Keras ignores for datasets anyway (it warns on True)."""
+    """``Model.fit`` showing its data to the checks (Keras 3's unbound ``fit`` shows it through
+    `_private_maybe_symbolic_build`), with `_BudgetCheck`; a step refused past the budget ends it in one
+    `BudgetExhaustedError` instead of TensorFlow's graph traceback. A dataset's ``shuffle`` defaults to False, which
+    Keras ignores for datasets anyway (it warns on True)."""
     bound = inspect.signature(type(self).fit).bind(self, *args, **kwargs)
     x = bound.arguments.get("x")
     optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return type(self).fit(*bound.args, **bound.kwargs)  # The step refuses it, naming what to use.
-    optimizer.check_budget_left("keras_dyndp.BudgetStop")
-    check = optimizer._sampling_check  # pylint: disable=protected-access
-    with self.distribute_strategy.scope():  # Where the multi-worker refusal looks for the strategy.
-        check.check_fit_input(x, getattr(self, "jit_compile", False))
+    self._keras_dyndp_data_seen.record_call(entry_points.FIT, x)  # pylint: disable=protected-access
     if "shuffle" not in bound.arguments and isinstance(x, tf.data.Dataset):
         bound.arguments["shuffle"] = False
     bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _BudgetCheck(optimizer)]
     try:
-        with check.handed_over():
-            return type(self).fit(*bound.args, **bound.kwargs)
+        return type(self).fit(*bound.args, **bound.kwargs)
     except optimizer_base.BudgetExhaustedError as error:
         raise optimizer_base.BudgetExhaustedError(str(error)) from None
-    except tf.errors.InvalidArgumentError as error:  # Under steps_per_execution the budget can end inside a call.
-        if optimizer_base.BUDGET_EXHAUSTED not in error.message:
-            raise
-        message = optimizer_base.budget_exhausted_message(optimizer.schedule.num_steps, "keras_dyndp.BudgetStop")
-        raise optimizer_base.BudgetExhaustedError(message) from None
 
 
 def _private_train_on_batch(self: keras.Model, x=None, *args, **kwargs):
-    """``Model.train_on_batch`` after one `SamplingWarning` per optimizer: how one batch was sampled is not known."""
-    optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
-    if isinstance(optimizer, optimizer_base.DPOptimizerBase):
-        optimizer._sampling_check.warn_once(batch_sizes.not_poisson_batches("model.train_on_batch", x))  # pylint: disable=protected-access
+    """``Model.train_on_batch`` showing its batch to the checks (Keras 2 shows it nowhere else)."""
+    self._keras_dyndp_data_seen.record_call(entry_points.TRAIN_ON_BATCH, x)  # pylint: disable=protected-access
     return type(self).train_on_batch(self, x, *args, **kwargs)
+
+
+def _private_maybe_symbolic_build(self: keras.Model, iterator=None, data_batch=None):
+    """Keras 3's ``_maybe_symbolic_build``, which ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch`` call
+    with their data (also unbound), after recording the data for the next `_private_make_train_function`."""
+    self._keras_dyndp_data_seen.record(iterator, data_batch)  # pylint: disable=protected-access
+    return type(self)._maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)  # pylint: disable=protected-access
+
+
+def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
+    """The checks of the data an entry point showed (``(caller, x)``, `keras_dyndp.entry_points.DataSeen`): ``fit``'s
+    budget left and data (`keras_dyndp.tf_backend.sampling_check.SamplingCheck.check_fit_input`: arrays refused),
+    ``train_on_batch``'s batch warned once. Returns whether the data was checked (the step then adds nothing); the
+    step warns once about data no entry point showed (`keras_dyndp.entry_points.UNSEEN_BATCHES`)."""
+    optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
+    if seen is None or not isinstance(optimizer, optimizer_base.DPOptimizerBase):
+        return False
+    caller, x = seen
+    check = optimizer._sampling_check  # pylint: disable=protected-access
+    if caller == entry_points.FIT:
+        optimizer.check_budget_left("keras_dyndp.BudgetStop")
+        with model.distribute_strategy.scope():  # Where the multi-worker refusal looks for the strategy.
+            check.check_fit_input(x, getattr(model, "jit_compile", False))
+    else:
+        check.warn_once(batch_sizes.not_poisson_batches(caller, x))
+    return True
+
+
+def _private_make_train_function(self: keras.Model, force: bool = False):
+    """The model's ``make_train_function`` (which every training entry point calls first), after the checks of the
+    data the entry point showed (`_check_data`), wrapped in `_CheckedTrainFunction`."""
+    checked = _check_data(self, self._keras_dyndp_data_seen.take())  # pylint: disable=protected-access
+    function = self._keras_dyndp_make_train_function(force)  # pylint: disable=protected-access
+    function = self.train_function if function is None else function  # Keras 3 returns None when it makes one.
+    if not isinstance(function, _CheckedTrainFunction):
+        function = _CheckedTrainFunction(self, function)
+    function.checked = checked
+    self.train_function = function
+    return function
+
+
+class _CheckedTrainFunction:
+    """The train function Keras calls for a made-private model, from every entry point (``fit`` and
+    ``train_on_batch``, bound or called unbound, ``model.train_function`` after ``make_train_function``): Keras's
+    ``iterator -> logs``, its steps within `SamplingCheck.handed_over` when the entry point's data was checked, the
+    in-graph refusal past the budget raised as one `BudgetExhaustedError` (TensorFlow raises it as an
+    ``InvalidArgumentError``)."""
+
+    def __init__(self, model: keras.Model, function: Callable):
+        self._model = model
+        self._function = function
+        self.checked = False
+
+    def __getattr__(self, name: str):  # Keras and TensorFlow read the wrapped tf.function's attributes.
+        if name.startswith("__") or name in ("_model", "_function"):
+            raise AttributeError(name)
+        return getattr(self._function, name)
+
+    def __call__(self, iterator):
+        optimizer = _dp_optimizer(self._model)
+        checked = optimizer._sampling_check.handed_over() if self.checked else contextlib.nullcontext()  # pylint: disable=protected-access
+        try:
+            with checked:
+                return self._function(iterator)
+        except tf.errors.InvalidArgumentError as error:  # Under steps_per_execution the budget can end inside a call.
+            if optimizer_base.BUDGET_EXHAUSTED not in error.message:
+                raise
+            message = optimizer_base.budget_exhausted_message(optimizer.schedule.num_steps, "keras_dyndp.BudgetStop")
+            raise optimizer_base.BudgetExhaustedError(message) from None
 
 
 class _BudgetCheck(keras.callbacks.Callback):
@@ -291,6 +351,7 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     validation.check_bool("training_metrics", training_metrics)
     model._keras_dyndp_method = method  # pylint: disable=protected-access
     model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
+    model._keras_dyndp_data_seen = entry_points.DataSeen(keras_compat.unpack_x_y_sample_weight)  # pylint: disable=protected-access
     model.train_step = types.MethodType(_private_train_step, model)
     model.fit = types.MethodType(_private_fit, model)
     model.train_on_batch = types.MethodType(_private_train_on_batch, model)
@@ -298,6 +359,11 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
     keras_compat.reset_train_function(model)
     if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:
         replicas.split_direct_batches(model)
+    if hasattr(type(model), "_maybe_symbolic_build"):  # Keras 3: what unbound entry points show of their data
+        model._maybe_symbolic_build = types.MethodType(_private_maybe_symbolic_build, model)  # pylint: disable=protected-access
+    if "_keras_dyndp_make_train_function" not in vars(model):
+        model._keras_dyndp_make_train_function = model.make_train_function  # pylint: disable=protected-access
+    model.make_train_function = types.MethodType(_private_make_train_function, model)
     if getattr(model, "optimizer", None) is not None:
         optimizer = _dp_optimizer(model)
         optimizer._private_train_step = _private_train_step_arguments(model)  # pylint: disable=protected-access

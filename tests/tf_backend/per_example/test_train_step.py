@@ -405,3 +405,67 @@ def test_fit_on_a_poisson_dataset_gives_no_shuffle_warning():
         model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=0.25, seed=0, steps_per_epoch=2), verbose=0)
     assert not [str(warning.message) for warning in caught if "shuffle" in str(warning.message)]
     assert int(model.optimizer.dp_step) == 2
+
+
+# Issue 38, item 5: ``keras.Model.fit(model, ...)`` and ``keras.Model.train_on_batch(model, ...)`` called unbound
+# skip the instance's wrappers, and ``model.train_function`` runs without them: each entry point refuses or warns as
+# docs/privacy.md says. Keras 2 shows an unbound entry point's data nowhere: warned as unseen.
+UNBOUND_SEES_THE_DATA = keras_compat.KERAS_MAJOR_VERSION == 3
+
+
+def test_unbound_fit_refuses_arrays_where_keras_shows_them_and_warns_where_not():
+    x, y = dataset("subclassed")
+    model = _poisson_model(num_steps=10, expected_batch_size=8.0)
+    if UNBOUND_SEES_THE_DATA:
+        with pytest.raises(ValueError, match="model.fit received arrays"):
+            keras.Model.fit(model, x, y, batch_size=8, verbose=0)
+        assert int(model.optimizer.dp_step) == 0
+        with pytest.raises(ValueError, match="sampled at p=0.5"):
+            keras.Model.fit(model, keras_dyndp.poisson_batches(x, y, sampling_probability=0.5), verbose=0)
+    else:
+        with pytest.warns(UserWarning, match="cannot see the batches of this training step"):
+            keras.Model.fit(model, x, y, batch_size=8, verbose=0)
+
+
+def test_unbound_train_on_batch_and_the_train_function_warn_that_their_sampling_is_unknown():
+    x, y = dataset("subclassed")
+    seen = "model.train_on_batch received x of type" if UNBOUND_SEES_THE_DATA else "cannot see the batches"
+    with pytest.warns(UserWarning, match=seen):
+        keras.Model.train_on_batch(_poisson_model(public_batch_size=True), x[:8], y[:8])
+    direct = _poisson_model(public_batch_size=True)
+    with pytest.warns(UserWarning, match="cannot see the batches of this training step"):
+        train_function = direct.make_train_function() or direct.train_function
+        train_function(iter(tf.data.Dataset.from_tensors((x[:8], y[:8]))))
+    assert int(direct.optimizer.dp_step) == 1
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+def test_past_the_budget_every_entry_point_raises_one_budget_error():
+    x, y = dataset("subclassed")
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.25, seed=0, steps_per_epoch=2)
+    model = _poisson_model(expected_batch_size=8.0)
+    with pytest.raises(optimizer_base.BudgetExhaustedError, match="DP budget exhausted: all 3 steps"):
+        keras.Model.fit(model, batches, epochs=3, verbose=0)
+    assert int(model.optimizer.dp_step) == 3
+    spent = model.get_weights()
+    with pytest.raises(optimizer_base.BudgetExhaustedError, match="DP budget exhausted: all 3 steps"):
+        keras.Model.train_on_batch(model, x[:8], y[:8])
+    for want, got in zip(spent, model.get_weights()):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+def test_a_rewound_step_counter_draws_new_noise_through_an_unbound_fit():
+    x, y = dataset("subclassed")
+    model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(40)]))
+    schedule = schedules.DPSchedule(np.full(4, 1e-3), np.full(4, 5.0), 0.25)  # the update is the noise
+    model.compile(optimizer=DynamicDPKerasSGD(schedule=schedule, public_batch_size=True), loss=LOSS)
+    kernel = model.trainable_variables[0]
+    start = kernel.numpy().copy()
+    updates = []
+    for _ in range(2):
+        kernel.assign(start)
+        model.optimizer.iterations.assign(0)
+        keras.Model.fit(model, x[:8], y[:8], batch_size=8, verbose=0)
+        updates.append((kernel.numpy() - start).ravel())
+    assert abs(np.corrcoef(*updates)[0, 1]) < 0.3
