@@ -20,8 +20,12 @@ Refused as on TensorFlow: an optimizer that is not a keras_dyndp JAX DP optimize
 loss reduced over the batch, several losses, regularisation losses, trainable BatchNormalization; in ``fit``,
 `keras_dyndp.poisson_batches` at another rate than the schedule's and arrays unless ``public_batch_size=True`` (other
 data: one `SamplingWarning`); under several processes what `processes` lists. A step the optimizer refuses changes
-nothing, nor does any later step; ``fit`` raises at that epoch's end at the latest (`BudgetExhaustedError` past the
-budget, before the first step when it is spent). Only ``dp_step`` is logged unless ``training_metrics=True``. Under a
+nothing, nor does any later step; the call raises at that epoch's end at the latest (`BudgetExhaustedError` past the
+budget, before the step when the host can tell). These checks run in what every entry point calls on the model, also
+``keras.Model.fit(model, ...)`` called unbound: ``make_train_function`` checks the data the entry point showed
+(`keras_dyndp.entry_points`), the train function it makes (`_CheckedTrainFunction`) starts each run of steps with a
+fresh nonce, and ``jax_state_sync`` raises a refused step (docs/privacy.md, "Which entry points are covered").
+Only ``dp_step`` is logged unless ``training_metrics=True``. Under a
 ``keras.distribution`` (one process, or `processes`' DataParallel over several) the jitted step keeps its global
 meaning: every example clipped, one noise key, the noise added once to the global sum.
 """

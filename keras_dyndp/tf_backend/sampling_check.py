@@ -15,11 +15,13 @@ checks close this.
    (`keras_dyndp.tf_backend.data.truncation_delta`'s argument). XLA drops the check. With
    ``public_batch_size=True`` the step divides by the rows and checks no size, but refuses rows of weight 0
    (padding) where it sees sample weights.
-2. In Python, on what ``make_private``'s ``fit`` received (`SamplingCheck.check_fit_input`): keras_dyndp Poisson
-   batches at another p, or for ``public_batch_size=True``, or whose seed each worker drew alone, raise ValueError;
-   so do arrays without ``public_batch_size=True`` (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else, and
-   a step whose data the optimizer cannot see (custom loop or train step, ``train_on_batch``), gets one
-   `SamplingWarning` per optimizer, which also says when batch sizes are not checked.
+2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, called by make_private's
+   ``make_train_function`` with what the entry point showed, also an unbound ``keras.Model.fit`` on Keras 3):
+   keras_dyndp Poisson batches at another p, or for ``public_batch_size=True``, or whose seed each worker drew alone,
+   raise ValueError; so do arrays without ``public_batch_size=True`` (`keras_dyndp.batch_sizes.check_not_arrays`).
+   Anything else, and a step whose data the optimizer cannot see (custom loop or train step, ``train_on_batch``, a
+   train function called directly, Keras 2's unbound ``fit``), gets one `SamplingWarning` per optimizer, which also
+   says when batch sizes are not checked.
 """
 
 from __future__ import annotations

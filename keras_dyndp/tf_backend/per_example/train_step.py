@@ -47,7 +47,11 @@ per-example gradients of un-averaged losses need no scaling against underflow.
 ``fit`` checks before the first step that the budget is not spent and the data it is handed
 (`keras_dyndp.tf_backend.sampling_check`: Poisson batches at the schedule's rate; arrays, which Keras cuts into
 fixed-size batches, only with ``public_batch_size=True``; anything else and ``train_on_batch`` warned once); a step
-refused past the budget ends ``fit`` in one `keras_dyndp.optimizer_base.BudgetExhaustedError`.
+refused past the budget ends the call in one `keras_dyndp.optimizer_base.BudgetExhaustedError`. The checks run in what
+every entry point calls on the model, also ``keras.Model.fit(model, ...)`` called unbound: ``make_train_function``
+checks the data the entry point showed (`keras_dyndp.entry_points`; Keras 2 shows an unbound call's data nowhere,
+which is warned as not seen) and wraps the train function (`_CheckedTrainFunction`; docs/privacy.md, "Which entry
+points are covered").
 
 Works for Sequential, functional and subclassed models, compiled before or after the call. Refused (ValueError,
 when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss reduced over the
