@@ -27,13 +27,61 @@ PER_EXAMPLE_NORMS = "per_example_norms"
 
 
 def form(positions: int | None, fan_in: int, fan_out: int) -> str:
-    """The cheapest of `GRAM`, `PER_EXAMPLE` and `PER_EXAMPLE_NORMS` (module docstring) for T = ``positions``
-    (None: unknown, Gram) and a ``fan_in`` x ``fan_out`` weight."""
-    if positions is None:
-        return GRAM
+    """The cheapest of `GRAM`, `PER_EXAMPLE` and `PER_EXAMPLE_NORMS` (module docstring) for T = ``positions`` and a
+    ``fan_in`` x ``fan_out`` weight. T unknown while tracing (None): `PER_EXAMPLE` where G_i fits under the cap (its
+    cost grows as T, the Gram form's as T^2, and its norms need no rounding bound, whose T^2 term would overclip long
+    sequences), else `GRAM`."""
     size = fan_in * fan_out
+    if positions is None:
+        return PER_EXAMPLE if size <= MAX_MATERIALISED else GRAM
     if positions * positions * (fan_in + fan_out) < size:
         return GRAM
     if size <= MAX_MATERIALISED:
         return PER_EXAMPLE
     return PER_EXAMPLE_NORMS if size < positions * (fan_in + fan_out) else GRAM
+
+
+FLOAT32_EPSILON = 2.0**-23
+"""float32's machine epsilon, twice its unit roundoff: the rounding bounds below use it, a margin of 2 for any
+rounding order, fused multiply-adds and the rounding of the bound itself."""
+
+
+def rounding_coefficients(
+    form_: str, positions, fan_in: int, fan_out: int, *, pieces: int = 1, matmul_epsilon: float = FLOAT32_EPSILON
+) -> tuple:
+    """``(second, first)``: the exact per-example gradient norm ||G_i|| of a weight used as ``a_t W`` at T
+    positions is at most sqrt(s + second S^2) + first S, s the squared norm computed in float32 in ``form_`` and S =
+    sum_t ||a_t|| ||g_t||; ``first`` also bounds, in units of S, how far the book-keeping sum's float32 rounding moves
+    example i's contribution (Higham, Accuracy and Stability of Numerical Algorithms, ch. 3: a length-n dot product
+    or sum is off by at most n u times the sum of its terms' magnitudes, in ANY order of summation).
+
+    * `GRAM`: each entry of a_i a_i^T and g_i g_i^T is off by at most (k or c) eps ||a_t|| ||a_s|| (and so for g),
+      their products' sum over the T^2 pairs by T^2 eps sum_{t,s} |.|: second = eps (k + c + T^2 + 4); where a_i
+      a_i^T is the sum of ``pieces`` partial Grams (one per kernel offset), each a dot product of k / pieces terms,
+      k + c is (k / pieces + pieces) + c. Near-cancelling positions (a_1 = M u, a_2 = -M u + r) make s a difference of
+      terms M^2 larger than ||G_i||^2: the bound keeps ||G_i|| from falling to 0 (or s below 0), so one example can
+      never pass unclipped. In ordinary models ||G_i||^2 ~ S^2 / T and the Gram form is taken only for T^2 < min(k,
+      c), so the bound adds about (k + c + T^2) eps T to ||G_i||^2, relatively (docs/privacy.md).
+    * `PER_EXAMPLE_NORMS` (G_i rounded, then summed by book-keeping): first = eps (T + 2).
+    * `PER_EXAMPLE`: (0, 0), the very G_i whose norm is taken are summed.
+
+    ``positions`` may be a tensor (T unknown while tracing); ``matmul_epsilon``: the unit the matrix products round
+    to (TensorFloat-32 on a GPU: 2^-10)."""
+    if form_ == PER_EXAMPLE:
+        return 0.0, 0.0
+    first = FLOAT32_EPSILON * (positions + 2)
+    if form_ == PER_EXAMPLE_NORMS:
+        return 0.0, first
+    dot_length = fan_in // pieces + pieces - 1
+    second = matmul_epsilon * (dot_length + fan_out) + FLOAT32_EPSILON * (positions * positions + 5)
+    return second, first
+
+
+def bounded_squared_norms(xp, squared, magnitude, second, first):
+    """(sqrt(squared + second magnitude^2) + first magnitude)^2 (`rounding_coefficients`): an upper bound on each
+    exact squared norm; +inf where the bracket is negative or NaN (the rounding bound failed, or the example's
+    values were not finite): such an example contributes nothing (`keras_dyndp.mechanism.clip_factors`). ``xp``:
+    ``tensorflow`` or ``jax.numpy``."""
+    inner = squared + second * magnitude * magnitude
+    bound = xp.sqrt(xp.where(inner >= 0, inner, float("inf"))) + first * magnitude
+    return bound * bound

@@ -32,8 +32,8 @@ intermediate model released.
 
 ``ops``: a backend's array primitives (`keras_dyndp.tf_backend.clip_and_noise.OPS`, `keras_dyndp.jax_backend.ops.OPS`;
 numpy in the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``,
-``divide_no_nan(x, y)`` (0 where y is 0), ``normals(source, tensors)`` (standard normal float32 draws shaped like
-each tensor). No TensorFlow or JAX import here.
+``divide_no_nan(x, y)`` (0 where y is 0), ``is_finite``, ``sqrt``, ``normals(source, tensors)`` (standard normal
+float32 draws shaped like each tensor). No TensorFlow or JAX import here.
 
 References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic Differential-Privacy Preserving
 SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification through Scale, 2022.
@@ -56,10 +56,21 @@ def schedule_values(ops: Any, clip_norms: Any, noise_stddevs: Any, step: Any, nu
     return ops.where(live, ops.take(clip_norms, index), zero), ops.where(live, ops.take(noise_stddevs, index), zero)
 
 
+def norms_from_squares(ops: Any, squared_norms: Any) -> Any:
+    """sqrt of each per-example squared norm; +inf where it is negative or NaN (no exact squared norm is: a rule's
+    rounding went wrong, or its values were not finite), never a clamp to 0, which would let the example through
+    unclipped: `clip_factors` gives it 0."""
+    return ops.sqrt(ops.where(squared_norms >= 0, squared_norms, ops.cast(float("inf"), squared_norms.dtype)))
+
+
 def clip_factors(ops: Any, norms: Any, clip_norm: Any) -> Any:
-    """min(1, C / ||g||) per gradient norm, as C / max(||g||, C): a zero gradient gets 1, and C = 0 gives 0."""
+    """min(1, C / ||g||) per gradient norm, as C / max(||g||, C): a zero gradient gets 1, and C = 0 gives 0; so does
+    a norm that is not finite (NaN or inf: an input, loss or gradient that was not finite, or one that overflowed).
+    A factor-0 row must add exactly nothing (each backend's ``weighted_sum``: a select, since 0 x inf is NaN), so one
+    such example neither turns the release NaN nor shows that it was sampled."""
     clip_norm = ops.cast(clip_norm, norms.dtype)
-    return ops.divide_no_nan(clip_norm, ops.maximum(norms, clip_norm))
+    factors = ops.divide_no_nan(clip_norm, ops.maximum(norms, clip_norm))
+    return ops.where(ops.is_finite(norms), factors, ops.cast(0.0, norms.dtype))
 
 
 def sensitivity(num_microbatches: int | None) -> float:

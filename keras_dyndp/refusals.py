@@ -126,3 +126,15 @@ def keras_train_step(private_train_step: dict | None = None) -> str:
             f"keras_dyndp.make_private(model, **{dict(private_train_step)!r}) after loading."
         )
     return message
+
+
+# Values that are not finite.
+
+BATCHED_NON_FINITE_REFUSAL = (
+    "keras_dyndp: a gradient in this batch is not finite (a NaN or inf input, loss or gradient, or a value that "
+    "overflowed). The optimizer's jacobian and microbatch paths differentiate the batch together, where one such "
+    "example makes every other example's gradient NaN too (0 x NaN), so the step is refused rather than released "
+    "without them. make_private's per-example paths (method='auto', 'ghost' or 'vectorized', no num_microbatches) "
+    "drop such an example and train on; or remove the values that are not finite from the data."
+)
+"""TensorFlow's refusal of a step whose batch-differentiated gradients are not all finite (docs/privacy.md)."""

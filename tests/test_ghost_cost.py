@@ -10,7 +10,8 @@ GRAM, PER_EXAMPLE, NORMS = ghost_cost.GRAM, ghost_cost.PER_EXAMPLE, ghost_cost.P
 @pytest.mark.parametrize(
     "positions, fan_in, fan_out, form",
     [
-        (None, 4, 4, GRAM),  # unknown positions
+        (None, 4, 4, PER_EXAMPLE),  # unknown positions: linear in T, exact
+        (None, 300, 300, GRAM),  # unknown positions, G_i too large to hold
         (1, 4, 4, GRAM),  # 1 * 8 < 16
         (1, 2, 2, PER_EXAMPLE),  # 1 * 4 >= 4
         (2, 16, 16, GRAM),  # 4 * 32 < 256

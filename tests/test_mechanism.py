@@ -19,6 +19,8 @@ OPS = types.SimpleNamespace(
     take=np.take,
     cast=lambda x, dtype: np.asarray(x, dtype),
     divide_no_nan=_divide_no_nan,
+    is_finite=np.isfinite,
+    sqrt=np.sqrt,
     normals=lambda rng, tensors: [rng.standard_normal(np.shape(t)).astype(np.float32) for t in tensors],
 )
 
@@ -44,6 +46,11 @@ def test_clip_factors_are_min_one_c_over_norm_zero_safe_and_zero_at_zero_clip():
     norms = np.array([0.0, 0.5, 1.0, 4.0], np.float32)
     np.testing.assert_array_equal(mechanism.clip_factors(OPS, norms, 1.0), [1.0, 1.0, 1.0, 0.25])
     np.testing.assert_array_equal(mechanism.clip_factors(OPS, norms, 0.0), [0.0, 0.0, 0.0, 0.0])
+
+
+def test_a_norm_that_is_not_finite_gets_factor_zero():
+    norms = np.array([np.nan, np.inf, 2.0, 1e38], np.float32)
+    np.testing.assert_allclose(mechanism.clip_factors(OPS, norms, 1.0), [0.0, 0.0, 0.5, 1e-38], rtol=1e-6, atol=0)
 
 
 def test_clipped_gradients_never_exceed_the_clip_norm():

@@ -19,6 +19,7 @@ sum_t x_hat_t g_t and sum_t g_t (x_hat the normalised input): small, they are ma
 import jax.numpy as jnp
 import keras
 from keras_dyndp.jax_backend import ghost
+from keras_dyndp.jax_backend import ops
 
 class ScaleShift(keras.layers.Layer):
     def build(self, input_shape):
@@ -31,14 +32,17 @@ class ScaleShift(keras.layers.Layer):
 def scale_shift_norms_and_sums(layer, a, g):  # per-example gradients [B, d]: sums over positions
     a, g = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
     grads = [jnp.sum(a * g, axis=1), jnp.sum(g, axis=1)]
-    return sum(jnp.sum(d**2, axis=1) for d in grads), lambda f: [f @ d for d in grads]
+    return sum(jnp.sum(d**2, axis=1) for d in grads), lambda f: [ops.weighted_sum(f, d) for d in grads]
 
 ghost.register_layer_rule(
     ScaleShift, variables=lambda layer: [layer.scale, layer.shift], norms_and_sums=scale_shift_norms_and_sums
 )
 ```
 
-Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently.
+Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently. Its squared
+norms must never be below the exact ones (float32 rounding included: a sum of terms that can cancel needs
+`keras_dyndp.ghost_cost.bounded_squared_norms`), and its sums must add exactly nothing from an example whose factor
+is 0 (``ops.weighted_sum``, ``ops.scaled_rows``: a select, as 0 x inf is NaN).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import keras
 
 from keras_dyndp import ghost_cost
 from keras_dyndp import validation
+from keras_dyndp.jax_backend import ops
 
 
 class LayerRule(NamedTuple):
@@ -125,14 +130,24 @@ def _over_pieces(pieces: _Pieces, function: Callable[[jax.Array], jax.Array]) ->
     return jax.lax.scan(step, first, jnp.arange(1, pieces.count))[0]
 
 
-def _scaled(g: jax.Array, factors: jax.Array) -> jax.Array:
-    return factors.reshape((-1,) + (1,) * (g.ndim - 1)) * g.astype(jnp.float32)
+_HIGHEST = jax.lax.Precision.HIGHEST  # norms in float32 on every device (a GPU's default is TensorFloat-32)
+
+
+def _bounded(squared: jax.Array, position_norms: jax.Array, g_t: jax.Array, form: str, fan_in: int, pieces: int = 1):
+    """``squared`` [B] computed in ``form`` raised to the bound on the exact squared norms that float32 rounding
+    allows (`keras_dyndp.ghost_cost.bounded_squared_norms`), from ||a_t|| (``position_norms`` [B, T]; ``fan_in``
+    floats each) and g_t [B, T, c]."""
+    second, first = ghost_cost.rounding_coefficients(form, g_t.shape[1], fan_in, g_t.shape[2], pieces=pieces)
+    magnitude = jnp.sum(position_norms * jnp.sqrt(jnp.sum(g_t**2, axis=-1)), axis=1)
+    return ghost_cost.bounded_squared_norms(jnp, squared, magnitude, second, first)
 
 
 def _weight_gradient(op: Callable, layer, a: jax.Array, g: jax.Array, factors: jax.Array) -> jax.Array:
     """sum_i factors_i G_i of a kernel used as ``op(layer, a, kernel)`` (linear in it: zeros stand in for its
-    value): the op's weight gradient on the batch for the output gradients f_i g_i (book-keeping)."""
-    a, g = a.reshape(-1, *a.shape[2:]).astype(jnp.float32), _scaled(g, factors).reshape(-1, *g.shape[2:])
+    value): the op's weight gradient on the batch for the output gradients f_i g_i (book-keeping); a factor-0
+    example's rows are selected out."""
+    a = ops.kept_rows(a.astype(jnp.float32), factors).reshape(-1, *a.shape[2:])
+    g = ops.scaled_rows(g, factors).reshape(-1, *g.shape[2:])
     kernel = jnp.zeros(layer.kernel.shape, jnp.float32)
     return jax.vjp(lambda k: op(layer, a, k), kernel)[1](g)[0]
 
@@ -147,26 +162,30 @@ def _bilinear(op: Callable, inputs: Callable, whole_by_vjp: bool = False) -> Cal
     def norms_and_sums(layer, a, g):
         pieces, g_t = inputs(layer, a), _positions(g).astype(jnp.float32)
         book_keeping = lambda f: [_weight_gradient(op, layer, a, g, f)]  # noqa: E731
-        if g_t.shape[1] == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2
+        if g_t.shape[1] == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2: no cancellation
             rows = _over_pieces(pieces, lambda piece: jnp.sum(piece[:, 0] ** 2, axis=1))
             return rows * jnp.sum(g_t[:, 0] ** 2, axis=1), book_keeping
         form = ghost_cost.form(g_t.shape[1], pieces.width, g_t.shape[2])
+        position_norms = lambda: jnp.sqrt(_over_pieces(pieces, lambda piece: jnp.sum(piece**2, axis=-1)))  # noqa: E731
+        bounded = lambda squared: _bounded(squared, position_norms(), g_t, form, pieces.width, pieces.count)  # noqa: E731
         if form == ghost_cost.GRAM:
-            gram = _over_pieces(pieces, lambda piece: jnp.einsum("btp,bsp->bts", piece, piece))
-            return jnp.sum(gram * jnp.einsum("btd,bsd->bts", g_t, g_t), axis=(1, 2)), book_keeping
-        per_example = lambda piece: jnp.einsum("btp,btd->bpd", piece, g_t)  # noqa: E731
+            gram = _over_pieces(pieces, lambda piece: jnp.einsum("btp,bsp->bts", piece, piece, precision=_HIGHEST))
+            gram_g = jnp.einsum("btd,bsd->bts", g_t, g_t, precision=_HIGHEST)
+            return bounded(jnp.sum(jnp.sum(gram * gram_g, axis=2), axis=1)), book_keeping
+        per_example = lambda piece, precision=None: jnp.einsum("btp,btd->bpd", piece, g_t, precision=precision)  # noqa: E731
         if whole_by_vjp and pieces.count == 1:
             kernel = jnp.zeros(layer.kernel.shape, jnp.float32)
             vjp = lambda a_i, g_i: jax.vjp(lambda k: op(layer, a_i, k), kernel)[1](g_i)[0]  # noqa: E731
             kept = jax.vmap(vjp)(a.astype(jnp.float32), g.astype(jnp.float32))[None]  # [1, B, *kernel]
         elif form == ghost_cost.PER_EXAMPLE_NORMS:
-            return _over_pieces(pieces, lambda piece: jnp.sum(per_example(piece) ** 2, axis=(1, 2))), book_keeping
+            squared = _over_pieces(pieces, lambda piece: jnp.sum(per_example(piece, _HIGHEST) ** 2, axis=(1, 2)))
+            return bounded(squared), book_keeping
         else:  # [pieces, B, p_j, d]
             kept = jax.lax.map(lambda index: per_example(pieces.piece(index)), jnp.arange(pieces.count))
         squared = jnp.sum(kept**2, axis=(0, *range(2, kept.ndim)))
         if form == ghost_cost.PER_EXAMPLE_NORMS:
-            return squared, book_keeping
-        return squared, lambda f: [jnp.tensordot(f, kept, axes=((0,), (1,))).reshape(layer.kernel.shape)]
+            return bounded(squared), book_keeping
+        return squared, lambda f: [ops.weighted_sum(f, jnp.moveaxis(kept, 1, 0)).reshape(layer.kernel.shape)]
 
     return norms_and_sums
 
@@ -177,7 +196,10 @@ def _depthwise_norms_and_sums(layer, a, g):
     shifts = _shifts(layer, a)
     patches = jnp.stack([shifts.piece(index) for index in range(shifts.count)], axis=2)  # [B, T, positions, c]
     g_t = _positions(g).reshape(g.shape[0], -1, channels, g.shape[-1] // channels).astype(jnp.float32)
-    squared = jnp.sum(jnp.einsum("btkc,btcm->bckm", patches, g_t) ** 2, axis=(1, 2, 3))
+    squared = jnp.sum(jnp.einsum("btkc,btcm->bckm", patches, g_t, precision=_HIGHEST) ** 2, axis=(1, 2, 3))
+    position_norms = jnp.sqrt(jnp.sum(patches**2, axis=(2, 3)))
+    g_rows = _positions(g).astype(jnp.float32)
+    squared = _bounded(squared, position_norms, g_rows, ghost_cost.PER_EXAMPLE_NORMS, shifts.width)
     return squared, lambda f: [_weight_gradient(_depthwise_op, layer, a, g, f)]
 
 
@@ -187,8 +209,10 @@ def _depthwise_op(layer, a, kernel):
 
 def _embedding_norms_and_sums(layer, ids, deltas):
     """sum over distinct ids of ||sum of their rows of delta||^2 (ids [B, ...], deltas [B, ..., D]), after a sort;
-    the sum a scatter-add of the rows f_i delta_i."""
+    the sum a scatter-add of the rows f_i delta_i. An id -n is row N - n, as Keras's lookup (``jnp.take``) reads it:
+    grouped with N - n, else one example's row would count twice."""
     ids = ids.reshape(ids.shape[0], -1).astype(jnp.int32)
+    ids = jnp.where(ids < 0, ids + layer.embeddings.shape[0], ids)
     batch, rows = ids.shape
     deltas = deltas.reshape(batch, rows, -1).astype(jnp.float32)
     order = jnp.argsort(ids, axis=1)
@@ -198,8 +222,11 @@ def _embedding_norms_and_sums(layer, ids, deltas):
     segments = (jnp.arange(batch)[:, None] * rows + jnp.cumsum(starts, axis=1) - 1).reshape(-1)
     sums = jax.ops.segment_sum(sorted_deltas.reshape(batch * rows, -1), segments, num_segments=batch * rows)
     table = jnp.zeros(layer.embeddings.shape, jnp.float32)
-    clipped_sums = lambda f: [table.at[ids.reshape(-1)].add(_scaled(deltas, f).reshape(-1, deltas.shape[-1]))]  # noqa: E731
-    return jnp.sum(sums.reshape(batch, rows, -1) ** 2, axis=(1, 2)), clipped_sums
+    clipped_sums = lambda f: [table.at[ids.reshape(-1)].add(ops.scaled_rows(deltas, f).reshape(-1, deltas.shape[-1]))]  # noqa: E731
+    squared = jnp.sum(sums.reshape(batch, rows, -1) ** 2, axis=(1, 2))
+    if rows > 1:
+        squared = _bounded(squared, jnp.ones((batch, rows)), deltas, ghost_cost.PER_EXAMPLE_NORMS, 1)
+    return squared, clipped_sums
 
 
 def _norm_variables(layer) -> list:
@@ -218,7 +245,7 @@ def _norm_norms_and_sums(layer, a, g):
 
     grads = jax.vmap(example)(a, g)
     squared = sum(jnp.sum(grad.reshape(a.shape[0], -1) ** 2, axis=1) for grad in grads)
-    return squared, lambda f: [jnp.tensordot(f, grad, axes=1) for grad in grads]
+    return squared, lambda f: [ops.weighted_sum(f, grad) for grad in grads]
 
 
 def _plain(layer) -> bool:

@@ -36,8 +36,10 @@ def clipped_sum(
     counts = jnp.maximum(membership.T @ (losses != 0).astype(jnp.float32), 1.0)  # [M]
     row_coefficients = membership / counts  # [B, M]: 1 / n_j on row i's microbatch j, else 0
     flat = [jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) for g in grads]
+    # A row whose gradient is not finite joins its microbatch as a zero gradient (0 x NaN would spoil every G_j).
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g), axis=1) for g in flat]), axis=0).astype(jnp.float32)
+    flat = [ops.kept_rows(g, finite) for g in flat]
     squared_norms = sum(jnp.sum((row_coefficients.T @ g) ** 2, axis=1) for g in flat)  # [M]
-    norms = jnp.sqrt(squared_norms)
-    factors = mechanism.clip_factors(ops.OPS, norms, clip_norm)
+    factors = mechanism.clip_factors(ops.OPS, mechanism.norms_from_squares(ops.OPS, squared_norms), clip_norm)
     coefficients = row_coefficients @ factors  # [B]: f_{a_i} / n_{a_i}
-    return [jnp.tensordot(coefficients, g.astype(jnp.float32), axes=1) for g in grads]
+    return [jnp.tensordot(coefficients, g, axes=1).reshape(grad.shape[1:]) for g, grad in zip(flat, grads)]

@@ -17,6 +17,8 @@ OPS = types.SimpleNamespace(
     take=tf.gather,
     cast=tf.cast,
     divide_no_nan=tf.math.divide_no_nan,
+    is_finite=tf.math.is_finite,
+    sqrt=tf.sqrt,
     normals=lambda generator, tensors: [generator.normal(tf.shape(t), dtype=tf.float32) for t in tensors],
 )
 """`keras_dyndp.mechanism`'s primitives in TensorFlow; ``normals`` draws from a `tf.random.Generator`."""
@@ -49,10 +51,26 @@ def clip_by_global_norm_per_example(
     contraction of the factors with the gradients (None stays None), and the float32 [N] unclipped norms."""
     norms = per_example_global_norms(per_example_grads)
     factors = clip_factors(norms, clip_norm)
-    clipped_sums = [
-        None if grad is None else tf.tensordot(tf.cast(factors, grad.dtype), grad, axes=1) for grad in per_example_grads
-    ]
-    return clipped_sums, norms
+    return [None if grad is None else weighted_sum(factors, grad) for grad in per_example_grads], norms
+
+
+def kept_rows(tensor: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
+    """``tensor`` [N, ...] with exactly 0 in the rows whose factor is 0 (a select: 0 x inf and 0 x NaN are NaN)."""
+    keep = tf.reshape(factors > 0, tf.concat([[-1], tf.ones([tf.rank(tensor) - 1], tf.int32)], axis=0))
+    return tf.where(keep, tensor, tf.zeros([], tensor.dtype))
+
+
+def scaled_rows(tensor: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
+    """Row i of ``tensor`` [N, ...] times ``factors[i]``; exactly 0 where the factor is 0 (`kept_rows`)."""
+    factors = tf.cast(factors, tensor.dtype)
+    scaled = tensor * tf.reshape(factors, tf.concat([[-1], tf.ones([tf.rank(tensor) - 1], tf.int32)], axis=0))
+    return kept_rows(scaled, factors)
+
+
+def weighted_sum(factors: tf.Tensor, per_example: tf.Tensor) -> tf.Tensor:
+    """sum_i factors_i per_example_i over the leading axis, in ``per_example``'s dtype; a row whose factor is 0
+    adds exactly 0, whatever it holds (`keras_dyndp.mechanism.clip_factors`)."""
+    return tf.tensordot(tf.cast(factors, per_example.dtype), kept_rows(per_example, factors), axes=1)
 
 
 def add_gaussian_noise(

@@ -222,7 +222,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             replicas.global_sum(tf.stack([sampling_check.count_nonzero_rows(per_example_losses), num_rows]))
         )
         batch_size_check = self._sampling_check.assertion(min_examples, global_num_rows, global_num_rows)
-        with tf.control_dependencies(self._step_checks(batch_size_check)):
+        finite = tf.reduce_all(tf.math.is_finite(clip_and_noise.per_example_global_norms(per_unit_grads)))
+        finite_check = tf.debugging.Assert(finite, [refusals.BATCHED_NON_FINITE_REFUSAL])
+        with tf.control_dependencies([*self._step_checks(batch_size_check), finite_check]):
             clip_norm, sigma = self._schedule_values()
         clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
         # Each replica forms its own M microbatches.

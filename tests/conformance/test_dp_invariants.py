@@ -52,7 +52,7 @@ def _schedule(clip_norms, noise_stddevs, p=P):
 def _optimizer(schedule, **kwargs):
     """A DP SGD optimizer; one without noise (sigma = 0) is built with the warnings it must give."""
     cls = keras_dyndp.DynamicDPKerasSGD
-    kwargs = dict(expected_batch_size=EXPECTED, learning_rate=LR, **kwargs)
+    kwargs = {"expected_batch_size": EXPECTED, "learning_rate": LR, **kwargs}
     if np.any(schedule.noise_stddevs == 0):
         with pytest.warns(UserWarning, match="noise_seed=0 makes the DP noise reproducible"):
             with pytest.warns(UserWarning, match=r"allow_degenerate_noise=True: .*no meaningful"):
@@ -294,3 +294,131 @@ def test_no_training_loss_or_metric_is_logged_unless_asked(training_metrics):
     released = {"loss", "mae"} & set(history.history)
     assert released == ({"loss", "mae"} if training_metrics else set())
     assert backend.dp_step(model) == 2
+
+
+# Layers whose per-example norms the ghost path takes from a sum that can cancel (the Gram form's T^2 terms, a sum
+# over positions, an embedding row's sum over its positions), each with an input shape and the sign pattern s of its
+# positions: every kernel offset's window sums s to 0, so example 0's input M s u + r has a gradient of size |r|
+# made of terms of size M (the vectorized path is exact by construction).
+def _adversarial_layers():
+    layers = keras.layers
+    cases = {
+        "dense_sequence": ((2, 64), [1, -1], lambda: layers.Dense(64)),
+        "dense_long_sequence": ((8, 256), [1, -1] * 4, lambda: layers.Dense(256)),
+        "conv1d": ((3, 32), [1, -1, 1], lambda: layers.Conv1D(32, 2)),
+        "conv2d": ((3, 3, 32), [[1, -1, 1], [-1, 1, -1], [1, -1, 1]], lambda: layers.Conv2D(32, 2)),
+        "depthwise_conv2d": ((3, 3, 8), [[1, -1, 1], [-1, 1, -1], [1, -1, 1]], lambda: layers.DepthwiseConv2D(2)),
+        "separable_conv2d": ((3, 3, 16), [[1, -1, 1], [-1, 1, -1], [1, -1, 1]], lambda: layers.SeparableConv2D(32, 2)),
+        "lstm": ((2, 32), [1, -1], lambda: layers.LSTM(16, return_sequences=True)),
+        "gru": ((2, 32), [1, -1], lambda: layers.GRU(16, return_sequences=True)),
+        "layer_normalization": ((2, 32), [1, -1], lambda: layers.LayerNormalization()),
+    }
+    if hasattr(layers, "GroupNormalization"):
+        cases["group_normalization"] = ((3, 3, 8), [[1, -1, 1]] * 3, lambda: layers.GroupNormalization(2))
+    return cases
+
+
+ADVERSARIAL = _adversarial_layers()
+MAGNITUDES = [1e-3, 1e3, 1e6]
+ADVERSARIAL_ROWS = 32  # each one adversarial: on the old Gram form about half lost their clip
+
+
+def _adversarial_batch(shape, signs, magnitude, seed=0):
+    """ADVERSARIAL_ROWS examples of ``shape``, each magnitude * s u_i + r_i (u_i: a random unit direction, r_i
+    standard normal), with targets far from the model's outputs (gradient norms far above the clip norm)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(ADVERSARIAL_ROWS, *shape))
+    directions = rng.normal(size=(ADVERSARIAL_ROWS, shape[-1]))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    pattern = np.asarray(signs, float)[None, ..., None]
+    x += magnitude * pattern * directions.reshape(ADVERSARIAL_ROWS, *[1] * (len(shape) - 1), shape[-1])
+    return x.astype("float32"), np.full((ADVERSARIAL_ROWS, 1), 1e3, "float32")
+
+
+@pytest.mark.parametrize("magnitude", MAGNITUDES)
+@pytest.mark.parametrize("layer", sorted(ADVERSARIAL))
+def test_examples_whose_positions_cancel_in_float32_are_each_clipped_to_the_clip_norm(layer, magnitude):
+    """Every per-example clipping path (ghost where the stack has a rule for the layer): examples built so that
+    their gradients' terms cancel (magnitudes up to 1e6, whose float32 rounding errors are far larger than the
+    gradient) each move S by at most C: the sum of 32 is at most 32 C, removing one moves it by at most C. The Gram
+    form once let about half of them through unclipped (66 C on TensorFlow, NaN on JAX)."""
+    shape, signs, make = ADVERSARIAL[layer]
+    x, y = _adversarial_batch(shape, signs, magnitude)
+    pooling = keras.layers.GlobalAveragePooling1D if len(shape) == 2 else keras.layers.GlobalAveragePooling2D
+    clip, expected = 0.01, ADVERSARIAL_ROWS * P
+
+    def run(weights):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input(shape), make(), pooling(), keras.layers.Dense(1)])
+        model = _private_model(_schedule([clip] * 2, [0.0] * 2), {"expected_batch_size": expected}, model=model)
+        before, after = backend.weights_after_each_step(model, [(x, y, weights)])
+        return np.concatenate([(b - a).ravel() for a, b in zip(after, before)]) * expected / LR
+
+    full = run(np.ones(ADVERSARIAL_ROWS, "float32"))
+    neighbour = run(np.concatenate([[0.0], np.ones(ADVERSARIAL_ROWS - 1)]).astype("float32"))
+    assert np.isfinite(full).all() and np.isfinite(neighbour).all()
+    total, move = np.linalg.norm(full), np.linalg.norm(full - neighbour)
+    assert total <= ADVERSARIAL_ROWS * clip * (1 + 1e-4), f"{ADVERSARIAL_ROWS} examples summed to {total / clip:.4g} C"
+    assert move <= clip * (1 + 1e-4), f"removing one example moved S by {move / clip:.4g} C"
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, 1e30])
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_an_example_that_is_not_finite_adds_nothing_and_the_release_stays_finite(path, value):
+    """One example with a NaN, inf or 1e30 feature (1e30 overflows float32 in its loss) would turn every weight NaN,
+    showing that it was sampled. Its gradient norm is not finite, so it adds exactly nothing: the release is its
+    neighbour's (the example a padding row, sample weight 0), and finite. With microbatches its microbatch adds
+    nothing, or, where the batch is differentiated together (TensorFlow's microbatch path: 0 x NaN spoils every
+    microbatch, the release would lose all of them), the step is refused."""
+    path_id, optimizer_kwargs, method, _ = path
+    if path_id == "microbatches":
+        optimizer_kwargs = {"num_microbatches": ROWS}  # all others in microbatches of their own: lost, they show
+    x, y = _data(num_inputs=INPUTS, num_outputs=OUTPUTS)
+    planted = x.copy()
+    planted[0, 3] = value
+
+    def run(features, weights):
+        model = _private_model(_schedule([0.01] * 2, [0.0] * 2), optimizer_kwargs, method, backend.dense_model(50, 40))
+        (total,) = _noisy_sums(model, [(features, y, weights)])
+        return total
+
+    neighbour = run(x, np.array([0, 1, 1, 1], "float32"))
+    try:
+        full = run(planted, np.ones(ROWS, "float32"))
+    except backend.STEP_REFUSALS as error:
+        assert backend.BACKEND != "jax" and path_id == "microbatches", error
+        assert "a gradient in this batch is not finite" in str(error)
+        return
+    assert np.isfinite(full).all(), f"{np.isnan(full).sum()} of {full.size} coordinates NaN"
+    # Every gradient is clipped to C = 0.01, far below its norm: a microbatch's clipped sum does not depend on how
+    # many rows it counts, so the example's zero gradient on JAX leaves the release exactly the neighbour's too.
+    np.testing.assert_allclose(full, neighbour, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("method", backend.METHODS)
+def test_a_negative_id_is_the_row_the_lookup_reads_or_is_refused(method):
+    """JAX's lookup (jnp.take) reads id -1 as row N - 1: one example whose ids are -1 and N - 1 uses one row and moves
+    S by at most C (counted as two rows it moved S by 1.41 C). TensorFlow's lookup refuses a negative id (on the CPU)
+    before the update, or, batched on its vectorized path, reads it as it reads it: at most C either way."""
+    ids = np.tile(np.arange(8) % 6, (ROWS, 1))
+    ids[0, :2] = [-1, 5]
+    y = np.full((ROWS, 1), 1e3, "float32")
+
+    def run(weights):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((8,), dtype="int32"), keras.layers.Embedding(6, 4), keras.layers.GlobalAveragePooling1D()]
+            + [keras.layers.Dense(1)]
+        )
+        model = _private_model(_schedule([0.01] * 2, [0.0] * 2), method=method, model=model)
+        (total,) = _noisy_sums(model, [(ids, y, weights)])
+        return total
+
+    try:
+        full = run(np.ones(ROWS, "float32"))
+    except Exception as error:  # pylint: disable=broad-except
+        if backend.BACKEND == "jax" or "= -1 is not in [0, 6)" not in str(error):
+            raise
+        return  # TensorFlow's lookup refused it (its vectorized path's batched lookup takes it: the gradient it used)
+    move = np.linalg.norm(full - run(np.array([0, 1, 1, 1], "float32")))
+    assert move <= 0.01 * (1 + 1e-4), f"removing one example moved S by {move / 0.01:.4g} C"

@@ -62,7 +62,9 @@ def test_norms_and_clipped_sums_equal_the_per_example_gradients(make_layer, shap
         grads = jax.vmap(jax.grad(loss), (None, 0, 0))([values[i] for i in covered], a, g)
         squared_norms = sum(jnp.sum(grad**2, axis=range(1, grad.ndim)) for grad in grads)
         squared, clipped_sums = rule.norms_and_sums(layer, a, g)
-        np.testing.assert_allclose(squared, squared_norms, 1e-5)
+        # Never below the exact norms; above them by float32's rounding bound (ghost_cost: <1% on these shapes).
+        ratio = np.asarray(squared, np.float64) / np.asarray(squared_norms, np.float64)
+        assert np.all(ratio >= 1 - 1e-5) and np.all(ratio <= 1.01), ratio
         sums = clipped_sums(factors)
         assert len(sums) == len(grads) == len(covered) > 0
         for total, grad in zip(sums, grads):
@@ -70,20 +72,25 @@ def test_norms_and_clipped_sums_equal_the_per_example_gradients(make_layer, shap
             np.testing.assert_allclose(total, expected, 1e-5, 1e-5 * max(1.0, float(jnp.max(jnp.abs(expected)))))
 
 
-def test_embedding_norms_and_clipped_sum_equal_the_dense_per_example_gradients():
+@pytest.mark.parametrize("lowest_id", [0, -6])
+def test_embedding_norms_and_clipped_sum_equal_the_dense_per_example_gradients(lowest_id):
+    """Also with negative ids, which Keras's lookup (jnp.take) reads as row N + id: -1 and 5 are one row (counted as
+    two, one example moved the sum by 1.41 C)."""
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, 6, size=(5, 9))  # 9 tokens from 6 ids: repeats in every row
+    ids = rng.integers(lowest_id, 6, size=(5, 9))  # 9 tokens from 6 ids: repeats in every row
+    ids[:, :2] = [-1 if lowest_id else 0, 5]  # one row under two names where ids may be negative
     deltas = rng.normal(size=(5, 9, 3))
     factors = rng.uniform(size=5)
     dense = np.zeros((5, 6, 3))
     for example in range(5):
-        np.add.at(dense[example], ids[example], deltas[example])
+        np.add.at(dense[example], ids[example] % 6, deltas[example])
     rule = ghost.RULES[keras.layers.Embedding]
     ids, deltas = jnp.asarray(ids), jnp.asarray(deltas, "float32")
     layer = keras.layers.Embedding(6, 3)
     layer.build()
     squared, clipped_sums = rule.norms_and_sums(layer, ids, deltas)
-    np.testing.assert_allclose(squared, np.sum(dense**2, axis=(1, 2)), rtol=1e-5)
+    ratio = np.asarray(squared, np.float64) / np.sum(dense**2, axis=(1, 2))  # an upper bound: float32 rounding
+    assert np.all(ratio >= 1 - 1e-6) and np.all(ratio <= 1 + 1e-4), ratio
     (sums,) = clipped_sums(jnp.asarray(factors, "float32"))
     np.testing.assert_allclose(sums, np.tensordot(factors, dense, axes=1), rtol=1e-5, atol=1e-6)
 

@@ -182,10 +182,14 @@ def depthwise_filter_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tens
     squared = tf.concat([norms.squared_norms(gradients, [0, 2]) for gradients in per_example], axis=0)
 
     def kernel_sum(f):
-        # sum_b f_b G_b as kh*kw row-vector-matrix products: twice as fast on CPU as the einsum "hwbc,b->hwc".
+        # sum_b f_b G_b as kh*kw row-vector-matrix products: twice as fast on CPU as the einsum "hwbc,b->hwc"; a
+        # factor-0 example's G_b selected out (0 x inf is NaN).
         total = tf.add_n(
             [
-                tf.matmul(tf.broadcast_to(f[None, None, start:end], [kernel_positions, 1, end - start]), gradients)
+                tf.matmul(
+                    tf.broadcast_to(f[None, None, start:end], [kernel_positions, 1, end - start]),
+                    tf.where(f[None, start:end, None] > 0, gradients, tf.zeros([], gradients.dtype)),
+                )
                 for (start, end), gradients in zip(groups, per_example)
             ]
         )

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from keras_dyndp import ghost_cost
+from keras_dyndp.tf_backend import clip_and_noise
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import norms
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
@@ -82,11 +84,12 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
         squared = tf.math.unsorted_segment_sum(
             norms.squared_norms(pair_rows, 1), unique_pairs // layer.input_dim, batch
         )
+        squared = norms.bounded_by_rounding(squared, tf.ones_like(g[..., :1]), g, ghost_cost.PER_EXAMPLE_NORMS)
 
     def clipped_sum(f):
         # tensor_scatter_nd_add is faster on CPU than unsorted_segment_sum. The B*T rows of g (not the (b, id)
         # pair rows above) keep a static shape for XLA.
-        rows = tf.reshape(g * f[:, None, None], [-1, g.shape[-1]])
+        rows = tf.reshape(clip_and_noise.scaled_rows(g, f), [-1, g.shape[-1]])
         return tf.tensor_scatter_nd_add(tf.zeros_like(layer.embeddings), tf.reshape(ids, [-1, 1]), rows)
 
     return [GhostGradient(layer.embeddings, squared, clipped_sum)]

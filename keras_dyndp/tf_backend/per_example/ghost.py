@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from keras_dyndp import mechanism
 from keras_dyndp.tf_backend import clip_and_noise
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend.keras_compat import keras
@@ -81,7 +82,7 @@ def clipped_sum(
     squared = tf.zeros_like(losses)
     for gradient in gradients.values():
         squared += gradient.squared_norms
-    norms = tf.sqrt(tf.maximum(squared, 0.0))
+    norms = mechanism.norms_from_squares(clip_and_noise.OPS, squared)
     factors = clip_and_noise.clip_factors(norms, clip_norm)
     sums = [gradients[id(v)].clipped_sum(factors) for v in var_list]
     return sums, norms, y_pred, losses

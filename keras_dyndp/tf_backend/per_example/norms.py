@@ -10,6 +10,7 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
 from keras_dyndp import ghost_cost
+from keras_dyndp.tf_backend import clip_and_noise
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
@@ -36,28 +37,51 @@ def flatten_positions(tensor: tf.Tensor, rows: Rows) -> tf.Tensor:
 
 
 def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
-    """Squared norms of G_i = a_i^T g_i (a: [B, T, k], g: [B, T, c]) and a function factors -> sum f_i G_i."""
+    """Squared norms of G_i = a_i^T g_i (a: [B, T, k], g: [B, T, c]), never below the exact ones (float32 rounding
+    included, `keras_dyndp.ghost_cost.rounding_coefficients`), and a function factors -> sum f_i G_i."""
     positions, fan_in, fan_out = a.shape[1], a.shape[-1], g.shape[-1]
-    if positions == 1:
+    if positions == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2: no cancellation
         a2, g2 = a[:, 0, :], g[:, 0, :]
         squared = squared_norms(a2, 1) * squared_norms(g2, 1)
-        return squared, lambda f: tf.matmul(a2, g2 * f[:, None], transpose_a=True)
+        return squared, lambda f: tf.matmul(
+            clip_and_noise.kept_rows(a2, f), clip_and_noise.scaled_rows(g2, f), transpose_a=True
+        )
     form = ghost_cost.form(positions, fan_in, fan_out)
-    book_keeping = lambda f: tf.einsum("btk,btc->kc", a, g * f[:, None, None])  # noqa: E731
+    book_keeping = lambda f: tf.einsum("btk,btc->kc", clip_and_noise.kept_rows(a, f), clip_and_noise.scaled_rows(g, f))  # noqa: E731
     if form == ghost_cost.GRAM:
         gram_a = tf.matmul(a, a, transpose_b=True)
         gram_g = tf.matmul(g, g, transpose_b=True)
-        return tf.reduce_sum(gram_a * gram_g, axis=[1, 2]), book_keeping
+        return bounded_by_rounding(tf.reduce_sum(gram_a * gram_g, axis=[1, 2]), a, g, form), book_keeping
     # TF's own (Eigen) batched matmul is 1.2-2x faster on CPU with the larger of k and c as the output's last axis
     # (G_i [B, k, c] or G_i^T [B, c, k]); with oneDNN the order makes no difference.
     transposed = fan_out < fan_in
     per_example = tf.matmul(g, a, transpose_a=True) if transposed else tf.matmul(a, g, transpose_a=True)
     squared = squared_norms(per_example, [1, 2])
     if form == ghost_cost.PER_EXAMPLE_NORMS:
-        return squared, book_keeping
+        return bounded_by_rounding(squared, a, g, form), book_keeping
     if transposed:
-        return squared, lambda f: tf.transpose(tf.tensordot(f, per_example, axes=1))
-    return squared, lambda f: tf.tensordot(f, per_example, axes=1)
+        return squared, lambda f: tf.transpose(clip_and_noise.weighted_sum(f, per_example))
+    return squared, lambda f: clip_and_noise.weighted_sum(f, per_example)
+
+
+def _matmul_epsilon() -> float:
+    """The unit TensorFlow's float32 matrix products round to: TensorFloat-32's 2^-10 where it is on (TF's default)
+    and a GPU is visible, else float32's."""
+    if tf.config.experimental.tensor_float_32_execution_enabled() and tf.config.list_physical_devices("GPU"):
+        return 2.0**-10
+    return ghost_cost.FLOAT32_EPSILON
+
+
+def bounded_by_rounding(squared: tf.Tensor, a: tf.Tensor, g: tf.Tensor, form: str) -> tf.Tensor:
+    """``squared`` [B] of the bilinear a_i^T g_i (a: [B, T, k], g: [B, T, c]; an embedding's rows of g by id: a = 1)
+    computed in ``form``, raised to the bound on the exact squared norms that float32 rounding allows
+    (`keras_dyndp.ghost_cost.bounded_squared_norms`)."""
+    positions = a.shape[1] if a.shape[1] is not None else tf.cast(tf.shape(a)[1], tf.float32)
+    second, first = ghost_cost.rounding_coefficients(
+        form, positions, a.shape[-1], g.shape[-1], matmul_epsilon=_matmul_epsilon()
+    )
+    magnitude = tf.reduce_sum(tf.norm(a, axis=2) * tf.norm(g, axis=2), axis=1)  # sum_t ||a_t|| ||g_t||
+    return ghost_cost.bounded_squared_norms(tf, squared, magnitude, second, first)
 
 
 def bilinear_gradient(variable: tf.Variable, a: tf.Tensor, g: tf.Tensor) -> GhostGradient:
@@ -79,4 +103,6 @@ def with_bias(owner: keras.layers.Layer, g: tf.Tensor, gradients: list[GhostGrad
 def materialised_gradient(variable: tf.Variable, per_example: tf.Tensor) -> GhostGradient:
     """A variable's per-example gradients given as such: ``per_example`` [B, *variable.shape]."""
     axes = list(range(1, per_example.shape.rank))
-    return GhostGradient(variable, squared_norms(per_example, axes), lambda f: tf.tensordot(f, per_example, axes=1))
+    return GhostGradient(
+        variable, squared_norms(per_example, axes), lambda f: clip_and_noise.weighted_sum(f, per_example)
+    )

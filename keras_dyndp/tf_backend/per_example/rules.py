@@ -38,7 +38,11 @@ def scale_shift_norms_and_sums(tap, g):
 per_example.register_layer_rule(ScaleShift, call=scale_shift_call, norms_and_sums=scale_shift_norms_and_sums)
 ```
 
-Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently.
+Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently. Its squared
+norms must never be below the exact ones (float32 rounding included: `norms.bilinear_gradient` adds the bound where
+positions can cancel, `keras_dyndp.ghost_cost.bounded_squared_norms`), and its sums must add exactly nothing from
+an example whose factor is 0 (`clip_and_noise.weighted_sum`, ``scaled_rows``: a select, as 0 x inf is NaN); the
+`norms` building blocks do both.
 """
 
 from __future__ import annotations

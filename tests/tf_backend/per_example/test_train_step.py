@@ -131,6 +131,24 @@ def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
         np.testing.assert_allclose(new.numpy(), old - 0.1 * expected / 4, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_the_jacobian_path_refuses_a_batch_with_a_gradient_that_is_not_finite(value):
+    """The jacobian differentiates the batch together: one NaN example made the other examples' gradients NaN too
+    (0 x NaN), and, their factors 0, the step released nothing of them (the conformance suite shows the same of the
+    microbatch path). The step is refused before any update."""
+    keras.utils.set_random_seed(0)
+    model = make_private(sequential(), method="jacobian")
+    model.compile(optimizer=dp_optimizer(learning_rate=0.1, expected_batch_size=4.0), loss=LOSS)
+    x, y = dataset("sequential", 4)
+    x[0, 3, 3, 0] = value
+    model(x[:1])
+    before = [v.numpy() for v in model.trainable_variables]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a gradient in this batch is not finite"):
+        model.fit(batches(x, y, 4), epochs=1, verbose=0)
+    for old, new in zip(before, model.trainable_variables):
+        np.testing.assert_array_equal(old, new.numpy())
+
+
 def test_refuses_non_dp_optimizer_and_averaged_loss():
     x, y = dataset("subclassed", 8)
     model = Subclassed()
