@@ -22,8 +22,6 @@
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 KERAS_BACKEND=jax
-# The DP step refuses to be written to disk (its noise key is a constant of the compiled step): no persistent cache.
-unset JAX_COMPILATION_CACHE_DIR JAX_DUMP_IR_TO
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"

@@ -49,6 +49,7 @@ from absl import flags  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.batch_sizes import SamplingWarning  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
+from keras_dyndp.jax_backend import JaxDPOptimizerMixin  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -118,7 +119,7 @@ class _Stepper:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SamplingWarning)
             model.train_on_batch(x, y)
-        self._state = tuple(
+        state = [
             [v.value for v in variables]
             for variables in (
                 model.trainable_variables,
@@ -126,7 +127,10 @@ class _Stepper:
                 model.optimizer.variables,
                 model.metrics_variables,
             )
-        )
+        ]
+        if isinstance(model.optimizer, JaxDPOptimizerMixin):  # a run's state holds the secret key its step reads
+            state[2] = model.optimizer.new_run(state[2])
+        self._state = tuple(state)
         self._data = (jax.numpy.asarray(x), jax.numpy.asarray(y))
         self._function = jax.jit(model.train_step, donate_argnums=0).lower(self._state, self._data).compile()
         self.cost = _compiled_cost(self._function)

@@ -10,19 +10,22 @@ reads the refusal from the run state and raises. `apply` refuses any other gradi
 
 Randomness (`_step_key`). Keras's seeds are public or restorable (``set_random_seed``, ``SeedGenerator`` states in
 checkpoints), so noise drawn from them could be regenerated or replayed. Each optimizer holds a 64-bit base key from
-OS entropy (`keras_dyndp.noise_seed`; process 0's under several processes), a constant of the traced step in no
-variable, checkpoint or ``.keras`` file; a step is refused when it is traced while JAX's persistent compilation
-cache or an IR dump would write the compiled step, and so the key, to disk (`_disk_writers`). Step k's keys fold
-in a run nonce, k and their purpose (noise, microbatches, random layers); `new_run` sets the nonce to a never-used
-value before each run of steps (make_private's train function whenever the state comes from the variables, which
-is where they can have been rewound or restored), so a restored counter never meets a used nonce.
+OS entropy (`keras_dyndp.noise_seed`; process 0's under several processes) in host memory. The key is a runtime
+input of the step, never a constant of a compiled program: a constant goes wherever the program goes (persistent
+compilation caches, XLA dumps to files or stdout, profiler traces, which held it before). `new_run` writes its two
+words into the state of a run of steps (the never-saved run state), from which the step reads them; the variables
+hold zeros in their place at rest (`raise_refused_step` and loading put zeros back), so what saves or reads the
+variables (``.keras``, weights, legacy ``.h5``, ``get_state_tree``) finds no key, and a step handed a state without
+one is refused (never noise from a known key). Step k's keys fold in a run nonce, k and their purpose (noise,
+microbatches, random layers); `new_run` also sets the nonce to a never-used value (make_private's train function
+calls it whenever the state comes from the variables, which is where they can have been rewound or restored), so a
+restored counter never meets a used nonce.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -42,25 +45,16 @@ from keras_dyndp.jax_backend import train_step
 
 _NOISE, _MICROBATCHES, _LAYER_SEEDS = range(3)  # The purposes `_step_key` folds in: one key for each use.
 
-_SCHEDULE_MISMATCH, _BUDGET_SPENT, _PADDING_ROWS, _TOO_FEW, _TOO_MANY = range(1, 6)
+_NO_KEY, _SCHEDULE_MISMATCH, _BUDGET_SPENT, _PADDING_ROWS, _TOO_FEW, _TOO_MANY = range(1, 7)
 _NOT_APPLIED = " The step was not applied, nor any step after it until this error."
-
-
-def _disk_writers() -> list[str]:
-    """The settings under which JAX or XLA writes a compiled step, with its constants, to disk: each named with how
-    to turn it off."""
-    writers = []
-    cache_dir = jax.config.values.get("jax_compilation_cache_dir")
-    if cache_dir and jax.config.values.get("jax_enable_compilation_cache", True):
-        writers.append(
-            f"JAX's persistent compilation cache (jax_compilation_cache_dir={cache_dir!r}: unset it or "
-            "JAX_COMPILATION_CACHE_DIR, or set jax_enable_compilation_cache=False)"
-        )
-    if jax.config.values.get("jax_dump_ir_to"):
-        writers.append(f"JAX's IR dumps (jax_dump_ir_to={jax.config.values['jax_dump_ir_to']!r}: unset it)")
-    if "--xla_dump_to" in os.environ.get("XLA_FLAGS", ""):
-        writers.append("XLA's dumps (--xla_dump_to in XLA_FLAGS: remove it)")
-    return writers
+_NO_KEY_REFUSAL = (
+    "The DP step was handed an optimizer state without its secret noise key (the key words of the optimizer's "
+    "never-saved `dp_run_state` are zero, as in its variables at rest), and noise from a known key protects "
+    "nothing. Take the state of each run of steps from `optimizer.new_run([v.value for v in "
+    "optimizer.variables])`, which writes the key and a fresh run nonce into it (make_private's train function "
+    "does); after the run, assign the state back and call `optimizer.raise_refused_step()`." + _NOT_APPLIED
+)
+_KEY_WORDS = slice(3, 5)
 
 
 class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
@@ -84,7 +78,6 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._base_key = processes.agreed(
             np.asarray(divmod(noise_seed_module.state_seed(noise_seed, 64), 2**32), np.uint32)
         )
-        self._secret_base_key = noise_seed is None
         self._runs = 0  # The last run nonce handed out: nonces only grow, whatever the run state is restored to.
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
@@ -95,8 +88,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             self._num_examples = max(1, round(self._expected_batch_size / p))
             self._batch_size_range = batch_sizes.batch_size_range(self._num_examples, p)
         self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
-        # [run nonce, the first refusal's code (0: none), its batch's number of examples]; never saved.
-        self._run_state = self._int32_variable("dp_run_state", 3)
+        # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
+        # (zeros at rest)]; never saved.
+        self._run_state = self._int32_variable("dp_run_state", 5)
 
     def _check_same_release(self, description: dict) -> None:
         processes.check_same_release(description)
@@ -140,20 +134,13 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self.schedule_values(self.iterations.value)[1]
 
     def _step_key(self, optimizer_variables, purpose: int) -> jax.Array:
-        """The step's secret key for ``purpose``: the base key folded with the run nonce, the counter, ``purpose``.
-        ValueError when the step being traced would be written to disk (`_disk_writers`) with a secret base key."""
-        writers = _disk_writers() if self._secret_base_key else []
-        if writers:
-            raise ValueError(
-                "The DP step's secret noise key is a constant of the compiled step, and "
-                + " and ".join(writers)
-                + " would write the compiled step to disk, where anyone who reads it could regenerate the noise and "
-                "subtract it from the released updates. Turn that off in the process that trains with privacy, or "
-                "pass noise_seed= to the optimizer in tests (no privacy)."
-            )
-        key = jax.random.wrap_key_data(jnp.asarray(self._base_key), impl="threefry2x32")
-        nonce = optimizer_variables[self._index(self._run_state)][0]
-        for data in (nonce, self.step_at(optimizer_variables), purpose):
+        """The step's secret key for ``purpose``: the base key, read from the run state in ``optimizer_variables``
+        (a runtime input, never a constant of the compiled step), folded with the run nonce, the counter and
+        ``purpose``."""
+        run_state = optimizer_variables[self._index(self._run_state)]
+        words = jax.lax.bitcast_convert_type(run_state[_KEY_WORDS], jnp.uint32)
+        key = jax.random.wrap_key_data(words, impl="threefry2x32")
+        for data in (run_state[0], self.step_at(optimizer_variables), purpose):
             key = jax.random.fold_in(key, data)
         return key
 
@@ -166,10 +153,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """The step's secret key for its random layers' states (module docstring)."""
         return self._step_key(optimizer_variables, _LAYER_SEEDS)
 
-    def _refusal_code(self, step, recorded_fingerprint, num_examples, num_rows) -> jax.Array:
+    def _refusal_code(self, step, run_state, recorded_fingerprint, num_examples, num_rows) -> jax.Array:
         """int32: why the step must not run, 0 when it may (`raise_refused_step` words it)."""
         fingerprint = jnp.asarray(self._schedule.fingerprint, jnp.int32)
         checks = {
+            _NO_KEY: jnp.all(run_state[_KEY_WORDS] == 0),
             _SCHEDULE_MISMATCH: (step > 0) & jnp.any(recorded_fingerprint != fingerprint),
             _BUDGET_SPENT: step >= self._schedule.num_steps,
         }
@@ -181,6 +169,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
 
     def _refusal(self, code: int, num_examples: int, optimizer_variables) -> RuntimeError:
+        if code == _NO_KEY:
+            return RuntimeError(_NO_KEY_REFUSAL)
         if code == _SCHEDULE_MISMATCH:
             step = int(self.step_at(optimizer_variables))
             recorded = np.asarray(optimizer_variables[self._index(self._schedule_fingerprint)]).tolist()
@@ -200,33 +190,51 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """The refusal recorded in ``optimizer_variables`` (the optimizer's state) since its run of steps began;
         with ``before_a_step``, also the budget's when the counter has reached T. None when there is none. Reads
         the values back to the host (it waits for the step that wrote them)."""
-        _, code, num_examples = (int(value) for value in np.asarray(optimizer_variables[self._index(self._run_state)]))
+        code, num_examples = (
+            int(value) for value in np.asarray(optimizer_variables[self._index(self._run_state)])[1:3]
+        )
         if not code and before_a_step and int(self.step_at(optimizer_variables)) >= self._schedule.num_steps:
             code = _BUDGET_SPENT
         return self._refusal(code, num_examples, optimizer_variables) if code else None
 
-    def new_run(self, optimizer_variables) -> list:
-        """``optimizer_variables`` starting a new run of steps: a never-used run nonce (the keys of a counter that
-        was rewound or restored are new), no refusal recorded."""
+    def _fresh_run_state(self, with_key: bool) -> np.ndarray:
+        """A run state (`_build_dp_state`) with a never-used nonce, no refusal, the base key's words or zeros."""
         self._runs += 1
+        key_words = self._base_key.view(np.int32) if with_key else np.zeros(2, np.int32)
+        return np.concatenate([np.asarray([self._runs, 0, 0], np.int32), key_words])
+
+    def new_run(self, optimizer_variables) -> list:
+        """``optimizer_variables`` starting a new run of steps: the secret key's words, from host memory (the step
+        reads them as an input), a never-used run nonce (the keys of a counter that was rewound or restored are
+        new), no refusal recorded. The only state a step takes a key from: hand the values it returns to the step,
+        not to a saver."""
         values = list(optimizer_variables)
         index = self._index(self._run_state)
-        fresh = np.asarray([self._runs, 0, 0], np.int32)
+        fresh = self._fresh_run_state(with_key=True)
         sharding = getattr(values[index], "sharding", None)
         values[index] = jnp.asarray(fresh) if sharding is None else jax.device_put(fresh, sharding)
         return values
 
+    def at_rest(self, optimizer_variables) -> list:
+        """``optimizer_variables`` without the key: what may go back into the variables outside `raise_refused_step`
+        (the run's nonce and refusal kept; an array a step has taken over stays as it is)."""
+        values = list(optimizer_variables)
+        index = self._index(self._run_state)
+        if not values[index].is_deleted():
+            values[index] = values[index].at[_KEY_WORDS].set(0)
+        return values
+
     def raise_refused_step(self) -> None:
         """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call,
-        and starts a new run of steps (`new_run`) in the variables. A refusal cannot raise inside the jitted step
-        (reading it there would stop the device every step): it waits in the run state until this call, which
-        ``make_private``'s model makes wherever Keras syncs the state back (`keras_dyndp.jax_backend.train_step`,
-        whose train function also starts a new run whenever the state comes from the variables); a custom loop
-        calling `stateless_apply_clipped_sum` assigns the state back and calls it after each run of steps and after
-        any restore."""
-        values = [variable.value for variable in self.variables]
-        refusal = self.refusal_in(values)
-        self._run_state.assign(self.new_run(values)[self._index(self._run_state)])
+        and puts the run state at rest in the variables: a never-used nonce, no refusal, no key (what reads the
+        variables from here on finds zeros in its place). A refusal cannot raise inside the jitted step (reading it
+        there would stop the device every step): it waits in the run state until this call, which ``make_private``'s
+        model makes wherever Keras syncs the state back (`keras_dyndp.jax_backend.train_step`, whose train function
+        starts a new run, `new_run`, whenever the state comes from the variables); a custom loop calling
+        `stateless_apply_clipped_sum` takes its state from `new_run`, assigns the state back and calls it after each
+        run of steps."""
+        refusal = self.refusal_in([variable.value for variable in self.variables])
+        self._run_state.assign(self._fresh_run_state(with_key=False))
         if refusal is not None:
             raise refusal
 
@@ -245,12 +253,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             super().save_own_variables(store)
 
     def load_own_variables(self, store) -> None:
-        """Keras's loading, without the run state (files hold none); a restore starts a new run of steps (a
-        never-used nonce), so a restored counter draws fresh keys even in a custom loop."""
+        """Keras's loading, without the run state (files hold none), which it puts at rest (no key, no refusal): the
+        next step takes a never-used nonce and the key from `new_run`, so a restored counter draws fresh keys."""
         with self._without_run_state():
             super().load_own_variables(store)
-        self._runs += 1
-        self._run_state.assign([self._runs, 0, 0])
+        self._run_state.assign(self._fresh_run_state(with_key=False))
 
     def stateless_apply_clipped_sum(
         self, optimizer_variables: list, clipped_sums: list, num_examples, num_rows, trainable_variables: list
@@ -278,7 +285,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         step = self.step_at(optimizer_variables)
         fingerprint_index, run_index = self._index(self._schedule_fingerprint), self._index(self._run_state)
         run_state = optimizer_variables[run_index]
-        code = self._refusal_code(step, optimizer_variables[fingerprint_index], num_examples, num_rows)
+        code = self._refusal_code(step, run_state, optimizer_variables[fingerprint_index], num_examples, num_rows)
         code = jnp.where(run_state[1] != 0, run_state[1], code)  # Once refused, refused until raise_refused_step.
         clip_norm, noise_stddev = self.schedule_values(step)
         grads = mechanism.private_update(
@@ -301,7 +308,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         new_optimizer = [jnp.where(code == 0, n, o) for n, o in zip(new_optimizer, optimizer_variables)]
         newly_refused = (run_state[1] == 0) & (code != 0)
         refused_examples = jnp.where(newly_refused, jnp.asarray(num_examples, jnp.int32), run_state[2])
-        new_optimizer[run_index] = jnp.stack([run_state[0], code, refused_examples]).astype(jnp.int32)
+        new_optimizer[run_index] = run_state.at[1].set(code).at[2].set(refused_examples)
         return new_trainable, new_optimizer
 
     def build(self, var_list):

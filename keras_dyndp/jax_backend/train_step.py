@@ -307,11 +307,12 @@ class _CheckedTrainFunction:
 
     An optimizer state that is not, array for array, the one it returned last came from elsewhere (the variables,
     where the counter can have been rewound or restored, or a caller's own state): it starts a new run of steps (the
-    refusal recorded since the last run raised, the budget checked, a never-used nonce, `JaxDPOptimizerMixin.new_run`).
-    Within a run it reads nothing back until the step counter may have reached T (at most ``steps_per_execution``
-    steps per call), then refuses on the host before the call. When a call raises, the state it was handed goes back
-    into the variables: Keras's ``fit`` empties them when it hands their values to the first step and puts nothing
-    back if that step's trace raises a refusal.
+    refusal recorded since the last run raised, the budget checked, the secret key and a never-used nonce written in,
+    `JaxDPOptimizerMixin.new_run`). Within a run it reads nothing back until the step counter may have reached T (at
+    most ``steps_per_execution`` steps per call), then refuses on the host before the call. When a call raises, the
+    state it was handed goes back into the variables, without the key (`JaxDPOptimizerMixin.at_rest`): Keras's
+    ``fit`` empties them when it hands their values to the first step and puts nothing back if that step's trace
+    raises a refusal.
     """
 
     def __init__(self, model: keras.Model, function: Callable):
@@ -339,7 +340,7 @@ class _CheckedTrainFunction:
             logs, state = self._function(state, iterator)
         except BaseException:
             self._returned = ()
-            _put_back(self._model, state)
+            _put_back(self._model, (*state[:2], optimizer.at_rest(state[2]), state[3]))
             raise
         self._returned = tuple(state[2])
         self._most_steps += max(1, int(self._model.steps_per_execution))

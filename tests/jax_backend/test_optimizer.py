@@ -187,22 +187,74 @@ def test_noise_is_fresh_after_a_restore_and_never_follows_the_global_seed():
         first = update
 
 
-def test_a_restore_through_keras_loading_draws_new_noise_at_the_same_step():
+def _custom_loop_optimizer():
     optimizer = DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0)
     variable = keras.Variable(np.zeros(3, np.float32))
     optimizer.build([variable])
+
+    def step(state):
+        """One step of a custom loop from ``state``: (the updated variable, the optimizer's new state)."""
+        new, new_state = optimizer.stateless_apply_clipped_sum(state, [np.zeros(3, np.float32)], 4, 4, [variable.value])
+        return np.asarray(new[0]), new_state
+
+    return optimizer, step
+
+
+def _values(optimizer):
+    return [variable.value for variable in optimizer.variables]
+
+
+def _key_words(optimizer, state):
+    return np.asarray(state[optimizer._index(optimizer._run_state)])[3:].view(np.uint32)  # pylint: disable=protected-access
+
+
+def test_a_restore_through_keras_loading_draws_new_noise_at_the_same_step():
+    """A custom loop steps from `new_run`'s state: since the key became a runtime input (issue 38 item 4) the
+    variables hold none at rest, so the state read from them right after a restore (the nonce the restore gave
+    before) is refused; `new_run` after the restore draws new noise at the same counter."""
+    optimizer, step = _custom_loop_optimizer()
     store = {}
     optimizer.save_own_variables(store)
-
-    def update():
-        state = [v.value for v in optimizer.variables]
-        new, _ = optimizer.stateless_apply_clipped_sum(state, [np.zeros(3, np.float32)], 4, 4, [variable.value])
-        return np.asarray(new[0])
-
-    np.testing.assert_array_equal(update(), update())  # the same state and counter: the same key
-    before = update()
+    state = optimizer.new_run(_values(optimizer))
+    np.testing.assert_array_equal(step(state)[0], step(state)[0])  # the same state and counter: the same key
+    before = step(state)[0]
     optimizer.load_own_variables(store)  # what load_model and checkpoint restores call
-    assert not np.allclose(update(), before)
+    assert np.all(step(_values(optimizer))[0] == 0)  # refused: no key in the restored variables
+    assert not np.allclose(step(optimizer.new_run(_values(optimizer)))[0], before)
+
+
+def test_a_step_handed_a_state_without_the_key_is_refused_and_the_refusal_says_what_to_call():
+    """The key words are a runtime input of the step: zeros (the variables at rest, a loop that skipped `new_run`)
+    would be noise from a known key. The step changes nothing and records the refusal, which names `new_run`."""
+    optimizer, step = _custom_loop_optimizer()
+    assert np.all(_key_words(optimizer, _values(optimizer)) == 0)
+    update, state = step(_values(optimizer))
+    assert np.all(update == 0) and int(optimizer.step_at(state)) == 0
+    for variable, value in zip(optimizer.variables, state):
+        variable.assign(value)
+    with pytest.raises(RuntimeError, match=r"without its secret noise key.*optimizer\.new_run"):
+        optimizer.raise_refused_step()
+    assert np.all(_key_words(optimizer, _values(optimizer)) == 0)  # at rest again
+    state = optimizer.new_run(_values(optimizer))
+    np.testing.assert_array_equal(_key_words(optimizer, state), optimizer._base_key)  # pylint: disable=protected-access
+    update, state = step(state)
+    assert np.abs(update).max() > 0.5 and int(optimizer.step_at(state)) == 1
+
+
+def test_the_variables_hold_no_key_after_fit_train_on_batch_or_a_refused_call():
+    """What reads the variables (savers, ``get_state_tree``, a caller's copy) finds no key: make_private's sync puts
+    the run state at rest after ``fit`` and ``train_on_batch``, and a call refused before its step puts back the
+    state it was handed without the key."""
+    x, y = _data()
+    model = _private(DynamicDPKerasSGD(schedule=_schedule(num_steps=2), public_batch_size=True, learning_rate=1.0))
+    optimizer = model.optimizer
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert np.all(_key_words(optimizer, _values(optimizer)) == 0)
+    model.train_on_batch(x, y)
+    assert np.all(_key_words(optimizer, _values(optimizer)) == 0) and int(optimizer.dp_step.numpy()) == 2
+    with pytest.raises(optimizer_base.BudgetExhaustedError):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert np.all(_key_words(optimizer, _values(optimizer)) == 0)
 
 
 def test_a_noise_seed_reproduces_the_noise_and_warns_at_the_caller():
@@ -222,43 +274,6 @@ def test_a_noise_seed_reproduces_the_noise_and_warns_at_the_caller():
         updates.append(_kernel(model) - before)
     np.testing.assert_array_equal(updates[0], updates[1])
     assert "noise_seed" not in optimizer.get_config()
-
-
-@pytest.mark.parametrize(
-    "setting, named",
-    [
-        ("jax_compilation_cache_dir", "persistent compilation cache"),
-        ("jax_dump_ir_to", "IR dumps"),
-        ("XLA_FLAGS", "--xla_dump_to"),
-    ],
-)
-def test_a_step_that_would_write_the_secret_key_to_disk_is_refused(setting, named, tmp_path, monkeypatch):
-    """The base key is a constant of the compiled step (a persistent-cache entry of the DP step held its bytes):
-    tracing the step under a setting that writes compiled steps to disk is refused before any step; with noise_seed
-    (no secret) it trains."""
-    x, y = _data()
-    model = _private(DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NoiseSeedWarning)
-        seeded = _private(
-            DynamicDPKerasSGD(schedule=_schedule(noise=5.0), public_batch_size=True, learning_rate=1.0, noise_seed=3)
-        )
-    before = _kernel(model)
-    # Both models are built: this process has compiled, so JAX decided then that it has no persistent cache.
-    try:
-        if setting == "XLA_FLAGS":  # read when the backend starts (already started): nothing is dumped here
-            monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to={tmp_path}")
-        else:
-            jax.config.update(setting, str(tmp_path))
-        with pytest.raises(ValueError, match=named):
-            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-        np.testing.assert_array_equal(_kernel(model), before)
-        if setting != "jax_compilation_cache_dir":
-            seeded.fit(x, y, batch_size=8, epochs=1, verbose=0)
-            assert not np.allclose(_kernel(seeded), before)
-    finally:
-        if setting != "XLA_FLAGS":
-            jax.config.update(setting, None)
 
 
 def test_rescale_to_unit_norm_divides_the_sum_by_the_clip_norm_as_well():
