@@ -46,9 +46,7 @@ FLOAT32_EPSILON = 2.0**-23
 rounding order, fused multiply-adds and the rounding of the bound itself."""
 
 
-def rounding_coefficients(
-    form_: str, positions, fan_in: int, fan_out: int, *, pieces: int = 1, matmul_epsilon: float = FLOAT32_EPSILON
-) -> tuple:
+def rounding_coefficients(form_: str, positions, fan_in: int, fan_out: int, *, pieces: int = 1) -> tuple:
     """``(second, first)``: the exact per-example gradient norm ||G_i|| of a weight used as ``a_t W`` at T
     positions is at most sqrt(s + second S^2) + first S, s the squared norm computed in float32 in ``form_`` and S =
     sum_t ||a_t|| ||g_t||; ``first`` also bounds, in units of S, how far the book-keeping sum's float32 rounding moves
@@ -65,15 +63,16 @@ def rounding_coefficients(
     * `PER_EXAMPLE_NORMS` (G_i rounded, then summed by book-keeping): first = eps (T + 2).
     * `PER_EXAMPLE`: (0, 0), the very G_i whose norm is taken are summed.
 
-    ``positions`` may be a tensor (T unknown while tracing); ``matmul_epsilon``: the unit the matrix products round
-    to (TensorFloat-32 on a GPU: 2^-10)."""
+    ``positions`` may be a tensor (T unknown while tracing). The matrix products, the Gram's and the book-keeping
+    sum's, must round to float32 (not TensorFloat-32, whose 2^-10 no such bound makes harmless: JAX computes them at
+    ``Precision.HIGHEST``, TensorFlow takes the vectorized path where TF32 is on and a GPU visible)."""
     if form_ == PER_EXAMPLE:
         return 0.0, 0.0
     first = FLOAT32_EPSILON * (positions + 2)
     if form_ == PER_EXAMPLE_NORMS:
         return 0.0, first
     dot_length = fan_in // pieces + pieces - 1
-    second = matmul_epsilon * (dot_length + fan_out) + FLOAT32_EPSILON * (positions * positions + 5)
+    second = FLOAT32_EPSILON * (dot_length + fan_out + positions * positions + 5)
     return second, first
 
 

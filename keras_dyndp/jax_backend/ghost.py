@@ -144,12 +144,13 @@ def _bounded(squared: jax.Array, position_norms: jax.Array, g_t: jax.Array, form
 
 def _weight_gradient(op: Callable, layer, a: jax.Array, g: jax.Array, factors: jax.Array) -> jax.Array:
     """sum_i factors_i G_i of a kernel used as ``op(layer, a, kernel)`` (linear in it: zeros stand in for its
-    value): the op's weight gradient on the batch for the output gradients f_i g_i (book-keeping); a factor-0
-    example's rows are selected out."""
+    value): the op's weight gradient on the batch for the output gradients f_i g_i (book-keeping), at float32
+    precision on every device; a factor-0 example's rows are selected out."""
     a = ops.kept_rows(a.astype(jnp.float32), factors).reshape(-1, *a.shape[2:])
     g = ops.scaled_rows(g, factors).reshape(-1, *g.shape[2:])
     kernel = jnp.zeros(layer.kernel.shape, jnp.float32)
-    return jax.vjp(lambda k: op(layer, a, k), kernel)[1](g)[0]
+    with jax.default_matmul_precision("highest"):  # ghost_cost.rounding_coefficients: float32 rounding only
+        return jax.vjp(lambda k: op(layer, a, k), kernel)[1](g)[0]
 
 
 def _bilinear(op: Callable, inputs: Callable, whole_by_vjp: bool = False) -> Callable:

@@ -65,6 +65,15 @@ def clipped_gradient_sum_with_outputs(
 
 def _ghost_applies(model: keras.Model, var_list: list[tf.Variable], method: str) -> bool:
     """Whether the model may take the ghost path; for ``method='ghost'``, a ValueError saying why not."""
+    if ghost.tensor_float_32_on_gpu():
+        if method == "ghost":
+            raise ValueError(
+                "`method='ghost'` needs float32 matrix products, and TensorFloat-32 is on (TensorFlow's default on a "
+                "GPU): its rounding of the ghost path's sums is not bounded by the clip norm. Turn it off with "
+                "tf.config.experimental.enable_tensor_float_32_execution(False), or use method='auto' (which then "
+                f"takes the vectorized path) or 'vectorized'. Received: method={method!r}."
+            )
+        return False
     unknown = per_example_layers.first_unknown(model)
     if unknown is not None:
         if method == "ghost":

@@ -34,6 +34,13 @@ from keras_dyndp.tf_backend.per_example.taps import Tapping
 from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
 
 
+def tensor_float_32_on_gpu() -> bool:
+    """Whether TensorFlow's float32 matrix products may round to TensorFloat-32 (its default on a GPU): then the
+    ghost sums' rounding, 2^-10 of terms that can be far larger than an example's gradient, is not bounded by the
+    clip norm (`keras_dyndp.ghost_cost.rounding_coefficients`), and the vectorized path clips instead."""
+    return bool(tf.config.experimental.tensor_float_32_execution_enabled() and tf.config.list_physical_devices("GPU"))
+
+
 def supported(model: keras.Model, var_list: Sequence[tf.Variable]) -> bool:
     """Whether every variable in ``var_list`` belongs to a layer with a ghost-clipping rule."""
     covered = set()

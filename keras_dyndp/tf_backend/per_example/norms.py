@@ -64,22 +64,12 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
     return squared, lambda f: clip_and_noise.weighted_sum(f, per_example)
 
 
-def _matmul_epsilon() -> float:
-    """The unit TensorFlow's float32 matrix products round to: TensorFloat-32's 2^-10 where it is on (TF's default)
-    and a GPU is visible, else float32's."""
-    if tf.config.experimental.tensor_float_32_execution_enabled() and tf.config.list_physical_devices("GPU"):
-        return 2.0**-10
-    return ghost_cost.FLOAT32_EPSILON
-
-
 def bounded_by_rounding(squared: tf.Tensor, a: tf.Tensor, g: tf.Tensor, form: str) -> tf.Tensor:
     """``squared`` [B] of the bilinear a_i^T g_i (a: [B, T, k], g: [B, T, c]; an embedding's rows of g by id: a = 1)
     computed in ``form``, raised to the bound on the exact squared norms that float32 rounding allows
     (`keras_dyndp.ghost_cost.bounded_squared_norms`)."""
     positions = a.shape[1] if a.shape[1] is not None else tf.cast(tf.shape(a)[1], tf.float32)
-    second, first = ghost_cost.rounding_coefficients(
-        form, positions, a.shape[-1], g.shape[-1], matmul_epsilon=_matmul_epsilon()
-    )
+    second, first = ghost_cost.rounding_coefficients(form, positions, a.shape[-1], g.shape[-1])
     magnitude = tf.reduce_sum(tf.norm(a, axis=2) * tf.norm(g, axis=2), axis=1)  # sum_t ||a_t|| ||g_t||
     return ghost_cost.bounded_squared_norms(tf, squared, magnitude, second, first)
 

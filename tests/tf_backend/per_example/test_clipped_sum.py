@@ -145,6 +145,28 @@ def test_ghost_refuses_model_without_rule():
         per_example.clipped_gradient_sum(model, LOSS, x, y, None, 1.0, model.trainable_variables, method="ghost")
 
 
+def test_tensor_float_32_on_a_gpu_sends_the_model_to_the_vectorized_path(monkeypatch):
+    """TF32's rounding of the ghost sums (2^-10 of terms that can dwarf an example's gradient) is not bounded by the
+    clip norm: with TF32 on and a GPU visible, 'auto' clips on the vectorized path and 'ghost' refuses."""
+    model = cnn()
+    x, y = data("cnn")
+    model(x[:1])
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config.experimental, "tensor_float_32_execution_enabled", lambda: True)
+    ghost_calls = []
+    monkeypatch.setattr(per_example.ghost, "clipped_sum", lambda *args: ghost_calls.append(args) or [None] * 4)
+    sums, norms = per_example.clipped_gradient_sum(
+        model, LOSS, x, y, tf.constant(WEIGHTS), 0.5, model.trainable_variables
+    )
+    assert not ghost_calls
+    assert_matches(sums, norms, reference(model, x, y, WEIGHTS, 0.5))
+    with pytest.raises(ValueError, match=r"TensorFloat-32 is on.*enable_tensor_float_32_execution\(False\)"):
+        per_example.clipped_gradient_sum(model, LOSS, x, y, None, 1.0, model.trainable_variables, method="ghost")
+    monkeypatch.setattr(tf.config.experimental, "tensor_float_32_execution_enabled", lambda: False)
+    per_example.clipped_gradient_sum(model, LOSS, x, y, None, 1.0, model.trainable_variables, method="ghost")
+    assert len(ghost_calls) == 1
+
+
 def test_shared_layer_falls_back_to_vectorized():
     dense = keras.layers.Dense(4)
     inputs = keras.Input(shape=(4,))
