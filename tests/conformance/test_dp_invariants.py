@@ -304,7 +304,8 @@ def _adversarial_layers():
     layers = keras.layers
     cases = {
         "dense_sequence": ((2, 64), [1, -1], lambda: layers.Dense(64)),
-        "dense_long_sequence": ((8, 256), [1, -1] * 4, lambda: layers.Dense(256)),
+        "dense_long_sequence": ((8, 256), [1, -1] * 4, lambda: layers.Dense(256)),  # still the Gram form
+        "dense_256_positions": ((256, 16), [1, -1] * 128, lambda: layers.Dense(16)),  # G_i materialised
         "conv1d": ((3, 32), [1, -1, 1], lambda: layers.Conv1D(32, 2)),
         "conv2d": ((3, 3, 32), [[1, -1, 1], [-1, 1, -1], [1, -1, 1]], lambda: layers.Conv2D(32, 2)),
         "depthwise_conv2d": ((3, 3, 8), [[1, -1, 1], [-1, 1, -1], [1, -1, 1]], lambda: layers.DepthwiseConv2D(2)),
