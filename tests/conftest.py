@@ -28,6 +28,8 @@ BACKEND_NEUTRAL = frozenset(
         "test_backend.py",
         "test_batch_sizes.py",
         "test_callbacks.py",
+        "test_entry_points.py",
+        "test_ghost_cost.py",
         "test_sampling.py",
         "test_epoch_logs.py",
         "test_mechanism.py",

@@ -1,5 +1,6 @@
 """Tests for keras_dyndp.ghost_cost: the one choice of form for a bilinear weight's per-example norms and sum."""
 
+import numpy as np
 import pytest
 
 from keras_dyndp import ghost_cost
@@ -41,3 +42,36 @@ def test_the_form_chosen_costs_no_more_than_another_that_fits(positions, fan_in,
 
 def test_the_cap_is_what_a_batch_of_256_can_hold_in_64_mib():
     assert ghost_cost.MAX_MATERIALISED * 4 * 256 == 64 * 2**20
+
+
+def test_rounding_coefficients_per_form():
+    assert ghost_cost.rounding_coefficients(PER_EXAMPLE, 5, 3, 4) == (0.0, 0.0)
+    eps = ghost_cost.FLOAT32_EPSILON
+    assert ghost_cost.rounding_coefficients(NORMS, 160, 300, 300) == (0.0, eps * 162)
+    assert ghost_cost.rounding_coefficients(GRAM, 4, 300, 200) == (eps * (300 + 200 + 16 + 5), eps * 6)
+    # Partial Grams per kernel offset: dot products of k / pieces terms, then the pieces summed.
+    assert ghost_cost.rounding_coefficients(GRAM, 4, 9 * 256, 512, pieces=9)[0] == eps * (256 + 8 + 512 + 16 + 5)
+
+
+def test_the_float32_gram_form_with_its_bound_never_falls_below_the_exact_norm():
+    """Near-cancelling positions in numpy float32 (the Gram form's arithmetic, pairwise sums): the computed sum
+    alone falls far below the exact squared norm, or below 0; with the bound it never does."""
+    rng = np.random.default_rng(0)
+    k, c, positions, rows = 64, 32, 2, 200
+    direction = rng.normal(size=(rows, 1, k))
+    a = 1e4 * np.concatenate([direction, -direction], axis=1) + rng.normal(size=(rows, positions, k))
+    g = np.repeat(rng.normal(size=(rows, 1, c)), positions, axis=1)
+    a32, g32 = a.astype(np.float32), g.astype(np.float32)
+    exact = np.sum(np.einsum("btk,btc->bkc", a32.astype(np.float64), g32.astype(np.float64)) ** 2, axis=(1, 2))
+    gram = np.sum(np.einsum("btk,bsk->bts", a32, a32) * np.einsum("btc,bsc->bts", g32, g32), axis=(1, 2))
+    assert np.mean(gram < exact) > 0.2  # the attack: float32 loses many of them
+    magnitude = np.sum(np.linalg.norm(a32, axis=2) * np.linalg.norm(g32, axis=2), axis=1)
+    second, first = ghost_cost.rounding_coefficients(GRAM, positions, k, c)
+    bounded = ghost_cost.bounded_squared_norms(np, gram.astype(np.float64), magnitude, second, first)
+    assert np.all(bounded >= exact)
+
+
+def test_a_negative_or_nan_square_is_infinite_never_zero():
+    squared = np.array([-1.0, np.nan, 4.0])
+    bounded = ghost_cost.bounded_squared_norms(np, squared, np.zeros(3), 0.0, 0.0)
+    np.testing.assert_array_equal(bounded, [np.inf, np.inf, 4.0])
