@@ -1,6 +1,6 @@
 """What the ghost norms' rounding guarantee and the factor-0 selects cost: the DP step with them against the same
-step without them (the code before issue 38: squared norms as computed, a plain contraction of the factors),
-interleaved in one run, on the Keras backend this process runs (``KERAS_BACKEND``: tensorflow or jax).
+step without them (the code before the rounding bound of 2026-12-01: squared norms as computed, a plain contraction
+of the factors), interleaved in one run, on the Keras backend this process runs (``KERAS_BACKEND``: tensorflow or jax).
 
 Each variant is its own copy of the same model, ``make_private(model)`` with ``DynamicDPKerasSGD`` (ghost clipping
 wherever rules cover the layers), compiled by its first ``train_on_batch`` call; the "before" copy is traced with
