@@ -9,8 +9,8 @@ The schedule is the one measured in DESIGN.md: p = 250/60000, noise multiplier l
    `--reference_steps` steps one by one;
 3. `schedules.calibrate('dynamic', ...)` of a T-step schedule to epsilon 1.2 under each accountant, with the
    epsilon of the result under all three;
-4. with --calibration_examples, the examples of issue 9 (delta 1e-5), each calibrated under the default accountant
-   (PLD) and under the GDP-CLT: wall time, and the PLD epsilon of both schedules.
+4. with --calibration_examples, the calibration examples of docs/accounting.md (delta 1e-5), each calibrated under
+   the default accountant (PLD) and under the GDP-CLT: wall time, and the PLD epsilon of both schedules.
 
     python benchmarks/accounting.py --steps=4800 --reference_steps=200 --calibration_examples
 """
@@ -38,9 +38,11 @@ _REFERENCE_STEPS = flags.DEFINE_integer(
 _SAMPLING_PROBABILITY = flags.DEFINE_float("sampling_probability", 250 / 60000, "Poisson sampling probability p.")
 _DELTA = flags.DEFINE_float("delta", 1e-5, "Target delta.")
 _STEPS_PER_EPOCH = flags.DEFINE_integer("steps_per_epoch", 240, "Epoch length for the per-epoch curve.", lower_bound=1)
-_CALIBRATION_EXAMPLES = flags.DEFINE_bool("calibration_examples", False, "Also time issue 9's calibration examples.")
+_CALIBRATION_EXAMPLES = flags.DEFINE_bool(
+    "calibration_examples", False, "Also time docs/accounting.md's calibration examples."
+)
 
-# Issue 9's examples: (name, calibrate_shape arguments); delta 1e-5, constant clip 1.
+# The calibration examples: (name, calibrate_shape arguments); delta 1e-5, constant clip 1.
 _BOOSTED_END = np.ones(4800)
 _BOOSTED_END[-5:] = 3.0
 ISSUE_EXAMPLES = (

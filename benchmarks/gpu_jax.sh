@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the JAX backend (issues 14 and 28), as prepared device runs: non-private against keras_dyndp's
+# The GPU check of the JAX backend, as prepared device runs: non-private against keras_dyndp's
 # DP step (and jax_privacy's Keras API) on the paper's CNN and a WideResNet-16-4 (CIFAR-10 shapes), batch 256 and
 # 1024, with benchmarks/jax_step_time.py; then the same models in PyTorch, non-private against Opacus, on the same
 # GPU (benchmarks/opacus_step_time.py: the image's PyTorch, Opacus carried). Run from the repository root on the

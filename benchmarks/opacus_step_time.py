@@ -1,6 +1,6 @@
 """Opacus's DP-SGD step against PyTorch's non-private step on benchmarks/models.py's models, interleaved in one run.
 
-The comparison that issue 28's GPU goals name ("faster than Opacus on the same model and batch"): the same paper CNN
+The comparison the GPU goals name ("faster than Opacus on the same model and batch"): the same paper CNN
 and WideResNet-16-4 (GroupNorm 16, CIFAR-10 shapes) as ``jax_step_time.py``, written in PyTorch layer for layer
 (`cnn`, `wide_resnet`), trained on one fixed synthetic batch of the same shapes. Paths:
 

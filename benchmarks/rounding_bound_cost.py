@@ -70,7 +70,7 @@ def _data(name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 @contextlib.contextmanager
-def _before_issue_38():
+def _without_bound_and_selects():
     """While tracing: no rounding bound on the squared norms, no select of factor-0 rows."""
     saved = ghost_cost.bounded_squared_norms, backend_ops.kept_rows
     ghost_cost.bounded_squared_norms = lambda xp, squared, *args: squared
@@ -94,7 +94,7 @@ def _steps(name: str, before: bool):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
     )
     x, y = _data(name)
-    with _before_issue_38() if before else contextlib.nullcontext():
+    with _without_bound_and_selects() if before else contextlib.nullcontext():
         model.train_on_batch(x, y)
 
     def run(steps: int) -> float:

@@ -158,7 +158,7 @@ def _bilinear(op: Callable, inputs: Callable, whole_by_vjp: bool = False) -> Cal
     for its value), whose position inputs are ``inputs(layer, a)`` (`_Pieces`), in `ghost_cost`'s form for the
     shapes: the Gram norms, or each example's G_i (a batched matmul per piece; with ``whole_by_vjp``, where the
     inputs come whole, each example's vjp of its own op instead: the paper CNN's step was faster so on CPU, and has
-    fewer kernels, docs/jax.md); the sum from the G_i kept, or by book-keeping."""
+    fewer kernels, docs/performance.md); the sum from the G_i kept, or by book-keeping."""
 
     def norms_and_sums(layer, a, g):
         pieces, g_t = inputs(layer, a), _positions(g).astype(jnp.float32)

@@ -1,4 +1,4 @@
-"""The JAX DP step's secret noise key is in no compiled artifact, trace, dump or saved file (issue 38, item 4).
+"""The JAX DP step's secret noise key is in no compiled artifact, trace, dump or saved file.
 
 Before, the key was a constant of the compiled step: a profiler trace held it (also of a step compiled before the
 trace started), XLA printed it to stdout under ``--xla_dump_hlo_as_text``, and dumps and cache entries held it

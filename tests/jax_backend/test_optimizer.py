@@ -209,7 +209,7 @@ def _key_words(optimizer, state):
 
 
 def test_a_restore_through_keras_loading_draws_new_noise_at_the_same_step():
-    """A custom loop steps from `new_run`'s state: since the key became a runtime input (issue 38 item 4) the
+    """A custom loop steps from `new_run`'s state: since the key became a runtime input the
     variables hold none at rest, so the state read from them right after a restore (the nonce the restore gave
     before) is refused; `new_run` after the restore draws new noise at the same counter."""
     optimizer, step = _custom_loop_optimizer()
@@ -376,7 +376,7 @@ class _Batches(keras.utils.PyDataset):
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
 def test_a_refused_step_surfaces_at_the_epoch_end_and_no_later_step_of_it_is_applied():
-    """Issue 28 item 1: the refusal is read where Keras syncs the state (the epoch's end), not after every step; the
+    """The refusal is read where Keras syncs the state (the epoch's end), not after every step; the
     refused step and the rest of its epoch change nothing, so the result is the good first step's alone."""
     good, bad = _padded_batch(20, 24), _padded_batch(NUM_EXAMPLES, NUM_EXAMPLES)
     results = []
@@ -397,7 +397,7 @@ def test_a_refused_step_surfaces_at_the_epoch_end_and_no_later_step_of_it_is_app
 
 
 def test_the_jitted_train_step_calls_no_host():
-    """Issue 28 item 1: keys, budget and batch-size checks all inside the graph (random layers and microbatches
+    """Keys, budget and batch-size checks all inside the graph (random layers and microbatches
     included): the traced step holds no callback."""
     keras.utils.set_random_seed(0)
     model = make_private(keras.Sequential([keras.Input((5,)), keras.layers.Dropout(0.5), keras.layers.Dense(3)]))

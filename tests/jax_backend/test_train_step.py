@@ -695,7 +695,7 @@ def test_compiling_with_another_optimizer_traces_the_step_anew():
     assert update < 0.01  # the second schedule's: C / 4 rows plus noise of std C / 4 per coordinate
 
 
-# Issue 38, item 5: every way of driving a made-private model (``keras.Model.fit(model, ...)`` and
+# Every way of driving a made-private model (``keras.Model.fit(model, ...)`` and
 # ``keras.Model.train_on_batch(model, ...)`` called unbound, which skip the instance's wrappers, and
 # ``model.train_function`` after ``make_train_function``) runs the checks that protect the release.
 

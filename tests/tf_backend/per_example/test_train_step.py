@@ -425,7 +425,7 @@ def test_fit_on_a_poisson_dataset_gives_no_shuffle_warning():
     assert int(model.optimizer.dp_step) == 2
 
 
-# Issue 38, item 5: ``keras.Model.fit(model, ...)`` and ``keras.Model.train_on_batch(model, ...)`` called unbound
+# Every entry point: ``keras.Model.fit(model, ...)`` and ``keras.Model.train_on_batch(model, ...)`` called unbound
 # skip the instance's wrappers, and ``model.train_function`` runs without them: each entry point refuses or warns as
 # docs/privacy.md says. Keras 2 shows an unbound entry point's data nowhere: warned as unseen.
 UNBOUND_SEES_THE_DATA = keras_compat.KERAS_MAJOR_VERSION == 3
