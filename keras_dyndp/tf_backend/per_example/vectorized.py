@@ -1,8 +1,10 @@
 """Per-example clipping by ``tf.vectorized_map`` over single-example passes: any model, B gradients materialised.
 
-Where ``pfor`` fails while tracing, ``tf.map_fn`` runs the passes one by one (never the batch gradient). Recurrent
-models go to ``tf.map_fn`` directly: ``pfor`` turns their while-loop gradient into a graph that fails only when run
-("Tried to append a tensor with incompatible shape to a list"; Keras 3 RNNs after an Embedding, Keras 2 SimpleRNN).
+Where ``pfor`` fails while tracing, ``tf.map_fn`` runs the passes one by one (never the batch gradient). Some models
+go to ``tf.map_fn`` directly (`_pfor_fails_at_run_time`), where ``pfor`` builds a graph that fails only when run:
+recurrent models ("Tried to append a tensor with incompatible shape to a list"; Keras 3 RNNs after an Embedding,
+Keras 2 SimpleRNN), and Keras 3's EinsumDense and MultiHeadAttention, whose vectorized step killed the process with a
+segmentation fault at batch 32 (TF 2.21, Keras 3.15: EinsumDense "abc,cd->abd" on 16 x 32, batches 1-16 ran).
 """
 
 from __future__ import annotations
@@ -41,9 +43,7 @@ def clipped_sum(
 
     elems = (x, y, sample_weight)
     vectorized = False
-    # A recurrent cell (RNN, LSTM, GRU, ConvLSTM, also inside wrappers) goes to tf.map_fn (module docstring).
-    layers = keras_compat.flatten_layers(model)
-    if not any(isinstance(getattr(layer, "cell", None), keras.layers.Layer) for layer in layers):
+    if not _pfor_fails_at_run_time(model):
         try:
             grads, y_pred, losses = tf.vectorized_map(one_example, elems, fallback_to_while_loop=True)
             vectorized = True
@@ -66,3 +66,15 @@ def clipped_sum(
         )
     sums, norms = clip_and_noise.clip_by_global_norm_per_example(grads, clip_norm)
     return sums, norms, y_pred, losses
+
+
+def _pfor_fails_at_run_time(model: keras.Model) -> bool:
+    """Whether ``model`` has a layer whose ``pfor`` graph fails only when run (module docstring): a recurrent cell
+    (RNN, LSTM, GRU, ConvLSTM, also inside wrappers), or, on Keras 3, an EinsumDense or MultiHeadAttention."""
+    crashing = (
+        (keras.layers.EinsumDense, keras.layers.MultiHeadAttention) if keras_compat.KERAS_MAJOR_VERSION == 3 else ()
+    )
+    return any(
+        isinstance(getattr(layer, "cell", None), keras.layers.Layer) or isinstance(layer, crashing)
+        for layer in keras_compat.flatten_layers(model)
+    )
