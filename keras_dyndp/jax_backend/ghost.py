@@ -47,8 +47,10 @@ is 0 (``ops.weighted_sum``, ``ops.scaled_rows``: a select, as 0 x inf is NaN).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
+from typing import Any
 from typing import NamedTuple
 
 import jax
@@ -121,13 +123,20 @@ def _conv_inputs(layer: keras.layers.Layer, a: jax.Array) -> _Pieces:
     return shifts
 
 
-def _over_pieces(pieces: _Pieces, function: Callable[[jax.Array], jax.Array]) -> jax.Array:
-    """sum_j function(piece j), one piece at a time."""
+def _over_pieces(pieces: _Pieces, function: Callable[[jax.Array], Any]) -> Any:
+    """sum_j function(piece j), one piece at a time (``function`` may return a tuple of arrays: summed each)."""
     first = function(pieces.piece(0))
     if pieces.count == 1:
         return first
-    step = lambda total, index: (total + function(pieces.piece(index)), None)  # noqa: E731
+    add = functools.partial(jax.tree_util.tree_map, jnp.add)
+    step = lambda total, index: (add(total, function(pieces.piece(index))), None)  # noqa: E731
     return jax.lax.scan(step, first, jnp.arange(1, pieces.count))[0]
+
+
+def _with_position_squares(function: Callable[[jax.Array], jax.Array]) -> Callable:
+    """``piece -> (function(piece), ||piece_t||^2 [B, T])``: the positions' squared norms in the same pass over the
+    pieces (the rounding bound's ||a_t||, `_bounded`)."""
+    return lambda piece: (function(piece), jnp.sum(piece**2, axis=-1))
 
 
 _HIGHEST = jax.lax.Precision.HIGHEST  # norms in float32 on every device (a GPU's default is TensorFloat-32)
@@ -167,25 +176,28 @@ def _bilinear(op: Callable, inputs: Callable, whole_by_vjp: bool = False) -> Cal
             rows = _over_pieces(pieces, lambda piece: jnp.sum(piece[:, 0] ** 2, axis=1))
             return rows * jnp.sum(g_t[:, 0] ** 2, axis=1), book_keeping
         form = ghost_cost.form(g_t.shape[1], pieces.width, g_t.shape[2])
-        position_norms = lambda: jnp.sqrt(_over_pieces(pieces, lambda piece: jnp.sum(piece**2, axis=-1)))  # noqa: E731
-        bounded = lambda squared: _bounded(squared, position_norms(), g_t, form, pieces.width, pieces.count)  # noqa: E731
+
+        def bounded(squared, position_squares):
+            return _bounded(squared, jnp.sqrt(position_squares), g_t, form, pieces.width, pieces.count)
+
         if form == ghost_cost.GRAM:
-            gram = _over_pieces(pieces, lambda piece: jnp.einsum("btp,bsp->bts", piece, piece, precision=_HIGHEST))
+            gram = lambda piece: jnp.einsum("btp,bsp->bts", piece, piece, precision=_HIGHEST)  # noqa: E731
+            gram_a, position_squares = _over_pieces(pieces, _with_position_squares(gram))
             gram_g = jnp.einsum("btd,bsd->bts", g_t, g_t, precision=_HIGHEST)
-            return bounded(jnp.sum(jnp.sum(gram * gram_g, axis=2), axis=1)), book_keeping
+            return bounded(jnp.sum(jnp.sum(gram_a * gram_g, axis=2), axis=1), position_squares), book_keeping
         per_example = lambda piece, precision=None: jnp.einsum("btp,btd->bpd", piece, g_t, precision=precision)  # noqa: E731
         if whole_by_vjp and pieces.count == 1:
             kernel = jnp.zeros(layer.kernel.shape, jnp.float32)
             vjp = lambda a_i, g_i: jax.vjp(lambda k: op(layer, a_i, k), kernel)[1](g_i)[0]  # noqa: E731
             kept = jax.vmap(vjp)(a.astype(jnp.float32), g.astype(jnp.float32))[None]  # [1, B, *kernel]
         elif form == ghost_cost.PER_EXAMPLE_NORMS:
-            squared = _over_pieces(pieces, lambda piece: jnp.sum(per_example(piece, _HIGHEST) ** 2, axis=(1, 2)))
-            return bounded(squared), book_keeping
+            norm = lambda piece: jnp.sum(per_example(piece, _HIGHEST) ** 2, axis=(1, 2))  # noqa: E731
+            return bounded(*_over_pieces(pieces, _with_position_squares(norm))), book_keeping
         else:  # [pieces, B, p_j, d]
             kept = jax.lax.map(lambda index: per_example(pieces.piece(index)), jnp.arange(pieces.count))
         squared = jnp.sum(kept**2, axis=(0, *range(2, kept.ndim)))
-        if form == ghost_cost.PER_EXAMPLE_NORMS:
-            return bounded(squared), book_keeping
+        if form == ghost_cost.PER_EXAMPLE_NORMS:  # one piece: its positions' norms directly
+            return bounded(squared, jnp.sum(pieces.piece(0) ** 2, axis=-1)), book_keeping
         return squared, lambda f: [ops.weighted_sum(f, jnp.moveaxis(kept, 1, 0)).reshape(layer.kernel.shape)]
 
     return norms_and_sums

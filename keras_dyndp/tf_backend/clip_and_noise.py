@@ -50,21 +50,31 @@ def clip_by_global_norm_per_example(
     """``(clipped_sums, norms)``: each example's gradient clipped to global L2 norm ``clip_norm`` and summed, as one
     contraction of the factors with the gradients (None stays None), and the float32 [N] unclipped norms."""
     norms = per_example_global_norms(per_example_grads)
+    return clipped_sums(per_example_grads, norms, clip_norm), norms
+
+
+def clipped_sums(
+    per_example_grads: Sequence[tf.Tensor | None], norms: tf.Tensor, clip_norm: tf.Tensor | float
+) -> list[tf.Tensor | None]:
+    """Each example's gradient (one tensor [N, *shape] per variable; None stays None) clipped to ``clip_norm`` by its
+    global ``norms`` [N] (`per_example_global_norms`) and summed."""
     factors = clip_factors(norms, clip_norm)
-    return [None if grad is None else weighted_sum(factors, grad) for grad in per_example_grads], norms
+    return [None if grad is None else weighted_sum(factors, grad) for grad in per_example_grads]
+
+
+def _per_row(factors: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
+    """``factors`` [N] shaped to broadcast over the rows of ``tensor`` [N, ...]."""
+    return tf.reshape(factors, [-1] + [1] * (tensor.shape.rank - 1))
 
 
 def kept_rows(tensor: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
     """``tensor`` [N, ...] with exactly 0 in the rows whose factor is 0 (a select: 0 x inf and 0 x NaN are NaN)."""
-    keep = tf.reshape(factors > 0, tf.concat([[-1], tf.ones([tf.rank(tensor) - 1], tf.int32)], axis=0))
-    return tf.where(keep, tensor, tf.zeros([], tensor.dtype))
+    return tf.where(_per_row(factors > 0, tensor), tensor, tf.zeros([], tensor.dtype))
 
 
 def scaled_rows(tensor: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
     """Row i of ``tensor`` [N, ...] times ``factors[i]``; exactly 0 where the factor is 0 (`kept_rows`)."""
-    factors = tf.cast(factors, tensor.dtype)
-    scaled = tensor * tf.reshape(factors, tf.concat([[-1], tf.ones([tf.rank(tensor) - 1], tf.int32)], axis=0))
-    return kept_rows(scaled, factors)
+    return kept_rows(tensor * _per_row(tf.cast(factors, tensor.dtype), tensor), factors)
 
 
 def weighted_sum(factors: tf.Tensor, per_example: tf.Tensor) -> tf.Tensor:

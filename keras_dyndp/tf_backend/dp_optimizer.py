@@ -222,11 +222,13 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             replicas.global_sum(tf.stack([sampling_check.count_nonzero_rows(per_example_losses), num_rows]))
         )
         batch_size_check = self._sampling_check.assertion(min_examples, global_num_rows, global_num_rows)
-        finite = tf.reduce_all(tf.math.is_finite(clip_and_noise.per_example_global_norms(per_unit_grads)))
-        finite_check = tf.debugging.Assert(finite, [refusals.BATCHED_NON_FINITE_REFUSAL])
+        unit_norms = clip_and_noise.per_example_global_norms(per_unit_grads)
+        finite_check = tf.debugging.Assert(
+            tf.reduce_all(tf.math.is_finite(unit_norms)), [refusals.BATCHED_NON_FINITE_REFUSAL]
+        )
         with tf.control_dependencies([*self._step_checks(batch_size_check), finite_check]):
             clip_norm, sigma = self._schedule_values()
-        clipped_sums, _ = clip_and_noise.clip_by_global_norm_per_example(per_unit_grads, clip_norm)
+        clipped_sums = clip_and_noise.clipped_sums(per_unit_grads, unit_norms, clip_norm)
         # Each replica forms its own M microbatches.
         num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
         grads = self._private_update(clipped_sums, clip_norm, sigma, global_num_rows, num_microbatches)
