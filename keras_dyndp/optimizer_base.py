@@ -5,6 +5,7 @@ TensorFlow and no JAX: the optimizers of `keras_dyndp.tf_backend` and `keras_dyn
 
 from __future__ import annotations
 
+import inspect
 import threading
 import warnings
 import weakref
@@ -312,26 +313,92 @@ _SETTINGS = tuple(
 
 
 class DPOptimizerBase:
-    """The backend-neutral part of every DP optimizer. A backend's mixin (`keras_dyndp.tf_backend.
-    DynamicDPOptimizerMixin`, `keras_dyndp.jax_backend.optimizer.JaxDPOptimizerMixin`) subclasses it and builds the
-    mechanism in `_build_dp_state`: ``class DynamicDPKerasSGD(<backend mixin>, keras.optimizers.SGD)``.
+    """The arguments, checks, schedule and config every DP optimizer shares, on every backend.
+
+    `keras_dyndp.DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are
+    ``class DynamicDPKeras<Base>(<backend mixin>, keras.optimizers.<Base>)``: a backend's mixin
+    (`keras_dyndp.tf_backend.DynamicDPOptimizerMixin`, `keras_dyndp.jax_backend.JaxDPOptimizerMixin`) subclasses
+    this class and builds the mechanism in `_build_dp_state`; the Keras optimizer keeps its update rule.
+
+    Step k of T (the paper's t = k + 1) clips every per-example gradient to L2 norm C_t, adds Gaussian noise of
+    standard deviation sigma_t to their sum, divides by the expected batch size p N and applies the base update.
+    mu_t = C_t / sigma_t is the step's privacy cost (its Gaussian-DP parameter; the noise multiplier is 1 / mu_t).
+    Give either ``schedule`` or the budget arguments (``target_epsilon`` to ``accountant``), from which the
+    optimizer calibrates its schedule (`keras_dyndp.calibrate`): only mu_0 is solved for, so that the T steps spend
+    exactly the target. Du et al., "Dynamic Differential-Privacy Preserving SGD" (arXiv:2111.00173), Alg. 1 and 2.
 
     Args:
-      schedule: the `DPSchedule` to follow; or the budget arguments target_epsilon, target_delta, num_examples (N),
-        batch_size (p N), epochs or steps, method, initial_clip (C_0), rho_mu, rho_c (>= 1; default 1), accountant
-        ('pld' default, 'rdp', or 'gdp_clt', which warns when its PLD epsilon exceeds the target by > 5%).
-      num_microbatches: None clips every example; M >= 1 clips M random microbatches, with twice the noise.
-      expected_batch_size: p N, the public normaliser, which also lets every step refuse a batch size far outside
-        Binomial(N, p); required with ``schedule`` unless ``public_batch_size``. Multi-replica: the global batch's.
-      public_batch_size: True (``schedule`` only) divides by each batch's rows, stated public (fixed-size batches,
-        outside the Poisson accounting): no size check; Poisson batches and rows of sample weight 0 are refused.
-      accumulation_steps: k >= 1 physical batches per batch in `make_private`'s step, noise added once.
-      rescale_to_unit_norm: True divides by C_t as well (`keras_dyndp.mechanism`, step 4).
-      noise_seed: None: OS entropy (the only choice for a release); an integer >= 0 (tests): reproducible, with a
-        `NoiseSeedWarning`. Never serialised.
-      allow_degenerate_noise: True trains with noise multipliers outside [1e-4, 1e4], with a
-        `DegenerateNoiseWarning`: for tests only.
-      **kwargs: the base optimizer's arguments (learning_rate, ...).
+      schedule: a `DPSchedule` (C_t and sigma_t of every step, and p) from `keras_dyndp.calibrate`,
+        `keras_dyndp.calibrate_shape` or `DPSchedule.from_json`; instead of the budget arguments, and then
+        ``expected_batch_size`` (or ``public_batch_size``) is required. Default None.
+      target_epsilon: epsilon of the whole run (every step, every intermediate model released), a finite
+        float > 0. The paper's tables span 0.1 to 9 (MNIST at 0.4 to 1.2 in its Table 1); the README's run 1.2.
+      target_delta: delta of the whole run, in (0, 1). The paper uses 1 / (10 N); the README's run 1e-5.
+      num_examples: N, the number of training examples (``len(x)`` of the data given to
+        `keras_dyndp.poisson_batches`), an int >= 1. With ``batch_size`` it sets the sampling rate p = batch_size
+        / N, and with ``epochs`` the number of steps T. The paper's MNIST: 60000.
+      batch_size: the EXPECTED batch size p N of Poisson sampling, an int in [1, N]: each example joins each batch
+        with probability p, so batches vary in size around it. Also the normaliser of the noisy sum. The paper:
+        250 (p = 250 / 60000).
+      epochs: passes over the data, a float > 0: T = ceil(epochs * N / batch_size) steps. Give ``epochs`` or
+        ``steps``, not both. The authors' MNIST setting: 20 (T = 4800).
+      steps: T, the number of DP steps the budget covers, an int >= 1 (instead of ``epochs``). A step past T is
+        refused (`BudgetExhaustedError`); `keras_dyndp.BudgetStop` ends ``fit`` there.
+      method: the schedule's shape, one of `keras_dyndp.schedules.METHODS` or `BASELINES`, spelled as the code
+        spells them:
+        'vanilla' (constant C_t = C_0 and mu_t = mu_0: DP-SGD of Abadi et al. 2016);
+        'growing_mu' (Alg. 1: mu_t = rho_mu^(t/T) mu_0, constant clip: less noise as training goes on);
+        'sensitivity_decay' (C_t = rho_c^(-t/T) C_0 and sigma_t = C_t / mu_0: clip and noise shrink together);
+        'dynamic' (Alg. 2, both: C_t = rho_c^(-t/T) C_0, sigma_t = (C_0 / mu_0) (rho_mu rho_c)^(-t/T));
+        'zcdp', 'tcdp' (the paper's noise-decay baselines of Table 1, each calibrated by its own accountant:
+        constant clip C_0, noise multiplier decaying by rho_mu over the run; ``rho_c`` and ``accountant`` unused).
+      initial_clip: C_0, the L2 norm each per-example gradient is clipped to at the first step (in the units of
+        the gradient of the per-example loss), a finite float > 0. 'vanilla', 'growing_mu' and the baselines keep
+        it for every step. The paper: 1.5 (MNIST, Fashion-MNIST, names), 2 (IMDB).
+      rho_mu: mu_T / mu_0, how much the per-step privacy cost grows from the first step to the last, a float >= 1
+        (1: constant); used by 'growing_mu' and 'dynamic' (and by 'zcdp' / 'tcdp' as their noise decay z_0 / z_T).
+        Default None, which is 1. The paper sweeps 1 / rho_mu over 0.1, 0.2, ..., 0.8; the README's
+        ``rho_mu=1 / 0.8`` (1.25, the value research/ uses) writes that grid's 0.8: mu grows by 25%, so the last
+        steps get 1 / 1.25 of the first steps' noise multiplier.
+      rho_c: C_0 / C_T, how much the clipping norm decays from the first step to the last, a float >= 1 (1:
+        constant); used by 'sensitivity_decay' and 'dynamic'. Default None, which is 1. The paper sweeps 1 / rho_c
+        over 0.1, ..., 0.8; the README's ``rho_c=1 / 0.3`` (3.33, the value research/ uses) clips the last step
+        at 0.3 C_0.
+      accountant: how epsilon is computed for the calibration, 'pld' (default; a rigorous upper bound, the
+        tightest), 'rdp' (rigorous, looser) or 'gdp_clt' (the paper's Gaussian-DP central-limit approximation:
+        reproduces its tables but can understate epsilon; warns (`GdpCltUnderstatementWarning`) when the PLD
+        epsilon exceeds the target by more than 5%). Default None, which is 'pld'.
+      num_microbatches: None (default) clips every example on its own; an int M >= 1 puts each row of a batch in
+        one of M random microbatches, clips each microbatch's gradient and divides by M (TF-Privacy's
+        microbatches), with twice the noise (one example moves its microbatch's clipped gradient by up to 2 C_t).
+      expected_batch_size: p N, the public constant the noisy sum is divided by, a float > 0; it also lets every
+        step refuse a batch size far outside Binomial(N, p). Required with ``schedule`` unless
+        ``public_batch_size``; with the budget arguments it is ``batch_size`` (leave it out). Several replicas:
+        the global batch's.
+      public_batch_size: True (with ``schedule`` only) divides by each batch's number of rows instead, which you
+        state is public (fixed-size batches, outside the Poisson accounting): no batch-size check; Poisson batches
+        and rows of sample weight 0 are refused. Default False.
+      accumulation_steps: k, an int >= 1 (default 1): `make_private`'s step clips each batch in k physical batches
+        and adds the noise once (a logical batch larger than memory). Not with ``num_microbatches``.
+      rescale_to_unit_norm: True divides the noisy sum by C_t as well (per-example gradients rescaled to norm at
+        most 1, as De et al. 2022; the same release post-processed, so privacy is unchanged). Default False.
+      noise_seed: None (default): the noise's seed comes from OS entropy, never saved (the only choice for a
+        release); an int >= 0 (tests only) makes the noise reproducible, with a `NoiseSeedWarning`: whoever knows
+        the seed can remove the noise. Never serialised.
+      allow_degenerate_noise: True trains with noise multipliers outside [1e-4, 1e4] (no meaningful privacy),
+        with a `DegenerateNoiseWarning`: for tests only. Default False: refused.
+      **kwargs: the Keras optimizer's own arguments (``learning_rate``, ``momentum``, ``name``, ...). The paper's
+        MNIST runs use SGD with ``learning_rate=0.15``. Keras 3's ``gradient_accumulation_steps`` and
+        ``loss_scale_factor`` are refused (use ``accumulation_steps``).
+
+    Raises:
+      ValueError: an argument out of its range (naming it and the range), both or neither of ``schedule`` and the
+        budget arguments, a budget argument missing, ``public_batch_size`` with the budget arguments, noise
+        multipliers outside the accountants' range (`keras_dyndp.accounting.noise_range.NoiseOutOfRangeError`),
+        a refused Keras argument, or a backend or distribution strategy that cannot run the optimizer.
+      TypeError: ``schedule`` that is not a `DPSchedule`, or an argument of the wrong type.
+      CalibrationError: no noise scale meets the target with noise multipliers the accountant accepts (e.g. a
+        target so large that it needs almost no noise).
     """
 
     def __init__(
@@ -488,3 +555,11 @@ class DPOptimizerBase:
         optimizer = super().from_config(config, custom_objects=custom_objects)
         optimizer._private_train_step = private_train_step  # pylint: disable=protected-access
         return optimizer
+
+
+def optimizer_class_doc(summary: str) -> str:
+    """The docstring of a generated ``DynamicDPKeras<Base>`` class: ``summary``, then `DPOptimizerBase`'s
+    arguments and what it raises (so ``help()`` of the class explains every argument)."""
+    doc = inspect.cleandoc(DPOptimizerBase.__doc__ or "")
+    arguments = doc[doc.find("Args:") :] if "Args:" in doc else ""
+    return f"{summary}\n\n{arguments}".strip()

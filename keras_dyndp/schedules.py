@@ -269,7 +269,17 @@ def sampling_from_epochs(
     num_examples: int, batch_size: int, epochs: float | None = None, steps: int | None = None
 ) -> tuple[float, int]:
     """(p, T) of a run as TF-Privacy's `compute_dp_sgd_privacy` derives them: p = batch_size / num_examples (the
-    EXPECTED batch size) and T = `steps` or ceil(epochs * num_examples / batch_size); give exactly one of the two."""
+    EXPECTED batch size) and T = `steps` or ceil(epochs * num_examples / batch_size).
+
+    Args:
+      num_examples: N, the number of training examples, an int >= 1.
+      batch_size: the expected batch size p N, an int in [1, N].
+      epochs: passes over the data, a float > 0; give exactly one of ``epochs`` and ``steps``.
+      steps: T, an int >= 1.
+
+    Raises:
+      ValueError: on a value out of its range, or unless exactly one of ``epochs`` and ``steps`` is given.
+    """
     num_examples = validation.check_positive_int("num_examples", num_examples)
     batch_size = validation.check_positive_int("batch_size", batch_size)
     if batch_size > num_examples:
@@ -343,6 +353,15 @@ def calibrate_shape(
     under 'gdp_clt' mu_0 solves the CLT equation, and the rigorous epsilon may be far above the target (p =
     250/60000, T = 4800, the last 5 steps at 3x mu, delta 1e-5: GDP-CLT 1.0 is PLD 3.78). Returns the `DPSchedule`
     with `calibration` set.
+
+    Args:
+      clip_norms: C_t, the L2 clipping norm of each step (> 0): an array [T], a scalar or a callable of t = 1..T.
+      mu_shape: mu_t / mu_0, the shape of the per-step privacy cost (> 0): an array [T], a scalar or a callable.
+      target_epsilon: epsilon of the whole run, a finite float > 0.
+      target_delta: delta of the whole run, in (0, 1).
+      sampling_probability: p, the Poisson sampling rate, in (0, 1].
+      num_steps: T, an int >= 1.
+      accountant: 'pld' (default), 'rdp' or 'gdp_clt'.
 
     Raises:
       ValueError: on a bad argument; CalibrationError if no scale meets the target with noise multipliers the
@@ -420,10 +439,19 @@ def calibrate(
     `calibrate_shape`, which says what is raised.
 
     Args:
-      method: one of `METHODS`, or of `BASELINES` (`calibrate_baseline` with exponential noise decay rho_mu;
-        `rho_c` and `accountant` are checked but not used).
-      sampling_probability, num_steps: p = expected batch size / N and T (`sampling_from_epochs`).
-      rho_mu, rho_c: mu_T / mu_0 >= 1 and C_0 / C_T >= 1 (the paper sweeps 1/rho_mu in 0.1..0.8).
+      method: one of `METHODS` ('vanilla', 'growing_mu', 'sensitivity_decay', 'dynamic'), or of `BASELINES`
+        ('zcdp', 'tcdp': `calibrate_baseline` with exponential noise decay rho_mu; `rho_c` and `accountant` are
+        checked but not used). The shapes are explained under `keras_dyndp.optimizer_base.DPOptimizerBase`.
+      target_epsilon: epsilon of the whole run, a finite float > 0.
+      target_delta: delta of the whole run, in (0, 1) (the paper: 1 / (10 N)).
+      sampling_probability: p = expected batch size / N, in (0, 1] (`sampling_from_epochs`).
+      num_steps: T, the number of steps, an int >= 1.
+      initial_clip: C_0, the first step's clipping norm (L2, per example), a finite float > 0.
+      rho_mu: mu_T / mu_0 >= 1, the growth of the per-step privacy cost mu_t = C_t / sigma_t over the run
+        ('growing_mu', 'dynamic'). The paper sweeps 1 / rho_mu over 0.1, ..., 0.8; research/ uses 1 / 0.8.
+      rho_c: C_0 / C_T >= 1, the decay of the clipping norm over the run ('sensitivity_decay', 'dynamic'). The
+        paper sweeps 1 / rho_c over 0.1, ..., 0.8; research/ uses 1 / 0.3.
+      accountant: 'pld' (default), 'rdp' or 'gdp_clt' (the paper's approximation, which can understate epsilon).
 
     Example:
       >>> schedule = calibrate('dynamic', target_epsilon=1.2, target_delta=1e-5, sampling_probability=250 / 60000,

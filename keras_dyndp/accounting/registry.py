@@ -131,9 +131,16 @@ def get(name: str, argument: str = "accountant") -> Accountant:
 def make_accountant(
     name: str, *, pld_value_discretization_interval: float = DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL
 ) -> dp_accounting.PrivacyAccountant:
-    """A fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one) with nothing composed: 'gdp_clt'
-    (`GdpCltAccountant`), 'rdp' (`RdpAccountant`, default orders) or 'pld' (`PLDAccountant` on the grid
-    `pld_value_discretization_interval` > 0, used for 'pld' only; smaller is tighter and slower).
+    """A fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one) with nothing composed.
+
+    Args:
+      name: 'gdp_clt' (`GdpCltAccountant`, the paper's approximation), 'rdp' (`RdpAccountant`, default orders) or
+        'pld' (`PLDAccountant`).
+      pld_value_discretization_interval: the PLD's grid step, a float > 0, used for 'pld' only; smaller is tighter
+        and slower.
+
+    Raises:
+      ValueError: on an unknown ``name`` or an interval out of range.
     """
     entry = get(name, "name")
     if "value_discretization_interval" not in entry.option_checks:

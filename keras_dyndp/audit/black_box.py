@@ -56,11 +56,20 @@ def black_box_audit(
     """Trains ``model_fn()`` once on ``(x, y)`` plus the included canaries and audits the run.
 
     Args:
-        x, y: the user's inputs [N, ...] and integer class labels [N]; num_classes: default max(y) + 1.
+        x: the user's inputs [N, ...].
+        y: their integer class labels [N].
         model_fn: builds a fresh, uncompiled Keras model (logits out, unless ``loss`` says otherwise).
         optimizer_fn: ``optimizer_fn(num_examples)`` -> a keras_dyndp DP optimizer for that many training examples.
-        num_canaries: m (< N for 'mislabeled'); loss: per-example, to train and score (default: cross-entropy).
-        epochs: Keras epochs the schedule's T steps are spread over; num_guesses: as `audit_from_scores`'s.
+        num_canaries: m, an int >= 2 (< N for 'mislabeled').
+        canaries: 'mislabeled' (rows of ``x`` with a wrong label) or 'ood' (uniform noise over ``x``'s range).
+        num_classes: the number of classes, >= 2; default max(y) + 1.
+        loss: per-example, to train and score (default: sparse cross-entropy from logits).
+        epochs: Keras epochs the schedule's T steps are spread over, an int >= 1.
+        delta: the delta of the claimed epsilon and of the lower bounds, in (0, 1).
+        confidence: the confidence of the lower bounds, in (0, 1).
+        num_guesses: as `audit_from_scores`'s.
+        method: `make_private`'s method ('auto' default).
+        pad_to_multiple: as `keras_dyndp.poisson_batches`'s.
         seed: the canaries, their coin flips, the Poisson batches and the tie-breaking (not the optimizer's noise).
     """
     import keras_dyndp  # pylint: disable=import-outside-toplevel

@@ -67,7 +67,15 @@ class LayerRule(NamedTuple):
     ``variables(layer)`` it covers (its other variables keep per-example gradients); ``norms_and_sums(layer, a, g)``:
     the squared norms [B] of their per-example gradients together, and a function ``factors -> [sum_i factors_i
     (example i's gradient) for each variable]``; which configurations it ``supports``. The tap is before the layer's
-    activation where it has one, else its output."""
+    activation where it has one, else its output.
+
+    Attributes:
+      variables: ``variables(layer)``: the layer's trainable variables the rule covers.
+      norms_and_sums: ``norms_and_sums(layer, a, g)``, a the tapped input and g the loss's gradient at the tap
+        [B, ...]: the squared norms [B] of each example's gradient of those variables together, and a function
+        ``factors -> [sum_i factors_i (example i's gradient) for each variable]``.
+      supports: ``supports(layer)``: whether the rule covers this layer's configuration (default: always).
+    """
 
     variables: Callable[[keras.layers.Layer], list[keras.Variable]]
     norms_and_sums: Callable[[keras.layers.Layer, jax.Array, jax.Array], tuple[jax.Array, Callable]]
@@ -297,8 +305,19 @@ def register_layer_rule(
     norms_and_sums: Callable[[keras.layers.Layer, jax.Array, jax.Array], tuple[jax.Array, Callable]],
     supports: Callable[[keras.layers.Layer], bool] | None = None,
 ) -> None:
-    """Registers (or replaces) the rule of exactly ``layer_class`` (`LayerRule`'s parts; module docstring). TypeError
-    if ``layer_class`` is not a Keras layer class or a part is not callable."""
+    """Registers (or replaces) the ghost rule of exactly ``layer_class`` (module docstring). A wrong rule breaks
+    privacy silently: check it against the per-example ``jax.vmap`` path.
+
+    Args:
+      layer_class: the Keras layer class the rule covers (not its subclasses).
+      variables: ``variables(layer)``: the trainable variables the rule covers (`LayerRule.variables`).
+      norms_and_sums: ``norms_and_sums(layer, a, g)``: the per-example squared norms [B] and the weighted-sum
+        function (`LayerRule.norms_and_sums`).
+      supports: ``supports(layer)``: whether the rule covers this layer's configuration; None (default): always.
+
+    Raises:
+      TypeError: if ``layer_class`` is not a Keras layer class or a part is not callable.
+    """
     parts = {"variables": variables, "norms_and_sums": norms_and_sums, "supports": supports}
     validation.check_layer_rule(layer_class, keras.layers.Layer, parts, optional=("supports",))
     RULES[layer_class] = LayerRule(variables, norms_and_sums, supports or (lambda layer: True))

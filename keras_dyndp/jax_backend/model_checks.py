@@ -59,8 +59,10 @@ def check_model(model: keras.Model, inputs: Any, state: tuple[list, list] | None
     before a custom loop: ``keras_dyndp.check_model(model, x_train[:2])``.
 
     Args:
+        model: the built Keras model to be trained with DP-SGD.
         inputs: a batch as the model takes it (arrays or ``jax.ShapeDtypeStruct``s: shapes and dtypes only).
-        state: see `batch_dependent_writes`.
+        state: the (trainable, non-trainable) variable values to trace with when the variables hold none (inside
+            ``fit``); None (default): the model's own (`batch_dependent_writes`).
     """
     if not isinstance(model, keras.Model):
         raise refusals.not_a_model_error(model)

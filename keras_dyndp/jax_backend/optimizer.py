@@ -355,16 +355,25 @@ def _refuse_keras_train_step(model: keras.Model, optimizer: JaxDPOptimizerMixin,
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     """Returns ``DynamicDPKeras<BaseName>(JaxDPOptimizerMixin, base_cls)``, registered as
     'keras_dyndp>DynamicDPKeras<BaseName>' (the TensorFlow classes' names: a model saved on one backend loads on the
-    other). Raises TypeError if ``base_cls`` is not a subclass of ``keras.optimizers.Optimizer``."""
+    other). Its instances take the DP arguments of `keras_dyndp.optimizer_base.DPOptimizerBase` and ``base_cls``'s.
+
+    Args:
+      base_cls: the Keras 3 optimizer class whose update rule the DP optimizer applies to the noisy gradient, a
+        subclass of ``keras.optimizers.Optimizer`` (e.g. ``keras.optimizers.Lion``).
+
+    Raises:
+      TypeError: if ``base_cls`` is not a subclass of ``keras.optimizers.Optimizer``.
+    """
     if not (isinstance(base_cls, type) and issubclass(base_cls, keras.optimizers.Optimizer)):
         raise TypeError(
             f"`base_cls` must be a subclass of keras.optimizers.Optimizer. Received: base_cls={base_cls!r}."
         )
     class_name = f"DynamicDPKeras{base_cls.__name__}"
     namespace = {
-        "__doc__": f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on the JAX backend.\n\n"
-        "See `keras_dyndp.optimizer_base.DPOptimizerBase` for its arguments; other keyword arguments go to "
-        f"`{base_cls.__name__}`.",
+        "__doc__": optimizer_base.optimizer_class_doc(
+            f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on the JAX backend: its update "
+            f"rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
+        ),
         "__module__": "keras_dyndp.jax_backend",
         "__qualname__": class_name,
     }

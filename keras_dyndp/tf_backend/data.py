@@ -159,9 +159,20 @@ def make_poisson_batches(
 def shuffled_batches(
     x: Any, y: Any, batch_size: int, seed: int | None = None, *, sample_weight: Any = None
 ) -> tf.data.Dataset:
-    """Shuffle-and-slice ``(x, y, sample_weight)`` batches of ``batch_size`` rows in [1, N], a fresh permutation each
-    epoch: not Poisson sampling, so the accounting does not strictly hold (tensorflow/privacy #483). ``seed=None``
-    draws from OS entropy; ``sample_weight`` defaults to 1."""
+    """Shuffle-and-slice ``(x, y, sample_weight)`` batches, a fresh permutation each epoch: not Poisson sampling,
+    so the accounting does not strictly hold (tensorflow/privacy #483); `keras_dyndp.poisson_batches` is the
+    sampling the schedules account for.
+
+    Args:
+      x: the N examples' features (an array or a nest of arrays with N rows).
+      y: their labels, N rows, or None (unlabelled).
+      batch_size: rows per batch, an int in [1, N]; the last partial batch of an epoch is dropped.
+      seed: the shuffle's seed, an int; None (default) draws it from OS entropy.
+      sample_weight: per-example weights, N rows; None (default): 1 for every row.
+
+    Raises:
+      ValueError: if ``batch_size`` is outside [1, N] or the rows disagree.
+    """
     x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight)
     batch_size = validation.check_positive_int("batch_size", batch_size)
     if batch_size > num_examples:

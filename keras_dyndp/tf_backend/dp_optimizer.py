@@ -351,8 +351,14 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     """Returns ``DynamicDPKeras<BaseName>(DynamicDPOptimizerMixin, base_cls)``, a dynamic DP-SGD optimizer class
     keeping the base update rule and arguments, registered with Keras as 'keras_dyndp>DynamicDPKeras<BaseName>'.
+    Its instances take the DP arguments of `keras_dyndp.optimizer_base.DPOptimizerBase` and ``base_cls``'s own.
 
-    Raises TypeError unless ``base_cls`` subclasses `tf.keras.optimizers.Optimizer` (not ``optimizers.legacy``).
+    Args:
+      base_cls: the Keras optimizer class whose update rule the DP optimizer applies to the noisy gradient, a
+        subclass of `tf.keras.optimizers.Optimizer` (e.g. ``tf.keras.optimizers.Lion``).
+
+    Raises:
+      TypeError: unless ``base_cls`` subclasses `tf.keras.optimizers.Optimizer` (not ``optimizers.legacy``).
     """
     if not (isinstance(base_cls, type) and issubclass(base_cls, keras_compat.Optimizer)):
         raise TypeError(
@@ -361,9 +367,10 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
         )
     class_name = f"DynamicDPKeras{base_cls.__name__}"
     namespace = {
-        "__doc__": f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD.\n\n"
-        f"See `DynamicDPOptimizerMixin` for its arguments; other keyword arguments go to "
-        f"`{base_cls.__name__}`.",
+        "__doc__": optimizer_base.optimizer_class_doc(
+            f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on TensorFlow: its update "
+            f"rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
+        ),
         "__module__": "keras_dyndp.tf_backend",
         "__qualname__": class_name,
     }

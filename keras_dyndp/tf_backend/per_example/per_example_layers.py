@@ -27,7 +27,14 @@ def register_per_example_layer(layer_class: type) -> None:
     """Declares that ``layer_class``'s own ``call`` acts on each example alone (exactly this class), so models using
     it can take the ghost path: only if row i of its output depends on row i of its inputs alone, for every batch (no
     batch statistics, mixing of rows, use of a row's position or random draws), else privacy breaks silently. Its
-    trainable variables still need a rule. TypeError if ``layer_class`` is not a Keras layer class."""
+    trainable variables still need a rule (`register_layer_rule`).
+
+    Args:
+      layer_class: the Keras layer class declared (not its subclasses).
+
+    Raises:
+      TypeError: if ``layer_class`` is not a Keras layer class.
+    """
     if not (isinstance(layer_class, type) and issubclass(layer_class, keras.layers.Layer)):
         raise TypeError(f"`layer_class` must be a Keras layer class. Received: layer_class={layer_class!r}.")
     _declared.add(layer_class)

@@ -63,7 +63,15 @@ from keras_dyndp.tf_backend.per_example.taps import Tap
 
 @dataclasses.dataclass(frozen=True)
 class LayerRule:
-    """How ghost clipping handles one layer class (see the module docstring)."""
+    """How ghost clipping handles one layer class (see the module docstring): `register_layer_rule`'s parts.
+
+    Attributes:
+      call: ``call(tap)`` returns the layer's ``call`` for the tapped pass: the layer's output, computed from
+        ``tap.guard(inputs)`` and ``tap.weight(variable)``, with one ``tap.record(inputs, preactivation)``.
+      norms_and_sums: ``norms_and_sums(tap, g)``, g the loss's gradient at the recorded pre-activation [B, ...],
+        returns one `GhostGradient` per trainable variable (its per-example squared norms and weighted sum).
+      supports: ``supports(layer)`` says whether the rule covers this layer's configuration; None: always.
+    """
 
     call: Callable[[Tap], Callable]
     norms_and_sums: Callable[[Tap, tf.Tensor], list[GhostGradient]]
@@ -80,9 +88,21 @@ def register_layer_rule(
     norms_and_sums: Callable[[Tap, tf.Tensor], list[GhostGradient]],
     supports: Callable[[keras.layers.Layer], bool] | None = None,
 ) -> None:
-    """Registers (or replaces) the rule of exactly ``layer_class`` (module docstring). ``norms_and_sums`` runs
-    without AutoGraph (control flow on tensors needs ``tf.cond`` / ``tf.while_loop``). TypeError if
-    ``layer_class`` is not a Keras layer class or a part is not callable."""
+    """Registers (or replaces) the ghost-clipping rule of exactly ``layer_class`` (module docstring's example).
+
+    A wrong rule breaks privacy silently: check it against ``make_private(model, method='vectorized')``.
+
+    Args:
+      layer_class: the Keras layer class the rule covers (not its subclasses).
+      call: ``call(tap)`` returns the layer's ``call`` for the tapped pass (`LayerRule.call`).
+      norms_and_sums: ``norms_and_sums(tap, g)`` returns one `GhostGradient` per trainable variable
+        (`LayerRule.norms_and_sums`); runs without AutoGraph (control flow on tensors needs ``tf.cond`` /
+        ``tf.while_loop``).
+      supports: ``supports(layer)``: whether the rule covers this layer's configuration; None (default): always.
+
+    Raises:
+      TypeError: if ``layer_class`` is not a Keras layer class or a part is not callable.
+    """
     parts = {"call": call, "norms_and_sums": norms_and_sums, "supports": supports}
     validation.check_layer_rule(layer_class, keras.layers.Layer, parts, optional=("supports",))
     # Graph code without Python control flow on tensors: AutoGraph would convert it at each first trace.
