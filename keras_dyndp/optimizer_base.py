@@ -354,7 +354,7 @@ class DPOptimizerBase:
         constant clip C_0, noise multiplier decaying by rho_mu over the run; ``rho_c`` and ``accountant`` unused).
       initial_clip: C_0, the L2 norm each per-example gradient is clipped to at the first step (in the units of
         the gradient of the per-example loss), a finite float > 0. 'vanilla', 'growing_mu' and the baselines keep
-        it for every step. The paper: 1.5 (MNIST, Fashion-MNIST, names), 2 (IMDB).
+        it for every step. The paper: 1.5 (MNIST, names), 4 (Fashion-MNIST), 2 (IMDB).
       rho_mu: mu_T / mu_0, how much the per-step privacy cost grows from the first step to the last, a float >= 1
         (1: constant); used by 'growing_mu' and 'dynamic' (and by 'zcdp' / 'tcdp' as their noise decay z_0 / z_T).
         Default None, which is 1. The paper sweeps 1 / rho_mu over 0.1, 0.2, ..., 0.8; the README's

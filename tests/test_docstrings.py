@@ -1,16 +1,19 @@
 """Every public constructor and function explains each of its arguments where ``help()`` and the API reference
-read it: an entry in its docstring's Google-style ``Args:`` (or, for a dataclass, ``Attributes:``) section.
+read it: an entry in its docstring's Google-style ``Args:`` (or, for a dataclass, ``Attributes:``) section; the
+README's usage comments each of the optimizer's arguments.
 
 Runs on every stack: the Keras-based names resolve to the backend in use (TensorFlow's or JAX's).
 """
 
 import inspect
+import pathlib
 import re
 
 import pytest
 
 import keras_dyndp
 from keras_dyndp import optimizer_base
+from keras_dyndp import schedules
 
 _SECTION = re.compile(r"^(?P<indent>\s*)(Args|Arguments|Attributes):\s*$")
 _ENTRY = re.compile(r"^(?P<name>\*{0,2}\w+)(\s*\([^)]*\))?:\s*(?P<text>.*)$")
@@ -108,3 +111,17 @@ def test_every_public_name_explains_its_arguments(name):
     documented = documented_arguments(_doc(value))
     missing = [arg for arg in _parameters(value) if arg not in documented]
     assert not missing, f"keras_dyndp.{name}'s docstring has no Args entry for {missing}"
+
+
+def test_readme_usage_comments_every_argument_in_one_line():
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    call = re.search(r"^optimizer = keras_dyndp\.DynamicDPKerasSGD\(\n(.*?)^\)", readme, re.S | re.M)
+    assert call is not None, "README's usage block no longer builds DynamicDPKerasSGD"
+    arguments = {}
+    for line in call.group(1).splitlines():
+        name, _, comment = line.strip().partition("#")
+        arguments[name.split("=")[0].strip()] = comment.strip()
+    dp_arguments = set(_parameters(optimizer_base.DPOptimizerBase.__init__))
+    assert set(arguments) - dp_arguments == {"learning_rate"}, "an argument the DP optimizers do not take"
+    assert all(arguments.values()), f"README's usage leaves {[n for n, c in arguments.items() if not c]} unexplained"
+    assert all(f'"{method}"' in arguments["method"] for method in schedules.METHODS)
