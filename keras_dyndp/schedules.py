@@ -37,8 +37,11 @@ from keras_dyndp.accounting import scale_search
 from keras_dyndp.accounting.scale_search import CalibrationError
 
 METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
-# The paper's noise-decay baselines (its Table 1), each calibrated by its own accountant (`accounting.cdp`).
+"""The paper's schedules, `calibrate`'s and the optimizers' ``method``: constant clip and noise (Abadi et al. 2016),
+growing mu_t (Alg. 1), a decaying clip, and both (Alg. 2)."""
 BASELINES = cdp.NAMES
+"""The paper's noise-decay baselines (its Table 1), 'zcdp' and 'tcdp', each calibrated by its own accountant
+(`accounting.cdp`)."""
 ALL_METHODS = METHODS + BASELINES
 # A schedule calibrated under the GDP-CLT is flagged when its PLD epsilon exceeds the target by more than this.
 GDP_CLT_WARNING_RATIO = 1.05
