@@ -359,7 +359,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
 
     Args:
       base_cls: the Keras 3 optimizer class whose update rule the DP optimizer applies to the noisy gradient, a
-        subclass of ``keras.optimizers.Optimizer`` (e.g. ``keras.optimizers.Lion``).
+        subclass of ``keras.optimizers.Optimizer`` (e.g. ``keras.optimizers.Nadam``).
 
     Raises:
       TypeError: if ``base_cls`` is not a subclass of ``keras.optimizers.Optimizer``.
@@ -372,7 +372,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     namespace = {
         "__doc__": optimizer_base.optimizer_class_doc(
             f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on the JAX backend: its update "
-            f"rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
+            "rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
         ),
         "__module__": "keras_dyndp.jax_backend",
         "__qualname__": class_name,

@@ -355,7 +355,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
 
     Args:
       base_cls: the Keras optimizer class whose update rule the DP optimizer applies to the noisy gradient, a
-        subclass of `tf.keras.optimizers.Optimizer` (e.g. ``tf.keras.optimizers.Lion``).
+        subclass of `tf.keras.optimizers.Optimizer` (e.g. ``tf.keras.optimizers.Nadam``).
 
     Raises:
       TypeError: unless ``base_cls`` subclasses `tf.keras.optimizers.Optimizer` (not ``optimizers.legacy``).
@@ -369,7 +369,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     namespace = {
         "__doc__": optimizer_base.optimizer_class_doc(
             f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on TensorFlow: its update "
-            f"rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
+            "rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
         ),
         "__module__": "keras_dyndp.tf_backend",
         "__qualname__": class_name,
