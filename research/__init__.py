@@ -4,7 +4,7 @@ Research code over keras_dyndp, kept apart from the short trainers of examples/ 
 
 * `research.training`: the shared trainer (absl flags -> `RunConfig` -> `train`): schedule calibration, Poisson
   batches, checkpoints and resume, tf.distribute, the privacy report and a results CSV row per run.
-* one module per task of the paper, each a `training.Task` (data, model, the paper's hyperparameters) and its
+* one module per task of the paper, each a `run_config.Task` (data, model, the paper's hyperparameters) and its
   command: `digits`, `mnist`, `fashion_mnist`, `imdb`, `names`, `chest_xray`, `federated_mnist`;
   `research.tasks` lists them for the drivers.
 * `research.datasets`: the offline loaders (nothing is downloaded; a missing dataset says where it looked);

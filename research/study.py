@@ -53,20 +53,22 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from absl import app
 from absl import flags
-from absl import logging
 from scipy.stats import qmc
 
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from keras_dyndp import cli
+from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
-from research import datasets
+from research import results
+from research import run_config
+from research import run_flags
 from research import tasks
-from research import training
+from research import trainer
 
-flags.adopt_module_key_flags(training)
+flags.adopt_module_key_flags(run_flags)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +159,7 @@ def configurations(contender: str, space: SearchSpace, budget: int, search_seed:
     return result
 
 
-def validation_task(task: training.Task, fraction: float, seed: int = 0) -> training.Task:
+def validation_task(task: run_config.Task, fraction: float, seed: int = 0) -> run_config.Task:
     """`task` with its data replaced by a split of its training set: `fraction` of it (a fixed random subset) as
     the "test" set the run evaluates on, the rest as the training set. The task's test set is not passed on."""
 
@@ -209,8 +211,8 @@ class Study:
 
     def __init__(
         self,
-        task: training.Task,
-        base: training.RunConfig,
+        task: run_config.Task,
+        base: run_config.RunConfig,
         study_dir: str,
         *,
         epsilons: list[float],
@@ -240,7 +242,7 @@ class Study:
     def _run(self, phase: str, epsilon: float, contender: str, index: int, values: dict, seed: int) -> None:
         task = self.task if phase == "final" else validation_task(self.task, self.validation_fraction)
         config = dataclasses.replace(self.base, epsilon=epsilon, seed=seed, **values)
-        result = training.train(task, config)
+        result = trainer.train(task, config)
         keras.backend.clear_session()
         steps = result.steps
         row = {
@@ -252,12 +254,12 @@ class Study:
             "epsilon_pld": result.schedule.epsilon(result.config.delta, accountant="pld", steps=steps),
             "epsilon_rdp": result.schedule.epsilon(result.config.delta, accountant="rdp", steps=steps),
         }
-        training.append_csv_row(self.csv_path, row)
+        results.append_csv_row(self.csv_path, row)
 
     def _done(self) -> dict[tuple, dict]:
         return {
             _key(row["phase"], row["epsilon"], row["contender"], row, row["seed"]): row
-            for row in training.read_csv_rows(self.csv_path)
+            for row in results.read_csv_rows(self.csv_path)
         }
 
     def run(self) -> list[dict]:
@@ -411,10 +413,10 @@ def plot(rows: list[dict], path: str) -> None:
 def _range(name: str, low_bound: float, high_bound: float) -> tuple[float, float]:
     numbers = tasks.floats(name, FLAGS[name].value, -math.inf, math.inf)
     if len(numbers) != 2:
-        raise training.FlagError(f"--{name} takes two numbers, lo,hi. Received: {FLAGS[name].value}.")
+        raise run_config.FlagError(f"--{name} takes two numbers, lo,hi. Received: {FLAGS[name].value}.")
     low, high = numbers
     if not low_bound < low <= high <= high_bound:
-        raise training.FlagError(f"--{name} must be lo,hi with {low_bound:g} < lo <= hi <= {high_bound:g}.")
+        raise run_config.FlagError(f"--{name} must be lo,hi with {low_bound:g} < lo <= hi <= {high_bound:g}.")
     return low, high
 
 
@@ -435,28 +437,28 @@ _PER_RUN_FLAGS = (
 
 
 def study_from_flags() -> Study:
-    """The `Study` the command line asks for; bad values raise `training.FlagError` naming the flag."""
+    """The `Study` the command line asks for; bad values raise `run_config.FlagError` naming the flag."""
     if not FLAGS.study_dir:
-        raise training.FlagError("--study_dir is required.")
+        raise run_config.FlagError("--study_dir is required.")
     given = [f"--{name}" for name in _PER_RUN_FLAGS if FLAGS[name].present]
     if given:
-        raise training.FlagError(
+        raise run_config.FlagError(
             f"{', '.join(given)}: set by the study for each run (contenders, --epsilons, --tune_seed and "
             "--final_seeds; calibration and report under PLD; results in --study_dir). Leave them out."
         )
     unknown = [name for name in FLAGS.contenders if name not in CONTENDERS]
     if unknown or not FLAGS.contenders:
-        raise training.FlagError(f"--contenders must be among {list(CONTENDERS)}. Received: {FLAGS.contenders}.")
+        raise run_config.FlagError(f"--contenders must be among {list(CONTENDERS)}. Received: {FLAGS.contenders}.")
     if FLAGS.budget < 1:
-        raise training.FlagError(f"--budget must be >= 1. Received: {FLAGS.budget}.")
+        raise run_config.FlagError(f"--budget must be >= 1. Received: {FLAGS.budget}.")
     if not 0 < FLAGS.validation_fraction <= 0.5:
-        raise training.FlagError(f"--validation_fraction must be in (0, 0.5]. Received: {FLAGS.validation_fraction}.")
+        raise run_config.FlagError(f"--validation_fraction must be in (0, 0.5]. Received: {FLAGS.validation_fraction}.")
     task = tasks.TASK_MODULES[FLAGS.task].make_task()
     epsilons = tasks.epsilons_from_flag(task.epsilon)
     try:
         final_seeds = tuple(int(seed) for seed in FLAGS.final_seeds)
     except ValueError as error:
-        raise training.FlagError(f"--final_seeds must be integers: {error}") from error
+        raise run_config.FlagError(f"--final_seeds must be integers: {error}") from error
     space = SearchSpace(
         learning_rate=task.learning_rate if FLAGS.learning_rate is None else FLAGS.learning_rate,
         initial_clip=task.initial_clip if FLAGS.initial_clip is None else FLAGS.initial_clip,
@@ -467,7 +469,7 @@ def study_from_flags() -> Study:
     )
     return Study(
         task,
-        training.config_from_flags(),
+        run_flags.config_from_flags(),
         FLAGS.study_dir,
         epsilons=epsilons,
         contenders=list(FLAGS.contenders),
@@ -480,18 +482,10 @@ def study_from_flags() -> Study:
     )
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        print(f"study: error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(2)
-    logging.set_verbosity(logging.WARNING)
+def main() -> None:
     tf.get_logger().setLevel("ERROR")
-    try:
-        study = study_from_flags()
-        rows = study.run()
-    except (training.FlagError, datasets.DataNotFoundError) as error:
-        print(f"study: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    study = study_from_flags()
+    rows = study.run()
     table = markdown_table(rows)
     with open(os.path.join(study.study_dir, "study.md"), "w") as handle:
         handle.write(table)
@@ -500,4 +494,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=training.parse_flags)
+    cli.run(main)

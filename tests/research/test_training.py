@@ -13,11 +13,16 @@ import tensorflow as tf
 from absl import flags
 from absl.testing import flagsaver
 
+from keras_dyndp import cli
+from keras_dyndp import datasets
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
-from research import datasets
+from research import batches
 from research import digits
-from research import training
+from research import results
+from research import run_config
+from research import run_flags
+from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = [
@@ -28,10 +33,10 @@ FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _train(**overrides) -> training.RunResult:
+def _train(**overrides) -> results.RunResult:
     settings = dict(seed=0, verbose=0, epochs=2.0, batch_size=64)
     settings.update(overrides)
-    return training.train(digits.make_task(), training.RunConfig(**settings))
+    return trainer.train(digits.make_task(), run_config.RunConfig(**settings))
 
 
 def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
@@ -81,22 +86,22 @@ def test_results_csv_of_an_earlier_version_gets_the_new_columns_before_a_row_is_
     old_columns += "steps total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous rigorous_accountant wall_time_s"
     old_row = "digits vanilla 1.0 1e-05 1.0 1.0 1.0 0.5 64 2.0 poisson 0 3 46 0.5 0.9 1.1 pld 3.0"
     path.write_text(",".join(old_columns.split()) + "\n" + ",".join(old_row.split()) + "\n")
-    config = training.RunConfig(method="nonprivate", lr_decay=2.0).resolved(digits.make_task(), 1437)
-    result = training.RunResult("digits", config, 1, 23, 0.5, math.inf, math.inf, 1.0)
-    training.append_results_csv(str(path), result)
+    config = run_config.RunConfig(method="nonprivate", lr_decay=2.0).resolved(digits.make_task(), 1437)
+    result = results.RunResult("digits", config, 1, 23, 0.5, math.inf, math.inf, 1.0)
+    results.append_results_csv(str(path), result)
     with open(path) as handle:
         old, new = list(csv.DictReader(handle))
     assert (old["lr_decay"], old["rescale_to_unit_norm"], old["learning_rate"]) == ("1.0", "False", "0.5")
     assert (new["lr_decay"], new["method"]) == ("2.0", "nonprivate")
     assert list(old) == list(new) == list(result.csv_row())
     path.write_text("task,other\ndigits,1\n")
-    with pytest.raises(training.FlagError, match="columns this program does not write"):
-        training.append_results_csv(str(path), result)
+    with pytest.raises(run_config.FlagError, match="columns this program does not write"):
+        results.append_results_csv(str(path), result)
 
 
 def test_learning_rate_decays_geometrically_over_the_run_like_the_clip():
-    config = training.RunConfig(learning_rate=0.8, lr_decay=4.0)
-    rate = training.learning_rate(config, num_steps=10)
+    config = run_config.RunConfig(learning_rate=0.8, lr_decay=4.0)
+    rate = trainer.learning_rate(config, num_steps=10)
     assert [float(rate(k)) for k in (-1, 4, 9)] == pytest.approx([0.8, 0.4, 0.2])  # lr_t at the counter's k = t - 1
     clips = schedules.calibrate(
         "sensitivity_decay",
@@ -108,15 +113,15 @@ def test_learning_rate_decays_geometrically_over_the_run_like_the_clip():
         rho_c=4.0,
     ).clip_norms
     assert [float(rate(k)) for k in range(10)] == pytest.approx(list(clips))  # the clip decay's family and index
-    assert training.learning_rate(training.RunConfig(learning_rate=0.8), num_steps=10) == 0.8
+    assert trainer.learning_rate(run_config.RunConfig(learning_rate=0.8), num_steps=10) == 0.8
 
 
 def test_lr_decay_and_rescaling_reach_the_optimizer(tmp_path):
-    config = training.RunConfig(
+    config = run_config.RunConfig(
         learning_rate=0.5, lr_decay=2.0, rescale_to_unit_norm=True, optimizer="sgd", batch_size=64
     ).resolved(digits.make_task(), 1437)
-    schedule, _, num_steps = training.make_schedule(config, 1437)
-    optimizer = training.make_optimizer(config, schedule, num_steps)
+    schedule, _, num_steps = trainer.make_schedule(config, 1437)
+    optimizer = trainer.make_optimizer(config, schedule, num_steps)
     assert optimizer.rescale_to_unit_norm
     assert float(optimizer.learning_rate) == pytest.approx(0.5 * 2.0 ** (-1 / num_steps))
     result = _train(max_steps=2, lr_decay=2.0, rescale_to_unit_norm=True, results_csv=str(tmp_path / "r.csv"))
@@ -128,16 +133,16 @@ def test_lr_decay_and_rescaling_reach_the_optimizer(tmp_path):
 
 def test_config_from_flags_reads_each_flag_into_its_field():
     with flagsaver.flagsaver():
-        training.parse_flags(
+        cli.parse_flags(
             ["digits.py", "--method=zcdp", "--epochs=2", "--max_steps=3", "--verbose=0", "--training_metrics"]
         )
-        config = training.config_from_flags()
-        assert config == training.RunConfig(method="zcdp", epochs=2.0, max_steps=3, verbose=0, training_metrics=True)
+        config = run_flags.config_from_flags()
+        assert config == run_config.RunConfig(method="zcdp", epochs=2.0, max_steps=3, verbose=0, training_metrics=True)
         # An --accountant left at its default is the method's own; one given is refused for a baseline.
         assert config.resolved(digits.make_task(), 1437).accountant == "zcdp"
-        training.parse_flags(["digits.py", "--method=zcdp", "--accountant=pld"])
-        config = training.config_from_flags()
-    with pytest.raises(training.FlagError, match="--method=zcdp is calibrated by its own accountant"):
+        cli.parse_flags(["digits.py", "--method=zcdp", "--accountant=pld"])
+        config = run_flags.config_from_flags()
+    with pytest.raises(run_config.FlagError, match="--method=zcdp is calibrated by its own accountant"):
         config.resolved(digits.make_task(), 1437)
 
 
@@ -146,7 +151,7 @@ def test_full_budget_run_spends_the_target_under_the_pld_by_default(capsys):
     result = _train(epochs=1.0, batch_size=256, epsilon=2.0, method="sensitivity_decay")
     assert result.steps == result.total_steps == math.ceil(1437 / 256)
     assert result.rigorous_accountant == "pld" and 1.998 <= result.epsilon_rigorous <= 2.0
-    assert result.config.accountant == "pld" and training.RunConfig().report_accountant == "pld"
+    assert result.config.accountant == "pld" and run_config.RunConfig().report_accountant == "pld"
     assert result.epsilon_gdp_clt < 1.5  # 6 steps at p = 0.18: far from the CLT's regime.
     assert "budget calibrated under pld: target epsilon 2" in capsys.readouterr().out
 
@@ -164,13 +169,13 @@ def test_baseline_methods_spend_their_own_budget(method, capsys):
     assert result.steps == result.total_steps and own == pytest.approx(2.0, abs=1e-4)
     # Both baselines account more loosely than RDP: the rigorous epsilon of the same noise is lower.
     assert result.epsilon_rigorous < own and result.config.rho_mu == 1.25
-    with pytest.raises(training.FlagError, match=f"--method={method} is calibrated by its own accountant"):
+    with pytest.raises(run_config.FlagError, match=f"--method={method} is calibrated by its own accountant"):
         _train(method=method, accountant="rdp", max_steps=1)
 
 
 def test_tcdp_outside_its_subsampling_theorem_is_a_flag_error():
     # p = 256 / 1437 = 0.18: Bun et al.'s theorem needs a sampling fraction <= 0.1.
-    with pytest.raises(training.FlagError, match=r"`sampling_probability` must be <= 0.1 for the tCDP baseline"):
+    with pytest.raises(run_config.FlagError, match=r"`sampling_probability` must be <= 0.1 for the tCDP baseline"):
         _train(epochs=1.0, batch_size=256, method="tcdp")
 
 
@@ -196,9 +201,9 @@ def test_resume_restores_the_step_counter_and_refuses_another_schedule(tmp_path,
     assert f"Resumed from {model_dir} at step 3 of 45." in capsys.readouterr().out
     # A finished run is not trained further: rerunning only evaluates and reports.
     assert _train(model_dir=model_dir, max_steps=7).steps == 7
-    with pytest.raises(training.FlagError, match="different DP schedule"):
+    with pytest.raises(run_config.FlagError, match="different DP schedule"):
         _train(model_dir=model_dir, epsilon=1.0)
-    with pytest.raises(training.FlagError, match="method"):
+    with pytest.raises(run_config.FlagError, match="method"):
         _train(model_dir=model_dir, method="nonprivate")
 
 
@@ -222,7 +227,7 @@ def test_model_dir_gets_the_privacy_curve_at_the_epoch_ends(tmp_path, capsys, mo
 
 
 def test_batch_size_larger_than_data_is_a_flag_error():
-    with pytest.raises(training.FlagError, match="--batch_size must be <= N = 1437"):
+    with pytest.raises(run_config.FlagError, match="--batch_size must be <= N = 1437"):
         _train(batch_size=2000)
 
 
@@ -241,7 +246,7 @@ def test_batch_size_larger_than_data_is_a_flag_error():
 def test_bad_flag_exits_2_with_one_line(argument, capsys):
     with flagsaver.flagsaver():
         with pytest.raises(SystemExit) as exit_info:
-            training.parse_flags(["digits.py", argument])
+            cli.parse_flags(["digits.py", argument])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("digits.py: error: flag " + argument.split("=")[0])
@@ -252,7 +257,7 @@ def test_missing_data_exits_2_with_one_line(capsys):
         def load():
             raise datasets.DataNotFoundError("nothing in /nowhere. Get it with: magic.")
 
-        return training.Task(
+        return run_config.Task(
             name="x",
             load_data=load,
             build_model=digits.build_model,
@@ -264,7 +269,7 @@ def test_missing_data_exits_2_with_one_line(capsys):
         )
 
     with pytest.raises(SystemExit) as exit_info:
-        training.main_for(task)(["x.py"])
+        cli.main_for(lambda: trainer.train(task(), run_flags.config_from_flags()))(["x.py"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == "x.py: error: nothing in /nowhere. Get it with: magic."
 
@@ -317,20 +322,20 @@ def test_generic_jacobian_path_runs():
 
 def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp_path, monkeypatch):
     noise_seeds, batch_seeds = [], []
-    plain_cls, dp_cls = training.OPTIMIZERS["sgd"]
+    plain_cls, dp_cls = trainer.OPTIMIZERS["sgd"]
 
     def recording_dp_cls(**kwargs):
         noise_seeds.append(kwargs["noise_seed"])
         return dp_cls(**kwargs)
 
-    real_train_batches = training.train_batches
+    real_train_batches = batches.train_batches
 
     def recording_train_batches(config, data, p, seed, num_steps, **kwargs):
         batch_seeds.append(seed)
         return real_train_batches(config, data, p, seed, num_steps, **kwargs)
 
-    monkeypatch.setitem(training.OPTIMIZERS, "sgd", (plain_cls, recording_dp_cls))
-    monkeypatch.setattr(training, "train_batches", recording_train_batches)
+    monkeypatch.setitem(trainer.OPTIMIZERS, "sgd", (plain_cls, recording_dp_cls))
+    monkeypatch.setattr(batches, "train_batches", recording_train_batches)
     model_dir = str(tmp_path / "run")
     _train(model_dir=model_dir, max_steps=3)
     _train(model_dir=model_dir, max_steps=6)  # resumed at step 3
@@ -338,7 +343,7 @@ def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp
     assert noise_seeds[2] is None and batch_seeds[2] is None  # no --seed: OS entropy for both
     seeds = noise_seeds[:2] + batch_seeds[:2]
     assert None not in seeds and len(set(seeds)) == 4  # per resume point, and noise apart from batches
-    assert noise_seeds[1] == training._derived_seed(0, 3, training._NOISE_STREAM)  # reproducible from --seed
+    assert noise_seeds[1] == batches.derived_seed(0, 3, batches.NOISE_STREAM)  # reproducible from --seed
 
 
 @pytest.mark.parametrize(
@@ -353,7 +358,7 @@ def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp
     ],
 )
 def test_epoch_segments_cover_the_steps_with_true_epoch_lengths(start, stop, lengths, expected):
-    segments = training.epoch_segments(start, stop, lengths)
+    segments = batches.epoch_segments(start, stop, lengths)
     assert segments == expected
     assert sum((epochs - initial) * steps for initial, epochs, steps in segments) == stop - start
 
@@ -369,7 +374,7 @@ def test_epoch_segments_cover_the_steps_with_true_epoch_lengths(start, stop, len
 )
 def test_epoch_lengths_count_the_epochs_the_flag_asks_for(sampling, epochs, num_steps, expected):
     config = types.SimpleNamespace(sampling=sampling, epochs=epochs, batch_size=64)
-    lengths = training.epoch_lengths(config, num_steps, 1437)
+    lengths = batches.epoch_lengths(config, num_steps, 1437)
     assert lengths == expected and sum(lengths) == num_steps
 
 
