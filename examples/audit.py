@@ -40,11 +40,8 @@ from keras_dyndp.audit import white_box_audit  # noqa: E402
 keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 
 flags.DEFINE_list("epsilons", ["2", "8"], "Claimed epsilons (PLD accountant) to calibrate and audit.")
-flags.register_validator(
-    "epsilons",
-    lambda values: all(value.replace(".", "", 1).isdigit() and float(value) > 0 for value in values),
-    message="--epsilons must be a comma-separated list of numbers > 0, e.g. --epsilons=2,8.",
-)
+_BAD = "--epsilons must be a comma-separated list of numbers > 0, e.g. --epsilons=2,8."
+flags.register_validator("epsilons", lambda eps: all(e.replace(".", "", 1).isdigit() and float(e) for e in eps), _BAD)
 flags.DEFINE_float("delta", 1e-5, "Delta of the claims and of the lower bounds.")
 flags.DEFINE_float("confidence", 0.95, "Confidence of the lower bounds.")
 flags.DEFINE_integer("num_canaries", 1000, "White-box canaries m.")
@@ -122,9 +119,8 @@ def plot(rows, path: str) -> None:
     figure, axes = pyplot.subplots(figsize=(7, 3.5), dpi=100)
     bars = {"claimed (PLD)": "claimed_epsilon", "one-run bound": "epsilon_one_run", "f-DP bound": "epsilon_fdp"}
     for i, (label, field) in enumerate(bars.items()):
-        axes.bar(
-            [j + (i - 1) * 0.27 for j in range(len(rows))], [getattr(r, field) for _, r in rows], 0.27, label=label
-        )
+        positions = [j + (i - 1) * 0.27 for j in range(len(rows))]
+        axes.bar(positions, [getattr(r, field) for _, r in rows], 0.27, label=label)
     axes.set_xticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
     axes.set_ylabel(f"epsilon at delta = {FLAGS.delta:g}")
     axes.set_title(f"One-run audit: lower bounds at {FLAGS.confidence:g} confidence vs the claim", fontsize=10)

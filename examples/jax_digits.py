@@ -41,12 +41,7 @@ from keras_dyndp import datasets  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_float("epsilon", 3.0, "Target epsilon, met under the PLD accountant.")
 flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "Schedule.")
-flags.DEFINE_integer(
-    "epochs",
-    30,
-    "Epochs: the schedule takes T = ceil(epochs N / batch_size) steps, in this many Keras epochs.",
-    lower_bound=1,
-)
+flags.DEFINE_integer("epochs", 30, "Keras epochs of the T = ceil(epochs N / batch_size) steps.", lower_bound=1)
 flags.DEFINE_integer("batch_size", 128, "Expected batch size p N.", lower_bound=1)
 flags.DEFINE_float("learning_rate", 1.0, "SGD learning rate.")
 flags.DEFINE_bool("training_metrics", False, "Show training-batch loss and accuracy (outside the DP guarantee).")

@@ -108,7 +108,7 @@ def _load_schedule(path: str) -> schedules.DPSchedule:
         text = handle.read()
     try:
         config = json.loads(text)
-        if isinstance(config, dict) and "schedule" in config:  # research/training.py's <model_dir>/run_config.json
+        if isinstance(config, dict) and "schedule" in config:  # a research trainer's <model_dir>/run_config.json
             if config["schedule"] is None:
                 raise ValueError(f"{path} holds a non-private run (method {config.get('method')}): no schedule.")
             config = config["schedule"]

@@ -1,4 +1,4 @@
-"""research.training under tf.distribute (--strategy, on the 2 logical CPUs of conftest) and with
+"""research.trainer under tf.distribute (--strategy, on the 2 logical CPUs of conftest) and with
 --accumulation_steps: same steps and privacy report as one device, checkpoints resume, conflicting options refused."""
 
 import types

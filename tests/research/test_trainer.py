@@ -1,17 +1,13 @@
-"""Tests for research.training (through research.digits): flags, RunConfig, fit loop, resume, results CSV, error
-exits."""
+"""Tests for research.trainer (through research.digits): RunConfig, fit loop, resume, results CSV, privacy summary,
+error exits."""
 
 import csv
 import math
 import os
-import subprocess
-import sys
-import types
 
 import pytest
 import tensorflow as tf
 from absl import flags
-from absl.testing import flagsaver
 
 from keras_dyndp import cli
 from keras_dyndp import datasets
@@ -80,25 +76,6 @@ def test_results_csv_keeps_its_flat_columns(tmp_path):
     assert math.isinf(result.config.epsilon) and row["batch_size"] == "64" and row["steps"] == "1"
 
 
-def test_results_csv_of_an_earlier_version_gets_the_new_columns_before_a_row_is_appended(tmp_path):
-    path = tmp_path / "results.csv"
-    old_columns = "task method epsilon delta rho_mu rho_c initial_clip learning_rate batch_size epochs sampling seed "
-    old_columns += "steps total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous rigorous_accountant wall_time_s"
-    old_row = "digits vanilla 1.0 1e-05 1.0 1.0 1.0 0.5 64 2.0 poisson 0 3 46 0.5 0.9 1.1 pld 3.0"
-    path.write_text(",".join(old_columns.split()) + "\n" + ",".join(old_row.split()) + "\n")
-    config = run_config.RunConfig(method="nonprivate", lr_decay=2.0).resolved(digits.make_task(), 1437)
-    result = results.RunResult("digits", config, 1, 23, 0.5, math.inf, math.inf, 1.0)
-    results.append_results_csv(str(path), result)
-    with open(path) as handle:
-        old, new = list(csv.DictReader(handle))
-    assert (old["lr_decay"], old["rescale_to_unit_norm"], old["learning_rate"]) == ("1.0", "False", "0.5")
-    assert (new["lr_decay"], new["method"]) == ("2.0", "nonprivate")
-    assert list(old) == list(new) == list(result.csv_row())
-    path.write_text("task,other\ndigits,1\n")
-    with pytest.raises(run_config.FlagError, match="columns this program does not write"):
-        results.append_results_csv(str(path), result)
-
-
 def test_learning_rate_decays_geometrically_over_the_run_like_the_clip():
     config = run_config.RunConfig(learning_rate=0.8, lr_decay=4.0)
     rate = trainer.learning_rate(config, num_steps=10)
@@ -129,21 +106,6 @@ def test_lr_decay_and_rescaling_reach_the_optimizer(tmp_path):
     with open(tmp_path / "r.csv") as handle:
         (row,) = list(csv.DictReader(handle))
     assert (row["lr_decay"], row["rescale_to_unit_norm"]) == ("2.0", "True")
-
-
-def test_config_from_flags_reads_each_flag_into_its_field():
-    with flagsaver.flagsaver():
-        cli.parse_flags(
-            ["digits.py", "--method=zcdp", "--epochs=2", "--max_steps=3", "--verbose=0", "--training_metrics"]
-        )
-        config = run_flags.config_from_flags()
-        assert config == run_config.RunConfig(method="zcdp", epochs=2.0, max_steps=3, verbose=0, training_metrics=True)
-        # An --accountant left at its default is the method's own; one given is refused for a baseline.
-        assert config.resolved(digits.make_task(), 1437).accountant == "zcdp"
-        cli.parse_flags(["digits.py", "--method=zcdp", "--accountant=pld"])
-        config = run_flags.config_from_flags()
-    with pytest.raises(run_config.FlagError, match="--method=zcdp is calibrated by its own accountant"):
-        config.resolved(digits.make_task(), 1437)
 
 
 def test_full_budget_run_spends_the_target_under_the_pld_by_default(capsys):
@@ -231,27 +193,6 @@ def test_batch_size_larger_than_data_is_a_flag_error():
         _train(batch_size=2000)
 
 
-@pytest.mark.parametrize(
-    "argument",
-    [
-        "--epsilon=-1",
-        "--delta=1.5",
-        "--rho_mu=0.5",
-        "--lr_decay=0.5",
-        "--method=bogus",
-        "--sampling=random",
-        "--batch_size=0",
-    ],
-)
-def test_bad_flag_exits_2_with_one_line(argument, capsys):
-    with flagsaver.flagsaver():
-        with pytest.raises(SystemExit) as exit_info:
-            cli.parse_flags(["digits.py", argument])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("digits.py: error: flag " + argument.split("=")[0])
-
-
 def test_missing_data_exits_2_with_one_line(capsys):
     def task():
         def load():
@@ -272,17 +213,6 @@ def test_missing_data_exits_2_with_one_line(capsys):
         cli.main_for(lambda: trainer.train(task(), run_flags.config_from_flags()))(["x.py"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == "x.py: error: nothing in /nowhere. Get it with: magic."
-
-
-def test_command_line_error_has_no_traceback():
-    completed = subprocess.run(
-        [sys.executable, "-m", "research.digits", "--rho_c=0.3"], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert completed.returncode == 2
-    assert "Traceback" not in completed.stderr
-    assert completed.stderr.strip().splitlines()[-1] == (
-        "digits.py: error: flag --rho_c=0.3: --rho_c must be >= 1 (the paper's 1/rho_c is in (0, 1])."
-    )
 
 
 def _tensorboard_tags(model_dir: str) -> set[str]:
@@ -344,38 +274,6 @@ def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp
     seeds = noise_seeds[:2] + batch_seeds[:2]
     assert None not in seeds and len(set(seeds)) == 4  # per resume point, and noise apart from batches
     assert noise_seeds[1] == batches.derived_seed(0, 3, batches.NOISE_STREAM)  # reproducible from --seed
-
-
-@pytest.mark.parametrize(
-    "start, stop, lengths, expected",
-    [
-        (0, 337, [12] * 7 + [11] * 23, [(0, 7, 12), (7, 30, 11)]),  # the digits demo: 337 steps in 30 epochs
-        (100, 337, [12] * 7 + [11] * 23, [(8, 9, 6), (9, 30, 11)]),  # resumed inside epoch 8 (steps 95-105)
-        (0, 60, [240], [(0, 1, 60)]),  # --max_steps inside the first epoch
-        (22, 44, [22, 22], [(1, 2, 22)]),
-        (1, 23, [12, 11, 11], [(0, 2, 11)]),  # a cut first epoch of 11 steps shares its call with a full one of 11
-        (5, 5, [11], []),
-    ],
-)
-def test_epoch_segments_cover_the_steps_with_true_epoch_lengths(start, stop, lengths, expected):
-    segments = batches.epoch_segments(start, stop, lengths)
-    assert segments == expected
-    assert sum((epochs - initial) * steps for initial, epochs, steps in segments) == stop - start
-
-
-@pytest.mark.parametrize(
-    "sampling, epochs, num_steps, expected",
-    [
-        ("poisson", 30.0, 337, [12] * 7 + [11] * 23),  # the digits demo: N 1437, batch 128
-        ("poisson", 0.3, 3, [3]),
-        ("poisson", 2.0, 1, [1]),  # fewer steps than epochs: no empty epoch
-        ("shuffled", 2.0, 45, [15, 15, 15]),  # a shuffled pass holds at most N // B = 22 batches
-    ],
-)
-def test_epoch_lengths_count_the_epochs_the_flag_asks_for(sampling, epochs, num_steps, expected):
-    config = types.SimpleNamespace(sampling=sampling, epochs=epochs, batch_size=64)
-    lengths = batches.epoch_lengths(config, num_steps, 1437)
-    assert lengths == expected and sum(lengths) == num_steps
 
 
 def test_progress_bar_shows_the_steps_a_cut_epoch_takes(capsys):
