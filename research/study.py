@@ -48,7 +48,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import statistics
 import sys
 
 import numpy as np
@@ -65,35 +64,14 @@ from keras_dyndp.tf_backend.keras_compat import keras
 from research import results
 from research import run_config
 from research import run_flags
+from research import study_report
 from research import tasks
 from research import trainer
+from research.contenders import CONTENDERS
 
 flags.adopt_module_key_flags(run_flags)
 
 
-@dataclasses.dataclass(frozen=True)
-class Contender:
-    """One way to train: a schedule method, and what its own coordinates of the search draw.
-
-    Attributes:
-      method: the `training` method.
-      parameters: the `RunConfig` fields set from the draw's coordinates 2, 3, ... as inverse ratios (1 / value).
-      rescale_to_unit_norm: divide the noisy sum by C_t (its learning rate is then scaled by C_0).
-    """
-
-    method: str
-    parameters: tuple[str, ...] = ()
-    rescale_to_unit_norm: bool = False
-
-
-CONTENDERS = {
-    "vanilla": Contender("vanilla"),
-    "vanilla_lr_decay": Contender("vanilla", ("lr_decay",)),
-    "sensitivity_decay": Contender("sensitivity_decay", ("rho_c",)),
-    "growing_mu": Contender("growing_mu", ("rho_mu",)),
-    "dynamic": Contender("dynamic", ("rho_mu", "rho_c")),
-    "dynamic_rescaled": Contender("dynamic", ("rho_mu", "rho_c"), rescale_to_unit_norm=True),
-}
 _SEARCH_DIMENSIONS = 2 + max(len(contender.parameters) for contender in CONTENDERS.values())
 PHASES = ("tune", "final")
 
@@ -293,123 +271,6 @@ class Study:
         return [row for key, row in self._done().items() if key in wanted]
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def summary(rows: list[dict]) -> list[dict]:
-    """Per (epsilon, contender): the selection and its final runs' test accuracy, epsilons and wall times."""
-    result = []
-    finals = [row for row in rows if row["phase"] == "final"]
-    for epsilon in sorted({float(row["epsilon"]) for row in finals}):
-        for name in CONTENDERS:
-            group = [row for row in finals if float(row["epsilon"]) == epsilon and row["contender"] == name]
-            if not group:
-                continue
-            tuning = [
-                row
-                for row in rows
-                if row["phase"] == "tune" and float(row["epsilon"]) == epsilon and row["contender"] == name
-            ]
-            chosen = next(row for row in tuning if row["config_index"] == group[0]["config_index"])
-            mean, std = _mean_std([float(row["test_accuracy"]) for row in group])
-            result.append(
-                dict(
-                    epsilon=epsilon,
-                    contender=name,
-                    mean=mean,
-                    std=std,
-                    n=len(group),
-                    by_seed={row["seed"]: float(row["test_accuracy"]) for row in group},
-                    validation_accuracy=float(chosen["test_accuracy"]),
-                    config=group[0],
-                    epsilon_pld=max(float(row["epsilon_pld"]) for row in group),
-                    epsilon_rdp=max(float(row["epsilon_rdp"]) for row in group),
-                    final_wall_s=statistics.median(float(row["wall_time_s"]) for row in group),
-                    tuning_wall_s=sum(float(row["wall_time_s"]) for row in tuning),
-                    tuned=len(tuning),
-                )
-            )
-    return result
-
-
-def _hyperparameters(row: dict) -> str:
-    parts = [f"lr {float(row['learning_rate']):.3g}", f"C_0 {float(row['initial_clip']):.3g}"]
-    for name, label in (("rho_mu", "1/ρ_μ"), ("rho_c", "1/ρ_c"), ("lr_decay", "1/lr_decay")):
-        if float(row[name]) != 1.0:
-            parts.append(f"{label} {1 / float(row[name]):.2f}")
-    return ", ".join(parts)
-
-
-def _paired_difference(entry: dict, reference: dict | None) -> str:
-    """Mean ± std over the seeds both ran of entry's accuracy minus reference's (same seed: same initialisation and
-    batch sampling), in points."""
-    if reference is None or reference is entry:
-        return "-"
-    seeds = sorted(set(entry["by_seed"]) & set(reference["by_seed"]))
-    if not seeds:
-        return "-"
-    mean, std = _mean_std([100 * (entry["by_seed"][seed] - reference["by_seed"][seed]) for seed in seeds])
-    return f"{mean:+.2f} ± {std:.2f}"
-
-
-def markdown_table(rows: list[dict]) -> str:
-    """The study's table: one line per epsilon and contender, with its difference to vanilla paired by seed."""
-    lines = [
-        "| ε (PLD target) | contender | test accuracy % (mean ± std, n) | − vanilla, paired by seed | "
-        "selected (#, validation %) | PLD ε | RDP ε | wall s: final run (median), tuning (sum) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    entries = summary(rows)
-    for entry in entries:
-        config = entry["config"]
-        vanilla = next(
-            (other for other in entries if other["contender"] == "vanilla" and other["epsilon"] == entry["epsilon"]),
-            None,
-        )
-        lines.append(
-            f"| {entry['epsilon']:g} | {entry['contender']} | {100 * entry['mean']:.2f} ± {100 * entry['std']:.2f} "
-            f"({entry['n']}) | {_paired_difference(entry, vanilla)} | "
-            f"{_hyperparameters(config)} (#{config['config_index']} of {entry['tuned']}, "
-            f"{100 * entry['validation_accuracy']:.2f}) | {entry['epsilon_pld']:.3f} | {entry['epsilon_rdp']:.3f} | "
-            f"{entry['final_wall_s']:.0f}, {entry['tuning_wall_s']:.0f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict], path: str) -> None:
-    """Test accuracy (mean ± std over the final seeds) against epsilon, one line per contender."""
-    from matplotlib import figure
-
-    entries = summary(rows)
-    fig = figure.Figure(figsize=(6.0, 4.0))
-    axes = fig.add_subplot()
-    names = [name for name in CONTENDERS if any(entry["contender"] == name for entry in entries)]
-    for offset, name in enumerate(names):
-        own = [entry for entry in entries if entry["contender"] == name]
-        # A small horizontal offset per contender keeps the error bars apart.
-        shift = 1 + 0.02 * (offset - (len(names) - 1) / 2)
-        axes.errorbar(
-            [entry["epsilon"] * shift for entry in own],
-            [100 * entry["mean"] for entry in own],
-            yerr=[100 * entry["std"] for entry in own],
-            marker="o",
-            capsize=3,
-            label=name,
-        )
-    axes.set_xscale("log")
-    epsilons = sorted({entry["epsilon"] for entry in entries})
-    axes.set_xticks(epsilons, [f"{epsilon:g}" for epsilon in epsilons])
-    axes.minorticks_off()
-    axes.set_xlabel("ε (PLD, δ = 1/(10N))")
-    axes.set_ylabel("test accuracy (%)")
-    task = rows[0]["task"] if rows else ""
-    axes.set_title(f"{task}: tuned contenders at equal PLD ε", fontsize=9)
-    axes.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def _range(name: str, low_bound: float, high_bound: float) -> tuple[float, float]:
     numbers = tasks.floats(name, FLAGS[name].value, -math.inf, math.inf)
     if len(numbers) != 2:
@@ -486,11 +347,11 @@ def main() -> None:
     tf.get_logger().setLevel("ERROR")
     study = study_from_flags()
     rows = study.run()
-    table = markdown_table(rows)
+    table = study_report.markdown_table(rows)
     with open(os.path.join(study.study_dir, "study.md"), "w") as handle:
         handle.write(table)
     print(table)
-    plot(rows, os.path.join(study.study_dir, "accuracy_vs_epsilon.png"))
+    study_report.plot(rows, os.path.join(study.study_dir, "accuracy_vs_epsilon.png"))
 
 
 if __name__ == "__main__":

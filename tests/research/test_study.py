@@ -17,6 +17,7 @@ from keras_dyndp.tf_backend.keras_compat import keras
 from research import results
 from research import run_config
 from research import study
+from research import study_report
 from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
@@ -157,7 +158,7 @@ def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_o
     # Resume: nothing left to run.
     rows_again = make_study().run()
     assert len(calls) == 24 and len(rows_again) == len(rows) == 24
-    table = study.markdown_table(rows)
+    table = study_report.markdown_table(rows)
     assert table.count("| vanilla |") == 2 and table.count("| dynamic_rescaled |") == 2
     # The fake test accuracy of a final run is C_0 / 10 + seed / 100 (+ 0.02 rescaled): the seeds spread each
     # contender's accuracy, the paired difference is exactly 2 points.
@@ -189,9 +190,9 @@ def test_a_real_study_on_generated_data_writes_csv_table_and_plot(tmp_path):
     assert all(float(row["delta"]) == pytest.approx(1 / 3000) for row in finals)
     tuned = [row for row in rows if row["phase"] == "tune"]
     assert all(float(row["delta"]) == pytest.approx(1 / 2700) for row in tuned)  # N of the 90% split
-    study.plot(rows, str(tmp_path / "plot.png"))
+    study_report.plot(rows, str(tmp_path / "plot.png"))
     assert os.path.getsize(tmp_path / "plot.png") > 1000
-    assert "sensitivity_decay" in study.markdown_table(rows)
+    assert "sensitivity_decay" in study_report.markdown_table(rows)
 
 
 @pytest.mark.parametrize(
