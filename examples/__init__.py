@@ -1,4 +1,4 @@
-"""Example trainers for keras_dyndp: one absl script per task of the paper, over `examples.training`.
+"""Example trainers for keras_dyndp: one absl script per task of the paper, over the public package only.
 
 Run them as modules from the repository root, e.g. ``python -m examples.digits``.
 

@@ -21,7 +21,6 @@ bound ABOVE the claim is evidence of a leak (docs/audit.md).
 import os
 import sys
 
-from absl import app
 from absl import flags
 
 if __package__ in (None, ""):  # Run as `python examples/audit.py`: make the repository's packages importable.
@@ -33,13 +32,16 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from keras_dyndp import cli  # noqa: E402
+from keras_dyndp import datasets  # noqa: E402
 from keras_dyndp.audit import black_box_audit  # noqa: E402
 from keras_dyndp.audit import white_box_audit  # noqa: E402
-from research import datasets  # noqa: E402
 
 keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 
 flags.DEFINE_list("epsilons", ["2", "8"], "Claimed epsilons (PLD accountant) to calibrate and audit.")
+_BAD = "--epsilons must be a comma-separated list of numbers > 0, e.g. --epsilons=2,8."
+flags.register_validator("epsilons", lambda eps: all(e.replace(".", "", 1).isdigit() and float(e) for e in eps), _BAD)
 flags.DEFINE_float("delta", 1e-5, "Delta of the claims and of the lower bounds.")
 flags.DEFINE_float("confidence", 0.95, "Confidence of the lower bounds.")
 flags.DEFINE_integer("num_canaries", 1000, "White-box canaries m.")
@@ -117,9 +119,8 @@ def plot(rows, path: str) -> None:
     figure, axes = pyplot.subplots(figsize=(7, 3.5), dpi=100)
     bars = {"claimed (PLD)": "claimed_epsilon", "one-run bound": "epsilon_one_run", "f-DP bound": "epsilon_fdp"}
     for i, (label, field) in enumerate(bars.items()):
-        axes.bar(
-            [j + (i - 1) * 0.27 for j in range(len(rows))], [getattr(r, field) for _, r in rows], 0.27, label=label
-        )
+        positions = [j + (i - 1) * 0.27 for j in range(len(rows))]
+        axes.bar(positions, [getattr(r, field) for _, r in rows], 0.27, label=label)
     axes.set_xticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
     axes.set_ylabel(f"epsilon at delta = {FLAGS.delta:g}")
     axes.set_title(f"One-run audit: lower bounds at {FLAGS.confidence:g} confidence vs the claim", fontsize=10)
@@ -129,8 +130,7 @@ def plot(rows, path: str) -> None:
     print(f"Plot in {path}")
 
 
-def main(argv: list[str]) -> None:
-    del argv  # Unused.
+def main() -> None:
     data = datasets.load_digits()
     print(data.description)
     rows = [row for epsilon in FLAGS.epsilons for row in audit(float(epsilon), data)]
@@ -146,4 +146,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

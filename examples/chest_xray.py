@@ -5,20 +5,18 @@ examples, so per-example clipping would not bound one image's influence), global
 one logit, on grey images resized to ``--image_size`` (128 keeps CPU runs possible). SGD with learning rate 0.05,
 C_0 = 1.5, expected batch 64, 10 epochs, epsilon 1 (the paper gives no optimiser settings: these are ours).
 ``--chest_xray_dir`` is the Kermany et al. tree train|test/NORMAL|PNEUMONIA (Mendeley Data 10.17632/rscbjbr9sj.2
-or Kaggle's chest-xray-pneumonia); see `research.datasets.load_chest_xray`.
+or Kaggle's chest-xray-pneumonia); see `keras_dyndp.datasets.load_chest_xray`.
 
     python -m examples.chest_xray --chest_xray_dir=/data/chest_xray --epsilon=1
 
-The paper's full runs (checkpoints, results CSV, sweeps): ``python -m research.chest_xray``.
+The paper's full runs (checkpoints, results CSV, sweeps): examples/README.md says where.
 """
 
 import math
 import os
 import sys
 
-from absl import app
 from absl import flags
-from absl import logging
 
 if __package__ in (None, ""):  # Run as `python examples/chest_xray.py`: make the repository's packages importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,7 +27,8 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from research import datasets  # noqa: E402
+from keras_dyndp import cli  # noqa: E402
+from keras_dyndp import datasets  # noqa: E402
 
 keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 
@@ -38,8 +37,10 @@ flags.DEFINE_integer("image_size", 128, "Images are resized to image_size x imag
 flags.DEFINE_float("vgg_width", 1.0, "Multiplier of every VGG-11 layer width (1.0: the real VGG-11).")
 flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
 flags.DEFINE_float("epsilon", 1.0, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
-flags.DEFINE_integer("epochs", 10, "Epochs: T = ceil(epochs N / batch_size) DP steps.")
-flags.DEFINE_integer("batch_size", 64, "Expected batch size: each image joins a step with p = batch_size / N.")
+flags.DEFINE_integer("epochs", 10, "Epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
+flags.DEFINE_integer(
+    "batch_size", 64, "Expected batch size: each image joins a step with p = batch_size / N.", lower_bound=1
+)
 flags.DEFINE_float("learning_rate", 0.05, "SGD learning rate.")
 flags.DEFINE_string("model_dir", None, "Where to write the trained weights and the TensorBoard privacy logs.")
 flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
@@ -62,13 +63,8 @@ def build_model(image_size: int, width: float) -> keras.Model:
     return keras.Sequential(layers + [keras.layers.Dense(1)])
 
 
-def main(argv: list[str]) -> None:
-    del argv  # Unused.
-    logging.set_verbosity(logging.WARNING)  # PrivacyLogger's per-epoch INFO line repeats the progress line.
-    try:
-        data = datasets.load_chest_xray(FLAGS.chest_xray_dir, FLAGS.image_size)
-    except datasets.DataNotFoundError as error:
-        sys.exit(str(error))
+def main() -> None:
+    data = datasets.load_chest_xray(FLAGS.chest_xray_dir, FLAGS.image_size)
     print(data.description)
     delta = 1 / (10 * data.num_train)
     optimizer = keras_dyndp.DynamicDPKerasSGD(
@@ -104,16 +100,11 @@ def main(argv: list[str]) -> None:
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
     steps = int(optimizer.dp_step.numpy())
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test images)")
-    print(
-        f"Privacy ({FLAGS.method}, per training image): {steps} of {schedule.num_steps} DP steps, "
-        f"p = {schedule.sampling_probability:.4g}; epsilon at delta = {delta:.3g}: "
-        f"PLD {schedule.epsilon(delta, accountant='pld', steps=steps):.4f} (rigorous; target {FLAGS.epsilon:g}), "
-        f"GDP-CLT {schedule.epsilon(delta, accountant='gdp_clt', steps=steps):.4f} (the paper's approximation)"
-    )
+    print(keras_dyndp.run_summary(schedule, delta, steps, method=FLAGS.method, privacy_unit="training image"))
     if FLAGS.model_dir:
         model.save_weights(os.path.join(FLAGS.model_dir, "chest_xray.weights.h5"))
         print(f"Weights and TensorBoard privacy logs in {FLAGS.model_dir}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -10,18 +10,15 @@ Poisson batches of expected size 128; the script prints the test accuracy and th
     python examples/digits.py --epsilon=1 --model_dir=/tmp/digits   # weights and TensorBoard privacy logs
 
 The public API in order: `DynamicDPKerasSGD` (the schedule, from the budget), `make_private` (fast per-example
-clipping), `poisson_batches` (the sampling the accountant assumes), `PrivacyLogger` and `BudgetStop`. The
-research trainer (checkpoints and resume, results CSV, every flag of the paper's runs) is
-``python -m research.digits``.
+clipping), `poisson_batches` (the sampling the accountant assumes), `PrivacyLogger`, `BudgetStop` and
+`run_summary`. The paper's full runs (checkpoints and resume, results CSV, every flag): examples/README.md says where.
 """
 
 import math
 import os
 import sys
 
-from absl import app
 from absl import flags
-from absl import logging
 
 if __package__ in (None, ""):  # Run as `python examples/digits.py`: make the repository's packages importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,14 +29,17 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from research import datasets  # noqa: E402
+from keras_dyndp import cli  # noqa: E402
+from keras_dyndp import datasets  # noqa: E402
 
 keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 
 flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
 flags.DEFINE_float("epsilon", 3.0, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
-flags.DEFINE_integer("epochs", 30, "Epochs: T = ceil(epochs N / batch_size) DP steps.")
-flags.DEFINE_integer("batch_size", 128, "Expected batch size: each example joins a step with p = batch_size / N.")
+flags.DEFINE_integer("epochs", 30, "Epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
+flags.DEFINE_integer(
+    "batch_size", 128, "Expected batch size: each example joins a step with p = batch_size / N.", lower_bound=1
+)
 flags.DEFINE_float("learning_rate", 1.0, "SGD learning rate.")
 flags.DEFINE_string("model_dir", None, "Where to write the trained weights and the TensorBoard privacy logs.")
 flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
@@ -60,9 +60,7 @@ def build_model(input_shape: tuple, num_classes: int) -> keras.Model:
     )
 
 
-def main(argv: list[str]) -> None:
-    del argv  # Unused.
-    logging.set_verbosity(logging.WARNING)  # PrivacyLogger's per-epoch INFO line repeats the progress line.
+def main() -> None:
     data = datasets.load_digits()
     print(data.description)
     delta = 1 / (10 * data.num_train)
@@ -99,16 +97,11 @@ def main(argv: list[str]) -> None:
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
     steps = int(optimizer.dp_step.numpy())
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test images)")
-    print(
-        f"Privacy ({FLAGS.method}, per training example): {steps} of {schedule.num_steps} DP steps, "
-        f"p = {schedule.sampling_probability:.4g}; epsilon at delta = {delta:.3g}: "
-        f"PLD {schedule.epsilon(delta, accountant='pld', steps=steps):.4f} (rigorous; target {FLAGS.epsilon:g}), "
-        f"GDP-CLT {schedule.epsilon(delta, accountant='gdp_clt', steps=steps):.4f} (the paper's approximation)"
-    )
+    print(keras_dyndp.run_summary(schedule, delta, steps, method=FLAGS.method, privacy_unit="training image"))
     if FLAGS.model_dir:
         model.save_weights(os.path.join(FLAGS.model_dir, "digits.weights.h5"))
         print(f"Weights and TensorBoard privacy logs in {FLAGS.model_dir}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -6,21 +6,23 @@ dataset-fashion-mnist``) or ~/.keras/datasets/fashion-mnist.
 
     python -m examples.fashion_mnist --epsilon=2
 
-The paper's full runs: ``python -m research.fashion_mnist``.
+The paper's full runs: examples/README.md says where.
 """
 
 import os
 import sys
 
-from absl import app
 from absl import flags
 
 if __package__ in (None, ""):  # Run as `python examples/fashion_mnist.py`: make the repository's packages importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import mnist  # noqa: E402  (its flags and trainer)
+from keras_dyndp import cli  # noqa: E402
+
+flags.adopt_module_key_flags(mnist)  # --help lists examples.mnist's flags: they are this trainer's.
 
 if __name__ == "__main__":
     flags.FLAGS.set_default("dataset", "fashion_mnist")
     flags.FLAGS.set_default("initial_clip", 4.0)
-    app.run(mnist.main)
+    cli.run(mnist.main)

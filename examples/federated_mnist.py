@@ -1,7 +1,7 @@
 """Federated dynamic DP-SGD (the paper's Alg. 4, Table 4): client-level DP with Poisson client sampling.
 
 Every client holds one InfiniteMNIST-style image (a digit under a random affine and elastic deformation,
-`research.infinite_mnist`). Each round, every client joins with probability p = ``--batch_size`` /
+`keras_dyndp.datasets.infinite_mnist`). Each round, every client joins with probability p = ``--batch_size`` /
 ``--num_clients`` (the paper's 1e-3 for 250K clients), computes its gradient, clips it to C_t; the server adds
 N(0, sigma_t^2) once to the sum, divides by the expected number of clients and steps. With one image per client
 this is DP-SGD where "example" reads "client", so the same optimizer, sampler and accountant apply. MNIST's CNN
@@ -9,16 +9,14 @@ and settings, epsilon 0.4. The base digits: MNIST found offline, else scikit-lea
 
     python -m examples.federated_mnist --num_clients=250000 --epsilon=0.4
 
-Several images per client, the other base sets and the paper's full runs: ``python -m research.federated_mnist``.
+Several images per client, the other base sets and the paper's full runs: examples/README.md says where.
 """
 
 import math
 import os
 import sys
 
-from absl import app
 from absl import flags
-from absl import logging
 
 if __package__ in (None, ""):  # Run as `python examples/federated_mnist.py`: make the repository's packages importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,8 +27,8 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from research import datasets  # noqa: E402
-from research import infinite_mnist  # noqa: E402
+from keras_dyndp import cli  # noqa: E402
+from keras_dyndp import datasets  # noqa: E402
 
 keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 
@@ -38,8 +36,10 @@ flags.DEFINE_integer("num_clients", 250000, "Clients |S|, each holding one gener
 flags.DEFINE_integer("deformation_seed", 0, "Seed of the generated images (the same clients come back every run).")
 flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
 flags.DEFINE_float("epsilon", 0.4, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
-flags.DEFINE_integer("epochs", 5, "Epochs: T = ceil(epochs N / batch_size) DP steps.")
-flags.DEFINE_integer("batch_size", 250, "Expected clients per round: each joins with p = batch_size / num_clients.")
+flags.DEFINE_integer("epochs", 5, "Epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
+flags.DEFINE_integer(
+    "batch_size", 250, "Expected clients per round: each joins with p = batch_size / num_clients.", lower_bound=1
+)
 flags.DEFINE_float("learning_rate", 0.15, "SGD learning rate.")
 flags.DEFINE_string("model_dir", None, "Where to write the trained weights and the TensorBoard privacy logs.")
 flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
@@ -71,14 +71,13 @@ def load_clients() -> datasets.TaskData:
         base = datasets.load_digits()
         upsample = lambda images: tf.image.resize(images, (28, 28)).numpy().clip(0, 1)  # noqa: E731
         base.x_train, base.x_test = upsample(base.x_train), upsample(base.x_test)
-    x, y = infinite_mnist.generate_clients(base.x_train, base.y_train, FLAGS.num_clients, 1, FLAGS.deformation_seed)
+    generate = datasets.infinite_mnist.generate_clients
+    x, y = generate(base.x_train, base.y_train, FLAGS.num_clients, 1, FLAGS.deformation_seed)
     x_test = (base.x_test * 255).round().astype("uint8")
     return datasets.TaskData(x, y, x_test, base.y_test, 10, f"{FLAGS.num_clients} clients from {base.description}")
 
 
-def main(argv: list[str]) -> None:
-    del argv  # Unused.
-    logging.set_verbosity(logging.WARNING)  # PrivacyLogger's per-epoch INFO line repeats the progress line.
+def main() -> None:
     data = load_clients()
     print(data.description)
     delta = 1 / (10 * data.num_train)
@@ -115,16 +114,11 @@ def main(argv: list[str]) -> None:
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
     steps = int(optimizer.dp_step.numpy())
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test images)")
-    print(
-        f"Privacy ({FLAGS.method}, per client): {steps} of {schedule.num_steps} DP steps, "
-        f"p = {schedule.sampling_probability:.4g}; epsilon at delta = {delta:.3g}: "
-        f"PLD {schedule.epsilon(delta, accountant='pld', steps=steps):.4f} (rigorous; target {FLAGS.epsilon:g}), "
-        f"GDP-CLT {schedule.epsilon(delta, accountant='gdp_clt', steps=steps):.4f} (the paper's approximation)"
-    )
+    print(keras_dyndp.run_summary(schedule, delta, steps, method=FLAGS.method, privacy_unit="client"))
     if FLAGS.model_dir:
         model.save_weights(os.path.join(FLAGS.model_dir, "federated_mnist.weights.h5"))
         print(f"Weights and TensorBoard privacy logs in {FLAGS.model_dir}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

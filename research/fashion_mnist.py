@@ -19,11 +19,13 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from research import datasets
+from keras_dyndp import datasets
 from research import mnist
-from research import training
+from research import run_config
+from research import run_flags
+from research import trainer
 
-flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+flags.adopt_module_key_flags(run_flags)  # --helpshort lists the shared training flags too.
 
 FLAGS = flags.FLAGS
 
@@ -33,9 +35,9 @@ def load_data() -> datasets.TaskData:
     return datasets.load_fashion_mnist(FLAGS.idx_dir, FLAGS.data_dir)
 
 
-def make_task() -> training.Task:
+def make_task() -> run_config.Task:
     """Fashion-MNIST with the paper's hyperparameters."""
-    return training.Task(
+    return run_config.Task(
         name="fashion_mnist",
         load_data=load_data,
         build_model=mnist.build_model,
@@ -50,4 +52,4 @@ def make_task() -> training.Task:
 
 
 if __name__ == "__main__":
-    training.run(make_task)
+    trainer.run(make_task)

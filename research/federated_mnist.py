@@ -45,14 +45,16 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from keras_dyndp import datasets
+from keras_dyndp.datasets import infinite_mnist
 from keras_dyndp.tf_backend.keras_compat import keras
-from research import datasets
 from research import fashion_mnist
-from research import infinite_mnist
 from research import mnist
-from research import training
+from research import run_config
+from research import run_flags
+from research import trainer
 
-flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+flags.adopt_module_key_flags(run_flags)  # --helpshort lists the shared training flags too.
 
 flags.DEFINE_enum(
     "base",
@@ -96,7 +98,7 @@ def _digits_28() -> datasets.TaskData:
 def load_data() -> datasets.TaskData:
     """The clients' generated images (training) and the base test split (test)."""
     if FLAGS.num_clients < 1 or FLAGS.images_per_client < 1:
-        raise training.FlagError(
+        raise run_config.FlagError(
             "--num_clients and --images_per_client must be >= 1. Received: "
             f"{FLAGS.num_clients}, {FLAGS.images_per_client}."
         )
@@ -131,9 +133,9 @@ def build_model(data: datasets.TaskData) -> keras.Model:
     return keras.Model(inputs, keras.layers.TimeDistributed(image_model)(inputs))
 
 
-def make_task() -> training.Task:
+def make_task() -> run_config.Task:
     """Federated InfiniteMNIST-style task; p = batch_size / num_clients (the paper's 1e-3 for 250K clients)."""
-    return training.Task(
+    return run_config.Task(
         name="federated_mnist",
         load_data=load_data,
         build_model=build_model,
@@ -153,4 +155,4 @@ def make_task() -> training.Task:
 
 
 if __name__ == "__main__":
-    training.run(make_task)
+    trainer.run(make_task)

@@ -33,11 +33,13 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
-from research import datasets
-from research import training
+from research import run_config
+from research import run_flags
+from research import trainer
 
-flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+flags.adopt_module_key_flags(run_flags)  # --helpshort lists the shared training flags too.
 
 flags.DEFINE_string("imdb_dir", None, "Extracted aclImdb folder (train/{pos,neg}, test/{pos,neg} of .txt files).")
 flags.DEFINE_string(
@@ -71,7 +73,7 @@ def build_model(data: datasets.TaskData) -> keras.Model:
     )
 
 
-def make_task() -> training.Task:
+def make_task() -> run_config.Task:
     """IMDB with the paper's settings where it gives them."""
     notes = (
         ()
@@ -81,7 +83,7 @@ def make_task() -> training.Task:
             "from the private reviews without noise; it is not covered by the DP guarantee.",
         )
     )
-    return training.Task(
+    return run_config.Task(
         name="imdb",
         load_data=load_data,
         build_model=build_model,
@@ -99,4 +101,4 @@ def make_task() -> training.Task:
 
 
 if __name__ == "__main__":
-    training.run(make_task)
+    trainer.run(make_task)

@@ -27,11 +27,13 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
-from research import datasets
-from research import training
+from research import run_config
+from research import run_flags
+from research import trainer
 
-flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+flags.adopt_module_key_flags(run_flags)  # --helpshort lists the shared training flags too.
 
 flags.DEFINE_string(
     "idx_dir", None, "Folder with the four (Fashion-)MNIST IDX files, plain or .gz. Default: searched (see --help)."
@@ -63,9 +65,9 @@ def build_model(data: datasets.TaskData) -> keras.Model:
     return keras.Sequential([keras.layers.Input(data.x_train.shape[1:])] + cnn_layers(data.num_classes))
 
 
-def make_task() -> training.Task:
+def make_task() -> run_config.Task:
     """MNIST with the paper's hyperparameters."""
-    return training.Task(
+    return run_config.Task(
         name="mnist",
         load_data=load_data,
         build_model=build_model,
@@ -80,4 +82,4 @@ def make_task() -> training.Task:
 
 
 if __name__ == "__main__":
-    training.run(make_task)
+    trainer.run(make_task)

@@ -48,50 +48,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import statistics
 import sys
 
 import numpy as np
 import tensorflow as tf
-from absl import app
 from absl import flags
-from absl import logging
 from scipy.stats import qmc
 
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from keras_dyndp import cli
+from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
-from research import datasets
+from research import results
+from research import run_config
+from research import run_flags
+from research import study_report
 from research import tasks
-from research import training
+from research import trainer
+from research.contenders import CONTENDERS
 
-flags.adopt_module_key_flags(training)
-
-
-@dataclasses.dataclass(frozen=True)
-class Contender:
-    """One way to train: a schedule method, and what its own coordinates of the search draw.
-
-    Attributes:
-      method: the `training` method.
-      parameters: the `RunConfig` fields set from the draw's coordinates 2, 3, ... as inverse ratios (1 / value).
-      rescale_to_unit_norm: divide the noisy sum by C_t (its learning rate is then scaled by C_0).
-    """
-
-    method: str
-    parameters: tuple[str, ...] = ()
-    rescale_to_unit_norm: bool = False
+flags.adopt_module_key_flags(run_flags)
 
 
-CONTENDERS = {
-    "vanilla": Contender("vanilla"),
-    "vanilla_lr_decay": Contender("vanilla", ("lr_decay",)),
-    "sensitivity_decay": Contender("sensitivity_decay", ("rho_c",)),
-    "growing_mu": Contender("growing_mu", ("rho_mu",)),
-    "dynamic": Contender("dynamic", ("rho_mu", "rho_c")),
-    "dynamic_rescaled": Contender("dynamic", ("rho_mu", "rho_c"), rescale_to_unit_norm=True),
-}
 _SEARCH_DIMENSIONS = 2 + max(len(contender.parameters) for contender in CONTENDERS.values())
 PHASES = ("tune", "final")
 
@@ -157,7 +137,7 @@ def configurations(contender: str, space: SearchSpace, budget: int, search_seed:
     return result
 
 
-def validation_task(task: training.Task, fraction: float, seed: int = 0) -> training.Task:
+def validation_task(task: run_config.Task, fraction: float, seed: int = 0) -> run_config.Task:
     """`task` with its data replaced by a split of its training set: `fraction` of it (a fixed random subset) as
     the "test" set the run evaluates on, the rest as the training set. The task's test set is not passed on."""
 
@@ -209,8 +189,8 @@ class Study:
 
     def __init__(
         self,
-        task: training.Task,
-        base: training.RunConfig,
+        task: run_config.Task,
+        base: run_config.RunConfig,
         study_dir: str,
         *,
         epsilons: list[float],
@@ -240,7 +220,7 @@ class Study:
     def _run(self, phase: str, epsilon: float, contender: str, index: int, values: dict, seed: int) -> None:
         task = self.task if phase == "final" else validation_task(self.task, self.validation_fraction)
         config = dataclasses.replace(self.base, epsilon=epsilon, seed=seed, **values)
-        result = training.train(task, config)
+        result = trainer.train(task, config)
         keras.backend.clear_session()
         steps = result.steps
         row = {
@@ -252,12 +232,12 @@ class Study:
             "epsilon_pld": result.schedule.epsilon(result.config.delta, accountant="pld", steps=steps),
             "epsilon_rdp": result.schedule.epsilon(result.config.delta, accountant="rdp", steps=steps),
         }
-        training.append_csv_row(self.csv_path, row)
+        results.append_csv_row(self.csv_path, row)
 
     def _done(self) -> dict[tuple, dict]:
         return {
             _key(row["phase"], row["epsilon"], row["contender"], row, row["seed"]): row
-            for row in training.read_csv_rows(self.csv_path)
+            for row in results.read_csv_rows(self.csv_path)
         }
 
     def run(self) -> list[dict]:
@@ -291,130 +271,13 @@ class Study:
         return [row for key, row in self._done().items() if key in wanted]
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def summary(rows: list[dict]) -> list[dict]:
-    """Per (epsilon, contender): the selection and its final runs' test accuracy, epsilons and wall times."""
-    result = []
-    finals = [row for row in rows if row["phase"] == "final"]
-    for epsilon in sorted({float(row["epsilon"]) for row in finals}):
-        for name in CONTENDERS:
-            group = [row for row in finals if float(row["epsilon"]) == epsilon and row["contender"] == name]
-            if not group:
-                continue
-            tuning = [
-                row
-                for row in rows
-                if row["phase"] == "tune" and float(row["epsilon"]) == epsilon and row["contender"] == name
-            ]
-            chosen = next(row for row in tuning if row["config_index"] == group[0]["config_index"])
-            mean, std = _mean_std([float(row["test_accuracy"]) for row in group])
-            result.append(
-                dict(
-                    epsilon=epsilon,
-                    contender=name,
-                    mean=mean,
-                    std=std,
-                    n=len(group),
-                    by_seed={row["seed"]: float(row["test_accuracy"]) for row in group},
-                    validation_accuracy=float(chosen["test_accuracy"]),
-                    config=group[0],
-                    epsilon_pld=max(float(row["epsilon_pld"]) for row in group),
-                    epsilon_rdp=max(float(row["epsilon_rdp"]) for row in group),
-                    final_wall_s=statistics.median(float(row["wall_time_s"]) for row in group),
-                    tuning_wall_s=sum(float(row["wall_time_s"]) for row in tuning),
-                    tuned=len(tuning),
-                )
-            )
-    return result
-
-
-def _hyperparameters(row: dict) -> str:
-    parts = [f"lr {float(row['learning_rate']):.3g}", f"C_0 {float(row['initial_clip']):.3g}"]
-    for name, label in (("rho_mu", "1/ρ_μ"), ("rho_c", "1/ρ_c"), ("lr_decay", "1/lr_decay")):
-        if float(row[name]) != 1.0:
-            parts.append(f"{label} {1 / float(row[name]):.2f}")
-    return ", ".join(parts)
-
-
-def _paired_difference(entry: dict, reference: dict | None) -> str:
-    """Mean ± std over the seeds both ran of entry's accuracy minus reference's (same seed: same initialisation and
-    batch sampling), in points."""
-    if reference is None or reference is entry:
-        return "-"
-    seeds = sorted(set(entry["by_seed"]) & set(reference["by_seed"]))
-    if not seeds:
-        return "-"
-    mean, std = _mean_std([100 * (entry["by_seed"][seed] - reference["by_seed"][seed]) for seed in seeds])
-    return f"{mean:+.2f} ± {std:.2f}"
-
-
-def markdown_table(rows: list[dict]) -> str:
-    """The study's table: one line per epsilon and contender, with its difference to vanilla paired by seed."""
-    lines = [
-        "| ε (PLD target) | contender | test accuracy % (mean ± std, n) | − vanilla, paired by seed | "
-        "selected (#, validation %) | PLD ε | RDP ε | wall s: final run (median), tuning (sum) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    entries = summary(rows)
-    for entry in entries:
-        config = entry["config"]
-        vanilla = next(
-            (other for other in entries if other["contender"] == "vanilla" and other["epsilon"] == entry["epsilon"]),
-            None,
-        )
-        lines.append(
-            f"| {entry['epsilon']:g} | {entry['contender']} | {100 * entry['mean']:.2f} ± {100 * entry['std']:.2f} "
-            f"({entry['n']}) | {_paired_difference(entry, vanilla)} | "
-            f"{_hyperparameters(config)} (#{config['config_index']} of {entry['tuned']}, "
-            f"{100 * entry['validation_accuracy']:.2f}) | {entry['epsilon_pld']:.3f} | {entry['epsilon_rdp']:.3f} | "
-            f"{entry['final_wall_s']:.0f}, {entry['tuning_wall_s']:.0f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict], path: str) -> None:
-    """Test accuracy (mean ± std over the final seeds) against epsilon, one line per contender."""
-    from matplotlib import figure
-
-    entries = summary(rows)
-    fig = figure.Figure(figsize=(6.0, 4.0))
-    axes = fig.add_subplot()
-    names = [name for name in CONTENDERS if any(entry["contender"] == name for entry in entries)]
-    for offset, name in enumerate(names):
-        own = [entry for entry in entries if entry["contender"] == name]
-        # A small horizontal offset per contender keeps the error bars apart.
-        shift = 1 + 0.02 * (offset - (len(names) - 1) / 2)
-        axes.errorbar(
-            [entry["epsilon"] * shift for entry in own],
-            [100 * entry["mean"] for entry in own],
-            yerr=[100 * entry["std"] for entry in own],
-            marker="o",
-            capsize=3,
-            label=name,
-        )
-    axes.set_xscale("log")
-    epsilons = sorted({entry["epsilon"] for entry in entries})
-    axes.set_xticks(epsilons, [f"{epsilon:g}" for epsilon in epsilons])
-    axes.minorticks_off()
-    axes.set_xlabel("ε (PLD, δ = 1/(10N))")
-    axes.set_ylabel("test accuracy (%)")
-    task = rows[0]["task"] if rows else ""
-    axes.set_title(f"{task}: tuned contenders at equal PLD ε", fontsize=9)
-    axes.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def _range(name: str, low_bound: float, high_bound: float) -> tuple[float, float]:
     numbers = tasks.floats(name, FLAGS[name].value, -math.inf, math.inf)
     if len(numbers) != 2:
-        raise training.FlagError(f"--{name} takes two numbers, lo,hi. Received: {FLAGS[name].value}.")
+        raise run_config.FlagError(f"--{name} takes two numbers, lo,hi. Received: {FLAGS[name].value}.")
     low, high = numbers
     if not low_bound < low <= high <= high_bound:
-        raise training.FlagError(f"--{name} must be lo,hi with {low_bound:g} < lo <= hi <= {high_bound:g}.")
+        raise run_config.FlagError(f"--{name} must be lo,hi with {low_bound:g} < lo <= hi <= {high_bound:g}.")
     return low, high
 
 
@@ -435,28 +298,28 @@ _PER_RUN_FLAGS = (
 
 
 def study_from_flags() -> Study:
-    """The `Study` the command line asks for; bad values raise `training.FlagError` naming the flag."""
+    """The `Study` the command line asks for; bad values raise `run_config.FlagError` naming the flag."""
     if not FLAGS.study_dir:
-        raise training.FlagError("--study_dir is required.")
+        raise run_config.FlagError("--study_dir is required.")
     given = [f"--{name}" for name in _PER_RUN_FLAGS if FLAGS[name].present]
     if given:
-        raise training.FlagError(
+        raise run_config.FlagError(
             f"{', '.join(given)}: set by the study for each run (contenders, --epsilons, --tune_seed and "
             "--final_seeds; calibration and report under PLD; results in --study_dir). Leave them out."
         )
     unknown = [name for name in FLAGS.contenders if name not in CONTENDERS]
     if unknown or not FLAGS.contenders:
-        raise training.FlagError(f"--contenders must be among {list(CONTENDERS)}. Received: {FLAGS.contenders}.")
+        raise run_config.FlagError(f"--contenders must be among {list(CONTENDERS)}. Received: {FLAGS.contenders}.")
     if FLAGS.budget < 1:
-        raise training.FlagError(f"--budget must be >= 1. Received: {FLAGS.budget}.")
+        raise run_config.FlagError(f"--budget must be >= 1. Received: {FLAGS.budget}.")
     if not 0 < FLAGS.validation_fraction <= 0.5:
-        raise training.FlagError(f"--validation_fraction must be in (0, 0.5]. Received: {FLAGS.validation_fraction}.")
+        raise run_config.FlagError(f"--validation_fraction must be in (0, 0.5]. Received: {FLAGS.validation_fraction}.")
     task = tasks.TASK_MODULES[FLAGS.task].make_task()
     epsilons = tasks.epsilons_from_flag(task.epsilon)
     try:
         final_seeds = tuple(int(seed) for seed in FLAGS.final_seeds)
     except ValueError as error:
-        raise training.FlagError(f"--final_seeds must be integers: {error}") from error
+        raise run_config.FlagError(f"--final_seeds must be integers: {error}") from error
     space = SearchSpace(
         learning_rate=task.learning_rate if FLAGS.learning_rate is None else FLAGS.learning_rate,
         initial_clip=task.initial_clip if FLAGS.initial_clip is None else FLAGS.initial_clip,
@@ -467,7 +330,7 @@ def study_from_flags() -> Study:
     )
     return Study(
         task,
-        training.config_from_flags(),
+        run_flags.config_from_flags(),
         FLAGS.study_dir,
         epsilons=epsilons,
         contenders=list(FLAGS.contenders),
@@ -480,24 +343,16 @@ def study_from_flags() -> Study:
     )
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        print(f"study: error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(2)
-    logging.set_verbosity(logging.WARNING)
+def main() -> None:
     tf.get_logger().setLevel("ERROR")
-    try:
-        study = study_from_flags()
-        rows = study.run()
-    except (training.FlagError, datasets.DataNotFoundError) as error:
-        print(f"study: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    table = markdown_table(rows)
+    study = study_from_flags()
+    rows = study.run()
+    table = study_report.markdown_table(rows)
     with open(os.path.join(study.study_dir, "study.md"), "w") as handle:
         handle.write(table)
     print(table)
-    plot(rows, os.path.join(study.study_dir, "accuracy_vs_epsilon.png"))
+    study_report.plot(rows, os.path.join(study.study_dir, "accuracy_vs_epsilon.png"))
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=training.parse_flags)
+    cli.run(main)

@@ -6,7 +6,7 @@ seed in ``--seeds`` this script trains the task of ``--task`` once per grid poin
 all (1/rho_mu, 1/rho_c) pairs; growing_mu, and zcdp and tcdp (noise decay z_0 / z_T = rho_mu): the 1/rho_mu values;
 sensitivity_decay: the 1/rho_c values; vanilla and nonprivate: one run), then writes into ``--sweep_dir``:
 
-* ``results.csv``: one row per run (`research.training.RunResult.csv_row`). Runs already in it (same task,
+* ``results.csv``: one row per run (`research.results.RunResult.csv_row`). Runs already in it (same task,
   method, epsilon, rho_mu, rho_c, seed, and the values the command line sets for every run: learning rate, C_0,
   --lr_decay, ...) are skipped, so an interrupted sweep continues where it stopped;
 * ``table.md``: accuracy mean +- std over seeds per method and epsilon, with the rigorous epsilon; for methods with
@@ -16,7 +16,7 @@ sensitivity_decay: the 1/rho_c values; vanilla and nonprivate: one run), then wr
 Every other flag given on the command line (``--epochs``, ``--max_steps``, ``--idx_dir``, ...) applies to every
 run, except ``--accountant`` (the calibration accountant of the paper's methods), which the baselines zcdp and tcdp
 do not take: they are calibrated by their own. ``--accountant=gdp_clt`` reproduces the paper's calibration. Runs go
-in-process by default (`research.training.train` with the flags' `RunConfig` and the grid point); ``--subprocess``
+in-process by default (`research.trainer.train` with the flags' `RunConfig` and the grid point); ``--subprocess``
 starts ``python -m research.<task>`` for each (isolated, and a failing run does not stop the sweep).
 
     python -m research.sweep --task=digits --epsilons=1,3 --seeds=0,1 --methods=vanilla,dynamic \\
@@ -34,24 +34,25 @@ import subprocess
 import sys
 
 import tensorflow as tf
-from absl import app
 from absl import flags
-from absl import logging
 
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from keras_dyndp import cli
 from keras_dyndp import schedules
 from keras_dyndp.tf_backend.keras_compat import keras
-from research import datasets
+from research import results
+from research import run_config
+from research import run_flags
 from research import tasks
-from research import training
+from research import trainer
 
-flags.adopt_module_key_flags(training)  # --helpshort lists the shared training flags too.
+flags.adopt_module_key_flags(run_flags)  # --helpshort lists the shared training flags too.
 
 PAPER_GRID = ["0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8"]
 
-flags.DEFINE_list("methods", ["dynamic"], f"Methods to run, among {training.METHODS}.")
+flags.DEFINE_list("methods", ["dynamic"], f"Methods to run, among {run_flags.METHODS}.")
 flags.DEFINE_list("inv_rho_mus", PAPER_GRID, "Grid of 1/rho_mu values, each in (0, 1].")
 flags.DEFINE_list("inv_rho_cs", PAPER_GRID, "Grid of 1/rho_c values, each in (0, 1].")
 flags.DEFINE_list("seeds", ["0", "1"], "Seeds (integers); each grid point runs once per seed.")
@@ -68,15 +69,15 @@ _SWEEP_FLAGS = ("task", "methods", "epsilons", "inv_rho_mus", "inv_rho_cs", "see
 def configurations(task_epsilon: float) -> list[dict]:
     """Every run of the sweep as the per-run flag values (method, epsilon, rho_mu, rho_c, seed)."""
     for method in FLAGS.methods:
-        if method not in training.METHODS:
-            raise training.FlagError(f"--methods: {method!r} is not one of {training.METHODS}.")
+        if method not in run_flags.METHODS:
+            raise run_config.FlagError(f"--methods: {method!r} is not one of {run_flags.METHODS}.")
     epsilons = tasks.epsilons_from_flag(task_epsilon)
     inv_mus = tasks.floats("inv_rho_mus", FLAGS.inv_rho_mus, 0, 1)
     inv_cs = tasks.floats("inv_rho_cs", FLAGS.inv_rho_cs, 0, 1)
     try:
         seeds = [int(seed) for seed in FLAGS.seeds]
     except ValueError as error:
-        raise training.FlagError(f"--seeds must be integers: {error}") from error
+        raise run_config.FlagError(f"--seeds must be integers: {error}") from error
     mu_grid = [(m, 1.0) for m in inv_mus]
     grids = {
         "dynamic": list(itertools.product(inv_mus, inv_cs)),
@@ -118,14 +119,14 @@ _SHARED_COLUMNS = (
 )
 
 
-def agrees_with(row: dict, base: training.RunConfig) -> bool:
+def agrees_with(row: dict, base: run_config.RunConfig) -> bool:
     """Whether a results-CSV `row` was run with the values that `base` sets (fields left None, the task's defaults,
     are not compared; a column missing from an older file holds the field's default)."""
     for name in _SHARED_COLUMNS:
         wanted = getattr(base, name)
         if wanted is None:
             continue
-        recorded = row.get(name, str(training.RUN_CONFIG_DEFAULTS[name]))
+        recorded = row.get(name, str(run_config.RUN_CONFIG_DEFAULTS[name]))
         if isinstance(wanted, (bool, str)):
             if recorded != str(wanted):
                 return False
@@ -145,7 +146,7 @@ def _forwarded_arguments(method: str) -> list[str]:
     return [FLAGS[name].serialize() for name in FLAGS if FLAGS[name].present and name not in skipped]
 
 
-def _run_in_process(module, base: training.RunConfig, run: dict, results_csv: str) -> None:
+def _run_in_process(module, base: run_config.RunConfig, run: dict, results_csv: str) -> None:
     """Trains one grid point: `base` (the flags' config) with the run's values, its CSV row in `results_csv`.
 
     Like the subprocess runs it gets no --model_dir (one directory cannot hold several runs), and the flags that do
@@ -153,7 +154,7 @@ def _run_in_process(module, base: training.RunConfig, run: dict, results_csv: st
     config = dataclasses.replace(
         base, **run, results_csv=results_csv, model_dir=None, **dict.fromkeys(_not_for(run["method"]))
     )
-    training.train(module.make_task(), config)
+    trainer.train(module.make_task(), config)
     keras.backend.clear_session()
 
 
@@ -192,7 +193,7 @@ def markdown_table(rows: list[dict]) -> str:
     """Table-1 style markdown: accuracy (%) mean ± std over seeds, best grid point per method and epsilon."""
     groups = _grouped(rows)
     epsilons = sorted({key[1] for key in groups if math.isfinite(key[1])})
-    methods = [method for method in training.METHODS if any(key[0] == method for key in groups)]
+    methods = [method for method in run_flags.METHODS if any(key[0] == method for key in groups)]
     columns = [f"ε = {eps:g}" for eps in epsilons] or ["accuracy (%)"]
     lines = ["| method | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for method in methods:
@@ -260,13 +261,13 @@ def plot_heatmaps(rows: list[dict], sweep_dir: str) -> list[str]:
 def sweep() -> None:
     """Runs the missing configurations, then writes the table and the heat maps."""
     if not FLAGS.sweep_dir:
-        raise training.FlagError("--sweep_dir is required.")
+        raise run_config.FlagError("--sweep_dir is required.")
     module = tasks.TASK_MODULES[FLAGS.task]
     runs = configurations(module.make_task().epsilon)
     os.makedirs(FLAGS.sweep_dir, exist_ok=True)
     results_csv = os.path.join(FLAGS.sweep_dir, "results.csv")
-    base = training.config_from_flags()
-    rows = [row for row in training.read_csv_rows(results_csv) if agrees_with(row, base)]
+    base = run_flags.config_from_flags()
+    rows = [row for row in results.read_csv_rows(results_csv) if agrees_with(row, base)]
     done = {_key(row["task"], row) for row in rows}
     todo = [run for run in runs if _key(FLAGS.task, run) not in done]
     print(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} already in {results_csv}, {len(todo)} to go")
@@ -278,9 +279,7 @@ def sweep() -> None:
             _run_in_process(module, base, run, results_csv)
     wanted = {_key(FLAGS.task, run) for run in runs}
     rows = [
-        row
-        for row in training.read_csv_rows(results_csv)
-        if _key(row["task"], row) in wanted and agrees_with(row, base)
+        row for row in results.read_csv_rows(results_csv) if _key(row["task"], row) in wanted and agrees_with(row, base)
     ]
     table = markdown_table(rows)
     with open(os.path.join(FLAGS.sweep_dir, "table.md"), "w") as handle:
@@ -290,18 +289,10 @@ def sweep() -> None:
         print(f"sweep: wrote {path}")
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        print(f"sweep: error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(2)
-    logging.set_verbosity(logging.WARNING)
+def main() -> None:
     tf.get_logger().setLevel("ERROR")  # Retracing notices: each run builds a new model in this process.
-    try:
-        sweep()
-    except (training.FlagError, datasets.DataNotFoundError) as error:
-        print(f"sweep: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    sweep()
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=training.parse_flags)
+    cli.run(main)

@@ -18,7 +18,7 @@ from research import federated_mnist
 from research import imdb
 from research import mnist
 from research import names
-from research import training
+from research import run_config
 
 TASK_MODULES = {
     module.__name__.rsplit(".", 1)[1]: module
@@ -33,13 +33,13 @@ FLAGS = flags.FLAGS
 
 
 def floats(name: str, values: list[str], low: float, high: float) -> list[float]:
-    """The numbers of the list flag `--name`, each in (low, high]; a `training.FlagError` naming it otherwise."""
+    """The numbers of the list flag `--name`, each in (low, high]; a `run_config.FlagError` naming it otherwise."""
     try:
         numbers = [float(value) for value in values]
     except ValueError as error:
-        raise training.FlagError(f"--{name} must be a comma-separated list of numbers: {error}") from error
+        raise run_config.FlagError(f"--{name} must be a comma-separated list of numbers: {error}") from error
     if not numbers or not all(low < number <= high for number in numbers):
-        raise training.FlagError(f"--{name} values must be in ({low:g}, {high:g}]. Received: {values}.")
+        raise run_config.FlagError(f"--{name} values must be in ({low:g}, {high:g}]. Received: {values}.")
     return numbers
 
 
@@ -49,5 +49,5 @@ def epsilons_from_flag(task_epsilon: float) -> list[float]:
         return [task_epsilon]
     epsilons = floats("epsilons", FLAGS.epsilons, 0, math.inf)
     if not all(math.isfinite(epsilon) for epsilon in epsilons):
-        raise training.FlagError(f"--epsilons must be finite. Received: {FLAGS.epsilons}.")
+        raise run_config.FlagError(f"--epsilons must be finite. Received: {FLAGS.epsilons}.")
     return epsilons

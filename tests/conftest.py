@@ -25,6 +25,12 @@ if HAS_JAX and not HAS_TENSORFLOW:
 
 BACKEND_NEUTRAL = frozenset(
     {
+        "datasets/test_infinite_mnist.py",
+        "datasets/test_mnist_loader.py",
+        "datasets/test_names_loader.py",
+        "examples/test_jax_digits.py",
+        "examples/test_trainer_command_lines.py",
+        "test_cli.py",
         "test_backend.py",
         "test_batch_sizes.py",
         "test_callbacks.py",

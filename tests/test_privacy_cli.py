@@ -100,7 +100,7 @@ def test_bad_spec_exits_2_with_one_line(tmp_path, args, message):
 
 
 def test_flags_live_in_their_own_registry_beside_the_research_trainers():
-    import research.training  # Defines --epsilon, --method, ... on absl's global registry.
+    import research.run_flags  # Defines --epsilon, --method, ... on absl's global registry.
     from keras_dyndp import privacy_cli
 
     assert "epsilon" in privacy_cli._FLAGS  # pylint: disable=protected-access

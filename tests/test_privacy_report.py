@@ -130,3 +130,47 @@ def test_run_privacy_plot_writes_a_png_of_the_steps_taken(tmp_path):
     for steps in ([], [0, 10], [61]):
         with pytest.raises(ValueError, match=r"`steps` must hold step counts in \[1, T = 60\]"):
             privacy_report.plot_run_privacy(str(tmp_path / "bad.png"), schedule, 1e-4, steps=steps)
+
+
+def test_run_summary_states_the_steps_taken_their_epsilons_and_the_budget():
+    schedule = schedules.calibrate("dynamic", **SPEC, rho_mu=1.25, rho_c=1 / 0.3)
+    summary = privacy_report.run_summary(schedule, SPEC["target_delta"], 30, method="dynamic", privacy_unit="client")
+    assert summary.epsilon_gdp_clt == schedule.epsilon(SPEC["target_delta"], accountant="gdp_clt", steps=30)
+    assert summary.epsilon_rigorous == schedule.epsilon(SPEC["target_delta"], accountant="pld", steps=30)
+    assert summary.rigorous_accountant == "pld" and str(summary) == summary.text
+    lines = summary.text.splitlines()
+    assert lines[0] == "Privacy report (dynamic, per client, add-or-remove-one adjacency):"
+    assert "steps taken 30 of the schedule's 60" in lines[1]
+    assert f"PLD (rigorous upper bound): {summary.epsilon_rigorous:.4f}" in summary.text
+    assert "budget calibrated under pld: target epsilon 1" in summary.text  # from the schedule's calibration
+    assert "training batches: no loss or metric computed" in summary.text and "NOTE" not in summary.text
+
+
+def test_run_summary_flags_what_the_epsilons_do_not_cover():
+    schedule = schedules.calibrate("vanilla", **SPEC)
+    text = privacy_report.run_summary(
+        schedule,
+        1e-4,
+        60,
+        method="vanilla",
+        accountant="rdp",
+        sampling="shuffle",
+        training_metrics=True,
+        seed=3,
+        notes=["the vocabulary was learnt from the private data."],
+    ).text
+    assert "RDP (rigorous upper bound)" in text and "OUTSIDE the DP guarantee" in text
+    assert "NOTE: shuffled batches; these epsilons assume Poisson sampling" in text
+    assert "NOTE: seed 3 fixes the sampling and noise; do not release this model." in text
+    assert text.endswith("NOTE: the vocabulary was learnt from the private data.")
+
+
+def test_run_summary_of_a_baseline_adds_its_own_accountant_and_of_no_schedule_says_so():
+    schedule = schedules.calibrate("tcdp", **SPEC, rho_mu=1.25)
+    text = privacy_report.run_summary(
+        schedule, 1e-4, 60, method="tcdp", calibrated_under="tcdp", target_epsilon=1.0
+    ).text
+    assert "tcdp (the baseline's own accountant): " in text and "fixed-size batches" in text
+    assert "budget calibrated under tcdp: target epsilon 1" in text
+    none = privacy_report.run_summary(None, 1e-4, 5, method="nonprivate")
+    assert none.text == "Privacy: none (nonprivate: no DP guarantee)." and np.isinf(none.epsilon_rigorous)

@@ -9,7 +9,11 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 _ACCURACY = re.compile(r"^Test accuracy: (\S+) ", re.MULTILINE)
-_PRIVACY = re.compile(r": (\d+) of (\d+) DP steps, .* PLD (\S+) \(rigorous; target (\S+)\)")
+_PRIVACY = re.compile(
+    r"steps taken (\d+) of the schedule's (\d+)\n.*PLD \(rigorous upper bound\): (\S+)\n.*"
+    r"budget calibrated under pld: target epsilon (\S+)\n",
+    re.DOTALL,
+)
 
 
 @pytest.fixture(name="run_example")

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from research import datasets
+from keras_dyndp.datasets import mnist
 
 
 def write_idx_folder(directory, num_train=80, num_test=20):
@@ -13,8 +13,8 @@ def write_idx_folder(directory, num_train=80, num_test=20):
         "x_test": rng.integers(0, 256, (num_test, 28, 28)),
         "y_test": rng.integers(0, 10, num_test),
     }
-    for key, stem in datasets.IDX_FILES.items():
-        datasets.write_idx(str(directory / (stem + ".gz")), arrays[key])
+    for key, stem in mnist.IDX_FILES.items():
+        mnist.write_idx(str(directory / (stem + ".gz")), arrays[key])
 
 
 def test_a_short_run_on_idx_files_stays_within_budget(run_example, tmp_path):

@@ -3,16 +3,17 @@
 import numpy as np
 import pytest
 
-from research import datasets
+from keras_dyndp import datasets
 from research import digits
-from research import training
+from research import run_config
+from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
 
 
 def test_default_dynamic_run_learns_within_budget():
-    result = training.train(digits.make_task(), training.RunConfig(seed=0, verbose=0))
+    result = trainer.train(digits.make_task(), run_config.RunConfig(seed=0, verbose=0))
     assert result.config.method == "dynamic" and result.config.epsilon == 3.0
     assert result.steps == result.total_steps
     assert result.epsilon_gdp_clt <= 3.0 + 1e-9

@@ -5,10 +5,11 @@ import pytest
 import tensorflow as tf
 from absl.testing import flagsaver
 
+from keras_dyndp import datasets
 from keras_dyndp.tf_backend import per_example
-from research import datasets
 from research import federated_mnist
-from research import training
+from research import run_config
+from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
@@ -22,8 +23,8 @@ def test_client_level_training_end_to_end(images_per_client, capsys):
         images_per_client=images_per_client,
     ):
         data = federated_mnist.load_data()
-        config = training.RunConfig(batch_size=8, seed=0, verbose=0, max_steps=2, epochs=1.0)
-        result = training.train(federated_mnist.make_task(), config)
+        config = run_config.RunConfig(batch_size=8, seed=0, verbose=0, max_steps=2, epochs=1.0)
+        result = trainer.train(federated_mnist.make_task(), config)
     assert data.num_train == 200 and data.x_test.shape[-4 if images_per_client == 1 else -5] == 360
     assert result.steps == 2 and result.config.delta == pytest.approx(1 / 2000)
     out = capsys.readouterr().out
@@ -63,7 +64,7 @@ def test_several_images_per_client_are_clipped_as_one_unit():
     x = rng.integers(0, 256, (2, 3, 28, 28, 1)).astype(np.uint8)
     y = rng.integers(0, 10, (2, 3))
     model = federated_mnist.build_model(datasets.TaskData(x, y, x, y, 10, ""))
-    loss = training.make_loss_and_metric(federated_mnist.make_task(), private=True)[0]
+    loss = trainer.make_loss_and_metric(federated_mnist.make_task(), private=True)[0]
     ghost = tf.function(
         lambda x, y: per_example.clipped_gradient_sum(
             model, loss, x, y, None, 1e-3, model.trainable_variables, method="ghost"

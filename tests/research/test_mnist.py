@@ -7,10 +7,12 @@ import pytest
 import tensorflow_datasets as tfds
 from absl.testing import flagsaver
 
-from research import datasets
+from keras_dyndp import datasets
+from keras_dyndp.datasets import mnist as mnist_files
 from research import fashion_mnist
 from research import mnist
-from research import training
+from research import run_config
+from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
@@ -25,34 +27,18 @@ def _write_idx_folder(directory, num_train=60, num_test=20, gzip=True):
         "x_test": rng.integers(0, 256, (num_test, 28, 28)),
         "y_test": rng.integers(0, 10, num_test),
     }
-    for key, stem in datasets.IDX_FILES.items():
-        datasets.write_idx(str(directory / (stem + suffix)), arrays[key])
+    for key, stem in mnist_files.IDX_FILES.items():
+        mnist_files.write_idx(str(directory / (stem + suffix)), arrays[key])
     return arrays
-
-
-@pytest.mark.parametrize("gzip", [True, False])
-def test_idx_round_trip(tmp_path, gzip):
-    arrays = _write_idx_folder(tmp_path, gzip=gzip)
-    loaded = datasets.load_idx_directory(str(tmp_path))
-    for key, array in arrays.items():
-        np.testing.assert_array_equal(loaded[key], array)
-        assert loaded[key].dtype == np.uint8
-
-
-def test_read_idx_rejects_other_files(tmp_path):
-    path = tmp_path / "bad"
-    path.write_bytes(b"\x01\x02\x03\x04rest")
-    with pytest.raises(ValueError, match="not an IDX file"):
-        datasets.read_idx(str(path))
 
 
 def test_fashion_mnist_trains_on_idx_files_and_resumes(tmp_path):
     _write_idx_folder(tmp_path)
     model_dir = str(tmp_path / "model")
-    config = training.RunConfig(seed=1, verbose=0, batch_size=10, epochs=1.0, model_dir=model_dir)
+    config = run_config.RunConfig(seed=1, verbose=0, batch_size=10, epochs=1.0, model_dir=model_dir)
     with flagsaver.flagsaver(idx_dir=str(tmp_path)):
-        first = training.train(fashion_mnist.make_task(), dataclasses.replace(config, max_steps=2))
-        second = training.train(fashion_mnist.make_task(), config)
+        first = trainer.train(fashion_mnist.make_task(), dataclasses.replace(config, max_steps=2))
+        second = trainer.train(fashion_mnist.make_task(), config)
     assert first.steps == 2 and second.steps == second.total_steps == 6
     assert first.config.initial_clip == 4.0 and first.config.learning_rate == 0.15
     assert first.config.delta == pytest.approx(1 / 600)
@@ -62,8 +48,8 @@ def test_fashion_mnist_trains_on_idx_files_and_resumes(tmp_path):
 def test_mnist_trains_on_mocked_tfds(tmp_path):
     with tfds.testing.mock_data(num_examples=40):
         with flagsaver.flagsaver(data_dir=str(tmp_path)):
-            config = training.RunConfig(seed=0, verbose=0, batch_size=8, max_steps=2, method="vanilla", epsilon=2.0)
-            result = training.train(mnist.make_task(), config)
+            config = run_config.RunConfig(seed=0, verbose=0, batch_size=8, max_steps=2, method="vanilla", epsilon=2.0)
+            result = trainer.train(mnist.make_task(), config)
     assert result.task == "mnist" and result.steps == 2 and result.config.delta == pytest.approx(1 / 400)
 
 
@@ -79,8 +65,8 @@ def _fake_sample_package(root, name, num_rows=50):
 
 
 def test_mnist_falls_back_to_the_package_sample(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets, "KERAS_CACHE", str(tmp_path / "keras"))
-    monkeypatch.setattr(datasets, "SAMPLE_PACKAGE", "fake_mnist_sample_pkg")
+    monkeypatch.setattr(mnist_files, "KERAS_CACHE", str(tmp_path / "keras"))
+    monkeypatch.setattr(mnist_files, "SAMPLE_PACKAGE", "fake_mnist_sample_pkg")
     monkeypatch.syspath_prepend(str(tmp_path))
     table = _fake_sample_package(tmp_path, "fake_mnist_sample_pkg")
     with flagsaver.flagsaver(data_dir=str(tmp_path / "tfds")):
@@ -95,9 +81,9 @@ def test_mnist_falls_back_to_the_package_sample(tmp_path, monkeypatch):
 
 
 def test_missing_data_message_names_places_and_remedy(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets, "FASHION_DEBIAN_DIR", str(tmp_path / "debian"))
-    monkeypatch.setattr(datasets, "KERAS_CACHE", str(tmp_path / "keras"))
-    monkeypatch.setattr(datasets, "SAMPLE_PACKAGE", "no_such_package_here")
+    monkeypatch.setattr(mnist_files, "FASHION_DEBIAN_DIR", str(tmp_path / "debian"))
+    monkeypatch.setattr(mnist_files, "KERAS_CACHE", str(tmp_path / "keras"))
+    monkeypatch.setattr(mnist_files, "SAMPLE_PACKAGE", "no_such_package_here")
     with flagsaver.flagsaver(data_dir=str(tmp_path / "tfds")):
         with pytest.raises(datasets.DataNotFoundError) as error:
             fashion_mnist.load_data()

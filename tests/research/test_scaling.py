@@ -1,4 +1,4 @@
-"""research.training under tf.distribute (--strategy, on the 2 logical CPUs of conftest) and with
+"""research.trainer under tf.distribute (--strategy, on the 2 logical CPUs of conftest) and with
 --accumulation_steps: same steps and privacy report as one device, checkpoints resume, conflicting options refused."""
 
 import types
@@ -9,9 +9,15 @@ from absl import flags
 from absl.testing import flagsaver
 
 from keras_dyndp import batch_sizes
+from keras_dyndp import cli
 from keras_dyndp.tf_backend import data as dp_data
+from research import batches
 from research import digits
-from research import training
+from research import distribute
+from research import results
+from research import run_config
+from research import run_flags
+from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
@@ -19,11 +25,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSee
 FLAGS = flags.FLAGS
 
 
-def _train(**overrides) -> training.RunResult:
+def _train(**overrides) -> results.RunResult:
     # pad_to_multiple=0: one batch shape, one trace of the train step (each new shape retraces it under a strategy).
     settings = dict(seed=0, verbose=0, epochs=2.0, batch_size=64, max_steps=3, pad_to_multiple=0)
     settings.update(overrides)
-    return training.train(digits.make_task(), training.RunConfig(**settings))
+    return trainer.train(digits.make_task(), run_config.RunConfig(**settings))
 
 
 def test_mirrored_run_with_accumulation_reports_what_one_device_reports(tmp_path, capsys):
@@ -38,8 +44,8 @@ def test_mirrored_run_with_accumulation_reports_what_one_device_reports(tmp_path
     assert mirrored.epsilon_gdp_clt == single.epsilon_gdp_clt
     assert mirrored.epsilon_rigorous == single.epsilon_rigorous
     assert mirrored.config.strategy == "mirrored" and mirrored.config.accumulation_steps == 2
-    schedule, _, _ = training.make_schedule(mirrored.config, 1437)
-    assert training.make_optimizer(mirrored.config, schedule, schedule.num_steps).accumulation_steps == 2
+    schedule, _, _ = trainer.make_schedule(mirrored.config, 1437)
+    assert trainer.make_optimizer(mirrored.config, schedule, schedule.num_steps).accumulation_steps == 2
     # A checkpoint written under the strategy resumes under it, its counter continuing the schedule.
     resumed = _train(strategy="mirrored", accumulation_steps=2, model_dir=model_dir, max_steps=4)
     assert resumed.steps == 4 and f"Resumed from {model_dir} at step 3 of 45." in capsys.readouterr().out
@@ -48,15 +54,15 @@ def test_mirrored_run_with_accumulation_reports_what_one_device_reports(tmp_path
 @pytest.mark.parametrize("pad_to_multiple", [0, 32, 5])
 def test_poisson_batches_split_evenly_across_the_replicas(pad_to_multiple):
     data = digits.load_data()
-    config = training.RunConfig(sampling="poisson", pad_to_multiple=pad_to_multiple)
+    config = run_config.RunConfig(sampling="poisson", pad_to_multiple=pad_to_multiple)
     p = 64 / data.num_train
     default_cap = batch_sizes.default_max_batch_size(data.num_train, p)
     for num_replicas in (1, 2, 3):
-        batches = training.train_batches(config, data, p, seed=0, num_steps=20, num_replicas=num_replicas)
-        sampling = dp_data.poisson_sampling(batches)
+        dataset = batches.train_batches(config, data, p, seed=0, num_steps=20, num_replicas=num_replicas)
+        sampling = dp_data.poisson_sampling(dataset)
         assert sampling.max_batch_size % num_replicas == 0
         assert default_cap <= sampling.max_batch_size < default_cap + num_replicas
-        rows = [len(weights) for _, _, weights in batches]
+        rows = [len(weights) for _, _, weights in dataset]
         assert all(row % num_replicas == 0 for row in rows)
         if pad_to_multiple:
             assert sampling.pad_to_multiple % pad_to_multiple == 0
@@ -75,7 +81,7 @@ def test_poisson_batches_split_evenly_across_the_replicas(pad_to_multiple):
 )
 def test_conflicting_options_are_flag_errors_before_training(overrides, message):
     # Refused before any strategy exists (a MultiWorkerMirroredStrategy could not be made in this process).
-    with pytest.raises(training.FlagError, match=message):
+    with pytest.raises(run_config.FlagError, match=message):
         _train(**overrides)
 
 
@@ -95,7 +101,7 @@ def test_conflicting_options_are_flag_errors_before_training(overrides, message)
 def test_bad_scaling_flags_exit_2_with_one_line(arguments, named, capsys):
     with flagsaver.flagsaver():
         with pytest.raises(SystemExit) as exit_info:
-            training.parse_flags(["digits.py"] + arguments)
+            cli.parse_flags(["digits.py"] + arguments)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("digits.py: error: ") and named in err[0]
@@ -103,10 +109,10 @@ def test_bad_scaling_flags_exit_2_with_one_line(arguments, named, capsys):
 
 def test_scaling_flags_are_read_into_the_config():
     with flagsaver.flagsaver():
-        training.parse_flags(["digits.py", "--strategy=multi_worker", "--seed=3", "--accumulation_steps=4"])
-        config = training.config_from_flags()
+        cli.parse_flags(["digits.py", "--strategy=multi_worker", "--seed=3", "--accumulation_steps=4"])
+        config = run_flags.config_from_flags()
     assert (config.strategy, config.accumulation_steps, config.seed) == ("multi_worker", 4, 3)
-    assert (training.RunConfig().strategy, training.RunConfig().accumulation_steps) == ("default", 1)
+    assert (run_config.RunConfig().strategy, run_config.RunConfig().accumulation_steps) == ("default", 1)
 
 
 def _strategy_with(cluster: dict, task_type: str | None, task_id: int | None) -> types.SimpleNamespace:
@@ -118,15 +124,15 @@ def _strategy_with(cluster: dict, task_type: str | None, task_id: int | None) ->
 
 def test_only_the_chief_writes():
     workers = {"worker": ["localhost:1", "localhost:2"]}
-    assert training.is_chief(tf.distribute.get_strategy())
-    assert training.is_chief(_strategy_with({}, None, None))
-    assert training.is_chief(_strategy_with(workers, "worker", 0))
-    assert not training.is_chief(_strategy_with(workers, "worker", 1))
+    assert distribute.is_chief(tf.distribute.get_strategy())
+    assert distribute.is_chief(_strategy_with({}, None, None))
+    assert distribute.is_chief(_strategy_with(workers, "worker", 0))
+    assert not distribute.is_chief(_strategy_with(workers, "worker", 1))
     with_chief = {"chief": ["localhost:0"], **workers}
-    assert training.is_chief(_strategy_with(with_chief, "chief", 0))
-    assert not training.is_chief(_strategy_with(with_chief, "worker", 0))
+    assert distribute.is_chief(_strategy_with(with_chief, "chief", 0))
+    assert not distribute.is_chief(_strategy_with(with_chief, "worker", 0))
 
 
 def test_mirrored_strategy_spans_the_logical_cpus():
-    assert training.make_strategy("mirrored").num_replicas_in_sync == len(tf.config.list_logical_devices("CPU")) == 2
-    assert training.make_strategy("default") is tf.distribute.get_strategy()
+    assert distribute.make_strategy("mirrored").num_replicas_in_sync == len(tf.config.list_logical_devices("CPU")) == 2
+    assert distribute.make_strategy("default") is tf.distribute.get_strategy()

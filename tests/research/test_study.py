@@ -10,11 +10,15 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
+from keras_dyndp import cli
+from keras_dyndp import datasets
 from keras_dyndp import schedules
 from keras_dyndp.tf_backend.keras_compat import keras
-from research import datasets
+from research import results
+from research import run_config
 from research import study
-from research import training
+from research import study_report
+from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
@@ -35,8 +39,8 @@ def blobs() -> datasets.TaskData:
     return datasets.TaskData(x_train, y_train, x_test, y_test, num_classes=2, description="blobs")
 
 
-def blob_task() -> training.Task:
-    return training.Task(
+def blob_task() -> run_config.Task:
+    return run_config.Task(
         name="blobs",
         load_data=blobs,
         build_model=lambda data: keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]),
@@ -100,7 +104,7 @@ def test_validation_task_splits_the_training_set_and_leaves_the_test_set_out():
 
 
 def _fake_train(calls):
-    """A stand-in for training.train: the "accuracy" of a run on the validation split favours the configuration with
+    """A stand-in for trainer.train: the "accuracy" of a run on the validation split favours the configuration with
     the smallest initial clip; on the test set, the largest (plus a seed and a rescaling term). Records what data
     each run evaluated on."""
 
@@ -112,20 +116,20 @@ def _fake_train(calls):
         accuracy = config.initial_clip / 10 + bonus if on_test else 1 / config.initial_clip
         config = config.resolved(task, data.num_train)
         schedule = schedules.DPSchedule([config.initial_clip] * 3, [config.initial_clip] * 3, 0.1)
-        return training.RunResult(task.name, config, 3, 3, accuracy, 1.0, 1.0, 0.5, schedule=schedule)
+        return results.RunResult(task.name, config, 3, 3, accuracy, 1.0, 1.0, 0.5, schedule=schedule)
 
     return train
 
 
 def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_once_each(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(training, "train", _fake_train(calls))
+    monkeypatch.setattr(trainer, "train", _fake_train(calls))
     contenders = ["vanilla", "dynamic_rescaled"]
 
     def make_study():
         return study.Study(
             blob_task(),
-            training.RunConfig(verbose=0),
+            run_config.RunConfig(verbose=0),
             str(tmp_path),
             epsilons=[1.0, 2.0],
             contenders=contenders,
@@ -154,7 +158,7 @@ def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_o
     # Resume: nothing left to run.
     rows_again = make_study().run()
     assert len(calls) == 24 and len(rows_again) == len(rows) == 24
-    table = study.markdown_table(rows)
+    table = study_report.markdown_table(rows)
     assert table.count("| vanilla |") == 2 and table.count("| dynamic_rescaled |") == 2
     # The fake test accuracy of a final run is C_0 / 10 + seed / 100 (+ 0.02 rescaled): the seeds spread each
     # contender's accuracy, the paired difference is exactly 2 points.
@@ -164,7 +168,7 @@ def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_o
 def test_a_real_study_on_generated_data_writes_csv_table_and_plot(tmp_path):
     run = study.Study(
         blob_task(),
-        training.RunConfig(verbose=0),
+        run_config.RunConfig(verbose=0),
         str(tmp_path),
         epsilons=[2.0],
         contenders=["vanilla", "sensitivity_decay"],
@@ -186,9 +190,9 @@ def test_a_real_study_on_generated_data_writes_csv_table_and_plot(tmp_path):
     assert all(float(row["delta"]) == pytest.approx(1 / 3000) for row in finals)
     tuned = [row for row in rows if row["phase"] == "tune"]
     assert all(float(row["delta"]) == pytest.approx(1 / 2700) for row in tuned)  # N of the 90% split
-    study.plot(rows, str(tmp_path / "plot.png"))
+    study_report.plot(rows, str(tmp_path / "plot.png"))
     assert os.path.getsize(tmp_path / "plot.png") > 1000
-    assert "sensitivity_decay" in study.markdown_table(rows)
+    assert "sensitivity_decay" in study_report.markdown_table(rows)
 
 
 @pytest.mark.parametrize(
@@ -208,15 +212,15 @@ def test_bad_flags_are_flag_errors(override, match, tmp_path):
     settings = dict(task="digits", study_dir=str(tmp_path))
     settings.update(override)
     with flagsaver.flagsaver(**settings):
-        with pytest.raises(training.FlagError, match=match):
+        with pytest.raises(run_config.FlagError, match=match):
             study.study_from_flags()
 
 
 @pytest.mark.parametrize("flag", ["--method=vanilla", "--accountant=gdp_clt", "--seed=3", "--lr_decay=2"])
 def test_flags_the_study_sets_per_run_are_refused(flag, tmp_path):
     with flagsaver.flagsaver():
-        training.parse_flags(["study.py", "--task=digits", f"--study_dir={tmp_path}", flag])
-        with pytest.raises(training.FlagError, match=f"{flag.split('=')[0]}: set by the study for each run"):
+        cli.parse_flags(["study.py", "--task=digits", f"--study_dir={tmp_path}", flag])
+        with pytest.raises(run_config.FlagError, match=f"{flag.split('=')[0]}: set by the study for each run"):
             study.study_from_flags()
 
 

@@ -10,8 +10,10 @@ from absl import flags
 from absl.testing import flagsaver
 
 from keras_dyndp import schedules
+from research import results
+from research import run_config
+from research import run_flags
 from research import sweep
-from research import training
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
@@ -30,7 +32,7 @@ def test_configurations_cover_each_methods_grid():
         seeds=["0", "1"],
     ):
         runs = sweep.configurations(task_epsilon=3.0)
-    count = {method: sum(run["method"] == method for run in runs) for method in training.METHODS}
+    count = {method: sum(run["method"] == method for run in runs) for method in run_flags.METHODS}
     # Per seed: nonprivate 1; vanilla 1 per epsilon; growing_mu and zcdp 2, sensitivity_decay 1, dynamic 2 x 1 per
     # epsilon; tcdp not asked for.
     assert count == {
@@ -53,7 +55,7 @@ def test_configurations_cover_each_methods_grid():
 )
 def test_bad_grids_are_flag_errors(override):
     with flagsaver.flagsaver(**override):
-        with pytest.raises(training.FlagError):
+        with pytest.raises(run_config.FlagError):
             sweep.configurations(task_epsilon=3.0)
 
 
@@ -72,10 +74,10 @@ def test_in_process_sweep_writes_csv_table_heatmap_and_resumes(tmp_path, capsys)
     )
     with flagsaver.flagsaver(**settings):
         sweep.sweep()
-        rows = training.read_csv_rows(str(tmp_path / "results.csv"))
+        rows = results.read_csv_rows(str(tmp_path / "results.csv"))
         assert len(rows) == 3
         sweep.sweep()  # Everything is done: nothing runs again.
-    assert len(training.read_csv_rows(str(tmp_path / "results.csv"))) == 3
+    assert len(results.read_csv_rows(str(tmp_path / "results.csv"))) == 3
     assert "0 to go" in capsys.readouterr().out
     table = (tmp_path / "table.md").read_text()
     assert table.startswith("| method | ε = 2 |") and "| vanilla |" in table and "1/ρ_μ=" in table
@@ -131,7 +133,7 @@ def test_subprocess_sweep_forwards_flags(tmp_path):
         timeout=240,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
-    (row,) = training.read_csv_rows(str(tmp_path / "results.csv"))
+    (row,) = results.read_csv_rows(str(tmp_path / "results.csv"))
     assert (row["method"], row["seed"], row["steps"], row["batch_size"]) == ("vanilla", "3", "2", "100")
 
 
@@ -155,17 +157,17 @@ def test_accountant_is_forwarded_to_the_paper_methods_only(tmp_path):
         # --accountant=gdp_clt (a FlagError) if it were forwarded.
         with pytest.warns(schedules.GdpCltUnderstatementWarning):
             sweep.sweep()
-    rows = {row["method"]: row for row in training.read_csv_rows(str(tmp_path / "results.csv"))}
+    rows = {row["method"]: row for row in results.read_csv_rows(str(tmp_path / "results.csv"))}
     assert set(rows) == {"vanilla", "zcdp"}
 
 
 def test_a_run_with_other_shared_settings_is_not_done():
     row = dict(learning_rate="0.5", initial_clip="1.0", epochs="2.0", sampling="poisson", delta="1e-05")
-    assert sweep.agrees_with(row, training.RunConfig())  # nothing set: task defaults, not compared
-    assert sweep.agrees_with(row, training.RunConfig(learning_rate=0.5, epochs=2))
-    assert not sweep.agrees_with(row, training.RunConfig(learning_rate=0.25))
-    assert not sweep.agrees_with(row, training.RunConfig(lr_decay=2.0))  # an older row: constant learning rate
-    assert sweep.agrees_with({**row, "lr_decay": "2.0"}, training.RunConfig(lr_decay=2.0))
+    assert sweep.agrees_with(row, run_config.RunConfig())  # nothing set: task defaults, not compared
+    assert sweep.agrees_with(row, run_config.RunConfig(learning_rate=0.5, epochs=2))
+    assert not sweep.agrees_with(row, run_config.RunConfig(learning_rate=0.25))
+    assert not sweep.agrees_with(row, run_config.RunConfig(lr_decay=2.0))  # an older row: constant learning rate
+    assert sweep.agrees_with({**row, "lr_decay": "2.0"}, run_config.RunConfig(lr_decay=2.0))
     assert not sweep.agrees_with(
-        {**row, "rescale_to_unit_norm": "False"}, training.RunConfig(rescale_to_unit_norm=True)
+        {**row, "rescale_to_unit_norm": "False"}, run_config.RunConfig(rescale_to_unit_norm=True)
     )

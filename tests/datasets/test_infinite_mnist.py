@@ -1,9 +1,9 @@
-"""Tests for research.infinite_mnist: seeded deformations and the clients' generated images."""
+"""Tests for keras_dyndp.datasets.infinite_mnist: seeded deformations and the clients' generated images."""
 
 import numpy as np
 import pytest
 
-from research import infinite_mnist
+from keras_dyndp.datasets import infinite_mnist
 
 
 def test_deform_keeps_shape_range_and_is_seeded():

@@ -1,6 +1,6 @@
 """InfiniteMNIST-style data (Loosli et al.): digits under random affine and elastic deformations, grouped by client.
 
-The federated task (research.federated_mnist, examples.federated_mnist) gives every client deformed copies of base
+The federated task (examples.federated_mnist, research.federated_mnist) gives every client deformed copies of base
 images; the deformations follow only their own seed, so the same clients come back for every run.
 """
 

