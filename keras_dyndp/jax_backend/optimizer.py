@@ -81,12 +81,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._runs = 0  # The last run nonce handed out: nonces only grow, whatever the run state is restored to.
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
-        if self._expected_batch_size is None:
-            self._num_examples = self._batch_size_range = None
-        else:
-            p = self._schedule.sampling_probability
-            self._num_examples = max(1, round(self._expected_batch_size / p))
-            self._batch_size_range = batch_sizes.batch_size_range(self._num_examples, p)
+        p = self._schedule.sampling_probability
+        self._num_examples = batch_sizes.implied_num_examples(self._expected_batch_size, p)
+        self._batch_size_range = (
+            None if self._num_examples is None else batch_sizes.batch_size_range(self._num_examples, p)
+        )
         self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
         # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
         # (zeros at rest)]; never saved.
@@ -104,6 +103,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def dp_step(self) -> keras.Variable:
         """int variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
         return self.iterations
+
+    @property
+    def num_examples(self) -> int | None:
+        """N, the dataset size the schedule and p N are for (`batch_sizes.implied_num_examples`); None when unknown."""
+        return self._num_examples
 
     @property
     def batch_size_range(self) -> tuple[int, int] | None:

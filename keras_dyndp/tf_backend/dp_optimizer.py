@@ -69,7 +69,11 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._noise_source = noise_source.NoiseSource(noise_seed)
         schedule = self._schedule
         self._sampling_check = sampling_check.SamplingCheck(
-            schedule.sampling_probability, self._expected_batch_size, self._public_batch_size, self.normalises_by_rows
+            schedule.sampling_probability,
+            self._expected_batch_size,
+            self._public_batch_size,
+            self.normalises_by_rows,
+            type(self).__name__,
         )
         with tf.init_scope():
             self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)

@@ -114,6 +114,16 @@ def test_poisson_batches_at_another_rate_are_refused():
         model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=0.1), epochs=1, verbose=0)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_poisson_batches_of_another_dataset_size_are_refused_before_the_first_step(path):
+    x, y = arrays(NUM_EXAMPLES // 2)  # batches at the schedule's rate would be refused only inside the graph
+    model = compiled_model(path)
+    expected = "num_examples=400 was given to DynamicDPKerasSGD but the data has 200 examples: pass num_examples=len"
+    with pytest.raises(ValueError, match=expected):
+        model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P), epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step) == 0
+
+
 def test_poisson_batches_need_a_normaliser_independent_of_the_rows():
     x, y = arrays()
     padded = keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=4, pad_to_multiple=8)
