@@ -5,7 +5,7 @@ probability p = `schedule.sampling_probability`; nothing in Keras enforces it (a
 checks close this.
 
 1. At every step, in the graph, on every path (``fit``, ``train_on_batch``, ``minimize``,
-   ``apply_clipped_gradient_sum``): with N = ``expected_batch_size / p`` the number of examples must lie in
+   ``apply_clipped_sum``): with N = ``expected_batch_size / p`` the number of examples must lie in
    `keras_dyndp.tf_backend.data.batch_size_range(N, p)`, which a Poisson batch leaves with probability at most
    1e-12 on each side; otherwise the step raises ``tf.errors.InvalidArgumentError``. Examples are the rows with a
    non-zero sample weight; the optimizer's own path sees only weighted losses, so the rows bound the count from

@@ -13,8 +13,8 @@ from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasSGD
-from keras_dyndp.tf_backend.per_example import make_private
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasSGD
+from keras_dyndp.tf_backend.train_step import make_private
 
 keras = keras_compat.keras
 NUM_EXAMPLES, P = 400, 0.05  # p N = 20 expected examples per batch

@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import pytest
 import tensorflow as tf
-from brute_force import LOSS
-from brute_force import reference
+from per_example.brute_force import LOSS  # tests/tf_backend/per_example/brute_force.py
+from per_example.brute_force import reference
 
 import keras_dyndp
 from keras_dyndp import optimizer_base
@@ -18,8 +18,8 @@ from keras_dyndp.callbacks import PrivacyLogger
 from keras_dyndp.tf_backend import DynamicDPKerasAdam
 from keras_dyndp.tf_backend import DynamicDPKerasSGD
 from keras_dyndp.tf_backend import keras_compat
-from keras_dyndp.tf_backend.per_example import make_private
-from keras_dyndp.tf_backend.per_example import train_step
+from keras_dyndp.tf_backend import train_step
+from keras_dyndp.tf_backend.train_step import make_private
 
 keras = keras_compat.keras
 CLIP = 0.5

@@ -6,7 +6,7 @@ per-example losses, but logs the loss and metrics of the private batch and canno
 ``make_private`` gives the model a ``train_step`` that has the model and the inputs in hand: it computes the
 per-example clipped gradient sums with ``keras_dyndp.tf_backend.per_example.clipped_gradient_sum`` (ghost clipping
 where every trainable layer has a rule, else ``tf.vectorized_map`` over single-example passes) and hands them to
-``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
+``model.optimizer.apply_clipped_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
 normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the step runs the optimizer's
 own microbatch path (the jacobian of M microbatch losses) instead; with ``method='jacobian'`` its own per-example path
 (one pfor ``tape.jacobian`` of the per-example losses, every row back-propagated through the batched graph: O(B^2),
@@ -79,6 +79,7 @@ from keras_dyndp import validation
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend import replicas
+from keras_dyndp.tf_backend import sampling_check
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import accumulation
 from keras_dyndp.tf_backend.per_example import clipped_sum
@@ -144,7 +145,9 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
                 clip, var_list, x, y, sample_weight, optimizer.accumulation_steps
             )
         _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
-        optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list, sample_weight=sample_weight)
+        num_rows = tf.shape(losses)[0]
+        num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
+        optimizer.apply_clipped_sum(sums, num_examples, num_rows, var_list)
     else:
         y_pred = _microbatch_step(self, optimizer, loss_fn, x, y, sample_weight, var_list)
     if not self._keras_dyndp_training_metrics:

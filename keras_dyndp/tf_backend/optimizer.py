@@ -5,7 +5,7 @@ mixin runs the mechanism (`keras_dyndp.mechanism`) in graph ops, the base class 
 `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its instances.
 Its own per-example path (`compute_gradients`) takes the jacobian of the per-example losses handed to `minimize` (a
 custom loop, or ``make_private``'s step with ``method='jacobian'`` or microbatches): O(B^2), and graphs pfor cannot
-vectorise fail (tensorflow#43904). ``make_private``'s faster step calls `apply_clipped_gradient_sum`. Keras's own
+vectorise fail (tensorflow#43904). ``make_private``'s faster step calls `apply_clipped_sum`. Keras's own
 train step is refused, naming ``make_private``. The noise comes from the optimizer's own `tf.random.Generator`,
 seeded from OS entropy and never saved (`keras_dyndp.tf_backend.noise_source`); batch sizes are checked against the
 schedule's Poisson sampling (`keras_dyndp.tf_backend.sampling_check`).
@@ -41,14 +41,14 @@ from keras_dyndp import keras_context
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
-from keras_dyndp.tf_backend import clip_and_noise
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend import noise_source
+from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
-from keras_dyndp.tf_backend.per_example import train_step
+from keras_dyndp.tf_backend import train_step
 
 
 class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
@@ -119,7 +119,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
         # 0 past the budget and on a restored step counter of another schedule: XLA drops the assertions.
         return mechanism.schedule_values(
-            clip_and_noise.OPS,
+            ops.OPS,
             self._clip_norms_tensor,
             self._noise_stddevs_tensor,
             self.dp_step,
@@ -143,7 +143,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """This replica's part of the update (`keras_dyndp.mechanism.private_update`): its clipped sums, the noise
         on the first replica only, over the global normaliser; the base optimizer sums the parts."""
         return mechanism.private_update(
-            clip_and_noise.OPS,
+            ops.OPS,
             clipped_sums,
             self._noise_source.generator,
             clip_norm=clip_norm,
@@ -226,13 +226,13 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             replicas.global_sum(tf.stack([sampling_check.count_nonzero_rows(per_example_losses), num_rows]))
         )
         batch_size_check = self._sampling_check.assertion(min_examples, global_num_rows, global_num_rows)
-        unit_norms = clip_and_noise.per_example_global_norms(per_unit_grads)
+        unit_norms = ops.per_example_global_norms(per_unit_grads)
         finite_check = tf.debugging.Assert(
             tf.reduce_all(tf.math.is_finite(unit_norms)), [refusals.BATCHED_NON_FINITE_REFUSAL]
         )
         with tf.control_dependencies([*self._step_checks(batch_size_check), finite_check]):
             clip_norm, sigma = self._schedule_values()
-        clipped_sums = clip_and_noise.clipped_sums(per_unit_grads, unit_norms, clip_norm)
+        clipped_sums = ops.clipped_sums(per_unit_grads, unit_norms, clip_norm)
         # Each replica forms its own M microbatches.
         num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
         grads = self._private_update(clipped_sums, clip_norm, sigma, global_num_rows, num_microbatches)
@@ -272,7 +272,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 "Train with model.fit after model = keras_dyndp.make_private(model); a custom training loop calls "
                 "this optimizer's minimize(per_example_loss, variables, tape) (or compute_gradients, then "
                 "apply_gradients with its result), and per-example paths of your own call "
-                "apply_clipped_gradient_sum."
+                "apply_clipped_sum."
             )
         raise RuntimeError(message)
 
@@ -306,34 +306,35 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         with tf.control_dependencies([grad for grad, _ in grads_and_vars]):
             return keras_compat.apply_base_update(super(), grads_and_vars, name=name, **kwargs)
 
-    def apply_clipped_gradient_sum(
+    def apply_clipped_sum(
         self,
         clipped_sums: Sequence[tf.Tensor | None],
+        num_examples,
         num_rows,
-        var_list: Sequence[tf.Variable],
-        sample_weight: tf.Tensor | None = None,
+        trainable_variables: Sequence[tf.Variable],
     ) -> tf.Variable:
-        """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
+        """Noises, normalises and applies sums of per-example gradients clipped to `current_clip_norm()`
+        (`make_private`'s step clips them); the arguments of the JAX optimizers' ``stateless_apply_clipped_sum`` but
+        for its state, as Keras's ``apply`` and ``stateless_apply``.
 
-        For per-example clipping done outside the optimizer (the fast path): adds N(0, sigma^2), sigma =
-        `current_noise_stddev()`, to each sum, divides by `expected_batch_size` (by `num_rows` with
-        ``public_batch_size=True``), applies the base update rule and advances `dp_step`.
+        Adds N(0, sigma^2), sigma = `current_noise_stddev()`, to each sum, divides by `expected_batch_size` (by
+        ``num_rows`` with ``public_batch_size=True``), applies the base update rule and advances `dp_step`.
 
         Args:
           clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients
             (`None` for a variable without gradient: treated as zero and still noised).
+          num_examples: rows with a non-zero sample weight (int scalar, may be a tensor), checked against the
+            schedule's Poisson sampling (`sampling_check.count_nonzero_rows` of the sample weights).
           num_rows: number of rows in the batch (int scalar, may be a tensor).
-          var_list: the variables, in the order of `clipped_sums`.
-          sample_weight: the batch's sample weights ([num_rows, ...]) or None (every row is an example); the
-            rows with a non-zero weight are the examples that the batch-size check counts.
+          trainable_variables: the variables, in the order of `clipped_sums`.
 
         Returns `dp_step`. Raises `tf.errors.InvalidArgumentError` at run time as `compute_gradients` does.
         """
         replicas.check_strategy()
-        var_list = list(var_list)
+        var_list = list(trainable_variables)
         if len(clipped_sums) != len(var_list):
             raise ValueError(
-                "`clipped_sums` and `var_list` must have the same length. "
+                "`clipped_sums` and `trainable_variables` must have the same length. "
                 f"Received: {len(clipped_sums)} and {len(var_list)}."
             )
         clipped_sums = [
@@ -341,7 +342,6 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             for grad, var in zip(clipped_sums, var_list)
         ]
         self._sampling_check.check_step_input()
-        num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
         global_examples, global_num_rows = tf.unstack(
             replicas.global_sum(tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)]))
         )
