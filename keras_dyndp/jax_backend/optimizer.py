@@ -57,7 +57,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
         self._dp_gradient_guard = optimizer_base.GradientGuard()
-        self._warned_sampling = False  # make_private's fit warns once when the data is not Poisson-sampled.
+        self.warned_sampling = False  # make_private's fit warns once when the data is not Poisson-sampled.
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
@@ -297,8 +297,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         if train_step.is_private(model):
             return
         restoring = keras_context.calling_model(self, keras.Model, caller="compile_from_config") is model
-        if self._private_train_step is not None and restoring:
-            train_step.make_private(model, **self._private_train_step)
+        if self.private_config is not None and restoring:
+            train_step.make_private(model, **vars(self.private_config))
         else:  # make_private replaces this with its own.
             model.make_train_function = functools.partial(_refuse_keras_train_step, model, self)
 
@@ -309,7 +309,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         if not self._dp_gradient_guard.check_and_clear(grads):
             raise RuntimeError(
                 refusals.foreign_gradients(f"{type(self).__name__}.apply", "its own DP step noised")
-                + refusals.keras_train_step(self._private_train_step)
+                + refusals.keras_train_step(self.private_config)
             )
         return super().apply(grads, trainable_variables)
 

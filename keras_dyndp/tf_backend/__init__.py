@@ -1,4 +1,4 @@
-"""keras_dyndp on TensorFlow (Keras 2, tf_keras or Keras 3 on TensorFlow): the DP optimizers and ``make_private``.
+"""keras_dyndp on TensorFlow (Keras 2, tf_keras or Keras 3 on TensorFlow): the DP optimizers and `make_private`.
 
 What is TensorFlow's own: the optimizers' mechanism in graph ops (`optimizer`, `ops`, `microbatches`,
 `noise_source`, `sampling_check`), the per-example gradient rules (`per_example`) and the private train step
@@ -22,6 +22,7 @@ from keras_dyndp.tf_backend.optimizer import DynamicDPKerasSGD
 from keras_dyndp.tf_backend.optimizer import DynamicDPOptimizerMixin
 from keras_dyndp.tf_backend.optimizer import make_dynamic_dp_optimizer_class
 from keras_dyndp.tf_backend.sampling_check import SamplingWarning
+from keras_dyndp.tf_backend.train_step import make_private
 
 __all__ = [
     "DynamicDPKerasAdagrad",
@@ -35,5 +36,6 @@ __all__ = [
     "clip_by_global_norm_per_example",
     "clip_factors",
     "make_dynamic_dp_optimizer_class",
+    "make_private",
     "per_example_global_norms",
 ]

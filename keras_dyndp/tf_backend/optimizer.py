@@ -81,6 +81,16 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._schedule_fingerprint = keras_compat.add_int32_optimizer_variable(self, "schedule_fingerprint", (2,))
 
     @property
+    def noise_source(self) -> noise_source.NoiseSource:
+        """The optimizer's secret randomness (noise, and the random layers of make_private's step)."""
+        return self._noise_source
+
+    @property
+    def sampling_check(self) -> sampling_check.SamplingCheck:
+        """The checks of the batches against the schedule's Poisson sampling (`sampling_check.SamplingCheck`)."""
+        return self._sampling_check
+
+    @property
     def dp_step(self) -> tf.Variable:
         """int64 variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
         return self.iterations
@@ -154,6 +164,29 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             rescale_to_unit_norm=self._rescale_to_unit_norm,
         )
 
+    def _calling_model(self):
+        """The model whose train step calls (`keras_context.calling_model`), or None; refused when it is Keras's own
+        train step or wraps this optimizer for loss scaling outside ``make_private``."""
+        model = keras_context.calling_model(self, keras_compat.keras.Model)
+        if model is not None and not train_step.is_private(model):
+            if keras_compat.is_keras_train_step(model):
+                raise RuntimeError(refusals.keras_train_step(self.private_config))
+            if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
+                raise refusals.loss_scale_error(
+                    "Call model = keras_dyndp.make_private(model): its train step supports mixed precision (computes "
+                    "in the policy's dtype, then clips, sums and adds the noise in float32, without loss scaling)."
+                )
+        return model
+
+    def _unit_losses(self, per_example_losses: tf.Tensor, num_rows: tf.Tensor) -> tf.Tensor:
+        """The losses whose jacobian is clipped row by row: the examples', or the M random microbatches'."""
+        if self._num_microbatches is None:
+            # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient is zero and
+            # adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
+            return tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
+        assignment = microbatches.random_assignment(num_rows, self._num_microbatches, self._noise_source.generator)
+        return microbatches.microbatch_losses(per_example_losses, assignment, self._num_microbatches)
+
     def compute_gradients(self, loss, var_list, tape=None):
         """Clipped, noised and normalised gradients of a per-example loss: one DP release at `dp_step`, which only
         `apply_gradients` advances; pass the (gradient, variable) pairs to it unchanged, once per call.
@@ -178,48 +211,15 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 "compute_gradients receives a loss already computed on the whole batch. Train with model.fit after "
                 "model = keras_dyndp.make_private(model)."
             )
-        model = keras_context.calling_model(self, keras_compat.keras.Model)
-        if model is not None and not train_step.is_private(model):
-            if keras_compat.is_keras_train_step(model):
-                raise RuntimeError(refusals.keras_train_step(self._private_train_step))
-            if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
-                raise refusals.loss_scale_error(
-                    "Call model = keras_dyndp.make_private(model): its train step supports mixed precision (computes "
-                    "in the policy's dtype, then clips, sums and adds the noise in float32, without loss scaling)."
-                )
-        if tape is None and not callable(loss):
-            raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
-        if callable(loss):
-            tape = tape if tape is not None else tf.GradientTape()
-            with tape:
-                if not callable(var_list):
-                    tape.watch(var_list)
-                loss = loss()
-        if callable(var_list):
-            var_list = var_list()
-        var_list = list(var_list)
+        model = self._calling_model()
+        loss, var_list, tape = _evaluated_loss(loss, var_list, tape)
         rank = loss.shape.rank
-        if rank is None or rank == 0:
-            raise ValueError(
-                "Dynamic DP optimizers need the per-example loss vector, but received a loss of shape "
-                f"{loss.shape}. Averaging before clipping silently destroys the privacy guarantee: compile "
-                f"the model with a loss built with {keras_compat.PER_EXAMPLE_REDUCTION}, e.g. "
-                f"tf.keras.losses.SparseCategoricalCrossentropy({keras_compat.PER_EXAMPLE_REDUCTION})."
-            )
         model_checks.check_training_model(self, model, var_list)  # Once per model, while the first step is traced.
         self._sampling_check.check_step_input()
         num_rows = tf.shape(loss)[0]
         with tape:
             per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
-            if self._num_microbatches is None:
-                # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient
-                # is zero and adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
-                unit_losses = tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
-            else:
-                assignment = microbatches.random_assignment(
-                    num_rows, self._num_microbatches, self._noise_source.generator
-                )
-                unit_losses = microbatches.microbatch_losses(per_example_losses, assignment, self._num_microbatches)
+            unit_losses = self._unit_losses(per_example_losses, num_rows)
         per_unit_grads = tape.jacobian(unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
         min_examples, global_num_rows = tf.unstack(
@@ -266,7 +266,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         message = refusals.foreign_gradients(f"{type(self).__name__}.{entry}", "returned by its own compute_gradients")
         in_train_step = keras_context.calling_model(self, keras_compat.keras.Model) is not None
         if in_train_step and keras_compat.KERAS_MAJOR_VERSION >= 3:
-            message += refusals.keras_train_step(self._private_train_step)
+            message += refusals.keras_train_step(self.private_config)
         else:
             message += (
                 "Train with model.fit after model = keras_dyndp.make_private(model); a custom training loop calls "
@@ -290,10 +290,10 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             return
         with tf.init_scope():  # Keras 3 builds it in the traced step: the counters are read eagerly.
             optimizer_base.warn_on_schedule_restart(model, self)
-        if self._private_train_step is None or train_step.is_private(model):
+        if self.private_config is None or train_step.is_private(model):
             return
         if keras_context.calling_model(self, keras_compat.keras.Model, caller="compile_from_config") is model:
-            train_step.make_private(model, **self._private_train_step)
+            train_step.make_private(model, **vars(self.private_config))
             logging.info(
                 "keras_dyndp: model %r was trained through make_private (its optimizer's config says "
                 "so); its private train step is restored.",
@@ -350,6 +350,29 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             clip_norm, sigma = self._schedule_values()
         grads = self._private_update(clipped_sums, clip_norm, sigma, global_num_rows, None)
         return self._apply_private_gradients(list(zip(grads, var_list)))
+
+
+def _evaluated_loss(loss, var_list, tape):
+    """``(loss, var_list, tape)`` with a callable loss evaluated on a tape and callable variables listed; a loss
+    that is not per example (a scalar) refused."""
+    if tape is None and not callable(loss):
+        raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
+    if callable(loss):
+        tape = tape if tape is not None else tf.GradientTape()
+        with tape:
+            if not callable(var_list):
+                tape.watch(var_list)
+            loss = loss()
+    if callable(var_list):
+        var_list = var_list()
+    if loss.shape.rank is None or loss.shape.rank == 0:
+        raise ValueError(
+            "Dynamic DP optimizers need the per-example loss vector, but received a loss of shape "
+            f"{loss.shape}. Averaging before clipping silently destroys the privacy guarantee: compile "
+            f"the model with a loss built with {keras_compat.PER_EXAMPLE_REDUCTION}, e.g. "
+            f"tf.keras.losses.SparseCategoricalCrossentropy({keras_compat.PER_EXAMPLE_REDUCTION})."
+        )
+    return loss, list(var_list), tape
 
 
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
