@@ -5,7 +5,6 @@ TensorFlow and no JAX: the optimizers of `keras_dyndp.tf_backend` and `keras_dyn
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 import weakref
@@ -464,7 +463,7 @@ class DPOptimizerBase:
     def get_config(self) -> dict:
         config = super().get_config()
         config.update(schedule=self._schedule.get_config(), **{name: getattr(self, f"_{name}") for name in _SETTINGS})
-        private = None if self.private_config is None else dataclasses.asdict(self.private_config)
+        private = None if self.private_config is None else dict(vars(self.private_config))
         config.update(private_train_step=private)
         return config
 
