@@ -119,7 +119,8 @@ def _model(p, public_batch_size=False):
 def test_fit_refuses_poisson_batches_of_another_dataset_size_before_the_first_step():
     x, y = _arrays()
     model = _model(P)
-    half = keras_dyndp.poisson_batches(x[: N // 2], y[: N // 2] % 2, sampling_probability=P, steps_per_epoch=2)
+    y = (y % 2).astype("int32")
+    half = keras_dyndp.poisson_batches(x[: N // 2], y[: N // 2], sampling_probability=P, steps_per_epoch=2)
     expected = f"num_examples={N} was given to DynamicDPKerasSGD but the data has {N // 2} examples: pass num_examples"
     with pytest.raises(ValueError, match=expected):
         model.fit(half, verbose=0)
