@@ -40,7 +40,7 @@ if JAX:
 
     from keras_dyndp.jax_backend import ops as backend_ops
 else:
-    from keras_dyndp.tf_backend import clip_and_noise as backend_ops
+    from keras_dyndp.tf_backend import ops as backend_ops
     from keras_dyndp.tf_backend.keras_compat import keras
 
 FLAGS = flags.FLAGS

@@ -51,7 +51,7 @@ _LAZY = {
     "DynamicDPKerasAdagrad": (_TF, _JAX),
     "DynamicDPKerasRMSprop": (_TF, _JAX),
     "make_dynamic_dp_optimizer_class": (_TF, _JAX),
-    "make_private": (_PER_EXAMPLE, _JAX),
+    "make_private": (_TF, _JAX),
     "check_model": (f"{_TF}.model_checks", _JAX),
     "BudgetStop": _CALLBACKS,
     "PrivacyLogger": _CALLBACKS,

@@ -61,6 +61,27 @@ def check_poisson_batches(batches_p: float, sampling_probability: float, public_
         )
 
 
+def implied_num_examples(expected_batch_size: float | None, sampling_probability: float) -> int | None:
+    """N, the dataset size an optimizer's schedule and normaliser p N are for: ``expected_batch_size / p``, rounded
+    (the budget arguments' ``num_examples``); None without ``expected_batch_size`` (``public_batch_size=True``)."""
+    if expected_batch_size is None:
+        return None
+    return max(1, round(expected_batch_size / sampling_probability))
+
+
+def check_data_size(num_examples: int | None, data_size: int | None, optimizer_name: str) -> None:
+    """Raises ValueError, before the first step, when the data ``fit`` received has ``data_size`` examples but the
+    optimizer ``optimizer_name`` is for ``num_examples`` (`implied_num_examples`); nothing when either is unknown
+    (then the step's batch-size check is the only one)."""
+    if num_examples is None or data_size is None or data_size == num_examples:
+        return
+    raise ValueError(
+        f"num_examples={num_examples} was given to {optimizer_name} but the data has {data_size} examples: pass "
+        "num_examples=len(x) (the privacy accounting needs the true dataset size; an optimizer built from a schedule "
+        "takes expected_batch_size=p*len(x)). Nothing was trained."
+    )
+
+
 def leaves(value: Any) -> list:
     """The arrays of a nest of lists, tuples and dicts (None: none)."""
     if isinstance(value, dict):

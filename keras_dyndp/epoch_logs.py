@@ -29,19 +29,30 @@ class _EpochLogsHook:
 
 def add(model: Any, values: dict[str, float]) -> None:
     """Makes ``values`` part of the next epoch logs ``fit`` builds for ``model``."""
-    hook = vars(model).get("_get_metrics_result_or_logs")
+    hook = instance_hook(model)
     if not isinstance(hook, _EpochLogsHook):
-        hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # pylint: disable=protected-access
-        model._get_metrics_result_or_logs = hook  # pylint: disable=protected-access
+        hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # noqa: SLF001  (module docstring)
+        set_instance_hook(model, hook)
     hook.pending = dict(values)
 
 
 def remove_hook(model: Any) -> None:
     """Removes what `add` installed on ``model`` (at the end of training)."""
-    hook = vars(model).get("_get_metrics_result_or_logs")
-    if not isinstance(hook, _EpochLogsHook):
-        return
-    if hook.replaced is None:
-        del model._get_metrics_result_or_logs  # pylint: disable=protected-access
-    else:
-        model._get_metrics_result_or_logs = hook.replaced  # pylint: disable=protected-access
+    hook = instance_hook(model)
+    if isinstance(hook, _EpochLogsHook):
+        set_instance_hook(model, hook.replaced)
+
+
+def instance_hook(model: Any) -> Callable[[Any], dict] | None:
+    """What replaces Keras 3's ``Trainer._get_metrics_result_or_logs`` on ``model`` (None: nothing)."""
+    return vars(model).get("_get_metrics_result_or_logs")
+
+
+def set_instance_hook(model: Any, hook: Callable[[Any], dict] | None) -> None:
+    """Replaces Keras 3's ``Trainer._get_metrics_result_or_logs`` on ``model`` by ``hook`` (None: Keras's again).
+
+    Keras 3's ``fit`` builds its epoch logs with that method and offers no public hook for them."""
+    if hook is not None:
+        model._get_metrics_result_or_logs = hook  # noqa: SLF001  (Keras 3's Trainer method; no public hook)
+    elif instance_hook(model) is not None:
+        del model._get_metrics_result_or_logs  # noqa: SLF001  (Keras 3's Trainer method; no public hook)

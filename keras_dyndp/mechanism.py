@@ -30,7 +30,7 @@ leak): twice the noise.
 Protected: each example under add-or-remove-one adjacency, Poisson sampling at the schedule's rate, every
 intermediate model released.
 
-``ops``: a backend's array primitives (`keras_dyndp.tf_backend.clip_and_noise.OPS`, `keras_dyndp.jax_backend.ops.OPS`;
+``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`;
 numpy in the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``,
 ``divide_no_nan(x, y)`` (0 where y is 0), ``is_finite``, ``sqrt``, ``normals(source, tensors)`` (standard normal
 float32 draws shaped like each tensor). No TensorFlow or JAX import here.

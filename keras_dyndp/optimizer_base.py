@@ -16,6 +16,8 @@ from keras_dyndp import schedules
 from keras_dyndp import validation
 from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting import registry
+from keras_dyndp.private_model import PrivateConfig
+from keras_dyndp.refusals import BudgetExhaustedError  # noqa: F401  (re-exported: keras_dyndp names it)
 
 KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = {
     "gradient_accumulation_steps": "each micro-step would be a DP step with its own noise, and the counter "
@@ -43,17 +45,6 @@ def check_accumulation_steps(accumulation_steps, num_microbatches: int | None) -
             f"accumulation_steps={accumulation_steps}, num_microbatches={num_microbatches}."
         )
     return accumulation_steps
-
-
-def check_private_train_step(private_train_step) -> dict | None:
-    if private_train_step is None:
-        return None
-    if not isinstance(private_train_step, dict) or set(private_train_step) != {"method", "training_metrics"}:
-        raise ValueError(
-            "`private_train_step` must be None or a dict with keys 'method' and 'training_metrics' (make_private's "
-            f"arguments). Received: private_train_step={private_train_step!r}."
-        )
-    return dict(private_train_step)
 
 
 def check_expected_batch_size(expected_batch_size) -> float | None:
@@ -217,10 +208,6 @@ def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_de
             stacklevel=3,
         )
     return allow_degenerate_noise
-
-
-class BudgetExhaustedError(RuntimeError):
-    """A DP step past the schedule's T steps was refused: the accounted epsilon covers only T (nothing applied)."""
 
 
 BUDGET_EXHAUSTED = "DP budget exhausted: all"
@@ -457,7 +444,7 @@ class DPOptimizerBase:
         self._accumulation_steps = accumulation_steps
         self._rescale_to_unit_norm = rescale_to_unit_norm
         self._allow_degenerate_noise = allow_degenerate_noise
-        self._private_train_step: dict | None = None  # make_private's arguments, once it has used this optimizer.
+        self.private_config: PrivateConfig | None = None  # make_private's options, once it has used this optimizer.
         self._build_dp_state(noise_seed)
 
     def _check_backend(self) -> None:
@@ -543,7 +530,8 @@ class DPOptimizerBase:
     def get_config(self) -> dict:
         config = super().get_config()
         config.update(schedule=self._schedule.get_config(), **{name: getattr(self, f"_{name}") for name in _SETTINGS})
-        config.update(private_train_step=None if self._private_train_step is None else dict(self._private_train_step))
+        private = None if self.private_config is None else dict(vars(self.private_config))
+        config.update(private_train_step=private)
         return config
 
     @classmethod
@@ -551,9 +539,9 @@ class DPOptimizerBase:
         config = dict(config)
         if isinstance(config.get("schedule"), dict):
             config["schedule"] = schedules.DPSchedule.from_config(config["schedule"])
-        private_train_step = check_private_train_step(config.pop("private_train_step", None))
+        private_config = PrivateConfig.from_config(config.pop("private_train_step", None))
         optimizer = super().from_config(config, custom_objects=custom_objects)
-        optimizer._private_train_step = private_train_step  # pylint: disable=protected-access
+        optimizer.private_config = private_config
         return optimizer
 
 

@@ -18,6 +18,10 @@ PER_EXAMPLE_REDUCTION = 'reduction="none"'
 # The model and its optimizer.
 
 
+class BudgetExhaustedError(RuntimeError):
+    """A DP step past the schedule's T steps was refused: the accounted epsilon covers only T (nothing applied)."""
+
+
 def not_a_model_error(model: Any) -> ValueError:
     return ValueError(f"`model` must be a keras.Model. Received: model={model!r}.")
 
@@ -109,9 +113,9 @@ def foreign_gradients(entry: str, accepted: str) -> str:
     )
 
 
-def keras_train_step(private_train_step: dict | None = None) -> str:
-    """Why Keras's own train step cannot train with a DP optimizer, and ``make_private`` instead (with the arguments
-    a reloaded optimizer recorded)."""
+def keras_train_step(private_config: Any = None) -> str:
+    """Why Keras's own train step cannot train with a DP optimizer, and ``make_private`` instead (with the options,
+    `keras_dyndp.private_model.PrivateConfig`, a reloaded optimizer recorded)."""
     message = (
         "Keras's own train step cannot train with a DP optimizer. Keras 3's differentiates the batch's mean loss "
         "and hands the optimizer only the averaged gradient, so no example can be clipped there; Keras 2's would "
@@ -119,11 +123,11 @@ def keras_train_step(private_train_step: dict | None = None) -> str:
         "call model = keras_dyndp.make_private(model) before model.fit, which gives the model a train step that "
         "clips per example and applies through the DP optimizer, and a fit that checks the data it is handed."
     )
-    if private_train_step is not None:
+    if private_config is not None:
         message += (
             " This optimizer was trained through make_private before (its config says so); a model reloaded with "
             "load_model gets make_private back only when it is built at load: call "
-            f"keras_dyndp.make_private(model, **{dict(private_train_step)!r}) after loading."
+            f"keras_dyndp.make_private(model, **{vars(private_config)!r}) after loading."
         )
     return message
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import inspect
 import sys
 
 from keras_dyndp import backend
@@ -69,7 +70,7 @@ class _RegisterAfterKerasImport(importlib.abc.MetaPathFinder):
 def _inside_keras_dyndp_import() -> bool:
     """Whether a keras_dyndp module is executing its imports (it imported Keras itself; the optimizers, imported now,
     could meet it half-initialised)."""
-    frame = sys._getframe(1)  # pylint: disable=protected-access
+    frame = inspect.currentframe().f_back
     while frame is not None:
         if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__", "").startswith("keras_dyndp."):
             return True

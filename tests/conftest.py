@@ -42,6 +42,7 @@ BACKEND_NEUTRAL = frozenset(
         "test_mechanism.py",
         "test_noise_seed.py",
         "test_optimizer_base.py",
+        "test_private_model.py",
         "test_privacy_report.py",
         "test_refusals.py",
         "test_registration.py",

@@ -21,7 +21,7 @@ from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.tf_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.tf_backend import SamplingWarning  # noqa: E402
 from keras_dyndp.tf_backend.keras_compat import keras  # noqa: E402
-from keras_dyndp.tf_backend.per_example import make_private  # noqa: E402
+from keras_dyndp.tf_backend.train_step import make_private  # noqa: E402
 
 BATCH, NUM_INPUTS, NUM_CLASSES, LEARNING_RATE = 8, 60, 80, 0.5
 

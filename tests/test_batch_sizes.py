@@ -74,3 +74,17 @@ def test_arrays_are_refused_for_fit_unless_batch_sizes_are_stated_public():
     for other in (iter([x]), None, [], object()):  # a generator, a dataset or a PyDataset has no shape
         assert not batch_sizes.is_arrays(other)
         batch_sizes.check_not_arrays(other, 0.1, public_batch_size=False)
+
+
+def test_a_data_size_other_than_the_optimizers_n_is_refused_in_one_line_naming_both_and_the_fix():
+    assert batch_sizes.implied_num_examples(250.0, 250 / 60000) == 60000
+    assert batch_sizes.implied_num_examples(None, 0.1) is None
+    with pytest.raises(ValueError) as raised:
+        batch_sizes.check_data_size(60000, 2000, "DynamicDPKerasSGD")
+    message = str(raised.value)
+    assert message.startswith(
+        "num_examples=60000 was given to DynamicDPKerasSGD but the data has 2000 examples: pass num_examples=len(x)"
+    )
+    assert "\n" not in message
+    for unknown_or_equal in [(None, 2000), (60000, None), (2000, 2000)]:
+        batch_sizes.check_data_size(*unknown_or_equal, "DynamicDPKerasSGD")

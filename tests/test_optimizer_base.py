@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from keras_dyndp import optimizer_base
+from keras_dyndp import private_model
 from keras_dyndp import schedules
 
 BUDGET = dict(
@@ -57,14 +58,15 @@ def test_budget_arguments_calibrate_under_pld_to_the_target():
 def test_config_round_trip_keeps_schedule_and_private_train_step():
     schedule = schedules.DPSchedule(np.array([2.0, 1.0]), np.array([3.0, 1.5]), 0.1)
     optimizer = _Optimizer(schedule=schedule, expected_batch_size=7.0, rescale_to_unit_norm=True, noise_seed=4)
-    optimizer._private_train_step = {"method": "auto", "training_metrics": False}
+    optimizer.private_config = private_model.PrivateConfig("auto", training_metrics=False)
     config = optimizer.get_config()
     assert "noise_seed" not in config  # never serialised
     restored = _Optimizer.from_config(config)
     np.testing.assert_array_equal(restored.schedule.clip_norms, [2.0, 1.0])
     np.testing.assert_array_equal(restored.schedule.noise_stddevs, [3.0, 1.5])
     assert restored.expected_batch_size == 7.0 and restored.rescale_to_unit_norm and not restored.public_batch_size
-    assert restored._private_train_step == {"method": "auto", "training_metrics": False}
+    assert restored.private_config == private_model.PrivateConfig("auto", training_metrics=False)
+    assert config["private_train_step"] == {"method": "auto", "training_metrics": False}
     assert restored.noise_seed_given is None
 
 

@@ -41,8 +41,8 @@ def _stack_keras():
     from keras_dyndp.tf_backend import keras_compat  # pylint: disable=import-outside-toplevel
 
     if keras_compat.KERAS_MAJOR_VERSION == 3:
-        return keras_compat.keras, "import keras", "tf_backend.per_example.train_step"
-    return keras_compat.keras, "import tensorflow as tf\nkeras = tf.keras", "tf_backend.per_example.train_step"
+        return keras_compat.keras, "import keras", "tf_backend.train_step"
+    return keras_compat.keras, "import tensorflow as tf\nkeras = tf.keras", "tf_backend.train_step"
 
 
 def test_load_model_in_a_fresh_process_finds_the_optimizer_and_the_private_step(tmp_path):

@@ -20,9 +20,15 @@ import keras
 from keras_dyndp import refusals
 
 
+def layers(model: keras.layers.Layer, include_self: bool = True, recursive: bool = True) -> list[keras.layers.Layer]:
+    """The layers of ``model``: itself, its sublayers and theirs (``recursive``), however they are held."""
+    # Keras 3's Layer._flatten_layers: no public API walks the sublayers a layer holds in its attributes.
+    return list(model._flatten_layers(include_self=include_self, recursive=recursive))  # noqa: SLF001
+
+
 def check_layers(model: keras.Model) -> None:
     """Raises ValueError on the first trainable BatchNormalization of ``model`` (a frozen one uses fixed statistics)."""
-    for layer in model._flatten_layers():  # pylint: disable=protected-access
+    for layer in layers(model):
         if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
             raise refusals.batch_statistics_error(layer)
 
@@ -77,9 +83,9 @@ def check_model(model: keras.Model, inputs: Any, state: tuple[list, list] | None
 
 def _owners(model: keras.Model, variables: list) -> list[str]:
     """The innermost layer holding each of ``variables`` (a SeedGenerator state's path names none)."""
-    layers = list(model._flatten_layers(include_self=False))  # pylint: disable=protected-access
+    sublayers = layers(model, include_self=False)
     names = []
     for variable in variables:
-        holders = [layer for layer in layers if any(held is variable for held in layer.variables)]
+        holders = [layer for layer in sublayers if any(held is variable for held in layer.variables)]
         names.append(min(holders, key=lambda layer: len(layer.variables)).name if holders else model.name)
     return names

@@ -8,18 +8,7 @@ against the schedule's Poisson sampling, then noises, normalises (`keras_dyndp.m
 through Keras's ``stateless_apply``. A refused step, and every later one, changes nothing until `raise_refused_step`
 reads the refusal from the run state and raises. `apply` refuses any other gradients (Keras's default train step).
 
-Randomness (`_step_key`). Keras's seeds are public or restorable (``set_random_seed``, ``SeedGenerator`` states in
-checkpoints), so noise drawn from them could be regenerated or replayed. Each optimizer holds a 64-bit base key from
-OS entropy (`keras_dyndp.noise_seed`; process 0's under several processes) in host memory. The key is a runtime
-input of the step, never a constant of a compiled program: a constant goes wherever the program goes (persistent
-compilation caches, XLA dumps to files or stdout, profiler traces, which held it before). `new_run` writes its two
-words into the state of a run of steps (the never-saved run state), from which the step reads them; the variables
-hold zeros in their place at rest (`raise_refused_step` and loading put zeros back), so what saves or reads the
-variables (``.keras``, weights, legacy ``.h5``, ``get_state_tree``) finds no key, and a step handed a state without
-one is refused (never noise from a known key). Step k's keys fold in a run nonce, k and their purpose (noise,
-microbatches, random layers); `new_run` also sets the nonce to a never-used value (make_private's train function
-calls it whenever the state comes from the variables, which is where they can have been rewound or restored), so a
-restored counter never meets a used nonce.
+Randomness: `keras_dyndp.jax_backend.noise_source` (a secret base key in host memory, a runtime input of the step).
 """
 
 from __future__ import annotations
@@ -35,15 +24,13 @@ import numpy as np
 from keras_dyndp import batch_sizes
 from keras_dyndp import keras_context
 from keras_dyndp import mechanism
-from keras_dyndp import noise_seed as noise_seed_module
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 from keras_dyndp.jax_backend import microbatches
+from keras_dyndp.jax_backend import noise_source
 from keras_dyndp.jax_backend import ops
 from keras_dyndp.jax_backend import processes
 from keras_dyndp.jax_backend import train_step
-
-_NOISE, _MICROBATCHES, _LAYER_SEEDS = range(3)  # The purposes `_step_key` folds in: one key for each use.
 
 _NO_KEY, _SCHEDULE_MISMATCH, _BUDGET_SPENT, _PADDING_ROWS, _TOO_FEW, _TOO_MANY = range(1, 7)
 _NOT_APPLIED = " The step was not applied, nor any step after it until this error."
@@ -54,7 +41,6 @@ _NO_KEY_REFUSAL = (
     "optimizer.variables])`, which writes the key and a fresh run nonce into it (make_private's train function "
     "does); after the run, assign the state back and call `optimizer.raise_refused_step()`." + _NOT_APPLIED
 )
-_KEY_WORDS = slice(3, 5)
 
 
 class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
@@ -71,22 +57,15 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
         self._dp_gradient_guard = optimizer_base.GradientGuard()
-        self._warned_sampling = False  # make_private's fit warns once when the data is not Poisson-sampled.
-        # Attributed to the caller of the optimizer's constructor (this method, DPOptimizerBase.__init__).
-        noise_seed = noise_seed_module.check_and_warn(noise_seed, stacklevel=3)
-        # Process 0's under several processes: one program, one noise (`processes`).
-        self._base_key = processes.agreed(
-            np.asarray(divmod(noise_seed_module.state_seed(noise_seed, 64), 2**32), np.uint32)
-        )
-        self._runs = 0  # The last run nonce handed out: nonces only grow, whatever the run state is restored to.
+        self.warned_sampling = False  # make_private's fit warns once when the data is not Poisson-sampled.
+        self._noise_source = noise_source.NoiseSource(noise_seed)
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
-        if self._expected_batch_size is None:
-            self._num_examples = self._batch_size_range = None
-        else:
-            p = self._schedule.sampling_probability
-            self._num_examples = max(1, round(self._expected_batch_size / p))
-            self._batch_size_range = batch_sizes.batch_size_range(self._num_examples, p)
+        p = self._schedule.sampling_probability
+        self._num_examples = batch_sizes.implied_num_examples(self._expected_batch_size, p)
+        self._batch_size_range = (
+            None if self._num_examples is None else batch_sizes.batch_size_range(self._num_examples, p)
+        )
         self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
         # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
         # (zeros at rest)]; never saved.
@@ -104,6 +83,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def dp_step(self) -> keras.Variable:
         """int variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
         return self.iterations
+
+    @property
+    def num_examples(self) -> int | None:
+        """N, the dataset size the schedule and p N are for (`batch_sizes.implied_num_examples`); None when unknown."""
+        return self._num_examples
 
     @property
     def batch_size_range(self) -> tuple[int, int] | None:
@@ -134,30 +118,24 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self.schedule_values(self.iterations.value)[1]
 
     def _step_key(self, optimizer_variables, purpose: int) -> jax.Array:
-        """The step's secret key for ``purpose``: the base key, read from the run state in ``optimizer_variables``
-        (a runtime input, never a constant of the compiled step), folded with the run nonce, the counter and
-        ``purpose``."""
+        """The step's secret key for ``purpose`` (`noise_source.step_key`), from the run state."""
         run_state = optimizer_variables[self._index(self._run_state)]
-        words = jax.lax.bitcast_convert_type(run_state[_KEY_WORDS], jnp.uint32)
-        key = jax.random.wrap_key_data(words, impl="threefry2x32")
-        for data in (run_state[0], self.step_at(optimizer_variables), purpose):
-            key = jax.random.fold_in(key, data)
-        return key
+        return noise_source.step_key(run_state, self.step_at(optimizer_variables), purpose)
 
     def microbatch_assignment(self, optimizer_variables, num_rows: int) -> jax.Array:
         """int32 [num_rows]: each row's microbatch at the step, uniform on {0, ..., M - 1}, under a secret key."""
-        key = self._step_key(optimizer_variables, _MICROBATCHES)
+        key = self._step_key(optimizer_variables, noise_source.MICROBATCHES)
         return microbatches.random_assignment(key, num_rows, self._num_microbatches)
 
     def secret_key(self, optimizer_variables) -> jax.Array:
         """The step's secret key for its random layers' states (module docstring)."""
-        return self._step_key(optimizer_variables, _LAYER_SEEDS)
+        return self._step_key(optimizer_variables, noise_source.LAYER_SEEDS)
 
     def _refusal_code(self, step, run_state, recorded_fingerprint, num_examples, num_rows) -> jax.Array:
         """int32: why the step must not run, 0 when it may (`raise_refused_step` words it)."""
         fingerprint = jnp.asarray(self._schedule.fingerprint, jnp.int32)
         checks = {
-            _NO_KEY: jnp.all(run_state[_KEY_WORDS] == 0),
+            _NO_KEY: jnp.all(run_state[noise_source.KEY_WORDS] == 0),
             _SCHEDULE_MISMATCH: (step > 0) & jnp.any(recorded_fingerprint != fingerprint),
             _BUDGET_SPENT: step >= self._schedule.num_steps,
         }
@@ -197,12 +175,6 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             code = _BUDGET_SPENT
         return self._refusal(code, num_examples, optimizer_variables) if code else None
 
-    def _fresh_run_state(self, with_key: bool) -> np.ndarray:
-        """A run state (`_build_dp_state`) with a never-used nonce, no refusal, the base key's words or zeros."""
-        self._runs += 1
-        key_words = self._base_key.view(np.int32) if with_key else np.zeros(2, np.int32)
-        return np.concatenate([np.asarray([self._runs, 0, 0], np.int32), key_words])
-
     def new_run(self, optimizer_variables) -> list:
         """``optimizer_variables`` starting a new run of steps: the secret key's words, from host memory (the step
         reads them as an input), a never-used run nonce (the keys of a counter that was rewound or restored are
@@ -210,7 +182,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         not to a saver."""
         values = list(optimizer_variables)
         index = self._index(self._run_state)
-        fresh = self._fresh_run_state(with_key=True)
+        fresh = self._noise_source.fresh_run_state(with_key=True)
         sharding = getattr(values[index], "sharding", None)
         values[index] = jnp.asarray(fresh) if sharding is None else jax.device_put(fresh, sharding)
         return values
@@ -221,7 +193,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         values = list(optimizer_variables)
         index = self._index(self._run_state)
         if not values[index].is_deleted():
-            values[index] = values[index].at[_KEY_WORDS].set(0)
+            values[index] = values[index].at[noise_source.KEY_WORDS].set(0)
         return values
 
     def raise_refused_step(self) -> None:
@@ -234,7 +206,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         `stateless_apply_clipped_sum` takes its state from `new_run`, assigns the state back and calls it after each
         run of steps."""
         refusal = self.refusal_in([variable.value for variable in self.variables])
-        self._run_state.assign(self._fresh_run_state(with_key=False))
+        self._run_state.assign(self._noise_source.fresh_run_state(with_key=False))
         if refusal is not None:
             raise refusal
 
@@ -257,7 +229,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         next step takes a never-used nonce and the key from `new_run`, so a restored counter draws fresh keys."""
         with self._without_run_state():
             super().load_own_variables(store)
-        self._run_state.assign(self._fresh_run_state(with_key=False))
+        self._run_state.assign(self._noise_source.fresh_run_state(with_key=False))
 
     def stateless_apply_clipped_sum(
         self, optimizer_variables: list, clipped_sums: list, num_examples, num_rows, trainable_variables: list
@@ -291,7 +263,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         grads = mechanism.private_update(
             ops.OPS,
             [jnp.asarray(clipped_sum, jnp.float32) for clipped_sum in clipped_sums],
-            self._step_key(optimizer_variables, _NOISE),
+            self._step_key(optimizer_variables, noise_source.NOISE),
             clip_norm=clip_norm,
             sigma=noise_stddev,
             num_rows=num_rows,
@@ -325,8 +297,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         if train_step.is_private(model):
             return
         restoring = keras_context.calling_model(self, keras.Model, caller="compile_from_config") is model
-        if self._private_train_step is not None and restoring:
-            train_step.make_private(model, **self._private_train_step)
+        if self.private_config is not None and restoring:
+            train_step.make_private(model, **vars(self.private_config))
         else:  # make_private replaces this with its own.
             model.make_train_function = functools.partial(_refuse_keras_train_step, model, self)
 
@@ -337,7 +309,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         if not self._dp_gradient_guard.check_and_clear(grads):
             raise RuntimeError(
                 refusals.foreign_gradients(f"{type(self).__name__}.apply", "its own DP step noised")
-                + refusals.keras_train_step(self._private_train_step)
+                + refusals.keras_train_step(self.private_config)
             )
         return super().apply(grads, trainable_variables)
 

@@ -15,6 +15,7 @@ another use. The others keep the vmap path. Outside a session the patched call i
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ import keras
 from keras.src.backend.common.stateless_scope import get_stateless_scope
 
 from keras_dyndp.jax_backend import ghost
+from keras_dyndp.jax_backend import model_checks
 
 _ACTIVE = threading.local()
 
@@ -77,8 +79,11 @@ class Session:
         return tap(outputs) if activation is None else outputs
 
 
+_TAPPED: weakref.WeakSet = weakref.WeakSet()  # The layers whose ``call`` `_patch` wrapped.
+
+
 def _patch(layer: keras.layers.Layer, rule: ghost.LayerRule) -> None:
-    if getattr(layer, "_keras_dyndp_tapped", False):
+    if layer in _TAPPED:
         return
     original = layer.call
 
@@ -89,7 +94,7 @@ def _patch(layer: keras.layers.Layer, rule: ghost.LayerRule) -> None:
         return session.call(layer, rule, inputs, lambda: original(inputs, *args, **kwargs))
 
     layer.call = call
-    layer._keras_dyndp_tapped = True  # pylint: disable=protected-access
+    _TAPPED.add(layer)
 
 
 def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
@@ -98,16 +103,20 @@ def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     if not (type(layer).__module__.startswith("keras.") and type(layer).__name__ in ("Sequential", "Functional")):
         return []
     leaves = []
-    for sublayer in layer._layers:  # pylint: disable=protected-access
-        leaves += _leaves_under_wiring(sublayer) if sublayer._layers else [sublayer]  # pylint: disable=protected-access
+    for sublayer in model_checks.layers(layer, include_self=False, recursive=False):
+        leaves += _leaves_under_wiring(sublayer) if _has_sublayers(sublayer) else [sublayer]
     return leaves
+
+
+def _has_sublayers(layer: keras.layers.Layer) -> bool:
+    return bool(model_checks.layers(layer, include_self=False, recursive=False))
 
 
 def candidates(model: keras.Model, classes: tuple | None = None) -> dict[int, tuple[keras.layers.Layer, tuple]]:
     """Tappable layers of ``classes`` (None: every class with a rule; patched) by id, each with its covered
     variables' indices in ``trainable_variables``."""
     trainable = model.trainable_variables
-    leaves = [layer for layer in model._flatten_layers() if not layer._layers]  # pylint: disable=protected-access
+    leaves = [layer for layer in model_checks.layers(model) if not _has_sublayers(layer)]
     found = {}
     for layer in _leaves_under_wiring(model):
         rule = ghost.RULES.get(type(layer)) if classes is None or type(layer) in classes else None

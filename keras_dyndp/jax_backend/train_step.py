@@ -47,8 +47,8 @@ from keras_dyndp import batch_sizes
 from keras_dyndp import entry_points
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
+from keras_dyndp import private_model
 from keras_dyndp import refusals
-from keras_dyndp import validation
 from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend import ghost
 from keras_dyndp.jax_backend import microbatches
@@ -60,14 +60,12 @@ from keras_dyndp.jax_backend import taps
 METHODS = ("auto", "ghost", "vectorized")
 
 
-def _dp_optimizer(model: keras.Model) -> optimizer_base.DPOptimizerBase:
-    optimizer = getattr(model, "optimizer", None)
+def _unwrap_optimizer(optimizer):
+    """``optimizer``; a loss-scale wrapper refused."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         raise refusals.loss_scale_error(
             "make_private on JAX does not bypass it yet: use 'mixed_bfloat16' (no loss scaling) or float32."
         )
-    if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
-        raise refusals.not_dp_optimizer_error(optimizer, "JAX")
     return optimizer
 
 
@@ -76,7 +74,7 @@ def _check_model(model: keras.Model) -> None:
     model_checks.check_layers(model)
     regularised = [
         layer.name
-        for layer in model._flatten_layers()  # pylint: disable=protected-access
+        for layer in model_checks.layers(model)
         if getattr(layer, "activity_regularizer", None) is not None
         or any(getattr(variable, "regularizer", None) is not None for variable in layer.weights)
     ]
@@ -88,7 +86,7 @@ def _seed_states(model: keras.Model) -> list[bool]:
     """For each non-trainable variable of ``model``, whether it is a random-generator (SeedGenerator) state."""
     states = {
         id(generator.state)
-        for layer in model._flatten_layers()  # pylint: disable=protected-access
+        for layer in model_checks.layers(model)
         for generator in getattr(layer, "_seed_generators", ())
     }
     return [id(variable) in states for variable in model.non_trainable_variables]
@@ -112,17 +110,9 @@ def _advanced_seed_states(model: keras.Model, trainable, non_trainable, x, is_se
     return [new if seed else old for new, old, seed in zip(written, non_trainable, is_seed_state)]
 
 
-def _private_train_step_arguments(model: keras.Model) -> dict:
-    """make_private's arguments for ``model``, as the optimizer's config records them for load_model."""
-    return {
-        "method": model._keras_dyndp_method,  # pylint: disable=protected-access
-        "training_metrics": model._keras_dyndp_training_metrics,  # pylint: disable=protected-access
-    }
-
-
 def is_private(model: keras.Model) -> bool:
-    """Whether ``model`` has make_private's train step."""
-    return getattr(getattr(model, "train_step", None), "__func__", None) is _private_train_step
+    """Whether ``model`` has make_private's train step (`keras_dyndp.private_model.is_private`)."""
+    return private_model.is_private(model)
 
 
 def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is_seed_state) -> Callable:
@@ -243,8 +233,8 @@ def _in_physical_batches(
 def _private_train_step(self: keras.Model, state, data):
     trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables = state
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    optimizer = _dp_optimizer(self)
-    optimizer._private_train_step = _private_train_step_arguments(self)  # pylint: disable=protected-access
+    optimizer = private_model.dp_optimizer(self)
+    optimizer.private_config = config = private_model.record(self).config
     loss_fn = refusals.per_example_loss_fn(self.loss, keras, lambda loss: loss.reduction in (None, "none"))
     _check_model(self)
     model_checks.check_model(self, x, (trainable_variables, non_trainable_variables))  # random-generator states too
@@ -254,7 +244,7 @@ def _private_train_step(self: keras.Model, state, data):
     clip_norm = optimizer.clip_norm_at(optimizer_variables)
     num_microbatches = optimizer.num_microbatches
     # Microbatch gradients mix examples, which the taps' per-example norms do not: no taps there.
-    method = self._keras_dyndp_method  # pylint: disable=protected-access
+    method = config.method
     classes = (keras.layers.Embedding,) if method == "vectorized" else None
     tapped = {} if num_microbatches else taps.tappable(self, trainable_variables, non_trainable_variables, x, classes)
     per_example = _per_example_fn(self, loss_fn, trainable_variables, tapped, is_seed_state)
@@ -291,8 +281,8 @@ def _private_train_step(self: keras.Model, state, data):
     non_trainable_variables = [
         new if seed else first(value) for value, new, seed in zip(new_non_trainable, advanced, is_seed_state)
     ]
-    if self._keras_dyndp_training_metrics:  # pylint: disable=protected-access
-        logs, metrics_variables = self._update_metrics_variables(  # pylint: disable=protected-access
+    if config.training_metrics:
+        logs, metrics_variables = self._update_metrics_variables(
             metrics_variables, jnp.sum(losses) / max(num_rows, 1), x, y, y_pred, sample_weight
         )
     else:
@@ -322,7 +312,7 @@ class _CheckedTrainFunction:
         self._most_steps = 0  # The step counter is at most this.
 
     def __call__(self, state, iterator):
-        optimizer = _dp_optimizer(self._model)
+        optimizer = private_model.dp_optimizer(self._model)
         trainable, non_trainable, optimizer_variables, metrics = state
         try:
             if len(optimizer_variables) != len(self._returned) or any(
@@ -369,13 +359,14 @@ def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
     processes.check_data(x, caller, data.PoissonBatches)
     p = optimizer.schedule.sampling_probability
     if isinstance(x, data.PoissonBatches):
+        batch_sizes.check_data_size(optimizer.num_examples, x.num_examples, type(optimizer).__name__)
         batch_sizes.check_poisson_batches(x.sampling_probability, p, optimizer.public_batch_size, caller)
         return
     if caller == entry_points.FIT:  # train_on_batch takes one batch, which may be the user's own Poisson sample
         batch_sizes.check_not_arrays(x, p, optimizer.public_batch_size)
-    if optimizer._warned_sampling:  # pylint: disable=protected-access
+    if optimizer.warned_sampling:
         return
-    optimizer._warned_sampling = True  # pylint: disable=protected-access
+    optimizer.warned_sampling = True
     problem = entry_points.UNSEEN_BATCHES if seen is None else batch_sizes.not_poisson_batches(caller, x)
     warnings.warn(batch_sizes.not_poisson_message(problem, p), batch_sizes.SamplingWarning, stacklevel=4)
 
@@ -384,23 +375,8 @@ def _private_fit(self: keras.Model, *args, **kwargs):
     """``Model.fit``, whose refusal past the budget is one `BudgetExhaustedError` without Keras's traceback (the
     checks are the train function's, the same for ``keras.Model.fit(model, ...)``)."""
     _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
-    try:
+    with private_model.budget_refusal():
         return keras.Model.fit(self, *args, **kwargs)
-    except optimizer_base.BudgetExhaustedError as error:
-        raise optimizer_base.BudgetExhaustedError(str(error)) from None
-
-
-def _private_train_on_batch(self: keras.Model, x, *args, **kwargs):
-    """``Model.train_on_batch`` with the batch shown to the checks as the user gave it (Keras converts it first)."""
-    self._keras_dyndp_data_seen.record_call(entry_points.TRAIN_ON_BATCH, x)  # pylint: disable=protected-access
-    return keras.Model.train_on_batch(self, x, *args, **kwargs)
-
-
-def _private_symbolic_build(self: keras.Model, iterator=None, data_batch=None):
-    """Keras's ``_symbolic_build``, which ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch`` call with
-    their data (also unbound), after recording the data for the next `_private_make_train_function`."""
-    self._keras_dyndp_data_seen.record(iterator, data_batch)  # pylint: disable=protected-access
-    return type(self)._symbolic_build(self, iterator=iterator, data_batch=data_batch)  # pylint: disable=protected-access
 
 
 def _private_make_train_function(self: keras.Model, force: bool = False):
@@ -410,7 +386,7 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
     schedule, keys and refusals, was replayed: the update followed the old clip norm, 1.06 where the new schedule
     allows 0.0014), wrapped in `_CheckedTrainFunction`."""
     _check_model(self)
-    _check_sampling(self, self._keras_dyndp_data_seen.take())  # pylint: disable=protected-access
+    _check_sampling(self, private_model.record(self).data_seen.take())
     if force or self.train_function is None:
         self.train_step = types.MethodType(_private_train_step, self)
     type(self).make_train_function(self, force)
@@ -446,20 +422,27 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
         ValueError: on another ``method``, a non-bool ``training_metrics`` or a non-``keras.Model``; when the first
             step is traced, on what the module docstring lists.
     """
-    if not isinstance(model, keras.Model):
-        raise refusals.not_a_model_error(model)
-    validation.check_choice("method", method, METHODS)
-    validation.check_bool("training_metrics", training_metrics)
-    model._keras_dyndp_method = method  # pylint: disable=protected-access
-    model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
-    model._keras_dyndp_data_seen = entry_points.DataSeen(keras.utils.unpack_x_y_sample_weight)  # pylint: disable=protected-access
-    model.train_step = types.MethodType(_private_train_step, model)
+    return private_model.make_private(model, method, training_metrics, _HOOKS)
+
+
+def _install(model: keras.Model) -> None:
+    """make_private's entry points and train function on ``model`` (its train step is installed)."""
     model.make_train_function = types.MethodType(_private_make_train_function, model)
-    model._symbolic_build = types.MethodType(_private_symbolic_build, model)  # pylint: disable=protected-access
+    model._symbolic_build = types.MethodType(_RECORDING_BUILD, model)  # noqa: SLF001  (Keras 3's hook, module docstring)
     model.jax_state_sync = types.MethodType(_private_jax_state_sync, model)
     model.fit = types.MethodType(_private_fit, model)
-    model.train_on_batch = types.MethodType(_private_train_on_batch, model)
+    model.train_on_batch = types.MethodType(private_model.private_train_on_batch, model)
     model.train_function = None
-    if getattr(model, "optimizer", None) is not None:
-        _dp_optimizer(model)._private_train_step = _private_train_step_arguments(model)  # pylint: disable=protected-access
-    return model
+
+
+_RECORDING_BUILD = private_model.recording_build("_symbolic_build")
+_HOOKS = private_model.Hooks(
+    backend="JAX",
+    model_class=keras.Model,
+    optimizer_class=optimizer_base.DPOptimizerBase,
+    methods=METHODS,
+    train_step=_private_train_step,
+    unwrap_optimizer=_unwrap_optimizer,
+    unpack=keras.utils.unpack_x_y_sample_weight,
+    install=_install,
+)

@@ -1,7 +1,8 @@
-"""keras_dyndp on TensorFlow (Keras 2, tf_keras or Keras 3 on TensorFlow): the DP optimizers and ``make_private``.
+"""keras_dyndp on TensorFlow (Keras 2, tf_keras or Keras 3 on TensorFlow): the DP optimizers and `make_private`.
 
-What is TensorFlow's own: the optimizers' mechanism in graph ops (`dp_optimizer`, `clip_and_noise`, `microbatches`,
-`noise_source`, `sampling_check`), the per-example gradient rules and the private train step (`per_example`), the
+What is TensorFlow's own: the optimizers' mechanism in graph ops (`optimizer`, `ops`, `microbatches`,
+`noise_source`, `sampling_check`), the per-example gradient rules (`per_example`) and the private train step
+(`train_step`), the
 tf.distribute strategies (`replicas`), Poisson-sampled ``tf.data`` datasets (`data`, behind
 `keras_dyndp.poisson_batches`), the model check (`model_checks`) and what differs between Keras 2 and Keras 3
 (`keras_compat`). The arguments, schedules, accounting, sampler arguments and callbacks are the backend-neutral ones
@@ -9,18 +10,19 @@ tf.distribute strategies (`replicas`), Poisson-sampled ``tf.data`` datasets (`da
 `keras_dyndp.callbacks`).
 """
 
-from keras_dyndp.tf_backend.clip_and_noise import add_gaussian_noise
-from keras_dyndp.tf_backend.clip_and_noise import clip_by_global_norm_per_example
-from keras_dyndp.tf_backend.clip_and_noise import clip_factors
-from keras_dyndp.tf_backend.clip_and_noise import per_example_global_norms
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasAdagrad
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasAdam
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasRMSprop
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasSGD
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPOptimizerMixin
-from keras_dyndp.tf_backend.dp_optimizer import make_dynamic_dp_optimizer_class
 from keras_dyndp.tf_backend.noise_source import NoiseSeedWarning
+from keras_dyndp.tf_backend.ops import add_gaussian_noise
+from keras_dyndp.tf_backend.ops import clip_by_global_norm_per_example
+from keras_dyndp.tf_backend.ops import clip_factors
+from keras_dyndp.tf_backend.ops import per_example_global_norms
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasAdagrad
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasAdam
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasRMSprop
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasSGD
+from keras_dyndp.tf_backend.optimizer import DynamicDPOptimizerMixin
+from keras_dyndp.tf_backend.optimizer import make_dynamic_dp_optimizer_class
 from keras_dyndp.tf_backend.sampling_check import SamplingWarning
+from keras_dyndp.tf_backend.train_step import make_private
 
 __all__ = [
     "DynamicDPKerasAdagrad",
@@ -34,5 +36,6 @@ __all__ = [
     "clip_by_global_norm_per_example",
     "clip_factors",
     "make_dynamic_dp_optimizer_class",
+    "make_private",
     "per_example_global_norms",
 ]

@@ -79,7 +79,7 @@ def add_int32_optimizer_variable(optimizer: Any, name: str, shape: tuple[int, ..
     with tf.init_scope():
         aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
         variable = tf.Variable(tf.zeros(shape, tf.int32), name=name, trainable=False, aggregation=aggregation)
-    optimizer._variables.append(variable)  # pylint: disable=protected-access
+    optimizer._variables.append(variable)  # noqa: SLF001  (Keras 2 optimizer: no public add_variable for int32)
     return variable
 
 
@@ -132,14 +132,14 @@ def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight
     """Updates the compiled loss and metrics on a training batch and returns the step's logs: Keras 2's
     ``compute_loss`` updates the loss tracker | Keras 3's returns the loss, whose batch mean feeds it."""
     if _KERAS_3:
-        loss = model._compute_loss(  # pylint: disable=protected-access  (also calls an old-style compute_loss)
+        loss = model._compute_loss(  # noqa: SLF001  (Keras 3 Trainer: also calls an old-style compute_loss)
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
         )
         loss = tf.convert_to_tensor(loss)
         if loss.shape.rank:  # Per-example losses: log their mean (0, with weight 0, on a replica without rows).
             loss = tf.math.divide_no_nan(tf.reduce_sum(loss), tf.cast(tf.size(loss), loss.dtype))
         batch_size = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
-        model._loss_tracker.update_state(loss, sample_weight=batch_size)  # pylint: disable=protected-access
+        model._loss_tracker.update_state(loss, sample_weight=batch_size)  # noqa: SLF001  (Keras 3 Trainer's loss metric)
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     model.compute_loss(x, y, y_pred, sample_weight)
     return model.compute_metrics(x, y, y_pred, sample_weight)
@@ -184,7 +184,7 @@ def depthwise_kernel(layer: keras.layers.Layer) -> Any:
 
 def flatten_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
     """Every layer inside ``layer`` (a model or a wrapper), nested ones included, not ``layer`` itself."""
-    return layer._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
+    return layer._flatten_layers(include_self=False, recursive=True)  # noqa: SLF001  (Layer: no public walk)
 
 
 def _keras_module(name: str) -> Any:
@@ -272,7 +272,7 @@ def layer_randomness_from(model: keras.Model, draw_seed: Callable[[], tf.Tensor]
     if swapped:
         seed.append(draw_seed())
     replacement = random_generator_class(rng_type=random_generator_class.RNG_STATELESS)
-    replacement._built = True  # pylint: disable=protected-access
+    replacement._built = True  # noqa: SLF001  (Keras 2 RandomGenerator: no public way to skip its build)
     replacement.make_seed_for_stateless_op = next_seed
     for layer in swapped:
         object.__setattr__(layer, "_random_generator", replacement)  # Not tracked: no checkpoint dependency.
@@ -328,7 +328,7 @@ def set_steps_per_execution(model: keras.Model, steps: int) -> None:
     the current one and traces one for the new value; setting the original value back restores the original.
     """
     if not _KERAS_3:
-        model._steps_per_execution.assign(steps)  # pylint: disable=protected-access
+        model._steps_per_execution.assign(steps)  # noqa: SLF001  (Keras 2 Model: the variable its train function reads)
         return
     steps = int(steps)
     if steps == model.steps_per_execution:
@@ -383,11 +383,11 @@ def epoch_logs_from_the_step(model: keras.Model, from_the_step: bool) -> None:
     (which fail when ``training_metrics=False`` never built them). Keras 2 uses the step's logs already."""
     if not _KERAS_3:
         return
-    current = vars(model).get("_get_metrics_result_or_logs")
+    current = epoch_logs.instance_hook(model)
     if from_the_step and current is None:
-        model._get_metrics_result_or_logs = _logs_of_the_step  # pylint: disable=protected-access
+        epoch_logs.set_instance_hook(model, _logs_of_the_step)
     elif not from_the_step and current is _logs_of_the_step:
-        del model._get_metrics_result_or_logs  # pylint: disable=protected-access
+        epoch_logs.set_instance_hook(model, None)
 
 
 def _logs_of_the_step(logs: dict) -> dict:

@@ -160,7 +160,7 @@ def _nested_graphs(graph, op) -> list:
         names.extend(func.name for func in value.list.func)
     bodies = []
     for name in names:
-        function = graph._get_function(name)  # pylint: disable=protected-access
+        function = graph._get_function(name)  # noqa: SLF001  (tf.Graph: no public lookup of a function body)
         body = getattr(function, "graph", None)
         if body is None:
             raise ValueError(f"check_model cannot inspect the function {name!r} called by op {op.name!r}.")

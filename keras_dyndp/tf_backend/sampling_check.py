@@ -5,7 +5,7 @@ probability p = `schedule.sampling_probability`; nothing in Keras enforces it (a
 checks close this.
 
 1. At every step, in the graph, on every path (``fit``, ``train_on_batch``, ``minimize``,
-   ``apply_clipped_gradient_sum``): with N = ``expected_batch_size / p`` the number of examples must lie in
+   ``apply_clipped_sum``): with N = ``expected_batch_size / p`` the number of examples must lie in
    `keras_dyndp.tf_backend.data.batch_size_range(N, p)`, which a Poisson batch leaves with probability at most
    1e-12 on each side; otherwise the step raises ``tf.errors.InvalidArgumentError``. Examples are the rows with a
    non-zero sample weight; the optimizer's own path sees only weighted losses, so the rows bound the count from
@@ -17,11 +17,12 @@ checks close this.
    (padding) where it sees sample weights.
 2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, called by make_private's
    ``make_train_function`` with what the entry point showed, also an unbound ``keras.Model.fit`` on Keras 3):
-   keras_dyndp Poisson batches at another p, or for ``public_batch_size=True``, or whose seed each worker drew alone,
-   raise ValueError; so do arrays without ``public_batch_size=True`` (`keras_dyndp.batch_sizes.check_not_arrays`).
-   Anything else, and a step whose data the optimizer cannot see (custom loop or train step, ``train_on_batch``, a
-   train function called directly, Keras 2's unbound ``fit``), gets one `SamplingWarning` per optimizer, which also
-   says when batch sizes are not checked.
+   keras_dyndp Poisson batches of another number of examples than the optimizer's N
+   (`keras_dyndp.batch_sizes.check_data_size`), at another p, or for ``public_batch_size=True``, or whose seed each
+   worker drew alone, raise ValueError; so do arrays without ``public_batch_size=True``
+   (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else, and a step whose data the optimizer cannot see
+   (custom loop or train step, ``train_on_batch``, a train function called directly, Keras 2's unbound ``fit``), gets
+   one `SamplingWarning` per optimizer, which also says when batch sizes are not checked.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class SamplingCheck:
       expected_batch_size: p N, or None with ``public_batch_size`` (then batch sizes are not checked).
       public_batch_size: the optimizer's `public_batch_size`: keras_dyndp's Poisson batches are refused.
       normalises_by_rows: the step divides by the rows (rows of sample weight 0 are then refused).
+      optimizer_name: the optimizer's class name, for the refusals.
     """
 
     def __init__(
@@ -63,16 +65,14 @@ class SamplingCheck:
         expected_batch_size: float | None,
         public_batch_size: bool,
         normalises_by_rows: bool,
+        optimizer_name: str,
     ):
-        self._sampling_probability = sampling_probability
+        self._sampling_probability = p = sampling_probability
         self._public_batch_size = public_batch_size
         self._normalises_by_rows = normalises_by_rows
-        if expected_batch_size is None:
-            self._num_examples = None
-            self._range = None
-        else:
-            self._num_examples = max(1, round(expected_batch_size / sampling_probability))
-            self._range = data.batch_size_range(self._num_examples, sampling_probability)
+        self._optimizer_name = optimizer_name
+        self._num_examples = batch_sizes.implied_num_examples(expected_batch_size, sampling_probability)
+        self._range = None if self._num_examples is None else data.batch_size_range(self._num_examples, p)
         self._warned = False
         self._fit_checked = False
 
@@ -98,6 +98,7 @@ class SamplingCheck:
             batch_sizes.check_not_arrays(x, p, self._public_batch_size)
             self.warn_once(batch_sizes.not_poisson_batches("model.fit", x), jit_compile)
             return
+        batch_sizes.check_data_size(self._num_examples, sampling.num_examples, self._optimizer_name)
         batch_sizes.check_poisson_batches(sampling.sampling_probability, p, self._public_batch_size, "model.fit")
         if replicas.is_multi_worker() and not sampling.same_on_every_worker:
             raise ValueError(

@@ -256,6 +256,29 @@ def test_arrays_are_refused_before_the_first_step():
         np.testing.assert_array_equal(old, new)
 
 
+def test_a_num_examples_that_is_not_the_datas_size_is_refused_before_the_first_step():
+    """The README's num_examples=60000 on a user's own rows: one line naming both numbers and the fix, before any
+    step (it was an in-graph batch-size refusal, 55 lines of TensorFlow traceback, or a trained wrong epsilon)."""
+    model = keras_dyndp.make_private(backend.dense_model())
+    optimizer = keras_dyndp.DynamicDPKerasSGD(
+        target_epsilon=2.0,
+        target_delta=1e-5,
+        num_examples=60000,
+        batch_size=250,
+        steps=3,
+        method="vanilla",
+        initial_clip=1.0,
+        learning_rate=LR,
+    )
+    model.compile(optimizer=optimizer, loss=backend.loss())
+    x, y = _data()
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=optimizer.schedule.sampling_probability)
+    expected = rf"^num_examples=60000 was given to DynamicDPKerasSGD but the data has {ROWS} examples: pass num_exa"
+    with pytest.raises(ValueError, match=expected):
+        model.fit(batches, epochs=1, verbose=0)
+    assert backend.dp_step(model) == 0
+
+
 def test_batch_normalization_in_training_is_refused():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((5,)), keras.layers.BatchNormalization(), keras.layers.Dense(3)])

@@ -42,7 +42,7 @@ optimizer = DynamicDPKerasSGD(
     schedule=schedules.DPSchedule(np.ones(8), np.ones(8), 0.5), public_batch_size=True, learning_rate=0.1
 )
 model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError(reduction="none"))
-pathlib.Path(KEY_FILE).write_text(json.dumps(np.asarray(optimizer._base_key).tolist()))  # pylint: disable=protected-access
+pathlib.Path(KEY_FILE).write_text(json.dumps(np.asarray(optimizer._noise_source.base_key).tolist()))  # pylint: disable=protected-access
 x, y = np.linspace(-1, 1, 12, dtype="float32").reshape(4, 3), np.zeros((4, 2), "float32")
 if MODE == "stdout":
     model.fit(x, y, batch_size=2, epochs=1, verbose=0)

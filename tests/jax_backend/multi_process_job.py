@@ -64,7 +64,7 @@ def main():
 
     model = _model(2, 0.1, 0.0)
     batches = keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=1)
-    result["base_key"] = model.optimizer._base_key  # pylint: disable=protected-access
+    result["base_key"] = model.optimizer._noise_source.base_key  # pylint: disable=protected-access
     result["sampler_state"] = np.asarray(str(batches._rng.bit_generator.state["state"]))  # pylint: disable=protected-access
     before = _values(model)
     fed = []  # Keras reads the first batch once more than it trains: the step's batch is the last one read.

@@ -116,6 +116,17 @@ def _model(p, public_batch_size=False):
     return model
 
 
+def test_fit_refuses_poisson_batches_of_another_dataset_size_before_the_first_step():
+    x, y = _arrays()
+    model = _model(P)
+    y = (y % 2).astype("int32")
+    half = keras_dyndp.poisson_batches(x[: N // 2], y[: N // 2], sampling_probability=P, steps_per_epoch=2)
+    expected = f"num_examples={N} was given to DynamicDPKerasSGD but the data has {N // 2} examples: pass num_examples"
+    with pytest.raises(ValueError, match=expected):
+        model.fit(half, verbose=0)
+    assert int(model.optimizer.dp_step.numpy()) == 0
+
+
 def test_fit_accepts_poisson_batches_at_the_schedules_rate_and_refuses_another():
     x, y = _arrays()
     y = (y % 2).astype("int32")

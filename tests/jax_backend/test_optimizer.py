@@ -236,7 +236,7 @@ def test_a_step_handed_a_state_without_the_key_is_refused_and_the_refusal_says_w
         optimizer.raise_refused_step()
     assert np.all(_key_words(optimizer, _values(optimizer)) == 0)  # at rest again
     state = optimizer.new_run(_values(optimizer))
-    np.testing.assert_array_equal(_key_words(optimizer, state), optimizer._base_key)  # pylint: disable=protected-access
+    np.testing.assert_array_equal(_key_words(optimizer, state), optimizer._noise_source.base_key)  # pylint: disable=protected-access
     update, state = step(state)
     assert np.abs(update).max() > 0.5 and int(optimizer.step_at(state)) == 1
 

@@ -1,6 +1,6 @@
 """Tests for keras_dyndp.tf_backend.microbatches: random membership and per-microbatch losses.
 
-The neighbour-sensitivity test of the whole mechanism is in test_dp_optimizer.py, where the optimizer runs it.
+The neighbour-sensitivity test of the whole mechanism is in test_optimizer.py, where the optimizer runs it.
 """
 
 import numpy as np

@@ -20,7 +20,7 @@ from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend.keras_compat import keras
-from keras_dyndp.tf_backend.per_example import make_private
+from keras_dyndp.tf_backend.train_step import make_private
 
 NUM_INPUTS, NUM_CLASSES = 60, 80
 BATCH = 8

@@ -13,8 +13,8 @@ from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasSGD
-from keras_dyndp.tf_backend.per_example import make_private
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasSGD
+from keras_dyndp.tf_backend.train_step import make_private
 
 keras = keras_compat.keras
 NUM_EXAMPLES, P = 400, 0.05  # p N = 20 expected examples per batch
@@ -112,6 +112,16 @@ def test_poisson_batches_at_another_rate_are_refused():
     model = compiled_model()
     with pytest.raises(ValueError, match="sampled at p=0.1, but the optimizer's schedule is accounted at p=0.05"):
         model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=0.1), epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_poisson_batches_of_another_dataset_size_are_refused_before_the_first_step(path):
+    x, y = arrays(NUM_EXAMPLES // 2)  # batches at the schedule's rate would be refused only inside the graph
+    model = compiled_model(path)
+    expected = "num_examples=400 was given to DynamicDPKerasSGD but the data has 200 examples: pass num_examples=len"
+    with pytest.raises(ValueError, match=expected):
+        model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P), epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step) == 0
 
 
 def test_poisson_batches_need_a_normaliser_independent_of_the_rows():

@@ -2,7 +2,8 @@
 
 ``clipped_gradient_sum`` (`clipped_sum`) takes ``'vectorized'`` (`vectorized`, any model) or ``'ghost'`` (`ghost`:
 one batched pass; layer rules in `rules`, `norms`, `dense`, `conv2d`, `recurrent`; for models whose every layer is
-known to act per example, `per_example_layers`). ``make_private`` (`train_step`) uses them with the DP optimizer.
+known to act per example, `per_example_layers`). ``make_private`` (`keras_dyndp.tf_backend.train_step`) uses them
+with the DP optimizer.
 """
 
 from keras_dyndp.tf_backend.per_example.clipped_sum import METHODS
@@ -15,7 +16,6 @@ from keras_dyndp.tf_backend.per_example.rules import LayerRule
 from keras_dyndp.tf_backend.per_example.rules import register_layer_rule
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Tap
-from keras_dyndp.tf_backend.per_example.train_step import make_private
 
 __all__ = [
     "METHODS",
@@ -25,8 +25,16 @@ __all__ = [
     "clipped_gradient_sum",
     "clipped_gradient_sum_with_outputs",
     "ghost_supported",
-    "make_private",
     "per_example_loss",
     "register_layer_rule",
     "register_per_example_layer",
 ]
+
+
+def __getattr__(name: str):
+    """``make_private``, from `keras_dyndp.tf_backend.train_step` (which imports this package) on first use."""
+    if name == "make_private":
+        from keras_dyndp.tf_backend.train_step import make_private  # pylint: disable=import-outside-toplevel
+
+        return make_private
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from keras_dyndp import ghost_cost
-from keras_dyndp.tf_backend import clip_and_noise
+from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import norms
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
@@ -89,7 +89,7 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     def clipped_sum(f):
         # tensor_scatter_nd_add is faster on CPU than unsorted_segment_sum. The B*T rows of g (not the (b, id)
         # pair rows above) keep a static shape for XLA.
-        rows = tf.reshape(clip_and_noise.scaled_rows(g, f), [-1, g.shape[-1]])
+        rows = tf.reshape(ops.scaled_rows(g, f), [-1, g.shape[-1]])
         return tf.tensor_scatter_nd_add(tf.zeros_like(layer.embeddings), tf.reshape(ids, [-1, 1]), rows)
 
     return [GhostGradient(layer.embeddings, squared, clipped_sum)]

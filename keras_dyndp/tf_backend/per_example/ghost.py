@@ -22,8 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_dyndp import mechanism
-from keras_dyndp.tf_backend import clip_and_noise
 from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import rules
 from keras_dyndp.tf_backend.per_example.losses import per_example_loss
@@ -89,8 +89,8 @@ def clipped_sum(
     squared = tf.zeros_like(losses)
     for gradient in gradients.values():
         squared += gradient.squared_norms
-    norms = mechanism.norms_from_squares(clip_and_noise.OPS, squared)
-    factors = clip_and_noise.clip_factors(norms, clip_norm)
+    norms = mechanism.norms_from_squares(ops.OPS, squared)
+    factors = ops.clip_factors(norms, clip_norm)
     sums = [gradients[id(v)].clipped_sum(factors) for v in var_list]
     return sums, norms, y_pred, losses
 

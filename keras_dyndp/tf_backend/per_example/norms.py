@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
 from keras_dyndp import ghost_cost
-from keras_dyndp.tf_backend import clip_and_noise
+from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
@@ -43,11 +43,9 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
     if positions == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2: no cancellation
         a2, g2 = a[:, 0, :], g[:, 0, :]
         squared = squared_norms(a2, 1) * squared_norms(g2, 1)
-        return squared, lambda f: tf.matmul(
-            clip_and_noise.kept_rows(a2, f), clip_and_noise.scaled_rows(g2, f), transpose_a=True
-        )
+        return squared, lambda f: tf.matmul(ops.kept_rows(a2, f), ops.scaled_rows(g2, f), transpose_a=True)
     form = ghost_cost.form(positions, fan_in, fan_out)
-    book_keeping = lambda f: tf.einsum("btk,btc->kc", clip_and_noise.kept_rows(a, f), clip_and_noise.scaled_rows(g, f))  # noqa: E731
+    book_keeping = lambda f: tf.einsum("btk,btc->kc", ops.kept_rows(a, f), ops.scaled_rows(g, f))  # noqa: E731
     if form == ghost_cost.GRAM:
         gram_a = tf.matmul(a, a, transpose_b=True)
         gram_g = tf.matmul(g, g, transpose_b=True)
@@ -60,8 +58,8 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
     if form == ghost_cost.PER_EXAMPLE_NORMS:
         return bounded_by_rounding(squared, a, g, form), book_keeping
     if transposed:
-        return squared, lambda f: tf.transpose(clip_and_noise.weighted_sum(f, per_example))
-    return squared, lambda f: clip_and_noise.weighted_sum(f, per_example)
+        return squared, lambda f: tf.transpose(ops.weighted_sum(f, per_example))
+    return squared, lambda f: ops.weighted_sum(f, per_example)
 
 
 def bounded_by_rounding(squared: tf.Tensor, a: tf.Tensor, g: tf.Tensor, form: str) -> tf.Tensor:
@@ -93,6 +91,4 @@ def with_bias(owner: keras.layers.Layer, g: tf.Tensor, gradients: list[GhostGrad
 def materialised_gradient(variable: tf.Variable, per_example: tf.Tensor) -> GhostGradient:
     """A variable's per-example gradients given as such: ``per_example`` [B, *variable.shape]."""
     axes = list(range(1, per_example.shape.rank))
-    return GhostGradient(
-        variable, squared_norms(per_example, axes), lambda f: clip_and_noise.weighted_sum(f, per_example)
-    )
+    return GhostGradient(variable, squared_norms(per_example, axes), lambda f: ops.weighted_sum(f, per_example))

@@ -41,7 +41,7 @@ per_example.register_layer_rule(ScaleShift, call=scale_shift_call, norms_and_sum
 Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently. Its squared
 norms must never be below the exact ones (float32 rounding included: `norms.bilinear_gradient` adds the bound where
 positions can cancel, `keras_dyndp.ghost_cost.bounded_squared_norms`), and its sums must add exactly nothing from
-an example whose factor is 0 (`clip_and_noise.weighted_sum`, ``scaled_rows``: a select, as 0 x inf is NaN); the
+an example whose factor is 0 (`ops.weighted_sum`, ``scaled_rows``: a select, as 0 x inf is NaN); the
 `norms` building blocks do both.
 """
 

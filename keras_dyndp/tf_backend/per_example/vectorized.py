@@ -15,8 +15,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_dyndp.tf_backend import clip_and_noise
 from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.losses import per_example_loss
 
@@ -64,7 +64,7 @@ def clipped_sum(
         grads, y_pred, losses = tf.map_fn(
             one_example, elems, fn_output_signature=output_signature, parallel_iterations=16
         )
-    sums, norms = clip_and_noise.clip_by_global_norm_per_example(grads, clip_norm)
+    sums, norms = ops.clip_by_global_norm_per_example(grads, clip_norm)
     return sums, norms, y_pred, losses
 
 

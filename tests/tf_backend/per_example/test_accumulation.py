@@ -14,7 +14,7 @@ from keras_dyndp.tf_backend import DynamicDPKerasSGD
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import accumulation
 from keras_dyndp.tf_backend.per_example import clipped_sum
-from keras_dyndp.tf_backend.per_example import make_private
+from keras_dyndp.tf_backend.train_step import make_private
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 # The steps are compared with the noise off (allow_degenerate_noise=True), which warns by design.

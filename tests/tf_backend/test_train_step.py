@@ -8,18 +8,19 @@ import warnings
 import numpy as np
 import pytest
 import tensorflow as tf
-from brute_force import LOSS
-from brute_force import reference
+from per_example.brute_force import LOSS  # tests/tf_backend/per_example/brute_force.py
+from per_example.brute_force import reference
 
 import keras_dyndp
 from keras_dyndp import optimizer_base
+from keras_dyndp import private_model
 from keras_dyndp import schedules
 from keras_dyndp.callbacks import PrivacyLogger
 from keras_dyndp.tf_backend import DynamicDPKerasAdam
 from keras_dyndp.tf_backend import DynamicDPKerasSGD
 from keras_dyndp.tf_backend import keras_compat
-from keras_dyndp.tf_backend.per_example import make_private
-from keras_dyndp.tf_backend.per_example import train_step
+from keras_dyndp.tf_backend import train_step
+from keras_dyndp.tf_backend.train_step import make_private
 
 keras = keras_compat.keras
 CLIP = 0.5
@@ -361,7 +362,7 @@ def test_load_model_restores_make_private_with_its_arguments(tmp_path):
     arguments = {"method": "vectorized", "training_metrics": False}
     assert loaded.optimizer.get_config()["private_train_step"] == arguments
     assert train_step.is_private(loaded)
-    assert (loaded._keras_dyndp_method, loaded._keras_dyndp_training_metrics) == ("vectorized", False)
+    assert private_model.record(loaded).config == private_model.PrivateConfig("vectorized", training_metrics=False)
     history = loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert history.history == {"dp_step": [4]}  # The restored step, with training_metrics=False.
 

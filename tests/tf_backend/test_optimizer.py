@@ -1,4 +1,4 @@
-"""Tests for keras_dyndp.tf_backend.dp_optimizer: the dynamic DP Keras optimizers."""
+"""Tests for keras_dyndp.tf_backend.optimizer: the dynamic DP Keras optimizers."""
 
 import warnings
 
@@ -10,15 +10,15 @@ from keras_dyndp import callbacks
 from keras_dyndp import optimizer_base
 from keras_dyndp import schedules
 from keras_dyndp.accounting import noise_range
-from keras_dyndp.tf_backend import dp_optimizer
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasAdagrad
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasAdam
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasRMSprop
-from keras_dyndp.tf_backend.dp_optimizer import DynamicDPKerasSGD
-from keras_dyndp.tf_backend.per_example import make_private
-from keras_dyndp.tf_backend.per_example import train_step
+from keras_dyndp.tf_backend import optimizer as optimizer_module
+from keras_dyndp.tf_backend import train_step
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasAdagrad
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasAdam
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasRMSprop
+from keras_dyndp.tf_backend.optimizer import DynamicDPKerasSGD
+from keras_dyndp.tf_backend.train_step import make_private
 
 keras = keras_compat.keras
 # Test-only settings this module uses on purpose, named so that no other warning is hidden: noiseless schedules
@@ -435,7 +435,7 @@ def test_model_save_and_load_round_trip(tmp_path):
 
 
 def test_make_private_recorded_in_the_config_is_restored_at_load_only():
-    """load_model's compile_from_config restores it (tests/tf_backend/per_example/test_train_step.py); a fit that
+    """load_model's compile_from_config restores it (tests/tf_backend/test_train_step.py); a fit that
     builds the optimizer does not, as that fit would skip make_private's data checks: Keras's step is refused."""
     config = DynamicDPKerasSGD(
         schedule=noiseless_schedule([1.0]), allow_degenerate_noise=True, public_batch_size=True
@@ -719,17 +719,17 @@ def test_fit_on_unknown_cardinality_dataset_with_empty_batch_counts_real_steps_o
     assert all(np.all(np.isfinite(weight)) for weight in model.get_weights())
 
 
-def test_apply_clipped_gradient_sum_adds_noise_normalises_and_advances():
+def test_apply_clipped_sum_adds_noise_normalises_and_advances():
     schedule = schedules.DPSchedule([1.0, 1.0, 1.0], [0.0, 2.0, 2.0], 0.1)
     optimizer = DynamicDPKerasSGD(
         schedule=schedule, learning_rate=1.0, expected_batch_size=8, allow_degenerate_noise=True
     )
     small, large = tf.Variable(tf.zeros([3])), tf.Variable(tf.zeros([100, 100]))
-    optimizer.apply_clipped_gradient_sum([tf.constant([8.0, 4.0, 0.0]), None], 3, [small, large])
+    optimizer.apply_clipped_sum([tf.constant([8.0, 4.0, 0.0]), None], 3, 3, [small, large])
     np.testing.assert_allclose(small.numpy(), [-1.0, -0.5, 0.0])
     np.testing.assert_array_equal(large.numpy(), 0.0)
     assert optimizer.current_noise_stddev().numpy() == pytest.approx(2.0)
-    tf.function(optimizer.apply_clipped_gradient_sum)([tf.zeros([3]), tf.zeros([100, 100])], 3, [small, large])
+    tf.function(optimizer.apply_clipped_sum)([tf.zeros([3]), tf.zeros([100, 100])], 3, 3, [small, large])
     assert np.std(large.numpy()) == pytest.approx(2.0 / 8, rel=0.1)
     assert int(optimizer.dp_step) == 2
 
@@ -777,9 +777,9 @@ def test_bad_arguments(kwargs, error, match):
 
 def test_factory_rejects_non_optimizer_and_legacy_classes():
     with pytest.raises(TypeError, match="base_cls"):
-        dp_optimizer.make_dynamic_dp_optimizer_class(keras.optimizers.legacy.SGD)
+        optimizer_module.make_dynamic_dp_optimizer_class(keras.optimizers.legacy.SGD)
     with pytest.raises(TypeError, match="base_cls"):
-        dp_optimizer.make_dynamic_dp_optimizer_class(object)
+        optimizer_module.make_dynamic_dp_optimizer_class(object)
 
 
 def test_microbatch_neighbour_moves_the_clipped_sum_by_at_most_2c_over_adversarial_orderings(monkeypatch):
@@ -839,7 +839,7 @@ def noise_of_steps(optimizer, num_steps: int, variable: tf.Variable | None = Non
     noises = []
     for _ in range(num_steps):
         before = variable.numpy()
-        optimizer.apply_clipped_gradient_sum([tf.zeros([2000])], 4, [variable])
+        optimizer.apply_clipped_sum([tf.zeros([2000])], 4, 4, [variable])
         noises.append(before - variable.numpy())
     return np.array(noises)
 

@@ -5,7 +5,7 @@ mixin runs the mechanism (`keras_dyndp.mechanism`) in graph ops, the base class 
 `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its instances.
 Its own per-example path (`compute_gradients`) takes the jacobian of the per-example losses handed to `minimize` (a
 custom loop, or ``make_private``'s step with ``method='jacobian'`` or microbatches): O(B^2), and graphs pfor cannot
-vectorise fail (tensorflow#43904). ``make_private``'s faster step calls `apply_clipped_gradient_sum`. Keras's own
+vectorise fail (tensorflow#43904). ``make_private``'s faster step calls `apply_clipped_sum`. Keras's own
 train step is refused, naming ``make_private``. The noise comes from the optimizer's own `tf.random.Generator`,
 seeded from OS entropy and never saved (`keras_dyndp.tf_backend.noise_source`); batch sizes are checked against the
 schedule's Poisson sampling (`keras_dyndp.tf_backend.sampling_check`).
@@ -41,14 +41,14 @@ from keras_dyndp import keras_context
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
-from keras_dyndp.tf_backend import clip_and_noise
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend import noise_source
+from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
-from keras_dyndp.tf_backend.per_example import train_step
+from keras_dyndp.tf_backend import train_step
 
 
 class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
@@ -69,12 +69,26 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._noise_source = noise_source.NoiseSource(noise_seed)
         schedule = self._schedule
         self._sampling_check = sampling_check.SamplingCheck(
-            schedule.sampling_probability, self._expected_batch_size, self._public_batch_size, self.normalises_by_rows
+            schedule.sampling_probability,
+            self._expected_batch_size,
+            self._public_batch_size,
+            self.normalises_by_rows,
+            type(self).__name__,
         )
         with tf.init_scope():
             self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
             self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
         self._schedule_fingerprint = keras_compat.add_int32_optimizer_variable(self, "schedule_fingerprint", (2,))
+
+    @property
+    def noise_source(self) -> noise_source.NoiseSource:
+        """The optimizer's secret randomness (noise, and the random layers of make_private's step)."""
+        return self._noise_source
+
+    @property
+    def sampling_check(self) -> sampling_check.SamplingCheck:
+        """The checks of the batches against the schedule's Poisson sampling (`sampling_check.SamplingCheck`)."""
+        return self._sampling_check
 
     @property
     def dp_step(self) -> tf.Variable:
@@ -115,7 +129,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
         # 0 past the budget and on a restored step counter of another schedule: XLA drops the assertions.
         return mechanism.schedule_values(
-            clip_and_noise.OPS,
+            ops.OPS,
             self._clip_norms_tensor,
             self._noise_stddevs_tensor,
             self.dp_step,
@@ -139,7 +153,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """This replica's part of the update (`keras_dyndp.mechanism.private_update`): its clipped sums, the noise
         on the first replica only, over the global normaliser; the base optimizer sums the parts."""
         return mechanism.private_update(
-            clip_and_noise.OPS,
+            ops.OPS,
             clipped_sums,
             self._noise_source.generator,
             clip_norm=clip_norm,
@@ -149,6 +163,29 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             num_microbatches=num_microbatches,
             rescale_to_unit_norm=self._rescale_to_unit_norm,
         )
+
+    def _calling_model(self):
+        """The model whose train step calls (`keras_context.calling_model`), or None; refused when it is Keras's own
+        train step or wraps this optimizer for loss scaling outside ``make_private``."""
+        model = keras_context.calling_model(self, keras_compat.keras.Model)
+        if model is not None and not train_step.is_private(model):
+            if keras_compat.is_keras_train_step(model):
+                raise RuntimeError(refusals.keras_train_step(self.private_config))
+            if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
+                raise refusals.loss_scale_error(
+                    "Call model = keras_dyndp.make_private(model): its train step supports mixed precision (computes "
+                    "in the policy's dtype, then clips, sums and adds the noise in float32, without loss scaling)."
+                )
+        return model
+
+    def _unit_losses(self, per_example_losses: tf.Tensor, num_rows: tf.Tensor) -> tf.Tensor:
+        """The losses whose jacobian is clipped row by row: the examples', or the M random microbatches'."""
+        if self._num_microbatches is None:
+            # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient is zero and
+            # adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
+            return tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
+        assignment = microbatches.random_assignment(num_rows, self._num_microbatches, self._noise_source.generator)
+        return microbatches.microbatch_losses(per_example_losses, assignment, self._num_microbatches)
 
     def compute_gradients(self, loss, var_list, tape=None):
         """Clipped, noised and normalised gradients of a per-example loss: one DP release at `dp_step`, which only
@@ -174,61 +211,28 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 "compute_gradients receives a loss already computed on the whole batch. Train with model.fit after "
                 "model = keras_dyndp.make_private(model)."
             )
-        model = keras_context.calling_model(self, keras_compat.keras.Model)
-        if model is not None and not train_step.is_private(model):
-            if keras_compat.is_keras_train_step(model):
-                raise RuntimeError(refusals.keras_train_step(self._private_train_step))
-            if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
-                raise refusals.loss_scale_error(
-                    "Call model = keras_dyndp.make_private(model): its train step supports mixed precision (computes "
-                    "in the policy's dtype, then clips, sums and adds the noise in float32, without loss scaling)."
-                )
-        if tape is None and not callable(loss):
-            raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
-        if callable(loss):
-            tape = tape if tape is not None else tf.GradientTape()
-            with tape:
-                if not callable(var_list):
-                    tape.watch(var_list)
-                loss = loss()
-        if callable(var_list):
-            var_list = var_list()
-        var_list = list(var_list)
+        model = self._calling_model()
+        loss, var_list, tape = _evaluated_loss(loss, var_list, tape)
         rank = loss.shape.rank
-        if rank is None or rank == 0:
-            raise ValueError(
-                "Dynamic DP optimizers need the per-example loss vector, but received a loss of shape "
-                f"{loss.shape}. Averaging before clipping silently destroys the privacy guarantee: compile "
-                f"the model with a loss built with {keras_compat.PER_EXAMPLE_REDUCTION}, e.g. "
-                f"tf.keras.losses.SparseCategoricalCrossentropy({keras_compat.PER_EXAMPLE_REDUCTION})."
-            )
         model_checks.check_training_model(self, model, var_list)  # Once per model, while the first step is traced.
         self._sampling_check.check_step_input()
         num_rows = tf.shape(loss)[0]
         with tape:
             per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
-            if self._num_microbatches is None:
-                # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient
-                # is zero and adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
-                unit_losses = tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
-            else:
-                assignment = microbatches.random_assignment(
-                    num_rows, self._num_microbatches, self._noise_source.generator
-                )
-                unit_losses = microbatches.microbatch_losses(per_example_losses, assignment, self._num_microbatches)
+            unit_losses = self._unit_losses(per_example_losses, num_rows)
         per_unit_grads = tape.jacobian(unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
         min_examples, global_num_rows = tf.unstack(
             replicas.global_sum(tf.stack([sampling_check.count_nonzero_rows(per_example_losses), num_rows]))
         )
         batch_size_check = self._sampling_check.assertion(min_examples, global_num_rows, global_num_rows)
-        unit_norms = clip_and_noise.per_example_global_norms(per_unit_grads)
+        unit_norms = ops.per_example_global_norms(per_unit_grads)
         finite_check = tf.debugging.Assert(
             tf.reduce_all(tf.math.is_finite(unit_norms)), [refusals.BATCHED_NON_FINITE_REFUSAL]
         )
         with tf.control_dependencies([*self._step_checks(batch_size_check), finite_check]):
             clip_norm, sigma = self._schedule_values()
-        clipped_sums = clip_and_noise.clipped_sums(per_unit_grads, unit_norms, clip_norm)
+        clipped_sums = ops.clipped_sums(per_unit_grads, unit_norms, clip_norm)
         # Each replica forms its own M microbatches.
         num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
         grads = self._private_update(clipped_sums, clip_norm, sigma, global_num_rows, num_microbatches)
@@ -262,13 +266,13 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         message = refusals.foreign_gradients(f"{type(self).__name__}.{entry}", "returned by its own compute_gradients")
         in_train_step = keras_context.calling_model(self, keras_compat.keras.Model) is not None
         if in_train_step and keras_compat.KERAS_MAJOR_VERSION >= 3:
-            message += refusals.keras_train_step(self._private_train_step)
+            message += refusals.keras_train_step(self.private_config)
         else:
             message += (
                 "Train with model.fit after model = keras_dyndp.make_private(model); a custom training loop calls "
                 "this optimizer's minimize(per_example_loss, variables, tape) (or compute_gradients, then "
                 "apply_gradients with its result), and per-example paths of your own call "
-                "apply_clipped_gradient_sum."
+                "apply_clipped_sum."
             )
         raise RuntimeError(message)
 
@@ -286,10 +290,10 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             return
         with tf.init_scope():  # Keras 3 builds it in the traced step: the counters are read eagerly.
             optimizer_base.warn_on_schedule_restart(model, self)
-        if self._private_train_step is None or train_step.is_private(model):
+        if self.private_config is None or train_step.is_private(model):
             return
         if keras_context.calling_model(self, keras_compat.keras.Model, caller="compile_from_config") is model:
-            train_step.make_private(model, **self._private_train_step)
+            train_step.make_private(model, **vars(self.private_config))
             logging.info(
                 "keras_dyndp: model %r was trained through make_private (its optimizer's config says "
                 "so); its private train step is restored.",
@@ -302,34 +306,35 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         with tf.control_dependencies([grad for grad, _ in grads_and_vars]):
             return keras_compat.apply_base_update(super(), grads_and_vars, name=name, **kwargs)
 
-    def apply_clipped_gradient_sum(
+    def apply_clipped_sum(
         self,
         clipped_sums: Sequence[tf.Tensor | None],
+        num_examples,
         num_rows,
-        var_list: Sequence[tf.Variable],
-        sample_weight: tf.Tensor | None = None,
+        trainable_variables: Sequence[tf.Variable],
     ) -> tf.Variable:
-        """Adds noise to sums of per-example gradients clipped to `current_clip_norm()`, and applies them.
+        """Noises, normalises and applies sums of per-example gradients clipped to `current_clip_norm()`
+        (`make_private`'s step clips them); the arguments of the JAX optimizers' ``stateless_apply_clipped_sum`` but
+        for its state, as Keras's ``apply`` and ``stateless_apply``.
 
-        For per-example clipping done outside the optimizer (the fast path): adds N(0, sigma^2), sigma =
-        `current_noise_stddev()`, to each sum, divides by `expected_batch_size` (by `num_rows` with
-        ``public_batch_size=True``), applies the base update rule and advances `dp_step`.
+        Adds N(0, sigma^2), sigma = `current_noise_stddev()`, to each sum, divides by `expected_batch_size` (by
+        ``num_rows`` with ``public_batch_size=True``), applies the base update rule and advances `dp_step`.
 
         Args:
           clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients
             (`None` for a variable without gradient: treated as zero and still noised).
+          num_examples: rows with a non-zero sample weight (int scalar, may be a tensor), checked against the
+            schedule's Poisson sampling (`sampling_check.count_nonzero_rows` of the sample weights).
           num_rows: number of rows in the batch (int scalar, may be a tensor).
-          var_list: the variables, in the order of `clipped_sums`.
-          sample_weight: the batch's sample weights ([num_rows, ...]) or None (every row is an example); the
-            rows with a non-zero weight are the examples that the batch-size check counts.
+          trainable_variables: the variables, in the order of `clipped_sums`.
 
         Returns `dp_step`. Raises `tf.errors.InvalidArgumentError` at run time as `compute_gradients` does.
         """
         replicas.check_strategy()
-        var_list = list(var_list)
+        var_list = list(trainable_variables)
         if len(clipped_sums) != len(var_list):
             raise ValueError(
-                "`clipped_sums` and `var_list` must have the same length. "
+                "`clipped_sums` and `trainable_variables` must have the same length. "
                 f"Received: {len(clipped_sums)} and {len(var_list)}."
             )
         clipped_sums = [
@@ -337,7 +342,6 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             for grad, var in zip(clipped_sums, var_list)
         ]
         self._sampling_check.check_step_input()
-        num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
         global_examples, global_num_rows = tf.unstack(
             replicas.global_sum(tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)]))
         )
@@ -346,6 +350,29 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             clip_norm, sigma = self._schedule_values()
         grads = self._private_update(clipped_sums, clip_norm, sigma, global_num_rows, None)
         return self._apply_private_gradients(list(zip(grads, var_list)))
+
+
+def _evaluated_loss(loss, var_list, tape):
+    """``(loss, var_list, tape)`` with a callable loss evaluated on a tape and callable variables listed; a loss
+    that is not per example (a scalar) refused."""
+    if tape is None and not callable(loss):
+        raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
+    if callable(loss):
+        tape = tape if tape is not None else tf.GradientTape()
+        with tape:
+            if not callable(var_list):
+                tape.watch(var_list)
+            loss = loss()
+    if callable(var_list):
+        var_list = var_list()
+    if loss.shape.rank is None or loss.shape.rank == 0:
+        raise ValueError(
+            "Dynamic DP optimizers need the per-example loss vector, but received a loss of shape "
+            f"{loss.shape}. Averaging before clipping silently destroys the privacy guarantee: compile "
+            f"the model with a loss built with {keras_compat.PER_EXAMPLE_REDUCTION}, e.g. "
+            f"tf.keras.losses.SparseCategoricalCrossentropy({keras_compat.PER_EXAMPLE_REDUCTION})."
+        )
+    return loss, list(var_list), tape
 
 
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:

@@ -6,7 +6,7 @@ per-example losses, but logs the loss and metrics of the private batch and canno
 ``make_private`` gives the model a ``train_step`` that has the model and the inputs in hand: it computes the
 per-example clipped gradient sums with ``keras_dyndp.tf_backend.per_example.clipped_gradient_sum`` (ghost clipping
 where every trainable layer has a rule, else ``tf.vectorized_map`` over single-example passes) and hands them to
-``model.optimizer.apply_clipped_gradient_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
+``model.optimizer.apply_clipped_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
 normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the step runs the optimizer's
 own microbatch path (the jacobian of M microbatch losses) instead; with ``method='jacobian'`` its own per-example path
 (one pfor ``tape.jacobian`` of the per-example losses, every row back-propagated through the batched graph: O(B^2),
@@ -66,6 +66,7 @@ import contextlib
 import functools
 import inspect
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -74,25 +75,17 @@ import tensorflow as tf
 from keras_dyndp import batch_sizes
 from keras_dyndp import entry_points
 from keras_dyndp import optimizer_base
+from keras_dyndp import private_model
 from keras_dyndp import refusals
-from keras_dyndp import validation
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend import replicas
+from keras_dyndp.tf_backend import sampling_check
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import accumulation
 from keras_dyndp.tf_backend.per_example import clipped_sum
 from keras_dyndp.tf_backend.per_example import randomness
 from keras_dyndp.tf_backend.per_example.losses import per_example_loss
-
-
-def _dp_optimizer(model: keras.Model) -> optimizer_base.DPOptimizerBase:
-    # Under the 'mixed_float16' policy compile wraps the optimizer in a LossScaleOptimizer: this step uses the DP
-    # optimizer inside and no loss scaling (a dynamic loss scale skips steps depending on the data).
-    optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
-    if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
-        raise refusals.not_dp_optimizer_error(optimizer, "TensorFlow")
-    return optimizer
 
 
 def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], tf.Tensor]:
@@ -104,30 +97,22 @@ def _check_no_regularization(model: keras.Model) -> None:
         raise refusals.regularization_error(f"{len(model.losses)} of them in model.losses")
 
 
-def _private_train_step_arguments(model: keras.Model) -> dict:
-    """make_private's arguments for ``model``, as the optimizer records them (in its config) for load_model."""
-    return {
-        "method": model._keras_dyndp_method,  # pylint: disable=protected-access
-        "training_metrics": model._keras_dyndp_training_metrics,
-    }  # pylint: disable=protected-access
-
-
 def is_private(model: keras.Model) -> bool:
-    """Whether ``model`` has make_private's train step."""
-    return getattr(getattr(model, "train_step", None), "__func__", None) is _private_train_step
+    """Whether ``model`` has make_private's train step (`keras_dyndp.private_model.is_private`)."""
+    return private_model.is_private(model)
 
 
 def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
     x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
-    optimizer = _dp_optimizer(self)
-    optimizer._private_train_step = _private_train_step_arguments(self)  # pylint: disable=protected-access
+    optimizer = private_model.dp_optimizer(self)
+    optimizer.private_config = config = private_model.record(self).config
     loss_fn = _per_example_loss_fn(self)
     if not self.built:
         # A subclassed model (or a Sequential without Input) creates its variables at its first call, here on Keras
         # 3: call it once, in inference mode (no batch statistics are updated), so that var_list is complete.
         self(x, training=False)
     var_list = self.trainable_variables
-    if optimizer.num_microbatches is None and self._keras_dyndp_method != "jacobian":
+    if optimizer.num_microbatches is None and config.method != "jacobian":
         clip = functools.partial(
             clipped_sum.clipped_gradient_sum_with_outputs,
             self,
@@ -135,7 +120,7 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
             clip_norm=optimizer.current_clip_norm(),
             var_list=var_list,
             method=_clipping_method(self),
-            random_source=optimizer._noise_source.generator,  # pylint: disable=protected-access
+            random_source=optimizer.noise_source.generator,
         )
         if optimizer.accumulation_steps == 1:
             sums, _, y_pred, losses = clip(x, y, sample_weight)
@@ -144,10 +129,12 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
                 clip, var_list, x, y, sample_weight, optimizer.accumulation_steps
             )
         _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
-        optimizer.apply_clipped_gradient_sum(sums, tf.shape(losses)[0], var_list, sample_weight=sample_weight)
+        num_rows = tf.shape(losses)[0]
+        num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
+        optimizer.apply_clipped_sum(sums, num_examples, num_rows, var_list)
     else:
         y_pred = _microbatch_step(self, optimizer, loss_fn, x, y, sample_weight, var_list)
-    if not self._keras_dyndp_training_metrics:
+    if not config.training_metrics:
         # Nothing computed on the private batch leaves the step; the public step count stands in for the logs
         # (Keras 3's train function cannot return an empty structure).
         return {"dp_step": tf.identity(optimizer.dp_step)}
@@ -165,7 +152,7 @@ def _clipping_method(model: keras.Model) -> str:
     layers' float16/bfloat16 inputs and output gradients: a norm rounded down in low precision would let a clipped
     gradient exceed C. Until they compute in float32, 'auto' takes the vectorized path and 'ghost' is refused.
     """
-    method = model._keras_dyndp_method  # pylint: disable=protected-access
+    method = private_model.record(model).config.method
     low_precision = sorted(
         {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
         & set(_LOW_PRECISION_DTYPES)
@@ -194,7 +181,7 @@ def _microbatch_step(
     losses without microbatches)."""
     model_checks.check_before_training(model, x)  # Before the forward pass updates any batch statistics.
     # Random layers draw from the optimizer's secret generator, not from masks tied to the rows' positions.
-    with randomness.secret_randomness(model, optimizer._noise_source.generator):  # pylint: disable=protected-access
+    with randomness.secret_randomness(model, optimizer.noise_source.generator):
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
@@ -205,7 +192,7 @@ def _microbatch_step(
 
 def _private_fit(self: keras.Model, *args, **kwargs):
     """``Model.fit`` showing its data to the checks (Keras 3's unbound ``fit`` shows it through
-    `_private_maybe_symbolic_build`), with `_BudgetCheck`; a step refused past the budget ends it in one
+    `private_model.recording_build`), with `_BudgetCheck`; a step refused past the budget ends it in one
     `BudgetExhaustedError` instead of TensorFlow's graph traceback. A dataset's ``shuffle`` defaults to False, which
     Keras ignores for datasets anyway (it warns on True)."""
     bound = inspect.signature(type(self).fit).bind(self, *args, **kwargs)
@@ -213,27 +200,12 @@ def _private_fit(self: keras.Model, *args, **kwargs):
     optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return type(self).fit(*bound.args, **bound.kwargs)  # The step refuses it, naming what to use.
-    self._keras_dyndp_data_seen.record_call(entry_points.FIT, x)  # pylint: disable=protected-access
+    private_model.record(self).data_seen.record_call(entry_points.FIT, x)
     if "shuffle" not in bound.arguments and isinstance(x, tf.data.Dataset):
         bound.arguments["shuffle"] = False
     bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _BudgetCheck(optimizer)]
-    try:
+    with private_model.budget_refusal():
         return type(self).fit(*bound.args, **bound.kwargs)
-    except optimizer_base.BudgetExhaustedError as error:
-        raise optimizer_base.BudgetExhaustedError(str(error)) from None
-
-
-def _private_train_on_batch(self: keras.Model, x=None, *args, **kwargs):
-    """``Model.train_on_batch`` showing its batch to the checks (Keras 2 shows it nowhere else)."""
-    self._keras_dyndp_data_seen.record_call(entry_points.TRAIN_ON_BATCH, x)  # pylint: disable=protected-access
-    return type(self).train_on_batch(self, x, *args, **kwargs)
-
-
-def _private_maybe_symbolic_build(self: keras.Model, iterator=None, data_batch=None):
-    """Keras 3's ``_maybe_symbolic_build``, which ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch`` call
-    with their data (also unbound), after recording the data for the next `_private_make_train_function`."""
-    self._keras_dyndp_data_seen.record(iterator, data_batch)  # pylint: disable=protected-access
-    return type(self)._maybe_symbolic_build(self, iterator=iterator, data_batch=data_batch)  # pylint: disable=protected-access
 
 
 def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
@@ -245,7 +217,7 @@ def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
     if seen is None or not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return False
     caller, x = seen
-    check = optimizer._sampling_check  # pylint: disable=protected-access
+    check = optimizer.sampling_check
     if caller == entry_points.FIT:
         optimizer.check_budget_left("keras_dyndp.BudgetStop")
         with model.distribute_strategy.scope():  # Where the multi-worker refusal looks for the strategy.
@@ -258,8 +230,8 @@ def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
 def _private_make_train_function(self: keras.Model, force: bool = False):
     """The model's ``make_train_function`` (which every training entry point calls first), after the checks of the
     data the entry point showed (`_check_data`), wrapped in `_CheckedTrainFunction`."""
-    checked = _check_data(self, self._keras_dyndp_data_seen.take())  # pylint: disable=protected-access
-    function = self._keras_dyndp_make_train_function(force)  # pylint: disable=protected-access
+    checked = _check_data(self, private_model.record(self).data_seen.take())
+    function = _KERAS_MAKE_TRAIN_FUNCTION[self](self, force)
     function = self.train_function if function is None else function  # Keras 3 returns None when it makes one.
     if not isinstance(function, _CheckedTrainFunction):
         function = _CheckedTrainFunction(self, function)
@@ -286,8 +258,8 @@ class _CheckedTrainFunction:
         return getattr(self._function, name)
 
     def __call__(self, iterator):
-        optimizer = _dp_optimizer(self._model)
-        checked = optimizer._sampling_check.handed_over() if self.checked else contextlib.nullcontext()  # pylint: disable=protected-access
+        optimizer = private_model.dp_optimizer(self._model)
+        checked = optimizer.sampling_check.handed_over() if self.checked else contextlib.nullcontext()
         try:
             with checked:
                 return self._function(iterator)
@@ -349,26 +321,37 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
         ValueError: on an unknown ``method`` or a model that is not a ``keras.Model``; at the first training
             step, on an optimizer or loss that cannot give per-example DP (see the module docstring).
     """
-    if not isinstance(model, keras.Model):
-        raise refusals.not_a_model_error(model)
-    validation.check_choice("method", method, (*clipped_sum.METHODS, "jacobian"))
-    validation.check_bool("training_metrics", training_metrics)
-    model._keras_dyndp_method = method  # pylint: disable=protected-access
-    model._keras_dyndp_training_metrics = training_metrics  # pylint: disable=protected-access
-    model._keras_dyndp_data_seen = entry_points.DataSeen(keras_compat.unpack_x_y_sample_weight)  # pylint: disable=protected-access
-    model.train_step = types.MethodType(_private_train_step, model)
+    return private_model.make_private(model, method, training_metrics, _HOOKS)
+
+
+def _install(model: keras.Model) -> None:
+    """make_private's entry points, train function and epoch logs on ``model`` (its train step is installed)."""
     model.fit = types.MethodType(_private_fit, model)
-    model.train_on_batch = types.MethodType(_private_train_on_batch, model)
-    keras_compat.epoch_logs_from_the_step(model, not training_metrics)
+    model.train_on_batch = types.MethodType(private_model.private_train_on_batch, model)
+    keras_compat.epoch_logs_from_the_step(model, not private_model.record(model).config.training_metrics)
     keras_compat.reset_train_function(model)
     if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:
         replicas.split_direct_batches(model)
     if hasattr(type(model), "_maybe_symbolic_build"):  # Keras 3: what unbound entry points show of their data
-        model._maybe_symbolic_build = types.MethodType(_private_maybe_symbolic_build, model)  # pylint: disable=protected-access
-    if "_keras_dyndp_make_train_function" not in vars(model):
-        model._keras_dyndp_make_train_function = model.make_train_function  # pylint: disable=protected-access
+        model._maybe_symbolic_build = types.MethodType(_RECORDING_BUILD, model)  # noqa: SLF001  (Keras 3's hook)
+    # Keras's, or `replicas`' around it; unbound, so that the weak dictionary does not keep the model alive.
+    _KERAS_MAKE_TRAIN_FUNCTION.setdefault(model, model.make_train_function.__func__)
     model.make_train_function = types.MethodType(_private_make_train_function, model)
-    if getattr(model, "optimizer", None) is not None:
-        optimizer = _dp_optimizer(model)
-        optimizer._private_train_step = _private_train_step_arguments(model)  # pylint: disable=protected-access
-    return model
+
+
+_KERAS_MAKE_TRAIN_FUNCTION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+_RECORDING_BUILD = private_model.recording_build("_maybe_symbolic_build")
+_HOOKS = private_model.Hooks(
+    backend="TensorFlow",
+    model_class=keras.Model,
+    optimizer_class=optimizer_base.DPOptimizerBase,
+    methods=(*clipped_sum.METHODS, "jacobian"),
+    train_step=_private_train_step,
+    # Under the 'mixed_float16' policy compile wraps the optimizer in a LossScaleOptimizer: the step uses the DP
+    # optimizer inside and no loss scaling (a dynamic loss scale skips steps depending on the data).
+    unwrap_optimizer=keras_compat.unwrap_optimizer,
+    unpack=keras_compat.unpack_x_y_sample_weight,
+    install=_install,
+)

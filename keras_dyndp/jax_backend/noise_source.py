@@ -1,0 +1,56 @@
+"""A JAX DP optimizer's randomness: a secret base key in host memory, run nonces, and each step's keys.
+
+Keras's seeds are public or restorable (``set_random_seed``, ``SeedGenerator`` states in checkpoints), so noise
+drawn from them could be regenerated or replayed. Each optimizer holds a 64-bit base key from OS entropy
+(`keras_dyndp.noise_seed`; process 0's under several processes) in host memory. The key is a runtime input of the
+step, never a constant of a compiled program: a constant goes wherever the program goes (persistent compilation
+caches, XLA dumps to files or stdout, profiler traces, which held it before). The optimizer's ``new_run`` writes its
+two words into the state of a run of steps (the never-saved run state, `fresh_run_state`), from which the step reads
+them; the variables hold zeros in their place at rest (``raise_refused_step`` and loading put zeros back), so what
+saves or reads the variables (``.keras``, weights, legacy ``.h5``, ``get_state_tree``) finds no key, and a step
+handed a state without one is refused (never noise from a known key). Step k's keys (`step_key`) fold in a run
+nonce, k and their purpose (noise, microbatches, random layers); ``new_run`` also sets the nonce to a never-used
+value (make_private's train function calls it whenever the state comes from the variables, which is where they can
+have been rewound or restored), so a restored counter never meets a used nonce.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from keras_dyndp import noise_seed as noise_seed_module
+from keras_dyndp.jax_backend import processes
+
+NOISE, MICROBATCHES, LAYER_SEEDS = range(3)  # The purposes `step_key` folds in: one key for each use.
+KEY_WORDS = slice(3, 5)  # The base key's two int32 words in a run state [nonce, refusal, its count, key, key].
+
+
+class NoiseSource:
+    """The base key and run nonces of one DP optimizer; ``noise_seed`` None draws the key from OS entropy, an int
+    >= 0 (tests) warns. A plain object, so nothing of it is saved."""
+
+    def __init__(self, noise_seed: int | None = None):
+        # Attributed to the caller of the optimizer's constructor (DPOptimizerBase.__init__, _build_dp_state, here).
+        noise_seed = noise_seed_module.check_and_warn(noise_seed, stacklevel=4)
+        self.base_key = processes.agreed(  # Process 0's under several processes: one program, one noise.
+            np.asarray(divmod(noise_seed_module.state_seed(noise_seed, 64), 2**32), np.uint32)
+        )
+        self._runs = 0  # The last run nonce handed out: nonces only grow, whatever the run state is restored to.
+
+    def fresh_run_state(self, with_key: bool) -> np.ndarray:
+        """A run state with a never-used nonce, no refusal, the base key's words or zeros."""
+        self._runs += 1
+        key_words = self.base_key.view(np.int32) if with_key else np.zeros(2, np.int32)
+        return np.concatenate([np.asarray([self._runs, 0, 0], np.int32), key_words])
+
+
+def step_key(run_state: jax.Array, step: jax.Array, purpose: int) -> jax.Array:
+    """The secret key of step ``step`` for ``purpose``: the base key, read from ``run_state`` (a runtime input,
+    never a constant of the compiled step), folded with the run nonce, the step and ``purpose``."""
+    words = jax.lax.bitcast_convert_type(run_state[KEY_WORDS], jnp.uint32)
+    key = jax.random.wrap_key_data(words, impl="threefry2x32")
+    for data in (run_state[0], step, purpose):
+        key = jax.random.fold_in(key, data)
+    return key

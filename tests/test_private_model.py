@@ -1,0 +1,81 @@
+"""Tests for keras_dyndp.private_model: what make_private means, once for both backends, on stand-in classes."""
+
+import pytest
+
+from keras_dyndp import private_model
+from keras_dyndp import refusals
+from keras_dyndp.private_model import PrivateConfig
+
+
+class _Model:
+    optimizer = None
+
+    def train_step(self, data):
+        return "Keras's"
+
+
+class _DPOptimizer:
+    private_config = None
+
+
+def _private_train_step(self, data):
+    return "private"
+
+
+def _hooks(installed):
+    return private_model.Hooks(
+        backend="Stand-in",
+        model_class=_Model,
+        optimizer_class=_DPOptimizer,
+        methods=("auto", "vectorized"),
+        train_step=_private_train_step,
+        unwrap_optimizer=lambda optimizer: optimizer,
+        unpack=lambda data: (data, None, None),
+        install=installed.append,
+    )
+
+
+def test_make_private_binds_the_options_beside_the_model_and_installs_the_train_step():
+    installed, model = [], _Model()
+    model.optimizer = _DPOptimizer()
+    assert not private_model.is_private(model)
+    assert private_model.make_private(model, "vectorized", True, _hooks(installed)) is model
+    assert private_model.is_private(model) and installed == [model] and model.train_step(None) == "private"
+    assert private_model.record(model).config == PrivateConfig("vectorized", training_metrics=True)
+    assert model.optimizer.private_config == PrivateConfig("vectorized", training_metrics=True)
+    assert not vars(model).keys() - {"optimizer", "train_step"}  # no attribute of keras_dyndp's on the model
+    model.train_step = _Model.train_step.__get__(model)  # a train step of the user's own: no longer private
+    assert not private_model.is_private(model)
+
+
+def test_make_private_refuses_other_objects_methods_and_flags():
+    with pytest.raises(ValueError, match="`model` must be a keras.Model"):
+        private_model.make_private(object(), "auto", False, _hooks([]))
+    with pytest.raises(ValueError, match="`method` must be one of"):
+        private_model.make_private(_Model(), "ghost", False, _hooks([]))
+    with pytest.raises(ValueError, match="`training_metrics` must be True or False"):
+        private_model.make_private(_Model(), "auto", 1, _hooks([]))
+
+
+def test_a_model_without_a_dp_optimizer_is_refused_naming_the_backend():
+    model = private_model.make_private(_Model(), "auto", False, _hooks([]))
+    model.optimizer = "sgd"
+    with pytest.raises(ValueError, match="Stand-in"):
+        private_model.dp_optimizer(model)
+
+
+def test_the_budget_refusal_comes_out_without_the_chain_it_was_raised_in():
+    with pytest.raises(refusals.BudgetExhaustedError) as raised:
+        with private_model.budget_refusal():
+            try:
+                raise KeyError("inside Keras")
+            except KeyError as error:
+                raise refusals.BudgetExhaustedError("DP budget exhausted: all 3 steps") from error
+    assert str(raised.value) == "DP budget exhausted: all 3 steps" and raised.value.__suppress_context__
+
+
+def test_a_saved_config_is_none_or_both_options():
+    assert PrivateConfig.from_config(None) is None
+    assert PrivateConfig.from_config({"method": "auto", "training_metrics": False}) == PrivateConfig("auto")
+    with pytest.raises(ValueError, match="`private_train_step` must be None or a dict"):
+        PrivateConfig.from_config({"method": "auto"})
