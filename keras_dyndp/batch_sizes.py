@@ -107,11 +107,13 @@ def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: boo
     if public_batch_size or not is_arrays(x):
         return
     raise ValueError(
-        f"model.fit received arrays (x of type {type(x).__name__}), which Keras cuts into shuffled batches of "
-        f"batch_size rows: not the Poisson sampling at p={sampling_probability:g} that the optimizer's epsilon is "
-        "accounted for (and a last, shorter batch would be refused mid-run). Nothing was trained. Train on Poisson "
-        f"batches instead:\n    {poisson_fix(sampling_probability)}\nor, for fixed-size batches outside the Poisson "
-        "accounting, build the optimizer with public_batch_size=True instead of expected_batch_size."
+        f"model.fit received arrays (x of type {type(x).__name__}): train on Poisson batches instead "
+        f"(keras_dyndp.poisson_batches(x, y, sampling_probability={sampling_probability:g})). Nothing was trained.\n"
+        "Keras cuts arrays into shuffled batches of batch_size rows: not the Poisson sampling at "
+        f"p={sampling_probability:g} that the optimizer's epsilon is accounted for (and a last, shorter batch would "
+        f"be refused mid-run). Train on Poisson batches:\n    {poisson_fix(sampling_probability)}\nor, for "
+        "fixed-size batches outside the Poisson accounting, build the optimizer with public_batch_size=True instead "
+        "of expected_batch_size."
     )
 
 

@@ -65,3 +65,32 @@ def test_model_and_optimizer_refusals_name_the_backend_and_what_to_use():
     message = str(refusals.loss_scale_error("Do X."))
     assert message.startswith("Mixed precision ('mixed_float16') wraps the optimizer in a LossScaleOptimizer")
     assert message.endswith("differential privacy does not allow. Do X.")
+
+
+def test_the_first_line_of_a_common_mistake_says_what_is_wrong_and_the_fix():
+    first = refusals.keras_train_step().splitlines()[0]
+    assert "Keras's own train step" in first and "call model = keras_dyndp.make_private(model) before model.fit" in first
+    recorded = refusals.keras_train_step({"method": "ghost"}).splitlines()[0]
+    assert "keras_dyndp.make_private(model, **{'method': 'ghost'}) after load_model" in recorded
+    first = refusals.foreign_gradients("Opt.apply", "its own DP step noised", "do X.").splitlines()[0]
+    assert first == "Opt.apply accepts only the gradients its own DP step noised: do X."
+    first = str(refusals.batch_statistics_error(types.SimpleNamespace(name="bn"))).splitlines()[0]
+    assert "statistics of the whole batch" in first and "GroupNormalization" in first and "trainable = False" in first
+    assert "remove them" in str(refusals.regularization_error("2 losses")).splitlines()[0]
+
+
+def test_refusals_reach_the_user_as_raised_not_rewrapped_by_autograph():
+    errors = [
+        refusals.not_a_model_error(3),
+        refusals.not_dp_optimizer_error("sgd", "JAX"),
+        refusals.loss_scale_error("Do X."),
+        refusals.regularization_error("2 losses"),
+        refusals.batch_statistics_error(types.SimpleNamespace(name="bn")),
+        refusals.batch_state_error("net", "x"),
+    ]
+    for loss in (_Loss("sum"), 3):
+        with pytest.raises(ValueError) as raised:
+            refusals.per_example_loss_fn(loss, _Keras, _is_per_example)
+        errors.append(raised.value)
+    assert all(getattr(error, "ag_pass_through", False) for error in errors)
+    assert refusals.user_error(RuntimeError("x")).ag_pass_through

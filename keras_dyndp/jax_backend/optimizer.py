@@ -308,8 +308,12 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         grads = list(grads)
         if not self._dp_gradient_guard.check_and_clear(grads):
             raise RuntimeError(
-                refusals.foreign_gradients(f"{type(self).__name__}.apply", "its own DP step noised")
-                + refusals.keras_train_step(self.private_config)
+                refusals.foreign_gradients(
+                    f"{type(self).__name__}.apply",
+                    "its own DP step noised",
+                    "call model = keras_dyndp.make_private(model) before model.fit (its train step clips per example "
+                    "and noises the sum), or hand a clipped sum to stateless_apply_clipped_sum.",
+                )
             )
         return super().apply(grads, trainable_variables)
 
@@ -318,10 +322,7 @@ def _refuse_keras_train_step(model: keras.Model, optimizer: JaxDPOptimizerMixin,
     if optimizer not in (model.optimizer, getattr(model.optimizer, "inner_optimizer", None)):  # compiled anew
         del model.make_train_function
         return model.make_train_function(force)
-    raise RuntimeError(
-        f"Model {model.name!r} would train with {type(optimizer).__name__} in Keras's own train step. "
-        + refusals.keras_train_step()
-    )
+    raise RuntimeError(refusals.keras_train_step())
 
 
 def make_dynamic_dp_optimizer_class(base_cls: type) -> type:

@@ -170,7 +170,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         model = keras_context.calling_model(self, keras_compat.keras.Model)
         if model is not None and not train_step.is_private(model):
             if keras_compat.is_keras_train_step(model):
-                raise RuntimeError(refusals.keras_train_step(self.private_config))
+                raise refusals.user_error(RuntimeError(refusals.keras_train_step(self.private_config)))
             if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
                 raise refusals.loss_scale_error(
                     "Call model = keras_dyndp.make_private(model): its train step supports mixed precision (computes "
@@ -263,18 +263,17 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _refuse_unless_issued(self, grads: list, entry: str) -> None:
         if self._dp_gradient_guard.check_and_clear(grads):
             return
-        message = refusals.foreign_gradients(f"{type(self).__name__}.{entry}", "returned by its own compute_gradients")
         in_train_step = keras_context.calling_model(self, keras_compat.keras.Model) is not None
         if in_train_step and keras_compat.KERAS_MAJOR_VERSION >= 3:
-            message += refusals.keras_train_step(self.private_config)
-        else:
-            message += (
-                "Train with model.fit after model = keras_dyndp.make_private(model); a custom training loop calls "
-                "this optimizer's minimize(per_example_loss, variables, tape) (or compute_gradients, then "
-                "apply_gradients with its result), and per-example paths of your own call "
-                "apply_clipped_sum."
-            )
-        raise RuntimeError(message)
+            raise refusals.user_error(RuntimeError(refusals.keras_train_step(self.private_config)))
+        message = refusals.foreign_gradients(
+            f"{type(self).__name__}.{entry}",
+            "returned by its own compute_gradients",
+            "train with model.fit after model = keras_dyndp.make_private(model); a custom training loop calls this "
+            "optimizer's minimize(per_example_loss, variables, tape) (or compute_gradients, then apply_gradients "
+            "with its result), and per-example paths of your own call apply_clipped_sum.",
+        )
+        raise refusals.user_error(RuntimeError(message))
 
     def build(self, var_list):
         """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.

@@ -245,12 +245,20 @@ def test_a_step_past_the_budget_ends_fit_with_budget_exhausted_error():
     assert backend.dp_step(model) == 3
 
 
+def _first_line_says(error: BaseException, problem: str, fix: str) -> None:
+    """A refusal a user meets by a common mistake says what is wrong and the fix in its first line (read first in a
+    traceback); why follows on the next lines."""
+    first_line = str(error).splitlines()[0]
+    assert problem in first_line and fix in first_line, first_line
+
+
 def test_arrays_are_refused_before_the_first_step():
     model = _private_model(_schedule([1.0] * 3, [1.0] * 3))
     x, y = _data()
     before = backend.weights(model)
-    with pytest.raises(ValueError, match="model.fit received arrays .*Nothing was trained"):
+    with pytest.raises(ValueError, match="model.fit received arrays .*Nothing was trained") as refused:
         model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    _first_line_says(refused.value, "received arrays", "train on Poisson batches instead (keras_dyndp.poisson_batches(")
     assert backend.dp_step(model) == 0
     for old, new in zip(before, backend.weights(model)):
         np.testing.assert_array_equal(old, new)
@@ -274,8 +282,9 @@ def test_a_num_examples_that_is_not_the_datas_size_is_refused_before_the_first_s
     x, y = _data()
     batches = keras_dyndp.poisson_batches(x, y, sampling_probability=optimizer.schedule.sampling_probability)
     expected = rf"^num_examples=60000 was given to DynamicDPKerasSGD but the data has {ROWS} examples: pass num_exa"
-    with pytest.raises(ValueError, match=expected):
+    with pytest.raises(ValueError, match=expected) as refused:
         model.fit(batches, epochs=1, verbose=0)
+    _first_line_says(refused.value, "the data has", "pass num_examples=len(x)")
     assert backend.dp_step(model) == 0
 
 
@@ -283,8 +292,11 @@ def test_batch_normalization_in_training_is_refused():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((5,)), keras.layers.BatchNormalization(), keras.layers.Dense(3)])
     model = _private_model(_schedule([1.0] * 3, [1.0] * 3), model=model)
-    with pytest.raises(ValueError, match="BatchNormalization.*GroupNormalization or keras.layers.LayerNormalization"):
+    with pytest.raises(
+        ValueError, match="BatchNormalization.*GroupNormalization or keras.layers.LayerNormalization"
+    ) as e:
         backend.fit_batches(model, _poisson_like_batches(1))
+    _first_line_says(e.value, "statistics of the whole batch", "replace it with keras.layers.GroupNormalization")
     assert backend.dp_step(model) == 0
 
 
@@ -301,8 +313,10 @@ def test_keras_default_train_step_is_refused_before_any_update():
     before = backend.weights(model)
     # TensorFlow: Keras 3's averaged gradient in apply_gradients, Keras 2's per-example losses in compute_gradients;
     # JAX: when fit makes Keras's step, before the state leaves the model.
-    with pytest.raises(RuntimeError, match=r"Keras's own train step cannot train with a DP optimizer.*make_private"):
+    with pytest.raises(RuntimeError, match=r"Keras's own train step cannot train with a DP optimizer") as refused:
         backend.fit_batches(model, _poisson_like_batches(1))
+    _first_line_says(refused.value, "Keras's own train step", "call model = keras_dyndp.make_private(model) before")
+    assert refused.value.__cause__ is None  # no chained traceback of Keras internals
     for old, new in zip(before, backend.weights(model)):
         np.testing.assert_array_equal(old, new)
 
