@@ -53,7 +53,7 @@ def first_unknown(model: keras.Model) -> str | None:
 
 def _known_layer(layer: keras.layers.Layer) -> bool:
     cls = type(layer)
-    if cls in _declared or rules.has_rule(cls):
+    if cls in _declared or rules.rule_for(layer) is not None:  # a rule's unsupported configuration: as without it
         return True
     if keras_compat.is_op_layer(layer):
         return _known_operation(keras_compat.op_layer_symbol(layer), *_arguments(layer))
@@ -99,6 +99,20 @@ def _einsum_keeps_batch(layer: keras.layers.Layer) -> bool:
     return bool(inputs) and bool(outputs) and inputs[0] == outputs[0] and inputs[0] not in kernel
 
 
+def _attention_keeps_batch(layer: keras.layers.Layer) -> bool:
+    """A MultiHeadAttention whose ``attention_axes`` (None: all but the batch, heads and features) never name the
+    batch axis: attention then mixes positions of one example only (its projections, softmax and dropout are
+    sublayers, checked each)."""
+    axes = layer.get_config().get("attention_axes")
+    if axes is None:
+        return True
+    axes = [int(axes)] if isinstance(axes, (int, np.integer)) else [int(a) for a in axes]
+    ranks = _input_ranks(layer)
+    return 0 not in axes and (
+        all(a > 0 for a in axes) or (bool(ranks) and all(a + r != 0 for a in axes for r in ranks))
+    )
+
+
 def _no_dropout(layer: keras.layers.Layer) -> bool:
     """A recurrent layer or cell without (recurrent) dropout, whose masks would differ row by row."""
     return not getattr(layer, "dropout", 0) and not getattr(layer, "recurrent_dropout", 0)
@@ -118,6 +132,7 @@ def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
     conditional = {
         **dict.fromkeys(axis, _avoids_batch_axis),
         "EinsumDense": _einsum_keeps_batch,
+        "MultiHeadAttention": _attention_keeps_batch,
         **dict.fromkeys("LSTM GRU SimpleRNN LSTMCell GRUCell SimpleRNNCell".split(), _no_dropout),
     }
     known = {getattr(keras.layers, name): None for name in unconditional if hasattr(keras.layers, name)}
