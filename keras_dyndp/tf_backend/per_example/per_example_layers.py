@@ -4,7 +4,8 @@ A layer that reads across the batch (a ``Lambda`` subtracting the batch mean) br
 (one example moved the clipped sum by 3.5 C) and looks like an honest one in a traced graph. Known (exact classes):
 `_known_classes` (with conditions on ``axis``, dropout, frozen BatchNormalization; Dropout draws one mask for all
 rows, `randomness`), plain Sequential and functional models, `_ELEMENTWISE` ops on tensors of one rank with
-lower-rank constants, layers with a rule and those declared with `register_per_example_layer`.
+lower-rank constants, layers a rule covers (in their configuration: an EinsumDense whose equation mixes the batch
+axis is judged by `_einsum_keeps_batch`) and those declared with `register_per_example_layer`.
 """
 
 from __future__ import annotations

@@ -191,3 +191,12 @@ def test_an_unsupported_einsum_equation_takes_the_vectorized_path():
     assert not per_example.ghost_supported(model, model.trainable_variables)
     with pytest.raises(ValueError, match="method='ghost'"):
         per_example.clipped_gradient_sum(model, LOSS, x, y, None, 1.0, model.trainable_variables, method="ghost")
+
+
+def test_attention_with_dropout_is_known_to_act_per_example():
+    """MultiHeadAttention's softmax and dropout are sublayers (Dropout draws one secret mask for all rows)."""
+    inputs = L.Input((6, 8))
+    attention = L.MultiHeadAttention(2, 4, dropout=0.1)
+    model = keras.Model(inputs, L.Dense(3)(L.GlobalAveragePooling1D()(attention(inputs, inputs))))
+    assert per_example_layers.first_unknown(model) is None
+    assert per_example.ghost_supported(model, model.trainable_variables)
