@@ -7,7 +7,9 @@ patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}; ||G_i||^2 = sum_{t,s} (a_i a_i^T)
 al. 2021) or from G_i itself (Bu et al. 2022), whichever `keras_dyndp.ghost_cost` finds cheaper. The clipped sum
 sum_i f_i G_i is the materialised G_i's weighted sum where they are kept, else the op's weight gradient for the output
 gradients f_i g_i (one ``jax.vjp`` on the batch, book-keeping, Bu et al. 2023: no second backward pass). The TensorFlow
-rules' math (`keras_dyndp.tf_backend.per_example.rules`); check a new rule against the vmap path. A layer
+rules' math (`keras_dyndp.tf_backend.per_example.rules`); check a new rule against the vmap path. An EinsumDense
+(also MultiHeadAttention's projections, `taps`) is a Dense over positions after a transpose
+(`keras_dyndp.einsum_equation`; equations that mix examples keep the vmap path). A layer
 normalisation's scale and offset (LayerNormalization, GroupNormalization) have per-example gradients
 sum_t x_hat_t g_t and sum_t g_t (x_hat the normalised input): small, they are materialised.
 
@@ -57,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
+from keras_dyndp import einsum_equation
 from keras_dyndp import ghost_cost
 from keras_dyndp import validation
 from keras_dyndp.jax_backend import ops
@@ -250,6 +253,32 @@ def _embedding_norms_and_sums(layer, ids, deltas):
     return squared, clipped_sums
 
 
+class _DenseView(NamedTuple):
+    """An EinsumDense seen as a Dense over positions: ``kernel`` [k, m] (its shape only, `_weight_gradient`)."""
+
+    kernel: jax.ShapeDtypeStruct
+
+
+def _einsum_supports(layer) -> bool:
+    rank = einsum_equation.equation_input_rank(layer.equation)
+    return _plain(layer) and einsum_equation.plan(layer.equation, tuple(layer.kernel.shape), rank) is not None
+
+
+def _einsum_norms_and_sums(layer, a, g):
+    """An EinsumDense's kernel as a Dense over positions (`keras_dyndp.einsum_equation`): a and g transposed to
+    [B, T, k] and [B, T, m] (each example's batch of one folded into its positions), the Dense rule's norms and
+    sums, the [k, m] sum put back in the kernel's order."""
+    rows = a.shape[0]
+    a, g = a.reshape(-1, *a.shape[2:]), g.reshape(-1, *g.shape[2:])  # [B, 1, ...] -> [B, ...]
+    plan = einsum_equation.plan(layer.equation, tuple(layer.kernel.shape), a.ndim)
+    a = jnp.transpose(a, plan.input_order).reshape(rows, -1, plan.fan_in)
+    g = jnp.transpose(g, plan.output_order).reshape(rows, -1, plan.fan_out)
+    view = _DenseView(jax.ShapeDtypeStruct((plan.fan_in, plan.fan_out), jnp.float32))
+    squared, sums = _DENSE_NORMS_AND_SUMS(view, a, g)
+    back = lambda total: jnp.transpose(total.reshape(plan.gradient_shape), plan.kernel_order)  # noqa: E731
+    return squared, lambda f: [back(total) for total in sums(f)]
+
+
 def _norm_variables(layer) -> list:
     return [variable for variable in (layer.gamma, layer.beta) if variable is not None]
 
@@ -283,12 +312,10 @@ _CONV = LayerRule(
     lambda layer: _channels_last(layer) and layer.groups == 1,
 )
 _NORM = LayerRule(_norm_variables, _norm_norms_and_sums)
+_DENSE_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a)))
 RULES: dict[type, LayerRule] = {
-    keras.layers.Dense: LayerRule(
-        lambda layer: [layer.kernel],
-        _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a))),
-        _plain,
-    ),
+    keras.layers.Dense: LayerRule(lambda layer: [layer.kernel], _DENSE_NORMS_AND_SUMS, _plain),
+    keras.layers.EinsumDense: LayerRule(lambda layer: [layer.kernel], _einsum_norms_and_sums, _einsum_supports),
     keras.layers.Conv1D: _CONV,
     keras.layers.Conv2D: _CONV,
     keras.layers.DepthwiseConv2D: LayerRule(lambda layer: [layer.kernel], _depthwise_norms_and_sums, _channels_last),

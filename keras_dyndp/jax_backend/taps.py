@@ -5,11 +5,11 @@ them (``jax.vmap`` of ``jax.grad`` would give B of them).
 In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before its activation
 where it has one); the step differentiates the tap instead of the covered variables, which gives the output gradient.
 Tapped (`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports,
-whose covered variables no other layer holds, reached through Sequential / functional models only (a subclassed model
-could read a sublayer's variables in its own call), run once per forward pass, and whose covered variables nothing
-else in the forward pass reads (a tied output projection or a Lambda would add a gradient the tap misses): the probe
-traces the forward pass with the tapped calls reading stand-ins for them, and any equation still reading one is
-another use. The others keep the vmap path. Outside a session the patched call is the original.
+whose covered variables no other layer holds, reached through Sequential / functional models and MultiHeadAttention only
+(a subclassed model could read a sublayer's variables in its own call), run once per forward pass, and whose covered
+variables nothing else in the forward pass reads (a tied output projection or a Lambda would add a gradient the tap
+misses): the probe traces the forward pass with the tapped calls reading stand-ins for them, and any equation still
+reading one is another use. The others keep the vmap path. Outside a session the patched call is the original.
 """
 
 from __future__ import annotations
@@ -97,10 +97,14 @@ def _patch(layer: keras.layers.Layer, rule: ghost.LayerRule) -> None:
     _TAPPED.add(layer)
 
 
+_WIRING = ("Sequential", "Functional", "MultiHeadAttention")
+
+
 def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    """The leaf layers below ``layer`` reached through Sequential / functional models only (whose calls only wire
-    their sublayers' calls together)."""
-    if not (type(layer).__module__.startswith("keras.") and type(layer).__name__ in ("Sequential", "Functional")):
+    """The leaf layers below ``layer`` reached through Sequential / functional models and MultiHeadAttention only
+    (Keras's own, whose calls only wire their sublayers' calls together: attention reads its projections' outputs,
+    never their kernels)."""
+    if not (type(layer).__module__.startswith("keras.") and type(layer).__name__ in _WIRING):
         return []
     leaves = []
     for sublayer in model_checks.layers(layer, include_self=False, recursive=False):

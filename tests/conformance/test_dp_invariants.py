@@ -350,6 +350,8 @@ def _adversarial_layers():
         "lstm": ((2, 32), [1, -1], lambda: layers.LSTM(16, return_sequences=True)),
         "gru": ((2, 32), [1, -1], lambda: layers.GRU(16, return_sequences=True)),
         "layer_normalization": ((2, 32), [1, -1], lambda: layers.LayerNormalization()),
+        "einsum_dense": ((2, 64), [1, -1], lambda: layers.EinsumDense("abc,cd->abd", (2, 64), bias_axes="d")),
+        "einsum_dense_kernel_transposed": ((2, 32), [1, -1], lambda: layers.EinsumDense("abc,dc->abd", (2, 16))),
     }
     if hasattr(layers, "GroupNormalization"):
         cases["group_normalization"] = ((3, 3, 8), [[1, -1, 1]] * 3, lambda: layers.GroupNormalization(2))

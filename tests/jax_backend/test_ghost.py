@@ -37,6 +37,12 @@ LAYERS = [  # (layer, one example's rows and shape)
     (lambda: keras.layers.LayerNormalization(axis=[-1, 1]), (1, 3, 2, 4)),  # gamma [4, 3] on axes (1, 3)
     (lambda: keras.layers.GroupNormalization(2, epsilon=0.1), (2, 5, 5, 6)),
     (lambda: keras.layers.GroupNormalization(-1, axis=1), (1, 4, 3)),  # channels first, one group per channel
+    (lambda: keras.layers.EinsumDense("abc,cd->abd", (5, 3), bias_axes="d"), (1, 5, 4)),  # materialised
+    (lambda: keras.layers.EinsumDense("abc,cde->abde", (5, 2, 3)), (1, 5, 4)),  # attention's query projection
+    (lambda: keras.layers.EinsumDense("abcd,cde->abe", (5, 4)), (2, 5, 2, 3)),  # its output projection; 2 rows
+    (lambda: keras.layers.EinsumDense("abc,dc->adb", (3, 5)), (1, 5, 4)),  # kernel and output axes reordered
+    (lambda: keras.layers.EinsumDense("ab,bc->ac", 3), (1, 4)),  # one position
+    (lambda: keras.layers.EinsumDense("...b,bc->...c", 16), (1, 2, 16)),  # Gram
 ]
 
 
@@ -172,3 +178,42 @@ def test_bfloat16_taps_give_float32_norms_and_sums_of_their_values(shape):
         assert squared.dtype == jnp.float32 and sums(factors)[0].dtype == jnp.float32
         np.testing.assert_allclose(squared, expected, 1e-6)
         np.testing.assert_allclose(sums(factors)[0], expected_sums(factors)[0], 1e-6, 1e-6)
+
+
+def test_a_transformers_attention_projections_are_tapped_and_clip_as_the_per_example_loop():
+    """MultiHeadAttention's four EinsumDense projections, the feed-forward Dense and LayerNormalization take their
+    rules; the step equals the per-example loop (rtol 1e-5 at full matmul precision)."""
+    import jax_brute_force as brute_force  # pylint: disable=import-outside-toplevel  (tests/jax_backend)
+
+    from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend import DynamicDPKerasSGD  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend import make_private  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend import taps  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(4)
+    layers = keras.layers
+    inputs = keras.Input((6,), dtype="int32")
+    h = layers.Embedding(11, 8)(inputs)
+    h = layers.LayerNormalization()(layers.Add()([h, layers.MultiHeadAttention(2, 4)(h, h)]))
+    h = layers.Add()([h, layers.Dense(8)(layers.Dense(16, activation="relu")(h))])
+    model = make_private(keras.Model(inputs, layers.Dense(3)(layers.GlobalAveragePooling1D()(h))))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    schedule = schedules.DPSchedule(np.full(1, 0.05), np.zeros(1), 0.5)
+    model.compile(
+        optimizer=DynamicDPKerasSGD(
+            schedule=schedule, allow_degenerate_noise=True, expected_batch_size=3.0, learning_rate=1.0
+        ),
+        loss=loss,
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 11, (6, 6)).astype("int32"), rng.integers(0, 3, 6).astype("int32")
+    values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]
+    tapped = sorted(type(layer).__name__ for layer, *_ in taps.tappable(model, *values, x).values())
+    assert tapped == ["Dense"] * 3 + ["EinsumDense"] * 4 + ["Embedding", "LayerNormalization"]
+    before = [np.asarray(v.value, np.float64) for v in model.trainable_variables]
+    with jax.default_matmul_precision("highest"):
+        expected = brute_force.clipped_sum(model, loss, x, y, 0.05)
+        model.fit(brute_force.FixedBatches(x, y, 6), epochs=1, verbose=0)
+    scale = max(np.max(np.abs(total)) for total in expected)  # the key bias's gradient is 0 (softmax ignores it)
+    for old, variable, total in zip(before, model.trainable_variables, expected):
+        np.testing.assert_allclose(np.asarray(variable.value), old - total / 3.0, rtol=1e-5, atol=1e-6 * scale)

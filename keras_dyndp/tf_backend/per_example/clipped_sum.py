@@ -92,7 +92,8 @@ def _ghost_applies(model: keras.Model, var_list: list[tf.Variable], method: str)
     if method == "ghost":
         raise ValueError(
             "`method='ghost'` needs every variable of `var_list` to belong to a layer with a ghost-clipping "
-            "rule (Dense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding, LSTM, GRU or one registered "
+            "rule (Dense, EinsumDense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding, LSTM, GRU, "
+            "LayerNormalization, GroupNormalization or one registered "
             "with register_layer_rule). Received a "
             f"model with other trainable layers: method={method!r}."
         )

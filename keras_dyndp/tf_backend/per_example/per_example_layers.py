@@ -4,7 +4,8 @@ A layer that reads across the batch (a ``Lambda`` subtracting the batch mean) br
 (one example moved the clipped sum by 3.5 C) and looks like an honest one in a traced graph. Known (exact classes):
 `_known_classes` (with conditions on ``axis``, dropout, frozen BatchNormalization; Dropout draws one mask for all
 rows, `randomness`), plain Sequential and functional models, `_ELEMENTWISE` ops on tensors of one rank with
-lower-rank constants, layers with a rule and those declared with `register_per_example_layer`.
+lower-rank constants, layers a rule covers (in their configuration: an EinsumDense whose equation mixes the batch
+axis is judged by `_einsum_keeps_batch`) and those declared with `register_per_example_layer`.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def first_unknown(model: keras.Model) -> str | None:
 
 def _known_layer(layer: keras.layers.Layer) -> bool:
     cls = type(layer)
-    if cls in _declared or rules.has_rule(cls):
+    if cls in _declared or rules.rule_for(layer) is not None:  # a rule's unsupported configuration: as without it
         return True
     if keras_compat.is_op_layer(layer):
         return _known_operation(keras_compat.op_layer_symbol(layer), *_arguments(layer))
@@ -99,6 +100,20 @@ def _einsum_keeps_batch(layer: keras.layers.Layer) -> bool:
     return bool(inputs) and bool(outputs) and inputs[0] == outputs[0] and inputs[0] not in kernel
 
 
+def _attention_keeps_batch(layer: keras.layers.Layer) -> bool:
+    """A MultiHeadAttention whose ``attention_axes`` (None: all but the batch, heads and features) never name the
+    batch axis: attention then mixes positions of one example only (its projections, softmax and dropout are
+    sublayers, checked each)."""
+    axes = layer.get_config().get("attention_axes")
+    if axes is None:
+        return True
+    axes = [int(axes)] if isinstance(axes, (int, np.integer)) else [int(a) for a in axes]
+    ranks = _input_ranks(layer)
+    return 0 not in axes and (
+        all(a > 0 for a in axes) or (bool(ranks) and all(a + r != 0 for a in axes for r in ranks))
+    )
+
+
 def _no_dropout(layer: keras.layers.Layer) -> bool:
     """A recurrent layer or cell without (recurrent) dropout, whose masks would differ row by row."""
     return not getattr(layer, "dropout", 0) and not getattr(layer, "recurrent_dropout", 0)
@@ -118,6 +133,7 @@ def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
     conditional = {
         **dict.fromkeys(axis, _avoids_batch_axis),
         "EinsumDense": _einsum_keeps_batch,
+        "MultiHeadAttention": _attention_keeps_batch,
         **dict.fromkeys("LSTM GRU SimpleRNN LSTMCell GRUCell SimpleRNNCell".split(), _no_dropout),
     }
     known = {getattr(keras.layers, name): None for name in unconditional if hasattr(keras.layers, name)}

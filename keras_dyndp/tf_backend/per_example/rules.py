@@ -3,9 +3,10 @@
 A `LayerRule`: ``call(tap)`` returns the layer's ``call`` for the tapped pass (the same output from
 ``tap.guard(inputs)`` and ``tap.weight(variable)``, with one ``tap.record(inputs, preactivation)``);
 ``norms_and_sums(tap, g)`` (g: the loss's gradient at the pre-activation) returns one `GhostGradient` per variable,
-from the building blocks in `norms`; ``supports(layer)`` (default: always). Built in: `dense`, `conv2d`, `recurrent`
-(not Keras 3's LoRA or quantized layers). Rules apply to exactly their class; a model with a trainable variable no
-rule covers takes the vectorized path. A rule for a custom layer, ``y = x * scale + shift`` over the last axis:
+from the building blocks in `norms`; ``supports(layer)`` (default: always). Built in: `dense`, `conv2d`, `recurrent`,
+`einsum_dense` (also inside MultiHeadAttention), `normalization` (not Keras 3's LoRA or quantized layers). Rules
+apply to exactly their class; a model with a trainable variable no rule covers takes the vectorized path.
+A rule for a custom layer, ``y = x * scale + shift`` over the last axis:
 
 ```python
 import tensorflow as tf
@@ -56,6 +57,8 @@ from keras_dyndp import validation
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import conv2d
 from keras_dyndp.tf_backend.per_example import dense
+from keras_dyndp.tf_backend.per_example import einsum_dense
+from keras_dyndp.tf_backend.per_example import normalization
 from keras_dyndp.tf_backend.per_example import recurrent
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Tap
@@ -141,5 +144,18 @@ for _class, _call, _norms_and_sums, _supports in (
     (keras.layers.Embedding, dense.embedding_call, dense.embedding_norms_and_sums, dense.embedding_supports),
     (keras.layers.LSTM, recurrent.lstm_call, recurrent.lstm_norms_and_sums, recurrent.supports),
     (keras.layers.GRU, recurrent.gru_call, recurrent.gru_norms_and_sums, recurrent.supports),
+    (keras.layers.EinsumDense, einsum_dense.call, einsum_dense.norms_and_sums, einsum_dense.supports),
+    (
+        keras.layers.LayerNormalization,
+        normalization.layer_norm_call,
+        normalization.norms_and_sums,
+        normalization.layer_norm_supports,
+    ),
+    (
+        keras.layers.GroupNormalization,
+        normalization.group_norm_call,
+        normalization.norms_and_sums,
+        normalization.group_norm_supports,
+    ),
 ):
     register_layer_rule(_class, call=_call, norms_and_sums=_norms_and_sums, supports=_built_in(_supports))

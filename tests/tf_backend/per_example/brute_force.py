@@ -1,8 +1,10 @@
 """The reference for per-example clipping tests: a Python loop of single-example gradients, and comparisons."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
+from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
@@ -45,3 +47,33 @@ def assert_matches(sums, norms, expected):
     assert_close(norms, expected_norms)
     for actual, wanted in zip(sums, expected_sums):
         assert_close(actual, wanted)
+
+
+def traced(model, x, method):
+    """The clipped sum traced as in fit: a tf.function whose batch size is unknown while tracing."""
+    signature = [
+        tf.TensorSpec([None, *x.shape[1:]], x.dtype),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([None]),
+        tf.TensorSpec([]),
+    ]
+    return tf.function(
+        lambda x, y, w, c: per_example.clipped_gradient_sum(
+            model, LOSS, x, y, w, c, model.trainable_variables, method=method
+        ),
+        input_signature=signature,
+    )
+
+
+def assert_each_removal_moves_by_clipped_norm(model, x, y, weights, norms, clip_norm):
+    """Neighbour sensitivity with sigma = 0 (the clipped sum is what the optimizer noises): removing example i from
+    the ghost path's clipped sum moves it by min(||g_i||, C) <= C."""
+    step = traced(model, x, "ghost")
+    weights = tf.constant(weights)
+    sums, _ = step(x, y, weights, clip_norm)
+    for i in range(len(norms)):
+        keep = [j for j in range(len(norms)) if j != i]
+        without, _ = step(tf.gather(x, keep), tf.gather(y, keep), tf.gather(weights, keep), clip_norm)
+        distance = np.sqrt(sum(np.sum(np.square(np.float64(a) - np.float64(b))) for a, b in zip(sums, without)))
+        assert distance == pytest.approx(min(norms[i], clip_norm), rel=1e-4, abs=1e-5 * clip_norm)  # float32 sums.
+        assert distance <= clip_norm * (1 + 1e-5)

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from brute_force import LOSS
+from brute_force import assert_each_removal_moves_by_clipped_norm
 from brute_force import assert_matches
 from brute_force import clipped
 from brute_force import per_example_gradients
+from brute_force import traced
 
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import per_example
@@ -166,22 +168,6 @@ def case(request):
     return model, x, y, gradients, norms, clip_norm
 
 
-def traced(model, x, method):
-    """The clipped sum traced as in fit: a tf.function whose batch size is unknown while tracing."""
-    signature = [
-        tf.TensorSpec([None, *x.shape[1:]], x.dtype),
-        tf.TensorSpec([None], tf.int32),
-        tf.TensorSpec([None]),
-        tf.TensorSpec([]),
-    ]
-    return tf.function(
-        lambda x, y, w, c: per_example.clipped_gradient_sum(
-            model, LOSS, x, y, w, c, model.trainable_variables, method=method
-        ),
-        input_signature=signature,
-    )
-
-
 def test_ghost_rules_match_the_brute_force(case):
     model, x, y, gradients, norms, clip_norm = case
     assert per_example.ghost_supported(model, model.trainable_variables)
@@ -198,15 +184,7 @@ def test_ghost_rules_match_the_brute_force(case):
 def test_removing_one_example_moves_the_clipped_sum_by_its_clipped_norm(case):
     """Neighbour sensitivity with sigma = 0 (the clipped sum is what the optimizer noises): at most C."""
     model, x, y, _, norms, clip_norm = case
-    step = traced(model, x, "ghost")
-    weights = tf.constant(WEIGHTS)
-    sums, _ = step(x, y, weights, clip_norm)
-    for i in range(BATCH):
-        keep = [j for j in range(BATCH) if j != i]
-        without, _ = step(tf.gather(x, keep), tf.gather(y, keep), tf.gather(weights, keep), clip_norm)
-        distance = np.sqrt(sum(np.sum(np.square(np.float64(a) - np.float64(b))) for a, b in zip(sums, without)))
-        assert distance == pytest.approx(min(norms[i], clip_norm), rel=1e-4, abs=1e-5 * clip_norm)  # float32 sums.
-        assert distance <= clip_norm * (1 + 1e-5)
+    assert_each_removal_moves_by_clipped_norm(model, x, y, WEIGHTS, norms, clip_norm)
 
 
 def test_vectorized_fallback_matches_the_brute_force(case):

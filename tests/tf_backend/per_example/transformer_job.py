@@ -19,7 +19,7 @@ layers = keras.layers
 keras.utils.set_random_seed(0)
 inputs = keras.Input((LENGTH,), dtype="int32")
 h = layers.Embedding(100, WIDTH)(inputs)
-h = layers.LayerNormalization()(layers.Add()([h, layers.MultiHeadAttention(4, WIDTH // 4)(h, h)]))
+h = layers.LayerNormalization()(layers.Add()([h, layers.MultiHeadAttention(4, WIDTH // 4, dropout=0.1)(h, h)]))
 h = layers.Add()([h, layers.EinsumDense("abc,cd->abd", output_shape=(None, WIDTH))(h)])
 model = keras.Model(inputs, layers.Dense(2)(layers.GlobalAveragePooling1D()(h)))
 model = keras_dyndp.make_private(model, METHOD)

@@ -1,0 +1,114 @@
+"""Ghost-clipping rules of ``LayerNormalization`` and ``GroupNormalization`` (Keras 3's and Keras 2's): the output is
+x_hat * gamma + beta, x_hat each row's input normalised over its own axes (never the batch's), so example i's
+gradients are sum x_hat g and sum g over the axes gamma and beta broadcast over (its positions): small, materialised
+(exact, no rounding bound needed). The tapped call computes x_hat itself (in at least float32, as Keras does) and
+keeps it for the rule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example import norms
+from keras_dyndp.tf_backend.per_example.taps import GhostGradient
+from keras_dyndp.tf_backend.per_example.taps import Tap
+from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
+
+
+def _axes(axis, rank: int) -> list[int]:
+    """``axis`` (an int or a sequence) as sorted non-negative axes of a rank-``rank`` input."""
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    return sorted(a % rank for a in axes)
+
+
+def layer_norm_supports(layer: keras.layers.Layer) -> bool:
+    """A LayerNormalization whose ``axis`` does not name the batch axis (0; a negative one is checked in the call)."""
+    return 0 not in ([layer.axis] if isinstance(layer.axis, int) else list(layer.axis))
+
+
+def group_norm_supports(layer: keras.layers.Layer) -> bool:
+    """A GroupNormalization whose channel ``axis`` is not the batch axis."""
+    return layer.axis != 0
+
+
+def _checked_input(tap: Tap, inputs, axes: list[int]) -> tf.Tensor:
+    if not isinstance(inputs, tf.Tensor) or 0 in axes:
+        raise UnsupportedModel(f"{type(tap.layer).__name__} {tap.layer.name!r} would mix examples")
+    inputs = tap.guard(inputs)
+    return tf.cast(inputs, tf.float64 if inputs.dtype == tf.float64 else tf.float32)
+
+
+def _affine(tap: Tap, inputs: tf.Tensor, normalized: tf.Tensor, axes: list[int]) -> tf.Tensor:
+    """``normalized * gamma + beta`` (each broadcast along ``axes``), recorded; cast to the layer's compute dtype."""
+    layer = tap.layer
+    shape = [1] * normalized.shape.rank
+    for axis in axes:
+        shape[axis] = normalized.shape[axis]
+    outputs = normalized
+    if layer.gamma is not None:
+        outputs = outputs * tf.reshape(tf.cast(tap.weight(layer.gamma), outputs.dtype), shape)
+    if layer.beta is not None:
+        outputs = outputs + tf.reshape(tf.cast(tap.weight(layer.beta), outputs.dtype), shape)
+    tap.saved["normalized"] = normalized
+    tap.record(inputs, outputs)
+    return tf.cast(outputs, layer.compute_dtype)
+
+
+def layer_norm_call(tap: Tap) -> Callable:
+    """LayerNormalization's call for the tapped pass (``rms_scaling`` too: Keras 3 divides by the variance's root)."""
+    layer = tap.layer
+
+    def call(inputs, *args, **kwargs):
+        rank = inputs.shape.rank if isinstance(inputs, tf.Tensor) else 0
+        axes = _axes(layer.axis, max(rank, 1))
+        x = _checked_input(tap, inputs, axes)
+        mean, variance = tf.nn.moments(x, axes, keepdims=True)
+        centred = x if getattr(layer, "rms_scaling", False) else x - mean
+        normalized = centred * tf.math.rsqrt(variance + layer.epsilon)
+        return _affine(tap, x, normalized, axes)
+
+    return call
+
+
+def group_norm_call(tap: Tap) -> Callable:
+    """GroupNormalization's call for the tapped pass: moments over each group of channels and all other axes but the
+    batch (no mask)."""
+    layer = tap.layer
+
+    def call(inputs, *args, mask=None, **kwargs):
+        if mask is not None:
+            raise UnsupportedModel(f"GroupNormalization {layer.name!r} received a mask")
+        rank = inputs.shape.rank if isinstance(inputs, tf.Tensor) else 0
+        axis = layer.axis % max(rank, 1)
+        x = _checked_input(tap, inputs, [axis])
+        shape = tf.shape(x)
+        grouped_shape = tf.concat(
+            [shape[:axis], [layer.groups, x.shape[axis] // layer.groups], shape[axis + 1 :]], axis=0
+        )
+        grouped = tf.reshape(x, grouped_shape)
+        reduced = [a for a in range(1, rank + 1) if a != axis]
+        mean, variance = tf.nn.moments(grouped, reduced, keepdims=True)
+        normalized = tf.reshape((grouped - mean) * tf.math.rsqrt(variance + layer.epsilon), shape)
+        normalized.set_shape(x.shape)
+        return _affine(tap, x, normalized, [axis])
+
+    return call
+
+
+def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
+    """gamma: sum x_hat g, beta: sum g, over each example's axes the parameters broadcast over, materialised."""
+    layer = tap.layer
+    normalized = tap.saved["normalized"]
+    rank = normalized.shape.rank
+    kept = _axes(layer.axis, rank)
+    summed = [axis for axis in range(1, rank) if axis not in kept]
+    gradients = []
+    for variable, per_row in ((layer.gamma, normalized * g), (layer.beta, g)):
+        if variable is not None:
+            per_row = tf.reduce_sum(per_row, axis=summed) if summed else per_row
+            per_row = tf.reshape(per_row, [tap.rows.batch, -1, variable.shape.num_elements()])
+            per_example = tf.reshape(tf.reduce_sum(per_row, axis=1), [-1, *variable.shape])
+            gradients.append(norms.materialised_gradient(variable, per_example))
+    return gradients

@@ -1,0 +1,202 @@
+"""The ghost rules of attention models (EinsumDense, also inside MultiHeadAttention; LayerNormalization and
+GroupNormalization) against a loop of single-example gradients: the clipped sum and norms of the ghost path (eagerly
+and traced with an unknown batch size); with sigma = 0, removing one example moves the clipped sum by min(||g_i||, C);
+equations that mix the batch axis have no rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from brute_force import LOSS
+from brute_force import assert_close
+from brute_force import assert_each_removal_moves_by_clipped_norm
+from brute_force import clipped
+from brute_force import per_example_gradients
+from brute_force import traced
+
+from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend import per_example
+from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example import per_example_layers
+from keras_dyndp.tf_backend.per_example import rules
+
+L = keras.layers
+BATCH = 5
+WEIGHTS = np.array([1.0, 2.0, 0.0, 1.0, 1.0], np.float32)
+
+
+def einsum() -> keras.Model:
+    """The equations of MultiHeadAttention's projections and of Dense-like encoders, biases over some axes, a
+    kernel whose letters are not in the contraction's order, an output whose positions come last."""
+    inputs = L.Input((5, 4))
+    hidden = L.EinsumDense("abc,cd->abd", (5, 3), bias_axes="d", activation="relu")(inputs)
+    heads = L.EinsumDense("abc,cde->abde", (5, 2, 3), bias_axes="de")(hidden)
+    merged = L.EinsumDense("abcd,cde->abe", (5, 4), bias_axes="e", activation="tanh")(heads)
+    swapped = L.EinsumDense("abc,dc->adb", (3, 5), bias_axes="b")(merged)
+    flat = L.EinsumDense("...b,bc->...c", 3, bias_axes="c")(L.Flatten()(swapped))
+    return keras.Model(inputs, L.EinsumDense("ab,bc->ac", 3)(flat))
+
+
+def layer_norm() -> keras.Model:
+    """LayerNormalization over the features, over (positions, features) without offset, and (Keras 3) RMS-scaled."""
+    inputs = L.Input((5, 4))
+    hidden = L.LayerNormalization()(L.Dense(4)(inputs))
+    hidden = L.LayerNormalization(axis=[1, 2], center=False)(L.Dense(4, activation="tanh")(hidden))
+    if keras_compat.KERAS_MAJOR_VERSION == 3:
+        hidden = L.LayerNormalization(rms_scaling=True)(L.Dense(4)(hidden))
+    return keras.Model(inputs, L.Dense(3)(L.Flatten()(hidden)))
+
+
+def group_norm() -> keras.Model:
+    """GroupNormalization of 4 channels in 2 groups after a convolution, and again without scale."""
+    inputs = L.Input((6, 3))
+    hidden = L.GroupNormalization(2)(L.Conv1D(4, 2, activation="tanh")(inputs))
+    hidden = L.GroupNormalization(2, scale=False)(L.Dense(4, activation="relu")(hidden))
+    return keras.Model(inputs, L.Dense(3)(L.GlobalAveragePooling1D()(hidden)))
+
+
+def time_distributed_norm() -> keras.Model:
+    """Each example is 2 sequences of 4 steps: EinsumDense and LayerNormalization see them folded into their rows."""
+    inputs = L.Input((2, 4, 3))
+    hidden = L.TimeDistributed(L.EinsumDense("abc,cd->abd", (4, 3), bias_axes="d"))(inputs)
+    hidden = L.TimeDistributed(L.LayerNormalization())(hidden)
+    return keras.Model(inputs, L.Dense(3)(L.Flatten()(hidden)))
+
+
+def transformer() -> keras.Model:
+    """Embedding, a self-attention block (MultiHeadAttention, Add, LayerNormalization, Dense feed-forward), average
+    pooling and Dense."""
+    inputs = L.Input((6,), dtype="int32")
+    h = L.Embedding(11, 8)(inputs)
+    h = L.LayerNormalization()(L.Add()([h, L.MultiHeadAttention(2, 4)(h, h)]))
+    h = L.LayerNormalization()(L.Add()([h, L.Dense(8)(L.Dense(16, activation="relu")(h))]))
+    return keras.Model(inputs, L.Dense(3)(L.GlobalAveragePooling1D()(h)))
+
+
+MODELS = {
+    "einsum": einsum,
+    "group_norm": group_norm,
+    "layer_norm": layer_norm,
+    "time_distributed_norm": time_distributed_norm,
+    "transformer": transformer,
+}
+
+
+def assert_matches(sums, norms, expected):
+    """``(sums, norms)`` close to ``expected`` (`brute_force.reference`), the sums relative to the largest of all
+    variables' entries: attention's key bias has a gradient of exactly 0 (a softmax ignores a shift), its float32
+    value rounding noise."""
+    expected_sums, expected_norms = expected
+    assert_close(norms, expected_norms)
+    scale = max(np.max(np.abs(wanted)) for wanted in expected_sums)
+    for actual, wanted in zip(sums, expected_sums):
+        assert np.max(np.abs(np.asarray(actual, np.float64) - wanted)) / scale < 1e-5
+
+
+def data(model: keras.Model):
+    rng = np.random.default_rng(11)
+    spec = model.inputs[0]
+    shape = [BATCH, *spec.shape[1:]]
+    if "int" in str(spec.dtype):
+        x = tf.constant(rng.integers(0, 11, shape), tf.int32)
+    else:
+        x = tf.constant(rng.normal(size=shape) * 2, tf.float32)
+    return x, tf.constant(rng.integers(0, 3, BATCH), tf.int32)
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def case(request):
+    """A model, its data, the per-example gradients and a clip norm between the smallest and largest norm."""
+    keras.utils.set_random_seed(0)
+    model = MODELS[request.param]()
+    x, y = data(model)
+    gradients, norms = per_example_gradients(model, x, y, WEIGHTS)
+    clip_norm = float(np.median(norms[WEIGHTS > 0]))  # Some examples clipped, some not.
+    return model, x, y, gradients, norms, clip_norm
+
+
+def test_ghost_rules_match_the_brute_force(case):
+    model, x, y, gradients, norms, clip_norm = case
+    assert per_example.ghost_supported(model, model.trainable_variables)
+    assert per_example_layers.first_unknown(model) is None
+    expected = clipped(gradients, norms, clip_norm)
+    assert_matches(
+        *per_example.clipped_gradient_sum(
+            model, LOSS, x, y, tf.constant(WEIGHTS), clip_norm, model.trainable_variables, method="ghost"
+        ),
+        expected,
+    )
+    assert_matches(*traced(model, x, "ghost")(x, y, tf.constant(WEIGHTS), clip_norm), expected)
+
+
+def test_removing_one_example_moves_the_clipped_sum_by_its_clipped_norm(case):
+    """Neighbour sensitivity with sigma = 0 (the clipped sum is what the optimizer noises): at most C."""
+    model, x, y, _, norms, clip_norm = case
+    assert_each_removal_moves_by_clipped_norm(model, x, y, WEIGHTS, norms, clip_norm)
+
+
+def test_unclipped_ghost_sum_is_the_non_private_gradient():
+    """With C above every norm, the clipped sum is the gradient of the summed loss."""
+    keras.utils.set_random_seed(0)
+    model = transformer()
+    x, y = data(model)
+    weights = tf.ones([BATCH])
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(LOSS(y, model(x, training=True)))
+    expected = tape.gradient(total, model.trainable_variables)
+    sums, _ = traced(model, x, "ghost")(x, y, weights, 1e6)
+    for actual, wanted in zip(sums, expected):
+        np.testing.assert_allclose(actual, tf.convert_to_tensor(wanted), rtol=1e-5, atol=1e-6)
+
+
+def test_ghost_rules_compile_with_xla():
+    keras.utils.set_random_seed(0)
+    model = transformer()
+    x, y = data(model)
+    weights = tf.constant(WEIGHTS)
+    step = tf.function(
+        lambda x, y, w: per_example.clipped_gradient_sum(
+            model, LOSS, x, y, w, 0.5, model.trainable_variables, method="ghost"
+        ),
+        jit_compile=True,
+    )
+    gradients, norms = per_example_gradients(model, x, y, WEIGHTS)
+    assert_matches(*step(x, y, weights), clipped(gradients, norms, 0.5))
+
+
+@pytest.mark.parametrize(
+    "layer,covered",
+    [
+        (lambda: L.EinsumDense("abc,cd->abd", (None, 3)), True),
+        (lambda: L.EinsumDense("abc,cde->abde", (None, 2, 3), bias_axes="e"), True),
+        (lambda: L.EinsumDense("abc,bcd->abd", (5, 3)), False),  # a position axis in the kernel
+        (lambda: L.LayerNormalization(axis=[1, 2]), True),
+        (lambda: L.GroupNormalization(2), True),
+    ],
+)
+def test_rules_cover_the_supported_configurations(layer, covered):
+    layer = layer()
+    layer.build((None, 5, 4))
+    assert (rules.rule_for(layer) is not None) == covered
+
+
+def test_an_unsupported_einsum_equation_takes_the_vectorized_path():
+    """EinsumDense with a position axis in its kernel has no rule: 'auto' clips it on the vectorized path, 'ghost'
+    refuses."""
+    keras.utils.set_random_seed(0)
+    inputs = L.Input((5, 4))
+    model = keras.Model(inputs, L.Dense(3)(L.Flatten()(L.EinsumDense("abc,bcd->abd", (5, 3))(inputs))))
+    x, y = data(model)
+    assert not per_example.ghost_supported(model, model.trainable_variables)
+    with pytest.raises(ValueError, match="method='ghost'"):
+        per_example.clipped_gradient_sum(model, LOSS, x, y, None, 1.0, model.trainable_variables, method="ghost")
+
+
+def test_attention_with_dropout_is_known_to_act_per_example():
+    """MultiHeadAttention's softmax and dropout are sublayers (Dropout draws one secret mask for all rows)."""
+    inputs = L.Input((6, 8))
+    attention = L.MultiHeadAttention(2, 4, dropout=0.1)
+    model = keras.Model(inputs, L.Dense(3)(L.GlobalAveragePooling1D()(attention(inputs, inputs))))
+    assert per_example_layers.first_unknown(model) is None
+    assert per_example.ghost_supported(model, model.trainable_variables)
