@@ -135,14 +135,15 @@ def foreign_gradients(entry: str, accepted: str, fix: str) -> str:
     )
 
 
-def keras_train_step(private_train_step: dict | None = None) -> str:
+def keras_train_step(private_config: Any = None) -> str:
     """Why Keras's own train step cannot train with a DP optimizer: the fix (``make_private``, with the arguments a
-    reloaded optimizer recorded) on the first line, why on the next."""
-    if private_train_step is None:
+    reloaded optimizer recorded in ``private_config``, a `keras_dyndp.private_model.PrivateConfig`) on the first
+    line, why on the next."""
+    if private_config is None:
         fix = "call model = keras_dyndp.make_private(model) before model.fit"
     else:  # A model reloaded without make_private: the optimizer's config recorded how it trained.
         fix = (
-            f"call model = keras_dyndp.make_private(model, **{dict(private_train_step)!r}) after load_model, as "
+            f"call model = keras_dyndp.make_private(model, **{vars(private_config)!r}) after load_model, as "
             "this optimizer trained before"
         )
     return (

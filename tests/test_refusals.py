@@ -71,7 +71,7 @@ def test_the_first_line_of_a_common_mistake_says_what_is_wrong_and_the_fix():
     first = refusals.keras_train_step().splitlines()[0]
     assert "Keras's own train step" in first
     assert "call model = keras_dyndp.make_private(model) before model.fit" in first
-    recorded = refusals.keras_train_step({"method": "ghost"}).splitlines()[0]
+    recorded = refusals.keras_train_step(types.SimpleNamespace(method="ghost")).splitlines()[0]
     assert "keras_dyndp.make_private(model, **{'method': 'ghost'}) after load_model" in recorded
     first = refusals.foreign_gradients("Opt.apply", "its own DP step noised", "do X.").splitlines()[0]
     assert first == "Opt.apply accepts only the gradients its own DP step noised: do X."
