@@ -131,6 +131,8 @@ class PrivacyLogger(keras.callbacks.Callback):
             raise ValueError(f"`log_every` must be 'epoch' or an integer >= 1. Received: log_every={log_every!r}.")
         self.accountant = accountant
         self.accountant_options = options
+        # The registry's always logged first, then `accountant`; each with its options.
+        self._logged_accountants = dict.fromkeys(registry.ALWAYS_LOGGED_ACCOUNTANT_NAMES, {}) | {accountant: options}
         self.delta = delta
         self.log_every = log_every
         self.log_dir = log_dir
@@ -140,12 +142,6 @@ class PrivacyLogger(keras.callbacks.Callback):
         self._last_logged_step: int | None = None
         self._batch_values: dict[str, float] | None = None  # Added to the last batch's logs, for the epoch.
         self._supports_tf_logs = True  # Keras 2 then passes the batch logs dict itself, which becomes the epoch's.
-
-    def _accountants(self) -> dict[str, dict[str, Any]]:
-        """The accountants logged, in order, with their options: the registry's always logged, then `accountant`."""
-        return {name: {} for name in registry.ALWAYS_LOGGED_ACCOUNTANT_NAMES} | {
-            self.accountant: self.accountant_options
-        }
 
     def privacy_logs(self) -> dict[str, float]:
         """The values this callback logs, for the current state of the model's optimizer.
@@ -161,7 +157,7 @@ class PrivacyLogger(keras.callbacks.Callback):
         last = min(max(steps - 1, 0), schedule.num_steps - 1)
         values = {
             f"epsilon_{name}": schedule.epsilon(self.delta, accountant=name, steps=steps, **options)
-            for name, options in self._accountants().items()
+            for name, options in self._logged_accountants.items()
         }
         values["clip_norm"] = float(schedule.clip_norms[last])
         values["noise_stddev"] = float(schedule.noise_stddevs[last])
@@ -185,7 +181,7 @@ class PrivacyLogger(keras.callbacks.Callback):
         optimizer = _dp_optimizer(self.model, type(self).__name__)
         # Refuse now what the epoch-end accounting would refuse.
         optimizer.check_restored_schedule()
-        for name, options in self._accountants().items():
+        for name, options in self._logged_accountants.items():
             optimizer.schedule.check_accountable(name, **options)
         if self.log_dir is not None and self._writer is None:
             self._writer = _create_writer(self.log_dir)

@@ -379,13 +379,7 @@ def _clt_root_within(make_schedule, mu0: float, accountant: str, target_epsilon:
 
 
 def _largest_log_mu0_within(
-    make_schedule,
-    mu0: float,
-    p: float,
-    shape: np.ndarray,
-    accountant: str,
-    target_epsilon: float,
-    target_delta: float,
+    make_schedule, mu0: float, p: float, shape: np.ndarray, accountant: str, target_epsilon: float, target_delta: float
 ) -> float:
     """The largest log mu_0 whose schedule's epsilon under a rigorous `accountant` is within the target, searched
     from the CLT's `mu0`. A shape with more than `_ROUGH_SEARCH_GROUPS` distinct values first gets a rough pass with
@@ -507,18 +501,11 @@ class PrivacyBudget:
 
     def calibrate(self) -> DPSchedule:
         """The schedule that spends this budget (`calibrate`, which says what is raised)."""
+        arguments = dataclasses.asdict(self)
+        for name in ("num_examples", "batch_size", "epochs", "steps"):
+            del arguments[name]
         sampling_probability, num_steps = self.sampling()
-        return calibrate(
-            self.method,
-            target_epsilon=self.target_epsilon,
-            target_delta=self.target_delta,
-            sampling_probability=sampling_probability,
-            num_steps=num_steps,
-            initial_clip=self.initial_clip,
-            rho_mu=self.rho_mu,
-            rho_c=self.rho_c,
-            accountant=self.accountant,
-        )
+        return calibrate(**arguments, sampling_probability=sampling_probability, num_steps=num_steps)
 
 
 def calibrate_baseline(

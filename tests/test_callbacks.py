@@ -89,6 +89,8 @@ def test_privacy_logger_logs_the_registry_s_always_logged_accountants_first(monk
     _attach(logger, _optimizer(_schedule(), 2))
     assert list(logger.privacy_logs())[:2] == ["epsilon_gdp_clt", "epsilon_pld"]
     monkeypatch.setattr(registry, "ALWAYS_LOGGED_ACCOUNTANT_NAMES", ("rdp",))  # An attribute, not a name, decides.
+    logger = callbacks.PrivacyLogger("pld", delta=DELTA)
+    _attach(logger, _optimizer(_schedule(), 2))
     assert list(logger.privacy_logs()) == ["epsilon_rdp", "epsilon_pld", "clip_norm", "noise_stddev", "dp_step"]
 
 
