@@ -108,9 +108,8 @@ def _gdp_clt_epsilon(sampling_probability: float, noise_multipliers: np.ndarray,
     return float(GdpCltAccountant().compose(dp_event(sampling_probability, noise_multipliers)).get_epsilon(delta))
 
 
-def _gdp_clt_epsilons_at(
-    p: float, clip_norms: np.ndarray, noise_stddevs: np.ndarray, delta: float, steps
-) -> np.ndarray:
+def _gdp_clt_epsilons_at(p, clip_norms, noise_stddevs, delta, steps) -> np.ndarray:
+    """`gdp.gdp_clt_epsilons_at` of mu_t = C_t / sigma_t (inf where sigma_t = 0)."""
     with np.errstate(divide="ignore"):
         return gdp.gdp_clt_epsilons_at(p, clip_norms / noise_stddevs, delta, steps)
 
