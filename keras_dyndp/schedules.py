@@ -198,11 +198,8 @@ class DPSchedule:
             return 0.0
         if np.any(self._noise_stddevs[:steps] == 0):
             return math.inf
-        return float(
-            entry.epsilon(
-                self._sampling_probability, self._clip_norms[:steps], self._noise_stddevs[:steps], delta, **options
-            )
-        )
+        arrays = (self._sampling_probability, self._clip_norms[:steps], self._noise_stddevs[:steps])
+        return float(entry.epsilon(*arrays, delta, **options))
 
     def epsilons_at(self, delta: float, steps, accountant: str = registry.DEFAULT_ACCOUNTANT, **options) -> np.ndarray:
         """Epsilon of the first k steps at `delta` under `accountant` for each k of the non-decreasing integer
