@@ -93,9 +93,9 @@ def _dp_optimizer(model: Any, caller: str) -> optimizer_base.DPOptimizerBase:
 
 
 class PrivacyLogger(keras.callbacks.Callback):
-    """Writes into the epoch ``logs`` (hence History, TensorBoard, CSVLogger) ``'epsilon_gdp_clt'``,
-    ``'epsilon_<accountant>'`` (unless 'gdp_clt') of the first ``dp_step`` steps at ``delta``, ``'clip_norm'`` and
-    ``'noise_stddev'`` of the last step taken, and ``'dp_step'``.
+    """Writes into the epoch ``logs`` (hence History, TensorBoard, CSVLogger) ``'epsilon_gdp_clt'`` (the paper's:
+    the registry's `always_logged`) and ``'epsilon_<accountant>'`` of the first ``dp_step`` steps at ``delta``,
+    ``'clip_norm'`` and ``'noise_stddev'`` of the last step taken, and ``'dp_step'``.
 
     Wherever it stands in the ``callbacks`` list: keys added in ``on_epoch_end`` would reach only the callbacks
     after it, so it accounts at the epoch's last batch (``params['steps']``) or the budget's last step, into the
@@ -131,6 +131,8 @@ class PrivacyLogger(keras.callbacks.Callback):
             raise ValueError(f"`log_every` must be 'epoch' or an integer >= 1. Received: log_every={log_every!r}.")
         self.accountant = accountant
         self.accountant_options = options
+        # The registry's always logged first, then `accountant`; each with its options.
+        self._logged_accountants = dict.fromkeys(registry.ALWAYS_LOGGED_ACCOUNTANT_NAMES, {}) | {accountant: options}
         self.delta = delta
         self.log_every = log_every
         self.log_dir = log_dir
@@ -153,11 +155,10 @@ class PrivacyLogger(keras.callbacks.Callback):
         schedule = optimizer.schedule
         steps = min(int(optimizer.dp_step.numpy()), schedule.num_steps)
         last = min(max(steps - 1, 0), schedule.num_steps - 1)
-        values = {"epsilon_gdp_clt": schedule.epsilon(self.delta, accountant="gdp_clt", steps=steps)}
-        if self.accountant != "gdp_clt":
-            values[f"epsilon_{self.accountant}"] = schedule.epsilon(
-                self.delta, accountant=self.accountant, steps=steps, **self.accountant_options
-            )
+        values = {
+            f"epsilon_{name}": schedule.epsilon(self.delta, accountant=name, steps=steps, **options)
+            for name, options in self._logged_accountants.items()
+        }
         values["clip_norm"] = float(schedule.clip_norms[last])
         values["noise_stddev"] = float(schedule.noise_stddevs[last])
         values["dp_step"] = float(steps)
@@ -180,8 +181,8 @@ class PrivacyLogger(keras.callbacks.Callback):
         optimizer = _dp_optimizer(self.model, type(self).__name__)
         # Refuse now what the epoch-end accounting would refuse.
         optimizer.check_restored_schedule()
-        optimizer.schedule.check_accountable("gdp_clt")
-        optimizer.schedule.check_accountable(self.accountant, **self.accountant_options)
+        for name, options in self._logged_accountants.items():
+            optimizer.schedule.check_accountable(name, **options)
         if self.log_dir is not None and self._writer is None:
             self._writer = _create_writer(self.log_dir)
 

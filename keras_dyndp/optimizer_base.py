@@ -15,7 +15,6 @@ from typing import Any
 from keras_dyndp import schedules
 from keras_dyndp import validation
 from keras_dyndp.accounting import noise_range
-from keras_dyndp.accounting import registry
 from keras_dyndp.private_model import PrivateConfig
 from keras_dyndp.refusals import BudgetExhaustedError  # noqa: F401  (re-exported: keras_dyndp names it)
 
@@ -87,11 +86,12 @@ def schedule_normaliser(schedule: schedules.DPSchedule, expected_batch_size, pub
 def resolve_schedule(
     schedule, budget: dict, expected_batch_size, public_batch_size: bool
 ) -> tuple[schedules.DPSchedule, float | None]:
-    """The optimizer's schedule and normaliser, from a `DPSchedule` or from the budget arguments (exactly one).
+    """The optimizer's schedule and normaliser: a `DPSchedule` given, or the budget arguments' (exactly one).
 
-    Budget arguments are calibrated under ``accountant`` (default 'pld'), and their normaliser is ``batch_size``.
+    Budget arguments are a `schedules.PrivacyBudget` (calibrated under ``accountant``, default 'pld'), and their
+    normaliser is ``batch_size``.
     """
-    given = [name for name in BUDGET_ARGUMENTS if budget[name] is not None]
+    given = {name: value for name, value in budget.items() if value is not None}
     if schedule is not None:
         if given:
             raise ValueError(
@@ -109,39 +109,24 @@ def resolve_schedule(
             "Give either `schedule` (a DPSchedule) or the budget arguments target_epsilon, target_delta, "
             "num_examples, batch_size, epochs or steps, method and initial_clip. Received neither."
         )
-    missing = [name for name in _REQUIRED_BUDGET_ARGUMENTS if budget[name] is None]
+    missing = [name for name in _REQUIRED_BUDGET_ARGUMENTS if name not in given]
     if missing:
         raise ValueError(
             f"Building the schedule from a budget needs {', '.join(missing)} as well. "
             f"Received only: {', '.join(given)}."
         )
-    batch_size = budget["batch_size"]
     if public_batch_size:
         raise ValueError(
             "The budget arguments account for Poisson batches of batch_size examples in expectation, whose actual "
             "sizes are private: the noisy sum is divided by expected_batch_size = batch_size. Leave "
             "public_batch_size out. Received: public_batch_size=True."
         )
-    if expected_batch_size is not None and expected_batch_size != batch_size:
+    if expected_batch_size is not None and expected_batch_size != given["batch_size"]:
         raise ValueError(
             "With budget arguments `expected_batch_size` is `batch_size`; leave it out or make them equal. "
-            f"Received: expected_batch_size={expected_batch_size}, batch_size={batch_size}."
+            f"Received: expected_batch_size={expected_batch_size}, batch_size={given['batch_size']}."
         )
-    sampling_probability, num_steps = schedules.sampling_from_epochs(
-        budget["num_examples"], batch_size, epochs=budget["epochs"], steps=budget["steps"]
-    )
-    schedule = schedules.calibrate(
-        budget["method"],
-        target_epsilon=budget["target_epsilon"],
-        target_delta=budget["target_delta"],
-        sampling_probability=sampling_probability,
-        num_steps=num_steps,
-        initial_clip=budget["initial_clip"],
-        rho_mu=1.0 if budget["rho_mu"] is None else budget["rho_mu"],
-        rho_c=1.0 if budget["rho_c"] is None else budget["rho_c"],
-        accountant=registry.DEFAULT_ACCOUNTANT if budget["accountant"] is None else budget["accountant"],
-    )
-    return schedule, check_expected_batch_size(batch_size)
+    return schedules.PrivacyBudget(**given).calibrate(), check_expected_batch_size(given["batch_size"])
 
 
 def check_base_arguments(kwargs: dict, unsupported: dict[str, str]) -> None:

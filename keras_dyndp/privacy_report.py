@@ -142,7 +142,7 @@ def epsilon_curves(
     delta = validation.check_delta(delta)
     accountants = _check_accountants(accountants)
     steps = curve_steps(schedule.num_steps, num_points)
-    return steps, {name: registry.get(name).epsilons_at(schedule, delta, steps) for name in accountants}
+    return steps, {name: schedule.epsilons_at(delta, steps, name) for name in accountants}
 
 
 def _save(figure, path: str) -> str:
@@ -235,7 +235,7 @@ def plot_run_privacy(
         raise ValueError(
             f"`steps` must hold step counts in [1, T = {schedule.num_steps}]. Received: steps={list(steps)}."
         )
-    epsilons = entry.epsilons_at(schedule, delta, counts)
+    epsilons = schedule.epsilons_at(delta, counts, entry.name)
     taken = np.arange(1, counts[-1] + 1)
     figure, (privacy, knobs) = _new_figure(title, num_panels=2)
     privacy.plot(  # From (0, 0): no step, no privacy spent.

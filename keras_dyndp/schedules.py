@@ -62,6 +62,7 @@ __all__ = [
     "DPSchedule",
     "GdpCltUnderstatementWarning",
     "METHODS",
+    "PrivacyBudget",
     "calibrate",
     "calibrate_baseline",
     "calibrate_shape",
@@ -84,8 +85,8 @@ class Calibration:
     target_delta: float
 
     def __post_init__(self):
-        registry.get(self.accountant)
         validation.check_budget(self.target_epsilon, self.target_delta)
+        registry.get(self.accountant)
 
 
 ArrayOrFn = Sequence[float] | np.ndarray | Callable[[np.ndarray], np.ndarray]
@@ -178,23 +179,7 @@ class DPSchedule:
     def to_dp_event(self, steps: int | None = None) -> dp_accounting.DpEvent:
         """The dp_accounting event of the first `steps` steps (all T by default): runs of equal noise multipliers as
         `SelfComposedDpEvent`s in one `ComposedDpEvent` (a constant schedule is one self-composed event)."""
-        steps = self._check_steps(steps)
-        multipliers = self.noise_multipliers[:steps]
-        if steps == 0:
-            return dp_accounting.NoOpDpEvent()
-        change = np.flatnonzero(np.diff(multipliers)) + 1
-        starts = np.concatenate([[0], change])
-        counts = np.diff(np.concatenate([starts, [steps]]))
-        events = [
-            dp_accounting.SelfComposedDpEvent(
-                dp_accounting.PoissonSampledDpEvent(
-                    self.sampling_probability, dp_accounting.GaussianDpEvent(float(multipliers[start]))
-                ),
-                int(count),
-            )
-            for start, count in zip(starts, counts)
-        ]
-        return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
+        return registry.dp_event(self.sampling_probability, self.noise_multipliers[: self._check_steps(steps)])
 
     def epsilon(
         self, delta: float, accountant: str = registry.DEFAULT_ACCOUNTANT, steps: int | None = None, **options
@@ -216,7 +201,15 @@ class DPSchedule:
             return 0.0
         if np.any(self._noise_stddevs[:steps] == 0):
             return math.inf
-        return float(entry.epsilon(self, delta, steps, **options))
+        arrays = (self._sampling_probability, self._clip_norms[:steps], self._noise_stddevs[:steps])
+        return float(entry.epsilon(*arrays, delta, **options))
+
+    def epsilons_at(self, delta: float, steps, accountant: str = registry.DEFAULT_ACCOUNTANT, **options) -> np.ndarray:
+        """Epsilon of the first k steps at `delta` under `accountant` for each k of the non-decreasing integer
+        array `steps` (in [0, T]), in one pass; options as `epsilon`'s."""
+        entry = registry.get(accountant)
+        arrays = (self._sampling_probability, self._clip_norms, self._noise_stddevs)
+        return entry.epsilons_at(*arrays, delta, steps, **entry.check_options(options))
 
     def get_config(self) -> dict:
         """Plain-Python description, the inverse of `from_config` ('calibration' only when there is one)."""
@@ -371,7 +364,7 @@ def calibrate_shape(
         accountant accepts (`accounting.noise_range`), e.g. a target so large that it needs almost no noise.
     """
     validation.check_budget(target_epsilon, target_delta)
-    registry.get(accountant)
+    entry = registry.get(accountant)
     p = validation.check_probability(sampling_probability)
     num_steps = validation.check_positive_int("num_steps", num_steps)
     clips = _as_step_array("clip_norms", clip_norms, num_steps)
@@ -382,24 +375,36 @@ def calibrate_shape(
         return DPSchedule(clips, clips / (mu0 * shape), p, calibration)
 
     mu0 = _clt_mu0(gdp.mu_from_epsilon(target_epsilon, target_delta), p, shape)
-    if accountant == "gdp_clt":  # Stepped down past float rounding in the eps <-> mu conversions.
-        try:
-            return make_schedule(
-                scale_search.step_to_safe_side(
-                    mu0,
-                    lambda mu: make_schedule(mu).epsilon(target_delta, "gdp_clt") <= target_epsilon,
-                    lambda mu: mu * (1 - _GDP_CLT_SAFETY_STEP),
-                )
-            )
-        except noise_range.NoiseOutOfRangeError as error:
-            raise CalibrationError(
-                f"Under the 'gdp_clt' accountant, target_epsilon={target_epsilon} needs noise outside the accepted "
-                f"range: {error}"
-            ) from error
+    budget = (accountant, target_epsilon, target_delta)
+    if entry.clt_calibration:
+        return make_schedule(_clt_root_within(make_schedule, mu0, *budget))
+    return make_schedule(math.exp(_largest_log_mu0_within(make_schedule, mu0, p, shape, *budget)))
 
-    # Rigorous: the largest mu_0 whose epsilon is <= target, searched from the CLT's. A shape with more than
-    # `_ROUGH_SEARCH_GROUPS` distinct values first gets a rough pass with its noise multipliers rounded down into
-    # that many groups (pessimistic and cheaper), leaving 2-4 evaluations of the real thing.
+
+def _clt_root_within(make_schedule, mu0: float, accountant: str, target_epsilon: float, target_delta: float) -> float:
+    """The CLT's root `mu0` stepped down past float rounding in the eps <-> mu conversions, until the schedule's
+    epsilon under `accountant` (the CLT's) is within the target."""
+    try:
+        return scale_search.step_to_safe_side(
+            mu0,
+            lambda mu: make_schedule(mu).epsilon(target_delta, accountant) <= target_epsilon,
+            lambda mu: mu * (1 - _GDP_CLT_SAFETY_STEP),
+        )
+    except noise_range.NoiseOutOfRangeError as error:
+        raise CalibrationError(
+            f"Under the {accountant!r} accountant, target_epsilon={target_epsilon} needs noise outside the accepted "
+            f"range: {error}"
+        ) from error
+
+
+def _largest_log_mu0_within(
+    make_schedule, mu0: float, p: float, shape: np.ndarray, accountant: str, target_epsilon: float, target_delta: float
+) -> float:
+    """The largest log mu_0 whose schedule's epsilon under a rigorous `accountant` is within the target, searched
+    from the CLT's `mu0`. A shape with more than `_ROUGH_SEARCH_GROUPS` distinct values first gets a rough pass with
+    its noise multipliers rounded down into that many groups (pessimistic and cheaper), leaving 2-4 evaluations of
+    the real thing."""
+
     def epsilon_of(schedule: DPSchedule) -> float:
         try:
             return schedule.epsilon(target_delta, accountant)
@@ -412,7 +417,7 @@ def calibrate_shape(
         noise = np.repeat(values, counts)
         return epsilon_of(DPSchedule(np.ones_like(noise), noise, p))
 
-    log_mu0 = scale_search.largest_scale_within(
+    return scale_search.largest_scale_within(
         lambda log_mu0: epsilon_of(make_schedule(math.exp(log_mu0))),
         target_epsilon,
         start=math.log(mu0),
@@ -423,7 +428,13 @@ def calibrate_shape(
         slope=_clt_log_slope(mu0, p, shape, target_delta),
         what=f"the schedule under the {accountant!r} accountant",
     )
-    return make_schedule(math.exp(log_mu0))
+
+
+def _check_rhos(rho_mu: float, rho_c: float) -> tuple[float, float]:
+    return tuple(
+        validation.check_float(name, value, 1.0, inclusive=True, hint=f"the paper's 1/{name} is in (0, 1]")
+        for name, value in (("rho_mu", rho_mu), ("rho_c", rho_c))
+    )
 
 
 def calibrate(
@@ -461,10 +472,7 @@ def calibrate(
       ...                      num_steps=4800, initial_clip=1.5, rho_mu=1 / 0.8, rho_c=1 / 0.3)
     """
     validation.check_choice("method", method, ALL_METHODS)
-    rho_mu, rho_c = (
-        validation.check_float(name, value, 1.0, inclusive=True, hint=f"the paper's 1/{name} is in (0, 1]")
-        for name, value in (("rho_mu", rho_mu), ("rho_c", rho_c))
-    )
+    rho_mu, rho_c = _check_rhos(rho_mu, rho_c)
     num_steps = validation.check_positive_int("num_steps", num_steps)
     budget = {"target_epsilon": target_epsilon, "target_delta": target_delta, "num_steps": num_steps}
     budget["sampling_probability"] = sampling_probability
@@ -480,6 +488,52 @@ def calibrate(
         **budget,
         accountant=accountant,
     )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrivacyBudget:
+    """A run's privacy budget and the schedule to spend it: `calibrate()` returns the `DPSchedule` (`calibrate`'s,
+    with p and T from `sampling_from_epochs`). The DP optimizers' budget arguments are one. Checked at construction
+    (ValueError naming the argument), so a bad budget fails before any calibration.
+
+    Args:
+      target_epsilon, target_delta: the budget, epsilon > 0 and delta in (0, 1).
+      num_examples, batch_size: N and the EXPECTED batch size pN (<= N) of Poisson sampling.
+      method, initial_clip, rho_mu, rho_c, accountant: as `calibrate`'s.
+      epochs, steps: exactly one: T = steps, or ceil(epochs N / batch_size).
+    """
+
+    target_epsilon: float
+    target_delta: float
+    num_examples: int
+    batch_size: int
+    method: str
+    initial_clip: float
+    epochs: float | None = None
+    steps: int | None = None
+    rho_mu: float = 1.0
+    rho_c: float = 1.0
+    accountant: str = registry.DEFAULT_ACCOUNTANT
+
+    def __post_init__(self):
+        self.sampling()
+        validation.check_choice("method", self.method, ALL_METHODS)
+        _check_rhos(self.rho_mu, self.rho_c)
+        validation.check_float("initial_clip", self.initial_clip)
+        validation.check_budget(self.target_epsilon, self.target_delta)
+        registry.get(self.accountant)
+
+    def sampling(self) -> tuple[float, int]:
+        """(p, T) of the run: `sampling_from_epochs`."""
+        return sampling_from_epochs(self.num_examples, self.batch_size, epochs=self.epochs, steps=self.steps)
+
+    def calibrate(self) -> DPSchedule:
+        """The schedule that spends this budget (`calibrate`, which says what is raised)."""
+        arguments = dataclasses.asdict(self)
+        for name in ("num_examples", "batch_size", "epochs", "steps"):
+            del arguments[name]
+        sampling_probability, num_steps = self.sampling()
+        return calibrate(**arguments, sampling_probability=sampling_probability, num_steps=num_steps)
 
 
 def calibrate_baseline(
@@ -506,10 +560,11 @@ def calibrate_baseline(
 
 
 def gdp_clt_understatement(schedule: DPSchedule) -> str | None:
-    """A warning text if a schedule calibrated under the GDP-CLT has a PLD epsilon (same delta) above
-    GDP_CLT_WARNING_RATIO x its target or one the PLD cannot represent; else (or for any other schedule) None."""
+    """A warning text if a schedule calibrated under the GDP-CLT (an accountant that is not `rigorous`) has a PLD
+    epsilon (same delta) above GDP_CLT_WARNING_RATIO x its target or one the PLD cannot represent; else (or for any
+    other schedule) None."""
     calibration = schedule.calibration
-    if calibration is None or calibration.accountant != "gdp_clt":
+    if calibration is None or registry.get(calibration.accountant).rigorous:
         return None
     target, delta = calibration.target_epsilon, calibration.target_delta
     try:

@@ -84,6 +84,16 @@ def test_privacy_logger_gdp_clt_only():
     assert sorted(logger.privacy_logs()) == ["clip_norm", "dp_step", "epsilon_gdp_clt", "noise_stddev"]
 
 
+def test_privacy_logger_logs_the_registry_s_always_logged_accountants_first(monkeypatch):
+    logger = callbacks.PrivacyLogger("pld", delta=DELTA)
+    _attach(logger, _optimizer(_schedule(), 2))
+    assert list(logger.privacy_logs())[:2] == ["epsilon_gdp_clt", "epsilon_pld"]
+    monkeypatch.setattr(registry, "ALWAYS_LOGGED_ACCOUNTANT_NAMES", ("rdp",))  # An attribute, not a name, decides.
+    logger = callbacks.PrivacyLogger("pld", delta=DELTA)
+    _attach(logger, _optimizer(_schedule(), 2))
+    assert list(logger.privacy_logs()) == ["epsilon_rdp", "epsilon_pld", "clip_norm", "noise_stddev", "dp_step"]
+
+
 def test_privacy_logger_defaults_to_the_pld_the_budget_is_calibrated_under():
     schedule = schedules.calibrate(
         "vanilla", target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.1, num_steps=4, initial_clip=1.0

@@ -1,5 +1,6 @@
 """Tests for keras_dyndp.schedules: DPSchedule, the paper's calibrated schedules and its baselines."""
 
+import dataclasses
 import math
 
 import dp_accounting
@@ -31,6 +32,11 @@ def _calibrate(method, epsilon=1.2, **kwargs):
     )
     args.update(kwargs)
     return schedules.calibrate(method, **args)
+
+
+def _short_paper_run():
+    """The GDP-CLT's worst case of docs/accounting.md: p 0.01, T 20, epsilon 1 (its PLD epsilon is 4.20)."""
+    return _calibrate("vanilla", epsilon=1.0, sampling_probability=0.01, num_steps=20, initial_clip=1.0)
 
 
 def test_vanilla_matches_paper_worked_numbers():
@@ -345,15 +351,7 @@ def test_default_calibration_is_pld_and_meets_the_target_rigorously():
     assert short.calibration == schedules.Calibration("pld", 1.0, DELTA)
     assert 0.999 <= short.epsilon(DELTA, "pld") <= 1.0
     assert short.epsilon(DELTA, "gdp_clt") < 0.5  # What the CLT makes of the rigorously calibrated noise.
-    paper = schedules.calibrate(
-        "vanilla",
-        target_epsilon=1.0,
-        target_delta=DELTA,
-        sampling_probability=0.01,
-        num_steps=20,
-        initial_clip=1.0,
-        accountant="gdp_clt",
-    )
+    paper = _short_paper_run()
     assert paper.epsilon(DELTA, "pld") == pytest.approx(4.20, abs=0.01)
     # The shape matters too: a long run whose last 5 steps have 3x mu.
     shaped = schedules.calibrate_shape(
@@ -393,15 +391,7 @@ def test_calibration_metadata_round_trips_and_equality_ignores_it():
 
 
 def test_gdp_clt_understatement_reports_the_pld_epsilon_of_the_same_schedule():
-    paper = schedules.calibrate(
-        "vanilla",
-        target_epsilon=1.0,
-        target_delta=DELTA,
-        sampling_probability=0.01,
-        num_steps=20,
-        initial_clip=1.0,
-        accountant="gdp_clt",
-    )
+    paper = _short_paper_run()
     text = schedules.gdp_clt_understatement(paper)
     assert "epsilon = 1 (delta = 1e-05) under the GDP-CLT" in text and "PLD epsilon is 4.198, 4.20x the target" in text
     assert "accountant='pld'" in text
@@ -441,3 +431,85 @@ def test_calibration_outside_the_accountants_range_raises_calibration_error(acco
             initial_clip=1.0,
             accountant=accountant,
         )
+
+
+_BUDGET = dict(target_epsilon=2.0, target_delta=DELTA, num_examples=1000, batch_size=50, method="dynamic")
+
+
+def test_privacy_budget_calibrates_the_schedule_calibrate_builds():
+    budget = schedules.PrivacyBudget(**_BUDGET, initial_clip=1.5, epochs=2, rho_mu=1.25, rho_c=2.0, accountant="rdp")
+    assert budget.sampling() == (0.05, 40)
+    schedule = budget.calibrate()
+    expected = schedules.calibrate(
+        "dynamic",
+        target_epsilon=2.0,
+        target_delta=DELTA,
+        sampling_probability=0.05,
+        num_steps=40,
+        initial_clip=1.5,
+        rho_mu=1.25,
+        rho_c=2.0,
+        accountant="rdp",
+    )
+    assert schedule == expected and schedule.calibration == expected.calibration
+    assert schedules.PrivacyBudget(**_BUDGET, initial_clip=1.5, steps=40).calibrate().calibration.accountant == "pld"
+
+
+def test_privacy_budget_is_frozen_and_needs_its_budget():
+    budget = schedules.PrivacyBudget(**_BUDGET, initial_clip=1.5, steps=40)
+    with pytest.raises(AttributeError):
+        budget.target_epsilon = 100.0
+    with pytest.raises(TypeError, match="initial_clip"):
+        schedules.PrivacyBudget(**_BUDGET, steps=40)
+    with pytest.raises(TypeError):  # Keyword-only: a budget's numbers are not confused by position.
+        schedules.PrivacyBudget(2.0, DELTA, 1000, 50, "vanilla", 1.0, 2)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"steps": 40, "epochs": 1}, "Give exactly one of `epochs` and `steps`"),
+        ({"steps": 40, "batch_size": 2000}, "`batch_size` must be <= num_examples=1000"),
+        ({"steps": 0}, "`steps` must be"),
+        ({"steps": 40, "method": "growing"}, "`method` must be one of"),
+        ({"steps": 40, "rho_mu": 0.5}, "`rho_mu` must be"),
+        ({"steps": 40, "initial_clip": 0.0}, "`initial_clip` must be"),
+        ({"steps": 40, "accountant": "prv"}, "`accountant` must be one of"),
+        ({"steps": 40, "target_epsilon": -1.0}, "`target_epsilon` must be"),
+        ({"steps": 40, "target_delta": 1.0}, "`target_delta` must be"),
+    ],
+)
+def test_privacy_budget_refuses_a_bad_argument_before_calibrating(monkeypatch, change, match):
+    monkeypatch.setattr(schedules, "calibrate", lambda *args, **kwargs: pytest.fail("calibrated"))
+    with pytest.raises(ValueError, match=match):
+        schedules.PrivacyBudget(**{**_BUDGET, "initial_clip": 1.5, **change})
+
+
+def _with_entry(monkeypatch, name, **attributes):
+    """Gives the registry's entry `name` these attribute values: the schedules follow attributes, not names."""
+    get = registry.get
+    monkeypatch.setattr(
+        registry,
+        "get",
+        lambda accountant, argument="accountant": (
+            dataclasses.replace(get(accountant, argument), **attributes)
+            if accountant == name
+            else get(accountant, argument)
+        ),
+    )
+
+
+def test_calibration_takes_the_clt_root_only_for_an_accountant_with_clt_calibration(monkeypatch):
+    budget = dict(target_epsilon=1.0, target_delta=DELTA, sampling_probability=0.01, num_steps=20, initial_clip=1.0)
+    clt_root = schedules.calibrate("vanilla", **budget, accountant="gdp_clt")
+    assert gdp.clt_mu(0.01, clt_root.mus) == pytest.approx(gdp.mu_from_epsilon(1.0, DELTA), rel=1e-12)
+    _with_entry(monkeypatch, "gdp_clt", clt_calibration=False)
+    searched = schedules.calibrate("vanilla", **budget, accountant="gdp_clt")
+    assert searched != clt_root and 0.999 <= searched.epsilon(DELTA, "gdp_clt") <= 1.0
+
+
+def test_only_a_schedule_calibrated_under_an_accountant_that_is_not_rigorous_is_checked(monkeypatch):
+    paper = _short_paper_run()
+    assert schedules.gdp_clt_understatement(paper) is not None
+    _with_entry(monkeypatch, "gdp_clt", rigorous=True)
+    assert schedules.gdp_clt_understatement(paper) is None

@@ -34,13 +34,20 @@ FINAL_PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 
 @dataclasses.dataclass(frozen=True)
 class Accountant:
-    """What one accountant offers; every callable takes the accountant's options as keyword arguments.
+    """What one accountant offers, on plain arrays; every callable takes the accountant's options as keywords.
 
-    `make()` gives a fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one); `epsilon(schedule, delta, steps)`
-    the epsilon of a `DPSchedule`'s first 1 <= steps <= T steps, each with noise > 0 (`DPSchedule.epsilon` handles
-    the other cases); `epsilons_at(schedule, delta, steps)` that of the first k steps for each k of the
-    non-decreasing `steps`, in one pass; `min_noise_multiplier()` the least noise it represents (`noise_range`).
-    `option_checks` maps an option to its check, `final_options` are for final reported numbers (read-only).
+    `make()` gives a fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one); `epsilon(p, clip_norms,
+    noise_stddevs, delta)` the epsilon of the steps of those arrays [k >= 1], each with noise > 0 (`DPSchedule.epsilon`
+    handles the other cases); `epsilons_at(p, clip_norms, noise_stddevs, delta, steps)` that of the first k steps for
+    each k of the non-decreasing `steps`, in one pass (the arrays, not z = sigma / C alone: the GDP-CLT's curve
+    takes mu_t = C_t / sigma_t); `min_noise_multiplier()` the least z it represents (`noise_range`). `option_checks`
+    maps an option to its check, `final_options` are for final reported numbers (read-only).
+
+    What the callers do differently per accountant is said here, not by its name: `rigorous`, an upper bound on
+    epsilon (False: an approximation that can understate it, so a schedule calibrated under it is checked against
+    the PLD: `schedules.gdp_clt_understatement`); `clt_calibration`, mu_0 is the extended CLT's root (stepped down
+    past float rounding) rather than searched (`schedules.calibrate_shape`); `always_logged`, `PrivacyLogger` logs
+    it beside the accountant it is given (the paper's, for comparison with the paper).
     """
 
     name: str
@@ -53,6 +60,8 @@ class Accountant:
         default_factory=lambda: types.MappingProxyType({})
     )
     final_options: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    clt_calibration: bool = False
+    always_logged: bool = False
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Returns the checked `options`, or raises ValueError naming an unknown or bad one."""
@@ -65,10 +74,44 @@ class Accountant:
         return {key: self.option_checks[key](value) for key, value in options.items()}
 
 
-def _gdp_clt_epsilon(schedule, delta: float, steps: int) -> float:
-    """GDP-CLT epsilon of the schedule's dp_accounting event (the same numbers as composing it by hand)."""
-    noise_range.check_noise_multipliers(schedule.noise_multipliers[:steps], "gdp_clt")
-    return float(GdpCltAccountant().compose(schedule.to_dp_event(steps)).get_epsilon(delta))
+def dp_event(sampling_probability: float, noise_multipliers: np.ndarray) -> dp_accounting.DpEvent:
+    """The dp_accounting event of Poisson-sampled Gaussian steps (rate p, noise multipliers z_t [T]): runs of equal
+    z as `SelfComposedDpEvent`s in one `ComposedDpEvent` (a constant schedule is one self-composed event)."""
+    steps = len(noise_multipliers)
+    if steps == 0:
+        return dp_accounting.NoOpDpEvent()
+    change = np.flatnonzero(np.diff(noise_multipliers)) + 1
+    starts = np.concatenate([[0], change])
+    counts = np.diff(np.concatenate([starts, [steps]]))
+    events = [
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(
+                sampling_probability, dp_accounting.GaussianDpEvent(float(noise_multipliers[start]))
+            ),
+            int(count),
+        )
+        for start, count in zip(starts, counts)
+    ]
+    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
+
+
+def _on_multipliers(function: Callable) -> Callable:
+    """`function(p, z, *arguments, **options)` of the noise multipliers z_t = sigma_t / C_t, called with the arrays."""
+    return lambda p, clip_norms, noise_stddevs, *arguments, **options: function(
+        p, noise_stddevs / clip_norms, *arguments, **options
+    )
+
+
+def _gdp_clt_epsilon(sampling_probability: float, noise_multipliers: np.ndarray, delta: float) -> float:
+    """GDP-CLT epsilon of the steps' dp_accounting event (the same numbers as composing it by hand)."""
+    noise_range.check_noise_multipliers(noise_multipliers, "gdp_clt")
+    return float(GdpCltAccountant().compose(dp_event(sampling_probability, noise_multipliers)).get_epsilon(delta))
+
+
+def _gdp_clt_epsilons_at(p, clip_norms, noise_stddevs, delta, steps) -> np.ndarray:
+    """`gdp.gdp_clt_epsilons_at` of mu_t = C_t / sigma_t (inf where sigma_t = 0)."""
+    with np.errstate(divide="ignore"):
+        return gdp.gdp_clt_epsilons_at(p, clip_norms / noise_stddevs, delta, steps)
 
 
 _ACCOUNTANTS = {
@@ -78,21 +121,17 @@ _ACCOUNTANTS = {
             name="gdp_clt",
             rigorous=False,
             make=GdpCltAccountant,
-            epsilon=_gdp_clt_epsilon,
-            epsilons_at=lambda schedule, delta, steps: gdp.gdp_clt_epsilons_at(
-                schedule.sampling_probability, schedule.mus, delta, steps
-            ),
+            epsilon=_on_multipliers(_gdp_clt_epsilon),
+            epsilons_at=_gdp_clt_epsilons_at,
+            clt_calibration=True,
+            always_logged=True,
         ),
         Accountant(
             name="rdp",
             rigorous=True,
             make=lambda orders=None: rdp.RdpAccountant(orders),
-            epsilon=lambda schedule, delta, steps, **options: fast_rdp.rdp_epsilon(
-                schedule.sampling_probability, schedule.noise_multipliers[:steps], delta, **options
-            ),
-            epsilons_at=lambda schedule, delta, steps, **options: fast_rdp.rdp_epsilons_at(
-                schedule.sampling_probability, schedule.noise_multipliers, delta, steps, **options
-            ),
+            epsilon=_on_multipliers(fast_rdp.rdp_epsilon),
+            epsilons_at=_on_multipliers(fast_rdp.rdp_epsilons_at),
             option_checks=types.MappingProxyType({"orders": fast_rdp.check_orders}),
         ),
         Accountant(
@@ -101,12 +140,8 @@ _ACCOUNTANTS = {
             make=lambda value_discretization_interval=DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL: pld.PLDAccountant(
                 value_discretization_interval=value_discretization_interval
             ),
-            epsilon=lambda schedule, delta, steps, **options: fast_pld.pld_epsilon(
-                schedule.sampling_probability, schedule.noise_multipliers[:steps], delta, **options
-            ),
-            epsilons_at=lambda schedule, delta, steps, **options: fast_pld.pld_epsilons_at(
-                schedule.sampling_probability, schedule.noise_multipliers, delta, steps, **options
-            ),
+            epsilon=_on_multipliers(fast_pld.pld_epsilon),
+            epsilons_at=_on_multipliers(fast_pld.pld_epsilons_at),
             min_noise_multiplier=lambda value_discretization_interval=DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL: (
                 noise_range.pld_min_noise_multiplier(value_discretization_interval)
             ),
@@ -121,6 +156,8 @@ _ACCOUNTANTS = {
 ACCOUNTANT_NAMES = tuple(_ACCOUNTANTS)
 # The accountants whose epsilon is an upper bound, for "report a rigorous epsilon" choices.
 RIGOROUS_ACCOUNTANT_NAMES = tuple(name for name, entry in _ACCOUNTANTS.items() if entry.rigorous)
+# What `PrivacyLogger` logs beside the accountant it is given.
+ALWAYS_LOGGED_ACCOUNTANT_NAMES = tuple(name for name, entry in _ACCOUNTANTS.items() if entry.always_logged)
 
 
 def get(name: str, argument: str = "accountant") -> Accountant:

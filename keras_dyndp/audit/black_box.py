@@ -35,6 +35,22 @@ def _make_canaries(x: np.ndarray, y: np.ndarray, m: int, num_classes: int, canar
     return x, y, canary_x, rng.integers(0, num_classes, size=m).astype(y.dtype)
 
 
+def _checked_arguments(x, y, num_canaries, canaries: str, num_classes: int | None, epochs: int):
+    """(x, y as int32, m, number of classes, epochs), or ValueError naming the bad argument."""
+    validation.check_choice("canaries", canaries, CANARIES)
+    x = np.asarray(x)
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"y must be integer class labels [N] matching x's {len(x)} rows, got {y.dtype} {y.shape}")
+    m = validation.check_int("num_canaries", num_canaries, 2)
+    if canaries == "mislabeled" and m >= len(y):
+        raise ValueError(f"'mislabeled' canaries are rows of x: num_canaries must be < N = {len(y)}, got {m}")
+    k = int(np.max(y)) + 1 if num_classes is None else int(num_classes)
+    validation.check_int("num_classes", k, 2)  # a canary needs a wrong label
+    # JAX's default integer width.
+    return x, y.astype(np.int32), m, k, validation.check_int("epochs", epochs, 1)
+
+
 def black_box_audit(
     x,
     y,
@@ -74,18 +90,7 @@ def black_box_audit(
     """
     import keras_dyndp  # pylint: disable=import-outside-toplevel
 
-    validation.check_choice("canaries", canaries, CANARIES)
-    x = np.asarray(x)
-    y = np.asarray(y)
-    if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"y must be integer class labels [N] matching x's {len(x)} rows, got {y.dtype} {y.shape}")
-    y = y.astype(np.int32)  # JAX's default integer width
-    m = validation.check_int("num_canaries", num_canaries, 2)
-    if canaries == "mislabeled" and m >= len(y):
-        raise ValueError(f"'mislabeled' canaries are rows of x: num_canaries must be < N = {len(y)}, got {m}")
-    k = int(np.max(y)) + 1 if num_classes is None else int(num_classes)
-    validation.check_int("num_classes", k, 2)  # a canary needs a wrong label
-    epochs = validation.check_int("epochs", epochs, 1)
+    x, y, m, k, epochs = _checked_arguments(x, y, num_canaries, canaries, num_classes, epochs)
     keras = backend.keras_module()
     rng = np.random.default_rng(seed)
     train_x, train_y, canary_x, canary_y = _make_canaries(x, y, m, k, canaries, rng)

@@ -76,6 +76,45 @@ def _scores(trajectory: np.ndarray, schedule, score: str) -> np.ndarray:
     return np.std(sums / sigma, axis=0)
 
 
+def _train_recording(schedule, x, y, weights, *, method, accumulation_steps, strategy, noise_seed, seed) -> np.ndarray:
+    """Trains the one-Dense model on (x, y) as a user does and returns the canaries' `weights` (rows, cols of its
+    kernel) after each step, [T + 1, m] (float64)."""
+    import keras_dyndp  # pylint: disable=import-outside-toplevel
+
+    keras = backend.keras_module()
+    total = keras.ops.sum if hasattr(keras, "ops") else keras.backend.sum
+    p = schedule.sampling_probability
+    optimizer_kwargs = {} if noise_seed is None else {"noise_seed": noise_seed}
+    with contextlib.nullcontext() if strategy is None else strategy.scope():
+        dense = keras.layers.Dense(x.shape[1], use_bias=False, kernel_initializer="zeros")
+        model = keras.Sequential([keras.Input((x.shape[1],)), dense])
+        model = keras_dyndp.make_private(model, method)
+        # p N of the data trained on (the optimizer checks the batches against it): one factor on every update,
+        # which the scores are invariant to.
+        optimizer = keras_dyndp.DynamicDPKerasSGD(
+            schedule=schedule,
+            expected_batch_size=p * len(x),
+            learning_rate=1.0,
+            accumulation_steps=accumulation_steps,
+            **optimizer_kwargs,
+        )
+        model.compile(optimizer=optimizer, loss=_dirac_loss(total))
+        # In the strategy's scope: padded to a multiple of its replicas.
+        batches = keras_dyndp.poisson_batches(
+            x, y, sampling_probability=p, steps_per_epoch=schedule.num_steps, seed=seed
+        )
+
+    trajectory = [dense.get_weights()[0][weights]]
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            del batch, logs
+            trajectory.append(dense.get_weights()[0][weights])
+
+    model.fit(batches, epochs=1, verbose=0, callbacks=[keras_dyndp.BudgetStop(), Record()])
+    return np.asarray(trajectory, np.float64)
+
+
 def white_box_audit(
     schedule,
     *,
@@ -97,10 +136,7 @@ def white_box_audit(
     defaults to 10 max_t C_t; ``strategy`` is a ``tf.distribute`` strategy to build, compile and fit in; ``seed`` sets
     the coin flips, the Poisson batches and the tie-breaking; ``num_guesses`` is as `audit_from_scores`'s.
     """
-    import keras_dyndp  # pylint: disable=import-outside-toplevel
-
     validation.check_choice("score", score, SCORES)
-    keras = backend.keras_module()
     m = validation.check_int("num_canaries", num_canaries, 2)
     side = math.isqrt(m - 1) + 1  # side * side >= m weights, one per canary
     rows, cols = np.divmod(np.arange(m), side)
@@ -108,38 +144,9 @@ def white_box_audit(
     included = np.random.default_rng(seed).random(m) < 0.5
     x = np.eye(side, dtype="float32")[rows[included]]
     y = s * np.eye(side, dtype="float32")[cols[included]]
-
-    total = keras.ops.sum if hasattr(keras, "ops") else keras.backend.sum
-    p = schedule.sampling_probability
-    optimizer_kwargs = {} if noise_seed is None else {"noise_seed": noise_seed}
-    with contextlib.nullcontext() if strategy is None else strategy.scope():
-        dense = keras.layers.Dense(side, use_bias=False, kernel_initializer="zeros")
-        model = keras.Sequential([keras.Input((side,)), dense])
-        model = keras_dyndp.make_private(model, method)
-        # p N of the data trained on (the optimizer checks the batches against it): one factor on every update,
-        # which the scores are invariant to.
-        optimizer = keras_dyndp.DynamicDPKerasSGD(
-            schedule=schedule,
-            expected_batch_size=p * int(included.sum()),
-            learning_rate=1.0,
-            accumulation_steps=accumulation_steps,
-            **optimizer_kwargs,
-        )
-        model.compile(optimizer=optimizer, loss=_dirac_loss(total))
-        # In the strategy's scope: padded to a multiple of its replicas.
-        batches = keras_dyndp.poisson_batches(
-            x, y, sampling_probability=p, steps_per_epoch=schedule.num_steps, seed=seed
-        )
-
-    trajectory = [dense.get_weights()[0][rows, cols]]
-
-    class Record(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            del batch, logs
-            trajectory.append(dense.get_weights()[0][rows, cols])
-
-    model.fit(batches, epochs=1, verbose=0, callbacks=[keras_dyndp.BudgetStop(), Record()])
-    scores = _scores(np.asarray(trajectory, np.float64), schedule, score)
+    training = {"accumulation_steps": accumulation_steps, "strategy": strategy, "noise_seed": noise_seed}
+    trajectory = _train_recording(schedule, x, y, (rows, cols), method=method, seed=seed, **training)
+    scores = _scores(trajectory, schedule, score)
     result = bounds.audit_from_scores(
         scores[included], scores[~included], delta=delta, confidence=confidence, num_guesses=num_guesses, seed=seed
     )
