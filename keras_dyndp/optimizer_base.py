@@ -30,7 +30,15 @@ BUDGET_ARGUMENTS = tuple(
     "target_epsilon target_delta num_examples batch_size epochs steps method initial_clip rho_mu rho_c "
     "accountant".split()
 )
-_REQUIRED_BUDGET_ARGUMENTS = ("target_epsilon", "target_delta", "num_examples", "batch_size", "method", "initial_clip")
+_REQUIRED_BUDGET_ARGUMENTS = {
+    "target_epsilon": "target_epsilon=1.0 (the whole run's epsilon)",
+    "target_delta": "target_delta=1e-5 (below 1 / num_examples)",
+    "num_examples": "num_examples=len(x) (the training set's size)",
+    "batch_size": "batch_size=256 (the expected Poisson batch size p * num_examples)",
+    "method": f"method='vanilla' (one of {', '.join(schedules.ALL_METHODS)})",
+    "initial_clip": "initial_clip=1.0 (C_0, the clip norm of the first step)",
+}
+"""The budget arguments without a default, each with an example and its meaning, for the refusal of a missing one."""
 
 
 def check_accumulation_steps(accumulation_steps, num_microbatches: int | None) -> int:
@@ -111,8 +119,9 @@ def resolve_schedule(
         )
     missing = [name for name in _REQUIRED_BUDGET_ARGUMENTS if name not in given]
     if missing:
+        examples = ", ".join(_REQUIRED_BUDGET_ARGUMENTS[name] for name in missing)
         raise ValueError(
-            f"Building the schedule from a budget needs {', '.join(missing)} as well. "
+            f"Building the schedule from a budget needs {', '.join(missing)} as well: pass e.g. {examples}. "
             f"Received only: {', '.join(given)}."
         )
     if public_batch_size:

@@ -76,6 +76,11 @@ def test_config_round_trip_keeps_schedule_and_private_train_step():
         ({}, "Give either `schedule`"),
         ({**BUDGET, "schedule": schedules.DPSchedule(np.ones(2), np.ones(2), 0.1)}, "not both"),
         ({"target_epsilon": 1.0}, "needs target_delta, num_examples, batch_size, method, initial_clip"),
+        (
+            {k: v for k, v in BUDGET.items() if k not in ("method", "initial_clip")},
+            r"needs method, initial_clip as well: pass e.g. method='vanilla' \(one of vanilla, growing_mu, .*\), "
+            r"initial_clip=1.0 \(C_0, the clip norm of the first step\)",
+        ),
         ({**BUDGET, "num_microbatches": 0}, "`num_microbatches` must be None"),
         ({**BUDGET, "accumulation_steps": 0}, "`accumulation_steps` must be an integer >= 1"),
         ({**BUDGET, "accumulation_steps": 2, "num_microbatches": 4}, "Use one of them"),
