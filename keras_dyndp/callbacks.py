@@ -80,6 +80,12 @@ else:
         writer.flush()
 
 
+NOT_POISSON_SUFFIX = "_if_poisson"
+"""Appended to `PrivacyLogger`'s epsilon keys (``'epsilon_pld_if_poisson'``) once the optimizer has trained on batches
+not known to be Poisson samples (`DPOptimizerBase.unverified_sampling`): no key then claims an epsilon for the run."""
+NOT_POISSON_NOTE = "NOT the run's epsilon: it assumes Poisson batches, which this run did not use"
+
+
 def _dp_optimizer(model: Any, caller: str) -> optimizer_base.DPOptimizerBase:
     """The model's optimizer (inside a mixed precision LossScaleOptimizer), checked to be a keras_dyndp one."""
     optimizer = _unwrap_optimizer(getattr(model, "optimizer", None))
@@ -95,7 +101,10 @@ def _dp_optimizer(model: Any, caller: str) -> optimizer_base.DPOptimizerBase:
 class PrivacyLogger(keras.callbacks.Callback):
     """Writes into the epoch ``logs`` (hence History, TensorBoard, CSVLogger) ``'epsilon_gdp_clt'`` (the paper's:
     the registry's `always_logged`) and ``'epsilon_<accountant>'`` of the first ``dp_step`` steps at ``delta``,
-    ``'clip_norm'`` and ``'noise_stddev'`` of the last step taken, and ``'dp_step'``.
+    ``'clip_norm'`` and ``'noise_stddev'`` of the last step taken, and ``'dp_step'``. Once the optimizer has trained on
+    batches not known to be Poisson samples (it warned `SamplingWarning`), the epsilon keys end in ``'_if_poisson'``
+    (``'epsilon_pld_if_poisson'``) and the log line says it is not the run's epsilon: the schedule's epsilon assumes
+    Poisson sampling, so no logged number claims to cover such a run.
 
     Wherever it stands in the ``callbacks`` list: keys added in ``on_epoch_end`` would reach only the callbacks
     after it, so it accounts at the epoch's last batch (``params['steps']``) or the budget's last step, into the
@@ -155,8 +164,10 @@ class PrivacyLogger(keras.callbacks.Callback):
         schedule = optimizer.schedule
         steps = min(int(optimizer.dp_step.numpy()), schedule.num_steps)
         last = min(max(steps - 1, 0), schedule.num_steps - 1)
+        # Batches not known to be Poisson samples: the epsilon is the schedule's, which assumes them; so named.
+        suffix = "" if optimizer.unverified_sampling is None else NOT_POISSON_SUFFIX
         values = {
-            f"epsilon_{name}": schedule.epsilon(self.delta, accountant=name, steps=steps, **options)
+            f"epsilon_{name}{suffix}": schedule.epsilon(self.delta, accountant=name, steps=steps, **options)
             for name, options in self._logged_accountants.items()
         }
         values["clip_norm"] = float(schedule.clip_norms[last])
@@ -167,12 +178,14 @@ class PrivacyLogger(keras.callbacks.Callback):
     def _report(self, values: dict[str, float]) -> None:
         step = self._last_logged_step = int(values["dp_step"])
         scalars = {key: value for key, value in values.items() if key != "dp_step"}
+        unverified = _dp_optimizer(self.model, type(self).__name__).unverified_sampling
         logging.info(
-            "keras_dyndp privacy after %d of %d DP steps (delta=%g): %s",
+            "keras_dyndp privacy after %d of %d DP steps (delta=%g): %s%s",
             step,
             self.model.optimizer.schedule.num_steps,
             self.delta,
             ", ".join(f"{key}={value:.6g}" for key, value in scalars.items()),
+            "" if unverified is None else f" -- {NOT_POISSON_NOTE} ({unverified})",
         )
         if self._writer is not None:
             _write_scalars(self._writer, scalars, step)

@@ -439,7 +439,17 @@ class DPOptimizerBase:
         self._rescale_to_unit_norm = rescale_to_unit_norm
         self._allow_degenerate_noise = allow_degenerate_noise
         self.private_config: PrivateConfig | None = None  # make_private's options, once it has used this optimizer.
+        self._unverified_sampling: str | None = None
         self._build_dp_state(noise_seed)
+
+    def note_unverified_sampling(self, problem: str) -> bool:
+        """Records that this optimizer trains on batches not known to be Poisson samples at the schedule's rate
+        (``problem``: what was seen, as the `SamplingWarning` says it). Returns True the first time (the caller warns
+        then: once per optimizer); `PrivacyLogger` marks the epsilon it logs from then on as not covering the run."""
+        first = self._unverified_sampling is None
+        if first:
+            self._unverified_sampling = problem
+        return first
 
     def _check_backend(self) -> None:
         """Raises if the backend cannot run this optimizer here (before the base optimizer is built)."""
@@ -472,6 +482,11 @@ class DPOptimizerBase:
     accumulation_steps = _attribute("_accumulation_steps", "Physical batches `make_private`'s step clips a batch in.")
     rescale_to_unit_norm = _attribute("_rescale_to_unit_norm", "Whether the noisy sum is divided by C_t as well.")
     num_microbatches = _attribute("_num_microbatches", "Microbatches per batch; None means one per example.")
+    unverified_sampling = _attribute(
+        "_unverified_sampling",
+        "What showed that the batches were not known to be Poisson samples at the schedule's rate (the "
+        "`SamplingWarning`'s problem), or None: the schedule's epsilon assumes them, so it does not cover such a run.",
+    )
 
     @property
     def normalises_by_rows(self) -> bool:

@@ -57,7 +57,6 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
         self._dp_gradient_guard = optimizer_base.GradientGuard()
-        self.warned_sampling = False  # make_private's fit warns once when the data is not Poisson-sampled.
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)

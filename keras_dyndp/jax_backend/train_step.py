@@ -364,11 +364,9 @@ def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
         return
     if caller == entry_points.FIT:  # train_on_batch takes one batch, which may be the user's own Poisson sample
         batch_sizes.check_not_arrays(x, p, optimizer.public_batch_size)
-    if optimizer.warned_sampling:
-        return
-    optimizer.warned_sampling = True
     problem = entry_points.UNSEEN_BATCHES if seen is None else batch_sizes.not_poisson_batches(caller, x)
-    warnings.warn(batch_sizes.not_poisson_message(problem, p), batch_sizes.SamplingWarning, stacklevel=4)
+    if optimizer.note_unverified_sampling(problem):
+        warnings.warn(batch_sizes.not_poisson_message(problem, p), batch_sizes.SamplingWarning, stacklevel=4)
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):

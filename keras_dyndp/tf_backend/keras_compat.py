@@ -343,8 +343,11 @@ def set_steps_per_execution(model: keras.Model, steps: int) -> None:
         return
     if override is None:
         override = _StepsOverride(model.steps_per_execution, model.train_function)
+    current = model.train_function
     model.steps_per_execution = steps
     model.make_train_function(force=True)
+    if hasattr(current, "checked"):  # make_private's: the new function goes on with the data fit checked.
+        model.train_function.checked = current.checked
     override.installed = model.train_function
     _steps_overrides[model] = override
 

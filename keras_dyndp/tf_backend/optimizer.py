@@ -74,6 +74,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             self._public_batch_size,
             self.normalises_by_rows,
             type(self).__name__,
+            self.note_unverified_sampling,
         )
         with tf.init_scope():
             self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,6 +58,8 @@ class SamplingCheck:
       public_batch_size: the optimizer's `public_batch_size`: keras_dyndp's Poisson batches are refused.
       normalises_by_rows: the step divides by the rows (rows of sample weight 0 are then refused).
       optimizer_name: the optimizer's class name, for the refusals.
+      note_unverified: the optimizer's `note_unverified_sampling`, called with what showed batches not known to be
+        Poisson samples; True the first time (the `SamplingWarning` is given then).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class SamplingCheck:
         public_batch_size: bool,
         normalises_by_rows: bool,
         optimizer_name: str,
+        note_unverified: Callable[[str], bool],
     ):
         self._sampling_probability = p = sampling_probability
         self._public_batch_size = public_batch_size
@@ -73,7 +77,7 @@ class SamplingCheck:
         self._optimizer_name = optimizer_name
         self._num_examples = batch_sizes.implied_num_examples(expected_batch_size, sampling_probability)
         self._range = None if self._num_examples is None else data.batch_size_range(self._num_examples, p)
-        self._warned = False
+        self._note_unverified = note_unverified  # The optimizer's `note_unverified_sampling`: True the first time.
         self._fit_checked = False
 
     @property
@@ -117,9 +121,8 @@ class SamplingCheck:
 
     def warn_once(self, problem: str, jit_compile: bool = False) -> None:
         """One `SamplingWarning` per optimizer: ``problem`` (what was seen), what the epsilon assumes, what to do."""
-        if self._warned:
+        if not self._note_unverified(problem):
             return
-        self._warned = True
         message = batch_sizes.not_poisson_message(problem, self._sampling_probability)
         if self._range is None:
             message += (

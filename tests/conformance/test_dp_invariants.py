@@ -17,6 +17,7 @@ the schedule at the wrong step fails.
 
 import functools
 import re
+import warnings
 
 import conformance_backend as backend
 import numpy as np
@@ -321,13 +322,35 @@ def test_keras_default_train_step_is_refused_before_any_update():
         np.testing.assert_array_equal(old, new)
 
 
+def test_the_epsilon_of_batches_not_known_to_be_poisson_is_logged_as_not_the_runs():
+    """An epsilon logged for fixed or shuffled batches would claim what the accountant never analysed: after the
+    SamplingWarning the keys say '_if_poisson' and no 'epsilon_pld' is logged; keras_dyndp's Poisson batches keep it."""
+    x, y = _data()
+    logged = {}
+    for name in ("poisson", "fixed"):
+        model = _private_model(_schedule([1.0] * 3, [1.0] * 3))
+        logger = keras_dyndp.PrivacyLogger(delta=1e-5)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if name == "poisson":
+                batches = keras_dyndp.poisson_batches(x, y, sampling_probability=P, max_batch_size=ROWS, seed=0)
+                history = model.fit(batches, epochs=1, verbose=0, callbacks=[logger])
+            else:
+                history = backend.fit_batches(model, _poisson_like_batches(2), callbacks=[logger])
+        warned = any(issubclass(w.category, keras_dyndp.SamplingWarning) for w in caught)
+        logged[name] = (warned, sorted(key for key in history.history if key.startswith("epsilon")))
+        assert (model.optimizer.unverified_sampling is None) == (name == "poisson")
+    assert logged["poisson"] == (False, ["epsilon_gdp_clt", "epsilon_pld"])
+    assert logged["fixed"] == (True, ["epsilon_gdp_clt_if_poisson", "epsilon_pld_if_poisson"])
+
+
 @pytest.mark.parametrize("training_metrics", [False, True])
 def test_no_training_loss_or_metric_is_logged_unless_asked(training_metrics):
     model = keras_dyndp.make_private(backend.dense_model(), training_metrics=training_metrics)
     model.compile(optimizer=_optimizer(_schedule([1.0] * 3, [1.0] * 3)), loss=backend.loss(), metrics=["mae"])
     logger = keras_dyndp.PrivacyLogger(delta=1e-5)
     history = backend.fit_batches(model, _poisson_like_batches(2), callbacks=[logger])
-    assert "epsilon_pld" in history.history  # PrivacyLogger's, public
+    assert "epsilon_pld_if_poisson" in history.history  # PrivacyLogger's, public (these batches are the test's own)
     released = {"loss", "mae"} & set(history.history)
     assert released == ({"loss", "mae"} if training_metrics else set())
     assert backend.dp_step(model) == 2
