@@ -263,3 +263,45 @@ def test_fit_trains_on_data_read_on_demand_at_the_schedules_rate(tmp_path, data)
     other_rate = keras_dyndp.poisson_batches(BatchedSource(), map=binary, sampling_probability=0.2, steps_per_epoch=1)
     with pytest.raises(ValueError, match=r"sampled at p=0.2, but the optimizer's schedule is accounted at p=0.1"):
         model.fit(other_rate, verbose=0)
+
+
+class LazyArray:
+    """An h5py / zarr-like array-like: ``shape``, ``dtype`` and a ``__getitem__`` of increasing integer arrays,
+    counting the rows it reads."""
+
+    def __init__(self, values):
+        self.values, self.rows_read = values, 0
+        self.shape, self.dtype = values.shape, values.dtype
+
+    def __len__(self):
+        return len(self.values)
+
+    def __getitem__(self, indices):
+        indices = np.asarray(indices)
+        assert indices.ndim == 1 and np.all(np.diff(indices) > 0)  # what h5py requires
+        self.rows_read += len(indices)
+        return self.values[indices]
+
+
+def test_an_array_like_is_read_only_at_the_sampled_rows():
+    num_examples = 10_000
+    values = np.arange(1, num_examples + 1, dtype=np.float32)[:, None] * np.ones(3, np.float32)
+    x = LazyArray(values)
+    batches = keras_dyndp.poisson_batches(x, np.arange(1, num_examples + 1), sampling_probability=0.01, seed=0)
+    real_rows = 0
+    for _ in range(2):  # every epoch resamples
+        for batch_x, batch_y, weights in _batches(batches):
+            real = weights > 0
+            np.testing.assert_array_equal(batch_x[real], values[batch_y[real] - 1])
+            real_rows += int(real.sum())
+    assert x.rows_read == real_rows + 1  # the sampled rows and one example read for the shapes: not all N
+
+
+def test_an_h5py_dataset_is_read_by_index(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "data.h5", "w") as file:
+        file["x"] = np.arange(1, N + 1, dtype=np.float32)[:, None] * np.ones(3, np.float32)
+        file["y"] = np.arange(1, N + 1)
+    with h5py.File(tmp_path / "data.h5", "r") as file:
+        batches = keras_dyndp.poisson_batches(file["x"], file["y"], sampling_probability=P, steps_per_epoch=400, seed=0)
+        _check_batches(batches, 400)
