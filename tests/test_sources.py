@@ -2,8 +2,10 @@
 and without ``__getitems__``, a per-example ``map``) on the backend Keras runs on: Poisson batches of the same law,
 padding, refusals and size as from arrays, O(k) draws at N = 10^7, and resident memory that does not follow N."""
 
+import importlib.resources
 import os
 import resource
+import sys
 import warnings
 
 import numpy as np
@@ -305,3 +307,37 @@ def test_an_h5py_dataset_is_read_by_index(tmp_path):
     with h5py.File(tmp_path / "data.h5", "r") as file:
         batches = keras_dyndp.poisson_batches(file["x"], file["y"], sampling_probability=P, steps_per_epoch=400, seed=0)
         _check_batches(batches, 400)
+
+
+def _tfds_source(data_dir):
+    """A ``tfds.data_source`` (ArrayRecord files, built here) of N examples {"image": [i + 1] * 3, "label": i + 1}."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    pytest.importorskip("array_record")
+    tf = pytest.importorskip("tensorflow")
+    # tensorflow_datasets 4.9 imports the importlib_resources backport, which the stdlib module replaces.
+    sys.modules.setdefault("importlib_resources", importlib.resources)
+    examples = tf.data.Dataset.range(1, N + 1).map(
+        lambda i: {"image": tf.fill([3], tf.cast(i, tf.float32)), "label": i}
+    )
+    features = tfds.features.FeaturesDict(
+        {"image": tfds.features.Tensor(shape=(3,), dtype=np.float32), "label": tfds.features.Scalar(dtype=np.int64)}
+    )
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="rows",
+        version="1.0.0",
+        data_dir=str(data_dir),
+        split_datasets={"train": examples},
+        features=features,
+        file_format="array_record",
+        disable_shuffling=False,
+    )
+    return tfds.data_source("rows", split="train", data_dir=str(data_dir), download=False)
+
+
+def test_a_tfds_data_source_with_a_map(tmp_path):
+    source = _tfds_source(tmp_path)
+    assert len(source) == N and hasattr(source, "__getitems__")
+    batches = keras_dyndp.poisson_batches(
+        source, sampling_probability=P, steps_per_epoch=400, seed=0, map=lambda e: (e["image"], e["label"])
+    )
+    _check_batches(batches, 400)
