@@ -16,6 +16,7 @@ replace=False)``, O(k) for k << N; `draw`), so a step costs O(k), not O(N). The 
 
 from __future__ import annotations
 
+import concurrent.futures
 import mmap
 import os
 import threading
@@ -166,12 +167,29 @@ def file_reader(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
     return reader
 
 
+# Rows of a batch read by this many threads (os.preadv releases the GIL): reads from disk overlap, not one at a time.
+_READ_THREADS, _ROWS_PER_THREAD = 8, 32
+_pool: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
 def _pread_rows(descriptor: int, leaf: np.ndarray, start: int, indices: np.ndarray) -> np.ndarray:
+    """Rows ``indices`` of a memmap with contiguous rows whose row 0 is at byte ``start`` of the open file."""
     rows = np.empty((len(indices),) + leaf.shape[1:], leaf.dtype)
     row_bytes = rows.reshape(len(indices), -1).view(np.uint8)
-    for row, index in zip(row_bytes, indices):
-        if os.preadv(descriptor, [row], start + int(index) * leaf.strides[0]) != row.nbytes:
-            raise OSError(f"Short read from {leaf.filename if hasattr(leaf, 'filename') else 'a memmap'}.")
+
+    def read(positions: np.ndarray) -> None:
+        for position in positions:
+            offset = start + int(indices[position]) * leaf.strides[0]
+            if os.preadv(descriptor, [row_bytes[position]], offset) != row_bytes.shape[1]:
+                raise OSError(f"Short read from a memmap's file at byte {offset}.")
+
+    parts = np.array_split(np.arange(len(indices)), min(_READ_THREADS, max(1, len(indices) // _ROWS_PER_THREAD)))
+    if len(parts) == 1:
+        read(parts[0])
+    else:
+        if not _pool:
+            _pool.append(concurrent.futures.ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="keras_dyndp_read"))
+        list(_pool[0].map(read, parts))
     return rows
 
 
