@@ -218,6 +218,12 @@ def rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, check_rows
     if map_fn is not None and not callable(map_fn):
         raise ValueError(f"`map` must be a function of one example. Received: {map_fn!r}.")
     if is_random_access(x):
+        if any(cls.__name__ in ("PyDataset", "Sequence") for cls in type(x).__mro__):
+            raise ValueError(
+                f"`x` is a {type(x).__name__}, whose items are batches: poisson_batches samples examples (a source's "
+                "x[i] must be one example, (x, y) or (x, y, sample_weight)). Pass the examples' arrays or a "
+                "random-access source of examples."
+            )
         if y is not None or sample_weight is not None:
             raise ValueError(
                 "With a random-access source `x`, its elements hold y and sample_weight: leave `y` and "

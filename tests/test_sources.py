@@ -189,10 +189,20 @@ def test_refusals(tmp_path):
         keras_dyndp.poisson_batches(Source(), sampling_probability=P)
     with pytest.raises(ValueError, match="N >= 1"):
         keras_dyndp.poisson_batches(Source(0), sampling_probability=P)
+    if hasattr(keras_dyndp.backend.keras_module().utils, "PyDataset"):  # Keras 3: its items are batches
+        with pytest.raises(ValueError, match="whose items are batches: poisson_batches samples examples"):
+            keras_dyndp.poisson_batches(_batches_class()(), sampling_probability=P)
     with pytest.raises(ValueError, match="`map` must be a function"):
         keras_dyndp.poisson_batches(Source(), sampling_probability=P, map=3)
     with pytest.raises(ValueError, match=r"`sampling_probability` must be in \(0, 1\]"):
         keras_dyndp.poisson_batches(Source(), sampling_probability=0.0, map=_decode)
+
+
+def _batches_class():
+    """A keras PyDataset of two batches."""
+    keras = keras_dyndp.backend.keras_module()
+    methods = {"__len__": lambda self: 2, "__getitem__": lambda self, i: (np.ones((4, 3)), np.ones(4))}
+    return type("Batches", (keras.utils.PyDataset,), methods)
 
 
 def test_what_is_read_on_demand():
