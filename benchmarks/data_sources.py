@@ -7,8 +7,10 @@ on (set KERAS_BACKEND=jax for JAX) from:
 - ``python source``: a random-access source in Python (``__len__``, ``__getitem__`` doing one ``os.pread`` of a row
   and returning ``(x, y)``), with a per-example ``map`` that scales the image to float32 in [0, 1];
 - ``python source + __getitems__``: the same with ``__getitems__`` (one call per batch).
-The sampler alone (`keras_dyndp.sources.draw`) is timed at each N. Resident memory: RSS (``/proc/self/statm``) after
-the batches minus before building them. The file is in the page cache after it is written (warm reads).
+The sampler alone (`keras_dyndp.sources.draw`) is timed at each N; "one batch" is a batch drawn and read in the
+calling thread (its latency), "in the pipeline" the time per batch the backend's input pipeline delivers (TensorFlow:
+parallel calls and prefetch; JAX: 2 reader threads). Resident memory: RSS (``/proc/self/statm``) after 40 batches
+minus before building them. The file is in the page cache after it is written (warm reads).
 
     python benchmarks/data_sources.py --sizes=1000000,2000000 --batches=40
 """
@@ -74,16 +76,33 @@ def batches_of(dataset) -> object:
     return iter(dataset)
 
 
-def time_batches(make, num_batches: int) -> dict:
-    """ms per batch (after one warm-up batch), examples/s and RSS growth over ``num_batches`` batches."""
+def time_batches(data: dict, num_batches: int) -> dict:
+    """ms per batch of ``poisson_batches(**data)`` (after one warm-up batch; with the backend's prefetching),
+    examples/s and RSS growth (MB) over ``num_batches`` batches."""
     before = rss_mb()
-    iterator = batches_of(make(num_batches + 1))
+    num_examples = len(data["x"])
+    dataset = keras_dyndp.poisson_batches(
+        **data, sampling_probability=256 / num_examples, steps_per_epoch=num_batches + 1
+    )
+    iterator = batches_of(dataset)
     next(iterator)
     examples, start = 0, time.perf_counter()
     for _, _, weights in iterator:
         examples += int(np.sum(np.asarray(weights) > 0))
     seconds = time.perf_counter() - start
     return {"ms": 1e3 * seconds / num_batches, "examples_s": examples / seconds, "rss": rss_mb() - before}
+
+
+def time_one_batch(data: dict, repeats: int = 40) -> float:
+    """ms to draw and read one batch in the calling thread (no pipeline, no prefetch): a batch's latency."""
+    num_examples = len(data["x"])
+    rows = sources.rows(data["x"], data.get("y"), None, data.get("map"), lambda *arrays: num_examples)
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        _, chosen = sources.draw(rng, num_examples, 256 / num_examples, 10**6)
+        rows.batch(chosen, 384)
+    return 1e3 * (time.perf_counter() - start) / repeats
 
 
 def time_sampler(num_examples: int, repeats: int = 200) -> float:
@@ -106,18 +125,21 @@ def main() -> None:
         np.zeros((100, ROW), np.uint8), np.zeros(100, np.int32), sampling_probability=0.1, map=lambda e: e
     )
     list(batches_of(warm_up))  # the backend's input pipeline started before anything is measured
-    print("| backend | N | source | sampler us/step | ms/batch | examples/s | RSS growth MB |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| backend | N | source | sampler us/step | one batch, ms | ms/batch in the pipeline | examples/s "
+        "| RSS growth MB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for num_examples in (int(size) for size in args.sizes.split(",")):
         path = os.path.join(args.dir, f"keras_dyndp_rows_{num_examples}.npy")
         try:
             offset = write_rows(path, num_examples)
             sampler_us = time_sampler(num_examples)
-            for name, make in makers(path, num_examples, offset).items():
-                result = time_batches(make, args.batches)
+            for name, data in inputs(path, num_examples, offset).items():
+                result = time_batches(data, args.batches)
                 print(
-                    f"| {backend} | {num_examples:,} | {name} | {sampler_us:.0f} | {result['ms']:.2f} | "
-                    f"{result['examples_s']:,.0f} | {result['rss']:.0f} |",
+                    f"| {backend} | {num_examples:,} | {name} | {sampler_us:.0f} | {time_one_batch(data):.2f} | "
+                    f"{result['ms']:.2f} | {result['examples_s']:,.0f} | {result['rss']:.0f} |",
                     flush=True,
                 )
         finally:
@@ -125,21 +147,13 @@ def main() -> None:
                 os.remove(path)
 
 
-def makers(path: str, num_examples: int, offset: int) -> dict:
-    """``steps -> poisson_batches(...)`` of the file at ``path`` as a memmap and as two Python sources."""
-    labels = np.arange(num_examples, dtype=np.int32) % 10
-    arguments = dict(sampling_probability=256 / num_examples)
+def inputs(path: str, num_examples: int, offset: int) -> dict:
+    """``poisson_batches``' data arguments for the file at ``path``: as a memmap and as two Python sources."""
     scale = lambda element: (element[0].astype(np.float32) / 255, np.int32(element[1]))  # noqa: E731
     return {
-        "memmap": lambda steps: keras_dyndp.poisson_batches(
-            np.load(path, mmap_mode="r"), labels, steps_per_epoch=steps, **arguments
-        ),
-        "python source": lambda steps: keras_dyndp.poisson_batches(
-            PreadSource(path, num_examples, offset), steps_per_epoch=steps, map=scale, **arguments
-        ),
-        "python source + __getitems__": lambda steps: keras_dyndp.poisson_batches(
-            BatchedPreadSource(path, num_examples, offset), steps_per_epoch=steps, map=scale, **arguments
-        ),
+        "memmap": {"x": np.load(path, mmap_mode="r"), "y": np.arange(num_examples, dtype=np.int32) % 10},
+        "python source": {"x": PreadSource(path, num_examples, offset), "map": scale},
+        "python source + __getitems__": {"x": BatchedPreadSource(path, num_examples, offset), "map": scale},
     }
 
 
