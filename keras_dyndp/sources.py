@@ -218,7 +218,7 @@ def rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, check_rows
     if map_fn is not None and not callable(map_fn):
         raise ValueError(f"`map` must be a function of one example. Received: {map_fn!r}.")
     if is_random_access(x):
-        if any(cls.__name__ in ("PyDataset", "Sequence") for cls in type(x).__mro__):
+        if any(_is_keras_batches(cls) for cls in type(x).__mro__):
             raise ValueError(
                 f"`x` is a {type(x).__name__}, whose items are batches: poisson_batches samples examples (a source's "
                 "x[i] must be one example, (x, y) or (x, y, sample_weight)). Pass the examples' arrays or a "
@@ -236,6 +236,12 @@ def rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, check_rows
     if map_fn is None and not any(is_lazy_array(leaf) for leaf in leaves):
         return None
     return array_rows(x, y, sample_weight, map_fn, check_rows(x, y, sample_weight))
+
+
+def _is_keras_batches(cls: type) -> bool:
+    """Whether ``cls`` is Keras's ``PyDataset`` or ``Sequence`` (of batches; not collections.abc.Sequence)."""
+    keras_module = cls.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow")
+    return keras_module and cls.__name__ in ("PyDataset", "Sequence")
 
 
 class DrawCounter:
