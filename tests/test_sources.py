@@ -351,3 +351,34 @@ def test_a_tfds_data_source_with_a_map(tmp_path):
         source, sampling_probability=P, steps_per_epoch=400, seed=0, map=lambda e: (e["image"], e["label"])
     )
     _check_batches(batches, 400)
+
+
+def test_draws_are_numbered_so_none_repeats_and_a_seed_repeats_them():
+    first, again = sources.DrawCounter(5), sources.DrawCounter(5)
+    values = [first.next_generator().integers(2**62) for _ in range(3)]
+    assert values == [again.next_generator().integers(2**62) for _ in range(3)]
+    assert len(set(values)) == 3 and first.draws == 3  # the state: (seed, draws)
+    assert sources.DrawCounter(6).next_generator().integers(2**62) != values[0]
+
+
+@pytest.mark.skipif(not JAX, reason="JAX's processes")
+def test_data_read_on_demand_is_refused_across_jax_processes(monkeypatch):
+    from keras_dyndp.jax_backend import processes  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(processes, "several", lambda: True)
+    with pytest.raises(ValueError, match="data read on demand .* is not supported across processes"):
+        keras_dyndp.poisson_batches(Source(), map=_decode, sampling_probability=P)
+
+
+@pytest.mark.skipif(JAX, reason="TensorFlow's replicas")
+def test_rows_are_a_multiple_of_the_replicas(tmp_path):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    x, y = _memmap(tmp_path)
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
+    with tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice()).scope():
+        batches = keras_dyndp.poisson_batches(
+            x, y, sampling_probability=P, steps_per_epoch=20, seed=0, pad_to_multiple=3
+        )
+    assert _sampling(batches).pad_to_multiple == 6 and _sampling(batches).max_batch_size % 2 == 0
+    assert all(len(w) % 6 == 0 for _, _, w in _batches(batches))
