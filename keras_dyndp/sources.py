@@ -217,6 +217,8 @@ def rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, check_rows
     arrays' rows and returns N (`keras_dyndp.sampling.check_rows`)."""
     if map_fn is not None and not callable(map_fn):
         raise ValueError(f"`map` must be a function of one example. Received: {map_fn!r}.")
+    if map_fn is not None and hasattr(x, "element_spec"):
+        raise ValueError("`map` is for arrays and random-access sources: map a tf.data.Dataset `x` with its own .map.")
     if is_random_access(x):
         if any(_is_keras_batches(cls) for cls in type(x).__mro__):
             raise ValueError(

@@ -371,7 +371,7 @@ def test_data_read_on_demand_is_refused_across_jax_processes(monkeypatch):
 
 
 @pytest.mark.skipif(JAX, reason="TensorFlow's replicas")
-def test_rows_are_a_multiple_of_the_replicas(tmp_path):
+def test_rows_are_a_multiple_of_the_replicas_and_a_dataset_takes_no_map(tmp_path):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     x, y = _memmap(tmp_path)
@@ -382,3 +382,5 @@ def test_rows_are_a_multiple_of_the_replicas(tmp_path):
         )
     assert _sampling(batches).pad_to_multiple == 6 and _sampling(batches).max_batch_size % 2 == 0
     assert all(len(w) % 6 == 0 for _, _, w in _batches(batches))
+    with pytest.raises(ValueError, match="map a tf.data.Dataset `x` with its own .map"):
+        keras_dyndp.poisson_batches(tf.data.Dataset.from_tensor_slices((y, y)), sampling_probability=P, map=_decode)
