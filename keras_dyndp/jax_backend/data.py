@@ -3,7 +3,9 @@
 `keras_dyndp.sampling` holds the arguments, checks and privacy argument; at every step each of the N examples joins
 the batch independently with probability p, drawn from a numpy generator of its own (OS entropy unless a ``seed`` is
 given, never Keras's global seed), the selected rows first, then rows of zeros with sample weight 0. Under several
-processes (`processes`) every process draws the same global batch from process 0's seed and yields its share.
+processes (`processes`) every process draws the same global batch from process 0's seed and yields its share. Data
+read on demand (`keras_dyndp.sources`: memmaps, array-likes, random-access sources) is drawn in O(k) from numbered
+draws (`keras_dyndp.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads, in one process only.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 the OS (never the global seed; agreed by multi-worker workers, `replicas.agreed_random_bits`) and every iteration
 draws fresh batches; an integer seed (with the same global seed, which TensorFlow mixes in) repeats them. The
 datasets are registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's check; a derived
-one is not. `shuffled_batches` is an approximation the accounting does not cover.
+one is not. `shuffled_batches` is an approximation the accounting does not cover. Data read on demand
+(`keras_dyndp.sources`) is drawn in O(k) and read inside the pipeline (`_source_batches`).
 """
 
 from __future__ import annotations
