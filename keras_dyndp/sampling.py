@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from keras_dyndp import backend
 from keras_dyndp import batch_sizes
+from keras_dyndp import sources
 from keras_dyndp import validation
 
 __all__ = ["PoissonSampling", "poisson_batches"]
@@ -71,14 +73,19 @@ def poisson_batches(
     overflow: str = "truncate",
     seed: int | None = None,
     num_examples: int | None = None,
+    map: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Poisson-sampled, padded batches ``(x, y, sample_weight)`` for ``model.fit`` (module docstring); pass them
     unchanged: the DP optimizers check that they sample at the schedule's p.
 
     Args:
-        x: an array or a nest of arrays with N rows; on TensorFlow also a finite, unbatched ``tf.data.Dataset`` of
-            ``(x, y[, sample_weight])`` with fixed shapes, read into memory (``y``, ``sample_weight`` then None).
-        y: an array or a nest of arrays with N rows, or None.
+        x: an array or a nest of arrays with N rows; or array-likes read by index on demand (numpy memmaps, h5py /
+            zarr-like datasets: anything with a ``shape`` and a ``__getitem__`` taking an integer array); or a
+            random-access source of N examples (``len(x)``, ``x[i]`` and, when present, ``x.__getitems__(list)``:
+            ``tfds.data_source``, grain) whose elements (after ``map``) are ``(x, y[, sample_weight])`` with fixed
+            shapes; on TensorFlow also a finite, unbatched ``tf.data.Dataset`` of ``(x, y[, sample_weight])`` with
+            fixed shapes, read into memory. With a source or a dataset, ``y`` and ``sample_weight`` are None.
+        y: an array or a nest of arrays (or array-likes) with N rows, or None.
         sample_weight: per-example weights, shape [N]; default 1 (padding rows: 0).
         sampling_probability: p in (0, 1], the schedule's.
         steps_per_epoch: batches per epoch, >= 1; default ``round(1 / p)``.
@@ -88,7 +95,10 @@ def poisson_batches(
             least m, at most ``max_batch_size``; TensorFlow: m rounded up to a multiple of the replicas).
         overflow: 'truncate' (keep a random ``max_batch_size`` of them, with a warning) or 'raise'.
         seed: None: OS entropy. An integer: reproducible batches, for tests and research.
-        num_examples: for a ``tf.data.Dataset`` ``x``, its N, checked; None counts them.
+        num_examples: N, checked against the data's rows (a ``tf.data.Dataset``'s: None counts them).
+        map: None, or a function applied to each sampled example after it is read (decode, normalise): of a
+            source's element, returning ``(x, y[, sample_weight])``; of arrays, ``(x_i, y_i)`` -> ``(x_i, y_i)``.
+            Public (it sees only the example it maps).
 
     Returns:
         TensorFlow: a finite ``tf.data.Dataset`` of ``steps_per_epoch`` batches; JAX: a ``keras.utils.PyDataset``.
@@ -97,6 +107,13 @@ def poisson_batches(
     if num_examples is not None:
         num_examples = validation.check_positive_int("num_examples", num_examples)
     data = importlib.import_module(f"keras_dyndp.{'jax' if backend.keras_backend() == 'jax' else 'tf'}_backend.data")
+    on_demand = sources.rows(x, y, sample_weight, map, lambda *arrays: check_rows(*arrays, num_examples))
+    if on_demand is not None:
+        if num_examples is not None and on_demand.num_examples != num_examples:
+            raise ValueError(
+                f"`x` must have num_examples={num_examples} rows. Received: {on_demand.num_examples} rows."
+            )
+        x, y, sample_weight = on_demand, None, None
     return data.make_poisson_batches(x, y, sample_weight, arguments, num_examples)
 
 

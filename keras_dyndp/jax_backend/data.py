@@ -3,7 +3,9 @@
 `keras_dyndp.sampling` holds the arguments, checks and privacy argument; at every step each of the N examples joins
 the batch independently with probability p, drawn from a numpy generator of its own (OS entropy unless a ``seed`` is
 given, never Keras's global seed), the selected rows first, then rows of zeros with sample weight 0. Under several
-processes (`processes`) every process draws the same global batch from process 0's seed and yields its share.
+processes (`processes`) every process draws the same global batch from process 0's seed and yields its share. Data
+read on demand (`keras_dyndp.sources`: memmaps, array-likes, random-access sources) is drawn in O(k) from numbered
+draws (`keras_dyndp.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads, in one process only.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from absl import logging
 
 from keras_dyndp import sampling
+from keras_dyndp import sources
 from keras_dyndp.jax_backend import processes
 
 
@@ -34,7 +37,11 @@ class PoissonBatches(keras.utils.PyDataset):
     ):
         super().__init__()
         arguments = arguments or sampling.check_arguments(**sampler_arguments)
-        num_examples = sampling.check_rows(x, y, sample_weight)
+        self._rows = x if isinstance(x, sources.Rows) else None
+        if self._rows is not None:
+            self.workers = 2  # Threads read ahead while the step runs (JAX releases the GIL).
+            _check_one_process()
+        num_examples = self._rows.num_examples if self._rows else sampling.check_rows(x, y, sample_weight)
         processes.check_rows("max_batch_size", arguments.max_batch_size)
         processes.check_rows("pad_to_multiple", arguments.pad_to_multiple)
         cap = arguments.cap(num_examples, processes.rows_multiple())
@@ -43,10 +50,13 @@ class PoissonBatches(keras.utils.PyDataset):
         )
         self._steps, self._overflow = arguments.steps_per_epoch, arguments.overflow
         self._x, self._y = x, y
+        seed = processes.agreed_random_bits(128, secrets.randbits) if arguments.seed is None else arguments.seed
+        if self._rows is not None:
+            self.draws = sources.DrawCounter(seed)
+            return
         weights = np.ones(num_examples) if sample_weight is None else sample_weight
         self._weights = np.asarray(weights, np.float32).reshape(num_examples)
         processes.check_same_data([*jax.tree_util.tree_leaves((x, y)), self._weights])
-        seed = processes.agreed_random_bits(128, secrets.randbits) if arguments.seed is None else arguments.seed
         self._rng = np.random.default_rng(seed)
 
     @property
@@ -74,22 +84,14 @@ class PoissonBatches(keras.utils.PyDataset):
 
     def __getitem__(self, index: int):
         del index  # Every batch is a fresh Poisson sample.
-        cap, multiple = self.max_batch_size, self.pad_to_multiple
+        if self._rows is not None:
+            return self._read_batch()
+        cap = self.max_batch_size
         chosen = np.flatnonzero(self._rng.random(self.num_examples) < self.sampling_probability)
         if len(chosen) > cap:
-            if self._overflow == "raise":
-                raise RuntimeError(
-                    f"keras_dyndp.poisson_batches: Poisson batch of {len(chosen)} examples larger than "
-                    f"max_batch_size={cap} (overflow='raise')."
-                )
-            logging.warning(
-                "keras_dyndp.poisson_batches: Poisson batch of %d examples truncated to max_batch_size=%d; "
-                "keras_dyndp.batch_sizes.truncation_delta gives what the cap adds to delta.",
-                len(chosen),
-                cap,
-            )
+            self._check_overflow(len(chosen))
             chosen = self._rng.permutation(chosen)[:cap]
-        num_rows = cap if multiple is None else min(cap, max(1, -(-len(chosen) // multiple)) * multiple)
+        num_rows = self._num_rows(len(chosen))
         rows = np.zeros(num_rows, np.int64)
         rows[: len(chosen)] = chosen
         weights = np.zeros(num_rows, np.float32)
@@ -103,10 +105,51 @@ class PoissonBatches(keras.utils.PyDataset):
         batch = jax.tree_util.tree_map(gather, self._x), jax.tree_util.tree_map(gather, self._y), weights
         return jax.tree_util.tree_map(processes.local_rows, batch)
 
+    def _num_rows(self, num_selected: int) -> int:
+        """The rows of a batch of ``num_selected`` examples: the cap, or the next multiple up to it."""
+        cap, multiple = self.max_batch_size, self.pad_to_multiple
+        return cap if multiple is None else min(cap, max(1, -(-num_selected // multiple)) * multiple)
+
+    def _check_overflow(self, num_selected: int) -> None:
+        """More than the cap selected: RuntimeError ('raise') or a warning ('truncate')."""
+        cap = self.max_batch_size
+        if self._overflow == "raise":
+            raise RuntimeError(
+                f"keras_dyndp.poisson_batches: Poisson batch of {num_selected} examples larger than "
+                f"max_batch_size={cap} (overflow='raise')."
+            )
+        logging.warning(
+            "keras_dyndp.poisson_batches: Poisson batch of %d examples truncated to max_batch_size=%d; "
+            "keras_dyndp.batch_sizes.truncation_delta gives what the cap adds to delta.",
+            num_selected,
+            cap,
+        )
+
+    def _read_batch(self):
+        """A batch of data read on demand: k ~ Binomial(N, p) and a uniform k-subset from the next draw's generator
+        (O(k), `keras_dyndp.sources.draw`), its rows read in increasing index order, then padding."""
+        cap = self.max_batch_size
+        rng = self.draws.next_generator()
+        num_selected, chosen = sources.draw(rng, self.num_examples, self.sampling_probability, cap)
+        if num_selected > cap:
+            self._check_overflow(num_selected)
+        return self._rows.batch(chosen, self._num_rows(num_selected))
+
+
+def _check_one_process() -> None:
+    """ValueError under several processes: data read on demand cannot be checked to be the same on each."""
+    if processes.several():
+        raise ValueError(
+            f"keras_dyndp.poisson_batches in {jax.process_count()} processes takes in-memory arrays (every process "
+            "must hold the same data, which is checked by hashing it); data read on demand (a memmap, an "
+            "array-like or a random-access source) is not supported across processes."
+        )
+
 
 def make_poisson_batches(
     x: Any, y: Any, sample_weight: Any, arguments: sampling.SamplerArguments, num_examples: int | None
 ) -> PoissonBatches:
-    """`keras_dyndp.poisson_batches` on JAX."""
-    sampling.check_rows(x, y, sample_weight, num_examples)
+    """`keras_dyndp.poisson_batches` on JAX (``x`` may be data read on demand, `keras_dyndp.sources.Rows`)."""
+    if not isinstance(x, sources.Rows):
+        sampling.check_rows(x, y, sample_weight, num_examples)
     return PoissonBatches(x, y, sample_weight, arguments)

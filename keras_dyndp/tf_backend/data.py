@@ -4,19 +4,23 @@
 the OS (never the global seed; agreed by multi-worker workers, `replicas.agreed_random_bits`) and every iteration
 draws fresh batches; an integer seed (with the same global seed, which TensorFlow mixes in) repeats them. The
 datasets are registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's check; a derived
-one is not. `shuffled_batches` is an approximation the accounting does not cover.
+one is not. `shuffled_batches` is an approximation the accounting does not cover. Data read on demand
+(`keras_dyndp.sources`) is drawn in O(k) and read inside the pipeline (`_source_batches`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import weakref
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from keras_dyndp import sampling
+from keras_dyndp import sources
 from keras_dyndp import validation
 from keras_dyndp.batch_sizes import BATCH_SIZE_TAIL  # noqa: F401  (re-exported)
 from keras_dyndp.batch_sizes import DEFAULT_OVERFLOW_TAIL  # noqa: F401  (re-exported)
@@ -99,7 +103,10 @@ def make_poisson_batches(
 ) -> tf.data.Dataset:
     """`keras_dyndp.poisson_batches` on TensorFlow: each step keeps every example with probability p (one float64
     uniform each), gathers the kept rows first and pads with zero rows of weight 0. ``x`` may be a finite, unbatched
-    dataset of ``(x, y[, w])`` elements of fixed shapes, read once into memory."""
+    dataset of ``(x, y[, w])`` elements of fixed shapes, read once into memory; data read on demand
+    (`keras_dyndp.sources.Rows`) goes to `_source_batches`."""
+    if isinstance(x, sources.Rows):
+        return _source_batches(x, arguments)
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
             raise ValueError(
@@ -127,22 +134,33 @@ def make_poisson_batches(
         num_rows = None
         if pad_to_multiple is not None:
             num_rows = tf.minimum(max_batch_size, tf.maximum(1, -(-num_selected // pad_to_multiple)) * pad_to_multiple)
-        if overflow == "raise":
-            message = f"keras_dyndp.poisson_batches: Poisson batch larger than max_batch_size={max_batch_size}."
-            tf.debugging.assert_less_equal(num_selected, max_batch_size, message=message)
-        else:
-            warn = lambda: tf.print(  # noqa: E731
-                "WARNING keras_dyndp.poisson_batches: Poisson sampling selected",
-                num_selected,
-                f"examples; truncated to max_batch_size={max_batch_size}. This adds to delta, see "
-                "keras_dyndp.batch_sizes.truncation_delta.",
-                output_stream=sys.stderr,
-            )
-            tf.cond(num_selected > max_batch_size, warn, tf.no_op)
+        _check_overflow(num_selected, max_batch_size, overflow)
         return tuple(
             _gather_rows(tensors, indices, keep, num_padding_rows, num_rows) for tensors in (x, y, sample_weight)
         )
 
+    return _step_batches(make_batch, arguments, PoissonSampling(num_examples, p, max_batch_size, True, pad_to_multiple))
+
+
+def _check_overflow(num_selected: tf.Tensor, max_batch_size: int, overflow: str) -> None:
+    """More than ``max_batch_size`` selected: fails the step ('raise') or prints a warning ('truncate')."""
+    if overflow == "raise":
+        message = f"keras_dyndp.poisson_batches: Poisson batch larger than max_batch_size={max_batch_size}."
+        tf.debugging.assert_less_equal(num_selected, max_batch_size, message=message)
+    else:
+        warn = lambda: tf.print(  # noqa: E731
+            "WARNING keras_dyndp.poisson_batches: Poisson sampling selected",
+            num_selected,
+            f"examples; truncated to max_batch_size={max_batch_size}. This adds to delta, see "
+            "keras_dyndp.batch_sizes.truncation_delta.",
+            output_stream=sys.stderr,
+        )
+        tf.cond(num_selected > max_batch_size, warn, tf.no_op)
+
+
+def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson: PoissonSampling) -> tf.data.Dataset:
+    """``steps_per_epoch`` batches ``make_batch(step_seed)``, one fresh pair of int64 step seeds each (fresh again at
+    every iteration), made in parallel and prefetched; registered with their sampling."""
     seed = arguments.seed
     same_on_every_worker = seed is not None or replicas.is_multi_worker()
     if seed is None:  # Not left to TensorFlow, whose None follows the global seed.
@@ -152,8 +170,44 @@ def make_poisson_batches(
         make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     )
     batches = batches.prefetch(tf.data.AUTOTUNE)
-    _POISSON_DATASETS[batches] = PoissonSampling(num_examples, p, max_batch_size, same_on_every_worker, pad_to_multiple)
+    _POISSON_DATASETS[batches] = dataclasses.replace(poisson, same_on_every_worker=same_on_every_worker)
     return batches
+
+
+def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) -> tf.data.Dataset:
+    """`keras_dyndp.poisson_batches` of data read on demand (`keras_dyndp.sources`): each step's sample is drawn in
+    numpy (k ~ Binomial(N, p), a uniform subset; O(k)) from its step seed, its rows read in increasing index order
+    inside the input pipeline (``tf.numpy_function``, parallel calls, prefetch), returned in the sample's random
+    order, padded as in-memory batches are."""
+    num_examples, p = rows.num_examples, arguments.sampling_probability
+    max_batch_size = arguments.cap(num_examples, replicas.num_replicas())
+    multiple = arguments.pad_to_multiple
+    multiple = None if multiple is None else math.lcm(multiple, replicas.num_replicas())
+    structure = rows.example if rows.example[1] is not None else (rows.example[0], rows.example[2])
+    example_leaves = tf.nest.flatten(structure)
+
+    def draw_and_read(step_seed: np.ndarray) -> list[np.ndarray]:
+        rng = np.random.default_rng(np.asarray(step_seed).view(np.uint64))
+        num_selected, chosen = sources.draw(rng, num_examples, p, min(max_batch_size, num_examples))
+        if multiple is None:
+            num_rows = max_batch_size
+        else:
+            num_rows = min(max_batch_size, max(1, -(-num_selected // multiple)) * multiple)
+        batch_x, batch_y, weights = rows.batch(chosen, num_rows, keep_order=True)
+        parts = (batch_x, weights) if batch_y is None else (batch_x, batch_y, weights)
+        return [np.int32(num_selected)] + tf.nest.flatten(parts)
+
+    def make_batch(step_seed: tf.Tensor) -> tuple[Any, Any, tf.Tensor]:
+        dtypes = [tf.int32] + [tf.as_dtype(leaf.dtype) for leaf in example_leaves]
+        num_selected, *leaves = tf.numpy_function(draw_and_read, [step_seed], dtypes, stateful=True)
+        _check_overflow(num_selected, max_batch_size, arguments.overflow)
+        rows_dimension = max_batch_size if multiple is None else None
+        for leaf, example in zip(leaves, example_leaves):
+            leaf.set_shape([rows_dimension] + list(example.shape[1:]))
+        parts = tf.nest.pack_sequence_as(structure, leaves)
+        return parts if len(parts) == 3 else (parts[0], None, parts[1])
+
+    return _step_batches(make_batch, arguments, PoissonSampling(num_examples, p, max_batch_size, True, multiple))
 
 
 def shuffled_batches(

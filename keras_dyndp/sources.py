@@ -1,0 +1,261 @@
+"""Examples read on demand for `keras_dyndp.poisson_batches`: data that need not fit in memory.
+
+Two kinds of input are read row by row instead of being converted to tensors first:
+- array-likes that index by a sorted integer array without loading everything: numpy memmaps (also an ndarray whose
+  buffer is a memory map, as ``np.load(..., mmap_mode='r')`` returns), h5py / zarr-like datasets (anything with a
+  ``shape`` and a fancy ``__getitem__`` that is not a numpy array or a tensor);
+- random-access sources: ``len(source)`` examples, ``source[i]`` one example, ``source.__getitems__(list)`` several
+  when present (the protocol of ``tfds.data_source`` and grain), each ``(x, y)`` or ``(x, y, sample_weight)``,
+  after the optional per-example ``map``.
+
+Each step draws its batch exactly as Poisson sampling does (every example independently with probability p): the
+number selected k ~ Binomial(N, p), then a uniformly random k-subset (numpy's ``Generator.choice(N, k,
+replace=False)``, O(k) for k << N; `draw`), so a step costs O(k), not O(N). The indices are read in increasing order
+(locality) and padded as the in-memory batches are (`Rows.batch`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import mmap
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from keras_dyndp import batch_sizes
+
+# Leaves that are in memory however they index: tensors of TensorFlow / JAX / torch, pandas objects.
+_IN_MEMORY_MODULES = ("tensorflow", "jax", "jaxlib", "torch", "pandas", "keras")
+
+
+def is_lazy_array(leaf: Any) -> bool:
+    """Whether ``leaf`` is an array-like read by index on demand (memmap, h5py / zarr-like), not one in memory."""
+    if isinstance(leaf, np.ndarray):
+        base = leaf
+        while isinstance(base, np.ndarray) and not isinstance(base, np.memmap):
+            base = base.base
+        return isinstance(base, (np.memmap, mmap.mmap))
+    root = type(leaf).__module__.split(".")[0]
+    return hasattr(leaf, "shape") and hasattr(leaf, "__getitem__") and root not in _IN_MEMORY_MODULES
+
+
+def is_random_access(x: Any) -> bool:
+    """Whether ``x`` is a random-access source: ``__len__`` and ``__getitem__`` but no ``shape``, not a nest."""
+    if isinstance(x, (list, tuple, dict, str, bytes)) or hasattr(x, "shape"):
+        return False
+    return hasattr(x, "__len__") and hasattr(x, "__getitem__") and not hasattr(x, "element_spec")
+
+
+def draw(rng: np.random.Generator, num_examples: int, sampling_probability: float, cap: int) -> tuple[int, np.ndarray]:
+    """One Poisson sample: (k, the indices of min(k, cap) of the k selected examples, in random order).
+
+    k ~ Binomial(N, p) and a uniform k-subset is the law of N independent coin flips of probability p; on overflow
+    (k > cap) a uniform cap-subset of them is what truncating a uniform k-subset keeps.
+    """
+    num_selected = int(rng.binomial(num_examples, sampling_probability))
+    return num_selected, rng.choice(num_examples, min(num_selected, cap), replace=False)
+
+
+class Rows:
+    """N examples read by index arrays: ``read(sorted indices)`` -> ``(x, y, sample_weight)`` numpy nests.
+
+    ``y`` is None where the data has no labels; ``sample_weight`` is float32 of shape [k]. The first example, read
+    once, gives every leaf's shape and dtype (the padding rows are zeros of them).
+    """
+
+    def __init__(self, num_examples: int, read: Callable[[np.ndarray], tuple[Any, Any, np.ndarray]]):
+        self.num_examples = num_examples
+        self._read = read
+        self.example = read(np.zeros(1, np.int64))
+
+    def read(self, indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
+        """The rows ``indices`` (increasing), as numpy arrays with len(indices) rows."""
+        if len(indices) == 0:
+            return map_nest(lambda leaf: leaf[:0], self.example)
+        return self._read(indices)
+
+    def batch(self, chosen: np.ndarray, num_rows: int, keep_order: bool = False) -> tuple[Any, Any, np.ndarray]:
+        """``(x, y, sample_weight)`` of ``num_rows`` >= len(chosen) rows: the examples ``chosen`` first (in
+        increasing index order, or in ``chosen``'s order with ``keep_order``), then zero rows of weight 0."""
+        order = np.argsort(chosen, kind="stable")
+        rows = self.read(chosen[order])
+        if keep_order:
+            restore = np.empty_like(order)
+            restore[order] = np.arange(len(order))
+            rows = map_nest(lambda leaf: leaf[restore], rows)
+
+        def pad(leaf: np.ndarray) -> np.ndarray:
+            padded = np.zeros((num_rows,) + leaf.shape[1:], leaf.dtype)
+            padded[: len(leaf)] = leaf
+            return padded
+
+        return map_nest(pad, rows)
+
+
+def map_nest(function: Callable, *nests: Any) -> Any:
+    """``function`` over the leaves of nests of dicts, lists and tuples alike (None stays None)."""
+    first = nests[0]
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return {key: map_nest(function, *(nest[key] for nest in nests)) for key in first}
+    if isinstance(first, (list, tuple)):
+        return type(first)(map_nest(function, *items) for items in zip(*nests))
+    return function(*nests)
+
+
+def _stack(elements: list) -> Any:
+    return map_nest(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]), *elements)
+
+
+def _examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.ndarray]:
+    """Per-example elements ``(x, y[, w])`` (after ``map_fn``) stacked into ``(x, y, float32 weights)``."""
+    if map_fn is not None:
+        elements = [map_fn(element) for element in elements]
+    if any(not isinstance(element, tuple) or len(element) not in (2, 3) for element in elements):
+        found = type(elements[0]).__name__
+        raise ValueError(
+            "Random-access source elements (after `map`) must be tuples (x, y) or (x, y, sample_weight); pass a "
+            f"per-example `map` that makes them. Received: {found}."
+        )
+    try:
+        x, y = _stack([element[0] for element in elements]), _stack([element[1] for element in elements])
+    except ValueError as error:
+        raise ValueError(f"Random-access source examples must all have the same shapes: {error}") from error
+    weights = [element[2] if len(element) == 3 else 1.0 for element in elements]
+    return x, y, np.asarray(weights, np.float32).reshape(len(elements))
+
+
+def source_rows(source: Any, map_fn: Callable | None) -> Rows:
+    """`Rows` of a random-access source, read by ``__getitems__(list)`` when it has one, else ``source[i]``."""
+    get_many = getattr(source, "__getitems__", None)
+
+    def read(indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
+        positions = [int(index) for index in indices]
+        elements = list(get_many(positions)) if get_many else [source[index] for index in positions]
+        return _examples(elements, map_fn)
+
+    return Rows(len(source), read)
+
+
+def _mapped_file(leaf: np.ndarray) -> np.memmap | None:
+    """The np.memmap (of a file, shared) whose buffer ``leaf`` views, or None."""
+    root = leaf
+    while isinstance(root, np.ndarray) and not isinstance(root.base, mmap.mmap):
+        root = root.base
+    if not isinstance(root, np.memmap) or root.mode == "c" or not getattr(root, "filename", None):
+        return None
+    return root
+
+
+def file_reader(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """``indices -> leaf[indices]``; for a memmap with contiguous rows, by positioned reads of its file (``os.preadv``
+    into the batch): touching the mapping would map the pages around each row into the process (the kernel's fault-
+    around, some 32 KB a row measured), and resident memory would grow towards the file's size."""
+    root = _mapped_file(leaf) if isinstance(leaf, np.ndarray) and leaf.ndim else None
+    row_strides = tuple(np.empty(leaf.shape[1:], leaf.dtype).strides) if root is not None else None
+    if root is None or tuple(leaf.strides[1:]) != row_strides or not hasattr(os, "preadv"):
+        return lambda indices: np.asarray(leaf[indices])
+    start = root.offset + leaf.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    descriptor = os.open(root.filename, os.O_RDONLY)
+    reader = lambda indices: _pread_rows(descriptor, leaf, start, indices)  # noqa: E731
+    weakref.finalize(reader, os.close, descriptor)
+    return reader
+
+
+# Rows of a batch read by this many threads (os.preadv releases the GIL): reads from disk overlap, not one at a time.
+_READ_THREADS, _ROWS_PER_THREAD = 8, 32
+_pool: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _pread_rows(descriptor: int, leaf: np.ndarray, start: int, indices: np.ndarray) -> np.ndarray:
+    """Rows ``indices`` of a memmap with contiguous rows whose row 0 is at byte ``start`` of the open file."""
+    rows = np.empty((len(indices),) + leaf.shape[1:], leaf.dtype)
+    row_bytes = rows.reshape(len(indices), -1).view(np.uint8)
+
+    def read(positions: np.ndarray) -> None:
+        for position in positions:
+            offset = start + int(indices[position]) * leaf.strides[0]
+            if os.preadv(descriptor, [row_bytes[position]], offset) != row_bytes.shape[1]:
+                raise OSError(f"Short read from a memmap's file at byte {offset}.")
+
+    parts = np.array_split(np.arange(len(indices)), min(_READ_THREADS, max(1, len(indices) // _ROWS_PER_THREAD)))
+    if len(parts) == 1:
+        read(parts[0])
+    else:
+        if not _pool:
+            _pool.append(concurrent.futures.ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="keras_dyndp_read"))
+        list(_pool[0].map(read, parts))
+    return rows
+
+
+def array_rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, num_examples: int) -> Rows:
+    """`Rows` of (nests of) array-likes with ``num_examples`` rows, each read as ``leaf[indices]``; ``map_fn`` (if
+    any) maps each example ``(x_i, y_i)``."""
+    weights = None if sample_weight is None else np.asarray(sample_weight, np.float32).reshape(num_examples)
+    readers = map_nest(file_reader, (x, y))
+
+    def read(indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
+        rows_x, rows_y = map_nest(lambda reader: reader(indices), readers)
+        rows_w = np.ones(len(indices), np.float32) if weights is None else weights[indices]
+        if map_fn is None:
+            return rows_x, rows_y, rows_w
+        row = lambda nest, i: map_nest(lambda leaf: leaf[i], nest)  # noqa: E731
+        mapped_x, mapped_y, _ = _examples([map_fn((row(rows_x, i), row(rows_y, i))) for i in range(len(indices))], None)
+        return mapped_x, mapped_y, rows_w
+
+    return Rows(num_examples, read)
+
+
+def rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, check_rows: Callable) -> Rows | None:
+    """`Rows` for data read on demand (a random-access source, lazy array-likes, or any arrays with ``map_fn``);
+    None for in-memory arrays and datasets, which each backend reads as before. ``check_rows(x, y, w)`` checks the
+    arrays' rows and returns N (`keras_dyndp.sampling.check_rows`)."""
+    if map_fn is not None and not callable(map_fn):
+        raise ValueError(f"`map` must be a function of one example. Received: {map_fn!r}.")
+    if map_fn is not None and hasattr(x, "element_spec"):
+        raise ValueError("`map` is for arrays and random-access sources: map a tf.data.Dataset `x` with its own .map.")
+    if is_random_access(x):
+        if any(_is_keras_batches(cls) for cls in type(x).__mro__):
+            raise ValueError(
+                f"`x` is a {type(x).__name__}, whose items are batches: poisson_batches samples examples (a source's "
+                "x[i] must be one example, (x, y) or (x, y, sample_weight)). Pass the examples' arrays or a "
+                "random-access source of examples."
+            )
+        if y is not None or sample_weight is not None:
+            raise ValueError(
+                "With a random-access source `x`, its elements hold y and sample_weight: leave `y` and "
+                "`sample_weight` None."
+            )
+        if len(x) < 1:
+            raise ValueError(f"`x` must hold at least 1 example (N >= 1). Received: N={len(x)}.")
+        return source_rows(x, map_fn)
+    leaves = batch_sizes.leaves(x) + batch_sizes.leaves(y)
+    if map_fn is None and not any(is_lazy_array(leaf) for leaf in leaves):
+        return None
+    return array_rows(x, y, sample_weight, map_fn, check_rows(x, y, sample_weight))
+
+
+def _is_keras_batches(cls: type) -> bool:
+    """Whether ``cls`` is Keras's ``PyDataset`` or ``Sequence`` (of batches; not collections.abc.Sequence)."""
+    keras_module = cls.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow")
+    return keras_module and cls.__name__ in ("PyDataset", "Sequence")
+
+
+class DrawCounter:
+    """Numbers the draws of one sampler (thread-safe): draw t's generator is ``default_rng([seed, t])``, so the
+    batches are a function of (seed, draw number), none repeats, and several reading threads keep the law."""
+
+    def __init__(self, seed: int):
+        self.seed, self.draws = seed, 0
+        self._lock = threading.Lock()
+
+    def next_generator(self) -> np.random.Generator:
+        """A fresh generator for the next draw."""
+        with self._lock:
+            draw_number, self.draws = self.draws, self.draws + 1
+        return np.random.default_rng([self.seed, draw_number])

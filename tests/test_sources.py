@@ -1,0 +1,386 @@
+"""sources: `keras_dyndp.poisson_batches` from data read on demand (a memmap on disk, a Python random-access source with
+and without ``__getitems__``, a per-example ``map``) on the backend Keras runs on: Poisson batches of the same law,
+padding, refusals and size as from arrays, O(k) draws at N = 10^7, and resident memory that does not follow N."""
+
+import importlib.resources
+import os
+import resource
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import keras_dyndp
+import keras_dyndp.backend
+from keras_dyndp import sources
+
+N, P = 200, 0.1
+JAX = keras_dyndp.keras_backend() == "jax"
+
+
+def _batches(batches) -> list:
+    """The batches of one epoch as numpy ``(x, y, sample_weight)``, on either backend."""
+    if JAX:
+        return [batches[index] for index in range(len(batches))]
+    return [tuple(None if part is None else np.asarray(part) for part in batch) for batch in batches]
+
+
+def _sampling(batches):
+    if JAX:
+        return batches.sampling
+    from keras_dyndp.tf_backend import data  # pylint: disable=import-outside-toplevel
+
+    return data.poisson_sampling(batches)
+
+
+def _memmap(tmp_path, num_examples=N, features=3):
+    """Row i holds i + 1 in every feature (uint8 wraps, so y identifies rows), written to disk and mapped back."""
+    path = str(tmp_path / "x.npy")
+    x = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(num_examples, features))
+    x[:] = np.arange(1, num_examples + 1, dtype=np.float32)[:, None]
+    x.flush()
+    del x
+    return np.load(path, mmap_mode="r"), np.arange(1, num_examples + 1)
+
+
+class Source:
+    """A random-access source of ``num_examples`` dict elements, counting its reads."""
+
+    def __init__(self, num_examples=N):
+        self.num_examples, self.reads = num_examples, 0
+
+    def __len__(self):
+        return self.num_examples
+
+    def __getitem__(self, index):
+        self.reads += 1
+        return {"image": np.full(3, index + 1, np.uint8), "label": index + 1}
+
+
+class BatchedSource(Source):
+    """The same, with ``__getitems__`` (one call per batch)."""
+
+    def __init__(self, num_examples=N):
+        super().__init__(num_examples)
+        self.calls = []
+
+    def __getitems__(self, indices):
+        self.calls.append(list(indices))
+        return [{"image": np.full(3, i + 1, np.uint8), "label": i + 1} for i in indices]
+
+
+def _decode(element):
+    return element["image"].astype(np.float32), element["label"]
+
+
+def _check_batches(batches, num_steps, weights_in=None):
+    """Every batch padded to the cap with zero rows of weight 0, rows whole, no example twice; the sizes and
+    each example's inclusion count follow Binomial(N, p) and Binomial(steps, p) (5 standard errors, variance 30%)."""
+    cap = _sampling(batches).max_batch_size
+    counts, sizes = np.zeros(N), []
+    for batch_x, batch_y, weights in _batches(batches):
+        assert batch_x.shape == (cap, 3) and weights.shape == (cap,)
+        real = weights > 0
+        assert np.all(batch_x[~real] == 0) and np.all(batch_y[~real] == 0)
+        np.testing.assert_array_equal(batch_x[real, 0], batch_y[real])
+        assert len(set(batch_y[real])) == real.sum()
+        if weights_in is not None:
+            np.testing.assert_allclose(weights[real], weights_in[batch_y[real] - 1])
+        counts[batch_y[real] - 1] += 1
+        sizes.append(real.sum())
+    sizes, variance = np.array(sizes), N * P * (1 - P)
+    assert abs(sizes.mean() - N * P) < 5 * np.sqrt(variance / num_steps) and 0.7 < sizes.var() / variance < 1.3
+    assert np.all(np.abs(counts - num_steps * P) < 5 * np.sqrt(num_steps * P * (1 - P)))
+    assert 0.7 < counts.var() / (num_steps * P * (1 - P)) < 1.3
+
+
+def test_memmap_batches_are_poisson_samples_padded_with_zero_weight_rows(tmp_path):
+    x, y = _memmap(tmp_path)
+    weights_in = np.linspace(0.5, 2.0, N).astype(np.float32)
+    batches = keras_dyndp.poisson_batches(x, y, weights_in, sampling_probability=P, steps_per_epoch=400, seed=0)
+    assert _sampling(batches) == keras_dyndp.sampling.PoissonSampling(
+        N, P, keras_dyndp.batch_sizes.default_max_batch_size(N, P)
+    )
+    _check_batches(batches, 400, weights_in)
+
+
+@pytest.mark.parametrize("source_class", [Source, BatchedSource])
+def test_random_access_sources_with_a_map_give_the_same_batches(source_class):
+    source = source_class()
+    batches = keras_dyndp.poisson_batches(source, sampling_probability=P, steps_per_epoch=400, seed=0, map=_decode)
+    _check_batches(batches, 400)
+    if source_class is BatchedSource:  # one read per batch, in increasing index order
+        assert len(source.calls) == 400 + 1 and all(call == sorted(call) for call in source.calls)
+    else:
+        assert 400 * N * P * 0.8 < source.reads < 400 * N * P * 1.2
+
+
+def test_a_seed_repeats_the_sample_and_a_source_reads_the_memmaps_indices(tmp_path):
+    x, y = _memmap(tmp_path)
+
+    def labels(data, **kwargs):
+        made = keras_dyndp.poisson_batches(data, sampling_probability=P, steps_per_epoch=5, seed=3, **kwargs)
+        return [sorted(batch_y[weights > 0]) for _, batch_y, weights in _batches(made)]
+
+    from_memmap = [sorted(batch_y[w > 0]) for _, batch_y, w in _batches(_memmap_batches(x, y, seed=3))]
+    assert from_memmap == labels(Source(), map=_decode) == labels(BatchedSource(), map=_decode)
+    assert from_memmap != [sorted(b[w > 0]) for _, b, w in _batches(_memmap_batches(x, y, seed=4))]
+
+
+def _memmap_batches(x, y, **kwargs):
+    return keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=5, **kwargs)
+
+
+def test_map_applies_to_each_example_of_arrays_and_a_tuple_source_needs_none(tmp_path):
+    x, y = _memmap(tmp_path)
+    doubled = keras_dyndp.poisson_batches(
+        x, y, sampling_probability=P, steps_per_epoch=3, seed=0, map=lambda e: (2 * e[0], e[1])
+    )
+    for batch_x, batch_y, weights in _batches(doubled):
+        np.testing.assert_array_equal(batch_x[weights > 0, 0], 2 * batch_y[weights > 0])
+    pairs = [(np.full(3, i + 1, np.float32), i + 1, 0.5) for i in range(N)]  # a list is arrays, not a source
+    (batch_x, batch_y, weights), *_ = _batches(
+        keras_dyndp.poisson_batches(_Indexable(pairs), sampling_probability=P, seed=0)
+    )
+    assert set(np.unique(weights)) <= {0.0, 0.5} and np.all(batch_x[weights > 0, 0] == batch_y[weights > 0])
+
+
+class _Indexable:
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+
+def test_padding_to_a_multiple_and_overflow_as_from_arrays(tmp_path, capfd, caplog):
+    x, y = _memmap(tmp_path)
+    padded = keras_dyndp.poisson_batches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=50, seed=1)
+    cap = _sampling(padded).max_batch_size
+    for batch_x, _, weights in _batches(padded):
+        real = int((weights > 0).sum())
+        assert len(batch_x) == len(weights) == min(cap, max(8, -(-real // 8) * 8))
+        assert np.all(weights[:real] == 1) and np.all(weights[real:] == 0)
+    truncated = keras_dyndp.poisson_batches(x, y, sampling_probability=0.5, max_batch_size=10, seed=0)
+    assert [int((w > 0).sum()) for _, _, w in _batches(truncated)] == [10, 10]
+    assert "truncated to max_batch_size=10" in capfd.readouterr().err + caplog.text
+    raising = keras_dyndp.poisson_batches(
+        Source(), map=_decode, sampling_probability=0.5, max_batch_size=10, overflow="raise"
+    )
+    with pytest.raises(Exception, match="larger than max_batch_size=10"):
+        _batches(raising)
+
+
+def test_refusals(tmp_path):
+    x, y = _memmap(tmp_path)
+    with pytest.raises(ValueError, match="`x` must have num_examples=7 rows. Received: 200"):
+        keras_dyndp.poisson_batches(Source(), map=_decode, sampling_probability=P, num_examples=7)
+    with pytest.raises(ValueError, match="`x` must have num_examples=7 rows. Received: 200"):
+        keras_dyndp.poisson_batches(x, y, sampling_probability=P, num_examples=7)
+    with pytest.raises(ValueError, match="same number of rows"):
+        keras_dyndp.poisson_batches(x, y[:5], sampling_probability=P)
+    with pytest.raises(ValueError, match="leave `y` and `sample_weight` None"):
+        keras_dyndp.poisson_batches(Source(), y, sampling_probability=P)
+    with pytest.raises(ValueError, match=r"must be tuples \(x, y\) or \(x, y, sample_weight\); pass a per-example"):
+        keras_dyndp.poisson_batches(Source(), sampling_probability=P)
+    with pytest.raises(ValueError, match="N >= 1"):
+        keras_dyndp.poisson_batches(Source(0), sampling_probability=P)
+    if hasattr(keras_dyndp.backend.keras_module().utils, "PyDataset"):  # Keras 3: its items are batches
+        with pytest.raises(ValueError, match="whose items are batches: poisson_batches samples examples"):
+            keras_dyndp.poisson_batches(_batches_class()(), sampling_probability=P)
+    with pytest.raises(ValueError, match="`map` must be a function"):
+        keras_dyndp.poisson_batches(Source(), sampling_probability=P, map=3)
+    with pytest.raises(ValueError, match=r"`sampling_probability` must be in \(0, 1\]"):
+        keras_dyndp.poisson_batches(Source(), sampling_probability=0.0, map=_decode)
+
+
+def _batches_class():
+    """A keras PyDataset of two batches."""
+    keras = keras_dyndp.backend.keras_module()
+    methods = {"__len__": lambda self: 2, "__getitem__": lambda self, i: (np.ones((4, 3)), np.ones(4))}
+    return type("Batches", (keras.utils.PyDataset,), methods)
+
+
+def test_what_is_read_on_demand():
+    memory = np.zeros((4, 2))
+    assert not sources.is_lazy_array(memory) and not sources.is_random_access(memory)
+    assert sources.is_random_access(Source()) and not sources.is_random_access([memory])
+    assert sources.rows(memory, memory[:, 0], None, None, lambda *a: 4) is None  # arrays stay on today's path
+
+
+def test_the_draw_is_poisson_at_ten_million_examples_in_o_of_k():
+    num_examples, p, steps = 10**7, 256 / 10**7, 2000
+    rng = np.random.default_rng(0)
+    draws = [sources.draw(rng, num_examples, p, 10**6) for _ in range(steps)]
+    sizes = np.array([k for k, _ in draws])
+    assert all(len(chosen) == k == len(np.unique(chosen)) for k, chosen in draws)
+    mean, variance = num_examples * p, num_examples * p * (1 - p)
+    assert abs(sizes.mean() - mean) < 5 * np.sqrt(variance / steps) and 0.85 < sizes.var() / variance < 1.15
+    # Inclusion ~ p for every example: the counts of 1000 bins of 10^4 examples are Binomial-like.
+    chosen = np.concatenate([c for _, c in draws])
+    bins = np.bincount(chosen // 10**4, minlength=1000)
+    expected = steps * p * 10**4
+    assert np.all(np.abs(bins - expected) < 6 * np.sqrt(expected)) and 0.8 < bins.var() / expected < 1.2
+    # Independence across steps: consecutive batches share about k^2 / N examples (6.6e-3 each).
+    shared = [len(np.intersect1d(a, b)) for (_, a), (_, b) in zip(draws, draws[1:])]
+    assert np.mean(shared) < 0.05
+    overflow, kept = sources.draw(np.random.default_rng(1), 1000, 0.5, 10)
+    assert overflow > 10 and len(kept) == 10
+
+
+def test_resident_memory_does_not_grow_with_the_memmap(tmp_path):
+    num_examples, features = 100_000, 2048  # 205 MB on disk
+    path = str(tmp_path / "big.npy")
+    x = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(num_examples, features))
+    x[::1000] = 1  # a sparse file: little written, the rest zeros
+    x.flush()
+    del x
+    x, y = np.load(path, mmap_mode="r"), np.zeros(num_examples, np.int32)
+    _batches(keras_dyndp.poisson_batches(x[:1000], y[:1000], sampling_probability=0.1, seed=0))  # warms up
+    before = _rss_bytes()
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=256 / num_examples, steps_per_epoch=20, seed=0)
+    assert len(_batches(batches)) == 20
+    assert _rss_bytes() - before < 50e6  # the file is 205 MB; 20 batches read about 10 MB of it
+
+
+def _rss_bytes() -> float:
+    with open(f"/proc/{os.getpid()}/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+@pytest.mark.parametrize("data", ["memmap", "source"])
+def test_fit_trains_on_data_read_on_demand_at_the_schedules_rate(tmp_path, data):
+    keras = keras_dyndp.backend.keras_module()
+    x, y = _memmap(tmp_path)
+    model = keras_dyndp.make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    optimizer = keras_dyndp.DynamicDPKerasSGD(
+        schedule=keras_dyndp.DPSchedule(np.ones(10), np.ones(10), P), expected_batch_size=N * P, learning_rate=0.01
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    model.compile(optimizer=optimizer, loss=loss)
+    binary = lambda element: (element["image"].astype(np.float32) / 255, np.int32(element["label"] % 2))  # noqa: E731
+    arguments = dict(sampling_probability=P, steps_per_epoch=3, seed=0)
+    if data == "memmap":
+        batches = keras_dyndp.poisson_batches(x, (y % 2).astype(np.int32), **arguments)
+    else:
+        batches = keras_dyndp.poisson_batches(BatchedSource(), map=binary, **arguments)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", keras_dyndp.SamplingWarning)
+        model.fit(batches, verbose=0)
+    assert int(np.asarray(optimizer.dp_step)) == 3
+    other_rate = keras_dyndp.poisson_batches(BatchedSource(), map=binary, sampling_probability=0.2, steps_per_epoch=1)
+    with pytest.raises(ValueError, match=r"sampled at p=0.2, but the optimizer's schedule is accounted at p=0.1"):
+        model.fit(other_rate, verbose=0)
+
+
+class LazyArray:
+    """An h5py / zarr-like array-like: ``shape``, ``dtype`` and a ``__getitem__`` of increasing integer arrays,
+    counting the rows it reads."""
+
+    def __init__(self, values):
+        self.values, self.rows_read = values, 0
+        self.shape, self.dtype = values.shape, values.dtype
+
+    def __len__(self):
+        return len(self.values)
+
+    def __getitem__(self, indices):
+        indices = np.asarray(indices)
+        assert indices.ndim == 1 and np.all(np.diff(indices) > 0)  # what h5py requires
+        self.rows_read += len(indices)
+        return self.values[indices]
+
+
+def test_an_array_like_is_read_only_at_the_sampled_rows():
+    num_examples = 10_000
+    values = np.arange(1, num_examples + 1, dtype=np.float32)[:, None] * np.ones(3, np.float32)
+    x = LazyArray(values)
+    batches = keras_dyndp.poisson_batches(x, np.arange(1, num_examples + 1), sampling_probability=0.01, seed=0)
+    real_rows = 0
+    for _ in range(2):  # every epoch resamples
+        for batch_x, batch_y, weights in _batches(batches):
+            real = weights > 0
+            np.testing.assert_array_equal(batch_x[real], values[batch_y[real] - 1])
+            real_rows += int(real.sum())
+    assert x.rows_read == real_rows + 1  # the sampled rows and one example read for the shapes: not all N
+
+
+def test_an_h5py_dataset_is_read_by_index(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "data.h5", "w") as file:
+        file["x"] = np.arange(1, N + 1, dtype=np.float32)[:, None] * np.ones(3, np.float32)
+        file["y"] = np.arange(1, N + 1)
+    with h5py.File(tmp_path / "data.h5", "r") as file:
+        batches = keras_dyndp.poisson_batches(file["x"], file["y"], sampling_probability=P, steps_per_epoch=400, seed=0)
+        _check_batches(batches, 400)
+
+
+def _tfds_source(data_dir):
+    """A ``tfds.data_source`` (ArrayRecord files, built here) of N examples {"image": [i + 1] * 3, "label": i + 1}."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    pytest.importorskip("array_record")
+    tf = pytest.importorskip("tensorflow")
+    # tensorflow_datasets 4.9 imports the importlib_resources backport, which the stdlib module replaces.
+    sys.modules.setdefault("importlib_resources", importlib.resources)
+    examples = tf.data.Dataset.range(1, N + 1).map(
+        lambda i: {"image": tf.fill([3], tf.cast(i, tf.float32)), "label": i}
+    )
+    features = tfds.features.FeaturesDict(
+        {"image": tfds.features.Tensor(shape=(3,), dtype=np.float32), "label": tfds.features.Scalar(dtype=np.int64)}
+    )
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="rows",
+        version="1.0.0",
+        data_dir=str(data_dir),
+        split_datasets={"train": examples},
+        features=features,
+        file_format="array_record",
+        disable_shuffling=False,
+    )
+    return tfds.data_source("rows", split="train", data_dir=str(data_dir), download=False)
+
+
+def test_a_tfds_data_source_with_a_map(tmp_path):
+    source = _tfds_source(tmp_path)
+    assert len(source) == N and hasattr(source, "__getitems__")
+    batches = keras_dyndp.poisson_batches(
+        source, sampling_probability=P, steps_per_epoch=400, seed=0, map=lambda e: (e["image"], e["label"])
+    )
+    _check_batches(batches, 400)
+
+
+def test_draws_are_numbered_so_none_repeats_and_a_seed_repeats_them():
+    first, again = sources.DrawCounter(5), sources.DrawCounter(5)
+    values = [first.next_generator().integers(2**62) for _ in range(3)]
+    assert values == [again.next_generator().integers(2**62) for _ in range(3)]
+    assert len(set(values)) == 3 and first.draws == 3  # the state: (seed, draws)
+    assert sources.DrawCounter(6).next_generator().integers(2**62) != values[0]
+
+
+@pytest.mark.skipif(not JAX, reason="JAX's processes")
+def test_data_read_on_demand_is_refused_across_jax_processes(monkeypatch):
+    from keras_dyndp.jax_backend import processes  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(processes, "several", lambda: True)
+    with pytest.raises(ValueError, match="data read on demand .* is not supported across processes"):
+        keras_dyndp.poisson_batches(Source(), map=_decode, sampling_probability=P)
+
+
+@pytest.mark.skipif(JAX, reason="TensorFlow's replicas")
+def test_rows_are_a_multiple_of_the_replicas_and_a_dataset_takes_no_map(tmp_path):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    x, y = _memmap(tmp_path)
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
+    with tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice()).scope():
+        batches = keras_dyndp.poisson_batches(
+            x, y, sampling_probability=P, steps_per_epoch=20, seed=0, pad_to_multiple=3
+        )
+    assert _sampling(batches).pad_to_multiple == 6 and _sampling(batches).max_batch_size % 2 == 0
+    assert all(len(w) % 6 == 0 for _, _, w in _batches(batches))
+    with pytest.raises(ValueError, match="map a tf.data.Dataset `x` with its own .map"):
+        keras_dyndp.poisson_batches(tf.data.Dataset.from_tensor_slices((y, y)), sampling_probability=P, map=_decode)
