@@ -441,7 +441,8 @@ def test_unbound_fit_refuses_arrays_where_keras_shows_them_and_warns_where_not()
             keras.Model.fit(model, x, y, batch_size=8, verbose=0)
         assert int(model.optimizer.dp_step) == 0
         with pytest.raises(ValueError, match="sampled at p=0.5"):
-            keras.Model.fit(model, keras_dyndp.poisson_batches(x, y, sampling_probability=0.5), verbose=0)
+            batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.5)
+            keras.Model.fit(model, batches, verbose=0, shuffle=False)  # Keras warns on a dataset and shuffle=True
     else:
         with pytest.warns(UserWarning, match="cannot see the batches of this training step"):
             keras.Model.fit(model, x, y, batch_size=8, verbose=0)
@@ -465,7 +466,7 @@ def test_past_the_budget_every_entry_point_raises_one_budget_error():
     batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.25, seed=0, steps_per_epoch=2)
     model = _poisson_model(expected_batch_size=8.0)
     with pytest.raises(optimizer_base.BudgetExhaustedError, match="DP budget exhausted: all 3 steps"):
-        keras.Model.fit(model, batches, epochs=3, verbose=0)
+        keras.Model.fit(model, batches, epochs=3, verbose=0, shuffle=False)
     assert int(model.optimizer.dp_step) == 3
     spent = model.get_weights()
     with pytest.raises(optimizer_base.BudgetExhaustedError, match="DP budget exhausted: all 3 steps"):

@@ -116,6 +116,7 @@ def case(request):
     return model, x, y, gradients, norms, clip_norm
 
 
+@pytest.mark.filterwarnings("ignore:You passed `rms_scaling=True`, which is deprecated:UserWarning")
 def test_ghost_rules_match_the_brute_force(case):
     model, x, y, gradients, norms, clip_norm = case
     assert per_example.ghost_supported(model, model.trainable_variables)
