@@ -463,7 +463,7 @@ def test_a_negative_id_is_the_row_the_lookup_reads_or_is_refused(method):
     """JAX's lookup (jnp.take) reads id -1 as row N - 1: one example whose ids are -1 and N - 1 uses one row and moves
     S by at most C (counted as two rows it moved S by 1.41 C). TensorFlow's lookup refuses a negative id (on the CPU)
     before the update, or, batched on its vectorized path, reads it as it reads it: at most C either way."""
-    ids = np.tile(np.arange(8) % 6, (ROWS, 1))
+    ids = np.tile(np.arange(8, dtype="int32") % 6, (ROWS, 1))  # the Input's dtype (JAX truncates int64, warning)
     ids[0, :2] = [-1, 5]
     y = np.full((ROWS, 1), 1e3, "float32")
 

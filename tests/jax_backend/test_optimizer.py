@@ -238,7 +238,7 @@ def test_a_step_handed_a_state_without_the_key_is_refused_and_the_refusal_says_w
     state = optimizer.new_run(_values(optimizer))
     np.testing.assert_array_equal(_key_words(optimizer, state), optimizer._noise_source.base_key)  # pylint: disable=protected-access
     update, state = step(state)
-    assert np.abs(update).max() > 0.5 and int(optimizer.step_at(state)) == 1
+    assert np.abs(update).max() > 0 and int(optimizer.step_at(state)) == 1  # noise drawn (its size is random)
 
 
 def test_the_variables_hold_no_key_after_fit_train_on_batch_or_a_refused_call():
