@@ -306,6 +306,17 @@ def _caveat_lines(training_metrics: bool, sampling: str, seed: int | None, notes
     return lines + [f"  NOTE: {note}" for note in notes]
 
 
+def _calibration_lines(schedule, calibrated_under: str | None, target_epsilon: float | None) -> list[str]:
+    """The line naming the accountant and target the budget was calibrated to (the schedule's `calibration` unless
+    given), or none when neither is known."""
+    calibration = schedule.calibration
+    calibrated_under = calibrated_under or (calibration.accountant if calibration else None)
+    target_epsilon = target_epsilon if target_epsilon is not None else (calibration and calibration.target_epsilon)
+    if calibrated_under and target_epsilon is not None:
+        return [f"  budget calibrated under {calibrated_under}: target epsilon {target_epsilon:g}"]
+    return []
+
+
 def run_summary(
     schedule: schedules.DPSchedule | None,
     delta: float,
@@ -360,10 +371,6 @@ def run_summary(
         f"    {accountant.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
         *_baseline_lines(method, schedule, delta, taken),
     ]
-    calibration = schedule.calibration
-    calibrated_under = calibrated_under or (calibration.accountant if calibration else None)
-    target_epsilon = target_epsilon if target_epsilon is not None else (calibration and calibration.target_epsilon)
-    if calibrated_under and target_epsilon is not None:
-        lines.append(f"  budget calibrated under {calibrated_under}: target epsilon {target_epsilon:g}")
+    lines += _calibration_lines(schedule, calibrated_under, target_epsilon)
     lines += _caveat_lines(training_metrics, sampling, seed, notes)
     return RunSummary("\n".join(lines), float(eps_clt), float(eps_rigorous), accountant)

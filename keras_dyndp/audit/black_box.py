@@ -51,6 +51,27 @@ def _checked_arguments(x, y, num_canaries, canaries: str, num_classes: int | Non
     return x, y.astype(np.int32), m, k, validation.check_int("epochs", epochs, 1)
 
 
+def _train(x, y, model_fn, optimizer_fn, loss, method, epochs, pad_to_multiple, seed):
+    """The one audited run: ``model_fn()`` made private and trained on Poisson batches of ``(x, y)`` to the end of
+    its schedule. Returns the model and the schedule."""
+    import keras_dyndp  # pylint: disable=import-outside-toplevel
+
+    optimizer = optimizer_fn(len(y))
+    schedule = optimizer.schedule
+    model = keras_dyndp.make_private(model_fn(), method)
+    model.compile(optimizer=optimizer, loss=loss)
+    batches = keras_dyndp.poisson_batches(
+        x,
+        y,
+        sampling_probability=schedule.sampling_probability,
+        steps_per_epoch=math.ceil(schedule.num_steps / epochs),
+        pad_to_multiple=pad_to_multiple,
+        seed=seed,
+    )
+    model.fit(batches, epochs=epochs, verbose=0, callbacks=[keras_dyndp.BudgetStop()])
+    return model, schedule
+
+
 def black_box_audit(
     x,
     y,
@@ -88,31 +109,15 @@ def black_box_audit(
         pad_to_multiple: as `keras_dyndp.poisson_batches`'s.
         seed: the canaries, their coin flips, the Poisson batches and the tie-breaking (not the optimizer's noise).
     """
-    import keras_dyndp  # pylint: disable=import-outside-toplevel
-
     x, y, m, k, epochs = _checked_arguments(x, y, num_canaries, canaries, num_classes, epochs)
-    keras = backend.keras_module()
     rng = np.random.default_rng(seed)
     train_x, train_y, canary_x, canary_y = _make_canaries(x, y, m, k, canaries, rng)
     included = rng.random(m) < 0.5
     train_x = np.concatenate([train_x, canary_x[included]])
     train_y = np.concatenate([train_y, canary_y[included]])
-
     if loss is None:
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-    optimizer = optimizer_fn(len(train_y))
-    schedule = optimizer.schedule
-    model = keras_dyndp.make_private(model_fn(), method)
-    model.compile(optimizer=optimizer, loss=loss)
-    batches = keras_dyndp.poisson_batches(
-        train_x,
-        train_y,
-        sampling_probability=schedule.sampling_probability,
-        steps_per_epoch=math.ceil(schedule.num_steps / epochs),
-        pad_to_multiple=pad_to_multiple,
-        seed=seed,
-    )
-    model.fit(batches, epochs=epochs, verbose=0, callbacks=[keras_dyndp.BudgetStop()])
+        loss = backend.keras_module().losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    model, schedule = _train(train_x, train_y, model_fn, optimizer_fn, loss, method, epochs, pad_to_multiple, seed)
 
     scores = -np.asarray(loss(canary_y, model.predict(canary_x, verbose=0)), np.float64).reshape(m)
     result = bounds.audit_from_scores(
