@@ -69,11 +69,19 @@ def implied_num_examples(expected_batch_size: float | None, sampling_probability
     return max(1, round(expected_batch_size / sampling_probability))
 
 
+DATA_SIZE_TOLERANCE = 0.01
+"""`check_data_size` accepts data within this fraction of the optimizer's N: a schedule's p given to a few digits
+implies N (``expected_batch_size / p``) only that closely, and N enters only the normaliser p N (the accountants use p
+and T), so a small difference rescales the update by as much; data of another size altogether is a mistake."""
+
+
 def check_data_size(num_examples: int | None, data_size: int | None, optimizer_name: str) -> None:
     """Raises ValueError, before the first step, when the data ``fit`` received has ``data_size`` examples but the
-    optimizer ``optimizer_name`` is for ``num_examples`` (`implied_num_examples`); nothing when either is unknown
-    (then the step's batch-size check is the only one)."""
-    if num_examples is None or data_size is None or data_size == num_examples:
+    optimizer ``optimizer_name`` is for ``num_examples`` (`implied_num_examples`), beyond `DATA_SIZE_TOLERANCE`;
+    nothing when either is unknown (then the step's batch-size check is the only one)."""
+    if num_examples is None or data_size is None:
+        return
+    if abs(data_size - num_examples) <= max(1, DATA_SIZE_TOLERANCE * num_examples):
         return
     raise ValueError(
         f"num_examples={num_examples} was given to {optimizer_name} but the data has {data_size} examples: pass "

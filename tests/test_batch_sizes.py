@@ -86,5 +86,8 @@ def test_a_data_size_other_than_the_optimizers_n_is_refused_in_one_line_naming_b
         "num_examples=60000 was given to DynamicDPKerasSGD but the data has 2000 examples: pass num_examples=len(x)"
     )
     assert "\n" not in message
-    for unknown_or_equal in [(None, 2000), (60000, None), (2000, 2000)]:
-        batch_sizes.check_data_size(*unknown_or_equal, "DynamicDPKerasSGD")
+    for unknown_or_close in [(None, 2000), (60000, None), (2000, 2000), (59952, 60000), (60000, 60600), (3, 4)]:
+        batch_sizes.check_data_size(*unknown_or_close, "DynamicDPKerasSGD")  # p to 3 digits: 250 / 0.00417 = 59952
+    for too_far in [(60000, 60601), (60000, 59399), (2, 4)]:
+        with pytest.raises(ValueError, match="but the data has"):
+            batch_sizes.check_data_size(*too_far, "DynamicDPKerasSGD")
