@@ -3,23 +3,9 @@ research trainers in tests/research/test_mnist.py)."""
 
 import numpy as np
 import pytest
+from idx_files import write_idx_folder
 
 from keras_dyndp.datasets import mnist
-
-
-def write_idx_folder(directory, num_train=60, num_test=20, gzip=True):
-    """The four IDX files of random images and labels in `directory`; returns the arrays."""
-    rng = np.random.default_rng(0)
-    suffix = ".gz" if gzip else ""
-    arrays = {
-        "x_train": rng.integers(0, 256, (num_train, 28, 28)),
-        "y_train": rng.integers(0, 10, num_train),
-        "x_test": rng.integers(0, 256, (num_test, 28, 28)),
-        "y_test": rng.integers(0, 10, num_test),
-    }
-    for key, stem in mnist.IDX_FILES.items():
-        mnist.write_idx(str(directory / (stem + suffix)), arrays[key])
-    return arrays
 
 
 @pytest.mark.parametrize("gzip", [True, False])

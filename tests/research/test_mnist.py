@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from absl.testing import flagsaver
+from idx_files import write_idx_folder
 
 from keras_dyndp import datasets
 from keras_dyndp.datasets import mnist as mnist_files
@@ -18,22 +19,8 @@ from research import trainer
 pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
 
 
-def _write_idx_folder(directory, num_train=60, num_test=20, gzip=True):
-    rng = np.random.default_rng(0)
-    suffix = ".gz" if gzip else ""
-    arrays = {
-        "x_train": rng.integers(0, 256, (num_train, 28, 28)),
-        "y_train": rng.integers(0, 10, num_train),
-        "x_test": rng.integers(0, 256, (num_test, 28, 28)),
-        "y_test": rng.integers(0, 10, num_test),
-    }
-    for key, stem in mnist_files.IDX_FILES.items():
-        mnist_files.write_idx(str(directory / (stem + suffix)), arrays[key])
-    return arrays
-
-
 def test_fashion_mnist_trains_on_idx_files_and_resumes(tmp_path):
-    _write_idx_folder(tmp_path)
+    write_idx_folder(tmp_path)
     model_dir = str(tmp_path / "model")
     config = run_config.RunConfig(seed=1, verbose=0, batch_size=10, epochs=1.0, model_dir=model_dir)
     with flagsaver.flagsaver(idx_dir=str(tmp_path)):
