@@ -49,6 +49,28 @@ def assert_matches(sums, norms, expected):
         assert_close(actual, wanted)
 
 
+def clip_case(model, x, y, weights):
+    """``(model, x, y, per-example gradients, their norms, a clip norm)``, the clip norm the median of the weighted
+    examples' norms: some examples clipped, some not."""
+    gradients, norms = per_example_gradients(model, x, y, weights)
+    return model, x, y, gradients, norms, float(np.median(norms[weights > 0]))
+
+
+def assert_ghost_matches_the_brute_force(case, weights, matches=assert_matches):
+    """The ghost path (eager and traced) gives the clipped sum and norms of the per-example loop, by ``matches``."""
+    model, x, y, gradients, norms, clip_norm = case
+    assert per_example.ghost_supported(model, model.trainable_variables)
+    expected = clipped(gradients, norms, clip_norm)
+    weights = tf.constant(weights)
+    matches(
+        *per_example.clipped_gradient_sum(
+            model, LOSS, x, y, weights, clip_norm, model.trainable_variables, method="ghost"
+        ),
+        expected,
+    )
+    matches(*traced(model, x, "ghost")(x, y, weights, clip_norm), expected)
+
+
 def traced(model, x, method):
     """The clipped sum traced as in fit: a tf.function whose batch size is unknown while tracing."""
     signature = [

@@ -10,7 +10,9 @@ import pytest
 import tensorflow as tf
 from brute_force import LOSS
 from brute_force import assert_each_removal_moves_by_clipped_norm
+from brute_force import assert_ghost_matches_the_brute_force
 from brute_force import assert_matches
+from brute_force import clip_case
 from brute_force import clipped
 from brute_force import per_example_gradients
 from brute_force import traced
@@ -162,23 +164,11 @@ def case(request):
     """A model, its data, the per-example gradients and a clip norm between the smallest and largest norm."""
     keras.utils.set_random_seed(0)
     model = MODELS[request.param]()
-    x, y = data(model)
-    gradients, norms = per_example_gradients(model, x, y, WEIGHTS)
-    clip_norm = float(np.median(norms[WEIGHTS > 0]))  # Some examples clipped, some not.
-    return model, x, y, gradients, norms, clip_norm
+    return clip_case(model, *data(model), WEIGHTS)
 
 
 def test_ghost_rules_match_the_brute_force(case):
-    model, x, y, gradients, norms, clip_norm = case
-    assert per_example.ghost_supported(model, model.trainable_variables)
-    expected = clipped(gradients, norms, clip_norm)
-    assert_matches(
-        *per_example.clipped_gradient_sum(
-            model, LOSS, x, y, tf.constant(WEIGHTS), clip_norm, model.trainable_variables, method="ghost"
-        ),
-        expected,
-    )
-    assert_matches(*traced(model, x, "ghost")(x, y, tf.constant(WEIGHTS), clip_norm), expected)
+    assert_ghost_matches_the_brute_force(case, WEIGHTS)
 
 
 def test_removing_one_example_moves_the_clipped_sum_by_its_clipped_norm(case):
