@@ -5,7 +5,7 @@ connected layers"): Embedding(10000, 16), global average pooling over the review
 logit. Dynamic DP-Adam (the noised, normalised clipped sum fed to Adam's update: post-processing), C_0 = 2,
 25 epochs, delta = 1 / (10 N). Learning rate 0.01 and expected batch 250 are ours (the paper does not give them;
 with 0.002, vanilla DP-Adam at epsilon 3 reached 57-61% on real reviews, with 0.01 and 0.03 76%, see
-docs/results.md).
+research/results.md).
 Default epsilon 3 (the paper sweeps 0.5 to 9).
 
 Text is vectorised by `keras.layers.TextVectorization` (lower-case, punctuation stripped, 10000 tokens, reviews

@@ -1,10 +1,12 @@
-"""mkdocs hooks: the repository's README files as pages of the site, and relative links rewritten to match.
+"""mkdocs hooks: the repository's README files and research results as pages of the site, and relative links
+rewritten to match.
 
-The guide pages link to ``../README.md``, ``../examples/README.md`` and ``../research/README.md``, files outside
-``docs/`` that mkdocs would not find (``mkdocs build --strict`` fails on such a link). The site shows them as
-``index.md`` (the home page) and ``repo/examples/README.md``, ``repo/research/README.md``; every relative Markdown
-link of every page is resolved as a path of the repository and rewritten to that path's page, so the files keep the
-links that work on GitHub and in a checkout. Offline: reads only files of this repository.
+The guide pages link to ``../README.md``, ``../examples/README.md``, ``../research/README.md`` and the research
+results (``../research/results.md``, the study's outputs under ``research/study/``), files outside ``docs/`` that
+mkdocs would not find (``mkdocs build --strict`` fails on such a link). The site shows the README as ``index.md``
+(the home page) and every other such file under ``repo/`` at its repository path; every relative Markdown link of
+every page is resolved as a path of the repository and rewritten to that path's page, so the files keep the links
+that work on GitHub and in a checkout. Offline: reads only files of this repository.
 """
 
 from __future__ import annotations
@@ -19,8 +21,14 @@ _MIRRORED = {
     "README.md": "index.md",
     "examples/README.md": "repo/examples/README.md",
     "research/README.md": "repo/research/README.md",
+    "research/results.md": "repo/research/results.md",
 }
 """Repository files outside docs/ shown as pages: repository path -> the page's path in the site."""
+
+_MIRRORED_FOLDERS = ("research/study",)
+"""Repository folders whose Markdown pages and images the site shows under ``repo/`` at the same path."""
+
+_MIRRORED_SUFFIXES = (".md", ".png")
 
 _LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
 """An inline Markdown link's target: ``](path#anchor)``."""
@@ -31,11 +39,14 @@ def _repository_root(config) -> Path:
 
 
 def on_files(files, config):
-    """Adds the mirrored files as generated pages."""
+    """Adds the mirrored files as generated pages (and the mirrored folders' images)."""
     root = _repository_root(config)
+    for folder in _MIRRORED_FOLDERS:
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix in _MIRRORED_SUFFIXES:
+                _MIRRORED[path.relative_to(root).as_posix()] = f"repo/{path.relative_to(root).as_posix()}"
     for repository_path, site_path in _MIRRORED.items():
-        content = (root / repository_path).read_text(encoding="utf-8")
-        files.append(File.generated(config, site_path, content=content))
+        files.append(File.generated(config, site_path, content=(root / repository_path).read_bytes()))
     return files
 
 

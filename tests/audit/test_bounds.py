@@ -156,7 +156,7 @@ def test_audit_from_scores_is_valid_with_the_grid():
 
 
 def test_issue_scale_ideal_gaussian_scores():
-    # mu = 1.7 (about (8.2, 1e-5)-GDP), 1000 canaries. Literature / issue 29: about 5.1 (f-DP) and 3.0 (Steinke
+    # mu = 1.7 (about (8.2, 1e-5)-GDP), 1000 canaries. Literature: about 5.1 (f-DP) and 3.0 (Steinke
     # et al.) at the best number of guesses. Oracle best r over a fine grid (no correction), median of 5 seeds:
     # measured about 4.8-5.4 and 3.0-3.3; with the honest 9-point Bonferroni grid about 3.6-4.2 and 2.5-2.8.
     mu, seeds = 1.7, 5

@@ -116,7 +116,7 @@ def test_every_example_counted_twice_is_flagged(monkeypatch):
     _flagged(_audit(FAULT_MU))
 
 
-# Every training path the package offers (issue 29, item 4), audited at small scale so that a path that silently leaks
+# Every training path the package offers, audited at small scale so that a path that silently leaks
 # more than it accounts fails a test. On TensorFlow: make_private's two per-example methods, accumulation and
 # MirroredStrategy (2 logical CPUs, tests/conftest.py), and the optimizer's own jacobian path (make_private's
 # method='jacobian'); on JAX: its ghost rules ('auto' = 'ghost'), its vmap path ('vectorized') and accumulation.

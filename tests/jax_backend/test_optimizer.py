@@ -322,7 +322,7 @@ def _one_step_update(entry, batch, **optimizer_kwargs):
 
 @pytest.mark.parametrize("entry", ["generator", "train_on_batch"])
 def test_every_path_divides_by_p_n_and_checks_the_batch_size(entry):
-    """Issue 25 item 4: on main an optimizer given only a schedule divided by the padded rows on these paths (the
+    """Before this was fixed, an optimizer given only a schedule divided by the padded rows on these paths (the
     update's scale gave the private batch size away). Now it divides by p N: 5 examples padded to 8 or to 16 rows
     give the same update, and a batch of N examples is refused, not applied, on every path."""
     with pytest.raises(ValueError, match="needs `expected_batch_size` = p\\*N"):

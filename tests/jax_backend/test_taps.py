@@ -48,7 +48,7 @@ def _values(model):
 
 def test_a_table_read_outside_its_layers_call_is_not_tapped():
     """Tied weights in a functional model (the table also the output projection, through a Lambda here): the taps
-    would miss that read's gradient (issue 25: relative error 0.563), so the table keeps the vmap path."""
+    would miss that read's gradient (once a relative error of 0.563), so the table keeps the vmap path."""
     inputs = keras.Input((3,), dtype="int32")
     tied, untied = keras.layers.Embedding(10, 4), keras.layers.Embedding(10, 4)
     pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Add()([tied(inputs), untied(inputs)]))

@@ -239,7 +239,7 @@ def _dropout_model():
 
 
 def test_dropout_masks_are_secret_and_do_not_follow_the_rows_position():
-    """Issue 25, item 2. The masks were drawn from the Keras seed offset by the row's position: with the published
+    """The masks were once drawn from the Keras seed offset by the row's position: with the published
     seed an attacker replayed them exactly, and deleting row 0 shifted every later row's mask (2.55 C here, noise
     off). Now every example draws the step's secret masks (the optimizer's noise source), whatever its row:
     deleting an example moves the clipped sum by at most C, and a replay from the published seed misses."""
@@ -255,7 +255,7 @@ def test_dropout_masks_are_secret_and_do_not_follow_the_rows_position():
 
 
 def test_a_layer_that_mixes_examples_moves_the_clipped_sum_by_c_at_most():
-    """Issue 25, item 3 (3.52 C on TensorFlow's ghost path): every JAX path runs each example alone (``jax.vmap``
+    """A fixed attack (once 3.52 C on TensorFlow's ghost path): every JAX path runs each example alone (``jax.vmap``
     of a batch of one), so a Lambda that adds the batch mean sees only its own example: deleting a row moves the
     clipped sum by C."""
     rng = np.random.default_rng(1)
@@ -352,7 +352,7 @@ def test_gradients_that_the_dp_step_did_not_noise_are_refused():
 
 
 class _SeedFromData(keras.layers.Layer):
-    """Writes floor(1000 x the batch's sum) into its random-generator state (issue 25, item 5: it trained on JAX)."""
+    """Writes floor(1000 x the batch's sum) into its random-generator state (an attack that once trained on JAX)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -541,7 +541,7 @@ class _Tied(keras.Model):
 
 
 class _TiedOutput(keras.layers.Layer):
-    """A functional model's output projection: the transposed table of ``embedding`` (issue 25: relative error
+    """A functional model's output projection: the transposed table of ``embedding`` (once a relative error
     0.563 on JAX, the taps missed this read's gradient)."""
 
     def __init__(self, embedding, **kwargs):

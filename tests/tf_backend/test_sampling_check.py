@@ -214,7 +214,7 @@ def test_multi_worker_fit_refuses_poisson_batches_each_worker_seeded_alone(monke
 
 
 def test_make_private_fit_checks_the_data_it_is_handed_without_reading_stack_frames(monkeypatch):
-    """Issue 27 item 3: make_private's fit hands x to the checks; no frame (of any thread) is read for it."""
+    """make_private's fit hands x to the checks; no frame (of any thread) is read for it."""
 
     def no_frames(*args):
         raise AssertionError("read stack frames")
@@ -277,7 +277,7 @@ def one_step_update(entry, batch, **optimizer_kwargs):
 
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_every_path_divides_by_p_n_and_checks_the_batch_size(entry):
-    """Issue 25 item 4: on main an optimizer given only a schedule divided by the padded rows on these paths (the
+    """Before this was fixed, an optimizer given only a schedule divided by the padded rows on these paths (the
     update's scale gave the private batch size away: 84 examples -> 96 rows). Now it divides by p N: 5 examples
     padded to 8 or to 16 rows give the same update, and a batch of N examples is refused on every path."""
     with pytest.raises(ValueError, match="needs `expected_batch_size` = p\\*N"):
