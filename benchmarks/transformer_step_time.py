@@ -10,9 +10,16 @@ is imported); on JAX through its train step compiled as ``fit`` compiles it (``j
 steps are excluded; each repetition runs both paths in turn (`interleaved.step_table`): median ms per step and the
 median of the within-repetition ratios to the non-private step.
 
+With ``--lora RANK`` both paths fine-tune the same model by LoRA (Keras 3's ``enable_lora(RANK)`` on every Dense,
+EinsumDense and Embedding: their kernels frozen, the adapters and the biases trained; LayerNormalization frozen): the
+DP step through the LoRA ghost rules. ``--paths`` runs a subset (one path alone: its own peak memory). The process's
+peak resident memory (``getrusage`` maxrss) is printed at the end; on JAX also each compiled step's temporary
+buffers (XLA's ``memory_analysis``).
+
 Usage:
     python benchmarks/transformer_step_time.py --backend tensorflow --batch_size 32 --steps 10 --repeats 7
     python benchmarks/transformer_step_time.py --backend jax --batch_size 32 --steps 10 --repeats 7
+    python benchmarks/transformer_step_time.py --backend jax --lora 8 --steps 10 --repeats 7
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import sys
 import time
 import warnings
@@ -32,6 +40,8 @@ PARSER.add_argument("--width", type=int, default=64, help="model width (d)")
 PARSER.add_argument("--steps", type=int, default=10, help="timed steps per path and repetition")
 PARSER.add_argument("--warmup_steps", type=int, default=3)
 PARSER.add_argument("--repeats", type=int, default=7)
+PARSER.add_argument("--lora", type=int, default=0, help="LoRA rank (0: no LoRA, every weight trains)")
+PARSER.add_argument("--paths", default="nonprivate,dyndp_auto", help="comma-separated subset, timed in this order")
 ARGS = PARSER.parse_args()
 os.environ["KERAS_BACKEND"] = ARGS.backend
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
@@ -60,9 +70,22 @@ def transformer(length: int, width: int) -> keras.Model:
     return keras.Model(inputs, layers.Dense(2)(layers.GlobalAveragePooling1D()(h)))
 
 
+def with_lora(model: keras.Model, rank: int) -> keras.Model:
+    """LoRA of ``rank`` on every Dense, EinsumDense and Embedding (MultiHeadAttention's projections included);
+    LayerNormalization frozen."""
+    for layer in model._flatten_layers():  # pylint: disable=protected-access
+        if type(layer) in (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Embedding):
+            layer.enable_lora(rank)
+        elif isinstance(layer, keras.layers.LayerNormalization):
+            layer.trainable = False
+    return model
+
+
 def build(path: str) -> keras.Model:
     keras.utils.set_random_seed(0)
     model = transformer(ARGS.length, ARGS.width)
+    if ARGS.lora:
+        model = with_lora(model, ARGS.lora)
     if path == "nonprivate":
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss)
@@ -101,7 +124,13 @@ def jax_step(model: keras.Model, x: np.ndarray, y: np.ndarray):
     """``steps -> seconds per step`` of the train step compiled as ``fit`` compiles it."""
     import jax_step_time  # pylint: disable=import-outside-toplevel  (benchmarks/jax_step_time.py)
 
-    return jax_step_time._Stepper(model, x, y).run  # pylint: disable=protected-access
+    stepper = jax_step_time._Stepper(model, x, y)  # pylint: disable=protected-access
+    memory = stepper._function.memory_analysis()  # pylint: disable=protected-access
+    if memory is not None:
+        print(
+            f"{model.optimizer.__class__.__name__}: XLA temporary buffers {memory.temp_size_in_bytes / 2**20:.1f} MiB"
+        )
+    return stepper.run
 
 
 def device_description() -> str:
@@ -111,6 +140,20 @@ def device_description() -> str:
     return f"CPU: {cpu}, {os.cpu_count()} logical cores"
 
 
+def ghost_coverage(model: keras.Model, x: np.ndarray) -> str:
+    """Which layers the DP path clips by a ghost rule (the others, on JAX, by vmap; on TF all or none)."""
+    if ARGS.backend == "tensorflow":
+        from keras_dyndp.tf_backend import per_example  # pylint: disable=import-outside-toplevel
+
+        return f"ghost path: {per_example.ghost_supported(model, model.trainable_variables)}"
+    from keras_dyndp.jax_backend import taps  # pylint: disable=import-outside-toplevel
+
+    values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]
+    tapped = taps.tappable(model, *values, x)
+    trained = [layer for layer in model._flatten_layers() if layer.trainable_weights and not layer._layers]  # pylint: disable=protected-access
+    return f"layers clipped by ghost rules: {len(tapped)} of {len(trained)} trained"
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.integers(0, VOCABULARY, (ARGS.batch_size, ARGS.length)).astype("int32")
@@ -118,13 +161,21 @@ def main() -> None:
     step = tensorflow_step if ARGS.backend == "tensorflow" else jax_step
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SamplingWarning)  # one fixed batch, not Poisson batches: expected here
-        runs = {path: step(build(path), x, y) for path in ("nonprivate", "dyndp_auto")}
+        models = {path: build(path) for path in ARGS.paths.split(",")}
+        if "dyndp_auto" in models:
+            print(ghost_coverage(models["dyndp_auto"], x))
+        runs = {path: step(model, x, y) for path, model in models.items()}
         table = interleaved.step_table(runs, ARGS.steps, ARGS.repeats, ARGS.warmup_steps, ARGS.backend)
     versions = f"Python {sys.version.split()[0]}, Keras {keras.__version__} on {ARGS.backend}"
-    print(f"\n{device_description()}; {versions}; B {ARGS.batch_size}, L {ARGS.length}, d {ARGS.width}")
-    print("| path | ms / step | ratio to non-private |\n|---|---|---|")
+    lora = f", LoRA rank {ARGS.lora}" if ARGS.lora else ""
+    print(f"\n{device_description()}; {versions}; B {ARGS.batch_size}, L {ARGS.length}, d {ARGS.width}{lora}")
+    if ARGS.backend == "tensorflow":
+        print(f"oneDNN: TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}")
+    print("| path | ms / step | ratio to the first path |\n|---|---|---|")
     for path, (milliseconds, ratio) in table.items():
         print(f"| {path} | {milliseconds:.1f} | {ratio:.2f}x |")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(f"peak resident memory of the process: {peak:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`, 
 """
 
 from keras_dyndp.batch_sizes import SamplingWarning
+from keras_dyndp.jax_backend import lora  # noqa: F401  (registers the LoRA layers' ghost rules)
 from keras_dyndp.jax_backend.data import PoissonBatches
 from keras_dyndp.jax_backend.ghost import LayerRule
 from keras_dyndp.jax_backend.ghost import register_layer_rule

@@ -258,7 +258,9 @@ def _private_train_step(self: keras.Model, state, data):
             assignment = optimizer.microbatch_assignment(optimizer_variables, losses.shape[0])
             sums = microbatches.clipped_sum(grads, losses, assignment, num_microbatches, clip_norm)
         else:
-            sums = _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, losses.shape[0])
+            with keras.StatelessScope(state_mapping=list(zip(self.trainable_variables, trainable_variables))):
+                # The rules that read a variable (LoRA's adapters) read the step's value, not a traced constant.
+                sums = _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, losses.shape[0])
         return sums, (y_pred, new_non_trainable, losses)
 
     batch = (x, y, weights)

@@ -65,11 +65,17 @@ def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     def clipped_sum(f):
         return tf.transpose(tf.reshape(summed(f), plan.gradient_shape), plan.kernel_order)
 
-    gradients = [GhostGradient(layer.kernel, squared, clipped_sum)]
-    if layer.bias is not None:
-        axes = einsum_equation.bias_axes(tuple(layer.bias.shape), tuple(g.shape))
-        per_row = tf.reduce_sum(g, axis=axes, keepdims=True) if axes else g
-        per_row = tf.reshape(per_row, [tap.rows.batch, -1, layer.bias.shape.num_elements()])
-        per_example = tf.reshape(tf.reduce_sum(per_row, axis=1), [-1, *layer.bias.shape])
-        gradients.append(norms.materialised_gradient(layer.bias, per_example))
-    return gradients
+    return [GhostGradient(layer.kernel, squared, clipped_sum), *with_bias(tap, g)]
+
+
+def with_bias(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
+    """The bias's per-example gradients (g summed over the axes it is broadcast along, and over each example's
+    rows), materialised; none where the layer has no bias."""
+    layer = tap.layer
+    if layer.bias is None:
+        return []
+    axes = einsum_equation.bias_axes(tuple(layer.bias.shape), tuple(g.shape))
+    per_row = tf.reduce_sum(g, axis=axes, keepdims=True) if axes else g
+    per_row = tf.reshape(per_row, [tap.rows.batch, -1, layer.bias.shape.num_elements()])
+    per_example = tf.reshape(tf.reduce_sum(per_row, axis=1), [-1, *layer.bias.shape])
+    return [norms.materialised_gradient(layer.bias, per_example)]

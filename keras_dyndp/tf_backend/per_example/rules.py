@@ -4,7 +4,8 @@ A `LayerRule`: ``call(tap)`` returns the layer's ``call`` for the tapped pass (t
 ``tap.guard(inputs)`` and ``tap.weight(variable)``, with one ``tap.record(inputs, preactivation)``);
 ``norms_and_sums(tap, g)`` (g: the loss's gradient at the pre-activation) returns one `GhostGradient` per variable,
 from the building blocks in `norms`; ``supports(layer)`` (default: always). Built in: `dense`, `conv2d`, `recurrent`,
-`einsum_dense` (also inside MultiHeadAttention), `normalization` (not Keras 3's LoRA or quantized layers). Rules
+`einsum_dense` (also inside MultiHeadAttention), `normalization`; Keras 3's LoRA Dense, EinsumDense and Embedding
+(`lora`: the adapters, not the frozen kernel); not quantized layers. Rules
 apply to exactly their class; a model with a trainable variable no rule covers takes the vectorized path.
 A rule for a custom layer, ``y = x * scale + shift`` over the last axis:
 
@@ -58,6 +59,7 @@ from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import conv2d
 from keras_dyndp.tf_backend.per_example import dense
 from keras_dyndp.tf_backend.per_example import einsum_dense
+from keras_dyndp.tf_backend.per_example import lora
 from keras_dyndp.tf_backend.per_example import normalization
 from keras_dyndp.tf_backend.per_example import recurrent
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
@@ -113,13 +115,9 @@ def register_layer_rule(
 
 
 def _built_in(supports: Callable[[keras.layers.Layer], bool] | None) -> Callable[[keras.layers.Layer], bool]:
-    """A built-in rule's ``supports``: the rule's own condition, and not Keras 3's LoRA (a frozen kernel plus
-    trainable low-rank factors) or quantization (integer kernels), whose variables the rules do not differentiate."""
-    return lambda layer: (
-        not getattr(layer, "lora_enabled", False)
-        and getattr(layer, "quantization_mode", None) is None
-        and (supports is None or supports(layer))
-    )
+    """A built-in rule's ``supports``: the rule's own condition, and not Keras 3's quantization (integer kernels),
+    whose variables the rules do not differentiate (Keras 3's LoRA: `lora.with_lora`)."""
+    return lambda layer: getattr(layer, "quantization_mode", None) is None and (supports is None or supports(layer))
 
 
 def has_rule(layer_class: type) -> bool:
@@ -158,4 +156,4 @@ for _class, _call, _norms_and_sums, _supports in (
         normalization.group_norm_supports,
     ),
 ):
-    register_layer_rule(_class, call=_call, norms_and_sums=_norms_and_sums, supports=_built_in(_supports))
+    register_layer_rule(_class, **lora.with_lora(_class, _call, _norms_and_sums, _built_in(_supports)))

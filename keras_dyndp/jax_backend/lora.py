@@ -1,0 +1,164 @@
+"""Ghost-clipping rules on JAX for Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and
+Embedding with the kernel (embeddings) frozen and only the adapters A [in, r] and B [r, out] trained, the effective
+kernel W + s A B (s = lora_alpha / lora_rank). The TensorFlow rules' math
+(`keras_dyndp.tf_backend.per_example.lora`): from the layer input a_t and the output gradient g_t,
+
+* A: dA_i = sum_t a_t^T (s g_t B^T), the Dense rule (`ghost`'s kernel rule) for the output gradient s g B^T (an
+  EinsumDense's: its rule for the rank equation, `keras_dyndp.einsum_lora`; Embedding's: the Embedding rule for the
+  rows s g B^T);
+* B: dB_i = sum_t (s a_t A)^T g_t, the Dense rule for the inputs s a A (Embedding: s A[ids]);
+* the bias, where it trains, keeps the per-example (vmap) path as the plain Dense's does.
+
+Registered on import (``keras_dyndp.jax_backend`` imports this module) over the plain rules of the same classes: a
+layer without LoRA keeps the plain rule. A and B are read as the step's values (the step runs the rules in a
+``StatelessScope`` of its trainable values). The transformed inputs and gradients are computed once, so each
+example's contribution to the sum stays within the norm the rule reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import keras
+
+from keras_dyndp import einsum_equation
+from keras_dyndp import einsum_lora
+from keras_dyndp.jax_backend import ghost
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def enabled(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer`` runs with LoRA adapters (Keras 3's ``enable_lora``)."""
+    return bool(getattr(layer, "lora_enabled", False))
+
+
+def _scale(layer) -> float:
+    return layer.lora_alpha / layer.lora_rank
+
+
+def _value(variable) -> jax.Array:
+    """The adapter's value in the step (its ``StatelessScope``), float32."""
+    return jnp.asarray(variable.value, jnp.float32)
+
+
+def _shape(variable) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(variable.shape), jnp.float32)
+
+
+class _Kernel(NamedTuple):
+    """An adapter in a kernel's place (`ghost`'s rules read its shape)."""
+
+    kernel: jax.ShapeDtypeStruct
+
+
+class _EinsumView(NamedTuple):
+    """A in the kernel's place of the rank equation (`einsum_lora`)."""
+
+    equation: str
+    kernel: jax.ShapeDtypeStruct
+
+
+class _Table(NamedTuple):
+    """A in the embeddings' place."""
+
+    embeddings: jax.ShapeDtypeStruct
+
+
+def _both(first: tuple, second: tuple) -> tuple[jax.Array, Callable]:
+    """Two rules' (squared norms, sums) as one: the norms added, the sums in order."""
+    return first[0] + second[0], lambda factors: [*first[1](factors), *second[1](factors)]
+
+
+def _b_rule(layer, b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
+    """B's per-example gradients sum_t u_t^T g_t (u = s a A: [B, T, r]; g: [B, T, out]) by the Dense rule."""
+    return ghost._DENSE_NORMS_AND_SUMS(_Kernel(_shape(b)), u_rows, g_rows)  # noqa: SLF001
+
+
+def _times_b_transposed(layer, b, g: jax.Array, axis: int = -1) -> jax.Array:
+    """s g B^T along g's ``axis`` (B's output axis there, the rank there after)."""
+    moved = jnp.moveaxis(g.astype(jnp.float32), axis, -1)
+    return jnp.moveaxis(_scale(layer) * jnp.matmul(moved, _value(b).T, precision=_HIGHEST), -1, axis)
+
+
+def _dense_norms_and_sums(layer, a, g):
+    """A LoRA Dense's adapters (module docstring)."""
+    positions = lambda value: value.reshape(value.shape[0], -1, value.shape[-1]).astype(jnp.float32)  # noqa: E731
+    a_rows, g_rows = positions(a), positions(g)
+    a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
+    h = _times_b_transposed(layer, b_adapter, g_rows)
+    u = _scale(layer) * jnp.matmul(a_rows, _value(a_adapter), precision=_HIGHEST)
+    a_rule = ghost._DENSE_NORMS_AND_SUMS(_Kernel(_shape(a_adapter)), a_rows, h)  # noqa: SLF001
+    return _both(a_rule, _b_rule(layer, b_adapter, u, g_rows))
+
+
+def _einsum_norms_and_sums(layer, a, g):
+    """A LoRA EinsumDense's adapters: A by the EinsumDense rule of the rank equation, B over u's positions."""
+    rows = a.shape[0]
+    x, g_flat = a.reshape(-1, *a.shape[2:]).astype(jnp.float32), g.reshape(-1, *g.shape[2:]).astype(jnp.float32)
+    plan = einsum_lora.lora_plan(layer.equation, x.ndim)
+    a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
+    h = _times_b_transposed(layer, b_adapter, g_flat, plan.axis)
+    view = _EinsumView(plan.rank_equation, _shape(a_adapter))
+    a_rule = ghost._einsum_norms_and_sums(view, a, h.reshape(*a.shape[:2], *h.shape[1:]))  # noqa: SLF001
+    u = _scale(layer) * jnp.einsum(plan.rank_equation, x, _value(a_adapter), precision=_HIGHEST)
+    last = lambda value: jnp.moveaxis(value, plan.axis, -1).reshape(rows, -1, value.shape[plan.axis])  # noqa: E731
+    return _both(a_rule, _b_rule(layer, b_adapter, last(u), last(g_flat)))
+
+
+def _embedding_norms_and_sums(layer, ids, g):
+    """A LoRA Embedding's adapters: A by the Embedding rule for the rows s g B^T, B for the inputs s A[ids]."""
+    a_adapter, b_adapter = layer.lora_embeddings_a, layer.lora_embeddings_b
+    h = _times_b_transposed(layer, b_adapter, g)
+    a_rule = ghost._embedding_norms_and_sums(_Table(_shape(a_adapter)), ids, h)  # noqa: SLF001
+    u = _scale(layer) * keras.ops.take(_value(a_adapter), ids.astype(jnp.int32), axis=0)
+    positions = lambda value: value.reshape(ids.shape[0], -1, value.shape[-1]).astype(jnp.float32)  # noqa: E731
+    return _both(a_rule, _b_rule(layer, b_adapter, positions(u), positions(g)))
+
+
+def _unquantized(layer) -> bool:
+    return getattr(layer, "quantization_mode", None) is None
+
+
+def _einsum_supports(layer) -> bool:
+    rank = einsum_equation.equation_input_rank(layer.equation)
+    kernel_shape = (*layer.lora_kernel_a.shape[:-1], layer.lora_kernel_b.shape[-1])  # not ``kernel``: it merges them
+    return (
+        _unquantized(layer)
+        and einsum_equation.plan(layer.equation, kernel_shape, rank) is not None
+        and einsum_lora.lora_plan(layer.equation, rank) is not None
+    )
+
+
+def _kernel_adapters(layer) -> list:
+    return [layer.lora_kernel_a, layer.lora_kernel_b]
+
+
+def _embedding_adapters(layer) -> list:
+    return [layer.lora_embeddings_a, layer.lora_embeddings_b]
+
+
+_LORA_RULES: dict[type, tuple[Callable, Callable, Callable]] = {  # variables, norms_and_sums, supports
+    keras.layers.Dense: (_kernel_adapters, _dense_norms_and_sums, _unquantized),
+    keras.layers.EinsumDense: (_kernel_adapters, _einsum_norms_and_sums, _einsum_supports),
+    keras.layers.Embedding: (_embedding_adapters, _embedding_norms_and_sums, _unquantized),
+}
+
+
+def with_lora(plain: ghost.LayerRule, lora_rule: tuple[Callable, Callable, Callable]) -> dict[str, Any]:
+    """`ghost.register_layer_rule`'s arguments for a class: ``lora_rule``'s parts for a LoRA layer, ``plain``'s for
+    the others."""
+    variables, norms_and_sums, supports = lora_rule
+    return {
+        "variables": lambda layer: (variables if enabled(layer) else plain.variables)(layer),
+        "norms_and_sums": lambda layer, a, g: (norms_and_sums if enabled(layer) else plain.norms_and_sums)(layer, a, g),
+        "supports": lambda layer: (supports if enabled(layer) else plain.supports)(layer),
+    }
+
+
+for _class, _lora_rule in _LORA_RULES.items():
+    ghost.register_layer_rule(_class, **with_lora(ghost.RULES[_class], _lora_rule))

@@ -1,0 +1,153 @@
+"""Ghost-clipping rules of Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and Embedding
+with their kernel (embeddings) frozen and the adapters ``lora_kernel_a`` A [in, r] and ``lora_kernel_b`` B [r, out]
+(Embedding: ``lora_embeddings_a`` [V, r], ``lora_embeddings_b``) trained, the effective kernel W + s A B with
+s = lora_alpha / lora_rank. The tapped call is the built-in one (Keras's ``kernel`` property already merges the
+adapters); from the layer input a_t and the output gradient g_t (before the activation):
+
+* A: dA_i = sum_t a_t^T (s g_t B^T), the Dense rule (`norms.bilinear_gradient`) for the output gradient s g B^T;
+  Embedding's A is a table indexed by the ids: the Embedding rule for the rows s g B^T;
+* B: dB_i = sum_t (s a_t A)^T g_t, the Dense rule for the inputs s a A (Embedding: s A[ids]);
+* a bias that trains: the built-in rule's.
+
+The transformed inputs and gradients are computed once, and each rule's norms and sum read the same tensors, so each
+example's contribution to the sum stays within the norm the rule reports (its rounding bound included). An
+EinsumDense's adapters by `keras_dyndp.einsum_lora` (the kernel's last letter must be an output letter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from keras_dyndp import einsum_equation
+from keras_dyndp import einsum_lora
+from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example import dense
+from keras_dyndp.tf_backend.per_example import einsum_dense
+from keras_dyndp.tf_backend.per_example import norms
+from keras_dyndp.tf_backend.per_example.taps import GhostGradient
+from keras_dyndp.tf_backend.per_example.taps import Rows
+from keras_dyndp.tf_backend.per_example.taps import Tap
+
+
+def enabled(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer`` runs with LoRA adapters (Keras 3's ``enable_lora``)."""
+    return bool(getattr(layer, "lora_enabled", False))
+
+
+def _scale(layer: keras.layers.Layer) -> float:
+    return layer.lora_alpha / layer.lora_rank
+
+
+def dense_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
+    """A LoRA Dense: A for the output gradients s g B^T, B for the inputs s a A, the bias as Dense's."""
+    layer = tap.layer
+    a = tf.cast(norms.flatten_positions(tap.inputs, tap.rows), tf.float32)
+    g = norms.flatten_positions(g, tap.rows)
+    g32 = tf.cast(g, tf.float32)
+    h = _scale(layer) * tf.tensordot(g32, layer.lora_kernel_b, [[2], [1]])  # s g B^T [B, T, r]
+    u = _scale(layer) * tf.tensordot(a, layer.lora_kernel_a, 1)  # s a A [B, T, r]
+    adapters = [
+        norms.bilinear_gradient(layer.lora_kernel_a, a, h),
+        norms.bilinear_gradient(layer.lora_kernel_b, u, g32),
+    ]
+    return norms.with_bias(layer, g, adapters)
+
+
+class _View(NamedTuple):
+    """A layer or tap as another rule reads it (the adapter A in the kernel's or the embeddings' place)."""
+
+    layer: Any
+    rows: Rows | None = None
+    inputs: tf.Tensor | None = None
+
+
+class _EinsumLayer(NamedTuple):
+    equation: str
+    kernel: tf.Variable
+    bias: None = None
+
+
+class _Table(NamedTuple):
+    embeddings: tf.Variable
+    input_dim: int
+
+
+def einsum_supports(layer: keras.layers.Layer) -> bool:
+    """The built-in EinsumDense rule's equations whose kernel's last letter is an output letter (`einsum_lora`)."""
+    rank = einsum_equation.equation_input_rank(layer.equation)
+    return einsum_lora.lora_plan(layer.equation, rank) is not None
+
+
+def _last(tensor: tf.Tensor, axis: int) -> tf.Tensor:
+    """``tensor`` with ``axis`` moved last."""
+    order = [i for i in range(tensor.shape.rank) if i != axis] + [axis]
+    return tf.transpose(tensor, order)
+
+
+def _back(tensor: tf.Tensor, axis: int) -> tf.Tensor:
+    """`_last`'s inverse: the last axis moved back to ``axis``."""
+    rank = tensor.shape.rank
+    order = list(range(axis)) + [rank - 1] + list(range(axis, rank - 1))
+    return tf.transpose(tensor, order)
+
+
+def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
+    """A LoRA EinsumDense: A by the EinsumDense rule of the rank equation for the output gradients s g B^T, B by
+    the Dense rule over u = s einsum(x, A)'s positions (`einsum_lora`), the bias as EinsumDense's."""
+    layer = tap.layer
+    plan = einsum_lora.lora_plan(layer.equation, tap.inputs.shape.rank)
+    x = tf.cast(tap.inputs, tf.float32)
+    g32 = tf.cast(g, tf.float32)
+    h = _back(
+        _scale(layer) * tf.tensordot(_last(g32, plan.axis), layer.lora_kernel_b, [[g.shape.rank - 1], [1]]), plan.axis
+    )
+    view = _View(_EinsumLayer(plan.rank_equation, layer.lora_kernel_a), tap.rows, x)
+    u = _scale(layer) * tf.einsum(plan.rank_equation, x, layer.lora_kernel_a)
+    u_rows = norms.flatten_positions(_last(u, plan.axis), tap.rows)
+    g_rows = norms.flatten_positions(_last(g32, plan.axis), tap.rows)
+    adapters = [*einsum_dense.norms_and_sums(view, h), norms.bilinear_gradient(layer.lora_kernel_b, u_rows, g_rows)]
+    return adapters + einsum_dense.with_bias(tap, g)
+
+
+def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
+    """A LoRA Embedding: A by the Embedding rule for the rows s g B^T, B by the Dense rule for the inputs s A[ids]."""
+    layer = tap.layer
+    a_table = layer.lora_embeddings_a
+    g32 = tf.cast(g, tf.float32)
+    h = _scale(layer) * tf.tensordot(g32, layer.lora_embeddings_b, [[g.shape.rank - 1], [1]])
+    table = _View(_Table(a_table, a_table.shape[0]), tap.rows, tap.inputs)
+    u = norms.flatten_positions(_scale(layer) * tf.gather(a_table, tap.inputs), tap.rows)
+    b = norms.bilinear_gradient(layer.lora_embeddings_b, u, norms.flatten_positions(g32, tap.rows))
+    return [*dense.embedding_norms_and_sums(table, h), b]
+
+
+_LORA_RULES: dict[type, tuple[Callable, Callable | None]] = {
+    keras.layers.Dense: (dense_norms_and_sums, None),
+    keras.layers.EinsumDense: (einsum_norms_and_sums, einsum_supports),
+    keras.layers.Embedding: (embedding_norms_and_sums, None),
+}
+
+
+def with_lora(
+    layer_class: type, call: Callable, norms_and_sums: Callable, supports: Callable[[keras.layers.Layer], bool]
+) -> dict[str, Callable]:
+    """A built-in rule's parts (`rules.register_layer_rule`'s arguments) extended to the class's LoRA layers where
+    this module has a rule for it (their norms and sums here, the call and the other conditions the rule's own);
+    other classes' LoRA layers (a convolution's) are not covered."""
+    lora_rule = _LORA_RULES.get(layer_class)
+    if lora_rule is None:
+        plain = lambda layer: not enabled(layer) and supports(layer)  # noqa: E731
+        return {"call": call, "norms_and_sums": norms_and_sums, "supports": plain}
+    lora_norms_and_sums, lora_supports = lora_rule
+
+    def dispatched(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
+        return (lora_norms_and_sums if enabled(tap.layer) else norms_and_sums)(tap, g)
+
+    def supported(layer: keras.layers.Layer) -> bool:
+        return supports(layer) and (not enabled(layer) or lora_supports is None or lora_supports(layer))
+
+    return {"call": call, "norms_and_sums": dispatched, "supports": supported}
