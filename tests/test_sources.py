@@ -362,12 +362,34 @@ def test_draws_are_numbered_so_none_repeats_and_a_seed_repeats_them():
 
 
 @pytest.mark.skipif(not JAX, reason="JAX's processes")
-def test_data_read_on_demand_is_refused_across_jax_processes(monkeypatch):
+def test_each_jax_process_reads_only_its_share_of_the_global_sample(monkeypatch):
+    import jax  # pylint: disable=import-outside-toplevel
+
     from keras_dyndp.jax_backend import processes  # pylint: disable=import-outside-toplevel
 
-    monkeypatch.setattr(processes, "several", lambda: True)
-    with pytest.raises(ValueError, match="data read on demand .* is not supported across processes"):
-        keras_dyndp.poisson_batches(Source(), map=_decode, sampling_probability=P)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "device_count", lambda: 2)
+    monkeypatch.setattr(processes, "check_same_data", lambda arrays: None)  # a collective: tests/jax_backend
+    shares = []
+    for index in range(2):  # Process `index` of 2, from the same seed.
+        monkeypatch.setattr(jax, "process_index", lambda index=index: index)
+        source = BatchedSource()
+        batches = keras_dyndp.poisson_batches(source, map=_decode, sampling_probability=P, steps_per_epoch=5, seed=3)
+        assert batches.workers == 1
+        source.calls.clear()  # The first example and the rows compared across processes.
+        for step in range(5):
+            batch = batches[step]  # An empty share reads nothing.
+            shares.append((index, step, batch, source.calls.pop() if source.calls else []))
+    cap = batches.max_batch_size
+    for step in range(5):
+        (_, _, first, first_reads), (_, _, second, second_reads) = (s for s in shares if s[1] == step)
+        _, chosen = sources.draw(np.random.default_rng([3, step]), N, P, cap)
+        assert len(first[0]) == len(second[0]) == cap // 2
+        assert not set(first_reads) & set(second_reads)
+        assert sorted(first_reads + second_reads) == sorted(chosen)  # the global sample, each row read once
+        assert first_reads == sorted(chosen[: cap // 2])  # process 0's share, read in increasing order
+        for (_, y, weights), reads in ((first, first_reads), (second, second_reads)):
+            np.testing.assert_array_equal(y[weights > 0], np.asarray(reads) + 1)
 
 
 @pytest.mark.skipif(JAX, reason="TensorFlow's replicas")
