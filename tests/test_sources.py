@@ -392,6 +392,25 @@ def test_each_jax_process_reads_only_its_share_of_the_global_sample(monkeypatch)
             np.testing.assert_array_equal(y[weights > 0], np.asarray(reads) + 1)
 
 
+@pytest.mark.skipif(JAX, reason="TensorFlow's workers")
+def test_a_tensorflow_worker_reads_only_its_share_of_the_global_sample(monkeypatch):
+    from keras_dyndp.tf_backend import replicas  # pylint: disable=import-outside-toplevel
+
+    np.testing.assert_array_equal(replicas.worker_share(8, (1, 2), 4), [2, 3, 6, 7])  # parts 1 and 3 of 4
+    np.testing.assert_array_equal(replicas.worker_share(6, (0, 1), 2), np.arange(6))
+    monkeypatch.setattr(replicas, "input_pipeline", lambda: (0, 2))  # worker 0 of 2 (tests/multi_worker_job.py)
+    monkeypatch.setattr(replicas, "num_replicas", lambda: 2)
+    source = BatchedSource()
+    batches = keras_dyndp.poisson_batches(source, map=_decode, sampling_probability=P, steps_per_epoch=5, seed=3)
+    source.calls.clear()  # The first example, read to learn the shapes.
+    fed = []
+    for _, y, weights in _batches(batches):
+        real = weights > 0
+        assert not real[len(weights) // 2 :].any()  # worker 1's half: zeros of weight 0, not read
+        fed += list(y[real] - 1)
+    assert fed and sorted(sum(source.calls, [])) == sorted(fed)  # read once each, only where fed
+
+
 @pytest.mark.skipif(JAX, reason="TensorFlow's replicas")
 def test_rows_are_a_multiple_of_the_replicas_and_a_dataset_takes_no_map(tmp_path):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
