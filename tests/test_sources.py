@@ -128,6 +128,25 @@ def test_a_seed_repeats_the_sample_and_a_source_reads_the_memmaps_indices(tmp_pa
     assert from_memmap != [sorted(b[w > 0]) for _, b, w in _batches(_memmap_batches(x, y, seed=4))]
 
 
+def test_a_second_epoch_and_a_resumed_run_replay_no_batch(tmp_path):
+    """Resuming (docs/usage.md): a step's sample is a function of (seed, step), fresh at every epoch; a resumed run
+    builds its batches with a fresh seed (OS entropy, or research/batches.py's ``derived_seed(seed, start_step,
+    stream)``), draws none of the first run's batches, and the same derived seed repeats its own."""
+    x, y = _memmap(tmp_path)
+    derived = int(np.random.SeedSequence([3, 10, 0]).generate_state(1)[0])  # derived_seed(3, 10, BATCH_STREAM)
+
+    def samples(data, arguments, seed, epochs=1):
+        made = keras_dyndp.poisson_batches(data, sampling_probability=P, steps_per_epoch=5, seed=seed, **arguments)
+        return [tuple(sorted(b[w > 0])) for _ in range(epochs) for _, b, w in _batches(made)]
+
+    for data, arguments in ((x, {"y": y}), (Source(), {"map": _decode}), (BatchedSource(), {"map": _decode})):
+        first = samples(data, arguments, 3, epochs=2)
+        assert len(set(first)) == 10  # the second epoch's 5 batches are fresh ones
+        resumed = samples(data, arguments, derived)
+        assert not set(resumed) & set(first) and resumed == samples(data, arguments, derived)
+        assert not set(samples(data, arguments, None)) & set(first)
+
+
 def _memmap_batches(x, y, **kwargs):
     return keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=5, **kwargs)
 
