@@ -83,16 +83,19 @@ class CountingSource:
         return self.x[index], self.y[index]
 
 
-def on_demand(out_dir: str, task: int, x: np.ndarray, y: np.ndarray) -> dict:
+def on_demand(out_dir: str, task: int, x: np.ndarray, y: np.ndarray, pad_to_multiple: int | None = None) -> dict:
     """3 steps of Poisson batches (seed 7) of a memmap distributed by the strategy: the rows this worker read, the
-    rows it was fed, and the global samples (from the step seeds, as `keras_dyndp.tf_backend.data` draws them)."""
+    rows it was fed, and the global samples and batch rows (from the step seeds, as `keras_dyndp.tf_backend.data`
+    draws them). With ``pad_to_multiple`` the batches have no static size (tf.distribute's other rebatching)."""
     from keras_dyndp import sources  # pylint: disable=import-outside-toplevel
 
     path = os.path.join(out_dir, f"rows{task}.npy")
     np.save(path, np.arange(1, len(x) + 1, dtype=np.float32)[:, None].repeat(2, 1))
     source = CountingSource(np.load(path, mmap_mode="r"), y)
     with STRATEGY.scope():
-        batches = keras_dyndp.poisson_batches(source, sampling_probability=0.3, steps_per_epoch=3, seed=7)
+        batches = keras_dyndp.poisson_batches(
+            source, sampling_probability=0.3, steps_per_epoch=3, seed=7, pad_to_multiple=pad_to_multiple
+        )
     source.reads.clear()  # The first example, read to learn the shapes.
     fed = []
     for batch_x, _, weights in STRATEGY.experimental_distribute_dataset(batches):
@@ -100,11 +103,13 @@ def on_demand(out_dir: str, task: int, x: np.ndarray, y: np.ndarray) -> dict:
         fed.append(local_x[local_weights > 0, 0].astype(np.int64) - 1)
     cap = keras_dyndp.tf_backend.data.poisson_sampling(batches).max_batch_size
     step_seeds = tf.data.Dataset.random(seed=7, rerandomize_each_iteration=True).batch(2, drop_remainder=True)
-    samples = np.full((3, cap), -1)
+    samples, rows = np.full((3, cap), -1), np.full(3, cap)
     for step, step_seed in enumerate(step_seeds.take(3)):
-        _, chosen = sources.draw(np.random.default_rng(step_seed.numpy().view(np.uint64)), len(x), 0.3, cap)
+        selected, chosen = sources.draw(np.random.default_rng(step_seed.numpy().view(np.uint64)), len(x), 0.3, cap)
         samples[step, : len(chosen)] = chosen
-    return {"source_reads": np.asarray(source.reads), "source_fed": np.concatenate(fed), "source_samples": samples}
+        if pad_to_multiple:  # the multiple is lcm(pad_to_multiple, 2 replicas)
+            rows[step] = min(cap, max(1, -(-selected // pad_to_multiple)) * pad_to_multiple)
+    return {"reads": np.asarray(source.reads), "fed": np.concatenate(fed), "samples": samples, "rows": rows}
 
 
 def main(out_dir: str) -> None:
@@ -131,7 +136,8 @@ def main(out_dir: str) -> None:
     with STRATEGY.scope():
         poisson = keras_dyndp.poisson_batches(x, y, sampling_probability=0.3, steps_per_epoch=2)
     results["poisson_rows"] = np.concatenate([np.ravel(batch[0]) for batch in poisson])
-    results.update(on_demand(out_dir, task, x, y))
+    for name, multiple in (("source", None), ("padded_source", 2)):
+        results.update({f"{name}_{key}": value for key, value in on_demand(out_dir, task, x, y, multiple).items()})
     np.savez(os.path.join(out_dir, f"worker{task}.npz"), **results)
 
 
