@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
+from counting_source import CountingSource
 
 STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
 
@@ -69,20 +70,6 @@ def batches(x, y):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
 
 
-class CountingSource:
-    """A random-access source over a memmap's rows, recording every index it reads."""
-
-    def __init__(self, x, y):
-        self.x, self.y, self.reads = x, y, []
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, index):
-        self.reads.append(index)
-        return self.x[index], self.y[index]
-
-
 def on_demand(out_dir: str, task: int, x: np.ndarray, y: np.ndarray, pad_to_multiple: int | None = None) -> dict:
     """3 steps of Poisson batches (seed 7) of a memmap distributed by the strategy: the rows this worker read, the
     rows it was fed, and the global samples and batch rows (from the step seeds, as `keras_dyndp.tf_backend.data`
@@ -109,7 +96,8 @@ def on_demand(out_dir: str, task: int, x: np.ndarray, y: np.ndarray, pad_to_mult
         samples[step, : len(chosen)] = chosen
         if pad_to_multiple:  # the multiple is lcm(pad_to_multiple, 2 replicas)
             rows[step] = min(cap, max(1, -(-selected // pad_to_multiple)) * pad_to_multiple)
-    return {"reads": np.asarray(source.reads), "fed": np.concatenate(fed), "samples": samples, "rows": rows}
+    reads = np.asarray(sum(source.reads, []), np.int64)
+    return {"reads": reads, "fed": np.concatenate(fed), "samples": samples, "rows": rows}
 
 
 def main(out_dir: str) -> None:

@@ -22,6 +22,7 @@ jax.distributed.initialize(f"localhost:{PORT}", num_processes=2, process_id=PROC
 import jax_brute_force as brute_force  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from counting_source import CountingSource  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 import keras_dyndp  # noqa: E402
@@ -54,23 +55,6 @@ def _refusal(call):
     except (ValueError, RuntimeError) as error:
         return f"{type(error).__name__}: {error}"
     return "not refused"
-
-
-class CountingSource:
-    """A random-access source over a memmap's rows, recording the indices of each read."""
-
-    def __init__(self, x, y):
-        self.x, self.y, self.reads = x, y, []
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, index):
-        return self.__getitems__([index])[0]
-
-    def __getitems__(self, indices):
-        self.reads.append(list(indices))
-        return [(self.x[i], self.y[i]) for i in indices]
 
 
 def _on_demand(y):

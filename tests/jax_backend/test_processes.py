@@ -35,7 +35,8 @@ def _free_port() -> int:
 def runs(tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("processes"))
     port = str(_free_port())
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(JOB), *sys.path]), "CUDA_VISIBLE_DEVICES": ""}
+    tests = [os.path.dirname(JOB), os.path.dirname(os.path.dirname(JOB))]  # the job and tests/counting_source.py
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*tests, *sys.path]), "CUDA_VISIBLE_DEVICES": ""}
     env.pop("XLA_FLAGS", None)
     logs = [open(os.path.join(out_dir, f"process{index}.log"), "w") for index in range(2)]  # noqa: SIM115
     jobs = [
