@@ -409,6 +409,9 @@ def test_each_jax_process_reads_only_its_share_of_the_global_sample(monkeypatch)
         assert first_reads == sorted(chosen[: cap // 2])  # process 0's share, read in increasing order
         for (_, y, weights), reads in ((first, first_reads), (second, second_reads)):
             np.testing.assert_array_equal(y[weights > 0], np.asarray(reads) + 1)
+    batches.workers = 2
+    with pytest.raises(ValueError, match="with workers=2 the processes could number their draws differently"):
+        batches[0]
 
 
 @pytest.mark.skipif(JAX, reason="TensorFlow's workers")

@@ -132,6 +132,12 @@ class PoissonBatches(keras.utils.PyDataset):
         """A batch of data read on demand: k ~ Binomial(N, p) and a uniform k-subset from the next draw's generator
         (O(k), `keras_dyndp.sources.draw`), its rows read in increasing index order, then padding. Under several
         processes each reads only its share: the rows of the global batch at its positions (`processes.share`)."""
+        if processes.several() and (self.workers > 1 or self.use_multiprocessing):
+            raise ValueError(
+                "keras_dyndp.poisson_batches in several processes reads data read on demand with one reader "
+                f"(workers=1): with workers={self.workers} the processes could number their draws differently and "
+                "feed an example twice. Leave `workers` as poisson_batches set it."
+            )
         cap = self.max_batch_size
         rng = self.draws.next_generator()
         num_selected, chosen = sources.draw(rng, self.num_examples, self.sampling_probability, cap)
