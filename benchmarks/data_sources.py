@@ -10,9 +10,22 @@ on (set KERAS_BACKEND=jax for JAX) from:
 The sampler alone (`keras_dyndp.sources.draw`) is timed at each N; "one batch" is a batch drawn and read in the
 calling thread (its latency), "in the pipeline" the time per batch the backend's input pipeline delivers (TensorFlow:
 parallel calls and prefetch; JAX: 2 reader threads). Resident memory: RSS (``/proc/self/statm``) after 40 batches
-minus before building them. The file is in the page cache after it is written (warm reads).
+minus before building them. The file is in the page cache after it is written (warm reads); ``--cold`` asks the
+kernel to drop the file's pages (``posix_fadvise(DONTNEED)``) before each measurement, so reads go to the disk.
+
+With ``--baselines`` (TensorFlow) the same rows are also served by:
+- ``plain tf.data``: ``tf.data.Dataset.range(N).shuffle(N).batch(256)`` mapped by ``tf.numpy_function`` reading
+  ``memmap[sorted indices]`` (shuffle-and-slice batches of 256, not Poisson sampling; parallel calls, prefetch);
+- ``tfds.data_source``: ArrayRecord files of the first --tfds_size rows written by
+  ``tfds.dataset_builders.store_as_tfds_dataset`` (under --dir, deleted after; the build, some 1,000 examples/s in
+  Python here, is timed apart), read by ``poisson_batches`` with a ``map`` to float32;
+- ``ArrayRecordDataSource``: all N rows as raw 784-byte records in an ArrayRecord file (written by array_record's
+  ``ArrayRecordWriter``, fast), read through ``array_record_data_source.ArrayRecordDataSource`` (the reader under
+  ``tfds.data_source``, without tfds's decoding) by ``poisson_batches`` with a ``map``.
+Opacus's DPDataLoader on the same memmap is benchmarks/opacus_data_loader.py (PyTorch, a venv of its own).
 
     python benchmarks/data_sources.py --sizes=1000000,2000000 --batches=40
+    python benchmarks/data_sources.py --sizes=1000000 --baselines [--cold]
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import sys
 import time
 
@@ -113,11 +127,126 @@ def time_sampler(num_examples: int, repeats: int = 200) -> float:
     return 1e6 * (time.perf_counter() - start) / repeats
 
 
+def drop_from_page_cache(path: str) -> None:
+    """Asks the kernel to evict ``path``'s pages (cold reads from then on; best effort)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(descriptor)
+
+
+def plain_tf_data(memmap: np.ndarray, labels: np.ndarray, num_batches: int):
+    """Shuffle-and-slice batches of 256 rows read from the memmap in a ``tf.data`` pipeline (the usual recipe)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    def read(indices: np.ndarray):
+        indices = np.sort(indices)
+        return memmap[indices].astype(np.float32) / 255, labels[indices], np.ones(len(indices), np.float32)
+
+    def make_batch(indices):
+        x, y, w = tf.numpy_function(read, [indices], [tf.float32, tf.int32, tf.float32], stateful=False)
+        return tf.ensure_shape(x, [256, ROW]), tf.ensure_shape(y, [256]), tf.ensure_shape(w, [256])
+
+    indices = tf.data.Dataset.range(len(memmap)).shuffle(len(memmap), seed=0).batch(256, drop_remainder=True)
+    return indices.take(num_batches + 1).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str):
+    """``tfds.data_source`` of the rows, written as ArrayRecord files under ``data_dir``; (source, build seconds)."""
+    import importlib.resources  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    sys.modules.setdefault("importlib_resources", importlib.resources)  # tfds 4.9 imports the backport
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+    def chunks():
+        for start in range(0, len(memmap), 10_000):
+            yield {"image": np.asarray(memmap[start : start + 10_000]), "label": labels[start : start + 10_000]}
+
+    signature = {"image": tf.TensorSpec([None, ROW], tf.uint8), "label": tf.TensorSpec([None], tf.int32)}
+    rows = tf.data.Dataset.from_generator(chunks, output_signature=signature).unbatch()
+    features = tfds.features.FeaturesDict(
+        {"image": tfds.features.Tensor(shape=(ROW,), dtype=np.uint8), "label": tfds.features.Scalar(dtype=np.int32)}
+    )
+    start = time.perf_counter()
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="rows",
+        version="1.0.0",
+        data_dir=data_dir,
+        split_datasets={"train": rows},
+        features=features,
+        file_format="array_record",
+        disable_shuffling=True,
+    )
+    build_s = time.perf_counter() - start
+    return tfds.data_source("rows", split="train", data_dir=data_dir, download=False), build_s
+
+
+def array_record_source(memmap: np.ndarray, path: str):
+    """The rows as raw records of one ArrayRecord file at ``path``, read by ``ArrayRecordDataSource``."""
+    from array_record.python import array_record_data_source  # pylint: disable=import-outside-toplevel
+    from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+
+    writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+    for start in range(0, len(memmap), 10_000):
+        for record in np.asarray(memmap[start : start + 10_000]):
+            writer.write(record.tobytes())
+    writer.close()
+    return array_record_data_source.ArrayRecordDataSource([path])
+
+
+def baselines(path: str, num_examples: int, num_batches: int, cold: bool, data_dir: str, tfds_size: int) -> None:
+    """The plain ``tf.data`` pipeline and ``poisson_batches`` of a ``tfds.data_source`` on the same rows."""
+    memmap, labels = np.load(path, mmap_mode="r"), np.arange(num_examples, dtype=np.int32) % 10
+    if cold:
+        drop_from_page_cache(path)
+    before, iterator = rss_mb(), iter(plain_tf_data(memmap, labels, num_batches))
+    next(iterator)
+    start = time.perf_counter()
+    examples = sum(len(np.asarray(weights)) for _, _, weights in iterator)
+    seconds = time.perf_counter() - start
+    row("plain tf.data", num_examples, 1e3 * seconds / num_batches, examples / seconds, rss_mb() - before)
+    os.makedirs(data_dir, exist_ok=True)
+    records = array_record_source(memmap, os.path.join(data_dir, "rows.array_record"))
+    decode = lambda record: (np.frombuffer(record, np.uint8).astype(np.float32) / 255, np.int32(0))  # noqa: E731
+    measure("ArrayRecordDataSource", {"x": records, "map": decode}, num_batches, cold, data_dir)
+    size = min(num_examples, tfds_size)
+    source, build_s = tfds_source(memmap[:size], labels[:size], data_dir)
+    print(f"(tfds ArrayRecord files of N={size:,} built in {build_s:.0f} s)", flush=True)
+    data = {"x": source, "map": lambda element: (element["image"].astype(np.float32) / 255, element["label"])}
+    measure("tfds.data_source", data, num_batches, cold, data_dir)
+
+
+def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) -> None:
+    """One table row of ``poisson_batches`` from the source ``data["x"]`` (files under ``data_dir``)."""
+    if cold:
+        for folder, _, names in os.walk(data_dir):
+            for file_name in names:
+                drop_from_page_cache(os.path.join(folder, file_name))
+    result = time_batches(data, num_batches)
+    print(
+        f"| tensorflow | {len(data['x']):,} | {name} | - | {time_one_batch(data):.2f} | {result['ms']:.2f} | "
+        f"{result['examples_s']:,.0f} | {result['rss']:.0f} |",
+        flush=True,
+    )
+
+
+def row(name: str, num_examples: int, ms: float, examples_s: float, rss: float) -> None:
+    print(f"| tensorflow | {num_examples:,} | {name} | - | - | {ms:.2f} | {examples_s:,.0f} | {rss:.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000000,2000000", help="Comma-separated N (rows of 784 bytes).")
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--dir", default="/tmp")
+    parser.add_argument("--baselines", action="store_true", help="Also plain tf.data and tfds.data_source.")
+    parser.add_argument("--cold", action="store_true", help="Drop the files from the page cache first.")
+    parser.add_argument("--skip_ours", action="store_true", help="Only the baselines.")
+    parser.add_argument("--tfds_size", type=int, default=100_000, help="Rows written through tfds (slow to build).")
     args = parser.parse_args()
     backend = keras_dyndp.keras_backend()
     print(f"backend {backend}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}")
@@ -132,19 +261,25 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for num_examples in (int(size) for size in args.sizes.split(",")):
         path = os.path.join(args.dir, f"keras_dyndp_rows_{num_examples}.npy")
+        data_dir = os.path.join(args.dir, f"keras_dyndp_tfds_{num_examples}")
         try:
             offset = write_rows(path, num_examples)
             sampler_us = time_sampler(num_examples)
-            for name, data in inputs(path, num_examples, offset).items():
+            for name, data in ({} if args.skip_ours else inputs(path, num_examples, offset)).items():
+                if args.cold:
+                    drop_from_page_cache(path)
                 result = time_batches(data, args.batches)
                 print(
                     f"| {backend} | {num_examples:,} | {name} | {sampler_us:.0f} | {time_one_batch(data):.2f} | "
                     f"{result['ms']:.2f} | {result['examples_s']:,.0f} | {result['rss']:.0f} |",
                     flush=True,
                 )
+            if args.baselines:
+                baselines(path, num_examples, args.batches, args.cold, data_dir, args.tfds_size)
         finally:
             if os.path.exists(path):
                 os.remove(path)
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def inputs(path: str, num_examples: int, offset: int) -> dict:

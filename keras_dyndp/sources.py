@@ -78,19 +78,26 @@ class Rows:
             return map_nest(lambda leaf: leaf[:0], self.example)
         return self._read(indices)
 
-    def batch(self, chosen: np.ndarray, num_rows: int, keep_order: bool = False) -> tuple[Any, Any, np.ndarray]:
+    def batch(
+        self, chosen: np.ndarray, num_rows: int, keep_order: bool = False, read_at: np.ndarray | None = None
+    ) -> tuple[Any, Any, np.ndarray]:
         """``(x, y, sample_weight)`` of ``num_rows`` >= len(chosen) rows: the examples ``chosen`` first (in
-        increasing index order, or in ``chosen``'s order with ``keep_order``), then zero rows of weight 0."""
-        order = np.argsort(chosen, kind="stable")
-        rows = self.read(chosen[order])
-        if keep_order:
+        increasing index order, or in ``chosen``'s order with ``keep_order``), then zero rows of weight 0. With
+        ``read_at`` (positions in the batch; implies ``keep_order``) only the examples at those positions are read,
+        the other rows are zeros of weight 0: another worker's share of the batch, which this one does not feed."""
+        at = np.arange(len(chosen)) if read_at is None else read_at[read_at < len(chosen)]
+        order = np.argsort(chosen[at], kind="stable")
+        rows = self.read(chosen[at][order])
+        if keep_order or read_at is not None:
             restore = np.empty_like(order)
             restore[order] = np.arange(len(order))
             rows = map_nest(lambda leaf: leaf[restore], rows)
+        else:
+            at = np.arange(len(at))
 
         def pad(leaf: np.ndarray) -> np.ndarray:
             padded = np.zeros((num_rows,) + leaf.shape[1:], leaf.dtype)
-            padded[: len(leaf)] = leaf
+            padded[at] = leaf
             return padded
 
         return map_nest(pad, rows)

@@ -7,8 +7,8 @@
   jacobian path, which Keras 3's train step cannot reach): it is skipped, with its reason, on Keras 3.
 * The JAX stack (``keras_dyndp[jax,test]``, no TensorFlow): Keras runs on JAX (``KERAS_BACKEND=jax`` unless set)
   and the suite is tests/jax_backend, tests/conformance (the DP invariants every backend keeps) and the modules in
-  `BACKEND_NEUTRAL` (they import neither TensorFlow nor JAX). Where JAX is not installed, tests/jax_backend is not
-  collected.
+  `BACKEND_NEUTRAL` (they import neither TensorFlow nor JAX, or run on the backend Keras runs on). Where JAX is not
+  installed, tests/jax_backend is not collected.
 """
 
 import importlib.util
@@ -29,6 +29,7 @@ BACKEND_NEUTRAL = frozenset(
         "datasets/test_mnist_loader.py",
         "datasets/test_names_loader.py",
         "examples/test_jax_digits.py",
+        "examples/test_mnist_on_disk_example.py",
         "examples/test_trainer_command_lines.py",
         "test_cli.py",
         "test_backend.py",
@@ -47,6 +48,7 @@ BACKEND_NEUTRAL = frozenset(
         "test_refusals.py",
         "test_registration.py",
         "test_schedules.py",
+        "test_sources.py",
         "test_validation.py",
         "audit/test_bounds.py",
         "audit/test_white_box.py",

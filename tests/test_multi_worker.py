@@ -85,3 +85,20 @@ def test_noise_is_one_draw_of_std_sigma_and_the_same_on_both_workers(workers):
 
 def test_workers_sample_the_same_poisson_batches(workers):
     np.testing.assert_array_equal(workers[0]["poisson_rows"], workers[1]["poisson_rows"])
+
+
+@pytest.mark.parametrize("name", ["source", "padded_source"])  # a static batch size, and pad_to_multiple's
+def test_from_a_memmap_each_worker_reads_only_its_share_of_one_global_sample(workers, name):
+    samples, rows = workers[0][f"{name}_samples"], workers[0][f"{name}_rows"]
+    np.testing.assert_array_equal(workers[1][f"{name}_samples"], samples)
+    # One replica a worker: worker j feeds the j-th half of each batch.
+    shares = [
+        np.concatenate([sample[j * size // 2 : (j + 1) * size // 2] for sample, size in zip(samples, rows)])
+        for j in range(2)
+    ]
+    for results, share in zip(workers, shares):
+        share = share[share >= 0]
+        assert sorted(results[f"{name}_reads"]) == sorted(share)  # no row read twice, no other worker's row read
+        assert sorted(results[f"{name}_fed"]) == sorted(share)
+    union = np.concatenate([results[f"{name}_reads"] for results in workers])
+    assert sorted(union) == sorted(samples[samples >= 0])  # the global samples, whole

@@ -128,6 +128,25 @@ def test_a_seed_repeats_the_sample_and_a_source_reads_the_memmaps_indices(tmp_pa
     assert from_memmap != [sorted(b[w > 0]) for _, b, w in _batches(_memmap_batches(x, y, seed=4))]
 
 
+def test_a_second_epoch_and_a_resumed_run_replay_no_batch(tmp_path):
+    """Resuming (docs/usage.md): a step's sample is a function of (seed, step), fresh at every epoch; a resumed run
+    builds its batches with a fresh seed (OS entropy, or research/batches.py's ``derived_seed(seed, start_step,
+    stream)``), draws none of the first run's batches, and the same derived seed repeats its own."""
+    x, y = _memmap(tmp_path)
+    derived = int(np.random.SeedSequence([3, 10, 0]).generate_state(1)[0])  # derived_seed(3, 10, BATCH_STREAM)
+
+    def samples(data, arguments, seed, epochs=1):
+        made = keras_dyndp.poisson_batches(data, sampling_probability=P, steps_per_epoch=5, seed=seed, **arguments)
+        return [tuple(sorted(b[w > 0])) for _ in range(epochs) for _, b, w in _batches(made)]
+
+    for data, arguments in ((x, {"y": y}), (Source(), {"map": _decode}), (BatchedSource(), {"map": _decode})):
+        first = samples(data, arguments, 3, epochs=2)
+        assert len(set(first)) == 10  # the second epoch's 5 batches are fresh ones
+        resumed = samples(data, arguments, derived)
+        assert not set(resumed) & set(first) and resumed == samples(data, arguments, derived)
+        assert not set(samples(data, arguments, None)) & set(first)
+
+
 def _memmap_batches(x, y, **kwargs):
     return keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=5, **kwargs)
 
@@ -362,12 +381,56 @@ def test_draws_are_numbered_so_none_repeats_and_a_seed_repeats_them():
 
 
 @pytest.mark.skipif(not JAX, reason="JAX's processes")
-def test_data_read_on_demand_is_refused_across_jax_processes(monkeypatch):
+def test_each_jax_process_reads_only_its_share_of_the_global_sample(monkeypatch):
+    import jax  # pylint: disable=import-outside-toplevel
+
     from keras_dyndp.jax_backend import processes  # pylint: disable=import-outside-toplevel
 
-    monkeypatch.setattr(processes, "several", lambda: True)
-    with pytest.raises(ValueError, match="data read on demand .* is not supported across processes"):
-        keras_dyndp.poisson_batches(Source(), map=_decode, sampling_probability=P)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "device_count", lambda: 2)
+    monkeypatch.setattr(processes, "check_same_data", lambda arrays: None)  # a collective: tests/jax_backend
+    shares = []
+    for index in range(2):  # Process `index` of 2, from the same seed.
+        monkeypatch.setattr(jax, "process_index", lambda index=index: index)
+        source = BatchedSource()
+        batches = keras_dyndp.poisson_batches(source, map=_decode, sampling_probability=P, steps_per_epoch=5, seed=3)
+        assert batches.workers == 1
+        source.calls.clear()  # The first example and the rows compared across processes.
+        for step in range(5):
+            batch = batches[step]  # An empty share reads nothing.
+            shares.append((index, step, batch, source.calls.pop() if source.calls else []))
+    cap = batches.max_batch_size
+    for step in range(5):
+        (_, _, first, first_reads), (_, _, second, second_reads) = (s for s in shares if s[1] == step)
+        _, chosen = sources.draw(np.random.default_rng([3, step]), N, P, cap)
+        assert len(first[0]) == len(second[0]) == cap // 2
+        assert not set(first_reads) & set(second_reads)
+        assert sorted(first_reads + second_reads) == sorted(chosen)  # the global sample, each row read once
+        assert first_reads == sorted(chosen[: cap // 2])  # process 0's share, read in increasing order
+        for (_, y, weights), reads in ((first, first_reads), (second, second_reads)):
+            np.testing.assert_array_equal(y[weights > 0], np.asarray(reads) + 1)
+    batches.workers = 2
+    with pytest.raises(ValueError, match="with workers=2 the processes could number their draws differently"):
+        batches[0]
+
+
+@pytest.mark.skipif(JAX, reason="TensorFlow's workers")
+def test_a_tensorflow_worker_reads_only_its_share_of_the_global_sample(monkeypatch):
+    from keras_dyndp.tf_backend import replicas  # pylint: disable=import-outside-toplevel
+
+    np.testing.assert_array_equal(replicas.worker_share(8, (1, 2), 4), [2, 3, 6, 7])  # parts 1 and 3 of 4
+    np.testing.assert_array_equal(replicas.worker_share(6, (0, 1), 2), np.arange(6))
+    monkeypatch.setattr(replicas, "input_pipeline", lambda: (0, 2))  # worker 0 of 2 (tests/multi_worker_job.py)
+    monkeypatch.setattr(replicas, "num_replicas", lambda: 2)
+    source = BatchedSource()
+    batches = keras_dyndp.poisson_batches(source, map=_decode, sampling_probability=P, steps_per_epoch=5, seed=3)
+    source.calls.clear()  # The first example, read to learn the shapes.
+    fed = []
+    for _, y, weights in _batches(batches):
+        real = weights > 0
+        assert not real[len(weights) // 2 :].any()  # worker 1's half: zeros of weight 0, not read
+        fed += list(y[real] - 1)
+    assert fed and sorted(sum(source.calls, [])) == sorted(fed)  # read once each, only where fed
 
 
 @pytest.mark.skipif(JAX, reason="TensorFlow's replicas")

@@ -5,7 +5,8 @@ the batch independently with probability p, drawn from a numpy generator of its 
 given, never Keras's global seed), the selected rows first, then rows of zeros with sample weight 0. Under several
 processes (`processes`) every process draws the same global batch from process 0's seed and yields its share. Data
 read on demand (`keras_dyndp.sources`: memmaps, array-likes, random-access sources) is drawn in O(k) from numbered
-draws (`keras_dyndp.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads, in one process only.
+draws (`keras_dyndp.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads; under several processes by one
+(the draws numbered in batch order, alike on every process), each process reading only the rows of its share.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ class PoissonBatches(keras.utils.PyDataset):
         arguments = arguments or sampling.check_arguments(**sampler_arguments)
         self._rows = x if isinstance(x, sources.Rows) else None
         if self._rows is not None:
-            self.workers = 2  # Threads read ahead while the step runs (JAX releases the GIL).
-            _check_one_process()
+            # Threads read ahead while the step runs (JAX releases the GIL); under several processes one reader, so
+            # that every process numbers the same draws in the same order (each file read is parallel still).
+            self.workers = 1 if processes.several() else 2
         num_examples = self._rows.num_examples if self._rows else sampling.check_rows(x, y, sample_weight)
         processes.check_rows("max_batch_size", arguments.max_batch_size)
         processes.check_rows("pad_to_multiple", arguments.pad_to_multiple)
@@ -52,6 +54,7 @@ class PoissonBatches(keras.utils.PyDataset):
         self._x, self._y = x, y
         seed = processes.agreed_random_bits(128, secrets.randbits) if arguments.seed is None else arguments.seed
         if self._rows is not None:
+            processes.check_same_source(self._rows)
             self.draws = sources.DrawCounter(seed)
             return
         weights = np.ones(num_examples) if sample_weight is None else sample_weight
@@ -127,23 +130,21 @@ class PoissonBatches(keras.utils.PyDataset):
 
     def _read_batch(self):
         """A batch of data read on demand: k ~ Binomial(N, p) and a uniform k-subset from the next draw's generator
-        (O(k), `keras_dyndp.sources.draw`), its rows read in increasing index order, then padding."""
+        (O(k), `keras_dyndp.sources.draw`), its rows read in increasing index order, then padding. Under several
+        processes each reads only its share: the rows of the global batch at its positions (`processes.share`)."""
+        if processes.several() and (self.workers > 1 or self.use_multiprocessing):
+            raise ValueError(
+                "keras_dyndp.poisson_batches in several processes reads data read on demand with one reader "
+                f"(workers=1): with workers={self.workers} the processes could number their draws differently and "
+                "feed an example twice. Leave `workers` as poisson_batches set it."
+            )
         cap = self.max_batch_size
         rng = self.draws.next_generator()
         num_selected, chosen = sources.draw(rng, self.num_examples, self.sampling_probability, cap)
         if num_selected > cap:
             self._check_overflow(num_selected)
-        return self._rows.batch(chosen, self._num_rows(num_selected))
-
-
-def _check_one_process() -> None:
-    """ValueError under several processes: data read on demand cannot be checked to be the same on each."""
-    if processes.several():
-        raise ValueError(
-            f"keras_dyndp.poisson_batches in {jax.process_count()} processes takes in-memory arrays (every process "
-            "must hold the same data, which is checked by hashing it); data read on demand (a memmap, an "
-            "array-like or a random-access source) is not supported across processes."
-        )
+        share = processes.share(self._num_rows(num_selected))
+        return self._rows.batch(chosen[share.start : share.stop], len(share))
 
 
 def make_poisson_batches(

@@ -8,7 +8,8 @@ processes agree on what the program holds and on the global batch:
   a sampler of its own an example could sit in two processes' shares of the batch (moving the sum by 2 C);
 - every process holds the same data (`check_same_data`), draws the same global Poisson batch and feeds only its
   share (`local_rows`): the global batch is the processes' shares in process order
-  (``jax.make_array_from_process_local_data``);
+  (``jax.make_array_from_process_local_data``); data read on demand (`keras_dyndp.sources`) is read by each process
+  at its share's rows only, and compared by N and some rows (`check_same_source`);
 - every process builds the DP optimizer alike (`check_same_release`: schedule, learning rate, DP and base settings):
   with the one noise key a process under other noise or another learning rate would apply the same draw at another
   scale, and two released copies would cancel it. Both checks gather SHA-256 digests (`disagreements`).
@@ -86,6 +87,21 @@ def check_same_data(arrays: list) -> None:
         )
 
 
+# Rows of data read on demand that `check_same_source` compares across processes (besides N and the shapes).
+_PROBED_ROWS = 16
+
+
+def check_same_source(rows: Any) -> None:
+    """`check_same_data` for data read on demand (`keras_dyndp.sources.Rows`), which no process reads whole: N, the
+    first example and ``_PROBED_ROWS`` rows at positions drawn from N (the same on every process) must agree; a
+    process given another file or another number of examples is refused, one differing elsewhere is not seen."""
+    if not several():
+        return
+    probes = np.unique(np.random.default_rng(rows.num_examples).integers(rows.num_examples, size=_PROBED_ROWS))
+    leaves = jax.tree_util.tree_leaves((rows.example, rows.read(probes)))
+    check_same_data([np.asarray([rows.num_examples], np.int64), *leaves])
+
+
 def check_same_release(description: dict[str, Any]) -> None:
     """ValueError on every process unless all describe the release alike (a collective): ``description`` maps what
     determines it (`keras_dyndp.optimizer_base.DPOptimizerBase._check_same_release`) to values JSON or Keras
@@ -126,12 +142,21 @@ def check_rows(name: str, value: int | None) -> None:
         )
 
 
+def share(num_rows: int) -> range:
+    """The positions of this process's share of a global batch of ``num_rows`` rows (all of them in one process):
+    an equal, contiguous part, in process order (``jax.make_array_from_process_local_data``)."""
+    if not several():
+        return range(num_rows)
+    size = num_rows // jax.process_count()
+    return range(jax.process_index() * size, (jax.process_index() + 1) * size)
+
+
 def local_rows(value: Any) -> Any:
     """This process's share of a global batch's rows (all of them in one process)."""
     if not several():
         return value
-    share = len(value) // jax.process_count()
-    return value[jax.process_index() * share : (jax.process_index() + 1) * share]
+    rows = share(len(value))
+    return value[rows.start : rows.stop]
 
 
 def check_distribution() -> None:

@@ -178,13 +178,15 @@ def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) ->
     """`keras_dyndp.poisson_batches` of data read on demand (`keras_dyndp.sources`): each step's sample is drawn in
     numpy (k ~ Binomial(N, p), a uniform subset; O(k)) from its step seed, its rows read in increasing index order
     inside the input pipeline (``tf.numpy_function``, parallel calls, prefetch), returned in the sample's random
-    order, padded as in-memory batches are."""
+    order, padded as in-memory batches are. Under MultiWorkerMirroredStrategy every worker draws the same sample
+    (one seed) and reads only its share's rows (`replicas.worker_share`), leaving the others' rows zero."""
     num_examples, p = rows.num_examples, arguments.sampling_probability
     max_batch_size = arguments.cap(num_examples, replicas.num_replicas())
     multiple = arguments.pad_to_multiple
     multiple = None if multiple is None else math.lcm(multiple, replicas.num_replicas())
     structure = rows.example if rows.example[1] is not None else (rows.example[0], rows.example[2])
     example_leaves = tf.nest.flatten(structure)
+    pipeline, num_replicas = replicas.input_pipeline(), replicas.num_replicas()
 
     def draw_and_read(step_seed: np.ndarray) -> list[np.ndarray]:
         rng = np.random.default_rng(np.asarray(step_seed).view(np.uint64))
@@ -193,7 +195,8 @@ def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) ->
             num_rows = max_batch_size
         else:
             num_rows = min(max_batch_size, max(1, -(-num_selected // multiple)) * multiple)
-        batch_x, batch_y, weights = rows.batch(chosen, num_rows, keep_order=True)
+        read_at = None if pipeline[1] == 1 else replicas.worker_share(num_rows, pipeline, num_replicas)
+        batch_x, batch_y, weights = rows.batch(chosen, num_rows, keep_order=True, read_at=read_at)
         parts = (batch_x, weights) if batch_y is None else (batch_x, batch_y, weights)
         return [np.int32(num_selected)] + tf.nest.flatten(parts)
 

@@ -15,6 +15,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 _BITS_PER_WORD = 24  # Exact in float32, the dtype every all-reduce sums.
@@ -68,6 +69,30 @@ def is_multi_worker() -> bool:
         and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
         and num_replicas() > len(strategy.extended.worker_devices)
     )
+
+
+def input_pipeline() -> tuple[int, int]:
+    """(index, count) of this worker's input pipeline among the workers of a MultiWorkerMirroredStrategy; (0, 1)
+    elsewhere (every pipeline then feeds the whole batch)."""
+    if not is_multi_worker():
+        return 0, 1
+    resolver = tf.distribute.get_strategy().cluster_resolver
+    cluster = resolver.cluster_spec().as_dict()
+    chiefs = len(cluster.get("chief", []))  # The chief is worker 0, as in tf.distribute's input contexts.
+    index = resolver.task_id if resolver.task_type == "chief" else chiefs + resolver.task_id
+    return int(index), chiefs + len(cluster.get("worker", []))
+
+
+def worker_share(num_rows: int, pipeline: tuple[int, int], replicas: int) -> np.ndarray:
+    """The positions of the rows of a global batch (``num_rows``, a multiple of the ``replicas`` in sync) that input
+    pipeline ``pipeline`` = (index, count) feeds: ``experimental_distribute_dataset`` splits each batch into one
+    part per replica, in order, and worker w of W keeps parts w, w + W, w + 2 W, ... (its rebatch and auto-shard
+    by data); all rows for one pipeline. tests/multi_worker_job.py checks this against the strategy."""
+    index, count = pipeline
+    part = num_rows // replicas
+    if count == 1:
+        return np.arange(num_rows)
+    return np.concatenate([np.arange(j * part, (j + 1) * part) for j in range(index, replicas, count)])
 
 
 def agreed_random_bits(num_bits: int) -> int:

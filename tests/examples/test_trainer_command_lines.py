@@ -17,6 +17,7 @@ _HAS_JAX = importlib.util.find_spec("jax") is not None
 HELP_FLAGS = {
     "examples.digits": ["--epsilon", "--method", "--epochs", "--model_dir"],
     "examples.mnist": ["--idx_dir", "--data_dir", "--initial_clip", "--epsilon"],
+    "examples.mnist_on_disk": ["--idx_dir", "--memmap_dir", "--initial_clip", "--epsilon"],
     "examples.fashion_mnist": ["--idx_dir", "--data_dir", "--initial_clip", "--epsilon"],
     "examples.imdb": ["--imdb_dir", "--data_dir", "--epsilon"],
     "examples.names": ["--names_dir", "--epsilon"],
@@ -47,7 +48,7 @@ MISSING_DATA = [
         ("names", "names_dir"),
         ("chest_xray", "chest_xray_dir"),
     )
-]
+] + [("examples.mnist_on_disk", [f"--idx_dir={MISSING}"])]
 
 
 def _run(module: str, *arguments: str) -> subprocess.CompletedProcess:
@@ -58,9 +59,11 @@ def _run(module: str, *arguments: str) -> subprocess.CompletedProcess:
 
 
 def _runs_here(module: str) -> bool:
-    """research/ and the TensorFlow examples need TensorFlow; jax_digits needs JAX."""
+    """research/ and the TensorFlow examples need TensorFlow; jax_digits needs JAX; mnist_on_disk runs on either."""
     if module == "examples.jax_digits":
         return _HAS_JAX
+    if module == "examples.mnist_on_disk":
+        return True
     return importlib.util.find_spec("tensorflow") is not None and os.environ.get("KERAS_BACKEND", "tensorflow") in (
         "tensorflow",
         "",

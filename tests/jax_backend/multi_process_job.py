@@ -4,7 +4,8 @@ step under ``keras.distribution.DataParallel`` over both processes' devices.
 Usage: multi_process_job.py PROCESS_ID PORT OUT_DIR. Writes OUT_DIR/process<ID>.npz, which the test compares across
 the processes: the agreed keys and sampler states, this process's share of the global Poisson batch and the global
 batch, the update against the per-example loop's on the global batch, the noisy kernel, and the refusals' messages
-(among them of optimizers that differ between the processes).
+(among them of optimizers that differ between the processes); from a memmap on disk (one copy per process), the
+rows each process read through a counting source and a step trained on it.
 """
 
 import os
@@ -21,6 +22,7 @@ jax.distributed.initialize(f"localhost:{PORT}", num_processes=2, process_id=PROC
 import jax_brute_force as brute_force  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from counting_source import CountingSource  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 import keras_dyndp  # noqa: E402
@@ -53,6 +55,30 @@ def _refusal(call):
     except (ValueError, RuntimeError) as error:
         return f"{type(error).__name__}: {error}"
     return "not refused"
+
+
+def _on_demand(y):
+    """Reads of 3 batches from a memmap through `CountingSource`, the seed, and a step trained on the memmap."""
+    path = os.path.join(OUT_DIR, f"rows{PROCESS_ID}.npy")
+    np.save(path, np.arange(1, N + 1, dtype="float32")[:, None].repeat(4, 1))
+    source = CountingSource(np.load(path, mmap_mode="r"), y)
+    batches = keras_dyndp.poisson_batches(source, sampling_probability=P, steps_per_epoch=3)
+    source.reads.clear()  # The first example and the rows compared across processes.
+    steps, reads = [], []
+    for step in range(3):
+        batch_x, _, weights = batches[step]
+        read = source.reads.pop() if source.reads else []  # An empty share reads nothing.
+        assert sorted(batch_x[weights != 0, 0].astype(int) - 1) == sorted(read)
+        steps, reads = steps + [step] * len(read), reads + read
+    model = _model(2, 0.1, 0.0)
+    model.fit(keras_dyndp.poisson_batches(source.x, y, sampling_probability=P, steps_per_epoch=1), verbose=0)
+    return {
+        "source_seed": np.asarray(str(batches.draws.seed)),
+        "source_cap": batches.max_batch_size,
+        "source_steps": np.asarray(steps, np.int64),
+        "source_reads": np.asarray(reads, np.int64),
+        "memmap_steps": int(model.optimizer.dp_step.numpy()),
+    }
 
 
 def main():
@@ -107,6 +133,7 @@ def main():
     result["other_noise"] = _refusal(lambda: fit_other(noise_stddev=0.5))
     result["other_learning_rate"] = _refusal(lambda: fit_other(learning_rate=0.5))
     result["other_data"] = _refusal(lambda: keras_dyndp.poisson_batches(x + PROCESS_ID, y, sampling_probability=P))
+    result.update(_on_demand(y))
     result["arrays"] = _refusal(lambda: model.fit(x, y, batch_size=10, verbose=0))
     result["train_on_batch"] = _refusal(lambda: model.train_on_batch(x[:10], y[:10]))
     keras.distribution.set_distribution(None)

@@ -16,6 +16,7 @@ if keras.backend.backend() != "jax":
 
 import numpy as np  # noqa: E402
 
+from keras_dyndp import sources  # noqa: E402
 from keras_dyndp.jax_backend import PoissonBatches  # noqa: E402
 from keras_dyndp.jax_backend import processes  # noqa: E402
 
@@ -34,7 +35,8 @@ def _free_port() -> int:
 def runs(tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("processes"))
     port = str(_free_port())
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(JOB), *sys.path]), "CUDA_VISIBLE_DEVICES": ""}
+    tests = [os.path.dirname(JOB), os.path.dirname(os.path.dirname(JOB))]  # the job and tests/counting_source.py
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*tests, *sys.path]), "CUDA_VISIBLE_DEVICES": ""}
     env.pop("XLA_FLAGS", None)
     logs = [open(os.path.join(out_dir, f"process{index}.log"), "w") for index in range(2)]  # noqa: SIM115
     jobs = [
@@ -73,6 +75,19 @@ def test_each_process_feeds_its_share_of_one_global_poisson_batch(runs):
     chosen = int(np.sum(weights != 0))
     assert 0 < chosen < len(weights) and np.all(weights[:chosen] != 0) and np.all(weights[chosen:] == 0)
     assert len(np.unique(first["global_x"][:chosen], axis=0)) == chosen  # no example in both shares
+
+
+def test_from_a_memmap_each_process_reads_only_its_share_of_one_global_sample(runs):
+    first, second = runs
+    assert str(first["source_seed"]) == str(second["source_seed"])
+    seed, cap = int(str(first["source_seed"])), int(first["source_cap"])
+    for step in range(3):
+        _, chosen = sources.draw(np.random.default_rng([seed, step]), N, P, cap)
+        shares = [run["source_reads"][run["source_steps"] == step] for run in runs]
+        assert sorted(np.concatenate(shares)) == sorted(chosen)  # the global sample, no row read twice
+        for index, share in enumerate(shares):
+            assert sorted(share) == sorted(chosen[index * cap // 2 : (index + 1) * cap // 2])
+    assert [int(run["memmap_steps"]) for run in runs] == [1, 1]
 
 
 def test_the_step_is_the_one_device_step_of_the_global_batch(runs):
