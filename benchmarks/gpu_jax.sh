@@ -16,8 +16,10 @@
 # then call the device tool's run with carry [".whl"] and command "bash benchmarks/gpu_jax.sh bench" (the tables,
 # keras_dyndp's and Opacus's; timeout_s 540), then "bash benchmarks/gpu_jax.sh extra" (peak memory per path at batch
 # 1024, mixed_bfloat16 at batch 256, per-convolution norms; timeout_s 540), then "bash benchmarks/gpu_jax.sh tests"
-# (the JAX test suite, its summary printed and in $OUT/tests.log; timeout_s 480): no argument runs all three, longer
-# than one call may last. The GPU's name is in $OUT. A session has 15 minutes of device time, the machine's start
+# (the JAX test suite, its summary printed and in $OUT/tests.log; timeout_s 480), then "bash benchmarks/gpu_jax.sh
+# transformers" (the text transformer and the ViT of benchmarks/models.py, batch 256: keras_dyndp and jax_privacy
+# beside JAX's non-private step, Opacus beside PyTorch's; timeout_s 300): no argument runs all four, longer than one
+# call may last. The GPU's name is in $OUT. A session has 15 minutes of device time, the machine's start
 # included: that order puts the goals' numbers first.
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -26,7 +28,7 @@ OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import jax, keras; print('jax', jax.__version__, jax.devices(), 'keras', keras.__version__)" | tee -a "$OUT/gpu.txt"
-PARTS="${1:-bench tests extra}"
+PARTS="${1:-bench tests extra transformers}"
 if [[ "$PARTS" == *tests* ]]; then
   timeout 420 python3 -m pytest tests/jax_backend tests/conformance -q -n 8 2>&1 \
     | tee "$OUT/tests.log" | tail -n 40 || true
@@ -42,6 +44,15 @@ if [[ "$PARTS" == *bench* ]]; then
     --out_md "$OUT/opacus256.md" 2>&1 | tee "$OUT/opacus256.log" | grep -E "repetition|\|" || true
   timeout 60 python3 opacus_step_time.py --models wrn --batch_size 1024 --steps 10 --repeats 3 \
     --out_md "$OUT/opacus1024.md" 2>&1 | tee "$OUT/opacus1024.log" | grep -E "repetition|\|" || true
+fi
+if [[ "$PARTS" == *transformers* ]]; then
+  # Attention models: EinsumDense, LayerNormalization and Embedding rules (JAX), Linear/LayerNorm/Embedding (Opacus).
+  timeout 180 python3 jax_step_time.py --models transformer,vit --batch_size 256 --steps 20 --repeats 5 \
+    --out_md "$OUT/transformer256.md" 2>&1 | grep -v Warning | tee "$OUT/transformer256.log" \
+    | grep -E "repetition|\|" || true
+  timeout 90 python3 opacus_step_time.py --models transformer,vit --batch_size 256 --steps 20 --repeats 5 \
+    --out_md "$OUT/opacus_transformer256.md" 2>&1 | tee "$OUT/opacus_transformer256.log" | grep -E "repetition|\|" \
+    || true
 fi
 [[ "$PARTS" == *extra* ]] || exit 0
 # Peak memory at batch 1024, one process per path set (memory_stats keeps the process's peak); then mixed_bfloat16.

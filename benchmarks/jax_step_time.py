@@ -14,7 +14,8 @@ on the returned state (``jax.block_until_ready``), so asynchronous dispatch is n
 
 Warm-up steps (compilation) are excluded. Each repetition runs every path for ``--steps`` steps, in the same order;
 the table reports the median over repetitions of the mean step time and of the ratio to ``nonprivate`` within one
-repetition. Models: cnn, lstm, text (as benchmarks/step_time.py) and wrn (WideResNet-16-4, CIFAR-10 shapes).
+repetition. Models: cnn, lstm, text, wrn (WideResNet-16-4, CIFAR-10 shapes), transformer and vit
+(benchmarks/models.py), as benchmarks/step_time.py.
 ``--dtype_policy=mixed_bfloat16`` computes in bfloat16 (norms, clipping, noise and sums stay float32). The table's
 header gives the device's peak memory (``memory_stats``; GPUs report it, CPUs do not): the largest of the paths run,
 so run one path per process (``--paths=nonprivate``, ``--paths=dyndp_fast``) to compare them. Each row also gives
@@ -57,7 +58,7 @@ flags.DEFINE_integer("batch_size", 256, "Examples per step.")
 flags.DEFINE_integer("steps", 20, "Timed steps per repetition.")
 flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per path before the first repetition.")
 flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is reported.")
-flags.DEFINE_list("models", ["cnn", "lstm", "text"], "Models among cnn, lstm, text, wrn.")
+flags.DEFINE_list("models", ["cnn", "lstm", "text"], f"Models among {', '.join(models.NAMES)}.")
 flags.DEFINE_string("out_md", None, "Where to write the markdown table.")
 flags.DEFINE_enum("dtype_policy", "float32", ["float32", "mixed_bfloat16"], "Keras's global dtype policy.")
 
@@ -72,7 +73,7 @@ LEARNING_RATE = 0.05
 
 def build(model_name: str, path: str, batch_size: int) -> keras.Model:
     keras.utils.set_random_seed(0)
-    model = models.wide_resnet(keras) if model_name == "wrn" else keras.Sequential(models.LAYERS[model_name](keras))
+    model = models.build(keras, model_name)
     if path == "nonprivate":
         model.compile(
             optimizer=keras.optimizers.SGD(LEARNING_RATE),
@@ -231,9 +232,9 @@ def main(argv: list[str]) -> None:
     unknown_paths = sorted(set(FLAGS.paths) - set(PATHS))
     if unknown_paths:
         raise app.UsageError(f"`--paths` must be among {PATHS}. Received: {unknown_paths}.")
-    unknown = sorted(set(FLAGS.models) - {*models.LAYERS, "wrn"})
+    unknown = sorted(set(FLAGS.models) - set(models.NAMES))
     if unknown:
-        raise app.UsageError(f"`--models` must be among {sorted({*models.LAYERS, 'wrn'})}. Received: {unknown}.")
+        raise app.UsageError(f"`--models` must be among {sorted(models.NAMES)}. Received: {unknown}.")
     keras.config.set_dtype_policy(FLAGS.dtype_policy)
     rows = [row for name in FLAGS.models for row in measure(name)]
     interleaved.report(markdown(rows), FLAGS.out_md)

@@ -4,7 +4,15 @@ TensorFlow or JAX): each builder takes the ``keras`` module and returns the laye
 cnn: TF-Privacy's MNIST tutorial CNN (the paper's). lstm: a small sequence classifier (names-like). text: embedding
 + average pooling + dense (IMDB-like). wrn: a WideResNet-16-4 on CIFAR-10-shaped inputs (Zagoruyko & Komodakis
 2016) with GroupNormalization instead of batch normalisation (which DP-SGD refuses), as in De et al. 2022; built as
-a functional model (``wide_resnet``), so it is not in `LAYERS`.
+a functional model (``wide_resnet``), so it is not in `LAYERS`. transformer: a small text transformer (token
+embedding, learned positions, two post-norm blocks of MultiHeadAttention and a ReLU feed-forward, average pooling,
+Dense). vit: the same blocks over the 64 4x4 patches of a 32x32x3 image (a small ViT, Dosovitskiy et al. 2021, with
+average pooling instead of a class token). Both are functional (`FUNCTIONAL`); `build` makes any model by name.
+
+Learned positions are the bias of an EinsumDense over the position and feature axes (``bias_axes`` ``"te"``): ``x W +
+P`` with P one learned vector per position, a layer the ghost rules already cover (a custom position layer would send
+the whole model to the vectorized path on TensorFlow). In the ViT the same layer is the patch embedding (a Dense over
+each flattened patch) plus the positions.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import numpy as np
 
 LSTM_VOCAB, LSTM_LENGTH = 1000, 40
 TEXT_VOCAB, TEXT_LENGTH = 10000, 256
+TRANSFORMER_LENGTH, TRANSFORMER_WIDTH, TRANSFORMER_HEADS = 64, 64, 4
+IMAGE_SIZE, PATCH_SIZE = 32, 4
 
 
 def cnn_layers(keras: Any) -> list:
@@ -75,13 +85,75 @@ def wide_resnet(keras: Any, depth: int = 16, width: int = 4, groups: int = 16) -
     return keras.Model(inputs, keras.layers.Dense(10)(h), name=f"wrn_{depth}_{width}")
 
 
+def positions(keras: Any, h: Any, length: int, width: int) -> Any:
+    """``h W + P`` for ``h`` [B, length, features]: W [features, width], P [length, width] learned (EinsumDense's
+    bias over the position and feature axes)."""
+    return keras.layers.EinsumDense("btf,fe->bte", output_shape=(length, width), bias_axes="te")(h)
+
+
+def transformer_block(keras: Any, h: Any, width: int, heads: int) -> Any:
+    """Post-norm: LayerNorm(h + MHA(h, h)), then LayerNorm(h + Dense(width)(Dense(2 width, relu)(h)))."""
+    layers = keras.layers
+    attention = layers.MultiHeadAttention(heads, width // heads)(h, h)
+    h = layers.LayerNormalization()(layers.Add()([h, attention]))
+    feed_forward = layers.Dense(width)(layers.Dense(2 * width, activation="relu")(h))
+    return layers.LayerNormalization()(layers.Add()([h, feed_forward]))
+
+
+def transformer(
+    keras: Any,
+    vocabulary: int = TEXT_VOCAB,
+    length: int = TRANSFORMER_LENGTH,
+    width: int = TRANSFORMER_WIDTH,
+    heads: int = TRANSFORMER_HEADS,
+    blocks: int = 2,
+    outputs: int = 2,
+) -> Any:
+    """Token ids [B, length] -> logits [B, outputs]: Embedding, learned positions, `blocks` blocks, average pooling."""
+    inputs = keras.Input((length,), dtype="int32")
+    h = positions(keras, keras.layers.Embedding(vocabulary, width)(inputs), length, width)
+    for _ in range(blocks):
+        h = transformer_block(keras, h, width, heads)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    return keras.Model(inputs, keras.layers.Dense(outputs)(h), name="transformer")
+
+
+def vit(keras: Any, width: int = TRANSFORMER_WIDTH, heads: int = TRANSFORMER_HEADS, blocks: int = 2) -> Any:
+    """Images [B, 32, 32, 3] -> 10 logits: 64 patches of 4x4x3, each embedded by one Dense plus its learned
+    position, `blocks` blocks, average pooling."""
+    side = IMAGE_SIZE // PATCH_SIZE
+    inputs = keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3))
+    h = keras.layers.Reshape((side, PATCH_SIZE, side, PATCH_SIZE, 3))(inputs)
+    h = keras.layers.Permute((1, 3, 2, 4, 5))(h)  # [B, row, column, patch row, patch column, channel]
+    h = keras.layers.Reshape((side * side, PATCH_SIZE * PATCH_SIZE * 3))(h)
+    h = positions(keras, h, side * side, width)
+    for _ in range(blocks):
+        h = transformer_block(keras, h, width, heads)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    return keras.Model(inputs, keras.layers.Dense(10)(h), name="vit")
+
+
+FUNCTIONAL = {"wrn": wide_resnet, "transformer": transformer, "vit": vit}
+NAMES = (*LAYERS, *FUNCTIONAL)
+
+
+def build(keras: Any, name: str) -> Any:
+    """Model ``name`` (among `NAMES`): a ``keras.Sequential`` of `LAYERS`, or a functional model of `FUNCTIONAL`."""
+    if name in FUNCTIONAL:
+        return FUNCTIONAL[name](keras)
+    return keras.Sequential(LAYERS[name](keras))
+
+
 def make_data(name: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """A fixed synthetic batch (numpy inputs, int32 labels) for model ``name``."""
     rng = np.random.default_rng(0)
     if name == "cnn":
         x = rng.normal(size=(batch_size, 28, 28, 1)).astype(np.float32)
         y = rng.integers(0, 10, size=batch_size)
-    elif name == "wrn":
+    elif name == "transformer":
+        x = rng.integers(0, TEXT_VOCAB, size=(batch_size, TRANSFORMER_LENGTH)).astype(np.int32)
+        y = rng.integers(0, 2, size=batch_size)
+    elif name in ("wrn", "vit"):
         x = rng.normal(size=(batch_size, 32, 32, 3)).astype(np.float32)
         y = rng.integers(0, 10, size=batch_size)
     elif name == "lstm":

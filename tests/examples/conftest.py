@@ -36,3 +36,20 @@ def fixture_run_example():
         return float(accuracy.group(1)), int(steps), int(total), float(epsilon), float(target), result.stdout
 
     return run
+
+
+@pytest.fixture(name="acl_imdb_dir")
+def fixture_acl_imdb_dir(tmp_path):
+    """``acl_imdb_dir(per_class)``: a tiny aclImdb folder, ``per_class`` reviews per class in train/ and test/."""
+
+    def write(per_class: int) -> pathlib.Path:
+        words = {"pos": "great wonderful superb fun", "neg": "awful boring terrible bad"}
+        for split in ("train", "test"):
+            for label in ("pos", "neg"):
+                folder = tmp_path / split / label
+                folder.mkdir(parents=True)
+                for i in range(per_class):
+                    (folder / f"{i}_7.txt").write_text(f"A {words[label]} movie, number {i}!", encoding="utf-8")
+        return tmp_path
+
+    return write

@@ -20,6 +20,7 @@ HELP_FLAGS = {
     "examples.mnist_on_disk": ["--idx_dir", "--memmap_dir", "--initial_clip", "--epsilon"],
     "examples.fashion_mnist": ["--idx_dir", "--data_dir", "--initial_clip", "--epsilon"],
     "examples.imdb": ["--imdb_dir", "--data_dir", "--epsilon"],
+    "examples.imdb_transformer": ["--imdb_dir", "--finetune", "--lora_rank", "--public_fraction", "--epsilon"],
     "examples.names": ["--names_dir", "--epsilon"],
     "examples.chest_xray": ["--chest_xray_dir", "--image_size", "--vgg_width"],
     "examples.federated_mnist": ["--num_clients", "--deformation_seed", "--epsilon"],
@@ -48,7 +49,7 @@ MISSING_DATA = [
         ("names", "names_dir"),
         ("chest_xray", "chest_xray_dir"),
     )
-] + [("examples.mnist_on_disk", [f"--idx_dir={MISSING}"])]
+] + [("examples.mnist_on_disk", [f"--idx_dir={MISSING}"]), ("examples.imdb_transformer", [f"--imdb_dir={MISSING}"])]
 
 
 def _run(module: str, *arguments: str) -> subprocess.CompletedProcess:
@@ -59,10 +60,11 @@ def _run(module: str, *arguments: str) -> subprocess.CompletedProcess:
 
 
 def _runs_here(module: str) -> bool:
-    """research/ and the TensorFlow examples need TensorFlow; jax_digits needs JAX; mnist_on_disk runs on either."""
+    """research/ and the TensorFlow examples need TensorFlow; jax_digits needs JAX; mnist_on_disk and
+    imdb_transformer run on either."""
     if module == "examples.jax_digits":
         return _HAS_JAX
-    if module == "examples.mnist_on_disk":
+    if module in ("examples.mnist_on_disk", "examples.imdb_transformer"):
         return True
     return importlib.util.find_spec("tensorflow") is not None and os.environ.get("KERAS_BACKEND", "tensorflow") in (
         "tensorflow",
@@ -94,11 +96,12 @@ def test_missing_data_is_one_error_line_naming_the_path_and_the_remedy_with_stat
     assert MISSING in lines[0] and "Get it" in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("module", ["examples.digits", "research.digits"])
+@pytest.mark.parametrize("module", ["examples.digits", "research.digits", "examples.imdb_transformer"])
 def test_a_bad_flag_value_is_one_error_line_with_status_2(module):
     if not _runs_here(module):
         pytest.skip(f"{module} does not run on this stack")
     result = _run(module, "--epochs=-1")
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("digits.py: error: ") and "epochs" in lines[0], result.stderr
+    program = module.split(".")[1] + ".py"
+    assert len(lines) == 1 and lines[0].startswith(f"{program}: error: ") and "epochs" in lines[0], result.stderr
