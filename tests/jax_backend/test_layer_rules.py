@@ -30,19 +30,46 @@ def _tapped(model, x):
     return [layer for layer, *_ in taps.tappable(model, *values, x).values()]
 
 
-def _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm):
-    model = make_private(model, "ghost")
+def _step_update(model, x, y, clip_norm, method="ghost", loss=LOSS):
+    """The change of each trainable variable in one noiseless step of ``make_private(model, method)`` on (x, y),
+    times -p N (= -len(x) / 2): the clipped sum, float64."""
+    model = make_private(model, method)
     schedule = schedules.DPSchedule(np.full(1, clip_norm), np.zeros(1), 0.5)
     optimizer = DynamicDPKerasSGD(
         schedule=schedule, allow_degenerate_noise=True, expected_batch_size=len(x) / 2, learning_rate=1.0
     )
-    model.compile(optimizer=optimizer, loss=LOSS)
+    model.compile(optimizer=optimizer, loss=loss)
     before = [np.asarray(v.value, np.float64) for v in model.trainable_variables]
-    expected = brute_force.clipped_sum(model, LOSS, x, y, clip_norm)
     model.fit(brute_force.FixedBatches(x, y, len(x)), epochs=1, verbose=0)
+    return [(old - np.asarray(v.value, np.float64)) * len(x) / 2 for old, v in zip(before, model.trainable_variables)]
+
+
+def _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm):
+    expected = brute_force.clipped_sum(model, LOSS, x, y, clip_norm)
     scale = max(np.max(np.abs(total)) for total in expected)  # attention's key bias: a gradient of exactly 0
-    for old, variable, total in zip(before, model.trainable_variables, expected):
-        np.testing.assert_allclose(np.asarray(variable.value), old - total / (len(x) / 2), rtol=0, atol=1e-5 * scale)
+    for actual, total in zip(_step_update(model, x, y, clip_norm), expected):
+        np.testing.assert_allclose(actual, total, rtol=0, atol=1e-5 * scale)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
+def test_the_documented_rule_is_tapped_and_steps_as_the_vmap_path():
+    scale_shift = transformer_layers.documented_rule_example()["ScaleShift"]
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(6, 3, 4)).astype("float32"), rng.normal(size=(6, 2)).astype("float32")
+    scale = rng.normal(size=4).astype("float32")  # not ones: the rule must not assume them
+    updates = {}
+    for method in ("ghost", "vectorized"):
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((3, 4))
+        layer = scale_shift()
+        model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(layer(inputs))))
+        layer.scale.assign(scale)
+        if method == "ghost":
+            assert layer in _tapped(model, x)
+        updates[method] = _step_update(model, x, y, 0.3, method, keras.losses.MeanSquaredError(reduction="none"))
+    for ghost_update, vmap_update in zip(updates["ghost"], updates["vectorized"]):
+        np.testing.assert_allclose(ghost_update, vmap_update, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared

@@ -6,12 +6,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import transformer_layers
+from brute_force import LOSS
 from brute_force import assert_ghost_matches_the_brute_force
+from brute_force import assert_matches
 from brute_force import assert_matches_on_one_scale
 from brute_force import clip_case
+from brute_force import reference
 
 import keras_dyndp
 from keras_dyndp import layer_rules
+from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import rules
 
@@ -73,3 +77,58 @@ def test_per_example_declarations_share_the_registry_and_refuse_a_rules_parts():
     assert rules.acts_per_example(keras.layers.Dropout(0.5)) and rules.rule_for(Wiring()) is None
     with pytest.raises(TypeError, match="leave out variables"):
         keras_dyndp.register_layer_rule(Wiring, per_example=True, variables=lambda layer: [])
+
+
+EXAMPLE = transformer_layers.documented_rule_example(keras, layer_rules._ops())  # pylint: disable=protected-access
+
+
+class ShapedScaleShift(EXAMPLE["ScaleShift"]):
+    """The documented layer with the output shape Keras 3's TimeDistributed asks for."""
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def test_a_shared_contract_rule_under_time_distributed_sees_each_examples_steps():
+    keras_dyndp.register_layer_rule(
+        ShapedScaleShift,
+        variables=lambda layer: [layer.scale, layer.shift],
+        norms_and_sums=EXAMPLE["scale_shift_norms_and_sums"],
+    )
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4, 3, 2))
+    layer = ShapedScaleShift()
+    hidden = keras.layers.TimeDistributed(layer)(keras.layers.Dense(2, activation="tanh")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(hidden)))
+    layer.scale.assign(np.random.default_rng(2).normal(size=2).astype(np.float32))
+    rng = np.random.default_rng(4)
+    x = tf.constant(rng.normal(size=(5, 4, 3, 2)), tf.float32)
+    y = tf.constant(rng.integers(0, 3, size=5), tf.int32)
+    weights = np.array([1.0, 1.0, 0.0, 2.0, 1.0], np.float32)
+    assert_ghost_matches_the_brute_force(clip_case(model, x, y, weights), weights)
+
+
+class ReadsTheScale(keras.Model):
+    """The custom layer's scale also read outside its call: its gradient has a part the rule does not see."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale_shift = EXAMPLE["ScaleShift"]()
+        self.out = keras.layers.Dense(3)
+
+    def call(self, inputs):
+        hidden = self.scale_shift(inputs)
+        return self.out(tf.reduce_mean(hidden, axis=1) * self.scale_shift.scale)
+
+
+def test_a_covered_variable_read_outside_the_layers_call_is_refused(monkeypatch):
+    monkeypatch.setattr(rules, "_PER_EXAMPLE", {**rules._PER_EXAMPLE, ReadsTheScale: None})  # pylint: disable=W0212
+    model = ReadsTheScale()
+    rng = np.random.default_rng(5)
+    x = tf.constant(rng.normal(size=(4, 3, 2)), tf.float32)
+    y = tf.constant(rng.integers(0, 3, size=4), tf.int32)
+    model(x[:1])
+    with pytest.raises(ValueError, match="tied weights"):
+        per_example.clipped_gradient_sum(model, LOSS, x, y, None, 0.1, model.trainable_variables, method="ghost")
+    expected = reference(model, x, y, np.ones(4, np.float32), 0.1)  # 'auto': the vectorized path
+    assert_matches(*per_example.clipped_gradient_sum(model, LOSS, x, y, None, 0.1, model.trainable_variables), expected)
