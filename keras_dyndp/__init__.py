@@ -22,6 +22,7 @@ registered with Keras (for ``load_model``) as soon as Keras is imported (`keras_
 import functools
 import importlib
 
+from keras_dyndp import layer_rules
 from keras_dyndp import registration
 from keras_dyndp.accounting import GdpCltAccountant
 from keras_dyndp.accounting import make_accountant
@@ -57,7 +58,7 @@ _LAZY = {
     "PrivacyLogger": _CALLBACKS,
     "LayerRule": (_PER_EXAMPLE, _JAX),
     "register_layer_rule": (_PER_EXAMPLE, _JAX),
-    "register_per_example_layer": (_PER_EXAMPLE, None),
+    "register_per_example_layer": (_PER_EXAMPLE, _JAX),
     "shuffled_batches": (f"{_TF}.data", None),
 }
 
@@ -75,6 +76,7 @@ __all__ = [
     "calibrate",
     "calibrate_shape",
     "keras_backend",
+    "layer_rules",
     "make_accountant",
     "poisson_batches",
     "run_summary",

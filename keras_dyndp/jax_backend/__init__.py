@@ -22,6 +22,7 @@ from keras_dyndp.jax_backend.optimizer import DynamicDPKerasSGD
 from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
 from keras_dyndp.jax_backend.optimizer import make_dynamic_dp_optimizer_class
 from keras_dyndp.jax_backend.train_step import make_private
+from keras_dyndp.layer_rules import register_per_example_layer
 
 __all__ = [
     "DynamicDPKerasAdagrad",
@@ -36,4 +37,5 @@ __all__ = [
     "make_dynamic_dp_optimizer_class",
     "make_private",
     "register_layer_rule",
+    "register_per_example_layer",
 ]

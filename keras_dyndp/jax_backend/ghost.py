@@ -13,38 +13,17 @@ rules' math (`keras_dyndp.tf_backend.per_example.rules`); check a new rule again
 normalisation's scale and offset (LayerNormalization, GroupNormalization) have per-example gradients
 sum_t x_hat_t g_t and sum_t g_t (x_hat the normalised input): small, they are materialised.
 
-`RULES` is the registry (exactly one class per rule, as on TensorFlow: `register_layer_rule`, also
-``keras_dyndp.register_layer_rule`` on JAX). A rule for a custom layer, ``y = x * scale + shift`` over the last axis
-(a: the layer's input, g: its output's gradient, [B, rows, ...]):
-
-```python
-import jax.numpy as jnp
-import keras
-from keras_dyndp.jax_backend import ghost
-from keras_dyndp.jax_backend import ops
-
-class ScaleShift(keras.layers.Layer):
-    def build(self, input_shape):
-        self.scale = self.add_weight(name="scale", shape=[input_shape[-1]], initializer="ones")
-        self.shift = self.add_weight(name="shift", shape=[input_shape[-1]], initializer="zeros")
-
-    def call(self, inputs):
-        return inputs * self.scale + self.shift
-
-def scale_shift_norms_and_sums(layer, a, g):  # per-example gradients [B, d]: sums over positions
-    a, g = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
-    grads = [jnp.sum(a * g, axis=1), jnp.sum(g, axis=1)]
-    return sum(jnp.sum(d**2, axis=1) for d in grads), lambda f: [ops.weighted_sum(f, d) for d in grads]
-
-ghost.register_layer_rule(
-    ScaleShift, variables=lambda layer: [layer.scale, layer.shift], norms_and_sums=scale_shift_norms_and_sums
-)
-```
+`RULES` is the registry (exactly one class per rule, as on TensorFlow), `PER_EXAMPLE` the classes declared to act per
+example and only wire their sublayers (their sublayers' rules apply, `taps`). Both are filled by `register_layer_rule`,
+also ``keras_dyndp.register_layer_rule``: the contract both backends share (`keras_dyndp.layer_rules`), a rule written
+once over ``keras.ops`` (docs/usage.md's ``ScaleShift``) registering on either; on JAX a, g are [B, 1, ...] (each
+example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``.
 
 Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently. Its squared
 norms must never be below the exact ones (float32 rounding included: a sum of terms that can cancel needs
 `keras_dyndp.ghost_cost.bounded_squared_norms`), and its sums must add exactly nothing from an example whose factor
-is 0 (``ops.weighted_sum``, ``ops.scaled_rows``: a select, as 0 x inf is NaN).
+is 0 (``ops.weighted_sum``, ``ops.scaled_rows``, `keras_dyndp.layer_rules.weighted_sum`: a select, as 0 x inf is
+NaN).
 """
 
 from __future__ import annotations
@@ -58,10 +37,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import keras
+from keras.src.models.functional import Functional
 
 from keras_dyndp import einsum_equation
 from keras_dyndp import ghost_cost
-from keras_dyndp import validation
+from keras_dyndp import layer_rules
 from keras_dyndp.jax_backend import ops
 
 
@@ -325,26 +305,64 @@ RULES: dict[type, LayerRule] = {
 }
 
 
+PER_EXAMPLE: dict[type, Callable[[keras.layers.Layer], bool] | None] = {
+    keras.Sequential: None,
+    Functional: None,  # keras.Model(inputs, outputs)
+    keras.layers.MultiHeadAttention: None,
+}
+"""Layer classes whose own call acts on each example alone and only wires its sublayers' calls together (never
+reads their variables), with the condition (None: always): their sublayers' rules apply (`taps`)."""
+
+
 def register_layer_rule(
     layer_class: type,
     *,
-    variables: Callable[[keras.layers.Layer], list[keras.Variable]],
-    norms_and_sums: Callable[[keras.layers.Layer, jax.Array, jax.Array], tuple[jax.Array, Callable]],
+    variables: Callable[[keras.layers.Layer], list[keras.Variable]] | None = None,
+    norms_and_sums: Callable[[keras.layers.Layer, jax.Array, jax.Array], tuple[jax.Array, Callable]] | None = None,
     supports: Callable[[keras.layers.Layer], bool] | None = None,
+    per_example: bool = False,
 ) -> None:
-    """Registers (or replaces) the ghost rule of exactly ``layer_class`` (module docstring). A wrong rule breaks
-    privacy silently: check it against the per-example ``jax.vmap`` path.
+    """Registers (or replaces) the ghost rule of exactly ``layer_class`` (`keras_dyndp.layer_rules`, the contract
+    both backends share). A wrong rule breaks privacy silently: check it against the per-example ``jax.vmap`` path.
 
     Args:
       layer_class: the Keras layer class the rule covers (not its subclasses).
       variables: ``variables(layer)``: the trainable variables the rule covers (`LayerRule.variables`).
       norms_and_sums: ``norms_and_sums(layer, a, g)``: the per-example squared norms [B] and the weighted-sum
         function (`LayerRule.norms_and_sums`).
-      supports: ``supports(layer)``: whether the rule covers this layer's configuration; None (default): always.
+      supports: ``supports(layer)``: whether the rule (or declaration) covers this layer's configuration; None
+        (default): always.
+      per_example: instead of a rule, declares that the class's own call acts on each example alone and only wires
+        its sublayers together (their rules then apply).
 
     Raises:
-      TypeError: if ``layer_class`` is not a Keras layer class or a part is not callable.
+      TypeError: if ``layer_class`` is not a Keras layer class, a part is not callable, or a rule's parts come with
+        ``per_example=True``.
     """
-    parts = {"variables": variables, "norms_and_sums": norms_and_sums, "supports": supports}
-    validation.check_layer_rule(layer_class, keras.layers.Layer, parts, optional=("supports",))
-    RULES[layer_class] = LayerRule(variables, norms_and_sums, supports or (lambda layer: True))
+    layer_rules.check_registration(layer_class, keras.layers.Layer, variables, norms_and_sums, supports, per_example)
+    if per_example:
+        PER_EXAMPLE[layer_class] = supports
+    else:
+        RULES[layer_class] = LayerRule(variables, norms_and_sums, supports or (lambda layer: True))
+
+
+def acts_per_example(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer``'s exact class is declared to act per example (`PER_EXAMPLE`), in a configuration covered."""
+    return layer_rules.declared(PER_EXAMPLE, layer)
+
+
+def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
+    """The rule that covers ``layer`` (its exact class and configuration), or None."""
+    rule = RULES.get(type(layer))
+    return rule if rule is not None and rule.supports(layer) else None
+
+
+def sublayer_norms_and_sums(
+    sublayer: keras.layers.Layer, a: jax.Array, g: jax.Array
+) -> tuple[list, jax.Array, Callable]:
+    """`keras_dyndp.layer_rules.sublayer_norms_and_sums` on JAX: ``(variables, squared norms, sums)`` by the rule of
+    ``sublayer``'s class; ValueError where none supports it."""
+    rule = rule_for(sublayer)
+    if rule is None:
+        raise ValueError(f"no ghost rule supports layer {sublayer.name!r} ({type(sublayer).__name__})")
+    return (rule.variables(sublayer), *rule.norms_and_sums(sublayer, a, g))

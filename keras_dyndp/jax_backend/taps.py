@@ -5,8 +5,10 @@ them (``jax.vmap`` of ``jax.grad`` would give B of them).
 In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before its activation
 where it has one); the step differentiates the tap instead of the covered variables, which gives the output gradient.
 Tapped (`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports,
-whose covered variables no other layer holds, reached through Sequential / functional models and MultiHeadAttention only
-(a subclassed model could read a sublayer's variables in its own call), run once per forward pass, and whose covered
+whose covered variables no other layer holds, reached through layers declared to act per example and only wire their
+sublayers (`ghost.PER_EXAMPLE`: Sequential / functional models, MultiHeadAttention and the classes
+``register_layer_rule(cls, per_example=True)`` adds; another subclassed layer could read a sublayer's variables in its
+own call) and not inside a layer with a rule of its own, run once per forward pass, and whose covered
 variables nothing else in the forward pass reads (a tied output projection or a Lambda would add a gradient the tap
 misses): the probe traces the forward pass with the tapped calls reading stand-ins for them, and any equation still
 reading one is another use. The others keep the vmap path. Outside a session the patched call is the original.
@@ -97,18 +99,18 @@ def _patch(layer: keras.layers.Layer, rule: ghost.LayerRule) -> None:
     _TAPPED.add(layer)
 
 
-_WIRING = ("Sequential", "Functional", "MultiHeadAttention")
-
-
 def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    """The leaf layers below ``layer`` reached through Sequential / functional models and MultiHeadAttention only
-    (Keras's own, whose calls only wire their sublayers' calls together: attention reads its projections' outputs,
-    never their kernels)."""
-    if not (type(layer).__module__.startswith("keras.") and type(layer).__name__ in _WIRING):
+    """The layers below ``layer`` that a rule may tap, reached through layers declared to act per example and wire
+    their sublayers (`ghost.PER_EXAMPLE`: Keras's Sequential, functional models and MultiHeadAttention, whose calls
+    only wire their sublayers' calls together: attention reads its projections' outputs, never their kernels; and
+    those ``register_layer_rule(cls, per_example=True)`` declares): a sublayer without sublayers, or with a rule of
+    its own (which covers its sublayers' variables)."""
+    if not ghost.acts_per_example(layer):
         return []
     leaves = []
     for sublayer in model_checks.layers(layer, include_self=False, recursive=False):
-        leaves += _leaves_under_wiring(sublayer) if _has_sublayers(sublayer) else [sublayer]
+        ruled = ghost.rule_for(sublayer) is not None
+        leaves += _leaves_under_wiring(sublayer) if _has_sublayers(sublayer) and not ruled else [sublayer]
     return leaves
 
 
@@ -123,8 +125,8 @@ def candidates(model: keras.Model, classes: tuple | None = None) -> dict[int, tu
     leaves = [layer for layer in model_checks.layers(model) if not _has_sublayers(layer)]
     found = {}
     for layer in _leaves_under_wiring(model):
-        rule = ghost.RULES.get(type(layer)) if classes is None or type(layer) in classes else None
-        if rule is None or not layer.trainable or not rule.supports(layer):
+        rule = ghost.rule_for(layer) if classes is None or type(layer) in classes else None
+        if rule is None or not layer.trainable:
             continue
         variables = rule.variables(layer)
         owned = all(sum(any(weight is v for weight in other.weights) for other in leaves) == 1 for v in variables)

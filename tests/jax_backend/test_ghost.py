@@ -101,25 +101,18 @@ def test_embedding_norms_and_clipped_sum_equal_the_dense_per_example_gradients(l
     np.testing.assert_allclose(sums, np.tensordot(factors, dense, axes=1), rtol=1e-5, atol=1e-6)
 
 
-def _documented_example() -> dict:
-    """Runs the custom-layer example of ghost's docstring (it registers its rule) and returns its names."""
-    code = ghost.__doc__.split("```python\n")[1].split("```")[0]
-    names = {}
-    exec(code, names)  # pylint: disable=exec-used
-    return names
-
-
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
 @pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
 def test_the_documented_custom_rule_clips_as_the_per_example_loop():
     import jax_brute_force as brute_force  # pylint: disable=import-outside-toplevel  (tests/jax_backend)
+    import transformer_layers  # pylint: disable=import-outside-toplevel  (tests/)
 
     from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel
     from keras_dyndp.jax_backend import DynamicDPKerasSGD  # pylint: disable=import-outside-toplevel
     from keras_dyndp.jax_backend import make_private  # pylint: disable=import-outside-toplevel
     from keras_dyndp.jax_backend import taps  # pylint: disable=import-outside-toplevel
 
-    scale_shift = _documented_example()["ScaleShift"]
+    scale_shift = transformer_layers.documented_rule_example()["ScaleShift"]
     keras.utils.set_random_seed(3)
     layer = scale_shift()
     inputs = keras.Input((3, 4))

@@ -3,15 +3,15 @@
 ``clipped_gradient_sum`` (`clipped_sum`) takes ``'vectorized'`` (`vectorized`, any model) or ``'ghost'`` (`ghost`:
 one batched pass; layer rules in `rules`, `norms`, `dense`, `conv2d`, `recurrent`; for models whose every layer is
 known to act per example, `per_example_layers`). ``make_private`` (`keras_dyndp.tf_backend.train_step`) uses them
-with the DP optimizer.
+with the DP optimizer. A rule of the contract both backends share is tapped by `generic`.
 """
 
+from keras_dyndp.layer_rules import register_per_example_layer
 from keras_dyndp.tf_backend.per_example.clipped_sum import METHODS
 from keras_dyndp.tf_backend.per_example.clipped_sum import clipped_gradient_sum
 from keras_dyndp.tf_backend.per_example.clipped_sum import clipped_gradient_sum_with_outputs
 from keras_dyndp.tf_backend.per_example.ghost import supported as ghost_supported
 from keras_dyndp.tf_backend.per_example.losses import per_example_loss
-from keras_dyndp.tf_backend.per_example.per_example_layers import register_per_example_layer
 from keras_dyndp.tf_backend.per_example.rules import LayerRule
 from keras_dyndp.tf_backend.per_example.rules import register_layer_rule
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient

@@ -75,9 +75,13 @@ def clipped_sum(
         raise UnsupportedModel(f"variables used outside their own layer's call (tied weights): {tied}")
     wanted = {id(v) for v in var_list}
     gradients: dict[int, GhostGradient] = {}
+    squared = tf.zeros_like(losses)
     for tap, g in zip(used, grads):
         g = tf.zeros_like(tap.preactivation) if g is None else g
         for gradient in rules.rule_for(tap.layer).norms_and_sums(tap, g):
+            if gradient.variable is None:  # the norms of all the variables a shared-contract rule covers, together
+                squared += gradient.squared_norms
+                continue
             if id(gradient.variable) not in wanted:
                 continue
             if id(gradient.variable) in gradients:
@@ -86,7 +90,6 @@ def clipped_sum(
     missing = [keras_compat.variable_name(v) for v in var_list if id(v) not in gradients]
     if missing:
         raise UnsupportedModel(f"variables not reached by a ghost rule: {missing}")
-    squared = tf.zeros_like(losses)
     for gradient in gradients.values():
         squared += gradient.squared_norms
     norms = mechanism.norms_from_squares(ops.OPS, squared)
@@ -100,8 +103,13 @@ def tapped(model: keras.Model, rows: Rows, tape: tf.GradientTape | None = None):
     """Replaces the calls of the model's covered layers (and TimeDistributed wrappers) for one forward pass."""
     tapping = Tapping(rows, tape)
     patches = []
-    for layer in keras_compat.flatten_layers(model):
+    layers = list(keras_compat.flatten_layers(model))
+    ruled = [layer for layer in layers if rules.rule_for(layer) is not None and layer.trainable_weights]
+    inside = {id(sublayer) for layer in ruled for sublayer in keras_compat.flatten_layers(layer)}  # its rule's
+    for layer in layers:
         rule = rules.rule_for(layer)
+        if id(layer) in inside:
+            continue
         if rule is not None and layer.trainable_weights:
             tap = Tap(layer, tapping)
             tapping.taps.append(tap)

@@ -3,9 +3,10 @@
 A layer that reads across the batch (a ``Lambda`` subtracting the batch mean) breaks per-example clipping silently
 (one example moved the clipped sum by 3.5 C) and looks like an honest one in a traced graph. Known (exact classes):
 `_known_classes` (with conditions on ``axis``, dropout, frozen BatchNormalization; Dropout draws one mask for all
-rows, `randomness`), plain Sequential and functional models, `_ELEMENTWISE` ops on tensors of one rank with
-lower-rank constants, layers a rule covers (in their configuration: an EinsumDense whose equation mixes the batch
-axis is judged by `_einsum_keeps_batch`) and those declared with `register_per_example_layer`.
+rows, `randomness`), declared in the registry of `rules` alongside the layers a rule covers (in their configuration:
+an EinsumDense whose equation mixes the batch axis is judged by `_einsum_keeps_batch`) and those declared with
+``register_layer_rule(cls, per_example=True)`` / ``register_per_example_layer``; plain Sequential and functional
+models; `_ELEMENTWISE` ops on tensors of one rank with lower-rank constants.
 """
 
 from __future__ import annotations
@@ -21,25 +22,6 @@ from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import rules
 
-_declared: set[type] = set()
-
-
-def register_per_example_layer(layer_class: type) -> None:
-    """Declares that ``layer_class``'s own ``call`` acts on each example alone (exactly this class), so models using
-    it can take the ghost path: only if row i of its output depends on row i of its inputs alone, for every batch (no
-    batch statistics, mixing of rows, use of a row's position or random draws), else privacy breaks silently. Its
-    trainable variables still need a rule (`register_layer_rule`).
-
-    Args:
-      layer_class: the Keras layer class declared (not its subclasses).
-
-    Raises:
-      TypeError: if ``layer_class`` is not a Keras layer class.
-    """
-    if not (isinstance(layer_class, type) and issubclass(layer_class, keras.layers.Layer)):
-        raise TypeError(f"`layer_class` must be a Keras layer class. Received: layer_class={layer_class!r}.")
-    _declared.add(layer_class)
-
 
 def first_unknown(model: keras.Model) -> str | None:
     """The first layer or op of ``model`` not known to act per example, described for a message; else None."""
@@ -54,14 +36,11 @@ def first_unknown(model: keras.Model) -> str | None:
 
 def _known_layer(layer: keras.layers.Layer) -> bool:
     cls = type(layer)
-    if cls in _declared or rules.rule_for(layer) is not None:  # a rule's unsupported configuration: as without it
+    if rules.rule_for(layer) is not None or rules.acts_per_example(layer):  # unsupported by a rule: as without it
         return True
     if keras_compat.is_op_layer(layer):
         return _known_operation(keras_compat.op_layer_symbol(layer), *_arguments(layer))
-    if cls.call in (keras_compat.FUNCTIONAL_CLASS.call, keras.Sequential.call):  # A plain container.
-        return True
-    condition = _KNOWN.get(cls, False)
-    return condition is None or (condition is not False and condition(layer))
+    return cls.call in (keras_compat.FUNCTIONAL_CLASS.call, keras.Sequential.call)  # A plain container.
 
 
 def _input_ranks(layer: keras.layers.Layer) -> set[int]:
@@ -120,7 +99,7 @@ def _no_dropout(layer: keras.layers.Layer) -> bool:
 
 
 def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
-    """Known layer classes (those this Keras has) and their condition (None: always)."""
+    """Known layer classes (those this Keras has) and their condition (None: always): declared in `rules`."""
     unconditional = """InputLayer Dense Conv1D Conv2D Conv3D Conv1DTranspose Conv2DTranspose Conv3DTranspose
         DepthwiseConv1D DepthwiseConv2D SeparableConv1D SeparableConv2D Embedding RNN StackedRNNCells Bidirectional
         TimeDistributed Activation ReLU LeakyReLU ELU PReLU
@@ -143,7 +122,8 @@ def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
     return known
 
 
-_KNOWN = _known_classes()
+for _class, _condition in _known_classes().items():
+    rules.register_layer_rule(_class, per_example=True, supports=_condition)
 
 # Elementwise operations, by Keras 3 op class name and Keras 2 TFOpLambda symbol.
 _ELEMENTWISE = frozenset(

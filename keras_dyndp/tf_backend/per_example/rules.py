@@ -1,50 +1,24 @@
-"""The one registry of ghost-clipping rules: for each layer class, how to tap its call and clip per example.
+"""The one registry of ghost-clipping rules on TensorFlow: for each layer class, how to tap its call and clip per
+example, or that it acts per example without a rule of its own.
 
-A `LayerRule`: ``call(tap)`` returns the layer's ``call`` for the tapped pass (the same output from
-``tap.guard(inputs)`` and ``tap.weight(variable)``, with one ``tap.record(inputs, preactivation)``);
-``norms_and_sums(tap, g)`` (g: the loss's gradient at the pre-activation) returns one `GhostGradient` per variable,
-from the building blocks in `norms`; ``supports(layer)`` (default: always). Built in: `dense`, `conv2d`, `recurrent`,
+A rule of the contract both backends share (`keras_dyndp.layer_rules`; docs/usage.md's ``ScaleShift``):
+``keras_dyndp.register_layer_rule(layer_class, *, variables, norms_and_sums, supports=None)``, ``norms_and_sums(layer,
+a, g)`` over ``keras.ops``; the layer's own call is tapped for it (`generic`). ``register_layer_rule(layer_class,
+per_example=True, supports=None)`` (``register_per_example_layer``) declares a class whose own call acts on each
+example alone (and wires its sublayers, each tapped by its own rule): the known Keras layers are declared so
+(`per_example_layers`, with their conditions). The built-in rules keep a specialised form, ``call=``: ``call(tap)``
+returns the layer's ``call`` for the tapped pass (the same output from ``tap.guard(inputs)`` and
+``tap.weight(variable)``, with one ``tap.record(inputs, preactivation)``); ``norms_and_sums(tap, g)`` returns one
+`GhostGradient` per variable, from the building blocks in `norms`. Built in: `dense`, `conv2d`, `recurrent`,
 `einsum_dense` (also inside MultiHeadAttention), `normalization`; Keras 3's LoRA Dense, EinsumDense and Embedding
 (`lora`: the adapters, not the frozen kernel); not quantized layers. Rules
 apply to exactly their class; a model with a trainable variable no rule covers takes the vectorized path.
-A rule for a custom layer, ``y = x * scale + shift`` over the last axis:
-
-```python
-import tensorflow as tf
-from keras_dyndp.tf_backend import per_example
-from keras_dyndp.tf_backend.keras_compat import keras  # tf.keras on Keras 2, keras on Keras 3
-from keras_dyndp.tf_backend.per_example import norms
-
-class ScaleShift(keras.layers.Layer):
-    def build(self, input_shape):
-        self.scale = self.add_weight(name="scale", shape=[input_shape[-1]], initializer="ones")
-        self.shift = self.add_weight(name="shift", shape=[input_shape[-1]], initializer="zeros")
-
-    def call(self, inputs):
-        return inputs * self.scale + self.shift
-
-def scale_shift_call(tap):
-    def call(inputs, *args, **kwargs):
-        inputs = tap.guard(inputs)
-        outputs = inputs * tap.weight(tap.layer.scale) + tap.weight(tap.layer.shift)
-        tap.record(inputs, outputs)
-        return outputs
-    return call
-
-def scale_shift_norms_and_sums(tap, g):
-    x = norms.flatten_positions(tap.inputs, tap.rows)  # [B, T, d]: each example's positions.
-    g = norms.flatten_positions(g, tap.rows)
-    return [norms.materialised_gradient(tap.layer.scale, tf.reduce_sum(x * g, axis=1)),
-            norms.bias_gradient(tap.layer.shift, g)]
-
-per_example.register_layer_rule(ScaleShift, call=scale_shift_call, norms_and_sums=scale_shift_norms_and_sums)
-```
 
 Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently. Its squared
 norms must never be below the exact ones (float32 rounding included: `norms.bilinear_gradient` adds the bound where
 positions can cancel, `keras_dyndp.ghost_cost.bounded_squared_norms`), and its sums must add exactly nothing from
-an example whose factor is 0 (`ops.weighted_sum`, ``scaled_rows``: a select, as 0 x inf is NaN); the
-`norms` building blocks do both.
+an example whose factor is 0 (`ops.weighted_sum`, ``scaled_rows``, `keras_dyndp.layer_rules.weighted_sum`: a select,
+as 0 x inf is NaN); the `norms` building blocks do both.
 """
 
 from __future__ import annotations
@@ -54,11 +28,13 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from keras_dyndp import layer_rules
 from keras_dyndp import validation
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import conv2d
 from keras_dyndp.tf_backend.per_example import dense
 from keras_dyndp.tf_backend.per_example import einsum_dense
+from keras_dyndp.tf_backend.per_example import generic
 from keras_dyndp.tf_backend.per_example import lora
 from keras_dyndp.tf_backend.per_example import normalization
 from keras_dyndp.tf_backend.per_example import recurrent
@@ -76,42 +52,75 @@ class LayerRule:
       norms_and_sums: ``norms_and_sums(tap, g)``, g the loss's gradient at the recorded pre-activation [B, ...],
         returns one `GhostGradient` per trainable variable (its per-example squared norms and weighted sum).
       supports: ``supports(layer)`` says whether the rule covers this layer's configuration; None: always.
+      variables: for a rule of the shared contract, its ``variables(layer)`` (None for the specialised form).
+      shared: for a rule of the shared contract, its ``norms_and_sums(layer, a, g)`` (None for the specialised form).
     """
 
     call: Callable[[Tap], Callable]
     norms_and_sums: Callable[[Tap, tf.Tensor], list[GhostGradient]]
     supports: Callable[[keras.layers.Layer], bool] | None = None
+    variables: Callable[[keras.layers.Layer], list] | None = None
+    shared: Callable | None = None
 
 
 _RULES: dict[type, LayerRule] = {}
+_PER_EXAMPLE: dict[type, Callable[[keras.layers.Layer], bool] | None] = {}
 
 
 def register_layer_rule(
     layer_class: type,
     *,
-    call: Callable[[Tap], Callable],
-    norms_and_sums: Callable[[Tap, tf.Tensor], list[GhostGradient]],
+    variables: Callable[[keras.layers.Layer], list] | None = None,
+    norms_and_sums: Callable | None = None,
     supports: Callable[[keras.layers.Layer], bool] | None = None,
+    per_example: bool = False,
+    call: Callable[[Tap], Callable] | None = None,
 ) -> None:
-    """Registers (or replaces) the ghost-clipping rule of exactly ``layer_class`` (module docstring's example).
+    """Registers (or replaces) the ghost-clipping rule of exactly ``layer_class`` (`keras_dyndp.layer_rules`, the
+    contract both backends share; docs/usage.md), or declares that it acts per example.
 
     A wrong rule breaks privacy silently: check it against ``make_private(model, method='vectorized')``.
 
     Args:
       layer_class: the Keras layer class the rule covers (not its subclasses).
-      call: ``call(tap)`` returns the layer's ``call`` for the tapped pass (`LayerRule.call`).
-      norms_and_sums: ``norms_and_sums(tap, g)`` returns one `GhostGradient` per trainable variable
-        (`LayerRule.norms_and_sums`); runs without AutoGraph (control flow on tensors needs ``tf.cond`` /
-        ``tf.while_loop``).
-      supports: ``supports(layer)``: whether the rule covers this layer's configuration; None (default): always.
+      variables: ``variables(layer)``: the trainable variables the rule covers (its sublayers' too).
+      norms_and_sums: ``norms_and_sums(layer, a, g)`` (a the layer's input, g the loss's gradient at its
+        pre-activation, [B, rows, ...]): the per-example squared norms [B] of the covered variables' gradients
+        together and a function ``factors -> [clipped weighted sum per variable]``. With ``call``, the specialised
+        form ``norms_and_sums(tap, g)``: one `GhostGradient` per trainable variable (`LayerRule.norms_and_sums`).
+        Runs without AutoGraph (control flow on tensors needs ``tf.cond`` / ``tf.while_loop``).
+      supports: ``supports(layer)``: whether the rule (or declaration) covers this layer's configuration; None
+        (default): always.
+      per_example: instead of a rule, declares that the class's own call acts on each example alone (row i of its
+        output depends on row i of its inputs alone: no batch statistics, mixing of rows, use of a row's position
+        or random draws) and reads no variable of its sublayers, which need rules of their own.
+      call: TensorFlow's specialised form (the built-in rules'): ``call(tap)`` returns the layer's tapped ``call``
+        (`LayerRule.call`), instead of ``variables``.
 
     Raises:
-      TypeError: if ``layer_class`` is not a Keras layer class or a part is not callable.
+      TypeError: if ``layer_class`` is not a Keras layer class, a part is not callable, or a rule's parts come with
+        ``per_example=True``.
     """
-    parts = {"call": call, "norms_and_sums": norms_and_sums, "supports": supports}
-    validation.check_layer_rule(layer_class, keras.layers.Layer, parts, optional=("supports",))
-    # Graph code without Python control flow on tensors: AutoGraph would convert it at each first trace.
-    _RULES[layer_class] = LayerRule(call, tf.autograph.experimental.do_not_convert(norms_and_sums), supports)
+    if call is not None:
+        parts = {"call": call, "norms_and_sums": norms_and_sums, "supports": supports, "variables": variables}
+        validation.check_layer_rule(layer_class, keras.layers.Layer, parts, optional=("supports", "variables"))
+        if variables is not None or per_example:
+            raise TypeError("`call` (the specialised form) takes neither `variables` nor `per_example=True`.")
+        # Graph code without Python control flow on tensors: AutoGraph would convert it at each first trace.
+        _RULES[layer_class] = LayerRule(call, tf.autograph.experimental.do_not_convert(norms_and_sums), supports)
+        return
+    layer_rules.check_registration(layer_class, keras.layers.Layer, variables, norms_and_sums, supports, per_example)
+    if per_example:
+        _PER_EXAMPLE[layer_class] = supports
+        return
+    shared = tf.autograph.experimental.do_not_convert(norms_and_sums)
+    norms = generic.norms_and_sums_for(variables, shared)
+    _RULES[layer_class] = LayerRule(generic.call_for(variables), norms, supports, variables, shared)
+
+
+def acts_per_example(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer``'s exact class is declared to act per example, in a configuration its condition covers."""
+    return layer_rules.declared(_PER_EXAMPLE, layer)
 
 
 def _built_in(supports: Callable[[keras.layers.Layer], bool] | None) -> Callable[[keras.layers.Layer], bool]:
@@ -131,6 +140,17 @@ def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
     if rule is None or (rule.supports is not None and not rule.supports(layer)):
         return None
     return rule
+
+
+def sublayer_norms_and_sums(layer: keras.layers.Layer, a: tf.Tensor, g: tf.Tensor) -> tuple[list, tf.Tensor, Callable]:
+    """`keras_dyndp.layer_rules.sublayer_norms_and_sums` on TensorFlow: ``(variables, squared norms, sums)`` by the
+    rule of ``layer``'s class; ValueError where none supports it (or it needs its own tapped call)."""
+    rule = rule_for(layer)
+    if rule is None:
+        raise ValueError(f"no ghost rule supports layer {layer.name!r} ({type(layer).__name__})")
+    if rule.shared is not None:
+        return (rule.variables(layer), *rule.shared(layer, a, g))
+    return generic.sublayer_norms_and_sums(rule, layer, a, g)
 
 
 for _class, _call, _norms_and_sums, _supports in (

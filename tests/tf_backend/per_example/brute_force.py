@@ -49,6 +49,17 @@ def assert_matches(sums, norms, expected):
         assert_close(actual, wanted)
 
 
+def assert_matches_on_one_scale(sums, norms, expected):
+    """``(sums, norms)`` close to ``expected`` (`brute_force.reference`), the sums relative to the largest of all
+    variables' entries: attention's key bias has a gradient of exactly 0 (a softmax ignores a shift), its float32
+    value rounding noise."""
+    expected_sums, expected_norms = expected
+    assert_close(norms, expected_norms)
+    scale = max(np.max(np.abs(wanted)) for wanted in expected_sums)
+    for actual, wanted in zip(sums, expected_sums):
+        assert np.max(np.abs(np.asarray(actual, np.float64) - wanted)) / scale < 1e-5
+
+
 def clip_case(model, x, y, weights):
     """``(model, x, y, per-example gradients, their norms, a clip norm)``, the clip norm the median of the weighted
     examples' norms: some examples clipped, some not."""

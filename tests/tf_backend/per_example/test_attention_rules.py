@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from brute_force import LOSS
-from brute_force import assert_close
 from brute_force import assert_each_removal_moves_by_clipped_norm
 from brute_force import assert_ghost_matches_the_brute_force
+from brute_force import assert_matches_on_one_scale as assert_matches
 from brute_force import clip_case
 from brute_force import clipped
 from brute_force import per_example_gradients
@@ -83,17 +83,6 @@ MODELS = {
     "time_distributed_norm": time_distributed_norm,
     "transformer": transformer,
 }
-
-
-def assert_matches(sums, norms, expected):
-    """``(sums, norms)`` close to ``expected`` (`brute_force.reference`), the sums relative to the largest of all
-    variables' entries: attention's key bias has a gradient of exactly 0 (a softmax ignores a shift), its float32
-    value rounding noise."""
-    expected_sums, expected_norms = expected
-    assert_close(norms, expected_norms)
-    scale = max(np.max(np.abs(wanted)) for wanted in expected_sums)
-    for actual, wanted in zip(sums, expected_sums):
-        assert np.max(np.abs(np.asarray(actual, np.float64) - wanted)) / scale < 1e-5
 
 
 def data(model: keras.Model):

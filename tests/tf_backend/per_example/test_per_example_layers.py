@@ -15,6 +15,7 @@ from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import ghost
 from keras_dyndp.tf_backend.per_example import per_example_layers
+from keras_dyndp.tf_backend.per_example import rules
 from research import chest_xray
 from research import digits
 from research import federated_mnist
@@ -80,7 +81,7 @@ class Halve(keras.layers.Layer):
 
 
 def test_a_declared_custom_layer_is_known(monkeypatch):
-    monkeypatch.setattr(per_example_layers, "_declared", set())
+    monkeypatch.setattr(rules, "_PER_EXAMPLE", dict(rules._PER_EXAMPLE))  # pylint: disable=protected-access
     model = functional(Halve(name="halve"))
     assert per_example_layers.first_unknown(model) == "layer 'halve' (Halve)"
     per_example.register_per_example_layer(Halve)

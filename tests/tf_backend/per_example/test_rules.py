@@ -1,26 +1,21 @@
-"""rules: the registry; the documented rule for a custom layer clips it per example like the brute force."""
+"""rules: the registry; docs/usage.md's rule for a custom layer (the contract both backends share) clips it per
+example like the brute force and the vectorized path."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
+import transformer_layers
 from brute_force import LOSS
 from brute_force import assert_matches
 from brute_force import reference
 
+from keras_dyndp import layer_rules
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example import dense
 from keras_dyndp.tf_backend.per_example import rules
 
-
-def documented_example() -> dict:
-    """Runs the custom-layer example of the rules module's docstring (it registers its rule) and returns its names."""
-    code = rules.__doc__.split("```python\n")[1].split("```")[0]
-    names = {}
-    exec(code, names)  # pylint: disable=exec-used
-    return names
-
-
-EXAMPLE = documented_example()
+EXAMPLE = transformer_layers.documented_rule_example(keras, layer_rules._ops())  # pylint: disable=protected-access
 ScaleShift = EXAMPLE["ScaleShift"]
 
 
@@ -60,6 +55,10 @@ def test_custom_layer_rule_clips_like_the_brute_force():
         input_signature=[tf.TensorSpec([None, 3, 4]), tf.TensorSpec([None], tf.int32), tf.TensorSpec([None])],
     )
     assert_matches(*step(x, y, tf.constant(weights)), expected)
+    vectorized = per_example.clipped_gradient_sum(
+        model, LOSS, x, y, tf.constant(weights), 0.2, model.trainable_variables, method="vectorized"
+    )
+    assert_matches(*vectorized, expected)
 
 
 def test_rules_apply_to_their_exact_class_and_supported_configurations():
@@ -74,17 +73,25 @@ def test_rules_apply_to_their_exact_class_and_supported_configurations():
 
 
 def test_register_layer_rule_refuses_what_is_not_a_rule():
+    parts = {
+        "variables": EXAMPLE["scale_shift_norms_and_sums"],
+        "norms_and_sums": EXAMPLE["scale_shift_norms_and_sums"],
+    }
     with pytest.raises(TypeError, match="`layer_class` must be a Keras layer class"):
-        per_example.register_layer_rule(
-            object, call=EXAMPLE["scale_shift_call"], norms_and_sums=EXAMPLE["scale_shift_norms_and_sums"]
-        )
+        per_example.register_layer_rule(object, **parts)
     with pytest.raises(TypeError, match="`norms_and_sums` must be callable"):
-        per_example.register_layer_rule(Unregistered, call=EXAMPLE["scale_shift_call"], norms_and_sums=None)
+        per_example.register_layer_rule(Unregistered, **{**parts, "norms_and_sums": None})
     with pytest.raises(TypeError, match="`supports` must be callable"):
-        per_example.register_layer_rule(
-            Unregistered,
-            call=EXAMPLE["scale_shift_call"],
-            norms_and_sums=EXAMPLE["scale_shift_norms_and_sums"],
-            supports=True,
-        )
+        per_example.register_layer_rule(Unregistered, **parts, supports=True)
+    with pytest.raises(TypeError, match="takes neither `variables`"):
+        per_example.register_layer_rule(Unregistered, call=dense.call, **parts)
     assert rules.rule_for(Unregistered()) is None
+
+
+def test_the_specialised_form_registers_a_tapped_call():
+    class OwnDense(keras.layers.Dense):
+        """Dense's rule, registered in the built-ins' specialised form."""
+
+    per_example.register_layer_rule(OwnDense, call=dense.call, norms_and_sums=dense.norms_and_sums)
+    rule = rules.rule_for(OwnDense(2))
+    assert rule.call is dense.call and rule.shared is None

@@ -1,0 +1,130 @@
+"""The shared rule contract on JAX (`keras_dyndp.layer_rules`): the keras.io Transformer example's layers and a
+learned position embedding, each registered in one line, are tapped and clip like the per-example loop; a rule's
+sums add nothing from an example whose factor is 0."""
+
+import pytest
+
+jax = pytest.importorskip("jax")
+keras = pytest.importorskip("keras")
+if keras.backend.backend() != "jax":
+    pytest.skip("Keras is not running on JAX (set KERAS_BACKEND=jax)", allow_module_level=True)
+
+import jax.numpy as jnp  # noqa: E402
+import jax_brute_force as brute_force  # noqa: E402
+import numpy as np  # noqa: E402
+import transformer_layers  # noqa: E402
+
+import keras_dyndp  # noqa: E402
+from keras_dyndp import layer_rules  # noqa: E402
+from keras_dyndp import schedules  # noqa: E402
+from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
+from keras_dyndp.jax_backend import ghost  # noqa: E402
+from keras_dyndp.jax_backend import make_private  # noqa: E402
+from keras_dyndp.jax_backend import taps  # noqa: E402
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+
+def _tapped(model, x):
+    values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]
+    return [layer for layer, *_ in taps.tappable(model, *values, x).values()]
+
+
+def _step_update(model, x, y, clip_norm, method="ghost", loss=LOSS):
+    """The change of each trainable variable in one noiseless step of ``make_private(model, method)`` on (x, y),
+    times -p N (= -len(x) / 2): the clipped sum, float64."""
+    model = make_private(model, method)
+    schedule = schedules.DPSchedule(np.full(1, clip_norm), np.zeros(1), 0.5)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, allow_degenerate_noise=True, expected_batch_size=len(x) / 2, learning_rate=1.0
+    )
+    model.compile(optimizer=optimizer, loss=loss)
+    before = [np.asarray(v.value, np.float64) for v in model.trainable_variables]
+    model.fit(brute_force.FixedBatches(x, y, len(x)), epochs=1, verbose=0)
+    return [(old - np.asarray(v.value, np.float64)) * len(x) / 2 for old, v in zip(before, model.trainable_variables)]
+
+
+def _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm):
+    expected = brute_force.clipped_sum(model, LOSS, x, y, clip_norm)
+    scale = max(np.max(np.abs(total)) for total in expected)  # attention's key bias: a gradient of exactly 0
+    for actual, total in zip(_step_update(model, x, y, clip_norm), expected):
+        np.testing.assert_allclose(actual, total, rtol=0, atol=1e-5 * scale)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
+def test_the_documented_rule_is_tapped_and_steps_as_the_vmap_path():
+    scale_shift = transformer_layers.documented_rule_example()["ScaleShift"]
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(6, 3, 4)).astype("float32"), rng.normal(size=(6, 2)).astype("float32")
+    scale = rng.normal(size=4).astype("float32")  # not ones: the rule must not assume them
+    updates = {}
+    for method in ("ghost", "vectorized"):
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((3, 4))
+        layer = scale_shift()
+        model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(layer(inputs))))
+        layer.scale.assign(scale)
+        if method == "ghost":
+            assert layer in _tapped(model, x)
+        updates[method] = _step_update(model, x, y, 0.3, method, keras.losses.MeanSquaredError(reduction="none"))
+    for ghost_update, vmap_update in zip(updates["ghost"], updates["vectorized"]):
+        np.testing.assert_allclose(ghost_update, vmap_update, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
+@pytest.mark.parametrize("learned_positions", [False, True])
+def test_the_transformer_example_is_tapped_and_clips_like_the_per_example_loop(learned_positions):
+    classes = transformer_layers.layers(keras, keras.ops.arange)
+    transformer_layers.register(keras_dyndp, classes)
+    keras.utils.set_random_seed(0)
+    model = transformer_layers.classifier(keras, classes, learned_positions=learned_positions)
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 12, size=(6, 5)).astype("int32"), rng.integers(0, 3, size=6).astype("int32")
+    tapped = _tapped(model, x)
+    assert {type(layer).__name__ for layer in tapped} >= {"TokenAndPositionEmbedding", "EinsumDense", "Dense"}
+    assert ("PositionEmbedding" in {type(layer).__name__ for layer in tapped}) == learned_positions
+    assert all(type(layer) is not keras.layers.Embedding for layer in tapped)  # inside the composite's rule
+    _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm=0.05)
+
+
+def test_a_rules_sums_add_nothing_from_an_example_whose_factor_is_zero():
+    token_and_position, *_ = transformer_layers.layers(keras, keras.ops.arange)
+    layer = token_and_position(6, 7, 2)
+    layer(np.zeros((1, 4), "int32"))
+    rule = layer_rules.token_and_position_embedding()
+    ids = jnp.asarray([[[1, 1, 2, 6]], [[0, 3, 3, 3]], [[5, 5, 5, 5]]])
+    g = np.random.default_rng(0).normal(size=(3, 1, 4, 2)).astype(np.float32)
+    g[1] = np.nan
+    squared, sums = rule["norms_and_sums"](layer, ids, jnp.asarray(g))
+    tokens, positions = sums(jnp.asarray([0.5, 0.0, 2.0]))
+    expected = np.zeros((7, 2))
+    np.add.at(expected, ids[0, 0], 0.5 * g[0, 0])
+    np.add.at(expected, ids[2, 0], 2.0 * g[2, 0])
+    np.testing.assert_allclose(tokens, expected, rtol=1e-6)
+    np.testing.assert_allclose(positions[:4], 0.5 * g[0, 0] + 2.0 * g[2, 0], rtol=1e-6)
+    assert np.all(np.asarray(positions[4:]) == 0)
+    exact = [np.sum(np.square(np.asarray([g[i, 0][ids[i, 0] == t].sum(0) for t in range(7)]))) for i in (0, 2)]
+    exact = [e + np.sum(g[i] ** 2) for e, i in zip(exact, (0, 2))]
+    assert np.all(np.asarray(squared)[[0, 2]] >= np.asarray(exact, np.float32))
+
+
+def test_per_example_declarations_are_wiring_and_refuse_a_rules_parts():
+    class Wiring(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    inputs = keras.Input((3,))
+    wiring = Wiring()
+    model = keras.Model(inputs, wiring(inputs))
+    assert _tapped(model, np.zeros((2, 3), "float32")) == []
+    keras_dyndp.register_per_example_layer(Wiring)
+    assert ghost.acts_per_example(wiring)
+    assert _tapped(model, np.zeros((2, 3), "float32")) == [wiring.dense]
+    with pytest.raises(TypeError, match="leave out norms_and_sums"):
+        keras_dyndp.register_layer_rule(Wiring, per_example=True, norms_and_sums=lambda layer, a, g: None)
