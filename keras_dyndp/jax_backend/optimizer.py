@@ -21,26 +21,18 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from keras_dyndp import batch_sizes
 from keras_dyndp import keras_context
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
+from keras_dyndp import step_checks
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import noise_source
 from keras_dyndp.jax_backend import ops
 from keras_dyndp.jax_backend import processes
 from keras_dyndp.jax_backend import train_step
 
-_NO_KEY, _SCHEDULE_MISMATCH, _BUDGET_SPENT, _PADDING_ROWS, _TOO_FEW, _TOO_MANY = range(1, 7)
 _NOT_APPLIED = " The step was not applied, nor any step after it until this error."
-_NO_KEY_REFUSAL = (
-    "The DP step was handed an optimizer state without its secret noise key (the key words of the optimizer's "
-    "never-saved `dp_run_state` are zero, as in its variables at rest), and noise from a known key protects "
-    "nothing. Take the state of each run of steps from `optimizer.new_run([v.value for v in "
-    "optimizer.variables])`, which writes the key and a fresh run nonce into it (make_private's train function "
-    "does); after the run, assign the state back and call `optimizer.raise_refused_step()`." + _NOT_APPLIED
-)
 
 
 class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
@@ -60,11 +52,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
-        p = self._schedule.sampling_probability
-        self._num_examples = batch_sizes.implied_num_examples(self._expected_batch_size, p)
-        self._batch_size_range = (
-            None if self._num_examples is None else batch_sizes.batch_size_range(self._num_examples, p)
-        )
+        self._step_checks = step_checks.StepChecks(self._schedule, self._expected_batch_size, self.normalises_by_rows)
         self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
         # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
         # (zeros at rest)]; never saved.
@@ -86,12 +74,12 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     @property
     def num_examples(self) -> int | None:
         """N, the dataset size the schedule and p N are for (`batch_sizes.implied_num_examples`); None when unknown."""
-        return self._num_examples
+        return self._step_checks.num_examples
 
     @property
     def batch_size_range(self) -> tuple[int, int] | None:
         """The accepted ``(low, high)`` number of examples per batch; None when N is unknown."""
-        return self._batch_size_range
+        return self._step_checks.batch_size_range
 
     def _index(self, variable: keras.Variable) -> int:
         return next(i for i, v in enumerate(self.variables) if v is variable)
@@ -130,38 +118,13 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """The step's secret key for its random layers' states (module docstring)."""
         return self._step_key(optimizer_variables, noise_source.LAYER_SEEDS)
 
-    def _refusal_code(self, step, run_state, recorded_fingerprint, num_examples, num_rows) -> jax.Array:
-        """int32: why the step must not run, 0 when it may (`raise_refused_step` words it)."""
-        fingerprint = jnp.asarray(self._schedule.fingerprint, jnp.int32)
-        checks = {
-            _NO_KEY: jnp.all(run_state[noise_source.KEY_WORDS] == 0),
-            _SCHEDULE_MISMATCH: (step > 0) & jnp.any(recorded_fingerprint != fingerprint),
-            _BUDGET_SPENT: step >= self._schedule.num_steps,
-        }
-        if self.normalises_by_rows:
-            checks[_PADDING_ROWS] = num_examples != num_rows
-        elif self._batch_size_range is not None:
-            checks[_TOO_FEW] = num_examples < self._batch_size_range[0]
-            checks[_TOO_MANY] = num_examples > self._batch_size_range[1]
-        return jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
-
     def _refusal(self, code: int, num_examples: int, optimizer_variables) -> RuntimeError:
-        if code == _NO_KEY:
-            return RuntimeError(_NO_KEY_REFUSAL)
-        if code == _SCHEDULE_MISMATCH:
-            step = int(self.step_at(optimizer_variables))
-            recorded = np.asarray(optimizer_variables[self._index(self._schedule_fingerprint)]).tolist()
-            return RuntimeError(optimizer_base.restored_schedule_refusal(step, recorded, self._schedule))
-        if code == _BUDGET_SPENT:
-            message = optimizer_base.budget_exhausted_message(self._schedule.num_steps, "keras_dyndp.BudgetStop")
-            return optimizer_base.BudgetExhaustedError(message)
-        if code == _PADDING_ROWS:
-            return RuntimeError(batch_sizes.PADDING_ROWS_REFUSAL + _NOT_APPLIED)
-        low, high = self._batch_size_range
-        prefix, advice = batch_sizes.out_of_range_refusal(
-            "few" if code == _TOO_FEW else "many", self._schedule.sampling_probability, self._num_examples, low, high
-        )
-        return RuntimeError(f"{prefix}{num_examples}{advice}{_NOT_APPLIED}")
+        before, after = self._step_checks.message(code)
+        if code in (step_checks.SCHEDULE_MISMATCH, step_checks.NO_FINGERPRINT):
+            return RuntimeError(f"{before}{int(self.step_at(optimizer_variables))}{after}")
+        if code == step_checks.BUDGET_SPENT:
+            return optimizer_base.BudgetExhaustedError(before)
+        return RuntimeError(f"{before}{num_examples if after else ''}{after}{_NOT_APPLIED}")
 
     def refusal_in(self, optimizer_variables, *, before_a_step: bool = False) -> RuntimeError | None:
         """The refusal recorded in ``optimizer_variables`` (the optimizer's state) since its run of steps began;
@@ -171,7 +134,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             int(value) for value in np.asarray(optimizer_variables[self._index(self._run_state)])[1:3]
         )
         if not code and before_a_step and int(self.step_at(optimizer_variables)) >= self._schedule.num_steps:
-            code = _BUDGET_SPENT
+            code = step_checks.BUDGET_SPENT
         return self._refusal(code, num_examples, optimizer_variables) if code else None
 
     def new_run(self, optimizer_variables) -> list:
@@ -256,7 +219,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         step = self.step_at(optimizer_variables)
         fingerprint_index, run_index = self._index(self._schedule_fingerprint), self._index(self._run_state)
         run_state = optimizer_variables[run_index]
-        code = self._refusal_code(step, run_state, optimizer_variables[fingerprint_index], num_examples, num_rows)
+        recorded, no_key = optimizer_variables[fingerprint_index], jnp.all(run_state[noise_source.KEY_WORDS] == 0)
+        checks = self._step_checks.failing(step, recorded, num_examples, num_examples, num_rows, no_key)
+        code = jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
         code = jnp.where(run_state[1] != 0, run_state[1], code)  # Once refused, refused until raise_refused_step.
         clip_norm, noise_stddev = self.schedule_values(step)
         grads = mechanism.private_update(

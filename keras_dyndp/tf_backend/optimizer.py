@@ -3,9 +3,9 @@
 `make_dynamic_dp_optimizer_class(base_cls)` makes ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``: the
 mixin runs the mechanism (`keras_dyndp.mechanism`) in graph ops, the base class holds the update rule;
 `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its instances.
-Its own per-example path (`compute_gradients`) takes the jacobian of the per-example losses handed to `minimize` (a
-custom loop, or ``make_private``'s step with ``method='jacobian'`` or microbatches): O(B^2), and graphs pfor cannot
-vectorise fail (tensorflow#43904). ``make_private``'s faster step calls `apply_clipped_sum`. Keras's own
+It receives clipped sums: ``make_private``'s step hands `apply_clipped_sum` those of its clipping method
+(`keras_dyndp.tf_backend.per_example`); a custom loop's `minimize` (`compute_gradients`) clips the per-example losses
+it is handed on the jacobian path (`keras_dyndp.tf_backend.microbatches.clipped_sum`, O(B^2)). Keras's own
 train step is refused, naming ``make_private``. The noise comes from the optimizer's own `tf.random.Generator`,
 seeded from OS entropy and never saved (`keras_dyndp.tf_backend.noise_source`); batch sizes are checked against the
 schedule's Poisson sampling (`keras_dyndp.tf_backend.sampling_check`).
@@ -18,12 +18,12 @@ the schedule the steps are taken under; a counter restored from another schedule
 (`keras_dyndp.optimizer_base.restored_schedule_refusal`).
 
 Budget guard. Past T = `schedule.num_steps` a step raises `tf.errors.InvalidArgumentError` ("DP budget exhausted
-..."). XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t also read 0 there and the step releases
-nothing; stop at T with `keras_dyndp.BudgetStop`.
+...", asserted as `keras_dyndp.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t
+also read 0 there and the step releases nothing; stop at T with `keras_dyndp.BudgetStop`.
 
 Replicas (`keras_dyndp.tf_backend.replicas`): under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each
 replica clips its share, the first alone adds the noise and the base optimizer sums the parts; other strategies are
-refused. Not supported: sparse per-example gradients (the jacobian densifies them). Keras's ``clipnorm``,
+refused. Not supported: sparse per-example gradients (the clipping methods densify them). Keras's ``clipnorm``,
 ``global_clipnorm`` and ``clipvalue`` act on the noised gradient: harmless, but not DP clipping.
 
 References: Abadi et al., Deep Learning with Differential Privacy, https://arxiv.org/abs/1607.00133; Du et al.,
@@ -32,6 +32,7 @@ Dynamic Differential-Privacy Preserving SGD.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -41,6 +42,7 @@ from keras_dyndp import keras_context
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
+from keras_dyndp import step_checks
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import model_checks
@@ -68,11 +70,10 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
         schedule = self._schedule
+        self._step_checks = step_checks.StepChecks(schedule, self._expected_batch_size, self.normalises_by_rows)
         self._sampling_check = sampling_check.SamplingCheck(
-            schedule.sampling_probability,
-            self._expected_batch_size,
+            self._step_checks,
             self._public_batch_size,
-            self.normalises_by_rows,
             type(self).__name__,
             self.note_unverified_sampling,
         )
@@ -96,47 +97,29 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """int64 variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
         return self.iterations
 
-    def _budget_check(self) -> tf.Operation | None:
-        return tf.debugging.assert_less(
-            self.dp_step,
-            tf.constant(self._schedule.num_steps, tf.int64),
-            message=optimizer_base.budget_exhausted_message(self._schedule.num_steps, "keras_dyndp.BudgetStop"),
-        )
-
-    def _schedule_matches(self) -> tf.Tensor:
-        """bool scalar: the step may run under this schedule (`optimizer_base.restored_schedule_refusal`'s rule)."""
-        recorded = tf.convert_to_tensor(self._schedule_fingerprint)
-        own = tf.constant(self._schedule.fingerprint, tf.int32)
-        return tf.logical_or(tf.equal(self.dp_step, 0), tf.reduce_all(tf.equal(recorded, own)))
-
-    def _schedule_check(self) -> list[tf.Operation]:
-        """Refuses a step counter restored from another schedule (or without a fingerprint); records the
-        schedule's fingerprint at step 0."""
-        recorded = tf.convert_to_tensor(self._schedule_fingerprint)
-        matches = self._schedule_matches()
-        unrecorded = tf.reduce_all(tf.equal(recorded, tf.constant(optimizer_base.UNRECORDED_FINGERPRINT, tf.int32)))
-        checks = [
-            tf.debugging.Assert(
-                tf.logical_or(matches, tf.equal(unrecorded, recorded_kind)),  # passes the other kind's state
-                [optimizer_base.schedule_mismatch_message(recorded=recorded_kind), self.dp_step],
-            )
-            for recorded_kind in (True, False)
-        ]
-        with tf.control_dependencies(checks):
-            own = tf.constant(self._schedule.fingerprint, tf.int32)
-            record = self._schedule_fingerprint.assign(tf.where(matches, own, recorded))
-        return checks + [record]
-
     def _schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
         # 0 past the budget and on a restored step counter of another schedule: XLA drops the assertions.
-        return mechanism.schedule_values(
-            ops.OPS,
-            self._clip_norms_tensor,
-            self._noise_stddevs_tensor,
-            self.dp_step,
-            self._schedule.num_steps,
-            self._schedule_matches(),
-        )
+        step = self.dp_step
+        mismatch = self._step_checks.schedule_mismatch(step, tf.convert_to_tensor(self._schedule_fingerprint))
+        clip_norms, noise_stddevs = self._clip_norms_tensor, self._noise_stddevs_tensor
+        return mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, self._schedule.num_steps, ~mismatch)
+
+    def _refusals(self, min_examples, max_examples, num_rows) -> list[tf.Operation]:
+        """The step's refusals (`keras_dyndp.step_checks`) of a batch of ``num_rows`` rows holding ``min_examples``
+        to ``max_examples`` examples, assertions in their order, then the record of the schedule's fingerprint."""
+        step, recorded = tf.convert_to_tensor(self.dp_step), tf.convert_to_tensor(self._schedule_fingerprint)
+        failing = self._step_checks.failing(step, recorded, min_examples, max_examples, num_rows)
+        numbers = {step_checks.TOO_FEW: max_examples, step_checks.TOO_MANY: min_examples}
+        numbers.update(dict.fromkeys((step_checks.SCHEDULE_MISMATCH, step_checks.NO_FINGERPRINT), step))
+        checks = []
+        for code, refused in failing.items():
+            before, after = self._step_checks.message(code)
+            with tf.control_dependencies(checks):
+                checks += _refusal(refused, [before, numbers[code], after] if code in numbers else [before])
+        with tf.control_dependencies(checks):
+            mismatch = failing[step_checks.SCHEDULE_MISMATCH] | failing[step_checks.NO_FINGERPRINT]
+            own = tf.constant(self._schedule.fingerprint, tf.int32)
+            return checks + [self._schedule_fingerprint.assign(tf.where(mismatch, recorded, own))]
 
     def current_clip_norm(self) -> tf.Tensor:
         """float32 scalar C at `dp_step` (0 once the budget is spent, or on another schedule's step counter)."""
@@ -146,20 +129,23 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """float32 scalar sigma at `dp_step`, the noise std on the clipped sum (0 as `current_clip_norm`)."""
         return self._schedule_values()[1]
 
-    def _step_checks(self, batch_size_check: tf.Operation | None) -> list[tf.Operation]:
-        checks = [check for check in (self._budget_check(), batch_size_check) if check is not None]
-        return checks + self._schedule_check()
-
-    def _private_update(self, clipped_sums, clip_norm, sigma, global_num_rows, num_microbatches) -> list[tf.Tensor]:
-        """This replica's part of the update (`keras_dyndp.mechanism.private_update`): its clipped sums, the noise
-        on the first replica only, over the global normaliser; the base optimizer sums the parts."""
+    def _noised(self, clip: Callable, num_examples, num_rows, exact: bool = True) -> list[tf.Tensor]:
+        """This replica's part of the update (`keras_dyndp.mechanism.private_update`) of its sums ``clip(C)``, C and
+        sigma read after the `_refusals` of its ``num_rows`` rows holding ``num_examples`` examples (unless ``exact``,
+        at least; at most the rows): noise on the first replica only, the global normaliser; the base optimizer adds."""
+        self._sampling_check.check_step_input()
+        counts = tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)])
+        examples, rows = tf.unstack(replicas.global_sum(counts))
+        with tf.control_dependencies(self._refusals(examples, examples if exact else rows, rows)):
+            clip_norm, sigma = self._schedule_values()
+        num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
         return mechanism.private_update(
             ops.OPS,
-            clipped_sums,
+            clip(clip_norm),
             self._noise_source.generator,
             clip_norm=clip_norm,
             sigma=sigma * replicas.noise_share(),
-            num_rows=global_num_rows,
+            num_rows=rows,
             expected_batch_size=self._expected_batch_size,
             num_microbatches=num_microbatches,
             rescale_to_unit_norm=self._rescale_to_unit_norm,
@@ -178,15 +164,6 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                     "in the policy's dtype, then clips, sums and adds the noise in float32, without loss scaling)."
                 )
         return model
-
-    def _unit_losses(self, per_example_losses: tf.Tensor, num_rows: tf.Tensor) -> tf.Tensor:
-        """The losses whose jacobian is clipped row by row: the examples', or the M random microbatches'."""
-        if self._num_microbatches is None:
-            # pfor mis-shapes the jacobian of an empty (Poisson) batch; one constant row, whose gradient is zero and
-            # adds nothing to the clipped sum, keeps the loop non-empty at O(1/B) cost.
-            return tf.concat([per_example_losses, tf.zeros([1], per_example_losses.dtype)], axis=0)
-        assignment = microbatches.random_assignment(num_rows, self._num_microbatches, self._noise_source.generator)
-        return microbatches.microbatch_losses(per_example_losses, assignment, self._num_microbatches)
 
     def compute_gradients(self, loss, var_list, tape=None):
         """Clipped, noised and normalised gradients of a per-example loss: one DP release at `dp_step`, which only
@@ -213,30 +190,15 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 "model = keras_dyndp.make_private(model)."
             )
         model = self._calling_model()
-        loss, var_list, tape = _evaluated_loss(loss, var_list, tape)
-        rank = loss.shape.rank
+        losses, var_list, tape = _evaluated_loss(loss, var_list, tape)
         model_checks.check_training_model(self, model, var_list)  # Once per model, while the first step is traced.
-        self._sampling_check.check_step_input()
-        num_rows = tf.shape(loss)[0]
-        with tape:
-            per_example_losses = loss if rank == 1 else tf.reduce_mean(loss, axis=list(range(1, rank)))
-            unit_losses = self._unit_losses(per_example_losses, num_rows)
-        per_unit_grads = tape.jacobian(unit_losses, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        generator = self._noise_source.generator
+
+        def clip(clip_norm):
+            return microbatches.clipped_sum(tape, losses, var_list, clip_norm, self._num_microbatches, generator)[0]
+
         # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
-        min_examples, global_num_rows = tf.unstack(
-            replicas.global_sum(tf.stack([sampling_check.count_nonzero_rows(per_example_losses), num_rows]))
-        )
-        batch_size_check = self._sampling_check.assertion(min_examples, global_num_rows, global_num_rows)
-        unit_norms = ops.per_example_global_norms(per_unit_grads)
-        finite_check = tf.debugging.Assert(
-            tf.reduce_all(tf.math.is_finite(unit_norms)), [refusals.BATCHED_NON_FINITE_REFUSAL]
-        )
-        with tf.control_dependencies([*self._step_checks(batch_size_check), finite_check]):
-            clip_norm, sigma = self._schedule_values()
-        clipped_sums = ops.clipped_sums(per_unit_grads, unit_norms, clip_norm)
-        # Each replica forms its own M microbatches.
-        num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
-        grads = self._private_update(clipped_sums, clip_norm, sigma, global_num_rows, num_microbatches)
+        grads = self._noised(clip, sampling_check.count_nonzero_rows(losses), tf.shape(losses)[0], exact=False)
         self._dp_gradient_guard.issue(grads)
         return list(zip(grads, var_list))
 
@@ -318,7 +280,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         for its state, as Keras's ``apply`` and ``stateless_apply``.
 
         Adds N(0, sigma^2), sigma = `current_noise_stddev()`, to each sum, divides by `expected_batch_size` (by
-        ``num_rows`` with ``public_batch_size=True``), applies the base update rule and advances `dp_step`.
+        ``num_rows`` with ``public_batch_size=True``; with ``num_microbatches``, the sums of microbatch gradients, by M
+        and with twice the noise), applies the base update rule and advances `dp_step`.
 
         Args:
           clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients
@@ -341,20 +304,24 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
             for grad, var in zip(clipped_sums, var_list)
         ]
-        self._sampling_check.check_step_input()
-        global_examples, global_num_rows = tf.unstack(
-            replicas.global_sum(tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)]))
-        )
-        batch_size_check = self._sampling_check.assertion(global_examples, global_examples, global_num_rows)
-        with tf.control_dependencies(self._step_checks(batch_size_check)):
-            clip_norm, sigma = self._schedule_values()
-        grads = self._private_update(clipped_sums, clip_norm, sigma, global_num_rows, None)
+        grads = self._noised(lambda clip_norm: clipped_sums, num_examples, num_rows)
         return self._apply_private_gradients(list(zip(grads, var_list)))
 
 
+def _refusal(refused: tf.Tensor, message: list) -> list[tf.Operation]:
+    """Raises at once in eager mode; else ``[assertion]`` to run before the step (XLA compiles it away)."""
+    if not tf.executing_eagerly():
+        return [tf.debugging.Assert(tf.logical_not(refused), message)]  # no string ops
+    if bool(refused):
+        raise tf.errors.InvalidArgumentError(
+            None, None, "".join(str(int(part)) if tf.is_tensor(part) else part for part in message)
+        )
+    return []
+
+
 def _evaluated_loss(loss, var_list, tape):
-    """``(loss, var_list, tape)`` with a callable loss evaluated on a tape and callable variables listed; a loss
-    that is not per example (a scalar) refused."""
+    """``(losses, var_list, tape)``: the per-example losses [B] (a callable loss evaluated, a loss [B, ...] averaged,
+    on the tape) and the variables listed; a loss that is not per example (a scalar) refused."""
     if tape is None and not callable(loss):
         raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
     if callable(loss):
@@ -372,6 +339,9 @@ def _evaluated_loss(loss, var_list, tape):
             f"the model with a loss built with {keras_compat.PER_EXAMPLE_REDUCTION}, e.g. "
             f"tf.keras.losses.SparseCategoricalCrossentropy({keras_compat.PER_EXAMPLE_REDUCTION})."
         )
+    if loss.shape.rank > 1:
+        with tape:
+            loss = tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))
     return loss, list(var_list), tape
 
 

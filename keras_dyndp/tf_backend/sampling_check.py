@@ -4,16 +4,15 @@ Every accountant here assumes that at each step each of the N examples joins the
 probability p = `schedule.sampling_probability`; nothing in Keras enforces it (a full-batch ``fit`` trains). Two
 checks close this.
 
-1. At every step, in the graph, on every path (``fit``, ``train_on_batch``, ``minimize``,
-   ``apply_clipped_sum``): with N = ``expected_batch_size / p`` the number of examples must lie in
-   `keras_dyndp.tf_backend.data.batch_size_range(N, p)`, which a Poisson batch leaves with probability at most
-   1e-12 on each side; otherwise the step raises ``tf.errors.InvalidArgumentError``. Examples are the rows with a
-   non-zero sample weight; the optimizer's own path sees only weighted losses, so the rows bound the count from
-   above and the rows with a non-zero loss from below (a real example may have loss 0): it refuses when the upper
-   bound is below the range or the lower bound above it. Neighbouring datasets differ in whether this abort fires
-   only when the size leaves the range: at most (1 + e^epsilon) T 2e-12 more delta
-   (`keras_dyndp.tf_backend.data.truncation_delta`'s argument). XLA drops the check. With
-   ``public_batch_size=True`` the step divides by the rows and checks no size, but refuses rows of weight 0
+1. At every step, in the graph, on every path (``fit``, ``train_on_batch``, ``minimize``, ``apply_clipped_sum``): the
+   number of examples must lie in `data.batch_size_range(N, p)`, N = ``expected_batch_size / p``, which a Poisson batch
+   leaves with probability at most 1e-12 on each side; otherwise the step raises ``tf.errors.InvalidArgumentError``
+   (`keras_dyndp.step_checks`, asserted by the optimizer). Examples are the rows with a non-zero sample weight; a custom
+   loop's ``compute_gradients`` sees only weighted losses, so the rows bound the count from above and the rows with a
+   non-zero loss from below (a real example may have loss 0): it refuses when the upper bound is below the range or the
+   lower bound above it. Neighbouring datasets differ in whether this abort fires only when the size leaves the range:
+   at most (1 + e^epsilon) T 2e-12 more delta (`keras_dyndp.tf_backend.data.truncation_delta`'s argument). XLA drops the
+   check. With ``public_batch_size=True`` the step divides by the rows and checks no size, but refuses rows of weight 0
    (padding) where it sees sample weights.
 2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, called by make_private's
    ``make_train_function`` with what the entry point showed, also an unbound ``keras.Model.fit`` on Keras 3):
@@ -38,6 +37,7 @@ import tensorflow as tf
 from keras_dyndp import batch_sizes
 from keras_dyndp import entry_points
 from keras_dyndp.batch_sizes import SamplingWarning
+from keras_dyndp.step_checks import StepChecks
 from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import replicas
 
@@ -53,10 +53,9 @@ class SamplingCheck:
     """The two checks of the module docstring for one optimizer; a plain object, so nothing of it is saved.
 
     Args:
-      sampling_probability: the schedule's Poisson rate p.
-      expected_batch_size: p N, or None with ``public_batch_size`` (then batch sizes are not checked).
+      step_checks: the optimizer's `keras_dyndp.step_checks.StepChecks`, which the step asserts (point 1): the
+        schedule's p, N and the batch-size range (None without ``expected_batch_size``: no size is checked).
       public_batch_size: the optimizer's `public_batch_size`: keras_dyndp's Poisson batches are refused.
-      normalises_by_rows: the step divides by the rows (rows of sample weight 0 are then refused).
       optimizer_name: the optimizer's class name, for the refusals.
       note_unverified: the optimizer's `note_unverified_sampling`, called with what showed batches not known to be
         Poisson samples; True the first time (the `SamplingWarning` is given then).
@@ -64,26 +63,18 @@ class SamplingCheck:
 
     def __init__(
         self,
-        sampling_probability: float,
-        expected_batch_size: float | None,
+        step_checks: StepChecks,
         public_batch_size: bool,
-        normalises_by_rows: bool,
         optimizer_name: str,
         note_unverified: Callable[[str], bool],
     ):
-        self._sampling_probability = p = sampling_probability
+        self._sampling_probability = step_checks.sampling_probability
         self._public_batch_size = public_batch_size
-        self._normalises_by_rows = normalises_by_rows
         self._optimizer_name = optimizer_name
-        self._num_examples = batch_sizes.implied_num_examples(expected_batch_size, sampling_probability)
-        self._range = None if self._num_examples is None else data.batch_size_range(self._num_examples, p)
+        self._num_examples = step_checks.num_examples
+        self._range = step_checks.batch_size_range
         self._note_unverified = note_unverified  # The optimizer's `note_unverified_sampling`: True the first time.
         self._fit_checked = False
-
-    @property
-    def batch_size_range(self) -> tuple[int, int] | None:
-        """The accepted ``(low, high)`` number of examples per batch; None when N is unknown."""
-        return self._range
 
     @contextlib.contextmanager
     def handed_over(self) -> Iterator[None]:
@@ -133,36 +124,3 @@ class SamplingCheck:
         elif jit_compile:
             message += " XLA (jit_compile=True) drops the per-step batch-size check."
         warnings.warn(message, SamplingWarning, stacklevel=3)
-
-    def assertion(self, min_examples: tf.Tensor, max_examples: tf.Tensor, num_rows: tf.Tensor) -> tf.Operation | None:
-        """In-graph check (point 1) of a batch of ``num_rows`` rows holding between ``min_examples`` and
-        ``max_examples`` examples: in the range, or, when the step divides by the rows, every row an example.
-        Returns None when there is nothing to wait for (no check applies, or eager mode, which checks at once).
-        """
-        if self._normalises_by_rows:
-            condition = tf.cast(max_examples, tf.int64) >= tf.cast(num_rows, tf.int64)
-            return _refuse_unless(condition, [batch_sizes.PADDING_ROWS_REFUSAL])
-        if self._range is None:
-            return None
-        low, high = self._range
-        too_few = self._refusal(tf.cast(max_examples, tf.int64) >= low, "few", max_examples)
-        with tf.control_dependencies([] if too_few is None else [too_few]):
-            return self._refusal(tf.cast(min_examples, tf.int64) <= high, "many", min_examples)
-
-    def _refusal(self, condition: tf.Tensor, what: str, count: tf.Tensor) -> tf.Operation | None:
-        low, high = self._range
-        prefix, advice = batch_sizes.out_of_range_refusal(
-            what, self._sampling_probability, self._num_examples, low, high
-        )
-        return _refuse_unless(condition, [prefix, count, advice])
-
-
-def _refuse_unless(condition: tf.Tensor, message: list) -> tf.Operation | None:
-    """Raises at once in eager mode; else an assertion to run before the step (XLA compiles it away)."""
-    if tf.executing_eagerly():
-        if not bool(condition):
-            raise tf.errors.InvalidArgumentError(
-                None, None, "".join(str(int(part)) if tf.is_tensor(part) else part for part in message)
-            )
-        return None
-    return tf.debugging.Assert(condition, message)  # no string ops: XLA compiles it away

@@ -7,14 +7,13 @@ per-example losses, but logs the loss and metrics of the private batch and canno
 per-example clipped gradient sums with ``keras_dyndp.tf_backend.per_example.clipped_gradient_sum`` (ghost clipping
 where every trainable layer has a rule, else ``tf.vectorized_map`` over single-example passes) and hands them to
 ``model.optimizer.apply_clipped_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
-normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the step runs the optimizer's
-own microbatch path (the jacobian of M microbatch losses) instead; with ``method='jacobian'`` its own per-example path
-(one pfor ``tape.jacobian`` of the per-example losses, every row back-propagated through the batched graph: O(B^2),
-~160x a non-private step on the tutorial CNN; for comparisons and audits). The privacy mechanism is the optimizer's;
-only the way the clipped sum is computed changes. Same on Keras 2 and Keras 3. With the optimizer's
-``accumulation_steps`` = k the batch is clipped in k physical batches (`accumulation`); under ``MirroredStrategy`` /
-``MultiWorkerMirroredStrategy`` each replica clips its share (`keras_dyndp.tf_backend.replicas`), also of a batch given
-to ``train_on_batch``.
+normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the sums are of M random
+microbatches' clipped gradients (the jacobian of their losses); with ``method='jacobian'`` of the per-example
+gradients as one pfor ``tape.jacobian`` (O(B^2), ~160x a non-private step on the tutorial CNN; for comparisons and
+audits). The privacy mechanism is the optimizer's; only the way the clipped sum is computed changes. Same on Keras 2 and
+Keras 3. With the optimizer's ``accumulation_steps`` = k the batch is clipped in k physical batches (`accumulation`);
+under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share
+(`keras_dyndp.tf_backend.replicas`), also of a batch given to ``train_on_batch``.
 
 Example:
 
@@ -78,14 +77,11 @@ from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
 from keras_dyndp import refusals
 from keras_dyndp.tf_backend import keras_compat
-from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import accumulation
 from keras_dyndp.tf_backend.per_example import clipped_sum
-from keras_dyndp.tf_backend.per_example import randomness
-from keras_dyndp.tf_backend.per_example.losses import per_example_loss
 
 
 def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], tf.Tensor]:
@@ -112,28 +108,26 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
         # 3: call it once, in inference mode (no batch statistics are updated), so that var_list is complete.
         self(x, training=False)
     var_list = self.trainable_variables
-    if optimizer.num_microbatches is None and config.method != "jacobian":
-        clip = functools.partial(
-            clipped_sum.clipped_gradient_sum_with_outputs,
-            self,
-            loss_fn,
-            clip_norm=optimizer.current_clip_norm(),
-            var_list=var_list,
-            method=_clipping_method(self),
-            random_source=optimizer.noise_source.generator,
-        )
-        if optimizer.accumulation_steps == 1:
-            sums, _, y_pred, losses = clip(x, y, sample_weight)
-        else:
-            sums, _, y_pred, losses = accumulation.clipped_sum_in_physical_batches(
-                clip, var_list, x, y, sample_weight, optimizer.accumulation_steps
-            )
-        _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
-        num_rows = tf.shape(losses)[0]
-        num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
-        optimizer.apply_clipped_sum(sums, num_examples, num_rows, var_list)
+    clip = functools.partial(
+        clipped_sum.clipped_gradient_sum_with_outputs,
+        self,
+        loss_fn,
+        clip_norm=optimizer.current_clip_norm(),
+        var_list=var_list,
+        method=_clipping_method(self),
+        random_source=optimizer.noise_source.generator,
+        num_microbatches=optimizer.num_microbatches,
+    )
+    if optimizer.accumulation_steps == 1:
+        sums, _, y_pred, losses = clip(x, y, sample_weight)
     else:
-        y_pred = _microbatch_step(self, optimizer, loss_fn, x, y, sample_weight, var_list)
+        sums, _, y_pred, losses = accumulation.clipped_sum_in_physical_batches(
+            clip, var_list, x, y, sample_weight, optimizer.accumulation_steps
+        )
+    _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
+    num_rows = tf.shape(losses)[0]
+    num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
+    optimizer.apply_clipped_sum(sums, num_examples, num_rows, var_list)
     if not config.training_metrics:
         # Nothing computed on the private batch leaves the step; the public step count stands in for the logs
         # (Keras 3's train function cannot return an empty structure).
@@ -166,28 +160,6 @@ def _clipping_method(model: keras.Model) -> str:
             "method='auto' or 'vectorized' (float32 per-example gradients). Received: method='ghost'."
         )
     return "vectorized" if method == "auto" else method
-
-
-def _microbatch_step(
-    model: keras.Model,
-    optimizer: optimizer_base.DPOptimizerBase,
-    loss_fn: Callable,
-    x: Any,
-    y: Any,
-    sample_weight: Any,
-    var_list: list,
-) -> Any:
-    """One step of the optimizer's own path: the jacobian of its M random microbatch losses (of the per-example
-    losses without microbatches)."""
-    model_checks.check_before_training(model, x)  # Before the forward pass updates any batch statistics.
-    # Random layers draw from the optimizer's secret generator, not from masks tied to the rows' positions.
-    with randomness.secret_randomness(model, optimizer.noise_source.generator):
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
-    _check_no_regularization(model)
-    optimizer.minimize(losses, var_list, tape=tape)
-    return y_pred
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):
@@ -347,7 +319,7 @@ _HOOKS = private_model.Hooks(
     backend="TensorFlow",
     model_class=keras.Model,
     optimizer_class=optimizer_base.DPOptimizerBase,
-    methods=(*clipped_sum.METHODS, "jacobian"),
+    methods=clipped_sum.METHODS,
     train_step=_private_train_step,
     # Under the 'mixed_float16' policy compile wraps the optimizer in a LossScaleOptimizer: the step uses the DP
     # optimizer inside and no loss scaling (a dynamic loss scale skips steps depending on the data).

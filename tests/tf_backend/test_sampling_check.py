@@ -19,8 +19,9 @@ from keras_dyndp.tf_backend.train_step import make_private
 keras = keras_compat.keras
 NUM_EXAMPLES, P = 400, 0.05  # p N = 20 expected examples per batch
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-# make_private's fast step counts the rows of non-zero sample weight; its step with method="jacobian" (the optimizer's
-# own path) sees only the per-example losses and bounds the count by the rows with a non-zero loss and all the rows.
+# make_private's step counts the rows of non-zero sample weight, with its fast methods and with method="jacobian"
+# alike; a custom loop's minimize sees only the per-example losses and bounds the count by the rows with a non-zero
+# loss and all the rows (ENTRIES below).
 PATHS = ["jacobian", "make_private"]
 
 

@@ -1,9 +1,11 @@
-"""Per-example clipped gradient sums: the entry point that picks ghost clipping or the vectorized path.
+"""Per-example clipped gradient sums: the entry point that picks ghost clipping, the vectorized or the jacobian path.
 
 ``'ghost'`` (`ghost`) needs every layer and op known to act per example (`per_example_layers`), every trainable
 variable in a layer with a rule (`rules`) and rows that are examples; ``'auto'`` takes it where all of that holds,
-else ``'vectorized'`` (each example alone). `model_checks` refuses batch statistics first; random layers draw from
-a secret generator (`randomness`). Weight-0 rows add nothing. The sums carry NO noise: the optimizer adds it.
+else ``'vectorized'`` (each example alone). ``'jacobian'`` differentiates the batch's losses together, O(B^2), as
+``num_microbatches`` does those of random microbatches (`keras_dyndp.tf_backend.microbatches`). `model_checks` refuses
+batch statistics first; random layers draw from a secret generator (`randomness`). Weight-0 rows add nothing. The sums
+carry NO noise: the optimizer adds it.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import ghost
 from keras_dyndp.tf_backend.per_example import per_example_layers
 from keras_dyndp.tf_backend.per_example import randomness
 from keras_dyndp.tf_backend.per_example import vectorized
+from keras_dyndp.tf_backend.per_example.losses import per_example_loss
 from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
 
-METHODS = ("auto", "ghost", "vectorized")
+METHODS = ("auto", "ghost", "vectorized", "jacobian")
 
 
 def example_weights(x: Any, sample_weight: Any) -> tf.Tensor:
@@ -42,15 +46,24 @@ def clipped_gradient_sum_with_outputs(
     var_list: Sequence[tf.Variable],
     method: str = "auto",
     random_source: tf.random.Generator | None = None,
+    num_microbatches: int | None = None,
 ) -> tuple[list[tf.Tensor], tf.Tensor, Any, tf.Tensor]:
     """``clipped_gradient_sum``'s ``(sums, norms)``, the predictions and the weighted per-example losses [B]."""
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}.")
+    if num_microbatches is not None and random_source is None:
+        raise ValueError("`num_microbatches` needs `random_source`, the secret generator that draws the microbatches.")
     model_checks.check_before_training(model, x)
     var_list = list(var_list)
     sample_weight = example_weights(x, sample_weight)
     clip_norm = tf.cast(clip_norm, tf.float32)
     with randomness.secret_randomness(model, random_source):
+        if method == "jacobian" or num_microbatches is not None:
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
+            sums, norms = microbatches.clipped_sum(tape, losses, var_list, clip_norm, num_microbatches, random_source)
+            return sums, norms, y_pred, losses
         if method != "vectorized" and _ghost_applies(model, var_list, method):
             try:
                 return ghost.clipped_sum(model, loss_fn, x, y, sample_weight, clip_norm, var_list)
@@ -110,16 +123,18 @@ def clipped_gradient_sum(
     var_list: Sequence[tf.Variable],
     method: str = "auto",
     random_source: tf.random.Generator | None = None,
+    num_microbatches: int | None = None,
 ) -> tuple[list[tf.Tensor], tf.Tensor]:
     """Sum over the batch of per-example gradients, each clipped to L2 norm ``clip_norm``. No noise added.
 
     Example i's gradient g_i is that of ``sample_weight[i] * loss_i`` (``loss_fn(y, y_pred)`` -> [B], or [B, ...]
     averaged) with respect to all of ``var_list``; it enters as ``min(1, clip_norm / ||g_i||) g_i``. ``method``:
-    'auto', 'ghost' or 'vectorized' (module docstring); ``random_source``: the secret generator random layers draw
-    from (None: this process's). Returns ``(sums, norms)``: dense sums shaped like ``var_list``, unclipped norms [B].
-    ValueError on an unknown method, a scalar loss, 'ghost' on a model it cannot clip, or batch statistics.
+    'auto', 'ghost', 'vectorized' or 'jacobian' (module docstring); ``random_source``: the secret generator random
+    layers (and microbatches) draw from (None: this process's); ``num_microbatches``: M, the gradients of M random
+    microbatches are clipped instead. Returns ``(sums, norms)``: dense sums shaped like ``var_list``, unclipped norms
+    [B] ([M]). ValueError on an unknown method, a scalar loss, 'ghost' on a model it cannot clip, batch statistics.
     """
     sums, norms, _, _ = clipped_gradient_sum_with_outputs(
-        model, loss_fn, x, y, sample_weight, clip_norm, var_list, method, random_source
+        model, loss_fn, x, y, sample_weight, clip_norm, var_list, method, random_source, num_microbatches
     )
     return sums, norms
