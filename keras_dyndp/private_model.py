@@ -109,6 +109,22 @@ def is_private(model: Any) -> bool:
     return bound is not None and getattr(getattr(model, "train_step", None), "__func__", None) is bound.hooks.train_step
 
 
+def model_compiled_with(optimizer: Any, var_list: Any = None) -> Any:
+    """The private model compiled with ``optimizer`` (or with a loss-scale wrapper of it), or None: found among the
+    models ``make_private`` bound, so the optimizer, to which Keras hands only variables, knows its model without
+    reading the call stack. Of several, the one whose trainable variables are ``var_list`` (the first without)."""
+    found = [model for model in list(_MODELS) if is_private(model) and _compiled_with(model, optimizer)]
+    if len(found) > 1 and var_list is not None:
+        wanted = [id(variable) for variable in var_list]
+        found = [model for model in found if [id(v) for v in model.trainable_variables] == wanted] or found
+    return found[0] if found else None
+
+
+def _compiled_with(model: Any, optimizer: Any) -> bool:
+    compiled = getattr(model, "optimizer", None)
+    return compiled is not None and optimizer in (compiled, getattr(compiled, "inner_optimizer", compiled))
+
+
 def dp_optimizer(model: Any) -> Any:
     """The DP optimizer a private ``model`` trains with (inside a loss-scale wrapper on TensorFlow); refused
     (ValueError) when it has none."""

@@ -79,3 +79,24 @@ def test_a_saved_config_is_none_or_both_options():
     assert PrivateConfig.from_config({"method": "auto", "training_metrics": False}) == PrivateConfig("auto")
     with pytest.raises(ValueError, match="`private_train_step` must be None or a dict"):
         PrivateConfig.from_config({"method": "auto"})
+
+
+class _LossScaleWrapper:
+    def __init__(self, inner_optimizer):
+        self.inner_optimizer = inner_optimizer
+
+
+def test_the_model_compiled_with_an_optimizer_is_found_among_the_private_models_only():
+    installed, optimizer = [], _DPOptimizer()
+    plain = _Model()
+    plain.optimizer = optimizer
+    assert private_model.model_compiled_with(optimizer) is None  # never made private: nothing binds it
+    first, second = _Model(), _Model()
+    for model, variables in ((first, ["a"]), (second, ["b"])):
+        model.trainable_variables = variables
+        private_model.make_private(model, "auto", False, _hooks(installed)).optimizer = _LossScaleWrapper(optimizer)
+    assert private_model.model_compiled_with(optimizer) is first
+    assert private_model.model_compiled_with(optimizer, second.trainable_variables) is second
+    assert private_model.model_compiled_with(_DPOptimizer()) is None
+    first.train_step = _Model.train_step.__get__(first)  # no longer private
+    assert private_model.model_compiled_with(optimizer) is second
