@@ -60,6 +60,9 @@ class Hooks:
       unwrap_optimizer: the DP optimizer inside what ``compile`` set (or a refusal of the wrapper).
       unpack: Keras's ``unpack_x_y_sample_weight``.
       install: installs the backend's entry points and train function on the model (after the train step).
+      data_hook: the name of Keras 3's method that ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch``
+        call with their data, also when called unbound (``_symbolic_build`` on JAX, ``_maybe_symbolic_build`` on
+        TensorFlow), replaced on the model by `recording_build`; None, or a name its class lacks (Keras 2): none.
     """
 
     backend: str
@@ -70,6 +73,7 @@ class Hooks:
     unwrap_optimizer: Callable[[Any], Any]
     unpack: Callable
     install: Callable[[Any], None]
+    data_hook: str | None = None
 
 
 @dataclasses.dataclass
@@ -92,6 +96,9 @@ def make_private(model: Any, method: str, training_metrics: bool, hooks: Hooks) 
     config = PrivateConfig(validation.check_choice("method", method, hooks.methods), training_metrics)
     _MODELS[model] = PrivateModel(config, entry_points.DataSeen(hooks.unpack), hooks)
     model.train_step = types.MethodType(hooks.train_step, model)
+    if hooks.data_hook is not None and hasattr(type(model), hooks.data_hook):
+        # A private method of Keras 3's Trainer: no public hook sees the data of an unbound entry point.
+        setattr(model, hooks.data_hook, types.MethodType(recording_build(hooks.data_hook), model))
     hooks.install(model)
     if getattr(model, "optimizer", None) is not None:
         dp_optimizer(model).private_config = config

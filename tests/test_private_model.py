@@ -1,5 +1,7 @@
 """Tests for keras_dyndp.private_model: what make_private means, once for both backends, on stand-in classes."""
 
+import dataclasses
+
 import pytest
 
 from keras_dyndp import private_model
@@ -100,3 +102,15 @@ def test_the_model_compiled_with_an_optimizer_is_found_among_the_private_models_
     assert private_model.model_compiled_with(_DPOptimizer()) is None
     first.train_step = _Model.train_step.__get__(first)  # no longer private
     assert private_model.model_compiled_with(optimizer) is second
+
+
+def test_make_private_replaces_the_data_hook_of_a_class_that_has_it_to_record_the_data():
+    class _Keras3Model(_Model):
+        def _symbolic_build(self, iterator=None, data_batch=None):
+            return "Keras's"
+
+    hooks = dataclasses.replace(_hooks([]), data_hook="_symbolic_build")
+    model = private_model.make_private(_Keras3Model(), "auto", False, hooks)
+    assert model._symbolic_build(data_batch="batch") == "Keras's"  # as Keras's entry points call it, also unbound
+    assert private_model.record(model).data_seen.take() == ("model.train_on_batch", "batch")
+    assert "_symbolic_build" not in vars(private_model.make_private(_Model(), "auto", False, hooks))  # Keras 2
