@@ -60,6 +60,9 @@ class Hooks:
       unwrap_optimizer: the DP optimizer inside what ``compile`` set (or a refusal of the wrapper).
       unpack: Keras's ``unpack_x_y_sample_weight``.
       install: installs the backend's entry points and train function on the model (after the train step).
+      data_hook: the name of Keras 3's method that ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch``
+        call with their data, also when called unbound (``_symbolic_build`` on JAX, ``_maybe_symbolic_build`` on
+        TensorFlow), replaced on the model by `recording_build`; None, or a name its class lacks (Keras 2): none.
     """
 
     backend: str
@@ -70,6 +73,7 @@ class Hooks:
     unwrap_optimizer: Callable[[Any], Any]
     unpack: Callable
     install: Callable[[Any], None]
+    data_hook: str | None = None
 
 
 @dataclasses.dataclass
@@ -92,6 +96,9 @@ def make_private(model: Any, method: str, training_metrics: bool, hooks: Hooks) 
     config = PrivateConfig(validation.check_choice("method", method, hooks.methods), training_metrics)
     _MODELS[model] = PrivateModel(config, entry_points.DataSeen(hooks.unpack), hooks)
     model.train_step = types.MethodType(hooks.train_step, model)
+    if hooks.data_hook is not None and hasattr(type(model), hooks.data_hook):
+        # A private method of Keras 3's Trainer: no public hook sees the data of an unbound entry point.
+        setattr(model, hooks.data_hook, types.MethodType(recording_build(hooks.data_hook), model))
     hooks.install(model)
     if getattr(model, "optimizer", None) is not None:
         dp_optimizer(model).private_config = config
@@ -107,6 +114,22 @@ def is_private(model: Any) -> bool:
     """Whether ``model`` has make_private's train step."""
     bound = _MODELS.get(model)
     return bound is not None and getattr(getattr(model, "train_step", None), "__func__", None) is bound.hooks.train_step
+
+
+def model_compiled_with(optimizer: Any, var_list: Any = None) -> Any:
+    """The private model compiled with ``optimizer`` (or with a loss-scale wrapper of it), or None: found among the
+    models ``make_private`` bound, so the optimizer, to which Keras hands only variables, knows its model without
+    reading the call stack. Of several, the one whose trainable variables are ``var_list`` (the first without)."""
+    found = [model for model in list(_MODELS) if is_private(model) and _compiled_with(model, optimizer)]
+    if len(found) > 1 and var_list is not None:
+        wanted = [id(variable) for variable in var_list]
+        found = [model for model in found if [id(v) for v in model.trainable_variables] == wanted] or found
+    return found[0] if found else None
+
+
+def _compiled_with(model: Any, optimizer: Any) -> bool:
+    compiled = getattr(model, "optimizer", None)
+    return compiled is not None and optimizer in (compiled, getattr(compiled, "inner_optimizer", compiled))
 
 
 def dp_optimizer(model: Any) -> Any:

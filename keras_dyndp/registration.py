@@ -2,6 +2,12 @@
 as soon as Keras is imported: at ``import keras_dyndp`` if Keras or TensorFlow already is, else once the first of
 them has been and no import of them is in progress (each imports the other), without importing TensorFlow at
 ``import keras_dyndp`` (the accounting and ``dyndp-privacy`` do without). Only TensorFlow and JAX register.
+
+Also the one lookup Keras gives no hook for, `keras_model_calling`: the model whose ``compile_from_config``
+(``load_model``) or train step calls a DP optimizer, read from the call stack, since Keras hands an optimizer only
+its variables, a loss or gradients. A private model needs none (`keras_dyndp.private_model.model_compiled_with`):
+only a model that never went through ``make_private`` is looked up, to restore ``make_private`` at load and to
+refuse Keras's own train step. The import hook's check that no keras_dyndp module is importing reads the stack too.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import importlib.abc
 import importlib.util
 import inspect
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 from keras_dyndp import backend
 
@@ -70,12 +78,41 @@ class _RegisterAfterKerasImport(importlib.abc.MetaPathFinder):
 def _inside_keras_dyndp_import() -> bool:
     """Whether a keras_dyndp module is executing its imports (it imported Keras itself; the optimizers, imported now,
     could meet it half-initialised)."""
+    return any(
+        frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__", "").startswith("keras_dyndp.")
+        for frame in _callers()
+    )
+
+
+# Deep enough for Keras's fit -> tf.function tracing -> distribution -> train_step -> optimizer chain (~40 frames).
+_MAX_FRAMES = 200
+
+
+def keras_model_calling(optimizer: Any, model_class: type, caller: str | None = None) -> Any:
+    """The nearest ``model_class`` instance on the call stack whose ``optimizer`` (or its ``inner_optimizer``, under
+    mixed precision) is `optimizer`, or None (a custom training loop); with `caller`, found in a frame of a method of
+    that name only (``'compile_from_config'``: ``load_model`` is building it). Reads no data and keeps no frame."""
+    for depth, frame in enumerate(_callers()):
+        if depth == _MAX_FRAMES:
+            return None
+        candidate = frame.f_locals.get("self")
+        if not isinstance(candidate, model_class) or caller not in (None, frame.f_code.co_name):
+            continue
+        compiled = getattr(candidate, "optimizer", None)
+        if compiled is not None and optimizer in (compiled, getattr(compiled, "inner_optimizer", compiled)):
+            return candidate
+    return None
+
+
+def _callers() -> Iterator[Any]:
+    """The frames from the one iterating over this generator outward, innermost first."""
     frame = inspect.currentframe().f_back
-    while frame is not None:
-        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__", "").startswith("keras_dyndp."):
-            return True
-        frame = frame.f_back
-    return False
+    try:
+        while frame is not None:
+            yield frame
+            frame = frame.f_back
+    finally:
+        del frame
 
 
 class _RegisteringLoader(importlib.abc.Loader):

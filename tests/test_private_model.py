@@ -1,5 +1,7 @@
 """Tests for keras_dyndp.private_model: what make_private means, once for both backends, on stand-in classes."""
 
+import dataclasses
+
 import pytest
 
 from keras_dyndp import private_model
@@ -79,3 +81,36 @@ def test_a_saved_config_is_none_or_both_options():
     assert PrivateConfig.from_config({"method": "auto", "training_metrics": False}) == PrivateConfig("auto")
     with pytest.raises(ValueError, match="`private_train_step` must be None or a dict"):
         PrivateConfig.from_config({"method": "auto"})
+
+
+class _LossScaleWrapper:
+    def __init__(self, inner_optimizer):
+        self.inner_optimizer = inner_optimizer
+
+
+def test_the_model_compiled_with_an_optimizer_is_found_among_the_private_models_only():
+    installed, optimizer = [], _DPOptimizer()
+    plain = _Model()
+    plain.optimizer = optimizer
+    assert private_model.model_compiled_with(optimizer) is None  # never made private: nothing binds it
+    first, second = _Model(), _Model()
+    for model, variables in ((first, ["a"]), (second, ["b"])):
+        model.trainable_variables = variables
+        private_model.make_private(model, "auto", False, _hooks(installed)).optimizer = _LossScaleWrapper(optimizer)
+    assert private_model.model_compiled_with(optimizer) is first
+    assert private_model.model_compiled_with(optimizer, second.trainable_variables) is second
+    assert private_model.model_compiled_with(_DPOptimizer()) is None
+    first.train_step = _Model.train_step.__get__(first)  # no longer private
+    assert private_model.model_compiled_with(optimizer) is second
+
+
+def test_make_private_replaces_the_data_hook_of_a_class_that_has_it_to_record_the_data():
+    class _Keras3Model(_Model):
+        def _symbolic_build(self, iterator=None, data_batch=None):
+            return "Keras's"
+
+    hooks = dataclasses.replace(_hooks([]), data_hook="_symbolic_build")
+    model = private_model.make_private(_Keras3Model(), "auto", False, hooks)
+    assert model._symbolic_build(data_batch="batch") == "Keras's"  # as Keras's entry points call it, also unbound
+    assert private_model.record(model).data_seen.take() == ("model.train_on_batch", "batch")
+    assert "_symbolic_build" not in vars(private_model.make_private(_Model(), "auto", False, hooks))  # Keras 2

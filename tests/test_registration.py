@@ -1,4 +1,5 @@
-"""registration: ``import keras_dyndp`` makes ``load_model`` find the DP optimizers, on the backend in use.
+"""registration: ``import keras_dyndp`` makes ``load_model`` find the DP optimizers, on the backend in use; the model
+whose ``fit`` or ``compile_from_config`` calls an optimizer is found from that call only (`keras_model_calling`).
 
 Backend-neutral module: it imports no Keras at collection; the round trip uses the stack's Keras (JAX, or
 TensorFlow's Keras 2 or 3) and loads in a fresh process, where nothing else could have registered the classes.
@@ -45,16 +46,22 @@ def _stack_keras():
     return keras_compat.keras, "import tensorflow as tf\nkeras = tf.keras", "tf_backend.train_step"
 
 
-def test_load_model_in_a_fresh_process_finds_the_optimizer_and_the_private_step(tmp_path):
-    keras, import_keras, train_step = _stack_keras()
+def _private_model_after_one_step(keras, **optimizer_kwargs):
+    """A private model after one ``train_on_batch`` with a DynamicDPKerasSGD of ``optimizer_kwargs``."""
     model = keras_dyndp.make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
     schedule = schedules.DPSchedule(np.full(10, 1.0), np.full(10, 1.0), 0.5)
     model.compile(
-        optimizer=keras_dyndp.DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, learning_rate=0.1),
+        optimizer=keras_dyndp.DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, **optimizer_kwargs),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
     )
     with pytest.warns(SamplingWarning, match="Poisson sampling"):
         model.train_on_batch(np.ones((4, 3), "float32"), np.ones(4, "int32"))
+    return model
+
+
+def test_load_model_in_a_fresh_process_finds_the_optimizer_and_the_private_step(tmp_path):
+    keras, import_keras, train_step = _stack_keras()
+    model = _private_model_after_one_step(keras, learning_rate=0.1)
     path = str(tmp_path / "model.keras")
     model.save(path)
     code = _LOAD_AND_TRAIN.format(import_keras=import_keras, train_step=train_step)
@@ -98,3 +105,109 @@ def test_registers_once_every_keras_import_in_progress_has_finished(tmp_path, mo
     assert not any(isinstance(finder, registration._RegisterAfterKerasImport) for finder in sys.meta_path)
     registration.register_with_keras()  # Keras imported: registers at once.
     assert len(registered) == 2
+
+
+def _recorder(keras):
+    """An SGD recording the model `keras_model_calling` finds each time Keras builds it or hands it gradients: from
+    any caller, from ``fit``, from ``evaluate``.
+
+    Keras 3 builds it in ``fit`` (TensorFlow's step then calls ``apply_gradients``, then ``apply``; JAX's
+    ``stateless_apply``), Keras 2's step calls ``minimize`` (then ``apply_gradients``, which builds it); a
+    LossScaleOptimizer builds the inner optimizer and calls its ``apply_gradients`` (Keras 2) or ``apply`` (Keras 3).
+    The outermost of these calls records.
+    """
+
+    class Recorder(keras.optimizers.SGD):
+        def __init__(self, **kwargs):
+            super().__init__(name="recorder", **kwargs)
+            self.seen = []
+            self._inside = False
+
+        def _record(self, method, *args):
+            if self._inside:
+                return method(*args)
+            self._inside = True
+            try:
+                self.seen.append(
+                    tuple(
+                        registration.keras_model_calling(self, keras.Model, caller)
+                        for caller in (None, "fit", "evaluate")
+                    )
+                )
+                return method(*args)
+            finally:
+                self._inside = False
+
+        def build(self, var_list):
+            return self._record(lambda: super(Recorder, self).build(var_list))
+
+        def apply_gradients(self, grads_and_vars, *args, **kwargs):
+            return self._record(lambda: super(Recorder, self).apply_gradients(grads_and_vars, *args, **kwargs))
+
+        def apply(self, grads, trainable_variables=None):  # Keras 3 only.
+            return self._record(lambda: super(Recorder, self).apply(grads, trainable_variables))
+
+    return Recorder()
+
+
+def _compiled(keras, optimizer, run_eagerly: bool = False):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=optimizer, loss="mse", run_eagerly=run_eagerly)
+    return model
+
+
+_X, _Y = np.zeros((4, 3), np.float32), np.zeros((4, 2), np.float32)
+
+
+def test_finds_the_model_when_traced_and_eager_and_in_a_named_caller_only():
+    keras = _stack_keras()[0]
+    for run_eagerly in (False, True):
+        optimizer = _recorder(keras)
+        model = _compiled(keras, optimizer, run_eagerly)
+        model.fit(_X, _Y, batch_size=2, epochs=1, verbose=0)
+        assert optimizer.seen
+        assert optimizer.seen[0] == (model, model, None)  # Its train step, the fit below it, and no evaluate.
+
+
+def test_does_not_confuse_another_model_sharing_the_stack():
+    keras = _stack_keras()[0]
+    optimizer = _recorder(keras)
+    other = _compiled(keras, keras.optimizers.SGD())  # A model whose optimizer is not ours is never returned.
+    model = _compiled(keras, optimizer)
+    model.fit(_X, _Y, batch_size=2, verbose=0, shuffle=False)
+    found = optimizer.seen[0][0]
+    assert found is model and found is not other
+
+
+def test_finds_the_model_whose_loss_scale_optimizer_wraps_the_optimizer():
+    keras = _stack_keras()[0]
+    optimizer = _recorder(keras)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _compiled(keras, optimizer)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.optimizer is not optimizer  # compile wrapped it in a LossScaleOptimizer.
+    model.fit(_X, _Y, batch_size=2, verbose=0)
+    assert optimizer.seen[0] == (model, model, None)
+
+
+def test_custom_training_loop_finds_nothing():
+    keras = _stack_keras()[0]
+    optimizer = _recorder(keras)
+    model = _compiled(keras, optimizer)
+    variables = model.trainable_variables
+    optimizer.apply_gradients(zip([np.zeros(v.shape, np.float32) for v in variables], variables))
+    assert optimizer.seen == [(None, None, None)]
+
+
+def test_a_private_model_trains_without_reading_the_call_stack(monkeypatch):
+    keras = _stack_keras()[0]
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the call stack was read for a model made private")
+
+    monkeypatch.setattr(registration, "keras_model_calling", refused)
+    for optimizer_kwargs in ({}, {"num_microbatches": 2}):  # the clipped-sum path, the optimizer's own
+        model = _private_model_after_one_step(keras, **optimizer_kwargs)
+        assert int(model.optimizer.dp_step.numpy()) == 1

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from keras_dyndp import keras_context
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
+from keras_dyndp import private_model
 from keras_dyndp import refusals
+from keras_dyndp import registration
 from keras_dyndp import step_checks
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import noise_source
@@ -251,16 +252,17 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """Builds the base optimizer's variables. In ``load_model``'s ``compile_from_config``, gives the model back
         make_private's step when the config records it; any other model not made private gets Keras's own train
         step refused when ``fit`` makes it (before the state leaves the model). Warns when a model's schedule starts
-        over (`optimizer_base.warn_on_schedule_restart`).
+        over (`optimizer_base.warn_on_schedule_restart`). The model: the private one compiled with this optimizer,
+        else the one building it (`registration.keras_model_calling`).
         """
         super().build(var_list)
-        model = keras_context.calling_model(self, keras.Model)
+        model = private_model.model_compiled_with(self, var_list) or registration.keras_model_calling(self, keras.Model)
         if model is None:
             return
         optimizer_base.warn_on_schedule_restart(model, self)
         if train_step.is_private(model):
             return
-        restoring = keras_context.calling_model(self, keras.Model, caller="compile_from_config") is model
+        restoring = registration.keras_model_calling(self, keras.Model, caller="compile_from_config") is model
         if self.private_config is not None and restoring:
             train_step.make_private(model, **vars(self.private_config))
         else:  # make_private replaces this with its own.

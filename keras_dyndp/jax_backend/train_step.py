@@ -428,14 +428,12 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
 def _install(model: keras.Model) -> None:
     """make_private's entry points and train function on ``model`` (its train step is installed)."""
     model.make_train_function = types.MethodType(_private_make_train_function, model)
-    model._symbolic_build = types.MethodType(_RECORDING_BUILD, model)  # noqa: SLF001  (Keras 3's hook, module docstring)
     model.jax_state_sync = types.MethodType(_private_jax_state_sync, model)
     model.fit = types.MethodType(_private_fit, model)
     model.train_on_batch = types.MethodType(private_model.private_train_on_batch, model)
     model.train_function = None
 
 
-_RECORDING_BUILD = private_model.recording_build("_symbolic_build")
 _HOOKS = private_model.Hooks(
     backend="JAX",
     model_class=keras.Model,
@@ -445,4 +443,5 @@ _HOOKS = private_model.Hooks(
     unwrap_optimizer=_unwrap_optimizer,
     unpack=keras.utils.unpack_x_y_sample_weight,
     install=_install,
+    data_hook="_symbolic_build",  # Keras 3's: what unbound entry points show of their data (module docstring).
 )

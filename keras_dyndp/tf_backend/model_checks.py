@@ -19,7 +19,7 @@ Not detected: a layer that mixes examples without storing anything (a ``Lambda``
 optimizer's microbatch and jacobian paths do not check it.
 
 The DP paths call this once per model (again after a layer is unfrozen) when the first step is traced:
-``make_private``, and a DP optimizer called from a model's train step (`keras_dyndp.keras_context`; after the
+``make_private``, and a DP optimizer called from a model's train step (`keras_dyndp.registration`; after the
 forward pass, which under ``run_eagerly=True`` has updated BatchNormalization's moving averages in memory). In a custom
 training loop the optimizer cannot see the model: it warns once; call ``keras_dyndp.check_model(model, x)``.
 """

@@ -38,10 +38,11 @@ from collections.abc import Sequence
 import tensorflow as tf
 from absl import logging
 
-from keras_dyndp import keras_context
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
+from keras_dyndp import private_model
 from keras_dyndp import refusals
+from keras_dyndp import registration
 from keras_dyndp import step_checks
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
@@ -152,10 +153,15 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         )
 
     def _calling_model(self):
-        """The model whose train step calls (`keras_context.calling_model`), or None; refused when it is Keras's own
-        train step or wraps this optimizer for loss scaling outside ``make_private``."""
-        model = keras_context.calling_model(self, keras_compat.keras.Model)
-        if model is not None and not train_step.is_private(model):
+        """The model whose train step calls: the private model compiled with this optimizer
+        (`private_model.model_compiled_with`), else the one on the call stack (`registration.keras_model_calling`),
+        or None; refused when it is Keras's own train step or wraps this optimizer for loss scaling outside
+        ``make_private``."""
+        model = private_model.model_compiled_with(self)
+        if model is not None:
+            return model
+        model = registration.keras_model_calling(self, keras_compat.keras.Model)
+        if model is not None:
             if keras_compat.is_keras_train_step(model):
                 raise refusals.user_error(RuntimeError(refusals.keras_train_step(self.private_config)))
             if keras_compat.unwrap_optimizer(model.optimizer) is not model.optimizer:
@@ -226,7 +232,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _refuse_unless_issued(self, grads: list, entry: str) -> None:
         if self._dp_gradient_guard.check_and_clear(grads):
             return
-        in_train_step = keras_context.calling_model(self, keras_compat.keras.Model) is not None
+        in_train_step = registration.keras_model_calling(self, keras_compat.keras.Model) is not None
         if in_train_step and keras_compat.KERAS_MAJOR_VERSION >= 3:
             raise refusals.user_error(RuntimeError(refusals.keras_train_step(self.private_config)))
         message = refusals.foreign_gradients(
@@ -244,17 +250,19 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         ``load_model`` builds the optimizer in the model's ``compile_from_config``: if its config records that it
         trained through `keras_dyndp.make_private`, the model gets that train step back, with the same arguments.
         Not when built by a ``fit``, which would go on without make_private's data checks: Keras's own train step is
-        refused instead, naming the arguments. Warns if the schedule starts over (`warn_on_schedule_restart`).
+        refused instead, naming the arguments. Warns if the schedule starts over (`warn_on_schedule_restart`). The
+        model: the private one compiled with this optimizer, else the one building it (`registration`).
         """
         super().build(var_list)
-        model = keras_context.calling_model(self, keras_compat.keras.Model)
+        model_class = keras_compat.keras.Model
+        model = private_model.model_compiled_with(self, var_list) or registration.keras_model_calling(self, model_class)
         if model is None:
             return
         with tf.init_scope():  # Keras 3 builds it in the traced step: the counters are read eagerly.
             optimizer_base.warn_on_schedule_restart(model, self)
         if self.private_config is None or train_step.is_private(model):
             return
-        if keras_context.calling_model(self, keras_compat.keras.Model, caller="compile_from_config") is model:
+        if registration.keras_model_calling(self, model_class, caller="compile_from_config") is model:
             train_step.make_private(model, **vars(self.private_config))
             logging.info(
                 "keras_dyndp: model %r was trained through make_private (its optimizer's config says "

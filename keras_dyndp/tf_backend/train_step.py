@@ -304,8 +304,6 @@ def _install(model: keras.Model) -> None:
     keras_compat.reset_train_function(model)
     if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:
         replicas.split_direct_batches(model)
-    if hasattr(type(model), "_maybe_symbolic_build"):  # Keras 3: what unbound entry points show of their data
-        model._maybe_symbolic_build = types.MethodType(_RECORDING_BUILD, model)  # noqa: SLF001  (Keras 3's hook)
     # Keras's, or `replicas`' around it; unbound, so that the weak dictionary does not keep the model alive.
     _KERAS_MAKE_TRAIN_FUNCTION.setdefault(model, model.make_train_function.__func__)
     model.make_train_function = types.MethodType(_private_make_train_function, model)
@@ -314,7 +312,6 @@ def _install(model: keras.Model) -> None:
 _KERAS_MAKE_TRAIN_FUNCTION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-_RECORDING_BUILD = private_model.recording_build("_maybe_symbolic_build")
 _HOOKS = private_model.Hooks(
     backend="TensorFlow",
     model_class=keras.Model,
@@ -326,4 +323,5 @@ _HOOKS = private_model.Hooks(
     unwrap_optimizer=keras_compat.unwrap_optimizer,
     unpack=keras_compat.unpack_x_y_sample_weight,
     install=_install,
+    data_hook="_maybe_symbolic_build",  # Keras 3's: what unbound entry points show of their data.
 )
