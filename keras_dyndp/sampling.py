@@ -7,14 +7,18 @@ More than ``max_batch_size`` selected: a random ``max_batch_size`` of them are k
 step fails ('raise'). Not free: one example can push another out (sensitivity 2C), so the run is
 (epsilon, delta + (1 + e^epsilon) T eta)-DP, eta = P[Binomial(N + 1, p) > cap] (`batch_sizes.truncation_delta`);
 the default cap makes eta <= 1e-15 (adds 4e-11 for T = 4800, epsilon = 2: negligible; with a small hand-picked cap,
-report it). ``seed=None`` draws from OS entropy (the only choice for a release). Each backend's ``data`` module
-materialises the batches.
+report it). ``seed=None`` draws from OS entropy (the only choice for a release). With an integer seed the sampler's
+state is (seed, start_step): a run resumed at step k (``start_step=k``) draws from a seed mixed from both
+(`sampler_seed`), independent of the first run's, and `check_resume` refuses, before ``fit``'s first step, batches
+that would draw again the samples of steps the optimizer has taken. Each backend's ``data`` module materialises the
+batches.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +26,7 @@ import numpy as np
 
 from keras_dyndp import backend
 from keras_dyndp import batch_sizes
+from keras_dyndp import refusals
 from keras_dyndp import sources
 from keras_dyndp import validation
 
@@ -33,13 +38,17 @@ OVERFLOW_POLICIES = ("truncate", "raise")
 
 @dataclasses.dataclass(frozen=True)
 class PoissonSampling:
-    """How `poisson_batches` samples; ``same_on_every_worker`` (TensorFlow): its seed was given or agreed by all."""
+    """How `poisson_batches` samples; ``same_on_every_worker`` (TensorFlow): its seed was given or agreed by all;
+    ``seed`` (None: OS entropy) and ``start_step``: the caller's, the sampler's state (`check_resume`), not the law
+    (left out of ``==``)."""
 
     num_examples: int
     sampling_probability: float
     max_batch_size: int
     same_on_every_worker: bool = True
     pad_to_multiple: int | None = None
+    seed: int | None = dataclasses.field(default=None, compare=False)
+    start_step: int = dataclasses.field(default=0, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +61,12 @@ class SamplerArguments:
     pad_to_multiple: int | None
     overflow: str
     seed: int | None
+    start_step: int = 0
+
+    @property
+    def stream_seed(self) -> int | None:
+        """The seed the batches are drawn from (`sampler_seed`); None: OS entropy."""
+        return sampler_seed(self.seed, self.start_step)
 
     def cap(self, num_examples: int, multiple_of: int = 1) -> int:
         """``max_batch_size``, or the default cap for N examples rounded up to a multiple of ``multiple_of``."""
@@ -74,6 +89,7 @@ def poisson_batches(
     seed: int | None = None,
     num_examples: int | None = None,
     map: Callable[[Any], Any] | None = None,
+    start_step: int = 0,
 ) -> Any:
     """Poisson-sampled, padded batches ``(x, y, sample_weight)`` for ``model.fit`` (module docstring); pass them
     unchanged: the DP optimizers check that they sample at the schedule's p.
@@ -94,16 +110,25 @@ def poisson_batches(
         pad_to_multiple: None: every batch has ``max_batch_size`` rows. m >= 1: pad to the next multiple of m (at
             least m, at most ``max_batch_size``; TensorFlow: m rounded up to a multiple of the replicas).
         overflow: 'truncate' (keep a random ``max_batch_size`` of them, with a warning) or 'raise'.
-        seed: None: OS entropy. An integer: reproducible batches, for tests and research.
+        seed: None: OS entropy. An integer >= 0: reproducible batches, for tests and research; with ``start_step``
+            the sampler's state, saved by you beside the optimizer's checkpoint.
         num_examples: N, checked against the data's rows (a ``tf.data.Dataset``'s: None counts them).
         map: None, or a function applied to each sampled example after it is read (decode, normalise): of a
             source's element, returning ``(x, y[, sample_weight])``; of arrays, ``(x_i, y_i)`` -> ``(x_i, y_i)``.
             Public (it sees only the example it maps).
+        start_step: the optimizer's step (``int(optimizer.iterations)``) at which these batches start, an integer
+            >= 0 (default 0, a new run). With an integer seed, a run resumed at step k passes ``start_step=k``: its
+            batches are drawn from (seed, k), independent of those of the run it resumes, and the same (seed, k)
+            repeats them; ``fit`` refuses batches whose ``start_step`` is not the optimizer's step when the optimizer
+            has taken steps (they would draw again the samples of steps taken) unless this optimizer already trained
+            on these very batches (a second ``fit`` continues with fresh draws). Ignored with ``seed=None``.
 
     Returns:
         TensorFlow: a finite ``tf.data.Dataset`` of ``steps_per_epoch`` batches; JAX: a ``keras.utils.PyDataset``.
     """
-    arguments = check_arguments(sampling_probability, steps_per_epoch, max_batch_size, pad_to_multiple, overflow, seed)
+    arguments = check_arguments(
+        sampling_probability, steps_per_epoch, max_batch_size, pad_to_multiple, overflow, seed, start_step
+    )
     if num_examples is not None:
         num_examples = validation.check_positive_int("num_examples", num_examples)
     data = importlib.import_module(f"keras_dyndp.{'jax' if backend.keras_backend() == 'jax' else 'tf'}_backend.data")
@@ -124,6 +149,7 @@ def check_arguments(
     pad_to_multiple: int | None = None,
     overflow: str = "truncate",
     seed: int | None = None,
+    start_step: int = 0,
 ) -> SamplerArguments:
     """`poisson_batches`' arguments checked (ValueError naming the argument), with the default ``steps_per_epoch``."""
     validation.check_choice("overflow", overflow, OVERFLOW_POLICIES)
@@ -139,7 +165,44 @@ def check_arguments(
         positive("pad_to_multiple", pad_to_multiple),
         overflow,
         validation.check_int("seed", seed, 0, none_means="OS entropy"),
+        validation.check_int("start_step", start_step, 0),
     )
+
+
+def sampler_seed(seed: int | None, start_step: int) -> int | None:
+    """The seed batches starting at ``start_step`` are drawn from: ``seed`` itself at step 0 (a new run's batches
+    are unchanged), else 63 bits mixed from (seed, start_step) by numpy's ``SeedSequence``, so a resumed run draws
+    independently of the run it resumes; None (OS entropy) stays None."""
+    if seed is None or start_step == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, start_step]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+# Per data object `poisson_batches` returned, the optimizers that trained on it (weak: nothing is kept alive).
+_TRAINED_ON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def check_resume(data: Any, poisson: PoissonSampling | None, optimizer: Any) -> None:
+    """Raises ValueError, before ``fit``'s first step, when ``data`` (`poisson_batches`' batches, whose sampling is
+    ``poisson``; None: not ours, nothing checked) has an integer seed, ``optimizer`` (a DP optimizer) has taken steps
+    and ``data``'s ``start_step`` is not its step count, unless this optimizer already trained on ``data`` in this
+    process (a later ``fit`` continues its fresh draws): its batches would draw again the samples of steps already
+    taken, which the accounting assumes fresh. Otherwise records that ``optimizer`` trains on ``data``."""
+    if poisson is None or poisson.seed is None:
+        return
+    trained = _TRAINED_ON.setdefault(data, weakref.WeakSet())
+    steps = int(optimizer.dp_step.numpy())
+    if steps > 0 and poisson.start_step != steps and optimizer not in trained:
+        raise refusals.user_error(
+            ValueError(
+                f"poisson_batches(seed={poisson.seed}, start_step={poisson.start_step}) would draw again the samples "
+                f"of steps the optimizer has already taken (it has taken {steps}): pass "
+                "start_step=int(optimizer.iterations) when resuming, or seed=None. Nothing was trained. A resumed "
+                "run's batches must be fresh Poisson samples: the privacy accounting assumes every step's sample "
+                "is drawn anew."
+            )
+        )
+    trained.add(optimizer)
 
 
 def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = None) -> int:

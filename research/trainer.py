@@ -282,6 +282,7 @@ def train(task: run_config.Task, config: run_config.RunConfig) -> results.RunRes
                 batches.derived_seed(config.seed, step, batches.BATCH_STREAM),
                 segment_steps,
                 num_replicas=num_replicas,
+                start_step=step,
             )
         # shuffle=False: the batches are already sampled (Poisson or shuffled) by batches.train_batches.
         model.fit(

@@ -2,8 +2,10 @@
 
 `keras_dyndp.sampling` holds the arguments, checks and privacy argument; at every step each of the N examples joins
 the batch independently with probability p, drawn from a numpy generator of its own (OS entropy unless a ``seed`` is
-given, never Keras's global seed), the selected rows first, then rows of zeros with sample weight 0. Under several
-processes (`processes`) every process draws the same global batch from process 0's seed and yields its share. Data
+given, never Keras's global seed; a seed is mixed with ``start_step``, `keras_dyndp.sampling.sampler_seed`, so a
+resumed run draws independently of the first), the selected rows first, then rows of zeros with sample weight 0.
+Under several processes (`processes`) every process draws the same global batch from process 0's seed and yields its
+share. Data
 read on demand (`keras_dyndp.sources`: memmaps, array-likes, random-access sources) is drawn in O(k) from numbered
 draws (`keras_dyndp.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads; under several processes by one
 (the draws numbered in batch order, alike on every process), each process reading only the rows of its share.
@@ -48,11 +50,18 @@ class PoissonBatches(keras.utils.PyDataset):
         processes.check_rows("pad_to_multiple", arguments.pad_to_multiple)
         cap = arguments.cap(num_examples, processes.rows_multiple())
         self.sampling = sampling.PoissonSampling(
-            num_examples, arguments.sampling_probability, cap, True, arguments.pad_to_multiple
+            num_examples,
+            arguments.sampling_probability,
+            cap,
+            True,
+            arguments.pad_to_multiple,
+            arguments.seed,
+            arguments.start_step,
         )
         self._steps, self._overflow = arguments.steps_per_epoch, arguments.overflow
         self._x, self._y = x, y
-        seed = processes.agreed_random_bits(128, secrets.randbits) if arguments.seed is None else arguments.seed
+        seed = arguments.stream_seed
+        seed = processes.agreed_random_bits(128, secrets.randbits) if seed is None else seed
         if self._rows is not None:
             processes.check_same_source(self._rows)
             self.draws = sources.DrawCounter(seed)
@@ -81,6 +90,16 @@ class PoissonBatches(keras.utils.PyDataset):
     def pad_to_multiple(self) -> int | None:
         """None (every batch has `max_batch_size` rows) or m (each is padded to the next multiple of m)."""
         return self.sampling.pad_to_multiple
+
+    @property
+    def seed(self) -> int | None:
+        """The ``seed`` given (None: OS entropy)."""
+        return self.sampling.seed
+
+    @property
+    def start_step(self) -> int:
+        """The optimizer step these batches start at (with ``seed``, the sampler's state)."""
+        return self.sampling.start_step
 
     def __len__(self) -> int:
         return self._steps
@@ -145,6 +164,11 @@ class PoissonBatches(keras.utils.PyDataset):
             self._check_overflow(num_selected)
         share = processes.share(self._num_rows(num_selected))
         return self._rows.batch(chosen[share.start : share.stop], len(share))
+
+
+def check_resume(x: Any, optimizer: Any) -> None:
+    """`keras_dyndp.sampling.check_resume` of what ``fit`` received (only `PoissonBatches` are checked)."""
+    sampling.check_resume(x, x.sampling if isinstance(x, PoissonBatches) else None, optimizer)
 
 
 def make_poisson_batches(

@@ -362,6 +362,7 @@ def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
     p = optimizer.schedule.sampling_probability
     if isinstance(x, data.PoissonBatches):
         batch_sizes.check_data_size(optimizer.num_examples, x.num_examples, type(optimizer).__name__)
+        data.check_resume(x, optimizer)  # a seeded run resumed at another step than the optimizer's: refused
         batch_sizes.check_poisson_batches(x.sampling_probability, p, optimizer.public_batch_size, caller)
         return
     if caller == entry_points.FIT:  # train_on_batch takes one batch, which may be the user's own Poisson sample

@@ -2,9 +2,10 @@
 
 `keras_dyndp.sampling` holds the sampler's arguments, checks and privacy argument. ``seed=None`` draws 63 bits from
 the OS (never the global seed; agreed by multi-worker workers, `replicas.agreed_random_bits`) and every iteration
-draws fresh batches; an integer seed (with the same global seed, which TensorFlow mixes in) repeats them. The
-datasets are registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's check; a derived
-one is not. `shuffled_batches` is an approximation the accounting does not cover. Data read on demand
+draws fresh batches; an integer seed and ``start_step`` (with the same global seed, which TensorFlow mixes in) repeat
+them, and a run resumed at another step draws independently (`keras_dyndp.sampling.sampler_seed`). The datasets are
+registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's checks (`check_resume`); a
+derived one is not. `shuffled_batches` is an approximation the accounting does not cover. Data read on demand
 (`keras_dyndp.sources`) is drawn in O(k) and read inside the pipeline (`_source_batches`).
 """
 
@@ -160,8 +161,9 @@ def _check_overflow(num_selected: tf.Tensor, max_batch_size: int, overflow: str)
 
 def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson: PoissonSampling) -> tf.data.Dataset:
     """``steps_per_epoch`` batches ``make_batch(step_seed)``, one fresh pair of int64 step seeds each (fresh again at
-    every iteration), made in parallel and prefetched; registered with their sampling."""
-    seed = arguments.seed
+    every iteration; from `keras_dyndp.sampling.sampler_seed`), made in parallel and prefetched; registered with
+    their sampling, seed and start step."""
+    seed = arguments.stream_seed
     same_on_every_worker = seed is not None or replicas.is_multi_worker()
     if seed is None:  # Not left to TensorFlow, whose None follows the global seed.
         seed = replicas.agreed_random_bits(63)
@@ -170,8 +172,16 @@ def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson
         make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     )
     batches = batches.prefetch(tf.data.AUTOTUNE)
-    _POISSON_DATASETS[batches] = dataclasses.replace(poisson, same_on_every_worker=same_on_every_worker)
+    _POISSON_DATASETS[batches] = dataclasses.replace(
+        poisson, same_on_every_worker=same_on_every_worker, seed=arguments.seed, start_step=arguments.start_step
+    )
     return batches
+
+
+def check_resume(x: Any, optimizer: Any) -> None:
+    """`keras_dyndp.sampling.check_resume` of what ``fit`` received (only batches this module returned are
+    checked)."""
+    sampling.check_resume(x, poisson_sampling(x), optimizer)
 
 
 def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) -> tf.data.Dataset:

@@ -76,6 +76,7 @@ from keras_dyndp import entry_points
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
 from keras_dyndp import refusals
+from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
@@ -194,6 +195,7 @@ def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
         optimizer.check_budget_left("keras_dyndp.BudgetStop")
         with model.distribute_strategy.scope():  # Where the multi-worker refusal looks for the strategy.
             check.check_fit_input(x, getattr(model, "jit_compile", False))
+            data.check_resume(x, optimizer)  # a seeded run resumed at another step than the optimizer's: refused
     else:
         check.warn_once(batch_sizes.not_poisson_batches(caller, x))
     return True
