@@ -212,25 +212,56 @@ def _depthwise_op(layer, a, kernel):
 
 
 def _embedding_norms_and_sums(layer, ids, deltas):
-    """sum over distinct ids of ||sum of their rows of delta||^2 (ids [B, ...], deltas [B, ..., D]), after a sort;
-    the sum a scatter-add of the rows f_i delta_i. An id -n is row N - n, as Keras's lookup (``jnp.take``) reads it:
-    grouped with N - n, else one example's row would count twice."""
+    """Example b's gradient has one row per distinct id in it, the sum of its rows of delta (ids [B, ...], deltas
+    [B, ..., D]): each position's delta added into its group's row (`_groups`), the squared norm taken of those rows,
+    and the clipped sum a scatter-add of the very same rows f_b S by id, so no rounding bound is needed
+    (`ghost_cost.PER_EXAMPLE`). An id -n is row N - n, as Keras's lookup (``jnp.take``) reads it: grouped with
+    N - n, else one example's row would count twice; an id outside the table (no gradient) is its own group, in the
+    norm (never below the exact one) but not in the sum."""
+    vocabulary = layer.embeddings.shape[0]
     ids = ids.reshape(ids.shape[0], -1).astype(jnp.int32)
-    ids = jnp.where(ids < 0, ids + layer.embeddings.shape[0], ids)
+    ids = jnp.where(ids < 0, ids + vocabulary, ids)
     batch, rows = ids.shape
     deltas = deltas.reshape(batch, rows, -1).astype(jnp.float32)
-    order = jnp.argsort(ids, axis=1)
-    sorted_ids = jnp.take_along_axis(ids, order, axis=1)
-    sorted_deltas = jnp.take_along_axis(deltas, order[..., None], axis=1)
-    starts = jnp.concatenate([jnp.ones((batch, 1), bool), sorted_ids[:, 1:] != sorted_ids[:, :-1]], axis=1)
-    segments = (jnp.arange(batch)[:, None] * rows + jnp.cumsum(starts, axis=1) - 1).reshape(-1)
-    sums = jax.ops.segment_sum(sorted_deltas.reshape(batch * rows, -1), segments, num_segments=batch * rows)
-    table = jnp.zeros(layer.embeddings.shape, jnp.float32)
-    clipped_sums = lambda f: [table.at[ids.reshape(-1)].add(ops.scaled_rows(deltas, f).reshape(-1, deltas.shape[-1]))]  # noqa: E731
-    squared = jnp.sum(sums.reshape(batch, rows, -1) ** 2, axis=(1, 2))
     if rows > 1:
-        squared = _bounded(squared, jnp.ones((batch, rows)), deltas, ghost_cost.PER_EXAMPLE_NORMS, 1)
-    return squared, clipped_sums
+        deltas, group, ids = _groups(ids, deltas, vocabulary)
+        deltas = jnp.zeros_like(deltas).at[jnp.arange(batch)[:, None], group].add(deltas)
+    squared = jnp.sum(deltas**2, axis=(1, 2))
+    table = jnp.zeros(layer.embeddings.shape, jnp.float32)
+    scatter = lambda f: table.at[ids.reshape(-1)].add(  # noqa: E731
+        ops.scaled_rows(deltas, f).reshape(-1, deltas.shape[-1]), mode="drop"
+    )
+    return squared, lambda f: [scatter(f)]
+
+
+def _groups(ids: jax.Array, deltas: jax.Array, vocabulary: int) -> tuple:
+    """``(deltas, group, ids)``: the deltas [B, T, D] in some order per example, each one's group [B, T] (a position
+    in that order where its group's sum goes) and the id [B, T] of the group whose sum goes to each position (N, out
+    of the table, where none). By a [B, N] table of each id's first position (a scatter-min) where
+    `ghost_cost.embedding_by_table`, else by sorting each example's ids (XLA's CPU sort: 2-3x slower than the table
+    at N = 10,000, T = 256; docs/performance.md)."""
+    batch, rows = ids.shape
+    in_table = (ids >= 0) & (ids < vocabulary)
+    positions = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32), ids.shape)
+    if ghost_cost.embedding_by_table(rows, vocabulary):
+        dtype = next(dtype for dtype in (jnp.uint8, jnp.int16, jnp.int32) if rows <= jnp.iinfo(dtype).max + 1)
+        inside = jnp.where(in_table, ids, 0)  # T - 1 for none: never below a position present
+        first = (
+            jnp.full((batch, vocabulary), rows - 1, dtype)
+            .at[jnp.arange(batch)[:, None], inside]
+            .min(jnp.where(in_table, positions, rows - 1).astype(dtype))
+        )
+        group = jnp.where(in_table, jnp.take_along_axis(first, inside, axis=1).astype(jnp.int32), positions)
+        return deltas, group, jnp.where(in_table, ids, vocabulary)
+    keys = jnp.where(in_table, ids, vocabulary)
+    if (vocabulary + 1) * rows < 2**31:  # one sorted operand: id and position packed
+        packed = jnp.sort(keys * rows + positions, axis=1)
+        keys, order = packed // rows, packed % rows
+    else:
+        keys, order = jax.lax.sort((keys, positions), dimension=1, num_keys=1)
+    starts = jnp.concatenate([jnp.ones((batch, 1), bool), keys[:, 1:] != keys[:, :-1]], axis=1) | (keys == vocabulary)
+    group = jax.lax.cummax(jnp.where(starts, positions, 0), axis=1)
+    return jnp.take_along_axis(deltas, order[..., None], axis=1), group, jnp.where(starts, keys, vocabulary)
 
 
 class _DenseView(NamedTuple):

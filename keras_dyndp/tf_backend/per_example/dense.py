@@ -68,15 +68,55 @@ def embedding_call(tap: Tap) -> Callable:
 
 
 def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
-    """Example b's gradient has one row per distinct id in it: the sum of g over that id's positions."""
+    """Example b's gradient has one row per distinct id in it: the sum of g over that id's positions
+    (`_rows_per_pair`). Its squared norm is taken of those very rows, which the clipped sum then adds up (f_b times
+    each: a scatter-add by id, `norms.rows_by_index`), so no rounding bound is needed (`ghost_cost.PER_EXAMPLE`). An
+    id outside the table (a GPU's lookup reads it as zeros, with no gradient) adds nothing. Under XLA,
+    `_embedding_under_xla`."""
+    layer = tap.layer
+    batch = tap.rows.batch
+    g = norms.flatten_positions(g, tap.rows)
+    if norms.in_xla():
+        return [_embedding_under_xla(tap, g)]
+    rows = tf.reshape(g, [-1, g.shape[-1]])
+    ids = tf.reshape(tf.cast(tap.inputs, tf.int64), [batch, -1])
+    examples = tf.reshape(tf.broadcast_to(tf.range(tf.shape(ids, out_type=tf.int64)[0])[:, None], tf.shape(ids)), [-1])
+    ids = tf.reshape(ids, [-1])
+    kept = (ids >= 0) & (ids < layer.input_dim)
+    if g.shape[1] == 1:
+        squared = norms.squared_norms(g, [1, 2])
+    else:
+        rows, ids, examples = _rows_per_pair(rows, tf.where(kept, ids, tf.zeros([], tf.int64)), examples, kept, layer)
+        squared = tf.math.unsorted_segment_sum(norms.squared_norms(rows, 1), examples, batch)
+        kept = tf.ones_like(examples, tf.bool)
+
+    def clipped_sum(f):
+        factors = tf.gather(f, examples)
+        return norms.rows_by_index(rows, ids, factors, layer.input_dim, kept & (factors > 0))
+
+    return [GhostGradient(layer.embeddings, squared, clipped_sum)]
+
+
+def _rows_per_pair(rows: tf.Tensor, ids: tf.Tensor, examples: tf.Tensor, kept: tf.Tensor, layer) -> tuple:
+    """``(rows, ids, examples)`` of the distinct (example, id) pairs: each pair's row the sum of its ``rows`` [B T,
+    d] (those not ``kept`` count 0). The pairs numbered by `tf.unique` (a hash, O(B T)) in order of first appearance,
+    so example-major; their rows summed by `norms.rows_by_index`: no [B, T, T] Gram matrix, no [V, d] table per
+    example."""
+    vocabulary = layer.input_dim
+    unique_pairs, pair_index = tf.unique(examples * vocabulary + ids, out_idx=tf.int64)
+    pair_rows = norms.rows_by_index(rows, pair_index, tf.cast(kept, rows.dtype), tf.shape(unique_pairs)[0])
+    return pair_rows, unique_pairs % vocabulary, unique_pairs // vocabulary
+
+
+def _embedding_under_xla(tap: Tap, g: tf.Tensor) -> GhostGradient:
+    """Under XLA (static shapes): the (example, id) pairs' rows summed for the norms only, raised to float32's
+    rounding bound (`ghost_cost.PER_EXAMPLE_NORMS`), and the clipped sum a scatter-add of the B T rows f_b g_t."""
     layer = tap.layer
     batch = tap.rows.batch
     ids = tf.reshape(tap.inputs, [batch, -1])
-    g = norms.flatten_positions(g, tap.rows)
     if ids.shape[1] == 1:
         squared = norms.squared_norms(g, [1, 2])
     else:
-        # Group the B*T rows by the pair (b, id) (tf.unique, O(B T)) instead of a [B, T, T] Gram matrix.
         pairs = tf.cast(tf.range(batch), tf.int64)[:, None] * layer.input_dim + tf.cast(ids, tf.int64)
         unique_pairs, pair_index = tf.unique(tf.reshape(pairs, [-1]))
         num_pairs = tf.shape(unique_pairs)[0]
@@ -87,9 +127,7 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
         squared = norms.bounded_by_rounding(squared, tf.ones_like(g[..., :1]), g, ghost_cost.PER_EXAMPLE_NORMS)
 
     def clipped_sum(f):
-        # tensor_scatter_nd_add is faster on CPU than unsorted_segment_sum. The B*T rows of g (not the (b, id)
-        # pair rows above) keep a static shape for XLA.
         rows = tf.reshape(ops.scaled_rows(g, f), [-1, g.shape[-1]])
         return tf.tensor_scatter_nd_add(tf.zeros_like(layer.embeddings), tf.reshape(ids, [-1, 1]), rows)
 
-    return [GhostGradient(layer.embeddings, squared, clipped_sum)]
+    return GhostGradient(layer.embeddings, squared, clipped_sum)
