@@ -113,15 +113,12 @@ def poisson_batches(
         seed: None: OS entropy. An integer >= 0: reproducible batches, for tests and research; with ``start_step``
             the sampler's state, saved by you beside the optimizer's checkpoint.
         num_examples: N, checked against the data's rows (a ``tf.data.Dataset``'s: None counts them).
-        map: None, or a function applied to each sampled example after it is read (decode, normalise): of a
+        map: None, or a public function applied to each sampled example after it is read (decode, normalise): of a
             source's element, returning ``(x, y[, sample_weight])``; of arrays, ``(x_i, y_i)`` -> ``(x_i, y_i)``.
-            Public (it sees only the example it maps).
-        start_step: the optimizer's step (``int(optimizer.iterations)``) at which these batches start, an integer
-            >= 0 (default 0, a new run). With an integer seed, a run resumed at step k passes ``start_step=k``: its
-            batches are drawn from (seed, k), independent of those of the run it resumes, and the same (seed, k)
-            repeats them; ``fit`` refuses batches whose ``start_step`` is not the optimizer's step when the optimizer
-            has taken steps (they would draw again the samples of steps taken) unless this optimizer already trained
-            on these very batches (a second ``fit`` continues with fresh draws). Ignored with ``seed=None``.
+        start_step: the optimizer's step (``int(optimizer.iterations)``) these batches start at, >= 0 (default 0).
+            With an integer seed a run resumed at step k passes ``start_step=k``: its batches are drawn from (seed, k),
+            independent of the resumed run's; ``fit`` refuses another ``start_step`` once the optimizer has taken
+            steps, unless it trained on these very batches. Ignored with ``seed=None``.
 
     Returns:
         TensorFlow: a finite ``tf.data.Dataset`` of ``steps_per_epoch`` batches; JAX: a ``keras.utils.PyDataset``.
@@ -129,8 +126,7 @@ def poisson_batches(
     arguments = check_arguments(
         sampling_probability, steps_per_epoch, max_batch_size, pad_to_multiple, overflow, seed, start_step
     )
-    if num_examples is not None:
-        num_examples = validation.check_positive_int("num_examples", num_examples)
+    num_examples = None if num_examples is None else validation.check_positive_int("num_examples", num_examples)
     data = importlib.import_module(f"keras_dyndp.{'jax' if backend.keras_backend() == 'jax' else 'tf'}_backend.data")
     on_demand = sources.rows(x, y, sample_weight, map, lambda *arrays: check_rows(*arrays, num_examples))
     if on_demand is not None:

@@ -211,7 +211,7 @@ def _depthwise_op(layer, a, kernel):
     return keras.ops.depthwise_conv(a, kernel, layer.strides, layer.padding, layer.data_format, layer.dilation_rate)
 
 
-def _embedding_norms_and_sums(layer, ids, deltas):
+def embedding_norms_and_sums(layer, ids, deltas):
     """Example b's gradient has one row per distinct id in it, the sum of its rows of delta (ids [B, ...], deltas
     [B, ..., D]): each position's delta added into its group's row (`_groups`), the squared norm taken of those rows,
     and the clipped sum a scatter-add of the very same rows f_b S by id, so no rounding bound is needed
@@ -275,7 +275,7 @@ def _einsum_supports(layer) -> bool:
     return _plain(layer) and einsum_equation.plan(layer.equation, tuple(layer.kernel.shape), rank) is not None
 
 
-def _einsum_norms_and_sums(layer, a, g):
+def einsum_norms_and_sums(layer, a, g):
     """An EinsumDense's kernel as a Dense over positions (`keras_dyndp.einsum_equation`): a and g transposed to
     [B, T, k] and [B, T, m] (each example's batch of one folded into its positions), the Dense rule's norms and
     sums, the [k, m] sum put back in the kernel's order."""
@@ -285,7 +285,7 @@ def _einsum_norms_and_sums(layer, a, g):
     a = jnp.transpose(a, plan.input_order).reshape(rows, -1, plan.fan_in)
     g = jnp.transpose(g, plan.output_order).reshape(rows, -1, plan.fan_out)
     view = _DenseView(jax.ShapeDtypeStruct((plan.fan_in, plan.fan_out), jnp.float32))
-    squared, sums = _DENSE_NORMS_AND_SUMS(view, a, g)
+    squared, sums = DENSE_NORMS_AND_SUMS(view, a, g)
     back = lambda total: jnp.transpose(total.reshape(plan.gradient_shape), plan.kernel_order)  # noqa: E731
     return squared, lambda f: [back(total) for total in sums(f)]
 
@@ -323,14 +323,14 @@ _CONV = LayerRule(
     lambda layer: _channels_last(layer) and layer.groups == 1,
 )
 _NORM = LayerRule(_norm_variables, _norm_norms_and_sums)
-_DENSE_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a)))
+DENSE_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a)))
 RULES: dict[type, LayerRule] = {
-    keras.layers.Dense: LayerRule(lambda layer: [layer.kernel], _DENSE_NORMS_AND_SUMS, _plain),
-    keras.layers.EinsumDense: LayerRule(lambda layer: [layer.kernel], _einsum_norms_and_sums, _einsum_supports),
+    keras.layers.Dense: LayerRule(lambda layer: [layer.kernel], DENSE_NORMS_AND_SUMS, _plain),
+    keras.layers.EinsumDense: LayerRule(lambda layer: [layer.kernel], einsum_norms_and_sums, _einsum_supports),
     keras.layers.Conv1D: _CONV,
     keras.layers.Conv2D: _CONV,
     keras.layers.DepthwiseConv2D: LayerRule(lambda layer: [layer.kernel], _depthwise_norms_and_sums, _channels_last),
-    keras.layers.Embedding: LayerRule(lambda layer: [layer.embeddings], _embedding_norms_and_sums, _plain),
+    keras.layers.Embedding: LayerRule(lambda layer: [layer.embeddings], embedding_norms_and_sums, _plain),
     keras.layers.LayerNormalization: _NORM,
     keras.layers.GroupNormalization: _NORM,
 }

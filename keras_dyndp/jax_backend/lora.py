@@ -76,7 +76,7 @@ def _both(first: tuple, second: tuple) -> tuple[jax.Array, Callable]:
 
 def _b_rule(layer, b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
     """B's per-example gradients sum_t u_t^T g_t (u = s a A: [B, T, r]; g: [B, T, out]) by the Dense rule."""
-    return ghost._DENSE_NORMS_AND_SUMS(_Kernel(_shape(b)), u_rows, g_rows)  # noqa: SLF001
+    return ghost.DENSE_NORMS_AND_SUMS(_Kernel(_shape(b)), u_rows, g_rows)
 
 
 def _times_b_transposed(layer, b, g: jax.Array, axis: int = -1) -> jax.Array:
@@ -92,7 +92,7 @@ def _dense_norms_and_sums(layer, a, g):
     a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
     h = _times_b_transposed(layer, b_adapter, g_rows)
     u = _scale(layer) * jnp.matmul(a_rows, _value(a_adapter), precision=_HIGHEST)
-    a_rule = ghost._DENSE_NORMS_AND_SUMS(_Kernel(_shape(a_adapter)), a_rows, h)  # noqa: SLF001
+    a_rule = ghost.DENSE_NORMS_AND_SUMS(_Kernel(_shape(a_adapter)), a_rows, h)
     return _both(a_rule, _b_rule(layer, b_adapter, u, g_rows))
 
 
@@ -104,7 +104,7 @@ def _einsum_norms_and_sums(layer, a, g):
     a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
     h = _times_b_transposed(layer, b_adapter, g_flat, plan.axis)
     view = _EinsumView(plan.rank_equation, _shape(a_adapter))
-    a_rule = ghost._einsum_norms_and_sums(view, a, h.reshape(*a.shape[:2], *h.shape[1:]))  # noqa: SLF001
+    a_rule = ghost.einsum_norms_and_sums(view, a, h.reshape(*a.shape[:2], *h.shape[1:]))
     u = _scale(layer) * jnp.einsum(plan.rank_equation, x, _value(a_adapter), precision=_HIGHEST)
     last = lambda value: jnp.moveaxis(value, plan.axis, -1).reshape(rows, -1, value.shape[plan.axis])  # noqa: E731
     return _both(a_rule, _b_rule(layer, b_adapter, last(u), last(g_flat)))
@@ -114,7 +114,7 @@ def _embedding_norms_and_sums(layer, ids, g):
     """A LoRA Embedding's adapters: A by the Embedding rule for the rows s g B^T, B for the inputs s A[ids]."""
     a_adapter, b_adapter = layer.lora_embeddings_a, layer.lora_embeddings_b
     h = _times_b_transposed(layer, b_adapter, g)
-    a_rule = ghost._embedding_norms_and_sums(_Table(_shape(a_adapter)), ids, h)  # noqa: SLF001
+    a_rule = ghost.embedding_norms_and_sums(_Table(_shape(a_adapter)), ids, h)
     u = _scale(layer) * keras.ops.take(_value(a_adapter), ids.astype(jnp.int32), axis=0)
     positions = lambda value: value.reshape(ids.shape[0], -1, value.shape[-1]).astype(jnp.float32)  # noqa: E731
     return _both(a_rule, _b_rule(layer, b_adapter, positions(u), positions(g)))
