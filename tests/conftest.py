@@ -50,6 +50,7 @@ BACKEND_NEUTRAL = frozenset(
         "test_registration.py",
         "test_schedules.py",
         "test_sources.py",
+        "test_sublayers.py",
         "test_validation.py",
         "audit/test_bounds.py",
         "audit/test_white_box.py",

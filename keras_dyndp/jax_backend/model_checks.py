@@ -18,12 +18,9 @@ import jax
 import keras
 
 from keras_dyndp import refusals
+from keras_dyndp import sublayers
 
-
-def layers(model: keras.layers.Layer, include_self: bool = True, recursive: bool = True) -> list[keras.layers.Layer]:
-    """The layers of ``model``: itself, its sublayers and theirs (``recursive``), however they are held."""
-    # Keras 3's Layer._flatten_layers: no public API walks the sublayers a layer holds in its attributes.
-    return list(model._flatten_layers(include_self=include_self, recursive=recursive))  # noqa: SLF001
+layers = sublayers.layers
 
 
 def check_layers(model: keras.Model) -> None:

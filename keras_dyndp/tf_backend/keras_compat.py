@@ -19,6 +19,7 @@ import tensorflow as tf
 from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
+from keras_dyndp import sublayers
 
 keras = tf.keras
 """The Keras in use: ``tf.keras`` on Keras 2, the ``keras`` package on Keras 3 (``tf.keras`` lacks ``keras.saving``)."""
@@ -182,9 +183,9 @@ def depthwise_kernel(layer: keras.layers.Layer) -> Any:
     return layer.depthwise_kernel if KERAS_MAJOR_VERSION == 2 else layer.kernel
 
 
-def flatten_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
+def flatten_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """Every layer inside ``layer`` (a model or a wrapper), nested ones included, not ``layer`` itself."""
-    return layer._flatten_layers(include_self=False, recursive=True)  # noqa: SLF001  (Layer: no public walk)
+    return sublayers.layers(layer, include_self=False)
 
 
 def _keras_module(name: str) -> Any:
