@@ -172,7 +172,7 @@ def test_a_resumed_fit_must_start_at_the_optimizers_step_and_draws_none_of_the_f
     if on_disk:  # read on demand
         np.save(tmp_path / "x.npy", x)
         x = np.load(tmp_path / "x.npy", mmap_mode="r")
-    y = np.arange(num_examples) % 2
+    y = np.arange(num_examples, dtype=np.int32) % 2  # int32: JAX has no int64 by default
 
     def batches(**kwargs):
         return keras_dyndp.poisson_batches(x, y, sampling_probability=0.1, steps_per_epoch=3, **kwargs)

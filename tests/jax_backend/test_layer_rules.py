@@ -107,7 +107,9 @@ def test_a_rules_sums_add_nothing_from_an_example_whose_factor_is_zero():
     assert np.all(np.asarray(positions[4:]) == 0)
     exact = [np.sum(np.square(np.asarray([g[i, 0][ids[i, 0] == t].sum(0) for t in range(7)]))) for i in (0, 2)]
     exact = [e + np.sum(g[i] ** 2) for e, i in zip(exact, (0, 2))]
-    assert np.all(np.asarray(squared)[[0, 2]] >= np.asarray(exact, np.float32))
+    # The embedding rule takes the norm of exactly the rows it sums (no Gram to cancel): within float32's rounding of
+    # the float64 norm, as any float32 clipping path is, never below it by more.
+    assert np.all(np.asarray(squared)[[0, 2]] >= np.asarray(exact) * (1 - 2.0**-20))
 
 
 def test_per_example_declarations_are_wiring_and_refuse_a_rules_parts():
