@@ -263,6 +263,20 @@ def test_noise_std_is_sigma_over_normaliser(num_microbatches, expected_batch_siz
     assert abs(np.mean(update)) < 0.05 * expected_std
 
 
+@pytest.mark.parametrize("num_microbatches", [2, 4])
+def test_apply_clipped_sum_of_microbatch_sums_noises_as_the_microbatch_path_does(num_microbatches):
+    """Sums of microbatch gradients (each clipped to C) handed to apply_clipped_sum: twice the per-example noise over
+    M, as `minimize` with microbatches and JAX do (it once took the per-example noise there: too little)."""
+    schedule = schedules.DPSchedule([1.0, 1.0], [3.0, 3.0], 0.1)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule, learning_rate=1.0, num_microbatches=num_microbatches, public_batch_size=True
+    )
+    variable = tf.Variable(tf.zeros([100, 100]))
+    optimizer.apply_clipped_sum([tf.zeros([100, 100])], 4, 4, [variable])
+    update = -variable.numpy()
+    assert np.std(update) == pytest.approx(2 * 3.0 / num_microbatches, rel=0.1)
+
+
 def test_step_counter_indexes_the_schedule():
     schedule = noiseless_schedule([0.1, 1.0, 10.0])
     optimizer = DynamicDPKerasSGD(
