@@ -8,6 +8,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _divide_no_nan(x, y):
@@ -15,11 +16,31 @@ def _divide_no_nan(x, y):
     return jnp.where(nonzero, x / jnp.where(nonzero, y, 1.0), 0.0)
 
 
+_LOW = np.nextafter(np.float32(-1), np.float32(0))  # jax.random.normal's uniforms lie in [_LOW, 1)
+
+
+def standard_normals(key: jax.Array, size: int) -> jax.Array:
+    """``jax.random.normal(key, (size,), float32)`` as it draws with ``jax_threefry_partitionable`` off, [size].
+
+    Each threefry2x32 block (a counter pair under the secret key) gives two 32-bit words, one per normal; with the
+    flag on (JAX's default) each word is the XOR of a block's two, twice the threefry rounds for the same 32 bits per
+    normal. Both are the same counter-mode generator, every block used once; the flag only decides how a draw splits
+    over devices, and this one is a single flat vector. The bits are materialised before JAX's transform (uniform in
+    [_LOW, 1), sqrt(2) erfinv), which is written out here: XLA:CPU otherwise fuses the concatenation of the blocks'
+    halves into it, element by element, and the draw takes 3-4x as long (docs/performance.md)."""
+    with jax.threefry_partitionable(False):
+        bits = jax.lax.optimization_barrier(jax.random.bits(key, (size,), jnp.uint32))
+    mantissas = jax.lax.shift_right_logical(bits, np.uint32(32 - 23)) | np.asarray(1.0, np.float32).view(np.uint32)
+    floats = jax.lax.bitcast_convert_type(mantissas, jnp.float32) - np.float32(1)  # [0, 1)
+    uniforms = jax.lax.max(_LOW, floats * (np.float32(1) - _LOW) + _LOW)
+    return np.float32(np.sqrt(2)) * jax.lax.erf_inv(uniforms)
+
+
 def _normals(key: jax.Array, tensors) -> list[jax.Array]:
-    """Standard normals shaped like ``tensors``: one draw for all of them, cut in turn (a random generator's kernels
-    run once per step, not once per variable: a GPU launches each)."""
+    """Standard normals shaped like ``tensors``: one draw for all of them (`standard_normals`), cut in turn (a random
+    generator's kernels run once per step, not once per variable: a GPU launches each)."""
     sizes = [math.prod(tensor.shape) for tensor in tensors]
-    flat = jax.lax.optimization_barrier(jax.random.normal(key, (sum(sizes),), jnp.float32))
+    flat = jax.lax.optimization_barrier(standard_normals(key, sum(sizes)))
     starts = itertools.accumulate(sizes, initial=0)
     return [flat[start : start + size].reshape(tensor.shape) for start, size, tensor in zip(starts, sizes, tensors)]
 

@@ -5,10 +5,12 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import jax  # noqa: E402
+import jax.extend.random  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_dyndp import mechanism  # noqa: E402
+from keras_dyndp.jax_backend import ops  # noqa: E402
 from keras_dyndp.jax_backend.ops import OPS  # noqa: E402
 
 
@@ -25,6 +27,19 @@ def test_normals_draw_independent_standard_normals_per_tensor_from_one_key():
     assert abs(float(jnp.corrcoef(first.ravel(), second.ravel())[0, 1])) < 0.03  # not the same draw twice
     repeated = OPS.normals(jax.random.key(0), tensors)[0]
     np.testing.assert_array_equal(np.asarray(first), np.asarray(repeated))  # the key alone decides the noise
+
+
+def test_standard_normals_are_jax_random_normal_with_each_threefry_block_giving_two_words():
+    key = jax.random.key(7)
+    for size in (1, 2, 7, 1001):
+        with jax.threefry_partitionable(False):
+            expected = jax.random.normal(key, (size,), jnp.float32)
+        drawn = jax.jit(ops.standard_normals, static_argnums=1)(key, size)
+        np.testing.assert_array_equal(np.asarray(drawn), np.asarray(expected))  # JAX's transform, bit for bit
+    with jax.threefry_partitionable(False):  # each of a block's two words is one draw's bits (no XOR of the two)
+        bits = np.asarray(jax.random.bits(key, (4,), jnp.uint32))
+    blocks = jax.extend.random.threefry_2x32(jax.random.key_data(key), jnp.arange(4, dtype=jnp.uint32))
+    np.testing.assert_array_equal(bits, np.asarray(blocks))
 
 
 def test_the_mechanism_over_ops_matches_its_formulas():
