@@ -18,14 +18,18 @@ With ``--baselines`` (TensorFlow) the same rows are also served by:
   ``memmap[sorted indices]`` (shuffle-and-slice batches of 256, not Poisson sampling; parallel calls, prefetch);
 - ``tfds.data_source``: ArrayRecord files of the first --tfds_size rows written by
   ``tfds.dataset_builders.store_as_tfds_dataset`` (under --dir, deleted after; the build, some 1,000 examples/s in
-  Python here, is timed apart), read by ``poisson_batches`` with a ``map`` to float32;
+  Python here, is timed apart), read by ``poisson_batches`` with a ``map`` to float32, and with one keeping uint8;
 - ``ArrayRecordDataSource``: all N rows as raw 784-byte records in an ArrayRecord file (written by array_record's
   ``ArrayRecordWriter``, fast), read through ``array_record_data_source.ArrayRecordDataSource`` (the reader under
   ``tfds.data_source``, without tfds's decoding) by ``poisson_batches`` with a ``map``.
+With ``--before`` the Python sources (and the tfds one) are also read as before the reads overlapped (`reading`):
+one call a batch in the calling thread, tfds parsing each record in Python; ``--repeats`` measures every source that
+often, interleaved (report medians: the machine is shared).
 Opacus's DPDataLoader on the same memmap is benchmarks/opacus_data_loader.py (PyTorch, a venv of its own).
 
     python benchmarks/data_sources.py --sizes=1000000,2000000 --batches=40
     python benchmarks/data_sources.py --sizes=1000000 --baselines [--cold]
+    python benchmarks/data_sources.py --sizes=1000000 --baselines --before --repeats=3 --tfds_size=100000 [--cold]
 """
 
 from __future__ import annotations
