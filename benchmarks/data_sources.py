@@ -18,19 +18,24 @@ With ``--baselines`` (TensorFlow) the same rows are also served by:
   ``memmap[sorted indices]`` (shuffle-and-slice batches of 256, not Poisson sampling; parallel calls, prefetch);
 - ``tfds.data_source``: ArrayRecord files of the first --tfds_size rows written by
   ``tfds.dataset_builders.store_as_tfds_dataset`` (under --dir, deleted after; the build, some 1,000 examples/s in
-  Python here, is timed apart), read by ``poisson_batches`` with a ``map`` to float32;
+  Python here, is timed apart), read by ``poisson_batches`` with a ``map`` to float32, and with one keeping uint8;
 - ``ArrayRecordDataSource``: all N rows as raw 784-byte records in an ArrayRecord file (written by array_record's
   ``ArrayRecordWriter``, fast), read through ``array_record_data_source.ArrayRecordDataSource`` (the reader under
   ``tfds.data_source``, without tfds's decoding) by ``poisson_batches`` with a ``map``.
+With ``--before`` the Python sources (and the tfds one) are also read as before the reads overlapped (`reading`):
+one call a batch in the calling thread, tfds parsing each record in Python; ``--repeats`` measures every source that
+often, interleaved (report medians: the machine is shared).
 Opacus's DPDataLoader on the same memmap is benchmarks/opacus_data_loader.py (PyTorch, a venv of its own).
 
     python benchmarks/data_sources.py --sizes=1000000,2000000 --batches=40
     python benchmarks/data_sources.py --sizes=1000000 --baselines [--cold]
+    python benchmarks/data_sources.py --sizes=1000000 --baselines --before --repeats=3 --tfds_size=100000 [--cold]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -45,6 +50,21 @@ import keras_dyndp  # noqa: E402
 from keras_dyndp import sources  # noqa: E402
 
 ROW = 784
+
+
+@contextlib.contextmanager
+def reading(previous: bool):
+    """With ``previous``, sources read as before the parallel reads: one call per batch in the calling thread
+    (`keras_dyndp.sources._parts` one part) and tfds's own per-example parsing (no `sources._tfds_fetcher`)."""
+    if not previous:
+        yield
+        return
+    parts, fetcher = sources._parts, sources._tfds_fetcher
+    sources._parts, sources._tfds_fetcher = (lambda num_rows: [np.arange(num_rows)]), (lambda source: None)
+    try:
+        yield
+    finally:
+        sources._parts, sources._tfds_fetcher = parts, fetcher
 
 
 def rss_mb() -> float:
@@ -94,28 +114,31 @@ def time_batches(data: dict, num_batches: int) -> dict:
     """ms per batch of ``poisson_batches(**data)`` (after one warm-up batch; with the backend's prefetching),
     examples/s and RSS growth (MB) over ``num_batches`` batches."""
     before = rss_mb()
-    num_examples = len(data["x"])
-    dataset = keras_dyndp.poisson_batches(
-        **data, sampling_probability=256 / num_examples, steps_per_epoch=num_batches + 1
-    )
-    iterator = batches_of(dataset)
-    next(iterator)
-    examples, start = 0, time.perf_counter()
-    for _, _, weights in iterator:
-        examples += int(np.sum(np.asarray(weights) > 0))
-    seconds = time.perf_counter() - start
+    data = dict(data)
+    previous, num_examples = data.pop("previous", False), len(data["x"])
+    with reading(previous):
+        dataset = keras_dyndp.poisson_batches(
+            **data, sampling_probability=256 / num_examples, steps_per_epoch=num_batches + 1
+        )
+        iterator = batches_of(dataset)
+        next(iterator)
+        examples, start = 0, time.perf_counter()
+        for _, _, weights in iterator:
+            examples += int(np.sum(np.asarray(weights) > 0))
+        seconds = time.perf_counter() - start
     return {"ms": 1e3 * seconds / num_batches, "examples_s": examples / seconds, "rss": rss_mb() - before}
 
 
 def time_one_batch(data: dict, repeats: int = 40) -> float:
     """ms to draw and read one batch in the calling thread (no pipeline, no prefetch): a batch's latency."""
     num_examples = len(data["x"])
-    rows = sources.rows(data["x"], data.get("y"), None, data.get("map"), lambda *arrays: num_examples)
-    rng = np.random.default_rng(0)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        _, chosen = sources.draw(rng, num_examples, 256 / num_examples, 10**6)
-        rows.batch(chosen, 384)
+    with reading(data.get("previous", False)):
+        rows = sources.rows(data["x"], data.get("y"), None, data.get("map"), lambda *arrays: num_examples)
+        rng = np.random.default_rng(0)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            _, chosen = sources.draw(rng, num_examples, 256 / num_examples, 10**6)
+            rows.batch(chosen, 384)
     return 1e3 * (time.perf_counter() - start) / repeats
 
 
@@ -198,8 +221,12 @@ def array_record_source(memmap: np.ndarray, path: str):
     return array_record_data_source.ArrayRecordDataSource([path])
 
 
-def baselines(path: str, num_examples: int, num_batches: int, cold: bool, data_dir: str, tfds_size: int) -> None:
-    """The plain ``tf.data`` pipeline and ``poisson_batches`` of a ``tfds.data_source`` on the same rows."""
+def baselines(
+    path: str, num_examples: int, num_batches: int, cold: bool, data_dir: str, args: argparse.Namespace
+) -> None:
+    """The plain ``tf.data`` pipeline and ``poisson_batches`` of a ``tfds.data_source`` on the same rows (with
+    ``args.before`` also read as before; each tfds variant ``args.repeats`` times, interleaved)."""
+    tfds_size, before, repeats = args.tfds_size, args.before, args.repeats
     memmap, labels = np.load(path, mmap_mode="r"), np.arange(num_examples, dtype=np.int32) % 10
     if cold:
         drop_from_page_cache(path)
@@ -216,8 +243,19 @@ def baselines(path: str, num_examples: int, num_batches: int, cold: bool, data_d
     size = min(num_examples, tfds_size)
     source, build_s = tfds_source(memmap[:size], labels[:size], data_dir)
     print(f"(tfds ArrayRecord files of N={size:,} built in {build_s:.0f} s)", flush=True)
-    data = {"x": source, "map": lambda element: (element["image"].astype(np.float32) / 255, element["label"])}
-    measure("tfds.data_source", data, num_batches, cold, data_dir)
+    to_float = lambda element: (element["image"].astype(np.float32) / 255, element["label"])  # noqa: E731
+    variants = {
+        "tfds.data_source": {"x": source, "map": to_float},
+        "tfds.data_source, map keeping uint8": {
+            "x": source,
+            "map": lambda element: (element["image"], element["label"]),
+        },
+    }
+    if before:
+        variants["tfds.data_source, read as before"] = {"x": source, "map": to_float, "previous": True}
+    for _ in range(repeats):
+        for name, data in variants.items():
+            measure(name, data, num_batches, cold, data_dir)
 
 
 def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) -> None:
@@ -247,6 +285,8 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="Drop the files from the page cache first.")
     parser.add_argument("--skip_ours", action="store_true", help="Only the baselines.")
     parser.add_argument("--tfds_size", type=int, default=100_000, help="Rows written through tfds (slow to build).")
+    parser.add_argument("--before", action="store_true", help="Also the sources read as before the parallel reads.")
+    parser.add_argument("--repeats", type=int, default=1, help="Measure every source this often (interleaved).")
     args = parser.parse_args()
     backend = keras_dyndp.keras_backend()
     print(f"backend {backend}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}")
@@ -265,7 +305,8 @@ def main() -> None:
         try:
             offset = write_rows(path, num_examples)
             sampler_us = time_sampler(num_examples)
-            for name, data in ({} if args.skip_ours else inputs(path, num_examples, offset)).items():
+            ours = {} if args.skip_ours else inputs(path, num_examples, offset, args.before)
+            for name, data in [item for _ in range(args.repeats) for item in ours.items()]:
                 if args.cold:
                     drop_from_page_cache(path)
                 result = time_batches(data, args.batches)
@@ -275,21 +316,29 @@ def main() -> None:
                     flush=True,
                 )
             if args.baselines:
-                baselines(path, num_examples, args.batches, args.cold, data_dir, args.tfds_size)
+                baselines(path, num_examples, args.batches, args.cold, data_dir, args)
         finally:
             if os.path.exists(path):
                 os.remove(path)
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def inputs(path: str, num_examples: int, offset: int) -> dict:
-    """``poisson_batches``' data arguments for the file at ``path``: as a memmap and as two Python sources."""
+def inputs(path: str, num_examples: int, offset: int, before: bool) -> dict:
+    """``poisson_batches``' data arguments for the file at ``path``: as a memmap and as two Python sources (with
+    ``before``, also the Python sources read as before: one call per batch, in one thread)."""
     scale = lambda element: (element[0].astype(np.float32) / 255, np.int32(element[1]))  # noqa: E731
-    return {
+    data = {
         "memmap": {"x": np.load(path, mmap_mode="r"), "y": np.arange(num_examples, dtype=np.int32) % 10},
         "python source": {"x": PreadSource(path, num_examples, offset), "map": scale},
         "python source + __getitems__": {"x": BatchedPreadSource(path, num_examples, offset), "map": scale},
     }
+    if before:
+        data["python source, read as before"] = {**data["python source"], "previous": True}
+        data["python source + __getitems__, read as before"] = {
+            **data["python source + __getitems__"],
+            "previous": True,
+        }
+    return data
 
 
 if __name__ == "__main__":

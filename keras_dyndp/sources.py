@@ -11,7 +11,9 @@ Two kinds of input are read row by row instead of being converted to tensors fir
 Each step draws its batch exactly as Poisson sampling does (every example independently with probability p): the
 number selected k ~ Binomial(N, p), then a uniformly random k-subset (numpy's ``Generator.choice(N, k,
 replace=False)``, O(k) for k << N; `draw`), so a step costs O(k), not O(N). The indices are read in increasing order
-(locality) and padded as the in-memory batches are (`Rows.batch`).
+(locality) and padded as the in-memory batches are (`Rows.batch`). A batch's reads overlap where that pays: a memmap's
+rows and the examples of a source without ``__getitems__`` are read by several threads (`_pread_rows`,
+`_chunked_fetcher`), and a ``tfds.data_source`` has its records parsed a batch at a time (`_tfds_fetcher`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import mmap
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -138,15 +141,92 @@ def _examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.nda
 
 
 def source_rows(source: Any, map_fn: Callable | None) -> Rows:
-    """`Rows` of a random-access source, read by ``__getitems__(list)`` when it has one, else ``source[i]``."""
-    get_many = getattr(source, "__getitems__", None)
+    """`Rows` of a random-access source: its elements fetched (`_tfds_fetcher`, else `_chunked_fetcher`), then
+    ``map_fn``."""
+    fetch = _tfds_fetcher(source) or _chunked_fetcher(source)
 
     def read(indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
-        positions = [int(index) for index in indices]
-        elements = list(get_many(positions)) if get_many else [source[index] for index in positions]
-        return _examples(elements, map_fn)
+        return _examples(fetch([int(index) for index in indices]), map_fn)
 
     return Rows(len(source), read)
+
+
+def _chunked_fetcher(source: Any) -> Callable[[list[int]], list]:
+    """``positions -> elements``: one ``source.__getitems__`` call when the source has one (it reads a batch as it
+    knows best: ArrayRecord's reads are parallel in C++ already, and split across threads they cost 3x the CPU);
+    else ``source[i]`` per example, a batch of 64 or more in chunks of increasing positions read by up to 8 threads
+    at once (`_parts`), so that file reads (which release the GIL) overlap: cold reads wait for the disk once per
+    chunk rather than once per example."""
+    get_many = getattr(source, "__getitems__", None)
+    if get_many is not None:
+        return lambda positions: list(get_many(positions))
+
+    def get(positions: list[int]) -> list:
+        return [source[position] for position in positions]
+
+    def fetch(positions: list[int]) -> list:
+        parts = _parts(len(positions))
+        if len(parts) == 1:
+            return get(positions)
+        chunks = _read_pool().map(lambda part: get(positions[part[0] : part[-1] + 1]), parts)
+        return [element for chunk in chunks for element in chunk]
+
+    return fetch
+
+
+def _tfds_fetcher(source: Any) -> Callable[[list[int]], list] | None:
+    """For a ``tfds.data_source`` of ``tf.train.Example`` records of fixed-length features (no ``decoders``, and
+    TensorFlow imported): ``positions -> elements`` as the source returns them, with the records read raw and parsed
+    for the whole batch by ``tf.io.parse_example`` (C++, off the GIL) instead of one by one by tfds in Python (some
+    40 us an MNIST-sized example), then decoded by tfds's own ``decode_example_np``. None otherwise, or if example 0
+    so read differs from ``source[0]`` (the source is then read as any other)."""
+    tf = sys.modules.get("tensorflow")
+    method = getattr(getattr(source, "deserialize_method", None), "name", None)
+    if (
+        tf is None
+        or type(source).__module__.split(".")[0] != "tensorflow_datasets"
+        or method != "DESERIALIZE_AND_DECODE"
+    ):
+        return None
+    try:
+        from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
+
+        features, records = source.dataset_info.features, source.data_source
+        spec, info = features.tf_example_spec, features.get_serialized_info()
+        flat_info = utils.flatten_nest_dict(info)
+        if source.decoders is not None or not all(isinstance(s, tf.io.FixedLenFeature) for s in spec.values()):
+            return None
+    except (AttributeError, TypeError, ImportError):
+        return None
+
+    def fetch(positions: list[int]) -> list:
+        with tf.device("/CPU:0"):
+            parsed = tf.io.parse_example(tf.constant(records.__getitems__(positions), tf.string), spec)
+        columns = {}
+        for key, column in parsed.items():
+            column = column.numpy().astype(flat_info[key].np_dtype)
+            columns[key] = column.tolist() if column.ndim == 1 else column  # scalars: Python's, as tfds's
+        examples = ({key: column[i] for key, column in columns.items()} for i in range(len(positions)))
+        return [features.decode_example_np(utils.pack_as_nest_dict(example, info)) for example in examples]
+
+    try:
+        same = _same_nest(fetch([0])[0], source[0])
+    except Exception:  # pylint: disable=broad-except  # Anything this reading does not handle: tfds's own reading.
+        return None
+    return fetch if same else None
+
+
+def _same_nest(first: Any, second: Any) -> bool:
+    """Whether two nests of dicts, lists, arrays and scalars hold the same types, dtypes, shapes and values."""
+    if type(first) is not type(second):
+        return False
+    if isinstance(first, dict):
+        return first.keys() == second.keys() and all(_same_nest(first[key], second[key]) for key in first)
+    if isinstance(first, (list, tuple)):
+        return len(first) == len(second) and all(map(_same_nest, first, second))
+    if isinstance(first, np.ndarray):
+        return first.dtype == second.dtype and first.shape == second.shape and np.array_equal(first, second)
+    return first == second
 
 
 def _mapped_file(leaf: np.ndarray) -> np.memmap | None:
@@ -179,6 +259,18 @@ _READ_THREADS, _ROWS_PER_THREAD = 8, 32
 _pool: list[concurrent.futures.ThreadPoolExecutor] = []
 
 
+def _parts(num_rows: int) -> list[np.ndarray]:
+    """The positions 0..num_rows-1 in consecutive parts of >= `_ROWS_PER_THREAD`, at most `_READ_THREADS` of them."""
+    return np.array_split(np.arange(num_rows), min(_READ_THREADS, max(1, num_rows // _ROWS_PER_THREAD)))
+
+
+def _read_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The reading threads (made at the first read that uses them)."""
+    if not _pool:
+        _pool.append(concurrent.futures.ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="keras_dyndp_read"))
+    return _pool[0]
+
+
 def _pread_rows(descriptor: int, leaf: np.ndarray, start: int, indices: np.ndarray) -> np.ndarray:
     """Rows ``indices`` of a memmap with contiguous rows whose row 0 is at byte ``start`` of the open file."""
     rows = np.empty((len(indices),) + leaf.shape[1:], leaf.dtype)
@@ -190,13 +282,11 @@ def _pread_rows(descriptor: int, leaf: np.ndarray, start: int, indices: np.ndarr
             if os.preadv(descriptor, [row_bytes[position]], offset) != row_bytes.shape[1]:
                 raise OSError(f"Short read from a memmap's file at byte {offset}.")
 
-    parts = np.array_split(np.arange(len(indices)), min(_READ_THREADS, max(1, len(indices) // _ROWS_PER_THREAD)))
+    parts = _parts(len(indices))
     if len(parts) == 1:
         read(parts[0])
     else:
-        if not _pool:
-            _pool.append(concurrent.futures.ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="keras_dyndp_read"))
-        list(_pool[0].map(read, parts))
+        list(_read_pool().map(read, parts))
     return rows
 
 

@@ -6,6 +6,7 @@ import importlib.resources
 import os
 import resource
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -370,6 +371,44 @@ def test_a_tfds_data_source_with_a_map(tmp_path):
         source, sampling_probability=P, steps_per_epoch=400, seed=0, map=lambda e: (e["image"], e["label"])
     )
     _check_batches(batches, 400)
+
+
+def test_a_tfds_data_source_is_parsed_a_batch_at_a_time_into_the_elements_tfds_returns(tmp_path):
+    source = _tfds_source(tmp_path)
+    fetch = sources._tfds_fetcher(source)
+    assert fetch is not None  # records of fixed-length features, no decoders, TensorFlow imported
+    positions = [0, 3, 17, 18, 150, N - 1]
+    elements = fetch(positions)
+    assert all(map(sources._same_nest, elements, source.__getitems__(positions)))
+    assert isinstance(elements[1]["label"], int) and elements[1]["image"].dtype == np.float32
+    source.decoders = {"image": object()}  # decoders (a tfds setting): tfds decodes
+    assert sources._tfds_fetcher(source) is None
+
+
+def test_a_batch_of_64_or_more_is_read_in_chunks_by_several_threads_unless_the_source_reads_batches():
+    reads, lock = [], threading.Lock()
+
+    class Recording(Source):
+        def __getitem__(self, index):
+            with lock:
+                reads.append((threading.get_ident(), index))
+            return super().__getitem__(index)
+
+    positions = sorted(np.random.default_rng(0).choice(N, 150, replace=False).tolist())
+    elements = sources._chunked_fetcher(Recording())(positions)
+    assert [element["label"] for element in elements] == [position + 1 for position in positions]
+    assert sorted(index for _, index in reads) == positions
+    threads = {thread for thread, _ in reads}
+    assert threading.get_ident() not in threads
+    for thread in threads:  # each thread reads in increasing order (its chunks, taken in order)
+        indices = [index for reader, index in reads if reader == thread]
+        assert indices == sorted(indices)
+    reads.clear()
+    sources._chunked_fetcher(Recording())(positions[:63])
+    assert {thread for thread, _ in reads} == {threading.get_ident()}  # fewer than 64: no threads
+    source = BatchedSource()
+    sources._chunked_fetcher(source)(positions)
+    assert source.calls == [positions]  # __getitems__: one call a batch
 
 
 def test_draws_are_numbered_so_none_repeats_and_a_seed_repeats_them():
