@@ -10,6 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+# Keras 3's Trainer method that builds fit's epoch logs; Keras offers no public hook for them, so the instance's own
+# attribute of that name (its __dict__ entry, read and written only here) replaces it.
+_KERAS_METHOD = "_get_metrics_result_or_logs"
+
 
 class _EpochLogsHook:
     """``model._get_metrics_result_or_logs`` plus the values waiting for the next epoch logs."""
@@ -31,7 +35,7 @@ def add(model: Any, values: dict[str, float]) -> None:
     """Makes ``values`` part of the next epoch logs ``fit`` builds for ``model``."""
     hook = instance_hook(model)
     if not isinstance(hook, _EpochLogsHook):
-        hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # noqa: SLF001  (module docstring)
+        hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # noqa: SLF001  (_KERAS_METHOD)
         set_instance_hook(model, hook)
     hook.pending = dict(values)
 
@@ -45,14 +49,12 @@ def remove_hook(model: Any) -> None:
 
 def instance_hook(model: Any) -> Callable[[Any], dict] | None:
     """What replaces Keras 3's ``Trainer._get_metrics_result_or_logs`` on ``model`` (None: nothing)."""
-    return vars(model).get("_get_metrics_result_or_logs")
+    return vars(model).get(_KERAS_METHOD)
 
 
 def set_instance_hook(model: Any, hook: Callable[[Any], dict] | None) -> None:
-    """Replaces Keras 3's ``Trainer._get_metrics_result_or_logs`` on ``model`` by ``hook`` (None: Keras's again).
-
-    Keras 3's ``fit`` builds its epoch logs with that method and offers no public hook for them."""
+    """Replaces Keras 3's ``Trainer._get_metrics_result_or_logs`` on ``model`` by ``hook`` (None: Keras's again)."""
     if hook is not None:
-        model._get_metrics_result_or_logs = hook  # noqa: SLF001  (Keras 3's Trainer method; no public hook)
-    elif instance_hook(model) is not None:
-        del model._get_metrics_result_or_logs  # noqa: SLF001  (Keras 3's Trainer method; no public hook)
+        vars(model)[_KERAS_METHOD] = hook  # A plain callable: nothing for Keras's attribute tracking to record.
+    else:
+        vars(model).pop(_KERAS_METHOD, None)

@@ -377,11 +377,6 @@ def add_to_epoch_logs(model: keras.Model, batch_logs: dict | None, values: dict[
         batch_logs.update(values)
 
 
-def remove_epoch_logs_hook(model: keras.Model) -> None:
-    """Removes what `add_to_epoch_logs` installed on ``model`` (at the end of training)."""
-    epoch_logs.remove_hook(model)
-
-
 def epoch_logs_from_the_step(model: keras.Model, from_the_step: bool) -> None:
     """Keras 3: whether ``fit``'s epoch logs are the train step's own logs instead of ``model.metrics``' results
     (which fail when ``training_metrics=False`` never built them). Keras 2 uses the step's logs already."""

@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from keras_dyndp import epoch_logs
 from keras_dyndp.tf_backend import keras_compat
 
 keras = keras_compat.keras
@@ -111,7 +112,7 @@ def test_add_to_epoch_logs_reaches_callbacks_listed_before_the_one_adding():
                 keras_compat.add_to_epoch_logs(self.model, logs, {"extra": float(batch)})
 
         def on_train_end(self, logs=None):
-            keras_compat.remove_epoch_logs_hook(self.model)
+            epoch_logs.remove_hook(self.model)
 
     listed_first = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(dict(logs)))
     history = model.fit(
