@@ -1,8 +1,9 @@
-"""Keras 3, any backend: values that join the epoch logs every callback's ``on_epoch_end`` receives.
+"""Values that join the epoch logs every callback's ``on_epoch_end`` receives, on every Keras and backend.
 
-Keys a callback adds in its ``on_epoch_end`` reach only the callbacks after it; ``fit`` builds the epoch logs with
-``model._get_metrics_result_or_logs`` before them all, so `add` wraps that method on the instance, the values
-waiting until its next call (once); `remove_hook` restores it.
+Keys a callback adds in its ``on_epoch_end`` reach only the callbacks after it. Keras 3's ``fit`` builds the epoch
+logs with ``model._get_metrics_result_or_logs`` before them all, so `add` wraps that method on the instance, the
+values waiting until its next call (once); `remove_hook` restores it. Keras 2 copies the logs of the epoch's last
+batch into them: `add` writes there.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ class _EpochLogsHook:
         return result
 
 
-def add(model: Any, values: dict[str, float]) -> None:
-    """Makes ``values`` part of the next epoch logs ``fit`` builds for ``model``."""
+def add(model: Any, values: dict[str, float], batch_logs: dict | None = None) -> None:
+    """Makes ``values`` part of the next epoch logs ``fit`` builds for ``model``. Keras 2 (no such method): call it
+    from ``on_train_batch_end`` of the epoch's last batch with its ``batch_logs``, in a callback with
+    ``_supports_tf_logs = True`` (Keras 2 then passes the very dict it copies into the epoch logs)."""
+    if not hasattr(model, _KERAS_METHOD):
+        if batch_logs is not None:
+            batch_logs.update(values)
+        return
     hook = instance_hook(model)
     if not isinstance(hook, _EpochLogsHook):
         hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # noqa: SLF001  (_KERAS_METHOD)
