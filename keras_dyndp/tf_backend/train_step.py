@@ -68,11 +68,6 @@ def _check_no_regularization(model: keras.Model) -> None:
         raise refusals.regularization_error(f"{len(model.losses)} of them in model.losses")
 
 
-def is_private(model: keras.Model) -> bool:
-    """Whether ``model`` has make_private's train step (`keras_dyndp.private_model.is_private`)."""
-    return private_model.is_private(model)
-
-
 def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
     x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
     optimizer = private_model.dp_optimizer(self)
