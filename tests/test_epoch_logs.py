@@ -37,6 +37,19 @@ def test_an_instance_override_is_restored():
     assert model._get_metrics_result_or_logs is own
 
 
+def test_from_the_step_makes_the_epoch_logs_the_steps_own_until_turned_off():
+    model = _Model()
+    epoch_logs.from_the_step(model, True)
+    assert model._get_metrics_result_or_logs({"dp_step": 3.0}) == {"dp_step": 3.0}
+    epoch_logs.add(model, {"epsilon": 1.0})
+    assert model._get_metrics_result_or_logs({"dp_step": 3.0}) == {"dp_step": 3.0, "epsilon": 1.0}
+    epoch_logs.remove_hook(model)
+    epoch_logs.from_the_step(model, False)
+    assert "_get_metrics_result_or_logs" not in vars(model)
+    keras_2_model = object()  # No such method: nothing to do.
+    epoch_logs.from_the_step(keras_2_model, True)
+
+
 def test_added_values_reach_callbacks_listed_before_the_one_adding():
     x, y = np.zeros((8, 4), np.float32), np.zeros((8, 2), np.float32)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])

@@ -16,7 +16,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 from keras_dyndp import sublayers
@@ -363,19 +362,3 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
 
     def set_params(self, params: dict) -> None:
         super().set_params({**params, "epochs": self.total_epochs})
-
-
-def epoch_logs_from_the_step(model: keras.Model, from_the_step: bool) -> None:
-    """Keras 3: whether ``fit``'s epoch logs are the train step's own logs instead of ``model.metrics``' results
-    (which fail when ``training_metrics=False`` never built them). Keras 2 uses the step's logs already."""
-    if not _KERAS_3:
-        return
-    current = epoch_logs.instance_hook(model)
-    if from_the_step and current is None:
-        epoch_logs.set_instance_hook(model, _logs_of_the_step)
-    elif not from_the_step and current is _logs_of_the_step:
-        epoch_logs.set_instance_hook(model, None)
-
-
-def _logs_of_the_step(logs: dict) -> dict:
-    return logs

@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from keras_dyndp import batch_sizes
 from keras_dyndp import entry_points
+from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
 from keras_dyndp import refusals
@@ -271,7 +272,7 @@ def _install(model: keras.Model) -> None:
     """make_private's entry points, train function and epoch logs on ``model`` (its train step is installed)."""
     model.fit = types.MethodType(_private_fit, model)
     model.train_on_batch = types.MethodType(private_model.private_train_on_batch, model)
-    keras_compat.epoch_logs_from_the_step(model, not private_model.record(model).config.training_metrics)
+    epoch_logs.from_the_step(model, not private_model.record(model).config.training_metrics)
     keras_compat.reset_train_function(model)
     if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:
         replicas.split_direct_batches(model)
