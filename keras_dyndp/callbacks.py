@@ -30,12 +30,6 @@ if backend.keras_backend() == "jax":
     def _set_steps_per_execution(model: Any, steps: int) -> None:
         model.steps_per_execution = steps  # Keras 3's JAX loop reads it at every call of the train function.
 
-    def _add_to_epoch_logs(model: Any, batch_logs: dict | None, values: dict[str, float]) -> None:
-        if hasattr(model, "_get_metrics_result_or_logs"):
-            epoch_logs.add(model, values)
-        elif batch_logs is not None:  # Not a Keras model (tests' stand-ins).
-            batch_logs.update(values)
-
     def _unwrap_optimizer(optimizer: Any) -> Any:
         return optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
 
@@ -59,7 +53,6 @@ else:
     keras = keras_compat.keras
     _steps_per_execution = keras_compat.steps_per_execution
     _set_steps_per_execution = keras_compat.set_steps_per_execution
-    _add_to_epoch_logs = keras_compat.add_to_epoch_logs
     _unwrap_optimizer = keras_compat.unwrap_optimizer
     _print = keras_compat.print_msg
 
@@ -209,7 +202,7 @@ class PrivacyLogger(keras.callbacks.Callback):
         ends_epoch = epoch_steps is not None and batch + 1 >= epoch_steps
         if ends_epoch or steps >= optimizer.schedule.num_steps:
             self._batch_values = self.privacy_logs()
-            _add_to_epoch_logs(self.model, logs, self._batch_values)
+            epoch_logs.add(self.model, self._batch_values, logs)
         if self.log_every != "epoch" and steps // self.log_every != (self._last_logged_step or 0) // self.log_every:
             self._report(self._batch_values if self._batch_values is not None else self.privacy_logs())
 

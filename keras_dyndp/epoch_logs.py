@@ -1,14 +1,19 @@
-"""Keras 3, any backend: values that join the epoch logs every callback's ``on_epoch_end`` receives.
+"""Values that join the epoch logs every callback's ``on_epoch_end`` receives, on every Keras and backend.
 
-Keys a callback adds in its ``on_epoch_end`` reach only the callbacks after it; ``fit`` builds the epoch logs with
-``model._get_metrics_result_or_logs`` before them all, so `add` wraps that method on the instance, the values
-waiting until its next call (once); `remove_hook` restores it.
+Keys a callback adds in its ``on_epoch_end`` reach only the callbacks after it. Keras 3's ``fit`` builds the epoch
+logs with ``model._get_metrics_result_or_logs`` before them all, so `add` wraps that method on the instance, the
+values waiting until its next call (once); `remove_hook` restores it; `from_the_step` makes it return the step's logs.
+Keras 2 copies the logs of the epoch's last batch into them: `add` writes there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+# Keras 3's Trainer method that builds fit's epoch logs; Keras offers no public hook for them, so the instance's own
+# attribute of that name (its __dict__ entry, read and written only here) replaces it.
+_KERAS_METHOD = "_get_metrics_result_or_logs"
 
 
 class _EpochLogsHook:
@@ -27,32 +32,52 @@ class _EpochLogsHook:
         return result
 
 
-def add(model: Any, values: dict[str, float]) -> None:
-    """Makes ``values`` part of the next epoch logs ``fit`` builds for ``model``."""
-    hook = instance_hook(model)
+def add(model: Any, values: dict[str, float], batch_logs: dict | None = None) -> None:
+    """Makes ``values`` part of the next epoch logs ``fit`` builds for ``model``. Keras 2 (no such method): call it
+    from ``on_train_batch_end`` of the epoch's last batch with its ``batch_logs``, in a callback with
+    ``_supports_tf_logs = True`` (Keras 2 then passes the very dict it copies into the epoch logs)."""
+    if not hasattr(model, _KERAS_METHOD):
+        if batch_logs is not None:
+            batch_logs.update(values)
+        return
+    hook = _instance_hook(model)
     if not isinstance(hook, _EpochLogsHook):
-        hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # noqa: SLF001  (module docstring)
-        set_instance_hook(model, hook)
+        hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # noqa: SLF001  (_KERAS_METHOD)
+        _set_instance_hook(model, hook)
     hook.pending = dict(values)
 
 
 def remove_hook(model: Any) -> None:
     """Removes what `add` installed on ``model`` (at the end of training)."""
-    hook = instance_hook(model)
+    hook = _instance_hook(model)
     if isinstance(hook, _EpochLogsHook):
-        set_instance_hook(model, hook.replaced)
+        _set_instance_hook(model, hook.replaced)
 
 
-def instance_hook(model: Any) -> Callable[[Any], dict] | None:
+def _instance_hook(model: Any) -> Callable[[Any], dict] | None:
     """What replaces Keras 3's ``Trainer._get_metrics_result_or_logs`` on ``model`` (None: nothing)."""
-    return vars(model).get("_get_metrics_result_or_logs")
+    return vars(model).get(_KERAS_METHOD)
 
 
-def set_instance_hook(model: Any, hook: Callable[[Any], dict] | None) -> None:
-    """Replaces Keras 3's ``Trainer._get_metrics_result_or_logs`` on ``model`` by ``hook`` (None: Keras's again).
+def from_the_step(model: Any, on: bool) -> None:
+    """Keras 3: whether (``on``) ``fit``'s epoch logs are the train step's own logs instead of ``model.metrics``'
+    results (which fail when ``training_metrics=False`` never built them). Keras 2 uses the step's logs already."""
+    if not hasattr(model, _KERAS_METHOD):
+        return
+    current = _instance_hook(model)
+    if on and current is None:
+        _set_instance_hook(model, _logs_of_the_step)
+    elif not on and current is _logs_of_the_step:
+        _set_instance_hook(model, None)
 
-    Keras 3's ``fit`` builds its epoch logs with that method and offers no public hook for them."""
+
+def _logs_of_the_step(logs: dict) -> dict:
+    return logs
+
+
+def _set_instance_hook(model: Any, hook: Callable[[Any], dict] | None) -> None:
+    """Replaces Keras 3's ``Trainer._get_metrics_result_or_logs`` on ``model`` by ``hook`` (None: Keras's again)."""
     if hook is not None:
-        model._get_metrics_result_or_logs = hook  # noqa: SLF001  (Keras 3's Trainer method; no public hook)
-    elif instance_hook(model) is not None:
-        del model._get_metrics_result_or_logs  # noqa: SLF001  (Keras 3's Trainer method; no public hook)
+        vars(model)[_KERAS_METHOD] = hook  # A plain callable: nothing for Keras's attribute tracking to record.
+    else:
+        vars(model).pop(_KERAS_METHOD, None)

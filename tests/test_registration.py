@@ -26,7 +26,7 @@ import numpy as np
 import keras_dyndp
 warnings.simplefilter("ignore")
 model = keras.models.load_model(sys.argv[1])
-from keras_dyndp.{train_step} import is_private
+from keras_dyndp.private_model import is_private
 private, before = is_private(model), int(model.optimizer.dp_step.numpy())
 model.train_on_batch(np.zeros((4, 3), "float32"), np.zeros(4, "int32"))
 print(json.dumps([type(model.optimizer).__name__, private, before, int(model.optimizer.dp_step.numpy())]))
@@ -34,16 +34,16 @@ print(json.dumps([type(model.optimizer).__name__, private, before, int(model.opt
 
 
 def _stack_keras():
-    """The Keras keras_dyndp trains with here, how a script imports it, and the module of `is_private`."""
+    """The Keras keras_dyndp trains with here and how a script imports it."""
     if keras_dyndp.keras_backend() == "jax":
         import keras  # pylint: disable=import-outside-toplevel
 
-        return keras, "import keras", "jax_backend.train_step"
+        return keras, "import keras"
     from keras_dyndp.tf_backend import keras_compat  # pylint: disable=import-outside-toplevel
 
     if keras_compat.KERAS_MAJOR_VERSION == 3:
-        return keras_compat.keras, "import keras", "tf_backend.train_step"
-    return keras_compat.keras, "import tensorflow as tf\nkeras = tf.keras", "tf_backend.train_step"
+        return keras_compat.keras, "import keras"
+    return keras_compat.keras, "import tensorflow as tf\nkeras = tf.keras"
 
 
 def _private_model_after_one_step(keras, **optimizer_kwargs):
@@ -60,11 +60,11 @@ def _private_model_after_one_step(keras, **optimizer_kwargs):
 
 
 def test_load_model_in_a_fresh_process_finds_the_optimizer_and_the_private_step(tmp_path):
-    keras, import_keras, train_step = _stack_keras()
+    keras, import_keras = _stack_keras()
     model = _private_model_after_one_step(keras, learning_rate=0.1)
     path = str(tmp_path / "model.keras")
     model.save(path)
-    code = _LOAD_AND_TRAIN.format(import_keras=import_keras, train_step=train_step)
+    code = _LOAD_AND_TRAIN.format(import_keras=import_keras)
     result = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     # The reloaded model trains through make_private's step, from the saved counter on.

@@ -52,15 +52,6 @@ def read_idx(path: str) -> np.ndarray:
     return payload.reshape(shape).astype(dtype.newbyteorder("="))
 
 
-def write_idx(path: str, array: np.ndarray) -> None:
-    """Writes a uint8 array as an IDX file (gzip-compressed when `path` ends in '.gz'). Used by tests."""
-    array = np.asarray(array, dtype=np.uint8)
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "wb") as handle:
-        handle.write(header + array.tobytes())
-
-
 def _find_idx_file(directory: str, stem: str) -> str | None:
     for name in (stem, stem + ".gz", stem.replace("-idx", ".idx"), stem.replace("-idx", ".idx") + ".gz"):
         path = os.path.join(directory, name)

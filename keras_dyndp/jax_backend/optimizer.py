@@ -260,7 +260,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         if model is None:
             return
         optimizer_base.warn_on_schedule_restart(model, self)
-        if train_step.is_private(model):
+        if private_model.is_private(model):
             return
         restoring = registration.keras_model_calling(self, keras.Model, caller="compile_from_config") is model
         if self.private_config is not None and restoring:

@@ -110,11 +110,6 @@ def _advanced_seed_states(model: keras.Model, trainable, non_trainable, x, is_se
     return [new if seed else old for new, old, seed in zip(written, non_trainable, is_seed_state)]
 
 
-def is_private(model: keras.Model) -> bool:
-    """Whether ``model`` has make_private's train step (`keras_dyndp.private_model.is_private`)."""
-    return private_model.is_private(model)
-
-
 def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is_seed_state) -> Callable:
     """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``, per
     example (``jax.vmap``): the weighted loss's gradients (None for the variables the taps cover), each tapped

@@ -16,7 +16,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
 from keras_dyndp import refusals
 from keras_dyndp import sublayers
@@ -363,36 +362,3 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
 
     def set_params(self, params: dict) -> None:
         super().set_params({**params, "epochs": self.total_epochs})
-
-
-def add_to_epoch_logs(model: keras.Model, batch_logs: dict | None, values: dict[str, float]) -> None:
-    """Makes ``values`` part of the logs that every callback's ``on_epoch_end`` receives for this epoch.
-
-    Call it from ``on_train_batch_end`` of the epoch's last batch, in a callback with ``_supports_tf_logs = True``
-    (Keras 2 then passes the very dict it copies into the epoch logs) | Keras 3: `keras_dyndp.epoch_logs`.
-    """
-    if _KERAS_3 and hasattr(model, "_get_metrics_result_or_logs"):
-        epoch_logs.add(model, values)
-    elif batch_logs is not None:  # Keras 2, or not a Keras 3 model.
-        batch_logs.update(values)
-
-
-def remove_epoch_logs_hook(model: keras.Model) -> None:
-    """Removes what `add_to_epoch_logs` installed on ``model`` (at the end of training)."""
-    epoch_logs.remove_hook(model)
-
-
-def epoch_logs_from_the_step(model: keras.Model, from_the_step: bool) -> None:
-    """Keras 3: whether ``fit``'s epoch logs are the train step's own logs instead of ``model.metrics``' results
-    (which fail when ``training_metrics=False`` never built them). Keras 2 uses the step's logs already."""
-    if not _KERAS_3:
-        return
-    current = epoch_logs.instance_hook(model)
-    if from_the_step and current is None:
-        epoch_logs.set_instance_hook(model, _logs_of_the_step)
-    elif not from_the_step and current is _logs_of_the_step:
-        epoch_logs.set_instance_hook(model, None)
-
-
-def _logs_of_the_step(logs: dict) -> dict:
-    return logs

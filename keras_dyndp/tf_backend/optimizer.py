@@ -260,7 +260,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             return
         with tf.init_scope():  # Keras 3 builds it in the traced step: the counters are read eagerly.
             optimizer_base.warn_on_schedule_restart(model, self)
-        if self.private_config is None or train_step.is_private(model):
+        if self.private_config is None or private_model.is_private(model):
             return
         if registration.keras_model_calling(self, model_class, caller="compile_from_config") is model:
             train_step.make_private(model, **vars(self.private_config))

@@ -1,47 +1,22 @@
-"""One-line opt-in to per-example clipping in ``model.fit``: ``model = keras_dyndp.make_private(model)``.
+"""``model = keras_dyndp.make_private(model)`` on TensorFlow (Keras 2 and 3): per-example clipping in ``model.fit``.
 
 Keras's own ``train_step`` is no place for DP-SGD, and the DP optimizers refuse it, naming ``make_private``. Keras 3's
-averages the loss over the batch and hands the optimizer only the averaged gradient; Keras 2's hands it the
-per-example losses, but logs the loss and metrics of the private batch and cannot see how the batches were sampled.
-``make_private`` gives the model a ``train_step`` that has the model and the inputs in hand: it computes the
-per-example clipped gradient sums with ``keras_dyndp.tf_backend.per_example.clipped_gradient_sum`` (ghost clipping
-where every trainable layer has a rule, else ``tf.vectorized_map`` over single-example passes) and hands them to
-``model.optimizer.apply_clipped_sum``, which adds the schedule's noise N(0, sigma_t^2) to each SUM,
-normalises, applies the base update and advances ``dp_step``. With ``num_microbatches`` the sums are of M random
-microbatches' clipped gradients (the jacobian of their losses); with ``method='jacobian'`` of the per-example
-gradients as one pfor ``tape.jacobian`` (O(B^2), ~160x a non-private step on the tutorial CNN; for comparisons and
-audits). The privacy mechanism is the optimizer's; only the way the clipped sum is computed changes. Same on Keras 2 and
-Keras 3. With the optimizer's ``accumulation_steps`` = k the batch is clipped in k physical batches (`accumulation`);
-under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share
+hands the optimizer only the gradient of the batch's mean loss; Keras 2's hands it the per-example losses, but logs
+the loss and metrics of the private batch and cannot see how the batches were sampled. make_private's ``train_step``
+has the model and the inputs in hand: it computes the per-example clipped gradient sums
+(`keras_dyndp.tf_backend.per_example.clipped_gradient_sum`: ghost clipping where every trainable layer has a rule,
+else ``tf.vectorized_map`` over single-example passes; microbatches; ``method='jacobian'``, one O(B^2) pfor
+``tape.jacobian`` for comparisons and audits) and hands them to ``model.optimizer.apply_clipped_sum``, which noises,
+normalises, applies and advances ``dp_step``. With ``accumulation_steps`` = k the batch is clipped in k physical
+batches (`accumulation`); under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share
 (`keras_dyndp.tf_backend.replicas`), also of a batch given to ``train_on_batch``.
 
-Example:
-
-```python
-model = keras_dyndp.make_private(model)
-optimizer = keras_dyndp.tf_backend.DynamicDPKerasSGD(schedule=schedule, expected_batch_size=256, learning_rate=0.1)
-model.compile(optimizer=optimizer,
-              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
-              metrics=['accuracy'])
-model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=schedule.sampling_probability),
-          epochs=20)
-```
-
-By default the step computes no loss or metric on the training batch: nothing but the noised update is derived
-from the private batch, and the step's logs hold only ``dp_step`` (the public number of DP steps taken; callbacks
-such as ``PrivacyLogger`` add the epsilon, and ``fit``'s ``validation_data`` its metrics as usual).
-``make_private(model, training_metrics=True)`` opts in to the compiled loss and metrics of the training batch,
-computed without noise and outside the DP guarantee.
-
-Saving: the optimizer records make_private's arguments in its config, so a model saved to ``.keras`` and reloaded
-with ``load_model`` gets this train step back when the optimizer is built at load (any model built before saving);
-otherwise the first step refuses, naming ``make_private``.
-
-Mixed precision: under 'mixed_float16' (``compile`` then wraps the optimizer in a LossScaleOptimizer) or
-'mixed_bfloat16' the layers compute in the policy's dtype, while the per-example losses, the gradients (of the
-float32 variables), the clipping, the sum and the noise are float32. The LossScaleOptimizer is bypassed: a
-dynamic loss scale skips or shrinks steps depending on the private batch, which DP cannot allow, and the
-per-example gradients of un-averaged losses need no scaling against underflow.
+By default the step's logs hold only ``dp_step``: nothing but the noised update is derived from the private batch
+(``training_metrics=True`` opts in to the compiled loss and metrics, outside the DP guarantee). The optimizer records
+make_private's arguments in its config, so ``load_model`` gives a saved model this train step back. Under
+'mixed_float16' or 'mixed_bfloat16' the layers compute in the policy's dtype while the per-example losses, gradients,
+clipping, sum and noise are float32; the LossScaleOptimizer is bypassed (a dynamic loss scale would skip or shrink
+steps depending on the private batch, and un-averaged per-example losses need no scaling against underflow).
 
 ``fit`` checks before the first step that the budget is not spent and the data it is handed
 (`keras_dyndp.tf_backend.sampling_check`: Poisson batches at the schedule's rate; arrays, which Keras cuts into
@@ -52,11 +27,10 @@ checks the data the entry point showed (`keras_dyndp.entry_points`; Keras 2 show
 which is warned as not seen) and wraps the train function (`_CheckedTrainFunction`; docs/privacy.md, "Which entry
 points are covered").
 
-Works for Sequential, functional and subclassed models, compiled before or after the call. Refused (ValueError,
-when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss reduced over the
-batch, several losses (multi-output models), regularisation losses (``model.losses``), which are not
+Refused (ValueError, when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss
+reduced over the batch, several losses (multi-output models), regularisation losses (``model.losses``), which are not
 per-example terms, and layers that mix examples or store batch statistics such as BatchNormalization
-(``keras_dyndp.tf_backend.model_checks``).
+(`keras_dyndp.tf_backend.model_checks`).
 """
 
 from __future__ import annotations
@@ -73,6 +47,7 @@ import tensorflow as tf
 
 from keras_dyndp import batch_sizes
 from keras_dyndp import entry_points
+from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
 from keras_dyndp import refusals
@@ -92,11 +67,6 @@ def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], tf.Tensor]:
 def _check_no_regularization(model: keras.Model) -> None:
     if model.losses:
         raise refusals.regularization_error(f"{len(model.losses)} of them in model.losses")
-
-
-def is_private(model: keras.Model) -> bool:
-    """Whether ``model`` has make_private's train step (`keras_dyndp.private_model.is_private`)."""
-    return private_model.is_private(model)
 
 
 def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
@@ -302,7 +272,7 @@ def _install(model: keras.Model) -> None:
     """make_private's entry points, train function and epoch logs on ``model`` (its train step is installed)."""
     model.fit = types.MethodType(_private_fit, model)
     model.train_on_batch = types.MethodType(private_model.private_train_on_batch, model)
-    keras_compat.epoch_logs_from_the_step(model, not private_model.record(model).config.training_metrics)
+    epoch_logs.from_the_step(model, not private_model.record(model).config.training_metrics)
     keras_compat.reset_train_function(model)
     if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:
         replicas.split_direct_batches(model)

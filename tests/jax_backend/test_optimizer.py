@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 
 from keras_dyndp import batch_sizes  # noqa: E402
 from keras_dyndp import optimizer_base  # noqa: E402
+from keras_dyndp import private_model  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.accounting import noise_range  # noqa: E402
 from keras_dyndp.callbacks import PrivacyLogger  # noqa: E402
@@ -21,7 +22,6 @@ from keras_dyndp.jax_backend import DynamicDPKerasAdam  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import JaxDPOptimizerMixin  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
-from keras_dyndp.jax_backend import train_step  # noqa: E402
 from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
 
 pytestmark = [
@@ -93,7 +93,7 @@ def test_save_and_load_keep_the_schedule_counter_and_private_step():
     # The file's config holds the schedule, so the saved fingerprint matches the reloaded optimizer's by construction.
     assert tuple(loaded.optimizer.schedule_fingerprint.numpy().tolist()) == model.optimizer.schedule.fingerprint
     np.testing.assert_array_equal(loaded.optimizer.schedule.clip_norms, model.optimizer.schedule.clip_norms)
-    assert train_step.is_private(loaded)  # restored at load from the optimizer's config
+    assert private_model.is_private(loaded)  # restored at load from the optimizer's config
     loaded.fit(x, y, batch_size=8, epochs=2, verbose=0)
     assert int(loaded.optimizer.dp_step.numpy()) == 4  # the schedule continues where it stopped
 

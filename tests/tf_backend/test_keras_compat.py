@@ -95,35 +95,6 @@ def test_set_steps_per_execution_takes_effect_within_fit_and_restores_the_train_
         assert model.train_function is original  # No retrace for the restored value.
 
 
-def test_add_to_epoch_logs_reaches_callbacks_listed_before_the_one_adding():
-    x, y = np.zeros((8, 4), np.float32), np.zeros((8, 2), np.float32)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    model.compile(optimizer=keras.optimizers.SGD(), loss="mse", metrics=["mae"])
-    seen = []
-
-    class Adder(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self._supports_tf_logs = True
-
-        def on_train_batch_end(self, batch, logs=None):
-            if batch + 1 == self.params["steps"]:
-                keras_compat.add_to_epoch_logs(self.model, logs, {"extra": float(batch)})
-
-        def on_train_end(self, logs=None):
-            keras_compat.remove_epoch_logs_hook(self.model)
-
-    listed_first = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(dict(logs)))
-    history = model.fit(
-        x, y, batch_size=4, epochs=2, verbose=0, validation_data=(x, y), callbacks=[listed_first, Adder()]
-    )
-    assert [logs["extra"] for logs in seen] == [1.0, 1.0]
-    assert history.history["extra"] == [1.0, 1.0]
-    assert "val_extra" not in history.history and {"loss", "mae", "val_loss"} <= set(history.history)
-    history = model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # Removed: a later fit logs no extra key.
-    assert "extra" not in history.history
-
-
 def test_unsupported_optimizer_arguments_name_a_reason():
     for name, reason in keras_compat.UNSUPPORTED_OPTIMIZER_ARGUMENTS.items():
         assert name in ("gradient_accumulation_steps", "loss_scale_factor") and reason

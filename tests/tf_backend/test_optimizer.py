@@ -8,12 +8,12 @@ import tensorflow as tf
 
 from keras_dyndp import callbacks
 from keras_dyndp import optimizer_base
+from keras_dyndp import private_model
 from keras_dyndp import schedules
 from keras_dyndp.accounting import noise_range
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import optimizer as optimizer_module
-from keras_dyndp.tf_backend import train_step
 from keras_dyndp.tf_backend.optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.tf_backend.optimizer import DynamicDPKerasAdam
 from keras_dyndp.tf_backend.optimizer import DynamicDPKerasRMSprop
@@ -460,7 +460,7 @@ def test_make_private_recorded_in_the_config_is_restored_at_load_only():
     x, y = data()
     with pytest.raises(RuntimeError, match=r"make_private\(model, \*\*\{'method': 'vectorized', 'training_metrics'"):
         model.fit(x, y, batch_size=2, verbose=0)
-    assert not train_step.is_private(model) and int(model.optimizer.dp_step) == 0
+    assert not private_model.is_private(model) and int(model.optimizer.dp_step) == 0
 
 
 @pytest.mark.parametrize("dp_cls", DP_CLASSES)

@@ -19,7 +19,6 @@ from keras_dyndp.callbacks import PrivacyLogger
 from keras_dyndp.tf_backend import DynamicDPKerasAdam
 from keras_dyndp.tf_backend import DynamicDPKerasSGD
 from keras_dyndp.tf_backend import keras_compat
-from keras_dyndp.tf_backend import train_step
 from keras_dyndp.tf_backend.train_step import make_private
 
 keras = keras_compat.keras
@@ -362,7 +361,7 @@ def test_load_model_restores_make_private_with_its_arguments(tmp_path):
     loaded = keras.models.load_model(path)
     arguments = {"method": "vectorized", "training_metrics": False}
     assert loaded.optimizer.get_config()["private_train_step"] == arguments
-    assert train_step.is_private(loaded)
+    assert private_model.is_private(loaded)
     assert private_model.record(loaded).config == private_model.PrivateConfig("vectorized", training_metrics=False)
     history = loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert history.history == {"dp_step": [4]}  # The restored step, with training_metrics=False.
@@ -375,7 +374,7 @@ def test_a_model_never_made_private_is_not_made_private_by_load_model(tmp_path):
     model(x[:1])
     model.save(str(tmp_path / "model.keras"))
     loaded = keras.models.load_model(str(tmp_path / "model.keras"))
-    assert loaded.optimizer.get_config()["private_train_step"] is None and not train_step.is_private(loaded)
+    assert loaded.optimizer.get_config()["private_train_step"] is None and not private_model.is_private(loaded)
     with pytest.raises(RuntimeError, match=r"call model = keras_dyndp\.make_private\(model\)"):
         loaded.fit(x, y, batch_size=8, verbose=0)
 

@@ -129,11 +129,6 @@ def _built_in(supports: Callable[[keras.layers.Layer], bool] | None) -> Callable
     return lambda layer: getattr(layer, "quantization_mode", None) is None and (supports is None or supports(layer))
 
 
-def has_rule(layer_class: type) -> bool:
-    """Whether a rule is registered for exactly ``layer_class`` (whatever configurations it supports)."""
-    return layer_class in _RULES
-
-
 def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
     """The rule that covers ``layer`` (its exact class and configuration), or None."""
     rule = _RULES.get(type(layer))
