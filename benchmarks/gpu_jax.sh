@@ -17,9 +17,9 @@
 # keras_dyndp's and Opacus's; timeout_s 540), then "bash benchmarks/gpu_jax.sh extra" (peak memory per path at batch
 # 1024, mixed_bfloat16 at batch 256, per-convolution norms; timeout_s 540), then "bash benchmarks/gpu_jax.sh tests"
 # (the JAX test suite, its summary printed and in $OUT/tests.log; timeout_s 480), then "bash benchmarks/gpu_jax.sh
-# transformers" (the text transformer and the ViT of benchmarks/models.py, batch 256: keras_dyndp and jax_privacy
-# beside JAX's non-private step, Opacus beside PyTorch's; timeout_s 300): no argument runs all four, longer than one
-# call may last. The GPU's name is in $OUT. A session has 15 minutes of device time, the machine's start
+# transformers" (the text transformer, the ViT, the paper's text model and LSTM of benchmarks/models.py, batch 256:
+# keras_dyndp and jax_privacy beside JAX's non-private step, Opacus beside PyTorch's; timeout_s 360): no argument
+# runs all four, longer than one call may last. The GPU's name is in $OUT. A session has 15 minutes of device time, the machine's start
 # included: that order puts the goals' numbers first.
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -46,8 +46,9 @@ if [[ "$PARTS" == *bench* ]]; then
     --out_md "$OUT/opacus1024.md" 2>&1 | tee "$OUT/opacus1024.log" | grep -E "repetition|\|" || true
 fi
 if [[ "$PARTS" == *transformers* ]]; then
-  # Attention models: EinsumDense, LayerNormalization and Embedding rules (JAX), Linear/LayerNorm/Embedding (Opacus).
-  timeout 180 python3 jax_step_time.py --models transformer,vit --batch_size 256 --steps 20 --repeats 5 \
+  # Attention and text models: EinsumDense, LayerNormalization and Embedding rules (JAX), Linear/LayerNorm/Embedding
+  # (Opacus); the paper's IMDB text model, whose CPU step is bound by its 160,000 noise draws, and its LSTM.
+  timeout 240 python3 jax_step_time.py --models transformer,vit,text,lstm --batch_size 256 --steps 20 --repeats 5 \
     --out_md "$OUT/transformer256.md" 2>&1 | grep -v Warning | tee "$OUT/transformer256.log" \
     | grep -E "repetition|\|" || true
   timeout 90 python3 opacus_step_time.py --models transformer,vit --batch_size 256 --steps 20 --repeats 5 \
