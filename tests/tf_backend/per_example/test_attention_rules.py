@@ -76,8 +76,19 @@ def transformer() -> keras.Model:
     return keras.Model(inputs, L.Dense(3)(L.GlobalAveragePooling1D()(h)))
 
 
+def padded_cls() -> keras.Model:
+    """Padding (id 0) masked by the Embedding's ``mask_zero`` through attention (a comparison op makes the mask), a
+    pre-norm block, and a classifier on the first position (a slice ``h[:, 0]``): known to act per example."""
+    inputs = L.Input((6,), dtype="int32")
+    h = L.Embedding(11, 8, mask_zero=True)(inputs)
+    a = L.LayerNormalization()(h)
+    h = L.Add()([h, L.MultiHeadAttention(2, 4)(a, a)])
+    return keras.Model(inputs, L.Dense(3)(L.Dense(8, activation="gelu")(h[:, 0])))
+
+
 MODELS = {
     "einsum": einsum,
+    "padded_cls": padded_cls,
     "group_norm": group_norm,
     "layer_norm": layer_norm,
     "time_distributed_norm": time_distributed_norm,
