@@ -97,7 +97,8 @@ def _attention_keeps_batch(layer: keras.layers.Layer) -> bool:
 
 
 def _no_dropout(layer: keras.layers.Layer) -> bool:
-    """A recurrent layer or cell without (recurrent) dropout, whose masks would differ row by row."""
+    """A recurrent layer or cell (or a dot-product attention) without (recurrent) dropout, whose masks would differ
+    row by row."""
     return not getattr(layer, "dropout", 0) and not getattr(layer, "recurrent_dropout", 0)
 
 
@@ -117,6 +118,8 @@ def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
         "EinsumDense": _einsum_keeps_batch,
         "MultiHeadAttention": _attention_keeps_batch,
         **dict.fromkeys("LSTM GRU SimpleRNN LSTMCell GRUCell SimpleRNNCell".split(), _no_dropout),
+        # Scores of one example's queries against its own keys; dropout on them draws row by row.
+        **dict.fromkeys("Attention AdditiveAttention".split(), _no_dropout),
     }
     known = {getattr(keras.layers, name): None for name in unconditional if hasattr(keras.layers, name)}
     known.update({getattr(keras.layers, n): test for n, test in conditional.items() if hasattr(keras.layers, n)})

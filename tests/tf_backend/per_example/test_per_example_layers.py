@@ -45,6 +45,12 @@ else:
         return tf.cast(h > 0, tf.float32)
 
 
+def attend(attention: keras.layers.Layer, h):
+    """``attention`` of 3 positions of 2 features on themselves, flattened."""
+    sequence = keras.layers.Reshape((3, 2))(h)
+    return keras.layers.Flatten()(attention([sequence, sequence]))
+
+
 def functional(middle) -> keras.Model:
     inputs = keras.Input((4,))
     hidden = keras.layers.Dense(6, activation="tanh")(inputs)
@@ -118,6 +124,8 @@ class Subclassed(keras.Model):
         (lambda h: keras.layers.Concatenate(axis=0)([h, h]), "concatenate"),
         (lambda h: keras.layers.LayerNormalization()(keras.layers.Dropout(0.5)(h)), None),
         (lambda h: keras.layers.GaussianNoise(0.1)(h), "gaussian_noise"),  # Draws row by row.
+        (lambda h: attend(keras.layers.Attention(), h), None),  # Within one example.
+        (lambda h: attend(keras.layers.AdditiveAttention(dropout=0.5), h), "additive_attention"),  # Row by row.
     ],
 )
 def test_ops_and_layer_configurations(middle, unknown):
