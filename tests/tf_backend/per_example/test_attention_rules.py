@@ -41,12 +41,16 @@ def einsum() -> keras.Model:
 
 
 def layer_norm() -> keras.Model:
-    """LayerNormalization over the features, over (positions, features) without offset, and (Keras 3) RMS-scaled."""
+    """LayerNormalization over the features, over (positions, features) without offset, and (Keras 3) RMS-scaled;
+    RMSNormalization over the features and over (positions, features)."""
     inputs = L.Input((5, 4))
     hidden = L.LayerNormalization()(L.Dense(4)(inputs))
     hidden = L.LayerNormalization(axis=[1, 2], center=False)(L.Dense(4, activation="tanh")(hidden))
     if keras_compat.KERAS_MAJOR_VERSION == 3:
         hidden = L.LayerNormalization(rms_scaling=True)(L.Dense(4)(hidden))
+    if hasattr(L, "RMSNormalization"):  # Keras 3.9 and later
+        hidden = L.RMSNormalization()(L.Dense(4)(hidden))
+        hidden = L.RMSNormalization(axis=[1, 2])(L.Dense(4, activation="relu")(hidden))
     return keras.Model(inputs, L.Dense(3)(L.Flatten()(hidden)))
 
 
