@@ -64,35 +64,38 @@ def _affine(tap: Tap, inputs: tf.Tensor, normalized: tf.Tensor, axes: list[int])
     return tf.cast(outputs, layer.compute_dtype)
 
 
-def layer_norm_call(tap: Tap) -> Callable:
-    """LayerNormalization's call for the tapped pass (``rms_scaling`` too: Keras 3 divides by the variance's root)."""
+def _over_axes(tap: Tap, normalize: Callable[[tf.Tensor, list[int]], tf.Tensor]) -> Callable:
+    """The tapped call of a layer normalising its input over ``layer.axis`` by ``normalize(x, axes)``."""
     layer = tap.layer
 
     def call(inputs, *args, **kwargs):
         rank = inputs.shape.rank if isinstance(inputs, tf.Tensor) else 0
         axes = _axes(layer.axis, max(rank, 1))
         x = _checked_input(tap, inputs, axes)
-        mean, variance = tf.nn.moments(x, axes, keepdims=True)
-        centred = x if getattr(layer, "rms_scaling", False) else x - mean
-        normalized = centred * tf.math.rsqrt(variance + layer.epsilon)
-        return _affine(tap, x, normalized, axes)
+        return _affine(tap, x, normalize(x, axes), axes)
 
     return call
+
+
+def layer_norm_call(tap: Tap) -> Callable:
+    """LayerNormalization's call for the tapped pass (``rms_scaling`` too: Keras 3 divides by the variance's root)."""
+    layer = tap.layer
+
+    def normalize(x, axes):
+        mean, variance = tf.nn.moments(x, axes, keepdims=True)
+        centred = x if getattr(layer, "rms_scaling", False) else x - mean
+        return centred * tf.math.rsqrt(variance + layer.epsilon)
+
+    return _over_axes(tap, normalize)
 
 
 def rms_norm_call(tap: Tap) -> Callable:
     """RMSNormalization's call for the tapped pass: x / sqrt(mean(x^2) + epsilon) over its axes, times its scale."""
     layer = tap.layer
-
-    def call(inputs, *args, **kwargs):
-        rank = inputs.shape.rank if isinstance(inputs, tf.Tensor) else 0
-        axes = _axes(layer.axis, max(rank, 1))
-        x = _checked_input(tap, inputs, axes)
-        epsilon = keras.config.epsilon() if layer.epsilon is None else layer.epsilon
-        normalized = x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axes, keepdims=True) + epsilon)
-        return _affine(tap, x, normalized, axes)
-
-    return call
+    epsilon = keras.config.epsilon() if layer.epsilon is None else layer.epsilon
+    return _over_axes(
+        tap, lambda x, axes: x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axes, keepdims=True) + epsilon)
+    )
 
 
 def group_norm_call(tap: Tap) -> Callable:
