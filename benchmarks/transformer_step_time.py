@@ -10,7 +10,8 @@ is imported); on JAX through its train step compiled as ``fit`` compiles it (``j
 steps are excluded; each repetition runs both paths in turn (`interleaved.step_table`): median ms per step and the
 median of the within-repetition ratios to the non-private step.
 
-With ``--lora RANK`` both paths fine-tune the same model by LoRA (Keras 3's ``enable_lora(RANK)`` on every Dense,
+``--model tutorial`` times keras.io's subclassed transformer (`tutorial`) instead. With ``--lora RANK`` both paths
+fine-tune the same model by LoRA (Keras 3's ``enable_lora(RANK)`` on every Dense,
 EinsumDense and Embedding: their kernels frozen, the adapters and the biases trained; LayerNormalization frozen): the
 DP step through the LoRA ghost rules. ``--paths`` runs a subset (one path alone: its own peak memory). The process's
 peak resident memory (``getrusage`` maxrss) is printed at the end; on JAX also each compiled step's temporary
@@ -20,6 +21,7 @@ Usage:
     python benchmarks/transformer_step_time.py --backend tensorflow --batch_size 32 --steps 10 --repeats 7
     python benchmarks/transformer_step_time.py --backend jax --batch_size 32 --steps 10 --repeats 7
     python benchmarks/transformer_step_time.py --backend jax --lora 8 --steps 10 --repeats 7
+    python benchmarks/transformer_step_time.py --model tutorial --length 256 --steps 5 --repeats 7
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ PARSER.add_argument("--width", type=int, default=64, help="model width (d)")
 PARSER.add_argument("--steps", type=int, default=10, help="timed steps per path and repetition")
 PARSER.add_argument("--warmup_steps", type=int, default=3)
 PARSER.add_argument("--repeats", type=int, default=7)
+PARSER.add_argument(
+    "--model",
+    choices=["functional", "tutorial"],
+    default="functional",
+    help="functional: Keras layers wired in a functional model; tutorial: keras.io's subclassed layers",
+)
 PARSER.add_argument("--lora", type=int, default=0, help="LoRA rank (0: no LoRA, every weight trains)")
 PARSER.add_argument("--paths", default="nonprivate,dyndp_auto", help="comma-separated subset, timed in this order")
 ARGS = PARSER.parse_args()
@@ -70,6 +78,47 @@ def transformer(length: int, width: int) -> keras.Model:
     return keras.Model(inputs, layers.Dense(2)(layers.GlobalAveragePooling1D()(h)))
 
 
+def tutorial(length: int, width: int) -> keras.Model:
+    """keras.io's "Text classification with Transformer" model (its subclassed ``TokenAndPositionEmbedding`` and
+    ``TransformerBlock``, 2 heads of ``width``, feed-forward ``width``, dropout 0.1; average pooling, Dropout,
+    Dense(20, relu), Dropout, Dense(2)), its two layers registered with one line each (docs/usage.md)."""
+    layers = keras.layers
+    arange = keras.ops.arange if hasattr(keras, "ops") else __import__("tensorflow").range  # Keras 2: no keras.ops
+
+    class TransformerBlock(layers.Layer):
+        def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1):
+            super().__init__()
+            self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+            self.ffn = keras.Sequential([layers.Dense(ff_dim, activation="relu"), layers.Dense(embed_dim)])
+            self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+            self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+            self.dropout1 = layers.Dropout(rate)
+            self.dropout2 = layers.Dropout(rate)
+
+        def call(self, inputs):
+            out1 = self.layernorm1(inputs + self.dropout1(self.att(inputs, inputs)))
+            return self.layernorm2(out1 + self.dropout2(self.ffn(out1)))
+
+    class TokenAndPositionEmbedding(layers.Layer):
+        def __init__(self, maxlen, vocab_size, embed_dim):
+            super().__init__()
+            self.token_emb = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+            self.pos_emb = layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+        def call(self, x):
+            return self.token_emb(x) + self.pos_emb(arange(x.shape[-1]))
+
+    keras_dyndp.register_layer_rule(TransformerBlock, per_example=True)
+    rule = keras_dyndp.layer_rules.token_and_position_embedding()
+    keras_dyndp.register_layer_rule(TokenAndPositionEmbedding, **rule)
+    inputs = keras.Input((length,), dtype="int32")
+    h = TransformerBlock(width, 2, width)(TokenAndPositionEmbedding(length, VOCABULARY, width)(inputs))
+    h = layers.Dropout(0.1)(
+        layers.Dense(20, activation="relu")(layers.Dropout(0.1)(layers.GlobalAveragePooling1D()(h)))
+    )
+    return keras.Model(inputs, layers.Dense(2)(h))
+
+
 def with_lora(model: keras.Model, rank: int) -> keras.Model:
     """LoRA of ``rank`` on every Dense, EinsumDense and Embedding (MultiHeadAttention's projections included);
     LayerNormalization frozen."""
@@ -83,7 +132,7 @@ def with_lora(model: keras.Model, rank: int) -> keras.Model:
 
 def build(path: str) -> keras.Model:
     keras.utils.set_random_seed(0)
-    model = transformer(ARGS.length, ARGS.width)
+    model = (transformer if ARGS.model == "functional" else tutorial)(ARGS.length, ARGS.width)
     if ARGS.lora:
         model = with_lora(model, ARGS.lora)
     if path == "nonprivate":
@@ -168,7 +217,8 @@ def main() -> None:
         table = interleaved.step_table(runs, ARGS.steps, ARGS.repeats, ARGS.warmup_steps, ARGS.backend)
     versions = f"Python {sys.version.split()[0]}, Keras {keras.__version__} on {ARGS.backend}"
     lora = f", LoRA rank {ARGS.lora}" if ARGS.lora else ""
-    print(f"\n{device_description()}; {versions}; B {ARGS.batch_size}, L {ARGS.length}, d {ARGS.width}{lora}")
+    shape = f"B {ARGS.batch_size}, L {ARGS.length}, d {ARGS.width}"
+    print(f"\n{device_description()}; {versions}; {ARGS.model} model, {shape}{lora}")
     if ARGS.backend == "tensorflow":
         print(f"oneDNN: TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}")
     print("| path | ms / step | ratio to the first path |\n|---|---|---|")

@@ -1,8 +1,8 @@
-"""Ghost-clipping rules of ``LayerNormalization`` and ``GroupNormalization`` (Keras 3's and Keras 2's): the output is
-x_hat * gamma + beta, x_hat each row's input normalised over its own axes (never the batch's), so example i's
-gradients are sum x_hat g and sum g over the axes gamma and beta broadcast over (its positions): small, materialised
-(exact, no rounding bound needed). The tapped call computes x_hat itself (in at least float32, as Keras does) and
-keeps it for the rule."""
+"""Ghost-clipping rules of ``LayerNormalization`` and ``GroupNormalization`` (Keras 3's and Keras 2's) and Keras 3's
+``RMSNormalization`` (its ``scale`` as gamma, no beta): the output is x_hat * gamma + beta, x_hat each row's input
+normalised over its own axes (never the batch's), so example i's gradients are sum x_hat g and sum g over the axes
+gamma and beta broadcast over (its positions): small, materialised (exact, no rounding bound needed). The tapped call
+computes x_hat itself (in at least float32, as Keras does) and keeps it for the rule."""
 
 from __future__ import annotations
 
@@ -33,6 +33,13 @@ def group_norm_supports(layer: keras.layers.Layer) -> bool:
     return layer.axis != 0
 
 
+def _scale_and_offset(layer: keras.layers.Layer) -> tuple:
+    """``(gamma, beta)``, either None where the layer has none (RMSNormalization: its ``scale``, no offset)."""
+    if hasattr(layer, "gamma"):
+        return layer.gamma, layer.beta
+    return layer.scale, None
+
+
 def _checked_input(tap: Tap, inputs, axes: list[int]) -> tf.Tensor:
     if not isinstance(inputs, tf.Tensor) or 0 in axes:
         raise UnsupportedModel(f"{type(tap.layer).__name__} {tap.layer.name!r} would mix examples")
@@ -47,29 +54,48 @@ def _affine(tap: Tap, inputs: tf.Tensor, normalized: tf.Tensor, axes: list[int])
     for axis in axes:
         shape[axis] = normalized.shape[axis]
     outputs = normalized
-    if layer.gamma is not None:
-        outputs = outputs * tf.reshape(tf.cast(tap.weight(layer.gamma), outputs.dtype), shape)
-    if layer.beta is not None:
-        outputs = outputs + tf.reshape(tf.cast(tap.weight(layer.beta), outputs.dtype), shape)
+    gamma, beta = _scale_and_offset(layer)
+    if gamma is not None:
+        outputs = outputs * tf.reshape(tf.cast(tap.weight(gamma), outputs.dtype), shape)
+    if beta is not None:
+        outputs = outputs + tf.reshape(tf.cast(tap.weight(beta), outputs.dtype), shape)
     tap.saved["normalized"] = normalized
     tap.record(inputs, outputs)
     return tf.cast(outputs, layer.compute_dtype)
 
 
-def layer_norm_call(tap: Tap) -> Callable:
-    """LayerNormalization's call for the tapped pass (``rms_scaling`` too: Keras 3 divides by the variance's root)."""
+def _over_axes(tap: Tap, normalize: Callable[[tf.Tensor, list[int]], tf.Tensor]) -> Callable:
+    """The tapped call of a layer normalising its input over ``layer.axis`` by ``normalize(x, axes)``."""
     layer = tap.layer
 
     def call(inputs, *args, **kwargs):
         rank = inputs.shape.rank if isinstance(inputs, tf.Tensor) else 0
         axes = _axes(layer.axis, max(rank, 1))
         x = _checked_input(tap, inputs, axes)
-        mean, variance = tf.nn.moments(x, axes, keepdims=True)
-        centred = x if getattr(layer, "rms_scaling", False) else x - mean
-        normalized = centred * tf.math.rsqrt(variance + layer.epsilon)
-        return _affine(tap, x, normalized, axes)
+        return _affine(tap, x, normalize(x, axes), axes)
 
     return call
+
+
+def layer_norm_call(tap: Tap) -> Callable:
+    """LayerNormalization's call for the tapped pass (``rms_scaling`` too: Keras 3 divides by the variance's root)."""
+    layer = tap.layer
+
+    def normalize(x, axes):
+        mean, variance = tf.nn.moments(x, axes, keepdims=True)
+        centred = x if getattr(layer, "rms_scaling", False) else x - mean
+        return centred * tf.math.rsqrt(variance + layer.epsilon)
+
+    return _over_axes(tap, normalize)
+
+
+def rms_norm_call(tap: Tap) -> Callable:
+    """RMSNormalization's call for the tapped pass: x / sqrt(mean(x^2) + epsilon) over its axes, times its scale."""
+    layer = tap.layer
+    epsilon = keras.config.epsilon() if layer.epsilon is None else layer.epsilon
+    return _over_axes(
+        tap, lambda x, axes: x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axes, keepdims=True) + epsilon)
+    )
 
 
 def group_norm_call(tap: Tap) -> Callable:
@@ -105,7 +131,8 @@ def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     kept = _axes(layer.axis, rank)
     summed = [axis for axis in range(1, rank) if axis not in kept]
     gradients = []
-    for variable, per_row in ((layer.gamma, normalized * g), (layer.beta, g)):
+    gamma, beta = _scale_and_offset(layer)
+    for variable, per_row in ((gamma, normalized * g), (beta, g)):
         if variable is not None:
             per_row = tf.reduce_sum(per_row, axis=summed) if summed else per_row
             per_row = tf.reshape(per_row, [tap.rows.batch, -1, variable.shape.num_elements()])

@@ -6,7 +6,8 @@ A layer that reads across the batch (a ``Lambda`` subtracting the batch mean) br
 rows, `randomness`), declared in the registry of `rules` alongside the layers a rule covers (in their configuration:
 an EinsumDense whose equation mixes the batch axis is judged by `_einsum_keeps_batch`) and those declared with
 ``register_layer_rule(cls, per_example=True)`` / ``register_per_example_layer``; plain Sequential and functional
-models; `_ELEMENTWISE` ops on tensors of one rank with lower-rank constants.
+models; `_ELEMENTWISE` ops on tensors of one rank with lower-rank constants; slices that keep the whole batch axis
+(``h[:, 0]``, a [CLS] token, `_known_slice`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def first_unknown(model: keras.Model) -> str | None:
         if not _known_layer(layer):
             return f"layer {layer.name!r} ({type(layer).__name__})"
         for operation in keras_compat.functional_operations(layer):
-            if not _known_operation(type(operation).__name__, *_arguments(operation)):
+            name = type(operation).__name__
+            if not (_known_slice(name, operation) or _known_operation(name, *_arguments(operation))):
                 return f"operation {operation.name!r} ({type(operation).__name__})"
     return None
 
@@ -39,7 +41,8 @@ def _known_layer(layer: keras.layers.Layer) -> bool:
     if rules.rule_for(layer) is not None or rules.acts_per_example(layer):  # unsupported by a rule: as without it
         return True
     if keras_compat.is_op_layer(layer):
-        return _known_operation(keras_compat.op_layer_symbol(layer), *_arguments(layer))
+        symbol = keras_compat.op_layer_symbol(layer)
+        return _known_slice(symbol, layer) or _known_operation(symbol, *_arguments(layer))
     return cls.call in (keras_compat.FUNCTIONAL_CLASS.call, keras.Sequential.call)  # A plain container.
 
 
@@ -94,7 +97,8 @@ def _attention_keeps_batch(layer: keras.layers.Layer) -> bool:
 
 
 def _no_dropout(layer: keras.layers.Layer) -> bool:
-    """A recurrent layer or cell without (recurrent) dropout, whose masks would differ row by row."""
+    """A recurrent layer or cell (or a dot-product attention) without (recurrent) dropout, whose masks would differ
+    row by row."""
     return not getattr(layer, "dropout", 0) and not getattr(layer, "recurrent_dropout", 0)
 
 
@@ -114,6 +118,8 @@ def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
         "EinsumDense": _einsum_keeps_batch,
         "MultiHeadAttention": _attention_keeps_batch,
         **dict.fromkeys("LSTM GRU SimpleRNN LSTMCell GRUCell SimpleRNNCell".split(), _no_dropout),
+        # Scores of one example's queries against its own keys; dropout on them draws row by row.
+        **dict.fromkeys("Attention AdditiveAttention".split(), _no_dropout),
     }
     known = {getattr(keras.layers, name): None for name in unconditional if hasattr(keras.layers, name)}
     known.update({getattr(keras.layers, n): test for n, test in conditional.items() if hasattr(keras.layers, n)})
@@ -129,12 +135,40 @@ for _class, _condition in _known_classes().items():
 _ELEMENTWISE = frozenset(
     """Add Subtract Multiply Divide TrueDivide Power Maximum Minimum Negative Abs Absolute Exp Expm1 Log Log1p Sqrt
     Square Reciprocal Sign Floor Ceil Sin Cos Tanh Sigmoid Relu Relu6 Elu Selu Gelu Silu Swish Softplus Softsign
-    LeakyRelu HardSigmoid Cast
+    LeakyRelu HardSigmoid Cast Equal NotEqual Greater GreaterEqual Less LessEqual LogicalAnd LogicalOr LogicalNot
     __operators__.add math.add math.add_n math.subtract math.multiply math.truediv math.divide math.pow
     math.maximum math.minimum math.negative math.abs math.exp math.expm1 math.log math.log1p math.sqrt math.square
     math.reciprocal math.sign math.floor math.ceil math.sin math.cos math.tanh math.sigmoid math.softplus nn.relu
-    nn.relu6 nn.elu nn.selu nn.gelu nn.silu nn.swish nn.softplus nn.leaky_relu cast""".split()
+    nn.relu6 nn.elu nn.selu nn.gelu nn.silu nn.swish nn.softplus nn.leaky_relu cast math.equal
+    math.not_equal math.greater math.greater_equal math.less math.less_equal math.logical_and math.logical_or
+    math.logical_not""".split()
 )
+_SLICES = frozenset(["GetItem", "__operators__.getitem"])  # Keras 3 op class, Keras 2 SlicingOpLambda symbol
+
+
+def _known_slice(name: str | None, node_owner: Any) -> bool:
+    """``h[key]`` whose every call keeps the batch axis whole: a static key tuple starting with ``:`` (``h[:, 0]``,
+    ``h[:, 1:, ::2]``); a key of tensors (a gather across rows) or one indexing the batch axis is not known."""
+    if name not in _SLICES:
+        return False
+    calls = keras_compat.call_arguments(node_owner)
+    return bool(calls) and all(len(args) == 2 and _keeps_batch_axis(args[1]) for args, _ in calls)
+
+
+def _keeps_batch_axis(key: Any) -> bool:
+    """A key tuple whose first part is ``:`` and every other an int, None, ``...`` or a slice of ints (Keras 2
+    records a slice as a dict of start, stop and step)."""
+
+    def bounds(part):
+        return list(part.values()) if isinstance(part, dict) else [part.start, part.stop, part.step]
+
+    if not isinstance(key, tuple) or not key or not isinstance(key[0], (slice, dict)) or bounds(key[0]) != [None] * 3:
+        return False
+    scalar = lambda value: value is None or isinstance(value, (int, np.integer))  # noqa: E731
+    return all(
+        part is Ellipsis or (all(map(scalar, bounds(part))) if isinstance(part, (slice, dict)) else scalar(part))
+        for part in key[1:]
+    )
 
 
 def _arguments(node_owner: Any) -> tuple[list, list]:

@@ -10,7 +10,8 @@ example alone (and wires its sublayers, each tapped by its own rule): the known 
 returns the layer's ``call`` for the tapped pass (the same output from ``tap.guard(inputs)`` and
 ``tap.weight(variable)``, with one ``tap.record(inputs, preactivation)``); ``norms_and_sums(tap, g)`` returns one
 `GhostGradient` per variable, from the building blocks in `norms`. Built in: `dense`, `conv2d`, `recurrent`,
-`einsum_dense` (also inside MultiHeadAttention), `normalization`; Keras 3's LoRA Dense, EinsumDense and Embedding
+`einsum_dense` (also inside MultiHeadAttention), `normalization` (RMSNormalization too); Keras 3's LoRA Dense,
+EinsumDense and Embedding
 (`lora`: the adapters, not the frozen kernel); not quantized layers. Rules
 apply to exactly their class; a model with a trainable variable no rule covers takes the vectorized path.
 
@@ -172,3 +173,10 @@ for _class, _call, _norms_and_sums, _supports in (
     ),
 ):
     register_layer_rule(_class, **lora.with_lora(_class, _call, _norms_and_sums, _built_in(_supports)))
+if hasattr(keras.layers, "RMSNormalization"):  # Keras 3.9 and later
+    register_layer_rule(
+        keras.layers.RMSNormalization,
+        call=normalization.rms_norm_call,
+        norms_and_sums=normalization.norms_and_sums,
+        supports=_built_in(normalization.layer_norm_supports),
+    )

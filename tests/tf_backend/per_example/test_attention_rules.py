@@ -41,12 +41,16 @@ def einsum() -> keras.Model:
 
 
 def layer_norm() -> keras.Model:
-    """LayerNormalization over the features, over (positions, features) without offset, and (Keras 3) RMS-scaled."""
+    """LayerNormalization over the features, over (positions, features) without offset, and (Keras 3) RMS-scaled;
+    RMSNormalization over the features and over (positions, features)."""
     inputs = L.Input((5, 4))
     hidden = L.LayerNormalization()(L.Dense(4)(inputs))
     hidden = L.LayerNormalization(axis=[1, 2], center=False)(L.Dense(4, activation="tanh")(hidden))
     if keras_compat.KERAS_MAJOR_VERSION == 3:
         hidden = L.LayerNormalization(rms_scaling=True)(L.Dense(4)(hidden))
+    if hasattr(L, "RMSNormalization"):  # Keras 3.9 and later
+        hidden = L.RMSNormalization()(L.Dense(4)(hidden))
+        hidden = L.RMSNormalization(axis=[1, 2])(L.Dense(4, activation="relu")(hidden))
     return keras.Model(inputs, L.Dense(3)(L.Flatten()(hidden)))
 
 
@@ -76,8 +80,19 @@ def transformer() -> keras.Model:
     return keras.Model(inputs, L.Dense(3)(L.GlobalAveragePooling1D()(h)))
 
 
+def padded_cls() -> keras.Model:
+    """Padding (id 0) masked by the Embedding's ``mask_zero`` through attention (a comparison op makes the mask), a
+    pre-norm block, and a classifier on the first position (a slice ``h[:, 0]``): known to act per example."""
+    inputs = L.Input((6,), dtype="int32")
+    h = L.Embedding(11, 8, mask_zero=True)(inputs)
+    a = L.LayerNormalization()(h)
+    h = L.Add()([h, L.MultiHeadAttention(2, 4)(a, a)])
+    return keras.Model(inputs, L.Dense(3)(L.Dense(8, activation="gelu")(h[:, 0])))
+
+
 MODELS = {
     "einsum": einsum,
+    "padded_cls": padded_cls,
     "group_norm": group_norm,
     "layer_norm": layer_norm,
     "time_distributed_norm": time_distributed_norm,

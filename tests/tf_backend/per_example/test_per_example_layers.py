@@ -31,12 +31,24 @@ if KERAS_3:
         return ops.mean(h, axis=0)
 
     relu = ops.relu
+
+    def positive(h):
+        return ops.cast(h > 0, "float32")
 else:
 
     def batch_mean(h):
         return tf.reduce_mean(h, axis=0)
 
     relu = tf.nn.relu
+
+    def positive(h):
+        return tf.cast(h > 0, tf.float32)
+
+
+def attend(attention: keras.layers.Layer, h):
+    """``attention`` of 3 positions of 2 features on themselves, flattened."""
+    sequence = keras.layers.Reshape((3, 2))(h)
+    return keras.layers.Flatten()(attention([sequence, sequence]))
 
 
 def functional(middle) -> keras.Model:
@@ -104,11 +116,16 @@ class Subclassed(keras.Model):
     [
         (lambda h: relu(h) * 2.0 + h - 1.0, None),  # Elementwise ops.
         (lambda h: h - batch_mean(h), "mean"),  # Reads across the batch.
+        (lambda h: h[:, 1:5] * positive(h[:, 0:4]) + h[:, 0, None], None),  # Slices keeping the batch; comparison.
+        (lambda h: h - h[0], "getitem"),  # Reads example 0.
+        (lambda h: h + h[1:2, :], "getitem"),  # Slices the batch axis.
         (lambda h: h * np.ones((3, 6), np.float32), "multiply"),  # A constant with rows of its own.
         (lambda h: keras.layers.Softmax(axis=0)(h), "softmax"),
         (lambda h: keras.layers.Concatenate(axis=0)([h, h]), "concatenate"),
         (lambda h: keras.layers.LayerNormalization()(keras.layers.Dropout(0.5)(h)), None),
         (lambda h: keras.layers.GaussianNoise(0.1)(h), "gaussian_noise"),  # Draws row by row.
+        (lambda h: attend(keras.layers.Attention(), h), None),  # Within one example.
+        (lambda h: attend(keras.layers.AdditiveAttention(dropout=0.5), h), "additive_attention"),  # Row by row.
     ],
 )
 def test_ops_and_layer_configurations(middle, unknown):
@@ -116,7 +133,7 @@ def test_ops_and_layer_configurations(middle, unknown):
     if unknown is None:
         assert found is None
     else:
-        assert found is not None and unknown in found.lower().replace("tf.math.", "")
+        assert found is not None and unknown in found.lower().replace("tf.math.", "").replace("get_item", "getitem")
 
 
 def test_a_subclassed_model_with_its_own_call_is_unknown():
