@@ -78,34 +78,41 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     g = norms.flatten_positions(g, tap.rows)
     if norms.in_xla():
         return [_embedding_under_xla(tap, g)]
-    rows = tf.reshape(g, [-1, g.shape[-1]])
-    ids = tf.reshape(tf.cast(tap.inputs, tf.int64), [batch, -1])
-    examples = tf.reshape(tf.broadcast_to(tf.range(tf.shape(ids, out_type=tf.int64)[0])[:, None], tf.shape(ids)), [-1])
-    ids = tf.reshape(ids, [-1])
+    ids = tf.reshape(tap.inputs, [-1])
     kept = (ids >= 0) & (ids < layer.input_dim)
+    ids = tf.where(kept, ids, tf.zeros([], ids.dtype))
+    rows = tf.reshape(g, [-1, g.shape[-1]])
     if g.shape[1] == 1:
         squared = norms.squared_norms(g, [1, 2])
+        rows, ids, examples = tf.where(kept[:, None], rows, tf.zeros([], rows.dtype)), tf.cast(ids, tf.int64), None
     else:
-        rows, ids, examples = _rows_per_pair(rows, tf.where(kept, ids, tf.zeros([], tf.int64)), examples, kept, layer)
-        squared = tf.math.unsorted_segment_sum(norms.squared_norms(rows, 1), examples, batch)
-        kept = tf.ones_like(examples, tf.bool)
+        rows, ids, examples = _rows_per_pair(rows, ids, kept, batch, layer.input_dim)
+        squared = _per_example_sums(norms.squared_norms(rows, 1), examples, batch)
 
     def clipped_sum(f):
-        factors = tf.gather(f, examples)
-        return norms.rows_by_index(rows, ids, factors, layer.input_dim, kept & (factors > 0))
+        factors = f if examples is None else tf.gather(f, examples)
+        return norms.rows_by_index(ops.kept_rows(rows, factors), ids, factors, layer.input_dim)
 
     return [GhostGradient(layer.embeddings, squared, clipped_sum)]
 
 
-def _rows_per_pair(rows: tf.Tensor, ids: tf.Tensor, examples: tf.Tensor, kept: tf.Tensor, layer) -> tuple:
-    """``(rows, ids, examples)`` of the distinct (example, id) pairs: each pair's row the sum of its ``rows`` [B T,
-    d] (those not ``kept`` count 0). The pairs numbered by `tf.unique` (a hash, O(B T)) in order of first appearance,
-    so example-major; their rows summed by `norms.rows_by_index`: no [B, T, T] Gram matrix, no [V, d] table per
-    example."""
-    vocabulary = layer.input_dim
-    unique_pairs, pair_index = tf.unique(examples * vocabulary + ids, out_idx=tf.int64)
+def _rows_per_pair(rows: tf.Tensor, ids: tf.Tensor, kept: tf.Tensor, batch: tf.Tensor, vocabulary: int) -> tuple:
+    """``(rows, ids, examples)`` of the distinct (example, id) pairs of the B T ``ids`` (in the table): each pair's
+    row the sum of its ``rows`` [B T, d] (those not ``kept`` count 0). The pairs numbered by `tf.unique` of the keys
+    b V + id (a hash, O(B T); int32 keys were no faster) in order of first appearance, so example-major (``examples``
+    sorted); their rows summed by `norms.rows_by_index`: no [B, T, T] Gram matrix, no [V, d] table per example."""
+    examples = tf.range(tf.cast(batch, tf.int64))[:, None]
+    keys = tf.reshape(examples * vocabulary + tf.reshape(tf.cast(ids, tf.int64), [batch, -1]), [-1])
+    unique_pairs, pair_index = tf.unique(keys, out_idx=tf.int64)
     pair_rows = norms.rows_by_index(rows, pair_index, tf.cast(kept, rows.dtype), tf.shape(unique_pairs)[0])
     return pair_rows, unique_pairs % vocabulary, unique_pairs // vocabulary
+
+
+def _per_example_sums(values: tf.Tensor, examples: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
+    """[B]: the sum of ``values`` over each example's pairs, ``examples`` sorted (one pass, `tf.math.segment_sum`);
+    0 for examples without pairs at the end (a batch of empty sequences)."""
+    sums = tf.math.segment_sum(values, examples)
+    return tf.pad(sums, [[0, tf.cast(batch, tf.int32) - tf.shape(sums)[0]]])
 
 
 def _embedding_under_xla(tap: Tap, g: tf.Tensor) -> GhostGradient:

@@ -29,21 +29,15 @@ def squared_norms(tensor: tf.Tensor, axis: int | list[int]) -> tf.Tensor:
     return tf.square(tf.math.reduce_euclidean_norm(tensor, axis=axis))
 
 
-def rows_by_index(
-    rows: tf.Tensor, index: tf.Tensor, weights: tf.Tensor, num_rows: tf.Tensor | int, kept: tf.Tensor | None = None
-) -> tf.Tensor:
+def rows_by_index(rows: tf.Tensor, index: tf.Tensor, weights: tf.Tensor, num_rows: tf.Tensor | int) -> tf.Tensor:
     """[num_rows, d]: row j = sum of ``weights[n] rows[n]`` over the ``rows`` [N, d] whose ``index`` [N] (int64, in
-    [0, num_rows)) is j; a row where ``kept`` [N] (bool; default all) is False adds exactly nothing (left out, not
-    multiplied: 0 x inf is NaN). A sparse matrix of the weights times ``rows`` (`tf.sparse.sparse_dense_matmul`: one
-    pass, on CPU ~3x faster than ``tensor_scatter_nd_add`` and ~7x faster than ``unsorted_segment_sum``, which scans
-    all rows once per thread, at an embedding's B x T rows; docs/performance.md). The products ``weights[n]
-    rows[n]`` are those of ``ops.scaled_rows``. Not under XLA, which has no kernel for it."""
-    weights = tf.cast(weights, rows.dtype)
+    [0, num_rows)) is j. A sparse matrix of the weights times ``rows`` (`tf.sparse.sparse_dense_matmul`: one pass, on
+    CPU ~3x faster than ``tensor_scatter_nd_add`` and ~7x faster than ``unsorted_segment_sum``, which scans all rows
+    once per thread, at an embedding's B x T rows; docs/performance.md). A weight 0 times a row that is not finite is
+    NaN: zero such rows first (``ops.kept_rows``). Not under XLA, which has no kernel for it."""
     entries = tf.stack([index, tf.range(tf.shape(index, out_type=tf.int64)[0], dtype=tf.int64)], axis=1)
-    if kept is not None:
-        entries, weights = tf.boolean_mask(entries, kept), tf.boolean_mask(weights, kept)
     shape = tf.stack([tf.cast(num_rows, tf.int64), tf.shape(rows, out_type=tf.int64)[0]])
-    return tf.sparse.sparse_dense_matmul(tf.SparseTensor(entries, weights, shape), rows)
+    return tf.sparse.sparse_dense_matmul(tf.SparseTensor(entries, tf.cast(weights, rows.dtype), shape), rows)
 
 
 def flatten_positions(tensor: tf.Tensor, rows: Rows) -> tf.Tensor:
