@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from scipy import stats
 
 from keras_dyndp.tf_backend import ops
 
@@ -75,6 +76,46 @@ def test_noise_comes_from_the_generator_alone_and_advances_it():
     tf.keras.utils.set_random_seed(0)
     other = ops.add_gaussian_noise([tf.zeros([1000])], 1.0, generator=tf.random.Generator.from_seed(8))
     assert abs(np.corrcoef(draws[0][0], other[0].numpy())[0, 1]) < 0.15
+
+
+def test_standard_normals_are_standard_normal():
+    """Box-Muller on the generator's uniforms: N(0, 1) by a Kolmogorov-Smirnov test and the 3-sigma tail mass, an odd
+    count (the last pair's second normal dropped), no value beyond sqrt(2 log 2^23) (the 23-bit uniforms' limit)."""
+    draws = ops.standard_normals(tf.random.Generator.from_seed(3), tf.TensorShape([400_001]), None).numpy()
+    assert draws.shape == (400_001,) and draws.dtype == np.float32
+    assert stats.kstest(draws, "norm").pvalue > 1e-3
+    assert np.mean(np.abs(draws) > 3) == pytest.approx(2 * stats.norm.sf(3), rel=0.1)
+    assert np.max(np.abs(draws)) <= np.sqrt(2 * 23 * np.log(2)) + 1e-5
+    assert abs(np.corrcoef(draws[:200_000], draws[200_000:400_000])[0, 1]) < 0.01  # the pairs' two halves
+
+
+@pytest.mark.parametrize("shape", [[], [0, 3], [3, 5], [2, 1, 4]])
+def test_normals_take_each_tensors_shape_static_or_not(shape):
+    generator = tf.random.Generator.from_seed(4)
+    (static,) = ops.OPS.normals(generator, [tf.zeros(shape)])
+    assert static.shape == shape
+    dynamic = tf.function(lambda t: ops.OPS.normals(generator, [t])[0], input_signature=[tf.TensorSpec(None)])
+    assert dynamic(tf.zeros(shape)).shape == shape
+
+
+def test_a_static_shape_draws_the_noise_without_waiting_for_the_tensor():
+    """The draw does not depend on the tensor noised, so TensorFlow's executor may run it alongside the computation
+    of the clipped sums."""
+    generator = tf.random.Generator.from_seed(5)
+    graph = (
+        tf.function(lambda t: ops.OPS.normals(generator, [t * 2.0])[0])
+        .get_concrete_function(tf.TensorSpec([3, 4]))
+        .graph
+    )
+    (placeholder,) = graph.inputs[:1]
+    ancestors, frontier = set(), [graph.outputs[0].op]
+    while frontier:
+        op = frontier.pop()
+        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+            if parent not in ancestors:
+                ancestors.add(parent)
+                frontier.append(parent)
+    assert placeholder.op not in ancestors
 
 
 def test_clip_factors_are_zero_safe_and_zero_at_zero_clip():

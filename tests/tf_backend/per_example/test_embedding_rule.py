@@ -129,3 +129,36 @@ def test_per_example_norms_with_unknown_batch_and_length():
     expected_sums, expected_norms = clipped(gradients, norms, clip_norm)
     assert_close(ghost_norms, expected_norms)
     assert_close(table, expected_sums[0])  # the output bias's sum nearly cancels: float32 noise beyond 1e-5
+
+
+def test_a_batch_of_empty_sequences_has_zero_norms_and_adds_nothing():
+    """T = 0 positions, unknown while tracing: every example's norm is 0 (one per example, none dropped by the
+    per-pair sums) and the clipped sum is the zero table."""
+    layer = L.Embedding(4, 2)
+    layer.build((None, None))
+
+    @tf.function(input_signature=[tf.TensorSpec([3, None], tf.int32), tf.TensorSpec([3, None, 2], tf.float32)])
+    def rule(ids, g):
+        tap = types.SimpleNamespace(layer=layer, rows=types.SimpleNamespace(batch=tf.shape(ids)[0], fold=1), inputs=ids)
+        (gradient,) = dense.embedding_norms_and_sums(tap, g)
+        return gradient.squared_norms, gradient.clipped_sum(tf.ones([3]))
+
+    squared, total = rule(tf.zeros([3, 0], tf.int32), tf.zeros([3, 0, 2]))
+    np.testing.assert_array_equal(squared.numpy(), np.zeros(3))
+    np.testing.assert_array_equal(total.numpy(), np.zeros((4, 2)))
+
+
+@pytest.mark.parametrize("shape", [(5, 12), (200, 300), (37, 500)])
+@pytest.mark.parametrize("static", [True, False])
+def test_pairs_hashed_in_chunks_are_numbered_as_by_one_unique(shape, static):
+    """Chunks of whole examples (8 while the shape is unknown, some empty for 5 examples; 7 of uneven size for 200 x
+    300; 2 for 37 x 500) give the pairs and indices of one `tf.unique` of all the keys, duplicates within an example
+    included."""
+    vocabulary = 20
+    ids = np.random.default_rng(0).integers(0, vocabulary, shape)
+    keys = tf.constant(np.arange(shape[0])[:, None] * vocabulary + ids, tf.int64)
+    signature = [tf.TensorSpec(shape if static else [None, None], tf.int64)]
+    pairs, index = tf.function(dense._unique_pairs, input_signature=signature)(keys)
+    expected_pairs, expected_index = tf.unique(tf.reshape(keys, [-1]))
+    np.testing.assert_array_equal(pairs.numpy(), expected_pairs.numpy())
+    np.testing.assert_array_equal(index.numpy(), expected_index.numpy())
