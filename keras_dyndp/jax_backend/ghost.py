@@ -9,9 +9,9 @@ sum_i f_i G_i is the materialised G_i's weighted sum where they are kept, else t
 gradients f_i g_i (one ``jax.vjp`` on the batch, book-keeping, Bu et al. 2023: no second backward pass). The TensorFlow
 rules' math (`keras_dyndp.tf_backend.per_example.rules`); check a new rule against the vmap path. An EinsumDense
 (also MultiHeadAttention's projections, `taps`) is a Dense over positions after a transpose
-(`keras_dyndp.einsum_equation`; equations that mix examples keep the vmap path). A layer
-normalisation's scale and offset (LayerNormalization, GroupNormalization) have per-example gradients
-sum_t x_hat_t g_t and sum_t g_t (x_hat the normalised input): small, they are materialised.
+(`keras_dyndp.einsum_equation`; equations that mix examples keep the vmap path). A layer normalisation's scale and
+offset (LayerNormalization, GroupNormalization, RMSNormalization) have per-example gradients sum_t x_hat_t g_t and
+sum_t g_t (x_hat the normalised input): small, they are materialised.
 
 `RULES` is the registry (exactly one class per rule, as on TensorFlow), `PER_EXAMPLE` the classes declared to act per
 example and only wire their sublayers (their sublayers' rules apply, `taps`). Both are filled by `register_layer_rule`,
@@ -294,19 +294,24 @@ def _norm_variables(layer) -> list:
     return [variable for variable in (layer.gamma, layer.beta) if variable is not None]
 
 
-def _norm_norms_and_sums(layer, a, g):
-    """Per-example gradients [B, ...] of the layer's scale and offset (x_hat g and g summed over positions) from the
-    vjp of its own call on each example: exact for any axis, epsilon and groups. The call is affine in them: zeros
-    stand in for their values. Small: materialised."""
-    values = [jnp.zeros(variable.shape, variable.dtype) for variable in _norm_variables(layer)]
+def _affine_norms_and_sums(variables: Callable[[keras.layers.Layer], list]) -> Callable:
+    """The rule of a normalisation layer whose call is affine in ``variables(layer)`` (its only trainable ones):
+    per-example gradients [B, ...] of its scale and offset (x_hat g and g summed over positions) from the vjp of its
+    own call on each example, exact for any axis, epsilon and groups; zeros stand in for their values. Small:
+    materialised."""
 
-    def example(a_i, g_i):
-        outputs, vjp = jax.vjp(lambda values: layer.stateless_call(values, [], a_i)[0], values)
-        return [grad.astype(jnp.float32) for grad in vjp(g_i.astype(outputs.dtype))[0]]
+    def norms_and_sums(layer, a, g):
+        values = [jnp.zeros(variable.shape, variable.dtype) for variable in variables(layer)]
 
-    grads = jax.vmap(example)(a, g)
-    squared = sum(jnp.sum(grad.reshape(a.shape[0], -1) ** 2, axis=1) for grad in grads)
-    return squared, lambda f: [ops.weighted_sum(f, grad) for grad in grads]
+        def example(a_i, g_i):
+            outputs, vjp = jax.vjp(lambda values: layer.stateless_call(values, [], a_i)[0], values)
+            return [grad.astype(jnp.float32) for grad in vjp(g_i.astype(outputs.dtype))[0]]
+
+        grads = jax.vmap(example)(a, g)
+        squared = sum(jnp.sum(grad.reshape(a.shape[0], -1) ** 2, axis=1) for grad in grads)
+        return squared, lambda f: [ops.weighted_sum(f, grad) for grad in grads]
+
+    return norms_and_sums
 
 
 def _plain(layer) -> bool:
@@ -322,7 +327,7 @@ _CONV = LayerRule(
     _bilinear(lambda layer, a, k: layer.convolution_op(a, k), _conv_inputs, whole_by_vjp=True),
     lambda layer: _channels_last(layer) and layer.groups == 1,
 )
-_NORM = LayerRule(_norm_variables, _norm_norms_and_sums)
+_NORM = LayerRule(_norm_variables, _affine_norms_and_sums(_norm_variables))
 DENSE_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a)))
 RULES: dict[type, LayerRule] = {
     keras.layers.Dense: LayerRule(lambda layer: [layer.kernel], DENSE_NORMS_AND_SUMS, _plain),
@@ -334,6 +339,10 @@ RULES: dict[type, LayerRule] = {
     keras.layers.LayerNormalization: _NORM,
     keras.layers.GroupNormalization: _NORM,
 }
+if hasattr(keras.layers, "RMSNormalization"):  # Keras 3.9 and later: x / rms(x) times its scale, no offset
+    RULES[keras.layers.RMSNormalization] = LayerRule(
+        lambda layer: [layer.scale], _affine_norms_and_sums(lambda layer: [layer.scale])
+    )
 
 
 PER_EXAMPLE: dict[type, Callable[[keras.layers.Layer], bool] | None] = {

@@ -37,6 +37,8 @@ LAYERS = [  # (layer, one example's rows and shape)
     (lambda: keras.layers.LayerNormalization(axis=[-1, 1]), (1, 3, 2, 4)),  # gamma [4, 3] on axes (1, 3)
     (lambda: keras.layers.GroupNormalization(2, epsilon=0.1), (2, 5, 5, 6)),
     (lambda: keras.layers.GroupNormalization(-1, axis=1), (1, 4, 3)),  # channels first, one group per channel
+    (lambda: keras.layers.RMSNormalization(epsilon=0.1), (2, 3, 4)),
+    (lambda: keras.layers.RMSNormalization(axis=[1, 2]), (1, 3, 4)),  # scale [3, 4] over positions and features
     (lambda: keras.layers.EinsumDense("abc,cd->abd", (5, 3), bias_axes="d"), (1, 5, 4)),  # materialised
     (lambda: keras.layers.EinsumDense("abc,cde->abde", (5, 2, 3)), (1, 5, 4)),  # attention's query projection
     (lambda: keras.layers.EinsumDense("abcd,cde->abe", (5, 4)), (2, 5, 2, 3)),  # its output projection; 2 rows
