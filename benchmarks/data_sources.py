@@ -7,6 +7,10 @@ on (set KERAS_BACKEND=jax for JAX) from:
 - ``python source``: a random-access source in Python (``__len__``, ``__getitem__`` doing one ``os.pread`` of a row
   and returning ``(x, y)``), with a per-example ``map`` that scales the image to float32 in [0, 1];
 - ``python source + __getitems__``: the same with ``__getitems__`` (one call per batch).
+Both Python sources read with ``os.pread`` (positional, no shared file offset), so they are declared safe for 8
+threads (``source_threads=8``) and read as tfds's sources are; ``python source, undeclared`` is the first without the
+declaration, called by one thread at a time (`keras_dyndp.sources.source_guard`), the default for a source
+``poisson_batches`` does not know.
 The sampler alone (`keras_dyndp.sources.draw`) is timed at each N; "one batch" is a batch drawn and read in the
 calling thread (its latency), "in the pipeline" the time per batch the backend's input pipeline delivers (TensorFlow:
 parallel calls and prefetch; JAX: 2 reader threads). Resident memory: RSS (``/proc/self/statm``) after 40 batches
@@ -60,7 +64,8 @@ def reading(previous: bool):
         yield
         return
     parts, fetcher = sources._parts, sources._tfds_fetcher
-    sources._parts, sources._tfds_fetcher = (lambda num_rows: [np.arange(num_rows)]), (lambda source: None)
+    sources._parts = lambda num_rows, threads=1: [np.arange(num_rows)]
+    sources._tfds_fetcher = lambda source, guard: None
     try:
         yield
     finally:
@@ -133,7 +138,8 @@ def time_one_batch(data: dict, repeats: int = 40) -> float:
     """ms to draw and read one batch in the calling thread (no pipeline, no prefetch): a batch's latency."""
     num_examples = len(data["x"])
     with reading(data.get("previous", False)):
-        rows = sources.rows(data["x"], data.get("y"), None, data.get("map"), lambda *arrays: num_examples)
+        check = lambda *arrays: num_examples  # noqa: E731
+        rows = sources.rows(data["x"], data.get("y"), None, data.get("map"), check, data.get("source_threads"))
         rng = np.random.default_rng(0)
         start = time.perf_counter()
         for _ in range(repeats):
@@ -327,10 +333,12 @@ def inputs(path: str, num_examples: int, offset: int, before: bool) -> dict:
     """``poisson_batches``' data arguments for the file at ``path``: as a memmap and as two Python sources (with
     ``before``, also the Python sources read as before: one call per batch, in one thread)."""
     scale = lambda element: (element[0].astype(np.float32) / 255, np.int32(element[1]))  # noqa: E731
+    safe = {"map": scale, "source_threads": 8}  # os.pread: positional reads, safe from any number of threads
     data = {
         "memmap": {"x": np.load(path, mmap_mode="r"), "y": np.arange(num_examples, dtype=np.int32) % 10},
-        "python source": {"x": PreadSource(path, num_examples, offset), "map": scale},
-        "python source + __getitems__": {"x": BatchedPreadSource(path, num_examples, offset), "map": scale},
+        "python source": {"x": PreadSource(path, num_examples, offset), **safe},
+        "python source, undeclared": {"x": PreadSource(path, num_examples, offset), "map": scale},
+        "python source + __getitems__": {"x": BatchedPreadSource(path, num_examples, offset), **safe},
     }
     if before:
         data["python source, read as before"] = {**data["python source"], "previous": True}

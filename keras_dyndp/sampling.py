@@ -90,6 +90,7 @@ def poisson_batches(
     num_examples: int | None = None,
     map: Callable[[Any], Any] | None = None,
     start_step: int = 0,
+    source_threads: int | None = None,
 ) -> Any:
     """Poisson-sampled, padded batches ``(x, y, sample_weight)`` for ``model.fit`` (module docstring); pass them
     unchanged: the DP optimizers check that they sample at the schedule's p.
@@ -119,6 +120,13 @@ def poisson_batches(
             With an integer seed a run resumed at step k passes ``start_step=k``: its batches are drawn from (seed, k),
             independent of the resumed run's; ``fit`` refuses another ``start_step`` once the optimizer has taken
             steps, unless it trained on these very batches. Ignored with ``seed=None``.
+        source_threads: how many threads may call a random-access source ``x`` at once (within a batch and across
+            the batches read ahead). None (default): the package decides: tfds's data sources and
+            ``ArrayRecordDataSource`` are read by several threads, any other source by one at a time (a lock per
+            source object around every ``x[i]`` and ``x.__getitems__`` call: a source that seeks and reads a shared
+            file would otherwise mix examples up, one example feeding two rows). An integer n >= 1: you declare ``x``
+            safe to call from n threads at once (positional reads such as ``os.pread``, a connection per thread);
+            1 reads one call at a time. Only for a random-access ``x``.
 
     Returns:
         TensorFlow: a finite ``tf.data.Dataset`` of ``steps_per_epoch`` batches; JAX: a ``keras.utils.PyDataset``.
@@ -127,8 +135,10 @@ def poisson_batches(
         sampling_probability, steps_per_epoch, max_batch_size, pad_to_multiple, overflow, seed, start_step
     )
     num_examples = None if num_examples is None else validation.check_positive_int("num_examples", num_examples)
+    source_threads = validation.check_int("source_threads", source_threads, 1, none_means="the package decides")
     data = importlib.import_module(f"keras_dyndp.{'jax' if backend.keras_backend() == 'jax' else 'tf'}_backend.data")
-    on_demand = sources.rows(x, y, sample_weight, map, lambda *arrays: check_rows(*arrays, num_examples))
+    check = lambda *arrays: check_rows(*arrays, num_examples)  # noqa: E731
+    on_demand = sources.rows(x, y, sample_weight, map, check, source_threads)
     if on_demand is not None:
         if num_examples is not None and on_demand.num_examples != num_examples:
             raise ValueError(

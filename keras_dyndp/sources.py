@@ -13,12 +13,16 @@ number selected k ~ Binomial(N, p), then a uniformly random k-subset (numpy's ``
 replace=False)``, O(k) for k << N; `draw`), so a step costs O(k), not O(N). The indices are read in increasing order
 (locality) and padded as the in-memory batches are (`Rows.batch`). A batch's reads overlap where that pays: a memmap's
 rows and the examples of a source without ``__getitems__`` are read by several threads (`_pread_rows`,
-`_chunked_fetcher`), and a ``tfds.data_source`` has its records parsed a batch at a time (`_tfds_fetcher`).
+`_chunked_fetcher`), and a ``tfds.data_source`` has its records parsed a batch at a time (`_tfds_fetcher`). A source is
+called from several threads at once only if it is `known_thread_safe` or declared so (``source_threads``); any other
+is called one call at a time (`source_guard`): a source that seeks and reads a shared file, called from two threads,
+returns one example's bytes for another's index, and that example counts twice in the batch.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import mmap
 import os
 import sys
@@ -140,10 +144,15 @@ def _examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.nda
     return x, y, np.asarray(weights, np.float32).reshape(len(elements))
 
 
-def source_rows(source: Any, map_fn: Callable | None) -> Rows:
+def source_rows(source: Any, map_fn: Callable | None, threads: int | None = None) -> Rows:
     """`Rows` of a random-access source: its elements fetched (`_tfds_fetcher`, else `_chunked_fetcher`), then
-    ``map_fn``."""
-    fetch = _tfds_fetcher(source) or _chunked_fetcher(source)
+    ``map_fn``. ``threads`` (`keras_dyndp.poisson_batches`' ``source_threads``): at most this many calls of the
+    source at once, across batches too (`source_guard`); None: unlimited for the sources `known_thread_safe`, one
+    at a time for any other."""
+    if threads is None and not known_thread_safe(source):
+        threads = 1
+    guard = contextlib.nullcontext() if threads is None else source_guard(source, threads)
+    fetch = _tfds_fetcher(source, guard) or _chunked_fetcher(source, threads or _READ_THREADS, guard)
 
     def read(indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
         return _examples(fetch([int(index) for index in indices]), map_fn)
@@ -151,21 +160,60 @@ def source_rows(source: Any, map_fn: Callable | None) -> Rows:
     return Rows(len(source), read)
 
 
-def _chunked_fetcher(source: Any) -> Callable[[list[int]], list]:
-    """``positions -> elements``: one ``source.__getitems__`` call when the source has one (it reads a batch as it
-    knows best: ArrayRecord's reads are parallel in C++ already, and split across threads they cost 3x the CPU);
-    else ``source[i]`` per example, a batch of 64 or more in chunks of increasing positions read by up to 8 threads
-    at once (`_parts`), so that file reads (which release the GIL) overlap: cold reads wait for the disk once per
-    chunk rather than once per example."""
+def known_thread_safe(source: Any) -> bool:
+    """Whether ``source`` is one of the sources known to be safe to call from several threads at once: tfds's data
+    sources and ``ArrayRecordDataSource`` (grain's or array_record's; their reads are positional, in C++)."""
+    cls = type(source)
+    root = cls.__module__.split(".")[0]
+    array_record = root in ("grain", "array_record") and cls.__name__ == "ArrayRecordDataSource"
+    return root == "tensorflow_datasets" or array_record
+
+
+# Per (source object, limit): the lock (limit 1) or semaphore its calls hold, shared by every reader of the object.
+_guards: dict[tuple[int, int], Any] = {}
+_guards_lock = threading.Lock()
+
+
+def source_guard(source: Any, limit: int) -> Any:
+    """The context every call of ``source`` holds so that at most ``limit`` run at once: one per object, so that
+    the threads of a batch, of TensorFlow's parallel calls, of JAX's readers and of other batches of the same object
+    share it. Forgotten with the object (an object that takes no weak reference keeps its entry)."""
+    key = (id(source), limit)
+    with _guards_lock:
+        guard = _guards.get(key)
+        if guard is None:
+            guard = _guards[key] = threading.Lock() if limit == 1 else threading.BoundedSemaphore(limit)
+            try:
+                weakref.finalize(source, _guards.pop, key, None)
+            except TypeError:
+                pass
+    return guard
+
+
+def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[int]], list]:
+    """``positions -> elements``, each call of the source inside ``guard``: one ``source.__getitems__`` call when
+    the source has one (it reads a batch as it knows best: ArrayRecord's reads are parallel in C++ already, and split
+    across threads they cost 3x the CPU); else ``source[i]`` per example, a batch of 64 or more in chunks of
+    increasing positions read by up to min(``threads``, 8) threads at once (`_parts`), so that file reads (which
+    release the GIL) overlap: cold reads wait for the disk once per chunk rather than once per example."""
     get_many = getattr(source, "__getitems__", None)
     if get_many is not None:
-        return lambda positions: list(get_many(positions))
+
+        def fetch_many(positions: list[int]) -> list:
+            with guard:
+                return list(get_many(positions))
+
+        return fetch_many
 
     def get(positions: list[int]) -> list:
-        return [source[position] for position in positions]
+        elements = []
+        for position in positions:
+            with guard:
+                elements.append(source[position])
+        return elements
 
     def fetch(positions: list[int]) -> list:
-        parts = _parts(len(positions))
+        parts = _parts(len(positions), threads)
         if len(parts) == 1:
             return get(positions)
         chunks = _read_pool().map(lambda part: get(positions[part[0] : part[-1] + 1]), parts)
@@ -174,12 +222,12 @@ def _chunked_fetcher(source: Any) -> Callable[[list[int]], list]:
     return fetch
 
 
-def _tfds_fetcher(source: Any) -> Callable[[list[int]], list] | None:
+def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:
     """For a ``tfds.data_source`` of ``tf.train.Example`` records of fixed-length features (no ``decoders``, and
     TensorFlow imported): ``positions -> elements`` as the source returns them, with the records read raw and parsed
     for the whole batch by ``tf.io.parse_example`` (C++, off the GIL) instead of one by one by tfds in Python (some
     40 us an MNIST-sized example), then decoded by tfds's own ``decode_example_np``. None otherwise, or if example 0
-    so read differs from ``source[0]`` (the source is then read as any other)."""
+    so read differs from ``source[0]`` (the source is then read as any other). The record reads hold ``guard``."""
     tf = sys.modules.get("tensorflow")
     method = getattr(getattr(source, "deserialize_method", None), "name", None)
     if (
@@ -200,8 +248,10 @@ def _tfds_fetcher(source: Any) -> Callable[[list[int]], list] | None:
         return None
 
     def fetch(positions: list[int]) -> list:
+        with guard:
+            records_read = records.__getitems__(positions)
         with tf.device("/CPU:0"):
-            parsed = tf.io.parse_example(tf.constant(records.__getitems__(positions), tf.string), spec)
+            parsed = tf.io.parse_example(tf.constant(records_read, tf.string), spec)
         columns = {}
         for key, column in parsed.items():
             column = column.numpy().astype(flat_info[key].np_dtype)
@@ -259,9 +309,10 @@ _READ_THREADS, _ROWS_PER_THREAD = 8, 32
 _pool: list[concurrent.futures.ThreadPoolExecutor] = []
 
 
-def _parts(num_rows: int) -> list[np.ndarray]:
-    """The positions 0..num_rows-1 in consecutive parts of >= `_ROWS_PER_THREAD`, at most `_READ_THREADS` of them."""
-    return np.array_split(np.arange(num_rows), min(_READ_THREADS, max(1, num_rows // _ROWS_PER_THREAD)))
+def _parts(num_rows: int, threads: int = _READ_THREADS) -> list[np.ndarray]:
+    """The positions 0..num_rows-1 in consecutive parts of >= `_ROWS_PER_THREAD`, at most min(``threads``,
+    `_READ_THREADS`) of them."""
+    return np.array_split(np.arange(num_rows), min(threads, _READ_THREADS, max(1, num_rows // _ROWS_PER_THREAD)))
 
 
 def _read_pool() -> concurrent.futures.ThreadPoolExecutor:
@@ -308,10 +359,17 @@ def array_rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, num_
     return Rows(num_examples, read)
 
 
-def rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, check_rows: Callable) -> Rows | None:
+def rows(
+    x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, check_rows: Callable, threads: int | None = None
+) -> Rows | None:
     """`Rows` for data read on demand (a random-access source, lazy array-likes, or any arrays with ``map_fn``);
     None for in-memory arrays and datasets, which each backend reads as before. ``check_rows(x, y, w)`` checks the
-    arrays' rows and returns N (`keras_dyndp.sampling.check_rows`)."""
+    arrays' rows and returns N (`keras_dyndp.sampling.check_rows`); ``threads``: a source's (`source_rows`)."""
+    if threads is not None and not is_random_access(x):
+        raise ValueError(
+            "`source_threads` is for a random-access source `x` (len(x), x[i]); leave it None for arrays and "
+            f"datasets. Received: source_threads={threads} with x of type {type(x).__name__}."
+        )
     if map_fn is not None and not callable(map_fn):
         raise ValueError(f"`map` must be a function of one example. Received: {map_fn!r}.")
     if map_fn is not None and hasattr(x, "element_spec"):
@@ -330,7 +388,7 @@ def rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, check_rows
             )
         if len(x) < 1:
             raise ValueError(f"`x` must hold at least 1 example (N >= 1). Received: N={len(x)}.")
-        return source_rows(x, map_fn)
+        return source_rows(x, map_fn, threads)
     leaves = batch_sizes.leaves(x) + batch_sizes.leaves(y)
     if map_fn is None and not any(is_lazy_array(leaf) for leaf in leaves):
         return None

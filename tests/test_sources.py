@@ -2,11 +2,14 @@
 and without ``__getitems__``, a per-example ``map``) on the backend Keras runs on: Poisson batches of the same law,
 padding, refusals and size as from arrays, O(k) draws at N = 10^7, and resident memory that does not follow N."""
 
+import concurrent.futures
+import contextlib
 import importlib.resources
 import os
 import resource
 import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -216,6 +219,13 @@ def test_refusals(tmp_path):
         keras_dyndp.poisson_batches(Source(), sampling_probability=P, map=3)
     with pytest.raises(ValueError, match=r"`sampling_probability` must be in \(0, 1\]"):
         keras_dyndp.poisson_batches(Source(), sampling_probability=0.0, map=_decode)
+    for threads in (0, -1, 1.5, True, "2"):
+        with pytest.raises(
+            ValueError, match=r"`source_threads` must be None \(the package decides\) or an integer >= 1"
+        ):
+            keras_dyndp.poisson_batches(Source(), sampling_probability=P, map=_decode, source_threads=threads)
+    with pytest.raises(ValueError, match="`source_threads` is for a random-access source"):
+        keras_dyndp.poisson_batches(x, y, sampling_probability=P, source_threads=2)
 
 
 def _batches_class():
@@ -375,14 +385,14 @@ def test_a_tfds_data_source_with_a_map(tmp_path):
 
 def test_a_tfds_data_source_is_parsed_a_batch_at_a_time_into_the_elements_tfds_returns(tmp_path):
     source = _tfds_source(tmp_path)
-    fetch = sources._tfds_fetcher(source)
+    fetch = sources._tfds_fetcher(source, contextlib.nullcontext())
     assert fetch is not None  # records of fixed-length features, no decoders, TensorFlow imported
     positions = [0, 3, 17, 18, 150, N - 1]
     elements = fetch(positions)
     assert all(map(sources._same_nest, elements, source.__getitems__(positions)))
     assert isinstance(elements[1]["label"], int) and elements[1]["image"].dtype == np.float32
     source.decoders = {"image": object()}  # decoders (a tfds setting): tfds decodes
-    assert sources._tfds_fetcher(source) is None
+    assert sources._tfds_fetcher(source, contextlib.nullcontext()) is None
 
 
 def test_a_batch_of_64_or_more_is_read_in_chunks_by_several_threads_unless_the_source_reads_batches():
@@ -395,7 +405,7 @@ def test_a_batch_of_64_or_more_is_read_in_chunks_by_several_threads_unless_the_s
             return super().__getitem__(index)
 
     positions = sorted(np.random.default_rng(0).choice(N, 150, replace=False).tolist())
-    elements = sources._chunked_fetcher(Recording())(positions)
+    elements = sources._chunked_fetcher(Recording(), 8, contextlib.nullcontext())(positions)
     assert [element["label"] for element in elements] == [position + 1 for position in positions]
     assert sorted(index for _, index in reads) == positions
     threads = {thread for thread, _ in reads}
@@ -404,10 +414,10 @@ def test_a_batch_of_64_or_more_is_read_in_chunks_by_several_threads_unless_the_s
         indices = [index for reader, index in reads if reader == thread]
         assert indices == sorted(indices)
     reads.clear()
-    sources._chunked_fetcher(Recording())(positions[:63])
+    sources._chunked_fetcher(Recording(), 8, contextlib.nullcontext())(positions[:63])
     assert {thread for thread, _ in reads} == {threading.get_ident()}  # fewer than 64: no threads
     source = BatchedSource()
-    sources._chunked_fetcher(source)(positions)
+    sources._chunked_fetcher(source, 8, contextlib.nullcontext())(positions)
     assert source.calls == [positions]  # __getitems__: one call a batch
 
 
@@ -486,3 +496,79 @@ def test_rows_are_a_multiple_of_the_replicas_and_a_dataset_takes_no_map(tmp_path
     assert all(len(w) % 6 == 0 for _, _, w in _batches(batches))
     with pytest.raises(ValueError, match="map a tf.data.Dataset `x` with its own .map"):
         keras_dyndp.poisson_batches(tf.data.Dataset.from_tensor_slices((y, y)), sampling_probability=P, map=_decode)
+
+
+ROW_BYTES = 16
+
+
+class SeekReadSource:
+    """A source that is not thread-safe, as users write them: one file object, seek then read (a yield between
+    provokes the race). Row i holds i (int32, 4 times); the label is the index asked for, so a row read by a
+    concurrent seek holds another example's bytes under this example's label."""
+
+    def __init__(self, path):
+        self.file, self.num_examples = open(path, "rb"), os.path.getsize(path) // ROW_BYTES
+
+    def __len__(self):
+        return self.num_examples
+
+    def __getitem__(self, index):
+        self.file.seek(index * ROW_BYTES)
+        os.sched_yield()
+        row = self.file.read(ROW_BYTES)
+        return np.frombuffer(row, np.int32).copy(), np.int32(index)
+
+
+def _seek_read_source(tmp_path, num_examples=400):
+    path = tmp_path / "rows.bin"
+    path.write_bytes(np.repeat(np.arange(num_examples, dtype=np.int32), ROW_BYTES // 4).tobytes())
+    return SeekReadSource(str(path))
+
+
+def test_a_source_not_known_thread_safe_is_read_one_call_at_a_time_so_rows_hold_their_examples(tmp_path):
+    source = _seek_read_source(tmp_path)
+    batches = keras_dyndp.poisson_batches(source, sampling_probability=0.4, steps_per_epoch=12, seed=0)
+    for x, y, weights in _batches(batches):  # ~160 examples a batch: 8 threads a batch, and batches in parallel
+        kept = np.asarray(weights) > 0
+        x, y = np.asarray(x)[kept], np.asarray(y)[kept]
+        assert (x == y[:, None]).all()  # row i holds example i's bytes
+        assert len(np.unique(x[:, 0])) == len(x)  # no example twice
+
+
+class ConcurrencyCounter:
+    """A source that records how many of its calls ran at once at most."""
+
+    def __init__(self):
+        self.active = self.most = 0
+        self.lock = threading.Lock()
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, index):
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        time.sleep(0.0005)
+        with self.lock:
+            self.active -= 1
+        return np.float32(index), np.int32(index)
+
+
+@pytest.mark.parametrize("threads, most", [(None, 1), (1, 1), (2, 2), (8, 8)])
+def test_calls_of_a_source_hold_its_lock_or_at_most_the_declared_threads_across_batches(threads, most):
+    source = ConcurrencyCounter()
+    rows = sources.source_rows(source, None, threads)
+    indices = np.arange(150)  # 4 chunks a batch, 3 batches at once
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        for x, _, _ in pool.map(lambda _: rows.read(indices), range(3)):
+            assert (x == indices).all()
+    assert source.most <= most and (most == 1 or source.most > 1)
+
+
+def test_known_thread_safe_sources_are_tfds_and_array_record_ones():
+    assert not sources.known_thread_safe(Source()) and not sources.known_thread_safe(ConcurrencyCounter())
+    for module in ("grain._src.python.data_sources", "array_record.python.array_record_data_source"):
+        assert sources.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": module})())
+    assert sources.known_thread_safe(type("DataSource", (), {"__module__": "tensorflow_datasets.core"})())
+    assert not sources.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": "mine"})())
