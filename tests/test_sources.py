@@ -385,6 +385,7 @@ def test_a_tfds_data_source_with_a_map(tmp_path):
 
 def test_a_tfds_data_source_is_parsed_a_batch_at_a_time_into_the_elements_tfds_returns(tmp_path):
     source = _tfds_source(tmp_path)
+    assert sources.known_thread_safe(source) and sources.known_thread_safe(source.data_source)  # read in parallel
     fetch = sources._tfds_fetcher(source, contextlib.nullcontext())
     assert fetch is not None  # records of fixed-length features, no decoders, TensorFlow imported
     positions = [0, 3, 17, 18, 150, N - 1]
