@@ -3,6 +3,7 @@ stateless (the noise generator is passed in), XLA-compatible, shared by the opti
 
 from __future__ import annotations
 
+import contextlib
 import math
 import types
 from collections.abc import Sequence
@@ -84,8 +85,25 @@ def _per_row(factors: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
     return tf.reshape(factors, [-1] + [1] * (tensor.shape.rank - 1))
 
 
+_selects_skipped = False
+
+
+@contextlib.contextmanager
+def rows_without_select():
+    """While tracing inside it, `kept_rows` returns its tensor unchanged: for a caller that keeps the result only
+    where it is finite (then every row summed was finite, and a factor-0 row added 0 x row, exactly 0)."""
+    global _selects_skipped  # pylint: disable=global-statement
+    outer, _selects_skipped = _selects_skipped, True
+    try:
+        yield
+    finally:
+        _selects_skipped = outer
+
+
 def kept_rows(tensor: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
     """``tensor`` [N, ...] with exactly 0 in the rows whose factor is 0 (a select: 0 x inf and 0 x NaN are NaN)."""
+    if _selects_skipped:
+        return tensor
     return tf.where(_per_row(factors > 0, tensor), tensor, tf.zeros([], tensor.dtype))
 
 

@@ -161,3 +161,24 @@ def test_rows_that_are_not_examples_fall_back_to_the_vectorized_path(build, reas
     assert_matches(*step(x, y, tf.constant(WEIGHTS)), expected)
     with pytest.raises(ValueError, match=reason):
         per_example.clipped_gradient_sum(model, LOSS, x, y, None, 0.1, model.trainable_variables, method="ghost")
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_clipped_sums_without_selects_only_when_finite(traced):
+    """The sums are first taken without the per-row selects; a factor-0 row holding inf or NaN (0 x inf is NaN)
+    sends them to the selects, which add exactly nothing from it; finite rows give the same sums either way."""
+    from keras_dyndp.tf_backend import ops  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.tf_backend.per_example import ghost  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.tf_backend.per_example.taps import GhostGradient  # pylint: disable=import-outside-toplevel
+
+    finite = tf.constant([[1.0, 2.0], [3.0, -4.0], [0.5, 0.25]])
+    spoiled = tf.constant([[1.0, 2.0], [np.inf, np.nan], [0.5, 0.25]])
+    factors = tf.constant([1.0, 0.0, 0.5])
+
+    def sums(factors):
+        gradients = [GhostGradient(None, None, lambda f, t=t: ops.weighted_sum(f, t)) for t in (finite, spoiled)]
+        return ghost._clipped_sums(gradients, factors)  # pylint: disable=protected-access
+
+    result = tf.function(sums)(factors) if traced else sums(factors)
+    np.testing.assert_array_equal(result[0], [1.25, 2.125])
+    np.testing.assert_array_equal(result[1], [1.25, 2.125])
