@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import types
 from collections.abc import Sequence
 
@@ -85,24 +86,25 @@ def _per_row(factors: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
     return tf.reshape(factors, [-1] + [1] * (tensor.shape.rank - 1))
 
 
-_selects_skipped = False
+# Per thread: tf.distribute traces each replica's step in a thread of its own.
+_tracing = threading.local()
 
 
 @contextlib.contextmanager
 def rows_without_select():
-    """While tracing inside it, `kept_rows` returns its tensor unchanged: for a caller that keeps the result only
-    where it is finite (then every row summed was finite, and a factor-0 row added 0 x row, exactly 0)."""
-    global _selects_skipped  # pylint: disable=global-statement
-    outer, _selects_skipped = _selects_skipped, True
+    """While this thread traces inside it, `kept_rows` returns its tensor unchanged: for a caller that keeps the
+    result only where it is finite (then every row summed was finite, and a factor-0 row added 0 x row, exactly 0)."""
+    outer = getattr(_tracing, "selects_skipped", False)
+    _tracing.selects_skipped = True
     try:
         yield
     finally:
-        _selects_skipped = outer
+        _tracing.selects_skipped = outer
 
 
 def kept_rows(tensor: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
     """``tensor`` [N, ...] with exactly 0 in the rows whose factor is 0 (a select: 0 x inf and 0 x NaN are NaN)."""
-    if _selects_skipped:
+    if getattr(_tracing, "selects_skipped", False):
         return tensor
     return tf.where(_per_row(factors > 0, tensor), tensor, tf.zeros([], tensor.dtype))
 

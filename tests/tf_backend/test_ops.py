@@ -1,5 +1,7 @@
 """Tests for keras_dyndp.tf_backend.ops: vectorized per-example clipping and the Gaussian noise."""
 
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -122,3 +124,27 @@ def test_clip_factors_are_zero_safe_and_zero_at_zero_clip():
     norms = tf.constant([0.0, 0.5, 2.0])
     np.testing.assert_allclose(ops.clip_factors(norms, 1.0).numpy(), [1.0, 1.0, 0.5])
     np.testing.assert_allclose(ops.clip_factors(norms, 0.0).numpy(), [0.0, 0.0, 0.0])
+
+
+def test_rows_without_select_holds_only_in_the_thread_that_entered_it():
+    """tf.distribute traces each replica in a thread: one replica's fast clipped sums must not drop another's
+    selects."""
+    rows, factors = tf.constant([[np.nan], [2.0]]), tf.constant([0.0, 1.0])
+    entered, leave = threading.Event(), threading.Event()
+
+    def inside():
+        with ops.rows_without_select():
+            entered.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=inside)
+    thread.start()
+    try:
+        assert entered.wait(30)
+        np.testing.assert_array_equal(ops.kept_rows(rows, factors).numpy(), [[0.0], [2.0]])
+        with ops.rows_without_select():
+            assert np.isnan(ops.kept_rows(rows, factors).numpy()[0, 0])
+        np.testing.assert_array_equal(ops.kept_rows(rows, factors).numpy(), [[0.0], [2.0]])
+    finally:
+        leave.set()
+        thread.join()
