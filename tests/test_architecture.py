@@ -1,0 +1,198 @@
+"""The package's shape, as docs/architecture.md describes it, checked on the source text: no import cycle, the
+module-level imports on at most six floors, no function over 60 lines, the call stack read in `registration.py`
+only, at most eight protected-access exemptions, accountant names compared in `accounting/` only, examples that
+import only the public package, no research module over 400 lines. Reads files; imports nothing of the package."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "keras_dyndp"
+# Each of these folders counts as one unit; every other module of the package is a unit of its own.
+FOLDER_UNITS = ("tf_backend", "jax_backend", "accounting", "audit", "datasets")
+MAX_FLOORS = 6
+MAX_FUNCTION_LINES = 60
+MAX_PROTECTED_ACCESS_EXEMPTIONS = 8
+MAX_RESEARCH_MODULE_LINES = 400
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1] + "/" if parts[1] in FOLDER_UNITS else parts[1]
+
+
+def _is_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.is_dir() or path.with_suffix(".py").exists()
+
+
+def _imported_modules(path: pathlib.Path, module_level_only: bool) -> set[str]:
+    """The keras_dyndp modules `path` imports: at module level (not under ``if TYPE_CHECKING``), or anywhere."""
+    module = _module_name(path)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = set()
+
+    def visit(nodes, at_module_level):
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(node.body, False)
+                continue
+            counted = at_module_level or not module_level_only
+            if isinstance(node, ast.Import) and counted:
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and counted:
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+                for alias in node.names:
+                    found.add(f"{base}.{alias.name}" if _is_module(f"{base}.{alias.name}") else base)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                children = getattr(node, field, None)
+                if isinstance(children, list):
+                    visit(children, at_module_level)
+
+    visit(ast.parse(path.read_text()).body, True)
+    return {name for name in found if name == "keras_dyndp" or name.startswith("keras_dyndp.")}
+
+
+def _unit_graph(module_level_only: bool) -> dict[str, set[str]]:
+    graph = collections.defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        unit = _unit(_module_name(path))
+        graph[unit].update(_unit(name) for name in _imported_modules(path, module_level_only))
+        graph[unit].discard(unit)
+    return dict(graph)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of units, or None."""
+    state = {}
+    path = []
+
+    def visit(unit):
+        state[unit] = "open"
+        path.append(unit)
+        for target in sorted(graph.get(unit, ())):
+            if state.get(target) == "open":
+                return path[path.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[unit] = "done"
+        path.pop()
+        return None
+
+    for unit in sorted(graph):
+        if unit not in state and (cycle := visit(unit)):
+            return cycle
+    return None
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each unit's floor: 1 for a unit importing no other, else one above the highest it imports."""
+    floor = {}
+
+    def of(unit):
+        if unit not in floor:
+            floor[unit] = 1 + max((of(target) for target in graph.get(unit, ())), default=0)
+        return floor[unit]
+
+    for unit in graph:
+        of(unit)
+    return floor
+
+
+def _python_files(*folders: str) -> list[pathlib.Path]:
+    return sorted(path for folder in folders for path in (ROOT / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("module_level_only", [True, False], ids=["module-level", "lazy-too"])
+def test_no_import_cycle(module_level_only):
+    assert _cycle(_unit_graph(module_level_only)) is None
+
+
+def test_module_level_imports_stand_on_at_most_six_floors():
+    graph = _unit_graph(module_level_only=True)
+    assert _cycle(graph) is None
+    by_unit = floors(graph)
+    highest = max(by_unit.values())
+    chain = sorted((floor, unit) for unit, floor in by_unit.items() if floor == highest)
+    assert highest <= MAX_FLOORS, f"{highest} floors; top: {chain}"
+
+
+def test_the_floor_count_sees_a_chain():
+    graph = {"a": {"b"}, "b": {"c"}, "c": set(), "d": {"c"}}
+    assert floors(graph) == {"a": 3, "b": 2, "c": 1, "d": 2}
+    assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+
+
+def test_no_function_over_sixty_lines():
+    long = []
+    for path in _python_files("keras_dyndp"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long
+
+
+def test_only_the_registration_module_reads_the_call_stack():
+    stack_reading = re.compile(r"currentframe|_getframe|\.f_back\b|\.f_locals\b|inspect\.stack\(|traceback\.extract")
+    readers = {
+        str(path.relative_to(ROOT)) for path in _python_files("keras_dyndp") if stack_reading.search(path.read_text())
+    }
+    assert readers == {"keras_dyndp/registration.py"}
+
+
+def test_protected_access_exemptions_are_few():
+    count = sum(path.read_text().count("noqa: SLF001") for path in _python_files("keras_dyndp"))
+    assert count <= MAX_PROTECTED_ACCESS_EXEMPTIONS
+
+
+def test_accountant_names_are_compared_in_accounting_only():
+    names = "gdp_clt|gdp|rdp|pld|prv"
+    comparison = re.compile(rf"""[=!]=\s*["']({names})["']|["']({names})["']\s*[=!]=|\bin\s*[(\[{{]\s*["']({names})["']""")
+    found = [
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for path in _python_files("keras_dyndp")
+        if "accounting" not in path.relative_to(PACKAGE).parts
+        for match in comparison.finditer(path.read_text())
+    ]
+    assert not found
+
+
+def test_examples_import_only_the_public_package():
+    foreign = []
+    for path in _python_files("examples"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            foreign += [f"{path.name}: {name}" for name in names if name.split(".")[0] in ("research", "benchmarks")]
+    assert not foreign
+
+
+def test_no_research_module_over_four_hundred_lines():
+    long = [
+        f"{path.name} ({n} lines)"
+        for path in _python_files("research")
+        if (n := len(path.read_text().splitlines())) > MAX_RESEARCH_MODULE_LINES
+    ]
+    assert not long
