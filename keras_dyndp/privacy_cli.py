@@ -79,11 +79,6 @@ _BASELINE_NOTES = {
 }
 
 
-def _fail(message: str) -> None:
-    """One error line on stderr, exit status 2 (`keras_dyndp.cli.fail`)."""
-    cli.fail(message, _PROGRAM)
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
     remaining = cli.parse_flags(argv, program=_PROGRAM)
     _FLAGS.mark_as_parsed()  # Its flags were parsed through the global registry they were appended to.
@@ -187,7 +182,7 @@ def main(argv: list[str]) -> None:
         else:
             _report_spec()
     except (ValueError, OSError) as error:
-        _fail(str(error))
+        cli.fail(str(error), _PROGRAM)
 
 
 def run() -> None:
