@@ -28,6 +28,7 @@ from absl import flags
 from keras_dyndp import cli
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
+from keras_dyndp import validation
 from keras_dyndp.accounting import registry
 
 # The command's own flag registry, so that importing this module beside an example trainer (which defines flags of
@@ -79,11 +80,6 @@ _BASELINE_NOTES = {
 }
 
 
-def _fail(message: str) -> None:
-    """One error line on stderr, exit status 2 (`keras_dyndp.cli.fail`)."""
-    cli.fail(message, _PROGRAM)
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
     remaining = cli.parse_flags(argv, program=_PROGRAM)
     _FLAGS.mark_as_parsed()  # Its flags were parsed through the global registry they were appended to.
@@ -95,11 +91,7 @@ def _methods() -> list[str]:
     if _METHOD.value.strip() == "all":
         return list(schedules.ALL_METHODS)
     methods = [method.strip() for method in _METHOD.value.split(",") if method.strip()]
-    if not methods or any(method not in schedules.ALL_METHODS for method in methods):
-        raise ValueError(
-            f"`methods` must be a non-empty subset of {schedules.ALL_METHODS}. Received: methods={tuple(methods)}."
-        )
-    return methods
+    return list(validation.check_subset("methods", methods, schedules.ALL_METHODS, allow_empty=False))
 
 
 def _load_schedule(path: str) -> schedules.DPSchedule:
@@ -157,9 +149,8 @@ def _report_spec() -> None:
         initial_clip=_INITIAL_CLIP.value,
         accountant=_ACCOUNTANT.value,
     )
-    built = {
-        method: schedules.calibrate(method, **spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value) for method in _methods()
-    }
+    rhos = {"rho_mu": _RHO_MU.value, "rho_c": _RHO_C.value}
+    built = {method: schedules.calibrate(method, **spec, **rhos) for method in _methods()}
     print(
         f"p = {p:.6g}, T = {num_steps}, target (epsilon, delta) = ({_EPSILON.value:g}, {delta:g}), "
         f"rho_mu = {_RHO_MU.value:g}, rho_c = {_RHO_C.value:g}, paper's methods calibrated under "
@@ -171,9 +162,7 @@ def _report_spec() -> None:
         print("\n".join(["Notes:"] + [_BASELINE_NOTES[method] for method in baselines]))
     if _PLOT_DIR.value:
         _plot(privacy_report.plot_epsilon_consumption, "epsilon_consumption.png", **spec, num_points=_NUM_POINTS.value)
-        dynamic = built.get("dynamic") or schedules.calibrate(
-            "dynamic", **spec, rho_mu=_RHO_MU.value, rho_c=_RHO_C.value
-        )
+        dynamic = built.get("dynamic") or schedules.calibrate("dynamic", **spec, **rhos)
         _plot_comparison(
             dynamic, delta, f"Dynamic DP-SGD (1/rho_mu = {1 / _RHO_MU.value:.2g}, 1/rho_c = {1 / _RHO_C.value:.2g})"
         )
@@ -187,7 +176,7 @@ def main(argv: list[str]) -> None:
         else:
             _report_spec()
     except (ValueError, OSError) as error:
-        _fail(str(error))
+        cli.fail(str(error), _PROGRAM)
 
 
 def run() -> None:

@@ -57,16 +57,6 @@ class ReportRow:
     epsilons: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _check_accountants(accountants: Sequence[str]) -> tuple[str, ...]:
-    accountants = tuple(accountants)
-    unknown = [name for name in accountants if name not in registry.ACCOUNTANT_NAMES]
-    if unknown:
-        raise ValueError(
-            f"`accountants` must be a subset of {registry.ACCOUNTANT_NAMES}. Received: accountants={accountants}."
-        )
-    return accountants
-
-
 def schedule_row(
     method: str,
     schedule: schedules.DPSchedule,
@@ -76,7 +66,7 @@ def schedule_row(
     """The `ReportRow` of one schedule; 'own' is the baseline's accountant for 'zcdp' / 'tcdp', else
     `schedule.calibration`'s (none for a schedule built by hand)."""
     delta = validation.check_delta(delta)
-    accountants = _check_accountants(accountants)
+    accountants = validation.check_subset("accountants", accountants, registry.ACCOUNTANT_NAMES)
     if method in schedules.BASELINES:
         own = cdp.baseline_epsilon(method, schedule.sampling_probability, schedule.noise_multipliers, delta)
         calibrated_by = method
@@ -140,7 +130,7 @@ def epsilon_curves(
     """(steps [K], {accountant: epsilons [K]}): epsilon of the first k steps for about `num_points` values of k,
     one cumulative pass per accountant (`epsilons_at`)."""
     delta = validation.check_delta(delta)
-    accountants = _check_accountants(accountants)
+    accountants = validation.check_subset("accountants", accountants, registry.ACCOUNTANT_NAMES)
     steps = curve_steps(schedule.num_steps, num_points)
     return steps, {name: schedule.epsilons_at(delta, steps, name) for name in accountants}
 

@@ -123,6 +123,15 @@ def check_choice(name: str, value: Any, choices: Sequence[Any], hint: str = "") 
     return value
 
 
+def check_subset(name: str, values: Any, choices: Sequence[Any], *, allow_empty: bool = True) -> tuple:
+    """`values` as a tuple of entries of `choices` (non-empty unless `allow_empty`)."""
+    values = tuple(values)
+    if (not values and not allow_empty) or any(value not in choices for value in values):
+        size = "" if allow_empty else "non-empty "
+        raise ValueError(f"`{name}` must be a {size}subset of {tuple(choices)}. Received: {name}={values}.")
+    return values
+
+
 def check_step_counts(steps: Any, num_steps: int, *, non_decreasing: bool = False) -> np.ndarray:
     """`steps` as a 1-D int array of whole numbers in [0, `num_steps`] (non-decreasing with `non_decreasing`)."""
     counts = np.asarray(steps)

@@ -215,14 +215,7 @@ def tcdp_noise_multipliers(
     high = low + 1.0
     while epsilon(high) > target_epsilon:
         high += 1.0
-    for _ in range(_BISECTION_STEPS):
-        middle = 0.5 * (low + high)
-        if middle in (low, high):
-            break
-        if epsilon(middle) <= target_epsilon:
-            high = middle
-        else:
-            low = middle
+    high = scale_search.bisect(lambda x: epsilon(x) > target_epsilon, low, high, _BISECTION_STEPS)[1]
     return math.exp(high) * shape
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,6 +42,7 @@ from scipy import special
 
 from keras_dyndp import validation
 from keras_dyndp.accounting import noise_range
+from keras_dyndp.accounting import scale_search
 
 ArrayLike = Sequence[float] | np.ndarray
 
@@ -250,14 +250,6 @@ def _greedy_cuts(weights: np.ndarray, prefix: np.ndarray, tau: float) -> list[in
     return cuts
 
 
-def _bisect(is_low: Callable[[float], bool], low: float, high: float) -> tuple[float, float]:
-    """`_BISECTION_STEPS` halvings of [low, high] keeping `is_low` true at low and false at high."""
-    for _ in range(_BISECTION_STEPS):
-        middle = 0.5 * (low + high)
-        low, high = (middle, high) if is_low(middle) else (low, middle)
-    return low, high
-
-
 def group_noise_multipliers(
     noise_multipliers: ArrayLike, max_groups: int = DEFAULT_MAX_GROUPS, tolerance: float = DEFAULT_TOLERANCE
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -280,11 +272,13 @@ def group_noise_multipliers(
     # Largest tau with total excess <= allowed (excess grows with tau) ...
     tau = high = float(sorted_multipliers.size * weights[0])
     if excess(high) > tolerance * prefix[-1]:
-        tau = _bisect(lambda middle: excess(middle) <= tolerance * prefix[-1], 0.0, high)[0]
+        tau = scale_search.bisect(lambda tau: excess(tau) <= tolerance * prefix[-1], 0.0, high, _BISECTION_STEPS)[0]
     cuts = _greedy_cuts(weights, prefix, tau)
     # ... raised to the smallest tau that fits in max_groups (group count falls as tau grows).
     if len(cuts) - 1 > max_groups:
-        tau = _bisect(lambda middle: len(_greedy_cuts(weights, prefix, middle)) - 1 > max_groups, tau, high)[1]
+        tau = scale_search.bisect(
+            lambda tau: len(_greedy_cuts(weights, prefix, tau)) - 1 > max_groups, tau, high, _BISECTION_STEPS
+        )[1]
         cuts = _greedy_cuts(weights, prefix, tau)
     return sorted_multipliers[np.array(cuts[:-1])], np.diff(cuts)
 

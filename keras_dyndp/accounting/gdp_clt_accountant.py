@@ -83,7 +83,8 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
             if not 0 <= probability <= 1:
                 return _CompositionErrorDetails(event, f"sampling_probability must be in [0, 1]. Found {probability}.")
             if do_compose and count > 0 and probability > 0:
-                mu_squared = _inverse_square(gaussian.noise_multiplier)
+                z = gaussian.noise_multiplier  # mu^2 = 1 / z^2 of a Gaussian step, inf for z = 0.
+                mu_squared = math.inf if z == 0 else 1.0 / float(z) ** 2
                 if probability == 1:
                     self._exact_mu_squared += count * mu_squared
                 else:
@@ -128,8 +129,3 @@ def _noise_error(event: dp_event.GaussianDpEvent) -> _CompositionErrorDetails | 
     ):
         return None
     return _CompositionErrorDetails(event, noise_range.out_of_range_message(noise_multiplier, None, "gdp_clt"))
-
-
-def _inverse_square(noise_multiplier: float) -> float:
-    """1 / z^2, the squared GDP parameter of a Gaussian step; inf for z = 0."""
-    return math.inf if noise_multiplier == 0 else 1.0 / float(noise_multiplier) ** 2

@@ -131,6 +131,17 @@ def largest_scale_within(
     return _search(epsilon_of, target_epsilon, x, lower, upper, rtol, slope, what)[0]
 
 
+def bisect(is_low: Callable[[float], bool], low: float, high: float, steps: int) -> tuple[float, float]:
+    """At most `steps` halvings of [low, high] keeping `is_low` true at low and false at high; stops once the
+    midpoint rounds to an end (float precision)."""
+    for _ in range(steps):
+        middle = 0.5 * (low + high)
+        if middle in (low, high):
+            break
+        low, high = (middle, high) if is_low(middle) else (low, middle)
+    return low, high
+
+
 def step_to_safe_side(value: float, is_safe: Callable[[float], bool], step: Callable[[float], float]) -> float:
     """Applies `step` (which must move toward the safe side) to `value` until `is_safe(value)`, and returns it: closed
     forms and root finders land within float rounding of a boundary, sometimes a hair on the wrong side."""
