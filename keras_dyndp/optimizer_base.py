@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_dyndp import schedules
+from keras_dyndp import step_checks
 from keras_dyndp import validation
 from keras_dyndp.accounting import noise_range
 from keras_dyndp.private_model import PrivateConfig
@@ -204,67 +205,9 @@ def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_de
     return allow_degenerate_noise
 
 
-BUDGET_EXHAUSTED = "DP budget exhausted: all"
-"""How `budget_exhausted_message` begins (what a caller looks for in a TensorFlow assertion's text)."""
-
-
-def budget_exhausted_message(num_steps: int, budget_stop: str) -> str:
-    """The one-line refusal of a step past the schedule's ``num_steps``; ``budget_stop``: the backend's callback."""
-    return (
-        f"{BUDGET_EXHAUSTED} {num_steps} steps of the DPSchedule have been taken (dp_step >= schedule.num_steps) "
-        "and another step would exceed the accounted privacy budget, so none was applied. Add "
-        f"{budget_stop}() to the callbacks of fit to end training at the last step, or calibrate a longer schedule."
-    )
-
-
 def budget_spent_line(steps: int, num_steps: int) -> str:
     """What `BudgetStop` prints when it ends ``fit`` at the schedule's last step (a normal end)."""
     return f"BudgetStop: the privacy budget is spent ({steps} of the schedule's {num_steps} DP steps); training ended."
-
-
-UNRECORDED_FINGERPRINT = (0, 0)
-"""The schedule fingerprint an optimizer holds before its first step (`DPSchedule.fingerprint` is never this)."""
-
-
-def restored_schedule_refusal(
-    step: int, recorded_fingerprint: Sequence[int], schedule: schedules.DPSchedule
-) -> str | None:
-    """Why a DP step must not run at step counter ``step`` under ``schedule``, or None when it may.
-
-    The fingerprint of the schedule is recorded at step 0 and saved with the counter. A counter past 0 restored
-    under another fingerprint (or none) would index the wrong schedule, and `PrivacyLogger` would account steps
-    taken under other noise. Step 0 always runs: nothing is spent.
-    """
-    recorded = tuple(int(word) for word in recorded_fingerprint)
-    if step == 0 or recorded == schedule.fingerprint:
-        return None
-    return schedule_mismatch_message(recorded != UNRECORDED_FINGERPRINT) + f" {step}."
-
-
-def schedule_mismatch_message(recorded: bool) -> str:
-    """The refusal of a restored step counter (`restored_schedule_refusal`), up to the number of steps taken."""
-    if recorded:
-        what = (
-            "The optimizer's step counter was restored from a checkpoint written under another DP schedule (its "
-            "schedule fingerprint differs from this optimizer's schedule's)"
-        )
-        unknown = ""
-    else:
-        what = (
-            "The optimizer's step counter is past 0 but no schedule fingerprint was saved with it (a checkpoint "
-            "written before keras_dyndp recorded one, or a counter restored or set alone), so nothing shows which "
-            "schedule its steps were taken under"
-        )
-        unknown = (
-            " If you know that it was written under this very schedule, call optimizer.record_schedule_fingerprint() "
-            "after the restore."
-        )
-    return (
-        f"{what}: continuing would index this schedule at the wrong step, and its epsilon would not be that of the "
-        "steps taken, so no step runs. Restore into an optimizer built from the checkpoint's schedule (the same "
-        "schedule or budget arguments), or start a new run with a fresh optimizer, knowing that the privacy "
-        f"budget the checkpoint's steps spent is spent.{unknown} Steps taken (dp_step):"
-    )
 
 
 class GradientGuard:
@@ -475,7 +418,7 @@ class DPOptimizerBase:
     schedule_fingerprint = _attribute(
         "_schedule_fingerprint",
         "int32 [2] variable saved with `dp_step`: the `DPSchedule.fingerprint` its steps were taken under, recorded "
-        "at step 0; (0, 0) before. Every step refuses a mismatch (`restored_schedule_refusal`).",
+        "at step 0; (0, 0) before. Every step refuses a mismatch (`step_checks.restored_schedule_refusal`).",
     )
     expected_batch_size = _attribute("_expected_batch_size", "p N, the normaliser; None only with `public_batch_size`.")
     public_batch_size = _attribute("_public_batch_size", "Whether batch sizes are stated public.")
@@ -496,7 +439,7 @@ class DPOptimizerBase:
     def check_restored_schedule(self) -> None:
         """Raises RuntimeError if `dp_step` was restored from a run under another schedule (or without a
         fingerprint): `restored_schedule_refusal`, as the DP step checks inside the step."""
-        refusal = restored_schedule_refusal(
+        refusal = step_checks.restored_schedule_refusal(
             int(self.dp_step.numpy()), self._schedule_fingerprint.numpy().tolist(), self._schedule
         )
         if refusal is not None:
@@ -512,7 +455,7 @@ class DPOptimizerBase:
         ):
             for i, variable in enumerate(older):
                 variable.assign(store[str(i)])
-            self._schedule_fingerprint.assign(list(UNRECORDED_FINGERPRINT))
+            self._schedule_fingerprint.assign(list(step_checks.UNRECORDED_FINGERPRINT))
             return
         super().load_own_variables(store)
 
@@ -523,8 +466,8 @@ class DPOptimizerBase:
           RuntimeError: if a fingerprint of another schedule is recorded (it cannot be overwritten).
         """
         recorded = tuple(self._schedule_fingerprint.numpy().tolist())
-        if recorded not in (UNRECORDED_FINGERPRINT, self._schedule.fingerprint):
-            raise RuntimeError(schedule_mismatch_message(recorded=True) + f" {int(self.dp_step.numpy())}.")
+        if recorded not in (step_checks.UNRECORDED_FINGERPRINT, self._schedule.fingerprint):
+            raise RuntimeError(step_checks.schedule_mismatch_message(recorded=True) + f" {int(self.dp_step.numpy())}.")
         self._schedule_fingerprint.assign(list(self._schedule.fingerprint))
 
     def check_budget_left(self, budget_stop: str) -> None:
@@ -534,7 +477,7 @@ class DPOptimizerBase:
           BudgetExhaustedError: when ``dp_step`` has reached the schedule's T; ``budget_stop`` names the callback.
         """
         if int(self.dp_step.numpy()) >= self._schedule.num_steps:
-            raise BudgetExhaustedError(budget_exhausted_message(self._schedule.num_steps, budget_stop))
+            raise BudgetExhaustedError(step_checks.budget_exhausted_message(self._schedule.num_steps, budget_stop))
 
     def get_config(self) -> dict:
         config = super().get_config()

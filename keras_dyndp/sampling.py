@@ -117,16 +117,12 @@ def poisson_batches(
         map: None, or a public function applied to each sampled example after it is read (decode, normalise): of a
             source's element, returning ``(x, y[, sample_weight])``; of arrays, ``(x_i, y_i)`` -> ``(x_i, y_i)``.
         start_step: the optimizer's step (``int(optimizer.iterations)``) these batches start at, >= 0 (default 0).
-            With an integer seed a run resumed at step k passes ``start_step=k``: its batches are drawn from (seed, k),
-            independent of the resumed run's; ``fit`` refuses another ``start_step`` once the optimizer has taken
-            steps, unless it trained on these very batches. Ignored with ``seed=None``.
-        source_threads: how many threads may call a random-access source ``x`` at once (within a batch and across
-            the batches read ahead). None (default): the package decides: tfds's data sources and
-            ``ArrayRecordDataSource`` are read by several threads, any other source by one at a time (a lock per
-            source object around every ``x[i]`` and ``x.__getitems__`` call: a source that seeks and reads a shared
-            file would otherwise mix examples up, one example feeding two rows). An integer n >= 1: you declare ``x``
-            safe to call from n threads at once (positional reads such as ``os.pread``, a connection per thread);
-            1 reads one call at a time. Only for a random-access ``x``.
+            A seeded run resumed at step k passes ``start_step=k``: its batches are drawn from (seed, k); ``fit``
+            refuses another once steps were taken on other batches. Ignored with ``seed=None``.
+        source_threads: how many threads may call a random-access ``x`` at once. None (default): several for
+            tfds's data sources and ``ArrayRecordDataSource``, one at a time for any other source (a source that
+            seeks and reads a shared file would otherwise mix examples up, one example feeding two rows). An
+            integer n >= 1: you declare ``x`` safe to call from n threads at once (e.g. ``os.pread``).
 
     Returns:
         TensorFlow: a finite ``tf.data.Dataset`` of ``steps_per_epoch`` batches; JAX: a ``keras.utils.PyDataset``.
@@ -135,17 +131,23 @@ def poisson_batches(
         sampling_probability, steps_per_epoch, max_batch_size, pad_to_multiple, overflow, seed, start_step
     )
     num_examples = None if num_examples is None else validation.check_positive_int("num_examples", num_examples)
-    source_threads = validation.check_int("source_threads", source_threads, 1, none_means="the package decides")
     data = importlib.import_module(f"keras_dyndp.{'jax' if backend.keras_backend() == 'jax' else 'tf'}_backend.data")
-    check = lambda *arrays: check_rows(*arrays, num_examples)  # noqa: E731
-    on_demand = sources.rows(x, y, sample_weight, map, check, source_threads)
+    on_demand = _rows_on_demand(x, y, sample_weight, map, num_examples, source_threads)
     if on_demand is not None:
-        if num_examples is not None and on_demand.num_examples != num_examples:
-            raise ValueError(
-                f"`x` must have num_examples={num_examples} rows. Received: {on_demand.num_examples} rows."
-            )
         x, y, sample_weight = on_demand, None, None
     return data.make_poisson_batches(x, y, sample_weight, arguments, num_examples)
+
+
+def _rows_on_demand(x, y, sample_weight, map, num_examples, source_threads) -> Any:
+    """`sources.rows` of data read on demand (a source, array-likes), checked to hold ``num_examples`` rows; or None
+    for in-memory data."""
+    source_threads = validation.check_int("source_threads", source_threads, 1, none_means="the package decides")
+    on_demand = sources.rows(
+        x, y, sample_weight, map, lambda *arrays: check_rows(*arrays, num_examples), source_threads
+    )
+    if on_demand is not None and num_examples is not None and on_demand.num_examples != num_examples:
+        raise ValueError(f"`x` must have num_examples={num_examples} rows. Received: {on_demand.num_examples} rows.")
+    return on_demand
 
 
 def check_arguments(

@@ -5,10 +5,66 @@ JAX import here."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from keras_dyndp import batch_sizes
-from keras_dyndp import optimizer_base
+
+BUDGET_EXHAUSTED = "DP budget exhausted: all"
+"""How `budget_exhausted_message` begins (what a caller looks for in a TensorFlow assertion's text)."""
+
+
+def budget_exhausted_message(num_steps: int, budget_stop: str) -> str:
+    """The one-line refusal of a step past the schedule's ``num_steps``; ``budget_stop``: the backend's callback."""
+    return (
+        f"{BUDGET_EXHAUSTED} {num_steps} steps of the DPSchedule have been taken (dp_step >= schedule.num_steps) "
+        "and another step would exceed the accounted privacy budget, so none was applied. Add "
+        f"{budget_stop}() to the callbacks of fit to end training at the last step, or calibrate a longer schedule."
+    )
+
+
+UNRECORDED_FINGERPRINT = (0, 0)
+"""The schedule fingerprint an optimizer holds before its first step (`DPSchedule.fingerprint` is never this)."""
+
+
+def restored_schedule_refusal(step: int, recorded_fingerprint: Sequence[int], schedule: Any) -> str | None:
+    """Why a DP step must not run at step counter ``step`` under ``schedule``, or None when it may.
+
+    The fingerprint of the schedule is recorded at step 0 and saved with the counter. A counter past 0 restored
+    under another fingerprint (or none) would index the wrong schedule, and `PrivacyLogger` would account steps
+    taken under other noise. Step 0 always runs: nothing is spent.
+    """
+    recorded = tuple(int(word) for word in recorded_fingerprint)
+    if step == 0 or recorded == schedule.fingerprint:
+        return None
+    return schedule_mismatch_message(recorded != UNRECORDED_FINGERPRINT) + f" {step}."
+
+
+def schedule_mismatch_message(recorded: bool) -> str:
+    """The refusal of a restored step counter (`restored_schedule_refusal`), up to the number of steps taken."""
+    if recorded:
+        what = (
+            "The optimizer's step counter was restored from a checkpoint written under another DP schedule (its "
+            "schedule fingerprint differs from this optimizer's schedule's)"
+        )
+        unknown = ""
+    else:
+        what = (
+            "The optimizer's step counter is past 0 but no schedule fingerprint was saved with it (a checkpoint "
+            "written before keras_dyndp recorded one, or a counter restored or set alone), so nothing shows which "
+            "schedule its steps were taken under"
+        )
+        unknown = (
+            " If you know that it was written under this very schedule, call optimizer.record_schedule_fingerprint() "
+            "after the restore."
+        )
+    return (
+        f"{what}: continuing would index this schedule at the wrong step, and its epsilon would not be that of the "
+        "steps taken, so no step runs. Restore into an optimizer built from the checkpoint's schedule (the same "
+        "schedule or budget arguments), or start a new run with a fresh optimizer, knowing that the privacy "
+        f"budget the checkpoint's steps spent is spent.{unknown} Steps taken (dp_step):"
+    )
+
 
 NO_KEY, SCHEDULE_MISMATCH, NO_FINGERPRINT, BUDGET_SPENT, PADDING_ROWS, TOO_FEW, TOO_MANY = range(1, 8)
 """The refusal codes, in order of precedence (0: the step may run)."""
@@ -34,7 +90,7 @@ class StepChecks:
 
     def schedule_mismatch(self, step: Any, recorded: Any) -> Any:
         """bool: a step counter past 0 under another schedule's ``recorded`` fingerprint, or none
-        (`keras_dyndp.optimizer_base.restored_schedule_refusal`'s rule)."""
+        (`restored_schedule_refusal`'s rule)."""
         own = self._schedule.fingerprint
         return (step > 0) & ~((recorded[0] == own[0]) & (recorded[1] == own[1]))
 
@@ -45,7 +101,7 @@ class StepChecks:
         step has no secret noise key (None: not checked)."""
         checks = {} if no_key is None else {NO_KEY: no_key}
         mismatch = self.schedule_mismatch(step, recorded)
-        unrecorded = (recorded[0] == 0) & (recorded[1] == 0)  # optimizer_base.UNRECORDED_FINGERPRINT
+        unrecorded = (recorded[0] == 0) & (recorded[1] == 0)  # UNRECORDED_FINGERPRINT
         checks[SCHEDULE_MISMATCH], checks[NO_FINGERPRINT] = mismatch & ~unrecorded, mismatch & unrecorded
         checks[BUDGET_SPENT] = step >= self._schedule.num_steps
         if self._normalises_by_rows:
@@ -67,9 +123,9 @@ class StepChecks:
                 "function does); after the run, assign the state back and call `optimizer.raise_refused_step()`."
             ), ""
         if code in (SCHEDULE_MISMATCH, NO_FINGERPRINT):
-            return optimizer_base.schedule_mismatch_message(recorded=code == SCHEDULE_MISMATCH) + " ", "."
+            return schedule_mismatch_message(recorded=code == SCHEDULE_MISMATCH) + " ", "."
         if code == BUDGET_SPENT:
-            return optimizer_base.budget_exhausted_message(self._schedule.num_steps, "keras_dyndp.BudgetStop"), ""
+            return budget_exhausted_message(self._schedule.num_steps, "keras_dyndp.BudgetStop"), ""
         if code == PADDING_ROWS:
             return batch_sizes.PADDING_ROWS_REFUSAL, ""
         low, high = self.batch_size_range

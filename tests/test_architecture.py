@@ -166,7 +166,8 @@ def test_protected_access_exemptions_are_few():
 
 def test_accountant_names_are_compared_in_accounting_only():
     names = "gdp_clt|gdp|rdp|pld|prv"
-    comparison = re.compile(rf"""[=!]=\s*["']({names})["']|["']({names})["']\s*[=!]=|\bin\s*[(\[{{]\s*["']({names})["']""")
+    quoted = rf"""["']({names})["']"""
+    comparison = re.compile(rf"[=!]=\s*{quoted}|{quoted}\s*[=!]=|\bin\s*[(\[{{]\s*{quoted}")
     found = [
         f"{path.relative_to(ROOT)}: {match.group(0)}"
         for path in _python_files("keras_dyndp")

@@ -8,6 +8,7 @@ import pytest
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
 from keras_dyndp import schedules
+from keras_dyndp import step_checks
 
 BUDGET = dict(
     target_epsilon=2.0,
@@ -154,10 +155,10 @@ def test_noise_outside_the_accountants_range_is_refused_at_construction_unless_a
 
 def test_a_step_counter_runs_only_under_the_schedule_its_fingerprint_records():
     other = schedules.DPSchedule(np.ones(2), np.full(2, 0.01), 0.1)
-    refusal = optimizer_base.restored_schedule_refusal
-    for recorded in (SCHEDULE.fingerprint, other.fingerprint, optimizer_base.UNRECORDED_FINGERPRINT):
+    refusal = step_checks.restored_schedule_refusal
+    for recorded in (SCHEDULE.fingerprint, other.fingerprint, step_checks.UNRECORDED_FINGERPRINT):
         assert refusal(0, recorded, SCHEDULE) is None  # step 0: nothing spent yet
     assert refusal(5, SCHEDULE.fingerprint, SCHEDULE) is None
     assert "another DP schedule" in refusal(5, other.fingerprint, SCHEDULE)
     assert refusal(5, other.fingerprint, SCHEDULE).endswith("Steps taken (dp_step): 5.")
-    assert "no schedule fingerprint was saved" in refusal(5, optimizer_base.UNRECORDED_FINGERPRINT, SCHEDULE)
+    assert "no schedule fingerprint was saved" in refusal(5, step_checks.UNRECORDED_FINGERPRINT, SCHEDULE)

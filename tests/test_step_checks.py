@@ -66,11 +66,11 @@ def test_messages_keep_their_key_phrases():
     assert f"between {low} and {high}" in after
     assert "too few examples" in checks.message(step_checks.TOO_FEW)[0]
     assert checks.message(step_checks.BUDGET_SPENT) == (
-        step_checks.optimizer_base.budget_exhausted_message(10, "keras_dyndp.BudgetStop"),
+        step_checks.budget_exhausted_message(10, "keras_dyndp.BudgetStop"),
         "",
     )
     assert checks.message(step_checks.PADDING_ROWS) == (batch_sizes.PADDING_ROWS_REFUSAL, "")
     assert "secret noise key" in checks.message(step_checks.NO_KEY)[0]
     for code, recorded in [(step_checks.SCHEDULE_MISMATCH, OWN + 1), (step_checks.NO_FINGERPRINT, NONE_RECORDED)]:
         before, after = checks.message(code)
-        assert f"{before}5{after}" == step_checks.optimizer_base.restored_schedule_refusal(5, recorded, SCHEDULE)
+        assert f"{before}5{after}" == step_checks.restored_schedule_refusal(5, recorded, SCHEDULE)

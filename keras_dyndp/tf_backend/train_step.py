@@ -51,6 +51,7 @@ from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
 from keras_dyndp import refusals
+from keras_dyndp import step_checks
 from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import replicas
@@ -208,9 +209,9 @@ class _CheckedTrainFunction:
             with checked:
                 return self._function(iterator)
         except tf.errors.InvalidArgumentError as error:  # Under steps_per_execution the budget can end inside a call.
-            if optimizer_base.BUDGET_EXHAUSTED not in error.message:
+            if step_checks.BUDGET_EXHAUSTED not in error.message:
                 raise
-            message = optimizer_base.budget_exhausted_message(optimizer.schedule.num_steps, "keras_dyndp.BudgetStop")
+            message = step_checks.budget_exhausted_message(optimizer.schedule.num_steps, "keras_dyndp.BudgetStop")
             raise optimizer_base.BudgetExhaustedError(message) from None
 
 
