@@ -95,16 +95,12 @@ class Rows:
         at = np.arange(len(chosen)) if read_at is None else read_at[read_at < len(chosen)]
         order = np.argsort(chosen[at], kind="stable")
         rows = self.read(chosen[at][order])
-        if keep_order or read_at is not None:
-            restore = np.empty_like(order)
-            restore[order] = np.arange(len(order))
-            rows = map_nest(lambda leaf: leaf[restore], rows)
-        else:
-            at = np.arange(len(at))
+        # The batch position of each row read (in increasing index order): one copy into the padded batch.
+        positions = at[order] if keep_order or read_at is not None else np.arange(len(at))
 
         def pad(leaf: np.ndarray) -> np.ndarray:
             padded = np.zeros((num_rows,) + leaf.shape[1:], leaf.dtype)
-            padded[at] = leaf
+            padded[positions] = leaf
             return padded
 
         return map_nest(pad, rows)
