@@ -14,26 +14,32 @@ declaration, called by one thread at a time (`keras_dyndp.sources.source_guard`)
 The sampler alone (`keras_dyndp.sources.draw`) is timed at each N; "one batch" is a batch drawn and read in the
 calling thread (its latency), "in the pipeline" the time per batch the backend's input pipeline delivers (TensorFlow:
 parallel calls and prefetch; JAX: 2 reader threads). Resident memory: RSS (``/proc/self/statm``) after 40 batches
-minus before building them. The file is in the page cache after it is written (warm reads); ``--cold`` asks the
-kernel to drop the file's pages (``posix_fadvise(DONTNEED)``) before each measurement, so reads go to the disk.
+minus before building them; "CPU ms/batch": the process's CPU time (every thread) per batch delivered, less sensitive
+to other jobs on the machine than the wall time. The file is in the page cache after it is written (warm reads);
+``--cold`` asks the kernel to drop the file's pages (``posix_fadvise(DONTNEED)``) before each measurement, so reads go
+to the disk.
 
 With ``--baselines`` (TensorFlow) the same rows are also served by:
 - ``plain tf.data``: ``tf.data.Dataset.range(N).shuffle(N).batch(256)`` mapped by ``tf.numpy_function`` reading
   ``memmap[sorted indices]`` (shuffle-and-slice batches of 256, not Poisson sampling; parallel calls, prefetch);
 - ``tfds.data_source``: ArrayRecord files of the first --tfds_size rows written by
-  ``tfds.dataset_builders.store_as_tfds_dataset`` (under --dir, deleted after; the build, some 1,000 examples/s in
-  Python here, is timed apart), read by ``poisson_batches`` with a ``map`` to float32, and with one keeping uint8;
+  ``tfds.dataset_builders.store_as_tfds_dataset`` (under --dir, deleted after; the build, some 1,000-6,000
+  examples/s in Python here, is timed apart; ``--tfds_dir`` keeps the files there and reuses them), read by
+  ``poisson_batches`` with a ``map`` to float32, and with one keeping uint8;
 - ``ArrayRecordDataSource``: all N rows as raw 784-byte records in an ArrayRecord file (written by array_record's
   ``ArrayRecordWriter``, fast), read through ``array_record_data_source.ArrayRecordDataSource`` (the reader under
   ``tfds.data_source``, without tfds's decoding) by ``poisson_batches`` with a ``map``.
 With ``--before`` the Python sources (and the tfds one) are also read as before the reads overlapped (`reading`):
-one call a batch in the calling thread, tfds parsing each record in Python; ``--repeats`` measures every source that
-often, interleaved (report medians: the machine is shared).
+one call a batch in the calling thread, tfds parsing each record in Python, and the tfds one as before its own
+ArrayRecord readers (ArrayRecord's ``__getitems__``, tfds's decode of every example); ``--repeats`` measures every
+source that often, interleaved (report medians: the machine is shared).
 Opacus's DPDataLoader on the same memmap is benchmarks/opacus_data_loader.py (PyTorch, a venv of its own).
 
     python benchmarks/data_sources.py --sizes=1000000,2000000 --batches=40
     python benchmarks/data_sources.py --sizes=1000000 --baselines [--cold]
     python benchmarks/data_sources.py --sizes=1000000 --baselines --before --repeats=3 --tfds_size=100000 [--cold]
+    python benchmarks/data_sources.py --sizes=1000000 --batches=100 --baselines --skip_ours --before --repeats=3 \
+        --tfds_size=1000000 --tfds_dir=/tmp/keras_dyndp_tfds_kept
 """
 
 from __future__ import annotations
