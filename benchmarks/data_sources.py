@@ -14,26 +14,32 @@ declaration, called by one thread at a time (`keras_dyndp.sources.source_guard`)
 The sampler alone (`keras_dyndp.sources.draw`) is timed at each N; "one batch" is a batch drawn and read in the
 calling thread (its latency), "in the pipeline" the time per batch the backend's input pipeline delivers (TensorFlow:
 parallel calls and prefetch; JAX: 2 reader threads). Resident memory: RSS (``/proc/self/statm``) after 40 batches
-minus before building them. The file is in the page cache after it is written (warm reads); ``--cold`` asks the
-kernel to drop the file's pages (``posix_fadvise(DONTNEED)``) before each measurement, so reads go to the disk.
+minus before building them; "CPU ms/batch": the process's CPU time (every thread) per batch delivered, less sensitive
+to other jobs on the machine than the wall time. The file is in the page cache after it is written (warm reads);
+``--cold`` asks the kernel to drop the file's pages (``posix_fadvise(DONTNEED)``) before each measurement, so reads go
+to the disk.
 
 With ``--baselines`` (TensorFlow) the same rows are also served by:
 - ``plain tf.data``: ``tf.data.Dataset.range(N).shuffle(N).batch(256)`` mapped by ``tf.numpy_function`` reading
   ``memmap[sorted indices]`` (shuffle-and-slice batches of 256, not Poisson sampling; parallel calls, prefetch);
 - ``tfds.data_source``: ArrayRecord files of the first --tfds_size rows written by
-  ``tfds.dataset_builders.store_as_tfds_dataset`` (under --dir, deleted after; the build, some 1,000 examples/s in
-  Python here, is timed apart), read by ``poisson_batches`` with a ``map`` to float32, and with one keeping uint8;
+  ``tfds.dataset_builders.store_as_tfds_dataset`` (under --dir, deleted after; the build, some 1,000-6,000
+  examples/s in Python here, is timed apart; ``--tfds_dir`` keeps the files there and reuses them), read by
+  ``poisson_batches`` with a ``map`` to float32, and with one keeping uint8;
 - ``ArrayRecordDataSource``: all N rows as raw 784-byte records in an ArrayRecord file (written by array_record's
   ``ArrayRecordWriter``, fast), read through ``array_record_data_source.ArrayRecordDataSource`` (the reader under
   ``tfds.data_source``, without tfds's decoding) by ``poisson_batches`` with a ``map``.
 With ``--before`` the Python sources (and the tfds one) are also read as before the reads overlapped (`reading`):
-one call a batch in the calling thread, tfds parsing each record in Python; ``--repeats`` measures every source that
-often, interleaved (report medians: the machine is shared).
+one call a batch in the calling thread, tfds parsing each record in Python, and the tfds one as before its own
+ArrayRecord readers (ArrayRecord's ``__getitems__``, tfds's decode of every example); ``--repeats`` measures every
+source that often, interleaved (report medians: the machine is shared).
 Opacus's DPDataLoader on the same memmap is benchmarks/opacus_data_loader.py (PyTorch, a venv of its own).
 
     python benchmarks/data_sources.py --sizes=1000000,2000000 --batches=40
     python benchmarks/data_sources.py --sizes=1000000 --baselines [--cold]
     python benchmarks/data_sources.py --sizes=1000000 --baselines --before --repeats=3 --tfds_size=100000 [--cold]
+    python benchmarks/data_sources.py --sizes=1000000 --batches=100 --baselines --skip_ours --before --repeats=3 \
+        --tfds_size=1000000 --tfds_dir=/tmp/keras_dyndp_tfds_kept
 """
 
 from __future__ import annotations
@@ -57,19 +63,43 @@ ROW = 784
 
 
 @contextlib.contextmanager
-def reading(previous: bool):
+def reading(previous: bool | str):
     """With ``previous``, sources read as before the parallel reads: one call per batch in the calling thread
-    (`keras_dyndp.sources._parts` one part) and tfds's own per-example parsing (no `sources._tfds_fetcher`)."""
+    (`keras_dyndp.sources._parts` one part) and tfds's own per-example parsing (no `sources._tfds_fetcher`); with
+    ``previous="batched"`` a tfds source read as before its own ArrayRecord readers: the records by one
+    ``__getitems__`` of ArrayRecord's source (its thread pools), then ``decode_example_np`` per example."""
     if not previous:
         yield
         return
-    parts, fetcher = sources._parts, sources._tfds_fetcher
-    sources._parts = lambda num_rows, threads=1: [np.arange(num_rows)]
-    sources._tfds_fetcher = lambda source, guard: None
+    saved = sources._parts, sources._tfds_fetcher, sources._ArrayRecordFiles.of, sources._tfds_decoder
+    if previous == "batched":
+        sources._ArrayRecordFiles.of = classmethod(lambda cls, source: None)
+        sources._tfds_decoder = decoding_every_example
+    else:
+        sources._parts = lambda num_rows, threads=1: [np.arange(num_rows)]
+        sources._tfds_fetcher = lambda source, guard: None
     try:
         yield
     finally:
-        sources._parts, sources._tfds_fetcher = parts, fetcher
+        sources._parts, sources._tfds_fetcher, sources._ArrayRecordFiles.of, sources._tfds_decoder = saved
+
+
+def decoding_every_example(features):
+    """`keras_dyndp.sources._tfds_decoder` as before: tfds's ``decode_example_np`` on every example."""
+    from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
+
+    info = features.get_serialized_info()
+    flat_info = utils.flatten_nest_dict(info)
+
+    def decode(parsed: dict) -> list:
+        columns = {}
+        for key, column in parsed.items():
+            column = column.astype(flat_info[key].np_dtype)
+            columns[key] = column.tolist() if column.ndim == 1 else column
+        examples = ({key: column[i] for key, column in columns.items()} for i in range(len(column)))
+        return [features.decode_example_np(utils.pack_as_nest_dict(example, info)) for example in examples]
+
+    return decode
 
 
 def rss_mb() -> float:
@@ -117,7 +147,8 @@ def batches_of(dataset) -> object:
 
 def time_batches(data: dict, num_batches: int) -> dict:
     """ms per batch of ``poisson_batches(**data)`` (after one warm-up batch; with the backend's prefetching),
-    examples/s and RSS growth (MB) over ``num_batches`` batches."""
+    examples/s, RSS growth (MB) and the process's CPU time per batch (ms, every thread: less sensitive to the other
+    jobs on the machine than the wall time) over ``num_batches`` batches."""
     before = rss_mb()
     data = dict(data)
     previous, num_examples = data.pop("previous", False), len(data["x"])
@@ -127,11 +158,16 @@ def time_batches(data: dict, num_batches: int) -> dict:
         )
         iterator = batches_of(dataset)
         next(iterator)
-        examples, start = 0, time.perf_counter()
+        examples, start, cpu_start = 0, time.perf_counter(), time.process_time()
         for _, _, weights in iterator:
             examples += int(np.sum(np.asarray(weights) > 0))
-        seconds = time.perf_counter() - start
-    return {"ms": 1e3 * seconds / num_batches, "examples_s": examples / seconds, "rss": rss_mb() - before}
+        seconds, cpu_ms = time.perf_counter() - start, 1e3 * (time.process_time() - cpu_start) / num_batches
+    return {
+        "ms": 1e3 * seconds / num_batches,
+        "examples_s": examples / seconds,
+        "rss": rss_mb() - before,
+        "cpu": cpu_ms,
+    }
 
 
 def time_one_batch(data: dict, repeats: int = 40) -> float:
@@ -182,8 +218,9 @@ def plain_tf_data(memmap: np.ndarray, labels: np.ndarray, num_batches: int):
     return indices.take(num_batches + 1).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str):
-    """``tfds.data_source`` of the rows, written as ArrayRecord files under ``data_dir``; (source, build seconds)."""
+def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str, reuse: bool = False):
+    """``tfds.data_source`` of the rows, written as ArrayRecord files under ``data_dir`` (with ``reuse``, those
+    already there when there are: the same rows, written by an earlier run); (source, build seconds)."""
     import importlib.resources  # pylint: disable=import-outside-toplevel
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -200,6 +237,8 @@ def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str):
     features = tfds.features.FeaturesDict(
         {"image": tfds.features.Tensor(shape=(ROW,), dtype=np.uint8), "label": tfds.features.Scalar(dtype=np.int32)}
     )
+    if reuse and os.path.isdir(os.path.join(data_dir, "rows")):
+        return tfds.data_source("rows", split="train", data_dir=data_dir, download=False), 0.0
     start = time.perf_counter()
     tfds.dataset_builders.store_as_tfds_dataset(
         name="rows",
@@ -247,7 +286,8 @@ def baselines(
     decode = lambda record: (np.frombuffer(record, np.uint8).astype(np.float32) / 255, np.int32(0))  # noqa: E731
     measure("ArrayRecordDataSource", {"x": records, "map": decode}, num_batches, cold, data_dir)
     size = min(num_examples, tfds_size)
-    source, build_s = tfds_source(memmap[:size], labels[:size], data_dir)
+    tfds_dir = args.tfds_dir or data_dir
+    source, build_s = tfds_source(memmap[:size], labels[:size], tfds_dir, reuse=bool(args.tfds_dir))
     print(f"(tfds ArrayRecord files of N={size:,} built in {build_s:.0f} s)", flush=True)
     to_float = lambda element: (element["image"].astype(np.float32) / 255, element["label"])  # noqa: E731
     variants = {
@@ -258,6 +298,11 @@ def baselines(
         },
     }
     if before:
+        variants["tfds.data_source, ArrayRecord's __getitems__ + tfds decode"] = {
+            "x": source,
+            "map": to_float,
+            "previous": "batched",
+        }
         variants["tfds.data_source, read as before"] = {"x": source, "map": to_float, "previous": True}
     for _ in range(repeats):
         for name, data in variants.items():
@@ -273,13 +318,15 @@ def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) 
     result = time_batches(data, num_batches)
     print(
         f"| tensorflow | {len(data['x']):,} | {name} | - | {time_one_batch(data):.2f} | {result['ms']:.2f} | "
-        f"{result['examples_s']:,.0f} | {result['rss']:.0f} |",
+        f"{result['examples_s']:,.0f} | {result['rss']:.0f} | {result['cpu']:.2f} |",
         flush=True,
     )
 
 
 def row(name: str, num_examples: int, ms: float, examples_s: float, rss: float) -> None:
-    print(f"| tensorflow | {num_examples:,} | {name} | - | - | {ms:.2f} | {examples_s:,.0f} | {rss:.0f} |", flush=True)
+    print(
+        f"| tensorflow | {num_examples:,} | {name} | - | - | {ms:.2f} | {examples_s:,.0f} | {rss:.0f} | - |", flush=True
+    )
 
 
 def main() -> None:
@@ -291,6 +338,9 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="Drop the files from the page cache first.")
     parser.add_argument("--skip_ours", action="store_true", help="Only the baselines.")
     parser.add_argument("--tfds_size", type=int, default=100_000, help="Rows written through tfds (slow to build).")
+    parser.add_argument(
+        "--tfds_dir", default="", help="Keep the tfds files here and reuse them when there (rows of the same N)."
+    )
     parser.add_argument("--before", action="store_true", help="Also the sources read as before the parallel reads.")
     parser.add_argument("--repeats", type=int, default=1, help="Measure every source this often (interleaved).")
     args = parser.parse_args()
@@ -302,9 +352,9 @@ def main() -> None:
     list(batches_of(warm_up))  # the backend's input pipeline started before anything is measured
     print(
         "| backend | N | source | sampler us/step | one batch, ms | ms/batch in the pipeline | examples/s "
-        "| RSS growth MB |"
+        "| RSS growth MB | CPU ms/batch |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for num_examples in (int(size) for size in args.sizes.split(",")):
         path = os.path.join(args.dir, f"keras_dyndp_rows_{num_examples}.npy")
         data_dir = os.path.join(args.dir, f"keras_dyndp_tfds_{num_examples}")
@@ -318,7 +368,7 @@ def main() -> None:
                 result = time_batches(data, args.batches)
                 print(
                     f"| {backend} | {num_examples:,} | {name} | {sampler_us:.0f} | {time_one_batch(data):.2f} | "
-                    f"{result['ms']:.2f} | {result['examples_s']:,.0f} | {result['rss']:.0f} |",
+                    f"{result['ms']:.2f} | {result['examples_s']:,.0f} | {result['rss']:.0f} | {result['cpu']:.2f} |",
                     flush=True,
                 )
             if args.baselines:

@@ -396,6 +396,22 @@ def test_a_tfds_data_source_is_parsed_a_batch_at_a_time_into_the_elements_tfds_r
     assert sources._tfds_fetcher(source, contextlib.nullcontext()) is None
 
 
+def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thread_as_its_records(tmp_path):
+    source = _tfds_source(tmp_path)
+    tfds = sys.modules["tensorflow_datasets"]
+    part = tfds.data_source("rows", split="train[7:150]", data_dir=str(tmp_path), download=False)  # skips records
+    for data in (source, part):
+        files = sources._ArrayRecordFiles.of(data)
+        assert files is not None  # ArrayRecord files, read with readers of our own
+        everything = list(range(len(data)))
+        assert files(everything) == list(data.data_source.__getitems__(everything))
+        expected = [list(data.data_source.__getitems__(everything[start::4])) for start in range(4)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # a set of readers per thread: no seek interleaves
+            reads = list(pool.map(files, [everything[start::4] for start in range(4)] * 8))
+        assert reads == expected * 8
+    assert sources._ArrayRecordFiles.of(type("Other", (), {})()) is None  # anything else: the source's own reads
+
+
 def test_a_batch_of_64_or_more_is_read_in_chunks_by_several_threads_unless_the_source_reads_batches():
     reads, lock = [], threading.Lock()
 
