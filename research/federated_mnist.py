@@ -85,9 +85,7 @@ def _base_set() -> tuple[datasets.TaskData, str]:
 
 
 def _digits_28() -> datasets.TaskData:
-    from research import digits
-
-    data = digits.load_data()
+    data = datasets.load_digits()
 
     def resize(images: np.ndarray) -> np.ndarray:
         return tf.image.resize(images, (infinite_mnist.IMAGE_SIZE, infinite_mnist.IMAGE_SIZE)).numpy().clip(0.0, 1.0)
