@@ -63,7 +63,7 @@ class Session:
 
         mapping = get_stateless_scope().state_mapping
         variables = [id(variable) for variable in rule.variables(layer)]
-        kept = {variable: mapping.get(variable) for variable in variables}
+        kept = {variable: mapping[variable] for variable in variables if variable in mapping}
         mapping.update(zip(variables, self.stand_ins.get(key, ())))
         activation = getattr(layer, "activation", None)
         if activation is not None:
@@ -71,11 +71,9 @@ class Session:
         try:
             outputs = call()
         finally:
-            for variable, value in kept.items():
-                if value is None:
-                    mapping.pop(variable, None)
-                else:
-                    mapping[variable] = value
+            for variable in variables:
+                mapping.pop(variable, None)
+            mapping.update(kept)
             if activation is not None:
                 object.__setattr__(layer, "activation", activation)
         return tap(outputs) if activation is None else outputs
