@@ -23,6 +23,11 @@ def user_error(error: Exception) -> Exception:
     return error
 
 
+def _value_error(message: str) -> ValueError:
+    """A ValueError saying ``message``, marked to reach the user as raised (`user_error`)."""
+    return user_error(ValueError(message))
+
+
 # The model and its optimizer.
 
 
@@ -31,29 +36,25 @@ class BudgetExhaustedError(RuntimeError):
 
 
 def not_a_model_error(model: Any) -> ValueError:
-    return user_error(ValueError(f"`model` must be a keras.Model. Received: model={model!r}."))
+    return _value_error(f"`model` must be a keras.Model. Received: model={model!r}.")
 
 
 def not_dp_optimizer_error(optimizer: Any, backend: str) -> ValueError:
     """``model.optimizer`` of a model made private is not a DP optimizer of ``backend`` ('TensorFlow' or 'JAX')."""
-    return user_error(
-        ValueError(
-            f"`model.optimizer` must be a keras_dyndp DP optimizer of the {backend} backend "
-            "(keras_dyndp.DynamicDPKerasSGD, DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop or "
-            "one made by make_dynamic_dp_optimizer_class) for a model made private with make_private. "
-            f"Received: optimizer={optimizer!r}."
-        )
+    return _value_error(
+        f"`model.optimizer` must be a keras_dyndp DP optimizer of the {backend} backend "
+        "(keras_dyndp.DynamicDPKerasSGD, DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop or "
+        "one made by make_dynamic_dp_optimizer_class) for a model made private with make_private. "
+        f"Received: optimizer={optimizer!r}."
     )
 
 
 def loss_scale_error(remedy: str) -> ValueError:
     """A LossScaleOptimizer ('mixed_float16') around the DP optimizer; ``remedy``: what trains instead."""
-    return user_error(
-        ValueError(
-            "Mixed precision ('mixed_float16') wraps the optimizer in a LossScaleOptimizer, whose dynamic loss scale "
-            "skips or shrinks updates depending on the private batch (a step with an overflow is not applied), which "
-            f"differential privacy does not allow. {remedy}"
-        )
+    return _value_error(
+        "Mixed precision ('mixed_float16') wraps the optimizer in a LossScaleOptimizer, whose dynamic loss scale "
+        "skips or shrinks updates depending on the private batch (a step with an overflow is not applied), which "
+        f"differential privacy does not allow. {remedy}"
     )
 
 
@@ -65,21 +66,19 @@ def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], b
     ValueError for several losses (multi-output), a loss reduced over the batch (``is_per_example`` false), or
     anything else. ``keras``: the Keras module in use."""
     if isinstance(loss, (dict, list, tuple)):
-        raise user_error(ValueError(f"make_private supports a single loss (one output). Received: loss={loss!r}."))
+        raise _value_error(f"make_private supports a single loss (one output). Received: loss={loss!r}.")
     if isinstance(loss, str):
         loss = keras.losses.get(loss)
     if isinstance(loss, keras.losses.Loss):
         if not is_per_example(loss):
-            raise user_error(
-                ValueError(
-                    f"The compiled loss must be per-example: build it with {PER_EXAMPLE_REDUCTION} (averaging before "
-                    f"clipping destroys the privacy guarantee). Received: reduction={loss.reduction!r}."
-                )
+            raise _value_error(
+                f"The compiled loss must be per-example: build it with {PER_EXAMPLE_REDUCTION} (averaging before "
+                f"clipping destroys the privacy guarantee). Received: reduction={loss.reduction!r}."
             )
         return loss
     if callable(loss):
         return loss
-    raise user_error(ValueError(f"`model.loss` must be a Keras loss or a loss function. Received: loss={loss!r}."))
+    raise _value_error(f"`model.loss` must be a Keras loss or a loss function. Received: loss={loss!r}.")
 
 
 # What the model computes in training.
@@ -87,39 +86,33 @@ def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], b
 
 def regularization_error(received: str) -> ValueError:
     """Regularisation losses are sums over the batch's examples (activity) or none of theirs (weights)."""
-    return user_error(
-        ValueError(
-            "make_private does not support regularisation losses (kernel/activity regularizers, add_loss): remove "
-            "them (the optimizer's weight_decay argument decays the weights without reading the data). They are not "
-            f"per-example terms. Received: {received}."
-        )
+    return _value_error(
+        "make_private does not support regularisation losses (kernel/activity regularizers, add_loss): remove "
+        "them (the optimizer's weight_decay argument decays the weights without reading the data). They are not "
+        f"per-example terms. Received: {received}."
     )
 
 
 def batch_statistics_error(layer: Any) -> ValueError:
     """A layer (BatchNormalization) that normalises with, and stores, the statistics of the whole batch."""
-    return user_error(
-        ValueError(
-            f"Layer {layer.name!r} ({type(layer).__name__}) normalises with the statistics of the whole batch: replace "
-            "it with keras.layers.GroupNormalization or keras.layers.LayerNormalization (per-example), or freeze it "
-            "(layer.trainable = False runs it in inference mode with fixed statistics).\n"
-            "It normalises each example with the mean and variance of the whole batch and stores them in its moving "
-            "averages without noise: one example changes the others' gradients and the released model, which DP-SGD's "
-            "clipping does not bound."
-        )
+    return _value_error(
+        f"Layer {layer.name!r} ({type(layer).__name__}) normalises with the statistics of the whole batch: replace "
+        "it with keras.layers.GroupNormalization or keras.layers.LayerNormalization (per-example), or freeze it "
+        "(layer.trainable = False runs it in inference mode with fixed statistics).\n"
+        "It normalises each example with the mean and variance of the whole batch and stores them in its moving "
+        "averages without noise: one example changes the others' gradients and the released model, which DP-SGD's "
+        "clipping does not bound."
     )
 
 
 def batch_state_error(model_name: str, written: str, source: str = "the input batch") -> ValueError:
     """A training-mode call that writes state computed from the private batch (or, on JAX, from the step's secret
     per-example randomness): the stored value leaves the step without noise. ``written`` names what is written."""
-    return user_error(
-        ValueError(
-            f"Model {model_name!r} writes {written} in its training-mode call with a value computed from {source}: "
-            "that state leaves the step without noise, and what is computed from it can carry one example into the "
-            "others' gradients. Compute such statistics outside DP training (or on public data and freeze them); for "
-            "normalisation use keras.layers.GroupNormalization or LayerNormalization."
-        )
+    return _value_error(
+        f"Model {model_name!r} writes {written} in its training-mode call with a value computed from {source}: "
+        "that state leaves the step without noise, and what is computed from it can carry one example into the "
+        "others' gradients. Compute such statistics outside DP training (or on public data and freeze them); for "
+        "normalisation use keras.layers.GroupNormalization or LayerNormalization."
     )
 
 

@@ -42,10 +42,6 @@ class SaveCheckpoint(keras.callbacks.Callback):
         self._save()
 
 
-def _run_config_path(model_dir: str) -> str:
-    return os.path.join(model_dir, "run_config.json")
-
-
 def restore_or_start(
     model_dir: str,
     task_name: str,
@@ -62,12 +58,7 @@ def restore_or_start(
     """
     os.makedirs(model_dir, exist_ok=True)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=2)
-    saved_path = _run_config_path(model_dir)
-    current = {
-        "task": task_name,
-        "method": config.method,
-        "schedule": None if schedule is None else schedule.get_config(),
-    }
+    saved_path = os.path.join(model_dir, "run_config.json")
     if os.path.exists(saved_path):
         with open(saved_path) as handle:
             saved = json.load(handle)
@@ -85,7 +76,13 @@ def restore_or_start(
             )
     else:
         with open(saved_path, "w") as handle:
-            json.dump({**current, "flags": dataclasses.asdict(config)}, handle, indent=1)
+            saved = {
+                "task": task_name,
+                "method": config.method,
+                "schedule": None if schedule is None else schedule.get_config(),
+                "flags": dataclasses.asdict(config),
+            }
+            json.dump(saved, handle, indent=1)
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
     return manager

@@ -80,8 +80,6 @@ def make_task() -> run_config.Task:
         initial_clip=1.5,
         batch_size=64,
         epochs=10,
-        rho_mu=1 / 0.8,
-        rho_c=1 / 0.3,
         binary=True,
     )
 

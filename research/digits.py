@@ -61,8 +61,6 @@ def make_task() -> run_config.Task:
         initial_clip=1.0,
         batch_size=128,
         epochs=30,
-        rho_mu=1 / 0.8,
-        rho_c=1 / 0.3,
     )
 
 

@@ -35,6 +35,7 @@ untouched test split. Model and optimiser are MNIST's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -84,9 +85,7 @@ def _base_set() -> tuple[datasets.TaskData, str]:
 
 
 def _digits_28() -> datasets.TaskData:
-    from research import digits
-
-    data = digits.load_data()
+    data = datasets.load_digits()
 
     def resize(images: np.ndarray) -> np.ndarray:
         return tf.image.resize(images, (infinite_mnist.IMAGE_SIZE, infinite_mnist.IMAGE_SIZE)).numpy().clip(0.0, 1.0)
@@ -126,26 +125,23 @@ def build_model(data: datasets.TaskData) -> keras.Model:
     """MNIST's CNN on uint8 images; with several images per client, applied to each one (TimeDistributed)."""
     size = infinite_mnist.IMAGE_SIZE
     image_layers = [keras.layers.Rescaling(1 / 255.0)] + mnist.cnn_layers(data.num_classes)
-    if data.x_train.ndim == 4:  # One image per client: a plain Sequential.
-        return keras.Sequential([keras.layers.Input((size, size, 1), dtype="uint8")] + image_layers)
     image_model = keras.Sequential([keras.layers.Input((size, size, 1), dtype="uint8")] + image_layers)
+    if data.x_train.ndim == 4:  # One image per client: a plain Sequential.
+        return image_model
     inputs = keras.layers.Input((None, size, size, 1), dtype="uint8")
     return keras.Model(inputs, keras.layers.TimeDistributed(image_model)(inputs))
 
 
 def make_task() -> run_config.Task:
     """Federated InfiniteMNIST-style task; p = batch_size / num_clients (the paper's 1e-3 for 250K clients)."""
-    return run_config.Task(
+    return dataclasses.replace(  # MNIST's optimiser settings
+        mnist.make_task(),
         name="federated_mnist",
         load_data=load_data,
         build_model=build_model,
         epsilon=0.4,
-        learning_rate=0.15,
-        initial_clip=1.5,
         batch_size=max(1, round(1e-3 * FLAGS.num_clients)),
         epochs=5,
-        rho_mu=1 / 0.8,
-        rho_c=1 / 0.3,
         privacy_unit="client (all its images)",
         notes=(
             "client-level DP: Poisson client sampling with the probability p above; noise added once to the "

@@ -92,8 +92,6 @@ def make_task() -> run_config.Task:
         initial_clip=2.0,
         batch_size=250,
         epochs=25,
-        rho_mu=1 / 0.8,
-        rho_c=1 / 0.3,
         optimizer="adam",
         binary=True,
         notes=notes,

@@ -76,8 +76,6 @@ def make_task() -> run_config.Task:
         initial_clip=1.5,
         batch_size=250,
         epochs=20,
-        rho_mu=1 / 0.8,
-        rho_c=1 / 0.3,
     )
 
 

@@ -14,7 +14,7 @@ from research import run_config
 
 # The config fields written to the results CSV, in its column order. Files of earlier versions lack the last two;
 # `append_results_csv` adds them (with their defaults) before appending.
-_CSV_CONFIG_COLUMNS = (
+CSV_CONFIG_COLUMNS = (
     "method",
     "epsilon",
     "delta",
@@ -52,10 +52,10 @@ class RunResult:
         return self.config.report_accountant if self.config.private else "none"
 
     def csv_row(self) -> dict[str, Any]:
-        """The flat row of the results CSV: task, the config's `_CSV_CONFIG_COLUMNS`, then what was measured."""
+        """The flat row of the results CSV: task, the config's `CSV_CONFIG_COLUMNS`, then what was measured."""
         return {
             "task": self.task,
-            **{name: getattr(self.config, name) for name in _CSV_CONFIG_COLUMNS},
+            **{name: getattr(self.config, name) for name in CSV_CONFIG_COLUMNS},
             "steps": self.steps,
             "total_steps": self.total_steps,
             "test_accuracy": self.test_accuracy,

@@ -30,7 +30,8 @@ class Task:
       name: task name, written to the results CSV.
       load_data: returns the `datasets.TaskData`; raises `datasets.DataNotFoundError` when the data is absent.
       build_model: builds the (uncompiled) Keras model from the data; it outputs logits.
-      epsilon, learning_rate, initial_clip, batch_size, epochs, rho_mu, rho_c, optimizer: defaults of the flags.
+      epsilon, learning_rate, initial_clip, batch_size, epochs, rho_mu, rho_c, optimizer: defaults of the flags
+        (rho_mu and rho_c: the authors' 1/rho_mu = 0.8 and 1/rho_c = 0.3 unless given).
       binary: one logit and a binary cross-entropy instead of softmax cross-entropy.
       privacy_unit: what one protected record is, for the report.
       notes: extra lines for the privacy report (e.g. what the guarantee does not cover).
@@ -44,7 +45,7 @@ class Task:
     initial_clip: float
     batch_size: int
     epochs: float
-    rho_mu: float = 1.25
+    rho_mu: float = 1 / 0.8
     rho_c: float = 1 / 0.3
     optimizer: str = "sgd"
     binary: bool = False

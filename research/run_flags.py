@@ -198,9 +198,7 @@ def _accumulation_conflict(options: dict[str, Any]) -> str | None:
 
 
 def _multi_worker_conflict(options: dict[str, Any]) -> str | None:
-    if options["strategy"] != "multi_worker":
-        return None
-    if options["model_dir"] is not None:
+    if options["strategy"] == "multi_worker" and options["model_dir"] is not None:
         return (
             "--strategy=multi_worker takes no --model_dir: every worker would write the same checkpoints and "
             "run_config.json into it. Run without --model_dir (or use --strategy=mirrored on one machine)."
@@ -224,11 +222,8 @@ def option_conflict(options: dict[str, Any]) -> str | None:
       logs and run_config.json into it; the examples do not implement Keras's chief-and-temporary-directories
       pattern.
     """
-    for _, check in _OPTION_CHECKS:
-        message = check(options)
-        if message is not None:
-            return message
-    return None
+    messages = (check(options) for _, check in _OPTION_CHECKS)
+    return next((message for message in messages if message is not None), None)
 
 
 def _validator(check: Callable[[dict[str, Any]], str | None]) -> Callable[[dict[str, Any]], bool]:

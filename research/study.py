@@ -184,38 +184,29 @@ def select(tuning_rows: list[dict]) -> dict:
     return max(sorted(tuning_rows, key=lambda row: int(row["config_index"])), key=_score)
 
 
+@dataclasses.dataclass
 class Study:
-    """One study: the task, its base `RunConfig` and the search, run phase by phase into `study_dir`."""
+    """One study: the task, its base `RunConfig` (calibrated and reported under PLD, without a results CSV or model
+    directory of its own) and the search, run phase by phase into `study_dir`."""
 
-    def __init__(
-        self,
-        task: run_config.Task,
-        base: run_config.RunConfig,
-        study_dir: str,
-        *,
-        epsilons: list[float],
-        contenders: list[str],
-        budget: int,
-        space: SearchSpace,
-        validation_fraction: float = 0.1,
-        tune_seed: int = 0,
-        final_seeds: tuple[int, ...] = (1, 2, 3),
-        search_seed: int = 0,
-    ):
-        self.task = task
+    task: run_config.Task
+    base: run_config.RunConfig
+    study_dir: str
+    _: dataclasses.KW_ONLY
+    epsilons: list[float]
+    contenders: list[str]
+    budget: int
+    space: SearchSpace
+    validation_fraction: float = 0.1
+    tune_seed: int = 0
+    final_seeds: tuple[int, ...] = (1, 2, 3)
+    search_seed: int = 0
+
+    def __post_init__(self):
         self.base = dataclasses.replace(
-            base, accountant="pld", report_accountant="pld", results_csv=None, model_dir=None
+            self.base, accountant="pld", report_accountant="pld", results_csv=None, model_dir=None
         )
-        self.study_dir = study_dir
-        self.epsilons = epsilons
-        self.contenders = contenders
-        self.budget = budget
-        self.space = space
-        self.validation_fraction = validation_fraction
-        self.tune_seed = tune_seed
-        self.final_seeds = final_seeds
-        self.search_seed = search_seed
-        self.csv_path = os.path.join(study_dir, "study.csv")
+        self.csv_path = os.path.join(self.study_dir, "study.csv")
 
     def _run(self, phase: str, epsilon: float, contender: str, index: int, values: dict, seed: int) -> None:
         task = self.task if phase == "final" else validation_task(self.task, self.validation_fraction)

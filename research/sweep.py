@@ -107,16 +107,7 @@ def _key(task: str, run: dict) -> tuple:
 
 # RunConfig fields that the sweep's command line sets for all its runs and the results CSV records: a row counts as a
 # done run only where it agrees with them (a rerun with another --learning_rate or --lr_decay is not "done").
-_SHARED_COLUMNS = (
-    "delta",
-    "initial_clip",
-    "learning_rate",
-    "batch_size",
-    "epochs",
-    "sampling",
-    "lr_decay",
-    "rescale_to_unit_norm",
-)
+_SHARED_COLUMNS = tuple(name for name in results.CSV_CONFIG_COLUMNS if name not in _PER_RUN_FLAGS)
 
 
 def agrees_with(row: dict, base: run_config.RunConfig) -> bool:

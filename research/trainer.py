@@ -1,46 +1,29 @@
 """The trainer every research task script shares: flags, optimizer, fit loop, checkpoints and privacy report.
 
 A task script (``research/digits.py``, ``research/mnist.py``, ...) only says how to load its data, how to build its
-model and which hyperparameters the paper uses (a `Task`); `run` does the rest:
+model and which hyperparameters the paper uses (a `run_config.Task`); `run` hands the flags' `RunConfig`
+(`run_flags.config_from_flags`) to `train(task, config)`, which reads no flag and can be called from Python:
 
-1. turns the shared flags below into a `RunConfig` (`config_from_flags`, the only reader of them; a flag left unset
-   takes the task's default) and hands it to `train(task, config)`, which reads no flag and can be called from
-   Python with a `RunConfig` built by hand;
-2. calibrates the `keras_dyndp.schedules.DPSchedule` of the run: p = batch_size / N, T = ceil(epochs N /
-   batch_size), C_t and sigma_t from ``--method``, ``--epsilon``, ``--delta`` (default 1 / (10 N)), ``--rho_mu``,
-   ``--rho_c`` and ``--initial_clip``, met under ``--accountant`` (the rigorous PLD by default; ``gdp_clt`` is
-   the paper's approximation); the baselines ``--method=zcdp`` / ``tcdp`` (constant clip, noise decaying by
-   ``--rho_mu``) under their own;
-3. trains with ``model.fit`` on Poisson-sampled batches (``--sampling=poisson``, what the accountants assume)
-   with a `DynamicDPKeras*` optimizer, `PrivacyLogger` and `BudgetStop`, per-example clipping through the fast
-   path (`keras_dyndp.tf_backend.per_example.make_private`) or the optimizer's generic jacobian path
+1. calibrates the run's `keras_dyndp.schedules.DPSchedule` (`make_schedule`): p = batch_size / N, T = ceil(epochs N
+   / batch_size), C_t and sigma_t of ``--method`` met under ``--accountant`` (the baselines zcdp / tcdp under their
+   own);
+2. trains with ``model.fit`` on Poisson-sampled batches (`batches`) with a `DynamicDPKeras*` optimizer,
+   `PrivacyLogger` and `BudgetStop`, per-example clipping by `keras_dyndp.tf_backend.per_example.make_private`
    (``--per_example``);
-4. with ``--model_dir``: checkpoints model and optimizer (the optimizer's ``dp_step`` is the schedule's step
-   counter) every epoch, writes TensorBoard logs under ``<model_dir>/logs``, after training the run's privacy
-   curve ``<model_dir>/privacy_curve.png`` (`write_privacy_curve`), and resumes from the latest checkpoint when
-   rerun. It refuses to resume a run whose saved schedule differs from the one the flags give:
-   the restored step counter would index another schedule and the accounting would be wrong;
-5. with ``--strategy=mirrored`` (the local GPUs, or the logical CPUs) or ``--strategy=multi_worker`` (the
-   machines of TF_CONFIG) builds model, optimizer and compile under the `tf.distribute` strategy, pads the Poisson
-   batches to a multiple of the replica count and lets ``model.fit`` split each batch across the replicas; the
-   noise is still added once per global step (`keras_dyndp.tf_backend.replicas`). ``--accumulation_steps=k`` clips
-   each batch in k physical batches inside the step (`keras_dyndp.tf_backend.per_example.accumulation`). Under
-   multi_worker the workers agree on the sampling seed (`keras_dyndp.tf_backend.replicas.agreed_random_bits`: the
-   same Poisson batches),
-   there is no ``--model_dir``, and only the chief appends to ``--results_csv``;
-6. evaluates on the test set, prints the privacy report (GDP-CLT epsilon and a rigorous PLD or RDP epsilon of the
+3. with ``--model_dir``: checkpoints every epoch and resumes (`checkpoints`), TensorBoard logs under
+   ``<model_dir>/logs`` and the privacy curve ``<model_dir>/privacy_curve.png`` (`results.write_privacy_curve`);
+4. under a `tf.distribute` strategy (``--strategy``, `distribute`) builds model, optimizer and compile in its scope
+   and pads the Poisson batches to a multiple of the replicas (the noise is still added once per global step,
+   `keras_dyndp.tf_backend.replicas`); under multi_worker the workers agree on the sampling seed and only the chief
+   appends to ``--results_csv``;
+5. evaluates on the test set, prints the privacy report (GDP-CLT epsilon and a rigorous PLD or RDP epsilon of the
    steps actually taken) and, with ``--results_csv``, appends one row per run.
 
-Bad flag values and missing data end the script with one line on stderr and exit code 2, without a traceback.
-
-Privacy unit: one training example (add-or-remove-one adjacency); for ``research.federated_mnist`` one client.
 Only the noised updates are private: loss and accuracy of a training batch are computed without noise, so DP runs
 compute none unless ``--training_metrics`` asks for them (then the report says they are outside the guarantee).
-The sampling and noise randomness must stay secret for the guarantee to hold: ``--seed`` makes experiments
-reproducible and is meant for research; leave it unset (OS entropy) for a model you release. It seeds the model's
-initialisation (TensorFlow's global seed) and, through seeds derived from (--seed, the step a run starts or resumes
-at), the Poisson batches and the optimizer's ``noise_seed``; the DP noise never follows the global seed. A resumed
-run thus repeats neither the batches nor the noise of the steps before it.
+``--seed`` seeds the model's initialisation (TensorFlow's global seed) and, through seeds derived from it and the
+step a run starts or resumes at (`batches.derived_seed`), the Poisson batches and the optimizer's ``noise_seed``:
+the DP noise never follows the global seed, and a resumed run repeats neither the batches nor the noise.
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ import numbers
 from collections.abc import Sequence
 
 import numpy as np
-import scipy.optimize
 import scipy.special
 import scipy.stats
 
 from keras_dyndp import validation
+from keras_dyndp.accounting import gdp
 
 __all__ = [
     "AuditResult",
@@ -107,26 +107,10 @@ def _bisect_largest_rejected(rejects, ceiling: float) -> float:
 
 def gdp_epsilon(mu, delta) -> float:
     """Epsilon of mu-GDP at ``delta`` (Dong, Roth, Su 2022, Corollary 2.13): the smallest eps >= 0 with
-    delta >= Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (computed in logs)."""
+    delta >= Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (`keras_dyndp.accounting.gdp.epsilon_from_mu`)."""
     mu = validation.check_float("mu", mu, 0.0, inclusive=True)
     delta = validation.check_delta(delta)
-    if mu == 0.0:
-        return 0.0
-    log_delta = math.log(delta)
-
-    def gap(eps: float) -> float:  # log delta(eps) - log delta, decreasing in eps
-        log_a = scipy.special.log_ndtr(-eps / mu + mu / 2.0)
-        log_b = eps + scipy.special.log_ndtr(-eps / mu - mu / 2.0)
-        if log_b >= log_a:
-            return -math.inf
-        return float(log_a + math.log1p(-math.exp(log_b - log_a)) - log_delta)
-
-    if gap(0.0) <= 0.0:
-        return 0.0
-    high = 1.0
-    while gap(high) > 0.0:
-        high *= 2.0
-    return float(scipy.optimize.brentq(gap, 0.0, high, xtol=1e-10))
+    return 0.0 if mu == 0.0 else gdp.epsilon_from_mu(mu, delta)
 
 
 def _fdp_rejects(mu: float, r: int, v: int, m: int, alpha: float) -> bool:

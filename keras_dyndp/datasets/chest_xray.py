@@ -8,6 +8,7 @@ import numpy as np
 
 from keras_dyndp.datasets.core import DataNotFoundError
 from keras_dyndp.datasets.core import TaskData
+from keras_dyndp.datasets.core import missing_folders
 
 CHEST_XRAY_CLASSES = ["NORMAL", "PNEUMONIA"]
 
@@ -40,12 +41,7 @@ def load_chest_xray(root: str | None, image_size: int = 128) -> TaskData:
     )
     if not root:
         raise DataNotFoundError(f"chest_xray: no --chest_xray_dir given. {how_to_get}")
-    missing = [
-        os.path.join(root, split, name)
-        for split in ("train", "test")
-        for name in CHEST_XRAY_CLASSES
-        if not os.path.isdir(os.path.join(root, split, name))
-    ]
+    missing = missing_folders(root, CHEST_XRAY_CLASSES)
     if missing:
         raise DataNotFoundError(f"chest_xray: missing folders {', '.join(missing)}. {how_to_get}")
     x_train, y_train = _read_chest_xray_split(os.path.join(root, "train"), image_size)

@@ -1,9 +1,5 @@
 """What every loader shares: the in-memory `TaskData`, `DataNotFoundError`, data files inside installed packages,
-prepared TensorFlow Datasets (never downloaded) and the fixed train/test split.
-
-Every task loads its whole training and test set into numpy arrays: Poisson subsampling draws each step's batch
-from the full training set (`keras_dyndp.poisson_batches`), so the data must be indexable.
-"""
+prepared TensorFlow Datasets (never downloaded) and the fixed train/test split."""
 
 from __future__ import annotations
 
@@ -72,7 +68,7 @@ def load_tfds_arrays(name: str, data_dir: str | None, splits: Sequence[str]) -> 
     Raises:
       DataNotFoundError: if tensorflow_datasets is not installed or the dataset is not prepared there.
     """
-    where = data_dir or default_tfds_dir()
+    where = data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")  # tfds's default
     try:
         import tensorflow_datasets as tfds
     except ImportError as error:
@@ -92,9 +88,10 @@ def load_tfds_arrays(name: str, data_dir: str | None, splits: Sequence[str]) -> 
     return arrays
 
 
-def default_tfds_dir() -> str:
-    """tfds's default data directory, for messages."""
-    return os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+def missing_folders(root: str, classes: Sequence[str]) -> list[str]:
+    """The folders ``root/{train,test}/<class>`` of a class-per-folder tree that do not exist."""
+    folders = [os.path.join(root, split, name) for split in ("train", "test") for name in classes]
+    return [folder for folder in folders if not os.path.isdir(folder)]
 
 
 def split_train_test(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int = 0):

@@ -12,6 +12,7 @@ from absl import logging
 from keras_dyndp.datasets.core import DataNotFoundError
 from keras_dyndp.datasets.core import TaskData
 from keras_dyndp.datasets.core import load_tfds_arrays
+from keras_dyndp.datasets.core import missing_folders
 from keras_dyndp.datasets.core import package_file
 from keras_dyndp.datasets.core import split_train_test
 
@@ -63,19 +64,14 @@ def load_imdb_texts(
       DataNotFoundError: when none of those sources holds the reviews.
     """
     if imdb_dir:
-        splits = [os.path.join(imdb_dir, split) for split in ("train", "test")]
-        missing = [
-            os.path.join(split, name)
-            for split in splits
-            for name in IMDB_CLASSES
-            if not os.path.isdir(os.path.join(split, name))
-        ]
+        missing = missing_folders(imdb_dir, IMDB_CLASSES)
         if missing:
             raise DataNotFoundError(
                 f"imdb: --imdb_dir={imdb_dir} lacks {', '.join(missing)}. Get it with: download and extract "
                 "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz and pass --imdb_dir=.../aclImdb."
             )
-        return _read_imdb_folder(splits[0]), _read_imdb_folder(splits[1]), f"aclImdb folder {imdb_dir}"
+        train, test = (_read_imdb_folder(os.path.join(imdb_dir, split)) for split in ("train", "test"))
+        return train, test, f"aclImdb folder {imdb_dir}"
     try:
         train, test = load_tfds_arrays("imdb_reviews", data_dir, ("train", "test"))
     except DataNotFoundError as error:

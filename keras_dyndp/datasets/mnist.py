@@ -60,11 +60,6 @@ def _find_idx_file(directory: str, stem: str) -> str | None:
     return None
 
 
-def has_idx_files(directory: str) -> bool:
-    """Whether `directory` holds the four IDX files (plain or .gz)."""
-    return all(_find_idx_file(directory, stem) for stem in IDX_FILES.values())
-
-
 def load_idx_directory(directory: str) -> dict[str, np.ndarray]:
     """The four MNIST-format arrays from a folder: keys x_train, y_train, x_test, y_test (uint8).
 
@@ -157,7 +152,7 @@ def load_mnist_like(
     except DataNotFoundError as error:
         looked.append(str(error))
     for directory in idx_dirs:
-        if has_idx_files(directory):
+        if all(_find_idx_file(directory, stem) for stem in IDX_FILES.values()):
             return _as_task_data(load_idx_directory(directory), f"{tfds_name} IDX files in {directory}")
         looked.append(f"no IDX files in {directory}")
     if npz_path is not None:

@@ -47,9 +47,8 @@ def load_names(directory: str | None, max_name_length: int = 20) -> TaskData:
         raise DataNotFoundError(
             f"names: --names_dir={directory} holds {len(files)} <Language>.txt files (need >= 2). {how_to_get}"
         )
-    names, labels, languages = [], [], []
+    names, labels = [], []
     for label, path in enumerate(files):
-        languages.append(os.path.splitext(os.path.basename(path))[0])
         with open(path, encoding="utf-8") as handle:
             for line in handle:
                 if line.strip():
@@ -63,7 +62,7 @@ def load_names(directory: str | None, max_name_length: int = 20) -> TaskData:
         y_train=y_train,
         x_test=x_test,
         y_test=y_test,
-        num_classes=len(languages),
-        description=f"names from {directory}: {len(languages)} languages, {len(y_train)} training / "
+        num_classes=len(files),
+        description=f"names from {directory}: {len(files)} languages, {len(y_train)} training / "
         f"{len(y_test)} test names",
     )

@@ -46,14 +46,12 @@ from keras_dyndp.jax_backend import ops
 
 
 class LayerRule(NamedTuple):
-    """How one layer class is clipped from its taps (TensorFlow's `LayerRule`'s parts, but for ``call``): the
-    ``variables(layer)`` it covers (its other variables keep per-example gradients); ``norms_and_sums(layer, a, g)``:
-    the squared norms [B] of their per-example gradients together, and a function ``factors -> [sum_i factors_i
-    (example i's gradient) for each variable]``; which configurations it ``supports``. The tap is before the layer's
-    activation where it has one, else its output.
+    """How one layer class is clipped from its taps (TensorFlow's `LayerRule`'s parts, but for ``call``). The tap is
+    before the layer's activation where it has one, else its output.
 
     Attributes:
-      variables: ``variables(layer)``: the layer's trainable variables the rule covers.
+      variables: ``variables(layer)``: the layer's trainable variables the rule covers (its other variables keep
+        per-example gradients).
       norms_and_sums: ``norms_and_sums(layer, a, g)``, a the tapped input and g the loss's gradient at the tap
         [B, ...]: the squared norms [B] of each example's gradient of those variables together, and a function
         ``factors -> [sum_i factors_i (example i's gradient) for each variable]``.
@@ -264,8 +262,9 @@ def _groups(ids: jax.Array, deltas: jax.Array, vocabulary: int) -> tuple:
     return jnp.take_along_axis(deltas, order[..., None], axis=1), group, jnp.where(starts, keys, vocabulary)
 
 
-class _DenseView(NamedTuple):
-    """An EinsumDense seen as a Dense over positions: ``kernel`` [k, m] (its shape only, `_weight_gradient`)."""
+class KernelView(NamedTuple):
+    """A weight in a Dense kernel's place for `DENSE_NORMS_AND_SUMS` (an EinsumDense seen as a Dense over positions,
+    a LoRA adapter): ``kernel`` [k, m] (its shape only, `_weight_gradient`)."""
 
     kernel: jax.ShapeDtypeStruct
 
@@ -284,7 +283,7 @@ def einsum_norms_and_sums(layer, a, g):
     plan = einsum_equation.plan(layer.equation, tuple(layer.kernel.shape), a.ndim)
     a = jnp.transpose(a, plan.input_order).reshape(rows, -1, plan.fan_in)
     g = jnp.transpose(g, plan.output_order).reshape(rows, -1, plan.fan_out)
-    view = _DenseView(jax.ShapeDtypeStruct((plan.fan_in, plan.fan_out), jnp.float32))
+    view = KernelView(jax.ShapeDtypeStruct((plan.fan_in, plan.fan_out), jnp.float32))
     squared, sums = DENSE_NORMS_AND_SUMS(view, a, g)
     back = lambda total: jnp.transpose(total.reshape(plan.gradient_shape), plan.kernel_order)  # noqa: E731
     return squared, lambda f: [back(total) for total in sums(f)]

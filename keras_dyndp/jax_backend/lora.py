@@ -50,12 +50,6 @@ def _shape(variable) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(variable.shape), jnp.float32)
 
 
-class _Kernel(NamedTuple):
-    """An adapter in a kernel's place (`ghost`'s rules read its shape)."""
-
-    kernel: jax.ShapeDtypeStruct
-
-
 class _EinsumView(NamedTuple):
     """A in the kernel's place of the rank equation (`einsum_lora`)."""
 
@@ -76,7 +70,7 @@ def _both(first: tuple, second: tuple) -> tuple[jax.Array, Callable]:
 
 def _b_rule(layer, b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
     """B's per-example gradients sum_t u_t^T g_t (u = s a A: [B, T, r]; g: [B, T, out]) by the Dense rule."""
-    return ghost.DENSE_NORMS_AND_SUMS(_Kernel(_shape(b)), u_rows, g_rows)
+    return ghost.DENSE_NORMS_AND_SUMS(ghost.KernelView(_shape(b)), u_rows, g_rows)
 
 
 def _times_b_transposed(layer, b, g: jax.Array, axis: int = -1) -> jax.Array:
@@ -92,7 +86,7 @@ def _dense_norms_and_sums(layer, a, g):
     a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
     h = _times_b_transposed(layer, b_adapter, g_rows)
     u = _scale(layer) * jnp.matmul(a_rows, _value(a_adapter), precision=_HIGHEST)
-    a_rule = ghost.DENSE_NORMS_AND_SUMS(_Kernel(_shape(a_adapter)), a_rows, h)
+    a_rule = ghost.DENSE_NORMS_AND_SUMS(ghost.KernelView(_shape(a_adapter)), a_rows, h)
     return _both(a_rule, _b_rule(layer, b_adapter, u, g_rows))
 
 

@@ -18,9 +18,7 @@ import jax
 import keras
 
 from keras_dyndp import refusals
-from keras_dyndp import sublayers
-
-layers = sublayers.layers
+from keras_dyndp.sublayers import layers
 
 
 def check_layers(model: keras.Model) -> None:

@@ -26,7 +26,7 @@ import keras
 from keras.src.backend.common.stateless_scope import get_stateless_scope
 
 from keras_dyndp.jax_backend import ghost
-from keras_dyndp.jax_backend import model_checks
+from keras_dyndp.sublayers import layers
 
 _ACTIVE = threading.local()
 
@@ -63,7 +63,7 @@ class Session:
 
         mapping = get_stateless_scope().state_mapping
         variables = [id(variable) for variable in rule.variables(layer)]
-        kept = {variable: mapping.get(variable) for variable in variables}
+        kept = {variable: mapping[variable] for variable in variables if variable in mapping}
         mapping.update(zip(variables, self.stand_ins.get(key, ())))
         activation = getattr(layer, "activation", None)
         if activation is not None:
@@ -71,11 +71,9 @@ class Session:
         try:
             outputs = call()
         finally:
-            for variable, value in kept.items():
-                if value is None:
-                    mapping.pop(variable, None)
-                else:
-                    mapping[variable] = value
+            for variable in variables:
+                mapping.pop(variable, None)
+            mapping.update(kept)
             if activation is not None:
                 object.__setattr__(layer, "activation", activation)
         return tap(outputs) if activation is None else outputs
@@ -108,21 +106,21 @@ def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     if not ghost.acts_per_example(layer):
         return []
     leaves = []
-    for sublayer in model_checks.layers(layer, include_self=False, recursive=False):
+    for sublayer in layers(layer, include_self=False, recursive=False):
         ruled = ghost.rule_for(sublayer) is not None
         leaves += _leaves_under_wiring(sublayer) if _has_sublayers(sublayer) and not ruled else [sublayer]
     return leaves
 
 
 def _has_sublayers(layer: keras.layers.Layer) -> bool:
-    return bool(model_checks.layers(layer, include_self=False, recursive=False))
+    return bool(layers(layer, include_self=False, recursive=False))
 
 
 def candidates(model: keras.Model, classes: tuple | None = None) -> dict[int, tuple[keras.layers.Layer, tuple]]:
     """Tappable layers of ``classes`` (None: every class with a rule; patched) by id, each with its covered
     variables' indices in ``trainable_variables``."""
     trainable = model.trainable_variables
-    leaves = [layer for layer in model_checks.layers(model) if not _has_sublayers(layer)]
+    leaves = [layer for layer in layers(model) if not _has_sublayers(layer)]
     found = {}
     for layer in _leaves_under_wiring(model):
         rule = ghost.rule_for(layer) if classes is None or type(layer) in classes else None

@@ -49,6 +49,7 @@ from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
 from keras_dyndp import refusals
+from keras_dyndp import sublayers
 from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend import ghost
 from keras_dyndp.jax_backend import microbatches
@@ -74,7 +75,7 @@ def _check_model(model: keras.Model) -> None:
     model_checks.check_layers(model)
     regularised = [
         layer.name
-        for layer in model_checks.layers(model)
+        for layer in sublayers.layers(model)
         if getattr(layer, "activity_regularizer", None) is not None
         or any(getattr(variable, "regularizer", None) is not None for variable in layer.weights)
     ]
@@ -85,9 +86,7 @@ def _check_model(model: keras.Model) -> None:
 def _seed_states(model: keras.Model) -> list[bool]:
     """For each non-trainable variable of ``model``, whether it is a random-generator (SeedGenerator) state."""
     states = {
-        id(generator.state)
-        for layer in model_checks.layers(model)
-        for generator in getattr(layer, "_seed_generators", ())
+        id(generator.state) for layer in sublayers.layers(model) for generator in getattr(layer, "_seed_generators", ())
     }
     return [id(variable) in states for variable in model.non_trainable_variables]
 
