@@ -1,7 +1,8 @@
 """The package's shape, as docs/architecture.md describes it, checked on the source text: no import cycle, the
-module-level imports on at most six floors, no function over 60 lines, the call stack read in `registration.py`
-only, at most eight protected-access exemptions, accountant names compared in `accounting/` only, examples that
-import only the public package, no research module over 400 lines. Reads files; imports nothing of the package."""
+module-level imports on at most six floors (the page's table), no function over 60 lines, the call stack read in
+`registration.py` only, at most eight protected-access exemptions, accountant names compared in `accounting/` only,
+examples that import only the public package, no research module over 400 lines. Reads files; imports nothing of
+the package."""
 
 from __future__ import annotations
 
@@ -134,6 +135,17 @@ def test_module_level_imports_stand_on_at_most_six_floors():
     assert highest <= MAX_FLOORS, f"{highest} floors; top: {chain}"
 
 
+def test_the_architecture_page_lists_the_floors_as_they_are():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    table = page[page.index("| floor | units |") :].split("\n\n")[0].splitlines()[2:]
+    documented = {}
+    for row in table:
+        floor, units = (cell.strip() for cell in row.strip("|").split("|"))
+        for name in re.findall(r"`([^`]+)`", units):
+            documented["__init__" if name == "keras_dyndp/__init__.py" else name] = int(floor)
+    assert documented == floors(_unit_graph(module_level_only=True))
+
+
 def test_the_floor_count_sees_a_chain():
     graph = {"a": {"b"}, "b": {"c"}, "c": set(), "d": {"c"}}
     assert floors(graph) == {"a": 3, "b": 2, "c": 1, "d": 2}
@@ -164,17 +176,29 @@ def test_protected_access_exemptions_are_few():
     assert count <= MAX_PROTECTED_ACCESS_EXEMPTIONS
 
 
+_QUOTED_ACCOUNTANT = r"""["'](gdp_clt|gdp|rdp|pld|prv)["']"""
+ACCOUNTANT_COMPARISON = re.compile(
+    rf"[=!]=\s*{_QUOTED_ACCOUNTANT}|{_QUOTED_ACCOUNTANT}\s*[=!]=|\bin\s*[(\[{{]\s*{_QUOTED_ACCOUNTANT}"
+)
+
+
 def test_accountant_names_are_compared_in_accounting_only():
-    names = "gdp_clt|gdp|rdp|pld|prv"
-    quoted = rf"""["']({names})["']"""
-    comparison = re.compile(rf"[=!]=\s*{quoted}|{quoted}\s*[=!]=|\bin\s*[(\[{{]\s*{quoted}")
     found = [
         f"{path.relative_to(ROOT)}: {match.group(0)}"
         for path in _python_files("keras_dyndp")
         if "accounting" not in path.relative_to(PACKAGE).parts
-        for match in comparison.finditer(path.read_text())
+        for match in ACCOUNTANT_COMPARISON.finditer(path.read_text())
     ]
     assert not found
+
+
+@pytest.mark.parametrize(
+    "line, compares",
+    [('if name == "gdp_clt":', True), ("'rdp' != name", True), ('name in ("pld", "rdp")', True)]
+    + [('accountant="pld"', False), ('"gdp_clt accountant"', False)],
+)
+def test_the_comparison_scan_finds_comparisons(line, compares):
+    assert bool(ACCOUNTANT_COMPARISON.search(line)) == compares
 
 
 def test_examples_import_only_the_public_package():
