@@ -85,6 +85,7 @@ def _check_model(model: keras.Model) -> None:
 
 def _seed_states(model: keras.Model) -> list[bool]:
     """For each non-trainable variable of ``model``, whether it is a random-generator (SeedGenerator) state."""
+    # Keras lists a layer's SeedGenerators only in its private `_seed_generators`; no public API names them.
     states = {
         id(generator.state) for layer in sublayers.layers(model) for generator in getattr(layer, "_seed_generators", ())
     }
@@ -393,6 +394,7 @@ def _private_jax_state_sync(self: keras.Model):
     """Keras's ``jax_state_sync`` (``fit`` calls it at each epoch's end and when it ends, ``train_on_batch`` after its
     step, a callback when it reads ``self.model``), then `raise_refused_step` when steps ran since the last sync: a
     refusal surfaces in the call that made it, at the epoch's end at the latest."""
+    # Whether steps ran since the last sync: Keras's JAX trainer keeps that in private attributes only.
     stepped = not getattr(self, "_jax_state_synced", True) and getattr(self, "_jax_state", None)
     type(self).jax_state_sync(self)
     optimizer = getattr(self, "optimizer", None)
