@@ -1,8 +1,8 @@
 """The rules of `keras_dyndp.dense_attention` on TensorFlow (Keras 3 and 2): a model with AdditiveAttention or
 Attention (``use_scale=True``, ``score_mode="concat"``) takes the ghost path and clips like the loop of single-example
-gradients (eagerly and traced with an unknown batch size); removing one example moves the clipped sum by
-min(||g_i||, C) <= C; a factor-0 example adds nothing; the calls the rule cannot reproduce (dropout, masks, causal
-masks, attention scores returned) keep the path they had before."""
+gradients (eagerly and traced with an unknown batch size, also sequence length); removing one example moves the
+clipped sum by min(||g_i||, C) <= C; a factor-0 example adds nothing; the calls the rule cannot reproduce (dropout,
+masks, causal masks, attention scores returned) keep the path they had before."""
 
 import attention_models
 import numpy as np
@@ -107,3 +107,14 @@ def test_keras_2s_causal_argument_is_not_covered():
     layer = L.Attention(use_scale=True, causal=True)
     attention_models.attention_model(keras, layer, own_key=False)
     assert rules.rule_for(layer) is None
+
+
+def test_sequences_of_a_length_unknown_while_tracing_take_the_ghost_path():
+    keras.utils.set_random_seed(0)
+    inputs = L.Input((None, 3))
+    attended = L.AdditiveAttention()([L.Dense(3, activation="tanh")(inputs), L.Dense(3)(inputs)])
+    model = keras.Model(inputs, L.Dense(3)(L.GlobalAveragePooling1D()(attended)))
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(5, 6, 3)), tf.float32)
+    y = tf.constant(rng.integers(0, 3, size=5), tf.int32)
+    assert_ghost_matches_the_brute_force(clip_case(model, x, y, WEIGHTS), WEIGHTS, assert_matches_on_one_scale)
