@@ -48,6 +48,7 @@ def _ops():
     except ModuleNotFoundError:
         tf = importlib.import_module("tensorflow")
         return types.SimpleNamespace(
+            broadcast_to=tf.broadcast_to,
             cast=tf.cast,
             where=tf.where,
             reshape=tf.reshape,

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import keras
 from keras.src.models.functional import Functional
 
+from keras_dyndp import dense_attention
 from keras_dyndp import einsum_equation
 from keras_dyndp import ghost_cost
 from keras_dyndp import layer_rules
@@ -383,6 +384,9 @@ def register_layer_rule(
         PER_EXAMPLE[layer_class] = supports
     else:
         RULES[layer_class] = LayerRule(variables, norms_and_sums, supports or (lambda layer: True))
+
+
+dense_attention.register(register_layer_rule, keras.layers)  # Attention, AdditiveAttention: their scales
 
 
 def acts_per_example(layer: keras.layers.Layer) -> bool:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from keras_dyndp import dense_attention
 from keras_dyndp import layer_rules
 from keras_dyndp import validation
 from keras_dyndp.tf_backend.keras_compat import keras
@@ -180,3 +181,4 @@ if hasattr(keras.layers, "RMSNormalization"):  # Keras 3.9 and later
         norms_and_sums=normalization.norms_and_sums,
         supports=_built_in(normalization.layer_norm_supports),
     )
+dense_attention.register(register_layer_rule, keras.layers)  # Attention, AdditiveAttention: their scales
