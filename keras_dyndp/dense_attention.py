@@ -142,7 +142,7 @@ def norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[Any, Callable]:
       and the function ``factors [B] -> [sum_i factors_i (example i's gradient), one per weight]`` (an example whose
       factor is 0 adds exactly nothing, `layer_rules.weighted_sum`).
     """
-    ops = layer_rules._ops()  # noqa: SLF001  (keras.ops, or on Keras 2 its stand-in: the names kept in one place)
+    ops = layer_rules.keras_ops()
     batch = ops.shape(g)[0]
     rows = lambda x: ops.cast(ops.reshape(x, (-1, *ops.shape(x)[2:])), "float32")  # noqa: E731  [B * rows, ...]
     inputs, cotangent = [rows(x) for x in a], rows(g)

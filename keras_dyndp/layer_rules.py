@@ -41,7 +41,7 @@ def _backend_rules():
     return importlib.import_module(_BACKEND_MODULES.get(backend.keras_backend(), _BACKEND_MODULES["tensorflow"]))
 
 
-def _ops():
+def keras_ops():
     """``keras.ops``; on Keras 2.15 (TensorFlow, no ``keras.ops``) the few TensorFlow functions the rules here use."""
     try:
         return importlib.import_module("keras.ops")
@@ -125,7 +125,7 @@ def sublayer_norms_and_sums(sublayer: Any, a: Any, g: Any) -> tuple[list, Any, C
 def weighted_sum(factors: Any, per_example: Any) -> Any:
     """float32 sum_i factors_i per_example_i over the leading axis ([B] and [B, ...]); a row whose factor is 0 adds
     exactly 0, whatever it holds (not finite included)."""
-    ops = _ops()
+    ops = keras_ops()
     per_example = ops.cast(per_example, "float32")
     kept = ops.where(ops.reshape(factors > 0, (-1,) + (1,) * (len(per_example.shape) - 1)), per_example, 0.0)
     return ops.tensordot(ops.cast(factors, "float32"), kept, axes=1)
@@ -151,7 +151,7 @@ def added_weight(name: str = "position_embeddings") -> dict[str, Callable]:
 
     def norms_and_sums(layer, a, g):
         del a
-        ops = _ops()
+        ops = keras_ops()
         weight = getattr(layer, name)
         per_example = _per_example_positions(g, ops)  # [B, L, d]
         squared = ops.sum(ops.square(per_example), axis=(1, 2))
@@ -184,7 +184,7 @@ def token_and_position_embedding(token: str = "token_emb", position: str = "pos_
         return [getattr(layer, token).embeddings, getattr(layer, position).embeddings]
 
     def norms_and_sums(layer, a, g):
-        ops = _ops()
+        ops = keras_ops()
         token_layer, table = getattr(layer, token), getattr(layer, position).embeddings
         covered, token_squared, token_sums = sublayer_norms_and_sums(token_layer, ops.cast(a, "int32"), g)
         if len(covered) != 1 or covered[0] is not token_layer.embeddings:

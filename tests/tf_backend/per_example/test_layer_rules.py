@@ -79,7 +79,7 @@ def test_per_example_declarations_share_the_registry_and_refuse_a_rules_parts():
         keras_dyndp.register_layer_rule(Wiring, per_example=True, variables=lambda layer: [])
 
 
-EXAMPLE = transformer_layers.documented_rule_example(keras, layer_rules._ops())  # pylint: disable=protected-access
+EXAMPLE = transformer_layers.documented_rule_example(keras, layer_rules.keras_ops())
 
 
 class ShapedScaleShift(EXAMPLE["ScaleShift"]):

@@ -15,7 +15,7 @@ from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import dense
 from keras_dyndp.tf_backend.per_example import rules
 
-EXAMPLE = transformer_layers.documented_rule_example(keras, layer_rules._ops())  # pylint: disable=protected-access
+EXAMPLE = transformer_layers.documented_rule_example(keras, layer_rules.keras_ops())
 ScaleShift = EXAMPLE["ScaleShift"]
 
 
