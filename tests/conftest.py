@@ -33,6 +33,7 @@ BACKEND_NEUTRAL = frozenset(
         "examples/test_mnist_on_disk_example.py",
         "examples/test_trainer_command_lines.py",
         "test_cli.py",
+        "test_architecture.py",
         "test_backend.py",
         "test_batch_sizes.py",
         "test_callbacks.py",
