@@ -51,6 +51,7 @@ BACKEND_NEUTRAL = frozenset(
         "test_registration.py",
         "test_schedules.py",
         "test_sources.py",
+        "test_step_checks.py",
         "test_sublayers.py",
         "test_validation.py",
         "audit/test_bounds.py",
