@@ -21,6 +21,7 @@ from typing import Any
 from typing import NamedTuple
 
 import tensorflow as tf
+import tensorflow.experimental.numpy as tnp
 
 from keras_dyndp import einsum_equation
 from keras_dyndp import einsum_lora
@@ -82,19 +83,6 @@ def einsum_supports(layer: keras.layers.Layer) -> bool:
     return einsum_lora.lora_plan(layer.equation, rank) is not None
 
 
-def _last(tensor: tf.Tensor, axis: int) -> tf.Tensor:
-    """``tensor`` with ``axis`` moved last."""
-    order = [i for i in range(tensor.shape.rank) if i != axis] + [axis]
-    return tf.transpose(tensor, order)
-
-
-def _back(tensor: tf.Tensor, axis: int) -> tf.Tensor:
-    """`_last`'s inverse: the last axis moved back to ``axis``."""
-    rank = tensor.shape.rank
-    order = list(range(axis)) + [rank - 1] + list(range(axis, rank - 1))
-    return tf.transpose(tensor, order)
-
-
 def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     """A LoRA EinsumDense: A by the EinsumDense rule of the rank equation for the output gradients s g B^T, B by
     the Dense rule over u = s einsum(x, A)'s positions (`einsum_lora`), the bias as EinsumDense's."""
@@ -102,13 +90,13 @@ def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     plan = einsum_lora.lora_plan(layer.equation, tap.inputs.shape.rank)
     x = tf.cast(tap.inputs, tf.float32)
     g32 = tf.cast(g, tf.float32)
-    h = _back(
-        _scale(layer) * tf.tensordot(_last(g32, plan.axis), layer.lora_kernel_b, [[g.shape.rank - 1], [1]]), plan.axis
-    )
+    g_last = tnp.moveaxis(g32, plan.axis, -1)
+    h = _scale(layer) * tf.tensordot(g_last, layer.lora_kernel_b, [[g.shape.rank - 1], [1]])
+    h = tnp.moveaxis(h, -1, plan.axis)
     view = _View(_EinsumLayer(plan.rank_equation, layer.lora_kernel_a), tap.rows, x)
     u = _scale(layer) * tf.einsum(plan.rank_equation, x, layer.lora_kernel_a)
-    u_rows = norms.flatten_positions(_last(u, plan.axis), tap.rows)
-    g_rows = norms.flatten_positions(_last(g32, plan.axis), tap.rows)
+    u_rows = norms.flatten_positions(tnp.moveaxis(u, plan.axis, -1), tap.rows)
+    g_rows = norms.flatten_positions(g_last, tap.rows)
     adapters = [*einsum_dense.norms_and_sums(view, h), norms.bilinear_gradient(layer.lora_kernel_b, u_rows, g_rows)]
     return adapters + einsum_dense.with_bias(tap, g)
 
