@@ -43,19 +43,17 @@ def clipped_sum(
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, var_list)]
         return grads, tf.nest.map_structure(lambda t: t[0], y_pred), loss[0]
 
-    elems = (x, y, sample_weight)
-    vectorized = False
+    elems, grads = (x, y, sample_weight), None
     if not _pfor_fails_at_run_time(model):
         try:
             grads, y_pred, losses = tf.vectorized_map(one_example, elems, fallback_to_while_loop=True)
-            vectorized = True
         except (TypeError, ValueError, NotImplementedError) as error:
             # pfor failed even with its while-loop fallback: still per example, only slower.
             tf.get_logger().warning(
                 "tf.vectorized_map could not vectorise the per-example gradient (%s); using tf.map_fn.",
                 str(error).strip().splitlines()[-1],
             )
-    if not vectorized:
+    if grads is None:
         output_signature = (
             [tf.TensorSpec(v.shape, v.dtype) for v in var_list],
             tf.nest.map_structure(
