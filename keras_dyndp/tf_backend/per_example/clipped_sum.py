@@ -130,7 +130,6 @@ def clipped_gradient_sum(
     microbatches are clipped instead. Returns ``(sums, norms)``: dense sums shaped like ``var_list``, unclipped norms
     [B] ([M]). ValueError on an unknown method, a scalar loss, 'ghost' on a model it cannot clip, batch statistics.
     """
-    sums, norms, _, _ = clipped_gradient_sum_with_outputs(
+    return clipped_gradient_sum_with_outputs(
         model, loss_fn, x, y, sample_weight, clip_norm, var_list, method, random_source, num_microbatches
-    )
-    return sums, norms
+    )[:2]

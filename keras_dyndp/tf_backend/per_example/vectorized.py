@@ -40,7 +40,7 @@ def clipped_sum(
             y_pred = model(x_i, training=True)
             loss = per_example_loss(loss_fn, y_i, y_pred, w_i)
         grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, var_list)]
+        grads = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices densified; no None: ZERO above
         return grads, tf.nest.map_structure(lambda t: t[0], y_pred), loss[0]
 
     elems, grads = (x, y, sample_weight), None
