@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import types
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -24,14 +25,8 @@ keras = tf.keras
 """The Keras in use: ``tf.keras`` on Keras 2, the ``keras`` package on Keras 3 (``tf.keras`` lacks ``keras.saving``)."""
 
 
-def _major_version() -> int:
-    version = getattr(keras, "__version__", None)
-    if version is None:  # TF 2.15's tf.keras (keras.api._v2.keras) and tf_keras' have none; their package has.
-        version = importlib.import_module(keras.__name__.split(".")[0]).__version__
-    return int(version.split(".")[0])
-
-
-KERAS_MAJOR_VERSION: int = _major_version()
+# Of its package: TF 2.15's tf.keras (keras.api._v2.keras) and tf_keras' have no version of their own.
+KERAS_MAJOR_VERSION: int = int(importlib.import_module(keras.__name__.split(".")[0]).__version__.split(".")[0])
 
 if KERAS_MAJOR_VERSION not in (2, 3):
     raise ImportError(f"keras_dyndp runs on Keras 2 and Keras 3; tf.keras is Keras {KERAS_MAJOR_VERSION} here.")
@@ -47,14 +42,6 @@ if _KERAS_3:
 
 # ----------------------------------------------------------------------------------------------------------
 # Optimizers.
-
-Optimizer = keras.optimizers.Optimizer
-"""Base class of the optimizers a DP optimizer can be made from (Keras 2.11+ API; not ``optimizers.legacy``)."""
-
-
-def register_serializable(package: str, name: str) -> Callable[[type], type]:
-    """Class decorator registering a class for Keras serialization as ``'<package>><name>'``."""
-    return keras.saving.register_keras_serializable(package=package, name=name)
 
 
 def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
@@ -161,14 +148,12 @@ def input_signature(model: keras.Model) -> Any:
     ``save_spec`` | Keras 3's ``model.inputs``, of functional and Sequential models only (None for subclassed ones)."""
     if KERAS_MAJOR_VERSION == 2:
         spec = model.save_spec(dynamic_batch=True)
-        if spec is None:
-            return None
-        args, _ = spec
-        return args[0] if len(args) == 1 else tuple(args)
-    inputs = getattr(model, "inputs", None)
-    if not inputs:
+        specs = None if spec is None else spec[0]  # (args, kwargs)
+    else:
+        inputs = getattr(model, "inputs", None)
+        specs = [tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)) for t in inputs] if inputs else None
+    if specs is None:
         return None
-    specs = [tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)) for t in inputs]
     return specs[0] if len(specs) == 1 else tuple(specs)
 
 
@@ -215,13 +200,8 @@ def functional_operations(layer: keras.layers.Layer) -> list[Any]:
 
 def is_op_layer(layer: keras.layers.Layer) -> bool:
     """Keras 2: whether ``layer`` wraps a TF function applied to symbolic tensors (``TFOpLambda`` and subclasses),
-    named by `op_layer_symbol`. Keras 3: never."""
+    whose ``symbol`` is its TF API name (``'math.add'``, ``'__operators__.getitem'``). Keras 3: never."""
     return isinstance(layer, _OP_LAYER_CLASSES)
-
-
-def op_layer_symbol(layer: keras.layers.Layer) -> str:
-    """The TF API name of a Keras 2 op layer's function, such as ``'math.add'`` or ``'__operators__.getitem'``."""
-    return layer.symbol
 
 
 def is_symbolic_tensor(value: Any) -> bool:
@@ -255,32 +235,27 @@ def layer_randomness_from(model: keras.Model, draw_seed: Callable[[], tf.Tensor]
 
     layers = [model, *flatten_layers(model)]
     if _KERAS_3:
-        generators = {id(g): g for layer in layers for g in getattr(layer, "_seed_generators", ())}
-        if generators:
-            seed.append(draw_seed())
-        for generator in generators.values():
-            generator.next = next_seed
-        try:
-            yield
-        finally:
-            for generator in generators.values():
-                del generator.next
-        return
-    random_generator_class = _keras_module("backend").RandomGenerator
-    swapped = [layer for layer in layers if isinstance(vars(layer).get("_random_generator"), random_generator_class)]
-    originals = [vars(layer)["_random_generator"] for layer in swapped]
-    if swapped:
+        targets = list({id(g): g for layer in layers for g in getattr(layer, "_seed_generators", ())}.values())
+        name, replacement = "next", next_seed
+    else:
+        name, random_generator_class = "_random_generator", _keras_module("backend").RandomGenerator
+        targets = [layer for layer in layers if isinstance(vars(layer).get(name), random_generator_class)]
+        replacement = random_generator_class(rng_type=random_generator_class.RNG_STATELESS)
+        replacement._built = True  # noqa: SLF001  (Keras 2 RandomGenerator: no public way to skip its build)
+        replacement.make_seed_for_stateless_op = next_seed
+    originals = [vars(target).get(name) for target in targets]  # None: the class's own (a SeedGenerator's next)
+    if targets:
         seed.append(draw_seed())
-    replacement = random_generator_class(rng_type=random_generator_class.RNG_STATELESS)
-    replacement._built = True  # noqa: SLF001  (Keras 2 RandomGenerator: no public way to skip its build)
-    replacement.make_seed_for_stateless_op = next_seed
-    for layer in swapped:
-        object.__setattr__(layer, "_random_generator", replacement)  # Not tracked: no checkpoint dependency.
+    for target in targets:
+        object.__setattr__(target, name, replacement)  # Not tracked: no checkpoint dependency.
     try:
         yield
     finally:
-        for layer, original in zip(swapped, originals):
-            object.__setattr__(layer, "_random_generator", original)
+        for target, original in zip(targets, originals):
+            if original is None:
+                object.__delattr__(target, name)
+            else:
+                object.__setattr__(target, name, original)
 
 
 # BATCH_NORM_CLASSES: layers that normalise with batch statistics in training and store moving averages.
@@ -301,15 +276,7 @@ else:  # Keras 3: one class; ``synchronized=True`` replaces SyncBatchNormalizati
 # Training loop (fit) and callbacks.
 
 
-class _StepsOverride:
-    """Keras 3: what `set_steps_per_execution` replaced."""
-
-    def __init__(self, steps: int, train_function: Any):
-        self.steps = steps
-        self.train_function = train_function
-        self.installed: Any = None
-
-
+# Keras 3: what `set_steps_per_execution` replaced (``steps``, ``train_function``) and the function it ``installed``.
 _steps_overrides: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -342,7 +309,7 @@ def set_steps_per_execution(model: keras.Model, steps: int) -> None:
         del _steps_overrides[model]
         return
     if override is None:
-        override = _StepsOverride(model.steps_per_execution, model.train_function)
+        override = types.SimpleNamespace(steps=model.steps_per_execution, train_function=model.train_function)
     current = model.train_function
     model.steps_per_execution = steps
     model.make_train_function(force=True)

@@ -168,10 +168,6 @@ def _nested_graphs(graph, op) -> list:
     return bodies
 
 
-def _is_write(op) -> bool:
-    return op.type in _WRITE_OPS or op.type.startswith(_WRITE_OP_PREFIXES)
-
-
 def _dependent_writes(graph, dependent: set, gated: bool) -> list[tuple[Any, str]]:
     """(resource tensor of ``graph``, op name) of every write whose value depends on the tensors ``dependent``.
 
@@ -191,7 +187,8 @@ def _dependent_writes(graph, dependent: set, gated: bool) -> list[tuple[Any, str
         inputs_dependent = [depends(t) for t in op.inputs]
         if any(inputs_dependent):
             dependent_ops.add(id(op))
-        if _is_write(op) and op.inputs and (gated or any(inputs_dependent[1:])):
+        is_write = op.type in _WRITE_OPS or op.type.startswith(_WRITE_OP_PREFIXES)
+        if is_write and op.inputs and (gated or any(inputs_dependent[1:])):
             writes.append((op.inputs[0], op.name))
         for body in _nested_graphs(graph, op):
             offset = len(op.inputs) - len(body.inputs)

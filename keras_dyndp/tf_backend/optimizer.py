@@ -73,10 +73,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         schedule = self._schedule
         self._step_checks = step_checks.StepChecks(schedule, self._expected_batch_size, self.normalises_by_rows)
         self._sampling_check = sampling_check.SamplingCheck(
-            self._step_checks,
-            self._public_batch_size,
-            type(self).__name__,
-            self.note_unverified_sampling,
+            self._step_checks, self._public_batch_size, type(self).__name__, self.note_unverified_sampling
         )
         with tf.init_scope():
             self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
@@ -365,7 +362,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     Raises:
       TypeError: unless ``base_cls`` subclasses `tf.keras.optimizers.Optimizer` (not ``optimizers.legacy``).
     """
-    if not (isinstance(base_cls, type) and issubclass(base_cls, keras_compat.Optimizer)):
+    if not (isinstance(base_cls, type) and issubclass(base_cls, keras_compat.keras.optimizers.Optimizer)):
         raise TypeError(
             "`base_cls` must be a subclass of tf.keras.optimizers.Optimizer (the Keras 2.11+ optimizer API). "
             f"Received: base_cls={base_cls!r}."
@@ -380,7 +377,7 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
         "__qualname__": class_name,
     }
     dp_class = type(class_name, (DynamicDPOptimizerMixin, base_cls), namespace)
-    return keras_compat.register_serializable(package="keras_dyndp", name=class_name)(dp_class)
+    return keras_compat.keras.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(dp_class)
 
 
 DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.SGD)

@@ -68,11 +68,9 @@ class SamplingCheck:
         optimizer_name: str,
         note_unverified: Callable[[str], bool],
     ):
-        self._sampling_probability = step_checks.sampling_probability
+        self._step_checks = step_checks
         self._public_batch_size = public_batch_size
         self._optimizer_name = optimizer_name
-        self._num_examples = step_checks.num_examples
-        self._range = step_checks.batch_size_range
         self._note_unverified = note_unverified  # The optimizer's `note_unverified_sampling`: True the first time.
         self._fit_checked = False
 
@@ -87,13 +85,13 @@ class SamplingCheck:
 
     def check_fit_input(self, x: Any, jit_compile: bool = False) -> None:
         """Checks ``x``, what ``model.fit`` received (point 2 of the module docstring); ``jit_compile``: the model's."""
-        p = self._sampling_probability
+        p = self._step_checks.sampling_probability
         sampling = data.poisson_sampling(x)
         if sampling is None:
             batch_sizes.check_not_arrays(x, p, self._public_batch_size)
             self.warn_once(batch_sizes.not_poisson_batches("model.fit", x), jit_compile)
             return
-        batch_sizes.check_data_size(self._num_examples, sampling.num_examples, self._optimizer_name)
+        batch_sizes.check_data_size(self._step_checks.num_examples, sampling.num_examples, self._optimizer_name)
         batch_sizes.check_poisson_batches(sampling.sampling_probability, p, self._public_batch_size, "model.fit")
         if replicas.is_multi_worker() and not sampling.same_on_every_worker:
             raise ValueError(
@@ -114,8 +112,8 @@ class SamplingCheck:
         """One `SamplingWarning` per optimizer: ``problem`` (what was seen), what the epsilon assumes, what to do."""
         if not self._note_unverified(problem):
             return
-        message = batch_sizes.not_poisson_message(problem, self._sampling_probability)
-        if self._range is None:
+        message = batch_sizes.not_poisson_message(problem, self._step_checks.sampling_probability)
+        if self._step_checks.batch_size_range is None:
             message += (
                 " The optimizer was built with public_batch_size=True, so no batch size is checked and the epsilon "
                 "holds only as far as your batches are Poisson samples, whose sizes are private: build it with "

@@ -41,7 +41,6 @@ import inspect
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import tensorflow as tf
 
@@ -61,20 +60,11 @@ from keras_dyndp.tf_backend.per_example import accumulation
 from keras_dyndp.tf_backend.per_example import clipped_sum
 
 
-def _per_example_loss_fn(model: keras.Model) -> Callable[[Any, Any], tf.Tensor]:
-    return refusals.per_example_loss_fn(model.loss, keras, keras_compat.is_per_example_loss)
-
-
-def _check_no_regularization(model: keras.Model) -> None:
-    if model.losses:
-        raise refusals.regularization_error(f"{len(model.losses)} of them in model.losses")
-
-
 def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
     x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
     optimizer = private_model.dp_optimizer(self)
     optimizer.private_config = config = private_model.record(self).config
-    loss_fn = _per_example_loss_fn(self)
+    loss_fn = refusals.per_example_loss_fn(self.loss, keras, keras_compat.is_per_example_loss)
     if not self.built:
         # A subclassed model (or a Sequential without Input) creates its variables at its first call, here on Keras
         # 3: call it once, in inference mode (no batch statistics are updated), so that var_list is complete.
@@ -96,7 +86,8 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
         sums, _, y_pred, losses = accumulation.clipped_sum_in_physical_batches(
             clip, var_list, x, y, sample_weight, optimizer.accumulation_steps
         )
-    _check_no_regularization(self)  # After the forward pass, which is where activity regularisers add theirs.
+    if self.losses:  # After the forward pass, which is where activity regularisers add theirs.
+        raise refusals.regularization_error(f"{len(self.losses)} of them in model.losses")
     num_rows = tf.shape(losses)[0]
     num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
     optimizer.apply_clipped_sum(sums, num_examples, num_rows, var_list)
@@ -105,9 +96,6 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
         # (Keras 3's train function cannot return an empty structure).
         return {"dp_step": tf.identity(optimizer.dp_step)}
     return keras_compat.training_logs(self, x, y, y_pred, sample_weight)
-
-
-_LOW_PRECISION_DTYPES = ("float16", "bfloat16")
 
 
 def _clipping_method(model: keras.Model) -> str:
@@ -119,10 +107,8 @@ def _clipping_method(model: keras.Model) -> str:
     gradient exceed C. Until they compute in float32, 'auto' takes the vectorized path and 'ghost' is refused.
     """
     method = private_model.record(model).config.method
-    low_precision = sorted(
-        {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
-        & set(_LOW_PRECISION_DTYPES)
-    )
+    dtypes = {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
+    low_precision = sorted(dtypes & {"float16", "bfloat16"})
     if not low_precision:
         return method
     if method == "ghost":

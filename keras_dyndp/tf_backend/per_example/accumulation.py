@@ -67,13 +67,7 @@ def clipped_sum_in_physical_batches(
     _, sums, norms, predictions, losses = tf.while_loop(
         lambda index, *_: index < num_physical_batches,
         physical_batch,
-        (
-            tf.constant(0),
-            [tf.zeros(var.shape, tf.float32) for var in var_list],
-            array(),
-            array(),
-            array(),
-        ),
+        (tf.constant(0), [tf.zeros(var.shape, tf.float32) for var in var_list], array(), array(), array()),
     )
     y_pred = tf.ensure_shape(predictions.concat()[:num_rows], [None, *row_shapes["y_pred"]])
     losses = tf.ensure_shape(losses.concat()[:num_rows], [None, *row_shapes["losses"]])

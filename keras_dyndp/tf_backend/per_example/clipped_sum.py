@@ -79,37 +79,33 @@ def clipped_gradient_sum_with_outputs(
 def _ghost_applies(model: keras.Model, var_list: list[tf.Variable], method: str) -> bool:
     """Whether the model may take the ghost path; for ``method='ghost'``, a ValueError saying why not."""
     if ghost.tensor_float_32_on_gpu():
-        if method == "ghost":
-            raise ValueError(
-                "`method='ghost'` needs float32 matrix products, and TensorFloat-32 is on (TensorFlow's default on a "
-                "GPU): its rounding of the ghost path's sums is not bounded by the clip norm. Turn it off with "
-                "tf.config.experimental.enable_tensor_float_32_execution(False), or use method='auto' (which then "
-                f"takes the vectorized path) or 'vectorized'. Received: method={method!r}."
-            )
-        return False
-    unknown = per_example_layers.first_unknown(model)
-    if unknown is not None:
-        if method == "ghost":
-            raise ValueError(
-                f"`method='ghost'` runs the batch through the model at once, which is per-example clipping only if "
-                f"every layer acts on each example alone, and {unknown} of model {model.name!r} is not known to (a "
-                "layer that reads across the batch, such as a Lambda subtracting the batch mean, would let one "
-                "example move the others' gradients). If its class does act per example, declare it with "
-                "keras_dyndp.tf_backend.per_example.register_per_example_layer(cls) (or give it a ghost rule with "
-                "register_layer_rule); otherwise use method='auto' (which takes the vectorized path, where each "
-                f"example runs alone) or 'vectorized'. Received: method={method!r}."
-            )
-        return False
-    if ghost.supported(model, var_list):
-        return True
-    if method == "ghost":
-        raise ValueError(
+        why_not = (
+            "`method='ghost'` needs float32 matrix products, and TensorFloat-32 is on (TensorFlow's default on a "
+            "GPU): its rounding of the ghost path's sums is not bounded by the clip norm. Turn it off with "
+            "tf.config.experimental.enable_tensor_float_32_execution(False), or use method='auto' (which then "
+            f"takes the vectorized path) or 'vectorized'. Received: method={method!r}."
+        )
+    elif (unknown := per_example_layers.first_unknown(model)) is not None:
+        why_not = (
+            f"`method='ghost'` runs the batch through the model at once, which is per-example clipping only if "
+            f"every layer acts on each example alone, and {unknown} of model {model.name!r} is not known to (a "
+            "layer that reads across the batch, such as a Lambda subtracting the batch mean, would let one "
+            "example move the others' gradients). If its class does act per example, declare it with "
+            "keras_dyndp.tf_backend.per_example.register_per_example_layer(cls) (or give it a ghost rule with "
+            "register_layer_rule); otherwise use method='auto' (which takes the vectorized path, where each "
+            f"example runs alone) or 'vectorized'. Received: method={method!r}."
+        )
+    elif not ghost.supported(model, var_list):
+        why_not = (
             "`method='ghost'` needs every variable of `var_list` to belong to a layer with a ghost-clipping "
             "rule (Dense, EinsumDense, Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, Embedding, LSTM, GRU, "
-            "LayerNormalization, GroupNormalization or one registered "
-            "with register_layer_rule). Received a "
-            f"model with other trainable layers: method={method!r}."
+            "LayerNormalization, GroupNormalization or one registered with register_layer_rule). Received a model "
+            f"with other trainable layers: method={method!r}."
         )
+    else:
+        return True
+    if method == "ghost":
+        raise ValueError(why_not)
     return False
 
 
@@ -134,7 +130,6 @@ def clipped_gradient_sum(
     microbatches are clipped instead. Returns ``(sums, norms)``: dense sums shaped like ``var_list``, unclipped norms
     [B] ([M]). ValueError on an unknown method, a scalar loss, 'ghost' on a model it cannot clip, batch statistics.
     """
-    sums, norms, _, _ = clipped_gradient_sum_with_outputs(
+    return clipped_gradient_sum_with_outputs(
         model, loss_fn, x, y, sample_weight, clip_norm, var_list, method, random_source, num_microbatches
-    )
-    return sums, norms
+    )[:2]

@@ -75,7 +75,4 @@ def with_bias(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     if layer.bias is None:
         return []
     axes = einsum_equation.bias_axes(tuple(layer.bias.shape), tuple(g.shape))
-    per_row = tf.reduce_sum(g, axis=axes, keepdims=True) if axes else g
-    per_row = tf.reshape(per_row, [tap.rows.batch, -1, layer.bias.shape.num_elements()])
-    per_example = tf.reshape(tf.reduce_sum(per_row, axis=1), [-1, *layer.bias.shape])
-    return [norms.materialised_gradient(layer.bias, per_example)]
+    return [norms.summed_gradient(layer.bias, g, axes, tap.rows.batch)]

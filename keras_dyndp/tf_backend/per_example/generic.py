@@ -141,9 +141,7 @@ def sublayer_norms_and_sums(
     tap = Tap(layer, None)
     tap.inputs, tap.rows = inputs, rows
     try:
-        gradients = [
-            gradient for gradient in rule.norms_and_sums(tap, from_rows(g)[0]) if gradient.variable is not None
-        ]
+        gradients = [gr for gr in rule.norms_and_sums(tap, from_rows(g)[0]) if gr.variable is not None]
     except KeyError as error:
         raise ValueError(f"the rule of layer {layer.name!r} needs its own tapped call: {error}") from None
     squared = tf.add_n([tf.cast(gradient.squared_norms, tf.float32) for gradient in gradients])

@@ -43,10 +43,8 @@ def tensor_float_32_on_gpu() -> bool:
 
 def supported(model: keras.Model, var_list: Sequence[tf.Variable]) -> bool:
     """Whether every variable in ``var_list`` belongs to a layer with a ghost-clipping rule."""
-    covered = set()
-    for layer in keras_compat.flatten_layers(model):
-        if rules.rule_for(layer) is not None:
-            covered.update(id(v) for v in layer.trainable_weights)
+    layers = [layer for layer in keras_compat.flatten_layers(model) if rules.rule_for(layer) is not None]
+    covered = {id(v) for layer in layers for v in layer.trainable_weights}
     return all(id(v) in covered for v in var_list)
 
 

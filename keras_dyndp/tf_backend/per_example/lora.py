@@ -16,11 +16,12 @@ EinsumDense's adapters by `keras_dyndp.einsum_lora` (the kernel's last letter mu
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
-from typing import NamedTuple
 
 import tensorflow as tf
+import tensorflow.experimental.numpy as tnp
 
 from keras_dyndp import einsum_equation
 from keras_dyndp import einsum_lora
@@ -29,7 +30,6 @@ from keras_dyndp.tf_backend.per_example import dense
 from keras_dyndp.tf_backend.per_example import einsum_dense
 from keras_dyndp.tf_backend.per_example import norms
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
-from keras_dyndp.tf_backend.per_example.taps import Rows
 from keras_dyndp.tf_backend.per_example.taps import Tap
 
 
@@ -57,42 +57,16 @@ def dense_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     return norms.with_bias(layer, g, adapters)
 
 
-class _View(NamedTuple):
-    """A layer or tap as another rule reads it (the adapter A in the kernel's or the embeddings' place)."""
-
-    layer: Any
-    rows: Rows | None = None
-    inputs: tf.Tensor | None = None
-
-
-class _EinsumLayer(NamedTuple):
-    equation: str
-    kernel: tf.Variable
-    bias: None = None
-
-
-class _Table(NamedTuple):
-    embeddings: tf.Variable
-    input_dim: int
+def _view(tap: Tap, inputs: tf.Tensor, **layer: Any) -> Any:
+    """``tap`` as another rule reads it: the adapter A in the kernel's or the embeddings' place (attributes
+    ``layer`` of the layer), the rows of ``tap``, and ``inputs``."""
+    return types.SimpleNamespace(layer=types.SimpleNamespace(**layer), rows=tap.rows, inputs=inputs)
 
 
 def einsum_supports(layer: keras.layers.Layer) -> bool:
     """The built-in EinsumDense rule's equations whose kernel's last letter is an output letter (`einsum_lora`)."""
     rank = einsum_equation.equation_input_rank(layer.equation)
     return einsum_lora.lora_plan(layer.equation, rank) is not None
-
-
-def _last(tensor: tf.Tensor, axis: int) -> tf.Tensor:
-    """``tensor`` with ``axis`` moved last."""
-    order = [i for i in range(tensor.shape.rank) if i != axis] + [axis]
-    return tf.transpose(tensor, order)
-
-
-def _back(tensor: tf.Tensor, axis: int) -> tf.Tensor:
-    """`_last`'s inverse: the last axis moved back to ``axis``."""
-    rank = tensor.shape.rank
-    order = list(range(axis)) + [rank - 1] + list(range(axis, rank - 1))
-    return tf.transpose(tensor, order)
 
 
 def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
@@ -102,13 +76,13 @@ def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     plan = einsum_lora.lora_plan(layer.equation, tap.inputs.shape.rank)
     x = tf.cast(tap.inputs, tf.float32)
     g32 = tf.cast(g, tf.float32)
-    h = _back(
-        _scale(layer) * tf.tensordot(_last(g32, plan.axis), layer.lora_kernel_b, [[g.shape.rank - 1], [1]]), plan.axis
-    )
-    view = _View(_EinsumLayer(plan.rank_equation, layer.lora_kernel_a), tap.rows, x)
+    g_last = tnp.moveaxis(g32, plan.axis, -1)
+    h = _scale(layer) * tf.tensordot(g_last, layer.lora_kernel_b, [[g.shape.rank - 1], [1]])
+    h = tnp.moveaxis(h, -1, plan.axis)
+    view = _view(tap, x, equation=plan.rank_equation, kernel=layer.lora_kernel_a, bias=None)
     u = _scale(layer) * tf.einsum(plan.rank_equation, x, layer.lora_kernel_a)
-    u_rows = norms.flatten_positions(_last(u, plan.axis), tap.rows)
-    g_rows = norms.flatten_positions(_last(g32, plan.axis), tap.rows)
+    u_rows = norms.flatten_positions(tnp.moveaxis(u, plan.axis, -1), tap.rows)
+    g_rows = norms.flatten_positions(g_last, tap.rows)
     adapters = [*einsum_dense.norms_and_sums(view, h), norms.bilinear_gradient(layer.lora_kernel_b, u_rows, g_rows)]
     return adapters + einsum_dense.with_bias(tap, g)
 
@@ -119,7 +93,7 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     a_table = layer.lora_embeddings_a
     g32 = tf.cast(g, tf.float32)
     h = _scale(layer) * tf.tensordot(g32, layer.lora_embeddings_b, [[g.shape.rank - 1], [1]])
-    table = _View(_Table(a_table, a_table.shape[0]), tap.rows, tap.inputs)
+    table = _view(tap, tap.inputs, embeddings=a_table, input_dim=a_table.shape[0])
     u = norms.flatten_positions(_scale(layer) * tf.gather(a_table, tap.inputs), tap.rows)
     b = norms.bilinear_gradient(layer.lora_embeddings_b, u, norms.flatten_positions(g32, tap.rows))
     return [*dense.embedding_norms_and_sums(table, h), b]

@@ -130,12 +130,9 @@ def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     rank = normalized.shape.rank
     kept = _axes(layer.axis, rank)
     summed = [axis for axis in range(1, rank) if axis not in kept]
-    gradients = []
     gamma, beta = _scale_and_offset(layer)
-    for variable, per_row in ((gamma, normalized * g), (beta, g)):
-        if variable is not None:
-            per_row = tf.reduce_sum(per_row, axis=summed) if summed else per_row
-            per_row = tf.reshape(per_row, [tap.rows.batch, -1, variable.shape.num_elements()])
-            per_example = tf.reshape(tf.reduce_sum(per_row, axis=1), [-1, *variable.shape])
-            gradients.append(norms.materialised_gradient(variable, per_example))
-    return gradients
+    return [
+        norms.summed_gradient(variable, per_row, summed, tap.rows.batch)
+        for variable, per_row in ((gamma, normalized * g), (beta, g))
+        if variable is not None
+    ]

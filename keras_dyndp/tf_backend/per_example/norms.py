@@ -115,6 +115,14 @@ def with_bias(owner: keras.layers.Layer, g: tf.Tensor, gradients: list[GhostGrad
     return [*gradients, bias_gradient(owner.bias, g)] if owner.use_bias else gradients
 
 
+def summed_gradient(variable: tf.Variable, per_row: tf.Tensor, axes: list[int], batch: tf.Tensor) -> GhostGradient:
+    """A variable broadcast along ``axes`` of a tapped tensor's rows: the gradient per row ``per_row`` summed over
+    ``axes`` and over each of the ``batch`` examples' rows, materialised."""
+    per_row = tf.reduce_sum(per_row, axis=axes) if axes else per_row
+    per_row = tf.reshape(per_row, [batch, -1, variable.shape.num_elements()])
+    return materialised_gradient(variable, tf.reshape(tf.reduce_sum(per_row, axis=1), [-1, *variable.shape]))
+
+
 def materialised_gradient(variable: tf.Variable, per_example: tf.Tensor) -> GhostGradient:
     """A variable's per-example gradients given as such: ``per_example`` [B, *variable.shape]."""
     axes = list(range(1, per_example.shape.rank))

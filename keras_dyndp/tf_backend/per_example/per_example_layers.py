@@ -41,8 +41,7 @@ def _known_layer(layer: keras.layers.Layer) -> bool:
     if rules.rule_for(layer) is not None or rules.acts_per_example(layer):  # unsupported by a rule: as without it
         return True
     if keras_compat.is_op_layer(layer):
-        symbol = keras_compat.op_layer_symbol(layer)
-        return _known_slice(symbol, layer) or _known_operation(symbol, *_arguments(layer))
+        return _known_slice(layer.symbol, layer) or _known_operation(layer.symbol, *_arguments(layer))
     return cls.call in (keras_compat.FUNCTIONAL_CLASS.call, keras.Sequential.call)  # A plain container.
 
 
@@ -58,9 +57,10 @@ def _input_ranks(layer: keras.layers.Layer) -> set[int]:
     return ranks
 
 
-def _avoids_batch_axis(layer: keras.layers.Layer) -> bool:
-    """Whether ``layer.axis`` (an int, a sequence or None: all but the batch axis) never names axis 0 of the inputs."""
-    axes = layer.axis
+def _avoids_batch_axis(layer: keras.layers.Layer, attention: bool = False) -> bool:
+    """Whether ``layer.axis`` (with ``attention``, its ``attention_axes``; an int, a sequence or None: all but the
+    batch axis) never names axis 0 of the inputs."""
+    axes = layer.get_config().get("attention_axes") if attention else layer.axis
     if axes is None:
         return True
     axes = [int(axes)] if isinstance(axes, (int, np.integer)) else [int(a) for a in axes]
@@ -86,14 +86,7 @@ def _attention_keeps_batch(layer: keras.layers.Layer) -> bool:
     """A MultiHeadAttention whose ``attention_axes`` (None: all but the batch, heads and features) never name the
     batch axis: attention then mixes positions of one example only (its projections, softmax and dropout are
     sublayers, checked each)."""
-    axes = layer.get_config().get("attention_axes")
-    if axes is None:
-        return True
-    axes = [int(axes)] if isinstance(axes, (int, np.integer)) else [int(a) for a in axes]
-    ranks = _input_ranks(layer)
-    return 0 not in axes and (
-        all(a > 0 for a in axes) or (bool(ranks) and all(a + r != 0 for a in axes for r in ranks))
-    )
+    return _avoids_batch_axis(layer, attention=True)
 
 
 def _no_dropout(layer: keras.layers.Layer) -> bool:

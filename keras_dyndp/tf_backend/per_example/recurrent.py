@@ -34,8 +34,8 @@ def supports(layer: keras.layers.RNN) -> bool:
 
 
 def _project(tap: Tap, inputs, mask, initial_state, kwargs, bias: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
-    """The guarded inputs and their projection x_t W (+ ``bias``), recorded before the recurrence (so that the tape
-    records it)."""
+    """The projection x_t W (+ ``bias``) of the guarded inputs, recorded before the recurrence (so that the tape
+    records it), time-major [T, B, 3u or 4u] for ``tf.scan``, and the zero state [B, u]."""
     layer, cell = tap.layer, tap.layer.cell
     if mask is not None or initial_state is not None or kwargs:
         raise UnsupportedModel(f"{type(layer).__name__} {layer.name!r} called with a mask or an initial state")
@@ -44,7 +44,7 @@ def _project(tap: Tap, inputs, mask, initial_state, kwargs, bias: tf.Tensor | No
     if bias is not None:
         projection = projection + bias
     tap.record(inputs, projection)
-    return inputs, projection
+    return tf.transpose(projection, [1, 0, 2]), tf.zeros(tf.stack([tf.shape(inputs)[0], cell.units]), inputs.dtype)
 
 
 def _outputs(layer: keras.layers.RNN, hs: tf.Tensor, *final_states: tf.Tensor):
@@ -60,9 +60,8 @@ def lstm_call(tap: Tap) -> Callable:
     def call(inputs, mask=None, training=None, initial_state=None, **kwargs):
         del training
         bias = tap.weight(cell.bias) if cell.use_bias else None
-        inputs, input_projection = _project(tap, inputs, mask, initial_state, kwargs, bias)
+        projections, zeros = _project(tap, inputs, mask, initial_state, kwargs, bias)
         recurrent_kernel = tap.weight(cell.recurrent_kernel)
-        zeros = tf.zeros(tf.stack([tf.shape(inputs)[0], cell.units]), inputs.dtype)
 
         def step(carry, projection_t):
             h_prev, c_prev = carry
@@ -72,7 +71,7 @@ def lstm_call(tap: Tap) -> Callable:
             h = cell.recurrent_activation(z_o) * cell.activation(c)
             return h, c
 
-        hs, cs = tf.scan(step, tf.transpose(input_projection, [1, 0, 2]), initializer=(zeros, zeros))
+        hs, cs = tf.scan(step, projections, initializer=(zeros, zeros))
         # h_{t-1} for t = 0..T-1: the initial zeros, then hs shifted by one step (no third scan output to stack).
         tap.saved["previous_hidden_states"] = tf.transpose(tf.concat([zeros[None], hs[:-1]], axis=0), [1, 0, 2])
         return _outputs(layer, hs, hs[-1], cs[-1])
@@ -127,13 +126,9 @@ def gru_call(tap: Tap) -> Callable:
         if cell.use_bias:
             bias = tap.weight(cell.bias)
             input_bias, recurrent_bias = (bias[0], bias[1]) if cell.reset_after else (bias, None)
-        inputs, input_projection = _project(tap, inputs, mask, initial_state, kwargs, input_bias)
-        zeros = tf.zeros(tf.stack([tf.shape(inputs)[0], cell.units]), inputs.dtype)
-        hs, h_prevs, resets = tf.scan(
-            _gru_step(cell, tap.weight(cell.recurrent_kernel), recurrent_bias),
-            tf.transpose(input_projection, [1, 0, 2]),
-            initializer=(zeros, zeros, zeros),
-        )
+        projections, zeros = _project(tap, inputs, mask, initial_state, kwargs, input_bias)
+        step = _gru_step(cell, tap.weight(cell.recurrent_kernel), recurrent_bias)
+        hs, h_prevs, resets = tf.scan(step, projections, initializer=(zeros, zeros, zeros))
         tap.saved["previous_hidden_states"] = tf.transpose(h_prevs, [1, 0, 2])
         tap.saved["reset_gates"] = tf.transpose(resets, [1, 0, 2])
         return _outputs(layer, hs, hs[-1])

@@ -1,19 +1,12 @@
 """The one registry of ghost-clipping rules on TensorFlow: for each layer class, how to tap its call and clip per
-example, or that it acts per example without a rule of its own.
+example (`LayerRule`), or that it acts per example without a rule of its own (`register_layer_rule` says how).
 
-A rule of the contract both backends share (`keras_dyndp.layer_rules`; docs/usage.md's ``ScaleShift``):
-``keras_dyndp.register_layer_rule(layer_class, *, variables, norms_and_sums, supports=None)``, ``norms_and_sums(layer,
-a, g)`` over ``keras.ops``; the layer's own call is tapped for it (`generic`). ``register_layer_rule(layer_class,
-per_example=True, supports=None)`` (``register_per_example_layer``) declares a class whose own call acts on each
-example alone (and wires its sublayers, each tapped by its own rule): the known Keras layers are declared so
-(`per_example_layers`, with their conditions). The built-in rules keep a specialised form, ``call=``: ``call(tap)``
-returns the layer's ``call`` for the tapped pass (the same output from ``tap.guard(inputs)`` and
-``tap.weight(variable)``, with one ``tap.record(inputs, preactivation)``); ``norms_and_sums(tap, g)`` returns one
-`GhostGradient` per variable, from the building blocks in `norms`. Built in: `dense`, `conv2d`, `recurrent`,
-`einsum_dense` (also inside MultiHeadAttention), `normalization` (RMSNormalization too); Keras 3's LoRA Dense,
-EinsumDense and Embedding
-(`lora`: the adapters, not the frozen kernel); not quantized layers. Rules
-apply to exactly their class; a model with a trainable variable no rule covers takes the vectorized path.
+A rule of the contract both backends share (`keras_dyndp.layer_rules`; docs/usage.md's ``ScaleShift``) is tapped by
+`generic`; the built-in rules keep TensorFlow's specialised form, ``call=``, from the building blocks in `norms`:
+`dense`, `conv2d`, `recurrent`, `einsum_dense` (also inside MultiHeadAttention), `normalization` (RMSNormalization
+too), Keras 3's LoRA Dense, EinsumDense and Embedding (`lora`: the adapters, not the frozen kernel); not quantized
+layers. The known Keras layers that act per example are declared in `per_example_layers`. Rules apply to exactly
+their class; a model with a trainable variable no rule covers takes the vectorized path.
 
 Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently. Its squared
 norms must never be below the exact ones (float32 rounding included: `norms.bilinear_gradient` adds the bound where

@@ -40,22 +40,20 @@ def clipped_sum(
             y_pred = model(x_i, training=True)
             loss = per_example_loss(loss_fn, y_i, y_pred, w_i)
         grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, var_list)]
+        grads = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices densified; no None: ZERO above
         return grads, tf.nest.map_structure(lambda t: t[0], y_pred), loss[0]
 
-    elems = (x, y, sample_weight)
-    vectorized = False
+    elems, grads = (x, y, sample_weight), None
     if not _pfor_fails_at_run_time(model):
         try:
             grads, y_pred, losses = tf.vectorized_map(one_example, elems, fallback_to_while_loop=True)
-            vectorized = True
         except (TypeError, ValueError, NotImplementedError) as error:
             # pfor failed even with its while-loop fallback: still per example, only slower.
             tf.get_logger().warning(
                 "tf.vectorized_map could not vectorise the per-example gradient (%s); using tf.map_fn.",
                 str(error).strip().splitlines()[-1],
             )
-    if not vectorized:
+    if grads is None:
         output_signature = (
             [tf.TensorSpec(v.shape, v.dtype) for v in var_list],
             tf.nest.map_structure(
