@@ -25,6 +25,7 @@ from typing import Any
 
 from keras_dyndp import backend
 from keras_dyndp import layer_rules
+from keras_dyndp import sublayers
 
 # The weights each class's call multiplies (attribute -> the rank of the tensor it multiplies beyond the scores'
 # [..., Tq, Tv]: 1 for the terms [..., Tq, Tv, dim] before their sum over dim).
@@ -57,15 +58,6 @@ def variables(layer: Any) -> list:
     return [getattr(layer, name) for name in _covered(layer)]
 
 
-def _recorded_calls(layer: Any) -> list[tuple[Any, Any]]:
-    """``(args, kwargs)`` of each of the layer's calls recorded in a functional model (Keras 3 and 2)."""
-    calls = []
-    for node in getattr(layer, "_inbound_nodes", ()):
-        arguments = getattr(node, "arguments", None)  # Keras 3's; Keras 2's node holds them itself
-        calls.append((node.call_args, node.call_kwargs) if arguments is None else (arguments.args, arguments.kwargs))
-    return calls
-
-
 def _plain_call(args: Any, kwargs: Any) -> bool:
     """A call on [query, value(, key)] alone: no mask given or carried by the inputs, no causal mask, one output."""
     if len(args) != 1 or not isinstance(args[0], (list, tuple)):
@@ -91,7 +83,7 @@ def supports(layer: Any) -> bool:
     Returns:
       Whether the rule covers its configuration and calls.
     """
-    calls = _recorded_calls(layer)
+    calls = sublayers.recorded_calls(layer)
     return (
         bool(_covered(layer))
         and not getattr(layer, "dropout", 0)

@@ -34,3 +34,14 @@ def test_layers_finds_nested_sublayers_held_in_attributes_and_lists():
     assert model in found and block in found and block.inner in found and all(d in found for d in block.stack)
     assert model not in sublayers.layers(model, include_self=False)
     assert block.inner not in sublayers.layers(model, recursive=False)
+
+
+def test_recorded_calls_gives_each_call_of_a_layer_in_a_functional_model():
+    keras = _keras()
+    shared = keras.layers.Dense(2)
+    first, second = keras.Input((3,)), keras.Input((3,))
+    keras.Model([first, second], keras.layers.Add()([shared(first), shared(second)]))
+    calls = sublayers.recorded_calls(shared)
+    assert [len(args) for args, _ in calls] == [1, 1]
+    assert calls[0][0][0] is first and calls[1][0][0] is second
+    assert sublayers.recorded_calls(keras.layers.Dense(2)) == []  # never called: nothing recorded

@@ -209,14 +209,6 @@ def is_symbolic_tensor(value: Any) -> bool:
     return isinstance(value, _SYMBOLIC_TENSOR)
 
 
-def call_arguments(operation: Any) -> list[tuple[Any, Any]]:
-    """``(args, kwargs)`` of each recorded call of an operation or layer in a functional model."""
-    nodes = getattr(operation, "_inbound_nodes", ())
-    if _KERAS_3:
-        return [(node.arguments.args, node.arguments.kwargs) for node in nodes]
-    return [(node.call_args, node.call_kwargs) for node in nodes]
-
-
 @contextlib.contextmanager
 def layer_randomness_from(model: keras.Model, draw_seed: Callable[[], tf.Tensor]) -> Iterator[None]:
     """While the block traces (or runs) the forward pass, the k-th random draw of the model's layers uses

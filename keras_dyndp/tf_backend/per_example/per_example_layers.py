@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from keras_dyndp import sublayers
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend.keras_compat import keras
@@ -48,7 +49,7 @@ def _known_layer(layer: keras.layers.Layer) -> bool:
 def _input_ranks(layer: keras.layers.Layer) -> set[int]:
     """The ranks of the tensors the layer was called on; empty when Keras recorded no call or a rank is unknown."""
     ranks = set()
-    for node in getattr(layer, "_inbound_nodes", ()):
+    for node in getattr(layer, "_inbound_nodes", ()):  # Layer._inbound_nodes: no public API lists a layer's calls
         for tensor in tf.nest.flatten(node.input_tensors):
             try:
                 ranks.add(len(tensor.shape))
@@ -144,7 +145,7 @@ def _known_slice(name: str | None, node_owner: Any) -> bool:
     ``h[:, 1:, ::2]``); a key of tensors (a gather across rows) or one indexing the batch axis is not known."""
     if name not in _SLICES:
         return False
-    calls = keras_compat.call_arguments(node_owner)
+    calls = sublayers.recorded_calls(node_owner)
     return bool(calls) and all(len(args) == 2 and _keeps_batch_axis(args[1]) for args, _ in calls)
 
 
@@ -167,7 +168,7 @@ def _keeps_batch_axis(key: Any) -> bool:
 def _arguments(node_owner: Any) -> tuple[list, list]:
     """(symbolic tensors, other array-like arguments) of every call of an operation or op layer."""
     symbolic, constants = [], []
-    for arguments in keras_compat.call_arguments(node_owner):
+    for arguments in sublayers.recorded_calls(node_owner):
         for value in tf.nest.flatten(arguments):
             if keras_compat.is_symbolic_tensor(value):
                 symbolic.append(value)
