@@ -226,6 +226,8 @@ def layer_randomness_from(model: keras.Model, draw_seed: Callable[[], tf.Tensor]
         return tf.random.experimental.stateless_fold_in(seed[0], next(counter))
 
     layers = [model, *flatten_layers(model)]
+    # A layer's random generators are held only in private attributes (Keras 3 `_seed_generators`, Keras 2
+    # `_random_generator`): no public API lists them.
     if _KERAS_3:
         targets = list({id(g): g for layer in layers for g in getattr(layer, "_seed_generators", ())}.values())
         name, replacement = "next", next_seed
@@ -276,7 +278,7 @@ def steps_per_execution(model: keras.Model) -> int | None:
     """The compiled ``steps_per_execution`` (None before ``compile``)."""
     if _KERAS_3:
         return int(model.steps_per_execution) if getattr(model, "compiled", False) else None
-    variable = getattr(model, "_steps_per_execution", None)
+    variable = getattr(model, "_steps_per_execution", None)  # Keras 2 exposes it only privately
     return None if variable is None else int(variable.numpy())
 
 

@@ -51,6 +51,7 @@ def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
 
 def embedding_supports(layer: keras.layers.Embedding) -> bool:
     """A dense lookup (``sparse`` and Keras 2's one-hot matmul lookup are not supported)."""
+    # Keras 2's Embedding keeps its lookup mode in the private `_use_one_hot_matmul` only.
     return not getattr(layer, "sparse", False) and not getattr(layer, "_use_one_hot_matmul", False)
 
 
