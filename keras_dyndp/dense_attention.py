@@ -64,6 +64,7 @@ def _plain_call(args: Any, kwargs: Any) -> bool:
         return False
     masks = kwargs.get("mask")
     masks = masks if isinstance(masks, (list, tuple)) else [masks]
+    # A mask an input carries (Embedding(mask_zero=True) upstream): Keras 3 and 2 keep it in `_keras_mask` only.
     return (
         all(mask is None for mask in masks)
         and all(getattr(tensor, "_keras_mask", None) is None for tensor in args[0])
