@@ -1,20 +1,17 @@
 """Every trainer of examples/ and research/ keeps one command-line convention (`keras_dyndp.cli`): ``--help`` exits 0
 and lists the trainer's flags; missing data is one ``<program>: error:`` line on stderr naming the path and how to get
 the data, exit status 2. Each run exits before training. The module's command lines run in one process
-(tests/examples/forked_runs.py: each in a child forked after the start-up they share, with what a fresh
+(tests/forked_runs.py: each in a child forked after the start-up they share, with what a fresh
 ``python -m`` process would print and return)."""
 
 import importlib.util
-import json
 import os
 import pathlib
-import subprocess
-import sys
 
+import forked_runs
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-RUNNER = pathlib.Path(__file__).resolve().with_name("forked_runs.py")
 _HAS_JAX = importlib.util.find_spec("jax") is not None
 
 # Trainer module -> flags its --help must list.
@@ -73,26 +70,23 @@ def _runs_here(module: str) -> bool:
 
 
 @pytest.fixture(name="run", scope="module")
-def fixture_run():
+def fixture_run(tmp_path_factory, worker_id):
     """``run(module, *arguments)`` -> the ``CompletedProcess`` of ``python -m module arguments``: every command line
-    of this module that runs on this stack, run at once by forked_runs.py."""
+    of this module that runs on this stack, run at once (once per session) by tests/forked_runs.py."""
     command_lines = [(module, ["--help"]) for module in HELP_FLAGS] + MISSING_DATA
     command_lines += [(module, ["--epochs=-1"]) for module in BAD_FLAG]
     command_lines = [(module, arguments) for module, arguments in command_lines if _runs_here(module)]
-    result = subprocess.run(
-        [sys.executable, str(RUNNER), json.dumps(command_lines)],
+    completed = forked_runs.run_once(
+        tmp_path_factory,
+        worker_id,
+        "trainer_command_lines",
+        "examples",
+        command_lines,
         cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=180 + 60 * len(command_lines),
-        check=False,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    completed = {
-        (module, tuple(arguments)): subprocess.CompletedProcess([module, *arguments], **outcome)
-        for (module, arguments), outcome in zip(command_lines, json.loads(result.stdout), strict=True)
-    }
-    return lambda module, *arguments: completed[(module, arguments)]
+    outcomes = {(module, tuple(arguments)): process for (module, arguments), process in zip(command_lines, completed)}
+    return lambda module, *arguments: outcomes[(module, arguments)]
 
 
 @pytest.mark.parametrize("module", sorted(HELP_FLAGS))
