@@ -1,13 +1,14 @@
 """Every trainer of examples/ and research/ keeps one command-line convention (`keras_dyndp.cli`): ``--help`` exits 0
 and lists the trainer's flags; missing data is one ``<program>: error:`` line on stderr naming the path and how to get
-the data, exit status 2. Each run exits before training."""
+the data, exit status 2. Each run exits before training. The module's command lines run in one process
+(tests/forked_runs.py: each in a child forked after the start-up they share, with what a fresh
+``python -m`` process would print and return)."""
 
 import importlib.util
 import os
 import pathlib
-import subprocess
-import sys
 
+import forked_runs
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -51,12 +52,8 @@ MISSING_DATA = [
     )
 ] + [("examples.mnist_on_disk", [f"--idx_dir={MISSING}"]), ("examples.imdb_transformer", [f"--imdb_dir={MISSING}"])]
 
-
-def _run(module: str, *arguments: str) -> subprocess.CompletedProcess:
-    python = sys.executable
-    return subprocess.run(
-        [python, "-m", module, *arguments], cwd=REPO, capture_output=True, text=True, timeout=180, check=False
-    )
+# Trainers that must refuse --epochs=-1.
+BAD_FLAG = ["examples.digits", "research.digits", "examples.imdb_transformer"]
 
 
 def _runs_here(module: str) -> bool:
@@ -72,11 +69,31 @@ def _runs_here(module: str) -> bool:
     )
 
 
+@pytest.fixture(name="run", scope="module")
+def fixture_run(tmp_path_factory, worker_id):
+    """``run(module, *arguments)`` -> the ``CompletedProcess`` of ``python -m module arguments``: every command line
+    of this module that runs on this stack, run at once (once per session) by tests/forked_runs.py."""
+    command_lines = [(module, ["--help"]) for module in HELP_FLAGS] + MISSING_DATA
+    command_lines += [(module, ["--epochs=-1"]) for module in BAD_FLAG]
+    command_lines = [(module, arguments) for module, arguments in command_lines if _runs_here(module)]
+    completed = forked_runs.run_once(
+        tmp_path_factory,
+        worker_id,
+        "trainer_command_lines",
+        "examples",
+        command_lines,
+        cwd=REPO,
+        timeout=180 + 60 * len(command_lines),
+    )
+    outcomes = {(module, tuple(arguments)): process for (module, arguments), process in zip(command_lines, completed)}
+    return lambda module, *arguments: outcomes[(module, arguments)]
+
+
 @pytest.mark.parametrize("module", sorted(HELP_FLAGS))
-def test_help_exits_0_and_lists_the_trainers_flags(module):
+def test_help_exits_0_and_lists_the_trainers_flags(run, module):
     if not _runs_here(module):
         pytest.skip(f"{module} does not run on this stack")
-    result = _run(module, "--help")
+    result = run(module, "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     missing = [flag for flag in HELP_FLAGS[module] if flag not in result.stdout]
     assert not missing, result.stdout[-3000:]
@@ -84,10 +101,10 @@ def test_help_exits_0_and_lists_the_trainers_flags(module):
 
 
 @pytest.mark.parametrize("module, arguments", MISSING_DATA)
-def test_missing_data_is_one_error_line_naming_the_path_and_the_remedy_with_status_2(module, arguments):
+def test_missing_data_is_one_error_line_naming_the_path_and_the_remedy_with_status_2(run, module, arguments):
     if not _runs_here(module):
         pytest.skip(f"{module} does not run on this stack")
-    result = _run(module, *arguments)
+    result = run(module, *arguments)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr[-3000:]
@@ -96,11 +113,11 @@ def test_missing_data_is_one_error_line_naming_the_path_and_the_remedy_with_stat
     assert MISSING in lines[0] and "Get it" in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("module", ["examples.digits", "research.digits", "examples.imdb_transformer"])
-def test_a_bad_flag_value_is_one_error_line_with_status_2(module):
+@pytest.mark.parametrize("module", BAD_FLAG)
+def test_a_bad_flag_value_is_one_error_line_with_status_2(run, module):
     if not _runs_here(module):
         pytest.skip(f"{module} does not run on this stack")
-    result = _run(module, "--epochs=-1")
+    result = run(module, "--epochs=-1")
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     program = module.split(".")[1] + ".py"

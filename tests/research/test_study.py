@@ -122,8 +122,11 @@ def _fake_train(calls):
 
 
 def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_once_each(tmp_path, monkeypatch):
-    calls = []
+    calls, cleared = [], []
     monkeypatch.setattr(trainer, "train", _fake_train(calls))
+    # The stand-in builds no model: the session a run leaves is cleared (counted), without the full garbage
+    # collection of a process that earlier tests filled (seconds per run).
+    monkeypatch.setattr(keras.backend, "clear_session", lambda: cleared.append(len(calls)))
     contenders = ["vanilla", "dynamic_rescaled"]
 
     def make_study():
@@ -140,7 +143,7 @@ def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_o
 
     rows = make_study().run()
     tuning, finals = calls[:16], calls[16:]
-    assert len(calls) == 2 * 2 * 4 + 2 * 2 * 2
+    assert len(calls) == 2 * 2 * 4 + 2 * 2 * 2 and cleared == list(range(1, 25))  # after every run
     assert not any(call["on_test"] for call in tuning) and all(call["config"].seed == 0 for call in tuning)
     assert all(call["on_test"] for call in finals)
     assert sorted(call["config"].seed for call in finals) == [1] * 4 + [2] * 4

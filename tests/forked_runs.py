@@ -1,0 +1,138 @@
+"""Runs many ``python -m <module> <arguments>`` (or ``python <script.py> <arguments>``) command lines in one process,
+each in a child forked after the start-up they all share, so that a test module pays TensorFlow's import once rather
+than once per command line.
+
+Usage (from the repository root): ``python tests/forked_runs.py <start-up module> '<JSON list of [module or
+script path, [arguments]]>'``; prints a JSON list of ``{"returncode", "stdout", "stderr"}``, one per command line, in
+order. The start-up module is what every command line imports first: ``examples`` for the trainers (it quiets
+TensorFlow's C++ start-up lines and imports TensorFlow), ``tensorflow`` for a script.
+
+What a fresh process would show is kept: the start-up import runs with file descriptor 2 captured, and what it
+printed there starts every child's stderr; each child has its own file descriptors 1 and 2 (C++ output included),
+runs the module or script as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` as Python sets them, and exits as
+Python would (the ``SystemExit`` code, or a printed traceback and status 1), through the interpreter's shutdown; a
+crash kills the child only (a negative return code, as ``subprocess`` reports it).
+"""
+
+import fcntl
+import importlib
+import json
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+import traceback
+import warnings
+
+
+def _start_up(module: str) -> bytes:
+    """Imports ``module`` with file descriptor 2 captured; returns what it wrote there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            importlib.import_module(module)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        return captured.read()
+
+
+def _exit_status(error: SystemExit) -> int:
+    """The status Python exits with on an uncaught ``SystemExit`` (printing a non-integer code to stderr)."""
+    if error.code is None:
+        return 0
+    if isinstance(error.code, int):
+        return error.code
+    print(error.code, file=sys.stderr)
+    return 1
+
+
+def _child(module: str, arguments: list[str], stdout_fd: int, stderr_fd: int) -> None:
+    """Runs ``module`` (or a script: a path ending in .py) as ``__main__`` with its output on the given descriptors;
+    never returns: the child exits through the interpreter's own shutdown (atexit handlers, flushing), as the fresh
+    process would."""
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    sys.argv = [module, *arguments]  # runpy puts the module's file in sys.argv[0], as -m does.
+    status = 0
+    try:
+        if module.endswith(".py"):
+            sys.path[0] = os.path.dirname(os.path.abspath(module))  # As `python script.py` sets it.
+            runpy.run_path(module, run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as error:
+        status = _exit_status(error)
+    except BaseException:  # pylint: disable=broad-exception-caught
+        traceback.print_exc()
+        status = 1
+    sys.exit(status)
+
+
+def _run(module: str, arguments: list[str], start_up_stderr: bytes) -> dict:
+    """One command line in a forked child: its exit status and output."""
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        stderr.write(start_up_stderr)
+        stderr.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(module, arguments, stdout.fileno(), stderr.fileno())
+        _, wait_status = os.waitpid(pid, 0)
+        stdout.seek(0)
+        stderr.seek(0)
+        return {
+            "returncode": os.waitstatus_to_exitcode(wait_status),
+            "stdout": stdout.read().decode(errors="replace"),
+            "stderr": stderr.read().decode(errors="replace"),
+        }
+
+
+def run_once(tmp_path_factory, worker_id: str, name: str, start_up: str, command_lines: list, **kwargs) -> list:
+    """For a pytest fixture: runs ``command_lines`` by this script once per test session, whichever pytest-xdist
+    worker asks first (the others wait on a lock and read its results), so that a module split across workers pays
+    once. ``kwargs`` go to ``subprocess.run`` (cwd, env, timeout). Returns a ``CompletedProcess`` per command line."""
+    if worker_id == "master":  # no workers: this process is the session
+        return _run_here(start_up, command_lines, **kwargs)
+    shared = tmp_path_factory.getbasetemp().parent  # this session's, shared by its workers
+    with open(shared / f"{name}.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = shared / f"{name}.json"
+        if not cached.exists():
+            completed = _run_here(start_up, command_lines, **kwargs)
+            cached.write_text(json.dumps([vars(process) for process in completed]), encoding="utf-8")
+        return [subprocess.CompletedProcess(**process) for process in json.loads(cached.read_text(encoding="utf-8"))]
+
+
+def _run_here(start_up: str, command_lines: list, **kwargs) -> list:
+    result = subprocess.run(
+        [sys.executable, __file__, start_up, json.dumps(command_lines)],
+        capture_output=True,
+        text=True,
+        check=False,
+        **kwargs,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [
+        subprocess.CompletedProcess([module, *arguments], **outcome)
+        for (module, arguments), outcome in zip(command_lines, json.loads(result.stdout), strict=True)
+    ]
+
+
+def main() -> None:
+    sys.path[0] = os.getcwd()  # As `python -m` sets it: the repository root.
+    warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12's note on forking a threaded process.
+    command_lines = json.loads(sys.argv[2])
+    start_up_stderr = _start_up(sys.argv[1])
+    results = [_run(module, arguments, start_up_stderr) for module, arguments in command_lines]
+    sys.stdout.write(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
