@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import warnings
 
 PARSER = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -37,10 +36,10 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import interleaved  # noqa: E402  (benchmarks/interleaved.py)
 import keras  # noqa: E402
+import models  # noqa: E402  (benchmarks/models.py)
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.batch_sizes import SamplingWarning  # noqa: E402
 
 VOCABULARY = 10_000
@@ -55,39 +54,16 @@ def build(method: str) -> keras.Model:
     attended = layers.AdditiveAttention()([query, layers.Dense(ARGS.width)(embedded)])
     hidden = layers.Dense(ARGS.width)(layers.Dense(4 * ARGS.width, activation="relu")(attended))
     model = keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling1D()(hidden)))
-    model = keras_dyndp.make_private(model, method)
-    num_steps = 100_000
-    schedule = schedules.DPSchedule(np.ones(num_steps), np.ones(num_steps), ARGS.batch_size / 25_000)
-    model.compile(
-        optimizer=keras_dyndp.DynamicDPKerasSGD(
-            schedule=schedule, expected_batch_size=ARGS.batch_size, learning_rate=0.05
-        ),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
-    )
-    return model
+    return models.compile_private(keras, keras_dyndp.make_private(model, method), ARGS.batch_size, 25_000)
 
 
 def tensorflow_runs(x: np.ndarray, y: np.ndarray) -> dict:
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from keras_dyndp.tf_backend import per_example  # pylint: disable=import-outside-toplevel
 
-    def run_of(model):
-        iterator = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
-        model.make_train_function()
-
-        def run(steps: int) -> float:
-            start = time.perf_counter()
-            for _ in range(steps):
-                logs = model.train_function(iterator)
-            np.asarray(next(iter(logs.values())))  # waits for the last step
-            return (time.perf_counter() - start) / steps
-
-        return run
-
-    models = {"before": build("vectorized"), "after": build("auto")}
-    print(f"after: ghost path {per_example.ghost_supported(models['after'], models['after'].trainable_variables)}")
-    return {path: run_of(model) for path, model in models.items()}
+    built = {"before": build("vectorized"), "after": build("auto")}
+    print(f"after: ghost path {per_example.ghost_supported(built['after'], built['after'].trainable_variables)}")
+    return {path: interleaved.keras_train_function_run(model, x, y) for path, model in built.items()}
 
 
 def jax_runs(x: np.ndarray, y: np.ndarray) -> dict:

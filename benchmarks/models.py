@@ -163,3 +163,21 @@ def make_data(name: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         x = rng.integers(0, TEXT_VOCAB, size=(batch_size, TEXT_LENGTH))
         y = rng.integers(0, 2, size=batch_size)
     return x, y.astype(np.int32)
+
+
+def compile_private(keras: Any, model: Any, batch_size: int, num_examples: int, learning_rate: float = 0.05) -> Any:
+    """``model`` (made private by the caller, with its method) compiled with `keras_dyndp.DynamicDPKerasSGD` on a
+    constant schedule (C = 1, sigma = 1, p = batch_size / num_examples, 100,000 steps: never spent in a benchmark)
+    and a per-example loss."""
+    import keras_dyndp  # pylint: disable=import-outside-toplevel
+    from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel
+
+    num_steps = 100_000
+    schedule = schedules.DPSchedule(np.ones(num_steps), np.ones(num_steps), batch_size / num_examples)
+    model.compile(
+        optimizer=keras_dyndp.DynamicDPKerasSGD(
+            schedule=schedule, expected_batch_size=batch_size, learning_rate=learning_rate
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+    )
+    return model

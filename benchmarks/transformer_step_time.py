@@ -31,7 +31,6 @@ import os
 import platform
 import resource
 import sys
-import time
 import warnings
 
 PARSER = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -56,10 +55,10 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import interleaved  # noqa: E402  (benchmarks/interleaved.py)
 import keras  # noqa: E402
+import models  # noqa: E402  (benchmarks/models.py)
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.batch_sizes import SamplingWarning  # noqa: E402
 
 VOCABULARY = 10_000
@@ -139,34 +138,7 @@ def build(path: str) -> keras.Model:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss)
         return model
-    model = keras_dyndp.make_private(model)
-    num_steps = 100_000
-    schedule = schedules.DPSchedule(np.ones(num_steps), np.ones(num_steps), ARGS.batch_size / 25_000)
-    model.compile(
-        optimizer=keras_dyndp.DynamicDPKerasSGD(
-            schedule=schedule, expected_batch_size=ARGS.batch_size, learning_rate=0.05
-        ),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
-    )
-    return model
-
-
-def tensorflow_step(model: keras.Model, x: np.ndarray, y: np.ndarray):
-    """``steps -> seconds per step`` through Keras's own train function on one repeated batch."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    iterator = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
-    model.make_train_function()
-    train_function = model.train_function
-
-    def run(steps: int) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            logs = train_function(iterator)
-        np.asarray(logs["loss"] if logs and "loss" in logs else model.optimizer.iterations.numpy())
-        return (time.perf_counter() - start) / steps
-
-    return run
+    return models.compile_private(keras, keras_dyndp.make_private(model), ARGS.batch_size, 25_000)
 
 
 def jax_step(model: keras.Model, x: np.ndarray, y: np.ndarray):
@@ -207,13 +179,13 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.integers(0, VOCABULARY, (ARGS.batch_size, ARGS.length)).astype("int32")
     y = rng.integers(0, 2, ARGS.batch_size).astype("int32")
-    step = tensorflow_step if ARGS.backend == "tensorflow" else jax_step
+    step = interleaved.keras_train_function_run if ARGS.backend == "tensorflow" else jax_step
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SamplingWarning)  # one fixed batch, not Poisson batches: expected here
-        models = {path: build(path) for path in ARGS.paths.split(",")}
-        if "dyndp_auto" in models:
-            print(ghost_coverage(models["dyndp_auto"], x))
-        runs = {path: step(model, x, y) for path, model in models.items()}
+        built = {path: build(path) for path in ARGS.paths.split(",")}
+        if "dyndp_auto" in built:
+            print(ghost_coverage(built["dyndp_auto"], x))
+        runs = {path: step(model, x, y) for path, model in built.items()}
         table = interleaved.step_table(runs, ARGS.steps, ARGS.repeats, ARGS.warmup_steps, ARGS.backend)
     versions = f"Python {sys.version.split()[0]}, Keras {keras.__version__} on {ARGS.backend}"
     lora = f", LoRA rank {ARGS.lora}" if ARGS.lora else ""
