@@ -136,3 +136,12 @@ def test_check_delta_with_zero_allowed_is_the_half_open_interval():
             validation.check_delta(value, allow_zero=True)
     with pytest.raises(ValueError, match=r"`confidence` must be in \(0, 1\)"):
         validation.check_delta(1.0, "confidence")
+
+
+def test_check_subset_returns_a_tuple_and_names_the_argument_and_choices():
+    assert validation.check_subset("accountants", ["pld"], ("pld", "rdp")) == ("pld",)
+    assert validation.check_subset("accountants", [], ("pld", "rdp")) == ()
+    with pytest.raises(ValueError, match=r"`accountants` must be a non-empty subset of \('pld', 'rdp'\)"):
+        validation.check_subset("accountants", [], ("pld", "rdp"), allow_empty=False)
+    with pytest.raises(ValueError, match=r"Received: accountants=\('prv',\)"):
+        validation.check_subset("accountants", ["prv"], ("pld", "rdp"))

@@ -65,3 +65,11 @@ def test_step_to_safe_side_steps_until_safe_and_leaves_a_safe_value_alone():
     assert stepped == 0.3
     assert scale_search.step_to_safe_side(0.25, lambda x: x <= 0.3, lambda x: x / 0) == 0.25
     assert scale_search.step_to_safe_side(1.0, lambda x: x >= 1.5, lambda x: x * 1.25) == 1.5625
+
+
+def test_bisect_keeps_the_predicate_true_at_low_false_at_high_and_stops_at_float_precision():
+    low, high = scale_search.bisect(lambda x: x * x < 2.0, 1.0, 2.0, steps=200)
+    assert low * low < 2.0 <= high * high
+    assert high == math.nextafter(low, math.inf)  # no float between them: stopped before 200 halvings
+    low, high = scale_search.bisect(lambda x: x < 0.3, 0.0, 1.0, steps=3)
+    assert (low, high) == (0.25, 0.375)
