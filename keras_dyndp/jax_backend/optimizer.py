@@ -303,21 +303,9 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     Raises:
       TypeError: if ``base_cls`` is not a subclass of ``keras.optimizers.Optimizer``.
     """
-    if not (isinstance(base_cls, type) and issubclass(base_cls, keras.optimizers.Optimizer)):
-        raise TypeError(
-            f"`base_cls` must be a subclass of keras.optimizers.Optimizer. Received: base_cls={base_cls!r}."
-        )
-    class_name = f"DynamicDPKeras{base_cls.__name__}"
-    namespace = {
-        "__doc__": optimizer_base.optimizer_class_doc(
-            f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on the JAX backend: its update "
-            "rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
-        ),
-        "__module__": "keras_dyndp.jax_backend",
-        "__qualname__": class_name,
-    }
-    dp_class = type(class_name, (JaxDPOptimizerMixin, base_cls), namespace)
-    return keras.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(dp_class)
+    return optimizer_base.make_optimizer_class(
+        base_cls, JaxDPOptimizerMixin, keras, "keras.optimizers.Optimizer", "on the JAX backend"
+    )
 
 
 DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(keras.optimizers.SGD)

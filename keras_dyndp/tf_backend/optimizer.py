@@ -362,22 +362,13 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     Raises:
       TypeError: unless ``base_cls`` subclasses `tf.keras.optimizers.Optimizer` (not ``optimizers.legacy``).
     """
-    if not (isinstance(base_cls, type) and issubclass(base_cls, keras_compat.keras.optimizers.Optimizer)):
-        raise TypeError(
-            "`base_cls` must be a subclass of tf.keras.optimizers.Optimizer (the Keras 2.11+ optimizer API). "
-            f"Received: base_cls={base_cls!r}."
-        )
-    class_name = f"DynamicDPKeras{base_cls.__name__}"
-    namespace = {
-        "__doc__": optimizer_base.optimizer_class_doc(
-            f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on TensorFlow: its update "
-            "rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
-        ),
-        "__module__": "keras_dyndp.tf_backend",
-        "__qualname__": class_name,
-    }
-    dp_class = type(class_name, (DynamicDPOptimizerMixin, base_cls), namespace)
-    return keras_compat.keras.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(dp_class)
+    return optimizer_base.make_optimizer_class(
+        base_cls,
+        DynamicDPOptimizerMixin,
+        keras_compat.keras,
+        "tf.keras.optimizers.Optimizer (the Keras 2.11+ optimizer API)",
+        "on TensorFlow",
+    )
 
 
 DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.SGD)
