@@ -375,14 +375,12 @@ class DPOptimizerBase:
         kwargs.setdefault("name", type(self).__name__)
         super().__init__(**kwargs)
         self._schedule = schedule
-        self._num_microbatches = num_microbatches
-        self._expected_batch_size = expected_batch_size
-        self._public_batch_size = public_batch_size
-        self._accumulation_steps = accumulation_steps
-        self._rescale_to_unit_norm = rescale_to_unit_norm
-        self._allow_degenerate_noise = allow_degenerate_noise
+        for name, value in settings.items():  # As `get_config` reads them.
+            setattr(self, f"_{name}", value)
         self.private_config: PrivateConfig | None = None  # make_private's options, once it has used this optimizer.
         self._unverified_sampling: str | None = None
+        self._dp_gradient_guard = GradientGuard()
+        self._step_checks = step_checks.StepChecks(schedule, expected_batch_size, self.normalises_by_rows)
         self._build_dp_state(noise_seed)
 
     def note_unverified_sampling(self, problem: str) -> bool:
@@ -415,6 +413,9 @@ class DPOptimizerBase:
         raise NotImplementedError
 
     schedule = _attribute("_schedule", "The `DPSchedule` this optimizer follows.")
+    dp_step = _attribute(
+        "iterations", "Keras's `iterations` variable: DP steps taken so far, the index of the next step."
+    )
     schedule_fingerprint = _attribute(
         "_schedule_fingerprint",
         "int32 [2] variable saved with `dp_step`: the `DPSchedule.fingerprint` its steps were taken under, recorded "

@@ -49,11 +49,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             )
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
-        self._step_checks = step_checks.StepChecks(self._schedule, self._expected_batch_size, self.normalises_by_rows)
         self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
         # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
         # (zeros at rest)]; never saved.
@@ -66,11 +64,6 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self.add_variable(
             shape=(size,), initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name
         )
-
-    @property
-    def dp_step(self) -> keras.Variable:
-        """int variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
-        return self.iterations
 
     @property
     def num_examples(self) -> int | None:

@@ -68,10 +68,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return keras_compat.UNSUPPORTED_OPTIMIZER_ARGUMENTS
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
         schedule = self._schedule
-        self._step_checks = step_checks.StepChecks(schedule, self._expected_batch_size, self.normalises_by_rows)
         self._sampling_check = sampling_check.SamplingCheck(
             self._step_checks, self._public_batch_size, type(self).__name__, self.note_unverified_sampling
         )
@@ -89,11 +87,6 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def sampling_check(self) -> sampling_check.SamplingCheck:
         """The checks of the batches against the schedule's Poisson sampling (`sampling_check.SamplingCheck`)."""
         return self._sampling_check
-
-    @property
-    def dp_step(self) -> tf.Variable:
-        """int64 variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
-        return self.iterations
 
     def _schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
         # 0 past the budget and on a restored step counter of another schedule: XLA drops the assertions.
