@@ -1,5 +1,6 @@
 """An EinsumDense's LoRA adapters as two Dense-like steps: the one reduction the LoRA ghost rules of both backends use
-(`keras_dyndp.tf_backend.per_example.lora`, `keras_dyndp.jax_backend.lora`).
+(`keras_dyndp.tf_backend.per_example.lora`, `keras_dyndp.jax_backend.lora`), beside what they read of any LoRA layer
+(`enabled`, `scale`).
 
 Keras 3's LoRA EinsumDense computes ``einsum(equation, x, W + s A @ B)`` with A of the kernel's shape but its last
 axis (letter e) replaced by the rank r, and B [r, e]. Where e is one of the kernel's output letters (in the output,
@@ -12,7 +13,18 @@ gradient s g B^T (along ``axis``), B's the Dense rule over u's positions with ``
 from __future__ import annotations
 
 import string
+from typing import Any
 from typing import NamedTuple
+
+
+def enabled(layer: Any) -> bool:
+    """Whether ``layer`` runs with LoRA adapters (Keras 3's ``enable_lora``)."""
+    return bool(getattr(layer, "lora_enabled", False))
+
+
+def scale(layer: Any) -> float:
+    """The factor s = ``lora_alpha / lora_rank`` of a LoRA layer's adapters (its output adds s x A B)."""
+    return layer.lora_alpha / layer.lora_rank
 
 
 class LoraPlan(NamedTuple):

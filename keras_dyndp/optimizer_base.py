@@ -375,14 +375,12 @@ class DPOptimizerBase:
         kwargs.setdefault("name", type(self).__name__)
         super().__init__(**kwargs)
         self._schedule = schedule
-        self._num_microbatches = num_microbatches
-        self._expected_batch_size = expected_batch_size
-        self._public_batch_size = public_batch_size
-        self._accumulation_steps = accumulation_steps
-        self._rescale_to_unit_norm = rescale_to_unit_norm
-        self._allow_degenerate_noise = allow_degenerate_noise
+        for name, value in settings.items():  # As `get_config` reads them.
+            setattr(self, f"_{name}", value)
         self.private_config: PrivateConfig | None = None  # make_private's options, once it has used this optimizer.
         self._unverified_sampling: str | None = None
+        self._dp_gradient_guard = GradientGuard()
+        self._step_checks = step_checks.StepChecks(schedule, expected_batch_size, self.normalises_by_rows)
         self._build_dp_state(noise_seed)
 
     def note_unverified_sampling(self, problem: str) -> bool:
@@ -415,6 +413,9 @@ class DPOptimizerBase:
         raise NotImplementedError
 
     schedule = _attribute("_schedule", "The `DPSchedule` this optimizer follows.")
+    dp_step = _attribute(
+        "iterations", "Keras's `iterations` variable: DP steps taken so far, the index of the next step."
+    )
     schedule_fingerprint = _attribute(
         "_schedule_fingerprint",
         "int32 [2] variable saved with `dp_step`: the `DPSchedule.fingerprint` its steps were taken under, recorded "
@@ -497,9 +498,22 @@ class DPOptimizerBase:
         return optimizer
 
 
-def optimizer_class_doc(summary: str) -> str:
-    """The docstring of a generated ``DynamicDPKeras<Base>`` class: ``summary``, then `DPOptimizerBase`'s
-    arguments and what it raises (so ``help()`` of the class explains every argument)."""
+def make_optimizer_class(base_cls: type, mixin: type, keras_module: Any, required: str, on: str) -> type:
+    """``DynamicDPKeras<BaseName>(mixin, base_cls)``, in the package of ``mixin``'s module, registered with
+    ``keras_module`` as 'keras_dyndp>DynamicDPKeras<BaseName>' (one name on both backends: a model saved on one loads
+    on the other). Its docstring is ``base_cls`` trained ``on`` the backend, then `DPOptimizerBase`'s arguments and
+    what it raises (so ``help()`` of the class explains every argument). TypeError unless ``base_cls`` subclasses
+    ``keras_module.optimizers.Optimizer`` (named ``required`` in the message)."""
+    if not (isinstance(base_cls, type) and issubclass(base_cls, keras_module.optimizers.Optimizer)):
+        raise TypeError(f"`base_cls` must be a subclass of {required}. Received: base_cls={base_cls!r}.")
+    class_name = f"DynamicDPKeras{base_cls.__name__}"
     doc = inspect.cleandoc(DPOptimizerBase.__doc__ or "")
     arguments = doc[doc.find("Args:") :] if "Args:" in doc else ""
-    return f"{summary}\n\n{arguments}".strip()
+    summary = (
+        f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD {on}: its update rule and keyword "
+        "arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
+    )
+    namespace = {"__doc__": f"{summary}\n\n{arguments}".strip(), "__qualname__": class_name}
+    namespace["__module__"] = mixin.__module__.rsplit(".", 1)[0]
+    dp_class = type(class_name, (mixin, base_cls), namespace)
+    return keras_module.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(dp_class)

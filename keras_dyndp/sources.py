@@ -209,10 +209,7 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
         return elements
 
     def fetch(positions: list[int]) -> list:
-        parts = _parts(len(positions), threads)
-        if len(parts) == 1:
-            return get(positions)
-        chunks = _read_pool().map(lambda part: get(positions[part[0] : part[-1] + 1]), parts)
+        chunks = _in_parts(lambda part: get([positions[i] for i in part]), len(positions), threads)
         return [element for chunk in chunks for element in chunk]
 
     return fetch
@@ -393,11 +390,15 @@ def _parts(num_rows: int, threads: int = _READ_THREADS) -> list[np.ndarray]:
     return np.array_split(np.arange(num_rows), min(threads, _READ_THREADS, max(1, num_rows // _ROWS_PER_THREAD)))
 
 
-def _read_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The reading threads (made at the first read that uses them)."""
+def _in_parts(function: Callable[[np.ndarray], Any], num_rows: int, threads: int = _READ_THREADS) -> list:
+    """``function`` of each of the `_parts`, in order; on the reading threads (made at the first read that uses
+    them) when there are several."""
+    parts = _parts(num_rows, threads)
+    if len(parts) == 1:
+        return [function(parts[0])]
     if not _pool:
         _pool.append(concurrent.futures.ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="keras_dyndp_read"))
-    return _pool[0]
+    return list(_pool[0].map(function, parts))
 
 
 def _pread_rows(descriptor: int, leaf: np.ndarray, start: int, indices: np.ndarray) -> np.ndarray:
@@ -411,11 +412,7 @@ def _pread_rows(descriptor: int, leaf: np.ndarray, start: int, indices: np.ndarr
             if os.preadv(descriptor, [row_bytes[position]], offset) != row_bytes.shape[1]:
                 raise OSError(f"Short read from a memmap's file at byte {offset}.")
 
-    parts = _parts(len(indices))
-    if len(parts) == 1:
-        read(parts[0])
-    else:
-        list(_read_pool().map(read, parts))
+    _in_parts(read, len(indices))
     return rows
 
 

@@ -46,12 +46,8 @@ def load_chest_xray(root: str | None, image_size: int = 128) -> TaskData:
         raise DataNotFoundError(f"chest_xray: missing folders {', '.join(missing)}. {how_to_get}")
     x_train, y_train = _read_chest_xray_split(os.path.join(root, "train"), image_size)
     x_test, y_test = _read_chest_xray_split(os.path.join(root, "test"), image_size)
-    return TaskData(
-        x_train=x_train,
-        y_train=y_train,
-        x_test=x_test,
-        y_test=y_test,
-        num_classes=2,
-        description=f"chest_xray from {root}: {len(y_train)} training / {len(y_test)} test images "
-        f"({image_size}x{image_size}; no statistic of the private labels is printed)",
+    description = (
+        f"chest_xray from {root}: {len(y_train)} training / {len(y_test)} test images "
+        f"({image_size}x{image_size}; no statistic of the private labels is printed)"
     )
+    return TaskData(x_train, y_train, x_test, y_test, num_classes=2, description=description)

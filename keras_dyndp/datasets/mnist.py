@@ -82,14 +82,8 @@ def load_digits() -> TaskData:
     digits = sk_datasets.load_digits()
     images = (digits.images / 16.0).astype(np.float32)[..., None]
     x_train, x_test, y_train, y_test = split_train_test(images, digits.target.astype(np.int64), 0.2)
-    return TaskData(
-        x_train=x_train,
-        y_train=y_train,
-        x_test=x_test,
-        y_test=y_test,
-        num_classes=10,
-        description=f"scikit-learn digits: {len(y_train)} training / {len(y_test)} test images (8x8)",
-    )
+    description = f"scikit-learn digits: {len(y_train)} training / {len(y_test)} test images (8x8)"
+    return TaskData(x_train, y_train, x_test, y_test, num_classes=10, description=description)
 
 
 KERAS_CACHE = os.path.join(os.path.expanduser("~"), ".keras", "datasets")

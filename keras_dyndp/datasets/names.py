@@ -57,12 +57,5 @@ def load_names(directory: str | None, max_name_length: int = 20) -> TaskData:
     x_train, x_test, y_train, y_test = split_train_test(
         encode(names, max_name_length), np.array(labels, dtype=np.int64), 0.2
     )
-    return TaskData(
-        x_train=x_train,
-        y_train=y_train,
-        x_test=x_test,
-        y_test=y_test,
-        num_classes=len(files),
-        description=f"names from {directory}: {len(files)} languages, {len(y_train)} training / "
-        f"{len(y_test)} test names",
-    )
+    description = f"names from {directory}: {len(files)} languages, {len(y_train)} training / {len(y_test)} test names"
+    return TaskData(x_train, y_train, x_test, y_test, num_classes=len(files), description=description)

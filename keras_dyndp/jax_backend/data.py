@@ -26,6 +26,10 @@ from keras_dyndp import sources
 from keras_dyndp.jax_backend import processes
 
 
+def _of_sampling(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.sampling, name), doc=doc)
+
+
 class PoissonBatches(keras.utils.PyDataset):
     """Poisson-sampled, padded ``(x, y, sample_weight)`` batches: `keras_dyndp.poisson_batches` on JAX (its
     arguments). ``PoissonBatches(x, y, sampling_probability=p, ...)`` is the former constructor, kept for callers."""
@@ -71,35 +75,19 @@ class PoissonBatches(keras.utils.PyDataset):
         processes.check_same_data([*jax.tree_util.tree_leaves((x, y)), self._weights])
         self._rng = np.random.default_rng(seed)
 
-    @property
-    def sampling_probability(self) -> float:
-        """The Poisson rate p."""
-        return self.sampling.sampling_probability
-
-    @property
-    def num_examples(self) -> int:
-        """N."""
-        return self.sampling.num_examples
-
-    @property
-    def max_batch_size(self) -> int:
-        """The rows of every batch (with `pad_to_multiple`, the most rows of a batch)."""
-        return self.sampling.max_batch_size
-
-    @property
-    def pad_to_multiple(self) -> int | None:
-        """None (every batch has `max_batch_size` rows) or m (each is padded to the next multiple of m)."""
-        return self.sampling.pad_to_multiple
-
-    @property
-    def seed(self) -> int | None:
-        """The ``seed`` given (None: OS entropy)."""
-        return self.sampling.seed
-
-    @property
-    def start_step(self) -> int:
-        """The optimizer step these batches start at (with ``seed``, the sampler's state)."""
-        return self.sampling.start_step
+    sampling_probability = _of_sampling("sampling_probability", "The Poisson rate p.")
+    num_examples = _of_sampling("num_examples", "N.")
+    max_batch_size = _of_sampling(
+        "max_batch_size", "The rows of every batch (with `pad_to_multiple`, the most rows of a batch)."
+    )
+    pad_to_multiple = _of_sampling(
+        "pad_to_multiple",
+        "None (every batch has `max_batch_size` rows) or m (each is padded to the next multiple of m).",
+    )
+    seed = _of_sampling("seed", "The ``seed`` given (None: OS entropy).")
+    start_step = _of_sampling(
+        "start_step", "The optimizer step these batches start at (with ``seed``, the sampler's state)."
+    )
 
     def __len__(self) -> int:
         return self._steps

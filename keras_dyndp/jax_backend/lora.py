@@ -32,15 +32,6 @@ from keras_dyndp.jax_backend import ghost
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def enabled(layer: keras.layers.Layer) -> bool:
-    """Whether ``layer`` runs with LoRA adapters (Keras 3's ``enable_lora``)."""
-    return bool(getattr(layer, "lora_enabled", False))
-
-
-def _scale(layer) -> float:
-    return layer.lora_alpha / layer.lora_rank
-
-
 def _value(variable) -> jax.Array:
     """The adapter's value in the step (its ``StatelessScope``), float32."""
     return jnp.asarray(variable.value, jnp.float32)
@@ -76,7 +67,7 @@ def _b_rule(layer, b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, 
 def _times_b_transposed(layer, b, g: jax.Array, axis: int = -1) -> jax.Array:
     """s g B^T along g's ``axis`` (B's output axis there, the rank there after)."""
     moved = jnp.moveaxis(g.astype(jnp.float32), axis, -1)
-    return jnp.moveaxis(_scale(layer) * jnp.matmul(moved, _value(b).T, precision=_HIGHEST), -1, axis)
+    return jnp.moveaxis(einsum_lora.scale(layer) * jnp.matmul(moved, _value(b).T, precision=_HIGHEST), -1, axis)
 
 
 def _dense_norms_and_sums(layer, a, g):
@@ -85,7 +76,7 @@ def _dense_norms_and_sums(layer, a, g):
     a_rows, g_rows = positions(a), positions(g)
     a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
     h = _times_b_transposed(layer, b_adapter, g_rows)
-    u = _scale(layer) * jnp.matmul(a_rows, _value(a_adapter), precision=_HIGHEST)
+    u = einsum_lora.scale(layer) * jnp.matmul(a_rows, _value(a_adapter), precision=_HIGHEST)
     a_rule = ghost.DENSE_NORMS_AND_SUMS(ghost.KernelView(_shape(a_adapter)), a_rows, h)
     return _both(a_rule, _b_rule(layer, b_adapter, u, g_rows))
 
@@ -99,7 +90,7 @@ def _einsum_norms_and_sums(layer, a, g):
     h = _times_b_transposed(layer, b_adapter, g_flat, plan.axis)
     view = _EinsumView(plan.rank_equation, _shape(a_adapter))
     a_rule = ghost.einsum_norms_and_sums(view, a, h.reshape(*a.shape[:2], *h.shape[1:]))
-    u = _scale(layer) * jnp.einsum(plan.rank_equation, x, _value(a_adapter), precision=_HIGHEST)
+    u = einsum_lora.scale(layer) * jnp.einsum(plan.rank_equation, x, _value(a_adapter), precision=_HIGHEST)
     last = lambda value: jnp.moveaxis(value, plan.axis, -1).reshape(rows, -1, value.shape[plan.axis])  # noqa: E731
     return _both(a_rule, _b_rule(layer, b_adapter, last(u), last(g_flat)))
 
@@ -109,7 +100,7 @@ def _embedding_norms_and_sums(layer, ids, g):
     a_adapter, b_adapter = layer.lora_embeddings_a, layer.lora_embeddings_b
     h = _times_b_transposed(layer, b_adapter, g)
     a_rule = ghost.embedding_norms_and_sums(_Table(_shape(a_adapter)), ids, h)
-    u = _scale(layer) * keras.ops.take(_value(a_adapter), ids.astype(jnp.int32), axis=0)
+    u = einsum_lora.scale(layer) * keras.ops.take(_value(a_adapter), ids.astype(jnp.int32), axis=0)
     positions = lambda value: value.reshape(ids.shape[0], -1, value.shape[-1]).astype(jnp.float32)  # noqa: E731
     return _both(a_rule, _b_rule(layer, b_adapter, positions(u), positions(g)))
 
@@ -147,10 +138,14 @@ def with_lora(plain: ghost.LayerRule, lora_rule: tuple[Callable, Callable, Calla
     """`ghost.register_layer_rule`'s arguments for a class: ``lora_rule``'s parts for a LoRA layer, ``plain``'s for
     the others."""
     variables, norms_and_sums, supports = lora_rule
+
+    def choose(lora_part: Callable, plain_part: Callable) -> Callable:
+        return lambda layer, *args: (lora_part if einsum_lora.enabled(layer) else plain_part)(layer, *args)
+
     return {
-        "variables": lambda layer: (variables if enabled(layer) else plain.variables)(layer),
-        "norms_and_sums": lambda layer, a, g: (norms_and_sums if enabled(layer) else plain.norms_and_sums)(layer, a, g),
-        "supports": lambda layer: (supports if enabled(layer) else plain.supports)(layer),
+        "variables": choose(variables, plain.variables),
+        "norms_and_sums": choose(norms_and_sums, plain.norms_and_sums),
+        "supports": choose(supports, plain.supports),
     }
 
 

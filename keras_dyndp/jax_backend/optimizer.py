@@ -49,11 +49,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             )
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
-        self._step_checks = step_checks.StepChecks(self._schedule, self._expected_batch_size, self.normalises_by_rows)
         self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
         # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
         # (zeros at rest)]; never saved.
@@ -66,11 +64,6 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self.add_variable(
             shape=(size,), initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name
         )
-
-    @property
-    def dp_step(self) -> keras.Variable:
-        """int variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
-        return self.iterations
 
     @property
     def num_examples(self) -> int | None:
@@ -303,21 +296,9 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     Raises:
       TypeError: if ``base_cls`` is not a subclass of ``keras.optimizers.Optimizer``.
     """
-    if not (isinstance(base_cls, type) and issubclass(base_cls, keras.optimizers.Optimizer)):
-        raise TypeError(
-            f"`base_cls` must be a subclass of keras.optimizers.Optimizer. Received: base_cls={base_cls!r}."
-        )
-    class_name = f"DynamicDPKeras{base_cls.__name__}"
-    namespace = {
-        "__doc__": optimizer_base.optimizer_class_doc(
-            f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on the JAX backend: its update "
-            "rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
-        ),
-        "__module__": "keras_dyndp.jax_backend",
-        "__qualname__": class_name,
-    }
-    dp_class = type(class_name, (JaxDPOptimizerMixin, base_cls), namespace)
-    return keras.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(dp_class)
+    return optimizer_base.make_optimizer_class(
+        base_cls, JaxDPOptimizerMixin, keras, "keras.optimizers.Optimizer", "on the JAX backend"
+    )
 
 
 DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(keras.optimizers.SGD)

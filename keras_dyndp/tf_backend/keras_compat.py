@@ -183,30 +183,22 @@ print_msg: Callable[[str], None] = _keras_module("utils.io_utils").print_msg
 FUNCTIONAL_CLASS: type = _keras_module("models.functional" if _KERAS_3 else "engine.functional").Functional
 """Keras's functional model class (``keras.Model(inputs, outputs)`` makes one)."""
 
+# SYMBOLIC_TENSOR: the class of a functional model's symbolic tensors (``KerasTensor``). OP_LAYER_CLASSES: Keras 2's
+# layers wrapping a TF function applied to symbolic tensors (``TFOpLambda`` and subclasses), whose ``symbol`` is its TF
+# API name (``'math.add'``, ``'__operators__.getitem'``); none on Keras 3.
 if _KERAS_3:
-    _SYMBOLIC_TENSOR: type = keras.KerasTensor
-    _OP_LAYER_CLASSES: tuple[type, ...] = ()
+    SYMBOLIC_TENSOR: type = keras.KerasTensor
+    OP_LAYER_CLASSES: tuple[type, ...] = ()
 else:
-    _SYMBOLIC_TENSOR = _keras_module("engine.keras_tensor").KerasTensor
-    _OP_LAYER_CLASSES = (_keras_module("layers.core.tf_op_layer").TFOpLambda,)
+    SYMBOLIC_TENSOR = _keras_module("engine.keras_tensor").KerasTensor
+    OP_LAYER_CLASSES = (_keras_module("layers.core.tf_op_layer").TFOpLambda,)
 
 
 def functional_operations(layer: keras.layers.Layer) -> list[Any]:
-    """The operations of a functional model that are not layers: none on Keras 2 (`is_op_layer`) | ``keras.ops``."""
+    """A functional model's operations that are not layers: ``keras.ops`` | none on Keras 2 (`OP_LAYER_CLASSES`)."""
     if not _KERAS_3 or not isinstance(layer, FUNCTIONAL_CLASS):
         return []
     return [op for op in layer.operations if not isinstance(op, keras.layers.Layer)]
-
-
-def is_op_layer(layer: keras.layers.Layer) -> bool:
-    """Keras 2: whether ``layer`` wraps a TF function applied to symbolic tensors (``TFOpLambda`` and subclasses),
-    whose ``symbol`` is its TF API name (``'math.add'``, ``'__operators__.getitem'``). Keras 3: never."""
-    return isinstance(layer, _OP_LAYER_CLASSES)
-
-
-def is_symbolic_tensor(value: Any) -> bool:
-    """Whether ``value`` is a symbolic tensor of a functional model (a ``KerasTensor``)."""
-    return isinstance(value, _SYMBOLIC_TENSOR)
 
 
 @contextlib.contextmanager

@@ -68,10 +68,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return keras_compat.UNSUPPORTED_OPTIMIZER_ARGUMENTS
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        self._dp_gradient_guard = optimizer_base.GradientGuard()
         self._noise_source = noise_source.NoiseSource(noise_seed)
         schedule = self._schedule
-        self._step_checks = step_checks.StepChecks(schedule, self._expected_batch_size, self.normalises_by_rows)
         self._sampling_check = sampling_check.SamplingCheck(
             self._step_checks, self._public_batch_size, type(self).__name__, self.note_unverified_sampling
         )
@@ -89,11 +87,6 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def sampling_check(self) -> sampling_check.SamplingCheck:
         """The checks of the batches against the schedule's Poisson sampling (`sampling_check.SamplingCheck`)."""
         return self._sampling_check
-
-    @property
-    def dp_step(self) -> tf.Variable:
-        """int64 variable: DP steps taken so far, the index of the next step (Keras's `iterations`)."""
-        return self.iterations
 
     def _schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
         # 0 past the budget and on a restored step counter of another schedule: XLA drops the assertions.
@@ -362,22 +355,13 @@ def make_dynamic_dp_optimizer_class(base_cls: type) -> type:
     Raises:
       TypeError: unless ``base_cls`` subclasses `tf.keras.optimizers.Optimizer` (not ``optimizers.legacy``).
     """
-    if not (isinstance(base_cls, type) and issubclass(base_cls, keras_compat.keras.optimizers.Optimizer)):
-        raise TypeError(
-            "`base_cls` must be a subclass of tf.keras.optimizers.Optimizer (the Keras 2.11+ optimizer API). "
-            f"Received: base_cls={base_cls!r}."
-        )
-    class_name = f"DynamicDPKeras{base_cls.__name__}"
-    namespace = {
-        "__doc__": optimizer_base.optimizer_class_doc(
-            f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD on TensorFlow: its update "
-            "rule and keyword arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
-        ),
-        "__module__": "keras_dyndp.tf_backend",
-        "__qualname__": class_name,
-    }
-    dp_class = type(class_name, (DynamicDPOptimizerMixin, base_cls), namespace)
-    return keras_compat.keras.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(dp_class)
+    return optimizer_base.make_optimizer_class(
+        base_cls,
+        DynamicDPOptimizerMixin,
+        keras_compat.keras,
+        "tf.keras.optimizers.Optimizer (the Keras 2.11+ optimizer API)",
+        "on TensorFlow",
+    )
 
 
 DynamicDPKerasSGD = make_dynamic_dp_optimizer_class(keras_compat.keras.optimizers.SGD)

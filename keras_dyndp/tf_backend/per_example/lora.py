@@ -33,23 +33,14 @@ from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Tap
 
 
-def enabled(layer: keras.layers.Layer) -> bool:
-    """Whether ``layer`` runs with LoRA adapters (Keras 3's ``enable_lora``)."""
-    return bool(getattr(layer, "lora_enabled", False))
-
-
-def _scale(layer: keras.layers.Layer) -> float:
-    return layer.lora_alpha / layer.lora_rank
-
-
 def dense_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     """A LoRA Dense: A for the output gradients s g B^T, B for the inputs s a A, the bias as Dense's."""
     layer = tap.layer
     a = tf.cast(norms.flatten_positions(tap.inputs, tap.rows), tf.float32)
     g = norms.flatten_positions(g, tap.rows)
     g32 = tf.cast(g, tf.float32)
-    h = _scale(layer) * tf.tensordot(g32, layer.lora_kernel_b, [[2], [1]])  # s g B^T [B, T, r]
-    u = _scale(layer) * tf.tensordot(a, layer.lora_kernel_a, 1)  # s a A [B, T, r]
+    h = einsum_lora.scale(layer) * tf.tensordot(g32, layer.lora_kernel_b, [[2], [1]])  # s g B^T [B, T, r]
+    u = einsum_lora.scale(layer) * tf.tensordot(a, layer.lora_kernel_a, 1)  # s a A [B, T, r]
     adapters = [
         norms.bilinear_gradient(layer.lora_kernel_a, a, h),
         norms.bilinear_gradient(layer.lora_kernel_b, u, g32),
@@ -77,10 +68,10 @@ def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     x = tf.cast(tap.inputs, tf.float32)
     g32 = tf.cast(g, tf.float32)
     g_last = tnp.moveaxis(g32, plan.axis, -1)
-    h = _scale(layer) * tf.tensordot(g_last, layer.lora_kernel_b, [[g.shape.rank - 1], [1]])
+    h = einsum_lora.scale(layer) * tf.tensordot(g_last, layer.lora_kernel_b, [[g.shape.rank - 1], [1]])
     h = tnp.moveaxis(h, -1, plan.axis)
     view = _view(tap, x, equation=plan.rank_equation, kernel=layer.lora_kernel_a, bias=None)
-    u = _scale(layer) * tf.einsum(plan.rank_equation, x, layer.lora_kernel_a)
+    u = einsum_lora.scale(layer) * tf.einsum(plan.rank_equation, x, layer.lora_kernel_a)
     u_rows = norms.flatten_positions(tnp.moveaxis(u, plan.axis, -1), tap.rows)
     g_rows = norms.flatten_positions(g_last, tap.rows)
     adapters = [*einsum_dense.norms_and_sums(view, h), norms.bilinear_gradient(layer.lora_kernel_b, u_rows, g_rows)]
@@ -92,9 +83,9 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     layer = tap.layer
     a_table = layer.lora_embeddings_a
     g32 = tf.cast(g, tf.float32)
-    h = _scale(layer) * tf.tensordot(g32, layer.lora_embeddings_b, [[g.shape.rank - 1], [1]])
+    h = einsum_lora.scale(layer) * tf.tensordot(g32, layer.lora_embeddings_b, [[g.shape.rank - 1], [1]])
     table = _view(tap, tap.inputs, embeddings=a_table, input_dim=a_table.shape[0])
-    u = norms.flatten_positions(_scale(layer) * tf.gather(a_table, tap.inputs), tap.rows)
+    u = norms.flatten_positions(einsum_lora.scale(layer) * tf.gather(a_table, tap.inputs), tap.rows)
     b = norms.bilinear_gradient(layer.lora_embeddings_b, u, norms.flatten_positions(g32, tap.rows))
     return [*dense.embedding_norms_and_sums(table, h), b]
 
@@ -114,14 +105,14 @@ def with_lora(
     other classes' LoRA layers (a convolution's) are not covered."""
     lora_rule = _LORA_RULES.get(layer_class)
     if lora_rule is None:
-        plain = lambda layer: not enabled(layer) and supports(layer)  # noqa: E731
+        plain = lambda layer: not einsum_lora.enabled(layer) and supports(layer)  # noqa: E731
         return {"call": call, "norms_and_sums": norms_and_sums, "supports": plain}
     lora_norms_and_sums, lora_supports = lora_rule
 
     def dispatched(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
-        return (lora_norms_and_sums if enabled(tap.layer) else norms_and_sums)(tap, g)
+        return (lora_norms_and_sums if einsum_lora.enabled(tap.layer) else norms_and_sums)(tap, g)
 
     def supported(layer: keras.layers.Layer) -> bool:
-        return supports(layer) and (not enabled(layer) or lora_supports is None or lora_supports(layer))
+        return supports(layer) and (not einsum_lora.enabled(layer) or lora_supports is None or lora_supports(layer))
 
     return {"call": call, "norms_and_sums": dispatched, "supports": supported}

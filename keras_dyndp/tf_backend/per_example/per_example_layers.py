@@ -41,7 +41,7 @@ def _known_layer(layer: keras.layers.Layer) -> bool:
     cls = type(layer)
     if rules.rule_for(layer) is not None or rules.acts_per_example(layer):  # unsupported by a rule: as without it
         return True
-    if keras_compat.is_op_layer(layer):
+    if isinstance(layer, keras_compat.OP_LAYER_CLASSES):
         return _known_slice(layer.symbol, layer) or _known_operation(layer.symbol, *_arguments(layer))
     return cls.call in (keras_compat.FUNCTIONAL_CLASS.call, keras.Sequential.call)  # A plain container.
 
@@ -170,7 +170,7 @@ def _arguments(node_owner: Any) -> tuple[list, list]:
     symbolic, constants = [], []
     for arguments in sublayers.recorded_calls(node_owner):
         for value in tf.nest.flatten(arguments):
-            if keras_compat.is_symbolic_tensor(value):
+            if isinstance(value, keras_compat.SYMBOLIC_TENSOR):
                 symbolic.append(value)
             elif hasattr(value, "shape"):
                 constants.append(value)
