@@ -188,8 +188,8 @@ def main() -> None:
         epochs=FLAGS.epochs,
         method=FLAGS.method,
         initial_clip=1.0,
-        rho_mu=1 / 0.8 if FLAGS.method in ("growing_mu", "dynamic") else 1.0,
-        rho_c=1 / 0.3 if FLAGS.method in ("sensitivity_decay", "dynamic") else 1.0,
+        rho_mu=1 / 0.8,  # the paper's 1/rho_mu = 0.8 and 1/rho_c = 0.3, each used by the methods it shapes
+        rho_c=1 / 0.3,
         learning_rate=FLAGS.learning_rate or (0.001 if FLAGS.finetune == "full" else 0.005),
     )
     schedule = optimizer.schedule

@@ -39,13 +39,8 @@ from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_float("epsilon", 3.0, "Target epsilon, met under the PLD accountant.")
-flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "Schedule.")
-flags.DEFINE_integer("epochs", 30, "Keras epochs of the T = ceil(epochs N / batch_size) steps.", lower_bound=1)
-flags.DEFINE_integer("batch_size", 128, "Expected batch size p N.", lower_bound=1)
-flags.DEFINE_float("learning_rate", 1.0, "SGD learning rate.")
+cli.define_training_flags(epsilon=3.0, epochs=30, batch_size=128, learning_rate=1.0, model_dir=False)
 flags.DEFINE_bool("training_metrics", False, "Show training-batch loss and accuracy (outside the DP guarantee).")
-flags.DEFINE_integer("verbose", 2, "Keras fit verbosity.")
 
 
 class RunProgressBar(keras.callbacks.ProgbarLogger):
@@ -108,8 +103,8 @@ def main() -> None:
         epochs=FLAGS.epochs,
         method=FLAGS.method,
         initial_clip=1.0,
-        rho_mu=1 / 0.8 if FLAGS.method in ("growing_mu", "dynamic") else 1.0,
-        rho_c=1 / 0.3 if FLAGS.method in ("sensitivity_decay", "dynamic") else 1.0,
+        rho_mu=1 / 0.8,  # the paper's 1/rho_mu = 0.8 and 1/rho_c = 0.3, each used by the methods it shapes
+        rho_c=1 / 0.3,
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule

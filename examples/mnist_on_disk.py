@@ -44,15 +44,8 @@ flags.DEFINE_string(
     "Folder of the .npy files trained from (train_images, train_labels, test_images, test_labels): read if there, "
     "else written from MNIST. Default: a temporary folder, deleted at the end.",
 )
-flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
-flags.DEFINE_float("epsilon", 1.2, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
-flags.DEFINE_integer("epochs", 20, "Epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
-flags.DEFINE_integer(
-    "batch_size", 250, "Expected batch size: each example joins a step with p = batch_size / N.", lower_bound=1
-)
-flags.DEFINE_float("learning_rate", 0.15, "SGD learning rate.")
+cli.define_training_flags(epsilon=1.2, epochs=20, batch_size=250, learning_rate=0.15, model_dir=False)
 flags.DEFINE_float("initial_clip", 1.5, "Clip norm C_0 of the first step.")
-flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
 FLAGS = flags.FLAGS
 
 FILES = ("train_images", "train_labels", "test_images", "test_labels")
@@ -110,8 +103,8 @@ def train(directory: str) -> None:
         epochs=FLAGS.epochs,
         method=FLAGS.method,
         initial_clip=FLAGS.initial_clip,
-        rho_mu=1 / 0.8 if FLAGS.method in ("growing_mu", "dynamic") else 1.0,
-        rho_c=1 / 0.3 if FLAGS.method in ("sensitivity_decay", "dynamic") else 1.0,
+        rho_mu=1 / 0.8,  # the paper's 1/rho_mu = 0.8 and 1/rho_c = 0.3, each used by the methods it shapes
+        rho_c=1 / 0.3,
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
