@@ -29,6 +29,7 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 
@@ -36,20 +37,6 @@ keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGAC
 
 cli.define_training_flags(epsilon=3.0, epochs=30, batch_size=128, learning_rate=1.0)
 FLAGS = flags.FLAGS
-
-
-def build_model(input_shape: tuple, num_classes: int) -> keras.Model:
-    """conv 16@3x3, max-pool 2x2, dense 32, dense to the classes (logits)."""
-    return keras.Sequential(
-        [
-            keras.layers.Input(input_shape),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(num_classes),
-        ]
-    )
 
 
 def main() -> None:
@@ -69,7 +56,7 @@ def main() -> None:
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = keras_dyndp.make_private(build_model(data.x_train.shape[1:], data.num_classes))
+    model = keras_dyndp.make_private(models.digits_cnn(data.x_train.shape[1:], data.num_classes))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),  # per example

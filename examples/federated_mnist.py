@@ -27,6 +27,7 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 
@@ -36,23 +37,6 @@ flags.DEFINE_integer("num_clients", 250000, "Clients |S|, each holding one gener
 flags.DEFINE_integer("deformation_seed", 0, "Seed of the generated images (the same clients come back every run).")
 cli.define_training_flags(epsilon=0.4, epochs=5, batch_size=250, learning_rate=0.15, unit="client")
 FLAGS = flags.FLAGS
-
-
-def build_model(num_classes: int) -> keras.Model:
-    """The paper's MNIST CNN on uint8 images; logits (the softmax is in the loss)."""
-    return keras.Sequential(
-        [
-            keras.layers.Input((28, 28, 1), dtype="uint8"),
-            keras.layers.Rescaling(1 / 255.0),
-            keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2, strides=1),
-            keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-            keras.layers.MaxPooling2D(2, strides=1),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(num_classes),
-        ]
-    )
 
 
 def load_clients() -> datasets.TaskData:
@@ -86,7 +70,7 @@ def main() -> None:
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = keras_dyndp.make_private(build_model(data.num_classes))
+    model = keras_dyndp.make_private(models.mnist_cnn(data.num_classes, uint8=True))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),  # per example

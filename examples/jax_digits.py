@@ -35,6 +35,7 @@ if __package__ in (None, ""):  # Run as `python examples/jax_digits.py`: make th
 import keras  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 
@@ -52,20 +53,6 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
 
     def set_params(self, params: dict) -> None:
         super().set_params({**params, "epochs": self.total_epochs})
-
-
-def build_model(data: datasets.TaskData) -> keras.Model:
-    """The small CNN of examples.digits; logits."""
-    return keras.Sequential(
-        [
-            keras.layers.Input(data.x_train.shape[1:]),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(data.num_classes),
-        ]
-    )
 
 
 def compile_model(model: keras.Model, optimizer: keras.optimizers.Optimizer, training_metrics: bool) -> keras.Model:
@@ -108,7 +95,8 @@ def main() -> None:
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = compile_model(build_model(data), optimizer, FLAGS.training_metrics)
+    model = models.digits_cnn(data.x_train.shape[1:], data.num_classes)
+    model = compile_model(model, optimizer, FLAGS.training_metrics)
     segments = epoch_segments(schedule.num_steps, FLAGS.epochs)
     callbacks = [keras_dyndp.PrivacyLogger(delta=delta), keras_dyndp.BudgetStop()]
     if FLAGS.verbose:

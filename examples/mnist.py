@@ -28,6 +28,7 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 
@@ -39,22 +40,6 @@ flags.DEFINE_string("data_dir", None, "TensorFlow Datasets data directory (defau
 cli.define_training_flags(epsilon=1.2, epochs=20, batch_size=250, learning_rate=0.15)
 flags.DEFINE_float("initial_clip", 1.5, "Clip norm C_0 of the first step.")
 FLAGS = flags.FLAGS
-
-
-def build_model(num_classes: int) -> keras.Model:
-    """The paper's MNIST CNN; logits (the softmax is in the loss)."""
-    return keras.Sequential(
-        [
-            keras.layers.Input((28, 28, 1)),
-            keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2, strides=1),
-            keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-            keras.layers.MaxPooling2D(2, strides=1),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(num_classes),
-        ]
-    )
 
 
 def main() -> None:
@@ -75,7 +60,7 @@ def main() -> None:
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = keras_dyndp.make_private(build_model(data.num_classes))
+    model = keras_dyndp.make_private(models.mnist_cnn(data.num_classes))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),  # per example

@@ -30,6 +30,7 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 from keras_dyndp.backend import keras_module  # noqa: E402
@@ -72,22 +73,6 @@ def decode(example: tuple) -> tuple:
     return image[..., None].astype(np.float32) / 255.0, label
 
 
-def build_model() -> keras.Model:
-    """The paper's MNIST CNN (examples.mnist's); logits."""
-    return keras.Sequential(
-        [
-            keras.layers.Input((28, 28, 1)),
-            keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2, strides=1),
-            keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-            keras.layers.MaxPooling2D(2, strides=1),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
-
-
 def train(directory: str) -> None:
     """Trains from the memmaps in ``directory`` and prints the test accuracy and the privacy summary."""
     train_images, train_labels, test_images, test_labels = (
@@ -108,7 +93,7 @@ def train(directory: str) -> None:
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = keras_dyndp.make_private(build_model())
+    model = keras_dyndp.make_private(models.mnist_cnn())
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),  # per example

@@ -8,7 +8,7 @@
 * absl's log verbosity is WARNING unless ``--verbosity`` is given: INFO lines (JAX's probing of absent TPU and proxy
   platforms, `PrivacyLogger`'s per-epoch line that repeats the progress bar) are not shown. Python warnings (every
   privacy warning among them) and errors are.
-* The flags every trainer of examples/ has are defined once (`define_training_flags`), with the task's defaults.
+* `define_training_flags` defines the flags every trainer of examples/ has.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from keras_dyndp import schedules
 from keras_dyndp.datasets import DataNotFoundError
 
 __all__ = ["EXIT_USAGE", "UsageError", "define_training_flags", "fail", "main_for", "parse_flags", "run"]
@@ -90,11 +91,9 @@ def define_training_flags(
     model_dir: bool = True,
     flag_values: flags.FlagValues = flags.FLAGS,
 ) -> None:
-    """Defines the flags a trainer of examples/ shares with the others, with its task's
-    defaults: ``--method`` (the paper's schedule), ``--epsilon`` (the target of the whole run under the PLD
-    accountant, delta = 1 / (10 N)), ``--epochs`` and ``--batch_size`` (ints >= 1; T = ceil(epochs N / batch_size)
-    DP steps, sampling rate p = batch_size / N), ``--learning_rate``, ``--model_dir`` and ``--verbose`` (Keras
-    ``fit``'s). They are the caller's key flags: its ``--help`` lists them.
+    """Defines the flags every trainer of examples/ has, with its task's defaults: ``--method`` (`schedules.METHODS`),
+    ``--epsilon`` (PLD, delta = 1 / (10 N)), ``--epochs``, ``--batch_size`` (expected, Poisson), ``--learning_rate``,
+    ``--model_dir`` and ``--verbose`` (Keras ``fit``'s). They are the caller's key flags: its ``--help`` lists them.
 
     Args:
       epsilon: the default target epsilon, > 0.
@@ -107,8 +106,7 @@ def define_training_flags(
       flag_values: the registry to define them in (absl's global one by default).
     """
     define = {"flag_values": flag_values}
-    methods = ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"]
-    flags.DEFINE_enum("method", "dynamic", methods, "DP schedule.", **define)
+    flags.DEFINE_enum("method", "dynamic", list(schedules.METHODS), "DP schedule.", **define)
     flags.DEFINE_float(
         "epsilon", epsilon, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).", **define
     )
