@@ -32,6 +32,7 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 from keras_dyndp.audit import black_box_audit  # noqa: E402
@@ -53,20 +54,6 @@ FLAGS = flags.FLAGS
 
 RHO_MU, RHO_C = 1 / 0.8, 1 / 0.3
 HEADER = "setting            claimed eps (PLD) one-run bound f-DP bound     m guesses correct confidence"
-
-
-def build_model() -> keras.Model:
-    """conv 16@3x3, max-pool 2x2, dense 32, dense to the 10 digits (logits), as examples.digits."""
-    return keras.Sequential(
-        [
-            keras.layers.Input((8, 8, 1)),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
 
 
 def audit(epsilon: float, data) -> list[tuple[str, keras_dyndp.audit.CanaryAuditReport]]:
@@ -100,7 +87,7 @@ def audit(epsilon: float, data) -> list[tuple[str, keras_dyndp.audit.CanaryAudit
     black = black_box_audit(
         data.x_train,
         data.y_train,
-        model_fn=build_model,
+        model_fn=models.digits_cnn,
         optimizer_fn=optimizer_fn,
         num_canaries=FLAGS.black_box_canaries,
         epochs=FLAGS.epochs,

@@ -35,17 +35,13 @@ if __package__ in (None, ""):  # Run as `python examples/jax_digits.py`: make th
 import keras  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_float("epsilon", 3.0, "Target epsilon, met under the PLD accountant.")
-flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "Schedule.")
-flags.DEFINE_integer("epochs", 30, "Keras epochs of the T = ceil(epochs N / batch_size) steps.", lower_bound=1)
-flags.DEFINE_integer("batch_size", 128, "Expected batch size p N.", lower_bound=1)
-flags.DEFINE_float("learning_rate", 1.0, "SGD learning rate.")
+cli.define_training_flags(epsilon=3.0, epochs=30, batch_size=128, learning_rate=1.0, model_dir=False)
 flags.DEFINE_bool("training_metrics", False, "Show training-batch loss and accuracy (outside the DP guarantee).")
-flags.DEFINE_integer("verbose", 2, "Keras fit verbosity.")
 
 
 class RunProgressBar(keras.callbacks.ProgbarLogger):
@@ -57,20 +53,6 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
 
     def set_params(self, params: dict) -> None:
         super().set_params({**params, "epochs": self.total_epochs})
-
-
-def build_model(data: datasets.TaskData) -> keras.Model:
-    """The small CNN of examples.digits; logits."""
-    return keras.Sequential(
-        [
-            keras.layers.Input(data.x_train.shape[1:]),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(data.num_classes),
-        ]
-    )
 
 
 def compile_model(model: keras.Model, optimizer: keras.optimizers.Optimizer, training_metrics: bool) -> keras.Model:
@@ -108,12 +90,13 @@ def main() -> None:
         epochs=FLAGS.epochs,
         method=FLAGS.method,
         initial_clip=1.0,
-        rho_mu=1 / 0.8 if FLAGS.method in ("growing_mu", "dynamic") else 1.0,
-        rho_c=1 / 0.3 if FLAGS.method in ("sensitivity_decay", "dynamic") else 1.0,
+        rho_mu=1 / 0.8,  # the paper's 1/rho_mu = 0.8 and 1/rho_c = 0.3, each used by the methods it shapes
+        rho_c=1 / 0.3,
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = compile_model(build_model(data), optimizer, FLAGS.training_metrics)
+    model = models.digits_cnn(data.x_train.shape[1:], data.num_classes)
+    model = compile_model(model, optimizer, FLAGS.training_metrics)
     segments = epoch_segments(schedule.num_steps, FLAGS.epochs)
     callbacks = [keras_dyndp.PrivacyLogger(delta=delta), keras_dyndp.BudgetStop()]
     if FLAGS.verbose:

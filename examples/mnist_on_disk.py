@@ -30,6 +30,7 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 from keras_dyndp.backend import keras_module  # noqa: E402
@@ -44,15 +45,8 @@ flags.DEFINE_string(
     "Folder of the .npy files trained from (train_images, train_labels, test_images, test_labels): read if there, "
     "else written from MNIST. Default: a temporary folder, deleted at the end.",
 )
-flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
-flags.DEFINE_float("epsilon", 1.2, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).")
-flags.DEFINE_integer("epochs", 20, "Epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
-flags.DEFINE_integer(
-    "batch_size", 250, "Expected batch size: each example joins a step with p = batch_size / N.", lower_bound=1
-)
-flags.DEFINE_float("learning_rate", 0.15, "SGD learning rate.")
+cli.define_training_flags(epsilon=1.2, epochs=20, batch_size=250, learning_rate=0.15, model_dir=False)
 flags.DEFINE_float("initial_clip", 1.5, "Clip norm C_0 of the first step.")
-flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
 FLAGS = flags.FLAGS
 
 FILES = ("train_images", "train_labels", "test_images", "test_labels")
@@ -79,22 +73,6 @@ def decode(example: tuple) -> tuple:
     return image[..., None].astype(np.float32) / 255.0, label
 
 
-def build_model() -> keras.Model:
-    """The paper's MNIST CNN (examples.mnist's); logits."""
-    return keras.Sequential(
-        [
-            keras.layers.Input((28, 28, 1)),
-            keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2, strides=1),
-            keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-            keras.layers.MaxPooling2D(2, strides=1),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
-
-
 def train(directory: str) -> None:
     """Trains from the memmaps in ``directory`` and prints the test accuracy and the privacy summary."""
     train_images, train_labels, test_images, test_labels = (
@@ -110,12 +88,12 @@ def train(directory: str) -> None:
         epochs=FLAGS.epochs,
         method=FLAGS.method,
         initial_clip=FLAGS.initial_clip,
-        rho_mu=1 / 0.8 if FLAGS.method in ("growing_mu", "dynamic") else 1.0,
-        rho_c=1 / 0.3 if FLAGS.method in ("sensitivity_decay", "dynamic") else 1.0,
+        rho_mu=1 / 0.8,  # the paper's 1/rho_mu = 0.8 and 1/rho_c = 0.3, each used by the methods it shapes
+        rho_c=1 / 0.3,
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = keras_dyndp.make_private(build_model())
+    model = keras_dyndp.make_private(models.mnist_cnn())
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),  # per example

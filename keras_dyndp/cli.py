@@ -8,6 +8,7 @@
 * absl's log verbosity is WARNING unless ``--verbosity`` is given: INFO lines (JAX's probing of absent TPU and proxy
   platforms, `PrivacyLogger`'s per-epoch line that repeats the progress bar) are not shown. Python warnings (every
   privacy warning among them) and errors are.
+* `define_training_flags` defines the flags every trainer of examples/ has.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from absl import logging
 
 from keras_dyndp.datasets import DataNotFoundError
 
-__all__ = ["EXIT_USAGE", "UsageError", "fail", "main_for", "parse_flags", "run"]
+__all__ = ["EXIT_USAGE", "UsageError", "define_training_flags", "fail", "main_for", "parse_flags", "run"]
 
 EXIT_USAGE = 2
+
+flags.disclaim_key_flags()  # The flags define_training_flags defines are the calling trainer's: its --help lists them.
 
 
 class UsageError(Exception):
@@ -74,6 +77,48 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS, pr
     if "verbosity" in flag_values and not flag_values["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
     return remaining
+
+
+def define_training_flags(
+    *,
+    epsilon: float,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    unit: str = "example",
+    optimizer: str = "SGD",
+    model_dir: bool = True,
+    flag_values: flags.FlagValues = flags.FLAGS,
+) -> None:
+    """Defines the flags every trainer of examples/ has, with its task's defaults: ``--method`` (the paper's schedules),
+    ``--epsilon`` (PLD, delta = 1 / (10 N)), ``--epochs``, ``--batch_size`` (expected, Poisson), ``--learning_rate``,
+    ``--model_dir`` and ``--verbose`` (Keras ``fit``'s). They are the caller's key flags: its ``--help`` lists them.
+
+    Args:
+      epsilon: the default target epsilon, > 0.
+      epochs: the default number of epochs, an int >= 1.
+      batch_size: the default expected batch size p N, an int >= 1.
+      learning_rate: the default learning rate of the optimizer.
+      unit: what one of the N training examples is, in the help (e.g. 'image', 'client').
+      optimizer: the base optimizer's name in the help ('SGD', 'Adam').
+      model_dir: whether to define ``--model_dir``, where the trainer writes its weights and TensorBoard logs.
+      flag_values: the registry to define them in (absl's global one by default).
+    """
+    define = {"flag_values": flag_values}
+    methods = ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"]  # schedules.METHODS; cli imports no accounting
+    flags.DEFINE_enum("method", "dynamic", methods, "DP schedule.", **define)
+    flags.DEFINE_float(
+        "epsilon", epsilon, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).", **define
+    )
+    flags.DEFINE_integer("epochs", epochs, "Epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1, **define)
+    batch_help = f"Expected batch size: each {unit} joins a step with p = batch_size / N."
+    flags.DEFINE_integer("batch_size", batch_size, batch_help, lower_bound=1, **define)
+    flags.DEFINE_float("learning_rate", learning_rate, f"{optimizer} learning rate.", **define)
+    if model_dir:
+        flags.DEFINE_string(
+            "model_dir", None, "Where to write the trained weights and the TensorBoard privacy logs.", **define
+        )
+    flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.", **define)
 
 
 def main_for(main: Callable[[], None], expected_errors: tuple[type[Exception], ...] = ()) -> Callable[[list], None]:

@@ -1,6 +1,8 @@
 """Tests for keras_dyndp.cli: --help exits 0, usage errors and missing data are one line and exit status 2, INFO logs
 are off unless --verbosity asks for them."""
 
+import sys
+
 import pytest
 from absl import app
 from absl import flags
@@ -9,6 +11,7 @@ from absl.testing import flagsaver
 
 from keras_dyndp import cli
 from keras_dyndp import datasets
+from keras_dyndp import schedules
 
 
 @pytest.fixture(name="flag_values")
@@ -83,3 +86,21 @@ def test_main_for_lets_unexpected_errors_through():
 
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main_for(main)(["trainer.py"])
+
+
+@pytest.mark.parametrize("model_dir", [True, False])
+def test_training_flags_are_the_callers_key_flags_with_its_defaults_and_bounds(model_dir, capsys):
+    values = flags.FlagValues()
+    defaults = {"epsilon": 0.4, "epochs": 5, "batch_size": 250, "learning_rate": 0.15}
+    cli.define_training_flags(**defaults, unit="client", model_dir=model_dir, flag_values=values)
+    expected = {"method", "verbose", *defaults} | ({"model_dir"} if model_dir else set())
+    assert {flag.name for flag in values.get_key_flags_for_module(sys.modules[__name__])} == expected
+    values(["trainer.py"])
+    assert {name: values[name].value for name in defaults} == defaults
+    assert (values.method, values.verbose) == ("dynamic", 2)
+    assert tuple(values["method"].parser.enum_values) == schedules.METHODS
+    assert "each client joins a step" in values["batch_size"].help
+    assert values["learning_rate"].help == "SGD learning rate."
+    with pytest.raises(SystemExit):
+        cli.parse_flags(["trainer.py", "--batch_size=0"], values)
+    assert "--batch_size=0" in _one_error_line(capsys)
