@@ -166,8 +166,6 @@ def _run_subprocess(run: dict, results_csv: str) -> None:
 
 
 def _mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{100 * statistics.fmean(values):.2f} ± {100 * std:.2f}"
 
@@ -251,6 +249,7 @@ def plot_heatmaps(rows: list[dict], sweep_dir: str) -> list[str]:
 
 def sweep() -> None:
     """Runs the missing configurations, then writes the table and the heat maps."""
+    tf.get_logger().setLevel("ERROR")  # Retracing notices: each run builds a new model in this process.
     if not FLAGS.sweep_dir:
         raise run_config.FlagError("--sweep_dir is required.")
     module = tasks.TASK_MODULES[FLAGS.task]
@@ -280,10 +279,5 @@ def sweep() -> None:
         print(f"sweep: wrote {path}")
 
 
-def main() -> None:
-    tf.get_logger().setLevel("ERROR")  # Retracing notices: each run builds a new model in this process.
-    sweep()
-
-
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(sweep)
