@@ -297,8 +297,7 @@ def study_from_flags() -> Study:
             f"{', '.join(given)}: set by the study for each run (contenders, --epsilons, --tune_seed and "
             "--final_seeds; calibration and report under PLD; results in --study_dir). Leave them out."
         )
-    unknown = [name for name in FLAGS.contenders if name not in CONTENDERS]
-    if unknown or not FLAGS.contenders:
+    if not FLAGS.contenders or not set(FLAGS.contenders) <= set(CONTENDERS):
         raise run_config.FlagError(f"--contenders must be among {list(CONTENDERS)}. Received: {FLAGS.contenders}.")
     if FLAGS.budget < 1:
         raise run_config.FlagError(f"--budget must be >= 1. Received: {FLAGS.budget}.")

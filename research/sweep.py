@@ -249,7 +249,6 @@ def plot_heatmaps(rows: list[dict], sweep_dir: str) -> list[str]:
 
 def sweep() -> None:
     """Runs the missing configurations, then writes the table and the heat maps."""
-    tf.get_logger().setLevel("ERROR")  # Retracing notices: each run builds a new model in this process.
     if not FLAGS.sweep_dir:
         raise run_config.FlagError("--sweep_dir is required.")
     module = tasks.TASK_MODULES[FLAGS.task]
@@ -279,5 +278,10 @@ def sweep() -> None:
         print(f"sweep: wrote {path}")
 
 
+def main() -> None:
+    tf.get_logger().setLevel("ERROR")  # Retracing notices: each run builds a new model in this process.
+    sweep()
+
+
 if __name__ == "__main__":
-    cli.run(sweep)
+    cli.run(main)
