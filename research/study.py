@@ -244,8 +244,7 @@ class Study:
             for name, configs in plan.items():
                 done = self._done()
                 tuned = [done[_key("tune", epsilon, name, values, self.tune_seed)] for values in configs]
-                chosen = select(tuned)
-                index = int(chosen["config_index"])
+                index = int(select(tuned)["config_index"])
                 for seed in self.final_seeds:
                     if _key("final", epsilon, name, configs[index], seed) not in done:
                         print(f"study: final eps={epsilon:g} {name} #{index} seed {seed}", flush=True)

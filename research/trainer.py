@@ -176,7 +176,6 @@ def train(task: run_config.Task, config: run_config.RunConfig) -> results.RunRes
     # First: MultiWorkerMirroredStrategy must exist before anything initialises TensorFlow's devices.
     strategy = distribute.make_strategy(config.strategy)
     num_replicas = strategy.num_replicas_in_sync
-    chief = distribute.is_chief(strategy)
     data = task.load_data()
     print(data.description)
     config = config.resolved(task, data.num_train)
@@ -305,7 +304,7 @@ def train(task: run_config.Task, config: run_config.RunConfig) -> results.RunRes
         wall_time_s=round(wall_time, 2),
         schedule=schedule,
     )
-    if config.results_csv and chief:  # One row per run, not one per worker.
+    if config.results_csv and distribute.is_chief(strategy):  # One row per run, not one per worker.
         results.append_results_csv(config.results_csv, result)
     return result
 
