@@ -15,7 +15,7 @@ from research import run_config
 
 
 def checkpoint_step(model_dir: str | None) -> int:
-    """The step of the latest checkpoint under `model_dir` (its number, see `_SaveCheckpoint`); 0 if none."""
+    """The step of the latest checkpoint under `model_dir` (its number, see `SaveCheckpoint`); 0 if none."""
     latest = None if model_dir is None else tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     return 0 if latest is None else int(latest.rsplit("-", 1)[1])
 
@@ -29,17 +29,14 @@ class SaveCheckpoint(keras.callbacks.Callback):
         self._counter = counter
         self._saved_step: int | None = None
 
-    def _save(self) -> None:
-        step = int(self._counter.numpy())
-        if step != self._saved_step:
-            self._manager.save(checkpoint_number=step)
-            self._saved_step = step
-
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._save()
+        self.on_train_end()
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._save()
+        step = int(self._counter.numpy())
+        if step != self._saved_step:  # Training that ends at an epoch end saves that step once.
+            self._manager.save(checkpoint_number=step)
+            self._saved_step = step
 
 
 def restore_or_start(

@@ -39,8 +39,6 @@ def _distributed_strategy(name: str) -> tf.distribute.Strategy:
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this process writes the run's files: always, except on a non-chief worker of a multi-worker job."""
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
-        return True
-    if resolver.task_type == "chief":
+    if resolver is None or not resolver.cluster_spec().as_dict() or resolver.task_type == "chief":
         return True
     return resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().jobs

@@ -86,11 +86,8 @@ def _base_set() -> tuple[datasets.TaskData, str]:
 
 def _digits_28() -> datasets.TaskData:
     data = datasets.load_digits()
-
-    def resize(images: np.ndarray) -> np.ndarray:
-        return tf.image.resize(images, (infinite_mnist.IMAGE_SIZE, infinite_mnist.IMAGE_SIZE)).numpy().clip(0.0, 1.0)
-
-    data.x_train, data.x_test = resize(data.x_train), resize(data.x_test)
+    size = (infinite_mnist.IMAGE_SIZE, infinite_mnist.IMAGE_SIZE)
+    data.x_train, data.x_test = (tf.image.resize(x, size).numpy().clip(0.0, 1.0) for x in (data.x_train, data.x_test))
     return data
 
 

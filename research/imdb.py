@@ -52,6 +52,11 @@ flags.DEFINE_integer("sequence_length", 256, "Tokens kept per review.")
 
 FLAGS = flags.FLAGS
 
+_VOCABULARY_NOTE = (
+    "the vocabulary (the most frequent words of the training reviews, needed to use the model) was learnt from the "
+    "private reviews without noise; it is not covered by the DP guarantee."
+)
+
 
 def load_data() -> datasets.TaskData:
     """IMDB from the first source found (see the module docstring), vectorised."""
@@ -75,14 +80,6 @@ def build_model(data: datasets.TaskData) -> keras.Model:
 
 def make_task() -> run_config.Task:
     """IMDB with the paper's settings where it gives them."""
-    notes = (
-        ()
-        if FLAGS.vocabulary_file
-        else (
-            "the vocabulary (the most frequent words of the training reviews, needed to use the model) was learnt "
-            "from the private reviews without noise; it is not covered by the DP guarantee.",
-        )
-    )
     return run_config.Task(
         name="imdb",
         load_data=load_data,
@@ -94,7 +91,7 @@ def make_task() -> run_config.Task:
         epochs=25,
         optimizer="adam",
         binary=True,
-        notes=notes,
+        notes=() if FLAGS.vocabulary_file else (_VOCABULARY_NOTE,),
     )
 
 

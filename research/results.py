@@ -93,8 +93,7 @@ def append_results_csv(path: str, result: RunResult) -> None:
       FlagError: if the file's header has columns this version does not write (another program's CSV).
     """
     row = result.csv_row()
-    if os.path.dirname(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     if os.path.exists(path) and os.path.getsize(path) > 0:
         with open(path, newline="") as handle:
             reader = csv.DictReader(handle)

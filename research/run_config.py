@@ -57,16 +57,10 @@ class Task:
 class RunConfig:
     """Everything one run of `train` needs besides its `Task`: hyperparameters and run options.
 
-    Each field is the flag of the same name (`config_from_flags`), with the flag's default. A field left None takes
-    the default that depends on the task or its data, filled in by `resolved` once the data is loaded: the task's
-    hyperparameters (epsilon, rho_mu, rho_c, initial_clip, learning_rate, optimizer, epochs, batch_size), delta
-    1 / (10 N), sampling 'shuffle' for nonprivate and 'poisson' otherwise, and accountant the registry's default
-    for the paper's methods and the baseline's own for zcdp / tcdp. `max_steps`, `seed`, `model_dir` and
-    `results_csv` stay None when unset: no step limit, OS entropy, no checkpoints, no CSV row. `lr_decay`
-    (lr_0 / lr_T) and `rescale_to_unit_norm` post-process the noisy sum (`make_optimizer`). `strategy` ('default',
-    'mirrored' or 'multi_worker', see `make_strategy`) and `accumulation_steps` (k physical batches per logical
-    batch) change how a step is computed, not what it releases; `option_conflict` says which combinations `train`
-    refuses.
+    Each field is the flag of the same name (`config_from_flags`, where the help says what it does), with the flag's
+    default. A field left None takes the default of the task or its data, filled in by `resolved` once the data is
+    loaded; `max_steps`, `seed`, `model_dir` and `results_csv` stay None when unset: no step limit, OS entropy, no
+    checkpoints, no CSV row. `option_conflict` says which combinations `train` refuses.
     """
 
     method: str = "dynamic"
@@ -101,7 +95,9 @@ class RunConfig:
         return self.method != "nonprivate"
 
     def resolved(self, task: Task, num_train: int) -> RunConfig:
-        """This config with the defaults of `task` and of its N = `num_train` training examples filled in.
+        """This config with the defaults of `task` (its hyperparameters) and of its N = `num_train` training examples
+        filled in: delta 1 / (10 N), sampling 'shuffle' for nonprivate and 'poisson' otherwise, accountant the
+        registry's default, or for zcdp / tcdp the baseline's own.
 
         The epsilon of a nonprivate run is inf (it has no guarantee), whatever the config says.
 
@@ -123,19 +119,15 @@ class RunConfig:
         def default(value: Any, fallback: Any) -> Any:
             return fallback if value is None else value
 
+        from_task = ("rho_mu", "rho_c", "initial_clip", "learning_rate", "optimizer", "epochs")
         return dataclasses.replace(
             self,
             epsilon=default(self.epsilon, task.epsilon) if self.private else math.inf,
             delta=default(self.delta, 1.0 / (10 * num_train)),
-            rho_mu=default(self.rho_mu, task.rho_mu),
-            rho_c=default(self.rho_c, task.rho_c),
-            initial_clip=default(self.initial_clip, task.initial_clip),
-            learning_rate=default(self.learning_rate, task.learning_rate),
-            optimizer=default(self.optimizer, task.optimizer),
-            epochs=default(self.epochs, task.epochs),
             batch_size=batch_size,
             sampling=default(self.sampling, "poisson" if self.private else "shuffle"),
             accountant=accountant,
+            **{name: default(getattr(self, name), getattr(task, name)) for name in from_task},
         )
 
 

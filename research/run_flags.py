@@ -198,6 +198,7 @@ def _accumulation_conflict(options: dict[str, Any]) -> str | None:
 
 
 def _multi_worker_conflict(options: dict[str, Any]) -> str | None:
+    # The trainer does not implement Keras's chief-and-temporary-directories pattern.
     if options["strategy"] == "multi_worker" and options["model_dir"] is not None:
         return (
             "--strategy=multi_worker takes no --model_dir: every worker would write the same checkpoints and "
@@ -214,14 +215,8 @@ _OPTION_CHECKS = (
 
 
 def option_conflict(options: dict[str, Any]) -> str | None:
-    """Why the run options `options` (a dict of flag or `RunConfig` field values) cannot go together, or None.
-
-    * --accumulation_steps > 1 needs the fast path, whose train step splits the batch (the jacobian path clips
-      in the optimizer, which sees one batch), and a DP method (a plain optimizer has nothing to accumulate).
-    * --strategy=multi_worker takes no --model_dir: every worker would write the same checkpoints, TensorBoard
-      logs and run_config.json into it; the examples do not implement Keras's chief-and-temporary-directories
-      pattern.
-    """
+    """Why the run options `options` (a dict of flag or `RunConfig` field values) cannot go together, or None: the
+    message of the first of `_OPTION_CHECKS` that refuses them."""
     messages = (check(options) for _, check in _OPTION_CHECKS)
     return next((message for message in messages if message is not None), None)
 

@@ -73,7 +73,6 @@ flags.adopt_module_key_flags(run_flags)
 
 
 _SEARCH_DIMENSIONS = 2 + max(len(contender.parameters) for contender in CONTENDERS.values())
-PHASES = ("tune", "final")
 
 flags.DEFINE_list("contenders", list(CONTENDERS), f"Contenders, among {list(CONTENDERS)}.")
 flags.DEFINE_integer("budget", 6, "Configurations tuned per contender and epsilon (the same for all), >= 1.")
@@ -137,13 +136,13 @@ def configurations(contender: str, space: SearchSpace, budget: int, search_seed:
     return result
 
 
-def validation_task(task: run_config.Task, fraction: float, seed: int = 0) -> run_config.Task:
+def validation_task(task: run_config.Task, fraction: float) -> run_config.Task:
     """`task` with its data replaced by a split of its training set: `fraction` of it (a fixed random subset) as
     the "test" set the run evaluates on, the rest as the training set. The task's test set is not passed on."""
 
     def load_data() -> datasets.TaskData:
         data = task.load_data()
-        order = np.random.default_rng(seed).permutation(data.num_train)
+        order = np.random.default_rng(0).permutation(data.num_train)
         held_out = max(1, round(fraction * data.num_train))
         val, train = order[:held_out], order[held_out:]
         return datasets.TaskData(
@@ -245,8 +244,7 @@ class Study:
             for name, configs in plan.items():
                 done = self._done()
                 tuned = [done[_key("tune", epsilon, name, values, self.tune_seed)] for values in configs]
-                chosen = select(tuned)
-                index = int(chosen["config_index"])
+                index = int(select(tuned)["config_index"])
                 for seed in self.final_seeds:
                     if _key("final", epsilon, name, configs[index], seed) not in done:
                         print(f"study: final eps={epsilon:g} {name} #{index} seed {seed}", flush=True)
@@ -298,8 +296,7 @@ def study_from_flags() -> Study:
             f"{', '.join(given)}: set by the study for each run (contenders, --epsilons, --tune_seed and "
             "--final_seeds; calibration and report under PLD; results in --study_dir). Leave them out."
         )
-    unknown = [name for name in FLAGS.contenders if name not in CONTENDERS]
-    if unknown or not FLAGS.contenders:
+    if not FLAGS.contenders or not set(FLAGS.contenders) <= set(CONTENDERS):
         raise run_config.FlagError(f"--contenders must be among {list(CONTENDERS)}. Received: {FLAGS.contenders}.")
     if FLAGS.budget < 1:
         raise run_config.FlagError(f"--budget must be >= 1. Received: {FLAGS.budget}.")

@@ -166,8 +166,6 @@ def _run_subprocess(run: dict, results_csv: str) -> None:
 
 
 def _mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{100 * statistics.fmean(values):.2f} ± {100 * std:.2f}"
 

@@ -140,9 +140,8 @@ def compile_model(
 ) -> keras.Model:
     """Compiles `model`; for DP runs it takes the fast per-example path (per_example 'fast') and, without
     training_metrics, computes no loss or metric on the training batches (evaluation keeps them)."""
-    private = config.private
-    loss, metric = make_loss_and_metric(task, private)
-    if private:
+    loss, metric = make_loss_and_metric(task, config.private)
+    if config.private:
         method = "jacobian" if config.per_example == "jacobian" else "auto"
         model = per_example.make_private(model, method=method, training_metrics=config.training_metrics)
     # weighted_metrics: Poisson batches are padded with zero-weight rows, which plain `metrics` would count.
@@ -177,7 +176,6 @@ def train(task: run_config.Task, config: run_config.RunConfig) -> results.RunRes
     # First: MultiWorkerMirroredStrategy must exist before anything initialises TensorFlow's devices.
     strategy = distribute.make_strategy(config.strategy)
     num_replicas = strategy.num_replicas_in_sync
-    chief = distribute.is_chief(strategy)
     data = task.load_data()
     print(data.description)
     config = config.resolved(task, data.num_train)
@@ -188,13 +186,10 @@ def train(task: run_config.Task, config: run_config.RunConfig) -> results.RunRes
         )
     schedule, p, num_steps = make_schedule(config, data.num_train)
     stop_step = num_steps if config.max_steps is None else min(num_steps, config.max_steps)
+    accumulation = config.accumulation_steps
     print(
         f"Strategy: {config.strategy}, {num_replicas} replica(s) in sync"
-        + (
-            f"; each batch clipped in {config.accumulation_steps} physical batches"
-            if config.accumulation_steps > 1
-            else ""
-        )
+        + (f"; each batch clipped in {accumulation} physical batches" if accumulation > 1 else "")
     )
 
     if config.seed is not None:
@@ -309,7 +304,7 @@ def train(task: run_config.Task, config: run_config.RunConfig) -> results.RunRes
         wall_time_s=round(wall_time, 2),
         schedule=schedule,
     )
-    if config.results_csv and chief:  # One row per run, not one per worker.
+    if config.results_csv and distribute.is_chief(strategy):  # One row per run, not one per worker.
         results.append_results_csv(config.results_csv, result)
     return result
 
