@@ -410,15 +410,21 @@ def test_examples_whose_positions_cancel_in_float32_are_each_clipped_to_the_clip
     pooling = keras.layers.GlobalAveragePooling1D if len(shape) == 2 else keras.layers.GlobalAveragePooling2D
     clip, expected = 0.01, ADVERSARIAL_ROWS * P
 
+    # One model takes both steps, each from the same initial weights (a constant schedule and SGD without state:
+    # the second step is the first one's neighbour), so that its DP step is built and traced once, not twice.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(shape), make(), pooling(), keras.layers.Dense(1)])
+    model = _private_model(_schedule([clip] * 2, [0.0] * 2), {"expected_batch_size": expected}, model=model)
+    initial = model.get_weights()
+
     def run(weights):
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input(shape), make(), pooling(), keras.layers.Dense(1)])
-        model = _private_model(_schedule([clip] * 2, [0.0] * 2), {"expected_batch_size": expected}, model=model)
+        model.set_weights(initial)
         before, after = backend.weights_after_each_step(model, [(x, y, weights)])
         return np.concatenate([(b - a).ravel() for a, b in zip(after, before)]) * expected / LR
 
     full = run(np.ones(ADVERSARIAL_ROWS, "float32"))
     neighbour = run(np.concatenate([[0.0], np.ones(ADVERSARIAL_ROWS - 1)]).astype("float32"))
+    assert backend.dp_step(model) == 2  # the neighbour's step was a step of the same schedule
     assert np.isfinite(full).all() and np.isfinite(neighbour).all()
     total, move = np.linalg.norm(full), np.linalg.norm(full - neighbour)
     assert total <= ADVERSARIAL_ROWS * clip * (1 + 1e-4), f"{ADVERSARIAL_ROWS} examples summed to {total / clip:.4g} C"
