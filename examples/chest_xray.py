@@ -27,6 +27,7 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 
@@ -37,22 +38,6 @@ flags.DEFINE_integer("image_size", 128, "Images are resized to image_size x imag
 flags.DEFINE_float("vgg_width", 1.0, "Multiplier of every VGG-11 layer width (1.0: the real VGG-11).")
 cli.define_training_flags(epsilon=1.0, epochs=10, batch_size=64, learning_rate=0.05, unit="image")
 FLAGS = flags.FLAGS
-
-
-VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
-
-
-def build_model(image_size: int, width: float) -> keras.Model:
-    """VGG-11 without batch normalisation (it mixes examples), global average pooling, Dense(512), one logit."""
-    layers = [keras.layers.Input((image_size, image_size, 1), dtype="uint8"), keras.layers.Rescaling(1 / 255.0)]
-    for item in VGG11:
-        if item == "M":
-            layers.append(keras.layers.MaxPooling2D(2))
-        else:
-            layers.append(keras.layers.Conv2D(max(1, round(item * width)), 3, padding="same", activation="relu"))
-    layers.append(keras.layers.GlobalAveragePooling2D())
-    layers.append(keras.layers.Dense(max(1, round(512 * width)), activation="relu"))
-    return keras.Sequential(layers + [keras.layers.Dense(1)])
 
 
 def main() -> None:
@@ -72,7 +57,7 @@ def main() -> None:
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = keras_dyndp.make_private(build_model(FLAGS.image_size, FLAGS.vgg_width))
+    model = keras_dyndp.make_private(models.vgg11(data.x_train.shape[1:], FLAGS.vgg_width))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.BinaryCrossentropy(from_logits=True, reduction="none"),  # per example

@@ -29,6 +29,7 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 
@@ -39,19 +40,6 @@ flags.DEFINE_string("imdb_dir", None, "Extracted aclImdb folder (train/{pos,neg}
 flags.DEFINE_string("data_dir", None, "TensorFlow Datasets data directory (default ~/tensorflow_datasets).")
 cli.define_training_flags(epsilon=3.0, epochs=25, batch_size=250, learning_rate=0.01, unit="review", optimizer="Adam")
 FLAGS = flags.FLAGS
-
-
-def build_model(sequence_length: int) -> keras.Model:
-    """Embedding + two dense layers; one logit."""
-    return keras.Sequential(
-        [
-            keras.layers.Input((sequence_length,), dtype="int32"),
-            keras.layers.Embedding(MAX_TOKENS, 16),
-            keras.layers.GlobalAveragePooling1D(),
-            keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dense(1),
-        ]
-    )
 
 
 def main() -> None:
@@ -71,7 +59,7 @@ def main() -> None:
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = keras_dyndp.make_private(build_model(data.x_train.shape[1]))
+    model = keras_dyndp.make_private(models.imdb_mlp(data.x_train.shape[1], MAX_TOKENS))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.BinaryCrossentropy(from_logits=True, reduction="none"),  # per example

@@ -26,6 +26,7 @@ import examples  # noqa: F401,E402  (quiets TensorFlow's start-up logs: import i
 import tensorflow as tf  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import models  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
 from keras_dyndp import datasets  # noqa: E402
 
@@ -34,18 +35,6 @@ keras = tf.keras  # Keras 3, or Keras 2 on TensorFlow 2.15 and with TF_USE_LEGAC
 flags.DEFINE_string("names_dir", None, "Folder of <Language>.txt files, one name per line.")
 cli.define_training_flags(epsilon=4.0, epochs=50, batch_size=250, learning_rate=2.0, unit="name")
 FLAGS = flags.FLAGS
-
-
-def build_model(name_length: int, num_languages: int) -> keras.Model:
-    """Character embedding 64, LSTM 128, dense to the languages (logits)."""
-    return keras.Sequential(
-        [
-            keras.layers.Input((name_length,), dtype="int32"),
-            keras.layers.Embedding(datasets.NUM_CHAR_IDS, 64),
-            keras.layers.LSTM(128),
-            keras.layers.Dense(num_languages),
-        ]
-    )
 
 
 def main() -> None:
@@ -65,7 +54,7 @@ def main() -> None:
         learning_rate=FLAGS.learning_rate,
     )
     schedule = optimizer.schedule
-    model = keras_dyndp.make_private(build_model(data.x_train.shape[1], data.num_classes))
+    model = keras_dyndp.make_private(models.names_lstm(data.x_train.shape[1], data.num_classes))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),  # per example

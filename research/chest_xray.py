@@ -26,6 +26,7 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from examples import models
 from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
 from research import run_config
@@ -40,8 +41,6 @@ flags.DEFINE_float("vgg_width", 1.0, "Multiplier of every VGG-11 layer width (1.
 
 FLAGS = flags.FLAGS
 
-VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
-
 
 def load_data() -> datasets.TaskData:
     """Chest radiographs from --chest_xray_dir (see `datasets.load_chest_xray`)."""
@@ -49,24 +48,8 @@ def load_data() -> datasets.TaskData:
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
-    """VGG-11 without batch normalisation, global average pooling, Dense(512), one logit."""
-    layers: list[keras.layers.Layer] = [
-        keras.layers.Input(data.x_train.shape[1:], dtype="uint8"),
-        keras.layers.Rescaling(1 / 255.0),
-    ]
-    for item in VGG11:
-        if item == "M":
-            layers.append(keras.layers.MaxPooling2D(2))
-        else:
-            layers.append(
-                keras.layers.Conv2D(max(1, round(item * FLAGS.vgg_width)), 3, padding="same", activation="relu")
-            )
-    layers += [
-        keras.layers.GlobalAveragePooling2D(),
-        keras.layers.Dense(max(1, round(512 * FLAGS.vgg_width)), activation="relu"),
-        keras.layers.Dense(1),
-    ]
-    return keras.Sequential(layers)
+    """VGG-11 without batch normalisation (`examples.models.vgg11`) on the data's images, --vgg_width wide."""
+    return models.vgg11(data.x_train.shape[1:], FLAGS.vgg_width)
 
 
 def make_task() -> run_config.Task:

@@ -24,6 +24,7 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from examples import models
 from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
 from research import run_config
@@ -37,17 +38,8 @@ load_data = datasets.load_digits
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
-    """conv 16@3x3 (ReLU), max-pool 2x2, dense 32 (ReLU), dense to the classes; logits."""
-    return keras.Sequential(
-        [
-            keras.layers.Input(data.x_train.shape[1:]),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(data.num_classes),
-        ]
-    )
+    """The digits CNN (`examples.models.digits_cnn`) for the data's images and classes."""
+    return models.digits_cnn(data.x_train.shape[1:], data.num_classes)
 
 
 def make_task() -> run_config.Task:

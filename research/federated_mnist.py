@@ -46,6 +46,7 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from examples import models
 from keras_dyndp import datasets
 from keras_dyndp.datasets import infinite_mnist
 from keras_dyndp.tf_backend.keras_compat import keras
@@ -120,11 +121,10 @@ def load_data() -> datasets.TaskData:
 
 def build_model(data: datasets.TaskData) -> keras.Model:
     """MNIST's CNN on uint8 images; with several images per client, applied to each one (TimeDistributed)."""
-    size = infinite_mnist.IMAGE_SIZE
-    image_layers = [keras.layers.Rescaling(1 / 255.0)] + mnist.cnn_layers(data.num_classes)
-    image_model = keras.Sequential([keras.layers.Input((size, size, 1), dtype="uint8")] + image_layers)
+    image_model = models.mnist_cnn(data.num_classes, uint8=True)
     if data.x_train.ndim == 4:  # One image per client: a plain Sequential.
         return image_model
+    size = infinite_mnist.IMAGE_SIZE
     inputs = keras.layers.Input((None, size, size, 1), dtype="uint8")
     return keras.Model(inputs, keras.layers.TimeDistributed(image_model)(inputs))
 

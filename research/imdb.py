@@ -33,6 +33,7 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from examples import models
 from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
 from research import run_config
@@ -66,16 +67,8 @@ def load_data() -> datasets.TaskData:
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
-    """Embedding + two dense layers; one logit."""
-    return keras.Sequential(
-        [
-            keras.layers.Input(data.x_train.shape[1:], dtype="int32"),
-            keras.layers.Embedding(FLAGS.max_tokens, 16),
-            keras.layers.GlobalAveragePooling1D(),
-            keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dense(1),
-        ]
-    )
+    """Embedding + two dense layers (`examples.models.imdb_mlp`) for the reviews' length and --max_tokens."""
+    return models.imdb_mlp(data.x_train.shape[1], FLAGS.max_tokens)
 
 
 def make_task() -> run_config.Task:

@@ -27,6 +27,7 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from examples import models
 from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
 from research import run_config
@@ -47,22 +48,9 @@ def load_data() -> datasets.TaskData:
     return datasets.load_mnist(FLAGS.idx_dir, FLAGS.data_dir)
 
 
-def cnn_layers(num_classes: int) -> list[keras.layers.Layer]:
-    """The paper's MNIST CNN after its input: 2 conv + 2x2 max-pool each, 2 dense, ReLU; logits out."""
-    return [
-        keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(2, strides=1),
-        keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-        keras.layers.MaxPooling2D(2, strides=1),
-        keras.layers.Flatten(),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(num_classes),
-    ]
-
-
 def build_model(data: datasets.TaskData) -> keras.Model:
-    """The paper's MNIST CNN (see `cnn_layers`); the softmax is in the loss."""
-    return keras.Sequential([keras.layers.Input(data.x_train.shape[1:])] + cnn_layers(data.num_classes))
+    """The paper's MNIST CNN (`examples.models.mnist_cnn`) on the [28, 28, 1] images; the softmax is in the loss."""
+    return models.mnist_cnn(data.num_classes)
 
 
 def make_task() -> run_config.Task:

@@ -24,6 +24,7 @@ from absl import flags
 if __package__ in (None, ""):  # Run as `python research/NAME.py`: make the package `research` importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from examples import models
 from keras_dyndp import datasets
 from keras_dyndp.tf_backend.keras_compat import keras
 from research import run_config
@@ -50,15 +51,8 @@ def load_data() -> datasets.TaskData:
 
 
 def build_model(data: datasets.TaskData) -> keras.Model:
-    """Character embedding 64, LSTM 128, dense to the languages (logits)."""
-    return keras.Sequential(
-        [
-            keras.layers.Input(data.x_train.shape[1:], dtype="int32"),
-            keras.layers.Embedding(datasets.NUM_CHAR_IDS, 64),
-            keras.layers.LSTM(128),
-            keras.layers.Dense(data.num_classes),
-        ]
-    )
+    """The character LSTM (`examples.models.names_lstm`) for the encoded names' length and the languages."""
+    return models.names_lstm(data.x_train.shape[1], data.num_classes)
 
 
 def make_task() -> run_config.Task:
