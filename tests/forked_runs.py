@@ -4,8 +4,10 @@ than once per command line.
 
 Usage (from the repository root): ``python tests/forked_runs.py <start-up module> '<JSON list of [module or
 script path, [arguments]]>'``; prints a JSON list of ``{"returncode", "stdout", "stderr"}``, one per command line, in
-order. The start-up module is what every command line imports first: ``examples`` for the trainers (it quiets
-TensorFlow's C++ start-up lines and imports TensorFlow), ``tensorflow`` for a script.
+order. With ``--serve`` in place of the JSON list it reads one JSON ``[module or script path, [arguments]]`` a line
+from stdin and answers each with one JSON line, until stdin closes (`Server`: for tests that write their data first).
+The start-up module is what every command line imports first: ``examples`` for the trainers (it quiets TensorFlow's
+C++ start-up lines and imports TensorFlow), ``tensorflow`` for a script.
 
 What a fresh process would show is kept: the start-up import runs with file descriptor 2 captured, and what it
 printed there starts every child's stderr; each child has its own file descriptors 1 and 2 (C++ output included),
@@ -19,7 +21,10 @@ import gc
 import importlib
 import json
 import os
+import random
 import runpy
+import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,6 +64,9 @@ def _child(module: str, arguments: list[str], stdout_fd: int, stderr_fd: int) ->
     process would."""
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
+    random.seed()  # A fresh process's own entropy, not the start-up's state that every child would share.
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
     sys.argv = [module, *arguments]  # runpy puts the module's file in sys.argv[0], as -m does.
     status = 0
     try:
@@ -126,16 +134,68 @@ def _run_here(start_up: str, command_lines: list, **kwargs) -> list:
     ]
 
 
+class Server:
+    """This script in ``--serve`` mode, started on the first `run` (the start-up is paid once per pytest process);
+    ``kwargs`` go to ``subprocess.Popen`` (cwd, env). `close` it at the end of the session."""
+
+    def __init__(self, start_up: str, **kwargs):
+        self._arguments, self._kwargs, self._process = [sys.executable, __file__, start_up, "--serve"], kwargs, None
+
+    def run(self, module: str, arguments: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """``python -m module arguments`` (or a script) in a forked child; past ``timeout`` seconds the server and
+        the child are killed (the next `run` starts a new server) and this raises ``TimeoutError``."""
+        if self._process is None:
+            self._process = subprocess.Popen(
+                self._arguments,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,  # its own process group: a timeout kills the child with it
+                **self._kwargs,
+            )
+        self._process.stdin.write(json.dumps([module, arguments]) + "\n")
+        self._process.stdin.flush()
+        ready, _, _ = select.select([self._process.stdout], [], [], timeout)
+        line = self._process.stdout.readline() if ready else ""
+        if not line:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait()
+            self._process = None
+            raise TimeoutError(f"{module} {arguments}: no result within {timeout} s (or the server died)")
+        return subprocess.CompletedProcess([module, *arguments], **json.loads(line))
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.stdin.close()
+            self._process.wait(timeout=60)
+            self._process = None
+
+
+def _serve(start_up_stderr: bytes) -> None:
+    """Answers each command line read from stdin with one JSON line on stdout; the children read /dev/null, as
+    stdin is this server's."""
+    requests = os.fdopen(os.dup(0), encoding="utf-8")
+    with open(os.devnull, "rb") as null:
+        os.dup2(null.fileno(), 0)
+    for request in requests:
+        module, arguments = json.loads(request)
+        sys.stdout.write(json.dumps(_run(module, arguments, start_up_stderr)) + "\n")
+        sys.stdout.flush()
+
+
 def main() -> None:
     sys.path[0] = os.getcwd()  # As `python -m` sets it: the repository root.
     warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12's note on forking a threaded process.
-    command_lines = json.loads(sys.argv[2])
     start_up_stderr = _start_up(sys.argv[1])
     # As Python's gc documentation advises for a fork without exec: the start-up's objects (TensorFlow's, millions)
     # move to a generation no collection scans, so that a child's collections, its own shutdown's included, skip
     # them; scanning them wrote to every page the child shares with this process (a copy-on-write page each), which
     # took seconds per child. What the child itself creates is still collected, and its shutdown still runs.
     gc.freeze()
+    if sys.argv[2] == "--serve":
+        _serve(start_up_stderr)
+        return
+    command_lines = json.loads(sys.argv[2])
     results = [_run(module, arguments, start_up_stderr) for module, arguments in command_lines]
     sys.stdout.write(json.dumps(results))
 

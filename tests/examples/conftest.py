@@ -1,10 +1,12 @@
-"""Runs an example as a user does (``python -m examples.<name>`` from the repository root) and reads its report."""
+"""Runs an example as a user does (``python -m examples.<name>`` from the repository root) and reads its report.
+
+The runs are children forked from one server per pytest process (tests/forked_runs.py), which pays the import of
+``examples`` (TensorFlow's) once; each child prints and returns what a fresh ``python -m`` process would."""
 
 import pathlib
 import re
-import subprocess
-import sys
 
+import forked_runs
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -16,19 +18,20 @@ _PRIVACY = re.compile(
 )
 
 
+@pytest.fixture(name="example_server", scope="session")
+def fixture_example_server():
+    """The forked-runs server the examples' runs fork from (started on the first run)."""
+    server = forked_runs.Server("examples", cwd=REPO)
+    yield server
+    server.close()
+
+
 @pytest.fixture(name="run_example")
-def fixture_run_example():
+def fixture_run_example(example_server):
     """``run_example(name, *flags)`` -> (test accuracy, steps, T, PLD epsilon, target epsilon, stdout)."""
 
     def run(name: str, *arguments: str) -> tuple[float, int, int, float, float, str]:
-        result = subprocess.run(
-            [sys.executable, "-m", f"examples.{name}", "--verbose=0", *arguments],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        result = example_server.run(f"examples.{name}", ["--verbose=0", *arguments], timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         accuracy, privacy = _ACCURACY.search(result.stdout), _PRIVACY.search(result.stdout)
         assert accuracy and privacy, result.stdout[-2000:]

@@ -4,13 +4,9 @@ the same target epsilon; Keras 2 refuses LoRA in one line with status 2."""
 
 import importlib.metadata
 import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 _KERAS_2 = os.environ.get("TF_USE_LEGACY_KERAS") == "1" or importlib.metadata.version("keras").startswith("2.")
 _TINY = ("--epochs=1", "--batch_size=10", "--sequence_length=16", "--width=8", "--max_tokens=60", "--pretrain_epochs=1")
 
@@ -42,15 +38,8 @@ def test_a_short_fine_tuning_run_stays_within_budget(run_example, imdb_dir, mode
 
 
 @pytest.mark.skipif(not _KERAS_2, reason="Keras 3 has LoRA")
-def test_keras_2_refuses_lora_in_one_line_with_status_2(imdb_dir):
-    result = subprocess.run(
-        [sys.executable, "-m", "examples.imdb_transformer", f"--imdb_dir={imdb_dir}", "--finetune=lora"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+def test_keras_2_refuses_lora_in_one_line_with_status_2(example_server, imdb_dir):
+    result = example_server.run("examples.imdb_transformer", [f"--imdb_dir={imdb_dir}", "--finetune=lora"], timeout=180)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
     assert lines[0].startswith("imdb_transformer.py: error: ") and "enable_lora" in lines[0], lines[0]

@@ -1,7 +1,10 @@
 """Tests for research.trainer (through research.digits): RunConfig, fit loop, resume, results CSV, privacy summary,
 error exits."""
 
+import contextlib
 import csv
+import functools
+import io
 import math
 import os
 
@@ -35,6 +38,61 @@ def _train(**overrides) -> results.RunResult:
     return trainer.train(digits.make_task(), run_config.RunConfig(**settings))
 
 
+def _record_seeds(monkeypatch) -> tuple[list, list]:
+    """Makes the trainer's DP optimizer and batches record their noise and batch seeds in the two lists returned."""
+    noise_seeds, batch_seeds = [], []
+    plain_cls, dp_cls = trainer.OPTIMIZERS["sgd"]
+
+    def recording_dp_cls(**kwargs):
+        noise_seeds.append(kwargs["noise_seed"])
+        return dp_cls(**kwargs)
+
+    real_train_batches = batches.train_batches
+
+    def recording_train_batches(config, data, p, seed, num_steps, **kwargs):
+        batch_seeds.append(seed)
+        return real_train_batches(config, data, p, seed, num_steps, **kwargs)
+
+    monkeypatch.setitem(trainer.OPTIMIZERS, "sgd", (plain_cls, recording_dp_cls))
+    monkeypatch.setattr(batches, "train_batches", recording_train_batches)
+    return noise_seeds, batch_seeds
+
+
+@pytest.fixture(name="train_once", scope="module")
+def fixture_train_once(tmp_path_factory):
+    """``train_once(**overrides)`` -> (result, stdout, overrides): `_train` once per module for each set of
+    overrides, for the tests that read different things off the same run. ``model_dir=True`` or
+    ``results_csv=True`` becomes a path in a fresh folder (in the overrides returned)."""
+
+    @functools.cache
+    def train(**overrides):
+        for name in ("model_dir", "results_csv"):
+            if overrides.get(name) is True:
+                overrides[name] = str(tmp_path_factory.mktemp("run") / name)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            result = _train(**overrides)
+        return result, out.getvalue(), overrides
+
+    return train
+
+
+@pytest.fixture(name="resumed_run", scope="module")
+def fixture_resumed_run(tmp_path_factory):
+    """A run stopped at step 3 and resumed to step 7 in one model_dir, with the noise and batch seeds each run's
+    optimizer and batches got: (first result, resumed result, the resumed run's stdout, model_dir, noise seeds,
+    batch seeds)."""
+    model_dir = str(tmp_path_factory.mktemp("resumed") / "run")
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        noise_seeds, batch_seeds = _record_seeds(monkeypatch)
+        first = _train(model_dir=model_dir, max_steps=3)
+        logs_after_the_first_run = os.listdir(os.path.join(model_dir, "logs"))
+        with contextlib.redirect_stdout(out):
+            resumed = _train(model_dir=model_dir, max_steps=7)  # resumed at step 3
+    return first, logs_after_the_first_run, resumed, out.getvalue(), model_dir, noise_seeds, batch_seeds
+
+
 def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
     csv_path = str(tmp_path / "results.csv")
     first = _train(max_steps=4, results_csv=csv_path)
@@ -53,11 +111,11 @@ def test_short_dynamic_run_reports_privacy_and_appends_csv(tmp_path, capsys):
     assert set(rows[0]) >= {"epsilon", "delta", "seed", "test_accuracy", "epsilon_gdp_clt", "epsilon_rigorous"}
 
 
-def test_results_csv_keeps_its_flat_columns(tmp_path):
+def test_results_csv_keeps_its_flat_columns(train_once):
     """The CSV row flattens the run's config and measurements into flat columns, those of earlier versions first,
     so a sweep resumes from an old results.csv."""
-    result = _train(method="nonprivate", max_steps=1, results_csv=str(tmp_path / "results.csv"))
-    with open(tmp_path / "results.csv") as handle:
+    result, _, overrides = train_once(method="nonprivate", max_steps=5, results_csv=True)
+    with open(overrides["results_csv"]) as handle:
         (row,) = list(csv.DictReader(handle))
     assert (
         list(row)
@@ -73,7 +131,7 @@ def test_results_csv_keeps_its_flat_columns(tmp_path):
         "inf",
         "none",
     )
-    assert math.isinf(result.config.epsilon) and row["batch_size"] == "64" and row["steps"] == "1"
+    assert math.isinf(result.config.epsilon) and row["batch_size"] == "64" and row["steps"] == "5"
 
 
 def test_learning_rate_decays_geometrically_over_the_run_like_the_clip():
@@ -148,19 +206,18 @@ def test_shuffled_batches_are_flagged_as_approximate(capsys):
     assert "these epsilons assume Poisson sampling and are approximate" in capsys.readouterr().out
 
 
-def test_nonprivate_run():
-    result = _train(method="nonprivate", max_steps=5)
+def test_nonprivate_run(train_once):
+    result, _, _ = train_once(method="nonprivate", max_steps=5, results_csv=True)
     assert result.steps == 5 and math.isinf(result.epsilon_gdp_clt) and result.config.sampling == "shuffle"
 
 
-def test_resume_restores_the_step_counter_and_refuses_another_schedule(tmp_path, capsys):
-    model_dir = str(tmp_path / "run")
-    assert _train(model_dir=model_dir, max_steps=3).steps == 3
+def test_resume_restores_the_step_counter_and_refuses_another_schedule(resumed_run):
+    first, logs_after_the_first_run, resumed, out, model_dir, _, _ = resumed_run
+    assert first.steps == 3
     assert os.path.exists(os.path.join(model_dir, "run_config.json"))
-    assert os.listdir(os.path.join(model_dir, "logs"))
-    resumed = _train(model_dir=model_dir, max_steps=7)
+    assert logs_after_the_first_run
     assert resumed.steps == 7
-    assert f"Resumed from {model_dir} at step 3 of 45." in capsys.readouterr().out
+    assert f"Resumed from {model_dir} at step 3 of 45." in out
     # A finished run is not trained further: rerunning only evaluates and reports.
     assert _train(model_dir=model_dir, max_steps=7).steps == 7
     with pytest.raises(run_config.FlagError, match="different DP schedule"):
@@ -225,12 +282,11 @@ def _tensorboard_tags(model_dir: str) -> set[str]:
 
 
 @pytest.mark.parametrize("per_example", ["fast", "jacobian"])
-def test_training_batch_metrics_only_with_the_flag(per_example, tmp_path, capsys):
-    quiet = _train(per_example=per_example, batch_size=16, max_steps=2, verbose=2, model_dir=str(tmp_path / "a"))
-    out = capsys.readouterr().out
+def test_training_batch_metrics_only_with_the_flag(per_example, train_once, tmp_path, capsys):
+    quiet, out, overrides = train_once(per_example=per_example, batch_size=16, max_steps=2, verbose=2, model_dir=True)
     assert quiet.steps == 2 and " - loss: " not in out and " - accuracy: " not in out
     assert "training batches: no loss or metric computed" in out
-    tags = _tensorboard_tags(str(tmp_path / "a"))
+    tags = _tensorboard_tags(overrides["model_dir"])
     assert "privacy/epsilon_gdp_clt" in tags and not {"epoch_loss", "epoch_accuracy"} & tags
     _train(
         per_example=per_example,
@@ -245,31 +301,16 @@ def test_training_batch_metrics_only_with_the_flag(per_example, tmp_path, capsys
     assert {"epoch_loss", "epoch_accuracy"} <= _tensorboard_tags(str(tmp_path / "b"))
 
 
-def test_generic_jacobian_path_runs():
-    result = _train(per_example="jacobian", batch_size=16, max_steps=2)
+def test_generic_jacobian_path_runs(train_once):
+    result, _, _ = train_once(per_example="jacobian", batch_size=16, max_steps=2, verbose=2, model_dir=True)
     assert result.steps == 2 and result.epsilon_gdp_clt > 0
 
 
-def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(tmp_path, monkeypatch):
-    noise_seeds, batch_seeds = [], []
-    plain_cls, dp_cls = trainer.OPTIMIZERS["sgd"]
-
-    def recording_dp_cls(**kwargs):
-        noise_seeds.append(kwargs["noise_seed"])
-        return dp_cls(**kwargs)
-
-    real_train_batches = batches.train_batches
-
-    def recording_train_batches(config, data, p, seed, num_steps, **kwargs):
-        batch_seeds.append(seed)
-        return real_train_batches(config, data, p, seed, num_steps, **kwargs)
-
-    monkeypatch.setitem(trainer.OPTIMIZERS, "sgd", (plain_cls, recording_dp_cls))
-    monkeypatch.setattr(batches, "train_batches", recording_train_batches)
-    model_dir = str(tmp_path / "run")
-    _train(model_dir=model_dir, max_steps=3)
-    _train(model_dir=model_dir, max_steps=6)  # resumed at step 3
+def test_seeded_resume_draws_fresh_noise_and_batches_through_their_own_seeds(resumed_run, monkeypatch):
+    *_, noise_seeds, batch_seeds = resumed_run  # the stopped run's, then the resumed run's
+    unseeded_noise_seeds, unseeded_batch_seeds = _record_seeds(monkeypatch)
     _train(max_steps=1, seed=None)
+    noise_seeds, batch_seeds = noise_seeds + unseeded_noise_seeds, batch_seeds + unseeded_batch_seeds
     assert noise_seeds[2] is None and batch_seeds[2] is None  # no --seed: OS entropy for both
     seeds = noise_seeds[:2] + batch_seeds[:2]
     assert None not in seeds and len(set(seeds)) == 4  # per resume point, and noise apart from batches
