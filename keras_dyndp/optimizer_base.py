@@ -513,7 +513,10 @@ def make_optimizer_class(base_cls: type, mixin: type, keras_module: Any, require
         f"`{base_cls.__module__}.{base_cls.__name__}` trained with dynamic DP-SGD {on}: its update rule and keyword "
         "arguments, and the DP arguments below (`keras_dyndp.optimizer_base.DPOptimizerBase`)."
     )
-    namespace = {"__doc__": f"{summary}\n\n{arguments}".strip(), "__qualname__": class_name}
-    namespace["__module__"] = mixin.__module__.rsplit(".", 1)[0]
+    namespace = {
+        "__doc__": f"{summary}\n\n{arguments}".strip(),
+        "__module__": mixin.__module__.rsplit(".", 1)[0],
+        "__qualname__": class_name,
+    }
     dp_class = type(class_name, (mixin, base_cls), namespace)
     return keras_module.saving.register_keras_serializable(package="keras_dyndp", name=class_name)(dp_class)

@@ -31,6 +31,7 @@ BACKEND_NEUTRAL = frozenset(
         "examples/test_imdb_transformer_example.py",
         "examples/test_jax_digits.py",
         "examples/test_mnist_on_disk_example.py",
+        "examples/test_models.py",
         "examples/test_trainer_command_lines.py",
         "test_cli.py",
         "test_architecture.py",
