@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import weakref
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -255,35 +256,57 @@ def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None
 
 
 def _tfds_decoder(features: Any) -> Callable[[dict], list]:
-    """``parsed columns -> elements`` as tfds decodes them: each column in its feature's dtype (scalars as Python's,
-    as tfds's), then tfds's ``decode_example_np`` per example; skipped where every feature is a flat `Tensor`
-    (`Scalar`, `ClassLabel`, not encoded) whose values decode to themselves, the rows then handed as they are (some 5
-    us an example saved; `_tfds_fetcher` checks example 0 against tfds's own)."""
+    """``parsed columns -> elements`` as tfds decodes them: where every feature is a flat `Tensor` of fixed shape
+    (`Scalar`, `ClassLabel`) that `_column_decoder` decodes, column by column for the whole batch (some 5 us an
+    example saved, and a bytes-encoded tensor decoded from one buffer); else each column in its stored dtype (scalars
+    as Python's, as tfds's), then tfds's ``decode_example_np`` per example (`_tfds_fetcher` checks example 0 against
+    tfds's own)."""
     from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
-    from tensorflow_datasets.core.features import tensor_feature  # pylint: disable=import-outside-toplevel
 
     info = features.get_serialized_info()
     flat_info = utils.flatten_nest_dict(info)
-    # Stored as they are (the serialized dtype and shape are the feature's: no bytes, no uint64 as int64), flat.
-    decodes_to_itself = flat_info.keys() == features.keys() and all(
-        type(feature).decode_example_np is tensor_feature.Tensor.decode_example_np
-        and np.dtype(flat_info[key].np_dtype) == np.dtype(feature.np_dtype)
-        and tuple(flat_info[key].shape) == tuple(feature.shape)
-        and None not in feature.shape
-        for key, feature in features.items()
-    )
+    by_column = {key: _column_decoder(feature, flat_info.get(key)) for key, feature in features.items()}
+    if flat_info.keys() != features.keys() or None in by_column.values():
+        by_column = None
 
     def decode(parsed: dict) -> list:
-        keys, columns = list(parsed), []
+        keys = list(parsed)
+        if by_column is not None:
+            return [dict(zip(keys, row)) for row in zip(*(by_column[key](parsed[key]) for key in keys))]
+        columns = []
         for key in keys:
             column = parsed[key].astype(flat_info[key].np_dtype)
             columns.append(column.tolist() if column.ndim == 1 else column)
-        examples = [dict(zip(keys, row)) for row in zip(*columns)]
-        if decodes_to_itself:
-            return examples
+        examples = (dict(zip(keys, row)) for row in zip(*columns))
         return [features.decode_example_np(utils.pack_as_nest_dict(example, info)) for example in examples]
 
     return decode
+
+
+def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any] | None:
+    """``parsed column -> its rows decoded as tfds's Tensor.decode_example_np decodes each`` for a `Tensor` feature of
+    fixed shape stored as its values (cast to its dtype; scalars as Python's, as tfds's), or as bytes (tfds's
+    ``Encoding.BYTES`` or ``ZLIB``, not a scalar: the batch's values joined into one buffer, each row a read-only
+    view of it, as tfds's ``np.frombuffer`` of each); None for any other feature."""
+    from tensorflow_datasets.core.features import tensor_feature  # pylint: disable=import-outside-toplevel
+
+    if type(feature).decode_example_np is not tensor_feature.Tensor.decode_example_np or None in feature.shape:
+        return None
+    dtype, shape, encoding = np.dtype(feature.np_dtype), tuple(feature.shape), getattr(feature, "_encoding", None)
+    if encoding == tensor_feature.Encoding.NONE:
+        if np.dtype(serialized.np_dtype) != dtype or tuple(serialized.shape) != shape:
+            return None
+        return lambda column: column.astype(dtype).tolist() if column.ndim == 1 else column.astype(dtype)
+    if encoding not in (tensor_feature.Encoding.BYTES, tensor_feature.Encoding.ZLIB) or not shape:
+        return None
+    compressed = encoding == tensor_feature.Encoding.ZLIB
+
+    def from_bytes(column: np.ndarray) -> np.ndarray:
+        values = column.tolist()
+        joined = b"".join(map(zlib.decompress, values) if compressed else values)
+        return np.frombuffer(joined, dtype).reshape((len(values),) + shape)
+
+    return from_bytes
 
 
 class _ArrayRecordFiles:

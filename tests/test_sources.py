@@ -349,8 +349,9 @@ def test_an_h5py_dataset_is_read_by_index(tmp_path):
         _check_batches(batches, 400)
 
 
-def _tfds_source(data_dir):
-    """A ``tfds.data_source`` (ArrayRecord files, built here) of N examples {"image": [i + 1] * 3, "label": i + 1}."""
+def _tfds_source(data_dir, encoding="none"):
+    """A ``tfds.data_source`` (ArrayRecord files, built here) of N examples {"image": [i + 1] * 3, "label": i + 1}, the
+    image stored with tfds's ``encoding`` ("none": 3 floats, "bytes": their bytes, "zlib": compressed)."""
     tfds = pytest.importorskip("tensorflow_datasets")
     pytest.importorskip("array_record")
     tf = pytest.importorskip("tensorflow")
@@ -360,7 +361,10 @@ def _tfds_source(data_dir):
         lambda i: {"image": tf.fill([3], tf.cast(i, tf.float32)), "label": i}
     )
     features = tfds.features.FeaturesDict(
-        {"image": tfds.features.Tensor(shape=(3,), dtype=np.float32), "label": tfds.features.Scalar(dtype=np.int64)}
+        {
+            "image": tfds.features.Tensor(shape=(3,), dtype=np.float32, encoding=encoding),
+            "label": tfds.features.Scalar(dtype=np.int64),
+        }
     )
     tfds.dataset_builders.store_as_tfds_dataset(
         name="rows",
@@ -383,17 +387,46 @@ def test_a_tfds_data_source_with_a_map(tmp_path):
     _check_batches(batches, 400)
 
 
-def test_a_tfds_data_source_is_parsed_a_batch_at_a_time_into_the_elements_tfds_returns(tmp_path):
-    source = _tfds_source(tmp_path)
+@pytest.mark.parametrize("encoding", ["none", "bytes", "zlib"])
+def test_a_tfds_data_source_is_parsed_a_batch_at_a_time_into_the_elements_tfds_returns(tmp_path, encoding):
+    source = _tfds_source(tmp_path, encoding)
     assert sources.known_thread_safe(source) and sources.known_thread_safe(source.data_source)  # read in parallel
     fetch = sources._tfds_fetcher(source, contextlib.nullcontext())
     assert fetch is not None  # records of fixed-length features, no decoders, TensorFlow imported
+    features = source.dataset_info.features
+    serialized = sys.modules["tensorflow_datasets"].core.utils.flatten_nest_dict(features.get_serialized_info())
+    assert all(sources._column_decoder(features[key], serialized[key]) for key in features)  # decoded by column
     positions = [0, 3, 17, 18, 150, N - 1]
     elements = fetch(positions)
     assert all(map(sources._same_nest, elements, source.__getitems__(positions)))
     assert isinstance(elements[1]["label"], int) and elements[1]["image"].dtype == np.float32
+    assert elements[1]["image"].flags.writeable == source[3]["image"].flags.writeable  # bytes: read-only, as tfds's
+    batches = keras_dyndp.poisson_batches(
+        source, sampling_probability=P, steps_per_epoch=400, seed=0, map=lambda e: (e["image"], e["label"])
+    )
+    _check_batches(batches, 400)
     source.decoders = {"image": object()}  # decoders (a tfds setting): tfds decodes
     assert sources._tfds_fetcher(source, contextlib.nullcontext()) is None
+
+
+def test_tfds_features_decoded_by_column_are_fixed_shape_tensors_stored_as_themselves_or_as_bytes():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    features = tfds.features
+
+    def decoder(feature):
+        return sources._column_decoder(feature, feature.get_serialized_info())
+
+    assert decoder(features.Tensor(shape=(2, 3), dtype=np.int32)) and decoder(features.ClassLabel(num_classes=3))
+    assert decoder(features.Tensor(shape=(4,), dtype=np.uint64, encoding="zlib"))
+    column = np.array([np.arange(4, dtype=np.uint64).tobytes(), np.arange(4, 8, dtype=np.uint64).tobytes()], object)
+    np.testing.assert_array_equal(
+        decoder(features.Tensor(shape=(2, 2), dtype=np.uint64, encoding="bytes"))(column),
+        [[[0, 1], [2, 3]], [[4, 5], [6, 7]]],
+    )
+    # Of no fixed shape, a bytes scalar, not a Tensor: tfds decodes them one by one.
+    assert not decoder(features.Tensor(shape=(None,), dtype=np.float32))
+    assert not decoder(features.Tensor(shape=(), dtype=np.float32, encoding="bytes"))
+    assert not decoder(features.Image(shape=(4, 4, 1))) and not decoder(features.Text())
 
 
 def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thread_as_its_records(tmp_path):
