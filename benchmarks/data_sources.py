@@ -25,14 +25,18 @@ With ``--baselines`` (TensorFlow) the same rows are also served by:
 - ``tfds.data_source``: ArrayRecord files of the first --tfds_size rows written by
   ``tfds.dataset_builders.store_as_tfds_dataset`` (under --dir, deleted after; the build, some 1,000-6,000
   examples/s in Python here, is timed apart; ``--tfds_dir`` keeps the files there and reuses them), read by
-  ``poisson_batches`` with a ``map`` to float32, and with one keeping uint8;
+  ``poisson_batches`` with a ``map`` to float32, and with one keeping uint8; the image a ``tfds.features.Tensor``
+  stored as ``--tfds_encoding`` says (tfds's ``Encoding``: ``none``, its default, 784 int64 varints a record;
+  ``bytes``, one 784-byte value; ``zlib``, compressed bytes; several, comma-separated, each its own files);
 - ``ArrayRecordDataSource``: all N rows as raw 784-byte records in an ArrayRecord file (written by array_record's
   ``ArrayRecordWriter``, fast), read through ``array_record_data_source.ArrayRecordDataSource`` (the reader under
   ``tfds.data_source``, without tfds's decoding) by ``poisson_batches`` with a ``map``.
 With ``--before`` the Python sources (and the tfds one) are also read as before the reads overlapped (`reading`):
 one call a batch in the calling thread, tfds parsing each record in Python, and the tfds one as before its own
 ArrayRecord readers (ArrayRecord's ``__getitems__``, tfds's decode of every example); ``--repeats`` measures every
-source that often, interleaved (report medians: the machine is shared).
+source that often, interleaved (report medians: the machine is shared). ``--cnn_steps`` also times that many DP
+steps of the paper CNN (benchmarks/step_time.py's ``dyndp_fast``, batch 256) in every repeat and prints each tfds
+variant's examples/s over the CNN's measured in the same repeat: the input pipeline against the training it feeds.
 Opacus's DPDataLoader on the same memmap is benchmarks/opacus_data_loader.py (PyTorch, a venv of its own).
 
     python benchmarks/data_sources.py --sizes=1000000,2000000 --batches=40
@@ -40,6 +44,8 @@ Opacus's DPDataLoader on the same memmap is benchmarks/opacus_data_loader.py (Py
     python benchmarks/data_sources.py --sizes=1000000 --baselines --before --repeats=3 --tfds_size=100000 [--cold]
     python benchmarks/data_sources.py --sizes=1000000 --batches=100 --baselines --skip_ours --before --repeats=3 \
         --tfds_size=1000000 --tfds_dir=/tmp/keras_dyndp_tfds_kept
+    python benchmarks/data_sources.py --sizes=1000000 --batches=100 --baselines --skip_ours --repeats=5 \
+        --tfds_size=1000000 --tfds_dir=/tmp/keras_dyndp_tfds_kept --tfds_encoding=none,bytes,zlib --cnn_steps=40
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import contextlib
 import os
 import resource
 import shutil
+import statistics
 import sys
 import time
 
@@ -100,6 +107,11 @@ def decoding_every_example(features):
         return [features.decode_example_np(utils.pack_as_nest_dict(example, info)) for example in examples]
 
     return decode
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as cpuinfo:
+        return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "?")
 
 
 def rss_mb() -> float:
@@ -218,9 +230,11 @@ def plain_tf_data(memmap: np.ndarray, labels: np.ndarray, num_batches: int):
     return indices.take(num_batches + 1).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str, reuse: bool = False):
+def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str, reuse: bool = False, encoding: str = "none"):
     """``tfds.data_source`` of the rows, written as ArrayRecord files under ``data_dir`` (with ``reuse``, those
-    already there when there are: the same rows, written by an earlier run); (source, build seconds)."""
+    already there when there are: the same rows, written by an earlier run), the image a ``tfds.features.Tensor``
+    of tfds's ``encoding`` ("none": 784 int64s in the record, "bytes": one bytes value, "zlib": zlib-compressed
+    bytes); (source, build seconds)."""
     import importlib.resources  # pylint: disable=import-outside-toplevel
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -235,13 +249,17 @@ def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str, reuse: bo
     signature = {"image": tf.TensorSpec([None, ROW], tf.uint8), "label": tf.TensorSpec([None], tf.int32)}
     rows = tf.data.Dataset.from_generator(chunks, output_signature=signature).unbatch()
     features = tfds.features.FeaturesDict(
-        {"image": tfds.features.Tensor(shape=(ROW,), dtype=np.uint8), "label": tfds.features.Scalar(dtype=np.int32)}
+        {
+            "image": tfds.features.Tensor(shape=(ROW,), dtype=np.uint8, encoding=tfds.features.Encoding(encoding)),
+            "label": tfds.features.Scalar(dtype=np.int32),
+        }
     )
-    if reuse and os.path.isdir(os.path.join(data_dir, "rows")):
-        return tfds.data_source("rows", split="train", data_dir=data_dir, download=False), 0.0
+    name = "rows" if encoding == "none" else f"rows_{encoding}"
+    if reuse and os.path.isdir(os.path.join(data_dir, name)):
+        return tfds.data_source(name, split="train", data_dir=data_dir, download=False), 0.0
     start = time.perf_counter()
     tfds.dataset_builders.store_as_tfds_dataset(
-        name="rows",
+        name=name,
         version="1.0.0",
         data_dir=data_dir,
         split_datasets={"train": rows},
@@ -250,7 +268,7 @@ def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str, reuse: bo
         disable_shuffling=True,
     )
     build_s = time.perf_counter() - start
-    return tfds.data_source("rows", split="train", data_dir=data_dir, download=False), build_s
+    return tfds.data_source(name, split="train", data_dir=data_dir, download=False), build_s
 
 
 def array_record_source(memmap: np.ndarray, path: str):
@@ -275,41 +293,62 @@ def baselines(
     memmap, labels = np.load(path, mmap_mode="r"), np.arange(num_examples, dtype=np.int32) % 10
     if cold:
         drop_from_page_cache(path)
-    before, iterator = rss_mb(), iter(plain_tf_data(memmap, labels, num_batches))
+    rss_before, iterator = rss_mb(), iter(plain_tf_data(memmap, labels, num_batches))
     next(iterator)
     start = time.perf_counter()
     examples = sum(len(np.asarray(weights)) for _, _, weights in iterator)
     seconds = time.perf_counter() - start
-    row("plain tf.data", num_examples, 1e3 * seconds / num_batches, examples / seconds, rss_mb() - before)
+    row("plain tf.data", num_examples, 1e3 * seconds / num_batches, examples / seconds, rss_mb() - rss_before)
     os.makedirs(data_dir, exist_ok=True)
     records = array_record_source(memmap, os.path.join(data_dir, "rows.array_record"))
     decode = lambda record: (np.frombuffer(record, np.uint8).astype(np.float32) / 255, np.int32(0))  # noqa: E731
     measure("ArrayRecordDataSource", {"x": records, "map": decode}, num_batches, cold, data_dir)
     size = min(num_examples, tfds_size)
     tfds_dir = args.tfds_dir or data_dir
-    source, build_s = tfds_source(memmap[:size], labels[:size], tfds_dir, reuse=bool(args.tfds_dir))
-    print(f"(tfds ArrayRecord files of N={size:,} built in {build_s:.0f} s)", flush=True)
     to_float = lambda element: (element["image"].astype(np.float32) / 255, element["label"])  # noqa: E731
-    variants = {
-        "tfds.data_source": {"x": source, "map": to_float},
-        "tfds.data_source, map keeping uint8": {
-            "x": source,
-            "map": lambda element: (element["image"], element["label"]),
-        },
-    }
-    if before:
-        variants["tfds.data_source, ArrayRecord's __getitems__ + tfds decode"] = {
-            "x": source,
-            "map": to_float,
-            "previous": "batched",
-        }
-        variants["tfds.data_source, read as before"] = {"x": source, "map": to_float, "previous": True}
+    keep_uint8 = lambda element: (element["image"], element["label"])  # noqa: E731
+    variants = {}
+    for encoding in args.tfds_encoding.split(","):
+        source, build_s = tfds_source(memmap[:size], labels[:size], tfds_dir, bool(args.tfds_dir), encoding)
+        print(f"(tfds ArrayRecord files of N={size:,}, encoding {encoding!r}, built in {build_s:.0f} s)", flush=True)
+        name = "tfds.data_source" if encoding == "none" else f"tfds.data_source, {encoding}"
+        variants[name] = {"x": source, "map": to_float}
+        variants[f"{name}, map keeping uint8"] = {"x": source, "map": keep_uint8}
+        if before and encoding == "none":
+            variants[f"{name}, ArrayRecord's __getitems__ + tfds decode"] = {
+                "x": source,
+                "map": to_float,
+                "previous": "batched",
+            }
+            variants[f"{name}, read as before"] = {"x": source, "map": to_float, "previous": True}
+    cnn = cnn_examples_per_second(args.cnn_steps) if args.cnn_steps else None
+    ratios: dict = {}
     for _ in range(repeats):
+        cnn_rate = cnn() if cnn else None
+        if cnn_rate:
+            row("paper CNN, DP step (dyndp_fast, batch 256)", size, 256e3 / cnn_rate, cnn_rate, 0)
         for name, data in variants.items():
-            measure(name, data, num_batches, cold, data_dir)
+            examples_s = measure(name, data, num_batches, cold, data_dir)
+            ratios.setdefault(name, []).append(examples_s / cnn_rate if cnn_rate else examples_s)
+    if cnn:
+        print("\n| source | examples/s over the CNN's DP step (median of the repeats; each in the same repeat) |")
+        print("|---|---|")
+        for name, values in ratios.items():
+            print(f"| {name} | {statistics.median(values):.2f}x ({', '.join(f'{v:.2f}' for v in values)}) |")
 
 
-def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) -> None:
+def cnn_examples_per_second(steps: int):
+    """``() -> examples/s`` of ``steps`` DP training steps of the paper CNN (benchmarks/step_time.py's ``dyndp_fast``
+    path: ``make_private``, batch 256, an in-memory batch), so that each input pipeline is compared with the step it
+    feeds in the same repeat, under the same load."""
+    import step_time  # pylint: disable=import-outside-toplevel  # benchmarks/step_time.py
+
+    runner = step_time.Runner("cnn", "dyndp_fast", 256)
+    runner.run(5)  # traced and warm
+    return lambda: 256 / runner.run(steps)
+
+
+def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) -> float:
     """One table row of ``poisson_batches`` from the source ``data["x"]`` (files under ``data_dir``)."""
     if cold:
         for folder, _, names in os.walk(data_dir):
@@ -321,6 +360,7 @@ def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) 
         f"{result['examples_s']:,.0f} | {result['rss']:.0f} | {result['cpu']:.2f} |",
         flush=True,
     )
+    return result["examples_s"]
 
 
 def row(name: str, num_examples: int, ms: float, examples_s: float, rss: float) -> None:
@@ -343,9 +383,23 @@ def main() -> None:
     )
     parser.add_argument("--before", action="store_true", help="Also the sources read as before the parallel reads.")
     parser.add_argument("--repeats", type=int, default=1, help="Measure every source this often (interleaved).")
+    parser.add_argument(
+        "--tfds_encoding",
+        default="none",
+        help="Comma-separated encodings of the tfds image (tfds.features.Encoding): none (tfds's default: 784 int64 "
+        "varints a record), bytes (one 784-byte value), zlib (compressed bytes).",
+    )
+    parser.add_argument(
+        "--cnn_steps",
+        type=int,
+        default=0,
+        help="With --baselines, also time this many DP steps of the paper CNN (batch 256) in every repeat and print "
+        "each tfds variant's examples/s over the CNN's, measured in the same repeat.",
+    )
     args = parser.parse_args()
     backend = keras_dyndp.keras_backend()
-    print(f"backend {backend}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}")
+    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset (TensorFlow's default: on)")
+    print(f"backend {backend}; {os.cpu_count()} CPUs ({cpu_model()}); load {os.getloadavg()[0]:.1f}; oneDNN {onednn}")
     warm_up = keras_dyndp.poisson_batches(
         np.zeros((100, ROW), np.uint8), np.zeros(100, np.int32), sampling_probability=0.1, map=lambda e: e
     )
