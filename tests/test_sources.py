@@ -6,6 +6,7 @@ import concurrent.futures
 import contextlib
 import importlib.resources
 import os
+import pathlib
 import resource
 import sys
 import threading
@@ -376,6 +377,29 @@ def _tfds_source(data_dir, encoding="none"):
         disable_shuffling=False,
     )
     return tfds.data_source("rows", split="train", data_dir=str(data_dir), download=False)
+
+
+# tfds 4.9's ArrayRecord files of `_tfds_source` (its N examples, encodings "none" and "bytes"), kept so that every
+# stack reads them, JAX's without TensorFlow too (building them takes tf.data).
+_TFDS_FILES = pathlib.Path(__file__).parent / "data" / "tfds"
+
+
+@pytest.mark.parametrize("encoding", ["none", "bytes"])
+def test_tfds_files_are_read_as_tfds_reads_them_on_every_backend(encoding):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    pytest.importorskip("array_record")
+    sys.modules.setdefault("importlib_resources", importlib.resources)
+    data_dir = str(_TFDS_FILES / encoding)
+    source = tfds.data_source("rows", split="train", data_dir=data_dir, download=False)
+    assert len(source) == N and source[0]["image"].dtype == np.float32
+    batches = keras_dyndp.poisson_batches(
+        source, sampling_probability=P, steps_per_epoch=400, seed=0, map=lambda e: (e["image"], e["label"])
+    )
+    _check_batches(batches, 400)
+    if "tensorflow" in sys.modules and not JAX:  # read and parsed a batch at a time, decoded by column
+        fetch = sources._tfds_fetcher(source, contextlib.nullcontext())
+        everything = list(range(N))
+        assert fetch is not None and all(map(sources._same_nest, fetch(everything), source.__getitems__(everything)))
 
 
 def test_a_tfds_data_source_with_a_map(tmp_path):
