@@ -36,7 +36,8 @@ one call a batch in the calling thread, tfds parsing each record in Python, and 
 ArrayRecord readers (ArrayRecord's ``__getitems__``, tfds's decode of every example); ``--repeats`` measures every
 source that often, interleaved (report medians: the machine is shared). ``--cnn_steps`` also times that many DP
 steps of the paper CNN (benchmarks/step_time.py's ``dyndp_fast``, batch 256) in every repeat and prints each tfds
-variant's examples/s over the CNN's measured in the same repeat: the input pipeline against the training it feeds.
+variant's examples/s over the CNN's measured in the same repeat (the input pipeline against the training it feeds),
+and the CNN step's CPU time an example (every thread) over the pipeline's: less sensitive to the other jobs.
 Opacus's DPDataLoader on the same memmap is benchmarks/opacus_data_loader.py (PyTorch, a venv of its own).
 
     python benchmarks/data_sources.py --sizes=1000000,2000000 --batches=40
@@ -324,31 +325,47 @@ def baselines(
     cnn = cnn_examples_per_second(args.cnn_steps) if args.cnn_steps else None
     ratios: dict = {}
     for _ in range(repeats):
-        cnn_rate = cnn() if cnn else None
+        cnn_rate, cnn_cpu = cnn() if cnn else (None, None)
         if cnn_rate:
-            row("paper CNN, DP step (dyndp_fast, batch 256)", size, 256e3 / cnn_rate, cnn_rate, 0)
+            row("paper CNN, DP step (dyndp_fast, batch 256)", size, 256e3 / cnn_rate, cnn_rate, 0, cnn_cpu)
         for name, data in variants.items():
-            examples_s = measure(name, data, num_batches, cold, data_dir)
-            ratios.setdefault(name, []).append(examples_s / cnn_rate if cnn_rate else examples_s)
+            result = measure(name, data, num_batches, cold, data_dir)
+            if cnn_rate:
+                cpu_ratio = (cnn_cpu / 256) / (result["cpu"] / (result["examples_s"] * result["ms"] / 1e3))
+                ratios.setdefault(name, []).append((result["examples_s"] / cnn_rate, cpu_ratio))
     if cnn:
-        print("\n| source | examples/s over the CNN's DP step (median of the repeats; each in the same repeat) |")
-        print("|---|---|")
+        print(
+            "\n| source | examples/s over the CNN DP step's (median; each repeat) | the CNN step's CPU time an "
+            "example over the pipeline's (median; each repeat) |"
+        )
+        print("|---|---|---|")
         for name, values in ratios.items():
-            print(f"| {name} | {statistics.median(values):.2f}x ({', '.join(f'{v:.2f}' for v in values)}) |")
+            columns = [[value[i] for value in values] for i in (0, 1)]
+            print(
+                f"| {name} | "
+                + " | ".join(f"{statistics.median(c):.2f}x ({', '.join(f'{v:.2f}' for v in c)})" for c in columns)
+                + " |"
+            )
 
 
 def cnn_examples_per_second(steps: int):
-    """``() -> examples/s`` of ``steps`` DP training steps of the paper CNN (benchmarks/step_time.py's ``dyndp_fast``
-    path: ``make_private``, batch 256, an in-memory batch), so that each input pipeline is compared with the step it
-    feeds in the same repeat, under the same load."""
+    """``() -> (examples/s, CPU ms a step)`` of ``steps`` DP training steps of the paper CNN (benchmarks/step_time.py's
+    ``dyndp_fast`` path: ``make_private``, batch 256, an in-memory batch), so that each input pipeline is compared with
+    the step it feeds in the same repeat, under the same load."""
     import step_time  # pylint: disable=import-outside-toplevel  # benchmarks/step_time.py
 
     runner = step_time.Runner("cnn", "dyndp_fast", 256)
     runner.run(5)  # traced and warm
-    return lambda: 256 / runner.run(steps)
+
+    def measure_steps() -> tuple[float, float]:
+        cpu_start = time.process_time()
+        seconds = runner.run(steps)
+        return 256 / seconds, 1e3 * (time.process_time() - cpu_start) / steps
+
+    return measure_steps
 
 
-def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) -> float:
+def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) -> dict:
     """One table row of ``poisson_batches`` from the source ``data["x"]`` (files under ``data_dir``)."""
     if cold:
         for folder, _, names in os.walk(data_dir):
@@ -360,12 +377,14 @@ def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) 
         f"{result['examples_s']:,.0f} | {result['rss']:.0f} | {result['cpu']:.2f} |",
         flush=True,
     )
-    return result["examples_s"]
+    return result
 
 
-def row(name: str, num_examples: int, ms: float, examples_s: float, rss: float) -> None:
+def row(name: str, num_examples: int, ms: float, examples_s: float, rss: float, cpu: float | None = None) -> None:
+    cpu_ms = "-" if cpu is None else f"{cpu:.2f}"
     print(
-        f"| tensorflow | {num_examples:,} | {name} | - | - | {ms:.2f} | {examples_s:,.0f} | {rss:.0f} | - |", flush=True
+        f"| tensorflow | {num_examples:,} | {name} | - | - | {ms:.2f} | {examples_s:,.0f} | {rss:.0f} | {cpu_ms} |",
+        flush=True,
     )
 
 
