@@ -290,7 +290,8 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
     view of it, as tfds's ``np.frombuffer`` of each); None for any other feature."""
     from tensorflow_datasets.core.features import tensor_feature  # pylint: disable=import-outside-toplevel
 
-    if type(feature).decode_example_np is not tensor_feature.Tensor.decode_example_np or None in feature.shape:
+    tensor = type(feature).decode_example_np is tensor_feature.Tensor.decode_example_np
+    if not tensor or serialized is None or None in feature.shape:
         return None
     dtype, shape, encoding = np.dtype(feature.np_dtype), tuple(feature.shape), getattr(feature, "_encoding", None)
     if encoding == tensor_feature.Encoding.NONE:

@@ -451,6 +451,7 @@ def test_tfds_features_decoded_by_column_are_fixed_shape_tensors_stored_as_thems
     assert not decoder(features.Tensor(shape=(None,), dtype=np.float32))
     assert not decoder(features.Tensor(shape=(), dtype=np.float32, encoding="bytes"))
     assert not decoder(features.Image(shape=(4, 4, 1))) and not decoder(features.Text())
+    assert not sources._column_decoder(features.Tensor(shape=(2,), dtype=np.float32), None)  # stored under other keys
 
 
 def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thread_as_its_records(tmp_path):
