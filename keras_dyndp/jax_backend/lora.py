@@ -55,7 +55,7 @@ def _both(first: tuple, second: tuple) -> tuple[jax.Array, Callable]:
     return first[0] + second[0], lambda factors: [*first[1](factors), *second[1](factors)]
 
 
-def _b_rule(layer, b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
+def _b_rule(b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
     """B's per-example gradients sum_t u_t^T g_t (u = s a A: [B, T, r]; g: [B, T, out]) by the Dense rule."""
     return ghost.DENSE_NORMS_AND_SUMS(ghost.KernelView(_shape(b)), u_rows, g_rows)
 
@@ -74,7 +74,7 @@ def _dense_norms_and_sums(layer, a, g):
     h = _times_b_transposed(layer, b_adapter, g_rows)
     u = einsum_lora.scale(layer) * jnp.matmul(a_rows, _value(a_adapter), precision=_HIGHEST)
     a_rule = ghost.DENSE_NORMS_AND_SUMS(ghost.KernelView(_shape(a_adapter)), a_rows, h)
-    return _both(a_rule, _b_rule(layer, b_adapter, u, g_rows))
+    return _both(a_rule, _b_rule(b_adapter, u, g_rows))
 
 
 def _einsum_norms_and_sums(layer, a, g):
@@ -88,7 +88,7 @@ def _einsum_norms_and_sums(layer, a, g):
     a_rule = ghost.einsum_norms_and_sums(view, a, h.reshape(*a.shape[:2], *h.shape[1:]))
     u = einsum_lora.scale(layer) * jnp.einsum(plan.rank_equation, x, _value(a_adapter), precision=_HIGHEST)
     last = lambda value: jnp.moveaxis(value, plan.axis, -1).reshape(rows, -1, value.shape[plan.axis])  # noqa: E731
-    return _both(a_rule, _b_rule(layer, b_adapter, last(u), last(g_flat)))
+    return _both(a_rule, _b_rule(b_adapter, last(u), last(g_flat)))
 
 
 def _embedding_norms_and_sums(layer, ids, g):
@@ -98,7 +98,7 @@ def _embedding_norms_and_sums(layer, ids, g):
     a_rule = ghost.embedding_norms_and_sums(_Table(_shape(a_adapter)), ids, h)
     u = einsum_lora.scale(layer) * keras.ops.take(_value(a_adapter), ids.astype(jnp.int32), axis=0)
     positions = lambda value: value.reshape(ids.shape[0], -1, value.shape[-1]).astype(jnp.float32)  # noqa: E731
-    return _both(a_rule, _b_rule(layer, b_adapter, positions(u), positions(g)))
+    return _both(a_rule, _b_rule(b_adapter, positions(u), positions(g)))
 
 
 def _unquantized(layer) -> bool:
