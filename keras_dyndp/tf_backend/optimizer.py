@@ -15,7 +15,7 @@ Step counter. `opt.dp_step` IS Keras's `opt.iterations`, saved with the optimize
 update, counter included, depends on the noised gradients (else, at the end of a dataset of unknown cardinality,
 Keras's increment would run once more and shift the schedule). The variable `schedule_fingerprint` records at step 0
 the schedule the steps are taken under; a counter restored from another schedule is refused in the graph
-(`keras_dyndp.optimizer_base.restored_schedule_refusal`).
+(`keras_dyndp.step_checks.restored_schedule_refusal`).
 
 Budget guard. Past T = `schedule.num_steps` a step raises `tf.errors.InvalidArgumentError` ("DP budget exhausted
 ...", asserted as `keras_dyndp.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t
