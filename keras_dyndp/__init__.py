@@ -19,7 +19,6 @@ ones are imported on first use from the module of the backend Keras runs on (`ke
 registered with Keras (for ``load_model``) as soon as Keras is imported (`keras_dyndp.registration`).
 """
 
-import functools
 import importlib
 
 from keras_dyndp import layer_rules
@@ -85,16 +84,11 @@ __all__ = [
 ]
 
 
-@functools.cache
-def _on_jax() -> bool:
-    return keras_backend() == "jax"
-
-
 def __getattr__(name: str):
     modules = _LAZY.get(name)
     if modules is None:
         raise AttributeError(f"module 'keras_dyndp' has no attribute {name!r}")
-    module = modules[1] if _on_jax() else modules[0]
+    module = modules[1] if keras_backend() == "jax" else modules[0]
     try:
         if module is None:  # TensorFlow's only, and Keras runs on JAX.
             raise ModuleNotFoundError(name="tensorflow")

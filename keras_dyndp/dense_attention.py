@@ -34,15 +34,12 @@ _DOT = {"scale": 0}
 _CONCAT = {"scale": 1, "concat_score_weight": 0}
 
 
-def _uses(layer: Any) -> dict[str, int]:
-    if type(layer).__name__ == "AdditiveAttention":
-        return _ADDITIVE
-    return _CONCAT if getattr(layer, "score_mode", "dot") == "concat" else _DOT
-
-
 def _covered(layer: Any) -> dict[str, int]:
     """The weights the layer holds (those ``use_scale`` and ``score_mode`` made) with their extra rank."""
-    return {name: extra for name, extra in _uses(layer).items() if getattr(layer, name, None) is not None}
+    uses = _CONCAT if getattr(layer, "score_mode", "dot") == "concat" else _DOT
+    if type(layer).__name__ == "AdditiveAttention":
+        uses = _ADDITIVE
+    return {name: extra for name, extra in uses.items() if getattr(layer, name, None) is not None}
 
 
 def variables(layer: Any) -> list:

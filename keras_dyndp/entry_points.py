@@ -25,26 +25,26 @@ FIT = "model.fit"
 TRAIN_ON_BATCH = "model.train_on_batch"
 
 
-def _fit_input(adapter: Any, unpack_x_y_sample_weight) -> Any:
+def _x_of(data: Any) -> Any:
+    """``x`` of Keras's ``(x, y, sample_weight)`` packing (a tuple of 1 to 3, or ``x`` alone)."""
+    return data[0] if isinstance(data, (list, tuple)) else data
+
+
+def _fit_input(adapter: Any) -> Any:
     """The ``x`` that ``fit`` received, from its Keras 3 data adapter (the adapter itself where it is not held)."""
     for name in ("py_dataset", "generator"):  # PyDatasetAdapter, GeneratorDataAdapter
         if hasattr(adapter, name):
             return getattr(adapter, name)
     inputs = getattr(adapter, "_inputs", None)  # ArrayDataAdapter: (x, y, sample_weight) packed
     if inputs is not None:
-        return unpack_x_y_sample_weight(inputs)[0]
+        return _x_of(inputs)
     return getattr(adapter, "_dataset", adapter)  # TFDatasetAdapter: the tf.data.Dataset (without class weights)
 
 
 class DataSeen:
-    """The data the last Keras entry point showed one model, until its next ``make_train_function`` takes it.
+    """The data the last Keras entry point showed one model, until its next ``make_train_function`` takes it."""
 
-    Args:
-      unpack_x_y_sample_weight: the backend's ``keras.utils.unpack_x_y_sample_weight``.
-    """
-
-    def __init__(self, unpack_x_y_sample_weight):
-        self._unpack = unpack_x_y_sample_weight
+    def __init__(self):
         self._pending: tuple[str, Any] | None = None
 
     def record(self, iterator: Any = None, data_batch: Any = None) -> None:
@@ -52,9 +52,9 @@ class DataSeen:
         iterator, or ``train_on_batch``'s (or ``test_on_batch``'s) batch, unless make_private's own
         ``train_on_batch`` recorded the batch as the user gave it (`record_call`; JAX converts it first)."""
         if iterator is not None and hasattr(iterator, "data_adapter"):
-            self._pending = (FIT, _fit_input(iterator.data_adapter, self._unpack))
+            self._pending = (FIT, _fit_input(iterator.data_adapter))
         elif data_batch is not None and (self._pending is None or self._pending[0] != TRAIN_ON_BATCH):
-            self._pending = (TRAIN_ON_BATCH, self._unpack(data_batch)[0])
+            self._pending = (TRAIN_ON_BATCH, _x_of(data_batch))
 
     def record_call(self, caller: str, x: Any) -> None:
         """What make_private's own ``fit`` or ``train_on_batch`` (``caller``) received (Keras 2 shows it nowhere

@@ -205,6 +205,15 @@ def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_de
     return allow_degenerate_noise
 
 
+def check_same_length(clipped_sums: Sequence[Any], trainable_variables: Sequence[Any]) -> None:
+    """``apply_clipped_sum``'s refusal of one sum per variable mismatched."""
+    if len(clipped_sums) != len(trainable_variables):
+        raise ValueError(
+            "`clipped_sums` and `trainable_variables` must have the same length. "
+            f"Received: {len(clipped_sums)} and {len(trainable_variables)}."
+        )
+
+
 def budget_spent_line(steps: int, num_steps: int) -> str:
     """What `BudgetStop` prints when it ends ``fit`` at the schedule's last step (a normal end)."""
     return f"BudgetStop: the privacy budget is spent ({steps} of the schedule's {num_steps} DP steps); training ended."
@@ -431,6 +440,15 @@ class DPOptimizerBase:
         "What showed that the batches were not known to be Poisson samples at the schedule's rate (the "
         "`SamplingWarning`'s problem), or None: the schedule's epsilon assumes them, so it does not cover such a run.",
     )
+
+    def current_clip_norm(self) -> Any:
+        """float32 scalar C at `dp_step` (0 once the budget is spent; on TensorFlow also on another schedule's step
+        counter); the backend's ``_current_schedule_values`` gives (C, sigma)."""
+        return self._current_schedule_values()[0]
+
+    def current_noise_stddev(self) -> Any:
+        """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 as `current_clip_norm`)."""
+        return self._current_schedule_values()[1]
 
     @property
     def normalises_by_rows(self) -> bool:

@@ -58,7 +58,6 @@ class Hooks:
       methods: the clipping methods ``make_private`` takes.
       train_step: the private train step, installed as the model's ``train_step``.
       unwrap_optimizer: the DP optimizer inside what ``compile`` set (or a refusal of the wrapper).
-      unpack: Keras's ``unpack_x_y_sample_weight``.
       install: installs the backend's entry points and train function on the model (after the train step).
       data_hook: the name of Keras 3's method that ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch``
         call with their data, also when called unbound (``_symbolic_build`` on JAX, ``_maybe_symbolic_build`` on
@@ -71,7 +70,6 @@ class Hooks:
     methods: tuple[str, ...]
     train_step: Callable
     unwrap_optimizer: Callable[[Any], Any]
-    unpack: Callable
     install: Callable[[Any], None]
     data_hook: str | None = None
 
@@ -94,7 +92,7 @@ def make_private(model: Any, method: str, training_metrics: bool, hooks: Hooks) 
     if not isinstance(model, hooks.model_class):
         raise refusals.not_a_model_error(model)
     config = PrivateConfig(validation.check_choice("method", method, hooks.methods), training_metrics)
-    _MODELS[model] = PrivateModel(config, entry_points.DataSeen(hooks.unpack), hooks)
+    _MODELS[model] = PrivateModel(config, entry_points.DataSeen(), hooks)
     model.train_step = types.MethodType(hooks.train_step, model)
     if hooks.data_hook is not None and hasattr(type(model), hooks.data_hook):
         # A private method of Keras 3's Trainer: no public hook sees the data of an unbound entry point.

@@ -32,7 +32,6 @@ def _hooks(installed):
         methods=("auto", "vectorized"),
         train_step=_private_train_step,
         unwrap_optimizer=lambda optimizer: optimizer,
-        unpack=lambda data: (data, None, None),
         install=installed.append,
     )
 

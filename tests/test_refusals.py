@@ -47,6 +47,7 @@ def test_losses_that_cannot_be_clipped_per_example_are_refused(loss, message):
 
 
 def test_messages_name_what_was_received_and_what_to_do():
+    assert refusals.PER_EXAMPLE_REDUCTION == 'reduction="none"'  # valid on Keras 2 and 3
     assert "Received: 2 losses" in str(refusals.regularization_error("2 losses"))
     layer = types.SimpleNamespace(name="bn")
     message = str(refusals.batch_statistics_error(layer))

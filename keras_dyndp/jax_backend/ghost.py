@@ -3,11 +3,9 @@ offset) from each example's layer input ``a_i`` and output gradient ``g_i`` (bef
 them, [B, rows, ...].
 
 A kernel applied at T positions (``z_t = a_t W``: Dense, also over a sequence axis; a convolution, ``a_t`` the input
-patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}; ||G_i||^2 = sum_{t,s} (a_i a_i^T)_{ts} (g_i g_i^T)_{ts} ("ghost", Li et
-al. 2021) or from G_i itself (Bu et al. 2022), whichever `keras_dyndp.ghost_cost` finds cheaper. The clipped sum
-sum_i f_i G_i is the materialised G_i's weighted sum where they are kept, else the op's weight gradient for the output
-gradients f_i g_i (one ``jax.vjp`` on the batch, book-keeping, Bu et al. 2023: no second backward pass). The TensorFlow
-rules' math (`keras_dyndp.tf_backend.per_example.rules`); check a new rule against the vmap path. An EinsumDense
+patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}, its norms and clipped sum in the form `keras_dyndp.ghost_cost` finds
+cheapest (the book-keeping sum: one ``jax.vjp`` on the batch for the output gradients f_i g_i); the TensorFlow rules'
+math (`keras_dyndp.tf_backend.per_example.rules`). An EinsumDense
 (also MultiHeadAttention's projections, `taps`) is a Dense over positions after a transpose
 (`keras_dyndp.einsum_equation`; equations that mix examples keep the vmap path). A layer normalisation's scale and
 offset (LayerNormalization, GroupNormalization, RMSNormalization) have per-example gradients sum_t x_hat_t g_t and
@@ -19,11 +17,8 @@ also ``keras_dyndp.register_layer_rule``: the contract both backends share (`ker
 once over ``keras.ops`` (docs/usage.md's ``ScaleShift``) registering on either; on JAX a, g are [B, 1, ...] (each
 example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``.
 
-Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently. Its squared
-norms must never be below the exact ones (float32 rounding included: a sum of terms that can cancel needs
-`keras_dyndp.ghost_cost.bounded_squared_norms`), and its sums must add exactly nothing from an example whose factor
-is 0 (``ops.weighted_sum``, ``ops.scaled_rows``, `keras_dyndp.layer_rules.weighted_sum`: a select, as 0 x inf is
-NaN).
+A new rule must meet `keras_dyndp.layer_rules`' conditions (here ``ops.weighted_sum`` and ``ops.scaled_rows`` add
+nothing from a factor-0 example); check it against ``method='vectorized'``.
 """
 
 from __future__ import annotations
@@ -203,11 +198,10 @@ def _depthwise_norms_and_sums(layer, a, g):
     position_norms = jnp.sqrt(jnp.sum(patches**2, axis=(2, 3)))
     g_rows = _positions(g).astype(jnp.float32)
     squared = _bounded(squared, position_norms, g_rows, ghost_cost.PER_EXAMPLE_NORMS, shifts.width)
-    return squared, lambda f: [_weight_gradient(_depthwise_op, layer, a, g, f)]
-
-
-def _depthwise_op(layer, a, kernel):
-    return keras.ops.depthwise_conv(a, kernel, layer.strides, layer.padding, layer.data_format, layer.dilation_rate)
+    op = lambda layer, a, k: keras.ops.depthwise_conv(  # noqa: E731
+        a, k, layer.strides, layer.padding, layer.data_format, layer.dilation_rate
+    )
+    return squared, lambda f: [_weight_gradient(op, layer, a, g, f)]
 
 
 def embedding_norms_and_sums(layer, ids, deltas):

@@ -1,13 +1,9 @@
 """Ghost-clipping rules on JAX for Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and
 Embedding with the kernel (embeddings) frozen and only the adapters A [in, r] and B [r, out] trained, the effective
-kernel W + s A B (s = lora_alpha / lora_rank). The TensorFlow rules' math
-(`keras_dyndp.tf_backend.per_example.lora`): from the layer input a_t and the output gradient g_t,
-
-* A: dA_i = sum_t a_t^T (s g_t B^T), the Dense rule (`ghost`'s kernel rule) for the output gradient s g B^T (an
-  EinsumDense's: its rule for the rank equation, `keras_dyndp.einsum_lora`; Embedding's: the Embedding rule for the
-  rows s g B^T);
-* B: dB_i = sum_t (s a_t A)^T g_t, the Dense rule for the inputs s a A (Embedding: s A[ids]);
-* the bias, where it trains, keeps the per-example (vmap) path as the plain Dense's does.
+kernel W + s A B (s = lora_alpha / lora_rank). The TensorFlow rules' math (`keras_dyndp.tf_backend.per_example.lora`:
+A by `ghost`'s rule of the layer for the output gradient s g B^T, an EinsumDense's for the rank equation of
+`keras_dyndp.einsum_lora`; B by the Dense rule for the inputs s a A, Embedding's s A[ids]); the bias, where it trains,
+keeps the per-example (vmap) path as the plain Dense's does.
 
 Registered on import (``keras_dyndp.jax_backend`` imports this module) over the plain rules of the same classes: a
 layer without LoRA keeps the plain rule. A and B are read as the step's values (the step runs the rules in a
@@ -59,7 +55,7 @@ def _both(first: tuple, second: tuple) -> tuple[jax.Array, Callable]:
     return first[0] + second[0], lambda factors: [*first[1](factors), *second[1](factors)]
 
 
-def _b_rule(layer, b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
+def _b_rule(b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
     """B's per-example gradients sum_t u_t^T g_t (u = s a A: [B, T, r]; g: [B, T, out]) by the Dense rule."""
     return ghost.DENSE_NORMS_AND_SUMS(ghost.KernelView(_shape(b)), u_rows, g_rows)
 
@@ -78,7 +74,7 @@ def _dense_norms_and_sums(layer, a, g):
     h = _times_b_transposed(layer, b_adapter, g_rows)
     u = einsum_lora.scale(layer) * jnp.matmul(a_rows, _value(a_adapter), precision=_HIGHEST)
     a_rule = ghost.DENSE_NORMS_AND_SUMS(ghost.KernelView(_shape(a_adapter)), a_rows, h)
-    return _both(a_rule, _b_rule(layer, b_adapter, u, g_rows))
+    return _both(a_rule, _b_rule(b_adapter, u, g_rows))
 
 
 def _einsum_norms_and_sums(layer, a, g):
@@ -92,7 +88,7 @@ def _einsum_norms_and_sums(layer, a, g):
     a_rule = ghost.einsum_norms_and_sums(view, a, h.reshape(*a.shape[:2], *h.shape[1:]))
     u = einsum_lora.scale(layer) * jnp.einsum(plan.rank_equation, x, _value(a_adapter), precision=_HIGHEST)
     last = lambda value: jnp.moveaxis(value, plan.axis, -1).reshape(rows, -1, value.shape[plan.axis])  # noqa: E731
-    return _both(a_rule, _b_rule(layer, b_adapter, last(u), last(g_flat)))
+    return _both(a_rule, _b_rule(b_adapter, last(u), last(g_flat)))
 
 
 def _embedding_norms_and_sums(layer, ids, g):
@@ -102,7 +98,7 @@ def _embedding_norms_and_sums(layer, ids, g):
     a_rule = ghost.embedding_norms_and_sums(_Table(_shape(a_adapter)), ids, h)
     u = einsum_lora.scale(layer) * keras.ops.take(_value(a_adapter), ids.astype(jnp.int32), axis=0)
     positions = lambda value: value.reshape(ids.shape[0], -1, value.shape[-1]).astype(jnp.float32)  # noqa: E731
-    return _both(a_rule, _b_rule(layer, b_adapter, positions(u), positions(g)))
+    return _both(a_rule, _b_rule(b_adapter, positions(u), positions(g)))
 
 
 def _unquantized(layer) -> bool:
@@ -119,18 +115,14 @@ def _einsum_supports(layer) -> bool:
     )
 
 
-def _kernel_adapters(layer) -> list:
-    return [layer.lora_kernel_a, layer.lora_kernel_b]
-
-
-def _embedding_adapters(layer) -> list:
-    return [layer.lora_embeddings_a, layer.lora_embeddings_b]
+def _adapters(weight: str) -> Callable:
+    return lambda layer: [getattr(layer, f"lora_{weight}_a"), getattr(layer, f"lora_{weight}_b")]
 
 
 _LORA_RULES: dict[type, tuple[Callable, Callable, Callable]] = {  # variables, norms_and_sums, supports
-    keras.layers.Dense: (_kernel_adapters, _dense_norms_and_sums, _unquantized),
-    keras.layers.EinsumDense: (_kernel_adapters, _einsum_norms_and_sums, _einsum_supports),
-    keras.layers.Embedding: (_embedding_adapters, _embedding_norms_and_sums, _unquantized),
+    keras.layers.Dense: (_adapters("kernel"), _dense_norms_and_sums, _unquantized),
+    keras.layers.EinsumDense: (_adapters("kernel"), _einsum_norms_and_sums, _einsum_supports),
+    keras.layers.Embedding: (_adapters("embeddings"), _embedding_norms_and_sums, _unquantized),
 }
 
 

@@ -90,13 +90,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """float32 C at the step counter in ``optimizer_variables`` (0 once spent)."""
         return self.schedule_values(self.step_at(optimizer_variables))[0]
 
-    def current_clip_norm(self) -> jax.Array:
-        """float32 C at `dp_step` (0 once the budget is spent)."""
-        return self.schedule_values(self.iterations.value)[0]
-
-    def current_noise_stddev(self) -> jax.Array:
-        """float32 sigma at `dp_step`, the std of the noise on the clipped sum (0 once spent)."""
-        return self.schedule_values(self.iterations.value)[1]
+    def _current_schedule_values(self) -> tuple[jax.Array, jax.Array]:
+        return self.schedule_values(self.iterations.value)
 
     def _step_key(self, optimizer_variables, purpose: int) -> jax.Array:
         """The step's secret key for ``purpose`` (`noise_source.step_key`), from the run state."""
@@ -205,11 +200,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           ``(trainable_variables, optimizer_variables)`` as Keras's ``stateless_apply``; unchanged but for the
           recorded refusal when the step was refused.
         """
-        if len(clipped_sums) != len(trainable_variables):
-            raise ValueError(
-                "`clipped_sums` and `trainable_variables` must have the same length. "
-                f"Received: {len(clipped_sums)} and {len(trainable_variables)}."
-            )
+        optimizer_base.check_same_length(clipped_sums, trainable_variables)
         step = self.step_at(optimizer_variables)
         fingerprint_index, run_index = self._index(self._schedule_fingerprint), self._index(self._run_state)
         run_state = optimizer_variables[run_index]

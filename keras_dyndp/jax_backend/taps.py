@@ -99,10 +99,8 @@ def _patch(layer: keras.layers.Layer, rule: ghost.LayerRule) -> None:
 
 def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """The layers below ``layer`` that a rule may tap, reached through layers declared to act per example and wire
-    their sublayers (`ghost.PER_EXAMPLE`: Keras's Sequential, functional models and MultiHeadAttention, whose calls
-    only wire their sublayers' calls together: attention reads its projections' outputs, never their kernels; and
-    those ``register_layer_rule(cls, per_example=True)`` declares): a sublayer without sublayers, or with a rule of
-    its own (which covers its sublayers' variables)."""
+    their sublayers (`ghost.PER_EXAMPLE`; attention reads its projections' outputs, never their kernels): a sublayer
+    without sublayers, or with a rule of its own (which covers its sublayers' variables)."""
     if not ghost.acts_per_example(layer):
         return []
     leaves = []

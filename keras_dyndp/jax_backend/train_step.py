@@ -239,8 +239,7 @@ def _private_train_step(self: keras.Model, state, data):
     clip_norm = optimizer.clip_norm_at(optimizer_variables)
     num_microbatches = optimizer.num_microbatches
     # Microbatch gradients mix examples, which the taps' per-example norms do not: no taps there.
-    method = config.method
-    classes = (keras.layers.Embedding,) if method == "vectorized" else None
+    classes = (keras.layers.Embedding,) if config.method == "vectorized" else None
     tapped = {} if num_microbatches else taps.tappable(self, trainable_variables, non_trainable_variables, x, classes)
     per_example = _per_example_fn(self, loss_fn, trainable_variables, tapped, is_seed_state)
 
@@ -288,16 +287,12 @@ def _private_train_step(self: keras.Model, state, data):
 
 
 class _CheckedTrainFunction:
-    """The train function Keras calls for a made-private model, from every entry point (``fit`` and
-    ``train_on_batch``, bound or called unbound, ``model.train_function`` after ``make_train_function``): Keras's
-    ``(state, iterator) -> (logs, state)`` after the host-side checks that protect the release.
-
-    An optimizer state that is not, array for array, the one it returned last came from elsewhere (the variables,
-    where the counter can have been rewound or restored, or a caller's own state): it starts a new run of steps (the
-    refusal recorded since the last run raised, the budget checked, the secret key and a never-used nonce written in,
-    `JaxDPOptimizerMixin.new_run`). Within a run it reads nothing back until the step counter may have reached T (at
-    most ``steps_per_execution`` steps per call), then refuses on the host before the call. When a call raises, the
-    state it was handed goes back into the variables, without the key (`JaxDPOptimizerMixin.at_rest`): Keras's
+    """TensorFlow's `_CheckedTrainFunction` on JAX: Keras's ``(state, iterator) -> (logs, state)`` after the host-side
+    checks. An optimizer state other than, array for array, the one it returned last (the variables, whose counter
+    can have been rewound or restored, or a caller's own) starts a new run of steps: the refusal recorded since the
+    last run raised, the budget checked, `JaxDPOptimizerMixin.new_run`. Within a run it reads nothing back until the
+    counter may have reached T (at most ``steps_per_execution`` steps per call), then refuses before the call. When a
+    call raises, the state goes back into the variables without the key (`JaxDPOptimizerMixin.at_rest`): Keras's
     ``fit`` empties them when it hands their values to the first step and puts nothing back if that step's trace
     raises a refusal.
     """
@@ -438,7 +433,6 @@ _HOOKS = private_model.Hooks(
     methods=METHODS,
     train_step=_private_train_step,
     unwrap_optimizer=_unwrap_optimizer,
-    unpack=keras.utils.unpack_x_y_sample_weight,
     install=_install,
     data_hook="_symbolic_build",  # Keras 3's: what unbound entry points show of their data (module docstring).
 )

@@ -18,7 +18,6 @@ from typing import Any
 import tensorflow as tf
 
 from keras_dyndp import optimizer_base
-from keras_dyndp import refusals
 from keras_dyndp import sublayers
 
 keras = tf.keras
@@ -89,8 +88,6 @@ def unwrap_optimizer(optimizer: Any) -> Any:
 # ----------------------------------------------------------------------------------------------------------
 # Losses.
 
-PER_EXAMPLE_REDUCTION = refusals.PER_EXAMPLE_REDUCTION
-
 
 def is_per_example_loss(loss: keras.losses.Loss) -> bool:
     """Whether a Keras loss object returns one loss per example: ``reduction="none"`` (Keras 3: also None)."""
@@ -99,11 +96,6 @@ def is_per_example_loss(loss: keras.losses.Loss) -> bool:
 
 # ----------------------------------------------------------------------------------------------------------
 # Models and layers.
-
-
-def unpack_x_y_sample_weight(data: Any) -> tuple[Any, Any, Any]:
-    """``(x, y, sample_weight)`` of one batch as ``fit`` hands it to ``train_step``."""
-    return keras.utils.unpack_x_y_sample_weight(data)
 
 
 def is_keras_train_step(model: keras.Model) -> bool:

@@ -15,7 +15,7 @@ Step counter. `opt.dp_step` IS Keras's `opt.iterations`, saved with the optimize
 update, counter included, depends on the noised gradients (else, at the end of a dataset of unknown cardinality,
 Keras's increment would run once more and shift the schedule). The variable `schedule_fingerprint` records at step 0
 the schedule the steps are taken under; a counter restored from another schedule is refused in the graph
-(`keras_dyndp.optimizer_base.restored_schedule_refusal`).
+(`keras_dyndp.step_checks.restored_schedule_refusal`).
 
 Budget guard. Past T = `schedule.num_steps` a step raises `tf.errors.InvalidArgumentError` ("DP budget exhausted
 ...", asserted as `keras_dyndp.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t
@@ -88,7 +88,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """The checks of the batches against the schedule's Poisson sampling (`sampling_check.SamplingCheck`)."""
         return self._sampling_check
 
-    def _schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
+    def _current_schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
         # 0 past the budget and on a restored step counter of another schedule: XLA drops the assertions.
         step = self.dp_step
         mismatch = self._step_checks.schedule_mismatch(step, tf.convert_to_tensor(self._schedule_fingerprint))
@@ -112,14 +112,6 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             own = tf.constant(self._schedule.fingerprint, tf.int32)
             return checks + [self._schedule_fingerprint.assign(tf.where(mismatch, recorded, own))]
 
-    def current_clip_norm(self) -> tf.Tensor:
-        """float32 scalar C at `dp_step` (0 once the budget is spent, or on another schedule's step counter)."""
-        return self._schedule_values()[0]
-
-    def current_noise_stddev(self) -> tf.Tensor:
-        """float32 scalar sigma at `dp_step`, the noise std on the clipped sum (0 as `current_clip_norm`)."""
-        return self._schedule_values()[1]
-
     def _noised(self, clip: Callable, num_examples, num_rows, exact: bool = True) -> list[tf.Tensor]:
         """This replica's part of the update (`keras_dyndp.mechanism.private_update`) of its sums ``clip(C)``, C and
         sigma read after the `_refusals` of its ``num_rows`` rows holding ``num_examples`` examples (unless ``exact``,
@@ -128,7 +120,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         counts = tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)])
         examples, rows = tf.unstack(replicas.global_sum(counts))
         with tf.control_dependencies(self._refusals(examples, examples if exact else rows, rows)):
-            clip_norm, sigma = self._schedule_values()
+            clip_norm, sigma = self._current_schedule_values()
         num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
         return mechanism.private_update(
             ops.OPS,
@@ -293,11 +285,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """
         replicas.check_strategy()
         var_list = list(trainable_variables)
-        if len(clipped_sums) != len(var_list):
-            raise ValueError(
-                "`clipped_sums` and `trainable_variables` must have the same length. "
-                f"Received: {len(clipped_sums)} and {len(var_list)}."
-            )
+        optimizer_base.check_same_length(clipped_sums, var_list)
         clipped_sums = [
             tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
             for grad, var in zip(clipped_sums, var_list)
@@ -334,8 +322,8 @@ def _evaluated_loss(loss, var_list, tape):
         raise ValueError(
             "Dynamic DP optimizers need the per-example loss vector, but received a loss of shape "
             f"{loss.shape}. Averaging before clipping silently destroys the privacy guarantee: compile "
-            f"the model with a loss built with {keras_compat.PER_EXAMPLE_REDUCTION}, e.g. "
-            f"tf.keras.losses.SparseCategoricalCrossentropy({keras_compat.PER_EXAMPLE_REDUCTION})."
+            f"the model with a loss built with {refusals.PER_EXAMPLE_REDUCTION}, e.g. "
+            f"tf.keras.losses.SparseCategoricalCrossentropy({refusals.PER_EXAMPLE_REDUCTION})."
         )
     if loss.shape.rank > 1:
         with tape:

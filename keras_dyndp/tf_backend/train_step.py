@@ -61,7 +61,7 @@ from keras_dyndp.tf_backend.per_example import clipped_sum
 
 
 def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
-    x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     optimizer = private_model.dp_optimizer(self)
     optimizer.private_config = config = private_model.record(self).config
     loss_fn = refusals.per_example_loss_fn(self.loss, keras, keras_compat.is_per_example_loss)
@@ -277,10 +277,7 @@ _HOOKS = private_model.Hooks(
     optimizer_class=optimizer_base.DPOptimizerBase,
     methods=clipped_sum.METHODS,
     train_step=_private_train_step,
-    # Under the 'mixed_float16' policy compile wraps the optimizer in a LossScaleOptimizer: the step uses the DP
-    # optimizer inside and no loss scaling (a dynamic loss scale skips steps depending on the data).
-    unwrap_optimizer=keras_compat.unwrap_optimizer,
-    unpack=keras_compat.unpack_x_y_sample_weight,
+    unwrap_optimizer=keras_compat.unwrap_optimizer,  # the LossScaleOptimizer bypassed (module docstring)
     install=_install,
     data_hook="_maybe_symbolic_build",  # Keras 3's: what unbound entry points show of their data.
 )

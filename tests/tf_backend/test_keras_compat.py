@@ -21,7 +21,6 @@ def test_per_example_losses_are_told_from_reduced_ones():
     assert keras_compat.is_per_example_loss(loss_class(reduction="none"))
     assert not keras_compat.is_per_example_loss(loss_class())
     assert not keras_compat.is_per_example_loss(loss_class(reduction="sum"))
-    assert keras_compat.PER_EXAMPLE_REDUCTION == 'reduction="none"'
 
 
 def test_apply_base_update_applies_the_update_rule_and_counts_the_step():
@@ -55,7 +54,7 @@ def test_model_helpers():
     assert keras_compat.input_signature(model).shape.as_list() == [None, 4]
     layers = list(keras_compat.flatten_layers(model))
     assert model not in layers and sum(isinstance(layer, keras.layers.Dense) for layer in layers) == 2  # Nested.
-    x, y, sample_weight = keras_compat.unpack_x_y_sample_weight((tf.zeros([3, 4]), tf.ones([3])))
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight((tf.zeros([3, 4]), tf.ones([3])))
     assert y.shape == [3] and sample_weight is None
     assert keras_compat.steps_per_execution(model) is None  # Not compiled.
     model.compile(loss="mse", steps_per_execution=3)

@@ -61,13 +61,11 @@ def clipped_sum_in_physical_batches(
             losses.write(index, batch_losses),
         )
 
-    def array() -> tf.TensorArray:
-        return tf.TensorArray(tf.float32, size=num_physical_batches, infer_shape=False)
-
+    arrays = [tf.TensorArray(tf.float32, size=num_physical_batches, infer_shape=False) for _ in range(3)]
     _, sums, norms, predictions, losses = tf.while_loop(
         lambda index, *_: index < num_physical_batches,
         physical_batch,
-        (tf.constant(0), [tf.zeros(var.shape, tf.float32) for var in var_list], array(), array(), array()),
+        (tf.constant(0), [tf.zeros(var.shape, tf.float32) for var in var_list], *arrays),
     )
     y_pred = tf.ensure_shape(predictions.concat()[:num_rows], [None, *row_shapes["y_pred"]])
     losses = tf.ensure_shape(losses.concat()[:num_rows], [None, *row_shapes["losses"]])

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp import refusals
 
 
 def per_example_loss(
@@ -18,7 +18,7 @@ def per_example_loss(
     losses = loss_fn(y, y_pred)
     if losses.shape.rank == 0:
         raise ValueError(
-            f"`loss_fn` must return one loss per example (use {keras_compat.PER_EXAMPLE_REDUCTION}). "
+            f"`loss_fn` must return one loss per example (use {refusals.PER_EXAMPLE_REDUCTION}). "
             f"Received a scalar loss from loss_fn={loss_fn!r}."
         )
     losses = tf.cast(losses, tf.float32)

@@ -12,6 +12,7 @@ models; `_ELEMENTWISE` ops on tensors of one rank with lower-rank constants; sli
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -83,13 +84,6 @@ def _einsum_keeps_batch(layer: keras.layers.Layer) -> bool:
     return bool(inputs) and bool(outputs) and inputs[0] == outputs[0] and inputs[0] not in kernel
 
 
-def _attention_keeps_batch(layer: keras.layers.Layer) -> bool:
-    """A MultiHeadAttention whose ``attention_axes`` (None: all but the batch, heads and features) never name the
-    batch axis: attention then mixes positions of one example only (its projections, softmax and dropout are
-    sublayers, checked each)."""
-    return _avoids_batch_axis(layer, attention=True)
-
-
 def _no_dropout(layer: keras.layers.Layer) -> bool:
     """A recurrent layer or cell (or a dot-product attention) without (recurrent) dropout, whose masks would differ
     row by row."""
@@ -110,7 +104,9 @@ def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
     conditional = {
         **dict.fromkeys(axis, _avoids_batch_axis),
         "EinsumDense": _einsum_keeps_batch,
-        "MultiHeadAttention": _attention_keeps_batch,
+        # Attention axes (None: all but the batch, heads and features) never naming the batch axis mix positions of
+        # one example only; the projections, softmax and dropout are sublayers, checked each.
+        "MultiHeadAttention": functools.partial(_avoids_batch_axis, attention=True),
         **dict.fromkeys("LSTM GRU SimpleRNN LSTMCell GRUCell SimpleRNNCell".split(), _no_dropout),
         # Scores of one example's queries against its own keys; dropout on them draws row by row.
         **dict.fromkeys("Attention AdditiveAttention".split(), _no_dropout),

@@ -8,11 +8,8 @@ too), Keras 3's LoRA Dense, EinsumDense and Embedding (`lora`: the adapters, not
 layers. The known Keras layers that act per example are declared in `per_example_layers`. Rules apply to exactly
 their class; a model with a trainable variable no rule covers takes the vectorized path.
 
-Check a new rule against ``method='vectorized'`` (both must agree): a wrong rule breaks privacy silently. Its squared
-norms must never be below the exact ones (float32 rounding included: `norms.bilinear_gradient` adds the bound where
-positions can cancel, `keras_dyndp.ghost_cost.bounded_squared_norms`), and its sums must add exactly nothing from
-an example whose factor is 0 (`ops.weighted_sum`, ``scaled_rows``, `keras_dyndp.layer_rules.weighted_sum`: a select,
-as 0 x inf is NaN); the `norms` building blocks do both.
+A new rule must meet `keras_dyndp.layer_rules`' conditions (norms never below the exact ones, nothing added from a
+factor-0 example; the `norms` building blocks do both); check it against ``method='vectorized'``.
 """
 
 from __future__ import annotations
