@@ -5,6 +5,7 @@ refusals of data not known to be Poisson-sampled.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -163,14 +164,6 @@ def expected_steps_per_epoch(sampling_probability: float) -> int:
     return max(1, round(1.0 / sampling_probability))
 
 
-def _first_true(predicate, low: int, high: int) -> int:
-    """The smallest m in [low, high) where `predicate` (false, then true) holds, else high: a bisection."""
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if predicate(middle) else (middle + 1, high)
-    return low
-
-
 def default_max_batch_size(
     num_examples: int, sampling_probability: float, tail_probability: float = DEFAULT_OVERFLOW_TAIL
 ) -> int:
@@ -181,7 +174,7 @@ def default_max_batch_size(
     validation.check_delta(tail_probability, "tail_probability")  # (0, 1), as a delta
     binom = scipy.stats.binom(num_examples, sampling_probability)
     # Bisection on the survival function (non-increasing, sf(N) = 0): binom.isf returns N for tails like 1e-18.
-    return max(_first_true(lambda m: binom.sf(m) <= tail_probability, 0, num_examples), 1)
+    return max(bisect.bisect_left(range(num_examples), True, key=lambda m: binom.sf(m) <= tail_probability), 1)
 
 
 def batch_size_range(
@@ -194,7 +187,7 @@ def batch_size_range(
     high = default_max_batch_size(num_examples, sampling_probability, tail_probability)
     binom = scipy.stats.binom(num_examples, sampling_probability)
     # The largest low with cdf(low - 1) <= tail is the first k with cdf(k) > tail (cdf is non-decreasing).
-    return _first_true(lambda k: binom.cdf(k) > tail_probability, 0, high), high
+    return bisect.bisect_left(range(high), True, key=lambda k: binom.cdf(k) > tail_probability), high
 
 
 def truncation_delta(
