@@ -18,14 +18,6 @@ class SamplingWarning(UserWarning):
     """The batches are not known to be Poisson samples at the schedule's rate, which its epsilon assumes."""
 
 
-def poisson_fix(sampling_probability: float) -> str:
-    """The two lines that train on Poisson batches at ``sampling_probability``, on either backend."""
-    return (
-        f"batches = keras_dyndp.poisson_batches(x, y, sampling_probability={sampling_probability:g})"
-        "\n    model.fit(batches, epochs=...)"
-    )
-
-
 def not_poisson_batches(caller: str, x: Any) -> str:
     """What `not_poisson_message` says was seen when ``caller`` received ``x``."""
     return f"{caller} received x of type {type(x).__name__}, not batches returned by keras_dyndp.poisson_batches"
@@ -120,7 +112,8 @@ def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: boo
         f"(keras_dyndp.poisson_batches(x, y, sampling_probability={sampling_probability:g})). Nothing was trained.\n"
         "Keras cuts arrays into shuffled batches of batch_size rows: not the Poisson sampling at "
         f"p={sampling_probability:g} that the optimizer's epsilon is accounted for (and a last, shorter batch would "
-        f"be refused mid-run). Train on Poisson batches:\n    {poisson_fix(sampling_probability)}\nor, for "
+        f"be refused mid-run). Train on Poisson batches:\n    batches = keras_dyndp.poisson_batches(x, y, "
+        f"sampling_probability={sampling_probability:g})\n    model.fit(batches, epochs=...)\nor, for "
         "fixed-size batches outside the Poisson accounting, build the optimizer with public_batch_size=True instead "
         "of expected_batch_size."
     )
