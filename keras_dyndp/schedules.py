@@ -249,8 +249,6 @@ class DPSchedule:
             and np.array_equal(self._noise_stddevs, other._noise_stddevs)
         )
 
-    __hash__ = None
-
     def __repr__(self) -> str:
         return (
             f"DPSchedule(num_steps={self.num_steps}, sampling_probability={self.sampling_probability:.6g}, "
