@@ -81,11 +81,8 @@ def load_tfds_arrays(name: str, data_dir: str | None, splits: Sequence[str]) -> 
         raise DataNotFoundError(f"tfds dataset {name!r} is not prepared in {where}") from error
     finally:
         logging.set_verbosity(verbosity)
-    arrays = []
-    for split in loaded:
-        parts = list(tfds.as_numpy(split.batch(4096)))
-        arrays.append(tuple(np.concatenate([part[i] for part in parts]) for i in range(2)))
-    return arrays
+    batches = [tfds.as_numpy(split.batch(4096)) for split in loaded]
+    return [tuple(map(np.concatenate, zip(*split_batches))) for split_batches in batches]
 
 
 def missing_folders(root: str, classes: Sequence[str]) -> list[str]:
