@@ -43,10 +43,9 @@ def read_idx(path: str) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise ValueError(f"{path} is not an IDX file (bad magic number {raw[:4]!r}).")
     rank = raw[3]
-    header_end = 4 + 4 * rank
     shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(rank))
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
-    payload = np.frombuffer(raw, dtype=dtype, offset=header_end)
+    payload = np.frombuffer(raw, dtype=dtype, offset=4 + 4 * rank)
     if payload.size != int(np.prod(shape)):
         raise ValueError(f"{path}: header says shape {shape} but the file holds {payload.size} values.")
     return payload.reshape(shape).astype(dtype.newbyteorder("="))
