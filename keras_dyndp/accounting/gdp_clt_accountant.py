@@ -62,11 +62,8 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
         if isinstance(event, dp_event.SelfComposedDpEvent):
             return self._maybe_compose(event.event, event.count * count, do_compose)
         if isinstance(event, dp_event.ComposedDpEvent):
-            for sub_event in event.events:
-                error = self._maybe_compose(sub_event, count, do_compose)
-                if error is not None:
-                    return error
-            return None
+            errors = (self._maybe_compose(sub_event, count, do_compose) for sub_event in event.events)
+            return next((error for error in errors if error is not None), None)  # Composed up to the first error.
         if isinstance(event, (dp_event.GaussianDpEvent, dp_event.PoissonSampledDpEvent)):
             sampled = isinstance(event, dp_event.PoissonSampledDpEvent)
             gaussian = event.event if sampled else event
