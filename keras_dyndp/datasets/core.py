@@ -48,13 +48,8 @@ def package_file(package: str, *parts: str) -> str | None:
       parts: path components below the package folder.
     """
     spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        path = os.path.join(folder, *parts)
-        if os.path.isfile(path):
-            return path
-    return None
+    paths = (os.path.join(folder, *parts) for folder in (spec and spec.submodule_search_locations) or ())
+    return next((path for path in paths if os.path.isfile(path)), None)
 
 
 def load_tfds_arrays(name: str, data_dir: str | None, splits: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:

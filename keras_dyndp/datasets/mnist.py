@@ -52,11 +52,9 @@ def read_idx(path: str) -> np.ndarray:
 
 
 def _find_idx_file(directory: str, stem: str) -> str | None:
-    for name in (stem, stem + ".gz", stem.replace("-idx", ".idx"), stem.replace("-idx", ".idx") + ".gz"):
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            return path
-    return None
+    dotted = stem.replace("-idx", ".idx")
+    paths = (os.path.join(directory, name) for name in (stem, stem + ".gz", dotted, dotted + ".gz"))
+    return next((path for path in paths if os.path.isfile(path)), None)
 
 
 def load_idx_directory(directory: str) -> dict[str, np.ndarray]:
