@@ -259,7 +259,6 @@ def train(task: run_config.Task, config: run_config.RunConfig) -> results.RunRes
                 p,
                 batches.derived_seed(config.seed, step, batches.BATCH_STREAM),
                 segment_steps,
-                num_replicas=num_replicas,
                 start_step=step,
             )
         # shuffle=False: the batches are already sampled (Poisson or shuffled) by batches.train_batches.
