@@ -57,9 +57,7 @@ def check_poisson_batches(batches_p: float, sampling_probability: float, public_
 def implied_num_examples(expected_batch_size: float | None, sampling_probability: float) -> int | None:
     """N, the dataset size an optimizer's schedule and normaliser p N are for: ``expected_batch_size / p``, rounded
     (the budget arguments' ``num_examples``); None without ``expected_batch_size`` (``public_batch_size=True``)."""
-    if expected_batch_size is None:
-        return None
-    return max(1, round(expected_batch_size / sampling_probability))
+    return None if expected_batch_size is None else max(1, round(expected_batch_size / sampling_probability))
 
 
 DATA_SIZE_TOLERANCE = 0.01

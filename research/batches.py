@@ -88,6 +88,4 @@ def derived_seed(seed: int | None, start_step: int, stream: int) -> int | None:
     `stream` (`BATCH_STREAM` or `NOISE_STREAM`) keeps the batches' and the noise's seeds apart. None stays None
     (OS entropy).
     """
-    if seed is None:
-        return None
-    return int(np.random.SeedSequence([seed, start_step, stream]).generate_state(1)[0])
+    return None if seed is None else int(np.random.SeedSequence([seed, start_step, stream]).generate_state(1)[0])

@@ -48,9 +48,7 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
     @property
     def mu(self) -> float:
         """GDP parameter mu_tot = sqrt(mu_clt^2 + mu_exact^2) of everything composed so far (inf: non-private)."""
-        if self._non_private:
-            return math.inf
-        return math.sqrt(self._clt_mu_squared + self._exact_mu_squared)
+        return math.inf if self._non_private else math.sqrt(self._clt_mu_squared + self._exact_mu_squared)
 
     def _maybe_compose(self, event: dp_event.DpEvent, count: int, do_compose: bool) -> _CompositionErrorDetails | None:
         if isinstance(event, dp_event.NoOpDpEvent):
