@@ -73,7 +73,7 @@ def load_imdb_texts(
         train, test = (_read_imdb_folder(os.path.join(imdb_dir, split)) for split in ("train", "test"))
         return train, test, f"aclImdb folder {imdb_dir}"
     try:
-        train, test = load_tfds_arrays("imdb_reviews", data_dir, ("train", "test"))
+        train, test = load_tfds_arrays("imdb_reviews", data_dir)
     except DataNotFoundError as error:
         path = package_file(IMDB_PACKAGE, *IMDB_PACKAGE_FILE)
         if path is None:

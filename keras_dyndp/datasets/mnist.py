@@ -136,7 +136,7 @@ def load_mnist_like(
             ) from error
     looked = []
     try:
-        (x_train, y_train), (x_test, y_test) = load_tfds_arrays(tfds_name, data_dir, ("train", "test"))
+        (x_train, y_train), (x_test, y_test) = load_tfds_arrays(tfds_name, data_dir)
         return _as_task_data(
             dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test), f"{tfds_name} from tfds"
         )
