@@ -98,12 +98,10 @@ def audit(epsilon: float, data) -> list[tuple[str, keras_dyndp.audit.CanaryAudit
 
 
 def plot(rows, path: str) -> None:
-    import matplotlib  # pylint: disable=import-outside-toplevel
+    from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel  (no pyplot: no display)
 
-    matplotlib.use("Agg")
-    from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
-
-    figure, axes = pyplot.subplots(figsize=(7, 3.5), dpi=100)
+    figure = Figure(figsize=(7, 3.5), dpi=100)
+    axes = figure.subplots()
     bars = {"claimed (PLD)": "claimed_epsilon", "one-run bound": "epsilon_one_run", "f-DP bound": "epsilon_fdp"}
     for i, (label, field) in enumerate(bars.items()):
         positions = [j + (i - 1) * 0.27 for j in range(len(rows))]

@@ -55,17 +55,6 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
         super().set_params({**params, "epochs": self.total_epochs})
 
 
-def compile_model(model: keras.Model, optimizer: keras.optimizers.Optimizer, training_metrics: bool) -> keras.Model:
-    """``make_private`` and ``compile``; a weighted accuracy, since `poisson_batches` pads with weight-0 rows."""
-    model = keras_dyndp.make_private(model, training_metrics=training_metrics)
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
-        weighted_metrics=["accuracy"],
-    )
-    return model
-
-
 def epoch_segments(num_steps: int, epochs: int) -> list[tuple[int, int, int]]:
     """The ``fit`` calls ``(initial_epoch, epochs, steps per epoch)`` that take `num_steps` steps in `epochs` Keras
     epochs: T = ceil(epochs N / batch_size) is rarely a multiple of the epochs, so the first T mod epochs epochs
@@ -96,7 +85,12 @@ def main() -> None:
     )
     schedule = optimizer.schedule
     model = models.digits_cnn(data.x_train.shape[1:], data.num_classes)
-    model = compile_model(model, optimizer, FLAGS.training_metrics)
+    model = keras_dyndp.make_private(model, training_metrics=FLAGS.training_metrics)
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),  # per example
+        weighted_metrics=["accuracy"],  # padding rows of the Poisson batches have weight 0
+    )
     segments = epoch_segments(schedule.num_steps, FLAGS.epochs)
     callbacks = [keras_dyndp.PrivacyLogger(delta=delta), keras_dyndp.BudgetStop()]
     if FLAGS.verbose:

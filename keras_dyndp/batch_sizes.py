@@ -5,6 +5,7 @@ refusals of data not known to be Poisson-sampled.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -15,14 +16,6 @@ from keras_dyndp import validation
 
 class SamplingWarning(UserWarning):
     """The batches are not known to be Poisson samples at the schedule's rate, which its epsilon assumes."""
-
-
-def poisson_fix(sampling_probability: float) -> str:
-    """The two lines that train on Poisson batches at ``sampling_probability``, on either backend."""
-    return (
-        f"batches = keras_dyndp.poisson_batches(x, y, sampling_probability={sampling_probability:g})"
-        "\n    model.fit(batches, epochs=...)"
-    )
 
 
 def not_poisson_batches(caller: str, x: Any) -> str:
@@ -64,9 +57,7 @@ def check_poisson_batches(batches_p: float, sampling_probability: float, public_
 def implied_num_examples(expected_batch_size: float | None, sampling_probability: float) -> int | None:
     """N, the dataset size an optimizer's schedule and normaliser p N are for: ``expected_batch_size / p``, rounded
     (the budget arguments' ``num_examples``); None without ``expected_batch_size`` (``public_batch_size=True``)."""
-    if expected_batch_size is None:
-        return None
-    return max(1, round(expected_batch_size / sampling_probability))
+    return None if expected_batch_size is None else max(1, round(expected_batch_size / sampling_probability))
 
 
 DATA_SIZE_TOLERANCE = 0.01
@@ -119,7 +110,8 @@ def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: boo
         f"(keras_dyndp.poisson_batches(x, y, sampling_probability={sampling_probability:g})). Nothing was trained.\n"
         "Keras cuts arrays into shuffled batches of batch_size rows: not the Poisson sampling at "
         f"p={sampling_probability:g} that the optimizer's epsilon is accounted for (and a last, shorter batch would "
-        f"be refused mid-run). Train on Poisson batches:\n    {poisson_fix(sampling_probability)}\nor, for "
+        f"be refused mid-run). Train on Poisson batches:\n    batches = keras_dyndp.poisson_batches(x, y, "
+        f"sampling_probability={sampling_probability:g})\n    model.fit(batches, epochs=...)\nor, for "
         "fixed-size batches outside the Poisson accounting, build the optimizer with public_batch_size=True instead "
         "of expected_batch_size."
     )
@@ -163,14 +155,6 @@ def expected_steps_per_epoch(sampling_probability: float) -> int:
     return max(1, round(1.0 / sampling_probability))
 
 
-def _first_true(predicate, low: int, high: int) -> int:
-    """The smallest m in [low, high) where `predicate` (false, then true) holds, else high: a bisection."""
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if predicate(middle) else (middle + 1, high)
-    return low
-
-
 def default_max_batch_size(
     num_examples: int, sampling_probability: float, tail_probability: float = DEFAULT_OVERFLOW_TAIL
 ) -> int:
@@ -181,7 +165,7 @@ def default_max_batch_size(
     validation.check_delta(tail_probability, "tail_probability")  # (0, 1), as a delta
     binom = scipy.stats.binom(num_examples, sampling_probability)
     # Bisection on the survival function (non-increasing, sf(N) = 0): binom.isf returns N for tails like 1e-18.
-    return max(_first_true(lambda m: binom.sf(m) <= tail_probability, 0, num_examples), 1)
+    return max(bisect.bisect_left(range(num_examples), True, key=lambda m: binom.sf(m) <= tail_probability), 1)
 
 
 def batch_size_range(
@@ -194,7 +178,7 @@ def batch_size_range(
     high = default_max_batch_size(num_examples, sampling_probability, tail_probability)
     binom = scipy.stats.binom(num_examples, sampling_probability)
     # The largest low with cdf(low - 1) <= tail is the first k with cdf(k) > tail (cdf is non-decreasing).
-    return _first_true(lambda k: binom.cdf(k) > tail_probability, 0, high), high
+    return bisect.bisect_left(range(high), True, key=lambda k: binom.cdf(k) > tail_probability), high
 
 
 def truncation_delta(

@@ -96,10 +96,9 @@ def _methods() -> list[str]:
 
 def _load_schedule(path: str) -> schedules.DPSchedule:
     """The schedule of a `DPSchedule.to_json()` file or of an example trainer's run_config.json (its "schedule")."""
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
     try:
-        config = json.loads(text)
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
         if isinstance(config, dict) and "schedule" in config:  # a research trainer's <model_dir>/run_config.json
             if config["schedule"] is None:
                 raise ValueError(f"{path} holds a non-private run (method {config.get('method')}): no schedule.")

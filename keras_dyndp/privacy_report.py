@@ -348,8 +348,7 @@ def run_summary(
     delta = validation.check_delta(delta)
     eps_clt = schedule.epsilon(delta, accountant="gdp_clt", steps=steps)
     eps_rigorous = schedule.epsilon(delta, accountant=accountant, steps=steps)
-    taken = min(steps, schedule.num_steps)
-    last = max(taken - 1, 0)
+    last = max(steps - 1, 0)  # steps <= T: schedule.epsilon refused more.
     lines = [
         f"Privacy report ({method}, per {privacy_unit}, add-or-remove-one adjacency):",
         f"  sampling: {sampling}, p = {schedule.sampling_probability:.6g}; steps taken {steps} of the schedule's "
@@ -359,7 +358,7 @@ def run_summary(
         f"  epsilon at delta = {delta:.3g}:",
         f"    GDP-CLT (the paper's accountant; an approximation that can understate): {eps_clt:.4f}",
         f"    {accountant.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
-        *_baseline_lines(method, schedule, delta, taken),
+        *_baseline_lines(method, schedule, delta, steps),
     ]
     lines += _calibration_lines(schedule, calibrated_under, target_epsilon)
     lines += _caveat_lines(training_metrics, sampling, seed, notes)

@@ -249,8 +249,6 @@ class DPSchedule:
             and np.array_equal(self._noise_stddevs, other._noise_stddevs)
         )
 
-    __hash__ = None
-
     def __repr__(self) -> str:
         return (
             f"DPSchedule(num_steps={self.num_steps}, sampling_probability={self.sampling_probability:.6g}, "
@@ -343,12 +341,11 @@ def calibrate_shape(
 ) -> DPSchedule:
     """Scales a schedule shape so that the whole run spends the target budget under `accountant`.
 
-    C_t = clip_norms(t) and sigma_t = C_t / (mu_0 * mu_shape(t)) for t = 1..T (a noise shape n_t is mu_shape =
-    C_t / n_t); `clip_norms` and `mu_shape` (> 0) are arrays [T], scalars or callables of the float array t = 1..T.
-    Only mu_0 is solved for: under 'pld' (default) or 'rdp' the result's epsilon is in [target (1 - 1e-3), target];
-    under 'gdp_clt' mu_0 solves the CLT equation, and the rigorous epsilon may be far above the target (p =
-    250/60000, T = 4800, the last 5 steps at 3x mu, delta 1e-5: GDP-CLT 1.0 is PLD 3.78). Returns the `DPSchedule`
-    with `calibration` set.
+    C_t = clip_norms(t) and sigma_t = C_t / (mu_0 * mu_shape(t)) for t = 1..T (a noise shape n_t is mu_shape = C_t /
+    n_t). Only mu_0 is solved for: under 'pld' (default) or 'rdp' the result's epsilon is in [target (1 - 1e-3),
+    target]; under 'gdp_clt' mu_0 solves the CLT equation, and the rigorous epsilon may be far above the target (p =
+    250/60000, T = 4800, the last 5 steps at 3x mu, delta 1e-5: GDP-CLT 1.0 is PLD 3.78). Returns the `DPSchedule` with
+    `calibration` set.
 
     Args:
       clip_norms: C_t, the L2 clipping norm of each step (> 0): an array [T], a scalar or a callable of t = 1..T.

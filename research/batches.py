@@ -9,7 +9,6 @@ import numpy as np
 import tensorflow as tf
 
 import keras_dyndp
-from keras_dyndp import batch_sizes
 from keras_dyndp import datasets
 from research import run_config
 
@@ -35,29 +34,25 @@ def train_batches(
     p: float,
     seed: int | None,
     num_steps: int,
-    num_replicas: int = 1,
     start_step: int = 0,
 ) -> tf.data.Dataset:
     """`num_steps` (at most one epoch's) batches (x, y, sample_weight), Poisson-sampled or shuffled.
 
-    Poisson batches are padded to the next multiple of `config.pad_to_multiple` rows (0: every batch to the cap),
-    at most `keras_dyndp.batch_sizes.default_max_batch_size` rows; the multiple and the cap are rounded up to
-    multiples of `num_replicas`, so that each global batch splits evenly across the replicas (Keras 3 needs it of
-    the first batch of `fit`, keras-team/keras#19246); a larger cap only makes truncation rarer. `start_step`: the
-    optimizer's step they start at (`keras_dyndp.poisson_batches` refuses a seeded resume at another step).
+    Poisson batches are padded to the next multiple of `config.pad_to_multiple` rows (0: every batch to the cap,
+    `keras_dyndp.batch_sizes.default_max_batch_size`); called in a `tf.distribute` strategy's scope,
+    `keras_dyndp.poisson_batches` rounds the multiple and the cap up to multiples of its replicas, so that each global
+    batch splits evenly across them. `start_step`: the optimizer's step they start at (`keras_dyndp.poisson_batches`
+    refuses a seeded resume at another step).
     """
     if config.sampling == "poisson":
-        max_batch_size = batch_sizes.default_max_batch_size(data.num_train, p)
-        max_batch_size = num_replicas * math.ceil(max_batch_size / num_replicas)
         return keras_dyndp.poisson_batches(
             data.x_train,
             data.y_train,
             sampling_probability=p,
-            max_batch_size=max_batch_size,
             seed=seed,
             start_step=start_step,
             steps_per_epoch=num_steps,
-            pad_to_multiple=math.lcm(config.pad_to_multiple, num_replicas) if config.pad_to_multiple else None,
+            pad_to_multiple=config.pad_to_multiple or None,
         )
     return keras_dyndp.shuffled_batches(data.x_train, data.y_train, config.batch_size, seed=seed).take(num_steps)
 
@@ -93,6 +88,4 @@ def derived_seed(seed: int | None, start_step: int, stream: int) -> int | None:
     `stream` (`BATCH_STREAM` or `NOISE_STREAM`) keeps the batches' and the noise's seeds apart. None stays None
     (OS entropy).
     """
-    if seed is None:
-        return None
-    return int(np.random.SeedSequence([seed, start_step, stream]).generate_state(1)[0])
+    return None if seed is None else int(np.random.SeedSequence([seed, start_step, stream]).generate_state(1)[0])

@@ -20,7 +20,6 @@ FLAGS = flags.FLAGS
 
 METHODS = ("nonprivate",) + schedules.ALL_METHODS
 STRATEGIES = ("default", "mirrored", "multi_worker")
-OPTIMIZER_NAMES = ("sgd", "adam", "adagrad", "rmsprop")
 
 flags.DEFINE_enum(
     "method",
@@ -60,7 +59,7 @@ flags.DEFINE_bool(
     "DP methods: divide the noisy clipped sum by C_t as well (per-example gradients rescaled to norm <= 1, De et "
     "al. 2022), so that a clip decay no longer shrinks the step. Post-processing: privacy unchanged.",
 )
-flags.DEFINE_enum("optimizer", None, list(OPTIMIZER_NAMES), "Update rule. Default: the task's.")
+flags.DEFINE_enum("optimizer", None, ["sgd", "adam", "adagrad", "rmsprop"], "Update rule. Default: the task's.")
 flags.DEFINE_float(
     "epochs", None, "Run length in epochs, > 0: T = ceil(epochs N / batch_size) steps. Default: the task's."
 )

@@ -209,18 +209,16 @@ class Study:
 
     def _run(self, phase: str, epsilon: float, contender: str, index: int, values: dict, seed: int) -> None:
         task = self.task if phase == "final" else validation_task(self.task, self.validation_fraction)
-        config = dataclasses.replace(self.base, epsilon=epsilon, seed=seed, **values)
-        result = trainer.train(task, config)
+        result = trainer.train(task, dataclasses.replace(self.base, epsilon=epsilon, seed=seed, **values))
         keras.backend.clear_session()
-        steps = result.steps
         row = {
             "phase": phase,
             "contender": contender,
             "config_index": index,
             "validation_fraction": self.validation_fraction if phase == "tune" else 0.0,
             **result.csv_row(),
-            "epsilon_pld": result.schedule.epsilon(result.config.delta, accountant="pld", steps=steps),
-            "epsilon_rdp": result.schedule.epsilon(result.config.delta, accountant="rdp", steps=steps),
+            "epsilon_pld": result.epsilon_rigorous,  # The report's: its accountant is PLD (`__post_init__`).
+            "epsilon_rdp": result.schedule.epsilon(result.config.delta, accountant="rdp", steps=result.steps),
         }
         results.append_csv_row(self.csv_path, row)
 

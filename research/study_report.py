@@ -17,16 +17,13 @@ def summary(rows: list[dict]) -> list[dict]:
     """Per (epsilon, contender): the selection and its final runs' test accuracy, epsilons and wall times."""
     result = []
     finals = [row for row in rows if row["phase"] == "final"]
+    tunes = [row for row in rows if row["phase"] == "tune"]
     for epsilon in sorted({float(row["epsilon"]) for row in finals}):
         for name in CONTENDERS:
             group = [row for row in finals if float(row["epsilon"]) == epsilon and row["contender"] == name]
             if not group:
                 continue
-            tuning = [
-                row
-                for row in rows
-                if row["phase"] == "tune" and float(row["epsilon"]) == epsilon and row["contender"] == name
-            ]
+            tuning = [row for row in tunes if float(row["epsilon"]) == epsilon and row["contender"] == name]
             chosen = next(row for row in tuning if row["config_index"] == group[0]["config_index"])
             mean, std = _mean_std([float(row["test_accuracy"]) for row in group])
             result.append(

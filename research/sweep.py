@@ -256,8 +256,7 @@ def sweep() -> None:
     os.makedirs(FLAGS.sweep_dir, exist_ok=True)
     results_csv = os.path.join(FLAGS.sweep_dir, "results.csv")
     base = run_flags.config_from_flags()
-    rows = [row for row in results.read_csv_rows(results_csv) if agrees_with(row, base)]
-    done = {_key(row["task"], row) for row in rows}
+    done = {_key(row["task"], row) for row in results.read_csv_rows(results_csv) if agrees_with(row, base)}
     todo = [run for run in runs if _key(FLAGS.task, run) not in done]
     print(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} already in {results_csv}, {len(todo)} to go")
     for index, run in enumerate(todo, 1):

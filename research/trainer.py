@@ -64,8 +64,6 @@ def make_schedule(config: run_config.RunConfig, num_train: int) -> tuple[schedul
         p, num_steps = schedules.sampling_from_epochs(num_train, config.batch_size, epochs=config.epochs)
         if not config.private:
             return None, p, num_steps
-        # A baseline's config.accountant is its own ('zcdp' / 'tcdp'), which calibrate does not take.
-        accountant = registry.DEFAULT_ACCOUNTANT if config.method in schedules.BASELINES else config.accountant
         schedule = schedules.calibrate(
             config.method,
             target_epsilon=config.epsilon,
@@ -75,7 +73,8 @@ def make_schedule(config: run_config.RunConfig, num_train: int) -> tuple[schedul
             initial_clip=config.initial_clip,
             rho_mu=config.rho_mu,
             rho_c=config.rho_c,
-            accountant=accountant,
+            # A baseline's config.accountant is its own ('zcdp' / 'tcdp'), which calibrate does not take.
+            accountant=registry.DEFAULT_ACCOUNTANT if config.method in schedules.BASELINES else config.accountant,
         )
     except ValueError as error:
         raise run_config.FlagError(f"cannot calibrate the schedule from the flags: {error}") from error
@@ -259,7 +258,6 @@ def train(task: run_config.Task, config: run_config.RunConfig) -> results.RunRes
                 p,
                 batches.derived_seed(config.seed, step, batches.BATCH_STREAM),
                 segment_steps,
-                num_replicas=num_replicas,
                 start_step=step,
             )
         # shuffle=False: the batches are already sampled (Poisson or shuffled) by batches.train_batches.

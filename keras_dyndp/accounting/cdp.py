@@ -150,8 +150,7 @@ def tcdp_epsilon_from_parameters(rho: float, omega: float, delta: float) -> floa
 
 def tcdp_epsilon(sampling_probability: float, noise_multipliers, delta: float) -> float:
     """Epsilon of subsampled Gaussian steps under the tCDP accounting of the module docstring (`tcdp_parameters`)."""
-    rho, omega = tcdp_parameters(sampling_probability, noise_multipliers)
-    return tcdp_epsilon_from_parameters(rho, omega, delta)
+    return tcdp_epsilon_from_parameters(*tcdp_parameters(sampling_probability, noise_multipliers), delta)
 
 
 def zcdp_noise_multipliers(

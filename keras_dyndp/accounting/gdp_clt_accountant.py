@@ -48,9 +48,7 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
     @property
     def mu(self) -> float:
         """GDP parameter mu_tot = sqrt(mu_clt^2 + mu_exact^2) of everything composed so far (inf: non-private)."""
-        if self._non_private:
-            return math.inf
-        return math.sqrt(self._clt_mu_squared + self._exact_mu_squared)
+        return math.inf if self._non_private else math.sqrt(self._clt_mu_squared + self._exact_mu_squared)
 
     def _maybe_compose(self, event: dp_event.DpEvent, count: int, do_compose: bool) -> _CompositionErrorDetails | None:
         if isinstance(event, dp_event.NoOpDpEvent):
@@ -62,11 +60,8 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
         if isinstance(event, dp_event.SelfComposedDpEvent):
             return self._maybe_compose(event.event, event.count * count, do_compose)
         if isinstance(event, dp_event.ComposedDpEvent):
-            for sub_event in event.events:
-                error = self._maybe_compose(sub_event, count, do_compose)
-                if error is not None:
-                    return error
-            return None
+            errors = (self._maybe_compose(sub_event, count, do_compose) for sub_event in event.events)
+            return next((error for error in errors if error is not None), None)  # Composed up to the first error.
         if isinstance(event, (dp_event.GaussianDpEvent, dp_event.PoissonSampledDpEvent)):
             sampled = isinstance(event, dp_event.PoissonSampledDpEvent)
             gaussian = event.event if sampled else event

@@ -9,6 +9,7 @@ can understate epsilon badly (p = 0.01, T = 20, delta = 1e-5: GDP-CLT 1.00 is PL
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import types
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -77,20 +78,14 @@ class Accountant:
 def dp_event(sampling_probability: float, noise_multipliers: np.ndarray) -> dp_accounting.DpEvent:
     """The dp_accounting event of Poisson-sampled Gaussian steps (rate p, noise multipliers z_t [T]): runs of equal
     z as `SelfComposedDpEvent`s in one `ComposedDpEvent` (a constant schedule is one self-composed event)."""
-    steps = len(noise_multipliers)
-    if steps == 0:
+    if len(noise_multipliers) == 0:
         return dp_accounting.NoOpDpEvent()
-    change = np.flatnonzero(np.diff(noise_multipliers)) + 1
-    starts = np.concatenate([[0], change])
-    counts = np.diff(np.concatenate([starts, [steps]]))
     events = [
         dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(
-                sampling_probability, dp_accounting.GaussianDpEvent(float(noise_multipliers[start]))
-            ),
-            int(count),
+            dp_accounting.PoissonSampledDpEvent(sampling_probability, dp_accounting.GaussianDpEvent(z)),
+            len(list(run)),
         )
-        for start, count in zip(starts, counts)
+        for z, run in itertools.groupby(map(float, noise_multipliers))
     ]
     return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 

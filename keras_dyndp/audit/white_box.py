@@ -84,7 +84,6 @@ def _train_recording(schedule, x, y, weights, *, method, accumulation_steps, str
     keras = backend.keras_module()
     total = keras.ops.sum if hasattr(keras, "ops") else keras.backend.sum
     p = schedule.sampling_probability
-    optimizer_kwargs = {} if noise_seed is None else {"noise_seed": noise_seed}
     with contextlib.nullcontext() if strategy is None else strategy.scope():
         dense = keras.layers.Dense(x.shape[1], use_bias=False, kernel_initializer="zeros")
         model = keras.Sequential([keras.Input((x.shape[1],)), dense])
@@ -96,7 +95,7 @@ def _train_recording(schedule, x, y, weights, *, method, accumulation_steps, str
             expected_batch_size=p * len(x),
             learning_rate=1.0,
             accumulation_steps=accumulation_steps,
-            **optimizer_kwargs,
+            noise_seed=noise_seed,
         )
         model.compile(optimizer=optimizer, loss=_dirac_loss(total))
         # In the strategy's scope: padded to a multiple of its replicas.

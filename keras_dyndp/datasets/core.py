@@ -48,22 +48,16 @@ def package_file(package: str, *parts: str) -> str | None:
       parts: path components below the package folder.
     """
     spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        path = os.path.join(folder, *parts)
-        if os.path.isfile(path):
-            return path
-    return None
+    paths = (os.path.join(folder, *parts) for folder in (spec and spec.submodule_search_locations) or ())
+    return next((path for path in paths if os.path.isfile(path)), None)
 
 
-def load_tfds_arrays(name: str, data_dir: str | None, splits: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(features, labels) numpy arrays of each split of an already prepared tfds dataset; never downloads.
+def load_tfds_arrays(name: str, data_dir: str | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(features, labels) numpy arrays of the 'train' and 'test' splits of a prepared tfds dataset (never downloads).
 
     Args:
       name: tfds name, e.g. 'mnist' or 'imdb_reviews'.
       data_dir: tfds data directory (None: tfds's default, ~/tensorflow_datasets).
-      splits: split names, e.g. ('train', 'test').
 
     Raises:
       DataNotFoundError: if tensorflow_datasets is not installed or the dataset is not prepared there.
@@ -76,16 +70,13 @@ def load_tfds_arrays(name: str, data_dir: str | None, splits: Sequence[str]) -> 
     verbosity = logging.get_verbosity()
     logging.set_verbosity(logging.ERROR)  # tfds warns about empty version folders while it looks.
     try:
-        loaded = tfds.load(name, split=list(splits), data_dir=data_dir, download=False, as_supervised=True)
+        loaded = tfds.load(name, split=["train", "test"], data_dir=data_dir, download=False, as_supervised=True)
     except AssertionError as error:  # tfds's way of saying "not prepared in data_dir".
         raise DataNotFoundError(f"tfds dataset {name!r} is not prepared in {where}") from error
     finally:
         logging.set_verbosity(verbosity)
-    arrays = []
-    for split in loaded:
-        parts = list(tfds.as_numpy(split.batch(4096)))
-        arrays.append(tuple(np.concatenate([part[i] for part in parts]) for i in range(2)))
-    return arrays
+    batches = [tfds.as_numpy(split.batch(4096)) for split in loaded]
+    return [tuple(map(np.concatenate, zip(*split_batches))) for split_batches in batches]
 
 
 def missing_folders(root: str, classes: Sequence[str]) -> list[str]:

@@ -73,7 +73,7 @@ def load_imdb_texts(
         train, test = (_read_imdb_folder(os.path.join(imdb_dir, split)) for split in ("train", "test"))
         return train, test, f"aclImdb folder {imdb_dir}"
     try:
-        train, test = load_tfds_arrays("imdb_reviews", data_dir, ("train", "test"))
+        train, test = load_tfds_arrays("imdb_reviews", data_dir)
     except DataNotFoundError as error:
         path = package_file(IMDB_PACKAGE, *IMDB_PACKAGE_FILE)
         if path is None:
@@ -103,11 +103,10 @@ def load_imdb(
     training reviews: outside the DP guarantee (the data itself, read without noise)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (the JAX example imports this module)
 
-    keras = tf.keras
     (train_texts, y_train), (test_texts, y_test), source = load_imdb_texts(imdb_dir, data_dir)
     train_texts = np.array([t.decode("utf-8") if isinstance(t, bytes) else t for t in train_texts], dtype=object)
     test_texts = np.array([t.decode("utf-8") if isinstance(t, bytes) else t for t in test_texts], dtype=object)
-    vectorizer = keras.layers.TextVectorization(max_tokens=max_tokens, output_sequence_length=sequence_length)
+    vectorizer = tf.keras.layers.TextVectorization(max_tokens=max_tokens, output_sequence_length=sequence_length)
     if vocabulary_file:
         vectorizer.set_vocabulary(vocabulary_file)
     else:

@@ -43,21 +43,18 @@ def read_idx(path: str) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise ValueError(f"{path} is not an IDX file (bad magic number {raw[:4]!r}).")
     rank = raw[3]
-    header_end = 4 + 4 * rank
     shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(rank))
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
-    payload = np.frombuffer(raw, dtype=dtype, offset=header_end)
+    payload = np.frombuffer(raw, dtype=dtype, offset=4 + 4 * rank)
     if payload.size != int(np.prod(shape)):
         raise ValueError(f"{path}: header says shape {shape} but the file holds {payload.size} values.")
     return payload.reshape(shape).astype(dtype.newbyteorder("="))
 
 
 def _find_idx_file(directory: str, stem: str) -> str | None:
-    for name in (stem, stem + ".gz", stem.replace("-idx", ".idx"), stem.replace("-idx", ".idx") + ".gz"):
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            return path
-    return None
+    dotted = stem.replace("-idx", ".idx")
+    paths = (os.path.join(directory, name) for name in (stem, stem + ".gz", dotted, dotted + ".gz"))
+    return next((path for path in paths if os.path.isfile(path)), None)
 
 
 def load_idx_directory(directory: str) -> dict[str, np.ndarray]:
@@ -139,7 +136,7 @@ def load_mnist_like(
             ) from error
     looked = []
     try:
-        (x_train, y_train), (x_test, y_test) = load_tfds_arrays(tfds_name, data_dir, ("train", "test"))
+        (x_train, y_train), (x_test, y_test) = load_tfds_arrays(tfds_name, data_dir)
         return _as_task_data(
             dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test), f"{tfds_name} from tfds"
         )

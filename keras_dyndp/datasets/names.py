@@ -29,8 +29,7 @@ def encode(names: list[str], length: int) -> np.ndarray:
     ids = np.zeros((len(names), length), dtype=np.int32)
     for row, name in enumerate(names):
         codes = [_CHAR_IDS.get(char, NUM_CHAR_IDS - 1) for char in to_ascii(name)[:length]]
-        if codes:
-            ids[row, length - len(codes) :] = codes
+        ids[row, length - len(codes) :] = codes  # An empty name (no codes) stays all padding.
     return ids
 
 

@@ -91,7 +91,6 @@ def test_training_accuracy_does_not_count_the_padding_rows():
     import keras  # pylint: disable=import-outside-toplevel
 
     import keras_dyndp  # pylint: disable=import-outside-toplevel
-    from examples import jax_digits  # pylint: disable=import-outside-toplevel
     from keras_dyndp import jax_backend  # pylint: disable=import-outside-toplevel
 
     keras.utils.set_random_seed(0)
@@ -108,7 +107,12 @@ def test_training_accuracy_does_not_count_the_padding_rows():
         initial_clip=1.0,
         learning_rate=1e-9,
     )
-    model = jax_digits.compile_model(model, optimizer, training_metrics=True)
+    model = keras_dyndp.make_private(model, training_metrics=True)
+    model.compile(  # as examples.jax_digits compiles
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+        weighted_metrics=["accuracy"],
+    )
     batches = jax_backend.PoissonBatches(x, y, sampling_probability=16 / 64, steps_per_epoch=4, seed=0)
     assert batches.max_batch_size > 16  # there are padding rows
     history = model.fit(batches, epochs=1, verbose=0)

@@ -57,8 +57,12 @@ def test_poisson_batches_split_evenly_across_the_replicas(pad_to_multiple):
     config = run_config.RunConfig(sampling="poisson", pad_to_multiple=pad_to_multiple)
     p = 64 / data.num_train
     default_cap = batch_sizes.default_max_batch_size(data.num_train, p)
-    for num_replicas in (1, 2, 3):
-        dataset = batches.train_batches(config, data, p, seed=0, num_steps=20, num_replicas=num_replicas)
+    strategies = [distribute.make_strategy("default"), distribute.make_strategy("mirrored")]
+    assert [strategy.num_replicas_in_sync for strategy in strategies] == [1, 2]  # conftest's 2 logical CPUs
+    for strategy in strategies:
+        num_replicas = strategy.num_replicas_in_sync
+        with strategy.scope():  # as research.trainer builds them: keras_dyndp.poisson_batches reads the replicas
+            dataset = batches.train_batches(config, data, p, seed=0, num_steps=20)
         sampling = dp_data.poisson_sampling(dataset)
         assert sampling.max_batch_size % num_replicas == 0
         assert default_cap <= sampling.max_batch_size < default_cap + num_replicas
