@@ -5,6 +5,9 @@
   replicas on this CPU-only machine (ops without a device still run on the first, as with one device).
 * ``@pytest.mark.keras2_only(reason=...)`` marks a test of a Keras 2 feature (e.g. the optimizer's own per-example
   jacobian path, which Keras 3's train step cannot reach): it is skipped, with its reason, on Keras 3.
+* ``example_server``: runs ``python -m <trainer of examples/ or research/> <flags>`` from the repository root as a
+  child forked from one server per pytest process (tests/forked_runs.py), which imported TensorFlow and the library
+  once; the child prints and returns what a fresh process would.
 * The JAX stack (``keras_dyndp[jax,test]``, no TensorFlow): Keras runs on JAX (``KERAS_BACKEND=jax`` unless set)
   and the suite is tests/jax_backend, tests/conformance (the DP invariants every backend keeps) and the modules in
   `BACKEND_NEUTRAL` (they import neither TensorFlow nor JAX, or run on the backend Keras runs on). Where JAX is not
@@ -15,6 +18,7 @@ import importlib.util
 import os
 import pathlib
 
+import forked_runs
 import pytest
 from absl import flags
 
@@ -80,6 +84,14 @@ def _split_the_cpu() -> None:
 
     (cpu,) = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
+
+
+@pytest.fixture(name="example_server", scope="session")
+def fixture_example_server():
+    """The forked-runs server the trainers' runs fork from (started on the first run)."""
+    server = forked_runs.Server(forked_runs.trainers_start_up(), cwd=_TESTS.parent)
+    yield server
+    server.close()
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -80,7 +80,7 @@ def fixture_run(tmp_path_factory, worker_id):
         tmp_path_factory,
         worker_id,
         "trainer_command_lines",
-        "examples",
+        forked_runs.trainers_start_up(),
         command_lines,
         cwd=REPO,
         timeout=180 + 60 * len(command_lines),
