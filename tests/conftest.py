@@ -8,6 +8,10 @@
 * ``example_server``: runs ``python -m <trainer of examples/ or research/> <flags>`` from the repository root as a
   child forked from one server per pytest process (tests/forked_runs.py), which imported TensorFlow and the library
   once; the child prints and returns what a fresh process would.
+* Under pytest-xdist the default ``--dist load`` becomes ``loadgroup``: the tests of a module marked
+  ``xdist_group`` (one whose module fixtures run trainings) run on one worker, which computes its fixtures once
+  instead of both workers each computing them (the largest groups start first); every other test is handed out one
+  at a time, so the workers finish together.
 * The JAX stack (``keras_dyndp[jax,test]``, no TensorFlow): Keras runs on JAX (``KERAS_BACKEND=jax`` unless set)
   and the suite is tests/jax_backend, tests/conformance (the DP invariants every backend keeps) and the modules in
   `BACKEND_NEUTRAL` (they import neither TensorFlow nor JAX, or run on the backend Keras runs on). Where JAX is not
@@ -111,9 +115,19 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_configure(config):
     flags.FLAGS.mark_as_parsed()
+    if getattr(config.option, "dist", "no") == "load":  # the controller, before it starts the workers
+        config.option.dist = "loadgroup"
+    if getattr(config, "workerinput", {}).get("loadgroup"):  # a worker: suffix the grouped tests' ids with the group
+        config.option.loadgroup = True
     if HAS_TENSORFLOW:
         _split_the_cpu()
     config.addinivalue_line("markers", "keras2_only(reason): the test needs Keras 2; skipped on Keras 3.")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist's controller tells each worker its ``--dist``, which a worker reads from its arguments only."""
+    node.workerinput["loadgroup"] = node.config.option.dist == "loadgroup"
 
 
 def pytest_collection_modifyitems(config, items):

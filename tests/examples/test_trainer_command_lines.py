@@ -11,6 +11,8 @@ import pathlib
 import forked_runs
 import pytest
 
+pytestmark = pytest.mark.xdist_group("trainer_command_lines")  # its module fixtures run once (tests/conftest.py)
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 _HAS_JAX = importlib.util.find_spec("jax") is not None
 
