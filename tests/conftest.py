@@ -5,6 +5,13 @@
   replicas on this CPU-only machine (ops without a device still run on the first, as with one device).
 * ``@pytest.mark.keras2_only(reason=...)`` marks a test of a Keras 2 feature (e.g. the optimizer's own per-example
   jacobian path, which Keras 3's train step cannot reach): it is skipped, with its reason, on Keras 3.
+* ``example_server``: runs ``python -m <trainer of examples/ or research/> <flags>`` from the repository root as a
+  child forked from one server per pytest process (tests/forked_runs.py), which imported TensorFlow and the library
+  once; the child prints and returns what a fresh process would.
+* Under pytest-xdist the default ``--dist load`` becomes ``loadgroup``: the tests of a module marked
+  ``xdist_group`` (one whose module fixtures run trainings) run on one worker, which computes its fixtures once
+  instead of both workers each computing them (the largest groups start first); every other test is handed out one
+  at a time, so the workers finish together.
 * The JAX stack (``keras_dyndp[jax,test]``, no TensorFlow): Keras runs on JAX (``KERAS_BACKEND=jax`` unless set)
   and the suite is tests/jax_backend, tests/conformance (the DP invariants every backend keeps) and the modules in
   `BACKEND_NEUTRAL` (they import neither TensorFlow nor JAX, or run on the backend Keras runs on). Where JAX is not
@@ -15,6 +22,7 @@ import importlib.util
 import os
 import pathlib
 
+import forked_runs
 import pytest
 from absl import flags
 
@@ -82,6 +90,14 @@ def _split_the_cpu() -> None:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
 
 
+@pytest.fixture(name="example_server", scope="session")
+def fixture_example_server():
+    """The forked-runs server the trainers' runs fork from (started on the first run)."""
+    server = forked_runs.Server(forked_runs.trainers_start_up(), cwd=_TESTS.parent)
+    yield server
+    server.close()
+
+
 def pytest_ignore_collect(collection_path, config):
     del config  # Unused.
     path = pathlib.Path(collection_path)
@@ -99,9 +115,19 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_configure(config):
     flags.FLAGS.mark_as_parsed()
+    if getattr(config.option, "dist", "no") == "load":  # the controller, before it starts the workers
+        config.option.dist = "loadgroup"
+    if getattr(config, "workerinput", {}).get("loadgroup"):  # a worker: suffix the grouped tests' ids with the group
+        config.option.loadgroup = True
     if HAS_TENSORFLOW:
         _split_the_cpu()
     config.addinivalue_line("markers", "keras2_only(reason): the test needs Keras 2; skipped on Keras 3.")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist's controller tells each worker its ``--dist``, which a worker reads from its arguments only."""
+    node.workerinput["loadgroup"] = node.config.option.dist == "loadgroup"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,8 +6,9 @@ Usage (from the repository root): ``python tests/forked_runs.py <start-up module
 script path, [arguments]]>'``; prints a JSON list of ``{"returncode", "stdout", "stderr"}``, one per command line, in
 order. With ``--serve`` in place of the JSON list it reads one JSON ``[module or script path, [arguments]]`` a line
 from stdin and answers each with one JSON line, until stdin closes (`Server`: for tests that write their data first).
-The start-up module is what every command line imports first: ``examples`` for the trainers (it quiets TensorFlow's
-C++ start-up lines and imports TensorFlow), ``tensorflow`` for a script.
+The start-up is the module (or comma-separated modules) every command line imports first: ``examples`` for the
+trainers (it quiets TensorFlow's C++ start-up lines and imports TensorFlow) and the library modules they all import
+(`trainers_start_up`), ``tensorflow`` for a script.
 
 What a fresh process would show is kept: the start-up import runs with file descriptor 2 captured, and what it
 printed there starts every child's stderr; each child has its own file descriptors 1 and 2 (C++ output included),
@@ -19,6 +20,7 @@ crash kills the child only (a negative return code, as ``subprocess`` reports it
 import fcntl
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import random
@@ -32,14 +34,24 @@ import traceback
 import warnings
 
 
-def _start_up(module: str) -> bytes:
-    """Imports ``module`` with file descriptor 2 captured; returns what it wrote there."""
+def trainers_start_up() -> str:
+    """The start-up of the trainers in examples/ and research/: ``examples`` first (as each trainer imports it), then
+    the library modules every trainer imports on this stack's backend, which define no flag and print nothing; a
+    child then pays only its own trainer's imports (about 0.2 s instead of 1 s on the comparison stack)."""
+    tensorflow = importlib.util.find_spec("tensorflow") is not None
+    backend = "tf" if tensorflow and os.environ.get("KERAS_BACKEND", "tensorflow") in ("tensorflow", "") else "jax"
+    return f"examples,keras_dyndp.cli,keras_dyndp.datasets,keras_dyndp.schedules,keras_dyndp.{backend}_backend"
+
+
+def _start_up(modules: str) -> bytes:
+    """Imports the comma-separated ``modules`` with file descriptor 2 captured; returns what they wrote there."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            importlib.import_module(module)
+            for module in modules.split(","):
+                importlib.import_module(module)
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)

@@ -14,11 +14,14 @@ import pytest
 
 from keras_dyndp.tf_backend import keras_compat
 
-pytestmark = pytest.mark.skipif(
-    keras_compat.KERAS_MAJOR_VERSION >= 3,
-    reason="Keras 3's model.fit fails under MultiWorkerMirroredStrategy before any step, with or without keras_dyndp "
-    "(keras-team/keras#20585, tensorflow/tensorflow#72388); tested on Keras 2 and tf_keras",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        keras_compat.KERAS_MAJOR_VERSION >= 3,
+        reason="Keras 3's model.fit fails under MultiWorkerMirroredStrategy before any step, with or without "
+        "keras_dyndp (keras-team/keras#20585, tensorflow/tensorflow#72388); tested on Keras 2 and tf_keras",
+    ),
+    pytest.mark.xdist_group("multi_worker"),  # its module fixture runs once (tests/conftest.py)
+]
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multi_worker_job.py")
 TIMEOUT_S = 300
 BATCH, LEARNING_RATE = 8, 0.5

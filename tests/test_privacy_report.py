@@ -8,6 +8,8 @@ from keras_dyndp import schedules
 from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import fast_rdp
 
+pytestmark = pytest.mark.xdist_group("privacy_report")  # its module fixtures run once (tests/conftest.py)
+
 SPEC = dict(target_epsilon=1.0, target_delta=1e-4, sampling_probability=0.05, num_steps=60, initial_clip=1.5)
 
 

@@ -1,29 +1,20 @@
 """Runs an example as a user does (``python -m examples.<name>`` from the repository root) and reads its report.
 
-The runs are children forked from one server per pytest process (tests/forked_runs.py), which pays the import of
-``examples`` (TensorFlow's) once; each child prints and returns what a fresh ``python -m`` process would."""
+The runs are children forked from one server per pytest process (``example_server`` of tests/conftest.py), which
+pays the import of ``examples`` (TensorFlow's) once; each child prints and returns what a fresh ``python -m`` process
+would."""
 
 import pathlib
 import re
 
-import forked_runs
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 _ACCURACY = re.compile(r"^Test accuracy: (\S+) ", re.MULTILINE)
 _PRIVACY = re.compile(
     r"steps taken (\d+) of the schedule's (\d+)\n.*PLD \(rigorous upper bound\): (\S+)\n.*"
     r"budget calibrated under pld: target epsilon (\S+)\n",
     re.DOTALL,
 )
-
-
-@pytest.fixture(name="example_server", scope="session")
-def fixture_example_server():
-    """The forked-runs server the examples' runs fork from (started on the first run)."""
-    server = forked_runs.Server("examples", cwd=REPO)
-    yield server
-    server.close()
 
 
 @pytest.fixture(name="run_example")

@@ -1,26 +1,14 @@
 """examples/audit.py at tiny scale: the table is printed, every bound is at most its claim, the plot is written."""
 
-import pathlib
 import re
-import subprocess
-import sys
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 _ROW = re.compile(r"^((?:white|black)-box/eps=\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\S+)$", re.M)
 
 
-def test_the_audit_example_prints_its_table_and_plot(tmp_path):
+def test_the_audit_example_prints_its_table_and_plot(example_server, tmp_path):
     png = tmp_path / "audit.png"
     flags = ["--epsilons=2", "--num_canaries=100", "--white_box_steps=4", "--black_box_canaries=20", "--epochs=1"]
-    result = subprocess.run(
-        [sys.executable, "-m", "examples.audit", *flags, f"--plot={png}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = example_server.run("examples.audit", [*flags, f"--plot={png}"], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "claimed eps (PLD)" in result.stdout and "f-DP bound" in result.stdout, result.stdout
     rows = _ROW.findall(result.stdout)

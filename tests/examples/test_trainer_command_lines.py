@@ -11,6 +11,8 @@ import pathlib
 import forked_runs
 import pytest
 
+pytestmark = pytest.mark.xdist_group("trainer_command_lines")  # its module fixtures run once (tests/conftest.py)
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 _HAS_JAX = importlib.util.find_spec("jax") is not None
 
@@ -80,7 +82,7 @@ def fixture_run(tmp_path_factory, worker_id):
         tmp_path_factory,
         worker_id,
         "trainer_command_lines",
-        "examples",
+        forked_runs.trainers_start_up(),
         command_lines,
         cwd=REPO,
         timeout=180 + 60 * len(command_lines),

@@ -1,9 +1,5 @@
 """Tests for research.run_flags: each flag read into its RunConfig field, bad values one line and exit status 2."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 from absl.testing import flagsaver
 
@@ -11,8 +7,6 @@ from keras_dyndp import cli
 from research import digits
 from research import run_config
 from research import run_flags
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_config_from_flags_reads_each_flag_into_its_field():
@@ -51,10 +45,8 @@ def test_bad_flag_exits_2_with_one_line(argument, capsys):
     assert len(err) == 1 and err[0].startswith("digits.py: error: flag " + argument.split("=")[0])
 
 
-def test_command_line_error_has_no_traceback():
-    completed = subprocess.run(
-        [sys.executable, "-m", "research.digits", "--rho_c=0.3"], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+def test_command_line_error_has_no_traceback(example_server):
+    completed = example_server.run("research.digits", ["--rho_c=0.3"], timeout=120)
     assert completed.returncode == 2
     assert "Traceback" not in completed.stderr
     assert completed.stderr.strip().splitlines()[-1] == (

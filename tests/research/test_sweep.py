@@ -1,9 +1,6 @@
 """Tests for research.sweep: grid construction, in-process runs, resume, table and heat map."""
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 from absl import flags
@@ -19,8 +16,6 @@ from research import sweep
 pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
 
 FLAGS = flags.FLAGS
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_configurations_cover_each_methods_grid():
@@ -111,12 +106,10 @@ def test_markdown_table_mean_and_std():
     assert "70.00 ± 0.00 (n=1; RDP ε ≤ 1.50; 1/ρ_μ=0.8, 1/ρ_c=1)" in table
 
 
-def test_subprocess_sweep_forwards_flags(tmp_path):
-    completed = subprocess.run(
+def test_subprocess_sweep_forwards_flags(example_server, tmp_path):
+    completed = example_server.run(
+        "research.sweep",
         [
-            sys.executable,
-            "-m",
-            "research.sweep",
             "--task=digits",
             "--methods=vanilla",
             "--epsilons=2",
@@ -127,9 +120,6 @@ def test_subprocess_sweep_forwards_flags(tmp_path):
             "--verbose=0",
             "--batch_size=100",
         ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=240,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]

@@ -23,6 +23,8 @@ from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import per_example_layers
 from keras_dyndp.tf_backend.per_example import rules
 
+pytestmark = pytest.mark.xdist_group("attention_rules")  # its module fixtures run once (tests/conftest.py)
+
 L = keras.layers
 BATCH = 5
 WEIGHTS = np.array([1.0, 2.0, 0.0, 1.0, 1.0], np.float32)

@@ -12,6 +12,8 @@ from brute_force import reference
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 
+pytestmark = pytest.mark.xdist_group("clipped_sum")  # its module fixtures run once (tests/conftest.py)
+
 BATCH = 6
 WEIGHTS = np.array([1.0, 0.0, 1.0, 2.0, 0.0, 1.0], np.float32)
 

@@ -21,6 +21,8 @@ from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import dense
 
+pytestmark = pytest.mark.xdist_group("embedding_rule")  # its module fixtures run once (tests/conftest.py)
+
 L = keras.layers
 WEIGHTS = np.array([1.0, 2.0, 0.0, 1.0, 1.0], np.float32)  # example 2: factor 0
 

@@ -27,6 +27,8 @@ from keras_dyndp.tf_backend.keras_compat import keras  # noqa: E402
 from keras_dyndp.tf_backend.optimizer import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.tf_backend.per_example import rules  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("tf_lora")  # its module fixtures run once (tests/conftest.py)
+
 L = keras.layers
 BATCH = 5
 WEIGHTS = np.array([1.0, 2.0, 0.0, 1.0, 1.0], np.float32)
