@@ -144,7 +144,7 @@ class DPSchedule:
     def fingerprint(self) -> tuple[int, int]:
         """Two int32 words (first odd: never (0, 0)) of a 64-bit hash of T, p, the clip norms and the noise: equal
         schedules have equal fingerprints. The DP optimizers store it with their step counter, so that a counter
-        restored into another schedule is refused (`optimizer_base.restored_schedule_refusal`); int32 survives
+        restored into another schedule is refused (`step_checks.restored_schedule_refusal`); int32 survives
         every backend's saving."""
         digest = hashlib.blake2b(digest_size=8)
         digest.update(np.asarray([self.num_steps], "<i8").tobytes())
