@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import math
 import mmap
 import os
 import sys
@@ -287,7 +288,8 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
     """``parsed column -> its rows decoded as tfds's Tensor.decode_example_np decodes each`` for a `Tensor` feature of
     fixed shape stored as its values (cast to its dtype; scalars as Python's, as tfds's), or as bytes (tfds's
     ``Encoding.BYTES`` or ``ZLIB``, not a scalar: the batch's values joined into one buffer, each row a read-only
-    view of it, as tfds's ``np.frombuffer`` of each); None for any other feature."""
+    view of it, as tfds's ``np.frombuffer`` of each, and a value of another size refused as tfds's reshape refuses
+    it: joined, it would shift bytes of one example into another's row); None for any other feature."""
     from tensorflow_datasets.core.features import tensor_feature  # pylint: disable=import-outside-toplevel
 
     tensor = type(feature).decode_example_np is tensor_feature.Tensor.decode_example_np
@@ -300,12 +302,18 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
         return lambda column: column.astype(dtype).tolist() if column.ndim == 1 else column.astype(dtype)
     if encoding not in (tensor_feature.Encoding.BYTES, tensor_feature.Encoding.ZLIB) or not shape:
         return None
-    compressed = encoding == tensor_feature.Encoding.ZLIB
+    compressed, size = encoding == tensor_feature.Encoding.ZLIB, dtype.itemsize * math.prod(shape)
 
     def from_bytes(column: np.ndarray) -> np.ndarray:
-        values = column.tolist()
-        joined = b"".join(map(zlib.decompress, values) if compressed else values)
-        return np.frombuffer(joined, dtype).reshape((len(values),) + shape)
+        values = [zlib.decompress(value) for value in column.tolist()] if compressed else column.tolist()
+        sizes = set(map(len, values))
+        if sizes != {size}:
+            raise ValueError(
+                f"A tfds Tensor feature of shape {shape} and dtype {dtype.name} stored as bytes holds {size} bytes an "
+                f"example; records of this batch hold {sorted(sizes)}: the data source's files are not what its "
+                "features say."
+            )
+        return np.frombuffer(b"".join(values), dtype).reshape((len(values),) + shape)
 
     return from_bytes
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -447,6 +448,11 @@ def test_tfds_features_decoded_by_column_are_fixed_shape_tensors_stored_as_thems
         decoder(features.Tensor(shape=(2, 2), dtype=np.uint64, encoding="bytes"))(column),
         [[[0, 1], [2, 3]], [[4, 5], [6, 7]]],
     )
+    # One record a byte long and the next a byte short: joined, they would fill the two rows with shifted bytes.
+    uneven = np.array([bytes(range(5)), bytes(range(5, 8))], object)
+    for encoding, column in (("bytes", uneven), ("zlib", np.array([zlib.compress(v) for v in uneven], object))):
+        with pytest.raises(ValueError, match=r"holds 4 bytes an example; records of this batch hold \[3, 5\]"):
+            decoder(features.Tensor(shape=(4,), dtype=np.uint8, encoding=encoding))(column)
     # Of no fixed shape, a bytes scalar, not a Tensor: tfds decodes them one by one.
     assert not decoder(features.Tensor(shape=(None,), dtype=np.float32))
     assert not decoder(features.Tensor(shape=(), dtype=np.float32, encoding="bytes"))
