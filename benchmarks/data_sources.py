@@ -19,7 +19,8 @@ to other jobs on the machine than the wall time. The file is in the page cache a
 ``--cold`` asks the kernel to drop the file's pages (``posix_fadvise(DONTNEED)``) before each measurement, so reads go
 to the disk.
 
-With ``--baselines`` (TensorFlow) the same rows are also served by:
+With ``--baselines`` the same rows are also served by (on JAX, with KERAS_BACKEND=jax, all but the plain
+``tf.data`` pipeline; the tfds files, which take TensorFlow to build, from ``--tfds_dir`` built by a TensorFlow run):
 - ``plain tf.data``: ``tf.data.Dataset.range(N).shuffle(N).batch(256)`` mapped by ``tf.numpy_function`` reading
   ``memmap[sorted indices]`` (shuffle-and-slice batches of 256, not Poisson sampling; parallel calls, prefetch);
 - ``tfds.data_source``: ArrayRecord files of the first --tfds_size rows written by
@@ -47,6 +48,7 @@ Opacus's DPDataLoader on the same memmap is benchmarks/opacus_data_loader.py (Py
         --tfds_size=1000000 --tfds_dir=/tmp/keras_dyndp_tfds_kept
     python benchmarks/data_sources.py --sizes=1000000 --batches=100 --baselines --skip_ours --repeats=5 \
         --tfds_size=1000000 --tfds_dir=/tmp/keras_dyndp_tfds_kept --tfds_encoding=none,bytes,zlib --cnn_steps=40
+    KERAS_BACKEND=jax python benchmarks/data_sources.py ... (the same flags; the JAX CNN step's examples/s)
 """
 
 from __future__ import annotations
@@ -238,10 +240,15 @@ def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str, reuse: bo
     bytes); (source, build seconds)."""
     import importlib.resources  # pylint: disable=import-outside-toplevel
 
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
     sys.modules.setdefault("importlib_resources", importlib.resources)  # tfds 4.9 imports the backport
     import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+    name = "rows" if encoding == "none" else f"rows_{encoding}"
+    if reuse and os.path.isdir(os.path.join(data_dir, name)):
+        return tfds.data_source(name, split="train", data_dir=data_dir, download=False), 0.0
+    if keras_dyndp.keras_backend() == "jax":
+        sys.exit(f"Building tfds files takes TensorFlow: build {name} with the TensorFlow stack and --tfds_dir first.")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     def chunks():
         for start in range(0, len(memmap), 10_000):
@@ -255,9 +262,6 @@ def tfds_source(memmap: np.ndarray, labels: np.ndarray, data_dir: str, reuse: bo
             "label": tfds.features.Scalar(dtype=np.int32),
         }
     )
-    name = "rows" if encoding == "none" else f"rows_{encoding}"
-    if reuse and os.path.isdir(os.path.join(data_dir, name)):
-        return tfds.data_source(name, split="train", data_dir=data_dir, download=False), 0.0
     start = time.perf_counter()
     tfds.dataset_builders.store_as_tfds_dataset(
         name=name,
@@ -294,12 +298,13 @@ def baselines(
     memmap, labels = np.load(path, mmap_mode="r"), np.arange(num_examples, dtype=np.int32) % 10
     if cold:
         drop_from_page_cache(path)
-    rss_before, iterator = rss_mb(), iter(plain_tf_data(memmap, labels, num_batches))
-    next(iterator)
-    start = time.perf_counter()
-    examples = sum(len(np.asarray(weights)) for _, _, weights in iterator)
-    seconds = time.perf_counter() - start
-    row("plain tf.data", num_examples, 1e3 * seconds / num_batches, examples / seconds, rss_mb() - rss_before)
+    if keras_dyndp.keras_backend() != "jax":  # the JAX stack has no TensorFlow
+        rss_before, iterator = rss_mb(), iter(plain_tf_data(memmap, labels, num_batches))
+        next(iterator)
+        start = time.perf_counter()
+        examples = sum(len(np.asarray(weights)) for _, _, weights in iterator)
+        seconds = time.perf_counter() - start
+        row("plain tf.data", num_examples, 1e3 * seconds / num_batches, examples / seconds, rss_mb() - rss_before)
     os.makedirs(data_dir, exist_ok=True)
     records = array_record_source(memmap, os.path.join(data_dir, "rows.array_record"))
     decode = lambda record: (np.frombuffer(record, np.uint8).astype(np.float32) / 255, np.int32(0))  # noqa: E731
@@ -352,9 +357,15 @@ def cnn_examples_per_second(steps: int):
     """``() -> (examples/s, CPU ms a step)`` of ``steps`` DP training steps of the paper CNN (benchmarks/step_time.py's
     ``dyndp_fast`` path: ``make_private``, batch 256, an in-memory batch), so that each input pipeline is compared with
     the step it feeds in the same repeat, under the same load."""
-    import step_time  # pylint: disable=import-outside-toplevel  # benchmarks/step_time.py
+    if keras_dyndp.keras_backend() == "jax":
+        import jax_step_time  # pylint: disable=import-outside-toplevel  # benchmarks/jax_step_time.py
+        import models  # pylint: disable=import-outside-toplevel  # benchmarks/models.py
 
-    runner = step_time.Runner("cnn", "dyndp_fast", 256)
+        runner = jax_step_time._Stepper(jax_step_time.build("cnn", "dyndp_fast", 256), *models.make_data("cnn", 256))
+    else:
+        import step_time  # pylint: disable=import-outside-toplevel  # benchmarks/step_time.py
+
+        runner = step_time.Runner("cnn", "dyndp_fast", 256)
     runner.run(5)  # traced and warm
 
     def measure_steps() -> tuple[float, float]:
@@ -373,8 +384,8 @@ def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) 
                 drop_from_page_cache(os.path.join(folder, file_name))
     result = time_batches(data, num_batches)
     print(
-        f"| tensorflow | {len(data['x']):,} | {name} | - | {time_one_batch(data):.2f} | {result['ms']:.2f} | "
-        f"{result['examples_s']:,.0f} | {result['rss']:.0f} | {result['cpu']:.2f} |",
+        f"| {keras_dyndp.keras_backend()} | {len(data['x']):,} | {name} | - | {time_one_batch(data):.2f} | "
+        f"{result['ms']:.2f} | {result['examples_s']:,.0f} | {result['rss']:.0f} | {result['cpu']:.2f} |",
         flush=True,
     )
     return result
@@ -383,7 +394,8 @@ def measure(name: str, data: dict, num_batches: int, cold: bool, data_dir: str) 
 def row(name: str, num_examples: int, ms: float, examples_s: float, rss: float, cpu: float | None = None) -> None:
     cpu_ms = "-" if cpu is None else f"{cpu:.2f}"
     print(
-        f"| tensorflow | {num_examples:,} | {name} | - | - | {ms:.2f} | {examples_s:,.0f} | {rss:.0f} | {cpu_ms} |",
+        f"| {keras_dyndp.keras_backend()} | {num_examples:,} | {name} | - | - | {ms:.2f} | {examples_s:,.0f} | "
+        f"{rss:.0f} | {cpu_ms} |",
         flush=True,
     )
 

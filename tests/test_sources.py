@@ -11,6 +11,7 @@ import resource
 import sys
 import threading
 import time
+import types
 import warnings
 import zlib
 
@@ -397,10 +398,66 @@ def test_tfds_files_are_read_as_tfds_reads_them_on_every_backend(encoding):
         source, sampling_probability=P, steps_per_epoch=400, seed=0, map=lambda e: (e["image"], e["label"])
     )
     _check_batches(batches, 400)
-    if "tensorflow" in sys.modules and not JAX:  # read and parsed a batch at a time, decoded by column
-        fetch = sources._tfds_fetcher(source, contextlib.nullcontext())
-        everything = list(range(N))
-        assert fetch is not None and all(map(sources._same_nest, fetch(everything), source.__getitems__(everything)))
+    # Read and parsed a batch at a time (by TensorFlow where it is imported, else by protobuf), decoded by column.
+    fetch = sources._tfds_fetcher(source, contextlib.nullcontext())
+    everything = list(range(N))
+    assert fetch is not None and all(map(sources._same_nest, fetch(everything), source.__getitems__(everything)))
+
+
+@pytest.mark.parametrize("encoding", ["none", "bytes"])
+def test_without_tensorflow_tfds_records_are_parsed_by_protobuf_into_the_columns_tensorflow_parses(encoding):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    pytest.importorskip("array_record")
+    sys.modules.setdefault("importlib_resources", importlib.resources)
+    source = tfds.data_source("rows", split="train", data_dir=str(_TFDS_FILES / encoding), download=False)
+    features, everything = source.dataset_info.features, list(range(N))
+    columns = sources._protobuf_parser(features)(source.data_source.__getitems__(everything))
+    labels = [source[i]["label"] for i in everything]
+    assert columns["label"].dtype == np.int64 and columns["label"].tolist() == labels
+    if encoding == "none":
+        assert columns["image"].dtype == np.float32 and columns["image"].shape == (N, 3)
+        np.testing.assert_array_equal(columns["image"], [source[i]["image"] for i in everything])
+    else:  # one bytes value an example, decoded by `_column_decoder`
+        assert columns["image"].dtype == object and columns["image"].shape == (N,)
+        assert [np.frombuffer(value, np.float32).tolist() for value in columns["image"]] == [
+            [label] * 3 for label in labels
+        ]
+    if "tensorflow" in sys.modules:  # the same columns as TensorFlow's parse, cast to the dtypes tfds stores
+        parsed = sources._tensorflow_parser(features, sys.modules["tensorflow"])(
+            source.data_source.__getitems__(everything)
+        )
+        assert parsed.keys() == columns.keys()
+        for key, column in columns.items():
+            np.testing.assert_array_equal(parsed[key].astype(column.dtype), column)
+
+
+def test_protobuf_parsing_refuses_records_that_are_not_what_the_features_say():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    pytest.importorskip("array_record")
+    sys.modules.setdefault("importlib_resources", importlib.resources)
+    from tensorflow_datasets.proto import tf_example_pb2
+
+    source = tfds.data_source("rows", split="train", data_dir=str(_TFDS_FILES / "none"), download=False)
+    parse = sources._protobuf_parser(source.dataset_info.features)
+
+    def record(image=None, label=None, image_kind="float_list"):
+        example = tf_example_pb2.Example()
+        if image is not None:
+            getattr(example.features.feature["image"], image_kind).value.extend(image)
+        if label is not None:
+            example.features.feature["label"].int64_list.value.append(label)
+        return example.SerializeToString()
+
+    assert parse([record([1.0, 2.0, 3.0], 7)])["label"].tolist() == [7]
+    too_short = r"'image' of shape \(3,\) holds 3 values an example in its records; records of this batch hold \[2, 3\]"
+    with pytest.raises(ValueError, match=too_short):  # one record short: joined, rows would shift
+        parse([record([1.0, 2.0, 3.0], 7), record([1.0, 2.0], 8)])
+    with pytest.raises(ValueError, match=r"'label' of shape \(\) .* hold \[0\] in a int64_list"):  # missing
+        parse([record([1.0, 2.0, 3.0])])
+    with pytest.raises(ValueError, match=r"'image' .* hold \[0\] in a float_list"):  # stored as another kind
+        parse([record([1, 2, 3], 7, image_kind="int64_list")])
+    variable = tfds.features.FeaturesDict({"image": tfds.features.Tensor(shape=(None,), dtype=np.float32)})
+    assert sources._protobuf_parser(variable) is None  # of no fixed shape: tfds reads them
 
 
 def test_a_tfds_data_source_with_a_map(tmp_path):
@@ -460,10 +517,13 @@ def test_tfds_features_decoded_by_column_are_fixed_shape_tensors_stored_as_thems
     assert not sources._column_decoder(features.Tensor(shape=(2,), dtype=np.float32), None)  # stored under other keys
 
 
-def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thread_as_its_records(tmp_path):
-    source = _tfds_source(tmp_path)
-    tfds = sys.modules["tensorflow_datasets"]
-    part = tfds.data_source("rows", split="train[7:150]", data_dir=str(tmp_path), download=False)  # skips records
+def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thread_as_its_records():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    pytest.importorskip("array_record")
+    sys.modules.setdefault("importlib_resources", importlib.resources)
+    data_dir = str(_TFDS_FILES / "none")
+    source = tfds.data_source("rows", split="train", data_dir=data_dir, download=False)
+    part = tfds.data_source("rows", split="train[7:150]", data_dir=data_dir, download=False)  # skips records
     for data in (source, part):
         files = sources._ArrayRecordFiles.of(data)
         assert files is not None  # ArrayRecord files, read with readers of our own
@@ -473,6 +533,17 @@ def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thre
         with concurrent.futures.ThreadPoolExecutor(4) as pool:  # a set of readers per thread: no seek interleaves
             reads = list(pool.map(files, [everything[start::4] for start in range(4)] * 8))
         assert reads == expected * 8
+    # Records split over several files (as tfds shards them): each key read from its file at its offset.
+    instruction = source.dataset_info.splits["train"].file_instructions[0]
+    shards = [
+        types.SimpleNamespace(filename=instruction.filename, skip=skip, take=take)
+        for skip, take in ((0, 120), (120, N - 120))
+    ]
+    everything = list(range(N))
+    shuffled = np.random.default_rng(0).permutation(N).tolist()
+    files = sources._ArrayRecordFiles(shards, sources._ArrayRecordFiles.of(source).reader_class)
+    assert files(everything) == list(source.data_source.__getitems__(everything))
+    assert files(shuffled) == list(source.data_source.__getitems__(shuffled))
     assert sources._ArrayRecordFiles.of(type("Other", (), {})()) is None  # anything else: the source's own reads
 
 
