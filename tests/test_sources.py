@@ -11,7 +11,6 @@ import resource
 import sys
 import threading
 import time
-import types
 import warnings
 import zlib
 
@@ -535,10 +534,7 @@ def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thre
         assert reads == expected * 8
     # Records split over several files (as tfds shards them): each key read from its file at its offset.
     instruction = source.dataset_info.splits["train"].file_instructions[0]
-    shards = [
-        types.SimpleNamespace(filename=instruction.filename, skip=skip, take=take)
-        for skip, take in ((0, 120), (120, N - 120))
-    ]
+    shards = [instruction.replace(skip=skip, take=take) for skip, take in ((0, 120), (120, N - 120))]
     everything = list(range(N))
     shuffled = np.random.default_rng(0).permutation(N).tolist()
     files = sources._ArrayRecordFiles(shards, sources._ArrayRecordFiles.of(source).reader_class)
