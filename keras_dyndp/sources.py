@@ -373,11 +373,14 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
 class _ArrayRecordFiles:
     """The records of a ``tfds.data_source``'s ArrayRecord files by key (the order of its file instructions), read
     with array_record's ``ArrayRecordReader`` in its random-access mode (``readahead_buffer_size:0,
-    max_parallelism:0``: seek and read in the calling thread), with a file buffer of twice a record's mean size on
-    disk (a power of 2 in [4 KB, 1 MB]; its 32 KB default read 30 times an MNIST-sized record's bytes: 2-3 us more a
-    record). ArrayRecord's batched read (under ``__getitems__``) hands each record to its pool of 64 threads and a
-    thread per file: 28-42 us of CPU a record on 2 cores, against some 6 us read here. A reader seeks, so each
-    calling thread takes a set of readers of its own (kept for the next call); a file is opened at its first read."""
+    max_parallelism:0``), one record a ``read(offset, offset + 1)``: read in the calling thread with the GIL released
+    (a ``seek`` and ``read()`` cost the same CPU, some 4-8 us a record, but hold the GIL, so one batch's reads
+    stopped every other Python thread), with a file buffer of twice a record's mean size on disk (a power of 2 in
+    [4 KB, 1 MB]; its 32 KB default read 30 times an MNIST-sized record's bytes: 2-3 us more a record). ArrayRecord's
+    batched reads cost more: under ``__getitems__`` each record goes to its pool of 64 threads and a thread per file
+    (28-42 us of CPU a record on 2 cores), and ``read(indices)`` walks every chunk of the file each call (O(N)). A
+    reader is not thread-safe, so each calling thread takes a set of readers of its own (kept for the next call); a
+    file is opened at its first read."""
 
     def __init__(self, instructions: list, reader_class: type):
         self.reader_class = reader_class
@@ -404,8 +407,14 @@ class _ArrayRecordFiles:
             if type(source.data_source).__name__ != "ArrayRecordDataSource" or not instructions:
                 return None
             files = cls(instructions, array_record_module.ArrayRecordReader)
+            # array_record's range read takes 32-bit offsets.
+            small = all(instruction.skip + instruction.take < 2**31 for instruction in instructions)
             probe = sorted({0, len(source) // 2, len(source) - 1})
-            same = int(files.ends[-1]) == len(source) and files(probe) == list(source.data_source.__getitems__(probe))
+            same = (
+                small
+                and int(files.ends[-1]) == len(source)
+                and files(probe) == list(source.data_source.__getitems__(probe))
+            )
         except Exception:  # pylint: disable=broad-except  # Not files this reading knows: the source's own reads.
             return None
         return files if same else None
@@ -426,8 +435,7 @@ class _ArrayRecordFiles:
                     reader = readers[file] = self.reader_class(
                         self.paths[file], options, file_reader_buffer_size=buffer_size
                     )
-                reader.seek(offset)
-                records.append(reader.read())
+                records.append(reader.read(offset, offset + 1)[0])
         finally:
             with self._lock:
                 self._idle.append(readers)
