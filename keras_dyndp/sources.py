@@ -85,7 +85,15 @@ class Rows:
         """The rows ``indices`` (increasing), as numpy arrays with len(indices) rows."""
         if len(indices) == 0:
             return map_nest(lambda leaf: leaf[:0], self.example)
-        return self._read(indices)
+        rows = self._read(indices)
+        counts = {len(leaf) for leaf in batch_sizes.leaves(rows)}
+        if counts != {len(indices)}:
+            # Padded into the batch, a short read would broadcast one example into several rows.
+            raise ValueError(
+                f"Reading {len(indices)} examples of `x` gave {sorted(counts)} rows: a source's "
+                "`__getitems__(indices)` (and an array-like's `x[indices]`) must return one element per index."
+            )
+        return rows
 
     def batch(
         self, chosen: np.ndarray, num_rows: int, keep_order: bool = False, read_at: np.ndarray | None = None
@@ -101,7 +109,8 @@ class Rows:
         positions = at[order] if keep_order or read_at is not None else np.arange(len(at))
 
         def pad(leaf: np.ndarray) -> np.ndarray:
-            padded = np.zeros((num_rows,) + leaf.shape[1:], leaf.dtype)
+            # Native byte order: tf.numpy_function in tf.data reads a big-endian array's bytes as native ones.
+            padded = np.zeros((num_rows,) + leaf.shape[1:], leaf.dtype.newbyteorder("="))
             padded[positions] = leaf
             return padded
 
@@ -113,15 +122,40 @@ def map_nest(function: Callable, *nests: Any) -> Any:
     first = nests[0]
     if first is None:
         return None
-    if isinstance(first, dict):
-        return {key: map_nest(function, *(nest[key] for nest in nests)) for key in first}
-    if isinstance(first, (list, tuple)):
-        return type(first)(map_nest(function, *items) for items in zip(*nests))
+    if isinstance(first, (dict, list, tuple)):
+        kind = dict if isinstance(first, dict) else (list, tuple)
+        keys = list(first) if isinstance(first, dict) else range(len(first))
+        if any(not isinstance(nest, kind) or len(nest) != len(first) for nest in nests) or (
+            kind is dict and any(nest.keys() != first.keys() for nest in nests)
+        ):
+            # zip would drop the items past the shortest, silently.
+            raise ValueError(f"Nests of different structures: {[_structure(nest) for nest in nests[:4]]}.")
+        mapped = [map_nest(function, *(nest[key] for nest in nests)) for key in keys]
+        return dict(zip(keys, mapped)) if kind is dict else type(first)(mapped)
     return function(*nests)
 
 
+def _structure(nest: Any) -> Any:
+    """``nest`` with its leaves replaced by "*" (for error messages)."""
+    if isinstance(nest, dict):
+        return {key: _structure(value) for key, value in nest.items()}
+    if isinstance(nest, (list, tuple)):
+        return type(nest)(map(_structure, nest))
+    return "*"
+
+
 def _stack(elements: list) -> Any:
-    return map_nest(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]), *elements)
+    return map_nest(lambda *leaves: _text_as_strings(np.stack([np.asarray(leaf) for leaf in leaves])), *elements)
+
+
+def _text_as_strings(leaf: np.ndarray) -> np.ndarray:
+    """An object array of bytes (TensorFlow string tensors as numpy gives them) or of str as a numpy string array:
+    its padding rows are then empty strings, not the integer 0 of an object array, which TensorFlow refuses."""
+    if leaf.dtype == object and leaf.size:
+        for kind in (bytes, str):
+            if all(isinstance(item, kind) for item in leaf.flat):
+                return leaf.astype(kind)
+    return leaf
 
 
 def _examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.ndarray]:
@@ -138,7 +172,8 @@ def _examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.nda
         x, y = _stack([element[0] for element in elements]), _stack([element[1] for element in elements])
     except ValueError as error:
         raise ValueError(f"Random-access source examples must all have the same shapes: {error}") from error
-    weights = [element[2] if len(element) == 3 else 1.0 for element in elements]
+    # (x, y, None) has no weight, as in Keras's unpack_x_y_sample_weight: 1 (np.float32(None) is nan).
+    weights = [1.0 if len(element) == 2 or element[2] is None else element[2] for element in elements]
     return x, y, np.asarray(weights, np.float32).reshape(len(elements))
 
 

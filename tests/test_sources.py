@@ -653,3 +653,53 @@ def test_known_thread_safe_sources_are_tfds_and_array_record_ones():
         assert sources.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": module})())
     assert sources.known_thread_safe(type("DataSource", (), {"__module__": "tensorflow_datasets.core"})())
     assert not sources.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": "mine"})())
+
+
+def test_a_big_endian_memmap_is_read_as_its_values(tmp_path):
+    path = str(tmp_path / "big_endian.npy")
+    np.save(path, np.arange(N * 3, dtype=">f4").reshape(N, 3))  # TensorFlow's pipeline read its bytes as native
+    batches = keras_dyndp.poisson_batches(np.load(path, mmap_mode="r"), np.arange(N), sampling_probability=P, seed=0)
+    for x, y, weights in _batches(batches)[:3]:
+        kept = np.asarray(weights) > 0
+        np.testing.assert_array_equal(np.asarray(x)[kept], 3 * np.asarray(y)[kept][:, None] + np.arange(3))
+
+
+class ListSource:
+    """A random-access source of the given elements, with ``__getitems__`` returning only the first's."""
+
+    def __init__(self, elements):
+        self.elements = elements
+
+    def __len__(self):
+        return len(self.elements)
+
+    def __getitem__(self, index):
+        return self.elements[index]
+
+    def __getitems__(self, indices):
+        return [self.elements[indices[0]]]
+
+
+def test_a_short_read_and_elements_of_other_nests_are_refused_not_broadcast_or_cut():
+    short = sources.Rows(N, lambda indices: (np.arange(1), np.arange(1), np.ones(1, np.float32)))
+    with pytest.raises(ValueError, match=r"Reading 5 examples of `x` gave \[1\] rows: .* one element per index"):
+        short.read(np.arange(5))  # padded, the one row read would have filled all 5
+    elements = [(np.float32(i), i) for i in range(N)]
+    with pytest.raises(ValueError, match="one element per index"):
+        sources.source_rows(ListSource(elements), None).read(np.arange(5))
+    lists = [([np.float32(i)] * (1 + i % 2), i) for i in range(N)]  # zip kept only each list's first item
+    with pytest.raises(ValueError, match=r"same shapes: Nests of different structures: \[\['\*'\], \['\*', '\*'\]"):
+        sources.source_rows(lists, None).read(np.arange(2))
+    dicts = [({"a" if i else "b": np.float32(i)}, i) for i in range(N)]
+    with pytest.raises(ValueError, match="Nests of different structures"):
+        sources.source_rows(dicts, None).read(np.arange(2))
+
+
+def test_a_weight_of_none_is_one_and_text_labels_are_numpy_strings():
+    elements = [(np.float32(i), str(i).encode(), None) for i in range(N)]
+    x, y, weights = sources.source_rows(elements, None).read(np.arange(3))
+    np.testing.assert_array_equal(weights, np.ones(3))  # np.float32(None) is nan
+    assert y.dtype == np.dtype("S1") and y.tolist() == [b"0", b"1", b"2"]
+    objects = [(np.float32(i), np.asarray(str(i).encode(), object)) for i in range(N)]  # TF string tensors in numpy
+    batch_x, batch_y, _ = sources.source_rows(objects, None).batch(np.array([7, 3]), 4)
+    assert batch_y.tolist() == [b"3", b"7", b"", b""]  # padding an object array gave int 0, which TF refuses
