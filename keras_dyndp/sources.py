@@ -93,6 +93,7 @@ class Rows:
                 f"Reading {len(indices)} examples of `x` gave {sorted(counts)} rows: a source's "
                 "`__getitems__(indices)` (and an array-like's `x[indices]`) must return one element per index."
             )
+        map_nest(_check_like, self.example, rows)
         return rows
 
     def batch(
@@ -115,6 +116,21 @@ class Rows:
             return padded
 
         return map_nest(pad, rows)
+
+
+def _check_like(example: np.ndarray, rows: np.ndarray) -> None:
+    """Raises ValueError unless ``rows`` have the shape and dtype of ``example`` (rows of example 0; text of any
+    length): each batch's tensors must match the first's (TensorFlow's pipeline fails obscurely, a JAX step
+    recompiles or changes dtype)."""
+    text = example.dtype.kind in "SUO" and rows.dtype.kind in "SUO"
+    if rows.shape[1:] != example.shape[1:] or not (
+        text or rows.dtype.newbyteorder("=") == example.dtype.newbyteorder("=")
+    ):
+        raise ValueError(
+            f"Examples of `x` (after `map`) must all have the shapes and dtypes of example 0: it has shape "
+            f"{example.shape[1:]} and dtype {example.dtype.name}, others {rows.shape[1:]} and {rows.dtype.name}. Pad, "
+            "crop or cast them in `map`."
+        )
 
 
 def map_nest(function: Callable, *nests: Any) -> Any:
@@ -171,7 +187,10 @@ def _examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.nda
     try:
         x, y = _stack([element[0] for element in elements]), _stack([element[1] for element in elements])
     except ValueError as error:
-        raise ValueError(f"Random-access source examples must all have the same shapes: {error}") from error
+        raise ValueError(
+            f"Random-access source examples must all have the same shapes: {error}. Pad, crop or drop the features "
+            "of varying shapes in `map`."
+        ) from error
     # (x, y, None) has no weight, as in Keras's unpack_x_y_sample_weight: 1 (np.float32(None) is nan).
     weights = [1.0 if len(element) == 2 or element[2] is None else element[2] for element in elements]
     return x, y, np.asarray(weights, np.float32).reshape(len(elements))

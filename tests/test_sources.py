@@ -703,3 +703,14 @@ def test_a_weight_of_none_is_one_and_text_labels_are_numpy_strings():
     objects = [(np.float32(i), np.asarray(str(i).encode(), object)) for i in range(N)]  # TF string tensors in numpy
     batch_x, batch_y, _ = sources.source_rows(objects, None).batch(np.array([7, 3]), 4)
     assert batch_y.tolist() == [b"3", b"7", b"", b""]  # padding an object array gave int 0, which TF refuses
+
+
+def test_examples_of_other_shapes_or_dtypes_than_example_0_are_refused_naming_both():
+    shapes = [(np.zeros(1 if i == 0 else 3, np.float32), i) for i in range(N)]  # a batch without example 0 stacks
+    with pytest.raises(ValueError, match=r"shapes and dtypes of example 0: it has shape \(1,\) and dtype float32, "):
+        sources.source_rows(shapes, None).read(np.arange(1, 5))
+    labels = [(np.float32(i), 0 if i == 0 else 0.5) for i in range(N)]
+    with pytest.raises(ValueError, match=r"dtype int64, others \(\) and float64. Pad, crop or cast them in `map`"):
+        sources.source_rows(labels, None).read(np.arange(1, 5))
+    text = [(np.float32(i), "x" * (1 + i % 4)) for i in range(N)]  # text of any length
+    assert sources.source_rows(text, None).read(np.arange(1, 5))[1].tolist() == ["xx", "xxx", "xxxx", "x"]
