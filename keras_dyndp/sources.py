@@ -86,13 +86,7 @@ class Rows:
         if len(indices) == 0:
             return map_nest(lambda leaf: leaf[:0], self.example)
         rows = self._read(indices)
-        counts = {len(leaf) for leaf in batch_sizes.leaves(rows)}
-        if counts != {len(indices)}:
-            # Padded into the batch, a short read would broadcast one example into several rows.
-            raise ValueError(
-                f"Reading {len(indices)} examples of `x` gave {sorted(counts)} rows: a source's "
-                "`__getitems__(indices)` (and an array-like's `x[indices]`) must return one element per index."
-            )
+        _check_one_per_index({len(leaf) for leaf in batch_sizes.leaves(rows)}, len(indices))
         map_nest(_check_like, self.example, rows)
         return rows
 
@@ -116,6 +110,16 @@ class Rows:
             return padded
 
         return map_nest(pad, rows)
+
+
+def _check_one_per_index(counts: set[int], num_indices: int) -> None:
+    """Raises ValueError unless a read of ``num_indices`` examples gave that many (``counts``: of each leaf): padded
+    into the batch, a short read would broadcast one example into several rows."""
+    if counts != {num_indices}:
+        raise ValueError(
+            f"Reading {num_indices} examples of `x` gave {sorted(counts)} rows: a source's "
+            "`__getitems__(indices)` (and an array-like's `x[indices]`) must return one element per index."
+        )
 
 
 def _check_like(example: np.ndarray, rows: np.ndarray) -> None:
@@ -188,8 +192,8 @@ def _examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.nda
         x, y = _stack([element[0] for element in elements]), _stack([element[1] for element in elements])
     except ValueError as error:
         raise ValueError(
-            f"Random-access source examples must all have the same shapes: {error}. Pad, crop or drop the features "
-            "of varying shapes in `map`."
+            f"Random-access source examples must all have the same shapes: {str(error).rstrip('.')}. Pad, crop or drop "
+            "the features of varying shapes in `map`."
         ) from error
     # (x, y, None) has no weight, as in Keras's unpack_x_y_sample_weight: 1 (np.float32(None) is nan).
     weights = [1.0 if len(element) == 2 or element[2] is None else element[2] for element in elements]
@@ -207,7 +211,9 @@ def source_rows(source: Any, map_fn: Callable | None, threads: int | None = None
     fetch = _tfds_fetcher(source, guard) or _chunked_fetcher(source, threads or _READ_THREADS, guard)
 
     def read(indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
-        return _examples(fetch([int(index) for index in indices]), map_fn)
+        elements = fetch([int(index) for index in indices])
+        _check_one_per_index({len(elements)}, len(indices))
+        return _examples(elements, map_fn)
 
     return Rows(len(source), read)
 
@@ -506,7 +512,9 @@ def array_rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, num_
     """`Rows` of (nests of) array-likes with ``num_examples`` rows, each read as ``leaf[indices]``; ``map_fn`` (if
     any) maps each example ``(x_i, y_i)``."""
     weights = None if sample_weight is None else np.asarray(sample_weight, np.float32).reshape(num_examples)
-    readers = map_nest(file_reader, (x, y))
+    # In-memory leaves (tensors, pandas objects) as numpy: a TensorFlow tensor takes no index array, and pandas
+    # indexes by labels (a shuffled Series would pair one example's x with another's y).
+    readers = map_nest(lambda leaf: file_reader(leaf if is_lazy_array(leaf) else np.asarray(leaf)), (x, y))
 
     def read(indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
         rows_x, rows_y = map_nest(lambda reader: reader(indices), readers)

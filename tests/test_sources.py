@@ -714,3 +714,42 @@ def test_examples_of_other_shapes_or_dtypes_than_example_0_are_refused_naming_bo
         sources.source_rows(labels, None).read(np.arange(1, 5))
     text = [(np.float32(i), "x" * (1 + i % 4)) for i in range(N)]  # text of any length
     assert sources.source_rows(text, None).read(np.arange(1, 5))[1].tolist() == ["xx", "xxx", "xxxx", "x"]
+
+
+def test_a_source_whose_getitems_returns_no_element_is_refused_when_poisson_batches_reads_example_0():
+    with pytest.raises(ValueError, match=r"Reading 1 examples of `x` gave \[0\] rows"):  # was an IndexError
+        keras_dyndp.poisson_batches(
+            type("Empty", (ListSource,), {"__getitems__": lambda self, i: []})([(1, 2)]), sampling_probability=P
+        )
+
+
+class LabelIndexed:
+    """A pandas-like column (its module is pandas'): in memory, shuffled, ``column[keys]`` indexing by label."""
+
+    __module__ = "pandas.core.series"
+
+    def __init__(self, values, labels):
+        self.values, self.labels, self.shape = values, list(labels), values.shape
+
+    def __len__(self):
+        return len(self.values)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.values
+
+    def __getitem__(self, keys):
+        return self.values[[self.labels.index(key) for key in np.atleast_1d(keys)]]
+
+
+def test_in_memory_tensors_and_label_indexed_columns_with_a_map_are_read_by_position():
+    if JAX:
+        tensor = sys.modules["jax"].numpy.arange(N, dtype=np.float32)
+    else:
+        tensor = sys.modules["tensorflow"].range(N, dtype="float32")  # took no index array
+    order = np.random.default_rng(0).permutation(N)
+    shuffled = LabelIndexed(np.arange(N, dtype=np.float32)[order], order[::-1])  # read by label: another's x
+    for x in (tensor, shuffled):
+        batches = keras_dyndp.poisson_batches(x, np.asarray(x), sampling_probability=P, seed=0, map=lambda e: e)
+        for batch_x, batch_y, weights in _batches(batches)[:3]:
+            kept = np.asarray(weights) > 0
+            np.testing.assert_array_equal(np.asarray(batch_x)[kept], np.asarray(batch_y)[kept])
