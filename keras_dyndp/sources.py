@@ -78,16 +78,18 @@ class Rows:
 
     def __init__(self, num_examples: int, read: Callable[[np.ndarray], tuple[Any, Any, np.ndarray]]):
         self.num_examples = num_examples
-        self._read = read
-        self.example = read(np.zeros(1, np.int64))
+        self._read, self.example = read, None
+        self.example = self.read(np.zeros(1, np.int64))
 
     def read(self, indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
         """The rows ``indices`` (increasing), as numpy arrays with len(indices) rows."""
         if len(indices) == 0:
             return map_nest(lambda leaf: leaf[:0], self.example)
         rows = self._read(indices)
-        _check_one_per_index({len(leaf) for leaf in batch_sizes.leaves(rows)}, len(indices))
-        map_nest(_check_like, self.example, rows)
+        counts = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in batch_sizes.leaves(rows)}
+        _check_one_per_index(counts, len(indices))
+        if self.example is not None:
+            map_nest(_check_like, self.example, rows)
         return rows
 
     def batch(
@@ -112,12 +114,12 @@ class Rows:
         return map_nest(pad, rows)
 
 
-def _check_one_per_index(counts: set[int], num_indices: int) -> None:
-    """Raises ValueError unless a read of ``num_indices`` examples gave that many (``counts``: of each leaf): padded
-    into the batch, a short read would broadcast one example into several rows."""
+def _check_one_per_index(counts: set[int | None], num_indices: int) -> None:
+    """Raises ValueError unless a read of ``num_indices`` examples gave that many (``counts``: of each leaf; None: a
+    scalar): padded into the batch, a short read would broadcast one example into several rows."""
     if counts != {num_indices}:
         raise ValueError(
-            f"Reading {num_indices} examples of `x` gave {sorted(counts)} rows: a source's "
+            f"Reading {num_indices} examples of `x` gave {sorted(counts, key=str)} rows: a source's "
             "`__getitems__(indices)` (and an array-like's `x[indices]`) must return one element per index."
         )
 
@@ -463,12 +465,17 @@ def file_reader(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
     root = _mapped_file(leaf) if isinstance(leaf, np.ndarray) and leaf.ndim else None
     row_strides = tuple(np.empty(leaf.shape[1:], leaf.dtype).strides) if root is not None else None
     if root is None or tuple(leaf.strides[1:]) != row_strides or not hasattr(os, "preadv"):
-        return lambda indices: np.asarray(leaf[indices])
+        return lambda indices: _dense(leaf[indices])
     start = root.offset + leaf.__array_interface__["data"][0] - root.__array_interface__["data"][0]
     descriptor = os.open(root.filename, os.O_RDONLY)
     reader = lambda indices: _pread_rows(descriptor, leaf, start, indices)  # noqa: E731
     weakref.finalize(reader, os.close, descriptor)
     return reader
+
+
+def _dense(rows: Any) -> np.ndarray:
+    """Rows read from an array-like as a numpy array; a scipy.sparse matrix's as its dense array."""
+    return np.asarray(rows.toarray() if hasattr(rows, "toarray") else rows)
 
 
 # Rows of a batch read by this many threads (os.preadv releases the GIL): reads from disk overlap, not one at a time.

@@ -753,3 +753,13 @@ def test_in_memory_tensors_and_label_indexed_columns_with_a_map_are_read_by_posi
         for batch_x, batch_y, weights in _batches(batches)[:3]:
             kept = np.asarray(weights) > 0
             np.testing.assert_array_equal(np.asarray(batch_x)[kept], np.asarray(batch_y)[kept])
+
+
+def test_a_scipy_sparse_matrix_is_read_as_its_dense_rows():
+    sparse = pytest.importorskip("scipy.sparse")
+    x = sparse.csr_matrix(np.eye(N, dtype=np.float32))  # its rows: a sparse matrix, np.asarray of it a 0-d array
+    for batch_x, batch_y, weights in _batches(keras_dyndp.poisson_batches(x, np.arange(N), sampling_probability=P)):
+        kept = np.asarray(weights) > 0
+        np.testing.assert_array_equal(np.asarray(batch_x)[kept], np.eye(N)[np.asarray(batch_y)[kept]])
+    with pytest.raises(ValueError, match=r"Reading 1 examples of `x` gave \[1, None\] rows"):
+        sources.Rows(N, lambda indices: (np.float32(1), None, np.ones(1, np.float32)))
