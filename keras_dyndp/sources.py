@@ -529,7 +529,13 @@ def array_rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, num_
         if map_fn is None:
             return rows_x, rows_y, rows_w
         row = lambda nest, i: map_nest(lambda leaf: leaf[i], nest)  # noqa: E731
-        mapped_x, mapped_y, _ = _examples([map_fn((row(rows_x, i), row(rows_y, i))) for i in range(len(indices))], None)
+        mapped = [map_fn((row(rows_x, i), row(rows_y, i))) for i in range(len(indices))]
+        if any(isinstance(element, tuple) and len(element) == 3 for element in mapped):
+            raise ValueError(
+                "With arrays, `map` maps (x_i, y_i) to (x_i, y_i); a weight it returned would be ignored: pass "
+                "per-example weights as `sample_weight`."
+            )
+        mapped_x, mapped_y, _ = _examples(mapped, None)
         return mapped_x, mapped_y, rows_w
 
     return Rows(num_examples, read)

@@ -763,3 +763,9 @@ def test_a_scipy_sparse_matrix_is_read_as_its_dense_rows():
         np.testing.assert_array_equal(np.asarray(batch_x)[kept], np.eye(N)[np.asarray(batch_y)[kept]])
     with pytest.raises(ValueError, match=r"Reading 1 examples of `x` gave \[1, None\] rows"):
         sources.Rows(N, lambda indices: (np.float32(1), None, np.ones(1, np.float32)))
+
+
+def test_a_map_of_arrays_returning_a_weight_is_refused_not_ignored(tmp_path):
+    x, y = _memmap(tmp_path)
+    with pytest.raises(ValueError, match=r"a weight it returned would be ignored: pass per-example weights as `samp"):
+        keras_dyndp.poisson_batches(x, y, sampling_probability=P, map=lambda e: (e[0], e[1], np.float32(0.25)))
