@@ -153,7 +153,9 @@ def map_nest(function: Callable, *nests: Any) -> Any:
             # zip would drop the items past the shortest, silently.
             raise ValueError(f"Nests of different structures: {[_structure(nest) for nest in nests[:4]]}.")
         mapped = [map_nest(function, *(nest[key] for nest in nests)) for key in keys]
-        return dict(zip(keys, mapped)) if kind is dict else type(first)(mapped)
+        if kind is dict:
+            return dict(zip(keys, mapped))
+        return type(first)(*mapped) if hasattr(first, "_fields") else type(first)(mapped)  # a namedtuple's fields
     return function(*nests)
 
 
@@ -162,7 +164,7 @@ def _structure(nest: Any) -> Any:
     if isinstance(nest, dict):
         return {key: _structure(value) for key, value in nest.items()}
     if isinstance(nest, (list, tuple)):
-        return type(nest)(map(_structure, nest))
+        return (list if isinstance(nest, list) else tuple)(map(_structure, nest))
     return "*"
 
 

@@ -2,6 +2,7 @@
 and without ``__getitems__``, a per-example ``map``) on the backend Keras runs on: Poisson batches of the same law,
 padding, refusals and size as from arrays, O(k) draws at N = 10^7, and resident memory that does not follow N."""
 
+import collections
 import concurrent.futures
 import contextlib
 import importlib.resources
@@ -769,3 +770,19 @@ def test_a_map_of_arrays_returning_a_weight_is_refused_not_ignored(tmp_path):
     x, y = _memmap(tmp_path)
     with pytest.raises(ValueError, match=r"a weight it returned would be ignored: pass per-example weights as `samp"):
         keras_dyndp.poisson_batches(x, y, sampling_probability=P, map=lambda e: (e[0], e[1], np.float32(0.25)))
+
+
+Point = collections.namedtuple("Point", "a b")
+
+
+def test_namedtuples_of_memmaps_and_in_source_elements_keep_their_fields(tmp_path):
+    x, y = _memmap(tmp_path)
+    elements = [(Point(np.float32(i), np.full(2, i)), i) for i in range(N)]
+    batch_x, batch_y, _ = sources.source_rows(elements, None).batch(np.array([7, 3]), 4)
+    assert (
+        isinstance(batch_x, Point) and batch_x.a.tolist() == [3, 7, 0, 0] and batch_x.b[:, 1].tolist() == [3, 7, 0, 0]
+    )
+    batch_x, batch_y, _ = sources.array_rows(Point(x, x), y, None, None, N).batch(np.array([7, 3]), 2)
+    assert isinstance(batch_x, Point) and batch_x.b[:, 0].tolist() == batch_y.tolist() == [4, 8]  # was a TypeError
+    with pytest.raises(ValueError, match=r"Nests of different structures: \[\('\*', '\*'\), \['\*'\]\]"):
+        sources.map_nest(np.add, Point(1, 2), [1])
