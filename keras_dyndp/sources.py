@@ -263,7 +263,7 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
 
         def fetch_many(positions: list[int]) -> list:
             with guard:
-                return list(get_many(positions))
+                return [_owned(element) for element in get_many(positions)]
 
         return fetch_many
 
@@ -271,7 +271,7 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
         elements = []
         for position in positions:
             with guard:
-                elements.append(source[position])
+                elements.append(_owned(source[position]))
         return elements
 
     def fetch(positions: list[int]) -> list:
@@ -279,6 +279,19 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
         return [element for chunk in chunks for element in chunk]
 
     return fetch
+
+
+def _owned(element: Any) -> Any:
+    """``element`` with copies of its writeable numpy arrays, made before the source is called again: a source that
+    fills and returns one buffer of its own would otherwise put its last example in every row."""
+    if isinstance(element, np.ndarray):
+        return element.copy() if element.flags.writeable else element
+    if isinstance(element, dict):
+        return {key: _owned(value) for key, value in element.items()}
+    if isinstance(element, (list, tuple)):
+        items = [_owned(item) for item in element]
+        return type(element)(*items) if hasattr(element, "_fields") else type(element)(items)
+    return element
 
 
 def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:

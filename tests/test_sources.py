@@ -786,3 +786,24 @@ def test_namedtuples_of_memmaps_and_in_source_elements_keep_their_fields(tmp_pat
     assert isinstance(batch_x, Point) and batch_x.b[:, 0].tolist() == batch_y.tolist() == [4, 8]  # was a TypeError
     with pytest.raises(ValueError, match=r"Nests of different structures: \[\('\*', '\*'\), \['\*'\]\]"):
         sources.map_nest(np.add, Point(1, 2), [1])
+
+
+class ReusedBuffer:
+    """A source that fills one buffer of its own and returns it for every example."""
+
+    def __init__(self):
+        self.buffer = np.zeros(3, np.float32)
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, index):
+        self.buffer[:] = index
+        return self.buffer, index
+
+
+def test_a_source_returning_a_buffer_it_reuses_gives_each_row_its_own_example():
+    batches = keras_dyndp.poisson_batches(ReusedBuffer(), sampling_probability=0.3, seed=0, steps_per_epoch=3)
+    for x, y, weights in _batches(batches):
+        kept = np.asarray(weights) > 0
+        np.testing.assert_array_equal(np.asarray(x)[kept][:, 0], np.asarray(y)[kept])  # was the last read in every row
