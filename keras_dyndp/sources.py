@@ -480,7 +480,7 @@ def file_reader(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
     root = _mapped_file(leaf) if isinstance(leaf, np.ndarray) and leaf.ndim else None
     row_strides = tuple(np.empty(leaf.shape[1:], leaf.dtype).strides) if root is not None else None
     if root is None or tuple(leaf.strides[1:]) != row_strides or not hasattr(os, "preadv"):
-        return lambda indices: _dense(leaf[indices])
+        return _indexer(leaf)
     start = root.offset + leaf.__array_interface__["data"][0] - root.__array_interface__["data"][0]
     descriptor = os.open(root.filename, os.O_RDONLY)
     reader = lambda indices: _pread_rows(descriptor, leaf, start, indices)  # noqa: E731
@@ -488,9 +488,25 @@ def file_reader(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
     return reader
 
 
-def _dense(rows: Any) -> np.ndarray:
-    """Rows read from an array-like as a numpy array; a scipy.sparse matrix's as its dense array."""
-    return np.asarray(rows.toarray() if hasattr(rows, "toarray") else rows)
+# Array-likes whose reads may run in several threads at once (h5py's hold its own lock).
+_THREAD_SAFE_ARRAYS = ("numpy", "h5py", "zarr", "scipy")
+
+
+def _indexer(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """``indices -> leaf[indices]`` as a numpy array (a scipy.sparse matrix's rows as their dense array). An
+    array-like of another package than `_THREAD_SAFE_ARRAYS` is read one call at a time (`source_guard`), its rows
+    copied inside: one that seeks and reads a shared file, called by two of the pipeline's threads, put one example's
+    bytes in another's row."""
+    safe = type(leaf).__module__.split(".")[0] in _THREAD_SAFE_ARRAYS
+    guard = contextlib.nullcontext() if safe else source_guard(leaf, 1)
+
+    def read(indices: np.ndarray) -> np.ndarray:
+        with guard:
+            rows = leaf[indices]
+            rows = rows.toarray() if hasattr(rows, "toarray") else rows
+            return np.asarray(rows) if safe else np.array(rows)
+
+    return read
 
 
 # Rows of a batch read by this many threads (os.preadv releases the GIL): reads from disk overlap, not one at a time.

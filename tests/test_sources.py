@@ -807,3 +807,23 @@ def test_a_source_returning_a_buffer_it_reuses_gives_each_row_its_own_example():
     for x, y, weights in _batches(batches):
         kept = np.asarray(weights) > 0
         np.testing.assert_array_equal(np.asarray(x)[kept][:, 0], np.asarray(y)[kept])  # was the last read in every row
+
+
+class SeekReadArray(SeekReadSource):
+    """The same file as an array-like (``shape``, ``x[indices]``), of no package known to read from several threads."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.shape, self.dtype = (self.num_examples, ROW_BYTES // 4), np.dtype(np.int32)
+
+    def __getitem__(self, indices):
+        return np.stack([super(SeekReadArray, self).__getitem__(int(index))[0] for index in indices])
+
+
+def test_an_array_like_of_an_unknown_package_is_read_one_call_at_a_time_so_rows_hold_their_examples(tmp_path):
+    array = SeekReadArray(_seek_read_source(tmp_path).file.name)
+    rows = sources.array_rows(array, np.arange(len(array)), None, None, len(array))
+    indices = np.arange(0, len(array), 2)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # as TensorFlow's parallel calls and JAX's readers
+        for x, y, _ in pool.map(lambda _: rows.read(indices), range(8)):
+            assert (x == y[:, None]).all()
