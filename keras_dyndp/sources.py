@@ -78,14 +78,19 @@ class Rows:
 
     def __init__(self, num_examples: int, read: Callable[[np.ndarray], tuple[Any, Any, np.ndarray]]):
         self.num_examples = num_examples
-        self._read = read
-        self.example = read(np.zeros(1, np.int64))
+        self._read, self.example = read, None
+        self.example = self.read(np.zeros(1, np.int64))
 
     def read(self, indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
         """The rows ``indices`` (increasing), as numpy arrays with len(indices) rows."""
         if len(indices) == 0:
             return map_nest(lambda leaf: leaf[:0], self.example)
-        return self._read(indices)
+        rows = self._read(indices)
+        counts = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in batch_sizes.leaves(rows)}
+        _check_one_per_index(counts, len(indices))
+        if self.example is not None:
+            map_nest(_check_like, self.example, rows)
+        return rows
 
     def batch(
         self, chosen: np.ndarray, num_rows: int, keep_order: bool = False, read_at: np.ndarray | None = None
@@ -101,11 +106,37 @@ class Rows:
         positions = at[order] if keep_order or read_at is not None else np.arange(len(at))
 
         def pad(leaf: np.ndarray) -> np.ndarray:
-            padded = np.zeros((num_rows,) + leaf.shape[1:], leaf.dtype)
+            # Native byte order: tf.numpy_function in tf.data reads a big-endian array's bytes as native ones.
+            padded = np.zeros((num_rows,) + leaf.shape[1:], leaf.dtype.newbyteorder("="))
             padded[positions] = leaf
             return padded
 
         return map_nest(pad, rows)
+
+
+def _check_one_per_index(counts: set[int | None], num_indices: int) -> None:
+    """Raises ValueError unless a read of ``num_indices`` examples gave that many (``counts``: of each leaf; None: a
+    scalar): padded into the batch, a short read would broadcast one example into several rows."""
+    if counts != {num_indices}:
+        raise ValueError(
+            f"Reading {num_indices} examples of `x` gave {sorted(counts, key=str)} rows: a source's "
+            "`__getitems__(indices)` (and an array-like's `x[indices]`) must return one element per index."
+        )
+
+
+def _check_like(example: np.ndarray, rows: np.ndarray) -> None:
+    """Raises ValueError unless ``rows`` have the shape and dtype of ``example`` (rows of example 0; text of any
+    length): each batch's tensors must match the first's (TensorFlow's pipeline fails obscurely, a JAX step
+    recompiles or changes dtype)."""
+    text = example.dtype.kind in "SUO" and rows.dtype.kind in "SUO"
+    if rows.shape[1:] != example.shape[1:] or not (
+        text or rows.dtype.newbyteorder("=") == example.dtype.newbyteorder("=")
+    ):
+        raise ValueError(
+            f"Examples of `x` (after `map`) must all have the shapes and dtypes of example 0: it has shape "
+            f"{example.shape[1:]} and dtype {example.dtype.name}, others {rows.shape[1:]} and {rows.dtype.name}. Pad, "
+            "crop or cast them in `map`."
+        )
 
 
 def map_nest(function: Callable, *nests: Any) -> Any:
@@ -113,15 +144,42 @@ def map_nest(function: Callable, *nests: Any) -> Any:
     first = nests[0]
     if first is None:
         return None
-    if isinstance(first, dict):
-        return {key: map_nest(function, *(nest[key] for nest in nests)) for key in first}
-    if isinstance(first, (list, tuple)):
-        return type(first)(map_nest(function, *items) for items in zip(*nests))
+    if isinstance(first, (dict, list, tuple)):
+        kind = dict if isinstance(first, dict) else (list, tuple)
+        keys = list(first) if isinstance(first, dict) else range(len(first))
+        if any(not isinstance(nest, kind) or len(nest) != len(first) for nest in nests) or (
+            kind is dict and any(nest.keys() != first.keys() for nest in nests)
+        ):
+            # zip would drop the items past the shortest, silently.
+            raise ValueError(f"Nests of different structures: {[_structure(nest) for nest in nests[:4]]}.")
+        mapped = [map_nest(function, *(nest[key] for nest in nests)) for key in keys]
+        if kind is dict:
+            return dict(zip(keys, mapped))
+        return type(first)(*mapped) if hasattr(first, "_fields") else type(first)(mapped)  # a namedtuple's fields
     return function(*nests)
 
 
+def _structure(nest: Any) -> Any:
+    """``nest`` with its leaves replaced by "*" (for error messages)."""
+    if isinstance(nest, dict):
+        return {key: _structure(value) for key, value in nest.items()}
+    if isinstance(nest, (list, tuple)):
+        return (list if isinstance(nest, list) else tuple)(map(_structure, nest))
+    return "*"
+
+
 def _stack(elements: list) -> Any:
-    return map_nest(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]), *elements)
+    return map_nest(lambda *leaves: _text_as_strings(np.stack([np.asarray(leaf) for leaf in leaves])), *elements)
+
+
+def _text_as_strings(leaf: np.ndarray) -> np.ndarray:
+    """An object array of bytes (TensorFlow string tensors as numpy gives them) or of str as a numpy string array:
+    its padding rows are then empty strings, not the integer 0 of an object array, which TensorFlow refuses."""
+    if leaf.dtype == object and leaf.size:
+        for kind in (bytes, str):
+            if all(isinstance(item, kind) for item in leaf.flat):
+                return leaf.astype(kind)
+    return leaf
 
 
 def _examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.ndarray]:
@@ -137,8 +195,12 @@ def _examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.nda
     try:
         x, y = _stack([element[0] for element in elements]), _stack([element[1] for element in elements])
     except ValueError as error:
-        raise ValueError(f"Random-access source examples must all have the same shapes: {error}") from error
-    weights = [element[2] if len(element) == 3 else 1.0 for element in elements]
+        raise ValueError(
+            f"Random-access source examples must all have the same shapes: {str(error).rstrip('.')}. Pad, crop or drop "
+            "the features of varying shapes in `map`."
+        ) from error
+    # (x, y, None) has no weight, as in Keras's unpack_x_y_sample_weight: 1 (np.float32(None) is nan).
+    weights = [1.0 if len(element) == 2 or element[2] is None else element[2] for element in elements]
     return x, y, np.asarray(weights, np.float32).reshape(len(elements))
 
 
@@ -153,7 +215,9 @@ def source_rows(source: Any, map_fn: Callable | None, threads: int | None = None
     fetch = _tfds_fetcher(source, guard) or _chunked_fetcher(source, threads or _READ_THREADS, guard)
 
     def read(indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
-        return _examples(fetch([int(index) for index in indices]), map_fn)
+        elements = fetch([int(index) for index in indices])
+        _check_one_per_index({len(elements)}, len(indices))
+        return _examples(elements, map_fn)
 
     return Rows(len(source), read)
 
@@ -199,7 +263,7 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
 
         def fetch_many(positions: list[int]) -> list:
             with guard:
-                return list(get_many(positions))
+                return [_owned(element) for element in get_many(positions)]
 
         return fetch_many
 
@@ -207,7 +271,7 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
         elements = []
         for position in positions:
             with guard:
-                elements.append(source[position])
+                elements.append(_owned(source[position]))
         return elements
 
     def fetch(positions: list[int]) -> list:
@@ -215,6 +279,19 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
         return [element for chunk in chunks for element in chunk]
 
     return fetch
+
+
+def _owned(element: Any) -> Any:
+    """``element`` with copies of its writeable numpy arrays, made before the source is called again: a source that
+    fills and returns one buffer of its own would otherwise put its last example in every row."""
+    if isinstance(element, np.ndarray):
+        return element.copy() if element.flags.writeable else element
+    if isinstance(element, dict):
+        return {key: _owned(value) for key, value in element.items()}
+    if isinstance(element, (list, tuple)):
+        items = [_owned(item) for item in element]
+        return type(element)(*items) if hasattr(element, "_fields") else type(element)(items)
+    return element
 
 
 def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:
@@ -472,12 +549,33 @@ def file_reader(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
     root = _mapped_file(leaf) if isinstance(leaf, np.ndarray) and leaf.ndim else None
     row_strides = tuple(np.empty(leaf.shape[1:], leaf.dtype).strides) if root is not None else None
     if root is None or tuple(leaf.strides[1:]) != row_strides or not hasattr(os, "preadv"):
-        return lambda indices: np.asarray(leaf[indices])
+        return _indexer(leaf)
     start = root.offset + leaf.__array_interface__["data"][0] - root.__array_interface__["data"][0]
     descriptor = os.open(root.filename, os.O_RDONLY)
     reader = lambda indices: _pread_rows(descriptor, leaf, start, indices)  # noqa: E731
     weakref.finalize(reader, os.close, descriptor)
     return reader
+
+
+# Array-likes whose reads may run in several threads at once (h5py's hold its own lock).
+_THREAD_SAFE_ARRAYS = ("numpy", "h5py", "zarr", "scipy")
+
+
+def _indexer(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """``indices -> leaf[indices]`` as a numpy array (a scipy.sparse matrix's rows as their dense array). An
+    array-like of another package than `_THREAD_SAFE_ARRAYS` is read one call at a time (`source_guard`), its rows
+    copied inside: one that seeks and reads a shared file, called by two of the pipeline's threads, put one example's
+    bytes in another's row."""
+    safe = type(leaf).__module__.split(".")[0] in _THREAD_SAFE_ARRAYS
+    guard = contextlib.nullcontext() if safe else source_guard(leaf, 1)
+
+    def read(indices: np.ndarray) -> np.ndarray:
+        with guard:
+            rows = leaf[indices]
+            rows = rows.toarray() if hasattr(rows, "toarray") else rows
+            return np.asarray(rows) if safe else np.array(rows)
+
+    return read
 
 
 # Rows of a batch read by this many threads (os.preadv releases the GIL): reads from disk overlap, not one at a time.
@@ -521,7 +619,9 @@ def array_rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, num_
     """`Rows` of (nests of) array-likes with ``num_examples`` rows, each read as ``leaf[indices]``; ``map_fn`` (if
     any) maps each example ``(x_i, y_i)``."""
     weights = None if sample_weight is None else np.asarray(sample_weight, np.float32).reshape(num_examples)
-    readers = map_nest(file_reader, (x, y))
+    # In-memory leaves (tensors, pandas objects) as numpy: a TensorFlow tensor takes no index array, and pandas
+    # indexes by labels (a shuffled Series would pair one example's x with another's y).
+    readers = map_nest(lambda leaf: file_reader(leaf if is_lazy_array(leaf) else np.asarray(leaf)), (x, y))
 
     def read(indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
         rows_x, rows_y = map_nest(lambda reader: reader(indices), readers)
@@ -529,7 +629,13 @@ def array_rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, num_
         if map_fn is None:
             return rows_x, rows_y, rows_w
         row = lambda nest, i: map_nest(lambda leaf: leaf[i], nest)  # noqa: E731
-        mapped_x, mapped_y, _ = _examples([map_fn((row(rows_x, i), row(rows_y, i))) for i in range(len(indices))], None)
+        mapped = [map_fn((row(rows_x, i), row(rows_y, i))) for i in range(len(indices))]
+        if any(isinstance(element, tuple) and len(element) == 3 for element in mapped):
+            raise ValueError(
+                "With arrays, `map` maps (x_i, y_i) to (x_i, y_i); a weight it returned would be ignored: pass "
+                "per-example weights as `sample_weight`."
+            )
+        mapped_x, mapped_y, _ = _examples(mapped, None)
         return mapped_x, mapped_y, rows_w
 
     return Rows(num_examples, read)

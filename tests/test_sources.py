@@ -2,6 +2,7 @@
 and without ``__getitems__``, a per-example ``map``) on the backend Keras runs on: Poisson batches of the same law,
 padding, refusals and size as from arrays, O(k) draws at N = 10^7, and resident memory that does not follow N."""
 
+import collections
 import concurrent.futures
 import contextlib
 import importlib.resources
@@ -720,3 +721,176 @@ def test_known_thread_safe_sources_are_tfds_and_array_record_ones():
         assert sources.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": module})())
     assert sources.known_thread_safe(type("DataSource", (), {"__module__": "tensorflow_datasets.core"})())
     assert not sources.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": "mine"})())
+
+
+def test_a_big_endian_memmap_is_read_as_its_values(tmp_path):
+    path = str(tmp_path / "big_endian.npy")
+    np.save(path, np.arange(N * 3, dtype=">f4").reshape(N, 3))  # TensorFlow's pipeline read its bytes as native
+    batches = keras_dyndp.poisson_batches(np.load(path, mmap_mode="r"), np.arange(N), sampling_probability=P, seed=0)
+    for x, y, weights in _batches(batches)[:3]:
+        kept = np.asarray(weights) > 0
+        np.testing.assert_array_equal(np.asarray(x)[kept], 3 * np.asarray(y)[kept][:, None] + np.arange(3))
+
+
+class ListSource:
+    """A random-access source of the given elements, with ``__getitems__`` returning only the first's."""
+
+    def __init__(self, elements):
+        self.elements = elements
+
+    def __len__(self):
+        return len(self.elements)
+
+    def __getitem__(self, index):
+        return self.elements[index]
+
+    def __getitems__(self, indices):
+        return [self.elements[indices[0]]]
+
+
+def test_a_short_read_and_elements_of_other_nests_are_refused_not_broadcast_or_cut():
+    short = sources.Rows(N, lambda indices: (np.arange(1), np.arange(1), np.ones(1, np.float32)))
+    with pytest.raises(ValueError, match=r"Reading 5 examples of `x` gave \[1\] rows: .* one element per index"):
+        short.read(np.arange(5))  # padded, the one row read would have filled all 5
+    elements = [(np.float32(i), i) for i in range(N)]
+    with pytest.raises(ValueError, match="one element per index"):
+        sources.source_rows(ListSource(elements), None).read(np.arange(5))
+    lists = [([np.float32(i)] * (1 + i % 2), i) for i in range(N)]  # zip kept only each list's first item
+    with pytest.raises(ValueError, match=r"same shapes: Nests of different structures: \[\['\*'\], \['\*', '\*'\]"):
+        sources.source_rows(lists, None).read(np.arange(2))
+    dicts = [({"a" if i else "b": np.float32(i)}, i) for i in range(N)]
+    with pytest.raises(ValueError, match="Nests of different structures"):
+        sources.source_rows(dicts, None).read(np.arange(2))
+
+
+def test_a_weight_of_none_is_one_and_text_labels_are_numpy_strings():
+    elements = [(np.float32(i), str(i).encode(), None) for i in range(N)]
+    x, y, weights = sources.source_rows(elements, None).read(np.arange(3))
+    np.testing.assert_array_equal(weights, np.ones(3))  # np.float32(None) is nan
+    assert y.dtype == np.dtype("S1") and y.tolist() == [b"0", b"1", b"2"]
+    objects = [(np.float32(i), np.asarray(str(i).encode(), object)) for i in range(N)]  # TF string tensors in numpy
+    batch_x, batch_y, _ = sources.source_rows(objects, None).batch(np.array([7, 3]), 4)
+    assert batch_y.tolist() == [b"3", b"7", b"", b""]  # padding an object array gave int 0, which TF refuses
+
+
+def test_examples_of_other_shapes_or_dtypes_than_example_0_are_refused_naming_both():
+    shapes = [(np.zeros(1 if i == 0 else 3, np.float32), i) for i in range(N)]  # a batch without example 0 stacks
+    with pytest.raises(ValueError, match=r"shapes and dtypes of example 0: it has shape \(1,\) and dtype float32, "):
+        sources.source_rows(shapes, None).read(np.arange(1, 5))
+    labels = [(np.float32(i), 0 if i == 0 else 0.5) for i in range(N)]
+    with pytest.raises(ValueError, match=r"dtype int64, others \(\) and float64. Pad, crop or cast them in `map`"):
+        sources.source_rows(labels, None).read(np.arange(1, 5))
+    text = [(np.float32(i), "x" * (1 + i % 4)) for i in range(N)]  # text of any length
+    assert sources.source_rows(text, None).read(np.arange(1, 5))[1].tolist() == ["xx", "xxx", "xxxx", "x"]
+
+
+def test_a_source_whose_getitems_returns_no_element_is_refused_when_poisson_batches_reads_example_0():
+    with pytest.raises(ValueError, match=r"Reading 1 examples of `x` gave \[0\] rows"):  # was an IndexError
+        keras_dyndp.poisson_batches(
+            type("Empty", (ListSource,), {"__getitems__": lambda self, i: []})([(1, 2)]), sampling_probability=P
+        )
+
+
+class LabelIndexed:
+    """A pandas-like column (its module is pandas'): in memory, shuffled, ``column[keys]`` indexing by label."""
+
+    __module__ = "pandas.core.series"
+
+    def __init__(self, values, labels):
+        self.values, self.labels, self.shape = values, list(labels), values.shape
+
+    def __len__(self):
+        return len(self.values)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.values
+
+    def __getitem__(self, keys):
+        return self.values[[self.labels.index(key) for key in np.atleast_1d(keys)]]
+
+
+def test_in_memory_tensors_and_label_indexed_columns_with_a_map_are_read_by_position():
+    if JAX:
+        tensor = sys.modules["jax"].numpy.arange(N, dtype=np.float32)
+    else:
+        tensor = sys.modules["tensorflow"].range(N, dtype="float32")  # took no index array
+    order = np.random.default_rng(0).permutation(N)
+    shuffled = LabelIndexed(np.arange(N, dtype=np.float32)[order], order[::-1])  # read by label: another's x
+    for x in (tensor, shuffled):
+        batches = keras_dyndp.poisson_batches(x, np.asarray(x), sampling_probability=P, seed=0, map=lambda e: e)
+        for batch_x, batch_y, weights in _batches(batches)[:3]:
+            kept = np.asarray(weights) > 0
+            np.testing.assert_array_equal(np.asarray(batch_x)[kept], np.asarray(batch_y)[kept])
+
+
+def test_a_scipy_sparse_matrix_is_read_as_its_dense_rows():
+    sparse = pytest.importorskip("scipy.sparse")
+    x = sparse.csr_matrix(np.eye(N, dtype=np.float32))  # its rows: a sparse matrix, np.asarray of it a 0-d array
+    for batch_x, batch_y, weights in _batches(keras_dyndp.poisson_batches(x, np.arange(N), sampling_probability=P)):
+        kept = np.asarray(weights) > 0
+        np.testing.assert_array_equal(np.asarray(batch_x)[kept], np.eye(N)[np.asarray(batch_y)[kept]])
+    with pytest.raises(ValueError, match=r"Reading 1 examples of `x` gave \[1, None\] rows"):
+        sources.Rows(N, lambda indices: (np.float32(1), None, np.ones(1, np.float32)))
+
+
+def test_a_map_of_arrays_returning_a_weight_is_refused_not_ignored(tmp_path):
+    x, y = _memmap(tmp_path)
+    with pytest.raises(ValueError, match=r"a weight it returned would be ignored: pass per-example weights as `samp"):
+        keras_dyndp.poisson_batches(x, y, sampling_probability=P, map=lambda e: (e[0], e[1], np.float32(0.25)))
+
+
+Point = collections.namedtuple("Point", "a b")
+
+
+def test_namedtuples_of_memmaps_and_in_source_elements_keep_their_fields(tmp_path):
+    x, y = _memmap(tmp_path)
+    elements = [(Point(np.float32(i), np.full(2, i)), i) for i in range(N)]
+    batch_x, batch_y, _ = sources.source_rows(elements, None).batch(np.array([7, 3]), 4)
+    assert (
+        isinstance(batch_x, Point) and batch_x.a.tolist() == [3, 7, 0, 0] and batch_x.b[:, 1].tolist() == [3, 7, 0, 0]
+    )
+    batch_x, batch_y, _ = sources.array_rows(Point(x, x), y, None, None, N).batch(np.array([7, 3]), 2)
+    assert isinstance(batch_x, Point) and batch_x.b[:, 0].tolist() == batch_y.tolist() == [4, 8]  # was a TypeError
+    with pytest.raises(ValueError, match=r"Nests of different structures: \[\('\*', '\*'\), \['\*'\]\]"):
+        sources.map_nest(np.add, Point(1, 2), [1])
+
+
+class ReusedBuffer:
+    """A source that fills one buffer of its own and returns it for every example."""
+
+    def __init__(self):
+        self.buffer = np.zeros(3, np.float32)
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, index):
+        self.buffer[:] = index
+        return self.buffer, index
+
+
+def test_a_source_returning_a_buffer_it_reuses_gives_each_row_its_own_example():
+    batches = keras_dyndp.poisson_batches(ReusedBuffer(), sampling_probability=0.3, seed=0, steps_per_epoch=3)
+    for x, y, weights in _batches(batches):
+        kept = np.asarray(weights) > 0
+        np.testing.assert_array_equal(np.asarray(x)[kept][:, 0], np.asarray(y)[kept])  # was the last read in every row
+
+
+class SeekReadArray(SeekReadSource):
+    """The same file as an array-like (``shape``, ``x[indices]``), of no package known to read from several threads."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.shape, self.dtype = (self.num_examples, ROW_BYTES // 4), np.dtype(np.int32)
+
+    def __getitem__(self, indices):
+        return np.stack([super(SeekReadArray, self).__getitem__(int(index))[0] for index in indices])
+
+
+def test_an_array_like_of_an_unknown_package_is_read_one_call_at_a_time_so_rows_hold_their_examples(tmp_path):
+    array = SeekReadArray(_seek_read_source(tmp_path).file.name)
+    rows = sources.array_rows(array, np.arange(len(array)), None, None, len(array))
+    indices = np.arange(0, len(array), 2)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # as TensorFlow's parallel calls and JAX's readers
+        for x, y, _ in pool.map(lambda _: rows.read(indices), range(8)):
+            assert (x == y[:, None]).all()

@@ -196,6 +196,14 @@ def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) ->
     multiple = None if multiple is None else math.lcm(multiple, replicas.num_replicas())
     structure = rows.example if rows.example[1] is not None else (rows.example[0], rows.example[2])
     example_leaves = tf.nest.flatten(structure)
+    for leaf in example_leaves:
+        try:
+            tf.as_dtype(leaf.dtype)
+        except TypeError as error:
+            raise ValueError(
+                f"An example of `x` (after `map`) holds dtype {leaf.dtype}, which TensorFlow has no tensor of: cast "
+                "it in `map` (or leave that field out)."
+            ) from error
     pipeline, num_replicas = replicas.input_pipeline(), replicas.num_replicas()
 
     def draw_and_read(step_seed: np.ndarray) -> list[np.ndarray]:

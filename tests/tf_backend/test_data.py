@@ -236,3 +236,10 @@ def test_poisson_datasets_are_registered_with_their_sampling():
     )
     for other in (from_tensors.repeat(), data.shuffled_batches(x, y, batch_size=20), x, [1, 2], None):
         assert data.poisson_sampling(other) is None
+
+
+def test_examples_read_on_demand_of_a_dtype_tensorflow_has_no_tensor_of_are_refused_naming_it(tmp_path):
+    path = str(tmp_path / "dates.npy")
+    np.save(path, np.arange(NUM_EXAMPLES).astype("datetime64[s]"))
+    with pytest.raises(ValueError, match=r"holds dtype datetime64\[s\], which TensorFlow has no tensor of: cast it"):
+        keras_dyndp.poisson_batches(np.load(path, mmap_mode="r"), _arrays()[1], sampling_probability=P)
