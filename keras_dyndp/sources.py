@@ -284,14 +284,9 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
 def _owned(element: Any) -> Any:
     """``element`` with copies of its writeable numpy arrays, made before the source is called again: a source that
     fills and returns one buffer of its own would otherwise put its last example in every row."""
-    if isinstance(element, np.ndarray):
-        return element.copy() if element.flags.writeable else element
-    if isinstance(element, dict):
-        return {key: _owned(value) for key, value in element.items()}
-    if isinstance(element, (list, tuple)):
-        items = [_owned(item) for item in element]
-        return type(element)(*items) if hasattr(element, "_fields") else type(element)(items)
-    return element
+    return map_nest(
+        lambda leaf: leaf.copy() if isinstance(leaf, np.ndarray) and leaf.flags.writeable else leaf, element
+    )
 
 
 def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:

@@ -732,20 +732,11 @@ def test_a_big_endian_memmap_is_read_as_its_values(tmp_path):
         np.testing.assert_array_equal(np.asarray(x)[kept], 3 * np.asarray(y)[kept][:, None] + np.arange(3))
 
 
-class ListSource:
+class ListSource(_Indexable):
     """A random-access source of the given elements, with ``__getitems__`` returning only the first's."""
 
-    def __init__(self, elements):
-        self.elements = elements
-
-    def __len__(self):
-        return len(self.elements)
-
-    def __getitem__(self, index):
-        return self.elements[index]
-
     def __getitems__(self, indices):
-        return [self.elements[indices[0]]]
+        return [self.items[indices[0]]]
 
 
 def test_a_short_read_and_elements_of_other_nests_are_refused_not_broadcast_or_cut():
