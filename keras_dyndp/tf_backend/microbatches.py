@@ -46,7 +46,7 @@ def clipped_sum(
         else:
             assignment = random_assignment(tf.shape(losses)[0], num_microbatches, random_source)
             units = microbatch_losses(losses, assignment, num_microbatches)
-    per_unit = tape.jacobian(units, list(var_list), unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    per_unit = ops.zeros_where_unconnected(tape.jacobian(units, list(var_list)), var_list, [tf.shape(units)[0]])
     norms = ops.per_example_global_norms(per_unit)
     finite = tf.debugging.Assert(tf.reduce_all(tf.math.is_finite(norms)), [refusals.BATCHED_NON_FINITE_REFUSAL])
     with tf.control_dependencies([finite]):

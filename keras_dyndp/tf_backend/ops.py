@@ -43,6 +43,18 @@ def standard_normals(generator: tf.random.Generator, static_shape: tf.TensorShap
     return tf.reshape(normals, static_shape if static_shape.is_fully_defined() else shape)
 
 
+def zeros_where_unconnected(
+    grads: Sequence[tf.Tensor | tf.IndexedSlices | None], var_list: Sequence, outer_shape: Sequence = ()
+) -> list[tf.Tensor]:
+    """``grads`` dense, each None (a variable the loss does not use) replaced by zeros of ``outer_shape`` + the
+    variable's shape. ``tape.gradient``'s own ``UnconnectedGradients.ZERO`` cannot do it for Keras 3 variables (their
+    dtype is a string there), such as the untied output embedding a KerasHub backbone holds but does not call."""
+    return [
+        tf.zeros([*outer_shape, *v.shape], tf.as_dtype(v.dtype)) if g is None else tf.convert_to_tensor(g)
+        for g, v in zip(grads, var_list)
+    ]
+
+
 def per_example_global_norms(per_example_grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
     """float32 [N]: the L2 norm of each example's gradient over all variables (one tensor [N, *shape] per variable;
     None counts as zero). ValueError if every entry is None."""

@@ -39,8 +39,7 @@ def clipped_sum(
         with tf.GradientTape() as tape:
             y_pred = model(x_i, training=True)
             loss = per_example_loss(loss_fn, y_i, y_pred, w_i)
-        grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        grads = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices densified; no None: ZERO above
+        grads = ops.zeros_where_unconnected(tape.gradient(loss, var_list), var_list)
         return grads, tf.nest.map_structure(lambda t: t[0], y_pred), loss[0]
 
     elems, grads = (x, y, sample_weight), None

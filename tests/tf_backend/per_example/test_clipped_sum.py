@@ -198,3 +198,28 @@ def test_zero_clip_norm_gives_zero_sums_and_scalar_loss_is_refused():
         )
     with pytest.raises(ValueError, match="`method`"):
         per_example.clipped_gradient_sum(model, LOSS, x, y, None, 1.0, model.trainable_variables, method="x")
+
+
+class _UnusedWeight(keras.layers.Layer):
+    """A layer holding a trainable weight its call does not read (as a KerasHub backbone holds the untied output
+    embedding it does not call)."""
+
+    def build(self, input_shape):
+        self.unused = self.add_weight(shape=(2,), initializer="ones", name="unused")
+
+    def call(self, inputs):
+        return inputs
+
+
+@pytest.mark.parametrize("method", ["vectorized", "jacobian"])
+def test_a_variable_the_loss_does_not_use_gets_a_zero_sum(method):
+    inputs, dense = keras.Input(shape=(4,)), keras.layers.Dense(3)
+    model = keras.Model(inputs, dense(_UnusedWeight()(inputs)))
+    x, y = data("without_rule")
+    sums, norms = per_example.clipped_gradient_sum(
+        model, LOSS, x, y, tf.constant(WEIGHTS), 0.5, model.trainable_variables, method=method
+    )
+    used = [s for s, v in zip(sums, model.trainable_variables) if "unused" not in v.name]
+    unused = [s for s, v in zip(sums, model.trainable_variables) if "unused" in v.name]
+    assert len(used) == 2 and len(unused) == 1 and np.all(unused[0].numpy() == 0)
+    assert_matches(used, norms, reference(keras.Model(inputs, dense(inputs)), x, y, WEIGHTS, 0.5))
