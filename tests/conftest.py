@@ -47,6 +47,7 @@ BACKEND_NEUTRAL = frozenset(
         "test_batch_sizes.py",
         "test_callbacks.py",
         "test_docstrings.py",
+        "test_install_numbers.py",
         "test_entry_points.py",
         "test_ghost_cost.py",
         "test_sampling.py",
