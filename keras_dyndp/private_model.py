@@ -98,8 +98,9 @@ def make_private(model: Any, method: str, training_metrics: bool, hooks: Hooks) 
         # A private method of Keras 3's Trainer: no public hook sees the data of an unbound entry point.
         setattr(model, hooks.data_hook, types.MethodType(recording_build(hooks.data_hook), model))
     hooks.install(model)
-    if getattr(model, "optimizer", None) is not None:
-        dp_optimizer(model).private_config = config
+    optimizer = hooks.unwrap_optimizer(getattr(model, "optimizer", None))
+    if isinstance(optimizer, hooks.optimizer_class):  # else compiled later (a KerasHub task compiles itself with Adam)
+        optimizer.private_config = config
     return model
 
 

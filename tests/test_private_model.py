@@ -113,3 +113,14 @@ def test_make_private_replaces_the_data_hook_of_a_class_that_has_it_to_record_th
     assert model._symbolic_build(data_batch="batch") == "Keras's"  # as Keras's entry points call it, also unbound
     assert private_model.record(model).data_seen.take() == ("model.train_on_batch", "batch")
     assert "_symbolic_build" not in vars(private_model.make_private(_Model(), "auto", False, hooks))  # Keras 2
+
+
+def test_a_model_compiled_with_another_optimizer_is_bound_and_its_dp_optimizer_set_when_compiled_again():
+    """A KerasHub task model compiles itself (Adam) in its constructor; the user then compiles it with a DP one."""
+    model = _Model()
+    model.optimizer = "Adam"
+    assert private_model.make_private(model, "auto", False, _hooks([])) is model
+    with pytest.raises(ValueError, match="must be a keras_dyndp DP optimizer"):
+        private_model.dp_optimizer(model)  # what the train step asks first
+    model.optimizer = _DPOptimizer()
+    assert private_model.dp_optimizer(model) is model.optimizer
