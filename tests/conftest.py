@@ -48,6 +48,7 @@ BACKEND_NEUTRAL = frozenset(
         "test_callbacks.py",
         "test_docstrings.py",
         "test_install_numbers.py",
+        "test_keras_hub.py",
         "test_entry_points.py",
         "test_ghost_cost.py",
         "test_sampling.py",
