@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import math
 import mmap
 import os
@@ -282,11 +283,57 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
 
 
 def _owned(element: Any) -> Any:
-    """``element`` with copies of its writeable numpy arrays, made before the source is called again: a source that
-    fills and returns one buffer of its own would otherwise put its last example in every row."""
-    return map_nest(
-        lambda leaf: leaf.copy() if isinstance(leaf, np.ndarray) and leaf.flags.writeable else leaf, element
-    )
+    """``element`` (a nest a source call returned) with every leaf the source could still change copied, before the
+    source is called again: a source that refills one buffer of its own at each read and returns it, or a view of it
+    (read-only or not, as a reader with its own decode buffer does), would otherwise put its last read in every row.
+
+    Every numpy array is copied (``leaf.copy()``, keeping its subclass): no flag proves an array fresh (a view marked
+    read-only, or an array that owns its data, can be the buffer the next call refills), nor is a structured
+    array's row (``np.void``, a view). Immutable leaves (None, Python numbers, str, bytes, numpy's other scalars) are
+    kept; any other leaf is ``copy.deepcopy``-ed (TensorFlow's eager
+    tensors return themselves), and one that cannot be copied is refused. The copies are a memcpy of the example's
+    bytes, small beside a read of the source (benchmarks/source_copy.py).
+
+    Raises:
+        ValueError: a leaf that is neither a numpy array nor immutable and cannot be deep-copied.
+    """
+    kind = type(element)
+    if kind is np.ndarray:
+        return element.copy()
+    if kind in _IMMUTABLE:
+        return element
+    if kind is tuple:
+        return tuple([_owned(leaf) for leaf in element])
+    if kind is dict:
+        return {key: _owned(value) for key, value in element.items()}
+    if kind is list:
+        return [_owned(leaf) for leaf in element]
+    return _owned_other(element)
+
+
+# Types of the leaves that no later call of a source can change: Python's immutable scalars and numpy's scalars,
+# except np.void (a structured array's row, a view of its memory).
+_IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes}) | frozenset(
+    kind for kind in np.sctypeDict.values() if kind not in (np.void, np.object_)
+)
+
+
+def _owned_other(leaf: Any) -> Any:
+    """`_owned` of what is not exactly an ndarray, tuple, dict, list or `_IMMUTABLE`: their subclasses (a namedtuple,
+    a memmap, a structured array's row), else a ``copy.deepcopy``."""
+    if isinstance(leaf, (np.ndarray, np.void)):
+        return leaf.copy()
+    if isinstance(leaf, tuple(_IMMUTABLE)):
+        return leaf
+    if isinstance(leaf, (tuple, dict, list)):
+        return map_nest(_owned, leaf)
+    try:
+        return copy.deepcopy(leaf)
+    except Exception as error:  # pylint: disable=broad-except  # deepcopy raises what the object's pickling raises.
+        raise ValueError(
+            f"A random-access source returned a {type(leaf).__name__}, which cannot be copied before the next read "
+            "(a source may refill what it returned): return numpy arrays, numbers, str or bytes in its elements."
+        ) from error
 
 
 def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:
