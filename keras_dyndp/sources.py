@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import copy
+import inspect
 import math
 import mmap
 import os
@@ -694,10 +695,9 @@ def rows(
             "`source_threads` is for a random-access source `x` (len(x), x[i]); leave it None for arrays and "
             f"datasets. Received: source_threads={threads} with x of type {type(x).__name__}."
         )
-    if map_fn is not None and not callable(map_fn):
-        raise ValueError(f"`map` must be a function of one example. Received: {map_fn!r}.")
     if map_fn is not None and hasattr(x, "element_spec"):
         raise ValueError("`map` is for arrays and random-access sources: map a tf.data.Dataset `x` with its own .map.")
+    map_fn = None if map_fn is None else example_function(map_fn)
     if is_random_access(x):
         if any(_is_keras_batches(cls) for cls in type(x).__mro__):
             raise ValueError(
@@ -717,6 +717,50 @@ def rows(
     if map_fn is None and not any(is_lazy_array(leaf) for leaf in leaves):
         return None
     return array_rows(x, y, sample_weight, map_fn, check_rows(x, y, sample_weight))
+
+
+def example_function(map_fn: Callable) -> Callable[[Any], Any]:
+    """``map_fn`` (`keras_dyndp.poisson_batches`' ``map``) as a function of one element, called as
+    ``tf.data.Dataset.map`` calls its function where that is what ``map_fn`` takes: a tuple element (arrays'
+    ``(x_i, y_i)``, a source's tuples) unpacked into its parts, ``map_fn(x_i, y_i)``, when ``map_fn`` takes two
+    positional arguments or more (or ``*args``); an element whole, ``map_fn(element)``, when it takes one (a tfds
+    dict, or a tuple to a function of one argument) or its signature cannot be read.
+
+    Raises:
+        ValueError: ``map_fn`` is not callable or takes no argument; or (when an element is read) ``map_fn`` takes
+            the parts of a tuple and an element is not a tuple of as many parts.
+    """
+    if not callable(map_fn):
+        raise ValueError(
+            f"`map` must be a function of an example: map(element) or map(x_i, y_i). Received: {map_fn!r}."
+        )
+    try:
+        parameters = inspect.signature(map_fn).parameters.values()
+    except (TypeError, ValueError):  # builtins and C functions without a signature: the element whole.
+        return map_fn
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is p.empty for p in positional)
+    variadic = any(p.kind == p.VAR_POSITIONAL for p in parameters)
+    if not positional and not variadic:
+        raise ValueError(
+            "`map` must take the example: map(element) or map(x_i, y_i). Received a function of no positional "
+            f"argument: {map_fn!r}."
+        )
+    if required <= 1 and positional:
+        return map_fn
+    most = math.inf if variadic else len(positional)
+
+    def of_parts(element: Any) -> Any:
+        if type(element) is not tuple or not required <= len(element) <= most:  # as tf.data: a tuple, not a subclass
+            parts = f"a tuple of {len(element)}" if type(element) is tuple else f"a {type(element).__name__}"
+            counts = f"{required}" if most == required else f"{required} or more" if variadic else f"{required}-{most}"
+            raise ValueError(
+                f"`map` takes {counts} positional arguments, the parts of a tuple element (map(x_i, y_i)); an element "
+                f"here is {parts}: write map(element) for it."
+            )
+        return map_fn(*element)
+
+    return of_parts
 
 
 def _is_keras_batches(cls: type) -> bool:

@@ -183,6 +183,32 @@ class _Indexable:
         return self.items[index]
 
 
+def _scaled_parts(x_i, y_i, weight=None):
+    """A map of the parts of a tuple element, as tf.data.Dataset.map takes one."""
+    return (2 * np.asarray(x_i, np.float32), y_i) + (() if weight is None else (weight,))
+
+
+def test_map_takes_a_tuple_elements_parts_as_tf_data_does_or_the_element_whole(tmp_path):
+    x, y = _memmap(tmp_path)
+    triples = _Indexable([(np.full(3, i + 1, np.float32), i + 1, 0.5) for i in range(N)])
+    for data, function in [
+        ((x, y), _scaled_parts),  # arrays' (x_i, y_i): map(x_i, y_i) (was a TypeError inside sources)
+        ((x, y), lambda pair: (2 * pair[0], pair[1])),  # a function of one argument takes the pair whole
+        ((triples,), _scaled_parts),
+        ((triples,), lambda *parts: (2 * parts[0], *parts[1:])),
+        ((triples,), lambda element: (2 * element[0], *element[1:])),
+    ]:
+        batches = keras_dyndp.poisson_batches(*data, sampling_probability=P, steps_per_epoch=3, seed=0, map=function)
+        for batch_x, batch_y, weights in _batches(batches):
+            np.testing.assert_array_equal(batch_x[weights > 0, 0], 2 * batch_y[weights > 0])
+    with pytest.raises(ValueError, match=r"`map` takes 2 positional arguments, the parts of a tuple .* is a dict"):
+        keras_dyndp.poisson_batches(Source(), sampling_probability=P, map=lambda image, label: (image, label))
+    with pytest.raises(ValueError, match="an element here is a tuple of 3: write map"):
+        keras_dyndp.poisson_batches(triples, sampling_probability=P, map=lambda x_i, y_i: (x_i, y_i))
+    with pytest.raises(ValueError, match="`map` must take the example"):
+        keras_dyndp.poisson_batches(triples, sampling_probability=P, map=lambda: None)
+
+
 def test_padding_to_a_multiple_and_overflow_as_from_arrays(tmp_path, capfd, caplog):
     x, y = _memmap(tmp_path)
     padded = keras_dyndp.poisson_batches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=50, seed=1)
