@@ -114,11 +114,8 @@ def poisson_batches(
         seed: None: OS entropy. An integer >= 0: reproducible batches, for tests and research; with ``start_step``
             the sampler's state, saved by you beside the optimizer's checkpoint.
         num_examples: N, checked against the data's rows (a ``tf.data.Dataset``'s: None counts them).
-        map: None, or a public function applied to each sampled example after it is read (decode, normalise),
-            returning ``(x, y[, sample_weight])`` (of arrays: ``(x_i, y_i)``). As ``tf.data.Dataset.map``'s: a tuple
-            element (of arrays: ``(x_i, y_i)``) is passed as its parts to a function of two positional arguments or
-            more, ``map=lambda x, y: (x / 255, y)``; any other element (a tfds dict) whole, and a tuple too to a
-            function of one argument, ``map=lambda element: ...``.
+        map: None, or a public function of each sampled example after it is read (decode, normalise) returning
+            ``(x, y[, sample_weight])``: ``map(x_i, y_i)`` of a tuple's parts, as tf.data's, or ``map(element)``.
         start_step: the optimizer's step (``int(optimizer.iterations)``) these batches start at, >= 0 (default 0).
             A seeded run resumed at step k passes ``start_step=k``: its batches are drawn from (seed, k); ``fit``
             refuses another once steps were taken on other batches. Ignored with ``seed=None``.
