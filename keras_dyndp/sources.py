@@ -343,7 +343,8 @@ def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None
     reads them, else one ``__getitems__`` of the records under the source), parsed for the whole batch
     (`_example_parser`) instead of one by one by tfds in Python (some 22-40 us an MNIST-sized example), then decoded
     as tfds does (`_tfds_decoder`). None otherwise, or if example 0 so read differs from ``source[0]`` (the source is
-    then read as any other). The record reads hold ``guard``."""
+    then read as any other). The record reads hold ``guard``. The elements are arrays parsed from each call's own
+    records, new at every call: no later read can change them, so they are not copied (`_owned`)."""
     method = getattr(getattr(source, "deserialize_method", None), "name", None)
     if type(source).__module__.split(".")[0] != "tensorflow_datasets" or method != "DESERIALIZE_AND_DECODE":
         return None
