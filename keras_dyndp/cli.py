@@ -133,6 +133,10 @@ def define_training_flags(
     flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.", **define)
 
 
+# The package's folder: a ValueError raised by code in it is `refused_by_the_library`.
+_PACKAGE = pathlib.Path(__file__).resolve().parent
+
+
 def refused_by_the_library(error: BaseException) -> bool:
     """Whether ``error`` is a ValueError raised by keras_dyndp's own code (the innermost frame of its traceback is in
     the package): the library raises ValueError to refuse an argument or an input, with a message naming it, the
@@ -144,9 +148,6 @@ def refused_by_the_library(error: BaseException) -> bool:
     while innermost.tb_next is not None:
         innermost = innermost.tb_next
     return pathlib.Path(innermost.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
-
-
-_PACKAGE = pathlib.Path(__file__).resolve().parent
 
 
 def main_for(main: Callable[[], None], expected_errors: tuple[type[Exception], ...] = ()) -> Callable[[list], None]:

@@ -291,9 +291,8 @@ def _owned(element: Any) -> Any:
     Every numpy array is copied (``leaf.copy()``, keeping its subclass): no flag proves an array fresh (a view marked
     read-only, or an array that owns its data, can be the buffer the next call refills), nor is a structured
     array's row (``np.void``, a view). Immutable leaves (None, Python numbers, str, bytes, numpy's other scalars) are
-    kept; any other leaf is ``copy.deepcopy``-ed (TensorFlow's eager
-    tensors return themselves), and one that cannot be copied is refused. What the copies cost beside a batch's
-    read: benchmarks/source_copy.py.
+    kept; any other leaf is ``copy.deepcopy``-ed (TensorFlow's eager tensors return themselves), and one that cannot
+    be copied is refused. What the copies cost beside a batch's read: benchmarks/source_copy.py.
 
     Raises:
         ValueError: a leaf that is neither a numpy array nor immutable and cannot be deep-copied.
