@@ -165,18 +165,6 @@ class StepTimer(keras.callbacks.Callback):
 def main() -> None:
     data = load()
     (x, y), (x_eval, y_eval) = data["private"], data["evaluation"]
-    pretrained = pretrained_model(data["public"])
-    loss = keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")  # per example
-    metrics = [keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)]  # on logits
-    if FLAGS.finetune != "none":
-        pretrained.compile(loss=loss, weighted_metrics=metrics)
-        print(f"Pretrained (public data only) accuracy: {pretrained.evaluate(x_eval, y_eval, verbose=0)[1]:.4f}")
-    model = build_model()
-    model.set_weights(pretrained.get_weights())
-    if FLAGS.finetune == "lora":
-        add_lora(model)
-    trainable = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
-    print(f"--finetune={FLAGS.finetune}: {trainable} of {model.count_params()} parameters trained privately")
     delta = 1 / (10 * len(y))
     optimizer = keras_dyndp.DynamicDPKerasAdam(
         target_epsilon=FLAGS.epsilon,
@@ -191,6 +179,18 @@ def main() -> None:
         learning_rate=FLAGS.learning_rate or (0.001 if FLAGS.finetune == "full" else 0.005),
     )
     schedule = optimizer.schedule
+    pretrained = pretrained_model(data["public"])  # after the budget's calibration: a bad flag value fails first
+    loss = keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")  # per example
+    metrics = [keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)]  # on logits
+    if FLAGS.finetune != "none":
+        pretrained.compile(loss=loss, weighted_metrics=metrics)
+        print(f"Pretrained (public data only) accuracy: {pretrained.evaluate(x_eval, y_eval, verbose=0)[1]:.4f}")
+    model = build_model()
+    model.set_weights(pretrained.get_weights())
+    if FLAGS.finetune == "lora":
+        add_lora(model)
+    trainable = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
+    print(f"--finetune={FLAGS.finetune}: {trainable} of {model.count_params()} parameters trained privately")
     model = keras_dyndp.make_private(model)
     model.compile(optimizer=optimizer, loss=loss, weighted_metrics=metrics)
     steps_per_epoch = -(-schedule.num_steps // FLAGS.epochs)

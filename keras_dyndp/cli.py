@@ -2,7 +2,9 @@
 
 * ``--help`` (and ``--helpshort``, ``--helpfull``, ``--helpxml``) prints the usage and exits 0: absl's own exit 1,
   which a shell or CI step reads as a failure.
-* A usage error (a bad flag value, an unexpected argument, options that cannot go together) or missing data
+* A usage error (a bad flag value, an unexpected argument, options that cannot go together), a value the library
+  refuses (a ValueError keras_dyndp raises, such as a target epsilon <= 0 or a batch size above N, from the optimizer
+  the trainers build from their flags before training: `refused_by_the_library`) or missing data
   (`keras_dyndp.datasets.DataNotFoundError`) ends the program with ONE line on stderr,
   ``<program>: error: <what is wrong and how to fix it>``, and exit status 2 (argparse's convention), no traceback.
 * absl's log verbosity is WARNING unless ``--verbosity`` is given: INFO lines (JAX's probing of absent TPU and proxy
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -24,7 +27,16 @@ from absl import logging
 
 from keras_dyndp.datasets import DataNotFoundError
 
-__all__ = ["EXIT_USAGE", "UsageError", "define_training_flags", "fail", "main_for", "parse_flags", "run"]
+__all__ = [
+    "EXIT_USAGE",
+    "UsageError",
+    "define_training_flags",
+    "fail",
+    "main_for",
+    "parse_flags",
+    "refused_by_the_library",
+    "run",
+]
 
 EXIT_USAGE = 2
 
@@ -121,16 +133,37 @@ def define_training_flags(
     flags.DEFINE_integer("verbose", 2, "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch.", **define)
 
 
+# The package's folder: a ValueError raised by code in it is `refused_by_the_library`.
+_PACKAGE = pathlib.Path(__file__).resolve().parent
+
+
+def refused_by_the_library(error: BaseException) -> bool:
+    """Whether ``error`` is a ValueError raised by keras_dyndp's own code (the innermost frame of its traceback is in
+    the package): the library raises ValueError to refuse an argument or an input, with a message naming it, the
+    valid range and what to do, so the message is the whole story. A ValueError raised elsewhere (numpy, TensorFlow,
+    JAX, a trainer's own code) may be a bug's: it keeps its traceback."""
+    if not isinstance(error, ValueError) or error.__traceback__ is None:
+        return False
+    innermost = error.__traceback__
+    while innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    return pathlib.Path(innermost.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
+
+
 def main_for(main: Callable[[], None], expected_errors: tuple[type[Exception], ...] = ()) -> Callable[[list], None]:
     """The absl ``main(argv)`` that runs `main` (no arguments; it reads its flags) and turns `UsageError`,
-    `DataNotFoundError` and `expected_errors` (exception types whose message is the whole story) into one error line
-    naming ``argv[0]`` and exit status 2 (`fail`), without a traceback."""
+    `DataNotFoundError`, a ValueError `refused_by_the_library` and `expected_errors` (exception types whose message
+    is the whole story) into one error line naming ``argv[0]`` and exit status 2 (`fail`), without a traceback."""
     caught = (UsageError, DataNotFoundError, *expected_errors)
 
     def absl_main(argv: list[str]) -> None:
         try:
             main()
         except caught as error:
+            fail(str(error), _program_name(argv))
+        except ValueError as error:
+            if not refused_by_the_library(error):
+                raise
             fail(str(error), _program_name(argv))
 
     return absl_main

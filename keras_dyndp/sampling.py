@@ -88,7 +88,7 @@ def poisson_batches(
     overflow: str = "truncate",
     seed: int | None = None,
     num_examples: int | None = None,
-    map: Callable[[Any], Any] | None = None,
+    map: Callable[..., Any] | None = None,
     start_step: int = 0,
     source_threads: int | None = None,
 ) -> Any:
@@ -114,8 +114,8 @@ def poisson_batches(
         seed: None: OS entropy. An integer >= 0: reproducible batches, for tests and research; with ``start_step``
             the sampler's state, saved by you beside the optimizer's checkpoint.
         num_examples: N, checked against the data's rows (a ``tf.data.Dataset``'s: None counts them).
-        map: None, or a public function applied to each sampled example after it is read (decode, normalise): of a
-            source's element, returning ``(x, y[, sample_weight])``; of arrays, ``(x_i, y_i)`` -> ``(x_i, y_i)``.
+        map: None, or a public function of each sampled example after it is read (decode, normalise) returning
+            ``(x, y[, sample_weight])``: ``map(x_i, y_i)`` of a tuple's parts, as tf.data's, or ``map(element)``.
         start_step: the optimizer's step (``int(optimizer.iterations)``) these batches start at, >= 0 (default 0).
             A seeded run resumed at step k passes ``start_step=k``: its batches are drawn from (seed, k); ``fit``
             refuses another once steps were taken on other batches. Ignored with ``seed=None``.

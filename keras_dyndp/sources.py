@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
+import inspect
 import math
 import mmap
 import os
@@ -282,11 +284,56 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
 
 
 def _owned(element: Any) -> Any:
-    """``element`` with copies of its writeable numpy arrays, made before the source is called again: a source that
-    fills and returns one buffer of its own would otherwise put its last example in every row."""
-    return map_nest(
-        lambda leaf: leaf.copy() if isinstance(leaf, np.ndarray) and leaf.flags.writeable else leaf, element
-    )
+    """``element`` (a nest a source call returned) with every leaf the source could still change copied, before the
+    source is called again: a source that refills one buffer of its own at each read and returns it, or a view of it
+    (read-only or not, as a reader with its own decode buffer does), would otherwise put its last read in every row.
+
+    Every numpy array is copied (``leaf.copy()``, keeping its subclass): no flag proves an array fresh (a view marked
+    read-only, or an array that owns its data, can be the buffer the next call refills), nor is a structured
+    array's row (``np.void``, a view). Immutable leaves (None, Python numbers, str, bytes, numpy's other scalars) are
+    kept; any other leaf is ``copy.deepcopy``-ed (TensorFlow's eager tensors return themselves), and one that cannot
+    be copied is refused. What the copies cost beside a batch's read: benchmarks/source_copy.py.
+
+    Raises:
+        ValueError: a leaf that is neither a numpy array nor immutable and cannot be deep-copied.
+    """
+    kind = type(element)
+    if kind is np.ndarray:
+        return element.copy()
+    if kind in _IMMUTABLE:
+        return element
+    if kind is tuple:
+        return tuple([_owned(leaf) for leaf in element])
+    if kind is dict:
+        return {key: _owned(value) for key, value in element.items()}
+    if kind is list:
+        return [_owned(leaf) for leaf in element]
+    return _owned_other(element)
+
+
+# Types of the leaves that no later call of a source can change: Python's immutable scalars and numpy's scalars,
+# except np.void (a structured array's row, a view of its memory).
+_IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes}) | frozenset(
+    kind for kind in np.sctypeDict.values() if kind not in (np.void, np.object_)
+)
+
+
+def _owned_other(leaf: Any) -> Any:
+    """`_owned` of what is not exactly an ndarray, tuple, dict, list or `_IMMUTABLE`: their subclasses (a namedtuple,
+    a memmap, a structured array's row), else a ``copy.deepcopy``."""
+    if isinstance(leaf, (np.ndarray, np.void)):
+        return leaf.copy()
+    if isinstance(leaf, tuple(_IMMUTABLE)):
+        return leaf
+    if isinstance(leaf, (tuple, dict, list)):
+        return map_nest(_owned, leaf)
+    try:
+        return copy.deepcopy(leaf)
+    except Exception as error:  # pylint: disable=broad-except  # deepcopy raises what the object's pickling raises.
+        raise ValueError(
+            f"A random-access source returned a {type(leaf).__name__}, which cannot be copied before the next read "
+            "(a source may refill what it returned): return numpy arrays, numbers, str or bytes in its elements."
+        ) from error
 
 
 def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:
@@ -295,7 +342,8 @@ def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None
     reads them, else one ``__getitems__`` of the records under the source), parsed for the whole batch
     (`_example_parser`) instead of one by one by tfds in Python (some 22-40 us an MNIST-sized example), then decoded
     as tfds does (`_tfds_decoder`). None otherwise, or if example 0 so read differs from ``source[0]`` (the source is
-    then read as any other). The record reads hold ``guard``."""
+    then read as any other). The record reads hold ``guard``. The elements are arrays parsed from each call's own
+    records, new at every call: no later read can change them, so they are not copied (`_owned`)."""
     method = getattr(getattr(source, "deserialize_method", None), "name", None)
     if type(source).__module__.split(".")[0] != "tensorflow_datasets" or method != "DESERIALIZE_AND_DECODE":
         return None
@@ -647,10 +695,9 @@ def rows(
             "`source_threads` is for a random-access source `x` (len(x), x[i]); leave it None for arrays and "
             f"datasets. Received: source_threads={threads} with x of type {type(x).__name__}."
         )
-    if map_fn is not None and not callable(map_fn):
-        raise ValueError(f"`map` must be a function of one example. Received: {map_fn!r}.")
     if map_fn is not None and hasattr(x, "element_spec"):
         raise ValueError("`map` is for arrays and random-access sources: map a tf.data.Dataset `x` with its own .map.")
+    map_fn = None if map_fn is None else example_function(map_fn)
     if is_random_access(x):
         if any(_is_keras_batches(cls) for cls in type(x).__mro__):
             raise ValueError(
@@ -670,6 +717,50 @@ def rows(
     if map_fn is None and not any(is_lazy_array(leaf) for leaf in leaves):
         return None
     return array_rows(x, y, sample_weight, map_fn, check_rows(x, y, sample_weight))
+
+
+def example_function(map_fn: Callable) -> Callable[[Any], Any]:
+    """``map_fn`` (`keras_dyndp.poisson_batches`' ``map``) as a function of one element, called as
+    ``tf.data.Dataset.map`` calls its function where that is what ``map_fn`` takes: a tuple element (arrays'
+    ``(x_i, y_i)``, a source's tuples) unpacked into its parts, ``map_fn(x_i, y_i)``, when ``map_fn`` takes two
+    positional arguments or more (or ``*args``); an element whole, ``map_fn(element)``, when it takes one (a tfds
+    dict, or a tuple to a function of one argument) or its signature cannot be read.
+
+    Raises:
+        ValueError: ``map_fn`` is not callable or takes no argument; or (when an element is read) ``map_fn`` takes
+            the parts of a tuple and an element is not a tuple of as many parts.
+    """
+    if not callable(map_fn):
+        raise ValueError(
+            f"`map` must be a function of an example: map(element) or map(x_i, y_i). Received: {map_fn!r}."
+        )
+    try:
+        parameters = inspect.signature(map_fn).parameters.values()
+    except (TypeError, ValueError):  # builtins and C functions without a signature: the element whole.
+        return map_fn
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is p.empty for p in positional)
+    variadic = any(p.kind == p.VAR_POSITIONAL for p in parameters)
+    if not positional and not variadic:
+        raise ValueError(
+            "`map` must take the example: map(element) or map(x_i, y_i). Received a function of no positional "
+            f"argument: {map_fn!r}."
+        )
+    if required <= 1 and positional:
+        return map_fn
+    most = math.inf if variadic else len(positional)
+
+    def of_parts(element: Any) -> Any:
+        if type(element) is not tuple or not required <= len(element) <= most:  # as tf.data: a tuple, not a subclass
+            parts = f"a tuple of {len(element)}" if type(element) is tuple else f"a {type(element).__name__}"
+            counts = f"{required}" if most == required else f"{required} or more" if variadic else f"{required}-{most}"
+            raise ValueError(
+                f"`map` takes {counts} positional arguments, the parts of a tuple element (map(x_i, y_i)); an element "
+                f"here is {parts}: write map(element) for it."
+            )
+        return map_fn(*element)
+
+    return of_parts
 
 
 def _is_keras_batches(cls: type) -> bool:

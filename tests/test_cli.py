@@ -88,6 +88,22 @@ def test_main_for_lets_unexpected_errors_through():
         cli.main_for(main)(["trainer.py"])
 
 
+def test_main_for_turns_a_value_the_library_refuses_into_one_line_and_lets_other_value_errors_through(capsys):
+    def refused():
+        schedules.sampling_from_epochs(10, 20, 1)  # keras_dyndp's own check raises
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main_for(refused)(["dir/trainer.py"])
+    assert exit_info.value.code == 2
+    assert _one_error_line(capsys).startswith("trainer.py: error: `batch_size` must be <= num_examples=10")
+
+    def a_bug():
+        raise ValueError("not the library's")
+
+    with pytest.raises(ValueError, match="not the library's"):
+        cli.main_for(a_bug)(["trainer.py"])
+
+
 @pytest.mark.parametrize("model_dir", [True, False])
 def test_training_flags_are_the_callers_key_flags_with_its_defaults_and_bounds(model_dir, capsys):
     values = flags.FlagValues()

@@ -183,6 +183,32 @@ class _Indexable:
         return self.items[index]
 
 
+def _scaled_parts(x_i, y_i, weight=None):
+    """A map of the parts of a tuple element, as tf.data.Dataset.map takes one."""
+    return (2 * np.asarray(x_i, np.float32), y_i) + (() if weight is None else (weight,))
+
+
+def test_map_takes_a_tuple_elements_parts_as_tf_data_does_or_the_element_whole(tmp_path):
+    x, y = _memmap(tmp_path)
+    triples = _Indexable([(np.full(3, i + 1, np.float32), i + 1, 0.5) for i in range(N)])
+    for data, function in [
+        ((x, y), _scaled_parts),  # arrays' (x_i, y_i): map(x_i, y_i) (was a TypeError inside sources)
+        ((x, y), lambda pair: (2 * pair[0], pair[1])),  # a function of one argument takes the pair whole
+        ((triples,), _scaled_parts),
+        ((triples,), lambda *parts: (2 * parts[0], *parts[1:])),
+        ((triples,), lambda element: (2 * element[0], *element[1:])),
+    ]:
+        batches = keras_dyndp.poisson_batches(*data, sampling_probability=P, steps_per_epoch=3, seed=0, map=function)
+        for batch_x, batch_y, weights in _batches(batches):
+            np.testing.assert_array_equal(batch_x[weights > 0, 0], 2 * batch_y[weights > 0])
+    with pytest.raises(ValueError, match=r"`map` takes 2 positional arguments, the parts of a tuple .* is a dict"):
+        keras_dyndp.poisson_batches(Source(), sampling_probability=P, map=lambda image, label: (image, label))
+    with pytest.raises(ValueError, match="an element here is a tuple of 3: write map"):
+        keras_dyndp.poisson_batches(triples, sampling_probability=P, map=lambda x_i, y_i: (x_i, y_i))
+    with pytest.raises(ValueError, match="`map` must take the example"):
+        keras_dyndp.poisson_batches(triples, sampling_probability=P, map=lambda: None)
+
+
 def test_padding_to_a_multiple_and_overflow_as_from_arrays(tmp_path, capfd, caplog):
     x, y = _memmap(tmp_path)
     padded = keras_dyndp.poisson_batches(x, y, sampling_probability=P, pad_to_multiple=8, steps_per_epoch=50, seed=1)
@@ -865,6 +891,70 @@ def test_a_source_returning_a_buffer_it_reuses_gives_each_row_its_own_example():
     for x, y, weights in _batches(batches):
         kept = np.asarray(weights) > 0
         np.testing.assert_array_equal(np.asarray(x)[kept][:, 0], np.asarray(y)[kept])  # was the last read in every row
+
+
+class ReadOnlyViews:
+    """A source with a decode buffer of its own, refilled at each read (``__getitem__``: one example's;
+    ``__getitems__``: the batch's), returning read-only views of it, as a reader that decodes into one buffer does."""
+
+    def __init__(self, batched):
+        self.buffer = np.zeros((N, 3), np.float32)
+        if batched:
+            self.__getitems__ = self._getitems
+
+    def __len__(self):
+        return N
+
+    def _view(self, row):
+        view = self.buffer[row].view()
+        view.flags.writeable = False
+        return view
+
+    def __getitem__(self, index):
+        self.buffer[0] = index
+        return self._view(0), index
+
+    def _getitems(self, indices):
+        self.buffer[: len(indices)] = np.asarray(indices)[:, None]
+        return [(self._view(row), index) for row, index in enumerate(indices)]
+
+
+def _decoded_slowly(element):
+    time.sleep(0.002)  # a map that decodes (releasing the GIL) while another batch reads the source
+    return element
+
+
+def _read_concurrently(batches, num_batches):
+    """``num_batches`` batches of ``batches``, several read at once: TensorFlow's pipeline makes them in parallel calls;
+    JAX's batches are read by a pool of threads, as its reader threads do."""
+    if not JAX:
+        return _batches(batches)[:num_batches]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return list(pool.map(batches.__getitem__, range(num_batches)))
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["getitem", "getitems"])
+def test_a_source_returning_read_only_views_of_a_buffer_it_refills_gives_each_row_its_own_example(batched):
+    batches = keras_dyndp.poisson_batches(
+        ReadOnlyViews(batched), sampling_probability=0.1, seed=0, steps_per_epoch=8, map=_decoded_slowly
+    )
+    for x, y, weights in _read_concurrently(batches, 8):
+        kept = np.asarray(weights) > 0
+        # Was the last example read in every row (__getitem__), or another batch's examples (__getitems__).
+        np.testing.assert_array_equal(np.asarray(x)[kept], np.repeat(np.asarray(y)[kept][:, None], 3, axis=1))
+
+
+def test_every_array_a_source_returns_is_copied_immutable_leaves_kept_and_an_uncopyable_leaf_refused():
+    shared, owned_buffer, text = np.arange(3.0), np.arange(3.0), "a"
+    owned_buffer.flags.writeable = False  # owns its data, read-only: still the buffer a next read may refill
+    view = shared[:2]
+    view.flags.writeable = False
+    element = ({"view": view, "owned": owned_buffer, "list": [np.float32(1)]}, text, 1, None)
+    copied = sources._owned(element)  # pylint: disable=protected-access
+    assert not np.shares_memory(copied[0]["view"], shared) and not np.shares_memory(copied[0]["owned"], owned_buffer)
+    assert copied[0]["list"] == [1] and copied[0]["list"] is not element[0]["list"] and copied[1:] == (text, 1, None)
+    with pytest.raises(ValueError, match="returned a memoryview, which cannot be copied before the next read"):
+        sources._owned((memoryview(b"ab"), 0))  # pylint: disable=protected-access
 
 
 class SeekReadArray(SeekReadSource):

@@ -5,11 +5,13 @@ the data, exit status 2. Each run exits before training. The module's command li
 ``python -m`` process would print and return)."""
 
 import importlib.util
+import itertools
 import os
 import pathlib
 
 import forked_runs
 import pytest
+from idx_files import write_idx_folder
 
 pytestmark = pytest.mark.xdist_group("trainer_command_lines")  # its module fixtures run once (tests/conftest.py)
 
@@ -57,6 +59,56 @@ MISSING_DATA = [
 # Trainers that must refuse --epochs=-1.
 BAD_FLAG = ["examples.digits", "research.digits", "examples.imdb_transformer"]
 
+# Every trainer of examples/, a value absl accepts but the library refuses (its calibration and optimizer checks)
+# -> the argument its error line names. "{idx}", "{imdb}", "{names}", "{xray}", "{tmp}": tiny data the fixture
+# writes, so that each run reaches the refusal (before any training) in a second or so.
+BAD_VALUES = [
+    ("examples.digits", ("--epsilon=-1",), "target_epsilon"),
+    ("examples.digits", ("--batch_size=5000",), "batch_size"),
+    ("examples.jax_digits", ("--epsilon=-1",), "target_epsilon"),
+    ("examples.audit", ("--delta=2",), "target_delta"),
+    ("examples.federated_mnist", ("--num_clients=40", "--batch_size=50"), "batch_size"),
+    ("examples.mnist", ("--idx_dir={idx}", "--batch_size=2", "--epsilon=-1"), "target_epsilon"),
+    ("examples.fashion_mnist", ("--idx_dir={idx}", "--batch_size=500"), "batch_size"),
+    (
+        "examples.mnist_on_disk",
+        ("--idx_dir={idx}", "--memmap_dir={tmp}/memmaps", "--batch_size=2", "--epsilon=0"),
+        "target_epsilon",
+    ),
+    ("examples.imdb", ("--imdb_dir={imdb}", "--batch_size=2", "--epsilon=-1"), "target_epsilon"),
+    ("examples.imdb_transformer", ("--imdb_dir={imdb}", "--batch_size=2", "--epsilon=-1"), "target_epsilon"),
+    ("examples.names", ("--names_dir={names}", "--batch_size=2", "--epsilon=-1"), "target_epsilon"),
+    (
+        "examples.chest_xray",
+        ("--chest_xray_dir={xray}", "--image_size=32", "--batch_size=2", "--epsilon=-1"),
+        "target_epsilon",
+    ),
+]
+
+
+def _write_tiny_data(folder: pathlib.Path) -> dict[str, str]:
+    """The tiny data folders of `BAD_VALUES` under ``folder``, by placeholder."""
+    (folder / "idx").mkdir()
+    write_idx_folder(folder / "idx", num_train=60)
+    for split, label in itertools.product(("train", "test"), ("pos", "neg")):
+        (folder / "imdb" / split / label).mkdir(parents=True)
+        for i in range(4):
+            (folder / "imdb" / split / label / f"{i}_7.txt").write_text(f"A {label} movie {i}", encoding="utf-8")
+    (folder / "names").mkdir()
+    for language in ("English", "Italian"):
+        (folder / "names" / f"{language}.txt").write_text("\n".join(f"{language}{i}" for i in range(6)) + "\n")
+    for split, label in itertools.product(("train", "test"), ("NORMAL", "PNEUMONIA")):
+        (folder / "xray" / split / label).mkdir(parents=True)
+        for i in range(2):  # a 2x2 grey PNG: no TensorFlow needed to write it
+            (folder / "xray" / split / label / f"im{i}.png").write_bytes(_TINY_PNG)
+    return {name: str(folder / name) for name in ("idx", "imdb", "names", "xray")} | {"tmp": str(folder)}
+
+
+_TINY_PNG = bytes.fromhex(  # 2x2 8-bit greyscale
+    "89504e470d0a1a0a0000000d494844520000000200000002080000000057dd52f80000000e49444154789c6368686068680000060602012c"
+    "c150d70000000049454e44ae426082"
+)
+
 
 def _runs_here(module: str) -> bool:
     """research/ and the TensorFlow examples need TensorFlow; jax_digits needs JAX; mnist_on_disk and
@@ -77,7 +129,11 @@ def fixture_run(tmp_path_factory, worker_id):
     of this module that runs on this stack, run at once (once per session) by tests/forked_runs.py."""
     command_lines = [(module, ["--help"]) for module in HELP_FLAGS] + MISSING_DATA
     command_lines += [(module, ["--epochs=-1"]) for module in BAD_FLAG]
+    data = _write_tiny_data(tmp_path_factory.mktemp("tiny_data"))
+    command_lines += [(module, list(arguments)) for module, arguments, _ in BAD_VALUES]
     command_lines = [(module, arguments) for module, arguments in command_lines if _runs_here(module)]
+    keys = [(module, tuple(arguments)) for module, arguments in command_lines]
+    command_lines = [(module, [part.format(**data) for part in arguments]) for module, arguments in command_lines]
     completed = forked_runs.run_once(
         tmp_path_factory,
         worker_id,
@@ -87,7 +143,7 @@ def fixture_run(tmp_path_factory, worker_id):
         cwd=REPO,
         timeout=180 + 60 * len(command_lines),
     )
-    outcomes = {(module, tuple(arguments)): process for (module, arguments), process in zip(command_lines, completed)}
+    outcomes = dict(zip(keys, completed))
     return lambda module, *arguments: outcomes[(module, arguments)]
 
 
@@ -124,3 +180,15 @@ def test_a_bad_flag_value_is_one_error_line_with_status_2(run, module):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     program = module.split(".")[1] + ".py"
     assert len(lines) == 1 and lines[0].startswith(f"{program}: error: ") and "epochs" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("module, arguments, argument", BAD_VALUES)
+def test_a_value_the_library_refuses_is_one_error_line_with_status_2_before_training(run, module, arguments, argument):
+    if not _runs_here(module):
+        pytest.skip(f"{module} does not run on this stack")
+    result = run(module, *arguments)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    program = module.split(".")[1] + ".py"
+    assert len(lines) == 1 and lines[0].startswith(f"{program}: error: `{argument}` must be"), result.stderr[-3000:]
+    assert "Epoch 1" not in result.stdout and "Test accuracy" not in result.stdout  # refused before training
