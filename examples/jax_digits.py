@@ -3,8 +3,9 @@
 The same task, model, budget and schedule as `examples.digits` (epsilon 3, delta 1 / (10 N), expected batch 128,
 30 epochs, the paper's dynamic schedule with 1/rho_mu = 0.8 and 1/rho_c = 0.3), written with the public API a JAX
 user calls: a DP optimizer calibrated from the budget, ``make_private``, `poisson_batches` at the schedule's rate,
-``PrivacyLogger`` and ``BudgetStop``. It sets ``KERAS_BACKEND=jax`` itself and needs ``pip install -e '.[jax]'``
-and scikit-learn (``.[examples]``); without JAX it says so in one line and exits with status 2.
+``PrivacyLogger`` and ``BudgetStop``. It sets ``KERAS_BACKEND=jax`` itself and needs what the README's JAX command
+installs, ``pip install -e '.[jax,test]'`` (JAX, and scikit-learn for the digits); without JAX it says so in one line
+and exits with status 2.
 
 The run's T steps take ``--epochs`` Keras epochs (the first T mod epochs of them one step longer). Training-batch
 loss and accuracy (no noise: outside the DP guarantee) are computed only with ``--training_metrics``.
@@ -21,7 +22,7 @@ os.environ["KERAS_BACKEND"] = "jax"
 if importlib.util.find_spec("jax") is None:
     print(
         f"{os.path.basename(sys.argv[0])}: error: this example runs Keras on JAX, which this Python "
-        f"({sys.executable}) lacks: install the [jax] extra (pip install -e '.[jax,examples]', in a venv of its "
+        f"({sys.executable}) lacks: install the [jax] extra (pip install -e '.[jax,test]', in a venv of its "
         "own such as the README's .venv-jax) or run it with the Python of such a venv.",
         file=sys.stderr,
     )

@@ -37,7 +37,7 @@ def test_without_jax_it_says_what_to_install_in_one_line(argument):
     assert "Traceback" not in completed.stderr
     (line,) = completed.stderr.strip().splitlines()
     assert line.startswith("jax_digits.py: error: this example runs Keras on JAX, which this Python")
-    assert "install the [jax] extra (pip install -e '.[jax,examples]'" in line
+    assert "install the [jax] extra (pip install -e '.[jax,test]'" in line  # the README's JAX command
 
 
 @needs_jax
