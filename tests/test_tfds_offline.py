@@ -1,6 +1,6 @@
 """Files a user has, turned into a `tfds.data_source` offline and read by `keras_dyndp.poisson_batches` (the recipe of
-docs/usage.md, "Your own files as a tfds data source, offline"): what the `[examples]` and `[test]` extras install must be enough
-(tfds imports importlib_resources to prepare any dataset but declares it only for Python < 3.9)."""
+docs/usage.md, "Your own files as a tfds data source, offline"): what the `[examples]` and `[test]` extras install
+must be enough (tfds imports importlib_resources to prepare any dataset but declares it only for Python < 3.9)."""
 
 import numpy as np
 import pytest
