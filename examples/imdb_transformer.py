@@ -207,7 +207,7 @@ def main() -> None:
     )
     step_ms = 1e3 * statistics.median(timer.intervals) if timer.intervals else float("nan")
     print(f"Step time: {step_ms:.1f} ms per DP step (median of {len(timer.intervals)}, compilation excluded)")
-    public = "the public reviews (half of IMDB's test split) trained the model without noise: they are not protected"
+    public = "the public reviews (of the test split named on the first line) trained without noise: not protected"
     notes = [] if FLAGS.finetune == "none" else [public]
     steps = int(optimizer.dp_step.numpy())
     print(
