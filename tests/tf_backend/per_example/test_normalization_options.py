@@ -96,4 +96,4 @@ def test_drawn_normalisation_options_step_as_the_per_example_loop(seed, accumula
     actual = _step(model, method, accumulation_steps, x, y)
     scale = max(np.max(np.abs(total)) for total in expected)
     for variable, total, change in zip(model.trainable_variables, expected, actual):
-        np.testing.assert_allclose(change, total, rtol=0, atol=2e-5 * scale, err_msg=f"{variable.path} ({method})")
+        np.testing.assert_allclose(change, total, rtol=0, atol=2e-5 * scale, err_msg=f"{variable.name} ({method})")
