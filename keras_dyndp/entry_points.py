@@ -8,7 +8,8 @@ instance even when the entry point is called unbound, and then make the train or
 the model that see what an unbound ``fit`` trains on. `DataSeen` records the data there and hands it to the next
 ``make_train_function``, whose check is then the same for every entry point: ``fit``'s data as ``model.fit``'s (arrays
 refused, Poisson batches checked against the schedule), one batch as ``train_on_batch``'s (warned), and nothing seen
-(`UNSEEN_BATCHES`: the train function called directly, a custom loop, Keras 2's unbound ``fit``) warned.
+(`UNSEEN_BATCHES`: the train function called directly, a custom loop) warned. Keras 2's entry points show their
+data to no call on the model: an unbound one's is read from its frame (`keras_dyndp.registration.keras_entry_data`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 UNSEEN_BATCHES = (
-    "keras_dyndp cannot see the batches of this training step (a custom training loop or train step, "
-    "model.train_function called directly, train_on_batch, or keras.Model.fit called unbound on Keras 2)"
+    "keras_dyndp cannot see the batches of this training step (a custom training loop or train step, or "
+    "model.train_function called directly)"
 )
 """The `keras_dyndp.batch_sizes.SamplingWarning`'s problem when no entry point showed the data."""
 

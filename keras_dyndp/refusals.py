@@ -116,6 +116,18 @@ def batch_state_error(model_name: str, written: str, source: str = "the input ba
     )
 
 
+def embedding_ids(layer_name: str, input_dim: int) -> str:
+    """An Embedding (``layer_name``, ``input_dim`` rows) looked up an id outside its table on TensorFlow's ghost path
+    (tapped itself, or the token table of another layer's rule): the refusal, raised at run time."""
+    return (
+        f"Embedding {layer_name!r} received an id outside [0, {input_dim}) (its input_dim): map the ids into "
+        f"0..{input_dim - 1} before the model, or build the Embedding with a larger input_dim. Keras reads such an "
+        f"id differently by backend and device (a negative id -k as row {input_dim} - k or as an error, an id of "
+        f"{input_dim} or more as zeros on a GPU), so the Embedding's ghost-clipping rule refuses it rather than "
+        "drop part of the gradient."
+    )
+
+
 # Gradients from outside the DP step.
 
 

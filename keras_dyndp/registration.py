@@ -7,7 +7,9 @@ Also the one lookup Keras gives no hook for, `keras_model_calling`: the model wh
 (``load_model``) or train step calls a DP optimizer, read from the call stack, since Keras hands an optimizer only
 its variables, a loss or gradients. A private model needs none (`keras_dyndp.private_model.model_compiled_with`):
 only a model that never went through ``make_private`` is looked up, to restore ``make_private`` at load and to
-refuse Keras's own train step. The import hook's check that no keras_dyndp module is importing reads the stack too.
+refuse Keras's own train step. The import hook's check that no keras_dyndp module is importing reads the stack too,
+and so does `keras_entry_data`: the data of a Keras 2 entry point called unbound (``keras.Model.fit(model, x)``),
+which Keras 2 hands to no call on the model.
 """
 
 from __future__ import annotations
@@ -101,6 +103,21 @@ def keras_model_calling(optimizer: Any, model_class: type, caller: str | None = 
         compiled = getattr(candidate, "optimizer", None)
         if compiled is not None and optimizer in (compiled, getattr(compiled, "inner_optimizer", compiled)):
             return candidate
+    return None
+
+
+def keras_entry_data(model: Any, entries: dict[Any, str]) -> tuple[str, Any] | None:
+    """``(entry, x)``: the data of the Keras entry point that called into keras_dyndp here (the first frame outside
+    the package, as Keras 2's ``fit`` calls the model's ``make_train_function``), where that frame runs one of
+    ``entries`` (code object -> entry name, ``'model.fit'``) on ``model``; None otherwise. Keras 2's entry points show
+    their data to no call on the model. Reads that frame's ``x`` only and keeps no frame."""
+    for frame in _callers():
+        if frame.f_globals.get("__name__", "").startswith("keras_dyndp."):
+            continue
+        entry = entries.get(frame.f_code)
+        if entry is None or frame.f_locals.get("self") is not model:
+            return None
+        return entry, frame.f_locals.get("x")
     return None
 
 

@@ -211,3 +211,25 @@ def test_a_private_model_trains_without_reading_the_call_stack(monkeypatch):
     for optimizer_kwargs in ({}, {"num_microbatches": 2}):  # the clipped-sum path, the optimizer's own
         model = _private_model_after_one_step(keras, **optimizer_kwargs)
         assert int(model.optimizer.dp_step.numpy()) == 1
+
+
+class _Model:
+    """Stands for a model: `registration.keras_entry_data` compares the entry's ``self`` by identity."""
+
+
+def test_the_entry_points_data_is_read_from_its_frame_only():
+    """The data of the entry point that called in (Keras 2's unbound ``fit``), for its own model only; nothing from a
+    frame of another function (a custom loop calling ``make_train_function``)."""
+    model, x = _Model(), np.arange(3)
+    namespace = {"registration": registration, "__name__": "keras_dyndp.tf_backend.train_step"}
+    exec(  # pylint: disable=exec-used  # a function of the package's own: its frame is skipped
+        "def hook(model, entries):\n    return registration.keras_entry_data(model, entries)\n", namespace
+    )
+
+    def entry_point(self, x):
+        return namespace["hook"](model, {entry_point.__code__: "model.fit"})
+
+    found = entry_point(model, x)
+    assert found[0] == "model.fit" and found[1] is x
+    assert entry_point(_Model(), x) is None  # another model's entry point
+    assert namespace["hook"](model, {entry_point.__code__: "model.fit"}) is None  # called from elsewhere

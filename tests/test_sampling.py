@@ -198,8 +198,7 @@ def test_a_resumed_fit_must_start_at_the_optimizers_step_and_draws_none_of_the_f
 
 def test_an_unbound_fit_runs_the_resume_check_too(tmp_path):
     """``keras.Model.fit(model, ...)`` (Keras's own fit, not the bound method make_private wraps) refuses the same
-    replay before any step on Keras 3 (TensorFlow and JAX); on Keras 2, whose unbound fit shows its data to nothing,
-    the run is warned as unseen (`SamplingWarning`, its epsilon logged as ``_if_poisson``)."""
+    replay before any step, on Keras 3 (TensorFlow and JAX) and Keras 2."""
     keras = _keras()
     x = np.repeat(np.arange(1, 201, dtype=np.float32)[:, None], 3, axis=1)
     y = np.arange(200, dtype=np.int32) % 2
@@ -210,13 +209,6 @@ def test_an_unbound_fit_runs_the_resume_check_too(tmp_path):
     model = _private_model(keras)
     model.fit(batches(seed=7), verbose=0)
     resumed = _restored(keras, model, tmp_path)
-    if keras_dyndp.keras_backend() != "jax":
-        from keras_dyndp.tf_backend import keras_compat  # pylint: disable=import-outside-toplevel
-
-        if keras_compat.KERAS_MAJOR_VERSION == 2:  # Keras 2's unbound fit shows its data to nothing: warned as unseen
-            with pytest.warns(keras_dyndp.SamplingWarning, match="not"):
-                keras.Model.fit(resumed, batches(seed=7), verbose=0, shuffle=False)
-            return
     with pytest.raises(ValueError, match=r"poisson_batches\(seed=7, start_step=0\) would draw again"):
         keras.Model.fit(resumed, batches(seed=7), verbose=0, shuffle=False)
     assert int(resumed.optimizer.dp_step.numpy()) == 3  # nothing trained

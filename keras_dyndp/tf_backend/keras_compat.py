@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import types
 import weakref
 from collections.abc import Callable
@@ -17,7 +18,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_dyndp import entry_points
 from keras_dyndp import optimizer_base
+from keras_dyndp import registration
 from keras_dyndp import sublayers
 
 keras = tf.keras
@@ -307,3 +310,28 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
 
     def set_params(self, params: dict) -> None:
         super().set_params({**params, "epochs": self.total_epochs})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Entry points.
+
+
+def _keras2_entry_points() -> dict[Any, str]:
+    """Keras 2's ``Model.fit`` and ``train_on_batch`` (their code objects, under Keras's traceback filter) -> the
+    entry names of `keras_dyndp.entry_points`; none on Keras 3, whose entry points show their data to the model."""
+    if _KERAS_3:
+        return {}
+    methods = {"fit": entry_points.FIT, "train_on_batch": entry_points.TRAIN_ON_BATCH}
+    return {inspect.unwrap(getattr(keras.Model, name)).__code__: entry for name, entry in methods.items()}
+
+
+_KERAS2_ENTRY_POINTS = _keras2_entry_points()
+
+
+def unbound_entry_data(model: keras.Model) -> tuple[str, Any] | None:
+    """Keras 2: ``(entry, x)`` of the ``keras.Model.fit(model, x, ...)`` or ``train_on_batch`` called unbound that
+    is making ``model``'s train function (called from its ``make_train_function``), read from that call's frame, as
+    Keras 2 shows it to no call on the model (`registration.keras_entry_data`); None otherwise, and on Keras 3."""
+    if not _KERAS2_ENTRY_POINTS:
+        return None
+    return registration.keras_entry_data(model, _KERAS2_ENTRY_POINTS)

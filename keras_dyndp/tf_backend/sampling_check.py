@@ -15,13 +15,13 @@ checks close this.
    check. With ``public_batch_size=True`` the step divides by the rows and checks no size, but refuses rows of weight 0
    (padding) where it sees sample weights.
 2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, called by make_private's
-   ``make_train_function`` with what the entry point showed, also an unbound ``keras.Model.fit`` on Keras 3):
+   ``make_train_function`` with what the entry point showed, also an unbound ``keras.Model.fit``):
    keras_dyndp Poisson batches of another number of examples than the optimizer's N
    (`keras_dyndp.batch_sizes.check_data_size`), at another p, or for ``public_batch_size=True``, or whose seed each
    worker drew alone, raise ValueError; so do arrays without ``public_batch_size=True``
-   (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else, and a step whose data the optimizer cannot see
-   (custom loop or train step, ``train_on_batch``, a train function called directly, Keras 2's unbound ``fit``), gets
-   one `SamplingWarning` per optimizer, which also says when batch sizes are not checked.
+   (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else, ``train_on_batch``'s batch, and a step whose data the
+   optimizer cannot see (custom loop or train step, a train function called directly) get one `SamplingWarning` per
+   optimizer, which also says when batch sizes are not checked.
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ steps depending on the private batch, and un-averaged per-example losses need no
 fixed-size batches, only with ``public_batch_size=True``; anything else and ``train_on_batch`` warned once); a step
 refused past the budget ends the call in one `keras_dyndp.optimizer_base.BudgetExhaustedError`. The checks run in what
 every entry point calls on the model, also ``keras.Model.fit(model, ...)`` called unbound: ``make_train_function``
-checks the data the entry point showed (`keras_dyndp.entry_points`; Keras 2 shows an unbound call's data nowhere,
-which is warned as not seen) and wraps the train function (`_CheckedTrainFunction`; docs/privacy.md, "Which entry
-points are covered").
+checks the data the entry point showed (`keras_dyndp.entry_points`; Keras 2 shows an unbound call's data to no call
+on the model: `keras_compat.unbound_entry_data` reads it from the call's frame) and wraps the train function
+(`_CheckedTrainFunction`; docs/privacy.md, "Which entry points are covered").
 
 Refused (ValueError, when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss
 reduced over the batch, several losses (multi-output models), regularisation losses (``model.losses``), which are not
@@ -161,7 +161,8 @@ def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
 def _private_make_train_function(self: keras.Model, force: bool = False):
     """The model's ``make_train_function`` (which every training entry point calls first), after the checks of the
     data the entry point showed (`_check_data`), wrapped in `_CheckedTrainFunction`."""
-    checked = _check_data(self, private_model.record(self).data_seen.take())
+    seen = private_model.record(self).data_seen.take() or keras_compat.unbound_entry_data(self)  # Keras 2: unbound
+    checked = _check_data(self, seen)
     function = _KERAS_MAKE_TRAIN_FUNCTION[self](self, force)
     function = self.train_function if function is None else function  # Keras 3 returns None when it makes one.
     if not isinstance(function, _CheckedTrainFunction):

@@ -89,6 +89,21 @@ def test_the_transformer_example_is_tapped_and_clips_like_the_per_example_loop(l
     _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm=0.05)
 
 
+@pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
+def test_the_token_table_inside_a_composite_rule_takes_negative_ids_as_the_lookup_reads_them():
+    """Keras's lookup (jnp.take) reads -1 and -V as rows V - 1 and 0: the token Embedding's rule, applied through the
+    composite's, clips the gradient of those rows with their example (one example has -1 beside V - 1: one row)."""
+    classes = transformer_layers.layers(keras, keras.ops.arange)
+    transformer_layers.register(keras_dyndp, classes)
+    keras.utils.set_random_seed(0)
+    model = transformer_layers.classifier(keras, classes)
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 12, size=(6, 5)).astype("int32"), rng.integers(0, 3, size=6).astype("int32")
+    x[0, :2], x[3, 1], x[4, 4] = [-1, 11], -12, -5
+    _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm=0.05)
+
+
 def test_a_rules_sums_add_nothing_from_an_example_whose_factor_is_zero():
     token_and_position, *_ = transformer_layers.layers(keras, keras.ops.arange)
     layer = token_and_position(6, 7, 2)

@@ -428,29 +428,25 @@ def test_fit_on_a_poisson_dataset_gives_no_shuffle_warning():
 
 # Every entry point: ``keras.Model.fit(model, ...)`` and ``keras.Model.train_on_batch(model, ...)`` called unbound
 # skip the instance's wrappers, and ``model.train_function`` runs without them: each entry point refuses or warns as
-# docs/privacy.md says. Keras 2 shows an unbound entry point's data nowhere: warned as unseen.
-UNBOUND_SEES_THE_DATA = keras_compat.KERAS_MAJOR_VERSION == 3
+# docs/privacy.md says. Keras 3 shows an unbound entry point's data to the model's ``_maybe_symbolic_build``, Keras 2
+# in the frame of the call that makes the train function (`keras_compat.unbound_entry_data`).
 
 
-def test_unbound_fit_refuses_arrays_where_keras_shows_them_and_warns_where_not():
+def test_unbound_fit_refuses_arrays_and_checks_poisson_batches_as_the_bound_fit():
     x, y = dataset("subclassed")
     model = _poisson_model(num_steps=10, expected_batch_size=8.0)
-    if UNBOUND_SEES_THE_DATA:
-        with pytest.raises(ValueError, match="model.fit received arrays"):
-            keras.Model.fit(model, x, y, batch_size=8, verbose=0)
-        assert int(model.optimizer.dp_step) == 0
-        with pytest.raises(ValueError, match="sampled at p=0.5"):
-            batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.5)
-            keras.Model.fit(model, batches, verbose=0, shuffle=False)  # Keras warns on a dataset and shuffle=True
-    else:
-        with pytest.warns(UserWarning, match="cannot see the batches of this training step"):
-            keras.Model.fit(model, x, y, batch_size=8, verbose=0)
+    with pytest.raises(ValueError, match="model.fit received arrays"):
+        keras.Model.fit(model, x, y, batch_size=8, verbose=0)
+    assert int(model.optimizer.dp_step) == 0
+    with pytest.raises(ValueError, match="sampled at p=0.5"):
+        batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.5)
+        keras.Model.fit(model, batches, verbose=0, shuffle=False)  # Keras warns on a dataset and shuffle=True
+    assert int(model.optimizer.dp_step) == 0
 
 
 def test_unbound_train_on_batch_and_the_train_function_warn_that_their_sampling_is_unknown():
     x, y = dataset("subclassed")
-    seen = "model.train_on_batch received x of type" if UNBOUND_SEES_THE_DATA else "cannot see the batches"
-    with pytest.warns(UserWarning, match=seen):
+    with pytest.warns(UserWarning, match="model.train_on_batch received x of type"):
         keras.Model.train_on_batch(_poisson_model(public_batch_size=True), x[:8], y[:8])
     direct = _poisson_model(public_batch_size=True)
     with pytest.warns(UserWarning, match="cannot see the batches of this training step"):

@@ -17,8 +17,11 @@ from keras_dyndp.tf_backend.per_example import clipped_sum
 
 
 def _pad_rows(tensor: tf.Tensor, num_padding_rows: tf.Tensor) -> tf.Tensor:
+    """``tensor`` with ``num_padding_rows`` rows of zeros after its own, its other axes' static sizes kept (paddings
+    computed at run time leave every size unknown while tracing, which layers that read a size, such as
+    GroupNormalization's channels, cannot trace)."""
     paddings = tf.concat([[[0, num_padding_rows]], tf.zeros([tf.rank(tensor) - 1, 2], tf.int32)], axis=0)
-    return tf.pad(tensor, paddings)
+    return tf.ensure_shape(tf.pad(tensor, paddings), [None, *tensor.shape[1:]])
 
 
 def clipped_sum_in_physical_batches(

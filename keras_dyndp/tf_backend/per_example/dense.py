@@ -8,6 +8,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from keras_dyndp import ghost_cost
+from keras_dyndp import refusals
 from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import norms
@@ -60,7 +61,8 @@ def embedding_call(tap: Tap) -> Callable:
 
     def call(inputs, *args, **kwargs):
         inputs = _dense_input(tap, inputs)
-        inputs = tap.guard(inputs if inputs.dtype in (tf.int32, tf.int64) else tf.cast(inputs, tf.int32))
+        inputs = inputs if inputs.dtype in (tf.int32, tf.int64) else tf.cast(inputs, tf.int32)
+        inputs = tap.guard(checked_ids(tap.layer, inputs))
         z = tf.gather(tap.weight(tap.layer.embeddings), inputs)
         tap.record(inputs, z)
         return z
@@ -68,25 +70,33 @@ def embedding_call(tap: Tap) -> Callable:
     return call
 
 
+def checked_ids(layer: keras.layers.Layer, ids: tf.Tensor) -> tf.Tensor:
+    """``ids`` once each is a row of ``layer``'s table, in [0, ``layer.input_dim``): else the step raises
+    ``tf.errors.InvalidArgumentError`` at run time (`refusals.embedding_ids`; XLA drops the check, as it drops every
+    Assert op). The one check of the Embedding rule, tapped itself or the sublayer of another layer's rule."""
+    in_table = tf.reduce_all((ids >= 0) & (ids < tf.cast(layer.input_dim, ids.dtype)))
+    refused = tf.debugging.Assert(in_table, [refusals.embedding_ids(layer.name, layer.input_dim)])
+    with tf.control_dependencies([refused]):
+        return tf.identity(ids)
+
+
 def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     """Example b's gradient has one row per distinct id in it: the sum of g over that id's positions
     (`_rows_per_pair`). Its squared norm is taken of those very rows, which the clipped sum then adds up (f_b times
     each: a scatter-add by id, `norms.rows_by_index`), so no rounding bound is needed (`ghost_cost.PER_EXAMPLE`). An
-    id outside the table (a GPU's lookup reads it as zeros, with no gradient) adds nothing. Under XLA,
-    `_embedding_under_xla`."""
+    id outside the table is refused (`checked_ids`). Under XLA, `_embedding_under_xla`."""
     layer = tap.layer
     batch = tap.rows.batch
     g = norms.flatten_positions(g, tap.rows)
     if norms.in_xla():
         return [_embedding_under_xla(tap, g)]
-    ids = tf.reshape(tap.inputs, [-1])
-    kept = (ids >= 0) & (ids < layer.input_dim)
+    ids = tf.reshape(checked_ids(layer, tap.inputs), [-1])
     rows = tf.reshape(g, [-1, g.shape[-1]])
     if g.shape[1] == 1:
         squared = norms.squared_norms(g, [1, 2])
-        ids, examples = tf.where(kept, tf.cast(ids, tf.int32), layer.input_dim), None
+        ids, examples = tf.cast(ids, tf.int32), None
     else:
-        rows, ids, examples = _rows_per_pair(rows, ids, kept, batch, layer.input_dim)
+        rows, ids, examples = _rows_per_pair(rows, ids, batch, layer.input_dim)
         squared = _per_example_sums(norms.squared_norms(rows, 1), examples, batch)
 
     def clipped_sum(f):
@@ -96,14 +106,14 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     return [GhostGradient(layer.embeddings, squared, clipped_sum)]
 
 
-def _rows_per_pair(rows: tf.Tensor, ids: tf.Tensor, kept: tf.Tensor, batch: tf.Tensor, vocabulary: int) -> tuple:
-    """``(rows, ids, examples)`` of the distinct (example, id) pairs of the B T ``ids``: each pair's row the sum of its
-    ``rows`` [B T, d] (those not ``kept``, ids outside the table, count 0), numbered by `_unique_pairs` in order of
-    first appearance, so example-major (``examples`` sorted); their rows summed by `norms.rows_by_index`: no [B, T,
-    T] Gram matrix, no [V, d] table per example."""
-    ids = tf.reshape(tf.where(kept, tf.cast(ids, tf.int64), tf.zeros([], tf.int64)), [batch, -1])
+def _rows_per_pair(rows: tf.Tensor, ids: tf.Tensor, batch: tf.Tensor, vocabulary: int) -> tuple:
+    """``(rows, ids, examples)`` of the distinct (example, id) pairs of the B T ``ids`` (each in [0, vocabulary)):
+    each pair's row the sum of its ``rows`` [B T, d], numbered by `_unique_pairs` in order of first appearance, so
+    example-major (``examples`` sorted); their rows summed by `norms.rows_by_index`: no [B, T, T] Gram matrix, no
+    [V, d] table per example."""
+    ids = tf.reshape(tf.cast(ids, tf.int64), [batch, -1])
     unique_pairs, pair_index = _unique_pairs(tf.range(tf.cast(batch, tf.int64))[:, None] * vocabulary + ids)
-    pair_rows = norms.rows_by_index(rows, pair_index, tf.cast(kept, rows.dtype), tf.shape(unique_pairs)[0])
+    pair_rows = norms.rows_by_index(rows, pair_index, tf.ones_like(pair_index, rows.dtype), tf.shape(unique_pairs)[0])
     return pair_rows, tf.cast(unique_pairs % vocabulary, tf.int32), tf.cast(unique_pairs // vocabulary, tf.int32)
 
 
@@ -127,9 +137,9 @@ def _unique_pairs(keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 def _sum_by_id(rows: tf.Tensor, ids: tf.Tensor, factors: tf.Tensor, vocabulary: int) -> tf.Tensor:
-    """[V, d]: sum of ``factors[n] rows[n]`` by ``ids`` [N] (int32; V: outside the table). A row whose factor is 0
-    (its example's norm not finite, or C = 0) or whose id is outside goes to row V, dropped: it adds exactly nothing
-    (0 x inf is NaN), without a select over the rows."""
+    """[V, d]: sum of ``factors[n] rows[n]`` by ``ids`` [N] (int32, in [0, V)). A row whose factor is 0 (its
+    example's norm not finite, or C = 0) goes to row V, dropped: it adds exactly nothing (0 x inf is NaN), without a
+    select over the rows."""
     index = tf.where(factors > 0, ids, vocabulary)
     return norms.rows_by_index(rows, index, factors, vocabulary + 1)[:vocabulary]
 

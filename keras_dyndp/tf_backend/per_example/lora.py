@@ -84,7 +84,7 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     a_table = layer.lora_embeddings_a
     g32 = tf.cast(g, tf.float32)
     h = einsum_lora.scale(layer) * tf.tensordot(g32, layer.lora_embeddings_b, [[g.shape.rank - 1], [1]])
-    table = _view(tap, tap.inputs, embeddings=a_table, input_dim=a_table.shape[0])
+    table = _view(tap, tap.inputs, embeddings=a_table, input_dim=a_table.shape[0], name=layer.name)
     u = norms.flatten_positions(einsum_lora.scale(layer) * tf.gather(a_table, tap.inputs), tap.rows)
     b = norms.bilinear_gradient(layer.lora_embeddings_b, u, norms.flatten_positions(g32, tap.rows))
     return [*dense.embedding_norms_and_sums(table, h), b]

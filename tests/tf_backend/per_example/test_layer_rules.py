@@ -132,3 +132,30 @@ def test_a_covered_variable_read_outside_the_layers_call_is_refused(monkeypatch)
         per_example.clipped_gradient_sum(model, LOSS, x, y, None, 0.1, model.trainable_variables, method="ghost")
     expected = reference(model, x, y, np.ones(4, np.float32), 0.1)  # 'auto': the vectorized path
     assert_matches(*per_example.clipped_gradient_sum(model, LOSS, x, y, None, 0.1, model.trainable_variables), expected)
+
+
+@pytest.mark.parametrize("bad_id", [-1, -12, 12])
+@pytest.mark.parametrize("composite", [False, True])
+def test_an_id_outside_the_table_is_refused_alike_inside_a_composite_rule(bad_id, composite):
+    """Keras 3's lookup reads -1 and -V as rows V - 1 and 0 (a GPU's reads V as zeros): the Embedding rule refuses
+    them, with one message whether the Embedding is tapped itself or is the token table of a composite's rule (whose
+    own lookup, not tapped, may refuse first on the CPU)."""
+    keras.utils.set_random_seed(0)
+    if composite:
+        model = _registered_classifier(learned_positions=False)
+    else:
+        model = keras.Sequential(
+            [keras.Input((5,), dtype="int32"), keras.layers.Embedding(12, 4), keras.layers.GlobalAveragePooling1D()]
+            + [keras.layers.Dense(3)]
+        )
+    x = np.random.default_rng(3).integers(0, 12, size=(4, 5)).astype(np.int32)
+    x[1, 2] = bad_id
+    y = tf.constant([0, 1, 2, 0], tf.int32)
+    model(x[:1])
+    refusal = r"Embedding '[a-z_0-9]+' received an id outside \[0, 12\) \(its input_dim\): map the ids into 0..11"
+    if composite:  # or its own lookup on the CPU, not tapped: id V on Keras 3, any id outside on Keras 2
+        refusal += f"|indices\\[1,2\\] = {bad_id} is not in \\[0, 12\\)"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=refusal):
+        per_example.clipped_gradient_sum(
+            model, LOSS, tf.constant(x), y, None, 0.1, model.trainable_variables, method="ghost"
+        )
