@@ -150,9 +150,15 @@ BATCH_SIZE_TAIL = 1e-12
 
 
 def expected_steps_per_epoch(sampling_probability: float) -> int:
-    """Number of Poisson steps that visit each example once in expectation: ``max(1, round(1 / p))``, p in (0, 1]."""
+    """The fewest Poisson steps that visit each example at least once in expectation: the least s with s p >= 1 (to
+    1e-12, so that p = 250 / 60000 gives 240), p in (0, 1]. E epochs of them hold at least the ceil(E / p) steps of
+    a schedule made from ``epochs=E``, so ``fit(epochs=E)`` with `BudgetStop` spends the schedule's T steps exactly
+    (rounding 1 / p to the nearest integer left steps of the budget unspent)."""
     sampling_probability = validation.check_probability(sampling_probability)
-    return max(1, round(1.0 / sampling_probability))
+    steps = max(1, math.floor(1.0 / sampling_probability))
+    while steps * sampling_probability < 1.0 - 1e-12:
+        steps += 1
+    return steps
 
 
 def default_max_batch_size(

@@ -105,7 +105,7 @@ def poisson_batches(
         y: an array or a nest of arrays (or array-likes) with N rows, or None.
         sample_weight: per-example weights, shape [N]; default 1 (padding rows: 0).
         sampling_probability: p in (0, 1], the schedule's.
-        steps_per_epoch: batches per epoch, >= 1; default ``round(1 / p)``.
+        steps_per_epoch: batches per epoch, >= 1; default ceil(1 / p) (`batch_sizes.expected_steps_per_epoch`).
         max_batch_size: rows of every batch, >= 1; default `batch_sizes.default_max_batch_size(N, p)` (TensorFlow:
             rounded up to a multiple of the replicas).
         pad_to_multiple: None: every batch has ``max_batch_size`` rows. m >= 1: pad to the next multiple of m (at

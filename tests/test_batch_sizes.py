@@ -5,6 +5,7 @@ import pytest
 import scipy.stats
 
 from keras_dyndp import batch_sizes
+from keras_dyndp import schedules
 
 
 def test_default_max_batch_size_is_smallest_cap_within_tail():
@@ -26,7 +27,21 @@ def test_truncation_delta():
 def test_expected_steps_per_epoch():
     assert batch_sizes.expected_steps_per_epoch(250 / 60000) == 240
     assert batch_sizes.expected_steps_per_epoch(1.0) == 1
-    assert batch_sizes.expected_steps_per_epoch(0.7) == 1
+    assert batch_sizes.expected_steps_per_epoch(0.7) == 2
+    assert batch_sizes.expected_steps_per_epoch(64 / 1437) == 23  # 22.45: rounding gave 22, 20 epochs 440 < 450 steps
+
+
+@pytest.mark.parametrize("num_examples", [40, 1437, 1797, 25000, 60000, 2_400_001])
+@pytest.mark.parametrize("batch_size", [1, 7, 64, 250, 256, 1000])
+def test_epochs_of_expected_steps_hold_the_steps_of_a_schedule_made_from_epochs(num_examples, batch_size):
+    """E epochs of fit over poisson_batches' default epoch reach the T of a schedule made from ``epochs=E`` (the
+    optimizers' and calibration's `schedules.sampling_from_epochs`), and stop short of T + E."""
+    if batch_size > num_examples:
+        pytest.skip("no such schedule")
+    for epochs in (1, 2, 3, 20, 60):
+        p, total = schedules.sampling_from_epochs(num_examples, batch_size, epochs=epochs)
+        steps = batch_sizes.expected_steps_per_epoch(p)
+        assert total <= epochs * steps < total + epochs
 
 
 @pytest.mark.parametrize("num_examples, p", [(60000, 250 / 60000), (1797, 64 / 1797), (40, 0.25), (10, 1.0)])
