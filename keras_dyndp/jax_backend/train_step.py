@@ -382,10 +382,10 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
     allows 0.0014), wrapped in `_CheckedTrainFunction`."""
     _check_model(self)
     seen = private_model.record(self).data_seen.take()
-    _check_sampling(self, seen)
     within_fit = seen is not None and seen[0] == entry_points.FIT
     if within_fit and isinstance(self.optimizer, optimizer_base.DPOptimizerBase):
         self.optimizer.check_budget_left(None)  # spent before this fit: BudgetStop would not help
+    _check_sampling(self, seen)
     if force or self.train_function is None:
         self.train_step = types.MethodType(_private_train_step, self)
     type(self).make_train_function(self, force)
