@@ -484,15 +484,16 @@ class DPOptimizerBase:
         before the schedule fingerprint existed (both fewer), also with the fingerprint unrecorded, so a counter past 0
         is refused until `record_schedule_fingerprint`. (Keras would skip every variable and restart the schedule at
         step 0.)"""
-        newer = {self._released_steps: step_checks.UNRECORDED_RELEASED}
-        for missing in (newer, newer | {self._schedule_fingerprint: list(step_checks.UNRECORDED_FINGERPRINT)}):
-            older = [variable for variable in self.variables if variable not in missing]
+        released = [(self._released_steps, step_checks.UNRECORDED_RELEASED)]
+        fingerprint = [(self._schedule_fingerprint, list(step_checks.UNRECORDED_FINGERPRINT))]
+        for missing in (released, released + fingerprint):
+            older = [variable for variable in self.variables if all(variable is not v for v, _ in missing)]
             if len(store.keys()) == len(older) and all(
                 tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(older)
             ):
                 for i, variable in enumerate(older):
                     variable.assign(store[str(i)])
-                for variable, value in missing.items():
+                for variable, value in missing:
                     variable.assign(value)
                 return
         super().load_own_variables(store)
