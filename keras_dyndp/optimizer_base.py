@@ -478,23 +478,36 @@ class DPOptimizerBase:
         if refusal is not None:
             raise RuntimeError(refusal)
 
+    def _saved_in_place(self) -> list:
+        """The variables a ``.keras`` / ``.weights.h5`` file holds at their positions: all but the steps released,
+        which it holds last (after the slots, so a file's positions stay those of files saved before them)."""
+        return [variable for variable in self.variables if variable is not self._released_steps]
+
+    def save_own_variables(self, store) -> None:
+        """Keras's ``.keras`` / ``.weights.h5`` saving: `_saved_in_place`, then the steps released."""
+        in_place = self._saved_in_place()
+        for i, variable in enumerate(in_place):
+            store[str(i)] = variable.numpy()
+        store[str(len(in_place))] = self._released_steps.numpy()
+
     def load_own_variables(self, store) -> None:
         """Keras's ``.keras`` / ``.weights.h5`` loading. A file saved before keras_dyndp counted released steps (that
         variable fewer) loads with the counter standing for them (`step_checks.UNRECORDED_RELEASED`); one saved
         before the schedule fingerprint existed (both fewer), also with the fingerprint unrecorded, so a counter past 0
         is refused until `record_schedule_fingerprint`. (Keras would skip every variable and restart the schedule at
         step 0.)"""
-        released = [(self._released_steps, step_checks.UNRECORDED_RELEASED)]
-        fingerprint = [(self._schedule_fingerprint, list(step_checks.UNRECORDED_FINGERPRINT))]
-        for missing in (released, released + fingerprint):
-            older = [variable for variable in self.variables if all(variable is not v for v, _ in missing)]
-            if len(store.keys()) == len(older) and all(
-                tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(older)
+        in_place = self._saved_in_place()
+        no_fingerprint = [variable for variable in in_place if variable is not self._schedule_fingerprint]
+        for layout, with_released in ((in_place, True), (in_place, False), (no_fingerprint, False)):
+            if len(store.keys()) == len(layout) + with_released and all(
+                tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(layout)
             ):
-                for i, variable in enumerate(older):
+                for i, variable in enumerate(layout):
                     variable.assign(store[str(i)])
-                for variable, value in missing:
-                    variable.assign(value)
+                released = store[str(len(layout))] if with_released else step_checks.UNRECORDED_RELEASED
+                self._released_steps.assign(released)
+                if layout is no_fingerprint:
+                    self._schedule_fingerprint.assign(list(step_checks.UNRECORDED_FINGERPRINT))
                 return
         super().load_own_variables(store)
 

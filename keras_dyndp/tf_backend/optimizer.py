@@ -79,9 +79,16 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
             self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
         self._schedule_fingerprint = keras_compat.add_int32_optimizer_variable(self, "schedule_fingerprint", (2,))
-        self._released_steps = keras_compat.add_int32_optimizer_variable(self, "released_steps", ())
+        # Tracked by name, not among the variables Keras lists by index in checkpoints (before the slots, it would
+        # shift theirs: a checkpoint saved before it existed would not restore); `.keras` files hold it last.
         with tf.init_scope():
-            self._released_steps.assign(step_checks.UNRECORDED_RELEASED)
+            self._released_steps = tf.Variable(
+                step_checks.UNRECORDED_RELEASED,
+                dtype=tf.int32,
+                trainable=False,
+                name="released_steps",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
 
     @property
     def noise_source(self) -> noise_source.NoiseSource:
