@@ -1,6 +1,6 @@
 """`PrivacyLogger` (epsilon spent, C_t and sigma_t into the epoch logs) and `BudgetStop` (ends ``fit`` at the
-schedule's last step), on either backend. Both read the DP optimizer's ``schedule`` and ``dp_step``; accounting is
-`DPSchedule.epsilon`. The backend is chosen once, at import; what differs per backend is the hooks below.
+schedule's last step), on either backend. Both read the DP optimizer's ``schedule`` and ``released_steps``;
+accounting is `DPSchedule.epsilon`. The backend is chosen once, at import; what differs per backend is the hooks below.
 """
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ def _dp_optimizer(model: Any, caller: str) -> optimizer_base.DPOptimizerBase:
 
 class PrivacyLogger(keras.callbacks.Callback):
     """Writes into the epoch ``logs`` (hence History, TensorBoard, CSVLogger) ``'epsilon_gdp_clt'`` (the paper's:
-    the registry's `always_logged`) and ``'epsilon_<accountant>'`` of the first ``dp_step`` steps at ``delta``,
-    ``'clip_norm'`` and ``'noise_stddev'`` of the last step taken, and ``'dp_step'``. Once the optimizer has trained on
+    the registry's `always_logged`) and ``'epsilon_<accountant>'`` of the DP steps the optimizer has released
+    (``released_steps``, whatever its step counter says) at ``delta``, ``'clip_norm'`` and ``'noise_stddev'`` of the
+    last step released, and their number as ``'dp_step'``. Once the optimizer has trained on
     batches not known to be Poisson samples (it warned `SamplingWarning`), the epsilon keys end in ``'_if_poisson'``
     (``'epsilon_pld_if_poisson'``) and the log line says it is not the run's epsilon: the schedule's epsilon assumes
     Poisson sampling, so no logged number claims to cover such a run.
@@ -155,7 +156,7 @@ class PrivacyLogger(keras.callbacks.Callback):
         optimizer = _dp_optimizer(self.model, type(self).__name__)
         optimizer.check_restored_schedule()
         schedule = optimizer.schedule
-        steps = min(int(optimizer.dp_step.numpy()), schedule.num_steps)
+        steps = min(optimizer.released_steps, schedule.num_steps)
         last = min(max(steps - 1, 0), schedule.num_steps - 1)
         # Batches not known to be Poisson samples: the epsilon is the schedule's, which assumes them; so named.
         suffix = "" if optimizer.unverified_sampling is None else NOT_POISSON_SUFFIX
@@ -197,7 +198,7 @@ class PrivacyLogger(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         optimizer = _dp_optimizer(self.model, type(self).__name__)
-        steps = int(optimizer.dp_step.numpy())
+        steps = optimizer.released_steps
         epoch_steps = (getattr(self, "params", None) or {}).get("steps")
         ends_epoch = epoch_steps is not None and batch + 1 >= epoch_steps
         if ends_epoch or steps >= optimizer.schedule.num_steps:
@@ -208,7 +209,7 @@ class PrivacyLogger(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         values = self._batch_values
-        if values is None or values["dp_step"] != int(_dp_optimizer(self.model, type(self).__name__).dp_step.numpy()):
+        if values is None or values["dp_step"] != _dp_optimizer(self.model, type(self).__name__).released_steps:
             values = self.privacy_logs()
         if logs is not None:
             logs.update(values)
@@ -222,10 +223,12 @@ class PrivacyLogger(keras.callbacks.Callback):
 
 
 class BudgetStop(keras.callbacks.Callback):
-    """Stops ``fit`` exactly when the optimizer has taken all T steps of its schedule, printing one line (unless
+    """Stops ``fit`` exactly when the optimizer has released all T steps of its schedule, printing one line (unless
     ``verbose=0``); refuses to start on a spent schedule. A ``steps_per_execution`` call that would run past T (into
     the optimizer's refusal, losing the epoch's History) is shortened to the steps left, restored at the end.
     """
+
+    stops_at_the_budget = True  # What make_private's refusals look for among fit's callbacks.
 
     def __init__(self):
         super().__init__()
@@ -235,16 +238,18 @@ class BudgetStop(keras.callbacks.Callback):
 
     def _spent(self) -> tuple[bool, int, int]:
         optimizer = _dp_optimizer(self.model, type(self).__name__)
-        steps, total = int(optimizer.dp_step.numpy()), optimizer.schedule.num_steps
+        steps, total = optimizer.released_steps, optimizer.schedule.num_steps
         return steps >= total, steps, total
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         spent, steps, total = self._spent()
         if spent:
             raise RuntimeError(
-                f"BudgetStop: the privacy budget is already spent: the optimizer has taken {steps} of the schedule's "
-                f"{total} DP steps. Training more would exceed the accounted budget; build a new schedule (and a new "
-                "optimizer) to continue."
+                f"BudgetStop: the privacy budget is already spent: the optimizer has released {steps} of the "
+                f"schedule's {total} DP steps. Training more would exceed the accounted budget. A new schedule is a "
+                "new budget, spent on the same data (the two runs' epsilons add up): to train further, compile the "
+                "model with a new optimizer built for it. model.evaluate and model.predict take no DP step and still "
+                "work."
             )
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:

@@ -12,6 +12,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from keras_dyndp import schedules
 from keras_dyndp import step_checks
 from keras_dyndp import validation
@@ -417,13 +419,17 @@ class DPOptimizerBase:
         return KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks, and
-        ``self._schedule_fingerprint`` (an int32 [2] optimizer variable of zeros, saved with the step counter)."""
+        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks,
+        ``self._schedule_fingerprint`` (an int32 [2] optimizer variable of zeros) and ``self._released_steps`` (an
+        int32 scalar optimizer variable holding `step_checks.UNRECORDED_RELEASED`), both saved with the step counter;
+        each DP step adds 1 to the steps released."""
         raise NotImplementedError
 
     schedule = _attribute("_schedule", "The `DPSchedule` this optimizer follows.")
     dp_step = _attribute(
-        "iterations", "Keras's `iterations` variable: DP steps taken so far, the index of the next step."
+        "iterations",
+        "Keras's `iterations` variable: the index of the next DP step. A step runs only where it equals "
+        "`released_steps` (a counter set by hand is refused).",
     )
     schedule_fingerprint = _attribute(
         "_schedule_fingerprint",
@@ -440,6 +446,14 @@ class DPOptimizerBase:
         "What showed that the batches were not known to be Poisson samples at the schedule's rate (the "
         "`SamplingWarning`'s problem), or None: the schedule's epsilon assumes them, so it does not cover such a run.",
     )
+
+    @property
+    def released_steps(self) -> int:
+        """The DP steps this optimizer has released, whatever its step counter says (read on the host): what the
+        budget and `PrivacyLogger`'s epsilon count. Saved with the optimizer as the counter is; a file saved before
+        keras_dyndp counted them loads with the counter's value standing for it."""
+        step = int(self.dp_step.numpy())
+        return int(step_checks.released_steps(np.int64(step), np.int64(self._released_steps.numpy()), np.where))
 
     def current_clip_norm(self) -> Any:
         """float32 scalar C at `dp_step` (0 once the budget is spent; on TensorFlow also on another schedule's step
@@ -464,18 +478,37 @@ class DPOptimizerBase:
         if refusal is not None:
             raise RuntimeError(refusal)
 
+    def _saved_in_place(self) -> list:
+        """The variables a ``.keras`` / ``.weights.h5`` file holds at their positions: all but the steps released,
+        which it holds last (after the slots, so a file's positions stay those of files saved before them)."""
+        return [variable for variable in self.variables if variable is not self._released_steps]
+
+    def save_own_variables(self, store) -> None:
+        """Keras's ``.keras`` / ``.weights.h5`` saving: `_saved_in_place`, then the steps released."""
+        in_place = self._saved_in_place()
+        for i, variable in enumerate(in_place):
+            store[str(i)] = variable.numpy()
+        store[str(len(in_place))] = self._released_steps.numpy()
+
     def load_own_variables(self, store) -> None:
-        """Keras's ``.keras`` / ``.weights.h5`` loading. A file saved before the schedule fingerprint existed (that
-        variable fewer, the other shapes equal) loads with it unrecorded, so a counter past 0 is refused until
-        `record_schedule_fingerprint` (Keras would skip every variable and restart the schedule at step 0)."""
-        older = [variable for variable in self.variables if variable is not self._schedule_fingerprint]
-        if len(store.keys()) == len(older) and all(
-            tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(older)
-        ):
-            for i, variable in enumerate(older):
-                variable.assign(store[str(i)])
-            self._schedule_fingerprint.assign(list(step_checks.UNRECORDED_FINGERPRINT))
-            return
+        """Keras's ``.keras`` / ``.weights.h5`` loading. A file saved before keras_dyndp counted released steps (that
+        variable fewer) loads with the counter standing for them (`step_checks.UNRECORDED_RELEASED`); one saved
+        before the schedule fingerprint existed (both fewer), also with the fingerprint unrecorded, so a counter past 0
+        is refused until `record_schedule_fingerprint`. (Keras would skip every variable and restart the schedule at
+        step 0.)"""
+        in_place = self._saved_in_place()
+        no_fingerprint = [variable for variable in in_place if variable is not self._schedule_fingerprint]
+        for layout, with_released in ((in_place, True), (in_place, False), (no_fingerprint, False)):
+            if len(store.keys()) == len(layout) + with_released and all(
+                tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(layout)
+            ):
+                for i, variable in enumerate(layout):
+                    variable.assign(store[str(i)])
+                released = store[str(len(layout))] if with_released else step_checks.UNRECORDED_RELEASED
+                self._released_steps.assign(released)
+                if layout is no_fingerprint:
+                    self._schedule_fingerprint.assign(list(step_checks.UNRECORDED_FINGERPRINT))
+                return
         super().load_own_variables(store)
 
     def record_schedule_fingerprint(self) -> None:
@@ -489,14 +522,31 @@ class DPOptimizerBase:
             raise RuntimeError(step_checks.schedule_mismatch_message(recorded=True) + f" {int(self.dp_step.numpy())}.")
         self._schedule_fingerprint.assign(list(self._schedule.fingerprint))
 
-    def check_budget_left(self, budget_stop: str) -> None:
-        """Refuses, on the host, to start training on a spent schedule (before any step is traced).
+    def host_refusal(self, budget_stop: str | None) -> RuntimeError | None:
+        """The refusal of the next step that the host can tell, as the DP step checks inside the step decide it
+        (`step_checks.StepChecks.host_refusal`), or None.
 
-        Raises:
-          BudgetExhaustedError: when ``dp_step`` has reached the schedule's T; ``budget_stop`` names the callback.
+        Args:
+          budget_stop: the callback the budget's refusal suggests, or None (`step_checks.budget_exhausted_parts`).
+
+        Returns:
+          `BudgetExhaustedError` when `released_steps` has reached the schedule's T; RuntimeError when `dp_step` is
+          not `released_steps` (`step_checks.counter_moved_parts`); None when neither.
         """
-        if int(self.dp_step.numpy()) >= self._schedule.num_steps:
-            raise BudgetExhaustedError(step_checks.budget_exhausted_message(self._schedule.num_steps, budget_stop))
+        step, released = int(self.dp_step.numpy()), self.released_steps
+        code = self._step_checks.host_refusal(step, released)
+        if code == step_checks.BUDGET_SPENT:
+            num_steps = self._schedule.num_steps
+            return BudgetExhaustedError(step_checks.budget_exhausted_message(released, num_steps, budget_stop))
+        if code:
+            return RuntimeError(step_checks.render(step_checks.counter_moved_parts(), [step, released]))
+        return None
+
+    def check_budget_left(self, budget_stop: str | None) -> None:
+        """Raises `host_refusal` (on the host, before any step is traced) if there is one."""
+        refusal = self.host_refusal(budget_stop)
+        if refusal is not None:
+            raise refusal
 
     def get_config(self) -> dict:
         config = super().get_config()

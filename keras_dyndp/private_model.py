@@ -76,11 +76,13 @@ class Hooks:
 
 @dataclasses.dataclass
 class PrivateModel:
-    """One private model's record: its options, the data its entry points showed, its backend's hooks."""
+    """One private model's record: its options, the data its entry points showed, its backend's hooks, and whether
+    the ``fit`` now running has a callback that ends it at the budget (`stops_at_the_budget`)."""
 
     config: PrivateConfig
     data_seen: entry_points.DataSeen
     hooks: Hooks
+    fit_stops_at_the_budget: bool = False
 
 
 _MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -142,12 +144,24 @@ def dp_optimizer(model: Any) -> Any:
 
 
 @contextlib.contextmanager
-def budget_refusal() -> Iterator[None]:
-    """A `BudgetExhaustedError` raised inside (from Keras's ``fit``) comes out alone, without Keras's traceback."""
+def budget_refusal(model: Any, callbacks: Any) -> Iterator[None]:
+    """Runs ``model``'s ``fit`` with ``callbacks``, noting in its record whether one ends it at the budget
+    (`stops_at_the_budget`: then no refusal suggests one); a `BudgetExhaustedError` raised inside comes out alone,
+    without Keras's traceback."""
+    bound = _MODELS[model]
+    bound.fit_stops_at_the_budget = stops_at_the_budget(callbacks)
     try:
         yield
     except refusals.BudgetExhaustedError as error:
         raise refusals.BudgetExhaustedError(str(error)) from None
+    finally:
+        bound.fit_stops_at_the_budget = False
+
+
+def stops_at_the_budget(callbacks: Any) -> bool:
+    """Whether ``callbacks`` (``fit``'s) hold one that ends ``fit`` at the schedule's last step
+    (`keras_dyndp.BudgetStop`, marked ``stops_at_the_budget``)."""
+    return any(getattr(callback, "stops_at_the_budget", False) for callback in callbacks or ())
 
 
 def private_train_on_batch(self: Any, x=None, *args, **kwargs):

@@ -13,13 +13,60 @@ from keras_dyndp import batch_sizes
 BUDGET_EXHAUSTED = "DP budget exhausted: all"
 """How `budget_exhausted_message` begins (what a caller looks for in a TensorFlow assertion's text)."""
 
+BUDGET_STOP = "keras_dyndp.BudgetStop"
+"""The callback that ends ``fit`` at the schedule's last step, as the refusals name it."""
 
-def budget_exhausted_message(num_steps: int, budget_stop: str) -> str:
-    """The one-line refusal of a step past the schedule's ``num_steps``; ``budget_stop``: the backend's callback."""
+
+def budget_exhausted_parts(num_steps: int, budget_stop: str | None) -> tuple[str, str]:
+    """The refusal of a step once ``num_steps`` (T) DP steps are released, before and after the released count.
+
+    ``budget_stop``: the callback to suggest (`BUDGET_STOP`) where the budget ran out during a ``fit`` without it,
+    else None: it cannot help a call that starts on a spent budget, nor ``train_on_batch`` or a custom loop.
+    """
+    stop = (
+        ""
+        if budget_stop is None
+        else f" To end fit at the last step instead of this error, add {budget_stop}() to its callbacks."
+    )
     return (
-        f"{BUDGET_EXHAUSTED} {num_steps} steps of the DPSchedule have been taken (dp_step >= schedule.num_steps) "
-        "and another step would exceed the accounted privacy budget, so none was applied. Add "
-        f"{budget_stop}() to the callbacks of fit to end training at the last step, or calibrate a longer schedule."
+        f"{BUDGET_EXHAUSTED} {num_steps} steps of the DPSchedule have been released (released_steps ",
+        f" of schedule.num_steps {num_steps}) and another step would exceed the accounted privacy budget, so none "
+        "was applied. This schedule's budget is spent: no more training under it. A new schedule is a new budget, "
+        "spent on the same data (the two runs' epsilons add up): to train further, compile the model with a new "
+        "optimizer built for it. model.evaluate and model.predict take no DP step and still work." + stop,
+    )
+
+
+def budget_exhausted_message(released: int, num_steps: int, budget_stop: str | None) -> str:
+    """The one-line refusal of a step once ``released`` >= ``num_steps`` (`budget_exhausted_parts`)."""
+    before, after = budget_exhausted_parts(num_steps, budget_stop)
+    return f"{before}{released}{after}"
+
+
+UNRECORDED_RELEASED = -1
+"""The value of an optimizer's released-steps variable before its first step, and after loading a file saved before
+keras_dyndp counted released steps: the step counter's value stands for it (`released_steps`)."""
+
+
+def released_steps(step: Any, recorded: Any, where: Any) -> Any:
+    """The DP steps an optimizer has released: its ``recorded`` released-steps variable (of ``step``'s dtype), or its
+    step counter ``step`` where that holds `UNRECORDED_RELEASED`; ``where``: the backend's select (``np.where``,
+    ``tf.where``, ``jnp.where``)."""
+    return where(recorded < 0, step, recorded)
+
+
+def counter_moved_parts() -> tuple[str, str, str]:
+    """The refusal of a step counter that is not the number of DP steps released, around those two numbers."""
+    return (
+        "The optimizer's step counter (dp_step, Keras's optimizer.iterations) is ",
+        " but the optimizer has released ",
+        " DP steps (optimizer.released_steps): the counter was set by hand (e.g. optimizer.iterations.assign(0)) or "
+        "restored without the rest of the optimizer. A step at it would index the schedule at the wrong step and "
+        "release more steps than the schedule's epsilon accounts, so no step runs. To go on with this schedule, set "
+        "the counter back: optimizer.iterations.assign(optimizer.released_steps) (the steps left are "
+        "schedule.num_steps - released_steps); to resume from a checkpoint, restore the whole optimizer (its released "
+        "steps are saved with the counter). Starting over needs a new optimizer, whose new budget adds to the one "
+        "spent.",
     )
 
 
@@ -66,13 +113,35 @@ def schedule_mismatch_message(recorded: bool) -> str:
     )
 
 
-NO_KEY, SCHEDULE_MISMATCH, NO_FINGERPRINT, BUDGET_SPENT, PADDING_ROWS, TOO_FEW, TOO_MANY = range(1, 8)
+NO_KEY, SCHEDULE_MISMATCH, NO_FINGERPRINT, COUNTER_MOVED, BUDGET_SPENT, PADDING_ROWS, TOO_FEW, TOO_MANY = range(1, 9)
 """The refusal codes, in order of precedence (0: the step may run)."""
+
+NUMBERS = {
+    SCHEDULE_MISMATCH: ("step",),
+    NO_FINGERPRINT: ("step",),
+    COUNTER_MOVED: ("step", "released"),
+    BUDGET_SPENT: ("released",),
+    TOO_FEW: ("max_examples",),
+    TOO_MANY: ("min_examples",),
+}
+"""The numbers each refusal's text (`StepChecks.message`) shows, in order, by name: the step counter, the DP steps
+released, the batch's most or fewest examples."""
+
+
+def interleave(parts: Sequence[str], numbers: Sequence[Any]) -> list:
+    """``[parts[0], numbers[0], parts[1], ..., parts[-1]]``: a refusal's text around its numbers."""
+    return [item for pair in zip(parts, numbers) for item in pair] + [parts[-1]]
+
+
+def render(parts: Sequence[str], numbers: Sequence[int]) -> str:
+    """A refusal's text on the host: ``parts`` around the int ``numbers`` (`interleave`)."""
+    return "".join(map(str, interleave(parts, [int(number) for number in numbers])))
 
 
 class StepChecks:
-    """The refusals of one optimizer's steps: past the budget, on another schedule's step counter, and of batches
-    outside the schedule's Poisson sampling (`keras_dyndp.tf_backend.sampling_check` says why).
+    """The refusals of one optimizer's steps: past the budget, on a step counter that is not the steps released or
+    that comes from another schedule, and of batches outside the schedule's Poisson sampling
+    (`keras_dyndp.tf_backend.sampling_check` says why).
 
     Args:
       schedule: the optimizer's `keras_dyndp.schedules.DPSchedule`.
@@ -94,16 +163,24 @@ class StepChecks:
         own = self._schedule.fingerprint
         return (step > 0) & ~((recorded[0] == own[0]) & (recorded[1] == own[1]))
 
-    def failing(self, step, recorded, min_examples, max_examples, num_rows, no_key=None) -> dict[int, Any]:
+    def host_refusal(self, step: int, released: int) -> int:
+        """The refusal code (`COUNTER_MOVED`, `BUDGET_SPENT`, or 0) of the next step, on the host, for a step counter
+        ``step`` and ``released`` DP steps released (`released_steps`), as `failing` decides them."""
+        if step != released:
+            return COUNTER_MOVED
+        return BUDGET_SPENT if released >= self._schedule.num_steps else 0
+
+    def failing(self, step, recorded, released, min_examples, max_examples, num_rows, no_key=None) -> dict[int, Any]:
         """``{code: bool, True where the step must be refused}`` in order of precedence, for a step at counter
-        ``step`` with the ``recorded`` schedule fingerprint, of a batch of ``num_rows`` rows holding between
-        ``min_examples`` and ``max_examples`` examples (rows with a non-zero sample weight); ``no_key``: bool, the
-        step has no secret noise key (None: not checked)."""
+        ``step`` with the ``recorded`` schedule fingerprint and ``released`` DP steps released (`released_steps`), of
+        a batch of ``num_rows`` rows holding between ``min_examples`` and ``max_examples`` examples (rows with a
+        non-zero sample weight); ``no_key``: bool, the step has no secret noise key (None: not checked)."""
         checks = {} if no_key is None else {NO_KEY: no_key}
         mismatch = self.schedule_mismatch(step, recorded)
         unrecorded = (recorded[0] == 0) & (recorded[1] == 0)  # UNRECORDED_FINGERPRINT
         checks[SCHEDULE_MISMATCH], checks[NO_FINGERPRINT] = mismatch & ~unrecorded, mismatch & unrecorded
-        checks[BUDGET_SPENT] = step >= self._schedule.num_steps
+        checks[COUNTER_MOVED] = step != released
+        checks[BUDGET_SPENT] = released >= self._schedule.num_steps
         if self._normalises_by_rows:
             checks[PADDING_ROWS] = max_examples < num_rows
         elif self.batch_size_range is not None:
@@ -111,23 +188,25 @@ class StepChecks:
             checks[TOO_MANY] = min_examples > self.batch_size_range[1]
         return checks
 
-    def message(self, code: int) -> tuple[str, str]:
-        """Refusal ``code``'s text, before and after its number: the steps taken (`SCHEDULE_MISMATCH`,
-        `NO_FINGERPRINT`), the examples counted (`TOO_FEW`, `TOO_MANY`), else none (nothing after)."""
+    def message(self, code: int, budget_stop: str | None = BUDGET_STOP) -> tuple[str, ...]:
+        """Refusal ``code``'s text, in the parts around its numbers (`NUMBERS`: one part more than numbers; join them
+        with `interleave`); ``budget_stop``: as `budget_exhausted_parts`."""
         if code == NO_KEY:  # JAX's (TensorFlow's key never leaves its generator)
             return (
                 "The DP step was handed an optimizer state without its secret noise key (the key words of the "
                 "optimizer's never-saved `dp_run_state` are zero, as in its variables at rest), and noise from a known "
                 "key protects nothing. Take the state of each run of steps from `optimizer.new_run([v.value for v in "
                 "optimizer.variables])`, which writes the key and a fresh run nonce into it (make_private's train "
-                "function does); after the run, assign the state back and call `optimizer.raise_refused_step()`."
-            ), ""
+                "function does); after the run, assign the state back and call `optimizer.raise_refused_step()`.",
+            )
         if code in (SCHEDULE_MISMATCH, NO_FINGERPRINT):
             return schedule_mismatch_message(recorded=code == SCHEDULE_MISMATCH) + " ", "."
+        if code == COUNTER_MOVED:
+            return counter_moved_parts()
         if code == BUDGET_SPENT:
-            return budget_exhausted_message(self._schedule.num_steps, "keras_dyndp.BudgetStop"), ""
+            return budget_exhausted_parts(self._schedule.num_steps, budget_stop)
         if code == PADDING_ROWS:
-            return batch_sizes.PADDING_ROWS_REFUSAL, ""
+            return (batch_sizes.PADDING_ROWS_REFUSAL,)
         low, high = self.batch_size_range
         what = "few" if code == TOO_FEW else "many"
         return batch_sizes.out_of_range_refusal(what, self.sampling_probability, self.num_examples, low, high)

@@ -254,7 +254,7 @@ def test_budget_stop():
     optimizer.dp_step.assign(4)
     stop.on_train_batch_end(1)
     assert model.stop_training and stop.stopped_at_step == 4
-    with pytest.raises(RuntimeError, match="already spent: the optimizer has taken 4 of the schedule's 4"):
+    with pytest.raises(RuntimeError, match="already spent: the optimizer has released 4 of the schedule's 4"):
         stop.on_train_begin()
 
 
@@ -367,3 +367,82 @@ def test_budget_stop_ends_fit_with_an_ordinary_line_after_the_progress_bar(capsy
     assert lines[-1] == "BudgetStop: the privacy budget is spent (6 of the schedule's 6 DP steps); training ended."
     assert "dp_step" in lines[-2]  # after the progress bar's last line
     assert not [record for record in caplog.records if "BudgetStop" in record.getMessage()]
+
+
+def _spent_model(seed: int, num_steps: int = 3):
+    """A private model whose optimizer has released all ``num_steps`` steps of its schedule in one fit (p 0.25)."""
+    x, y = _data(seed)
+    schedule = schedules.DPSchedule(np.ones(num_steps), np.ones(num_steps), sampling_probability=0.25)
+    model = _private_model(schedule, len(x))
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.25)  # 4 steps per epoch
+    model.fit(batches, epochs=1, verbose=0, callbacks=[callbacks.BudgetStop()])
+    assert int(model.optimizer.dp_step.numpy()) == num_steps
+    return model, schedule, (x, y)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # train_on_batch's batch: warned
+@pytest.mark.parametrize("entry_point", ["fit", "unbound fit", "train_on_batch"])
+def test_a_step_counter_set_back_after_the_budget_is_refused_and_the_logger_counts_the_steps_released(entry_point):
+    """Issue 52: ``iterations.assign(0)`` after the T steps trained T more (3 + 3 on T = 3), and PrivacyLogger
+    logged dp_step 3 and the 3-step epsilon for 6 released steps."""
+    model, schedule, (x, y) = _spent_model(5)
+    optimizer = model.optimizer
+    weights = model.get_weights()
+    optimizer.iterations.assign(0)
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.25)
+    train = {
+        "fit": lambda: model.fit(batches, epochs=1, verbose=0),
+        "unbound fit": lambda: keras.Model.fit(model, batches, epochs=1, verbose=0, shuffle=False),
+        "train_on_batch": lambda: model.train_on_batch(x[:10], y[:10]),
+    }[entry_point]
+    with pytest.raises(RuntimeError, match=r"is 0 but the optimizer has released 3 DP steps \(optimizer.released_"):
+        train()
+    for after, before in zip(model.get_weights(), weights):
+        np.testing.assert_array_equal(after, before)
+    assert optimizer.released_steps == 3 and int(optimizer.dp_step.numpy()) == 0
+    logger = callbacks.PrivacyLogger(delta=DELTA)
+    logger.set_model(model)
+    values = logger.privacy_logs()
+    assert values["dp_step"] == 3.0
+    epsilon = next(value for key, value in values.items() if key.startswith("epsilon_pld"))
+    assert epsilon == pytest.approx(schedule.epsilon(DELTA, accountant="pld"))
+    optimizer.iterations.assign(optimizer.released_steps)  # what the refusal says: the counter set back
+    with pytest.raises(keras_dyndp.BudgetExhaustedError, match="all 3 steps of the DPSchedule have been released"):
+        model.fit(batches, epochs=1, verbose=0)
+
+
+def test_a_step_counter_set_back_within_the_budget_is_refused_until_it_counts_the_steps_released():
+    x, y = _data(6)
+    schedule = schedules.DPSchedule(np.ones(8), np.ones(8), sampling_probability=0.25)
+    model = _private_model(schedule, len(x))
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.25)  # 4 steps per epoch
+    model.fit(batches, epochs=1, verbose=0)
+    model.optimizer.iterations.assign(1)  # the schedule's steps 1-3 would run again
+    with pytest.raises(RuntimeError, match="is 1 but the optimizer has released 4 DP steps"):
+        model.fit(batches, epochs=1, verbose=0)
+    model.optimizer.iterations.assign(model.optimizer.released_steps)
+    history = model.fit(batches, epochs=1, verbose=0, callbacks=[callbacks.PrivacyLogger(delta=DELTA)])
+    assert history.history["dp_step"] == [8.0] and model.optimizer.released_steps == 8
+
+
+@pytest.mark.parametrize("with_budget_stop", [True, False])
+def test_a_fit_after_the_budget_says_it_is_spent_and_what_to_do_without_suggesting_budget_stop(with_budget_stop):
+    """Issue 55: a second fit after the budget, BudgetStop among its callbacks, was told to add BudgetStop."""
+    model, _, (x, y) = _spent_model(7)
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.25)
+    with pytest.raises(keras_dyndp.BudgetExhaustedError) as raised:
+        model.fit(batches, epochs=1, verbose=0, callbacks=[callbacks.BudgetStop()] if with_budget_stop else [])
+    message = str(raised.value)
+    assert message.startswith("DP budget exhausted: all 3 steps of the DPSchedule have been released")
+    assert "A new schedule is a new budget" in message and "model.evaluate and model.predict" in message
+    assert "BudgetStop" not in message  # it cannot help a fit that starts on a spent budget
+
+
+def test_a_fit_that_runs_past_the_budget_without_budget_stop_is_told_to_add_it():
+    x, y = _data(8)
+    schedule = schedules.DPSchedule(np.ones(3), np.ones(3), sampling_probability=0.25)
+    model = _private_model(schedule, len(x))
+    with pytest.raises(keras_dyndp.BudgetExhaustedError) as raised:
+        model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=0.25), epochs=1, verbose=0)
+    assert str(raised.value).endswith("add keras_dyndp.BudgetStop() to its callbacks.")
+    assert model.optimizer.released_steps == 3

@@ -65,14 +65,28 @@ def test_a_model_without_a_dp_optimizer_is_refused_naming_the_backend():
         private_model.dp_optimizer(model)
 
 
+class _BudgetStop:
+    stops_at_the_budget = True
+
+
 def test_the_budget_refusal_comes_out_without_the_chain_it_was_raised_in():
+    model = private_model.make_private(_Model(), "auto", False, _hooks([]))
     with pytest.raises(refusals.BudgetExhaustedError) as raised:
-        with private_model.budget_refusal():
+        with private_model.budget_refusal(model, None):
             try:
                 raise KeyError("inside Keras")
             except KeyError as error:
                 raise refusals.BudgetExhaustedError("DP budget exhausted: all 3 steps") from error
     assert str(raised.value) == "DP budget exhausted: all 3 steps" and raised.value.__suppress_context__
+
+
+def test_a_fit_notes_while_it_runs_whether_a_callback_ends_it_at_the_budget():
+    model = private_model.make_private(_Model(), "auto", False, _hooks([]))
+    record = private_model.record(model)
+    for callbacks, stops in [([object(), _BudgetStop()], True), ([object()], False), (None, False)]:
+        with private_model.budget_refusal(model, callbacks):
+            assert record.fit_stops_at_the_budget is stops
+        assert record.fit_stops_at_the_budget is False
 
 
 def test_a_saved_config_is_none_or_both_options():

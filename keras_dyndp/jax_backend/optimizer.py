@@ -3,8 +3,9 @@
 `make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``, with
 the arguments, checks and config of `keras_dyndp.optimizer_base.DPOptimizerBase`. The jitted step never calls the
 host: `stateless_apply_clipped_sum` takes the sums of gradients clipped to C_k (`clip_norm_at`, k = ``iterations``),
-checks in the graph the counter against the budget and the recorded schedule and the batch's number of examples
-against the schedule's Poisson sampling, then noises, normalises (`keras_dyndp.mechanism.private_update`) and applies
+checks in the graph the counter against the steps released (``released_steps``, saved with it, each step adding 1)
+and the recorded schedule, the steps released against the budget and the batch's number of examples against the
+schedule's Poisson sampling, then noises, normalises (`keras_dyndp.mechanism.private_update`) and applies
 through Keras's ``stateless_apply``. A refused step, and every later one, changes nothing until `raise_refused_step`
 reads the refusal from the run state and raises. `apply` refuses any other gradients (Keras's default train step).
 
@@ -53,6 +54,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
         self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
         self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
+        self._released_steps = self._int32_variable("released_steps", ())
+        self._released_steps.assign(step_checks.UNRECORDED_RELEASED)
         # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
         # (zeros at rest)]; never saved.
         self._run_state = self._int32_variable("dp_run_state", 5)
@@ -60,9 +63,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _check_same_release(self, description: dict) -> None:
         processes.check_same_release(description)
 
-    def _int32_variable(self, name: str, size: int) -> keras.Variable:
+    def _int32_variable(self, name: str, shape: int | tuple) -> keras.Variable:
+        shape = (shape,) if isinstance(shape, int) else shape
         return self.add_variable(
-            shape=(size,), initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name
+            shape=shape, initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name
         )
 
     @property
@@ -81,6 +85,12 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def step_at(self, optimizer_variables) -> jax.Array:
         """The step counter's value in ``optimizer_variables`` (the optimizer's state in a stateless train step)."""
         return optimizer_variables[self._index(self.iterations)]
+
+    def released_at(self, optimizer_variables) -> jax.Array:
+        """The DP steps released (`step_checks.released_steps`) in ``optimizer_variables``, in the counter's dtype."""
+        step = self.step_at(optimizer_variables)
+        recorded = jnp.asarray(optimizer_variables[self._index(self._released_steps)], jnp.asarray(step).dtype)
+        return step_checks.released_steps(step, recorded, jnp.where)
 
     def schedule_values(self, step) -> tuple[jax.Array, jax.Array]:
         """float32 (C, sigma) of step ``step``; both 0 once the budget is spent."""
@@ -107,24 +117,31 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """The step's secret key for its random layers' states (module docstring)."""
         return self._step_key(optimizer_variables, noise_source.LAYER_SEEDS)
 
-    def _refusal(self, code: int, num_examples: int, optimizer_variables) -> RuntimeError:
-        before, after = self._step_checks.message(code)
-        if code in (step_checks.SCHEDULE_MISMATCH, step_checks.NO_FINGERPRINT):
-            return RuntimeError(f"{before}{int(self.step_at(optimizer_variables))}{after}")
+    def _refusal(self, code: int, num_examples: int, optimizer_variables, budget_stop: str | None) -> RuntimeError:
+        step, released = int(self.step_at(optimizer_variables)), int(self.released_at(optimizer_variables))
+        values = dict(step=step, released=released, min_examples=num_examples, max_examples=num_examples)
+        parts = self._step_checks.message(code, budget_stop)
+        text = step_checks.render(parts, [values[name] for name in step_checks.NUMBERS.get(code, ())])
         if code == step_checks.BUDGET_SPENT:
-            return optimizer_base.BudgetExhaustedError(before)
-        return RuntimeError(f"{before}{num_examples if after else ''}{after}{_NOT_APPLIED}")
+            return optimizer_base.BudgetExhaustedError(text)
+        if code in (step_checks.SCHEDULE_MISMATCH, step_checks.NO_FINGERPRINT, step_checks.COUNTER_MOVED):
+            return RuntimeError(text)
+        return RuntimeError(f"{text}{_NOT_APPLIED}")
 
-    def refusal_in(self, optimizer_variables, *, before_a_step: bool = False) -> RuntimeError | None:
+    def refusal_in(
+        self, optimizer_variables, *, before_a_step: bool = False, budget_stop: str | None = None
+    ) -> RuntimeError | None:
         """The refusal recorded in ``optimizer_variables`` (the optimizer's state) since its run of steps began;
-        with ``before_a_step``, also the budget's when the counter has reached T. None when there is none. Reads
-        the values back to the host (it waits for the step that wrote them)."""
+        with ``before_a_step``, also a counter that is not the steps released and the budget's once they have
+        reached T (`step_checks.StepChecks.host_refusal`). None when there is none. Reads the values back to the host
+        (it waits for the step that wrote them). ``budget_stop``: as `step_checks.budget_exhausted_parts`."""
         code, num_examples = (
             int(value) for value in np.asarray(optimizer_variables[self._index(self._run_state)])[1:3]
         )
-        if not code and before_a_step and int(self.step_at(optimizer_variables)) >= self._schedule.num_steps:
-            code = step_checks.BUDGET_SPENT
-        return self._refusal(code, num_examples, optimizer_variables) if code else None
+        if not code and before_a_step:
+            step, released = int(self.step_at(optimizer_variables)), int(self.released_at(optimizer_variables))
+            code = self._step_checks.host_refusal(step, released)
+        return self._refusal(code, num_examples, optimizer_variables, budget_stop) if code else None
 
     def new_run(self, optimizer_variables) -> list:
         """``optimizer_variables`` starting a new run of steps: the secret key's words, from host memory (the step
@@ -147,7 +164,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             values[index] = values[index].at[noise_source.KEY_WORDS].set(0)
         return values
 
-    def raise_refused_step(self) -> None:
+    def raise_refused_step(self, budget_stop: str | None = None) -> None:
         """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call,
         and puts the run state at rest in the variables: a never-used nonce, no refusal, no key (what reads the
         variables from here on finds zeros in its place). A refusal cannot raise inside the jitted step (reading it
@@ -155,8 +172,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         model makes wherever Keras syncs the state back (`keras_dyndp.jax_backend.train_step`, whose train function
         starts a new run, `new_run`, whenever the state comes from the variables); a custom loop calling
         `stateless_apply_clipped_sum` takes its state from `new_run`, assigns the state back and calls it after each
-        run of steps."""
-        refusal = self.refusal_in([variable.value for variable in self.variables])
+        run of steps. ``budget_stop``: as `step_checks.budget_exhausted_parts`."""
+        refusal = self.refusal_in([variable.value for variable in self.variables], budget_stop=budget_stop)
         self._run_state.assign(self._noise_source.fresh_run_state(with_key=False))
         if refusal is not None:
             raise refusal
@@ -201,11 +218,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           recorded refusal when the step was refused.
         """
         optimizer_base.check_same_length(clipped_sums, trainable_variables)
-        step = self.step_at(optimizer_variables)
+        step, released = self.step_at(optimizer_variables), self.released_at(optimizer_variables)
         fingerprint_index, run_index = self._index(self._schedule_fingerprint), self._index(self._run_state)
         run_state = optimizer_variables[run_index]
         recorded, no_key = optimizer_variables[fingerprint_index], jnp.all(run_state[noise_source.KEY_WORDS] == 0)
-        checks = self._step_checks.failing(step, recorded, num_examples, num_examples, num_rows, no_key)
+        checks = self._step_checks.failing(step, recorded, released, num_examples, num_examples, num_rows, no_key)
         code = jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
         code = jnp.where(run_state[1] != 0, run_state[1], code)  # Once refused, refused until raise_refused_step.
         clip_norm, noise_stddev = self.schedule_values(step)
@@ -222,9 +239,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         )
         self._dp_gradient_guard.issue(grads)
         new_trainable, new_optimizer = self.stateless_apply(optimizer_variables, grads, trainable_variables)
-        # A step that runs keeps (at step 0: records) the schedule's fingerprint, saved with the counter.
+        # A step that runs keeps (at step 0: records) the schedule's fingerprint and counts itself released, both
+        # saved with the counter.
         new_optimizer = list(new_optimizer)
         new_optimizer[fingerprint_index] = jnp.asarray(self._schedule.fingerprint, jnp.int32)
+        new_optimizer[self._index(self._released_steps)] = jnp.asarray(released + 1, jnp.int32)
         new_trainable = [jnp.where(code == 0, n, o) for n, o in zip(new_trainable, trainable_variables)]
         new_optimizer = [jnp.where(code == 0, n, o) for n, o in zip(new_optimizer, optimizer_variables)]
         newly_refused = (run_state[1] == 0) & (code != 0)

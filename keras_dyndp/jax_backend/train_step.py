@@ -33,6 +33,7 @@ meaning: every example clipped, one noise key, the noise added once to the globa
 from __future__ import annotations
 
 import contextlib
+import inspect
 import operator
 import types
 import warnings
@@ -49,6 +50,7 @@ from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
 from keras_dyndp import refusals
+from keras_dyndp import step_checks
 from keras_dyndp import sublayers
 from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend import ghost
@@ -302,6 +304,7 @@ class _CheckedTrainFunction:
         self._function = function
         self._returned: tuple = ()  # The optimizer state returned last: the only one a run continues from.
         self._most_steps = 0  # The step counter is at most this.
+        self.budget_stop: str | None = None  # What the budget's refusal suggests (`_private_make_train_function`).
 
     def __call__(self, state, iterator):
         optimizer = private_model.dp_optimizer(self._model)
@@ -310,11 +313,11 @@ class _CheckedTrainFunction:
             if len(optimizer_variables) != len(self._returned) or any(
                 map(operator.is_not, optimizer_variables, self._returned)
             ):
-                refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True)
+                refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True, budget_stop=self.budget_stop)
                 self._most_steps = int(optimizer.step_at(optimizer_variables))
                 state = (trainable, non_trainable, optimizer.new_run(optimizer_variables), metrics)
             elif self._most_steps >= optimizer.schedule.num_steps:
-                refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True)
+                refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True, budget_stop=self.budget_stop)
             else:
                 refusal = None
             if refusal is not None:
@@ -366,7 +369,8 @@ def _private_fit(self: keras.Model, *args, **kwargs):
     """``Model.fit``, whose refusal past the budget is one `BudgetExhaustedError` without Keras's traceback (the
     checks are the train function's, the same for ``keras.Model.fit(model, ...)``)."""
     _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
-    with private_model.budget_refusal():
+    callbacks = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs).arguments.get("callbacks")
+    with private_model.budget_refusal(self, callbacks):
         return keras.Model.fit(self, *args, **kwargs)
 
 
@@ -377,12 +381,19 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
     schedule, keys and refusals, was replayed: the update followed the old clip norm, 1.06 where the new schedule
     allows 0.0014), wrapped in `_CheckedTrainFunction`."""
     _check_model(self)
-    _check_sampling(self, private_model.record(self).data_seen.take())
+    seen = private_model.record(self).data_seen.take()
+    within_fit = seen is not None and seen[0] == entry_points.FIT
+    if within_fit and isinstance(self.optimizer, optimizer_base.DPOptimizerBase):
+        self.optimizer.check_budget_left(None)  # spent before this fit: BudgetStop would not help
+    _check_sampling(self, seen)
     if force or self.train_function is None:
         self.train_step = types.MethodType(_private_train_step, self)
     type(self).make_train_function(self, force)
     if not isinstance(self.train_function, _CheckedTrainFunction):
         self.train_function = _CheckedTrainFunction(self, self.train_function)
+    # Past the budget within a fit (which began with steps left), BudgetStop would have ended it at the last step.
+    stops = private_model.record(self).fit_stops_at_the_budget
+    self.train_function.budget_stop = step_checks.BUDGET_STOP if within_fit and not stops else None
 
 
 def _private_jax_state_sync(self: keras.Model):
@@ -394,7 +405,7 @@ def _private_jax_state_sync(self: keras.Model):
     type(self).jax_state_sync(self)
     optimizer = getattr(self, "optimizer", None)
     if stepped and isinstance(optimizer, optimizer_base.DPOptimizerBase):
-        optimizer.raise_refused_step()
+        optimizer.raise_refused_step(getattr(self.train_function, "budget_stop", None))
 
 
 def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:

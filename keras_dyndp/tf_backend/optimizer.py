@@ -15,11 +15,13 @@ Step counter. `opt.dp_step` IS Keras's `opt.iterations`, saved with the optimize
 update, counter included, depends on the noised gradients (else, at the end of a dataset of unknown cardinality,
 Keras's increment would run once more and shift the schedule). The variable `schedule_fingerprint` records at step 0
 the schedule the steps are taken under; a counter restored from another schedule is refused in the graph
-(`keras_dyndp.step_checks.restored_schedule_refusal`).
+(`keras_dyndp.step_checks.restored_schedule_refusal`). The variable ``released_steps``, saved with the counter too,
+counts the steps released, each update adding 1: a step runs only where the counter equals it, so a counter set by
+hand (``iterations.assign(0)`` after the budget) is refused, and the budget and `PrivacyLogger` count released steps.
 
-Budget guard. Past T = `schedule.num_steps` a step raises `tf.errors.InvalidArgumentError` ("DP budget exhausted
-...", asserted as `keras_dyndp.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t
-also read 0 there and the step releases nothing; stop at T with `keras_dyndp.BudgetStop`.
+Budget guard. Past T = `schedule.num_steps` steps released a step raises `tf.errors.InvalidArgumentError` ("DP budget
+exhausted ...", asserted as `keras_dyndp.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t and
+sigma_t also read 0 there and the step releases nothing; stop at T with `keras_dyndp.BudgetStop`.
 
 Replicas (`keras_dyndp.tf_backend.replicas`): under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each
 replica clips its share, the first alone adds the noise and the base optimizer sums the parts; other strategies are
@@ -77,6 +79,16 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
             self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
         self._schedule_fingerprint = keras_compat.add_int32_optimizer_variable(self, "schedule_fingerprint", (2,))
+        # Tracked by name, not among the variables Keras lists by index in checkpoints (before the slots, it would
+        # shift theirs: a checkpoint saved before it existed would not restore); `.keras` files hold it last.
+        with tf.init_scope():
+            self._released_steps = tf.Variable(
+                step_checks.UNRECORDED_RELEASED,
+                dtype=tf.int32,
+                trainable=False,
+                name="released_steps",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
 
     @property
     def noise_source(self) -> noise_source.NoiseSource:
@@ -88,25 +100,33 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """The checks of the batches against the schedule's Poisson sampling (`sampling_check.SamplingCheck`)."""
         return self._sampling_check
 
+    def _released(self, step: tf.Tensor) -> tf.Tensor:
+        """The DP steps released (`step_checks.released_steps`), in the dtype of the step counter ``step``."""
+        recorded = tf.cast(tf.convert_to_tensor(self._released_steps), step.dtype)
+        return step_checks.released_steps(step, recorded, tf.where)
+
     def _current_schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
-        # 0 past the budget and on a restored step counter of another schedule: XLA drops the assertions.
-        step = self.dp_step
+        # 0 past the budget, on a restored step counter of another schedule and on a counter that is not the steps
+        # released: XLA drops the assertions.
+        step = tf.convert_to_tensor(self.dp_step)
         mismatch = self._step_checks.schedule_mismatch(step, tf.convert_to_tensor(self._schedule_fingerprint))
+        may_run = ~mismatch & tf.equal(step, self._released(step))
         clip_norms, noise_stddevs = self._clip_norms_tensor, self._noise_stddevs_tensor
-        return mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, self._schedule.num_steps, ~mismatch)
+        return mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, self._schedule.num_steps, may_run)
 
     def _refusals(self, min_examples, max_examples, num_rows) -> list[tf.Operation]:
         """The step's refusals (`keras_dyndp.step_checks`) of a batch of ``num_rows`` rows holding ``min_examples``
         to ``max_examples`` examples, assertions in their order, then the record of the schedule's fingerprint."""
         step, recorded = tf.convert_to_tensor(self.dp_step), tf.convert_to_tensor(self._schedule_fingerprint)
-        failing = self._step_checks.failing(step, recorded, min_examples, max_examples, num_rows)
-        numbers = {step_checks.TOO_FEW: max_examples, step_checks.TOO_MANY: min_examples}
-        numbers.update(dict.fromkeys((step_checks.SCHEDULE_MISMATCH, step_checks.NO_FINGERPRINT), step))
+        released = self._released(step)
+        failing = self._step_checks.failing(step, recorded, released, min_examples, max_examples, num_rows)
+        values = dict(step=step, released=released, min_examples=min_examples, max_examples=max_examples)
         checks = []
         for code, refused in failing.items():
-            before, after = self._step_checks.message(code)
+            parts = self._step_checks.message(code, budget_stop=None)  # a custom loop's (make_private's fit: its own)
+            numbers = [values[name] for name in step_checks.NUMBERS.get(code, ())]
             with tf.control_dependencies(checks):
-                checks += _refusal(refused, [before, numbers[code], after] if code in numbers else [before])
+                checks += _refusal(refused, step_checks.interleave(parts, numbers))
         with tf.control_dependencies(checks):
             mismatch = failing[step_checks.SCHEDULE_MISMATCH] | failing[step_checks.NO_FINGERPRINT]
             own = tf.constant(self._schedule.fingerprint, tf.int32)
@@ -254,9 +274,12 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def _apply_private_gradients(self, grads_and_vars: list, name=None, **kwargs) -> tf.Variable:
         # The base class's data-independent increment could run when the input iterator runs dry: tie it to the
-        # gradients (module docstring).
+        # gradients (module docstring), as the count of the steps released.
         with tf.control_dependencies([grad for grad, _ in grads_and_vars]):
-            return keras_compat.apply_base_update(super(), grads_and_vars, name=name, **kwargs)
+            step = tf.convert_to_tensor(self.dp_step)
+            released = self._released_steps.assign(tf.cast(self._released(step) + 1, tf.int32))
+            with tf.control_dependencies([released]):
+                return keras_compat.apply_base_update(super(), grads_and_vars, name=name, **kwargs)
 
     def apply_clipped_sum(
         self,
@@ -300,7 +323,7 @@ def _refusal(refused: tf.Tensor, message: list) -> list[tf.Operation]:
         return [tf.debugging.Assert(tf.logical_not(refused), message)]  # no string ops
     if bool(refused):
         raise tf.errors.InvalidArgumentError(
-            None, None, "".join(str(int(part)) if tf.is_tensor(part) else part for part in message)
+            None, None, "".join(part if isinstance(part, str) else str(int(part)) for part in message)
         )
     return []
 

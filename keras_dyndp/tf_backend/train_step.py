@@ -133,8 +133,10 @@ def _private_fit(self: keras.Model, *args, **kwargs):
     private_model.record(self).data_seen.record_call(entry_points.FIT, x)
     if "shuffle" not in bound.arguments and isinstance(x, tf.data.Dataset):
         bound.arguments["shuffle"] = False
-    bound.arguments["callbacks"] = [*(bound.arguments.get("callbacks") or []), _BudgetCheck(optimizer)]
-    with private_model.budget_refusal():
+    given = list(bound.arguments.get("callbacks") or [])
+    budget_stop = None if private_model.stops_at_the_budget(given) else step_checks.BUDGET_STOP
+    bound.arguments["callbacks"] = [*given, _BudgetCheck(optimizer, budget_stop)]
+    with private_model.budget_refusal(self, given):
         return type(self).fit(*bound.args, **bound.kwargs)
 
 
@@ -149,7 +151,7 @@ def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
     caller, x = seen
     check = optimizer.sampling_check
     if caller == entry_points.FIT:
-        optimizer.check_budget_left("keras_dyndp.BudgetStop")
+        optimizer.check_budget_left(None)  # spent before this fit: BudgetStop would not help
         with model.distribute_strategy.scope():  # Where the multi-worker refusal looks for the strategy.
             check.check_fit_input(x, getattr(model, "jit_compile", False))
             data.check_resume(x, optimizer)  # a seeded run resumed at another step than the optimizer's: refused
@@ -168,6 +170,10 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
     if not isinstance(function, _CheckedTrainFunction):
         function = _CheckedTrainFunction(self, function)
     function.checked = checked
+    # Past the budget within a fit (which began with steps left), BudgetStop would have ended it at the last step.
+    within_fit = seen is not None and seen[0] == entry_points.FIT
+    stops = private_model.record(self).fit_stops_at_the_budget
+    function.budget_stop = step_checks.BUDGET_STOP if within_fit and not stops else None
     self.train_function = function
     return function
 
@@ -176,13 +182,15 @@ class _CheckedTrainFunction:
     """The train function Keras calls for a made-private model, from every entry point (``fit`` and
     ``train_on_batch``, bound or called unbound, ``model.train_function`` after ``make_train_function``): Keras's
     ``iterator -> logs``, its steps within `SamplingCheck.handed_over` when the entry point's data was checked, the
-    in-graph refusal past the budget raised as one `BudgetExhaustedError` (TensorFlow raises it as an
-    ``InvalidArgumentError``)."""
+    in-graph refusals past the budget and of a step counter set by hand raised as one `BudgetExhaustedError` and one
+    RuntimeError (TensorFlow raises them as an ``InvalidArgumentError``); ``budget_stop``: the callback the budget's
+    refusal suggests, or None (`step_checks.budget_exhausted_parts`)."""
 
     def __init__(self, model: keras.Model, function: Callable):
         self._model = model
         self._function = function
         self.checked = False
+        self.budget_stop: str | None = None
 
     def __getattr__(self, name: str):  # Keras and TensorFlow read the wrapped tf.function's attributes.
         if name.startswith("__") or name in ("_model", "_function"):
@@ -195,11 +203,11 @@ class _CheckedTrainFunction:
         try:
             with checked:
                 return self._function(iterator)
-        except tf.errors.InvalidArgumentError as error:  # Under steps_per_execution the budget can end inside a call.
-            if step_checks.BUDGET_EXHAUSTED not in error.message:
+        except tf.errors.InvalidArgumentError:  # Under steps_per_execution the budget can end inside a call.
+            refusal = optimizer.host_refusal(self.budget_stop)  # The same refusal, on the host, in one line.
+            if refusal is None:
                 raise
-            message = step_checks.budget_exhausted_message(optimizer.schedule.num_steps, "keras_dyndp.BudgetStop")
-            raise optimizer_base.BudgetExhaustedError(message) from None
+            raise refusal from None
 
 
 class _BudgetCheck(keras.callbacks.Callback):
@@ -207,10 +215,11 @@ class _BudgetCheck(keras.callbacks.Callback):
     guard fails with TensorFlow's traceback). Reads the step counter only near the end: before the n-th call of a
     ``fit`` that started at step s, at most s + n k steps are taken (``steps_per_execution`` k)."""
 
-    def __init__(self, optimizer: optimizer_base.DPOptimizerBase):
+    def __init__(self, optimizer: optimizer_base.DPOptimizerBase, budget_stop: str | None):
         super().__init__()
         self._supports_tf_logs = True  # It reads no logs; Keras 2 would otherwise convert the ones PrivacyLogger fills.
         self._optimizer = optimizer
+        self._budget_stop = budget_stop  # The callback to suggest: None when it is among fit's callbacks.
         self._most_steps = 0
         self._steps_per_call = 1
 
@@ -221,7 +230,7 @@ class _BudgetCheck(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._most_steps >= self._optimizer.schedule.num_steps:
-            self._optimizer.check_budget_left("keras_dyndp.BudgetStop")
+            self._optimizer.check_budget_left(self._budget_stop)
         self._most_steps += self._steps_per_call
 
 

@@ -257,6 +257,49 @@ def test_the_variables_hold_no_key_after_fit_train_on_batch_or_a_refused_call():
     assert np.all(_key_words(optimizer, _values(optimizer)) == 0)
 
 
+def test_a_custom_loop_on_a_step_counter_set_back_is_refused_and_changes_nothing():
+    """Issue 52 on JAX's own step: every step counts itself released; a counter set by hand is refused."""
+    optimizer, step = _custom_loop_optimizer()
+    state = optimizer.new_run(_values(optimizer))
+    for _ in range(2):
+        _, state = step(state)
+    assert int(optimizer.released_at(state)) == 2 == int(optimizer.step_at(state))
+    for variable, value in zip(optimizer.variables, optimizer.at_rest(state)):
+        variable.assign(value)
+    optimizer.raise_refused_step()
+    assert optimizer.released_steps == 2
+    optimizer.iterations.assign(0)
+    update, state = step(optimizer.new_run(_values(optimizer)))
+    assert np.all(update == 0) and int(optimizer.step_at(state)) == 0 and int(optimizer.released_at(state)) == 2
+    for variable, value in zip(optimizer.variables, optimizer.at_rest(state)):
+        variable.assign(value)
+    with pytest.raises(RuntimeError, match="is 0 but the optimizer has released 2 DP steps"):
+        optimizer.raise_refused_step()
+
+
+def test_the_steps_released_are_saved_and_a_file_without_them_loads_them_as_the_counter():
+    x, y = _data()
+    model = _private(DynamicDPKerasSGD(schedule=_schedule(), public_batch_size=True, learning_rate=0.1))
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    path = f"{pytest.importorskip('tempfile').mkdtemp()}/model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.optimizer.released_steps == 2
+    loaded.optimizer.iterations.assign(0)
+    with pytest.raises(RuntimeError, match="is 0 but the optimizer has released 2 DP steps"):
+        loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    optimizer = model.optimizer
+    store = {}
+    optimizer.save_own_variables(store)
+    released = optimizer._released_steps  # pylint: disable=protected-access
+    index = optimizer._index(released)  # pylint: disable=protected-access  (before the run state, never saved)
+    older = [store[str(i)] for i in range(len(store)) if i != index]  # the layout before
+    optimizer.iterations.assign(0)
+    released.assign(7)
+    optimizer.load_own_variables({str(i): value for i, value in enumerate(older)})
+    assert int(optimizer.dp_step.numpy()) == 2 and optimizer.released_steps == 2 and int(released.numpy()) == -1
+
+
 def test_a_noise_seed_reproduces_the_noise_and_warns_at_the_caller():
     x, y = _data()
     updates = []

@@ -417,13 +417,88 @@ def test_a_step_counter_without_a_fingerprint_is_refused_until_recorded(tmp_path
 def test_an_optimizer_file_without_a_fingerprint_loads_its_counter_unrecorded():
     optimizer = DynamicDPKerasSGD(schedule=SCHEDULE_A, expected_batch_size=2, learning_rate=0.1)
     optimizer.dp_step.assign(3)
-    # The layout before: the same variables without the fingerprint.
-    older = [variable.numpy() for variable in optimizer.variables if variable is not optimizer.schedule_fingerprint]
+    # The layout before: the same variables without the fingerprint and the steps released.
+    newer = (optimizer.schedule_fingerprint, optimizer._released_steps)  # pylint: disable=protected-access
+    older = [variable.numpy() for variable in optimizer.variables if all(variable is not v for v in newer)]
     optimizer.dp_step.assign(0)
     optimizer.load_own_variables({str(i): value for i, value in enumerate(older)})
-    assert int(optimizer.dp_step) == 3
+    assert int(optimizer.dp_step) == 3 and optimizer.released_steps == 3
     with pytest.raises(RuntimeError, match="no schedule fingerprint was saved"):
         optimizer.check_restored_schedule()
+
+
+@pytest.mark.parametrize("restore_path", ["checkpoint", "weights"])
+def test_the_steps_released_are_saved_and_restored_with_the_counter(tmp_path, restore_path):
+    restored, (x, y) = _trained_under_a(tmp_path, restore_path)
+    model = restored(SCHEDULE_A)
+    assert model.optimizer.released_steps == 2
+    model.optimizer.iterations.assign(0)
+    with pytest.raises(RuntimeError, match="is 0 but the optimizer has released 2 DP steps"):
+        model.fit(batches(x[:2], y[:2], 2), epochs=1, verbose=0)
+
+
+def test_a_file_saved_before_the_steps_released_were_counted_loads_them_as_the_counter():
+    optimizer = DynamicDPKerasSGD(schedule=SCHEDULE_A, expected_batch_size=2, learning_rate=0.1)
+    optimizer.dp_step.assign(3)
+    optimizer.record_schedule_fingerprint()
+    released = optimizer._released_steps  # pylint: disable=protected-access
+    older = [variable.numpy() for variable in optimizer.variables if variable is not released]  # the layout before
+    optimizer.dp_step.assign(0)
+    released.assign(7)
+    optimizer.load_own_variables({str(i): value for i, value in enumerate(older)})
+    assert int(optimizer.dp_step) == 3 and optimizer.released_steps == 3 and int(released.numpy()) == -1
+    optimizer.check_restored_schedule()
+    optimizer.check_budget_left(None)
+
+
+def test_a_checkpoint_saved_before_the_steps_released_were_counted_restores_them_as_the_counter(tmp_path):
+    """Adam's slots come after the optimizer's own variables, which Keras's checkpoints list by index: a variable
+    added among them would shift the slots' indices, and a checkpoint written before it would not restore."""
+    x, y = data()
+
+    def compiled():
+        optimizer = DynamicDPKerasAdam(schedule=SCHEDULE_A, public_batch_size=True, learning_rate=0.1)
+        return compile_on(FAST, linear_model(), optimizer)
+
+    model = compiled()
+    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    optimizer = model.optimizer
+    released = optimizer._released_steps  # pylint: disable=protected-access
+    del optimizer._released_steps  # the layout before
+    path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(tmp_path / "ckpt"))
+    optimizer._released_steps = released  # pylint: disable=protected-access
+    restored = compiled()
+    restored.optimizer.build(restored.trainable_variables)
+    tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(path)
+    assert int(restored.optimizer.dp_step) == 2 and restored.optimizer.released_steps == 2
+    restored.fit(x[:2], y[:2], batch_size=2, epochs=1, shuffle=False, verbose=0)
+    assert restored.optimizer.released_steps == 3
+
+
+def test_a_custom_loop_on_a_step_counter_set_back_is_refused_in_the_graph():
+    """Issue 52 on the optimizer's own step (minimize), eagerly and in a tf.function, with XLA (which drops the
+    assertion: the step releases nothing)."""
+    schedule = schedules.DPSchedule([1.0] * 2, [1.0] * 2, 0.5)
+    optimizer = DynamicDPKerasSGD(schedule=schedule, public_batch_size=True, learning_rate=1.0)
+    variable = tf.Variable(tf.zeros([2]))
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.constant([[3.0, 4.0]]) * variable, axis=1)
+        optimizer.minimize(loss, [variable], tape=tape)
+
+    step()
+    step()
+    assert optimizer.released_steps == 2
+    optimizer.iterations.assign(0)
+    before = variable.numpy()
+    for run in (step, tf.function(step)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"0(\] \[)? but the optimizer has released (\] \[)?2"):
+            run()
+    assert optimizer.current_clip_norm().numpy() == 0.0 and optimizer.current_noise_stddev().numpy() == 0.0
+    tf.function(step, jit_compile=True)()
+    np.testing.assert_array_equal(variable.numpy(), before)
+    assert optimizer.released_steps == 3 and int(optimizer.dp_step) == 1  # still apart: every later step refused
 
 
 def test_model_save_and_load_round_trip(tmp_path):
@@ -903,12 +978,15 @@ def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path):
         {name for name, _ in tf.train.list_variables(path) if not name.startswith("optimizer/_variables/")}
         for path in paths
     )
-    # nothing beyond what a plain SGD saves, except the schedule's fingerprint
-    assert dp_names - plain_names == {"optimizer/_schedule_fingerprint/.ATTRIBUTES/VARIABLE_VALUE"}
+    # nothing beyond what a plain SGD saves, except the schedule's fingerprint and the steps released
+    assert dp_names - plain_names == {
+        "optimizer/_schedule_fingerprint/.ATTRIBUTES/VARIABLE_VALUE",
+        "optimizer/_released_steps/.ATTRIBUTES/VARIABLE_VALUE",
+    }
     assert plain_names < dp_names
     dp_model.save(str(tmp_path / "model.keras"))
     loaded = keras.models.load_model(str(tmp_path / "model.keras"))
-    assert len(loaded.optimizer.variables) == len(plain_model.optimizer.variables) + 1
+    assert len(loaded.optimizer.variables) == len(plain_model.optimizer.variables) + 1  # the steps released by name
 
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
