@@ -77,7 +77,7 @@ def main() -> None:
     model.fit(batches, epochs=FLAGS.epochs, callbacks=callbacks, verbose=FLAGS.verbose)
 
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
-    steps = int(optimizer.dp_step.numpy())
+    steps = optimizer.released_steps
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test reviews)")
     vocabulary = "the vocabulary was learnt from the private training reviews; it is outside the DP guarantee."
     summary = keras_dyndp.run_summary(

@@ -209,7 +209,7 @@ def main() -> None:
     print(f"Step time: {step_ms:.1f} ms per DP step (median of {len(timer.intervals)}, compilation excluded)")
     public = "the public reviews (of the test split named on the first line) trained without noise: not protected"
     notes = [] if FLAGS.finetune == "none" else [public]
-    steps = int(optimizer.dp_step.numpy())
+    steps = optimizer.released_steps
     print(
         keras_dyndp.run_summary(
             schedule, delta, steps, method=FLAGS.method, privacy_unit="training review", notes=notes

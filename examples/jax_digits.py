@@ -105,7 +105,7 @@ def main() -> None:
         )
         model.fit(batches, initial_epoch=initial_epoch, epochs=epochs, verbose=FLAGS.verbose, callbacks=callbacks)
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
-    steps = int(optimizer.dp_step.numpy())
+    steps = optimizer.released_steps
     print(
         f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test images; Keras {keras.__version__} on "
         f"{keras.backend.backend()})"

@@ -112,7 +112,7 @@ def train(directory: str) -> None:
 
     test_x = np.asarray(test_images, np.float32)[..., None] / 255.0  # the test set is small: held in memory
     _, accuracy = model.evaluate(test_x, np.asarray(test_labels), verbose=0)
-    steps = int(np.asarray(optimizer.dp_step.numpy()))
+    steps = optimizer.released_steps
     print(f"Test accuracy: {accuracy:.4f} ({len(test_labels)} test images; {num_train} training images on disk)")
     print(keras_dyndp.run_summary(schedule, delta, steps, method=FLAGS.method, privacy_unit="training image"))
 

@@ -72,7 +72,7 @@ def main() -> None:
     model.fit(batches, epochs=FLAGS.epochs, callbacks=callbacks, verbose=FLAGS.verbose)
 
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
-    steps = int(optimizer.dp_step.numpy())
+    steps = optimizer.released_steps
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test names)")
     print(keras_dyndp.run_summary(schedule, delta, steps, method=FLAGS.method, privacy_unit="training name"))
     if FLAGS.model_dir:

@@ -75,7 +75,7 @@ def test_returns_the_backends_batches_with_their_sampling_and_defaults():
 
 def test_arguments_are_checked_once_with_the_default_steps():
     arguments = sampling.check_arguments(0.3, seed=np.int64(7))
-    assert (arguments.steps_per_epoch, arguments.seed, arguments.overflow) == (3, 7, "truncate")
+    assert (arguments.steps_per_epoch, arguments.seed, arguments.overflow) == (4, 7, "truncate")  # ceil(1 / 0.3)
     assert arguments.cap(1000, multiple_of=8) % 8 == 0 and sampling.check_arguments(0.3, max_batch_size=9).cap(10) == 9
 
 
