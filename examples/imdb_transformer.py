@@ -58,7 +58,9 @@ flags.DEFINE_integer("pretrain_epochs", 2, "Non-private epochs on the public rev
 flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
 flags.DEFINE_float("epsilon", 3.0, "Target epsilon of the private phase (PLD accountant, delta = 1 / (10 N)).")
 flags.DEFINE_integer("epochs", 2, "Private epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
-flags.DEFINE_integer("batch_size", 250, "Expected private batch size p N.", lower_bound=1)
+flags.DEFINE_integer(
+    "batch_size", 1000, "Expected private batch size p N (tune it first: examples/README.md).", lower_bound=1
+)
 flags.DEFINE_float("learning_rate", None, "DP-Adam learning rate (default 0.001 for full, 0.005 otherwise).")
 flags.DEFINE_integer("max_tokens", 10000, "Vocabulary size (counted on the public reviews).", lower_bound=3)
 flags.DEFINE_integer("sequence_length", 128, "Tokens per review (cut or padded).", lower_bound=1)
