@@ -18,7 +18,8 @@ checks close this.
    ``make_train_function`` with what the entry point showed, also an unbound ``keras.Model.fit`` on Keras 3):
    keras_dyndp Poisson batches of another number of examples than the optimizer's N
    (`keras_dyndp.batch_sizes.check_data_size`), at another p, or for ``public_batch_size=True``, or whose seed each
-   worker drew alone, raise ValueError; so do arrays without ``public_batch_size=True``
+   worker drew alone, or capped so low that truncating them adds more than a small share of the target delta
+   (`keras_dyndp.batch_sizes.check_max_batch_size`), raise ValueError; so do arrays without ``public_batch_size=True``
    (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else, and a step whose data the optimizer cannot see
    (custom loop or train step, ``train_on_batch``, a train function called directly, Keras 2's unbound ``fit``), gets
    one `SamplingWarning` per optimizer, which also says when batch sizes are not checked.
@@ -59,6 +60,8 @@ class SamplingCheck:
       optimizer_name: the optimizer's class name, for the refusals.
       note_unverified: the optimizer's `note_unverified_sampling`, called with what showed batches not known to be
         Poisson samples; True the first time (the `SamplingWarning` is given then).
+      note_batch_cap: the optimizer's `note_batch_cap`, called with N and the cap of the Poisson batches ``fit``
+        received: refuses a cap whose truncation voids the target delta, records the rest for the report.
     """
 
     def __init__(
@@ -67,11 +70,13 @@ class SamplingCheck:
         public_batch_size: bool,
         optimizer_name: str,
         note_unverified: Callable[[str], bool],
+        note_batch_cap: Callable[[int, int], None],
     ):
         self._step_checks = step_checks
         self._public_batch_size = public_batch_size
         self._optimizer_name = optimizer_name
         self._note_unverified = note_unverified  # The optimizer's `note_unverified_sampling`: True the first time.
+        self._note_batch_cap = note_batch_cap
         self._fit_checked = False
 
     @contextlib.contextmanager
@@ -93,6 +98,7 @@ class SamplingCheck:
             return
         batch_sizes.check_data_size(self._step_checks.num_examples, sampling.num_examples, self._optimizer_name)
         batch_sizes.check_poisson_batches(sampling.sampling_probability, p, self._public_batch_size, "model.fit")
+        self._note_batch_cap(sampling.num_examples, sampling.max_batch_size)
         if replicas.is_multi_worker() and not sampling.same_on_every_worker:
             raise ValueError(
                 "model.fit under a multi-worker strategy received Poisson batches whose seed each worker drew "
