@@ -152,8 +152,8 @@ class PrivacyLogger(keras.callbacks.Callback):
         self._supports_tf_logs = True  # Keras 2 then passes the batch logs dict itself, which becomes the epoch's.
 
     def delta_of(self, optimizer: optimizer_base.DPOptimizerBase) -> tuple[float, str]:
-        """The delta of the logged epsilons and what their keys say of it: ``''`` at the optimizer's calibration target
-        delta, else ``'_at_delta_<delta>'``.
+        """The delta of the logged epsilons and what their keys say of it: ``'_at_delta_<delta>'`` for a ``delta``
+        other than the optimizer's calibration target delta, else ``''``.
 
         Raises:
           ValueError: without ``delta`` beside a schedule that has no calibration target.
@@ -165,9 +165,9 @@ class PrivacyLogger(keras.callbacks.Callback):
                 "PrivacyLogger needs `delta`: the optimizer's schedule was built by hand, without a calibration "
                 "target delta to default to. Pass delta= (in (0, 1), below 1/N). Received: delta=None."
             )
-        if self.delta is None or self.delta == target:
-            return target if self.delta is None else self.delta, ""
-        return self.delta, f"_at_delta_{self.delta:g}"
+        if self.delta is None:
+            return target, ""
+        return self.delta, "" if target is None or self.delta == target else f"_at_delta_{self.delta:g}"
 
     def privacy_logs(self) -> dict[str, float]:
         """The values this callback logs, for the current state of the model's optimizer.
