@@ -302,16 +302,16 @@ def _caveat_lines(training_metrics: bool, sampling: str, seed: int | None, notes
 
 def _delta_lines(schedule, delta: float, steps: int, epsilon: float, overflow_probability: float | None):
     """The delta the epsilons hold at, ``delta`` plus the cap's (`batch_sizes.added_delta` at ``epsilon``, the
-    largest stated), and the lines saying so; a ``delta`` other than the calibration's target is named as such."""
+    largest stated; none unless ``overflow_probability`` is given), and the line saying so; a ``delta`` other than
+    the calibration's target is named as such."""
     added = batch_sizes.added_delta(overflow_probability or 0.0, steps, epsilon)
     calibration = schedule.calibration
     other = calibration is not None and delta != calibration.target_delta
     target = f" (NOT the budget's target delta {calibration.target_delta:.3g})" if other else ""
-    lines = [
-        f"  delta = {delta:.3g}{target} + {added:.3g} from capping the Poisson batches (max_batch_size) = "
-        f"{delta + added:.3g}: the epsilons below hold at this total delta"
-    ]
-    return delta + added, lines
+    if overflow_probability is None:
+        return delta, [f"  epsilon at delta = {delta:.3g}{target}:"]
+    total = f" + {added:.3g} (the batches' cap, max_batch_size) = {delta + added:.3g}"
+    return delta + added, [f"  epsilon at delta = {delta:.3g}{target}{total}:"]
 
 
 def _calibration_lines(schedule, calibrated_under: str | None, target_epsilon: float | None) -> list[str]:
@@ -359,7 +359,8 @@ def run_summary(
       target_epsilon: the calibration's target epsilon; default the schedule's `calibration`'s.
       notes: further lines of what the guarantee does not cover (e.g. a vocabulary learnt from the private data).
       overflow_probability: the optimizer's `overflow_probability` after ``fit`` (the chance that a step's Poisson
-        batch overflows its cap, in [0, 1]): its added delta enters the total delta reported. None: 0.
+        batch overflows its cap, in [0, 1]): its added delta enters the total delta stated. None (not known): the
+        epsilons are stated at ``delta`` alone.
 
     Returns:
       A `RunSummary`; ``print(run_summary(...))`` prints its text.
