@@ -181,13 +181,21 @@ def batch_size_range(
     return bisect.bisect_left(range(high), True, key=lambda k: binom.cdf(k) > tail_probability), high
 
 
-def overflow_probability(num_examples: int, sampling_probability: float, max_batch_size: int) -> float:
-    """eta = ``P[Binomial(N + 1, p) > max_batch_size]``: the chance that one step's batch overflows the cap on the
-    larger of two neighbouring datasets (N >= 1 examples and one more), a probability in [0, 1]."""
+def overflow_probability(
+    num_examples: int, sampling_probability: float, max_batch_size: int, size_range: tuple[int, int] | None = None
+) -> float:
+    """eta, the chance that one step releases other than the exact Poisson mechanism would, on the larger or the
+    smaller of two neighbouring datasets (N + 1 and N >= 1 examples): its batch overflows ``max_batch_size``,
+    ``P[Binomial(N + 1, p) > cap]``; with ``size_range``, the DP step's `batch_size_range` ``(low, high)``, also that
+    its number of examples leaves the range and training stops: ``P[Binomial(N + 1, p) > min(cap, high)] +
+    P[Binomial(N, p) < low]``. A probability in [0, 1]."""
     num_examples = validation.check_positive_int("num_examples", num_examples)
     sampling_probability = validation.check_probability(sampling_probability)
     max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)
-    return float(scipy.stats.binom.sf(max_batch_size, num_examples + 1, sampling_probability))
+    low, high = size_range or (0, max_batch_size)
+    above = scipy.stats.binom.sf(min(max_batch_size, high), num_examples + 1, sampling_probability)
+    below = scipy.stats.binom.cdf(low - 1, num_examples, sampling_probability) if low > 0 else 0.0
+    return min(1.0, float(above + below))
 
 
 def added_delta(overflow: float, num_steps: int, epsilon: float) -> float:
@@ -221,10 +229,13 @@ stays within 1% of the delta the schedule was calibrated for, so its epsilon kee
 about 1e-15 T (1 + e^epsilon), far below it for any epsilon a release would state."""
 
 
-def check_max_batch_size(num_examples: int, max_batch_size: int, schedule: Any) -> float:
+def check_max_batch_size(
+    num_examples: int, max_batch_size: int, schedule: Any, size_range: tuple[int, int] | None = None
+) -> float:
     """The `overflow_probability` eta of Poisson batches of ``num_examples`` capped at ``max_batch_size`` for the
-    optimizer's ``schedule`` (a `keras_dyndp.schedules.DPSchedule`); called by both backends' fit-data check before
-    the first step, so that the cap's added delta is recorded for the run's report.
+    optimizer's ``schedule`` (a `keras_dyndp.schedules.DPSchedule`) and the DP step's ``size_range`` (None: no size
+    is checked); called by both backends' fit-data check before the first step, so that the added delta is recorded
+    for the run's report.
 
     Raises:
       ValueError: for a cap below `default_max_batch_size` whose `truncation_delta` over the schedule's T steps
@@ -233,7 +244,7 @@ def check_max_batch_size(num_examples: int, max_batch_size: int, schedule: Any) 
         under a rigorous accountant, else the schedule's PLD epsilon at that delta.
     """
     p = schedule.sampling_probability
-    overflow = overflow_probability(num_examples, p, max_batch_size)
+    overflow = overflow_probability(num_examples, p, max_batch_size, size_range)
     default = default_max_batch_size(num_examples, p)
     if overflow == 0.0 or max_batch_size >= default:
         return overflow

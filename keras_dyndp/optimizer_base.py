@@ -413,7 +413,8 @@ class DPOptimizerBase:
         """Checks the cap of the Poisson batches ``fit`` received, before the first step
         (`batch_sizes.check_max_batch_size`: a cap adding more than a small share of the target delta is refused), and
         records its chance of overflowing a step (the largest of the run's caps) for `PrivacyLogger`'s total delta."""
-        overflow = batch_sizes.check_max_batch_size(num_examples, max_batch_size, self._schedule)
+        size_range = self._step_checks.batch_size_range
+        overflow = batch_sizes.check_max_batch_size(num_examples, max_batch_size, self._schedule, size_range)
         self._overflow_probability = max(self._overflow_probability or 0.0, overflow)
 
     def _check_backend(self) -> None:
@@ -458,9 +459,9 @@ class DPOptimizerBase:
 
     overflow_probability = _attribute(
         "_overflow_probability",
-        "eta, the chance that a step's Poisson batch overflows the cap of the batches `fit` was given (the largest "
-        "of the run's; None before any): truncating them adds (1 + e^epsilon) T eta to delta "
-        "(`keras_dyndp.batch_sizes.added_delta`).",
+        "eta, the chance that a step's Poisson batch overflows the cap of the batches `fit` was given or leaves the "
+        "step's accepted range (`keras_dyndp.batch_sizes.overflow_probability`; the largest of the run's; None "
+        "before any): these truncations and stops add (1 + e^epsilon) T eta to delta (`batch_sizes.added_delta`).",
     )
 
     def current_clip_norm(self) -> Any:

@@ -138,3 +138,16 @@ def test_added_delta_is_at_most_one_and_zero_without_overflow():
     assert batch_sizes.added_delta(1e-15, 4800, 1000.0) == 1.0  # no overflow in e^epsilon
     assert batch_sizes.added_delta(1e-15, 4800, float("inf")) == 1.0
     assert batch_sizes.added_delta(1e-15, 4800, 2.0) == pytest.approx((1 + np.exp(2.0)) * 4800e-15)
+
+
+def test_the_overflow_probability_counts_a_step_stopped_outside_the_accepted_range():
+    low, high = batch_sizes.batch_size_range(60000, 250 / 60000)
+    cap = batch_sizes.default_max_batch_size(60000, 250 / 60000)
+    with_range = batch_sizes.overflow_probability(60000, 250 / 60000, cap, (low, high))
+    expected = scipy.stats.binom.sf(high, 60001, 250 / 60000) + scipy.stats.binom.cdf(low - 1, 60000, 250 / 60000)
+    assert with_range == pytest.approx(expected) and 0 < with_range <= 2 * batch_sizes.BATCH_SIZE_TAIL
+    assert with_range > batch_sizes.overflow_probability(60000, 250 / 60000, cap)
+    # A cap below the range's high: the cap truncates first, the too-many stop never fires.
+    assert batch_sizes.overflow_probability(60000, 250 / 60000, 300, (low, high)) == pytest.approx(
+        scipy.stats.binom.sf(300, 60001, 250 / 60000) + scipy.stats.binom.cdf(low - 1, 60000, 250 / 60000)
+    )

@@ -11,7 +11,8 @@ checks close this.
    loop's ``compute_gradients`` sees only weighted losses, so the rows bound the count from above and the rows with a
    non-zero loss from below (a real example may have loss 0): it refuses when the upper bound is below the range or the
    lower bound above it. Neighbouring datasets differ in whether this abort fires only when the size leaves the range:
-   at most (1 + e^epsilon) T 2e-12 more delta (`keras_dyndp.tf_backend.data.truncation_delta`'s argument). XLA drops the
+   at most (1 + e^epsilon) T 2e-12 more delta (`keras_dyndp.tf_backend.data.truncation_delta`'s argument), which
+   `PrivacyLogger`'s ``delta_total`` counts (`keras_dyndp.batch_sizes.overflow_probability`). XLA drops the
    check. With ``public_batch_size=True`` the step divides by the rows and checks no size, but refuses rows of weight 0
    (padding) where it sees sample weights.
 2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, called by make_private's

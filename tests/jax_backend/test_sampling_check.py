@@ -48,4 +48,6 @@ def test_batches_capped_to_void_the_delta_are_refused_before_the_first_step_nami
             fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P, max_batch_size=2, seed=0), verbose=0)
     assert int(model.optimizer.dp_step.numpy()) == 0 and model.optimizer.overflow_probability is None
     model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=2, seed=0), verbose=0)
-    assert model.optimizer.overflow_probability == batch_sizes.overflow_probability(N, P, default)
+    size_range = model.optimizer.batch_size_range  # a size outside it stops training: counted too
+    expected = batch_sizes.overflow_probability(N, P, default, size_range)
+    assert model.optimizer.overflow_probability == expected < 1e-11
