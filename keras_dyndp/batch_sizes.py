@@ -241,7 +241,8 @@ def check_max_batch_size(
       ValueError: for a cap below `default_max_batch_size` whose `truncation_delta` over the schedule's T steps
         exceeds `TRUNCATION_DELTA_SHARE` of the target delta (the schedule's calibration's; for a schedule built by
         hand, 1 / N, the largest delta a run may state). The epsilon it multiplies is the calibration's target
-        under a rigorous accountant, else the schedule's PLD epsilon at that delta.
+        under a rigorous accountant, else the schedule's PLD epsilon at that delta; an infinite one (no noise)
+        states no guarantee for the cap to void, and is accepted.
     """
     p = schedule.sampling_probability
     overflow = overflow_probability(num_examples, p, max_batch_size, size_range)
@@ -255,7 +256,7 @@ def check_max_batch_size(
     else:
         epsilon = schedule.epsilon(delta, accountant="pld")
     added = added_delta(overflow, schedule.num_steps, epsilon)
-    if added <= TRUNCATION_DELTA_SHARE * delta:
+    if added <= TRUNCATION_DELTA_SHARE * delta or math.isinf(epsilon):  # inf: no guarantee stated to void
         return overflow
     raise ValueError(
         f"max_batch_size={max_batch_size} truncates {overflow:.3g} of the batches (N={num_examples}, p={p:g}), "

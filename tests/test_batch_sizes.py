@@ -151,3 +151,8 @@ def test_the_overflow_probability_counts_a_step_stopped_outside_the_accepted_ran
     assert batch_sizes.overflow_probability(60000, 250 / 60000, 300, (low, high)) == pytest.approx(
         scipy.stats.binom.sf(300, 60001, 250 / 60000) + scipy.stats.binom.cdf(low - 1, 60000, 250 / 60000)
     )
+
+
+def test_a_schedule_without_noise_states_no_guarantee_for_a_cap_to_void():
+    schedule = schedules.DPSchedule(np.ones(20), np.zeros(20), sampling_probability=0.1)  # epsilon inf
+    assert batch_sizes.check_max_batch_size(80, 16, schedule) == batch_sizes.overflow_probability(80, 0.1, 16)
