@@ -223,10 +223,10 @@ def truncation_delta(
 
 
 TRUNCATION_DELTA_SHARE = 0.01
-"""`check_max_batch_size` refuses a cap whose `truncation_delta` over the whole schedule exceeds this share of the run's
-target delta: the delta the run then reports (the target plus the truncation's, `PrivacyLogger`'s ``delta_total``)
-stays within 1% of the delta the schedule was calibrated for, so its epsilon keeps its meaning. The default cap adds
-about 1e-15 T (1 + e^epsilon), far below it for any epsilon a release would state."""
+"""`check_max_batch_size` refuses a cap whose added delta (`added_delta`) over the whole schedule exceeds this share of
+the run's target delta: the delta the run then reports (the target plus the cap's, `PrivacyLogger`'s ``delta_total``)
+stays within 1% of the delta the schedule was calibrated for, so its epsilon keeps its meaning. The default cap
+(`default_max_batch_size`) is never refused: its overflow probability is at most about 1e-15 a step."""
 
 
 def check_max_batch_size(
@@ -238,7 +238,7 @@ def check_max_batch_size(
     for the run's report.
 
     Raises:
-      ValueError: for a cap below `default_max_batch_size` whose `truncation_delta` over the schedule's T steps
+      ValueError: for a cap below `default_max_batch_size` whose `added_delta` over the schedule's T steps
         exceeds `TRUNCATION_DELTA_SHARE` of the target delta (the schedule's calibration's; for a schedule built by
         hand, 1 / N, the largest delta a run may state). The epsilon it multiplies is the calibration's target
         under a rigorous accountant, else the schedule's PLD epsilon at that delta; an infinite one (no noise)
