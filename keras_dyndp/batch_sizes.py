@@ -240,9 +240,8 @@ def check_max_batch_size(
     Raises:
       ValueError: for a cap below `default_max_batch_size` whose `added_delta` over the schedule's T steps
         exceeds `TRUNCATION_DELTA_SHARE` of the target delta (the schedule's calibration's; for a schedule built by
-        hand, 1 / N, the largest delta a run may state). The epsilon it multiplies is the calibration's target
-        under a rigorous accountant, else the schedule's PLD epsilon at that delta; an infinite one (no noise)
-        states no guarantee for the cap to void, and is accepted.
+        hand, 1 / N, the largest delta a run may state). The epsilon it multiplies is the schedule's PLD epsilon at
+        that delta; an infinite one (no noise) states no guarantee for the cap to void, and is accepted.
     """
     p = schedule.sampling_probability
     overflow = overflow_probability(num_examples, p, max_batch_size, size_range)
@@ -251,10 +250,7 @@ def check_max_batch_size(
         return overflow
     calibration = schedule.calibration
     delta = calibration.target_delta if calibration is not None else 1.0 / num_examples
-    if calibration is not None and calibration.accountant in ("pld", "rdp"):
-        epsilon = calibration.target_epsilon  # the schedule's epsilon at the target delta is at most this
-    else:
-        epsilon = schedule.epsilon(delta, accountant="pld")
+    epsilon = schedule.epsilon(delta, accountant="pld")  # rigorous; computed only for a cap below the default
     added = added_delta(overflow, schedule.num_steps, epsilon)
     if added <= TRUNCATION_DELTA_SHARE * delta or math.isinf(epsilon):  # inf: no guarantee stated to void
         return overflow

@@ -358,9 +358,8 @@ def run_summary(
       calibrated_under: the accountant the budget was calibrated under; default the schedule's `calibration`'s.
       target_epsilon: the calibration's target epsilon; default the schedule's `calibration`'s.
       notes: further lines of what the guarantee does not cover (e.g. a vocabulary learnt from the private data).
-      overflow_probability: the optimizer's `overflow_probability` after ``fit`` (the chance that a step's Poisson
-        batch overflows its cap, in [0, 1]): its added delta enters the total delta stated. None (not known): the
-        epsilons are stated at ``delta`` alone.
+      overflow_probability: the optimizer's `overflow_probability` after ``fit``, in [0, 1]: its added delta enters
+        the total delta stated. None (not known): the epsilons are stated at ``delta`` alone.
 
     Returns:
       A `RunSummary`; ``print(run_summary(...))`` prints its text.
@@ -371,7 +370,7 @@ def run_summary(
     eps_clt = schedule.epsilon(delta, accountant="gdp_clt", steps=steps)
     eps_rigorous = schedule.epsilon(delta, accountant=accountant, steps=steps)
     last = max(steps - 1, 0)  # steps <= T: schedule.epsilon refused more.
-    delta_total, delta_lines = _delta_lines(schedule, delta, steps, max(eps_clt, eps_rigorous), overflow_probability)
+    total, delta_lines = _delta_lines(schedule, delta, steps, max(eps_clt, eps_rigorous), overflow_probability)
     lines = [
         f"Privacy report ({method}, per {privacy_unit}, add-or-remove-one adjacency):",
         f"  sampling: {sampling}, p = {schedule.sampling_probability:.6g}; steps taken {steps} of the schedule's "
@@ -385,4 +384,4 @@ def run_summary(
     ]
     lines += _calibration_lines(schedule, calibrated_under, target_epsilon)
     lines += _caveat_lines(training_metrics, sampling, seed, notes)
-    return RunSummary("\n".join(lines), float(eps_clt), float(eps_rigorous), accountant, delta_total)
+    return RunSummary("\n".join(lines), float(eps_clt), float(eps_rigorous), accountant, total)
