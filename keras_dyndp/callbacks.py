@@ -98,11 +98,12 @@ class PrivacyLogger(keras.callbacks.Callback):
     ``'delta_total'``, ``'clip_norm'`` and ``'noise_stddev'`` of the last step taken, and ``'dp_step'``.
     ``'delta_total'`` is the delta the epsilons hold at: ``delta`` plus what capping the Poisson batches adds
     (`keras_dyndp.batch_sizes.added_delta` of the optimizer's `overflow_probability`, at the largest epsilon logged).
-    A ``delta`` other than the optimizer's calibration target is named in every epsilon key
-    (``'epsilon_pld_at_delta_0.01'``), so that no number is read at the wrong delta. Once the optimizer has trained on
-    batches not known to be Poisson samples (it warned `SamplingWarning`), the epsilon keys end in ``'_if_poisson'``
-    (``'epsilon_pld_if_poisson'``), ``'delta_total'`` is left out and the log line says it is not the run's epsilon:
-    the schedule's epsilon assumes Poisson sampling, so no logged number claims to cover such a run.
+    A ``delta`` other than the optimizer's calibration target is named in every epsilon key and in the total
+    (``'epsilon_pld_at_delta_0.01'``, ``'delta_total_at_delta_0.01'``), so that no number is read at the wrong
+    delta. Once the optimizer has trained on batches not known to be Poisson samples (it warned `SamplingWarning`),
+    the epsilon keys end in ``'_if_poisson'`` (``'epsilon_pld_if_poisson'``), ``'delta_total'`` is left out and the
+    log line says it is not the run's epsilon: the schedule's epsilon assumes Poisson sampling, so no logged number
+    claims to cover such a run.
 
     Wherever it stands in the ``callbacks`` list: keys added in ``on_epoch_end`` would reach only the callbacks
     after it, so it accounts at the epoch's last batch (``params['steps']``) or the budget's last step, into the
@@ -191,7 +192,7 @@ class PrivacyLogger(keras.callbacks.Callback):
         values = {f"epsilon_{name}{suffix}": epsilon for name, epsilon in epsilons.items()}
         if optimizer.unverified_sampling is None:
             overflow = optimizer.overflow_probability or 0.0
-            values["delta_total"] = delta + batch_sizes.added_delta(overflow, steps, max(epsilons.values()))
+            values[f"delta_total{at_delta}"] = delta + batch_sizes.added_delta(overflow, steps, max(epsilons.values()))
         values["clip_norm"] = float(schedule.clip_norms[last])
         values["noise_stddev"] = float(schedule.noise_stddevs[last])
         values["dp_step"] = float(steps)

@@ -400,7 +400,9 @@ def test_privacy_logger_reads_epsilon_at_the_target_delta_unless_told_and_names_
     logs = other.privacy_logs()
     assert "epsilon_pld" not in logs and "epsilon_gdp_clt" not in logs
     assert logs["epsilon_pld_at_delta_0.01"] == pytest.approx(schedule.epsilon(1e-2, "pld"))
-    assert "epsilon_gdp_clt_at_delta_0.01" in logs and logs["delta_total"] == 1e-2
+    assert "epsilon_gdp_clt_at_delta_0.01" in logs and logs["delta_total_at_delta_0.01"] == 1e-2
+    shared = set(logs) & set(default.privacy_logs())
+    assert shared == {"clip_norm", "noise_stddev", "dp_step"}  # two loggers in one fit: no value overwritten
 
 
 def test_privacy_logger_needs_a_delta_beside_a_schedule_without_a_target():
