@@ -187,16 +187,84 @@ def batch_size_range(
     return bisect.bisect_left(range(high), True, key=lambda k: binom.cdf(k) > tail_probability), high
 
 
+def overflow_probability(
+    num_examples: int, sampling_probability: float, max_batch_size: int, size_range: tuple[int, int] | None = None
+) -> float:
+    """eta, the chance that one step releases other than the exact Poisson mechanism would, on the larger or the
+    smaller of two neighbouring datasets (N + 1 and N >= 1 examples): its batch overflows ``max_batch_size``,
+    ``P[Binomial(N + 1, p) > cap]``; with ``size_range``, the DP step's `batch_size_range` ``(low, high)``, also that
+    its number of examples leaves the range and training stops: ``P[Binomial(N + 1, p) > min(cap, high)] +
+    P[Binomial(N, p) < low]``. A probability in [0, 1]."""
+    num_examples = validation.check_positive_int("num_examples", num_examples)
+    sampling_probability = validation.check_probability(sampling_probability)
+    max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)
+    low, high = size_range or (0, max_batch_size)
+    above = scipy.stats.binom.sf(min(max_batch_size, high), num_examples + 1, sampling_probability)
+    below = scipy.stats.binom.cdf(low - 1, num_examples, sampling_probability) if low > 0 else 0.0
+    return min(1.0, float(above + below))
+
+
+def added_delta(overflow: float, num_steps: int, epsilon: float) -> float:
+    """``min(1, (1 + e^epsilon) * T * eta)``: the delta that truncating (or refusing) overflowing batches adds to the
+    ``epsilon`` (>= 0, inf allowed) of the exact Poisson mechanism over T = ``num_steps`` >= 0 steps, each
+    overflowing with probability ``overflow`` = eta in [0, 1] (`overflow_probability`; `keras_dyndp.sampling`'s
+    module docstring gives the argument). 0 when no step can overflow."""
+    if overflow == 0.0 or num_steps == 0:
+        return 0.0
+    epsilon = validation.check_float("epsilon", epsilon, 0.0, inclusive=True, allow_inf=True)
+    if epsilon > math.log(1.0 / (num_steps * overflow)):  # (1 + e^epsilon) T eta > 1: no overflow in e^epsilon
+        return 1.0
+    return min(1.0, (1.0 + math.exp(epsilon)) * num_steps * overflow)
+
+
 def truncation_delta(
     num_examples: int, sampling_probability: float, max_batch_size: int, num_steps: int, epsilon: float
 ) -> float:
     """Extra delta paid for truncating overflowing Poisson batches to ``max_batch_size`` rows over T = ``num_steps``:
-    ``(1 + e^epsilon) * T * P[Binomial(N + 1, p) > max_batch_size]``, with the epsilon of the exact Poisson mechanism
-    (`keras_dyndp.sampling`'s module docstring gives the argument)."""
-    num_examples = validation.check_positive_int("num_examples", num_examples)
-    sampling_probability = validation.check_probability(sampling_probability)
-    max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)
+    ``(1 + e^epsilon) * T * P[Binomial(N + 1, p) > max_batch_size]`` (`added_delta` of `overflow_probability`), with
+    the epsilon of the exact Poisson mechanism."""
     num_steps = validation.check_positive_int("num_steps", num_steps)
-    epsilon = validation.check_float("epsilon", epsilon, 0.0, inclusive=True, allow_inf=True)
-    eta = float(scipy.stats.binom.sf(max_batch_size, num_examples + 1, sampling_probability))
-    return min(1.0, (1.0 + math.exp(epsilon)) * num_steps * eta)
+    overflow = overflow_probability(num_examples, sampling_probability, max_batch_size)
+    return added_delta(overflow, num_steps, epsilon)
+
+
+TRUNCATION_DELTA_SHARE = 0.01
+"""`check_max_batch_size` refuses a cap whose added delta (`added_delta`) over the whole schedule exceeds this share of
+the run's target delta: the delta the run then reports (the target plus the cap's, `PrivacyLogger`'s ``delta_total``)
+stays within 1% of the delta the schedule was calibrated for, so its epsilon keeps its meaning. The default cap
+(`default_max_batch_size`) is never refused: its overflow probability is at most about 1e-15 a step."""
+
+
+def check_max_batch_size(
+    num_examples: int, max_batch_size: int, schedule: Any, size_range: tuple[int, int] | None = None
+) -> float:
+    """The `overflow_probability` eta of Poisson batches of ``num_examples`` capped at ``max_batch_size`` for the
+    optimizer's ``schedule`` (a `keras_dyndp.schedules.DPSchedule`) and the DP step's ``size_range`` (None: no size
+    is checked); called by both backends' fit-data check before the first step, so that the added delta is recorded
+    for the run's report.
+
+    Raises:
+      ValueError: for a cap below `default_max_batch_size` whose `added_delta` over the schedule's T steps
+        exceeds `TRUNCATION_DELTA_SHARE` of the target delta (the schedule's calibration's; for a schedule built by
+        hand, 1 / N, the largest delta a run may state). The epsilon it multiplies is the schedule's PLD epsilon at
+        that delta; an infinite one (no noise) states no guarantee for the cap to void, and is accepted.
+    """
+    p = schedule.sampling_probability
+    overflow = overflow_probability(num_examples, p, max_batch_size, size_range)
+    default = default_max_batch_size(num_examples, p)
+    if overflow == 0.0 or max_batch_size >= default:
+        return overflow
+    calibration = schedule.calibration
+    delta = calibration.target_delta if calibration is not None else 1.0 / num_examples
+    epsilon = schedule.epsilon(delta, accountant="pld")  # rigorous; computed only for a cap below the default
+    added = added_delta(overflow, schedule.num_steps, epsilon)
+    if added <= TRUNCATION_DELTA_SHARE * delta or math.isinf(epsilon):  # inf: no guarantee stated to void
+        return overflow
+    raise ValueError(
+        f"max_batch_size={max_batch_size} truncates {overflow:.3g} of the batches (N={num_examples}, p={p:g}), "
+        f"which adds {added:.3g} to delta over the schedule's {schedule.num_steps} steps (truncation delta "
+        f"(1 + e^epsilon) T P[batch > cap], epsilon={epsilon:.4g}): more than {TRUNCATION_DELTA_SHARE:.0%} of the "
+        f"target delta {delta:.3g}, so the epsilon reported at that delta would not hold. Leave max_batch_size out "
+        f"of keras_dyndp.poisson_batches (its default cap, {default}, adds a negligible delta) or pass a cap of at "
+        f"least {default}. Nothing was trained."
+    )

@@ -14,6 +14,7 @@ from typing import Any
 from absl import logging
 
 from keras_dyndp import backend
+from keras_dyndp import batch_sizes
 from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
 from keras_dyndp import validation
@@ -94,11 +95,16 @@ def _dp_optimizer(model: Any, caller: str) -> optimizer_base.DPOptimizerBase:
 class PrivacyLogger(keras.callbacks.Callback):
     """Writes into the epoch ``logs`` (hence History, TensorBoard, CSVLogger) ``'epsilon_gdp_clt'`` (the paper's:
     the registry's `always_logged`) and ``'epsilon_<accountant>'`` of the DP steps the optimizer has released
-    (``released_steps``, whatever its step counter says) at ``delta``, ``'clip_norm'`` and ``'noise_stddev'`` of the
-    last step released, and their number as ``'dp_step'``. Once the optimizer has trained on
-    batches not known to be Poisson samples (it warned `SamplingWarning`), the epsilon keys end in ``'_if_poisson'``
-    (``'epsilon_pld_if_poisson'``) and the log line says it is not the run's epsilon: the schedule's epsilon assumes
-    Poisson sampling, so no logged number claims to cover such a run.
+    (``released_steps``, whatever its step counter says) at ``delta``, ``'delta_total'``, ``'clip_norm'`` and
+    ``'noise_stddev'`` of the last step released, and their number as ``'dp_step'``.
+    ``'delta_total'`` is the delta the epsilons hold at: ``delta`` plus what capping the Poisson batches adds
+    (`keras_dyndp.batch_sizes.added_delta` of the optimizer's `overflow_probability`, at the largest epsilon logged).
+    A ``delta`` other than the optimizer's calibration target is named in every epsilon key and in the total
+    (``'epsilon_pld_at_delta_0.01'``, ``'delta_total_at_delta_0.01'``), so that no number is read at the wrong
+    delta. Once the optimizer has trained on batches not known to be Poisson samples (it warned `SamplingWarning`),
+    the epsilon keys end in ``'_if_poisson'`` (``'epsilon_pld_if_poisson'``), ``'delta_total'`` is left out and the
+    log line says it is not the run's epsilon: the schedule's epsilon assumes Poisson sampling, so no logged number
+    claims to cover such a run.
 
     Wherever it stands in the ``callbacks`` list: keys added in ``on_epoch_end`` would reach only the callbacks
     after it, so it accounts at the epoch's last batch (``params['steps']``) or the budget's last step, into the
@@ -109,7 +115,8 @@ class PrivacyLogger(keras.callbacks.Callback):
         accountant: reported beside the GDP-CLT: 'pld' (default, tightest; 0.04-0.7 s per call for the paper's
             T = 4800 dynamic schedule at epsilon 1.2, ~4 s at epsilon 8), 'rdp' (~10-20% above the PLD) or
             'gdp_clt' (that only).
-        delta: target delta in (0, 1), required.
+        delta: the delta in (0, 1) of the epsilons. None (default): the optimizer's calibration target delta
+            (``schedule.calibration.target_delta``; a schedule built by hand has none, and then needs ``delta``).
         log_every: 'epoch', or an integer k >= 1: also account every k DP steps (absl INFO log; TensorBoard with
             ``log_dir``), each call costing as above.
         log_dir: TensorFlow only (needs the tensorboard package): scalars ``privacy/<key>`` in
@@ -122,14 +129,14 @@ class PrivacyLogger(keras.callbacks.Callback):
         self,
         accountant: str = registry.DEFAULT_ACCOUNTANT,
         *,
-        delta: float,
+        delta: float | None = None,
         log_every: str | int = "epoch",
         log_dir: str | None = None,
         accountant_options: Mapping[str, Any] | None = None,
     ):
         super().__init__()
         options = registry.get(accountant).check_options(accountant_options or {})
-        delta = validation.check_delta(delta)
+        delta = None if delta is None else validation.check_delta(delta)
         if log_every != "epoch" and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1):
             raise ValueError(f"`log_every` must be 'epoch' or an integer >= 1. Received: log_every={log_every!r}.")
         self.accountant = accountant
@@ -146,6 +153,24 @@ class PrivacyLogger(keras.callbacks.Callback):
         self._batch_values: dict[str, float] | None = None  # Added to the last batch's logs, for the epoch.
         self._supports_tf_logs = True  # Keras 2 then passes the batch logs dict itself, which becomes the epoch's.
 
+    def delta_of(self, optimizer: optimizer_base.DPOptimizerBase) -> tuple[float, str]:
+        """The delta of the logged epsilons and what their keys say of it: ``'_at_delta_<delta>'`` for a ``delta``
+        other than the optimizer's calibration target delta, else ``''``.
+
+        Raises:
+          ValueError: without ``delta`` beside a schedule that has no calibration target.
+        """
+        calibration = optimizer.schedule.calibration
+        target = None if calibration is None else calibration.target_delta
+        if self.delta is None and target is None:
+            raise ValueError(
+                "PrivacyLogger needs `delta`: the optimizer's schedule was built by hand, without a calibration "
+                "target delta to default to. Pass delta= (in (0, 1), below 1/N). Received: delta=None."
+            )
+        if self.delta is None:
+            return target, ""
+        return self.delta, "" if target is None or self.delta == target else f"_at_delta_{self.delta:g}"
+
     def privacy_logs(self) -> dict[str, float]:
         """The values this callback logs, for the current state of the model's optimizer.
 
@@ -158,12 +183,17 @@ class PrivacyLogger(keras.callbacks.Callback):
         schedule = optimizer.schedule
         steps = min(optimizer.released_steps, schedule.num_steps)
         last = min(max(steps - 1, 0), schedule.num_steps - 1)
+        delta, at_delta = self.delta_of(optimizer)
         # Batches not known to be Poisson samples: the epsilon is the schedule's, which assumes them; so named.
-        suffix = "" if optimizer.unverified_sampling is None else NOT_POISSON_SUFFIX
-        values = {
-            f"epsilon_{name}{suffix}": schedule.epsilon(self.delta, accountant=name, steps=steps, **options)
+        suffix = at_delta + ("" if optimizer.unverified_sampling is None else NOT_POISSON_SUFFIX)
+        epsilons = {
+            name: schedule.epsilon(delta, accountant=name, steps=steps, **options)
             for name, options in self._logged_accountants.items()
         }
+        values = {f"epsilon_{name}{suffix}": epsilon for name, epsilon in epsilons.items()}
+        if optimizer.unverified_sampling is None:
+            overflow = optimizer.overflow_probability or 0.0
+            values[f"delta_total{at_delta}"] = delta + batch_sizes.added_delta(overflow, steps, max(epsilons.values()))
         values["clip_norm"] = float(schedule.clip_norms[last])
         values["noise_stddev"] = float(schedule.noise_stddevs[last])
         values["dp_step"] = float(steps)
@@ -172,12 +202,13 @@ class PrivacyLogger(keras.callbacks.Callback):
     def _report(self, values: dict[str, float]) -> None:
         step = self._last_logged_step = int(values["dp_step"])
         scalars = {key: value for key, value in values.items() if key != "dp_step"}
-        unverified = _dp_optimizer(self.model, type(self).__name__).unverified_sampling
+        optimizer = _dp_optimizer(self.model, type(self).__name__)
+        unverified = optimizer.unverified_sampling
         logging.info(
             "keras_dyndp privacy after %d of %d DP steps (delta=%g): %s%s",
             step,
-            self.model.optimizer.schedule.num_steps,
-            self.delta,
+            optimizer.schedule.num_steps,
+            self.delta_of(optimizer)[0],
             ", ".join(f"{key}={value:.6g}" for key, value in scalars.items()),
             "" if unverified is None else f" -- {NOT_POISSON_NOTE} ({unverified})",
         )
@@ -188,6 +219,7 @@ class PrivacyLogger(keras.callbacks.Callback):
         optimizer = _dp_optimizer(self.model, type(self).__name__)
         # Refuse now what the epoch-end accounting would refuse.
         optimizer.check_restored_schedule()
+        self.delta_of(optimizer)
         for name, options in self._logged_accountants.items():
             optimizer.schedule.check_accountable(name, **options)
         if self.log_dir is not None and self._writer is None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from keras_dyndp import batch_sizes
 from keras_dyndp import schedules
 from keras_dyndp import step_checks
 from keras_dyndp import validation
@@ -114,7 +115,13 @@ def resolve_schedule(
                 "`schedule` must be a keras_dyndp.schedules.DPSchedule. "
                 f"Received: schedule={schedule!r} of type {type(schedule).__name__}."
             )
-        return schedule, schedule_normaliser(schedule, expected_batch_size, public_batch_size)
+        expected_batch_size = schedule_normaliser(schedule, expected_batch_size, public_batch_size)
+        num_examples = batch_sizes.implied_num_examples(expected_batch_size, schedule.sampling_probability)
+        if schedule.calibration is not None and num_examples is not None:
+            validation.check_delta_below_inverse_size(
+                schedule.calibration.target_delta, num_examples, "schedule.calibration.target_delta"
+            )
+        return schedule, expected_batch_size
     if not given:
         raise ValueError(
             "Give either `schedule` (a DPSchedule) or the budget arguments target_epsilon, target_delta, "
@@ -268,7 +275,7 @@ class DPOptimizerBase:
         ``expected_batch_size`` (or ``public_batch_size``) is required. Default None.
       target_epsilon: epsilon of the whole run (every step, every intermediate model released), a finite
         float > 0. The paper's tables span 0.1 to 9 (MNIST at 0.4 to 1.2 in its Table 1); the README's run 1.2.
-      target_delta: delta of the whole run, in (0, 1). The paper uses 1 / (10 N); the README's run 1e-5.
+      target_delta: delta of the whole run, in (0, 1 / num_examples). The paper uses 1 / (10 N); the README's run 1e-5.
       num_examples: N, the number of training examples (``len(x)`` of the data given to
         `keras_dyndp.poisson_batches`), an int >= 1. With ``batch_size`` it sets the sampling rate p = batch_size
         / N, and with ``epochs`` the number of steps T. The paper's MNIST: 60000.
@@ -390,6 +397,7 @@ class DPOptimizerBase:
             setattr(self, f"_{name}", value)
         self.private_config: PrivateConfig | None = None  # make_private's options, once it has used this optimizer.
         self._unverified_sampling: str | None = None
+        self._overflow_probability: float | None = None
         self._dp_gradient_guard = GradientGuard()
         self._step_checks = step_checks.StepChecks(schedule, expected_batch_size, self.normalises_by_rows)
         self._build_dp_state(noise_seed)
@@ -402,6 +410,14 @@ class DPOptimizerBase:
         if first:
             self._unverified_sampling = problem
         return first
+
+    def note_batch_cap(self, num_examples: int, max_batch_size: int) -> None:
+        """Checks the cap of the Poisson batches ``fit`` received, before the first step
+        (`batch_sizes.check_max_batch_size`: a cap adding more than a small share of the target delta is refused), and
+        records its chance of overflowing a step (the largest of the run's caps) for `PrivacyLogger`'s total delta."""
+        size_range = self._step_checks.batch_size_range
+        overflow = batch_sizes.check_max_batch_size(num_examples, max_batch_size, self._schedule, size_range)
+        self._overflow_probability = max(self._overflow_probability or 0.0, overflow)
 
     def _check_backend(self) -> None:
         """Raises if the backend cannot run this optimizer here (before the base optimizer is built)."""
@@ -454,6 +470,13 @@ class DPOptimizerBase:
         keras_dyndp counted them loads with the counter's value standing for it."""
         step = int(self.dp_step.numpy())
         return int(step_checks.released_steps(np.int64(step), np.int64(self._released_steps.numpy()), np.where))
+
+    overflow_probability = _attribute(
+        "_overflow_probability",
+        "eta, the chance that a step's Poisson batch overflows the cap of the batches `fit` was given or leaves the "
+        "step's accepted range (`keras_dyndp.batch_sizes.overflow_probability`; the largest of the run's; None "
+        "before any): these truncations and stops add (1 + e^epsilon) T eta to delta (`batch_sizes.added_delta`).",
+    )
 
     def current_clip_norm(self) -> Any:
         """float32 scalar C at `dp_step` (0 once the budget is spent; on TensorFlow also on another schedule's step

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from keras_dyndp import batch_sizes
 from keras_dyndp import schedules
 from keras_dyndp import validation
 from keras_dyndp.accounting import cdp
@@ -253,12 +254,15 @@ class RunSummary:
       epsilon_gdp_clt: the GDP-CLT epsilon of the steps taken (the paper's approximation; inf: no guarantee).
       epsilon_rigorous: the epsilon of the steps taken under `rigorous_accountant` (inf: no guarantee).
       rigorous_accountant: 'pld' or 'rdp'; 'none' for a run without a schedule.
+      delta_total: the delta both epsilons hold at: the ``delta`` asked for plus what capping the Poisson batches
+        adds (`keras_dyndp.batch_sizes.added_delta`); 1 for a run without a schedule.
     """
 
     text: str
     epsilon_gdp_clt: float
     epsilon_rigorous: float
     rigorous_accountant: str
+    delta_total: float = 1.0
 
     def __str__(self) -> str:
         return self.text
@@ -296,6 +300,20 @@ def _caveat_lines(training_metrics: bool, sampling: str, seed: int | None, notes
     return lines + [f"  NOTE: {note}" for note in notes]
 
 
+def _delta_lines(schedule, delta: float, steps: int, epsilon: float, overflow_probability: float | None):
+    """The delta the epsilons hold at, ``delta`` plus the cap's (`batch_sizes.added_delta` at ``epsilon``, the
+    largest stated; none unless ``overflow_probability`` is given), and the line saying so; a ``delta`` other than
+    the calibration's target is named as such."""
+    added = batch_sizes.added_delta(overflow_probability or 0.0, steps, epsilon)
+    calibration = schedule.calibration
+    other = calibration is not None and delta != calibration.target_delta
+    target = f" (NOT the budget's target delta {calibration.target_delta:.3g})" if other else ""
+    if overflow_probability is None:
+        return delta, [f"  epsilon at delta = {delta:.3g}{target}:"]
+    total = f" + {added:.3g} (the batches' cap, max_batch_size) = {delta + added:.3g}"
+    return delta + added, [f"  epsilon at delta = {delta:.3g}{target}{total}:"]
+
+
 def _calibration_lines(schedule, calibrated_under: str | None, target_epsilon: float | None) -> list[str]:
     """The line naming the accountant and target the budget was calibrated to (the schedule's `calibration` unless
     given), or none when neither is known."""
@@ -321,6 +339,7 @@ def run_summary(
     calibrated_under: str | None = None,
     target_epsilon: float | None = None,
     notes: Sequence[str] = (),
+    overflow_probability: float | None = None,
 ) -> RunSummary:
     """The privacy summary a trainer prints after training: what was protected, the steps taken, C_t and sigma_t,
     the epsilon of the steps taken under the GDP-CLT and a rigorous accountant, the budget, and what the epsilons
@@ -339,6 +358,8 @@ def run_summary(
       calibrated_under: the accountant the budget was calibrated under; default the schedule's `calibration`'s.
       target_epsilon: the calibration's target epsilon; default the schedule's `calibration`'s.
       notes: further lines of what the guarantee does not cover (e.g. a vocabulary learnt from the private data).
+      overflow_probability: the optimizer's `overflow_probability` after ``fit``, in [0, 1]: its added delta enters
+        the total delta stated. None (not known): the epsilons are stated at ``delta`` alone.
 
     Returns:
       A `RunSummary`; ``print(run_summary(...))`` prints its text.
@@ -349,17 +370,18 @@ def run_summary(
     eps_clt = schedule.epsilon(delta, accountant="gdp_clt", steps=steps)
     eps_rigorous = schedule.epsilon(delta, accountant=accountant, steps=steps)
     last = max(steps - 1, 0)  # steps <= T: schedule.epsilon refused more.
+    total, delta_lines = _delta_lines(schedule, delta, steps, max(eps_clt, eps_rigorous), overflow_probability)
     lines = [
         f"Privacy report ({method}, per {privacy_unit}, add-or-remove-one adjacency):",
         f"  sampling: {sampling}, p = {schedule.sampling_probability:.6g}; steps taken {steps} of the schedule's "
         f"{schedule.num_steps}",
         f"  clip C_t: {schedule.clip_norms[0]:.4g} -> {schedule.clip_norms[last]:.4g}; noise std on the "
         f"clipped sum sigma_t: {schedule.noise_stddevs[0]:.4g} -> {schedule.noise_stddevs[last]:.4g}",
-        f"  epsilon at delta = {delta:.3g}:",
+        *delta_lines,
         f"    GDP-CLT (the paper's accountant; an approximation that can understate): {eps_clt:.4f}",
         f"    {accountant.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
         *_baseline_lines(method, schedule, delta, steps),
     ]
     lines += _calibration_lines(schedule, calibrated_under, target_epsilon)
     lines += _caveat_lines(training_metrics, sampling, seed, notes)
-    return RunSummary("\n".join(lines), float(eps_clt), float(eps_rigorous), accountant)
+    return RunSummary("\n".join(lines), float(eps_clt), float(eps_rigorous), accountant, total)

@@ -494,7 +494,7 @@ class PrivacyBudget:
     (ValueError naming the argument), so a bad budget fails before any calibration.
 
     Args:
-      target_epsilon, target_delta: the budget, epsilon > 0 and delta in (0, 1).
+      target_epsilon, target_delta: the budget, epsilon > 0 and delta in (0, 1 / num_examples).
       num_examples, batch_size: N and the EXPECTED batch size pN (<= N) of Poisson sampling.
       method, initial_clip, rho_mu, rho_c, accountant: as `calibrate`'s.
       epochs, steps: exactly one: T = steps, or ceil(epochs N / batch_size).
@@ -518,6 +518,7 @@ class PrivacyBudget:
         _check_rhos(self.rho_mu, self.rho_c)
         validation.check_float("initial_clip", self.initial_clip)
         validation.check_budget(self.target_epsilon, self.target_delta)
+        validation.check_delta_below_inverse_size(self.target_delta, self.num_examples)
         registry.get(self.accountant)
 
     def sampling(self) -> tuple[float, int]:

@@ -55,6 +55,24 @@ def check_budget(target_epsilon: Any, target_delta: Any) -> tuple[float, float]:
     return check_float("target_epsilon", target_epsilon), check_delta(target_delta, "target_delta")
 
 
+def check_delta_below_inverse_size(delta: Any, num_examples: int, name: str = "target_delta") -> float:
+    """`delta` in (0, 1) and below 1 / N, N = `num_examples` >= 1 the training set's size.
+
+    A delta of 1 / N or more is met by a mechanism that publishes one training example chosen at random (each is
+    published with probability 1 / N), so its epsilon promises nothing; the privacy literature and the peers'
+    documentation take delta well below 1 / N.
+    """
+    value = check_delta(delta, name)
+    if value < 1.0 / num_examples:
+        return value
+    typical = f"1/N^1.1 = {num_examples**-1.1:.3g}" + (" or 1e-5" if num_examples < 100_000 else "")
+    raise ValueError(
+        f"`{name}` must be below 1/N = 1/{num_examples} = {1.0 / num_examples:.3g} (N, the training set's size): a "
+        "delta of 1/N or more is met by releasing one whole training example at random, so the epsilon would "
+        f"promise nothing. Typical is well below 1/N, e.g. {typical}. Received: {name}={delta!r}."
+    )
+
+
 def check_float(
     name: str, value: Any, low: float = 0.0, *, inclusive: bool = False, allow_inf: bool = False, hint: str = ""
 ) -> float:

@@ -106,3 +106,67 @@ def test_a_data_size_other_than_the_optimizers_n_is_refused_in_one_line_naming_b
     for too_far in [(60000, 60601), (60000, 59399), (2, 4)]:
         with pytest.raises(ValueError, match="but the data has"):
             batch_sizes.check_data_size(*too_far, "DynamicDPKerasSGD")
+
+
+def _budget_schedule(target_delta=1e-5, accountant="pld"):
+    """The review's run: N 40, p 0.1, 40 steps, epsilon 2 at ``target_delta``."""
+    return schedules.calibrate(
+        "vanilla",
+        target_epsilon=2.0,
+        target_delta=target_delta,
+        sampling_probability=0.1,
+        num_steps=40,
+        initial_clip=1.0,
+        accountant=accountant,
+    )
+
+
+def test_a_cap_whose_truncation_voids_the_target_delta_is_refused_naming_the_default_cap():
+    schedule = _budget_schedule()
+    default = batch_sizes.default_max_batch_size(40, 0.1)
+    assert batch_sizes.overflow_probability(40, 0.1, 2) > 0.75  # the review's cap truncates 79% of the batches
+    for cap, accountant in [(2, "pld"), (2, "gdp_clt"), (19, "pld")]:  # 19: 1.1e-7 added, over 1% of 1e-5
+        with pytest.raises(ValueError, match=rf"max_batch_size={cap} truncates .* more than 1% of the target delta "):
+            batch_sizes.check_max_batch_size(40, cap, _budget_schedule(accountant=accountant))
+    with pytest.raises(ValueError, match=rf"its default cap, {default}, adds a negligible delta"):
+        batch_sizes.check_max_batch_size(40, 2, schedule)
+    # The default cap and any above it are accepted, with their overflow probability for the report.
+    assert 0 < batch_sizes.check_max_batch_size(40, default, schedule) < 10 * batch_sizes.DEFAULT_OVERFLOW_TAIL
+    assert batch_sizes.check_max_batch_size(40, 41, schedule) == 0.0
+    # A cap below the default whose added delta is within the share: accepted.
+    cap = 20
+    added = batch_sizes.truncation_delta(40, 0.1, cap, 40, 2.0)
+    assert added <= batch_sizes.TRUNCATION_DELTA_SHARE * 1e-5
+    assert batch_sizes.check_max_batch_size(40, cap, schedule) == batch_sizes.overflow_probability(40, 0.1, cap)
+
+
+def test_a_schedule_built_by_hand_is_held_to_a_share_of_one_over_n():
+    schedule = schedules.DPSchedule(np.ones(40), np.full(40, 2.0), sampling_probability=0.1)
+    with pytest.raises(ValueError, match=r"more than 1% of the target delta 0.025"):
+        batch_sizes.check_max_batch_size(40, 2, schedule)
+
+
+def test_added_delta_is_at_most_one_and_zero_without_overflow():
+    assert batch_sizes.added_delta(0.0, 100, float("inf")) == 0.0
+    assert batch_sizes.added_delta(0.3, 0, 5.0) == 0.0
+    assert batch_sizes.added_delta(1e-15, 4800, 1000.0) == 1.0  # no overflow in e^epsilon
+    assert batch_sizes.added_delta(1e-15, 4800, float("inf")) == 1.0
+    assert batch_sizes.added_delta(1e-15, 4800, 2.0) == pytest.approx((1 + np.exp(2.0)) * 4800e-15)
+
+
+def test_the_overflow_probability_counts_a_step_stopped_outside_the_accepted_range():
+    low, high = batch_sizes.batch_size_range(60000, 250 / 60000)
+    cap = batch_sizes.default_max_batch_size(60000, 250 / 60000)
+    with_range = batch_sizes.overflow_probability(60000, 250 / 60000, cap, (low, high))
+    expected = scipy.stats.binom.sf(high, 60001, 250 / 60000) + scipy.stats.binom.cdf(low - 1, 60000, 250 / 60000)
+    assert with_range == pytest.approx(expected) and 0 < with_range <= 2 * batch_sizes.BATCH_SIZE_TAIL
+    assert with_range > batch_sizes.overflow_probability(60000, 250 / 60000, cap)
+    # A cap below the range's high: the cap truncates first, the too-many stop never fires.
+    assert batch_sizes.overflow_probability(60000, 250 / 60000, 300, (low, high)) == pytest.approx(
+        scipy.stats.binom.sf(300, 60001, 250 / 60000) + scipy.stats.binom.cdf(low - 1, 60000, 250 / 60000)
+    )
+
+
+def test_a_schedule_without_noise_states_no_guarantee_for_a_cap_to_void():
+    schedule = schedules.DPSchedule(np.ones(20), np.zeros(20), sampling_probability=0.1)  # epsilon inf
+    assert batch_sizes.check_max_batch_size(80, 16, schedule) == batch_sizes.overflow_probability(80, 0.1, 16)

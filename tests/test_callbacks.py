@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import keras_dyndp
+from keras_dyndp import batch_sizes
 from keras_dyndp import callbacks
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
@@ -70,6 +71,7 @@ def test_privacy_logger_values(steps):
             "loss": 1.0,
             "epsilon_gdp_clt": schedule.epsilon(DELTA, accountant="gdp_clt", steps=steps),
             "epsilon_pld": schedule.epsilon(DELTA, accountant="pld", steps=steps),
+            "delta_total": DELTA,  # no cap known (no fit): nothing added
             "clip_norm": schedule.clip_norms[last],
             "noise_stddev": schedule.noise_stddevs[last],
             "dp_step": float(steps),
@@ -81,7 +83,7 @@ def test_privacy_logger_values(steps):
 def test_privacy_logger_gdp_clt_only():
     logger = callbacks.PrivacyLogger("gdp_clt", delta=DELTA)
     _attach(logger, _optimizer(_schedule(), 2))
-    assert sorted(logger.privacy_logs()) == ["clip_norm", "dp_step", "epsilon_gdp_clt", "noise_stddev"]
+    assert sorted(logger.privacy_logs()) == ["clip_norm", "delta_total", "dp_step", "epsilon_gdp_clt", "noise_stddev"]
 
 
 def test_privacy_logger_logs_the_registry_s_always_logged_accountants_first(monkeypatch):
@@ -91,7 +93,8 @@ def test_privacy_logger_logs_the_registry_s_always_logged_accountants_first(monk
     monkeypatch.setattr(registry, "ALWAYS_LOGGED_ACCOUNTANT_NAMES", ("rdp",))  # An attribute, not a name, decides.
     logger = callbacks.PrivacyLogger("pld", delta=DELTA)
     _attach(logger, _optimizer(_schedule(), 2))
-    assert list(logger.privacy_logs()) == ["epsilon_rdp", "epsilon_pld", "clip_norm", "noise_stddev", "dp_step"]
+    expected = ["epsilon_rdp", "epsilon_pld", "delta_total", "clip_norm", "noise_stddev", "dp_step"]
+    assert list(logger.privacy_logs()) == expected
 
 
 def test_privacy_logger_defaults_to_the_pld_the_budget_is_calibrated_under():
@@ -101,7 +104,7 @@ def test_privacy_logger_defaults_to_the_pld_the_budget_is_calibrated_under():
     logger = callbacks.PrivacyLogger(delta=DELTA)
     _attach(logger, _optimizer(schedule, 4))
     logs = logger.privacy_logs()
-    assert sorted(logs) == ["clip_norm", "dp_step", "epsilon_gdp_clt", "epsilon_pld", "noise_stddev"]
+    assert sorted(logs) == ["clip_norm", "delta_total", "dp_step", "epsilon_gdp_clt", "epsilon_pld", "noise_stddev"]
     assert 0.999 <= logs["epsilon_pld"] <= 1.0  # The whole run spends the target, as calibrated.
     rdp = callbacks.PrivacyLogger("rdp", delta=DELTA)
     _attach(rdp, _optimizer(schedule, 3))
@@ -446,3 +449,75 @@ def test_a_fit_that_runs_past_the_budget_without_budget_stop_is_told_to_add_it()
         model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=0.25), epochs=1, verbose=0)
     assert str(raised.value).endswith("add keras_dyndp.BudgetStop() to its callbacks.")
     assert model.optimizer.released_steps == 3
+
+
+def _calibrated(target_delta=1.67e-5, num_steps=4):
+    return schedules.calibrate(
+        "vanilla",
+        target_epsilon=2.0,
+        target_delta=target_delta,
+        sampling_probability=0.1,
+        num_steps=num_steps,
+        initial_clip=1.0,
+    )
+
+
+def test_privacy_logger_reads_epsilon_at_the_target_delta_unless_told_and_names_another_delta_in_its_keys():
+    """The new user's run: PrivacyLogger(delta=1e-2) beside a target of 1.67e-5 logged 'epsilon_pld' 0.53 where the
+    epsilon at the target was 1.95."""
+    schedule = _calibrated()
+    default = callbacks.PrivacyLogger()
+    _attach(default, _optimizer(schedule, 4))
+    default.on_train_begin()
+    logs = default.privacy_logs()
+    assert logs["epsilon_pld"] == pytest.approx(schedule.epsilon(1.67e-5, "pld")) and logs["delta_total"] == 1.67e-5
+    same = callbacks.PrivacyLogger(delta=1.67e-5)
+    _attach(same, _optimizer(schedule, 4))
+    assert same.privacy_logs() == logs
+    other = callbacks.PrivacyLogger(delta=1e-2)
+    _attach(other, _optimizer(schedule, 4))
+    logs = other.privacy_logs()
+    assert "epsilon_pld" not in logs and "epsilon_gdp_clt" not in logs
+    assert logs["epsilon_pld_at_delta_0.01"] == pytest.approx(schedule.epsilon(1e-2, "pld"))
+    assert "epsilon_gdp_clt_at_delta_0.01" in logs and logs["delta_total_at_delta_0.01"] == 1e-2
+    shared = set(logs) & set(default.privacy_logs())
+    assert shared == {"clip_norm", "noise_stddev", "dp_step"}  # two loggers in one fit: no value overwritten
+
+
+def test_privacy_logger_needs_a_delta_beside_a_schedule_without_a_target():
+    logger = callbacks.PrivacyLogger()
+    _attach(logger, _optimizer(_schedule()))
+    with pytest.raises(ValueError, match="PrivacyLogger needs `delta`: the optimizer's schedule was built by hand"):
+        logger.on_train_begin()
+
+
+def test_privacy_logger_adds_the_delta_of_the_batches_cap_to_delta_total():
+    schedule = _calibrated(target_delta=1e-5, num_steps=40)
+    optimizer = _optimizer(schedule, 40)
+    optimizer.note_batch_cap(40, 20)  # accepted: below the default cap (24), adding 1.2e-8 at epsilon 2
+    logger = callbacks.PrivacyLogger()
+    _attach(logger, optimizer)
+    logs = logger.privacy_logs()
+    eta = batch_sizes.overflow_probability(40, 0.1, 20)
+    added = batch_sizes.added_delta(eta, 40, max(logs["epsilon_pld"], logs["epsilon_gdp_clt"]))
+    assert optimizer.overflow_probability == eta and 1e-9 < added <= 1e-7
+    assert logs["delta_total"] == pytest.approx(1e-5 + added, rel=1e-12)
+
+
+def test_fit_on_batches_capped_to_void_the_delta_is_refused_before_the_first_step():
+    """The review's run: max_batch_size=2 at N 40, p 0.1 truncated 79% of the batches; PrivacyLogger logged
+    epsilon_pld 2.087 at delta 1e-5."""
+    x, y = _data(5)
+    model = _private_model(_calibrated(target_delta=1e-5, num_steps=40), len(x))
+    batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.1, max_batch_size=2, seed=0)
+    with pytest.raises(ValueError, match=r"max_batch_size=2 truncates 0.791 of the batches .*default cap, 24,"):
+        model.fit(batches, epochs=1, verbose=0, callbacks=[callbacks.PrivacyLogger()])
+    assert int(model.optimizer.dp_step.numpy()) == 0
+    history = model.fit(
+        keras_dyndp.poisson_batches(x, y, sampling_probability=0.1, seed=0),
+        epochs=1,
+        verbose=0,
+        callbacks=[callbacks.PrivacyLogger()],
+    )
+    assert 0 < model.optimizer.overflow_probability < 1e-11
+    assert 1e-5 < history.history["delta_total"][0] < 1e-5 * (1 + batch_sizes.TRUNCATION_DELTA_SHARE)

@@ -114,6 +114,19 @@ def test_a_schedule_without_a_normaliser_is_refused_unless_the_batch_sizes_are_s
     assert budget.expected_batch_size == 50.0 and not budget.public_batch_size and not budget.normalises_by_rows
 
 
+def test_a_target_delta_of_one_over_n_or_more_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"`target_delta` must be below 1/N = 1/1000 = 0.001 .*target_delta=0.5\."):
+        _Optimizer(**{**BUDGET, "target_delta": 0.5})
+    calibrated = schedules.calibrate(
+        "vanilla", target_epsilon=2.0, target_delta=0.05, sampling_probability=0.1, num_steps=4, initial_clip=1.0
+    )  # calibrate knows p, not N
+    # N = expected_batch_size / p = 40: the schedule's target delta 0.05 is above 1/40.
+    with pytest.raises(ValueError, match=r"`schedule.calibration.target_delta` must be below 1/N = 1/40 = 0.025"):
+        _Optimizer(schedule=calibrated, expected_batch_size=4)
+    _Optimizer(schedule=calibrated, expected_batch_size=1)  # N = 10: 0.05 is below 1/10
+    _Optimizer(schedule=calibrated, public_batch_size=True)  # N unknown
+
+
 def test_a_schedule_of_another_type_is_refused():
     with pytest.raises(TypeError, match="`schedule` must be a keras_dyndp.schedules.DPSchedule"):
         _Optimizer(schedule=[1.0, 2.0])

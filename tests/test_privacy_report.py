@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from keras_dyndp import batch_sizes
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
 from keras_dyndp.accounting import fast_pld
@@ -176,3 +177,19 @@ def test_run_summary_of_a_baseline_adds_its_own_accountant_and_of_no_schedule_sa
     assert "budget calibrated under tcdp: target epsilon 1" in text
     none = privacy_report.run_summary(None, 1e-4, 5, method="nonprivate")
     assert none.text == "Privacy: none (nonprivate: no DP guarantee)." and np.isinf(none.epsilon_rigorous)
+
+
+def test_run_summary_states_the_total_delta_with_the_cap_s_and_a_delta_other_than_the_target():
+    schedule = schedules.calibrate("vanilla", **SPEC)
+    delta = SPEC["target_delta"]
+    plain = privacy_report.run_summary(schedule, delta, 60, method="vanilla")
+    assert plain.delta_total == delta
+    assert f"  epsilon at delta = {delta:.3g}:" in plain.text and "NOT" not in plain.text
+    overflow = batch_sizes.overflow_probability(1000, SPEC["sampling_probability"], 70)  # N 1000: 50 expected
+    capped = privacy_report.run_summary(schedule, delta, 60, method="vanilla", overflow_probability=overflow)
+    added = batch_sizes.added_delta(overflow, 60, max(capped.epsilon_gdp_clt, capped.epsilon_rigorous))
+    assert added > 0 and capped.delta_total == pytest.approx(delta + added, rel=1e-12)
+    expected = f"epsilon at delta = {delta:.3g} + {added:.3g} (the batches' cap, max_batch_size) = {delta + added:.3g}:"
+    assert expected in capped.text
+    other = privacy_report.run_summary(schedule, 1e-2, 60, method="vanilla")
+    assert f"epsilon at delta = 0.01 (NOT the budget's target delta {delta:.3g}):" in other.text

@@ -513,3 +513,11 @@ def test_only_a_schedule_calibrated_under_an_accountant_that_is_not_rigorous_is_
     assert schedules.gdp_clt_understatement(paper) is not None
     _with_entry(monkeypatch, "gdp_clt", rigorous=True)
     assert schedules.gdp_clt_understatement(paper) is None
+
+
+def test_a_budget_whose_delta_is_one_over_n_or_more_is_refused_before_calibrating():
+    """The review's new user: target_delta=0.5 trained to the end and logged epsilon_pld 51.8."""
+    budget = dict(target_epsilon=2.0, num_examples=40, batch_size=4, method="vanilla", initial_clip=1.0, steps=10)
+    with pytest.raises(ValueError, match=r"`target_delta` must be below 1/N = 1/40 = 0.025 .*target_delta=0.5\."):
+        schedules.PrivacyBudget(**budget, target_delta=0.5)
+    schedules.PrivacyBudget(**budget, target_delta=1e-5)

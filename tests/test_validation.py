@@ -145,3 +145,17 @@ def test_check_subset_returns_a_tuple_and_names_the_argument_and_choices():
         validation.check_subset("accountants", [], ("pld", "rdp"), allow_empty=False)
     with pytest.raises(ValueError, match=r"Received: accountants=\('prv',\)"):
         validation.check_subset("accountants", ["prv"], ("pld", "rdp"))
+
+
+def test_a_delta_of_one_over_n_or_more_is_refused_naming_one_over_n_and_the_typical_value():
+    assert validation.check_delta_below_inverse_size(1e-5, 40) == 1e-5
+    for delta in (0.5, 1 / 40, 0.025):
+        with pytest.raises(ValueError) as refusal:
+            validation.check_delta_below_inverse_size(delta, 40)
+        message = str(refusal.value)
+        assert message.startswith("`target_delta` must be below 1/N = 1/40 = 0.025 (N, the training set's size)")
+        assert "e.g. 1/N^1.1 = 0.0173 or 1e-5" in message and message.endswith(f"Received: target_delta={delta!r}.")
+    with pytest.raises(ValueError, match=r"e.g. 1/N\^1.1 = 2.51e-07\. Received"):  # 1e-5 is not below 1/N here
+        validation.check_delta_below_inverse_size(1e-5, 1_000_000, "delta")
+    with pytest.raises(ValueError, match=r"`target_delta` must be in \(0, 1\)"):
+        validation.check_delta_below_inverse_size(0.0, 40)

@@ -357,6 +357,7 @@ def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
         batch_sizes.check_data_size(optimizer.num_examples, x.num_examples, type(optimizer).__name__)
         data.check_resume(x, optimizer)  # a seeded run resumed at another step than the optimizer's: refused
         batch_sizes.check_poisson_batches(x.sampling_probability, p, optimizer.public_batch_size, caller)
+        optimizer.note_batch_cap(x.num_examples, x.max_batch_size)  # a cap that voids the target delta: refused
         return
     if caller == entry_points.FIT:  # train_on_batch takes one batch, which may be the user's own Poisson sample
         batch_sizes.check_not_arrays(x, p, optimizer.public_batch_size)

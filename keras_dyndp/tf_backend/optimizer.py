@@ -73,7 +73,11 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._noise_source = noise_source.NoiseSource(noise_seed)
         schedule = self._schedule
         self._sampling_check = sampling_check.SamplingCheck(
-            self._step_checks, self._public_batch_size, type(self).__name__, self.note_unverified_sampling
+            self._step_checks,
+            self._public_batch_size,
+            type(self).__name__,
+            self.note_unverified_sampling,
+            self.note_batch_cap,
         )
         with tf.init_scope():
             self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)

@@ -11,14 +11,16 @@ checks close this.
    loop's ``compute_gradients`` sees only weighted losses, so the rows bound the count from above and the rows with a
    non-zero loss from below (a real example may have loss 0): it refuses when the upper bound is below the range or the
    lower bound above it. Neighbouring datasets differ in whether this abort fires only when the size leaves the range:
-   at most (1 + e^epsilon) T 2e-12 more delta (`keras_dyndp.tf_backend.data.truncation_delta`'s argument). XLA drops the
+   at most (1 + e^epsilon) T 2e-12 more delta (`keras_dyndp.tf_backend.data.truncation_delta`'s argument), which
+   `PrivacyLogger`'s ``delta_total`` counts (`keras_dyndp.batch_sizes.overflow_probability`). XLA drops the
    check. With ``public_batch_size=True`` the step divides by the rows and checks no size, but refuses rows of weight 0
    (padding) where it sees sample weights.
 2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, called by make_private's
    ``make_train_function`` with what the entry point showed, also an unbound ``keras.Model.fit``):
    keras_dyndp Poisson batches of another number of examples than the optimizer's N
    (`keras_dyndp.batch_sizes.check_data_size`), at another p, or for ``public_batch_size=True``, or whose seed each
-   worker drew alone, raise ValueError; so do arrays without ``public_batch_size=True``
+   worker drew alone, or capped so low that truncating them adds more than a small share of the target delta
+   (`keras_dyndp.batch_sizes.check_max_batch_size`), raise ValueError; so do arrays without ``public_batch_size=True``
    (`keras_dyndp.batch_sizes.check_not_arrays`). Anything else, ``train_on_batch``'s batch, and a step whose data the
    optimizer cannot see (custom loop or train step, a train function called directly) get one `SamplingWarning` per
    optimizer, which also says when batch sizes are not checked.
@@ -59,6 +61,8 @@ class SamplingCheck:
       optimizer_name: the optimizer's class name, for the refusals.
       note_unverified: the optimizer's `note_unverified_sampling`, called with what showed batches not known to be
         Poisson samples; True the first time (the `SamplingWarning` is given then).
+      note_batch_cap: the optimizer's `note_batch_cap`, called with N and the cap of the Poisson batches ``fit``
+        received: refuses a cap whose truncation voids the target delta, records the rest for the report.
     """
 
     def __init__(
@@ -67,11 +71,13 @@ class SamplingCheck:
         public_batch_size: bool,
         optimizer_name: str,
         note_unverified: Callable[[str], bool],
+        note_batch_cap: Callable[[int, int], None],
     ):
         self._step_checks = step_checks
         self._public_batch_size = public_batch_size
         self._optimizer_name = optimizer_name
         self._note_unverified = note_unverified  # The optimizer's `note_unverified_sampling`: True the first time.
+        self._note_batch_cap = note_batch_cap
         self._fit_checked = False
 
     @contextlib.contextmanager
@@ -93,6 +99,7 @@ class SamplingCheck:
             return
         batch_sizes.check_data_size(self._step_checks.num_examples, sampling.num_examples, self._optimizer_name)
         batch_sizes.check_poisson_batches(sampling.sampling_probability, p, self._public_batch_size, "model.fit")
+        self._note_batch_cap(sampling.num_examples, sampling.max_batch_size)
         if replicas.is_multi_worker() and not sampling.same_on_every_worker:
             raise ValueError(
                 "model.fit under a multi-worker strategy received Poisson batches whose seed each worker drew "

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_dyndp
+from keras_dyndp import batch_sizes
 from keras_dyndp import schedules
 from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import keras_compat
@@ -123,6 +124,23 @@ def test_poisson_batches_of_another_dataset_size_are_refused_before_the_first_st
     with pytest.raises(ValueError, match=expected):
         model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P), epochs=1, verbose=0)
     assert int(model.optimizer.dp_step) == 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_poisson_batches_capped_to_void_the_delta_are_refused_before_the_first_step(path):
+    """A cap truncating most batches adds (1 + e^epsilon) T P[batch > cap] to delta: refused at fit's data check,
+    naming the default cap; the default cap's overflow is recorded for PrivacyLogger's delta_total."""
+    x, y = arrays()
+    model = compiled_model(path)
+    default = batch_sizes.default_max_batch_size(NUM_EXAMPLES, P)
+    expected = rf"max_batch_size=10 truncates .* more than 1% of the target delta 0.0025.* default cap, {default},"
+    with pytest.raises(ValueError, match=expected):
+        model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P, max_batch_size=10), epochs=1, verbose=0)
+    assert int(model.optimizer.dp_step) == 0 and model.optimizer.overflow_probability is None
+    model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=2), epochs=1, verbose=0)
+    size_range = batch_sizes.batch_size_range(NUM_EXAMPLES, P)  # a size outside it stops training: counted too
+    expected = batch_sizes.overflow_probability(NUM_EXAMPLES, P, default, size_range)
+    assert model.optimizer.overflow_probability == expected < 1e-11
 
 
 def test_poisson_batches_need_a_normaliser_independent_of_the_rows():
