@@ -76,7 +76,16 @@ def main() -> None:
     _, accuracy = model.evaluate(data.x_test, data.y_test, verbose=0)
     steps = optimizer.released_steps
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test images)")
-    print(keras_dyndp.run_summary(schedule, delta, steps, method=FLAGS.method, privacy_unit="training image"))
+    print(
+        keras_dyndp.run_summary(
+            schedule,
+            delta,
+            steps,
+            method=FLAGS.method,
+            overflow_probability=optimizer.overflow_probability,
+            privacy_unit="training image",
+        )
+    )
     if FLAGS.model_dir:
         model.save_weights(os.path.join(FLAGS.model_dir, "digits.weights.h5"))
         print(f"Weights and TensorBoard privacy logs in {FLAGS.model_dir}")

@@ -81,7 +81,13 @@ def main() -> None:
     print(f"Test accuracy: {accuracy:.4f} ({len(data.y_test)} test reviews)")
     vocabulary = "the vocabulary was learnt from the private training reviews; it is outside the DP guarantee."
     summary = keras_dyndp.run_summary(
-        schedule, delta, steps, method=FLAGS.method, privacy_unit="training review", notes=[vocabulary]
+        schedule,
+        delta,
+        steps,
+        method=FLAGS.method,
+        overflow_probability=optimizer.overflow_probability,
+        privacy_unit="training review",
+        notes=[vocabulary],
     )
     print(summary)
     if FLAGS.model_dir:

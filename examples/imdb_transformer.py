@@ -214,7 +214,13 @@ def main() -> None:
     steps = optimizer.released_steps
     print(
         keras_dyndp.run_summary(
-            schedule, delta, steps, method=FLAGS.method, privacy_unit="training review", notes=notes
+            schedule,
+            delta,
+            steps,
+            method=FLAGS.method,
+            overflow_probability=optimizer.overflow_probability,
+            privacy_unit="training review",
+            notes=notes,
         )
     )
 

@@ -116,6 +116,7 @@ def main() -> None:
             delta,
             steps,
             method=FLAGS.method,
+            overflow_probability=optimizer.overflow_probability,
             privacy_unit="training image",
             training_metrics=FLAGS.training_metrics,
         )

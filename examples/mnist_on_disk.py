@@ -114,7 +114,16 @@ def train(directory: str) -> None:
     _, accuracy = model.evaluate(test_x, np.asarray(test_labels), verbose=0)
     steps = optimizer.released_steps
     print(f"Test accuracy: {accuracy:.4f} ({len(test_labels)} test images; {num_train} training images on disk)")
-    print(keras_dyndp.run_summary(schedule, delta, steps, method=FLAGS.method, privacy_unit="training image"))
+    print(
+        keras_dyndp.run_summary(
+            schedule,
+            delta,
+            steps,
+            method=FLAGS.method,
+            overflow_probability=optimizer.overflow_probability,
+            privacy_unit="training image",
+        )
+    )
 
 
 def main() -> None:

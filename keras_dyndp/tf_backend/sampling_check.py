@@ -6,12 +6,12 @@ checks close this.
 
 1. At every step, in the graph, on every path (``fit``, ``train_on_batch``, ``minimize``, ``apply_clipped_sum``): the
    number of examples must lie in `data.batch_size_range(N, p)`, N = ``expected_batch_size / p``, which a Poisson batch
-   leaves with probability at most 1e-12 on each side; otherwise the step raises ``tf.errors.InvalidArgumentError``
+   leaves with probability at most 1e-15 on each side; otherwise the step raises ``tf.errors.InvalidArgumentError``
    (`keras_dyndp.step_checks`, asserted by the optimizer). Examples are the rows with a non-zero sample weight; a custom
    loop's ``compute_gradients`` sees only weighted losses, so the rows bound the count from above and the rows with a
    non-zero loss from below (a real example may have loss 0): it refuses when the upper bound is below the range or the
    lower bound above it. Neighbouring datasets differ in whether this abort fires only when the size leaves the range:
-   at most (1 + e^epsilon) T 2e-12 more delta (`keras_dyndp.tf_backend.data.truncation_delta`'s argument), which
+   at most (1 + e^epsilon) T 2e-15 more delta (`keras_dyndp.tf_backend.data.truncation_delta`'s argument), which
    `PrivacyLogger`'s ``delta_total`` counts (`keras_dyndp.batch_sizes.overflow_probability`). XLA drops the
    check. With ``public_batch_size=True`` the step divides by the rows and checks no size, but refuses rows of weight 0
    (padding) where it sees sample weights.

@@ -89,8 +89,9 @@ def test_batches_far_below_the_expected_size_are_refused(run_eagerly, path):
 def test_poisson_batches_at_the_schedules_rate_train_without_warning(path):
     x, y = arrays()
     model = compiled_model(path)
-    dataset = keras_dyndp.poisson_batches(x, y, sampling_probability=P)  # padded to more rows than the upper bound
-    assert data.poisson_sampling(dataset).max_batch_size > data.batch_size_range(NUM_EXAMPLES, P)[1]
+    high = data.batch_size_range(NUM_EXAMPLES, P)[1]
+    dataset = keras_dyndp.poisson_batches(x, y, sampling_probability=P, max_batch_size=high + 8)  # padded past it
+    assert data.poisson_sampling(dataset).max_batch_size > high
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(dataset, epochs=1, verbose=0)
