@@ -225,7 +225,7 @@ def train_on_batch_update(x: np.ndarray, y: np.ndarray, schedule: schedules.DPSc
             optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
         )
         before = model.get_weights()
-    with pytest.warns(SamplingWarning, match="train_on_batch"):
+    with pytest.warns(SamplingWarning, match=entry if entry == "train_on_batch" else "train_function called directly"):
         if entry == "train_on_batch":
             model.train_on_batch(x, y)
         else:
