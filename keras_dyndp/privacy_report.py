@@ -378,8 +378,7 @@ def run_summary(
         f"  clip C_t: {schedule.clip_norms[0]:.4g} -> {schedule.clip_norms[last]:.4g}; noise std on the "
         f"clipped sum sigma_t: {schedule.noise_stddevs[0]:.4g} -> {schedule.noise_stddevs[last]:.4g}",
         *delta_lines,
-        f"    GDP-CLT (the paper's accountant; an approximation that can understate, so not the one to quote): "
-        f"{eps_clt:.4f}",
+        f"    GDP-CLT (the paper's accountant; an approximation that can understate: not one to quote): {eps_clt:.4f}",
         f"    {accountant.upper()} (rigorous upper bound): {eps_rigorous:.4f}",
         *_baseline_lines(method, schedule, delta, steps),
     ]
