@@ -46,8 +46,8 @@ from keras_dyndp.accounting import scale_search
 
 ArrayLike = Sequence[float] | np.ndarray
 
-# The package's PLD grid (`registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`): ~10x faster than dp_accounting's
-# 1e-4 and ~0.4% looser (p = 250/60000, T = 4800, sigma 1.126, delta 1e-5: 1.2554 vs 1.2505), still an upper bound.
+# The package's PLD grid (`registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`): coarser than dp_accounting's 1e-4,
+# so faster and slightly looser, still an upper bound (docs/performance.md, "Accounting cost").
 # The PLD's `final_options` in `registry` (1e-4) are for final reported numbers.
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 DEFAULT_MAX_GROUPS = 100

@@ -13,7 +13,7 @@ example's layer input and output gradient (`taps`, `ghost`); every other variabl
 
 State. Non-trainable variables written from the batch would leave the step without noise: refused when the step is
 traced (`model_checks`). Random-generator states (Dropout) are drawn from the step's secret key, the same for every
-row, never from Keras's seed, which users publish (deleting a row shifted every later row's mask: 2.96 C); a variable
+row, never from Keras's seed, which users publish (deleting a row would shift every later row's mask); a variable
 written from those draws is refused too; the kept states advance from their public values as in Keras.
 
 Refused as on TensorFlow: an optimizer that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a
