@@ -44,7 +44,7 @@ def form(positions: int | None, fan_in: int, fan_out: int) -> str:
 def embedding_by_table(positions: int, vocabulary: int) -> bool:
     """Whether an Embedding's ghost rule on JAX groups each example's T = ``positions`` ids by a table of each id's
     first position, B x V small integers set by one scatter (its cost grows as V), rather than by sorting them
-    (T log T per example): where V <= 8 T log2 T and V <= `MAX_MATERIALISED`, where the table is the faster of the
+    (T log T per example): where V <= 8 T log2 T and V <= `MAX_MATERIALISED`: there the table is the faster of the
     two on XLA's CPU (docs/performance.md)."""
     return vocabulary <= MAX_MATERIALISED and vocabulary <= 8 * positions * max(1, positions.bit_length() - 1)
 
