@@ -146,7 +146,7 @@ def out_of_range_refusal(
 DEFAULT_OVERFLOW_TAIL = 1e-15
 
 #: Tail probability on each side of `batch_size_range`: the stop outside it adds (1 + e^eps) T 2 tail to delta, 3e-8
-#: at epsilon 8 and T 4800 (at 1e-12 it was 2.9e-5, more than a target of 1e-5); the default cap's tail.
+#: at epsilon 8 and T 4800 (a tail of 1e-12 would add 2.9e-5, more than a target of 1e-5); the default cap's tail.
 BATCH_SIZE_TAIL = 1e-15
 
 

@@ -112,9 +112,8 @@ class PrivacyLogger(keras.callbacks.Callback):
     `keras_dyndp.epoch_logs`). An epoch ending early otherwise gets them in ``on_epoch_end``.
 
     Args:
-        accountant: reported beside the GDP-CLT: 'pld' (default, tightest; 0.04-0.7 s per call for the paper's
-            T = 4800 dynamic schedule at epsilon 1.2, ~4 s at epsilon 8), 'rdp' (~10-20% above the PLD) or
-            'gdp_clt' (that only).
+        accountant: reported beside the GDP-CLT: 'pld' (default, tightest, the slowest per call), 'rdp'
+            (looser than the PLD) or 'gdp_clt' (that only); costs in docs/performance.md, "Accounting cost".
         delta: the delta in (0, 1) of the epsilons. None (default): the optimizer's calibration target delta
             (``schedule.calibration.target_delta``; a schedule built by hand has none, and then needs ``delta``).
         log_every: 'epoch', or an integer k >= 1: also account every k DP steps (absl INFO log; TensorBoard with
@@ -122,7 +121,7 @@ class PrivacyLogger(keras.callbacks.Callback):
         log_dir: TensorFlow only (needs the tensorboard package): scalars ``privacy/<key>`` in
             ``<log_dir>/privacy`` over DP steps. On JAX ``keras.callbacks.TensorBoard`` writes the epoch values.
         accountant_options: passed to `DPSchedule.epsilon`, e.g. ``registry.get('pld').final_options`` (a 1e-4 PLD
-            grid, ~10x slower) for final numbers; None: the defaults.
+            grid, slower) for final numbers; None: the defaults.
     """
 
     def __init__(

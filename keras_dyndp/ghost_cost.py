@@ -19,7 +19,7 @@ from __future__ import annotations
 
 MAX_MATERIALISED = 2**16
 """The largest per-example gradient (in floats) held for a whole batch: 256 KiB per example, 64 MiB at batch 256
-(measured on TensorFlow, docs/performance.md)."""
+(docs/performance.md)."""
 
 GRAM = "gram"
 PER_EXAMPLE = "per_example"
@@ -44,9 +44,8 @@ def form(positions: int | None, fan_in: int, fan_out: int) -> str:
 def embedding_by_table(positions: int, vocabulary: int) -> bool:
     """Whether an Embedding's ghost rule on JAX groups each example's T = ``positions`` ids by a table of each id's
     first position, B x V small integers set by one scatter (its cost grows as V), rather than by sorting them
-    (T log T per example): where V <= 8 T log2 T and V <= `MAX_MATERIALISED` (measured on XLA's CPU, batch 256:
-    T 256, V 10,000: 1.1 against 2.0-2.7 ms; V 100,000: 27 against 2-3 ms; T 40, V 1,000: 0.29 against 0.31 ms;
-    V 50,000: 1.3 against 0.33 ms; docs/performance.md)."""
+    (T log T per example): where V <= 8 T log2 T and V <= `MAX_MATERIALISED`: there the table is the faster of the
+    two on XLA's CPU (docs/performance.md)."""
     return vocabulary <= MAX_MATERIALISED and vocabulary <= 8 * positions * max(1, positions.bit_length() - 1)
 
 

@@ -256,10 +256,10 @@ def source_guard(source: Any, limit: int) -> Any:
 
 def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[int]], list]:
     """``positions -> elements``, each call of the source inside ``guard``: one ``source.__getitems__`` call when
-    the source has one (it reads a batch as it knows best: ArrayRecord's reads are parallel in C++ already, and split
-    across threads they cost 3x the CPU); else ``source[i]`` per example, a batch of 64 or more in chunks of
-    increasing positions read by up to min(``threads``, 8) threads at once (`_parts`), so that file reads (which
-    release the GIL) overlap: cold reads wait for the disk once per chunk rather than once per example."""
+    the source has one (it reads a batch as it knows best: ArrayRecord's reads are parallel in C++ already, and
+    splitting them across threads only adds CPU); else ``source[i]`` per example, a batch of 64 or more in chunks of
+    increasing positions read by up to min(``threads``, 8) threads at once (`_parts`), so that file reads (which release
+    the GIL) overlap: cold reads wait for the disk once per chunk rather than once per example."""
     get_many = getattr(source, "__getitems__", None)
     if get_many is not None:
 
@@ -338,12 +338,12 @@ def _owned_other(leaf: Any) -> Any:
 
 def _tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:
     """For a ``tfds.data_source`` of ``tf.train.Example`` records of fixed-length features (no ``decoders``):
-    ``positions -> elements`` as the source returns them, with the records read raw (`_ArrayRecordFiles` where it
-    reads them, else one ``__getitems__`` of the records under the source), parsed for the whole batch
-    (`_example_parser`) instead of one by one by tfds in Python (some 22-40 us an MNIST-sized example), then decoded
-    as tfds does (`_tfds_decoder`). None otherwise, or if example 0 so read differs from ``source[0]`` (the source is
-    then read as any other). The record reads hold ``guard``. The elements are arrays parsed from each call's own
-    records, new at every call: no later read can change them, so they are not copied (`_owned`)."""
+    ``positions -> elements`` as the source returns them, with the records read raw (`_ArrayRecordFiles` where it reads
+    them, else one ``__getitems__`` of the records under the source), parsed for the whole batch (`_example_parser`)
+    instead of one by one by tfds in Python (docs/performance.md), then decoded as tfds does (`_tfds_decoder`). None
+    otherwise, or if example 0 so read differs from ``source[0]`` (the source is then read as any other). The record
+    reads hold ``guard``. The elements are arrays parsed from each call's own records, new at every call: no later read
+    can change them, so they are not copied (`_owned`)."""
     method = getattr(getattr(source, "deserialize_method", None), "name", None)
     if type(source).__module__.split(".")[0] != "tensorflow_datasets" or method != "DESERIALIZE_AND_DECODE":
         return None
@@ -394,8 +394,8 @@ def _tensorflow_parser(features: Any, tf: Any) -> Callable[[list], dict[str, np.
 
 def _protobuf_parser(features: Any) -> Callable[[list], dict[str, np.ndarray]] | None:
     """`_example_parser` without TensorFlow: protobuf's parse of each record, then one numpy array a column in the
-    dtype tfds stores (`_proto_column`; some 13 us an MNIST-sized example of 784 integers, 1.4 us of 784 bytes,
-    against 22 and 16 us in tfds's own numpy parser, which converts each example's lists apart)."""
+    dtype tfds stores (`_proto_column`; faster than tfds's own numpy parser, which converts each example's lists
+    apart: docs/performance.md)."""
     from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
     from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=import-outside-toplevel
 
@@ -430,10 +430,10 @@ def _proto_column(key: str, info: Any, examples: list) -> np.ndarray:
 
 def _tfds_decoder(features: Any) -> Callable[[dict], list]:
     """``parsed columns -> elements`` as tfds decodes them: where every feature is a flat `Tensor` of fixed shape
-    (`Scalar`, `ClassLabel`) that `_column_decoder` decodes, column by column for the whole batch (some 5 us an
-    example saved, and a bytes-encoded tensor decoded from one buffer); else each column in its stored dtype (scalars
-    as Python's, as tfds's), then tfds's ``decode_example_np`` per example (`_tfds_fetcher` checks example 0 against
-    tfds's own)."""
+    (`Scalar`, `ClassLabel`) that `_column_decoder` decodes, column by column for the whole batch (no per-example
+    decode, and a bytes-encoded tensor decoded from one buffer); else each column in its stored dtype (scalars as
+    Python's, as tfds's), then tfds's ``decode_example_np`` per example (`_tfds_fetcher` checks example 0 against tfds's
+    own)."""
     from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
 
     info = features.get_serialized_info()
@@ -494,11 +494,11 @@ class _ArrayRecordFiles:
     """The records of a ``tfds.data_source``'s ArrayRecord files by key (the order of its file instructions), read
     with array_record's ``ArrayRecordReader`` in its random-access mode (``readahead_buffer_size:0,
     max_parallelism:0``), one record a ``read(offset, offset + 1)``: read in the calling thread with the GIL released
-    (a ``seek`` and ``read()`` cost the same CPU, some 4-8 us a record, but hold the GIL, so one batch's reads
-    stopped every other Python thread), with a file buffer of twice a record's mean size on disk (a power of 2 in
-    [4 KB, 1 MB]; its 32 KB default read 30 times an MNIST-sized record's bytes: 2-3 us more a record). ArrayRecord's
-    batched reads cost more: under ``__getitems__`` each record goes to its pool of 64 threads and a thread per file
-    (28-42 us of CPU a record on 2 cores), and ``read(indices)`` walks every chunk of the file each call (O(N)). A
+    (a ``seek`` and ``read()`` cost the same CPU but hold the GIL, so one batch's reads would stop every other
+    Python thread), with a file buffer of twice a record's mean size on disk (a power of 2 in [4 KB, 1 MB]; its 32 KB
+    default reads many times a small record's bytes). ArrayRecord's batched reads cost more: under ``__getitems__``
+    each record goes to its pool of 64 threads and a thread per file, and ``read(indices)`` walks every chunk of the
+    file each call (O(N); docs/performance.md). A
     reader is not thread-safe, so each calling thread takes a set of readers of its own (kept for the next call); a
     file is opened at its first read."""
 
@@ -588,7 +588,7 @@ def _mapped_file(leaf: np.ndarray) -> np.memmap | None:
 def file_reader(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
     """``indices -> leaf[indices]``; for a memmap with contiguous rows, by positioned reads of its file (``os.preadv``
     into the batch): touching the mapping would map the pages around each row into the process (the kernel's fault-
-    around, some 32 KB a row measured), and resident memory would grow towards the file's size."""
+    around), and resident memory would grow towards the file's size (docs/performance.md)."""
     root = _mapped_file(leaf) if isinstance(leaf, np.ndarray) and leaf.ndim else None
     row_strides = tuple(np.empty(leaf.shape[1:], leaf.dtype).strides) if root is not None else None
     if root is None or tuple(leaf.strides[1:]) != row_strides or not hasattr(os, "preadv"):

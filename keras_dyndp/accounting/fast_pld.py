@@ -7,10 +7,8 @@ multipliers z_t = sigma_t / C_t with it takes minutes. Two things make it fast h
    sorted by z are cut into groups, each one self-composed PLD at its SMALLEST z. Rounding step t down to z_g adds
    w(z_g) - w(z_t) to the extended GDP CLT's sum of w(z) = exp(1/z^2) - 1; greedy groups add at most tau each, the
    largest tau whose total stays below `tolerance` times the sum (or the smallest that fits `max_groups` groups).
-   Equal z cost nothing. Measured at p = 250/60000, T = 4800, delta = 1e-5 with the defaults
-   (`benchmarks/pld_grouping.py`): the same groups with z rounded UP give a lower bound on the ungrouped epsilon,
-   and ours is within 1.44% (z linear 1.2 -> 0.6), 1.81% (dynamic, eps 1.2, 1/rho_mu = 1/rho_c = 0.3) and 1.79%
-   (growing-mu, eps 0.4, 1/rho_mu = 0.1) of it; for T = 400 (z linear 1.2 -> 0.6) the excess is 0.52%.
+   Equal z cost nothing. The same groups with z rounded UP give a lower bound on the ungrouped epsilon, which
+   bounds the excess (`benchmarks/pld_grouping.py`; docs/performance.md, "Accounting cost").
 2. Each group's PLD built with numpy, by the algorithm of dp_accounting's `from_gaussian_mechanism(z,
    sampling_prob=p, value_discretization_interval=d)` (tested against it): the privacy loss of the REMOVE pair
    ((1 - p) N(0, z^2) + p N(-1, z^2) against N(0, z^2)) and of the ADD pair (N(0, z^2) against (1 - p) N(0, z^2) +
@@ -46,8 +44,8 @@ from keras_dyndp.accounting import scale_search
 
 ArrayLike = Sequence[float] | np.ndarray
 
-# The package's PLD grid (`registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`): ~10x faster than dp_accounting's
-# 1e-4 and ~0.4% looser (p = 250/60000, T = 4800, sigma 1.126, delta 1e-5: 1.2554 vs 1.2505), still an upper bound.
+# The package's PLD grid (`registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`): coarser than dp_accounting's 1e-4,
+# so faster and slightly looser, still an upper bound (docs/performance.md, "Accounting cost").
 # The PLD's `final_options` in `registry` (1e-4) are for final reported numbers.
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 DEFAULT_MAX_GROUPS = 100

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-# Within 0.1% below the target: finer than the PLD's own pessimism (grid ~0.4%, grouping <= 2%); each further digit
-# would cost about one more evaluation.
+# Within 0.1% below the target: finer than the PLD's own pessimism (its grid's and its grouping's, docs/performance.md);
+# each further digit would cost about one more evaluation.
 DEFAULT_RTOL = 1e-3
 _ROUGH_RTOL = 1e-2
 _MAX_EVALUATIONS = 60

@@ -4,7 +4,7 @@ Keras's seeds are public or restorable (``set_random_seed``, ``SeedGenerator`` s
 drawn from them could be regenerated or replayed. Each optimizer holds a 64-bit base key from OS entropy
 (`keras_dyndp.noise_seed`; process 0's under several processes) in host memory. The key is a runtime input of the
 step, never a constant of a compiled program: a constant goes wherever the program goes (persistent compilation
-caches, XLA dumps to files or stdout, profiler traces, which held it before). The optimizer's ``new_run`` writes its
+caches, XLA dumps to files or stdout, profiler traces). The optimizer's ``new_run`` writes its
 two words into the state of a run of steps (the never-saved run state, `fresh_run_state`), from which the step reads
 them; the variables hold zeros in their place at rest (``raise_refused_step`` and loading put zeros back), so what
 saves or reads the variables (``.keras``, weights, legacy ``.h5``, ``get_state_tree``) finds no key, and a step

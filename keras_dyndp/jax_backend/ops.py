@@ -27,7 +27,7 @@ def standard_normals(key: jax.Array, size: int) -> jax.Array:
     normal. Both are the same counter-mode generator, every block used once; the flag only decides how a draw splits
     over devices, and this one is a single flat vector. The bits are materialised before JAX's transform (uniform in
     [_LOW, 1), sqrt(2) erfinv), which is written out here: XLA:CPU otherwise fuses the concatenation of the blocks'
-    halves into it, element by element, and the draw takes 3-4x as long (docs/performance.md)."""
+    halves into it, element by element, and the draw takes several times as long (docs/performance.md)."""
     with jax.threefry_partitionable(False):
         bits = jax.lax.optimization_barrier(jax.random.bits(key, (size,), jnp.uint32))
     mantissas = jax.lax.shift_right_logical(bits, np.uint32(32 - 23)) | np.asarray(1.0, np.float32).view(np.uint32)

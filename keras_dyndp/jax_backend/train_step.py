@@ -13,7 +13,7 @@ example's layer input and output gradient (`taps`, `ghost`); every other variabl
 
 State. Non-trainable variables written from the batch would leave the step without noise: refused when the step is
 traced (`model_checks`). Random-generator states (Dropout) are drawn from the step's secret key, the same for every
-row, never from Keras's seed, which users publish (deleting a row shifted every later row's mask: 2.96 C); a variable
+row, never from Keras's seed, which users publish (deleting a row would shift every later row's mask); a variable
 written from those draws is refused too; the kept states advance from their public values as in Keras.
 
 Refused as on TensorFlow: an optimizer that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a
@@ -378,9 +378,9 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 def _private_make_train_function(self: keras.Model, force: bool = False):
     """Keras's ``make_train_function`` (which every training entry point calls first), after the model and sampling
     checks of the data the entry point showed (`_check_sampling`), with a new train-step object for each new train
-    function (JAX caches traces by function object: after ``compile`` with another DP optimizer the old trace, its
-    schedule, keys and refusals, was replayed: the update followed the old clip norm, 1.06 where the new schedule
-    allows 0.0014), wrapped in `_CheckedTrainFunction`."""
+    function (JAX caches traces by function object: after ``compile`` with another DP optimizer the old trace, with its
+    schedule, keys and refusals, would be replayed, and the update would follow the old clip norm; docs/privacy.md),
+    wrapped in `_CheckedTrainFunction`."""
     _check_model(self)
     seen = private_model.record(self).data_seen.take()
     within_fit = seen is not None and seen[0] == entry_points.FIT
@@ -419,8 +419,8 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
         method: ``'auto'`` or ``'ghost'`` (the same: the variables a rule covers clipped from their taps, the
             rest by ``jax.vmap``) or ``'vectorized'`` (per-example gradients, Embedding taps).
         training_metrics: False logs only ``dp_step`` (public; validation metrics as usual). True logs the training
-            batch's loss and metrics, WITHOUT noise, outside the DP guarantee (one outlier moved the logged epoch
-            loss from 0.205 to 0.977).
+            batch's loss and metrics, WITHOUT noise, outside the DP guarantee (one outlier can move the logged epoch
+            loss far; docs/privacy.md).
 
     Raises:
         ValueError: on another ``method``, a non-bool ``training_metrics`` or a non-``keras.Model``; when the first

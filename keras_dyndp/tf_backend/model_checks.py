@@ -2,7 +2,8 @@
 
 DP-SGD bounds one example's influence by clipping its own gradient, which holds only if that gradient depends on
 the example alone and nothing else derived from the batch leaves the step. Batch normalisation breaks both: it
-normalises with the batch's statistics (one example moved the clipped sum by 1.47 C, 4.64 C with an outlier) and
+normalises with the batch's statistics (one example moves every other example's gradient, so the clipped sum by
+more than C; docs/privacy.md) and
 stores them, unnoised, in its moving averages. ``check_model`` refuses, before the first step:
 
 1. every ``BatchNormalization`` that trains (Keras 2: also ``SyncBatchNormalization``, and TF1's class even when

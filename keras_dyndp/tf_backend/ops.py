@@ -32,7 +32,7 @@ def standard_normals(generator: tf.random.Generator, static_shape: tf.TensorShap
 
     Box-Muller on the generator's uniforms u in [0, 1) (23 random bits each), as ``generator.normal`` computes its
     normals from the same Philox stream: r = sqrt(-2 log(1 - u_1)), 2 pi u_2, one pair of normals per pair of
-    uniforms; here in vectorized kernels (on CPU ~1.6x faster than ``generator.normal``, whose per-element sine and
+    uniforms; here in vectorized kernels (on CPU faster than ``generator.normal``, whose per-element sine and
     logarithm are most of a small model's noise, docs/performance.md). The largest |z| is sqrt(2 log 2^23) = 5.6, as
     there. A static shape adds no dependency on the tensor noised, so the draw can run before it is computed."""
     size = static_shape.num_elements() if static_shape.is_fully_defined() else tf.reduce_prod(shape)

@@ -253,7 +253,7 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
             True (Keras's behaviour, an opt-in): the step also computes the compiled loss and metrics on the
             training batch and returns them as logs (progress bar, ``History``, TensorBoard, CSVLogger). They are
             computed on the private batch WITHOUT noise, so they are released outside the DP guarantee: one
-            outlier example moved the logged epoch loss from 0.234 to 0.567.
+            outlier example can move the logged epoch loss far (docs/privacy.md).
 
     Returns:
         ``model``.

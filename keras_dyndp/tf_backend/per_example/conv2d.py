@@ -159,8 +159,8 @@ def _depthwise_filter_gradients(window: Window, inputs: tf.Tensor, g: tf.Tensor)
 
 def depthwise_filter_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
     """Per-example kernel-gradient norms and clipped sum [kh * kw, c_in * m] from depthwise filter gradients, the
-    batch cut into ``_DEPTHWISE_PARTS`` ops that run in parallel (the CPU kernel uses one thread per image; about 8% off
-    the tutorial-CNN step on 2 cores); TimeDistributed's images are summed per example."""
+    batch cut into ``_DEPTHWISE_PARTS`` ops that run in parallel (the CPU kernel uses one thread per image;
+    docs/performance.md); TimeDistributed's images are summed per example."""
     kernel_positions = window.kernel_size[0] * window.kernel_size[1]
     out_channels = g.shape[-1]
     batch = rows.batch
@@ -245,17 +245,16 @@ def patch_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: R
 
 
 # Without oneDNN, a 1-channel convolution's kernel gradients come from depthwise filter gradients below this many
-# output channels, else from image patches (docs/performance.md: TF's own kernel is 1.5-5x faster up to 15 channels,
-# 2-5x slower from 16); with oneDNN always from depthwise filter gradients (faster in 36 of 42 shapes, up to 11x; at
-# most 1.7x slower, 3x3 and 5x5 kernels with 32-64 channels). benchmarks/conv_gradient.py, 2-core AMD EPYC, batch 256.
+# output channels, where TF's own kernel is the faster, else from image patches; with oneDNN always from depthwise
+# filter gradients, the faster in most shapes (docs/performance.md, benchmarks/conv_gradient.py).
 _DEPTHWISE_FILTERS_BELOW = 16
 
 
 @functools.cache
 def onednn_enabled() -> bool:
     """Whether TensorFlow runs its CPU kernels through oneDNN (``TF_ENABLE_ONEDNN_OPTS`` or TF's default). No public
-    API says; without the private one, False (the safer guess: from 16 channels, image patches were at most 3.8x
-    slower with oneDNN, depthwise filter gradients up to 5.4x slower without)."""
+    API says; without the private one, False (the safer guess: from 16 channels, image patches with oneDNN
+    lose less than depthwise filter gradients without it; docs/performance.md)."""
     try:
         from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-direct-tensorflow-import
     except ImportError:

@@ -123,7 +123,8 @@ _KEYS_PER_CHUNK = 8192
 def _unique_pairs(keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """`tf.unique` of the keys [B, T] (b V + id), flattened: the distinct keys in order of first appearance and each
     key's index among them (int32). Hashed in chunks of whole examples (no key is in two), each ~8k keys: TensorFlow's
-    hash map (reserved at 2 N entries) then fits a core's cache, ~1.5-1.8x faster than one map of all B T keys."""
+    hash map (reserved at 2 N entries) then fits a core's cache, unlike one map of all B T keys
+    (docs/performance.md)."""
     batch, positions = keys.shape
     chunks = 8 if batch is None or positions is None else min(64, max(1, batch * positions // _KEYS_PER_CHUNK))
     bounds = tf.range(chunks + 1) * tf.shape(keys)[0] // chunks

@@ -23,7 +23,7 @@ def in_xla() -> bool:
 
 
 def squared_norms(tensor: tf.Tensor, axis: int | list[int]) -> tf.Tensor:
-    """Sum of squares over ``axis``: ``reduce_euclidean_norm`` squared (one fused kernel, ~2.5x faster on CPU than
+    """Sum of squares over ``axis``: ``reduce_euclidean_norm`` squared (one fused kernel, faster on CPU than
     ``reduce_sum(square(.))``), except under XLA, which has no kernel for it but fuses the latter."""
     if in_xla():
         return tf.reduce_sum(tf.square(tensor), axis=axis)
@@ -33,8 +33,8 @@ def squared_norms(tensor: tf.Tensor, axis: int | list[int]) -> tf.Tensor:
 def rows_by_index(rows: tf.Tensor, index: tf.Tensor, weights: tf.Tensor, num_rows: tf.Tensor | int) -> tf.Tensor:
     """[num_rows, d]: row j = sum of ``weights[n] rows[n]`` over the ``rows`` [N, d] whose ``index`` [N] (int32, in
     [0, num_rows)) is j. A sparse matrix of the weights times ``rows`` (TensorFlow's ``SparseTensorDenseMatMul``: one
-    pass, on CPU ~3x faster than ``tensor_scatter_nd_add`` and ~7x faster than ``unsorted_segment_sum``, which scans
-    all rows once per thread, at an embedding's B x T rows; docs/performance.md). A weight 0 times a row that is not
+    pass, on CPU faster than ``tensor_scatter_nd_add`` and than ``unsorted_segment_sum``, which scans all rows once
+    per thread, at an embedding's B x T rows; docs/performance.md). A weight 0 times a row that is not
     finite is NaN: send such rows to a row of their own. Not under XLA, which has no kernel for it."""
     shape = tf.stack([tf.cast(num_rows, tf.int64), tf.shape(rows, out_type=tf.int64)[0]])
     return tf.raw_ops.SparseTensorDenseMatMul(
@@ -44,7 +44,7 @@ def rows_by_index(rows: tf.Tensor, index: tf.Tensor, weights: tf.Tensor, num_row
 
 def _entries(index: tf.Tensor) -> tf.Tensor:
     """int32 [N, 2]: (index[n], n). Built as the two halves of one int64 (a bitcast, no copy): ``tf.stack`` along the
-    last axis copies element by element (~2x slower)."""
+    last axis copies element by element."""
     columns = tf.range(tf.shape(index, out_type=tf.int64)[0], dtype=tf.int64) * 2**32
     if sys.byteorder == "little":  # the low half first
         return tf.bitcast(tf.cast(index, tf.int64) + columns, tf.int32)
@@ -77,7 +77,7 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
         gram_a = tf.matmul(a, a, transpose_b=True)
         gram_g = tf.matmul(g, g, transpose_b=True)
         return bounded_by_rounding(tf.reduce_sum(gram_a * gram_g, axis=[1, 2]), a, g, form), book_keeping
-    # TF's own (Eigen) batched matmul is 1.2-2x faster on CPU with the larger of k and c as the output's last axis
+    # TF's own (Eigen) batched matmul is faster on CPU with the larger of k and c as the output's last axis
     # (G_i [B, k, c] or G_i^T [B, c, k]); with oneDNN the order makes no difference.
     transposed = fan_out < fan_in
     per_example = tf.matmul(g, a, transpose_a=True) if transposed else tf.matmul(a, g, transpose_a=True)
