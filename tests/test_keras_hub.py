@@ -1,7 +1,7 @@
 """KerasHub models (the `[hub]` extra) through `make_private` with the default method: each backbone family and text
 classifier, built tiny from its constructor (random weights, nothing downloaded), trains, and one example alone moves
 the update by at most C (sigma 0, learning rate 1), on the backend Keras runs on. Skipped without keras-hub, which CI
-installs on its current stage only (every release requires tensorflow-text, which brings TensorFlow; on JAX these
+installs in its hub stage only (every release requires tensorflow-text, which brings TensorFlow; on JAX these
 tests pass with keras-hub installed without its dependencies)."""
 
 import warnings
