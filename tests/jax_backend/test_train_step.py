@@ -308,18 +308,18 @@ def test_budget_spent_refuses_the_step_and_keeps_the_model():
 @pytest.mark.parametrize("fit", [keras.Model.fit, lambda model, *args, **kwargs: model.fit(*args, **kwargs)])
 def test_a_batch_far_outside_the_poisson_range_is_refused_and_not_applied(fit):
     """Also by ``keras.Model.fit(model, ...)`` called unbound, in the same call (it returned normally)."""
-    x, y = _data(40)
+    x, y = _data(80)
     model = make_private(_cnn())
-    # N = 10 / 0.01 = 1000 examples at p = 0.01: a batch of 40 is far above the range.
+    # N = 10 / 0.01 = 1000 examples at p = 0.01: a batch of 80 is far above the range (0, 44).
     optimizer = DynamicDPKerasSGD(
         schedule=_schedule([1.0] * 3, [1.0] * 3, p=0.01), allow_degenerate_noise=True, expected_batch_size=10.0
     )
     model.compile(optimizer=optimizer, loss=LOSS)
     before = _weights(model)
     with pytest.raises(
-        RuntimeError, match=r"too many examples in this batch: 40.*between \d+ and \d+.*The step was not applied"
+        RuntimeError, match=r"too many examples in this batch: 80.*between \d+ and \d+.*The step was not applied"
     ):
-        fit(model, brute_force.FixedBatches(x, y, 40), epochs=1, verbose=0)
+        fit(model, brute_force.FixedBatches(x, y, 80), epochs=1, verbose=0)
     for want, got in zip(before, _weights(model)):
         np.testing.assert_array_equal(got, want)
     assert int(model.optimizer.dp_step.numpy()) == 0
