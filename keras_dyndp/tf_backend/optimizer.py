@@ -313,10 +313,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         replicas.check_strategy()
         var_list = list(trainable_variables)
         optimizer_base.check_same_length(clipped_sums, var_list)
-        clipped_sums = [
-            tf.zeros_like(var) if grad is None else tf.convert_to_tensor(grad)
-            for grad, var in zip(clipped_sums, var_list)
-        ]
+        clipped_sums = ops.zeros_where_unconnected(clipped_sums, var_list)
         grads = self._noised(lambda clip_norm: clipped_sums, num_examples, num_rows)
         return self._apply_private_gradients(list(zip(grads, var_list)))
 
