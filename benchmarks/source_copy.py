@@ -1,19 +1,20 @@
-"""The cost of copying what a random-access source returns (`keras_dyndp.sources._owned`) beside a batch's read.
+"""The cost of a batch owning what a random-access source returns (`keras_dyndp.sources._BatchRows`) beside its read.
 
-Every array a source returns is copied before the source is called again (a source may refill the buffer it returned).
-This times a batch of about --batch_size examples read as ``keras_dyndp.poisson_batches`` reads it
-(``sources.source_rows(source, None).read(sorted indices)``: the calls of the source, the checks, the stack into the
-batch's arrays), with the copy and with it replaced by the identity (which is wrong for the sources that refill a
-buffer: timing only), for each source:
+What a source returns is owned by the batch before the source is called again (a source may refill the buffer it
+returned): each element is written into the batch's arrays as it is read (the copy that stacking the batch makes
+anyway). This times a batch of about --batch_size examples read as ``keras_dyndp.poisson_batches`` reads it
+(``sources.source_rows(source, None).read(sorted indices)``: the calls of the source, the checks, the batch's arrays),
+owned and with `Unowned` in place of `sources._BatchRows` (the elements kept as returned and stacked at the end, as
+before the copy: wrong for the sources that refill a buffer, timing only), for each source:
 - ``in memory``: ``source[i]`` returns ``(x[i], y[i])`` of arrays in memory (a writeable view of a row);
 - ``memmap + decode``: ``source[i]`` reads row i of a uint8 file (``os.preadv`` into a buffer of its own), decodes it to
   float32 in [0, 1] into a decode buffer of its own and returns a read-only view of it (a reader with its own decode
-  buffer, the case the copy is for);
+  buffer, the case the ownership is for);
 - ``zlib file + decode``: the same with each row stored zlib-compressed (as tfds's ``Encoding.ZLIB`` stores a tensor),
   read by ``os.pread`` of its bytes and decompressed before the decode;
 and each ``+ __getitems__`` (one call a batch returning its elements). The variants run interleaved, --repeats times
-(report medians: the machine may be shared); "copy" is the median of the copy alone (every element of a batch through
-``_owned``), its share the copy's time over the no-copy read's time. One process, one thread: numpy only, no backend.
+(report medians: the machine may be shared); "difference" is the owned read's time over the unowned one's, minus 1.
+numpy only, no backend.
 
     python benchmarks/source_copy.py [--shapes=28x28,64x64x3] [--repeats=21] [--batch_size=256]
 """
@@ -131,27 +132,33 @@ def make_sources(shape: tuple[int, ...], directory: str) -> dict[str, object]:
     }
 
 
-def time_read(source: object, indices: np.ndarray, copy: bool) -> float:
-    """Seconds to read the batch ``indices`` of ``source`` (with the copy, or with the identity in its place)."""
-    owned = sources._owned  # pylint: disable=protected-access
-    if not copy:
-        sources._owned = lambda element: element  # pylint: disable=protected-access
+class Unowned:
+    """`sources._BatchRows` without the ownership: each element kept as the source returned it and the batch stacked
+    at the end (`sources._examples`), as the reads were before what a source returns was copied (wrong for a source
+    that refills a buffer: timing only)."""
+
+    def __init__(self, num_rows: int, first: object):
+        self.elements = [first] + [None] * (num_rows - 1)
+
+    def write(self, row: int, element: object) -> None:
+        self.elements[row] = element
+
+    def examples(self, map_fn):
+        return sources._examples(self.elements, map_fn)  # pylint: disable=protected-access
+
+
+def time_read(source: object, indices: np.ndarray, owned: bool) -> float:
+    """Seconds to read the batch ``indices`` of ``source`` (with the batch owning its rows, or with `Unowned`)."""
+    batch_rows = sources._BatchRows  # pylint: disable=protected-access
+    if not owned:
+        sources._BatchRows = Unowned  # pylint: disable=protected-access
     try:
         rows = sources.source_rows(source, None)
         start = time.perf_counter()
         rows.read(indices)
         return time.perf_counter() - start
     finally:
-        sources._owned = owned  # pylint: disable=protected-access
-
-
-def time_copy(source: object, indices: np.ndarray) -> float:
-    """Seconds of the copy alone: every element of the batch through `_owned`."""
-    elements = [source[int(index)] for index in indices]
-    start = time.perf_counter()
-    for element in elements:
-        sources._owned(element)  # pylint: disable=protected-access
-    return time.perf_counter() - start
+        sources._BatchRows = batch_rows  # pylint: disable=protected-access
 
 
 def measure(shape: tuple[int, ...], repeats: int, batch_size: int) -> None:
@@ -163,18 +170,14 @@ def measure(shape: tuple[int, ...], repeats: int, batch_size: int) -> None:
         for _ in range(repeats):
             indices = np.sort(rng.choice(NUM_EXAMPLES, batch_size, replace=False))
             for name, source in made.items():
-                times.setdefault((name, "copy"), []).append(time_read(source, indices, True))
-                times.setdefault((name, "none"), []).append(time_read(source, indices, False))
-                times.setdefault((name, "alone"), []).append(time_copy(source, indices))
+                times.setdefault((name, "owned"), []).append(time_read(source, indices, True))
+                times.setdefault((name, "unowned"), []).append(time_read(source, indices, False))
         size = np.dtype(np.float32).itemsize * int(np.prod(shape))
         print(f"\nexamples of shape {shape} float32 ({size} bytes), batches of {batch_size}, {repeats} repeats")
-        print(f"{'source':34s} {'read, copy':>11s} {'read, none':>11s} {'difference':>11s} {'copy alone':>11s}")
+        print(f"{'source':34s} {'owned':>11s} {'unowned':>11s} {'difference':>11s}")
         for name in made:
-            with_copy, without, alone = (statistics.median(times[name, kind]) for kind in ("copy", "none", "alone"))
-            print(
-                f"{name:34s} {1e3 * with_copy:9.3f}ms {1e3 * without:9.3f}ms "
-                f"{100 * (with_copy - without) / without:+10.1f}% {1e3 * alone:7.3f}ms ({100 * alone / without:.1f}%)"
-            )
+            owned, unowned = (statistics.median(times[name, kind]) for kind in ("owned", "unowned"))
+            print(f"{name:34s} {1e3 * owned:9.3f}ms {1e3 * unowned:9.3f}ms {100 * (owned - unowned) / unowned:+10.1f}%")
 
 
 def main() -> None:

@@ -171,7 +171,11 @@ def _structure(nest: Any) -> Any:
 
 
 def _stack(elements: list) -> Any:
-    return map_nest(lambda *leaves: _text_as_strings(np.stack([np.asarray(leaf) for leaf in leaves])), *elements)
+    return map_nest(lambda *leaves: _stack_leaf(leaves), *elements)
+
+
+def _stack_leaf(leaves: Any) -> np.ndarray:
+    return _text_as_strings(np.stack([np.asarray(leaf) for leaf in leaves]))
 
 
 def _text_as_strings(leaf: np.ndarray) -> np.ndarray:
@@ -218,6 +222,8 @@ def source_rows(source: Any, map_fn: Callable | None, threads: int | None = None
 
     def read(indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
         elements = fetch([int(index) for index in indices])
+        if isinstance(elements, _BatchRows):
+            return elements.examples(map_fn)
         _check_one_per_index({len(elements)}, len(indices))
         return _examples(elements, map_fn)
 
@@ -254,33 +260,160 @@ def source_guard(source: Any, limit: int) -> Any:
     return guard
 
 
-def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[int]], list]:
-    """``positions -> elements``, each call of the source inside ``guard``: one ``source.__getitems__`` call when
-    the source has one (it reads a batch as it knows best: ArrayRecord's reads are parallel in C++ already, and
-    splitting them across threads only adds CPU); else ``source[i]`` per example, a batch of 64 or more in chunks of
+def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[int]], _BatchRows]:
+    """``positions -> `_BatchRows```, each call of the source inside ``guard`` with the writing of what it returned:
+    one ``source.__getitems__`` call when the source has one (it reads a batch as it knows best: ArrayRecord's reads
+    are parallel in C++ already, and splitting them across threads only adds CPU); else ``source[i]`` per example, the
+    first on the calling thread (it gives the batch's columns), the rest of a batch of 64 or more in chunks of
     increasing positions read by up to min(``threads``, 8) threads at once (`_parts`), so that file reads (which release
     the GIL) overlap: cold reads wait for the disk once per chunk rather than once per example."""
     get_many = getattr(source, "__getitems__", None)
     if get_many is not None:
 
-        def fetch_many(positions: list[int]) -> list:
+        def fetch_many(positions: list[int]) -> _BatchRows:
             with guard:
-                return [_owned(element) for element in get_many(positions)]
+                elements = get_many(positions)
+                _check_one_per_index({len(elements)}, len(positions))
+                batch = _BatchRows(len(positions), elements[0])
+                for row in range(1, len(positions)):
+                    batch.write(row, elements[row])
+            return batch
 
         return fetch_many
 
-    def get(positions: list[int]) -> list:
-        elements = []
-        for position in positions:
+    def get(batch: _BatchRows, positions: list[int], rows: np.ndarray) -> None:
+        for row in rows:
             with guard:
-                elements.append(_owned(source[position]))
-        return elements
+                batch.write(row, source[positions[row]])
 
-    def fetch(positions: list[int]) -> list:
-        chunks = _in_parts(lambda part: get([positions[i] for i in part]), len(positions), threads)
-        return [element for chunk in chunks for element in chunk]
+    def fetch(positions: list[int]) -> _BatchRows:
+        with guard:
+            batch = _BatchRows(len(positions), source[positions[0]])
+        _in_parts(lambda part: get(batch, positions, part + 1), len(positions) - 1, threads)
+        return batch
 
     return fetch
+
+
+class _BatchRows:
+    """The elements of one batch read from a source, each written into arrays the batch owns before the source is
+    called again: a source that refills one buffer of its own at each read and returns it, or a view of it (read-only
+    or not, as a reader with its own decode buffer does), would otherwise put its last read in every row.
+
+    The first element, ``(x, y)`` or ``(x, y, sample_weight)`` of nests of dicts, lists and tuples, gives one column per
+    leaf: an array of one row per element for a numpy array or scalar (writing its row is the copy that stacking the
+    batch makes anyway), a list of `_owned` leaves for any other. An element of another structure, shape or dtype is
+    kept whole (`_owned`); the batch is then stacked element by element (`_examples`, which refuses what does not
+    stack), as it is with ``map``. The rows' writers may be several threads, each its own rows.
+    """
+
+    def __init__(self, num_rows: int, first: Any):
+        self.num_rows, self.whole = num_rows, {}
+        self.layout = _layout(first) if type(first) is tuple and len(first) in (2, 3) else None
+        # (x, y[, w]) of leaves: the element is its own list of leaves.
+        self.flat = self.layout is not None and all(spec in (_LEAF, _ANY) for spec in self.layout[2])
+        leaves = [] if self.layout is None else _flatten(first, self.layout, [])
+        specs = _leaf_specs(self.layout) if self.layout else []
+        # Per leaf (column, row shape, dtype): an array of a row per element, or (list, None, its spec).
+        self.columns = [
+            (np.empty((num_rows,) + leaf.shape, leaf.dtype), leaf.shape, leaf.dtype)
+            if isinstance(leaf, _NUMPY) and leaf.dtype != object
+            else ([None] * num_rows, None, spec)
+            for leaf, spec in zip(leaves, specs)
+        ]
+        self.write(0, first)
+
+    def write(self, row: int, element: Any) -> None:
+        """Row ``row`` of the batch: ``element``, written into the columns or kept whole."""
+        if self.flat:
+            leaves = element if type(element) is tuple and len(element) == self.layout[1] else None
+        else:
+            leaves = None if self.layout is None else _flatten(element, self.layout, [])
+        if leaves is not None:
+            for (column, shape, dtype), leaf in zip(self.columns, leaves):
+                if shape is None:
+                    if dtype is _LEAF and isinstance(leaf, (dict, list, tuple)):
+                        break
+                    column[row] = _owned(leaf)
+                elif isinstance(leaf, _NUMPY) and leaf.shape == shape and (leaf.dtype is dtype or leaf.dtype == dtype):
+                    column[row] = leaf
+                else:
+                    break
+            else:
+                return
+        self.whole[row] = _owned(element)
+
+    def elements(self) -> list:
+        """The batch's elements (rows in the columns as views of them)."""
+        return [
+            self.whole[row]
+            if row in self.whole
+            else _unflatten(self.layout, iter([c[row] for c, _, _ in self.columns]))
+            for row in range(self.num_rows)
+        ]
+
+    def examples(self, map_fn: Callable | None) -> tuple[Any, Any, np.ndarray]:
+        """`_examples` of the batch's elements: its columns stacked, when every element is in them and no ``map_fn``."""
+        if self.whole or self.layout is None or map_fn is not None:
+            return _examples(self.elements(), map_fn)
+        weighted, columns = self.layout[1] == 3, [column for column, _, _ in self.columns]
+        stacked = iter(
+            [c if isinstance(c, np.ndarray) else _stack_leaf(c) for c in columns[: -1 if weighted else None]]
+        )
+        x, y = _unflatten(self.layout[2][0], stacked), _unflatten(self.layout[2][1], stacked)
+        if not weighted:
+            return x, y, np.ones(self.num_rows, np.float32)
+        weights = [1.0 if weight is None else weight for weight in columns[-1]]
+        return x, y, np.asarray(weights, np.float32).reshape(self.num_rows)
+
+
+# The `_layout` of a leaf, and of (x, y, sample_weight)'s sample_weight: a leaf whatever it is.
+_LEAF, _ANY = "leaf", "any"
+_NUMPY = (np.ndarray, np.generic)
+
+
+def _layout(nest: Any, top: bool = True) -> Any:
+    """The structure of ``nest`` (exactly dicts, lists and tuples; `_LEAF` for anything else), for `_flatten`; None
+    where part of it is a subclass of one of them (a namedtuple: `map_nest` builds it back by its fields)."""
+    kind = type(nest)
+    if kind in (dict, list, tuple):
+        keys = tuple(nest) if kind is dict else len(nest)
+        values = nest.values() if kind is dict else nest
+        specs = [_ANY if top and i == 2 else _layout(value, False) for i, value in enumerate(values)]
+        return None if None in specs else (kind, keys, specs)
+    return None if isinstance(nest, (dict, list, tuple)) else _LEAF
+
+
+def _flatten(nest: Any, layout: Any, leaves: list) -> list | None:
+    """``leaves`` with the leaves of ``nest`` appended, in `_layout` order; None if ``nest`` is not of ``layout``."""
+    if layout is _ANY or layout is _LEAF:
+        if layout is _LEAF and isinstance(nest, (dict, list, tuple)):
+            return None
+        leaves.append(nest)
+        return leaves
+    kind, keys, specs = layout
+    if type(nest) is not kind or (kind is dict and tuple(nest) != keys) or (kind is not dict and len(nest) != keys):
+        return None
+    for value, spec in zip(nest.values() if kind is dict else nest, specs):
+        if _flatten(value, spec, leaves) is None:
+            return None
+    return leaves
+
+
+def _leaf_specs(layout: Any) -> list[str]:
+    """Each leaf's `_LEAF` or `_ANY`, in `_flatten` order."""
+    if layout is _ANY or layout is _LEAF:
+        return [layout]
+    return [spec for part in layout[2] for spec in _leaf_specs(part)]
+
+
+def _unflatten(layout: Any, leaves: Any) -> Any:
+    """The nest of `_layout` ``layout`` with the next leaves of the iterator ``leaves``."""
+    if layout is _ANY or layout is _LEAF:
+        return next(leaves)
+    kind, keys, specs = layout
+    values = [_unflatten(spec, leaves) for spec in specs]
+    return dict(zip(keys, values)) if kind is dict else kind(values)
 
 
 def _owned(element: Any) -> Any:

@@ -580,9 +580,11 @@ def test_a_batch_of_64_or_more_is_read_in_chunks_by_several_threads_unless_the_s
             return super().__getitem__(index)
 
     positions = sorted(np.random.default_rng(0).choice(N, 150, replace=False).tolist())
-    elements = sources._chunked_fetcher(Recording(), 8, contextlib.nullcontext())(positions)
+    elements = sources._chunked_fetcher(Recording(), 8, contextlib.nullcontext())(positions).elements()
     assert [element["label"] for element in elements] == [position + 1 for position in positions]
     assert sorted(index for _, index in reads) == positions
+    assert reads[0] == (threading.get_ident(), positions[0])  # the first, on the calling thread, gives the columns
+    del reads[0]
     threads = {thread for thread, _ in reads}
     assert threading.get_ident() not in threads
     for thread in threads:  # each thread reads in increasing order (its chunks, taken in order)
@@ -933,15 +935,61 @@ def _read_concurrently(batches, num_batches):
         return list(pool.map(batches.__getitem__, range(num_batches)))
 
 
+@pytest.mark.parametrize("map_fn", [None, _decoded_slowly], ids=["no map", "map"])
 @pytest.mark.parametrize("batched", [False, True], ids=["getitem", "getitems"])
-def test_a_source_returning_read_only_views_of_a_buffer_it_refills_gives_each_row_its_own_example(batched):
+def test_a_source_returning_read_only_views_of_a_buffer_it_refills_gives_each_row_its_own_example(batched, map_fn):
     batches = keras_dyndp.poisson_batches(
-        ReadOnlyViews(batched), sampling_probability=0.1, seed=0, steps_per_epoch=8, map=_decoded_slowly
+        ReadOnlyViews(batched), sampling_probability=0.1, seed=0, steps_per_epoch=8, map=map_fn
     )
     for x, y, weights in _read_concurrently(batches, 8):
         kept = np.asarray(weights) > 0
         # Was the last example read in every row (__getitem__), or another batch's examples (__getitems__).
         np.testing.assert_array_equal(np.asarray(x)[kept], np.repeat(np.asarray(y)[kept][:, None], 3, axis=1))
+
+
+Point = collections.namedtuple("Point", "a b")
+
+# Batches of elements as sources return them; each is read as a batch of written rows and as a list stacked by
+# `_examples` (the per-element path), which must agree (values, dtypes, structure) or both refuse.
+_ELEMENT_BATCHES = {
+    "arrays": [(np.full((2, 3), i, np.float32), np.int64(i)) for i in range(5)],
+    "nests and weights": [
+        ({"image": np.full(4, i, np.uint8), "ids": [np.int32(i), np.arange(2) + i]}, (i, "t" * (i + 1)), 0.5 * i)
+        for i in range(4)
+    ],
+    "weights None or 1-element arrays": [(np.float32(i), i, None if i % 2 else np.ones(1)) for i in range(4)],
+    "promoted: int then float": [(np.arange(2) + i, i) for i in range(3)] + [(np.arange(2.0), 3.5)],
+    "other shape": [(np.zeros(3), 0), (np.zeros(4), 1)],
+    "other structure": [({"a": np.zeros(2)}, 0), ({"b": np.zeros(2)}, 1)],
+    "namedtuple": [(Point(np.zeros(2) + i, i), i) for i in range(3)],
+    "bytes and object arrays": [(np.array([b"ab", b"c" * i], object), b"y") for i in range(3)],
+    "structured rows": [(np.zeros(2, [("u", "i4"), ("v", "f4")])[0], i) for i in range(3)],
+    "not a tuple": [[np.zeros(2), 0], [np.zeros(2), 1]],
+}
+
+
+@pytest.mark.parametrize("name", _ELEMENT_BATCHES)
+def test_a_batch_written_row_by_row_is_what_stacking_its_elements_gives(name):
+    elements = _ELEMENT_BATCHES[name]
+    def stacked(read):
+        try:
+            return read()
+        except ValueError as error:
+            return str(error)
+
+    batch = sources._BatchRows(len(elements), elements[0])  # pylint: disable=protected-access
+    for row, element in enumerate(elements[1:], 1):
+        batch.write(row, element)
+    written = stacked(lambda: batch.examples(None))
+    # Elements of one structure, shapes and dtypes are written into the batch's columns, none kept whole.
+    assert not batch.whole or name not in ("arrays", "nests and weights", "bytes and object arrays", "structured rows")
+    expected = stacked(lambda: sources._examples(elements, None))  # pylint: disable=protected-access
+    assert type(written) is type(expected)
+    if isinstance(expected, str):
+        assert written == expected
+        return
+    flat = lambda nest: sources.map_nest(lambda leaf: (leaf.dtype, leaf.shape, leaf.tolist()), nest)  # noqa: E731
+    assert flat(written) == flat(expected) and type(written[0]) is type(expected[0])
 
 
 def test_every_array_a_source_returns_is_copied_immutable_leaves_kept_and_an_uncopyable_leaf_refused():
