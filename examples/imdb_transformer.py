@@ -19,13 +19,10 @@ Every mode is calibrated to the same target epsilon (PLD) for the same steps.
     KERAS_BACKEND=jax python -m examples.imdb_transformer --imdb_dir=/data/aclImdb --finetune=lora
 """
 
-import collections
 import importlib.metadata
 import os
-import re
 import statistics
 import sys
-import time
 
 import numpy as np
 from absl import flags
@@ -44,8 +41,8 @@ else:
     import keras  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from examples import imdb_texts  # noqa: E402
 from keras_dyndp import cli  # noqa: E402
-from keras_dyndp import datasets  # noqa: E402
 
 HAS_LORA = hasattr(keras.layers.Dense, "enable_lora")
 KERAS_VERSION = getattr(keras, "__version__", None) or importlib.metadata.version("keras")  # tf.keras 2.15 lacks it
@@ -75,40 +72,12 @@ flags.register_validator(
 FLAGS = flags.FLAGS
 
 
-def vectorizer(public_texts: np.ndarray):
-    """Lower-cased words; ids 2.. by frequency in the public reviews (0 padding, 1 out of vocabulary)."""
-    split = lambda text: re.findall(r"[a-z0-9']+", text.lower().replace("<br />", " "))  # noqa: E731
-    counts = collections.Counter(word for text in public_texts for word in split(text))
-    ids = {word: i + 2 for i, (word, _) in enumerate(counts.most_common(FLAGS.max_tokens - 2))}
-
-    def vectorize(texts: np.ndarray) -> np.ndarray:
-        out = np.zeros((len(texts), FLAGS.sequence_length), np.int32)
-        for row, text in enumerate(texts):
-            tokens = [ids.get(word, 1) for word in split(text)][: FLAGS.sequence_length]
-            out[row, : len(tokens)] = tokens
-        return out
-
-    return vectorize
-
-
 def load() -> dict:
     """Private training reviews, public reviews and evaluation reviews: token ids and float labels [N, 1]."""
-    (train_x, train_y), (test_x, test_y), source = datasets.load_imdb_texts(FLAGS.imdb_dir, FLAGS.data_dir)
-    text = lambda texts: np.array([t.decode() if isinstance(t, bytes) else str(t) for t in texts], object)  # noqa: E731
-    order = np.random.default_rng(0).permutation(len(test_y))
-    cut = int(round(FLAGS.public_fraction * len(test_y)))
-    public, evaluation = order[:cut], order[cut:]
-    vectorize = vectorizer(text(test_x)[public])
+    splits = imdb_texts.imdb_splits(FLAGS.imdb_dir, FLAGS.data_dir, FLAGS.public_fraction)
+    vectorize = imdb_texts.vectorizer(splits["public"][0], FLAGS.max_tokens, FLAGS.sequence_length)
     label = lambda y: np.asarray(y, np.float32)[:, None]  # noqa: E731
-    print(
-        f"imdb from {source}: {len(train_y)} private training / {len(public)} public (of the test split) / "
-        f"{len(evaluation)} evaluation reviews; vocabulary from the public reviews"
-    )
-    return {
-        "private": (vectorize(text(train_x)), label(train_y)),
-        "public": (vectorize(text(test_x)[public]), label(np.asarray(test_y)[public])),
-        "evaluation": (vectorize(text(test_x)[evaluation]), label(np.asarray(test_y)[evaluation])),
-    }
+    return {name: (vectorize(splits[name][0]), label(splits[name][1])) for name in ("private", "public", "evaluation")}
 
 
 def build_model() -> keras.Model:
@@ -147,23 +116,6 @@ def add_lora(model: keras.Model) -> None:
             layer.enable_lora(FLAGS.lora_rank)
 
 
-class StepTimer(keras.callbacks.Callback):
-    """Intervals between consecutive training steps within an epoch (the first of each, compiling, excluded)."""
-
-    def __init__(self):
-        super().__init__()
-        self.intervals, self._last = [], None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._last = None
-
-    def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
-        if self._last is not None and batch > 1:
-            self.intervals.append(now - self._last)
-        self._last = now
-
-
 def main() -> None:
     data = load()
     (x, y), (x_eval, y_eval) = data["private"], data["evaluation"]
@@ -199,7 +151,7 @@ def main() -> None:
     batches = keras_dyndp.poisson_batches(
         x, y, sampling_probability=schedule.sampling_probability, steps_per_epoch=steps_per_epoch, pad_to_multiple=32
     )
-    timer = StepTimer()
+    timer = imdb_texts.step_timer(keras)
     callbacks = [keras_dyndp.PrivacyLogger(delta=delta), keras_dyndp.BudgetStop(), timer]
     model.fit(batches, epochs=FLAGS.epochs, callbacks=callbacks, verbose=FLAGS.verbose)
     _, accuracy = model.evaluate(x_eval, y_eval, verbose=0)
