@@ -37,7 +37,7 @@ def vectorizer(public_texts: np.ndarray, max_tokens: int, sequence_length: int):
 
 
 def imdb_splits(imdb_dir: str | None, data_dir: str | None, public_fraction: float) -> dict:
-    """``{"private", "public", "evaluation"}`` -> (texts as str, int labels), and ``"source"``: IMDB's training split
+    """``{"private", "public", "evaluation"}`` -> (texts as str, int labels): IMDB's training split
     (private), a seeded ``public_fraction`` of its test split (public) and the rest of it (evaluation)."""
     (train_x, train_y), (test_x, test_y), source = datasets.load_imdb_texts(imdb_dir, data_dir)
     text = lambda texts: np.array([t.decode() if isinstance(t, bytes) else str(t) for t in texts], object)  # noqa: E731
@@ -53,7 +53,6 @@ def imdb_splits(imdb_dir: str | None, data_dir: str | None, public_fraction: flo
         "private": (text(train_x), np.asarray(train_y)),
         "public": (test_x[public], test_y[public]),
         "evaluation": (test_x[evaluation], test_y[evaluation]),
-        "source": source,
     }
 
 

@@ -77,7 +77,7 @@ def load() -> dict:
     splits = imdb_texts.imdb_splits(FLAGS.imdb_dir, FLAGS.data_dir, FLAGS.public_fraction)
     vectorize = imdb_texts.vectorizer(splits["public"][0], FLAGS.max_tokens, FLAGS.sequence_length)
     label = lambda y: np.asarray(y, np.float32)[:, None]  # noqa: E731
-    return {name: (vectorize(splits[name][0]), label(splits[name][1])) for name in ("private", "public", "evaluation")}
+    return {name: (vectorize(texts), label(labels)) for name, (texts, labels) in splits.items()}
 
 
 def build_model() -> keras.Model:

@@ -36,6 +36,7 @@ BACKEND_NEUTRAL = frozenset(
         "datasets/test_infinite_mnist.py",
         "datasets/test_mnist_loader.py",
         "datasets/test_names_loader.py",
+        "examples/test_hub_finetune_example.py",
         "examples/test_imdb_transformer_example.py",
         "examples/test_jax_digits.py",
         "examples/test_mnist_on_disk_example.py",

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.xdist_group("trainer_command_lines")  # its module fixt
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 _HAS_JAX = importlib.util.find_spec("jax") is not None
+_HAS_KERAS_HUB = importlib.util.find_spec("keras_hub") is not None
 
 # Trainer module -> flags its --help must list.
 HELP_FLAGS = {
@@ -26,6 +27,7 @@ HELP_FLAGS = {
     "examples.fashion_mnist": ["--idx_dir", "--data_dir", "--initial_clip", "--epsilon"],
     "examples.imdb": ["--imdb_dir", "--data_dir", "--epsilon"],
     "examples.imdb_transformer": ["--imdb_dir", "--finetune", "--lora_rank", "--public_fraction", "--epsilon"],
+    "examples.hub_finetune": ["--imdb_dir", "--preset", "--finetune", "--lora_rank", "--epsilon"],
     "examples.names": ["--names_dir", "--epsilon"],
     "examples.chest_xray": ["--chest_xray_dir", "--image_size", "--vgg_width"],
     "examples.federated_mnist": ["--num_clients", "--deformation_seed", "--epsilon"],
@@ -57,7 +59,7 @@ MISSING_DATA = [
 ] + [("examples.mnist_on_disk", [f"--idx_dir={MISSING}"]), ("examples.imdb_transformer", [f"--imdb_dir={MISSING}"])]
 
 # Trainers that must refuse --epochs=-1.
-BAD_FLAG = ["examples.digits", "research.digits", "examples.imdb_transformer"]
+BAD_FLAG = ["examples.digits", "research.digits", "examples.imdb_transformer", "examples.hub_finetune"]
 
 # Every trainer of examples/, a value absl accepts but the library refuses (its calibration and optimizer checks)
 # -> the argument its error line names. "{idx}", "{imdb}", "{names}", "{xray}", "{tmp}": tiny data the fixture
@@ -84,6 +86,14 @@ BAD_VALUES = [
         "target_epsilon",
     ),
 ]
+
+# The KerasHub example (the [hub] extra) refuses a bad value where KerasHub is installed; elsewhere it says, in one
+# error line, to install the extra.
+if _HAS_KERAS_HUB:
+    BAD_VALUES.append(
+        ("examples.hub_finetune", ("--imdb_dir={imdb}", "--batch_size=2", "--epsilon=-1"), "target_epsilon")
+    )
+NO_KERAS_HUB = [] if _HAS_KERAS_HUB else [("examples.hub_finetune", ("--imdb_dir={imdb}",))]
 
 
 def _write_tiny_data(folder: pathlib.Path) -> dict[str, str]:
@@ -112,10 +122,10 @@ _TINY_PNG = bytes.fromhex(  # 2x2 8-bit greyscale
 
 def _runs_here(module: str) -> bool:
     """research/ and the TensorFlow examples need TensorFlow; jax_digits needs JAX; mnist_on_disk and
-    imdb_transformer run on either."""
+    imdb_transformer and hub_finetune run on either."""
     if module == "examples.jax_digits":
         return _HAS_JAX
-    if module in ("examples.mnist_on_disk", "examples.imdb_transformer"):
+    if module in ("examples.mnist_on_disk", "examples.imdb_transformer", "examples.hub_finetune"):
         return True
     return importlib.util.find_spec("tensorflow") is not None and os.environ.get("KERAS_BACKEND", "tensorflow") in (
         "tensorflow",
@@ -131,6 +141,7 @@ def fixture_run(tmp_path_factory, worker_id):
     command_lines += [(module, ["--epochs=-1"]) for module in BAD_FLAG]
     data = _write_tiny_data(tmp_path_factory.mktemp("tiny_data"))
     command_lines += [(module, list(arguments)) for module, arguments, _ in BAD_VALUES]
+    command_lines += [(module, list(arguments)) for module, arguments in NO_KERAS_HUB]
     command_lines = [(module, arguments) for module, arguments in command_lines if _runs_here(module)]
     keys = [(module, tuple(arguments)) for module, arguments in command_lines]
     command_lines = [(module, [part.format(**data) for part in arguments]) for module, arguments in command_lines]
@@ -192,3 +203,11 @@ def test_a_value_the_library_refuses_is_one_error_line_with_status_2_before_trai
     program = module.split(".")[1] + ".py"
     assert len(lines) == 1 and lines[0].startswith(f"{program}: error: `{argument}` must be"), result.stderr[-3000:]
     assert "Epoch 1" not in result.stdout and "Test accuracy" not in result.stdout  # refused before training
+
+
+@pytest.mark.skipif(not NO_KERAS_HUB, reason="KerasHub is installed")
+def test_the_keras_hub_example_without_keras_hub_is_one_error_line_naming_the_extra(run):
+    result = run(*NO_KERAS_HUB[0][:1], *NO_KERAS_HUB[0][1])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("hub_finetune.py: error: needs KerasHub") and "pip install -e '.[hub]'" in lines[0]
