@@ -14,6 +14,8 @@ data to no call on the model: an unbound one's is read from its frame (`keras_dy
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 UNSEEN_BATCHES = (
@@ -47,13 +49,14 @@ class DataSeen:
 
     def __init__(self):
         self._pending: tuple[str, Any] | None = None
+        self._fit: tuple[str, Any] | None = None
 
     def record(self, iterator: Any = None, data_batch: Any = None) -> None:
         """What ``_symbolic_build(iterator=..., data_batch=...)`` received: ``fit``'s (or ``evaluate``'s) epoch
         iterator, or ``train_on_batch``'s (or ``test_on_batch``'s) batch, unless make_private's own
         ``train_on_batch`` recorded the batch as the user gave it (`record_call`; JAX converts it first)."""
         if iterator is not None and hasattr(iterator, "data_adapter"):
-            self._pending = (FIT, _fit_input(iterator.data_adapter))
+            self._pending = self._fit or (FIT, _fit_input(iterator.data_adapter))
         elif data_batch is not None and (self._pending is None or self._pending[0] != TRAIN_ON_BATCH):
             self._pending = (TRAIN_ON_BATCH, _x_of(data_batch))
 
@@ -61,6 +64,19 @@ class DataSeen:
         """What make_private's own ``fit`` or ``train_on_batch`` (``caller``) received (Keras 2 shows it nowhere
         else)."""
         self._pending = (caller, x)
+
+    @contextlib.contextmanager
+    def fit_call(self, x: Any) -> Iterator[None]:
+        """Within make_private's own ``fit``, which received ``x``: ``x`` is what its checks see, whatever the
+        model's class makes of it before Keras's ``fit`` (KerasHub's task models map their preprocessing over it,
+        which turns `keras_dyndp.poisson_batches`' batches into another dataset of the same batches)."""
+        record = self._pending = self._fit = (FIT, x)
+        try:
+            yield
+        finally:  # A fit that failed before its train function was made leaves nothing for a later entry point.
+            self._fit = None
+            if self._pending is record:
+                self._pending = None
 
     def take(self) -> tuple[str, Any] | None:
         """``(caller, x)`` recorded since the last call, or None when no entry point showed the data."""

@@ -130,13 +130,12 @@ def _private_fit(self: keras.Model, *args, **kwargs):
     optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return type(self).fit(*bound.args, **bound.kwargs)  # The step refuses it, naming what to use.
-    private_model.record(self).data_seen.record_call(entry_points.FIT, x)
     if "shuffle" not in bound.arguments and isinstance(x, tf.data.Dataset):
         bound.arguments["shuffle"] = False
     given = list(bound.arguments.get("callbacks") or [])
     budget_stop = None if private_model.stops_at_the_budget(given) else step_checks.BUDGET_STOP
     bound.arguments["callbacks"] = [*given, _BudgetCheck(optimizer, budget_stop)]
-    with private_model.budget_refusal(self, given):
+    with private_model.budget_refusal(self, given), private_model.record(self).data_seen.fit_call(x):
         return type(self).fit(*bound.args, **bound.kwargs)
 
 

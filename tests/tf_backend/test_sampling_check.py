@@ -159,6 +159,32 @@ def test_poisson_batches_need_a_normaliser_independent_of_the_rows():
     assert int(model.optimizer.dp_step) == 8
 
 
+class MappingFit(keras.Sequential):
+    """A model whose class's fit maps (its preprocessing) over the dataset before Keras's fit, as KerasHub's do."""
+
+    def fit(self, x=None, **kwargs):
+        if kwargs.pop("fail", False):
+            raise RuntimeError("failed before Keras's fit")
+        return super().fit(x.map(lambda *batch: batch), **kwargs)
+
+
+def test_poisson_batches_mapped_by_the_models_own_fit_are_checked_as_fit_received_them():
+    x, y = arrays()
+    model = make_private(MappingFit([keras.Input((3,)), keras.layers.Dense(2)]))
+    schedule = schedules.DPSchedule(np.ones(100), np.ones(100), P)
+    model.compile(DynamicDPKerasSGD(schedule=schedule, expected_batch_size=NUM_EXAMPLES * P), LOSS)
+    dataset = keras_dyndp.poisson_batches(x, y, sampling_probability=P)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(dataset, epochs=1, verbose=0)
+    assert sampling_warnings(caught) == []  # was: "received x of type _MapDataset, not batches ... poisson_batches"
+    # A fit that fails before Keras's leaves nothing behind: arrays handed to Keras's fit unbound are still refused.
+    with pytest.raises(RuntimeError, match="failed before"):
+        model.fit(dataset, epochs=1, verbose=0, fail=True)
+    with pytest.raises(ValueError, match=r"(?s)received arrays.*poisson_batches\(x, y, sampling_prob"):
+        keras.Model.fit(model, x, y, batch_size=20, epochs=1, verbose=0)
+
+
 def test_arrays_are_refused_before_the_first_step_unless_batch_sizes_are_public():
     x, y = arrays(NUM_EXAMPLES + 5)  # Keras would cut 20 batches of 20 and one of 5, refused after 20 steps
     model = compiled_model()
