@@ -971,6 +971,7 @@ _ELEMENT_BATCHES = {
 @pytest.mark.parametrize("name", _ELEMENT_BATCHES)
 def test_a_batch_written_row_by_row_is_what_stacking_its_elements_gives(name):
     elements = _ELEMENT_BATCHES[name]
+
     def stacked(read):
         try:
             return read()
