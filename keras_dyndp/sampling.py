@@ -234,6 +234,8 @@ def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = No
         )
     if sample_weight is not None and tuple(np.shape(sample_weight)) not in ((num_rows,), (num_rows, 1)):
         raise ValueError(
-            f"`sample_weight` must have shape ({num_rows},). Received: shape={tuple(np.shape(sample_weight))}."
+            f"`sample_weight` must have shape ({num_rows},), one weight per example (per-token weights such as a "
+            "causal language model's padding mask: set the padded targets to -1 and compile the loss with "
+            f"ignore_class=-1). Received: shape={tuple(np.shape(sample_weight))}."
         )
     return int(num_rows)

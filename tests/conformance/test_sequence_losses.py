@@ -47,8 +47,8 @@ def _batch(lengths):
     return ids[:, :-1] * mask.astype("int32"), ids[:, 1:], mask
 
 
-def _released_sum(batch, clip_norm, path=PATHS[0]):
-    """S of one DP step on ``batch`` from `_model`'s weights (sigma 0), flattened."""
+def _released_sum(batch, clip_norm, path=PATHS[0], loss=None):
+    """S of one DP step on ``batch`` from `_model`'s weights (sigma 0, ``loss`` or `_per_token_loss`), flattened."""
     _, optimizer_kwargs, method = path
     model = keras_dyndp.make_private(_model(), method)
     with warnings.catch_warnings():
@@ -61,7 +61,7 @@ def _released_sum(batch, clip_norm, path=PATHS[0]):
             noise_seed=0,
             **optimizer_kwargs,
         )
-        model.compile(optimizer=optimizer, loss=_per_token_loss())
+        model.compile(optimizer=optimizer, loss=loss or _per_token_loss())
         before, after = backend.weights_after_each_step(model, [batch])
     return np.concatenate([(b - a).ravel() for a, b in zip(after, before)]) * EXPECTED
 
@@ -132,3 +132,16 @@ def test_an_examples_contribution_does_not_depend_on_the_others_token_counts():
     size = np.linalg.norm(shares[0])
     assert size > 0
     np.testing.assert_allclose(shares[0], shares[1], rtol=1e-4, atol=1e-3 * size)  # float32 weights' differences
+
+
+def test_a_loss_that_ignores_padded_targets_releases_what_the_padding_mask_does():
+    """With per-example sample weights only (as `keras_dyndp.poisson_batches` takes them), padding is marked in the
+    targets (-1) and the loss ignores it (``ignore_class=-1``, no batch statistic with ``reduction="none"``): the same
+    release as the [B, L] padding mask."""
+    x, y, mask = _batch(LENGTHS)
+    ignored = np.where(mask == 0, -1, y).astype("int32")
+    rows = (mask.sum(axis=1) > 0).astype("float32")  # the padding row: weight 0
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1, reduction="none")
+    np.testing.assert_allclose(
+        _released_sum((x, ignored, rows), 1.0, loss=loss), _released_sum((x, y, mask), 1.0), rtol=1e-5, atol=1e-7
+    )
