@@ -76,11 +76,14 @@ def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:
     while len(weights.shape) > rank and weights.shape[-1] == 1:
         weights = weights[..., 0]
     if len(weights.shape) > rank:
-        raise ValueError(
-            f"`sample_weight` must hold one weight per example ([B]) or per loss entry (the leading axes of the "
-            f"per-example losses, shape {tuple(losses.shape)}; e.g. [B, L] per token): weight the loss entries, or "
-            f"reduce the weights to one per example. Received: sample_weight of shape {tuple(weights.shape)}."
+        error = ValueError(
+            "`sample_weight` must hold one weight per example ([B]) or per loss entry (the losses' leading axes, "
+            "e.g. [B, L] per token): return the loss per entry (a per-token loss), or give one weight per example. "
+            f"Received: sample_weight of axes {tuple(weights.shape[1:])} after the batch axis, for losses of axes "
+            f"{tuple(losses.shape[1:])}."
         )
+        error.ag_pass_through = True  # raised as is from a traced step (`keras_dyndp.refusals.user_error`)
+        raise error
     # Weight x loss averaged over each example's positions; a weight constant over the trailing axes comes out.
     losses = _mean_from_axis(ops, losses, max(len(weights.shape), 1))
     return _mean_from_axis(ops, losses * weights, 1)

@@ -135,5 +135,5 @@ def test_per_example_losses_reduce_each_example_alone_with_its_own_weights():
         np.testing.assert_allclose(mechanism.per_example_losses(OPS, losses[:, 0], row_weights), [2.0, 0.0])
     per_class = np.stack([losses, 3 * losses], axis=-1)  # [B, L, 2]: averaged over the last axis first
     np.testing.assert_allclose(mechanism.per_example_losses(OPS, per_class, mask), [20 / 4, 10 / 4])
-    with pytest.raises(ValueError, match=r"`sample_weight` must hold one weight per example .* shape \(2, 4\)"):
+    with pytest.raises(ValueError, match=r"`sample_weight` must hold one weight per example .* axes \(4,\) after"):
         mechanism.per_example_losses(OPS, losses[:, 0], mask)

@@ -145,3 +145,17 @@ def test_a_loss_that_ignores_padded_targets_releases_what_the_padding_mask_does(
     np.testing.assert_allclose(
         _released_sum((x, ignored, rows), 1.0, loss=loss), _released_sum((x, y, mask), 1.0), rtol=1e-5, atol=1e-7
     )
+
+
+def test_weights_with_more_axes_than_the_losses_are_refused():
+    """A [B, L] sample weight beside one loss per example ([B]) cannot weight its entries: refused, naming both."""
+    model = keras_dyndp.make_private(backend.dense_model(LENGTH, 3), backend.METHODS[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sigma 0
+        optimizer = keras_dyndp.DynamicDPKerasSGD(
+            schedule=DPSchedule(np.ones(2), np.zeros(2), 0.5), expected_batch_size=EXPECTED, allow_degenerate_noise=True
+        )
+    model.compile(optimizer=optimizer, loss=backend.loss())
+    x, y, mask = np.zeros((4, LENGTH), "float32"), np.zeros((4, 3), "float32"), np.ones((4, LENGTH), "float32")
+    with pytest.raises(ValueError, match=r"`sample_weight` must hold one weight per .* axes \(6,\) after the batch"):
+        backend.fit_batches(model, [(x, y, mask)])
