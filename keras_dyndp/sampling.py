@@ -103,8 +103,7 @@ def poisson_batches(
             shapes; on TensorFlow also a finite, unbatched ``tf.data.Dataset`` of ``(x, y[, sample_weight])`` with
             fixed shapes, read into memory. With a source or a dataset, ``y`` and ``sample_weight`` are None.
         y: an array or a nest of arrays (or array-likes) with N rows, or None.
-        sample_weight: per-example weights, shape [N], or per loss entry, [N, L, ...] (a causal language model's
-            padding mask; arrays in memory only); default 1 (padding rows: 0).
+        sample_weight: weights, [N] or per loss entry [N, L, ...] (a padding mask); default 1 (padding rows: 0).
         sampling_probability: p in (0, 1], the schedule's.
         steps_per_epoch: batches per epoch, >= 1; default ceil(1 / p) (`batch_sizes.expected_steps_per_epoch`).
         max_batch_size: rows of every batch, >= 1; default `batch_sizes.default_max_batch_size(N, p)` (TensorFlow:
