@@ -6,8 +6,8 @@
 1. `schedule_values`: C_t and sigma_t of the schedule; both 0 past its T steps or when the step may not run (a
    counter restored from another schedule), so a step the checks should stop releases nothing even where XLA drops
    TensorFlow's assertions;
-2. `clip_factors`: g_i, example (or microbatch) i's gradient over ALL trainable variables, is scaled by
-   min(1, C_t / ||g_i||_2);
+2. `clip_factors`: g_i, example (or microbatch) i's gradient over ALL trainable variables (of its loss,
+   `per_example_losses`), is scaled by min(1, C_t / ||g_i||_2);
 3. `noise_stddev`: noise is added ONCE, to the SUM, with std s sigma_t, s the sensitivity in clip norms
    (`sensitivity`). sigma_t is absolute: z_t = sigma_t / C_t and each step is (C_t / sigma_t)-GDP (on the sum, not
    the mean: tensorflow/privacy#153, opacus#753);
@@ -32,8 +32,8 @@ intermediate model released.
 
 ``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`;
 numpy in the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``,
-``divide_no_nan(x, y)`` (0 where y is 0), ``is_finite``, ``sqrt``, ``normals(source, tensors)`` (standard normal
-float32 draws shaped like each tensor). No TensorFlow or JAX import here.
+``divide_no_nan(x, y)`` (0 where y is 0), ``is_finite``, ``sqrt``, ``mean(x, axes)``, ``normals(source, tensors)``
+(standard normal float32 draws shaped like each tensor). No TensorFlow or JAX import here.
 
 References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic Differential-Privacy Preserving
 SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification through Scale, 2022.
@@ -54,6 +54,45 @@ def schedule_values(ops: Any, clip_norms: Any, noise_stddevs: Any, step: Any, nu
         live = live & may_run
     zero = ops.cast(0.0, "float32")
     return ops.where(live, ops.take(clip_norms, index), zero), ops.where(live, ops.take(noise_stddevs, index), zero)
+
+
+def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:
+    """float32 [B]: example i's loss, whose gradient is g_i (step 2), from a loss function's unreduced ``losses``
+    ([B] or [B, ...], e.g. [B, L] per token of a causal language model, [B, L, K]) and the sample ``weights``
+    (None: 1; [B], [B, 1], or the losses' leading axes such as a [B, L] padding mask, 0 on padding tokens).
+
+    Each example is reduced alone, as Keras's default reduction ('sum_over_batch_size') weighs it within the batch:
+    the mean over all its positions of weight x loss (for a [B, L] mask, the masked sum over its tokens divided by
+    L, the padded length: public). Nothing is divided by a statistic of the batch (Keras's 'mean_with_sample_weight'
+    divides by the batch's total weight, which would mix the examples' token counts), nor by the example's own
+    token count. The clip norm C bounds each example's whole gradient whatever this reduction. ValueError where
+    ``weights`` has axes beyond the losses' (other than trailing 1s).
+    """
+    losses = ops.cast(losses, "float32")
+    rank = len(losses.shape)
+    if weights is None:
+        return _mean_from_axis(ops, losses, 1)
+    weights = ops.cast(weights, "float32")
+    while len(weights.shape) > rank and weights.shape[-1] == 1:
+        weights = weights[..., 0]
+    if len(weights.shape) > rank:
+        error = ValueError(
+            "`sample_weight` must hold one weight per example ([B]) or per loss entry (the losses' leading axes, "
+            "e.g. [B, L] per token): return the loss per entry (a per-token loss), or give one weight per example. "
+            f"Received: sample_weight of axes {tuple(weights.shape[1:])} after the batch axis, for losses of axes "
+            f"{tuple(losses.shape[1:])}."
+        )
+        error.ag_pass_through = True  # raised as is from a traced step (`keras_dyndp.refusals.user_error`)
+        raise error
+    # Weight x loss averaged over each example's positions; a weight constant over the trailing axes comes out.
+    losses = _mean_from_axis(ops, losses, max(len(weights.shape), 1))
+    return _mean_from_axis(ops, losses * weights, 1)
+
+
+def _mean_from_axis(ops: Any, values: Any, axis: int) -> Any:
+    """``values``' mean over its axes from ``axis`` on (itself where it has none)."""
+    axes = tuple(range(axis, len(values.shape)))
+    return ops.mean(values, axes) if axes else values
 
 
 def norms_from_squares(ops: Any, squared_norms: Any) -> Any:

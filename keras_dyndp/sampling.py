@@ -103,7 +103,7 @@ def poisson_batches(
             shapes; on TensorFlow also a finite, unbatched ``tf.data.Dataset`` of ``(x, y[, sample_weight])`` with
             fixed shapes, read into memory. With a source or a dataset, ``y`` and ``sample_weight`` are None.
         y: an array or a nest of arrays (or array-likes) with N rows, or None.
-        sample_weight: per-example weights, shape [N]; default 1 (padding rows: 0).
+        sample_weight: weights, [N] or per loss entry [N, L, ...] (a padding mask); default 1 (padding rows: 0).
         sampling_probability: p in (0, 1], the schedule's.
         steps_per_epoch: batches per epoch, >= 1; default ceil(1 / p) (`batch_sizes.expected_steps_per_epoch`).
         max_batch_size: rows of every batch, >= 1; default `batch_sizes.default_max_batch_size(N, p)` (TensorFlow:
@@ -214,7 +214,8 @@ def check_resume(data: Any, poisson: PoissonSampling | None, optimizer: Any) -> 
 
 
 def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = None) -> int:
-    """N, the rows of every array in ``x`` and ``y`` and of ``sample_weight`` (shape [N] or [N, 1]), checked.
+    """N, the rows of every array in ``x`` and ``y`` and of ``sample_weight`` ([N] or [N, 1]; or per loss entry,
+    [N, L, ...]), checked.
 
     Raises:
         ValueError: if an array has no leading example dimension, N < 1, the rows differ or are not
@@ -232,8 +233,10 @@ def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = No
         raise ValueError(
             f"All arrays in `x` and `y` must have the same number of rows. Received: {[s[0] for s in shapes]}."
         )
-    if sample_weight is not None and tuple(np.shape(sample_weight)) not in ((num_rows,), (num_rows, 1)):
+    if sample_weight is not None and tuple(np.shape(sample_weight))[:1] != (num_rows,):
         raise ValueError(
-            f"`sample_weight` must have shape ({num_rows},). Received: shape={tuple(np.shape(sample_weight))}."
+            f"`sample_weight` must have {num_rows} rows: shape ({num_rows},), one weight per example, or "
+            f"({num_rows}, L, ...), one per loss entry (such as a causal language model's padding mask). "
+            f"Received: shape={tuple(np.shape(sample_weight))}."
         )
     return int(num_rows)

@@ -794,7 +794,13 @@ def _pread_rows(descriptor: int, leaf: np.ndarray, start: int, indices: np.ndarr
 def array_rows(x: Any, y: Any, sample_weight: Any, map_fn: Callable | None, num_examples: int) -> Rows:
     """`Rows` of (nests of) array-likes with ``num_examples`` rows, each read as ``leaf[indices]``; ``map_fn`` (if
     any) maps each example ``(x_i, y_i)``."""
-    weights = None if sample_weight is None else np.asarray(sample_weight, np.float32).reshape(num_examples)
+    weights = None if sample_weight is None else np.asarray(sample_weight, np.float32)
+    if weights is not None and weights.size != num_examples:
+        raise ValueError(
+            "Per-entry sample weights (such as a [N, L] padding mask) are taken from arrays in memory without `map`; "
+            f"here give one weight per example, shape ({num_examples},). Received: shape={weights.shape}."
+        )
+    weights = None if weights is None else weights.reshape(num_examples)
     # In-memory leaves (tensors, pandas objects) as numpy: a TensorFlow tensor takes no index array, and pandas
     # indexes by labels (a shuffled Series would pair one example's x with another's y).
     readers = map_nest(lambda leaf: file_reader(leaf if is_lazy_array(leaf) else np.asarray(leaf)), (x, y))

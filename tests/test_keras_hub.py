@@ -83,3 +83,117 @@ def test_a_text_classifier_trains_and_one_example_moves_it_by_at_most_c(family):
     classifier = CLASSIFIERS[family](backbone=backbone, num_classes=2, preprocessor=None)
     update = _one_example_update(classifier, _inputs(backbone))
     assert 0 < update <= CLIP * (1 + 1e-4)
+
+
+# Causal language models: KerasHub's convention, y the next tokens [B, L] and sample_weight the padding mask [B, L].
+CAUSAL_LMS = {
+    "gpt2": lambda backbone: keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None),
+    "gemma": lambda backbone: keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None),
+    "llama3": lambda backbone: keras_hub.models.Llama3CausalLM(backbone=backbone, preprocessor=None),
+}
+
+
+def _next_token_batch(lengths) -> tuple[dict, np.ndarray, np.ndarray]:
+    """``(x, y, sample_weight)`` as a CausalLM preprocessor gives them: token ids and padding mask, the next tokens,
+    the mask (examples of ``lengths`` tokens, padded to LENGTH)."""
+    ids = np.random.default_rng(0).integers(1, VOCABULARY, (len(lengths), LENGTH + 1)).astype("int32")
+    mask = (np.arange(LENGTH + 1)[None] < np.asarray(lengths)[:, None] + 1).astype("int32")
+    ids *= mask
+    return {"token_ids": ids[:, :-1], "padding_mask": mask[:, :-1]}, ids[:, 1:], mask[:, 1:].astype("float32")
+
+
+def _dp_step(model, batch, clip_norm=CLIP, expected_batch_size=1.0) -> list[np.ndarray]:
+    """One DP step of ``model`` (made private) on ``batch`` (sigma 0, learning rate 1, a per-token loss); the
+    trainable weights' moves times ``expected_batch_size``: minus the clipped sum."""
+    model = keras_dyndp.make_private(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sigma 0 (DegenerateNoiseWarning) and a batch not from poisson_batches
+        optimizer = keras_dyndp.DynamicDPKerasSGD(
+            schedule=DPSchedule(np.full(2, clip_norm), np.zeros(2), 0.5),
+            expected_batch_size=expected_batch_size,
+            learning_rate=1.0,
+            allow_degenerate_noise=True,
+        )
+        model.compile(
+            optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+        )
+        before = [np.asarray(w, np.float64) for w in model.trainable_weights]
+        model.train_on_batch(*batch)
+    return [(np.asarray(w, np.float64) - b) * expected_batch_size for w, b in zip(model.trainable_weights, before)]
+
+
+def _norm(moves) -> float:
+    return float(np.sqrt(sum(np.sum(move**2) for move in moves)))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("family", sorted(CAUSAL_LMS))
+def test_a_causal_lm_fine_tunes_privately_and_generates(family, lora):
+    """One padded example alone moves the weights by at most C (LoRA: the frozen weights not at all); then
+    ``generate`` completes a prompt of token ids as KerasHub documents it (no preprocessor: ``stop_token_ids=None``)."""
+    keras.utils.set_random_seed(0)
+    backbone = BACKBONES[family]()
+    causal_lm = CAUSAL_LMS[family](backbone)
+    if lora:
+        backbone.enable_lora(4)
+    frozen = [np.asarray(w) for w in causal_lm.non_trainable_weights]
+    assert 0 < _norm(_dp_step(causal_lm, _next_token_batch([5]))) <= CLIP * (1 + 1e-4)
+    for before, after in zip(frozen, causal_lm.non_trainable_weights):
+        np.testing.assert_array_equal(before, np.asarray(after))
+    prompt = {"token_ids": np.zeros((1, LENGTH), "int32"), "padding_mask": np.zeros((1, LENGTH), "int32")}
+    prompt["token_ids"][0, :3], prompt["padding_mask"][0, :3] = [5, 6, 7], 1
+    generated = causal_lm.generate(prompt, stop_token_ids=None)
+    assert np.asarray(generated["token_ids"]).shape == (1, LENGTH)
+    np.testing.assert_array_equal(np.asarray(generated["token_ids"])[0, :3], [5, 6, 7])
+    assert np.all(np.asarray(generated["padding_mask"]))
+
+
+def _gpt2_without_dropout():
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(num_heads=2, max_sequence_length=LENGTH, dropout=0.0, **SMALL)
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def test_a_causal_lms_examples_are_clipped_alone_as_brute_force_per_example_gradients_say():
+    """GPT-2, examples of 7, 4 and 2 tokens: the release is the sum of each example's gradient under KerasHub's own
+    compiled loss (alone in Keras's non-private step), clipped; padding tokens move nothing."""
+    x, y, mask = _next_token_batch([7, 4, 2])
+    gradients = []
+    for i in range(3):
+        causal_lm = _gpt2_without_dropout()  # KerasHub's default compile: its loss, Keras's default reduction
+        causal_lm.compile(optimizer=keras.optimizers.SGD(1.0))
+        before = [np.asarray(w, np.float64) for w in causal_lm.trainable_weights]
+        causal_lm.train_on_batch({key: value[i : i + 1] for key, value in x.items()}, y[i : i + 1], mask[i : i + 1])
+        gradients.append([b - np.asarray(w, np.float64) for w, b in zip(causal_lm.trainable_weights, before)])
+    norms = [_norm(gradient) for gradient in gradients]
+    clip_norm = float(np.median(norms))  # one example clipped, one not
+    released = _dp_step(_gpt2_without_dropout(), (x, y, mask), clip_norm, expected_batch_size=2.0)
+    for j, move in enumerate(released):
+        expected = sum(gradient[j] * min(1.0, clip_norm / norm) for gradient, norm in zip(gradients, norms))
+        np.testing.assert_allclose(-move, expected, rtol=1e-3, atol=1e-5 * clip_norm)
+    other = np.where(mask == 0, (y + 1) % VOCABULARY, y)  # other targets (and tokens) where the mask is 0
+    x_other = {**x, "token_ids": np.where(x["padding_mask"] == 0, 3, x["token_ids"])}
+    moved = _dp_step(_gpt2_without_dropout(), (x_other, other, mask), clip_norm, expected_batch_size=2.0)
+    for a, b in zip(released, moved):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7 * clip_norm)
+
+
+def test_a_causal_lm_with_a_preprocessor_trains_privately_on_its_output_and_generates_text():
+    """KerasHub's documented flow offline: a GPT-2 tokenizer from a tiny vocabulary and merges, a DP step on raw text
+    (the task's preprocessor gives ``(x, y, sample_weight)``), then ``generate`` on a string prompt returns a string."""
+    pytest.importorskip("tensorflow_text")  # KerasHub's tokenizers run on tf.text (not on the JAX stack)
+    vocabulary = {"<|endoftext|>": 0, "a": 1, "Ġquick": 2, "Ġfox": 3, "Ġ": 4, "q": 5, "u": 6, "i": 7, "c": 8, "k": 9}
+    vocabulary.update({"f": 10, "o": 11, "x": 12, "Ġq": 13, "ui": 14, "ck": 15, "uick": 16, "Ġf": 17, "ox": 18})
+    merges = ["Ġ q", "u i", "c k", "ui ck", "Ġq uick", "Ġ f", "o x", "Ġf ox"]
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=LENGTH)
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(
+        **{**SMALL, "vocabulary_size": tokenizer.vocabulary_size()}, num_heads=2, max_sequence_length=LENGTH
+    )
+    causal_lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
+    _, _, sample_weight = preprocessor(["a quick fox"])
+    assert tuple(sample_weight.shape) == (1, LENGTH)  # the padding mask of the next tokens
+    assert 0 < _norm(_dp_step(causal_lm, (["a quick fox"],))) <= CLIP * (1 + 1e-4)  # preprocessed by the task
+    text = causal_lm.generate("a quick", max_length=LENGTH)
+    assert isinstance(text, str) and text.startswith("a quick")

@@ -21,6 +21,7 @@ OPS = types.SimpleNamespace(
     divide_no_nan=_divide_no_nan,
     is_finite=np.isfinite,
     sqrt=np.sqrt,
+    mean=np.mean,
     normals=lambda rng, tensors: [rng.standard_normal(np.shape(t)).astype(np.float32) for t in tensors],
 )
 
@@ -120,3 +121,19 @@ def test_a_zero_normaliser_gives_a_zero_update():
 def test_noise_std_is_sigma_on_the_sum():
     noised = mechanism.add_noise(OPS, [np.zeros([200_000], np.float32)], np.float32(2.0), np.random.default_rng(3))
     assert abs(np.std(noised[0]) - 2.0) < 0.02
+
+
+def test_per_example_losses_reduce_each_example_alone_with_its_own_weights():
+    """[B, L] losses with a [B, L] mask: each row's masked sum over L positions (Keras's per-example weighting), never
+    over the batch's token count; per-row weights ([B], [B, 1]) as before; trailing axes averaged."""
+    losses = np.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]], np.float32)
+    mask = np.array([[1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
+    np.testing.assert_allclose(mechanism.per_example_losses(OPS, losses, mask), [10 / 4, 5 / 4])
+    np.testing.assert_allclose(mechanism.per_example_losses(OPS, losses), [10 / 4, 26 / 4])
+    for row_weights in (np.array([2.0, 0.0]), np.array([[2.0], [0.0]])):
+        np.testing.assert_allclose(mechanism.per_example_losses(OPS, losses, row_weights), [5.0, 0.0])
+        np.testing.assert_allclose(mechanism.per_example_losses(OPS, losses[:, 0], row_weights), [2.0, 0.0])
+    per_class = np.stack([losses, 3 * losses], axis=-1)  # [B, L, 2]: averaged over the last axis first
+    np.testing.assert_allclose(mechanism.per_example_losses(OPS, per_class, mask), [20 / 4, 10 / 4])
+    with pytest.raises(ValueError, match=r"`sample_weight` must hold one weight per example .* axes \(4,\) after"):
+        mechanism.per_example_losses(OPS, losses[:, 0], mask)

@@ -42,12 +42,17 @@ def test_bad_arguments_are_refused_naming_the_argument_and_its_range(kwargs, mes
         (X, Y[:4], None, "same number of rows"),
         ({"a": X, "b": X[:3]}, Y, None, "same number of rows"),
         (np.float32(1.0), Y, None, "leading example dimension"),
-        (X, Y, np.ones(4), r"`sample_weight` must have shape \(5,\)"),
+        (X, Y, np.ones(4), r"`sample_weight` must have 5 rows: shape \(5,\), one weight per example, or \(5, L"),
     ],
 )
 def test_arrays_must_share_their_rows(x, y, sample_weight, message):
     with pytest.raises(ValueError, match=message):
         keras_dyndp.poisson_batches(x, y, sample_weight, sampling_probability=P)
+
+
+def test_per_entry_weights_are_taken_from_arrays_in_memory_only():
+    with pytest.raises(ValueError, match=r"Per-entry sample weights .* without `map`.* shape \(5,\)"):
+        keras_dyndp.poisson_batches(X, Y, np.ones((N, 3)), sampling_probability=P, map=lambda example: example)
 
 
 def test_returns_the_backends_batches_with_their_sampling_and_defaults():

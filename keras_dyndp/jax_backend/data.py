@@ -71,7 +71,9 @@ class PoissonBatches(keras.utils.PyDataset):
             self.draws = sources.DrawCounter(seed)
             return
         weights = np.ones(num_examples) if sample_weight is None else sample_weight
-        self._weights = np.asarray(weights, np.float32).reshape(num_examples)
+        self._weights = np.asarray(weights, np.float32)
+        if self._weights.shape == (num_examples, 1):  # one per example; else [N], or per loss entry [N, L, ...]
+            self._weights = self._weights[:, 0]
         processes.check_same_data([*jax.tree_util.tree_leaves((x, y)), self._weights])
         self._rng = np.random.default_rng(seed)
 
@@ -104,7 +106,7 @@ class PoissonBatches(keras.utils.PyDataset):
         num_rows = self._num_rows(len(chosen))
         rows = np.zeros(num_rows, np.int64)
         rows[: len(chosen)] = chosen
-        weights = np.zeros(num_rows, np.float32)
+        weights = np.zeros((num_rows, *self._weights.shape[1:]), np.float32)
         weights[: len(chosen)] = self._weights[chosen]
 
         def gather(value):

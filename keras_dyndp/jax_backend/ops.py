@@ -54,6 +54,7 @@ OPS = types.SimpleNamespace(
     divide_no_nan=_divide_no_nan,
     is_finite=jnp.isfinite,
     sqrt=jnp.sqrt,
+    mean=jnp.mean,
     normals=_normals,
 )
 """`keras_dyndp.mechanism`'s primitives in JAX; ``normals`` draws from one key (the step's noise key)."""

@@ -136,7 +136,7 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
         if added_losses:
             raise refusals.regularization_error(f"{len(added_losses)} losses added in the model's call")
         losses = loss_fn(jax.tree_util.tree_map(add_batch_axis, y_i), y_pred)  # A batch of one: any shape is its own.
-        loss = jnp.mean(jnp.asarray(losses, jnp.float32)) * weight
+        loss = mechanism.per_example_losses(ops.OPS, losses, weight[None])[0]  # weight: [] or per entry ([L])
         inputs = {key: trace.inputs[key] for key in taps_values}
         non_trainable = [None if seed else value for value, seed in zip(non_trainable, is_seed_state)]
         return loss, (jax.tree_util.tree_map(lambda value: value[0], y_pred), non_trainable, loss, inputs)
@@ -236,7 +236,8 @@ def _private_train_step(self: keras.Model, state, data):
     _check_model(self)
     model_checks.check_model(self, x, (trainable_variables, non_trainable_variables))  # random-generator states too
     num_rows = jax.tree_util.tree_leaves(x)[0].shape[0]  # tree_leaves skips None
-    weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.reshape(sample_weight, [num_rows])
+    # Per row ([B], [B, 1]) or per loss entry (a [B, L] padding mask): `mechanism.per_example_losses`.
+    weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.asarray(sample_weight, jnp.float32)
     is_seed_state = _seed_states(self)
     clip_norm = optimizer.clip_norm_at(optimizer_variables)
     num_microbatches = optimizer.num_microbatches
@@ -271,7 +272,7 @@ def _private_train_step(self: keras.Model, state, data):
         rows = lambda value: value.reshape(-1, *value.shape[2:])[:num_rows]  # noqa: E731
         y_pred, losses = jax.tree_util.tree_map(rows, (y_pred, losses))
         first = lambda value: value[0]  # noqa: E731
-    num_examples = jnp.sum(weights != 0)
+    num_examples = jnp.sum(jnp.any(jnp.reshape(weights != 0, (num_rows, -1)), axis=1))  # rows with a weight
     advanced = _advanced_seed_states(self, trainable_variables, non_trainable_variables, x, is_seed_state)
     trainable_variables, optimizer_variables = optimizer.stateless_apply_clipped_sum(
         optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables

@@ -52,7 +52,9 @@ def _as_tensors(x: Any, y: Any, sample_weight: Any, num_examples: int | None = N
     if sample_weight is None:
         sample_weight = tf.ones([num_rows], tf.float32)
     else:
-        sample_weight = tf.reshape(tf.cast(tf.convert_to_tensor(sample_weight), tf.float32), [num_rows])
+        sample_weight = tf.cast(tf.convert_to_tensor(sample_weight), tf.float32)
+        if sample_weight.shape.rank == 2 and sample_weight.shape[1] == 1:  # [N, 1]: one per example
+            sample_weight = sample_weight[:, 0]
     return x, y, sample_weight, num_rows
 
 

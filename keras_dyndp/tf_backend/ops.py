@@ -22,6 +22,7 @@ OPS = types.SimpleNamespace(
     divide_no_nan=tf.math.divide_no_nan,
     is_finite=tf.math.is_finite,
     sqrt=tf.sqrt,
+    mean=tf.reduce_mean,
     normals=lambda generator, tensors: [standard_normals(generator, t.shape, tf.shape(t)) for t in tensors],
 )
 """`keras_dyndp.mechanism`'s primitives in TensorFlow; ``normals`` draws from a `tf.random.Generator`."""

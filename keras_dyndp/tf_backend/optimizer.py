@@ -351,7 +351,7 @@ def _evaluated_loss(loss, var_list, tape):
         )
     if loss.shape.rank > 1:
         with tape:
-            loss = tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))
+            loss = mechanism.per_example_losses(ops.OPS, loss)  # weighted by Keras already
     return loss, list(var_list), tape
 
 

@@ -30,10 +30,11 @@ METHODS = ("auto", "ghost", "vectorized", "jacobian")
 
 
 def example_weights(x: Any, sample_weight: Any) -> tf.Tensor:
-    """float32 [B] weight of each row of the batch ``x`` (1 where ``sample_weight`` is None; 0 on padding rows)."""
+    """float32 weights of the batch ``x``'s rows: [B] ones where ``sample_weight`` is None, else ``sample_weight``
+    (per row, 0 on padding rows, or per loss entry such as a [B, L] padding mask: `per_example_loss`)."""
     if sample_weight is None:
         return tf.ones([tf.shape(tf.nest.flatten(x)[0])[0]], tf.float32)
-    return tf.reshape(tf.cast(sample_weight, tf.float32), [-1])
+    return tf.cast(sample_weight, tf.float32)
 
 
 def clipped_gradient_sum_with_outputs(
@@ -123,12 +124,14 @@ def clipped_gradient_sum(
 ) -> tuple[list[tf.Tensor], tf.Tensor]:
     """Sum over the batch of per-example gradients, each clipped to L2 norm ``clip_norm``. No noise added.
 
-    Example i's gradient g_i is that of ``sample_weight[i] * loss_i`` (``loss_fn(y, y_pred)`` -> [B], or [B, ...]
-    averaged) with respect to all of ``var_list``; it enters as ``min(1, clip_norm / ||g_i||) g_i``. ``method``:
-    'auto', 'ghost', 'vectorized' or 'jacobian' (module docstring); ``random_source``: the secret generator random
-    layers (and microbatches) draw from (None: this process's); ``num_microbatches``: M, the gradients of M random
-    microbatches are clipped instead. Returns ``(sums, norms)``: dense sums shaped like ``var_list``, unclipped norms
-    [B] ([M]). ValueError on an unknown method, a scalar loss, 'ghost' on a model it cannot clip, batch statistics.
+    Example i's gradient g_i is that of its loss (``loss_fn(y, y_pred)`` -> [B], or [B, ...] such as [B, L] per
+    token, weighted by ``sample_weight`` ([B], or per entry such as a [B, L] padding mask) and averaged over the
+    example's positions: `keras_dyndp.mechanism.per_example_losses`) with respect to all of ``var_list``; it enters
+    as ``min(1, clip_norm / ||g_i||) g_i``. ``method``: 'auto', 'ghost', 'vectorized' or 'jacobian' (module
+    docstring); ``random_source``: the secret generator random layers (and microbatches) draw from (None: this
+    process's); ``num_microbatches``: M, the gradients of M random microbatches are clipped instead. Returns
+    ``(sums, norms)``: dense sums shaped like ``var_list``, unclipped norms [B] ([M]). ValueError on an unknown
+    method, a scalar loss, 'ghost' on a model it cannot clip, batch statistics.
     """
     return clipped_gradient_sum_with_outputs(
         model, loss_fn, x, y, sample_weight, clip_norm, var_list, method, random_source, num_microbatches
