@@ -238,7 +238,8 @@ def _private_train_step(self: keras.Model, state, data):
     num_rows = jax.tree_util.tree_leaves(x)[0].shape[0]  # tree_leaves skips None
     weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.reshape(sample_weight, [num_rows])
     is_seed_state = _seed_states(self)
-    clip_norm = optimizer.clip_norm_at(optimizer_variables)
+    schedule_values = optimizer.schedule_values(optimizer.step_at(optimizer_variables))  # read once for the step
+    clip_norm = schedule_values[0]
     num_microbatches = optimizer.num_microbatches
     # Microbatch gradients mix examples, which the taps' per-example norms do not: no taps there.
     classes = (keras.layers.Embedding,) if config.method == "vectorized" else None
@@ -274,7 +275,7 @@ def _private_train_step(self: keras.Model, state, data):
     num_examples = jnp.sum(weights != 0)
     advanced = _advanced_seed_states(self, trainable_variables, non_trainable_variables, x, is_seed_state)
     trainable_variables, optimizer_variables = optimizer.stateless_apply_clipped_sum(
-        optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables
+        optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables, schedule_values=schedule_values
     )
     non_trainable_variables = [
         new if seed else first(value) for value, new, seed in zip(new_non_trainable, advanced, is_seed_state)
