@@ -37,6 +37,7 @@ import inspect
 import operator
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +73,15 @@ def _unwrap_optimizer(optimizer):
     return optimizer
 
 
+_CHECKED: weakref.WeakSet = weakref.WeakSet()
+"""The models inside a call whose entry point checked them (`_checked`): a ``fit``, a train function's call."""
+
+
 def _check_model(model: keras.Model) -> None:
+    """make_private's refusals of the model, once per entry point's call (``fit``, ``make_train_function``, which
+    ``train_on_batch`` calls), and in a step traced outside them (a custom loop's)."""
+    if model in _CHECKED:
+        return
     processes.check_distribution()
     model_checks.check_layers(model)
     regularised = [
@@ -83,6 +92,21 @@ def _check_model(model: keras.Model) -> None:
     ]
     if regularised:
         raise refusals.regularization_error(f"layers {regularised} have regularizers")
+
+
+@contextlib.contextmanager
+def _checked(model: keras.Model, check: bool = True):
+    """Runs `_check_model` (unless ``check`` is False: the caller's entry point ran it), then counts ``model`` as
+    checked within."""
+    outer = model in _CHECKED
+    if check:
+        _check_model(model)
+    _CHECKED.add(model)
+    try:
+        yield
+    finally:
+        if not outer:
+            _CHECKED.discard(model)
 
 
 def _seed_states(model: keras.Model) -> list[bool]:
@@ -323,7 +347,8 @@ class _CheckedTrainFunction:
                 refusal = None
             if refusal is not None:
                 raise refusal
-            logs, state = self._function(state, iterator)
+            with _checked(self._model, check=False):  # `_private_make_train_function` checked the model
+                logs, state = self._function(state, iterator)
         except BaseException:
             self._returned = ()
             _put_back(self._model, (*state[:2], optimizer.at_rest(state[2]), state[3]))
@@ -370,9 +395,9 @@ def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
 def _private_fit(self: keras.Model, *args, **kwargs):
     """``Model.fit``, whose refusal past the budget is one `BudgetExhaustedError` without Keras's traceback (the
     checks are the train function's, the same for ``keras.Model.fit(model, ...)``)."""
-    _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
     callbacks = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs).arguments.get("callbacks")
-    with private_model.budget_refusal(self, callbacks):
+    # Checked before Keras's own first trace, which fails to add a regulariser's scalar to a per-example loss.
+    with _checked(self), private_model.budget_refusal(self, callbacks):
         return keras.Model.fit(self, *args, **kwargs)
 
 
