@@ -221,9 +221,8 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           num_examples: rows with a non-zero sample weight, checked against the schedule's Poisson sampling.
           num_rows: the batch's rows (the normaliser with ``public_batch_size=True``, which then refuses padding).
           trainable_variables: the values of the trainable variables the optimizer was built with.
-          schedule_values: the (C, sigma) pair `schedule_values` returned for the step counter in
-            ``optimizer_variables``, which the sums were clipped at (the step's one read of the schedule, passed on
-            once); None (default): read here.
+          schedule_values: the (C, sigma) pair `schedule_values` returned for the step counter in the state, which
+            the sums were clipped at (the step's one read of the schedule); None (default): read here.
 
         Returns:
           ``(trainable_variables, optimizer_variables)`` as Keras's ``stateless_apply``; unchanged but for the

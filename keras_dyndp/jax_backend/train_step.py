@@ -47,6 +47,7 @@ import keras
 
 from keras_dyndp import batch_sizes
 from keras_dyndp import entry_points
+from keras_dyndp import layer_rules
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
@@ -220,7 +221,7 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) 
     for squared, _ in ruled.values():
         squared_norms = squared_norms + squared
     factors = mechanism.clip_factors(ops.OPS, mechanism.norms_from_squares(ops.OPS, squared_norms), clip_norm)
-    sums = [None if g is None else ops.weighted_sum(factors, g) for g in grads]
+    sums = [None if g is None else layer_rules.weighted_sum(factors, g) for g in grads]
     for key, (_, indices, _) in tapped.items():
         for index, total in zip(indices, ruled[key][1](factors)):
             sums[index] = total

@@ -312,7 +312,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           num_rows: number of rows in the batch (int scalar, may be a tensor).
           trainable_variables: the variables, in the order of `clipped_sums`.
           schedule_values: the (C_t, sigma_t) pair `current_schedule_values()` returned, which the sums were clipped
-            at (the step's one read of the schedule, passed on once); None (default): read here.
+            at (the step's one read of the schedule); None (default): read here.
 
         Returns `dp_step`. Raises `tf.errors.InvalidArgumentError` at run time as `compute_gradients` does.
         """
