@@ -236,8 +236,9 @@ class GradientGuard:
     def __init__(self):
         self._local = threading.local()
 
-    def issue(self, grads: Sequence[Any]) -> None:
+    def issue(self, grads: Sequence[Any]) -> Sequence[Any]:
         self._local.pending = tuple(grads)
+        return grads
 
     def check_and_clear(self, grads: Sequence[Any]) -> bool:
         pending, self._local.pending = getattr(self._local, "pending", None), None
@@ -400,7 +401,7 @@ class DPOptimizerBase:
         self._unverified_sampling: str | None = None
         self._overflow_probability: float | None = None
         self._dp_gradient_guard = GradientGuard()
-        self._schedule_read = GradientGuard()  # the (C_t, sigma_t) pair last read (`_read_once`)
+        self._schedule_read = GradientGuard()  # the (C_t, sigma_t) pair last read, for `_read_once`
         self._step_checks = step_checks.StepChecks(schedule, expected_batch_size, self.normalises_by_rows)
         self._build_dp_state(noise_seed)
 
@@ -488,23 +489,18 @@ class DPOptimizerBase:
     def current_schedule_values(self) -> tuple[Any, Any]:
         """float32 scalars (C_t, sigma_t) at `dp_step` (0 as `current_clip_norm`): the step's one read of the
         schedule. A step that clips its sums at C_t passes the pair on to ``apply_clipped_sum(schedule_values=)``."""
-        return self._handed_out(self._current_schedule_values())
-
-    def _handed_out(self, values: tuple[Any, Any]) -> tuple[Any, Any]:
-        self._schedule_read.issue(values)  # the one pair `_read_once` accepts
-        return values
+        return self._schedule_read.issue(self._current_schedule_values())
 
     def _read_once(self, schedule_values: tuple[Any, Any] | None, read: Callable) -> tuple[Any, Any]:
-        """The step's (C_t, sigma_t): ``schedule_values``, the pair this optimizer's read of the schedule handed out
-        last, or ``read()`` when None. Raises ValueError for any other pair (numbers of the caller's would set the
-        noise)."""
+        """``schedule_values``, the pair the latest read of the schedule handed out, or ``read()`` when None; ValueError
+        for any other pair (a stale or made-up pair would set the noise)."""
         if schedule_values is None:
             return read()
         if not self._schedule_read.check_and_clear(schedule_values):
             raise ValueError(
-                "schedule_values must be the (C_t, sigma_t) pair that this optimizer's latest read of the schedule "
-                "returned (current_schedule_values(); on JAX schedule_values(step)), passed once, or None to read it "
-                f"here. Received another pair: {schedule_values!r}."
+                "schedule_values must be None (read here) or the (C_t, sigma_t) pair this optimizer's latest read of "
+                "the schedule returned (current_schedule_values(); on JAX schedule_values(step)), passed on once. "
+                f"Received another pair: {schedule_values!r}."
             )
         return schedule_values
 

@@ -74,13 +74,11 @@ def _unwrap_optimizer(optimizer):
     return optimizer
 
 
-_CHECKED: weakref.WeakSet = weakref.WeakSet()
-"""The models inside a call whose entry point checked them (`_checked`): a ``fit``, a train function's call."""
+_CHECKED: weakref.WeakSet = weakref.WeakSet()  # the models within a call that checked them (`_checked`)
 
 
 def _check_model(model: keras.Model) -> None:
-    """make_private's refusals of the model, once per entry point's call (``fit``, ``make_train_function``, which
-    ``train_on_batch`` calls), and in a step traced outside them (a custom loop's)."""
+    """make_private's refusals of the model, but once per call of ``fit`` or of a train function (`_checked`)."""
     if model in _CHECKED:
         return
     processes.check_distribution()
@@ -97,8 +95,7 @@ def _check_model(model: keras.Model) -> None:
 
 @contextlib.contextmanager
 def _checked(model: keras.Model, check: bool = True):
-    """Runs `_check_model` (unless ``check`` is False: the caller's entry point ran it), then counts ``model`` as
-    checked within."""
+    """`_check_model` (unless ``check`` is False: ``make_train_function`` ran it), then nothing more within."""
     outer = model in _CHECKED
     if check:
         _check_model(model)

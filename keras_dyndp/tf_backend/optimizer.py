@@ -136,16 +136,16 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             own = tf.constant(self._schedule.fingerprint, tf.int32)
             return checks + [self._schedule_fingerprint.assign(tf.where(mismatch, recorded, own))]
 
-    def _noised(self, clip: Callable, num_examples, num_rows, schedule_values, exact: bool = True) -> list[tf.Tensor]:
-        """This replica's part of the update (`keras_dyndp.mechanism.private_update`) of its sums ``clip(C)``, the
-        step's (C, sigma) (``schedule_values``, read once) used after the `_refusals` of its ``num_rows`` rows holding
-        ``num_examples`` examples (unless ``exact``, at least; at most the rows): noise on the first replica only, the
-        global normaliser; the base optimizer adds."""
+    def _noised(self, clip: Callable, num_examples, num_rows, schedule_values=None, exact=True) -> list[tf.Tensor]:
+        """This replica's part of the update (`keras_dyndp.mechanism.private_update`) of its sums ``clip(C)``, (C,
+        sigma) (`_read_once`) used after the `_refusals` of its ``num_rows`` rows holding ``num_examples`` examples
+        (unless ``exact``, at least; at most the rows): noise on the first replica only, the global normaliser."""
         self._sampling_check.check_step_input()
         counts = tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)])
         examples, rows = tf.unstack(replicas.global_sum(counts))
         with tf.control_dependencies(self._refusals(examples, examples if exact else rows, rows)):
-            clip_norm, sigma = (tf.identity(value) for value in schedule_values)
+            values = self._read_once(schedule_values, self._current_schedule_values)
+            clip_norm, sigma = (tf.identity(value) for value in values)
         num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
         return mechanism.private_update(
             ops.OPS,
@@ -211,8 +211,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             return microbatches.clipped_sum(tape, losses, var_list, clip_norm, self._num_microbatches, generator)[0]
 
         # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
-        num_examples, num_rows = sampling_check.count_nonzero_rows(losses), tf.shape(losses)[0]
-        grads = self._noised(clip, num_examples, num_rows, self._current_schedule_values(), exact=False)
+        grads = self._noised(clip, sampling_check.count_nonzero_rows(losses), tf.shape(losses)[0], exact=False)
         self._dp_gradient_guard.issue(grads)
         return list(zip(grads, var_list))
 
@@ -320,8 +319,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         var_list = list(trainable_variables)
         optimizer_base.check_same_length(clipped_sums, var_list)
         clipped_sums = ops.zeros_where_unconnected(clipped_sums, var_list)
-        values = self._read_once(schedule_values, self._current_schedule_values)
-        grads = self._noised(lambda clip_norm: clipped_sums, num_examples, num_rows, values)
+        grads = self._noised(lambda clip_norm: clipped_sums, num_examples, num_rows, schedule_values)
         return self._apply_private_gradients(list(zip(grads, var_list)))
 
 
