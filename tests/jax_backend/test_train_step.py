@@ -131,7 +131,7 @@ def test_one_step_reads_the_schedule_once_and_refuses_another_pair(monkeypatch, 
         model.train_on_batch(*_data(8))
     assert len(reads) == 1 and optimizer.released_steps == 1
     state = optimizer.new_run([v.value for v in optimizer.variables])
-    with pytest.raises(ValueError, match="schedule_values must be the .C_t, sigma_t. pair"):
+    with pytest.raises(ValueError, match="schedule_values must be None .read here. or the .C_t, sigma_t. pair"):
         values = [np.zeros(v.shape, np.float32) for v in model.trainable_variables]
         optimizer.stateless_apply_clipped_sum(state, values, 8, 8, values, schedule_values=(1.0, 0.0))
 

@@ -145,7 +145,7 @@ def test_one_step_reads_the_schedule_once_and_refuses_another_pair(monkeypatch, 
     model.compile(optimizer=optimizer, loss=LOSS, run_eagerly=True)
     model.train_on_batch(*dataset("sequential", 4))
     assert len(reads) == 1 and int(model.optimizer.released_steps) == 1
-    with pytest.raises(ValueError, match="schedule_values must be the .C_t, sigma_t. pair"):
+    with pytest.raises(ValueError, match="schedule_values must be None .read here. or the .C_t, sigma_t. pair"):
         model.optimizer.apply_clipped_sum(
             [tf.zeros(v.shape) for v in model.trainable_variables],
             4,
