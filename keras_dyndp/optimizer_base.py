@@ -230,8 +230,9 @@ def budget_spent_line(steps: int, num_steps: int) -> str:
 
 
 class GradientGuard:
-    """Remembers the gradients the DP path produced, so the optimizer's apply can refuse any others. A plain object
-    (the checkpoint graph is unaffected), per thread (MirroredStrategy traces each replica in its own thread)."""
+    """Remembers the values the DP path handed out (its gradients; the schedule's pair), so the optimizer can refuse
+    any others. A plain object (the checkpoint graph is unaffected), per thread (MirroredStrategy traces each replica
+    in its own thread)."""
 
     def __init__(self):
         self._local = threading.local()
@@ -492,17 +493,15 @@ class DPOptimizerBase:
         return self._schedule_read.issue(self._current_schedule_values())
 
     def _read_once(self, schedule_values: tuple[Any, Any] | None, read: Callable) -> tuple[Any, Any]:
-        """``schedule_values``, the pair the latest read of the schedule handed out, or ``read()`` when None; ValueError
-        for any other pair (a stale or made-up pair would set the noise)."""
-        if schedule_values is None:
-            return read()
-        if not self._schedule_read.check_and_clear(schedule_values):
+        """``schedule_values``, the pair the latest read of the schedule handed out (ValueError for another: a stale
+        or made-up pair would set the noise), or ``read()`` when None."""
+        if schedule_values is not None and not self._schedule_read.check_and_clear(schedule_values):
             raise ValueError(
                 "schedule_values must be None (read here) or the (C_t, sigma_t) pair this optimizer's latest read of "
                 "the schedule returned (current_schedule_values(); on JAX schedule_values(step)), passed on once. "
                 f"Received another pair: {schedule_values!r}."
             )
-        return schedule_values
+        return read() if schedule_values is None else schedule_values
 
     def current_noise_stddev(self) -> Any:
         """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 as `current_clip_norm`)."""

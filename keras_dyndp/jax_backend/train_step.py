@@ -260,8 +260,7 @@ def _private_train_step(self: keras.Model, state, data):
     num_rows = jax.tree_util.tree_leaves(x)[0].shape[0]  # tree_leaves skips None
     weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.reshape(sample_weight, [num_rows])
     is_seed_state = _seed_states(self)
-    schedule_values = optimizer.schedule_values(optimizer.step_at(optimizer_variables))  # read once for the step
-    clip_norm = schedule_values[0]
+    clip_norm, _ = schedule_values = optimizer.schedule_values(optimizer.step_at(optimizer_variables))  # read once
     num_microbatches = optimizer.num_microbatches
     # Microbatch gradients mix examples, which the taps' per-example norms do not: no taps there.
     classes = (keras.layers.Embedding,) if config.method == "vectorized" else None
