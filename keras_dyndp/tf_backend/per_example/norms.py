@@ -12,8 +12,6 @@ from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-
 
 from keras_dyndp import ghost_cost
 from keras_dyndp import layer_rules
-from keras_dyndp.layer_rules import kept_rows
-from keras_dyndp.layer_rules import scaled_rows
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
@@ -69,12 +67,13 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
     """Squared norms of G_i = a_i^T g_i (a: [B, T, k], g: [B, T, c]), never below the exact ones (float32 rounding
     included, `keras_dyndp.ghost_cost.rounding_coefficients`), and a function factors -> sum f_i G_i."""
     positions, fan_in, fan_out = a.shape[1], a.shape[-1], g.shape[-1]
+    kept, scaled = layer_rules.kept_rows, layer_rules.scaled_rows
     if positions == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2: no cancellation
         a2, g2 = a[:, 0, :], g[:, 0, :]
         squared = squared_norms(a2, 1) * squared_norms(g2, 1)
-        return squared, lambda f: tf.matmul(kept_rows(a2, f), scaled_rows(g2, f), transpose_a=True)
+        return squared, lambda f: tf.matmul(kept(a2, f), scaled(g2, f), transpose_a=True)
     form = ghost_cost.form(positions, fan_in, fan_out)
-    book_keeping = lambda f: tf.einsum("btk,btc->kc", kept_rows(a, f), scaled_rows(g, f))  # noqa: E731
+    book_keeping = lambda f: tf.einsum("btk,btc->kc", kept(a, f), scaled(g, f))  # noqa: E731
     if form == ghost_cost.GRAM:
         gram_a = tf.matmul(a, a, transpose_b=True)
         gram_g = tf.matmul(g, g, transpose_b=True)
