@@ -31,16 +31,14 @@ from absl import flags
 
 import keras_dyndp
 from keras_dyndp import ghost_cost
+from keras_dyndp import layer_rules
 from keras_dyndp.schedules import DPSchedule
 
 JAX = keras_dyndp.keras_backend() == "jax"
 if JAX:
     import jax
     import keras
-
-    from keras_dyndp.jax_backend import ops as backend_ops
 else:
-    from keras_dyndp.tf_backend import ops as backend_ops
     from keras_dyndp.tf_backend.keras_compat import keras
 
 FLAGS = flags.FLAGS
@@ -72,13 +70,13 @@ def _data(name: str) -> tuple[np.ndarray, np.ndarray]:
 @contextlib.contextmanager
 def _without_bound_and_selects():
     """While tracing: no rounding bound on the squared norms, no select of factor-0 rows."""
-    saved = ghost_cost.bounded_squared_norms, backend_ops.kept_rows
+    saved = ghost_cost.bounded_squared_norms, layer_rules.kept_rows
     ghost_cost.bounded_squared_norms = lambda xp, squared, *args: squared
-    backend_ops.kept_rows = lambda tensor, factors: tensor
+    layer_rules.kept_rows = lambda tensor, factors: tensor
     try:
         yield
     finally:
-        ghost_cost.bounded_squared_norms, backend_ops.kept_rows = saved
+        ghost_cost.bounded_squared_norms, layer_rules.kept_rows = saved
 
 
 def _steps(name: str, before: bool):

@@ -26,7 +26,9 @@ none, over the TensorFlow functions of the same names).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -122,13 +124,51 @@ def sublayer_norms_and_sums(sublayer: Any, a: Any, g: Any) -> tuple[list, Any, C
     return _backend_rules().sublayer_norms_and_sums(sublayer, a, g)
 
 
-def weighted_sum(factors: Any, per_example: Any) -> Any:
-    """float32 sum_i factors_i per_example_i over the leading axis ([B] and [B, ...]); a row whose factor is 0 adds
-    exactly 0, whatever it holds (not finite included)."""
+_tracing = threading.local()  # per thread: tf.distribute traces each replica's step in a thread of its own
+
+
+@contextlib.contextmanager
+def rows_without_select():
+    """While this thread traces inside it, `kept_rows` returns its tensor unchanged: for a caller that keeps the
+    result only where it is finite (then every row summed was finite, and a factor-0 row added 0 x row, exactly 0)."""
+    outer = getattr(_tracing, "selects_skipped", False)
+    _tracing.selects_skipped = True
+    try:
+        yield
+    finally:
+        _tracing.selects_skipped = outer
+
+
+def _by_row(factors: Any, tensor: Any) -> Any:
+    """``factors`` [N] shaped to broadcast over the rows of ``tensor`` [N, ...]."""
+    return keras_ops().reshape(factors, (-1,) + (1,) * (len(tensor.shape) - 1))
+
+
+def _float32(tensor: Any) -> Any:
+    """``tensor`` in float32, the dtype of the sums (float64 stays float64)."""
+    return keras_ops().cast(tensor, "float64" if tensor.dtype == "float64" else "float32")
+
+
+def kept_rows(tensor: Any, factors: Any) -> Any:
+    """``tensor`` [N, ...] with exactly 0 in the rows whose factor is 0 (a select: 0 x inf and 0 x NaN are NaN)."""
+    if getattr(_tracing, "selects_skipped", False):
+        return tensor
     ops = keras_ops()
-    per_example = ops.cast(per_example, "float32")
-    kept = ops.where(ops.reshape(factors > 0, (-1,) + (1,) * (len(per_example.shape) - 1)), per_example, 0.0)
-    return ops.tensordot(ops.cast(factors, "float32"), kept, axes=1)
+    return ops.where(_by_row(factors > 0, tensor), tensor, ops.cast(0, tensor.dtype))
+
+
+def scaled_rows(tensor: Any, factors: Any) -> Any:
+    """Row i of ``tensor`` [N, ...] times ``factors[i]``, in float32; exactly 0 where the factor is 0 (`kept_rows`)."""
+    tensor = _float32(tensor)
+    return kept_rows(tensor * _by_row(keras_ops().cast(factors, tensor.dtype), tensor), factors)
+
+
+def weighted_sum(factors: Any, per_example: Any) -> Any:
+    """sum_i factors_i per_example_i over the leading axis ([B] and [B, ...]), in float32, both backends' one; a row
+    whose factor is 0 adds exactly 0, whatever it holds (not finite included)."""
+    per_example = _float32(per_example)
+    factors = keras_ops().cast(factors, per_example.dtype)
+    return keras_ops().tensordot(factors, kept_rows(per_example, factors), axes=1)
 
 
 def _per_example_positions(g: Any, ops) -> Any:

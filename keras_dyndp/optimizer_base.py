@@ -9,6 +9,7 @@ import inspect
 import threading
 import warnings
 import weakref
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
@@ -229,14 +230,16 @@ def budget_spent_line(steps: int, num_steps: int) -> str:
 
 
 class GradientGuard:
-    """Remembers the gradients the DP path produced, so the optimizer's apply can refuse any others. A plain object
-    (the checkpoint graph is unaffected), per thread (MirroredStrategy traces each replica in its own thread)."""
+    """Remembers the values the DP path handed out (its gradients; the schedule's pair), so the optimizer can refuse
+    any others. A plain object (the checkpoint graph is unaffected), per thread (MirroredStrategy traces each replica
+    in its own thread)."""
 
     def __init__(self):
         self._local = threading.local()
 
-    def issue(self, grads: Sequence[Any]) -> None:
+    def issue(self, grads: Sequence[Any]) -> Sequence[Any]:
         self._local.pending = tuple(grads)
+        return grads
 
     def check_and_clear(self, grads: Sequence[Any]) -> bool:
         pending, self._local.pending = getattr(self._local, "pending", None), None
@@ -399,6 +402,7 @@ class DPOptimizerBase:
         self._unverified_sampling: str | None = None
         self._overflow_probability: float | None = None
         self._dp_gradient_guard = GradientGuard()
+        self._schedule_read = GradientGuard()  # the (C_t, sigma_t) pair last read, for `_read_once`
         self._step_checks = step_checks.StepChecks(schedule, expected_batch_size, self.normalises_by_rows)
         self._build_dp_state(noise_seed)
 
@@ -482,6 +486,22 @@ class DPOptimizerBase:
         """float32 scalar C at `dp_step` (0 once the budget is spent; on TensorFlow also on another schedule's step
         counter); the backend's ``_current_schedule_values`` gives (C, sigma)."""
         return self._current_schedule_values()[0]
+
+    def current_schedule_values(self) -> tuple[Any, Any]:
+        """float32 scalars (C_t, sigma_t) at `dp_step` (0 as `current_clip_norm`): the step's one read of the
+        schedule. A step that clips its sums at C_t passes the pair on to ``apply_clipped_sum(schedule_values=)``."""
+        return self._schedule_read.issue(self._current_schedule_values())
+
+    def _read_once(self, schedule_values: tuple[Any, Any] | None, read: Callable) -> tuple[Any, Any]:
+        """``schedule_values``, the pair the latest read of the schedule handed out (ValueError for another: a stale
+        or made-up pair would set the noise), or ``read()`` when None."""
+        if schedule_values is not None and not self._schedule_read.check_and_clear(schedule_values):
+            raise ValueError(
+                "schedule_values must be None (read here) or the (C_t, sigma_t) pair this optimizer's latest read of "
+                "the schedule returned (current_schedule_values(); on JAX schedule_values(step)), passed on once. "
+                f"Received another pair: {schedule_values!r}."
+            )
+        return read() if schedule_values is None else schedule_values
 
     def current_noise_stddev(self) -> Any:
         """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 as `current_clip_norm`)."""

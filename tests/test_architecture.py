@@ -163,6 +163,19 @@ def test_no_function_over_sixty_lines():
     assert not long
 
 
+def test_the_clipping_kernel_is_written_once_for_both_backends():
+    """`weighted_sum`, `kept_rows` and `scaled_rows` (a factor-0 row adds exactly nothing) are defined once, in
+    `layer_rules.py` over ``keras.ops``."""
+    kernel = ("weighted_sum", "kept_rows", "scaled_rows")
+    defined = [
+        (path.name, node.name)
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name in kernel
+    ]
+    assert sorted(defined) == sorted(("layer_rules.py", name) for name in kernel)
+
+
 def test_only_the_registration_module_reads_the_call_stack():
     stack_reading = re.compile(r"currentframe|_getframe|\.f_back\b|\.f_locals\b|inspect\.stack\(|traceback\.extract")
     readers = {

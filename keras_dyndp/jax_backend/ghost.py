@@ -17,8 +17,8 @@ also ``keras_dyndp.register_layer_rule``: the contract both backends share (`ker
 once over ``keras.ops`` (docs/usage.md's ``ScaleShift``) registering on either; on JAX a, g are [B, 1, ...] (each
 example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``.
 
-A new rule must meet `keras_dyndp.layer_rules`' conditions (here ``ops.weighted_sum`` and ``ops.scaled_rows`` add
-nothing from a factor-0 example); check it against ``method='vectorized'``.
+A new rule must meet `keras_dyndp.layer_rules`' conditions (its `weighted_sum` and `scaled_rows` add nothing from a
+factor-0 example); check it against ``method='vectorized'``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from keras_dyndp import dense_attention
 from keras_dyndp import einsum_equation
 from keras_dyndp import ghost_cost
 from keras_dyndp import layer_rules
-from keras_dyndp.jax_backend import ops
 
 
 class LayerRule(NamedTuple):
@@ -140,8 +139,8 @@ def _weight_gradient(op: Callable, layer, a: jax.Array, g: jax.Array, factors: j
     """sum_i factors_i G_i of a kernel used as ``op(layer, a, kernel)`` (linear in it: zeros stand in for its
     value): the op's weight gradient on the batch for the output gradients f_i g_i (book-keeping), at float32
     precision on every device; a factor-0 example's rows are selected out."""
-    a = ops.kept_rows(a.astype(jnp.float32), factors).reshape(-1, *a.shape[2:])
-    g = ops.scaled_rows(g, factors).reshape(-1, *g.shape[2:])
+    a = layer_rules.kept_rows(a.astype(jnp.float32), factors).reshape(-1, *a.shape[2:])
+    g = layer_rules.scaled_rows(g, factors).reshape(-1, *g.shape[2:])
     kernel = jnp.zeros(layer.kernel.shape, jnp.float32)
     with jax.default_matmul_precision("highest"):  # ghost_cost.rounding_coefficients: float32 rounding only
         return jax.vjp(lambda k: op(layer, a, k), kernel)[1](g)[0]
@@ -183,7 +182,7 @@ def _bilinear(op: Callable, inputs: Callable, whole_by_vjp: bool = False) -> Cal
         squared = jnp.sum(kept**2, axis=(0, *range(2, kept.ndim)))
         if form == ghost_cost.PER_EXAMPLE_NORMS:  # one piece: its positions' norms directly
             return bounded(squared, jnp.sum(pieces.piece(0) ** 2, axis=-1)), book_keeping
-        return squared, lambda f: [ops.weighted_sum(f, jnp.moveaxis(kept, 1, 0)).reshape(layer.kernel.shape)]
+        return squared, lambda f: [layer_rules.weighted_sum(f, jnp.moveaxis(kept, 1, 0)).reshape(layer.kernel.shape)]
 
     return norms_and_sums
 
@@ -222,7 +221,7 @@ def embedding_norms_and_sums(layer, ids, deltas):
     squared = jnp.sum(deltas**2, axis=(1, 2))
     table = jnp.zeros(layer.embeddings.shape, jnp.float32)
     scatter = lambda f: table.at[ids.reshape(-1)].add(  # noqa: E731
-        ops.scaled_rows(deltas, f).reshape(-1, deltas.shape[-1]), mode="drop"
+        layer_rules.scaled_rows(deltas, f).reshape(-1, deltas.shape[-1]), mode="drop"
     )
     return squared, lambda f: [scatter(f)]
 
@@ -303,7 +302,7 @@ def _affine_norms_and_sums(variables: Callable[[keras.layers.Layer], list]) -> C
 
         grads = jax.vmap(example)(a, g)
         squared = sum(jnp.sum(grad.reshape(a.shape[0], -1) ** 2, axis=1) for grad in grads)
-        return squared, lambda f: [ops.weighted_sum(f, grad) for grad in grads]
+        return squared, lambda f: [layer_rules.weighted_sum(f, grad) for grad in grads]
 
     return norms_and_sums
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from keras_dyndp import layer_rules
 from keras_dyndp import mechanism
 from keras_dyndp.jax_backend import ops
 
@@ -38,7 +39,7 @@ def clipped_sum(
     flat = [jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) for g in grads]
     # A row whose gradient is not finite joins its microbatch as a zero gradient (0 x NaN would spoil every G_j).
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g), axis=1) for g in flat]), axis=0).astype(jnp.float32)
-    flat = [ops.kept_rows(g, finite) for g in flat]
+    flat = [layer_rules.kept_rows(g, finite) for g in flat]
     squared_norms = sum(jnp.sum((row_coefficients.T @ g) ** 2, axis=1) for g in flat)  # [M]
     factors = mechanism.clip_factors(ops.OPS, mechanism.norms_from_squares(ops.OPS, squared_norms), clip_norm)
     coefficients = row_coefficients @ factors  # [B]: f_{a_i} / n_{a_i}

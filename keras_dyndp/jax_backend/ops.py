@@ -58,19 +58,3 @@ OPS = types.SimpleNamespace(
     normals=_normals,
 )
 """`keras_dyndp.mechanism`'s primitives in JAX; ``normals`` draws from one key (the step's noise key)."""
-
-
-def kept_rows(tensor: jax.Array, factors: jax.Array) -> jax.Array:
-    """``tensor`` [N, ...] with exactly 0 in the rows whose factor is 0 (a select: 0 x inf and 0 x NaN are NaN)."""
-    return jnp.where((factors > 0).reshape((-1,) + (1,) * (tensor.ndim - 1)), tensor, 0)
-
-
-def scaled_rows(tensor: jax.Array, factors: jax.Array) -> jax.Array:
-    """Row i of ``tensor`` [N, ...] times ``factors[i]`` in float32; exactly 0 where the factor is 0 (`kept_rows`)."""
-    return kept_rows(factors.reshape((-1,) + (1,) * (tensor.ndim - 1)) * tensor.astype(jnp.float32), factors)
-
-
-def weighted_sum(factors: jax.Array, per_example: jax.Array) -> jax.Array:
-    """float32 sum_i factors_i per_example_i over the leading axis; a row whose factor is 0 adds exactly 0, whatever
-    it holds (`keras_dyndp.mechanism.clip_factors`)."""
-    return jnp.tensordot(factors, kept_rows(per_example.astype(jnp.float32), factors), axes=1)

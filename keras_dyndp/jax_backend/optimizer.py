@@ -93,8 +93,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return step_checks.released_steps(step, recorded, jnp.where)
 
     def schedule_values(self, step) -> tuple[jax.Array, jax.Array]:
-        """float32 (C, sigma) of step ``step``; both 0 once the budget is spent."""
-        return mechanism.schedule_values(ops.OPS, self._clip_norms, self._noise_stddevs, step, self._schedule.num_steps)
+        """float32 (C, sigma) of step ``step``; both 0 once the budget is spent. The step's one read of the schedule:
+        a step that clips at C passes the pair on to ``stateless_apply_clipped_sum(schedule_values=)``."""
+        clip_norms, noise_stddevs, num_steps = self._clip_norms, self._noise_stddevs, self._schedule.num_steps
+        return self._schedule_read.issue(mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, num_steps))
 
     def clip_norm_at(self, optimizer_variables) -> jax.Array:
         """float32 C at the step counter in ``optimizer_variables`` (0 once spent)."""
@@ -200,18 +202,20 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._run_state.assign(self._noise_source.fresh_run_state(with_key=False))
 
     def stateless_apply_clipped_sum(
-        self, optimizer_variables: list, clipped_sums: list, num_examples, num_rows, trainable_variables: list
+        self, optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables, *, schedule_values=None
     ) -> tuple[list, list]:
         """Stateless: noises, normalises and applies sums of per-example (with ``num_microbatches``, per-microbatch)
         gradients clipped to `clip_norm_at` (`make_private`'s step clips them).
 
         Args:
-          optimizer_variables: the optimizer's state (values of ``self.variables``).
-          clipped_sums: per trainable variable, the batch's sum of clipped gradients (of the microbatches
+          optimizer_variables: the optimizer's state (the list of the values of ``self.variables``).
+          clipped_sums: a list, per trainable variable, the batch's sum of clipped gradients (of the microbatches
             `microbatch_assignment` drew, with ``num_microbatches``).
           num_examples: rows with a non-zero sample weight, checked against the schedule's Poisson sampling.
           num_rows: the batch's rows (the normaliser with ``public_batch_size=True``, which then refuses padding).
-          trainable_variables: the values of the trainable variables the optimizer was built with.
+          trainable_variables: the list of the values of the trainable variables the optimizer was built with.
+          schedule_values: the pair of float32 scalars (C, sigma) `schedule_values` returned for the step counter in
+            the state, which the sums were clipped at (the step's one read of the schedule); None (default): read here.
 
         Returns:
           ``(trainable_variables, optimizer_variables)`` as Keras's ``stateless_apply``; unchanged but for the
@@ -225,7 +229,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         checks = self._step_checks.failing(step, recorded, released, num_examples, num_examples, num_rows, no_key)
         code = jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
         code = jnp.where(run_state[1] != 0, run_state[1], code)  # Once refused, refused until raise_refused_step.
-        clip_norm, noise_stddev = self.schedule_values(step)
+        clip_norm, noise_stddev = self._read_once(schedule_values, lambda: self.schedule_values(step))
         grads = mechanism.private_update(
             ops.OPS,
             [jnp.asarray(clipped_sum, jnp.float32) for clipped_sum in clipped_sums],

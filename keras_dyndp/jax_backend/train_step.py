@@ -37,6 +37,7 @@ import inspect
 import operator
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,7 @@ import keras
 
 from keras_dyndp import batch_sizes
 from keras_dyndp import entry_points
+from keras_dyndp import layer_rules
 from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
@@ -72,7 +74,13 @@ def _unwrap_optimizer(optimizer):
     return optimizer
 
 
+_CHECKED: weakref.WeakSet = weakref.WeakSet()  # the models within a call that checked them (`_checked`)
+
+
 def _check_model(model: keras.Model) -> None:
+    """make_private's refusals of the model, but once per call of ``fit`` or of a train function (`_checked`)."""
+    if model in _CHECKED:
+        return
     processes.check_distribution()
     model_checks.check_layers(model)
     regularised = [
@@ -83,6 +91,20 @@ def _check_model(model: keras.Model) -> None:
     ]
     if regularised:
         raise refusals.regularization_error(f"layers {regularised} have regularizers")
+
+
+@contextlib.contextmanager
+def _checked(model: keras.Model, check: bool = True):
+    """`_check_model` (unless ``check`` is False: ``make_train_function`` ran it), then nothing more within."""
+    outer = model in _CHECKED
+    if check:
+        _check_model(model)
+    _CHECKED.add(model)
+    try:
+        yield
+    finally:
+        if not outer:
+            _CHECKED.discard(model)
 
 
 def _seed_states(model: keras.Model) -> list[bool]:
@@ -196,7 +218,7 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) 
     for squared, _ in ruled.values():
         squared_norms = squared_norms + squared
     factors = mechanism.clip_factors(ops.OPS, mechanism.norms_from_squares(ops.OPS, squared_norms), clip_norm)
-    sums = [None if g is None else ops.weighted_sum(factors, g) for g in grads]
+    sums = [None if g is None else layer_rules.weighted_sum(factors, g) for g in grads]
     for key, (_, indices, _) in tapped.items():
         for index, total in zip(indices, ruled[key][1](factors)):
             sums[index] = total
@@ -239,7 +261,7 @@ def _private_train_step(self: keras.Model, state, data):
     # Per row ([B], [B, 1]) or per loss entry (a [B, L] padding mask): `mechanism.per_example_losses`.
     weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.asarray(sample_weight, jnp.float32)
     is_seed_state = _seed_states(self)
-    clip_norm = optimizer.clip_norm_at(optimizer_variables)
+    clip_norm, _ = schedule_values = optimizer.schedule_values(optimizer.step_at(optimizer_variables))  # read once
     num_microbatches = optimizer.num_microbatches
     # Microbatch gradients mix examples, which the taps' per-example norms do not: no taps there.
     classes = (keras.layers.Embedding,) if config.method == "vectorized" else None
@@ -275,7 +297,7 @@ def _private_train_step(self: keras.Model, state, data):
     num_examples = jnp.sum(jnp.any(jnp.reshape(weights != 0, (num_rows, -1)), axis=1))  # rows with a weight
     advanced = _advanced_seed_states(self, trainable_variables, non_trainable_variables, x, is_seed_state)
     trainable_variables, optimizer_variables = optimizer.stateless_apply_clipped_sum(
-        optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables
+        optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables, schedule_values=schedule_values
     )
     non_trainable_variables = [
         new if seed else first(value) for value, new, seed in zip(new_non_trainable, advanced, is_seed_state)
@@ -323,7 +345,8 @@ class _CheckedTrainFunction:
                 refusal = None
             if refusal is not None:
                 raise refusal
-            logs, state = self._function(state, iterator)
+            with _checked(self._model, check=False):  # `_private_make_train_function` checked the model
+                logs, state = self._function(state, iterator)
         except BaseException:
             self._returned = ()
             _put_back(self._model, (*state[:2], optimizer.at_rest(state[2]), state[3]))
@@ -370,9 +393,9 @@ def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
 def _private_fit(self: keras.Model, *args, **kwargs):
     """``Model.fit``, whose refusal past the budget is one `BudgetExhaustedError` without Keras's traceback (the
     checks are the train function's, the same for ``keras.Model.fit(model, ...)``)."""
-    _check_model(self)  # Keras's own first trace fails to add a regulariser's scalar to a per-example loss.
     callbacks = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs).arguments.get("callbacks")
-    with private_model.budget_refusal(self, callbacks):
+    # Checked before Keras's own first trace, which fails to add a regulariser's scalar to a per-example loss.
+    with _checked(self), private_model.budget_refusal(self, callbacks):
         return keras.Model.fit(self, *args, **kwargs)
 
 

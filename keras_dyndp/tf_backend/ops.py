@@ -3,14 +3,13 @@ stateless (the noise generator is passed in), XLA-compatible, shared by the opti
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 import types
 from collections.abc import Sequence
 
 import tensorflow as tf
 
+from keras_dyndp import layer_rules
 from keras_dyndp import mechanism
 
 OPS = types.SimpleNamespace(
@@ -91,46 +90,7 @@ def clipped_sums(
     """Each example's gradient (one tensor [N, *shape] per variable; None stays None) clipped to ``clip_norm`` by its
     global ``norms`` [N] (`per_example_global_norms`) and summed."""
     factors = clip_factors(norms, clip_norm)
-    return [None if grad is None else weighted_sum(factors, grad) for grad in per_example_grads]
-
-
-def _per_row(factors: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
-    """``factors`` [N] shaped to broadcast over the rows of ``tensor`` [N, ...]."""
-    return tf.reshape(factors, [-1] + [1] * (tensor.shape.rank - 1))
-
-
-# Per thread: tf.distribute traces each replica's step in a thread of its own.
-_tracing = threading.local()
-
-
-@contextlib.contextmanager
-def rows_without_select():
-    """While this thread traces inside it, `kept_rows` returns its tensor unchanged: for a caller that keeps the
-    result only where it is finite (then every row summed was finite, and a factor-0 row added 0 x row, exactly 0)."""
-    outer = getattr(_tracing, "selects_skipped", False)
-    _tracing.selects_skipped = True
-    try:
-        yield
-    finally:
-        _tracing.selects_skipped = outer
-
-
-def kept_rows(tensor: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
-    """``tensor`` [N, ...] with exactly 0 in the rows whose factor is 0 (a select: 0 x inf and 0 x NaN are NaN)."""
-    if getattr(_tracing, "selects_skipped", False):
-        return tensor
-    return tf.where(_per_row(factors > 0, tensor), tensor, tf.zeros([], tensor.dtype))
-
-
-def scaled_rows(tensor: tf.Tensor, factors: tf.Tensor) -> tf.Tensor:
-    """Row i of ``tensor`` [N, ...] times ``factors[i]``; exactly 0 where the factor is 0 (`kept_rows`)."""
-    return kept_rows(tensor * _per_row(tf.cast(factors, tensor.dtype), tensor), factors)
-
-
-def weighted_sum(factors: tf.Tensor, per_example: tf.Tensor) -> tf.Tensor:
-    """sum_i factors_i per_example_i over the leading axis, in ``per_example``'s dtype; a row whose factor is 0
-    adds exactly 0, whatever it holds (`keras_dyndp.mechanism.clip_factors`)."""
-    return tf.tensordot(tf.cast(factors, per_example.dtype), kept_rows(per_example, factors), axes=1)
+    return [None if grad is None else layer_rules.weighted_sum(factors, grad) for grad in per_example_grads]
 
 
 def add_gaussian_noise(

@@ -136,15 +136,16 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             own = tf.constant(self._schedule.fingerprint, tf.int32)
             return checks + [self._schedule_fingerprint.assign(tf.where(mismatch, recorded, own))]
 
-    def _noised(self, clip: Callable, num_examples, num_rows, exact: bool = True) -> list[tf.Tensor]:
-        """This replica's part of the update (`keras_dyndp.mechanism.private_update`) of its sums ``clip(C)``, C and
-        sigma read after the `_refusals` of its ``num_rows`` rows holding ``num_examples`` examples (unless ``exact``,
-        at least; at most the rows): noise on the first replica only, the global normaliser; the base optimizer adds."""
+    def _noised(self, clip: Callable, num_examples, num_rows, schedule_values=None, exact=True) -> list[tf.Tensor]:
+        """This replica's part of the update (`keras_dyndp.mechanism.private_update`) of its sums ``clip(C)``, (C,
+        sigma) (`_read_once`) used after the `_refusals` of its ``num_rows`` rows holding ``num_examples`` examples
+        (unless ``exact``, at least; at most the rows): noise on the first replica only, the global normaliser."""
         self._sampling_check.check_step_input()
         counts = tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)])
         examples, rows = tf.unstack(replicas.global_sum(counts))
         with tf.control_dependencies(self._refusals(examples, examples if exact else rows, rows)):
-            clip_norm, sigma = self._current_schedule_values()
+            values = self._read_once(schedule_values, self._current_schedule_values)
+            clip_norm, sigma = (tf.identity(value) for value in values)
         num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
         return mechanism.private_update(
             ops.OPS,
@@ -291,6 +292,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         num_examples,
         num_rows,
         trainable_variables: Sequence[tf.Variable],
+        *,
+        schedule_values: tuple[tf.Tensor, tf.Tensor] | None = None,
     ) -> tf.Variable:
         """Noises, normalises and applies sums of per-example gradients clipped to `current_clip_norm()`
         (`make_private`'s step clips them); the arguments of the JAX optimizers' ``stateless_apply_clipped_sum`` but
@@ -307,6 +310,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             schedule's Poisson sampling (`sampling_check.count_nonzero_rows` of the sample weights).
           num_rows: number of rows in the batch (int scalar, may be a tensor).
           trainable_variables: the variables, in the order of `clipped_sums`.
+          schedule_values: the (C_t, sigma_t) pair `current_schedule_values()` returned, which the sums were clipped
+            at (the step's one read of the schedule); None (default): read here.
 
         Returns `dp_step`. Raises `tf.errors.InvalidArgumentError` at run time as `compute_gradients` does.
         """
@@ -314,7 +319,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         var_list = list(trainable_variables)
         optimizer_base.check_same_length(clipped_sums, var_list)
         clipped_sums = ops.zeros_where_unconnected(clipped_sums, var_list)
-        grads = self._noised(lambda clip_norm: clipped_sums, num_examples, num_rows)
+        grads = self._noised(lambda clip_norm: clipped_sums, num_examples, num_rows, schedule_values)
         return self._apply_private_gradients(list(zip(grads, var_list)))
 
 

@@ -70,11 +70,12 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
         # 3: call it once, in inference mode (no batch statistics are updated), so that var_list is complete.
         self(x, training=False)
     var_list = self.trainable_variables
+    schedule_values = optimizer.current_schedule_values()  # (C_t, sigma_t), read once for the step
     clip = functools.partial(
         clipped_sum.clipped_gradient_sum_with_outputs,
         self,
         loss_fn,
-        clip_norm=optimizer.current_clip_norm(),
+        clip_norm=schedule_values[0],
         var_list=var_list,
         method=_clipping_method(self),
         random_source=optimizer.noise_source.generator,
@@ -90,7 +91,7 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
         raise refusals.regularization_error(f"{len(self.losses)} of them in model.losses")
     num_rows = tf.shape(losses)[0]
     num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
-    optimizer.apply_clipped_sum(sums, num_examples, num_rows, var_list)
+    optimizer.apply_clipped_sum(sums, num_examples, num_rows, var_list, schedule_values=schedule_values)
     if not config.training_metrics:
         # Nothing computed on the private batch leaves the step; the public step count stands in for the logs
         # (Keras 3's train function cannot return an empty structure).

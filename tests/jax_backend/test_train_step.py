@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
 from keras_dyndp import batch_sizes  # noqa: E402
+from keras_dyndp import mechanism  # noqa: E402
 from keras_dyndp import optimizer_base  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.callbacks import BudgetStop  # noqa: E402  (the top-level name)
@@ -27,6 +28,7 @@ from keras_dyndp.jax_backend import DynamicDPKerasAdam  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasRMSprop  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
+from keras_dyndp.jax_backend import processes  # noqa: E402
 from keras_dyndp.jax_backend import taps  # noqa: E402
 from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
 from keras_dyndp.optimizer_base import ScheduleRestartWarning  # noqa: E402
@@ -112,6 +114,42 @@ def test_padding_rows_with_weight_zero_add_nothing_and_expected_batch_size_norma
     model.fit(brute_force.FixedBatches(x, y, 8, weights), epochs=1, verbose=0)
     for old, new, total in zip(before, _weights(model), expected):
         np.testing.assert_allclose(new, old - total / 5.0, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("accumulation_steps", [1, 2])
+def test_one_step_reads_the_schedule_once_and_refuses_another_pair(monkeypatch, accumulation_steps):
+    """(C_t, sigma_t) is read once per DP step (once per trace of the jitted step): the clipping and the release use
+    the one pair, and the optimizer takes no pair but the one it handed out."""
+    reads, read = [], mechanism.schedule_values
+    monkeypatch.setattr(mechanism, "schedule_values", lambda *args: reads.append(args[3]) or read(*args))
+    model = make_private(_cnn())
+    optimizer = DynamicDPKerasSGD(
+        schedule=_schedule([0.3] * 4, [1.0] * 4), expected_batch_size=8.0, accumulation_steps=accumulation_steps
+    )
+    model.compile(optimizer=optimizer, loss=LOSS)
+    with pytest.warns(batch_sizes.SamplingWarning):
+        model.train_on_batch(*_data(8))
+    assert len(reads) == 1 and optimizer.released_steps == 1
+    state = optimizer.new_run([v.value for v in optimizer.variables])
+    with pytest.raises(ValueError, match="schedule_values must be None .read here. or the .C_t, sigma_t. pair"):
+        values = [np.zeros(v.shape, np.float32) for v in model.trainable_variables]
+        optimizer.stateless_apply_clipped_sum(state, values, 8, 8, values, schedule_values=(1.0, 0.0))
+
+
+def test_the_model_checks_run_once_per_fit(monkeypatch):
+    """make_private's checks of the model run once in a fit (its entry point), not again in the train function it
+    makes nor in the traced step; a step traced outside any entry point (a custom loop's) still runs them."""
+    calls, check = [], processes.check_distribution  # the first of the checks
+    monkeypatch.setattr(processes, "check_distribution", lambda: calls.append(1) or check())
+    model = make_private(_cnn())
+    optimizer = DynamicDPKerasSGD(schedule=_schedule([0.3] * 4), allow_degenerate_noise=True, public_batch_size=True)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    model.fit(*_data(8), batch_size=4, epochs=1, verbose=0)
+    assert len(calls) == 1
+    state = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]
+    state += [optimizer.new_run([v.value for v in optimizer.variables]), []]
+    jax.eval_shape(model.train_step, state, _data(4))
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("accumulation_steps", [2, 3, 10])

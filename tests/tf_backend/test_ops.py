@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
+from keras_dyndp import layer_rules
 from keras_dyndp.tf_backend import ops
 
 
@@ -133,7 +134,7 @@ def test_rows_without_select_holds_only_in_the_thread_that_entered_it():
     entered, leave = threading.Event(), threading.Event()
 
     def inside():
-        with ops.rows_without_select():
+        with layer_rules.rows_without_select():
             entered.set()
             leave.wait(30)
 
@@ -141,10 +142,10 @@ def test_rows_without_select_holds_only_in_the_thread_that_entered_it():
     thread.start()
     try:
         assert entered.wait(30)
-        np.testing.assert_array_equal(ops.kept_rows(rows, factors).numpy(), [[0.0], [2.0]])
-        with ops.rows_without_select():
-            assert np.isnan(ops.kept_rows(rows, factors).numpy()[0, 0])
-        np.testing.assert_array_equal(ops.kept_rows(rows, factors).numpy(), [[0.0], [2.0]])
+        np.testing.assert_array_equal(layer_rules.kept_rows(rows, factors).numpy(), [[0.0], [2.0]])
+        with layer_rules.rows_without_select():
+            assert np.isnan(layer_rules.kept_rows(rows, factors).numpy()[0, 0])
+        np.testing.assert_array_equal(layer_rules.kept_rows(rows, factors).numpy(), [[0.0], [2.0]])
     finally:
         leave.set()
         thread.join()

@@ -12,6 +12,7 @@ from per_example.brute_force import LOSS  # tests/tf_backend/per_example/brute_f
 from per_example.brute_force import reference
 
 import keras_dyndp
+from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
 from keras_dyndp import private_model
 from keras_dyndp import schedules
@@ -129,6 +130,29 @@ def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
     model.fit(batches(x, y, 4, weights), epochs=1, verbose=0)
     for old, new, expected in zip(before, model.trainable_variables, expected_sums):
         np.testing.assert_allclose(new.numpy(), old - 0.1 * expected / 4, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("accumulation_steps", [1, 2])
+@pytest.mark.filterwarnings("ignore:model.train_on_batch received x:keras_dyndp.batch_sizes.SamplingWarning")
+def test_one_step_reads_the_schedule_once_and_refuses_another_pair(monkeypatch, accumulation_steps):
+    """(C_t, sigma_t) is read once per DP step: the clipping and the release use the one pair, and the optimizer
+    takes no pair but the one it handed out."""
+    reads, read = [], mechanism.schedule_values
+    monkeypatch.setattr(mechanism, "schedule_values", lambda *args: reads.append(args[3]) or read(*args))
+    model = make_private(sequential())
+    schedule = schedules.DPSchedule(np.full(10, CLIP), np.full(10, 1.0), 0.01)
+    optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=4.0, accumulation_steps=accumulation_steps)
+    model.compile(optimizer=optimizer, loss=LOSS, run_eagerly=True)
+    model.train_on_batch(*dataset("sequential", 4))
+    assert len(reads) == 1 and int(model.optimizer.released_steps) == 1
+    with pytest.raises(ValueError, match="schedule_values must be None .read here. or the .C_t, sigma_t. pair"):
+        model.optimizer.apply_clipped_sum(
+            [tf.zeros(v.shape) for v in model.trainable_variables],
+            4,
+            4,
+            model.trainable_variables,
+            schedule_values=(tf.constant(1.0), tf.constant(0.0)),
+        )
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])

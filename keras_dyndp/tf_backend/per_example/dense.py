@@ -8,8 +8,8 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from keras_dyndp import ghost_cost
+from keras_dyndp import layer_rules
 from keras_dyndp import refusals
-from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import norms
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
@@ -171,7 +171,7 @@ def _embedding_under_xla(tap: Tap, g: tf.Tensor) -> GhostGradient:
         squared = norms.bounded_by_rounding(squared, tf.ones_like(g[..., :1]), g, ghost_cost.PER_EXAMPLE_NORMS)
 
     def clipped_sum(f):
-        rows = tf.reshape(ops.scaled_rows(g, f), [-1, g.shape[-1]])
+        rows = tf.reshape(layer_rules.scaled_rows(g, f), [-1, g.shape[-1]])
         return tf.tensor_scatter_nd_add(tf.zeros_like(layer.embeddings), tf.reshape(ids, [-1, 1]), rows)
 
     return GhostGradient(layer.embeddings, squared, clipped_sum)

@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
 from keras_dyndp import ghost_cost
-from keras_dyndp.tf_backend import ops
+from keras_dyndp import layer_rules
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
@@ -67,12 +67,13 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
     """Squared norms of G_i = a_i^T g_i (a: [B, T, k], g: [B, T, c]), never below the exact ones (float32 rounding
     included, `keras_dyndp.ghost_cost.rounding_coefficients`), and a function factors -> sum f_i G_i."""
     positions, fan_in, fan_out = a.shape[1], a.shape[-1], g.shape[-1]
+    kept, scaled = layer_rules.kept_rows, layer_rules.scaled_rows
     if positions == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2: no cancellation
         a2, g2 = a[:, 0, :], g[:, 0, :]
         squared = squared_norms(a2, 1) * squared_norms(g2, 1)
-        return squared, lambda f: tf.matmul(ops.kept_rows(a2, f), ops.scaled_rows(g2, f), transpose_a=True)
+        return squared, lambda f: tf.matmul(kept(a2, f), scaled(g2, f), transpose_a=True)
     form = ghost_cost.form(positions, fan_in, fan_out)
-    book_keeping = lambda f: tf.einsum("btk,btc->kc", ops.kept_rows(a, f), ops.scaled_rows(g, f))  # noqa: E731
+    book_keeping = lambda f: tf.einsum("btk,btc->kc", kept(a, f), scaled(g, f))  # noqa: E731
     if form == ghost_cost.GRAM:
         gram_a = tf.matmul(a, a, transpose_b=True)
         gram_g = tf.matmul(g, g, transpose_b=True)
@@ -85,8 +86,8 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
     if form == ghost_cost.PER_EXAMPLE_NORMS:
         return bounded_by_rounding(squared, a, g, form), book_keeping
     if transposed:
-        return squared, lambda f: tf.transpose(ops.weighted_sum(f, per_example))
-    return squared, lambda f: ops.weighted_sum(f, per_example)
+        return squared, lambda f: tf.transpose(layer_rules.weighted_sum(f, per_example))
+    return squared, lambda f: layer_rules.weighted_sum(f, per_example)
 
 
 def bounded_by_rounding(squared: tf.Tensor, a: tf.Tensor, g: tf.Tensor, form: str) -> tf.Tensor:
@@ -126,4 +127,4 @@ def summed_gradient(variable: tf.Variable, per_row: tf.Tensor, axes: list[int], 
 def materialised_gradient(variable: tf.Variable, per_example: tf.Tensor) -> GhostGradient:
     """A variable's per-example gradients given as such: ``per_example`` [B, *variable.shape]."""
     axes = list(range(1, per_example.shape.rank))
-    return GhostGradient(variable, squared_norms(per_example, axes), lambda f: ops.weighted_sum(f, per_example))
+    return GhostGradient(variable, squared_norms(per_example, axes), lambda f: layer_rules.weighted_sum(f, per_example))
