@@ -22,7 +22,8 @@ def _words(text: str) -> list[str]:
 
 def vectorizer(public_texts: np.ndarray, max_tokens: int, sequence_length: int):
     """``texts -> int32 [n, sequence_length]`` word ids: lower-cased words, ids 2.. by frequency in ``public_texts``
-    (at most ``max_tokens`` ids in all; 0 padding, 1 out of vocabulary), cut or padded to ``sequence_length``."""
+    (at most ``max_tokens`` ids in all; 0 padding, 1 out of vocabulary), cut or padded to ``sequence_length``. Its
+    ``words(ids)`` is the text of word ids (padding left out; an id of no word: <unknown>)."""
     counts = collections.Counter(word for text in public_texts for word in _words(text))
     ids = {word: i + 2 for i, (word, _) in enumerate(counts.most_common(max_tokens - 2))}
 
@@ -33,6 +34,8 @@ def vectorizer(public_texts: np.ndarray, max_tokens: int, sequence_length: int):
             out[row, : len(tokens)] = tokens
         return out
 
+    words = {i: word for word, i in ids.items()}
+    vectorize.words = lambda row: " ".join(words.get(int(i), "<unknown>") for i in row if i)
     return vectorize
 
 
