@@ -44,6 +44,8 @@ PATHS = [
     ("accumulation", {"accumulation_steps": 2}, backend.METHODS[0], 1.0),
 ]
 PATH_IDS = [path[0] for path in PATHS]
+# A path's tests run on one worker (pytest-xdist), which computes its cached runs (`_runs`, `_non_finite_release`) once.
+PATH_PARAMS = [pytest.param(path, id=path[0], marks=pytest.mark.xdist_group(f"path_{path[0]}")) for path in PATHS]
 
 
 def _schedule(clip_norms, noise_stddevs, p=P):
@@ -121,7 +123,7 @@ def _runs(path_id):
     return {"full": run([alone, alone, full, padding, padding, weighted]), "neighbour": run([alone, alone, neighbour])}
 
 
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_one_huge_example_moves_the_sum_by_exactly_the_clip_norm_of_its_step(path):
     """Alone in the batch (alone in its microbatch too: padding rows count in no microbatch), one huge gradient is
     clipped to C_t of the step the counter is at: ||S_t|| = C_t."""
@@ -129,7 +131,7 @@ def test_one_huge_example_moves_the_sum_by_exactly_the_clip_norm_of_its_step(pat
     np.testing.assert_allclose([np.linalg.norm(total) for total in sums], CLIP_NORMS[:2], rtol=1e-4)
 
 
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_the_clip_norm_of_its_step(path):
     """At step 2 the neighbour moves S_2 by at most sensitivity * C_2 (C_1 would allow 3x more), and per example
     by C_2 exactly (its row's gradient is clipped to C_2)."""
@@ -143,7 +145,7 @@ def test_removing_one_example_moves_the_clipped_sum_by_at_most_the_clip_norm_of_
         np.testing.assert_allclose(move, CLIP_NORMS[2], rtol=1e-4)
 
 
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_noise_std_per_coordinate_is_sigma_t_times_the_sensitivity(path):
     """On a zero gradient (every row padding) S_t is the noise: per coordinate, mean 0 and std sensitivity *
     sigma_t, added once per step (accumulation included), at the step's own sigma_t."""
@@ -155,7 +157,7 @@ def test_noise_std_per_coordinate_is_sigma_t_times_the_sensitivity(path):
         np.testing.assert_allclose(total.std(), expected, rtol=0.08, err_msg=f"step {step}: noise std")
 
 
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_a_sample_weight_cannot_scale_one_example_past_the_clip_norm(path):
     """Sample weights multiply the loss before clipping: an ordinary example with weight 1e3 alone moves S_5 by
     C_5 (sensitivity C_5 holds for any weights)."""
@@ -448,7 +450,7 @@ def test_examples_whose_positions_cancel_in_float32_are_each_clipped_to_the_clip
 def _non_finite_release(path_id, value):
     """S of one step of a fresh model on `_data`'s rows: with feature 3 of row 0 set to ``value``, all rows weighted
     1, or, where ``value`` is None, the neighbour: the rows as they are, row 0 a padding row (sample weight 0). The
-    neighbour is the same for every value: computed once per path (its values' tests run on one worker)."""
+    neighbour is the same for every value: computed once per path."""
     _, optimizer_kwargs, method, _ = PATHS[PATH_IDS.index(path_id)]
     if path_id == "microbatches":
         optimizer_kwargs = {"num_microbatches": ROWS}  # all others in microbatches of their own: lost, they show
@@ -462,9 +464,7 @@ def _non_finite_release(path_id, value):
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, 1e30])
-@pytest.mark.parametrize(
-    "path", [pytest.param(path, id=path[0], marks=pytest.mark.xdist_group(f"non_finite_{path[0]}")) for path in PATHS]
-)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_an_example_that_is_not_finite_adds_nothing_and_the_release_stays_finite(path, value):
     """One example with a NaN, inf or 1e30 feature (1e30 overflows float32 in its loss) would turn every weight NaN,
     showing that it was sampled. Its gradient norm is not finite, so it adds exactly nothing: the release is its
