@@ -44,6 +44,8 @@ PATHS = [
     ("accumulation", {"accumulation_steps": 2}, backend.METHODS[0], 1.0),
 ]
 PATH_IDS = [path[0] for path in PATHS]
+# A path's tests run on one worker (pytest-xdist), which computes its cached runs (`_runs`, `_non_finite_release`) once.
+PATH_PARAMS = [pytest.param(path, id=path[0], marks=pytest.mark.xdist_group(f"path_{path[0]}")) for path in PATHS]
 
 
 def _schedule(clip_norms, noise_stddevs, p=P):
@@ -121,7 +123,7 @@ def _runs(path_id):
     return {"full": run([alone, alone, full, padding, padding, weighted]), "neighbour": run([alone, alone, neighbour])}
 
 
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_one_huge_example_moves_the_sum_by_exactly_the_clip_norm_of_its_step(path):
     """Alone in the batch (alone in its microbatch too: padding rows count in no microbatch), one huge gradient is
     clipped to C_t of the step the counter is at: ||S_t|| = C_t."""
@@ -129,7 +131,7 @@ def test_one_huge_example_moves_the_sum_by_exactly_the_clip_norm_of_its_step(pat
     np.testing.assert_allclose([np.linalg.norm(total) for total in sums], CLIP_NORMS[:2], rtol=1e-4)
 
 
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_the_clip_norm_of_its_step(path):
     """At step 2 the neighbour moves S_2 by at most sensitivity * C_2 (C_1 would allow 3x more), and per example
     by C_2 exactly (its row's gradient is clipped to C_2)."""
@@ -143,7 +145,7 @@ def test_removing_one_example_moves_the_clipped_sum_by_at_most_the_clip_norm_of_
         np.testing.assert_allclose(move, CLIP_NORMS[2], rtol=1e-4)
 
 
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_noise_std_per_coordinate_is_sigma_t_times_the_sensitivity(path):
     """On a zero gradient (every row padding) S_t is the noise: per coordinate, mean 0 and std sensitivity *
     sigma_t, added once per step (accumulation included), at the step's own sigma_t."""
@@ -155,7 +157,7 @@ def test_noise_std_per_coordinate_is_sigma_t_times_the_sensitivity(path):
         np.testing.assert_allclose(total.std(), expected, rtol=0.08, err_msg=f"step {step}: noise std")
 
 
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_a_sample_weight_cannot_scale_one_example_past_the_clip_norm(path):
     """Sample weights multiply the loss before clipping: an ordinary example with weight 1e3 alone moves S_5 by
     C_5 (sensitivity C_5 holds for any weights)."""
@@ -385,6 +387,9 @@ def _adversarial_layers():
 ADVERSARIAL = _adversarial_layers()
 MAGNITUDES = [1e-3, 1e3, 1e6]
 ADVERSARIAL_ROWS = 32  # each one adversarial: on the old Gram form about half lost their clip
+ADVERSARIAL_CLIP = 0.01
+# A layer's magnitudes run on one worker, which builds and traces its model once (`_adversarial_model`).
+ADVERSARIAL_LAYERS = [pytest.param(name, marks=pytest.mark.xdist_group(f"adversarial_{name}")) for name in ADVERSARIAL]
 
 
 def _adversarial_batch(shape, signs, magnitude, seed=0):
@@ -399,24 +404,33 @@ def _adversarial_batch(shape, signs, magnitude, seed=0):
     return x.astype("float32"), np.full((ADVERSARIAL_ROWS, 1), 1e3, "float32")
 
 
+@functools.cache
+def _adversarial_model(layer):
+    """``(model, its initial weights)`` for ``layer``, one per layer for every magnitude's steps: each run starts
+    from the initial weights, with a constant schedule and SGD without state (each step is the first one's
+    neighbour), so that its DP step is built and traced once, not once per magnitude and run."""
+    shape, _, make = ADVERSARIAL[layer]
+    pooling = keras.layers.GlobalAveragePooling1D if len(shape) == 2 else keras.layers.GlobalAveragePooling2D
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(shape), make(), pooling(), keras.layers.Dense(1)])
+    steps = 2 * len(MAGNITUDES)
+    schedule = _schedule([ADVERSARIAL_CLIP] * steps, [0.0] * steps)
+    model = _private_model(schedule, {"expected_batch_size": ADVERSARIAL_ROWS * P}, model=model)
+    return model, model.get_weights()
+
+
 @pytest.mark.parametrize("magnitude", MAGNITUDES)
-@pytest.mark.parametrize("layer", sorted(ADVERSARIAL))
+@pytest.mark.parametrize("layer", sorted(ADVERSARIAL_LAYERS, key=lambda param: param.values[0]))
 def test_examples_whose_positions_cancel_in_float32_are_each_clipped_to_the_clip_norm(layer, magnitude):
     """Every per-example clipping path (ghost where the stack has a rule for the layer): examples built so that
     their gradients' terms cancel (magnitudes up to 1e6, whose float32 rounding errors are far larger than the
     gradient) each move S by at most C: the sum of 32 is at most 32 C, removing one moves it by at most C. The Gram
     form once let about half of them through unclipped (66 C on TensorFlow, NaN on JAX)."""
-    shape, signs, make = ADVERSARIAL[layer]
+    shape, signs, _ = ADVERSARIAL[layer]
     x, y = _adversarial_batch(shape, signs, magnitude)
-    pooling = keras.layers.GlobalAveragePooling1D if len(shape) == 2 else keras.layers.GlobalAveragePooling2D
-    clip, expected = 0.01, ADVERSARIAL_ROWS * P
-
-    # One model takes both steps, each from the same initial weights (a constant schedule and SGD without state:
-    # the second step is the first one's neighbour), so that its DP step is built and traced once, not twice.
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input(shape), make(), pooling(), keras.layers.Dense(1)])
-    model = _private_model(_schedule([clip] * 2, [0.0] * 2), {"expected_batch_size": expected}, model=model)
-    initial = model.get_weights()
+    clip, expected = ADVERSARIAL_CLIP, ADVERSARIAL_ROWS * P
+    model, initial = _adversarial_model(layer)
+    start = backend.dp_step(model)
 
     def run(weights):
         model.set_weights(initial)
@@ -425,36 +439,43 @@ def test_examples_whose_positions_cancel_in_float32_are_each_clipped_to_the_clip
 
     full = run(np.ones(ADVERSARIAL_ROWS, "float32"))
     neighbour = run(np.concatenate([[0.0], np.ones(ADVERSARIAL_ROWS - 1)]).astype("float32"))
-    assert backend.dp_step(model) == 2  # the neighbour's step was a step of the same schedule
+    assert backend.dp_step(model) == start + 2  # each run was one step of the same schedule
     assert np.isfinite(full).all() and np.isfinite(neighbour).all()
     total, move = np.linalg.norm(full), np.linalg.norm(full - neighbour)
     assert total <= ADVERSARIAL_ROWS * clip * (1 + 1e-4), f"{ADVERSARIAL_ROWS} examples summed to {total / clip:.4g} C"
     assert move <= clip * (1 + 1e-4), f"removing one example moved S by {move / clip:.4g} C"
 
 
+@functools.cache
+def _non_finite_release(path_id, value):
+    """S of one step of a fresh model on `_data`'s rows: with feature 3 of row 0 set to ``value``, all rows weighted
+    1, or, where ``value`` is None, the neighbour: the rows as they are, row 0 a padding row (sample weight 0). The
+    neighbour is the same for every value: computed once per path."""
+    _, optimizer_kwargs, method, _ = PATHS[PATH_IDS.index(path_id)]
+    if path_id == "microbatches":
+        optimizer_kwargs = {"num_microbatches": ROWS}  # all others in microbatches of their own: lost, they show
+    x, y = _data(num_inputs=INPUTS, num_outputs=OUTPUTS)
+    weights = np.array([0, 1, 1, 1], "float32")
+    if value is not None:
+        x[0, 3], weights = value, np.ones(ROWS, "float32")
+    model = _private_model(_schedule([0.01] * 2, [0.0] * 2), optimizer_kwargs, method, backend.dense_model(50, 40))
+    (total,) = _noisy_sums(model, [(x, y, weights)])
+    return total
+
+
 @pytest.mark.parametrize("value", [np.nan, np.inf, 1e30])
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_an_example_that_is_not_finite_adds_nothing_and_the_release_stays_finite(path, value):
     """One example with a NaN, inf or 1e30 feature (1e30 overflows float32 in its loss) would turn every weight NaN,
     showing that it was sampled. Its gradient norm is not finite, so it adds exactly nothing: the release is its
     neighbour's (the example a padding row, sample weight 0), and finite. With microbatches its microbatch adds
     nothing, or, where the batch is differentiated together (TensorFlow's microbatch path: 0 x NaN spoils every
     microbatch, the release would lose all of them), the step is refused."""
-    path_id, optimizer_kwargs, method, _ = path
-    if path_id == "microbatches":
-        optimizer_kwargs = {"num_microbatches": ROWS}  # all others in microbatches of their own: lost, they show
-    x, y = _data(num_inputs=INPUTS, num_outputs=OUTPUTS)
-    planted = x.copy()
-    planted[0, 3] = value
+    path_id = path[0]
 
-    def run(features, weights):
-        model = _private_model(_schedule([0.01] * 2, [0.0] * 2), optimizer_kwargs, method, backend.dense_model(50, 40))
-        (total,) = _noisy_sums(model, [(features, y, weights)])
-        return total
-
-    neighbour = run(x, np.array([0, 1, 1, 1], "float32"))
+    neighbour = _non_finite_release(path_id, None)
     try:
-        full = run(planted, np.ones(ROWS, "float32"))
+        full = _non_finite_release(path_id, value)
     except backend.STEP_REFUSALS as error:
         assert backend.BACKEND != "jax" and path_id == "microbatches", error
         assert "a gradient in this batch is not finite" in str(error)

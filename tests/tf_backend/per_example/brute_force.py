@@ -67,8 +67,9 @@ def clip_case(model, x, y, weights):
     return model, x, y, gradients, norms, float(np.median(norms[weights > 0]))
 
 
-def assert_ghost_matches_the_brute_force(case, weights, matches=assert_matches):
-    """The ghost path (eager and traced) gives the clipped sum and norms of the per-example loop, by ``matches``."""
+def assert_ghost_matches_the_brute_force(case, weights, matches=assert_matches, step=None):
+    """The ghost path (eager and traced) gives the clipped sum and norms of the per-example loop, by ``matches``;
+    ``step`` is the case's `traced` ghost path where a test shares it (traced here when None)."""
     model, x, y, gradients, norms, clip_norm = case
     assert per_example.ghost_supported(model, model.trainable_variables)
     expected = clipped(gradients, norms, clip_norm)
@@ -79,7 +80,8 @@ def assert_ghost_matches_the_brute_force(case, weights, matches=assert_matches):
         ),
         expected,
     )
-    matches(*traced(model, x, "ghost")(x, y, weights, clip_norm), expected)
+    step = step or traced(model, x, "ghost")
+    matches(*step(x, y, weights, clip_norm), expected)
 
 
 def traced(model, x, method):
@@ -98,10 +100,11 @@ def traced(model, x, method):
     )
 
 
-def assert_each_removal_moves_by_clipped_norm(model, x, y, weights, norms, clip_norm):
+def assert_each_removal_moves_by_clipped_norm(model, x, y, weights, norms, clip_norm, step=None):
     """Neighbour sensitivity with sigma = 0 (the clipped sum is what the optimizer noises): removing example i from
-    the ghost path's clipped sum moves it by min(||g_i||, C) <= C."""
-    step = traced(model, x, "ghost")
+    the ghost path's clipped sum moves it by min(||g_i||, C) <= C. ``step`` is the model's `traced` ghost path where a
+    test shares it (traced here when None)."""
+    step = step or traced(model, x, "ghost")
     weights = tf.constant(weights)
     sums, _ = step(x, y, weights, clip_norm)
     for i in range(len(norms)):

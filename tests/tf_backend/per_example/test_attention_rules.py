@@ -121,16 +121,22 @@ def case(request):
     return clip_case(model, *data(model), WEIGHTS)
 
 
+@pytest.fixture(scope="module")
+def ghost_step(case):
+    """The case's ghost path traced as in fit (unknown batch size), traced once for the tests that run it."""
+    return traced(case[0], case[1], "ghost")
+
+
 @pytest.mark.filterwarnings("ignore:You passed `rms_scaling=True`, which is deprecated:UserWarning")
-def test_ghost_rules_match_the_brute_force(case):
+def test_ghost_rules_match_the_brute_force(case, ghost_step):
     assert per_example_layers.first_unknown(case[0]) is None
-    assert_ghost_matches_the_brute_force(case, WEIGHTS, assert_matches)
+    assert_ghost_matches_the_brute_force(case, WEIGHTS, assert_matches, step=ghost_step)
 
 
-def test_removing_one_example_moves_the_clipped_sum_by_its_clipped_norm(case):
+def test_removing_one_example_moves_the_clipped_sum_by_its_clipped_norm(case, ghost_step):
     """Neighbour sensitivity with sigma = 0 (the clipped sum is what the optimizer noises): at most C."""
     model, x, y, _, norms, clip_norm = case
-    assert_each_removal_moves_by_clipped_norm(model, x, y, WEIGHTS, norms, clip_norm)
+    assert_each_removal_moves_by_clipped_norm(model, x, y, WEIGHTS, norms, clip_norm, ghost_step)
 
 
 def test_unclipped_ghost_sum_is_the_non_private_gradient():

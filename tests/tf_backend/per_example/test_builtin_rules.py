@@ -169,14 +169,20 @@ def case(request):
     return clip_case(model, *data(model), WEIGHTS)
 
 
-def test_ghost_rules_match_the_brute_force(case):
-    assert_ghost_matches_the_brute_force(case, WEIGHTS)
+@pytest.fixture(scope="module")
+def ghost_step(case):
+    """The case's ghost path traced as in fit (unknown batch size), traced once for the tests that run it."""
+    return traced(case[0], case[1], "ghost")
 
 
-def test_removing_one_example_moves_the_clipped_sum_by_its_clipped_norm(case):
+def test_ghost_rules_match_the_brute_force(case, ghost_step):
+    assert_ghost_matches_the_brute_force(case, WEIGHTS, step=ghost_step)
+
+
+def test_removing_one_example_moves_the_clipped_sum_by_its_clipped_norm(case, ghost_step):
     """Neighbour sensitivity with sigma = 0 (the clipped sum is what the optimizer noises): at most C."""
     model, x, y, _, norms, clip_norm = case
-    assert_each_removal_moves_by_clipped_norm(model, x, y, WEIGHTS, norms, clip_norm)
+    assert_each_removal_moves_by_clipped_norm(model, x, y, WEIGHTS, norms, clip_norm, ghost_step)
 
 
 def test_vectorized_fallback_matches_the_brute_force(case):
