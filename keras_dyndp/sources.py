@@ -275,8 +275,7 @@ def _chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[in
                 elements = get_many(positions)
                 _check_one_per_index({len(elements)}, len(positions))
                 batch = _BatchRows(len(positions), elements[0])
-                for row in range(1, len(positions)):
-                    batch.write(row, elements[row])
+                batch.fill(elements)
             return batch
 
         return fetch_many
@@ -325,10 +324,7 @@ class _BatchRows:
 
     def write(self, row: int, element: Any) -> None:
         """Row ``row`` of the batch: ``element``, written into the columns or kept whole."""
-        if self.flat:
-            leaves = element if type(element) is tuple and len(element) == self.layout[1] else None
-        else:
-            leaves = None if self.layout is None else _flatten(element, self.layout, [])
+        leaves = self._leaves(element)
         if leaves is not None:
             for (column, shape, dtype), leaf in zip(self.columns, leaves):
                 if shape is None:
@@ -342,6 +338,31 @@ class _BatchRows:
             else:
                 return
         self.whole[row] = _owned(element)
+
+    def fill(self, elements: list) -> None:
+        """Rows 1.. of the batch: ``elements[1:]`` (one ``__getitems__`` call's), each array column stacked by numpy
+        in one call (which refuses another shape or dtype); row by row (`write`) when one does not fit."""
+        rows = [self._leaves(element) for element in elements]
+        try:
+            if None in rows or len(self.columns) == 0:
+                raise ValueError("not of the first element's layout")
+            for index, (column, shape, spec) in enumerate(self.columns):
+                leaves = [leaves[index] for leaves in rows]
+                if shape is not None:
+                    np.stack(leaves, out=column, casting="no")
+                elif spec is _LEAF and any(isinstance(leaf, (dict, list, tuple)) for leaf in leaves):
+                    raise ValueError("a nest where the first element has a leaf")
+                else:
+                    column[:] = [_owned(leaf) for leaf in leaves]
+        except (ValueError, TypeError):
+            for row in range(1, len(elements)):
+                self.write(row, elements[row])
+
+    def _leaves(self, element: Any) -> Any:
+        """The leaves of ``element`` in the columns' order, or None where it is not of the first element's layout."""
+        if self.flat:
+            return element if type(element) is tuple and len(element) == self.layout[1] else None
+        return None if self.layout is None else _flatten(element, self.layout, [])
 
     def elements(self) -> list:
         """The batch's elements (rows in the columns as views of them)."""

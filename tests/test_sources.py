@@ -968,8 +968,9 @@ _ELEMENT_BATCHES = {
 }
 
 
+@pytest.mark.parametrize("at_once", [False, True], ids=["row by row", "__getitems__"])
 @pytest.mark.parametrize("name", _ELEMENT_BATCHES)
-def test_a_batch_written_row_by_row_is_what_stacking_its_elements_gives(name):
+def test_a_batch_written_row_by_row_is_what_stacking_its_elements_gives(name, at_once):
     elements = _ELEMENT_BATCHES[name]
 
     def stacked(read):
@@ -979,8 +980,11 @@ def test_a_batch_written_row_by_row_is_what_stacking_its_elements_gives(name):
             return str(error)
 
     batch = sources._BatchRows(len(elements), elements[0])  # pylint: disable=protected-access
-    for row, element in enumerate(elements[1:], 1):
-        batch.write(row, element)
+    if at_once:  # one source call's elements, each column stacked at once
+        batch.fill(elements)
+    else:
+        for row, element in enumerate(elements[1:], 1):
+            batch.write(row, element)
     written = stacked(lambda: batch.examples(None))
     # Elements of one structure, shapes and dtypes are written into the batch's columns, none kept whole.
     assert not batch.whole or name not in ("arrays", "nests and weights", "bytes and object arrays", "structured rows")
