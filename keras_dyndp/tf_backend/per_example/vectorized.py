@@ -60,9 +60,16 @@ def clipped_sum(
             ),
             tf.TensorSpec([], tf.float32),
         )
-        grads, y_pred, losses = tf.map_fn(
-            one_example, elems, fn_output_signature=output_signature, parallel_iterations=16
-        )
+        scope = tf.compat.v1.get_variable_scope()
+        caching_device = scope.caching_device
+        try:
+            grads, y_pred, losses = tf.map_fn(
+                one_example, elems, fn_output_signature=output_signature, parallel_iterations=16
+            )
+        finally:
+            # tf.map_fn sets the variable scope's caching device and unsets it only when it returns: a refusal raised
+            # in one example's pass would leave it set for the process, and every later strategy scope would fail.
+            scope.set_caching_device(caching_device)
     sums, norms = ops.clip_by_global_norm_per_example(grads, clip_norm)
     return sums, norms, y_pred, losses
 
