@@ -344,7 +344,7 @@ class _BatchRows:
         in one call (which refuses another shape or dtype); row by row (`write`) when one does not fit."""
         rows = [self._leaves(element) for element in elements]
         try:
-            if None in rows or len(self.columns) == 0:
+            if None in rows:
                 raise ValueError("not of the first element's layout")
             for index, (column, shape, spec) in enumerate(self.columns):
                 leaves = [leaves[index] for leaves in rows]
