@@ -143,6 +143,9 @@ class Unowned:
     def write(self, row: int, element: object) -> None:
         self.elements[row] = element
 
+    def fill(self, elements: list) -> None:
+        self.elements = list(elements)
+
     def examples(self, map_fn):
         return sources._examples(self.elements, map_fn)  # pylint: disable=protected-access
 
@@ -167,11 +170,15 @@ def measure(shape: tuple[int, ...], repeats: int, batch_size: int) -> None:
         made = make_sources(shape, directory)
         rng = np.random.default_rng(1)
         times: dict[tuple[str, str], list[float]] = {}
-        for _ in range(repeats):
+        for repeat in range(repeats):
             indices = np.sort(rng.choice(NUM_EXAMPLES, batch_size, replace=False))
+            # Which variant reads first alternates: the second reads the same examples from warmer caches.
+            order = (True, False) if repeat % 2 == 0 else (False, True)
             for name, source in made.items():
-                times.setdefault((name, "owned"), []).append(time_read(source, indices, True))
-                times.setdefault((name, "unowned"), []).append(time_read(source, indices, False))
+                for owned in order:
+                    times.setdefault((name, "owned" if owned else "unowned"), []).append(
+                        time_read(source, indices, owned)
+                    )
         size = np.dtype(np.float32).itemsize * int(np.prod(shape))
         print(f"\nexamples of shape {shape} float32 ({size} bytes), batches of {batch_size}, {repeats} repeats")
         print(f"{'source':34s} {'owned':>11s} {'unowned':>11s} {'difference':>11s}")
