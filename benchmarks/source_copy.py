@@ -1,4 +1,5 @@
-"""The cost of a batch owning what a random-access source returns (`keras_dyndp.sources._BatchRows`) beside its read.
+"""The cost of a batch owning what a random-access source returns (`keras_dyndp.data.sources._BatchRows`) beside its
+read.
 
 What a source returns is owned by the batch before the source is called again (a source may refill the buffer it
 returned): each element is written into the batch's arrays as it is read (the copy that stacking the batch makes
@@ -31,7 +32,7 @@ import zlib
 
 import numpy as np
 
-from keras_dyndp import sources
+from keras_dyndp.data import sources
 
 NUM_EXAMPLES = 4096
 

@@ -1,11 +1,11 @@
-"""Tests for keras_dyndp.batch_sizes: the cap, the accepted range, truncation delta, steps per epoch."""
+"""Tests for keras_dyndp.core.batch_sizes: the cap, the accepted range, truncation delta, steps per epoch."""
 
 import numpy as np
 import pytest
 import scipy.stats
 
-from keras_dyndp import batch_sizes
 from keras_dyndp import schedules
+from keras_dyndp.core import batch_sizes
 
 
 def test_default_max_batch_size_is_smallest_cap_within_tail():

@@ -4,7 +4,7 @@ against numpy's einsum: each example's kernel gradient a_i^T g_i, put back in th
 import numpy as np
 import pytest
 
-from keras_dyndp import einsum_equation
+from keras_dyndp.rules import einsum_equation
 
 KERNEL_SHAPES = {
     "abc,cd->abd": (4, 3),

@@ -1,10 +1,10 @@
-"""Tests for keras_dyndp.einsum_lora: a LoRA EinsumDense's adapters as the rank equation and B along one output
+"""Tests for keras_dyndp.rules.einsum_lora: a LoRA EinsumDense's adapters as the rank equation and B along one output
 axis, against numpy's einsum of the merged kernel."""
 
 import numpy as np
 import pytest
 
-from keras_dyndp import einsum_lora
+from keras_dyndp.rules import einsum_lora
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
-"""Tests of keras_dyndp.entry_points (no backend: fake data adapters stand in for Keras 3's)."""
+"""Tests of keras_dyndp.keras_glue.entry_points (no backend: fake data adapters stand in for Keras 3's)."""
 
 import types
 
-from keras_dyndp import entry_points
+from keras_dyndp.keras_glue import entry_points
 
 
 def _iterator(adapter):

@@ -1,9 +1,9 @@
-"""Tests for keras_dyndp.epoch_logs: values that join the next epoch logs once, and the hook's removal."""
+"""Tests for keras_dyndp.keras_glue.epoch_logs: values that join the next epoch logs once, and the hook's removal."""
 
 import numpy as np
 
 from keras_dyndp import backend
-from keras_dyndp import epoch_logs
+from keras_dyndp.keras_glue import epoch_logs
 
 if backend.keras_backend() == "jax":
     import keras

@@ -1,9 +1,9 @@
-"""Tests for keras_dyndp.ghost_cost: the one choice of form for a bilinear weight's per-example norms and sum."""
+"""Tests for keras_dyndp.rules.ghost_cost: the one choice of form for a bilinear weight's per-example norms and sum."""
 
 import numpy as np
 import pytest
 
-from keras_dyndp import ghost_cost
+from keras_dyndp.rules import ghost_cost
 
 GRAM, PER_EXAMPLE, NORMS = ghost_cost.GRAM, ghost_cost.PER_EXAMPLE, ghost_cost.PER_EXAMPLE_NORMS
 

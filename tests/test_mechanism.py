@@ -1,11 +1,11 @@
-"""Tests of keras_dyndp.mechanism over a numpy primitive set (no TensorFlow, no JAX)."""
+"""Tests of keras_dyndp.core.mechanism over a numpy primitive set (no TensorFlow, no JAX)."""
 
 import types
 
 import numpy as np
 import pytest
 
-from keras_dyndp import mechanism
+from keras_dyndp.core import mechanism
 
 
 def _divide_no_nan(x, y):

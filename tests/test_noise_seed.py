@@ -1,10 +1,10 @@
-"""Tests for keras_dyndp.noise_seed: OS entropy by default, reproducible bits from a seed, with a warning."""
+"""Tests for keras_dyndp.core.noise_seed: OS entropy by default, reproducible bits from a seed, with a warning."""
 
 import warnings
 
 import pytest
 
-from keras_dyndp import noise_seed
+from keras_dyndp.core import noise_seed
 
 
 def test_os_entropy_differs_and_a_seed_repeats():

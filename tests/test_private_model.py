@@ -1,12 +1,13 @@
-"""Tests for keras_dyndp.private_model: what make_private means, once for both backends, on stand-in classes."""
+"""Tests for keras_dyndp.keras_glue.private_model: what make_private means, once for both backends, on stand-in
+classes."""
 
 import dataclasses
 
 import pytest
 
-from keras_dyndp import private_model
-from keras_dyndp import refusals
-from keras_dyndp.private_model import PrivateConfig
+from keras_dyndp.core import refusals
+from keras_dyndp.keras_glue import private_model
+from keras_dyndp.keras_glue.private_model import PrivateConfig
 
 
 class _Model:

@@ -1,10 +1,10 @@
-"""Tests for keras_dyndp.refusals: the per-example loss rule and the refusal messages, with no backend."""
+"""Tests for keras_dyndp.core.refusals: the per-example loss rule and the refusal messages, with no backend."""
 
 import types
 
 import pytest
 
-from keras_dyndp import refusals
+from keras_dyndp.core import refusals
 
 
 class _Loss:

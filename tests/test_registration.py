@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import keras_dyndp
-from keras_dyndp import registration
 from keras_dyndp import schedules
-from keras_dyndp.batch_sizes import SamplingWarning
+from keras_dyndp.core.batch_sizes import SamplingWarning
+from keras_dyndp.keras_glue import registration
 
 # What a user runs in a fresh process: Keras, then keras_dyndp, then load_model; one more training step.
 _LOAD_AND_TRAIN = """
@@ -26,7 +26,7 @@ import numpy as np
 import keras_dyndp
 warnings.simplefilter("ignore")
 model = keras.models.load_model(sys.argv[1])
-from keras_dyndp.private_model import is_private
+from keras_dyndp.keras_glue.private_model import is_private
 private, before = is_private(model), int(model.optimizer.dp_step.numpy())
 model.train_on_batch(np.zeros((4, 3), "float32"), np.zeros(4, "int32"))
 print(json.dumps([type(model.optimizer).__name__, private, before, int(model.optimizer.dp_step.numpy())]))

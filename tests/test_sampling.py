@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import keras_dyndp
-from keras_dyndp import sampling
+from keras_dyndp.data import sampling
 
 N, P = 5, 0.1
 X, Y = np.ones((N, 3), np.float32), np.zeros(N, np.int64)

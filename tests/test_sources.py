@@ -20,7 +20,7 @@ import pytest
 
 import keras_dyndp
 import keras_dyndp.backend
-from keras_dyndp import sources
+from keras_dyndp.data import sources
 
 N, P = 200, 0.1
 JAX = keras_dyndp.keras_backend() == "jax"
@@ -106,8 +106,8 @@ def test_memmap_batches_are_poisson_samples_padded_with_zero_weight_rows(tmp_pat
     x, y = _memmap(tmp_path)
     weights_in = np.linspace(0.5, 2.0, N).astype(np.float32)
     batches = keras_dyndp.poisson_batches(x, y, weights_in, sampling_probability=P, steps_per_epoch=400, seed=0)
-    assert _sampling(batches) == keras_dyndp.sampling.PoissonSampling(
-        N, P, keras_dyndp.batch_sizes.default_max_batch_size(N, P)
+    assert _sampling(batches) == keras_dyndp.data.sampling.PoissonSampling(
+        N, P, keras_dyndp.core.batch_sizes.default_max_batch_size(N, P)
     )
     _check_batches(batches, 400, weights_in)
 

@@ -1,4 +1,4 @@
-"""Tests for keras_dyndp.step_checks: the refusals of a DP step, decided and worded once for both backends.
+"""Tests for keras_dyndp.core.step_checks: the refusals of a DP step, decided and worded once for both backends.
 
 Each backend's tests run them through its optimizer (tests/tf_backend/test_optimizer.py, test_sampling_check.py,
 tests/jax_backend/test_optimizer.py); here on NumPy values, the operators both backends share.
@@ -7,9 +7,9 @@ tests/jax_backend/test_optimizer.py); here on NumPy values, the operators both b
 import numpy as np
 import pytest
 
-from keras_dyndp import batch_sizes
 from keras_dyndp import schedules
-from keras_dyndp import step_checks
+from keras_dyndp.core import batch_sizes
+from keras_dyndp.core import step_checks
 
 SCHEDULE = schedules.DPSchedule(np.ones(10), np.ones(10), 0.05)  # p N = 200 from N = 4000 below
 OWN = np.asarray(SCHEDULE.fingerprint, np.int32)

@@ -1,9 +1,9 @@
-"""Tests for keras_dyndp/sublayers.py: the walk of a layer's sublayers, on the backend Keras runs on."""
+"""Tests for keras_dyndp/rules/sublayers.py: the walk of a layer's sublayers, on the backend Keras runs on."""
 
 from __future__ import annotations
 
 from keras_dyndp import backend
-from keras_dyndp import sublayers
+from keras_dyndp.rules import sublayers
 
 
 def _keras():

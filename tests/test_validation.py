@@ -1,11 +1,11 @@
-"""Tests for keras_dyndp.validation."""
+"""Tests for keras_dyndp.core.validation."""
 
 import math
 
 import numpy as np
 import pytest
 
-from keras_dyndp import validation
+from keras_dyndp.core import validation
 
 
 @pytest.mark.parametrize("value", [0.0, -0.1, 1.0000001, math.nan, "x", None])

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from keras_dyndp import backend
-from keras_dyndp import batch_sizes
-from keras_dyndp import refusals
-from keras_dyndp import sources
-from keras_dyndp import validation
+from keras_dyndp.core import batch_sizes
+from keras_dyndp.core import refusals
+from keras_dyndp.core import validation
+from keras_dyndp.data import sources
 
 __all__ = ["PoissonSampling", "poisson_batches"]
 

@@ -5,11 +5,11 @@ them has been and no import of them is in progress (each imports the other), wit
 
 Also the one lookup Keras gives no hook for, `keras_model_calling`: the model whose ``compile_from_config``
 (``load_model``) or train step calls a DP optimizer, read from the call stack, since Keras hands an optimizer only
-its variables, a loss or gradients. A private model needs none (`keras_dyndp.private_model.model_compiled_with`):
-only a model that never went through ``make_private`` is looked up, to restore ``make_private`` at load and to
-refuse Keras's own train step. The import hook's check that no keras_dyndp module is importing reads the stack too,
-and so does `keras_entry_data`: the data of a Keras 2 entry point called unbound (``keras.Model.fit(model, x)``),
-which Keras 2 hands to no call on the model.
+its variables, a loss or gradients. A private model needs none
+(`keras_dyndp.keras_glue.private_model.model_compiled_with`): only a model that never went through ``make_private`` is
+looked up, to restore ``make_private`` at load and to refuse Keras's own train step. The import hook's check that no
+keras_dyndp module is importing reads the stack too, and so does `keras_entry_data`: the data of a Keras 2 entry point
+called unbound (``keras.Model.fit(model, x)``), which Keras 2 hands to no call on the model.
 """
 
 from __future__ import annotations

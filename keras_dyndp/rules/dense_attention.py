@@ -1,7 +1,7 @@
 """Ghost-clipping rules of the trained weights of Keras's dot-product and additive attention layers (Keras 3's and
-Keras 2's), the same rule code on TensorFlow and JAX (`keras_dyndp.layer_rules`' contract): ``AdditiveAttention``'s
-``scale`` [dim] (``use_scale=True``, its default), ``Attention``'s scalar ``scale`` (``use_scale=True``) and, with
-``score_mode="concat"``, its scalar ``concat_score_weight``.
+Keras 2's), the same rule code on TensorFlow and JAX (`keras_dyndp.rules.layer_rules`' contract):
+``AdditiveAttention``'s ``scale`` [dim] (``use_scale=True``, its default), ``Attention``'s scalar ``scale``
+(``use_scale=True``) and, with ``score_mode="concat"``, its scalar ``concat_score_weight``.
 
 Such a weight is tiny and used at every pair of positions (t, s), so each example's gradient is materialised (exact:
 its norm is the norm of what is summed, no rounding bound needed): by one vector-Jacobian product of the layer's own
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_dyndp import backend
-from keras_dyndp import layer_rules
-from keras_dyndp import sublayers
+from keras_dyndp.rules import layer_rules
+from keras_dyndp.rules import sublayers
 
 # The weights each class's call multiplies (attribute -> the rank of the tensor it multiplies beyond the scores'
 # [..., Tq, Tv]: 1 for the terms [..., Tq, Tv, dim] before their sum over dim).
@@ -119,8 +119,8 @@ def _reading(layer: Any, values: dict[str, Any]):
 
 
 def norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[Any, Callable]:
-    """The rule's ``norms_and_sums`` (`keras_dyndp.layer_rules`' contract): each example's gradient of every covered
-    weight, materialised (module docstring).
+    """The rule's ``norms_and_sums`` (`keras_dyndp.rules.layer_rules`' contract): each example's gradient of every
+    covered weight, materialised (module docstring).
 
     Args:
       layer: an ``Attention`` or ``AdditiveAttention`` layer that `supports` covers.

@@ -87,7 +87,7 @@ def rounding_coefficients(form_: str, positions, fan_in: int, fan_out: int, *, p
 def bounded_squared_norms(xp, squared, magnitude, second, first):
     """(sqrt(squared + second magnitude^2) + first magnitude)^2 (`rounding_coefficients`): an upper bound on each
     exact squared norm; +inf where the bracket is negative or NaN (the rounding bound failed, or the example's
-    values were not finite): such an example contributes nothing (`keras_dyndp.mechanism.clip_factors`). ``xp``:
+    values were not finite): such an example contributes nothing (`keras_dyndp.core.mechanism.clip_factors`). ``xp``:
     ``tensorflow`` or ``jax.numpy``."""
     inner = squared + second * magnitude * magnitude
     bound = xp.sqrt(xp.where(inner >= 0, inner, float("inf"))) + first * magnitude

@@ -2,8 +2,8 @@
 
 A private model is one ``make_private`` bound here: its options (`PrivateConfig`, also recorded in its DP
 optimizer's config so that ``load_model`` restores them), the data each Keras entry point showed it
-(`keras_dyndp.entry_points.DataSeen`) and its backend's hooks, kept beside the model (never as attributes on it) for
-as long as the model lives. The backend's train step, train function and checks read them from here; ``fit``'s
+(`keras_dyndp.keras_glue.entry_points.DataSeen`) and its backend's hooks, kept beside the model (never as attributes on
+it) for as long as the model lives. The backend's train step, train function and checks read them from here; ``fit``'s
 refusal past the budget is raised as one `BudgetExhaustedError`, without Keras's traceback (`budget_refusal`).
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
-from keras_dyndp import entry_points
-from keras_dyndp import refusals
-from keras_dyndp import validation
+from keras_dyndp.core import refusals
+from keras_dyndp.core import validation
+from keras_dyndp.keras_glue import entry_points
 
 
 @dataclasses.dataclass(frozen=True)

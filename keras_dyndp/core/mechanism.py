@@ -82,7 +82,7 @@ def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:
             f"Received: sample_weight of axes {tuple(weights.shape[1:])} after the batch axis, for losses of axes "
             f"{tuple(losses.shape[1:])}."
         )
-        error.ag_pass_through = True  # raised as is from a traced step (`keras_dyndp.refusals.user_error`)
+        error.ag_pass_through = True  # raised as is from a traced step (`keras_dyndp.core.refusals.user_error`)
         raise error
     # Weight x loss averaged over each example's positions; a weight constant over the trailing axes comes out.
     losses = _mean_from_axis(ops, losses, max(len(weights.shape), 1))

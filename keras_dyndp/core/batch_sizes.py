@@ -1,4 +1,4 @@
-"""Poisson sampling's batch sizes, in plain Python, for `keras_dyndp.sampling` and both backends: steps per epoch,
+"""Poisson sampling's batch sizes, in plain Python, for `keras_dyndp.data.sampling` and both backends: steps per epoch,
 the cap of padded batches, the sizes the DP optimizers accept, the delta truncation costs, and the warnings and
 refusals of data not known to be Poisson-sampled.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import scipy.stats
 
-from keras_dyndp import validation
+from keras_dyndp.core import validation
 
 
 class SamplingWarning(UserWarning):
@@ -208,7 +208,7 @@ def overflow_probability(
 def added_delta(overflow: float, num_steps: int, epsilon: float) -> float:
     """``min(1, (1 + e^epsilon) * T * eta)``: the delta that truncating (or refusing) overflowing batches adds to the
     ``epsilon`` (>= 0, inf allowed) of the exact Poisson mechanism over T = ``num_steps`` >= 0 steps, each
-    overflowing with probability ``overflow`` = eta in [0, 1] (`overflow_probability`; `keras_dyndp.sampling`'s
+    overflowing with probability ``overflow`` = eta in [0, 1] (`overflow_probability`; `keras_dyndp.data.sampling`'s
     module docstring gives the argument). 0 when no step can overflow."""
     if overflow == 0.0 or num_steps == 0:
         return 0.0

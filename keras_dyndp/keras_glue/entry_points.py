@@ -9,7 +9,8 @@ the model that see what an unbound ``fit`` trains on. `DataSeen` records the dat
 ``make_train_function``, whose check is then the same for every entry point: ``fit``'s data as ``model.fit``'s (arrays
 refused, Poisson batches checked against the schedule), one batch as ``train_on_batch``'s (warned), and nothing seen
 (`UNSEEN_BATCHES`: the train function called directly, a custom loop) warned. Keras 2's entry points show their
-data to no call on the model: an unbound one's is read from its frame (`keras_dyndp.registration.keras_entry_data`).
+data to no call on the model: an unbound one's is read from its frame
+(`keras_dyndp.keras_glue.registration.keras_entry_data`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ UNSEEN_BATCHES = (
     "keras_dyndp cannot see the batches of this training step (a custom training loop or train step, or "
     "model.train_function called directly)"
 )
-"""The `keras_dyndp.batch_sizes.SamplingWarning`'s problem when no entry point showed the data."""
+"""The `keras_dyndp.core.batch_sizes.SamplingWarning`'s problem when no entry point showed the data."""
 
 FIT = "model.fit"
 TRAIN_ON_BATCH = "model.train_on_batch"

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from keras_dyndp import validation
+from keras_dyndp.core import validation
 
 
 class NoiseSeedWarning(UserWarning):

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_dyndp import batch_sizes
+from keras_dyndp.core import batch_sizes
 
 # Leaves that are in memory however they index: tensors of TensorFlow / JAX / torch, pandas objects.
 _IN_MEMORY_MODULES = ("tensorflow", "jax", "jaxlib", "torch", "pandas", "keras")
@@ -849,7 +849,7 @@ def rows(
 ) -> Rows | None:
     """`Rows` for data read on demand (a random-access source, lazy array-likes, or any arrays with ``map_fn``);
     None for in-memory arrays and datasets, which each backend reads as before. ``check_rows(x, y, w)`` checks the
-    arrays' rows and returns N (`keras_dyndp.sampling.check_rows`); ``threads``: a source's (`source_rows`)."""
+    arrays' rows and returns N (`keras_dyndp.data.sampling.check_rows`); ``threads``: a source's (`source_rows`)."""
     if threads is not None and not is_random_access(x):
         raise ValueError(
             "`source_threads` is for a random-access source `x` (len(x), x[i]); leave it None for arrays and "

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from keras_dyndp import batch_sizes
+from keras_dyndp.core import batch_sizes
 
 BUDGET_EXHAUSTED = "DP budget exhausted: all"
 """How `budget_exhausted_message` begins (what a caller looks for in a TensorFlow assertion's text)."""
