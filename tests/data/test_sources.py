@@ -409,7 +409,7 @@ def _tfds_source(data_dir, encoding="none"):
 
 # tfds 4.9's ArrayRecord files of `_tfds_source` (its N examples, encodings "none" and "bytes"), kept so that every
 # stack reads them, JAX's without TensorFlow too (building them takes tf.data).
-_TFDS_FILES = pathlib.Path(__file__).parent / "data" / "tfds"
+_TFDS_FILES = pathlib.Path(__file__).parent / "tfds"
 
 
 @pytest.mark.parametrize("encoding", ["none", "bytes"])
