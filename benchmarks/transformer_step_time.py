@@ -59,7 +59,7 @@ import models  # noqa: E402  (benchmarks/models.py)
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp.core.batch_sizes import SamplingWarning  # noqa: E402
+from keras_dyndp import SamplingWarning  # noqa: E402
 
 VOCABULARY = 10_000
 HEADS = 4
@@ -108,7 +108,7 @@ def tutorial(length: int, width: int) -> keras.Model:
             return self.token_emb(x) + self.pos_emb(arange(x.shape[-1]))
 
     keras_dyndp.register_layer_rule(TransformerBlock, per_example=True)
-    rule = keras_dyndp.rules.layer_rules.token_and_position_embedding()
+    rule = keras_dyndp.layer_rules.token_and_position_embedding()
     keras_dyndp.register_layer_rule(TokenAndPositionEmbedding, **rule)
     inputs = keras.Input((length,), dtype="int32")
     h = TransformerBlock(width, 2, width)(TokenAndPositionEmbedding(length, VOCABULARY, width)(inputs))
