@@ -180,7 +180,7 @@ def added_weight(name: str = "position_embeddings") -> dict[str, Callable]:
     """The rule of a layer that adds its (L, d) weight ``layer.<name>`` to its input [..., L, d] (a learned position
     embedding): example i's gradient is its output gradient summed over its leading axes, materialised (exact).
 
-    ``keras_dyndp.register_layer_rule(PositionEmbedding, **keras_dyndp.rules.layer_rules.added_weight())``
+    ``keras_dyndp.register_layer_rule(PositionEmbedding, **keras_dyndp.layer_rules.added_weight())``
 
     Args:
       name: the attribute of the layer holding the weight.
