@@ -68,6 +68,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras_dyndp  # noqa: E402
 from keras_dyndp.data import sources  # noqa: E402
+from keras_dyndp.data import tfds_reader  # noqa: E402
 
 ROW = 784
 
@@ -75,27 +76,27 @@ ROW = 784
 @contextlib.contextmanager
 def reading(previous: bool | str):
     """With ``previous``, sources read as before the parallel reads: one call per batch in the calling thread
-    (`keras_dyndp.data.sources._parts` one part) and tfds's own per-example parsing (no `sources._tfds_fetcher`); with
-    ``previous="batched"`` a tfds source read as before its own ArrayRecord readers: the records by one
+    (`keras_dyndp.data.sources._parts` one part) and tfds's own per-example parsing (no `tfds_reader.tfds_fetcher`);
+    with ``previous="batched"`` a tfds source read as before its own ArrayRecord readers: the records by one
     ``__getitems__`` of ArrayRecord's source (its thread pools), then ``decode_example_np`` per example."""
     if not previous:
         yield
         return
-    saved = sources._parts, sources._tfds_fetcher, sources._ArrayRecordFiles.of, sources._tfds_decoder
+    saved = sources._parts, tfds_reader.tfds_fetcher, tfds_reader._ArrayRecordFiles.of, tfds_reader._tfds_decoder
     if previous == "batched":
-        sources._ArrayRecordFiles.of = classmethod(lambda cls, source: None)
-        sources._tfds_decoder = decoding_every_example
+        tfds_reader._ArrayRecordFiles.of = classmethod(lambda cls, source: None)
+        tfds_reader._tfds_decoder = decoding_every_example
     else:
         sources._parts = lambda num_rows, threads=1: [np.arange(num_rows)]
-        sources._tfds_fetcher = lambda source, guard: None
+        tfds_reader.tfds_fetcher = lambda source, guard: None
     try:
         yield
     finally:
-        sources._parts, sources._tfds_fetcher, sources._ArrayRecordFiles.of, sources._tfds_decoder = saved
+        sources._parts, tfds_reader.tfds_fetcher, tfds_reader._ArrayRecordFiles.of, tfds_reader._tfds_decoder = saved
 
 
 def decoding_every_example(features):
-    """`keras_dyndp.data.sources._tfds_decoder` as before: tfds's ``decode_example_np`` on every example."""
+    """`keras_dyndp.data.tfds_reader._tfds_decoder` as before: tfds's ``decode_example_np`` on every example."""
     from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
 
     info = features.get_serialized_info()

@@ -21,6 +21,7 @@ import pytest
 import keras_dyndp
 import keras_dyndp.backend
 from keras_dyndp.data import sources
+from keras_dyndp.data import tfds_reader
 
 N, P = 200, 0.1
 JAX = keras_dyndp.keras_backend() == "jax"
@@ -425,9 +426,9 @@ def test_tfds_files_are_read_as_tfds_reads_them_on_every_backend(encoding):
     )
     _check_batches(batches, 400)
     # Read and parsed a batch at a time (by TensorFlow where it is imported, else by protobuf), decoded by column.
-    fetch = sources._tfds_fetcher(source, contextlib.nullcontext())
+    fetch = tfds_reader.tfds_fetcher(source, contextlib.nullcontext())
     everything = list(range(N))
-    assert fetch is not None and all(map(sources._same_nest, fetch(everything), source.__getitems__(everything)))
+    assert fetch is not None and all(map(tfds_reader._same_nest, fetch(everything), source.__getitems__(everything)))
 
 
 @pytest.mark.parametrize("encoding", ["none", "bytes"])
@@ -437,7 +438,7 @@ def test_without_tensorflow_tfds_records_are_parsed_by_protobuf_into_the_columns
     sys.modules.setdefault("importlib_resources", importlib.resources)
     source = tfds.data_source("rows", split="train", data_dir=str(_TFDS_FILES / encoding), download=False)
     features, everything = source.dataset_info.features, list(range(N))
-    columns = sources._protobuf_parser(features)(source.data_source.__getitems__(everything))
+    columns = tfds_reader._protobuf_parser(features)(source.data_source.__getitems__(everything))
     labels = [source[i]["label"] for i in everything]
     assert columns["label"].dtype == np.int64 and columns["label"].tolist() == labels
     if encoding == "none":
@@ -449,7 +450,7 @@ def test_without_tensorflow_tfds_records_are_parsed_by_protobuf_into_the_columns
             [label] * 3 for label in labels
         ]
     if "tensorflow" in sys.modules:  # the same columns as TensorFlow's parse, cast to the dtypes tfds stores
-        parsed = sources._tensorflow_parser(features, sys.modules["tensorflow"])(
+        parsed = tfds_reader._tensorflow_parser(features, sys.modules["tensorflow"])(
             source.data_source.__getitems__(everything)
         )
         assert parsed.keys() == columns.keys()
@@ -464,7 +465,7 @@ def test_protobuf_parsing_refuses_records_that_are_not_what_the_features_say():
     from tensorflow_datasets.proto import tf_example_pb2
 
     source = tfds.data_source("rows", split="train", data_dir=str(_TFDS_FILES / "none"), download=False)
-    parse = sources._protobuf_parser(source.dataset_info.features)
+    parse = tfds_reader._protobuf_parser(source.dataset_info.features)
 
     def record(image=None, label=None, image_kind="float_list"):
         example = tf_example_pb2.Example()
@@ -483,7 +484,7 @@ def test_protobuf_parsing_refuses_records_that_are_not_what_the_features_say():
     with pytest.raises(ValueError, match=r"'image' .* hold \[0\] in a float_list"):  # stored as another kind
         parse([record([1, 2, 3], 7, image_kind="int64_list")])
     variable = tfds.features.FeaturesDict({"image": tfds.features.Tensor(shape=(None,), dtype=np.float32)})
-    assert sources._protobuf_parser(variable) is None  # of no fixed shape: tfds reads them
+    assert tfds_reader._protobuf_parser(variable) is None  # of no fixed shape: tfds reads them
 
 
 def test_a_tfds_data_source_with_a_map(tmp_path):
@@ -499,14 +500,14 @@ def test_a_tfds_data_source_with_a_map(tmp_path):
 def test_a_tfds_data_source_is_parsed_a_batch_at_a_time_into_the_elements_tfds_returns(tmp_path, encoding):
     source = _tfds_source(tmp_path, encoding)
     assert sources.known_thread_safe(source) and sources.known_thread_safe(source.data_source)  # read in parallel
-    fetch = sources._tfds_fetcher(source, contextlib.nullcontext())
+    fetch = tfds_reader.tfds_fetcher(source, contextlib.nullcontext())
     assert fetch is not None  # records of fixed-length features, no decoders, TensorFlow imported
     features = source.dataset_info.features
     serialized = sys.modules["tensorflow_datasets"].core.utils.flatten_nest_dict(features.get_serialized_info())
-    assert all(sources._column_decoder(features[key], serialized[key]) for key in features)  # decoded by column
+    assert all(tfds_reader._column_decoder(features[key], serialized[key]) for key in features)  # decoded by column
     positions = [0, 3, 17, 18, 150, N - 1]
     elements = fetch(positions)
-    assert all(map(sources._same_nest, elements, source.__getitems__(positions)))
+    assert all(map(tfds_reader._same_nest, elements, source.__getitems__(positions)))
     assert isinstance(elements[1]["label"], int) and elements[1]["image"].dtype == np.float32
     assert elements[1]["image"].flags.writeable == source[3]["image"].flags.writeable  # bytes: read-only, as tfds's
     batches = keras_dyndp.poisson_batches(
@@ -514,7 +515,7 @@ def test_a_tfds_data_source_is_parsed_a_batch_at_a_time_into_the_elements_tfds_r
     )
     _check_batches(batches, 400)
     source.decoders = {"image": object()}  # decoders (a tfds setting): tfds decodes
-    assert sources._tfds_fetcher(source, contextlib.nullcontext()) is None
+    assert tfds_reader.tfds_fetcher(source, contextlib.nullcontext()) is None
 
 
 def test_tfds_features_decoded_by_column_are_fixed_shape_tensors_stored_as_themselves_or_as_bytes():
@@ -522,7 +523,7 @@ def test_tfds_features_decoded_by_column_are_fixed_shape_tensors_stored_as_thems
     features = tfds.features
 
     def decoder(feature):
-        return sources._column_decoder(feature, feature.get_serialized_info())
+        return tfds_reader._column_decoder(feature, feature.get_serialized_info())
 
     assert decoder(features.Tensor(shape=(2, 3), dtype=np.int32)) and decoder(features.ClassLabel(num_classes=3))
     assert decoder(features.Tensor(shape=(4,), dtype=np.uint64, encoding="zlib"))
@@ -540,7 +541,8 @@ def test_tfds_features_decoded_by_column_are_fixed_shape_tensors_stored_as_thems
     assert not decoder(features.Tensor(shape=(None,), dtype=np.float32))
     assert not decoder(features.Tensor(shape=(), dtype=np.float32, encoding="bytes"))
     assert not decoder(features.Image(shape=(4, 4, 1))) and not decoder(features.Text())
-    assert not sources._column_decoder(features.Tensor(shape=(2,), dtype=np.float32), None)  # stored under other keys
+    # Stored under other keys.
+    assert not tfds_reader._column_decoder(features.Tensor(shape=(2,), dtype=np.float32), None)
 
 
 def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thread_as_its_records():
@@ -551,7 +553,7 @@ def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thre
     source = tfds.data_source("rows", split="train", data_dir=data_dir, download=False)
     part = tfds.data_source("rows", split="train[7:150]", data_dir=data_dir, download=False)  # skips records
     for data in (source, part):
-        files = sources._ArrayRecordFiles.of(data)
+        files = tfds_reader._ArrayRecordFiles.of(data)
         assert files is not None  # ArrayRecord files, read with readers of our own
         everything = list(range(len(data)))
         assert files(everything) == list(data.data_source.__getitems__(everything))
@@ -564,10 +566,10 @@ def test_a_tfds_data_source_s_array_record_files_are_read_by_key_from_every_thre
     shards = [instruction.replace(skip=skip, take=take) for skip, take in ((0, 120), (120, N - 120))]
     everything = list(range(N))
     shuffled = np.random.default_rng(0).permutation(N).tolist()
-    files = sources._ArrayRecordFiles(shards, sources._ArrayRecordFiles.of(source).reader_class)
+    files = tfds_reader._ArrayRecordFiles(shards, tfds_reader._ArrayRecordFiles.of(source).reader_class)
     assert files(everything) == list(source.data_source.__getitems__(everything))
     assert files(shuffled) == list(source.data_source.__getitems__(shuffled))
-    assert sources._ArrayRecordFiles.of(type("Other", (), {})()) is None  # anything else: the source's own reads
+    assert tfds_reader._ArrayRecordFiles.of(type("Other", (), {})()) is None  # anything else: the source's own reads
 
 
 def test_a_batch_of_64_or_more_is_read_in_chunks_by_several_threads_unless_the_source_reads_batches():
