@@ -20,6 +20,7 @@ import pytest
 
 import keras_dyndp
 import keras_dyndp.backend
+from keras_dyndp.data import readers
 from keras_dyndp.data import sources
 from keras_dyndp.data import tfds_reader
 
@@ -499,7 +500,7 @@ def test_a_tfds_data_source_with_a_map(tmp_path):
 @pytest.mark.parametrize("encoding", ["none", "bytes", "zlib"])
 def test_a_tfds_data_source_is_parsed_a_batch_at_a_time_into_the_elements_tfds_returns(tmp_path, encoding):
     source = _tfds_source(tmp_path, encoding)
-    assert sources.known_thread_safe(source) and sources.known_thread_safe(source.data_source)  # read in parallel
+    assert readers.known_thread_safe(source) and readers.known_thread_safe(source.data_source)  # read in parallel
     fetch = tfds_reader.tfds_fetcher(source, contextlib.nullcontext())
     assert fetch is not None  # records of fixed-length features, no decoders, TensorFlow imported
     features = source.dataset_info.features
@@ -582,7 +583,7 @@ def test_a_batch_of_64_or_more_is_read_in_chunks_by_several_threads_unless_the_s
             return super().__getitem__(index)
 
     positions = sorted(np.random.default_rng(0).choice(N, 150, replace=False).tolist())
-    elements = sources._chunked_fetcher(Recording(), 8, contextlib.nullcontext())(positions).elements()
+    elements = readers.chunked_fetcher(Recording(), 8, contextlib.nullcontext())(positions).elements()
     assert [element["label"] for element in elements] == [position + 1 for position in positions]
     assert sorted(index for _, index in reads) == positions
     assert reads[0] == (threading.get_ident(), positions[0])  # the first, on the calling thread, gives the columns
@@ -593,10 +594,10 @@ def test_a_batch_of_64_or_more_is_read_in_chunks_by_several_threads_unless_the_s
         indices = [index for reader, index in reads if reader == thread]
         assert indices == sorted(indices)
     reads.clear()
-    sources._chunked_fetcher(Recording(), 8, contextlib.nullcontext())(positions[:63])
+    readers.chunked_fetcher(Recording(), 8, contextlib.nullcontext())(positions[:63])
     assert {thread for thread, _ in reads} == {threading.get_ident()}  # fewer than 64: no threads
     source = BatchedSource()
-    sources._chunked_fetcher(source, 8, contextlib.nullcontext())(positions)
+    readers.chunked_fetcher(source, 8, contextlib.nullcontext())(positions)
     assert source.calls == [positions]  # __getitems__: one call a batch
 
 
@@ -746,11 +747,11 @@ def test_calls_of_a_source_hold_its_lock_or_at_most_the_declared_threads_across_
 
 
 def test_known_thread_safe_sources_are_tfds_and_array_record_ones():
-    assert not sources.known_thread_safe(Source()) and not sources.known_thread_safe(ConcurrencyCounter())
+    assert not readers.known_thread_safe(Source()) and not readers.known_thread_safe(ConcurrencyCounter())
     for module in ("grain._src.python.data_sources", "array_record.python.array_record_data_source"):
-        assert sources.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": module})())
-    assert sources.known_thread_safe(type("DataSource", (), {"__module__": "tensorflow_datasets.core"})())
-    assert not sources.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": "mine"})())
+        assert readers.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": module})())
+    assert readers.known_thread_safe(type("DataSource", (), {"__module__": "tensorflow_datasets.core"})())
+    assert not readers.known_thread_safe(type("ArrayRecordDataSource", (), {"__module__": "mine"})())
 
 
 def test_a_big_endian_memmap_is_read_as_its_values(tmp_path):
@@ -873,7 +874,7 @@ def test_namedtuples_of_memmaps_and_in_source_elements_keep_their_fields(tmp_pat
     batch_x, batch_y, _ = sources.array_rows(Point(x, x), y, None, None, N).batch(np.array([7, 3]), 2)
     assert isinstance(batch_x, Point) and batch_x.b[:, 0].tolist() == batch_y.tolist() == [4, 8]  # was a TypeError
     with pytest.raises(ValueError, match=r"Nests of different structures: \[\('\*', '\*'\), \['\*'\]\]"):
-        sources.map_nest(np.add, Point(1, 2), [1])
+        readers.map_nest(np.add, Point(1, 2), [1])
 
 
 class ReusedBuffer:
@@ -981,7 +982,7 @@ def test_a_batch_written_row_by_row_is_what_stacking_its_elements_gives(name, at
         except ValueError as error:
             return str(error)
 
-    batch = sources._BatchRows(len(elements), elements[0])  # pylint: disable=protected-access
+    batch = readers.BatchRows(len(elements), elements[0])  # pylint: disable=protected-access
     if at_once:  # one source call's elements, each column stacked at once
         batch.fill(elements)
     else:
@@ -990,12 +991,12 @@ def test_a_batch_written_row_by_row_is_what_stacking_its_elements_gives(name, at
     written = stacked(lambda: batch.examples(None))
     # Elements of one structure, shapes and dtypes are written into the batch's columns, none kept whole.
     assert not batch.whole or name not in ("arrays", "nests and weights", "bytes and object arrays", "structured rows")
-    expected = stacked(lambda: sources._examples(elements, None))  # pylint: disable=protected-access
+    expected = stacked(lambda: readers.examples(elements, None))  # pylint: disable=protected-access
     assert type(written) is type(expected)
     if isinstance(expected, str):
         assert written == expected
         return
-    flat = lambda nest: sources.map_nest(lambda leaf: (leaf.dtype, leaf.shape, leaf.tolist()), nest)  # noqa: E731
+    flat = lambda nest: readers.map_nest(lambda leaf: (leaf.dtype, leaf.shape, leaf.tolist()), nest)  # noqa: E731
     assert flat(written) == flat(expected) and type(written[0]) is type(expected[0])
 
 
@@ -1005,11 +1006,11 @@ def test_every_array_a_source_returns_is_copied_immutable_leaves_kept_and_an_unc
     view = shared[:2]
     view.flags.writeable = False
     element = ({"view": view, "owned": owned_buffer, "list": [np.float32(1)]}, text, 1, None)
-    copied = sources._owned(element)  # pylint: disable=protected-access
+    copied = readers._owned(element)  # pylint: disable=protected-access
     assert not np.shares_memory(copied[0]["view"], shared) and not np.shares_memory(copied[0]["owned"], owned_buffer)
     assert copied[0]["list"] == [1] and copied[0]["list"] is not element[0]["list"] and copied[1:] == (text, 1, None)
     with pytest.raises(ValueError, match="returned a memoryview, which cannot be copied before the next read"):
-        sources._owned((memoryview(b"ab"), 0))  # pylint: disable=protected-access
+        readers._owned((memoryview(b"ab"), 0))  # pylint: disable=protected-access
 
 
 class SeekReadArray(SeekReadSource):
