@@ -32,7 +32,7 @@ import zlib
 
 import numpy as np
 
-from keras_dyndp.data import readers  # noqa: E402
+from keras_dyndp.data import readers
 from keras_dyndp.data import sources
 
 NUM_EXAMPLES = 4096
