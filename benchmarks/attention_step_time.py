@@ -1,5 +1,6 @@
 """Step time of a small sequence model with AdditiveAttention (a trained ``scale``): the DP step before and after
-its ghost rule (`keras_dyndp.dense_attention`), interleaved in one process, on Keras 3's TensorFlow or JAX backend.
+its ghost rule (`keras_dyndp.rules.dense_attention`), interleaved in one process, on Keras 3's TensorFlow or JAX
+backend.
 
 The model: token ids [B, L]; Embedding(10000, d); query Dense(d, tanh), value Dense(d);
 AdditiveAttention()([query, value]); Dense(4d, relu), Dense(d); GlobalAveragePooling1D; Dense(10). Paths: on
@@ -40,7 +41,7 @@ import models  # noqa: E402  (benchmarks/models.py)
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp.batch_sizes import SamplingWarning  # noqa: E402
+from keras_dyndp.core.batch_sizes import SamplingWarning  # noqa: E402
 
 VOCABULARY = 10_000
 

@@ -4,7 +4,7 @@ Each setting runs `keras_dyndp.audit.white_box_audit` ``--repeats`` times (seeds
 batches and the noise differ per run) on the schedule of tests/audit/test_white_box.py: p = 1 (every included canary
 in every step), T = ``--steps`` steps, C_t decaying geometrically from 1 to 0.5 and one sigma chosen so that the run
 is mu-GDP with the claimed epsilon (``--claims``, at delta ``--delta``; the PLD epsilon of the schedule is reported).
-A fault is planted in `keras_dyndp.mechanism` as the tests plant it:
+A fault is planted in `keras_dyndp.core.mechanism` as the tests plant it:
 
 * ``noiseF``: the noise standard deviation times F (the run is then (mu / F)-GDP);
 * ``clipF``: every example clipped to F C_t instead of C_t (the canaries' gradients, of norm 10 max C_t, are
@@ -35,8 +35,8 @@ from absl import flags
 
 import keras_dyndp
 from keras_dyndp import audit
-from keras_dyndp import mechanism
 from keras_dyndp.audit import white_box
+from keras_dyndp.core import mechanism
 
 _CLAIMS = flags.DEFINE_list("claims", ["3.12", "8"], "Claimed epsilons (mu-GDP schedules at --delta).")
 _SETUPS = flags.DEFINE_list(

@@ -3,15 +3,15 @@
 For each N a file of N x 784 uint8 rows (MNIST-sized, 2,000,000 rows = 1.5 GB) is written under --dir and deleted
 after; batches of about 256 rows (p = 256 / N) are drawn by ``keras_dyndp.poisson_batches`` on the backend Keras runs
 on (set KERAS_BACKEND=jax for JAX) from:
-- ``memmap``: ``np.load(path, mmap_mode='r')`` (read by positioned file reads, `keras_dyndp.sources.file_reader`);
+- ``memmap``: ``np.load(path, mmap_mode='r')`` (read by positioned file reads, `keras_dyndp.data.readers.file_reader`);
 - ``python source``: a random-access source in Python (``__len__``, ``__getitem__`` doing one ``os.pread`` of a row
   and returning ``(x, y)``), with a per-example ``map`` that scales the image to float32 in [0, 1];
 - ``python source + __getitems__``: the same with ``__getitems__`` (one call per batch).
 Both Python sources read with ``os.pread`` (positional, no shared file offset), so they are declared safe for 8
 threads (``source_threads=8``) and read as tfds's sources are; ``python source, undeclared`` is the first without the
-declaration, called by one thread at a time (`keras_dyndp.sources.source_guard`), the default for a source
+declaration, called by one thread at a time (`keras_dyndp.data.readers.source_guard`), the default for a source
 ``poisson_batches`` does not know.
-The sampler alone (`keras_dyndp.sources.draw`) is timed at each N; "one batch" is a batch drawn and read in the
+The sampler alone (`keras_dyndp.data.sources.draw`) is timed at each N; "one batch" is a batch drawn and read in the
 calling thread (its latency), "in the pipeline" the time per batch the backend's input pipeline delivers (TensorFlow:
 parallel calls and prefetch; JAX: 2 reader threads). Resident memory: RSS (``/proc/self/statm``) after 40 batches
 minus before building them; "CPU ms/batch": the process's CPU time (every thread) per batch delivered, less sensitive
@@ -67,7 +67,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp import sources  # noqa: E402
+from keras_dyndp.data import readers  # noqa: E402
+from keras_dyndp.data import sources  # noqa: E402
+from keras_dyndp.data import tfds_reader  # noqa: E402
 
 ROW = 784
 
@@ -75,27 +77,27 @@ ROW = 784
 @contextlib.contextmanager
 def reading(previous: bool | str):
     """With ``previous``, sources read as before the parallel reads: one call per batch in the calling thread
-    (`keras_dyndp.sources._parts` one part) and tfds's own per-example parsing (no `sources._tfds_fetcher`); with
-    ``previous="batched"`` a tfds source read as before its own ArrayRecord readers: the records by one
+    (`keras_dyndp.data.readers._parts` one part) and tfds's own per-example parsing (no `tfds_reader.tfds_fetcher`);
+    with ``previous="batched"`` a tfds source read as before its own ArrayRecord readers: the records by one
     ``__getitems__`` of ArrayRecord's source (its thread pools), then ``decode_example_np`` per example."""
     if not previous:
         yield
         return
-    saved = sources._parts, sources._tfds_fetcher, sources._ArrayRecordFiles.of, sources._tfds_decoder
+    saved = readers._parts, tfds_reader.tfds_fetcher, tfds_reader._ArrayRecordFiles.of, tfds_reader._tfds_decoder
     if previous == "batched":
-        sources._ArrayRecordFiles.of = classmethod(lambda cls, source: None)
-        sources._tfds_decoder = decoding_every_example
+        tfds_reader._ArrayRecordFiles.of = classmethod(lambda cls, source: None)
+        tfds_reader._tfds_decoder = decoding_every_example
     else:
-        sources._parts = lambda num_rows, threads=1: [np.arange(num_rows)]
-        sources._tfds_fetcher = lambda source, guard: None
+        readers._parts = lambda num_rows, threads=1: [np.arange(num_rows)]
+        tfds_reader.tfds_fetcher = lambda source, guard: None
     try:
         yield
     finally:
-        sources._parts, sources._tfds_fetcher, sources._ArrayRecordFiles.of, sources._tfds_decoder = saved
+        readers._parts, tfds_reader.tfds_fetcher, tfds_reader._ArrayRecordFiles.of, tfds_reader._tfds_decoder = saved
 
 
 def decoding_every_example(features):
-    """`keras_dyndp.sources._tfds_decoder` as before: tfds's ``decode_example_np`` on every example."""
+    """`keras_dyndp.data.tfds_reader._tfds_decoder` as before: tfds's ``decode_example_np`` on every example."""
     from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
 
     info = features.get_serialized_info()

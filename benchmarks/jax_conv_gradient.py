@@ -24,8 +24,8 @@ import keras  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from keras_dyndp import ghost_cost  # noqa: E402
 from keras_dyndp.jax_backend import ghost  # noqa: E402
+from keras_dyndp.rules import ghost_cost  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 3, "Timed calls per repetition.")

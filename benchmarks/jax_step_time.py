@@ -48,7 +48,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from keras_dyndp import schedules  # noqa: E402
-from keras_dyndp.batch_sizes import SamplingWarning  # noqa: E402
+from keras_dyndp.core.batch_sizes import SamplingWarning  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import JaxDPOptimizerMixin  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402

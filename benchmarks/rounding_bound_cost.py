@@ -4,7 +4,7 @@ of the factors), interleaved in one run, on the Keras backend this process runs 
 
 Each variant is its own copy of the same model, ``make_private(model)`` with ``DynamicDPKerasSGD`` (ghost clipping
 wherever rules cover the layers), compiled by its first ``train_on_batch`` call; the "before" copy is traced with
-`keras_dyndp.ghost_cost.bounded_squared_norms` returning the computed squares and the backend's ``kept_rows`` the
+`keras_dyndp.rules.ghost_cost.bounded_squared_norms` returning the computed squares and the backend's ``kept_rows`` the
 rows unchanged, and runs that compiled step afterwards. Timing: `interleaved.step_table` (every variant in each
 repetition; the median time and the median of the ratios within a repetition). Models: cnn, lstm, text
 (benchmarks/models.py) and ``sequence``, a Dense(256) over 8 positions of 256 features then mean pooling (the Gram
@@ -30,8 +30,8 @@ from absl import app
 from absl import flags
 
 import keras_dyndp
-from keras_dyndp import ghost_cost
-from keras_dyndp import layer_rules
+from keras_dyndp.rules import ghost_cost
+from keras_dyndp.rules import layer_rules
 from keras_dyndp.schedules import DPSchedule
 
 JAX = keras_dyndp.keras_backend() == "jax"

@@ -1,10 +1,11 @@
-"""The cost of a batch owning what a random-access source returns (`keras_dyndp.sources._BatchRows`) beside its read.
+"""The cost of a batch owning what a random-access source returns (`keras_dyndp.data.readers.BatchRows`) beside its
+read.
 
 What a source returns is owned by the batch before the source is called again (a source may refill the buffer it
 returned): each element is written into the batch's arrays as it is read (the copy that stacking the batch makes
 anyway). This times a batch of about --batch_size examples read as ``keras_dyndp.poisson_batches`` reads it
 (``sources.source_rows(source, None).read(sorted indices)``: the calls of the source, the checks, the batch's arrays),
-owned and with `Unowned` in place of `sources._BatchRows` (the elements kept as returned and stacked at the end, as
+owned and with `Unowned` in place of `readers.BatchRows` (the elements kept as returned and stacked at the end, as
 before the copy: wrong for the sources that refill a buffer, timing only), for each source:
 - ``in memory``: ``source[i]`` returns ``(x[i], y[i])`` of arrays in memory (a writeable view of a row);
 - ``memmap + decode``: ``source[i]`` reads row i of a uint8 file (``os.preadv`` into a buffer of its own), decodes it to
@@ -31,7 +32,8 @@ import zlib
 
 import numpy as np
 
-from keras_dyndp import sources
+from keras_dyndp.data import readers
+from keras_dyndp.data import sources
 
 NUM_EXAMPLES = 4096
 
@@ -133,8 +135,8 @@ def make_sources(shape: tuple[int, ...], directory: str) -> dict[str, object]:
 
 
 class Unowned:
-    """`sources._BatchRows` without the ownership: each element kept as the source returned it and the batch stacked
-    at the end (`sources._examples`), as the reads were before what a source returns was copied (wrong for a source
+    """`readers.BatchRows` without the ownership: each element kept as the source returned it and the batch stacked
+    at the end (`readers.examples`), as the reads were before what a source returns was copied (wrong for a source
     that refills a buffer: timing only)."""
 
     def __init__(self, num_rows: int, first: object):
@@ -147,21 +149,21 @@ class Unowned:
         self.elements = list(elements)
 
     def examples(self, map_fn):
-        return sources._examples(self.elements, map_fn)  # pylint: disable=protected-access
+        return readers.examples(self.elements, map_fn)
 
 
 def time_read(source: object, indices: np.ndarray, owned: bool) -> float:
     """Seconds to read the batch ``indices`` of ``source`` (with the batch owning its rows, or with `Unowned`)."""
-    batch_rows = sources._BatchRows  # pylint: disable=protected-access
+    batch_rows = readers.BatchRows
     if not owned:
-        sources._BatchRows = Unowned  # pylint: disable=protected-access
+        readers.BatchRows = Unowned
     try:
         rows = sources.source_rows(source, None)
         start = time.perf_counter()
         rows.read(indices)
         return time.perf_counter() - start
     finally:
-        sources._BatchRows = batch_rows  # pylint: disable=protected-access
+        readers.BatchRows = batch_rows
 
 
 def measure(shape: tuple[int, ...], repeats: int, batch_size: int) -> None:

@@ -59,7 +59,7 @@ import models  # noqa: E402  (benchmarks/models.py)
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp.batch_sizes import SamplingWarning  # noqa: E402
+from keras_dyndp import SamplingWarning  # noqa: E402
 
 VOCABULARY = 10_000
 HEADS = 4

@@ -16,23 +16,24 @@ model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=250 / 60000), e
 
 Every public name is listed once below. The backend-neutral names import no TensorFlow (fast start); the Keras-based
 ones are imported on first use from the module of the backend Keras runs on (`keras_backend`). The DP optimizers are
-registered with Keras (for ``load_model``) as soon as Keras is imported (`keras_dyndp.registration`).
+registered with Keras (for ``load_model``) as soon as Keras is imported (`keras_dyndp.keras_glue.registration`).
 """
 
 import importlib
+import warnings
 
-from keras_dyndp import layer_rules
-from keras_dyndp import registration
 from keras_dyndp.accounting import GdpCltAccountant
 from keras_dyndp.accounting import make_accountant
 from keras_dyndp.backend import keras_backend
-from keras_dyndp.batch_sizes import SamplingWarning
-from keras_dyndp.noise_seed import NoiseSeedWarning
+from keras_dyndp.core.batch_sizes import SamplingWarning
+from keras_dyndp.core.noise_seed import NoiseSeedWarning
+from keras_dyndp.data.sampling import poisson_batches
+from keras_dyndp.keras_glue import registration as _registration
 from keras_dyndp.optimizer_base import BudgetExhaustedError
 from keras_dyndp.optimizer_base import DegenerateNoiseWarning
 from keras_dyndp.optimizer_base import ScheduleRestartWarning
 from keras_dyndp.privacy_report import run_summary
-from keras_dyndp.sampling import poisson_batches
+from keras_dyndp.rules import layer_rules
 from keras_dyndp.schedules import CalibrationError
 from keras_dyndp.schedules import DPSchedule
 from keras_dyndp.schedules import GdpCltUnderstatementWarning
@@ -61,6 +62,15 @@ _LAZY = {
     "shuffled_batches": (f"{_TF}.data", None),
 }
 
+# Modules moved into subpackages: their former path (keras_dyndp.<module>) still resolves, with a DeprecationWarning,
+# until the next release.
+_MOVED = {
+    **dict.fromkeys(("batch_sizes", "mechanism", "noise_seed", "refusals", "step_checks", "validation"), "core"),
+    **dict.fromkeys(("dense_attention", "einsum_equation", "einsum_lora", "ghost_cost", "sublayers"), "rules"),
+    **dict.fromkeys(("sampling", "sources"), "data"),
+    **dict.fromkeys(("entry_points", "epoch_logs", "private_model", "registration"), "keras_glue"),
+}
+
 __all__ = [
     "BudgetExhaustedError",
     "CalibrationError",
@@ -85,6 +95,14 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    if name in _MOVED:
+        moved = f"keras_dyndp.{_MOVED[name]}.{name}"
+        warnings.warn(
+            f"keras_dyndp.{name} is now {moved}; the former path goes in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module(moved)
     modules = _LAZY.get(name)
     if modules is None:
         raise AttributeError(f"module 'keras_dyndp' has no attribute {name!r}")
@@ -108,4 +126,4 @@ def __dir__():
 
 
 # Last: load_model finds the DP optimizers in a process that only imported keras_dyndp and Keras.
-registration.register_with_keras()
+_registration.register_with_keras()

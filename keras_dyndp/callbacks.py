@@ -14,11 +14,11 @@ from typing import Any
 from absl import logging
 
 from keras_dyndp import backend
-from keras_dyndp import batch_sizes
-from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
-from keras_dyndp import validation
 from keras_dyndp.accounting import registry
+from keras_dyndp.core import batch_sizes
+from keras_dyndp.core import validation
+from keras_dyndp.keras_glue import epoch_logs
 
 __all__ = ["BudgetStop", "PrivacyLogger"]
 
@@ -98,8 +98,8 @@ class PrivacyLogger(keras.callbacks.Callback):
     (``released_steps``, whatever its step counter says) at ``delta``, ``'delta_total'``, ``'clip_norm'`` and
     ``'noise_stddev'`` of the last step released, and their number as ``'dp_step'``.
     ``'delta_total'`` is the delta the epsilons hold at: ``delta`` plus what capping the Poisson batches adds
-    (`keras_dyndp.batch_sizes.added_delta` of the optimizer's `overflow_probability`, at the largest epsilon logged).
-    A ``delta`` other than the optimizer's calibration target is named in every epsilon key and in the total
+    (`keras_dyndp.core.batch_sizes.added_delta` of the optimizer's `overflow_probability`, at the largest epsilon
+    logged). A ``delta`` other than the optimizer's calibration target is named in every epsilon key and in the total
     (``'epsilon_pld_at_delta_0.01'``, ``'delta_total_at_delta_0.01'``), so that no number is read at the wrong
     delta. Once the optimizer has trained on batches not known to be Poisson samples (it warned `SamplingWarning`),
     the epsilon keys end in ``'_if_poisson'`` (``'epsilon_pld_if_poisson'``), ``'delta_total'`` is left out and the
@@ -109,7 +109,7 @@ class PrivacyLogger(keras.callbacks.Callback):
     Wherever it stands in the ``callbacks`` list: keys added in ``on_epoch_end`` would reach only the callbacks
     after it, so it accounts at the epoch's last batch (``params['steps']``) or the budget's last step, into the
     logs ``fit`` builds for the epoch (Keras 2: the last batch's, unconverted by ``_supports_tf_logs``; Keras 3:
-    `keras_dyndp.epoch_logs`). An epoch ending early otherwise gets them in ``on_epoch_end``.
+    `keras_dyndp.keras_glue.epoch_logs`). An epoch ending early otherwise gets them in ``on_epoch_end``.
 
     Args:
         accountant: reported beside the GDP-CLT: 'pld' (default, tightest, the slowest per call), 'rdp'

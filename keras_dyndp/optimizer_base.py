@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from keras_dyndp import batch_sizes
 from keras_dyndp import schedules
-from keras_dyndp import step_checks
-from keras_dyndp import validation
 from keras_dyndp.accounting import noise_range
-from keras_dyndp.private_model import PrivateConfig
-from keras_dyndp.refusals import BudgetExhaustedError  # noqa: F401  (re-exported: keras_dyndp names it)
+from keras_dyndp.core import batch_sizes
+from keras_dyndp.core import step_checks
+from keras_dyndp.core import validation
+from keras_dyndp.core.refusals import BudgetExhaustedError  # noqa: F401  (re-exported: keras_dyndp names it)
+from keras_dyndp.keras_glue.private_model import PrivateConfig
 
 KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = {
     "gradient_accumulation_steps": "each micro-step would be a DP step with its own noise, and the counter "
@@ -478,7 +478,7 @@ class DPOptimizerBase:
     overflow_probability = _attribute(
         "_overflow_probability",
         "eta, the chance that a step's Poisson batch overflows the cap of the batches `fit` was given or leaves the "
-        "step's accepted range (`keras_dyndp.batch_sizes.overflow_probability`; the largest of the run's; None "
+        "step's accepted range (`keras_dyndp.core.batch_sizes.overflow_probability`; the largest of the run's; None "
         "before any): these truncations and stops add (1 + e^epsilon) T eta to delta (`batch_sizes.added_delta`).",
     )
 

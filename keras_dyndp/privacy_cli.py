@@ -28,8 +28,8 @@ from absl import flags
 from keras_dyndp import cli
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
-from keras_dyndp import validation
 from keras_dyndp.accounting import registry
+from keras_dyndp.core import validation
 
 # The command's own flag registry, so that importing this module beside an example trainer (which defines flags of
 # the same names on absl's global registry) cannot clash.

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_dyndp import batch_sizes
 from keras_dyndp import schedules
-from keras_dyndp import validation
 from keras_dyndp.accounting import cdp
 from keras_dyndp.accounting import registry
+from keras_dyndp.core import batch_sizes
+from keras_dyndp.core import validation
 
 __all__ = [
     "DEFAULT_CONSUMPTION_RHO_MUS",
@@ -255,7 +255,7 @@ class RunSummary:
       epsilon_rigorous: the epsilon of the steps taken under `rigorous_accountant` (inf: no guarantee).
       rigorous_accountant: 'pld' or 'rdp'; 'none' for a run without a schedule.
       delta_total: the delta both epsilons hold at: the ``delta`` asked for plus what capping the Poisson batches
-        adds (`keras_dyndp.batch_sizes.added_delta`); 1 for a run without a schedule.
+        adds (`keras_dyndp.core.batch_sizes.added_delta`); 1 for a run without a schedule.
     """
 
     text: str

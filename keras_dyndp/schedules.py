@@ -27,7 +27,6 @@ import dp_accounting
 import numpy as np
 from scipy import optimize
 
-from keras_dyndp import validation
 from keras_dyndp.accounting import cdp
 from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import gdp
@@ -35,6 +34,7 @@ from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting import registry
 from keras_dyndp.accounting import scale_search
 from keras_dyndp.accounting.scale_search import CalibrationError
+from keras_dyndp.core import validation
 
 METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
 """The paper's schedules, `calibrate`'s and the optimizers' ``method``: constant clip and noise (Abadi et al. 2016),

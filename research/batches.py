@@ -39,7 +39,7 @@ def train_batches(
     """`num_steps` (at most one epoch's) batches (x, y, sample_weight), Poisson-sampled or shuffled.
 
     Poisson batches are padded to the next multiple of `config.pad_to_multiple` rows (0: every batch to the cap,
-    `keras_dyndp.batch_sizes.default_max_batch_size`); called in a `tf.distribute` strategy's scope,
+    `keras_dyndp.core.batch_sizes.default_max_batch_size`); called in a `tf.distribute` strategy's scope,
     `keras_dyndp.poisson_batches` rounds the multiple and the cap up to multiples of its replicas, so that each global
     batch splits evenly across them. `start_step`: the optimizer's step they start at (`keras_dyndp.poisson_batches`
     refuses a seeded resume at another step).

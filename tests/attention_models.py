@@ -1,5 +1,5 @@
-"""Small models around Keras's Attention and AdditiveAttention layers, for the tests of `keras_dyndp.dense_attention`
-on each backend (``keras`` given: Keras 3, Keras 2 or tf_keras)."""
+"""Small models around Keras's Attention and AdditiveAttention layers, for the tests of
+`keras_dyndp.rules.dense_attention` on each backend (``keras`` given: Keras 3, Keras 2 or tf_keras)."""
 
 import numpy as np
 

@@ -74,7 +74,7 @@ def on_demand(out_dir: str, task: int, x: np.ndarray, y: np.ndarray, pad_to_mult
     """3 steps of Poisson batches (seed 7) of a memmap distributed by the strategy: the rows this worker read, the
     rows it was fed, and the global samples and batch rows (from the step seeds, as `keras_dyndp.tf_backend.data`
     draws them). With ``pad_to_multiple`` the batches have no static size (tf.distribute's other rebatching)."""
-    from keras_dyndp import sources  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.data import sources  # pylint: disable=import-outside-toplevel
 
     path = os.path.join(out_dir, f"rows{task}.npy")
     np.save(path, np.arange(1, len(x) + 1, dtype=np.float32)[:, None].repeat(2, 1))

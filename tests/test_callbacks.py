@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import keras_dyndp
-from keras_dyndp import batch_sizes
 from keras_dyndp import callbacks
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
+from keras_dyndp.core import batch_sizes
 
 keras = callbacks.keras
 ON_JAX = keras_dyndp.keras_backend() == "jax"
@@ -383,7 +383,7 @@ def _spent_model(seed: int, num_steps: int = 3):
     return model, schedule, (x, y)
 
 
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # train_on_batch's batch: warned
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # train_on_batch's batch: warned
 @pytest.mark.parametrize("entry_point", ["fit", "unbound fit", "train_on_batch"])
 def test_a_step_counter_set_back_after_the_budget_is_refused_and_the_logger_counts_the_steps_released(entry_point):
     """Issue 52: ``iterations.assign(0)`` after the T steps trained T more (3 + 3 on T = 3), and PrivacyLogger

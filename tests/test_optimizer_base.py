@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from keras_dyndp import optimizer_base
-from keras_dyndp import private_model
 from keras_dyndp import schedules
-from keras_dyndp import step_checks
+from keras_dyndp.core import step_checks
+from keras_dyndp.keras_glue import private_model
 
 BUDGET = dict(
     target_epsilon=2.0,

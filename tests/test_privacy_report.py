@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from keras_dyndp import batch_sizes
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
 from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import fast_rdp
+from keras_dyndp.core import batch_sizes
 
 pytestmark = pytest.mark.xdist_group("privacy_report")  # its module fixtures run once (tests/conftest.py)
 

@@ -11,7 +11,7 @@ def register(keras_dyndp, classes) -> None:
     """Registers `layers`' ``classes`` with their one-line rules (docs/usage.md)."""
     token_and_position, block, position = classes
     keras_dyndp.register_layer_rule(block, per_example=True)
-    rules = keras_dyndp.layer_rules
+    rules = keras_dyndp.rules.layer_rules
     keras_dyndp.register_layer_rule(token_and_position, **rules.token_and_position_embedding())
     keras_dyndp.register_layer_rule(position, **rules.added_weight("position_embeddings"))
 

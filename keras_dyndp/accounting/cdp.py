@@ -34,8 +34,8 @@ import warnings
 
 import numpy as np
 
-from keras_dyndp import validation
 from keras_dyndp.accounting import scale_search
+from keras_dyndp.core import validation
 
 NAMES = ("zcdp", "tcdp")
 DECAYS = ("exponential", "time")

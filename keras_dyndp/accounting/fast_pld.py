@@ -38,9 +38,9 @@ from scipy import fft
 from scipy import signal
 from scipy import special
 
-from keras_dyndp import validation
 from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting import scale_search
+from keras_dyndp.core import validation
 
 ArrayLike = Sequence[float] | np.ndarray
 

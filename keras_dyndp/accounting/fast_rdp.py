@@ -24,8 +24,8 @@ import numpy as np
 from dp_accounting import rdp
 from scipy import special
 
-from keras_dyndp import validation
 from keras_dyndp.accounting import noise_range
+from keras_dyndp.core import validation
 
 ArrayLike = Sequence[float] | np.ndarray
 

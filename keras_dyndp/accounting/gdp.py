@@ -17,7 +17,7 @@ import numpy as np
 from scipy import optimize
 from scipy import stats
 
-from keras_dyndp import validation
+from keras_dyndp.core import validation
 
 # log(delta) is clamped to this where it underflows, so that brentq sees finite numbers (any delta of interest is
 # far above exp(-1e4)).

@@ -16,9 +16,9 @@ import dp_accounting
 import numpy as np
 from dp_accounting import dp_event
 
-from keras_dyndp import validation
 from keras_dyndp.accounting import gdp
 from keras_dyndp.accounting import noise_range
+from keras_dyndp.core import validation
 
 _CompositionErrorDetails = dp_accounting.PrivacyAccountant.CompositionErrorDetails
 

@@ -20,12 +20,12 @@ import numpy as np
 from dp_accounting import pld
 from dp_accounting import rdp
 
-from keras_dyndp import validation
 from keras_dyndp.accounting import fast_pld
 from keras_dyndp.accounting import fast_rdp
 from keras_dyndp.accounting import gdp
 from keras_dyndp.accounting import noise_range
 from keras_dyndp.accounting.gdp_clt_accountant import GdpCltAccountant
+from keras_dyndp.core import validation
 
 DEFAULT_ACCOUNTANT = "pld"
 DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL = fast_pld.DEFAULT_VALUE_DISCRETIZATION_INTERVAL

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import numpy as np
 
 from keras_dyndp import backend
-from keras_dyndp import validation
 from keras_dyndp.audit import bounds
 from keras_dyndp.audit.white_box import CanaryAuditReport
+from keras_dyndp.core import validation
 
 __all__ = ["black_box_audit"]
 

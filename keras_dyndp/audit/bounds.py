@@ -16,8 +16,8 @@ import numpy as np
 import scipy.special
 import scipy.stats
 
-from keras_dyndp import validation
 from keras_dyndp.accounting import gdp
+from keras_dyndp.core import validation
 
 __all__ = [
     "AuditResult",

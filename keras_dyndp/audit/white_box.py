@@ -19,8 +19,8 @@ import math
 import numpy as np
 
 from keras_dyndp import backend
-from keras_dyndp import validation
 from keras_dyndp.audit import bounds
+from keras_dyndp.core import validation
 
 __all__ = ["CanaryAuditReport", "white_box_audit"]
 

@@ -9,7 +9,7 @@ backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`, 
 ``keras_dyndp[jax]`` pulls no TensorFlow.
 """
 
-from keras_dyndp.batch_sizes import SamplingWarning
+from keras_dyndp.core.batch_sizes import SamplingWarning
 from keras_dyndp.jax_backend import lora  # noqa: F401  (registers the LoRA layers' ghost rules)
 from keras_dyndp.jax_backend.data import PoissonBatches
 from keras_dyndp.jax_backend.ghost import LayerRule
@@ -22,7 +22,7 @@ from keras_dyndp.jax_backend.optimizer import DynamicDPKerasSGD
 from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
 from keras_dyndp.jax_backend.optimizer import make_dynamic_dp_optimizer_class
 from keras_dyndp.jax_backend.train_step import make_private
-from keras_dyndp.layer_rules import register_per_example_layer
+from keras_dyndp.rules.layer_rules import register_per_example_layer
 
 __all__ = [
     "DynamicDPKerasAdagrad",

@@ -1,13 +1,13 @@
 """Poisson-sampled batches as a ``keras.utils.PyDataset`` (`keras_dyndp.poisson_batches` on JAX).
 
-`keras_dyndp.sampling` holds the arguments, checks and privacy argument; at every step each of the N examples joins
+`keras_dyndp.data.sampling` holds the arguments, checks and privacy argument; at every step each of the N examples joins
 the batch independently with probability p, drawn from a numpy generator of its own (OS entropy unless a ``seed`` is
-given, never Keras's global seed; a seed is mixed with ``start_step``, `keras_dyndp.sampling.sampler_seed`, so a
+given, never Keras's global seed; a seed is mixed with ``start_step``, `keras_dyndp.data.sampling.sampler_seed`, so a
 resumed run draws independently of the first), the selected rows first, then rows of zeros with sample weight 0.
 Under several processes (`processes`) every process draws the same global batch from process 0's seed and yields its
 share. Data
-read on demand (`keras_dyndp.sources`: memmaps, array-likes, random-access sources) is drawn in O(k) from numbered
-draws (`keras_dyndp.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads; under several processes by one
+read on demand (`keras_dyndp.data.sources`: memmaps, array-likes, random-access sources) is drawn in O(k) from numbered
+draws (`keras_dyndp.data.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads; under several processes by one
 (the draws numbered in batch order, alike on every process), each process reading only the rows of its share.
 """
 
@@ -21,8 +21,8 @@ import keras
 import numpy as np
 from absl import logging
 
-from keras_dyndp import sampling
-from keras_dyndp import sources
+from keras_dyndp.data import sampling
+from keras_dyndp.data import sources
 from keras_dyndp.jax_backend import processes
 
 
@@ -132,14 +132,14 @@ class PoissonBatches(keras.utils.PyDataset):
             )
         logging.warning(
             "keras_dyndp.poisson_batches: Poisson batch of %d examples truncated to max_batch_size=%d; "
-            "keras_dyndp.batch_sizes.truncation_delta gives what the cap adds to delta.",
+            "keras_dyndp.core.batch_sizes.truncation_delta gives what the cap adds to delta.",
             num_selected,
             cap,
         )
 
     def _read_batch(self):
         """A batch of data read on demand: k ~ Binomial(N, p) and a uniform k-subset from the next draw's generator
-        (O(k), `keras_dyndp.sources.draw`), its rows read in increasing index order, then padding. Under several
+        (O(k), `keras_dyndp.data.sources.draw`), its rows read in increasing index order, then padding. Under several
         processes each reads only its share: the rows of the global batch at its positions (`processes.share`)."""
         if processes.several() and (self.workers > 1 or self.use_multiprocessing):
             raise ValueError(
@@ -157,14 +157,14 @@ class PoissonBatches(keras.utils.PyDataset):
 
 
 def check_resume(x: Any, optimizer: Any) -> None:
-    """`keras_dyndp.sampling.check_resume` of what ``fit`` received (only `PoissonBatches` are checked)."""
+    """`keras_dyndp.data.sampling.check_resume` of what ``fit`` received (only `PoissonBatches` are checked)."""
     sampling.check_resume(x, x.sampling if isinstance(x, PoissonBatches) else None, optimizer)
 
 
 def make_poisson_batches(
     x: Any, y: Any, sample_weight: Any, arguments: sampling.SamplerArguments, num_examples: int | None
 ) -> PoissonBatches:
-    """`keras_dyndp.poisson_batches` on JAX (``x`` may be data read on demand, `keras_dyndp.sources.Rows`)."""
+    """`keras_dyndp.poisson_batches` on JAX (``x`` may be data read on demand, `keras_dyndp.data.sources.Rows`)."""
     if not isinstance(x, sources.Rows):
         sampling.check_rows(x, y, sample_weight, num_examples)
     return PoissonBatches(x, y, sample_weight, arguments)

@@ -3,22 +3,22 @@ offset) from each example's layer input ``a_i`` and output gradient ``g_i`` (bef
 them, [B, rows, ...].
 
 A kernel applied at T positions (``z_t = a_t W``: Dense, also over a sequence axis; a convolution, ``a_t`` the input
-patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}, its norms and clipped sum in the form `keras_dyndp.ghost_cost` finds
-cheapest (the book-keeping sum: one ``jax.vjp`` on the batch for the output gradients f_i g_i); the TensorFlow rules'
-math (`keras_dyndp.tf_backend.per_example.rules`). An EinsumDense
+patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}, its norms and clipped sum in the form `keras_dyndp.rules.ghost_cost`
+finds cheapest (the book-keeping sum: one ``jax.vjp`` on the batch for the output gradients f_i g_i); the TensorFlow
+rules' math (`keras_dyndp.tf_backend.per_example.rules`). An EinsumDense
 (also MultiHeadAttention's projections, `taps`) is a Dense over positions after a transpose
-(`keras_dyndp.einsum_equation`; equations that mix examples keep the vmap path). A layer normalisation's scale and
+(`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path). A layer normalisation's scale and
 offset (LayerNormalization, GroupNormalization, RMSNormalization) have per-example gradients sum_t x_hat_t g_t and
 sum_t g_t (x_hat the normalised input): small, they are materialised.
 
 `RULES` is the registry (exactly one class per rule, as on TensorFlow), `PER_EXAMPLE` the classes declared to act per
 example and only wire their sublayers (their sublayers' rules apply, `taps`). Both are filled by `register_layer_rule`,
-also ``keras_dyndp.register_layer_rule``: the contract both backends share (`keras_dyndp.layer_rules`), a rule written
-once over ``keras.ops`` (docs/usage.md's ``ScaleShift``) registering on either; on JAX a, g are [B, 1, ...] (each
-example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``.
+also ``keras_dyndp.register_layer_rule``: the contract both backends share (`keras_dyndp.rules.layer_rules`), a rule
+written once over ``keras.ops`` (docs/usage.md's ``ScaleShift``) registering on either; on JAX a, g are [B, 1, ...]
+(each example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``.
 
-A new rule must meet `keras_dyndp.layer_rules`' conditions (its `weighted_sum` and `scaled_rows` add nothing from a
-factor-0 example); check it against ``method='vectorized'``.
+A new rule must meet `keras_dyndp.rules.layer_rules`' conditions (its `weighted_sum` and `scaled_rows` add nothing from
+a factor-0 example); check it against ``method='vectorized'``.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import jax.numpy as jnp
 import keras
 from keras.src.models.functional import Functional
 
-from keras_dyndp import dense_attention
-from keras_dyndp import einsum_equation
-from keras_dyndp import ghost_cost
-from keras_dyndp import layer_rules
+from keras_dyndp.rules import dense_attention
+from keras_dyndp.rules import einsum_equation
+from keras_dyndp.rules import ghost_cost
+from keras_dyndp.rules import layer_rules
 
 
 class LayerRule(NamedTuple):
@@ -128,7 +128,7 @@ _HIGHEST = jax.lax.Precision.HIGHEST  # norms in float32 on every device (a GPU'
 
 def _bounded(squared: jax.Array, position_norms: jax.Array, g_t: jax.Array, form: str, fan_in: int, pieces: int = 1):
     """``squared`` [B] computed in ``form`` raised to the bound on the exact squared norms that float32 rounding
-    allows (`keras_dyndp.ghost_cost.bounded_squared_norms`), from ||a_t|| (``position_norms`` [B, T]; ``fan_in``
+    allows (`keras_dyndp.rules.ghost_cost.bounded_squared_norms`), from ||a_t|| (``position_norms`` [B, T]; ``fan_in``
     floats each) and g_t [B, T, c]."""
     second, first = ghost_cost.rounding_coefficients(form, g_t.shape[1], fan_in, g_t.shape[2], pieces=pieces)
     magnitude = jnp.sum(position_norms * jnp.sqrt(jnp.sum(g_t**2, axis=-1)), axis=1)
@@ -269,7 +269,7 @@ def _einsum_supports(layer) -> bool:
 
 
 def einsum_norms_and_sums(layer, a, g):
-    """An EinsumDense's kernel as a Dense over positions (`keras_dyndp.einsum_equation`): a and g transposed to
+    """An EinsumDense's kernel as a Dense over positions (`keras_dyndp.rules.einsum_equation`): a and g transposed to
     [B, T, k] and [B, T, m] (each example's batch of one folded into its positions), the Dense rule's norms and
     sums, the [k, m] sum put back in the kernel's order."""
     rows = a.shape[0]
@@ -355,7 +355,7 @@ def register_layer_rule(
     supports: Callable[[keras.layers.Layer], bool] | None = None,
     per_example: bool = False,
 ) -> None:
-    """Registers (or replaces) the ghost rule of exactly ``layer_class`` (`keras_dyndp.layer_rules`, the contract
+    """Registers (or replaces) the ghost rule of exactly ``layer_class`` (`keras_dyndp.rules.layer_rules`, the contract
     both backends share). A wrong rule breaks privacy silently: check it against the per-example ``jax.vmap`` path.
 
     Args:
@@ -396,8 +396,8 @@ def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
 def sublayer_norms_and_sums(
     sublayer: keras.layers.Layer, a: jax.Array, g: jax.Array
 ) -> tuple[list, jax.Array, Callable]:
-    """`keras_dyndp.layer_rules.sublayer_norms_and_sums` on JAX: ``(variables, squared norms, sums)`` by the rule of
-    ``sublayer``'s class; ValueError where none supports it."""
+    """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums` on JAX: ``(variables, squared norms, sums)`` by the rule
+    of ``sublayer``'s class; ValueError where none supports it."""
     rule = rule_for(sublayer)
     if rule is None:
         raise ValueError(f"no ghost rule supports layer {sublayer.name!r} ({type(sublayer).__name__})")

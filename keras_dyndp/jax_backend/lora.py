@@ -2,8 +2,8 @@
 Embedding with the kernel (embeddings) frozen and only the adapters A [in, r] and B [r, out] trained, the effective
 kernel W + s A B (s = lora_alpha / lora_rank). The TensorFlow rules' math (`keras_dyndp.tf_backend.per_example.lora`:
 A by `ghost`'s rule of the layer for the output gradient s g B^T, an EinsumDense's for the rank equation of
-`keras_dyndp.einsum_lora`; B by the Dense rule for the inputs s a A, Embedding's s A[ids]); the bias, where it trains,
-keeps the per-example (vmap) path as the plain Dense's does.
+`keras_dyndp.rules.einsum_lora`; B by the Dense rule for the inputs s a A, Embedding's s A[ids]); the bias, where it
+trains, keeps the per-example (vmap) path as the plain Dense's does.
 
 Registered on import (``keras_dyndp.jax_backend`` imports this module) over the plain rules of the same classes: a
 layer without LoRA keeps the plain rule. A and B are read as the step's values (the step runs the rules in a
@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from keras_dyndp import einsum_equation
-from keras_dyndp import einsum_lora
 from keras_dyndp.jax_backend import ghost
+from keras_dyndp.rules import einsum_equation
+from keras_dyndp.rules import einsum_lora
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 

@@ -1,7 +1,7 @@
 """Microbatches on the JAX backend: the clipped sum of M random microbatch gradients, from per-example gradients.
 
 The mechanism (rows drawn uniformly into microbatches per step under a secret key, sensitivity 2 C) is
-`keras_dyndp.mechanism`'s. A microbatch's loss is linear in its rows' losses, so from the per-example gradients g_i
+`keras_dyndp.core.mechanism`'s. A microbatch's loss is linear in its rows' losses, so from the per-example gradients g_i
 microbatch j's gradient is G_j = sum_{a_i = j} g_i / n_j (n_j: its rows with a non-zero loss), one contraction, and
 the clipped sum sum_j f_j G_j, f_j = min(1, C / ||G_j||), another, with the coefficient f_{a_i} / n_{a_i} of row i.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from keras_dyndp import layer_rules
-from keras_dyndp import mechanism
+from keras_dyndp.core import mechanism
 from keras_dyndp.jax_backend import ops
+from keras_dyndp.rules import layer_rules
 
 
 def random_assignment(key: jax.Array, num_rows: int, num_microbatches: int) -> jax.Array:

@@ -17,8 +17,8 @@ from typing import Any
 import jax
 import keras
 
-from keras_dyndp import refusals
-from keras_dyndp.sublayers import layers
+from keras_dyndp.core import refusals
+from keras_dyndp.rules.sublayers import layers
 
 
 def check_layers(model: keras.Model) -> None:

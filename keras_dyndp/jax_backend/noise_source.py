@@ -2,7 +2,7 @@
 
 Keras's seeds are public or restorable (``set_random_seed``, ``SeedGenerator`` states in checkpoints), so noise
 drawn from them could be regenerated or replayed. Each optimizer holds a 64-bit base key from OS entropy
-(`keras_dyndp.noise_seed`; process 0's under several processes) in host memory. The key is a runtime input of the
+(`keras_dyndp.core.noise_seed`; process 0's under several processes) in host memory. The key is a runtime input of the
 step, never a constant of a compiled program: a constant goes wherever the program goes (persistent compilation
 caches, XLA dumps to files or stdout, profiler traces). The optimizer's ``new_run`` writes its
 two words into the state of a run of steps (the never-saved run state, `fresh_run_state`), from which the step reads
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from keras_dyndp import noise_seed as noise_seed_module
+from keras_dyndp.core import noise_seed as noise_seed_module
 from keras_dyndp.jax_backend import processes
 
 NOISE, MICROBATCHES, LAYER_SEEDS = range(3)  # The purposes `step_key` folds in: one key for each use.

@@ -1,4 +1,4 @@
-"""JAX's primitives of the DP step: `OPS`, the array functions `keras_dyndp.mechanism` is written over."""
+"""JAX's primitives of the DP step: `OPS`, the array functions `keras_dyndp.core.mechanism` is written over."""
 
 from __future__ import annotations
 
@@ -57,4 +57,4 @@ OPS = types.SimpleNamespace(
     mean=jnp.mean,
     normals=_normals,
 )
-"""`keras_dyndp.mechanism`'s primitives in JAX; ``normals`` draws from one key (the step's noise key)."""
+"""`keras_dyndp.core.mechanism`'s primitives in JAX; ``normals`` draws from one key (the step's noise key)."""

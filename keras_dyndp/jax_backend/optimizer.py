@@ -1,11 +1,11 @@
-"""Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.mechanism`) on the JAX backend.
+"""Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.core.mechanism`) on the JAX backend.
 
 `make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``, with
 the arguments, checks and config of `keras_dyndp.optimizer_base.DPOptimizerBase`. The jitted step never calls the
 host: `stateless_apply_clipped_sum` takes the sums of gradients clipped to C_k (`clip_norm_at`, k = ``iterations``),
 checks in the graph the counter against the steps released (``released_steps``, saved with it, each step adding 1)
 and the recorded schedule, the steps released against the budget and the batch's number of examples against the
-schedule's Poisson sampling, then noises, normalises (`keras_dyndp.mechanism.private_update`) and applies
+schedule's Poisson sampling, then noises, normalises (`keras_dyndp.core.mechanism.private_update`) and applies
 through Keras's ``stateless_apply``. A refused step, and every later one, changes nothing until `raise_refused_step`
 reads the refusal from the run state and raises. `apply` refuses any other gradients (Keras's default train step).
 
@@ -22,17 +22,17 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
-from keras_dyndp import private_model
-from keras_dyndp import refusals
-from keras_dyndp import registration
-from keras_dyndp import step_checks
+from keras_dyndp.core import mechanism
+from keras_dyndp.core import refusals
+from keras_dyndp.core import step_checks
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import noise_source
 from keras_dyndp.jax_backend import ops
 from keras_dyndp.jax_backend import processes
 from keras_dyndp.jax_backend import train_step
+from keras_dyndp.keras_glue import private_model
+from keras_dyndp.keras_glue import registration
 
 _NOT_APPLIED = " The step was not applied, nor any step after it until this error."
 

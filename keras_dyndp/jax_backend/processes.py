@@ -8,7 +8,7 @@ processes agree on what the program holds and on the global batch:
   a sampler of its own an example could sit in two processes' shares of the batch (moving the sum by 2 C);
 - every process holds the same data (`check_same_data`), draws the same global Poisson batch and feeds only its
   share (`local_rows`): the global batch is the processes' shares in process order
-  (``jax.make_array_from_process_local_data``); data read on demand (`keras_dyndp.sources`) is read by each process
+  (``jax.make_array_from_process_local_data``); data read on demand (`keras_dyndp.data.sources`) is read by each process
   at its share's rows only, and compared by N and some rows (`check_same_source`);
 - every process builds the DP optimizer alike (`check_same_release`: schedule, learning rate, DP and base settings):
   with the one noise key a process under other noise or another learning rate would apply the same draw at another
@@ -92,7 +92,7 @@ _PROBED_ROWS = 16
 
 
 def check_same_source(rows: Any) -> None:
-    """`check_same_data` for data read on demand (`keras_dyndp.sources.Rows`), which no process reads whole: N, the
+    """`check_same_data` for data read on demand (`keras_dyndp.data.sources.Rows`), which no process reads whole: N, the
     first example and ``_PROBED_ROWS`` rows at positions drawn from N (the same on every process) must agree; a
     process given another file or another number of examples is refused, one differing elsewhere is not seen."""
     if not several():

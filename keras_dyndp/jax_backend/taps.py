@@ -26,7 +26,7 @@ import keras
 from keras.src.backend.common.stateless_scope import get_stateless_scope
 
 from keras_dyndp.jax_backend import ghost
-from keras_dyndp.sublayers import layers
+from keras_dyndp.rules.sublayers import layers
 
 _ACTIVE = threading.local()
 

@@ -23,8 +23,8 @@ data: one `SamplingWarning`); under several processes what `processes` lists. A 
 nothing, nor does any later step; the call raises at that epoch's end at the latest (`BudgetExhaustedError` past the
 budget, before the step when the host can tell). These checks run in what every entry point calls on the model, also
 ``keras.Model.fit(model, ...)`` called unbound: ``make_train_function`` checks the data the entry point showed
-(`keras_dyndp.entry_points`), the train function it makes (`_CheckedTrainFunction`) starts each run of steps with a
-fresh nonce, and ``jax_state_sync`` raises a refused step (docs/privacy.md, "Which entry points are covered").
+(`keras_dyndp.keras_glue.entry_points`), the train function it makes (`_CheckedTrainFunction`) starts each run of steps
+with a fresh nonce, and ``jax_state_sync`` raises a refused step (docs/privacy.md, "Which entry points are covered").
 Only ``dp_step`` is logged unless ``training_metrics=True``. Under a
 ``keras.distribution`` (one process, or `processes`' DataParallel over several) the jitted step keeps its global
 meaning: every example clipped, one noise key, the noise added once to the global sum.
@@ -45,15 +45,11 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from keras_dyndp import batch_sizes
-from keras_dyndp import entry_points
-from keras_dyndp import layer_rules
-from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
-from keras_dyndp import private_model
-from keras_dyndp import refusals
-from keras_dyndp import step_checks
-from keras_dyndp import sublayers
+from keras_dyndp.core import batch_sizes
+from keras_dyndp.core import mechanism
+from keras_dyndp.core import refusals
+from keras_dyndp.core import step_checks
 from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend import ghost
 from keras_dyndp.jax_backend import microbatches
@@ -61,6 +57,10 @@ from keras_dyndp.jax_backend import model_checks
 from keras_dyndp.jax_backend import ops
 from keras_dyndp.jax_backend import processes
 from keras_dyndp.jax_backend import taps
+from keras_dyndp.keras_glue import entry_points
+from keras_dyndp.keras_glue import private_model
+from keras_dyndp.rules import layer_rules
+from keras_dyndp.rules import sublayers
 
 METHODS = ("auto", "ghost", "vectorized")
 
@@ -369,8 +369,8 @@ def _put_back(model: keras.Model, state) -> None:
 def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
     """Refuses Poisson batches at another rate than the schedule's or with ``public_batch_size``, arrays given to
     ``fit`` without it, and under several processes anything but Poisson batches given to ``fit``; warns (once per
-    optimizer) on other data. ``seen``: ``(caller, x)`` as `keras_dyndp.entry_points.DataSeen` recorded it, None
-    when no entry point showed the data."""
+    optimizer) on other data. ``seen``: ``(caller, x)`` as `keras_dyndp.keras_glue.entry_points.DataSeen` recorded it,
+    None when no entry point showed the data."""
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return  # The train step refuses it, naming what to use.

@@ -1,12 +1,12 @@
 """Poisson-sampled batches as a ``tf.data.Dataset`` (`keras_dyndp.poisson_batches` on TensorFlow), and shuffled ones.
 
-`keras_dyndp.sampling` holds the sampler's arguments, checks and privacy argument. ``seed=None`` draws 63 bits from
+`keras_dyndp.data.sampling` holds the sampler's arguments, checks and privacy argument. ``seed=None`` draws 63 bits from
 the OS (never the global seed; agreed by multi-worker workers, `replicas.agreed_random_bits`) and every iteration
 draws fresh batches; an integer seed and ``start_step`` (with the same global seed, which TensorFlow mixes in) repeat
-them, and a run resumed at another step draws independently (`keras_dyndp.sampling.sampler_seed`). The datasets are
+them, and a run resumed at another step draws independently (`keras_dyndp.data.sampling.sampler_seed`). The datasets are
 registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's checks (`check_resume`); a
 derived one is not. `shuffled_batches` is an approximation the accounting does not cover. Data read on demand
-(`keras_dyndp.sources`) is drawn in O(k) and read inside the pipeline (`_source_batches`).
+(`keras_dyndp.data.sources`) is drawn in O(k) and read inside the pipeline (`_source_batches`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from keras_dyndp import sampling
-from keras_dyndp import sources
-from keras_dyndp import validation
-from keras_dyndp.batch_sizes import BATCH_SIZE_TAIL  # noqa: F401  (re-exported)
-from keras_dyndp.batch_sizes import DEFAULT_OVERFLOW_TAIL  # noqa: F401  (re-exported)
-from keras_dyndp.batch_sizes import batch_size_range  # noqa: F401  (re-exported)
-from keras_dyndp.batch_sizes import default_max_batch_size  # noqa: F401  (re-exported)
-from keras_dyndp.batch_sizes import expected_steps_per_epoch  # noqa: F401  (re-exported)
-from keras_dyndp.batch_sizes import truncation_delta  # noqa: F401  (re-exported)
-from keras_dyndp.sampling import PoissonSampling
+from keras_dyndp.core import validation
+from keras_dyndp.core.batch_sizes import BATCH_SIZE_TAIL  # noqa: F401  (re-exported)
+from keras_dyndp.core.batch_sizes import DEFAULT_OVERFLOW_TAIL  # noqa: F401  (re-exported)
+from keras_dyndp.core.batch_sizes import batch_size_range  # noqa: F401  (re-exported)
+from keras_dyndp.core.batch_sizes import default_max_batch_size  # noqa: F401  (re-exported)
+from keras_dyndp.core.batch_sizes import expected_steps_per_epoch  # noqa: F401  (re-exported)
+from keras_dyndp.core.batch_sizes import truncation_delta  # noqa: F401  (re-exported)
+from keras_dyndp.data import sampling
+from keras_dyndp.data import sources
+from keras_dyndp.data.sampling import PoissonSampling
 from keras_dyndp.tf_backend import replicas
 
 # The datasets this module returned, with their sampling; weak keys, so registering keeps no dataset alive.
@@ -45,7 +45,7 @@ def poisson_sampling(dataset: Any) -> PoissonSampling | None:
 
 
 def _as_tensors(x: Any, y: Any, sample_weight: Any, num_examples: int | None = None) -> tuple[Any, Any, tf.Tensor, int]:
-    """Converts (nests of) arrays to tensors, checked by `keras_dyndp.sampling.check_rows`."""
+    """Converts (nests of) arrays to tensors, checked by `keras_dyndp.data.sampling.check_rows`."""
     num_rows = sampling.check_rows(x, y, sample_weight, num_examples)
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     y = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
@@ -107,7 +107,7 @@ def make_poisson_batches(
     """`keras_dyndp.poisson_batches` on TensorFlow: each step keeps every example with probability p (one float64
     uniform each), gathers the kept rows first and pads with zero rows of weight 0. ``x`` may be a finite, unbatched
     dataset of ``(x, y[, w])`` elements of fixed shapes, read once into memory; data read on demand
-    (`keras_dyndp.sources.Rows`) goes to `_source_batches`."""
+    (`keras_dyndp.data.sources.Rows`) goes to `_source_batches`."""
     if isinstance(x, sources.Rows):
         return _source_batches(x, arguments)
     if isinstance(x, tf.data.Dataset):
@@ -155,7 +155,7 @@ def _check_overflow(num_selected: tf.Tensor, max_batch_size: int, overflow: str)
             "WARNING keras_dyndp.poisson_batches: Poisson sampling selected",
             num_selected,
             f"examples; truncated to max_batch_size={max_batch_size}. This adds to delta, see "
-            "keras_dyndp.batch_sizes.truncation_delta.",
+            "keras_dyndp.core.batch_sizes.truncation_delta.",
             output_stream=sys.stderr,
         )
         tf.cond(num_selected > max_batch_size, warn, tf.no_op)
@@ -163,7 +163,7 @@ def _check_overflow(num_selected: tf.Tensor, max_batch_size: int, overflow: str)
 
 def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson: PoissonSampling) -> tf.data.Dataset:
     """``steps_per_epoch`` batches ``make_batch(step_seed)``, one fresh pair of int64 step seeds each (fresh again at
-    every iteration; from `keras_dyndp.sampling.sampler_seed`), made in parallel and prefetched; registered with
+    every iteration; from `keras_dyndp.data.sampling.sampler_seed`), made in parallel and prefetched; registered with
     their sampling, seed and start step."""
     seed = arguments.stream_seed
     same_on_every_worker = seed is not None or replicas.is_multi_worker()
@@ -181,13 +181,13 @@ def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson
 
 
 def check_resume(x: Any, optimizer: Any) -> None:
-    """`keras_dyndp.sampling.check_resume` of what ``fit`` received (only batches this module returned are
+    """`keras_dyndp.data.sampling.check_resume` of what ``fit`` received (only batches this module returned are
     checked)."""
     sampling.check_resume(x, poisson_sampling(x), optimizer)
 
 
 def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) -> tf.data.Dataset:
-    """`keras_dyndp.poisson_batches` of data read on demand (`keras_dyndp.sources`): each step's sample is drawn in
+    """`keras_dyndp.poisson_batches` of data read on demand (`keras_dyndp.data.sources`): each step's sample is drawn in
     numpy (k ~ Binomial(N, p), a uniform subset; O(k)) from its step seed, its rows read in increasing index order
     inside the input pipeline (``tf.numpy_function``, parallel calls, prefetch), returned in the sample's random
     order, padded as in-memory batches are. Under MultiWorkerMirroredStrategy every worker draws the same sample

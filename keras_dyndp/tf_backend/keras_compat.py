@@ -18,10 +18,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_dyndp import entry_points
 from keras_dyndp import optimizer_base
-from keras_dyndp import registration
-from keras_dyndp import sublayers
+from keras_dyndp.keras_glue import entry_points
+from keras_dyndp.keras_glue import registration
+from keras_dyndp.rules import sublayers
 
 keras = tf.keras
 """The Keras in use: ``tf.keras`` on Keras 2, the ``keras`` package on Keras 3 (``tf.keras`` lacks ``keras.saving``)."""
@@ -318,7 +318,8 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
 
 def _keras2_entry_points() -> dict[Any, str]:
     """Keras 2's ``Model.fit`` and ``train_on_batch`` (their code objects, under Keras's traceback filter) -> the
-    entry names of `keras_dyndp.entry_points`; none on Keras 3, whose entry points show their data to the model."""
+    entry names of `keras_dyndp.keras_glue.entry_points`; none on Keras 3, whose entry points show their data to the
+    model."""
     if _KERAS_3:
         return {}
     methods = {"fit": entry_points.FIT, "train_on_batch": entry_points.TRAIN_ON_BATCH}

@@ -20,7 +20,7 @@ Not detected: a layer that mixes examples without storing anything (a ``Lambda``
 optimizer's microbatch and jacobian paths do not check it.
 
 The DP paths call this once per model (again after a layer is unfrozen) when the first step is traced:
-``make_private``, and a DP optimizer called from a model's train step (`keras_dyndp.registration`; after the
+``make_private``, and a DP optimizer called from a model's train step (`keras_dyndp.keras_glue.registration`; after the
 forward pass, which under ``run_eagerly=True`` has updated BatchNormalization's moving averages in memory). In a custom
 training loop the optimizer cannot see the model: it warns once; call ``keras_dyndp.check_model(model, x)``.
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_dyndp import refusals
+from keras_dyndp.core import refusals
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend.keras_compat import keras
 

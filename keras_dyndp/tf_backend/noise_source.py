@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_dyndp import noise_seed as noise_seed_module
-from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: F401  (re-exported: keras_dyndp.tf_backend names it)
+from keras_dyndp.core import noise_seed as noise_seed_module
+from keras_dyndp.core.noise_seed import NoiseSeedWarning  # noqa: F401  (re-exported: keras_dyndp.tf_backend names it)
 
 _STATE_BITS = 192  # Philox: a 128-bit counter and a 64-bit key.
 

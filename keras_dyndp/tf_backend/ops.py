@@ -1,4 +1,4 @@
-"""TensorFlow's primitives of the DP step (`OPS`, for `keras_dyndp.mechanism`) and its per-example clipping kernel:
+"""TensorFlow's primitives of the DP step (`OPS`, for `keras_dyndp.core.mechanism`) and its per-example clipping kernel:
 stateless (the noise generator is passed in), XLA-compatible, shared by the optimizers and `per_example`."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from keras_dyndp import layer_rules
-from keras_dyndp import mechanism
+from keras_dyndp.core import mechanism
+from keras_dyndp.rules import layer_rules
 
 OPS = types.SimpleNamespace(
     where=tf.where,
@@ -24,7 +24,7 @@ OPS = types.SimpleNamespace(
     mean=tf.reduce_mean,
     normals=lambda generator, tensors: [standard_normals(generator, t.shape, tf.shape(t)) for t in tensors],
 )
-"""`keras_dyndp.mechanism`'s primitives in TensorFlow; ``normals`` draws from a `tf.random.Generator`."""
+"""`keras_dyndp.core.mechanism`'s primitives in TensorFlow; ``normals`` draws from a `tf.random.Generator`."""
 
 
 def standard_normals(generator: tf.random.Generator, static_shape: tf.TensorShape, shape: tf.Tensor) -> tf.Tensor:
@@ -71,7 +71,7 @@ def per_example_global_norms(per_example_grads: Sequence[tf.Tensor | None]) -> t
 
 
 def clip_factors(norms: tf.Tensor, clip_norm: tf.Tensor | float) -> tf.Tensor:
-    """Per-example clipping factors min(1, clip_norm / norms) (`keras_dyndp.mechanism.clip_factors`), [N]."""
+    """Per-example clipping factors min(1, clip_norm / norms) (`keras_dyndp.core.mechanism.clip_factors`), [N]."""
     return mechanism.clip_factors(OPS, norms, clip_norm)
 
 

@@ -1,7 +1,7 @@
 """Keras optimizers that run dynamic DP-SGD on TensorFlow: per-step clipping norms and noise from a `DPSchedule`.
 
 `make_dynamic_dp_optimizer_class(base_cls)` makes ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``: the
-mixin runs the mechanism (`keras_dyndp.mechanism`) in graph ops, the base class holds the update rule;
+mixin runs the mechanism (`keras_dyndp.core.mechanism`) in graph ops, the base class holds the update rule;
 `DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its instances.
 It receives clipped sums: ``make_private``'s step hands `apply_clipped_sum` those of its clipping method
 (`keras_dyndp.tf_backend.per_example`); a custom loop's `minimize` (`compute_gradients`) clips the per-example losses
@@ -15,13 +15,13 @@ Step counter. `opt.dp_step` IS Keras's `opt.iterations`, saved with the optimize
 update, counter included, depends on the noised gradients (else, at the end of a dataset of unknown cardinality,
 Keras's increment would run once more and shift the schedule). The variable `schedule_fingerprint` records at step 0
 the schedule the steps are taken under; a counter restored from another schedule is refused in the graph
-(`keras_dyndp.step_checks.restored_schedule_refusal`). The variable ``released_steps``, saved with the counter too,
+(`keras_dyndp.core.step_checks.restored_schedule_refusal`). The variable ``released_steps``, saved with the counter too,
 counts the steps released, each update adding 1: a step runs only where the counter equals it, so a counter set by
 hand (``iterations.assign(0)`` after the budget) is refused, and the budget and `PrivacyLogger` count released steps.
 
 Budget guard. Past T = `schedule.num_steps` steps released a step raises `tf.errors.InvalidArgumentError` ("DP budget
-exhausted ...", asserted as `keras_dyndp.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t and
-sigma_t also read 0 there and the step releases nothing; stop at T with `keras_dyndp.BudgetStop`.
+exhausted ...", asserted as `keras_dyndp.core.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t
+and sigma_t also read 0 there and the step releases nothing; stop at T with `keras_dyndp.BudgetStop`.
 
 Replicas (`keras_dyndp.tf_backend.replicas`): under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each
 replica clips its share, the first alone adds the noise and the base optimizer sums the parts; other strategies are
@@ -40,12 +40,12 @@ from collections.abc import Sequence
 import tensorflow as tf
 from absl import logging
 
-from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
-from keras_dyndp import private_model
-from keras_dyndp import refusals
-from keras_dyndp import registration
-from keras_dyndp import step_checks
+from keras_dyndp.core import mechanism
+from keras_dyndp.core import refusals
+from keras_dyndp.core import step_checks
+from keras_dyndp.keras_glue import private_model
+from keras_dyndp.keras_glue import registration
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import model_checks
@@ -119,7 +119,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, self._schedule.num_steps, may_run)
 
     def _refusals(self, min_examples, max_examples, num_rows) -> list[tf.Operation]:
-        """The step's refusals (`keras_dyndp.step_checks`) of a batch of ``num_rows`` rows holding ``min_examples``
+        """The step's refusals (`keras_dyndp.core.step_checks`) of a batch of ``num_rows`` rows holding ``min_examples``
         to ``max_examples`` examples, assertions in their order, then the record of the schedule's fingerprint."""
         step, recorded = tf.convert_to_tensor(self.dp_step), tf.convert_to_tensor(self._schedule_fingerprint)
         released = self._released(step)
@@ -137,7 +137,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             return checks + [self._schedule_fingerprint.assign(tf.where(mismatch, recorded, own))]
 
     def _noised(self, clip: Callable, num_examples, num_rows, schedule_values=None, exact=True) -> list[tf.Tensor]:
-        """This replica's part of the update (`keras_dyndp.mechanism.private_update`) of its sums ``clip(C)``, (C,
+        """This replica's part of the update (`keras_dyndp.core.mechanism.private_update`) of its sums ``clip(C)``, (C,
         sigma) (`_read_once`) used after the `_refusals` of its ``num_rows`` rows holding ``num_examples`` examples
         (unless ``exact``, at least; at most the rows): noise on the first replica only, the global normaliser."""
         self._sampling_check.check_step_input()

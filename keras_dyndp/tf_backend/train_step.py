@@ -23,8 +23,8 @@ steps depending on the private batch, and un-averaged per-example losses need no
 fixed-size batches, only with ``public_batch_size=True``; anything else and ``train_on_batch`` warned once); a step
 refused past the budget ends the call in one `keras_dyndp.optimizer_base.BudgetExhaustedError`. The checks run in what
 every entry point calls on the model, also ``keras.Model.fit(model, ...)`` called unbound: ``make_train_function``
-checks the data the entry point showed (`keras_dyndp.entry_points`; Keras 2 shows an unbound call's data to no call
-on the model: `keras_compat.unbound_entry_data` reads it from the call's frame) and wraps the train function
+checks the data the entry point showed (`keras_dyndp.keras_glue.entry_points`; Keras 2 shows an unbound call's data to
+no call on the model: `keras_compat.unbound_entry_data` reads it from the call's frame) and wraps the train function
 (`_CheckedTrainFunction`; docs/privacy.md, "Which entry points are covered").
 
 Refused (ValueError, when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss
@@ -44,13 +44,13 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from keras_dyndp import batch_sizes
-from keras_dyndp import entry_points
-from keras_dyndp import epoch_logs
 from keras_dyndp import optimizer_base
-from keras_dyndp import private_model
-from keras_dyndp import refusals
-from keras_dyndp import step_checks
+from keras_dyndp.core import batch_sizes
+from keras_dyndp.core import refusals
+from keras_dyndp.core import step_checks
+from keras_dyndp.keras_glue import entry_points
+from keras_dyndp.keras_glue import epoch_logs
+from keras_dyndp.keras_glue import private_model
 from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import replicas
@@ -141,10 +141,10 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
-    """The checks of the data an entry point showed (``(caller, x)``, `keras_dyndp.entry_points.DataSeen`): ``fit``'s
-    budget left and data (`keras_dyndp.tf_backend.sampling_check.SamplingCheck.check_fit_input`: arrays refused),
-    ``train_on_batch``'s batch warned once. Returns whether the data was checked (the step then adds nothing); the
-    step warns once about data no entry point showed (`keras_dyndp.entry_points.UNSEEN_BATCHES`)."""
+    """The checks of the data an entry point showed (``(caller, x)``, `keras_dyndp.keras_glue.entry_points.DataSeen`):
+    ``fit``'s budget left and data (`keras_dyndp.tf_backend.sampling_check.SamplingCheck.check_fit_input`: arrays
+    refused), ``train_on_batch``'s batch warned once. Returns whether the data was checked (the step then adds nothing);
+    the step warns once about data no entry point showed (`keras_dyndp.keras_glue.entry_points.UNSEEN_BATCHES`)."""
     optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
     if seen is None or not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return False

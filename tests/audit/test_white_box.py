@@ -1,6 +1,6 @@
 """The white-box canary audit (`keras_dyndp.audit.white_box`) flags planted faults and passes the correct pipeline.
 
-Each fault is planted in `keras_dyndp.mechanism`, the one place of the DP step's decisions that both backends call
+Each fault is planted in `keras_dyndp.core.mechanism`, the one place of the DP step's decisions that both backends call
 when the train step is traced, through ``monkeypatch`` (undone after each test). A fault is flagged when the f-DP
 lower bound at 95% confidence exceeds the schedule's PLD epsilon. The schedule: p = 1 (every included canary in
 every step), T = 8 steps, C_t decaying geometrically from 1 to 0.5 (the steps' shifts C_t / sigma differ, which the
@@ -14,8 +14,8 @@ import pytest
 
 import keras_dyndp
 from keras_dyndp import audit
-from keras_dyndp import mechanism
 from keras_dyndp.audit import white_box
+from keras_dyndp.core import mechanism
 
 STEPS = 8
 FAULT_MU = 0.5  # claimed epsilon 1.99 at delta 1e-5

@@ -1,6 +1,7 @@
 """A causal language model's per-example loss, on every stack: y [B, L] (the next tokens), sample_weight [B, L] (the
 padding mask), losses [B, L] per token. Each example's tokens are reduced alone, with its own mask, as Keras's default
-reduction weighs them (`keras_dyndp.mechanism.per_example_losses`), so one example's whole gradient is clipped to C.
+reduction weighs them (`keras_dyndp.core.mechanism.per_example_losses`), so one example's whole gradient is clipped to
+C.
 
 Measured on the released update of one DP step at sigma 0 and learning rate 1 (S = -(w_1 - w_0) * expected batch
 size), against brute-force per-example gradients: each example alone through Keras's own non-private step (SGD at

@@ -1,4 +1,4 @@
-"""The rules of `keras_dyndp.dense_attention` on JAX: AdditiveAttention and Attention (``use_scale=True``,
+"""The rules of `keras_dyndp.rules.dense_attention` on JAX: AdditiveAttention and Attention (``use_scale=True``,
 ``score_mode="concat"``) are tapped and one DP step clips like the loop of single-example gradients (also traced by
 ``jax.jit`` alone); removing one example moves the clipped sum by min(||g_i||, C) <= C; a factor-0 example adds
 nothing; the calls the rule cannot reproduce (dropout, masks, causal masks) keep their weights' vmap gradients."""
@@ -15,17 +15,17 @@ import jax.numpy as jnp  # noqa: E402
 import jax_brute_force as brute_force  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_dyndp import dense_attention  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import taps  # noqa: E402
+from keras_dyndp.rules import dense_attention  # noqa: E402
 
 PN = 2.5  # the expected batch size p N: the update times -p N is the clipped sum
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 pytestmark = [
     pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),  # noise 0: sums compared
-    pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning"),  # the test's own fixed batches
+    pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning"),  # the test's own fixed batches
 ]
 
 LAYERS = attention_models.layers(keras)

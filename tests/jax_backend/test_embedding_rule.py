@@ -1,5 +1,5 @@
 """The Embedding ghost rule on JAX against each example's dense table gradient, grouped by a table of first positions
-and by a sort (`keras_dyndp.ghost_cost.embedding_by_table`): repeated ids, all ids equal, a long sequence, ids
+and by a sort (`keras_dyndp.rules.ghost_cost.embedding_by_table`): repeated ids, all ids equal, a long sequence, ids
 outside the table, and an example whose rows are not finite with factor 0."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_dyndp import ghost_cost
 from keras_dyndp.jax_backend import ghost
+from keras_dyndp.rules import ghost_cost
 
 RULE = ghost.RULES[keras.layers.Embedding]
 

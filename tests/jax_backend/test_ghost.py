@@ -104,7 +104,7 @@ def test_embedding_norms_and_clipped_sum_equal_the_dense_per_example_gradients(l
 
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # the test's own fixed batches
 def test_the_documented_custom_rule_clips_as_the_per_example_loop():
     import jax_brute_force as brute_force  # pylint: disable=import-outside-toplevel  (tests/jax_backend)
     import transformer_layers  # pylint: disable=import-outside-toplevel  (tests/)
@@ -178,7 +178,7 @@ def test_bfloat16_taps_give_float32_norms_and_sums_of_their_values(shape):
 
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # the test's own fixed batches
 def test_a_transformers_attention_projections_are_tapped_and_clip_as_the_per_example_loop():
     """MultiHeadAttention's four EinsumDense projections, the feed-forward Dense and LayerNormalization take their
     rules; the step equals the per-example loop (rtol 1e-5 at full matmul precision)."""

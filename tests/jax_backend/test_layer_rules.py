@@ -1,4 +1,4 @@
-"""The shared rule contract on JAX (`keras_dyndp.layer_rules`): the keras.io Transformer example's layers and a
+"""The shared rule contract on JAX (`keras_dyndp.rules.layer_rules`): the keras.io Transformer example's layers and a
 learned position embedding, each registered in one line, are tapped and clip like the per-example loop; a rule's
 sums add nothing from an example whose factor is 0."""
 
@@ -15,12 +15,12 @@ import numpy as np  # noqa: E402
 import transformer_layers  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp import layer_rules  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import ghost  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import taps  # noqa: E402
+from keras_dyndp.rules import layer_rules  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
@@ -52,7 +52,7 @@ def _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm):
 
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # the test's own fixed batches
 def test_the_documented_rule_is_tapped_and_steps_as_the_vmap_path():
     scale_shift = transformer_layers.documented_rule_example()["ScaleShift"]
     rng = np.random.default_rng(2)
@@ -73,7 +73,7 @@ def test_the_documented_rule_is_tapped_and_steps_as_the_vmap_path():
 
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # the test's own fixed batches
 @pytest.mark.parametrize("learned_positions", [False, True])
 def test_the_transformer_example_is_tapped_and_clips_like_the_per_example_loop(learned_positions):
     classes = transformer_layers.layers(keras, keras.ops.arange)
@@ -90,7 +90,7 @@ def test_the_transformer_example_is_tapped_and_clips_like_the_per_example_loop(l
 
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")  # the test's own fixed batches
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # the test's own fixed batches
 def test_the_token_table_inside_a_composite_rule_takes_negative_ids_as_the_lookup_reads_them():
     """Keras's lookup (jnp.take) reads -1 and -V as rows V - 1 and 0: the token Embedding's rule, applied through the
     composite's, clips the gradient of those rows with their example (one example has -1 beside V - 1: one row)."""

@@ -25,7 +25,7 @@ L = keras.layers
 LORA_CLASSES = (L.Dense, L.EinsumDense, L.Embedding)
 pytestmark = [
     pytest.mark.filterwarnings(
-        "ignore:model.fit received x of type FixedBatches:keras_dyndp.batch_sizes.SamplingWarning"
+        "ignore:model.fit received x of type FixedBatches:keras_dyndp.core.batch_sizes.SamplingWarning"
     ),
     pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
 ]

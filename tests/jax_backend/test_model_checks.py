@@ -20,7 +20,7 @@ pytestmark = [
     # Tests that measure the clipped sum without noise, and arrays with public_batch_size=True (fixed-size batches
     # by declaration): both warned by design.
     pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
-    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.SamplingWarning"),
 ]
 
 

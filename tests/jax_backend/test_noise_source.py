@@ -9,8 +9,8 @@ if keras.backend.backend() != "jax":
 
 import numpy as np  # noqa: E402
 
+from keras_dyndp.core.noise_seed import NoiseSeedWarning  # noqa: E402
 from keras_dyndp.jax_backend import noise_source  # noqa: E402
-from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
 
 
 def test_run_states_take_never_used_nonces_and_the_key_only_when_asked():

@@ -1,4 +1,4 @@
-"""jax_backend.ops: JAX's primitives of the DP step behave as keras_dyndp.mechanism assumes."""
+"""jax_backend.ops: JAX's primitives of the DP step behave as keras_dyndp.core.mechanism assumes."""
 
 import os
 
@@ -9,7 +9,7 @@ import jax.extend.random  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_dyndp import mechanism  # noqa: E402
+from keras_dyndp.core import mechanism  # noqa: E402
 from keras_dyndp.jax_backend import ops  # noqa: E402
 from keras_dyndp.jax_backend.ops import OPS  # noqa: E402
 

@@ -12,23 +12,23 @@ if keras.backend.backend() != "jax":
 import jax_brute_force as brute_force  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_dyndp import batch_sizes  # noqa: E402
 from keras_dyndp import optimizer_base  # noqa: E402
-from keras_dyndp import private_model  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.accounting import noise_range  # noqa: E402
 from keras_dyndp.callbacks import PrivacyLogger  # noqa: E402
+from keras_dyndp.core import batch_sizes  # noqa: E402
+from keras_dyndp.core.noise_seed import NoiseSeedWarning  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasAdam  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import JaxDPOptimizerMixin  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
-from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
+from keras_dyndp.keras_glue import private_model  # noqa: E402
 
 pytestmark = [
     # Tests that measure the clipped sum without noise, and arrays with public_batch_size=True (fixed-size batches
     # by declaration): both warned by design.
     pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
-    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.SamplingWarning"),
 ]
 
 LOSS = keras.losses.MeanSquaredError(reduction="none")
@@ -108,7 +108,7 @@ def test_degenerate_noise_is_refused_at_construction(noise_multiplier):
     DynamicDPKerasSGD(schedule=schedules.DPSchedule([2.0] * 3, [2e-4, 2.0, 2e4], 0.5), expected_batch_size=4)
 
 
-@pytest.mark.filterwarnings("ignore:model.fit received x of type FixedBatches:keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore:model.fit received x of type FixedBatches:keras_dyndp.SamplingWarning")
 def test_a_step_counter_restored_into_another_schedule_is_refused(tmp_path):
     x, y = _data()
     schedule_a, schedule_b = _schedule(noise=1.0), _schedule(noise=0.01)  # same C and p, 100 times less noise
@@ -390,7 +390,7 @@ def test_public_batch_sizes_divide_by_the_rows_and_refuse_padding_rows():
         _one_step_update(entry, _padded_batch(5, 8), public_batch_size=True)
 
 
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
 def test_a_fresh_optimizer_on_a_reloaded_model_warns_that_the_schedule_restarts(tmp_path):
     x, y = _data()
     model = _private(DynamicDPKerasSGD(schedule=_schedule(), public_batch_size=True, learning_rate=0.1))
@@ -417,7 +417,7 @@ class _Batches(keras.utils.PyDataset):
         return self._batches[index]
 
 
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
 def test_a_refused_step_surfaces_at_the_epoch_end_and_no_later_step_of_it_is_applied():
     """The refusal is read where Keras syncs the state (the epoch's end), not after every step; the
     refused step and the rest of its epoch change nothing, so the result is the good first step's alone."""
@@ -464,7 +464,7 @@ def _seeded_step_update():
     return (_kernel(model) - before).tolist()
 
 
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
 def test_two_processes_with_the_same_global_seed_draw_different_noise():
     import json
     import os

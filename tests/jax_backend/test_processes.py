@@ -16,7 +16,7 @@ if keras.backend.backend() != "jax":
 
 import numpy as np  # noqa: E402
 
-from keras_dyndp import sources  # noqa: E402
+from keras_dyndp.data import sources  # noqa: E402
 from keras_dyndp.jax_backend import PoissonBatches  # noqa: E402
 from keras_dyndp.jax_backend import processes  # noqa: E402
 

@@ -11,8 +11,8 @@ if keras.backend.backend() != "jax":
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp import batch_sizes  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
+from keras_dyndp.core import batch_sizes  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 

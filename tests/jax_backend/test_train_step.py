@@ -17,12 +17,13 @@ import jax_brute_force as brute_force  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
-from keras_dyndp import batch_sizes  # noqa: E402
-from keras_dyndp import mechanism  # noqa: E402
 from keras_dyndp import optimizer_base  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.callbacks import BudgetStop  # noqa: E402  (the top-level name)
 from keras_dyndp.callbacks import PrivacyLogger  # noqa: E402
+from keras_dyndp.core import batch_sizes  # noqa: E402
+from keras_dyndp.core import mechanism  # noqa: E402
+from keras_dyndp.core.noise_seed import NoiseSeedWarning  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasAdagrad  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasAdam  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasRMSprop  # noqa: E402
@@ -30,19 +31,18 @@ from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import processes  # noqa: E402
 from keras_dyndp.jax_backend import taps  # noqa: E402
-from keras_dyndp.noise_seed import NoiseSeedWarning  # noqa: E402
 from keras_dyndp.optimizer_base import ScheduleRestartWarning  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 pytestmark = [
     # FixedBatches: exact batches in order, not Poisson samples, to compare with the reference (warned by design).
     pytest.mark.filterwarnings(
-        "ignore:model.fit received x of type FixedBatches:keras_dyndp.batch_sizes.SamplingWarning"
+        "ignore:model.fit received x of type FixedBatches:keras_dyndp.core.batch_sizes.SamplingWarning"
     ),
     # Tests that measure the clipped sum without noise, and arrays with public_batch_size=True (fixed-size batches
     # by declaration): both warned by design.
     pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
-    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.SamplingWarning"),
 ]
 
 
@@ -772,7 +772,7 @@ def _direct_train_function(model, x, y):
             variable.assign(value)
 
 
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
 @pytest.mark.parametrize("entry_point", ["unbound fit", "unbound train_on_batch", "train_function"])
 def test_a_rewound_step_counter_draws_new_noise_on_every_entry_point(entry_point):
     """Unbound ``fit`` and ``train_on_batch`` skipped the run nonce's refresh: after ``iterations.assign(0)`` the
@@ -806,7 +806,7 @@ def _poisson_model(num_steps=3):
     return model
 
 
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
 def test_past_the_budget_unbound_fit_and_train_on_batch_raise_and_apply_nothing():
     """Unbound ``fit`` over the budget returned normally after 3 of 6 steps, the refusal left unreported."""
     x, y = _data()

@@ -8,8 +8,8 @@ import tensorflow as tf
 from absl import flags
 from absl.testing import flagsaver
 
-from keras_dyndp import batch_sizes
 from keras_dyndp import cli
+from keras_dyndp.core import batch_sizes
 from keras_dyndp.tf_backend import data as dp_data
 from research import batches
 from research import digits
@@ -20,7 +20,7 @@ from research import run_flags
 from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
-pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.core.noise_seed.NoiseSeedWarning")
 
 FLAGS = flags.FLAGS
 

@@ -21,7 +21,7 @@ from research import study_report
 from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
-pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.core.noise_seed.NoiseSeedWarning")
 
 FLAGS = flags.FLAGS
 SPACE = study.SearchSpace(learning_rate=0.5, initial_clip=2.0)

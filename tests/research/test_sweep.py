@@ -13,7 +13,7 @@ from research import run_flags
 from research import sweep
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
-pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.core.noise_seed.NoiseSeedWarning")
 
 FLAGS = flags.FLAGS
 

@@ -20,7 +20,7 @@ from research import run_config
 from research import trainer
 
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
-pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::keras_dyndp.core.noise_seed.NoiseSeedWarning")
 
 QUICK = run_config.RunConfig(seed=0, verbose=0, max_steps=2)
 

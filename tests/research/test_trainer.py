@@ -26,7 +26,7 @@ from research import trainer
 # The trainers run with --seed here, for reproducible tests; a seeded run's noise seed is known, which warns by design.
 pytestmark = [
     pytest.mark.xdist_group("research_trainer"),  # its module fixtures run once (tests/conftest.py)
-    pytest.mark.filterwarnings("ignore::keras_dyndp.noise_seed.NoiseSeedWarning"),
+    pytest.mark.filterwarnings("ignore::keras_dyndp.core.noise_seed.NoiseSeedWarning"),
 ]
 
 FLAGS = flags.FLAGS

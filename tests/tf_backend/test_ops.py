@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
-from keras_dyndp import layer_rules
+from keras_dyndp.rules import layer_rules
 from keras_dyndp.tf_backend import ops
 
 

@@ -8,9 +8,9 @@ import tensorflow as tf
 
 from keras_dyndp import callbacks
 from keras_dyndp import optimizer_base
-from keras_dyndp import private_model
 from keras_dyndp import schedules
 from keras_dyndp.accounting import noise_range
+from keras_dyndp.keras_glue import private_model
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import optimizer as optimizer_module
@@ -26,9 +26,9 @@ keras = keras_compat.keras
 # measure one step, and numpy arrays to fit for brevity. The tests of these warnings assert them (pytest.warns).
 pytestmark = [
     pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
-    pytest.mark.filterwarnings("ignore:keras_dyndp cannot see the batches:keras_dyndp.batch_sizes.SamplingWarning"),
+    pytest.mark.filterwarnings("ignore:keras_dyndp cannot see the batches:keras_dyndp.SamplingWarning"),
     pytest.mark.filterwarnings("ignore:DynamicDPKeras\\w+ is not called from a Keras model's train step:UserWarning"),
-    pytest.mark.filterwarnings("ignore:model.fit received x of type:keras_dyndp.batch_sizes.SamplingWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type:keras_dyndp.SamplingWarning"),
 ]
 DP_CLASSES = [DynamicDPKerasSGD, DynamicDPKerasAdam, DynamicDPKerasAdagrad, DynamicDPKerasRMSprop]
 BASE_CLASSES = [keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.Adagrad, keras.optimizers.RMSprop]
@@ -989,7 +989,7 @@ def test_checkpoint_and_saved_model_hold_no_noise_state(tmp_path):
     assert len(loaded.optimizer.variables) == len(plain_model.optimizer.variables) + 1  # the steps released by name
 
 
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
 def test_a_fresh_optimizer_on_a_reloaded_model_warns_that_the_schedule_restarts(tmp_path):
     def fresh_optimizer():
         schedule = schedules.DPSchedule(np.full(10, 1.0), np.full(10, 1.0), 0.5)

@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import keras_dyndp
-from keras_dyndp import batch_sizes
 from keras_dyndp import schedules
+from keras_dyndp.core import batch_sizes
 from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import replicas

@@ -12,11 +12,11 @@ from per_example.brute_force import LOSS  # tests/tf_backend/per_example/brute_f
 from per_example.brute_force import reference
 
 import keras_dyndp
-from keras_dyndp import mechanism
 from keras_dyndp import optimizer_base
-from keras_dyndp import private_model
 from keras_dyndp import schedules
 from keras_dyndp.callbacks import PrivacyLogger
+from keras_dyndp.core import mechanism
+from keras_dyndp.keras_glue import private_model
 from keras_dyndp.tf_backend import DynamicDPKerasAdam
 from keras_dyndp.tf_backend import DynamicDPKerasSGD
 from keras_dyndp.tf_backend import keras_compat
@@ -30,10 +30,10 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
     # batches(): exact batches in order, not Poisson samples, to compare with the reference (warned by design).
     pytest.mark.filterwarnings(
-        "ignore:model.fit received x of type _?BatchDataset:keras_dyndp.batch_sizes.SamplingWarning"
+        "ignore:model.fit received x of type _?BatchDataset:keras_dyndp.core.batch_sizes.SamplingWarning"
     ),
     # Arrays with public_batch_size=True: fixed-size batches by declaration (warned by design).
-    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.batch_sizes.SamplingWarning"),
+    pytest.mark.filterwarnings("ignore:model.fit received x of type ndarray:keras_dyndp.SamplingWarning"),
 ]
 
 
@@ -133,7 +133,7 @@ def test_one_step_is_the_clipped_update_and_ignores_zero_weight_rows():
 
 
 @pytest.mark.parametrize("accumulation_steps", [1, 2])
-@pytest.mark.filterwarnings("ignore:model.train_on_batch received x:keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore:model.train_on_batch received x:keras_dyndp.SamplingWarning")
 def test_one_step_reads_the_schedule_once_and_refuses_another_pair(monkeypatch, accumulation_steps):
     """(C_t, sigma_t) is read once per DP step: the clipping and the release use the one pair, and the optimizer
     takes no pair but the one it handed out."""
@@ -482,7 +482,7 @@ def test_unbound_train_on_batch_and_the_train_function_warn_that_their_sampling_
     assert int(direct.optimizer.dp_step) == 1
 
 
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
 def test_past_the_budget_every_entry_point_raises_one_budget_error():
     x, y = dataset("subclassed")
     batches = keras_dyndp.poisson_batches(x, y, sampling_probability=0.25, seed=0, steps_per_epoch=2)
@@ -497,7 +497,7 @@ def test_past_the_budget_every_entry_point_raises_one_budget_error():
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
 def test_a_rewound_step_counter_draws_new_noise_through_an_unbound_fit():
     x, y = dataset("subclassed")
     model = make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(40)]))

@@ -6,7 +6,7 @@ known to act per example, `per_example_layers`). ``make_private`` (`keras_dyndp.
 with the DP optimizer. A rule of the contract both backends share is tapped by `generic`.
 """
 
-from keras_dyndp.layer_rules import register_per_example_layer
+from keras_dyndp.rules.layer_rules import register_per_example_layer
 from keras_dyndp.tf_backend.per_example.clipped_sum import METHODS
 from keras_dyndp.tf_backend.per_example.clipped_sum import clipped_gradient_sum
 from keras_dyndp.tf_backend.per_example.clipped_sum import clipped_gradient_sum_with_outputs

@@ -126,7 +126,7 @@ def clipped_gradient_sum(
 
     Example i's gradient g_i is that of its loss (``loss_fn(y, y_pred)`` -> [B], or [B, ...] such as [B, L] per
     token, weighted by ``sample_weight`` ([B], or per entry such as a [B, L] padding mask) and averaged over the
-    example's positions: `keras_dyndp.mechanism.per_example_losses`) with respect to all of ``var_list``; it enters
+    example's positions: `keras_dyndp.core.mechanism.per_example_losses`) with respect to all of ``var_list``; it enters
     as ``min(1, clip_norm / ||g_i||) g_i``. ``method``: 'auto', 'ghost', 'vectorized' or 'jacobian' (module
     docstring); ``random_source``: the secret generator random layers (and microbatches) draw from (None: this
     process's); ``num_microbatches``: M, the gradients of M random microbatches are clipped instead. Returns

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from keras_dyndp import ghost_cost
-from keras_dyndp import layer_rules
-from keras_dyndp import refusals
+from keras_dyndp.core import refusals
+from keras_dyndp.rules import ghost_cost
+from keras_dyndp.rules import layer_rules
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import norms
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient

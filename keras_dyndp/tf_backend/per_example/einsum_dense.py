@@ -1,5 +1,5 @@
 """The ghost-clipping rule of ``EinsumDense`` (Keras 3's and Keras 2's, also inside MultiHeadAttention): a Dense over
-positions after a transpose (`keras_dyndp.einsum_equation`), its kernel by `norms.bilinear_norms_and_sum` (Gram or
+positions after a transpose (`keras_dyndp.rules.einsum_equation`), its kernel by `norms.bilinear_norms_and_sum` (Gram or
 materialised, with the rounding bound), its bias (``bias_axes``) materialised per example."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from keras_dyndp import einsum_equation
+from keras_dyndp.rules import einsum_equation
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import norms
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient

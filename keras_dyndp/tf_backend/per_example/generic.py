@@ -1,10 +1,11 @@
-"""Generic tapping on TensorFlow for the rules of the one contract both backends share (`keras_dyndp.layer_rules`):
-the layer's own call, wrapped (JAX's `keras_dyndp.jax_backend.taps.Session` pattern): its input recorded (rows
-checked, `taps.Tapping.guard`), its pre-activation (the argument of its ``activation`` where it has one, else its
-output) recorded and watched, and the covered variables, wherever the layer or its sublayers hold them as attributes,
-read through ``tf.stop_gradient`` for the call; `ghost` refuses the ghost path where a gradient still reaches one (a
-read this misses, or tied weights). The rule then sees the input and gradient as [B, rows, ...] (`per_example_rows`).
-Keras 2 and 3 alike (attributes, not Keras 3's stateless scope, which would also swallow the call's state updates).
+"""Generic tapping on TensorFlow for the rules of the one contract both backends share
+(`keras_dyndp.rules.layer_rules`): the layer's own call, wrapped (JAX's `keras_dyndp.jax_backend.taps.Session` pattern):
+its input recorded (rows checked, `taps.Tapping.guard`), its pre-activation (the argument of its ``activation`` where it
+has one, else its output) recorded and watched, and the covered variables, wherever the layer or its sublayers hold them
+as attributes, read through ``tf.stop_gradient`` for the call; `ghost` refuses the ghost path where a gradient still
+reaches one (a read this misses, or tied weights). The rule then sees the input and gradient as [B, rows, ...]
+(`per_example_rows`). Keras 2 and 3 alike (attributes, not Keras 3's stateless scope, which would also swallow the
+call's state updates).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def norms_and_sums_for(variables: Variables, norms_and_sums: Callable) -> Callab
 def sublayer_norms_and_sums(
     rule, layer: keras.layers.Layer, a: tf.Tensor, g: tf.Tensor
 ) -> tuple[list, tf.Tensor, Callable]:
-    """`keras_dyndp.layer_rules.sublayer_norms_and_sums` by a TensorFlow `rules.LayerRule` of the built-in form
+    """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums` by a TensorFlow `rules.LayerRule` of the built-in form
     (one computed from the tap's input and rows alone; one that reads what its call saved is refused)."""
     inputs, rows = from_rows(a)
     tap = Tap(layer, None)

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from keras_dyndp import layer_rules
-from keras_dyndp import mechanism
+from keras_dyndp.core import mechanism
+from keras_dyndp.rules import layer_rules
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend.keras_compat import keras
@@ -38,7 +38,7 @@ from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
 def tensor_float_32_on_gpu() -> bool:
     """Whether TensorFlow's float32 matrix products may round to TensorFloat-32 (its default on a GPU): then the
     ghost sums' rounding, 2^-10 of terms that can be far larger than an example's gradient, is not bounded by the
-    clip norm (`keras_dyndp.ghost_cost.rounding_coefficients`), and the vectorized path clips instead."""
+    clip norm (`keras_dyndp.rules.ghost_cost.rounding_coefficients`), and the vectorized path clips instead."""
     return bool(tf.config.experimental.tensor_float_32_execution_enabled() and tf.config.list_physical_devices("GPU"))
 
 

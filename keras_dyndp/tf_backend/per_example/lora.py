@@ -11,7 +11,7 @@ adapters); from the layer input a_t and the output gradient g_t (before the acti
 
 The transformed inputs and gradients are computed once, and each rule's norms and sum read the same tensors, so each
 example's contribution to the sum stays within the norm the rule reports (its rounding bound included). An
-EinsumDense's adapters by `keras_dyndp.einsum_lora` (the kernel's last letter must be an output letter).
+EinsumDense's adapters by `keras_dyndp.rules.einsum_lora` (the kernel's last letter must be an output letter).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 import tensorflow as tf
 import tensorflow.experimental.numpy as tnp
 
-from keras_dyndp import einsum_equation
-from keras_dyndp import einsum_lora
+from keras_dyndp.rules import einsum_equation
+from keras_dyndp.rules import einsum_lora
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import dense
 from keras_dyndp.tf_backend.per_example import einsum_dense

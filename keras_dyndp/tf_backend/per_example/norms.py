@@ -1,6 +1,6 @@
 """Per-example squared norms and clipped sums from a layer's recorded inputs and output gradients: the building
 blocks of the layer rules. A weight used as ``a_t W`` at T positions has G_i = a_i^T g_i (`bilinear_norms_and_sum`,
-in `keras_dyndp.ghost_cost`'s form for the shapes); a bias has sum_t g_{i,t}."""
+in `keras_dyndp.rules.ghost_cost`'s form for the shapes); a bias has sum_t g_{i,t}."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
-from keras_dyndp import ghost_cost
-from keras_dyndp import layer_rules
+from keras_dyndp.rules import ghost_cost
+from keras_dyndp.rules import layer_rules
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
@@ -65,7 +65,7 @@ def flatten_positions(tensor: tf.Tensor, rows: Rows) -> tf.Tensor:
 
 def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
     """Squared norms of G_i = a_i^T g_i (a: [B, T, k], g: [B, T, c]), never below the exact ones (float32 rounding
-    included, `keras_dyndp.ghost_cost.rounding_coefficients`), and a function factors -> sum f_i G_i."""
+    included, `keras_dyndp.rules.ghost_cost.rounding_coefficients`), and a function factors -> sum f_i G_i."""
     positions, fan_in, fan_out = a.shape[1], a.shape[-1], g.shape[-1]
     kept, scaled = layer_rules.kept_rows, layer_rules.scaled_rows
     if positions == 1:  # ||a^T g||^2 = ||a||^2 ||g||^2: no cancellation
@@ -93,7 +93,7 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
 def bounded_by_rounding(squared: tf.Tensor, a: tf.Tensor, g: tf.Tensor, form: str) -> tf.Tensor:
     """``squared`` [B] of the bilinear a_i^T g_i (a: [B, T, k], g: [B, T, c]; an embedding's rows of g by id: a = 1)
     computed in ``form``, raised to the bound on the exact squared norms that float32 rounding allows
-    (`keras_dyndp.ghost_cost.bounded_squared_norms`)."""
+    (`keras_dyndp.rules.ghost_cost.bounded_squared_norms`)."""
     positions = a.shape[1] if a.shape[1] is not None else tf.cast(tf.shape(a)[1], tf.float32)
     second, first = ghost_cost.rounding_coefficients(form, positions, a.shape[-1], g.shape[-1])
     magnitude = tf.reduce_sum(tf.norm(a, axis=2) * tf.norm(g, axis=2), axis=1)  # sum_t ||a_t|| ||g_t||

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from keras_dyndp import sublayers
+from keras_dyndp.rules import sublayers
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend.keras_compat import keras

@@ -1,14 +1,14 @@
 """The one registry of ghost-clipping rules on TensorFlow: for each layer class, how to tap its call and clip per
 example (`LayerRule`), or that it acts per example without a rule of its own (`register_layer_rule` says how).
 
-A rule of the contract both backends share (`keras_dyndp.layer_rules`; docs/usage.md's ``ScaleShift``) is tapped by
-`generic`; the built-in rules keep TensorFlow's specialised form, ``call=``, from the building blocks in `norms`:
+A rule of the contract both backends share (`keras_dyndp.rules.layer_rules`; docs/usage.md's ``ScaleShift``) is tapped
+by `generic`; the built-in rules keep TensorFlow's specialised form, ``call=``, from the building blocks in `norms`:
 `dense`, `conv2d`, `recurrent`, `einsum_dense` (also inside MultiHeadAttention), `normalization` (RMSNormalization
 too), Keras 3's LoRA Dense, EinsumDense and Embedding (`lora`: the adapters, not the frozen kernel); not quantized
 layers. The known Keras layers that act per example are declared in `per_example_layers`. Rules apply to exactly
 their class; a model with a trainable variable no rule covers takes the vectorized path.
 
-A new rule must meet `keras_dyndp.layer_rules`' conditions (norms never below the exact ones, nothing added from a
+A new rule must meet `keras_dyndp.rules.layer_rules`' conditions (norms never below the exact ones, nothing added from a
 factor-0 example; the `norms` building blocks do both); check it against ``method='vectorized'``.
 """
 
@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from keras_dyndp import dense_attention
-from keras_dyndp import layer_rules
-from keras_dyndp import validation
+from keras_dyndp.core import validation
+from keras_dyndp.rules import dense_attention
+from keras_dyndp.rules import layer_rules
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import conv2d
 from keras_dyndp.tf_backend.per_example import dense
@@ -68,7 +68,7 @@ def register_layer_rule(
     per_example: bool = False,
     call: Callable[[Tap], Callable] | None = None,
 ) -> None:
-    """Registers (or replaces) the ghost-clipping rule of exactly ``layer_class`` (`keras_dyndp.layer_rules`, the
+    """Registers (or replaces) the ghost-clipping rule of exactly ``layer_class`` (`keras_dyndp.rules.layer_rules`, the
     contract both backends share; docs/usage.md), or declares that it acts per example.
 
     A wrong rule breaks privacy silently: check it against ``make_private(model, method='vectorized')``.
@@ -130,8 +130,8 @@ def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
 
 
 def sublayer_norms_and_sums(layer: keras.layers.Layer, a: tf.Tensor, g: tf.Tensor) -> tuple[list, tf.Tensor, Callable]:
-    """`keras_dyndp.layer_rules.sublayer_norms_and_sums` on TensorFlow: ``(variables, squared norms, sums)`` by the
-    rule of ``layer``'s class; ValueError where none supports it (or it needs its own tapped call)."""
+    """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums` on TensorFlow: ``(variables, squared norms, sums)`` by
+    the rule of ``layer``'s class; ValueError where none supports it (or it needs its own tapped call)."""
     rule = rule_for(layer)
     if rule is None:
         raise ValueError(f"no ghost rule supports layer {layer.name!r} ({type(layer).__name__})")

@@ -1,4 +1,4 @@
-"""The rules of `keras_dyndp.dense_attention` on TensorFlow (Keras 3 and 2): a model with AdditiveAttention or
+"""The rules of `keras_dyndp.rules.dense_attention` on TensorFlow (Keras 3 and 2): a model with AdditiveAttention or
 Attention (``use_scale=True``, ``score_mode="concat"``) takes the ghost path and clips like the loop of single-example
 gradients (eagerly and traced with an unknown batch size, also sequence length); removing one example moves the
 clipped sum by min(||g_i||, C) <= C; a factor-0 example adds nothing; the calls the rule cannot reproduce (dropout,
@@ -15,7 +15,7 @@ from brute_force import assert_matches_on_one_scale
 from brute_force import clip_case
 from brute_force import reference
 
-from keras_dyndp import dense_attention
+from keras_dyndp.rules import dense_attention
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import per_example_layers

@@ -167,7 +167,7 @@ def test_rows_that_are_not_examples_fall_back_to_the_vectorized_path(build, reas
 def test_clipped_sums_without_selects_only_when_finite(traced):
     """The sums are first taken without the per-row selects; a factor-0 row holding inf or NaN (0 x inf is NaN)
     sends them to the selects, which add exactly nothing from it; finite rows give the same sums either way."""
-    from keras_dyndp.layer_rules import weighted_sum  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.rules.layer_rules import weighted_sum  # pylint: disable=import-outside-toplevel
     from keras_dyndp.tf_backend.per_example import ghost  # pylint: disable=import-outside-toplevel
     from keras_dyndp.tf_backend.per_example.taps import GhostGradient  # pylint: disable=import-outside-toplevel
 

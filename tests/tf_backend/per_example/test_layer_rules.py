@@ -1,6 +1,6 @@
-"""The shared rule contract on TensorFlow (`keras_dyndp.layer_rules`, tapped by `generic`): the keras.io Transformer
-example's layers and a learned position embedding, each registered in one line, take the ghost path and clip like the
-per-example loop; a rule's sums add nothing from an example whose factor is 0."""
+"""The shared rule contract on TensorFlow (`keras_dyndp.rules.layer_rules`, tapped by `generic`): the keras.io
+Transformer example's layers and a learned position embedding, each registered in one line, take the ghost path and clip
+like the per-example loop; a rule's sums add nothing from an example whose factor is 0."""
 
 import numpy as np
 import pytest
@@ -14,7 +14,7 @@ from brute_force import clip_case
 from brute_force import reference
 
 import keras_dyndp
-from keras_dyndp import layer_rules
+from keras_dyndp.rules import layer_rules
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import rules

@@ -21,7 +21,7 @@ if keras_compat.KERAS_MAJOR_VERSION == 2:
     pytest.skip("LoRA is a Keras 3 feature", allow_module_level=True)
 
 from keras_dyndp import schedules  # noqa: E402
-from keras_dyndp.batch_sizes import SamplingWarning  # noqa: E402
+from keras_dyndp.core.batch_sizes import SamplingWarning  # noqa: E402
 from keras_dyndp.tf_backend import per_example  # noqa: E402
 from keras_dyndp.tf_backend import train_step  # noqa: E402
 from keras_dyndp.tf_backend.keras_compat import keras  # noqa: E402

@@ -19,7 +19,7 @@ from keras_dyndp.tf_backend.train_step import make_private
 # The steps are compared with the noise off, which warns by design; the test's own fixed batch warns too.
 pytestmark = [
     pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning"),
-    pytest.mark.filterwarnings("ignore::keras_dyndp.batch_sizes.SamplingWarning"),
+    pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning"),
     pytest.mark.filterwarnings("ignore:You passed `rms_scaling=True`:UserWarning"),  # Keras 3.9+: deprecated, kept
 ]
 

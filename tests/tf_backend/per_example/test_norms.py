@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 from brute_force import assert_close
 
-from keras_dyndp import ghost_cost
+from keras_dyndp.rules import ghost_cost
 from keras_dyndp.tf_backend.per_example import norms
 
 

@@ -9,7 +9,7 @@ from brute_force import LOSS
 from brute_force import assert_matches
 from brute_force import reference
 
-from keras_dyndp import layer_rules
+from keras_dyndp.rules import layer_rules
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import dense

@@ -1,0 +1,173 @@
+"""The DP-SGD step, written once for every backend. Step t (t = the optimizer's ``dp_step``) of dynamic DP-SGD
+(Abadi et al. 2016; Du et al., Dynamic DP-SGD, Alg. 2) releases
+
+    update_t = (sum_i clip(g_i, C_t) + N(0, (s sigma_t)^2 I)) / n_t,
+
+1. `schedule_values`: C_t and sigma_t of the schedule; both 0 past its T steps or when the step may not run (a
+   counter restored from another schedule), so a step the checks should stop releases nothing even where XLA drops
+   TensorFlow's assertions;
+2. `clip_factors`: g_i, example (or microbatch) i's gradient over ALL trainable variables (of its loss,
+   `per_example_losses`), is scaled by min(1, C_t / ||g_i||_2);
+3. `noise_stddev`: noise is added ONCE, to the SUM, with std s sigma_t, s the sensitivity in clip norms
+   (`sensitivity`). sigma_t is absolute: z_t = sigma_t / C_t and each step is (C_t / sigma_t)-GDP (on the sum, not
+   the mean: tensorflow/privacy#153, opacus#753);
+4. `normaliser`: the noisy sum is divided by n_t and handed to the base optimizer (post-processing, so Adam etc.
+   are as private as SGD): n = ``expected_batch_size`` = p N, public (a Poisson batch's size and a padded batch's
+   rows are private), or the batch's rows (at least 1) only with ``public_batch_size=True``; n = M with M
+   microbatches; times C_t with ``rescale_to_unit_norm`` (De et al. 2022: unit-norm gradients plus noise of std
+   z_t / n; privacy unchanged, and a decaying C_t no longer shrinks the step). n = 0 gives a zero update.
+
+Microbatches: each row joins one of M microbatches uniformly at random, per row and per step, from the noise source
+(never by position: adding one example would shift others, moving the clipped sum by 4 C); microbatch j's loss is
+its rows' loss sum over its rows with a non-zero loss, and each microbatch gradient is clipped. Sensitivity 2 C:
+coupling D and D' = D + {x} by drawing every row's microbatch once (i.i.d., so each membership keeps its law), only
+x's microbatch changes, by at most 2 C. For a fixed membership the outputs N(s, 4 sigma^2 I) and N(s + v, 4 sigma^2 I),
+||v|| <= 2 C, are dominated by N(0, 1) vs N(C / sigma, 1); the released law mixes such pairs, and the hockey-stick and
+Renyi divergences are jointly convex, so each step is dominated by what the schedule accounts,
+``PoissonSampledDpEvent(p, GaussianDpEvent(sigma / C))``. Hence s = 2 on EVERY step (a data-dependent scale would
+leak): twice the noise.
+
+Protected: each example under add-or-remove-one adjacency, Poisson sampling at the schedule's rate, every
+intermediate model released.
+
+``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`;
+numpy in the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``,
+``divide_no_nan(x, y)`` (0 where y is 0), ``is_finite``, ``sqrt``, ``mean(x, axes)``, ``normals(source, tensors)``
+(standard normal float32 draws shaped like each tensor). No TensorFlow or JAX import here.
+
+References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic Differential-Privacy Preserving
+SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification through Scale, 2022.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def schedule_values(ops: Any, clip_norms: Any, noise_stddevs: Any, step: Any, num_steps: int, may_run: Any = None):
+    """float32 (C_t, sigma_t) at step counter ``step``: index min(step, T - 1); both 0 when ``step`` >= T =
+    ``num_steps`` or where the bool ``may_run`` (None: always) is False."""
+    index = ops.minimum(step, num_steps - 1)
+    live = step < num_steps
+    if may_run is not None:
+        live = live & may_run
+    zero = ops.cast(0.0, "float32")
+    return ops.where(live, ops.take(clip_norms, index), zero), ops.where(live, ops.take(noise_stddevs, index), zero)
+
+
+def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:
+    """float32 [B]: example i's loss, whose gradient is g_i (step 2), from a loss function's unreduced ``losses``
+    ([B] or [B, ...], e.g. [B, L] per token of a causal language model, [B, L, K]) and the sample ``weights``
+    (None: 1; [B], [B, 1], or the losses' leading axes such as a [B, L] padding mask, 0 on padding tokens).
+
+    Each example is reduced alone, as Keras's default reduction ('sum_over_batch_size') weighs it within the batch:
+    the mean over all its positions of weight x loss (for a [B, L] mask, the masked sum over its tokens divided by
+    L, the padded length: public). Nothing is divided by a statistic of the batch (Keras's 'mean_with_sample_weight'
+    divides by the batch's total weight, which would mix the examples' token counts), nor by the example's own
+    token count. The clip norm C bounds each example's whole gradient whatever this reduction. ValueError where
+    ``weights`` has axes beyond the losses' (other than trailing 1s).
+    """
+    losses = ops.cast(losses, "float32")
+    rank = len(losses.shape)
+    if weights is None:
+        return _mean_from_axis(ops, losses, 1)
+    weights = ops.cast(weights, "float32")
+    while len(weights.shape) > rank and weights.shape[-1] == 1:
+        weights = weights[..., 0]
+    if len(weights.shape) > rank:
+        error = ValueError(
+            "`sample_weight` must hold one weight per example ([B]) or per loss entry (the losses' leading axes, "
+            "e.g. [B, L] per token): return the loss per entry (a per-token loss), or give one weight per example. "
+            f"Received: sample_weight of axes {tuple(weights.shape[1:])} after the batch axis, for losses of axes "
+            f"{tuple(losses.shape[1:])}."
+        )
+        error.ag_pass_through = True  # raised as is from a traced step (`keras_dyndp.core.refusals.user_error`)
+        raise error
+    # Weight x loss averaged over each example's positions; a weight constant over the trailing axes comes out.
+    losses = _mean_from_axis(ops, losses, max(len(weights.shape), 1))
+    return _mean_from_axis(ops, losses * weights, 1)
+
+
+def _mean_from_axis(ops: Any, values: Any, axis: int) -> Any:
+    """``values``' mean over its axes from ``axis`` on (itself where it has none)."""
+    axes = tuple(range(axis, len(values.shape)))
+    return ops.mean(values, axes) if axes else values
+
+
+def norms_from_squares(ops: Any, squared_norms: Any) -> Any:
+    """sqrt of each per-example squared norm; +inf where it is negative or NaN (no exact squared norm is: a rule's
+    rounding went wrong, or its values were not finite), never a clamp to 0, which would let the example through
+    unclipped: `clip_factors` gives it 0."""
+    return ops.sqrt(ops.where(squared_norms >= 0, squared_norms, ops.cast(float("inf"), squared_norms.dtype)))
+
+
+def clip_factors(ops: Any, norms: Any, clip_norm: Any) -> Any:
+    """min(1, C / ||g||) per gradient norm, as C / max(||g||, C): a zero gradient gets 1, and C = 0 gives 0; so does
+    a norm that is not finite (NaN or inf: an input, loss or gradient that was not finite, or one that overflowed).
+    A factor-0 row must add exactly nothing (each backend's ``weighted_sum``: a select, since 0 x inf is NaN), so one
+    such example neither turns the release NaN nor shows that it was sampled."""
+    clip_norm = ops.cast(clip_norm, norms.dtype)
+    factors = ops.divide_no_nan(clip_norm, ops.maximum(norms, clip_norm))
+    return ops.where(ops.is_finite(norms), factors, ops.cast(0.0, norms.dtype))
+
+
+def sensitivity(num_microbatches: int | None) -> float:
+    """How far one example can move the clipped sum, in units of C_t: 1 per example, 2 with microbatches."""
+    return 1.0 if num_microbatches is None else 2.0
+
+
+def noise_stddev(sigma: Any, num_microbatches: int | None) -> Any:
+    """The std of the noise on the clipped sum: the sensitivity times sigma_t."""
+    return sensitivity(num_microbatches) * sigma
+
+
+def normaliser(
+    ops: Any,
+    *,
+    clip_norm: Any,
+    num_rows: Any,
+    expected_batch_size: float | None,
+    num_microbatches: int | None,
+    rescale_to_unit_norm: bool,
+) -> Any:
+    """float32 n_t: ``num_microbatches`` (all the step's microbatches), else ``expected_batch_size``, else the
+    batch's rows (at least 1; ``public_batch_size``); times C_t with ``rescale_to_unit_norm``."""
+    if num_microbatches is not None:
+        result = ops.cast(num_microbatches, "float32")
+    elif expected_batch_size is not None:
+        result = ops.cast(expected_batch_size, "float32")
+    else:
+        result = ops.maximum(ops.cast(num_rows, "float32"), 1.0)
+    return result * clip_norm if rescale_to_unit_norm else result
+
+
+def add_noise(ops: Any, clipped_sums: Sequence[Any], stddev: Any, noise_source: Any) -> list[Any]:
+    """Each clipped sum plus N(0, stddev^2 I), drawn from ``noise_source`` alone, once per sum."""
+    noises = ops.normals(noise_source, clipped_sums)
+    return [total + ops.cast(stddev * noise, total.dtype) for total, noise in zip(clipped_sums, noises)]
+
+
+def private_update(
+    ops: Any,
+    clipped_sums: Sequence[Any],
+    noise_source: Any,
+    *,
+    clip_norm: Any,
+    sigma: Any,
+    num_rows: Any,
+    expected_batch_size: float | None,
+    num_microbatches: int | None,
+    rescale_to_unit_norm: bool,
+) -> list[Any]:
+    """Steps 3 and 4: (clipped sum + noise) / normaliser for each sum, the update the base optimizer applies."""
+    n = normaliser(
+        ops,
+        clip_norm=clip_norm,
+        num_rows=num_rows,
+        expected_batch_size=expected_batch_size,
+        num_microbatches=num_microbatches,
+        rescale_to_unit_norm=rescale_to_unit_norm,
+    )
+    noised = add_noise(ops, clipped_sums, noise_stddev(sigma, num_microbatches), noise_source)
+    return [ops.divide_no_nan(total, ops.cast(n, total.dtype)) for total in noised]  # n = 0: a zero update

@@ -1,0 +1,85 @@
+"""Which data each Keras 3 entry point hands a made-private model, for the checks of its sampling (both backends).
+
+The checks that protect a release must hold however the model is driven: ``model.fit``, ``keras.Model.fit(model,
+...)`` called unbound (which skips any wrapper on the instance), ``train_on_batch``, or ``make_train_function`` and
+``model.train_function`` called directly. Keras 3's ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch``
+hand their data to the model's ``_symbolic_build`` (JAX) or ``_maybe_symbolic_build`` (TensorFlow), resolved on the
+instance even when the entry point is called unbound, and then make the train or test function: the only calls on
+the model that see what an unbound ``fit`` trains on. `DataSeen` records the data there and hands it to the next
+``make_train_function``, whose check is then the same for every entry point: ``fit``'s data as ``model.fit``'s (arrays
+refused, Poisson batches checked against the schedule), one batch as ``train_on_batch``'s (warned), and nothing seen
+(`UNSEEN_BATCHES`: the train function called directly, a custom loop) warned. Keras 2's entry points show their
+data to no call on the model: an unbound one's is read from its frame
+(`keras_dyndp.keras_glue.registration.keras_entry_data`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+UNSEEN_BATCHES = (
+    "keras_dyndp cannot see the batches of this training step (a custom training loop or train step, or "
+    "model.train_function called directly)"
+)
+"""The `keras_dyndp.core.batch_sizes.SamplingWarning`'s problem when no entry point showed the data."""
+
+FIT = "model.fit"
+TRAIN_ON_BATCH = "model.train_on_batch"
+
+
+def _x_of(data: Any) -> Any:
+    """``x`` of Keras's ``(x, y, sample_weight)`` packing (a tuple of 1 to 3, or ``x`` alone)."""
+    return data[0] if isinstance(data, (list, tuple)) else data
+
+
+def _fit_input(adapter: Any) -> Any:
+    """The ``x`` that ``fit`` received, from its Keras 3 data adapter (the adapter itself where it is not held)."""
+    for name in ("py_dataset", "generator"):  # PyDatasetAdapter, GeneratorDataAdapter
+        if hasattr(adapter, name):
+            return getattr(adapter, name)
+    inputs = getattr(adapter, "_inputs", None)  # ArrayDataAdapter: (x, y, sample_weight) packed
+    if inputs is not None:
+        return _x_of(inputs)
+    return getattr(adapter, "_dataset", adapter)  # TFDatasetAdapter: the tf.data.Dataset (without class weights)
+
+
+class DataSeen:
+    """The data the last Keras entry point showed one model, until its next ``make_train_function`` takes it."""
+
+    def __init__(self):
+        self._pending: tuple[str, Any] | None = None
+        self._fit: tuple[str, Any] | None = None
+
+    def record(self, iterator: Any = None, data_batch: Any = None) -> None:
+        """What ``_symbolic_build(iterator=..., data_batch=...)`` received: ``fit``'s (or ``evaluate``'s) epoch
+        iterator, or ``train_on_batch``'s (or ``test_on_batch``'s) batch, unless make_private's own
+        ``train_on_batch`` recorded the batch as the user gave it (`record_call`; JAX converts it first)."""
+        if iterator is not None and hasattr(iterator, "data_adapter"):
+            self._pending = self._fit or (FIT, _fit_input(iterator.data_adapter))
+        elif data_batch is not None and (self._pending is None or self._pending[0] != TRAIN_ON_BATCH):
+            self._pending = (TRAIN_ON_BATCH, _x_of(data_batch))
+
+    def record_call(self, caller: str, x: Any) -> None:
+        """What make_private's own ``fit`` or ``train_on_batch`` (``caller``) received (Keras 2 shows it nowhere
+        else)."""
+        self._pending = (caller, x)
+
+    @contextlib.contextmanager
+    def fit_call(self, x: Any) -> Iterator[None]:
+        """Within make_private's own ``fit``, which received ``x``: ``x`` is what its checks see, whatever the
+        model's class makes of it before Keras's ``fit`` (KerasHub's task models map their preprocessing over it,
+        which turns `keras_dyndp.poisson_batches`' batches into another dataset of the same batches)."""
+        record = self._pending = self._fit = (FIT, x)
+        try:
+            yield
+        finally:  # A fit that failed before its train function was made leaves nothing for a later entry point.
+            self._fit = None
+            if self._pending is record:
+                self._pending = None
+
+    def take(self) -> tuple[str, Any] | None:
+        """``(caller, x)`` recorded since the last call, or None when no entry point showed the data."""
+        pending, self._pending = self._pending, None
+        return pending

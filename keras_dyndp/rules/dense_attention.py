@@ -1,0 +1,170 @@
+"""Ghost-clipping rules of the trained weights of Keras's dot-product and additive attention layers (Keras 3's and
+Keras 2's), the same rule code on TensorFlow and JAX (`keras_dyndp.rules.layer_rules`' contract):
+``AdditiveAttention``'s ``scale`` [dim] (``use_scale=True``, its default), ``Attention``'s scalar ``scale``
+(``use_scale=True``) and, with ``score_mode="concat"``, its scalar ``concat_score_weight``.
+
+Such a weight is tiny and used at every pair of positions (t, s), so each example's gradient is materialised (exact:
+its norm is the norm of what is summed, no rounding bound needed): by one vector-Jacobian product of the layer's own
+call, the loss's gradient at its output as the cotangent, in which each example reads its own copy of the weights,
+broadcast over the batch as [B, 1, ..., *shape] at the rank of the tensor the call multiplies it with (float32 on
+every backend; ``keras.ops`` has no vjp: the backend's autodiff, `_vjp`).
+
+The rule sees the layer's inputs and output gradient only, so it covers the calls it can reproduce: no dropout (its
+random draws on the scores; such a layer keeps what it had before: on TensorFlow the vectorized path, on JAX its
+weights' vmap gradients), no Keras 2 ``causal=True``, and every recorded call (a functional model's nodes; a layer
+with none, called inside another layer, is not covered) with the inputs alone and without a mask on them (an
+``Embedding(mask_zero=True)`` upstream, ``use_causal_mask=True``, ``return_attention_scores=True``: not covered).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from keras_dyndp import backend
+from keras_dyndp.rules import layer_rules
+from keras_dyndp.rules import sublayers
+
+# The weights each class's call multiplies (attribute -> the rank of the tensor it multiplies beyond the scores'
+# [..., Tq, Tv]: 1 for the terms [..., Tq, Tv, dim] before their sum over dim).
+_ADDITIVE = {"scale": 1}
+_DOT = {"scale": 0}
+_CONCAT = {"scale": 1, "concat_score_weight": 0}
+
+
+def _covered(layer: Any) -> dict[str, int]:
+    """The weights the layer holds (those ``use_scale`` and ``score_mode`` made) with their extra rank."""
+    uses = _CONCAT if getattr(layer, "score_mode", "dot") == "concat" else _DOT
+    if type(layer).__name__ == "AdditiveAttention":
+        uses = _ADDITIVE
+    return {name: extra for name, extra in uses.items() if getattr(layer, name, None) is not None}
+
+
+def variables(layer: Any) -> list:
+    """The rule's ``variables``: the trained weights the layer holds.
+
+    Args:
+      layer: an ``Attention`` or ``AdditiveAttention`` layer, built.
+
+    Returns:
+      Its ``scale`` and ``concat_score_weight`` where it has them (none for ``use_scale=False`` and
+      ``score_mode="dot"``).
+    """
+    return [getattr(layer, name) for name in _covered(layer)]
+
+
+def _plain_call(args: Any, kwargs: Any) -> bool:
+    """A call on [query, value(, key)] alone: no mask given or carried by the inputs, no causal mask, one output."""
+    if len(args) != 1 or not isinstance(args[0], (list, tuple)):
+        return False
+    masks = kwargs.get("mask")
+    masks = masks if isinstance(masks, (list, tuple)) else [masks]
+    # A mask an input carries (Embedding(mask_zero=True) upstream): Keras 3 and 2 keep it in `_keras_mask` only.
+    return (
+        all(mask is None for mask in masks)
+        and all(getattr(tensor, "_keras_mask", None) is None for tensor in args[0])
+        and not kwargs.get("use_causal_mask")
+        and not kwargs.get("return_attention_scores")
+        and set(kwargs) <= {"mask", "training", "use_causal_mask", "return_attention_scores"}
+    )
+
+
+def supports(layer: Any) -> bool:
+    """The rule's ``supports``: trained weights, no dropout, no Keras 2 ``causal``, and at least one recorded call,
+    each on the inputs alone without a mask (module docstring).
+
+    Args:
+      layer: an ``Attention`` or ``AdditiveAttention`` layer.
+
+    Returns:
+      Whether the rule covers its configuration and calls.
+    """
+    calls = sublayers.recorded_calls(layer)
+    return (
+        bool(_covered(layer))
+        and not getattr(layer, "dropout", 0)
+        and not getattr(layer, "causal", False)
+        and bool(calls)
+        and all(_plain_call(*call) for call in calls)
+    )
+
+
+def _vjp(function: Callable[[list], Any], primals: list, cotangent: Any) -> list:
+    """The gradients of ``<function(primals), cotangent>`` with respect to ``primals``, by the autodiff of the
+    backend Keras runs on, at float32 precision on every device (JAX's matmuls at ``HIGHEST``)."""
+    if backend.keras_backend() == "jax":
+        jax = importlib.import_module("jax")
+        with jax.default_matmul_precision("highest"):
+            return list(jax.vjp(function, primals)[1](cotangent)[0])
+    tf = importlib.import_module("tensorflow")
+    with tf.GradientTape() as tape:
+        tape.watch(primals)
+        outputs = function(primals)
+    return tape.gradient(outputs, primals, output_gradients=cotangent, unconnected_gradients="zero")
+
+
+@contextlib.contextmanager
+def _reading(layer: Any, values: dict[str, Any]):
+    """For the block, the layer's attributes ``values`` hold stand in for its weights (restored after)."""
+    kept = {name: getattr(layer, name) for name in values}
+    try:
+        for name, value in values.items():
+            object.__setattr__(layer, name, value)
+        yield
+    finally:
+        for name, value in kept.items():
+            object.__setattr__(layer, name, value)
+
+
+def norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[Any, Callable]:
+    """The rule's ``norms_and_sums`` (`keras_dyndp.rules.layer_rules`' contract): each example's gradient of every
+    covered weight, materialised (module docstring).
+
+    Args:
+      layer: an ``Attention`` or ``AdditiveAttention`` layer that `supports` covers.
+      a: its inputs [query, value] or [query, value, key], each [B, rows, ..., T, dim].
+      g: the loss's gradient at its output, [B, rows, ..., Tq, dim].
+
+    Returns:
+      ``(squared_norms, sums)``: the per-example squared norms [B] of all its weights' gradients together, float32,
+      and the function ``factors [B] -> [sum_i factors_i (example i's gradient), one per weight]`` (an example whose
+      factor is 0 adds exactly nothing, `layer_rules.weighted_sum`).
+    """
+    ops = layer_rules.keras_ops()
+    batch = ops.shape(g)[0]
+    rows = lambda x: ops.cast(ops.reshape(x, (-1, *ops.shape(x)[2:])), "float32")  # noqa: E731  [B * rows, ...]
+    inputs, cotangent = [rows(x) for x in a], rows(g)
+    count, rank = ops.shape(cotangent)[0], len(inputs[0].shape)  # the scores' rank: [B * rows, ..., Tq, Tv]
+    covered = _covered(layer)
+    copies = []
+    for name, extra in covered.items():
+        weight = ops.cast(getattr(layer, name), "float32")
+        ones = (1,) * (rank + extra - 1 - len(weight.shape))
+        copies.append(ops.broadcast_to(ops.reshape(weight, (1, *ones, *weight.shape)), (count, *ones, *weight.shape)))
+
+    def call(weights):
+        with _reading(layer, dict(zip(covered, weights))):
+            return type(layer).call(layer, list(inputs))
+
+    per_example = [
+        ops.sum(ops.reshape(gradient, (batch, -1, *weight.shape)), axis=1)  # [B, *shape]: over rows and unit axes
+        for gradient, weight in zip(_vjp(call, copies, cotangent), variables(layer))
+    ]
+    squared = sum(ops.sum(ops.square(ops.reshape(gradient, (batch, -1))), axis=1) for gradient in per_example)
+    return squared, lambda factors: [layer_rules.weighted_sum(factors, gradient) for gradient in per_example]
+
+
+def register(register_layer_rule: Callable, layers: Any) -> None:
+    """Registers the rule for ``Attention`` and ``AdditiveAttention``, those of the two this Keras has.
+
+    Args:
+      register_layer_rule: a backend's ``register_layer_rule`` (TensorFlow's `rules` or JAX's `ghost`).
+      layers: the ``keras.layers`` namespace of the Keras that backend runs (Keras 2's on TensorFlow 2.15).
+    """
+    for name in ("Attention", "AdditiveAttention"):
+        if hasattr(layers, name):
+            register_layer_rule(
+                getattr(layers, name), variables=variables, norms_and_sums=norms_and_sums, supports=supports
+            )

@@ -1,0 +1,246 @@
+"""One ghost-clipping rule contract for TensorFlow and JAX, and ready-made rules for sequence models.
+
+A rule for exactly one layer class, registered with ``keras_dyndp.register_layer_rule(layer_class, *, variables,
+norms_and_sums, supports=None)`` (in the spirit of Opacus's grad-sampler registry): ``variables(layer)`` lists the
+trainable variables it covers (its sublayers' too); ``norms_and_sums(layer, a, g)`` sees the layer, its input ``a``
+and the loss's gradient ``g`` at its output (before its activation where it has one), each [B, rows, ...] (``rows``
+the layer's own leading axis for one example: 1, or the steps TimeDistributed folds in), and returns the
+per-example squared norms [B] of the covered variables' gradients together and a function ``factors [B] -> [sum_i
+factors_i (example i's gradient), one per variable]``; ``supports(layer)`` says which configurations it covers.
+Written over ``keras.ops``, the same rule code registers on both backends: each taps the layer alike (its call
+wrapped, its input recorded, its pre-activation tapped, its covered variables read without a gradient path). A
+layer whose own call only acts on each example alone and wires its sublayers together is declared with
+``register_layer_rule(layer_class, per_example=True)`` (or ``register_per_example_layer``): its sublayers' rules
+then apply (on TensorFlow, the batched pass also needs every layer so declared or known).
+
+A wrong rule breaks privacy silently: check it against ``make_private(model, method='vectorized')``. Its squared
+norms must never be below the exact ones in float32 (a sum over positions that can cancel: `ghost_cost`'s
+``bounded_squared_norms``; a materialised per-example gradient summed as computed needs no bound), and its sums must
+add exactly nothing from an example whose factor is 0 (`weighted_sum`: a select, as 0 x inf is NaN).
+
+Ready-made: `added_weight` (a learned position embedding: an (L, d) weight added to the input) and
+`token_and_position_embedding` (the keras.io Transformer example's ``TokenAndPositionEmbedding``); its
+``TransformerBlock`` needs ``per_example=True`` only. They are written over ``keras.ops`` (on Keras 2.15, which has
+none, over the TensorFlow functions of the same names).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+from keras_dyndp import backend
+from keras_dyndp.core import validation
+
+_BACKEND_MODULES = {"tensorflow": "keras_dyndp.tf_backend.per_example.rules", "jax": "keras_dyndp.jax_backend.ghost"}
+
+
+def _backend_rules():
+    return importlib.import_module(_BACKEND_MODULES.get(backend.keras_backend(), _BACKEND_MODULES["tensorflow"]))
+
+
+def keras_ops():
+    """``keras.ops``; on Keras 2.15 (TensorFlow, no ``keras.ops``) the few TensorFlow functions the rules here use."""
+    try:
+        return importlib.import_module("keras.ops")
+    except ModuleNotFoundError:
+        tf = importlib.import_module("tensorflow")
+        return types.SimpleNamespace(
+            broadcast_to=tf.broadcast_to,
+            cast=tf.cast,
+            where=tf.where,
+            reshape=tf.reshape,
+            tensordot=tf.tensordot,
+            sum=tf.reduce_sum,
+            square=tf.square,
+            pad=tf.pad,
+            shape=lambda x: tuple(tf.shape(x)[i] if size is None else size for i, size in enumerate(x.shape)),
+        )
+
+
+def check_registration(
+    layer_class: Any, layer_base: type, variables: Any, norms_and_sums: Any, supports: Any, per_example: bool
+) -> None:
+    """Both backends' ``register_layer_rule`` arguments: TypeError unless ``layer_class`` subclasses ``layer_base``
+    and, for a rule, ``variables`` and ``norms_and_sums`` are callable; for ``per_example=True``, neither is given
+    (``supports``, optional, is callable either way)."""
+    parts = {"variables": variables, "norms_and_sums": norms_and_sums, "supports": supports}
+    if per_example:
+        given = [name for name in ("variables", "norms_and_sums") if parts.pop(name) is not None]
+        if given:
+            raise TypeError(
+                f"`per_example=True` declares a layer without a rule of its own: leave out {', '.join(given)}. "
+                f"Received: per_example={per_example!r}."
+            )
+    validation.check_layer_rule(layer_class, layer_base, parts, optional=("supports",))
+
+
+def register_per_example_layer(layer_class: type) -> None:
+    """Declares that ``layer_class``'s own call acts on each example alone (exactly this class), so models using
+    it can take the ghost path: ``register_layer_rule(layer_class, per_example=True)``, on the backend Keras runs on.
+    Only if row i of its output depends on row i of its inputs alone, for every batch (no batch statistics, mixing
+    of rows, use of a row's position or random draws) and it reads no variable of its sublayers, else privacy breaks
+    silently. Its sublayers' trainable variables still need rules.
+
+    Args:
+      layer_class: the Keras layer class declared (not its subclasses).
+
+    Raises:
+      TypeError: if ``layer_class`` is not a Keras layer class.
+    """
+    _backend_rules().register_layer_rule(layer_class, per_example=True)
+
+
+def declared(declarations: dict, layer: Any) -> bool:
+    """Whether ``layer``'s exact class is in ``declarations`` (a backend's per-example classes and their conditions,
+    None: always) with a condition it meets."""
+    if type(layer) not in declarations:
+        return False
+    condition = declarations[type(layer)]
+    return condition is None or bool(condition(layer))
+
+
+def sublayer_norms_and_sums(sublayer: Any, a: Any, g: Any) -> tuple[list, Any, Callable]:
+    """The rule registered for ``sublayer``'s class applied to its input ``a`` and output gradient ``g`` ([B, rows,
+    ...], as a rule sees them): for a rule of a layer that calls ``sublayer`` (an Embedding's ids and gradient).
+
+    Args:
+      sublayer: a layer with a registered rule that supports it (on TensorFlow, one computed from its input and
+        output gradient alone: Dense, EinsumDense, Conv, Embedding or a ``register_layer_rule`` one).
+      a: the sublayer's input, [B, rows, ...].
+      g: the loss's gradient at the sublayer's output (before its activation), [B, rows, ...].
+
+    Returns:
+      ``(variables, squared_norms, sums)``: the variables the rule covers, in its order, their per-example squared
+      norms [B] and the function ``factors -> [clipped weighted sum per variable]``.
+
+    Raises:
+      ValueError: if no registered rule supports ``sublayer``.
+    """
+    return _backend_rules().sublayer_norms_and_sums(sublayer, a, g)
+
+
+_tracing = threading.local()  # per thread: tf.distribute traces each replica's step in a thread of its own
+
+
+@contextlib.contextmanager
+def rows_without_select():
+    """While this thread traces inside it, `kept_rows` returns its tensor unchanged: for a caller that keeps the
+    result only where it is finite (then every row summed was finite, and a factor-0 row added 0 x row, exactly 0)."""
+    outer = getattr(_tracing, "selects_skipped", False)
+    _tracing.selects_skipped = True
+    try:
+        yield
+    finally:
+        _tracing.selects_skipped = outer
+
+
+def _by_row(factors: Any, tensor: Any) -> Any:
+    """``factors`` [N] shaped to broadcast over the rows of ``tensor`` [N, ...]."""
+    return keras_ops().reshape(factors, (-1,) + (1,) * (len(tensor.shape) - 1))
+
+
+def _float32(tensor: Any) -> Any:
+    """``tensor`` in float32, the dtype of the sums (float64 stays float64)."""
+    return keras_ops().cast(tensor, "float64" if tensor.dtype == "float64" else "float32")
+
+
+def kept_rows(tensor: Any, factors: Any) -> Any:
+    """``tensor`` [N, ...] with exactly 0 in the rows whose factor is 0 (a select: 0 x inf and 0 x NaN are NaN)."""
+    if getattr(_tracing, "selects_skipped", False):
+        return tensor
+    ops = keras_ops()
+    return ops.where(_by_row(factors > 0, tensor), tensor, ops.cast(0, tensor.dtype))
+
+
+def scaled_rows(tensor: Any, factors: Any) -> Any:
+    """Row i of ``tensor`` [N, ...] times ``factors[i]``, in float32; exactly 0 where the factor is 0 (`kept_rows`)."""
+    tensor = _float32(tensor)
+    return kept_rows(tensor * _by_row(keras_ops().cast(factors, tensor.dtype), tensor), factors)
+
+
+def weighted_sum(factors: Any, per_example: Any) -> Any:
+    """sum_i factors_i per_example_i over the leading axis ([B] and [B, ...]), in float32, both backends' one; a row
+    whose factor is 0 adds exactly 0, whatever it holds (not finite included)."""
+    per_example = _float32(per_example)
+    factors = keras_ops().cast(factors, per_example.dtype)
+    return keras_ops().tensordot(factors, kept_rows(per_example, factors), axes=1)
+
+
+def _per_example_positions(g: Any, ops) -> Any:
+    """g [B, rows, ..., L, d] summed over the axes between B and the last two: each example's [B, L, d]."""
+    return ops.sum(ops.reshape(ops.cast(g, "float32"), (ops.shape(g)[0], -1, *g.shape[-2:])), axis=1)
+
+
+def added_weight(name: str = "position_embeddings") -> dict[str, Callable]:
+    """The rule of a layer that adds its (L, d) weight ``layer.<name>`` to its input [..., L, d] (a learned position
+    embedding): example i's gradient is its output gradient summed over its leading axes, materialised (exact).
+
+    ``keras_dyndp.register_layer_rule(PositionEmbedding, **keras_dyndp.layer_rules.added_weight())``
+
+    Args:
+      name: the attribute of the layer holding the weight.
+
+    Returns:
+      ``register_layer_rule``'s ``variables``, ``norms_and_sums`` and ``supports``.
+    """
+
+    def norms_and_sums(layer, a, g):
+        del a
+        ops = keras_ops()
+        weight = getattr(layer, name)
+        per_example = _per_example_positions(g, ops)  # [B, L, d]
+        squared = ops.sum(ops.square(per_example), axis=(1, 2))
+        return squared, lambda factors: [ops.reshape(weighted_sum(factors, per_example), weight.shape)]
+
+    return {
+        "variables": lambda layer: [getattr(layer, name)],
+        "norms_and_sums": norms_and_sums,
+        "supports": lambda layer: getattr(layer, name, None) is not None and len(getattr(layer, name).shape) == 2,
+    }
+
+
+def token_and_position_embedding(token: str = "token_emb", position: str = "pos_emb") -> dict[str, Callable]:
+    """The rule of a layer computing ``token(x) + position(arange(L))`` from ids x [..., L] (two Embedding
+    sublayers, as the keras.io "Text classification with Transformer" example's ``TokenAndPositionEmbedding``): the
+    token table by the Embedding rule (ids grouped per example, bounded where positions repeat an id), the position
+    table's rows 0..L-1 by example i's output gradient summed over its leading axes (materialised, exact).
+
+    ``keras_dyndp.register_layer_rule(TokenAndPositionEmbedding, **layer_rules.token_and_position_embedding())``
+
+    Args:
+      token: the attribute of the layer holding the token Embedding.
+      position: the attribute holding the position Embedding, called on ``arange(L)``.
+
+    Returns:
+      ``register_layer_rule``'s ``variables``, ``norms_and_sums`` and ``supports``.
+    """
+
+    def variables(layer):
+        return [getattr(layer, token).embeddings, getattr(layer, position).embeddings]
+
+    def norms_and_sums(layer, a, g):
+        ops = keras_ops()
+        token_layer, table = getattr(layer, token), getattr(layer, position).embeddings
+        covered, token_squared, token_sums = sublayer_norms_and_sums(token_layer, ops.cast(a, "int32"), g)
+        if len(covered) != 1 or covered[0] is not token_layer.embeddings:
+            raise ValueError(f"the rule of {token_layer.name!r} does not cover its table alone")
+        per_example = _per_example_positions(g, ops)  # [B, L, d]
+        length = per_example.shape[1]
+        squared = token_squared + ops.sum(ops.square(per_example), axis=(1, 2))
+
+        def sums(factors):
+            rows = weighted_sum(factors, per_example)
+            return [*token_sums(factors), ops.pad(rows, [[0, table.shape[0] - length], [0, 0]])]
+
+        return squared, sums
+
+    def supports(layer):
+        sublayers = getattr(layer, token, None), getattr(layer, position, None)
+        return all(sub is not None and getattr(sub, "embeddings", None) is not None for sub in sublayers)
+
+    return {"variables": variables, "norms_and_sums": norms_and_sums, "supports": supports}
