@@ -34,7 +34,6 @@ import numpy as np
 
 from keras_dyndp.core import batch_sizes
 from keras_dyndp.data import readers
-from keras_dyndp.data import tfds_reader
 
 # Leaves that are in memory however they index: tensors of TensorFlow / JAX / torch, pandas objects.
 _IN_MEMORY_MODULES = ("tensorflow", "jax", "jaxlib", "torch", "pandas", "keras")
@@ -118,6 +117,9 @@ def source_rows(source: Any, map_fn: Callable | None, threads: int | None = None
     `readers.chunked_fetcher`), then ``map_fn``. ``threads`` (`keras_dyndp.poisson_batches`' ``source_threads``): at
     most this many calls of the source at once, across batches too (`readers.source_guard`); None: unlimited for the
     sources `readers.known_thread_safe`, one at a time for any other."""
+    # tfds, ArrayRecord and protobuf reading, imported with the first source read rather than with the optimizer.
+    from keras_dyndp.data import tfds_reader  # pylint: disable=import-outside-toplevel
+
     if threads is None and not readers.known_thread_safe(source):
         threads = 1
     guard = contextlib.nullcontext() if threads is None else readers.source_guard(source, threads)

@@ -9,6 +9,7 @@ import importlib.resources
 import os
 import pathlib
 import resource
+import subprocess
 import sys
 import threading
 import time
@@ -1031,3 +1032,19 @@ def test_an_array_like_of_an_unknown_package_is_read_one_call_at_a_time_so_rows_
     with concurrent.futures.ThreadPoolExecutor(4) as pool:  # as TensorFlow's parallel calls and JAX's readers
         for x, y, _ in pool.map(lambda _: rows.read(indices), range(8)):
             assert (x == y[:, None]).all()
+
+
+def test_the_optimizer_imports_no_tfds_reading_until_a_source_is_read():
+    """The tfds, ArrayRecord and protobuf readers load with the first random-access source, not with the optimizer."""
+    backend = keras_dyndp.backend.keras_backend()
+    module = "keras_dyndp.tf_backend.optimizer" if backend == "tensorflow" else "keras_dyndp.jax_backend.optimizer"
+    script = (
+        f"import sys, numpy as np, {module}, keras_dyndp.data.sources as sources\n"
+        "print('keras_dyndp.data.tfds_reader' in sys.modules)\n"
+        "sources.source_rows([(np.zeros(2), 0)] * 3, None).read(np.arange(2))\n"
+        "print('keras_dyndp.data.tfds_reader' in sys.modules)\n"
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "True"]
