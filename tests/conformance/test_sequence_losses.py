@@ -174,3 +174,20 @@ def test_weights_with_more_axes_than_the_losses_are_refused():
     keras_own = r"Incompatible shapes for broadcasting"  # Keras 3 on JAX builds its compiled loss first
     with pytest.raises(ValueError, match=ours if backend.BACKEND != "jax" else f"{ours}|{keras_own}"):
         backend.fit_batches(model, [(x, y, mask)])
+
+
+def test_with_microbatches_removing_one_example_moves_the_release_by_at_most_twice_the_clip_norm():
+    """[B, L] padding masks with ``num_microbatches``: each example's tokens reduce to its loss before the rows are
+    drawn into microbatches, and a removed example (mask all 0) adds nothing to its microbatch: S moves by at most
+    2 C, the microbatch sensitivity, and padding tokens release the same update."""
+    x, y, mask = _batch(LENGTHS)
+    removed = mask.copy()
+    removed[0] = 0
+    clip_norm = 0.1 * float(np.min(np.linalg.norm(_brute_force(LENGTHS)[:-1], axis=1)))
+    path = ("microbatches", {"num_microbatches": 2}, backend.METHODS[0])
+    full = _released_sum((x, y, mask), clip_norm, path)
+    assert np.all(np.isfinite(full)) and np.linalg.norm(full) > 0
+    move = np.linalg.norm(full - _released_sum((x, y, removed), clip_norm, path))
+    assert 0 < move <= 2 * clip_norm * (1 + 1e-4)
+    other = np.random.default_rng(1).integers(1, VOCABULARY, x.shape).astype("int32")
+    np.testing.assert_array_equal(_released_sum((np.where(mask == 0, other, x), y, mask), clip_norm, path), full)
