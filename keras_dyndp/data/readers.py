@@ -225,18 +225,18 @@ class BatchRows:
     def fill(self, elements: list) -> None:
         """Rows 1.. of the batch: ``elements[1:]`` (one ``__getitems__`` call's), each array column stacked by numpy
         in one call (which refuses another shape or dtype); row by row (`write`) when one does not fit."""
-        rows = [self._leaves(element) for element in elements]
+        rows = [self._leaves(element) for element in elements[1:]]
         try:
             if None in rows:
                 raise ValueError("not of the first element's layout")
             for index, (column, shape, spec) in enumerate(self.columns):
                 leaves = [leaves[index] for leaves in rows]
                 if shape is not None:
-                    np.stack(leaves, out=column, casting="no")
+                    np.stack(leaves, out=column[1:], casting="no")
                 elif spec is _LEAF and any(isinstance(leaf, (dict, list, tuple)) for leaf in leaves):
                     raise ValueError("a nest where the first element has a leaf")
                 else:
-                    column[:] = [_owned(leaf) for leaf in leaves]
+                    column[1:] = [_owned(leaf) for leaf in leaves]
         except (ValueError, TypeError):
             for row in range(1, len(elements)):
                 self.write(row, elements[row])
