@@ -17,10 +17,10 @@ import sys
 
 import numpy as np
 
-from keras_dyndp import optimizer_base
 from keras_dyndp import privacy_report
 from keras_dyndp import schedules
 from keras_dyndp.accounting import registry
+from keras_dyndp.schedules import budget as schedule_budget
 
 DELTAS = (1e-5,)
 BUDGETS = ((0.5, 1e-5), (4.0, 1e-6))
@@ -106,12 +106,12 @@ def _cases():
         )
     # The optimizers' budget arguments.
     for method, accountant, epochs in itertools.product(("vanilla", "dynamic"), (None, "gdp_clt", "rdp"), (2, 0.5)):
-        budget = dict.fromkeys(optimizer_base.BUDGET_ARGUMENTS)
+        budget = dict.fromkeys(schedule_budget.BUDGET_ARGUMENTS)
         budget |= dict(target_epsilon=2.0, target_delta=1e-5, num_examples=1000, batch_size=50, epochs=epochs)
         budget |= dict(method=method, initial_clip=1.0, rho_mu=1.25, rho_c=2.0, accountant=accountant)
         yield (
             ("budget", method, accountant, epochs),
-            lambda budget=budget: optimizer_base.resolve_schedule(None, budget, None, False)[0],
+            lambda budget=budget: schedule_budget.resolve_schedule(None, budget, None, False)[0],
         )
     # Hand-built: zero noise, out-of-range noise, large and tiny multipliers.
     yield ("hand zero",), lambda: schedules.DPSchedule([1.0, 2.0, 1.0], [1.0, 0.0, 1.0], 0.1)

@@ -29,9 +29,9 @@ from keras_dyndp.core.batch_sizes import SamplingWarning
 from keras_dyndp.core.noise_seed import NoiseSeedWarning
 from keras_dyndp.data.sampling import poisson_batches
 from keras_dyndp.keras_glue import registration as _registration
+from keras_dyndp.keras_glue.restarts import ScheduleRestartWarning
 from keras_dyndp.optimizer_base import BudgetExhaustedError
 from keras_dyndp.optimizer_base import DegenerateNoiseWarning
-from keras_dyndp.optimizer_base import ScheduleRestartWarning
 from keras_dyndp.privacy_report import run_summary
 from keras_dyndp.rules import layer_rules
 from keras_dyndp.schedules import CalibrationError

@@ -8,7 +8,6 @@ from __future__ import annotations
 import inspect
 import threading
 import warnings
-import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +21,8 @@ from keras_dyndp.core import step_checks
 from keras_dyndp.core import validation
 from keras_dyndp.core.refusals import BudgetExhaustedError  # noqa: F401  (re-exported: keras_dyndp names it)
 from keras_dyndp.keras_glue.private_model import PrivateConfig
+from keras_dyndp.schedules.budget import BUDGET_ARGUMENTS
+from keras_dyndp.schedules.budget import resolve_schedule
 
 KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = {
     "gradient_accumulation_steps": "each micro-step would be a DP step with its own noise, and the counter "
@@ -30,20 +31,6 @@ KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = {
     "loss_scale_factor": "it rescales the already noised update; keras_dyndp computes the per-example gradients itself",
 }
 """Keras 3 base-optimizer arguments a DP optimizer refuses (when not None), with the reason."""
-
-BUDGET_ARGUMENTS = tuple(
-    "target_epsilon target_delta num_examples batch_size epochs steps method initial_clip rho_mu rho_c "
-    "accountant".split()
-)
-_REQUIRED_BUDGET_ARGUMENTS = {
-    "target_epsilon": "target_epsilon=1.0 (the whole run's epsilon)",
-    "target_delta": "target_delta=1e-5 (below 1 / num_examples)",
-    "num_examples": "num_examples=len(x) (the training set's size)",
-    "batch_size": "batch_size=256 (the expected Poisson batch size p * num_examples)",
-    "method": f"method='vanilla' (one of {', '.join(schedules.ALL_METHODS)})",
-    "initial_clip": "initial_clip=1.0 (C_0, the clip norm of the first step)",
-}
-"""The budget arguments without a default, each with an example and its meaning, for the refusal of a missing one."""
 
 
 def check_accumulation_steps(accumulation_steps, num_microbatches: int | None) -> int:
@@ -59,96 +46,6 @@ def check_accumulation_steps(accumulation_steps, num_microbatches: int | None) -
     return accumulation_steps
 
 
-def check_expected_batch_size(expected_batch_size) -> float | None:
-    if expected_batch_size is None:
-        return None
-    return validation.check_float(
-        "expected_batch_size", expected_batch_size, hint="p*N, the expected number of examples per batch"
-    )
-
-
-def schedule_normaliser(schedule: schedules.DPSchedule, expected_batch_size, public_batch_size: bool) -> float | None:
-    """The normaliser given a `DPSchedule`: ``expected_batch_size`` (p N), or None (each batch's rows) with
-    ``public_batch_size``; exactly one of them.
-
-    The noisy sum is divided by it, so it must not depend on the private data: under Poisson sampling a batch's
-    size is private, and so are a padded batch's rows; p N is public, and gives the N the batch-size check needs.
-    Rows are safe only for fixed-size batches (outside Poisson accounting): ``public_batch_size=True`` states that.
-    """
-    expected_batch_size = check_expected_batch_size(expected_batch_size)
-    if public_batch_size and expected_batch_size is not None:
-        raise ValueError(
-            "Give either `expected_batch_size` (p*N: divide the noisy sum by that public constant and check each "
-            "batch's size against Poisson sampling) or public_batch_size=True (divide it by each batch's rows, "
-            f"which you state are public), not both. Received: expected_batch_size={expected_batch_size:g}, "
-            "public_batch_size=True."
-        )
-    if not public_batch_size and expected_batch_size is None:
-        p = schedule.sampling_probability
-        raise ValueError(
-            "An optimizer built from a `schedule` needs `expected_batch_size` = p*N (here p*N = "
-            f"{p:g} * the number of training examples): the noisy sum is divided by it. Dividing by each batch's "
-            "rows instead would release the private Poisson batch size with every update (padded batches follow "
-            "it too), and without N no batch size can be checked against the schedule's sampling. Only if your "
-            "batches have a fixed, public size (not Poisson sampling, so outside the schedule's accounting) pass "
-            "public_batch_size=True instead. Received: expected_batch_size=None."
-        )
-    return expected_batch_size
-
-
-def resolve_schedule(
-    schedule, budget: dict, expected_batch_size, public_batch_size: bool
-) -> tuple[schedules.DPSchedule, float | None]:
-    """The optimizer's schedule and normaliser: a `DPSchedule` given, or the budget arguments' (exactly one).
-
-    Budget arguments are a `schedules.PrivacyBudget` (calibrated under ``accountant``, default 'pld'), and their
-    normaliser is ``batch_size``.
-    """
-    given = {name: value for name, value in budget.items() if value is not None}
-    if schedule is not None:
-        if given:
-            raise ValueError(
-                "Give either `schedule` or the budget arguments, not both. "
-                f"Received: schedule={schedule!r} and {', '.join(given)}."
-            )
-        if not isinstance(schedule, schedules.DPSchedule):
-            raise TypeError(
-                "`schedule` must be a keras_dyndp.schedules.DPSchedule. "
-                f"Received: schedule={schedule!r} of type {type(schedule).__name__}."
-            )
-        expected_batch_size = schedule_normaliser(schedule, expected_batch_size, public_batch_size)
-        num_examples = batch_sizes.implied_num_examples(expected_batch_size, schedule.sampling_probability)
-        if schedule.calibration is not None and num_examples is not None:
-            validation.check_delta_below_inverse_size(
-                schedule.calibration.target_delta, num_examples, "schedule.calibration.target_delta"
-            )
-        return schedule, expected_batch_size
-    if not given:
-        raise ValueError(
-            "Give either `schedule` (a DPSchedule) or the budget arguments target_epsilon, target_delta, "
-            "num_examples, batch_size, epochs or steps, method and initial_clip. Received neither."
-        )
-    missing = [name for name in _REQUIRED_BUDGET_ARGUMENTS if name not in given]
-    if missing:
-        examples = ", ".join(_REQUIRED_BUDGET_ARGUMENTS[name] for name in missing)
-        raise ValueError(
-            f"Building the schedule from a budget needs {', '.join(missing)} as well: pass e.g. {examples}. "
-            f"Received only: {', '.join(given)}."
-        )
-    if public_batch_size:
-        raise ValueError(
-            "The budget arguments account for Poisson batches of batch_size examples in expectation, whose actual "
-            "sizes are private: the noisy sum is divided by expected_batch_size = batch_size. Leave "
-            "public_batch_size out. Received: public_batch_size=True."
-        )
-    if expected_batch_size is not None and expected_batch_size != given["batch_size"]:
-        raise ValueError(
-            "With budget arguments `expected_batch_size` is `batch_size`; leave it out or make them equal. "
-            f"Received: expected_batch_size={expected_batch_size}, batch_size={given['batch_size']}."
-        )
-    return schedules.PrivacyBudget(**given).calibrate(), check_expected_batch_size(given["batch_size"])
-
-
 def check_base_arguments(kwargs: dict, unsupported: dict[str, str]) -> None:
     """Refuses the base-optimizer arguments in ``unsupported`` (name: reason) that ``kwargs`` sets."""
     for name, reason in unsupported.items():
@@ -156,36 +53,6 @@ def check_base_arguments(kwargs: dict, unsupported: dict[str, str]) -> None:
             raise ValueError(
                 f"Dynamic DP optimizers do not support `{name}`: {reason}. Received: {name}={kwargs[name]!r}."
             )
-
-
-class ScheduleRestartWarning(UserWarning):
-    """A model that took DP steps under one DP optimizer trains under another, whose schedule starts at step 0."""
-
-
-_DP_STEP_OF_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per model, the ``dp_step`` of the DP optimizer it was last built with (only the counter: the slots are freed)."""
-
-
-def warn_on_schedule_restart(model: Any, optimizer: DPOptimizerBase) -> None:
-    """Warns when ``optimizer``, at step 0, replaces a DP optimizer that took steps on ``model`` (restored with it,
-    or trained in this process): the new schedule starts over, and its epsilon leaves out the earlier steps."""
-    previous = _DP_STEP_OF_MODEL.get(model)
-    _DP_STEP_OF_MODEL[model] = optimizer.dp_step
-    if previous is None or previous is optimizer.dp_step:
-        return
-    steps = int(previous.numpy())
-    if steps == 0 or int(optimizer.dp_step.numpy()) != 0:
-        return
-    warnings.warn(
-        f"Model {model.name!r} took {steps} DP steps under its previous DP optimizer (restored by load_model or a "
-        f"checkpoint, or trained in this process) and now trains under a new {type(optimizer).__name__} at "
-        f"dp_step 0: its schedule starts over, and the epsilon it reports leaves out those {steps} steps, whose "
-        "budget was spent on the same data (the two runs' epsilons add up). To resume, keep the restored "
-        "optimizer (load_model restores it with its counter: do not compile the model again) or restore the "
-        "counter into this one from a checkpoint; to train a second run on purpose, account for both runs.",
-        ScheduleRestartWarning,
-        stacklevel=3,
-    )
 
 
 class DegenerateNoiseWarning(UserWarning):
@@ -268,29 +135,28 @@ class DPOptimizerBase:
     Step k of T (the paper's t = k + 1) clips every per-example gradient to L2 norm C_t, adds Gaussian noise of
     standard deviation sigma_t to their sum, divides by the expected batch size p N and applies the base update.
     mu_t = C_t / sigma_t is the step's privacy cost (its Gaussian-DP parameter; the noise multiplier is 1 / mu_t).
-    Give either ``schedule`` or the budget arguments (``target_epsilon`` to ``accountant``), from which the
-    optimizer calibrates its schedule (`keras_dyndp.calibrate`): only mu_0 is solved for, so that the T steps spend
-    exactly the target. Du et al., "Dynamic Differential-Privacy Preserving SGD" (arXiv:2111.00173), Alg. 1 and 2.
+    Give either ``schedule`` or the budget arguments (``target_epsilon`` to ``accountant``: a `PrivacyBudget`),
+    from which the optimizer calibrates its schedule (`keras_dyndp.calibrate`): only mu_0 is solved for, so that the
+    T steps spend exactly the target. Du et al., "Dynamic Differential-Privacy Preserving SGD" (arXiv:2111.00173),
+    Alg. 1 and 2.
 
     Args:
-      schedule: a `DPSchedule` (C_t and sigma_t of every step, and p) from `keras_dyndp.calibrate`,
-        `keras_dyndp.calibrate_shape` or `DPSchedule.from_json`; instead of the budget arguments, and then
-        ``expected_batch_size`` (or ``public_batch_size``) is required. Default None.
-      target_epsilon: epsilon of the whole run (every step, every intermediate model released), a finite
-        float > 0. The paper's tables span 0.1 to 9 (MNIST at 0.4 to 1.2 in its Table 1); the README's run 1.2.
-      target_delta: delta of the whole run, in (0, 1 / num_examples). The paper uses 1 / (10 N); the README's run 1e-5.
+      schedule: a `DPSchedule` (C_t and sigma_t of every step, and p: `keras_dyndp.calibrate`,
+        `keras_dyndp.calibrate_shape`, `DPSchedule.from_json`), with ``expected_batch_size`` (or
+        ``public_batch_size``); or a `keras_dyndp.schedules.PrivacyBudget`, calibrated here as the budget
+        arguments are. Instead of the budget arguments. Default None.
+      target_epsilon: epsilon of the whole run (every step, every intermediate model released), a finite float > 0.
+      target_delta: delta of the whole run, in (0, 1 / num_examples) (the paper: 1 / (10 N)).
       num_examples: N, the number of training examples (``len(x)`` of the data given to
         `keras_dyndp.poisson_batches`), an int >= 1. With ``batch_size`` it sets the sampling rate p = batch_size
-        / N, and with ``epochs`` the number of steps T. The paper's MNIST: 60000.
+        / N, and with ``epochs`` the number of steps T.
       batch_size: the EXPECTED batch size p N of Poisson sampling, an int in [1, N]: each example joins each batch
-        with probability p, so batches vary in size around it. Also the normaliser of the noisy sum. The paper:
-        250 (p = 250 / 60000).
+        with probability p, so batches vary in size around it. Also the normaliser of the noisy sum.
       epochs: passes over the data, a float > 0: T = ceil(epochs * N / batch_size) steps. Give ``epochs`` or
-        ``steps``, not both. The authors' MNIST setting: 20 (T = 4800).
+        ``steps``, not both.
       steps: T, the number of DP steps the budget covers, an int >= 1 (instead of ``epochs``). A step past T is
         refused (`BudgetExhaustedError`); `keras_dyndp.BudgetStop` ends ``fit`` there.
-      method: the schedule's shape, one of `keras_dyndp.schedules.METHODS` or `BASELINES`, spelled as the code
-        spells them:
+      method: the schedule's shape, one of `keras_dyndp.schedules.METHODS` or `BASELINES`:
         'vanilla' (constant C_t = C_0 and mu_t = mu_0: DP-SGD of Abadi et al. 2016);
         'growing_mu' (Alg. 1: mu_t = rho_mu^(t/T) mu_0, constant clip: less noise as training goes on);
         'sensitivity_decay' (C_t = rho_c^(-t/T) C_0 and sigma_t = C_t / mu_0: clip and noise shrink together);
@@ -298,21 +164,17 @@ class DPOptimizerBase:
         'zcdp', 'tcdp' (the paper's noise-decay baselines of Table 1, each calibrated by its own accountant:
         constant clip C_0, noise multiplier decaying by rho_mu over the run; ``rho_c`` and ``accountant`` unused).
       initial_clip: C_0, the L2 norm each per-example gradient is clipped to at the first step (in the units of
-        the gradient of the per-example loss), a finite float > 0. 'vanilla', 'growing_mu' and the baselines keep
-        it for every step. The paper: 1.5 (MNIST, names), 4 (Fashion-MNIST), 2 (IMDB).
+        the gradient of the per-example loss), a finite float > 0; every step's under a constant clip.
       rho_mu: mu_T / mu_0, how much the per-step privacy cost grows from the first step to the last, a float >= 1
         (1: constant); used by 'growing_mu' and 'dynamic' (and by 'zcdp' / 'tcdp' as their noise decay z_0 / z_T).
-        Default None, which is 1. The paper sweeps 1 / rho_mu over 0.1, 0.2, ..., 0.8; the README's
-        ``rho_mu=1 / 0.8`` (1.25, the value research/ uses) writes that grid's 0.8: mu grows by 25%, so the last
-        steps get 1 / 1.25 of the first steps' noise multiplier.
+        Default None, which is 1. The paper's grid is 1 / rho_mu in {0.1, ..., 0.8} (docs/usage.md).
       rho_c: C_0 / C_T, how much the clipping norm decays from the first step to the last, a float >= 1 (1:
-        constant); used by 'sensitivity_decay' and 'dynamic'. Default None, which is 1. The paper sweeps 1 / rho_c
-        over 0.1, ..., 0.8; the README's ``rho_c=1 / 0.3`` (3.33, the value research/ uses) clips the last step
-        at 0.3 C_0.
+        constant); used by 'sensitivity_decay' and 'dynamic'. Default None, which is 1. The paper's grid is
+        1 / rho_c in {0.1, ..., 0.8}.
       accountant: how epsilon is computed for the calibration, 'pld' (default; a rigorous upper bound, the
         tightest), 'rdp' (rigorous, looser) or 'gdp_clt' (the paper's Gaussian-DP central-limit approximation:
-        reproduces its tables but can understate epsilon; warns (`GdpCltUnderstatementWarning`) when the PLD
-        epsilon exceeds the target by more than 5%). Default None, which is 'pld'.
+        it can understate epsilon, and warns (`GdpCltUnderstatementWarning`) when the PLD epsilon exceeds the
+        target by more than 5%). Default None, which is 'pld'.
       num_microbatches: None (default) clips every example on its own; an int M >= 1 puts each row of a batch in
         one of M random microbatches, clips each microbatch's gradient and divides by M (TF-Privacy's
         microbatches), with twice the noise (one example moves its microbatch's clipped gradient by up to 2 C_t).
@@ -332,16 +194,16 @@ class DPOptimizerBase:
         the seed can remove the noise. Never serialised.
       allow_degenerate_noise: True trains with noise multipliers outside [1e-4, 1e4] (no meaningful privacy),
         with a `DegenerateNoiseWarning`: for tests only. Default False: refused.
-      **kwargs: the Keras optimizer's own arguments (``learning_rate``, ``momentum``, ``name``, ...). The paper's
-        MNIST runs use SGD with ``learning_rate=0.15``. Keras 3's ``gradient_accumulation_steps`` and
-        ``loss_scale_factor`` are refused (use ``accumulation_steps``).
+      **kwargs: the Keras optimizer's own arguments (``learning_rate``, ``momentum``, ``name``, ...). Keras 3's
+        ``gradient_accumulation_steps`` and ``loss_scale_factor`` are refused (use ``accumulation_steps``).
 
     Raises:
       ValueError: an argument out of its range (naming it and the range), both or neither of ``schedule`` and the
         budget arguments, a budget argument missing, ``public_batch_size`` with the budget arguments, noise
         multipliers outside the accountants' range (`keras_dyndp.accounting.noise_range.NoiseOutOfRangeError`),
         a refused Keras argument, or a backend or distribution strategy that cannot run the optimizer.
-      TypeError: ``schedule`` that is not a `DPSchedule`, or an argument of the wrong type.
+      TypeError: ``schedule`` that is neither a `DPSchedule` nor a `PrivacyBudget`, or an argument of the wrong
+        type.
       CalibrationError: no noise scale meets the target with noise multipliers the accountant accepts (e.g. a
         target so large that it needs almost no noise).
     """
@@ -349,7 +211,7 @@ class DPOptimizerBase:
     def __init__(
         self,
         *,
-        schedule: schedules.DPSchedule | None = None,
+        schedule: schedules.DPSchedule | schedules.PrivacyBudget | None = None,
         target_epsilon: float | None = None,
         target_delta: float | None = None,
         num_examples: int | None = None,

@@ -56,6 +56,15 @@ def test_budget_arguments_calibrate_under_pld_to_the_target():
     assert optimizer.name == "_Optimizer" and optimizer.noise_seed_given is None
 
 
+def test_a_privacy_budget_as_the_schedule_trains_as_its_budget_arguments_do_and_round_trips():
+    budget = schedules.PrivacyBudget(**BUDGET, rho_mu=1.25, rho_c=2.0)
+    optimizer = _Optimizer(schedule=budget)
+    assert optimizer.schedule == _Optimizer(**BUDGET, rho_mu=1.25, rho_c=2.0).schedule == budget.calibrate()
+    assert optimizer.expected_batch_size == 50.0
+    restored = _Optimizer.from_config(optimizer.get_config())
+    assert restored.schedule == optimizer.schedule and restored.expected_batch_size == 50.0
+
+
 def test_config_round_trip_keeps_schedule_and_private_train_step():
     schedule = schedules.DPSchedule(np.array([2.0, 1.0]), np.array([3.0, 1.5]), 0.1)
     optimizer = _Optimizer(schedule=schedule, expected_batch_size=7.0, rescale_to_unit_norm=True, noise_seed=4)

@@ -33,6 +33,7 @@ from keras_dyndp.jax_backend import processes
 from keras_dyndp.jax_backend import train_step
 from keras_dyndp.keras_glue import private_model
 from keras_dyndp.keras_glue import registration
+from keras_dyndp.keras_glue import restarts
 
 _NOT_APPLIED = " The step was not applied, nor any step after it until this error."
 
@@ -259,14 +260,14 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """Builds the base optimizer's variables. In ``load_model``'s ``compile_from_config``, gives the model back
         make_private's step when the config records it; any other model not made private gets Keras's own train
         step refused when ``fit`` makes it (before the state leaves the model). Warns when a model's schedule starts
-        over (`optimizer_base.warn_on_schedule_restart`). The model: the private one compiled with this optimizer,
+        over (`restarts.warn_on_schedule_restart`). The model: the private one compiled with this optimizer,
         else the one building it (`registration.keras_model_calling`).
         """
         super().build(var_list)
         model = private_model.model_compiled_with(self, var_list) or registration.keras_model_calling(self, keras.Model)
         if model is None:
             return
-        optimizer_base.warn_on_schedule_restart(model, self)
+        restarts.warn_on_schedule_restart(model, self)
         if private_model.is_private(model):
             return
         restoring = registration.keras_model_calling(self, keras.Model, caller="compile_from_config") is model

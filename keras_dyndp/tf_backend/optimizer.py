@@ -46,6 +46,7 @@ from keras_dyndp.core import refusals
 from keras_dyndp.core import step_checks
 from keras_dyndp.keras_glue import private_model
 from keras_dyndp.keras_glue import registration
+from keras_dyndp.keras_glue import restarts
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import model_checks
@@ -266,7 +267,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         if model is None:
             return
         with tf.init_scope():  # Keras 3 builds it in the traced step: the counters are read eagerly.
-            optimizer_base.warn_on_schedule_restart(model, self)
+            restarts.warn_on_schedule_restart(model, self)
         if self.private_config is None or private_model.is_private(model):
             return
         if registration.keras_model_calling(self, model_class, caller="compile_from_config") is model:

@@ -23,6 +23,7 @@ from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import JaxDPOptimizerMixin  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.keras_glue import private_model  # noqa: E402
+from keras_dyndp.keras_glue import restarts  # noqa: E402
 
 pytestmark = [
     # Tests that measure the clipped sum without noise, and arrays with public_batch_size=True (fixed-size batches
@@ -397,11 +398,11 @@ def test_a_fresh_optimizer_on_a_reloaded_model_warns_that_the_schedule_restarts(
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     model.save(str(tmp_path / "model.keras"))
     with warnings.catch_warnings():
-        warnings.simplefilter("error", optimizer_base.ScheduleRestartWarning)
+        warnings.simplefilter("error", restarts.ScheduleRestartWarning)
         keras.models.load_model(str(tmp_path / "model.keras")).fit(x, y, batch_size=8, verbose=0)  # Resumes: silent.
     loaded = keras.models.load_model(str(tmp_path / "model.keras"))
     loaded.compile(optimizer=DynamicDPKerasSGD(schedule=_schedule(), public_batch_size=True), loss=LOSS)
-    with pytest.warns(optimizer_base.ScheduleRestartWarning, match="took 1 DP steps .* starts over"):
+    with pytest.warns(restarts.ScheduleRestartWarning, match="took 1 DP steps .* starts over"):
         loaded.fit(x, y, batch_size=8, verbose=0)
 
 

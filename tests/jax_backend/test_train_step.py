@@ -17,6 +17,7 @@ import jax_brute_force as brute_force  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_dyndp  # noqa: E402
+from keras_dyndp import ScheduleRestartWarning  # noqa: E402
 from keras_dyndp import optimizer_base  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.callbacks import BudgetStop  # noqa: E402  (the top-level name)
@@ -31,7 +32,6 @@ from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import processes  # noqa: E402
 from keras_dyndp.jax_backend import taps  # noqa: E402
-from keras_dyndp.optimizer_base import ScheduleRestartWarning  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 pytestmark = [

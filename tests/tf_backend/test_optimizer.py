@@ -11,6 +11,7 @@ from keras_dyndp import optimizer_base
 from keras_dyndp import schedules
 from keras_dyndp.accounting import noise_range
 from keras_dyndp.keras_glue import private_model
+from keras_dyndp.keras_glue import restarts
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import optimizer as optimizer_module
@@ -1001,11 +1002,11 @@ def test_a_fresh_optimizer_on_a_reloaded_model_warns_that_the_schedule_restarts(
     model.fit(x, y, batch_size=4, verbose=0)
     model.save(str(tmp_path / "model.keras"))
     with warnings.catch_warnings():
-        warnings.simplefilter("error", optimizer_base.ScheduleRestartWarning)
+        warnings.simplefilter("error", restarts.ScheduleRestartWarning)
         keras.models.load_model(str(tmp_path / "model.keras")).fit(x, y, batch_size=4, verbose=0)  # Resumes: silent.
     loaded = keras.models.load_model(str(tmp_path / "model.keras"))
     loaded.compile(optimizer=fresh_optimizer(), loss=per_example_mse())
-    with pytest.warns(optimizer_base.ScheduleRestartWarning, match="took 1 DP steps .* starts over"):
+    with pytest.warns(restarts.ScheduleRestartWarning, match="took 1 DP steps .* starts over"):
         loaded.fit(x, y, batch_size=4, verbose=0)
 
 
