@@ -3,9 +3,8 @@
 Both keep C_t = C_0 and decay z_t = sigma_t / C_t: exponentially, z_t = z_0 noise_decay^(-t/T) (t = 1..T; the
 growing-mu shape with rho_mu = noise_decay), or by time, z_t = z_0 / (1 + (noise_decay - 1) t / T); only z_0 is
 calibrated. Each epsilon here is the baseline's OWN claim; report it beside the PLD or RDP epsilon of the same
-schedule (`DPSchedule.epsilon`), which is what this package's training guarantees. Both are far looser: at
-p = 250/60000, T = 4800, epsilon 1.2, delta 1e-5, noise decay 1.25, RDP needs a constant z = 1.22, tCDP z_t from 9.6
-to 7.7, zCDP from 319 to 255.
+schedule (`DPSchedule.epsilon`), which is what this package's training guarantees. Both need far more noise for the
+same target (zCDP counts no amplification by subsampling; docs/accounting.md shows the calibrated multipliers).
 
 rho-zCDP-SGD (Yu et al. 2019, "Differentially private model publishing for deep learning")
   Add-or-remove-one: a step is (1 / (2 z_t^2))-zCDP (also under Poisson sampling: Renyi divergence is jointly

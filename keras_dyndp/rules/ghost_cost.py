@@ -11,8 +11,7 @@ Per example (multiply-adds; k = d_in, c = d_out), three forms:
   until the clip factors are known (all layers at once), so only where k c <= `MAX_MATERIALISED`.
 * `PER_EXAMPLE_NORMS`: G_i materialised for its norm only and dropped, the sum by book-keeping: 2 T k c. Holds k c
   floats per example for one layer at a time: for weights above the cap where it beats the Gram form
-  (k c < T (k + c)), as Bu et al. 2022 choose per layer (WideResNet-16-4's 128-channel 3x3 convolutions at 16x16:
-  1.6x fewer multiply-adds than the Gram form).
+  (k c < T (k + c)), as Bu et al. 2022 choose per layer (WideResNet-16-4's large convolutions).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Where ``pfor`` fails while tracing, ``tf.map_fn`` runs the passes one by one (never the batch gradient). Some models
 go to ``tf.map_fn`` directly (`_pfor_fails_at_run_time`), where ``pfor`` builds a graph that fails only when run:
 recurrent models ("Tried to append a tensor with incompatible shape to a list"; Keras 3 RNNs after an Embedding,
-Keras 2 SimpleRNN), and Keras 3's EinsumDense and MultiHeadAttention, whose vectorized step killed the process with a
-segmentation fault at batch 32 (TF 2.21, Keras 3.15: EinsumDense "abc,cd->abd" on 16 x 32, batches 1-16 ran).
+Keras 2 SimpleRNN), and Keras 3's EinsumDense and MultiHeadAttention, whose vectorized step can kill the process
+(docs/performance.md).
 Only models the ghost path cannot take come here under ``method='auto'`` (transformers of Keras's own layers take the
 EinsumDense and LayerNormalization rules), and any model under ``method='vectorized'``.
 """
