@@ -16,6 +16,7 @@ data to no call on the model: an unbound one's is read from its frame
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,10 @@ UNSEEN_BATCHES = (
 
 FIT = "model.fit"
 TRAIN_ON_BATCH = "model.train_on_batch"
+
+
+def _is_same(received: Any, given: Any) -> bool:
+    return received is given
 
 
 def _x_of(data: Any) -> Any:
@@ -51,13 +56,14 @@ class DataSeen:
     def __init__(self):
         self._pending: tuple[str, Any] | None = None
         self._fit: tuple[str, Any] | None = None
+        self._yields_batches_of: Callable[[Any, Any], bool] = _is_same
 
     def record(self, iterator: Any = None, data_batch: Any = None) -> None:
         """What ``_symbolic_build(iterator=..., data_batch=...)`` received: ``fit``'s (or ``evaluate``'s) epoch
         iterator, or ``train_on_batch``'s (or ``test_on_batch``'s) batch, unless make_private's own
         ``train_on_batch`` recorded the batch as the user gave it (`record_call`; JAX converts it first)."""
         if iterator is not None and hasattr(iterator, "data_adapter"):
-            self._pending = self._fit or (FIT, _fit_input(iterator.data_adapter))
+            self._pending = self._checked_as(_fit_input(iterator.data_adapter))
         elif data_batch is not None and (self._pending is None or self._pending[0] != TRAIN_ON_BATCH):
             self._pending = (TRAIN_ON_BATCH, _x_of(data_batch))
 
@@ -67,17 +73,31 @@ class DataSeen:
         self._pending = (caller, x)
 
     @contextlib.contextmanager
-    def fit_call(self, x: Any) -> Iterator[None]:
-        """Within make_private's own ``fit``, which received ``x``: ``x`` is what its checks see, whatever the
-        model's class makes of it before Keras's ``fit`` (KerasHub's task models map their preprocessing over it,
-        which turns `keras_dyndp.poisson_batches`' batches into another dataset of the same batches)."""
+    def fit_call(self, x: Any, yields_batches_of: Callable[[Any, Any], bool] | None = None) -> Iterator[None]:
+        """Within make_private's own ``fit``, which received ``x``: ``x`` is what its checks see where the data
+        Keras's ``fit`` then receives yields ``x``'s batches one for one (``yields_batches_of(received, x)``; default:
+        it is ``x``), as when the model's class maps a preprocessing over them (KerasHub's task models); data the
+        model's class re-cut, filtered, shuffled or repeated is checked itself (`received_by_fit`)."""
         record = self._pending = self._fit = (FIT, x)
+        self._yields_batches_of = yields_batches_of or _is_same
         try:
             yield
         finally:  # A fit that failed before its train function was made leaves nothing for a later entry point.
-            self._fit = None
+            self._fit, self._yields_batches_of = None, _is_same
             if self._pending is record:
                 self._pending = None
+
+    def received_by_fit(self, received: Any) -> tuple[str, Any]:
+        """``(FIT, x)``: what the checks see of ``received``, the data Keras's own ``fit`` received (Keras 2 shows it
+        only in that call's frame): make_private's own ``fit``'s ``x`` where ``received`` yields its batches one for
+        one (`fit_call`), else ``received``. Clears what was recorded."""
+        self._pending = None
+        return self._checked_as(received)
+
+    def _checked_as(self, received: Any) -> tuple[str, Any]:
+        if self._fit is not None and self._yields_batches_of(received, self._fit[1]):
+            return self._fit
+        return FIT, received
 
     def take(self) -> tuple[str, Any] | None:
         """``(caller, x)`` recorded since the last call, or None when no entry point showed the data."""

@@ -180,6 +180,23 @@ def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson
     return batches
 
 
+_PER_BATCH_DATASETS = ("_MapDataset", "_ParallelMapDataset", "_PrefetchDataset", "_OptionsDataset")
+"""The tf.data datasets that yield their input's elements one for one, in order: ``map``, ``prefetch``,
+``with_options``."""
+
+
+def yields_batches_of(received: Any, given: Any) -> bool:
+    """Whether ``received`` yields the batches of ``given`` one for one, in order: ``given`` itself, or ``given``
+    through ``map`` (whose function must treat each example alone, as KerasHub's preprocessing does: keras_dyndp
+    cannot see inside it), ``prefetch`` and ``with_options`` only. Batches re-cut, filtered, shuffled, repeated, cut
+    short or mixed with other data are not: their sampling is not ``given``'s."""
+    while received is not given:
+        if not isinstance(received, tf.data.Dataset) or type(received).__name__ not in _PER_BATCH_DATASETS:
+            return False
+        received = received._input_dataset  # noqa: SLF001  (tf.data: no public lineage of a derived dataset)
+    return True
+
+
 def check_resume(x: Any, optimizer: Any) -> None:
     """`keras_dyndp.data.sampling.check_resume` of what ``fit`` received (only batches this module returned are
     checked)."""

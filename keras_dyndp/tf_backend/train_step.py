@@ -136,7 +136,10 @@ def _private_fit(self: keras.Model, *args, **kwargs):
     given = list(bound.arguments.get("callbacks") or [])
     budget_stop = None if private_model.stops_at_the_budget(given) else step_checks.BUDGET_STOP
     bound.arguments["callbacks"] = [*given, _BudgetCheck(optimizer, budget_stop)]
-    with private_model.budget_refusal(self, given), private_model.record(self).data_seen.fit_call(x):
+    with (
+        private_model.budget_refusal(self, given),
+        private_model.record(self).data_seen.fit_call(x, data.yields_batches_of),
+    ):
         return type(self).fit(*bound.args, **bound.kwargs)
 
 
@@ -160,10 +163,21 @@ def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
     return True
 
 
+def _seen_data(model: keras.Model) -> tuple[str, object] | None:
+    """``(caller, x)``: the data the entry point making ``model``'s train function showed (Keras 3: recorded by
+    `keras_dyndp.keras_glue.entry_points.DataSeen`; Keras 2: read from the frame of Keras's own ``fit`` or
+    ``train_on_batch``, `keras_compat.unbound_entry_data`), or None."""
+    seen = private_model.record(model).data_seen
+    entry = keras_compat.unbound_entry_data(model)
+    if entry is not None and entry[0] == entry_points.FIT:
+        return seen.received_by_fit(entry[1])
+    return seen.take() or entry
+
+
 def _private_make_train_function(self: keras.Model, force: bool = False):
     """The model's ``make_train_function`` (which every training entry point calls first), after the checks of the
     data the entry point showed (`_check_data`), wrapped in `_CheckedTrainFunction`."""
-    seen = private_model.record(self).data_seen.take() or keras_compat.unbound_entry_data(self)  # Keras 2: unbound
+    seen = _seen_data(self)
     checked = _check_data(self, seen)
     function = _KERAS_MAKE_TRAIN_FUNCTION[self](self, force)
     function = self.train_function if function is None else function  # Keras 3 returns None when it makes one.

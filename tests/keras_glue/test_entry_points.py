@@ -41,3 +41,21 @@ def test_the_batch_as_the_user_gave_it_is_kept_over_the_converted_one():
     seen.record_call(entry_points.FIT, "arrays")
     seen.record(iterator=_iterator(types.SimpleNamespace(_inputs=("x", "y"))))  # fit's own data wins
     assert seen.take() == (entry_points.FIT, "x")
+
+
+def test_make_privates_own_fit_is_what_the_checks_see_only_where_keras_received_its_batches():
+    """A model class's fit may map over the batches (KerasHub's preprocessing), not re-cut them: what Keras's fit
+    received is checked itself unless the backend says it yields the given batches one for one."""
+    seen = entry_points.DataSeen()
+    given, mapped, recut = object(), object(), object()
+    with seen.fit_call(given, lambda received, x: received is x or received is mapped):
+        seen.record(iterator=_iterator(types.SimpleNamespace(_dataset=mapped)))  # Keras 3
+        assert seen.take() == (entry_points.FIT, given)
+        seen.record(iterator=_iterator(types.SimpleNamespace(_dataset=recut)))
+        assert seen.take() == (entry_points.FIT, recut)
+        assert seen.received_by_fit(mapped) == (entry_points.FIT, given)  # Keras 2: from Keras's fit's frame
+        assert seen.received_by_fit(recut) == (entry_points.FIT, recut)
+        assert seen.take() is None
+    with seen.fit_call(given):  # by default only the given data itself
+        assert seen.received_by_fit(mapped) == (entry_points.FIT, mapped)
+    assert seen.received_by_fit(given) == (entry_points.FIT, given)  # outside make_private's fit: as received

@@ -243,3 +243,25 @@ def test_examples_read_on_demand_of_a_dtype_tensorflow_has_no_tensor_of_are_refu
     np.save(path, np.arange(NUM_EXAMPLES).astype("datetime64[s]"))
     with pytest.raises(ValueError, match=r"holds dtype datetime64\[s\], which TensorFlow has no tensor of: cast it"):
         keras_dyndp.poisson_batches(np.load(path, mmap_mode="r"), _arrays()[1], sampling_probability=P)
+
+
+def test_only_maps_prefetches_and_options_yield_the_batches_of_poisson_batches():
+    x, y = _arrays()
+    given = keras_dyndp.poisson_batches(x, y, sampling_probability=0.1, steps_per_epoch=3)
+    per_batch = given.map(lambda *batch: batch, num_parallel_calls=2).prefetch(1).map(lambda *batch: batch)
+    assert data.yields_batches_of(given, given)
+    assert data.yields_batches_of(per_batch.with_options(tf.data.Options()), given)
+    for other in (
+        given.unbatch().batch(10),
+        given.rebatch(5),
+        given.filter(lambda *batch: True),
+        given.shuffle(3),
+        given.repeat(2),
+        given.take(2),
+        given.skip(1),
+        given.concatenate(given),
+        per_batch.take(2).map(lambda *batch: batch),  # a cut hidden under a map
+        keras_dyndp.poisson_batches(x, y, sampling_probability=0.1, steps_per_epoch=3),  # other batches alike
+        x,
+    ):
+        assert not data.yields_batches_of(other, given), other

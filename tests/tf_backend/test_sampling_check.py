@@ -346,3 +346,30 @@ def test_public_batch_sizes_divide_by_the_rows_and_refuse_padding_rows(entry):
     np.testing.assert_allclose(unpadded, 2 * by_p_n, rtol=1e-5, atol=1e-7)  # 8 rows against p N = 16
     with pytest.raises(tf.errors.InvalidArgumentError, match="rows with sample weight 0 .* public_batch_size=True"):
         one_step_update(entry, padded_batch(5, 8), public_batch_size=True)
+
+
+class RecuttingFit(keras.Sequential):
+    """A model whose class's fit re-cuts (or otherwise changes) the batches before Keras's fit."""
+
+    def fit(self, x=None, change=None, **kwargs):
+        return super().fit(change(x), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "change, received",
+    [
+        (lambda x: x.unbatch().batch(20), "BatchDataset"),
+        (lambda x: x.map(lambda *batch: batch).filter(lambda *batch: True), "FilterDataset"),
+        (lambda x: x.map(lambda *batch: batch).take(5).prefetch(1), "PrefetchDataset"),
+    ],
+)
+def test_batches_the_models_own_fit_recuts_are_checked_as_keras_received_them(change, received):
+    x, y = arrays()
+    model = make_private(RecuttingFit([keras.Input((3,)), keras.layers.Dense(2)]))
+    schedule = schedules.DPSchedule(np.ones(100), np.ones(100), P)
+    model.compile(DynamicDPKerasSGD(schedule=schedule, expected_batch_size=NUM_EXAMPLES * P), LOSS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P), change=change, epochs=1, verbose=0)
+    (message,) = sampling_warnings(caught)
+    assert f"received x of type _{received}, not batches returned by keras_dyndp.poisson_batches" in message
