@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import pathlib
 import re
@@ -94,8 +95,8 @@ def blocks(doc: pathlib.Path, lines: list[str]) -> list[Block]:
         if not marker:
             continue
         start = index + 1
-        while start < len(lines) and not lines[start].strip():
-            start += 1
+        while start < len(lines) and (not lines[start].strip() or lines[start].lstrip().startswith("<!--")):
+            start += 1  # blank lines and other comments (another checker's marker) between a marker and its block
         end = start
         while end < len(lines) and lines[end].strip() and not MARKER.search(lines[end]):
             end += 1
@@ -109,8 +110,12 @@ def blocks(doc: pathlib.Path, lines: list[str]) -> list[Block]:
     return found
 
 
-def resolve(value: object, results: dict) -> object:
-    """A row's or quote's value: a literal, or the value at ``results.<key>...`` of the record."""
+def resolve(value: object, results: dict, root: pathlib.Path) -> object:
+    """A row's or quote's value: a literal, the value at ``results.<key>...`` of the record, or at
+    ``<another record>:results.<key>...`` (a summary that quotes the runs of other records)."""
+    if isinstance(value, str) and re.fullmatch(r"[\w/.-]+\.json:results\..+", value):
+        name, _, value = value.partition(":")
+        results = load_record(root, name).get("results", {})
     if not (isinstance(value, str) and value.startswith("results.")):
         return value
     found: object = results
@@ -119,11 +124,16 @@ def resolve(value: object, results: dict) -> object:
     return found
 
 
+@functools.cache
+def _recomputed(name: str) -> dict:
+    return RECOMPUTE[name]()
+
+
 def load_record(root: pathlib.Path, name: str) -> dict:
     """The record at ``root / name``, its ``results`` recomputed where it names a `RECOMPUTE` function."""
     record = json.loads((root / name).read_text(encoding="utf-8"))
     if "recompute" in record:
-        record["results"] = RECOMPUTE[record["recompute"]]()
+        record["results"] = _recomputed(record["recompute"])
     return record
 
 
@@ -188,7 +198,7 @@ class Checker:
                 continue
             start = row_cells[len(label)][0] if len(row_cells) > len(label) else len(line)
             found = [m for m in tokens(line[start:])]
-            values = [resolve(value, record.get("results", {})) for value in row["values"]]
+            values = [resolve(value, record.get("results", {}), self.root) for value in row["values"]]
             if len(found) != len(values):
                 self.error(block, offset, f"the row has {len(found)} numbers, the record {name} {len(values)}")
                 continue
@@ -207,7 +217,7 @@ class Checker:
                     self.error(block, 0, f"no number after {context!r}: the paragraph no longer quotes {name}")
                     continue
                 line = text.count("\n", 0, number.start())
-                value = resolve(value, record.get("results", {}))
+                value = resolve(value, record.get("results", {}), self.root)
                 edits.append((number, self.compare(block, line, number, value, f"after {context!r}", name)))
         block.lines = _edited(text, edits).split("\n")
 
