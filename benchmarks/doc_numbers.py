@@ -12,8 +12,10 @@ table or paragraph right after it:
   cells, in reading order, must be its ``values`` at the doc's rounding (``0.0170`` is a value that rounds to 4
   decimals as 0.0170; ``1,724`` keeps its comma). A value is a number, a string (the doc's token verbatim: a date, a
   setting) or ``"results.<key>.<key>..."``, a path into the record's ``results``.
-* Before a paragraph: each of the records' ``quoted``, ``[context, value]``, must appear as the context (its spaces
-  match any whitespace) followed by the value, at the doc's rounding.
+* Before a paragraph: each of the records' ``quoted``, ``[context, value]`` or ``[context, [values]]``, must appear
+  as the context (its spaces match any whitespace) followed by the value (the next numbers: the values), at the
+  doc's rounding. A record quoted by several paragraphs names its groups (``"quoted": {"readme": [...], ...}``) and
+  each marker one (``benchmarks/results/x.json#readme``).
 * A record with ``recompute`` (a name in `RECOMPUTE`) gets its ``results`` computed now from the command it states
   (keras_dyndp's accounting, a few seconds), so the doc is checked against the computation, not a copy.
 
@@ -29,12 +31,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib.util
 import json
 import pathlib
 import re
 import sys
 
-MARKER = re.compile(r"<!-- numbers: (?P<records>[^>]*?) -->")
+HERE = pathlib.Path(__file__).resolve().parent
+MARKER = re.compile(r"<!-- numbers: (?P<records>[^>]*?) -->")  # records: "path[#quotes] ..."
 TOKEN = re.compile(
     r"(?P<date>\b\d{4}-\d{2}-\d{2}\b)"
     r"|(?P<number>(?:(?<=[\s(])[+-])?(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[+-]?\d+)?(?![\d]))"
@@ -175,12 +179,18 @@ class Checker:
         """The block's records, or None (an error) where one is missing or unreadable."""
         loaded = []
         for name in block.records:
+            name, _, group = name.partition("#")
             if not (self.root / name).is_file():
                 self.error(block, -1, f"the record {name} is missing: a number that describes a run needs its record")
                 return None
             record = load_record(self.root, name)
             if "recompute" in record:
                 self.records_written[name] = record
+            if group:  # a paragraph quoting one group of the record's quotes
+                record = {**record, "quoted": record.get("quoted", {}).get(group)}
+                if record["quoted"] is None:
+                    self.error(block, -1, f"the record {name} has no quotes named {group!r}")
+                    return None
             loaded.append((name, record))
         return loaded
 
@@ -209,16 +219,19 @@ class Checker:
         text = "\n".join(block.lines)
         edits = []
         for name, record in loaded:
-            for context, value in record.get("quoted", []):
+            for context, values in record.get("quoted", []):
+                values = values if isinstance(values, list) else [values]
                 pattern = r"\s+".join(map(re.escape, context.split())) + (r"\s" if context.endswith(" ") else "")
-                match = re.search(pattern + r"\s*", text)
-                number = TOKEN.match(text, match.end()) if match else None
-                if number is None:
+                match = re.search(pattern, text)
+                found = tokens(text[match.end() :])[: len(values)] if match else []
+                if len(found) < len(values) or text[match.end() : match.end() + found[0].start()].strip():
                     self.error(block, 0, f"no number after {context!r}: the paragraph no longer quotes {name}")
                     continue
-                line = text.count("\n", 0, number.start())
-                value = resolve(value, record.get("results", {}), self.root)
-                edits.append((number, self.compare(block, line, number, value, f"after {context!r}", name)))
+                for number, value in zip(found, values):
+                    number = TOKEN.match(text, match.end() + number.start())
+                    line = text.count("\n", 0, number.start())
+                    value = resolve(value, record.get("results", {}), self.root)
+                    edits.append((number, self.compare(block, line, number, value, f"after {context!r}", name)))
         block.lines = _edited(text, edits).split("\n")
 
     def run(self) -> list[str]:
@@ -271,30 +284,31 @@ def _zcdp_report_row() -> dict:
     return {"first_noise_multiplier": float(zcdp.noise_multipliers[0]), "pld_epsilon": float(zcdp.epsilon(delta))}
 
 
-def _gdp_clt_understatement() -> dict:
-    """The PLD epsilon (delta 1e-5) of constant-noise schedules calibrated to epsilon 1 under the GDP-CLT
-    (``schedules.calibrate_shape(1.0, mu_shape=1.0, target_epsilon=1.0, target_delta=1e-5, accountant='gdp_clt',
-    ...)``, `benchmarks/accounting.py --calibration_examples`'s first two): 20 steps at p = 0.01, 500 at 256 / 60000."""
+def _gdp_clt_calibration_examples() -> dict:
+    """The PLD epsilon (delta 1e-5) of docs/accounting.md's calibration examples (benchmarks/calibration_examples.py),
+    each calibrated under the GDP-CLT (``schedules.calibrate_shape(1.0, target_delta=1e-5, accountant='gdp_clt',
+    ...)``, as `python benchmarks/accounting.py --calibration_examples` prints it), keyed as the examples are ordered:
+    ``"0"`` (p 0.01, T 20) .. ``"4"`` (growing mu 1/rho_mu 0.1 at 1.2)."""
     from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel  (only for records that recompute)
 
+    spec = importlib.util.spec_from_file_location("calibration_examples", HERE / "calibration_examples.py")
+    examples = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(examples)
     found = {}
-    for name, p, steps in (("p_0.01_T_20", 0.01, 20), ("p_0.00427_T_500", 256 / 60000, 500)):
-        schedule = schedules.calibrate_shape(
-            1.0, mu_shape=1.0, target_epsilon=1.0, target_delta=1e-5, sampling_probability=p, num_steps=steps,
-            accountant="gdp_clt",
-        )  # fmt: skip
-        found[name] = float(schedule.epsilon(1e-5, "pld"))
+    for index, (_, arguments) in enumerate(examples.EXAMPLES):
+        schedule = schedules.calibrate_shape(1.0, target_delta=1e-5, accountant="gdp_clt", **arguments)
+        found[str(index)] = float(schedule.epsilon(1e-5, "pld"))
     return found
 
 
 # The functions a record's ``recompute`` names: each returns the record's ``results``, computed now (seconds).
-RECOMPUTE = {"zcdp_report_row": _zcdp_report_row, "gdp_clt_understatement": _gdp_clt_understatement}
+RECOMPUTE = {"zcdp_report_row": _zcdp_report_row, "gdp_clt_calibration_examples": _gdp_clt_calibration_examples}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--write", action="store_true", help="rewrite the docs' numbers from the records")
-    parser.add_argument("--root", default=str(pathlib.Path(__file__).resolve().parent.parent), help="the repository")
+    parser.add_argument("--root", default=str(HERE.parent), help="the repository")
     args = parser.parse_args(argv)
     errors = Checker(pathlib.Path(args.root).resolve(), write=args.write).run()
     for error in errors:
