@@ -212,7 +212,9 @@ class Checker:
             if len(found) != len(values):
                 self.error(block, offset, f"the row has {len(found)} numbers, the record {name} {len(values)}")
                 continue
-            edits = [(m, self.compare(block, offset, m, v, "a number of the row", name)) for m, v in zip(found, values)]
+            names = [_source(value, name) for value in row["values"]]
+            what = "a number of the row"
+            edits = [(m, self.compare(block, offset, m, v, what, n)) for m, v, n in zip(found, values, names)]
             block.lines[offset] = line[:start] + _edited(line[start:], edits)
 
     def check_paragraph(self, block: Block, loaded: list[tuple[str, dict]]) -> None:
@@ -255,6 +257,11 @@ class Checker:
                 stored["results"] = record["results"]
                 (self.root / name).write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         return self.errors
+
+
+def _source(value: object, name: str) -> str:
+    """The record a row's value comes from: ``name``, or the other record a ``<record>:results...`` value names."""
+    return value.partition(":")[0] if isinstance(value, str) and ".json:results." in value else name
 
 
 def _edited(text: str, edits: list[tuple[re.Match, str | None]]) -> str:

@@ -91,8 +91,10 @@ def machine() -> dict:
 
 def command_line(argv: list[str] | None = None) -> str:
     """The command that ran this process, as a shell would take it (``python <script> <args>``), with the
-    ``TF_ENABLE_ONEDNN_OPTS`` setting in front where it was set."""
-    argv = sys.argv if argv is None else argv
+    ``TF_ENABLE_ONEDNN_OPTS`` setting in effect in front where it is set (by the caller or the script itself)."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv and os.path.isabs(argv[0]) and not os.path.relpath(argv[0]).startswith(".."):
+        argv[0] = os.path.relpath(argv[0])  # as typed from the repository root (runpy hands on an absolute path)
     setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
     prefix = f"TF_ENABLE_ONEDNN_OPTS={setting} " if setting is not None else ""
     return prefix + shlex.join(["python", *argv])
