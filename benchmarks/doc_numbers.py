@@ -117,15 +117,27 @@ def blocks(doc: pathlib.Path, lines: list[str]) -> list[Block]:
 def resolve(value: object, results: dict, root: pathlib.Path) -> object:
     """A row's or quote's value: a literal, the value at ``results.<key>...`` of the record, or at
     ``<another record>:results.<key>...`` (a summary that quotes the runs of other records)."""
-    if isinstance(value, str) and re.fullmatch(r"[\w/.-]+\.json:results\..+", value):
-        name, _, value = value.partition(":")
-        results = load_record(root, name).get("results", {})
-    if not (isinstance(value, str) and value.startswith("results.")):
-        return value
-    found: object = results
-    for key in value.split(".")[1:]:
-        found = found[int(key)] if isinstance(found, list) else found[key]
-    return found
+    reference = value
+    try:
+        if isinstance(value, str) and re.fullmatch(r"[\w/.-]+\.json:results\..+", value):
+            name, _, value = value.partition(":")
+            results = load_record(root, name).get("results", {})
+        if not (isinstance(value, str) and value.startswith("results.")):
+            return value
+        found: object = results
+        for key in value.split(".")[1:]:
+            found = found[int(key)] if isinstance(found, list) else found[key]
+        return found
+    except (OSError, KeyError, IndexError, ValueError, TypeError):
+        return Missing(reference)
+
+
+class Missing(str):
+    """A value a row or quote names that its record does not have (a re-measured record whose results are laid out
+    otherwise: map its ``rows`` / ``quoted`` to them)."""
+
+    def __new__(cls, reference: str):
+        return super().__new__(cls, f"nothing at {reference}")
 
 
 @functools.cache
@@ -170,6 +182,9 @@ class Checker:
         """The rewritten token where the doc's token differs from ``value`` at its rounding (else None)."""
         expected = formatted(value, match[0])
         if expected == match[0]:
+            return None
+        if isinstance(value, Missing):  # never written into a doc
+            self.error(block, offset, f"{what}: the doc says {match[0]}, the record {name} has {value}")
             return None
         if not self.write:
             self.error(block, offset, f"{what}: the doc says {match[0]}, the record {name} says {expected}")

@@ -98,6 +98,18 @@ def test_a_row_or_quote_that_no_longer_reads_as_recorded_fails(tmp_path):
     ]
 
 
+def test_a_value_the_record_no_longer_has_fails_and_is_not_written(tmp_path):
+    record = {**RECORD, "results": {"k2": RECORD["results"]["k2"]}}  # re-measured, laid out otherwise
+    for write in (False, True):
+        root = repository(tmp_path / str(write), TABLE_DOC, record)
+        assert doc_numbers.Checker(root, write=write).run() == [
+            f"docs/page.md:6: a number of the row: the doc says {number}, the record benchmarks/results/run.json has "
+            f"nothing at results.k3.{key}"
+            for number, key in (("0.0170", "seconds"), ("1.52", "ratio"))
+        ]
+        assert (root / "docs" / "page.md").read_text() == TABLE_DOC
+
+
 def test_write_puts_the_records_numbers_back(tmp_path):
     root = repository(tmp_path, TABLE_DOC.replace("0.0170 s", "0.0180 s").replace("1.79x", "1.80x"))
     assert doc_numbers.Checker(root, write=True).run() == []
