@@ -44,6 +44,7 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 import models  # noqa: E402  (benchmarks/models.py)
 import numpy as np  # noqa: E402
+import records  # noqa: E402  (benchmarks/records.py)
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
@@ -60,6 +61,9 @@ flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per path before the first
 flags.DEFINE_integer("repeats", 5, "Interleaved repetitions; the median is reported.")
 flags.DEFINE_list("models", ["cnn", "lstm", "text"], f"Models among {', '.join(models.NAMES)}.")
 flags.DEFINE_string("out_md", None, "Where to write the markdown table.")
+flags.DEFINE_string(
+    "record", None, "Where to write the run's record (benchmarks/records.py), e.g. benchmarks/results/x.json."
+)
 flags.DEFINE_enum("dtype_policy", "float32", ["float32", "mixed_bfloat16"], "Keras's global dtype policy.")
 
 PATHS = ("nonprivate", "dyndp_fast", "jax_privacy")
@@ -238,6 +242,13 @@ def main(argv: list[str]) -> None:
     keras.config.set_dtype_policy(FLAGS.dtype_policy)
     rows = [row for name in FLAGS.models for row in measure(name)]
     interleaved.report(markdown(rows), FLAGS.out_md)
+    if FLAGS.record:  # {model: {path: {ms_per_step, ratio, kernels, gflop, ...}}}; XLA's counts as (value, ratio)
+        results: dict = {}
+        for row in rows:
+            results.setdefault(row["model"], {})[row["path"]] = {
+                k: v for k, v in row.items() if k not in ("model", "path")
+            }
+        records.write_record(FLAGS.record, records.command_line(), results)
 
 
 if __name__ == "__main__":

@@ -17,20 +17,20 @@ and each ``+ __getitems__`` (one call a batch returning its elements). The varia
 (report medians: the machine may be shared); "difference" is the owned read's time over the unowned one's, minus 1.
 numpy only, no backend.
 
-    python benchmarks/source_copy.py [--shapes=28x28,64x64x3] [--repeats=21] [--batch_size=256]
+    python benchmarks/source_copy.py [--shapes=28x28,64x64x3] [--repeats=21] [--batch_size=256] [--record=PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
 import zlib
 
 import numpy as np
+import records  # benchmarks/records.py (this script's directory is on sys.path)
 
 from keras_dyndp.data import readers
 from keras_dyndp.data import sources
@@ -100,15 +100,6 @@ def with_getitems(source_class: type) -> type:
     return type(f"{source_class.__name__}Batched", (source_class,), {"__getitems__": getitems})
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux), else the platform's processor."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "?"
-
-
 def make_sources(shape: tuple[int, ...], directory: str) -> dict[str, object]:
     """The six sources of ``NUM_EXAMPLES`` examples of ``shape`` (the file under ``directory``)."""
     rng = np.random.default_rng(0)
@@ -166,8 +157,9 @@ def time_read(source: object, indices: np.ndarray, owned: bool) -> float:
         readers.BatchRows = batch_rows
 
 
-def measure(shape: tuple[int, ...], repeats: int, batch_size: int) -> None:
-    """Prints each source's medians for examples of ``shape``."""
+def measure(shape: tuple[int, ...], repeats: int, batch_size: int) -> dict:
+    """Prints and returns each source's medians for examples of ``shape``: ``{source: {owned_ms, unowned_ms,
+    difference_percent}}``."""
     with tempfile.TemporaryDirectory() as directory:
         made = make_sources(shape, directory)
         rng = np.random.default_rng(1)
@@ -184,9 +176,16 @@ def measure(shape: tuple[int, ...], repeats: int, batch_size: int) -> None:
         size = np.dtype(np.float32).itemsize * int(np.prod(shape))
         print(f"\nexamples of shape {shape} float32 ({size} bytes), batches of {batch_size}, {repeats} repeats")
         print(f"{'source':34s} {'owned':>11s} {'unowned':>11s} {'difference':>11s}")
+        found = {}
         for name in made:
             owned, unowned = (statistics.median(times[name, kind]) for kind in ("owned", "unowned"))
             print(f"{name:34s} {1e3 * owned:9.3f}ms {1e3 * unowned:9.3f}ms {100 * (owned - unowned) / unowned:+10.1f}%")
+            found[name] = {
+                "owned_ms": 1e3 * owned,
+                "unowned_ms": 1e3 * unowned,
+                "difference_percent": 100 * (owned - unowned) / unowned,
+            }
+        return found
 
 
 def main() -> None:
@@ -194,10 +193,16 @@ def main() -> None:
     parser.add_argument("--shapes", default="28x28,64x64x3", help="example shapes, comma-separated (28x28,...)")
     parser.add_argument("--repeats", type=int, default=21, help="interleaved repetitions (medians reported)")
     parser.add_argument("--batch_size", type=int, default=256, help="examples a batch")
+    parser.add_argument("--record", default=None, help="where to write the run's record (benchmarks/records.py)")
     args = parser.parse_args()
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}; numpy {np.__version__}")
-    for shape in args.shapes.split(","):
-        measure(tuple(int(size) for size in shape.split("x")), args.repeats, args.batch_size)
+    print(f"CPU: {records.cpu_model()}, {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}; numpy {np.__version__}")
+    results = {
+        shape: measure(tuple(int(size) for size in shape.split("x")), args.repeats, args.batch_size)
+        for shape in args.shapes.split(",")
+    }
+    if args.record:
+        results["load"] = os.getloadavg()[0]
+        records.write_record(args.record, records.command_line(), results)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ import time
 
 import models  # benchmarks/models.py (this script's directory is on sys.path)
 import numpy as np
+import records  # benchmarks/records.py
 import tensorflow as tf
 from absl import app
 from absl import flags
@@ -101,6 +102,9 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_string("out_csv", None, "Where to write the CSV table.")
 flags.DEFINE_string("out_md", None, "Where to write the markdown table.")
+flags.DEFINE_string(
+    "record", None, "Where to write the run's record (benchmarks/records.py), e.g. benchmarks/results/x.json."
+)
 
 ALL_PATHS = (
     "nonprivate",
@@ -388,6 +392,21 @@ def markdown(rows: list[dict], device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def record_results(rows: list[dict]) -> dict:
+    """The rows as a record's results: ``{model: {path: {seconds_per_step, ratio, ...}}}`` (a strategy other than
+    the default one is named after the path: ``dyndp_fast@mirrored``)."""
+    results: dict = {}
+    for row in rows:
+        path = row["path"] if row["strategy"] == "default" else f"{row['path']}@{row['strategy']}"
+        results.setdefault(row["model"], {})[path] = {
+            key: row[key] for key in ("seconds_per_step", "ratio", "peak_memory_mib", "replicas", "note")
+        }
+        results[row["model"]][path]["seconds_per_repetition"] = [
+            float(t) for t in row["seconds_per_repetition"].split()
+        ]
+    return results
+
+
 def main(argv: list[str]) -> None:
     del argv
     # By default the paths this stack can run; a path asked for by name is listed as skipped if it cannot.
@@ -420,6 +439,8 @@ def main(argv: list[str]) -> None:
     if FLAGS.out_md:
         with open(FLAGS.out_md, "w", encoding="utf-8") as handle:
             handle.write(table)
+    if FLAGS.record:
+        records.write_record(FLAGS.record, records.command_line(), record_results(rows))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ PARSER.add_argument(
 )
 PARSER.add_argument("--lora", type=int, default=0, help="LoRA rank (0: no LoRA, every weight trains)")
 PARSER.add_argument("--paths", default="nonprivate,dyndp_auto", help="comma-separated subset, timed in this order")
+PARSER.add_argument("--record", default=None, help="where to write the run's record (benchmarks/records.py)")
 ARGS = PARSER.parse_args()
 os.environ["KERAS_BACKEND"] = ARGS.backend
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
@@ -57,6 +58,7 @@ import interleaved  # noqa: E402  (benchmarks/interleaved.py)
 import keras  # noqa: E402
 import models  # noqa: E402  (benchmarks/models.py)
 import numpy as np  # noqa: E402
+import records  # noqa: E402  (benchmarks/records.py)
 
 import keras_dyndp  # noqa: E402
 from keras_dyndp import SamplingWarning  # noqa: E402
@@ -198,6 +200,9 @@ def main() -> None:
         print(f"| {path} | {milliseconds:.1f} | {ratio:.2f}x |")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     print(f"peak resident memory of the process: {peak:.0f} MiB")
+    if ARGS.record:
+        results = {path: {"ms_per_step": ms, "ratio": ratio} for path, (ms, ratio) in table.items()}
+        records.write_record(ARGS.record, records.command_line(), {**results, "peak_rss_mib": peak})
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ BACKEND_NEUTRAL = frozenset(
         "core/test_batch_sizes.py",
         "test_callbacks.py",
         "test_docstrings.py",
+        "test_doc_numbers.py",
         "test_install_numbers.py",
         "test_keras_hub.py",
         "keras_glue/test_entry_points.py",

@@ -1,0 +1,342 @@
+"""Checks the numbers of README.md, docs/*.md and examples/README.md that describe a run against their records.
+
+A marker names the records (``benchmarks/results/<name>.json``, written by ``benchmarks/records.py``) behind the
+table or paragraph right after it:
+
+    <!-- numbers: benchmarks/results/step_time_cnn_vnni.json -->
+    | stack | oneDNN | non-private SGD | keras_dyndp |
+    ...
+
+* Before a table: the records' ``rows`` (concatenated, in the order named) are the table's body rows, one each:
+  ``{"label": [cells], "values": [...]}``. A row's first cells must read as its ``label``; the numbers of its other
+  cells, in reading order, must be its ``values`` at the doc's rounding (``0.0170`` is a value that rounds to 4
+  decimals as 0.0170; ``1,724`` keeps its comma). A value is a number, a string (the doc's token verbatim: a date, a
+  setting) or ``"results.<key>.<key>..."``, a path into the record's ``results``.
+* Before a paragraph: each of the records' ``quoted``, ``[context, value]`` or ``[context, [values]]``, must appear
+  as the context (its spaces match any whitespace) followed by the value (the next numbers: the values), at the
+  doc's rounding. A record quoted by several paragraphs names its groups (``"quoted": {"readme": [...], ...}``) and
+  each marker one (``benchmarks/results/x.json#readme``).
+* A record with ``recompute`` (a name in `RECOMPUTE`) gets its ``results`` computed now from the command it states
+  (keras_dyndp's accounting, a few seconds), so the doc is checked against the computation, not a copy.
+
+A marker whose record is missing is an error: a number that describes a run needs its record. Exit status 1 with one
+line per difference (``file:line: ... the doc says X, the record Y``), 0 when every number matches. ``--write``
+rewrites the docs' numbers from the records (and a recomputed record's ``results``) instead.
+
+    python benchmarks/doc_numbers.py [--write] [--root=.]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib.util
+import json
+import pathlib
+import re
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+MARKER = re.compile(r"<!-- numbers: (?P<records>[^>]*?) -->")  # records: "path[#quotes] ..."
+TOKEN = re.compile(
+    r"(?P<date>\b\d{4}-\d{2}-\d{2}\b)"
+    r"|(?P<number>(?:(?<=[\s(])[+-])?(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[+-]?\d+)?(?![\d]))"
+)
+
+
+def doc_paths(root: pathlib.Path) -> list[pathlib.Path]:
+    """The docs whose numbers are checked: README.md, docs/*.md, examples/README.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "examples" / "README.md"]
+
+
+def tokens(text: str) -> list[re.Match]:
+    """The numbers (and dates, kept whole) of ``text``, in reading order."""
+    return list(TOKEN.finditer(text))
+
+
+def formatted(value: object, token: str) -> str:
+    """``value`` written as the doc's ``token`` is written: its decimals, thousands commas, sign and exponent;
+    a string value is compared verbatim."""
+    if isinstance(value, str):
+        return value
+    mantissa, _, exponent = token.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    spec = ("+" if token.startswith("+") else "") + ("," if "," in token else "")
+    if exponent:
+        return _exp(value, token)
+    text = f"{value:{spec}.{decimals}f}"
+    return "0" + text[2:] if text.startswith("-0") and float(text) == 0 else text
+
+
+def _exp(value: float, token: str) -> str:
+    """``value`` in the doc's exponent notation (``+2.70e-15``: decimals and exponent digits as the token)."""
+    mantissa, exponent = token.lower().split("e")
+    spec = "+" if token.startswith("+") else ""
+    text = f"{value:{spec}.{len(mantissa.partition('.')[2])}e}"
+    digits = len(exponent.lstrip("+-"))
+    head, tail = text.split("e")
+    return f"{head}e{tail[0]}{tail[1:].lstrip('0').rjust(digits, '0')}"
+
+
+@dataclasses.dataclass
+class Block:
+    """The lines after a marker: a table's body rows or a paragraph."""
+
+    doc: pathlib.Path
+    marker_line: int  # 1-based
+    records: list[str]
+    first_line: int  # 0-based index of the block's first line in the doc
+    lines: list[str]
+    is_table: bool
+
+
+def blocks(doc: pathlib.Path, lines: list[str]) -> list[Block]:
+    """Every marker of ``doc`` with the table (its body rows) or paragraph after it."""
+    found = []
+    for index, line in enumerate(lines):
+        marker = MARKER.search(line)
+        if not marker:
+            continue
+        start = index + 1
+        while start < len(lines) and (not lines[start].strip() or lines[start].lstrip().startswith("<!--")):
+            start += 1  # blank lines and other comments (another checker's marker) between a marker and its block
+        end = start
+        while end < len(lines) and lines[end].strip() and not MARKER.search(lines[end]):
+            end += 1
+        is_table = start < len(lines) and lines[start].lstrip().startswith("|")
+        if is_table:  # the header and its separator are no run's numbers
+            end = start
+            while end < len(lines) and lines[end].lstrip().startswith("|"):
+                end += 1
+            start = min(start + 2, end)
+        found.append(Block(doc, index + 1, marker["records"].split(), start, lines[start:end], is_table))
+    return found
+
+
+def resolve(value: object, results: dict, root: pathlib.Path) -> object:
+    """A row's or quote's value: a literal, the value at ``results.<key>...`` of the record, or at
+    ``<another record>:results.<key>...`` (a summary that quotes the runs of other records)."""
+    reference = value
+    try:
+        if isinstance(value, str) and re.fullmatch(r"[\w/.-]+\.json:results\..+", value):
+            name, _, value = value.partition(":")
+            results = load_record(root, name).get("results", {})
+        if not (isinstance(value, str) and value.startswith("results.")):
+            return value
+        found: object = results
+        for key in value.split(".")[1:]:
+            found = found[int(key)] if isinstance(found, list) else found[key]
+        return found
+    except (OSError, KeyError, IndexError, ValueError, TypeError):
+        return Missing(reference)
+
+
+class Missing(str):
+    """A value a row or quote names that its record does not have (a re-measured record whose results are laid out
+    otherwise: map its ``rows`` / ``quoted`` to them)."""
+
+    def __new__(cls, reference: str):
+        return super().__new__(cls, f"nothing at {reference}")
+
+
+@functools.cache
+def _recomputed(name: str) -> dict:
+    return RECOMPUTE[name]()
+
+
+def load_record(root: pathlib.Path, name: str) -> dict:
+    """The record at ``root / name``, its ``results`` recomputed where it names a `RECOMPUTE` function."""
+    record = json.loads((root / name).read_text(encoding="utf-8"))
+    if "recompute" in record:
+        record["results"] = _recomputed(record["recompute"])
+    return record
+
+
+def cells(line: str) -> list[tuple[int, str]]:
+    """The cells of a table row with their offsets in the line (a ``|`` inside backticks does not split)."""
+    found, start, quoted = [], line.index("|") + 1, False
+    for offset in range(start, len(line)):
+        if line[offset] == "`":
+            quoted = not quoted
+        elif line[offset] == "|" and not quoted:
+            found.append((start, line[start:offset]))
+            start = offset + 1
+    return found
+
+
+@dataclasses.dataclass
+class Checker:
+    """Checks (or, with ``write``, rewrites) the numbers of the blocks against their records."""
+
+    root: pathlib.Path
+    write: bool = False
+    errors: list[str] = dataclasses.field(default_factory=list)
+    records_written: dict = dataclasses.field(default_factory=dict)
+
+    def error(self, block: Block, offset: int, message: str) -> None:
+        line = block.first_line + offset + 1 if offset >= 0 else block.marker_line
+        self.errors.append(f"{block.doc.relative_to(self.root)}:{line}: {message}")
+
+    def compare(self, block: Block, offset: int, match: re.Match, value: object, what: str, name: str) -> str | None:
+        """The rewritten token where the doc's token differs from ``value`` at its rounding (else None)."""
+        expected = formatted(value, match[0])
+        if expected == match[0]:
+            return None
+        if isinstance(value, Missing):  # never written into a doc
+            self.error(block, offset, f"{what}: the doc says {match[0]}, the record {name} has {value}")
+            return None
+        if not self.write:
+            self.error(block, offset, f"{what}: the doc says {match[0]}, the record {name} says {expected}")
+        return expected
+
+    def records(self, block: Block) -> list[tuple[str, dict]] | None:
+        """The block's records, or None (an error) where one is missing or unreadable."""
+        loaded = []
+        for name in block.records:
+            name, _, group = name.partition("#")
+            if not (self.root / name).is_file():
+                self.error(block, -1, f"the record {name} is missing: a number that describes a run needs its record")
+                return None
+            record = load_record(self.root, name)
+            if "recompute" in record:
+                self.records_written[name] = record
+            if group:  # a paragraph quoting one group of the record's quotes
+                record = {**record, "quoted": record.get("quoted", {}).get(group)}
+                if record["quoted"] is None:
+                    self.error(block, -1, f"the record {name} has no quotes named {group!r}")
+                    return None
+            loaded.append((name, record))
+        return loaded
+
+    def check_table(self, block: Block, loaded: list[tuple[str, dict]]) -> None:
+        rows = [(name, record, row) for name, record in loaded for row in record.get("rows", [])]
+        if len(rows) != len(block.lines):
+            self.error(block, -1, f"the table has {len(block.lines)} rows, its records {len(rows)}")
+            return
+        for offset, (name, record, row) in enumerate(rows):
+            line = block.lines[offset]
+            row_cells = cells(line)
+            label = [text.strip() for _, text in row_cells[: len(row["label"])]]
+            if label != row["label"]:
+                self.error(block, offset, f"the row reads {label}, the record {name} has {row['label']}")
+                continue
+            start = row_cells[len(label)][0] if len(row_cells) > len(label) else len(line)
+            found = [m for m in tokens(line[start:])]
+            values = [resolve(value, record.get("results", {}), self.root) for value in row["values"]]
+            if len(found) != len(values):
+                self.error(block, offset, f"the row has {len(found)} numbers, the record {name} {len(values)}")
+                continue
+            names = [_source(value, name) for value in row["values"]]
+            what = "a number of the row"
+            edits = [(m, self.compare(block, offset, m, v, what, n)) for m, v, n in zip(found, values, names)]
+            block.lines[offset] = line[:start] + _edited(line[start:], edits)
+
+    def check_paragraph(self, block: Block, loaded: list[tuple[str, dict]]) -> None:
+        text = "\n".join(block.lines)
+        edits = []
+        for name, record in loaded:
+            for context, values in record.get("quoted", []):
+                values = values if isinstance(values, list) else [values]
+                pattern = r"\s+".join(map(re.escape, context.split())) + (r"\s" if context.endswith(" ") else "")
+                match = re.search(pattern, text)
+                found = tokens(text[match.end() :])[: len(values)] if match else []
+                if len(found) < len(values) or text[match.end() : match.end() + found[0].start()].strip():
+                    self.error(block, 0, f"no number after {context!r}: the paragraph no longer quotes {name}")
+                    continue
+                for number, value in zip(found, values):
+                    number = TOKEN.match(text, match.end() + number.start())
+                    line = text.count("\n", 0, number.start())
+                    value = resolve(value, record.get("results", {}), self.root)
+                    edits.append((number, self.compare(block, line, number, value, f"after {context!r}", name)))
+        block.lines = _edited(text, edits).split("\n")
+
+    def run(self) -> list[str]:
+        """Checks every doc; with ``write``, rewrites the docs (and recomputed records) instead. The errors."""
+        for doc in doc_paths(self.root):
+            if not doc.is_file():
+                continue
+            lines = doc.read_text(encoding="utf-8").split("\n")
+            found = blocks(doc, lines)
+            for block in found:
+                loaded = self.records(block)
+                if loaded is not None:
+                    (self.check_table if block.is_table else self.check_paragraph)(block, loaded)
+            if self.write:
+                for block in reversed(found):
+                    lines[block.first_line : block.first_line + len(block.lines)] = block.lines
+                doc.write_text("\n".join(lines), encoding="utf-8")
+        if self.write:
+            for name, record in self.records_written.items():
+                stored = json.loads((self.root / name).read_text(encoding="utf-8"))
+                stored["results"] = record["results"]
+                (self.root / name).write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        return self.errors
+
+
+def _source(value: object, name: str) -> str:
+    """The record a row's value comes from: ``name``, or the other record a ``<record>:results...`` value names."""
+    return value.partition(":")[0] if isinstance(value, str) and ".json:results." in value else name
+
+
+def _edited(text: str, edits: list[tuple[re.Match, str | None]]) -> str:
+    """``text`` with each matched token replaced by its rewrite (None: kept)."""
+    for match, new in sorted(((m, n) for m, n in edits if n is not None), key=lambda e: -e[0].start()):
+        text = text[: match.start()] + new + text[match.end() :]
+    return text
+
+
+def _zcdp_report_row() -> dict:
+    """docs/accounting.md's `dyndp-privacy --epsilon=1.2 --num_examples=60000 --batch_size=250 --epochs=20
+    --rho_mu=1.25 --rho_c=3.333 --initial_clip=1.5`: the zcdp row's first noise multiplier and PLD epsilon (delta
+    1 / (10 N), the command's default)."""
+    from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel  (only for records that recompute)
+
+    delta = 1 / (10 * 60000)
+    zcdp = schedules.calibrate(
+        "zcdp",
+        target_epsilon=1.2,
+        target_delta=delta,
+        sampling_probability=250 / 60000,
+        num_steps=4800,
+        initial_clip=1.5,
+        rho_mu=1.25,
+        rho_c=3.333,
+    )
+    return {"first_noise_multiplier": float(zcdp.noise_multipliers[0]), "pld_epsilon": float(zcdp.epsilon(delta))}
+
+
+def _gdp_clt_calibration_examples() -> dict:
+    """The PLD epsilon (delta 1e-5) of docs/accounting.md's calibration examples (benchmarks/calibration_examples.py),
+    each calibrated under the GDP-CLT (``schedules.calibrate_shape(1.0, target_delta=1e-5, accountant='gdp_clt',
+    ...)``, as `python benchmarks/accounting.py --calibration_examples` prints it), keyed as the examples are ordered:
+    ``"0"`` (p 0.01, T 20) .. ``"4"`` (growing mu 1/rho_mu 0.1 at 1.2)."""
+    from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel  (only for records that recompute)
+
+    spec = importlib.util.spec_from_file_location("calibration_examples", HERE / "calibration_examples.py")
+    examples = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(examples)
+    found = {}
+    for index, (_, arguments) in enumerate(examples.EXAMPLES):
+        schedule = schedules.calibrate_shape(1.0, target_delta=1e-5, accountant="gdp_clt", **arguments)
+        found[str(index)] = float(schedule.epsilon(1e-5, "pld"))
+    return found
+
+
+# The functions a record's ``recompute`` names: each returns the record's ``results``, computed now (seconds).
+RECOMPUTE = {"zcdp_report_row": _zcdp_report_row, "gdp_clt_calibration_examples": _gdp_clt_calibration_examples}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the docs' numbers from the records")
+    parser.add_argument("--root", default=str(HERE.parent), help="the repository")
+    args = parser.parse_args(argv)
+    errors = Checker(pathlib.Path(args.root).resolve(), write=args.write).run()
+    for error in errors:
+        print(error, file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
