@@ -6,6 +6,7 @@ refusals of data not known to be Poisson-sampled.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from typing import Any
 
@@ -162,6 +163,7 @@ def expected_steps_per_epoch(sampling_probability: float) -> int:
     return steps
 
 
+@functools.lru_cache(maxsize=256)  # pure, and read by every fit's check of the cap
 def default_max_batch_size(
     num_examples: int, sampling_probability: float, tail_probability: float = DEFAULT_OVERFLOW_TAIL
 ) -> int:
@@ -175,6 +177,7 @@ def default_max_batch_size(
     return max(bisect.bisect_left(range(num_examples), True, key=lambda m: binom.sf(m) <= tail_probability), 1)
 
 
+@functools.lru_cache(maxsize=256)
 def batch_size_range(
     num_examples: int, sampling_probability: float, tail_probability: float = BATCH_SIZE_TAIL
 ) -> tuple[int, int]:
