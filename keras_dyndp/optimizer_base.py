@@ -290,7 +290,7 @@ class DPOptimizerBase:
 
     def _check_same_release(self, description: dict) -> None:
         """Raises if the processes that train one model build their optimizers unlike; the JAX optimizers compare
-        them across ``jax.distributed`` processes (`keras_dyndp.jax_backend.processes.check_same_release`).
+        them across ``jax.distributed`` processes (`keras_dyndp.jax_backend.distribution.check_same_release`).
 
         Called before the base optimizer is built (whose variables several processes replicate) with what
         determines the release, by name: the class, the schedule's config (its C_t, sigma_t, p and calibration),

@@ -137,7 +137,7 @@ flags.DEFINE_enum(
     "that the TF_CONFIG environment variable names; set TF_CONFIG on EACH worker (same cluster, its own task "
     "index) and start the same command on each; needs --seed (every worker must draw the same Poisson batches) "
     "and takes no --model_dir. The noise is added once per global step whatever the number of replicas "
-    "(keras_dyndp.tf_backend.replicas).",
+    "(keras_dyndp.tf_backend.distribution).",
 )
 flags.DEFINE_integer(
     "pad_to_multiple",

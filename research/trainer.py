@@ -14,7 +14,7 @@ model and which hyperparameters the paper uses (a `run_config.Task`); `run` hand
    ``<model_dir>/logs`` and the privacy curve ``<model_dir>/privacy_curve.png`` (`results.write_privacy_curve`);
 4. under a `tf.distribute` strategy (``--strategy``, `distribute`) builds model, optimizer and compile in its scope
    and pads the Poisson batches to a multiple of the replicas (the noise is still added once per global step,
-   `keras_dyndp.tf_backend.replicas`); under multi_worker the workers agree on the sampling seed and only the chief
+   `keras_dyndp.tf_backend.distribution`); under multi_worker the workers agree on the sampling seed and only the chief
    appends to ``--results_csv``;
 5. evaluates on the test set, prints the privacy report (GDP-CLT epsilon and a rigorous PLD or RDP epsilon of the
    steps actually taken) and, with ``--results_csv``, appends one row per run.

@@ -4,7 +4,7 @@
 ``poisson_batches`` resolve to this package's when Keras runs on JAX, so the same user code trains on either backend
 (docs/jax.md); schedules, calibration, accounting, the optimizers' arguments and config and the callbacks are the
 backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`, `taps`, `ghost` and its
-`register_layer_rule`, `microbatches`), several processes (`processes`), the step's mechanism and secret keys
+`register_layer_rule`, `microbatches`), several processes (`distribution`), the step's mechanism and secret keys
 (`optimizer`), the model check (`model_checks`) and Poisson batches (`data`).
 ``keras_dyndp[jax]`` pulls no TensorFlow.
 """

@@ -4,7 +4,7 @@
 the batch independently with probability p, drawn from a numpy generator of its own (OS entropy unless a ``seed`` is
 given, never Keras's global seed; a seed is mixed with ``start_step``, `keras_dyndp.data.sampling.sampler_seed`, so a
 resumed run draws independently of the first), the selected rows first, then rows of zeros with sample weight 0.
-Under several processes (`processes`) every process draws the same global batch from process 0's seed and yields its
+Under several processes (`distribution`) every process draws the same global batch from process 0's seed and yields its
 share. Data
 read on demand (`keras_dyndp.data.sources`: memmaps, array-likes, random-access sources) is drawn in O(k) from numbered
 draws (`keras_dyndp.data.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads; under several processes by one
@@ -23,7 +23,7 @@ from absl import logging
 
 from keras_dyndp.data import sampling
 from keras_dyndp.data import sources
-from keras_dyndp.jax_backend import processes
+from keras_dyndp.jax_backend import distribution
 
 
 def _of_sampling(name: str, doc: str) -> property:
@@ -48,11 +48,11 @@ class PoissonBatches(keras.utils.PyDataset):
         if self._rows is not None:
             # Threads read ahead while the step runs (JAX releases the GIL); under several processes one reader, so
             # that every process numbers the same draws in the same order (each file read is parallel still).
-            self.workers = 1 if processes.several() else 2
+            self.workers = 1 if distribution.several() else 2
         num_examples = self._rows.num_examples if self._rows else sampling.check_rows(x, y, sample_weight)
-        processes.check_rows("max_batch_size", arguments.max_batch_size)
-        processes.check_rows("pad_to_multiple", arguments.pad_to_multiple)
-        cap = arguments.cap(num_examples, processes.rows_multiple())
+        distribution.check_rows("max_batch_size", arguments.max_batch_size)
+        distribution.check_rows("pad_to_multiple", arguments.pad_to_multiple)
+        cap = arguments.cap(num_examples, distribution.rows_multiple())
         self.sampling = sampling.PoissonSampling(
             num_examples,
             arguments.sampling_probability,
@@ -65,16 +65,16 @@ class PoissonBatches(keras.utils.PyDataset):
         self._steps, self._overflow = arguments.steps_per_epoch, arguments.overflow
         self._x, self._y = x, y
         seed = arguments.stream_seed
-        seed = processes.agreed_random_bits(128, secrets.randbits) if seed is None else seed
+        seed = distribution.agreed_random_bits(128, secrets.randbits) if seed is None else seed
         if self._rows is not None:
-            processes.check_same_source(self._rows)
+            distribution.check_same_source(self._rows)
             self.draws = sources.DrawCounter(seed)
             return
         weights = np.ones(num_examples) if sample_weight is None else sample_weight
         self._weights = np.asarray(weights, np.float32)
         if self._weights.shape == (num_examples, 1):  # one per example; else [N], or per loss entry [N, L, ...]
             self._weights = self._weights[:, 0]
-        processes.check_same_data([*jax.tree_util.tree_leaves((x, y)), self._weights])
+        distribution.check_same_data([*jax.tree_util.tree_leaves((x, y)), self._weights])
         self._rng = np.random.default_rng(seed)
 
     sampling_probability = _of_sampling("sampling_probability", "The Poisson rate p.")
@@ -115,7 +115,7 @@ class PoissonBatches(keras.utils.PyDataset):
             return batch
 
         batch = jax.tree_util.tree_map(gather, self._x), jax.tree_util.tree_map(gather, self._y), weights
-        return jax.tree_util.tree_map(processes.local_rows, batch)
+        return jax.tree_util.tree_map(distribution.local_rows, batch)
 
     def _num_rows(self, num_selected: int) -> int:
         """The rows of a batch of ``num_selected`` examples: the cap, or the next multiple up to it."""
@@ -140,8 +140,8 @@ class PoissonBatches(keras.utils.PyDataset):
     def _read_batch(self):
         """A batch of data read on demand: k ~ Binomial(N, p) and a uniform k-subset from the next draw's generator
         (O(k), `keras_dyndp.data.sources.draw`), its rows read in increasing index order, then padding. Under several
-        processes each reads only its share: the rows of the global batch at its positions (`processes.share`)."""
-        if processes.several() and (self.workers > 1 or self.use_multiprocessing):
+        processes each reads only its share: the rows of the global batch at its positions (`distribution.share`)."""
+        if distribution.several() and (self.workers > 1 or self.use_multiprocessing):
             raise ValueError(
                 "keras_dyndp.poisson_batches in several processes reads data read on demand with one reader "
                 f"(workers=1): with workers={self.workers} the processes could number their draws differently and "
@@ -152,7 +152,7 @@ class PoissonBatches(keras.utils.PyDataset):
         num_selected, chosen = sources.draw(rng, self.num_examples, self.sampling_probability, cap)
         if num_selected > cap:
             self._check_overflow(num_selected)
-        share = processes.share(self._num_rows(num_selected))
+        share = distribution.share(self._num_rows(num_selected))
         return self._rows.batch(chosen[share.start : share.stop], len(share))
 
 

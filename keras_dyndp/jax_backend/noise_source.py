@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from keras_dyndp.core import noise_seed as noise_seed_module
-from keras_dyndp.jax_backend import processes
+from keras_dyndp.jax_backend import distribution
 
 NOISE, MICROBATCHES, LAYER_SEEDS = range(3)  # The purposes `step_key` folds in: one key for each use.
 KEY_WORDS = slice(3, 5)  # The base key's two int32 words in a run state [nonce, refusal, its count, key, key].
@@ -34,7 +34,7 @@ class NoiseSource:
     def __init__(self, noise_seed: int | None = None):
         # Attributed to the caller of the optimizer's constructor (DPOptimizerBase.__init__, _build_dp_state, here).
         noise_seed = noise_seed_module.check_and_warn(noise_seed, stacklevel=4)
-        self.base_key = processes.agreed(  # Process 0's under several processes: one program, one noise.
+        self.base_key = distribution.agreed(  # Process 0's under several processes: one program, one noise.
             np.asarray(divmod(noise_seed_module.state_seed(noise_seed, 64), 2**32), np.uint32)
         )
         self._runs = 0  # The last run nonce handed out: nonces only grow, whatever the run state is restored to.

@@ -26,10 +26,10 @@ from keras_dyndp import optimizer_base
 from keras_dyndp.core import mechanism
 from keras_dyndp.core import refusals
 from keras_dyndp.core import step_checks
+from keras_dyndp.jax_backend import distribution
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import noise_source
 from keras_dyndp.jax_backend import ops
-from keras_dyndp.jax_backend import processes
 from keras_dyndp.jax_backend import train_step
 from keras_dyndp.keras_glue import private_model
 from keras_dyndp.keras_glue import registration
@@ -62,7 +62,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._run_state = self._int32_variable("dp_run_state", 5)
 
     def _check_same_release(self, description: dict) -> None:
-        processes.check_same_release(description)
+        distribution.check_same_release(description)
 
     def _int32_variable(self, name: str, shape: int | tuple) -> keras.Variable:
         shape = (shape,) if isinstance(shape, int) else shape

@@ -19,14 +19,14 @@ written from those draws is refused too; the kept states advance from their publ
 Refused as on TensorFlow: an optimizer that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a
 loss reduced over the batch, several losses, regularisation losses, trainable BatchNormalization; in ``fit``,
 `keras_dyndp.poisson_batches` at another rate than the schedule's and arrays unless ``public_batch_size=True`` (other
-data: one `SamplingWarning`); under several processes what `processes` lists. A step the optimizer refuses changes
+data: one `SamplingWarning`); under several processes what `distribution` lists. A step the optimizer refuses changes
 nothing, nor does any later step; the call raises at that epoch's end at the latest (`BudgetExhaustedError` past the
 budget, before the step when the host can tell). These checks run in what every entry point calls on the model, also
 ``keras.Model.fit(model, ...)`` called unbound: ``make_train_function`` checks the data the entry point showed
 (`keras_dyndp.keras_glue.entry_points`), the train function it makes (`_CheckedTrainFunction`) starts each run of steps
 with a fresh nonce, and ``jax_state_sync`` raises a refused step (docs/privacy.md, "Which entry points are covered").
 Only ``dp_step`` is logged unless ``training_metrics=True``. Under a
-``keras.distribution`` (one process, or `processes`' DataParallel over several) the jitted step keeps its global
+``keras.distribution`` (one process, or `distribution`'s DataParallel over several) the jitted step keeps its global
 meaning: every example clipped, one noise key, the noise added once to the global sum.
 """
 
@@ -51,11 +51,11 @@ from keras_dyndp.core import mechanism
 from keras_dyndp.core import refusals
 from keras_dyndp.core import step_checks
 from keras_dyndp.jax_backend import data
+from keras_dyndp.jax_backend import distribution
 from keras_dyndp.jax_backend import ghost
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import model_checks
 from keras_dyndp.jax_backend import ops
-from keras_dyndp.jax_backend import processes
 from keras_dyndp.jax_backend import taps
 from keras_dyndp.keras_glue import entry_points
 from keras_dyndp.keras_glue import private_model
@@ -81,7 +81,7 @@ def _check_model(model: keras.Model) -> None:
     """make_private's refusals of the model, but once per call of ``fit`` or of a train function (`_checked`)."""
     if model in _CHECKED:
         return
-    processes.check_distribution()
+    distribution.check_distribution()
     model_checks.check_layers(model)
     regularised = [
         layer.name
@@ -375,7 +375,7 @@ def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return  # The train step refuses it, naming what to use.
     caller, x = seen or ("model.train_function", None)
-    processes.check_data(x, caller, data.PoissonBatches)
+    distribution.check_data(x, caller, data.PoissonBatches)
     p = optimizer.schedule.sampling_probability
     if isinstance(x, data.PoissonBatches):
         batch_sizes.check_data_size(optimizer.num_examples, x.num_examples, type(optimizer).__name__)

@@ -2,7 +2,7 @@
 
 What is TensorFlow's own: the optimizers' mechanism in graph ops (`optimizer`, `ops`, `microbatches`,
 `noise_source`, `sampling_check`), the per-example gradient rules (`per_example`) and the private train step
-(`train_step`), the tf.distribute strategies (`replicas`), Poisson-sampled ``tf.data`` datasets (`data`, behind
+(`train_step`), the tf.distribute strategies (`distribution`), Poisson-sampled ``tf.data`` datasets (`data`, behind
 `keras_dyndp.poisson_batches`), the model check (`model_checks`) and what differs between Keras 2 and Keras 3
 (`keras_compat`). The arguments, schedules, accounting, sampler arguments and callbacks are the backend-neutral ones
 (`keras_dyndp.optimizer_base`, `keras_dyndp.schedules`, `keras_dyndp.accounting`, `keras_dyndp.data.sampling`,

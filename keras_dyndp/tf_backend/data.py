@@ -1,7 +1,7 @@
 """Poisson-sampled batches as a ``tf.data.Dataset`` (`keras_dyndp.poisson_batches` on TensorFlow), and shuffled ones.
 
 `keras_dyndp.data.sampling` holds the sampler's arguments, checks and privacy argument. ``seed=None`` draws 63 bits from
-the OS (never the global seed; agreed by multi-worker workers, `replicas.agreed_random_bits`) and every iteration
+the OS (never the global seed; agreed by multi-worker workers, `distribution.agreed_random_bits`) and every iteration
 draws fresh batches; an integer seed and ``start_step`` (with the same global seed, which TensorFlow mixes in) repeat
 them, and a run resumed at another step draws independently (`keras_dyndp.data.sampling.sampler_seed`). The datasets are
 registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's checks (`check_resume`); a
@@ -30,7 +30,7 @@ from keras_dyndp.core.batch_sizes import truncation_delta  # noqa: F401  (re-exp
 from keras_dyndp.data import sampling
 from keras_dyndp.data import sources
 from keras_dyndp.data.sampling import PoissonSampling
-from keras_dyndp.tf_backend import replicas
+from keras_dyndp.tf_backend import distribution
 
 # The datasets this module returned, with their sampling; weak keys, so registering keeps no dataset alive.
 _POISSON_DATASETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -119,9 +119,9 @@ def make_poisson_batches(
     x, y, sample_weight, num_examples = _as_tensors(x, y, sample_weight, num_examples)
     p, overflow, pad_to_multiple = arguments.sampling_probability, arguments.overflow, arguments.pad_to_multiple
     # A multiple of the replicas: Keras 3 needs the first batch to split evenly (keras-team/keras#19246).
-    max_batch_size = arguments.cap(num_examples, replicas.num_replicas())
+    max_batch_size = arguments.cap(num_examples, distribution.num_replicas())
     if pad_to_multiple is not None:
-        pad_to_multiple = math.lcm(pad_to_multiple, replicas.num_replicas())
+        pad_to_multiple = math.lcm(pad_to_multiple, distribution.num_replicas())
     num_gathered = min(max_batch_size, num_examples)
     num_padding_rows = max_batch_size - num_gathered
 
@@ -166,9 +166,9 @@ def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson
     every iteration; from `keras_dyndp.data.sampling.sampler_seed`), made in parallel and prefetched; registered with
     their sampling, seed and start step."""
     seed = arguments.stream_seed
-    same_on_every_worker = seed is not None or replicas.is_multi_worker()
+    same_on_every_worker = seed is not None or distribution.is_multi_worker()
     if seed is None:  # Not left to TensorFlow, whose None follows the global seed.
-        seed = replicas.agreed_random_bits(63)
+        seed = distribution.agreed_random_bits(63)
     step_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2, drop_remainder=True)
     batches = step_seeds.take(arguments.steps_per_epoch).map(
         make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
@@ -208,11 +208,11 @@ def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) ->
     numpy (k ~ Binomial(N, p), a uniform subset; O(k)) from its step seed, its rows read in increasing index order
     inside the input pipeline (``tf.numpy_function``, parallel calls, prefetch), returned in the sample's random
     order, padded as in-memory batches are. Under MultiWorkerMirroredStrategy every worker draws the same sample
-    (one seed) and reads only its share's rows (`replicas.worker_share`), leaving the others' rows zero."""
+    (one seed) and reads only its share's rows (`distribution.worker_share`), leaving the others' rows zero."""
     num_examples, p = rows.num_examples, arguments.sampling_probability
-    max_batch_size = arguments.cap(num_examples, replicas.num_replicas())
+    max_batch_size = arguments.cap(num_examples, distribution.num_replicas())
     multiple = arguments.pad_to_multiple
-    multiple = None if multiple is None else math.lcm(multiple, replicas.num_replicas())
+    multiple = None if multiple is None else math.lcm(multiple, distribution.num_replicas())
     structure = rows.example if rows.example[1] is not None else (rows.example[0], rows.example[2])
     example_leaves = tf.nest.flatten(structure)
     for leaf in example_leaves:
@@ -223,7 +223,7 @@ def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) ->
                 f"An example of `x` (after `map`) holds dtype {leaf.dtype}, which TensorFlow has no tensor of: cast "
                 "it in `map` (or leave that field out)."
             ) from error
-    pipeline, num_replicas = replicas.input_pipeline(), replicas.num_replicas()
+    pipeline, num_replicas = distribution.input_pipeline(), distribution.num_replicas()
 
     def draw_and_read(step_seed: np.ndarray) -> list[np.ndarray]:
         rng = np.random.default_rng(np.asarray(step_seed).view(np.uint64))
@@ -232,7 +232,7 @@ def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) ->
             num_rows = max_batch_size
         else:
             num_rows = min(max_batch_size, max(1, -(-num_selected // multiple)) * multiple)
-        read_at = None if pipeline[1] == 1 else replicas.worker_share(num_rows, pipeline, num_replicas)
+        read_at = None if pipeline[1] == 1 else distribution.worker_share(num_rows, pipeline, num_replicas)
         batch_x, batch_y, weights = rows.batch(chosen, num_rows, keep_order=True, read_at=read_at)
         parts = (batch_x, weights) if batch_y is None else (batch_x, batch_y, weights)
         return [np.int32(num_selected)] + tf.nest.flatten(parts)
@@ -278,7 +278,7 @@ def shuffled_batches(
         return batch_x, batch_y, tf.gather(sample_weight, indices)
 
     if seed is None:
-        seed = replicas.agreed_random_bits(63)
+        seed = distribution.agreed_random_bits(63)
     indices = tf.data.Dataset.range(num_examples).shuffle(num_examples, seed=seed, reshuffle_each_iteration=True)
     batches = indices.batch(batch_size, drop_remainder=True).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
     return batches.prefetch(tf.data.AUTOTUNE)

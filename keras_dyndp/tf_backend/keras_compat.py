@@ -49,7 +49,7 @@ if _KERAS_3:
 def apply_base_update(base: Any, grads_and_vars: list, **kwargs) -> tf.Variable:
     """Applies noised ``grads_and_vars`` with the update rule of ``base`` (``super()`` of the DP optimizer): Keras 2's
     ``apply_gradients(grads_and_vars, **kwargs)`` | Keras 3's ``apply(grads, variables)``. Both sum the replicas'
-    parts (all-reduce SUM, `keras_dyndp.tf_backend.replicas`) and return ``iterations``, incremented."""
+    parts (all-reduce SUM, `keras_dyndp.tf_backend.distribution`) and return ``iterations``, incremented."""
     if _KERAS_3:
         grads, variables = zip(*grads_and_vars) if grads_and_vars else ((), ())
         base.apply(list(grads), list(variables))
@@ -129,7 +129,7 @@ def training_logs(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight
 
 DIRECT_BATCHES_REACH_EVERY_REPLICA: bool = _KERAS_3
 """Whether ``train_on_batch`` under several replicas gives each the whole batch (Keras 3) instead of a share
-(`keras_dyndp.tf_backend.replicas.split_direct_batches` splits it for private models)."""
+(`keras_dyndp.tf_backend.distribution.split_direct_batches` splits it for private models)."""
 
 
 def reset_train_function(model: keras.Model) -> None:

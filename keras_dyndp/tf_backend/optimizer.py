@@ -23,7 +23,7 @@ Budget guard. Past T = `schedule.num_steps` steps released a step raises `tf.err
 exhausted ...", asserted as `keras_dyndp.core.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t
 and sigma_t also read 0 there and the step releases nothing; stop at T with `keras_dyndp.BudgetStop`.
 
-Replicas (`keras_dyndp.tf_backend.replicas`): under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each
+Replicas (`keras_dyndp.tf_backend.distribution`): under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each
 replica clips its share, the first alone adds the noise and the base optimizer sums the parts; other strategies are
 refused. Not supported: sparse per-example gradients (the clipping methods densify them). Keras's ``clipnorm``,
 ``global_clipnorm`` and ``clipvalue`` act on the noised gradient: harmless, but not DP clipping.
@@ -47,12 +47,12 @@ from keras_dyndp.core import step_checks
 from keras_dyndp.keras_glue import private_model
 from keras_dyndp.keras_glue import registration
 from keras_dyndp.keras_glue import restarts
+from keras_dyndp.tf_backend import distribution
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend import noise_source
 from keras_dyndp.tf_backend import ops
-from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
 from keras_dyndp.tf_backend import train_step
 
@@ -65,7 +65,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     """
 
     def _check_backend(self) -> None:
-        replicas.check_strategy()
+        distribution.check_distribution()
 
     def _unsupported_base_arguments(self) -> dict[str, str]:
         return keras_compat.UNSUPPORTED_OPTIMIZER_ARGUMENTS
@@ -143,17 +143,19 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         (unless ``exact``, at least; at most the rows): noise on the first replica only, the global normaliser."""
         self._sampling_check.check_step_input()
         counts = tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)])
-        examples, rows = tf.unstack(replicas.global_sum(counts))
+        examples, rows = tf.unstack(distribution.global_sum(counts))
         with tf.control_dependencies(self._refusals(examples, examples if exact else rows, rows)):
             values = self._read_once(schedule_values, self._current_schedule_values)
             clip_norm, sigma = (tf.identity(value) for value in values)
-        num_microbatches = None if self._num_microbatches is None else self._num_microbatches * replicas.num_replicas()
+        num_microbatches = (
+            None if self._num_microbatches is None else self._num_microbatches * distribution.num_replicas()
+        )
         return mechanism.private_update(
             ops.OPS,
             clip(clip_norm),
             self._noise_source.generator,
             clip_norm=clip_norm,
-            sigma=sigma * replicas.noise_share(),
+            sigma=sigma * distribution.noise_share(),
             num_rows=rows,
             expected_batch_size=self._expected_batch_size,
             num_microbatches=num_microbatches,
@@ -196,7 +198,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           tf.errors.InvalidArgumentError: at run time, when the budget is spent or the batch size is far
             outside the schedule's Poisson sampling (`sampling_check`).
         """
-        replicas.check_strategy()
+        distribution.check_distribution()
         if self._accumulation_steps > 1:
             raise ValueError(
                 f"accumulation_steps={self._accumulation_steps} splits each batch in make_private's train step; "
@@ -223,7 +225,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
         """Applies the gradients returned by this optimizer's latest `compute_gradients`; RuntimeError for any
         other (ordinary gradients from a tape or Keras 3's train step would train without differential privacy)."""
-        del skip_gradients_aggregation  # The DP step always sums the replicas' parts (see `replicas`).
+        del skip_gradients_aggregation  # The DP step always sums the replicas' parts (see `distribution`).
         grads_and_vars = list(grads_and_vars)
         self._refuse_unless_issued([grad for grad, _ in grads_and_vars], "apply_gradients")
         return self._apply_private_gradients(grads_and_vars, name=name, **kwargs)
@@ -316,7 +318,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
         Returns `dp_step`. Raises `tf.errors.InvalidArgumentError` at run time as `compute_gradients` does.
         """
-        replicas.check_strategy()
+        distribution.check_distribution()
         var_list = list(trainable_variables)
         optimizer_base.check_same_length(clipped_sums, var_list)
         clipped_sums = ops.zeros_where_unconnected(clipped_sums, var_list)

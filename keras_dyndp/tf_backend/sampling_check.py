@@ -41,7 +41,7 @@ from keras_dyndp.core.batch_sizes import SamplingWarning
 from keras_dyndp.core.step_checks import StepChecks
 from keras_dyndp.keras_glue import entry_points
 from keras_dyndp.tf_backend import data
-from keras_dyndp.tf_backend import replicas
+from keras_dyndp.tf_backend import distribution
 
 
 def count_nonzero_rows(values: tf.Tensor) -> tf.Tensor:
@@ -101,7 +101,7 @@ class SamplingCheck:
         batch_sizes.check_data_size(self._step_checks.num_examples, sampling.num_examples, self._optimizer_name)
         batch_sizes.check_poisson_batches(sampling.sampling_probability, p, self._public_batch_size, "model.fit")
         self._note_batch_cap(sampling.num_examples, sampling.max_batch_size)
-        if replicas.is_multi_worker() and not sampling.same_on_every_worker:
+        if distribution.is_multi_worker() and not sampling.same_on_every_worker:
             raise ValueError(
                 "model.fit under a multi-worker strategy received Poisson batches whose seed each worker drew "
                 "on its own (the dataset was built outside the strategy's scope, without a seed): tf.data "

@@ -9,7 +9,7 @@ else ``tf.vectorized_map`` over single-example passes; microbatches; ``method='j
 ``tape.jacobian`` for comparisons and audits) and hands them to ``model.optimizer.apply_clipped_sum``, which noises,
 normalises, applies and advances ``dp_step``. With ``accumulation_steps`` = k the batch is clipped in k physical
 batches (`accumulation`); under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share
-(`keras_dyndp.tf_backend.replicas`), also of a batch given to ``train_on_batch``.
+(`keras_dyndp.tf_backend.distribution`), also of a batch given to ``train_on_batch``.
 
 By default the step's logs hold only ``dp_step``: nothing but the noised update is derived from the private batch
 (``training_metrics=True`` opts in to the compiled loss and metrics, outside the DP guarantee). The optimizer records
@@ -52,8 +52,8 @@ from keras_dyndp.keras_glue import entry_points
 from keras_dyndp.keras_glue import epoch_logs
 from keras_dyndp.keras_glue import private_model
 from keras_dyndp.tf_backend import data
+from keras_dyndp.tf_backend import distribution
 from keras_dyndp.tf_backend import keras_compat
-from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import accumulation
@@ -286,8 +286,8 @@ def _install(model: keras.Model) -> None:
     epoch_logs.from_the_step(model, not private_model.record(model).config.training_metrics)
     keras_compat.reset_train_function(model)
     if keras_compat.DIRECT_BATCHES_REACH_EVERY_REPLICA:
-        replicas.split_direct_batches(model)
-    # Keras's, or `replicas`' around it; unbound, so that the weak dictionary does not keep the model alive.
+        distribution.split_direct_batches(model)
+    # Keras's, or `distribution`'s around it; unbound, so that the weak dictionary does not keep the model alive.
     _KERAS_MAKE_TRAIN_FUNCTION.setdefault(model, model.make_train_function.__func__)
     model.make_train_function = types.MethodType(_private_make_train_function, model)
 

@@ -133,7 +133,7 @@ def _on_jax() -> bool:
 
 
 def _mirrored():
-    """A MirroredStrategy on the 2 logical CPUs reducing through one device (as tests/tf_backend/test_replicas.py:
+    """A MirroredStrategy on the 2 logical CPUs reducing through one device (as tests/tf_backend/test_distribution.py:
     collective ops' instance keys clash between strategies of one process)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 

@@ -614,11 +614,11 @@ def test_draws_are_numbered_so_none_repeats_and_a_seed_repeats_them():
 def test_each_jax_process_reads_only_its_share_of_the_global_sample(monkeypatch):
     import jax  # pylint: disable=import-outside-toplevel
 
-    from keras_dyndp.jax_backend import processes  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend import distribution  # pylint: disable=import-outside-toplevel
 
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(jax, "device_count", lambda: 2)
-    monkeypatch.setattr(processes, "check_same_data", lambda arrays: None)  # a collective: tests/jax_backend
+    monkeypatch.setattr(distribution, "check_same_data", lambda arrays: None)  # a collective: tests/jax_backend
     shares = []
     for index in range(2):  # Process `index` of 2, from the same seed.
         monkeypatch.setattr(jax, "process_index", lambda index=index: index)
@@ -646,12 +646,12 @@ def test_each_jax_process_reads_only_its_share_of_the_global_sample(monkeypatch)
 
 @pytest.mark.skipif(JAX, reason="TensorFlow's workers")
 def test_a_tensorflow_worker_reads_only_its_share_of_the_global_sample(monkeypatch):
-    from keras_dyndp.tf_backend import replicas  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.tf_backend import distribution  # pylint: disable=import-outside-toplevel
 
-    np.testing.assert_array_equal(replicas.worker_share(8, (1, 2), 4), [2, 3, 6, 7])  # parts 1 and 3 of 4
-    np.testing.assert_array_equal(replicas.worker_share(6, (0, 1), 2), np.arange(6))
-    monkeypatch.setattr(replicas, "input_pipeline", lambda: (0, 2))  # worker 0 of 2 (tests/multi_worker_job.py)
-    monkeypatch.setattr(replicas, "num_replicas", lambda: 2)
+    np.testing.assert_array_equal(distribution.worker_share(8, (1, 2), 4), [2, 3, 6, 7])  # parts 1 and 3 of 4
+    np.testing.assert_array_equal(distribution.worker_share(6, (0, 1), 2), np.arange(6))
+    monkeypatch.setattr(distribution, "input_pipeline", lambda: (0, 2))  # worker 0 of 2 (tests/multi_worker_job.py)
+    monkeypatch.setattr(distribution, "num_replicas", lambda: 2)
     source = BatchedSource()
     batches = keras_dyndp.poisson_batches(source, map=_decode, sampling_probability=P, steps_per_epoch=5, seed=3)
     source.calls.clear()  # The first example, read to learn the shapes.

@@ -1,4 +1,4 @@
-"""One of 2 ``jax.distributed`` processes on localhost (CPU, one device each), run by test_processes: make_private's
+"""One of 2 ``jax.distributed`` processes on localhost (CPU, one device each), run by test_distribution: make_private's
 step under ``keras.distribution.DataParallel`` over both processes' devices.
 
 Usage: multi_process_job.py PROCESS_ID PORT OUT_DIR. Writes OUT_DIR/process<ID>.npz, which the test compares across

@@ -29,8 +29,8 @@ from keras_dyndp.jax_backend import DynamicDPKerasAdagrad  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasAdam  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasRMSprop  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
+from keras_dyndp.jax_backend import distribution  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
-from keras_dyndp.jax_backend import processes  # noqa: E402
 from keras_dyndp.jax_backend import taps  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
@@ -139,8 +139,8 @@ def test_one_step_reads_the_schedule_once_and_refuses_another_pair(monkeypatch, 
 def test_the_model_checks_run_once_per_fit(monkeypatch):
     """make_private's checks of the model run once in a fit (its entry point), not again in the train function it
     makes nor in the traced step; a step traced outside any entry point (a custom loop's) still runs them."""
-    calls, check = [], processes.check_distribution  # the first of the checks
-    monkeypatch.setattr(processes, "check_distribution", lambda: calls.append(1) or check())
+    calls, check = [], distribution.check_distribution  # the first of the checks
+    monkeypatch.setattr(distribution, "check_distribution", lambda: calls.append(1) or check())
     model = make_private(_cnn())
     optimizer = DynamicDPKerasSGD(schedule=_schedule([0.3] * 4), allow_degenerate_noise=True, public_batch_size=True)
     model.compile(optimizer=optimizer, loss=LOSS)

@@ -11,8 +11,8 @@ import keras_dyndp
 from keras_dyndp import schedules
 from keras_dyndp.core import batch_sizes
 from keras_dyndp.tf_backend import data
+from keras_dyndp.tf_backend import distribution
 from keras_dyndp.tf_backend import keras_compat
-from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend import sampling_check
 from keras_dyndp.tf_backend.optimizer import DynamicDPKerasSGD
 from keras_dyndp.tf_backend.train_step import make_private
@@ -253,7 +253,7 @@ def test_multi_worker_fit_refuses_poisson_batches_each_worker_seeded_alone(monke
     seeded = keras_dyndp.poisson_batches(x, y, sampling_probability=P, seed=0)
     assert not data.poisson_sampling(unseeded).same_on_every_worker
     assert data.poisson_sampling(seeded).same_on_every_worker
-    monkeypatch.setattr(replicas, "is_multi_worker", lambda: True)
+    monkeypatch.setattr(distribution, "is_multi_worker", lambda: True)
     with pytest.raises(ValueError, match="seed each worker drew on its own"):
         compiled_model("make_private").fit(unseeded, epochs=1, verbose=0)
     compiled_model("make_private").fit(seeded, epochs=1, verbose=0)

@@ -82,7 +82,7 @@ def fit_once(accumulation_steps: int, noise: float, batch: int = 12) -> np.ndarr
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.tf_backend.SamplingWarning")
 def test_accumulated_step_equals_one_pass():
-    """(That the noise is added once per accumulated step, std sigma / B, is tests/tf_backend/test_replicas.py's.)"""
+    """(The noise added once per accumulated step, std sigma / B: tests/tf_backend/test_distribution.py.)"""
     np.testing.assert_allclose(fit_once(4, 0.0), fit_once(1, 0.0), atol=1e-6)
 
 

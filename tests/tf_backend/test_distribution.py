@@ -17,8 +17,8 @@ from keras_dyndp.optimizer_base import DegenerateNoiseWarning
 from keras_dyndp.tf_backend import DynamicDPKerasSGD
 from keras_dyndp.tf_backend import SamplingWarning
 from keras_dyndp.tf_backend import data
+from keras_dyndp.tf_backend import distribution
 from keras_dyndp.tf_backend import keras_compat
-from keras_dyndp.tf_backend import replicas
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.train_step import make_private
 
@@ -272,7 +272,7 @@ def test_other_strategies_are_refused():
 
 
 def test_one_replica_helpers_are_the_identity():
-    assert replicas.num_replicas() == 1
-    assert not replicas.is_multi_worker()
-    assert float(replicas.noise_share()) == 1.0
-    assert int(replicas.global_sum(tf.constant(3))) == 3
+    assert distribution.num_replicas() == 1
+    assert not distribution.is_multi_worker()
+    assert float(distribution.noise_share()) == 1.0
+    assert int(distribution.global_sum(tf.constant(3))) == 3

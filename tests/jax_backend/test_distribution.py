@@ -1,4 +1,4 @@
-"""Tests for keras_dyndp.jax_backend.processes: 2 jax.distributed processes on localhost (`multi_process_job.py`,
+"""Tests for keras_dyndp.jax_backend.distribution: 2 jax.distributed processes on localhost (`multi_process_job.py`,
 one CPU device each) release the one-device step of the global Poisson batch, with one agreed noise key and sampler;
 the refusals; the checks with a patched process count."""
 
@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 
 from keras_dyndp.data import sources  # noqa: E402
 from keras_dyndp.jax_backend import PoissonBatches  # noqa: E402
-from keras_dyndp.jax_backend import processes  # noqa: E402
+from keras_dyndp.jax_backend import distribution  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multi_process_job.py")
 TIMEOUT_S = 300
@@ -123,16 +123,16 @@ def two_processes(monkeypatch):
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     monkeypatch.setattr(jax, "device_count", lambda: 4)
-    monkeypatch.setattr(processes, "check_same_data", lambda arrays: None)  # a collective: see `runs`
+    monkeypatch.setattr(distribution, "check_same_data", lambda arrays: None)  # a collective: see `runs`
 
 
 def test_rows_split_evenly_over_the_devices_of_several_processes(two_processes):
     del two_processes  # Used for its patch.
-    assert processes.rows_multiple() == 4
-    processes.check_rows("max_batch_size", 8)
+    assert distribution.rows_multiple() == 4
+    distribution.check_rows("max_batch_size", 8)
     with pytest.raises(ValueError, match=r"`max_batch_size` must be a multiple of the 4 devices.*use 12"):
-        processes.check_rows("max_batch_size", 10)
-    np.testing.assert_array_equal(processes.local_rows(np.arange(8)), [4, 5, 6, 7])
+        distribution.check_rows("max_batch_size", 10)
+    np.testing.assert_array_equal(distribution.local_rows(np.arange(8)), [4, 5, 6, 7])
     x = np.arange(1, N + 1, dtype="float32")[:, None]
     assert PoissonBatches(x, x, sampling_probability=P, seed=0).max_batch_size % 4 == 0
     with pytest.raises(ValueError, match="`pad_to_multiple` must be a multiple"):
@@ -140,21 +140,21 @@ def test_rows_split_evenly_over_the_devices_of_several_processes(two_processes):
 
 
 def test_one_process_is_unchanged():
-    assert not processes.several() and processes.rows_multiple() == 1
+    assert not distribution.several() and distribution.rows_multiple() == 1
     value = np.arange(5, dtype=np.uint32)
-    assert processes.agreed(value) is value and processes.local_rows(value) is value
-    processes.check_distribution()
-    processes.check_data(np.zeros(3), "model.train_on_batch", PoissonBatches)
+    assert distribution.agreed(value) is value and distribution.local_rows(value) is value
+    distribution.check_distribution()
+    distribution.check_data(np.zeros(3), "model.train_on_batch", PoissonBatches)
 
 
 def test_several_processes_refuse_other_distributions_and_data(two_processes):
     del two_processes  # Used for its patch.
     with pytest.raises(ValueError, match="Received: None. Without a distribution each process trains its own model"):
-        processes.check_distribution()
+        distribution.check_distribution()
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()[:1]))
     try:
-        processes.check_distribution()  # patched: the one local device stands for all of them
+        distribution.check_distribution()  # patched: the one local device stands for all of them
     finally:
         keras.distribution.set_distribution(None)
     with pytest.raises(ValueError, match="count each example 2 times"):
-        processes.check_data(np.zeros(3), "model.fit", PoissonBatches)
+        distribution.check_data(np.zeros(3), "model.fit", PoissonBatches)

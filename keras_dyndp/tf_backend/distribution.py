@@ -27,7 +27,7 @@ _SUPPORTED_STRATEGIES = (
 )
 
 
-def check_strategy() -> tf.distribute.Strategy:
+def check_distribution() -> tf.distribute.Strategy:
     """The current strategy; ValueError under one other than the default, OneDevice, Mirrored, MultiWorkerMirrored."""
     strategy = tf.distribute.get_strategy()
     if not tf.distribute.has_strategy() or isinstance(strategy, _SUPPORTED_STRATEGIES):
