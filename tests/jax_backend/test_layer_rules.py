@@ -17,10 +17,10 @@ import transformer_layers  # noqa: E402
 import keras_dyndp  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
-from keras_dyndp.jax_backend import ghost  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import taps  # noqa: E402
 from keras_dyndp.rules import layer_rules  # noqa: E402
+from keras_dyndp.rules import registry  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
@@ -141,7 +141,7 @@ def test_per_example_declarations_are_wiring_and_refuse_a_rules_parts():
     model = keras.Model(inputs, wiring(inputs))
     assert _tapped(model, np.zeros((2, 3), "float32")) == []
     keras_dyndp.register_per_example_layer(Wiring)
-    assert ghost.acts_per_example(wiring)
+    assert registry.acts_per_example(wiring)
     assert _tapped(model, np.zeros((2, 3), "float32")) == [wiring.dense]
     with pytest.raises(TypeError, match="leave out norms_and_sums"):
         keras_dyndp.register_layer_rule(Wiring, per_example=True, norms_and_sums=lambda layer, a, g: None)
