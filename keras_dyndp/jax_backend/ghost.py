@@ -185,6 +185,52 @@ def _depthwise_norms_and_sums(layer, a, g):
     return squared, lambda f: [_weight_gradient(op, layer, a, g, f)]
 
 
+class _DepthwiseView(NamedTuple):
+    """A SeparableConv2D's depthwise step in a DepthwiseConv2D's place for `_depthwise_norms_and_sums`: its geometry
+    and ``kernel`` [kh, kw, c_in, m] (its shape only)."""
+
+    kernel: jax.ShapeDtypeStruct
+    kernel_size: tuple
+    strides: tuple
+    padding: str
+    data_format: str
+    dilation_rate: tuple
+
+
+def _separable_norms_and_sums(layer, a, g):
+    """A SeparableConv2D is a depthwise convolution u = depthwise(a, D) then a 1 x 1 pointwise kernel P [c_in m, f]
+    (TensorFlow's rule's math, `keras_dyndp.tf_backend.per_example.conv2d`): P's per-example gradient
+    sum_t u_t^T g_t by the Dense rule, D's by the DepthwiseConv2D rule for u's gradient g P^T; u and g P^T are
+    computed once, in float32 at full precision, from the step's values of D and P."""
+    depthwise = _DepthwiseView(
+        jax.ShapeDtypeStruct(tuple(layer.depthwise_kernel.shape), jnp.float32),
+        *(tuple(value) for value in (layer.kernel_size, layer.strides)),
+        layer.padding,
+        layer.data_format,
+        tuple(layer.dilation_rate),
+    )
+    pointwise = jnp.asarray(layer.pointwise_kernel.value, jnp.float32)
+    pointwise = pointwise.reshape(pointwise.shape[-2:])
+    kernel = jnp.asarray(layer.depthwise_kernel.value, jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        u = keras.ops.depthwise_conv(
+            a.reshape(-1, *a.shape[2:]).astype(jnp.float32),
+            kernel,
+            layer.strides,
+            layer.padding,
+            layer.data_format,
+            layer.dilation_rate,
+        )
+    u = u.reshape(*g.shape[:-1], u.shape[-1])  # [B, rows, ..., c_in m]
+    g_u = jnp.einsum("...f,cf->...c", g.astype(jnp.float32), pointwise, precision=_HIGHEST)
+    point_squared, point_sums = DENSE_NORMS_AND_SUMS(
+        KernelView(jax.ShapeDtypeStruct(pointwise.shape, jnp.float32)), u, g
+    )
+    depth_squared, depth_sums = _depthwise_norms_and_sums(depthwise, a, g_u)
+    shape = tuple(layer.pointwise_kernel.shape)
+    return point_squared + depth_squared, lambda f: [*depth_sums(f), *(s.reshape(shape) for s in point_sums(f))]
+
+
 def embedding_norms_and_sums(layer, ids, deltas):
     """Example b's gradient has one row per distinct id in it, the sum of its rows of delta (ids [B, ...], deltas
     [B, ..., D]): each position's delta added into its group's row (`_groups`), the squared norm taken of those rows,
@@ -301,6 +347,10 @@ def _kernel(layer) -> list:
     return [layer.kernel]
 
 
+def _separable_kernels(layer) -> list:
+    return [layer.depthwise_kernel, layer.pointwise_kernel]
+
+
 DENSE_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a)))
 _CONV_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: layer.convolution_op(a, k), _conv_inputs, whole_by_vjp=True)
 
@@ -316,6 +366,7 @@ for _class, _variables, _norms_and_sums, _supports in (
     (keras.layers.Conv1D, _kernel, _CONV_NORMS_AND_SUMS, _conv_supports),
     (keras.layers.Conv2D, _kernel, _CONV_NORMS_AND_SUMS, _conv_supports),
     (keras.layers.DepthwiseConv2D, _kernel, _depthwise_norms_and_sums, _channels_last),
+    (keras.layers.SeparableConv2D, _separable_kernels, _separable_norms_and_sums, _channels_last),
     (keras.layers.Embedding, lambda layer: [layer.embeddings], embedding_norms_and_sums, _plain),
     (keras.layers.LayerNormalization, _norm_variables, _affine_norms_and_sums(_norm_variables), None),
     (keras.layers.GroupNormalization, _norm_variables, _affine_norms_and_sums(_norm_variables), None),

@@ -32,6 +32,9 @@ LAYERS = [  # (layer, one example's rows and shape)
     (lambda: keras.layers.Conv2D(512, 3, padding="same"), (1, 6, 6, 256)),  # Gram, patches > cap: per offset
     (lambda: keras.layers.Conv1D(2, 2), (1, 2, 40_000)),  # one position, patches > cap: per offset
     (lambda: keras.layers.DepthwiseConv2D(3, depth_multiplier=2, strides=2, padding="same"), (2, 7, 7, 3)),
+    (lambda: keras.layers.SeparableConv2D(4, 3, depth_multiplier=2, strides=2, padding="same"), (2, 7, 7, 3)),
+    (lambda: keras.layers.SeparableConv2D(64, 3, use_bias=False), (1, 4, 4, 64)),  # pointwise: T = 4, Gram
+    (lambda: keras.layers.SeparableConv2D(3, (2, 3), dilation_rate=2, padding="same"), (1, 9, 8, 2)),
     (lambda: keras.layers.LayerNormalization(), (2, 3, 4)),
     (lambda: keras.layers.LayerNormalization(axis=[1, 3], center=False), (1, 3, 2, 4)),
     (lambda: keras.layers.LayerNormalization(axis=[-1, 1]), (1, 3, 2, 4)),  # gamma [4, 3] on axes (1, 3)
@@ -56,6 +59,8 @@ def test_norms_and_clipped_sums_equal_the_per_example_gradients(make_layer, shap
     rule = registry.registered()[type(layer)]
     covered = [[v is variable for v in layer.trainable_variables].index(True) for variable in rule.variables(layer)]
     values = [jnp.asarray(rng.normal(size=v.shape), jnp.float32) for v in layer.trainable_variables]
+    for variable, value in zip(layer.trainable_variables, values):  # a rule may read them (SeparableConv2D's)
+        variable.assign(value)
     a = jnp.asarray(rng.normal(size=(5, *shape)) * 3 + 1, jnp.float32)
 
     def loss(covered_values, a_i, g_i):
@@ -78,6 +83,21 @@ def test_norms_and_clipped_sums_equal_the_per_example_gradients(make_layer, shap
         for total, grad in zip(sums, grads):
             expected = jnp.tensordot(factors, grad, 1)  # float32 sums over T positions: absolute error ~ its scale
             np.testing.assert_allclose(total, expected, 1e-5, 1e-5 * max(1.0, float(jnp.max(jnp.abs(expected)))))
+
+
+def test_a_separable_convolutions_example_whose_factor_is_zero_adds_nothing_even_if_not_finite():
+    layer = keras.layers.SeparableConv2D(4, 3, depth_multiplier=2, padding="same")
+    layer.build((None, 6, 6, 3))
+    rng = np.random.default_rng(4)
+    a = jnp.asarray(rng.normal(size=(4, 1, 6, 6, 3)), jnp.float32)
+    g = jnp.asarray(rng.normal(size=(4, 1, 6, 6, 4)), jnp.float32)
+    factors = jnp.asarray([0.5, 0.0, 1.0, 2.0], jnp.float32)
+    rule = registry.registered()[keras.layers.SeparableConv2D]
+    _, sums = rule.norms_and_sums(layer, a, g)
+    squared, nan_sums = rule.norms_and_sums(layer, a.at[1, 0, 2].set(jnp.inf), g.at[1].set(jnp.nan))
+    assert not np.isfinite(squared[1]) and np.all(np.isfinite(np.asarray(squared)[[0, 2, 3]]))
+    for total, with_nan in zip(sums(factors), nan_sums(factors)):
+        np.testing.assert_array_equal(np.asarray(with_nan), np.asarray(total))
 
 
 @pytest.mark.parametrize("lowest_id", [0, -6])

@@ -74,6 +74,25 @@ def test_the_documented_rule_is_tapped_and_steps_as_the_vmap_path():
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
 @pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # the test's own fixed batches
+def test_a_separable_convolution_is_tapped_and_steps_as_the_vmap_path():
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(6, 7, 7, 3)).astype("float32"), rng.integers(0, 3, size=6).astype("int32")
+    updates = {}
+    for method in ("ghost", "vectorized"):
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((7, 7, 3))
+        layer = keras.layers.SeparableConv2D(4, 3, depth_multiplier=2, strides=2, activation="relu")
+        outputs = keras.layers.Dense(3)(keras.layers.Flatten()(layer(inputs)))
+        model = keras.Model(inputs, outputs)
+        if method == "ghost":
+            assert layer in _tapped(model, x)
+        updates[method] = _step_update(model, x, y, 0.1, method)
+    for ghost_update, vmap_update in zip(updates["ghost"], updates["vectorized"]):
+        np.testing.assert_allclose(ghost_update, vmap_update, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # the test's own fixed batches
 @pytest.mark.parametrize("learned_positions", [False, True])
 def test_the_transformer_example_is_tapped_and_clips_like_the_per_example_loop(learned_positions):
     classes = transformer_layers.layers(keras, keras.ops.arange)

@@ -39,7 +39,7 @@ BUILT_IN = {
 }
 # The classes one backend has no rule for yet (a model with one keeps the per-example path there). A rule added or
 # removed on one backend changes this set: update it, and docs/architecture.md's table of the rules.
-GAPS = {"tensorflow": set(), "jax": {"LSTM", "GRU", "SeparableConv2D"}}
+GAPS = {"tensorflow": set(), "jax": {"LSTM", "GRU"}}
 # The backend's package that re-exports the registry's names.
 BACKEND_PACKAGES = {"tensorflow": "keras_dyndp.tf_backend.per_example", "jax": "keras_dyndp.jax_backend"}
 
