@@ -174,15 +174,9 @@ def rule_for(layer: Any) -> LayerRule | None:
 def acts_per_example(layer: Any) -> bool:
     """Whether ``layer``'s exact class is declared to act per example, in a configuration its condition covers."""
     _hooks()
-    return declared(_PER_EXAMPLE, layer)
-
-
-def declared(declarations: dict, layer: Any) -> bool:
-    """Whether ``layer``'s exact class is in ``declarations`` (classes and their conditions, None: always) with a
-    condition it meets."""
-    if type(layer) not in declarations:
+    if type(layer) not in _PER_EXAMPLE:
         return False
-    condition = declarations[type(layer)]
+    condition = _PER_EXAMPLE[type(layer)]
     return condition is None or bool(condition(layer))
 
 
