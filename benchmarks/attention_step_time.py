@@ -70,13 +70,13 @@ def tensorflow_runs(x: np.ndarray, y: np.ndarray) -> dict:
 def jax_runs(x: np.ndarray, y: np.ndarray) -> dict:
     import jax_step_time  # pylint: disable=import-outside-toplevel  (benchmarks/jax_step_time.py)
 
-    from keras_dyndp.jax_backend import ghost  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.rules import registry  # pylint: disable=import-outside-toplevel
 
-    rule = ghost.RULES.pop(keras.layers.AdditiveAttention)
+    rule = registry.registered().pop(keras.layers.AdditiveAttention)
     try:
         before = jax_step_time._Stepper(build("auto"), x, y)  # pylint: disable=protected-access
     finally:
-        ghost.RULES[keras.layers.AdditiveAttention] = rule
+        registry.registered()[keras.layers.AdditiveAttention] = rule
     after = jax_step_time._Stepper(build("auto"), x, y)  # pylint: disable=protected-access
     return {"before": before.run, "after": after.run}
 

@@ -24,8 +24,8 @@ import keras  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from keras_dyndp.jax_backend import ghost  # noqa: E402
 from keras_dyndp.rules import ghost_cost  # noqa: E402
+from keras_dyndp.rules import registry  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 3, "Timed calls per repetition.")
@@ -52,7 +52,7 @@ def _functions(layer: keras.layers.Conv2D) -> dict:
         return jnp.sum(per_example.reshape(a.shape[0], -1) ** 2, axis=1)
 
     def rule_norms(a, g):
-        return ghost.RULES[keras.layers.Conv2D].norms_and_sums(layer, a[:, None], g[:, None])[0]
+        return registry.registered()[keras.layers.Conv2D].norms_and_sums(layer, a[:, None], g[:, None])[0]
 
     return {"batch gradient": jax.jit(vjp), "vmap of the vjp": jax.jit(vmap_norms), "ghost rule": jax.jit(rule_norms)}
 

@@ -34,6 +34,9 @@ from keras_dyndp.optimizer_base import BudgetExhaustedError
 from keras_dyndp.optimizer_base import DegenerateNoiseWarning
 from keras_dyndp.privacy_report import run_summary
 from keras_dyndp.rules import layer_rules
+from keras_dyndp.rules.layer_rules import register_per_example_layer
+from keras_dyndp.rules.registry import LayerRule
+from keras_dyndp.rules.registry import register_layer_rule
 from keras_dyndp.schedules import CalibrationError
 from keras_dyndp.schedules import DPSchedule
 from keras_dyndp.schedules import GdpCltUnderstatementWarning
@@ -42,7 +45,7 @@ from keras_dyndp.schedules import calibrate_shape
 from keras_dyndp.schedules import sampling_from_epochs
 from keras_dyndp.version import __version__
 
-_TF, _PER_EXAMPLE, _JAX = "keras_dyndp.tf_backend", "keras_dyndp.tf_backend.per_example", "keras_dyndp.jax_backend"
+_TF, _JAX = "keras_dyndp.tf_backend", "keras_dyndp.jax_backend"
 _CALLBACKS = ("keras_dyndp.callbacks", "keras_dyndp.callbacks")
 
 # The Keras-based names: (module on TensorFlow, module on JAX or None where the name is TensorFlow's only).
@@ -56,9 +59,6 @@ _LAZY = {
     "check_model": (f"{_TF}.model_checks", _JAX),
     "BudgetStop": _CALLBACKS,
     "PrivacyLogger": _CALLBACKS,
-    "LayerRule": (_PER_EXAMPLE, _JAX),
-    "register_layer_rule": (_PER_EXAMPLE, _JAX),
-    "register_per_example_layer": (_PER_EXAMPLE, _JAX),
     "shuffled_batches": (f"{_TF}.data", None),
 }
 
@@ -78,6 +78,7 @@ __all__ = [
     "DegenerateNoiseWarning",
     "GdpCltAccountant",
     "GdpCltUnderstatementWarning",
+    "LayerRule",
     "NoiseSeedWarning",
     "SamplingWarning",
     "ScheduleRestartWarning",
@@ -88,6 +89,8 @@ __all__ = [
     "layer_rules",
     "make_accountant",
     "poisson_batches",
+    "register_layer_rule",
+    "register_per_example_layer",
     "run_summary",
     "sampling_from_epochs",
     *_LAZY,

@@ -3,8 +3,8 @@
 ``keras_dyndp.DynamicDPKerasSGD`` (and Adam, Adagrad, RMSprop), ``make_private``, ``check_model`` and
 ``poisson_batches`` resolve to this package's when Keras runs on JAX, so the same user code trains on either backend
 (docs/jax.md); schedules, calibration, accounting, the optimizers' arguments and config and the callbacks are the
-backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`, `taps`, `ghost` and its
-`register_layer_rule`, `microbatches`), several processes (`distribution`), the step's mechanism and secret keys
+backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`, `taps`, `ghost`: the built-in rules,
+`microbatches`), several processes (`distribution`), the step's mechanism and secret keys
 (`optimizer`), the model check (`model_checks`) and Poisson batches (`data`).
 ``keras_dyndp[jax]`` pulls no TensorFlow.
 """
@@ -12,8 +12,6 @@ backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`, 
 from keras_dyndp.core.batch_sizes import SamplingWarning
 from keras_dyndp.jax_backend import lora  # noqa: F401  (registers the LoRA layers' ghost rules)
 from keras_dyndp.jax_backend.data import PoissonBatches
-from keras_dyndp.jax_backend.ghost import LayerRule
-from keras_dyndp.jax_backend.ghost import register_layer_rule
 from keras_dyndp.jax_backend.model_checks import check_model
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdam
@@ -23,6 +21,8 @@ from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
 from keras_dyndp.jax_backend.optimizer import make_dynamic_dp_optimizer_class
 from keras_dyndp.jax_backend.train_step import make_private
 from keras_dyndp.rules.layer_rules import register_per_example_layer
+from keras_dyndp.rules.registry import LayerRule
+from keras_dyndp.rules.registry import register_layer_rule
 
 __all__ = [
     "DynamicDPKerasAdagrad",

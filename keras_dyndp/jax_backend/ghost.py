@@ -5,16 +5,15 @@ them, [B, rows, ...].
 A kernel applied at T positions (``z_t = a_t W``: Dense, also over a sequence axis; a convolution, ``a_t`` the input
 patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}, its norms and clipped sum in the form `keras_dyndp.rules.ghost_cost`
 finds cheapest (the book-keeping sum: one ``jax.vjp`` on the batch for the output gradients f_i g_i); the TensorFlow
-rules' math (`keras_dyndp.tf_backend.per_example.rules`). An EinsumDense
+rules' math (`keras_dyndp.tf_backend.per_example`). An EinsumDense
 (also MultiHeadAttention's projections, `taps`) is a Dense over positions after a transpose
 (`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path). A layer normalisation's scale and
 offset (LayerNormalization, GroupNormalization, RMSNormalization) have per-example gradients sum_t x_hat_t g_t and
 sum_t g_t (x_hat the normalised input): small, they are materialised.
 
-`RULES` is the registry (exactly one class per rule, as on TensorFlow), `PER_EXAMPLE` the classes declared to act per
-example and only wire their sublayers (their sublayers' rules apply, `taps`). Both are filled by `register_layer_rule`,
-also ``keras_dyndp.register_layer_rule``: the contract both backends share (`keras_dyndp.rules.layer_rules`), a rule
-written once over ``keras.ops`` (docs/usage.md's ``ScaleShift``) registering on either; on JAX a, g are [B, 1, ...]
+These rules, and the classes declared to act per example and only wire their sublayers (their sublayers' rules apply,
+`taps`), are registered on import into the one registry (`keras_dyndp.rules.registry`), as any rule of the contract
+both backends share (`keras_dyndp.rules.layer_rules`; docs/usage.md's ``ScaleShift``): on JAX a, g are [B, 1, ...]
 (each example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``.
 
 A new rule must meet `keras_dyndp.rules.layer_rules`' conditions (its `weighted_sum` and `scaled_rows` add nothing from
@@ -38,24 +37,7 @@ from keras_dyndp.rules import dense_attention
 from keras_dyndp.rules import einsum_equation
 from keras_dyndp.rules import ghost_cost
 from keras_dyndp.rules import layer_rules
-
-
-class LayerRule(NamedTuple):
-    """How one layer class is clipped from its taps (TensorFlow's `LayerRule`'s parts, but for ``call``). The tap is
-    before the layer's activation where it has one, else its output.
-
-    Attributes:
-      variables: ``variables(layer)``: the layer's trainable variables the rule covers (its other variables keep
-        per-example gradients).
-      norms_and_sums: ``norms_and_sums(layer, a, g)``, a the tapped input and g the loss's gradient at the tap
-        [B, ...]: the squared norms [B] of each example's gradient of those variables together, and a function
-        ``factors -> [sum_i factors_i (example i's gradient) for each variable]``.
-      supports: ``supports(layer)``: whether the rule covers this layer's configuration (default: always).
-    """
-
-    variables: Callable[[keras.layers.Layer], list[keras.Variable]]
-    norms_and_sums: Callable[[keras.layers.Layer, jax.Array, jax.Array], tuple[jax.Array, Callable]]
-    supports: Callable[[keras.layers.Layer], bool] = lambda layer: True
+from keras_dyndp.rules import registry
 
 
 def _positions(value: jax.Array) -> jax.Array:
@@ -203,6 +185,52 @@ def _depthwise_norms_and_sums(layer, a, g):
     return squared, lambda f: [_weight_gradient(op, layer, a, g, f)]
 
 
+class _DepthwiseView(NamedTuple):
+    """A SeparableConv2D's depthwise step in a DepthwiseConv2D's place for `_depthwise_norms_and_sums`: its geometry
+    and ``kernel`` [kh, kw, c_in, m] (its shape only)."""
+
+    kernel: jax.ShapeDtypeStruct
+    kernel_size: tuple
+    strides: tuple
+    padding: str
+    data_format: str
+    dilation_rate: tuple
+
+
+def _separable_norms_and_sums(layer, a, g):
+    """A SeparableConv2D is a depthwise convolution u = depthwise(a, D) then a 1 x 1 pointwise kernel P [c_in m, f]
+    (TensorFlow's rule's math, `keras_dyndp.tf_backend.per_example.conv2d`): P's per-example gradient
+    sum_t u_t^T g_t by the Dense rule, D's by the DepthwiseConv2D rule for u's gradient g P^T; u and g P^T are
+    computed once, in float32 at full precision, from the step's values of D and P."""
+    depthwise = _DepthwiseView(
+        jax.ShapeDtypeStruct(tuple(layer.depthwise_kernel.shape), jnp.float32),
+        *(tuple(value) for value in (layer.kernel_size, layer.strides)),
+        layer.padding,
+        layer.data_format,
+        tuple(layer.dilation_rate),
+    )
+    pointwise = jnp.asarray(layer.pointwise_kernel.value, jnp.float32)
+    pointwise = pointwise.reshape(pointwise.shape[-2:])
+    kernel = jnp.asarray(layer.depthwise_kernel.value, jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        u = keras.ops.depthwise_conv(
+            a.reshape(-1, *a.shape[2:]).astype(jnp.float32),
+            kernel,
+            layer.strides,
+            layer.padding,
+            layer.data_format,
+            layer.dilation_rate,
+        )
+    u = u.reshape(*g.shape[:-1], u.shape[-1])  # [B, rows, ..., c_in m]
+    g_u = jnp.einsum("...f,cf->...c", g.astype(jnp.float32), pointwise, precision=_HIGHEST)
+    point_squared, point_sums = DENSE_NORMS_AND_SUMS(
+        KernelView(jax.ShapeDtypeStruct(pointwise.shape, jnp.float32)), u, g
+    )
+    depth_squared, depth_sums = _depthwise_norms_and_sums(depthwise, a, g_u)
+    shape = tuple(layer.pointwise_kernel.shape)
+    return point_squared + depth_squared, lambda f: [*depth_sums(f), *(s.reshape(shape) for s in point_sums(f))]
+
+
 def embedding_norms_and_sums(layer, ids, deltas):
     """Example b's gradient has one row per distinct id in it, the sum of its rows of delta (ids [B, ...], deltas
     [B, ..., D]): each position's delta added into its group's row (`_groups`), the squared norm taken of those rows,
@@ -315,90 +343,42 @@ def _channels_last(layer) -> bool:
     return _plain(layer) and layer.data_format == "channels_last" and layer.padding != "causal"
 
 
-_CONV = LayerRule(
-    lambda layer: [layer.kernel],
-    _bilinear(lambda layer, a, k: layer.convolution_op(a, k), _conv_inputs, whole_by_vjp=True),
-    lambda layer: _channels_last(layer) and layer.groups == 1,
-)
-_NORM = LayerRule(_norm_variables, _affine_norms_and_sums(_norm_variables))
+def _kernel(layer) -> list:
+    return [layer.kernel]
+
+
+def _separable_kernels(layer) -> list:
+    return [layer.depthwise_kernel, layer.pointwise_kernel]
+
+
 DENSE_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a)))
-RULES: dict[type, LayerRule] = {
-    keras.layers.Dense: LayerRule(lambda layer: [layer.kernel], DENSE_NORMS_AND_SUMS, _plain),
-    keras.layers.EinsumDense: LayerRule(lambda layer: [layer.kernel], einsum_norms_and_sums, _einsum_supports),
-    keras.layers.Conv1D: _CONV,
-    keras.layers.Conv2D: _CONV,
-    keras.layers.DepthwiseConv2D: LayerRule(lambda layer: [layer.kernel], _depthwise_norms_and_sums, _channels_last),
-    keras.layers.Embedding: LayerRule(lambda layer: [layer.embeddings], embedding_norms_and_sums, _plain),
-    keras.layers.LayerNormalization: _NORM,
-    keras.layers.GroupNormalization: _NORM,
-}
+_CONV_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: layer.convolution_op(a, k), _conv_inputs, whole_by_vjp=True)
+
+
+def _conv_supports(layer) -> bool:
+    return _channels_last(layer) and layer.groups == 1
+
+
+registry.install(registry.Hooks("JAX", keras.layers.Layer))
+for _class, _variables, _norms_and_sums, _supports in (
+    (keras.layers.Dense, _kernel, DENSE_NORMS_AND_SUMS, _plain),
+    (keras.layers.EinsumDense, _kernel, einsum_norms_and_sums, _einsum_supports),
+    (keras.layers.Conv1D, _kernel, _CONV_NORMS_AND_SUMS, _conv_supports),
+    (keras.layers.Conv2D, _kernel, _CONV_NORMS_AND_SUMS, _conv_supports),
+    (keras.layers.DepthwiseConv2D, _kernel, _depthwise_norms_and_sums, _channels_last),
+    (keras.layers.SeparableConv2D, _separable_kernels, _separable_norms_and_sums, _channels_last),
+    (keras.layers.Embedding, lambda layer: [layer.embeddings], embedding_norms_and_sums, _plain),
+    (keras.layers.LayerNormalization, _norm_variables, _affine_norms_and_sums(_norm_variables), None),
+    (keras.layers.GroupNormalization, _norm_variables, _affine_norms_and_sums(_norm_variables), None),
+):
+    registry.register_layer_rule(_class, variables=_variables, norms_and_sums=_norms_and_sums, supports=_supports)
 if hasattr(keras.layers, "RMSNormalization"):  # Keras 3.9 and later: x / rms(x) times its scale, no offset
-    RULES[keras.layers.RMSNormalization] = LayerRule(
-        lambda layer: [layer.scale], _affine_norms_and_sums(lambda layer: [layer.scale])
+    _scale = lambda layer: [layer.scale]  # noqa: E731
+    registry.register_layer_rule(
+        keras.layers.RMSNormalization, variables=_scale, norms_and_sums=_affine_norms_and_sums(_scale)
     )
-
-
-PER_EXAMPLE: dict[type, Callable[[keras.layers.Layer], bool] | None] = {
-    keras.Sequential: None,
-    Functional: None,  # keras.Model(inputs, outputs)
-    keras.layers.MultiHeadAttention: None,
-}
-"""Layer classes whose own call acts on each example alone and only wires its sublayers' calls together (never
-reads their variables), with the condition (None: always): their sublayers' rules apply (`taps`)."""
-
-
-def register_layer_rule(
-    layer_class: type,
-    *,
-    variables: Callable[[keras.layers.Layer], list[keras.Variable]] | None = None,
-    norms_and_sums: Callable[[keras.layers.Layer, jax.Array, jax.Array], tuple[jax.Array, Callable]] | None = None,
-    supports: Callable[[keras.layers.Layer], bool] | None = None,
-    per_example: bool = False,
-) -> None:
-    """Registers (or replaces) the ghost rule of exactly ``layer_class`` (`keras_dyndp.rules.layer_rules`, the contract
-    both backends share). A wrong rule breaks privacy silently: check it against the per-example ``jax.vmap`` path.
-
-    Args:
-      layer_class: the Keras layer class the rule covers (not its subclasses).
-      variables: ``variables(layer)``: the trainable variables the rule covers (`LayerRule.variables`).
-      norms_and_sums: ``norms_and_sums(layer, a, g)``: the per-example squared norms [B] and the weighted-sum
-        function (`LayerRule.norms_and_sums`).
-      supports: ``supports(layer)``: whether the rule (or declaration) covers this layer's configuration; None
-        (default): always.
-      per_example: instead of a rule, declares that the class's own call acts on each example alone and only wires
-        its sublayers together (their rules then apply).
-
-    Raises:
-      TypeError: if ``layer_class`` is not a Keras layer class, a part is not callable, or a rule's parts come with
-        ``per_example=True``.
-    """
-    layer_rules.check_registration(layer_class, keras.layers.Layer, variables, norms_and_sums, supports, per_example)
-    if per_example:
-        PER_EXAMPLE[layer_class] = supports
-    else:
-        RULES[layer_class] = LayerRule(variables, norms_and_sums, supports or (lambda layer: True))
-
-
-dense_attention.register(register_layer_rule, keras.layers)  # Attention, AdditiveAttention: their scales
-
-
-def acts_per_example(layer: keras.layers.Layer) -> bool:
-    """Whether ``layer``'s exact class is declared to act per example (`PER_EXAMPLE`), in a configuration covered."""
-    return layer_rules.declared(PER_EXAMPLE, layer)
-
-
-def rule_for(layer: keras.layers.Layer) -> LayerRule | None:
-    """The rule that covers ``layer`` (its exact class and configuration), or None."""
-    rule = RULES.get(type(layer))
-    return rule if rule is not None and rule.supports(layer) else None
-
-
-def sublayer_norms_and_sums(
-    sublayer: keras.layers.Layer, a: jax.Array, g: jax.Array
-) -> tuple[list, jax.Array, Callable]:
-    """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums` on JAX: ``(variables, squared norms, sums)`` by the rule
-    of ``sublayer``'s class; ValueError where none supports it."""
-    rule = rule_for(sublayer)
-    if rule is None:
-        raise ValueError(f"no ghost rule supports layer {sublayer.name!r} ({type(sublayer).__name__})")
-    return (rule.variables(sublayer), *rule.norms_and_sums(sublayer, a, g))
+# Layers whose own call acts on each example alone and only wires its sublayers' calls together (never reads their
+# variables): their sublayers' rules apply (`taps`). Functional: keras.Model(inputs, outputs).
+for _class in (keras.Sequential, Functional, keras.layers.MultiHeadAttention):
+    registry.register_layer_rule(_class, per_example=True)
+dense_attention.register(keras.layers)  # Attention, AdditiveAttention: their scales

@@ -24,6 +24,7 @@ import keras
 from keras_dyndp.jax_backend import ghost
 from keras_dyndp.rules import einsum_equation
 from keras_dyndp.rules import einsum_lora
+from keras_dyndp.rules import registry
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -126,8 +127,8 @@ _LORA_RULES: dict[type, tuple[Callable, Callable, Callable]] = {  # variables, n
 }
 
 
-def with_lora(plain: ghost.LayerRule, lora_rule: tuple[Callable, Callable, Callable]) -> dict[str, Any]:
-    """`ghost.register_layer_rule`'s arguments for a class: ``lora_rule``'s parts for a LoRA layer, ``plain``'s for
+def with_lora(plain: registry.LayerRule, lora_rule: tuple[Callable, Callable, Callable]) -> dict[str, Any]:
+    """`registry.register_layer_rule`'s arguments for a class: ``lora_rule``'s parts for a LoRA layer, ``plain``'s for
     the others."""
     variables, norms_and_sums, supports = lora_rule
 
@@ -137,9 +138,9 @@ def with_lora(plain: ghost.LayerRule, lora_rule: tuple[Callable, Callable, Calla
     return {
         "variables": choose(variables, plain.variables),
         "norms_and_sums": choose(norms_and_sums, plain.norms_and_sums),
-        "supports": choose(supports, plain.supports),
+        "supports": choose(supports, plain.supports or (lambda layer: True)),
     }
 
 
 for _class, _lora_rule in _LORA_RULES.items():
-    ghost.register_layer_rule(_class, **with_lora(ghost.RULES[_class], _lora_rule))
+    registry.register_layer_rule(_class, **with_lora(registry.registered()[_class], _lora_rule))

@@ -1,12 +1,12 @@
 """Taps: each example's input to a layer and the gradient of the layer's output, from which the layer's rule
-(`ghost`) clips the variables it covers (kernels, normalisation scales and offsets) without a per-example gradient of
+(`registry`) clips the variables it covers (kernels, normalisation scales and offsets) without a per-example gradient of
 them (``jax.vmap`` of ``jax.grad`` would give B of them).
 
 In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before its activation
 where it has one); the step differentiates the tap instead of the covered variables, which gives the output gradient.
 Tapped (`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports,
 whose covered variables no other layer holds, reached through layers declared to act per example and only wire their
-sublayers (`ghost.PER_EXAMPLE`: Sequential / functional models, MultiHeadAttention and the classes
+sublayers (`registry.acts_per_example`: Sequential / functional models, MultiHeadAttention and the classes
 ``register_layer_rule(cls, per_example=True)`` adds; another subclassed layer could read a sublayer's variables in its
 own call) and not inside a layer with a rule of its own, run once per forward pass, and whose covered
 variables nothing else in the forward pass reads (a tied output projection or a Lambda would add a gradient the tap
@@ -25,7 +25,7 @@ import jax
 import keras
 from keras.src.backend.common.stateless_scope import get_stateless_scope
 
-from keras_dyndp.jax_backend import ghost
+from keras_dyndp.rules import registry
 from keras_dyndp.rules.sublayers import layers
 
 _ACTIVE = threading.local()
@@ -50,7 +50,7 @@ class Session:
     def __exit__(self, *exc_info):
         _ACTIVE.session = None
 
-    def call(self, layer: keras.layers.Layer, rule: ghost.LayerRule, inputs: Any, call: Callable[[], Any]) -> Any:
+    def call(self, layer: keras.layers.Layer, rule: registry.LayerRule, inputs: Any, call: Callable[[], Any]) -> Any:
         key = id(layer)
         self.calls[key] = self.calls.get(key, 0) + 1
         self.inputs[key] = inputs
@@ -82,7 +82,7 @@ class Session:
 _TAPPED: weakref.WeakSet = weakref.WeakSet()  # The layers whose ``call`` `_patch` wrapped.
 
 
-def _patch(layer: keras.layers.Layer, rule: ghost.LayerRule) -> None:
+def _patch(layer: keras.layers.Layer, rule: registry.LayerRule) -> None:
     if layer in _TAPPED:
         return
     original = layer.call
@@ -99,13 +99,13 @@ def _patch(layer: keras.layers.Layer, rule: ghost.LayerRule) -> None:
 
 def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """The layers below ``layer`` that a rule may tap, reached through layers declared to act per example and wire
-    their sublayers (`ghost.PER_EXAMPLE`; attention reads its projections' outputs, never their kernels): a sublayer
-    without sublayers, or with a rule of its own (which covers its sublayers' variables)."""
-    if not ghost.acts_per_example(layer):
+    their sublayers (`registry.acts_per_example`; attention reads its projections' outputs, never their kernels): a
+    sublayer without sublayers, or with a rule of its own (which covers its sublayers' variables)."""
+    if not registry.acts_per_example(layer):
         return []
     leaves = []
     for sublayer in layers(layer, include_self=False, recursive=False):
-        ruled = ghost.rule_for(sublayer) is not None
+        ruled = registry.rule_for(sublayer) is not None
         leaves += _leaves_under_wiring(sublayer) if _has_sublayers(sublayer) and not ruled else [sublayer]
     return leaves
 
@@ -121,7 +121,7 @@ def candidates(model: keras.Model, classes: tuple | None = None) -> dict[int, tu
     leaves = [layer for layer in layers(model) if not _has_sublayers(layer)]
     found = {}
     for layer in _leaves_under_wiring(model):
-        rule = ghost.rule_for(layer) if classes is None or type(layer) in classes else None
+        rule = registry.rule_for(layer) if classes is None or type(layer) in classes else None
         if rule is None or not layer.trainable:
             continue
         variables = rule.variables(layer)

@@ -5,8 +5,9 @@ make_private's stateless ``train_step`` runs each example alone (``jax.vmap`` of
 ``stateless_call`` on a batch of one, on every path: no layer can mix examples, a Lambda adding the batch mean moves
 the clipped sum by C), clips each example's gradient to the optimizer's C_t, sums, and hands the sums to
 ``stateless_apply_clipped_sum`` (noise once, normalise, apply: `keras_dyndp.jax_backend.optimizer`). ``method='auto'``
-(= ``'ghost'``) clips the variables `ghost.RULES` covers (kernels, normalisation scales and offsets) from each
-example's layer input and output gradient (`taps`, `ghost`); every other variable keeps its vmap gradient;
+(= ``'ghost'``) clips the variables a rule covers (kernels, normalisation scales and offsets) from each example's layer
+input and output gradient (`taps`; the rules in `keras_dyndp.rules.registry`, JAX's built-in ones in `ghost`); every
+other variable keeps its vmap gradient;
 ``'vectorized'`` taps only Embedding tables.
 ``accumulation_steps`` = k clips the batch in k physical batches (``jax.lax.scan``), one noise and one counter step;
 ``num_microbatches`` = M clips M random microbatch gradients (`microbatches`, no taps).
@@ -52,7 +53,6 @@ from keras_dyndp.core import refusals
 from keras_dyndp.core import step_checks
 from keras_dyndp.jax_backend import data
 from keras_dyndp.jax_backend import distribution
-from keras_dyndp.jax_backend import ghost
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import model_checks
 from keras_dyndp.jax_backend import ops
@@ -60,6 +60,7 @@ from keras_dyndp.jax_backend import taps
 from keras_dyndp.keras_glue import entry_points
 from keras_dyndp.keras_glue import private_model
 from keras_dyndp.rules import layer_rules
+from keras_dyndp.rules import registry
 from keras_dyndp.rules import sublayers
 
 METHODS = ("auto", "ghost", "vectorized")
@@ -209,12 +210,13 @@ def _refuse_writes_from_random_draws(model: keras.Model):
 
 
 def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) -> list:
-    """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and the tapped layers' rules (`ghost`)."""
+    """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and the tapped layers' rules (`registry`)."""
     squared_norms = jnp.zeros([num_rows], jnp.float32)
     for g in grads:
         if g is not None:
             squared_norms = squared_norms + jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1)
-    ruled = {key: ghost.RULES[type(layer)].norms_and_sums(layer, *tap_rows[key]) for key, (layer, *_) in tapped.items()}
+    rules = registry.registered()
+    ruled = {key: rules[type(layer)].norms_and_sums(layer, *tap_rows[key]) for key, (layer, *_) in tapped.items()}
     for squared, _ in ruled.values():
         squared_norms = squared_norms + squared
     factors = mechanism.clip_factors(ops.OPS, mechanism.norms_from_squares(ops.OPS, squared_norms), clip_norm)

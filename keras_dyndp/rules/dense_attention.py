@@ -25,6 +25,7 @@ from typing import Any
 
 from keras_dyndp import backend
 from keras_dyndp.rules import layer_rules
+from keras_dyndp.rules import registry
 from keras_dyndp.rules import sublayers
 
 # The weights each class's call multiplies (attribute -> the rank of the tensor it multiplies beyond the scores'
@@ -156,15 +157,14 @@ def norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[Any, Callable]:
     return squared, lambda factors: [layer_rules.weighted_sum(factors, gradient) for gradient in per_example]
 
 
-def register(register_layer_rule: Callable, layers: Any) -> None:
+def register(layers: Any) -> None:
     """Registers the rule for ``Attention`` and ``AdditiveAttention``, those of the two this Keras has.
 
     Args:
-      register_layer_rule: a backend's ``register_layer_rule`` (TensorFlow's `rules` or JAX's `ghost`).
-      layers: the ``keras.layers`` namespace of the Keras that backend runs (Keras 2's on TensorFlow 2.15).
+      layers: the ``keras.layers`` namespace of the Keras the backend runs (Keras 2's on TensorFlow 2.15).
     """
     for name in ("Attention", "AdditiveAttention"):
         if hasattr(layers, name):
-            register_layer_rule(
+            registry.register_layer_rule(
                 getattr(layers, name), variables=variables, norms_and_sums=norms_and_sums, supports=supports
             )

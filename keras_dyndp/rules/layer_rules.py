@@ -1,7 +1,8 @@
 """One ghost-clipping rule contract for TensorFlow and JAX, and ready-made rules for sequence models.
 
 A rule for exactly one layer class, registered with ``keras_dyndp.register_layer_rule(layer_class, *, variables,
-norms_and_sums, supports=None)`` (in the spirit of Opacus's grad-sampler registry): ``variables(layer)`` lists the
+norms_and_sums, supports=None)`` into the one registry of both backends (`registry`; in the spirit of Opacus's
+grad-sampler registry): ``variables(layer)`` lists the
 trainable variables it covers (its sublayers' too); ``norms_and_sums(layer, a, g)`` sees the layer, its input ``a``
 and the loss's gradient ``g`` at its output (before its activation where it has one), each [B, rows, ...] (``rows``
 the layer's own leading axis for one example: 1, or the steps TimeDistributed folds in), and returns the
@@ -33,14 +34,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from keras_dyndp import backend
-from keras_dyndp.core import validation
-
-_BACKEND_MODULES = {"tensorflow": "keras_dyndp.tf_backend.per_example.rules", "jax": "keras_dyndp.jax_backend.ghost"}
-
-
-def _backend_rules():
-    return importlib.import_module(_BACKEND_MODULES.get(backend.keras_backend(), _BACKEND_MODULES["tensorflow"]))
+from keras_dyndp.rules import registry
 
 
 def keras_ops():
@@ -62,23 +56,6 @@ def keras_ops():
         )
 
 
-def check_registration(
-    layer_class: Any, layer_base: type, variables: Any, norms_and_sums: Any, supports: Any, per_example: bool
-) -> None:
-    """Both backends' ``register_layer_rule`` arguments: TypeError unless ``layer_class`` subclasses ``layer_base``
-    and, for a rule, ``variables`` and ``norms_and_sums`` are callable; for ``per_example=True``, neither is given
-    (``supports``, optional, is callable either way)."""
-    parts = {"variables": variables, "norms_and_sums": norms_and_sums, "supports": supports}
-    if per_example:
-        given = [name for name in ("variables", "norms_and_sums") if parts.pop(name) is not None]
-        if given:
-            raise TypeError(
-                f"`per_example=True` declares a layer without a rule of its own: leave out {', '.join(given)}. "
-                f"Received: per_example={per_example!r}."
-            )
-    validation.check_layer_rule(layer_class, layer_base, parts, optional=("supports",))
-
-
 def register_per_example_layer(layer_class: type) -> None:
     """Declares that ``layer_class``'s own call acts on each example alone (exactly this class), so models using
     it can take the ghost path: ``register_layer_rule(layer_class, per_example=True)``, on the backend Keras runs on.
@@ -92,16 +69,7 @@ def register_per_example_layer(layer_class: type) -> None:
     Raises:
       TypeError: if ``layer_class`` is not a Keras layer class.
     """
-    _backend_rules().register_layer_rule(layer_class, per_example=True)
-
-
-def declared(declarations: dict, layer: Any) -> bool:
-    """Whether ``layer``'s exact class is in ``declarations`` (a backend's per-example classes and their conditions,
-    None: always) with a condition it meets."""
-    if type(layer) not in declarations:
-        return False
-    condition = declarations[type(layer)]
-    return condition is None or bool(condition(layer))
+    registry.register_layer_rule(layer_class, per_example=True)
 
 
 def sublayer_norms_and_sums(sublayer: Any, a: Any, g: Any) -> tuple[list, Any, Callable]:
@@ -121,7 +89,7 @@ def sublayer_norms_and_sums(sublayer: Any, a: Any, g: Any) -> tuple[list, Any, C
     Raises:
       ValueError: if no registered rule supports ``sublayer``.
     """
-    return _backend_rules().sublayer_norms_and_sums(sublayer, a, g)
+    return registry.sublayer_norms_and_sums(sublayer, a, g)
 
 
 _tracing = threading.local()  # per thread: tf.distribute traces each replica's step in a thread of its own

@@ -9,10 +9,10 @@ import keras
 import numpy as np
 import pytest
 
-from keras_dyndp.jax_backend import ghost
 from keras_dyndp.rules import ghost_cost
+from keras_dyndp.rules import registry
 
-RULE = ghost.RULES[keras.layers.Embedding]
+RULE = registry.registered()[keras.layers.Embedding]
 
 
 def _ids(kind: str, vocabulary: int, length: int) -> np.ndarray:

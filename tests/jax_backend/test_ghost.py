@@ -12,7 +12,7 @@ if keras.backend.backend() != "jax":
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_dyndp.jax_backend import ghost  # noqa: E402
+from keras_dyndp.rules import registry  # noqa: E402
 
 LAYERS = [  # (layer, one example's rows and shape)
     (lambda: keras.layers.Dense(3), (1, 4)),  # one position
@@ -32,6 +32,9 @@ LAYERS = [  # (layer, one example's rows and shape)
     (lambda: keras.layers.Conv2D(512, 3, padding="same"), (1, 6, 6, 256)),  # Gram, patches > cap: per offset
     (lambda: keras.layers.Conv1D(2, 2), (1, 2, 40_000)),  # one position, patches > cap: per offset
     (lambda: keras.layers.DepthwiseConv2D(3, depth_multiplier=2, strides=2, padding="same"), (2, 7, 7, 3)),
+    (lambda: keras.layers.SeparableConv2D(4, 3, depth_multiplier=2, strides=2, padding="same"), (2, 7, 7, 3)),
+    (lambda: keras.layers.SeparableConv2D(64, 3, use_bias=False), (1, 4, 4, 64)),  # pointwise: T = 4, Gram
+    (lambda: keras.layers.SeparableConv2D(3, (2, 3), dilation_rate=2, padding="same"), (1, 9, 8, 2)),
     (lambda: keras.layers.LayerNormalization(), (2, 3, 4)),
     (lambda: keras.layers.LayerNormalization(axis=[1, 3], center=False), (1, 3, 2, 4)),
     (lambda: keras.layers.LayerNormalization(axis=[-1, 1]), (1, 3, 2, 4)),  # gamma [4, 3] on axes (1, 3)
@@ -53,9 +56,11 @@ def test_norms_and_clipped_sums_equal_the_per_example_gradients(make_layer, shap
     rng = np.random.default_rng(0)
     layer = make_layer()
     layer.build(shape)
-    rule = ghost.RULES[type(layer)]
+    rule = registry.registered()[type(layer)]
     covered = [[v is variable for v in layer.trainable_variables].index(True) for variable in rule.variables(layer)]
     values = [jnp.asarray(rng.normal(size=v.shape), jnp.float32) for v in layer.trainable_variables]
+    for variable, value in zip(layer.trainable_variables, values):  # a rule may read them (SeparableConv2D's)
+        variable.assign(value)
     a = jnp.asarray(rng.normal(size=(5, *shape)) * 3 + 1, jnp.float32)
 
     def loss(covered_values, a_i, g_i):
@@ -80,6 +85,21 @@ def test_norms_and_clipped_sums_equal_the_per_example_gradients(make_layer, shap
             np.testing.assert_allclose(total, expected, 1e-5, 1e-5 * max(1.0, float(jnp.max(jnp.abs(expected)))))
 
 
+def test_a_separable_convolutions_example_whose_factor_is_zero_adds_nothing_even_if_not_finite():
+    layer = keras.layers.SeparableConv2D(4, 3, depth_multiplier=2, padding="same")
+    layer.build((None, 6, 6, 3))
+    rng = np.random.default_rng(4)
+    a = jnp.asarray(rng.normal(size=(4, 1, 6, 6, 3)), jnp.float32)
+    g = jnp.asarray(rng.normal(size=(4, 1, 6, 6, 4)), jnp.float32)
+    factors = jnp.asarray([0.5, 0.0, 1.0, 2.0], jnp.float32)
+    rule = registry.registered()[keras.layers.SeparableConv2D]
+    _, sums = rule.norms_and_sums(layer, a, g)
+    squared, nan_sums = rule.norms_and_sums(layer, a.at[1, 0, 2].set(jnp.inf), g.at[1].set(jnp.nan))
+    assert not np.isfinite(squared[1]) and np.all(np.isfinite(np.asarray(squared)[[0, 2, 3]]))
+    for total, with_nan in zip(sums(factors), nan_sums(factors)):
+        np.testing.assert_array_equal(np.asarray(with_nan), np.asarray(total))
+
+
 @pytest.mark.parametrize("lowest_id", [0, -6])
 def test_embedding_norms_and_clipped_sum_equal_the_dense_per_example_gradients(lowest_id):
     """Also with negative ids, which Keras's lookup (jnp.take) reads as row N + id: -1 and 5 are one row (counted as
@@ -92,7 +112,7 @@ def test_embedding_norms_and_clipped_sum_equal_the_dense_per_example_gradients(l
     dense = np.zeros((5, 6, 3))
     for example in range(5):
         np.add.at(dense[example], ids[example] % 6, deltas[example])
-    rule = ghost.RULES[keras.layers.Embedding]
+    rule = registry.registered()[keras.layers.Embedding]
     ids, deltas = jnp.asarray(ids), jnp.asarray(deltas, "float32")
     layer = keras.layers.Embedding(6, 3)
     layer.build()
@@ -144,19 +164,19 @@ def test_the_documented_custom_rule_clips_as_the_per_example_loop():
 def test_register_layer_rule_refuses_what_is_not_a_rule():
     parts = dict(variables=lambda layer: [], norms_and_sums=lambda layer, a, g: (a, lambda f: []))
     with pytest.raises(TypeError, match="`layer_class` must be a Keras layer class"):
-        ghost.register_layer_rule(object, **parts)
+        registry.register_layer_rule(object, **parts)
     with pytest.raises(TypeError, match="`norms_and_sums` must be callable"):
-        ghost.register_layer_rule(keras.layers.Dense, **{**parts, "norms_and_sums": None})
+        registry.register_layer_rule(keras.layers.Dense, **{**parts, "norms_and_sums": None})
     with pytest.raises(TypeError, match="`supports` must be callable"):
-        ghost.register_layer_rule(keras.layers.Dense, **parts, supports=True)
-    assert ghost.RULES[keras.layers.Dense].variables is not parts["variables"]  # nothing registered
+        registry.register_layer_rule(keras.layers.Dense, **parts, supports=True)
+    assert registry.registered()[keras.layers.Dense].variables is not parts["variables"]  # nothing registered
 
 
 def test_keras_dyndp_register_layer_rule_is_the_backends():
     import keras_dyndp  # pylint: disable=import-outside-toplevel
 
-    assert keras_dyndp.register_layer_rule is ghost.register_layer_rule
-    assert keras_dyndp.LayerRule is ghost.LayerRule
+    assert keras_dyndp.register_layer_rule is registry.register_layer_rule
+    assert keras_dyndp.LayerRule is registry.LayerRule
 
 
 @pytest.mark.parametrize("shape", [(1, 20, 20, 16), (1, 5, 5, 16)])  # one kernel offset at a time; whole patches
@@ -165,7 +185,7 @@ def test_bfloat16_taps_give_float32_norms_and_sums_of_their_values(shape):
     rng = np.random.default_rng(1)
     layer = keras.layers.Conv2D(8, 3, padding="same")
     layer.build(shape)
-    rule = ghost.RULES[keras.layers.Conv2D]
+    rule = registry.registered()[keras.layers.Conv2D]
     a = jnp.asarray(rng.normal(size=(3, *shape)), jnp.bfloat16)
     g = jnp.asarray(rng.normal(size=(3, *layer.compute_output_shape(shape))), jnp.bfloat16)
     factors = jnp.asarray(rng.uniform(size=3), jnp.float32)

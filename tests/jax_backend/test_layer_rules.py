@@ -17,10 +17,10 @@ import transformer_layers  # noqa: E402
 import keras_dyndp  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
-from keras_dyndp.jax_backend import ghost  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import taps  # noqa: E402
 from keras_dyndp.rules import layer_rules  # noqa: E402
+from keras_dyndp.rules import registry  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
@@ -70,6 +70,25 @@ def test_the_documented_rule_is_tapped_and_steps_as_the_vmap_path():
         updates[method] = _step_update(model, x, y, 0.3, method, keras.losses.MeanSquaredError(reduction="none"))
     for ghost_update, vmap_update in zip(updates["ghost"], updates["vectorized"]):
         np.testing.assert_allclose(ghost_update, vmap_update, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # the test's own fixed batches
+def test_a_separable_convolution_is_tapped_and_steps_as_the_vmap_path():
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(6, 7, 7, 3)).astype("float32"), rng.integers(0, 3, size=6).astype("int32")
+    updates = {}
+    for method in ("ghost", "vectorized"):
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((7, 7, 3))
+        layer = keras.layers.SeparableConv2D(4, 3, depth_multiplier=2, strides=2, activation="relu")
+        outputs = keras.layers.Dense(3)(keras.layers.Flatten()(layer(inputs)))
+        model = keras.Model(inputs, outputs)
+        if method == "ghost":
+            assert layer in _tapped(model, x)
+        updates[method] = _step_update(model, x, y, 0.1, method)
+    for ghost_update, vmap_update in zip(updates["ghost"], updates["vectorized"]):
+        np.testing.assert_allclose(ghost_update, vmap_update, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
@@ -141,7 +160,7 @@ def test_per_example_declarations_are_wiring_and_refuse_a_rules_parts():
     model = keras.Model(inputs, wiring(inputs))
     assert _tapped(model, np.zeros((2, 3), "float32")) == []
     keras_dyndp.register_per_example_layer(Wiring)
-    assert ghost.acts_per_example(wiring)
+    assert registry.acts_per_example(wiring)
     assert _tapped(model, np.zeros((2, 3), "float32")) == [wiring.dense]
     with pytest.raises(TypeError, match="leave out norms_and_sums"):
         keras_dyndp.register_layer_rule(Wiring, per_example=True, norms_and_sums=lambda layer, a, g: None)

@@ -16,9 +16,9 @@ import numpy as np  # noqa: E402
 
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
-from keras_dyndp.jax_backend import ghost  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
 from keras_dyndp.jax_backend import taps  # noqa: E402
+from keras_dyndp.rules import registry  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 L = keras.layers
@@ -61,7 +61,7 @@ def _inputs(layer, shape, rng):
 def test_norms_and_clipped_sums_equal_the_adapters_per_example_gradients(make_layer, shape):
     rng = np.random.default_rng(0)
     layer = _lora_layer(make_layer, shape, rng)
-    rule = ghost.RULES[type(layer)]
+    rule = registry.registered()[type(layer)]
     assert rule.supports(layer)
     adapters = rule.variables(layer)
     assert all("lora" in v.path for v in adapters) and len(adapters) == 2
@@ -96,9 +96,9 @@ def test_norms_and_clipped_sums_equal_the_adapters_per_example_gradients(make_la
 def test_an_equation_whose_kernel_ends_in_an_input_letter_keeps_the_vmap_path():
     layer = L.EinsumDense("abc,dc->adb", (3, 5))
     layer.build((None, 5, 4))
-    assert ghost.RULES[L.EinsumDense].supports(layer)
+    assert registry.registered()[L.EinsumDense].supports(layer)
     layer.enable_lora(2)
-    assert not ghost.RULES[L.EinsumDense].supports(layer)
+    assert not registry.registered()[L.EinsumDense].supports(layer)
 
 
 def _transformer():

@@ -1,19 +1,21 @@
 """Per-example clipped gradient sums for DP-SGD without the O(B^2) jacobian, and the model's private train step.
 
 ``clipped_gradient_sum`` (`clipped_sum`) takes ``'vectorized'`` (`vectorized`, any model) or ``'ghost'`` (`ghost`:
-one batched pass; layer rules in `rules`, `norms`, `dense`, `conv2d`, `recurrent`; for models whose every layer is
-known to act per example, `per_example_layers`). ``make_private`` (`keras_dyndp.tf_backend.train_step`) uses them
+one batched pass; layer rules in the one registry, `keras_dyndp.rules.registry`, TensorFlow's built-in ones from
+`rules`, `norms`, `dense`, `conv2d`, `recurrent`; for models whose every layer is known to act per example,
+`per_example_layers`). ``make_private`` (`keras_dyndp.tf_backend.train_step`) uses them
 with the DP optimizer. A rule of the contract both backends share is tapped by `generic`.
 """
 
 from keras_dyndp.rules.layer_rules import register_per_example_layer
+from keras_dyndp.rules.registry import LayerRule
+from keras_dyndp.rules.registry import register_layer_rule
+from keras_dyndp.tf_backend.per_example import rules  # noqa: F401  (registers the built-in rules)
 from keras_dyndp.tf_backend.per_example.clipped_sum import METHODS
 from keras_dyndp.tf_backend.per_example.clipped_sum import clipped_gradient_sum
 from keras_dyndp.tf_backend.per_example.clipped_sum import clipped_gradient_sum_with_outputs
 from keras_dyndp.tf_backend.per_example.ghost import supported as ghost_supported
 from keras_dyndp.tf_backend.per_example.losses import per_example_loss
-from keras_dyndp.tf_backend.per_example.rules import LayerRule
-from keras_dyndp.tf_backend.per_example.rules import register_layer_rule
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Tap
 

@@ -11,10 +11,12 @@ call's state updates).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 
 import tensorflow as tf
 
+from keras_dyndp.rules import registry
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
@@ -25,8 +27,18 @@ from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
 Variables = Callable[[keras.layers.Layer], list]
 
 
+def tapped(rule: registry.LayerRule) -> registry.LayerRule:
+    """``rule`` in TensorFlow's tapped form (`registry.LayerRule.call`): as registered where it has a ``call``, else
+    the layer's own call tapped for its ``variables`` (`call_for`) and its norms and sums as `GhostGradient`
+    (`norms_and_sums_for`)."""
+    if rule.call is not None:
+        return rule
+    norms_and_sums = norms_and_sums_for(rule.variables, rule.norms_and_sums)
+    return dataclasses.replace(rule, call=call_for(rule.variables), norms_and_sums=norms_and_sums)
+
+
 def call_for(variables: Variables) -> Callable[[Tap], Callable]:
-    """``call(tap)`` of a `rules.LayerRule` for a rule whose ``variables(layer)`` it covers: the layer's own call,
+    """``call(tap)`` of a `registry.LayerRule` for a rule whose ``variables(layer)`` it covers: the layer's own call,
     tapped (module docstring)."""
 
     def tapped_call(tap: Tap) -> Callable:
@@ -108,7 +120,7 @@ def from_rows(tensor: tf.Tensor) -> tuple[tf.Tensor, Rows]:
 
 
 def norms_and_sums_for(variables: Variables, norms_and_sums: Callable) -> Callable[[Tap, tf.Tensor], list]:
-    """``norms_and_sums(tap, g)`` of a `rules.LayerRule` from a rule of the one contract: the squared norms of all
+    """``norms_and_sums(tap, g)`` of a `registry.LayerRule` from a rule of the one contract: the squared norms of all
     the covered variables together in a `GhostGradient` without a variable (`ghost` adds them), then one per
     variable with its share of the sums (computed once for the factors)."""
 
@@ -136,7 +148,7 @@ def norms_and_sums_for(variables: Variables, norms_and_sums: Callable) -> Callab
 def sublayer_norms_and_sums(
     rule, layer: keras.layers.Layer, a: tf.Tensor, g: tf.Tensor
 ) -> tuple[list, tf.Tensor, Callable]:
-    """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums` by a TensorFlow `rules.LayerRule` of the built-in form
+    """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums` by a `registry.LayerRule` of TensorFlow's tapped form
     (one computed from the tap's input and rows alone; one that reads what its call saved is refused)."""
     inputs, rows = from_rows(a)
     tap = Tap(layer, None)

@@ -1,7 +1,7 @@
 """Ghost clipping: per-example gradient norms and the clipped sum from one batched forward and backward pass.
 
 One pass records each covered layer's input and the gradient of the summed loss with respect to its pre-activation
-(variables read through ``tf.stop_gradient``: no weight gradient computed); its rule (`rules`) turns them into
+(variables read through ``tf.stop_gradient``: no weight gradient computed); its rule (`registry`) turns them into
 per-example squared norms and the clipped sum. Li et al. 2021, after Goodfellow 2015. Row i of every tapped tensor
 must belong to example i, checked while tracing: TimeDistributed folds [B, T, ...] example-major itself in the tapped
 pass; every tapped input must have one row per example (or per example and step), proven on a probe trace with an
@@ -23,10 +23,11 @@ import tensorflow as tf
 
 from keras_dyndp.core import mechanism
 from keras_dyndp.rules import layer_rules
+from keras_dyndp.rules import registry
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend.keras_compat import keras
-from keras_dyndp.tf_backend.per_example import rules
+from keras_dyndp.tf_backend.per_example import generic
 from keras_dyndp.tf_backend.per_example.losses import per_example_loss
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
@@ -44,7 +45,7 @@ def tensor_float_32_on_gpu() -> bool:
 
 def supported(model: keras.Model, var_list: Sequence[tf.Variable]) -> bool:
     """Whether every variable in ``var_list`` belongs to a layer with a ghost-clipping rule."""
-    layers = [layer for layer in keras_compat.flatten_layers(model) if rules.rule_for(layer) is not None]
+    layers = [layer for layer in keras_compat.flatten_layers(model) if registry.rule_for(layer) is not None]
     covered = {id(v) for layer in layers for v in layer.trainable_weights}
     return all(id(v) in covered for v in var_list)
 
@@ -77,7 +78,7 @@ def clipped_sum(
     squared = tf.zeros_like(losses)
     for tap, g in zip(used, grads):
         g = tf.zeros_like(tap.preactivation) if g is None else g
-        for gradient in rules.rule_for(tap.layer).norms_and_sums(tap, g):
+        for gradient in generic.tapped(registry.rule_for(tap.layer)).norms_and_sums(tap, g):
             if gradient.variable is None:  # the norms of all the variables a shared-contract rule covers, together
                 squared += gradient.squared_norms
                 continue
@@ -115,16 +116,16 @@ def tapped(model: keras.Model, rows: Rows, tape: tf.GradientTape | None = None):
     tapping = Tapping(rows, tape)
     patches = []
     layers = list(keras_compat.flatten_layers(model))
-    ruled = [layer for layer in layers if rules.rule_for(layer) is not None and layer.trainable_weights]
+    ruled = [layer for layer in layers if registry.rule_for(layer) is not None and layer.trainable_weights]
     inside = {id(sublayer) for layer in ruled for sublayer in keras_compat.flatten_layers(layer)}  # its rule's
     for layer in layers:
-        rule = rules.rule_for(layer)
+        rule = registry.rule_for(layer)
         if id(layer) in inside:
             continue
         if rule is not None and layer.trainable_weights:
             tap = Tap(layer, tapping)
             tapping.taps.append(tap)
-            patches.append((layer, "call", tf.autograph.experimental.do_not_convert(rule.call(tap))))
+            patches.append((layer, "call", tf.autograph.experimental.do_not_convert(generic.tapped(rule).call(tap))))
         elif isinstance(layer, keras.layers.TimeDistributed):
             patches.append((layer, "call", _time_distributed_call(tapping, layer)))
             patches.append((layer, "compute_mask", _time_distributed_mask(layer)))

@@ -3,11 +3,11 @@
 A layer that reads across the batch (a ``Lambda`` subtracting the batch mean) breaks per-example clipping silently (one
 example moves the others' gradients, so the clipped sum by more than C) and looks like an honest one in a traced graph.
 Known (exact classes): `_known_classes` (with conditions on ``axis``, dropout, frozen BatchNormalization; Dropout draws
-one mask for all rows, `randomness`), declared in the registry of `rules` alongside the layers a rule covers (in their
-configuration: an EinsumDense whose equation mixes the batch axis is judged by `_einsum_keeps_batch`) and those declared
-with ``register_layer_rule(cls, per_example=True)`` / ``register_per_example_layer``; plain Sequential and functional
-models; `_ELEMENTWISE` ops on tensors of one rank with lower-rank constants; slices that keep the whole batch axis
-(``h[:, 0]``, a [CLS] token, `_known_slice`).
+one mask for all rows, `randomness`), declared in the one registry (`keras_dyndp.rules.registry`) alongside the layers
+a rule covers (in their configuration: an EinsumDense whose equation mixes the batch axis is judged by
+`_einsum_keeps_batch`) and those declared with ``register_layer_rule(cls, per_example=True)`` /
+``register_per_example_layer``; plain Sequential and functional models; `_ELEMENTWISE` ops on tensors of one rank with
+lower-rank constants; slices that keep the whole batch axis (``h[:, 0]``, a [CLS] token, `_known_slice`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from keras_dyndp.rules import registry
 from keras_dyndp.rules import sublayers
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend.keras_compat import keras
-from keras_dyndp.tf_backend.per_example import rules
 
 
 def first_unknown(model: keras.Model) -> str | None:
@@ -40,7 +40,7 @@ def first_unknown(model: keras.Model) -> str | None:
 
 def _known_layer(layer: keras.layers.Layer) -> bool:
     cls = type(layer)
-    if rules.rule_for(layer) is not None or rules.acts_per_example(layer):  # unsupported by a rule: as without it
+    if registry.rule_for(layer) is not None or registry.acts_per_example(layer):  # unsupported by a rule: as without it
         return True
     if isinstance(layer, keras_compat.OP_LAYER_CLASSES):
         return _known_slice(layer.symbol, layer) or _known_operation(layer.symbol, *_arguments(layer))
@@ -91,7 +91,7 @@ def _no_dropout(layer: keras.layers.Layer) -> bool:
 
 
 def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
-    """Known layer classes (those this Keras has) and their condition (None: always): declared in `rules`."""
+    """Known layer classes (those this Keras has) and their condition (None: always): declared in the registry."""
     unconditional = """InputLayer Dense Conv1D Conv2D Conv3D Conv1DTranspose Conv2DTranspose Conv3DTranspose
         DepthwiseConv1D DepthwiseConv2D SeparableConv1D SeparableConv2D Embedding RNN StackedRNNCells Bidirectional
         TimeDistributed Activation ReLU LeakyReLU ELU PReLU
@@ -119,7 +119,7 @@ def _known_classes() -> dict[type, Callable[[keras.layers.Layer], bool] | None]:
 
 
 for _class, _condition in _known_classes().items():
-    rules.register_layer_rule(_class, per_example=True, supports=_condition)
+    registry.register_layer_rule(_class, per_example=True, supports=_condition)
 
 # Elementwise operations, by Keras 3 op class name and Keras 2 TFOpLambda symbol.
 _ELEMENTWISE = frozenset(

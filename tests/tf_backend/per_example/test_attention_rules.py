@@ -17,11 +17,11 @@ from brute_force import clipped
 from brute_force import per_example_gradients
 from brute_force import traced
 
+from keras_dyndp.rules import registry
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import per_example_layers
-from keras_dyndp.tf_backend.per_example import rules
 
 pytestmark = pytest.mark.xdist_group("attention_rules")  # its module fixtures run once (tests/conftest.py)
 
@@ -181,7 +181,7 @@ def test_ghost_rules_compile_with_xla():
 def test_rules_cover_the_supported_configurations(layer, covered):
     layer = layer()
     layer.build((None, 5, 4))
-    assert (rules.rule_for(layer) is not None) == covered
+    assert (registry.rule_for(layer) is not None) == covered
 
 
 def test_an_unsupported_einsum_equation_takes_the_vectorized_path():

@@ -17,10 +17,10 @@ from brute_force import clipped
 from brute_force import per_example_gradients
 from brute_force import traced
 
+from keras_dyndp.rules import registry
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
-from keras_dyndp.tf_backend.per_example import rules
 
 pytestmark = pytest.mark.xdist_group("builtin_rules")  # its module fixtures run once (tests/conftest.py)
 
@@ -231,7 +231,7 @@ def test_gru_rule_compiles_with_xla():
     ],
 )
 def test_rules_cover_the_supported_configurations(layer, covered):
-    assert (rules.rule_for(layer()) is not None) == covered
+    assert (registry.rule_for(layer()) is not None) == covered
 
 
 @pytest.mark.skipif(keras_compat.KERAS_MAJOR_VERSION == 2, reason="LoRA is a Keras 3 feature")
@@ -242,7 +242,7 @@ def test_lora_enabled_convolutions_are_clipped_on_the_vectorized_path():
     model = keras.Sequential([L.Input((6, 2)), L.Conv1D(4, 3), L.Flatten(), L.Dense(3)])
     model.layers[0].enable_lora(2)
     x, y = data(model)
-    assert rules.rule_for(model.layers[0]) is None
+    assert registry.rule_for(model.layers[0]) is None
     assert not per_example.ghost_supported(model, model.trainable_variables)
     expected = clipped(*per_example_gradients(model, x, y, WEIGHTS), 0.1)
     assert_matches(

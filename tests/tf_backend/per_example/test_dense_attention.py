@@ -16,10 +16,10 @@ from brute_force import clip_case
 from brute_force import reference
 
 from keras_dyndp.rules import dense_attention
+from keras_dyndp.rules import registry
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import per_example_layers
-from keras_dyndp.tf_backend.per_example import rules
 
 L = keras.layers
 WEIGHTS = np.array([1.0, 2.0, 0.0, 1.0, 0.5], np.float32)
@@ -34,7 +34,7 @@ def data(rows=5, padding_mask=False):
 @pytest.mark.parametrize("name", LAYERS)
 def test_a_model_with_the_layer_takes_the_ghost_path_and_clips_like_the_per_example_loop(name):
     model, layer = attention_models.model_with(keras, name)
-    assert rules.rule_for(layer) is not None
+    assert registry.rule_for(layer) is not None
     assert {id(v) for v in dense_attention.variables(layer)} == {id(v) for v in layer.trainable_weights}
     x, y = data()
     # The key's bias has a gradient of exactly 0 (a softmax ignores a shift): rounding noise, on one scale.
@@ -68,7 +68,7 @@ def test_an_example_whose_factor_is_zero_adds_nothing():
 def test_without_trained_weights_the_layer_needs_no_rule():
     layer = L.Attention()
     model = attention_models.attention_model(keras, layer, own_key=False)
-    assert not dense_attention.variables(layer) and rules.rule_for(layer) is None
+    assert not dense_attention.variables(layer) and registry.rule_for(layer) is None
     assert per_example.ghost_supported(model, model.trainable_variables)
 
 
@@ -76,7 +76,7 @@ def test_without_trained_weights_the_layer_needs_no_rule():
 def test_a_call_the_rule_cannot_reproduce_keeps_the_vectorized_path(name):
     model = UNCOVERED[name]()
     layer = next(layer for layer in model.layers if "attention" in type(layer).__name__.lower())
-    assert rules.rule_for(layer) is None and not per_example.ghost_supported(model, model.trainable_variables)
+    assert registry.rule_for(layer) is None and not per_example.ghost_supported(model, model.trainable_variables)
     if name == "dropout":  # its draws differ row by row: not known to act per example either
         assert layer.name in per_example_layers.first_unknown(model)
     x, y = data(4, padding_mask=name == "padding_mask")
@@ -106,7 +106,7 @@ def test_a_layer_without_recorded_calls_is_not_covered():
 def test_keras_2s_causal_argument_is_not_covered():
     layer = L.Attention(use_scale=True, causal=True)
     attention_models.attention_model(keras, layer, own_key=False)
-    assert rules.rule_for(layer) is None
+    assert registry.rule_for(layer) is None
 
 
 def test_sequences_of_a_length_unknown_while_tracing_take_the_ghost_path():

@@ -10,10 +10,10 @@ from brute_force import LOSS
 from brute_force import assert_matches
 from brute_force import reference
 
+from keras_dyndp.rules import registry
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
-from keras_dyndp.tf_backend.per_example import rules
 
 BATCH = 6
 WEIGHTS = np.array([1.0, 0.0, 1.0, 2.0, 0.0, 1.0], np.float32)
@@ -134,7 +134,7 @@ class FixedTable(keras.Model):
 )
 def test_rows_that_are_not_examples_fall_back_to_the_vectorized_path(build, reason, monkeypatch):
     # Declared per example (wrongly, for the folds), so that the ghost path's own checks are what sends them away.
-    monkeypatch.setattr(rules, "_PER_EXAMPLE", {**rules._PER_EXAMPLE, build: None})  # pylint: disable=protected-access
+    monkeypatch.setattr(registry, "_PER_EXAMPLE", {**registry._PER_EXAMPLE, build: None})  # pylint: disable=protected-access
     keras.utils.set_random_seed(0)
     model = build()
     rng = np.random.default_rng(6)

@@ -15,9 +15,9 @@ from brute_force import reference
 
 import keras_dyndp
 from keras_dyndp.rules import layer_rules
+from keras_dyndp.rules import registry
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
-from keras_dyndp.tf_backend.per_example import rules
 
 
 def _registered_classifier(learned_positions):
@@ -71,10 +71,10 @@ def test_per_example_declarations_share_the_registry_and_refuse_a_rules_parts():
         def call(self, inputs):
             return inputs
 
-    assert not rules.acts_per_example(Wiring())
+    assert not registry.acts_per_example(Wiring())
     keras_dyndp.register_layer_rule(Wiring, per_example=True, supports=lambda layer: layer.name != "no")
-    assert rules.acts_per_example(Wiring()) and not rules.acts_per_example(Wiring(name="no"))
-    assert rules.acts_per_example(keras.layers.Dropout(0.5)) and rules.rule_for(Wiring()) is None
+    assert registry.acts_per_example(Wiring()) and not registry.acts_per_example(Wiring(name="no"))
+    assert registry.acts_per_example(keras.layers.Dropout(0.5)) and registry.rule_for(Wiring()) is None
     with pytest.raises(TypeError, match="leave out variables"):
         keras_dyndp.register_layer_rule(Wiring, per_example=True, variables=lambda layer: [])
 
@@ -122,7 +122,7 @@ class ReadsTheScale(keras.Model):
 
 
 def test_a_covered_variable_read_outside_the_layers_call_is_refused(monkeypatch):
-    monkeypatch.setattr(rules, "_PER_EXAMPLE", {**rules._PER_EXAMPLE, ReadsTheScale: None})  # pylint: disable=W0212
+    monkeypatch.setattr(registry, "_PER_EXAMPLE", {**registry._PER_EXAMPLE, ReadsTheScale: None})  # pylint: disable=W0212
     model = ReadsTheScale()
     rng = np.random.default_rng(5)
     x = tf.constant(rng.normal(size=(4, 3, 2)), tf.float32)

@@ -22,11 +22,11 @@ if keras_compat.KERAS_MAJOR_VERSION == 2:
 
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.core.batch_sizes import SamplingWarning  # noqa: E402
+from keras_dyndp.rules import registry  # noqa: E402
 from keras_dyndp.tf_backend import per_example  # noqa: E402
 from keras_dyndp.tf_backend import train_step  # noqa: E402
 from keras_dyndp.tf_backend.keras_compat import keras  # noqa: E402
 from keras_dyndp.tf_backend.optimizer import DynamicDPKerasSGD  # noqa: E402
-from keras_dyndp.tf_backend.per_example import rules  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("tf_lora")  # its module fixtures run once (tests/conftest.py)
 
@@ -123,7 +123,7 @@ def test_only_the_adapters_train_and_each_lora_layer_has_a_rule(case):
     trainable = {id(v) for v in model.trainable_variables}
     for layer in keras_compat.flatten_layers(model):
         if type(layer) in LORA_CLASSES:
-            assert rules.rule_for(layer) is not None
+            assert registry.rule_for(layer) is not None
             frozen = layer.embeddings if isinstance(layer, L.Embedding) else layer._kernel  # noqa: SLF001
             assert id(frozen) not in trainable
 
@@ -159,9 +159,9 @@ def test_an_example_with_factor_zero_adds_nothing(case):
 def test_an_equation_whose_kernel_ends_in_an_input_letter_has_no_lora_rule():
     layer = L.EinsumDense("abc,dc->adb", (3, 5))
     layer.build((None, 5, 4))
-    assert rules.rule_for(layer) is not None
+    assert registry.rule_for(layer) is not None
     layer.enable_lora(2)
-    assert rules.rule_for(layer) is None
+    assert registry.rule_for(layer) is None
 
 
 def test_a_dp_step_leaves_the_frozen_weights_as_they_were():

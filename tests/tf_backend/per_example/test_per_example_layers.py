@@ -10,12 +10,12 @@ import tensorflow as tf
 from brute_force import LOSS
 
 from keras_dyndp import datasets
+from keras_dyndp.rules import registry
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import ghost
 from keras_dyndp.tf_backend.per_example import per_example_layers
-from keras_dyndp.tf_backend.per_example import rules
 from research import chest_xray
 from research import digits
 from research import federated_mnist
@@ -93,7 +93,7 @@ class Halve(keras.layers.Layer):
 
 
 def test_a_declared_custom_layer_is_known(monkeypatch):
-    monkeypatch.setattr(rules, "_PER_EXAMPLE", dict(rules._PER_EXAMPLE))  # pylint: disable=protected-access
+    monkeypatch.setattr(registry, "_PER_EXAMPLE", dict(registry._PER_EXAMPLE))  # pylint: disable=protected-access
     model = functional(Halve(name="halve"))
     assert per_example_layers.first_unknown(model) == "layer 'halve' (Halve)"
     per_example.register_per_example_layer(Halve)

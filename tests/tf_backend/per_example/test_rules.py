@@ -10,10 +10,10 @@ from brute_force import assert_matches
 from brute_force import reference
 
 from keras_dyndp.rules import layer_rules
+from keras_dyndp.rules import registry
 from keras_dyndp.tf_backend import per_example
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import dense
-from keras_dyndp.tf_backend.per_example import rules
 
 EXAMPLE = transformer_layers.documented_rule_example(keras, layer_rules.keras_ops())
 ScaleShift = EXAMPLE["ScaleShift"]
@@ -64,12 +64,12 @@ def test_custom_layer_rule_clips_like_the_brute_force():
 def test_rules_apply_to_their_exact_class_and_supported_configurations():
     model = model_with(Unregistered)
     assert not per_example.ghost_supported(model, model.trainable_variables)
-    assert rules.rule_for(keras.layers.Conv2D(2, 3)) is not None
-    assert rules.rule_for(keras.layers.Conv2D(2, 3, groups=2)) is None
-    assert rules.rule_for(keras.layers.LSTM(2, go_backwards=True)) is None
-    assert rules.rule_for(keras.layers.GRU(2)) is not None
-    assert rules.rule_for(keras.layers.GRU(2, go_backwards=True)) is None
-    assert rules.rule_for(keras.layers.PReLU()) is None
+    assert registry.rule_for(keras.layers.Conv2D(2, 3)) is not None
+    assert registry.rule_for(keras.layers.Conv2D(2, 3, groups=2)) is None
+    assert registry.rule_for(keras.layers.LSTM(2, go_backwards=True)) is None
+    assert registry.rule_for(keras.layers.GRU(2)) is not None
+    assert registry.rule_for(keras.layers.GRU(2, go_backwards=True)) is None
+    assert registry.rule_for(keras.layers.PReLU()) is None
 
 
 def test_register_layer_rule_refuses_what_is_not_a_rule():
@@ -85,7 +85,7 @@ def test_register_layer_rule_refuses_what_is_not_a_rule():
         per_example.register_layer_rule(Unregistered, **parts, supports=True)
     with pytest.raises(TypeError, match="takes neither `variables`"):
         per_example.register_layer_rule(Unregistered, call=dense.call, **parts)
-    assert rules.rule_for(Unregistered()) is None
+    assert registry.rule_for(Unregistered()) is None
 
 
 def test_the_specialised_form_registers_a_tapped_call():
@@ -93,5 +93,5 @@ def test_the_specialised_form_registers_a_tapped_call():
         """Dense's rule, registered in the built-ins' specialised form."""
 
     per_example.register_layer_rule(OwnDense, call=dense.call, norms_and_sums=dense.norms_and_sums)
-    rule = rules.rule_for(OwnDense(2))
-    assert rule.call is dense.call and rule.shared is None
+    rule = registry.rule_for(OwnDense(2))
+    assert rule.call is dense.call and rule.variables is None

@@ -1,0 +1,191 @@
+"""The one registry of ghost-clipping rules, for both backends: for each layer class its `LayerRule` (the contract of
+`keras_dyndp.rules.layer_rules`), or the declaration that it acts per example without a rule of its own.
+
+`register_layer_rule` (``keras_dyndp.register_layer_rule``) takes the same arguments on both backends. The backend
+Keras runs on fills the registry with its built-in rules before the first lookup or registration: its rules module
+(`keras_dyndp.tf_backend.per_example.rules` or `keras_dyndp.jax_backend.ghost`), imported here once, installs its
+`Hooks` and registers them. Rules apply to exactly their class (not its subclasses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+from collections.abc import Callable
+from typing import Any
+
+from keras_dyndp import backend
+from keras_dyndp.core import validation
+
+_BUILT_IN_RULES = {"tensorflow": "keras_dyndp.tf_backend.per_example.rules", "jax": "keras_dyndp.jax_backend.ghost"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRule:
+    """How ghost clipping handles one layer class: `register_layer_rule`'s parts.
+
+    Attributes:
+      variables: ``variables(layer)``: the trainable variables the rule covers (its sublayers' too); None with
+        ``call``.
+      norms_and_sums: ``norms_and_sums(layer, a, g)``, a the layer's input and g the loss's gradient at its
+        pre-activation, each [B, rows, ...]: the per-example squared norms [B] of the covered variables' gradients
+        together and a function ``factors -> [clipped weighted sum per variable]``. With ``call``, the tapped form
+        ``norms_and_sums(tap, g)``: one ``GhostGradient`` per trainable variable.
+      supports: ``supports(layer)``: whether the rule covers this layer's configuration; None: always.
+      call: a backend's override of the tapping, under the same contract (the same norms and sums, never below the
+        exact norms, nothing added from a factor-0 example), used by TensorFlow's built-in rules only: ``call(tap)``
+        returns the layer's call for the tapped pass, computing its output from ``tap.guard(inputs)`` and
+        ``tap.weight(variable)`` with one ``tap.record(inputs, preactivation)``. None (every other rule): the
+        backend taps the layer's own call.
+    """
+
+    variables: Callable[[Any], list] | None
+    norms_and_sums: Callable
+    supports: Callable[[Any], bool] | None = None
+    call: Callable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """What the backend Keras runs on adds to the registry, installed once by its rules module (`install`).
+
+    Attributes:
+      name: the backend, for messages ('TensorFlow', 'JAX').
+      layer_base: its Keras layer class: rules are registered for its subclasses.
+      keep: a registered ``norms_and_sums`` as stored (TensorFlow: run without AutoGraph, which would convert it at
+        each first trace).
+      tapped_sublayer: ``(rule, layer, a, g) -> (variables, squared norms, sums)`` for a rule with ``call``
+        (`sublayer_norms_and_sums`); None where the backend has no tapped form, and ``call=`` is refused.
+    """
+
+    name: str
+    layer_base: type
+    keep: Callable[[Callable], Callable] = lambda function: function
+    tapped_sublayer: Callable | None = None
+
+
+_RULES: dict[type, LayerRule] = {}
+_PER_EXAMPLE: dict[type, Callable[[Any], bool] | None] = {}
+_BACKEND = types.SimpleNamespace(hooks=None)
+
+
+def install(hooks: Hooks) -> None:
+    """Installs the backend's `Hooks`: its rules module calls this on import, before it registers its rules."""
+    _BACKEND.hooks = hooks
+
+
+def _hooks() -> Hooks:
+    """The backend's `Hooks`, its built-in rules registered (its rules module imported on first use)."""
+    if _BACKEND.hooks is None:
+        importlib.import_module(_BUILT_IN_RULES.get(backend.keras_backend(), _BUILT_IN_RULES["tensorflow"]))
+    return _BACKEND.hooks
+
+
+def register_layer_rule(
+    layer_class: type,
+    *,
+    variables: Callable[[Any], list] | None = None,
+    norms_and_sums: Callable | None = None,
+    supports: Callable[[Any], bool] | None = None,
+    per_example: bool = False,
+    call: Callable | None = None,
+) -> None:
+    """Registers (or replaces) the ghost-clipping rule of exactly ``layer_class`` (the contract of
+    `keras_dyndp.rules.layer_rules`; docs/usage.md), or declares that it acts per example. The same on both backends.
+
+    A wrong rule breaks privacy silently: check it against ``make_private(model, method='vectorized')``.
+
+    Args:
+      layer_class: the Keras layer class the rule covers (not its subclasses).
+      variables: ``variables(layer)``: the trainable variables the rule covers (`LayerRule.variables`).
+      norms_and_sums: ``norms_and_sums(layer, a, g)``: the per-example squared norms [B] and the weighted-sum
+        function (`LayerRule.norms_and_sums`). On TensorFlow it runs without AutoGraph (control flow on tensors
+        needs ``tf.cond`` / ``tf.while_loop``).
+      supports: ``supports(layer)``: whether the rule (or declaration) covers this layer's configuration; None
+        (default): always.
+      per_example: instead of a rule, declares that the class's own call acts on each example alone (row i of its
+        output depends on row i of its inputs alone: no batch statistics, mixing of rows, use of a row's position
+        or random draws) and reads no variable of its sublayers, which need rules of their own.
+      call: TensorFlow's tapped form (its built-in rules'), instead of ``variables``: ``call(tap)`` returns the
+        layer's tapped call and ``norms_and_sums(tap, g)`` one ``GhostGradient`` per variable (`LayerRule.call`).
+
+    Raises:
+      TypeError: if ``layer_class`` is not a Keras layer class, a part is not callable, a rule's parts come with
+        ``per_example=True``, or ``call`` is given on a backend without the tapped form (JAX).
+    """
+    hooks = _hooks()
+    if call is not None and hooks.tapped_sublayer is None:
+        raise TypeError(
+            f"`call` is TensorFlow's tapped form of its built-in rules; Keras runs on {hooks.name} here: give the rule "
+            f"as `variables` and `norms_and_sums(layer, a, g)`. Received: call={call!r}."
+        )
+    check_registration(layer_class, hooks.layer_base, variables, norms_and_sums, supports, per_example, call)
+    if per_example:
+        _PER_EXAMPLE[layer_class] = supports
+    else:
+        _RULES[layer_class] = LayerRule(variables, hooks.keep(norms_and_sums), supports, call)
+
+
+def check_registration(
+    layer_class: Any,
+    layer_base: type,
+    variables: Any,
+    norms_and_sums: Any,
+    supports: Any,
+    per_example: bool,
+    call: Any = None,
+) -> None:
+    """`register_layer_rule`'s arguments: TypeError unless ``layer_class`` subclasses ``layer_base`` and, for a rule,
+    ``norms_and_sums`` and either ``variables`` or ``call`` are callable; for ``per_example=True``, none is given
+    (``supports``, optional, is callable either way)."""
+    parts = {"variables": variables, "norms_and_sums": norms_and_sums, "supports": supports}
+    if call is not None:
+        if variables is not None or per_example:
+            raise TypeError(
+                "`call` (the tapped form) takes neither `variables` nor `per_example=True`: leave them out. "
+                f"Received: variables={variables!r}, per_example={per_example!r}."
+            )
+        parts = {"call": call, "norms_and_sums": norms_and_sums, "supports": supports}
+    elif per_example:
+        given = [name for name in ("variables", "norms_and_sums") if parts.pop(name) is not None]
+        if given:
+            raise TypeError(
+                f"`per_example=True` declares a layer without a rule of its own: leave out {', '.join(given)}. "
+                f"Received: per_example={per_example!r}."
+            )
+    validation.check_layer_rule(layer_class, layer_base, parts, optional=("supports",))
+
+
+def registered() -> dict[type, LayerRule]:
+    """The registry itself (layer class -> its rule), with the backend's built-in rules."""
+    _hooks()
+    return _RULES
+
+
+def rule_for(layer: Any) -> LayerRule | None:
+    """The rule that covers ``layer`` (its exact class and configuration), or None."""
+    rule = registered().get(type(layer))
+    if rule is None or (rule.supports is not None and not rule.supports(layer)):
+        return None
+    return rule
+
+
+def acts_per_example(layer: Any) -> bool:
+    """Whether ``layer``'s exact class is declared to act per example, in a configuration its condition covers."""
+    _hooks()
+    if type(layer) not in _PER_EXAMPLE:
+        return False
+    condition = _PER_EXAMPLE[type(layer)]
+    return condition is None or bool(condition(layer))
+
+
+def sublayer_norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[list, Any, Callable]:
+    """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums`: ``(variables, squared norms, sums)`` by the rule of
+    ``layer``'s class; ValueError where none supports it."""
+    rule = rule_for(layer)
+    if rule is None:
+        raise ValueError(f"no ghost rule supports layer {layer.name!r} ({type(layer).__name__})")
+    if rule.call is not None:
+        return _hooks().tapped_sublayer(rule, layer, a, g)
+    return (rule.variables(layer), *rule.norms_and_sums(layer, a, g))
