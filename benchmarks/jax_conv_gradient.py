@@ -1,7 +1,7 @@
 """Per-example kernel-gradient norms of single convolutions on JAX: keras_dyndp's Conv2D ghost rule
-(`keras_dyndp.jax_backend.ghost`: in the form `ghost_cost` picks, from input patches or one batched matmul per kernel
-offset) against ``jax.vmap`` of the convolution's vjp (which XLA compiles to a convolution grouped by example) and
-the batch's own kernel gradient (what the non-private step pays), interleaved in one run.
+(`keras_dyndp.jax_backend.per_example.rules`: in the form `ghost_cost` picks, from input patches or one batched matmul
+per kernel offset) against ``jax.vmap`` of the convolution's vjp (which XLA compiles to a convolution grouped by
+example) and the batch's own kernel gradient (what the non-private step pays), interleaved in one run.
 
 Shapes: the paper CNN's two convolutions at batch 256 and WideResNet-16-4's 3x3 convolutions of each group at
 batch 32 (``--batch_scale`` multiplies both batches).

@@ -169,7 +169,7 @@ def ghost_coverage(model: keras.Model, x: np.ndarray) -> str:
         from keras_dyndp.tf_backend import per_example  # pylint: disable=import-outside-toplevel
 
         return f"ghost path: {per_example.ghost_supported(model, model.trainable_variables)}"
-    from keras_dyndp.jax_backend import taps  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend.per_example import taps  # pylint: disable=import-outside-toplevel
 
     values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]
     tapped = taps.tappable(model, *values, x)

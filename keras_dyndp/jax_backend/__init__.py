@@ -3,14 +3,13 @@
 ``keras_dyndp.DynamicDPKerasSGD`` (and Adam, Adagrad, RMSprop), ``make_private``, ``check_model`` and
 ``poisson_batches`` resolve to this package's when Keras runs on JAX, so the same user code trains on either backend
 (docs/jax.md); schedules, calibration, accounting, the optimizers' arguments and config and the callbacks are the
-backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`, `taps`, `ghost`: the built-in rules,
-`microbatches`), several processes (`distribution`), the step's mechanism and secret keys
+backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`; `per_example`: the taps, the built-in
+rules and the LoRA rules; `microbatches`), several processes (`distribution`), the step's mechanism and secret keys
 (`optimizer`), the model check (`model_checks`) and Poisson batches (`data`).
 ``keras_dyndp[jax]`` pulls no TensorFlow.
 """
 
 from keras_dyndp.core.batch_sizes import SamplingWarning
-from keras_dyndp.jax_backend import lora  # noqa: F401  (registers the LoRA layers' ghost rules)
 from keras_dyndp.jax_backend.data import PoissonBatches
 from keras_dyndp.jax_backend.model_checks import check_model
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasAdagrad
@@ -19,6 +18,7 @@ from keras_dyndp.jax_backend.optimizer import DynamicDPKerasRMSprop
 from keras_dyndp.jax_backend.optimizer import DynamicDPKerasSGD
 from keras_dyndp.jax_backend.optimizer import JaxDPOptimizerMixin
 from keras_dyndp.jax_backend.optimizer import make_dynamic_dp_optimizer_class
+from keras_dyndp.jax_backend.per_example import lora  # noqa: F401  (registers the LoRA layers' ghost rules)
 from keras_dyndp.jax_backend.train_step import make_private
 from keras_dyndp.rules.layer_rules import register_per_example_layer
 from keras_dyndp.rules.registry import LayerRule

@@ -6,9 +6,8 @@ make_private's stateless ``train_step`` runs each example alone (``jax.vmap`` of
 the clipped sum by C), clips each example's gradient to the optimizer's C_t, sums, and hands the sums to
 ``stateless_apply_clipped_sum`` (noise once, normalise, apply: `keras_dyndp.jax_backend.optimizer`). ``method='auto'``
 (= ``'ghost'``) clips the variables a rule covers (kernels, normalisation scales and offsets) from each example's layer
-input and output gradient (`taps`; the rules in `keras_dyndp.rules.registry`, JAX's built-in ones in `ghost`); every
-other variable keeps its vmap gradient;
-``'vectorized'`` taps only Embedding tables.
+input and output gradient (`per_example.taps`; the rules in `keras_dyndp.rules.registry`, JAX's built-in ones in
+`per_example.rules`); every other variable keeps its vmap gradient; ``'vectorized'`` taps only Embedding tables.
 ``accumulation_steps`` = k clips the batch in k physical batches (``jax.lax.scan``), one noise and one counter step;
 ``num_microbatches`` = M clips M random microbatch gradients (`microbatches`, no taps).
 
@@ -56,7 +55,7 @@ from keras_dyndp.jax_backend import distribution
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import model_checks
 from keras_dyndp.jax_backend import ops
-from keras_dyndp.jax_backend import taps
+from keras_dyndp.jax_backend.per_example import taps
 from keras_dyndp.keras_glue import entry_points
 from keras_dyndp.keras_glue import private_model
 from keras_dyndp.rules import layer_rules

@@ -1,6 +1,6 @@
 """An EinsumDense's LoRA adapters as two Dense-like steps: the one reduction the LoRA ghost rules of both backends use
-(`keras_dyndp.tf_backend.per_example.lora`, `keras_dyndp.jax_backend.lora`), beside what they read of any LoRA layer
-(`enabled`, `scale`).
+(`keras_dyndp.tf_backend.per_example.lora`, `keras_dyndp.jax_backend.per_example.lora`), beside what they read of any
+LoRA layer (`enabled`, `scale`).
 
 Keras 3's LoRA EinsumDense computes ``einsum(equation, x, W + s A @ B)`` with A of the kernel's shape but its last
 axis (letter e) replaced by the rank r, and B [r, e]. Where e is one of the kernel's output letters (in the output,

@@ -1,6 +1,6 @@
 """How to get the per-example gradient norms and clipped sum of a weight used as ``a_t W`` at T positions most
 cheaply: one decision for the ghost rules of both backends (`keras_dyndp.tf_backend.per_example.norms`,
-`keras_dyndp.jax_backend.ghost`).
+`keras_dyndp.jax_backend.per_example.rules`).
 
 Per example (multiply-adds; k = d_in, c = d_out), three forms:
 

@@ -3,8 +3,8 @@
 
 `register_layer_rule` (``keras_dyndp.register_layer_rule``) takes the same arguments on both backends. The backend
 Keras runs on fills the registry with its built-in rules before the first lookup or registration: its rules module
-(`keras_dyndp.tf_backend.per_example.rules` or `keras_dyndp.jax_backend.ghost`), imported here once, installs its
-`Hooks` and registers them. Rules apply to exactly their class (not its subclasses).
+(`keras_dyndp.tf_backend.per_example.rules` or `keras_dyndp.jax_backend.per_example.rules`), imported here once,
+installs its `Hooks` and registers them. Rules apply to exactly their class (not its subclasses).
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from typing import Any
 from keras_dyndp import backend
 from keras_dyndp.core import validation
 
-_BUILT_IN_RULES = {"tensorflow": "keras_dyndp.tf_backend.per_example.rules", "jax": "keras_dyndp.jax_backend.ghost"}
+_BUILT_IN_RULES = {
+    "tensorflow": "keras_dyndp.tf_backend.per_example.rules",
+    "jax": "keras_dyndp.jax_backend.per_example.rules",
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
-from keras_dyndp.jax_backend import taps  # noqa: E402
+from keras_dyndp.jax_backend.per_example import taps  # noqa: E402
 from keras_dyndp.rules import dense_attention  # noqa: E402
 
 PN = 2.5  # the expected batch size p N: the update times -p N is the clipped sum

@@ -18,7 +18,7 @@ import keras_dyndp  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
-from keras_dyndp.jax_backend import taps  # noqa: E402
+from keras_dyndp.jax_backend.per_example import taps  # noqa: E402
 from keras_dyndp.rules import layer_rules  # noqa: E402
 from keras_dyndp.rules import registry  # noqa: E402
 

@@ -31,7 +31,7 @@ from keras_dyndp.jax_backend import DynamicDPKerasRMSprop  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import distribution  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
-from keras_dyndp.jax_backend import taps  # noqa: E402
+from keras_dyndp.jax_backend.per_example import taps  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 pytestmark = [

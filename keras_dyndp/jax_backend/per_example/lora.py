@@ -1,7 +1,7 @@
 """Ghost-clipping rules on JAX for Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and
 Embedding with the kernel (embeddings) frozen and only the adapters A [in, r] and B [r, out] trained, the effective
 kernel W + s A B (s = lora_alpha / lora_rank). The TensorFlow rules' math (`keras_dyndp.tf_backend.per_example.lora`:
-A by `ghost`'s rule of the layer for the output gradient s g B^T, an EinsumDense's for the rank equation of
+A by `rules`' rule of the layer for the output gradient s g B^T, an EinsumDense's for the rank equation of
 `keras_dyndp.rules.einsum_lora`; B by the Dense rule for the inputs s a A, Embedding's s A[ids]); the bias, where it
 trains, keeps the per-example (vmap) path as the plain Dense's does.
 
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from keras_dyndp.jax_backend import ghost
+from keras_dyndp.jax_backend.per_example import rules
 from keras_dyndp.rules import einsum_equation
 from keras_dyndp.rules import einsum_lora
 from keras_dyndp.rules import registry
@@ -58,7 +58,7 @@ def _both(first: tuple, second: tuple) -> tuple[jax.Array, Callable]:
 
 def _b_rule(b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
     """B's per-example gradients sum_t u_t^T g_t (u = s a A: [B, T, r]; g: [B, T, out]) by the Dense rule."""
-    return ghost.DENSE_NORMS_AND_SUMS(ghost.KernelView(_shape(b)), u_rows, g_rows)
+    return rules.DENSE_NORMS_AND_SUMS(rules.KernelView(_shape(b)), u_rows, g_rows)
 
 
 def _times_b_transposed(layer, b, g: jax.Array, axis: int = -1) -> jax.Array:
@@ -74,7 +74,7 @@ def _dense_norms_and_sums(layer, a, g):
     a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
     h = _times_b_transposed(layer, b_adapter, g_rows)
     u = einsum_lora.scale(layer) * jnp.matmul(a_rows, _value(a_adapter), precision=_HIGHEST)
-    a_rule = ghost.DENSE_NORMS_AND_SUMS(ghost.KernelView(_shape(a_adapter)), a_rows, h)
+    a_rule = rules.DENSE_NORMS_AND_SUMS(rules.KernelView(_shape(a_adapter)), a_rows, h)
     return _both(a_rule, _b_rule(b_adapter, u, g_rows))
 
 
@@ -86,7 +86,7 @@ def _einsum_norms_and_sums(layer, a, g):
     a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
     h = _times_b_transposed(layer, b_adapter, g_flat, plan.axis)
     view = _EinsumView(plan.rank_equation, _shape(a_adapter))
-    a_rule = ghost.einsum_norms_and_sums(view, a, h.reshape(*a.shape[:2], *h.shape[1:]))
+    a_rule = rules.einsum_norms_and_sums(view, a, h.reshape(*a.shape[:2], *h.shape[1:]))
     u = einsum_lora.scale(layer) * jnp.einsum(plan.rank_equation, x, _value(a_adapter), precision=_HIGHEST)
     last = lambda value: jnp.moveaxis(value, plan.axis, -1).reshape(rows, -1, value.shape[plan.axis])  # noqa: E731
     return _both(a_rule, _b_rule(b_adapter, last(u), last(g_flat)))
@@ -96,7 +96,7 @@ def _embedding_norms_and_sums(layer, ids, g):
     """A LoRA Embedding's adapters: A by the Embedding rule for the rows s g B^T, B for the inputs s A[ids]."""
     a_adapter, b_adapter = layer.lora_embeddings_a, layer.lora_embeddings_b
     h = _times_b_transposed(layer, b_adapter, g)
-    a_rule = ghost.embedding_norms_and_sums(_Table(_shape(a_adapter)), ids, h)
+    a_rule = rules.embedding_norms_and_sums(_Table(_shape(a_adapter)), ids, h)
     u = einsum_lora.scale(layer) * keras.ops.take(_value(a_adapter), ids.astype(jnp.int32), axis=0)
     positions = lambda value: value.reshape(ids.shape[0], -1, value.shape[-1]).astype(jnp.float32)  # noqa: E731
     return _both(a_rule, _b_rule(b_adapter, positions(u), positions(g)))

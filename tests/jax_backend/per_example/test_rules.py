@@ -1,5 +1,5 @@
-"""Tests for keras_dyndp.jax_backend.ghost: each rule's per-example norms and clipped sums equal those of the
-per-example gradients of the variables it covers (one jax.grad of the layer's call per example), in each
+"""Tests for keras_dyndp.jax_backend.per_example.rules: each rule's per-example norms and clipped sums equal those of
+the per-example gradients of the variables it covers (one jax.grad of the layer's call per example), in each
 `ghost_cost` form."""
 
 import pytest
@@ -132,7 +132,7 @@ def test_the_documented_custom_rule_clips_as_the_per_example_loop():
     from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel
     from keras_dyndp.jax_backend import DynamicDPKerasSGD  # pylint: disable=import-outside-toplevel
     from keras_dyndp.jax_backend import make_private  # pylint: disable=import-outside-toplevel
-    from keras_dyndp.jax_backend import taps  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend.per_example import taps  # pylint: disable=import-outside-toplevel
 
     scale_shift = transformer_layers.documented_rule_example()["ScaleShift"]
     keras.utils.set_random_seed(3)
@@ -207,7 +207,7 @@ def test_a_transformers_attention_projections_are_tapped_and_clip_as_the_per_exa
     from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel
     from keras_dyndp.jax_backend import DynamicDPKerasSGD  # pylint: disable=import-outside-toplevel
     from keras_dyndp.jax_backend import make_private  # pylint: disable=import-outside-toplevel
-    from keras_dyndp.jax_backend import taps  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.jax_backend.per_example import taps  # pylint: disable=import-outside-toplevel
 
     keras.utils.set_random_seed(4)
     layers = keras.layers

@@ -1,4 +1,4 @@
-"""Tests for keras_dyndp.jax_backend.taps: which layers are tapped."""
+"""Tests for keras_dyndp.jax_backend.per_example.taps: which layers are tapped."""
 
 import pytest
 
@@ -9,7 +9,7 @@ if keras.backend.backend() != "jax":
 
 import numpy as np  # noqa: E402
 
-from keras_dyndp.jax_backend import taps  # noqa: E402
+from keras_dyndp.jax_backend.per_example import taps  # noqa: E402
 
 
 def test_candidates_are_trainable_embeddings_whose_table_no_other_layer_holds():

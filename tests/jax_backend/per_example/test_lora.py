@@ -1,7 +1,7 @@
-"""Tests for keras_dyndp.jax_backend.lora: the LoRA rules' per-example norms and clipped sums equal those of the
-adapters' per-example gradients (never below them), an example whose factor is 0 adds nothing, and a made-private
-LoRA model's steps apply the per-example loop's clipped sum (at each step's values), move by at most C when one
-example leaves, and leave the frozen weights as they were."""
+"""Tests for keras_dyndp.jax_backend.per_example.lora: the LoRA rules' per-example norms and clipped sums equal those of
+the adapters' per-example gradients (never below them), an example whose factor is 0 adds nothing, and a made-private
+LoRA model's steps apply the per-example loop's clipped sum (at each step's values), move by at most C when one example
+leaves, and leave the frozen weights as they were."""
 
 import pytest
 
@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 from keras_dyndp import schedules  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
-from keras_dyndp.jax_backend import taps  # noqa: E402
+from keras_dyndp.jax_backend.per_example import taps  # noqa: E402
 from keras_dyndp.rules import registry  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
