@@ -180,15 +180,15 @@ def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson
     return batches
 
 
-_PER_BATCH_DATASETS = ("_MapDataset", "_ParallelMapDataset", "_PrefetchDataset", "_OptionsDataset")
-"""The tf.data datasets that yield their input's elements one for one, in order: ``map``, ``prefetch``,
-``with_options``."""
+_PER_BATCH_DATASETS = ("_MapDataset", "_ParallelMapDataset", "_PrefetchDataset")
+"""The tf.data datasets that yield their input's elements one for one, in order: ``map`` and ``prefetch`` (not
+``with_options``, whose options can shard or reorder the batches across workers)."""
 
 
 def yields_batches_of(received: Any, given: Any) -> bool:
     """Whether ``received`` yields the batches of ``given`` one for one, in order: ``given`` itself, or ``given``
     through ``map`` (whose function must treat each example alone, as KerasHub's preprocessing does: keras_dyndp
-    cannot see inside it), ``prefetch`` and ``with_options`` only. Batches re-cut, filtered, shuffled, repeated, cut
+    cannot see inside it) and ``prefetch`` only. Batches re-cut, filtered, shuffled, repeated, cut
     short or mixed with other data are not: their sampling is not ``given``'s."""
     while received is not given:
         if not isinstance(received, tf.data.Dataset) or type(received).__name__ not in _PER_BATCH_DATASETS:
