@@ -1,7 +1,11 @@
-"""Which backend Keras runs on, asked without importing TensorFlow or JAX before Keras does."""
+"""Which backend Keras runs on, asked without importing TensorFlow or JAX before Keras does, and the one place that
+picks keras_dyndp's implementation for it (`implementation`)."""
 
 import importlib
 import importlib.util
+import types
+
+_IMPLEMENTATIONS = {"tensorflow": "keras_dyndp.tf_backend", "jax": "keras_dyndp.jax_backend"}
 
 
 def keras_backend() -> str:
@@ -27,3 +31,26 @@ def keras_module():
     if keras_backend() == "jax":
         return importlib.import_module("keras")
     return importlib.import_module("keras_dyndp.tf_backend.keras_compat").keras
+
+
+def implementation_name(module: str = "") -> str | None:
+    """The dotted name of ``module`` (e.g. ``'data'``; '' for the package) in keras_dyndp's implementation for the
+    backend Keras runs on (``keras_dyndp.tf_backend`` or ``keras_dyndp.jax_backend``); None on a backend keras_dyndp
+    has none for (Keras 3 on PyTorch or NumPy)."""
+    package = _IMPLEMENTATIONS.get(keras_backend())
+    return None if package is None else ".".join(filter(None, (package, module)))
+
+
+def implementation(module: str = "") -> types.ModuleType:
+    """``module`` of keras_dyndp's implementation for the backend Keras runs on, imported (`implementation_name`).
+
+    Raises:
+      ValueError: on a backend keras_dyndp has no implementation for, naming the supported ones.
+    """
+    name = implementation_name(module)
+    if name is None:
+        raise ValueError(
+            f"keras_dyndp runs on Keras's TensorFlow or JAX backend; Keras runs on {keras_backend()!r} here. Set "
+            "KERAS_BACKEND=jax or KERAS_BACKEND=tensorflow before importing keras."
+        )
+    return importlib.import_module(name)

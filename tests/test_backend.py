@@ -2,6 +2,8 @@
 
 import importlib.util
 
+import pytest
+
 from keras_dyndp import backend
 
 
@@ -21,3 +23,13 @@ def test_keras_module_is_the_stacks_keras():
         from keras_dyndp.tf_backend import keras_compat  # pylint: disable=import-outside-toplevel
 
         assert keras is keras_compat.keras
+
+
+def test_the_implementation_is_the_backends_package_and_another_backend_is_refused_naming_both(monkeypatch):
+    package = {"tensorflow": "keras_dyndp.tf_backend", "jax": "keras_dyndp.jax_backend"}[backend.keras_backend()]
+    assert backend.implementation_name("data") == f"{package}.data"
+    assert backend.implementation("per_example.rules").__name__ == f"{package}.per_example.rules"
+    monkeypatch.setattr(backend, "keras_backend", lambda: "torch")
+    assert backend.implementation_name("data") is None
+    with pytest.raises(ValueError, match=r"TensorFlow or JAX backend; Keras runs on 'torch' here\. Set KERAS_BACKEND"):
+        backend.implementation("data")

@@ -17,7 +17,6 @@ would draw again the samples of steps the optimizer has taken. Each backend's ``
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -131,7 +130,7 @@ def poisson_batches(
         sampling_probability, steps_per_epoch, max_batch_size, pad_to_multiple, overflow, seed, start_step
     )
     num_examples = None if num_examples is None else validation.check_positive_int("num_examples", num_examples)
-    data = importlib.import_module(f"keras_dyndp.{'jax' if backend.keras_backend() == 'jax' else 'tf'}_backend.data")
+    data = backend.implementation("data")
     on_demand = _rows_on_demand(x, y, sample_weight, map, num_examples, source_threads)
     if on_demand is not None:
         x, y, sample_weight = on_demand, None, None

@@ -26,8 +26,6 @@ from keras_dyndp import backend
 
 _KERAS_MODULES = ("keras", "tf_keras", "tensorflow")  # Whose import makes Keras usable.
 
-_OPTIMIZER_MODULES = {"tensorflow": "keras_dyndp.tf_backend", "jax": "keras_dyndp.jax_backend.optimizer"}
-
 
 def register_with_keras() -> None:
     """Registers the DP optimizers now if Keras is imported, else once it is (a hook on ``sys.meta_path``)."""
@@ -38,9 +36,8 @@ def register_with_keras() -> None:
 
 
 def _register() -> None:
-    module = _OPTIMIZER_MODULES.get(backend.keras_backend())
-    if module is not None:
-        importlib.import_module(module)
+    if backend.implementation_name() is not None:  # the backend's optimizers register on import
+        backend.implementation("optimizer")
 
 
 class _RegisterAfterKerasImport(importlib.abc.MetaPathFinder):

@@ -10,18 +10,12 @@ installs its `Hooks` and registers them. Rules apply to exactly their class (not
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import types
 from collections.abc import Callable
 from typing import Any
 
 from keras_dyndp import backend
 from keras_dyndp.core import validation
-
-_BUILT_IN_RULES = {
-    "tensorflow": "keras_dyndp.tf_backend.per_example.rules",
-    "jax": "keras_dyndp.jax_backend.per_example.rules",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +75,7 @@ def install(hooks: Hooks) -> None:
 def _hooks() -> Hooks:
     """The backend's `Hooks`, its built-in rules registered (its rules module imported on first use)."""
     if _BACKEND.hooks is None:
-        importlib.import_module(_BUILT_IN_RULES.get(backend.keras_backend(), _BUILT_IN_RULES["tensorflow"]))
+        backend.implementation("per_example.rules")
     return _BACKEND.hooks
 
 
