@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import math
 import types
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -58,3 +60,10 @@ OPS = types.SimpleNamespace(
     normals=_normals,
 )
 """`keras_dyndp.core.mechanism`'s primitives in JAX; ``normals`` draws from one key (the step's noise key)."""
+
+
+def vjp(function: Callable[[list], Any], primals: list, cotangent: Any) -> list:
+    """The gradients of ``<function(primals), cotangent>`` with respect to ``primals`` (a list of arrays), matmuls
+    at ``HIGHEST`` precision (float32 on every device; a GPU's default is TensorFloat-32)."""
+    with jax.default_matmul_precision("highest"):
+        return list(jax.vjp(function, primals)[1](cotangent)[0])

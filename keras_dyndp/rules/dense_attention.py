@@ -7,7 +7,7 @@ Such a weight is tiny and used at every pair of positions (t, s), so each exampl
 its norm is the norm of what is summed, no rounding bound needed): by one vector-Jacobian product of the layer's own
 call, the loss's gradient at its output as the cotangent, in which each example reads its own copy of the weights,
 broadcast over the batch as [B, 1, ..., *shape] at the rank of the tensor the call multiplies it with (float32 on
-every backend; ``keras.ops`` has no vjp: the backend's autodiff, `_vjp`).
+every backend; ``keras.ops`` has no vjp: the backend's autodiff, its ``ops.vjp``).
 
 The rule sees the layer's inputs and output gradient only, so it covers the calls it can reproduce: no dropout (its
 random draws on the scores; such a layer keeps what it had before: on TensorFlow the vectorized path, on JAX its
@@ -19,7 +19,6 @@ with none, called inside another layer, is not covered) with the inputs alone an
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -92,20 +91,6 @@ def supports(layer: Any) -> bool:
     )
 
 
-def _vjp(function: Callable[[list], Any], primals: list, cotangent: Any) -> list:
-    """The gradients of ``<function(primals), cotangent>`` with respect to ``primals``, by the autodiff of the
-    backend Keras runs on, at float32 precision on every device (JAX's matmuls at ``HIGHEST``)."""
-    if backend.keras_backend() == "jax":
-        jax = importlib.import_module("jax")
-        with jax.default_matmul_precision("highest"):
-            return list(jax.vjp(function, primals)[1](cotangent)[0])
-    tf = importlib.import_module("tensorflow")
-    with tf.GradientTape() as tape:
-        tape.watch(primals)
-        outputs = function(primals)
-    return tape.gradient(outputs, primals, output_gradients=cotangent, unconnected_gradients="zero")
-
-
 @contextlib.contextmanager
 def _reading(layer: Any, values: dict[str, Any]):
     """For the block, the layer's attributes ``values`` hold stand in for its weights (restored after)."""
@@ -151,7 +136,7 @@ def norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[Any, Callable]:
 
     per_example = [
         ops.sum(ops.reshape(gradient, (batch, -1, *weight.shape)), axis=1)  # [B, *shape]: over rows and unit axes
-        for gradient, weight in zip(_vjp(call, copies, cotangent), variables(layer))
+        for gradient, weight in zip(backend.implementation("ops").vjp(call, copies, cotangent), variables(layer))
     ]
     squared = sum(ops.sum(ops.square(ops.reshape(gradient, (batch, -1))), axis=1) for gradient in per_example)
     return squared, lambda factors: [layer_rules.weighted_sum(factors, gradient) for gradient in per_example]

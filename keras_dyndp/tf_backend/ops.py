@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import types
+from collections.abc import Callable
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -99,3 +101,12 @@ def add_gaussian_noise(
     """Adds N(0, noise_stddev^2) (absolute: sigma_t = z_t C_t) to every coordinate, drawn from ``generator`` alone
     (`noise_source`), never from TensorFlow's global seed."""
     return mechanism.add_noise(OPS, tensors, tf.cast(noise_stddev, tf.float32), generator)
+
+
+def vjp(function: Callable[[list], Any], primals: list, cotangent: Any) -> list:
+    """The gradients of ``<function(primals), cotangent>`` with respect to ``primals`` (a list of tensors; zeros
+    where one does not reach the output)."""
+    with tf.GradientTape() as tape:
+        tape.watch(primals)
+        outputs = function(primals)
+    return tape.gradient(outputs, primals, output_gradients=cotangent, unconnected_gradients="zero")
