@@ -1,13 +1,10 @@
 """`PrivacyLogger` (epsilon spent, C_t and sigma_t into the epoch logs) and `BudgetStop` (ends ``fit`` at the
 schedule's last step), on either backend. Both read the DP optimizer's ``schedule`` and ``released_steps``;
-accounting is `DPSchedule.epsilon`. The backend is chosen once, at import; what differs per backend is the hooks below.
+accounting is `DPSchedule.epsilon`. What differs per backend is its ``callback_hooks`` module, chosen once, at import.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,56 +19,8 @@ from keras_dyndp.keras_glue import epoch_logs
 
 __all__ = ["BudgetStop", "PrivacyLogger"]
 
-if backend.keras_backend() == "jax":
-    import keras
-
-    def _steps_per_execution(model: Any) -> int | None:
-        return int(model.steps_per_execution) if getattr(model, "compiled", False) else None
-
-    def _set_steps_per_execution(model: Any, steps: int) -> None:
-        model.steps_per_execution = steps  # Keras 3's JAX loop reads it at every call of the train function.
-
-    def _unwrap_optimizer(optimizer: Any) -> Any:
-        return optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
-
-    def _check_log_dir(directory: str) -> None:
-        raise ValueError(
-            "PrivacyLogger(log_dir=...) writes TensorBoard summaries with TensorFlow, which the JAX backend does not "
-            "use: leave log_dir None. The values are in History and in every callback's epoch logs, so "
-            "keras.callbacks.TensorBoard(log_dir) (it needs the tensorflow package installed) writes them, wherever "
-            f"it stands in the callbacks. Received: log_dir={directory!r}."
-        )
-
-    _print = functools.partial(print, flush=True)
-
-    _create_writer = _write_scalars = None  # log_dir is refused.
-
-else:
-    import tensorflow as tf
-
-    from keras_dyndp.tf_backend import keras_compat
-
-    keras = keras_compat.keras
-    _steps_per_execution = keras_compat.steps_per_execution
-    _set_steps_per_execution = keras_compat.set_steps_per_execution
-    _unwrap_optimizer = keras_compat.unwrap_optimizer
-    _print = keras_compat.print_msg
-
-    def _check_log_dir(directory: str) -> None:
-        if importlib.util.find_spec("tensorboard") is None:
-            raise ImportError(
-                "PrivacyLogger(log_dir=...) writes TensorBoard summaries, which needs the tensorboard package "
-                f"(TensorFlow 2.16+ does not install it): pip install tensorboard. Received: log_dir={directory!r}."
-            )
-
-    def _create_writer(directory: str) -> Any:
-        return tf.summary.create_file_writer(os.path.join(directory, "privacy"))
-
-    def _write_scalars(writer: Any, values: dict[str, float], step: int) -> None:
-        with writer.as_default():
-            for key, value in values.items():
-                tf.summary.scalar(f"privacy/{key}", value, step=step)
-        writer.flush()
+_HOOKS = backend.implementation("callback_hooks")  # the backend's own printing, writer, steps per call
+keras = backend.keras_module()
 
 
 NOT_POISSON_SUFFIX = "_if_poisson"
@@ -82,7 +31,7 @@ NOT_POISSON_NOTE = "NOT the run's epsilon: it assumes Poisson batches, which thi
 
 def _dp_optimizer(model: Any, caller: str) -> optimizer_base.DPOptimizerBase:
     """The model's optimizer (inside a mixed precision LossScaleOptimizer), checked to be a keras_dyndp one."""
-    optimizer = _unwrap_optimizer(getattr(model, "optimizer", None))
+    optimizer = _HOOKS.unwrap_optimizer(getattr(model, "optimizer", None))
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         received = "no optimizer" if optimizer is None else type(optimizer).__name__
         raise ValueError(
@@ -146,7 +95,7 @@ class PrivacyLogger(keras.callbacks.Callback):
         self.log_every = log_every
         self.log_dir = log_dir
         if log_dir is not None:
-            _check_log_dir(log_dir)
+            _HOOKS.check_log_dir(log_dir)
         self._writer: Any = None  # The summary writer, during training with log_dir.
         self._last_logged_step: int | None = None
         self._batch_values: dict[str, float] | None = None  # Added to the last batch's logs, for the epoch.
@@ -212,7 +161,7 @@ class PrivacyLogger(keras.callbacks.Callback):
             "" if unverified is None else f" -- {NOT_POISSON_NOTE} ({unverified})",
         )
         if self._writer is not None:
-            _write_scalars(self._writer, scalars, step)
+            _HOOKS.write_scalars(self._writer, scalars, step)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         optimizer = _dp_optimizer(self.model, type(self).__name__)
@@ -222,7 +171,7 @@ class PrivacyLogger(keras.callbacks.Callback):
         for name, options in self._logged_accountants.items():
             optimizer.schedule.check_accountable(name, **options)
         if self.log_dir is not None and self._writer is None:
-            self._writer = _create_writer(self.log_dir)
+            self._writer = _HOOKS.create_writer(self.log_dir)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._batch_values = None
@@ -284,14 +233,14 @@ class BudgetStop(keras.callbacks.Callback):
             )
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        steps_per_execution = _steps_per_execution(self.model)
+        steps_per_execution = _HOOKS.steps_per_execution(self.model)
         if steps_per_execution is None:
             return
         _, steps, total = self._spent()
         if total - steps < steps_per_execution:
             if self._steps_per_execution is None:
                 self._steps_per_execution = steps_per_execution
-            _set_steps_per_execution(self.model, max(total - steps, 1))
+            _HOOKS.set_steps_per_execution(self.model, max(total - steps, 1))
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         spent, steps, _ = self._spent()
@@ -302,7 +251,7 @@ class BudgetStop(keras.callbacks.Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         _, steps, total = self._spent()
         if self.stopped_at_step == steps and (self.params or {}).get("verbose", 1):
-            _print(optimizer_base.budget_spent_line(steps, total))
+            _HOOKS.print_message(optimizer_base.budget_spent_line(steps, total))
         if self._steps_per_execution is not None:
-            _set_steps_per_execution(self.model, self._steps_per_execution)
+            _HOOKS.set_steps_per_execution(self.model, self._steps_per_execution)
             self._steps_per_execution = None

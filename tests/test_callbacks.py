@@ -155,7 +155,7 @@ def test_a_step_counter_of_another_schedule_is_never_accounted_under_this_one():
 
 def test_the_epochs_last_batch_puts_the_values_into_the_epoch_logs_and_log_every_reports(monkeypatch):
     scalars = []
-    monkeypatch.setattr(callbacks, "_write_scalars", lambda writer, values, step: scalars.append((step, values)))
+    monkeypatch.setattr(callbacks._HOOKS, "write_scalars", lambda writer, values, step: scalars.append((step, values)))
     optimizer = _optimizer(_schedule(), 2)
     logger = callbacks.PrivacyLogger(delta=DELTA, log_every=1)
     model = _attach(logger, optimizer, steps_per_epoch=2)
@@ -315,7 +315,7 @@ def test_budget_stop_ends_a_steps_per_execution_loop_exactly_at_the_budget():
     assert len(history.history["loss"]) == 3
     assert history.history["epsilon_gdp_clt"][-1] == pytest.approx(schedule.epsilon(DELTA, "gdp_clt"))
     assert budget_stop.stopped_at_step == 10 == int(model.optimizer.dp_step.numpy())
-    assert callbacks._steps_per_execution(model) == 3  # restored for later calls (evaluate, predict)
+    assert callbacks._HOOKS.steps_per_execution(model) == 3  # restored for later calls (evaluate, predict)
 
 
 @tensorflow_only
