@@ -448,19 +448,32 @@ def test_examples_whose_positions_cancel_in_float32_are_each_clipped_to_the_clip
 
 @functools.cache
 def _non_finite_release(path_id, value):
-    """S of one step of a fresh model on `_data`'s rows: with feature 3 of row 0 set to ``value``, all rows weighted
-    1, or, where ``value`` is None, the neighbour: the rows as they are, row 0 a padding row (sample weight 0). The
-    neighbour is the same for every value: computed once per path."""
-    _, optimizer_kwargs, method, _ = PATHS[PATH_IDS.index(path_id)]
-    if path_id == "microbatches":
-        optimizer_kwargs = {"num_microbatches": ROWS}  # all others in microbatches of their own: lost, they show
+    """S of one step from `_non_finite_model`'s initial weights on `_data`'s rows: with feature 3 of row 0 set to
+    ``value``, all rows weighted 1, or, where ``value`` is None, the neighbour: the rows as they are, row 0 a padding
+    row (sample weight 0). The neighbour is the same for every value: computed once per path."""
     x, y = _data(num_inputs=INPUTS, num_outputs=OUTPUTS)
     weights = np.array([0, 1, 1, 1], "float32")
     if value is not None:
         x[0, 3], weights = value, np.ones(ROWS, "float32")
-    model = _private_model(_schedule([0.01] * 2, [0.0] * 2), optimizer_kwargs, method, backend.dense_model(50, 40))
+    model, initial = (_non_finite_model if path_id == "microbatches" else _shared_non_finite_model)(path_id)
+    model.set_weights(initial)
     (total,) = _noisy_sums(model, [(x, y, weights)])
     return total
+
+
+def _non_finite_model(path_id):
+    """``(model, its initial weights)``: the path's model at a constant (0.01, 0) schedule for the steps of
+    `_non_finite_release`. SGD at a constant schedule without noise has no state a step depends on, so one model (one
+    trace, `_shared_non_finite_model`) serves every value of a path; microbatches take a fresh one per step, so that
+    each step draws its memberships as the first step does."""
+    _, optimizer_kwargs, method, _ = PATHS[PATH_IDS.index(path_id)]
+    if path_id == "microbatches":
+        optimizer_kwargs = {"num_microbatches": ROWS}  # all others in microbatches of their own: lost, they show
+    model = _private_model(_schedule([0.01] * 5, [0.0] * 5), optimizer_kwargs, method, backend.dense_model(50, 40))
+    return model, model.get_weights()
+
+
+_shared_non_finite_model = functools.cache(_non_finite_model)
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, 1e30])

@@ -49,22 +49,46 @@ def _batch(lengths):
 
 
 def _released_sum(batch, clip_norm, path=PATHS[0]):
-    """S of one DP step on ``batch`` from `_model`'s weights (sigma 0), flattened."""
+    """S of one DP step on ``batch`` from `_model`'s weights (sigma 0), flattened. A path without microbatches runs
+    every step of a clip norm on one model (`_shared_model`), set back to its initial weights: a step of SGD at a
+    constant (C, 0) schedule depends on nothing else. Microbatches take a fresh model and optimizer per call, so that
+    the calls compared draw the same microbatch memberships."""
+    if "num_microbatches" in path[1]:
+        model = _private_model(clip_norm, path)
+    else:
+        model, initial = _shared_model(clip_norm, path[0])
+        model.set_weights(initial)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # batches not from poisson_batches
+        before, after = backend.weights_after_each_step(model, [batch])
+    return np.concatenate([(b - a).ravel() for a, b in zip(after, before)]) * EXPECTED
+
+
+def _private_model(clip_norm, path, num_steps=2):
+    """`_model` made private on ``path``, compiled with DP SGD at learning rate 1 and a schedule of ``num_steps``
+    steps at (``clip_norm``, 0)."""
     _, optimizer_kwargs, method = path
     model = keras_dyndp.make_private(_model(), method)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # sigma 0, noise_seed, batches not from poisson_batches
+        warnings.simplefilter("ignore")  # sigma 0, noise_seed
         optimizer = keras_dyndp.DynamicDPKerasSGD(
-            schedule=DPSchedule(np.full(2, clip_norm), np.zeros(2), 0.5),
+            schedule=DPSchedule(np.full(num_steps, clip_norm), np.zeros(num_steps), 0.5),
             expected_batch_size=EXPECTED,
             learning_rate=1.0,
             allow_degenerate_noise=True,
             noise_seed=0,
             **optimizer_kwargs,
         )
-        model.compile(optimizer=optimizer, loss=_per_token_loss())
-        before, after = backend.weights_after_each_step(model, [batch])
-    return np.concatenate([(b - a).ravel() for a, b in zip(after, before)]) * EXPECTED
+    model.compile(optimizer=optimizer, loss=_per_token_loss())
+    return model
+
+
+@functools.cache
+def _shared_model(clip_norm, path_id):
+    """``(model, its initial weights)``: one `_private_model` per clip norm and path of `PATHS`, built and traced
+    once for every step this module takes with them (at most 8)."""
+    model = _private_model(clip_norm, PATHS[PATH_IDS.index(path_id)], num_steps=8)
+    return model, model.get_weights()
 
 
 def _per_token_loss():

@@ -352,39 +352,53 @@ SCHEDULE_A = schedules.DPSchedule([1.0] * 4, [1.0] * 4, 0.5)
 SCHEDULE_B = schedules.DPSchedule([1.0] * 4, [0.01] * 4, 0.5)  # same C and p, 100 times less noise
 
 
-def _trained_under_a(tmp_path, restore_path):
-    """Two make_private steps under SCHEDULE_A, saved by ``restore_path``; returns a function that restores
-    them into a new model with a given schedule."""
+def _saved_under_a(folder, restore_path):
+    """Two make_private steps under SCHEDULE_A, saved in ``folder`` by ``restore_path``: the saved path."""
     x, y = data()
-
-    def compiled(schedule):
-        optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=2, learning_rate=0.1)
-        return compile_on("make_private", linear_model(), optimizer)
-
-    model = compiled(SCHEDULE_A)
+    model = _compiled(SCHEDULE_A)
     model.fit(batches(x, y, 2), epochs=1, verbose=0)
     if restore_path == "checkpoint":
-        saved = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / "ckpt"))
-    else:  # Keras 3's .weights.h5 and Keras 2's TensorFlow format hold the optimizer's variables.
-        saved = str(tmp_path / ("w.weights.h5" if keras_compat.KERAS_MAJOR_VERSION >= 3 else "w"))
-        model.save_weights(saved)
+        return tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(folder / "ckpt"))
+    # Keras 3's .weights.h5 and Keras 2's TensorFlow format hold the optimizer's variables.
+    saved = str(folder / ("w.weights.h5" if keras_compat.KERAS_MAJOR_VERSION >= 3 else "w"))
+    model.save_weights(saved)
+    return saved
 
-    def restored(schedule):
-        new = compiled(schedule)
-        new.optimizer.build(new.trainable_variables)
-        if restore_path == "checkpoint":
-            tf.train.Checkpoint(model=new, optimizer=new.optimizer).restore(saved)
-        else:
-            new.load_weights(saved)
-        assert int(new.optimizer.dp_step) == 2
-        return new
 
-    return restored, (x, y)
+def _compiled(schedule):
+    optimizer = DynamicDPKerasSGD(schedule=schedule, expected_batch_size=2, learning_rate=0.1)
+    return compile_on("make_private", linear_model(), optimizer)
+
+
+@pytest.fixture(name="trained_under_a", scope="module")
+def fixture_trained_under_a(tmp_path_factory):
+    """``trained_under_a(restore_path)`` -> (restored, (x, y)): `_saved_under_a` once per module and
+    ``restore_path`` (the tests only read the files), and ``restored(schedule)``, which restores them into a new
+    model with a given schedule."""
+    saved = {}
+
+    def trained(restore_path):
+        if restore_path not in saved:
+            saved[restore_path] = _saved_under_a(tmp_path_factory.mktemp(restore_path), restore_path)
+
+        def restored(schedule):
+            new = _compiled(schedule)
+            new.optimizer.build(new.trainable_variables)
+            if restore_path == "checkpoint":
+                tf.train.Checkpoint(model=new, optimizer=new.optimizer).restore(saved[restore_path])
+            else:
+                new.load_weights(saved[restore_path])
+            assert int(new.optimizer.dp_step) == 2
+            return new
+
+        return restored, data()
+
+    return trained
 
 
 @pytest.mark.parametrize("restore_path", ["checkpoint", "weights"])
-def test_a_step_counter_restored_into_another_schedule_is_refused(tmp_path, restore_path):
-    restored, (x, y) = _trained_under_a(tmp_path, restore_path)
+def test_a_step_counter_restored_into_another_schedule_is_refused(trained_under_a, restore_path):
+    restored, (x, y) = trained_under_a(restore_path)
     model = restored(SCHEDULE_B)
     weights = model.get_weights()
     with pytest.raises(tf.errors.InvalidArgumentError, match="written under another DP schedule"):
@@ -401,8 +415,8 @@ def test_a_step_counter_restored_into_another_schedule_is_refused(tmp_path, rest
     assert int(same.optimizer.dp_step) == 3
 
 
-def test_a_step_counter_without_a_fingerprint_is_refused_until_recorded(tmp_path):
-    restored, (x, y) = _trained_under_a(tmp_path, "checkpoint")
+def test_a_step_counter_without_a_fingerprint_is_refused_until_recorded(trained_under_a):
+    restored, (x, y) = trained_under_a("checkpoint")
     model = restored(SCHEDULE_A)
     model.optimizer.schedule_fingerprint.assign([0, 0])  # as restored from a checkpoint written before fingerprints
     with pytest.raises(tf.errors.InvalidArgumentError, match="no schedule fingerprint was saved"):
@@ -429,8 +443,8 @@ def test_an_optimizer_file_without_a_fingerprint_loads_its_counter_unrecorded():
 
 
 @pytest.mark.parametrize("restore_path", ["checkpoint", "weights"])
-def test_the_steps_released_are_saved_and_restored_with_the_counter(tmp_path, restore_path):
-    restored, (x, y) = _trained_under_a(tmp_path, restore_path)
+def test_the_steps_released_are_saved_and_restored_with_the_counter(trained_under_a, restore_path):
+    restored, (x, y) = trained_under_a(restore_path)
     model = restored(SCHEDULE_A)
     assert model.optimizer.released_steps == 2
     model.optimizer.iterations.assign(0)

@@ -155,22 +155,32 @@ def test_one_step_reads_the_schedule_once_and_refuses_another_pair(monkeypatch, 
         )
 
 
-@pytest.mark.parametrize("value", [np.nan, np.inf])
-def test_the_jacobian_path_refuses_a_batch_with_a_gradient_that_is_not_finite(value):
-    """The jacobian differentiates the batch together: one NaN example made the other examples' gradients NaN too
-    (0 x NaN), and, their factors 0, the step released nothing of them (the conformance suite shows the same of the
-    microbatch path). The step is refused before any update."""
+@pytest.fixture(name="jacobian_model", scope="module")
+def fixture_jacobian_model():
+    """A built make_private model on the jacobian path, for the tests of steps it refuses: a refused step changes
+    nothing (each test checks it), so they share one model and its traced step."""
     keras.utils.set_random_seed(0)
     model = make_private(sequential(), method="jacobian")
     model.compile(optimizer=dp_optimizer(learning_rate=0.1, expected_batch_size=4.0), loss=LOSS)
+    model(dataset("sequential", 1)[0])
+    return model
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_the_jacobian_path_refuses_a_batch_with_a_gradient_that_is_not_finite(value, jacobian_model):
+    """The jacobian differentiates the batch together: one NaN example made the other examples' gradients NaN too
+    (0 x NaN), and, their factors 0, the step released nothing of them (the conformance suite shows the same of the
+    microbatch path). The step is refused before any update."""
+    model = jacobian_model
     x, y = dataset("sequential", 4)
     x[0, 3, 3, 0] = value
-    model(x[:1])
     before = [v.numpy() for v in model.trainable_variables]
+    steps = int(model.optimizer.dp_step.numpy())
     with pytest.raises(tf.errors.InvalidArgumentError, match="a gradient in this batch is not finite"):
         model.fit(batches(x, y, 4), epochs=1, verbose=0)
     for old, new in zip(before, model.trainable_variables):
         np.testing.assert_array_equal(old, new.numpy())
+    assert int(model.optimizer.dp_step.numpy()) == steps
 
 
 def test_refuses_non_dp_optimizer_and_averaged_loss():
