@@ -313,3 +313,15 @@ def test_the_backends_hold_their_common_jobs_in_modules_of_the_same_names_and_si
         ours, theirs = _public_functions(tensorflow[module]), _public_functions(jax[module])
         differing |= {f"{module}.{name}" for name in set(ours) & set(theirs) if ours[name] != theirs[name]}
     assert differing == DIFFERING_SIGNATURES
+
+
+def test_the_test_modules_of_one_stack_have_distinct_names():
+    """The test folders are not packages: pytest imports each test module under its file name, so two of one name
+    collected together fail to collect. The TensorFlow and JAX stacks collect tests/tf_backend and tests/jax_backend
+    apart, so a name may repeat across those two folders only."""
+    tests = ROOT / "tests"
+    for excluded in ("jax_backend", "tf_backend"):
+        names = collections.Counter(
+            path.name for path in tests.rglob("test_*.py") if excluded not in path.relative_to(tests).parts
+        )
+        assert [name for name, count in names.items() if count > 1] == [], f"without tests/{excluded}"

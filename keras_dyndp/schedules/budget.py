@@ -35,10 +35,17 @@ class PrivacyBudget:
     (ValueError naming the argument), so a bad budget fails before any calibration.
 
     Args:
-      target_epsilon, target_delta: the budget, epsilon > 0 and delta in (0, 1 / num_examples).
-      num_examples, batch_size: N and the EXPECTED batch size pN (<= N) of Poisson sampling.
-      method, initial_clip, rho_mu, rho_c, accountant: as `calibrate`'s.
-      epochs, steps: exactly one: T = steps, or ceil(epochs N / batch_size).
+      target_epsilon: epsilon of the whole run, a finite float > 0.
+      target_delta: delta of the whole run, in (0, 1 / num_examples).
+      num_examples: N, the size of the training set, an int >= 1.
+      batch_size: the EXPECTED batch size pN of Poisson sampling, an int in [1, N].
+      method: as `calibrate`'s: one of `METHODS` or `BASELINES`.
+      initial_clip: C_0, the first step's clipping norm (L2, per example), a finite float > 0.
+      epochs: passes over the data, > 0: T = ceil(epochs N / batch_size). Exactly one of `epochs` and `steps`.
+      steps: T, the number of steps, an int >= 1. Exactly one of `epochs` and `steps`.
+      rho_mu: as `calibrate`'s: mu_T / mu_0 >= 1.
+      rho_c: as `calibrate`'s: C_0 / C_T >= 1.
+      accountant: as `calibrate`'s: 'pld' (default), 'rdp' or 'gdp_clt'.
     """
 
     target_epsilon: float
