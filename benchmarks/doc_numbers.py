@@ -19,11 +19,14 @@ table or paragraph right after it:
 * A record with ``recompute`` (a name in `RECOMPUTE`) gets its ``results`` computed now from the command it states
   (keras_dyndp's accounting, a few seconds), so the doc is checked against the computation, not a copy.
 
+``--unmarked`` lists the numbers with the unit of a run (`MEASURED`: 1.41x, 12 ms, 91.1%, 1,524 tests) that no
+marker covers (tests/test_doc_numbers.py holds each doc to a count that only falls).
+
 A marker whose record is missing is an error: a number that describes a run needs its record. Exit status 1 with one
 line per difference (``file:line: ... the doc says X, the record Y``), 0 when every number matches. ``--write``
 rewrites the docs' numbers from the records (and a recomputed record's ``results``) instead.
 
-    python benchmarks/doc_numbers.py [--write] [--root=.]
+    python benchmarks/doc_numbers.py [--write | --unmarked] [--root=.]
 """
 
 from __future__ import annotations
@@ -111,6 +114,27 @@ def blocks(doc: pathlib.Path, lines: list[str]) -> list[Block]:
                 end += 1
             start = min(start + 2, end)
         found.append(Block(doc, index + 1, marker["records"].split(), start, lines[start:end], is_table))
+    return found
+
+
+MEASURED = re.compile(
+    r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:-\d+(?:\.\d+)?)?"
+    r"(?:x|%|\s?(?:ms|s|seconds?|minutes?|min|tests?|MiB|GiB))(?![\w-])"
+)
+"""A number with the unit of a measured run: a ratio (1.41x), a time, a share, a test count, a size."""
+CODE = re.compile(r"`[^`]*`")
+
+
+def unmarked(doc: pathlib.Path, lines: list[str]) -> list[tuple[int, str]]:
+    """The measured numbers of ``doc`` (`MEASURED`, outside code) that no marker's block covers: (1-based line,
+    number). Each is a number that describes a run without a record to check it against."""
+    covered = {block.first_line + offset for block in blocks(doc, lines) for offset in range(len(block.lines))}
+    found, fenced = [], False
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and index not in covered:
+            found += [(index + 1, match[0]) for match in MEASURED.finditer(CODE.sub("", line))]
     return found
 
 
@@ -331,8 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--write", action="store_true", help="rewrite the docs' numbers from the records")
     parser.add_argument("--root", default=str(HERE.parent), help="the repository")
+    parser.add_argument("--unmarked", action="store_true", help="list the measured numbers no marker covers")
     args = parser.parse_args(argv)
-    errors = Checker(pathlib.Path(args.root).resolve(), write=args.write).run()
+    root = pathlib.Path(args.root).resolve()
+    if args.unmarked:
+        for doc in doc_paths(root):
+            for line, number in unmarked(doc, doc.read_text(encoding="utf-8").split("\n")):
+                print(f"{doc.relative_to(root)}:{line}: {number}")
+        return 0
+    errors = Checker(root, write=args.write).run()
     for error in errors:
         print(error, file=sys.stderr)
     return 1 if errors else 0

@@ -64,6 +64,49 @@ def test_the_repository_has_markers_in_the_readme_and_the_docs_it_covers():
         assert "<!-- numbers: benchmarks/results/" in (ROOT / doc).read_text(), doc
 
 
+UNMARKED_AT_MOST = {
+    "docs/accounting.md": 4,
+    "docs/architecture.md": 1,
+    "docs/audit.md": 12,
+    "docs/examples.md": 4,
+    "docs/install.md": 1,
+    "docs/jax.md": 4,
+    "docs/performance.md": 367,
+    "docs/privacy.md": 5,
+    "docs/scaling.md": 6,
+    "docs/usage.md": 2,
+    "examples/README.md": 3,
+}
+"""Measured numbers that no marker covers yet, per doc: a ratchet (a doc's count may only fall; a doc not listed
+has none)."""
+
+
+def test_the_docs_hold_no_more_unmarked_measured_numbers_than_before():
+    counts = {}
+    for doc in doc_numbers.doc_paths(ROOT):
+        found = doc_numbers.unmarked(doc, doc.read_text(encoding="utf-8").split("\n"))
+        if found:
+            counts[doc.relative_to(ROOT).as_posix()] = len(found)
+    over = {doc: count for doc, count in counts.items() if count > UNMARKED_AT_MOST.get(doc, 0)}
+    assert not over, f"measured numbers without a record (python benchmarks/doc_numbers.py --unmarked): {over}"
+    fallen = {doc: count for doc, count in UNMARKED_AT_MOST.items() if counts.get(doc, 0) < count}
+    assert not fallen, f"fewer unmarked numbers now: lower UNMARKED_AT_MOST to {fallen}"
+
+
+def test_unmarked_finds_measured_numbers_outside_markers_and_code():
+    doc = """<!-- numbers: benchmarks/results/run.json -->
+| stack | ratio |
+|---|---|
+| Keras 3 | 1.52x |
+
+The step took 12.5 ms, 1.4x the non-private one (`--repeats 5`, 3 x 3 kernels).
+```
+1.9x in code
+```
+"""
+    assert doc_numbers.unmarked(pathlib.Path("d.md"), doc.split("\n")) == [(6, "12.5 ms"), (6, "1.4x")]
+
+
 def test_matching_table_and_paragraph_pass(tmp_path):
     assert doc_numbers.Checker(repository(tmp_path, TABLE_DOC)).run() == []
     assert doc_numbers.Checker(repository(tmp_path / "p", PARAGRAPH_DOC)).run() == []
