@@ -58,32 +58,6 @@ _PUBLIC_NAMESPACES = ("keras_dyndp", "keras_dyndp.schedules", "keras_dyndp.accou
 """The backend-neutral packages whose ``__all__`` the API reference (docs/api, built with ``mkdocs --strict``) shows."""
 
 
-_NOT_YET_EXPLAINED = frozenset(
-    {
-        "keras_dyndp.accounting.clt_mu",
-        "keras_dyndp.accounting.delta_from_mu",
-        "keras_dyndp.accounting.epsilon_from_mu",
-        "keras_dyndp.accounting.mu_from_epsilon",
-        "keras_dyndp.accounting.poisson_subsampled_gaussian_rdp",
-        "keras_dyndp.accounting.rdp_epsilon",
-        "keras_dyndp.accounting.rdp_epsilons_at",
-        "keras_dyndp.audit.AuditResult",
-        "keras_dyndp.audit.CanaryAuditReport",
-        "keras_dyndp.audit.audit_from_scores",
-        "keras_dyndp.audit.fdp_epsilon_lower_bound",
-        "keras_dyndp.audit.fdp_mu_lower_bound",
-        "keras_dyndp.audit.gdp_epsilon",
-        "keras_dyndp.audit.one_run_epsilon_lower_bound",
-        "keras_dyndp.audit.one_run_p_value",
-        "keras_dyndp.audit.white_box_audit",
-        "keras_dyndp.schedules.Calibration",
-        "keras_dyndp.schedules.calibrate_baseline",
-        "keras_dyndp.schedules.gdp_clt_understatement",
-    }
-)
-"""Public names whose docstrings still lack Args entries (a ratchet: a name leaves when its entries are written)."""
-
-
 def _public_callables() -> list[str]:
     names = []
     for namespace in _PUBLIC_NAMESPACES:
@@ -148,10 +122,7 @@ def test_every_public_name_explains_its_arguments(name):
     value = _public(name)
     documented = documented_arguments(_doc(value))
     missing = [arg for arg in _parameters(value) if arg not in documented]
-    if name in _NOT_YET_EXPLAINED:
-        assert missing, f"{name} explains its arguments now: remove it from _NOT_YET_EXPLAINED"
-    else:
-        assert not missing, f"{name}'s docstring has no Args entry for {missing}"
+    assert not missing, f"{name}'s docstring has no Args entry for {missing}"
 
 
 def test_readme_usage_comments_every_argument_in_one_line():

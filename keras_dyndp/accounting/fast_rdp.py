@@ -201,6 +201,14 @@ def poisson_subsampled_gaussian_rdp(
 
     q in [0, 1]; each z is 0 (RDP inf), inf (RDP 0) or in `noise_range`'s [1e-4, 1e4], else
     `noise_range.NoiseOutOfRangeError` names its step; orders > 1 (default `DEFAULT_RDP_ORDERS`).
+
+    Args:
+      sampling_probability: q, the chance that each example joins a step's Poisson batch, in [0, 1] (0: a free
+        step, RDP 0).
+      noise_multipliers: z_t = sigma_t / C_t of each step, a 1-D array [T]: each 0 (RDP inf), inf (RDP 0) or in
+        [`MIN_NOISE_MULTIPLIER`, `MAX_NOISE_MULTIPLIER`] = [1e-4, 1e4].
+      orders: the Renyi orders alpha, a non-empty 1-D sequence of floats > 1; None (default) for
+        `DEFAULT_RDP_ORDERS`.
     """
     q = validation.check_probability(sampling_probability, allow_zero=True)
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
@@ -217,7 +225,15 @@ def rdp_epsilons_at(
     orders: ArrayLike | None = None,
 ) -> np.ndarray:
     """Exact RDP epsilon of the first s steps for each s of `steps` (in [0, T]), as `RdpAccountant(orders)`
-    composing them one by one reports; delta in [0, 1], the other arguments as `poisson_subsampled_gaussian_rdp`."""
+    composing them one by one reports; delta in [0, 1], the other arguments as `poisson_subsampled_gaussian_rdp`.
+
+    Args:
+      sampling_probability: q in [0, 1], as `poisson_subsampled_gaussian_rdp`'s.
+      noise_multipliers: z_t [T], as `poisson_subsampled_gaussian_rdp`'s.
+      delta: the delta the epsilons are reported at, in [0, 1] (0 gives epsilon inf, as dp_accounting's).
+      steps: the step counts s to report, a 1-D sequence of integers in [0, T] (0: epsilon 0), in any order.
+      orders: the Renyi orders, as `poisson_subsampled_gaussian_rdp`'s (None: `DEFAULT_RDP_ORDERS`).
+    """
     delta = validation.check_delta(delta, allow_ends=True)  # As dp_accounting: epsilon inf at 0.
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
     orders = check_orders(orders)
@@ -232,7 +248,14 @@ def rdp_epsilon(
 ) -> float:
     """Exact RDP epsilon of all the steps (inf if some z is 0), as `RdpAccountant(orders)` composing
     `PoissonSampledDpEvent(q, GaussianDpEvent(z))` for each z reports (module docstring); arguments as
-    `rdp_epsilons_at`."""
+    `rdp_epsilons_at`.
+
+    Args:
+      sampling_probability: q in [0, 1], as `poisson_subsampled_gaussian_rdp`'s.
+      noise_multipliers: z_t [T], as `poisson_subsampled_gaussian_rdp`'s.
+      delta: in [0, 1], as `rdp_epsilons_at`'s.
+      orders: the Renyi orders, as `poisson_subsampled_gaussian_rdp`'s (None: `DEFAULT_RDP_ORDERS`).
+    """
     q = validation.check_probability(sampling_probability, allow_zero=True)
     noise_multipliers = _check_noise_multipliers(noise_multipliers)
     delta = validation.check_delta(delta, allow_ends=True)  # As dp_accounting: epsilon inf at 0.

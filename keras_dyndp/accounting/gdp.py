@@ -49,7 +49,12 @@ def _expand(value: float, factor: float, found: Callable[[float], bool], what: s
 
 def delta_from_mu(epsilon: float, mu: float) -> float:
     """The smallest delta in [0, 1] with mu-GDP (epsilon, delta)-DP (paper Eq. 1), for epsilon >= 0 finite and
-    mu > 0 (`math.inf` gives 1); ValueError otherwise."""
+    mu > 0 (`math.inf` gives 1); ValueError otherwise.
+
+    Args:
+      epsilon: the epsilon of the (epsilon, delta)-DP claim, a finite float >= 0.
+      mu: the GDP parameter (C / sigma for one Gaussian step), a float > 0; `math.inf` (no privacy) gives delta 1.
+    """
     epsilon = validation.check_float("epsilon", epsilon, 0.0, inclusive=True)
     mu = validation.check_float("mu", mu, allow_inf=True)
     if math.isinf(mu):
@@ -60,7 +65,12 @@ def delta_from_mu(epsilon: float, mu: float) -> float:
 
 def epsilon_from_mu(mu: float, delta: float) -> float:
     """The smallest epsilon >= 0 with mu-GDP (epsilon, delta)-DP, for mu > 0 (`math.inf` gives inf) and delta in
-    (0, 1); ValueError otherwise."""
+    (0, 1); ValueError otherwise.
+
+    Args:
+      mu: the GDP parameter, a float > 0, as `delta_from_mu`'s; `math.inf` (no privacy) gives epsilon inf.
+      delta: the delta the epsilon is reported at, in (0, 1).
+    """
     mu = validation.check_float("mu", mu, allow_inf=True)
     delta = validation.check_delta(delta)
     if math.isinf(mu):
@@ -79,7 +89,12 @@ def epsilon_from_mu(mu: float, delta: float) -> float:
 
 def mu_from_epsilon(epsilon: float, delta: float) -> float:
     """The mu > 0 with delta_from_mu(epsilon, mu) = delta, for epsilon > 0 finite and delta in (0, 1); ValueError
-    otherwise. Tested for epsilon in [0.01, 50] and delta in [1e-12, 0.1]; mu_from_epsilon(1.2, 1e-5) ~= 0.3163786."""
+    otherwise. Tested for epsilon in [0.01, 50] and delta in [1e-12, 0.1]; mu_from_epsilon(1.2, 1e-5) ~= 0.3163786.
+
+    Args:
+      epsilon: the epsilon of the (epsilon, delta)-DP budget, a finite float > 0.
+      delta: the delta of the budget, in (0, 1).
+    """
     epsilon = validation.check_float("epsilon", epsilon)
     delta = validation.check_delta(delta)
     log_target = math.log(delta)
@@ -96,7 +111,13 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
 def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> float:
     """mu_tot = p * sqrt(sum_t (exp(mu_t^2) - 1)) of Poisson-subsampled mu_t-GDP steps (paper Corollary 1, Eq. 10),
     p in (0, 1], mu_t = C_t / sigma_t >= 0 (inf: non-private; mu_tot inf where exp(mu_t^2) overflows). An asymptotic
-    approximation (T -> inf with p sqrt(T) fixed) that can underestimate epsilon (Gopi et al. 2021)."""
+    approximation (T -> inf with p sqrt(T) fixed) that can underestimate epsilon (Gopi et al. 2021).
+
+    Args:
+      sampling_probability: p, the chance that each example joins a step's Poisson batch, in (0, 1].
+      mus: the per-step GDP parameters mu_t = C_t / sigma_t [T], each >= 0 (inf allowed: a step without noise); any
+        shape, flattened.
+    """
     sampling_probability = validation.check_probability(sampling_probability)
     with np.errstate(over="ignore"):
         total = float(np.sum(np.expm1(np.square(validation.check_nonnegative_array("mus", np.reshape(mus, -1))))))

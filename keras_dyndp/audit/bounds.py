@@ -58,6 +58,13 @@ def one_run_p_value(num_guesses, num_correct, num_canaries, epsilon, delta=0.0) 
     P[W >= v] <= f(v) + 2 m delta max_{i = 1..v} (f(v - i) - f(v)) / i, f(u) = P[Binomial(r, e^eps / (1 + e^eps)) >= u].
     Capped at 1 and made monotone in epsilon (for the bisection): with c = 2 m delta, terms of
     max_i [(1 - c/i) f(v) + c f(v - i)/i] with c > i drop their negative part (still valid); exact when c <= 1.
+
+    Args:
+        num_guesses: r, the number of guesses made, an int in [0, num_canaries].
+        num_correct: v, how many of them are right, an int in [0, num_guesses].
+        num_canaries: m, the number of canaries (each included with probability 1/2), an int >= 1.
+        epsilon: the epsilon of the (epsilon, delta)-DP claim tested, a float >= 0 (not checked).
+        delta: the delta of the claim, in [0, 1) (default 0).
     """
     r, v, m = _check_counts(num_guesses, num_correct, num_canaries)
     delta = validation.check_delta(delta, allow_zero=True)
@@ -80,7 +87,15 @@ def _one_run_p_value(r: int, v: int, m: int, epsilon: float, delta: float) -> fl
 
 def one_run_epsilon_lower_bound(num_guesses, num_correct, num_canaries, delta=0.0, confidence=0.95) -> float:
     """Largest epsilon whose (epsilon, delta)-DP claim is rejected (`one_run_p_value` <= 1 - confidence), by
-    bisection (tolerance 1e-6, rounded down); 0 when epsilon = 0 is not rejected."""
+    bisection (tolerance 1e-6, rounded down); 0 when epsilon = 0 is not rejected.
+
+    Args:
+        num_guesses: r, an int in [0, num_canaries], as `one_run_p_value`'s.
+        num_correct: v, an int in [0, num_guesses], as `one_run_p_value`'s.
+        num_canaries: m, an int >= 1, as `one_run_p_value`'s.
+        delta: the delta of the claims tested, in [0, 1) (default 0).
+        confidence: the confidence 1 - alpha at which the claim is rejected, in (0, 1) (default 0.95).
+    """
     r, v, m = _check_counts(num_guesses, num_correct, num_canaries)
     delta = validation.check_delta(delta, allow_zero=True)
     alpha = 1.0 - validation.check_delta(confidence, "confidence")
@@ -107,7 +122,12 @@ def _bisect_largest_rejected(rejects, ceiling: float) -> float:
 
 def gdp_epsilon(mu, delta) -> float:
     """Epsilon of mu-GDP at ``delta`` (Dong, Roth, Su 2022, Corollary 2.13): the smallest eps >= 0 with
-    delta >= Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (`keras_dyndp.accounting.gdp.epsilon_from_mu`)."""
+    delta >= Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (`keras_dyndp.accounting.gdp.epsilon_from_mu`).
+
+    Args:
+        mu: the GDP parameter, a finite float >= 0 (0 gives epsilon 0).
+        delta: the delta the epsilon is reported at, in (0, 1).
+    """
     mu = validation.check_float("mu", mu, 0.0, inclusive=True)
     delta = validation.check_delta(delta)
     return 0.0 if mu == 0.0 else gdp.epsilon_from_mu(mu, delta)
@@ -134,7 +154,14 @@ def _fdp_rejects(mu: float, r: int, v: int, m: int, alpha: float) -> bool:
 def fdp_mu_lower_bound(num_guesses, num_correct, num_canaries, confidence=0.95) -> float:
     """Largest mu whose mu-GDP claim ``num_correct`` of ``num_guesses`` guesses rejects at ``confidence``: the
     f-DP one-run bound of Mahloujifar et al. (2024) for f = G_mu(x) = Phi(Phi^-1(1 - x) - mu) (the full recursion,
-    `_fdp_rejects`; G_mu is symmetric, so guesses may be IN or OUT), by bisection (1e-6, rounded down)."""
+    `_fdp_rejects`; G_mu is symmetric, so guesses may be IN or OUT), by bisection (1e-6, rounded down).
+
+    Args:
+        num_guesses: r, an int in [0, num_canaries], as `one_run_p_value`'s.
+        num_correct: v, an int in [0, num_guesses], as `one_run_p_value`'s.
+        num_canaries: m, an int >= 1, as `one_run_p_value`'s.
+        confidence: the confidence 1 - alpha at which the claim is rejected, in (0, 1) (default 0.95).
+    """
     r, v, m = _check_counts(num_guesses, num_correct, num_canaries)
     alpha = 1.0 - validation.check_delta(confidence, "confidence")
     return _bisect_largest_rejected(lambda mu: _fdp_rejects(mu, r, v, m, alpha), _MU_MAX)
@@ -142,7 +169,15 @@ def fdp_mu_lower_bound(num_guesses, num_correct, num_canaries, confidence=0.95) 
 
 def fdp_epsilon_lower_bound(num_guesses, num_correct, num_canaries, delta, confidence=0.95) -> float:
     """`fdp_mu_lower_bound` as epsilon at ``delta`` in (0, 1) (`gdp_epsilon`; as jax_privacy's ``epsilon_one_run_fdp``):
-    a lower bound on the run's epsilon only if its trade-off curve has the Gaussian shape."""
+    a lower bound on the run's epsilon only if its trade-off curve has the Gaussian shape.
+
+    Args:
+        num_guesses: r, an int in [0, num_canaries], as `one_run_p_value`'s.
+        num_correct: v, an int in [0, num_guesses], as `one_run_p_value`'s.
+        num_canaries: m, an int >= 1, as `one_run_p_value`'s.
+        delta: the delta the epsilon is reported at, in (0, 1).
+        confidence: the confidence 1 - alpha at which the claim is rejected, in (0, 1) (default 0.95).
+    """
     delta = validation.check_delta(delta)
     return gdp_epsilon(fdp_mu_lower_bound(num_guesses, num_correct, num_canaries, confidence), delta)
 
@@ -152,6 +187,19 @@ class AuditResult:
     """One audit: m canaries, r guesses of which ``num_correct`` right, both lower bounds at ``confidence``.
 
     ``epsilon_fdp`` is inf when ``delta`` is 0 and mu_fdp > 0; ``num_guesses_grid`` is the grid searched.
+
+    Attributes:
+        num_canaries: m, the number of canaries scored (included and excluded), an int >= 1.
+        num_guesses: r, the number of guesses of the reported bounds, an int in [1, m].
+        num_correct: v, how many of the r guesses are right, an int in [0, r].
+        epsilon_one_run: the one-run lower bound (Steinke et al.) on epsilon at ``delta``, a float in [0, 100].
+        epsilon_fdp: the f-DP lower bound (Mahloujifar et al.; Gaussian trade-off shape) on epsilon at ``delta``, a
+            float >= 0 or inf.
+        confidence: the confidence of the reported bounds, in (0, 1) (split over ``num_guesses_grid`` by Bonferroni).
+        delta: the delta both bounds are stated at, in [0, 1).
+        mu_fdp: the largest mu-GDP claim rejected (`fdp_mu_lower_bound`), a float in [0, 64]; ``epsilon_fdp`` is
+            its epsilon at ``delta``.
+        num_guesses_grid: the guess counts searched, increasing ints in [1, m] of which r is one (default ()).
     """
 
     num_canaries: int
@@ -189,6 +237,17 @@ def audit_from_scores(
     OUT for the r // 2 lowest (``two_sided=False``: IN for r). ``num_guesses``: an int fixed before seeing these
     scores, or a grid (None: m x ``_GUESS_FRACTIONS``) searched with a Bonferroni split; the reported r has the
     largest f-DP bound (ties: the larger one-run bound, then the smaller r).
+
+    Args:
+        in_scores: the included canaries' scores, a 1-D array of finite floats (may be empty if ``out_scores`` is
+            not).
+        out_scores: the excluded canaries' scores, a 1-D array of finite floats; m = the two sizes' sum, >= 1.
+        delta: the delta the bounds are stated at, in [0, 1) (0: ``epsilon_fdp`` is inf once mu_fdp > 0).
+        confidence: the confidence of the reported bounds over the whole grid, in (0, 1) (default 0.95).
+        num_guesses: r, an int in [1, m]; a non-empty sequence of such ints (a grid); or None (default), the grid
+            m x ``_GUESS_FRACTIONS`` (rounded, at least 1).
+        two_sided: True (default) guesses OUT for the r // 2 lowest scores too; False guesses IN only.
+        seed: the seed of the random tie-breaking between equal scores, an int >= 0 (default 0).
     """
     in_scores = _check_scores("in_scores", in_scores)
     out_scores = _check_scores("out_scores", out_scores)

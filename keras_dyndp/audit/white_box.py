@@ -29,7 +29,13 @@ SCORES = ("sum", "reused_noise")
 
 @dataclasses.dataclass(frozen=True)
 class CanaryAuditReport:
-    """One white-box audit: the schedule's claimed epsilon (PLD) at ``result.delta`` and the audit's lower bounds."""
+    """One white-box audit: the schedule's claimed epsilon (PLD) at ``result.delta`` and the audit's lower bounds.
+
+    Attributes:
+        claimed_epsilon: the schedule's epsilon under the PLD accountant at ``result.delta``, a float >= 0 or inf.
+        result: the audit's `AuditResult` (`audit_from_scores`'s): m, r, the correct guesses and both lower bounds.
+        score: how each canary was scored, one of ``SCORES`` ('sum' or 'reused_noise'; module docstring).
+    """
 
     claimed_epsilon: float
     result: bounds.AuditResult
@@ -134,6 +140,24 @@ def white_box_audit(
     ``method`` is ``make_private``'s (TensorFlow's ``'jacobian'``: the optimizer's own path); ``gradient_norm`` s
     defaults to 10 max_t C_t; ``strategy`` is a ``tf.distribute`` strategy to build, compile and fit in; ``seed`` sets
     the coin flips, the Poisson batches and the tie-breaking; ``num_guesses`` is as `audit_from_scores`'s.
+
+    Args:
+        schedule: the `DPSchedule` to train under (its p, T, C_t and sigma_t); its PLD epsilon is the claim.
+        num_canaries: m, the number of canaries, an int >= 2 (default 1000), each included with probability 1/2.
+        delta: the delta of the claimed epsilon and of the lower bounds, in (0, 1) (default 1e-5).
+        confidence: the confidence of the lower bounds, in (0, 1) (default 0.95).
+        score: 'sum' (default, the likelihood-ratio test) or 'reused_noise' (a test for repeated noise; module
+            docstring).
+        num_guesses: as `audit_from_scores`'s (None: its default grid).
+        gradient_norm: s, each canary's gradient norm before clipping, a float (not checked; >= max_t C_t clips
+            it to exactly C_t); None (default) for 10 max_t C_t.
+        method: `make_private`'s method ('auto' default; TensorFlow's 'jacobian' audits the optimizer's own path).
+        accumulation_steps: the optimizer's ``accumulation_steps`` k, an int >= 1 (default 1).
+        strategy: a ``tf.distribute`` strategy to build, compile and fit in, or None (default) for none.
+        noise_seed: the optimizer's ``noise_seed``: None (default, OS entropy) or an int >= 0 (reproducible noise,
+            tests only).
+        seed: the coin flips, the Poisson batches and the tie-breaking (not the optimizer's noise), an int >= 0
+            (default 0).
     """
     validation.check_choice("score", score, SCORES)
     m = validation.check_int("num_canaries", num_canaries, 2)

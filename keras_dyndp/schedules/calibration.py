@@ -252,7 +252,20 @@ def calibrate_baseline(
     """A noise-decay baseline of the paper, 'zcdp' (Yu et al. 2019) or 'tcdp' (Zhang et al. 2021; p <= 0.1): constant
     clip `initial_clip` > 0 and noise multipliers `cdp.calibrate_noise` (decay z_0 / z_T = `noise_decay`, see
     `cdp.decay_shape`) whose epsilon under the baseline's own accountant (`cdp.baseline_epsilon`) is <= target. No
-    `calibration`: that accountant is not in the registry."""
+    `calibration`: that accountant is not in the registry.
+
+    Args:
+      method: 'zcdp' or 'tcdp', one of `BASELINES`.
+      target_epsilon: epsilon of the whole run under the baseline's accountant, a finite float > 0.
+      target_delta: delta of the whole run, in (0, 1).
+      sampling_probability: p, as `calibrate`'s, in (0, 1]; in (0, 0.1] for 'tcdp' (its subsampling theorem).
+      num_steps: T, the number of steps, an int >= 1.
+      initial_clip: C_0, the clipping norm of every step (L2, per example), a finite float > 0.
+      noise_decay: z_0 / z_T, the decay of the noise multiplier over the run, a float >= 1 (default 1.25; 1:
+        constant noise).
+      decay: 'exponential' (default, z_t = z_0 noise_decay^(-t/T)) or 'time' (z_t = z_0 / (1 + (noise_decay - 1)
+        t / T)).
+    """
     initial_clip = validation.check_float("initial_clip", initial_clip)
     multipliers = cdp.calibrate_noise(
         method, target_epsilon, target_delta, sampling_probability, num_steps, noise_decay=noise_decay, decay=decay
@@ -264,7 +277,12 @@ def calibrate_baseline(
 def gdp_clt_understatement(schedule: DPSchedule) -> str | None:
     """A warning text if a schedule calibrated under the GDP-CLT (an accountant that is not `rigorous`) has a PLD
     epsilon (same delta) above GDP_CLT_WARNING_RATIO x its target or one the PLD cannot represent; else (or for any
-    other schedule) None."""
+    other schedule) None.
+
+    Args:
+      schedule: any `DPSchedule`; only one whose `calibration` names a non-rigorous accountant ('gdp_clt') is
+        checked, at that calibration's target delta.
+    """
     calibration = schedule.calibration
     if calibration is None or registry.get(calibration.accountant).rigorous:
         return None

@@ -30,7 +30,14 @@ ALL_METHODS = METHODS + BASELINES
 @dataclasses.dataclass(frozen=True)
 class Calibration:
     """How a schedule was calibrated: its epsilon under `accountant` meets (target_epsilon, target_delta). Metadata
-    only (privacy depends on the arrays alone): the optimizer checks a GDP-CLT promise against the PLD."""
+    only (privacy depends on the arrays alone): the optimizer checks a GDP-CLT promise against the PLD.
+
+    Attributes:
+      accountant: the accountant it was calibrated under, one of `keras_dyndp.accounting.ACCOUNTANT_NAMES` ('pld',
+        'rdp' or 'gdp_clt').
+      target_epsilon: epsilon of the whole run, a finite float > 0.
+      target_delta: delta of the whole run, in (0, 1).
+    """
 
     accountant: str
     target_epsilon: float
