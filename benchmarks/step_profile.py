@@ -1,0 +1,117 @@
+"""Where the DP step's extra time goes on TensorFlow: the ops of the DP step and of the non-private step, per op type.
+
+Runs `benchmarks/step_time.py`'s paths (the same models, batch and compiled train functions) under TensorFlow's
+profiler, alternating the paths, and sums each op's time per op type over the traced steps, from the host plane of
+the profile (TensorFlow's executor runs one op per event on CPU). An op's time here is its kernel's wall time on its
+thread: ops that run in parallel both count, so the columns add up to more than the step where the executor overlaps
+ops (the "steps" row gives the steps' wall time). The table lists the op types whose time differs most between the
+two paths, with each one's share of the difference.
+
+    [TF_ENABLE_ONEDNN_OPTS=0|1] python benchmarks/step_profile.py --model cnn --profiled_steps 20 --rounds 3 [--top 25]
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import tempfile
+import time
+
+import step_time  # benchmarks/step_time.py (this script's directory is on sys.path)
+import tensorflow as tf
+from absl import app
+from absl import flags
+
+from keras_dyndp.tf_backend.per_example import conv2d  # onednn_enabled
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "cnn", "The model, one of step_time.py's.")
+flags.DEFINE_list("compare", ["nonprivate", "dyndp_fast"], "Two of step_time.py's paths: the baseline, then the other.")
+flags.DEFINE_integer("profiled_steps", 20, "Steps traced per path and round.")
+flags.DEFINE_integer("rounds", 3, "Rounds; each traces every path once, in alternating order.")
+flags.DEFINE_integer("top", 25, "Op types listed.")
+
+
+def _op_times(logdir: pathlib.Path) -> collections.Counter:
+    """Microseconds per op type in the profile under ``logdir``: the events of the host plane's TensorFlow-op lines,
+    whose names read ``name:type``."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: PLC0415  (TensorFlow's own profile format)
+
+    times: collections.Counter = collections.Counter()
+    for path in logdir.rglob("*.xplane.pb"):
+        space = xplane_pb2.XSpace()
+        space.ParseFromString(path.read_bytes())
+        for plane in space.planes:
+            if plane.name != "/host:CPU":
+                continue
+            names = {key: metadata.name for key, metadata in plane.event_metadata.items()}
+            for line in plane.lines:
+                for event in line.events:
+                    name = names.get(event.metadata_id, "")
+                    if ":" in name and not name.startswith(("__inference", "$")):
+                        times[name.rsplit(":", 1)[1]] += event.duration_ps / 1e6
+    return times
+
+
+def profile(runner: step_time.Runner, steps: int) -> tuple[collections.Counter, float]:
+    """(microseconds per op type, wall seconds per step) of ``steps`` traced steps of ``runner``."""
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        start = time.perf_counter()
+        runner.run(steps)
+        seconds = (time.perf_counter() - start) / steps
+        tf.profiler.experimental.stop()
+        return _op_times(pathlib.Path(logdir)), seconds
+
+
+def table(totals: dict[str, collections.Counter], walls: dict[str, list[float]], steps: int, top: int) -> str:
+    """Markdown: per op type, ms per step on each path and the difference, largest differences first."""
+    base, other = FLAGS.compare
+    per_step = {path: {op: us / 1e3 / steps for op, us in totals[path].items()} for path in totals}
+    difference = {
+        op: per_step[other].get(op, 0.0) - per_step[base].get(op, 0.0) for op in set().union(*per_step.values())
+    }
+    extra = sum(difference.values())
+    lines = [
+        f"| op type | {base} ms/step | {other} ms/step | difference | share of the difference |",
+        "|---|---|---|---|---|",
+    ]
+    for op in sorted(difference, key=lambda op: -abs(difference[op]))[:top]:
+        share = difference[op] / extra if extra else 0.0
+        lines.append(
+            f"| {op} | {per_step[base].get(op, 0.0):.3f} | {per_step[other].get(op, 0.0):.3f} | "
+            f"{difference[op]:+.3f} | {share:.0%} |"
+        )
+    wall = {path: sorted(times)[len(times) // 2] * 1e3 for path, times in walls.items()}
+    op_sums = {path: sum(per_step[path].values()) for path in per_step}
+    lines.append(
+        f"| all ops (sum) | {op_sums[base]:.3f} | {op_sums[other]:.3f} | {op_sums[other] - op_sums[base]:+.3f} | |"
+    )
+    lines.append(
+        f"| steps (wall, median of rounds) | {wall[base]:.3f} | {wall[other]:.3f} | {wall[other] - wall[base]:+.3f} | |"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    runners = {path: step_time.Runner(FLAGS.model, path, FLAGS.batch_size) for path in FLAGS.compare}
+    for runner in runners.values():
+        runner.run(FLAGS.warmup_steps)
+    totals = {path: collections.Counter() for path in runners}
+    walls: dict[str, list[float]] = {path: [] for path in runners}
+    for round_index in range(FLAGS.rounds):
+        order = list(runners) if round_index % 2 == 0 else list(reversed(runners))
+        for path in order:
+            times, seconds = profile(runners[path], FLAGS.profiled_steps)
+            totals[path].update(times)
+            walls[path].append(seconds)
+    print(
+        f"{step_time.device_description()}, oneDNN {'on' if conv2d.onednn_enabled() else 'off'}, model "
+        f"{FLAGS.model}, batch {FLAGS.batch_size}, {FLAGS.rounds} rounds x {FLAGS.profiled_steps} profiled steps"
+    )
+    print(table(totals, walls, FLAGS.rounds * FLAGS.profiled_steps, FLAGS.top))
+
+
+if __name__ == "__main__":
+    app.run(main)
