@@ -347,8 +347,35 @@ def _gdp_clt_calibration_examples() -> dict:
     return found
 
 
+def _sampling_added_delta() -> dict:
+    """docs/privacy.md's "What sampling adds to delta" (keras_dyndp.core.batch_sizes): at N = 60000, p = 250 / 60000,
+    T = 4800, eta of the default cap and batch-size range (1e-15 tails) and the delta it adds at epsilon 1.2, 2 and 8;
+    the same at epsilon 8 with the 1e-12 tails of before; and the share of batches (in percent) that
+    ``max_batch_size=2`` truncates at N = 40, p = 0.1."""
+    from keras_dyndp.core import batch_sizes  # pylint: disable=import-outside-toplevel  (only for records that recompute)
+
+    num_examples, probability, steps = 60000, 250 / 60000, 4800
+    epsilons = ("1_2", "2", "8")  # keys without dots: a path into results splits at them
+    found = {}
+    for tails, key in ((batch_sizes.BATCH_SIZE_TAIL, "default"), (1e-12, "tails_1e_12")):
+        size_range = batch_sizes.batch_size_range(num_examples, probability, tails)
+        eta = batch_sizes.overflow_probability(num_examples, probability, size_range[1], size_range=size_range)
+        found[key] = {
+            "eta": eta,
+            **{
+                f"added_delta_at_{e}": batch_sizes.added_delta(eta, steps, float(e.replace("_", "."))) for e in epsilons
+            },
+        }
+    found["truncated_percent_cap_2_n_40_p_0_1"] = 100 * batch_sizes.overflow_probability(40, 0.1, 2)
+    return found
+
+
 # The functions a record's ``recompute`` names: each returns the record's ``results``, computed now (seconds).
-RECOMPUTE = {"zcdp_report_row": _zcdp_report_row, "gdp_clt_calibration_examples": _gdp_clt_calibration_examples}
+RECOMPUTE = {
+    "zcdp_report_row": _zcdp_report_row,
+    "gdp_clt_calibration_examples": _gdp_clt_calibration_examples,
+    "sampling_added_delta": _sampling_added_delta,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
