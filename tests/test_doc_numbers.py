@@ -71,7 +71,6 @@ UNMARKED_AT_MOST = {
     "docs/examples.md": 4,
     "docs/install.md": 1,
     "docs/jax.md": 4,
-    "docs/performance.md": 74,
     "docs/privacy.md": 5,
     "docs/scaling.md": 6,
     "docs/usage.md": 2,
