@@ -20,7 +20,7 @@ table or paragraph right after it:
   (keras_dyndp's accounting, a few seconds), so the doc is checked against the computation, not a copy.
 
 ``--unmarked`` lists the numbers with the unit of a run (`MEASURED`: 1.41x, 12 ms, 91.1%, 1,524 tests) that no
-marker covers (tests/test_doc_numbers.py holds each doc to a count that only falls).
+marker covers (tests/test_doc_numbers.py: there are none).
 
 A marker whose record is missing is an error: a number that describes a run needs its record. Exit status 1 with one
 line per difference (``file:line: ... the doc says X, the record Y``), 0 when every number matches. ``--write``

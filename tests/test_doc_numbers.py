@@ -64,23 +64,13 @@ def test_the_repository_has_markers_in_the_readme_and_the_docs_it_covers():
         assert "<!-- numbers: benchmarks/results/" in (ROOT / doc).read_text(), doc
 
 
-UNMARKED_AT_MOST = {
-    "docs/performance.md": 367,
-}
-"""Measured numbers that no marker covers yet, per doc: a ratchet (a doc's count may only fall; a doc not listed
-has none)."""
-
-
-def test_the_docs_hold_no_more_unmarked_measured_numbers_than_before():
-    counts = {}
-    for doc in doc_numbers.doc_paths(ROOT):
-        found = doc_numbers.unmarked(doc, doc.read_text(encoding="utf-8").split("\n"))
-        if found:
-            counts[doc.relative_to(ROOT).as_posix()] = len(found)
-    over = {doc: count for doc, count in counts.items() if count > UNMARKED_AT_MOST.get(doc, 0)}
-    assert not over, f"measured numbers without a record (python benchmarks/doc_numbers.py --unmarked): {over}"
-    fallen = {doc: count for doc, count in UNMARKED_AT_MOST.items() if counts.get(doc, 0) < count}
-    assert not fallen, f"fewer unmarked numbers now: lower UNMARKED_AT_MOST to {fallen}"
+def test_every_measured_number_in_the_docs_has_a_record():
+    found = [
+        f"{doc.relative_to(ROOT)}:{line}: {number}"
+        for doc in doc_numbers.doc_paths(ROOT)
+        for line, number in doc_numbers.unmarked(doc, doc.read_text(encoding="utf-8").split("\n"))
+    ]
+    assert not found, "measured numbers without a record (a marker and benchmarks/results/):\n" + "\n".join(found)
 
 
 def test_unmarked_finds_measured_numbers_outside_markers_and_code():
