@@ -119,9 +119,10 @@ def blocks(doc: pathlib.Path, lines: list[str]) -> list[Block]:
 
 MEASURED = re.compile(
     r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:-\d+(?:\.\d+)?)?"
-    r"(?:x|%|\s?(?:ms|s|seconds?|minutes?|min|tests?|MiB|GiB))(?![\w-])"
+    r"(?:x|%|\s?(?:ns|us|µs|ms|s|seconds?|minutes?|min|hours?|tests?))(?![\w-])"
 )
-"""A number with the unit of a measured run: a ratio (1.41x), a time, a share, a test count, a size."""
+"""A number with the unit of a measured run: a ratio (1.41x), a time, a share, a test count. (Sizes are left out:
+in the docs they describe data, files and machines.)"""
 CODE = re.compile(r"`[^`]*`")
 
 
