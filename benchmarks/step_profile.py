@@ -7,17 +7,21 @@ thread: ops that run in parallel both count, so the columns add up to more than 
 ops (the "steps" row gives the steps' wall time). The table lists the op types whose time differs most between the
 two paths, with each one's share of the difference.
 
-    [TF_ENABLE_ONEDNN_OPTS=0|1] python benchmarks/step_profile.py --model cnn --profiled_steps 20 --rounds 3 [--top 25]
+    [TF_ENABLE_ONEDNN_OPTS=0|1] python benchmarks/step_profile.py --model cnn --profiled_steps 20 --rounds 3 \
+        [--top 25] [--record PATH]   (step_time.py's flags: --batch_size, --warmup_steps, --record)
 """
 
 from __future__ import annotations
 
 import collections
 import pathlib
+import re
+import statistics
 import tempfile
 import time
 
-import step_time  # benchmarks/step_time.py (this script's directory is on sys.path)
+import records  # benchmarks/records.py (this script's directory is on sys.path)
+import step_time  # benchmarks/step_time.py
 import tensorflow as tf
 from absl import app
 from absl import flags
@@ -30,6 +34,8 @@ flags.DEFINE_list("compare", ["nonprivate", "dyndp_fast"], "Two of step_time.py'
 flags.DEFINE_integer("profiled_steps", 20, "Steps traced per path and round.")
 flags.DEFINE_integer("rounds", 3, "Rounds; each traces every path once, in alternating order.")
 flags.DEFINE_integer("top", 25, "Op types listed.")
+
+OP_TYPE = re.compile(r"_?[A-Z][A-Za-z0-9]*")
 
 
 def _op_times(logdir: pathlib.Path) -> collections.Counter:
@@ -48,8 +54,9 @@ def _op_times(logdir: pathlib.Path) -> collections.Counter:
             for line in plane.lines:
                 for event in line.events:
                     name = names.get(event.metadata_id, "")
-                    if ":" in name and not name.startswith(("__inference", "$")):
-                        times[name.rsplit(":", 1)[1]] += event.duration_ps / 1e6
+                    op_type = name.rsplit(":", 1)[-1]
+                    if "::" not in name and ":" in name and OP_TYPE.fullmatch(op_type):  # not the executor's events
+                        times[op_type] += event.duration_ps / 1e6
     return times
 
 
@@ -64,32 +71,42 @@ def profile(runner: step_time.Runner, steps: int) -> tuple[collections.Counter, 
         return _op_times(pathlib.Path(logdir)), seconds
 
 
-def table(totals: dict[str, collections.Counter], walls: dict[str, list[float]], steps: int, top: int) -> str:
-    """Markdown: per op type, ms per step on each path and the difference, largest differences first."""
+def summary(totals: dict[str, collections.Counter], walls: dict[str, list[float]], steps: int, top: int) -> dict:
+    """Per op type (the ``top`` largest differences first), ms per step on each path, the difference and its share;
+    the sums over all ops and the steps' wall time (median of the rounds)."""
     base, other = FLAGS.compare
     per_step = {path: {op: us / 1e3 / steps for op, us in totals[path].items()} for path in totals}
-    difference = {
-        op: per_step[other].get(op, 0.0) - per_step[base].get(op, 0.0) for op in set().union(*per_step.values())
-    }
+    ops = set().union(*per_step.values())
+    difference = {op: per_step[other].get(op, 0.0) - per_step[base].get(op, 0.0) for op in ops}
     extra = sum(difference.values())
+    rows = [
+        {
+            "op": op,
+            base: per_step[base].get(op, 0.0),
+            other: per_step[other].get(op, 0.0),
+            "difference": difference[op],
+            "share": difference[op] / extra if extra else 0.0,
+        }
+        for op in sorted(difference, key=lambda op: -abs(difference[op]))[:top]
+    ]
+    sums = {path: sum(per_step[path].values()) for path in per_step}
+    wall = {path: statistics.median(times) * 1e3 for path, times in walls.items()}
+    return {"ops": rows, "all_ops": sums, "wall_ms": wall}
+
+
+def table(result: dict) -> str:
+    """Markdown of `summary`."""
+    base, other = FLAGS.compare
     lines = [
         f"| op type | {base} ms/step | {other} ms/step | difference | share of the difference |",
         "|---|---|---|---|---|",
     ]
-    for op in sorted(difference, key=lambda op: -abs(difference[op]))[:top]:
-        share = difference[op] / extra if extra else 0.0
+    for row in result["ops"]:
         lines.append(
-            f"| {op} | {per_step[base].get(op, 0.0):.3f} | {per_step[other].get(op, 0.0):.3f} | "
-            f"{difference[op]:+.3f} | {share:.0%} |"
+            f"| {row['op']} | {row[base]:.3f} | {row[other]:.3f} | {row['difference']:+.3f} | {row['share']:.0%} |"
         )
-    wall = {path: sorted(times)[len(times) // 2] * 1e3 for path, times in walls.items()}
-    op_sums = {path: sum(per_step[path].values()) for path in per_step}
-    lines.append(
-        f"| all ops (sum) | {op_sums[base]:.3f} | {op_sums[other]:.3f} | {op_sums[other] - op_sums[base]:+.3f} | |"
-    )
-    lines.append(
-        f"| steps (wall, median of rounds) | {wall[base]:.3f} | {wall[other]:.3f} | {wall[other] - wall[base]:+.3f} | |"
-    )
+    for label, values in (("all ops (sum)", result["all_ops"]), ("steps (wall, median of rounds)", result["wall_ms"])):
+        lines.append(f"| {label} | {values[base]:.3f} | {values[other]:.3f} | {values[other] - values[base]:+.3f} | |")
     return "\n".join(lines)
 
 
@@ -110,7 +127,10 @@ def main(argv: list[str]) -> None:
         f"{step_time.device_description()}, oneDNN {'on' if conv2d.onednn_enabled() else 'off'}, model "
         f"{FLAGS.model}, batch {FLAGS.batch_size}, {FLAGS.rounds} rounds x {FLAGS.profiled_steps} profiled steps"
     )
-    print(table(totals, walls, FLAGS.rounds * FLAGS.profiled_steps, FLAGS.top))
+    result = summary(totals, walls, FLAGS.rounds * FLAGS.profiled_steps, FLAGS.top)
+    print(table(result))
+    if FLAGS.record:
+        records.write_record(FLAGS.record, records.command_line(), {"model": FLAGS.model, **result})
 
 
 if __name__ == "__main__":
