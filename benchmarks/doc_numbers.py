@@ -19,8 +19,9 @@ table or paragraph right after it:
 * A record with ``recompute`` (a name in `RECOMPUTE`) gets its ``results`` computed now from the command it states
   (keras_dyndp's accounting, a few seconds), so the doc is checked against the computation, not a copy.
 
-``--unmarked`` lists the numbers with the unit of a run (`MEASURED`: 1.41x, 12 ms, 91.1%, 1,524 tests) that no
-marker covers (tests/test_doc_numbers.py: there are none).
+``--unmarked`` lists the numbers with the unit of a run (`MEASURED`: 1.41x, 12 ms, 91.1%, 1,524 tests) and the
+epsilons stated in prose (`EPSILON`: epsilon 1.99, ε = 3.0, accounting results) that no marker covers, outside code
+spans and fences (tests/test_doc_numbers.py: there are none).
 
 A marker whose record is missing is an error: a number that describes a run needs its record. Exit status 1 with one
 line per difference (``file:line: ... the doc says X, the record Y``), 0 when every number matches. ``--write``
@@ -123,19 +124,41 @@ MEASURED = re.compile(
 )
 """A number with the unit of a measured run: a ratio (1.41x), a time, a share, a test count. (Sizes are left out:
 in the docs they describe data, files and machines.)"""
+EPSILON = re.compile(
+    r"(?<![\w-])(?:epsilon|ε)(?:[\s=:(~≈<>≤≥]+[^\s\d]*){1,4}?(?<![\w.])(?P<number>\d+\.\d+)(?![\d.]*\d)",
+    re.IGNORECASE,
+)
+"""An epsilon a doc states: the word epsilon (or ε) followed within a few words by a decimal number (epsilon 1.99,
+PLD epsilon 4.20, ε = 3.0, epsilon (1.0 under ...): an accounting result (or a setting) that a record should check.
+A number of `MEASURED` (epsilon >= 1.5x) is that pattern's, not an epsilon; a target in code (`target_epsilon=3`) is
+left out with the code."""
 CODE = re.compile(r"`[^`]*`")
 
 
 def unmarked(doc: pathlib.Path, lines: list[str]) -> list[tuple[int, str]]:
-    """The measured numbers of ``doc`` (`MEASURED`, outside code) that no marker's block covers: (1-based line,
-    number). Each is a number that describes a run without a record to check it against."""
+    """The numbers of ``doc`` outside code that no marker's block covers: the measured ones (`MEASURED`: 1.41x,
+    12 ms) and the epsilons (`EPSILON`: epsilon 1.99), each as (1-based line, the number or ``epsilon ... number``
+    as the doc writes it), in reading order. Each is a number that describes a run (or an accounting result)
+    without a record to check it against.
+
+    Args:
+        doc: The doc's path (its blocks' errors name it).
+        lines: The doc's lines, without their line ends.
+    """
     covered = {block.first_line + offset for block in blocks(doc, lines) for offset in range(len(block.lines))}
     found, fenced = [], False
     for index, line in enumerate(lines):
         if line.lstrip().startswith("```"):
             fenced = not fenced
         elif not fenced and index not in covered:
-            found += [(index + 1, match[0]) for match in MEASURED.finditer(CODE.sub("", line))]
+            text = CODE.sub("", line)
+            measured = list(MEASURED.finditer(text))
+            epsilons = [
+                match
+                for match in EPSILON.finditer(text)
+                if not any(m.start() <= match.start("number") < m.end() for m in measured)
+            ]
+            found += [(index + 1, match[0]) for match in sorted(measured + epsilons, key=lambda m: m.start())]
     return found
 
 
@@ -371,11 +394,69 @@ def _sampling_added_delta() -> dict:
     return found
 
 
+def _planted_fault_claim() -> dict:
+    """docs/audit.md's planted-fault schedule (tests/audit/test_white_box.py's ``_schedule(FAULT_MU)``): p = 1,
+    T = 8, C_t geometric from 1 to 0.5, one sigma giving mu = sqrt(sum_t (C_t / sigma)^2) = 0.5; the epsilon the
+    white-box audit claims for it (``schedule.epsilon(1e-5, "pld")``, as `white_box.white_box_audit` does) and the
+    settings the doc states."""
+    import numpy as np  # pylint: disable=import-outside-toplevel  (only for records that recompute)
+
+    from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel
+
+    steps, first_clip, last_clip, mu, delta = 8, 1.0, 0.5, 0.5, 1e-5
+    clip_norms = np.geomspace(first_clip, last_clip, steps)
+    sigma = np.sqrt(np.sum(clip_norms**2)) / mu
+    schedule = schedules.DPSchedule(clip_norms, np.full(steps, sigma), 1.0)
+    return {
+        "sampling_probability": 1.0,
+        "steps": steps,
+        "first_clip": first_clip,
+        "last_clip": last_clip,
+        "mu": mu,
+        "delta": delta,
+        "claimed_epsilon": float(schedule.epsilon(delta, "pld")),
+    }
+
+
+def _full_batch_fit_epsilon() -> dict:
+    """docs/privacy.md's "Refused, and why": the epsilon a 20-step schedule at p = 0.01 (delta 1e-5, constant clip 1)
+    reports (PLD, `PrivacyLogger`'s default) and its epsilon when `fit` trains on the full batch instead (the same
+    noise multipliers at p = 1), for the schedule calibrated to 1.0 under the GDP-CLT (docs/accounting.md's first
+    calibration example; RDP beside it: the 5.39 and 75.2 of commit a326046, when RDP was reported) and under PLD
+    (the default); and the batch-size check's tail (``batch_sizes.BATCH_SIZE_TAIL``, both sides summed)."""
+    from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel  (only for records that recompute)
+    from keras_dyndp.core import batch_sizes  # pylint: disable=import-outside-toplevel
+
+    probability, steps, delta = 0.01, 20, 1e-5
+    found = {"sampling_probability": probability, "steps": steps, "delta": delta}
+    for accountant in ("gdp_clt", "pld"):
+        schedule = schedules.calibrate_shape(
+            1.0,
+            1.0,
+            target_epsilon=1.0,
+            target_delta=delta,
+            sampling_probability=probability,
+            num_steps=steps,
+            accountant=accountant,
+        )
+        full_batch = schedules.DPSchedule(schedule.clip_norms, schedule.noise_stddevs, 1.0)
+        found[f"calibrated_{accountant}"] = {
+            f"{name}_{reported}": float(s.epsilon(delta, reported))
+            for name, s in (("reported", schedule), ("full_batch", full_batch))
+            for reported in ("pld", "rdp")
+        }
+    found["batch_size_tail"] = batch_sizes.BATCH_SIZE_TAIL
+    found["batch_size_tails"] = 2 * batch_sizes.BATCH_SIZE_TAIL
+    return found
+
+
 # The functions a record's ``recompute`` names: each returns the record's ``results``, computed now (seconds).
 RECOMPUTE = {
     "zcdp_report_row": _zcdp_report_row,
     "gdp_clt_calibration_examples": _gdp_clt_calibration_examples,
     "sampling_added_delta": _sampling_added_delta,
+    "planted_fault_claim": _planted_fault_claim,
+    "full_batch_fit_epsilon": _full_batch_fit_epsilon,
 }
 
 

@@ -80,11 +80,18 @@ def test_unmarked_finds_measured_numbers_outside_markers_and_code():
 | Keras 3 | 1.52x |
 
 The step took 12.5 ms, 1.4x the non-private one (`--repeats 5`, 3 x 3 kernels).
+A full-batch fit would be reported at epsilon 5.4 instead of 75, at ε = 3.0 (`target_epsilon=3.5`; epsilon >= 1.5x).
 ```
-1.9x in code
+1.9x and epsilon 2.5 in code
 ```
 """
-    assert doc_numbers.unmarked(pathlib.Path("d.md"), doc.split("\n")) == [(6, "12.5 ms"), (6, "1.4x")]
+    assert doc_numbers.unmarked(pathlib.Path("d.md"), doc.split("\n")) == [
+        (6, "12.5 ms"),
+        (6, "1.4x"),
+        (7, "epsilon 5.4"),
+        (7, "ε = 3.0"),
+        (7, "1.5x"),
+    ]
 
 
 def test_matching_table_and_paragraph_pass(tmp_path):
