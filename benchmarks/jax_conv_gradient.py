@@ -60,8 +60,8 @@ def _functions(layer: keras.layers.Conv2D) -> dict:
 def main(argv):
     del argv  # Unused.
     print(f"JAX {jax.__version__} on {jax.devices()[0].platform}; median ms per call, {FLAGS.repeats} repetitions")
-    print("| convolution | batch | form | batch gradient | vmap of the vjp | ghost rule | vmap / rule |")
-    print("|---|---|---|---|---|---|---|")
+    print("| convolution | batch | form | batch gradient | vmap of the vjp | ghost rule | vmap / rule | norms' bound |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, (batch, shape, arguments) in SHAPES.items():
         batch *= FLAGS.batch_scale
         layer = keras.layers.Conv2D(**arguments)
@@ -70,14 +70,17 @@ def main(argv):
         g = jax.random.normal(jax.random.PRNGKey(1), (batch, *layer.compute_output_shape((batch, *shape))[1:]))
         functions = _functions(layer)
         vmapped, rule = functions["vmap of the vjp"](a, g), functions["ghost rule"](a, g)
-        assert jnp.allclose(vmapped, rule, rtol=1e-3), "the rule's norms differ from vmap's"
+        # The rule's norms are never below the exact ones: its rounding bound (ghost_cost.bounded_squared_norms) lifts
+        # them, most where the Gram form sums many positions.
+        excess = float(jnp.max(rule / vmapped)) - 1
+        assert float(jnp.min(rule / vmapped)) > 1 - 1e-4 and excess < 0.1, "the rule's norms differ from vmap's"
         calls = {key: functools.partial(f, a, g) for key, f in functions.items()}
         ms = interleaved.median_milliseconds(calls, FLAGS.steps, FLAGS.repeats, jax.block_until_ready)
         fan_in = layer.kernel.shape[0] * layer.kernel.shape[1] * shape[2]
         form = ghost_cost.form(g.shape[1] * g.shape[2], fan_in, arguments["filters"])
         print(
             f"| {name} | {batch} | {form} | {ms['batch gradient']:.1f} | {ms['vmap of the vjp']:.1f} "
-            f"| {ms['ghost rule']:.1f} | {ms['vmap of the vjp'] / ms['ghost rule']:.2f}x |"
+            f"| {ms['ghost rule']:.1f} | {ms['vmap of the vjp'] / ms['ghost rule']:.2f}x | +{excess:.2%} |"
         )
 
 
