@@ -125,11 +125,12 @@ MEASURED = re.compile(
 """A number with the unit of a measured run: a ratio (1.41x), a time, a share, a test count. (Sizes are left out:
 in the docs they describe data, files and machines.)"""
 EPSILON = re.compile(
-    r"(?<![\w-])(?:epsilon|ε)(?:[\s=:(~≈<>≤≥]+[^\s\d]*){1,4}?(?<![\w.])(?P<number>\d+\.\d+)(?![\d.]*\d)",
+    r"(?<![\w-])(?:epsilon|ε|claim|f-DP)(?:[\s=:(~≈<>≤≥]+[^\s\d]*){1,4}?(?<![\w.])(?P<number>\d+\.\d+)(?![\d.]*\d)",
     re.IGNORECASE,
 )
-"""An epsilon a doc states: the word epsilon (or ε) followed within a few words by a decimal number (epsilon 1.99,
-PLD epsilon 4.20, ε = 3.0, epsilon (1.0 under ...): an accounting result (or a setting) that a record should check.
+"""An epsilon a doc states: the word epsilon (or ε, claim, f-DP) followed within a few words by a decimal number
+(epsilon 1.99, PLD epsilon 4.20, ε = 3.0, claim 8.20, f-DP 5.64): an accounting or audit result (or a setting) that a
+record should check.
 A number of `MEASURED` (epsilon >= 1.5x) is that pattern's, not an epsilon; a target in code (`target_epsilon=3`) is
 left out with the code."""
 CODE = re.compile(r"`[^`]*`")
@@ -394,6 +395,15 @@ def _sampling_added_delta() -> dict:
     return found
 
 
+def _gdp_audit_reference() -> dict:
+    """The claim of docs/audit.md's reference point (tests/audit/test_bounds.py): mu = 1.7 GDP at delta 1e-5, as an
+    epsilon (`keras_dyndp.accounting.epsilon_from_mu`)."""
+    from keras_dyndp.accounting import gdp  # pylint: disable=import-outside-toplevel
+
+    mu, delta = 1.7, 1e-5
+    return {"mu": mu, "delta": delta, "claimed_epsilon": gdp.epsilon_from_mu(mu, delta)}
+
+
 def _planted_fault_claim() -> dict:
     """docs/audit.md's planted-fault schedule (tests/audit/test_white_box.py's ``_schedule(FAULT_MU)``): p = 1,
     T = 8, C_t geometric from 1 to 0.5, one sigma giving mu = sqrt(sum_t (C_t / sigma)^2) = 0.5; the epsilon the
@@ -456,6 +466,7 @@ RECOMPUTE = {
     "gdp_clt_calibration_examples": _gdp_clt_calibration_examples,
     "sampling_added_delta": _sampling_added_delta,
     "planted_fault_claim": _planted_fault_claim,
+    "gdp_audit_reference": _gdp_audit_reference,
     "full_batch_fit_epsilon": _full_batch_fit_epsilon,
 }
 
