@@ -6,7 +6,7 @@ The same model and the same `keras_dyndp.poisson_batches` data (so the pipeline'
 each variant runs ``fit`` with 1 and with 3 steps, interleaved, and a = (3 t_1 - t_3) / 2 is reported (medians over
 the repetitions), beside s, the time of one step.
 
-    python benchmarks/fit_call_overhead.py --repeats 15
+    python benchmarks/fit_call_overhead.py --repeats 15 [--seed 3] [--record benchmarks/results/x.json]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import statistics
 import time
 
 import numpy as np
+import records  # benchmarks/records.py (this script's directory is on sys.path)
 
 import keras_dyndp
 from keras_dyndp.schedules import DPSchedule
@@ -31,8 +32,8 @@ def _model(private: bool):
         + [keras.layers.Dense(10)]
     )
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-    if not private:
-        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+    if not private:  # Keras's own reduction: JAX's trainer takes only a scalar loss
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(True))
         return model
     p = BATCH_SIZE / NUM_EXAMPLES
     schedule = DPSchedule(np.ones(100_000), np.ones(100_000), p)
@@ -69,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="interleaved repetitions (>= 1)")
     parser.add_argument("--seed", type=int, default=None, help="poisson_batches' seed (None: OS entropy, the default)")
+    parser.add_argument("--record", default=None, help="where to write the run's record (benchmarks/records.py)")
     args = parser.parse_args()
     results = measure(args.repeats, args.seed)
     print(f"backend {keras_dyndp.keras_backend()}, {args.repeats} repetitions, seed {args.seed}")
@@ -77,6 +79,13 @@ def main() -> None:
         print(f"| {name} | {call:.1f} | {step:.1f} |")
     extra = results["make_private"][0] - results["non-private"][0]
     print(f"make_private adds {extra:.1f} ms a fit call")
+    if args.record:
+        measured = {name: {"ms_per_call": call, "ms_per_step": step} for name, (call, step) in results.items()}
+        records.write_record(
+            args.record,
+            records.command_line(),
+            {"backend": keras_dyndp.keras_backend(), "seed": args.seed, **measured, "added_ms_per_call": extra},
+        )
 
 
 if __name__ == "__main__":
