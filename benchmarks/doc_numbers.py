@@ -432,8 +432,8 @@ def _full_batch_fit_epsilon() -> dict:
     """docs/privacy.md's "Refused, and why": the epsilon a 20-step schedule at p = 0.01 (delta 1e-5, constant clip 1)
     reports (PLD, `PrivacyLogger`'s default) and its epsilon when `fit` trains on the full batch instead (the same
     noise multipliers at p = 1), for the schedule calibrated to 1.0 under the GDP-CLT (docs/accounting.md's first
-    calibration example; RDP beside it: the 5.39 and 75.2 of commit a326046, when RDP was reported) and under PLD
-    (the default); and the batch-size check's tail (``batch_sizes.BATCH_SIZE_TAIL``, both sides summed)."""
+    calibration example) and under PLD (the default); and the batch-size check's tail
+    (``batch_sizes.BATCH_SIZE_TAIL``, both sides summed)."""
     from keras_dyndp import schedules  # pylint: disable=import-outside-toplevel  (only for records that recompute)
     from keras_dyndp.core import batch_sizes  # pylint: disable=import-outside-toplevel
 
@@ -451,9 +451,8 @@ def _full_batch_fit_epsilon() -> dict:
         )
         full_batch = schedules.DPSchedule(schedule.clip_norms, schedule.noise_stddevs, 1.0)
         found[f"calibrated_{accountant}"] = {
-            f"{name}_{reported}": float(s.epsilon(delta, reported))
+            f"{name}_pld": float(s.epsilon(delta, "pld"))
             for name, s in (("reported", schedule), ("full_batch", full_batch))
-            for reported in ("pld", "rdp")
         }
     found["batch_size_tail"] = batch_sizes.BATCH_SIZE_TAIL
     found["batch_size_tails"] = 2 * batch_sizes.BATCH_SIZE_TAIL

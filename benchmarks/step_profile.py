@@ -34,6 +34,7 @@ flags.DEFINE_list("compare", ["nonprivate", "dyndp_fast"], "Two of step_time.py'
 flags.DEFINE_integer("profiled_steps", 20, "Steps traced per path and round.")
 flags.DEFINE_integer("rounds", 3, "Rounds; each traces every path once, in alternating order.")
 flags.DEFINE_integer("top", 25, "Op types listed.")
+flags.register_validator("compare", lambda paths: len(set(paths)) == len(paths) == 2, "two different paths")
 
 OP_TYPE = re.compile(r"_?[A-Z][A-Za-z0-9]*")
 
@@ -85,13 +86,19 @@ def summary(totals: dict[str, collections.Counter], walls: dict[str, list[float]
             base: per_step[base].get(op, 0.0),
             other: per_step[other].get(op, 0.0),
             "difference": difference[op],
-            "share": difference[op] / extra if extra else 0.0,
+            "share_percent": 100 * difference[op] / extra if extra else 0.0,
         }
         for op in sorted(difference, key=lambda op: -abs(difference[op]))[:top]
     ]
     sums = {path: sum(per_step[path].values()) for path in per_step}
     wall = {path: statistics.median(times) * 1e3 for path, times in walls.items()}
-    return {"ops": rows, "all_ops": sums, "wall_ms": wall}
+    return {
+        "ops": rows,
+        "all_ops": sums,
+        "all_ops_difference": sums[other] - sums[base],
+        "wall_ms": wall,
+        "wall_difference": wall[other] - wall[base],
+    }
 
 
 def table(result: dict) -> str:
@@ -103,10 +110,12 @@ def table(result: dict) -> str:
     ]
     for row in result["ops"]:
         lines.append(
-            f"| {row['op']} | {row[base]:.3f} | {row[other]:.3f} | {row['difference']:+.3f} | {row['share']:.0%} |"
+            f"| {row['op']} | {row[base]:.3f} | {row[other]:.3f} | {row['difference']:+.3f} | "
+            f"{row['share_percent']:.0f}% |"
         )
-    for label, values in (("all ops (sum)", result["all_ops"]), ("steps (wall, median of rounds)", result["wall_ms"])):
-        lines.append(f"| {label} | {values[base]:.3f} | {values[other]:.3f} | {values[other] - values[base]:+.3f} | |")
+    for label, key in (("all ops (sum)", "all_ops"), ("steps (wall, median of rounds)", "wall_ms")):
+        values, difference = result[key], result[key.removesuffix("_ms") + "_difference"]
+        lines.append(f"| {label} | {values[base]:.3f} | {values[other]:.3f} | {difference:+.3f} | |")
     return "\n".join(lines)
 
 
