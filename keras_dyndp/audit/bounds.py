@@ -63,12 +63,13 @@ def one_run_p_value(num_guesses, num_correct, num_canaries, epsilon, delta=0.0) 
         num_guesses: r, the number of guesses made, an int in [0, num_canaries].
         num_correct: v, how many of them are right, an int in [0, num_guesses].
         num_canaries: m, the number of canaries (each included with probability 1/2), an int >= 1.
-        epsilon: the epsilon of the (epsilon, delta)-DP claim tested, a float >= 0 (not checked).
+        epsilon: the epsilon of the (epsilon, delta)-DP claim tested, a float >= 0 (inf: nothing is rejected).
         delta: the delta of the claim, in [0, 1) (default 0).
     """
     r, v, m = _check_counts(num_guesses, num_correct, num_canaries)
     delta = validation.check_delta(delta, allow_zero=True)
-    return _one_run_p_value(r, v, m, float(epsilon), delta)
+    epsilon = validation.check_float("epsilon", epsilon, inclusive=True, allow_inf=True)
+    return _one_run_p_value(r, v, m, epsilon, delta)
 
 
 def _one_run_p_value(r: int, v: int, m: int, epsilon: float, delta: float) -> float:

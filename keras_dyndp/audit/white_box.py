@@ -149,8 +149,8 @@ def white_box_audit(
         score: 'sum' (default, the likelihood-ratio test) or 'reused_noise' (a test for repeated noise; module
             docstring).
         num_guesses: as `audit_from_scores`'s (None: its default grid).
-        gradient_norm: s, each canary's gradient norm before clipping, a float (not checked; >= max_t C_t clips
-            it to exactly C_t); None (default) for 10 max_t C_t.
+        gradient_norm: s, each canary's gradient norm before clipping, a finite float > 0 (>= max_t C_t clips it
+            to exactly C_t); None (default) for 10 max_t C_t.
         method: `make_private`'s method ('auto' default; TensorFlow's 'jacobian' audits the optimizer's own path).
         accumulation_steps: the optimizer's ``accumulation_steps`` k, an int >= 1 (default 1).
         strategy: a ``tf.distribute`` strategy to build, compile and fit in, or None (default) for none.
@@ -163,7 +163,13 @@ def white_box_audit(
     m = validation.check_int("num_canaries", num_canaries, 2)
     side = math.isqrt(m - 1) + 1  # side * side >= m weights, one per canary
     rows, cols = np.divmod(np.arange(m), side)
-    s = 10.0 * float(np.max(schedule.clip_norms)) if gradient_norm is None else float(gradient_norm)
+    # A non-finite or non-positive norm would give the canaries no (or a non-finite) gradient: an audit that passes
+    # because its canaries moved nothing.
+    s = (
+        10.0 * float(np.max(schedule.clip_norms))
+        if gradient_norm is None
+        else validation.check_float("gradient_norm", gradient_norm)
+    )
     included = np.random.default_rng(seed).random(m) < 0.5
     x = np.eye(side, dtype="float32")[rows[included]]
     y = s * np.eye(side, dtype="float32")[cols[included]]

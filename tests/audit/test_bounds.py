@@ -248,6 +248,9 @@ def test_fdp_bad_input():
         audit.fdp_mu_lower_bound(10, 11, 100)
     with pytest.raises(ValueError, match=r"`mu` must be a finite number >= 0"):
         audit.gdp_epsilon(-1.0, 1e-5)
+    for epsilon in (-0.5, float("nan")):
+        with pytest.raises(ValueError, match=r"`epsilon` must be >= 0"):
+            audit.one_run_p_value(10, 5, 100, epsilon)
 
 
 @pytest.mark.parametrize(

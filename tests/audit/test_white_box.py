@@ -178,3 +178,9 @@ def test_every_example_counted_twice_is_flagged_on_every_training_path(monkeypat
 def test_an_unknown_score_is_refused():
     with pytest.raises(ValueError, match="`score` must be one of"):
         white_box.white_box_audit(_schedule(FAULT_MU), score="loss")
+
+
+@pytest.mark.parametrize("gradient_norm", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_canary_gradient_norm_that_moves_nothing_is_refused(gradient_norm):
+    with pytest.raises(ValueError, match="`gradient_norm` must be a finite number > 0"):
+        white_box.white_box_audit(_schedule(FAULT_MU), gradient_norm=gradient_norm)
