@@ -25,6 +25,7 @@ import warnings
 from keras_dyndp.accounting import GdpCltAccountant
 from keras_dyndp.accounting import make_accountant
 from keras_dyndp.backend import keras_backend
+from keras_dyndp.core.adaptive_clipping import AdaptiveClipping
 from keras_dyndp.core.batch_sizes import SamplingWarning
 from keras_dyndp.core.noise_seed import NoiseSeedWarning
 from keras_dyndp.data.sampling import poisson_batches
@@ -72,6 +73,7 @@ _MOVED = {
 }
 
 __all__ = [
+    "AdaptiveClipping",
     "BudgetExhaustedError",
     "CalibrationError",
     "DPSchedule",

@@ -6,7 +6,6 @@ TensorFlow and no JAX: the optimizers of `keras_dyndp.tf_backend` and `keras_dyn
 from __future__ import annotations
 
 import inspect
-import threading
 import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -16,11 +15,14 @@ import numpy as np
 
 from keras_dyndp import schedules
 from keras_dyndp.accounting import noise_range
+from keras_dyndp.core import adaptive_clipping as adaptive
 from keras_dyndp.core import batch_sizes
+from keras_dyndp.core import mechanism
 from keras_dyndp.core import step_checks
 from keras_dyndp.core import validation
 from keras_dyndp.core.refusals import BudgetExhaustedError  # noqa: F401  (re-exported: keras_dyndp names it)
 from keras_dyndp.keras_glue.private_model import PrivateConfig
+from keras_dyndp.keras_glue.saved_state import SavedDPState
 from keras_dyndp.schedules.budget import BUDGET_ARGUMENTS
 from keras_dyndp.schedules.budget import resolve_schedule
 
@@ -96,23 +98,6 @@ def budget_spent_line(steps: int, num_steps: int) -> str:
     return f"BudgetStop: the privacy budget is spent ({steps} of the schedule's {num_steps} DP steps); training ended."
 
 
-class GradientGuard:
-    """Remembers the values the DP path handed out (its gradients; the schedule's pair), so the optimizer can refuse
-    any others. A plain object (the checkpoint graph is unaffected), per thread (MirroredStrategy traces each replica
-    in its own thread)."""
-
-    def __init__(self):
-        self._local = threading.local()
-
-    def issue(self, grads: Sequence[Any]) -> Sequence[Any]:
-        self._local.pending = tuple(grads)
-        return grads
-
-    def check_and_clear(self, grads: Sequence[Any]) -> bool:
-        pending, self._local.pending = getattr(self._local, "pending", None), None
-        return pending is not None and len(pending) == len(grads) and all(g is p for g, p in zip(grads, pending))
-
-
 def _attribute(name: str, doc: str) -> property:
     return property(lambda self: getattr(self, name), doc=doc)
 
@@ -124,7 +109,7 @@ _SETTINGS = tuple(
 """The checked arguments an optimizer keeps as ``_<name>`` and saves in its config."""
 
 
-class DPOptimizerBase:
+class DPOptimizerBase(SavedDPState):
     """The arguments, checks, schedule and config every DP optimizer shares, on every backend.
 
     `keras_dyndp.DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are
@@ -194,6 +179,11 @@ class DPOptimizerBase:
         the seed can remove the noise. Never serialised.
       allow_degenerate_noise: True trains with noise multipliers outside [1e-4, 1e4] (no meaningful privacy),
         with a `DegenerateNoiseWarning`: for tests only. Default False: refused.
+      adaptive_clipping: None (default): the clip norms are the schedule's. A `keras_dyndp.AdaptiveClipping` (or
+        True, its defaults; or a dict of its options): C_t starts at the schedule's C_0 and follows a target
+        quantile of the per-example gradient norms, estimated from a noised count of unclipped examples (Andrew et
+        al. 2021); the schedule's noise multipliers z_t are each step's total cost, shared by the gradient and the
+        count (`keras_dyndp.core.adaptive_clipping`), so epsilon is the schedule's.
       **kwargs: the Keras optimizer's own arguments (``learning_rate``, ``momentum``, ``name``, ...). Keras 3's
         ``gradient_accumulation_steps`` and ``loss_scale_factor`` are refused (use ``accumulation_steps``).
 
@@ -230,6 +220,7 @@ class DPOptimizerBase:
         rescale_to_unit_norm: bool = False,
         noise_seed: int | None = None,
         allow_degenerate_noise: bool = False,
+        adaptive_clipping: adaptive.AdaptiveClipping | dict | bool | None = None,
         **kwargs,
     ):
         arguments = locals()
@@ -237,9 +228,7 @@ class DPOptimizerBase:
         public_batch_size = validation.check_bool("public_batch_size", public_batch_size)
         noise_argument = "schedule" if schedule is not None else "target_epsilon"
         schedule, expected_batch_size = resolve_schedule(schedule, budget, expected_batch_size, public_batch_size)
-        understatement = schedules.gdp_clt_understatement(schedule)  # PLD epsilon > 1.05 x a GDP-CLT target
-        if understatement is not None:
-            warnings.warn(understatement, schedules.GdpCltUnderstatementWarning, stacklevel=2)
+        _warn_on_understatement(schedule)
         num_microbatches = validation.check_positive_int(
             "num_microbatches", num_microbatches, none_means="one microbatch per example", exact=True
         )
@@ -247,24 +236,26 @@ class DPOptimizerBase:
         rescale_to_unit_norm = validation.check_bool("rescale_to_unit_norm", rescale_to_unit_norm)
         check_base_arguments(kwargs, self._unsupported_base_arguments())
         allow_degenerate_noise = check_schedule_noise(schedule, noise_argument, allow_degenerate_noise)
+        options = adaptive.resolve(adaptive_clipping)
+        step_arrays = adaptive.step_arrays(schedule, options, num_microbatches or expected_batch_size)
         self._check_backend()
         settings = {name: value for name, value in locals().items() if name in _SETTINGS}
         base_arguments = {name: value for name, value in kwargs.items() if name != "name"}  # a name is a label
+        release = {"class": f"{type(self).__module__}.{type(self).__qualname__}", "schedule": schedule.get_config()}
         self._check_same_release(
-            {"class": f"{type(self).__module__}.{type(self).__qualname__}", "schedule": schedule.get_config()}
-            | settings
-            | base_arguments
+            release | settings | base_arguments | {"adaptive_clipping": adaptive.config_of(options)}
         )
         kwargs.setdefault("name", type(self).__name__)
         super().__init__(**kwargs)
         self._schedule = schedule
+        self._adaptive_clipping, self._step_arrays = options, step_arrays
         for name, value in settings.items():  # As `get_config` reads them.
             setattr(self, f"_{name}", value)
         self.private_config: PrivateConfig | None = None  # make_private's options, once it has used this optimizer.
         self._unverified_sampling: str | None = None
         self._overflow_probability: float | None = None
-        self._dp_gradient_guard = GradientGuard()
-        self._schedule_read = GradientGuard()  # the (C_t, sigma_t) pair last read, for `_read_once`
+        self._dp_gradient_guard = step_checks.GradientGuard()
+        self._schedule_read = step_checks.GradientGuard()  # the (C_t, sigma_t) pair last read, for `_read_once`
         self._step_checks = step_checks.StepChecks(schedule, expected_batch_size, self.normalises_by_rows)
         self._build_dp_state(noise_seed)
 
@@ -365,6 +356,30 @@ class DPOptimizerBase:
             )
         return read() if schedule_values is None else schedule_values
 
+    adaptive_clipping = _attribute(
+        "_adaptive_clipping", "The `AdaptiveClipping` options, or None (the schedule's C_t)."
+    )
+    adaptive_clip_norm = _attribute("_adaptive_clip_norm", "float32 variable: adaptive clipping's C_t (else None).")
+
+    def count_noise_stddev(self, num_microbatches: int | None) -> float:
+        """The std of adaptive clipping's noise on the count: sigma_b times the sensitivity (2 with microbatches)."""
+        return mechanism.sensitivity(num_microbatches) * self._step_arrays[2]
+
+    def _next_clip_norm(self, ops: Any, clip_norm: Any, noised: Any, num_rows, num_microbatches) -> Any:
+        """Adaptive clipping's C_{t+1} (`keras_dyndp.core.adaptive_clipping`) from the step's read ``clip_norm`` and
+        its ``noised`` count (all replicas', with the noise of std `count_noise_stddev`) over the gradient's
+        normaliser (``num_rows``, ``num_microbatches``: all replicas')."""
+        n = mechanism.normaliser(
+            ops,
+            clip_norm=1.0,
+            num_rows=num_rows,
+            expected_batch_size=self._expected_batch_size,
+            num_microbatches=num_microbatches,
+            rescale_to_unit_norm=False,
+        )
+        state = ops.cast(self._adaptive_clip_norm, "float32")
+        return adaptive.next_clip_norm(ops, clip_norm, state, noised, normaliser=n, options=self._adaptive_clipping)
+
     def current_noise_stddev(self) -> Any:
         """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 as `current_clip_norm`)."""
         return self._current_schedule_values()[1]
@@ -382,39 +397,6 @@ class DPOptimizerBase:
         )
         if refusal is not None:
             raise RuntimeError(refusal)
-
-    def _saved_in_place(self) -> list:
-        """The variables a ``.keras`` / ``.weights.h5`` file holds at their positions: all but the steps released,
-        which it holds last (after the slots, so a file's positions stay those of files saved before them)."""
-        return [variable for variable in self.variables if variable is not self._released_steps]
-
-    def save_own_variables(self, store) -> None:
-        """Keras's ``.keras`` / ``.weights.h5`` saving: `_saved_in_place`, then the steps released."""
-        in_place = self._saved_in_place()
-        for i, variable in enumerate(in_place):
-            store[str(i)] = variable.numpy()
-        store[str(len(in_place))] = self._released_steps.numpy()
-
-    def load_own_variables(self, store) -> None:
-        """Keras's ``.keras`` / ``.weights.h5`` loading. A file saved before keras_dyndp counted released steps (that
-        variable fewer) loads with the counter standing for them (`step_checks.UNRECORDED_RELEASED`); one saved
-        before the schedule fingerprint existed (both fewer), also with the fingerprint unrecorded, so a counter past 0
-        is refused until `record_schedule_fingerprint`. (Keras would skip every variable and restart the schedule at
-        step 0.)"""
-        in_place = self._saved_in_place()
-        no_fingerprint = [variable for variable in in_place if variable is not self._schedule_fingerprint]
-        for layout, with_released in ((in_place, True), (in_place, False), (no_fingerprint, False)):
-            if len(store.keys()) == len(layout) + with_released and all(
-                tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(layout)
-            ):
-                for i, variable in enumerate(layout):
-                    variable.assign(store[str(i)])
-                released = store[str(len(layout))] if with_released else step_checks.UNRECORDED_RELEASED
-                self._released_steps.assign(released)
-                if layout is no_fingerprint:
-                    self._schedule_fingerprint.assign(list(step_checks.UNRECORDED_FINGERPRINT))
-                return
-        super().load_own_variables(store)
 
     def record_schedule_fingerprint(self) -> None:
         """States that a restored counter without a fingerprint (an older checkpoint) counts steps of this schedule.
@@ -456,6 +438,7 @@ class DPOptimizerBase:
     def get_config(self) -> dict:
         config = super().get_config()
         config.update(schedule=self._schedule.get_config(), **{name: getattr(self, f"_{name}") for name in _SETTINGS})
+        config.update(adaptive_clipping=adaptive.config_of(self._adaptive_clipping))
         private = None if self.private_config is None else dict(vars(self.private_config))
         config.update(private_train_step=private)
         return config
@@ -469,6 +452,14 @@ class DPOptimizerBase:
         optimizer = super().from_config(config, custom_objects=custom_objects)
         optimizer.private_config = private_config
         return optimizer
+
+
+def _warn_on_understatement(schedule: schedules.DPSchedule) -> None:
+    """Warns (`GdpCltUnderstatementWarning`, at the constructor's caller) when the PLD epsilon of a schedule calibrated
+    to a GDP-CLT target exceeds it by more than 5%."""
+    understatement = schedules.gdp_clt_understatement(schedule)
+    if understatement is not None:
+        warnings.warn(understatement, schedules.GdpCltUnderstatementWarning, stacklevel=3)
 
 
 def make_optimizer_class(base_cls: type, mixin: type, keras_module: Any, required: str, on: str) -> type:

@@ -150,17 +150,6 @@ def test_gdp_clt_understatement_warning_points_at_the_caller():
     assert len(understatements) == 1 and understatements[0].filename == __file__
 
 
-def test_gradient_guard_accepts_only_the_issued_gradients_once():
-    guard = optimizer_base.GradientGuard()
-    grads = [object(), object()]
-    assert not guard.check_and_clear(grads)
-    guard.issue(grads)
-    assert not guard.check_and_clear([grads[0], object()])  # and the issue is spent
-    guard.issue(grads)
-    assert guard.check_and_clear(list(grads))
-    assert not guard.check_and_clear(grads)
-
-
 def test_noise_outside_the_accountants_range_is_refused_at_construction_unless_allowed():
     degenerate = schedules.DPSchedule(np.ones(3), np.array([1.0, 0.0, 1.0]), 0.1)
     with pytest.raises(ValueError, match=r"`schedule`: the noise multiplier .* of step 1 .* is 0; .*\[0.0001, 10000\]"):

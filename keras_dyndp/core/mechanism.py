@@ -45,15 +45,21 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def schedule_values(ops: Any, clip_norms: Any, noise_stddevs: Any, step: Any, num_steps: int, may_run: Any = None):
-    """float32 (C_t, sigma_t) at step counter ``step``: index min(step, T - 1); both 0 when ``step`` >= T =
+def schedule_values(
+    ops: Any, clip_norms: Any, noise_stddevs: Any, step: Any, num_steps: int, may_run: Any = None, scale: Any = None
+):
+    """float32 (C_t, sigma_t) at step counter ``step``: index min(step, T - 1), times ``scale`` (None: 1; adaptive
+    clipping's C_t, over arrays (1, z_g,t): `keras_dyndp.core.adaptive_clipping`); both 0 when ``step`` >= T =
     ``num_steps`` or where the bool ``may_run`` (None: always) is False."""
     index = ops.minimum(step, num_steps - 1)
     live = step < num_steps
     if may_run is not None:
         live = live & may_run
     zero = ops.cast(0.0, "float32")
-    return ops.where(live, ops.take(clip_norms, index), zero), ops.where(live, ops.take(noise_stddevs, index), zero)
+    clip_norm, noise = ops.take(clip_norms, index), ops.take(noise_stddevs, index)
+    if scale is not None:
+        clip_norm, noise = clip_norm * scale, noise * scale
+    return ops.where(live, clip_norm, zero), ops.where(live, noise, zero)
 
 
 def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:

@@ -5,6 +5,7 @@ JAX import here."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -210,3 +211,20 @@ class StepChecks:
         low, high = self.batch_size_range
         what = "few" if code == TOO_FEW else "many"
         return batch_sizes.out_of_range_refusal(what, self.sampling_probability, self.num_examples, low, high)
+
+
+class GradientGuard:
+    """Remembers the values the DP path handed out (its gradients; the schedule's pair), so the optimizer can refuse
+    any others. A plain object (the checkpoint graph is unaffected), per thread (MirroredStrategy traces each replica
+    in its own thread)."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def issue(self, grads: Sequence[Any]) -> Sequence[Any]:
+        self._local.pending = tuple(grads)
+        return grads
+
+    def check_and_clear(self, grads: Sequence[Any]) -> bool:
+        pending, self._local.pending = getattr(self._local, "pending", None), None
+        return pending is not None and len(pending) == len(grads) and all(g is p for g, p in zip(grads, pending))

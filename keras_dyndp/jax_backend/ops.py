@@ -56,6 +56,7 @@ OPS = types.SimpleNamespace(
     divide_no_nan=_divide_no_nan,
     is_finite=jnp.isfinite,
     sqrt=jnp.sqrt,
+    exp=jnp.exp,
     mean=jnp.mean,
     normals=_normals,
 )

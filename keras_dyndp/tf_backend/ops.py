@@ -11,6 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_dyndp.core import adaptive_clipping
 from keras_dyndp.core import mechanism
 from keras_dyndp.rules import layer_rules
 
@@ -23,6 +24,7 @@ OPS = types.SimpleNamespace(
     divide_no_nan=tf.math.divide_no_nan,
     is_finite=tf.math.is_finite,
     sqrt=tf.sqrt,
+    exp=tf.exp,
     mean=tf.reduce_mean,
     normals=lambda generator, tensors: [standard_normals(generator, t.shape, tf.shape(t)) for t in tensors],
 )
@@ -93,6 +95,13 @@ def clipped_sums(
     global ``norms`` [N] (`per_example_global_norms`) and summed."""
     factors = clip_factors(norms, clip_norm)
     return [None if grad is None else layer_rules.weighted_sum(factors, grad) for grad in per_example_grads]
+
+
+def centred_count(norms: tf.Tensor, clip_norm: tf.Tensor, rows: tf.Tensor | None = None) -> tf.Tensor:
+    """float32 sum of adaptive clipping's `keras_dyndp.core.adaptive_clipping.centred_indicators` of the gradient
+    ``norms`` [N] at ``clip_norm``, over the bool ``rows`` [N] (None: all: microbatches)."""
+    rows = tf.ones(tf.shape(norms), tf.bool) if rows is None else rows
+    return tf.reduce_sum(adaptive_clipping.centred_indicators(OPS, norms, clip_norm, rows))
 
 
 def add_gaussian_noise(

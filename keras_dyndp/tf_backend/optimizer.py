@@ -81,8 +81,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             self.note_batch_cap,
         )
         with tf.init_scope():
-            self._clip_norms_tensor = tf.constant(schedule.clip_norms, dtype=tf.float32)
-            self._noise_stddevs_tensor = tf.constant(schedule.noise_stddevs, dtype=tf.float32)
+            self._clip_norms_tensor = tf.constant(self._step_arrays[0], dtype=tf.float32)
+            self._noise_stddevs_tensor = tf.constant(self._step_arrays[1], dtype=tf.float32)
         self._schedule_fingerprint = keras_compat.add_int32_optimizer_variable(self, "schedule_fingerprint", (2,))
         # Tracked by name, not among the variables Keras lists by index in checkpoints (before the slots, it would
         # shift theirs: a checkpoint saved before it existed would not restore); `.keras` files hold it last.
@@ -94,6 +94,14 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
                 name="released_steps",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )
+            if self._adaptive_clipping is not None:  # saved after it (`keras_glue.saved_state`)
+                self._adaptive_clip_norm = tf.Variable(
+                    float(schedule.clip_norms[0]),
+                    dtype=tf.float32,
+                    trainable=False,
+                    name="adaptive_clip_norm",
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                )
 
     @property
     def noise_source(self) -> noise_source.NoiseSource:
@@ -117,7 +125,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         mismatch = self._step_checks.schedule_mismatch(step, tf.convert_to_tensor(self._schedule_fingerprint))
         may_run = ~mismatch & tf.equal(step, self._released(step))
         clip_norms, noise_stddevs = self._clip_norms_tensor, self._noise_stddevs_tensor
-        return mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, self._schedule.num_steps, may_run)
+        scale = None if self._adaptive_clip_norm is None else tf.convert_to_tensor(self._adaptive_clip_norm)
+        num_steps = self._schedule.num_steps
+        return mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, num_steps, may_run, scale)
 
     def _refusals(self, min_examples, max_examples, num_rows) -> list[tf.Operation]:
         """The step's refusals (`keras_dyndp.core.step_checks`) of a batch of ``num_rows`` rows holding ``min_examples``
@@ -137,10 +147,13 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             own = tf.constant(self._schedule.fingerprint, tf.int32)
             return checks + [self._schedule_fingerprint.assign(tf.where(mismatch, recorded, own))]
 
-    def _noised(self, clip: Callable, num_examples, num_rows, schedule_values=None, exact=True) -> list[tf.Tensor]:
+    def _noised(
+        self, clip: Callable, num_examples, num_rows, schedule_values=None, exact=True, centred_count=None
+    ) -> list[tf.Tensor]:
         """This replica's part of the update (`keras_dyndp.core.mechanism.private_update`) of its sums ``clip(C)``, (C,
         sigma) (`_read_once`) used after the `_refusals` of its ``num_rows`` rows holding ``num_examples`` examples
-        (unless ``exact``, at least; at most the rows): noise on the first replica only, the global normaliser."""
+        (unless ``exact``, at least; at most the rows): noise on the first replica only, the global normaliser. With
+        adaptive clipping, ``centred_count(C)`` (this replica's unclipped count) moves C_t (`_adapt`)."""
         self._sampling_check.check_step_input()
         counts = tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)])
         examples, rows = tf.unstack(distribution.global_sum(counts))
@@ -150,7 +163,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         num_microbatches = (
             None if self._num_microbatches is None else self._num_microbatches * distribution.num_replicas()
         )
-        return mechanism.private_update(
+        grads = mechanism.private_update(
             ops.OPS,
             clip(clip_norm),
             self._noise_source.generator,
@@ -161,6 +174,24 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             num_microbatches=num_microbatches,
             rescale_to_unit_norm=self._rescale_to_unit_norm,
         )
+        if self._adaptive_clip_norm is None:
+            return grads
+        with tf.control_dependencies([self._adapt(centred_count, clip_norm, rows, num_microbatches)]):
+            return [tf.identity(grad) for grad in grads]
+
+    def _adapt(self, centred_count: Callable | None, clip_norm, rows, num_microbatches) -> tf.Operation:
+        """Assigns adaptive clipping's C_{t+1}: the replicas' counts ``centred_count(C_t)`` summed with the count's
+        noise (drawn on the first replica only), over the step's global normaliser."""
+        if centred_count is None:
+            raise ValueError(
+                "This optimizer clips adaptively (adaptive_clipping is set): apply_clipped_sum needs "
+                "`centred_count`, the batch's sum of keras_dyndp.core.adaptive_clipping.centred_indicators of the "
+                "per-example gradient norms at the step's clip norm. Received: centred_count=None."
+            )
+        normal = ops.OPS.normals(self._noise_source.generator, [tf.zeros([])])[0] * distribution.noise_share()
+        noise = self.count_noise_stddev(num_microbatches) * normal
+        noised = distribution.global_sum(tf.cast(centred_count(clip_norm), tf.float32) + noise)
+        return self._adaptive_clip_norm.assign(self._next_clip_norm(ops.OPS, clip_norm, noised, rows, num_microbatches))
 
     def _calling_model(self):
         """The model whose train step calls: the private model compiled with this optimizer
@@ -210,11 +241,22 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         model_checks.check_training_model(self, model, var_list)  # Once per model, while the first step is traced.
         generator = self._noise_source.generator
 
+        norms = []
+
         def clip(clip_norm):
-            return microbatches.clipped_sum(tape, losses, var_list, clip_norm, self._num_microbatches, generator)[0]
+            sums, step_norms = microbatches.clipped_sum(
+                tape, losses, var_list, clip_norm, self._num_microbatches, generator
+            )
+            norms.append(step_norms)
+            return sums
+
+        def centred_count(clip_norm):  # Rows of loss 0 are padding (a real one counted or not: its own choice).
+            rows = None if self._num_microbatches else tf.not_equal(losses, 0)
+            return ops.centred_count(norms[0], clip_norm, rows)
 
         # Zero-weight padding rows have loss 0, so the rows with a non-zero loss bound the examples from below.
-        grads = self._noised(clip, sampling_check.count_nonzero_rows(losses), tf.shape(losses)[0], exact=False)
+        examples = sampling_check.count_nonzero_rows(losses)
+        grads = self._noised(clip, examples, tf.shape(losses)[0], exact=False, centred_count=centred_count)
         self._dp_gradient_guard.issue(grads)
         return list(zip(grads, var_list))
 
@@ -297,6 +339,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         trainable_variables: Sequence[tf.Variable],
         *,
         schedule_values: tuple[tf.Tensor, tf.Tensor] | None = None,
+        centred_count: tf.Tensor | None = None,
     ) -> tf.Variable:
         """Noises, normalises and applies sums of per-example gradients clipped to `current_clip_norm()`
         (`make_private`'s step clips them); the arguments of the JAX optimizers' ``stateless_apply_clipped_sum`` but
@@ -315,6 +358,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           trainable_variables: the variables, in the order of `clipped_sums`.
           schedule_values: the (C_t, sigma_t) pair `current_schedule_values()` returned, which the sums were clipped
             at (the step's one read of the schedule); None (default): read here.
+          centred_count: with adaptive clipping (required then), the float32 sum over the batch of
+            `keras_dyndp.core.adaptive_clipping.centred_indicators` of the unclipped gradient norms at the step's C_t
+            (`ops.centred_count`); its noised value moves C_t. Ignored otherwise.
 
         Returns `dp_step`. Raises `tf.errors.InvalidArgumentError` at run time as `compute_gradients` does.
         """
@@ -322,7 +368,8 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         var_list = list(trainable_variables)
         optimizer_base.check_same_length(clipped_sums, var_list)
         clipped_sums = ops.zeros_where_unconnected(clipped_sums, var_list)
-        grads = self._noised(lambda clip_norm: clipped_sums, num_examples, num_rows, schedule_values)
+        count = None if centred_count is None else lambda clip_norm: centred_count
+        grads = self._noised(lambda clip_norm: clipped_sums, num_examples, num_rows, schedule_values, True, count)
         return self._apply_private_gradients(list(zip(grads, var_list)))
 
 

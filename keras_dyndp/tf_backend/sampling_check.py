@@ -44,12 +44,17 @@ from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import distribution
 
 
-def count_nonzero_rows(values: tf.Tensor) -> tf.Tensor:
-    """int32 number of rows (leading index) of `values` (numbers or bools, e.g. the padding mask KerasHub's
+def nonzero_rows(values: tf.Tensor) -> tf.Tensor:
+    """bool [B]: the rows (leading index) of `values` (numbers or bools, e.g. the padding mask KerasHub's
     preprocessors give as sample weights) with at least one non-zero entry."""
     values = tf.cast(values, tf.float32)
     flat = tf.reshape(values, tf.stack([tf.shape(values)[0], -1]))
-    return tf.reduce_sum(tf.cast(tf.reduce_any(tf.not_equal(flat, 0), axis=1), tf.int32))
+    return tf.reduce_any(tf.not_equal(flat, 0), axis=1)
+
+
+def count_nonzero_rows(values: tf.Tensor) -> tf.Tensor:
+    """int32 number of `nonzero_rows` of `values`."""
+    return tf.reduce_sum(tf.cast(nonzero_rows(values), tf.int32))
 
 
 class SamplingCheck:

@@ -54,6 +54,7 @@ from keras_dyndp.keras_glue import private_model
 from keras_dyndp.tf_backend import data
 from keras_dyndp.tf_backend import distribution
 from keras_dyndp.tf_backend import keras_compat
+from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend import sampling_check
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import accumulation
@@ -82,16 +83,26 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
         num_microbatches=optimizer.num_microbatches,
     )
     if optimizer.accumulation_steps == 1:
-        sums, _, y_pred, losses = clip(x, y, sample_weight)
+        sums, norms, y_pred, losses = clip(x, y, sample_weight)
     else:
-        sums, _, y_pred, losses = accumulation.clipped_sum_in_physical_batches(
+        sums, norms, y_pred, losses = accumulation.clipped_sum_in_physical_batches(
             clip, var_list, x, y, sample_weight, optimizer.accumulation_steps
         )
     if self.losses:  # After the forward pass, which is where activity regularisers add theirs.
         raise refusals.regularization_error(f"{len(self.losses)} of them in model.losses")
     num_rows = tf.shape(losses)[0]
     num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
-    optimizer.apply_clipped_sum(sums, num_examples, num_rows, var_list, schedule_values=schedule_values)
+    count = None
+    if optimizer.adaptive_clipping is not None:  # microbatches: each counts; else the rows with a weight
+        rows = (
+            None
+            if optimizer.num_microbatches
+            else sampling_check.nonzero_rows(clipped_sum.example_weights(x, sample_weight))
+        )
+        count = ops.centred_count(norms, schedule_values[0], rows)
+    optimizer.apply_clipped_sum(
+        sums, num_examples, num_rows, var_list, schedule_values=schedule_values, centred_count=count
+    )
     if not config.training_metrics:
         # Nothing computed on the private batch leaves the step; the public step count stands in for the logs
         # (Keras 3's train function cannot return an empty structure).

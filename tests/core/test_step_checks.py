@@ -104,3 +104,14 @@ def test_the_budget_refusal_says_how_many_steps_and_what_to_do_and_suggests_budg
     assert "BudgetStop" not in plain
     hinted = step_checks.budget_exhausted_message(10, 10, step_checks.BUDGET_STOP)
     assert hinted.startswith(plain) and hinted.endswith("add keras_dyndp.BudgetStop() to its callbacks.")
+
+
+def test_gradient_guard_accepts_only_the_issued_gradients_once():
+    guard = step_checks.GradientGuard()
+    grads = [object(), object()]
+    assert not guard.check_and_clear(grads)
+    guard.issue(grads)
+    assert not guard.check_and_clear([grads[0], object()])  # and the issue is spent
+    guard.issue(grads)
+    assert guard.check_and_clear(list(grads))
+    assert not guard.check_and_clear(grads)

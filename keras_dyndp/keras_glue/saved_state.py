@@ -1,0 +1,77 @@
+"""How a DP optimizer's state lies in a ``.keras`` / ``.weights.h5`` file (`SavedDPState`), on every backend.
+
+Keras saves an optimizer's variables by position. The DP state that is not a slot of the base optimizer goes after
+the slots, so a file's positions stay those of files saved before that state existed: the steps released
+(``released_steps``), then, with adaptive clipping, the clip norm C_t it has reached (``adaptive_clip_norm``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras_dyndp.core import step_checks
+
+
+class SavedDPState:
+    """The saving and loading of a DP optimizer's variables (a mixin of `keras_dyndp.optimizer_base.DPOptimizerBase`,
+    which sets ``_released_steps``, ``_schedule_fingerprint`` and ``_adaptive_clip_norm``, None without adaptive
+    clipping)."""
+
+    _adaptive_clip_norm = None  # adaptive clipping's C_t, a variable the backend builds
+
+    def _saved_last(self) -> list:
+        """The variables a file holds after the others, in this order: the steps released, then C_t."""
+        return [self._released_steps] + ([] if self._adaptive_clip_norm is None else [self._adaptive_clip_norm])
+
+    def _saved_in_place(self) -> list:
+        """The variables a file holds at their positions: all but `_saved_last`."""
+        last = self._saved_last()
+        return [variable for variable in self.variables if not any(variable is other for other in last)]
+
+    def save_own_variables(self, store) -> None:
+        """Keras's ``.keras`` / ``.weights.h5`` saving: `_saved_in_place`, then `_saved_last`."""
+        in_place = self._saved_in_place()
+        for i, variable in enumerate([*in_place, *self._saved_last()]):
+            store[str(i)] = variable.numpy()
+
+    def load_own_variables(self, store) -> None:
+        """Keras's ``.keras`` / ``.weights.h5`` loading. With adaptive clipping, C_t is read from the file's last
+        entry when it holds one (else it starts at C_0: a file saved without adaptive clipping). A file saved before
+        keras_dyndp counted released steps (that variable fewer) loads with the counter standing for them
+        (`step_checks.UNRECORDED_RELEASED`); one saved before the schedule fingerprint existed (both fewer), also with
+        the fingerprint unrecorded, so a counter past 0 is refused until `record_schedule_fingerprint`. (Keras would
+        skip every variable and restart the schedule at step 0.)"""
+        in_place = self._saved_in_place()
+        store = _ReadView(store)
+        if self._adaptive_clip_norm is not None and len(store) == len(in_place) + 2:
+            self._adaptive_clip_norm.assign(store.pop_last())
+        no_fingerprint = [variable for variable in in_place if variable is not self._schedule_fingerprint]
+        for layout, with_released in ((in_place, True), (in_place, False), (no_fingerprint, False)):
+            if len(store) == len(layout) + with_released and all(
+                tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(layout)
+            ):
+                for i, variable in enumerate(layout):
+                    variable.assign(store[str(i)])
+                released = store[str(len(layout))] if with_released else step_checks.UNRECORDED_RELEASED
+                self._released_steps.assign(released)
+                if layout is no_fingerprint:
+                    self._schedule_fingerprint.assign(list(step_checks.UNRECORDED_FINGERPRINT))
+                return
+        super().load_own_variables(store.store)
+
+
+class _ReadView:
+    """A saved store's entries "0", "1", ..., of which the last may be taken off (`pop_last`)."""
+
+    def __init__(self, store: Any):
+        self.store, self._size = store, len(store.keys())
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, key: str) -> Any:
+        return self.store[key]
+
+    def pop_last(self) -> Any:
+        self._size -= 1
+        return self.store[str(self._size)]
