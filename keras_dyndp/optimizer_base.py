@@ -365,10 +365,10 @@ class DPOptimizerBase(SavedDPState):
         """The std of adaptive clipping's noise on the count: sigma_b times the sensitivity (2 with microbatches)."""
         return mechanism.sensitivity(num_microbatches) * self._step_arrays[2]
 
-    def _next_clip_norm(self, ops: Any, clip_norm: Any, noised: Any, num_rows, num_microbatches) -> Any:
-        """Adaptive clipping's C_{t+1} (`keras_dyndp.core.adaptive_clipping`) from the step's read ``clip_norm`` and
-        its ``noised`` count (all replicas', with the noise of std `count_noise_stddev`) over the gradient's
-        normaliser (``num_rows``, ``num_microbatches``: all replicas')."""
+    def _next_clip_norm(self, ops: Any, clip_norm: Any, clip_state, noised: Any, num_rows, num_microbatches) -> Any:
+        """Adaptive clipping's C_{t+1} (`keras_dyndp.core.adaptive_clipping`) from the step's read ``clip_norm``, the
+        stored C_t ``clip_state`` and its ``noised`` count (all replicas', with the noise of std
+        `count_noise_stddev`) over the gradient's normaliser (``num_rows``, ``num_microbatches``: all replicas')."""
         n = mechanism.normaliser(
             ops,
             clip_norm=1.0,
@@ -377,8 +377,8 @@ class DPOptimizerBase(SavedDPState):
             num_microbatches=num_microbatches,
             rescale_to_unit_norm=False,
         )
-        state = ops.cast(self._adaptive_clip_norm, "float32")
-        return adaptive.next_clip_norm(ops, clip_norm, state, noised, normaliser=n, options=self._adaptive_clipping)
+        options = self._adaptive_clipping
+        return adaptive.next_clip_norm(ops, clip_norm, clip_state, noised, normaliser=n, options=options)
 
     def current_noise_stddev(self) -> Any:
         """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 as `current_clip_norm`)."""

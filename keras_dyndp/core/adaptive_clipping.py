@@ -124,7 +124,8 @@ def gradient_noise_multipliers(noise_multipliers: np.ndarray, stddev: float) -> 
             "multiplier leaves nothing for the gradient). Give a larger count_stddev or more noise. Received: "
             f"count_stddev={stddev!r}."
         )
-    return (z**-2 - (2.0 * stddev) ** -2) ** -0.5
+    with np.errstate(divide="ignore"):  # z = 0 (no noise, tests only: allow_degenerate_noise) gives z_g = 0
+        return (z**-2 - (2.0 * stddev) ** -2) ** -0.5
 
 
 def step_arrays(schedule: Any, options: AdaptiveClipping | None, normaliser: float | None) -> tuple:

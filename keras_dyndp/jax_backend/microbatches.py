@@ -23,8 +23,8 @@ def random_assignment(key: jax.Array, num_rows: int, num_microbatches: int) -> j
 
 def clipped_sum(
     grads: list[jax.Array], losses: jax.Array, assignment: jax.Array, num_microbatches: int, clip_norm: jax.Array
-) -> list[jax.Array]:
-    """Per variable, the float32 sum_j clip(G_j, C) (module docstring).
+) -> tuple[list[jax.Array], jax.Array]:
+    """Per variable, the float32 sum_j clip(G_j, C) (module docstring), and the unclipped norms ||G_j|| [M].
 
     Args:
       grads: per variable, the per-example gradients [B, ...] of the weighted per-example losses.
@@ -41,6 +41,6 @@ def clipped_sum(
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g), axis=1) for g in flat]), axis=0).astype(jnp.float32)
     flat = [layer_rules.kept_rows(g, finite) for g in flat]
     squared_norms = sum(jnp.sum((row_coefficients.T @ g) ** 2, axis=1) for g in flat)  # [M]
-    factors = mechanism.clip_factors(ops.OPS, mechanism.norms_from_squares(ops.OPS, squared_norms), clip_norm)
-    coefficients = row_coefficients @ factors  # [B]: f_{a_i} / n_{a_i}
-    return [jnp.tensordot(coefficients, g, axes=1).reshape(grad.shape[1:]) for g, grad in zip(flat, grads)]
+    norms = mechanism.norms_from_squares(ops.OPS, squared_norms)
+    coefficients = row_coefficients @ mechanism.clip_factors(ops.OPS, norms, clip_norm)  # [B]: f_{a_i} / n_{a_i}
+    return [jnp.tensordot(coefficients, g, axes=1).reshape(grad.shape[1:]) for g, grad in zip(flat, grads)], norms

@@ -52,14 +52,22 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
         self._noise_source = noise_source.NoiseSource(noise_seed)
-        self._clip_norms = np.asarray(self._schedule.clip_norms, np.float32)
-        self._noise_stddevs = np.asarray(self._schedule.noise_stddevs, np.float32)
+        self._clip_norms, self._noise_stddevs, _ = self._step_arrays
         self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
         self._released_steps = self._int32_variable("released_steps", ())
         self._released_steps.assign(step_checks.UNRECORDED_RELEASED)
         # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
         # (zeros at rest)]; never saved.
         self._run_state = self._int32_variable("dp_run_state", 5)
+        if self._adaptive_clipping is not None:  # saved after the steps released (`keras_glue.saved_state`)
+            self._adaptive_clip_norm = self.add_variable(
+                shape=(),
+                initializer="ones",
+                dtype="float32",
+                aggregation="only_first_replica",
+                name="adaptive_clip_norm",
+            )
+            self._adaptive_clip_norm.assign(float(self._schedule.clip_norms[0]))
 
     def _check_same_release(self, description: dict) -> None:
         distribution.check_same_release(description)
@@ -93,15 +101,30 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         recorded = jnp.asarray(optimizer_variables[self._index(self._released_steps)], jnp.asarray(step).dtype)
         return step_checks.released_steps(step, recorded, jnp.where)
 
-    def schedule_values(self, step) -> tuple[jax.Array, jax.Array]:
+    def schedule_values(self, step, clip_state=None) -> tuple[jax.Array, jax.Array]:
         """float32 (C, sigma) of step ``step``; both 0 once the budget is spent. The step's one read of the schedule:
-        a step that clips at C passes the pair on to ``stateless_apply_clipped_sum(schedule_values=)``."""
+        a step that clips at C passes the pair on to ``stateless_apply_clipped_sum(schedule_values=)``. With
+        adaptive clipping, C is ``clip_state`` (the stored C_t; None: the variable's value) and sigma follows it."""
         clip_norms, noise_stddevs, num_steps = self._clip_norms, self._noise_stddevs, self._schedule.num_steps
-        return self._schedule_read.issue(mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, num_steps))
+        scale = None
+        if self._adaptive_clip_norm is not None:
+            scale = self._adaptive_clip_norm.value if clip_state is None else clip_state
+        values = mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, num_steps, scale=scale)
+        return self._schedule_read.issue(values)
+
+    def schedule_values_at(self, optimizer_variables) -> tuple[jax.Array, jax.Array]:
+        """`schedule_values` at the step counter (and adaptive clipping's C_t) in ``optimizer_variables``."""
+        return self.schedule_values(self.step_at(optimizer_variables), self._clip_state_at(optimizer_variables))
+
+    def _clip_state_at(self, optimizer_variables) -> jax.Array | None:
+        """Adaptive clipping's stored C_t in ``optimizer_variables`` (None without it)."""
+        if self._adaptive_clip_norm is None:
+            return None
+        return optimizer_variables[self._index(self._adaptive_clip_norm)]
 
     def clip_norm_at(self, optimizer_variables) -> jax.Array:
         """float32 C at the step counter in ``optimizer_variables`` (0 once spent)."""
-        return self.schedule_values(self.step_at(optimizer_variables))[0]
+        return self.schedule_values_at(optimizer_variables)[0]
 
     def _current_schedule_values(self) -> tuple[jax.Array, jax.Array]:
         return self.schedule_values(self.iterations.value)
@@ -203,7 +226,15 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         self._run_state.assign(self._noise_source.fresh_run_state(with_key=False))
 
     def stateless_apply_clipped_sum(
-        self, optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables, *, schedule_values=None
+        self,
+        optimizer_variables,
+        clipped_sums,
+        num_examples,
+        num_rows,
+        trainable_variables,
+        *,
+        schedule_values=None,
+        centred_count=None,
     ) -> tuple[list, list]:
         """Stateless: noises, normalises and applies sums of per-example (with ``num_microbatches``, per-microbatch)
         gradients clipped to `clip_norm_at` (`make_private`'s step clips them).
@@ -217,6 +248,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           trainable_variables: the list of the values of the trainable variables the optimizer was built with.
           schedule_values: the pair of float32 scalars (C, sigma) `schedule_values` returned for the step counter in
             the state, which the sums were clipped at (the step's one read of the schedule); None (default): read here.
+          centred_count: with adaptive clipping (required then), the float32 sum over the batch of
+            `keras_dyndp.core.adaptive_clipping.centred_indicators` of the unclipped gradient norms at the step's C;
+            its noised value moves C_t. Ignored otherwise.
 
         Returns:
           ``(trainable_variables, optimizer_variables)`` as Keras's ``stateless_apply``; unchanged but for the
@@ -230,7 +264,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         checks = self._step_checks.failing(step, recorded, released, num_examples, num_examples, num_rows, no_key)
         code = jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
         code = jnp.where(run_state[1] != 0, run_state[1], code)  # Once refused, refused until raise_refused_step.
-        clip_norm, noise_stddev = self._read_once(schedule_values, lambda: self.schedule_values(step))
+        clip_norm, noise_stddev = self._read_once(schedule_values, lambda: self.schedule_values_at(optimizer_variables))
         grads = mechanism.private_update(
             ops.OPS,
             [jnp.asarray(clipped_sum, jnp.float32) for clipped_sum in clipped_sums],
@@ -249,12 +283,30 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         new_optimizer = list(new_optimizer)
         new_optimizer[fingerprint_index] = jnp.asarray(self._schedule.fingerprint, jnp.int32)
         new_optimizer[self._index(self._released_steps)] = jnp.asarray(released + 1, jnp.int32)
+        if self._adaptive_clip_norm is not None:
+            new_optimizer[self._index(self._adaptive_clip_norm)] = self._adapted(
+                optimizer_variables, centred_count, clip_norm, num_rows
+            )
         new_trainable = [jnp.where(code == 0, n, o) for n, o in zip(new_trainable, trainable_variables)]
         new_optimizer = [jnp.where(code == 0, n, o) for n, o in zip(new_optimizer, optimizer_variables)]
         newly_refused = (run_state[1] == 0) & (code != 0)
         refused_examples = jnp.where(newly_refused, jnp.asarray(num_examples, jnp.int32), run_state[2])
         new_optimizer[run_index] = run_state.at[1].set(code).at[2].set(refused_examples)
         return new_trainable, new_optimizer
+
+    def _adapted(self, optimizer_variables, centred_count, clip_norm, num_rows) -> jax.Array:
+        """Adaptive clipping's C_{t+1}: ``centred_count`` plus the count's noise, under the step's own key."""
+        if centred_count is None:
+            raise ValueError(
+                "This optimizer clips adaptively (adaptive_clipping is set): stateless_apply_clipped_sum needs "
+                "`centred_count`, the batch's sum of keras_dyndp.core.adaptive_clipping.centred_indicators of the "
+                "per-example gradient norms at the step's clip norm. Received: centred_count=None."
+            )
+        key = self._step_key(optimizer_variables, noise_source.CLIP_COUNT)
+        normal = ops.standard_normals(key, 1)[0]
+        noised = jnp.asarray(centred_count, jnp.float32) + self.count_noise_stddev(self._num_microbatches) * normal
+        state = optimizer_variables[self._index(self._adaptive_clip_norm)]
+        return self._next_clip_norm(ops.OPS, clip_norm, state, noised, num_rows, self._num_microbatches)
 
     def build(self, var_list):
         """Builds the base optimizer's variables. In ``load_model``'s ``compile_from_config``, gives the model back

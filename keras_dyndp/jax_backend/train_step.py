@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import keras
 
 from keras_dyndp import optimizer_base
+from keras_dyndp.core import adaptive_clipping
 from keras_dyndp.core import batch_sizes
 from keras_dyndp.core import mechanism
 from keras_dyndp.core import refusals
@@ -208,8 +209,9 @@ def _refuse_writes_from_random_draws(model: keras.Model):
         ) from error
 
 
-def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) -> list:
-    """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and the tapped layers' rules (`registry`)."""
+def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) -> tuple[list, jax.Array]:
+    """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and the tapped layers' rules (`registry`),
+    and the unclipped norms ||g_i|| [B]."""
     squared_norms = jnp.zeros([num_rows], jnp.float32)
     for g in grads:
         if g is not None:
@@ -218,12 +220,22 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) 
     ruled = {key: rules[type(layer)].norms_and_sums(layer, *tap_rows[key]) for key, (layer, *_) in tapped.items()}
     for squared, _ in ruled.values():
         squared_norms = squared_norms + squared
-    factors = mechanism.clip_factors(ops.OPS, mechanism.norms_from_squares(ops.OPS, squared_norms), clip_norm)
+    norms = mechanism.norms_from_squares(ops.OPS, squared_norms)
+    factors = mechanism.clip_factors(ops.OPS, norms, clip_norm)
     sums = [None if g is None else layer_rules.weighted_sum(factors, g) for g in grads]
     for key, (_, indices, _) in tapped.items():
         for index, total in zip(indices, ruled[key][1](factors)):
             sums[index] = total
-    return sums
+    return sums, norms
+
+
+def _centred_count(norms: jax.Array, clip_norm: jax.Array, weights: jax.Array | None) -> jax.Array:
+    """Adaptive clipping's count (`keras_dyndp.core.adaptive_clipping.centred_indicators` summed): over the rows
+    with a non-zero weight in ``weights`` ([B], or per loss entry), or over every microbatch (None)."""
+    rows = (
+        jnp.ones(norms.shape, bool) if weights is None else jnp.any(jnp.reshape(weights != 0, (norms.shape[0], -1)), 1)
+    )
+    return jnp.sum(adaptive_clipping.centred_indicators(ops.OPS, norms, clip_norm, rows))
 
 
 def _in_physical_batches(
@@ -262,7 +274,8 @@ def _private_train_step(self: keras.Model, state, data):
     # Per row ([B], [B, 1]) or per loss entry (a [B, L] padding mask): `mechanism.per_example_losses`.
     weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.asarray(sample_weight, jnp.float32)
     is_seed_state = _seed_states(self)
-    clip_norm, _ = schedule_values = optimizer.schedule_values(optimizer.step_at(optimizer_variables))  # read once
+    clip_norm, _ = schedule_values = optimizer.schedule_values_at(optimizer_variables)  # read once
+    adaptive = optimizer.adaptive_clipping is not None
     num_microbatches = optimizer.num_microbatches
     # Microbatch gradients mix examples, which the taps' per-example norms do not: no taps there.
     classes = (keras.layers.Embedding,) if config.method == "vectorized" else None
@@ -276,11 +289,13 @@ def _private_train_step(self: keras.Model, state, data):
         grads, tap_rows, y_pred, new_non_trainable, losses = per_example(non_trainable_variables, step_key, *batch)
         if num_microbatches:
             assignment = optimizer.microbatch_assignment(optimizer_variables, losses.shape[0])
-            sums = microbatches.clipped_sum(grads, losses, assignment, num_microbatches, clip_norm)
+            sums, norms = microbatches.clipped_sum(grads, losses, assignment, num_microbatches, clip_norm)
         else:
             with keras.StatelessScope(state_mapping=list(zip(self.trainable_variables, trainable_variables))):
                 # The rules that read a variable (LoRA's adapters) read the step's value, not a traced constant.
-                sums = _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, losses.shape[0])
+                sums, norms = _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, losses.shape[0])
+        if adaptive:  # summed with the sums over physical batches
+            sums = [*sums, _centred_count(norms, clip_norm, None if num_microbatches else batch[2])]
         return sums, (y_pred, new_non_trainable, losses)
 
     batch = (x, y, weights)
@@ -289,16 +304,24 @@ def _private_train_step(self: keras.Model, state, data):
         clipped_sums, (y_pred, new_non_trainable, losses) = physical_batch(batch)
         first = lambda value: value  # noqa: E731
     else:
+        shapes = [v.shape for v in trainable_variables] + ([()] if adaptive else [])
         clipped_sums, (y_pred, new_non_trainable, losses) = _in_physical_batches(
-            physical_batch, batch, num_rows, num_physical_batches, [v.shape for v in trainable_variables]
+            physical_batch, batch, num_rows, num_physical_batches, shapes
         )
         rows = lambda value: value.reshape(-1, *value.shape[2:])[:num_rows]  # noqa: E731
         y_pred, losses = jax.tree_util.tree_map(rows, (y_pred, losses))
         first = lambda value: value[0]  # noqa: E731
     num_examples = jnp.sum(jnp.any(jnp.reshape(weights != 0, (num_rows, -1)), axis=1))  # rows with a weight
     advanced = _advanced_seed_states(self, trainable_variables, non_trainable_variables, x, is_seed_state)
+    count = clipped_sums.pop() if adaptive else None
     trainable_variables, optimizer_variables = optimizer.stateless_apply_clipped_sum(
-        optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables, schedule_values=schedule_values
+        optimizer_variables,
+        clipped_sums,
+        num_examples,
+        num_rows,
+        trainable_variables,
+        schedule_values=schedule_values,
+        centred_count=count,
     )
     non_trainable_variables = [
         new if seed else first(value) for value, new, seed in zip(new_non_trainable, advanced, is_seed_state)

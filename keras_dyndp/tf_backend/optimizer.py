@@ -191,7 +191,10 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         normal = ops.OPS.normals(self._noise_source.generator, [tf.zeros([])])[0] * distribution.noise_share()
         noise = self.count_noise_stddev(num_microbatches) * normal
         noised = distribution.global_sum(tf.cast(centred_count(clip_norm), tf.float32) + noise)
-        return self._adaptive_clip_norm.assign(self._next_clip_norm(ops.OPS, clip_norm, noised, rows, num_microbatches))
+        state = tf.convert_to_tensor(self._adaptive_clip_norm)
+        return self._adaptive_clip_norm.assign(
+            self._next_clip_norm(ops.OPS, clip_norm, state, noised, rows, num_microbatches)
+        )
 
     def _calling_model(self):
         """The model whose train step calls: the private model compiled with this optimizer

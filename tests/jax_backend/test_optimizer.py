@@ -505,3 +505,28 @@ def test_a_state_rewound_in_the_middle_of_an_epoch_draws_new_noise():
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False, callbacks=[_RewindOnce(updates)])
     assert int(model.optimizer.dp_step.numpy()) == 1 and len(updates) == 2
     assert not np.allclose(updates[0], updates[1])  # the same step counter, weights and rows: only the keys differ
+
+
+def test_adaptive_clipping_needs_the_count_in_a_custom_step_and_moves_the_clip_norm_with_it():
+    optimizer = DynamicDPKerasSGD(
+        schedule=_schedule(noise=0.0),
+        public_batch_size=True,
+        learning_rate=1.0,
+        allow_degenerate_noise=True,
+        adaptive_clipping={"target_quantile": 0.5, "learning_rate": 0.2, "count_stddev": 1e-6},
+    )
+    variable = keras.Variable(np.zeros(3, np.float32))
+    optimizer.build([variable])
+    state = optimizer.new_run(_values(optimizer))
+    with pytest.raises(ValueError, match="stateless_apply_clipped_sum needs `centred_count`"):
+        optimizer.stateless_apply_clipped_sum(state, [np.zeros(3, np.float32)], 4, 4, [variable.value])
+    _, new_state = optimizer.stateless_apply_clipped_sum(
+        state,
+        [np.zeros(3, np.float32)],
+        4,
+        4,
+        [variable.value],
+        centred_count=np.float32(-2.0),  # all clipped
+    )
+    assert float(optimizer.clip_norm_at(new_state)) == pytest.approx(np.exp(0.2 * 0.5), rel=1e-5)
+    assert float(optimizer.clip_norm_at(state)) == 1.0

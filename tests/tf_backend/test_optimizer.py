@@ -14,6 +14,7 @@ from keras_dyndp.keras_glue import private_model
 from keras_dyndp.keras_glue import restarts
 from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import microbatches
+from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend import optimizer as optimizer_module
 from keras_dyndp.tf_backend.optimizer import DynamicDPKerasAdagrad
 from keras_dyndp.tf_backend.optimizer import DynamicDPKerasAdam
@@ -1146,3 +1147,32 @@ def test_gdp_clt_calibration_warns_once_with_the_pld_epsilon():
         warnings.simplefilter("error", schedules.GdpCltUnderstatementWarning)
         for schedule in schedules_without_warning:
             DynamicDPKerasSGD(schedule=schedule, public_batch_size=True)
+
+
+def test_adaptive_clipping_needs_the_count_in_a_custom_step_and_moves_the_clip_norm_with_it():
+    schedule = schedules.DPSchedule([1.0] * 3, [0.0] * 3, 0.1)
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule,
+        learning_rate=1.0,
+        expected_batch_size=8,
+        allow_degenerate_noise=True,
+        adaptive_clipping={"target_quantile": 0.5, "learning_rate": 0.2, "count_stddev": 1e-6},
+    )
+    variable = tf.Variable(tf.zeros([3]))
+    with pytest.raises(ValueError, match="apply_clipped_sum needs `centred_count`"):
+        optimizer.apply_clipped_sum([tf.zeros([3])], 8, 8, [variable])
+    optimizer.apply_clipped_sum([tf.zeros([3])], 8, 8, [variable], centred_count=tf.constant(4.0))  # all unclipped
+    assert float(optimizer.adaptive_clip_norm.numpy()) == pytest.approx(np.exp(-0.2 * 0.5), rel=1e-5)
+    assert float(optimizer.current_clip_norm()) == pytest.approx(np.exp(-0.2 * 0.5), rel=1e-5)
+    assert optimizer.get_config()["adaptive_clipping"] == {
+        "target_quantile": 0.5,
+        "learning_rate": 0.2,
+        "count_stddev": 1e-6,
+    }
+
+
+def test_adaptive_clipping_counts_only_the_rows_with_a_weight():
+    norms = tf.constant([0.5, 3.0, 0.5, float("nan"), 0.1])
+    rows = tf.constant([True, True, True, True, False])
+    assert float(ops.centred_count(norms, 1.0, rows)) == 0.0  # +1/2 +(-1/2) +1/2 +(-1/2: not finite) + 0
+    assert float(ops.centred_count(norms, 1.0)) == 0.5
