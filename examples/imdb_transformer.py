@@ -52,7 +52,7 @@ flags.DEFINE_enum("finetune", "full", ["none", "full", "lora"], "Private phase: 
 flags.DEFINE_integer("lora_rank", 4, "Rank of the LoRA adapters (--finetune=lora).", lower_bound=1)
 flags.DEFINE_float("public_fraction", 0.5, "Share of IMDB's test split used as public data.", 0.01, 0.99)
 flags.DEFINE_integer("pretrain_epochs", 2, "Non-private epochs on the public reviews.", lower_bound=0)
-flags.DEFINE_enum("method", "dynamic", ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"], "DP schedule.")
+flags.DEFINE_enum("method", "dynamic", cli.METHODS, cli.METHOD_HELP)
 flags.DEFINE_float("epsilon", 3.0, "Target epsilon of the private phase (PLD accountant, delta = 1 / (10 N)).")
 flags.DEFINE_integer("epochs", 2, "Private epochs: T = ceil(epochs N / batch_size) DP steps.", lower_bound=1)
 flags.DEFINE_integer(
@@ -126,7 +126,7 @@ def main() -> None:
         num_examples=len(y),
         batch_size=FLAGS.batch_size,
         epochs=FLAGS.epochs,
-        method=FLAGS.method,
+        **cli.schedule_arguments(FLAGS.method),
         initial_clip=1.0,
         rho_mu=1 / 0.8,  # the paper's 1/rho_mu = 0.8 and 1/rho_c = 0.3, each used by the methods it shapes
         rho_c=1 / 0.3,

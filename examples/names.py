@@ -47,7 +47,7 @@ def main() -> None:
         num_examples=data.num_train,
         batch_size=FLAGS.batch_size,
         epochs=FLAGS.epochs,
-        method=FLAGS.method,
+        **cli.schedule_arguments(FLAGS.method),
         initial_clip=1.5,
         rho_mu=1 / 0.8,  # the paper's 1/rho_mu = 0.8 and 1/rho_c = 0.3, each used by the methods it shapes
         rho_c=1 / 0.3,

@@ -91,6 +91,29 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS, pr
     return remaining
 
 
+METHODS = ["vanilla", "growing_mu", "sensitivity_decay", "dynamic", "adaptive"]
+"""``--method``'s values: the paper's schedules (`keras_dyndp.schedules.METHODS`; cli imports no accounting) and
+'adaptive' (`schedule_arguments`)."""
+
+METHOD_HELP = (
+    "DP schedule: the paper's four, or 'adaptive' (vanilla noise with the clip norm adapted to the median per-example "
+    "gradient norm from a noised count: Andrew et al. 2021, keras_dyndp.AdaptiveClipping; --initial_clip is C_0)."
+)
+
+
+def schedule_arguments(method: str) -> dict:
+    """The optimizer's arguments for a trainer's ``--method``: ``{'method': method}`` for a schedule of the paper;
+    for 'adaptive', the vanilla schedule with ``adaptive_clipping=True`` (`keras_dyndp.AdaptiveClipping`'s
+    defaults: the median, learning rate 0.2, the count's noise std n / 20).
+
+    Args:
+      method: one of `METHODS`.
+    """
+    if method == "adaptive":
+        return {"method": "vanilla", "adaptive_clipping": True}
+    return {"method": method}
+
+
 def define_training_flags(
     *,
     epsilon: float,
@@ -102,7 +125,7 @@ def define_training_flags(
     model_dir: bool = True,
     flag_values: flags.FlagValues = flags.FLAGS,
 ) -> None:
-    """Defines the flags every trainer of examples/ has, with its task's defaults: ``--method`` (the paper's schedules),
+    """Defines the flags every trainer of examples/ has, with its task's defaults: ``--method`` (`METHODS`),
     ``--epsilon`` (PLD, delta = 1 / (10 N)), ``--epochs``, ``--batch_size`` (expected, Poisson), ``--learning_rate``,
     ``--model_dir`` and ``--verbose`` (Keras ``fit``'s). They are the caller's key flags: its ``--help`` lists them.
 
@@ -117,8 +140,7 @@ def define_training_flags(
       flag_values: the registry to define them in (absl's global one by default).
     """
     define = {"flag_values": flag_values}
-    methods = ["vanilla", "growing_mu", "sensitivity_decay", "dynamic"]  # schedules.METHODS; cli imports no accounting
-    flags.DEFINE_enum("method", "dynamic", methods, "DP schedule.", **define)
+    flags.DEFINE_enum("method", "dynamic", METHODS, METHOD_HELP, **define)
     flags.DEFINE_float(
         "epsilon", epsilon, "Target epsilon of the whole run (PLD accountant, delta = 1 / (10 N)).", **define
     )

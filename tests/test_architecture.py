@@ -270,7 +270,7 @@ TENSORFLOW_ONLY_MODULES = {
     "sampling_check",  # JAX checks the batches in its train_step
     *(
         f"per_example/{name}"
-        for name in "accumulation clipped_sum conv2d dense einsum_dense generic ghost losses normalization norms "
+        for name in "clipped_sum conv2d dense einsum_dense generic ghost losses normalization norms "
         "per_example_layers randomness recurrent vectorized".split()
     ),  # TensorFlow's batched ghost pass and its kernels; JAX runs each example under jax.vmap
 }
@@ -279,6 +279,7 @@ moved or renamed to match JAX's comes off this list; a new one on one side only 
 
 DIFFERING_SIGNATURES = {
     "distribution.agreed_random_bits",
+    "microbatches.clipped_sum",
     "microbatches.random_assignment",
     "model_checks.check_model",
     "ops.standard_normals",

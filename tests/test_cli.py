@@ -114,9 +114,15 @@ def test_training_flags_are_the_callers_key_flags_with_its_defaults_and_bounds(m
     values(["trainer.py"])
     assert {name: values[name].value for name in defaults} == defaults
     assert (values.method, values.verbose) == ("dynamic", 2)
-    assert tuple(values["method"].parser.enum_values) == schedules.METHODS
+    assert tuple(values["method"].parser.enum_values) == (*schedules.METHODS, "adaptive")  # cli.schedule_arguments
     assert "each client joins a step" in values["batch_size"].help
     assert values["learning_rate"].help == "SGD learning rate."
     with pytest.raises(SystemExit):
         cli.parse_flags(["trainer.py", "--batch_size=0"], values)
     assert "--batch_size=0" in _one_error_line(capsys)
+
+
+def test_schedule_arguments_turn_adaptive_into_the_vanilla_schedule_with_adaptive_clipping():
+    assert cli.schedule_arguments("adaptive") == {"method": "vanilla", "adaptive_clipping": True}
+    for method in schedules.METHODS:
+        assert cli.schedule_arguments(method) == {"method": method}

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from keras_dyndp.core import adaptive_clipping
+
 
 def _divide_no_nan(x, y):
     nonzero = y != 0
@@ -68,3 +70,10 @@ def vjp(function: Callable[[list], Any], primals: list, cotangent: Any) -> list:
     at ``HIGHEST`` precision (float32 on every device; a GPU's default is TensorFloat-32)."""
     with jax.default_matmul_precision("highest"):
         return list(jax.vjp(function, primals)[1](cotangent)[0])
+
+
+def centred_count(norms: jax.Array, clip_norm: jax.Array, rows: jax.Array | None = None) -> jax.Array:
+    """float32 sum of adaptive clipping's `keras_dyndp.core.adaptive_clipping.centred_indicators` of the gradient
+    ``norms`` [N] at ``clip_norm``, over the bool ``rows`` [N] (None: all: microbatches)."""
+    rows = jnp.ones(norms.shape, bool) if rows is None else rows
+    return jnp.sum(adaptive_clipping.centred_indicators(OPS, norms, clip_norm, rows))

@@ -109,7 +109,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         scale = None
         if self._adaptive_clip_norm is not None:
             scale = self._adaptive_clip_norm.value if clip_state is None else clip_state
-        values = mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, num_steps, scale=scale)
+        values = mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, num_steps, None, scale)
         return self._schedule_read.issue(values)
 
     def schedule_values_at(self, optimizer_variables) -> tuple[jax.Array, jax.Array]:
@@ -257,13 +257,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
           recorded refusal when the step was refused.
         """
         optimizer_base.check_same_length(clipped_sums, trainable_variables)
-        step, released = self.step_at(optimizer_variables), self.released_at(optimizer_variables)
-        fingerprint_index, run_index = self._index(self._schedule_fingerprint), self._index(self._run_state)
+        run_index = self._index(self._run_state)
         run_state = optimizer_variables[run_index]
-        recorded, no_key = optimizer_variables[fingerprint_index], jnp.all(run_state[noise_source.KEY_WORDS] == 0)
-        checks = self._step_checks.failing(step, recorded, released, num_examples, num_examples, num_rows, no_key)
-        code = jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
-        code = jnp.where(run_state[1] != 0, run_state[1], code)  # Once refused, refused until raise_refused_step.
+        code = self._refusal_code(optimizer_variables, num_examples, num_rows)
         clip_norm, noise_stddev = self._read_once(schedule_values, lambda: self.schedule_values_at(optimizer_variables))
         grads = mechanism.private_update(
             ops.OPS,
@@ -278,21 +274,37 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         )
         self._dp_gradient_guard.issue(grads)
         new_trainable, new_optimizer = self.stateless_apply(optimizer_variables, grads, trainable_variables)
-        # A step that runs keeps (at step 0: records) the schedule's fingerprint and counts itself released, both
-        # saved with the counter.
-        new_optimizer = list(new_optimizer)
-        new_optimizer[fingerprint_index] = jnp.asarray(self._schedule.fingerprint, jnp.int32)
-        new_optimizer[self._index(self._released_steps)] = jnp.asarray(released + 1, jnp.int32)
-        if self._adaptive_clip_norm is not None:
-            new_optimizer[self._index(self._adaptive_clip_norm)] = self._adapted(
-                optimizer_variables, centred_count, clip_norm, num_rows
-            )
+        new_optimizer = self._released_state(
+            list(new_optimizer), optimizer_variables, centred_count, clip_norm, num_rows
+        )
         new_trainable = [jnp.where(code == 0, n, o) for n, o in zip(new_trainable, trainable_variables)]
         new_optimizer = [jnp.where(code == 0, n, o) for n, o in zip(new_optimizer, optimizer_variables)]
         newly_refused = (run_state[1] == 0) & (code != 0)
         refused_examples = jnp.where(newly_refused, jnp.asarray(num_examples, jnp.int32), run_state[2])
         new_optimizer[run_index] = run_state.at[1].set(code).at[2].set(refused_examples)
         return new_trainable, new_optimizer
+
+    def _refusal_code(self, optimizer_variables, num_examples, num_rows) -> jax.Array:
+        """int32 code of the step's refusal (`step_checks`; 0: none); once recorded, kept until `raise_refused_step`."""
+        step, released = self.step_at(optimizer_variables), self.released_at(optimizer_variables)
+        run_state = optimizer_variables[self._index(self._run_state)]
+        recorded = optimizer_variables[self._index(self._schedule_fingerprint)]
+        no_key = jnp.all(run_state[noise_source.KEY_WORDS] == 0)
+        checks = self._step_checks.failing(step, recorded, released, num_examples, num_examples, num_rows, no_key)
+        code = jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
+        return jnp.where(run_state[1] != 0, run_state[1], code)
+
+    def _released_state(self, new_optimizer: list, optimizer_variables, centred_count, clip_norm, num_rows) -> list:
+        """``new_optimizer`` (the base update's state) with what a step that runs keeps, saved with the counter: the
+        schedule's fingerprint (recorded at step 0), itself counted released, adaptive clipping's C_{t+1}."""
+        new_optimizer[self._index(self._schedule_fingerprint)] = jnp.asarray(self._schedule.fingerprint, jnp.int32)
+        released = self.released_at(optimizer_variables)
+        new_optimizer[self._index(self._released_steps)] = jnp.asarray(released + 1, jnp.int32)
+        if self._adaptive_clip_norm is not None:
+            new_optimizer[self._index(self._adaptive_clip_norm)] = self._adapted(
+                optimizer_variables, centred_count, clip_norm, num_rows
+            )
+        return new_optimizer
 
     def _adapted(self, optimizer_variables, centred_count, clip_norm, num_rows) -> jax.Array:
         """Adaptive clipping's C_{t+1}: ``centred_count`` plus the count's noise, under the step's own key."""

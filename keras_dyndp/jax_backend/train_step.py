@@ -46,7 +46,6 @@ import jax.numpy as jnp
 import keras
 
 from keras_dyndp import optimizer_base
-from keras_dyndp.core import adaptive_clipping
 from keras_dyndp.core import batch_sizes
 from keras_dyndp.core import mechanism
 from keras_dyndp.core import refusals
@@ -56,6 +55,7 @@ from keras_dyndp.jax_backend import distribution
 from keras_dyndp.jax_backend import microbatches
 from keras_dyndp.jax_backend import model_checks
 from keras_dyndp.jax_backend import ops
+from keras_dyndp.jax_backend.per_example import accumulation
 from keras_dyndp.jax_backend.per_example import taps
 from keras_dyndp.keras_glue import entry_points
 from keras_dyndp.keras_glue import private_model
@@ -229,39 +229,6 @@ def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) 
     return sums, norms
 
 
-def _centred_count(norms: jax.Array, clip_norm: jax.Array, weights: jax.Array | None) -> jax.Array:
-    """Adaptive clipping's count (`keras_dyndp.core.adaptive_clipping.centred_indicators` summed): over the rows
-    with a non-zero weight in ``weights`` ([B], or per loss entry), or over every microbatch (None)."""
-    rows = (
-        jnp.ones(norms.shape, bool) if weights is None else jnp.any(jnp.reshape(weights != 0, (norms.shape[0], -1)), 1)
-    )
-    return jnp.sum(adaptive_clipping.centred_indicators(ops.OPS, norms, clip_norm, rows))
-
-
-def _in_physical_batches(
-    physical_batch: Callable, batch: tuple, num_rows: int, num_physical_batches: int, sum_shapes: list
-) -> tuple[list, Any]:
-    """``physical_batch(batch) -> (sums, outputs)`` over k = ``num_physical_batches`` physical batches in turn
-    (``jax.lax.scan``: the peak memory is one physical batch's), the float32 ``sums`` (of ``sum_shapes``) added.
-
-    ``batch``'s rows (leading axes) are padded with zeros to k * ceil(B / k): weight 0, they add nothing. Returns
-    the summed ``sums`` and the ``outputs`` stacked over the physical batches ([k, ceil(B / k), ...]).
-    """
-    size = -(-num_rows // num_physical_batches)
-    padding = num_physical_batches * size - num_rows
-
-    def split(value):  # tree_map skips None leaves (no y, no sample weight)
-        value = jnp.pad(value, [(0, padding)] + [(0, 0)] * (value.ndim - 1))
-        return value.reshape(num_physical_batches, size, *value.shape[1:])
-
-    def body(carry, chunk):
-        sums, outputs = physical_batch(chunk)
-        return [total + value for total, value in zip(carry, sums)], outputs
-
-    init = [jnp.zeros(shape, jnp.float32) for shape in sum_shapes]
-    return jax.lax.scan(body, init, jax.tree_util.tree_map(split, batch))
-
-
 def _private_train_step(self: keras.Model, state, data):
     trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables = state
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -275,7 +242,7 @@ def _private_train_step(self: keras.Model, state, data):
     weights = jnp.ones([num_rows], jnp.float32) if sample_weight is None else jnp.asarray(sample_weight, jnp.float32)
     is_seed_state = _seed_states(self)
     clip_norm, _ = schedule_values = optimizer.schedule_values_at(optimizer_variables)  # read once
-    adaptive = optimizer.adaptive_clipping is not None
+    adaptive = optimizer.adaptive_clipping is not None  # its count is summed with the sums over physical batches
     num_microbatches = optimizer.num_microbatches
     # Microbatch gradients mix examples, which the taps' per-example norms do not: no taps there.
     classes = (keras.layers.Embedding,) if config.method == "vectorized" else None
@@ -294,34 +261,21 @@ def _private_train_step(self: keras.Model, state, data):
             with keras.StatelessScope(state_mapping=list(zip(self.trainable_variables, trainable_variables))):
                 # The rules that read a variable (LoRA's adapters) read the step's value, not a traced constant.
                 sums, norms = _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, losses.shape[0])
-        if adaptive:  # summed with the sums over physical batches
-            sums = [*sums, _centred_count(norms, clip_norm, None if num_microbatches else batch[2])]
+        if adaptive:
+            rows = None if num_microbatches else jnp.any(jnp.reshape(batch[2] != 0, (norms.shape[0], -1)), 1)
+            sums = [*sums, ops.centred_count(norms, clip_norm, rows)]
         return sums, (y_pred, new_non_trainable, losses)
 
-    batch = (x, y, weights)
-    num_physical_batches = optimizer.accumulation_steps
-    if num_physical_batches == 1 or num_rows <= 1:
-        clipped_sums, (y_pred, new_non_trainable, losses) = physical_batch(batch)
-        first = lambda value: value  # noqa: E731
-    else:
-        shapes = [v.shape for v in trainable_variables] + ([()] if adaptive else [])
-        clipped_sums, (y_pred, new_non_trainable, losses) = _in_physical_batches(
-            physical_batch, batch, num_rows, num_physical_batches, shapes
-        )
-        rows = lambda value: value.reshape(-1, *value.shape[2:])[:num_rows]  # noqa: E731
-        y_pred, losses = jax.tree_util.tree_map(rows, (y_pred, losses))
-        first = lambda value: value[0]  # noqa: E731
+    shapes = [v.shape for v in trainable_variables] + ([()] if adaptive else [])
+    clipped_sums, (y_pred, new_non_trainable, losses), first = accumulation.accumulated(
+        physical_batch, (x, y, weights), num_rows, optimizer.accumulation_steps, shapes
+    )
     num_examples = jnp.sum(jnp.any(jnp.reshape(weights != 0, (num_rows, -1)), axis=1))  # rows with a weight
     advanced = _advanced_seed_states(self, trainable_variables, non_trainable_variables, x, is_seed_state)
     count = clipped_sums.pop() if adaptive else None
+    applied = (optimizer_variables, clipped_sums, num_examples, num_rows, trainable_variables)
     trainable_variables, optimizer_variables = optimizer.stateless_apply_clipped_sum(
-        optimizer_variables,
-        clipped_sums,
-        num_examples,
-        num_rows,
-        trainable_variables,
-        schedule_values=schedule_values,
-        centred_count=count,
+        *applied, schedule_values=schedule_values, centred_count=count
     )
     non_trainable_variables = [
         new if seed else first(value) for value, new, seed in zip(new_non_trainable, advanced, is_seed_state)

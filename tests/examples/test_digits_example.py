@@ -48,3 +48,11 @@ def test_a_normal_run_prints_nothing_that_looks_like_a_failure():
     assert "Test accuracy:" in result.stdout
     alarming = re.compile(r"Traceback|ERROR|[EF]\d{4} |I\d{4} |WARNING: All log messages before absl")
     assert not [line for line in result.stderr.splitlines() if alarming.match(line)], result.stderr
+
+
+def test_method_adaptive_trains_with_adaptive_clipping_at_the_schedules_epsilon(run_example):
+    """``--method=adaptive``: the vanilla schedule's noise, shared with the count; C_t adapts from --initial_clip."""
+    accuracy, steps, total, epsilon, target, _ = run_example("digits", "--epochs=3", "--method=adaptive")
+    assert steps == total == 34
+    assert target == 3.0 and 2.9 < epsilon <= target
+    assert accuracy > 0.3
