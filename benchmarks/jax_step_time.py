@@ -8,6 +8,8 @@ on the returned state (``jax.block_until_ready``), so asynchronous dispatch is n
 * ``nonprivate``: ``keras.optimizers.SGD``, mean loss.
 * ``dyndp_fast``: ``keras_dyndp.make_private(model)`` with ``DynamicDPKerasSGD`` (each example alone under
   ``jax.vmap``, ghost rules for Dense, convolutions and Embedding, per-example gradients for the rest; in-graph noise).
+* ``dyndp_adaptive``: ``dyndp_fast`` with adaptive clipping (``adaptive_clipping=True``; issue 57's goal: within
+  1.05x of ``dyndp_fast``); only when named in ``--paths``.
 * ``jax_privacy``: jax_privacy's Keras API, ``jax_privacy.keras_api.make_private(model, DPKerasConfig(...))`` with
   ``keras.optimizers.SGD`` (constant clipping norm 1 and noise multiplier 1, vmapped per-example gradients); in
   ``--paths`` by default when jax_privacy is installed (``pip install jax-privacy``; not a dependency).
@@ -66,10 +68,10 @@ flags.DEFINE_string(
 )
 flags.DEFINE_enum("dtype_policy", "float32", ["float32", "mixed_bfloat16"], "Keras's global dtype policy.")
 
-PATHS = ("nonprivate", "dyndp_fast", "jax_privacy")
+PATHS = ("nonprivate", "dyndp_fast", "dyndp_adaptive", "jax_privacy")
 flags.DEFINE_list(
     "paths",
-    [path for path in PATHS if path != "jax_privacy" or importlib.util.find_spec("jax_privacy") is not None],
+    ["nonprivate", "dyndp_fast", *(["jax_privacy"] if importlib.util.find_spec("jax_privacy") else [])],
     f"Paths among {PATHS}; nonprivate is always run (the ratios' denominator).",
 )
 LEARNING_RATE = 0.05
@@ -108,7 +110,12 @@ def build(model_name: str, path: str, batch_size: int) -> keras.Model:
     schedule = schedules.DPSchedule(np.ones(num_steps), np.ones(num_steps), batch_size / 60000)
     make_private(model)
     model.compile(
-        optimizer=DynamicDPKerasSGD(schedule=schedule, expected_batch_size=batch_size, learning_rate=LEARNING_RATE),
+        optimizer=DynamicDPKerasSGD(
+            schedule=schedule,
+            expected_batch_size=batch_size,
+            learning_rate=LEARNING_RATE,
+            adaptive_clipping=path == "dyndp_adaptive",
+        ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
     )
     return model

@@ -10,6 +10,8 @@ every row alike. Paths:
   jacobian of the per-example losses, O(B^2)).
 * ``dyndp_fast``: ``keras_dyndp.make_private(model)`` with ``method='auto'`` (ghost clipping when every layer
   has a rule); ``dyndp_fast_xla``: the same, XLA-compiled.
+* ``dyndp_adaptive``: ``dyndp_fast`` with adaptive clipping (``adaptive_clipping=True``: the count of unclipped
+  examples, its noise and the update of C_t; issue 57's goal: within 1.05x of ``dyndp_fast``).
 * ``dyndp_vectorized``: ``make_private(model, method='vectorized')`` (``tf.vectorized_map`` over examples).
 * ``tfp_dpkerassgd``: TF-Privacy ``DPKerasSGDOptimizer`` with ``num_microbatches`` = batch size (this and
   ``tfp_dpsequential`` run only where tensorflow-privacy is installed: the comparison stack, Keras 2).
@@ -111,6 +113,7 @@ ALL_PATHS = (
     "nonprivate_xla",
     "dyndp_jacobian",
     "dyndp_fast",
+    "dyndp_adaptive",
     "dyndp_fast_xla",
     "dyndp_vectorized",
     "tfp_dpkerassgd",
@@ -183,7 +186,10 @@ def build(model_name: str, path: str, batch_size: int) -> keras.Model:
         make_private(model, method={"dyndp_jacobian": "jacobian", "dyndp_vectorized": "vectorized"}.get(path, "auto"))
         model.compile(
             optimizer=DynamicDPKerasSGD(
-                schedule=dp_schedule(batch_size), expected_batch_size=batch_size, learning_rate=LEARNING_RATE
+                schedule=dp_schedule(batch_size),
+                expected_batch_size=batch_size,
+                learning_rate=LEARNING_RATE,
+                adaptive_clipping=path == "dyndp_adaptive",
             ),
             loss=per_example_loss(),
             jit_compile=path == "dyndp_fast_xla",

@@ -325,6 +325,20 @@ def _calibration_lines(schedule, calibrated_under: str | None, target_epsilon: f
     return []
 
 
+def _clip_line(schedule: schedules.DPSchedule, method: str, last: int) -> str:
+    """The summary's line on C_t and sigma_t (with adaptive clipping: C_0 and the noise multipliers z_t)."""
+    if method == "adaptive":
+        z = schedule.noise_multipliers
+        return (
+            f"  clip C_t: adapted from C_0 = {schedule.clip_norms[0]:.4g} (adaptive clipping); noise multiplier z_t "
+            f"{z[0]:.4g} -> {z[last]:.4g}, shared by the gradient and the count of unclipped examples"
+        )
+    return (
+        f"  clip C_t: {schedule.clip_norms[0]:.4g} -> {schedule.clip_norms[last]:.4g}; noise std on the "
+        f"clipped sum sigma_t: {schedule.noise_stddevs[0]:.4g} -> {schedule.noise_stddevs[last]:.4g}"
+    )
+
+
 def run_summary(
     schedule: schedules.DPSchedule | None,
     delta: float,
@@ -349,7 +363,8 @@ def run_summary(
       schedule: the run's `DPSchedule`; None for a run without DP (the summary then says there is no guarantee).
       delta: the delta of the epsilons, in (0, 1).
       steps: the DP steps taken (the optimizer's ``dp_step``), >= 0; a run may stop before the schedule's T.
-      method: the schedule's method, for the header ('dynamic', 'vanilla', ..., 'zcdp', 'tcdp', 'nonprivate').
+      method: the schedule's method, for the header ('dynamic', 'vanilla', ..., 'zcdp', 'tcdp', 'nonprivate'; 'adaptive'
+        for the vanilla schedule with adaptive clipping, whose C_t the schedule does not hold).
       privacy_unit: what one protected record is ('training example', 'client', ...): add-or-remove-one adjacency.
       accountant: the rigorous accountant reported beside the GDP-CLT, 'pld' (tightest) or 'rdp'.
       sampling: how the batches were drawn; anything but 'poisson' is flagged (the accountants assume Poisson).
@@ -375,8 +390,7 @@ def run_summary(
         f"Privacy report ({method}, per {privacy_unit}, add-or-remove-one adjacency):",
         f"  sampling: {sampling}, p = {schedule.sampling_probability:.6g}; steps taken {steps} of the schedule's "
         f"{schedule.num_steps}",
-        f"  clip C_t: {schedule.clip_norms[0]:.4g} -> {schedule.clip_norms[last]:.4g}; noise std on the "
-        f"clipped sum sigma_t: {schedule.noise_stddevs[0]:.4g} -> {schedule.noise_stddevs[last]:.4g}",
+        _clip_line(schedule, method, last),
         *delta_lines,
         f"    GDP-CLT (the paper's accountant; an approximation that can understate: not one to quote): {eps_clt:.4f}",
         f"    {accountant.upper()} (rigorous upper bound): {eps_rigorous:.4f}",

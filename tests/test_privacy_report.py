@@ -193,3 +193,12 @@ def test_run_summary_states_the_total_delta_with_the_cap_s_and_a_delta_other_tha
     assert expected in capped.text
     other = privacy_report.run_summary(schedule, 1e-2, 60, method="vanilla")
     assert f"epsilon at delta = 0.01 (NOT the budget's target delta {delta:.3g}):" in other.text
+
+
+def test_run_summary_of_adaptive_clipping_names_c_0_and_the_shared_noise_multipliers():
+    schedule = schedules.calibrate("vanilla", **SPEC)
+    text = str(privacy_report.run_summary(schedule, SPEC["target_delta"], 30, method="adaptive"))
+    z = schedule.noise_multipliers[0]
+    assert f"adapted from C_0 = {schedule.clip_norms[0]:.4g} (adaptive clipping)" in text
+    assert f"noise multiplier z_t {z:.4g} -> {z:.4g}, shared by the gradient and the count" in text
+    assert "sigma_t" not in text.splitlines()[2]

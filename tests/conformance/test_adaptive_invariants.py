@@ -182,3 +182,27 @@ def test_bad_options_are_refused_before_any_step():
         keras_dyndp.AdaptiveClipping(target_quantile=1.0)
     with pytest.raises(ValueError, match="`count_stddev` must exceed half the schedule's largest noise multiplier"):
         _model(PATHS[0], [1.0] * 2, [4.0] * 2, count_stddev=1.0)
+
+
+def _count(path, clips) -> float:
+    """The step's count of unclipped rows read back from C_1 / C_0 (noise 1e-6): n (b - 1/2)."""
+    fraction = QUANTILE - np.log(clips[1] / clips[0]) / RATE
+    return (fraction - 0.5) * (path[1].get("num_microbatches") or EXPECTED)
+
+
+@pytest.mark.parametrize("path", PATH_PARAMS)
+def test_removing_one_example_moves_the_count_by_at_most_half_the_sensitivity(path):
+    """The full batch against its neighbour without the huge-gradient row (weight 0, as a Poisson batch pads), from
+    the same weights and noise seed: the count moves by at most s / 2 (per example: exactly 1/2)."""
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(ROWS, INPUTS)).astype("float32"), 0.01 * rng.normal(size=(ROWS, OUTPUTS)).astype("float32")
+    y[1] = 1e3
+    counts = []
+    for weights in ([1, 1, 1, 1], [1, 0, 1, 1]):
+        model = _model(path, [50.0] * 2, [0.0] * 2, count_stddev=1e-6)
+        _, clips = _run(model, [(x, y, np.asarray(weights, "float32"))])
+        counts.append(_count(path, clips))
+    move = abs(counts[0] - counts[1])
+    assert move <= path[3] / 2 + 1e-3, counts
+    if not path[1].get("num_microbatches"):
+        assert move == pytest.approx(0.5, abs=1e-3), counts
