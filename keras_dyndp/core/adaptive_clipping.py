@@ -113,17 +113,21 @@ def count_stddev(options: AdaptiveClipping, normaliser: float | None) -> float:
     return float(normaliser) / 20.0
 
 
-def gradient_noise_multipliers(noise_multipliers: np.ndarray, stddev: float) -> np.ndarray:
+def gradient_noise_multipliers(
+    noise_multipliers: np.ndarray, stddev: float, default_from: float | None = None
+) -> np.ndarray:
     """z_g,t = (z_t^-2 - (2 sigma_b)^-2)^(-1/2) [T], the gradient's noise multipliers that, with the count's noise
     ``stddev`` = sigma_b, cost the schedule's ``noise_multipliers`` z_t (module docstring). ValueError unless
-    2 sigma_b > every z_t (the count alone would cost more than the whole step)."""
+    2 sigma_b > every z_t (the count alone would cost more than the whole step); ``default_from``: the n that a
+    default sigma_b = n / 20 came from, for the message."""
     z = np.asarray(noise_multipliers, np.float64)
     if not 2.0 * stddev > z.max():
         raise ValueError(
             f"`count_stddev` must exceed half the schedule's largest noise multiplier, {z.max() / 2:.6g} (the count "
             "of unclipped examples and the gradient share each step's privacy cost; 2 count_stddev = the largest "
             "multiplier leaves nothing for the gradient). Give a larger count_stddev or more noise. Received: "
-            f"count_stddev={stddev!r}."
+            f"count_stddev={stddev!r}"
+            + ("." if default_from is None else f" (the default: n / 20 with n = {default_from:g} expected rows).")
         )
     with np.errstate(divide="ignore"):  # z = 0 (no noise, tests only: allow_degenerate_noise) gives z_g = 0
         return (z**-2 - (2.0 * stddev) ** -2) ** -0.5
@@ -136,7 +140,8 @@ def step_arrays(schedule: Any, options: AdaptiveClipping | None, normaliser: flo
     if options is None:
         return np.asarray(schedule.clip_norms, np.float32), np.asarray(schedule.noise_stddevs, np.float32), None
     stddev = count_stddev(options, normaliser)
-    multipliers = gradient_noise_multipliers(schedule.noise_multipliers, stddev)
+    default_from = normaliser if options.count_stddev is None else None
+    multipliers = gradient_noise_multipliers(schedule.noise_multipliers, stddev, default_from)
     return np.ones(schedule.num_steps, np.float32), multipliers.astype(np.float32), stddev
 
 
