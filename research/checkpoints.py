@@ -1,5 +1,6 @@
 """Checkpoints of a research run under ``<model_dir>``: saved every epoch, numbered by the DP step counter, and
-restored only into a run of the same task, method and schedule (another schedule would void the accounting)."""
+restored only into a run of the same task, method, schedule and clipping (fixed or adaptive): another would void the
+accounting."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def restore_or_start(
     A new `model_dir` gets `run_config.json` (the config and the schedule) for later checks.
 
     Raises:
-      FlagError: if `model_dir` holds a run of another task, method or schedule.
+      FlagError: if `model_dir` holds a run of another task, method, schedule or clipping (fixed or adaptive).
     """
     os.makedirs(model_dir, exist_ok=True)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=2)
@@ -63,6 +64,12 @@ def restore_or_start(
             raise run_config.FlagError(
                 f"--model_dir={model_dir} holds a {saved.get('task')} run with --method={saved.get('method')}, "
                 f"not {task_name} with --method={config.method}; use another --model_dir."
+            )
+        saved_adaptive = bool(saved.get("flags", {}).get("adaptive_clipping", False))
+        if saved_adaptive != config.adaptive_clipping:
+            raise run_config.FlagError(
+                f"--model_dir={model_dir} holds a run with --adaptive_clipping={saved_adaptive}, not "
+                f"{config.adaptive_clipping}: its clip norms are another mechanism's. Use another --model_dir."
             )
         if schedule is not None and schedules.DPSchedule.from_config(saved["schedule"]) != schedule:
             raise run_config.FlagError(

@@ -12,7 +12,7 @@ from keras_dyndp import privacy_report
 from keras_dyndp import schedules
 from research import run_config
 
-# The config fields written to the results CSV, in its column order. Files of earlier versions lack the last two;
+# The config fields written to the results CSV, in its column order. Files of earlier versions lack the last three;
 # `append_results_csv` adds them (with their defaults) before appending.
 CSV_CONFIG_COLUMNS = (
     "method",
@@ -28,6 +28,7 @@ CSV_CONFIG_COLUMNS = (
     "seed",
     "lr_decay",
     "rescale_to_unit_norm",
+    "adaptive_clipping",
 )
 
 
@@ -84,33 +85,33 @@ def write_privacy_curve(
 
 
 def append_results_csv(path: str, result: RunResult) -> None:
-    """Appends `result.csv_row()` to the CSV at `path`, writing the header to a new file.
-
-    A file of an earlier version, whose header lacks some config columns, is first rewritten with them, filled with
-    the `RunConfig` defaults those runs had (constant learning rate, no rescaling).
+    """Appends `result.csv_row()` to the CSV at `path` (`append_csv_row` with ``upgrade=True``).
 
     Raises:
       FlagError: if the file's header has columns this version does not write (another program's CSV).
     """
-    row = result.csv_row()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    if os.path.exists(path) and os.path.getsize(path) > 0:
-        with open(path, newline="") as handle:
-            reader = csv.DictReader(handle)
-            old_rows, header = list(reader), list(reader.fieldnames or [])
-        if set(header) - set(row):
-            raise run_config.FlagError(
-                f"--results_csv={path} has columns this program does not write ({sorted(set(header) - set(row))}); "
-                "use another file."
+    append_csv_row(path, result.csv_row(), upgrade=True)
+
+
+def _upgrade_header(path: str, columns: list[str]) -> None:
+    """Rewrites the CSV at `path` with the header `columns` when its own lacks some of them, filling its rows' new
+    columns with the `RunConfig` defaults those runs had (constant learning rate, no rescaling, a fixed clip)."""
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        old_rows, header = list(reader), list(reader.fieldnames or [])
+    if set(header) - set(columns):
+        raise run_config.FlagError(
+            f"--results_csv={path} has columns this program does not write ({sorted(set(header) - set(columns))}); "
+            "use another file."
+        )
+    if header != columns:
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(
+                {name: old.get(name, run_config.RUN_CONFIG_DEFAULTS.get(name)) for name in columns} for old in old_rows
             )
-        if header != list(row):
-            with open(path, "w", newline="") as handle:
-                writer = csv.DictWriter(handle, fieldnames=list(row))
-                writer.writeheader()
-                writer.writerows(
-                    {name: old.get(name, run_config.RUN_CONFIG_DEFAULTS.get(name)) for name in row} for old in old_rows
-                )
-    append_csv_row(path, row)
 
 
 def read_csv_rows(path: str) -> list[dict[str, str]]:
@@ -121,9 +122,21 @@ def read_csv_rows(path: str) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def append_csv_row(path: str, row: dict[str, Any]) -> None:
-    """Appends `row` to the CSV file at `path`, writing its keys as the header of a new or empty file."""
+def append_csv_row(path: str, row: dict[str, Any], upgrade: bool = False) -> None:
+    """Appends `row` to the CSV file at `path`, writing its keys as the header of a new or empty file.
+
+    Args:
+      path: the CSV file.
+      row: column name -> value, in the file's column order.
+      upgrade: a file of an earlier version, whose header lacks some of `row`'s columns (config columns added since),
+        is first rewritten with them (`_upgrade_header`). Off: the header is taken as `row`'s keys.
+
+    Raises:
+      FlagError: with `upgrade`, if the file's header has columns `row` lacks (another program's CSV).
+    """
     new = not os.path.exists(path) or os.path.getsize(path) == 0
+    if upgrade and not new:
+        _upgrade_header(path, list(row))
     with open(path, "a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(row))
         if new:

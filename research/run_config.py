@@ -72,6 +72,7 @@ class RunConfig:
     learning_rate: float | None = None
     lr_decay: float = 1.0
     rescale_to_unit_norm: bool = False
+    adaptive_clipping: bool = False
     optimizer: str | None = None
     epochs: float | None = None
     max_steps: int | None = None

@@ -59,6 +59,14 @@ flags.DEFINE_bool(
     "DP methods: divide the noisy clipped sum by C_t as well (per-example gradients rescaled to norm <= 1, De et "
     "al. 2022), so that a clip decay no longer shrinks the step. Post-processing: privacy unchanged.",
 )
+flags.DEFINE_bool(
+    "adaptive_clipping",
+    False,
+    "DP methods: clip adaptively (Andrew et al. 2021, keras_dyndp.AdaptiveClipping's defaults: C_t follows the median "
+    "per-example gradient norm from a noised count, learning rate 0.2, count noise n / 20), starting at "
+    "--initial_clip; the schedule's clip norms are replaced, its noise multipliers are the total cost: epsilon "
+    "unchanged.",
+)
 flags.DEFINE_enum("optimizer", None, ["sgd", "adam", "adagrad", "rmsprop"], "Update rule. Default: the task's.")
 flags.DEFINE_float(
     "epochs", None, "Run length in epochs, > 0: T = ceil(epochs N / batch_size) steps. Default: the task's."
@@ -196,6 +204,12 @@ def _accumulation_conflict(options: dict[str, Any]) -> str | None:
     return None
 
 
+def _adaptive_conflict(options: dict[str, Any]) -> str | None:
+    if options["adaptive_clipping"] and options["method"] == "nonprivate":
+        return "--adaptive_clipping applies to the DP methods; --method=nonprivate clips nothing."
+    return None
+
+
 def _multi_worker_conflict(options: dict[str, Any]) -> str | None:
     # The trainer does not implement Keras's chief-and-temporary-directories pattern.
     if options["strategy"] == "multi_worker" and options["model_dir"] is not None:
@@ -210,6 +224,7 @@ def _multi_worker_conflict(options: dict[str, Any]) -> str | None:
 _OPTION_CHECKS = (
     (("method", "per_example", "accumulation_steps"), _accumulation_conflict),
     (("strategy", "model_dir"), _multi_worker_conflict),
+    (("method", "adaptive_clipping"), _adaptive_conflict),
 )
 
 

@@ -11,16 +11,19 @@ For one task, each epsilon of ``--epsilons`` and each contender of ``--contender
 
 Contenders (`CONTENDERS`), each calibrated under the PLD accountant to the same (epsilon, delta = 1 / (10 N)):
 vanilla; vanilla with a learning rate decaying by lr_0 / lr_T (`--lr_decay`, the clip decay's geometric family);
-sensitivity decay; growing mu; dynamic; and dynamic with the noisy sum divided by C_t (`rescale_to_unit_norm`),
-which keeps the clip decay but takes away its shrinking of the step.
+sensitivity decay; growing mu; dynamic; dynamic with the noisy sum divided by C_t (`rescale_to_unit_norm`),
+which keeps the clip decay but takes away its shrinking of the step; and adaptive: vanilla's noise with the clip norm
+adapted to the median per-example gradient norm from C_0 (Andrew et al. 2021 at `keras_dyndp.AdaptiveClipping`'s
+defaults, the paper's; the schedule's noise multipliers are its whole cost, so its epsilon is vanilla's).
 
 Equal budgets, paired configurations. One Latin hypercube of ``--budget`` points in [0, 1)^4 (seed
 ``--search_seed``) gives every contender its configurations: coordinate 0 the learning rate and 1 the initial clip
 C_0 (log-uniform over ``--lr_range`` and ``--clip_range``, factors of the task's defaults), coordinates 2 and 3
 the contender's own schedule parameters as inverse ratios in ``--inverse_ratio_range`` (the paper's 1/rho in
 (0, 1]): 1/lr_decay (vanilla_lr_decay), 1/rho_c (sensitivity_decay), 1/rho_mu (growing_mu), 1/rho_mu and
-1/rho_c (dynamic, dynamic_rescaled). So configuration i of every contender shares its learning rate and C_0, and
-sensitivity_decay's i decays the clip by the ratio by which vanilla_lr_decay's i decays the learning rate. The
+1/rho_c (dynamic, dynamic_rescaled); adaptive has none (its i is vanilla's i, clipped adaptively). So configuration
+i of every contender shares its learning rate and C_0, and sensitivity_decay's i decays the clip by the ratio by
+which vanilla_lr_decay's i decays the learning rate. The
 rescaled contender divides its update by C_t; under SGD its learning rate is the drawn one times C_0, so that its
 first step equals dynamic's (Adam, Adagrad and RMSprop are invariant to the gradient's scale: the drawn one).
 
@@ -129,6 +132,7 @@ def configurations(contender: str, space: SearchSpace, budget: int, search_seed:
             rho_c=1.0,
             lr_decay=1.0,
             rescale_to_unit_norm=spec.rescale_to_unit_norm,
+            adaptive_clipping=spec.adaptive_clipping,
         )
         for offset, name in enumerate(spec.parameters):
             values[name] = 1.0 / (low + (high - low) * float(point[2 + offset]))
@@ -168,6 +172,8 @@ def _key(phase: str, epsilon: float, contender: str, values: dict, seed) -> tupl
         contender,
         *(round(float(values[name]), 9) for name in _CONFIG_KEY),
         str(values["rescale_to_unit_norm"]) == "True",
+        # Rows of a study.csv written before the column existed clipped at fixed norms.
+        str(values.get("adaptive_clipping", False)) == "True",
         str(seed),
     )
 
@@ -220,7 +226,7 @@ class Study:
             "epsilon_pld": result.epsilon_rigorous,  # The report's: its accountant is PLD (`__post_init__`).
             "epsilon_rdp": result.schedule.epsilon(result.config.delta, accountant="rdp", steps=result.steps),
         }
-        results.append_csv_row(self.csv_path, row)
+        results.append_csv_row(self.csv_path, row, upgrade=True)
 
     def _done(self) -> dict[tuple, dict]:
         return {
@@ -276,6 +282,7 @@ _PER_RUN_FLAGS = (
     "rho_c",
     "lr_decay",
     "rescale_to_unit_norm",
+    "adaptive_clipping",
     "seed",
     "accountant",
     "report_accountant",

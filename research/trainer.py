@@ -116,6 +116,8 @@ def make_optimizer(
         noise_seed=noise_seed,
         accumulation_steps=config.accumulation_steps,
         rescale_to_unit_norm=config.rescale_to_unit_norm,
+        # True: keras_dyndp.AdaptiveClipping's defaults, the paper's (median, learning rate 0.2, count noise n / 20).
+        adaptive_clipping=config.adaptive_clipping or None,
     )
 
 
@@ -228,6 +230,7 @@ def train(task: run_config.Task, config: run_config.RunConfig) -> results.RunRes
         + (f" (decaying to lr/{config.lr_decay:g})" if config.lr_decay != 1.0 else "")
         + f" optimizer={config.optimizer}"
         + (" rescaled to unit norm" if config.private and config.rescale_to_unit_norm else "")
+        + (" clipped adaptively from C_0" if config.private and config.adaptive_clipping else "")
         + (
             f" epsilon={config.epsilon:g} delta={config.delta:.3g} C_0={config.initial_clip:g} "
             f"rho_mu={config.rho_mu:g} rho_c={config.rho_c:g}"

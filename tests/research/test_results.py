@@ -22,6 +22,7 @@ def test_results_csv_of_an_earlier_version_gets_the_new_columns_before_a_row_is_
     with open(path) as handle:
         old, new = list(csv.DictReader(handle))
     assert (old["lr_decay"], old["rescale_to_unit_norm"], old["learning_rate"]) == ("1.0", "False", "0.5")
+    assert (old["adaptive_clipping"], new["adaptive_clipping"]) == ("False", "False")
     assert (new["lr_decay"], new["method"]) == ("2.0", "nonprivate")
     assert list(old) == list(new) == list(result.csv_row())
     path.write_text("task,other\ndigits,1\n")

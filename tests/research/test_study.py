@@ -75,6 +75,9 @@ def test_every_contender_gets_the_budget_paired_on_learning_rate_and_clip():
         assert plans["sensitivity_decay"][i]["rho_c"] == plans["vanilla_lr_decay"][i]["lr_decay"] > 1
         assert plans["growing_mu"][i]["rho_mu"] == dynamic["rho_mu"] > 1
         assert (vanilla["rho_mu"], vanilla["rho_c"], vanilla["lr_decay"]) == (1.0, 1.0, 1.0)
+        # Adaptive clipping: vanilla's configuration i clipped adaptively from its C_0; no coordinates of its own.
+        assert plans["adaptive"][i] == {**vanilla, "adaptive_clipping": True}
+        assert not any(plans[name][i]["adaptive_clipping"] for name in plans if name != "adaptive")
     rates = sorted(config["learning_rate"] for config in plans["vanilla"])
     clips = [config["initial_clip"] for config in plans["vanilla"]]
     inverse_decays = [1 / config["rho_c"] for config in plans["sensitivity_decay"]]
@@ -168,6 +171,36 @@ def test_selection_reads_validation_accuracy_only_and_finals_read_the_test_set_o
     assert table.count("| +2.00 ± 0.00 |") == 2
 
 
+def test_a_study_csv_without_the_adaptive_column_resumes_and_adds_the_adaptive_contender(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(trainer, "train", _fake_train(calls))
+    monkeypatch.setattr(keras.backend, "clear_session", lambda: None)
+
+    def make_study(contenders):
+        return study.Study(
+            blob_task(),
+            run_config.RunConfig(verbose=0),
+            str(tmp_path),
+            epsilons=[1.0],
+            contenders=contenders,
+            budget=2,
+            space=SPACE,
+            final_seeds=(1,),
+        )
+
+    make_study(["vanilla"]).run()
+    path = tmp_path / "study.csv"
+    old = [{k: v for k, v in row.items() if k != "adaptive_clipping"} for row in results.read_csv_rows(str(path))]
+    path.unlink()
+    for row in old:  # the study.csv of an earlier version
+        results.append_csv_row(str(path), row)
+    rows = make_study(["vanilla", "adaptive"]).run()
+    assert len(calls) == 3 + 3 and all(call["config"].adaptive_clipping for call in calls[3:])
+    pairs = {(row["contender"], row["adaptive_clipping"]) for row in rows}
+    assert pairs == {("vanilla", "False"), ("adaptive", "True")}  # the old rows read as fixed-clip runs
+    assert "| adaptive |" in study_report.markdown_table(rows)
+
+
 def test_a_real_study_on_generated_data_writes_csv_table_and_plot(tmp_path):
     run = study.Study(
         blob_task(),
@@ -219,7 +252,9 @@ def test_bad_flags_are_flag_errors(override, match, tmp_path):
             study.study_from_flags()
 
 
-@pytest.mark.parametrize("flag", ["--method=vanilla", "--accountant=gdp_clt", "--seed=3", "--lr_decay=2"])
+@pytest.mark.parametrize(
+    "flag", ["--method=vanilla", "--accountant=gdp_clt", "--seed=3", "--lr_decay=2", "--adaptive_clipping"]
+)
 def test_flags_the_study_sets_per_run_are_refused(flag, tmp_path):
     with flagsaver.flagsaver():
         cli.parse_flags(["study.py", "--task=digits", f"--study_dir={tmp_path}", flag])

@@ -3,6 +3,7 @@ error exits."""
 
 import contextlib
 import csv
+import dataclasses
 import functools
 import io
 import math
@@ -12,6 +13,7 @@ import pytest
 import tensorflow as tf
 from absl import flags
 
+import keras_dyndp
 from keras_dyndp import cli
 from keras_dyndp import datasets
 from keras_dyndp import privacy_report
@@ -122,8 +124,8 @@ def test_results_csv_keeps_its_flat_columns(train_once):
         list(row)
         == (
             "task method epsilon delta rho_mu rho_c initial_clip learning_rate batch_size epochs sampling seed "
-            "lr_decay rescale_to_unit_norm steps total_steps test_accuracy epsilon_gdp_clt epsilon_rigorous "
-            "rigorous_accountant wall_time_s"
+            "lr_decay rescale_to_unit_norm adaptive_clipping steps total_steps test_accuracy epsilon_gdp_clt "
+            "epsilon_rigorous rigorous_accountant wall_time_s"
         ).split()
     )
     assert (row["task"], row["method"], row["epsilon"], row["rigorous_accountant"]) == (
@@ -165,6 +167,24 @@ def test_lr_decay_and_rescaling_reach_the_optimizer(tmp_path):
     with open(tmp_path / "r.csv") as handle:
         (row,) = list(csv.DictReader(handle))
     assert (row["lr_decay"], row["rescale_to_unit_norm"]) == ("2.0", "True")
+
+
+def test_adaptive_clipping_reaches_the_optimizer_and_the_results_csv(tmp_path):
+    config = run_config.RunConfig(method="vanilla", adaptive_clipping=True, batch_size=64)
+    config = config.resolved(digits.make_task(), 1437)
+    schedule, _, num_steps = trainer.make_schedule(config, 1437)
+    optimizer = trainer.make_optimizer(config, schedule, num_steps)
+    # keras_dyndp.AdaptiveClipping's defaults, the paper's: the median, learning rate 0.2, count noise n / 20.
+    assert optimizer.adaptive_clipping == keras_dyndp.AdaptiveClipping()
+    plain = trainer.make_optimizer(dataclasses.replace(config, adaptive_clipping=False), schedule, num_steps)
+    assert plain.adaptive_clipping is None
+    result = _train(method="vanilla", max_steps=2, adaptive_clipping=True, results_csv=str(tmp_path / "r.csv"))
+    assert result.steps == 2 and result.config.adaptive_clipping
+    with open(tmp_path / "r.csv") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert (row["method"], row["adaptive_clipping"]) == ("vanilla", "True")
+    with pytest.raises(run_config.FlagError, match="--adaptive_clipping applies to the DP methods"):
+        _train(method="nonprivate", adaptive_clipping=True)
 
 
 def test_full_budget_run_spends_the_target_under_the_pld_by_default(capsys):
@@ -225,6 +245,9 @@ def test_resume_restores_the_step_counter_and_refuses_another_schedule(resumed_r
         _train(model_dir=model_dir, epsilon=1.0)
     with pytest.raises(run_config.FlagError, match="method"):
         _train(model_dir=model_dir, method="nonprivate")
+    # The same schedule clipped adaptively is another mechanism: its C_t are not the saved run's clip norms.
+    with pytest.raises(run_config.FlagError, match="holds a run with --adaptive_clipping=False, not True"):
+        _train(model_dir=model_dir, max_steps=7, adaptive_clipping=True)
 
 
 def test_model_dir_gets_the_privacy_curve_at_the_epoch_ends(tmp_path, capsys, monkeypatch):
