@@ -148,10 +148,13 @@ def normaliser(
     return result * clip_norm if rescale_to_unit_norm else result
 
 
-def add_noise(ops: Any, clipped_sums: Sequence[Any], stddev: Any, noise_source: Any) -> list[Any]:
-    """Each clipped sum plus N(0, stddev^2 I), drawn from ``noise_source`` alone, once per sum."""
-    noises = ops.normals(noise_source, clipped_sums)
-    return [total + ops.cast(stddev * noise, total.dtype) for total, noise in zip(clipped_sums, noises)]
+def add_noise(ops: Any, clipped_sums: Sequence[Any], stddev: Any, noise_source: Any, num_extra: int = 0) -> list[Any]:
+    """Each clipped sum plus N(0, stddev^2 I), drawn from ``noise_source`` alone, once per sum; then ``num_extra``
+    more standard normal float32 scalars of the same draw (adaptive clipping's count noise: one draw, not two)."""
+    extra = [ops.cast(0.0, "float32")] * num_extra
+    noises = ops.normals(noise_source, [*clipped_sums, *extra]) if extra else ops.normals(noise_source, clipped_sums)
+    noised = [total + ops.cast(stddev * noise, total.dtype) for total, noise in zip(clipped_sums, noises)]
+    return noised + list(noises[len(clipped_sums) :])
 
 
 def private_update(
@@ -165,8 +168,10 @@ def private_update(
     expected_batch_size: float | None,
     num_microbatches: int | None,
     rescale_to_unit_norm: bool,
+    num_extra: int = 0,
 ) -> list[Any]:
-    """Steps 3 and 4: (clipped sum + noise) / normaliser for each sum, the update the base optimizer applies."""
+    """Steps 3 and 4: (clipped sum + noise) / normaliser for each sum, the update the base optimizer applies; then
+    ``num_extra`` standard normal scalars drawn with the noise (`add_noise`)."""
     n = normaliser(
         ops,
         clip_norm=clip_norm,
@@ -175,5 +180,10 @@ def private_update(
         num_microbatches=num_microbatches,
         rescale_to_unit_norm=rescale_to_unit_norm,
     )
-    noised = add_noise(ops, clipped_sums, noise_stddev(sigma, num_microbatches), noise_source)
-    return [ops.divide_no_nan(total, ops.cast(n, total.dtype)) for total in noised]  # n = 0: a zero update
+    stddev = noise_stddev(sigma, num_microbatches)
+    if num_extra:
+        noised = add_noise(ops, clipped_sums, stddev, noise_source, num_extra)
+        noised, extra = noised[: len(clipped_sums)], noised[len(clipped_sums) :]
+    else:
+        noised, extra = add_noise(ops, clipped_sums, stddev, noise_source), []
+    return [ops.divide_no_nan(total, ops.cast(n, total.dtype)) for total in noised] + extra  # n = 0: a zero update

@@ -9,9 +9,9 @@ two words into the state of a run of steps (the never-saved run state, `fresh_ru
 them; the variables hold zeros in their place at rest (``raise_refused_step`` and loading put zeros back), so what
 saves or reads the variables (``.keras``, weights, legacy ``.h5``, ``get_state_tree``) finds no key, and a step
 handed a state without one is refused (never noise from a known key). Step k's keys (`step_key`) fold in a run
-nonce, k and their purpose (noise, microbatches, random layers, adaptive clipping's count); ``new_run`` also sets the
-nonce to a never-used value (make_private's train function calls it whenever the state comes from the variables,
-which is where they can have been rewound or restored), so a restored counter never meets a used nonce.
+nonce, k and their purpose (noise with adaptive clipping's count, microbatches, random layers); ``new_run`` also
+sets the nonce to a never-used value (make_private's train function calls it whenever the state comes from the
+variables, which is where they can have been rewound or restored), so a restored counter never meets a used nonce.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from keras_dyndp.core import noise_seed as noise_seed_module
 from keras_dyndp.jax_backend import distribution
 
-NOISE, MICROBATCHES, LAYER_SEEDS, CLIP_COUNT = range(4)  # The purposes `step_key` folds in: one key for each use.
+NOISE, MICROBATCHES, LAYER_SEEDS = range(3)  # The purposes `step_key` folds in: one key for each use.
 KEY_WORDS = slice(3, 5)  # The base key's two int32 words in a run state [nonce, refusal, its count, key, key].
 
 

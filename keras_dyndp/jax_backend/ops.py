@@ -41,10 +41,12 @@ def standard_normals(key: jax.Array, size: int) -> jax.Array:
 
 
 def _normals(key: jax.Array, tensors) -> list[jax.Array]:
-    """Standard normals shaped like ``tensors``: one draw for all of them (`standard_normals`), cut in turn (a random
-    generator's kernels run once per step, not once per variable: a GPU launches each)."""
+    """Standard normals shaped like ``tensors``: one draw for all of them (`standard_normals`, of an even count), cut
+    in turn (a random generator's kernels run once per step, not once per variable: a GPU launches each)."""
     sizes = [math.prod(tensor.shape) for tensor in tensors]
-    flat = jax.lax.optimization_barrier(standard_normals(key, sum(sizes)))
+    total = sum(sizes)
+    # An even count: XLA:CPU draws an odd one's threefry blocks several times slower (docs/performance.md).
+    flat = jax.lax.optimization_barrier(standard_normals(key, total + total % 2))
     starts = itertools.accumulate(sizes, initial=0)
     return [flat[start : start + size].reshape(tensor.shape) for start, size, tensor in zip(starts, sizes, tensors)]
 

@@ -271,11 +271,13 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             expected_batch_size=self._expected_batch_size,
             num_microbatches=self._num_microbatches,
             rescale_to_unit_norm=self._rescale_to_unit_norm,
+            num_extra=int(self._adaptive_clip_norm is not None),  # the count's normal, drawn with the noise
         )
+        grads, count_normal = grads[: len(clipped_sums)], grads[len(clipped_sums) :]
         self._dp_gradient_guard.issue(grads)
         new_trainable, new_optimizer = self.stateless_apply(optimizer_variables, grads, trainable_variables)
         new_optimizer = self._released_state(
-            list(new_optimizer), optimizer_variables, centred_count, clip_norm, num_rows
+            list(new_optimizer), optimizer_variables, (centred_count, count_normal), clip_norm, num_rows
         )
         new_trainable = [jnp.where(code == 0, n, o) for n, o in zip(new_trainable, trainable_variables)]
         new_optimizer = [jnp.where(code == 0, n, o) for n, o in zip(new_optimizer, optimizer_variables)]
@@ -294,29 +296,29 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         code = jnp.select(list(checks.values()), list(checks), 0).astype(jnp.int32)
         return jnp.where(run_state[1] != 0, run_state[1], code)
 
-    def _released_state(self, new_optimizer: list, optimizer_variables, centred_count, clip_norm, num_rows) -> list:
+    def _released_state(self, new_optimizer: list, optimizer_variables, count, clip_norm, num_rows) -> list:
         """``new_optimizer`` (the base update's state) with what a step that runs keeps, saved with the counter: the
-        schedule's fingerprint (recorded at step 0), itself counted released, adaptive clipping's C_{t+1}."""
+        schedule's fingerprint (recorded at step 0), itself counted released, adaptive clipping's C_{t+1} (of
+        ``count``: the centred count and a standard normal, `_adapted`)."""
         new_optimizer[self._index(self._schedule_fingerprint)] = jnp.asarray(self._schedule.fingerprint, jnp.int32)
         released = self.released_at(optimizer_variables)
         new_optimizer[self._index(self._released_steps)] = jnp.asarray(released + 1, jnp.int32)
         if self._adaptive_clip_norm is not None:
             new_optimizer[self._index(self._adaptive_clip_norm)] = self._adapted(
-                optimizer_variables, centred_count, clip_norm, num_rows
+                optimizer_variables, *count, clip_norm, num_rows
             )
         return new_optimizer
 
-    def _adapted(self, optimizer_variables, centred_count, clip_norm, num_rows) -> jax.Array:
-        """Adaptive clipping's C_{t+1}: ``centred_count`` plus the count's noise, under the step's own key."""
+    def _adapted(self, optimizer_variables, centred_count, normals, clip_norm, num_rows) -> jax.Array:
+        """Adaptive clipping's C_{t+1}: ``centred_count`` plus the count's noise (``normals``' one standard normal,
+        drawn with the gradient's noise under the step's NOISE key)."""
         if centred_count is None:
             raise ValueError(
                 "This optimizer clips adaptively (adaptive_clipping is set): stateless_apply_clipped_sum needs "
                 "`centred_count`, the batch's sum of keras_dyndp.core.adaptive_clipping.centred_indicators of the "
                 "per-example gradient norms at the step's clip norm. Received: centred_count=None."
             )
-        key = self._step_key(optimizer_variables, noise_source.CLIP_COUNT)
-        normal = ops.standard_normals(key, 1)[0]
-        noised = jnp.asarray(centred_count, jnp.float32) + self.count_noise_stddev(self._num_microbatches) * normal
+        noised = jnp.asarray(centred_count, jnp.float32) + self.count_noise_stddev(self._num_microbatches) * normals[0]
         state = optimizer_variables[self._index(self._adaptive_clip_norm)]
         return self._next_clip_norm(ops.OPS, clip_norm, state, noised, num_rows, self._num_microbatches)
 

@@ -155,6 +155,13 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         (unless ``exact``, at least; at most the rows): noise on the first replica only, the global normaliser. With
         adaptive clipping, ``centred_count(C)`` (this replica's unclipped count) moves C_t (`_adapt`)."""
         self._sampling_check.check_step_input()
+        adaptive = self._adaptive_clip_norm is not None
+        if adaptive and centred_count is None:
+            raise ValueError(
+                "This optimizer clips adaptively (adaptive_clipping is set): apply_clipped_sum needs "
+                "`centred_count`, the batch's sum of keras_dyndp.core.adaptive_clipping.centred_indicators of the "
+                "per-example gradient norms at the step's clip norm. Received: centred_count=None."
+            )
         counts = tf.stack([tf.cast(num_examples, tf.int32), tf.cast(num_rows, tf.int32)])
         examples, rows = tf.unstack(distribution.global_sum(counts))
         with tf.control_dependencies(self._refusals(examples, examples if exact else rows, rows)):
@@ -173,23 +180,18 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             expected_batch_size=self._expected_batch_size,
             num_microbatches=num_microbatches,
             rescale_to_unit_norm=self._rescale_to_unit_norm,
+            num_extra=int(adaptive),  # the count's normal, drawn with the noise
         )
-        if self._adaptive_clip_norm is None:
+        if not adaptive:
             return grads
-        with tf.control_dependencies([self._adapt(centred_count, clip_norm, rows, num_microbatches)]):
+        grads, (normal,) = grads[:-1], grads[-1:]
+        with tf.control_dependencies([self._adapt(centred_count, normal, clip_norm, rows, num_microbatches)]):
             return [tf.identity(grad) for grad in grads]
 
-    def _adapt(self, centred_count: Callable | None, clip_norm, rows, num_microbatches) -> tf.Operation:
+    def _adapt(self, centred_count: Callable, normal, clip_norm, rows, num_microbatches) -> tf.Operation:
         """Assigns adaptive clipping's C_{t+1}: the replicas' counts ``centred_count(C_t)`` summed with the count's
-        noise (drawn on the first replica only), over the step's global normaliser."""
-        if centred_count is None:
-            raise ValueError(
-                "This optimizer clips adaptively (adaptive_clipping is set): apply_clipped_sum needs "
-                "`centred_count`, the batch's sum of keras_dyndp.core.adaptive_clipping.centred_indicators of the "
-                "per-example gradient norms at the step's clip norm. Received: centred_count=None."
-            )
-        normal = ops.OPS.normals(self._noise_source.generator, [tf.zeros([])])[0] * distribution.noise_share()
-        noise = self.count_noise_stddev(num_microbatches) * normal
+        noise (the standard ``normal`` of the first replica only), over the step's global normaliser."""
+        noise = self.count_noise_stddev(num_microbatches) * normal * distribution.noise_share()
         noised = distribution.global_sum(tf.cast(centred_count(clip_norm), tf.float32) + noise)
         state = tf.convert_to_tensor(self._adaptive_clip_norm)
         return self._adaptive_clip_norm.assign(

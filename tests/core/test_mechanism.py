@@ -103,6 +103,20 @@ def test_private_update_adds_the_noise_once_to_the_sum_then_normalises():
             np.testing.assert_allclose(result, (total + scale * noise) / normaliser, rtol=1e-6)
 
 
+def test_extra_normals_come_from_the_same_draw_after_the_noise_and_leave_the_update_alone():
+    """Adaptive clipping's count noise: one more standard normal of the step's one draw (no second generator call)."""
+    sums = [np.full([2, 3], 4.0, np.float32), np.zeros([5], np.float32)]
+    kwargs = dict(clip_norm=np.float32(1.0), sigma=np.float32(1.5), num_rows=3, expected_batch_size=2.0)
+    kwargs.update(num_microbatches=None, rescale_to_unit_norm=False)
+    plain = mechanism.private_update(OPS, sums, np.random.default_rng(1), **kwargs)
+    *update, extra = mechanism.private_update(OPS, sums, np.random.default_rng(1), num_extra=1, **kwargs)
+    for a, b in zip(plain, update):
+        np.testing.assert_array_equal(a, b)
+    draw = np.random.default_rng(1)
+    expected = OPS.normals(draw, [*sums, np.float32(0.0)])[-1]
+    assert np.shape(extra) == () and float(extra) == float(expected)
+
+
 def test_a_zero_normaliser_gives_a_zero_update():
     update = mechanism.private_update(
         OPS,
