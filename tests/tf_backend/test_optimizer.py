@@ -1176,3 +1176,25 @@ def test_adaptive_clipping_counts_only_the_rows_with_a_weight():
     rows = tf.constant([True, True, True, True, False])
     assert float(ops.centred_count(norms, 1.0, rows)) == 0.0  # +1/2 +(-1/2) +1/2 +(-1/2: not finite) + 0
     assert float(ops.centred_count(norms, 1.0)) == 0.5
+
+
+def test_a_custom_loops_minimize_moves_the_adaptive_clip_norm_by_its_rows_count():
+    """The optimizer's own path (compute_gradients, a tape's per-example losses): 3 rows with a loss, one of loss 0
+    (padding: not counted); gradients of norm 2 against C_0 = 1, all clipped: b = 1/2 - (3 / 2) / 4 over n = 4, and
+    C_1 = exp(-0.2 (b - 1/2))."""
+    schedule = schedules.DPSchedule([1.0] * 2, [0.0] * 2, 0.1)
+    options = {"target_quantile": 0.5, "learning_rate": 0.2, "count_stddev": 1e-6}
+    optimizer = DynamicDPKerasSGD(
+        schedule=schedule,
+        learning_rate=0.0,
+        expected_batch_size=4,
+        allow_degenerate_noise=True,
+        adaptive_clipping=options,
+    )
+    variable = tf.Variable([0.0, 0.0])
+    inputs = tf.constant([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 0.0]])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(inputs * variable, axis=1) + tf.constant([1.0, 1.0, 1.0, 0.0])
+    optimizer.minimize(loss, [variable], tape=tape)
+    fraction = -0.5 * 3 / 4 + 0.5  # three clipped rows, the loss-0 row counts nothing, over n = 4
+    assert float(optimizer.adaptive_clip_norm.numpy()) == pytest.approx(np.exp(-0.2 * (fraction - 0.5)), rel=1e-5)
