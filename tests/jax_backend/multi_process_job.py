@@ -5,7 +5,7 @@ Usage: multi_process_job.py PROCESS_ID PORT OUT_DIR. Writes OUT_DIR/process<ID>.
 the processes: the agreed keys and sampler states, this process's share of the global Poisson batch and the global
 batch, the update against the per-example loop's on the global batch, the noisy kernel, and the refusals' messages
 (among them of optimizers that differ between the processes); from a memmap on disk (one copy per process), the
-rows each process read through a counting source and a step trained on it.
+rows each process read through a counting source and a step trained on it; the clip norm adaptive clipping reached.
 """
 
 import os
@@ -34,12 +34,16 @@ N, P = 40, 0.25
 LOSS = keras.losses.MeanSquaredError(reduction="none")
 
 
-def _model(width, clip_norm, noise_stddev, steps=3, learning_rate=1.0):
+def _model(width, clip_norm, noise_stddev, steps=3, learning_rate=1.0, adaptive_clipping=None):
     keras.utils.set_random_seed(0)
     model = make_private(keras.Sequential([keras.Input((4,)), keras.layers.Dense(width, activation="tanh")]))
     schedule = schedules.DPSchedule(np.full(steps, clip_norm), np.full(steps, noise_stddev), P)
     optimizer = DynamicDPKerasSGD(
-        schedule=schedule, expected_batch_size=P * N, learning_rate=learning_rate, allow_degenerate_noise=True
+        schedule=schedule,
+        expected_batch_size=P * N,
+        learning_rate=learning_rate,
+        allow_degenerate_noise=True,
+        adaptive_clipping=adaptive_clipping,
     )
     model.compile(optimizer=optimizer, loss=LOSS)
     return model
@@ -126,12 +130,20 @@ def main():
     )
     result["budget_steps"] = int(spent.optimizer.dp_step.numpy())
 
+    adaptive = {"target_quantile": 0.3, "learning_rate": 0.5, "count_stddev": 1e-6}
+    adapted = _model(2, 0.1, 0.0, adaptive_clipping=adaptive)
+    adapted.fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P, steps_per_epoch=2), verbose=0)
+    result["adaptive_clip_norm"] = float(np.asarray(adapted.optimizer.adaptive_clip_norm))
+
     def fit_other(**other):  # Process 1's optimizer differs from process 0's in ``other``.
         arguments = {"clip_norm": 0.1, "noise_stddev": 1.0, "learning_rate": 1.0, **(other if PROCESS_ID else {})}
         _model(2, **arguments).fit(keras_dyndp.poisson_batches(x, y, sampling_probability=P), verbose=0)
 
     result["other_noise"] = _refusal(lambda: fit_other(noise_stddev=0.5))
     result["other_learning_rate"] = _refusal(lambda: fit_other(learning_rate=0.5))
+    result["other_adaptive_clipping"] = _refusal(
+        lambda: fit_other(adaptive_clipping={"target_quantile": 0.75, "count_stddev": 100.0})
+    )
     result["other_data"] = _refusal(lambda: keras_dyndp.poisson_batches(x + PROCESS_ID, y, sampling_probability=P))
     result.update(_on_demand(y))
     result["arrays"] = _refusal(lambda: model.fit(x, y, batch_size=10, verbose=0))

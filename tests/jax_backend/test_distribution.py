@@ -111,9 +111,16 @@ def test_the_budget_and_unsupported_inputs_are_refused_on_every_process(runs):
         assert "DataParallel(devices=jax.devices()" in str(run["no_distribution"])
 
 
+def test_the_processes_agree_on_one_adapted_clip_norm(runs):
+    """Adaptive clipping: one count over the global batch, one noise, so one C_t on every process, and it moved."""
+    first, second = runs
+    assert float(first["adaptive_clip_norm"]) == float(second["adaptive_clip_norm"]) != pytest.approx(0.1)
+
+
 def test_processes_with_other_schedules_or_learning_rates_refuse_before_any_step(runs):
     for run in runs:  # Process 1's noise 0.5 (or learning rate 0.5) against process 0's 1.0: both refuse, at build.
-        for key, differing in (("other_noise", "schedule"), ("other_learning_rate", "learning_rate")):
+        keys = (("other_noise", "schedule"), ("other_learning_rate", "learning_rate"))
+        for key, differing in (*keys, ("other_adaptive_clipping", "adaptive_clipping")):
             assert str(run[key]).startswith("ValueError: The DP optimizers of the 2 processes")
             assert f"(process 1: {differing})" in str(run[key])
 
