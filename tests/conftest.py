@@ -65,6 +65,7 @@ BACKEND_NEUTRAL = frozenset(
         "core/test_refusals.py",
         "keras_glue/test_registration.py",
         "keras_glue/test_restarts.py",
+        "keras_glue/test_saved_state.py",
         "schedules/test_budget.py",
         "schedules/test_calibration.py",
         "schedules/test_schedule.py",

@@ -51,8 +51,8 @@ class AdaptiveClipping:
         Default 0.2, the paper's.
       count_stddev: sigma_b, the std of the noise on the count of unclipped examples, in examples, a float > 0
         with 2 sigma_b above every noise multiplier of the schedule. None (default): n / 20, n the expected batch
-        size p N (or the number of microbatches), the paper's choice; the gradient's noise multiplier z_g grows
-        with it: by 0.08% at n = 256 and z = 1, by 31% at n = 20 and z = 1.29 (`gradient_noise_multipliers`).
+        size p N (or the number of microbatches), the paper's choice. The smaller sigma_b, the larger the
+        gradient's own noise multiplier z_g (`gradient_noise_multipliers`; docs/usage.md).
     """
 
     target_quantile: float = 0.5

@@ -151,8 +151,7 @@ def normaliser(
 def add_noise(ops: Any, clipped_sums: Sequence[Any], stddev: Any, noise_source: Any, num_extra: int = 0) -> list[Any]:
     """Each clipped sum plus N(0, stddev^2 I), drawn from ``noise_source`` alone, once per sum; then ``num_extra``
     more standard normal float32 scalars of the same draw (adaptive clipping's count noise: one draw, not two)."""
-    extra = [ops.cast(0.0, "float32")] * num_extra
-    noises = ops.normals(noise_source, [*clipped_sums, *extra]) if extra else ops.normals(noise_source, clipped_sums)
+    noises = ops.normals(noise_source, [*clipped_sums, *[ops.cast(0.0, "float32")] * num_extra])
     noised = [total + ops.cast(stddev * noise, total.dtype) for total, noise in zip(clipped_sums, noises)]
     return noised + list(noises[len(clipped_sums) :])
 
@@ -180,10 +179,6 @@ def private_update(
         num_microbatches=num_microbatches,
         rescale_to_unit_norm=rescale_to_unit_norm,
     )
-    stddev = noise_stddev(sigma, num_microbatches)
-    if num_extra:
-        noised = add_noise(ops, clipped_sums, stddev, noise_source, num_extra)
-        noised, extra = noised[: len(clipped_sums)], noised[len(clipped_sums) :]
-    else:
-        noised, extra = add_noise(ops, clipped_sums, stddev, noise_source), []
-    return [ops.divide_no_nan(total, ops.cast(n, total.dtype)) for total in noised] + extra  # n = 0: a zero update
+    noised = add_noise(ops, clipped_sums, noise_stddev(sigma, num_microbatches), noise_source, num_extra)
+    sums, extra = noised[: len(clipped_sums)], noised[len(clipped_sums) :]
+    return [ops.divide_no_nan(total, ops.cast(n, total.dtype)) for total in sums] + extra  # n = 0: a zero update

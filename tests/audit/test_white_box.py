@@ -84,8 +84,8 @@ def test_noise_reused_at_every_step_is_flagged(monkeypatch):
     """Every step adds the same draw (a constant of the traced step): S_t / sigma = b C_t / sigma + N."""
     fixed = {}
 
-    def same_noise(ops, clipped_sums, stddev, noise_source):
-        del noise_source  # The fault.
+    def same_noise(ops, clipped_sums, stddev, noise_source, num_extra=0):
+        del noise_source, num_extra  # The fault (no adaptive clipping here: no extra draws).
         out = []
         for total in clipped_sums:
             shape = tuple(int(d) for d in total.shape)
