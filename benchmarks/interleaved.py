@@ -80,3 +80,17 @@ def keras_train_function_run(model: Any, x: Any, y: Any) -> Callable[[int], floa
         return (time.perf_counter() - start) / steps
 
     return run
+
+
+def jax_train_step_run(model: Any, x: Any, y: Any) -> Callable[[int], float]:
+    """``steps -> seconds per step`` of a compiled JAX Keras model's train step, compiled as ``fit`` compiles it
+    (``jax_step_time``'s stepper), on the batch (x, y); prints XLA's temporary buffers of the compiled step."""
+    import jax_step_time  # pylint: disable=import-outside-toplevel  (benchmarks/jax_step_time.py)
+
+    stepper = jax_step_time._Stepper(model, x, y)  # pylint: disable=protected-access
+    memory = stepper._function.memory_analysis()  # pylint: disable=protected-access
+    if memory is not None:
+        print(
+            f"{model.optimizer.__class__.__name__}: XLA temporary buffers {memory.temp_size_in_bytes / 2**20:.1f} MiB"
+        )
+    return stepper.run

@@ -143,7 +143,7 @@ class _Stepper:
         if isinstance(model.optimizer, JaxDPOptimizerMixin):  # a run's state holds the secret key its step reads
             state[2] = model.optimizer.new_run(state[2])
         self._state = tuple(state)
-        self._data = (jax.numpy.asarray(x), jax.numpy.asarray(y))
+        self._data = jax.tree_util.tree_map(jax.numpy.asarray, (x, y))
         self._function = jax.jit(model.train_step, donate_argnums=0).lower(self._state, self._data).compile()
         self.cost = _compiled_cost(self._function)
 

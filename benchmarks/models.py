@@ -181,3 +181,20 @@ def compile_private(keras: Any, model: Any, batch_size: int, num_examples: int, 
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
     )
     return model
+
+
+def ghost_coverage(model: Any, x: Any) -> str:
+    """Which layers keras_dyndp's DP step clips by a ghost rule, on the backend Keras runs on: on TensorFlow all or
+    none (the ghost path, else per-example gradients), on JAX each tapped layer (the others by vmap)."""
+    import keras_dyndp  # pylint: disable=import-outside-toplevel
+
+    if keras_dyndp.keras_backend() != "jax":
+        from keras_dyndp.tf_backend import per_example  # pylint: disable=import-outside-toplevel
+
+        return f"ghost path: {per_example.ghost_supported(model, model.trainable_variables)}"
+    from keras_dyndp.jax_backend.per_example import taps  # pylint: disable=import-outside-toplevel
+
+    values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]
+    tapped = taps.tappable(model, *values, x)
+    trained = [layer for layer in model._flatten_layers() if layer.trainable_weights and not layer._layers]  # pylint: disable=protected-access
+    return f"layers clipped by ghost rules: {len(tapped)} of {len(trained)} trained"

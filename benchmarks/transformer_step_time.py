@@ -143,19 +143,6 @@ def build(path: str) -> keras.Model:
     return models.compile_private(keras, keras_dyndp.make_private(model), ARGS.batch_size, 25_000)
 
 
-def jax_step(model: keras.Model, x: np.ndarray, y: np.ndarray):
-    """``steps -> seconds per step`` of the train step compiled as ``fit`` compiles it."""
-    import jax_step_time  # pylint: disable=import-outside-toplevel  (benchmarks/jax_step_time.py)
-
-    stepper = jax_step_time._Stepper(model, x, y)  # pylint: disable=protected-access
-    memory = stepper._function.memory_analysis()  # pylint: disable=protected-access
-    if memory is not None:
-        print(
-            f"{model.optimizer.__class__.__name__}: XLA temporary buffers {memory.temp_size_in_bytes / 2**20:.1f} MiB"
-        )
-    return stepper.run
-
-
 def device_description() -> str:
     cpu = platform.processor() or platform.machine()
     with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
@@ -163,30 +150,16 @@ def device_description() -> str:
     return f"CPU: {cpu}, {os.cpu_count()} logical cores"
 
 
-def ghost_coverage(model: keras.Model, x: np.ndarray) -> str:
-    """Which layers the DP path clips by a ghost rule (the others, on JAX, by vmap; on TF all or none)."""
-    if ARGS.backend == "tensorflow":
-        from keras_dyndp.tf_backend import per_example  # pylint: disable=import-outside-toplevel
-
-        return f"ghost path: {per_example.ghost_supported(model, model.trainable_variables)}"
-    from keras_dyndp.jax_backend.per_example import taps  # pylint: disable=import-outside-toplevel
-
-    values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]
-    tapped = taps.tappable(model, *values, x)
-    trained = [layer for layer in model._flatten_layers() if layer.trainable_weights and not layer._layers]  # pylint: disable=protected-access
-    return f"layers clipped by ghost rules: {len(tapped)} of {len(trained)} trained"
-
-
 def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.integers(0, VOCABULARY, (ARGS.batch_size, ARGS.length)).astype("int32")
     y = rng.integers(0, 2, ARGS.batch_size).astype("int32")
-    step = interleaved.keras_train_function_run if ARGS.backend == "tensorflow" else jax_step
+    step = interleaved.keras_train_function_run if ARGS.backend == "tensorflow" else interleaved.jax_train_step_run
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SamplingWarning)  # one fixed batch, not Poisson batches: expected here
         built = {path: build(path) for path in ARGS.paths.split(",")}
         if "dyndp_auto" in built:
-            print(ghost_coverage(built["dyndp_auto"], x))
+            print(models.ghost_coverage(built["dyndp_auto"], x))
         runs = {path: step(model, x, y) for path, model in built.items()}
         table = interleaved.step_table(runs, ARGS.steps, ARGS.repeats, ARGS.warmup_steps, ARGS.backend)
     versions = f"Python {sys.version.split()[0]}, Keras {keras.__version__} on {ARGS.backend}"

@@ -12,7 +12,8 @@ Written over ``keras.ops``, the same rule code registers on both backends: each 
 wrapped, its input recorded, its pre-activation tapped, its covered variables read without a gradient path). A
 layer whose own call only acts on each example alone and wires its sublayers together is declared with
 ``register_layer_rule(layer_class, per_example=True)`` (or ``register_per_example_layer``): its sublayers' rules
-then apply (on TensorFlow, the batched pass also needs every layer so declared or known).
+then apply on TensorFlow, whose batched pass needs every layer so declared or known (JAX runs the forward pass one
+example at a time and needs no declaration).
 
 A wrong rule breaks privacy silently: check it against ``make_private(model, method='vectorized')``. Its squared
 norms must never be below the exact ones in float32 (a sum over positions that can cancel: `ghost_cost`'s
@@ -58,7 +59,8 @@ def keras_ops():
 
 def register_per_example_layer(layer_class: type) -> None:
     """Declares that ``layer_class``'s own call acts on each example alone (exactly this class), so models using
-    it can take the ghost path: ``register_layer_rule(layer_class, per_example=True)``, on the backend Keras runs on.
+    it can take TensorFlow's ghost path: ``register_layer_rule(layer_class, per_example=True)`` (JAX, whose forward
+    pass runs one example at a time, needs no declaration).
     Only if row i of its output depends on row i of its inputs alone, for every batch (no batch statistics, mixing
     of rows, use of a row's position or random draws) and it reads no variable of its sublayers, else privacy breaks
     silently. Its sublayers' trainable variables still need rules.

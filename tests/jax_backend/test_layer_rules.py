@@ -146,21 +146,98 @@ def test_a_rules_sums_add_nothing_from_an_example_whose_factor_is_zero():
     assert np.all(np.asarray(squared)[[0, 2]] >= np.asarray(exact) * (1 - 2.0**-20))
 
 
-def test_per_example_declarations_are_wiring_and_refuse_a_rules_parts():
+class _Block(keras.layers.Layer):
+    """A subclassed block nobody declared: a gated residual Dense, a LayerNormalization of the centred sum, and a
+    scale of its own (which keeps the vmap path)."""
+
+    def __init__(self, reads_kernel=False, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(4, activation="tanh")
+        self.norm = keras.layers.LayerNormalization()
+        self.reads_kernel = reads_kernel
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(4,), initializer="ones")
+
+    def call(self, inputs):
+        h = inputs + self.dense(inputs) * self.scale
+        if self.reads_kernel:  # a second use of the kernel, outside the Dense's call: the tap would miss its gradient
+            h = h + keras.ops.matmul(inputs, self.dense.kernel)
+        return self.norm(h - keras.ops.mean(h, axis=-1, keepdims=True))
+
+
+class _Scanned(keras.layers.Layer):
+    """Its Dense run at every position inside a scan of its own (once in Python, T times when run)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(4)
+
+    def call(self, inputs):
+        def step(carry, h_t):
+            carry = keras.ops.tanh(self.dense(h_t) + carry)
+            return carry, carry
+
+        return keras.ops.scan(step, keras.ops.zeros_like(inputs[:, 0]), keras.ops.transpose(inputs, (1, 0, 2)))[0]
+
+
+def _with_block(block):
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((3, 4))
+    h = block(keras.layers.Dense(4)(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
+
+
+def _sequence_batch():
+    rng = np.random.default_rng(7)
+    return rng.normal(size=(6, 3, 4)).astype("float32"), rng.integers(0, 3, 6).astype("int32")
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")  # noise 0: sums compared
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")  # the test's own fixed batches
+def test_the_sublayers_of_an_undeclared_block_are_tapped_and_clip_as_the_per_example_loop():
+    """The forward pass runs one example at a time: a subclassed layer's own code cannot mix examples, so its ruled
+    sublayers are tapped without a declaration; its own weight keeps the vmap path."""
+    x, y = _sequence_batch()
+    block = _Block()
+    model = _with_block(block)
+    model(x[:1])
+    assert not registry.acts_per_example(block)
+    tapped = _tapped(model, x)
+    assert block.dense in tapped and block.norm in tapped and len(tapped) == 4
+    _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm=0.3)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
+def test_a_kernel_the_block_reads_outside_its_layers_call_keeps_the_vmap_path():
+    x, y = _sequence_batch()
+    block = _Block(reads_kernel=True)
+    model = _with_block(block)
+    model(x[:1])
+    tapped = _tapped(model, x)
+    assert block.dense not in tapped and block.norm in tapped
+    _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm=0.3)
+
+
+@pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")
+@pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
+def test_a_layer_called_inside_a_scan_of_the_models_own_keeps_the_vmap_path():
+    """Its input, recorded inside the scan, would escape it: the probe falls back to declared wiring only."""
+    x, y = _sequence_batch()
+    scanned = _Scanned()
+    model = _with_block(scanned)
+    model(x[:1])
+    tapped = _tapped(model, x)
+    assert scanned.dense not in tapped and len(tapped) == 2  # the functional model's own Dense layers
+    _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm=0.3)
+
+
+def test_per_example_declarations_refuse_a_rules_parts():
     class Wiring(keras.layers.Layer):
-        def __init__(self):
-            super().__init__()
-            self.dense = keras.layers.Dense(2)
+        pass
 
-        def call(self, inputs):
-            return self.dense(inputs)
-
-    inputs = keras.Input((3,))
-    wiring = Wiring()
-    model = keras.Model(inputs, wiring(inputs))
-    assert _tapped(model, np.zeros((2, 3), "float32")) == []
     keras_dyndp.register_per_example_layer(Wiring)
-    assert registry.acts_per_example(wiring)
-    assert _tapped(model, np.zeros((2, 3), "float32")) == [wiring.dense]
+    assert registry.acts_per_example(Wiring())
     with pytest.raises(TypeError, match="leave out norms_and_sums"):
         keras_dyndp.register_layer_rule(Wiring, per_example=True, norms_and_sums=lambda layer, a, g: None)

@@ -377,8 +377,8 @@ if hasattr(keras.layers, "RMSNormalization"):  # Keras 3.9 and later: x / rms(x)
     registry.register_layer_rule(
         keras.layers.RMSNormalization, variables=_scale, norms_and_sums=_affine_norms_and_sums(_scale)
     )
-# Layers whose own call acts on each example alone and only wires its sublayers' calls together (never reads their
-# variables): their sublayers' rules apply (`taps`). Functional: keras.Model(inputs, outputs).
+# Layers whose own call acts on each example alone and only wires its sublayers' calls together, as on TensorFlow
+# (`taps` needs no declaration: the forward pass runs per example). Functional: keras.Model(inputs, outputs).
 for _class in (keras.Sequential, Functional, keras.layers.MultiHeadAttention):
     registry.register_layer_rule(_class, per_example=True)
 dense_attention.register(keras.layers)  # Attention, AdditiveAttention: their scales

@@ -5,17 +5,18 @@ them (``jax.vmap`` of ``jax.grad`` would give B of them).
 In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before its activation
 where it has one); the step differentiates the tap instead of the covered variables, which gives the output gradient.
 Tapped (`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports,
-whose covered variables no other layer holds, reached through layers declared to act per example and only wire their
-sublayers (`registry.acts_per_example`: Sequential / functional models, MultiHeadAttention and the classes
-``register_layer_rule(cls, per_example=True)`` adds; another subclassed layer could read a sublayer's variables in its
-own call) and not inside a layer with a rule of its own, run once per forward pass, and whose covered
-variables nothing else in the forward pass reads (a tied output projection or a Lambda would add a gradient the tap
-misses): the probe traces the forward pass with the tapped calls reading stand-ins for them, and any equation still
-reading one is another use. The others keep the vmap path. Outside a session the patched call is the original.
+whose covered variables no other layer holds, not inside a layer with a rule of its own, called once per forward pass
+outside any JAX transformation of the model's own (a scan, vmap, checkpoint), and whose covered variables nothing
+else in the forward pass reads (a tied output projection, a Lambda, a subclassed layer reading a sublayer's kernel in
+its own call would add a gradient the tap misses): the probe traces the forward pass with the tapped calls reading
+stand-ins for them, and any equation still reading one is another use. The layers around it need no declaration: the
+step runs the forward pass on one example at a time (``jax.vmap``), so whatever they compute acts on that example
+alone. The others keep the vmap path. Outside a session the patched call is the original.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Callable
@@ -97,16 +98,13 @@ def _patch(layer: keras.layers.Layer, rule: registry.LayerRule) -> None:
     _TAPPED.add(layer)
 
 
-def _leaves_under_wiring(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    """The layers below ``layer`` that a rule may tap, reached through layers declared to act per example and wire
-    their sublayers (`registry.acts_per_example`; attention reads its projections' outputs, never their kernels): a
-    sublayer without sublayers, or with a rule of its own (which covers its sublayers' variables)."""
-    if not registry.acts_per_example(layer):
-        return []
+def _leaves(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """The layers below ``layer`` that a rule may tap: a sublayer without sublayers, or with a rule of its own (which
+    covers its sublayers' variables)."""
     leaves = []
     for sublayer in layers(layer, include_self=False, recursive=False):
         ruled = registry.rule_for(sublayer) is not None
-        leaves += _leaves_under_wiring(sublayer) if _has_sublayers(sublayer) and not ruled else [sublayer]
+        leaves += _leaves(sublayer) if _has_sublayers(sublayer) and not ruled else [sublayer]
     return leaves
 
 
@@ -120,7 +118,7 @@ def candidates(model: keras.Model, classes: tuple | None = None) -> dict[int, tu
     trainable = model.trainable_variables
     leaves = [layer for layer in layers(model) if not _has_sublayers(layer)]
     found = {}
-    for layer in _leaves_under_wiring(model):
+    for layer in _leaves(model):
         rule = registry.rule_for(layer) if classes is None or type(layer) in classes else None
         if rule is None or not layer.trainable:
             continue
@@ -137,17 +135,22 @@ def tappable(
     model: keras.Model, trainable: list, non_trainable: list, x: Any, classes: tuple | None = None
 ) -> dict[int, tuple[keras.layers.Layer, tuple, tuple]]:
     """The `candidates` this step taps, by layer id: (layer, covered variables' indices in ``trainable``, tapped
-    output's shape for one example); those run other than once or whose covered variables are read elsewhere are
-    left out (module docstring). Traces the training-mode call on one row of ``x``'s shape; nothing runs."""
+    output's shape for one example); those run other than once, inside a transformation of the model's own or whose
+    covered variables are read elsewhere are left out (module docstring). Traces the training-mode call on one row of
+    ``x``'s shape; nothing runs."""
     found = candidates(model, classes)
     if not found:
         return {}
     probe = Session()
+    leaves: dict[int, int] = {}
 
     def forward(trainable, non_trainable, x, stand_ins):
         probe.stand_ins = stand_ins
         with probe:
-            return model.stateless_call(trainable, non_trainable, x, training=True)
+            outputs = model.stateless_call(trainable, non_trainable, x, training=True)
+        recorded = [jax.tree_util.tree_leaves(probe.inputs.get(key)) for key in found]
+        leaves.update((key, len(values)) for key, values in zip(found, recorded))
+        return recorded, outputs
 
     stand_ins = {key: [trainable[index] for index in indices] for key, (_, indices) in found.items()}
     shaped = lambda value: jax.ShapeDtypeStruct(value.shape, value.dtype)  # noqa: E731
@@ -156,8 +159,18 @@ def tappable(
     jaxpr = jax.make_jaxpr(forward)(*abstract[:2], jax.tree_util.tree_map(row, x), abstract[2]).jaxpr
     read = {id(var) for equation in jaxpr.eqns for var in equation.invars} | {id(var) for var in jaxpr.outvars}
     variables = jaxpr.invars[: len(trainable)]  # ``trainable`` is a flat list: its leaves come first, in order.
+    # An input recorded inside a transformation of the model's own (a layer's scan or vmap) escapes it: the trace
+    # holds it as a constant.
+    escaped = {id(var) for var in jaxpr.constvars}
+    starts = dict(zip(found, itertools.accumulate(leaves.values(), initial=0)))
+    inside = {
+        key for key in found if any(id(v) in escaped for v in jaxpr.outvars[starts[key] : starts[key] + leaves[key]])
+    }
     return {
         key: (layer, indices, probe.shapes[key])
         for key, (layer, indices) in found.items()
-        if probe.calls.get(key) == 1 and key in probe.shapes and all(id(variables[i]) not in read for i in indices)
+        if probe.calls.get(key) == 1
+        and key in probe.shapes
+        and key not in inside
+        and all(id(variables[i]) not in read for i in indices)
     }

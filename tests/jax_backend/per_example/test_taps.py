@@ -26,20 +26,34 @@ def test_candidates_are_trainable_embeddings_whose_table_no_other_layer_holds():
     np.testing.assert_array_equal(own(ids), np.asarray(own.embeddings)[ids])  # no session: the original call
 
 
-def test_an_embedding_inside_a_subclassed_model_is_not_tapped():
-    class Subclassed(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.embedding = keras.layers.Embedding(10, 4)
+class _Subclassed(keras.Model):
+    def __init__(self, tied):
+        super().__init__()
+        self.embedding = keras.layers.Embedding(10, 4)
+        self.tied = tied
+        self.dense = None if tied else keras.layers.Dense(10)
 
-        def call(self, inputs):
-            return keras.ops.mean(self.embedding(inputs), axis=1) @ keras.ops.transpose(self.embedding.embeddings)
+    def call(self, inputs, training=False):
+        del training  # Unused.
+        pooled = keras.ops.mean(self.embedding(inputs), axis=1)
+        return pooled @ keras.ops.transpose(self.embedding.embeddings) if self.tied else self.dense(pooled)
 
-    model = Subclassed()
-    model(np.zeros((1, 3), "int32"))
-    assert taps.candidates(model) == {}
-    wrapped = keras.Sequential([keras.Input((3,), dtype="int32"), model])  # a wiring model above does not help
-    assert taps.candidates(wrapped) == {}
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_an_embedding_inside_a_subclassed_model_is_tapped_unless_its_table_is_read_outside_its_call(wrapped):
+    """No declaration of the subclassed model is needed (the step runs it on one example at a time); its own call's
+    read of the table (tied weights) is another use, which the probe finds."""
+    x = np.zeros((2, 3), "int32")
+    found = {}
+    for tied in (False, True):
+        model = _Subclassed(tied)
+        model(x[:1])
+        if wrapped:  # a wiring model above changes nothing
+            model = keras.Sequential([keras.Input((3,), dtype="int32"), model])
+        layer = model.layers[-1].embedding if wrapped else model.embedding
+        assert id(layer) in taps.candidates(model)
+        found[tied] = id(layer) in taps.tappable(model, *_values(model), x)
+    assert found == {False: True, True: False}
 
 
 def _values(model):
