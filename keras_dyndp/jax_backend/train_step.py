@@ -2,31 +2,23 @@
 
 Keras's JAX train step hands the optimizer the gradient of the batch's mean loss, where no example can be clipped.
 make_private's stateless ``train_step`` runs each example alone (``jax.vmap`` of ``jax.grad`` of the model's
-``stateless_call`` on a batch of one, on every path: no layer can mix examples, a Lambda adding the batch mean moves
-the clipped sum by C), clips each example's gradient to the optimizer's C_t, sums, and hands the sums to
-``stateless_apply_clipped_sum`` (noise once, normalise, apply: `keras_dyndp.jax_backend.optimizer`). ``method='auto'``
-(= ``'ghost'``) clips the variables a rule covers (kernels, normalisation scales and offsets) from each example's layer
-input and output gradient (`per_example.taps`; the rules in `keras_dyndp.rules.registry`, JAX's built-in ones in
-`per_example.rules`); every other variable keeps its vmap gradient; ``'vectorized'`` taps only Embedding tables.
-``accumulation_steps`` = k clips the batch in k physical batches (``jax.lax.scan``), one noise and one counter step;
-``num_microbatches`` = M clips M random microbatch gradients (`microbatches`, no taps).
+``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips each example's gradient to
+the optimizer's C_t, sums, and hands the sums to ``stateless_apply_clipped_sum`` (noise once, normalise, apply).
+``method='auto'`` (= ``'ghost'``) clips the variables a rule covers from each example's layer input and output
+gradient (`per_example.taps`, `keras_dyndp.rules.registry`); every other variable keeps its vmap gradient;
+``'vectorized'`` taps only Embedding tables. ``accumulation_steps`` = k scans k physical batches with one noise and
+one counter step; ``num_microbatches`` = M clips M random microbatch gradients (`microbatches`, no taps).
 
-State. Non-trainable variables written from the batch would leave the step without noise: refused when the step is
-traced (`model_checks`). Random-generator states (Dropout) are drawn from the step's secret key, the same for every
-row, never from Keras's seed, which users publish (deleting a row would shift every later row's mask); a variable
-written from those draws is refused too; the kept states advance from their public values as in Keras.
+State. Non-trainable variables written from the batch would leave the step without noise: refused (`model_checks`).
+Random-generator states (Dropout) are drawn from the step's secret key, the same for every row, never from Keras's
+seed, which users publish (deleting a row would shift every later row's mask); a variable written from those draws is
+refused too.
 
-Refused as on TensorFlow: an optimizer that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a
-loss reduced over the batch, several losses, regularisation losses, trainable BatchNormalization; in ``fit``,
-`keras_dyndp.poisson_batches` at another rate than the schedule's and arrays unless ``public_batch_size=True`` (other
-data: one `SamplingWarning`); under several processes what `distribution` lists. A step the optimizer refuses changes
-nothing, nor does any later step; the call raises at that epoch's end at the latest (`BudgetExhaustedError` past the
-budget, before the step when the host can tell). These checks run in what every entry point calls on the model, also
-``keras.Model.fit(model, ...)`` called unbound: ``make_train_function`` checks the data the entry point showed
-(`keras_dyndp.keras_glue.entry_points`), the train function it makes (`_CheckedTrainFunction`) starts each run of steps
-with a fresh nonce, and ``jax_state_sync`` raises a refused step (docs/privacy.md, "Which entry points are covered").
-Only ``dp_step`` is logged unless ``training_metrics=True``. Under a
-``keras.distribution`` (one process, or `distribution`'s DataParallel over several) the jitted step keeps its global
+Refusals are TensorFlow's (docs/privacy.md, "Refused, and why"). A step the optimizer refuses changes nothing, nor
+does any later step; the call raises at that epoch's end at the latest. The checks run in what every entry point
+calls on the model, also ``keras.Model.fit(model, ...)`` called unbound: ``make_train_function`` checks the data the
+entry point showed, the train function it makes (`_CheckedTrainFunction`) starts each run of steps with a fresh
+nonce, and ``jax_state_sync`` raises a refused step. Under a ``keras.distribution`` the jitted step keeps its global
 meaning: every example clipped, one noise key, the noise added once to the global sum.
 """
 

@@ -1,35 +1,24 @@
 """Keras optimizers that run dynamic DP-SGD on TensorFlow: per-step clipping norms and noise from a `DPSchedule`.
 
 `make_dynamic_dp_optimizer_class(base_cls)` makes ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``: the
-mixin runs the mechanism (`keras_dyndp.core.mechanism`) in graph ops, the base class holds the update rule;
-`DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its instances.
-It receives clipped sums: ``make_private``'s step hands `apply_clipped_sum` those of its clipping method
-(`keras_dyndp.tf_backend.per_example`); a custom loop's `minimize` (`compute_gradients`) clips the per-example losses
-it is handed on the jacobian path (`keras_dyndp.tf_backend.microbatches.clipped_sum`, O(B^2)). Keras's own
-train step is refused, naming ``make_private``. The noise comes from the optimizer's own `tf.random.Generator`,
-seeded from OS entropy and never saved (`keras_dyndp.tf_backend.noise_source`); batch sizes are checked against the
-schedule's Poisson sampling (`keras_dyndp.tf_backend.sampling_check`).
+mixin runs the mechanism (`keras_dyndp.core.mechanism`) in graph ops, the base class holds the update rule. It
+receives clipped sums: ``make_private``'s step hands `apply_clipped_sum` those of its clipping method; a custom loop's
+`minimize` (`compute_gradients`) clips on the jacobian path (`keras_dyndp.tf_backend.microbatches.clipped_sum`).
+Keras's own train step is refused, naming ``make_private``.
 
-Step counter. `opt.dp_step` IS Keras's `opt.iterations`, saved with the optimizer. It counts DP steps because
-`apply_gradients` refuses gradients that did not come out of this optimizer's `compute_gradients`, and the whole
-update, counter included, depends on the noised gradients (else, at the end of a dataset of unknown cardinality,
-Keras's increment would run once more and shift the schedule). The variable `schedule_fingerprint` records at step 0
-the schedule the steps are taken under; a counter restored from another schedule is refused in the graph
-(`keras_dyndp.core.step_checks.restored_schedule_refusal`). The variable ``released_steps``, saved with the counter too,
-counts the steps released, each update adding 1: a step runs only where the counter equals it, so a counter set by
-hand (``iterations.assign(0)`` after the budget) is refused, and the budget and `PrivacyLogger` count released steps.
+Step counter. `opt.dp_step` IS Keras's `opt.iterations`. It counts DP steps because `apply_gradients` refuses
+gradients that did not come out of this optimizer's `compute_gradients`, and the whole update, counter included,
+depends on the noised gradients (else, at the end of a dataset of unknown cardinality, Keras's increment would run
+once more and shift the schedule). ``schedule_fingerprint`` and ``released_steps``, saved with it, refuse a counter
+restored from another schedule or set by hand (`keras_dyndp.core.step_checks`).
 
-Budget guard. Past T = `schedule.num_steps` steps released a step raises `tf.errors.InvalidArgumentError` ("DP budget
-exhausted ...", asserted as `keras_dyndp.core.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t
-and sigma_t also read 0 there and the step releases nothing; stop at T with `keras_dyndp.BudgetStop`.
+Budget guard. Past T steps released a step raises `tf.errors.InvalidArgumentError` ("DP budget exhausted ...").
+XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t also read 0 there and the step releases nothing; stop
+at T with `keras_dyndp.BudgetStop`.
 
-Replicas (`keras_dyndp.tf_backend.distribution`): under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each
-replica clips its share, the first alone adds the noise and the base optimizer sums the parts; other strategies are
-refused. Not supported: sparse per-example gradients (the clipping methods densify them). Keras's ``clipnorm``,
-``global_clipnorm`` and ``clipvalue`` act on the noised gradient: harmless, but not DP clipping.
-
-References: Abadi et al., Deep Learning with Differential Privacy, https://arxiv.org/abs/1607.00133; Du et al.,
-Dynamic Differential-Privacy Preserving SGD.
+Replicas: under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each replica clips its share, the first alone
+adds the noise (`keras_dyndp.tf_backend.distribution`). Sparse per-example gradients are densified. Keras's
+``clipnorm``, ``global_clipnorm`` and ``clipvalue`` act on the noised gradient: harmless, but not DP clipping.
 """
 
 from __future__ import annotations
