@@ -1,17 +1,13 @@
 """`poisson_batches`: the batches the accountants assume (Poisson subsampling: each example joins each batch
 independently with probability p; shuffle-and-slice has no tight analysis, tensorflow/privacy #483), for ``fit``.
 
-Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``): the
-rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them. More
-than ``max_batch_size`` selected: a random ``max_batch_size`` of them are kept with a warning ('truncate') or the step
-fails ('raise'). Not free: one example can push another out (sensitivity 2C), so the run is (epsilon, delta + (1 +
-e^epsilon) T eta)-DP, eta = P[Binomial(N + 1, p) > cap] (`batch_sizes.truncation_delta`); the default cap makes eta <=
-1e-15 (adds 4e-11 for T = 4800, epsilon = 2: negligible); a cap whose truncation adds more than 1% of the target delta
-is refused by ``fit`` (`batch_sizes.check_max_batch_size`), and what an accepted one adds is in `PrivacyLogger`'s
-``delta_total``. ``seed=None`` draws from OS entropy (the only choice for a release). With an integer seed the sampler's
-state is (seed, start_step): a run resumed at step k (``start_step=k``) draws from a seed mixed from both
-(`sampler_seed`), independent of the first run's, and `check_resume` refuses, before ``fit``'s first step, batches that
-would draw again the samples of steps the optimizer has taken. Each backend's ``data`` module materialises the batches.
+Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``):
+the rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
+Truncating to the cap is not free (one example can push another out), so it adds to delta (`batch_sizes`;
+docs/privacy.md, "What a reported epsilon covers"). ``seed=None`` draws from OS entropy (the only choice for a release).
+With an integer seed the sampler's state is (seed, start_step): a run resumed at step k draws from a seed mixed from
+both (`sampler_seed`), and `check_resume` refuses batches that would draw again the samples of steps the optimizer
+has taken. Each backend's ``data`` module materialises the batches.
 """
 
 from __future__ import annotations

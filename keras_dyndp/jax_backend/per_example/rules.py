@@ -1,23 +1,13 @@
 """Ghost-clipping rules on JAX: the per-example gradient norms and clipped sums of a layer's kernel (or scale and
 offset) from each example's layer input ``a_i`` and output gradient ``g_i`` (before the activation) as `taps` records
-them, [B, rows, ...].
+them, [B, rows, ...]; the TensorFlow rules' math (`keras_dyndp.tf_backend.per_example`), in the form
+`keras_dyndp.rules.ghost_cost` finds cheapest. An EinsumDense is a Dense over positions after a transpose
+(`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path); a normalisation's scale and
+offset gradients are small and materialised.
 
-A kernel applied at T positions (``z_t = a_t W``: Dense, also over a sequence axis; a convolution, ``a_t`` the input
-patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}, its norms and clipped sum in the form `keras_dyndp.rules.ghost_cost`
-finds cheapest (the book-keeping sum: one ``jax.vjp`` on the batch for the output gradients f_i g_i); the TensorFlow
-rules' math (`keras_dyndp.tf_backend.per_example`). An EinsumDense
-(also MultiHeadAttention's projections, `taps`) is a Dense over positions after a transpose
-(`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path). A layer normalisation's scale and
-offset (LayerNormalization, GroupNormalization, RMSNormalization) have per-example gradients sum_t x_hat_t g_t and
-sum_t g_t (x_hat the normalised input): small, they are materialised.
-
-These rules, and the classes declared to act per example and only wire their sublayers (their sublayers' rules apply,
-`taps`), are registered on import into the one registry (`keras_dyndp.rules.registry`), as any rule of the contract
-both backends share (`keras_dyndp.rules.layer_rules`; docs/usage.md's ``ScaleShift``): on JAX a, g are [B, 1, ...]
-(each example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``.
-
-A new rule must meet `keras_dyndp.rules.layer_rules`' conditions (its `weighted_sum` and `scaled_rows` add nothing from
-a factor-0 example); check it against ``method='vectorized'``.
+Registered on import into the one registry (`keras_dyndp.rules.registry`), as any rule of the shared contract
+(`keras_dyndp.rules.layer_rules`): on JAX a, g are [B, 1, ...] (each example's batch of one, vmapped) and
+``keras.ops`` is ``jax.numpy``.
 """
 
 from __future__ import annotations
