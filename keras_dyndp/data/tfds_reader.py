@@ -19,12 +19,10 @@ import numpy as np
 
 def tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:
     """For a ``tfds.data_source`` of ``tf.train.Example`` records of fixed-length features (no ``decoders``):
-    ``positions -> elements`` as the source returns them, with the records read raw (`_ArrayRecordFiles` where it reads
-    them, else one ``__getitems__`` of the records under the source), parsed for the whole batch (`_example_parser`)
-    instead of one by one by tfds in Python (docs/performance.md), then decoded as tfds does (`_tfds_decoder`). None
-    otherwise, or if example 0 so read differs from ``source[0]`` (the source is then read as any other). The record
-    reads hold ``guard``. The elements are arrays parsed from each call's own records, new at every call: no later read
-    can change them, so they are not copied (`_owned`)."""
+    ``positions -> elements`` as the source returns them, the records read raw (`_ArrayRecordFiles`, else one
+    ``__getitems__`` under ``guard``), parsed for the whole batch (`_example_parser`) and decoded as tfds does
+    (`_tfds_decoder`). None otherwise, or if example 0 so read differs from ``source[0]``. The elements are new at every
+    call, so they are not copied (`_owned`)."""
     method = getattr(getattr(source, "deserialize_method", None), "name", None)
     if type(source).__module__.split(".")[0] != "tensorflow_datasets" or method != "DESERIALIZE_AND_DECODE":
         return None
@@ -172,16 +170,11 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
 
 
 class _ArrayRecordFiles:
-    """The records of a ``tfds.data_source``'s ArrayRecord files by key (the order of its file instructions), read
-    with array_record's ``ArrayRecordReader`` in its random-access mode (``readahead_buffer_size:0,
-    max_parallelism:0``), one record a ``read(offset, offset + 1)``: read in the calling thread with the GIL released
-    (a ``seek`` and ``read()`` cost the same CPU but hold the GIL, so one batch's reads would stop every other
-    Python thread), with a file buffer of twice a record's mean size on disk (a power of 2 in [4 KB, 1 MB]; its 32 KB
-    default reads many times a small record's bytes). ArrayRecord's batched reads cost more: under ``__getitems__``
-    each record goes to its pool of 64 threads and a thread per file, and ``read(indices)`` walks every chunk of the
-    file each call (O(N); docs/performance.md). A
-    reader is not thread-safe, so each calling thread takes a set of readers of its own (kept for the next call); a
-    file is opened at its first read."""
+    """The records of a ``tfds.data_source``'s ArrayRecord files by key, read with array_record's
+    ``ArrayRecordReader`` in its random-access mode, one record a ``read(offset, offset + 1)`` in the calling thread
+    with the GIL released, with a file buffer of twice a record's mean size on disk (ArrayRecord's own batched reads
+    cost more: docs/performance.md). A reader is not thread-safe, so each calling thread keeps a set of readers of
+    its own; a file opens at its first read."""
 
     def __init__(self, instructions: list, reader_class: type):
         self.reader_class = reader_class

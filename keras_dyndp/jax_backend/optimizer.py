@@ -192,13 +192,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def raise_refused_step(self, budget_stop: str | None = None) -> None:
         """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call,
-        and puts the run state at rest in the variables: a never-used nonce, no refusal, no key (what reads the
-        variables from here on finds zeros in its place). A refusal cannot raise inside the jitted step (reading it
-        there would stop the device every step): it waits in the run state until this call, which ``make_private``'s
-        model makes wherever Keras syncs the state back (`keras_dyndp.jax_backend.train_step`, whose train function
-        starts a new run, `new_run`, whenever the state comes from the variables); a custom loop calling
-        `stateless_apply_clipped_sum` takes its state from `new_run`, assigns the state back and calls it after each
-        run of steps. ``budget_stop``: as `step_checks.budget_exhausted_parts`."""
+        and puts the run state at rest in the variables: a never-used nonce, no refusal, no key. A refusal cannot
+        raise inside the jitted step (reading it there would stop the device every step): it waits in the run state
+        until this call, which ``make_private``'s model makes wherever Keras syncs the state back; a custom loop
+        takes its state from `new_run` and calls this after each run of steps. ``budget_stop``: as
+        `step_checks.budget_exhausted_parts`."""
         refusal = self.refusal_in([variable.value for variable in self.variables], budget_stop=budget_stop)
         self._run_state.assign(self._noise_source.fresh_run_state(with_key=False))
         if refusal is not None:

@@ -283,14 +283,11 @@ def _private_train_step(self: keras.Model, state, data):
 
 class _CheckedTrainFunction:
     """TensorFlow's `_CheckedTrainFunction` on JAX: Keras's ``(state, iterator) -> (logs, state)`` after the host-side
-    checks. An optimizer state other than, array for array, the one it returned last (the variables, whose counter
-    can have been rewound or restored, or a caller's own) starts a new run of steps: the refusal recorded since the
-    last run raised, the budget checked, `JaxDPOptimizerMixin.new_run`. Within a run it reads nothing back until the
-    counter may have reached T (at most ``steps_per_execution`` steps per call), then refuses before the call. When a
-    call raises, the state goes back into the variables without the key (`JaxDPOptimizerMixin.at_rest`): Keras's
-    ``fit`` empties them when it hands their values to the first step and puts nothing back if that step's trace
-    raises a refusal.
-    """
+    checks. An optimizer state other than the one it returned last (the variables, whose counter may have been rewound
+    or restored, or a caller's own) starts a new run of steps: the pending refusal raised, the budget checked,
+    `JaxDPOptimizerMixin.new_run`. Within a run it reads nothing back until the counter may have reached T. When a call
+    raises, the state goes back into the variables without the key (`JaxDPOptimizerMixin.at_rest`): Keras's ``fit``
+    would put nothing back if the first step's trace raises."""
 
     def __init__(self, model: keras.Model, function: Callable):
         self._model = model
@@ -370,11 +367,10 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _private_make_train_function(self: keras.Model, force: bool = False):
-    """Keras's ``make_train_function`` (which every training entry point calls first), after the model and sampling
-    checks of the data the entry point showed (`_check_sampling`), with a new train-step object for each new train
-    function (JAX caches traces by function object: after ``compile`` with another DP optimizer the old trace, with its
-    schedule, keys and refusals, would be replayed, and the update would follow the old clip norm; docs/privacy.md),
-    wrapped in `_CheckedTrainFunction`."""
+    """Keras's ``make_train_function`` (which every training entry point calls first), after the checks of the data the
+    entry point showed (`_check_sampling`), wrapped in `_CheckedTrainFunction`, with a new train-step object for each
+    new train function: JAX caches traces by function object, and after ``compile`` with another DP optimizer the old
+    trace, with its schedule, keys and refusals, would be replayed."""
     _check_model(self)
     seen = private_model.record(self).data_seen.take()
     within_fit = seen is not None and seen[0] == entry_points.FIT
