@@ -1,9 +1,8 @@
 """Accountants by name: one table from an accountant's name to everything the package does with it.
 
 Schedules, callbacks, reports and scripts look an `--accountant` up here (`get`): a new accountant is one `Accountant`
-in `_ACCOUNTANTS`. 'rdp' and 'pld' are rigorous (`fast_rdp`, `fast_pld`); 'gdp_clt', the paper's CLT approximation,
-can understate epsilon badly (p = 0.01, T = 20, delta = 1e-5: GDP-CLT 1.00 is PLD 4.20) and is used only when named.
-`DEFAULT_ACCOUNTANT` 'pld' is the tightest.
+in `_ACCOUNTANTS`. 'rdp' and 'pld' are rigorous (`fast_rdp`, `fast_pld`); 'gdp_clt', the paper's CLT approximation, can
+understate epsilon badly (docs/privacy.md) and is used only when named. `DEFAULT_ACCOUNTANT` 'pld' is the tightest.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.core.mechanism`) on the JAX backend.
 
-`make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``, with
-the arguments, checks and config of `keras_dyndp.optimizer_base.DPOptimizerBase`. The jitted step never calls the
-host: `stateless_apply_clipped_sum` takes the sums of gradients clipped to C_k (`clip_norm_at`, k = ``iterations``),
-checks in the graph the counter against the steps released (``released_steps``, saved with it, each step adding 1)
-and the recorded schedule, the steps released against the budget and the batch's number of examples against the
-schedule's Poisson sampling, then noises, normalises (`keras_dyndp.core.mechanism.private_update`) and applies
-through Keras's ``stateless_apply``. A refused step, and every later one, changes nothing until `raise_refused_step`
-reads the refusal from the run state and raises. `apply` refuses any other gradients (Keras's default train step).
-
-Randomness: `keras_dyndp.jax_backend.noise_source` (a secret base key in host memory, a runtime input of the step).
+`make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``. The jitted
+step never calls the host: `stateless_apply_clipped_sum` takes the sums of gradients clipped to C_k (`clip_norm_at`, k =
+``iterations``), decides in the graph the refusals of `keras_dyndp.core.step_checks` (counter against the steps
+released, recorded schedule, budget, batch size), then noises, normalises and applies through Keras's
+``stateless_apply``. A refused step, and every later one, changes nothing until `raise_refused_step` reads the refusal
+from the run state and raises. `apply` refuses any other gradients (Keras's default train step). Randomness:
+`keras_dyndp.jax_backend.noise_source`.
 """
 
 from __future__ import annotations

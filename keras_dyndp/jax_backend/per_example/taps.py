@@ -1,17 +1,14 @@
 """Taps: each example's input to a layer and the gradient of the layer's output, from which the layer's rule
-(`registry`) clips the variables it covers (kernels, normalisation scales and offsets) without a per-example gradient of
-them (``jax.vmap`` of ``jax.grad`` would give B of them).
+(`registry`) clips the variables it covers without a per-example gradient of them.
 
-In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before its activation
-where it has one); the step differentiates the tap instead of the covered variables, which gives the output gradient.
-Tapped (`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports,
-whose covered variables no other layer holds, reached through layers declared to act per example and only wire their
-sublayers (`registry.acts_per_example`: Sequential / functional models, MultiHeadAttention and the classes
-``register_layer_rule(cls, per_example=True)`` adds; another subclassed layer could read a sublayer's variables in its
-own call) and not inside a layer with a rule of its own, run once per forward pass, and whose covered
-variables nothing else in the forward pass reads (a tied output projection or a Lambda would add a gradient the tap
-misses): the probe traces the forward pass with the tapped calls reading stand-ins for them, and any equation still
-reading one is another use. The others keep the vmap path. Outside a session the patched call is the original.
+In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before its activation where
+it has one); the step differentiates the tap instead of the covered variables, which gives the output gradient. Tapped
+(`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports, whose
+covered variables no other layer holds, reached only through layers declared to act per example
+(`registry.acts_per_example`; another subclassed layer could read a sublayer's variables in its own call), not inside a
+layer with a rule of its own, run once per forward pass, and whose covered variables nothing else in the forward pass
+reads (a tied output projection would add a gradient the tap misses; the probe traces the forward pass with stand-ins
+for them). The others keep the vmap path. Outside a session the patched call is the original.
 """
 
 from __future__ import annotations
