@@ -112,18 +112,16 @@ _SETTINGS = tuple(
 class DPOptimizerBase(SavedDPState):
     """The arguments, checks, schedule and config every DP optimizer shares, on every backend.
 
-    `keras_dyndp.DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are
-    ``class DynamicDPKeras<Base>(<backend mixin>, keras.optimizers.<Base>)``: a backend's mixin
-    (`keras_dyndp.tf_backend.DynamicDPOptimizerMixin`, `keras_dyndp.jax_backend.JaxDPOptimizerMixin`) subclasses
-    this class and builds the mechanism in `_build_dp_state`; the Keras optimizer keeps its update rule.
+    `keras_dyndp.DynamicDPKerasSGD` (Adam, Adagrad, RMSprop) is ``DynamicDPKeras<Base>(<backend mixin>,
+    keras.optimizers.<Base>)``: the backend's mixin subclasses this class and builds the mechanism in
+    `_build_dp_state`; the Keras optimizer keeps its update rule.
 
     Step k of T (the paper's t = k + 1) clips every per-example gradient to L2 norm C_t, adds Gaussian noise of
     standard deviation sigma_t to their sum, divides by the expected batch size p N and applies the base update.
-    mu_t = C_t / sigma_t is the step's privacy cost (its Gaussian-DP parameter; the noise multiplier is 1 / mu_t).
-    Give either ``schedule`` or the budget arguments (``target_epsilon`` to ``accountant``: a `PrivacyBudget`),
-    from which the optimizer calibrates its schedule (`keras_dyndp.calibrate`): only mu_0 is solved for, so that the
-    T steps spend exactly the target. Du et al., "Dynamic Differential-Privacy Preserving SGD" (arXiv:2111.00173),
-    Alg. 1 and 2.
+    mu_t = C_t / sigma_t is the step's privacy cost (the noise multiplier is 1 / mu_t). Give either ``schedule`` or
+    the budget arguments (``target_epsilon`` to ``accountant``), from which the optimizer calibrates its schedule so
+    that the T steps spend exactly the target (`keras_dyndp.calibrate`). Du et al., "Dynamic Differential-Privacy
+    Preserving SGD" (arXiv:2111.00173), Alg. 1 and 2.
 
     Args:
       schedule: a `DPSchedule` (C_t and sigma_t of every step, and p: `keras_dyndp.calibrate`,
@@ -270,8 +268,8 @@ class DPOptimizerBase(SavedDPState):
 
     def note_batch_cap(self, num_examples: int, max_batch_size: int) -> None:
         """Checks the cap of the Poisson batches ``fit`` received, before the first step
-        (`batch_sizes.check_max_batch_size`: a cap adding more than a small share of the target delta is refused), and
-        records its chance of overflowing a step (the largest of the run's caps) for `PrivacyLogger`'s total delta."""
+        (`batch_sizes.check_max_batch_size`), and records its chance of overflowing a step (the largest of the run's
+        caps) for `PrivacyLogger`'s total delta."""
         size_range = self._step_checks.batch_size_range
         overflow = batch_sizes.check_max_batch_size(num_examples, max_batch_size, self._schedule, size_range)
         self._overflow_probability = max(self._overflow_probability or 0.0, overflow)
@@ -280,22 +278,19 @@ class DPOptimizerBase(SavedDPState):
         """Raises if the backend cannot run this optimizer here (before the base optimizer is built)."""
 
     def _check_same_release(self, description: dict) -> None:
-        """Raises if the processes that train one model build their optimizers unlike; the JAX optimizers compare
-        them across ``jax.distributed`` processes (`keras_dyndp.jax_backend.distribution.check_same_release`).
-
-        Called before the base optimizer is built (whose variables several processes replicate) with what
-        determines the release, by name: the class, the schedule's config (its C_t, sigma_t, p and calibration),
-        the checked DP settings and the base optimizer's arguments as given (the learning rate, ...)."""
+        """Raises if the processes that train one model build their optimizers unlike (the JAX optimizers compare
+        them across ``jax.distributed`` processes, `keras_dyndp.jax_backend.distribution.check_same_release`). Called
+        before the base optimizer is built, with what determines the release, by name: the class, the schedule's
+        config, the checked DP settings and the base optimizer's arguments."""
 
     def _unsupported_base_arguments(self) -> dict[str, str]:
         """Base-optimizer arguments refused on this backend, with the reason."""
         return KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks,
-        ``self._schedule_fingerprint`` (an int32 [2] optimizer variable of zeros) and ``self._released_steps`` (an
-        int32 scalar optimizer variable holding `step_checks.UNRECORDED_RELEASED`), both saved with the step counter;
-        each DP step adds 1 to the steps released."""
+        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks, and the int32
+        optimizer variables ``self._schedule_fingerprint`` [2] (zeros) and ``self._released_steps`` (scalar,
+        `step_checks.UNRECORDED_RELEASED`), both saved with the step counter."""
         raise NotImplementedError
 
     schedule = _attribute("_schedule", "The `DPSchedule` this optimizer follows.")
@@ -465,8 +460,8 @@ def _warn_on_understatement(schedule: schedules.DPSchedule) -> None:
 def make_optimizer_class(base_cls: type, mixin: type, keras_module: Any, required: str, on: str) -> type:
     """``DynamicDPKeras<BaseName>(mixin, base_cls)``, in the package of ``mixin``'s module, registered with
     ``keras_module`` as 'keras_dyndp>DynamicDPKeras<BaseName>' (one name on both backends: a model saved on one loads
-    on the other). Its docstring is ``base_cls`` trained ``on`` the backend, then `DPOptimizerBase`'s arguments and
-    what it raises (so ``help()`` of the class explains every argument). TypeError unless ``base_cls`` subclasses
+    on the other). Its docstring is ``base_cls`` trained ``on`` the backend, then `DPOptimizerBase`'s arguments (so
+    ``help()`` of the class explains every argument). TypeError unless ``base_cls`` subclasses
     ``keras_module.optimizers.Optimizer`` (named ``required`` in the message)."""
     if not (isinstance(base_cls, type) and issubclass(base_cls, keras_module.optimizers.Optimizer)):
         raise TypeError(f"`base_cls` must be a subclass of {required}. Received: base_cls={base_cls!r}.")

@@ -195,11 +195,9 @@ def _unique_rdp(q: float, unique_sigmas: np.ndarray, orders: np.ndarray) -> np.n
 def poisson_subsampled_gaussian_rdp(
     sampling_probability: float, noise_multipliers: ArrayLike, orders: ArrayLike | None = None
 ) -> np.ndarray:
-    """RDP [len(noise_multipliers), len(orders)] of one Poisson-subsampled Gaussian step per noise multiplier: row k
-    is log(A_alpha) / (alpha - 1) at z = noise_multipliers[k] (module docstring; q = 1: alpha / (2 z^2)).
-
-    q in [0, 1]; each z is 0 (RDP inf), inf (RDP 0) or in `noise_range`'s [1e-4, 1e4], else
-    `noise_range.NoiseOutOfRangeError` names its step; orders > 1 (default `DEFAULT_RDP_ORDERS`).
+    """RDP [len(noise_multipliers), len(orders)] of one Poisson-subsampled Gaussian step per noise multiplier: row k is
+    log(A_alpha) / (alpha - 1) at z = noise_multipliers[k] (module docstring; q = 1: alpha / (2 z^2)). A z out of range
+    raises `noise_range.NoiseOutOfRangeError` naming its step.
 
     Args:
       sampling_probability: q, the chance that each example joins a step's Poisson batch, in [0, 1] (0: a free

@@ -414,7 +414,7 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
 
     Raises:
         ValueError: on another ``method``, a non-bool ``training_metrics`` or a non-``keras.Model``; when the first
-            step is traced, on what the module docstring lists.
+            step is traced, on what docs/privacy.md's "Refused, and why" lists.
     """
     return private_model.make_private(model, method, training_metrics, _HOOKS)
 

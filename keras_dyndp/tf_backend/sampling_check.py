@@ -53,10 +53,10 @@ class SamplingCheck:
         schedule's p, N and the batch-size range (None without ``expected_batch_size``: no size is checked).
       public_batch_size: the optimizer's `public_batch_size`: keras_dyndp's Poisson batches are refused.
       optimizer_name: the optimizer's class name, for the refusals.
-      note_unverified: the optimizer's `note_unverified_sampling`, called with what showed batches not known to be
-        Poisson samples; True the first time (the `SamplingWarning` is given then).
+      note_unverified: the optimizer's `note_unverified_sampling`; True the first time (the `SamplingWarning` is
+        given then).
       note_batch_cap: the optimizer's `note_batch_cap`, called with N and the cap of the Poisson batches ``fit``
-        received: refuses a cap whose truncation voids the target delta, records the rest for the report.
+        received.
     """
 
     def __init__(

@@ -94,13 +94,10 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
 
 
 def _clipping_method(model: keras.Model) -> str:
-    """make_private's method, with mixed precision sent to the vectorized path.
-
-    The vectorized path differentiates float32 per-example losses with respect to the float32 variables, so the
-    norms it clips by are those of the float32 gradients it sums. The ghost rules compute norms and sums from the
-    layers' float16/bfloat16 inputs and output gradients: a norm rounded down in low precision would let a clipped
-    gradient exceed C. Until they compute in float32, 'auto' takes the vectorized path and 'ghost' is refused.
-    """
+    """make_private's method, with mixed precision sent to the vectorized path: it clips by the norms of the float32
+    gradients it sums, while the ghost rules compute norms from the layers' float16/bfloat16 inputs and output
+    gradients, and a norm rounded down would let a clipped gradient exceed C. Until they compute in float32, 'auto'
+    takes the vectorized path and 'ghost' is refused."""
     method = private_model.record(model).config.method
     dtypes = {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
     low_precision = sorted(dtypes & {"float16", "bfloat16"})
@@ -245,8 +242,7 @@ class _BudgetCheck(keras.callbacks.Callback):
 def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:
     """Gives ``model`` a train step that clips per example fast and applies through the DP optimizer.
 
-    The same model object is returned (its ``train_step`` is replaced on the instance), so
-    ``model = make_private(model)`` and ``make_private(model)`` are equivalent. Compile it, before or after,
+    The same model object is returned (its ``train_step`` is replaced on the instance). Compile it, before or after,
     with a keras_dyndp DP optimizer and a per-example loss (``reduction=NONE``).
 
     Args:
@@ -256,19 +252,17 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
             has a rule, else vectorized; vectorized under mixed precision), ``'ghost'`` or ``'vectorized'``
             (see ``keras_dyndp.tf_backend.per_example``), or ``'jacobian'`` (the optimizer's own O(B^2) path). An
             optimizer with ``num_microbatches`` uses its own microbatch path instead.
-        training_metrics: False (the default): the step computes no loss or metric on the batch and logs only
-            ``dp_step`` (public); only the noised update leaves it (validation metrics are computed as usual).
-            True (Keras's behaviour, an opt-in): the step also computes the compiled loss and metrics on the
-            training batch and returns them as logs (progress bar, ``History``, TensorBoard, CSVLogger). They are
-            computed on the private batch WITHOUT noise, so they are released outside the DP guarantee: one
-            outlier example can move the logged epoch loss far (docs/privacy.md).
+        training_metrics: False (the default): the step logs only ``dp_step`` (public); only the noised update leaves
+            it (validation metrics are computed as usual). True (Keras's behaviour, an opt-in): it also logs the
+            compiled loss and metrics of the private batch, WITHOUT noise, outside the DP guarantee: one outlier
+            example can move the logged epoch loss far (docs/privacy.md).
 
     Returns:
         ``model``.
 
     Raises:
         ValueError: on an unknown ``method`` or a model that is not a ``keras.Model``; at the first training
-            step, on an optimizer or loss that cannot give per-example DP (see the module docstring).
+            step, on an optimizer or loss that cannot give per-example DP (docs/privacy.md, "Refused, and why").
     """
     return private_model.make_private(model, method, training_metrics, _HOOKS)
 
