@@ -47,15 +47,13 @@ def schedule_values(
 
 
 def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:
-    """float32 [B]: example i's loss, whose gradient is g_i, from a loss function's unreduced ``losses``
-    ([B] or [B, ...], e.g. [B, L] per token of a causal language model, [B, L, K]) and the sample ``weights``
-    (None: 1; [B], [B, 1], or the losses' leading axes such as a [B, L] padding mask, 0 on padding tokens).
+    """float32 [B]: example i's loss, whose gradient is g_i, from a loss function's unreduced ``losses`` ([B] or [B,
+    ...], e.g. [B, L] per token) and the sample ``weights`` (None: 1; [B], [B, 1], or the losses' leading axes such as a
+    [B, L] padding mask).
 
-    Each example is reduced alone, as Keras's default reduction ('sum_over_batch_size') weighs it within the batch:
-    the mean over all its positions of weight x loss (for a [B, L] mask, the masked sum over its tokens divided by
-    L, the padded length: public). Nothing is divided by a statistic of the batch (Keras's 'mean_with_sample_weight'
-    divides by the batch's total weight, which would mix the examples' token counts), nor by the example's own
-    token count. The clip norm C bounds each example's whole gradient whatever this reduction. ValueError where
+    Each example is reduced alone, as Keras's default reduction weighs it within the batch: the mean over all its
+    positions of weight x loss (for a [B, L] mask, divided by L, the padded length: public). Nothing is divided by a
+    statistic of the batch (Keras's 'mean_with_sample_weight' would mix the examples' token counts). ValueError where
     ``weights`` has axes beyond the losses' (other than trailing 1s).
     """
     losses = ops.cast(losses, "float32")

@@ -45,11 +45,8 @@ def agreed_random_bits(num_bits: int, draw) -> int:
 
 def disagreements(parts: dict[str, list]) -> dict[int, list[str]]:
     """The processes whose ``parts`` differ from process 0's, each with the names of its differing parts (a
-    collective: every process calls it with the same names; {} in one process).
-
-    Each process hashes (SHA-256) every part, its buffers (bytes, contiguous arrays) in order, and gathers the
-    digests: one rule for whatever the processes must hold alike, which no process sees of another but its digest.
-    """
+    collective: every process calls it with the same names; {} in one process), compared by the SHA-256 digests of
+    their buffers."""
     if not several():
         return {}
     digests = []
@@ -99,9 +96,8 @@ def check_same_source(rows: Any) -> None:
 def check_same_release(description: dict[str, Any]) -> None:
     """ValueError on every process unless all describe the release alike (a collective): ``description`` maps what
     determines it (`keras_dyndp.optimizer_base.DPOptimizerBase._check_same_release`) to values JSON or Keras
-    serialises (TypeError on others: what cannot be compared is not taken as equal). The processes run one program
-    with process 0's noise key; under another schedule or learning rate a process would apply that same noise at
-    another scale to its copy of the weights, and two released copies would cancel it."""
+    serialises (TypeError on others: what cannot be compared is not taken as equal). Why: docs/privacy.md, "Refused,
+    and why"."""
     if not several():
         return
     serialise = keras.saving.serialize_keras_object
