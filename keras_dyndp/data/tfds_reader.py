@@ -73,8 +73,7 @@ def _tensorflow_parser(features: Any, tf: Any) -> Callable[[list], dict[str, np.
 
 def _protobuf_parser(features: Any) -> Callable[[list], dict[str, np.ndarray]] | None:
     """`_example_parser` without TensorFlow: protobuf's parse of each record, then one numpy array a column in the
-    dtype tfds stores (`_proto_column`; faster than tfds's own numpy parser, which converts each example's lists
-    apart: docs/performance.md)."""
+    dtype tfds stores (`_proto_column`; docs/performance.md)."""
     from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
     from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=import-outside-toplevel
 
@@ -108,11 +107,9 @@ def _proto_column(key: str, info: Any, examples: list) -> np.ndarray:
 
 
 def _tfds_decoder(features: Any) -> Callable[[dict], list]:
-    """``parsed columns -> elements`` as tfds decodes them: where every feature is a flat `Tensor` of fixed shape
-    (`Scalar`, `ClassLabel`) that `_column_decoder` decodes, column by column for the whole batch (no per-example
-    decode, and a bytes-encoded tensor decoded from one buffer); else each column in its stored dtype (scalars as
-    Python's, as tfds's), then tfds's ``decode_example_np`` per example (`tfds_fetcher` checks example 0 against tfds's
-    own)."""
+    """``parsed columns -> elements`` as tfds decodes them: column by column for the whole batch where every feature
+    is a flat `Tensor` of fixed shape that `_column_decoder` decodes; else each column in its stored dtype, then
+    tfds's ``decode_example_np`` per example (`tfds_fetcher` checks example 0 against tfds's own)."""
     from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
 
     info = features.get_serialized_info()
@@ -136,11 +133,10 @@ def _tfds_decoder(features: Any) -> Callable[[dict], list]:
 
 
 def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any] | None:
-    """``parsed column -> its rows decoded as tfds's Tensor.decode_example_np decodes each`` for a `Tensor` feature of
-    fixed shape stored as its values (cast to its dtype; scalars as Python's, as tfds's), or as bytes (tfds's
-    ``Encoding.BYTES`` or ``ZLIB``, not a scalar: the batch's values joined into one buffer, each row a read-only
-    view of it, as tfds's ``np.frombuffer`` of each, and a value of another size refused as tfds's reshape refuses
-    it: joined, it would shift bytes of one example into another's row); None for any other feature."""
+    """``parsed column -> its rows decoded as tfds's Tensor.decode_example_np decodes each`` for a `Tensor` feature
+    of fixed shape stored as its values or as bytes (``Encoding.BYTES`` or ``ZLIB``: the batch's values joined into
+    one buffer, each row a read-only view of it, and a value of another size refused, as joined it would shift bytes
+    of one example into another's row); None for any other feature."""
     from tensorflow_datasets.core.features import tensor_feature  # pylint: disable=import-outside-toplevel
 
     tensor = type(feature).decode_example_np is tensor_feature.Tensor.decode_example_np

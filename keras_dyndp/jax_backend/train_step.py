@@ -388,9 +388,9 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
 
 
 def _private_jax_state_sync(self: keras.Model):
-    """Keras's ``jax_state_sync`` (``fit`` calls it at each epoch's end and when it ends, ``train_on_batch`` after its
-    step, a callback when it reads ``self.model``), then `raise_refused_step` when steps ran since the last sync: a
-    refusal surfaces in the call that made it, at the epoch's end at the latest."""
+    """Keras's ``jax_state_sync`` (at each epoch's end, after ``train_on_batch``'s step, when a callback reads
+    ``self.model``), then `raise_refused_step` when steps ran since the last sync: a refusal surfaces in the call
+    that made it, at the epoch's end at the latest."""
     # Whether steps ran since the last sync: Keras's JAX trainer keeps that in private attributes only.
     stepped = not getattr(self, "_jax_state_synced", True) and getattr(self, "_jax_state", None)
     type(self).jax_state_sync(self)

@@ -291,14 +291,11 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         raise refusals.user_error(RuntimeError(message))
 
     def build(self, var_list):
-        """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.
-
-        ``load_model`` builds the optimizer in the model's ``compile_from_config``: if its config records that it
-        trained through `keras_dyndp.make_private`, the model gets that train step back, with the same arguments.
-        Not when built by a ``fit``, which would go on without make_private's data checks: Keras's own train step is
-        refused instead, naming the arguments. Warns if the schedule starts over (`warn_on_schedule_restart`). The
-        model: the private one compiled with this optimizer, else the one building it (`registration`).
-        """
+        """Builds the base optimizer's variables; in ``load_model``'s ``compile_from_config``, gives the model back
+        the make_private train step its config records, with the same arguments (not when built by a ``fit``, which
+        would go on without make_private's data checks: Keras's own train step is refused instead). Warns if the
+        schedule starts over (`warn_on_schedule_restart`). The model: the private one compiled with this optimizer,
+        else the one building it."""
         super().build(var_list)
         model_class = keras_compat.keras.Model
         model = private_model.model_compiled_with(self, var_list) or registration.keras_model_calling(self, model_class)
