@@ -124,10 +124,9 @@ class DPOptimizerBase(SavedDPState):
     Preserving SGD" (arXiv:2111.00173), Alg. 1 and 2.
 
     Args:
-      schedule: a `DPSchedule` (C_t and sigma_t of every step, and p: `keras_dyndp.calibrate`,
-        `keras_dyndp.calibrate_shape`, `DPSchedule.from_json`), with ``expected_batch_size`` (or
-        ``public_batch_size``); or a `keras_dyndp.schedules.PrivacyBudget`, calibrated here as the budget
-        arguments are. Instead of the budget arguments. Default None.
+      schedule: instead of the budget arguments, a `DPSchedule` (C_t and sigma_t of every step, and p:
+        `keras_dyndp.calibrate`, `DPSchedule.from_json`, ...) with ``expected_batch_size`` (or
+        ``public_batch_size``), or a `keras_dyndp.schedules.PrivacyBudget`. Default None.
       target_epsilon: epsilon of the whole run (every step, every intermediate model released), a finite float > 0.
       target_delta: delta of the whole run, in (0, 1 / num_examples) (the paper: 1 / (10 N)).
       num_examples: N, the number of training examples (``len(x)`` of the data given to
@@ -154,10 +153,9 @@ class DPOptimizerBase(SavedDPState):
       rho_c: C_0 / C_T, how much the clipping norm decays from the first step to the last, a float >= 1 (1:
         constant); used by 'sensitivity_decay' and 'dynamic'. Default None, which is 1. The paper's grid is
         1 / rho_c in {0.1, ..., 0.8}.
-      accountant: how epsilon is computed for the calibration, 'pld' (default; a rigorous upper bound, the
-        tightest), 'rdp' (rigorous, looser) or 'gdp_clt' (the paper's Gaussian-DP central-limit approximation:
-        it can understate epsilon, and warns (`GdpCltUnderstatementWarning`) when the PLD epsilon exceeds the
-        target by more than 5%). Default None, which is 'pld'.
+      accountant: how epsilon is computed for the calibration, 'pld' (default None; rigorous, the tightest),
+        'rdp' (rigorous, looser) or 'gdp_clt' (the paper's approximation, which can understate epsilon: warned,
+        `GdpCltUnderstatementWarning`, when the PLD epsilon exceeds the target by more than 5%).
       num_microbatches: None (default) clips every example on its own; an int M >= 1 puts each row of a batch in
         one of M random microbatches, clips each microbatch's gradient and divides by M (TF-Privacy's
         microbatches), with twice the noise (one example moves its microbatch's clipped gradient by up to 2 C_t).
@@ -173,8 +171,8 @@ class DPOptimizerBase(SavedDPState):
       rescale_to_unit_norm: True divides the noisy sum by C_t as well (per-example gradients rescaled to norm at
         most 1, as De et al. 2022; the same release post-processed, so privacy is unchanged). Default False.
       noise_seed: None (default): the noise's seed comes from OS entropy, never saved (the only choice for a
-        release); an int >= 0 (tests only) makes the noise reproducible, with a `NoiseSeedWarning`: whoever knows
-        the seed can remove the noise. Never serialised.
+        release); an int >= 0 (tests only, never serialised) makes the noise reproducible, with a
+        `NoiseSeedWarning`: whoever knows the seed can remove the noise.
       allow_degenerate_noise: True trains with noise multipliers outside [1e-4, 1e4] (no meaningful privacy),
         with a `DegenerateNoiseWarning`: for tests only. Default False: refused.
       adaptive_clipping: None (default): the clip norms are the schedule's. A `keras_dyndp.AdaptiveClipping` (or
@@ -190,10 +188,8 @@ class DPOptimizerBase(SavedDPState):
         budget arguments, a budget argument missing, ``public_batch_size`` with the budget arguments, noise
         multipliers outside the accountants' range (`keras_dyndp.accounting.noise_range.NoiseOutOfRangeError`),
         a refused Keras argument, or a backend or distribution strategy that cannot run the optimizer.
-      TypeError: ``schedule`` that is neither a `DPSchedule` nor a `PrivacyBudget`, or an argument of the wrong
-        type.
-      CalibrationError: no noise scale meets the target with noise multipliers the accountant accepts (e.g. a
-        target so large that it needs almost no noise).
+      TypeError: ``schedule`` neither a `DPSchedule` nor a `PrivacyBudget`, or an argument of the wrong type.
+      CalibrationError: no noise scale meets the target with noise multipliers the accountant accepts.
     """
 
     def __init__(

@@ -92,11 +92,10 @@ def poisson_batches(
 
     Args:
         x: an array or a nest of arrays with N rows; or array-likes read by index on demand (numpy memmaps, h5py /
-            zarr-like datasets: anything with a ``shape`` and a ``__getitem__`` taking an integer array); or a
-            random-access source of N examples (``len(x)``, ``x[i]`` and, when present, ``x.__getitems__(list)``:
-            ``tfds.data_source``, grain) whose elements (after ``map``) are ``(x, y[, sample_weight])`` with fixed
-            shapes; on TensorFlow also a finite, unbatched ``tf.data.Dataset`` of ``(x, y[, sample_weight])`` with
-            fixed shapes, read into memory. With a source or a dataset, ``y`` and ``sample_weight`` are None.
+            zarr-like datasets); or a random-access source of N examples (``len(x)``, ``x[i]``, optionally
+            ``x.__getitems__(list)``: ``tfds.data_source``, grain); on TensorFlow also a finite, unbatched
+            ``tf.data.Dataset``, read into memory. A source's or dataset's elements (after ``map``) are ``(x, y[,
+            sample_weight])`` with fixed shapes, and ``y`` and ``sample_weight`` are None.
         y: an array or a nest of arrays (or array-likes) with N rows, or None.
         sample_weight: weights, [N] or per loss entry [N, L, ...] (a padding mask); default 1 (padding rows: 0).
         sampling_probability: p in (0, 1], the schedule's.
@@ -115,9 +114,8 @@ def poisson_batches(
             A seeded run resumed at step k passes ``start_step=k``: its batches are drawn from (seed, k); ``fit``
             refuses another once steps were taken on other batches. Ignored with ``seed=None``.
         source_threads: how many threads may call a random-access ``x`` at once. None (default): several for
-            tfds's data sources and ``ArrayRecordDataSource``, one at a time for any other source (a source that
-            seeks and reads a shared file would otherwise mix examples up, one example feeding two rows). An
-            integer n >= 1: you declare ``x`` safe to call from n threads at once (e.g. ``os.pread``).
+            tfds's data sources and ``ArrayRecordDataSource``, one at a time for any other (a source that seeks and
+            reads a shared file would mix examples up). An integer n >= 1: you declare ``x`` safe for n threads.
 
     Returns:
         TensorFlow: a finite ``tf.data.Dataset`` of ``steps_per_epoch`` batches; JAX: a ``keras.utils.PyDataset``.

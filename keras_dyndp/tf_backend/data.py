@@ -2,11 +2,9 @@
 
 `keras_dyndp.data.sampling` holds the sampler's arguments, checks and privacy argument. ``seed=None`` draws 63 bits from
 the OS (never the global seed; agreed by multi-worker workers, `distribution.agreed_random_bits`) and every iteration
-draws fresh batches; an integer seed and ``start_step`` (with the same global seed, which TensorFlow mixes in) repeat
-them, and a run resumed at another step draws independently (`keras_dyndp.data.sampling.sampler_seed`). The datasets are
-registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's checks (`check_resume`); a
-derived one is not. `shuffled_batches` is an approximation the accounting does not cover. Data read on demand
-(`keras_dyndp.data.sources`) is drawn in O(k) and read inside the pipeline (`_source_batches`).
+draws fresh batches; an integer seed and ``start_step`` repeat them (with the same global seed, which TensorFlow mixes
+in). The datasets are registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's checks; a
+derived one is not. `shuffled_batches` is an approximation the accounting does not cover.
 """
 
 from __future__ import annotations

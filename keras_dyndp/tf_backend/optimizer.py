@@ -332,13 +332,10 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         schedule_values: tuple[tf.Tensor, tf.Tensor] | None = None,
         centred_count: tf.Tensor | None = None,
     ) -> tf.Variable:
-        """Noises, normalises and applies sums of per-example gradients clipped to `current_clip_norm()`
-        (`make_private`'s step clips them); the arguments of the JAX optimizers' ``stateless_apply_clipped_sum`` but
-        for its state, as Keras's ``apply`` and ``stateless_apply``.
-
-        Adds N(0, sigma^2), sigma = `current_noise_stddev()`, to each sum, divides by `expected_batch_size` (by
-        ``num_rows`` with ``public_batch_size=True``; with ``num_microbatches``, the sums of microbatch gradients, by M
-        and with twice the noise), applies the base update rule and advances `dp_step`.
+        """Noises, normalises (`keras_dyndp.core.mechanism.private_update`) and applies sums of per-example (with
+        ``num_microbatches``, per-microbatch) gradients clipped to `current_clip_norm()` (`make_private`'s step clips
+        them), and advances `dp_step`; the arguments of the JAX optimizers' ``stateless_apply_clipped_sum`` but for its
+        state, as Keras's ``apply`` and ``stateless_apply``.
 
         Args:
           clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients

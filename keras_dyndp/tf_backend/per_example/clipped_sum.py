@@ -1,11 +1,10 @@
 """Per-example clipped gradient sums: the entry point that picks ghost clipping, the vectorized or the jacobian path.
 
-``'ghost'`` (`ghost`) needs every layer and op known to act per example (`per_example_layers`), every trainable
-variable in a layer with a rule (`rules`) and rows that are examples; ``'auto'`` takes it where all of that holds,
-else ``'vectorized'`` (each example alone). ``'jacobian'`` differentiates the batch's losses together, O(B^2), as
-``num_microbatches`` does those of random microbatches (`keras_dyndp.tf_backend.microbatches`). `model_checks` refuses
-batch statistics first; random layers draw from a secret generator (`randomness`). Weight-0 rows add nothing. The sums
-carry NO noise: the optimizer adds it.
+``'auto'`` takes ``'ghost'`` (`ghost`) where every layer and op is known to act per example (`per_example_layers`),
+every trainable variable is in a layer with a rule (`rules`) and rows are examples, else ``'vectorized'``.
+``'jacobian'`` differentiates the batch's losses together, O(B^2), as ``num_microbatches`` does
+(`keras_dyndp.tf_backend.microbatches`). `model_checks` refuses batch statistics first; random layers draw from a secret
+generator (`randomness`). The sums carry NO noise: the optimizer adds it.
 """
 
 from __future__ import annotations
