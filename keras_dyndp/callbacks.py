@@ -1,7 +1,7 @@
 """`PrivacyLogger` (epsilon spent, C_t and sigma_t into the epoch logs) and `BudgetStop` (ends ``fit`` at the
 schedule's last step), on either backend. Both read the DP optimizer's ``schedule`` and ``released_steps``;
-accounting is `DPSchedule.epsilon`. What differs per backend is its ``callback_hooks`` module, chosen once, at import.
-"""
+accounting is `DPSchedule.epsilon`. What differs per backend is its ``callback_hooks`` module, chosen once, at
+import."""
 
 from __future__ import annotations
 
@@ -199,8 +199,7 @@ class PrivacyLogger(keras.callbacks.Callback):
 class BudgetStop(keras.callbacks.Callback):
     """Stops ``fit`` exactly when the optimizer has released all T steps of its schedule, printing one line (unless
     ``verbose=0``); refuses to start on a spent schedule. A ``steps_per_execution`` call that would run past T (into
-    the optimizer's refusal, losing the epoch's History) is shortened to the steps left, restored at the end.
-    """
+    the optimizer's refusal, losing the epoch's History) is shortened to the steps left, restored at the end."""
 
     stops_at_the_budget = True  # What make_private's refusals look for among fit's callbacks.
 

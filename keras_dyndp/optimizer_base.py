@@ -1,7 +1,6 @@
 """The backend-neutral part of every DP optimizer (`DPOptimizerBase`): its arguments, checked once at construction
 (ValueError / TypeError naming the argument and its range), its schedule, its refusals and its config. Imports no
-TensorFlow and no JAX: the optimizers of `keras_dyndp.tf_backend` and `keras_dyndp.jax_backend` subclass it.
-"""
+TensorFlow and no JAX: the optimizers of `keras_dyndp.tf_backend` and `keras_dyndp.jax_backend` subclass it."""
 
 from __future__ import annotations
 

@@ -110,8 +110,7 @@ def zcdp_epsilon(noise_multipliers, delta: float) -> float:
 
 def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[float, float]:
     """(rho, omega) = (13 p^2 sum_t rho_t, log(1/p) / (4 max_t rho_t)) of T subsampled Gaussian steps under BDRS's
-    theorem (module docstring; z_t = inf costs nothing); ValueError if p > 0.1 or a step is outside its conditions.
-    """
+    theorem (module docstring; z_t = inf costs nothing); ValueError if p > 0.1 or a step is outside its conditions."""
     s = _check_tcdp_sampling(sampling_probability)
     multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers, allow_empty=False)
     rhos = 4.0 * _add_remove_rhos(multipliers)
@@ -180,11 +179,10 @@ def tcdp_noise_multipliers(
     noise_decay: float = 1.25,
     decay: str = "exponential",
 ) -> np.ndarray:
-    """tCDP-SGD (Zhang et al. 2021, module docstring): noise multipliers z_0 s_t [T], z_0 the smallest (bisection
-    on log z_0, to float precision) whose `tcdp_epsilon` is <= target among those inside the theorem's conditions
-    (z_t >= sqrt(20)). If even the smallest such z_0 spends less than the target, it is returned with a warning: the
-    theorem certifies no schedule with less noise. Arguments as `zcdp_noise_multipliers`, with p in (0, 0.1].
-    """
+    """tCDP-SGD (Zhang et al. 2021, module docstring): noise multipliers z_0 s_t [T], z_0 the smallest (bisection on
+    log z_0, to float precision) whose `tcdp_epsilon` is <= target among those inside the theorem's conditions (z_t
+    >= sqrt(20)). If even the smallest such z_0 spends less than the target, it is returned with a warning: the
+    theorem certifies no schedule with less noise. Arguments as `zcdp_noise_multipliers`, with p in (0, 0.1]."""
     validation.check_budget(target_epsilon, target_delta)
     p = _check_tcdp_sampling(sampling_probability)
     shape = decay_shape(num_steps, noise_decay, decay)

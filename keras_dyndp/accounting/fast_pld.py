@@ -307,8 +307,7 @@ def pld_epsilons_at(
     """Pessimistic PLD epsilon of the first k steps for each k of `steps` (non-decreasing, in [0, T]), in one pass:
     the steps cut at those counts into segments, each grouped (`group_noise_multipliers`: `tolerance` per segment,
     `max_groups` over all), the segment PLDs composed in order. p in [0, 1]; each z_t is 0 (no privacy), inf (no
-    loss) or in [`noise_range.pld_min_noise_multiplier(value_discretization_interval)`, 1e4]; delta in (0, 1).
-    """
+    loss) or in [`noise_range.pld_min_noise_multiplier(value_discretization_interval)`, 1e4]; delta in (0, 1)."""
     p = validation.check_probability(sampling_probability, allow_zero=True)
     multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers)
     check_interval(value_discretization_interval)

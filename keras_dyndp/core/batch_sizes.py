@@ -1,7 +1,6 @@
-"""Poisson sampling's batch sizes, in plain Python, for `keras_dyndp.data.sampling` and both backends: steps per epoch,
-the cap of padded batches, the sizes the DP optimizers accept, the delta truncation costs, and the warnings and
-refusals of data not known to be Poisson-sampled.
-"""
+"""Poisson sampling's batch sizes, in plain Python, for `keras_dyndp.data.sampling` and both backends: steps per
+epoch, the cap of padded batches, the sizes the DP optimizers accept, the delta truncation costs, and the warnings
+and refusals of data not known to be Poisson-sampled."""
 
 from __future__ import annotations
 
@@ -180,8 +179,7 @@ def batch_size_range(
 ) -> tuple[int, int]:
     """The batch sizes ``(low, high)`` that Poisson sampling leaves with probability at most the tail on each side:
     the largest ``low`` with ``P[Binomial(N, p) < low] <= tail`` and ``high = default_max_batch_size(N, p, tail)``.
-    The DP optimizers refuse a batch outside it. For N = 60000, p = 250 / 60000: (135, 385); for p = 1: (N, N).
-    """
+    The DP optimizers refuse a batch outside it. For N = 60000, p = 250 / 60000: (135, 385); for p = 1: (N, N)."""
     high = default_max_batch_size(num_examples, sampling_probability, tail_probability)
     binom = scipy.stats.binom(num_examples, sampling_probability)
     # The largest low with cdf(low - 1) <= tail is the first k with cdf(k) > tail (cdf is non-decreasing).

@@ -1,8 +1,7 @@
-"""The reads behind `keras_dyndp.data.sources`' batches: array-likes read by index (a memmap's rows by positioned file
-reads in several threads, `file_reader`), random-access sources read in chunks by several threads (`chunked_fetcher`)
-under a guard unless `known_thread_safe` (`source_guard`), the batch's own copy of what a source returns
-(`BatchRows`), and the elements stacked into ``(x, y, sample_weight)`` (`examples`).
-"""
+"""The reads behind `keras_dyndp.data.sources`' batches: array-likes read by index (a memmap's rows by positioned
+file reads in several threads, `file_reader`), random-access sources read in chunks by several threads
+(`chunked_fetcher`) under a guard unless `known_thread_safe` (`source_guard`), the batch's own copy of what a source
+returns (`BatchRows`), and the elements stacked into ``(x, y, sample_weight)`` (`examples`)."""
 
 from __future__ import annotations
 
@@ -393,9 +392,9 @@ _THREAD_SAFE_ARRAYS = ("numpy", "h5py", "zarr", "scipy")
 
 
 def _indexer(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
-    """``indices -> leaf[indices]`` as a numpy array (a scipy.sparse matrix's rows as their dense array). An array-like
-    of another package than `_THREAD_SAFE_ARRAYS` is read one call at a time (`source_guard`), its rows copied inside.
-    """
+    """``indices -> leaf[indices]`` as a numpy array (a scipy.sparse matrix's rows as their dense array). An
+    array-like of another package than `_THREAD_SAFE_ARRAYS` is read one call at a time (`source_guard`), its rows
+    copied inside."""
     safe = type(leaf).__module__.split(".")[0] in _THREAD_SAFE_ARRAYS
     guard = contextlib.nullcontext() if safe else source_guard(leaf, 1)
 

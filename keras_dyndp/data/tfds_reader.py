@@ -1,8 +1,7 @@
-"""Records of a ``tfds.data_source`` read a batch at a time for `keras_dyndp.data.sources`: its ArrayRecord files read
-by readers of our own (`_ArrayRecordFiles`), ``tf.train.Example`` records parsed for the whole batch (by TensorFlow
-where it is imported, else by protobuf), then decoded as tfds decodes them (`tfds_fetcher`). tensorflow_datasets,
-array_record and protobuf are imported only when such a source is read.
-"""
+"""Records of a ``tfds.data_source`` read a batch at a time for `keras_dyndp.data.sources`: its ArrayRecord files
+read by readers of our own (`_ArrayRecordFiles`), ``tf.train.Example`` records parsed for the whole batch (by
+TensorFlow where it is imported, else by protobuf), then decoded as tfds decodes them (`tfds_fetcher`).
+tensorflow_datasets, array_record and protobuf are imported only when such a source is read."""
 
 from __future__ import annotations
 

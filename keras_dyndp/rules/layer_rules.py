@@ -53,11 +53,9 @@ def keras_ops():
 
 
 def register_per_example_layer(layer_class: type) -> None:
-    """Declares that ``layer_class``'s own call acts on each example alone (exactly this class), so models using
-    it can take the ghost path: ``register_layer_rule(layer_class, per_example=True)``, on the backend Keras runs on.
-    Only if row i of its output depends on row i of its inputs alone, for every batch (no batch statistics, mixing
-    of rows, use of a row's position or random draws) and it reads no variable of its sublayers, else privacy breaks
-    silently. Its sublayers' trainable variables still need rules.
+    """``register_layer_rule(layer_class, per_example=True)``: declares that ``layer_class``'s own call acts on each
+    example alone, so models using it can take the ghost path. Only if that holds (`register_layer_rule` says what it
+    means), else privacy breaks silently; its sublayers' trainable variables still need rules.
 
     Args:
       layer_class: the Keras layer class declared (not its subclasses).

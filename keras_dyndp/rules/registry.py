@@ -26,11 +26,9 @@ class LayerRule:
         together and a function ``factors -> [clipped weighted sum per variable]``. With ``call``, the tapped form
         ``norms_and_sums(tap, g)``: one ``GhostGradient`` per trainable variable.
       supports: ``supports(layer)``: whether the rule covers this layer's configuration; None: always.
-      call: a backend's override of the tapping, under the same contract (the same norms and sums, never below the
-        exact norms, nothing added from a factor-0 example), used by TensorFlow's built-in rules only: ``call(tap)``
-        returns the layer's call for the tapped pass, computing its output from ``tap.guard(inputs)`` and
-        ``tap.weight(variable)`` with one ``tap.record(inputs, preactivation)``. None (every other rule): the
-        backend taps the layer's own call.
+      call: TensorFlow's built-in rules' override of the tapping, under the same contract: ``call(tap)`` returns
+        the layer's call for the tapped pass (`keras_dyndp.tf_backend.per_example.taps.Tap`). None (every other
+        rule): the backend taps the layer's own call.
     """
 
     variables: Callable[[Any], list] | None

@@ -122,8 +122,7 @@ def resolve_schedule(
     """The optimizer's schedule and normaliser, from exactly one of: ``schedule``, a `DPSchedule` (its normaliser
     `schedule_normaliser`'s) or a `PrivacyBudget`, and ``budget``, the budget arguments by name (None: not given),
     which are a `PrivacyBudget`. A budget is calibrated here (under its ``accountant``, default 'pld'), and its
-    normaliser is its ``batch_size``.
-    """
+    normaliser is its ``batch_size``."""
     given = {name: value for name, value in budget.items() if value is not None}
     if schedule is not None and given:
         raise ValueError(
