@@ -1,7 +1,6 @@
-"""`PrivacyLogger` (epsilon spent, C_t and sigma_t into the epoch logs) and `BudgetStop` (ends ``fit`` at the
-schedule's last step), on either backend. Both read the DP optimizer's ``schedule`` and ``released_steps``;
-accounting is `DPSchedule.epsilon`. What differs per backend is its ``callback_hooks`` module, chosen once, at
-import."""
+"""`PrivacyLogger` (epsilon spent, C_t and sigma_t into the epoch logs) and `BudgetStop` (ends ``fit`` at the schedule's
+last step), on either backend. Both read the DP optimizer's ``schedule`` and ``released_steps``; accounting is
+`DPSchedule.epsilon`. What differs per backend is its ``callback_hooks`` module, chosen once, at import."""
 
 from __future__ import annotations
 

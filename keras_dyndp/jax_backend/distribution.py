@@ -44,9 +44,8 @@ def agreed_random_bits(num_bits: int, draw) -> int:
 
 
 def disagreements(parts: dict[str, list]) -> dict[int, list[str]]:
-    """The processes whose ``parts`` differ from process 0's, each with the names of its differing parts (a
-    collective: every process calls it with the same names; {} in one process), compared by the SHA-256 digests of
-    their buffers."""
+    """The processes whose ``parts`` differ from process 0's, each with the names of its differing parts (a collective:
+    every process calls it with the same names; {} in one process), compared by the SHA-256 digests of their buffers."""
     if not several():
         return {}
     digests = []
@@ -95,9 +94,8 @@ def check_same_source(rows: Any) -> None:
 
 def check_same_release(description: dict[str, Any]) -> None:
     """ValueError on every process unless all describe the release alike (a collective): ``description`` maps what
-    determines it (`keras_dyndp.optimizer_base.DPOptimizerBase._check_same_release`) to values JSON or Keras
-    serialises (TypeError on others: what cannot be compared is not taken as equal). Why: docs/privacy.md, "Refused,
-    and why"."""
+    determines it (`keras_dyndp.optimizer_base.DPOptimizerBase._check_same_release`) to values JSON or Keras serialises
+    (TypeError on others: what cannot be compared is not taken as equal). Why: docs/privacy.md, "Refused, and why"."""
     if not several():
         return
     serialise = keras.saving.serialize_keras_object

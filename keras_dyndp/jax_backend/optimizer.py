@@ -318,11 +318,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self._next_clip_norm(ops.OPS, clip_norm, state, noised, num_rows, self._num_microbatches)
 
     def build(self, var_list):
-        """Builds the base optimizer's variables; in ``load_model``'s ``compile_from_config``, gives the model back
-        the make_private step its config records; any other model not made private gets Keras's own train step
-        refused when ``fit`` makes it. Warns when a model's schedule starts over
-        (`restarts.warn_on_schedule_restart`). The model: the private one compiled with this optimizer, else the one
-        building it (`registration.keras_model_calling`)."""
+        """Builds the base optimizer's variables; in ``load_model``'s ``compile_from_config``, gives the model back the
+        make_private step its config records; any other model not made private gets Keras's own train step refused when
+        ``fit`` makes it. Warns when a model's schedule starts over (`restarts.warn_on_schedule_restart`). The model:
+        the private one compiled with this optimizer, else the one building it (`registration.keras_model_calling`)."""
         super().build(var_list)
         model = private_model.model_compiled_with(self, var_list) or registration.keras_model_calling(self, keras.Model)
         if model is None:

@@ -324,8 +324,7 @@ class _CheckedTrainFunction:
 
 
 def _put_back(model: keras.Model, state) -> None:
-    """Assigns ``state``'s values, where a step has not taken them over (donated buffers), to ``model``'s
-    variables."""
+    """Assigns ``state``'s values, where a step has not taken them over (donated buffers), to ``model``'s variables."""
     groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables)
     for variables, values in zip((*groups, model.metrics_variables), state):
         for variable, value in zip(variables, values):

@@ -197,9 +197,8 @@ def functional_operations(layer: keras.layers.Layer) -> list[Any]:
 def layer_randomness_from(model: keras.Model, draw_seed: Callable[[], tf.Tensor]) -> Iterator[None]:
     """While the block traces (or runs) the forward pass, the k-th random draw of the model's layers uses
     ``stateless_fold_in(seed, k)``, ``seed = draw_seed()`` (int64 [2]) drawn once on entry if any layer is random, so
-    every example draws the same seeds, whatever its position. Keras 3: through each layer ``SeedGenerator``'s
-    ``next`` (ops with ``seed=None`` use Keras's global generator, not covered) | Keras 2: each layer's
-    ``_random_generator``."""
+    every example draws the same seeds, whatever its position. Keras 3: through each layer ``SeedGenerator``'s ``next``
+    (ops with ``seed=None`` use Keras's global generator, not covered) | Keras 2: each layer's ``_random_generator``."""
     counter = iter(range(1 << 30))
     seed: list[tf.Tensor] = []
 
@@ -312,9 +311,8 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
 
 
 def _keras2_entry_points() -> dict[Any, str]:
-    """Keras 2's ``Model.fit`` and ``train_on_batch`` (their code objects, under Keras's traceback filter) -> the
-    entry names of `keras_dyndp.keras_glue.entry_points`; none on Keras 3, whose entry points show their data to the
-    model."""
+    """Keras 2's ``Model.fit`` and ``train_on_batch`` (their code objects, under Keras's traceback filter) -> the entry
+    names of `keras_dyndp.keras_glue.entry_points`; none on Keras 3, whose entry points show their data to the model."""
     if _KERAS_3:
         return {}
     methods = {"fit": entry_points.FIT, "train_on_batch": entry_points.TRAIN_ON_BATCH}

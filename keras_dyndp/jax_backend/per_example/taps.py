@@ -29,9 +29,8 @@ _ACTIVE = threading.local()
 
 
 class Session:
-    """A context for one trace: records each tapped layer's inputs and tapped shape, adds ``taps`` (by layer id)
-    when given, and lets the layers in ``stand_ins`` read stand-ins for their covered variables (`tappable`'s
-    probe)."""
+    """A context for one trace: records each tapped layer's inputs and tapped shape, adds ``taps`` (by layer id) when
+    given, and lets the layers in ``stand_ins`` read stand-ins for their covered variables (`tappable`'s probe)."""
 
     def __init__(self, taps: dict[int, Any] | None = None):
         self.taps = taps
