@@ -2,24 +2,20 @@
 
 Keras's JAX train step hands the optimizer the gradient of the batch's mean loss, where no example can be clipped.
 make_private's stateless ``train_step`` runs each example alone (``jax.vmap`` of ``jax.grad`` of the model's
-``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips each example's gradient to
-the optimizer's C_t, sums, and hands the sums to ``stateless_apply_clipped_sum`` (noise once, normalise, apply).
-``method='auto'`` (= ``'ghost'``) clips the variables a rule covers from each example's layer input and output
-gradient (`per_example.taps`, `keras_dyndp.rules.registry`); every other variable keeps its vmap gradient;
-``'vectorized'`` taps only Embedding tables. ``accumulation_steps`` = k scans k physical batches with one noise and
-one counter step; ``num_microbatches`` = M clips M random microbatch gradients (`microbatches`, no taps).
+``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips each example's gradient to the
+optimizer's C_t, sums, and hands the sums to ``stateless_apply_clipped_sum`` (noise once, normalise, apply).
+``method='auto'`` (= ``'ghost'``) clips the variables a rule covers from each example's layer input and output gradient
+(`per_example.taps`); every other variable keeps its vmap gradient; ``'vectorized'`` taps only Embedding tables.
+``accumulation_steps`` = k scans k physical batches; ``num_microbatches`` = M clips M random microbatch gradients
+(`microbatches`, no taps).
 
-State. Non-trainable variables written from the batch would leave the step without noise: refused (`model_checks`).
-Random-generator states (Dropout) are drawn from the step's secret key, the same for every row, never from Keras's
-seed, which users publish (deleting a row would shift every later row's mask); a variable written from those draws is
-refused too.
-
-Refusals are TensorFlow's (docs/privacy.md, "Refused, and why"). A step the optimizer refuses changes nothing, nor
-does any later step; the call raises at that epoch's end at the latest. The checks run in what every entry point
-calls on the model, also ``keras.Model.fit(model, ...)`` called unbound: ``make_train_function`` checks the data the
-entry point showed, the train function it makes (`_CheckedTrainFunction`) starts each run of steps with a fresh
-nonce, and ``jax_state_sync`` raises a refused step. Under a ``keras.distribution`` the jitted step keeps its global
-meaning: every example clipped, one noise key, the noise added once to the global sum.
+Non-trainable variables written from the batch, or from the step's secret random draws, would leave the step without
+noise: refused (`model_checks`). Random-generator states (Dropout) are drawn from the step's secret key, the same for
+every row, never from Keras's seed, which users publish. Other refusals are TensorFlow's (docs/privacy.md, "Refused, and
+why"); a refused step changes nothing, nor does any later step, and the call raises at that epoch's end at the latest.
+The checks run in what every entry point calls on the model (``make_train_function``, the train function,
+``jax_state_sync``; docs/privacy.md, "Which entry points are covered, and how"). Under a ``keras.distribution`` the
+jitted step keeps its global meaning: every example clipped, one noise key, the noise added once to the global sum.
 """
 
 from __future__ import annotations

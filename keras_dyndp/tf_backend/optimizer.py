@@ -1,24 +1,21 @@
 """Keras optimizers that run dynamic DP-SGD on TensorFlow: per-step clipping norms and noise from a `DPSchedule`.
 
-`make_dynamic_dp_optimizer_class(base_cls)` makes ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``: the
-mixin runs the mechanism (`keras_dyndp.core.mechanism`) in graph ops, the base class holds the update rule. It
-receives clipped sums: ``make_private``'s step hands `apply_clipped_sum` those of its clipping method; a custom loop's
-`minimize` (`compute_gradients`) clips on the jacobian path (`keras_dyndp.tf_backend.microbatches.clipped_sum`).
-Keras's own train step is refused, naming ``make_private``.
+`make_dynamic_dp_optimizer_class(base_cls)` makes ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``: the mixin
+runs the mechanism (`keras_dyndp.core.mechanism`) in graph ops, the base class holds the update rule. It receives
+clipped sums: ``make_private``'s step hands `apply_clipped_sum` those of its clipping method; a custom loop's `minimize`
+(`compute_gradients`) clips on the jacobian path (`keras_dyndp.tf_backend.microbatches.clipped_sum`). Keras's own train
+step is refused, naming ``make_private``.
 
-Step counter. `opt.dp_step` IS Keras's `opt.iterations`. It counts DP steps because `apply_gradients` refuses
-gradients that did not come out of this optimizer's `compute_gradients`, and the whole update, counter included,
-depends on the noised gradients (else, at the end of a dataset of unknown cardinality, Keras's increment would run
-once more and shift the schedule). ``schedule_fingerprint`` and ``released_steps``, saved with it, refuse a counter
-restored from another schedule or set by hand (`keras_dyndp.core.step_checks`).
+Step counter. `opt.dp_step` IS Keras's `opt.iterations`. It counts DP steps because `apply_gradients` refuses gradients
+that did not come out of this optimizer's `compute_gradients`, and the whole update, counter included, depends on the
+noised gradients (else, at the end of a dataset of unknown cardinality, Keras's increment would run once more and shift
+the schedule). ``schedule_fingerprint`` and ``released_steps``, saved with it, refuse a counter restored from another
+schedule or set by hand (`keras_dyndp.core.step_checks`). Past T steps released a step raises
+`tf.errors.InvalidArgumentError`; XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t also read 0 there and
+the step releases nothing (stop at T with `keras_dyndp.BudgetStop`).
 
-Budget guard. Past T steps released a step raises `tf.errors.InvalidArgumentError` ("DP budget exhausted ...").
-XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t also read 0 there and the step releases nothing; stop
-at T with `keras_dyndp.BudgetStop`.
-
-Replicas: under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each replica clips its share, the first alone
-adds the noise (`keras_dyndp.tf_backend.distribution`). Sparse per-example gradients are densified. Keras's
-``clipnorm``, ``global_clipnorm`` and ``clipvalue`` act on the noised gradient: harmless, but not DP clipping.
+Several replicas: `keras_dyndp.tf_backend.distribution`. Keras's ``clipnorm``, ``global_clipnorm`` and ``clipvalue`` act
+on the noised gradient: harmless, but not DP clipping.
 """
 
 from __future__ import annotations
