@@ -39,15 +39,9 @@ def _covered(layer: Any) -> dict[str, int]:
 
 
 def variables(layer: Any) -> list:
-    """The rule's ``variables``: the trained weights the layer holds.
-
-    Args:
-      layer: an ``Attention`` or ``AdditiveAttention`` layer, built.
-
-    Returns:
-      Its ``scale`` and ``concat_score_weight`` where it has them (none for ``use_scale=False`` and
-      ``score_mode="dot"``).
-    """
+    """The rule's ``variables``: the trained weights the built ``Attention`` or ``AdditiveAttention`` ``layer``
+    holds, its ``scale`` and ``concat_score_weight`` where it has them (none for ``use_scale=False`` and
+    ``score_mode="dot"``)."""
     return [getattr(layer, name) for name in _covered(layer)]
 
 
@@ -68,15 +62,9 @@ def _plain_call(args: Any, kwargs: Any) -> bool:
 
 
 def supports(layer: Any) -> bool:
-    """The rule's ``supports``: trained weights, no dropout, no Keras 2 ``causal``, and at least one recorded call,
-    each on the inputs alone without a mask (module docstring).
-
-    Args:
-      layer: an ``Attention`` or ``AdditiveAttention`` layer.
-
-    Returns:
-      Whether the rule covers its configuration and calls.
-    """
+    """The rule's ``supports``: whether it covers the ``Attention`` or ``AdditiveAttention`` ``layer``'s configuration
+    and calls: trained weights, no dropout, no Keras 2 ``causal``, and at least one recorded call, each on the inputs
+    alone without a mask (module docstring)."""
     calls = sublayers.recorded_calls(layer)
     return (
         bool(_covered(layer))
@@ -139,11 +127,8 @@ def norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[Any, Callable]:
 
 
 def register(layers: Any) -> None:
-    """Registers the rule for ``Attention`` and ``AdditiveAttention``, those of the two this Keras has.
-
-    Args:
-      layers: the ``keras.layers`` namespace of the Keras the backend runs (Keras 2's on TensorFlow 2.15).
-    """
+    """Registers the rule for ``Attention`` and ``AdditiveAttention``, those of the two that ``layers`` (the
+    ``keras.layers`` namespace of the Keras the backend runs, Keras 2's on TensorFlow 2.15) has."""
     for name in ("Attention", "AdditiveAttention"):
         if hasattr(layers, name):
             registry.register_layer_rule(
