@@ -6,9 +6,8 @@ them, [B, rows, ...]; the TensorFlow rules' math (`keras_dyndp.tf_backend.per_ex
 offset gradients are small and materialised.
 
 Registered on import into the one registry (`keras_dyndp.rules.registry`), as any rule of the shared contract
-(`keras_dyndp.rules.layer_rules`): on JAX a, g are [B, 1, ...] (each example's batch of one, vmapped) and
-``keras.ops`` is ``jax.numpy``.
-"""
+(`keras_dyndp.rules.layer_rules`; example: docs/usage.md's ``ScaleShift``): on JAX a, g are [B, 1, ...] (each
+example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``."""
 
 from __future__ import annotations
 
