@@ -1,7 +1,6 @@
-"""`PrivacyLogger` (epsilon spent, C_t and sigma_t into the epoch logs) and `BudgetStop` (ends ``fit`` at the
-schedule's last step), on either backend. Both read the DP optimizer's ``schedule`` and ``released_steps``;
-accounting is `DPSchedule.epsilon`. What differs per backend is its ``callback_hooks`` module, chosen once, at import.
-"""
+"""`PrivacyLogger` (epsilon spent, C_t and sigma_t into the epoch logs) and `BudgetStop` (ends ``fit`` at the schedule's
+last step), on either backend. Both read the DP optimizer's ``schedule`` and ``released_steps``; accounting is
+`DPSchedule.epsilon`. What differs per backend is its ``callback_hooks`` module, chosen once, at import."""
 
 from __future__ import annotations
 
@@ -42,23 +41,17 @@ def _dp_optimizer(model: Any, caller: str) -> optimizer_base.DPOptimizerBase:
 
 
 class PrivacyLogger(keras.callbacks.Callback):
-    """Writes into the epoch ``logs`` (hence History, TensorBoard, CSVLogger) ``'epsilon_gdp_clt'`` (the paper's:
-    the registry's `always_logged`) and ``'epsilon_<accountant>'`` of the DP steps the optimizer has released
-    (``released_steps``, whatever its step counter says) at ``delta``, ``'delta_total'``, ``'clip_norm'`` and
-    ``'noise_stddev'`` of the last step released, and their number as ``'dp_step'``.
-    ``'delta_total'`` is the delta the epsilons hold at: ``delta`` plus what capping the Poisson batches adds
-    (`keras_dyndp.core.batch_sizes.added_delta` of the optimizer's `overflow_probability`, at the largest epsilon
-    logged). A ``delta`` other than the optimizer's calibration target is named in every epsilon key and in the total
-    (``'epsilon_pld_at_delta_0.01'``, ``'delta_total_at_delta_0.01'``), so that no number is read at the wrong
-    delta. Once the optimizer has trained on batches not known to be Poisson samples (it warned `SamplingWarning`),
-    the epsilon keys end in ``'_if_poisson'`` (``'epsilon_pld_if_poisson'``), ``'delta_total'`` is left out and the
-    log line says it is not the run's epsilon: the schedule's epsilon assumes Poisson sampling, so no logged number
-    claims to cover such a run.
+    """Writes into the epoch ``logs`` (hence History, TensorBoard, CSVLogger) ``'epsilon_gdp_clt'`` (the paper's) and
+    ``'epsilon_<accountant>'`` of the DP steps the optimizer has released (``released_steps``) at ``delta``,
+    ``'delta_total'`` (``delta`` plus what capping the Poisson batches adds), ``'clip_norm'`` and ``'noise_stddev'`` of
+    the last step released, and their number as ``'dp_step'``. A ``delta`` other than the optimizer's calibration target
+    is named in every key (``'epsilon_pld_at_delta_0.01'``); once the optimizer has trained on batches not known to be
+    Poisson samples, the epsilon keys end in ``'_if_poisson'`` and ``'delta_total'`` is left out, so that no logged
+    number claims to cover such a run (docs/privacy.md, "What a reported epsilon covers").
 
-    Wherever it stands in the ``callbacks`` list: keys added in ``on_epoch_end`` would reach only the callbacks
-    after it, so it accounts at the epoch's last batch (``params['steps']``) or the budget's last step, into the
-    logs ``fit`` builds for the epoch (Keras 2: the last batch's, unconverted by ``_supports_tf_logs``; Keras 3:
-    `keras_dyndp.keras_glue.epoch_logs`). An epoch ending early otherwise gets them in ``on_epoch_end``.
+    It accounts at the epoch's last batch or the budget's last step, so its keys reach every callback wherever it stands
+    in the ``callbacks`` list (`keras_dyndp.keras_glue.epoch_logs`); an epoch ending early gets them in
+    ``on_epoch_end``.
 
     Args:
         accountant: reported beside the GDP-CLT: 'pld' (default, tightest, the slowest per call), 'rdp'
@@ -205,8 +198,7 @@ class PrivacyLogger(keras.callbacks.Callback):
 class BudgetStop(keras.callbacks.Callback):
     """Stops ``fit`` exactly when the optimizer has released all T steps of its schedule, printing one line (unless
     ``verbose=0``); refuses to start on a spent schedule. A ``steps_per_execution`` call that would run past T (into
-    the optimizer's refusal, losing the epoch's History) is shortened to the steps left, restored at the end.
-    """
+    the optimizer's refusal, losing the epoch's History) is shortened to the steps left, restored at the end."""
 
     stops_at_the_budget = True  # What make_private's refusals look for among fit's callbacks.
 

@@ -161,9 +161,8 @@ _PACKAGE = pathlib.Path(__file__).resolve().parent
 
 def refused_by_the_library(error: BaseException) -> bool:
     """Whether ``error`` is a ValueError raised by keras_dyndp's own code (the innermost frame of its traceback is in
-    the package): the library raises ValueError to refuse an argument or an input, with a message naming it, the
-    valid range and what to do, so the message is the whole story. A ValueError raised elsewhere (numpy, TensorFlow,
-    JAX, a trainer's own code) may be a bug's: it keeps its traceback."""
+    the package), whose message names the argument, its range and what to do: the whole story. A ValueError raised
+    elsewhere (numpy, TensorFlow, JAX, a trainer's own code) may be a bug's: it keeps its traceback."""
     if not isinstance(error, ValueError) or error.__traceback__ is None:
         return False
     innermost = error.__traceback__

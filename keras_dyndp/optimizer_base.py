@@ -1,7 +1,6 @@
 """The backend-neutral part of every DP optimizer (`DPOptimizerBase`): its arguments, checked once at construction
 (ValueError / TypeError naming the argument and its range), its schedule, its refusals and its config. Imports no
-TensorFlow and no JAX: the optimizers of `keras_dyndp.tf_backend` and `keras_dyndp.jax_backend` subclass it.
-"""
+TensorFlow and no JAX: the optimizers of `keras_dyndp.tf_backend` and `keras_dyndp.jax_backend` subclass it."""
 
 from __future__ import annotations
 
@@ -112,24 +111,21 @@ _SETTINGS = tuple(
 class DPOptimizerBase(SavedDPState):
     """The arguments, checks, schedule and config every DP optimizer shares, on every backend.
 
-    `keras_dyndp.DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are
-    ``class DynamicDPKeras<Base>(<backend mixin>, keras.optimizers.<Base>)``: a backend's mixin
-    (`keras_dyndp.tf_backend.DynamicDPOptimizerMixin`, `keras_dyndp.jax_backend.JaxDPOptimizerMixin`) subclasses
-    this class and builds the mechanism in `_build_dp_state`; the Keras optimizer keeps its update rule.
+    `keras_dyndp.DynamicDPKerasSGD` (Adam, Adagrad, RMSprop) is ``DynamicDPKeras<Base>(<backend mixin>,
+    keras.optimizers.<Base>)``: the backend's mixin subclasses this class and builds the mechanism in
+    `_build_dp_state`; the Keras optimizer keeps its update rule.
 
     Step k of T (the paper's t = k + 1) clips every per-example gradient to L2 norm C_t, adds Gaussian noise of
     standard deviation sigma_t to their sum, divides by the expected batch size p N and applies the base update.
-    mu_t = C_t / sigma_t is the step's privacy cost (its Gaussian-DP parameter; the noise multiplier is 1 / mu_t).
-    Give either ``schedule`` or the budget arguments (``target_epsilon`` to ``accountant``: a `PrivacyBudget`),
-    from which the optimizer calibrates its schedule (`keras_dyndp.calibrate`): only mu_0 is solved for, so that the
-    T steps spend exactly the target. Du et al., "Dynamic Differential-Privacy Preserving SGD" (arXiv:2111.00173),
-    Alg. 1 and 2.
+    mu_t = C_t / sigma_t is the step's privacy cost (the noise multiplier is 1 / mu_t). Give either ``schedule`` or
+    the budget arguments (``target_epsilon`` to ``accountant``), from which the optimizer calibrates its schedule so
+    that the T steps spend exactly the target (`keras_dyndp.calibrate`). Du et al., "Dynamic Differential-Privacy
+    Preserving SGD" (arXiv:2111.00173), Alg. 1 and 2.
 
     Args:
-      schedule: a `DPSchedule` (C_t and sigma_t of every step, and p: `keras_dyndp.calibrate`,
-        `keras_dyndp.calibrate_shape`, `DPSchedule.from_json`), with ``expected_batch_size`` (or
-        ``public_batch_size``); or a `keras_dyndp.schedules.PrivacyBudget`, calibrated here as the budget
-        arguments are. Instead of the budget arguments. Default None.
+      schedule: instead of the budget arguments, a `DPSchedule` (C_t and sigma_t of every step, and p:
+        `keras_dyndp.calibrate`, `DPSchedule.from_json`, ...) with ``expected_batch_size`` (or
+        ``public_batch_size``), or a `keras_dyndp.schedules.PrivacyBudget`. Default None.
       target_epsilon: epsilon of the whole run (every step, every intermediate model released), a finite float > 0.
       target_delta: delta of the whole run, in (0, 1 / num_examples) (the paper: 1 / (10 N)).
       num_examples: N, the number of training examples (``len(x)`` of the data given to
@@ -156,10 +152,9 @@ class DPOptimizerBase(SavedDPState):
       rho_c: C_0 / C_T, how much the clipping norm decays from the first step to the last, a float >= 1 (1:
         constant); used by 'sensitivity_decay' and 'dynamic'. Default None, which is 1. The paper's grid is
         1 / rho_c in {0.1, ..., 0.8}.
-      accountant: how epsilon is computed for the calibration, 'pld' (default; a rigorous upper bound, the
-        tightest), 'rdp' (rigorous, looser) or 'gdp_clt' (the paper's Gaussian-DP central-limit approximation:
-        it can understate epsilon, and warns (`GdpCltUnderstatementWarning`) when the PLD epsilon exceeds the
-        target by more than 5%). Default None, which is 'pld'.
+      accountant: how epsilon is computed for the calibration, 'pld' (default None; rigorous, the tightest),
+        'rdp' (rigorous, looser) or 'gdp_clt' (the paper's approximation, which can understate epsilon: warned,
+        `GdpCltUnderstatementWarning`, when the PLD epsilon exceeds the target by more than 5%).
       num_microbatches: None (default) clips every example on its own; an int M >= 1 puts each row of a batch in
         one of M random microbatches, clips each microbatch's gradient and divides by M (TF-Privacy's
         microbatches), with twice the noise (one example moves its microbatch's clipped gradient by up to 2 C_t).
@@ -175,8 +170,8 @@ class DPOptimizerBase(SavedDPState):
       rescale_to_unit_norm: True divides the noisy sum by C_t as well (per-example gradients rescaled to norm at
         most 1, as De et al. 2022; the same release post-processed, so privacy is unchanged). Default False.
       noise_seed: None (default): the noise's seed comes from OS entropy, never saved (the only choice for a
-        release); an int >= 0 (tests only) makes the noise reproducible, with a `NoiseSeedWarning`: whoever knows
-        the seed can remove the noise. Never serialised.
+        release); an int >= 0 (tests only, never serialised) makes the noise reproducible, with a
+        `NoiseSeedWarning`: whoever knows the seed can remove the noise.
       allow_degenerate_noise: True trains with noise multipliers outside [1e-4, 1e4] (no meaningful privacy),
         with a `DegenerateNoiseWarning`: for tests only. Default False: refused.
       adaptive_clipping: None (default): the clip norms are the schedule's. A `keras_dyndp.AdaptiveClipping` (or
@@ -192,10 +187,8 @@ class DPOptimizerBase(SavedDPState):
         budget arguments, a budget argument missing, ``public_batch_size`` with the budget arguments, noise
         multipliers outside the accountants' range (`keras_dyndp.accounting.noise_range.NoiseOutOfRangeError`),
         a refused Keras argument, or a backend or distribution strategy that cannot run the optimizer.
-      TypeError: ``schedule`` that is neither a `DPSchedule` nor a `PrivacyBudget`, or an argument of the wrong
-        type.
-      CalibrationError: no noise scale meets the target with noise multipliers the accountant accepts (e.g. a
-        target so large that it needs almost no noise).
+      TypeError: ``schedule`` neither a `DPSchedule` nor a `PrivacyBudget`, or an argument of the wrong type.
+      CalibrationError: no noise scale meets the target with noise multipliers the accountant accepts.
     """
 
     def __init__(
@@ -270,8 +263,8 @@ class DPOptimizerBase(SavedDPState):
 
     def note_batch_cap(self, num_examples: int, max_batch_size: int) -> None:
         """Checks the cap of the Poisson batches ``fit`` received, before the first step
-        (`batch_sizes.check_max_batch_size`: a cap adding more than a small share of the target delta is refused), and
-        records its chance of overflowing a step (the largest of the run's caps) for `PrivacyLogger`'s total delta."""
+        (`batch_sizes.check_max_batch_size`), and records its chance of overflowing a step (the largest of the run's
+        caps) for `PrivacyLogger`'s total delta."""
         size_range = self._step_checks.batch_size_range
         overflow = batch_sizes.check_max_batch_size(num_examples, max_batch_size, self._schedule, size_range)
         self._overflow_probability = max(self._overflow_probability or 0.0, overflow)
@@ -280,22 +273,19 @@ class DPOptimizerBase(SavedDPState):
         """Raises if the backend cannot run this optimizer here (before the base optimizer is built)."""
 
     def _check_same_release(self, description: dict) -> None:
-        """Raises if the processes that train one model build their optimizers unlike; the JAX optimizers compare
-        them across ``jax.distributed`` processes (`keras_dyndp.jax_backend.distribution.check_same_release`).
-
-        Called before the base optimizer is built (whose variables several processes replicate) with what
-        determines the release, by name: the class, the schedule's config (its C_t, sigma_t, p and calibration),
-        the checked DP settings and the base optimizer's arguments as given (the learning rate, ...)."""
+        """Raises if the processes that train one model build their optimizers unlike (the JAX optimizers compare
+        them across ``jax.distributed`` processes, `keras_dyndp.jax_backend.distribution.check_same_release`). Called
+        before the base optimizer is built, with what determines the release, by name: the class, the schedule's
+        config, the checked DP settings and the base optimizer's arguments."""
 
     def _unsupported_base_arguments(self) -> dict[str, str]:
         """Base-optimizer arguments refused on this backend, with the reason."""
         return KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks,
-        ``self._schedule_fingerprint`` (an int32 [2] optimizer variable of zeros) and ``self._released_steps`` (an
-        int32 scalar optimizer variable holding `step_checks.UNRECORDED_RELEASED`), both saved with the step counter;
-        each DP step adds 1 to the steps released."""
+        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks, and the int32
+        optimizer variables ``self._schedule_fingerprint`` [2] (zeros) and ``self._released_steps`` (scalar,
+        `step_checks.UNRECORDED_RELEASED`), both saved with the step counter."""
         raise NotImplementedError
 
     schedule = _attribute("_schedule", "The `DPSchedule` this optimizer follows.")
@@ -465,8 +455,8 @@ def _warn_on_understatement(schedule: schedules.DPSchedule) -> None:
 def make_optimizer_class(base_cls: type, mixin: type, keras_module: Any, required: str, on: str) -> type:
     """``DynamicDPKeras<BaseName>(mixin, base_cls)``, in the package of ``mixin``'s module, registered with
     ``keras_module`` as 'keras_dyndp>DynamicDPKeras<BaseName>' (one name on both backends: a model saved on one loads
-    on the other). Its docstring is ``base_cls`` trained ``on`` the backend, then `DPOptimizerBase`'s arguments and
-    what it raises (so ``help()`` of the class explains every argument). TypeError unless ``base_cls`` subclasses
+    on the other). Its docstring is ``base_cls`` trained ``on`` the backend, then `DPOptimizerBase`'s arguments (so
+    ``help()`` of the class explains every argument). TypeError unless ``base_cls`` subclasses
     ``keras_module.optimizers.Optimizer`` (named ``required`` in the message)."""
     if not (isinstance(base_cls, type) and issubclass(base_cls, keras_module.optimizers.Optimizer)):
         raise TypeError(f"`base_cls` must be a subclass of {required}. Received: base_cls={base_cls!r}.")

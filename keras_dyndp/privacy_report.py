@@ -1,11 +1,8 @@
-"""Privacy report: for each method (`schedules.ALL_METHODS`: the paper's four and the noise-decay baselines of its
-Table 1), the schedule's first and last noise multipliers and clip norms, and its epsilon under 'gdp_clt' (the
-paper's approximation, which can understate epsilon: Gopi et al. 2021), 'rdp' and 'pld' (rigorous; PLD the
-tightest), and 'own' (the accountant it was calibrated with, which meets the target). Rows (`ReportRow`), text
-(`format_table`) and plots (paper Fig. 2 `plot_epsilon_consumption`, Fig. 3 `plot_accountant_comparison`, a run's
-`plot_run_privacy`) are separate. Plots use matplotlib's `Figure` (Agg PNGs): no display, pyplot left alone.
-`run_summary` is the privacy paragraph a trainer prints after a run (every example and research trainer prints it).
-"""
+"""Privacy report: for each method (`schedules.ALL_METHODS`), the schedule's first and last noise multipliers and
+clip norms, and its epsilon under 'gdp_clt' (the paper's approximation, which can understate epsilon), 'rdp' and
+'pld' (rigorous), and 'own' (the accountant it was calibrated with). Rows (`ReportRow`), text (`format_table`) and
+plots (paper Fig. 2 `plot_epsilon_consumption`, Fig. 3 `plot_accountant_comparison`, a run's `plot_run_privacy`; Agg
+PNGs, pyplot left alone) are separate. `run_summary` is the privacy paragraph every trainer prints after a run."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """The accountants of the paper's noise-decay baselines (its Table 1), zCDP and tCDP, and their noise calibration.
 
-Both keep C_t = C_0 and decay z_t = sigma_t / C_t: exponentially, z_t = z_0 noise_decay^(-t/T) (t = 1..T; the
-growing-mu shape with rho_mu = noise_decay), or by time, z_t = z_0 / (1 + (noise_decay - 1) t / T); only z_0 is
-calibrated. Each epsilon here is the baseline's OWN claim; report it beside the PLD or RDP epsilon of the same
-schedule (`DPSchedule.epsilon`), which is what this package's training guarantees. Both need far more noise for the
-same target (zCDP counts no amplification by subsampling; docs/accounting.md shows the calibrated multipliers).
+Both keep C_t = C_0 and decay z_t = sigma_t / C_t: exponentially, z_t = z_0 noise_decay^(-t/T) (t = 1..T), or by time,
+z_t = z_0 / (1 + (noise_decay - 1) t / T); only z_0 is calibrated. Each epsilon here is the baseline's OWN claim; report
+it beside the PLD or RDP epsilon of the same schedule (`DPSchedule.epsilon`), which is what this package's training
+guarantees (docs/accounting.md shows how much more noise they need).
 
 rho-zCDP-SGD (Yu et al. 2019, "Differentially private model publishing for deep learning")
   Add-or-remove-one: a step is (1 / (2 z_t^2))-zCDP (also under Poisson sampling: Renyi divergence is jointly
@@ -15,13 +14,11 @@ tCDP-SGD (Zhang et al. 2021, "Adaptive privacy preserving deep learning algorith
   Truncated CDP with amplification by subsampling from Bun, Dwork, Rothblum and Steinke (2018), "Composable and
   versatile privacy via truncated CDP" (STOC), "BDRS" (the paper under reproduction gives no formula):
   - replace-one neighbours move the clipped sum by up to 2C: a step is (rho_t, inf)-tCDP, rho_t = 2 / z_t^2;
-  - subsampling (BDRS): for rho, s in (0, 0.1] with log(1/s) >= 3 rho (2 + log2(1/rho)), if M is (rho, omega)-tCDP
-    on s n examples, M on a uniformly random subset of size s n drawn WITHOUT replacement is
-    (13 s^2 rho, log(1/s) / (4 rho))-tCDP. Here s = p; a step outside these conditions (rho_t <= 0.1 means
-    z_t >= sqrt(20)) raises ValueError rather than amplify;
-  - composition adds rho and takes the minimum omega; by the Renyi bound D_alpha <= rho alpha for alpha < omega,
-    epsilon = rho + 2 sqrt(rho log(1/delta)) when log(1/delta) <= (omega - 1)^2 rho, else
-    rho omega + log(1/delta) / (omega - 1).
+  - subsampling (BDRS): for rho, s in (0, 0.1] with log(1/s) >= 3 rho (2 + log2(1/rho)), an (rho, omega)-tCDP M on
+    a uniformly random subset of size s n drawn WITHOUT replacement is (13 s^2 rho, log(1/s) / (4 rho))-tCDP. Here
+    s = p; a step outside these conditions (rho_t <= 0.1 means z_t >= sqrt(20)) raises ValueError;
+  - composition adds rho and takes the minimum omega; by D_alpha <= rho alpha for alpha < omega, epsilon =
+    rho + 2 sqrt(rho log(1/delta)) when log(1/delta) <= (omega - 1)^2 rho, else rho omega + log(1/delta) / (omega - 1).
   Poisson sampling and add-or-remove neighbours are outside the theorem: the tCDP epsilon is a claim about
   fixed-size batches under replace-one neighbours, not a guarantee of the training run.
 """
@@ -113,8 +110,7 @@ def zcdp_epsilon(noise_multipliers, delta: float) -> float:
 
 def tcdp_parameters(sampling_probability: float, noise_multipliers) -> tuple[float, float]:
     """(rho, omega) = (13 p^2 sum_t rho_t, log(1/p) / (4 max_t rho_t)) of T subsampled Gaussian steps under BDRS's
-    theorem (module docstring; z_t = inf costs nothing); ValueError if p > 0.1 or a step is outside its conditions.
-    """
+    theorem (module docstring; z_t = inf costs nothing); ValueError if p > 0.1 or a step is outside its conditions."""
     s = _check_tcdp_sampling(sampling_probability)
     multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers, allow_empty=False)
     rhos = 4.0 * _add_remove_rhos(multipliers)
@@ -183,11 +179,10 @@ def tcdp_noise_multipliers(
     noise_decay: float = 1.25,
     decay: str = "exponential",
 ) -> np.ndarray:
-    """tCDP-SGD (Zhang et al. 2021, module docstring): noise multipliers z_0 s_t [T], z_0 the smallest (bisection
-    on log z_0, to float precision) whose `tcdp_epsilon` is <= target among those inside the theorem's conditions
-    (z_t >= sqrt(20)). If even the smallest such z_0 spends less than the target, it is returned with a warning: the
-    theorem certifies no schedule with less noise. Arguments as `zcdp_noise_multipliers`, with p in (0, 0.1].
-    """
+    """tCDP-SGD (Zhang et al. 2021, module docstring): noise multipliers z_0 s_t [T], z_0 the smallest (bisection on
+    log z_0, to float precision) whose `tcdp_epsilon` is <= target among those inside the theorem's conditions (z_t
+    >= sqrt(20)). If even the smallest such z_0 spends less than the target, it is returned with a warning: the
+    theorem certifies no schedule with less noise. Arguments as `zcdp_noise_multipliers`, with p in (0, 0.1]."""
     validation.check_budget(target_epsilon, target_delta)
     p = _check_tcdp_sampling(sampling_probability)
     shape = decay_shape(num_steps, noise_decay, decay)

@@ -1,14 +1,14 @@
 """Fast, pessimistic PLD accounting of heterogeneous Poisson-subsampled Gaussian steps.
 
-dp_accounting's `PLDAccountant` is the tightest rigorous accountant for DP-SGD, but composing T = 4800 distinct noise
-multipliers z_t = sigma_t / C_t with it takes minutes. Two things make it fast here:
+dp_accounting's `PLDAccountant` is the tightest rigorous accountant for DP-SGD, but composing thousands of distinct
+noise multipliers z_t = sigma_t / C_t with it takes minutes. Two things make it fast here:
 
 1. Grouping that can only over-estimate epsilon: a smaller z is a less private step (its PLD dominates), so steps
    sorted by z are cut into groups, each one self-composed PLD at its SMALLEST z. Rounding step t down to z_g adds
    w(z_g) - w(z_t) to the extended GDP CLT's sum of w(z) = exp(1/z^2) - 1; greedy groups add at most tau each, the
    largest tau whose total stays below `tolerance` times the sum (or the smallest that fits `max_groups` groups).
-   Equal z cost nothing. The same groups with z rounded UP give a lower bound on the ungrouped epsilon, which
-   bounds the excess (`benchmarks/pld_grouping.py`; docs/performance.md, "Accounting cost").
+   The same groups with z rounded UP give a lower bound on the ungrouped epsilon (docs/performance.md, "Accounting
+   cost").
 2. Each group's PLD built with numpy, by the algorithm of dp_accounting's `from_gaussian_mechanism(z,
    sampling_prob=p, value_discretization_interval=d)` (tested against it): the privacy loss of the REMOVE pair
    ((1 - p) N(0, z^2) + p N(-1, z^2) against N(0, z^2)) and of the ADD pair (N(0, z^2) against (1 - p) N(0, z^2) +
@@ -16,13 +16,12 @@ multipliers z_t = sigma_t / C_t with it takes minutes. Two things make it fast h
    delta(k d) = P_upper(x <= x_k) - e^(k d) P_lower(x <= x_k) on the grid k d; the pessimistic connect-the-dots PMF
    (Doroshenko et al. 2022, Algorithm 1) with mass (delta_(k+1) - delta_k - e^d (delta_k - delta_(k-1))) / (e^d - 1)
    on k d and the top divergence on +infinity. Compositions are FFT powers and products that drop at most 1e-15 of
-   tail mass (the low tail onto the first kept point, the high onto +infinity), a self-composition's support bounded
-   by Chernoff bounds at the orders k / n, k = +-1..+-20, as dp_accounting does. Epsilon is read through
-   dp_accounting's public `DensePLDPmf` and `PrivacyLossDistribution`.
+   tail mass, a self-composition's support bounded by Chernoff bounds, as dp_accounting does. Epsilon is read
+   through dp_accounting's public `DensePLDPmf` and `PrivacyLossDistribution`.
 
 Inputs the grid cannot hold raise `noise_range.NoiseOutOfRangeError` before anything is allocated. The grid is
-pessimistic too: for steps far below its spacing (z ~ 300, p = 0.004) the 1e-3 grid dominates (PLD 0.023, RDP
-0.006); pass a finer `value_discretization_interval` there.
+pessimistic too: for steps far below its spacing (z ~ 300, p = 0.004) the grid dominates the epsilon; pass a finer
+`value_discretization_interval` there.
 """
 
 from __future__ import annotations
@@ -308,8 +307,7 @@ def pld_epsilons_at(
     """Pessimistic PLD epsilon of the first k steps for each k of `steps` (non-decreasing, in [0, T]), in one pass:
     the steps cut at those counts into segments, each grouped (`group_noise_multipliers`: `tolerance` per segment,
     `max_groups` over all), the segment PLDs composed in order. p in [0, 1]; each z_t is 0 (no privacy), inf (no
-    loss) or in [`noise_range.pld_min_noise_multiplier(value_discretization_interval)`, 1e4]; delta in (0, 1).
-    """
+    loss) or in [`noise_range.pld_min_noise_multiplier(value_discretization_interval)`, 1e4]; delta in (0, 1)."""
     p = validation.check_probability(sampling_probability, allow_zero=True)
     multipliers = validation.check_nonnegative_array("noise_multipliers", noise_multipliers)
     check_interval(value_discretization_interval)

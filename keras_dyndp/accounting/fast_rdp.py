@@ -1,8 +1,8 @@
 """RDP accounting of heterogeneous Poisson-subsampled Gaussian steps, vectorised over noise multipliers.
 
 `dp_accounting.rdp.RdpAccountant` composes a dynamic schedule's steps one by one in scalar Python loops. This module
-implements its definition of dp_accounting >= 0.5 (Mironov, Talwar and Zhang 2019, "Renyi Differential Privacy of
-the Sampled Gaussian Mechanism", Sec. 3.3) whatever version is installed:
+implements its definition of dp_accounting >= 0.5 (Mironov, Talwar and Zhang 2019, "Renyi Differential Privacy of the
+Sampled Gaussian Mechanism", Sec. 3.3) whatever version is installed:
 
 * orders: `DEFAULT_RDP_ORDERS` (dp_accounting's: 1.1, 1.2, ..., 10.9, 11, ..., 63, 128, ..., 1024) or any > 1;
 * integer alpha: A_alpha = sum_{i=0..alpha} C(alpha, i) (1 - q)^(alpha - i) q^i exp((i^2 - i) / (2 z^2)), exact;
@@ -11,9 +11,8 @@ the Sampled Gaussian Mechanism", Sec. 3.3) whatever version is installed:
   is below e^-30 times the sum; a series not stopped after 1000 terms gives that order RDP inf;
 * a step's RDP is log(A_alpha) / (alpha - 1); it adds over steps; epsilon is dp_accounting's `rdp.compute_epsilon`.
 
-It equals dp_accounting 0.5 and 0.6 to rounding and is never below 0.4.3 (which summed the signed series and kept
-small orders it drops: 9.0302 vs 9.0226 at p = 0.05, z = 0.6, T = 30, delta = 1e-5). Each distinct z is computed
-once, all together; cumulative sums give the epsilon after many step counts at once (`rdp_epsilons_at`).
+It equals dp_accounting 0.5 and 0.6 to rounding and is never below 0.4.3 (which summed the signed series). Each distinct
+z is computed once, all together; cumulative sums give the epsilon after many step counts at once (`rdp_epsilons_at`).
 """
 
 from __future__ import annotations
@@ -196,11 +195,9 @@ def _unique_rdp(q: float, unique_sigmas: np.ndarray, orders: np.ndarray) -> np.n
 def poisson_subsampled_gaussian_rdp(
     sampling_probability: float, noise_multipliers: ArrayLike, orders: ArrayLike | None = None
 ) -> np.ndarray:
-    """RDP [len(noise_multipliers), len(orders)] of one Poisson-subsampled Gaussian step per noise multiplier: row k
-    is log(A_alpha) / (alpha - 1) at z = noise_multipliers[k] (module docstring; q = 1: alpha / (2 z^2)).
-
-    q in [0, 1]; each z is 0 (RDP inf), inf (RDP 0) or in `noise_range`'s [1e-4, 1e4], else
-    `noise_range.NoiseOutOfRangeError` names its step; orders > 1 (default `DEFAULT_RDP_ORDERS`).
+    """RDP [len(noise_multipliers), len(orders)] of one Poisson-subsampled Gaussian step per noise multiplier: row k is
+    log(A_alpha) / (alpha - 1) at z = noise_multipliers[k] (module docstring; q = 1: alpha / (2 z^2)). A z out of range
+    raises `noise_range.NoiseOutOfRangeError` naming its step.
 
     Args:
       sampling_probability: q, the chance that each example joins a step's Poisson batch, in [0, 1] (0: a free

@@ -1,12 +1,11 @@
 """`GdpCltAccountant`: a `dp_accounting.PrivacyAccountant` that composes by the extended GDP CLT.
 
-The dynamic DP-SGD paper's accountant (Corollary 1): T Poisson-subsampled Gaussian steps (p, z_t) compose to
-mu_tot = p * sqrt(sum_t (exp(1 / z_t^2) - 1)), and epsilon follows from the GDP duality (`gdp`).
+The dynamic DP-SGD paper's accountant (Corollary 1): T Poisson-subsampled Gaussian steps (p, z_t) compose to mu_tot = p
+* sqrt(sum_t (exp(1 / z_t^2) - 1)), and epsilon follows from the GDP duality (`gdp`).
 
 Warning:
     The GDP CLT is an asymptotic approximation, not an upper bound: it can UNDERESTIMATE epsilon (Gopi, Lee and
-    Wutschitz 2021, arXiv 2106.02848; p = 250/60000, T = 4800, delta = 1e-5: schedules calibrated to GDP-CLT
-    epsilon 0.4 / 1.2 / 2.0 have PLD epsilon 0.40 / 1.25 / 2.21). For a guarantee use
+    Wutschitz 2021, arXiv 2106.02848; examples: docs/privacy.md). For a guarantee use
     `keras_dyndp.accounting.make_accountant('rdp' | 'pld')`.
 """
 

@@ -137,10 +137,6 @@ def white_box_audit(
 ) -> CanaryAuditReport:
     """Trains once with ``num_canaries`` Dirac canaries (module docstring) under ``schedule`` and audits the run.
 
-    ``method`` is ``make_private``'s (TensorFlow's ``'jacobian'``: the optimizer's own path); ``gradient_norm`` s
-    defaults to 10 max_t C_t; ``strategy`` is a ``tf.distribute`` strategy to build, compile and fit in; ``seed`` sets
-    the coin flips, the Poisson batches and the tie-breaking; ``num_guesses`` is as `audit_from_scores`'s.
-
     Args:
         schedule: the `DPSchedule` to train under (its p, T, C_t and sigma_t); its PLD epsilon is the claim.
         num_canaries: m, the number of canaries, an int >= 2 (default 1000), each included with probability 1/2.

@@ -1,25 +1,13 @@
 """Adaptive clipping, written once for every backend: the clip norm C_t follows a target quantile of the per-example
-gradient norms (Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private Learning with Adaptive Clipping",
-NeurIPS 2021, Alg. 1 with the geometric update), while the noise multiplier follows the schedule.
+gradient norms (Andrew et al., NeurIPS 2021, Alg. 1 with the geometric update), while the noise multiplier follows
+the schedule.
 
-Step t releases, from ONE Poisson batch, two Gaussian sums:
-
-- the clipped gradient sum with noise std s z_g,t C_t (`keras_dyndp.core.mechanism`; s = 1, or 2 with microbatches);
-- the centred count of unclipped examples, sum_i (b_i - 1/2) with b_i = 1 where ||g_i|| <= C_t (0 where the norm is
-  not finite), with noise std s sigma_b. A row of weight 0 (padding) adds 0, a microbatch adds its own b_j - 1/2.
-
-Then C_{t+1} = C_t exp(-eta (b_t - gamma)), b_t = noised count / n + 1/2 the estimated unclipped fraction (n the
-step's public normaliser: p N, M microbatches, or the rows with ``public_batch_size``), gamma the target quantile,
-eta the learning rate. C_{t+1} is computed from released values only: post-processing.
-
-Privacy. Removing or adding one example moves the clipped sum by at most s C_t (L2) and the count by at most s / 2.
-Divided by their noise stds, the pair is one Gaussian mechanism of L2 sensitivity sqrt(z_g^-2 + (2 sigma_b)^-2) in
-units of its noise: the two releases together cost exactly what one Gaussian sum with noise multiplier
-z_t = (z_g^-2 + (2 sigma_b)^-2)^(-1/2) costs, under the same Poisson sampling. So the schedule's noise multipliers
-z_t = sigma_t / C_t (any shape: vanilla, growing-mu, ...) are the TOTAL per-step multipliers, the accountants
-(`keras_dyndp.accounting`) account them as for any run, and the gradient's own multiplier is
-z_g,t = (z_t^-2 - (2 sigma_b)^-2)^(-1/2) > z_t (`gradient_noise_multipliers`), which needs 2 sigma_b > z_t. The
-schedule's clip norms are replaced by C_t, starting at its first, C_0.
+Step t releases, from ONE Poisson batch, the clipped gradient sum (noise std s z_g,t C_t) and the centred count of
+unclipped examples, sum_i (b_i - 1/2) (noise std s sigma_b); then C_{t+1} = C_t exp(-eta (b_t - gamma)), b_t =
+noised count / n + 1/2, from released values only (post-processing). Together the two releases cost exactly one
+Gaussian sum of noise multiplier z_t = (z_g,t^-2 + (2 sigma_b)^-2)^(-1/2): the schedule's z_t are the TOTAL per-step
+multipliers, accounted as for any run, and the gradient's own is z_g,t > z_t (`gradient_noise_multipliers`). The
+proof and what it requires: docs/privacy.md, "Adaptive clipping".
 
 ``ops``: the primitives of `keras_dyndp.core.mechanism` (``where``, ``is_finite``, ``cast``, ``minimum``,
 ``maximum``) plus ``exp``.
@@ -42,7 +30,7 @@ MIN_CLIP_NORM, MAX_CLIP_NORM = 1e-30, 1e30
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveClipping:
-    """The options of adaptive clipping (an optimizer's ``adaptive_clipping`` argument; module docstring).
+    """The options of adaptive clipping (an optimizer's ``adaptive_clipping`` argument; docs/usage.md).
 
     Args:
       target_quantile: gamma, the fraction of per-example gradient norms C_t should sit above, a float in (0, 1).
@@ -117,7 +105,7 @@ def gradient_noise_multipliers(
     noise_multipliers: np.ndarray, stddev: float, default_from: float | None = None
 ) -> np.ndarray:
     """z_g,t = (z_t^-2 - (2 sigma_b)^-2)^(-1/2) [T], the gradient's noise multipliers that, with the count's noise
-    ``stddev`` = sigma_b, cost the schedule's ``noise_multipliers`` z_t (module docstring). ValueError unless
+    ``stddev`` = sigma_b, cost the schedule's ``noise_multipliers`` z_t (docs/privacy.md). ValueError unless
     2 sigma_b > every z_t (the count alone would cost more than the whole step); ``default_from``: the n that a
     default sigma_b = n / 20 came from, for the message."""
     z = np.asarray(noise_multipliers, np.float64)

@@ -1,7 +1,6 @@
-"""Poisson sampling's batch sizes, in plain Python, for `keras_dyndp.data.sampling` and both backends: steps per epoch,
-the cap of padded batches, the sizes the DP optimizers accept, the delta truncation costs, and the warnings and
-refusals of data not known to be Poisson-sampled.
-"""
+"""Poisson sampling's batch sizes, in plain Python, for `keras_dyndp.data.sampling` and both backends: steps per
+epoch, the cap of padded batches, the sizes the DP optimizers accept, the delta truncation costs, and the warnings
+and refusals of data not known to be Poisson-sampled."""
 
 from __future__ import annotations
 
@@ -99,11 +98,9 @@ def is_arrays(x: Any) -> bool:
 
 
 def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: bool) -> None:
-    """Raises ValueError if ``fit`` received arrays (`is_arrays`), unless the optimizer has ``public_batch_size``.
-
-    Keras cuts arrays into fixed-size shuffled batches and a shorter last one: never the Poisson sample the epsilon
-    is accounted for, and the batch-size check would refuse the short batch mid-run, after budget was spent.
-    """
+    """Raises ValueError if ``fit`` received arrays (`is_arrays`), unless the optimizer has ``public_batch_size``: Keras
+    cuts them into fixed-size batches, never the Poisson sample the epsilon is accounted for (and the step would refuse
+    the short last batch mid-run)."""
     if public_batch_size or not is_arrays(x):
         return
     raise ValueError(
@@ -153,9 +150,8 @@ BATCH_SIZE_TAIL = 1e-15
 
 def expected_steps_per_epoch(sampling_probability: float) -> int:
     """The fewest Poisson steps that visit each example at least once in expectation: the least s with s p >= 1 (to
-    1e-12, so that p = 250 / 60000 gives 240), p in (0, 1]. E epochs of them hold at least the ceil(E / p) steps of
-    a schedule made from ``epochs=E``, so ``fit(epochs=E)`` with `BudgetStop` spends the schedule's T steps exactly
-    (rounding 1 / p to the nearest integer left steps of the budget unspent)."""
+    1e-12, so that p = 250 / 60000 gives 240), p in (0, 1]; so ``fit(epochs=E)`` with `BudgetStop` spends all T steps of
+    a schedule made from ``epochs=E``."""
     sampling_probability = validation.check_probability(sampling_probability)
     steps = max(1, math.floor(1.0 / sampling_probability))
     while steps * sampling_probability < 1.0 - 1e-12:
@@ -183,8 +179,7 @@ def batch_size_range(
 ) -> tuple[int, int]:
     """The batch sizes ``(low, high)`` that Poisson sampling leaves with probability at most the tail on each side:
     the largest ``low`` with ``P[Binomial(N, p) < low] <= tail`` and ``high = default_max_batch_size(N, p, tail)``.
-    The DP optimizers refuse a batch outside it. For N = 60000, p = 250 / 60000: (135, 385); for p = 1: (N, N).
-    """
+    The DP optimizers refuse a batch outside it. For N = 60000, p = 250 / 60000: (135, 385); for p = 1: (N, N)."""
     high = default_max_batch_size(num_examples, sampling_probability, tail_probability)
     binom = scipy.stats.binom(num_examples, sampling_probability)
     # The largest low with cdf(low - 1) <= tail is the first k with cdf(k) > tail (cdf is non-decreasing).
@@ -211,8 +206,8 @@ def overflow_probability(
 def added_delta(overflow: float, num_steps: int, epsilon: float) -> float:
     """``min(1, (1 + e^epsilon) * T * eta)``: the delta that truncating (or refusing) overflowing batches adds to the
     ``epsilon`` (>= 0, inf allowed) of the exact Poisson mechanism over T = ``num_steps`` >= 0 steps, each
-    overflowing with probability ``overflow`` = eta in [0, 1] (`overflow_probability`; `keras_dyndp.data.sampling`'s
-    module docstring gives the argument). 0 when no step can overflow."""
+    overflowing with probability ``overflow`` = eta in [0, 1] (`overflow_probability`; the argument: docs/privacy.md,
+    "What a reported epsilon covers"). 0 when no step can overflow."""
     if overflow == 0.0 or num_steps == 0:
         return 0.0
     epsilon = validation.check_float("epsilon", epsilon, 0.0, inclusive=True, allow_inf=True)
@@ -243,15 +238,13 @@ def check_max_batch_size(
     num_examples: int, max_batch_size: int, schedule: Any, size_range: tuple[int, int] | None = None
 ) -> float:
     """The `overflow_probability` eta of Poisson batches of ``num_examples`` capped at ``max_batch_size`` for the
-    optimizer's ``schedule`` (a `keras_dyndp.schedules.DPSchedule`) and the DP step's ``size_range`` (None: no size
-    is checked); called by both backends' fit-data check before the first step, so that the added delta is recorded
-    for the run's report.
+    optimizer's ``schedule`` and the DP step's ``size_range`` (None: no size is checked), checked before the first step
+    so that the added delta is recorded for the run's report.
 
     Raises:
-      ValueError: for a cap below `default_max_batch_size` whose `added_delta` over the schedule's T steps
-        exceeds `TRUNCATION_DELTA_SHARE` of the target delta (the schedule's calibration's; for a schedule built by
-        hand, 1 / N, the largest delta a run may state). The epsilon it multiplies is the schedule's PLD epsilon at
-        that delta; an infinite one (no noise) states no guarantee for the cap to void, and is accepted.
+      ValueError: for a cap below `default_max_batch_size` whose `added_delta` (at the schedule's PLD epsilon) exceeds
+        `TRUNCATION_DELTA_SHARE` of the target delta (for a schedule built by hand, of 1 / N); an infinite epsilon (no
+        noise) states no guarantee for the cap to void, and is accepted.
     """
     p = schedule.sampling_probability
     overflow = overflow_probability(num_examples, p, max_batch_size, size_range)

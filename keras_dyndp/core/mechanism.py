@@ -1,34 +1,18 @@
-"""The DP-SGD step, written once for every backend. Step t (t = the optimizer's ``dp_step``) of dynamic DP-SGD
-(Abadi et al. 2016; Du et al., Dynamic DP-SGD, Alg. 2) releases
+"""The DP-SGD step, written once for every backend. Step t (t = the optimizer's ``dp_step``) releases
 
     update_t = (sum_i clip(g_i, C_t) + N(0, (s sigma_t)^2 I)) / n_t,
 
-1. `schedule_values`: C_t and sigma_t of the schedule; both 0 past its T steps or when the step may not run (a
-   counter restored from another schedule), so a step the checks should stop releases nothing even where XLA drops
-   TensorFlow's assertions;
-2. `clip_factors`: g_i, example (or microbatch) i's gradient over ALL trainable variables (of its loss,
-   `per_example_losses`), is scaled by min(1, C_t / ||g_i||_2);
-3. `noise_stddev`: noise is added ONCE, to the SUM, with std s sigma_t, s the sensitivity in clip norms
-   (`sensitivity`). sigma_t is absolute: z_t = sigma_t / C_t and each step is (C_t / sigma_t)-GDP (on the sum, not
-   the mean: tensorflow/privacy#153, opacus#753);
-4. `normaliser`: the noisy sum is divided by n_t and handed to the base optimizer (post-processing, so Adam etc.
-   are as private as SGD): n = ``expected_batch_size`` = p N, public (a Poisson batch's size and a padded batch's
-   rows are private), or the batch's rows (at least 1) only with ``public_batch_size=True``; n = M with M
-   microbatches; times C_t with ``rescale_to_unit_norm`` (De et al. 2022: unit-norm gradients plus noise of std
-   z_t / n; privacy unchanged, and a decaying C_t no longer shrinks the step). n = 0 gives a zero update.
+g_i example (or microbatch) i's gradient over ALL trainable variables, clipped to C_t; the noise added ONCE, to the
+SUM (tensorflow/privacy#153, opacus#753), s the sensitivity in clip norms; n_t the public normaliser, so the base
+optimizer (SGD, Adam, ...) only post-processes. Which function makes which decision: docs/architecture.md, "The DP
+step, once". Protected: each example under add-or-remove-one adjacency, Poisson sampling at the schedule's rate,
+every intermediate model released.
 
 Microbatches: each row joins one of M microbatches uniformly at random, per row and per step, from the noise source
-(never by position: adding one example would shift others, moving the clipped sum by 4 C); microbatch j's loss is
-its rows' loss sum over its rows with a non-zero loss, and each microbatch gradient is clipped. Sensitivity 2 C:
-coupling D and D' = D + {x} by drawing every row's microbatch once (i.i.d., so each membership keeps its law), only
-x's microbatch changes, by at most 2 C. For a fixed membership the outputs N(s, 4 sigma^2 I) and N(s + v, 4 sigma^2 I),
-||v|| <= 2 C, are dominated by N(0, 1) vs N(C / sigma, 1); the released law mixes such pairs, and the hockey-stick and
-Renyi divergences are jointly convex, so each step is dominated by what the schedule accounts,
-``PoissonSampledDpEvent(p, GaussianDpEvent(sigma / C))``. Hence s = 2 on EVERY step (a data-dependent scale would
-leak): twice the noise.
-
-Protected: each example under add-or-remove-one adjacency, Poisson sampling at the schedule's rate, every
-intermediate model released.
+(never by position: adding one example would shift others, moving the clipped sum by 4 C). Sensitivity 2 C: coupling
+D and D' = D + {x} by drawing every row's microbatch once, only x's microbatch changes, by at most 2 C; the released
+law mixes such pairs, and the hockey-stick and Renyi divergences are jointly convex, so each step is dominated by
+``PoissonSampledDpEvent(p, GaussianDpEvent(sigma / C))``. Hence s = 2 on EVERY step (a data-dependent scale would leak).
 
 ``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`;
 numpy in the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``,
@@ -63,15 +47,13 @@ def schedule_values(
 
 
 def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:
-    """float32 [B]: example i's loss, whose gradient is g_i (step 2), from a loss function's unreduced ``losses``
-    ([B] or [B, ...], e.g. [B, L] per token of a causal language model, [B, L, K]) and the sample ``weights``
-    (None: 1; [B], [B, 1], or the losses' leading axes such as a [B, L] padding mask, 0 on padding tokens).
+    """float32 [B]: example i's loss, whose gradient is g_i, from a loss function's unreduced ``losses`` ([B] or [B,
+    ...], e.g. [B, L] per token) and the sample ``weights`` (None: 1; [B], [B, 1], or the losses' leading axes such as a
+    [B, L] padding mask).
 
-    Each example is reduced alone, as Keras's default reduction ('sum_over_batch_size') weighs it within the batch:
-    the mean over all its positions of weight x loss (for a [B, L] mask, the masked sum over its tokens divided by
-    L, the padded length: public). Nothing is divided by a statistic of the batch (Keras's 'mean_with_sample_weight'
-    divides by the batch's total weight, which would mix the examples' token counts), nor by the example's own
-    token count. The clip norm C bounds each example's whole gradient whatever this reduction. ValueError where
+    Each example is reduced alone, as Keras's default reduction weighs it within the batch: the mean over all its
+    positions of weight x loss (for a [B, L] mask, divided by L, the padded length: public). Nothing is divided by a
+    statistic of the batch (Keras's 'mean_with_sample_weight' would mix the examples' token counts). ValueError where
     ``weights`` has axes beyond the losses' (other than trailing 1s).
     """
     losses = ops.cast(losses, "float32")
@@ -137,8 +119,9 @@ def normaliser(
     num_microbatches: int | None,
     rescale_to_unit_norm: bool,
 ) -> Any:
-    """float32 n_t: ``num_microbatches`` (all the step's microbatches), else ``expected_batch_size``, else the
-    batch's rows (at least 1; ``public_batch_size``); times C_t with ``rescale_to_unit_norm``."""
+    """float32 n_t: ``num_microbatches`` (all the step's microbatches), else ``expected_batch_size`` (p N: public, where
+    a Poisson batch's size is not), else the batch's rows (at least 1; ``public_batch_size``); times C_t with
+    ``rescale_to_unit_norm`` (De et al. 2022: privacy unchanged, and a decaying C_t no longer shrinks the step)."""
     if num_microbatches is not None:
         result = ops.cast(num_microbatches, "float32")
     elif expected_batch_size is not None:
@@ -169,8 +152,8 @@ def private_update(
     rescale_to_unit_norm: bool,
     num_extra: int = 0,
 ) -> list[Any]:
-    """Steps 3 and 4: (clipped sum + noise) / normaliser for each sum, the update the base optimizer applies; then
-    ``num_extra`` standard normal scalars drawn with the noise (`add_noise`)."""
+    """(clipped sum + noise) / normaliser for each sum, the update the base optimizer applies; then ``num_extra``
+    standard normal scalars drawn with the noise (`add_noise`)."""
     n = normaliser(
         ops,
         clip_norm=clip_norm,

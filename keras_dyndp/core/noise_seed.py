@@ -1,7 +1,6 @@
 """The DP optimizers' `noise_seed`: each backend's random source is seeded from `secrets` (OS entropy, fresh in every
 process and optimizer, whatever Keras's global seed: predictable noise protects nothing), or, for tests and research,
-from an integer `noise_seed` via `numpy.random.SeedSequence`, with a `NoiseSeedWarning`. Never serialised.
-"""
+from an integer `noise_seed` via `numpy.random.SeedSequence`, with a `NoiseSeedWarning`. Never serialised."""
 
 from __future__ import annotations
 

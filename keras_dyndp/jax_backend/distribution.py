@@ -4,19 +4,13 @@ Under ``keras.distribution.DataParallel`` over all processes' devices the jitted
 meaning (every example clipped, the noise drawn once from one key, added once to the global sum), provided that the
 processes agree on what the program holds and on the global batch:
 - the optimizer's secret base key and `keras_dyndp.poisson_batches`' sampler seed are process 0's OS entropy,
-  broadcast (`agreed`): with a key of its own each process would add other noise to its copy of the weights, and with
-  a sampler of its own an example could sit in two processes' shares of the batch (moving the sum by 2 C);
-- every process holds the same data (`check_same_data`), draws the same global Poisson batch and feeds only its
-  share (`local_rows`): the global batch is the processes' shares in process order
-  (``jax.make_array_from_process_local_data``); data read on demand (`keras_dyndp.data.sources`) is read by each process
-  at its share's rows only, and compared by N and some rows (`check_same_source`);
-- every process builds the DP optimizer alike (`check_same_release`: schedule, learning rate, DP and base settings):
-  with the one noise key a process under other noise or another learning rate would apply the same draw at another
-  scale, and two released copies would cancel it. Both checks gather SHA-256 digests (`disagreements`).
-Refused (`check_distribution`, `check_data`): several processes without a ``keras.distribution`` (each would train
-its own model with the same noise, which two released models would cancel) or with another than ``DataParallel``
-over all devices; data other than `keras_dyndp.poisson_batches` (a process handed the whole batch, or a share no one
-checked, would count an example several times) and ``train_on_batch``.
+  broadcast (`agreed`);
+- every process holds the same data (`check_same_data`, `check_same_source`), draws the same global Poisson batch and
+  feeds only its share (`local_rows`), the global batch being the shares in process order;
+- every process builds the DP optimizer alike (`check_same_release`). Both checks gather SHA-256 digests
+  (`disagreements`).
+Refused (`check_distribution`, `check_data`): what docs/privacy.md's "Refused, and why" lists for several JAX
+processes, with why.
 """
 
 from __future__ import annotations
@@ -50,12 +44,8 @@ def agreed_random_bits(num_bits: int, draw) -> int:
 
 
 def disagreements(parts: dict[str, list]) -> dict[int, list[str]]:
-    """The processes whose ``parts`` differ from process 0's, each with the names of its differing parts (a
-    collective: every process calls it with the same names; {} in one process).
-
-    Each process hashes (SHA-256) every part, its buffers (bytes, contiguous arrays) in order, and gathers the
-    digests: one rule for whatever the processes must hold alike, which no process sees of another but its digest.
-    """
+    """The processes whose ``parts`` differ from process 0's, each with the names of its differing parts (a collective:
+    every process calls it with the same names; {} in one process), compared by the SHA-256 digests of their buffers."""
     if not several():
         return {}
     digests = []
@@ -104,10 +94,8 @@ def check_same_source(rows: Any) -> None:
 
 def check_same_release(description: dict[str, Any]) -> None:
     """ValueError on every process unless all describe the release alike (a collective): ``description`` maps what
-    determines it (`keras_dyndp.optimizer_base.DPOptimizerBase._check_same_release`) to values JSON or Keras
-    serialises (TypeError on others: what cannot be compared is not taken as equal). The processes run one program
-    with process 0's noise key; under another schedule or learning rate a process would apply that same noise at
-    another scale to its copy of the weights, and two released copies would cancel it."""
+    determines it (`keras_dyndp.optimizer_base.DPOptimizerBase._check_same_release`) to values JSON or Keras serialises
+    (TypeError on others: what cannot be compared is not taken as equal). Why: docs/privacy.md, "Refused, and why"."""
     if not several():
         return
     serialise = keras.saving.serialize_keras_object

@@ -1,14 +1,9 @@
-"""Refuses, on the JAX backend, models whose training-mode call stores state computed from the batch.
-
-The rule is the TensorFlow backend's (`keras_dyndp.tf_backend.model_checks`): trainable batch normalisation, and any
-layer whose training-mode call writes a non-trainable variable with a value computed from the input batch (that value
-would leave the step without noise), are refused; a seed advanced by a constant (Dropout's) and step counters pass.
-``check_model`` traces ``model.stateless_call(..., training=True)`` into a jaxpr (nothing runs) and follows the inputs
-forward to the non-trainable variables it returns; an equation with any batch-derived input makes all its outputs
-batch-derived, nested jaxprs included, so the check can over-refuse but not miss a data dependence. Not detected: a
-value computed from the batch's SHAPE alone (``make_private``'s step runs each example alone: the shape says nothing
-there; a custom loop that writes the batch size into a variable releases it).
-"""
+"""Refuses, on the JAX backend, models whose training-mode call stores state computed from the batch: the rule of
+`keras_dyndp.tf_backend.model_checks`. ``check_model`` traces ``model.stateless_call(..., training=True)`` into a jaxpr
+(nothing runs) and follows the inputs forward to the non-trainable variables it returns; an equation with any
+batch-derived input makes all its outputs batch-derived, nested jaxprs included, so the check can over-refuse but not
+miss a data dependence. Not detected: a value computed from the batch's SHAPE alone (``make_private``'s step runs each
+example alone, where the shape says nothing; a custom loop that writes the batch size into a variable releases it)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """A JAX DP optimizer's randomness: a secret base key in host memory, run nonces, and each step's keys.
 
-Keras's seeds are public or restorable (``set_random_seed``, ``SeedGenerator`` states in checkpoints), so noise
-drawn from them could be regenerated or replayed. Each optimizer holds a 64-bit base key from OS entropy
-(`keras_dyndp.core.noise_seed`; process 0's under several processes) in host memory. The key is a runtime input of the
-step, never a constant of a compiled program: a constant goes wherever the program goes (persistent compilation
-caches, XLA dumps to files or stdout, profiler traces). The optimizer's ``new_run`` writes its
-two words into the state of a run of steps (the never-saved run state, `fresh_run_state`), from which the step reads
-them; the variables hold zeros in their place at rest (``raise_refused_step`` and loading put zeros back), so what
-saves or reads the variables (``.keras``, weights, legacy ``.h5``, ``get_state_tree``) finds no key, and a step
-handed a state without one is refused (never noise from a known key). Step k's keys (`step_key`) fold in a run
-nonce, k and their purpose (noise with adaptive clipping's count, microbatches, random layers); ``new_run`` also
-sets the nonce to a never-used value (make_private's train function calls it whenever the state comes from the
-variables, which is where they can have been rewound or restored), so a restored counter never meets a used nonce.
+Keras's seeds are public or restorable, so noise drawn from them could be regenerated or replayed. Each optimizer holds
+a 64-bit base key from OS entropy (`keras_dyndp.core.noise_seed`) in host memory, a runtime input of the step, never a
+constant of a compiled program (a constant goes wherever the program goes: docs/privacy.md, "Randomness"). ``new_run``
+writes it into the never-saved state of a run of steps (`fresh_run_state`); the variables hold zeros in its place at
+rest, so no saved file holds the key, and a step handed a state without one is refused. Step k's keys (`step_key`) fold
+in a run nonce, k and their purpose; ``new_run`` sets the nonce to a never-used value whenever the state comes from the
+variables (which may have been rewound or restored), so a restored counter never meets a used nonce.
 """
 
 from __future__ import annotations

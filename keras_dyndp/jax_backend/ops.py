@@ -24,14 +24,10 @@ _LOW = np.nextafter(np.float32(-1), np.float32(0))  # jax.random.normal's unifor
 
 
 def standard_normals(key: jax.Array, size: int) -> jax.Array:
-    """``jax.random.normal(key, (size,), float32)`` as it draws with ``jax_threefry_partitionable`` off, [size].
-
-    Each threefry2x32 block (a counter pair under the secret key) gives two 32-bit words, one per normal; with the
-    flag on (JAX's default) each word is the XOR of a block's two, twice the threefry rounds for the same 32 bits per
-    normal. Both are the same counter-mode generator, every block used once; the flag only decides how a draw splits
-    over devices, and this one is a single flat vector. The bits are materialised before JAX's transform (uniform in
-    [_LOW, 1), sqrt(2) erfinv), which is written out here: XLA:CPU otherwise fuses the concatenation of the blocks'
-    halves into it, element by element, and the draw takes several times as long (docs/performance.md)."""
+    """``jax.random.normal(key, (size,), float32)`` as it draws with ``jax_threefry_partitionable`` off, [size]: the
+    same counter-mode generator, every block used once, one 32-bit word per normal (the flag only decides how a draw
+    splits over devices, and this one is a single flat vector). The bits are materialised before JAX's transform,
+    written out here, which XLA:CPU would otherwise fuse element by element (docs/performance.md)."""
     with jax.threefry_partitionable(False):
         bits = jax.lax.optimization_barrier(jax.random.bits(key, (size,), jnp.uint32))
     mantissas = jax.lax.shift_right_logical(bits, np.uint32(32 - 23)) | np.asarray(1.0, np.float32).view(np.uint32)

@@ -1,15 +1,12 @@
 """Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.core.mechanism`) on the JAX backend.
 
-`make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``, with
-the arguments, checks and config of `keras_dyndp.optimizer_base.DPOptimizerBase`. The jitted step never calls the
-host: `stateless_apply_clipped_sum` takes the sums of gradients clipped to C_k (`clip_norm_at`, k = ``iterations``),
-checks in the graph the counter against the steps released (``released_steps``, saved with it, each step adding 1)
-and the recorded schedule, the steps released against the budget and the batch's number of examples against the
-schedule's Poisson sampling, then noises, normalises (`keras_dyndp.core.mechanism.private_update`) and applies
-through Keras's ``stateless_apply``. A refused step, and every later one, changes nothing until `raise_refused_step`
-reads the refusal from the run state and raises. `apply` refuses any other gradients (Keras's default train step).
-
-Randomness: `keras_dyndp.jax_backend.noise_source` (a secret base key in host memory, a runtime input of the step).
+`make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``. The jitted
+step never calls the host: `stateless_apply_clipped_sum` takes the sums of gradients clipped to C_k (`clip_norm_at`, k =
+``iterations``), decides in the graph the refusals of `keras_dyndp.core.step_checks` (counter against the steps
+released, recorded schedule, budget, batch size), then noises, normalises and applies through Keras's
+``stateless_apply``. A refused step, and every later one, changes nothing until `raise_refused_step` reads the refusal
+from the run state and raises. `apply` refuses any other gradients (Keras's default train step). Randomness:
+`keras_dyndp.jax_backend.noise_source`.
 """
 
 from __future__ import annotations
@@ -192,13 +189,11 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def raise_refused_step(self, budget_stop: str | None = None) -> None:
         """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call,
-        and puts the run state at rest in the variables: a never-used nonce, no refusal, no key (what reads the
-        variables from here on finds zeros in its place). A refusal cannot raise inside the jitted step (reading it
-        there would stop the device every step): it waits in the run state until this call, which ``make_private``'s
-        model makes wherever Keras syncs the state back (`keras_dyndp.jax_backend.train_step`, whose train function
-        starts a new run, `new_run`, whenever the state comes from the variables); a custom loop calling
-        `stateless_apply_clipped_sum` takes its state from `new_run`, assigns the state back and calls it after each
-        run of steps. ``budget_stop``: as `step_checks.budget_exhausted_parts`."""
+        and puts the run state at rest in the variables: a never-used nonce, no refusal, no key. A refusal cannot
+        raise inside the jitted step (reading it there would stop the device every step): it waits in the run state
+        until this call, which ``make_private``'s model makes wherever Keras syncs the state back; a custom loop
+        takes its state from `new_run` and calls this after each run of steps. ``budget_stop``: as
+        `step_checks.budget_exhausted_parts`."""
         refusal = self.refusal_in([variable.value for variable in self.variables], budget_stop=budget_stop)
         self._run_state.assign(self._noise_source.fresh_run_state(with_key=False))
         if refusal is not None:
@@ -323,12 +318,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self._next_clip_norm(ops.OPS, clip_norm, state, noised, num_rows, self._num_microbatches)
 
     def build(self, var_list):
-        """Builds the base optimizer's variables. In ``load_model``'s ``compile_from_config``, gives the model back
-        make_private's step when the config records it; any other model not made private gets Keras's own train
-        step refused when ``fit`` makes it (before the state leaves the model). Warns when a model's schedule starts
-        over (`restarts.warn_on_schedule_restart`). The model: the private one compiled with this optimizer,
-        else the one building it (`registration.keras_model_calling`).
-        """
+        """Builds the base optimizer's variables; in ``load_model``'s ``compile_from_config``, gives the model back the
+        make_private step its config records; any other model not made private gets Keras's own train step refused when
+        ``fit`` makes it. Warns when a model's schedule starts over (`restarts.warn_on_schedule_restart`). The model:
+        the private one compiled with this optimizer, else the one building it (`registration.keras_model_calling`)."""
         super().build(var_list)
         model = private_model.model_compiled_with(self, var_list) or registration.keras_model_calling(self, keras.Model)
         if model is None:

@@ -2,32 +2,20 @@
 
 Keras's JAX train step hands the optimizer the gradient of the batch's mean loss, where no example can be clipped.
 make_private's stateless ``train_step`` runs each example alone (``jax.vmap`` of ``jax.grad`` of the model's
-``stateless_call`` on a batch of one, on every path: no layer can mix examples, a Lambda adding the batch mean moves
-the clipped sum by C), clips each example's gradient to the optimizer's C_t, sums, and hands the sums to
-``stateless_apply_clipped_sum`` (noise once, normalise, apply: `keras_dyndp.jax_backend.optimizer`). ``method='auto'``
-(= ``'ghost'``) clips the variables a rule covers (kernels, normalisation scales and offsets) from each example's layer
-input and output gradient (`per_example.taps`; the rules in `keras_dyndp.rules.registry`, JAX's built-in ones in
-`per_example.rules`); every other variable keeps its vmap gradient; ``'vectorized'`` taps only Embedding tables.
-``accumulation_steps`` = k clips the batch in k physical batches (``jax.lax.scan``), one noise and one counter step;
-``num_microbatches`` = M clips M random microbatch gradients (`microbatches`, no taps).
+``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips each example's gradient to the
+optimizer's C_t, sums, and hands the sums to ``stateless_apply_clipped_sum`` (noise once, normalise, apply).
+``method='auto'`` (= ``'ghost'``) clips the variables a rule covers from each example's layer input and output gradient
+(`per_example.taps`); every other variable keeps its vmap gradient; ``'vectorized'`` taps only Embedding tables.
+``accumulation_steps`` = k scans k physical batches; ``num_microbatches`` = M clips M random microbatch gradients
+(`microbatches`, no taps).
 
-State. Non-trainable variables written from the batch would leave the step without noise: refused when the step is
-traced (`model_checks`). Random-generator states (Dropout) are drawn from the step's secret key, the same for every
-row, never from Keras's seed, which users publish (deleting a row would shift every later row's mask); a variable
-written from those draws is refused too; the kept states advance from their public values as in Keras.
-
-Refused as on TensorFlow: an optimizer that is not a keras_dyndp JAX DP optimizer (a LossScaleOptimizer included), a
-loss reduced over the batch, several losses, regularisation losses, trainable BatchNormalization; in ``fit``,
-`keras_dyndp.poisson_batches` at another rate than the schedule's and arrays unless ``public_batch_size=True`` (other
-data: one `SamplingWarning`); under several processes what `distribution` lists. A step the optimizer refuses changes
-nothing, nor does any later step; the call raises at that epoch's end at the latest (`BudgetExhaustedError` past the
-budget, before the step when the host can tell). These checks run in what every entry point calls on the model, also
-``keras.Model.fit(model, ...)`` called unbound: ``make_train_function`` checks the data the entry point showed
-(`keras_dyndp.keras_glue.entry_points`), the train function it makes (`_CheckedTrainFunction`) starts each run of steps
-with a fresh nonce, and ``jax_state_sync`` raises a refused step (docs/privacy.md, "Which entry points are covered").
-Only ``dp_step`` is logged unless ``training_metrics=True``. Under a
-``keras.distribution`` (one process, or `distribution`'s DataParallel over several) the jitted step keeps its global
-meaning: every example clipped, one noise key, the noise added once to the global sum.
+Non-trainable variables written from the batch, or from the step's secret random draws, would leave the step without
+noise: refused (`model_checks`). Random-generator states (Dropout) are drawn from the step's secret key, the same for
+every row, never from Keras's seed, which users publish. Other refusals are TensorFlow's (docs/privacy.md, "Refused, and
+why"); a refused step changes nothing, nor does any later step, and the call raises at that epoch's end at the latest.
+The checks run in what every entry point calls on the model (``make_train_function``, the train function,
+``jax_state_sync``; docs/privacy.md, "Which entry points are covered, and how"). Under a ``keras.distribution`` the
+jitted step keeps its global meaning: every example clipped, one noise key, the noise added once to the global sum.
 """
 
 from __future__ import annotations
@@ -291,14 +279,11 @@ def _private_train_step(self: keras.Model, state, data):
 
 class _CheckedTrainFunction:
     """TensorFlow's `_CheckedTrainFunction` on JAX: Keras's ``(state, iterator) -> (logs, state)`` after the host-side
-    checks. An optimizer state other than, array for array, the one it returned last (the variables, whose counter
-    can have been rewound or restored, or a caller's own) starts a new run of steps: the refusal recorded since the
-    last run raised, the budget checked, `JaxDPOptimizerMixin.new_run`. Within a run it reads nothing back until the
-    counter may have reached T (at most ``steps_per_execution`` steps per call), then refuses before the call. When a
-    call raises, the state goes back into the variables without the key (`JaxDPOptimizerMixin.at_rest`): Keras's
-    ``fit`` empties them when it hands their values to the first step and puts nothing back if that step's trace
-    raises a refusal.
-    """
+    checks. An optimizer state other than the one it returned last (the variables, whose counter may have been rewound
+    or restored, or a caller's own) starts a new run of steps: the pending refusal raised, the budget checked,
+    `JaxDPOptimizerMixin.new_run`. Within a run it reads nothing back until the counter may have reached T. When a call
+    raises, the state goes back into the variables without the key (`JaxDPOptimizerMixin.at_rest`): Keras's ``fit``
+    would put nothing back if the first step's trace raises."""
 
     def __init__(self, model: keras.Model, function: Callable):
         self._model = model
@@ -335,8 +320,7 @@ class _CheckedTrainFunction:
 
 
 def _put_back(model: keras.Model, state) -> None:
-    """Assigns ``state``'s values, where a step has not taken them over (donated buffers), to ``model``'s
-    variables."""
+    """Assigns ``state``'s values, where a step has not taken them over (donated buffers), to ``model``'s variables."""
     groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables)
     for variables, values in zip((*groups, model.metrics_variables), state):
         for variable, value in zip(variables, values):
@@ -378,11 +362,10 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _private_make_train_function(self: keras.Model, force: bool = False):
-    """Keras's ``make_train_function`` (which every training entry point calls first), after the model and sampling
-    checks of the data the entry point showed (`_check_sampling`), with a new train-step object for each new train
-    function (JAX caches traces by function object: after ``compile`` with another DP optimizer the old trace, with its
-    schedule, keys and refusals, would be replayed, and the update would follow the old clip norm; docs/privacy.md),
-    wrapped in `_CheckedTrainFunction`."""
+    """Keras's ``make_train_function`` (which every training entry point calls first), after the checks of the data the
+    entry point showed (`_check_sampling`), wrapped in `_CheckedTrainFunction`, with a new train-step object for each
+    new train function: JAX caches traces by function object, and after ``compile`` with another DP optimizer the old
+    trace, with its schedule, keys and refusals, would be replayed."""
     _check_model(self)
     seen = private_model.record(self).data_seen.take()
     within_fit = seen is not None and seen[0] == entry_points.FIT
@@ -400,9 +383,9 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
 
 
 def _private_jax_state_sync(self: keras.Model):
-    """Keras's ``jax_state_sync`` (``fit`` calls it at each epoch's end and when it ends, ``train_on_batch`` after its
-    step, a callback when it reads ``self.model``), then `raise_refused_step` when steps ran since the last sync: a
-    refusal surfaces in the call that made it, at the epoch's end at the latest."""
+    """Keras's ``jax_state_sync`` (at each epoch's end, after ``train_on_batch``'s step, when a callback reads
+    ``self.model``), then `raise_refused_step` when steps ran since the last sync: a refusal surfaces in the call
+    that made it, at the epoch's end at the latest."""
     # Whether steps ran since the last sync: Keras's JAX trainer keeps that in private attributes only.
     stepped = not getattr(self, "_jax_state_synced", True) and getattr(self, "_jax_state", None)
     type(self).jax_state_sync(self)
@@ -426,7 +409,7 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
 
     Raises:
         ValueError: on another ``method``, a non-bool ``training_metrics`` or a non-``keras.Model``; when the first
-            step is traced, on what the module docstring lists.
+            step is traced, on what docs/privacy.md's "Refused, and why" lists.
     """
     return private_model.make_private(model, method, training_metrics, _HOOKS)
 

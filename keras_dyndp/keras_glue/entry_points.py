@@ -1,16 +1,11 @@
 """Which data each Keras 3 entry point hands a made-private model, for the checks of its sampling (both backends).
 
-The checks that protect a release must hold however the model is driven: ``model.fit``, ``keras.Model.fit(model,
-...)`` called unbound (which skips any wrapper on the instance), ``train_on_batch``, or ``make_train_function`` and
-``model.train_function`` called directly. Keras 3's ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch``
-hand their data to the model's ``_symbolic_build`` (JAX) or ``_maybe_symbolic_build`` (TensorFlow), resolved on the
-instance even when the entry point is called unbound, and then make the train or test function: the only calls on
-the model that see what an unbound ``fit`` trains on. `DataSeen` records the data there and hands it to the next
-``make_train_function``, whose check is then the same for every entry point: ``fit``'s data as ``model.fit``'s (arrays
-refused, Poisson batches checked against the schedule), one batch as ``train_on_batch``'s (warned), and nothing seen
-(`UNSEEN_BATCHES`: the train function called directly, a custom loop) warned. Keras 2's entry points show their
-data to no call on the model: an unbound one's is read from its frame
-(`keras_dyndp.keras_glue.registration.keras_entry_data`).
+Keras 3's ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch`` hand their data to the model's
+``_symbolic_build`` (JAX) or ``_maybe_symbolic_build`` (TensorFlow), resolved on the instance even when the entry point
+is called unbound: the only call on the model that sees what an unbound ``fit`` trains on. `DataSeen` records the data
+there and hands it to the next ``make_train_function``, whose check is then the same for every entry point; nothing seen
+(`UNSEEN_BATCHES`: the train function called directly, a custom loop) is warned. The table of entry points and what each
+gets: docs/privacy.md, "Which entry points are covered, and how".
 """
 
 from __future__ import annotations

@@ -59,9 +59,8 @@ class Hooks:
       train_step: the private train step, installed as the model's ``train_step``.
       unwrap_optimizer: the DP optimizer inside what ``compile`` set (or a refusal of the wrapper).
       install: installs the backend's entry points and train function on the model (after the train step).
-      data_hook: the name of Keras 3's method that ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch``
-        call with their data, also when called unbound (``_symbolic_build`` on JAX, ``_maybe_symbolic_build`` on
-        TensorFlow), replaced on the model by `recording_build`; None, or a name its class lacks (Keras 2): none.
+      data_hook: the Keras 3 method `recording_build` replaces on the model; None, or a name its class lacks
+        (Keras 2): none.
     """
 
     backend: str

@@ -1,15 +1,12 @@
-"""Registers the DP optimizers with Keras (for ``load_model`` in a process that only imported keras and keras_dyndp)
-as soon as Keras is imported: at ``import keras_dyndp`` if Keras or TensorFlow already is, else once the first of
-them has been and no import of them is in progress (each imports the other), without importing TensorFlow at
-``import keras_dyndp`` (the accounting and ``dyndp-privacy`` do without). Only TensorFlow and JAX register.
+"""Registers the DP optimizers with Keras (for ``load_model`` in a process that only imported keras and keras_dyndp) as
+soon as Keras is imported: at ``import keras_dyndp`` if Keras or TensorFlow already is, else once the first of them has
+been and no import of them is in progress (each imports the other), without importing TensorFlow at ``import
+keras_dyndp`` (the accounting and ``dyndp-privacy`` do without). Only TensorFlow and JAX register.
 
-Also the one lookup Keras gives no hook for, `keras_model_calling`: the model whose ``compile_from_config``
-(``load_model``) or train step calls a DP optimizer, read from the call stack, since Keras hands an optimizer only
-its variables, a loss or gradients. A private model needs none
-(`keras_dyndp.keras_glue.private_model.model_compiled_with`): only a model that never went through ``make_private`` is
-looked up, to restore ``make_private`` at load and to refuse Keras's own train step. The import hook's check that no
-keras_dyndp module is importing reads the stack too, and so does `keras_entry_data`: the data of a Keras 2 entry point
-called unbound (``keras.Model.fit(model, x)``), which Keras 2 hands to no call on the model.
+Also the lookups Keras gives no hook for, read from the call stack: `keras_model_calling`, the model that never went
+through ``make_private`` whose ``compile_from_config`` or train step calls a DP optimizer (why it cannot be bound
+explicitly: docs/architecture.md, "Where each check lives"), and `keras_entry_data`, the data of a Keras 2 entry point
+called unbound.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
-"""Ghost-clipping rules of the trained weights of Keras's dot-product and additive attention layers (Keras 3's and
-Keras 2's), the same rule code on TensorFlow and JAX (`keras_dyndp.rules.layer_rules`' contract):
-``AdditiveAttention``'s ``scale`` [dim] (``use_scale=True``, its default), ``Attention``'s scalar ``scale``
-(``use_scale=True``) and, with ``score_mode="concat"``, its scalar ``concat_score_weight``.
+"""Ghost-clipping rules of the trained weights of Keras's dot-product and additive attention layers (Keras 3's and Keras
+2's), the same rule code on TensorFlow and JAX (`keras_dyndp.rules.layer_rules`' contract): ``AdditiveAttention``'s
+``scale`` [dim] (``use_scale=True``, its default), ``Attention``'s scalar ``scale`` (``use_scale=True``) and, with
+``score_mode="concat"``, its scalar ``concat_score_weight``.
 
-Such a weight is tiny and used at every pair of positions (t, s), so each example's gradient is materialised (exact:
-its norm is the norm of what is summed, no rounding bound needed): by one vector-Jacobian product of the layer's own
-call, the loss's gradient at its output as the cotangent, in which each example reads its own copy of the weights,
-broadcast over the batch as [B, 1, ..., *shape] at the rank of the tensor the call multiplies it with (float32 on
-every backend; ``keras.ops`` has no vjp: the backend's autodiff, its ``ops.vjp``).
+Such a weight is tiny and used at every pair of positions, so each example's gradient is materialised (exact: no
+rounding bound needed) by one vector-Jacobian product of the layer's own call, in which each example reads its own copy
+of the weights, broadcast over the batch (float32; the backend's ``ops.vjp``, as ``keras.ops`` has none).
 
-The rule sees the layer's inputs and output gradient only, so it covers the calls it can reproduce: no dropout (its
-random draws on the scores; such a layer keeps what it had before: on TensorFlow the vectorized path, on JAX its
-weights' vmap gradients), no Keras 2 ``causal=True``, and every recorded call (a functional model's nodes; a layer
-with none, called inside another layer, is not covered) with the inputs alone and without a mask on them (an
-``Embedding(mask_zero=True)`` upstream, ``use_causal_mask=True``, ``return_attention_scores=True``: not covered).
+The rule sees the layer's inputs and output gradient only, so it covers the calls it can reproduce: no dropout, no Keras
+2 ``causal=True``, every recorded call with the inputs alone and without a mask on them (`supports`). A layer it does
+not cover keeps its other path (TensorFlow's vectorized path, JAX's vmap gradients).
 """
 
 from __future__ import annotations
@@ -43,15 +39,9 @@ def _covered(layer: Any) -> dict[str, int]:
 
 
 def variables(layer: Any) -> list:
-    """The rule's ``variables``: the trained weights the layer holds.
-
-    Args:
-      layer: an ``Attention`` or ``AdditiveAttention`` layer, built.
-
-    Returns:
-      Its ``scale`` and ``concat_score_weight`` where it has them (none for ``use_scale=False`` and
-      ``score_mode="dot"``).
-    """
+    """The rule's ``variables``: the trained weights the built ``Attention`` or ``AdditiveAttention`` ``layer``
+    holds, its ``scale`` and ``concat_score_weight`` where it has them (none for ``use_scale=False`` and
+    ``score_mode="dot"``)."""
     return [getattr(layer, name) for name in _covered(layer)]
 
 
@@ -72,15 +62,9 @@ def _plain_call(args: Any, kwargs: Any) -> bool:
 
 
 def supports(layer: Any) -> bool:
-    """The rule's ``supports``: trained weights, no dropout, no Keras 2 ``causal``, and at least one recorded call,
-    each on the inputs alone without a mask (module docstring).
-
-    Args:
-      layer: an ``Attention`` or ``AdditiveAttention`` layer.
-
-    Returns:
-      Whether the rule covers its configuration and calls.
-    """
+    """The rule's ``supports``: whether it covers the ``Attention`` or ``AdditiveAttention`` ``layer``'s configuration
+    and calls: trained weights, no dropout, no Keras 2 ``causal``, and at least one recorded call, each on the inputs
+    alone without a mask (module docstring)."""
     calls = sublayers.recorded_calls(layer)
     return (
         bool(_covered(layer))
@@ -143,11 +127,8 @@ def norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[Any, Callable]:
 
 
 def register(layers: Any) -> None:
-    """Registers the rule for ``Attention`` and ``AdditiveAttention``, those of the two this Keras has.
-
-    Args:
-      layers: the ``keras.layers`` namespace of the Keras the backend runs (Keras 2's on TensorFlow 2.15).
-    """
+    """Registers the rule for ``Attention`` and ``AdditiveAttention``, those of the two that ``layers`` (the
+    ``keras.layers`` namespace of the Keras the backend runs, Keras 2's on TensorFlow 2.15) has."""
     for name in ("Attention", "AdditiveAttention"):
         if hasattr(layers, name):
             registry.register_layer_rule(

@@ -58,14 +58,10 @@ def _expanded(equation: str, input_rank: int) -> tuple[str, str, str] | None:
 
 
 def plan(equation: str, kernel_shape: tuple[int, ...], input_rank: int) -> Plan | None:
-    """The `Plan` of ``equation`` for a kernel of ``kernel_shape`` and an input of ``input_rank`` axes (batch
-    included), or None where the equation is not a Dense over positions that keeps examples apart (module docstring).
-
-    Args:
-      equation: the layer's einsum equation, e.g. ``'abc,cde->abde'`` (``...`` allowed in the input and output).
-      kernel_shape: the kernel's static shape, one size per kernel letter.
-      input_rank: the rank of the layer's input, the batch axis included.
-    """
+    """The `Plan` of the layer's einsum ``equation`` (e.g. ``'abc,cde->abde'``, ``...`` allowed in the input and output)
+    for a kernel of static shape ``kernel_shape`` (one size per kernel letter) and an input of ``input_rank`` axes
+    (batch included), or None where the equation is not a Dense over positions that keeps examples apart (module
+    docstring)."""
     letters = _expanded(equation, input_rank)
     if letters is None:
         return None

@@ -40,13 +40,9 @@ class LoraPlan(NamedTuple):
 
 
 def lora_plan(equation: str, input_rank: int) -> LoraPlan | None:
-    """The `LoraPlan` of ``equation`` for an input of ``input_rank`` axes (batch included), or None where the
-    kernel's last letter is not one of its output letters.
-
-    Args:
-      equation: the layer's einsum equation, e.g. ``'abc,cde->abde'`` (``...`` allowed in the input and output).
-      input_rank: the rank of the layer's input, the batch axis included.
-    """
+    """The `LoraPlan` of the layer's einsum ``equation`` (e.g. ``'abc,cde->abde'``, ``...`` allowed in the input and
+    output) for an input of ``input_rank`` axes (batch included), or None where the kernel's last letter is not one of
+    its output letters."""
     equation = equation.replace(" ", "")
     operands, output = equation.split("->")
     inputs, kernel = operands.split(",")

@@ -54,25 +54,20 @@ rounding order, fused multiply-adds and the rounding of the bound itself."""
 
 
 def rounding_coefficients(form_: str, positions, fan_in: int, fan_out: int, *, pieces: int = 1) -> tuple:
-    """``(second, first)``: the exact per-example gradient norm ||G_i|| of a weight used as ``a_t W`` at T
-    positions is at most sqrt(s + second S^2) + first S, s the squared norm computed in float32 in ``form_`` and S =
-    sum_t ||a_t|| ||g_t||; ``first`` also bounds, in units of S, how far the book-keeping sum's float32 rounding moves
-    example i's contribution (Higham, Accuracy and Stability of Numerical Algorithms, ch. 3: a length-n dot product
-    or sum is off by at most n u times the sum of its terms' magnitudes, in ANY order of summation).
+    """``(second, first)``: the exact per-example gradient norm ||G_i|| of a weight used as ``a_t W`` at T positions is
+    at most sqrt(s + second S^2) + first S, s the squared norm computed in float32 in ``form_`` and S = sum_t ||a_t||
+    ||g_t||; ``first`` also bounds, in units of S, how far the book-keeping sum's float32 rounding moves example i's
+    contribution (Higham, ch. 3: a length-n sum is off by at most n u times the sum of its terms' magnitudes, in ANY
+    order). Why and at what price: docs/privacy.md, "Rounding, and values that are not finite".
 
-    * `GRAM`: each entry of a_i a_i^T and g_i g_i^T is off by at most (k or c) eps ||a_t|| ||a_s|| (and so for g),
-      their products' sum over the T^2 pairs by T^2 eps sum_{t,s} |.|: second = eps (k + c + T^2 + 4); where a_i
-      a_i^T is the sum of ``pieces`` partial Grams (one per kernel offset), each a dot product of k / pieces terms,
-      k + c is (k / pieces + pieces) + c. Near-cancelling positions (a_1 = M u, a_2 = -M u + r) make s a difference of
-      terms M^2 larger than ||G_i||^2: the bound keeps ||G_i|| from falling to 0 (or s below 0), so one example can
-      never pass unclipped. In ordinary models ||G_i||^2 ~ S^2 / T and the Gram form is taken only for T^2 < min(k,
-      c), so the bound adds about (k + c + T^2) eps T to ||G_i||^2, relatively (docs/privacy.md).
+    * `GRAM`: second = eps (k + c + T^2 + 4), k + c being (k / pieces + pieces) + c where a_i a_i^T is the sum of
+      ``pieces`` partial Grams (one per kernel offset); it keeps ||G_i|| of near-cancelling positions from falling to 0.
     * `PER_EXAMPLE_NORMS` (G_i rounded, then summed by book-keeping): first = eps (T + 2).
     * `PER_EXAMPLE`: (0, 0), the very G_i whose norm is taken are summed.
 
-    ``positions`` may be a tensor (T unknown while tracing). The matrix products, the Gram's and the book-keeping
-    sum's, must round to float32 (not TensorFloat-32, whose 2^-10 no such bound makes harmless: JAX computes them at
-    ``Precision.HIGHEST``, TensorFlow takes the vectorized path where TF32 is on and a GPU visible)."""
+    ``positions`` may be a tensor (T unknown while tracing). The matrix products must round to float32, not
+    TensorFloat-32.
+    """
     if form_ == PER_EXAMPLE:
         return 0.0, 0.0
     first = FLOAT32_EPSILON * (positions + 2)

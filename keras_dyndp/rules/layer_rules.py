@@ -1,29 +1,25 @@
 """One ghost-clipping rule contract for TensorFlow and JAX, and ready-made rules for sequence models.
 
 A rule for exactly one layer class, registered with ``keras_dyndp.register_layer_rule(layer_class, *, variables,
-norms_and_sums, supports=None)`` into the one registry of both backends (`registry`; in the spirit of Opacus's
-grad-sampler registry): ``variables(layer)`` lists the
+norms_and_sums, supports=None)`` into the one registry of both backends (`registry`): ``variables(layer)`` lists the
 trainable variables it covers (its sublayers' too); ``norms_and_sums(layer, a, g)`` sees the layer, its input ``a``
 and the loss's gradient ``g`` at its output (before its activation where it has one), each [B, rows, ...] (``rows``
 the layer's own leading axis for one example: 1, or the steps TimeDistributed folds in), and returns the
 per-example squared norms [B] of the covered variables' gradients together and a function ``factors [B] -> [sum_i
 factors_i (example i's gradient), one per variable]``; ``supports(layer)`` says which configurations it covers.
-Written over ``keras.ops``, the same rule code registers on both backends: each taps the layer alike (its call
-wrapped, its input recorded, its pre-activation tapped, its covered variables read without a gradient path). A
-layer whose own call only acts on each example alone and wires its sublayers together is declared with
-``register_layer_rule(layer_class, per_example=True)`` (or ``register_per_example_layer``): its sublayers' rules
-then apply on TensorFlow, whose batched pass needs every layer so declared or known (JAX runs the forward pass one
-example at a time and needs no declaration).
+Written over ``keras.ops``, the same rule code registers on both backends. A layer whose own call acts on each
+example alone and only wires its sublayers together is declared with ``register_layer_rule(layer_class,
+per_example=True)``: its sublayers' rules then apply on TensorFlow, whose batched pass needs every layer so declared or
+known (JAX runs the forward pass one example at a time and needs no declaration).
 
 A wrong rule breaks privacy silently: check it against ``make_private(model, method='vectorized')``. Its squared
-norms must never be below the exact ones in float32 (a sum over positions that can cancel: `ghost_cost`'s
-``bounded_squared_norms``; a materialised per-example gradient summed as computed needs no bound), and its sums must
-add exactly nothing from an example whose factor is 0 (`weighted_sum`: a select, as 0 x inf is NaN).
+norms must never be below the exact ones in float32 (`ghost_cost`'s ``bounded_squared_norms``; a materialised
+per-example gradient summed as computed needs no bound), and its sums must add exactly nothing from an example whose
+factor is 0 (`weighted_sum`: a select, as 0 x inf is NaN).
 
-Ready-made: `added_weight` (a learned position embedding: an (L, d) weight added to the input) and
-`token_and_position_embedding` (the keras.io Transformer example's ``TokenAndPositionEmbedding``); its
-``TransformerBlock`` needs ``per_example=True`` only. They are written over ``keras.ops`` (on Keras 2.15, which has
-none, over the TensorFlow functions of the same names).
+Ready-made: `added_weight` (a learned position embedding) and `token_and_position_embedding` (the keras.io
+Transformer example's; its ``TransformerBlock`` needs ``per_example=True`` only), written over ``keras.ops`` (on
+Keras 2.15, which has none, over the TensorFlow functions of the same names).
 """
 
 from __future__ import annotations
@@ -58,12 +54,10 @@ def keras_ops():
 
 
 def register_per_example_layer(layer_class: type) -> None:
-    """Declares that ``layer_class``'s own call acts on each example alone (exactly this class), so models using
-    it can take TensorFlow's ghost path: ``register_layer_rule(layer_class, per_example=True)`` (JAX, whose forward
-    pass runs one example at a time, needs no declaration).
-    Only if row i of its output depends on row i of its inputs alone, for every batch (no batch statistics, mixing
-    of rows, use of a row's position or random draws) and it reads no variable of its sublayers, else privacy breaks
-    silently. Its sublayers' trainable variables still need rules.
+    """``register_layer_rule(layer_class, per_example=True)``: declares that ``layer_class``'s own call acts on each
+    example alone, so models using it can take TensorFlow's ghost path (JAX needs no declaration). Only if that holds
+    (`register_layer_rule` says what it means), else privacy breaks silently; its sublayers' trainable variables still
+    need rules.
 
     Args:
       layer_class: the Keras layer class declared (not its subclasses).

@@ -1,11 +1,7 @@
-"""The one registry of ghost-clipping rules, for both backends: for each layer class its `LayerRule` (the contract of
-`keras_dyndp.rules.layer_rules`), or the declaration that it acts per example without a rule of its own.
-
-`register_layer_rule` (``keras_dyndp.register_layer_rule``) takes the same arguments on both backends. The backend
-Keras runs on fills the registry with its built-in rules before the first lookup or registration: its rules module
-(`keras_dyndp.tf_backend.per_example.rules` or `keras_dyndp.jax_backend.per_example.rules`), imported here once,
-installs its `Hooks` and registers them. Rules apply to exactly their class (not its subclasses).
-"""
+"""The one registry of ghost-clipping rules, for both backends: for each layer class (exactly, not its subclasses)
+its `LayerRule` (the contract of `keras_dyndp.rules.layer_rules`), or the declaration that it acts per example. The
+backend Keras runs on fills it with its built-in rules before the first lookup or registration, by importing its
+rules module once (docs/architecture.md, "The ghost-rule registry")."""
 
 from __future__ import annotations
 
@@ -30,11 +26,9 @@ class LayerRule:
         together and a function ``factors -> [clipped weighted sum per variable]``. With ``call``, the tapped form
         ``norms_and_sums(tap, g)``: one ``GhostGradient`` per trainable variable.
       supports: ``supports(layer)``: whether the rule covers this layer's configuration; None: always.
-      call: a backend's override of the tapping, under the same contract (the same norms and sums, never below the
-        exact norms, nothing added from a factor-0 example), used by TensorFlow's built-in rules only: ``call(tap)``
-        returns the layer's call for the tapped pass, computing its output from ``tap.guard(inputs)`` and
-        ``tap.weight(variable)`` with one ``tap.record(inputs, preactivation)``. None (every other rule): the
-        backend taps the layer's own call.
+      call: TensorFlow's built-in rules' override of the tapping, under the same contract: ``call(tap)`` returns
+        the layer's call for the tapped pass (`keras_dyndp.tf_backend.per_example.taps.Tap`). None (every other
+        rule): the backend taps the layer's own call.
     """
 
     variables: Callable[[Any], list] | None

@@ -92,12 +92,9 @@ def check_expected_batch_size(expected_batch_size) -> float | None:
 
 def schedule_normaliser(schedule: DPSchedule, expected_batch_size, public_batch_size: bool) -> float | None:
     """The normaliser given a `DPSchedule`: ``expected_batch_size`` (p N), or None (each batch's rows) with
-    ``public_batch_size``; exactly one of them.
-
-    The noisy sum is divided by it, so it must not depend on the private data: under Poisson sampling a batch's
-    size is private, and so are a padded batch's rows; p N is public, and gives the N the batch-size check needs.
-    Rows are safe only for fixed-size batches (outside Poisson accounting): ``public_batch_size=True`` states that.
-    """
+    ``public_batch_size``; exactly one of them. It must not depend on the private data (a Poisson batch's size and a
+    padded batch's rows do): p N is public, and gives the N the batch-size check needs; rows are safe only for
+    fixed-size batches, which ``public_batch_size=True`` states."""
     expected_batch_size = check_expected_batch_size(expected_batch_size)
     if public_batch_size and expected_batch_size is not None:
         raise ValueError(
@@ -125,8 +122,7 @@ def resolve_schedule(
     """The optimizer's schedule and normaliser, from exactly one of: ``schedule``, a `DPSchedule` (its normaliser
     `schedule_normaliser`'s) or a `PrivacyBudget`, and ``budget``, the budget arguments by name (None: not given),
     which are a `PrivacyBudget`. A budget is calibrated here (under its ``accountant``, default 'pld'), and its
-    normaliser is its ``batch_size``.
-    """
+    normaliser is its ``batch_size``."""
     given = {name: value for name, value in budget.items() if value is not None}
     if schedule is not None and given:
         raise ValueError(

@@ -1,12 +1,7 @@
 """keras_dyndp on TensorFlow (Keras 2, tf_keras or Keras 3 on TensorFlow): the DP optimizers and `make_private`.
 
-What is TensorFlow's own: the optimizers' mechanism in graph ops (`optimizer`, `ops`, `microbatches`,
-`noise_source`, `sampling_check`), the per-example gradient rules (`per_example`) and the private train step
-(`train_step`), the tf.distribute strategies (`distribution`), Poisson-sampled ``tf.data`` datasets (`data`, behind
-`keras_dyndp.poisson_batches`), the model check (`model_checks`) and what differs between Keras 2 and Keras 3
-(`keras_compat`). The arguments, schedules, accounting, sampler arguments and callbacks are the backend-neutral ones
-(`keras_dyndp.optimizer_base`, `keras_dyndp.schedules`, `keras_dyndp.accounting`, `keras_dyndp.data.sampling`,
-`keras_dyndp.callbacks`).
+What is TensorFlow's own, module by module: docs/architecture.md, "The two backends, file by file"; the arguments,
+schedules, accounting, sampler arguments and callbacks are the backend-neutral ones.
 """
 
 from keras_dyndp.tf_backend.noise_source import NoiseSeedWarning

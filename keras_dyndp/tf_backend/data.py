@@ -2,11 +2,9 @@
 
 `keras_dyndp.data.sampling` holds the sampler's arguments, checks and privacy argument. ``seed=None`` draws 63 bits from
 the OS (never the global seed; agreed by multi-worker workers, `distribution.agreed_random_bits`) and every iteration
-draws fresh batches; an integer seed and ``start_step`` (with the same global seed, which TensorFlow mixes in) repeat
-them, and a run resumed at another step draws independently (`keras_dyndp.data.sampling.sampler_seed`). The datasets are
-registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's checks (`check_resume`); a
-derived one is not. `shuffled_batches` is an approximation the accounting does not cover. Data read on demand
-(`keras_dyndp.data.sources`) is drawn in O(k) and read inside the pipeline (`_source_batches`).
+draws fresh batches; an integer seed and ``start_step`` repeat them (with the same global seed, which TensorFlow mixes
+in). The datasets are registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's checks; a
+derived one is not. `shuffled_batches` is an approximation the accounting does not cover.
 """
 
 from __future__ import annotations
@@ -187,9 +185,8 @@ _PER_BATCH_DATASETS = ("_MapDataset", "_ParallelMapDataset", "_PrefetchDataset")
 
 def yields_batches_of(received: Any, given: Any) -> bool:
     """Whether ``received`` yields the batches of ``given`` one for one, in order: ``given`` itself, or ``given``
-    through ``map`` (whose function must treat each example alone, as KerasHub's preprocessing does: keras_dyndp
-    cannot see inside it) and ``prefetch`` only. Batches re-cut, filtered, shuffled, repeated, cut
-    short or mixed with other data are not: their sampling is not ``given``'s."""
+    through ``map`` (trusted to treat each example alone) and ``prefetch`` only; batches re-cut, filtered, shuffled,
+    repeated, cut short or mixed with other data are not."""
     while received is not given:
         if not isinstance(received, tf.data.Dataset) or type(received).__name__ not in _PER_BATCH_DATASETS:
             return False
@@ -204,11 +201,10 @@ def check_resume(x: Any, optimizer: Any) -> None:
 
 
 def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) -> tf.data.Dataset:
-    """`keras_dyndp.poisson_batches` of data read on demand (`keras_dyndp.data.sources`): each step's sample is drawn in
-    numpy (k ~ Binomial(N, p), a uniform subset; O(k)) from its step seed, its rows read in increasing index order
-    inside the input pipeline (``tf.numpy_function``, parallel calls, prefetch), returned in the sample's random
-    order, padded as in-memory batches are. Under MultiWorkerMirroredStrategy every worker draws the same sample
-    (one seed) and reads only its share's rows (`distribution.worker_share`), leaving the others' rows zero."""
+    """`keras_dyndp.poisson_batches` of data read on demand (`keras_dyndp.data.sources`): each step's sample drawn in
+    numpy from its step seed, its rows read inside the input pipeline (``tf.numpy_function``, parallel calls,
+    prefetch) and padded as in-memory batches are. Under MultiWorkerMirroredStrategy every worker draws the same
+    sample and reads only its share's rows (`distribution.worker_share`), leaving the others' rows zero."""
     num_examples, p = rows.num_examples, arguments.sampling_probability
     max_batch_size = arguments.cap(num_examples, distribution.num_replicas())
     multiple = arguments.pad_to_multiple

@@ -102,11 +102,8 @@ def is_per_example_loss(loss: keras.losses.Loss) -> bool:
 
 
 def is_keras_train_step(model: keras.Model) -> bool:
-    """Whether ``model`` trains with Keras's own ``Model.train_step`` (not overridden by its class or instance).
-
-    Keras 2's calls the DP optimizer's ``minimize`` with the per-example losses and logs the batch's loss and metrics
-    (refused in ``compute_gradients``) | Keras 3's hands it the averaged gradient (refused in ``apply_gradients``).
-    """
+    """Whether ``model`` trains with Keras's own ``Model.train_step`` (not overridden by its class or instance),
+    which the DP optimizers refuse (Keras 2's in ``compute_gradients``, Keras 3's in ``apply_gradients``)."""
     return getattr(getattr(model, "train_step", None), "__func__", None) is keras.Model.train_step
 
 
@@ -199,12 +196,9 @@ def functional_operations(layer: keras.layers.Layer) -> list[Any]:
 @contextlib.contextmanager
 def layer_randomness_from(model: keras.Model, draw_seed: Callable[[], tf.Tensor]) -> Iterator[None]:
     """While the block traces (or runs) the forward pass, the k-th random draw of the model's layers uses
-    ``stateless_fold_in(seed, k)``, ``seed = draw_seed()`` (int64 [2]) drawn once on entry if any layer is random:
-    inside ``tf.vectorized_map`` or ``tf.map_fn`` every example draws the same seeds, whatever its position.
-
-    Keras 3: each layer ``SeedGenerator``'s ``next`` returns them (ops with ``seed=None`` use Keras's global
-    generator, not covered) | Keras 2: each layer's ``_random_generator`` is replaced by a stateless one drawing them.
-    """
+    ``stateless_fold_in(seed, k)``, ``seed = draw_seed()`` (int64 [2]) drawn once on entry if any layer is random, so
+    every example draws the same seeds, whatever its position. Keras 3: through each layer ``SeedGenerator``'s ``next``
+    (ops with ``seed=None`` use Keras's global generator, not covered) | Keras 2: each layer's ``_random_generator``."""
     counter = iter(range(1 << 30))
     seed: list[tf.Tensor] = []
 
@@ -317,9 +311,8 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
 
 
 def _keras2_entry_points() -> dict[Any, str]:
-    """Keras 2's ``Model.fit`` and ``train_on_batch`` (their code objects, under Keras's traceback filter) -> the
-    entry names of `keras_dyndp.keras_glue.entry_points`; none on Keras 3, whose entry points show their data to the
-    model."""
+    """Keras 2's ``Model.fit`` and ``train_on_batch`` (their code objects, under Keras's traceback filter) -> the entry
+    names of `keras_dyndp.keras_glue.entry_points`; none on Keras 3, whose entry points show their data to the model."""
     if _KERAS_3:
         return {}
     methods = {"fit": entry_points.FIT, "train_on_batch": entry_points.TRAIN_ON_BATCH}

@@ -1,8 +1,7 @@
-"""Microbatches on TensorFlow: each row's random microbatch (from the noise generator, never from the row's position
-or data), their losses (weighted sums over their rows with a non-zero loss, so padding changes neither; one example
-moves the clipped sum by at most 2 C, `keras_dyndp.core.mechanism`) and the clipped sum of their gradients, one
-jacobian; with B losses, the jacobian path: any model, but O(B^2), and graphs pfor cannot vectorise fail
-(tensorflow#43904)."""
+"""Microbatches on TensorFlow: each row's random microbatch (from the noise generator, never from the row's position or
+data), their losses (weighted sums over their rows with a non-zero loss, so padding changes neither; one example moves
+the clipped sum by at most 2 C, `keras_dyndp.core.mechanism`) and the clipped sum of their gradients, one jacobian; with
+B losses, the jacobian path: any model, but O(B^2), and graphs pfor cannot vectorise fail (tensorflow#43904)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,20 @@
 """Refuses models whose training-mode forward pass lets examples affect each other or the stored state.
 
-DP-SGD bounds one example's influence by clipping its own gradient, which holds only if that gradient depends on
-the example alone and nothing else derived from the batch leaves the step. Batch normalisation breaks both: it
-normalises with the batch's statistics (one example moves every other example's gradient, so the clipped sum by
-more than C; docs/privacy.md) and
-stores them, unnoised, in its moving averages. ``check_model`` refuses, before the first step:
+Clipping bounds one example's influence only if its gradient depends on it alone and nothing else derived from the
+batch leaves the step; batch normalisation breaks both (docs/privacy.md). ``check_model`` refuses, before the first
+step:
 
 1. every ``BatchNormalization`` that trains (Keras 2: also ``SyncBatchNormalization``, and TF1's class even when
-   frozen). A frozen one runs in inference mode with its moving statistics: a fixed per-example affine map;
+   frozen). A frozen one is a fixed per-example affine map;
 2. any other layer whose ``call`` writes a variable with a value computed from the input batch (its values or shape),
    found by tracing ``model(x, training=True)`` into a scratch graph and following each write's value back to the
    inputs, also into ``tf.cond`` / ``tf.while_loop`` bodies and nested ``tf.function``s. Writes independent of the
-   batch (random-generator states, step counters) are allowed, and so are writes to Keras metrics' accumulators
-   (reported, not part of the model, like the compiled metrics). Variables are matched by ``variable.handle``.
+   batch (random-generator states, step counters) and Keras metrics' accumulators are allowed.
 
-Not detected: a layer that mixes examples without storing anything (a ``Lambda`` subtracting the batch mean).
-``make_private`` is safe from it by construction: its ghost path runs only layers known to act per example
-(`keras_dyndp.tf_backend.per_example.per_example_layers`), its vectorized path runs each example alone. The
-optimizer's microbatch and jacobian paths do not check it.
-
-The DP paths call this once per model (again after a layer is unfrozen) when the first step is traced:
-``make_private``, and a DP optimizer called from a model's train step (`keras_dyndp.keras_glue.registration`; after the
-forward pass, which under ``run_eagerly=True`` has updated BatchNormalization's moving averages in memory). In a custom
-training loop the optimizer cannot see the model: it warns once; call ``keras_dyndp.check_model(model, x)``.
+Not detected: a layer that mixes examples without storing anything (a ``Lambda`` subtracting the batch mean);
+``make_private``'s paths are safe from it by construction, the optimizer's microbatch and jacobian paths are not.
+Called once per model (again after a layer is unfrozen) when the first step is traced; in a custom training loop the
+optimizer cannot see the model and warns once: call ``keras_dyndp.check_model(model, x)``.
 """
 
 from __future__ import annotations
@@ -172,11 +164,10 @@ def _nested_graphs(graph, op) -> list:
 def _dependent_writes(graph, dependent: set, gated: bool) -> list[tuple[Any, str]]:
     """(resource tensor of ``graph``, op name) of every write whose value depends on the tensors ``dependent``.
 
-    ``dependent``: ids of ``graph``'s tensors computed from the batch (graph tensors are not hashable).
-    ``gated``: whether this graph runs only on a data-dependent condition or in a loop (then every write counts).
-    Dependence is followed op by op through data inputs (conservatively: all outputs of an op depend on all its
-    inputs). A write inside a nested body is reported as a write to the outer tensor that feeds the body's
-    resource input.
+    ``dependent``: ids of ``graph``'s tensors computed from the batch (graph tensors are not hashable). ``gated``:
+    whether this graph runs only on a data-dependent condition or in a loop (then every write counts). Dependence is
+    followed op by op through data inputs (conservatively: all outputs of an op depend on all its inputs). A write
+    inside a nested body is reported as a write to the outer tensor that feeds the body's resource input.
     """
     dependent_ops = set()
     writes = []

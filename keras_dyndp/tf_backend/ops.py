@@ -32,13 +32,10 @@ OPS = types.SimpleNamespace(
 
 
 def standard_normals(generator: tf.random.Generator, static_shape: tf.TensorShape, shape: tf.Tensor) -> tf.Tensor:
-    """float32 N(0, 1) of ``static_shape`` (``shape`` where not fully defined) from ``generator`` alone.
-
-    Box-Muller on the generator's uniforms u in [0, 1) (23 random bits each), as ``generator.normal`` computes its
-    normals from the same Philox stream: r = sqrt(-2 log(1 - u_1)), 2 pi u_2, one pair of normals per pair of
-    uniforms; here in vectorized kernels (on CPU faster than ``generator.normal``, whose per-element sine and
-    logarithm are most of a small model's noise, docs/performance.md). The largest |z| is sqrt(2 log 2^23) = 5.6, as
-    there. A static shape adds no dependency on the tensor noised, so the draw can run before it is computed."""
+    """float32 N(0, 1) of ``static_shape`` (``shape`` where not fully defined) from ``generator`` alone: Box-Muller
+    on the generator's uniforms, as ``generator.normal`` computes its normals from the same Philox stream (largest
+    |z| sqrt(2 log 2^23) = 5.6, as there), in vectorized kernels (why: docs/performance.md). A static shape adds no
+    dependency on the tensor noised, so the draw can run before it is computed."""
     size = static_shape.num_elements() if static_shape.is_fully_defined() else tf.reduce_prod(shape)
     uniforms = generator.uniform(tf.stack([2, (size + 1) // 2]), dtype=tf.float32)
     radius = tf.sqrt(-2.0 * tf.math.log(1.0 - uniforms[0]))

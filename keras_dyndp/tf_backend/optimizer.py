@@ -1,35 +1,21 @@
 """Keras optimizers that run dynamic DP-SGD on TensorFlow: per-step clipping norms and noise from a `DPSchedule`.
 
-`make_dynamic_dp_optimizer_class(base_cls)` makes ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``: the
-mixin runs the mechanism (`keras_dyndp.core.mechanism`) in graph ops, the base class holds the update rule;
-`DynamicDPKerasSGD`, `DynamicDPKerasAdam`, `DynamicDPKerasAdagrad` and `DynamicDPKerasRMSprop` are its instances.
-It receives clipped sums: ``make_private``'s step hands `apply_clipped_sum` those of its clipping method
-(`keras_dyndp.tf_backend.per_example`); a custom loop's `minimize` (`compute_gradients`) clips the per-example losses
-it is handed on the jacobian path (`keras_dyndp.tf_backend.microbatches.clipped_sum`, O(B^2)). Keras's own
-train step is refused, naming ``make_private``. The noise comes from the optimizer's own `tf.random.Generator`,
-seeded from OS entropy and never saved (`keras_dyndp.tf_backend.noise_source`); batch sizes are checked against the
-schedule's Poisson sampling (`keras_dyndp.tf_backend.sampling_check`).
+`make_dynamic_dp_optimizer_class(base_cls)` makes ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``: the mixin
+runs the mechanism (`keras_dyndp.core.mechanism`) in graph ops, the base class holds the update rule. It receives
+clipped sums: ``make_private``'s step hands `apply_clipped_sum` those of its clipping method; a custom loop's `minimize`
+(`compute_gradients`) clips on the jacobian path (`keras_dyndp.tf_backend.microbatches.clipped_sum`). Keras's own train
+step is refused, naming ``make_private``.
 
-Step counter. `opt.dp_step` IS Keras's `opt.iterations`, saved with the optimizer. It counts DP steps because
-`apply_gradients` refuses gradients that did not come out of this optimizer's `compute_gradients`, and the whole
-update, counter included, depends on the noised gradients (else, at the end of a dataset of unknown cardinality,
-Keras's increment would run once more and shift the schedule). The variable `schedule_fingerprint` records at step 0
-the schedule the steps are taken under; a counter restored from another schedule is refused in the graph
-(`keras_dyndp.core.step_checks.restored_schedule_refusal`). The variable ``released_steps``, saved with the counter too,
-counts the steps released, each update adding 1: a step runs only where the counter equals it, so a counter set by
-hand (``iterations.assign(0)`` after the budget) is refused, and the budget and `PrivacyLogger` count released steps.
+Step counter. `opt.dp_step` IS Keras's `opt.iterations`. It counts DP steps because `apply_gradients` refuses gradients
+that did not come out of this optimizer's `compute_gradients`, and the whole update, counter included, depends on the
+noised gradients (else, at the end of a dataset of unknown cardinality, Keras's increment would run once more and shift
+the schedule). ``schedule_fingerprint`` and ``released_steps``, saved with it, refuse a counter restored from another
+schedule or set by hand (`keras_dyndp.core.step_checks`). Past T steps released a step raises
+`tf.errors.InvalidArgumentError`; XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t also read 0 there and
+the step releases nothing (stop at T with `keras_dyndp.BudgetStop`).
 
-Budget guard. Past T = `schedule.num_steps` steps released a step raises `tf.errors.InvalidArgumentError` ("DP budget
-exhausted ...", asserted as `keras_dyndp.core.step_checks` decides). XLA (``jit_compile=True``) drops Assert ops, so C_t
-and sigma_t also read 0 there and the step releases nothing; stop at T with `keras_dyndp.BudgetStop`.
-
-Replicas (`keras_dyndp.tf_backend.distribution`): under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` each
-replica clips its share, the first alone adds the noise and the base optimizer sums the parts; other strategies are
-refused. Not supported: sparse per-example gradients (the clipping methods densify them). Keras's ``clipnorm``,
-``global_clipnorm`` and ``clipvalue`` act on the noised gradient: harmless, but not DP clipping.
-
-References: Abadi et al., Deep Learning with Differential Privacy, https://arxiv.org/abs/1607.00133; Du et al.,
-Dynamic Differential-Privacy Preserving SGD.
+Several replicas: `keras_dyndp.tf_backend.distribution`. Keras's ``clipnorm``, ``global_clipnorm`` and ``clipvalue`` act
+on the noised gradient: harmless, but not DP clipping.
 """
 
 from __future__ import annotations
@@ -302,14 +288,11 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         raise refusals.user_error(RuntimeError(message))
 
     def build(self, var_list):
-        """Builds the base optimizer's variables; restores make_private on a model reloaded with this optimizer.
-
-        ``load_model`` builds the optimizer in the model's ``compile_from_config``: if its config records that it
-        trained through `keras_dyndp.make_private`, the model gets that train step back, with the same arguments.
-        Not when built by a ``fit``, which would go on without make_private's data checks: Keras's own train step is
-        refused instead, naming the arguments. Warns if the schedule starts over (`warn_on_schedule_restart`). The
-        model: the private one compiled with this optimizer, else the one building it (`registration`).
-        """
+        """Builds the base optimizer's variables; in ``load_model``'s ``compile_from_config``, gives the model back
+        the make_private train step its config records, with the same arguments (not when built by a ``fit``, which
+        would go on without make_private's data checks: Keras's own train step is refused instead). Warns if the
+        schedule starts over (`warn_on_schedule_restart`). The model: the private one compiled with this optimizer,
+        else the one building it."""
         super().build(var_list)
         model_class = keras_compat.keras.Model
         model = private_model.model_compiled_with(self, var_list) or registration.keras_model_calling(self, model_class)
@@ -346,13 +329,10 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         schedule_values: tuple[tf.Tensor, tf.Tensor] | None = None,
         centred_count: tf.Tensor | None = None,
     ) -> tf.Variable:
-        """Noises, normalises and applies sums of per-example gradients clipped to `current_clip_norm()`
-        (`make_private`'s step clips them); the arguments of the JAX optimizers' ``stateless_apply_clipped_sum`` but
-        for its state, as Keras's ``apply`` and ``stateless_apply``.
-
-        Adds N(0, sigma^2), sigma = `current_noise_stddev()`, to each sum, divides by `expected_batch_size` (by
-        ``num_rows`` with ``public_batch_size=True``; with ``num_microbatches``, the sums of microbatch gradients, by M
-        and with twice the noise), applies the base update rule and advances `dp_step`.
+        """Noises, normalises (`keras_dyndp.core.mechanism.private_update`) and applies sums of per-example (with
+        ``num_microbatches``, per-microbatch) gradients clipped to `current_clip_norm()` (`make_private`'s step clips
+        them), and advances `dp_step`; the arguments of the JAX optimizers' ``stateless_apply_clipped_sum`` but for its
+        state, as Keras's ``apply`` and ``stateless_apply``.
 
         Args:
           clipped_sums: one tensor per variable, the sum over the batch of the clipped per-example gradients

@@ -1,29 +1,17 @@
-"""Ties the batches a DP optimizer trains on to the Poisson sampling its schedule is accounted for.
+"""Ties the batches a DP optimizer trains on to the Poisson sampling its schedule is accounted for (rate p =
+`schedule.sampling_probability`); nothing in Keras enforces it (a full-batch ``fit`` trains). Two checks close this.
 
-Every accountant here assumes that at each step each of the N examples joins the batch independently with
-probability p = `schedule.sampling_probability`; nothing in Keras enforces it (a full-batch ``fit`` trains). Two
-checks close this.
-
-1. At every step, in the graph, on every path (``fit``, ``train_on_batch``, ``minimize``, ``apply_clipped_sum``): the
-   number of examples must lie in `data.batch_size_range(N, p)`, N = ``expected_batch_size / p``, which a Poisson batch
-   leaves with probability at most 1e-15 on each side; otherwise the step raises ``tf.errors.InvalidArgumentError``
-   (`keras_dyndp.core.step_checks`, asserted by the optimizer). Examples are the rows with a non-zero sample weight; a
-   custom loop's ``compute_gradients`` sees only weighted losses, so the rows bound the count from above and the rows
-   with a non-zero loss from below (a real example may have loss 0): it refuses when the upper bound is below the range
-   or the lower bound above it. Neighbouring datasets differ in whether this abort fires only when the size leaves the
-   range: at most (1 + e^epsilon) T 2e-15 more delta (`keras_dyndp.tf_backend.data.truncation_delta`'s argument), which
-   `PrivacyLogger`'s ``delta_total`` counts (`keras_dyndp.core.batch_sizes.overflow_probability`). XLA drops the
-   check. With ``public_batch_size=True`` the step divides by the rows and checks no size, but refuses rows of weight 0
-   (padding) where it sees sample weights.
-2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, called by make_private's
-   ``make_train_function`` with what the entry point showed, also an unbound ``keras.Model.fit``):
-   keras_dyndp Poisson batches of another number of examples than the optimizer's N
-   (`keras_dyndp.core.batch_sizes.check_data_size`), at another p, or for ``public_batch_size=True``, or whose seed each
-   worker drew alone, or capped so low that truncating them adds more than a small share of the target delta
-   (`keras_dyndp.core.batch_sizes.check_max_batch_size`), raise ValueError; so do arrays without
-   ``public_batch_size=True`` (`keras_dyndp.core.batch_sizes.check_not_arrays`). Anything else, ``train_on_batch``'s
-   batch, and a step whose data the optimizer cannot see (custom loop or train step, a train function called directly)
-   get one `SamplingWarning` per optimizer, which also says when batch sizes are not checked.
+1. At every step, in the graph, on every path: the number of examples must lie in `data.batch_size_range(N, p)`,
+   N = ``expected_batch_size / p``, else the step raises ``tf.errors.InvalidArgumentError``
+   (`keras_dyndp.core.step_checks`, asserted by the optimizer; the delta this stop adds: docs/privacy.md). Examples
+   are the rows with a non-zero sample weight; a custom loop's ``compute_gradients`` sees only weighted losses, so the
+   rows bound the count from above and the rows with a non-zero loss from below (a real example may have loss 0): it
+   refuses when the upper bound is below the range or the lower bound above it. XLA drops the check. With
+   ``public_batch_size=True`` no size is checked, but rows of weight 0 (padding) are refused where seen.
+2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, from make_private's ``make_train_function``):
+   Poisson batches unlike the optimizer's (`keras_dyndp.core.batch_sizes`) and arrays without
+   ``public_batch_size=True`` raise ValueError; anything else, ``train_on_batch``'s batch, and a step whose data the
+   optimizer cannot see get one `SamplingWarning` per optimizer.
 """
 
 from __future__ import annotations
@@ -65,10 +53,10 @@ class SamplingCheck:
         schedule's p, N and the batch-size range (None without ``expected_batch_size``: no size is checked).
       public_batch_size: the optimizer's `public_batch_size`: keras_dyndp's Poisson batches are refused.
       optimizer_name: the optimizer's class name, for the refusals.
-      note_unverified: the optimizer's `note_unverified_sampling`, called with what showed batches not known to be
-        Poisson samples; True the first time (the `SamplingWarning` is given then).
+      note_unverified: the optimizer's `note_unverified_sampling`; True the first time (the `SamplingWarning` is
+        given then).
       note_batch_cap: the optimizer's `note_batch_cap`, called with N and the cap of the Poisson batches ``fit``
-        received: refuses a cap whose truncation voids the target delta, records the rest for the report.
+        received.
     """
 
     def __init__(

@@ -1,36 +1,19 @@
 """``model = keras_dyndp.make_private(model)`` on TensorFlow (Keras 2 and 3): per-example clipping in ``model.fit``.
 
-Keras's own ``train_step`` is no place for DP-SGD, and the DP optimizers refuse it, naming ``make_private``. Keras 3's
-hands the optimizer only the gradient of the batch's mean loss; Keras 2's hands it the per-example losses, but logs
-the loss and metrics of the private batch and cannot see how the batches were sampled. make_private's ``train_step``
-has the model and the inputs in hand: it computes the per-example clipped gradient sums
-(`keras_dyndp.tf_backend.per_example.clipped_gradient_sum`: ghost clipping where every trainable layer has a rule,
-else ``tf.vectorized_map`` over single-example passes; microbatches; ``method='jacobian'``, one O(B^2) pfor
-``tape.jacobian`` for comparisons and audits) and hands them to ``model.optimizer.apply_clipped_sum``, which noises,
-normalises, applies and advances ``dp_step``. With ``accumulation_steps`` = k the batch is clipped in k physical
-batches (`accumulation`); under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` each replica clips its share
-(`keras_dyndp.tf_backend.distribution`), also of a batch given to ``train_on_batch``.
+Keras's own ``train_step`` is no place for DP-SGD (Keras 3's hands the optimizer the gradient of the batch's mean
+loss; Keras 2's logs the private batch's loss and metrics and cannot see the sampling), and the DP optimizers refuse
+it. make_private's ``train_step`` has the model and the inputs in hand: it computes the per-example clipped sums
+(`keras_dyndp.tf_backend.per_example.clipped_gradient_sum`), in k physical batches with ``accumulation_steps`` = k,
+each replica its share under a strategy (`keras_dyndp.tf_backend.distribution`), and hands them to
+``model.optimizer.apply_clipped_sum``, which noises, normalises, applies and advances ``dp_step``.
 
-By default the step's logs hold only ``dp_step``: nothing but the noised update is derived from the private batch
-(``training_metrics=True`` opts in to the compiled loss and metrics, outside the DP guarantee). The optimizer records
-make_private's arguments in its config, so ``load_model`` gives a saved model this train step back. Under
-'mixed_float16' or 'mixed_bfloat16' the layers compute in the policy's dtype while the per-example losses, gradients,
-clipping, sum and noise are float32; the LossScaleOptimizer is bypassed (a dynamic loss scale would skip or shrink
-steps depending on the private batch, and un-averaged per-example losses need no scaling against underflow).
-
-``fit`` checks before the first step that the budget is not spent and the data it is handed
-(`keras_dyndp.tf_backend.sampling_check`: Poisson batches at the schedule's rate; arrays, which Keras cuts into
-fixed-size batches, only with ``public_batch_size=True``; anything else and ``train_on_batch`` warned once); a step
-refused past the budget ends the call in one `keras_dyndp.optimizer_base.BudgetExhaustedError`. The checks run in what
-every entry point calls on the model, also ``keras.Model.fit(model, ...)`` called unbound: ``make_train_function``
-checks the data the entry point showed (`keras_dyndp.keras_glue.entry_points`; Keras 2 shows an unbound call's data to
-no call on the model: `keras_compat.unbound_entry_data` reads it from the call's frame) and wraps the train function
-(`_CheckedTrainFunction`; docs/privacy.md, "Which entry points are covered").
-
-Refused (ValueError, when the first step is traced): an optimizer that is not a keras_dyndp DP optimizer, a loss
-reduced over the batch, several losses (multi-output models), regularisation losses (``model.losses``), which are not
-per-example terms, and layers that mix examples or store batch statistics such as BatchNormalization
-(`keras_dyndp.tf_backend.model_checks`).
+By default the step logs only ``dp_step``: nothing but the noised update is derived from the private batch
+(``training_metrics=True`` opts in, outside the DP guarantee). Under a mixed precision policy the layers compute in
+its dtype while the per-example losses, clipping, sum and noise are float32; the LossScaleOptimizer is bypassed (a
+dynamic loss scale would skip or shrink steps depending on the private batch). ``fit`` checks the budget and its data
+before the first step (`keras_dyndp.tf_backend.sampling_check`), in what every entry point calls on the model, also
+``keras.Model.fit(model, ...)`` called unbound (docs/privacy.md, "Which entry points are covered"). What is refused,
+and why: docs/privacy.md, "Refused, and why".
 """
 
 from __future__ import annotations
@@ -111,13 +94,10 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
 
 
 def _clipping_method(model: keras.Model) -> str:
-    """make_private's method, with mixed precision sent to the vectorized path.
-
-    The vectorized path differentiates float32 per-example losses with respect to the float32 variables, so the
-    norms it clips by are those of the float32 gradients it sums. The ghost rules compute norms and sums from the
-    layers' float16/bfloat16 inputs and output gradients: a norm rounded down in low precision would let a clipped
-    gradient exceed C. Until they compute in float32, 'auto' takes the vectorized path and 'ghost' is refused.
-    """
+    """make_private's method, with mixed precision sent to the vectorized path: it clips by the norms of the float32
+    gradients it sums, while the ghost rules compute norms from the layers' float16/bfloat16 inputs and output
+    gradients, and a norm rounded down would let a clipped gradient exceed C. Until they compute in float32, 'auto'
+    takes the vectorized path and 'ghost' is refused."""
     method = private_model.record(model).config.method
     dtypes = {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
     low_precision = sorted(dtypes & {"float16", "bfloat16"})
@@ -262,8 +242,7 @@ class _BudgetCheck(keras.callbacks.Callback):
 def make_private(model: keras.Model, method: str = "auto", *, training_metrics: bool = False) -> keras.Model:
     """Gives ``model`` a train step that clips per example fast and applies through the DP optimizer.
 
-    The same model object is returned (its ``train_step`` is replaced on the instance), so
-    ``model = make_private(model)`` and ``make_private(model)`` are equivalent. Compile it, before or after,
+    The same model object is returned (its ``train_step`` is replaced on the instance). Compile it, before or after,
     with a keras_dyndp DP optimizer and a per-example loss (``reduction=NONE``).
 
     Args:
@@ -273,19 +252,17 @@ def make_private(model: keras.Model, method: str = "auto", *, training_metrics: 
             has a rule, else vectorized; vectorized under mixed precision), ``'ghost'`` or ``'vectorized'``
             (see ``keras_dyndp.tf_backend.per_example``), or ``'jacobian'`` (the optimizer's own O(B^2) path). An
             optimizer with ``num_microbatches`` uses its own microbatch path instead.
-        training_metrics: False (the default): the step computes no loss or metric on the batch and logs only
-            ``dp_step`` (public); only the noised update leaves it (validation metrics are computed as usual).
-            True (Keras's behaviour, an opt-in): the step also computes the compiled loss and metrics on the
-            training batch and returns them as logs (progress bar, ``History``, TensorBoard, CSVLogger). They are
-            computed on the private batch WITHOUT noise, so they are released outside the DP guarantee: one
-            outlier example can move the logged epoch loss far (docs/privacy.md).
+        training_metrics: False (the default): the step logs only ``dp_step`` (public); only the noised update leaves
+            it (validation metrics are computed as usual). True (Keras's behaviour, an opt-in): it also logs the
+            compiled loss and metrics of the private batch, WITHOUT noise, outside the DP guarantee: one outlier
+            example can move the logged epoch loss far (docs/privacy.md).
 
     Returns:
         ``model``.
 
     Raises:
         ValueError: on an unknown ``method`` or a model that is not a ``keras.Model``; at the first training
-            step, on an optimizer or loss that cannot give per-example DP (see the module docstring).
+            step, on an optimizer or loss that cannot give per-example DP (docs/privacy.md, "Refused, and why").
     """
     return private_model.make_private(model, method, training_metrics, _HOOKS)
 

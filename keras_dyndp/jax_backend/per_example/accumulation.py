@@ -14,11 +14,8 @@ def in_physical_batches(
     physical_batch: Callable, batch: tuple, num_rows: int, num_physical_batches: int, sum_shapes: list
 ) -> tuple[list, Any]:
     """``physical_batch(batch) -> (sums, outputs)`` over k = ``num_physical_batches`` physical batches in turn
-    (``jax.lax.scan``: the peak memory is one physical batch's), the float32 ``sums`` (of ``sum_shapes``) added.
-
-    ``batch``'s rows (leading axes) are padded with zeros to k * ceil(B / k): weight 0, they add nothing. Returns
-    the summed ``sums`` and the ``outputs`` stacked over the physical batches ([k, ceil(B / k), ...]).
-    """
+    (``jax.lax.scan``), the float32 ``sums`` (of ``sum_shapes``) added and the ``outputs`` stacked ([k, ceil(B / k),
+    ...]). ``batch``'s rows are padded with zeros to k * ceil(B / k): weight 0, they add nothing."""
     size = -(-num_rows // num_physical_batches)
     padding = num_physical_batches * size - num_rows
 

@@ -1,14 +1,11 @@
-"""Ghost-clipping rules on JAX for Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and
-Embedding with the kernel (embeddings) frozen and only the adapters A [in, r] and B [r, out] trained, the effective
-kernel W + s A B (s = lora_alpha / lora_rank). The TensorFlow rules' math (`keras_dyndp.tf_backend.per_example.lora`:
-A by `rules`' rule of the layer for the output gradient s g B^T, an EinsumDense's for the rank equation of
-`keras_dyndp.rules.einsum_lora`; B by the Dense rule for the inputs s a A, Embedding's s A[ids]); the bias, where it
-trains, keeps the per-example (vmap) path as the plain Dense's does.
+"""Ghost-clipping rules on JAX for Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and Embedding
+with only the adapters A [in, r] and B [r, out] trained, the effective kernel W + s A B. The TensorFlow rules' math
+(`keras_dyndp.tf_backend.per_example.lora`); the bias, where it trains, keeps the vmap path as the plain Dense's does.
 
-Registered on import (``keras_dyndp.jax_backend`` imports this module) over the plain rules of the same classes: a
-layer without LoRA keeps the plain rule. A and B are read as the step's values (the step runs the rules in a
-``StatelessScope`` of its trainable values). The transformed inputs and gradients are computed once, so each
-example's contribution to the sum stays within the norm the rule reports.
+Registered on import over the plain rules of the same classes: a layer without LoRA keeps the plain rule. A and B are
+read as the step's values (the step runs the rules in a ``StatelessScope`` of its trainable values). The transformed
+inputs and gradients are computed once, so each example's contribution to the sum stays within the norm the rule
+reports.
 """
 
 from __future__ import annotations

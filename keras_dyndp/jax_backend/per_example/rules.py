@@ -1,24 +1,13 @@
 """Ghost-clipping rules on JAX: the per-example gradient norms and clipped sums of a layer's kernel (or scale and
 offset) from each example's layer input ``a_i`` and output gradient ``g_i`` (before the activation) as `taps` records
-them, [B, rows, ...].
+them, [B, rows, ...]; the TensorFlow rules' math (`keras_dyndp.tf_backend.per_example`), in the form
+`keras_dyndp.rules.ghost_cost` finds cheapest. An EinsumDense is a Dense over positions after a transpose
+(`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path); a normalisation's scale and
+offset gradients are small and materialised.
 
-A kernel applied at T positions (``z_t = a_t W``: Dense, also over a sequence axis; a convolution, ``a_t`` the input
-patch at t) has G_i = sum_t a_{i,t}^T g_{i,t}, its norms and clipped sum in the form `keras_dyndp.rules.ghost_cost`
-finds cheapest (the book-keeping sum: one ``jax.vjp`` on the batch for the output gradients f_i g_i); the TensorFlow
-rules' math (`keras_dyndp.tf_backend.per_example`). An EinsumDense
-(also MultiHeadAttention's projections, `taps`) is a Dense over positions after a transpose
-(`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path). A layer normalisation's scale and
-offset (LayerNormalization, GroupNormalization, RMSNormalization) have per-example gradients sum_t x_hat_t g_t and
-sum_t g_t (x_hat the normalised input): small, they are materialised.
-
-These rules, and the classes declared to act per example and only wire their sublayers (their sublayers' rules apply,
-`taps`), are registered on import into the one registry (`keras_dyndp.rules.registry`), as any rule of the contract
-both backends share (`keras_dyndp.rules.layer_rules`; docs/usage.md's ``ScaleShift``): on JAX a, g are [B, 1, ...]
-(each example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``.
-
-A new rule must meet `keras_dyndp.rules.layer_rules`' conditions (its `weighted_sum` and `scaled_rows` add nothing from
-a factor-0 example); check it against ``method='vectorized'``.
-"""
+Registered on import into the one registry (`keras_dyndp.rules.registry`), as any rule of the shared contract
+(`keras_dyndp.rules.layer_rules`; example: docs/usage.md's ``ScaleShift``): on JAX a, g are [B, 1, ...] (each
+example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``."""
 
 from __future__ import annotations
 
@@ -79,9 +68,8 @@ def _shifts(layer: keras.layers.Layer, a: jax.Array) -> _Pieces:
 
 def _conv_inputs(layer: keras.layers.Layer, a: jax.Array) -> _Pieces:
     """A convolution's input patches [B, T, kernel positions * c_in] (the kernel's order): whole while no larger per
-    example than `ghost_cost.MAX_MATERIALISED`, else one kernel offset at a time (never held whole; one batched
-    matmul per offset, in a loop: for large convolutions such as WideResNet-16-4's faster on CPU than vmapping the
-    convolution's vjp, which XLA makes a convolution grouped by example; docs/performance.md)."""
+    example than `ghost_cost.MAX_MATERIALISED`, else one kernel offset at a time, one batched matmul per offset, never
+    held whole (for large convolutions cheaper than vmapping the convolution's vjp: docs/performance.md)."""
     shifts = _shifts(layer, a)
     positions = shifts.piece(0).shape[1]  # its shape only: XLA drops the slice
     if positions * shifts.width <= ghost_cost.MAX_MATERIALISED:
@@ -130,10 +118,9 @@ def _weight_gradient(op: Callable, layer, a: jax.Array, g: jax.Array, factors: j
 
 def _bilinear(op: Callable, inputs: Callable, whole_by_vjp: bool = False) -> Callable:
     """``norms_and_sums`` of a kernel applied at T positions, ``op(layer, a, kernel)`` (linear in it: zeros stand in
-    for its value), whose position inputs are ``inputs(layer, a)`` (`_Pieces`), in `ghost_cost`'s form for the
-    shapes: the Gram norms, or each example's G_i (a batched matmul per piece; with ``whole_by_vjp``, where the
-    inputs come whole, each example's vjp of its own op instead: for small convolutions such as the paper CNN's the
-    faster on CPU, with fewer kernels, docs/performance.md); the sum from the G_i kept, or by book-keeping."""
+    for its value), whose position inputs are ``inputs(layer, a)`` (`_Pieces`), in `ghost_cost`'s form: the Gram norms,
+    or each example's G_i (a batched matmul per piece, or with ``whole_by_vjp`` each example's vjp of its own op:
+    docs/performance.md); the sum from the G_i kept, or by book-keeping."""
 
     def norms_and_sums(layer, a, g):
         pieces, g_t = inputs(layer, a), _positions(g).astype(jnp.float32)
@@ -257,9 +244,8 @@ def embedding_norms_and_sums(layer, ids, deltas):
 def _groups(ids: jax.Array, deltas: jax.Array, vocabulary: int) -> tuple:
     """``(deltas, group, ids)``: the deltas [B, T, D] in some order per example, each one's group [B, T] (a position
     in that order where its group's sum goes) and the id [B, T] of the group whose sum goes to each position (N, out
-    of the table, where none). By a [B, N] table of each id's first position (a scatter-min) where
-    `ghost_cost.embedding_by_table`, else by sorting each example's ids (XLA's CPU sort is slower than the table
-    where the table is small; docs/performance.md)."""
+    of the table, where none). By a [B, N] table of each id's first position where `ghost_cost.embedding_by_table`,
+    else by sorting each example's ids."""
     batch, rows = ids.shape
     in_table = (ids >= 0) & (ids < vocabulary)
     positions = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32), ids.shape)

@@ -1,11 +1,6 @@
-"""Per-example clipped gradient sums for DP-SGD without the O(B^2) jacobian, and the model's private train step.
-
-``clipped_gradient_sum`` (`clipped_sum`) takes ``'vectorized'`` (`vectorized`, any model) or ``'ghost'`` (`ghost`:
-one batched pass; layer rules in the one registry, `keras_dyndp.rules.registry`, TensorFlow's built-in ones from
-`rules`, `norms`, `dense`, `conv2d`, `recurrent`; for models whose every layer is known to act per example,
-`per_example_layers`). ``make_private`` (`keras_dyndp.tf_backend.train_step`) uses them
-with the DP optimizer. A rule of the contract both backends share is tapped by `generic`.
-"""
+"""Per-example clipped gradient sums for DP-SGD without the O(B^2) jacobian: ``clipped_gradient_sum`` (`clipped_sum`)
+takes ``'vectorized'`` (`vectorized`, any model) or ``'ghost'`` (`ghost`: one batched pass, the layer rules of the
+one registry, for models whose every layer is known to act per example, `per_example_layers`)."""
 
 from keras_dyndp.rules.layer_rules import register_per_example_layer
 from keras_dyndp.rules.registry import LayerRule

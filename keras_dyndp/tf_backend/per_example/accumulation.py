@@ -1,9 +1,5 @@
-"""Logical batches larger than memory: the clipped-gradient sum of one batch, computed k physical batches at a time.
-
-With ``accumulation_steps = k`` the LOGICAL batch (the Poisson sample) is clipped in k physical batches of ceil(B / k)
-rows (zeros of weight 0 pad the last) in a ``tf.while_loop`` into one sum, then noised once: the mechanism,
-accounting and batch-size check of one step, and no partial sum a checkpoint could replay.
-"""
+"""Logical batches larger than memory: the clipped-gradient sum of one Poisson batch, computed k physical batches at a
+time in a ``tf.while_loop``, then noised once (docs/scaling.md, "Accumulation")."""
 
 from __future__ import annotations
 

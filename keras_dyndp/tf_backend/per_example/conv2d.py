@@ -212,9 +212,8 @@ def _window_starts(size: int, kernel: int, stride: int, dilation: int, padding: 
 
 
 def image_patches(window: Window, inputs: tf.Tensor) -> tf.Tensor:
-    """A convolution input's patches [N, T, kh * kw * c_in], in the kernel's (kh, kw, c_in) order: with a static
-    image size one ``tf.gather`` of the padded input's pixels at positions computed while tracing (several times
-    faster on CPU than ``tf.image.extract_patches``, used for an unknown size)."""
+    """A convolution input's patches [N, T, kh * kw * c_in], in the kernel's (kh, kw, c_in) order: one ``tf.gather``
+    of the padded input's pixels with a static image size, else ``tf.image.extract_patches``."""
     kernel_h, kernel_w = window.kernel_size
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
     if height is None or width is None:
@@ -252,9 +251,8 @@ _DEPTHWISE_FILTERS_BELOW = 16
 
 @functools.cache
 def onednn_enabled() -> bool:
-    """Whether TensorFlow runs its CPU kernels through oneDNN (``TF_ENABLE_ONEDNN_OPTS`` or TF's default). No public
-    API says; without the private one, False (the safer guess: from 16 channels, image patches with oneDNN
-    lose less than depthwise filter gradients without it; docs/performance.md)."""
+    """Whether TensorFlow runs its CPU kernels through oneDNN (``TF_ENABLE_ONEDNN_OPTS`` or TF's default), by a
+    private API; without it, False, the safer guess for the choice of kernel (docs/performance.md)."""
     try:
         from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-direct-tensorflow-import
     except ImportError:

@@ -107,9 +107,8 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
 
 
 def _rows_per_pair(rows: tf.Tensor, ids: tf.Tensor, batch: tf.Tensor, vocabulary: int) -> tuple:
-    """``(rows, ids, examples)`` of the distinct (example, id) pairs of the B T ``ids`` (each in [0, vocabulary)):
-    each pair's row the sum of its ``rows`` [B T, d], numbered by `_unique_pairs` in order of first appearance, so
-    example-major (``examples`` sorted); their rows summed by `norms.rows_by_index`: no [B, T, T] Gram matrix, no
+    """``(rows, ids, examples)`` of the distinct (example, id) pairs of the B T ``ids``: each pair's row the sum of
+    its ``rows`` [B T, d] (`norms.rows_by_index`), example-major (``examples`` sorted): no [B, T, T] Gram matrix, no
     [V, d] table per example."""
     ids = tf.reshape(tf.cast(ids, tf.int64), [batch, -1])
     unique_pairs, pair_index = _unique_pairs(tf.range(tf.cast(batch, tf.int64))[:, None] * vocabulary + ids)
@@ -122,9 +121,7 @@ _KEYS_PER_CHUNK = 8192
 
 def _unique_pairs(keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """`tf.unique` of the keys [B, T] (b V + id), flattened: the distinct keys in order of first appearance and each
-    key's index among them (int32). Hashed in chunks of whole examples (no key is in two), each ~8k keys: TensorFlow's
-    hash map (reserved at 2 N entries) then fits a core's cache, unlike one map of all B T keys
-    (docs/performance.md)."""
+    key's index among them (int32), hashed in chunks of whole examples so that each hash map fits a core's cache."""
     batch, positions = keys.shape
     chunks = 8 if batch is None or positions is None else min(64, max(1, batch * positions // _KEYS_PER_CHUNK))
     bounds = tf.range(chunks + 1) * tf.shape(keys)[0] // chunks

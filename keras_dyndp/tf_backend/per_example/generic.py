@@ -1,11 +1,9 @@
-"""Generic tapping on TensorFlow for the rules of the one contract both backends share
-(`keras_dyndp.rules.layer_rules`): the layer's own call, wrapped (JAX's
-`keras_dyndp.jax_backend.per_example.taps.Session` pattern): its input recorded (rows checked, `taps.Tapping.guard`),
-its pre-activation (the argument of its ``activation`` where it has one, else its output) recorded and watched, and the
-covered variables, wherever the layer or its sublayers hold them as attributes, read through ``tf.stop_gradient`` for
-the call; `ghost` refuses the ghost path where a gradient still reaches one (a read this misses, or tied weights). The
-rule then sees the input and gradient as [B, rows, ...] (`per_example_rows`). Keras 2 and 3 alike (attributes, not Keras
-3's stateless scope, which would also swallow the call's state updates)."""
+"""Generic tapping on TensorFlow for the rules of the contract both backends share (`keras_dyndp.rules.layer_rules`),
+after JAX's `keras_dyndp.jax_backend.per_example.taps.Session`: the layer's own call, wrapped, records its input
+(rows checked, `taps.Tapping.guard`) and its pre-activation (watched), and reads the covered variables through
+``tf.stop_gradient`` (as attributes, not Keras 3's stateless scope, which would also swallow the call's state
+updates); `ghost` refuses the ghost path where a gradient still reaches one. The rule then sees the input and
+gradient as [B, rows, ...] (`per_example_rows`)."""
 
 from __future__ import annotations
 

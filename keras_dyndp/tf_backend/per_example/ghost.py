@@ -98,12 +98,10 @@ def clipped_sum(
 
 
 def _clipped_sums(gradients: Sequence[GhostGradient], factors: tf.Tensor) -> list[tf.Tensor]:
-    """Each gradient's sum over the examples weighted by ``factors``, a factor-0 example adding exactly nothing.
-
-    First without the per-row selects (`layer_rules.rows_without_select`: on CPU they cost about as much as the
-    sums): if every sum is finite, so was every product summed, and a factor-0 row added 0 x row = 0 (up to the sign
-    of a zero). A row that is not finite makes its sum inf or NaN, caught by one reduction; then the sums are taken
-    again with the selects (`layer_rules.kept_rows`), which drop such rows when their factor is 0."""
+    """Each gradient's sum over the examples weighted by ``factors``, a factor-0 example adding exactly nothing:
+    first without the per-row selects (`layer_rules.rows_without_select`; on CPU they cost about as much as the
+    sums), which is exact when every sum comes out finite; else again with them (`layer_rules.kept_rows`), dropping
+    the rows that are not finite."""
     with layer_rules.rows_without_select():
         fast = [gradient.clipped_sum(factors) for gradient in gradients]
     finite = tf.math.is_finite(tf.add_n([tf.reduce_sum(tf.cast(s, tf.float32)) for s in fast]))

@@ -1,13 +1,11 @@
 """Which models may take the batched (ghost) path: those whose every layer and op is KNOWN to act per example.
 
-A layer that reads across the batch (a ``Lambda`` subtracting the batch mean) breaks per-example clipping silently (one
-example moves the others' gradients, so the clipped sum by more than C) and looks like an honest one in a traced graph.
-Known (exact classes): `_known_classes` (with conditions on ``axis``, dropout, frozen BatchNormalization; Dropout draws
-one mask for all rows, `randomness`), declared in the one registry (`keras_dyndp.rules.registry`) alongside the layers
-a rule covers (in their configuration: an EinsumDense whose equation mixes the batch axis is judged by
-`_einsum_keeps_batch`) and those declared with ``register_layer_rule(cls, per_example=True)`` /
-``register_per_example_layer``; plain Sequential and functional models; `_ELEMENTWISE` ops on tensors of one rank with
-lower-rank constants; slices that keep the whole batch axis (``h[:, 0]``, a [CLS] token, `_known_slice`).
+A layer that reads across the batch (a ``Lambda`` subtracting the batch mean) breaks per-example clipping silently and
+looks like an honest one in a traced graph. Known (exact classes): `_known_classes` (with conditions on ``axis``,
+dropout, frozen BatchNormalization), the layers the registry (`keras_dyndp.rules.registry`) has a rule for (in their
+configuration: `_einsum_keeps_batch`) or declares per example; plain Sequential and functional models; `_ELEMENTWISE`
+ops on tensors of one rank with lower-rank constants; slices that keep the whole batch axis (``h[:, 0]``, a [CLS] token,
+`_known_slice`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Random layers in the DP step: one draw per step from a secret source, the same for every example.
-
-Keras's random layers follow ``set_random_seed``, which users publish; in a batched pass row i's mask is then a
-public function of i, so deleting one example would shift later masks and move the clipped sum by more than C
-(docs/privacy.md, "Randomness"). `secret_randomness` draws one seed per step from a secret generator (the
-optimizer's, in ``make_private``) for all the model's random layers, and Dropout draws one mask for all rows; on the
-vectorized path each example runs alone with that seed. Random ops outside Keras's random layers are not covered.
-"""
+"""Random layers in the DP step: one draw per step from a secret source, the same for every example (why:
+docs/privacy.md, "Randomness"). `secret_randomness` draws one seed per step from a secret generator (the optimizer's,
+in ``make_private``) for all the model's random layers, and Dropout draws one mask for all rows; on the vectorized
+path each example runs alone with that seed. Random ops outside Keras's random layers are not covered."""
 
 from __future__ import annotations
 

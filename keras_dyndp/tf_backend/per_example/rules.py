@@ -1,17 +1,10 @@
 """TensorFlow's built-in ghost-clipping rules, registered into the one registry (`keras_dyndp.rules.registry`) on
-import, with TensorFlow's `registry.Hooks`.
-
-A rule of the contract both backends share (`keras_dyndp.rules.layer_rules`; docs/usage.md's ``ScaleShift``) is tapped
-by `generic`; the built-in rules are TensorFlow's overrides, ``call=`` (`registry.LayerRule.call`), from the building
-blocks in `norms`:
-`dense`, `conv2d`, `recurrent`, `einsum_dense` (also inside MultiHeadAttention), `normalization` (RMSNormalization
-too), Keras 3's LoRA Dense, EinsumDense and Embedding (`lora`: the adapters, not the frozen kernel); not quantized
-layers. The known Keras layers that act per example are declared in `per_example_layers`. Rules apply to exactly
-their class; a model with a trainable variable no rule covers takes the vectorized path.
-
-A new rule must meet `keras_dyndp.rules.layer_rules`' conditions (norms never below the exact ones, nothing added from a
-factor-0 example; the `norms` building blocks do both); check it against ``method='vectorized'``.
-"""
+import, with TensorFlow's `registry.Hooks`: TensorFlow's overrides, ``call=`` (`registry.LayerRule.call`), built from
+the blocks in `norms`: `dense`, `conv2d`, `recurrent`, `einsum_dense` (also inside MultiHeadAttention),
+`normalization`, Keras 3's LoRA Dense, EinsumDense and Embedding (`lora`: the adapters, not the frozen kernel); not
+quantized layers. The known Keras layers that act per example are declared in `per_example_layers`; a rule of the
+shared contract (example: docs/usage.md's ``ScaleShift``) is tapped by `generic` (docs/architecture.md, "The
+ghost-rule registry")."""
 
 from __future__ import annotations
 

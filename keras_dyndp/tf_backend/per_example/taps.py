@@ -1,7 +1,6 @@
 """The objects of one tapped forward pass (`ghost`): the rows each tensor must have (`Rows`), their check and the
 pass's taps (`Tapping`), what a layer rule records in one call (`Tap`) and returns (`GhostGradient`).
-`UnsupportedModel` sends the model to the vectorized path.
-"""
+`UnsupportedModel` sends the model to the vectorized path."""
 
 from __future__ import annotations
 
