@@ -190,7 +190,11 @@ def ghost_coverage(model: Any, x: Any) -> str:
 
     if keras_dyndp.keras_backend() != "jax":
         from keras_dyndp.tf_backend import per_example  # pylint: disable=import-outside-toplevel
+        from keras_dyndp.tf_backend.per_example import per_example_layers  # pylint: disable=import-outside-toplevel
 
+        unknown = per_example_layers.first_unknown(model)
+        if unknown is not None:
+            return f"per-example path: {unknown} is not known to act per example"
         return f"ghost path: {per_example.ghost_supported(model, model.trainable_variables)}"
     from keras_dyndp.jax_backend.per_example import taps  # pylint: disable=import-outside-toplevel
 
