@@ -10,6 +10,11 @@ on the returned state (``jax.block_until_ready``), so asynchronous dispatch is n
   ``jax.vmap``, ghost rules for Dense, convolutions and Embedding, per-example gradients for the rest; in-graph noise).
 * ``dyndp_adaptive``: ``dyndp_fast`` with adaptive clipping (``adaptive_clipping=True``; issue 57's goal: within
   1.05x of ``dyndp_fast``); only when named in ``--paths``.
+* ``noise_floor``: the limit issue 56 measures the DP step against: the ``nonprivate`` step plus one draw of as
+  many standard normals as the model has parameters, by the generator the DP step draws its noise with
+  (`keras_dyndp.jax_backend.ops.standard_normals`: threefry under a secret key, folded with the step counter, so
+  each step's draw is fresh), added to the updated weights (times 1e-6: the draw cannot be compiled away); only when
+  named in ``--paths``.
 * ``jax_privacy``: jax_privacy's Keras API, ``jax_privacy.keras_api.make_private(model, DPKerasConfig(...))`` with
   ``keras.optimizers.SGD`` (constant clipping norm 1 and noise multiplier 1, vmapped per-example gradients); in
   ``--paths`` by default when jax_privacy is installed (``pip install jax-privacy``; not a dependency).
@@ -38,6 +43,7 @@ import importlib.metadata  # noqa: E402
 import importlib.util  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
+import secrets  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 
@@ -55,6 +61,7 @@ from keras_dyndp.core.batch_sizes import SamplingWarning  # noqa: E402
 from keras_dyndp.jax_backend import DynamicDPKerasSGD  # noqa: E402
 from keras_dyndp.jax_backend import JaxDPOptimizerMixin  # noqa: E402
 from keras_dyndp.jax_backend import make_private  # noqa: E402
+from keras_dyndp.jax_backend import ops  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch_size", 256, "Examples per step.")
@@ -68,7 +75,7 @@ flags.DEFINE_string(
 )
 flags.DEFINE_enum("dtype_policy", "float32", ["float32", "mixed_bfloat16"], "Keras's global dtype policy.")
 
-PATHS = ("nonprivate", "dyndp_fast", "dyndp_adaptive", "jax_privacy")
+PATHS = ("nonprivate", "dyndp_fast", "dyndp_adaptive", "noise_floor", "jax_privacy")
 flags.DEFINE_list(
     "paths",
     ["nonprivate", "dyndp_fast", *(["jax_privacy"] if importlib.util.find_spec("jax_privacy") else [])],
@@ -80,7 +87,7 @@ LEARNING_RATE = 0.05
 def build(model_name: str, path: str, batch_size: int) -> keras.Model:
     keras.utils.set_random_seed(0)
     model = models.build(keras, model_name)
-    if path == "nonprivate":
+    if path in ("nonprivate", "noise_floor"):
         model.compile(
             optimizer=keras.optimizers.SGD(LEARNING_RATE),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -125,7 +132,7 @@ class _Stepper:
     """One path: its model's train step, compiled as Keras compiles it for ``fit`` (``jax.jit(train_step,
     donate_argnums=0)``), and its state, stepped on one batch; ``cost`` is XLA's account of that program."""
 
-    def __init__(self, model: keras.Model, x: np.ndarray, y: np.ndarray):
+    def __init__(self, model: keras.Model, x: np.ndarray, y: np.ndarray, noise_floor: bool = False):
         # Builds the model, the optimizer and the path's train step. One fixed batch (not fit's arrays, which a DP
         # optimizer refuses since they are not Poisson batches): its SamplingWarning says so, and is expected here.
         with warnings.catch_warnings():
@@ -144,7 +151,8 @@ class _Stepper:
             state[2] = model.optimizer.new_run(state[2])
         self._state = tuple(state)
         self._data = jax.tree_util.tree_map(jax.numpy.asarray, (x, y))
-        self._function = jax.jit(model.train_step, donate_argnums=0).lower(self._state, self._data).compile()
+        step = _with_noise_draw(model.train_step) if noise_floor else model.train_step
+        self._function = jax.jit(step, donate_argnums=0).lower(self._state, self._data).compile()
         self.cost = _compiled_cost(self._function)
 
     def run(self, steps: int) -> float:
@@ -154,6 +162,20 @@ class _Stepper:
             _, self._state = self._function(self._state, self._data)
         jax.block_until_ready(self._state)
         return (time.perf_counter() - start) / steps
+
+
+def _with_noise_draw(train_step):
+    """``train_step`` followed by the DP step's draw of one standard normal per parameter (`noise_floor`), under a
+    secret key folded with the optimizer's step counter (its first variable, Keras's ``iterations``)."""
+    secret = jax.random.key(secrets.randbits(32))
+
+    def step(state, data):
+        logs, (trainable, *rest) = train_step(state, data)
+        key = jax.random.fold_in(secret, state[2][0])
+        noise = ops.OPS.normals(key, trainable)
+        return logs, ([value + 1e-6 * z for value, z in zip(trainable, noise)], *rest)
+
+    return step
 
 
 _NOT_KERNELS = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast")
@@ -188,7 +210,10 @@ def _compiled_cost(compiled: jax.stages.Compiled) -> dict:
 def measure(model_name: str) -> list[dict]:
     x, y = models.make_data(model_name, FLAGS.batch_size)
     paths = ["nonprivate", *(path for path in FLAGS.paths if path != "nonprivate")]
-    steppers = {path: _Stepper(build(model_name, path, FLAGS.batch_size), x, y) for path in paths}
+    steppers = {
+        path: _Stepper(build(model_name, path, FLAGS.batch_size), x, y, noise_floor=path == "noise_floor")
+        for path in paths
+    }
     runs = {path: stepper.run for path, stepper in steppers.items()}
     times = interleaved.step_table(runs, FLAGS.steps, FLAGS.repeats, FLAGS.warmup_steps, model_name)
     return [
