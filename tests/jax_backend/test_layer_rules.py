@@ -166,19 +166,27 @@ class _Block(keras.layers.Layer):
         return self.norm(h - keras.ops.mean(h, axis=-1, keepdims=True))
 
 
-class _Scanned(keras.layers.Layer):
-    """Its Dense run at every position inside a scan of its own (once in Python, T times when run)."""
+class _Transformed(keras.layers.Layer):
+    """Its Dense called once in Python inside a JAX transformation of its own: a scan over the positions (run T
+    times), a vmap over them, or a checkpoint."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, kind, **kwargs):
         super().__init__(**kwargs)
         self.dense = keras.layers.Dense(4)
+        self.kind = kind
 
     def call(self, inputs):
+        if self.kind == "checkpoint":
+            return jax.checkpoint(self.dense)(inputs)
+        by_position = keras.ops.transpose(inputs, (1, 0, 2))
+        if self.kind == "vmap":
+            return keras.ops.transpose(keras.ops.vectorized_map(self.dense, by_position), (1, 0, 2))
+
         def step(carry, h_t):
             carry = keras.ops.tanh(self.dense(h_t) + carry)
             return carry, carry
 
-        return keras.ops.scan(step, keras.ops.zeros_like(inputs[:, 0]), keras.ops.transpose(inputs, (1, 0, 2)))[0]
+        return keras.ops.scan(step, keras.ops.zeros_like(inputs[:, 0]), by_position)[0]
 
 
 def _with_block(block):
@@ -222,14 +230,16 @@ def test_a_kernel_the_block_reads_outside_its_layers_call_keeps_the_vmap_path():
 
 @pytest.mark.filterwarnings("ignore::keras_dyndp.optimizer_base.DegenerateNoiseWarning")
 @pytest.mark.filterwarnings("ignore::keras_dyndp.SamplingWarning")
-def test_a_layer_called_inside_a_scan_of_the_models_own_keeps_the_vmap_path():
-    """Its input, recorded inside the scan, would escape it: the probe falls back to declared wiring only."""
+@pytest.mark.parametrize("kind", ["scan", "vmap", "checkpoint"])
+def test_a_layer_called_inside_a_transformation_of_the_models_own_keeps_the_vmap_path(kind):
+    """Its input, recorded inside the transformation, escapes it (the probe's trace holds it as a constant); tapped,
+    the step would fail or miss the other runs' gradients."""
     x, y = _sequence_batch()
-    scanned = _Scanned()
-    model = _with_block(scanned)
+    transformed = _Transformed(kind)
+    model = _with_block(transformed)
     model(x[:1])
     tapped = _tapped(model, x)
-    assert scanned.dense not in tapped and len(tapped) == 2  # the functional model's own Dense layers
+    assert transformed.dense not in tapped and len(tapped) == 2  # the functional model's own Dense layers
     _assert_one_step_is_the_clipped_sum_of_the_loop(model, x, y, clip_norm=0.3)
 
 
