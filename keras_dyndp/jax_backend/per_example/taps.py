@@ -153,7 +153,10 @@ def tappable(
     shaped = lambda value: jax.ShapeDtypeStruct(value.shape, value.dtype)  # noqa: E731
     row = lambda value: jax.ShapeDtypeStruct((1, *value.shape[1:]), value.dtype)  # noqa: E731
     abstract = jax.tree_util.tree_map(shaped, (trainable, non_trainable, stand_ins))
-    jaxpr = jax.make_jaxpr(forward)(*abstract[:2], jax.tree_util.tree_map(row, x), abstract[2]).jaxpr
+    try:
+        jaxpr = jax.make_jaxpr(forward)(*abstract[:2], jax.tree_util.tree_map(row, x), abstract[2]).jaxpr
+    except jax.errors.UnexpectedTracerError:  # an escaped input refused outright: every variable keeps vmap
+        return {}
     read = {id(var) for equation in jaxpr.eqns for var in equation.invars} | {id(var) for var in jaxpr.outvars}
     variables = jaxpr.invars[: len(trainable)]  # ``trainable`` is a flat list: its leaves come first, in order.
     # An input recorded inside a transformation of the model's own (a layer's scan or vmap) escapes it: the trace
