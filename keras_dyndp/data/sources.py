@@ -5,12 +5,10 @@ sorted integer array without loading everything (numpy memmaps, h5py / zarr-like
 sources (``len(source)``, ``source[i]``, ``source.__getitems__(list)`` when present: the protocol of
 ``tfds.data_source`` and grain), each example ``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``.
 
-Each step draws its batch exactly as Poisson sampling does: k ~ Binomial(N, p), then a uniformly random k-subset
-(`draw`), so a step costs O(k), not O(N); the indices are read in increasing order and padded as the in-memory
-batches are (`Rows.batch`). Reads overlap where that pays (`readers`, `tfds_reader`), but a source is called from
-several threads at once only if it is `readers.known_thread_safe` or declared so (``source_threads``): a source that
-seeks and reads a shared file, called from two threads, can return one example's bytes for another's index, and that
-example counts twice in the batch.
+Each step draws its batch exactly as Poisson sampling does (`draw`), in O(k), not O(N); the indices are read in
+increasing order and padded as the in-memory batches are (`Rows.batch`). A source is called from several threads at
+once only if it is `readers.known_thread_safe` or declared so (``source_threads``; why: docs/privacy.md, "Refused, and
+why").
 """
 
 from __future__ import annotations
@@ -51,21 +49,17 @@ def is_random_access(x: Any) -> bool:
 
 
 def draw(rng: np.random.Generator, num_examples: int, sampling_probability: float, cap: int) -> tuple[int, np.ndarray]:
-    """One Poisson sample: (k, the indices of min(k, cap) of the k selected examples, in random order).
-
-    k ~ Binomial(N, p) and a uniform k-subset is the law of N independent coin flips of probability p; on overflow
-    (k > cap) a uniform cap-subset of them is what truncating a uniform k-subset keeps.
-    """
+    """One Poisson sample: (k, the indices of min(k, cap) of the k selected examples, in random order). k ~
+    Binomial(N, p) and a uniform k-subset is the law of N independent coin flips of probability p; on overflow (k >
+    cap) a uniform cap-subset of them is what truncating a uniform k-subset keeps."""
     num_selected = int(rng.binomial(num_examples, sampling_probability))
     return num_selected, rng.choice(num_examples, min(num_selected, cap), replace=False)
 
 
 class Rows:
-    """N examples read by index arrays: ``read(sorted indices)`` -> ``(x, y, sample_weight)`` numpy nests.
-
-    ``y`` is None where the data has no labels; ``sample_weight`` is float32 of shape [k]. The first example, read
-    once, gives every leaf's shape and dtype (the padding rows are zeros of them).
-    """
+    """N examples read by index arrays: ``read(sorted indices)`` -> ``(x, y, sample_weight)`` numpy nests (``y``
+    None without labels, ``sample_weight`` float32 [k]). The first example, read once, gives every leaf's shape and
+    dtype (the padding rows are zeros of them)."""
 
     def __init__(self, num_examples: int, read: Callable[[np.ndarray], tuple[Any, Any, np.ndarray]]):
         self.num_examples = num_examples

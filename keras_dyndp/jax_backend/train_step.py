@@ -1,21 +1,10 @@
-"""``model = keras_dyndp.make_private(model)`` on Keras 3's JAX backend: per-example clipping in ``model.fit``.
-
-Keras's JAX train step hands the optimizer the gradient of the batch's mean loss, where no example can be clipped.
-make_private's stateless ``train_step`` runs each example alone (``jax.vmap`` of ``jax.grad`` of the model's
-``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips each example's gradient to the
-optimizer's C_t, sums, and hands the sums to ``stateless_apply_clipped_sum`` (noise once, normalise, apply).
-``method='auto'`` (= ``'ghost'``) clips the variables a rule covers from each example's layer input and output gradient
-(`per_example.taps`); every other variable keeps its vmap gradient; ``'vectorized'`` taps only Embedding tables.
-``accumulation_steps`` = k scans k physical batches; ``num_microbatches`` = M clips M random microbatch gradients
-(`microbatches`, no taps).
-
-Non-trainable variables written from the batch, or from the step's secret random draws, would leave the step without
-noise: refused (`model_checks`). Random-generator states (Dropout) are drawn from the step's secret key, the same for
-every row, never from Keras's seed, which users publish. Other refusals are TensorFlow's (docs/privacy.md, "Refused, and
-why"); a refused step changes nothing, nor does any later step, and the call raises at that epoch's end at the latest.
-The checks run in what every entry point calls on the model (``make_train_function``, the train function,
-``jax_state_sync``; docs/privacy.md, "Which entry points are covered, and how"). Under a ``keras.distribution`` the
-jitted step keeps its global meaning: every example clipped, one noise key, the noise added once to the global sum.
+"""``model = keras_dyndp.make_private(model)`` on Keras 3's JAX backend: per-example clipping in ``model.fit``, whose
+own step sees only the batch's mean loss. The stateless ``train_step`` runs each example alone (``jax.vmap`` of
+``jax.grad`` of ``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips (from the
+taps of `per_example.taps` where a rule covers a variable), sums and hands the sums to ``stateless_apply_clipped_sum``.
+Random-generator states (Dropout) are drawn from the step's secret key, never from Keras's seed, which users publish.
+Refusals: docs/privacy.md, "Refused, and why" and "Which entry points are covered, and how"; docs/jax.md. Under a
+``keras.distribution`` the jitted step keeps its global meaning: one noise key, the noise added once to the global sum.
 """
 
 from __future__ import annotations
@@ -279,11 +268,9 @@ def _private_train_step(self: keras.Model, state, data):
 
 class _CheckedTrainFunction:
     """TensorFlow's `_CheckedTrainFunction` on JAX: Keras's ``(state, iterator) -> (logs, state)`` after the host-side
-    checks. An optimizer state other than the one it returned last (the variables, whose counter may have been rewound
-    or restored, or a caller's own) starts a new run of steps: the pending refusal raised, the budget checked,
-    `JaxDPOptimizerMixin.new_run`. Within a run it reads nothing back until the counter may have reached T. When a call
-    raises, the state goes back into the variables without the key (`JaxDPOptimizerMixin.at_rest`): Keras's ``fit``
-    would put nothing back if the first step's trace raises."""
+    checks; a state other than the one it returned last starts a new run of steps (docs/privacy.md, 'Which entry points
+    are covered, and how'). When a call raises, the state goes back into the variables without the key
+    (`JaxDPOptimizerMixin.at_rest`): Keras's ``fit`` would put nothing back if the first step's trace raises."""
 
     def __init__(self, model: keras.Model, function: Callable):
         self._model = model
@@ -362,10 +349,9 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _private_make_train_function(self: keras.Model, force: bool = False):
-    """Keras's ``make_train_function`` (which every training entry point calls first), after the checks of the data the
-    entry point showed (`_check_sampling`), wrapped in `_CheckedTrainFunction`, with a new train-step object for each
-    new train function: JAX caches traces by function object, and after ``compile`` with another DP optimizer the old
-    trace, with its schedule, keys and refusals, would be replayed."""
+    """Keras's ``make_train_function`` after `_check_sampling`, wrapped in `_CheckedTrainFunction`, with a new
+    train-step object each time: JAX caches traces by function object, and after ``compile`` with another DP optimizer
+    the old trace, with its schedule, keys and refusals, would be replayed."""
     _check_model(self)
     seen = private_model.record(self).data_seen.take()
     within_fit = seen is not None and seen[0] == entry_points.FIT

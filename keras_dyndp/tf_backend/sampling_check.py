@@ -1,17 +1,13 @@
 """Ties the batches a DP optimizer trains on to the Poisson sampling its schedule is accounted for (rate p =
 `schedule.sampling_probability`); nothing in Keras enforces it (a full-batch ``fit`` trains). Two checks close this.
 
-1. At every step, in the graph, on every path: the number of examples must lie in `data.batch_size_range(N, p)`,
-   N = ``expected_batch_size / p``, else the step raises ``tf.errors.InvalidArgumentError``
-   (`keras_dyndp.core.step_checks`, asserted by the optimizer; the delta this stop adds: docs/privacy.md). Examples
-   are the rows with a non-zero sample weight; a custom loop's ``compute_gradients`` sees only weighted losses, so the
-   rows bound the count from above and the rows with a non-zero loss from below (a real example may have loss 0): it
-   refuses when the upper bound is below the range or the lower bound above it. XLA drops the check. With
-   ``public_batch_size=True`` no size is checked, but rows of weight 0 (padding) are refused where seen.
-2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, from make_private's ``make_train_function``):
-   Poisson batches unlike the optimizer's (`keras_dyndp.core.batch_sizes`) and arrays without
-   ``public_batch_size=True`` raise ValueError; anything else, ``train_on_batch``'s batch, and a step whose data the
-   optimizer cannot see get one `SamplingWarning` per optimizer.
+1. At every step, in the graph (`keras_dyndp.core.step_checks`, asserted by the optimizer; XLA drops it): the number
+   of examples (rows of non-zero weight) must lie in `batch_size_range(N, p)`. A custom loop's ``compute_gradients``
+   sees only weighted losses: the rows bound the count from above, the rows with a non-zero loss from below.
+2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`): Poisson batches unlike the optimizer's and
+   arrays without ``public_batch_size=True`` raise ValueError; other data gets one `SamplingWarning` per optimizer.
+
+What each refuses, and why: docs/privacy.md, "Refused, and why".
 """
 
 from __future__ import annotations

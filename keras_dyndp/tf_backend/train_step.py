@@ -1,19 +1,10 @@
 """``model = keras_dyndp.make_private(model)`` on TensorFlow (Keras 2 and 3): per-example clipping in ``model.fit``.
-
-Keras's own ``train_step`` is no place for DP-SGD (Keras 3's hands the optimizer the gradient of the batch's mean
-loss; Keras 2's logs the private batch's loss and metrics and cannot see the sampling), and the DP optimizers refuse
-it. make_private's ``train_step`` has the model and the inputs in hand: it computes the per-example clipped sums
-(`keras_dyndp.tf_backend.per_example.clipped_gradient_sum`), in k physical batches with ``accumulation_steps`` = k,
-each replica its share under a strategy (`keras_dyndp.tf_backend.distribution`), and hands them to
-``model.optimizer.apply_clipped_sum``, which noises, normalises, applies and advances ``dp_step``.
-
-By default the step logs only ``dp_step``: nothing but the noised update is derived from the private batch
-(``training_metrics=True`` opts in, outside the DP guarantee). Under a mixed precision policy the layers compute in
-its dtype while the per-example losses, clipping, sum and noise are float32; the LossScaleOptimizer is bypassed (a
-dynamic loss scale would skip or shrink steps depending on the private batch). ``fit`` checks the budget and its data
-before the first step (`keras_dyndp.tf_backend.sampling_check`), in what every entry point calls on the model, also
-``keras.Model.fit(model, ...)`` called unbound (docs/privacy.md, "Which entry points are covered"). What is refused,
-and why: docs/privacy.md, "Refused, and why".
+Keras's own ``train_step`` cannot clip per example, and the DP optimizers refuse it. make_private's computes the
+per-example clipped sums (`keras_dyndp.tf_backend.per_example.clipped_gradient_sum`) and hands them to
+``model.optimizer.apply_clipped_sum``; it logs only ``dp_step`` unless ``training_metrics=True``. Under mixed precision
+the losses, clipping, sum and noise are float32 and the LossScaleOptimizer is bypassed (a dynamic loss scale would skip
+or shrink steps depending on the private batch). The checks, and what they refuse: docs/privacy.md, "Refused, and why"
+and "Which entry points are covered, and how".
 """
 
 from __future__ import annotations
@@ -184,12 +175,10 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
 
 
 class _CheckedTrainFunction:
-    """The train function Keras calls for a made-private model, from every entry point (``fit`` and
-    ``train_on_batch``, bound or called unbound, ``model.train_function`` after ``make_train_function``): Keras's
-    ``iterator -> logs``, its steps within `SamplingCheck.handed_over` when the entry point's data was checked, the
-    in-graph refusals past the budget and of a step counter set by hand raised as one `BudgetExhaustedError` and one
-    RuntimeError (TensorFlow raises them as an ``InvalidArgumentError``); ``budget_stop``: the callback the budget's
-    refusal suggests, or None (`step_checks.budget_exhausted_parts`)."""
+    """The train function Keras calls for a made-private model, from every entry point: Keras's ``iterator -> logs``,
+    its steps within `SamplingCheck.handed_over` when the entry point's data was checked, the in-graph refusals (an
+    ``InvalidArgumentError``) raised as one `BudgetExhaustedError` or RuntimeError; ``budget_stop``: as
+    `step_checks.budget_exhausted_parts`."""
 
     def __init__(self, model: keras.Model, function: Callable):
         self._model = model
