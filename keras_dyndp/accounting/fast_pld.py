@@ -106,11 +106,9 @@ def _inverse_log_mixture_weight(losses: np.ndarray, q: float) -> np.ndarray:
 
 
 def _gaussian_step_pmf(noise_multiplier: float, q: float, interval: float, remove: bool) -> _Pmf:
-    """Connect-the-dots PMF of one Poisson-subsampled Gaussian step (module docstring, item 2), one direction.
-
-    With b(x) = (-1/2 - x) / z^2 (the unsampled REMOVE loss), the REMOVE loss is l(x) = log(1 - q + q e^b(x)) and
-    the ADD loss is -l(-x); both decrease in x, so {loss >= epsilon} = {x <= x_epsilon}.
-    """
+    """Connect-the-dots PMF of one Poisson-subsampled Gaussian step (module docstring, item 2), one direction. With b(x)
+    = (-1/2 - x) / z^2 (the unsampled REMOVE loss), the REMOVE loss is l(x) = log(1 - q + q e^b(x)) and the ADD loss is
+    -l(-x); both decrease in x, so {loss >= epsilon} = {x <= x_epsilon}."""
     variance = noise_multiplier**2
     tail = noise_range.GAUSSIAN_TAIL_STDDEVS * noise_multiplier
     lowest_x, highest_x = (-tail - 1.0, tail) if remove else (-tail, tail + 1.0)
@@ -172,11 +170,9 @@ def _truncate_tails(lower_index: int, probs: np.ndarray, infinity_mass: float) -
 
 
 def _self_compose_pmf(pmf: _Pmf, num_times: int) -> _Pmf:
-    """`num_times`-fold composition of a PMF with itself: FFT power, support bounded by Chernoff bounds.
-
-    The MGF sum_i probs_i e^(k i / n) (n the PMF length, k = +-1..+-20, from powers of e^(i / n): no overflow)
-    bounds the composed mass beyond any index; each tail cut holds at most 1e-15 / 2, counted as infinity mass.
-    """
+    """`num_times`-fold composition of a PMF with itself: FFT power, support bounded by Chernoff bounds. The MGF sum_i
+    probs_i e^(k i / n) (n the PMF length, k = +-1..+-20, from powers of e^(i / n): no overflow) bounds the composed
+    mass beyond any index; each tail cut holds at most 1e-15 / 2, counted as infinity mass."""
     probs = pmf.probs
     length = probs.size
     powers = np.cumprod(np.broadcast_to(np.exp(np.arange(length) / length), (_CHERNOFF_MAX_ORDER, length)), axis=0)
@@ -251,11 +247,9 @@ def group_noise_multipliers(
     noise_multipliers: ArrayLike, max_groups: int = DEFAULT_MAX_GROUPS, tolerance: float = DEFAULT_TOLERANCE
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pessimistic grouping of per-step noise multipliers (finite, > 0): (group noise multipliers ascending, counts).
-
     Every step joins a group whose noise multiplier is <= its own (rounded DOWN), so accounting the groups
-    over-estimates the privacy loss. Uses the fewest groups whose rounding increases the CLT sum
-    sum_t (exp(1/z_t^2) - 1) by at most `tolerance` (relative, >= 0), but never more than `max_groups` (>= 1).
-    """
+    over-estimates the privacy loss. Uses the fewest groups whose rounding increases the CLT sum sum_t (exp(1/z_t^2) -
+    1) by at most `tolerance` (relative, >= 0), but never more than `max_groups` (>= 1)."""
     sorted_multipliers = np.sort(np.asarray(noise_multipliers, dtype=np.float64))
     with np.errstate(over="ignore"):  # A huge weight just means "never round down to it".
         weights = np.minimum(np.expm1(1.0 / sorted_multipliers**2), np.finfo(np.float64).max / 1e6)
@@ -352,10 +346,8 @@ def pld_epsilon(
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> float:
-    """Pessimistic PLD epsilon of all T steps (`pld_epsilons_at`; math.inf if some step has z = 0 and p > 0).
-
-    An upper bound on `dp_accounting.pld.PLDAccountant`'s epsilon for the same steps at the same discretisation.
-    """
+    """Pessimistic PLD epsilon of all T steps (`pld_epsilons_at`; math.inf if some step has z = 0 and p > 0). An upper
+    bound on `dp_accounting.pld.PLDAccountant`'s epsilon for the same steps at the same discretisation."""
     num_steps = np.asarray(noise_multipliers).shape[0] if np.ndim(noise_multipliers) == 1 else 0
     options = {"max_groups": max_groups, "tolerance": tolerance}
     options["value_discretization_interval"] = value_discretization_interval

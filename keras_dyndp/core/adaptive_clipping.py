@@ -1,10 +1,8 @@
 """Adaptive clipping, written once for every backend: the clip norm C_t follows a target quantile of the per-example
-gradient norms (Andrew et al., NeurIPS 2021, Alg. 1 with the geometric update), while the noise multiplier follows
-the schedule. The gradient sum and the centred count of unclipped examples together cost the schedule's z_t, the
-gradient's own multiplier being z_g,t > z_t (`gradient_noise_multipliers`; the proof: docs/privacy.md, "Adaptive
-clipping"). ``ops``: `keras_dyndp.core.mechanism`'s primitives plus ``exp``. Reference:
-https://arxiv.org/abs/1905.03871.
-"""
+gradient norms (Andrew et al., NeurIPS 2021, Alg. 1 with the geometric update), while the noise multiplier follows the
+schedule. The gradient sum and the centred count of unclipped examples together cost the schedule's z_t, the gradient's
+own multiplier being z_g,t > z_t (`gradient_noise_multipliers`; the proof: docs/privacy.md, "Adaptive clipping").
+``ops``: `keras_dyndp.core.mechanism`'s primitives plus ``exp``. Reference: https://arxiv.org/abs/1905.03871."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Argument checks, one per kind of argument, called once where an argument is received: each returns the value it
-accepts or raises ValueError naming the argument, its valid range and what was received.
-
-Delta is in (0, 1) for a budget (0 has infinite epsilon for a Gaussian, 1 promises nothing); [0, 1] where a function
-mirrors `dp_accounting`'s ``get_epsilon(target_delta)`` (``allow_ends``). The sampling probability is in (0, 1] for
-a schedule (sampling nobody trains nothing); [0, 1] for a single event's accounting, where p = 0 is a free step.
-"""
+accepts or raises ValueError naming the argument, its valid range and what was received. Delta is in (0, 1) for a budget
+(0 has infinite epsilon for a Gaussian, 1 promises nothing); [0, 1] where a function mirrors `dp_accounting`'s
+``get_epsilon(target_delta)`` (``allow_ends``). The sampling probability is in (0, 1] for a schedule (sampling nobody
+trains nothing); [0, 1] for a single event's accounting, where p = 0 is a free step."""
 
 import math
 import numbers

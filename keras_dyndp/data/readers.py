@@ -176,12 +176,10 @@ def chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[int
 class BatchRows:
     """The elements of one batch read from a source, each written into arrays the batch owns before the source is called
     again: a source that refills one buffer of its own at each read and returns it, or a view of it, would otherwise put
-    its last read in every row.
-
-    The first element gives one column per leaf: an array of one row per element for a numpy array or scalar, a list of
-    `_owned` leaves for any other. An element of another structure, shape or dtype is kept whole (`_owned`) and the
-    batch stacked element by element (`examples`). The rows' writers may be several threads, each its own rows.
-    """
+    its last read in every row. The first element gives one column per leaf: an array of one row per element for a numpy
+    array or scalar, a list of `_owned` leaves for any other. An element of another structure, shape or dtype is kept
+    whole (`_owned`) and the batch stacked element by element (`examples`). The rows' writers may be several threads,
+    each its own rows."""
 
     def __init__(self, num_rows: int, first: Any):
         self.num_rows, self.whole = num_rows, {}

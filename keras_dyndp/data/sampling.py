@@ -1,14 +1,12 @@
 """`poisson_batches`: the batches the accountants assume (Poisson subsampling: each example joins each batch
 independently with probability p; shuffle-and-slice has no tight analysis, tensorflow/privacy #483), for ``fit``.
-
-Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``):
-the rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
+Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``): the
+rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
 Truncating to the cap is not free (one example can push another out), so it adds to delta (`batch_sizes`;
 docs/privacy.md, "What a reported epsilon covers"). ``seed=None`` draws from OS entropy (the only choice for a release).
 With an integer seed the sampler's state is (seed, start_step): a run resumed at step k draws from a seed mixed from
-both (`sampler_seed`), and `check_resume` refuses batches that would draw again the samples of steps the optimizer
-has taken. Each backend's ``data`` module materialises the batches.
-"""
+both (`sampler_seed`), and `check_resume` refuses batches that would draw again the samples of steps the optimizer has
+taken. Each backend's ``data`` module materialises the batches."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
-"""Examples read on demand for `keras_dyndp.poisson_batches`: data that need not fit in memory.
-
-Two kinds of input are read row by row instead of being converted to tensors first: array-likes that index by a
-sorted integer array without loading everything (numpy memmaps, h5py / zarr-like datasets), and random-access
-sources (``len(source)``, ``source[i]``, ``source.__getitems__(list)`` when present: the protocol of
-``tfds.data_source`` and grain), each example ``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``.
-
-Each step draws its batch exactly as Poisson sampling does (`draw`), in O(k), not O(N); the indices are read in
-increasing order and padded as the in-memory batches are (`Rows.batch`). A source is called from several threads at
-once only if it is `readers.known_thread_safe` or declared so (``source_threads``; why: docs/privacy.md, "Refused, and
-why").
-"""
+"""Examples read on demand for `keras_dyndp.poisson_batches`: data that need not fit in memory. Two kinds of input are
+read row by row instead of being converted to tensors first: array-likes that index by a sorted integer array without
+loading everything (numpy memmaps, h5py / zarr-like datasets), and random-access sources (``len(source)``,
+``source[i]``, ``source.__getitems__(list)`` when present: the protocol of ``tfds.data_source`` and grain), each example
+``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``. Each step draws its batch exactly as Poisson
+sampling does (`draw`), in O(k), not O(N); the indices are read in increasing order and padded as the in-memory batches
+are (`Rows.batch`). A source is called from several threads at once only if it is `readers.known_thread_safe` or
+declared so (``source_threads``; why: docs/privacy.md, "Refused, and why")."""
 
 from __future__ import annotations
 

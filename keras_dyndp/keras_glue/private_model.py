@@ -1,11 +1,6 @@
-"""What ``make_private`` means, once for both backends; each backend's ``train_step`` module supplies `Hooks`.
-
-A private model is one ``make_private`` bound here: its options (`PrivateConfig`, also recorded in its DP
-optimizer's config so that ``load_model`` restores them), the data each Keras entry point showed it
-(`keras_dyndp.keras_glue.entry_points.DataSeen`) and its backend's hooks, kept beside the model (never as attributes on
-it) for as long as the model lives. The backend's train step, train function and checks read them from here; ``fit``'s
-refusal past the budget is raised as one `BudgetExhaustedError`, without Keras's traceback (`budget_refusal`).
-"""
+"""What ``make_private`` means, once for both backends; each backend's ``train_step`` module supplies `Hooks`. The
+record of each private model is kept beside it, never as attributes on it (docs/architecture.md, "The two backends,
+file by file")."""
 
 from __future__ import annotations
 

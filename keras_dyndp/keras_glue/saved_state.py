@@ -1,9 +1,7 @@
-"""How a DP optimizer's state lies in a ``.keras`` / ``.weights.h5`` file (`SavedDPState`), on every backend.
-
-Keras saves an optimizer's variables by position. The DP state that is not a slot of the base optimizer goes after
-the slots, so a file's positions stay those of files saved before that state existed: the steps released
-(``released_steps``), then, with adaptive clipping, the clip norm C_t it has reached (``adaptive_clip_norm``).
-"""
+"""How a DP optimizer's state lies in a ``.keras`` / ``.weights.h5`` file (`SavedDPState`), on every backend. Keras
+saves an optimizer's variables by position. The DP state that is not a slot of the base optimizer goes after the slots,
+so a file's positions stay those of files saved before that state existed: the steps released (``released_steps``),
+then, with adaptive clipping, the clip norm C_t it has reached (``adaptive_clip_norm``)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,13 @@
 """Ghost-clipping rules of the trained weights of Keras's dot-product and additive attention layers (Keras 3's and Keras
 2's), the same rule code on TensorFlow and JAX (`keras_dyndp.rules.layer_rules`' contract): ``AdditiveAttention``'s
 ``scale`` [dim] (``use_scale=True``, its default), ``Attention``'s scalar ``scale`` (``use_scale=True``) and, with
-``score_mode="concat"``, its scalar ``concat_score_weight``.
-
-Such a weight is tiny and used at every pair of positions, so each example's gradient is materialised (exact: no
-rounding bound needed) by one vector-Jacobian product of the layer's own call, in which each example reads its own copy
-of the weights, broadcast over the batch (float32; the backend's ``ops.vjp``, as ``keras.ops`` has none).
-
-The rule sees the layer's inputs and output gradient only, so it covers the calls it can reproduce: no dropout, no Keras
-2 ``causal=True``, every recorded call with the inputs alone and without a mask on them (`supports`). A layer it does
-not cover keeps its other path (TensorFlow's vectorized path, JAX's vmap gradients).
-"""
+``score_mode="concat"``, its scalar ``concat_score_weight``. Such a weight is tiny and used at every pair of positions,
+so each example's gradient is materialised (exact: no rounding bound needed) by one vector-Jacobian product of the
+layer's own call, in which each example reads its own copy of the weights, broadcast over the batch (float32; the
+backend's ``ops.vjp``, as ``keras.ops`` has none). The rule sees the layer's inputs and output gradient only, so it
+covers the calls it can reproduce: no dropout, no Keras 2 ``causal=True``, every recorded call with the inputs alone and
+without a mask on them (`supports`). A layer it does not cover keeps its other path (TensorFlow's vectorized path, JAX's
+vmap gradients)."""
 
 from __future__ import annotations
 

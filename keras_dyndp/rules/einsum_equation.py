@@ -1,16 +1,14 @@
-"""An EinsumDense equation as a Dense over positions: the one reduction the ghost rules of both backends use.
-
-``z[b, P, M] = sum_C x[b, P, C] K[C, M]``: the batch letter b leads the input and the output and is not the kernel's;
-the position letters P (input and output, not the kernel) index the positions at which the kernel is applied; the
-contracted letters C (input and kernel) make the fan-in k, the kernel's output letters M (kernel and output) the
-fan-out m. With the input transposed to [B, P, C] -> [B, T, k] and the output gradient to [B, P, M] -> [B, T, m],
-example i's kernel gradient is a_i^T g_i [k, m], in the kernel's letter order after a reshape and a transpose. Every
-equation Keras's MultiHeadAttention builds ('abc,cde->abde', 'abcd,cde->abe', 'aecd,abcd->acbe' is not an
-EinsumDense) and a Dense written as an equation ('ab,bc->ac', 'abc,cd->abd') reduce so. An equation that mixes the
-batch axis (contracts it, or gives it to the kernel), repeats a letter in one operand (a diagonal), sums an axis away
-without the kernel, broadcasts one in, or shares a letter among all three operands (block-diagonal kernels) does not:
-`plan` returns None and the layer keeps its per-example path.
-"""
+"""An EinsumDense equation as a Dense over positions: the one reduction the ghost rules of both backends use. ``z[b, P,
+M] = sum_C x[b, P, C] K[C, M]``: the batch letter b leads the input and the output and is not the kernel's; the position
+letters P (input and output, not the kernel) index the positions at which the kernel is applied; the contracted letters
+C (input and kernel) make the fan-in k, the kernel's output letters M (kernel and output) the fan-out m. With the input
+transposed to [B, P, C] -> [B, T, k] and the output gradient to [B, P, M] -> [B, T, m], example i's kernel gradient is
+a_i^T g_i [k, m], in the kernel's letter order after a reshape and a transpose. Every equation Keras's
+MultiHeadAttention builds ('abc,cde->abde', 'abcd,cde->abe', 'aecd,abcd->acbe' is not an EinsumDense) and a Dense
+written as an equation ('ab,bc->ac', 'abc,cd->abd') reduce so. An equation that mixes the batch axis (contracts it, or
+gives it to the kernel), repeats a letter in one operand (a diagonal), sums an axis away without the kernel, broadcasts
+one in, or shares a letter among all three operands (block-diagonal kernels) does not: `plan` returns None and the layer
+keeps its per-example path."""
 
 from __future__ import annotations
 

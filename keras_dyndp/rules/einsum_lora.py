@@ -1,14 +1,12 @@
 """An EinsumDense's LoRA adapters as two Dense-like steps: the one reduction the LoRA ghost rules of both backends use
 (`keras_dyndp.tf_backend.per_example.lora`, `keras_dyndp.jax_backend.per_example.lora`), beside what they read of any
-LoRA layer (`enabled`, `scale`).
-
-Keras 3's LoRA EinsumDense computes ``einsum(equation, x, W + s A @ B)`` with A of the kernel's shape but its last
-axis (letter e) replaced by the rank r, and B [r, e]. Where e is one of the kernel's output letters (in the output,
-not in the input: every MultiHeadAttention projection and Dense-like equation), ``einsum(equation, x, A @ B)`` is
-``u = einsum(rank_equation, x, A)`` (e replaced by r in the kernel and the output), then u's axis ``axis`` (where e
-stands in the output) times B: A's per-example gradient is the EinsumDense rule of ``rank_equation`` for the output
-gradient s g B^T (along ``axis``), B's the Dense rule over u's positions with ``axis`` last.
-"""
+LoRA layer (`enabled`, `scale`). Keras 3's LoRA EinsumDense computes ``einsum(equation, x, W + s A @ B)`` with A of the
+kernel's shape but its last axis (letter e) replaced by the rank r, and B [r, e]. Where e is one of the kernel's output
+letters (in the output, not in the input: every MultiHeadAttention projection and Dense-like equation),
+``einsum(equation, x, A @ B)`` is ``u = einsum(rank_equation, x, A)`` (e replaced by r in the kernel and the output),
+then u's axis ``axis`` (where e stands in the output) times B: A's per-example gradient is the EinsumDense rule of
+``rank_equation`` for the output gradient s g B^T (along ``axis``), B's the Dense rule over u's positions with ``axis``
+last."""
 
 from __future__ import annotations
 

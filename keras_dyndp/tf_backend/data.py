@@ -1,11 +1,9 @@
 """Poisson-sampled batches as a ``tf.data.Dataset`` (`keras_dyndp.poisson_batches` on TensorFlow), and shuffled ones.
-
 `keras_dyndp.data.sampling` holds the sampler's arguments, checks and privacy argument. ``seed=None`` draws 63 bits from
 the OS (never the global seed; agreed by multi-worker workers, `distribution.agreed_random_bits`) and every iteration
 draws fresh batches; an integer seed and ``start_step`` repeat them (with the same global seed, which TensorFlow mixes
 in). The datasets are registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's checks; a
-derived one is not. `shuffled_batches` is an approximation the accounting does not cover.
-"""
+derived one is not. `shuffled_batches` is an approximation the accounting does not cover."""
 
 from __future__ import annotations
 

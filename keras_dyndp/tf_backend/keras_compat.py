@@ -1,9 +1,7 @@
-"""What keras_dyndp does differently on Keras 2 and Keras 3: the only module that may depend on the version.
-
-Every other module imports the Keras in use (`keras`) and the version-dependent helpers from here. Keras 2 is TF
-2.15's ``tf.keras`` or ``tf_keras`` (``TF_USE_LEGACY_KERAS=1`` on newer TF); Keras 3 is the ``keras`` package on the
-TensorFlow backend (TF 2.16+). `KERAS_MAJOR_VERSION` says which; each helper's docstring says what differs.
-"""
+"""What keras_dyndp does differently on Keras 2 and Keras 3: the only module that may depend on the version. Every other
+module imports the Keras in use (`keras`) and the version-dependent helpers from here. Keras 2 is TF 2.15's ``tf.keras``
+or ``tf_keras`` (``TF_USE_LEGACY_KERAS=1`` on newer TF); Keras 3 is the ``keras`` package on the TensorFlow backend (TF
+2.16+). `KERAS_MAJOR_VERSION` says which; each helper's docstring says what differs."""
 
 from __future__ import annotations
 
@@ -264,11 +262,9 @@ def steps_per_execution(model: keras.Model) -> int | None:
 
 
 def set_steps_per_execution(model: keras.Model, steps: int) -> None:
-    """Changes ``steps_per_execution`` for the next call of the train function, also in the middle of ``fit``.
-
-    Keras 2 reads a variable at every call. Keras 3 traces the value into its train function: the first change keeps
-    the current one and traces one for the new value; setting the original value back restores the original.
-    """
+    """Changes ``steps_per_execution`` for the next call of the train function, also in the middle of ``fit``. Keras 2
+    reads a variable at every call. Keras 3 traces the value into its train function: the first change keeps the current
+    one and traces one for the new value; setting the original value back restores the original."""
     if not _KERAS_3:
         model._steps_per_execution.assign(steps)  # noqa: SLF001  (Keras 2 Model: the variable its train function reads)
         return

@@ -4,8 +4,7 @@ per-example clipped sums (`keras_dyndp.tf_backend.per_example.clipped_gradient_s
 ``model.optimizer.apply_clipped_sum``; it logs only ``dp_step`` unless ``training_metrics=True``. Under mixed precision
 the losses, clipping, sum and noise are float32 and the LossScaleOptimizer is bypassed (a dynamic loss scale would skip
 or shrink steps depending on the private batch). The checks, and what they refuse: docs/privacy.md, "Refused, and why"
-and "Which entry points are covered, and how".
-"""
+and "Which entry points are covered, and how"."""
 
 from __future__ import annotations
 

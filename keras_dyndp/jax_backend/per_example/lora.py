@@ -1,12 +1,10 @@
 """Ghost-clipping rules on JAX for Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and Embedding
 with only the adapters A [in, r] and B [r, out] trained, the effective kernel W + s A B. The TensorFlow rules' math
 (`keras_dyndp.tf_backend.per_example.lora`); the bias, where it trains, keeps the vmap path as the plain Dense's does.
-
 Registered on import over the plain rules of the same classes: a layer without LoRA keeps the plain rule. A and B are
 read as the step's values (the step runs the rules in a ``StatelessScope`` of its trainable values). The transformed
 inputs and gradients are computed once, so each example's contribution to the sum stays within the norm the rule
-reports.
-"""
+reports."""
 
 from __future__ import annotations
 

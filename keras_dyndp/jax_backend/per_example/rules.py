@@ -3,11 +3,8 @@ offset) from each example's layer input ``a_i`` and output gradient ``g_i`` (bef
 them, [B, rows, ...]; the TensorFlow rules' math (`keras_dyndp.tf_backend.per_example`), in the form
 `keras_dyndp.rules.ghost_cost` finds cheapest. An EinsumDense is a Dense over positions after a transpose
 (`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path); a normalisation's scale and
-offset gradients are small and materialised.
-
-Registered on import into the one registry (`keras_dyndp.rules.registry`), as any rule of the shared contract
-(`keras_dyndp.rules.layer_rules`; example: docs/usage.md's ``ScaleShift``): on JAX a, g are [B, 1, ...] (each
-example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``."""
+offset gradients are small and materialised. Registered on import into the one registry (docs/architecture.md, "The
+ghost-rule registry"); on JAX a, g are [B, 1, ...] (each example's batch of one, vmapped)."""
 
 from __future__ import annotations
 

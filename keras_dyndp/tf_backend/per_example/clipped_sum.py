@@ -1,11 +1,9 @@
 """Per-example clipped gradient sums: the entry point that picks ghost clipping, the vectorized or the jacobian path.
-
 ``'auto'`` takes ``'ghost'`` (`ghost`) where every layer and op is known to act per example (`per_example_layers`),
 every trainable variable is in a layer with a rule (`rules`) and rows are examples, else ``'vectorized'``.
 ``'jacobian'`` differentiates the batch's losses together, O(B^2), as ``num_microbatches`` does
 (`keras_dyndp.tf_backend.microbatches`). `model_checks` refuses batch statistics first; random layers draw from a secret
-generator (`randomness`). The sums carry NO noise: the optimizer adds it.
-"""
+generator (`randomness`). The sums carry NO noise: the optimizer adds it."""
 
 from __future__ import annotations
 

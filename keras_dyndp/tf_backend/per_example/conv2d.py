@@ -1,12 +1,9 @@
 """Ghost-clipping rules for the convolutions (channels_last): Conv1D and Conv2D (groups 1; Conv1D causal too),
-DepthwiseConv2D and SeparableConv2D, and the kernel-gradient machinery they share.
-
-A kernel's per-example gradient is the bilinear form of its image patches and g (`norms`), or, faster where it
-applies, a depthwise filter gradient with the batch as channels (a depthwise kernel, or a 1-channel input, see
-`one_channel_by_depthwise_filter`; ``benchmarks/conv_gradient.py``). A Conv1D is a Conv2D one row high. A
-SeparableConv2D is a depthwise convolution u then a 1 x 1 pointwise P: P's gradient is bilinear in u and g, and u's
-gradient g P^T gives the depthwise kernel's.
-"""
+DepthwiseConv2D and SeparableConv2D, and the kernel-gradient machinery they share. A kernel's per-example gradient is
+the bilinear form of its image patches and g (`norms`), or, faster where it applies, a depthwise filter gradient with
+the batch as channels (a depthwise kernel, or a 1-channel input, see `one_channel_by_depthwise_filter`;
+``benchmarks/conv_gradient.py``). A Conv1D is a Conv2D one row high. A SeparableConv2D is a depthwise convolution u then
+a 1 x 1 pointwise P: P's gradient is bilinear in u and g, and u's gradient g P^T gives the depthwise kernel's."""
 
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
-"""Ghost clipping: per-example gradient norms and the clipped sum from one batched forward and backward pass.
-
-One pass records each covered layer's input and the gradient of the summed loss with respect to its pre-activation
-(variables read through ``tf.stop_gradient``: no weight gradient computed); its rule (`registry`) turns them into
-per-example squared norms and the clipped sum. Li et al. 2021, after Goodfellow 2015. Row i of every tapped tensor
-must belong to example i, checked while tracing: TimeDistributed folds [B, T, ...] example-major itself in the tapped
-pass; every tapped input must have one row per example (or per example and step), proven on a probe trace with an
-unusual static batch size and enforced by a reshape that fails at run time; a variable that still gets a gradient
-(tied weights), is shared by two layers, or a layer called twice sends the model to the vectorized path.
-"""
+"""Ghost clipping: per-example gradient norms and the clipped sum from one batched forward and backward pass. One pass
+records each covered layer's input and the gradient of the summed loss with respect to its pre-activation (variables
+read through ``tf.stop_gradient``: no weight gradient computed); its rule (`registry`) turns them into per-example
+squared norms and the clipped sum. Li et al. 2021, after Goodfellow 2015. Row i of every tapped tensor must belong to
+example i, checked while tracing: TimeDistributed folds [B, T, ...] example-major itself in the tapped pass; every
+tapped input must have one row per example (or per example and step), proven on a probe trace with an unusual static
+batch size and enforced by a reshape that fails at run time; a variable that still gets a gradient (tied weights), is
+shared by two layers, or a layer called twice sends the model to the vectorized path."""
 
 from __future__ import annotations
 
