@@ -114,11 +114,8 @@ def largest_scale_within(
     epsilon in [target (1 - rtol), target] unless it jumps across that window (module docstring). `epsilon_of` is
     increasing, inf where the accountant cannot represent the schedule; `rough_epsilon_of` an optional cheap stand-in
     for a first pass to 1%; `slope` a guess of d log(epsilon) / dx at `start`; `what` names the object in errors.
-
-    Raises:
-      CalibrationError: if `lower` spends more than the target, if `upper` (or the edge where epsilon_of is finite)
-        spends less than target (1 - rtol), or if the search does not converge.
-    """
+    CalibrationError if `lower` spends more than the target, `upper` (or the edge where epsilon_of is finite) less
+    than target (1 - rtol), or the search does not converge."""
     x = min(max(start, lower), upper)
     slope = slope if math.isfinite(slope) and slope > 0 else 1.0
     if rough_epsilon_of is not None:

@@ -239,13 +239,9 @@ def check_max_batch_size(
 ) -> float:
     """The `overflow_probability` eta of Poisson batches of ``num_examples`` capped at ``max_batch_size`` for the
     optimizer's ``schedule`` and the DP step's ``size_range`` (None: no size is checked), checked before the first step
-    so that the added delta is recorded for the run's report.
-
-    Raises:
-      ValueError: for a cap below `default_max_batch_size` whose `added_delta` (at the schedule's PLD epsilon) exceeds
-        `TRUNCATION_DELTA_SHARE` of the target delta (for a schedule built by hand, of 1 / N); an infinite epsilon (no
-        noise) states no guarantee for the cap to void, and is accepted.
-    """
+    so that the added delta is recorded for the run's report. ValueError for a cap below `default_max_batch_size`
+    whose `added_delta` (at the schedule's PLD epsilon) exceeds `TRUNCATION_DELTA_SHARE` of the target delta (for a
+    schedule built by hand, of 1 / N); an infinite epsilon (no noise) states no guarantee to void, and is accepted."""
     p = schedule.sampling_probability
     overflow = overflow_probability(num_examples, p, max_batch_size, size_range)
     default = default_max_batch_size(num_examples, p)

@@ -313,14 +313,10 @@ def _unflatten(layout: Any, leaves: Any) -> Any:
 
 
 def _owned(element: Any) -> Any:
-    """``element`` (a nest a source call returned) with every leaf the source could change copied (see `BatchRows`).
-
-    Every numpy array is copied (``leaf.copy()``, keeping its subclass): no flag proves an array fresh, nor is a
-    structured array's row (``np.void``, a view). Immutable leaves are kept; any other leaf is ``copy.deepcopy``-ed.
-
-    Raises:
-        ValueError: a leaf that is neither a numpy array nor immutable and cannot be deep-copied.
-    """
+    """``element`` (a nest a source call returned) with every leaf the source could change copied (see `BatchRows`):
+    every numpy array (``leaf.copy()``, keeping its subclass: no flag proves an array fresh, nor is a structured
+    array's row, ``np.void``, a view); immutable leaves kept; any other ``copy.deepcopy``-ed, ValueError if it cannot
+    be."""
     kind = type(element)
     if kind is np.ndarray:
         return element.copy()

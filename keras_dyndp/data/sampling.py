@@ -206,12 +206,8 @@ def check_resume(data: Any, poisson: PoissonSampling | None, optimizer: Any) -> 
 
 def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = None) -> int:
     """N, the rows of every array in ``x`` and ``y`` and of ``sample_weight`` ([N] or [N, 1]; or per loss entry,
-    [N, L, ...]), checked.
-
-    Raises:
-        ValueError: if an array has no leading example dimension, N < 1, the rows differ or are not
-            ``num_examples`` (when given).
-    """
+    [N, L, ...]); ValueError if an array has no leading example dimension, N < 1, or the rows differ or are not
+    ``num_examples`` (when given)."""
     shapes = [tuple(np.shape(leaf)) for leaf in batch_sizes.leaves(x) + batch_sizes.leaves(y)]
     if not shapes or any(not shape for shape in shapes):
         raise ValueError("`x` and `y` must be arrays (or nests of arrays) with a leading example dimension.")

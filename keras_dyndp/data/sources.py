@@ -194,12 +194,8 @@ def example_function(map_fn: Callable) -> Callable[[Any], Any]:
     ``tf.data.Dataset.map`` calls its function where that is what ``map_fn`` takes: a tuple element (arrays'
     ``(x_i, y_i)``, a source's tuples) unpacked into its parts, ``map_fn(x_i, y_i)``, when ``map_fn`` takes two
     positional arguments or more (or ``*args``); an element whole, ``map_fn(element)``, when it takes one (a tfds
-    dict, or a tuple to a function of one argument) or its signature cannot be read.
-
-    Raises:
-        ValueError: ``map_fn`` is not callable or takes no argument; or (when an element is read) ``map_fn`` takes
-            the parts of a tuple and an element is not a tuple of as many parts.
-    """
+    dict, or a tuple to a function of one argument) or its signature cannot be read. ValueError if ``map_fn`` is not
+    callable or takes no argument, or (when an element is read) takes a tuple's parts and the element is not one."""
     if not callable(map_fn):
         raise ValueError(
             f"`map` must be a function of an example: map(element) or map(x_i, y_i). Received: {map_fn!r}."

@@ -44,19 +44,11 @@ class PrivateConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Hooks:
-    """What a backend gives ``make_private``.
-
-    Args:
-      backend: the backend's name in refusals ('TensorFlow', 'JAX').
-      model_class: the Keras ``Model`` class of the backend.
-      optimizer_class: the DP optimizers' base class (`keras_dyndp.optimizer_base.DPOptimizerBase`).
-      methods: the clipping methods ``make_private`` takes.
-      train_step: the private train step, installed as the model's ``train_step``.
-      unwrap_optimizer: the DP optimizer inside what ``compile`` set (or a refusal of the wrapper).
-      install: installs the backend's entry points and train function on the model (after the train step).
-      data_hook: the Keras 3 method `recording_build` replaces on the model; None, or a name its class lacks
-        (Keras 2): none.
-    """
+    """What a backend gives ``make_private``: its name in refusals, its Keras ``Model`` class, its DP optimizers' base
+    class, the clipping methods it takes, the private ``train_step``, ``unwrap_optimizer`` (the DP optimizer inside
+    what ``compile`` set, or a refusal of the wrapper), ``install`` (its entry points and train function, put on the
+    model after the train step) and ``data_hook``, the Keras 3 method `recording_build` replaces (None, or a name the
+    class lacks, on Keras 2: none)."""
 
     backend: str
     model_class: type

@@ -18,16 +18,9 @@ from typing import NamedTuple
 
 
 class Plan(NamedTuple):
-    """How to read an EinsumDense call as a Dense over positions (module docstring).
-
-    Attributes:
-      input_order: the input's axes in the order [batch, P..., C...] (a transpose permutation).
-      output_order: the output's axes in the order [batch, P..., M...] (a transpose permutation).
-      fan_in: k, the product of the contracted axes' sizes.
-      fan_out: m, the product of the kernel's output axes' sizes.
-      gradient_shape: the kernel's axes' sizes in the order [C..., M...] (a [k, m] gradient reshaped).
-      kernel_order: the permutation from [C..., M...] to the kernel's own axis order.
-    """
+    """How to read an EinsumDense call as a Dense over positions (module docstring): the transposes of the input to
+    [batch, P..., C...] and of the output to [batch, P..., M...], k and m (the sizes of C and M), the kernel's sizes in
+    the order [C..., M...] (a [k, m] gradient reshaped) and the permutation from there to the kernel's own order."""
 
     input_order: tuple[int, ...]
     output_order: tuple[int, ...]

@@ -26,12 +26,8 @@ def scale(layer: Any) -> float:
 
 
 class LoraPlan(NamedTuple):
-    """How a LoRA EinsumDense's adapters are applied (module docstring).
-
-    Attributes:
-      rank_equation: ``x, A -> u``: the layer's equation with the kernel's last letter replaced by the rank's.
-      axis: the output axis (batch first, ``...`` expanded) of the kernel's last letter, u's rank axis.
-    """
+    """How a LoRA EinsumDense's adapters are applied (module docstring): ``x, A -> u`` and u's rank axis (batch first,
+    ``...`` expanded)."""
 
     rank_equation: str
     axis: int

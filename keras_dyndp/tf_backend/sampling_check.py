@@ -42,18 +42,10 @@ def count_nonzero_rows(values: tf.Tensor) -> tf.Tensor:
 
 
 class SamplingCheck:
-    """The two checks of the module docstring for one optimizer; a plain object, so nothing of it is saved.
-
-    Args:
-      step_checks: the optimizer's `keras_dyndp.core.step_checks.StepChecks`, which the step asserts (point 1): the
-        schedule's p, N and the batch-size range (None without ``expected_batch_size``: no size is checked).
-      public_batch_size: the optimizer's `public_batch_size`: keras_dyndp's Poisson batches are refused.
-      optimizer_name: the optimizer's class name, for the refusals.
-      note_unverified: the optimizer's `note_unverified_sampling`; True the first time (the `SamplingWarning` is
-        given then).
-      note_batch_cap: the optimizer's `note_batch_cap`, called with N and the cap of the Poisson batches ``fit``
-        received.
-    """
+    """The two checks of the module docstring for one optimizer, from its `StepChecks` (the schedule's p, N and
+    batch-size range, which the step asserts), its `public_batch_size` (keras_dyndp's Poisson batches refused), its
+    class name (for the refusals), its `note_unverified_sampling` and its `note_batch_cap`; a plain object, so nothing
+    of it is saved."""
 
     def __init__(
         self,
@@ -66,7 +58,7 @@ class SamplingCheck:
         self._step_checks = step_checks
         self._public_batch_size = public_batch_size
         self._optimizer_name = optimizer_name
-        self._note_unverified = note_unverified  # The optimizer's `note_unverified_sampling`: True the first time.
+        self._note_unverified = note_unverified  # True the first time: the `SamplingWarning` is given then.
         self._note_batch_cap = note_batch_cap
         self._fit_checked = False
 
