@@ -43,9 +43,8 @@ from keras_dyndp.core import validation
 
 ArrayLike = Sequence[float] | np.ndarray
 
-# The package's PLD grid (`registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`): coarser than dp_accounting's 1e-4,
-# so faster and slightly looser, still an upper bound (docs/performance.md, "Accounting cost").
-# The PLD's `final_options` in `registry` (1e-4) are for final reported numbers.
+# The package's PLD grid: coarser than dp_accounting's 1e-4 (the registry's `final_options`, for final reported
+# numbers), so faster and slightly looser, still an upper bound (docs/performance.md, "Accounting cost").
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 DEFAULT_MAX_GROUPS = 100
 # Largest relative increase of the CLT sum sum_t (exp(1/z_t^2) - 1) that grouping may cause.

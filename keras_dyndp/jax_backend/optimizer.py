@@ -131,7 +131,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return microbatches.random_assignment(key, num_rows, self._num_microbatches)
 
     def secret_key(self, optimizer_variables) -> jax.Array:
-        """The step's secret key for its random layers' states (module docstring)."""
+        """The step's secret key for its random layers' states (`keras_dyndp.jax_backend.noise_source`)."""
         return self._step_key(optimizer_variables, noise_source.LAYER_SEEDS)
 
     def _refusal(self, code: int, num_examples: int, optimizer_variables, budget_stop: str | None) -> RuntimeError:

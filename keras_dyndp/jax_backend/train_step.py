@@ -417,5 +417,5 @@ _HOOKS = private_model.Hooks(
     train_step=_private_train_step,
     unwrap_optimizer=_unwrap_optimizer,
     install=_install,
-    data_hook="_symbolic_build",  # Keras 3's: what unbound entry points show of their data (module docstring).
+    data_hook="_symbolic_build",  # Keras 3's: what unbound entry points show of their data (docs/privacy.md).
 )

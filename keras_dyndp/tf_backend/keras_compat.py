@@ -40,7 +40,6 @@ _KERAS_3 = KERAS_MAJOR_VERSION == 3
 if _KERAS_3:
     import keras  # pylint: disable=import-outside-toplevel,redefined-outer-name,wrong-import-position  # noqa: E402,F811
 
-# ----------------------------------------------------------------------------------------------------------
 # Optimizers.
 
 
@@ -86,7 +85,6 @@ def unwrap_optimizer(optimizer: Any) -> Any:
     return optimizer.inner_optimizer if isinstance(optimizer, LOSS_SCALE_OPTIMIZER_CLASSES) else optimizer
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Losses.
 
 
@@ -95,7 +93,6 @@ def is_per_example_loss(loss: keras.losses.Loss) -> bool:
     return loss.reduction in ((None, "none") if _KERAS_3 else (keras.losses.Reduction.NONE,))
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Models and layers.
 
 
@@ -245,7 +242,6 @@ else:  # Keras 3: one class; ``synchronized=True`` replaces SyncBatchNormalizati
     ALWAYS_MIXING_BATCH_NORM_CLASSES = ()
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Training loop (fit) and callbacks.
 
 
@@ -302,7 +298,6 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
         super().set_params({**params, "epochs": self.total_epochs})
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Entry points.
 
 
