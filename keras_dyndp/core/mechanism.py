@@ -14,13 +14,12 @@ D and D' = D + {x} by drawing every row's microbatch once, only x's microbatch c
 law mixes such pairs, and the hockey-stick and Renyi divergences are jointly convex, so each step is dominated by
 ``PoissonSampledDpEvent(p, GaussianDpEvent(sigma / C))``. Hence s = 2 on EVERY step (a data-dependent scale would leak).
 
-``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`;
-numpy in the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``,
-``divide_no_nan(x, y)`` (0 where y is 0), ``is_finite``, ``sqrt``, ``mean(x, axes)``, ``normals(source, tensors)``
-(standard normal float32 draws shaped like each tensor). No TensorFlow or JAX import here.
-
-References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic Differential-Privacy Preserving
-SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification through Scale, 2022.
+``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`; numpy in
+the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``, ``divide_no_nan(x, y)``
+(0 where y is 0), ``is_finite``, ``sqrt``, ``mean(x, axes)``, ``normals(source, tensors)`` (standard normal float32
+draws shaped like each tensor). References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic
+Differential-Privacy Preserving SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification
+through Scale, 2022.
 """
 
 from __future__ import annotations

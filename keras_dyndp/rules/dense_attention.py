@@ -86,19 +86,10 @@ def _reading(layer: Any, values: dict[str, Any]):
 
 
 def norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[Any, Callable]:
-    """The rule's ``norms_and_sums`` (`keras_dyndp.rules.layer_rules`' contract): each example's gradient of every
-    covered weight, materialised (module docstring).
-
-    Args:
-      layer: an ``Attention`` or ``AdditiveAttention`` layer that `supports` covers.
-      a: its inputs [query, value] or [query, value, key], each [B, rows, ..., T, dim].
-      g: the loss's gradient at its output, [B, rows, ..., Tq, dim].
-
-    Returns:
-      ``(squared_norms, sums)``: the per-example squared norms [B] of all its weights' gradients together, float32,
-      and the function ``factors [B] -> [sum_i factors_i (example i's gradient), one per weight]`` (an example whose
-      factor is 0 adds exactly nothing, `layer_rules.weighted_sum`).
-    """
+    """The rule's ``norms_and_sums`` (`keras_dyndp.rules.layer_rules`' contract) for an ``Attention`` or
+    ``AdditiveAttention`` ``layer`` that `supports` covers, its inputs ``a`` ([query, value] or [query, value, key],
+    each [B, rows, ..., T, dim]) and output gradient ``g``: each example's gradient of every covered weight,
+    materialised (module docstring)."""
     ops = layer_rules.keras_ops()
     batch = ops.shape(g)[0]
     rows = lambda x: ops.cast(ops.reshape(x, (-1, *ops.shape(x)[2:])), "float32")  # noqa: E731  [B * rows, ...]
