@@ -1,14 +1,9 @@
-"""Fast, pessimistic PLD accounting of heterogeneous Poisson-subsampled Gaussian steps.
+"""Fast, pessimistic PLD accounting of heterogeneous Poisson-subsampled Gaussian steps. dp_accounting's `PLDAccountant`
+is the tightest rigorous accountant for DP-SGD, but composes thousands of distinct noise multipliers z_t slowly. Here:
 
-dp_accounting's `PLDAccountant` is the tightest rigorous accountant for DP-SGD, but composing thousands of distinct
-noise multipliers z_t = sigma_t / C_t with it takes minutes. Two things make it fast here:
-
-1. Grouping that can only over-estimate epsilon: a smaller z is a less private step (its PLD dominates), so steps
-   sorted by z are cut into groups, each one self-composed PLD at its SMALLEST z. Rounding step t down to z_g adds
-   w(z_g) - w(z_t) to the extended GDP CLT's sum of w(z) = exp(1/z^2) - 1; greedy groups add at most tau each, the
-   largest tau whose total stays below `tolerance` times the sum (or the smallest that fits `max_groups` groups).
-   The same groups with z rounded UP give a lower bound on the ungrouped epsilon (docs/performance.md, "Accounting
-   cost").
+1. Grouping that can only over-estimate epsilon (`group_noise_multipliers`): a smaller z is a less private step (its
+   PLD dominates), so steps sorted by z are cut into groups, each one self-composed PLD at its SMALLEST z. The same
+   groups with z rounded UP give a lower bound on the ungrouped epsilon (docs/performance.md, "Accounting cost").
 2. Each group's PLD built with numpy, by the algorithm of dp_accounting's `from_gaussian_mechanism(z,
    sampling_prob=p, value_discretization_interval=d)` (tested against it): the privacy loss of the REMOVE pair
    ((1 - p) N(0, z^2) + p N(-1, z^2) against N(0, z^2)) and of the ADD pair (N(0, z^2) against (1 - p) N(0, z^2) +

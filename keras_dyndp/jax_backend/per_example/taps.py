@@ -2,13 +2,11 @@
 (`registry`) clips the variables it covers without a per-example gradient of them. In a `Session`, a tapped layer's call
 records its input and adds a zero "tap" to its output (before its activation where it has one); the step differentiates
 the tap instead of the covered variables, which gives the output gradient. Tapped (`tappable`): a trainable layer of
-exactly a class in the rules given, in a configuration its rule supports, whose covered variables no other layer holds,
-not inside a layer with a rule of its own, called once per forward pass outside any JAX transformation of the model's
-own (a scan, vmap, checkpoint), and whose covered variables nothing else in the forward pass reads (a tied output
-projection, or a subclassed layer reading a sublayer's kernel, would add a gradient the tap misses; the probe traces the
-forward pass with stand-ins for them). The layers around it need no declaration: the step runs the forward pass one
-example at a time, so whatever they compute acts on that example alone. The others keep the vmap path. Outside a session
-the patched call is the original."""
+exactly a class in the rules given, in a configuration its rule supports, not inside a layer with a rule of its own,
+called once per forward pass outside any JAX transformation of the model's own (a scan, vmap, checkpoint), its covered
+variables held and read by no other layer (a tied output projection would add a gradient the tap misses; the probe
+traces the forward pass with stand-ins for them). The layers around it need no declaration: the forward pass runs one
+example at a time. The others keep the vmap path. Outside a session the patched call is the original."""
 
 from __future__ import annotations
 
