@@ -1,7 +1,6 @@
 """The refusals of a DP step, decided and worded once for both backends (`StepChecks`): TensorFlow asserts each in
 the step's graph (`keras_dyndp.tf_backend.optimizer`), JAX's jitted step records the first one's code until
-``raise_refused_step`` (`keras_dyndp.jax_backend.optimizer`). Only operators tensors and arrays share: no TensorFlow or
-JAX import here."""
+``raise_refused_step`` (`keras_dyndp.jax_backend.optimizer`). Only operators tensors and arrays share, no imports."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ UNRECORDED_FINGERPRINT = (0, 0)
 
 def restored_schedule_refusal(step: int, recorded_fingerprint: Sequence[int], schedule: Any) -> str | None:
     """Why a DP step must not run at step counter ``step`` under ``schedule``, or None when it may: a counter past 0
-    restored under another fingerprint (or none) would index the wrong schedule. Step 0 always runs: nothing is
-    spent."""
+    restored under another fingerprint (or none) would index the wrong schedule. Step 0, nothing spent, always runs."""
     recorded = tuple(int(word) for word in recorded_fingerprint)
     if step == 0 or recorded == schedule.fingerprint:
         return None
@@ -205,8 +203,7 @@ class StepChecks:
 
 class GradientGuard:
     """Remembers the values the DP path handed out (its gradients; the schedule's pair), so the optimizer can refuse
-    any others. A plain object (the checkpoint graph is unaffected), per thread (MirroredStrategy traces each replica
-    in its own thread)."""
+    any others: a plain object (outside the checkpoint graph), per thread (MirroredStrategy's replicas trace apart)."""
 
     def __init__(self):
         self._local = threading.local()

@@ -178,8 +178,7 @@ class BatchRows:
     again: a source that refills one buffer of its own at each read and returns it, or a view of it, would otherwise put
     its last read in every row. The first element gives one column per leaf: an array of one row per element for a numpy
     array or scalar, a list of `_owned` leaves for any other. An element of another structure, shape or dtype is kept
-    whole (`_owned`) and the batch stacked element by element (`examples`). The rows' writers may be several threads,
-    each its own rows."""
+    whole (`_owned`) and the batch stacked element by element (`examples`). Several threads may write, each its rows."""
 
     def __init__(self, num_rows: int, first: Any):
         self.num_rows, self.whole = num_rows, {}
@@ -313,10 +312,9 @@ def _unflatten(layout: Any, leaves: Any) -> Any:
 
 
 def _owned(element: Any) -> Any:
-    """``element`` (a nest a source call returned) with every leaf the source could change copied (see `BatchRows`):
-    every numpy array (``leaf.copy()``, keeping its subclass: no flag proves an array fresh, nor is a structured
-    array's row, ``np.void``, a view); immutable leaves kept; any other ``copy.deepcopy``-ed, ValueError if it cannot
-    be."""
+    """``element`` (a nest a source call returned) with every leaf the source could change copied (`BatchRows`): every
+    numpy array (``leaf.copy()``, keeping its subclass: no flag proves an array fresh, nor is a structured array's
+    row, ``np.void``, a view); immutable leaves kept; any other ``copy.deepcopy``-ed (ValueError if it cannot be)."""
     kind = type(element)
     if kind is np.ndarray:
         return element.copy()
@@ -386,9 +384,8 @@ _THREAD_SAFE_ARRAYS = ("numpy", "h5py", "zarr", "scipy")
 
 
 def _indexer(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
-    """``indices -> leaf[indices]`` as a numpy array (a scipy.sparse matrix's rows as their dense array). An
-    array-like of another package than `_THREAD_SAFE_ARRAYS` is read one call at a time (`source_guard`), its rows
-    copied inside."""
+    """``indices -> leaf[indices]`` as a numpy array (a scipy.sparse matrix's rows dense). An array-like of another
+    package than `_THREAD_SAFE_ARRAYS` is read one call at a time (`source_guard`), its rows copied inside."""
     safe = type(leaf).__module__.split(".")[0] in _THREAD_SAFE_ARRAYS
     guard = contextlib.nullcontext() if safe else source_guard(leaf, 1)
 

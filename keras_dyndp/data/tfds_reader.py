@@ -167,9 +167,8 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
 class _ArrayRecordFiles:
     """The records of a ``tfds.data_source``'s ArrayRecord files by key, read with array_record's
     ``ArrayRecordReader`` in its random-access mode, one record a ``read(offset, offset + 1)`` in the calling thread
-    with the GIL released, with a file buffer of twice a record's mean size on disk (ArrayRecord's own batched reads
-    cost more: docs/performance.md). A reader is not thread-safe, so each calling thread keeps a set of readers of
-    its own; a file opens at its first read."""
+    with the GIL released, with a file buffer of twice a record's mean size on disk (docs/performance.md). A reader is
+    not thread-safe: each calling thread keeps readers of its own; a file opens at its first read."""
 
     def __init__(self, instructions: list, reader_class: type):
         self.reader_class = reader_class

@@ -4,8 +4,8 @@ own step sees only the batch's mean loss. The stateless ``train_step`` runs each
 taps of `per_example.taps` where a rule covers a variable), sums and hands the sums to ``stateless_apply_clipped_sum``.
 Random-generator states (Dropout) are drawn from the step's secret key, never from Keras's seed, which users publish.
 Refusals: docs/privacy.md, "Refused, and why" and "Which entry points are covered, and how"; docs/jax.md. Under a
-``keras.distribution`` the jitted step keeps its global meaning: one noise key, the noise added once to the global sum.
-"""
+``keras.distribution`` the jitted step keeps its global meaning: one noise key, the noise added once to the global
+sum."""
 
 from __future__ import annotations
 
@@ -113,10 +113,9 @@ def _advanced_seed_states(model: keras.Model, trainable, non_trainable, x, is_se
 
 
 def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is_seed_state) -> Callable:
-    """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``, per
-    example (``jax.vmap``): the weighted loss's gradients (None for the variables the taps cover), each tapped
-    layer's inputs and output gradients, the outputs, the non-trainable values written (None for the secret seed
-    states), the losses."""
+    """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)`` per
+    example (``jax.vmap``); ``grads`` None for the variables the taps cover, ``tap_rows`` each tapped layer's inputs
+    and output gradients, ``new_non_trainable`` the values written (None for the secret seed states)."""
     covered = {index for _, indices, _ in tapped.values() for index in indices}
     differentiated = [i for i in range(len(trainable_variables)) if i not in covered]
 
@@ -316,10 +315,9 @@ def _put_back(model: keras.Model, state) -> None:
 
 
 def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
-    """Refuses Poisson batches at another rate than the schedule's or with ``public_batch_size``, arrays given to
-    ``fit`` without it, and under several processes anything but Poisson batches given to ``fit``; warns (once per
-    optimizer) on other data. ``seen``: ``(caller, x)`` as `keras_dyndp.keras_glue.entry_points.DataSeen` recorded it,
-    None when no entry point showed the data."""
+    """Refuses, given to ``fit``, Poisson batches unlike the schedule's (or with ``public_batch_size``), arrays without
+    it and, under several processes, anything but Poisson batches; warns once per optimizer on other data. ``seen``:
+    ``(caller, x)`` as `entry_points.DataSeen` recorded it, or None."""
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return  # The train step refuses it, naming what to use.
@@ -369,9 +367,8 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
 
 
 def _private_jax_state_sync(self: keras.Model):
-    """Keras's ``jax_state_sync`` (at each epoch's end, after ``train_on_batch``'s step, when a callback reads
-    ``self.model``), then `raise_refused_step` when steps ran since the last sync: a refusal surfaces in the call
-    that made it, at the epoch's end at the latest."""
+    """Keras's ``jax_state_sync``, then `raise_refused_step` when steps ran since the last sync: a refusal surfaces in
+    the call that made it, at the epoch's end at the latest."""
     # Whether steps ran since the last sync: Keras's JAX trainer keeps that in private attributes only.
     stepped = not getattr(self, "_jax_state_synced", True) and getattr(self, "_jax_state", None)
     type(self).jax_state_sync(self)

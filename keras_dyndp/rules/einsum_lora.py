@@ -5,8 +5,7 @@ kernel's shape but its last axis (letter e) replaced by the rank r, and B [r, e]
 letters (in the output, not in the input: every MultiHeadAttention projection and Dense-like equation),
 ``einsum(equation, x, A @ B)`` is ``u = einsum(rank_equation, x, A)`` (e replaced by r in the kernel and the output),
 then u's axis ``axis`` (where e stands in the output) times B: A's per-example gradient is the EinsumDense rule of
-``rank_equation`` for the output gradient s g B^T (along ``axis``), B's the Dense rule over u's positions with ``axis``
-last."""
+``rank_equation`` for the output gradient s g B^T (along ``axis``), B's the Dense rule over u's positions, axis last."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def scale(layer: Any) -> float:
 
 
 class LoraPlan(NamedTuple):
-    """How a LoRA EinsumDense's adapters are applied (module docstring): ``x, A -> u`` and u's rank axis (batch first,
-    ``...`` expanded)."""
+    """A LoRA EinsumDense's adapters as applied (module docstring): ``x, A -> u``; u's rank axis, ``...`` expanded."""
 
     rank_equation: str
     axis: int

@@ -151,11 +151,10 @@ def _nested_graphs(graph, op) -> list:
 
 
 def _dependent_writes(graph, dependent: set, gated: bool) -> list[tuple[Any, str]]:
-    """(resource tensor of ``graph``, op name) of every write whose value depends on the tensors ``dependent``.
-    ``dependent``: ids of ``graph``'s tensors computed from the batch (graph tensors are not hashable). ``gated``:
-    whether this graph runs only on a data-dependent condition or in a loop (then every write counts). Dependence is
-    followed op by op through data inputs (conservatively: all outputs of an op depend on all its inputs). A write
-    inside a nested body is reported as a write to the outer tensor that feeds the body's resource input."""
+    """(resource tensor of ``graph``, op name) of every write whose value depends on the tensors whose ids are
+    ``dependent`` (computed from the batch), every write where ``gated`` (the graph runs on a data-dependent condition
+    or in a loop). Followed op by op through data inputs (every output of an op depends on all its inputs); a write in
+    a nested body is reported on the outer tensor that feeds the body's resource input."""
     dependent_ops = set()
     writes = []
 

@@ -84,10 +84,9 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
 
 
 def _clipping_method(model: keras.Model) -> str:
-    """make_private's method, with mixed precision sent to the vectorized path: it clips by the norms of the float32
-    gradients it sums, while the ghost rules compute norms from the layers' float16/bfloat16 inputs and output
-    gradients, and a norm rounded down would let a clipped gradient exceed C. Until they compute in float32, 'auto'
-    takes the vectorized path and 'ghost' is refused."""
+    """make_private's method; under mixed precision 'auto' takes the vectorized path and 'ghost' is refused: the ghost
+    rules' norms come from float16/bfloat16 layer inputs and output gradients, and one rounded down would let a
+    clipped gradient exceed C."""
     method = private_model.record(model).config.method
     dtypes = {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
     low_precision = sorted(dtypes & {"float16", "bfloat16"})
@@ -103,10 +102,9 @@ def _clipping_method(model: keras.Model) -> str:
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):
-    """``Model.fit`` showing its data to the checks (Keras 3's unbound ``fit`` shows it through
-    `private_model.recording_build`), with `_BudgetCheck`; a step refused past the budget ends it in one
-    `BudgetExhaustedError` instead of TensorFlow's graph traceback. A dataset's ``shuffle`` defaults to False, which
-    Keras ignores for datasets anyway (it warns on True)."""
+    """``Model.fit`` showing its data to the checks, with `_BudgetCheck`; a step refused past the budget ends it in one
+    `BudgetExhaustedError` instead of TensorFlow's graph traceback. ``shuffle`` defaults to False, which Keras ignores
+    for datasets anyway (it warns on True)."""
     bound = inspect.signature(type(self).fit).bind(self, *args, **kwargs)
     x = bound.arguments.get("x")
     optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
@@ -125,10 +123,9 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
-    """The checks of the data an entry point showed (``(caller, x)``, `keras_dyndp.keras_glue.entry_points.DataSeen`):
-    ``fit``'s budget left and data (`keras_dyndp.tf_backend.sampling_check.SamplingCheck.check_fit_input`: arrays
-    refused), ``train_on_batch``'s batch warned once. Returns whether the data was checked (the step then adds nothing);
-    the step warns once about data no entry point showed (`keras_dyndp.keras_glue.entry_points.UNSEEN_BATCHES`)."""
+    """The checks of the data an entry point showed (``(caller, x)``, `entry_points.DataSeen`): ``fit``'s budget left
+    and data (`SamplingCheck.check_fit_input`), ``train_on_batch``'s batch warned once. Returns whether the data was
+    checked; the step warns once about data no entry point showed (`entry_points.UNSEEN_BATCHES`)."""
     optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
     if seen is None or not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return False
