@@ -32,8 +32,7 @@ OVERFLOW_POLICIES = ("truncate", "raise")
 @dataclasses.dataclass(frozen=True)
 class PoissonSampling:
     """How `poisson_batches` samples; ``same_on_every_worker`` (TensorFlow): its seed was given or agreed by all;
-    ``seed`` (None: OS entropy) and ``start_step``: the caller's, the sampler's state (`check_resume`), not the law
-    (left out of ``==``)."""
+    ``seed`` (None: OS entropy) and ``start_step``: the sampler's state (`check_resume`), not its law (not in ==)."""
 
     num_examples: int
     sampling_probability: float
@@ -130,8 +129,7 @@ def poisson_batches(
 
 
 def _rows_on_demand(x, y, sample_weight, map, num_examples, source_threads) -> Any:
-    """`sources.rows` of data read on demand (a source, array-likes), checked to hold ``num_examples`` rows; or None
-    for in-memory data."""
+    """`sources.rows` of data read on demand, checked to hold ``num_examples`` rows; None for in-memory data."""
     source_threads = validation.check_int("source_threads", source_threads, 1, none_means="the package decides")
     on_demand = sources.rows(
         x, y, sample_weight, map, lambda *arrays: check_rows(*arrays, num_examples), source_threads

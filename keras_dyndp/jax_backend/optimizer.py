@@ -161,10 +161,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self._refusal(code, num_examples, optimizer_variables, budget_stop) if code else None
 
     def new_run(self, optimizer_variables) -> list:
-        """``optimizer_variables`` starting a new run of steps: the secret key's words, from host memory (the step
-        reads them as an input), a never-used run nonce (the keys of a counter that was rewound or restored are
-        new), no refusal recorded. The only state a step takes a key from: hand the values it returns to the step,
-        not to a saver."""
+        """``optimizer_variables`` starting a new run of steps: the secret key's words, from host memory (a runtime
+        input of the step), a never-used run nonce (a rewound or restored counter's keys are new), no refusal. The
+        only state a step takes a key from: hand the values it returns to the step, not to a saver."""
         values = list(optimizer_variables)
         index = self._index(self._run_state)
         fresh = self._noise_source.fresh_run_state(with_key=True)

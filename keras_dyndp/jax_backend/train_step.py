@@ -4,8 +4,7 @@ own step sees only the batch's mean loss. The stateless ``train_step`` runs each
 taps of `per_example.taps` where a rule covers a variable), sums and hands the sums to ``stateless_apply_clipped_sum``.
 Random-generator states (Dropout) are drawn from the step's secret key, never from Keras's seed, which users publish.
 Refusals: docs/privacy.md, "Refused, and why" and "Which entry points are covered, and how"; docs/jax.md. Under a
-``keras.distribution`` the jitted step keeps its global meaning: one noise key, the noise added once to the global
-sum."""
+``keras.distribution`` the jitted step keeps its global meaning: one noise key, the noise added once to the sum."""
 
 from __future__ import annotations
 

@@ -58,8 +58,7 @@ class DataSeen:
             self._pending = (TRAIN_ON_BATCH, _x_of(data_batch))
 
     def record_call(self, caller: str, x: Any) -> None:
-        """What make_private's own ``fit`` or ``train_on_batch`` (``caller``) received (Keras 2 shows it nowhere
-        else)."""
+        """What make_private's own ``fit`` or ``train_on_batch`` (``caller``) received (Keras 2 shows it nowhere)."""
         self._pending = (caller, x)
 
     @contextlib.contextmanager

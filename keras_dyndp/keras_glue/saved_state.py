@@ -12,8 +12,7 @@ from keras_dyndp.core import step_checks
 
 class SavedDPState:
     """The saving and loading of a DP optimizer's variables (a mixin of `keras_dyndp.optimizer_base.DPOptimizerBase`,
-    which sets ``_released_steps``, ``_schedule_fingerprint`` and ``_adaptive_clip_norm``, None without adaptive
-    clipping)."""
+    which sets ``_released_steps``, ``_schedule_fingerprint`` and ``_adaptive_clip_norm``, None if not adaptive)."""
 
     _adaptive_clip_norm = None  # adaptive clipping's C_t, a variable the backend builds
 

@@ -6,8 +6,7 @@ so each example's gradient is materialised (exact: no rounding bound needed) by 
 layer's own call, in which each example reads its own copy of the weights, broadcast over the batch (float32; the
 backend's ``ops.vjp``, as ``keras.ops`` has none). The rule sees the layer's inputs and output gradient only, so it
 covers the calls it can reproduce: no dropout, no Keras 2 ``causal=True``, every recorded call with the inputs alone and
-without a mask on them (`supports`). A layer it does not cover keeps its other path (TensorFlow's vectorized path, JAX's
-vmap gradients)."""
+without a mask on them (`supports`). A layer it does not cover keeps its other path (vectorized, or JAX's vmap)."""
 
 from __future__ import annotations
 
@@ -36,9 +35,8 @@ def _covered(layer: Any) -> dict[str, int]:
 
 
 def variables(layer: Any) -> list:
-    """The rule's ``variables``: the trained weights the built ``Attention`` or ``AdditiveAttention`` ``layer``
-    holds, its ``scale`` and ``concat_score_weight`` where it has them (none for ``use_scale=False`` and
-    ``score_mode="dot"``)."""
+    """The rule's ``variables``: the built ``Attention`` or ``AdditiveAttention`` ``layer``'s trained ``scale`` and
+    ``concat_score_weight`` where it has them (none for ``use_scale=False`` and ``score_mode="dot"``)."""
     return [getattr(layer, name) for name in _covered(layer)]
 
 

@@ -32,9 +32,8 @@ class LoraPlan(NamedTuple):
 
 
 def lora_plan(equation: str, input_rank: int) -> LoraPlan | None:
-    """The `LoraPlan` of the layer's einsum ``equation`` (e.g. ``'abc,cde->abde'``, ``...`` allowed in the input and
-    output) for an input of ``input_rank`` axes (batch included), or None where the kernel's last letter is not one of
-    its output letters."""
+    """The `LoraPlan` of the layer's einsum ``equation`` (``...`` allowed in the input and output) for an input of
+    ``input_rank`` axes (batch included), or None where the kernel's last letter is not an output letter."""
     equation = equation.replace(" ", "")
     operands, output = equation.split("->")
     inputs, kernel = operands.split(",")

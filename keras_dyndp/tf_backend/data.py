@@ -193,8 +193,7 @@ def yields_batches_of(received: Any, given: Any) -> bool:
 
 
 def check_resume(x: Any, optimizer: Any) -> None:
-    """`keras_dyndp.data.sampling.check_resume` of what ``fit`` received (only batches this module returned are
-    checked)."""
+    """`keras_dyndp.data.sampling.check_resume` of what ``fit`` received (only this module's batches are checked)."""
     sampling.check_resume(x, poisson_sampling(x), optimizer)
 
 

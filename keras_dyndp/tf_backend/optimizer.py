@@ -170,10 +170,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         )
 
     def _calling_model(self):
-        """The model whose train step calls: the private model compiled with this optimizer
-        (`private_model.model_compiled_with`), else the one on the call stack (`registration.keras_model_calling`),
-        or None; refused when it is Keras's own train step or wraps this optimizer for loss scaling outside
-        ``make_private``."""
+        """The model whose train step calls (`private_model.model_compiled_with`, else
+        `registration.keras_model_calling`), or None; refused when it is Keras's own train step or wraps this
+        optimizer for loss scaling outside ``make_private``."""
         model = private_model.model_compiled_with(self)
         if model is not None:
             return model

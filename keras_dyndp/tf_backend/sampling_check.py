@@ -42,10 +42,9 @@ def count_nonzero_rows(values: tf.Tensor) -> tf.Tensor:
 
 
 class SamplingCheck:
-    """The two checks of the module docstring for one optimizer, from its `StepChecks` (the schedule's p, N and
-    batch-size range, which the step asserts), its `public_batch_size` (keras_dyndp's Poisson batches refused), its
-    class name (for the refusals), its `note_unverified_sampling` and its `note_batch_cap`; a plain object, so nothing
-    of it is saved."""
+    """The two checks of the module docstring for one optimizer, a plain object (nothing of it is saved), from its
+    `StepChecks` (p, N and the batch-size range the step asserts), its `public_batch_size` (Poisson batches refused),
+    its class name (for the refusals), its `note_unverified_sampling` and its `note_batch_cap`."""
 
     def __init__(
         self,

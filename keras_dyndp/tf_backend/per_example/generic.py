@@ -35,8 +35,7 @@ def tapped(rule: registry.LayerRule) -> registry.LayerRule:
 
 
 def call_for(variables: Variables) -> Callable[[Tap], Callable]:
-    """``call(tap)`` of a `registry.LayerRule` for a rule whose ``variables(layer)`` it covers: the layer's own call,
-    tapped (module docstring)."""
+    """``call(tap)`` of a `registry.LayerRule` for a rule covering ``variables(layer)``: the layer's call, tapped."""
 
     def tapped_call(tap: Tap) -> Callable:
         layer = tap.layer
@@ -99,8 +98,7 @@ def _activation_recorded(layer: keras.layers.Layer, record: Callable):
 
 
 def per_example_rows(tensor: tf.Tensor, rows: Rows) -> tf.Tensor:
-    """A tapped tensor [rows, ...] as a rule sees it: [B, rows per example, ...] (TimeDistributed's rows are
-    example-major)."""
+    """A tapped tensor [rows, ...] as a rule sees it: [B, rows per example, ...] (TimeDistributed's: example-major)."""
     shaped = tf.reshape(tensor, tf.concat([[rows.batch, -1], tf.shape(tensor)[1:]], axis=0))
     batch = None if rows.static is None or rows.fold is None else rows.static // rows.fold
     shaped.set_shape(tf.TensorShape([batch, rows.fold]).concatenate(tensor.shape[1:]))

@@ -81,8 +81,7 @@ def _einsum_keeps_batch(layer: keras.layers.Layer) -> bool:
 
 
 def _no_dropout(layer: keras.layers.Layer) -> bool:
-    """A recurrent layer or cell (or a dot-product attention) without (recurrent) dropout, whose masks would differ
-    row by row."""
+    """A recurrent layer or cell (or dot-product attention) without (recurrent) dropout, whose masks differ by row."""
     return not getattr(layer, "dropout", 0) and not getattr(layer, "recurrent_dropout", 0)
 
 
