@@ -76,9 +76,8 @@ def check_noise_multipliers(
 
 
 def check_trained_noise_multipliers(noise_multipliers: np.ndarray, argument: str) -> None:
-    """Raises NoiseOutOfRangeError (naming `argument`, the first offending step and the range) unless every z_t is in
-    [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: what a DP optimizer may train with, since no accountant gives a
-    meaningful epsilon outside it (z = 0 is no privacy at all)."""
+    """Raises NoiseOutOfRangeError (naming `argument`, the first step outside) unless every z_t is in the range a DP
+    optimizer may train in, [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: no epsilon is meaningful outside it."""
     outside = ~((noise_multipliers >= MIN_NOISE_MULTIPLIER) & (noise_multipliers <= MAX_NOISE_MULTIPLIER))
     if np.any(outside):
         step = int(np.argmax(outside))

@@ -404,14 +404,12 @@ _pool: list[concurrent.futures.ThreadPoolExecutor] = []
 
 
 def _parts(num_rows: int, threads: int = READ_THREADS) -> list[np.ndarray]:
-    """The positions 0..num_rows-1 in consecutive parts of >= `_ROWS_PER_THREAD`, at most min(``threads``,
-    `READ_THREADS`) of them."""
+    """The positions 0..num_rows-1 in at most min(``threads``, `READ_THREADS`) parts of >= `_ROWS_PER_THREAD`."""
     return np.array_split(np.arange(num_rows), min(threads, READ_THREADS, max(1, num_rows // _ROWS_PER_THREAD)))
 
 
 def _in_parts(function: Callable[[np.ndarray], Any], num_rows: int, threads: int = READ_THREADS) -> list:
-    """``function`` of each of the `_parts`, in order; on the reading threads (made at the first read that uses
-    them) when there are several."""
+    """``function`` of each of the `_parts`, in order; on the reading threads (made at first use) if several."""
     parts = _parts(num_rows, threads)
     if len(parts) == 1:
         return [function(parts[0])]

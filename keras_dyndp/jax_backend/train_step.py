@@ -170,8 +170,7 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
 @contextlib.contextmanager
 def _refuse_writes_from_random_draws(model: keras.Model):
     """Turns vmap's refusal of a batched written non-trainable value (``out_axes=None``) into the refusal of state
-    that leaves the step without noise: it followed the step's secret random draws (data-derived writes were refused
-    before, `model_checks`)."""
+    that leaves the step without noise, following its secret random draws (`model_checks` refused the data's)."""
     try:
         yield
     except ValueError as error:
@@ -185,8 +184,7 @@ def _refuse_writes_from_random_draws(model: keras.Model):
 
 
 def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) -> tuple[list, jax.Array]:
-    """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and the tapped layers' rules (`registry`),
-    and the unclipped norms ||g_i|| [B]."""
+    """sum_i clip(g_i, C) per variable (`_per_example_fn`'s gradients, tapped layers' rules), unclipped norms [B]."""
     squared_norms = jnp.zeros([num_rows], jnp.float32)
     for g in grads:
         if g is not None:

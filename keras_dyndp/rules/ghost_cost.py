@@ -25,9 +25,8 @@ PER_EXAMPLE_NORMS = "per_example_norms"
 
 def form(positions: int | None, fan_in: int, fan_out: int) -> str:
     """The cheapest of `GRAM`, `PER_EXAMPLE` and `PER_EXAMPLE_NORMS` (module docstring) for T = ``positions`` and a
-    ``fan_in`` x ``fan_out`` weight. T unknown while tracing (None): `PER_EXAMPLE` where G_i fits under the cap (its
-    cost grows as T, the Gram form's as T^2, and its norms need no rounding bound, whose T^2 term would overclip long
-    sequences), else `GRAM`."""
+    ``fan_in`` x ``fan_out`` weight. T unknown while tracing (None): `PER_EXAMPLE` where G_i fits under the cap, else
+    `GRAM` (the former costs T, the Gram T^2, and needs no rounding bound, whose T^2 term overclips long sequences)."""
     size = fan_in * fan_out
     if positions is None:
         return PER_EXAMPLE if size <= MAX_MATERIALISED else GRAM

@@ -127,10 +127,9 @@ def candidates(model: keras.Model, classes: tuple | None = None) -> dict[int, tu
 def tappable(
     model: keras.Model, trainable: list, non_trainable: list, x: Any, classes: tuple | None = None
 ) -> dict[int, tuple[keras.layers.Layer, tuple, tuple]]:
-    """The `candidates` this step taps, by layer id: (layer, covered variables' indices in ``trainable``, tapped
-    output's shape for one example); those run other than once, inside a transformation of the model's own or whose
-    covered variables are read elsewhere are left out (module docstring). Traces the training-mode call on one row of
-    ``x``'s shape; nothing runs."""
+    """The `candidates` this step taps (module docstring), by layer id: (layer, covered variables' indices in
+    ``trainable``, tapped output's shape for one example). Traces the training-mode call on one row of ``x``'s shape;
+    nothing runs."""
     found = candidates(model, classes)
     if not found:
         return {}

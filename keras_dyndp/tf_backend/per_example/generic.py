@@ -26,8 +26,7 @@ Variables = Callable[[keras.layers.Layer], list]
 
 def tapped(rule: registry.LayerRule) -> registry.LayerRule:
     """``rule`` in TensorFlow's tapped form (`registry.LayerRule.call`): as registered where it has a ``call``, else
-    the layer's own call tapped for its ``variables`` (`call_for`) and its norms and sums as `GhostGradient`
-    (`norms_and_sums_for`)."""
+    the layer's own call tapped (`call_for`) and its norms and sums as `GhostGradient` (`norms_and_sums_for`)."""
     if rule.call is not None:
         return rule
     norms_and_sums = norms_and_sums_for(rule.variables, rule.norms_and_sums)

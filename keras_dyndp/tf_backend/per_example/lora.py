@@ -101,8 +101,7 @@ def with_lora(
     layer_class: type, call: Callable, norms_and_sums: Callable, supports: Callable[[keras.layers.Layer], bool]
 ) -> dict[str, Callable]:
     """A built-in rule's parts (`rules.register_layer_rule`'s arguments) extended to the class's LoRA layers where
-    this module has a rule for it (their norms and sums here, the call and the other conditions the rule's own);
-    other classes' LoRA layers (a convolution's) are not covered."""
+    this module has one (norms and sums here, the call and other conditions the rule's; a Conv's are not covered)."""
     lora_rule = _LORA_RULES.get(layer_class)
     if lora_rule is None:
         plain = lambda layer: not einsum_lora.enabled(layer) and supports(layer)  # noqa: E731

@@ -91,8 +91,7 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
 
 def bounded_by_rounding(squared: tf.Tensor, a: tf.Tensor, g: tf.Tensor, form: str) -> tf.Tensor:
     """``squared`` [B] of the bilinear a_i^T g_i (a: [B, T, k], g: [B, T, c]; an embedding's rows of g by id: a = 1)
-    computed in ``form``, raised to the bound on the exact squared norms that float32 rounding allows
-    (`keras_dyndp.rules.ghost_cost.bounded_squared_norms`)."""
+    computed in ``form``, raised to the float32 rounding bound (`ghost_cost.bounded_squared_norms`)."""
     positions = a.shape[1] if a.shape[1] is not None else tf.cast(tf.shape(a)[1], tf.float32)
     second, first = ghost_cost.rounding_coefficients(form, positions, a.shape[-1], g.shape[-1])
     magnitude = tf.reduce_sum(tf.norm(a, axis=2) * tf.norm(g, axis=2), axis=1)  # sum_t ||a_t|| ||g_t||
