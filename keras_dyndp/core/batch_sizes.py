@@ -99,8 +99,7 @@ def is_arrays(x: Any) -> bool:
 
 def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: bool) -> None:
     """Raises ValueError if ``fit`` received arrays (`is_arrays`), unless the optimizer has ``public_batch_size``: Keras
-    cuts them into fixed-size batches, never the Poisson sample the epsilon is accounted for (and the step would refuse
-    the short last batch mid-run)."""
+    cuts them into fixed-size batches, never the Poisson sample the epsilon assumes (the short last one stops it)."""
     if public_batch_size or not is_arrays(x):
         return
     raise ValueError(

@@ -140,8 +140,7 @@ def foreign_gradients(entry: str, accepted: str, fix: str) -> str:
 
 def keras_train_step(private_config: Any = None) -> str:
     """Why Keras's own train step cannot train with a DP optimizer: the fix (``make_private``, with the arguments a
-    reloaded optimizer recorded in ``private_config``, a `keras_dyndp.keras_glue.private_model.PrivateConfig`) on the
-    first line, why on the next."""
+    reloaded optimizer recorded in its `PrivateConfig` ``private_config``) on the first line, why on the next."""
     if private_config is None:
         fix = "call model = keras_dyndp.make_private(model) before model.fit"
     else:  # A model reloaded without make_private: the optimizer's config recorded how it trained.

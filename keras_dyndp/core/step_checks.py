@@ -48,8 +48,7 @@ keras_dyndp counted released steps: the step counter's value stands for it (`rel
 
 def released_steps(step: Any, recorded: Any, where: Any) -> Any:
     """The DP steps an optimizer has released: its ``recorded`` released-steps variable (of ``step``'s dtype), or its
-    step counter ``step`` where that holds `UNRECORDED_RELEASED`; ``where``: the backend's select (``np.where``,
-    ``tf.where``, ``jnp.where``)."""
+    step counter ``step`` where that holds `UNRECORDED_RELEASED`; ``where``: the backend's (``np.where``, ...)."""
     return where(recorded < 0, step, recorded)
 
 
@@ -147,8 +146,7 @@ class StepChecks:
         self.batch_size_range = None if n is None else batch_sizes.batch_size_range(n, p)
 
     def schedule_mismatch(self, step: Any, recorded: Any) -> Any:
-        """bool: a step counter past 0 under another schedule's ``recorded`` fingerprint, or none
-        (`restored_schedule_refusal`'s rule)."""
+        """bool: a counter past 0 under another ``recorded`` fingerprint, or none (`restored_schedule_refusal`)."""
         own = self._schedule.fingerprint
         return (step > 0) & ~((recorded[0] == own[0]) & (recorded[1] == own[1]))
 

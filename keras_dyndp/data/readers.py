@@ -30,8 +30,7 @@ def check_one_per_index(counts: set[int | None], num_indices: int) -> None:
 
 def check_like(example: np.ndarray, rows: np.ndarray) -> None:
     """Raises ValueError unless ``rows`` have the shape and dtype of ``example`` (rows of example 0; text of any
-    length): each batch's tensors must match the first's (TensorFlow's pipeline fails obscurely, a JAX step
-    recompiles or changes dtype)."""
+    length): else TensorFlow's pipeline fails obscurely, a JAX step recompiles or changes dtype."""
     text = example.dtype.kind in "SUO" and rows.dtype.kind in "SUO"
     if rows.shape[1:] != example.shape[1:] or not (
         text or rows.dtype.newbyteorder("=") == example.dtype.newbyteorder("=")

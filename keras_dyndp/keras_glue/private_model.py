@@ -120,8 +120,7 @@ def _compiled_with(model: Any, optimizer: Any) -> bool:
 
 
 def dp_optimizer(model: Any) -> Any:
-    """The DP optimizer a private ``model`` trains with (inside a loss-scale wrapper on TensorFlow); refused
-    (ValueError) when it has none."""
+    """The DP optimizer a private ``model`` trains with (in a loss-scale wrapper on TensorFlow); ValueError if none."""
     hooks = _MODELS[model].hooks
     optimizer = hooks.unwrap_optimizer(getattr(model, "optimizer", None))
     if not isinstance(optimizer, hooks.optimizer_class):
@@ -131,9 +130,8 @@ def dp_optimizer(model: Any) -> Any:
 
 @contextlib.contextmanager
 def budget_refusal(model: Any, callbacks: Any) -> Iterator[None]:
-    """Runs ``model``'s ``fit`` with ``callbacks``, noting in its record whether one ends it at the budget
-    (`stops_at_the_budget`: then no refusal suggests one); a `BudgetExhaustedError` raised inside comes out alone,
-    without Keras's traceback."""
+    """Runs ``model``'s ``fit`` with ``callbacks``, recording whether one ends it at the budget (no refusal then
+    suggests one); a `BudgetExhaustedError` raised inside comes out alone, without Keras's traceback."""
     bound = _MODELS[model]
     bound.fit_stops_at_the_budget = stops_at_the_budget(callbacks)
     try:

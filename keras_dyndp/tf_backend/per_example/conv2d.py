@@ -156,8 +156,7 @@ def _depthwise_filter_gradients(window: Window, inputs: tf.Tensor, g: tf.Tensor)
 
 def depthwise_filter_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
     """Per-example kernel-gradient norms and clipped sum [kh * kw, c_in * m] from depthwise filter gradients, the
-    batch cut into ``_DEPTHWISE_PARTS`` ops that run in parallel (the CPU kernel uses one thread per image;
-    docs/performance.md); TimeDistributed's images are summed per example."""
+    batch cut into ``_DEPTHWISE_PARTS`` parallel ops (docs/performance.md); TimeDistributed's images summed per row."""
     kernel_positions = window.kernel_size[0] * window.kernel_size[1]
     out_channels = g.shape[-1]
     batch = rows.batch

@@ -114,9 +114,8 @@ def from_rows(tensor: tf.Tensor) -> tuple[tf.Tensor, Rows]:
 
 
 def norms_and_sums_for(variables: Variables, norms_and_sums: Callable) -> Callable[[Tap, tf.Tensor], list]:
-    """``norms_and_sums(tap, g)`` of a `registry.LayerRule` from a rule of the one contract: the squared norms of all
-    the covered variables together in a `GhostGradient` without a variable (`ghost` adds them), then one per
-    variable with its share of the sums (computed once for the factors)."""
+    """``norms_and_sums(tap, g)`` of a `registry.LayerRule` from a rule of the one contract: the covered variables'
+    squared norms in a `GhostGradient` without a variable (`ghost` adds them), then one per variable, its sums."""
 
     def ghost_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
         a = tf.nest.map_structure(lambda t: per_example_rows(t, tap.rows), tap.inputs)

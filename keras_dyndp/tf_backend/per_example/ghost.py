@@ -97,9 +97,8 @@ def clipped_sum(
 
 def _clipped_sums(gradients: Sequence[GhostGradient], factors: tf.Tensor) -> list[tf.Tensor]:
     """Each gradient's sum over the examples weighted by ``factors``, a factor-0 example adding exactly nothing:
-    first without the per-row selects (`layer_rules.rows_without_select`; on CPU they cost about as much as the
-    sums), which is exact when every sum comes out finite; else again with them (`layer_rules.kept_rows`), dropping
-    the rows that are not finite."""
+    first without the costly per-row selects (`layer_rules.rows_without_select`), exact when every sum is finite;
+    else again with them (`layer_rules.kept_rows`), dropping the rows that are not finite."""
     with layer_rules.rows_without_select():
         fast = [gradient.clipped_sum(factors) for gradient in gradients]
     finite = tf.math.is_finite(tf.add_n([tf.reduce_sum(tf.cast(s, tf.float32)) for s in fast]))

@@ -32,9 +32,8 @@ def squared_norms(tensor: tf.Tensor, axis: int | list[int]) -> tf.Tensor:
 
 def rows_by_index(rows: tf.Tensor, index: tf.Tensor, weights: tf.Tensor, num_rows: tf.Tensor | int) -> tf.Tensor:
     """[num_rows, d]: row j = sum of ``weights[n] rows[n]`` over the ``rows`` [N, d] whose ``index`` [N] (int32, in
-    [0, num_rows)) is j, as a sparse matrix of the weights times ``rows`` (one pass; the fastest form on CPU at an
-    embedding's B x T rows: docs/performance.md). A weight 0 times a row that is not finite is NaN: send such rows to
-    a row of their own. Not under XLA, which has no kernel for it."""
+    [0, num_rows)) is j, as a sparse weight matrix times ``rows`` (one pass, fastest on CPU: docs/performance.md;
+    XLA has no kernel for it). Send rows that are not finite to a row of their own: weight 0 times them is NaN."""
     shape = tf.stack([tf.cast(num_rows, tf.int64), tf.shape(rows, out_type=tf.int64)[0]])
     return tf.raw_ops.SparseTensorDenseMatMul(
         a_indices=_entries(index), a_values=tf.cast(weights, rows.dtype), a_shape=shape, b=rows
