@@ -124,8 +124,7 @@ def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> fl
 def gdp_clt_epsilons_at(
     sampling_probability: float, mus: Sequence[float] | np.ndarray, delta: float, steps: Sequence[int] | np.ndarray
 ) -> np.ndarray:
-    """GDP-CLT epsilon (`clt_mu` of the first k steps at `delta` in (0, 1); 0 where it is 0) for each integer k in
-    [0, T] of `steps`, in one pass."""
+    """GDP-CLT epsilon (`clt_mu` of the first k steps at `delta`; 0 where it is 0) for each k in [0, T] of `steps`."""
     sampling_probability = validation.check_probability(sampling_probability)
     mus = validation.check_nonnegative_array("mus", np.reshape(mus, -1))
     delta = validation.check_delta(delta)

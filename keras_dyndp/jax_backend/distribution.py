@@ -110,8 +110,7 @@ def rows_multiple() -> int:
 
 
 def check_rows(name: str, value: int | None) -> None:
-    """ValueError if ``value`` (rows of every batch, or the multiple they are padded to) does not split evenly over
-    the devices of several processes."""
+    """ValueError if ``value`` (rows of every batch, or their padding multiple) is not a multiple of `rows_multiple`."""
     multiple = rows_multiple()
     if value is not None and value % multiple:
         raise ValueError(

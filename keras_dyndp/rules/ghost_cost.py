@@ -74,10 +74,9 @@ def rounding_coefficients(form_: str, positions, fan_in: int, fan_out: int, *, p
 
 
 def bounded_squared_norms(xp, squared, magnitude, second, first):
-    """(sqrt(squared + second magnitude^2) + first magnitude)^2 (`rounding_coefficients`): an upper bound on each
-    exact squared norm; +inf where the bracket is negative or NaN (the rounding bound failed, or the example's
-    values were not finite): such an example contributes nothing (`keras_dyndp.core.mechanism.clip_factors`). ``xp``:
-    ``tensorflow`` or ``jax.numpy``."""
+    """(sqrt(squared + second magnitude^2) + first magnitude)^2 (`rounding_coefficients`), ``xp`` ``tensorflow`` or
+    ``jax.numpy``: an upper bound on each exact squared norm; +inf where the bracket is negative or NaN (the bound
+    failed, or the example's values were not finite): such an example contributes nothing (`mechanism.clip_factors`)."""
     inner = squared + second * magnitude * magnitude
     bound = xp.sqrt(xp.where(inner >= 0, inner, float("inf"))) + first * magnitude
     return bound * bound

@@ -287,8 +287,7 @@ def set_steps_per_execution(model: keras.Model, steps: int) -> None:
 
 
 class RunProgressBar(keras.callbacks.ProgbarLogger):
-    """Keras's step-counting progress bar showing "Epoch k/total_epochs" across several ``fit`` calls (``fit``
-    shows its own ``epochs`` argument)."""
+    """Keras's step-counting progress bar showing "Epoch k/total_epochs" across ``fit`` calls, not each's ``epochs``."""
 
     def __init__(self, total_epochs: int):
         super().__init__(**({} if _KERAS_3 else {"count_mode": "steps"}))

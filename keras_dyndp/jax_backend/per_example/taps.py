@@ -92,8 +92,7 @@ def _patch(layer: keras.layers.Layer, rule: registry.LayerRule) -> None:
 
 
 def _leaves(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    """The layers below ``layer`` that a rule may tap: a sublayer without sublayers, or with a rule of its own (which
-    covers its sublayers' variables)."""
+    """The layers below ``layer`` that a rule may tap: a sublayer without sublayers, or with a rule of its own."""
     leaves = []
     for sublayer in layers(layer, include_self=False, recursive=False):
         ruled = registry.rule_for(sublayer) is not None

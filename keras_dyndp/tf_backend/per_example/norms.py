@@ -41,8 +41,7 @@ def rows_by_index(rows: tf.Tensor, index: tf.Tensor, weights: tf.Tensor, num_row
 
 
 def _entries(index: tf.Tensor) -> tf.Tensor:
-    """int32 [N, 2]: (index[n], n). Built as the two halves of one int64 (a bitcast, no copy): ``tf.stack`` along the
-    last axis copies element by element."""
+    """int32 [N, 2]: (index[n], n), as the halves of one int64 (a bitcast: ``tf.stack`` copies element by element)."""
     columns = tf.range(tf.shape(index, out_type=tf.int64)[0], dtype=tf.int64) * 2**32
     if sys.byteorder == "little":  # the low half first
         return tf.bitcast(tf.cast(index, tf.int64) + columns, tf.int32)
