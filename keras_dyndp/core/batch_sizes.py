@@ -148,9 +148,8 @@ BATCH_SIZE_TAIL = 1e-15
 
 
 def expected_steps_per_epoch(sampling_probability: float) -> int:
-    """The fewest Poisson steps that visit each example at least once in expectation: the least s with s p >= 1 (to
-    1e-12, so that p = 250 / 60000 gives 240), p in (0, 1]; so ``fit(epochs=E)`` with `BudgetStop` spends all T steps of
-    a schedule made from ``epochs=E``."""
+    """The fewest Poisson steps that visit each example once in expectation, the least s with s p >= 1 (to 1e-12: p =
+    250 / 60000 gives 240), so that ``fit(epochs=E)`` with `BudgetStop` spends a schedule made from ``epochs=E``."""
     sampling_probability = validation.check_probability(sampling_probability)
     steps = max(1, math.floor(1.0 / sampling_probability))
     while steps * sampling_probability < 1.0 - 1e-12:

@@ -80,9 +80,8 @@ def _mean_from_axis(ops: Any, values: Any, axis: int) -> Any:
 
 
 def norms_from_squares(ops: Any, squared_norms: Any) -> Any:
-    """sqrt of each per-example squared norm; +inf where it is negative or NaN (no exact squared norm is: a rule's
-    rounding went wrong, or its values were not finite), never a clamp to 0, which would let the example through
-    unclipped: `clip_factors` gives it 0."""
+    """sqrt of each per-example squared norm; +inf where it is negative or NaN (a rule's rounding went wrong, or its
+    values were not finite), never a clamp to 0, which would let it through unclipped: `clip_factors` gives it 0."""
     return ops.sqrt(ops.where(squared_norms >= 0, squared_norms, ops.cast(float("inf"), squared_norms.dtype)))
 
 

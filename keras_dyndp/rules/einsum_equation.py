@@ -90,8 +90,7 @@ def equation_input_rank(equation: str) -> int:
 
 
 def bias_axes(bias_shape: tuple[int, ...], output_shape: tuple) -> list[int]:
-    """The output axes (never the batch axis) over which each example's gradient of a bias of ``bias_shape``, added
-    to an output of ``output_shape`` (batch first) by broadcasting, sums the output gradient (keep their dimensions,
-    then reshape to [B, *bias_shape])."""
+    """The output axes (never the batch's) over which each example's gradient of a bias of ``bias_shape``, broadcast
+    onto an output of ``output_shape``, sums the output gradient (keep their dimensions, then [B, *bias_shape])."""
     padded = (1,) * (len(output_shape) - len(bias_shape)) + tuple(bias_shape)
     return [axis for axis in range(1, len(output_shape)) if padded[axis] == 1 and output_shape[axis] != 1]

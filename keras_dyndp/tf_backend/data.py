@@ -158,9 +158,8 @@ def _check_overflow(num_selected: tf.Tensor, max_batch_size: int, overflow: str)
 
 
 def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson: PoissonSampling) -> tf.data.Dataset:
-    """``steps_per_epoch`` batches ``make_batch(step_seed)``, one fresh pair of int64 step seeds each (fresh again at
-    every iteration; from `keras_dyndp.data.sampling.sampler_seed`), made in parallel and prefetched; registered with
-    their sampling, seed and start step."""
+    """``steps_per_epoch`` batches ``make_batch(step_seed)``, a fresh int64 pair each at every iteration (from
+    `sampling.sampler_seed`), made in parallel and prefetched; registered with their sampling, seed and start step."""
     seed = arguments.stream_seed
     same_on_every_worker = seed is not None or distribution.is_multi_worker()
     if seed is None:  # Not left to TensorFlow, whose None follows the global seed.
