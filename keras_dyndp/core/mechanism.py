@@ -32,8 +32,7 @@ def schedule_values(
     ops: Any, clip_norms: Any, noise_stddevs: Any, step: Any, num_steps: int, may_run: Any = None, scale: Any = None
 ):
     """float32 (C_t, sigma_t) at step counter ``step``: index min(step, T - 1), times ``scale`` (None: 1; adaptive
-    clipping's C_t, over arrays (1, z_g,t): `keras_dyndp.core.adaptive_clipping`); both 0 when ``step`` >= T =
-    ``num_steps`` or where the bool ``may_run`` (None: always) is False."""
+    clipping's C_t over arrays (1, z_g,t)); both 0 where ``step`` >= T or the bool ``may_run`` (None: true) is False."""
     index = ops.minimum(step, num_steps - 1)
     live = step < num_steps
     if may_run is not None:

@@ -135,8 +135,7 @@ _DEPTHWISE_PARTS = 4
 
 def _depthwise_filter_gradients(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
     """[kh * kw, N, c_in * m]: image n's depthwise kernel gradient in slice n (``inputs`` [N, H, W, c_in], ``g`` [N,
-    OH, OW, c_in * m]), from one ``DepthwiseConv2dNativeBackpropFilter`` with the N images' channels as one image's
-    N * c_in channels. A 1-channel ordinary convolution is c_in = 1, m = c_out. No dilation."""
+    OH, OW, c_in * m]) by one ``DepthwiseConv2dNativeBackpropFilter`` of N c_in channels (N images; no dilation)."""
     kernel_h, kernel_w = window.kernel_size
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
     out_height, out_width, out_channels = g.shape[1], g.shape[2], g.shape[3]
