@@ -217,9 +217,8 @@ def added_delta(overflow: float, num_steps: int, epsilon: float) -> float:
 def truncation_delta(
     num_examples: int, sampling_probability: float, max_batch_size: int, num_steps: int, epsilon: float
 ) -> float:
-    """Extra delta paid for truncating overflowing Poisson batches to ``max_batch_size`` rows over T = ``num_steps``:
-    ``(1 + e^epsilon) * T * P[Binomial(N + 1, p) > max_batch_size]`` (`added_delta` of `overflow_probability`), with
-    the epsilon of the exact Poisson mechanism."""
+    """Extra delta paid for truncating overflowing Poisson batches to ``max_batch_size`` rows over T = ``num_steps``
+    at the exact Poisson mechanism's epsilon: `added_delta` of `overflow_probability`."""
     num_steps = validation.check_positive_int("num_steps", num_steps)
     overflow = overflow_probability(num_examples, sampling_probability, max_batch_size)
     return added_delta(overflow, num_steps, epsilon)

@@ -14,9 +14,8 @@ PER_EXAMPLE_REDUCTION = 'reduction="none"'
 
 
 def user_error(error: Exception) -> Exception:
-    """``error`` marked to reach the user as raised: TensorFlow's autograph otherwise re-raises an error from traced
-    code (a train step) as a new one that starts "in user code:" and lists the traced frames, which buries the
-    refusal's first line (what is wrong and the fix). Harmless elsewhere."""
+    """``error`` marked to reach the user as raised (harmless elsewhere): TensorFlow's autograph re-raises an error
+    from traced code as one starting "in user code:" with the traced frames, burying what is wrong and the fix."""
     error.ag_pass_through = True  # Autograph's marker for errors it must not rewrap (tensorflow/python/autograph).
     return error
 

@@ -18,9 +18,8 @@ BUDGET_STOP = "keras_dyndp.BudgetStop"
 
 
 def budget_exhausted_parts(num_steps: int, budget_stop: str | None) -> tuple[str, str]:
-    """The refusal of a step once ``num_steps`` (T) DP steps are released, before and after the released count.
-    ``budget_stop``: the callback to suggest (`BUDGET_STOP`) where the budget ran out during a ``fit`` without it,
-    else None (it cannot help a call that starts on a spent budget, nor ``train_on_batch`` or a custom loop)."""
+    """The refusal of a step once ``num_steps`` (T) DP steps are released, before and after the released count;
+    ``budget_stop`` (`BUDGET_STOP`) suggested where the budget ran out during a ``fit`` without it, else None."""
     stop = (
         ""
         if budget_stop is None

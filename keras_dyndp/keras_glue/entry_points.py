@@ -1,7 +1,7 @@
 """Which data each Keras 3 entry point hands a made-private model, for the checks of its sampling (both backends):
-`DataSeen` records it where Keras 3 hands it to the model's (``_maybe``)``_symbolic_build``, also when the entry point
-is called unbound, for the next ``make_train_function`` to check; nothing seen (`UNSEEN_BATCHES`) is warned.
-docs/privacy.md, "Which entry points are covered, and how"."""
+`DataSeen` records it where Keras 3 hands it to the model's ``_symbolic_build`` (JAX) or ``_maybe_symbolic_build``
+(TensorFlow), also when the entry point is called unbound, for the next ``make_train_function`` to check; nothing seen
+(`UNSEEN_BATCHES`) is warned. docs/privacy.md, "Which entry points are covered, and how"."""
 
 from __future__ import annotations
 

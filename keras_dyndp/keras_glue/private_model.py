@@ -155,9 +155,8 @@ def private_train_on_batch(self: Any, x=None, *args, **kwargs):
 
 
 def recording_build(keras_method: str) -> Callable:
-    """A replacement of Keras 3's ``keras_method`` (``_symbolic_build`` on JAX, ``_maybe_symbolic_build`` on
-    TensorFlow), which ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch`` call with their data, also
-    unbound: records the data for the next ``make_train_function``, then calls Keras's."""
+    """A replacement of Keras 3's ``keras_method`` (`entry_points` says which), which its entry points call with their
+    data, also unbound: records the data for the next ``make_train_function``, then calls Keras's."""
 
     def build(self: Any, iterator=None, data_batch=None):
         _MODELS[self].data_seen.record(iterator, data_batch)
