@@ -42,11 +42,8 @@ def implementation_name(module: str = "") -> str | None:
 
 
 def implementation(module: str = "") -> types.ModuleType:
-    """``module`` of keras_dyndp's implementation for the backend Keras runs on, imported (`implementation_name`).
-
-    Raises:
-      ValueError: on a backend keras_dyndp has no implementation for, naming the supported ones.
-    """
+    """``module`` of keras_dyndp's implementation for the backend Keras runs on, imported (`implementation_name`);
+    ValueError, naming the supported ones, on a backend keras_dyndp has no implementation for."""
     name = implementation_name(module)
     if name is None:
         raise ValueError(

@@ -298,9 +298,8 @@ def _caveat_lines(training_metrics: bool, sampling: str, seed: int | None, notes
 
 
 def _delta_lines(schedule, delta: float, steps: int, epsilon: float, overflow_probability: float | None):
-    """The delta the epsilons hold at, ``delta`` plus the cap's (`batch_sizes.added_delta` at ``epsilon``, the
-    largest stated; none unless ``overflow_probability`` is given), and the line saying so; a ``delta`` other than
-    the calibration's target is named as such."""
+    """The delta the epsilons hold at, ``delta`` plus the cap's (`batch_sizes.added_delta` at the largest ``epsilon``,
+    if ``overflow_probability`` is given), and the line saying so, naming a ``delta`` other than the target's."""
     added = batch_sizes.added_delta(overflow_probability or 0.0, steps, epsilon)
     calibration = schedule.calibration
     other = calibration is not None and delta != calibration.target_delta

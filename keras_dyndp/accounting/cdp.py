@@ -1,9 +1,7 @@
-"""The accountants of the paper's noise-decay baselines (its Table 1), zCDP and tCDP, and their noise calibration.
-
-Both keep C_t = C_0 and decay z_t = sigma_t / C_t: exponentially, z_t = z_0 noise_decay^(-t/T) (t = 1..T), or by time,
-z_t = z_0 / (1 + (noise_decay - 1) t / T); only z_0 is calibrated. Each epsilon here is the baseline's OWN claim; report
-it beside the PLD or RDP epsilon of the same schedule (`DPSchedule.epsilon`), which is what this package's training
-guarantees (docs/accounting.md shows how much more noise they need).
+"""The accountants of the paper's noise-decay baselines (its Table 1), zCDP and tCDP, and their noise calibration. Both
+keep C_t = C_0 and decay z_t = sigma_t / C_t: exponentially, z_t = z_0 noise_decay^(-t/T) (t = 1..T), or by time, z_t =
+z_0 / (1 + (noise_decay - 1) t / T); only z_0 is calibrated. Each epsilon here is the baseline's OWN claim; report it
+beside the PLD or RDP epsilon of the same schedule (`DPSchedule.epsilon`), which this package's training guarantees.
 
 rho-zCDP-SGD (Yu et al. 2019, "Differentially private model publishing for deep learning")
   Add-or-remove-one: a step is (1 / (2 z_t^2))-zCDP (also under Poisson sampling: Renyi divergence is jointly

@@ -1,14 +1,9 @@
-"""Fast, pessimistic PLD accounting of heterogeneous Poisson-subsampled Gaussian steps.
+"""Fast, pessimistic PLD accounting of heterogeneous Poisson-subsampled Gaussian steps. dp_accounting's `PLDAccountant`
+is the tightest rigorous accountant for DP-SGD, but composes thousands of distinct noise multipliers z_t slowly. Here:
 
-dp_accounting's `PLDAccountant` is the tightest rigorous accountant for DP-SGD, but composing thousands of distinct
-noise multipliers z_t = sigma_t / C_t with it takes minutes. Two things make it fast here:
-
-1. Grouping that can only over-estimate epsilon: a smaller z is a less private step (its PLD dominates), so steps
-   sorted by z are cut into groups, each one self-composed PLD at its SMALLEST z. Rounding step t down to z_g adds
-   w(z_g) - w(z_t) to the extended GDP CLT's sum of w(z) = exp(1/z^2) - 1; greedy groups add at most tau each, the
-   largest tau whose total stays below `tolerance` times the sum (or the smallest that fits `max_groups` groups).
-   The same groups with z rounded UP give a lower bound on the ungrouped epsilon (docs/performance.md, "Accounting
-   cost").
+1. Grouping that can only over-estimate epsilon (`group_noise_multipliers`): a smaller z is a less private step (its
+   PLD dominates), so steps sorted by z are cut into groups, each one self-composed PLD at its SMALLEST z. The same
+   groups with z rounded UP give a lower bound on the ungrouped epsilon (docs/performance.md, "Accounting cost").
 2. Each group's PLD built with numpy, by the algorithm of dp_accounting's `from_gaussian_mechanism(z,
    sampling_prob=p, value_discretization_interval=d)` (tested against it): the privacy loss of the REMOVE pair
    ((1 - p) N(0, z^2) + p N(-1, z^2) against N(0, z^2)) and of the ADD pair (N(0, z^2) against (1 - p) N(0, z^2) +
@@ -43,9 +38,8 @@ from keras_dyndp.core import validation
 
 ArrayLike = Sequence[float] | np.ndarray
 
-# The package's PLD grid (`registry.DEFAULT_PLD_VALUE_DISCRETIZATION_INTERVAL`): coarser than dp_accounting's 1e-4,
-# so faster and slightly looser, still an upper bound (docs/performance.md, "Accounting cost").
-# The PLD's `final_options` in `registry` (1e-4) are for final reported numbers.
+# The package's PLD grid: coarser than dp_accounting's 1e-4 (the registry's `final_options`, for final reported
+# numbers), so faster and slightly looser, still an upper bound (docs/performance.md, "Accounting cost").
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 DEFAULT_MAX_GROUPS = 100
 # Largest relative increase of the CLT sum sum_t (exp(1/z_t^2) - 1) that grouping may cause.
@@ -106,11 +100,9 @@ def _inverse_log_mixture_weight(losses: np.ndarray, q: float) -> np.ndarray:
 
 
 def _gaussian_step_pmf(noise_multiplier: float, q: float, interval: float, remove: bool) -> _Pmf:
-    """Connect-the-dots PMF of one Poisson-subsampled Gaussian step (module docstring, item 2), one direction.
-
-    With b(x) = (-1/2 - x) / z^2 (the unsampled REMOVE loss), the REMOVE loss is l(x) = log(1 - q + q e^b(x)) and
-    the ADD loss is -l(-x); both decrease in x, so {loss >= epsilon} = {x <= x_epsilon}.
-    """
+    """Connect-the-dots PMF of one Poisson-subsampled Gaussian step (module docstring, item 2), one direction. With b(x)
+    = (-1/2 - x) / z^2 (the unsampled REMOVE loss), the REMOVE loss is l(x) = log(1 - q + q e^b(x)) and the ADD loss is
+    -l(-x); both decrease in x, so {loss >= epsilon} = {x <= x_epsilon}."""
     variance = noise_multiplier**2
     tail = noise_range.GAUSSIAN_TAIL_STDDEVS * noise_multiplier
     lowest_x, highest_x = (-tail - 1.0, tail) if remove else (-tail, tail + 1.0)
@@ -172,11 +164,9 @@ def _truncate_tails(lower_index: int, probs: np.ndarray, infinity_mass: float) -
 
 
 def _self_compose_pmf(pmf: _Pmf, num_times: int) -> _Pmf:
-    """`num_times`-fold composition of a PMF with itself: FFT power, support bounded by Chernoff bounds.
-
-    The MGF sum_i probs_i e^(k i / n) (n the PMF length, k = +-1..+-20, from powers of e^(i / n): no overflow)
-    bounds the composed mass beyond any index; each tail cut holds at most 1e-15 / 2, counted as infinity mass.
-    """
+    """`num_times`-fold composition of a PMF with itself: FFT power, support bounded by Chernoff bounds. The MGF sum_i
+    probs_i e^(k i / n) (n the PMF length, k = +-1..+-20, from powers of e^(i / n): no overflow) bounds the composed
+    mass beyond any index; each tail cut holds at most 1e-15 / 2, counted as infinity mass."""
     probs = pmf.probs
     length = probs.size
     powers = np.cumprod(np.broadcast_to(np.exp(np.arange(length) / length), (_CHERNOFF_MAX_ORDER, length)), axis=0)
@@ -251,11 +241,9 @@ def group_noise_multipliers(
     noise_multipliers: ArrayLike, max_groups: int = DEFAULT_MAX_GROUPS, tolerance: float = DEFAULT_TOLERANCE
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pessimistic grouping of per-step noise multipliers (finite, > 0): (group noise multipliers ascending, counts).
-
     Every step joins a group whose noise multiplier is <= its own (rounded DOWN), so accounting the groups
-    over-estimates the privacy loss. Uses the fewest groups whose rounding increases the CLT sum
-    sum_t (exp(1/z_t^2) - 1) by at most `tolerance` (relative, >= 0), but never more than `max_groups` (>= 1).
-    """
+    over-estimates the privacy loss. Uses the fewest groups whose rounding increases the CLT sum sum_t (exp(1/z_t^2) -
+    1) by at most `tolerance` (relative, >= 0), but never more than `max_groups` (>= 1)."""
     sorted_multipliers = np.sort(np.asarray(noise_multipliers, dtype=np.float64))
     with np.errstate(over="ignore"):  # A huge weight just means "never round down to it".
         weights = np.minimum(np.expm1(1.0 / sorted_multipliers**2), np.finfo(np.float64).max / 1e6)
@@ -352,10 +340,8 @@ def pld_epsilon(
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> float:
-    """Pessimistic PLD epsilon of all T steps (`pld_epsilons_at`; math.inf if some step has z = 0 and p > 0).
-
-    An upper bound on `dp_accounting.pld.PLDAccountant`'s epsilon for the same steps at the same discretisation.
-    """
+    """Pessimistic PLD epsilon of all T steps (`pld_epsilons_at`; math.inf if some step has z = 0 and p > 0). An upper
+    bound on `dp_accounting.pld.PLDAccountant`'s epsilon for the same steps at the same discretisation."""
     num_steps = np.asarray(noise_multipliers).shape[0] if np.ndim(noise_multipliers) == 1 else 0
     options = {"max_groups": max_groups, "tolerance": tolerance}
     options["value_discretization_interval"] = value_discretization_interval

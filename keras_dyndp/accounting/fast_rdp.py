@@ -1,10 +1,8 @@
-"""RDP accounting of heterogeneous Poisson-subsampled Gaussian steps, vectorised over noise multipliers.
+"""RDP accounting of heterogeneous Poisson-subsampled Gaussian steps, vectorised over noise multipliers, where
+`dp_accounting.rdp.RdpAccountant` loops over steps in Python: its definition of dp_accounting >= 0.5 (Mironov, Talwar
+and Zhang 2019, "Renyi Differential Privacy of the Sampled Gaussian Mechanism", Sec. 3.3) whatever version is installed,
+over the orders `DEFAULT_RDP_ORDERS` (dp_accounting's) or any > 1:
 
-`dp_accounting.rdp.RdpAccountant` composes a dynamic schedule's steps one by one in scalar Python loops. This module
-implements its definition of dp_accounting >= 0.5 (Mironov, Talwar and Zhang 2019, "Renyi Differential Privacy of the
-Sampled Gaussian Mechanism", Sec. 3.3) whatever version is installed:
-
-* orders: `DEFAULT_RDP_ORDERS` (dp_accounting's: 1.1, 1.2, ..., 10.9, 11, ..., 63, 128, ..., 1024) or any > 1;
 * integer alpha: A_alpha = sum_{i=0..alpha} C(alpha, i) (1 - q)^(alpha - i) q^i exp((i^2 - i) / (2 z^2)), exact;
 * fractional alpha: A_alpha = A_0 + A_1, the paper's two series with |C(alpha, i)| (an upper bound: the exact series
   alternate beyond i = alpha), summed in log space until, at some i >= 1, both series' terms decrease and the larger

@@ -1,13 +1,10 @@
-"""Gaussian differential privacy (GDP): duality with (epsilon, delta)-DP and the extended CLT.
-
-A mechanism is mu-GDP when telling neighbouring datasets apart is no easier than N(0, 1) from N(mu, 1); a Gaussian
-mechanism of sensitivity C and noise std sigma is (C / sigma)-GDP. `delta_from_mu` is the exact duality (Dong, Roth
-and Su 2021; paper Eq. 1) delta(epsilon; mu) = Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2), which
-`epsilon_from_mu` and `mu_from_epsilon` invert; `clt_mu` the extended CLT (paper Corollary 1, Eq. 10).
-
-delta is evaluated in log space (a difference of two possibly tiny tails); the inverses run brentq on log(delta) in
-brackets expanded until they hold the root (a fixed one such as [0, 500] fails for extreme budgets: opacus #775).
-"""
+"""Gaussian differential privacy (GDP): duality with (epsilon, delta)-DP and the extended CLT. A mechanism is mu-GDP
+when telling neighbouring datasets apart is no easier than N(0, 1) from N(mu, 1); a Gaussian mechanism of sensitivity C
+and noise std sigma is (C / sigma)-GDP. `delta_from_mu` is the exact duality (Dong, Roth and Su 2021; paper Eq. 1)
+delta(epsilon; mu) = Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2), which `epsilon_from_mu` and
+`mu_from_epsilon` invert; `clt_mu` the extended CLT (paper Corollary 1, Eq. 10). delta is evaluated in log space (a
+difference of two possibly tiny tails); the inverses run brentq on log(delta) in brackets expanded until they hold the
+root (a fixed one such as [0, 500] fails for extreme budgets: opacus #775)."""
 
 import math
 from collections.abc import Callable
@@ -127,8 +124,7 @@ def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> fl
 def gdp_clt_epsilons_at(
     sampling_probability: float, mus: Sequence[float] | np.ndarray, delta: float, steps: Sequence[int] | np.ndarray
 ) -> np.ndarray:
-    """GDP-CLT epsilon (`clt_mu` of the first k steps at `delta` in (0, 1); 0 where it is 0) for each integer k in
-    [0, T] of `steps`, in one pass."""
+    """GDP-CLT epsilon (`clt_mu` of the first k steps at `delta`; 0 where it is 0) for each k in [0, T] of `steps`."""
     sampling_probability = validation.check_probability(sampling_probability)
     mus = validation.check_nonnegative_array("mus", np.reshape(mus, -1))
     delta = validation.check_delta(delta)

@@ -1,13 +1,7 @@
-"""`GdpCltAccountant`: a `dp_accounting.PrivacyAccountant` that composes by the extended GDP CLT.
-
-The dynamic DP-SGD paper's accountant (Corollary 1): T Poisson-subsampled Gaussian steps (p, z_t) compose to mu_tot = p
-* sqrt(sum_t (exp(1 / z_t^2) - 1)), and epsilon follows from the GDP duality (`gdp`).
-
-Warning:
-    The GDP CLT is an asymptotic approximation, not an upper bound: it can UNDERESTIMATE epsilon (Gopi, Lee and
-    Wutschitz 2021, arXiv 2106.02848; examples: docs/privacy.md). For a guarantee use
-    `keras_dyndp.accounting.make_accountant('rdp' | 'pld')`.
-"""
+"""`GdpCltAccountant`: a `dp_accounting.PrivacyAccountant` that composes by the extended GDP CLT, the paper's
+(Corollary 1): mu_tot = p sqrt(sum_t (exp(1 / z_t^2) - 1)), epsilon by the GDP duality (`gdp`). An asymptotic
+approximation, not an upper bound: it can UNDERESTIMATE epsilon (Gopi, Lee and Wutschitz 2021, arXiv 2106.02848;
+examples: docs/privacy.md); for a guarantee use `keras_dyndp.accounting.make_accountant('rdp' | 'pld')`."""
 
 import math
 

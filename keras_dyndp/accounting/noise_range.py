@@ -1,13 +1,11 @@
 """The noise multipliers z = sigma / C the accountants can represent, checked before any of them allocates or divides.
-
 Outside a bounded range they fail unhelpfully (division by zero, RDP series that never end or lose the divergence to
 rounding, a PLD grid that grows as 1 / z^2). So each accountant first raises a ValueError naming the step, the value and
 the range: z = 0 (epsilon inf) and z = inf (no loss) are exact; otherwise MIN_NOISE_MULTIPLIER <= z <=
 MAX_NOISE_MULTIPLIER (below 1e-4 one step is (epsilon > 1e7)-DP; above 1e4 its GDP mu is below 1e-4), and for the PLD z
 >= `pld_min_noise_multiplier(value_discretization_interval)`: a step's privacy loss spans about 1 / z^2 + 2 t / z (t ~
 10.06 standard deviations, dp_accounting's default truncation of e^-50), and its grid of span / interval points must fit
-MAX_PLD_GRID_POINTS (2^21, 16 MiB per array). Composed PLDs are held to the same length (`check_pld_grid_points`).
-"""
+MAX_PLD_GRID_POINTS (2^21, 16 MiB per array). Composed PLDs are held to the same length (`check_pld_grid_points`)."""
 
 from __future__ import annotations
 
@@ -78,9 +76,8 @@ def check_noise_multipliers(
 
 
 def check_trained_noise_multipliers(noise_multipliers: np.ndarray, argument: str) -> None:
-    """Raises NoiseOutOfRangeError (naming `argument`, the first offending step and the range) unless every z_t is in
-    [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: what a DP optimizer may train with, since no accountant gives a
-    meaningful epsilon outside it (z = 0 is no privacy at all)."""
+    """Raises NoiseOutOfRangeError (naming `argument`, the first step outside) unless every z_t is in the range a DP
+    optimizer may train in, [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]: no epsilon is meaningful outside it."""
     outside = ~((noise_multipliers >= MIN_NOISE_MULTIPLIER) & (noise_multipliers <= MAX_NOISE_MULTIPLIER))
     if np.any(outside):
         step = int(np.argmax(outside))

@@ -1,9 +1,7 @@
-"""Accountants by name: one table from an accountant's name to everything the package does with it.
-
-Schedules, callbacks, reports and scripts look an `--accountant` up here (`get`): a new accountant is one `Accountant`
-in `_ACCOUNTANTS`. 'rdp' and 'pld' are rigorous (`fast_rdp`, `fast_pld`); 'gdp_clt', the paper's CLT approximation, can
-understate epsilon badly (docs/privacy.md) and is used only when named. `DEFAULT_ACCOUNTANT` 'pld' is the tightest.
-"""
+"""Accountants by name: one table from an accountant's name to everything the package does with it. Schedules,
+callbacks, reports and scripts look an `--accountant` up here (`get`): a new accountant is one `Accountant` in
+`_ACCOUNTANTS`. 'rdp' and 'pld' are rigorous (`fast_rdp`, `fast_pld`); 'gdp_clt', the paper's CLT approximation, can
+understate epsilon badly (docs/privacy.md) and is used only when named. `DEFAULT_ACCOUNTANT` 'pld' is the tightest."""
 
 from __future__ import annotations
 
@@ -34,18 +32,15 @@ FINAL_PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 
 @dataclasses.dataclass(frozen=True)
 class Accountant:
-    """What one accountant offers, on plain arrays; every callable takes the accountant's options as keywords.
-
-    `make()` gives a fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one); `epsilon(p, clip_norms, noise_stddevs,
-    delta)` the epsilon of the steps of those arrays [k >= 1], each with noise > 0 (`DPSchedule.epsilon` handles the
-    other cases); `epsilons_at(..., steps)` that of the first k steps for each k of the non-decreasing `steps`, in one
-    pass (the arrays, not z alone: the GDP-CLT takes mu_t = C_t / sigma_t); `min_noise_multiplier()` the least z it
-    represents. `option_checks` maps an option to its check, `final_options` are for final reported numbers.
-
-    What the callers do differently per accountant is said here, not by its name: `rigorous` (False: it can understate
-    epsilon, so a schedule calibrated under it is checked against the PLD), `clt_calibration` (mu_0 is the extended
-    CLT's root rather than searched), `always_logged` (`PrivacyLogger` logs it beside the accountant it is given).
-    """
+    """What one accountant offers, on plain arrays; every callable takes the accountant's options as keywords. `make()`
+    gives a fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one); `epsilon(p, clip_norms, noise_stddevs, delta)`
+    the epsilon of the steps of those arrays [k >= 1], each with noise > 0 (`DPSchedule.epsilon` handles the other
+    cases); `epsilons_at(..., steps)` that of the first k steps for each k of the non-decreasing `steps`, in one pass
+    (the arrays, not z alone: the GDP-CLT takes mu_t = C_t / sigma_t); `min_noise_multiplier()` the least z it
+    represents. `option_checks` maps an option to its check, `final_options` are for final reported numbers. What the
+    callers do differently per accountant is said here, not by its name: `rigorous` (False: it can understate epsilon,
+    so a schedule calibrated under it is checked against the PLD), `clt_calibration` (mu_0 is the extended CLT's root
+    rather than searched), `always_logged` (`PrivacyLogger` logs it beside the accountant it is given)."""
 
     name: str
     rigorous: bool

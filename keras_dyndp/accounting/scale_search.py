@@ -1,15 +1,13 @@
-"""Calibration search: the largest scale whose epsilon meets a target, with few calls to a costly accountant.
-
-It solves epsilon(x) = target for x = log mu_0, each evaluation composing the whole schedule (epsilon increases with
-x, smooth up to tiny steps from the PLD's grouping and grid). A generic search (dp_accounting's
-`calibrate_dp_mechanism`: bracket by doubling, then brentq on x) spends most calls on the bracket and on digits the
-accountant does not resolve. Here, on f(x) = log(epsilon(x) / target) with acceptance window [log(1 - rtol), 0]:
-an optional rough pass on a cheap pessimistic stand-in moves the start and measures f's slope; secant steps aim at
-the window's middle (at most a factor e^4 per step), kept inside the bracket [largest x under budget, smallest x
-over] once there is one, by bisection when a step would leave it or f is infinite; the search stops at the first x
-in the window, or returns the bracket's safe end once it is narrower than 1e-9. Every returned x was evaluated and
-meets the target; outside [lower, upper] (the scales the accountant accepts) it raises `CalibrationError`.
-"""
+"""Calibration search: the largest scale whose epsilon meets a target, with few calls to a costly accountant. It solves
+epsilon(x) = target for x = log mu_0, each evaluation composing the whole schedule (epsilon increases with x, smooth up
+to tiny steps from the PLD's grouping and grid). A generic search (dp_accounting's `calibrate_dp_mechanism`: bracket by
+doubling, then brentq on x) spends most calls on the bracket and on digits the accountant does not resolve. Here, on
+f(x) = log(epsilon(x) / target) with acceptance window [log(1 - rtol), 0]: an optional rough pass on a cheap pessimistic
+stand-in moves the start and measures f's slope; secant steps aim at the window's middle (at most a factor e^4 per
+step), kept inside the bracket [largest x under budget, smallest x over] once there is one, by bisection when a step
+would leave it or f is infinite; the search stops at the first x in the window, or returns the bracket's safe end once
+it is narrower than 1e-9. Every returned x was evaluated and meets the target; outside [lower, upper] (the scales the
+accountant accepts) it raises `CalibrationError`."""
 
 from __future__ import annotations
 
@@ -116,11 +114,8 @@ def largest_scale_within(
     epsilon in [target (1 - rtol), target] unless it jumps across that window (module docstring). `epsilon_of` is
     increasing, inf where the accountant cannot represent the schedule; `rough_epsilon_of` an optional cheap stand-in
     for a first pass to 1%; `slope` a guess of d log(epsilon) / dx at `start`; `what` names the object in errors.
-
-    Raises:
-      CalibrationError: if `lower` spends more than the target, if `upper` (or the edge where epsilon_of is finite)
-        spends less than target (1 - rtol), or if the search does not converge.
-    """
+    CalibrationError if `lower` spends more than the target, `upper` (or the edge where epsilon_of is finite) less
+    than target (1 - rtol), or the search does not converge."""
     x = min(max(start, lower), upper)
     slope = slope if math.isfinite(slope) and slope > 0 else 1.0
     if rough_epsilon_of is not None:

@@ -1,10 +1,8 @@
-"""Black-box canary audit of a user's own training: mislabeled or out-of-distribution canaries, scored by loss.
-
-Trained as a user trains (``make_private``, the user's optimizer, `poisson_batches`, `BudgetStop`) with m canaries
-included with probability 1/2: 'mislabeled' (rows of ``x``, taken out of the training set, with a wrong label) or
-'ood' (uniform noise over ``x``'s range), scored by the final model's NEGATIVE loss. A weak attack: a correct run's
-bounds are far below the claim (often 0); only a bound above it is evidence of a leak (docs/audit.md).
-"""
+"""Black-box canary audit of a user's own training: mislabeled or out-of-distribution canaries, scored by loss. Trained
+as a user trains (``make_private``, the user's optimizer, `poisson_batches`, `BudgetStop`) with m canaries included with
+probability 1/2: 'mislabeled' (rows of ``x``, taken out of the training set, with a wrong label) or 'ood' (uniform noise
+over ``x``'s range), scored by the final model's NEGATIVE loss. A weak attack: a correct run's bounds are far below the
+claim (often 0); only a bound above it is evidence of a leak (docs/audit.md)."""
 
 from __future__ import annotations
 

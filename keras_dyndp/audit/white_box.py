@@ -1,14 +1,12 @@
-"""White-box (gradient-space) canary audit of the real DP training pipeline, in one run.
-
-Trains as a user does (``make_private``, `DynamicDPKerasSGD`, `poisson_batches`, `BudgetStop`; or another path) with
-m canaries each included with probability 1/2, scores each from the weights after every step (every intermediate
-model counts as released) and bounds epsilon with `audit_from_scores`, beside the schedule's PLD epsilon. Dirac
-canaries: one bias-free Dense layer, loss ``-sum(y * f(x))``; canary c (input e_i, target s e_j) has gradient -s on
-W[i, j] alone, clipped to exactly C_t, so step t's noisy sum there is S_t = b C_t + sigma_t N_t (b = 1 if sampled),
-the Gaussian mechanism the accountant charges. ``score='sum'`` (sum_t (C_t / sigma_t^2) S_t, the likelihood ratio's
-for p = 1) is the best test; ``'reused_noise'`` (the spread of S_t / sigma_t, 0 for an absent canary when one noise
-draw is reused) tests for repeated noise and needs C_t / sigma_t to vary or p < 1.
-"""
+"""White-box (gradient-space) canary audit of the real DP training pipeline, in one run. Trains as a user does
+(``make_private``, `DynamicDPKerasSGD`, `poisson_batches`, `BudgetStop`; or another path) with m canaries each included
+with probability 1/2, scores each from the weights after every step (every intermediate model counts as released) and
+bounds epsilon with `audit_from_scores`, beside the schedule's PLD epsilon. Dirac canaries: one bias-free Dense layer,
+loss ``-sum(y * f(x))``; canary c (input e_i, target s e_j) has gradient -s on W[i, j] alone, clipped to exactly C_t, so
+step t's noisy sum there is S_t = b C_t + sigma_t N_t (b = 1 if sampled), the Gaussian mechanism the accountant charges.
+``score='sum'`` (sum_t (C_t / sigma_t^2) S_t, the likelihood ratio's for p = 1) is the best test; ``'reused_noise'``
+(the spread of S_t / sigma_t, 0 for an absent canary when one noise draw is reused) tests for repeated noise and needs
+C_t / sigma_t to vary or p < 1."""
 
 from __future__ import annotations
 

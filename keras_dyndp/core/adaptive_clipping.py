@@ -1,19 +1,8 @@
 """Adaptive clipping, written once for every backend: the clip norm C_t follows a target quantile of the per-example
-gradient norms (Andrew et al., NeurIPS 2021, Alg. 1 with the geometric update), while the noise multiplier follows
-the schedule.
-
-Step t releases, from ONE Poisson batch, the clipped gradient sum (noise std s z_g,t C_t) and the centred count of
-unclipped examples, sum_i (b_i - 1/2) (noise std s sigma_b); then C_{t+1} = C_t exp(-eta (b_t - gamma)), b_t =
-noised count / n + 1/2, from released values only (post-processing). Together the two releases cost exactly one
-Gaussian sum of noise multiplier z_t = (z_g,t^-2 + (2 sigma_b)^-2)^(-1/2): the schedule's z_t are the TOTAL per-step
-multipliers, accounted as for any run, and the gradient's own is z_g,t > z_t (`gradient_noise_multipliers`). The
-proof and what it requires: docs/privacy.md, "Adaptive clipping".
-
-``ops``: the primitives of `keras_dyndp.core.mechanism` (``where``, ``is_finite``, ``cast``, ``minimum``,
-``maximum``) plus ``exp``.
-
-Reference: G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, https://arxiv.org/abs/1905.03871.
-"""
+gradient norms (Andrew et al., NeurIPS 2021, Alg. 1 with the geometric update), while the noise multiplier follows the
+schedule. The gradient sum and the centred count of unclipped examples together cost the schedule's z_t, the gradient's
+own multiplier being z_g,t > z_t (`gradient_noise_multipliers`; the proof: docs/privacy.md, "Adaptive clipping").
+``ops``: `keras_dyndp.core.mechanism`'s primitives plus ``exp``. Reference: https://arxiv.org/abs/1905.03871."""
 
 from __future__ import annotations
 

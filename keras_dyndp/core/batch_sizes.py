@@ -99,8 +99,7 @@ def is_arrays(x: Any) -> bool:
 
 def check_not_arrays(x: Any, sampling_probability: float, public_batch_size: bool) -> None:
     """Raises ValueError if ``fit`` received arrays (`is_arrays`), unless the optimizer has ``public_batch_size``: Keras
-    cuts them into fixed-size batches, never the Poisson sample the epsilon is accounted for (and the step would refuse
-    the short last batch mid-run)."""
+    cuts them into fixed-size batches, never the Poisson sample the epsilon assumes (the short last one stops it)."""
     if public_batch_size or not is_arrays(x):
         return
     raise ValueError(
@@ -149,9 +148,8 @@ BATCH_SIZE_TAIL = 1e-15
 
 
 def expected_steps_per_epoch(sampling_probability: float) -> int:
-    """The fewest Poisson steps that visit each example at least once in expectation: the least s with s p >= 1 (to
-    1e-12, so that p = 250 / 60000 gives 240), p in (0, 1]; so ``fit(epochs=E)`` with `BudgetStop` spends all T steps of
-    a schedule made from ``epochs=E``."""
+    """The fewest Poisson steps that visit each example once in expectation, the least s with s p >= 1 (to 1e-12: p =
+    250 / 60000 gives 240), so that ``fit(epochs=E)`` with `BudgetStop` spends a schedule made from ``epochs=E``."""
     sampling_probability = validation.check_probability(sampling_probability)
     steps = max(1, math.floor(1.0 / sampling_probability))
     while steps * sampling_probability < 1.0 - 1e-12:
@@ -219,9 +217,8 @@ def added_delta(overflow: float, num_steps: int, epsilon: float) -> float:
 def truncation_delta(
     num_examples: int, sampling_probability: float, max_batch_size: int, num_steps: int, epsilon: float
 ) -> float:
-    """Extra delta paid for truncating overflowing Poisson batches to ``max_batch_size`` rows over T = ``num_steps``:
-    ``(1 + e^epsilon) * T * P[Binomial(N + 1, p) > max_batch_size]`` (`added_delta` of `overflow_probability`), with
-    the epsilon of the exact Poisson mechanism."""
+    """Extra delta paid for truncating overflowing Poisson batches to ``max_batch_size`` rows over T = ``num_steps``
+    at the exact Poisson mechanism's epsilon: `added_delta` of `overflow_probability`."""
     num_steps = validation.check_positive_int("num_steps", num_steps)
     overflow = overflow_probability(num_examples, sampling_probability, max_batch_size)
     return added_delta(overflow, num_steps, epsilon)
@@ -239,13 +236,9 @@ def check_max_batch_size(
 ) -> float:
     """The `overflow_probability` eta of Poisson batches of ``num_examples`` capped at ``max_batch_size`` for the
     optimizer's ``schedule`` and the DP step's ``size_range`` (None: no size is checked), checked before the first step
-    so that the added delta is recorded for the run's report.
-
-    Raises:
-      ValueError: for a cap below `default_max_batch_size` whose `added_delta` (at the schedule's PLD epsilon) exceeds
-        `TRUNCATION_DELTA_SHARE` of the target delta (for a schedule built by hand, of 1 / N); an infinite epsilon (no
-        noise) states no guarantee for the cap to void, and is accepted.
-    """
+    so that the added delta is recorded for the run's report. ValueError for a cap below `default_max_batch_size`
+    whose `added_delta` (at the schedule's PLD epsilon) exceeds `TRUNCATION_DELTA_SHARE` of the target delta (for a
+    schedule built by hand, of 1 / N); an infinite epsilon (no noise) states no guarantee to void, and is accepted."""
     p = schedule.sampling_probability
     overflow = overflow_probability(num_examples, p, max_batch_size, size_range)
     default = default_max_batch_size(num_examples, p)

@@ -14,13 +14,12 @@ D and D' = D + {x} by drawing every row's microbatch once, only x's microbatch c
 law mixes such pairs, and the hockey-stick and Renyi divergences are jointly convex, so each step is dominated by
 ``PoissonSampledDpEvent(p, GaussianDpEvent(sigma / C))``. Hence s = 2 on EVERY step (a data-dependent scale would leak).
 
-``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`;
-numpy in the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``,
-``divide_no_nan(x, y)`` (0 where y is 0), ``is_finite``, ``sqrt``, ``mean(x, axes)``, ``normals(source, tensors)``
-(standard normal float32 draws shaped like each tensor). No TensorFlow or JAX import here.
-
-References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic Differential-Privacy Preserving
-SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification through Scale, 2022.
+``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`; numpy in
+the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``, ``divide_no_nan(x, y)``
+(0 where y is 0), ``is_finite``, ``sqrt``, ``mean(x, axes)``, ``normals(source, tensors)`` (standard normal float32
+draws shaped like each tensor). References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic
+Differential-Privacy Preserving SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification
+through Scale, 2022.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ def schedule_values(
     ops: Any, clip_norms: Any, noise_stddevs: Any, step: Any, num_steps: int, may_run: Any = None, scale: Any = None
 ):
     """float32 (C_t, sigma_t) at step counter ``step``: index min(step, T - 1), times ``scale`` (None: 1; adaptive
-    clipping's C_t, over arrays (1, z_g,t): `keras_dyndp.core.adaptive_clipping`); both 0 when ``step`` >= T =
-    ``num_steps`` or where the bool ``may_run`` (None: always) is False."""
+    clipping's C_t over arrays (1, z_g,t)); both 0 where ``step`` >= T or the bool ``may_run`` (None: true) is False."""
     index = ops.minimum(step, num_steps - 1)
     live = step < num_steps
     if may_run is not None:
@@ -49,13 +47,10 @@ def schedule_values(
 def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:
     """float32 [B]: example i's loss, whose gradient is g_i, from a loss function's unreduced ``losses`` ([B] or [B,
     ...], e.g. [B, L] per token) and the sample ``weights`` (None: 1; [B], [B, 1], or the losses' leading axes such as a
-    [B, L] padding mask).
-
-    Each example is reduced alone, as Keras's default reduction weighs it within the batch: the mean over all its
-    positions of weight x loss (for a [B, L] mask, divided by L, the padded length: public). Nothing is divided by a
-    statistic of the batch (Keras's 'mean_with_sample_weight' would mix the examples' token counts). ValueError where
-    ``weights`` has axes beyond the losses' (other than trailing 1s).
-    """
+    [B, L] padding mask). Each example is reduced alone, as Keras's default reduction weighs it within the batch: the
+    mean over all its positions of weight x loss (for a [B, L] mask, divided by L, the padded length: public). Nothing
+    is divided by a statistic of the batch (Keras's 'mean_with_sample_weight' would mix the examples' token counts).
+    ValueError where ``weights`` has axes beyond the losses' (other than trailing 1s)."""
     losses = ops.cast(losses, "float32")
     rank = len(losses.shape)
     if weights is None:
@@ -84,9 +79,8 @@ def _mean_from_axis(ops: Any, values: Any, axis: int) -> Any:
 
 
 def norms_from_squares(ops: Any, squared_norms: Any) -> Any:
-    """sqrt of each per-example squared norm; +inf where it is negative or NaN (no exact squared norm is: a rule's
-    rounding went wrong, or its values were not finite), never a clamp to 0, which would let the example through
-    unclipped: `clip_factors` gives it 0."""
+    """sqrt of each per-example squared norm; +inf where it is negative or NaN (a rule's rounding went wrong, or its
+    values were not finite), never a clamp to 0, which would let it through unclipped: `clip_factors` gives it 0."""
     return ops.sqrt(ops.where(squared_norms >= 0, squared_norms, ops.cast(float("inf"), squared_norms.dtype)))
 
 

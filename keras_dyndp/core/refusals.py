@@ -1,10 +1,8 @@
-"""What ``make_private`` refuses on every backend, and the messages that say what to do instead.
-
-Each backend's step finds these cases in its own way; the rule and its wording live here (no TensorFlow or JAX
-import: the caller passes its Keras module). Elsewhere: argument checks (`keras_dyndp.core.validation`,
-`keras_dyndp.optimizer_base`), sampling refusals (`keras_dyndp.core.batch_sizes`), the budget's and the restored
-schedule's (`keras_dyndp.optimizer_base`), the noise multiplier range (`keras_dyndp.accounting.noise_range`).
-"""
+"""What ``make_private`` refuses on every backend, and the messages that say what to do instead. Each backend's step
+finds these cases in its own way; the rule and its wording live here (no TensorFlow or JAX import: the caller passes its
+Keras module). Elsewhere: argument checks (`keras_dyndp.core.validation`, `keras_dyndp.optimizer_base`), sampling
+refusals (`keras_dyndp.core.batch_sizes`), the budget's and the restored schedule's (`keras_dyndp.optimizer_base`), the
+noise multiplier range (`keras_dyndp.accounting.noise_range`)."""
 
 from __future__ import annotations
 
@@ -16,9 +14,8 @@ PER_EXAMPLE_REDUCTION = 'reduction="none"'
 
 
 def user_error(error: Exception) -> Exception:
-    """``error`` marked to reach the user as raised: TensorFlow's autograph otherwise re-raises an error from traced
-    code (a train step) as a new one that starts "in user code:" and lists the traced frames, which buries the
-    refusal's first line (what is wrong and the fix). Harmless elsewhere."""
+    """``error`` marked to reach the user as raised (harmless elsewhere): TensorFlow's autograph re-raises an error
+    from traced code as one starting "in user code:" with the traced frames, burying what is wrong and the fix."""
     error.ag_pass_through = True  # Autograph's marker for errors it must not rewrap (tensorflow/python/autograph).
     return error
 
@@ -142,8 +139,7 @@ def foreign_gradients(entry: str, accepted: str, fix: str) -> str:
 
 def keras_train_step(private_config: Any = None) -> str:
     """Why Keras's own train step cannot train with a DP optimizer: the fix (``make_private``, with the arguments a
-    reloaded optimizer recorded in ``private_config``, a `keras_dyndp.keras_glue.private_model.PrivateConfig`) on the
-    first line, why on the next."""
+    reloaded optimizer recorded in its `PrivateConfig` ``private_config``) on the first line, why on the next."""
     if private_config is None:
         fix = "call model = keras_dyndp.make_private(model) before model.fit"
     else:  # A model reloaded without make_private: the optimizer's config recorded how it trained.

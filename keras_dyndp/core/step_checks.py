@@ -1,7 +1,6 @@
 """The refusals of a DP step, decided and worded once for both backends (`StepChecks`): TensorFlow asserts each in
 the step's graph (`keras_dyndp.tf_backend.optimizer`), JAX's jitted step records the first one's code until
-``raise_refused_step`` (`keras_dyndp.jax_backend.optimizer`). Only operators tensors and arrays share: no TensorFlow or
-JAX import here."""
+``raise_refused_step`` (`keras_dyndp.jax_backend.optimizer`). Only operators tensors and arrays share, no imports."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ BUDGET_STOP = "keras_dyndp.BudgetStop"
 
 
 def budget_exhausted_parts(num_steps: int, budget_stop: str | None) -> tuple[str, str]:
-    """The refusal of a step once ``num_steps`` (T) DP steps are released, before and after the released count.
-    ``budget_stop``: the callback to suggest (`BUDGET_STOP`) where the budget ran out during a ``fit`` without it,
-    else None (it cannot help a call that starts on a spent budget, nor ``train_on_batch`` or a custom loop)."""
+    """The refusal of a step once ``num_steps`` (T) DP steps are released, before and after the released count;
+    ``budget_stop`` (`BUDGET_STOP`) suggested where the budget ran out during a ``fit`` without it, else None."""
     stop = (
         ""
         if budget_stop is None
@@ -49,8 +47,7 @@ keras_dyndp counted released steps: the step counter's value stands for it (`rel
 
 def released_steps(step: Any, recorded: Any, where: Any) -> Any:
     """The DP steps an optimizer has released: its ``recorded`` released-steps variable (of ``step``'s dtype), or its
-    step counter ``step`` where that holds `UNRECORDED_RELEASED`; ``where``: the backend's select (``np.where``,
-    ``tf.where``, ``jnp.where``)."""
+    step counter ``step`` where that holds `UNRECORDED_RELEASED`; ``where``: the backend's (``np.where``, ...)."""
     return where(recorded < 0, step, recorded)
 
 
@@ -75,8 +72,7 @@ UNRECORDED_FINGERPRINT = (0, 0)
 
 def restored_schedule_refusal(step: int, recorded_fingerprint: Sequence[int], schedule: Any) -> str | None:
     """Why a DP step must not run at step counter ``step`` under ``schedule``, or None when it may: a counter past 0
-    restored under another fingerprint (or none) would index the wrong schedule. Step 0 always runs: nothing is
-    spent."""
+    restored under another fingerprint (or none) would index the wrong schedule. Step 0, nothing spent, always runs."""
     recorded = tuple(int(word) for word in recorded_fingerprint)
     if step == 0 or recorded == schedule.fingerprint:
         return None
@@ -137,13 +133,8 @@ def render(parts: Sequence[str], numbers: Sequence[int]) -> str:
 class StepChecks:
     """The refusals of one optimizer's steps: past the budget, on a step counter that is not the steps released or
     that comes from another schedule, and of batches outside the schedule's Poisson sampling
-    (`keras_dyndp.tf_backend.sampling_check` says why).
-
-    Args:
-      schedule: the optimizer's `keras_dyndp.schedules.DPSchedule`.
-      expected_batch_size: p N, or None with ``public_batch_size`` (then no batch size is checked).
-      normalises_by_rows: the step divides by the rows, so rows of sample weight 0 (padding) are refused.
-    """
+    (`keras_dyndp.tf_backend.sampling_check` says why), for its ``schedule`` and ``expected_batch_size`` (p N; None:
+    no batch size is checked); ``normalises_by_rows``: the step divides by the rows, so padding rows are refused."""
 
     def __init__(self, schedule: Any, expected_batch_size: float | None, normalises_by_rows: bool):
         self._schedule = schedule
@@ -154,8 +145,7 @@ class StepChecks:
         self.batch_size_range = None if n is None else batch_sizes.batch_size_range(n, p)
 
     def schedule_mismatch(self, step: Any, recorded: Any) -> Any:
-        """bool: a step counter past 0 under another schedule's ``recorded`` fingerprint, or none
-        (`restored_schedule_refusal`'s rule)."""
+        """bool: a counter past 0 under another ``recorded`` fingerprint, or none (`restored_schedule_refusal`)."""
         own = self._schedule.fingerprint
         return (step > 0) & ~((recorded[0] == own[0]) & (recorded[1] == own[1]))
 
@@ -210,8 +200,7 @@ class StepChecks:
 
 class GradientGuard:
     """Remembers the values the DP path handed out (its gradients; the schedule's pair), so the optimizer can refuse
-    any others. A plain object (the checkpoint graph is unaffected), per thread (MirroredStrategy traces each replica
-    in its own thread)."""
+    any others: a plain object (outside the checkpoint graph), per thread (MirroredStrategy's replicas trace apart)."""
 
     def __init__(self):
         self._local = threading.local()

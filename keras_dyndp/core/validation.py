@@ -1,10 +1,8 @@
 """Argument checks, one per kind of argument, called once where an argument is received: each returns the value it
-accepts or raises ValueError naming the argument, its valid range and what was received.
-
-Delta is in (0, 1) for a budget (0 has infinite epsilon for a Gaussian, 1 promises nothing); [0, 1] where a function
-mirrors `dp_accounting`'s ``get_epsilon(target_delta)`` (``allow_ends``). The sampling probability is in (0, 1] for
-a schedule (sampling nobody trains nothing); [0, 1] for a single event's accounting, where p = 0 is a free step.
-"""
+accepts or raises ValueError naming the argument, its valid range and what was received. Delta is in (0, 1) for a budget
+(0 has infinite epsilon for a Gaussian, 1 promises nothing); [0, 1] where a function mirrors `dp_accounting`'s
+``get_epsilon(target_delta)`` (``allow_ends``). The sampling probability is in (0, 1] for a schedule (sampling nobody
+trains nothing); [0, 1] for a single event's accounting, where p = 0 is a free step."""
 
 import math
 import numbers
@@ -40,8 +38,7 @@ def check_probability(
 
 
 def check_delta(delta: Any, name: str = "delta", *, allow_ends: bool = False, allow_zero: bool = False) -> float:
-    """`delta` (or any quantity of that range, a confidence) as a float in (0, 1); [0, 1] with `allow_ends`, [0, 1)
-    with `allow_zero`."""
+    """`delta` (or a confidence) as a float in (0, 1); [0, 1] with `allow_ends`, [0, 1) with `allow_zero`."""
     value = _as_float(delta)
     low_ok = value >= 0.0 if (allow_ends or allow_zero) else value > 0.0
     if not (low_ok and (value <= 1.0 if allow_ends else value < 1.0)):
@@ -81,8 +78,7 @@ def check_float(
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None, *, none_means: str | None = None) -> int | None:
-    """`value` as an int (not a bool or a float) in [`low`, `high`]; None passes where `none_means` says what it
-    means."""
+    """`value` as an int (not a bool or a float) in [`low`, `high`]; None passes where `none_means` says what it is."""
     if value is None and none_means is not None:
         return None
     whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -97,8 +93,7 @@ def check_int(name: str, value: Any, low: int, high: int | None = None, *, none_
 def check_positive_int(
     name: str, value: Any, hint: str = "", *, none_means: str | None = None, exact: bool = False
 ) -> int | None:
-    """`value` as an int, a whole number >= 1 (an int, not a float, with `exact`); None passes where `none_means`
-    says what it means."""
+    """`value` as an int, a whole number >= 1 (an int, not a float, with `exact`); None passes with `none_means`."""
     if value is None and none_means is not None:
         return None
     try:

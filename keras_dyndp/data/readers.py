@@ -30,8 +30,7 @@ def check_one_per_index(counts: set[int | None], num_indices: int) -> None:
 
 def check_like(example: np.ndarray, rows: np.ndarray) -> None:
     """Raises ValueError unless ``rows`` have the shape and dtype of ``example`` (rows of example 0; text of any
-    length): each batch's tensors must match the first's (TensorFlow's pipeline fails obscurely, a JAX step
-    recompiles or changes dtype)."""
+    length): else TensorFlow's pipeline fails obscurely, a JAX step recompiles or changes dtype."""
     text = example.dtype.kind in "SUO" and rows.dtype.kind in "SUO"
     if rows.shape[1:] != example.shape[1:] or not (
         text or rows.dtype.newbyteorder("=") == example.dtype.newbyteorder("=")
@@ -176,12 +175,9 @@ def chunked_fetcher(source: Any, threads: int, guard: Any) -> Callable[[list[int
 class BatchRows:
     """The elements of one batch read from a source, each written into arrays the batch owns before the source is called
     again: a source that refills one buffer of its own at each read and returns it, or a view of it, would otherwise put
-    its last read in every row.
-
-    The first element gives one column per leaf: an array of one row per element for a numpy array or scalar, a list of
-    `_owned` leaves for any other. An element of another structure, shape or dtype is kept whole (`_owned`) and the
-    batch stacked element by element (`examples`). The rows' writers may be several threads, each its own rows.
-    """
+    its last read in every row. The first element gives one column per leaf: an array of one row per element for a numpy
+    array or scalar, a list of `_owned` leaves for any other. An element of another structure, shape or dtype is kept
+    whole (`_owned`) and the batch stacked element by element (`examples`). Several threads may write, each its rows."""
 
     def __init__(self, num_rows: int, first: Any):
         self.num_rows, self.whole = num_rows, {}
@@ -315,14 +311,9 @@ def _unflatten(layout: Any, leaves: Any) -> Any:
 
 
 def _owned(element: Any) -> Any:
-    """``element`` (a nest a source call returned) with every leaf the source could change copied (see `BatchRows`).
-
-    Every numpy array is copied (``leaf.copy()``, keeping its subclass): no flag proves an array fresh, nor is a
-    structured array's row (``np.void``, a view). Immutable leaves are kept; any other leaf is ``copy.deepcopy``-ed.
-
-    Raises:
-        ValueError: a leaf that is neither a numpy array nor immutable and cannot be deep-copied.
-    """
+    """``element`` (a nest a source call returned) with every leaf the source could change copied (`BatchRows`): every
+    numpy array (``leaf.copy()``, keeping its subclass: no flag proves an array fresh, nor is a structured array's
+    row, ``np.void``, a view); immutable leaves kept; any other ``copy.deepcopy``-ed (ValueError if it cannot be)."""
     kind = type(element)
     if kind is np.ndarray:
         return element.copy()
@@ -392,9 +383,8 @@ _THREAD_SAFE_ARRAYS = ("numpy", "h5py", "zarr", "scipy")
 
 
 def _indexer(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:
-    """``indices -> leaf[indices]`` as a numpy array (a scipy.sparse matrix's rows as their dense array). An
-    array-like of another package than `_THREAD_SAFE_ARRAYS` is read one call at a time (`source_guard`), its rows
-    copied inside."""
+    """``indices -> leaf[indices]`` as a numpy array (a scipy.sparse matrix's rows dense). An array-like of another
+    package than `_THREAD_SAFE_ARRAYS` is read one call at a time (`source_guard`), its rows copied inside."""
     safe = type(leaf).__module__.split(".")[0] in _THREAD_SAFE_ARRAYS
     guard = contextlib.nullcontext() if safe else source_guard(leaf, 1)
 
@@ -413,14 +403,12 @@ _pool: list[concurrent.futures.ThreadPoolExecutor] = []
 
 
 def _parts(num_rows: int, threads: int = READ_THREADS) -> list[np.ndarray]:
-    """The positions 0..num_rows-1 in consecutive parts of >= `_ROWS_PER_THREAD`, at most min(``threads``,
-    `READ_THREADS`) of them."""
+    """The positions 0..num_rows-1 in at most min(``threads``, `READ_THREADS`) parts of >= `_ROWS_PER_THREAD`."""
     return np.array_split(np.arange(num_rows), min(threads, READ_THREADS, max(1, num_rows // _ROWS_PER_THREAD)))
 
 
 def _in_parts(function: Callable[[np.ndarray], Any], num_rows: int, threads: int = READ_THREADS) -> list:
-    """``function`` of each of the `_parts`, in order; on the reading threads (made at the first read that uses
-    them) when there are several."""
+    """``function`` of each of the `_parts`, in order; on the reading threads (made at first use) if several."""
     parts = _parts(num_rows, threads)
     if len(parts) == 1:
         return [function(parts[0])]

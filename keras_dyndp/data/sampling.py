@@ -1,14 +1,12 @@
 """`poisson_batches`: the batches the accountants assume (Poisson subsampling: each example joins each batch
 independently with probability p; shuffle-and-slice has no tight analysis, tensorflow/privacy #483), for ``fit``.
-
-Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``):
-the rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
+Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``): the
+rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
 Truncating to the cap is not free (one example can push another out), so it adds to delta (`batch_sizes`;
 docs/privacy.md, "What a reported epsilon covers"). ``seed=None`` draws from OS entropy (the only choice for a release).
 With an integer seed the sampler's state is (seed, start_step): a run resumed at step k draws from a seed mixed from
-both (`sampler_seed`), and `check_resume` refuses batches that would draw again the samples of steps the optimizer
-has taken. Each backend's ``data`` module materialises the batches.
-"""
+both (`sampler_seed`), and `check_resume` refuses batches that would draw again the samples of steps the optimizer has
+taken. Each backend's ``data`` module materialises the batches."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ OVERFLOW_POLICIES = ("truncate", "raise")
 @dataclasses.dataclass(frozen=True)
 class PoissonSampling:
     """How `poisson_batches` samples; ``same_on_every_worker`` (TensorFlow): its seed was given or agreed by all;
-    ``seed`` (None: OS entropy) and ``start_step``: the caller's, the sampler's state (`check_resume`), not the law
-    (left out of ``==``)."""
+    ``seed`` (None: OS entropy) and ``start_step``: the sampler's state (`check_resume`), not its law (not in ==)."""
 
     num_examples: int
     sampling_probability: float
@@ -132,8 +129,7 @@ def poisson_batches(
 
 
 def _rows_on_demand(x, y, sample_weight, map, num_examples, source_threads) -> Any:
-    """`sources.rows` of data read on demand (a source, array-likes), checked to hold ``num_examples`` rows; or None
-    for in-memory data."""
+    """`sources.rows` of data read on demand, checked to hold ``num_examples`` rows; None for in-memory data."""
     source_threads = validation.check_int("source_threads", source_threads, 1, none_means="the package decides")
     on_demand = sources.rows(
         x, y, sample_weight, map, lambda *arrays: check_rows(*arrays, num_examples), source_threads
@@ -208,12 +204,8 @@ def check_resume(data: Any, poisson: PoissonSampling | None, optimizer: Any) -> 
 
 def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = None) -> int:
     """N, the rows of every array in ``x`` and ``y`` and of ``sample_weight`` ([N] or [N, 1]; or per loss entry,
-    [N, L, ...]), checked.
-
-    Raises:
-        ValueError: if an array has no leading example dimension, N < 1, the rows differ or are not
-            ``num_examples`` (when given).
-    """
+    [N, L, ...]); ValueError if an array has no leading example dimension, N < 1, or the rows differ or are not
+    ``num_examples`` (when given)."""
     shapes = [tuple(np.shape(leaf)) for leaf in batch_sizes.leaves(x) + batch_sizes.leaves(y)]
     if not shapes or any(not shape for shape in shapes):
         raise ValueError("`x` and `y` must be arrays (or nests of arrays) with a leading example dimension.")

@@ -1,17 +1,11 @@
-"""Examples read on demand for `keras_dyndp.poisson_batches`: data that need not fit in memory.
-
-Two kinds of input are read row by row instead of being converted to tensors first: array-likes that index by a
-sorted integer array without loading everything (numpy memmaps, h5py / zarr-like datasets), and random-access
-sources (``len(source)``, ``source[i]``, ``source.__getitems__(list)`` when present: the protocol of
-``tfds.data_source`` and grain), each example ``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``.
-
-Each step draws its batch exactly as Poisson sampling does: k ~ Binomial(N, p), then a uniformly random k-subset
-(`draw`), so a step costs O(k), not O(N); the indices are read in increasing order and padded as the in-memory
-batches are (`Rows.batch`). Reads overlap where that pays (`readers`, `tfds_reader`), but a source is called from
-several threads at once only if it is `readers.known_thread_safe` or declared so (``source_threads``): a source that
-seeks and reads a shared file, called from two threads, can return one example's bytes for another's index, and that
-example counts twice in the batch.
-"""
+"""Examples read on demand for `keras_dyndp.poisson_batches`: data that need not fit in memory. Two kinds of input are
+read row by row instead of being converted to tensors first: array-likes that index by a sorted integer array without
+loading everything (numpy memmaps, h5py / zarr-like datasets), and random-access sources (``len(source)``,
+``source[i]``, ``source.__getitems__(list)`` when present: the protocol of ``tfds.data_source`` and grain), each example
+``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``. Each step draws its batch exactly as Poisson
+sampling does (`draw`), in O(k), not O(N); the indices are read in increasing order and padded as the in-memory batches
+are (`Rows.batch`). A source is called from several threads at once only if it is `readers.known_thread_safe` or
+declared so (``source_threads``; why: docs/privacy.md, "Refused, and why")."""
 
 from __future__ import annotations
 
@@ -51,21 +45,17 @@ def is_random_access(x: Any) -> bool:
 
 
 def draw(rng: np.random.Generator, num_examples: int, sampling_probability: float, cap: int) -> tuple[int, np.ndarray]:
-    """One Poisson sample: (k, the indices of min(k, cap) of the k selected examples, in random order).
-
-    k ~ Binomial(N, p) and a uniform k-subset is the law of N independent coin flips of probability p; on overflow
-    (k > cap) a uniform cap-subset of them is what truncating a uniform k-subset keeps.
-    """
+    """One Poisson sample: (k, the indices of min(k, cap) of the k selected examples, in random order). k ~
+    Binomial(N, p) and a uniform k-subset is the law of N independent coin flips of probability p; on overflow (k >
+    cap) a uniform cap-subset of them is what truncating a uniform k-subset keeps."""
     num_selected = int(rng.binomial(num_examples, sampling_probability))
     return num_selected, rng.choice(num_examples, min(num_selected, cap), replace=False)
 
 
 class Rows:
-    """N examples read by index arrays: ``read(sorted indices)`` -> ``(x, y, sample_weight)`` numpy nests.
-
-    ``y`` is None where the data has no labels; ``sample_weight`` is float32 of shape [k]. The first example, read
-    once, gives every leaf's shape and dtype (the padding rows are zeros of them).
-    """
+    """N examples read by index arrays: ``read(sorted indices)`` -> ``(x, y, sample_weight)`` numpy nests (``y``
+    None without labels, ``sample_weight`` float32 [k]). The first example, read once, gives every leaf's shape and
+    dtype (the padding rows are zeros of them)."""
 
     def __init__(self, num_examples: int, read: Callable[[np.ndarray], tuple[Any, Any, np.ndarray]]):
         self.num_examples = num_examples
@@ -204,12 +194,8 @@ def example_function(map_fn: Callable) -> Callable[[Any], Any]:
     ``tf.data.Dataset.map`` calls its function where that is what ``map_fn`` takes: a tuple element (arrays'
     ``(x_i, y_i)``, a source's tuples) unpacked into its parts, ``map_fn(x_i, y_i)``, when ``map_fn`` takes two
     positional arguments or more (or ``*args``); an element whole, ``map_fn(element)``, when it takes one (a tfds
-    dict, or a tuple to a function of one argument) or its signature cannot be read.
-
-    Raises:
-        ValueError: ``map_fn`` is not callable or takes no argument; or (when an element is read) ``map_fn`` takes
-            the parts of a tuple and an element is not a tuple of as many parts.
-    """
+    dict, or a tuple to a function of one argument) or its signature cannot be read. ValueError if ``map_fn`` is not
+    callable or takes no argument, or (when an element is read) takes a tuple's parts and the element is not one."""
     if not callable(map_fn):
         raise ValueError(
             f"`map` must be a function of an example: map(element) or map(x_i, y_i). Received: {map_fn!r}."

@@ -18,10 +18,9 @@ import numpy as np
 
 def tfds_fetcher(source: Any, guard: Any) -> Callable[[list[int]], list] | None:
     """For a ``tfds.data_source`` of ``tf.train.Example`` records of fixed-length features (no ``decoders``):
-    ``positions -> elements`` as the source returns them, the records read raw (`_ArrayRecordFiles`, else one
-    ``__getitems__`` under ``guard``), parsed for the whole batch (`_example_parser`) and decoded as tfds does
-    (`_tfds_decoder`). None otherwise, or if example 0 so read differs from ``source[0]``. The elements are new at every
-    call, so they are not copied (`_owned`)."""
+    ``positions -> elements`` as the source returns them (new at every call: not copied), the records read raw
+    (`_ArrayRecordFiles`, else one ``__getitems__`` under ``guard``), parsed for the batch (`_example_parser`) and
+    decoded as tfds does (`_tfds_decoder`). None otherwise, or if example 0 so read differs from ``source[0]``."""
     method = getattr(getattr(source, "deserialize_method", None), "name", None)
     if type(source).__module__.split(".")[0] != "tensorflow_datasets" or method != "DESERIALIZE_AND_DECODE":
         return None
@@ -90,8 +89,7 @@ def _protobuf_parser(features: Any) -> Callable[[list], dict[str, np.ndarray]] |
 def _proto_column(key: str, info: Any, examples: list) -> np.ndarray:
     """The values of feature ``key`` (tfds's serialized ``TensorInfo`` ``info``: shape, dtype) of parsed examples'
     feature maps, as one array of [len(examples)] + shape, cast as tfds's numpy parser casts each. A record holding
-    another number of values is refused, as tfds's reshape and ``tf.io.parse_example`` refuse it (a record missing
-    the feature, or holding another kind of list, holds none)."""
+    another number of values (none, if another kind of list) is refused, as tfds's reshape and parse_example do."""
     dtype, shape = np.dtype(info.np_dtype), tuple(info.shape)
     kind = "bytes_list" if dtype.kind in "OSU" else "float_list" if dtype.kind == "f" else "int64_list"
     values = [getattr(example[key], kind).value for example in examples]
@@ -133,9 +131,8 @@ def _tfds_decoder(features: Any) -> Callable[[dict], list]:
 
 def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any] | None:
     """``parsed column -> its rows decoded as tfds's Tensor.decode_example_np decodes each`` for a `Tensor` feature
-    of fixed shape stored as its values or as bytes (``Encoding.BYTES`` or ``ZLIB``: the batch's values joined into
-    one buffer, each row a read-only view of it, and a value of another size refused, as joined it would shift bytes
-    of one example into another's row); None for any other feature."""
+    of fixed shape stored as values or bytes (``BYTES`` or ``ZLIB``: one joined buffer, each row a read-only view, a
+    value of another size refused, as it would shift bytes into another row); None for any other feature."""
     from tensorflow_datasets.core.features import tensor_feature  # pylint: disable=import-outside-toplevel
 
     tensor = type(feature).decode_example_np is tensor_feature.Tensor.decode_example_np
@@ -167,9 +164,8 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
 class _ArrayRecordFiles:
     """The records of a ``tfds.data_source``'s ArrayRecord files by key, read with array_record's
     ``ArrayRecordReader`` in its random-access mode, one record a ``read(offset, offset + 1)`` in the calling thread
-    with the GIL released, with a file buffer of twice a record's mean size on disk (ArrayRecord's own batched reads
-    cost more: docs/performance.md). A reader is not thread-safe, so each calling thread keeps a set of readers of
-    its own; a file opens at its first read."""
+    with the GIL released, with a file buffer of twice a record's mean size on disk (docs/performance.md). A reader is
+    not thread-safe: each calling thread keeps readers of its own; a file opens at its first read."""
 
     def __init__(self, instructions: list, reader_class: type):
         self.reader_class = reader_class

@@ -97,10 +97,9 @@ def load_imdb(
     sequence_length: int = 256,
     vocabulary_file: str | None = None,
 ) -> TaskData:
-    """Reviews vectorised to int token ids [N, sequence_length]; float labels [N, 1], 0 (neg) / 1 (pos).
-
-    The vocabulary (`max_tokens` tokens) is `vocabulary_file`'s (public data) or, by default, learnt from the
-    training reviews: outside the DP guarantee (the data itself, read without noise)."""
+    """Reviews vectorised to int token ids [N, sequence_length]; float labels [N, 1], 0 (neg) / 1 (pos). The vocabulary
+    (`max_tokens` tokens) is `vocabulary_file`'s (public data) or, by default, learnt from the training reviews: outside
+    the DP guarantee (the data itself, read without noise)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (the JAX example imports this module)
 
     (train_texts, y_train), (test_texts, y_test), source = load_imdb_texts(imdb_dir, data_dir)

@@ -1,8 +1,6 @@
-"""InfiniteMNIST-style data (Loosli et al.): digits under random affine and elastic deformations, grouped by client.
-
-The federated task (examples.federated_mnist, research.federated_mnist) gives every client deformed copies of base
-images; the deformations follow only their own seed, so the same clients come back for every run.
-"""
+"""InfiniteMNIST-style data (Loosli et al.): digits under random affine and elastic deformations, grouped by client. The
+federated task (examples.federated_mnist, research.federated_mnist) gives every client deformed copies of base images;
+the deformations follow only their own seed, so the same clients come back for every run."""
 
 from __future__ import annotations
 
@@ -23,12 +21,10 @@ def deform(
     elastic_alpha: float = 2.0,
     elastic_sigma: float = 3.5,
 ) -> np.ndarray:
-    """Random affine + elastic deformations of a batch of images [B, H, W] (values in [0, 1]), vectorised.
-
-    Each output pixel samples the input (bilinearly, zero outside) at A (x - c) + c + shift + elastic(x), where A
-    combines a rotation, a shear and a scaling, and the elastic field is uniform noise in [-1, 1] smoothed by a
-    Gaussian of std `elastic_sigma` pixels and scaled to a largest displacement of `elastic_alpha` pixels.
-    """
+    """Random affine + elastic deformations of a batch of images [B, H, W] (values in [0, 1]), vectorised. Each output
+    pixel samples the input (bilinearly, zero outside) at A (x - c) + c + shift + elastic(x), where A combines a
+    rotation, a shear and a scaling, and the elastic field is uniform noise in [-1, 1] smoothed by a Gaussian of std
+    `elastic_sigma` pixels and scaled to a largest displacement of `elastic_alpha` pixels."""
     batch, height, width = images.shape
     angle = np.deg2rad(rng.uniform(-max_rotation_deg, max_rotation_deg, batch))
     shear = rng.uniform(-max_shear, max_shear, batch)

@@ -1,10 +1,8 @@
 """keras_dyndp on Keras 3's JAX backend (``KERAS_BACKEND=jax``): the DP optimizers and ``make_private``.
-
 ``keras_dyndp.DynamicDPKerasSGD`` (and Adam, Adagrad, RMSprop), ``make_private``, ``check_model`` and
 ``poisson_batches`` resolve to this package's when Keras runs on JAX, so the same user code trains on either backend
 (docs/jax.md). What is JAX's own, module by module: docs/architecture.md, "The two backends, file by file".
-``keras_dyndp[jax]`` pulls no TensorFlow.
-"""
+``keras_dyndp[jax]`` pulls no TensorFlow."""
 
 from keras_dyndp.core.batch_sizes import SamplingWarning
 from keras_dyndp.jax_backend.data import PoissonBatches

@@ -1,17 +1,8 @@
-"""Several processes (``jax.distributed``): one DP step over the devices of every process.
-
-Under ``keras.distribution.DataParallel`` over all processes' devices the jitted step is one program with a global
-meaning (every example clipped, the noise drawn once from one key, added once to the global sum), provided that the
-processes agree on what the program holds and on the global batch:
-- the optimizer's secret base key and `keras_dyndp.poisson_batches`' sampler seed are process 0's OS entropy,
-  broadcast (`agreed`);
-- every process holds the same data (`check_same_data`, `check_same_source`), draws the same global Poisson batch and
-  feeds only its share (`local_rows`), the global batch being the shares in process order;
-- every process builds the DP optimizer alike (`check_same_release`). Both checks gather SHA-256 digests
-  (`disagreements`).
-Refused (`check_distribution`, `check_data`): what docs/privacy.md's "Refused, and why" lists for several JAX
-processes, with why.
-"""
+"""Several processes (``jax.distributed``): one DP step over the devices of every process, provided that they agree on
+the key and seed (`agreed`), the data (`check_same_data`, `check_same_source`; each feeds its share, `local_rows`) and
+the optimizer (`check_same_release`), by gathered SHA-256 digests (`disagreements`). How and why: docs/jax.md,
+"Accumulation, microbatches, several devices"; the refusals (`check_distribution`, `check_data`): docs/privacy.md,
+"Refused, and why"."""
 
 from __future__ import annotations
 
@@ -119,8 +110,7 @@ def rows_multiple() -> int:
 
 
 def check_rows(name: str, value: int | None) -> None:
-    """ValueError if ``value`` (rows of every batch, or the multiple they are padded to) does not split evenly over
-    the devices of several processes."""
+    """ValueError if ``value`` (rows of every batch, or their padding multiple) is not a multiple of `rows_multiple`."""
     multiple = rows_multiple()
     if value is not None and value % multiple:
         raise ValueError(

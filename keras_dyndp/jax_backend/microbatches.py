@@ -24,14 +24,9 @@ def random_assignment(key: jax.Array, num_rows: int, num_microbatches: int) -> j
 def clipped_sum(
     grads: list[jax.Array], losses: jax.Array, assignment: jax.Array, num_microbatches: int, clip_norm: jax.Array
 ) -> tuple[list[jax.Array], jax.Array]:
-    """Per variable, the float32 sum_j clip(G_j, C) (module docstring), and the unclipped norms ||G_j|| [M].
-
-    Args:
-      grads: per variable, the per-example gradients [B, ...] of the weighted per-example losses.
-      losses: float [B], the weighted per-example losses (0 for padding rows).
-      assignment: int32 [B], each row's microbatch (`random_assignment`), in [0, ``num_microbatches``).
-      clip_norm: C, a float32 scalar.
-    """
+    """Per variable, the float32 sum_j clip(G_j, C) (module docstring), and the unclipped norms ||G_j|| [M], from the
+    per-example ``grads`` [B, ...] of the weighted ``losses`` [B] (0 for padding), each row's microbatch
+    ``assignment`` (`random_assignment`) and C = ``clip_norm``."""
     num_rows = assignment.shape[0]
     membership = jax.nn.one_hot(assignment, num_microbatches, dtype=jnp.float32)  # [B, M]
     counts = jnp.maximum(membership.T @ (losses != 0).astype(jnp.float32), 1.0)  # [M]

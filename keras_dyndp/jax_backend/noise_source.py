@@ -1,13 +1,7 @@
-"""A JAX DP optimizer's randomness: a secret base key in host memory, run nonces, and each step's keys.
-
-Keras's seeds are public or restorable, so noise drawn from them could be regenerated or replayed. Each optimizer holds
-a 64-bit base key from OS entropy (`keras_dyndp.core.noise_seed`) in host memory, a runtime input of the step, never a
-constant of a compiled program (a constant goes wherever the program goes: docs/privacy.md, "Randomness"). ``new_run``
-writes it into the never-saved state of a run of steps (`fresh_run_state`); the variables hold zeros in its place at
-rest, so no saved file holds the key, and a step handed a state without one is refused. Step k's keys (`step_key`) fold
-in a run nonce, k and their purpose; ``new_run`` sets the nonce to a never-used value whenever the state comes from the
-variables (which may have been rewound or restored), so a restored counter never meets a used nonce.
-"""
+"""A JAX DP optimizer's randomness: a secret 64-bit base key from OS entropy in host memory, a runtime input of the
+step (why: docs/privacy.md, "Randomness"), written into the never-saved run state (`fresh_run_state`; zeros at rest).
+Step k's keys (`step_key`) fold in a run nonce, k and their purpose; ``new_run`` sets a never-used nonce whenever the
+state comes from the variables, so a rewound or restored counter never meets a used nonce."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.core.mechanism`) on the JAX backend.
-
-`make_dynamic_dp_optimizer_class(base_cls)` returns ``DynamicDPKeras<Base>(JaxDPOptimizerMixin, base_cls)``. The jitted
-step never calls the host: `stateless_apply_clipped_sum` takes the sums of gradients clipped to C_k (`clip_norm_at`, k =
-``iterations``), decides in the graph the refusals of `keras_dyndp.core.step_checks` (counter against the steps
-released, recorded schedule, budget, batch size), then noises, normalises and applies through Keras's
-``stateless_apply``. A refused step, and every later one, changes nothing until `raise_refused_step` reads the refusal
-from the run state and raises. `apply` refuses any other gradients (Keras's default train step). Randomness:
-`keras_dyndp.jax_backend.noise_source`.
-"""
+"""Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.core.mechanism`) on the JAX backend. The jitted step never
+calls the host: `stateless_apply_clipped_sum` decides `keras_dyndp.core.step_checks`' refusals in the graph, and a
+refused step, and every later one, changes nothing until `raise_refused_step` raises it. `apply` refuses any other
+gradients (Keras's default train step)."""
 
 from __future__ import annotations
 
@@ -137,7 +131,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return microbatches.random_assignment(key, num_rows, self._num_microbatches)
 
     def secret_key(self, optimizer_variables) -> jax.Array:
-        """The step's secret key for its random layers' states (module docstring)."""
+        """The step's secret key for its random layers' states (`keras_dyndp.jax_backend.noise_source`)."""
         return self._step_key(optimizer_variables, noise_source.LAYER_SEEDS)
 
     def _refusal(self, code: int, num_examples: int, optimizer_variables, budget_stop: str | None) -> RuntimeError:
@@ -167,10 +161,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return self._refusal(code, num_examples, optimizer_variables, budget_stop) if code else None
 
     def new_run(self, optimizer_variables) -> list:
-        """``optimizer_variables`` starting a new run of steps: the secret key's words, from host memory (the step
-        reads them as an input), a never-used run nonce (the keys of a counter that was rewound or restored are
-        new), no refusal recorded. The only state a step takes a key from: hand the values it returns to the step,
-        not to a saver."""
+        """``optimizer_variables`` starting a new run of steps: the secret key's words, from host memory (a runtime
+        input of the step), a never-used run nonce (a rewound or restored counter's keys are new), no refusal. The
+        only state a step takes a key from: hand the values it returns to the step, not to a saver."""
         values = list(optimizer_variables)
         index = self._index(self._run_state)
         fresh = self._noise_source.fresh_run_state(with_key=True)
@@ -189,10 +182,9 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def raise_refused_step(self, budget_stop: str | None = None) -> None:
         """Raises RuntimeError (`BudgetExhaustedError` past the budget) if a step was refused since the last call,
-        and puts the run state at rest in the variables: a never-used nonce, no refusal, no key. A refusal cannot
-        raise inside the jitted step (reading it there would stop the device every step): it waits in the run state
-        until this call, which ``make_private``'s model makes wherever Keras syncs the state back; a custom loop
-        takes its state from `new_run` and calls this after each run of steps. ``budget_stop``: as
+        and puts the run state at rest in the variables: a never-used nonce, no refusal, no key. ``make_private``'s
+        model calls it wherever Keras syncs the state back; a custom loop takes its state from `new_run` and calls this
+        after each run of steps (docs/privacy.md, 'Which entry points are covered'). ``budget_stop``: as
         `step_checks.budget_exhausted_parts`."""
         refusal = self.refusal_in([variable.value for variable in self.variables], budget_stop=budget_stop)
         self._run_state.assign(self._noise_source.fresh_run_state(with_key=False))
@@ -319,9 +311,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def build(self, var_list):
         """Builds the base optimizer's variables; in ``load_model``'s ``compile_from_config``, gives the model back the
-        make_private step its config records; any other model not made private gets Keras's own train step refused when
-        ``fit`` makes it. Warns when a model's schedule starts over (`restarts.warn_on_schedule_restart`). The model:
-        the private one compiled with this optimizer, else the one building it (`registration.keras_model_calling`)."""
+        make_private step its config records (as TensorFlow's ``build``); warns when a model's schedule starts over."""
         super().build(var_list)
         model = private_model.model_compiled_with(self, var_list) or registration.keras_model_calling(self, keras.Model)
         if model is None:

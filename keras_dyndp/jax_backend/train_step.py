@@ -1,22 +1,10 @@
-"""``model = keras_dyndp.make_private(model)`` on Keras 3's JAX backend: per-example clipping in ``model.fit``.
-
-Keras's JAX train step hands the optimizer the gradient of the batch's mean loss, where no example can be clipped.
-make_private's stateless ``train_step`` runs each example alone (``jax.vmap`` of ``jax.grad`` of the model's
-``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips each example's gradient to the
-optimizer's C_t, sums, and hands the sums to ``stateless_apply_clipped_sum`` (noise once, normalise, apply).
-``method='auto'`` (= ``'ghost'``) clips the variables a rule covers from each example's layer input and output gradient
-(`per_example.taps`); every other variable keeps its vmap gradient; ``'vectorized'`` taps only Embedding tables.
-``accumulation_steps`` = k scans k physical batches; ``num_microbatches`` = M clips M random microbatch gradients
-(`microbatches`, no taps).
-
-Non-trainable variables written from the batch, or from the step's secret random draws, would leave the step without
-noise: refused (`model_checks`). Random-generator states (Dropout) are drawn from the step's secret key, the same for
-every row, never from Keras's seed, which users publish. Other refusals are TensorFlow's (docs/privacy.md, "Refused, and
-why"); a refused step changes nothing, nor does any later step, and the call raises at that epoch's end at the latest.
-The checks run in what every entry point calls on the model (``make_train_function``, the train function,
-``jax_state_sync``; docs/privacy.md, "Which entry points are covered, and how"). Under a ``keras.distribution`` the
-jitted step keeps its global meaning: every example clipped, one noise key, the noise added once to the global sum.
-"""
+"""``model = keras_dyndp.make_private(model)`` on Keras 3's JAX backend: per-example clipping in ``model.fit``, whose
+own step sees only the batch's mean loss. The stateless ``train_step`` runs each example alone (``jax.vmap`` of
+``jax.grad`` of ``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips (from the
+taps of `per_example.taps` where a rule covers a variable), sums and hands the sums to ``stateless_apply_clipped_sum``.
+Random-generator states (Dropout) are drawn from the step's secret key, never from Keras's seed, which users publish.
+Refusals: docs/privacy.md, "Refused, and why" and "Which entry points are covered, and how"; docs/jax.md. Under a
+``keras.distribution`` the jitted step keeps its global meaning: one noise key, the noise added once to the sum."""
 
 from __future__ import annotations
 
@@ -124,10 +112,9 @@ def _advanced_seed_states(model: keras.Model, trainable, non_trainable, x, is_se
 
 
 def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is_seed_state) -> Callable:
-    """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)``, per
-    example (``jax.vmap``): the weighted loss's gradients (None for the variables the taps cover), each tapped
-    layer's inputs and output gradients, the outputs, the non-trainable values written (None for the secret seed
-    states), the losses."""
+    """``(non_trainable, step_key, x, y, weights) -> (grads, tap_rows, y_pred, new_non_trainable, losses)`` per
+    example (``jax.vmap``); ``grads`` None for the variables the taps cover, ``tap_rows`` each tapped layer's inputs
+    and output gradients, ``new_non_trainable`` the values written (None for the secret seed states)."""
     covered = {index for _, indices, _ in tapped.values() for index in indices}
     differentiated = [i for i in range(len(trainable_variables)) if i not in covered]
 
@@ -183,8 +170,7 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
 @contextlib.contextmanager
 def _refuse_writes_from_random_draws(model: keras.Model):
     """Turns vmap's refusal of a batched written non-trainable value (``out_axes=None``) into the refusal of state
-    that leaves the step without noise: it followed the step's secret random draws (data-derived writes were refused
-    before, `model_checks`)."""
+    that leaves the step without noise, following its secret random draws (`model_checks` refused the data's)."""
     try:
         yield
     except ValueError as error:
@@ -198,8 +184,7 @@ def _refuse_writes_from_random_draws(model: keras.Model):
 
 
 def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) -> tuple[list, jax.Array]:
-    """sum_i clip(g_i, C) per variable, from `_per_example_fn`'s gradients and the tapped layers' rules (`registry`),
-    and the unclipped norms ||g_i|| [B]."""
+    """sum_i clip(g_i, C) per variable (`_per_example_fn`'s gradients, tapped layers' rules), unclipped norms [B]."""
     squared_norms = jnp.zeros([num_rows], jnp.float32)
     for g in grads:
         if g is not None:
@@ -279,11 +264,9 @@ def _private_train_step(self: keras.Model, state, data):
 
 class _CheckedTrainFunction:
     """TensorFlow's `_CheckedTrainFunction` on JAX: Keras's ``(state, iterator) -> (logs, state)`` after the host-side
-    checks. An optimizer state other than the one it returned last (the variables, whose counter may have been rewound
-    or restored, or a caller's own) starts a new run of steps: the pending refusal raised, the budget checked,
-    `JaxDPOptimizerMixin.new_run`. Within a run it reads nothing back until the counter may have reached T. When a call
-    raises, the state goes back into the variables without the key (`JaxDPOptimizerMixin.at_rest`): Keras's ``fit``
-    would put nothing back if the first step's trace raises."""
+    checks; a state other than the one it returned last starts a new run of steps (docs/privacy.md, 'Which entry points
+    are covered, and how'). When a call raises, the state goes back into the variables without the key
+    (`JaxDPOptimizerMixin.at_rest`): Keras's ``fit`` would put nothing back if the first step's trace raises."""
 
     def __init__(self, model: keras.Model, function: Callable):
         self._model = model
@@ -329,10 +312,9 @@ def _put_back(model: keras.Model, state) -> None:
 
 
 def _check_sampling(model: keras.Model, seen: tuple[str, Any] | None) -> None:
-    """Refuses Poisson batches at another rate than the schedule's or with ``public_batch_size``, arrays given to
-    ``fit`` without it, and under several processes anything but Poisson batches given to ``fit``; warns (once per
-    optimizer) on other data. ``seen``: ``(caller, x)`` as `keras_dyndp.keras_glue.entry_points.DataSeen` recorded it,
-    None when no entry point showed the data."""
+    """Refuses, given to ``fit``, Poisson batches unlike the schedule's (or with ``public_batch_size``), arrays without
+    it and, under several processes, anything but Poisson batches; warns once per optimizer on other data. ``seen``:
+    ``(caller, x)`` as `entry_points.DataSeen` recorded it, or None."""
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return  # The train step refuses it, naming what to use.
@@ -362,10 +344,9 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _private_make_train_function(self: keras.Model, force: bool = False):
-    """Keras's ``make_train_function`` (which every training entry point calls first), after the checks of the data the
-    entry point showed (`_check_sampling`), wrapped in `_CheckedTrainFunction`, with a new train-step object for each
-    new train function: JAX caches traces by function object, and after ``compile`` with another DP optimizer the old
-    trace, with its schedule, keys and refusals, would be replayed."""
+    """Keras's ``make_train_function`` after `_check_sampling`, wrapped in `_CheckedTrainFunction`, with a new
+    train-step object each time: JAX caches traces by function object, and after ``compile`` with another DP optimizer
+    the old trace, with its schedule, keys and refusals, would be replayed."""
     _check_model(self)
     seen = private_model.record(self).data_seen.take()
     within_fit = seen is not None and seen[0] == entry_points.FIT
@@ -383,9 +364,8 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
 
 
 def _private_jax_state_sync(self: keras.Model):
-    """Keras's ``jax_state_sync`` (at each epoch's end, after ``train_on_batch``'s step, when a callback reads
-    ``self.model``), then `raise_refused_step` when steps ran since the last sync: a refusal surfaces in the call
-    that made it, at the epoch's end at the latest."""
+    """Keras's ``jax_state_sync``, then `raise_refused_step` when steps ran since the last sync: a refusal surfaces in
+    the call that made it, at the epoch's end at the latest."""
     # Whether steps ran since the last sync: Keras's JAX trainer keeps that in private attributes only.
     stepped = not getattr(self, "_jax_state_synced", True) and getattr(self, "_jax_state", None)
     type(self).jax_state_sync(self)
@@ -431,5 +411,5 @@ _HOOKS = private_model.Hooks(
     train_step=_private_train_step,
     unwrap_optimizer=_unwrap_optimizer,
     install=_install,
-    data_hook="_symbolic_build",  # Keras 3's: what unbound entry points show of their data (module docstring).
+    data_hook="_symbolic_build",  # Keras 3's: what unbound entry points show of their data (docs/privacy.md).
 )

@@ -1,12 +1,7 @@
-"""Which data each Keras 3 entry point hands a made-private model, for the checks of its sampling (both backends).
-
-Keras 3's ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch`` hand their data to the model's
-``_symbolic_build`` (JAX) or ``_maybe_symbolic_build`` (TensorFlow), resolved on the instance even when the entry point
-is called unbound: the only call on the model that sees what an unbound ``fit`` trains on. `DataSeen` records the data
-there and hands it to the next ``make_train_function``, whose check is then the same for every entry point; nothing seen
-(`UNSEEN_BATCHES`: the train function called directly, a custom loop) is warned. The table of entry points and what each
-gets: docs/privacy.md, "Which entry points are covered, and how".
-"""
+"""Which data each Keras 3 entry point hands a made-private model, for the checks of its sampling (both backends):
+`DataSeen` records it where Keras 3 hands it to the model's ``_symbolic_build`` (JAX) or ``_maybe_symbolic_build``
+(TensorFlow), also when the entry point is called unbound, for the next ``make_train_function`` to check; nothing seen
+(`UNSEEN_BATCHES`) is warned. docs/privacy.md, "Which entry points are covered, and how"."""
 
 from __future__ import annotations
 
@@ -63,8 +58,7 @@ class DataSeen:
             self._pending = (TRAIN_ON_BATCH, _x_of(data_batch))
 
     def record_call(self, caller: str, x: Any) -> None:
-        """What make_private's own ``fit`` or ``train_on_batch`` (``caller``) received (Keras 2 shows it nowhere
-        else)."""
+        """What make_private's own ``fit`` or ``train_on_batch`` (``caller``) received (Keras 2 shows it nowhere)."""
         self._pending = (caller, x)
 
     @contextlib.contextmanager

@@ -1,10 +1,8 @@
-"""Values that join the epoch logs every callback's ``on_epoch_end`` receives, on every Keras and backend.
-
-Keys a callback adds in its ``on_epoch_end`` reach only the callbacks after it. Keras 3's ``fit`` builds the epoch
-logs with ``model._get_metrics_result_or_logs`` before them all, so `add` wraps that method on the instance, the
-values waiting until its next call (once); `remove_hook` restores it; `from_the_step` makes it return the step's logs.
-Keras 2 copies the logs of the epoch's last batch into them: `add` writes there.
-"""
+"""Values that join the epoch logs every callback's ``on_epoch_end`` receives, on every Keras and backend. Keys a
+callback adds in its ``on_epoch_end`` reach only the callbacks after it. Keras 3's ``fit`` builds the epoch logs with
+``model._get_metrics_result_or_logs`` before them all, so `add` wraps that method on the instance, the values waiting
+until its next call (once); `remove_hook` restores it; `from_the_step` makes it return the step's logs. Keras 2 copies
+the logs of the epoch's last batch into them: `add` writes there."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""What ``make_private`` means, once for both backends; each backend's ``train_step`` module supplies `Hooks`.
-
-A private model is one ``make_private`` bound here: its options (`PrivateConfig`, also recorded in its DP
-optimizer's config so that ``load_model`` restores them), the data each Keras entry point showed it
-(`keras_dyndp.keras_glue.entry_points.DataSeen`) and its backend's hooks, kept beside the model (never as attributes on
-it) for as long as the model lives. The backend's train step, train function and checks read them from here; ``fit``'s
-refusal past the budget is raised as one `BudgetExhaustedError`, without Keras's traceback (`budget_refusal`).
-"""
+"""What ``make_private`` means, once for both backends; each backend's ``train_step`` module supplies `Hooks`. The
+record of each private model is kept beside it, never as attributes on it (docs/architecture.md, "The two backends,
+file by file")."""
 
 from __future__ import annotations
 
@@ -49,19 +44,11 @@ class PrivateConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Hooks:
-    """What a backend gives ``make_private``.
-
-    Args:
-      backend: the backend's name in refusals ('TensorFlow', 'JAX').
-      model_class: the Keras ``Model`` class of the backend.
-      optimizer_class: the DP optimizers' base class (`keras_dyndp.optimizer_base.DPOptimizerBase`).
-      methods: the clipping methods ``make_private`` takes.
-      train_step: the private train step, installed as the model's ``train_step``.
-      unwrap_optimizer: the DP optimizer inside what ``compile`` set (or a refusal of the wrapper).
-      install: installs the backend's entry points and train function on the model (after the train step).
-      data_hook: the Keras 3 method `recording_build` replaces on the model; None, or a name its class lacks
-        (Keras 2): none.
-    """
+    """What a backend gives ``make_private``: its name in refusals, its Keras ``Model`` class, its DP optimizers' base
+    class, the clipping methods it takes, the private ``train_step``, ``unwrap_optimizer`` (the DP optimizer inside
+    what ``compile`` set, or a refusal of the wrapper), ``install`` (its entry points and train function, put on the
+    model after the train step) and ``data_hook``, the Keras 3 method `recording_build` replaces (None, or a name the
+    class lacks, on Keras 2: none)."""
 
     backend: str
     model_class: type
@@ -133,8 +120,7 @@ def _compiled_with(model: Any, optimizer: Any) -> bool:
 
 
 def dp_optimizer(model: Any) -> Any:
-    """The DP optimizer a private ``model`` trains with (inside a loss-scale wrapper on TensorFlow); refused
-    (ValueError) when it has none."""
+    """The DP optimizer a private ``model`` trains with (in a loss-scale wrapper on TensorFlow); ValueError if none."""
     hooks = _MODELS[model].hooks
     optimizer = hooks.unwrap_optimizer(getattr(model, "optimizer", None))
     if not isinstance(optimizer, hooks.optimizer_class):
@@ -144,9 +130,8 @@ def dp_optimizer(model: Any) -> Any:
 
 @contextlib.contextmanager
 def budget_refusal(model: Any, callbacks: Any) -> Iterator[None]:
-    """Runs ``model``'s ``fit`` with ``callbacks``, noting in its record whether one ends it at the budget
-    (`stops_at_the_budget`: then no refusal suggests one); a `BudgetExhaustedError` raised inside comes out alone,
-    without Keras's traceback."""
+    """Runs ``model``'s ``fit`` with ``callbacks``, recording whether one ends it at the budget (no refusal then
+    suggests one); a `BudgetExhaustedError` raised inside comes out alone, without Keras's traceback."""
     bound = _MODELS[model]
     bound.fit_stops_at_the_budget = stops_at_the_budget(callbacks)
     try:
@@ -170,9 +155,8 @@ def private_train_on_batch(self: Any, x=None, *args, **kwargs):
 
 
 def recording_build(keras_method: str) -> Callable:
-    """A replacement of Keras 3's ``keras_method`` (``_symbolic_build`` on JAX, ``_maybe_symbolic_build`` on
-    TensorFlow), which ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch`` call with their data, also
-    unbound: records the data for the next ``make_train_function``, then calls Keras's."""
+    """A replacement of Keras 3's ``keras_method`` (`entry_points` says which), which its entry points call with their
+    data, also unbound: records the data for the next ``make_train_function``, then calls Keras's."""
 
     def build(self: Any, iterator=None, data_batch=None):
         _MODELS[self].data_seen.record(iterator, data_batch)

@@ -1,13 +1,10 @@
 """Registers the DP optimizers with Keras (for ``load_model`` in a process that only imported keras and keras_dyndp) as
 soon as Keras is imported: at ``import keras_dyndp`` if Keras or TensorFlow already is, else once the first of them has
 been and no import of them is in progress (each imports the other), without importing TensorFlow at ``import
-keras_dyndp`` (the accounting and ``dyndp-privacy`` do without). Only TensorFlow and JAX register.
-
-Also the lookups Keras gives no hook for, read from the call stack: `keras_model_calling`, the model that never went
-through ``make_private`` whose ``compile_from_config`` or train step calls a DP optimizer (why it cannot be bound
-explicitly: docs/architecture.md, "Where each check lives"), and `keras_entry_data`, the data of a Keras 2 entry point
-called unbound.
-"""
+keras_dyndp`` (the accounting and ``dyndp-privacy`` do without). Only TensorFlow and JAX register. Also the lookups
+Keras gives no hook for, read from the call stack: `keras_model_calling`, the model that never went through
+``make_private`` whose ``compile_from_config`` or train step calls a DP optimizer (why it cannot be bound explicitly:
+docs/architecture.md, "Where each check lives"), and `keras_entry_data`, a Keras 2 unbound entry point's data."""
 
 from __future__ import annotations
 
@@ -72,8 +69,7 @@ class _RegisterAfterKerasImport(importlib.abc.MetaPathFinder):
 
 
 def _inside_keras_dyndp_import() -> bool:
-    """Whether a keras_dyndp module is executing its imports (it imported Keras itself; the optimizers, imported now,
-    could meet it half-initialised)."""
+    """Whether a keras_dyndp module is executing its imports (the optimizers could meet it half-initialised)."""
     return any(
         frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__", "").startswith("keras_dyndp.")
         for frame in _callers()

@@ -1,9 +1,7 @@
-"""How a DP optimizer's state lies in a ``.keras`` / ``.weights.h5`` file (`SavedDPState`), on every backend.
-
-Keras saves an optimizer's variables by position. The DP state that is not a slot of the base optimizer goes after
-the slots, so a file's positions stay those of files saved before that state existed: the steps released
-(``released_steps``), then, with adaptive clipping, the clip norm C_t it has reached (``adaptive_clip_norm``).
-"""
+"""How a DP optimizer's state lies in a ``.keras`` / ``.weights.h5`` file (`SavedDPState`), on every backend. Keras
+saves an optimizer's variables by position. The DP state that is not a slot of the base optimizer goes after the slots,
+so a file's positions stay those of files saved before that state existed: the steps released (``released_steps``),
+then, with adaptive clipping, the clip norm C_t it has reached (``adaptive_clip_norm``)."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from keras_dyndp.core import step_checks
 
 class SavedDPState:
     """The saving and loading of a DP optimizer's variables (a mixin of `keras_dyndp.optimizer_base.DPOptimizerBase`,
-    which sets ``_released_steps``, ``_schedule_fingerprint`` and ``_adaptive_clip_norm``, None without adaptive
-    clipping)."""
+    which sets ``_released_steps``, ``_schedule_fingerprint`` and ``_adaptive_clip_norm``, None if not adaptive)."""
 
     _adaptive_clip_norm = None  # adaptive clipping's C_t, a variable the backend builds
 

@@ -1,16 +1,12 @@
 """Ghost-clipping rules of the trained weights of Keras's dot-product and additive attention layers (Keras 3's and Keras
 2's), the same rule code on TensorFlow and JAX (`keras_dyndp.rules.layer_rules`' contract): ``AdditiveAttention``'s
 ``scale`` [dim] (``use_scale=True``, its default), ``Attention``'s scalar ``scale`` (``use_scale=True``) and, with
-``score_mode="concat"``, its scalar ``concat_score_weight``.
-
-Such a weight is tiny and used at every pair of positions, so each example's gradient is materialised (exact: no
-rounding bound needed) by one vector-Jacobian product of the layer's own call, in which each example reads its own copy
-of the weights, broadcast over the batch (float32; the backend's ``ops.vjp``, as ``keras.ops`` has none).
-
-The rule sees the layer's inputs and output gradient only, so it covers the calls it can reproduce: no dropout, no Keras
-2 ``causal=True``, every recorded call with the inputs alone and without a mask on them (`supports`). A layer it does
-not cover keeps its other path (TensorFlow's vectorized path, JAX's vmap gradients).
-"""
+``score_mode="concat"``, its scalar ``concat_score_weight``. Such a weight is tiny and used at every pair of positions,
+so each example's gradient is materialised (exact: no rounding bound needed) by one vector-Jacobian product of the
+layer's own call, in which each example reads its own copy of the weights, broadcast over the batch (float32; the
+backend's ``ops.vjp``, as ``keras.ops`` has none). The rule sees the layer's inputs and output gradient only, so it
+covers the calls it can reproduce: no dropout, no Keras 2 ``causal=True``, every recorded call with the inputs alone and
+without a mask on them (`supports`). A layer it does not cover keeps its other path (vectorized, or JAX's vmap)."""
 
 from __future__ import annotations
 
@@ -39,9 +35,8 @@ def _covered(layer: Any) -> dict[str, int]:
 
 
 def variables(layer: Any) -> list:
-    """The rule's ``variables``: the trained weights the built ``Attention`` or ``AdditiveAttention`` ``layer``
-    holds, its ``scale`` and ``concat_score_weight`` where it has them (none for ``use_scale=False`` and
-    ``score_mode="dot"``)."""
+    """The rule's ``variables``: the built ``Attention`` or ``AdditiveAttention`` ``layer``'s trained ``scale`` and
+    ``concat_score_weight`` where it has them (none for ``use_scale=False`` and ``score_mode="dot"``)."""
     return [getattr(layer, name) for name in _covered(layer)]
 
 
@@ -89,19 +84,10 @@ def _reading(layer: Any, values: dict[str, Any]):
 
 
 def norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[Any, Callable]:
-    """The rule's ``norms_and_sums`` (`keras_dyndp.rules.layer_rules`' contract): each example's gradient of every
-    covered weight, materialised (module docstring).
-
-    Args:
-      layer: an ``Attention`` or ``AdditiveAttention`` layer that `supports` covers.
-      a: its inputs [query, value] or [query, value, key], each [B, rows, ..., T, dim].
-      g: the loss's gradient at its output, [B, rows, ..., Tq, dim].
-
-    Returns:
-      ``(squared_norms, sums)``: the per-example squared norms [B] of all its weights' gradients together, float32,
-      and the function ``factors [B] -> [sum_i factors_i (example i's gradient), one per weight]`` (an example whose
-      factor is 0 adds exactly nothing, `layer_rules.weighted_sum`).
-    """
+    """The rule's ``norms_and_sums`` (`keras_dyndp.rules.layer_rules`' contract) for an ``Attention`` or
+    ``AdditiveAttention`` ``layer`` that `supports` covers, its inputs ``a`` ([query, value] or [query, value, key],
+    each [B, rows, ..., T, dim]) and output gradient ``g``: each example's gradient of every covered weight,
+    materialised (module docstring)."""
     ops = layer_rules.keras_ops()
     batch = ops.shape(g)[0]
     rows = lambda x: ops.cast(ops.reshape(x, (-1, *ops.shape(x)[2:])), "float32")  # noqa: E731  [B * rows, ...]

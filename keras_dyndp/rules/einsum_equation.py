@@ -1,16 +1,14 @@
-"""An EinsumDense equation as a Dense over positions: the one reduction the ghost rules of both backends use.
-
-``z[b, P, M] = sum_C x[b, P, C] K[C, M]``: the batch letter b leads the input and the output and is not the kernel's;
-the position letters P (input and output, not the kernel) index the positions at which the kernel is applied; the
-contracted letters C (input and kernel) make the fan-in k, the kernel's output letters M (kernel and output) the
-fan-out m. With the input transposed to [B, P, C] -> [B, T, k] and the output gradient to [B, P, M] -> [B, T, m],
-example i's kernel gradient is a_i^T g_i [k, m], in the kernel's letter order after a reshape and a transpose. Every
-equation Keras's MultiHeadAttention builds ('abc,cde->abde', 'abcd,cde->abe', 'aecd,abcd->acbe' is not an
-EinsumDense) and a Dense written as an equation ('ab,bc->ac', 'abc,cd->abd') reduce so. An equation that mixes the
-batch axis (contracts it, or gives it to the kernel), repeats a letter in one operand (a diagonal), sums an axis away
-without the kernel, broadcasts one in, or shares a letter among all three operands (block-diagonal kernels) does not:
-`plan` returns None and the layer keeps its per-example path.
-"""
+"""An EinsumDense equation as a Dense over positions: the one reduction the ghost rules of both backends use. ``z[b, P,
+M] = sum_C x[b, P, C] K[C, M]``: the batch letter b leads the input and the output and is not the kernel's; the position
+letters P (input and output, not the kernel) index the positions at which the kernel is applied; the contracted letters
+C (input and kernel) make the fan-in k, the kernel's output letters M (kernel and output) the fan-out m. With the input
+transposed to [B, P, C] -> [B, T, k] and the output gradient to [B, P, M] -> [B, T, m], example i's kernel gradient is
+a_i^T g_i [k, m], in the kernel's letter order after a reshape and a transpose. Every equation Keras's
+MultiHeadAttention builds ('abc,cde->abde', 'abcd,cde->abe', 'aecd,abcd->acbe' is not an EinsumDense) and a Dense
+written as an equation ('ab,bc->ac', 'abc,cd->abd') reduce so. An equation that mixes the batch axis (contracts it, or
+gives it to the kernel), repeats a letter in one operand (a diagonal), sums an axis away without the kernel, broadcasts
+one in, or shares a letter among all three operands (block-diagonal kernels) does not: `plan` returns None and the layer
+keeps its per-example path."""
 
 from __future__ import annotations
 
@@ -20,16 +18,9 @@ from typing import NamedTuple
 
 
 class Plan(NamedTuple):
-    """How to read an EinsumDense call as a Dense over positions (module docstring).
-
-    Attributes:
-      input_order: the input's axes in the order [batch, P..., C...] (a transpose permutation).
-      output_order: the output's axes in the order [batch, P..., M...] (a transpose permutation).
-      fan_in: k, the product of the contracted axes' sizes.
-      fan_out: m, the product of the kernel's output axes' sizes.
-      gradient_shape: the kernel's axes' sizes in the order [C..., M...] (a [k, m] gradient reshaped).
-      kernel_order: the permutation from [C..., M...] to the kernel's own axis order.
-    """
+    """How to read an EinsumDense call as a Dense over positions (module docstring): the transposes of the input to
+    [batch, P..., C...] and of the output to [batch, P..., M...], k and m (the sizes of C and M), the kernel's sizes in
+    the order [C..., M...] (a [k, m] gradient reshaped) and the permutation from there to the kernel's own order."""
 
     input_order: tuple[int, ...]
     output_order: tuple[int, ...]
@@ -99,8 +90,7 @@ def equation_input_rank(equation: str) -> int:
 
 
 def bias_axes(bias_shape: tuple[int, ...], output_shape: tuple) -> list[int]:
-    """The output axes (never the batch axis) over which each example's gradient of a bias of ``bias_shape``, added
-    to an output of ``output_shape`` (batch first) by broadcasting, sums the output gradient (keep their dimensions,
-    then reshape to [B, *bias_shape])."""
+    """The output axes (never the batch's) over which each example's gradient of a bias of ``bias_shape``, broadcast
+    onto an output of ``output_shape``, sums the output gradient (keep their dimensions, then [B, *bias_shape])."""
     padded = (1,) * (len(output_shape) - len(bias_shape)) + tuple(bias_shape)
     return [axis for axis in range(1, len(output_shape)) if padded[axis] == 1 and output_shape[axis] != 1]

@@ -1,14 +1,11 @@
 """An EinsumDense's LoRA adapters as two Dense-like steps: the one reduction the LoRA ghost rules of both backends use
 (`keras_dyndp.tf_backend.per_example.lora`, `keras_dyndp.jax_backend.per_example.lora`), beside what they read of any
-LoRA layer (`enabled`, `scale`).
-
-Keras 3's LoRA EinsumDense computes ``einsum(equation, x, W + s A @ B)`` with A of the kernel's shape but its last
-axis (letter e) replaced by the rank r, and B [r, e]. Where e is one of the kernel's output letters (in the output,
-not in the input: every MultiHeadAttention projection and Dense-like equation), ``einsum(equation, x, A @ B)`` is
-``u = einsum(rank_equation, x, A)`` (e replaced by r in the kernel and the output), then u's axis ``axis`` (where e
-stands in the output) times B: A's per-example gradient is the EinsumDense rule of ``rank_equation`` for the output
-gradient s g B^T (along ``axis``), B's the Dense rule over u's positions with ``axis`` last.
-"""
+LoRA layer (`enabled`, `scale`). Keras 3's LoRA EinsumDense computes ``einsum(equation, x, W + s A @ B)`` with A of the
+kernel's shape but its last axis (letter e) replaced by the rank r, and B [r, e]. Where e is one of the kernel's output
+letters (in the output, not in the input: every MultiHeadAttention projection and Dense-like equation),
+``einsum(equation, x, A @ B)`` is ``u = einsum(rank_equation, x, A)`` (e replaced by r in the kernel and the output),
+then u's axis ``axis`` (where e stands in the output) times B: A's per-example gradient is the EinsumDense rule of
+``rank_equation`` for the output gradient s g B^T (along ``axis``), B's the Dense rule over u's positions, axis last."""
 
 from __future__ import annotations
 
@@ -28,21 +25,15 @@ def scale(layer: Any) -> float:
 
 
 class LoraPlan(NamedTuple):
-    """How a LoRA EinsumDense's adapters are applied (module docstring).
-
-    Attributes:
-      rank_equation: ``x, A -> u``: the layer's equation with the kernel's last letter replaced by the rank's.
-      axis: the output axis (batch first, ``...`` expanded) of the kernel's last letter, u's rank axis.
-    """
+    """A LoRA EinsumDense's adapters as applied (module docstring): ``x, A -> u``; u's rank axis, ``...`` expanded."""
 
     rank_equation: str
     axis: int
 
 
 def lora_plan(equation: str, input_rank: int) -> LoraPlan | None:
-    """The `LoraPlan` of the layer's einsum ``equation`` (e.g. ``'abc,cde->abde'``, ``...`` allowed in the input and
-    output) for an input of ``input_rank`` axes (batch included), or None where the kernel's last letter is not one of
-    its output letters."""
+    """The `LoraPlan` of the layer's einsum ``equation`` (``...`` allowed in the input and output) for an input of
+    ``input_rank`` axes (batch included), or None where the kernel's last letter is not an output letter."""
     equation = equation.replace(" ", "")
     operands, output = equation.split("->")
     inputs, kernel = operands.split(",")

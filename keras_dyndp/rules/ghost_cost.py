@@ -1,8 +1,6 @@
 """How to get the per-example gradient norms and clipped sum of a weight used as ``a_t W`` at T positions most
 cheaply: one decision for the ghost rules of both backends (`keras_dyndp.tf_backend.per_example.norms`,
-`keras_dyndp.jax_backend.per_example.rules`).
-
-Per example (multiply-adds; k = d_in, c = d_out), three forms:
+`keras_dyndp.jax_backend.per_example.rules`), among three forms, by multiply-adds per example (k = d_in, c = d_out):
 
 * `GRAM` ("ghost", Li et al. 2021): ||G_i||^2 from a_i a_i^T and g_i g_i^T, T^2 (k + c), then the clipped sum as the
   batch's weight gradient for the output gradients f_i g_i (book-keeping, Bu et al. 2023), T k c: T^2 (k + c) + T k c.
@@ -27,9 +25,8 @@ PER_EXAMPLE_NORMS = "per_example_norms"
 
 def form(positions: int | None, fan_in: int, fan_out: int) -> str:
     """The cheapest of `GRAM`, `PER_EXAMPLE` and `PER_EXAMPLE_NORMS` (module docstring) for T = ``positions`` and a
-    ``fan_in`` x ``fan_out`` weight. T unknown while tracing (None): `PER_EXAMPLE` where G_i fits under the cap (its
-    cost grows as T, the Gram form's as T^2, and its norms need no rounding bound, whose T^2 term would overclip long
-    sequences), else `GRAM`."""
+    ``fan_in`` x ``fan_out`` weight. T unknown while tracing (None): `PER_EXAMPLE` where G_i fits under the cap, else
+    `GRAM` (the former costs T, the Gram T^2, and needs no rounding bound, whose T^2 term overclips long sequences)."""
     size = fan_in * fan_out
     if positions is None:
         return PER_EXAMPLE if size <= MAX_MATERIALISED else GRAM
@@ -58,15 +55,13 @@ def rounding_coefficients(form_: str, positions, fan_in: int, fan_out: int, *, p
     at most sqrt(s + second S^2) + first S, s the squared norm computed in float32 in ``form_`` and S = sum_t ||a_t||
     ||g_t||; ``first`` also bounds, in units of S, how far the book-keeping sum's float32 rounding moves example i's
     contribution (Higham, ch. 3: a length-n sum is off by at most n u times the sum of its terms' magnitudes, in ANY
-    order). Why and at what price: docs/privacy.md, "Rounding, and values that are not finite".
+    order). ``positions`` may be a tensor (T unknown while tracing). The matrix products must round to float32, not
+    TensorFloat-32. Why and at what price: docs/privacy.md, "Rounding, and values that are not finite".
 
     * `GRAM`: second = eps (k + c + T^2 + 4), k + c being (k / pieces + pieces) + c where a_i a_i^T is the sum of
       ``pieces`` partial Grams (one per kernel offset); it keeps ||G_i|| of near-cancelling positions from falling to 0.
     * `PER_EXAMPLE_NORMS` (G_i rounded, then summed by book-keeping): first = eps (T + 2).
     * `PER_EXAMPLE`: (0, 0), the very G_i whose norm is taken are summed.
-
-    ``positions`` may be a tensor (T unknown while tracing). The matrix products must round to float32, not
-    TensorFloat-32.
     """
     if form_ == PER_EXAMPLE:
         return 0.0, 0.0
@@ -79,10 +74,9 @@ def rounding_coefficients(form_: str, positions, fan_in: int, fan_out: int, *, p
 
 
 def bounded_squared_norms(xp, squared, magnitude, second, first):
-    """(sqrt(squared + second magnitude^2) + first magnitude)^2 (`rounding_coefficients`): an upper bound on each
-    exact squared norm; +inf where the bracket is negative or NaN (the rounding bound failed, or the example's
-    values were not finite): such an example contributes nothing (`keras_dyndp.core.mechanism.clip_factors`). ``xp``:
-    ``tensorflow`` or ``jax.numpy``."""
+    """(sqrt(squared + second magnitude^2) + first magnitude)^2 (`rounding_coefficients`), ``xp`` ``tensorflow`` or
+    ``jax.numpy``: an upper bound on each exact squared norm; +inf where the bracket is negative or NaN (the bound
+    failed, or the example's values were not finite): such an example contributes nothing (`mechanism.clip_factors`)."""
     inner = squared + second * magnitude * magnitude
     bound = xp.sqrt(xp.where(inner >= 0, inner, float("inf"))) + first * magnitude
     return bound * bound

@@ -39,16 +39,10 @@ class LayerRule:
 
 @dataclasses.dataclass(frozen=True)
 class Hooks:
-    """What the backend Keras runs on adds to the registry, installed once by its rules module (`install`).
-
-    Attributes:
-      name: the backend, for messages ('TensorFlow', 'JAX').
-      layer_base: its Keras layer class: rules are registered for its subclasses.
-      keep: a registered ``norms_and_sums`` as stored (TensorFlow: run without AutoGraph, which would convert it at
-        each first trace).
-      tapped_sublayer: ``(rule, layer, a, g) -> (variables, squared norms, sums)`` for a rule with ``call``
-        (`sublayer_norms_and_sums`); None where the backend has no tapped form, and ``call=`` is refused.
-    """
+    """What the backend Keras runs on adds to the registry, installed once by its rules module (`install`): its
+    ``name`` for messages, ``layer_base`` (rules are registered for its subclasses), ``keep`` (a ``norms_and_sums`` as
+    stored: on TensorFlow, run without AutoGraph, which would convert it at each first trace) and ``tapped_sublayer``
+    (`sublayer_norms_and_sums` for a rule with ``call``; None where ``call=`` is refused)."""
 
     name: str
     layer_base: type

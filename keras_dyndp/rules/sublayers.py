@@ -1,5 +1,4 @@
-"""The layers a Keras layer holds and the calls Keras recorded of it, on every Keras (3, and Keras 2 / tf_keras): the
-one place the package reads them."""
+"""The layers a Keras layer holds and the calls Keras recorded of it, on every Keras: the one place they are read."""
 
 from __future__ import annotations
 

@@ -149,9 +149,8 @@ def _largest_log_mu0_within(
     make_schedule, mu0: float, p: float, shape: np.ndarray, accountant: str, target_epsilon: float, target_delta: float
 ) -> float:
     """The largest log mu_0 whose schedule's epsilon under a rigorous `accountant` is within the target, searched
-    from the CLT's `mu0`. A shape with more than `_ROUGH_SEARCH_GROUPS` distinct values first gets a rough pass with
-    its noise multipliers rounded down into that many groups (pessimistic and cheaper), leaving 2-4 evaluations of
-    the real thing."""
+    from the CLT's `mu0`; a shape of more than `_ROUGH_SEARCH_GROUPS` distinct values first with its noise multipliers
+    rounded down into that many groups (pessimistic and cheaper), so few evaluations of the real thing remain."""
 
     def epsilon_of(schedule: DPSchedule) -> float:
         try:

@@ -1,8 +1,6 @@
-"""keras_dyndp on TensorFlow (Keras 2, tf_keras or Keras 3 on TensorFlow): the DP optimizers and `make_private`.
-
-What is TensorFlow's own, module by module: docs/architecture.md, "The two backends, file by file"; the arguments,
-schedules, accounting, sampler arguments and callbacks are the backend-neutral ones.
-"""
+"""keras_dyndp on TensorFlow (Keras 2, tf_keras or Keras 3 on TensorFlow): the DP optimizers and `make_private`. What is
+TensorFlow's own, module by module: docs/architecture.md, "The two backends, file by file"; the arguments, schedules,
+accounting, sampler arguments and callbacks are the backend-neutral ones."""
 
 from keras_dyndp.tf_backend.noise_source import NoiseSeedWarning
 from keras_dyndp.tf_backend.ops import add_gaussian_noise

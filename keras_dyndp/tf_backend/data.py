@@ -1,11 +1,9 @@
 """Poisson-sampled batches as a ``tf.data.Dataset`` (`keras_dyndp.poisson_batches` on TensorFlow), and shuffled ones.
-
 `keras_dyndp.data.sampling` holds the sampler's arguments, checks and privacy argument. ``seed=None`` draws 63 bits from
 the OS (never the global seed; agreed by multi-worker workers, `distribution.agreed_random_bits`) and every iteration
 draws fresh batches; an integer seed and ``start_step`` repeat them (with the same global seed, which TensorFlow mixes
 in). The datasets are registered with their `PoissonSampling` (`poisson_sampling`) for the DP optimizer's checks; a
-derived one is not. `shuffled_batches` is an approximation the accounting does not cover.
-"""
+derived one is not. `shuffled_batches` is an approximation the accounting does not cover."""
 
 from __future__ import annotations
 
@@ -160,9 +158,8 @@ def _check_overflow(num_selected: tf.Tensor, max_batch_size: int, overflow: str)
 
 
 def _step_batches(make_batch: Any, arguments: sampling.SamplerArguments, poisson: PoissonSampling) -> tf.data.Dataset:
-    """``steps_per_epoch`` batches ``make_batch(step_seed)``, one fresh pair of int64 step seeds each (fresh again at
-    every iteration; from `keras_dyndp.data.sampling.sampler_seed`), made in parallel and prefetched; registered with
-    their sampling, seed and start step."""
+    """``steps_per_epoch`` batches ``make_batch(step_seed)``, a fresh int64 pair each at every iteration (from
+    `sampling.sampler_seed`), made in parallel and prefetched; registered with their sampling, seed and start step."""
     seed = arguments.stream_seed
     same_on_every_worker = seed is not None or distribution.is_multi_worker()
     if seed is None:  # Not left to TensorFlow, whose None follows the global seed.
@@ -195,8 +192,7 @@ def yields_batches_of(received: Any, given: Any) -> bool:
 
 
 def check_resume(x: Any, optimizer: Any) -> None:
-    """`keras_dyndp.data.sampling.check_resume` of what ``fit`` received (only batches this module returned are
-    checked)."""
+    """`keras_dyndp.data.sampling.check_resume` of what ``fit`` received (only this module's batches are checked)."""
     sampling.check_resume(x, poisson_sampling(x), optimizer)
 
 

@@ -1,11 +1,8 @@
-"""The DP step across the replicas of a `tf.distribute` strategy: one noise, one normaliser, one counter.
-
-Each replica clips and sums its examples; ONE replica (the first of the sync group) adds the noise with the full
-sigma_t, so the sum carries exactly one draw however the replicas' streams relate; every replica divides by the
-GLOBAL normaliser and the base optimizer all-reduces with SUM. `split_direct_batches` splits batches that bypass
-``fit``'s pipeline (else one example moves the sum by R C_t). Supported: no strategy, OneDevice, Mirrored,
-MultiWorkerMirrored (docs/scaling.md); others are refused.
-"""
+"""The DP step across the replicas of a `tf.distribute` strategy: one noise, one normaliser, one counter. Each replica
+clips and sums its examples; ONE replica (the first of the sync group) adds the noise with the full sigma_t, so the sum
+carries exactly one draw however the replicas' streams relate; every replica divides by the GLOBAL normaliser and the
+base optimizer all-reduces with SUM. `split_direct_batches` splits batches that bypass ``fit``'s pipeline (else one
+example moves the sum by R C_t). Supported (docs/scaling.md): no strategy, OneDevice, Mirrored, MultiWorkerMirrored."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""What keras_dyndp does differently on Keras 2 and Keras 3: the only module that may depend on the version.
-
-Every other module imports the Keras in use (`keras`) and the version-dependent helpers from here. Keras 2 is TF
-2.15's ``tf.keras`` or ``tf_keras`` (``TF_USE_LEGACY_KERAS=1`` on newer TF); Keras 3 is the ``keras`` package on the
-TensorFlow backend (TF 2.16+). `KERAS_MAJOR_VERSION` says which; each helper's docstring says what differs.
-"""
+"""What keras_dyndp does differently on Keras 2 and Keras 3: the only module that may depend on the version. Every other
+module imports the Keras in use (`keras`) and the version-dependent helpers from here. Keras 2 is TF 2.15's ``tf.keras``
+or ``tf_keras`` (``TF_USE_LEGACY_KERAS=1`` on newer TF); Keras 3 is the ``keras`` package on the TensorFlow backend (TF
+2.16+). `KERAS_MAJOR_VERSION` says which; each helper's docstring says what differs."""
 
 from __future__ import annotations
 
@@ -42,7 +40,6 @@ _KERAS_3 = KERAS_MAJOR_VERSION == 3
 if _KERAS_3:
     import keras  # pylint: disable=import-outside-toplevel,redefined-outer-name,wrong-import-position  # noqa: E402,F811
 
-# ----------------------------------------------------------------------------------------------------------
 # Optimizers.
 
 
@@ -88,7 +85,6 @@ def unwrap_optimizer(optimizer: Any) -> Any:
     return optimizer.inner_optimizer if isinstance(optimizer, LOSS_SCALE_OPTIMIZER_CLASSES) else optimizer
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Losses.
 
 
@@ -97,7 +93,6 @@ def is_per_example_loss(loss: keras.losses.Loss) -> bool:
     return loss.reduction in ((None, "none") if _KERAS_3 else (keras.losses.Reduction.NONE,))
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Models and layers.
 
 
@@ -247,7 +242,6 @@ else:  # Keras 3: one class; ``synchronized=True`` replaces SyncBatchNormalizati
     ALWAYS_MIXING_BATCH_NORM_CLASSES = ()
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Training loop (fit) and callbacks.
 
 
@@ -264,11 +258,9 @@ def steps_per_execution(model: keras.Model) -> int | None:
 
 
 def set_steps_per_execution(model: keras.Model, steps: int) -> None:
-    """Changes ``steps_per_execution`` for the next call of the train function, also in the middle of ``fit``.
-
-    Keras 2 reads a variable at every call. Keras 3 traces the value into its train function: the first change keeps
-    the current one and traces one for the new value; setting the original value back restores the original.
-    """
+    """Changes ``steps_per_execution`` for the next call of the train function, also in the middle of ``fit``. Keras 2
+    reads a variable at every call. Keras 3 traces the value into its train function: the first change keeps the current
+    one and traces one for the new value; setting the original value back restores the original."""
     if not _KERAS_3:
         model._steps_per_execution.assign(steps)  # noqa: SLF001  (Keras 2 Model: the variable its train function reads)
         return
@@ -295,8 +287,7 @@ def set_steps_per_execution(model: keras.Model, steps: int) -> None:
 
 
 class RunProgressBar(keras.callbacks.ProgbarLogger):
-    """Keras's step-counting progress bar showing "Epoch k/total_epochs" across several ``fit`` calls (``fit``
-    shows its own ``epochs`` argument)."""
+    """Keras's step-counting progress bar showing "Epoch k/total_epochs" across ``fit`` calls, not each's ``epochs``."""
 
     def __init__(self, total_epochs: int):
         super().__init__(**({} if _KERAS_3 else {"count_mode": "steps"}))
@@ -306,7 +297,6 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
         super().set_params({**params, "epochs": self.total_epochs})
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Entry points.
 
 

@@ -1,21 +1,10 @@
-"""Refuses models whose training-mode forward pass lets examples affect each other or the stored state.
-
-Clipping bounds one example's influence only if its gradient depends on it alone and nothing else derived from the
-batch leaves the step; batch normalisation breaks both (docs/privacy.md). ``check_model`` refuses, before the first
-step:
-
-1. every ``BatchNormalization`` that trains (Keras 2: also ``SyncBatchNormalization``, and TF1's class even when
-   frozen). A frozen one is a fixed per-example affine map;
-2. any other layer whose ``call`` writes a variable with a value computed from the input batch (its values or shape),
-   found by tracing ``model(x, training=True)`` into a scratch graph and following each write's value back to the
-   inputs, also into ``tf.cond`` / ``tf.while_loop`` bodies and nested ``tf.function``s. Writes independent of the
-   batch (random-generator states, step counters) and Keras metrics' accumulators are allowed.
-
-Not detected: a layer that mixes examples without storing anything (a ``Lambda`` subtracting the batch mean);
-``make_private``'s paths are safe from it by construction, the optimizer's microbatch and jacobian paths are not.
-Called once per model (again after a layer is unfrozen) when the first step is traced; in a custom training loop the
-optimizer cannot see the model and warns once: call ``keras_dyndp.check_model(model, x)``.
-"""
+"""Refuses models whose training-mode forward pass lets examples affect each other or the stored state (why:
+docs/privacy.md, "Refused, and why"): every ``BatchNormalization`` that trains (Keras 2: also
+``SyncBatchNormalization``, and TF1's class even when frozen), and any other layer whose ``call`` writes a variable
+with a value computed from the input batch, found by tracing ``model(x, training=True)`` into a scratch graph and
+following each write back to the inputs, also into ``tf.cond`` / ``tf.while_loop`` bodies and nested ``tf.function``s.
+Writes independent of the batch (random-generator states, step counters) and Keras metrics' accumulators are allowed.
+Checked once per model (again after a layer is unfrozen) when the first step is traced."""
 
 from __future__ import annotations
 
@@ -162,13 +151,10 @@ def _nested_graphs(graph, op) -> list:
 
 
 def _dependent_writes(graph, dependent: set, gated: bool) -> list[tuple[Any, str]]:
-    """(resource tensor of ``graph``, op name) of every write whose value depends on the tensors ``dependent``.
-
-    ``dependent``: ids of ``graph``'s tensors computed from the batch (graph tensors are not hashable). ``gated``:
-    whether this graph runs only on a data-dependent condition or in a loop (then every write counts). Dependence is
-    followed op by op through data inputs (conservatively: all outputs of an op depend on all its inputs). A write
-    inside a nested body is reported as a write to the outer tensor that feeds the body's resource input.
-    """
+    """(resource tensor of ``graph``, op name) of every write whose value depends on the tensors whose ids are
+    ``dependent`` (computed from the batch), every write where ``gated`` (the graph runs on a data-dependent condition
+    or in a loop). Followed op by op through data inputs (every output of an op depends on all its inputs); a write in
+    a nested body is reported on the outer tensor that feeds the body's resource input."""
     dependent_ops = set()
     writes = []
 

@@ -1,9 +1,7 @@
-"""A TensorFlow DP optimizer's randomness: a Philox generator of its own, seeded from OS entropy, never saved.
-
-Noise following the global seed could be repeated and subtracted; a checkpointed generator would be rewound by a
-restore. `NoiseSource` seeds with 192 bits of OS entropy and lives in a plain Python object (in no checkpoint or
-``.keras`` file). ``noise_seed`` (tests only: it reveals the noise) is never saved. Not a cryptographic generator.
-"""
+"""A TensorFlow DP optimizer's randomness: a Philox generator of its own, seeded from OS entropy, never saved. Noise
+following the global seed could be repeated and subtracted; a checkpointed generator would be rewound by a restore.
+`NoiseSource` seeds with 192 bits of OS entropy and lives in a plain Python object (in no checkpoint or ``.keras``
+file). ``noise_seed`` (tests only: it reveals the noise) is never saved. Not a cryptographic generator."""
 
 from __future__ import annotations
 

@@ -110,8 +110,7 @@ def add_gaussian_noise(
 
 
 def vjp(function: Callable[[list], Any], primals: list, cotangent: Any) -> list:
-    """The gradients of ``<function(primals), cotangent>`` with respect to ``primals`` (a list of tensors; zeros
-    where one does not reach the output)."""
+    """The gradients of ``<function(primals), cotangent>`` with respect to the list ``primals`` (zeros if unused)."""
     with tf.GradientTape() as tape:
         tape.watch(primals)
         outputs = function(primals)

@@ -1,22 +1,10 @@
-"""Keras optimizers that run dynamic DP-SGD on TensorFlow: per-step clipping norms and noise from a `DPSchedule`.
-
-`make_dynamic_dp_optimizer_class(base_cls)` makes ``DynamicDPKeras<Base>(DynamicDPOptimizerMixin, base_cls)``: the mixin
-runs the mechanism (`keras_dyndp.core.mechanism`) in graph ops, the base class holds the update rule. It receives
-clipped sums: ``make_private``'s step hands `apply_clipped_sum` those of its clipping method; a custom loop's `minimize`
-(`compute_gradients`) clips on the jacobian path (`keras_dyndp.tf_backend.microbatches.clipped_sum`). Keras's own train
-step is refused, naming ``make_private``.
-
-Step counter. `opt.dp_step` IS Keras's `opt.iterations`. It counts DP steps because `apply_gradients` refuses gradients
-that did not come out of this optimizer's `compute_gradients`, and the whole update, counter included, depends on the
-noised gradients (else, at the end of a dataset of unknown cardinality, Keras's increment would run once more and shift
-the schedule). ``schedule_fingerprint`` and ``released_steps``, saved with it, refuse a counter restored from another
-schedule or set by hand (`keras_dyndp.core.step_checks`). Past T steps released a step raises
-`tf.errors.InvalidArgumentError`; XLA (``jit_compile=True``) drops Assert ops, so C_t and sigma_t also read 0 there and
-the step releases nothing (stop at T with `keras_dyndp.BudgetStop`).
-
-Several replicas: `keras_dyndp.tf_backend.distribution`. Keras's ``clipnorm``, ``global_clipnorm`` and ``clipvalue`` act
-on the noised gradient: harmless, but not DP clipping.
-"""
+"""Keras optimizers that run dynamic DP-SGD on TensorFlow: the mixin runs the mechanism (`keras_dyndp.core.mechanism`)
+in graph ops on the clipped sums ``make_private``'s step (`apply_clipped_sum`) or a custom loop's `minimize` (the
+jacobian path, `compute_gradients`) hands it; the base class holds the update rule (docs/architecture.md, 'The DP step,
+once'). `dp_step` IS Keras's `iterations`: `apply_gradients` refuses gradients that did not come out of
+`compute_gradients`, and the whole update, counter included, depends on the noised gradients, so the counter counts DP
+steps. Past T a step raises, or under XLA releases nothing (C_t = sigma_t = 0). Keras's ``clipnorm`` and ``clipvalue``
+act on the noised gradient: harmless, but not DP clipping."""
 
 from __future__ import annotations
 
@@ -44,11 +32,9 @@ from keras_dyndp.tf_backend import train_step
 
 
 class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
-    """The dynamic DP-SGD part of every keras_dyndp TensorFlow optimizer (``isinstance`` tells them from others).
-
-    Its arguments, their checks and its config are `keras_dyndp.optimizer_base.DPOptimizerBase`'s (shared with the
-    JAX backend); this class adds the TensorFlow mechanism. Compile the model with a per-example loss.
-    """
+    """The dynamic DP-SGD part of every keras_dyndp TensorFlow optimizer (``isinstance`` tells them from others): the
+    TensorFlow mechanism over `keras_dyndp.optimizer_base.DPOptimizerBase`'s arguments, checks and config. Compile the
+    model with a per-example loss."""
 
     def _check_backend(self) -> None:
         distribution.check_distribution()
@@ -105,8 +91,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         return step_checks.released_steps(step, recorded, tf.where)
 
     def _current_schedule_values(self) -> tuple[tf.Tensor, tf.Tensor]:
-        # 0 past the budget, on a restored step counter of another schedule and on a counter that is not the steps
-        # released: XLA drops the assertions.
+        # 0 past the budget or on a counter the step checks refuse: XLA drops the assertions.
         step = tf.convert_to_tensor(self.dp_step)
         mismatch = self._step_checks.schedule_mismatch(step, tf.convert_to_tensor(self._schedule_fingerprint))
         may_run = ~mismatch & tf.equal(step, self._released(step))
@@ -185,10 +170,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         )
 
     def _calling_model(self):
-        """The model whose train step calls: the private model compiled with this optimizer
-        (`private_model.model_compiled_with`), else the one on the call stack (`registration.keras_model_calling`),
-        or None; refused when it is Keras's own train step or wraps this optimizer for loss scaling outside
-        ``make_private``."""
+        """The model whose train step calls (`private_model.model_compiled_with`, else
+        `registration.keras_model_calling`), or None; refused when it is Keras's own train step or wraps this
+        optimizer for loss scaling outside ``make_private``."""
         model = private_model.model_compiled_with(self)
         if model is not None:
             return model
@@ -288,11 +272,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         raise refusals.user_error(RuntimeError(message))
 
     def build(self, var_list):
-        """Builds the base optimizer's variables; in ``load_model``'s ``compile_from_config``, gives the model back
-        the make_private train step its config records, with the same arguments (not when built by a ``fit``, which
-        would go on without make_private's data checks: Keras's own train step is refused instead). Warns if the
-        schedule starts over (`warn_on_schedule_restart`). The model: the private one compiled with this optimizer,
-        else the one building it."""
+        """Builds the base optimizer's variables; in ``load_model``'s ``compile_from_config``, gives the model (the
+        private one compiled with this optimizer, else the one building it) back the make_private train step its config
+        records (not in a ``fit``, which would skip make_private's data checks). Warns if the schedule starts over."""
         super().build(var_list)
         model_class = keras_compat.keras.Model
         model = private_model.model_compiled_with(self, var_list) or registration.keras_model_calling(self, model_class)

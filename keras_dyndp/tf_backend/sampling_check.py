@@ -1,17 +1,13 @@
 """Ties the batches a DP optimizer trains on to the Poisson sampling its schedule is accounted for (rate p =
 `schedule.sampling_probability`); nothing in Keras enforces it (a full-batch ``fit`` trains). Two checks close this.
 
-1. At every step, in the graph, on every path: the number of examples must lie in `data.batch_size_range(N, p)`,
-   N = ``expected_batch_size / p``, else the step raises ``tf.errors.InvalidArgumentError``
-   (`keras_dyndp.core.step_checks`, asserted by the optimizer; the delta this stop adds: docs/privacy.md). Examples
-   are the rows with a non-zero sample weight; a custom loop's ``compute_gradients`` sees only weighted losses, so the
-   rows bound the count from above and the rows with a non-zero loss from below (a real example may have loss 0): it
-   refuses when the upper bound is below the range or the lower bound above it. XLA drops the check. With
-   ``public_batch_size=True`` no size is checked, but rows of weight 0 (padding) are refused where seen.
-2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`, from make_private's ``make_train_function``):
-   Poisson batches unlike the optimizer's (`keras_dyndp.core.batch_sizes`) and arrays without
-   ``public_batch_size=True`` raise ValueError; anything else, ``train_on_batch``'s batch, and a step whose data the
-   optimizer cannot see get one `SamplingWarning` per optimizer.
+1. At every step, in the graph (`keras_dyndp.core.step_checks`, asserted by the optimizer; XLA drops it): the number
+   of examples (rows of non-zero weight) must lie in `batch_size_range(N, p)`. A custom loop's ``compute_gradients``
+   sees only weighted losses: the rows bound the count from above, the rows with a non-zero loss from below.
+2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`): Poisson batches unlike the optimizer's and
+   arrays without ``public_batch_size=True`` raise ValueError; other data gets one `SamplingWarning` per optimizer.
+
+What each refuses, and why: docs/privacy.md, "Refused, and why".
 """
 
 from __future__ import annotations
@@ -46,18 +42,9 @@ def count_nonzero_rows(values: tf.Tensor) -> tf.Tensor:
 
 
 class SamplingCheck:
-    """The two checks of the module docstring for one optimizer; a plain object, so nothing of it is saved.
-
-    Args:
-      step_checks: the optimizer's `keras_dyndp.core.step_checks.StepChecks`, which the step asserts (point 1): the
-        schedule's p, N and the batch-size range (None without ``expected_batch_size``: no size is checked).
-      public_batch_size: the optimizer's `public_batch_size`: keras_dyndp's Poisson batches are refused.
-      optimizer_name: the optimizer's class name, for the refusals.
-      note_unverified: the optimizer's `note_unverified_sampling`; True the first time (the `SamplingWarning` is
-        given then).
-      note_batch_cap: the optimizer's `note_batch_cap`, called with N and the cap of the Poisson batches ``fit``
-        received.
-    """
+    """The two checks of the module docstring for one optimizer, a plain object (nothing of it is saved), from its
+    `StepChecks` (p, N and the batch-size range the step asserts), its `public_batch_size` (Poisson batches refused),
+    its class name (for the refusals), its `note_unverified_sampling` and its `note_batch_cap`."""
 
     def __init__(
         self,
@@ -70,7 +57,7 @@ class SamplingCheck:
         self._step_checks = step_checks
         self._public_batch_size = public_batch_size
         self._optimizer_name = optimizer_name
-        self._note_unverified = note_unverified  # The optimizer's `note_unverified_sampling`: True the first time.
+        self._note_unverified = note_unverified  # True the first time: the `SamplingWarning` is given then.
         self._note_batch_cap = note_batch_cap
         self._fit_checked = False
 

@@ -1,20 +1,10 @@
 """``model = keras_dyndp.make_private(model)`` on TensorFlow (Keras 2 and 3): per-example clipping in ``model.fit``.
-
-Keras's own ``train_step`` is no place for DP-SGD (Keras 3's hands the optimizer the gradient of the batch's mean
-loss; Keras 2's logs the private batch's loss and metrics and cannot see the sampling), and the DP optimizers refuse
-it. make_private's ``train_step`` has the model and the inputs in hand: it computes the per-example clipped sums
-(`keras_dyndp.tf_backend.per_example.clipped_gradient_sum`), in k physical batches with ``accumulation_steps`` = k,
-each replica its share under a strategy (`keras_dyndp.tf_backend.distribution`), and hands them to
-``model.optimizer.apply_clipped_sum``, which noises, normalises, applies and advances ``dp_step``.
-
-By default the step logs only ``dp_step``: nothing but the noised update is derived from the private batch
-(``training_metrics=True`` opts in, outside the DP guarantee). Under a mixed precision policy the layers compute in
-its dtype while the per-example losses, clipping, sum and noise are float32; the LossScaleOptimizer is bypassed (a
-dynamic loss scale would skip or shrink steps depending on the private batch). ``fit`` checks the budget and its data
-before the first step (`keras_dyndp.tf_backend.sampling_check`), in what every entry point calls on the model, also
-``keras.Model.fit(model, ...)`` called unbound (docs/privacy.md, "Which entry points are covered"). What is refused,
-and why: docs/privacy.md, "Refused, and why".
-"""
+Keras's own ``train_step`` cannot clip per example, and the DP optimizers refuse it. make_private's computes the
+per-example clipped sums (`keras_dyndp.tf_backend.per_example.clipped_gradient_sum`) and hands them to
+``model.optimizer.apply_clipped_sum``; it logs only ``dp_step`` unless ``training_metrics=True``. Under mixed precision
+the losses, clipping, sum and noise are float32 and the LossScaleOptimizer is bypassed (a dynamic loss scale would skip
+or shrink steps depending on the private batch). The checks, and what they refuse: docs/privacy.md, "Refused, and why"
+and "Which entry points are covered, and how"."""
 
 from __future__ import annotations
 
@@ -94,10 +84,9 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
 
 
 def _clipping_method(model: keras.Model) -> str:
-    """make_private's method, with mixed precision sent to the vectorized path: it clips by the norms of the float32
-    gradients it sums, while the ghost rules compute norms from the layers' float16/bfloat16 inputs and output
-    gradients, and a norm rounded down would let a clipped gradient exceed C. Until they compute in float32, 'auto'
-    takes the vectorized path and 'ghost' is refused."""
+    """make_private's method; under mixed precision 'auto' takes the vectorized path and 'ghost' is refused: the ghost
+    rules' norms come from float16/bfloat16 layer inputs and output gradients, and one rounded down would let a
+    clipped gradient exceed C."""
     method = private_model.record(model).config.method
     dtypes = {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
     low_precision = sorted(dtypes & {"float16", "bfloat16"})
@@ -113,10 +102,9 @@ def _clipping_method(model: keras.Model) -> str:
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):
-    """``Model.fit`` showing its data to the checks (Keras 3's unbound ``fit`` shows it through
-    `private_model.recording_build`), with `_BudgetCheck`; a step refused past the budget ends it in one
-    `BudgetExhaustedError` instead of TensorFlow's graph traceback. A dataset's ``shuffle`` defaults to False, which
-    Keras ignores for datasets anyway (it warns on True)."""
+    """``Model.fit`` showing its data to the checks, with `_BudgetCheck`; a step refused past the budget ends it in one
+    `BudgetExhaustedError` instead of TensorFlow's graph traceback. ``shuffle`` defaults to False, which Keras ignores
+    for datasets anyway (it warns on True)."""
     bound = inspect.signature(type(self).fit).bind(self, *args, **kwargs)
     x = bound.arguments.get("x")
     optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
@@ -135,10 +123,9 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
-    """The checks of the data an entry point showed (``(caller, x)``, `keras_dyndp.keras_glue.entry_points.DataSeen`):
-    ``fit``'s budget left and data (`keras_dyndp.tf_backend.sampling_check.SamplingCheck.check_fit_input`: arrays
-    refused), ``train_on_batch``'s batch warned once. Returns whether the data was checked (the step then adds nothing);
-    the step warns once about data no entry point showed (`keras_dyndp.keras_glue.entry_points.UNSEEN_BATCHES`)."""
+    """The checks of the data an entry point showed (``(caller, x)``, `entry_points.DataSeen`): ``fit``'s budget left
+    and data (`SamplingCheck.check_fit_input`), ``train_on_batch``'s batch warned once. Returns whether the data was
+    checked; the step warns once about data no entry point showed (`entry_points.UNSEEN_BATCHES`)."""
     optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
     if seen is None or not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return False
@@ -184,12 +171,10 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
 
 
 class _CheckedTrainFunction:
-    """The train function Keras calls for a made-private model, from every entry point (``fit`` and
-    ``train_on_batch``, bound or called unbound, ``model.train_function`` after ``make_train_function``): Keras's
-    ``iterator -> logs``, its steps within `SamplingCheck.handed_over` when the entry point's data was checked, the
-    in-graph refusals past the budget and of a step counter set by hand raised as one `BudgetExhaustedError` and one
-    RuntimeError (TensorFlow raises them as an ``InvalidArgumentError``); ``budget_stop``: the callback the budget's
-    refusal suggests, or None (`step_checks.budget_exhausted_parts`)."""
+    """The train function Keras calls for a made-private model, from every entry point: Keras's ``iterator -> logs``,
+    its steps within `SamplingCheck.handed_over` when the entry point's data was checked, the in-graph refusals (an
+    ``InvalidArgumentError``) raised as one `BudgetExhaustedError` or RuntimeError; ``budget_stop``: as
+    `step_checks.budget_exhausted_parts`."""
 
     def __init__(self, model: keras.Model, function: Callable):
         self._model = model

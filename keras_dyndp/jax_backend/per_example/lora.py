@@ -1,12 +1,9 @@
 """Ghost-clipping rules on JAX for Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and Embedding
 with only the adapters A [in, r] and B [r, out] trained, the effective kernel W + s A B. The TensorFlow rules' math
 (`keras_dyndp.tf_backend.per_example.lora`); the bias, where it trains, keeps the vmap path as the plain Dense's does.
-
 Registered on import over the plain rules of the same classes: a layer without LoRA keeps the plain rule. A and B are
 read as the step's values (the step runs the rules in a ``StatelessScope`` of its trainable values). The transformed
-inputs and gradients are computed once, so each example's contribution to the sum stays within the norm the rule
-reports.
-"""
+inputs and gradients are computed once, so each example's share of the sum stays within the norm the rule reports."""
 
 from __future__ import annotations
 
@@ -125,8 +122,7 @@ _LORA_RULES: dict[type, tuple[Callable, Callable, Callable]] = {  # variables, n
 
 
 def with_lora(plain: registry.LayerRule, lora_rule: tuple[Callable, Callable, Callable]) -> dict[str, Any]:
-    """`registry.register_layer_rule`'s arguments for a class: ``lora_rule``'s parts for a LoRA layer, ``plain``'s for
-    the others."""
+    """`registry.register_layer_rule`'s arguments: ``lora_rule``'s parts for a LoRA layer, ``plain``'s for others."""
     variables, norms_and_sums, supports = lora_rule
 
     def choose(lora_part: Callable, plain_part: Callable) -> Callable:

@@ -3,11 +3,8 @@ offset) from each example's layer input ``a_i`` and output gradient ``g_i`` (bef
 them, [B, rows, ...]; the TensorFlow rules' math (`keras_dyndp.tf_backend.per_example`), in the form
 `keras_dyndp.rules.ghost_cost` finds cheapest. An EinsumDense is a Dense over positions after a transpose
 (`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path); a normalisation's scale and
-offset gradients are small and materialised.
-
-Registered on import into the one registry (`keras_dyndp.rules.registry`), as any rule of the shared contract
-(`keras_dyndp.rules.layer_rules`; example: docs/usage.md's ``ScaleShift``): on JAX a, g are [B, 1, ...] (each
-example's batch of one, vmapped) and ``keras.ops`` is ``jax.numpy``."""
+offset gradients are small and materialised. Registered on import into the one registry (docs/architecture.md, "The
+ghost-rule registry"); on JAX a, g are [B, 1, ...] (each example's batch of one, vmapped)."""
 
 from __future__ import annotations
 
@@ -97,9 +94,8 @@ _HIGHEST = jax.lax.Precision.HIGHEST  # norms in float32 on every device (a GPU'
 
 
 def _bounded(squared: jax.Array, position_norms: jax.Array, g_t: jax.Array, form: str, fan_in: int, pieces: int = 1):
-    """``squared`` [B] computed in ``form`` raised to the bound on the exact squared norms that float32 rounding
-    allows (`keras_dyndp.rules.ghost_cost.bounded_squared_norms`), from ||a_t|| (``position_norms`` [B, T]; ``fan_in``
-    floats each) and g_t [B, T, c]."""
+    """``squared`` [B] computed in ``form`` raised to the float32 rounding bound (`ghost_cost.bounded_squared_norms`),
+    from ||a_t|| (``position_norms`` [B, T]; ``fan_in`` floats each) and g_t [B, T, c]."""
     second, first = ghost_cost.rounding_coefficients(form, g_t.shape[1], fan_in, g_t.shape[2], pieces=pieces)
     magnitude = jnp.sum(position_norms * jnp.sqrt(jnp.sum(g_t**2, axis=-1)), axis=1)
     return ghost_cost.bounded_squared_norms(jnp, squared, magnitude, second, first)
@@ -243,9 +239,8 @@ def embedding_norms_and_sums(layer, ids, deltas):
 
 def _groups(ids: jax.Array, deltas: jax.Array, vocabulary: int) -> tuple:
     """``(deltas, group, ids)``: the deltas [B, T, D] in some order per example, each one's group [B, T] (a position
-    in that order where its group's sum goes) and the id [B, T] of the group whose sum goes to each position (N, out
-    of the table, where none). By a [B, N] table of each id's first position where `ghost_cost.embedding_by_table`,
-    else by sorting each example's ids."""
+    in that order where its group's sum goes) and the id [B, T] of the group whose sum goes to each position (N where
+    none). By a [B, N] table of first positions where `ghost_cost.embedding_by_table`, else by sorting the ids."""
     batch, rows = ids.shape
     in_table = (ids >= 0) & (ids < vocabulary)
     positions = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32), ids.shape)
@@ -302,10 +297,9 @@ def _norm_variables(layer) -> list:
 
 
 def _affine_norms_and_sums(variables: Callable[[keras.layers.Layer], list]) -> Callable:
-    """The rule of a normalisation layer whose call is affine in ``variables(layer)`` (its only trainable ones):
-    per-example gradients [B, ...] of its scale and offset (x_hat g and g summed over positions) from the vjp of its
-    own call on each example, exact for any axis, epsilon and groups; zeros stand in for their values. Small:
-    materialised."""
+    """The rule of a normalisation layer whose call is affine in ``variables(layer)`` (its only trainable ones): the
+    small per-example gradients of its scale and offset (x_hat g and g summed over positions), materialised from the
+    vjp of its own call on each example (zeros for their values): exact for any axis, epsilon and groups."""
 
     def norms_and_sums(layer, a, g):
         values = [jnp.zeros(variable.shape, variable.dtype) for variable in variables(layer)]

@@ -1,16 +1,12 @@
 """Taps: each example's input to a layer and the gradient of the layer's output, from which the layer's rule
-(`registry`) clips the variables it covers without a per-example gradient of them.
-
-In a `Session`, a tapped layer's call records its input and adds a zero "tap" to its output (before its activation where
-it has one); the step differentiates the tap instead of the covered variables, which gives the output gradient. Tapped
-(`tappable`): a trainable layer of exactly a class in the rules given, in a configuration its rule supports, whose
-covered variables no other layer holds, not inside a layer with a rule of its own, called once per forward pass outside
-any JAX transformation of the model's own (a scan, vmap, checkpoint), and whose covered variables nothing else in the
-forward pass reads (a tied output projection, or a subclassed layer reading a sublayer's kernel, would add a gradient
-the tap misses; the probe traces the forward pass with stand-ins for them). The layers around it need no declaration:
-the step runs the forward pass one example at a time, so whatever they compute acts on that example alone. The others
-keep the vmap path. Outside a session the patched call is the original.
-"""
+(`registry`) clips the variables it covers without a per-example gradient of them. In a `Session`, a tapped layer's call
+records its input and adds a zero "tap" to its output (before its activation where it has one); the step differentiates
+the tap instead of the covered variables, which gives the output gradient. Tapped (`tappable`): a trainable layer of
+exactly a class in the rules given, in a configuration its rule supports, not inside a layer with a rule of its own,
+called once per forward pass outside any JAX transformation of the model's own (a scan, vmap, checkpoint), its covered
+variables held and read by no other layer (a tied output projection would add a gradient the tap misses; the probe
+traces the forward pass with stand-ins for them). The layers around it need no declaration: the forward pass runs one
+example at a time. The others keep the vmap path. Outside a session the patched call is the original."""
 
 from __future__ import annotations
 
@@ -96,8 +92,7 @@ def _patch(layer: keras.layers.Layer, rule: registry.LayerRule) -> None:
 
 
 def _leaves(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    """The layers below ``layer`` that a rule may tap: a sublayer without sublayers, or with a rule of its own (which
-    covers its sublayers' variables)."""
+    """The layers below ``layer`` that a rule may tap: a sublayer without sublayers, or with a rule of its own."""
     leaves = []
     for sublayer in layers(layer, include_self=False, recursive=False):
         ruled = registry.rule_for(sublayer) is not None
@@ -131,10 +126,9 @@ def candidates(model: keras.Model, classes: tuple | None = None) -> dict[int, tu
 def tappable(
     model: keras.Model, trainable: list, non_trainable: list, x: Any, classes: tuple | None = None
 ) -> dict[int, tuple[keras.layers.Layer, tuple, tuple]]:
-    """The `candidates` this step taps, by layer id: (layer, covered variables' indices in ``trainable``, tapped
-    output's shape for one example); those run other than once, inside a transformation of the model's own or whose
-    covered variables are read elsewhere are left out (module docstring). Traces the training-mode call on one row of
-    ``x``'s shape; nothing runs."""
+    """The `candidates` this step taps (module docstring), by layer id: (layer, covered variables' indices in
+    ``trainable``, tapped output's shape for one example). Traces the training-mode call on one row of ``x``'s shape;
+    nothing runs."""
     found = candidates(model, classes)
     if not found:
         return {}

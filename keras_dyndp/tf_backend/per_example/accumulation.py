@@ -13,9 +13,8 @@ from keras_dyndp.tf_backend.per_example import clipped_sum
 
 
 def _pad_rows(tensor: tf.Tensor, num_padding_rows: tf.Tensor) -> tf.Tensor:
-    """``tensor`` with ``num_padding_rows`` rows of zeros after its own, its other axes' static sizes kept (paddings
-    computed at run time leave every size unknown while tracing, which layers that read a size, such as
-    GroupNormalization's channels, cannot trace)."""
+    """``tensor`` with ``num_padding_rows`` rows of zeros after its own, its other axes' static sizes kept (layers that
+    read a size, such as GroupNormalization's channels, cannot trace run-time paddings' unknown sizes)."""
     paddings = tf.concat([[[0, num_padding_rows]], tf.zeros([tf.rank(tensor) - 1, 2], tf.int32)], axis=0)
     return tf.ensure_shape(tf.pad(tensor, paddings), [None, *tensor.shape[1:]])
 
@@ -28,10 +27,9 @@ def clipped_sum_in_physical_batches(
     sample_weight: tf.Tensor | None,
     num_physical_batches: int,
 ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, tf.Tensor]:
-    """``clipped_sum_fn(x, y, sample_weight) -> (sums, norms, y_pred, losses)`` (e.g.
-    `clipped_sum.clipped_gradient_sum_with_outputs` with all else bound; one model output) on the whole batch,
-    computed in ``num_physical_batches`` (k >= 1) physical batches and summed; ``sums`` in ``var_list``'s order,
-    ``y_pred`` in float32."""
+    """``clipped_sum_fn(x, y, sample_weight) -> (sums, norms, y_pred, losses)`` (`clipped_sum`'s, all else bound; one
+    model output) on the whole batch, in ``num_physical_batches`` (k >= 1) physical batches, summed; ``sums`` in
+    ``var_list``'s order, ``y_pred`` in float32."""
     var_list = list(var_list)
     sample_weight = clipped_sum.example_weights(x, sample_weight)
     num_rows = tf.shape(sample_weight)[0]

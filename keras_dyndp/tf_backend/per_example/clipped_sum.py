@@ -1,11 +1,9 @@
 """Per-example clipped gradient sums: the entry point that picks ghost clipping, the vectorized or the jacobian path.
-
 ``'auto'`` takes ``'ghost'`` (`ghost`) where every layer and op is known to act per example (`per_example_layers`),
 every trainable variable is in a layer with a rule (`rules`) and rows are examples, else ``'vectorized'``.
 ``'jacobian'`` differentiates the batch's losses together, O(B^2), as ``num_microbatches`` does
 (`keras_dyndp.tf_backend.microbatches`). `model_checks` refuses batch statistics first; random layers draw from a secret
-generator (`randomness`). The sums carry NO noise: the optimizer adds it.
-"""
+generator (`randomness`). The sums carry NO noise: the optimizer adds it."""
 
 from __future__ import annotations
 
@@ -121,16 +119,14 @@ def clipped_gradient_sum(
     random_source: tf.random.Generator | None = None,
     num_microbatches: int | None = None,
 ) -> tuple[list[tf.Tensor], tf.Tensor]:
-    """Sum over the batch of per-example gradients, each clipped to L2 norm ``clip_norm``. No noise added.
-
-    Example i's gradient g_i is that of its loss (`keras_dyndp.core.mechanism.per_example_losses` of ``loss_fn(y,
-    y_pred)`` and ``sample_weight``) with respect to all of ``var_list``; it enters as ``min(1, clip_norm / ||g_i||)
-    g_i``. ``method``: 'auto', 'ghost', 'vectorized' or 'jacobian' (module docstring); ``random_source``: the secret
+    """Sum over the batch of per-example gradients, each clipped to L2 norm ``clip_norm``; no noise added. Example i's
+    gradient g_i is that of its loss (`keras_dyndp.core.mechanism.per_example_losses` of ``loss_fn(y, y_pred)`` and
+    ``sample_weight``) with respect to all of ``var_list``; it enters as ``min(1, clip_norm / ||g_i||) g_i``.
+    ``method``: 'auto', 'ghost', 'vectorized' or 'jacobian' (module docstring); ``random_source``: the secret
     generator random layers (and microbatches) draw from (None: this process's); ``num_microbatches``: M, the gradients
     of M random microbatches are clipped instead. Returns ``(sums, norms)``: dense sums shaped like ``var_list``,
-    unclipped norms [B] ([M]). ValueError on an unknown method, a scalar loss, 'ghost' on a model it cannot clip, batch
-    statistics.
-    """
+    unclipped norms [B] ([M]). ValueError on an unknown method, a scalar loss, 'ghost' on a model it cannot clip or
+    batch statistics."""
     return clipped_gradient_sum_with_outputs(
         model, loss_fn, x, y, sample_weight, clip_norm, var_list, method, random_source, num_microbatches
     )[:2]

@@ -1,12 +1,9 @@
 """Ghost-clipping rules for the convolutions (channels_last): Conv1D and Conv2D (groups 1; Conv1D causal too),
-DepthwiseConv2D and SeparableConv2D, and the kernel-gradient machinery they share.
-
-A kernel's per-example gradient is the bilinear form of its image patches and g (`norms`), or, faster where it
-applies, a depthwise filter gradient with the batch as channels (a depthwise kernel, or a 1-channel input, see
-`one_channel_by_depthwise_filter`; ``benchmarks/conv_gradient.py``). A Conv1D is a Conv2D one row high. A
-SeparableConv2D is a depthwise convolution u then a 1 x 1 pointwise P: P's gradient is bilinear in u and g, and u's
-gradient g P^T gives the depthwise kernel's.
-"""
+DepthwiseConv2D and SeparableConv2D, and the kernel-gradient machinery they share. A kernel's per-example gradient is
+the bilinear form of its image patches and g (`norms`), or, faster where it applies, a depthwise filter gradient with
+the batch as channels (a depthwise kernel, or a 1-channel input, see `one_channel_by_depthwise_filter`;
+``benchmarks/conv_gradient.py``). A Conv1D is a Conv2D one row high. A SeparableConv2D is a depthwise convolution u then
+a 1 x 1 pointwise P: P's gradient is bilinear in u and g, and u's gradient g P^T gives the depthwise kernel's."""
 
 from __future__ import annotations
 
@@ -138,8 +135,7 @@ _DEPTHWISE_PARTS = 4
 
 def _depthwise_filter_gradients(window: Window, inputs: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
     """[kh * kw, N, c_in * m]: image n's depthwise kernel gradient in slice n (``inputs`` [N, H, W, c_in], ``g`` [N,
-    OH, OW, c_in * m]), from one ``DepthwiseConv2dNativeBackpropFilter`` with the N images' channels as one image's
-    N * c_in channels. A 1-channel ordinary convolution is c_in = 1, m = c_out. No dilation."""
+    OH, OW, c_in * m]) by one ``DepthwiseConv2dNativeBackpropFilter`` of N c_in channels (N images; no dilation)."""
     kernel_h, kernel_w = window.kernel_size
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
     out_height, out_width, out_channels = g.shape[1], g.shape[2], g.shape[3]
@@ -159,8 +155,7 @@ def _depthwise_filter_gradients(window: Window, inputs: tf.Tensor, g: tf.Tensor)
 
 def depthwise_filter_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):
     """Per-example kernel-gradient norms and clipped sum [kh * kw, c_in * m] from depthwise filter gradients, the
-    batch cut into ``_DEPTHWISE_PARTS`` ops that run in parallel (the CPU kernel uses one thread per image;
-    docs/performance.md); TimeDistributed's images are summed per example."""
+    batch cut into ``_DEPTHWISE_PARTS`` parallel ops (docs/performance.md); TimeDistributed's images summed per row."""
     kernel_positions = window.kernel_size[0] * window.kernel_size[1]
     out_channels = g.shape[-1]
     batch = rows.batch

@@ -107,9 +107,8 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
 
 
 def _rows_per_pair(rows: tf.Tensor, ids: tf.Tensor, batch: tf.Tensor, vocabulary: int) -> tuple:
-    """``(rows, ids, examples)`` of the distinct (example, id) pairs of the B T ``ids``: each pair's row the sum of
-    its ``rows`` [B T, d] (`norms.rows_by_index`), example-major (``examples`` sorted): no [B, T, T] Gram matrix, no
-    [V, d] table per example."""
+    """``(rows, ids, examples)`` of the distinct (example, id) pairs of the B T ``ids``, example-major: each pair's row
+    the sum of its ``rows`` [B T, d] (`norms.rows_by_index`); no [B, T, T] Gram matrix, no [V, d] table per example."""
     ids = tf.reshape(tf.cast(ids, tf.int64), [batch, -1])
     unique_pairs, pair_index = _unique_pairs(tf.range(tf.cast(batch, tf.int64))[:, None] * vocabulary + ids)
     pair_rows = norms.rows_by_index(rows, pair_index, tf.ones_like(pair_index, rows.dtype), tf.shape(unique_pairs)[0])
@@ -135,9 +134,8 @@ def _unique_pairs(keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 def _sum_by_id(rows: tf.Tensor, ids: tf.Tensor, factors: tf.Tensor, vocabulary: int) -> tf.Tensor:
-    """[V, d]: sum of ``factors[n] rows[n]`` by ``ids`` [N] (int32, in [0, V)). A row whose factor is 0 (its
-    example's norm not finite, or C = 0) goes to row V, dropped: it adds exactly nothing (0 x inf is NaN), without a
-    select over the rows."""
+    """[V, d]: sum of ``factors[n] rows[n]`` by ``ids`` [N] (int32, in [0, V)). A row of factor 0 (a norm not finite,
+    or C = 0) goes to row V, dropped: it adds exactly nothing (0 x inf is NaN), without a select over the rows."""
     index = tf.where(factors > 0, ids, vocabulary)
     return norms.rows_by_index(rows, index, factors, vocabulary + 1)[:vocabulary]
 

@@ -26,8 +26,7 @@ def supports(layer: keras.layers.Layer) -> bool:
 
 
 def call(tap: Tap) -> Callable:
-    """EinsumDense's call for the tapped pass: ``activation(einsum(inputs, K) + bias)``, recording inputs and
-    ``einsum(inputs, K) + bias``."""
+    """EinsumDense's tapped call ``activation(einsum(inputs, K) + bias)``, recording inputs and the pre-activation."""
     layer = tap.layer
 
     def einsum_call(inputs, *args, **kwargs):

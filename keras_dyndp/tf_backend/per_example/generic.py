@@ -26,8 +26,7 @@ Variables = Callable[[keras.layers.Layer], list]
 
 def tapped(rule: registry.LayerRule) -> registry.LayerRule:
     """``rule`` in TensorFlow's tapped form (`registry.LayerRule.call`): as registered where it has a ``call``, else
-    the layer's own call tapped for its ``variables`` (`call_for`) and its norms and sums as `GhostGradient`
-    (`norms_and_sums_for`)."""
+    the layer's own call tapped (`call_for`) and its norms and sums as `GhostGradient` (`norms_and_sums_for`)."""
     if rule.call is not None:
         return rule
     norms_and_sums = norms_and_sums_for(rule.variables, rule.norms_and_sums)
@@ -35,8 +34,7 @@ def tapped(rule: registry.LayerRule) -> registry.LayerRule:
 
 
 def call_for(variables: Variables) -> Callable[[Tap], Callable]:
-    """``call(tap)`` of a `registry.LayerRule` for a rule whose ``variables(layer)`` it covers: the layer's own call,
-    tapped (module docstring)."""
+    """``call(tap)`` of a `registry.LayerRule` for a rule covering ``variables(layer)``: the layer's call, tapped."""
 
     def tapped_call(tap: Tap) -> Callable:
         layer = tap.layer
@@ -99,8 +97,7 @@ def _activation_recorded(layer: keras.layers.Layer, record: Callable):
 
 
 def per_example_rows(tensor: tf.Tensor, rows: Rows) -> tf.Tensor:
-    """A tapped tensor [rows, ...] as a rule sees it: [B, rows per example, ...] (TimeDistributed's rows are
-    example-major)."""
+    """A tapped tensor [rows, ...] as a rule sees it: [B, rows per example, ...] (TimeDistributed's: example-major)."""
     shaped = tf.reshape(tensor, tf.concat([[rows.batch, -1], tf.shape(tensor)[1:]], axis=0))
     batch = None if rows.static is None or rows.fold is None else rows.static // rows.fold
     shaped.set_shape(tf.TensorShape([batch, rows.fold]).concatenate(tensor.shape[1:]))
@@ -117,9 +114,8 @@ def from_rows(tensor: tf.Tensor) -> tuple[tf.Tensor, Rows]:
 
 
 def norms_and_sums_for(variables: Variables, norms_and_sums: Callable) -> Callable[[Tap, tf.Tensor], list]:
-    """``norms_and_sums(tap, g)`` of a `registry.LayerRule` from a rule of the one contract: the squared norms of all
-    the covered variables together in a `GhostGradient` without a variable (`ghost` adds them), then one per
-    variable with its share of the sums (computed once for the factors)."""
+    """``norms_and_sums(tap, g)`` of a `registry.LayerRule` from a rule of the one contract: the covered variables'
+    squared norms in a `GhostGradient` without a variable (`ghost` adds them), then one per variable, its sums."""
 
     def ghost_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
         a = tf.nest.map_structure(lambda t: per_example_rows(t, tap.rows), tap.inputs)

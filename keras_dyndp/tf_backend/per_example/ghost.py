@@ -1,13 +1,11 @@
-"""Ghost clipping: per-example gradient norms and the clipped sum from one batched forward and backward pass.
-
-One pass records each covered layer's input and the gradient of the summed loss with respect to its pre-activation
-(variables read through ``tf.stop_gradient``: no weight gradient computed); its rule (`registry`) turns them into
-per-example squared norms and the clipped sum. Li et al. 2021, after Goodfellow 2015. Row i of every tapped tensor
-must belong to example i, checked while tracing: TimeDistributed folds [B, T, ...] example-major itself in the tapped
-pass; every tapped input must have one row per example (or per example and step), proven on a probe trace with an
-unusual static batch size and enforced by a reshape that fails at run time; a variable that still gets a gradient
-(tied weights), is shared by two layers, or a layer called twice sends the model to the vectorized path.
-"""
+"""Ghost clipping: per-example gradient norms and the clipped sum from one batched forward and backward pass. One pass
+records each covered layer's input and the gradient of the summed loss with respect to its pre-activation (variables
+read through ``tf.stop_gradient``: no weight gradient computed); its rule (`registry`) turns them into per-example
+squared norms and the clipped sum. Li et al. 2021, after Goodfellow 2015. Row i of every tapped tensor must belong to
+example i, checked while tracing: TimeDistributed folds [B, T, ...] example-major itself in the tapped pass; every
+tapped input must have one row per example (or per example and step), proven on a probe trace with an unusual static
+batch size and enforced by a reshape that fails at run time; a variable that still gets a gradient (tied weights), is
+shared by two layers, or a layer called twice sends the model to the vectorized path."""
 
 from __future__ import annotations
 
@@ -99,9 +97,8 @@ def clipped_sum(
 
 def _clipped_sums(gradients: Sequence[GhostGradient], factors: tf.Tensor) -> list[tf.Tensor]:
     """Each gradient's sum over the examples weighted by ``factors``, a factor-0 example adding exactly nothing:
-    first without the per-row selects (`layer_rules.rows_without_select`; on CPU they cost about as much as the
-    sums), which is exact when every sum comes out finite; else again with them (`layer_rules.kept_rows`), dropping
-    the rows that are not finite."""
+    first without the costly per-row selects (`layer_rules.rows_without_select`), exact when every sum is finite;
+    else again with them (`layer_rules.kept_rows`), dropping the rows that are not finite."""
     with layer_rules.rows_without_select():
         fast = [gradient.clipped_sum(factors) for gradient in gradients]
     finite = tf.math.is_finite(tf.add_n([tf.reduce_sum(tf.cast(s, tf.float32)) for s in fast]))

@@ -2,16 +2,16 @@
 with their kernel (embeddings) frozen and the adapters ``lora_kernel_a`` A [in, r] and ``lora_kernel_b`` B [r, out]
 (Embedding: ``lora_embeddings_a`` [V, r], ``lora_embeddings_b``) trained, the effective kernel W + s A B with
 s = lora_alpha / lora_rank. The tapped call is the built-in one (Keras's ``kernel`` property already merges the
-adapters); from the layer input a_t and the output gradient g_t (before the activation):
+adapters); an EinsumDense's adapters by `keras_dyndp.rules.einsum_lora` (the kernel's last letter must be an output
+letter). From the layer input a_t and the output gradient g_t (before the activation):
 
 * A: dA_i = sum_t a_t^T (s g_t B^T), the Dense rule (`norms.bilinear_gradient`) for the output gradient s g B^T;
   Embedding's A is a table indexed by the ids: the Embedding rule for the rows s g B^T;
 * B: dB_i = sum_t (s a_t A)^T g_t, the Dense rule for the inputs s a A (Embedding: s A[ids]);
 * a bias that trains: the built-in rule's.
 
-The transformed inputs and gradients are computed once, and each rule's norms and sum read the same tensors, so each
-example's contribution to the sum stays within the norm the rule reports (its rounding bound included). An
-EinsumDense's adapters by `keras_dyndp.rules.einsum_lora` (the kernel's last letter must be an output letter).
+Each rule's norms and sum read the same transformed tensors, computed once, so each example's contribution to the sum
+stays within the norm the rule reports (its rounding bound included).
 """
 
 from __future__ import annotations
@@ -101,8 +101,7 @@ def with_lora(
     layer_class: type, call: Callable, norms_and_sums: Callable, supports: Callable[[keras.layers.Layer], bool]
 ) -> dict[str, Callable]:
     """A built-in rule's parts (`rules.register_layer_rule`'s arguments) extended to the class's LoRA layers where
-    this module has a rule for it (their norms and sums here, the call and the other conditions the rule's own);
-    other classes' LoRA layers (a convolution's) are not covered."""
+    this module has one (norms and sums here, the call and other conditions the rule's; a Conv's are not covered)."""
     lora_rule = _LORA_RULES.get(layer_class)
     if lora_rule is None:
         plain = lambda layer: not einsum_lora.enabled(layer) and supports(layer)  # noqa: E731

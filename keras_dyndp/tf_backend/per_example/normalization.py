@@ -99,8 +99,7 @@ def rms_norm_call(tap: Tap) -> Callable:
 
 
 def group_norm_call(tap: Tap) -> Callable:
-    """GroupNormalization's call for the tapped pass: moments over each group of channels and all other axes but the
-    batch (no mask)."""
+    """GroupNormalization's tapped call: moments over each group of channels and all non-batch axes (no mask)."""
     layer = tap.layer
 
     def call(inputs, *args, mask=None, **kwargs):

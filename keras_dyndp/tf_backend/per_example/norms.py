@@ -32,9 +32,8 @@ def squared_norms(tensor: tf.Tensor, axis: int | list[int]) -> tf.Tensor:
 
 def rows_by_index(rows: tf.Tensor, index: tf.Tensor, weights: tf.Tensor, num_rows: tf.Tensor | int) -> tf.Tensor:
     """[num_rows, d]: row j = sum of ``weights[n] rows[n]`` over the ``rows`` [N, d] whose ``index`` [N] (int32, in
-    [0, num_rows)) is j, as a sparse matrix of the weights times ``rows`` (one pass; the fastest form on CPU at an
-    embedding's B x T rows: docs/performance.md). A weight 0 times a row that is not finite is NaN: send such rows to
-    a row of their own. Not under XLA, which has no kernel for it."""
+    [0, num_rows)) is j, as a sparse weight matrix times ``rows`` (one pass, fastest on CPU: docs/performance.md;
+    XLA has no kernel for it). Send rows that are not finite to a row of their own: weight 0 times them is NaN."""
     shape = tf.stack([tf.cast(num_rows, tf.int64), tf.shape(rows, out_type=tf.int64)[0]])
     return tf.raw_ops.SparseTensorDenseMatMul(
         a_indices=_entries(index), a_values=tf.cast(weights, rows.dtype), a_shape=shape, b=rows
@@ -42,8 +41,7 @@ def rows_by_index(rows: tf.Tensor, index: tf.Tensor, weights: tf.Tensor, num_row
 
 
 def _entries(index: tf.Tensor) -> tf.Tensor:
-    """int32 [N, 2]: (index[n], n). Built as the two halves of one int64 (a bitcast, no copy): ``tf.stack`` along the
-    last axis copies element by element."""
+    """int32 [N, 2]: (index[n], n), as the halves of one int64 (a bitcast: ``tf.stack`` copies element by element)."""
     columns = tf.range(tf.shape(index, out_type=tf.int64)[0], dtype=tf.int64) * 2**32
     if sys.byteorder == "little":  # the low half first
         return tf.bitcast(tf.cast(index, tf.int64) + columns, tf.int32)
@@ -91,8 +89,7 @@ def bilinear_norms_and_sum(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, Calla
 
 def bounded_by_rounding(squared: tf.Tensor, a: tf.Tensor, g: tf.Tensor, form: str) -> tf.Tensor:
     """``squared`` [B] of the bilinear a_i^T g_i (a: [B, T, k], g: [B, T, c]; an embedding's rows of g by id: a = 1)
-    computed in ``form``, raised to the bound on the exact squared norms that float32 rounding allows
-    (`keras_dyndp.rules.ghost_cost.bounded_squared_norms`)."""
+    computed in ``form``, raised to the float32 rounding bound (`ghost_cost.bounded_squared_norms`)."""
     positions = a.shape[1] if a.shape[1] is not None else tf.cast(tf.shape(a)[1], tf.float32)
     second, first = ghost_cost.rounding_coefficients(form, positions, a.shape[-1], g.shape[-1])
     magnitude = tf.reduce_sum(tf.norm(a, axis=2) * tf.norm(g, axis=2), axis=1)  # sum_t ||a_t|| ||g_t||

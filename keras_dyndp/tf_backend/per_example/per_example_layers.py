@@ -1,12 +1,10 @@
-"""Which models may take the batched (ghost) path: those whose every layer and op is KNOWN to act per example.
-
-A layer that reads across the batch (a ``Lambda`` subtracting the batch mean) breaks per-example clipping silently and
-looks like an honest one in a traced graph. Known (exact classes): `_known_classes` (with conditions on ``axis``,
-dropout, frozen BatchNormalization), the layers the registry (`keras_dyndp.rules.registry`) has a rule for (in their
+"""Which models may take the batched (ghost) path: those whose every layer and op is KNOWN to act per example. A layer
+that reads across the batch (a ``Lambda`` subtracting the batch mean) breaks per-example clipping silently and looks
+like an honest one in a traced graph. Known (exact classes): `_known_classes` (with conditions on ``axis``, dropout,
+frozen BatchNormalization), the layers the registry (`keras_dyndp.rules.registry`) has a rule for (in their
 configuration: `_einsum_keeps_batch`) or declares per example; plain Sequential and functional models; `_ELEMENTWISE`
 ops on tensors of one rank with lower-rank constants; slices that keep the whole batch axis (``h[:, 0]``, a [CLS] token,
-`_known_slice`).
-"""
+`_known_slice`)."""
 
 from __future__ import annotations
 
@@ -83,8 +81,7 @@ def _einsum_keeps_batch(layer: keras.layers.Layer) -> bool:
 
 
 def _no_dropout(layer: keras.layers.Layer) -> bool:
-    """A recurrent layer or cell (or a dot-product attention) without (recurrent) dropout, whose masks would differ
-    row by row."""
+    """A recurrent layer or cell (or dot-product attention) without (recurrent) dropout, whose masks differ by row."""
     return not getattr(layer, "dropout", 0) and not getattr(layer, "recurrent_dropout", 0)
 
 

@@ -1,13 +1,11 @@
-"""Ghost-clipping rules for ``LSTM`` and ``GRU`` (no mask, dropout, state, reversal or time-major input).
-
-The tapped call records the input projection x_t W + b_in (before the recurrence) and re-runs the recurrence with
-``tf.scan``, keeping what the recurrent norms need. g_t, the projection's gradient, is the gate pre-activations', so
-W and b_in are a sequence Dense of x with gradient g; an LSTM's U and b one of h_{t-1}. GRU (gates z, r, h along the
-last axis of W [d, 3u], U [u, 3u] and the bias): with ``reset_after`` (bias [2, 3u]: b_in, b_rec) the candidate's
-pre-activation is x_h + r * (h_{t-1} U + b_rec)_h, so U and b_rec are a sequence Dense of h_{t-1} with gradient
-[g_z, g_r, r * g_h]; without (bias [3u]: b_in) it is x_h + (r * h_{t-1}) U_h, so U's z and r columns are a sequence
-Dense of h_{t-1} (gradient [g_z, g_r]) and its h columns one of r * h_{t-1} (gradient g_h).
-"""
+"""Ghost-clipping rules for ``LSTM`` and ``GRU`` (no mask, dropout, state, reversal or time-major input). The tapped
+call records the input projection x_t W + b_in (before the recurrence) and re-runs the recurrence with ``tf.scan``,
+keeping what the recurrent norms need. g_t, the projection's gradient, is the gate pre-activations', so W and b_in are a
+sequence Dense of x with gradient g; an LSTM's U and b one of h_{t-1}. GRU (gates z, r, h along the last axis of W [d,
+3u], U [u, 3u] and the bias): with ``reset_after`` (bias [2, 3u]: b_in, b_rec) the candidate's pre-activation is x_h + r
+* (h_{t-1} U + b_rec)_h, so U and b_rec are a sequence Dense of h_{t-1} with gradient [g_z, g_r, r * g_h]; without (bias
+[3u]: b_in) it is x_h + (r * h_{t-1}) U_h, so U's z and r columns are a sequence Dense of h_{t-1} (gradient [g_z, g_r])
+and its h columns one of r * h_{t-1} (gradient g_h)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """TensorFlow's built-in ghost-clipping rules, registered into the one registry (`keras_dyndp.rules.registry`) on
 import, with TensorFlow's `registry.Hooks`: TensorFlow's overrides, ``call=`` (`registry.LayerRule.call`), built from
-the blocks in `norms`: `dense`, `conv2d`, `recurrent`, `einsum_dense` (also inside MultiHeadAttention),
-`normalization`, Keras 3's LoRA Dense, EinsumDense and Embedding (`lora`: the adapters, not the frozen kernel); not
-quantized layers. The known Keras layers that act per example are declared in `per_example_layers`; a rule of the
-shared contract (example: docs/usage.md's ``ScaleShift``) is tapped by `generic` (docs/architecture.md, "The
-ghost-rule registry")."""
+the blocks in `norms`: `dense`, `conv2d`, `recurrent`, `einsum_dense` (also inside MultiHeadAttention), `normalization`,
+Keras 3's LoRA Dense, EinsumDense and Embedding (`lora`: the adapters, not the frozen kernel); not quantized layers. The
+known Keras layers that act per example are declared in `per_example_layers`; a rule of the shared contract (example:
+docs/usage.md's ``ScaleShift``) is tapped by `generic` (docs/architecture.md, "The ghost-rule registry")."""
 
 from __future__ import annotations
 

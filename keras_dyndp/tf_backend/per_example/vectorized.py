@@ -1,11 +1,9 @@
 """Per-example clipping by ``tf.vectorized_map`` over single-example passes: any model, B gradients materialised. Only
-models the ghost path cannot take come here under ``method='auto'``, and any model under ``method='vectorized'``.
-
-Where ``pfor`` fails while tracing, ``tf.map_fn`` runs the passes one by one (never the batch gradient). Some models go
-to ``tf.map_fn`` directly (`_pfor_fails_at_run_time`), where ``pfor`` builds a graph that fails only when run: recurrent
+models the ghost path cannot take come here under ``method='auto'``, and any model under ``method='vectorized'``. Where
+``pfor`` fails while tracing, ``tf.map_fn`` runs the passes one by one (never the batch gradient). Some models go to
+``tf.map_fn`` directly (`_pfor_fails_at_run_time`), where ``pfor`` builds a graph that fails only when run: recurrent
 models ("Tried to append a tensor with incompatible shape to a list"), and Keras 3's EinsumDense and MultiHeadAttention,
-whose vectorized step can kill the process (docs/performance.md).
-"""
+whose vectorized step can kill the process (docs/performance.md)."""
 
 from __future__ import annotations
 
