@@ -51,8 +51,9 @@ def test_a_normal_run_prints_nothing_that_looks_like_a_failure():
 
 
 def test_method_adaptive_trains_with_adaptive_clipping_at_the_schedules_epsilon(run_example):
-    """``--method=adaptive``: the vanilla schedule's noise, shared with the count; C_t adapts from --initial_clip."""
-    accuracy, steps, total, epsilon, target, _ = run_example("digits", "--epochs=3", "--method=adaptive")
-    assert steps == total == 34
+    """``--method=adaptive``: the vanilla schedule's noise, shared with the count; C_t adapts from --initial_clip.
+    6 epochs: in 3 (34 steps) the clip norm is still adapting and the accuracy of a run ranged from 0.22 to 0.56."""
+    accuracy, steps, total, epsilon, target, _ = run_example("digits", "--epochs=6", "--method=adaptive")
+    assert steps == total == 68  # ceil(6 * 1437 / 128)
     assert target == 3.0 and 2.9 < epsilon <= target
     assert accuracy > 0.3
