@@ -189,13 +189,13 @@ def ghost_coverage(model: Any, x: Any) -> str:
     import keras_dyndp  # pylint: disable=import-outside-toplevel
 
     if keras_dyndp.keras_backend() != "jax":
-        from keras_dyndp.tf_backend import per_example  # pylint: disable=import-outside-toplevel
+        from keras_dyndp.tf_backend.per_example import clipped_sum  # pylint: disable=import-outside-toplevel
         from keras_dyndp.tf_backend.per_example import per_example_layers  # pylint: disable=import-outside-toplevel
 
+        if clipped_sum._ghost_applies(model, model.trainable_variables, "auto"):  # pylint: disable=protected-access
+            return "ghost path"  # make_private's own decision, not a copy of it
         unknown = per_example_layers.first_unknown(model)
-        if unknown is not None:
-            return f"per-example path: {unknown} is not known to act per example"
-        return f"ghost path: {per_example.ghost_supported(model, model.trainable_variables)}"
+        return f"per-example path ({unknown or 'a trainable layer without a rule'} is not known to act per example)"
     from keras_dyndp.jax_backend.per_example import taps  # pylint: disable=import-outside-toplevel
 
     values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]

@@ -133,14 +133,14 @@ def tappable(
     if not found:
         return {}
     probe = Session()
-    leaves: dict[int, int] = {}
+    recorded_leaves: dict[int, int] = {}  # per candidate, how many array leaves its recorded input has
 
     def forward(trainable, non_trainable, x, stand_ins):
         probe.stand_ins = stand_ins
         with probe:
             outputs = model.stateless_call(trainable, non_trainable, x, training=True)
         recorded = [jax.tree_util.tree_leaves(probe.inputs.get(key)) for key in found]
-        leaves.update((key, len(values)) for key, values in zip(found, recorded))
+        recorded_leaves.update((key, len(values)) for key, values in zip(found, recorded))
         return recorded, outputs
 
     stand_ins = {key: [trainable[index] for index in indices] for key, (_, indices) in found.items()}
@@ -156,10 +156,9 @@ def tappable(
     # An input recorded inside a transformation of the model's own (a layer's scan or vmap) escapes it: the trace
     # holds it as a constant.
     escaped = {id(var) for var in jaxpr.constvars}
-    starts = dict(zip(found, itertools.accumulate(leaves.values(), initial=0)))
-    inside = {
-        key for key in found if any(id(v) in escaped for v in jaxpr.outvars[starts[key] : starts[key] + leaves[key]])
-    }
+    escaped_outputs = [id(var) in escaped for var in jaxpr.outvars]  # the recorded inputs come first, key by key
+    starts = dict(zip(found, itertools.accumulate(recorded_leaves.values(), initial=0)))
+    inside = {key for key in found if any(escaped_outputs[starts[key] : starts[key] + recorded_leaves[key]])}
     return {
         key: (layer, indices, probe.shapes[key])
         for key, (layer, indices) in found.items()
