@@ -192,8 +192,9 @@ def ghost_coverage(model: Any, x: Any) -> str:
         from keras_dyndp.tf_backend.per_example import clipped_sum  # pylint: disable=import-outside-toplevel
         from keras_dyndp.tf_backend.per_example import per_example_layers  # pylint: disable=import-outside-toplevel
 
-        if clipped_sum._ghost_applies(model, model.trainable_variables, "auto"):  # pylint: disable=protected-access
-            return "ghost path"  # make_private's own decision, not a copy of it
+        if clipped_sum._ghost_applies(model, x, model.trainable_variables, "auto"):  # pylint: disable=protected-access
+            unknown = per_example_layers.first_unknown(model)  # make_private's own decision, not a copy of it
+            return f"ghost path ({unknown} proven per example from the traced graph)" if unknown else "ghost path"
         unknown = per_example_layers.first_unknown(model)
         return f"per-example path ({unknown or 'a trainable layer without a rule'} is not known to act per example)"
     from keras_dyndp.jax_backend.per_example import taps  # pylint: disable=import-outside-toplevel

@@ -270,9 +270,10 @@ TENSORFLOW_ONLY_MODULES = {
     "sampling_check",  # JAX checks the batches in its train_step
     *(
         f"per_example/{name}"
-        for name in "clipped_sum conv2d dense einsum_dense generic ghost losses normalization norms "
-        "per_example_layers randomness recurrent vectorized".split()
-    ),  # TensorFlow's batched ghost pass and its kernels; JAX runs each example under jax.vmap
+        for name in "clipped_sum conv2d dense einsum_dense generic ghost graph_row_layout graph_row_ops graph_rows "
+        "losses normalization norms per_example_layers randomness recurrent vectorized".split()
+    ),  # TensorFlow's batched ghost pass, its kernels and its proof that a traced forward pass keeps examples apart;
+    # JAX runs each example under jax.vmap
 }
 """What only the TensorFlow backend has (issue 53 item 2: the backends' common jobs under the same names). A module
 moved or renamed to match JAX's comes off this list; a new one on one side only needs its reason here."""

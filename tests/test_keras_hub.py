@@ -76,6 +76,42 @@ def test_a_backbone_with_a_dense_head_trains_and_one_example_moves_it_by_at_most
     assert 0 < update <= CLIP * (1 + 1e-4)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's ghost path")
+@pytest.mark.parametrize("family", sorted(BACKBONES))
+def test_on_tensorflow_a_lora_backbone_is_proven_per_example_and_ghost_clips_as_the_per_example_path(family):
+    """KerasHub's blocks are known to TensorFlow's ghost path as no class: the traced forward pass proves they keep
+    the examples apart (`graph_rows`), and the LoRA factors and head then have rules; a padded example included."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from keras_dyndp.tf_backend.per_example import clipped_sum  # pylint: disable=import-outside-toplevel
+    from keras_dyndp.tf_backend.per_example import graph_rows  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(0)
+    backbone = BACKBONES[family]()
+    backbone.enable_lora(2)
+    model = _with_head(backbone)
+    x = {name: np.repeat(value, 3, axis=0) for name, value in _inputs(backbone).items()}
+    x["token_ids"] = np.random.default_rng(1).integers(1, VOCABULARY, (3, LENGTH)).astype("int32")
+    if "padding_mask" in x:
+        x["padding_mask"][1, LENGTH // 2 :] = 0
+    y = np.array([0, 1, 1], "int32")
+    assert graph_rows.first_mixing_op(model, x) is None
+    assert clipped_sum._ghost_applies(model, x, model.trainable_variables, "ghost")  # pylint: disable=protected-access
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    results = {}
+    for method in ("ghost", "vectorized"):
+        random = tf.random.Generator.from_seed(3)  # The same dropout masks on both paths.
+        sums, norms = tf.function(  # tf.map_fn (the per-example path on Keras 3) runs in a graph only
+            lambda m=method, r=random: clipped_sum.clipped_gradient_sum(
+                model, loss, x, y, None, 1e-3, model.trainable_variables, method=m, random_source=r
+            )
+        )()
+        results[method] = np.concatenate([np.ravel(s) for s in sums]), np.asarray(norms)
+    (ghost_sums, ghost_norms), (sums, norms) = results["ghost"], results["vectorized"]
+    np.testing.assert_allclose(ghost_norms, norms, rtol=1e-4)
+    np.testing.assert_allclose(ghost_sums, sums, atol=1e-5 * np.max(np.abs(sums)))
+
+
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's taps; TensorFlow's ghost path needs known layers")
 @pytest.mark.parametrize("family", sorted(BACKBONES))
 def test_on_jax_every_layer_with_a_rule_inside_the_backbones_blocks_is_tapped(family):

@@ -1,6 +1,7 @@
 """Per-example clipped gradient sums: the entry point that picks ghost clipping, the vectorized or the jacobian path.
-``'auto'`` takes ``'ghost'`` (`ghost`) where every layer and op is known to act per example (`per_example_layers`),
-every trainable variable is in a layer with a rule (`rules`) and rows are examples, else ``'vectorized'``.
+``'auto'`` takes ``'ghost'`` (`ghost`) where every layer and op is known to act per example (`per_example_layers`) or
+the traced forward pass is proven to keep examples apart (`graph_rows`), every trainable variable is in a layer with a
+rule (`rules`) and rows are examples, else ``'vectorized'``.
 ``'jacobian'`` differentiates the batch's losses together, O(B^2), as ``num_microbatches`` does
 (`keras_dyndp.tf_backend.microbatches`). `model_checks` refuses batch statistics first; random layers draw from a secret
 generator (`randomness`). The sums carry NO noise: the optimizer adds it."""
@@ -17,6 +18,7 @@ from keras_dyndp.tf_backend import microbatches
 from keras_dyndp.tf_backend import model_checks
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import ghost
+from keras_dyndp.tf_backend.per_example import graph_rows
 from keras_dyndp.tf_backend.per_example import per_example_layers
 from keras_dyndp.tf_backend.per_example import randomness
 from keras_dyndp.tf_backend.per_example import vectorized
@@ -62,7 +64,7 @@ def clipped_gradient_sum_with_outputs(
                 losses = per_example_loss(loss_fn, y, y_pred, sample_weight)
             sums, norms = microbatches.clipped_sum(tape, losses, var_list, clip_norm, num_microbatches, random_source)
             return sums, norms, y_pred, losses
-        if method != "vectorized" and _ghost_applies(model, var_list, method):
+        if method != "vectorized" and _ghost_applies(model, x, var_list, method):
             try:
                 return ghost.clipped_sum(model, loss_fn, x, y, sample_weight, clip_norm, var_list)
             except UnsupportedModel as reason:
@@ -74,7 +76,8 @@ def clipped_gradient_sum_with_outputs(
         return vectorized.clipped_sum(model, loss_fn, x, y, sample_weight, clip_norm, var_list)
 
 
-def _ghost_applies(model: keras.Model, var_list: list[tf.Variable], method: str) -> bool:
+@tf.autograph.experimental.do_not_convert
+def _ghost_applies(model: keras.Model, x: Any, var_list: list[tf.Variable], method: str) -> bool:
     """Whether the model may take the ghost path; for ``method='ghost'``, a ValueError saying why not."""
     if ghost.tensor_float_32_on_gpu():
         why_not = (
@@ -83,12 +86,15 @@ def _ghost_applies(model: keras.Model, var_list: list[tf.Variable], method: str)
             "tf.config.experimental.enable_tensor_float_32_execution(False), or use method='auto' (which then "
             f"takes the vectorized path) or 'vectorized'. Received: method={method!r}."
         )
-    elif (unknown := per_example_layers.first_unknown(model)) is not None:
+    elif (unknown := per_example_layers.first_unknown(model)) is not None and (
+        mixing := graph_rows.first_mixing_op(model, x)
+    ):
         why_not = (
             f"`method='ghost'` runs the batch through the model at once, which is per-example clipping only if "
-            f"every layer acts on each example alone, and {unknown} of model {model.name!r} is not known to (a "
-            "layer that reads across the batch, such as a Lambda subtracting the batch mean, would let one "
-            "example move the others' gradients). If its class does act per example, declare it with "
+            f"every layer acts on each example alone, and {unknown} of model {model.name!r} is not known to, nor "
+            f"its traced forward pass proven to: its {mixing} (a layer that reads across the batch, such as a Lambda "
+            "subtracting the batch mean, would let one example move the others' gradients). If its class does act "
+            "per example, declare it with "
             "keras_dyndp.tf_backend.per_example.register_per_example_layer(cls) (or give it a ghost rule with "
             "register_layer_rule); otherwise use method='auto' (which takes the vectorized path, where each "
             f"example runs alone) or 'vectorized'. Received: method={method!r}."

@@ -19,11 +19,16 @@ _default: list[noise_source.NoiseSource] = []
 
 
 @contextlib.contextmanager
-def secret_randomness(model: keras.Model, generator: tf.random.Generator | None = None) -> Iterator[None]:
+def secret_randomness(
+    model: keras.Model, generator: tf.random.Generator | None = None, seed: tf.Tensor | None = None
+) -> Iterator[None]:
     """Within the block, ``model``'s random layers draw from one seed of ``generator`` (None: this process's own,
-    OS-seeded, never saved), and its Dropout layers one mask for all rows."""
+    OS-seeded, never saved), or from ``seed`` (int64 [2]; a trace that is never run), and its Dropout layers one mask
+    for all rows. Blocks nest: each restores what it replaced."""
 
     def draw_seed() -> tf.Tensor:
+        if seed is not None:
+            return seed
         if generator is not None:
             return generator.uniform_full_int([2], tf.int64)
         if not _default:
@@ -31,14 +36,18 @@ def secret_randomness(model: keras.Model, generator: tf.random.Generator | None 
         return _default[0].generator.uniform_full_int([2], tf.int64)
 
     dropouts = [layer for layer in keras_compat.flatten_layers(model) if type(layer) is keras.layers.Dropout]
+    replaced = [vars(layer).get("call") for layer in dropouts]
     for layer in dropouts:
         layer.call = _one_mask_for_all_rows(layer)
     try:
         with keras_compat.layer_randomness_from(model, draw_seed):
             yield
     finally:
-        for layer in dropouts:
-            del layer.call
+        for layer, call in zip(dropouts, replaced):
+            if call is None:
+                del layer.call
+            else:
+                layer.call = call
 
 
 def _one_mask_for_all_rows(layer: keras.layers.Layer) -> Callable:

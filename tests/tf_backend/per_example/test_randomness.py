@@ -61,3 +61,17 @@ def test_the_masks_come_from_the_secret_source_and_match_across_paths():
     assert distance(ghost[0], clipped_sum(x, y, "ghost", secret_seed=8)[0]) > 1e-3
     # The default source is seeded from OS entropy: the global seed alone does not fix the masks.
     assert distance(clipped_sum(x, y, "auto")[0], clipped_sum(x, y, "auto")[0]) > 1e-3
+
+
+def test_a_nested_block_keeps_the_outer_blocks_one_mask_dropout():
+    """`graph_rows` traces the model inside the step's own block: leaving the inner one must not undo the outer's."""
+    from keras_dyndp.tf_backend.per_example import randomness  # pylint: disable=import-outside-toplevel
+
+    dropout = keras.layers.Dropout(0.5)
+    model = keras.Sequential([keras.Input((4,)), dropout])
+    with randomness.secret_randomness(model, tf.random.Generator.from_seed(1)):
+        outer = vars(dropout)["call"]
+        with randomness.secret_randomness(model, seed=tf.zeros([2], tf.int64)):
+            assert vars(dropout)["call"] is not outer
+        assert vars(dropout)["call"] is outer
+    assert "call" not in vars(dropout)
