@@ -1,17 +1,17 @@
 """keras_dyndp.rules.keras_hub_rules and the ready-made rules it uses (`layer_rules.rms_normalization`,
-`layer_rules.added_weight`), on the backend Keras runs on: KerasHub's layers get their rules at the first lookup; each
-rule's per-example squared norms and clipped sums equal brute-force per-example gradients (the backend's vjp of the
-layer's own call, one example at a time); a model of them takes the ghost path (JAX: every layer tapped) and steps as
-the vectorized path; a ReversibleEmbedding called with ``reverse=True`` keeps the per-example path."""
+`layer_rules.added_weight`; on layers of their own: tests/rules/test_layer_rules.py), on the backend Keras runs on:
+KerasHub's layers get their rules at the first lookup; each rule's per-example squared norms and clipped sums equal
+brute-force per-example gradients (`rule_brute_force`); a model of them takes the ghost path (JAX: every layer tapped)
+and steps as the vectorized path; a ReversibleEmbedding called with ``reverse=True`` keeps the per-example path."""
 
 import warnings
 
 import numpy as np
 import pytest
+import rule_brute_force
 
 import keras_dyndp
 from keras_dyndp import backend
-from keras_dyndp.rules import layer_rules
 from keras_dyndp.rules import registry
 from keras_dyndp.schedules import DPSchedule
 
@@ -24,57 +24,7 @@ from keras_hub.src.models.llama.llama_layernorm import LlamaLayerNorm  # noqa: E
 from keras_hub.src.models.mistral.mistral_layer_norm import MistralLayerNormalization  # noqa: E402
 from keras_hub.src.models.qwen3.qwen3_layernorm import Qwen3LayerNorm  # noqa: E402
 
-BATCH, LENGTH, WIDTH, VOCABULARY = 3, 5, 4, 7
-
-
-def _built(layer, shape, dtype="float32"):
-    """``layer`` built on inputs [BATCH, *shape], its trainable weights set to random values (not their init)."""
-    layer(np.zeros((BATCH, *shape), dtype))
-    rng = np.random.default_rng(1)
-    for variable in layer.trainable_variables:
-        variable.assign(rng.normal(size=variable.shape).astype("float32"))
-    return layer
-
-
-def _per_example_gradients(layer, a, g, **call_kwargs):
-    """Each example's gradients of <layer(a_i), g_i> with respect to the layer's trainable weights (float64)."""
-    vjp = backend.implementation("ops").vjp
-    non_trainable = [keras.ops.convert_to_tensor(np.asarray(v)) for v in layer.non_trainable_variables]
-    gradients = []
-    for i in range(len(a)):
-
-        def call(values, i=i):
-            return layer.stateless_call(values, non_trainable, a[i : i + 1], **call_kwargs)[0]
-
-        values = [keras.ops.convert_to_tensor(np.asarray(v)) for v in layer.trainable_variables]
-        gradients.append([_dense(grad) for grad in vjp(call, values, keras.ops.convert_to_tensor(g[i : i + 1]))])
-    return gradients
-
-
-def _dense(gradient):
-    """A gradient as a float64 array (TensorFlow's IndexedSlices of a lookup added into its rows)."""
-    if hasattr(gradient, "indices") and hasattr(gradient, "dense_shape"):
-        dense = np.zeros(np.asarray(gradient.dense_shape), np.float64)
-        np.add.at(dense, np.asarray(gradient.indices), np.asarray(gradient.values, np.float64))
-        return dense
-    return np.asarray(gradient, np.float64)
-
-
-def _assert_rule_matches_brute_force(layer, a, g):
-    """The registered rule's squared norms and clipped sums ([B, 1, ...] inputs) equal the brute-force ones."""
-    rule = registry.rule_for(layer)
-    assert rule is not None and rule.variables is not None
-    by_variable = {id(v): i for i, v in enumerate(layer.trainable_variables)}
-    order = [by_variable[id(v)] for v in rule.variables(layer)]
-    assert sorted(order) == list(range(len(layer.trainable_variables)))  # every trainable weight covered
-    gradients = _per_example_gradients(layer, a, g)
-    squared, sums = rule.norms_and_sums(layer, *(keras.ops.convert_to_tensor(x[:, None]) for x in (a, g)))
-    expected = [sum(np.sum(grad**2) for grad in grads) for grads in gradients]
-    np.testing.assert_allclose(np.asarray(squared), expected, rtol=2e-5)
-    factors = np.array([0.5, 0.0, 2.0], "float32")
-    for index, total in zip(order, sums(keras.ops.convert_to_tensor(factors))):
-        wanted = sum(f * grads[index] for f, grads in zip(factors, gradients))
-        np.testing.assert_allclose(np.asarray(total, np.float64), wanted, rtol=1e-5, atol=1e-6)
+BATCH, LENGTH, WIDTH, VOCABULARY = rule_brute_force.BATCH, 5, 4, 7
 
 
 NORMS = {
@@ -87,49 +37,24 @@ NORMS = {
 
 @pytest.mark.parametrize("family", sorted(NORMS))
 def test_an_rms_norms_rule_is_its_per_example_scale_gradient(family):
-    layer = _built(NORMS[family](), (LENGTH, WIDTH))
+    layer = rule_brute_force.built(NORMS[family](), (LENGTH, WIDTH))
     rng = np.random.default_rng(2)
     a = (rng.normal(size=(BATCH, LENGTH, WIDTH)) * np.array([1e-3, 1.0, 30.0])[:, None, None]).astype("float32")
-    _assert_rule_matches_brute_force(layer, a, rng.normal(size=a.shape).astype("float32"))
+    rule_brute_force.assert_rule_matches_brute_force(layer, a, rng.normal(size=a.shape).astype("float32"))
 
 
 def test_qwen3s_per_head_norm_rule_sums_over_the_heads():
-    layer = _built(Qwen3LayerNorm(head_dim=WIDTH, epsilon=1e-6), (LENGTH, 2, WIDTH))
+    layer = rule_brute_force.built(Qwen3LayerNorm(head_dim=WIDTH, epsilon=1e-6), (LENGTH, 2, WIDTH))
     rng = np.random.default_rng(3)
     a = rng.normal(size=(BATCH, LENGTH, 2, WIDTH)).astype("float32")
-    _assert_rule_matches_brute_force(layer, a, rng.normal(size=a.shape).astype("float32"))
-
-
-class _NormOverTheSecondLast(keras.layers.Layer):
-    """An RMS norm over axis -2, its scale the positions' (`rms_normalization(axis=-2)`)."""
-
-    def build(self, input_shape):
-        self.gain = self.add_weight(shape=(input_shape[-2],), initializer="ones", name="gain")
-        self.eps = 1e-3
-
-    def call(self, x):
-        normed = x * keras.ops.rsqrt(keras.ops.mean(keras.ops.square(x), axis=-2, keepdims=True) + self.eps)
-        return normed * self.gain[:, None]
-
-
-def test_the_rms_rule_takes_the_attributes_and_axis_it_is_given():
-    try:
-        keras_dyndp.register_layer_rule(_NormOverTheSecondLast, **layer_rules.rms_normalization("gain", "eps", axis=-2))
-        layer = _built(_NormOverTheSecondLast(), (LENGTH, WIDTH))
-        rng = np.random.default_rng(4)
-        a = rng.normal(size=(BATCH, LENGTH, WIDTH)).astype("float32")
-        _assert_rule_matches_brute_force(layer, a, rng.normal(size=a.shape).astype("float32"))
-    finally:
-        registry.registered().pop(_NormOverTheSecondLast, None)
-    with pytest.raises(ValueError, match="must count from the last axis"):
-        layer_rules.rms_normalization(axis=1)
+    rule_brute_force.assert_rule_matches_brute_force(layer, a, rng.normal(size=a.shape).astype("float32"))
 
 
 def test_a_position_embedding_longer_than_the_input_gets_its_first_rows():
-    layer = _built(PositionEmbedding(sequence_length=LENGTH + 3), (LENGTH, WIDTH))
+    layer = rule_brute_force.built(PositionEmbedding(sequence_length=LENGTH + 3), (LENGTH, WIDTH))
     rng = np.random.default_rng(5)
     a = rng.normal(size=(BATCH, LENGTH, WIDTH)).astype("float32")
-    _assert_rule_matches_brute_force(layer, a, rng.normal(size=a.shape).astype("float32"))
+    rule_brute_force.assert_rule_matches_brute_force(layer, a, rng.normal(size=a.shape).astype("float32"))
 
 
 def _recorded(layer, shape, dtype, **kwargs):
@@ -147,7 +72,9 @@ def test_a_reversible_embeddings_forward_rule_is_its_per_example_gradient(tie_we
     for variable in layer.trainable_variables:
         variable.assign(rng.normal(size=variable.shape).astype("float32"))
     ids = rng.integers(0, VOCABULARY, size=(BATCH, LENGTH)).astype("int32")  # ids repeat within examples
-    _assert_rule_matches_brute_force(layer, ids, rng.normal(size=(BATCH, LENGTH, WIDTH)).astype("float32"))
+    rule_brute_force.assert_rule_matches_brute_force(
+        layer, ids, rng.normal(size=(BATCH, LENGTH, WIDTH)).astype("float32")
+    )
     rule = registry.rule_for(layer)
     h = keras.ops.convert_to_tensor(rng.normal(size=(BATCH, 1, LENGTH, WIDTH)).astype("float32"))
     with pytest.raises(ValueError, match="reverse=True alone"):  # a reverse call's input and gradient
@@ -155,7 +82,12 @@ def test_a_reversible_embeddings_forward_rule_is_its_per_example_gradient(tie_we
 
 
 def test_a_reversible_embedding_with_a_recorded_reverse_call_or_none_has_no_rule():
-    assert registry.rule_for(_built(keras.layers.ReversibleEmbedding(VOCABULARY, WIDTH), (LENGTH,), "int32")) is None
+    assert (
+        registry.rule_for(
+            rule_brute_force.built(keras.layers.ReversibleEmbedding(VOCABULARY, WIDTH), (LENGTH,), "int32")
+        )
+        is None
+    )
     layer = _recorded(keras.layers.ReversibleEmbedding(VOCABULARY, WIDTH), (LENGTH,), "int32")
     assert registry.rule_for(layer) is not None
     layer(keras.Input((LENGTH, WIDTH)), reverse=True)
