@@ -55,7 +55,7 @@ BACKEND_NEUTRAL = frozenset(
         "keras_glue/test_entry_points.py",
         "rules/test_ghost_cost.py",
         "rules/test_keras_hub_rules.py",
-        "rules/test_layer_rules.py",
+        "rules/test_ready_made_rules.py",
         "rules/test_rule_registry.py",
         "data/test_sampling.py",
         "keras_glue/test_epoch_logs.py",

@@ -1,5 +1,5 @@
 """keras_dyndp.rules.keras_hub_rules and the ready-made rules it uses (`layer_rules.rms_normalization`,
-`layer_rules.added_weight`; on layers of their own: tests/rules/test_layer_rules.py), on the backend Keras runs on:
+`layer_rules.added_weight`; on layers of their own: tests/rules/test_ready_made_rules.py), on the backend Keras runs on:
 KerasHub's layers get their rules at the first lookup; each rule's per-example squared norms and clipped sums equal
 brute-force per-example gradients (`rule_brute_force`); a model of them takes the ghost path (JAX: every layer tapped)
 and steps as the vectorized path; a ReversibleEmbedding called with ``reverse=True`` keeps the per-example path."""
