@@ -54,6 +54,8 @@ BACKEND_NEUTRAL = frozenset(
         "test_keras_hub.py",
         "keras_glue/test_entry_points.py",
         "rules/test_ghost_cost.py",
+        "rules/test_keras_hub_rules.py",
+        "rules/test_ready_made_rules.py",
         "rules/test_rule_registry.py",
         "data/test_sampling.py",
         "keras_glue/test_epoch_logs.py",

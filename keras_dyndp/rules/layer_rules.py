@@ -17,9 +17,10 @@ norms must never be below the exact ones in float32 (`ghost_cost`'s ``bounded_sq
 per-example gradient summed as computed needs no bound), and its sums must add exactly nothing from an example whose
 factor is 0 (`weighted_sum`: a select, as 0 x inf is NaN).
 
-Ready-made: `added_weight` (a learned position embedding) and `token_and_position_embedding` (the keras.io
-Transformer example's; its ``TransformerBlock`` needs ``per_example=True`` only), written over ``keras.ops`` (on
-Keras 2.15, which has none, over the TensorFlow functions of the same names).
+Ready-made: `added_weight` (a learned position embedding), `token_and_position_embedding` (the keras.io Transformer
+example's; its ``TransformerBlock`` needs ``per_example=True`` only) and `rms_normalization` (an RMS norm's scale,
+KerasHub's families'), written over ``keras.ops`` (on Keras 2.15, which has none, over the TensorFlow functions of the
+same names). KerasHub's own layers get theirs automatically (`keras_dyndp.rules.keras_hub_rules`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def keras_ops():
             reshape=tf.reshape,
             tensordot=tf.tensordot,
             sum=tf.reduce_sum,
+            mean=tf.reduce_mean,
+            rsqrt=tf.math.rsqrt,
+            moveaxis=tf.experimental.numpy.moveaxis,
             square=tf.square,
             pad=tf.pad,
             shape=lambda x: tuple(tf.shape(x)[i] if size is None else size for i, size in enumerate(x.shape)),
@@ -68,15 +72,19 @@ def register_per_example_layer(layer_class: type) -> None:
     registry.register_layer_rule(layer_class, per_example=True)
 
 
-def sublayer_norms_and_sums(sublayer: Any, a: Any, g: Any) -> tuple[list, Any, Callable]:
+def sublayer_norms_and_sums(
+    sublayer: Any, a: Any, g: Any, layer_class: type | None = None
+) -> tuple[list, Any, Callable]:
     """The rule registered for ``sublayer``'s class applied to its input ``a`` and output gradient ``g`` ([B, rows,
-    ...], as a rule sees them): for a rule of a layer that calls ``sublayer`` (an Embedding's ids and gradient).
+    ...], as a rule sees them): for a rule of a layer that calls ``sublayer`` (an Embedding's ids and gradient), or of
+    a subclass whose call is its parent's (``layer_class``).
 
     Args:
       sublayer: a layer with a registered rule that supports it (on TensorFlow, one computed from its input and
         output gradient alone: Dense, EinsumDense, Conv, Embedding or a ``register_layer_rule`` one).
       a: the sublayer's input, [B, rows, ...].
       g: the loss's gradient at the sublayer's output (before its activation), [B, rows, ...].
+      layer_class: the class whose rule is applied to ``sublayer`` (its own exact class where None).
 
     Returns:
       ``(variables, squared_norms, sums)``: the variables the rule covers, in its order, their per-example squared
@@ -85,7 +93,7 @@ def sublayer_norms_and_sums(sublayer: Any, a: Any, g: Any) -> tuple[list, Any, C
     Raises:
       ValueError: if no registered rule supports ``sublayer``.
     """
-    return registry.sublayer_norms_and_sums(sublayer, a, g)
+    return registry.sublayer_norms_and_sums(sublayer, a, g, layer_class)
 
 
 _tracing = threading.local()  # per thread: tf.distribute traces each replica's step in a thread of its own
@@ -140,9 +148,15 @@ def _per_example_positions(g: Any, ops) -> Any:
     return ops.sum(ops.reshape(ops.cast(g, "float32"), (ops.shape(g)[0], -1, *g.shape[-2:])), axis=1)
 
 
+def _first_rows(rows: Any, weight: Any, ops) -> Any:
+    """``rows`` [L, d] as rows 0..L-1 of a gradient shaped like the (S, d) ``weight`` (zeros below), L <= S."""
+    return ops.pad(rows, [[0, weight.shape[0] - ops.shape(rows)[0]], [0, 0]])
+
+
 def added_weight(name: str = "position_embeddings") -> dict[str, Callable]:
-    """The rule of a layer that adds its (L, d) weight ``layer.<name>`` to its input [..., L, d] (a learned position
-    embedding): example i's gradient is its output gradient summed over its leading axes, materialised (exact).
+    """The rule of a layer whose output [..., L, d] is its input plus (or just) rows 0..L-1 of its (S, d) weight
+    ``layer.<name>``, L <= S (a learned position embedding): example i's gradient is its output gradient summed over
+    its leading axes in those rows, materialised (exact).
 
     ``keras_dyndp.register_layer_rule(PositionEmbedding, **keras_dyndp.layer_rules.added_weight())``
 
@@ -159,7 +173,7 @@ def added_weight(name: str = "position_embeddings") -> dict[str, Callable]:
         weight = getattr(layer, name)
         per_example = _per_example_positions(g, ops)  # [B, L, d]
         squared = ops.sum(ops.square(per_example), axis=(1, 2))
-        return squared, lambda factors: [ops.reshape(weighted_sum(factors, per_example), weight.shape)]
+        return squared, lambda factors: [_first_rows(weighted_sum(factors, per_example), weight, ops)]
 
     return {
         "variables": lambda layer: [getattr(layer, name)],
@@ -208,3 +222,42 @@ def token_and_position_embedding(token: str = "token_emb", position: str = "pos_
         return all(sub is not None and getattr(sub, "embeddings", None) is not None for sub in sublayers)
 
     return {"variables": variables, "norms_and_sums": norms_and_sums, "supports": supports}
+
+
+def rms_normalization(scale: str = "scale", epsilon: str = "epsilon", axis: int = -1) -> dict[str, Callable]:
+    """The rule of an RMS normalisation ``y = x_hat * (c + layer.<scale>)`` with ``x_hat = x / sqrt(mean(x^2, axis) +
+    layer.<epsilon>)`` computed in float32 (KerasHub's Gemma ``RMSNormalization``, c = 1; ``LlamaLayerNorm``, Mistral's
+    and Qwen 3's, c = 0; any constant c, which the gradient does not see): example i's gradient of the scale is the
+    sum over its positions of ``g * x_hat``, materialised (exact).
+
+    ``keras_dyndp.register_layer_rule(MyRMSNorm, **keras_dyndp.layer_rules.rms_normalization())``
+
+    Args:
+      scale: the attribute of the layer holding the scale, shaped like the input's ``axis``.
+      epsilon: the attribute holding epsilon (a float > 0), added to the mean square.
+      axis: the axis normalised over, counted from the last (negative: -1 is the last).
+
+    Returns:
+      ``register_layer_rule``'s ``variables``, ``norms_and_sums`` and ``supports``.
+
+    Raises:
+      ValueError: if ``axis`` is not negative.
+    """
+    if axis >= 0:
+        raise ValueError(f"`axis` must count from the last axis (be negative). Received: axis={axis!r}.")
+
+    def norms_and_sums(layer, a, g):
+        ops = keras_ops()
+        x = ops.moveaxis(ops.cast(a, "float32"), axis, -1)
+        normed = x * ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + getattr(layer, epsilon))
+        terms = normed * ops.moveaxis(ops.cast(g, "float32"), axis, -1)
+        per_example = ops.sum(ops.reshape(terms, (ops.shape(terms)[0], -1, terms.shape[-1])), axis=1)  # [B, d]
+        squared = ops.sum(ops.square(per_example), axis=1)
+        weight = getattr(layer, scale)
+        return squared, lambda factors: [ops.reshape(weighted_sum(factors, per_example), weight.shape)]
+
+    return {
+        "variables": lambda layer: [getattr(layer, scale)],
+        "norms_and_sums": norms_and_sums,
+        "supports": lambda layer: getattr(layer, scale, None) is not None and len(getattr(layer, scale).shape) == 1,
+    }

@@ -1,11 +1,16 @@
 """The one registry of ghost-clipping rules, for both backends: for each layer class (exactly, not its subclasses)
 its `LayerRule` (the contract of `keras_dyndp.rules.layer_rules`), or the declaration that it acts per example. The
 backend Keras runs on fills it with its built-in rules before the first lookup or registration, by importing its
-rules module once (docs/architecture.md, "The ghost-rule registry")."""
+rules module once; rules for the classes of optional packages (KerasHub's, `keras_hub_rules`) are named by module and
+qualified name and registered at the first lookup after their module is imported, never importing it
+(docs/architecture.md, "The ghost-rule registry")."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +57,9 @@ class Hooks:
 
 _RULES: dict[type, LayerRule] = {}
 _PER_EXAMPLE: dict[type, Callable[[Any], bool] | None] = {}
-_BACKEND = types.SimpleNamespace(hooks=None)
+_BACKEND = types.SimpleNamespace(hooks=None, named=False)
+# Rules by the class's (module, qualified name), not yet registered: `register_by_name`.
+_BY_NAME: dict[tuple[str, str], Callable[[], dict]] = {}
 
 
 def install(hooks: Hooks) -> None:
@@ -64,7 +71,40 @@ def _hooks() -> Hooks:
     """The backend's `Hooks`, its built-in rules registered (its rules module imported on first use)."""
     if _BACKEND.hooks is None:
         backend.implementation("per_example.rules")
+    if not _BACKEND.named:  # the backend's package may have imported its rules module itself
+        _BACKEND.named = True
+        importlib.import_module("keras_dyndp.rules.keras_hub_rules")  # its rules by class name
+    if _BY_NAME:
+        _register_imported(_BACKEND.hooks)
     return _BACKEND.hooks
+
+
+def register_by_name(module: str, qualname: str, rule: Callable[[], dict]) -> None:
+    """Registers ``rule()`` (`register_layer_rule`'s keyword arguments) for the class ``qualname`` of ``module`` at
+    the first lookup after that module is imported, unless a rule or declaration is registered for the class by then
+    (a user's stays); nothing imports the module: for the layers of optional packages (KerasHub).
+
+    Args:
+      module: the class's ``__module__``, e.g. ``'keras_hub.src.models.llama.llama_layernorm'``.
+      qualname: the class's ``__qualname__`` in it, e.g. ``'LlamaLayerNorm'``.
+      rule: returns the rule's ``register_layer_rule`` keyword arguments (``variables``, ``norms_and_sums``,
+        ``supports``; or ``per_example=True``).
+    """
+    _BY_NAME[(module, qualname)] = rule
+
+
+def _register_imported(hooks: Hooks) -> None:
+    """Registers the `register_by_name` rules whose module is imported (and defines the class by now)."""
+    for key in [key for key in _BY_NAME if key[0] in sys.modules]:
+        qualname = key[1]
+        found = functools.reduce(
+            lambda owner, name: getattr(owner, name, None), qualname.split("."), sys.modules[key[0]]
+        )
+        if not isinstance(found, type):  # the module is still being imported
+            continue
+        rule = _BY_NAME.pop(key)
+        if issubclass(found, hooks.layer_base) and found not in _RULES and found not in _PER_EXAMPLE:
+            _store(hooks, found, **rule())
 
 
 def register_layer_rule(
@@ -99,7 +139,19 @@ def register_layer_rule(
       TypeError: if ``layer_class`` is not a Keras layer class, a part is not callable, a rule's parts come with
         ``per_example=True``, or ``call`` is given on a backend without the tapped form (JAX).
     """
-    hooks = _hooks()
+    _store(_hooks(), layer_class, variables, norms_and_sums, supports, per_example, call)
+
+
+def _store(
+    hooks: Hooks,
+    layer_class: type,
+    variables: Callable | None = None,
+    norms_and_sums: Callable | None = None,
+    supports: Callable | None = None,
+    per_example: bool = False,
+    call: Callable | None = None,
+) -> None:
+    """`register_layer_rule` with the backend's ``hooks`` given (checked, then stored)."""
     if call is not None and hooks.tapped_sublayer is None:
         raise TypeError(
             f"`call` is TensorFlow's tapped form of its built-in rules; Keras runs on {hooks.name} here: give the rule "
@@ -148,9 +200,10 @@ def registered() -> dict[type, LayerRule]:
     return _RULES
 
 
-def rule_for(layer: Any) -> LayerRule | None:
-    """The rule that covers ``layer`` (its exact class and configuration), or None."""
-    rule = registered().get(type(layer))
+def rule_for(layer: Any, layer_class: type | None = None) -> LayerRule | None:
+    """The rule that covers ``layer`` (its exact class, or ``layer_class``'s rule applied to it, and its
+    configuration), or None."""
+    rule = registered().get(type(layer) if layer_class is None else layer_class)
     if rule is None or (rule.supports is not None and not rule.supports(layer)):
         return None
     return rule
@@ -165,10 +218,10 @@ def acts_per_example(layer: Any) -> bool:
     return condition is None or bool(condition(layer))
 
 
-def sublayer_norms_and_sums(layer: Any, a: Any, g: Any) -> tuple[list, Any, Callable]:
+def sublayer_norms_and_sums(layer: Any, a: Any, g: Any, layer_class: type | None = None) -> tuple[list, Any, Callable]:
     """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums`: ``(variables, squared norms, sums)`` by the rule of
-    ``layer``'s class; ValueError where none supports it."""
-    rule = rule_for(layer)
+    ``layer``'s class (or ``layer_class``'s); ValueError where none supports it."""
+    rule = rule_for(layer, layer_class)
     if rule is None:
         raise ValueError(f"no ghost rule supports layer {layer.name!r} ({type(layer).__name__})")
     if rule.call is not None:

@@ -36,6 +36,7 @@ BUILT_IN = {
     "RMSNormalization",
     "Attention",
     "AdditiveAttention",
+    "ReversibleEmbedding",  # Keras 3.12's, by name (keras_dyndp.rules.keras_hub_rules)
 }
 # The classes one backend has no rule for yet (a model with one keeps the per-example path there). A rule added or
 # removed on one backend changes this set: update it, and docs/architecture.md's table of the rules.
@@ -135,3 +136,42 @@ def test_the_first_lookup_finds_the_built_in_rules():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "True"
+
+
+class _Named(backend.keras_module().layers.Layer):
+    """A layer class given a rule by name."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+
+class _NamedAndRegistered(_Named):
+    """A layer class given a rule by name after its user registered one."""
+
+
+def test_a_rule_by_name_is_registered_at_the_first_lookup_unless_one_is_registered_already():
+    from keras_dyndp.rules import layer_rules  # pylint: disable=import-outside-toplevel
+
+    users = layer_rules.rms_normalization()
+    keras_dyndp.register_layer_rule(_NamedAndRegistered, **users)
+    try:
+        for cls in (_Named, _NamedAndRegistered):
+            registry.register_by_name(cls.__module__, cls.__qualname__, layer_rules.rms_normalization)
+        assert _Named in registry.registered()
+        assert registry.registered()[_NamedAndRegistered].variables is users["variables"]
+        assert registry.rule_for(_Named()) is None  # unbuilt: no scale yet
+        layer = _Named()
+        layer.build((None, 3))
+        assert registry.rule_for(layer).variables(layer) == [layer.scale]
+    finally:
+        for cls in (_Named, _NamedAndRegistered):
+            registry.registered().pop(cls, None)
+
+
+def test_the_keras_hub_rules_import_no_keras_hub():
+    code = (
+        "import sys; from keras_dyndp.rules import registry; registry.registered(); "
+        "print('keras_hub' in sys.modules, 'keras_dyndp.rules.keras_hub_rules' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "False True"
