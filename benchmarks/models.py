@@ -190,13 +190,16 @@ def ghost_coverage(model: Any, x: Any) -> str:
 
     if keras_dyndp.keras_backend() != "jax":
         from keras_dyndp.tf_backend.per_example import clipped_sum  # pylint: disable=import-outside-toplevel
+        from keras_dyndp.tf_backend.per_example import graph_rows  # pylint: disable=import-outside-toplevel
         from keras_dyndp.tf_backend.per_example import per_example_layers  # pylint: disable=import-outside-toplevel
 
         if clipped_sum._ghost_applies(model, x, model.trainable_variables, "auto"):  # pylint: disable=protected-access
             unknown = per_example_layers.first_unknown(model)  # make_private's own decision, not a copy of it
             return f"ghost path ({unknown} proven per example from the traced graph)" if unknown else "ghost path"
         unknown = per_example_layers.first_unknown(model)
-        return f"per-example path ({unknown or 'a trainable layer without a rule'} is not known to act per example)"
+        if unknown and (mixing := graph_rows.first_mixing_op(model, x)):
+            return f"per-example path ({unknown} is not known to act per example: {mixing})"
+        return "per-example path (a trainable layer without a rule)"
     from keras_dyndp.jax_backend.per_example import taps  # pylint: disable=import-outside-toplevel
 
     values = [[v.value for v in variables] for variables in (model.trainable_variables, model.non_trainable_variables)]

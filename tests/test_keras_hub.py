@@ -77,10 +77,12 @@ def test_a_backbone_with_a_dense_head_trains_and_one_example_moves_it_by_at_most
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's ghost path")
+@pytest.mark.parametrize("lora", [0, 2])
 @pytest.mark.parametrize("family", sorted(BACKBONES))
-def test_on_tensorflow_a_lora_backbone_is_proven_per_example_and_ghost_clips_as_the_per_example_path(family):
+def test_on_tensorflow_a_backbone_is_proven_per_example_and_ghost_clips_as_the_per_example_path(family, lora):
     """KerasHub's blocks are known to TensorFlow's ghost path as no class: the traced forward pass proves they keep
-    the examples apart (`graph_rows`), and the LoRA factors and head then have rules; a padded example included."""
+    the examples apart (`graph_rows`), and every trained layer has a rule (KerasHub's own: `keras_hub_rules`), full
+    fine-tuning and LoRA; a padded example included."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from keras_dyndp.tf_backend.per_example import clipped_sum  # pylint: disable=import-outside-toplevel
@@ -88,7 +90,8 @@ def test_on_tensorflow_a_lora_backbone_is_proven_per_example_and_ghost_clips_as_
 
     keras.utils.set_random_seed(0)
     backbone = BACKBONES[family]()
-    backbone.enable_lora(2)
+    if lora:
+        backbone.enable_lora(lora)
     model = _with_head(backbone)
     x = {name: np.repeat(value, 3, axis=0) for name, value in _inputs(backbone).items()}
     x["token_ids"] = np.random.default_rng(1).integers(1, VOCABULARY, (3, LENGTH)).astype("int32")

@@ -5,11 +5,11 @@ per-example gradients):
 
 - ``ReversibleEmbedding`` (Keras's, which KerasHub 0.32's backbones build their token embeddings from, and KerasHub's
   subclass of it): its forward call is Embedding's lookup, by the Embedding rule; ``reverse_embeddings``
-  (``tie_weights=False``), which that call does not read, has a gradient of 0. Only a layer whose recorded calls (a
-  functional model's, as KerasHub's backbones are) are all forward ones is covered: a recorded reverse call (a
-  CausalLM's output projection) leaves it without a rule, and so does no recorded call; an unrecorded reverse call
-  (inside another layer's call) makes its one call per pass two, for which both backends keep their per-example path
-  (JAX: ``taps``; TensorFlow: ``Tap.record``), and one without the forward call fails loudly (`reversible_embedding`).
+  (``tie_weights=False``), which that call does not read, has a gradient of 0. A recorded reverse call (a functional
+  model's, as a CausalLM's output projection) leaves the layer without a rule; an unrecorded one (inside another
+  layer's call, as in KerasHub's ``TokenAndPositionEmbedding``, which has no functional record) beside the forward call
+  makes its one call per pass two, for which both backends keep their per-example path (JAX: ``taps``; TensorFlow:
+  ``Tap.record``), and one without the forward call fails loudly (`reversible_embedding`).
 - ``PositionEmbedding``: rows 0..L-1 of its table (`layer_rules.added_weight`), where every recorded call starts at
   position 0 (``start_index`` 0, no ``positions``).
 - The RMS norms of Gemma, Llama, Mistral and Qwen 3 (`layer_rules.rms_normalization`).
@@ -69,8 +69,7 @@ def reversible_embedding() -> dict[str, Callable]:
             and not layer.mask_zero  # its call sets the output's mask itself, which JAX's tap would drop
             and (layer.tie_weights or getattr(layer, "reverse_embeddings", None) is not None)
             and registry.rule_for(layer, _embedding_class()) is not None
-            and bool(calls := sublayers.recorded_calls(layer))
-            and all(_forward_call(*call) for call in calls)
+            and all(_forward_call(*call) for call in sublayers.recorded_calls(layer))
         )
 
     return {"variables": variables, "norms_and_sums": norms_and_sums, "supports": supports}

@@ -5,7 +5,9 @@ sums equal brute-force per-example gradients (`rule_brute_force`)."""
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
+from keras_dyndp import backend  # noqa: E402
+
+keras = backend.keras_module()  # tf_keras where TF_USE_LEGACY_KERAS is set
 if not hasattr(keras, "ops"):
     pytest.skip("the ready-made rules need Keras 3's keras.ops", allow_module_level=True)
 
