@@ -13,6 +13,7 @@ from keras_dyndp.tf_backend.per_example import graph_row_ops as ops
 
 
 def transpose(op: tf.Operation, states: list) -> list:
+    """A transpose by a constant permutation: the batch axis goes where the permutation puts it."""
     if not isinstance(states[0], ops.Rows):
         return ops.size_result(op, states)
     perm = ops.constant_axes(op, op.inputs[1], ops.rank_of(op, op.inputs[0]))
@@ -20,6 +21,7 @@ def transpose(op: tf.Operation, states: list) -> list:
 
 
 def expand_dims(op: tf.Operation, states: list) -> list:
+    """A new axis at a constant position: the batch axis moves right where the new one comes before it."""
     if not isinstance(states[0], ops.Rows):
         return ops.size_result(op, states)
     (axis,) = ops.constant_axes(op, op.inputs[1], ops.rank_of(op, op.outputs[0]))
@@ -27,6 +29,7 @@ def expand_dims(op: tf.Operation, states: list) -> list:
 
 
 def squeeze(op: tf.Operation, states: list) -> list:
+    """Named size-1 axes removed (never the batch axis; a squeeze of every size-1 axis could take it)."""
     if not isinstance(states[0], ops.Rows):
         return ops.size_result(op, states)
     rank = ops.rank_of(op, op.inputs[0])
@@ -66,6 +69,7 @@ def reshape(op: tf.Operation, states: list) -> list:
 
 
 def concat(op: tf.Operation, states: list) -> list:
+    """ConcatV2 along a constant axis other than the batch axis, of batch tensors alike; of sizes, their elements."""
     values, axis_state = states[:-1], states[-1]
     if axis_state is not None:
         raise ops.refuse(op, "takes an axis from the batch")
@@ -75,6 +79,7 @@ def concat(op: tf.Operation, states: list) -> list:
 
 
 def _along_rows(op: tf.Operation, values: list, axis: int) -> list:
+    """The one state of joined batch tensors, all alike, joined along an axis other than theirs."""
     if any(s != values[0] or not isinstance(s, ops.Rows) for s in values):
         raise ops.refuse(op, "joins tensors whose examples lie along different axes (or batch-free ones along them)")
     if axis == values[0].axis:
@@ -96,6 +101,7 @@ def _joined_sizes(op: tf.Operation, tensors: list, states: list) -> list:
 
 
 def pack(op: tf.Operation, states: list) -> list:
+    """A stack: of batch tensors alike (the batch axis moves right where the new one comes before it), or of sizes."""
     if not any(isinstance(s, ops.Rows) for s in states):
         return (
             _joined_sizes(op, op.inputs, states) if ops.rank_of(op, op.inputs[0]) == 0 else ops.size_result(op, states)
@@ -125,6 +131,8 @@ def split(op: tf.Operation, states: list) -> list:
 
 
 def strided_slice(op: tf.Operation, states: list) -> list:
+    """A slice with constant bounds that keeps the whole batch axis, with its masks (ellipsis, new and shrunk axes); of
+    sizes, their elements."""
     if any(s is not None for s in states[1:]):
         raise ops.refuse(op, "slices with bounds from the batch")
     begin, end, strides = (ops.static(t) for t in op.inputs[1:4])
@@ -169,6 +177,7 @@ def _sliced_sizes(op, sizes: ops.Sizes, begin, end, strides, masks, shrink) -> o
 
 
 def begin_size_slice(op: tf.Operation, states: list) -> list:
+    """Slice (begin, size): constant bounds that keep the whole batch axis."""
     if not isinstance(states[0], ops.Rows):
         return ops.size_result(op, states)
     begin, size = ops.static(op.inputs[1]), ops.static(op.inputs[2])
@@ -257,6 +266,7 @@ def fill(op: tf.Operation, states: list) -> list:
 
 
 def tile(op: tf.Operation, states: list) -> list:
+    """A tile by constant counts, 1 along the batch axis."""
     if not ops.free(states[1]):
         raise ops.refuse(op, "tiles by a count from the batch")
     if not isinstance(states[0], ops.Rows):

@@ -69,26 +69,31 @@ UNSEEN = object()
 
 
 def refuse(op: tf.Operation, why: str) -> NotProven:
+    """The NotProven naming ``op`` and why it could mix examples."""
     return NotProven(f"operation {op.name!r} ({op.type}) {why}")
 
 
 def static(tensor: tf.Tensor) -> np.ndarray | None:
+    """``tensor``'s value where TensorFlow knows it while tracing; else None."""
     value = tf.get_static_value(tensor)
     return None if value is None else np.asarray(value)
 
 
 def rank_of(op: tf.Operation, tensor: tf.Tensor) -> int:
+    """``tensor``'s rank; NotProven where it is not known while tracing."""
     if tensor.shape.rank is None:
         raise refuse(op, "has a tensor of unknown rank")
     return tensor.shape.rank
 
 
 def normal_axis(op: tf.Operation, axis: Any, rank: int) -> int:
+    """``axis`` of a tensor of ``rank`` counted from 0."""
     axis = int(axis)
     return axis + rank if axis < 0 else axis
 
 
 def constant_axes(op: tf.Operation, tensor: tf.Tensor, rank: int) -> list[int]:
+    """The axes ``tensor`` names (a constant, scalar or vector) of a tensor of ``rank``; NotProven otherwise."""
     value = static(tensor)
     if value is None:
         raise refuse(op, "takes an axis that is not a constant")
@@ -144,6 +149,7 @@ def broadcast(op: tf.Operation, states: list, data: list[int] | None = None) -> 
 
 
 def reduction(op: tf.Operation, states: list) -> list:
+    """Sum, Mean, Max, ... along constant axes other than the batch axis (which keeps its place or moves left)."""
     if not isinstance(states[0], Rows):
         return size_result(op, states)
     rank = rank_of(op, op.inputs[0])
@@ -156,6 +162,7 @@ def reduction(op: tf.Operation, states: list) -> list:
 
 
 def matmul(op: tf.Operation, states: list) -> list:
+    """A [m, k] x [k, n] product: one batch operand, its examples along the side that is not summed."""
     a, b = states[:2]
     if isinstance(a, Sizes) or isinstance(b, Sizes):
         raise refuse(op, "multiplies by the batch's size")
@@ -169,10 +176,13 @@ def matmul(op: tf.Operation, states: list) -> list:
 
 
 def _contracted(op: tf.Operation) -> list:
+    """The refusal of a product that sums over the batch axis."""
     raise refuse(op, "sums over the batch axis")
 
 
 def batch_matmul(op: tf.Operation, states: list) -> list:
+    """A batched product: examples along a batch dimension of both operands (or of one, the other's size 1 there), or
+    along one operand's side that is not summed."""
     if not any(isinstance(s, Rows) for s in states[:2]):
         return size_result(op, states)
     rank = rank_of(op, op.outputs[0])
@@ -203,6 +213,7 @@ def batch_matmul(op: tf.Operation, states: list) -> list:
 
 
 def einsum(op: tf.Operation, states: list) -> list:
+    """An einsum: the batch operands' examples under one label that the output keeps and no batch-free operand has."""
     equation = op.get_attr("equation").decode().replace(" ", "")
     inputs, output = equation.split("->")
     subscripts = inputs.split(",")
@@ -254,12 +265,14 @@ def batch_free_only(op: tf.Operation, states: list) -> list:
 
 
 def assign(op: tf.Operation, states: list) -> list:
+    """A variable write: only batch-free values (a seed generator's counter), never the batch's data."""
     if any(s is not None for s in states[1:]):
         raise refuse(op, "writes a value computed from the batch to a variable")
     return []
 
 
 def per_output(op: tf.Operation, states: list) -> list:
+    """IdentityN: each output as its input."""
     return list(states[: len(op.outputs)])
 
 

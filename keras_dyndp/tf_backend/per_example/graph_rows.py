@@ -122,6 +122,8 @@ def first_mixing_op(model: keras.Model, x: Any) -> str | None:
 
 
 def _trace_and_follow(model: keras.Model, x: Any) -> str | None:
+    """`first_mixing_op` uncached: the trace, then `follow`."""
+
     def spec(tensor: tf.Tensor | np.ndarray) -> tf.TensorSpec:
         return tf.TensorSpec([None] + [_PROBE_LENGTH if d is None else d for d in tensor.shape[1:]], tensor.dtype)
 
