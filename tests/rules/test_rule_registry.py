@@ -129,13 +129,18 @@ def test_per_example_declarations_take_no_rule_parts():
     assert not registry.acts_per_example(Wiring())
 
 
+def _printed_by_a_fresh_process(code: str) -> str:
+    """The last line ``code`` prints, run by a new Python process (nothing imported or registered before)."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return result.stdout.strip().splitlines()[-1]
+
+
 def test_the_first_lookup_finds_the_built_in_rules():
     code = (
         "from keras_dyndp import backend; from keras_dyndp.rules import registry; "
         "print(registry.rule_for(backend.keras_module().layers.Dense(2)) is not None)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip().splitlines()[-1] == "True"
+    assert _printed_by_a_fresh_process(code) == "True"
 
 
 class _Named(backend.keras_module().layers.Layer):
@@ -173,5 +178,4 @@ def test_the_keras_hub_rules_import_no_keras_hub():
         "import sys; from keras_dyndp.rules import registry; registry.registered(); "
         "print('keras_hub' in sys.modules, 'keras_dyndp.rules.keras_hub_rules' in sys.modules)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip().splitlines()[-1] == "False True"
+    assert _printed_by_a_fresh_process(code) == "False True"

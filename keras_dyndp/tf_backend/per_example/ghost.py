@@ -16,7 +16,6 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from keras_dyndp.core import mechanism
@@ -26,6 +25,7 @@ from keras_dyndp.tf_backend import keras_compat
 from keras_dyndp.tf_backend import ops
 from keras_dyndp.tf_backend.keras_compat import keras
 from keras_dyndp.tf_backend.per_example import generic
+from keras_dyndp.tf_backend.per_example import graph_rows
 from keras_dyndp.tf_backend.per_example.losses import per_example_loss
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Rows
@@ -133,10 +133,9 @@ def tapped(model: keras.Model, rows: Rows, tape: tf.GradientTape | None = None):
             delattr(layer, name)
 
 
-# The probe traces the model with this many examples (and this length for every other unknown input axis):
-# unusual sizes, so that a tensor whose leading dimension is not the batch is unlikely to match it by chance.
+# The probe traces the model with this many examples (`graph_rows.probe_specs`: every other unknown input axis 97
+# long): unusual sizes, so that a tensor whose leading dimension is not the batch is unlikely to match it by chance.
 _PROBE_BATCH = 1009
-_PROBE_LENGTH = 97
 
 
 _probe_results: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -146,23 +145,12 @@ _probe_results: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _rows_proven_by_probe(model: keras.Model, x: Any) -> bool:
     """Whether every tapped tensor has its expected rows in a pass traced (never run) with ``_PROBE_BATCH``
     examples, where ``Tapping.guard`` compares statically. Any failure counts as no proof. Cached per signature."""
-    flat = tf.nest.flatten(x)
-    if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) for t in flat):
+    key = graph_rows.probe_key(model, x)
+    if key is None:
         return False
-    # Which layers are tapped depends on which are trainable.
-    key = (
-        tuple((tf.as_dtype(t.dtype), tuple(t.shape[1:])) for t in flat),
-        tuple(id(v) for v in model.trainable_variables),
-    )
     results = _probe_results.setdefault(model, {})
     if key in results:
         return results[key]
-
-    def spec(tensor: tf.Tensor | np.ndarray) -> tf.TensorSpec:  # Other unknown axes: _PROBE_LENGTH.
-        return tf.TensorSpec(
-            [_PROBE_BATCH] + [_PROBE_LENGTH if d is None else d for d in tensor.shape[1:]], tf.as_dtype(tensor.dtype)
-        )
-
     proofs = []
 
     def forward(batch):
@@ -171,7 +159,7 @@ def _rows_proven_by_probe(model: keras.Model, x: Any) -> bool:
         proofs.append(tapping.proven)
 
     try:
-        tf.function(forward).get_concrete_function(tf.nest.map_structure(spec, x))
+        tf.function(forward).get_concrete_function(graph_rows.probe_specs(x, _PROBE_BATCH))
     except (UnsupportedModel, ValueError, TypeError, NotImplementedError, tf.errors.OpError):
         proofs = []
     results[key] = proofs == [True]

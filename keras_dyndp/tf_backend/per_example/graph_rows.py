@@ -97,7 +97,7 @@ def _follow_op(op: tf.Operation, states: list) -> list:
     return results
 
 
-# Unknown non-batch axes are traced at this length, as `ghost`'s probe does.
+# The probes' traces (this proof's and `ghost`'s) give every unknown axis but the batch's this length.
 _PROBE_LENGTH = 97
 
 _results: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -108,28 +108,44 @@ def first_mixing_op(model: keras.Model, x: Any) -> str | None:
     """None where the forward pass ``model(x, training=True)`` provably keeps each example in its own row (axis 0 of
     every output); else the first op that could mix examples, described for a message. Cached per input signature
     and set of trainable variables."""
-    flat = tf.nest.flatten(x)
-    if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) for t in flat):
+    key = probe_key(model, x)
+    if key is None:
         return "an input that is not a tensor with a batch axis"
-    key = (
-        tuple((tf.as_dtype(t.dtype), tuple(t.shape[1:])) for t in flat),
-        tuple(id(v) for v in model.trainable_variables),
-    )
     results = _results.setdefault(model, {})
     if key not in results:
         results[key] = _trace_and_follow(model, x)
     return results[key]
 
 
-def _trace_and_follow(model: keras.Model, x: Any) -> str | None:
-    """`first_mixing_op` uncached: the trace, then `follow`."""
+def probe_key(model: keras.Model, x: Any) -> tuple | None:
+    """The key a probe trace of ``model`` on batches like ``x`` is cached under (its inputs' dtypes and shapes after
+    the batch axis, and the trainable variables, which decide the tapped layers); None where an input is not a tensor
+    with a batch axis."""
+    flat = tf.nest.flatten(x)
+    if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) for t in flat):
+        return None
+    return (
+        tuple((tf.as_dtype(t.dtype), tuple(t.shape[1:])) for t in flat),
+        tuple(id(v) for v in model.trainable_variables),
+    )
+
+
+def probe_specs(x: Any, batch_size: int | None) -> Any:
+    """``x``'s structure as the specs of a probe trace: ``batch_size`` examples (None: unknown), every other unknown
+    axis ``_PROBE_LENGTH`` long."""
 
     def spec(tensor: tf.Tensor | np.ndarray) -> tf.TensorSpec:
-        return tf.TensorSpec([None] + [_PROBE_LENGTH if d is None else d for d in tensor.shape[1:]], tensor.dtype)
+        shape = [batch_size] + [_PROBE_LENGTH if d is None else d for d in tensor.shape[1:]]
+        return tf.TensorSpec(shape, tf.as_dtype(tensor.dtype))
 
+    return tf.nest.map_structure(spec, x)
+
+
+def _trace_and_follow(model: keras.Model, x: Any) -> str | None:
+    """`first_mixing_op` uncached: the trace, then `follow`."""
     try:
         function = tf.function(lambda batch: _forward(model, batch), autograph=False)
-        concrete = function.get_concrete_function(tf.nest.map_structure(spec, x))
+        concrete = function.get_concrete_function(probe_specs(x, None))
     except (ValueError, TypeError, NotImplementedError, tf.errors.OpError) as error:
         return f"a forward pass with an unknown batch size, which could not be traced ({type(error).__name__})"
     try:
