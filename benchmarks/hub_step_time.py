@@ -10,7 +10,9 @@ on one repeated batch (oneDNN on: ``TF_ENABLE_ONEDNN_OPTS=1`` unless set); on JA
 ``fit`` compiles it (``jax_step_time``'s stepper). Warm-up steps are excluded; each repetition runs both paths of a
 family in turn (`interleaved.step_table`): median ms per step and the median of the within-repetition ratios. Each
 family's line also says which clipping the DP step takes (on TensorFlow: the ghost path or per-example gradients; on
-JAX: how many trained layers its ghost rules clip).
+JAX: how many trained layers its ghost rules clip). ``--task causal_lm`` times each family's ``*CausalLM`` instead
+(families with one: GPT-2, Gemma, Llama 3, Mistral, Qwen 3): next-token targets [B, L], KerasHub's padding-mask
+convention (no padding here), the per-token loss summed per example as make_private does.
 
 KerasHub is the ``[hub]`` extra (it needs tensorflow-text, so TensorFlow; on JAX install it with ``--no-deps`` plus
 ``regex``, ``tokenizers`` and ``kagglehub``).
@@ -36,6 +38,7 @@ PARSER.add_argument("--length", type=int, default=32, help="tokens per example (
 PARSER.add_argument("--hidden", type=int, default=32, help="the backbone's width")
 PARSER.add_argument("--layers", type=int, default=2, help="the backbone's blocks")
 PARSER.add_argument("--vocabulary", type=int, default=1000)
+PARSER.add_argument("--task", choices=["classifier", "causal_lm"], default="classifier")
 PARSER.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
 PARSER.add_argument("--steps", type=int, default=10, help="timed steps per path and repetition")
 PARSER.add_argument("--warmup_steps", type=int, default=3)
@@ -79,25 +82,41 @@ def backbone(family: str) -> keras.Model:
     }[family]()
 
 
+CAUSAL_LMS = {
+    "gpt2": "GPT2CausalLM",
+    "gemma": "GemmaCausalLM",
+    "llama3": "Llama3CausalLM",
+    "mistral": "MistralCausalLM",
+    "qwen3": "Qwen3CausalLM",
+}
+
+
 def batch(network: keras.Model) -> tuple[dict, np.ndarray]:
-    """One batch of random token ids (no padding), with the inputs ``network`` takes, and binary labels."""
+    """One batch of random token ids (no padding), with the inputs ``network`` takes, and its targets: binary labels
+    (a classifier) or the next tokens (``--task causal_lm``)."""
     rng = np.random.default_rng(0)
-    ids = rng.integers(1, ARGS.vocabulary, (ARGS.batch_size, ARGS.length)).astype("int32")
-    everything = {"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)}
+    causal = ARGS.task == "causal_lm"
+    ids = rng.integers(1, ARGS.vocabulary, (ARGS.batch_size, ARGS.length + causal)).astype("int32")
+    tokens = ids[:, :-1] if causal else ids
+    everything = {"token_ids": tokens, "padding_mask": np.ones_like(tokens), "segment_ids": np.zeros_like(tokens)}
     x = {name: everything[name] for name in network.input if name in everything}
-    return x, rng.integers(0, 2, ARGS.batch_size).astype("int32")
+    return x, ids[:, 1:] if causal else rng.integers(0, 2, ARGS.batch_size).astype("int32")
 
 
 def build(family: str, path: str) -> keras.Model:
-    """The backbone with a Dense(2) head on the first position, LoRA per ``--lora``, compiled for ``path``."""
+    """The backbone with a Dense(2) head on the first position (or its CausalLM), LoRA per ``--lora``, compiled for
+    ``path``."""
     keras.utils.set_random_seed(0)
     network = backbone(family)
     if ARGS.lora:
         network.enable_lora(ARGS.lora)
-    inputs = {name: keras.Input((ARGS.length,), dtype="int32", name=name) for name in batch(network)[0]}
-    features = network(inputs)
-    features = features["sequence_output"] if isinstance(features, dict) else features
-    model = keras.Model(inputs, keras.layers.Dense(2)(features[:, 0]))
+    if ARGS.task == "causal_lm":
+        model = getattr(keras_hub.models, CAUSAL_LMS[family])(backbone=network, preprocessor=None)
+    else:
+        inputs = {name: keras.Input((ARGS.length,), dtype="int32", name=name) for name in batch(network)[0]}
+        features = network(inputs)
+        features = features["sequence_output"] if isinstance(features, dict) else features
+        model = keras.Model(inputs, keras.layers.Dense(2)(features[:, 0]))
     if path == "nonprivate":
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss)
@@ -121,11 +140,15 @@ def main() -> None:
     results = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SamplingWarning)  # one fixed batch, not Poisson batches: expected here
-        for family in ARGS.families.split(","):
-            results[family] = measure(family)
+        families = ARGS.families.split(",")
+    if ARGS.task == "causal_lm":
+        families = [family for family in families if family in CAUSAL_LMS]
+    for family in families:
+        results[family] = measure(family)
     versions = f"Python {sys.version.split()[0]}, Keras {keras.__version__} on {ARGS.backend}"
     versions += f", KerasHub {keras_hub.__version__}"
     fine_tuning = f"LoRA rank {ARGS.lora}" if ARGS.lora else "full fine-tuning"
+    fine_tuning += ", causal LMs" if ARGS.task == "causal_lm" else ", a Dense(2) head"
     shape = f"B {ARGS.batch_size}, L {ARGS.length}, {ARGS.layers} blocks of width {ARGS.hidden}"
     print(f"\n{records.cpu_model()}; oneDNN {records.onednn()}; {versions}; {shape}; {fine_tuning}")
     print("| backbone | non-private ms / step | DP ms / step | DP / non-private | clipping |\n|---|---|---|---|---|")

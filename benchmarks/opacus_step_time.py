@@ -34,6 +34,7 @@ import os
 import platform
 import time
 import warnings
+from collections.abc import Callable
 
 import interleaved  # benchmarks/interleaved.py
 import models  # benchmarks/models.py: the same synthetic batches as the JAX and TensorFlow benchmarks
@@ -188,9 +189,9 @@ def batch(model_name: str, device: torch.device) -> tuple[torch.Tensor, torch.Te
 class _Stepper:
     """One path: its own copy of the model (same initial weights), optimizer and loss, stepped on one fixed batch."""
 
-    def __init__(self, model_name: str, path: str, x: torch.Tensor, y: torch.Tensor):
+    def __init__(self, build_model: Callable[[], nn.Module], path: str, x: torch.Tensor, y: torch.Tensor):
         torch.manual_seed(0)
-        model = build(model_name).to(x.device)
+        model = build_model().to(x.device)
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
         criterion = nn.CrossEntropyLoss()
         if path != "nonprivate":
@@ -253,7 +254,7 @@ def _peak_mib(stepper: _Stepper, steppers: dict[str, _Stepper], device: torch.de
 def measure(model_name: str, device: torch.device) -> list[dict]:
     x, y = batch(model_name, device)
     paths = ["nonprivate", *(path for path in FLAGS.paths if path != "nonprivate")]
-    steppers = {path: _Stepper(model_name, path, x, y) for path in paths}
+    steppers = {path: _Stepper(lambda: build(model_name), path, x, y) for path in paths}
     runs = {path: stepper.run for path, stepper in steppers.items()}
     times = interleaved.step_table(runs, FLAGS.steps, FLAGS.repeats, FLAGS.warmup_steps, model_name)
     peaks = {path: _peak_mib(stepper, steppers, device) for path, stepper in steppers.items()}

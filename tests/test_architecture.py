@@ -271,7 +271,7 @@ TENSORFLOW_ONLY_MODULES = {
     *(
         f"per_example/{name}"
         for name in "clipped_sum conv2d dense einsum_dense generic ghost graph_row_layout graph_row_ops graph_rows "
-        "losses normalization norms per_example_layers randomness recurrent vectorized".split()
+        "losses normalization norms per_example_layers randomness recurrent reversible vectorized".split()
     ),  # TensorFlow's batched ghost pass, its kernels and its proof that a traced forward pass keeps examples apart;
     # JAX runs each example under jax.vmap
 }

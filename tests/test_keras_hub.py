@@ -154,6 +154,8 @@ CAUSAL_LMS = {
     "gpt2": lambda backbone: keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None),
     "gemma": lambda backbone: keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None),
     "llama3": lambda backbone: keras_hub.models.Llama3CausalLM(backbone=backbone, preprocessor=None),
+    "mistral": lambda backbone: keras_hub.models.MistralCausalLM(backbone=backbone, preprocessor=None),
+    "qwen3": lambda backbone: keras_hub.models.Qwen3CausalLM(backbone=backbone, preprocessor=None),
 }
 
 
@@ -210,6 +212,36 @@ def test_a_causal_lm_fine_tunes_privately_and_generates(family, lora):
     assert np.asarray(generated["token_ids"]).shape == (1, LENGTH)
     np.testing.assert_array_equal(np.asarray(generated["token_ids"])[0, :3], [5, 6, 7])
     assert np.all(np.asarray(generated["padding_mask"]))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's ghost path (JAX: vmap for it)")
+@pytest.mark.parametrize("family", sorted(CAUSAL_LMS))
+def test_on_tensorflow_a_causal_lm_takes_the_ghost_path_and_clips_as_the_per_example_path(family):
+    """The token embedding's lookup and its reverse call (the output projection; tied in GPT-2, Gemma and Qwen 3, a
+    table of its own in Llama 3 and Mistral) are both covered (`reversible`): the ghost path's norms (tied: a float32
+    rounding bound above, never below) and clipped sums are the per-example path's, padded examples included."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from keras_dyndp.tf_backend.per_example import clipped_sum  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(0)
+    causal_lm = CAUSAL_LMS[family](BACKBONES[family]())
+    x, y, mask = _next_token_batch([5, LENGTH, 2])
+    assert clipped_sum._ghost_applies(causal_lm, x, causal_lm.trainable_variables, "ghost")  # pylint: disable=protected-access
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    results = {}
+    for method in ("ghost", "vectorized"):
+        random = tf.random.Generator.from_seed(3)  # The same dropout masks on both paths.
+        sums, norms = tf.function(
+            lambda m=method, r=random: clipped_sum.clipped_gradient_sum(
+                causal_lm, loss, x, y, mask, 1e-3, causal_lm.trainable_variables, method=m, random_source=r
+            )
+        )()
+        results[method] = np.concatenate([np.ravel(s) for s in sums]), np.asarray(norms)
+    (ghost_sums, ghost_norms), (sums, norms) = results["ghost"], results["vectorized"]
+    assert np.all(ghost_norms >= norms * (1 - 1e-5))
+    np.testing.assert_allclose(ghost_norms, norms, rtol=1e-3)
+    np.testing.assert_allclose(ghost_sums, sums, atol=1e-3 * np.max(np.abs(sums)))
 
 
 def _gpt2_without_dropout():

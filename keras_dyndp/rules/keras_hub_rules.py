@@ -6,7 +6,8 @@ per-example gradients):
 - ``ReversibleEmbedding`` (Keras's, which KerasHub 0.32's backbones build their token embeddings from, and KerasHub's
   subclass of it): its forward call is Embedding's lookup, by the Embedding rule; ``reverse_embeddings``
   (``tie_weights=False``), which that call does not read, has a gradient of 0. A recorded reverse call (a functional
-  model's, as a CausalLM's output projection) leaves the layer without a rule; an unrecorded one (inside another
+  model's, as a CausalLM's output projection) leaves the layer without this rule (on TensorFlow, whose tapped form
+  covers both calls, `keras_dyndp.tf_backend.per_example.reversible` replaces it); an unrecorded one (inside another
   layer's call, as in KerasHub's ``TokenAndPositionEmbedding``, which has no functional record) beside the forward call
   makes its one call per pass two, for which both backends keep their per-example path (JAX: ``taps``; TensorFlow:
   ``Tap.record``), and one without the forward call fails loudly (`reversible_embedding`).

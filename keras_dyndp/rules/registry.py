@@ -47,12 +47,15 @@ class Hooks:
     """What the backend Keras runs on adds to the registry, installed once by its rules module (`install`): its
     ``name`` for messages, ``layer_base`` (rules are registered for its subclasses), ``keep`` (a ``norms_and_sums`` as
     stored: on TensorFlow, run without AutoGraph, which would convert it at each first trace) and ``tapped_sublayer``
-    (`sublayer_norms_and_sums` for a rule with ``call``; None where ``call=`` is refused)."""
+    (`sublayer_norms_and_sums` for a rule with ``call``; None where ``call=`` is refused) and ``overrides``: its own
+    form of a `register_by_name` rule, by the rule function's module and qualified name (TensorFlow's
+    ``ReversibleEmbedding``, whose tapped form also covers the reverse call)."""
 
     name: str
     layer_base: type
     keep: Callable[[Callable], Callable] = lambda function: function
     tapped_sublayer: Callable | None = None
+    overrides: dict[str, Callable[[], dict]] = dataclasses.field(default_factory=dict)
 
 
 _RULES: dict[type, LayerRule] = {}
@@ -103,6 +106,7 @@ def _register_imported(hooks: Hooks) -> None:
         if not isinstance(found, type):  # the module is still being imported
             continue
         rule = _BY_NAME.pop(key)
+        rule = hooks.overrides.get(f"{rule.__module__}.{rule.__qualname__}", rule)
         if issubclass(found, hooks.layer_base) and found not in _RULES and found not in _PER_EXAMPLE:
             _store(hooks, found, **rule())
 

@@ -2,7 +2,8 @@
 `layer_rules.added_weight`; on layers of their own: tests/rules/test_ready_made_rules.py), on the backend Keras runs on:
 KerasHub's layers get their rules at the first lookup; each rule's per-example squared norms and clipped sums equal
 brute-force per-example gradients (`rule_brute_force`); a model of them takes the ghost path (JAX: every layer tapped)
-and steps as the vectorized path; a ReversibleEmbedding called with ``reverse=True`` keeps the per-example path."""
+and steps as the vectorized path; a ReversibleEmbedding called with ``reverse=True`` keeps the per-example path on JAX
+(vmap), while TensorFlow's tapped form of its rule covers both calls (tf_backend/per_example/test_reversible)."""
 
 import warnings
 
@@ -17,6 +18,7 @@ from keras_dyndp.schedules import DPSchedule
 
 keras_hub = pytest.importorskip("keras_hub")
 keras = pytest.importorskip("keras")
+ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
 
 from keras_hub.src.layers.modeling.position_embedding import PositionEmbedding  # noqa: E402
 from keras_hub.src.models.gemma.rms_normalization import RMSNormalization  # noqa: E402
@@ -63,6 +65,7 @@ def _recorded(layer, shape, dtype, **kwargs):
     return layer
 
 
+@pytest.mark.skipif(ON_TENSORFLOW, reason="TensorFlow's rule is its tapped form (test_reversible)")
 @pytest.mark.parametrize("tie_weights", [True, False])
 @pytest.mark.parametrize("hubs", [False, True], ids=["keras", "keras_hub"])
 def test_a_reversible_embeddings_forward_rule_is_its_per_example_gradient(tie_weights, hubs):
@@ -81,13 +84,13 @@ def test_a_reversible_embeddings_forward_rule_is_its_per_example_gradient(tie_we
         rule.norms_and_sums(layer, h, keras.ops.ones((BATCH, 1, LENGTH, VOCABULARY)))
 
 
-def test_a_reversible_embedding_with_a_recorded_reverse_call_has_no_rule():
+def test_a_reversible_embedding_with_a_recorded_reverse_call_has_no_rule_but_tensorflows_tapped_one():
     unrecorded = rule_brute_force.built(keras.layers.ReversibleEmbedding(VOCABULARY, WIDTH), (LENGTH,), "int32")
     assert registry.rule_for(unrecorded) is not None  # called inside another layer: its taps see every call
     layer = _recorded(keras.layers.ReversibleEmbedding(VOCABULARY, WIDTH), (LENGTH,), "int32")
     assert registry.rule_for(layer) is not None
     layer(keras.Input((LENGTH, WIDTH)), reverse=True)
-    assert registry.rule_for(layer) is None
+    assert (registry.rule_for(layer) is not None) == ON_TENSORFLOW
     masked = _recorded(keras.layers.ReversibleEmbedding(VOCABULARY, WIDTH, mask_zero=True), (LENGTH,), "int32")
     assert registry.rule_for(masked) is None
 
@@ -99,13 +102,14 @@ def test_a_position_embedding_called_from_another_position_has_no_rule():
     assert registry.rule_for(layer) is None
 
 
-def test_a_gpt2_causal_lms_tied_embedding_has_no_rule_and_its_position_embedding_has():
+def test_a_gpt2_causal_lms_tied_embedding_has_only_tensorflows_tapped_rule_and_its_position_embedding_a_rule():
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=VOCABULARY, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=8
     )
     assert registry.rule_for(backbone.token_embedding) is not None  # the backbone alone: its forward call
     keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    assert registry.rule_for(backbone.token_embedding) is None  # its output projection: a recorded reverse call
+    # Its output projection, a recorded reverse call: JAX's vmap; TensorFlow's tapped rule covers both calls.
+    assert (registry.rule_for(backbone.token_embedding) is not None) == ON_TENSORFLOW
     assert registry.rule_for(backbone.position_embedding) is not None
 
 
@@ -129,10 +133,10 @@ def _dp_update(build, x, y, method: str) -> list[np.ndarray]:
     return [np.asarray(w, np.float64) - b for w, b in zip(model.trainable_weights, before)]
 
 
-def _assert_same_updates(first, second):
+def _assert_same_updates(first, second, tolerance=1e-5):
     scale = max(np.max(np.abs(update)) for update in second)
     for a, b in zip(first, second):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+        np.testing.assert_allclose(a, b, rtol=0, atol=tolerance * scale)
 
 
 def _tapped(model, x) -> list:
@@ -201,7 +205,9 @@ def _tied_model():
     return keras.Model(ids, _TiedHead(embedding)(h)[:, 0])
 
 
-def test_a_reversible_embedding_also_called_in_reverse_keeps_the_per_example_path():
+def test_a_reversible_embedding_also_called_in_reverse_keeps_the_per_example_path_on_jax_and_the_ghost_path_on_tf():
+    """Tied, called in reverse inside another layer: on TensorFlow the tapped rule sees both calls, and the ghost
+    step's table norm (a float32 rounding bound above the exact one) steps as the vectorized path within 1e-3."""
     rng = np.random.default_rng(9)
     x = rng.integers(0, VOCABULARY, size=(4, LENGTH)).astype("int32")
     y = rng.integers(0, VOCABULARY, size=4).astype("int32")
@@ -211,6 +217,6 @@ def test_a_reversible_embedding_also_called_in_reverse_keeps_the_per_example_pat
     if backend.keras_backend() == "jax":
         assert embedding not in _tapped(model, x)  # called twice
     else:
-        with pytest.raises(ValueError, match="more than once"):
-            _dp_update(_tied_model, x, y, "ghost")
-    _assert_same_updates(_dp_update(_tied_model, x, y, "auto"), _dp_update(_tied_model, x, y, "vectorized"))
+        ghost = _dp_update(_tied_model, x, y, "ghost")
+        _assert_same_updates(ghost, _dp_update(_tied_model, x, y, "vectorized"), tolerance=1e-3)
+    _assert_same_updates(_dp_update(_tied_model, x, y, "auto"), _dp_update(_tied_model, x, y, "vectorized"), 1e-3)

@@ -75,8 +75,9 @@ def clipped_sum(
     gradients: dict[int, GhostGradient] = {}
     squared = tf.zeros_like(losses)
     for tap, g in zip(used, grads):
-        g = tf.zeros_like(tap.preactivation) if g is None else g
-        for gradient in generic.tapped(registry.rule_for(tap.layer)).norms_and_sums(tap, g):
+        tap.gradient = tf.zeros_like(tap.preactivation) if g is None else g
+    for tap in used:
+        for gradient in generic.tapped(registry.rule_for(tap.layer)).norms_and_sums(tap, tap.gradient):
             if gradient.variable is None:  # the norms of all the variables a shared-contract rule covers, together
                 squared += gradient.squared_norms
                 continue

@@ -21,6 +21,7 @@ from keras_dyndp.tf_backend.per_example import generic
 from keras_dyndp.tf_backend.per_example import lora
 from keras_dyndp.tf_backend.per_example import normalization
 from keras_dyndp.tf_backend.per_example import recurrent
+from keras_dyndp.tf_backend.per_example import reversible
 
 registry.install(
     registry.Hooks(
@@ -29,6 +30,13 @@ registry.install(
         # Graph code without Python control flow on tensors: AutoGraph would convert it at each first trace.
         keep=tf.autograph.experimental.do_not_convert,
         tapped_sublayer=generic.sublayer_norms_and_sums,
+        overrides={
+            "keras_dyndp.rules.keras_hub_rules.reversible_embedding": lambda: {
+                "call": reversible.call,
+                "norms_and_sums": reversible.norms_and_sums,
+                "supports": reversible.supports,
+            }
+        },
     )
 )
 

@@ -75,6 +75,7 @@ class Tap:
         self.layer = layer
         self.tapping = tapping
         self.rows = self.inputs = self.preactivation = None  # Set by ``record``.
+        self.gradient = None  # The loss's gradient at ``preactivation``, set by `ghost` before any rule runs.
         self.saved: dict[str, tf.Tensor] = {}
 
     def guard(self, inputs: tf.Tensor) -> tf.Tensor:
