@@ -44,30 +44,21 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _build_dp_state(self, noise_seed: int | None) -> None:
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._clip_norms, self._noise_stddevs, _ = self._step_arrays
-        self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
-        self._released_steps = self._int32_variable("released_steps", ())
+        self._schedule_fingerprint = self._variable("schedule_fingerprint", (2,))
+        self._released_steps = self._variable("released_steps", ())
         self._released_steps.assign(step_checks.UNRECORDED_RELEASED)
         # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
         # (zeros at rest)]; never saved.
-        self._run_state = self._int32_variable("dp_run_state", 5)
+        self._run_state = self._variable("dp_run_state", (5,))
         if self._adaptive_clipping is not None:  # saved after the steps released (`keras_glue.saved_state`)
-            self._adaptive_clip_norm = self.add_variable(
-                shape=(),
-                initializer="ones",
-                dtype="float32",
-                aggregation="only_first_replica",
-                name="adaptive_clip_norm",
-            )
+            self._adaptive_clip_norm = self._variable("adaptive_clip_norm", (), "float32")
             self._adaptive_clip_norm.assign(float(self._schedule.clip_norms[0]))
 
     def _check_same_release(self, description: dict) -> None:
         distribution.check_same_release(description)
 
-    def _int32_variable(self, name: str, shape: int | tuple) -> keras.Variable:
-        shape = (shape,) if isinstance(shape, int) else shape
-        return self.add_variable(
-            shape=shape, initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name
-        )
+    def _variable(self, name: str, shape: tuple, dtype: str = "int32") -> keras.Variable:
+        return self.add_variable(shape, initializer="zeros", dtype=dtype, aggregation="only_first_replica", name=name)
 
     @property
     def num_examples(self) -> int | None:
@@ -134,17 +125,6 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """The step's secret key for its random layers' states (`keras_dyndp.jax_backend.noise_source`)."""
         return self._step_key(optimizer_variables, noise_source.LAYER_SEEDS)
 
-    def _refusal(self, code: int, num_examples: int, optimizer_variables, budget_stop: str | None) -> RuntimeError:
-        step, released = int(self.step_at(optimizer_variables)), int(self.released_at(optimizer_variables))
-        values = dict(step=step, released=released, min_examples=num_examples, max_examples=num_examples)
-        parts = self._step_checks.message(code, budget_stop)
-        text = step_checks.render(parts, [values[name] for name in step_checks.NUMBERS.get(code, ())])
-        if code == step_checks.BUDGET_SPENT:
-            return optimizer_base.BudgetExhaustedError(text)
-        if code in (step_checks.SCHEDULE_MISMATCH, step_checks.NO_FINGERPRINT, step_checks.COUNTER_MOVED):
-            return RuntimeError(text)
-        return RuntimeError(f"{text}{_NOT_APPLIED}")
-
     def refusal_in(
         self, optimizer_variables, *, before_a_step: bool = False, budget_stop: str | None = None
     ) -> RuntimeError | None:
@@ -155,10 +135,19 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         code, num_examples = (
             int(value) for value in np.asarray(optimizer_variables[self._index(self._run_state)])[1:3]
         )
+        step, released = int(self.step_at(optimizer_variables)), int(self.released_at(optimizer_variables))
         if not code and before_a_step:
-            step, released = int(self.step_at(optimizer_variables)), int(self.released_at(optimizer_variables))
             code = self._step_checks.host_refusal(step, released)
-        return self._refusal(code, num_examples, optimizer_variables, budget_stop) if code else None
+        if not code:
+            return None
+        values = dict(step=step, released=released, min_examples=num_examples, max_examples=num_examples)
+        parts = self._step_checks.message(code, budget_stop)
+        text = step_checks.render(parts, [values[name] for name in step_checks.NUMBERS.get(code, ())])
+        if code == step_checks.BUDGET_SPENT:
+            return optimizer_base.BudgetExhaustedError(text)
+        if code in (step_checks.SCHEDULE_MISMATCH, step_checks.NO_FINGERPRINT, step_checks.COUNTER_MOVED):
+            return RuntimeError(text)
+        return RuntimeError(f"{text}{_NOT_APPLIED}")
 
     def new_run(self, optimizer_variables) -> list:
         """``optimizer_variables`` starting a new run of steps: the secret key's words, from host memory (a runtime

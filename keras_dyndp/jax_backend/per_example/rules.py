@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import types
 from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
@@ -162,22 +163,11 @@ def _depthwise_norms_and_sums(layer, a, g):
     position_norms = jnp.sqrt(jnp.sum(patches**2, axis=(2, 3)))
     g_rows = _positions(g).astype(jnp.float32)
     squared = _bounded(squared, position_norms, g_rows, ghost_cost.PER_EXAMPLE_NORMS, shifts.width)
-    op = lambda layer, a, k: keras.ops.depthwise_conv(  # noqa: E731
-        a, k, layer.strides, layer.padding, layer.data_format, layer.dilation_rate
-    )
-    return squared, lambda f: [_weight_gradient(op, layer, a, g, f)]
+    return squared, lambda f: [_weight_gradient(_depthwise, layer, a, g, f)]
 
 
-class _DepthwiseView(NamedTuple):
-    """A SeparableConv2D's depthwise step in a DepthwiseConv2D's place for `_depthwise_norms_and_sums`: its geometry
-    and ``kernel`` [kh, kw, c_in, m] (its shape only)."""
-
-    kernel: jax.ShapeDtypeStruct
-    kernel_size: tuple
-    strides: tuple
-    padding: str
-    data_format: str
-    dilation_rate: tuple
+def _depthwise(layer, a: jax.Array, kernel: jax.Array) -> jax.Array:
+    return keras.ops.depthwise_conv(a, kernel, layer.strides, layer.padding, layer.data_format, layer.dilation_rate)
 
 
 def _separable_norms_and_sums(layer, a, g):
@@ -185,30 +175,18 @@ def _separable_norms_and_sums(layer, a, g):
     (TensorFlow's rule's math, `keras_dyndp.tf_backend.per_example.conv2d`): P's per-example gradient
     sum_t u_t^T g_t by the Dense rule, D's by the DepthwiseConv2D rule for u's gradient g P^T; u and g P^T are
     computed once, in float32 at full precision, from the step's values of D and P."""
-    depthwise = _DepthwiseView(
-        jax.ShapeDtypeStruct(tuple(layer.depthwise_kernel.shape), jnp.float32),
-        *(tuple(value) for value in (layer.kernel_size, layer.strides)),
-        layer.padding,
-        layer.data_format,
-        tuple(layer.dilation_rate),
-    )
+    view = {
+        name: getattr(layer, name) for name in ("kernel_size", "strides", "padding", "data_format", "dilation_rate")
+    }
+    # The depthwise step in a DepthwiseConv2D's place: its geometry, and D as its ``kernel`` (its shape only).
+    depthwise = types.SimpleNamespace(kernel=layer.depthwise_kernel, **view)
     pointwise = jnp.asarray(layer.pointwise_kernel.value, jnp.float32)
     pointwise = pointwise.reshape(pointwise.shape[-2:])
-    kernel = jnp.asarray(layer.depthwise_kernel.value, jnp.float32)
+    x, kernel = a.reshape(-1, *a.shape[2:]).astype(jnp.float32), jnp.asarray(layer.depthwise_kernel.value, jnp.float32)
     with jax.default_matmul_precision("highest"):
-        u = keras.ops.depthwise_conv(
-            a.reshape(-1, *a.shape[2:]).astype(jnp.float32),
-            kernel,
-            layer.strides,
-            layer.padding,
-            layer.data_format,
-            layer.dilation_rate,
-        )
-    u = u.reshape(*g.shape[:-1], u.shape[-1])  # [B, rows, ..., c_in m]
+        u = _depthwise(layer, x, kernel).reshape(*g.shape[:-1], -1)  # [B, rows, ..., c_in m]
     g_u = jnp.einsum("...f,cf->...c", g.astype(jnp.float32), pointwise, precision=_HIGHEST)
-    point_squared, point_sums = DENSE_NORMS_AND_SUMS(
-        KernelView(jax.ShapeDtypeStruct(pointwise.shape, jnp.float32)), u, g
-    )
+    point_squared, point_sums = DENSE_NORMS_AND_SUMS(KernelView(pointwise), u, g)
     depth_squared, depth_sums = _depthwise_norms_and_sums(depthwise, a, g_u)
     shape = tuple(layer.pointwise_kernel.shape)
     return point_squared + depth_squared, lambda f: [*depth_sums(f), *(s.reshape(shape) for s in point_sums(f))]
