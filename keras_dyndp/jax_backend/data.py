@@ -98,18 +98,14 @@ class PoissonBatches(keras.utils.PyDataset):
         if len(chosen) > cap:
             self._check_overflow(len(chosen))
             chosen = self._rng.permutation(chosen)[:cap]
-        num_rows = self._num_rows(len(chosen))
-        rows = np.zeros(num_rows, np.int64)
-        rows[: len(chosen)] = chosen
-        weights = np.zeros((num_rows, *self._weights.shape[1:]), np.float32)
-        weights[: len(chosen)] = self._weights[chosen]
+        rows = np.pad(chosen, (0, self._num_rows(len(chosen)) - len(chosen)))
 
-        def gather(value):
+        def gather(value):  # the rows chosen, then zeros (of weight 0)
             batch = np.asarray(value)[rows]
             batch[len(chosen) :] = 0
             return batch
 
-        batch = jax.tree_util.tree_map(gather, self._x), jax.tree_util.tree_map(gather, self._y), weights
+        batch = jax.tree_util.tree_map(gather, (self._x, self._y, self._weights))
         return jax.tree_util.tree_map(distribution.local_rows, batch)
 
     def _num_rows(self, num_selected: int) -> int:

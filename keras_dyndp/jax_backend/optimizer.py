@@ -87,22 +87,16 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """float32 (C, sigma) of step ``step``; both 0 once the budget is spent. The step's one read of the schedule:
         a step that clips at C passes the pair on to ``stateless_apply_clipped_sum(schedule_values=)``. With
         adaptive clipping, C is ``clip_state`` (the stored C_t; None: the variable's value) and sigma follows it."""
-        clip_norms, noise_stddevs, num_steps = self._clip_norms, self._noise_stddevs, self._schedule.num_steps
-        scale = None
-        if self._adaptive_clip_norm is not None:
-            scale = self._adaptive_clip_norm.value if clip_state is None else clip_state
-        values = mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, num_steps, None, scale)
-        return self._schedule_read.issue(values)
+        adaptive = self._adaptive_clip_norm
+        scale = None if adaptive is None else adaptive.value if clip_state is None else clip_state
+        args = (self._clip_norms, self._noise_stddevs, step, self._schedule.num_steps, None, scale)
+        return self._schedule_read.issue(mechanism.schedule_values(ops.OPS, *args))
 
     def schedule_values_at(self, optimizer_variables) -> tuple[jax.Array, jax.Array]:
         """`schedule_values` at the step counter (and adaptive clipping's C_t) in ``optimizer_variables``."""
-        return self.schedule_values(self.step_at(optimizer_variables), self._clip_state_at(optimizer_variables))
-
-    def _clip_state_at(self, optimizer_variables) -> jax.Array | None:
-        """Adaptive clipping's stored C_t in ``optimizer_variables`` (None without it)."""
-        if self._adaptive_clip_norm is None:
-            return None
-        return optimizer_variables[self._index(self._adaptive_clip_norm)]
+        adaptive = self._adaptive_clip_norm
+        clip_state = None if adaptive is None else optimizer_variables[self._index(adaptive)]
+        return self.schedule_values(self.step_at(optimizer_variables), clip_state)
 
     def clip_norm_at(self, optimizer_variables) -> jax.Array:
         """float32 C at the step counter in ``optimizer_variables`` (0 once spent)."""
@@ -331,7 +325,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
 
 def _refuse_keras_train_step(model: keras.Model, optimizer: JaxDPOptimizerMixin, force: bool = False):
-    if optimizer not in (model.optimizer, getattr(model.optimizer, "inner_optimizer", None)):  # compiled anew
+    if not registration.compiled_with(model, optimizer):  # compiled anew
         del model.make_train_function
         return model.make_train_function(force)
     raise RuntimeError(refusals.keras_train_step())

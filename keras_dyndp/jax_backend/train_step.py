@@ -119,9 +119,8 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
     differentiated = [i for i in range(len(trainable_variables)) if i not in covered]
 
     def example_loss(diff_trainable, taps_values, non_trainable, step_key, x_i, y_i, weight):
-        trainable = list(trainable_variables)  # the covered variables (not differentiated) come from here
-        for position, value in zip(differentiated, diff_trainable):
-            trainable[position] = value
+        given = dict(zip(differentiated, diff_trainable))  # the covered variables (not differentiated): the step's
+        trainable = [given.get(position, value) for position, value in enumerate(trainable_variables)]
         non_trainable = [
             _secret_seed_state(step_key, position, value) if seed else value
             for position, (value, seed) in enumerate(zip(non_trainable, is_seed_state))
@@ -158,9 +157,8 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
             if step_key is not None:
                 # Two keys at once, traced only: a stored value that follows the step's secret key is batched.
                 jax.eval_shape(jax.vmap(lambda key: run(key)[1][1], out_axes=None), jax.random.split(step_key, 2))
-        all_grads = [None] * len(trainable_variables)
-        for position, g in zip(differentiated, grads):
-            all_grads[position] = g
+        by_position = dict(zip(differentiated, grads))
+        all_grads = [by_position.get(i) for i in range(len(trainable_variables))]
         tap_rows = {key: (inputs[key], tap_grads[key]) for key in tapped}
         return all_grads, tap_rows, y_pred, new_non_trainable, losses
 
@@ -278,17 +276,16 @@ class _CheckedTrainFunction:
     def __call__(self, state, iterator):
         optimizer = private_model.dp_optimizer(self._model)
         trainable, non_trainable, optimizer_variables, metrics = state
+        new_run = len(optimizer_variables) != len(self._returned) or any(
+            map(operator.is_not, optimizer_variables, self._returned)
+        )
         try:
-            if len(optimizer_variables) != len(self._returned) or any(
-                map(operator.is_not, optimizer_variables, self._returned)
-            ):
+            refusal = None
+            if new_run or self._most_steps >= optimizer.schedule.num_steps:
                 refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True, budget_stop=self.budget_stop)
+            if new_run:
                 self._most_steps = int(optimizer.step_at(optimizer_variables))
                 state = (trainable, non_trainable, optimizer.new_run(optimizer_variables), metrics)
-            elif self._most_steps >= optimizer.schedule.num_steps:
-                refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True, budget_stop=self.budget_stop)
-            else:
-                refusal = None
             if refusal is not None:
                 raise refusal
             with _checked(self._model, check=False):  # `_private_make_train_function` checked the model

@@ -301,21 +301,11 @@ def _channels_last(layer) -> bool:
     return _plain(layer) and layer.data_format == "channels_last" and layer.padding != "causal"
 
 
-def _kernel(layer) -> list:
-    return [layer.kernel]
-
-
-def _separable_kernels(layer) -> list:
-    return [layer.depthwise_kernel, layer.pointwise_kernel]
-
-
 DENSE_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a)))
 _CONV_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: layer.convolution_op(a, k), _conv_inputs, whole_by_vjp=True)
-
-
-def _conv_supports(layer) -> bool:
-    return _channels_last(layer) and layer.groups == 1
-
+_kernel = lambda layer: [layer.kernel]  # noqa: E731
+_separable_kernels = lambda layer: [layer.depthwise_kernel, layer.pointwise_kernel]  # noqa: E731
+_conv_supports = lambda layer: _channels_last(layer) and layer.groups == 1  # noqa: E731
 
 registry.install(registry.Hooks("JAX", keras.layers.Layer))
 for _class, _variables, _norms_and_sums, _supports in (
