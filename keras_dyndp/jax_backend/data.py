@@ -2,9 +2,8 @@
 `keras_dyndp.data.sampling` holds the arguments, checks and privacy argument. Each batch is drawn from a numpy generator
 of its own (OS entropy unless a ``seed`` is given, never Keras's global seed), the selected rows first, then rows of
 zeros with sample weight 0. Under several processes (`distribution`) every process draws the same global batch from
-process 0's seed and yields its share. Data read on demand (`keras_dyndp.data.sources`) is drawn from numbered draws
-(`keras_dyndp.data.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads (one under several processes, the
-draws numbered in batch order alike on every process)."""
+process 0's seed and yields its share. Data read on demand (`keras_dyndp.data.sources`): from numbered draws
+(`_read_batch`)."""
 
 from __future__ import annotations
 

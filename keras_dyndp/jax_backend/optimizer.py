@@ -1,7 +1,5 @@
-"""Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.core.mechanism`) on the JAX backend. The jitted step never
-calls the host: `stateless_apply_clipped_sum` decides `keras_dyndp.core.step_checks`' refusals in the graph, and a
-refused step, and every later one, changes nothing until `raise_refused_step` raises it. `apply` refuses any other
-gradients (Keras's default train step)."""
+"""Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.core.mechanism`) on the JAX backend: refusals decided in
+the step, raised by `raise_refused_step` (docs/jax.md, "Refused, and how"); `apply` refuses any other gradients."""
 
 from __future__ import annotations
 

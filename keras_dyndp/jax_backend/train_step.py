@@ -1,10 +1,8 @@
 """``model = keras_dyndp.make_private(model)`` on Keras 3's JAX backend: per-example clipping in ``model.fit``, whose
 own step sees only the batch's mean loss. The stateless ``train_step`` runs each example alone (``jax.vmap`` of
-``jax.grad`` of ``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips (from the
-taps of `per_example.taps` where a rule covers a variable), sums and hands the sums to ``stateless_apply_clipped_sum``.
-Random-generator states (Dropout) are drawn from the step's secret key, never from Keras's seed, which users publish.
-Refusals: docs/privacy.md, "Refused, and why" and "Which entry points are covered, and how"; docs/jax.md. Under a
-``keras.distribution`` the jitted step keeps its global meaning: one noise key, the noise added once to the sum."""
+``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips (from the taps of
+`per_example.taps` where a rule covers a variable), sums and hands the sums to ``stateless_apply_clipped_sum``. How,
+and what it refuses: docs/jax.md; docs/privacy.md, "Refused, and why" and "Which entry points are covered, and how"."""
 
 from __future__ import annotations
 
@@ -148,10 +146,7 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
         num_rows = weights.shape[0]
         zeros = {key: jnp.zeros((num_rows, *shape), jnp.float32) for key, (*_, shape) in tapped.items()}
         diff_trainable = [trainable_variables[i] for i in differentiated]
-
-        def run(key):
-            return per_example(diff_trainable, zeros, non_trainable, key, x, y, weights)
-
+        run = lambda key: per_example(diff_trainable, zeros, non_trainable, key, x, y, weights)  # noqa: E731
         with _refuse_writes_from_random_draws(model):
             (grads, tap_grads), (y_pred, new_non_trainable, losses, inputs) = run(step_key)
             if step_key is not None:
@@ -183,15 +178,11 @@ def _refuse_writes_from_random_draws(model: keras.Model):
 
 def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) -> tuple[list, jax.Array]:
     """sum_i clip(g_i, C) per variable (`_per_example_fn`'s gradients, tapped layers' rules), unclipped norms [B]."""
-    squared_norms = jnp.zeros([num_rows], jnp.float32)
-    for g in grads:
-        if g is not None:
-            squared_norms = squared_norms + jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1)
     rules = registry.registered()
     ruled = {key: rules[type(layer)].norms_and_sums(layer, *tap_rows[key]) for key, (layer, *_) in tapped.items()}
-    for squared, _ in ruled.values():
-        squared_norms = squared_norms + squared
-    norms = mechanism.norms_from_squares(ops.OPS, squared_norms)
+    squares = [jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1) for g in grads if g is not None]
+    squares += [squared for squared, _ in ruled.values()]
+    norms = mechanism.norms_from_squares(ops.OPS, sum(squares, jnp.zeros([num_rows], jnp.float32)))
     factors = mechanism.clip_factors(ops.OPS, norms, clip_norm)
     sums = [None if g is None else layer_rules.weighted_sum(factors, g) for g in grads]
     for key, (_, indices, _) in tapped.items():

@@ -5,6 +5,7 @@ do without); only TensorFlow and JAX register. Also the lookups Keras gives no h
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.util
@@ -53,17 +54,21 @@ class _RegisterAfterKerasImport(importlib.abc.MetaPathFinder):
         spec.loader = _RegisteringLoader(spec.loader, self, fullname)
         return spec
 
-    def started(self, fullname: str) -> None:
-        """Called by the loader of `fullname` when it executes the module (a find_spec alone imports nothing)."""
+    @contextlib.contextmanager
+    def executing(self, fullname: str) -> Iterator[None]:
+        """Around the loader's execution of `fullname` (a find_spec alone imports nothing): registers (once) after it
+        succeeds when no import of a Keras module is in progress."""
         self._importing.add(fullname)
-
-    def finished(self, fullname: str, succeeded: bool) -> None:
-        """Called by the loader of `fullname`: registers (once) when no import of a Keras module is in progress."""
-        self._importing.discard(fullname)
-        if succeeded and not self._importing and self in sys.meta_path:
-            sys.meta_path.remove(self)
-            if not _inside_keras_dyndp_import():
-                _register()
+        succeeded = False
+        try:
+            yield
+            succeeded = True
+        finally:
+            self._importing.discard(fullname)
+            if succeeded and not self._importing and self in sys.meta_path:
+                sys.meta_path.remove(self)
+                if not _inside_keras_dyndp_import():
+                    _register()
 
 
 def _inside_keras_dyndp_import() -> bool:
@@ -134,13 +139,8 @@ class _RegisteringLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        succeeded = False
-        self._finder.started(self._fullname)
-        try:
+        with self._finder.executing(self._fullname):
             self._loader.exec_module(module)
-            succeeded = True
-        finally:
-            self._finder.finished(self._fullname, succeeded)
 
     def __getattr__(self, name):  # get_resource_reader, is_package, ...: the wrapped loader's.
         return getattr(self._loader, name)

@@ -17,10 +17,8 @@ norms must never be below the exact ones in float32 (`ghost_cost`'s ``bounded_sq
 per-example gradient summed as computed needs no bound), and its sums must add exactly nothing from an example whose
 factor is 0 (`weighted_sum`: a select, as 0 x inf is NaN).
 
-Ready-made: `added_weight` (a learned position embedding), `token_and_position_embedding` (the keras.io Transformer
-example's; its ``TransformerBlock`` needs ``per_example=True`` only) and `rms_normalization` (an RMS norm's scale,
-KerasHub's families'), written over ``keras.ops`` (on Keras 2.15, which has none, over the TensorFlow functions of the
-same names). KerasHub's own layers get theirs automatically (`keras_dyndp.rules.keras_hub_rules`).
+Ready-made (below), over ``keras.ops`` (on Keras 2.15, which has none, the TensorFlow functions of the same names);
+KerasHub's own layers get theirs automatically (`keras_dyndp.rules.keras_hub_rules`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Ghost-clipping rules on JAX: the per-example gradient norms and clipped sums of a layer's kernel (or scale and
-offset) from each example's layer input ``a_i`` and output gradient ``g_i`` (before the activation) as `taps` records
-them, [B, rows, ...]; the TensorFlow rules' math (`keras_dyndp.tf_backend.per_example`), in the form
-`keras_dyndp.rules.ghost_cost` finds cheapest. An EinsumDense is a Dense over positions after a transpose
-(`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path); a normalisation's scale and
-offset gradients are small and materialised. Registered on import into the one registry (docs/architecture.md, "The
-ghost-rule registry"); on JAX a, g are [B, 1, ...] (each example's batch of one, vmapped)."""
+offset) from each example's layer input ``a`` and output gradient ``g`` as `taps` records them, [B, 1, ...] (each
+example's batch of one, vmapped), in the form `keras_dyndp.rules.ghost_cost` finds cheapest; registered on import
+(docs/architecture.md, "The ghost-rule registry"; how: docs/jax.md, "What JAX does its own way")."""
 
 from __future__ import annotations
 
