@@ -47,15 +47,8 @@ class PoissonBatches(keras.utils.PyDataset):
         distribution.check_rows("max_batch_size", arguments.max_batch_size)
         distribution.check_rows("pad_to_multiple", arguments.pad_to_multiple)
         cap = arguments.cap(num_examples, distribution.rows_multiple())
-        self.sampling = sampling.PoissonSampling(
-            num_examples,
-            arguments.sampling_probability,
-            cap,
-            True,
-            arguments.pad_to_multiple,
-            arguments.seed,
-            arguments.start_step,
-        )
+        given = {name: getattr(arguments, name) for name in ("pad_to_multiple", "seed", "start_step")}
+        self.sampling = sampling.PoissonSampling(num_examples, arguments.sampling_probability, cap, **given)
         self._steps, self._overflow = arguments.steps_per_epoch, arguments.overflow
         self._x, self._y = x, y
         seed = arguments.stream_seed
@@ -73,17 +66,10 @@ class PoissonBatches(keras.utils.PyDataset):
 
     sampling_probability = _of_sampling("sampling_probability", "The Poisson rate p.")
     num_examples = _of_sampling("num_examples", "N.")
-    max_batch_size = _of_sampling(
-        "max_batch_size", "The rows of every batch (with `pad_to_multiple`, the most rows of a batch)."
-    )
-    pad_to_multiple = _of_sampling(
-        "pad_to_multiple",
-        "None (every batch has `max_batch_size` rows) or m (each is padded to the next multiple of m).",
-    )
+    max_batch_size = _of_sampling("max_batch_size", "The rows of every batch (with `pad_to_multiple`, the most rows).")
+    pad_to_multiple = _of_sampling("pad_to_multiple", "None (`max_batch_size` rows) or m (padded to multiples of m).")
     seed = _of_sampling("seed", "The ``seed`` given (None: OS entropy).")
-    start_step = _of_sampling(
-        "start_step", "The optimizer step these batches start at (with ``seed``, the sampler's state)."
-    )
+    start_step = _of_sampling("start_step", "The first batch's optimizer step (with ``seed``, the sampler's state).")
 
     def __len__(self) -> int:
         return self._steps
