@@ -127,9 +127,10 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         code, num_examples = (
             int(value) for value in np.asarray(optimizer_variables[self._index(self._run_state)])[1:3]
         )
+        if not code and not before_a_step:
+            return None
         step, released = int(self.step_at(optimizer_variables)), int(self.released_at(optimizer_variables))
-        if not code and before_a_step:
-            code = self._step_checks.host_refusal(step, released)
+        code = code or self._step_checks.host_refusal(step, released)
         if not code:
             return None
         values = dict(step=step, released=released, min_examples=num_examples, max_examples=num_examples)
