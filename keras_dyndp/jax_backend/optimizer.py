@@ -49,14 +49,14 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         # (zeros at rest)]; never saved.
         self._run_state = self._variable("dp_run_state", (5,))
         if self._adaptive_clipping is not None:  # saved after the steps released (`keras_glue.saved_state`)
-            self._adaptive_clip_norm = self._variable("adaptive_clip_norm", (), "float32")
+            self._adaptive_clip_norm = self._variable("adaptive_clip_norm", (), "float32", "ones")
             self._adaptive_clip_norm.assign(float(self._schedule.clip_norms[0]))
 
     def _check_same_release(self, description: dict) -> None:
         distribution.check_same_release(description)
 
-    def _variable(self, name: str, shape: tuple, dtype: str = "int32") -> keras.Variable:
-        return self.add_variable(shape, initializer="zeros", dtype=dtype, aggregation="only_first_replica", name=name)
+    def _variable(self, name: str, shape: tuple, dtype: str = "int32", initializer: str = "zeros") -> keras.Variable:
+        return self.add_variable(shape, initializer, dtype=dtype, aggregation="only_first_replica", name=name)
 
     @property
     def num_examples(self) -> int | None:
