@@ -2,9 +2,8 @@
 `keras_dyndp.data.sampling` holds the arguments, checks and privacy argument. Each batch is drawn from a numpy generator
 of its own (OS entropy unless a ``seed`` is given, never Keras's global seed), the selected rows first, then rows of
 zeros with sample weight 0. Under several processes (`distribution`) every process draws the same global batch from
-process 0's seed and yields its share. Data read on demand (`keras_dyndp.data.sources`) is drawn from numbered draws
-(`keras_dyndp.data.sources.DrawCounter`) and read in ``__getitem__`` by 2 threads (one under several processes, the
-draws numbered in batch order alike on every process)."""
+process 0's seed and yields its share. Data read on demand (`keras_dyndp.data.sources`): from numbered draws
+(`_read_batch`)."""
 
 from __future__ import annotations
 
@@ -48,15 +47,8 @@ class PoissonBatches(keras.utils.PyDataset):
         distribution.check_rows("max_batch_size", arguments.max_batch_size)
         distribution.check_rows("pad_to_multiple", arguments.pad_to_multiple)
         cap = arguments.cap(num_examples, distribution.rows_multiple())
-        self.sampling = sampling.PoissonSampling(
-            num_examples,
-            arguments.sampling_probability,
-            cap,
-            True,
-            arguments.pad_to_multiple,
-            arguments.seed,
-            arguments.start_step,
-        )
+        given = {name: getattr(arguments, name) for name in ("pad_to_multiple", "seed", "start_step")}
+        self.sampling = sampling.PoissonSampling(num_examples, arguments.sampling_probability, cap, **given)
         self._steps, self._overflow = arguments.steps_per_epoch, arguments.overflow
         self._x, self._y = x, y
         seed = arguments.stream_seed
@@ -74,17 +66,10 @@ class PoissonBatches(keras.utils.PyDataset):
 
     sampling_probability = _of_sampling("sampling_probability", "The Poisson rate p.")
     num_examples = _of_sampling("num_examples", "N.")
-    max_batch_size = _of_sampling(
-        "max_batch_size", "The rows of every batch (with `pad_to_multiple`, the most rows of a batch)."
-    )
-    pad_to_multiple = _of_sampling(
-        "pad_to_multiple",
-        "None (every batch has `max_batch_size` rows) or m (each is padded to the next multiple of m).",
-    )
+    max_batch_size = _of_sampling("max_batch_size", "The rows of every batch (with `pad_to_multiple`, the most rows).")
+    pad_to_multiple = _of_sampling("pad_to_multiple", "None (`max_batch_size` rows) or m (padded to multiples of m).")
     seed = _of_sampling("seed", "The ``seed`` given (None: OS entropy).")
-    start_step = _of_sampling(
-        "start_step", "The optimizer step these batches start at (with ``seed``, the sampler's state)."
-    )
+    start_step = _of_sampling("start_step", "The first batch's optimizer step (with ``seed``, the sampler's state).")
 
     def __len__(self) -> int:
         return self._steps
@@ -98,18 +83,14 @@ class PoissonBatches(keras.utils.PyDataset):
         if len(chosen) > cap:
             self._check_overflow(len(chosen))
             chosen = self._rng.permutation(chosen)[:cap]
-        num_rows = self._num_rows(len(chosen))
-        rows = np.zeros(num_rows, np.int64)
-        rows[: len(chosen)] = chosen
-        weights = np.zeros((num_rows, *self._weights.shape[1:]), np.float32)
-        weights[: len(chosen)] = self._weights[chosen]
+        rows = np.pad(chosen, (0, self._num_rows(len(chosen)) - len(chosen)))
 
-        def gather(value):
+        def gather(value):  # the rows chosen, then zeros (of weight 0)
             batch = np.asarray(value)[rows]
             batch[len(chosen) :] = 0
             return batch
 
-        batch = jax.tree_util.tree_map(gather, self._x), jax.tree_util.tree_map(gather, self._y), weights
+        batch = jax.tree_util.tree_map(gather, (self._x, self._y, self._weights))
         return jax.tree_util.tree_map(distribution.local_rows, batch)
 
     def _num_rows(self, num_selected: int) -> int:

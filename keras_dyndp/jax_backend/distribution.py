@@ -55,11 +55,8 @@ def check_same_data(arrays: list) -> None:
     """ValueError on every process unless all hold the same ``arrays`` (a collective): each process takes its share
     of one global sample of row indices, which is a Poisson sample of the data only if the rows are the same
     everywhere (a process holding its own shard would feed other examples, at another rate than p)."""
-    buffers = []
-    for array in arrays:
-        array = np.ascontiguousarray(array)
-        buffers += [f"{array.dtype}{array.shape}".encode(), array]
-    differing = disagreements({"data": buffers})
+    arrays = [np.ascontiguousarray(array) for array in arrays]
+    differing = disagreements({"data": [part for a in arrays for part in (f"{a.dtype}{a.shape}".encode(), a)]})
     if differing:
         raise ValueError(
             f"keras_dyndp.poisson_batches in {jax.process_count()} processes needs the whole dataset, the same, on "
@@ -89,11 +86,8 @@ def check_same_release(description: dict[str, Any]) -> None:
     (TypeError on others: what cannot be compared is not taken as equal). Why: docs/privacy.md, "Refused, and why"."""
     if not several():
         return
-    serialise = keras.saving.serialize_keras_object
-    texts = {
-        name: [json.dumps(value, sort_keys=True, default=serialise).encode()] for name, value in description.items()
-    }
-    differing = disagreements(texts)
+    dump = lambda value: json.dumps(value, sort_keys=True, default=keras.saving.serialize_keras_object)  # noqa: E731
+    differing = disagreements({name: [dump(value).encode()] for name, value in description.items()})
     if differing:
         details = "; ".join(f"process {index}: {', '.join(names)}" for index, names in differing.items())
         raise ValueError(
@@ -123,8 +117,6 @@ def check_rows(name: str, value: int | None) -> None:
 def share(num_rows: int) -> range:
     """The positions of this process's share of a global batch of ``num_rows`` rows (all of them in one process):
     an equal, contiguous part, in process order (``jax.make_array_from_process_local_data``)."""
-    if not several():
-        return range(num_rows)
     size = num_rows // jax.process_count()
     return range(jax.process_index() * size, (jax.process_index() + 1) * size)
 

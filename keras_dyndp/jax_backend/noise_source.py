@@ -1,7 +1,5 @@
-"""A JAX DP optimizer's randomness: a secret 64-bit base key from OS entropy in host memory, a runtime input of the
-step (why: docs/privacy.md, "Randomness"), written into the never-saved run state (`fresh_run_state`; zeros at rest).
-Step k's keys (`step_key`) fold in a run nonce, k and their purpose; ``new_run`` sets a never-used nonce whenever the
-state comes from the variables, so a rewound or restored counter never meets a used nonce."""
+"""A JAX DP optimizer's randomness: a secret base key in host memory, written into the never-saved run state, and each
+step's keys (`step_key`). How and why: docs/jax.md, "What JAX does its own way"; docs/privacy.md, "Randomness"."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.core.mechanism`) on the JAX backend. The jitted step never
-calls the host: `stateless_apply_clipped_sum` decides `keras_dyndp.core.step_checks`' refusals in the graph, and a
-refused step, and every later one, changes nothing until `raise_refused_step` raises it. `apply` refuses any other
-gradients (Keras's default train step)."""
+"""Keras 3 optimizers that run dynamic DP-SGD (`keras_dyndp.core.mechanism`) on the JAX backend: refusals decided in
+the step, raised by `raise_refused_step` (docs/jax.md, "Refused, and how"); `apply` refuses any other gradients."""
 
 from __future__ import annotations
 
@@ -44,30 +42,21 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _build_dp_state(self, noise_seed: int | None) -> None:
         self._noise_source = noise_source.NoiseSource(noise_seed)
         self._clip_norms, self._noise_stddevs, _ = self._step_arrays
-        self._schedule_fingerprint = self._int32_variable("schedule_fingerprint", 2)
-        self._released_steps = self._int32_variable("released_steps", ())
+        self._schedule_fingerprint = self._variable("schedule_fingerprint", (2,))
+        self._released_steps = self._variable("released_steps", ())
         self._released_steps.assign(step_checks.UNRECORDED_RELEASED)
         # [run nonce, the first refusal's code (0: none), its batch's number of examples, the base key's two words
         # (zeros at rest)]; never saved.
-        self._run_state = self._int32_variable("dp_run_state", 5)
+        self._run_state = self._variable("dp_run_state", (5,))
         if self._adaptive_clipping is not None:  # saved after the steps released (`keras_glue.saved_state`)
-            self._adaptive_clip_norm = self.add_variable(
-                shape=(),
-                initializer="ones",
-                dtype="float32",
-                aggregation="only_first_replica",
-                name="adaptive_clip_norm",
-            )
+            self._adaptive_clip_norm = self._variable("adaptive_clip_norm", (), "float32", "ones")
             self._adaptive_clip_norm.assign(float(self._schedule.clip_norms[0]))
 
     def _check_same_release(self, description: dict) -> None:
         distribution.check_same_release(description)
 
-    def _int32_variable(self, name: str, shape: int | tuple) -> keras.Variable:
-        shape = (shape,) if isinstance(shape, int) else shape
-        return self.add_variable(
-            shape=shape, initializer="zeros", dtype="int32", aggregation="only_first_replica", name=name
-        )
+    def _variable(self, name: str, shape: tuple, dtype: str = "int32", initializer: str = "zeros") -> keras.Variable:
+        return self.add_variable(shape, initializer, dtype=dtype, aggregation="only_first_replica", name=name)
 
     @property
     def num_examples(self) -> int | None:
@@ -96,22 +85,16 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """float32 (C, sigma) of step ``step``; both 0 once the budget is spent. The step's one read of the schedule:
         a step that clips at C passes the pair on to ``stateless_apply_clipped_sum(schedule_values=)``. With
         adaptive clipping, C is ``clip_state`` (the stored C_t; None: the variable's value) and sigma follows it."""
-        clip_norms, noise_stddevs, num_steps = self._clip_norms, self._noise_stddevs, self._schedule.num_steps
-        scale = None
-        if self._adaptive_clip_norm is not None:
-            scale = self._adaptive_clip_norm.value if clip_state is None else clip_state
-        values = mechanism.schedule_values(ops.OPS, clip_norms, noise_stddevs, step, num_steps, None, scale)
-        return self._schedule_read.issue(values)
+        adaptive = self._adaptive_clip_norm
+        scale = None if adaptive is None else adaptive.value if clip_state is None else clip_state
+        args = (self._clip_norms, self._noise_stddevs, step, self._schedule.num_steps, None, scale)
+        return self._schedule_read.issue(mechanism.schedule_values(ops.OPS, *args))
 
     def schedule_values_at(self, optimizer_variables) -> tuple[jax.Array, jax.Array]:
         """`schedule_values` at the step counter (and adaptive clipping's C_t) in ``optimizer_variables``."""
-        return self.schedule_values(self.step_at(optimizer_variables), self._clip_state_at(optimizer_variables))
-
-    def _clip_state_at(self, optimizer_variables) -> jax.Array | None:
-        """Adaptive clipping's stored C_t in ``optimizer_variables`` (None without it)."""
-        if self._adaptive_clip_norm is None:
-            return None
-        return optimizer_variables[self._index(self._adaptive_clip_norm)]
+        adaptive = self._adaptive_clip_norm
+        clip_state = None if adaptive is None else optimizer_variables[self._index(adaptive)]
+        return self.schedule_values(self.step_at(optimizer_variables), clip_state)
 
     def clip_norm_at(self, optimizer_variables) -> jax.Array:
         """float32 C at the step counter in ``optimizer_variables`` (0 once spent)."""
@@ -134,17 +117,6 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         """The step's secret key for its random layers' states (`keras_dyndp.jax_backend.noise_source`)."""
         return self._step_key(optimizer_variables, noise_source.LAYER_SEEDS)
 
-    def _refusal(self, code: int, num_examples: int, optimizer_variables, budget_stop: str | None) -> RuntimeError:
-        step, released = int(self.step_at(optimizer_variables)), int(self.released_at(optimizer_variables))
-        values = dict(step=step, released=released, min_examples=num_examples, max_examples=num_examples)
-        parts = self._step_checks.message(code, budget_stop)
-        text = step_checks.render(parts, [values[name] for name in step_checks.NUMBERS.get(code, ())])
-        if code == step_checks.BUDGET_SPENT:
-            return optimizer_base.BudgetExhaustedError(text)
-        if code in (step_checks.SCHEDULE_MISMATCH, step_checks.NO_FINGERPRINT, step_checks.COUNTER_MOVED):
-            return RuntimeError(text)
-        return RuntimeError(f"{text}{_NOT_APPLIED}")
-
     def refusal_in(
         self, optimizer_variables, *, before_a_step: bool = False, budget_stop: str | None = None
     ) -> RuntimeError | None:
@@ -155,10 +127,20 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         code, num_examples = (
             int(value) for value in np.asarray(optimizer_variables[self._index(self._run_state)])[1:3]
         )
-        if not code and before_a_step:
-            step, released = int(self.step_at(optimizer_variables)), int(self.released_at(optimizer_variables))
-            code = self._step_checks.host_refusal(step, released)
-        return self._refusal(code, num_examples, optimizer_variables, budget_stop) if code else None
+        if not code and not before_a_step:
+            return None
+        step, released = int(self.step_at(optimizer_variables)), int(self.released_at(optimizer_variables))
+        code = code or self._step_checks.host_refusal(step, released)
+        if not code:
+            return None
+        values = dict(step=step, released=released, min_examples=num_examples, max_examples=num_examples)
+        parts = self._step_checks.message(code, budget_stop)
+        text = step_checks.render(parts, [values[name] for name in step_checks.NUMBERS.get(code, ())])
+        if code == step_checks.BUDGET_SPENT:
+            return optimizer_base.BudgetExhaustedError(text)
+        if code in (step_checks.SCHEDULE_MISMATCH, step_checks.NO_FINGERPRINT, step_checks.COUNTER_MOVED):
+            return RuntimeError(text)
+        return RuntimeError(f"{text}{_NOT_APPLIED}")
 
     def new_run(self, optimizer_variables) -> list:
         """``optimizer_variables`` starting a new run of steps: the secret key's words, from host memory (a runtime
@@ -342,7 +324,7 @@ class JaxDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
 
 def _refuse_keras_train_step(model: keras.Model, optimizer: JaxDPOptimizerMixin, force: bool = False):
-    if optimizer not in (model.optimizer, getattr(model.optimizer, "inner_optimizer", None)):  # compiled anew
+    if not registration.compiled_with(model, optimizer):  # compiled anew
         del model.make_train_function
         return model.make_train_function(force)
     raise RuntimeError(refusals.keras_train_step())

@@ -1,10 +1,8 @@
 """``model = keras_dyndp.make_private(model)`` on Keras 3's JAX backend: per-example clipping in ``model.fit``, whose
 own step sees only the batch's mean loss. The stateless ``train_step`` runs each example alone (``jax.vmap`` of
-``jax.grad`` of ``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips (from the
-taps of `per_example.taps` where a rule covers a variable), sums and hands the sums to ``stateless_apply_clipped_sum``.
-Random-generator states (Dropout) are drawn from the step's secret key, never from Keras's seed, which users publish.
-Refusals: docs/privacy.md, "Refused, and why" and "Which entry points are covered, and how"; docs/jax.md. Under a
-``keras.distribution`` the jitted step keeps its global meaning: one noise key, the noise added once to the sum."""
+``stateless_call`` on a batch of one, on every path, so no layer can mix examples), clips (from the taps of
+`per_example.taps` where a rule covers a variable), sums and hands the sums to ``stateless_apply_clipped_sum``. How,
+and what it refuses: docs/jax.md; docs/privacy.md, "Refused, and why" and "Which entry points are covered, and how"."""
 
 from __future__ import annotations
 
@@ -119,9 +117,8 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
     differentiated = [i for i in range(len(trainable_variables)) if i not in covered]
 
     def example_loss(diff_trainable, taps_values, non_trainable, step_key, x_i, y_i, weight):
-        trainable = list(trainable_variables)  # the covered variables (not differentiated) come from here
-        for position, value in zip(differentiated, diff_trainable):
-            trainable[position] = value
+        given = dict(zip(differentiated, diff_trainable))  # the covered variables (not differentiated): the step's
+        trainable = [given.get(position, value) for position, value in enumerate(trainable_variables)]
         non_trainable = [
             _secret_seed_state(step_key, position, value) if seed else value
             for position, (value, seed) in enumerate(zip(non_trainable, is_seed_state))
@@ -149,18 +146,14 @@ def _per_example_fn(model: keras.Model, loss_fn, trainable_variables, tapped, is
         num_rows = weights.shape[0]
         zeros = {key: jnp.zeros((num_rows, *shape), jnp.float32) for key, (*_, shape) in tapped.items()}
         diff_trainable = [trainable_variables[i] for i in differentiated]
-
-        def run(key):
-            return per_example(diff_trainable, zeros, non_trainable, key, x, y, weights)
-
+        run = lambda key: per_example(diff_trainable, zeros, non_trainable, key, x, y, weights)  # noqa: E731
         with _refuse_writes_from_random_draws(model):
             (grads, tap_grads), (y_pred, new_non_trainable, losses, inputs) = run(step_key)
             if step_key is not None:
                 # Two keys at once, traced only: a stored value that follows the step's secret key is batched.
                 jax.eval_shape(jax.vmap(lambda key: run(key)[1][1], out_axes=None), jax.random.split(step_key, 2))
-        all_grads = [None] * len(trainable_variables)
-        for position, g in zip(differentiated, grads):
-            all_grads[position] = g
+        by_position = dict(zip(differentiated, grads))
+        all_grads = [by_position.get(i) for i in range(len(trainable_variables))]
         tap_rows = {key: (inputs[key], tap_grads[key]) for key in tapped}
         return all_grads, tap_rows, y_pred, new_non_trainable, losses
 
@@ -185,15 +178,11 @@ def _refuse_writes_from_random_draws(model: keras.Model):
 
 def _clipped_sum_per_example(grads, tap_rows, clip_norm, tapped, num_rows: int) -> tuple[list, jax.Array]:
     """sum_i clip(g_i, C) per variable (`_per_example_fn`'s gradients, tapped layers' rules), unclipped norms [B]."""
-    squared_norms = jnp.zeros([num_rows], jnp.float32)
-    for g in grads:
-        if g is not None:
-            squared_norms = squared_norms + jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1)
     rules = registry.registered()
     ruled = {key: rules[type(layer)].norms_and_sums(layer, *tap_rows[key]) for key, (layer, *_) in tapped.items()}
-    for squared, _ in ruled.values():
-        squared_norms = squared_norms + squared
-    norms = mechanism.norms_from_squares(ops.OPS, squared_norms)
+    squares = [jnp.sum(jnp.reshape(g.astype(jnp.float32), (num_rows, -1)) ** 2, axis=1) for g in grads if g is not None]
+    squares += [squared for squared, _ in ruled.values()]
+    norms = mechanism.norms_from_squares(ops.OPS, sum(squares, jnp.zeros([num_rows], jnp.float32)))
     factors = mechanism.clip_factors(ops.OPS, norms, clip_norm)
     sums = [None if g is None else layer_rules.weighted_sum(factors, g) for g in grads]
     for key, (_, indices, _) in tapped.items():
@@ -278,17 +267,16 @@ class _CheckedTrainFunction:
     def __call__(self, state, iterator):
         optimizer = private_model.dp_optimizer(self._model)
         trainable, non_trainable, optimizer_variables, metrics = state
+        new_run = len(optimizer_variables) != len(self._returned) or any(
+            map(operator.is_not, optimizer_variables, self._returned)
+        )
         try:
-            if len(optimizer_variables) != len(self._returned) or any(
-                map(operator.is_not, optimizer_variables, self._returned)
-            ):
+            refusal = None
+            if new_run or self._most_steps >= optimizer.schedule.num_steps:
                 refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True, budget_stop=self.budget_stop)
+            if new_run:
                 self._most_steps = int(optimizer.step_at(optimizer_variables))
                 state = (trainable, non_trainable, optimizer.new_run(optimizer_variables), metrics)
-            elif self._most_steps >= optimizer.schedule.num_steps:
-                refusal = optimizer.refusal_in(optimizer_variables, before_a_step=True, budget_stop=self.budget_stop)
-            else:
-                refusal = None
             if refusal is not None:
                 raise refusal
             with _checked(self._model, check=False):  # `_private_make_train_function` checked the model

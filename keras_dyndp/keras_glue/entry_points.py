@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
@@ -18,10 +19,6 @@ UNSEEN_BATCHES = (
 
 FIT = "model.fit"
 TRAIN_ON_BATCH = "model.train_on_batch"
-
-
-def _is_same(received: Any, given: Any) -> bool:
-    return received is given
 
 
 def _x_of(data: Any) -> Any:
@@ -46,7 +43,7 @@ class DataSeen:
     def __init__(self):
         self._pending: tuple[str, Any] | None = None
         self._fit: tuple[str, Any] | None = None
-        self._yields_batches_of: Callable[[Any, Any], bool] = _is_same
+        self._yields_batches_of: Callable[[Any, Any], bool] = operator.is_
 
     def record(self, iterator: Any = None, data_batch: Any = None) -> None:
         """What ``_symbolic_build(iterator=..., data_batch=...)`` received: ``fit``'s (or ``evaluate``'s) epoch
@@ -68,11 +65,11 @@ class DataSeen:
         it is ``x``), as when the model's class maps a preprocessing over them (KerasHub's task models); data the
         model's class re-cut, filtered, shuffled or repeated is checked itself (`received_by_fit`)."""
         record = self._pending = self._fit = (FIT, x)
-        self._yields_batches_of = yields_batches_of or _is_same
+        self._yields_batches_of = yields_batches_of or operator.is_
         try:
             yield
         finally:  # A fit that failed before its train function was made leaves nothing for a later entry point.
-            self._fit, self._yields_batches_of = None, _is_same
+            self._fit, self._yields_batches_of = None, operator.is_
             if self._pending is record:
                 self._pending = None
 

@@ -1,8 +1,6 @@
-"""Values that join the epoch logs every callback's ``on_epoch_end`` receives, on every Keras and backend. Keys a
-callback adds in its ``on_epoch_end`` reach only the callbacks after it. Keras 3's ``fit`` builds the epoch logs with
-``model._get_metrics_result_or_logs`` before them all, so `add` wraps that method on the instance, the values waiting
-until its next call (once); `remove_hook` restores it; `from_the_step` makes it return the step's logs. Keras 2 copies
-the logs of the epoch's last batch into them: `add` writes there."""
+"""Values that join the epoch logs every callback's ``on_epoch_end`` receives, on every Keras and backend (keys a
+callback adds in its ``on_epoch_end`` reach only the callbacks after it). Keras 3's ``fit`` builds the epoch logs with
+``model._get_metrics_result_or_logs`` before them all, so `add` wraps that method on the instance."""
 
 from __future__ import annotations
 
@@ -31,14 +29,14 @@ class _EpochLogsHook:
 
 
 def add(model: Any, values: dict[str, float], batch_logs: dict | None = None) -> None:
-    """Makes ``values`` part of the next epoch logs ``fit`` builds for ``model``. Keras 2 (no such method): call it
-    from ``on_train_batch_end`` of the epoch's last batch with its ``batch_logs``, in a callback with
-    ``_supports_tf_logs = True`` (Keras 2 then passes the very dict it copies into the epoch logs)."""
+    """Makes ``values`` part of the next epoch logs ``fit`` builds for ``model`` (once). Keras 2 (no such method) copies
+    the logs of the epoch's last batch into them: call it from that ``on_train_batch_end`` with its ``batch_logs``, in
+    a callback with ``_supports_tf_logs = True`` (Keras 2 then passes the very dict it copies)."""
     if not hasattr(model, _KERAS_METHOD):
         if batch_logs is not None:
             batch_logs.update(values)
         return
-    hook = _instance_hook(model)
+    hook = vars(model).get(_KERAS_METHOD)
     if not isinstance(hook, _EpochLogsHook):
         hook = _EpochLogsHook(model._get_metrics_result_or_logs, replaced=hook)  # noqa: SLF001  (_KERAS_METHOD)
         _set_instance_hook(model, hook)
@@ -47,14 +45,9 @@ def add(model: Any, values: dict[str, float], batch_logs: dict | None = None) ->
 
 def remove_hook(model: Any) -> None:
     """Removes what `add` installed on ``model`` (at the end of training)."""
-    hook = _instance_hook(model)
+    hook = vars(model).get(_KERAS_METHOD)
     if isinstance(hook, _EpochLogsHook):
         _set_instance_hook(model, hook.replaced)
-
-
-def _instance_hook(model: Any) -> Callable[[Any], dict] | None:
-    """What replaces Keras 3's ``Trainer._get_metrics_result_or_logs`` on ``model`` (None: nothing)."""
-    return vars(model).get(_KERAS_METHOD)
 
 
 def from_the_step(model: Any, on: bool) -> None:
@@ -62,7 +55,7 @@ def from_the_step(model: Any, on: bool) -> None:
     results (which fail when ``training_metrics=False`` never built them). Keras 2 uses the step's logs already."""
     if not hasattr(model, _KERAS_METHOD):
         return
-    current = _instance_hook(model)
+    current = vars(model).get(_KERAS_METHOD)
     if on and current is None:
         _set_instance_hook(model, _logs_of_the_step)
     elif not on and current is _logs_of_the_step:

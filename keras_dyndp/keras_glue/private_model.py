@@ -15,6 +15,7 @@ from typing import Any
 from keras_dyndp.core import refusals
 from keras_dyndp.core import validation
 from keras_dyndp.keras_glue import entry_points
+from keras_dyndp.keras_glue import registration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,16 +108,11 @@ def model_compiled_with(optimizer: Any, var_list: Any = None) -> Any:
     """The private model compiled with ``optimizer`` (or with a loss-scale wrapper of it), or None: found among the
     models ``make_private`` bound, so the optimizer, to which Keras hands only variables, knows its model without
     reading the call stack. Of several, the one whose trainable variables are ``var_list`` (the first without)."""
-    found = [model for model in list(_MODELS) if is_private(model) and _compiled_with(model, optimizer)]
+    found = [model for model in list(_MODELS) if is_private(model) and registration.compiled_with(model, optimizer)]
     if len(found) > 1 and var_list is not None:
         wanted = [id(variable) for variable in var_list]
         found = [model for model in found if [id(v) for v in model.trainable_variables] == wanted] or found
     return found[0] if found else None
-
-
-def _compiled_with(model: Any, optimizer: Any) -> bool:
-    compiled = getattr(model, "optimizer", None)
-    return compiled is not None and optimizer in (compiled, getattr(compiled, "inner_optimizer", compiled))
 
 
 def dp_optimizer(model: Any) -> Any:

@@ -1,13 +1,11 @@
 """Registers the DP optimizers with Keras (for ``load_model`` in a process that only imported keras and keras_dyndp) as
-soon as Keras is imported: at ``import keras_dyndp`` if Keras or TensorFlow already is, else once the first of them has
-been and no import of them is in progress (each imports the other), without importing TensorFlow at ``import
-keras_dyndp`` (the accounting and ``dyndp-privacy`` do without). Only TensorFlow and JAX register. Also the lookups
-Keras gives no hook for, read from the call stack: `keras_model_calling`, the model that never went through
-``make_private`` whose ``compile_from_config`` or train step calls a DP optimizer (why it cannot be bound explicitly:
-docs/architecture.md, "Where each check lives"), and `keras_entry_data`, a Keras 2 unbound entry point's data."""
+soon as Keras is imported, without importing TensorFlow at ``import keras_dyndp`` (the accounting and ``dyndp-privacy``
+do without); only TensorFlow and JAX register. Also the lookups Keras gives no hook for, read from the call stack
+(`keras_model_calling`, `keras_entry_data`; why: docs/architecture.md, "Where each check lives")."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.util
@@ -22,7 +20,8 @@ _KERAS_MODULES = ("keras", "tf_keras", "tensorflow")  # Whose import makes Keras
 
 
 def register_with_keras() -> None:
-    """Registers the DP optimizers now if Keras is imported, else once it is (a hook on ``sys.meta_path``)."""
+    """Registers the DP optimizers now if Keras or TensorFlow is imported, else once the first of them has been and no
+    import of them is in progress (each imports the other): a hook on ``sys.meta_path``."""
     if any(name in sys.modules for name in _KERAS_MODULES):
         _register()
     elif not any(isinstance(finder, _RegisterAfterKerasImport) for finder in sys.meta_path):
@@ -55,17 +54,21 @@ class _RegisterAfterKerasImport(importlib.abc.MetaPathFinder):
         spec.loader = _RegisteringLoader(spec.loader, self, fullname)
         return spec
 
-    def started(self, fullname: str) -> None:
-        """Called by the loader of `fullname` when it executes the module (a find_spec alone imports nothing)."""
+    @contextlib.contextmanager
+    def executing(self, fullname: str) -> Iterator[None]:
+        """Around the loader's execution of `fullname` (a find_spec alone imports nothing): registers (once) after it
+        succeeds when no import of a Keras module is in progress."""
         self._importing.add(fullname)
-
-    def finished(self, fullname: str, succeeded: bool) -> None:
-        """Called by the loader of `fullname`: registers (once) when no import of a Keras module is in progress."""
-        self._importing.discard(fullname)
-        if succeeded and not self._importing and self in sys.meta_path:
-            sys.meta_path.remove(self)
-            if not _inside_keras_dyndp_import():
-                _register()
+        succeeded = False
+        try:
+            yield
+            succeeded = True
+        finally:
+            self._importing.discard(fullname)
+            if succeeded and not self._importing and self in sys.meta_path:
+                sys.meta_path.remove(self)
+                if not _inside_keras_dyndp_import():
+                    _register()
 
 
 def _inside_keras_dyndp_import() -> bool:
@@ -88,12 +91,16 @@ def keras_model_calling(optimizer: Any, model_class: type, caller: str | None = 
         if depth == _MAX_FRAMES:
             return None
         candidate = frame.f_locals.get("self")
-        if not isinstance(candidate, model_class) or caller not in (None, frame.f_code.co_name):
-            continue
-        compiled = getattr(candidate, "optimizer", None)
-        if compiled is not None and optimizer in (compiled, getattr(compiled, "inner_optimizer", compiled)):
-            return candidate
+        if isinstance(candidate, model_class) and caller in (None, frame.f_code.co_name):
+            if compiled_with(candidate, optimizer):
+                return candidate
     return None
+
+
+def compiled_with(model: Any, optimizer: Any) -> bool:
+    """Whether ``model`` is compiled with ``optimizer`` (or with a loss-scale wrapper of it)."""
+    compiled = getattr(model, "optimizer", None)
+    return compiled is not None and optimizer in (compiled, getattr(compiled, "inner_optimizer", compiled))
 
 
 def keras_entry_data(model: Any, entries: dict[Any, str]) -> tuple[str, Any] | None:
@@ -126,21 +133,14 @@ class _RegisteringLoader(importlib.abc.Loader):
     """The loader of a Keras module, telling the finder when the module has been executed."""
 
     def __init__(self, loader, finder: _RegisterAfterKerasImport, fullname: str):
-        self._loader = loader
-        self._finder = finder
-        self._fullname = fullname
+        self._loader, self._finder, self._fullname = loader, finder, fullname
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        succeeded = False
-        self._finder.started(self._fullname)
-        try:
+        with self._finder.executing(self._fullname):
             self._loader.exec_module(module)
-            succeeded = True
-        finally:
-            self._finder.finished(self._fullname, succeeded)
 
     def __getattr__(self, name):  # get_resource_reader, is_package, ...: the wrapped loader's.
         return getattr(self._loader, name)

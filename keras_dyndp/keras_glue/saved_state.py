@@ -5,8 +5,6 @@ then, with adaptive clipping, the clip norm C_t it has reached (``adaptive_clip_
 
 from __future__ import annotations
 
-from typing import Any
-
 from keras_dyndp.core import step_checks
 
 
@@ -39,12 +37,13 @@ class SavedDPState:
         the fingerprint unrecorded, so a counter past 0 is refused until `record_schedule_fingerprint`. (Keras would
         skip every variable and restart the schedule at step 0.)"""
         in_place = self._saved_in_place()
-        store = _ReadView(store)
-        if self._adaptive_clip_norm is not None and len(store) == len(in_place) + 2:
-            self._adaptive_clip_norm.assign(store.pop_last())
+        size = len(store.keys())  # the entries "0", "1", ... read here: C_t, the last, taken off
+        if self._adaptive_clip_norm is not None and size == len(in_place) + 2:
+            size -= 1
+            self._adaptive_clip_norm.assign(store[str(size)])
         no_fingerprint = [variable for variable in in_place if variable is not self._schedule_fingerprint]
         for layout, with_released in ((in_place, True), (in_place, False), (no_fingerprint, False)):
-            if len(store) == len(layout) + with_released and all(
+            if size == len(layout) + with_released and all(
                 tuple(store[str(i)].shape) == tuple(variable.shape) for i, variable in enumerate(layout)
             ):
                 for i, variable in enumerate(layout):
@@ -54,21 +53,4 @@ class SavedDPState:
                 if layout is no_fingerprint:
                     self._schedule_fingerprint.assign(list(step_checks.UNRECORDED_FINGERPRINT))
                 return
-        super().load_own_variables(store.store)
-
-
-class _ReadView:
-    """A saved store's entries "0", "1", ..., of which the last may be taken off (`pop_last`)."""
-
-    def __init__(self, store: Any):
-        self.store, self._size = store, len(store.keys())
-
-    def __len__(self) -> int:
-        return self._size
-
-    def __getitem__(self, key: str) -> Any:
-        return self.store[key]
-
-    def pop_last(self) -> Any:
-        self._size -= 1
-        return self.store[str(self._size)]
+        super().load_own_variables(store)

@@ -19,18 +19,13 @@ from keras_dyndp.rules import layer_rules
 from keras_dyndp.rules import registry
 from keras_dyndp.rules import sublayers
 
-# The weights each class's call multiplies (attribute -> the rank of the tensor it multiplies beyond the scores'
-# [..., Tq, Tv]: 1 for the terms [..., Tq, Tv, dim] before their sum over dim).
-_ADDITIVE = {"scale": 1}
-_DOT = {"scale": 0}
-_CONCAT = {"scale": 1, "concat_score_weight": 0}
-
 
 def _covered(layer: Any) -> dict[str, int]:
-    """The weights the layer holds (those ``use_scale`` and ``score_mode`` made) with their extra rank."""
-    uses = _CONCAT if getattr(layer, "score_mode", "dot") == "concat" else _DOT
+    """The weights the layer holds (those ``use_scale`` and ``score_mode`` made), each with the rank of the tensor it
+    multiplies beyond the scores' [..., Tq, Tv] (1 for the terms [..., Tq, Tv, dim] before their sum over dim)."""
+    uses = {"scale": 1, "concat_score_weight": 0} if getattr(layer, "score_mode", "dot") == "concat" else {"scale": 0}
     if type(layer).__name__ == "AdditiveAttention":
-        uses = _ADDITIVE
+        uses = {"scale": 1}
     return {name: extra for name, extra in uses.items() if getattr(layer, name, None) is not None}
 
 

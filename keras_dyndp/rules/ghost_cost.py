@@ -69,8 +69,7 @@ def rounding_coefficients(form_: str, positions, fan_in: int, fan_out: int, *, p
     if form_ == PER_EXAMPLE_NORMS:
         return 0.0, first
     dot_length = fan_in // pieces + pieces - 1
-    second = FLOAT32_EPSILON * (dot_length + fan_out + positions * positions + 5)
-    return second, first
+    return FLOAT32_EPSILON * (dot_length + fan_out + positions * positions + 5), first
 
 
 def bounded_squared_norms(xp, squared, magnitude, second, first):

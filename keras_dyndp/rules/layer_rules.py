@@ -17,10 +17,8 @@ norms must never be below the exact ones in float32 (`ghost_cost`'s ``bounded_sq
 per-example gradient summed as computed needs no bound), and its sums must add exactly nothing from an example whose
 factor is 0 (`weighted_sum`: a select, as 0 x inf is NaN).
 
-Ready-made: `added_weight` (a learned position embedding), `token_and_position_embedding` (the keras.io Transformer
-example's; its ``TransformerBlock`` needs ``per_example=True`` only) and `rms_normalization` (an RMS norm's scale,
-KerasHub's families'), written over ``keras.ops`` (on Keras 2.15, which has none, over the TensorFlow functions of the
-same names). KerasHub's own layers get theirs automatically (`keras_dyndp.rules.keras_hub_rules`).
+Ready-made (below), over ``keras.ops`` (on Keras 2.15, which has none, the TensorFlow functions of the same names);
+KerasHub's own layers get theirs automatically (`keras_dyndp.rules.keras_hub_rules`).
 """
 
 from __future__ import annotations
@@ -143,14 +141,15 @@ def weighted_sum(factors: Any, per_example: Any) -> Any:
     return keras_ops().tensordot(factors, kept_rows(per_example, factors), axes=1)
 
 
-def _per_example_positions(g: Any, ops) -> Any:
-    """g [B, rows, ..., L, d] summed over the axes between B and the last two: each example's [B, L, d]."""
-    return ops.sum(ops.reshape(ops.cast(g, "float32"), (ops.shape(g)[0], -1, *g.shape[-2:])), axis=1)
-
-
-def _first_rows(rows: Any, weight: Any, ops) -> Any:
-    """``rows`` [L, d] as rows 0..L-1 of a gradient shaped like the (S, d) ``weight`` (zeros below), L <= S."""
-    return ops.pad(rows, [[0, weight.shape[0] - ops.shape(rows)[0]], [0, 0]])
+def _added_rows(weight: Any, g: Any) -> tuple[Any, Callable]:
+    """``(squared norms [B], sums)`` of rows 0..L-1 of the (S, d) ``weight`` added to an output [B, rows, ..., L, d]
+    with gradient ``g``: example i's gradient is g summed over the axes between B and the last two, materialised
+    (exact); its sum padded with zeros to S rows."""
+    ops = keras_ops()
+    per_example = ops.sum(ops.reshape(ops.cast(g, "float32"), (ops.shape(g)[0], -1, *g.shape[-2:])), axis=1)
+    squared = ops.sum(ops.square(per_example), axis=(1, 2))
+    pad = lambda rows: ops.pad(rows, [[0, weight.shape[0] - ops.shape(rows)[0]], [0, 0]])  # noqa: E731
+    return squared, lambda factors: [pad(weighted_sum(factors, per_example))]
 
 
 def added_weight(name: str = "position_embeddings") -> dict[str, Callable]:
@@ -167,17 +166,9 @@ def added_weight(name: str = "position_embeddings") -> dict[str, Callable]:
       ``register_layer_rule``'s ``variables``, ``norms_and_sums`` and ``supports``.
     """
 
-    def norms_and_sums(layer, a, g):
-        del a
-        ops = keras_ops()
-        weight = getattr(layer, name)
-        per_example = _per_example_positions(g, ops)  # [B, L, d]
-        squared = ops.sum(ops.square(per_example), axis=(1, 2))
-        return squared, lambda factors: [_first_rows(weighted_sum(factors, per_example), weight, ops)]
-
     return {
         "variables": lambda layer: [getattr(layer, name)],
-        "norms_and_sums": norms_and_sums,
+        "norms_and_sums": lambda layer, a, g: _added_rows(getattr(layer, name), g),
         "supports": lambda layer: getattr(layer, name, None) is not None and len(getattr(layer, name).shape) == 2,
     }
 
@@ -202,20 +193,12 @@ def token_and_position_embedding(token: str = "token_emb", position: str = "pos_
         return [getattr(layer, token).embeddings, getattr(layer, position).embeddings]
 
     def norms_and_sums(layer, a, g):
-        ops = keras_ops()
-        token_layer, table = getattr(layer, token), getattr(layer, position).embeddings
-        covered, token_squared, token_sums = sublayer_norms_and_sums(token_layer, ops.cast(a, "int32"), g)
+        token_layer = getattr(layer, token)
+        covered, token_squared, token_sums = sublayer_norms_and_sums(token_layer, keras_ops().cast(a, "int32"), g)
         if len(covered) != 1 or covered[0] is not token_layer.embeddings:
             raise ValueError(f"the rule of {token_layer.name!r} does not cover its table alone")
-        per_example = _per_example_positions(g, ops)  # [B, L, d]
-        length = per_example.shape[1]
-        squared = token_squared + ops.sum(ops.square(per_example), axis=(1, 2))
-
-        def sums(factors):
-            rows = weighted_sum(factors, per_example)
-            return [*token_sums(factors), ops.pad(rows, [[0, table.shape[0] - length], [0, 0]])]
-
-        return squared, sums
+        squared, sums = _added_rows(getattr(layer, position).embeddings, g)
+        return token_squared + squared, lambda factors: [*token_sums(factors), *sums(factors)]
 
     def supports(layer):
         sublayers = getattr(layer, token, None), getattr(layer, position, None)

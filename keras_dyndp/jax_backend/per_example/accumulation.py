@@ -4,18 +4,18 @@ added, so that the peak memory is one physical batch's and the noise is added on
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 
-def in_physical_batches(
-    physical_batch: Callable, batch: tuple, num_rows: int, num_physical_batches: int, sum_shapes: list
-) -> tuple[list, Any]:
-    """``physical_batch(batch) -> (sums, outputs)`` over k = ``num_physical_batches`` physical batches in turn
-    (``jax.lax.scan``), the float32 ``sums`` (of ``sum_shapes``) added and the ``outputs`` stacked ([k, ceil(B / k),
-    ...]). ``batch``'s rows are padded with zeros to k * ceil(B / k): weight 0, they add nothing."""
+def accumulated(physical_batch: Callable, batch: tuple, num_rows: int, num_physical_batches: int, sum_shapes: list):
+    """``(sums, (y_pred, new_non_trainable, losses), first)``: ``physical_batch(batch) -> (sums, outputs)`` on the
+    whole batch, or over k = ``num_physical_batches`` physical batches in turn (``jax.lax.scan``), the float32
+    ``sums`` (of ``sum_shapes``) added, y_pred and losses [B, ...], ``batch``'s rows padded with zeros to k * ceil(B /
+    k) (weight 0: they add nothing); ``first`` takes a non-trainable value's one copy (the physical batches' first)."""
+    if num_physical_batches == 1 or num_rows <= 1:
+        return *physical_batch(batch), lambda value: value
     size = -(-num_rows // num_physical_batches)
     padding = num_physical_batches * size - num_rows
 
@@ -28,18 +28,7 @@ def in_physical_batches(
         return [total + value for total, value in zip(carry, sums)], outputs
 
     init = [jnp.zeros(shape, jnp.float32) for shape in sum_shapes]
-    return jax.lax.scan(body, init, jax.tree_util.tree_map(split, batch))
-
-
-def accumulated(physical_batch: Callable, batch: tuple, num_rows: int, num_physical_batches: int, sum_shapes: list):
-    """``(sums, (y_pred, new_non_trainable, losses), first)``: ``physical_batch(batch)`` on the whole batch, or summed
-    over k = ``num_physical_batches`` (`in_physical_batches`; y_pred and losses [B, ...]); ``first`` takes a
-    non-trainable value's one copy (the physical batches' first)."""
-    if num_physical_batches == 1 or num_rows <= 1:
-        return *physical_batch(batch), lambda value: value
-    sums, (y_pred, new_non_trainable, losses) = in_physical_batches(
-        physical_batch, batch, num_rows, num_physical_batches, sum_shapes
-    )
+    sums, (y_pred, new_non_trainable, losses) = jax.lax.scan(body, init, jax.tree_util.tree_map(split, batch))
     rows = lambda value: value.reshape(-1, *value.shape[2:])[:num_rows]  # noqa: E731
     y_pred, losses = jax.tree_util.tree_map(rows, (y_pred, losses))
     return sums, (y_pred, new_non_trainable, losses), lambda value: value[0]

@@ -7,9 +7,9 @@ inputs and gradients are computed once, so each example's share of the sum stays
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,27 +32,15 @@ def _shape(variable) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(variable.shape), jnp.float32)
 
 
-class _EinsumView(NamedTuple):
-    """A in the kernel's place of the rank equation (`einsum_lora`)."""
-
-    equation: str
-    kernel: jax.ShapeDtypeStruct
-
-
-class _Table(NamedTuple):
-    """A in the embeddings' place."""
-
-    embeddings: jax.ShapeDtypeStruct
-
-
 def _both(first: tuple, second: tuple) -> tuple[jax.Array, Callable]:
     """Two rules' (squared norms, sums) as one: the norms added, the sums in order."""
     return first[0] + second[0], lambda factors: [*first[1](factors), *second[1](factors)]
 
 
-def _b_rule(b, u_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
-    """B's per-example gradients sum_t u_t^T g_t (u = s a A: [B, T, r]; g: [B, T, out]) by the Dense rule."""
-    return rules.DENSE_NORMS_AND_SUMS(rules.KernelView(_shape(b)), u_rows, g_rows)
+def _dense_rule(adapter, x_rows: jax.Array, g_rows: jax.Array) -> tuple[jax.Array, Callable]:
+    """An adapter's per-example gradients sum_t x_t^T g_t (x, g: [B, T, ...]; for B, x = u = s a A) by the Dense
+    rule."""
+    return rules.DENSE_NORMS_AND_SUMS(rules.KernelView(_shape(adapter)), x_rows, g_rows)
 
 
 def _times_b_transposed(layer, b, g: jax.Array, axis: int = -1) -> jax.Array:
@@ -68,8 +56,7 @@ def _dense_norms_and_sums(layer, a, g):
     a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
     h = _times_b_transposed(layer, b_adapter, g_rows)
     u = einsum_lora.scale(layer) * jnp.matmul(a_rows, _value(a_adapter), precision=_HIGHEST)
-    a_rule = rules.DENSE_NORMS_AND_SUMS(rules.KernelView(_shape(a_adapter)), a_rows, h)
-    return _both(a_rule, _b_rule(b_adapter, u, g_rows))
+    return _both(_dense_rule(a_adapter, a_rows, h), _dense_rule(b_adapter, u, g_rows))
 
 
 def _einsum_norms_and_sums(layer, a, g):
@@ -79,21 +66,21 @@ def _einsum_norms_and_sums(layer, a, g):
     plan = einsum_lora.lora_plan(layer.equation, x.ndim)
     a_adapter, b_adapter = layer.lora_kernel_a, layer.lora_kernel_b
     h = _times_b_transposed(layer, b_adapter, g_flat, plan.axis)
-    view = _EinsumView(plan.rank_equation, _shape(a_adapter))
+    view = types.SimpleNamespace(equation=plan.rank_equation, kernel=_shape(a_adapter))  # A in the kernel's place
     a_rule = rules.einsum_norms_and_sums(view, a, h.reshape(*a.shape[:2], *h.shape[1:]))
     u = einsum_lora.scale(layer) * jnp.einsum(plan.rank_equation, x, _value(a_adapter), precision=_HIGHEST)
     last = lambda value: jnp.moveaxis(value, plan.axis, -1).reshape(rows, -1, value.shape[plan.axis])  # noqa: E731
-    return _both(a_rule, _b_rule(b_adapter, last(u), last(g_flat)))
+    return _both(a_rule, _dense_rule(b_adapter, last(u), last(g_flat)))
 
 
 def _embedding_norms_and_sums(layer, ids, g):
     """A LoRA Embedding's adapters: A by the Embedding rule for the rows s g B^T, B for the inputs s A[ids]."""
     a_adapter, b_adapter = layer.lora_embeddings_a, layer.lora_embeddings_b
     h = _times_b_transposed(layer, b_adapter, g)
-    a_rule = rules.embedding_norms_and_sums(_Table(_shape(a_adapter)), ids, h)
+    a_rule = rules.embedding_norms_and_sums(types.SimpleNamespace(embeddings=_shape(a_adapter)), ids, h)
     u = einsum_lora.scale(layer) * keras.ops.take(_value(a_adapter), ids.astype(jnp.int32), axis=0)
     positions = lambda value: value.reshape(ids.shape[0], -1, value.shape[-1]).astype(jnp.float32)  # noqa: E731
-    return _both(a_rule, _b_rule(b_adapter, positions(u), positions(g)))
+    return _both(a_rule, _dense_rule(b_adapter, positions(u), positions(g)))
 
 
 def _unquantized(layer) -> bool:

@@ -1,15 +1,13 @@
 """Ghost-clipping rules on JAX: the per-example gradient norms and clipped sums of a layer's kernel (or scale and
-offset) from each example's layer input ``a_i`` and output gradient ``g_i`` (before the activation) as `taps` records
-them, [B, rows, ...]; the TensorFlow rules' math (`keras_dyndp.tf_backend.per_example`), in the form
-`keras_dyndp.rules.ghost_cost` finds cheapest. An EinsumDense is a Dense over positions after a transpose
-(`keras_dyndp.rules.einsum_equation`; equations that mix examples keep the vmap path); a normalisation's scale and
-offset gradients are small and materialised. Registered on import into the one registry (docs/architecture.md, "The
-ghost-rule registry"); on JAX a, g are [B, 1, ...] (each example's batch of one, vmapped)."""
+offset) from each example's layer input ``a`` and output gradient ``g`` as `taps` records them, [B, 1, ...] (each
+example's batch of one, vmapped), in the form `keras_dyndp.rules.ghost_cost` finds cheapest; registered on import
+(docs/architecture.md, "The ghost-rule registry"; how: docs/jax.md, "What JAX does its own way")."""
 
 from __future__ import annotations
 
 import functools
 import itertools
+import types
 from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
@@ -162,22 +160,11 @@ def _depthwise_norms_and_sums(layer, a, g):
     position_norms = jnp.sqrt(jnp.sum(patches**2, axis=(2, 3)))
     g_rows = _positions(g).astype(jnp.float32)
     squared = _bounded(squared, position_norms, g_rows, ghost_cost.PER_EXAMPLE_NORMS, shifts.width)
-    op = lambda layer, a, k: keras.ops.depthwise_conv(  # noqa: E731
-        a, k, layer.strides, layer.padding, layer.data_format, layer.dilation_rate
-    )
-    return squared, lambda f: [_weight_gradient(op, layer, a, g, f)]
+    return squared, lambda f: [_weight_gradient(_depthwise, layer, a, g, f)]
 
 
-class _DepthwiseView(NamedTuple):
-    """A SeparableConv2D's depthwise step in a DepthwiseConv2D's place for `_depthwise_norms_and_sums`: its geometry
-    and ``kernel`` [kh, kw, c_in, m] (its shape only)."""
-
-    kernel: jax.ShapeDtypeStruct
-    kernel_size: tuple
-    strides: tuple
-    padding: str
-    data_format: str
-    dilation_rate: tuple
+def _depthwise(layer, a: jax.Array, kernel: jax.Array) -> jax.Array:
+    return keras.ops.depthwise_conv(a, kernel, layer.strides, layer.padding, layer.data_format, layer.dilation_rate)
 
 
 def _separable_norms_and_sums(layer, a, g):
@@ -185,30 +172,18 @@ def _separable_norms_and_sums(layer, a, g):
     (TensorFlow's rule's math, `keras_dyndp.tf_backend.per_example.conv2d`): P's per-example gradient
     sum_t u_t^T g_t by the Dense rule, D's by the DepthwiseConv2D rule for u's gradient g P^T; u and g P^T are
     computed once, in float32 at full precision, from the step's values of D and P."""
-    depthwise = _DepthwiseView(
-        jax.ShapeDtypeStruct(tuple(layer.depthwise_kernel.shape), jnp.float32),
-        *(tuple(value) for value in (layer.kernel_size, layer.strides)),
-        layer.padding,
-        layer.data_format,
-        tuple(layer.dilation_rate),
-    )
+    view = {
+        name: getattr(layer, name) for name in ("kernel_size", "strides", "padding", "data_format", "dilation_rate")
+    }
+    # The depthwise step in a DepthwiseConv2D's place: its geometry, and D as its ``kernel`` (its shape only).
+    depthwise = types.SimpleNamespace(kernel=layer.depthwise_kernel, **view)
     pointwise = jnp.asarray(layer.pointwise_kernel.value, jnp.float32)
     pointwise = pointwise.reshape(pointwise.shape[-2:])
-    kernel = jnp.asarray(layer.depthwise_kernel.value, jnp.float32)
+    x, kernel = a.reshape(-1, *a.shape[2:]).astype(jnp.float32), jnp.asarray(layer.depthwise_kernel.value, jnp.float32)
     with jax.default_matmul_precision("highest"):
-        u = keras.ops.depthwise_conv(
-            a.reshape(-1, *a.shape[2:]).astype(jnp.float32),
-            kernel,
-            layer.strides,
-            layer.padding,
-            layer.data_format,
-            layer.dilation_rate,
-        )
-    u = u.reshape(*g.shape[:-1], u.shape[-1])  # [B, rows, ..., c_in m]
+        u = _depthwise(layer, x, kernel).reshape(*g.shape[:-1], -1)  # [B, rows, ..., c_in m]
     g_u = jnp.einsum("...f,cf->...c", g.astype(jnp.float32), pointwise, precision=_HIGHEST)
-    point_squared, point_sums = DENSE_NORMS_AND_SUMS(
-        KernelView(jax.ShapeDtypeStruct(pointwise.shape, jnp.float32)), u, g
-    )
+    point_squared, point_sums = DENSE_NORMS_AND_SUMS(KernelView(pointwise), u, g)
     depth_squared, depth_sums = _depthwise_norms_and_sums(depthwise, a, g_u)
     shape = tuple(layer.pointwise_kernel.shape)
     return point_squared + depth_squared, lambda f: [*depth_sums(f), *(s.reshape(shape) for s in point_sums(f))]
@@ -323,21 +298,11 @@ def _channels_last(layer) -> bool:
     return _plain(layer) and layer.data_format == "channels_last" and layer.padding != "causal"
 
 
-def _kernel(layer) -> list:
-    return [layer.kernel]
-
-
-def _separable_kernels(layer) -> list:
-    return [layer.depthwise_kernel, layer.pointwise_kernel]
-
-
 DENSE_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: jnp.matmul(a, k), lambda layer, a: _one_piece(_positions(a)))
 _CONV_NORMS_AND_SUMS = _bilinear(lambda layer, a, k: layer.convolution_op(a, k), _conv_inputs, whole_by_vjp=True)
-
-
-def _conv_supports(layer) -> bool:
-    return _channels_last(layer) and layer.groups == 1
-
+_kernel = lambda layer: [layer.kernel]  # noqa: E731
+_separable_kernels = lambda layer: [layer.depthwise_kernel, layer.pointwise_kernel]  # noqa: E731
+_conv_supports = lambda layer: _channels_last(layer) and layer.groups == 1  # noqa: E731
 
 registry.install(registry.Hooks("JAX", keras.layers.Layer))
 for _class, _variables, _norms_and_sums, _supports in (
