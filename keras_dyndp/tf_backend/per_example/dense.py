@@ -38,7 +38,7 @@ def call(tap: Tap) -> Callable:
 def record_and_activate(tap: Tap, inputs: tf.Tensor, kernel_output: tf.Tensor) -> tf.Tensor:
     """Adds the bias, records (inputs, pre-activation) for the norms, and applies the activation."""
     layer = tap.layer
-    z = kernel_output + tap.weight(layer.bias) if layer.use_bias else kernel_output
+    z = kernel_output if layer.bias is None else kernel_output + tf.cast(tap.weight(layer.bias), kernel_output.dtype)
     tap.record(inputs, z)
     return layer.activation(z) if layer.activation is not None else z
 

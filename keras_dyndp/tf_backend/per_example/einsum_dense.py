@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from keras_dyndp.rules import einsum_equation
 from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example import dense
 from keras_dyndp.tf_backend.per_example import norms
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Tap
@@ -35,11 +36,7 @@ def call(tap: Tap) -> Callable:
         if einsum_equation.plan(layer.equation, tuple(layer.kernel.shape), inputs.shape.rank) is None:
             raise UnsupportedModel(f"EinsumDense {layer.name!r}'s equation {layer.equation!r} mixes examples")
         inputs = tap.guard(tf.cast(inputs, layer.kernel.dtype))
-        z = tf.einsum(layer.equation, inputs, tap.weight(layer.kernel))
-        if layer.bias is not None:
-            z = z + tf.cast(tap.weight(layer.bias), z.dtype)
-        tap.record(inputs, z)
-        return layer.activation(z) if layer.activation is not None else z
+        return dense.record_and_activate(tap, inputs, tf.einsum(layer.equation, inputs, tap.weight(layer.kernel)))
 
     return einsum_call
 

@@ -22,13 +22,8 @@ from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
 
 def supports(layer: keras.layers.RNN) -> bool:
     """Not stateful, reversed, time-major (Keras 2 only) or with dropout."""
-    return not (
-        layer.stateful
-        or layer.go_backwards
-        or getattr(layer, "time_major", False)
-        or layer.dropout
-        or layer.recurrent_dropout
-    )
+    options = (layer.stateful, layer.go_backwards, getattr(layer, "time_major", False), layer.dropout)
+    return not any(options) and not layer.recurrent_dropout
 
 
 def _project(tap: Tap, inputs, mask, initial_state, kwargs, bias: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
