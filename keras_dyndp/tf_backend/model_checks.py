@@ -135,18 +135,14 @@ def _check_writes(model: keras.Model, signature: Any) -> None:
 
 def _nested_graphs(graph, op) -> list:
     """The function bodies an op calls (tf.cond branches, while_loop cond/body, nested tf.function)."""
-    names = []
-    for value in op.node_def.attr.values():
-        if value.HasField("func"):
-            names.append(value.func.name)
-        names.extend(func.name for func in value.list.func)
     bodies = []
-    for name in names:
-        function = graph._get_function(name)  # noqa: SLF001  (tf.Graph: no public lookup of a function body)
-        body = getattr(function, "graph", None)
-        if body is None:
-            raise ValueError(f"check_model cannot inspect the function {name!r} called by op {op.name!r}.")
-        bodies.append(body)
+    for value in op.node_def.attr.values():
+        for name in ([value.func.name] if value.HasField("func") else []) + [func.name for func in value.list.func]:
+            function = graph._get_function(name)  # noqa: SLF001  (tf.Graph: no public lookup of a function body)
+            body = getattr(function, "graph", None)
+            if body is None:
+                raise ValueError(f"check_model cannot inspect the function {name!r} called by op {op.name!r}.")
+            bodies.append(body)
     return bodies
 
 
