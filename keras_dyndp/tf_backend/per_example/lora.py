@@ -1,18 +1,10 @@
-"""Ghost-clipping rules of Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and Embedding
-with their kernel (embeddings) frozen and the adapters ``lora_kernel_a`` A [in, r] and ``lora_kernel_b`` B [r, out]
-(Embedding: ``lora_embeddings_a`` [V, r], ``lora_embeddings_b``) trained, the effective kernel W + s A B with
-s = lora_alpha / lora_rank. The tapped call is the built-in one (Keras's ``kernel`` property already merges the
-adapters); an EinsumDense's adapters by `keras_dyndp.rules.einsum_lora` (the kernel's last letter must be an output
-letter). From the layer input a_t and the output gradient g_t (before the activation):
-
-* A: dA_i = sum_t a_t^T (s g_t B^T), the Dense rule (`norms.bilinear_gradient`) for the output gradient s g B^T;
-  Embedding's A is a table indexed by the ids: the Embedding rule for the rows s g B^T;
-* B: dB_i = sum_t (s a_t A)^T g_t, the Dense rule for the inputs s a A (Embedding: s A[ids]);
-* a bias that trains: the built-in rule's.
-
-Each rule's norms and sum read the same transformed tensors, computed once, so each example's contribution to the sum
-stays within the norm the rule reports (its rounding bound included).
-"""
+"""Ghost-clipping rules of Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and Embedding with
+the kernel (embeddings) frozen and the adapters A [in, r], B [r, out] trained, the effective kernel W + s A B with
+s = lora_alpha / lora_rank. The tapped call is the built-in one (Keras's ``kernel`` already merges the adapters); an
+EinsumDense's adapters by `keras_dyndp.rules.einsum_lora`. From the layer input a_t and the output gradient g_t: A is
+the Dense rule for the output gradient s g B^T (Embedding: the Embedding rule for the rows s g B^T), B the Dense rule
+for the inputs s a A (Embedding: s A[ids]), a bias the built-in rule's. Each rule's norms and sum read the same tensors,
+computed once, so each example's contribution stays within the norm the rule reports (rounding bound included)."""
 
 from __future__ import annotations
 
