@@ -220,10 +220,9 @@ def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) ->
     def draw_and_read(step_seed: np.ndarray) -> list[np.ndarray]:
         rng = np.random.default_rng(np.asarray(step_seed).view(np.uint64))
         num_selected, chosen = sources.draw(rng, num_examples, p, min(max_batch_size, num_examples))
-        if multiple is None:
-            num_rows = max_batch_size
-        else:
-            num_rows = min(max_batch_size, max(1, -(-num_selected // multiple)) * multiple)
+        num_rows = (
+            max_batch_size if multiple is None else min(max_batch_size, max(1, -(-num_selected // multiple)) * multiple)
+        )
         read_at = None if pipeline[1] == 1 else distribution.worker_share(num_rows, pipeline, num_replicas)
         batch_x, batch_y, weights = rows.batch(chosen, num_rows, keep_order=True, read_at=read_at)
         parts = (batch_x, weights) if batch_y is None else (batch_x, batch_y, weights)

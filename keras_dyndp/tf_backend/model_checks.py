@@ -110,8 +110,6 @@ def _check_writes(model: keras.Model, signature: Any) -> None:
     graph = tf.function(lambda batch: model(batch, training=True)).get_concrete_function(signature).graph
     num_inputs = len(tf.nest.flatten(signature, expand_composites=True))
     written = _dependent_writes(graph, {id(t) for t in graph.inputs[:num_inputs]}, gated=False)
-    if not written:
-        return
     external = {id(internal): handle for handle, internal in graph.captures}
     variables = {id(v.handle): v for v in model.variables}
     metric_handles = {id(v.handle) for metric in model.metrics for v in metric.variables}
@@ -119,7 +117,7 @@ def _check_writes(model: keras.Model, signature: Any) -> None:
         handle = external.get(id(resource))
         if handle is not None and id(handle) in metric_handles:
             continue
-        variable = variables.get(id(handle)) if handle is not None else None
+        variable = variables.get(id(handle))
         if variable is None:
             where = f"the variable written by op {op_name!r}"
         else:

@@ -224,8 +224,7 @@ def image_patches(window: Window, inputs: tf.Tensor) -> tf.Tensor:
     inputs = tf.pad(inputs, [[0, 0], [top, bottom], [left, right], [0, 0]])
     inputs = tf.reshape(inputs, [tf.shape(inputs)[0], (height + top + bottom) * padded_width, channels])
     patches = tf.gather(inputs, tf.constant(pixels.reshape(-1), tf.int32), axis=1)
-    positions = rows.shape[0] * cols.shape[0]
-    return tf.reshape(patches, [tf.shape(inputs)[0], positions, kernel_h * kernel_w * channels])
+    return tf.reshape(patches, [tf.shape(inputs)[0], rows.shape[0] * cols.shape[0], kernel_h * kernel_w * channels])
 
 
 def patch_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):

@@ -55,8 +55,7 @@ def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     layer = tap.layer
     plan = einsum_equation.plan(layer.equation, tuple(layer.kernel.shape), tap.inputs.shape.rank)  # checked in call
     a = _positions_rows(tap.inputs, plan.input_order, plan.fan_in, tap)
-    g_rows = _positions_rows(g, plan.output_order, plan.fan_out, tap)
-    squared, summed = norms.bilinear_norms_and_sum(a, g_rows)
+    squared, summed = norms.bilinear_norms_and_sum(a, _positions_rows(g, plan.output_order, plan.fan_out, tap))
 
     def clipped_sum(f):
         return tf.transpose(tf.reshape(summed(f), plan.gradient_shape), plan.kernel_order)

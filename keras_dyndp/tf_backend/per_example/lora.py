@@ -48,8 +48,7 @@ def _view(tap: Tap, inputs: tf.Tensor, **layer: Any) -> Any:
 
 def einsum_supports(layer: keras.layers.Layer) -> bool:
     """The built-in EinsumDense rule's equations whose kernel's last letter is an output letter (`einsum_lora`)."""
-    rank = einsum_equation.equation_input_rank(layer.equation)
-    return einsum_lora.lora_plan(layer.equation, rank) is not None
+    return einsum_lora.lora_plan(layer.equation, einsum_equation.equation_input_rank(layer.equation)) is not None
 
 
 def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
@@ -58,8 +57,7 @@ def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     layer = tap.layer
     plan = einsum_lora.lora_plan(layer.equation, tap.inputs.shape.rank)
     x = tf.cast(tap.inputs, tf.float32)
-    g32 = tf.cast(g, tf.float32)
-    g_last = tnp.moveaxis(g32, plan.axis, -1)
+    g_last = tnp.moveaxis(tf.cast(g, tf.float32), plan.axis, -1)
     h = einsum_lora.scale(layer) * tf.tensordot(g_last, layer.lora_kernel_b, [[g.shape.rank - 1], [1]])
     h = tnp.moveaxis(h, -1, plan.axis)
     view = _view(tap, x, equation=plan.rank_equation, kernel=layer.lora_kernel_a, bias=None)

@@ -58,11 +58,9 @@ def lstm_call(tap: Tap) -> Callable:
 
         def step(carry, projection_t):
             h_prev, c_prev = carry
-            z = projection_t + tf.matmul(h_prev, recurrent_kernel)
-            z_i, z_f, z_c, z_o = tf.split(z, 4, axis=1)
+            z_i, z_f, z_c, z_o = tf.split(projection_t + tf.matmul(h_prev, recurrent_kernel), 4, axis=1)
             c = cell.recurrent_activation(z_f) * c_prev + cell.recurrent_activation(z_i) * cell.activation(z_c)
-            h = cell.recurrent_activation(z_o) * cell.activation(c)
-            return h, c
+            return cell.recurrent_activation(z_o) * cell.activation(c), c
 
         hs, cs = tf.scan(step, projections, initializer=(zeros, zeros))
         # h_{t-1} for t = 0..T-1: the initial zeros, then hs shifted by one step (no third scan output to stack).
@@ -102,8 +100,7 @@ def _gru_step(cell: keras.layers.Layer, recurrent_kernel: tf.Tensor, recurrent_b
                 cell.recurrent_activation(x_zr + tf.matmul(h_prev, recurrent_kernel[:, : 2 * units])), 2, axis=1
             )
             candidate = cell.activation(x_h + tf.matmul(r * h_prev, recurrent_kernel[:, 2 * units :]))
-        h = z * h_prev + (1 - z) * candidate
-        return h, h_prev, r
+        return z * h_prev + (1 - z) * candidate, h_prev, r
 
     return step
 
