@@ -135,9 +135,8 @@ def sublayer_norms_and_sums(
 ) -> tuple[list, tf.Tensor, Callable]:
     """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums` by a `registry.LayerRule` of TensorFlow's tapped form
     (one computed from the tap's input and rows alone; one that reads what its call saved is refused)."""
-    inputs, rows = from_rows(a)
     tap = Tap(layer, None)
-    tap.inputs, tap.rows = inputs, rows
+    tap.inputs, tap.rows = from_rows(a)
     try:
         gradients = [gr for gr in rule.norms_and_sums(tap, from_rows(g)[0]) if gr.variable is not None]
     except KeyError as error:
