@@ -17,12 +17,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_dyndp.core import validation
-from keras_dyndp.core.batch_sizes import BATCH_SIZE_TAIL  # noqa: F401  (re-exported)
-from keras_dyndp.core.batch_sizes import DEFAULT_OVERFLOW_TAIL  # noqa: F401  (re-exported)
 from keras_dyndp.core.batch_sizes import batch_size_range  # noqa: F401  (re-exported)
 from keras_dyndp.core.batch_sizes import default_max_batch_size  # noqa: F401  (re-exported)
 from keras_dyndp.core.batch_sizes import expected_steps_per_epoch  # noqa: F401  (re-exported)
-from keras_dyndp.core.batch_sizes import truncation_delta  # noqa: F401  (re-exported)
 from keras_dyndp.data import sampling
 from keras_dyndp.data import sources
 from keras_dyndp.data.sampling import PoissonSampling

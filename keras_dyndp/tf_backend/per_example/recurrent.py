@@ -34,8 +34,7 @@ def _project(tap: Tap, inputs, mask, initial_state, kwargs, bias: tf.Tensor | No
         raise UnsupportedModel(f"{type(layer).__name__} {layer.name!r} called with a mask or an initial state")
     inputs = tap.guard(tf.cast(inputs, cell.kernel.dtype))
     projection = tf.tensordot(inputs, tap.weight(cell.kernel), axes=[[2], [0]])
-    if bias is not None:
-        projection = projection + bias
+    projection = projection if bias is None else projection + bias
     tap.record(inputs, projection)
     return tf.transpose(projection, [1, 0, 2]), tf.zeros(tf.stack([tf.shape(inputs)[0], cell.units]), inputs.dtype)
 
@@ -91,8 +90,7 @@ def _gru_step(cell: keras.layers.Layer, recurrent_kernel: tf.Tensor, recurrent_b
         x_zr, x_h = projection_t[:, : 2 * units], projection_t[:, 2 * units :]
         if cell.reset_after:
             recurrent = tf.matmul(h_prev, recurrent_kernel)
-            if recurrent_bias is not None:
-                recurrent = recurrent + recurrent_bias
+            recurrent = recurrent if recurrent_bias is None else recurrent + recurrent_bias
             z, r = tf.split(cell.recurrent_activation(x_zr + recurrent[:, : 2 * units]), 2, axis=1)
             candidate = cell.activation(x_h + r * recurrent[:, 2 * units :])
         else:
