@@ -17,12 +17,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_dyndp.core import validation
-from keras_dyndp.core.batch_sizes import BATCH_SIZE_TAIL  # noqa: F401  (re-exported)
-from keras_dyndp.core.batch_sizes import DEFAULT_OVERFLOW_TAIL  # noqa: F401  (re-exported)
 from keras_dyndp.core.batch_sizes import batch_size_range  # noqa: F401  (re-exported)
 from keras_dyndp.core.batch_sizes import default_max_batch_size  # noqa: F401  (re-exported)
 from keras_dyndp.core.batch_sizes import expected_steps_per_epoch  # noqa: F401  (re-exported)
-from keras_dyndp.core.batch_sizes import truncation_delta  # noqa: F401  (re-exported)
 from keras_dyndp.data import sampling
 from keras_dyndp.data import sources
 from keras_dyndp.data.sampling import PoissonSampling
@@ -220,10 +217,9 @@ def _source_batches(rows: sources.Rows, arguments: sampling.SamplerArguments) ->
     def draw_and_read(step_seed: np.ndarray) -> list[np.ndarray]:
         rng = np.random.default_rng(np.asarray(step_seed).view(np.uint64))
         num_selected, chosen = sources.draw(rng, num_examples, p, min(max_batch_size, num_examples))
-        if multiple is None:
-            num_rows = max_batch_size
-        else:
-            num_rows = min(max_batch_size, max(1, -(-num_selected // multiple)) * multiple)
+        num_rows = (
+            max_batch_size if multiple is None else min(max_batch_size, max(1, -(-num_selected // multiple)) * multiple)
+        )
         read_at = None if pipeline[1] == 1 else distribution.worker_share(num_rows, pipeline, num_replicas)
         batch_x, batch_y, weights = rows.batch(chosen, num_rows, keep_order=True, read_at=read_at)
         parts = (batch_x, weights) if batch_y is None else (batch_x, batch_y, weights)

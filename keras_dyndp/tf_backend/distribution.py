@@ -101,8 +101,7 @@ def agreed_random_bits(num_bits: int) -> int:
         local = tf.constant(words, tf.float32)
         shared = tf.function(lambda: strategy.run(lambda: global_sum(local * noise_share())))()
         words = [int(word) for word in strategy.experimental_local_results(shared)[0].numpy()]
-    bits = sum(word << (_BITS_PER_WORD * index) for index, word in enumerate(words))
-    return bits & ((1 << num_bits) - 1)
+    return sum(word << (_BITS_PER_WORD * index) for index, word in enumerate(words)) & ((1 << num_bits) - 1)
 
 
 def split_direct_batches(model: Any) -> None:

@@ -69,14 +69,10 @@ def add_int32_optimizer_variable(optimizer: Any, name: str, shape: tuple[int, ..
     return variable
 
 
-UNSUPPORTED_OPTIMIZER_ARGUMENTS: dict[str, str] = (
-    optimizer_base.KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS if _KERAS_3 else {}
-)
+UNSUPPORTED_OPTIMIZER_ARGUMENTS = optimizer_base.KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS if _KERAS_3 else {}
 """Base-optimizer arguments a DP optimizer refuses (when not None), with the reason: none on Keras 2."""
 
-LOSS_SCALE_OPTIMIZER_CLASSES: tuple[type, ...] = (
-    (keras.optimizers.LossScaleOptimizer,) if _KERAS_3 else (keras.mixed_precision.LossScaleOptimizer,)
-)
+LOSS_SCALE_OPTIMIZER_CLASSES = ((keras.optimizers if _KERAS_3 else keras.mixed_precision).LossScaleOptimizer,)
 """The wrappers ``compile`` puts around the optimizer (its ``inner_optimizer``) under the 'mixed_float16' policy."""
 
 
@@ -150,8 +146,9 @@ def variable_name(variable: Any) -> str:
 
 
 def depthwise_kernel(layer: keras.layers.Layer) -> Any:
-    """A ``DepthwiseConv1D/2D``'s kernel: ``depthwise_kernel`` on Keras 2 | ``kernel`` on Keras 3."""
-    return layer.depthwise_kernel if KERAS_MAJOR_VERSION == 2 else layer.kernel
+    """A ``DepthwiseConv1D/2D``'s or ``SeparableConv1D/2D``'s depthwise kernel: ``depthwise_kernel`` | ``kernel`` on
+    Keras 3's DepthwiseConv."""
+    return layer.depthwise_kernel if hasattr(layer, "depthwise_kernel") else layer.kernel
 
 
 def flatten_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
@@ -213,19 +210,30 @@ def layer_randomness_from(model: keras.Model, draw_seed: Callable[[], tf.Tensor]
         replacement = random_generator_class(rng_type=random_generator_class.RNG_STATELESS)
         replacement._built = True  # noqa: SLF001  (Keras 2 RandomGenerator: no public way to skip its build)
         replacement.make_seed_for_stateless_op = next_seed
-    originals = [vars(target).get(name) for target in targets]  # None: the class's own (a SeedGenerator's next)
     if targets:
         seed.append(draw_seed())
-    for target in targets:
-        object.__setattr__(target, name, replacement)  # Not tracked: no checkpoint dependency.
+    with patched_attributes([(target, name, replacement) for target in targets]):
+        yield
+
+
+@contextlib.contextmanager
+def patched_attributes(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Within the block, each ``(owner, name, value)`` of ``patches`` sets ``owner.name = value`` (untracked: no
+    checkpoint dependency); then each owner gets back its own attribute, or none if it had none (its class's)."""
+    originals = [vars(owner).get(name, _ABSENT) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        object.__setattr__(owner, name, value)
     try:
         yield
     finally:
-        for target, original in zip(targets, originals):
-            if original is None:
-                object.__delattr__(target, name)
+        for (owner, name, _), original in zip(patches, originals):
+            if original is _ABSENT:
+                object.__delattr__(owner, name)
             else:
-                object.__setattr__(target, name, original)
+                object.__setattr__(owner, name, original)
+
+
+_ABSENT = object()
 
 
 # BATCH_NORM_CLASSES: layers that normalise with batch statistics in training and store moving averages.
@@ -300,22 +308,17 @@ class RunProgressBar(keras.callbacks.ProgbarLogger):
 # Entry points.
 
 
-def _keras2_entry_points() -> dict[Any, str]:
-    """Keras 2's ``Model.fit`` and ``train_on_batch`` (their code objects, under Keras's traceback filter) -> the entry
-    names of `keras_dyndp.keras_glue.entry_points`; none on Keras 3, whose entry points show their data to the model."""
-    if _KERAS_3:
-        return {}
-    methods = {"fit": entry_points.FIT, "train_on_batch": entry_points.TRAIN_ON_BATCH}
-    return {inspect.unwrap(getattr(keras.Model, name)).__code__: entry for name, entry in methods.items()}
-
-
-_KERAS2_ENTRY_POINTS = _keras2_entry_points()
+# Keras 2's ``Model.fit`` and ``train_on_batch`` (their code objects, under Keras's traceback filter) -> the entry names
+# of `keras_dyndp.keras_glue.entry_points`; none on Keras 3, whose entry points show their data to the model.
+_KERAS2_ENTRY_POINTS = {
+    inspect.unwrap(getattr(keras.Model, name)).__code__: entry
+    for name, entry in [("fit", entry_points.FIT), ("train_on_batch", entry_points.TRAIN_ON_BATCH)]
+    if not _KERAS_3
+}
 
 
 def unbound_entry_data(model: keras.Model) -> tuple[str, Any] | None:
     """Keras 2: ``(entry, x)`` of the ``keras.Model.fit(model, x, ...)`` or ``train_on_batch`` called unbound that
     is making ``model``'s train function (called from its ``make_train_function``), read from that call's frame, as
     Keras 2 shows it to no call on the model (`registration.keras_entry_data`); None otherwise, and on Keras 3."""
-    if not _KERAS2_ENTRY_POINTS:
-        return None
-    return registration.keras_entry_data(model, _KERAS2_ENTRY_POINTS)
+    return registration.keras_entry_data(model, _KERAS2_ENTRY_POINTS) if _KERAS2_ENTRY_POINTS else None

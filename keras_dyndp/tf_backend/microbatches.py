@@ -23,8 +23,7 @@ def microbatch_losses(per_example_losses: tf.Tensor, assignment: tf.Tensor, num_
     membership = tf.one_hot(assignment, num_microbatches, dtype=per_example_losses.dtype)  # [B, M]
     sums = tf.linalg.matvec(membership, per_example_losses, transpose_a=True)
     real_rows = tf.stop_gradient(tf.cast(tf.not_equal(per_example_losses, 0), per_example_losses.dtype))
-    counts = tf.linalg.matvec(membership, real_rows, transpose_a=True)
-    return sums / tf.maximum(counts, 1)
+    return sums / tf.maximum(tf.linalg.matvec(membership, real_rows, transpose_a=True), 1)
 
 
 def clipped_sum(

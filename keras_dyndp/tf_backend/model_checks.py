@@ -110,8 +110,6 @@ def _check_writes(model: keras.Model, signature: Any) -> None:
     graph = tf.function(lambda batch: model(batch, training=True)).get_concrete_function(signature).graph
     num_inputs = len(tf.nest.flatten(signature, expand_composites=True))
     written = _dependent_writes(graph, {id(t) for t in graph.inputs[:num_inputs]}, gated=False)
-    if not written:
-        return
     external = {id(internal): handle for handle, internal in graph.captures}
     variables = {id(v.handle): v for v in model.variables}
     metric_handles = {id(v.handle) for metric in model.metrics for v in metric.variables}
@@ -119,7 +117,7 @@ def _check_writes(model: keras.Model, signature: Any) -> None:
         handle = external.get(id(resource))
         if handle is not None and id(handle) in metric_handles:
             continue
-        variable = variables.get(id(handle)) if handle is not None else None
+        variable = variables.get(id(handle))
         if variable is None:
             where = f"the variable written by op {op_name!r}"
         else:
@@ -135,18 +133,14 @@ def _check_writes(model: keras.Model, signature: Any) -> None:
 
 def _nested_graphs(graph, op) -> list:
     """The function bodies an op calls (tf.cond branches, while_loop cond/body, nested tf.function)."""
-    names = []
-    for value in op.node_def.attr.values():
-        if value.HasField("func"):
-            names.append(value.func.name)
-        names.extend(func.name for func in value.list.func)
     bodies = []
-    for name in names:
-        function = graph._get_function(name)  # noqa: SLF001  (tf.Graph: no public lookup of a function body)
-        body = getattr(function, "graph", None)
-        if body is None:
-            raise ValueError(f"check_model cannot inspect the function {name!r} called by op {op.name!r}.")
-        bodies.append(body)
+    for value in op.node_def.attr.values():
+        for name in ([value.func.name] if value.HasField("func") else []) + [func.name for func in value.list.func]:
+            function = graph._get_function(name)  # noqa: SLF001  (tf.Graph: no public lookup of a function body)
+            body = getattr(function, "graph", None)
+            if body is None:
+                raise ValueError(f"check_model cannot inspect the function {name!r} called by op {op.name!r}.")
+            bodies.append(body)
     return bodies
 
 

@@ -59,13 +59,10 @@ def zeros_where_unconnected(
 def per_example_global_norms(per_example_grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
     """float32 [N]: the L2 norm of each example's gradient over all variables (one tensor [N, *shape] per variable;
     None counts as zero). ValueError if every entry is None."""
-    squares = []
-    for grad in per_example_grads:
-        if grad is None:
-            continue
-        grad = tf.cast(grad, tf.float32)
-        flat = tf.reshape(grad, tf.stack([tf.shape(grad)[0], -1]))
-        squares.append(tf.reduce_sum(tf.square(flat), axis=1))
+    flat = [
+        tf.reshape(tf.cast(g, tf.float32), tf.stack([tf.shape(g)[0], -1])) for g in per_example_grads if g is not None
+    ]
+    squares = [tf.reduce_sum(tf.square(grad), axis=1) for grad in flat]
     if not squares:
         raise ValueError("`per_example_grads` must contain at least one tensor. Received only None.")
     return tf.sqrt(tf.add_n(squares))

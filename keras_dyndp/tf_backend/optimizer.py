@@ -1,10 +1,9 @@
 """Keras optimizers that run dynamic DP-SGD on TensorFlow: the mixin runs the mechanism (`keras_dyndp.core.mechanism`)
-in graph ops on the clipped sums ``make_private``'s step (`apply_clipped_sum`) or a custom loop's `minimize` (the
-jacobian path, `compute_gradients`) hands it; the base class holds the update rule (docs/architecture.md, 'The DP step,
-once'). `dp_step` IS Keras's `iterations`: `apply_gradients` refuses gradients that did not come out of
-`compute_gradients`, and the whole update, counter included, depends on the noised gradients, so the counter counts DP
-steps. Past T a step raises, or under XLA releases nothing (C_t = sigma_t = 0). Keras's ``clipnorm`` and ``clipvalue``
-act on the noised gradient: harmless, but not DP clipping."""
+on the clipped sums ``make_private``'s step (`apply_clipped_sum`) or a custom loop (`compute_gradients`) hands it; the
+base class holds the update rule (docs/architecture.md, 'The DP step, once'). `dp_step` IS Keras's `iterations`:
+`apply_gradients` takes only `compute_gradients`' gradients and the whole update depends on them, so it counts DP steps.
+Past T a step raises, or under XLA releases nothing (C_t = sigma_t = 0). Keras's ``clipnorm`` and ``clipvalue`` act on
+the noised gradient: harmless, but not DP clipping."""
 
 from __future__ import annotations
 
@@ -44,7 +43,6 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
         self._noise_source = noise_source.NoiseSource(noise_seed)
-        schedule = self._schedule
         self._sampling_check = sampling_check.SamplingCheck(
             self._step_checks,
             self._public_batch_size,
@@ -56,24 +54,18 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
             self._clip_norms_tensor = tf.constant(self._step_arrays[0], dtype=tf.float32)
             self._noise_stddevs_tensor = tf.constant(self._step_arrays[1], dtype=tf.float32)
         self._schedule_fingerprint = keras_compat.add_int32_optimizer_variable(self, "schedule_fingerprint", (2,))
+
+        def variable(value, dtype, name):
+            aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
+            return tf.Variable(value, dtype=dtype, trainable=False, name=name, aggregation=aggregation)
+
         # Tracked by name, not among the variables Keras lists by index in checkpoints (before the slots, it would
         # shift theirs: a checkpoint saved before it existed would not restore); `.keras` files hold it last.
         with tf.init_scope():
-            self._released_steps = tf.Variable(
-                step_checks.UNRECORDED_RELEASED,
-                dtype=tf.int32,
-                trainable=False,
-                name="released_steps",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            )
+            self._released_steps = variable(step_checks.UNRECORDED_RELEASED, tf.int32, "released_steps")
             if self._adaptive_clipping is not None:  # saved after it (`keras_glue.saved_state`)
-                self._adaptive_clip_norm = tf.Variable(
-                    float(schedule.clip_norms[0]),
-                    dtype=tf.float32,
-                    trainable=False,
-                    name="adaptive_clip_norm",
-                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-                )
+                clip_norm = float(self._schedule.clip_norms[0])
+                self._adaptive_clip_norm = variable(clip_norm, tf.float32, "adaptive_clip_norm")
 
     @property
     def noise_source(self) -> noise_source.NoiseSource:
@@ -121,10 +113,9 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
     def _noised(
         self, clip: Callable, num_examples, num_rows, schedule_values=None, exact=True, centred_count=None
     ) -> list[tf.Tensor]:
-        """This replica's part of the update (`keras_dyndp.core.mechanism.private_update`) of its sums ``clip(C)``, (C,
-        sigma) (`_read_once`) used after the `_refusals` of its ``num_rows`` rows holding ``num_examples`` examples
-        (unless ``exact``, at least; at most the rows): noise on the first replica only, the global normaliser. With
-        adaptive clipping, ``centred_count(C)`` (this replica's unclipped count) moves C_t (`_adapt`)."""
+        """This replica's part of the update (`mechanism.private_update`) of its sums ``clip(C)`` at (C, sigma)
+        (`_read_once`), after the `_refusals` of its rows (``num_examples``, a lower bound unless ``exact``): noise on
+        the first replica only, the global normaliser; ``centred_count(C)`` moves C_t (`_adapt`)."""
         self._sampling_check.check_step_input()
         adaptive = self._adaptive_clip_norm is not None
         if adaptive and centred_count is None:
@@ -138,9 +129,7 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         with tf.control_dependencies(self._refusals(examples, examples if exact else rows, rows)):
             values = self._read_once(schedule_values, self._current_schedule_values)
             clip_norm, sigma = (tf.identity(value) for value in values)
-        num_microbatches = (
-            None if self._num_microbatches is None else self._num_microbatches * distribution.num_replicas()
-        )
+        num_microbatches = self._num_microbatches and self._num_microbatches * distribution.num_replicas()
         grads = mechanism.private_update(
             ops.OPS,
             clip(clip_norm),
@@ -165,14 +154,12 @@ class DynamicDPOptimizerMixin(optimizer_base.DPOptimizerBase):
         noise = self.count_noise_stddev(num_microbatches) * normal * distribution.noise_share()
         noised = distribution.global_sum(tf.cast(centred_count(clip_norm), tf.float32) + noise)
         state = tf.convert_to_tensor(self._adaptive_clip_norm)
-        return self._adaptive_clip_norm.assign(
-            self._next_clip_norm(ops.OPS, clip_norm, state, noised, rows, num_microbatches)
-        )
+        next_norm = self._next_clip_norm(ops.OPS, clip_norm, state, noised, rows, num_microbatches)
+        return self._adaptive_clip_norm.assign(next_norm)
 
     def _calling_model(self):
-        """The model whose train step calls (`private_model.model_compiled_with`, else
-        `registration.keras_model_calling`), or None; refused when it is Keras's own train step or wraps this
-        optimizer for loss scaling outside ``make_private``."""
+        """The model whose train step calls (`private_model.model_compiled_with`, `registration.keras_model_calling`) or
+        None; refuses Keras's train step and loss scaling outside ``make_private``."""
         model = private_model.model_compiled_with(self)
         if model is not None:
             return model
@@ -357,7 +344,7 @@ def _evaluated_loss(loss, var_list, tape):
     if tape is None and not callable(loss):
         raise ValueError("`tape` is required when a tensor loss is passed. Received: tape=None.")
     if callable(loss):
-        tape = tape if tape is not None else tf.GradientTape()
+        tape = tape or tf.GradientTape()
         with tape:
             if not callable(var_list):
                 tape.watch(var_list)

@@ -1,14 +1,8 @@
-"""Ties the batches a DP optimizer trains on to the Poisson sampling its schedule is accounted for (rate p =
-`schedule.sampling_probability`); nothing in Keras enforces it (a full-batch ``fit`` trains). Two checks close this.
-
-1. At every step, in the graph (`keras_dyndp.core.step_checks`, asserted by the optimizer; XLA drops it): the number
-   of examples (rows of non-zero weight) must lie in `batch_size_range(N, p)`. A custom loop's ``compute_gradients``
-   sees only weighted losses: the rows bound the count from above, the rows with a non-zero loss from below.
-2. In Python, on what ``fit`` received (`SamplingCheck.check_fit_input`): Poisson batches unlike the optimizer's and
-   arrays without ``public_batch_size=True`` raise ValueError; other data gets one `SamplingWarning` per optimizer.
-
-What each refuses, and why: docs/privacy.md, "Refused, and why".
-"""
+"""Ties the batches a DP optimizer trains on to the Poisson sampling (rate p) its schedule is accounted for, which
+nothing in Keras enforces. Two checks: at every step, in the graph (`keras_dyndp.core.step_checks`; XLA drops it), the
+examples (rows of non-zero weight; a custom loop's ``compute_gradients`` bounds them by the rows and the rows of
+non-zero loss) must lie in `batch_size_range(N, p)`; in Python, what ``fit`` received (`SamplingCheck.check_fit_input`).
+What each refuses, and why: docs/privacy.md, "Refused, and why"."""
 
 from __future__ import annotations
 
@@ -71,7 +65,8 @@ class SamplingCheck:
             self._fit_checked = False
 
     def check_fit_input(self, x: Any, jit_compile: bool = False) -> None:
-        """Checks ``x``, what ``model.fit`` received (point 2 of the module docstring); ``jit_compile``: the model's."""
+        """Checks ``x``, what ``model.fit`` received: Poisson batches unlike the optimizer's and arrays without
+        ``public_batch_size=True`` raise ValueError, other data one `SamplingWarning`; ``jit_compile``: the model's."""
         p = self._step_checks.sampling_probability
         sampling = data.poisson_sampling(x)
         if sampling is None:

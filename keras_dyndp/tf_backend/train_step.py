@@ -67,11 +67,8 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
     num_examples = num_rows if sample_weight is None else sampling_check.count_nonzero_rows(sample_weight)
     count = None
     if optimizer.adaptive_clipping is not None:  # microbatches: each counts; else the rows with a weight
-        rows = (
-            None
-            if optimizer.num_microbatches
-            else sampling_check.nonzero_rows(clipped_sum.example_weights(x, sample_weight))
-        )
+        weights = clipped_sum.example_weights(x, sample_weight)
+        rows = None if optimizer.num_microbatches else sampling_check.nonzero_rows(weights)
         count = ops.centred_count(norms, schedule_values[0], rows)
     optimizer.apply_clipped_sum(
         sums, num_examples, num_rows, var_list, schedule_values=schedule_values, centred_count=count
@@ -84,9 +81,8 @@ def _private_train_step(self: keras.Model, data) -> dict[str, tf.Tensor]:
 
 
 def _clipping_method(model: keras.Model) -> str:
-    """make_private's method; under mixed precision 'auto' takes the vectorized path and 'ghost' is refused: the ghost
-    rules' norms come from float16/bfloat16 layer inputs and output gradients, and one rounded down would let a
-    clipped gradient exceed C."""
+    """make_private's method; under mixed precision 'auto' takes the vectorized path and 'ghost' is refused (a ghost
+    norm rounded down in float16/bfloat16 would let a clipped gradient exceed C)."""
     method = private_model.record(model).config.method
     dtypes = {getattr(layer, "compute_dtype", None) for layer in keras_compat.flatten_layers(model)}
     low_precision = sorted(dtypes & {"float16", "bfloat16"})
@@ -102,9 +98,8 @@ def _clipping_method(model: keras.Model) -> str:
 
 
 def _private_fit(self: keras.Model, *args, **kwargs):
-    """``Model.fit`` showing its data to the checks, with `_BudgetCheck`; a step refused past the budget ends it in one
-    `BudgetExhaustedError` instead of TensorFlow's graph traceback. ``shuffle`` defaults to False, which Keras ignores
-    for datasets anyway (it warns on True)."""
+    """``Model.fit`` showing its data to the checks, with `_BudgetCheck` (one `BudgetExhaustedError` past the budget);
+    ``shuffle`` defaults to False, which Keras ignores for datasets anyway (it warns on True)."""
     bound = inspect.signature(type(self).fit).bind(self, *args, **kwargs)
     x = bound.arguments.get("x")
     optimizer = keras_compat.unwrap_optimizer(getattr(self, "optimizer", None))
@@ -123,9 +118,8 @@ def _private_fit(self: keras.Model, *args, **kwargs):
 
 
 def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
-    """The checks of the data an entry point showed (``(caller, x)``, `entry_points.DataSeen`): ``fit``'s budget left
-    and data (`SamplingCheck.check_fit_input`), ``train_on_batch``'s batch warned once. Returns whether the data was
-    checked; the step warns once about data no entry point showed (`entry_points.UNSEEN_BATCHES`)."""
+    """Checks the data ``(caller, x)`` an entry point showed: ``fit``'s budget left and data
+    (`SamplingCheck.check_fit_input`), ``train_on_batch``'s batch warned once. Returns whether the data was checked."""
     optimizer = keras_compat.unwrap_optimizer(getattr(model, "optimizer", None))
     if seen is None or not isinstance(optimizer, optimizer_base.DPOptimizerBase):
         return False
@@ -142,9 +136,8 @@ def _check_data(model: keras.Model, seen: tuple[str, object] | None) -> bool:
 
 
 def _seen_data(model: keras.Model) -> tuple[str, object] | None:
-    """``(caller, x)``: the data the entry point making ``model``'s train function showed (Keras 3: recorded by
-    `keras_dyndp.keras_glue.entry_points.DataSeen`; Keras 2: read from the frame of Keras's own ``fit`` or
-    ``train_on_batch``, `keras_compat.unbound_entry_data`), or None."""
+    """``(caller, x)``: the data the entry point making ``model``'s train function showed (`entry_points.DataSeen`;
+    Keras 2's unbound ``fit``: `keras_compat.unbound_entry_data`), or None."""
     seen = private_model.record(model).data_seen
     entry = keras_compat.unbound_entry_data(model)
     if entry is not None and entry[0] == entry_points.FIT:
@@ -153,8 +146,7 @@ def _seen_data(model: keras.Model) -> tuple[str, object] | None:
 
 
 def _private_make_train_function(self: keras.Model, force: bool = False):
-    """The model's ``make_train_function`` (which every training entry point calls first), after the checks of the
-    data the entry point showed (`_check_data`), wrapped in `_CheckedTrainFunction`."""
+    """The model's ``make_train_function`` (every entry point calls it first) after `_check_data`, wrapped."""
     seen = _seen_data(self)
     checked = _check_data(self, seen)
     function = _KERAS_MAKE_TRAIN_FUNCTION[self](self, force)
@@ -171,10 +163,8 @@ def _private_make_train_function(self: keras.Model, force: bool = False):
 
 
 class _CheckedTrainFunction:
-    """The train function Keras calls for a made-private model, from every entry point: Keras's ``iterator -> logs``,
-    its steps within `SamplingCheck.handed_over` when the entry point's data was checked, the in-graph refusals (an
-    ``InvalidArgumentError``) raised as one `BudgetExhaustedError` or RuntimeError; ``budget_stop``: as
-    `step_checks.budget_exhausted_parts`."""
+    """Keras's train function ``iterator -> logs`` of a made-private model: within `SamplingCheck.handed_over` when
+    the data was checked; in-graph refusals raised as one host refusal (``budget_stop``: the callback to suggest)."""
 
     def __init__(self, model: keras.Model, function: Callable):
         self._model = model
@@ -201,9 +191,8 @@ class _CheckedTrainFunction:
 
 
 class _BudgetCheck(keras.callbacks.Callback):
-    """Refuses, on the host, the call of the train function that would start past the budget (before the in-graph
-    guard fails with TensorFlow's traceback). Reads the step counter only near the end: before the n-th call of a
-    ``fit`` that started at step s, at most s + n k steps are taken (``steps_per_execution`` k)."""
+    """Refuses, on the host, a call of the train function that would start past the budget; checks only near the end:
+    before the n-th call of a ``fit`` that started at step s, at most s + n k steps are taken (k steps per call)."""
 
     def __init__(self, optimizer: optimizer_base.DPOptimizerBase, budget_stop: str | None):
         super().__init__()

@@ -44,19 +44,12 @@ def clipped_sum_in_physical_batches(
 
     def physical_batch(index, sums, norms, predictions, losses):
         rows = tf.range(index * rows_per_batch, (index + 1) * rows_per_batch)
-        batch_x, batch_y, batch_weight = tf.nest.map_structure(
-            lambda tensor: tf.gather(tensor, rows), (x, y, sample_weight)
-        )
-        batch_sums, batch_norms, batch_pred, batch_losses = clipped_sum_fn(batch_x, batch_y, batch_weight)
+        batch = tf.nest.map_structure(lambda tensor: tf.gather(tensor, rows), (x, y, sample_weight))
+        batch_sums, batch_norms, batch_pred, batch_losses = clipped_sum_fn(*batch)
         row_shapes.update(y_pred=batch_pred.shape[1:], losses=batch_losses.shape[1:])
         sums = [total + tf.cast(part, total.dtype) for total, part in zip(sums, batch_sums)]
-        return (
-            index + 1,
-            sums,
-            norms.write(index, batch_norms),
-            predictions.write(index, tf.cast(batch_pred, tf.float32)),
-            losses.write(index, batch_losses),
-        )
+        predictions = predictions.write(index, tf.cast(batch_pred, tf.float32))
+        return index + 1, sums, norms.write(index, batch_norms), predictions, losses.write(index, batch_losses)
 
     arrays = [tf.TensorArray(tf.float32, size=num_physical_batches, infer_shape=False) for _ in range(3)]
     _, sums, norms, predictions, losses = tf.while_loop(

@@ -1,10 +1,8 @@
-"""Per-example clipped gradient sums: the entry point that picks ghost clipping, the vectorized or the jacobian path.
-``'auto'`` takes ``'ghost'`` (`ghost`) where every layer and op is known to act per example (`per_example_layers`) or
-the traced forward pass is proven to keep examples apart (`graph_rows`), every trainable variable is in a layer with a
-rule (`rules`) and rows are examples, else ``'vectorized'``.
-``'jacobian'`` differentiates the batch's losses together, O(B^2), as ``num_microbatches`` does
-(`keras_dyndp.tf_backend.microbatches`). `model_checks` refuses batch statistics first; random layers draw from a secret
-generator (`randomness`). The sums carry NO noise: the optimizer adds it."""
+"""Per-example clipped gradient sums, without noise (the optimizer adds it). ``'auto'`` takes ``'ghost'`` (`ghost`)
+where every layer and op is known to act per example (`per_example_layers`) or the traced pass keeps examples apart
+(proven, `graph_rows`), every trainable variable has a rule (`rules`) and rows are examples, else ``'vectorized'``.
+``'jacobian'`` differentiates the batch's losses together, O(B^2), as ``num_microbatches`` does (`microbatches`).
+`model_checks` refuses batch statistics first; random layers draw from a secret generator (`randomness`)."""
 
 from __future__ import annotations
 

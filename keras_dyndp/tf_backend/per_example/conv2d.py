@@ -86,7 +86,7 @@ def depthwise_call(tap: Tap) -> Callable:
     separable one keeps its depthwise output."""
     layer = tap.layer
     separable = isinstance(layer, keras.layers.SeparableConv2D)
-    kernel = layer.depthwise_kernel if separable else keras_compat.depthwise_kernel(layer)
+    kernel = keras_compat.depthwise_kernel(layer)
 
     def call(inputs, *args, **kwargs):
         inputs = tap.guard(tf.cast(inputs, kernel.dtype))
@@ -107,21 +107,17 @@ def depthwise_call(tap: Tap) -> Callable:
 
 def depthwise_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     """Depthwise kernel; a separable one's pointwise kernel first (module docstring); bias."""
-    layer = tap.layer
-    window = Window.of(layer)
-    if not isinstance(layer, keras.layers.SeparableConv2D):
-        gradients = [depthwise_kernel_gradient(keras_compat.depthwise_kernel(layer), window, tap.inputs, g, tap.rows)]
-    else:
+    layer, g_depthwise, gradients = tap.layer, g, []
+    if isinstance(layer, keras.layers.SeparableConv2D):
         pointwise = layer.pointwise_kernel
         pointwise_matrix = tf.reshape(tf.convert_to_tensor(pointwise), pointwise.shape[2:])  # [c_in * m, filters].
         squared, pointwise_sum = norms.bilinear_norms_and_sum(
             norms.flatten_positions(tap.saved["depthwise_output"], tap.rows), norms.flatten_positions(g, tap.rows)
         )
+        gradients.append(_reshaped(pointwise, squared, pointwise_sum))
         g_depthwise = tf.tensordot(g, pointwise_matrix, axes=[[3], [1]])
-        gradients = [
-            _reshaped(pointwise, squared, pointwise_sum),
-            depthwise_kernel_gradient(layer.depthwise_kernel, window, tap.inputs, g_depthwise, tap.rows),
-        ]
+    kernel, window = keras_compat.depthwise_kernel(layer), Window.of(layer)
+    gradients.append(depthwise_kernel_gradient(kernel, window, tap.inputs, g_depthwise, tap.rows))
     return norms.with_bias(layer, norms.flatten_positions(g, tap.rows), gradients)
 
 
@@ -228,8 +224,7 @@ def image_patches(window: Window, inputs: tf.Tensor) -> tf.Tensor:
     inputs = tf.pad(inputs, [[0, 0], [top, bottom], [left, right], [0, 0]])
     inputs = tf.reshape(inputs, [tf.shape(inputs)[0], (height + top + bottom) * padded_width, channels])
     patches = tf.gather(inputs, tf.constant(pixels.reshape(-1), tf.int32), axis=1)
-    positions = rows.shape[0] * cols.shape[0]
-    return tf.reshape(patches, [tf.shape(inputs)[0], positions, kernel_h * kernel_w * channels])
+    return tf.reshape(patches, [tf.shape(inputs)[0], rows.shape[0] * cols.shape[0], kernel_h * kernel_w * channels])
 
 
 def patch_norms_and_sum(window: Window, inputs: tf.Tensor, g: tf.Tensor, rows: Rows):

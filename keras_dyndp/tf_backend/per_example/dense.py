@@ -36,9 +36,11 @@ def call(tap: Tap) -> Callable:
 
 
 def record_and_activate(tap: Tap, inputs: tf.Tensor, kernel_output: tf.Tensor) -> tf.Tensor:
-    """Adds the bias, records (inputs, pre-activation) for the norms, and applies the activation."""
+    """Adds the bias (if ``use_bias``; EinsumDense: if any), records (inputs, pre-activation) for the norms, and applies
+    the activation."""
     layer = tap.layer
-    z = kernel_output + tap.weight(layer.bias) if layer.use_bias else kernel_output
+    bias = layer.bias if getattr(layer, "use_bias", True) else None
+    z = kernel_output if bias is None else kernel_output + tf.cast(tap.weight(bias), kernel_output.dtype)
     tap.record(inputs, z)
     return layer.activation(z) if layer.activation is not None else z
 
@@ -100,8 +102,7 @@ def embedding_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
         squared = _per_example_sums(norms.squared_norms(rows, 1), examples, batch)
 
     def clipped_sum(f):
-        factors = f if examples is None else tf.gather(f, examples)
-        return _sum_by_id(rows, ids, factors, layer.input_dim)
+        return _sum_by_id(rows, ids, f if examples is None else tf.gather(f, examples), layer.input_dim)
 
     return [GhostGradient(layer.embeddings, squared, clipped_sum)]
 
@@ -136,8 +137,7 @@ def _unique_pairs(keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 def _sum_by_id(rows: tf.Tensor, ids: tf.Tensor, factors: tf.Tensor, vocabulary: int) -> tf.Tensor:
     """[V, d]: sum of ``factors[n] rows[n]`` by ``ids`` [N] (int32, in [0, V)). A row of factor 0 (a norm not finite,
     or C = 0) goes to row V, dropped: it adds exactly nothing (0 x inf is NaN), without a select over the rows."""
-    index = tf.where(factors > 0, ids, vocabulary)
-    return norms.rows_by_index(rows, index, factors, vocabulary + 1)[:vocabulary]
+    return norms.rows_by_index(rows, tf.where(factors > 0, ids, vocabulary), factors, vocabulary + 1)[:vocabulary]
 
 
 def _per_example_sums(values: tf.Tensor, examples: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from keras_dyndp.rules import einsum_equation
 from keras_dyndp.tf_backend.keras_compat import keras
+from keras_dyndp.tf_backend.per_example import dense
 from keras_dyndp.tf_backend.per_example import norms
 from keras_dyndp.tf_backend.per_example.taps import GhostGradient
 from keras_dyndp.tf_backend.per_example.taps import Tap
@@ -35,11 +36,7 @@ def call(tap: Tap) -> Callable:
         if einsum_equation.plan(layer.equation, tuple(layer.kernel.shape), inputs.shape.rank) is None:
             raise UnsupportedModel(f"EinsumDense {layer.name!r}'s equation {layer.equation!r} mixes examples")
         inputs = tap.guard(tf.cast(inputs, layer.kernel.dtype))
-        z = tf.einsum(layer.equation, inputs, tap.weight(layer.kernel))
-        if layer.bias is not None:
-            z = z + tf.cast(tap.weight(layer.bias), z.dtype)
-        tap.record(inputs, z)
-        return layer.activation(z) if layer.activation is not None else z
+        return dense.record_and_activate(tap, inputs, tf.einsum(layer.equation, inputs, tap.weight(layer.kernel)))
 
     return einsum_call
 
@@ -58,8 +55,7 @@ def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     layer = tap.layer
     plan = einsum_equation.plan(layer.equation, tuple(layer.kernel.shape), tap.inputs.shape.rank)  # checked in call
     a = _positions_rows(tap.inputs, plan.input_order, plan.fan_in, tap)
-    g_rows = _positions_rows(g, plan.output_order, plan.fan_out, tap)
-    squared, summed = norms.bilinear_norms_and_sum(a, g_rows)
+    squared, summed = norms.bilinear_norms_and_sum(a, _positions_rows(g, plan.output_order, plan.fan_out, tap))
 
     def clipped_sum(f):
         return tf.transpose(tf.reshape(summed(f), plan.gradient_shape), plan.kernel_order)

@@ -65,21 +65,16 @@ def _without_gradient_paths(layer: keras.layers.Layer, variables: list):
     """For the call: each attribute of ``layer`` or its sublayers that holds one of ``variables``, their value
     through ``tf.stop_gradient``; UnsupportedModel where a variable is held by none."""
     stopped = {id(variable): tf.stop_gradient(tf.convert_to_tensor(variable)) for variable in variables}
-    swapped, found = [], set()
-    for owner in [layer, *keras_compat.flatten_layers(layer)]:
-        for name, value in list(vars(owner).items()):
-            if id(value) in stopped and any(value is variable for variable in variables):
-                swapped.append((owner, name, value))
-                found.add(id(value))
-    if len(found) != len(stopped):
+    swapped = [
+        (owner, name, value)
+        for owner in [layer, *keras_compat.flatten_layers(layer)]
+        for name, value in list(vars(owner).items())
+        if id(value) in stopped and any(value is variable for variable in variables)
+    ]
+    if len({id(value) for _, _, value in swapped}) != len(stopped):
         raise UnsupportedModel(f"layer {layer.name!r} does not hold every variable its rule covers as an attribute")
-    try:
-        for owner, name, value in swapped:
-            object.__setattr__(owner, name, stopped[id(value)])
+    with keras_compat.patched_attributes([(owner, name, stopped[id(value)]) for owner, name, value in swapped]):
         yield
-    finally:
-        for owner, name, value in swapped:
-            object.__setattr__(owner, name, value)
 
 
 @contextlib.contextmanager
@@ -89,11 +84,8 @@ def _activation_recorded(layer: keras.layers.Layer, record: Callable):
     if not callable(activation):
         yield False
         return
-    object.__setattr__(layer, "activation", lambda z: activation(record(z)))
-    try:
+    with keras_compat.patched_attributes([(layer, "activation", lambda z: activation(record(z)))]):
         yield True
-    finally:
-        object.__setattr__(layer, "activation", activation)
 
 
 def per_example_rows(tensor: tf.Tensor, rows: Rows) -> tf.Tensor:
@@ -143,9 +135,8 @@ def sublayer_norms_and_sums(
 ) -> tuple[list, tf.Tensor, Callable]:
     """`keras_dyndp.rules.layer_rules.sublayer_norms_and_sums` by a `registry.LayerRule` of TensorFlow's tapped form
     (one computed from the tap's input and rows alone; one that reads what its call saved is refused)."""
-    inputs, rows = from_rows(a)
     tap = Tap(layer, None)
-    tap.inputs, tap.rows = inputs, rows
+    tap.inputs, tap.rows = from_rows(a)
     try:
         gradients = [gr for gr in rule.norms_and_sums(tap, from_rows(g)[0]) if gr.variable is not None]
     except KeyError as error:

@@ -1,11 +1,9 @@
-"""Ghost clipping: per-example gradient norms and the clipped sum from one batched forward and backward pass. One pass
-records each covered layer's input and the gradient of the summed loss with respect to its pre-activation (variables
-read through ``tf.stop_gradient``: no weight gradient computed); its rule (`registry`) turns them into per-example
-squared norms and the clipped sum. Li et al. 2021, after Goodfellow 2015. Row i of every tapped tensor must belong to
-example i, checked while tracing: TimeDistributed folds [B, T, ...] example-major itself in the tapped pass; every
-tapped input must have one row per example (or per example and step), proven on a probe trace with an unusual static
-batch size and enforced by a reshape that fails at run time; a variable that still gets a gradient (tied weights), is
-shared by two layers, or a layer called twice sends the model to the vectorized path."""
+"""Ghost clipping (Li et al. 2021, after Goodfellow 2015): per-example gradient norms and the clipped sum from one
+batched pass that records each covered layer's input and the gradient of the summed loss with respect to its
+pre-activation (variables read through ``tf.stop_gradient``), which its rule (`registry`) turns into per-example squared
+norms and the clipped sum. Row i of every tapped tensor must belong to example i (TimeDistributed folds example-major):
+proven on a probe trace with an unusual batch size and enforced by a reshape that fails at run time. Tied or shared
+variables, or a layer called twice, send the model to the vectorized path."""
 
 from __future__ import annotations
 
@@ -80,12 +78,10 @@ def clipped_sum(
         for gradient in generic.tapped(registry.rule_for(tap.layer)).norms_and_sums(tap, tap.gradient):
             if gradient.variable is None:  # the norms of all the variables a shared-contract rule covers, together
                 squared += gradient.squared_norms
-                continue
-            if id(gradient.variable) not in wanted:
-                continue
-            if id(gradient.variable) in gradients:
-                raise UnsupportedModel(f"layer {tap.layer.name!r} shares a variable with another layer")
-            gradients[id(gradient.variable)] = gradient
+            elif id(gradient.variable) in wanted:
+                if id(gradient.variable) in gradients:
+                    raise UnsupportedModel(f"layer {tap.layer.name!r} shares a variable with another layer")
+                gradients[id(gradient.variable)] = gradient
     missing = [keras_compat.variable_name(v) for v in var_list if id(v) not in gradients]
     if missing:
         raise UnsupportedModel(f"variables not reached by a ghost rule: {missing}")
@@ -125,13 +121,8 @@ def tapped(model: keras.Model, rows: Rows, tape: tf.GradientTape | None = None):
         elif isinstance(layer, keras.layers.TimeDistributed):
             patches.append((layer, "call", _time_distributed_call(tapping, layer)))
             patches.append((layer, "compute_mask", _time_distributed_mask(layer)))
-    try:
-        for layer, name, function in patches:
-            setattr(layer, name, function)
+    with keras_compat.patched_attributes(patches):
         yield tapping
-    finally:
-        for layer, name, _ in patches:
-            delattr(layer, name)
 
 
 # The probe traces the model with this many examples (`graph_rows.probe_specs`: every other unknown input axis 97

@@ -1,18 +1,10 @@
-"""Ghost-clipping rules of Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and Embedding
-with their kernel (embeddings) frozen and the adapters ``lora_kernel_a`` A [in, r] and ``lora_kernel_b`` B [r, out]
-(Embedding: ``lora_embeddings_a`` [V, r], ``lora_embeddings_b``) trained, the effective kernel W + s A B with
-s = lora_alpha / lora_rank. The tapped call is the built-in one (Keras's ``kernel`` property already merges the
-adapters); an EinsumDense's adapters by `keras_dyndp.rules.einsum_lora` (the kernel's last letter must be an output
-letter). From the layer input a_t and the output gradient g_t (before the activation):
-
-* A: dA_i = sum_t a_t^T (s g_t B^T), the Dense rule (`norms.bilinear_gradient`) for the output gradient s g B^T;
-  Embedding's A is a table indexed by the ids: the Embedding rule for the rows s g B^T;
-* B: dB_i = sum_t (s a_t A)^T g_t, the Dense rule for the inputs s a A (Embedding: s A[ids]);
-* a bias that trains: the built-in rule's.
-
-Each rule's norms and sum read the same transformed tensors, computed once, so each example's contribution to the sum
-stays within the norm the rule reports (its rounding bound included).
-"""
+"""Ghost-clipping rules of Keras 3's LoRA layers (``layer.enable_lora(rank)``): Dense, EinsumDense and Embedding with
+the kernel (embeddings) frozen and the adapters A [in, r], B [r, out] trained, the effective kernel W + s A B with
+s = lora_alpha / lora_rank. The tapped call is the built-in one (Keras's ``kernel`` already merges the adapters); an
+EinsumDense's adapters by `keras_dyndp.rules.einsum_lora`. From the layer input a_t and the output gradient g_t: A is
+the Dense rule for the output gradient s g B^T (Embedding: the Embedding rule for the rows s g B^T), B the Dense rule
+for the inputs s a A (Embedding: s A[ids]), a bias the built-in rule's. Each rule's norms and sum read the same tensors,
+computed once, so each example's contribution stays within the norm the rule reports (rounding bound included)."""
 
 from __future__ import annotations
 
@@ -56,8 +48,7 @@ def _view(tap: Tap, inputs: tf.Tensor, **layer: Any) -> Any:
 
 def einsum_supports(layer: keras.layers.Layer) -> bool:
     """The built-in EinsumDense rule's equations whose kernel's last letter is an output letter (`einsum_lora`)."""
-    rank = einsum_equation.equation_input_rank(layer.equation)
-    return einsum_lora.lora_plan(layer.equation, rank) is not None
+    return einsum_lora.lora_plan(layer.equation, einsum_equation.equation_input_rank(layer.equation)) is not None
 
 
 def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
@@ -66,8 +57,7 @@ def einsum_norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     layer = tap.layer
     plan = einsum_lora.lora_plan(layer.equation, tap.inputs.shape.rank)
     x = tf.cast(tap.inputs, tf.float32)
-    g32 = tf.cast(g, tf.float32)
-    g_last = tnp.moveaxis(g32, plan.axis, -1)
+    g_last = tnp.moveaxis(tf.cast(g, tf.float32), plan.axis, -1)
     h = einsum_lora.scale(layer) * tf.tensordot(g_last, layer.lora_kernel_b, [[g.shape.rank - 1], [1]])
     h = tnp.moveaxis(h, -1, plan.axis)
     view = _view(tap, x, equation=plan.rank_equation, kernel=layer.lora_kernel_a, bias=None)

@@ -50,9 +50,7 @@ def _checked_input(tap: Tap, inputs, axes: list[int]) -> tf.Tensor:
 def _affine(tap: Tap, inputs: tf.Tensor, normalized: tf.Tensor, axes: list[int]) -> tf.Tensor:
     """``normalized * gamma + beta`` (each broadcast along ``axes``), recorded; cast to the layer's compute dtype."""
     layer = tap.layer
-    shape = [1] * normalized.shape.rank
-    for axis in axes:
-        shape[axis] = normalized.shape[axis]
+    shape = [normalized.shape[axis] if axis in axes else 1 for axis in range(normalized.shape.rank)]
     outputs = normalized
     gamma, beta = _scale_and_offset(layer)
     if gamma is not None:
@@ -64,11 +62,14 @@ def _affine(tap: Tap, inputs: tf.Tensor, normalized: tf.Tensor, axes: list[int])
     return tf.cast(outputs, layer.compute_dtype)
 
 
-def _over_axes(tap: Tap, normalize: Callable[[tf.Tensor, list[int]], tf.Tensor]) -> Callable:
-    """The tapped call of a layer normalising its input over ``layer.axis`` by ``normalize(x, axes)``."""
+def _over_axes(tap: Tap, normalize: Callable[[tf.Tensor, list[int]], tf.Tensor], takes_mask: bool = False) -> Callable:
+    """The tapped call of a layer normalising its input over ``layer.axis`` by ``normalize(x, axes)``; a mask is
+    refused where ``takes_mask``."""
     layer = tap.layer
 
     def call(inputs, *args, **kwargs):
+        if takes_mask and kwargs.get("mask") is not None:
+            raise UnsupportedModel(f"{type(layer).__name__} {layer.name!r} received a mask")
         rank = inputs.shape.rank if isinstance(inputs, tf.Tensor) else 0
         axes = _axes(layer.axis, max(rank, 1))
         x = _checked_input(tap, inputs, axes)
@@ -102,33 +103,24 @@ def group_norm_call(tap: Tap) -> Callable:
     """GroupNormalization's tapped call: moments over each group of channels and all non-batch axes (no mask)."""
     layer = tap.layer
 
-    def call(inputs, *args, mask=None, **kwargs):
-        if mask is not None:
-            raise UnsupportedModel(f"GroupNormalization {layer.name!r} received a mask")
-        rank = inputs.shape.rank if isinstance(inputs, tf.Tensor) else 0
-        axis = layer.axis % max(rank, 1)
-        x = _checked_input(tap, inputs, [axis])
-        shape = tf.shape(x)
-        grouped_shape = tf.concat(
-            [shape[:axis], [layer.groups, x.shape[axis] // layer.groups], shape[axis + 1 :]], axis=0
-        )
-        grouped = tf.reshape(x, grouped_shape)
-        reduced = [a for a in range(1, rank + 1) if a != axis]
-        mean, variance = tf.nn.moments(grouped, reduced, keepdims=True)
+    def normalize(x, axes):
+        (axis,), shape = axes, tf.shape(x)
+        groups = [layer.groups, x.shape[axis] // layer.groups]
+        grouped = tf.reshape(x, tf.concat([shape[:axis], groups, shape[axis + 1 :]], axis=0))
+        mean, variance = tf.nn.moments(grouped, [a for a in range(1, x.shape.rank + 1) if a != axis], keepdims=True)
         normalized = tf.reshape((grouped - mean) * tf.math.rsqrt(variance + layer.epsilon), shape)
         normalized.set_shape(x.shape)
-        return _affine(tap, x, normalized, [axis])
+        return normalized
 
-    return call
+    return _over_axes(tap, normalize, takes_mask=True)
 
 
 def norms_and_sums(tap: Tap, g: tf.Tensor) -> list[GhostGradient]:
     """gamma: sum x_hat g, beta: sum g, over each example's axes the parameters broadcast over, materialised."""
     layer = tap.layer
     normalized = tap.saved["normalized"]
-    rank = normalized.shape.rank
-    kept = _axes(layer.axis, rank)
-    summed = [axis for axis in range(1, rank) if axis not in kept]
+    kept = _axes(layer.axis, normalized.shape.rank)
+    summed = [axis for axis in range(1, normalized.shape.rank) if axis not in kept]
     gamma, beta = _scale_and_offset(layer)
     return [
         norms.summed_gradient(variable, per_row, summed, tap.rows.batch)

@@ -43,9 +43,8 @@ def rows_by_index(rows: tf.Tensor, index: tf.Tensor, weights: tf.Tensor, num_row
 def _entries(index: tf.Tensor) -> tf.Tensor:
     """int32 [N, 2]: (index[n], n), as the halves of one int64 (a bitcast: ``tf.stack`` copies element by element)."""
     columns = tf.range(tf.shape(index, out_type=tf.int64)[0], dtype=tf.int64) * 2**32
-    if sys.byteorder == "little":  # the low half first
-        return tf.bitcast(tf.cast(index, tf.int64) + columns, tf.int32)
-    return tf.reverse(tf.bitcast(tf.cast(index, tf.int64) + columns, tf.int32), [1])
+    entries = tf.bitcast(tf.cast(index, tf.int64) + columns, tf.int32)
+    return entries if sys.byteorder == "little" else tf.reverse(entries, [1])  # the low half first
 
 
 def flatten_positions(tensor: tf.Tensor, rows: Rows) -> tf.Tensor:
@@ -98,8 +97,7 @@ def bounded_by_rounding(squared: tf.Tensor, a: tf.Tensor, g: tf.Tensor, form: st
 
 def bilinear_gradient(variable: tf.Variable, a: tf.Tensor, g: tf.Tensor) -> GhostGradient:
     """The per-example gradients G_i = a_i^T g_i of a weight ``variable`` (a: [B, T, k], g: [B, T, c])."""
-    squared, clipped_sum = bilinear_norms_and_sum(a, g)
-    return GhostGradient(variable, squared, clipped_sum)
+    return GhostGradient(variable, *bilinear_norms_and_sum(a, g))
 
 
 def bias_gradient(variable: tf.Variable, g: tf.Tensor) -> GhostGradient:

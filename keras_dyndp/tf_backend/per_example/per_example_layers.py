@@ -35,12 +35,11 @@ def first_unknown(model: keras.Model) -> str | None:
 
 
 def _known_layer(layer: keras.layers.Layer) -> bool:
-    cls = type(layer)
     if registry.rule_for(layer) is not None or registry.acts_per_example(layer):  # unsupported by a rule: as without it
         return True
     if isinstance(layer, keras_compat.OP_LAYER_CLASSES):
         return _known_slice(layer.symbol, layer) or _known_operation(layer.symbol, *_arguments(layer))
-    return cls.call in (keras_compat.FUNCTIONAL_CLASS.call, keras.Sequential.call)  # A plain container.
+    return type(layer).call in (keras_compat.FUNCTIONAL_CLASS.call, keras.Sequential.call)  # A plain container.
 
 
 def _input_ranks(layer: keras.layers.Layer) -> set[int]:

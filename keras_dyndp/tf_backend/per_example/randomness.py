@@ -36,18 +36,9 @@ def secret_randomness(
         return _default[0].generator.uniform_full_int([2], tf.int64)
 
     dropouts = [layer for layer in keras_compat.flatten_layers(model) if type(layer) is keras.layers.Dropout]
-    replaced = [vars(layer).get("call") for layer in dropouts]
-    for layer in dropouts:
-        layer.call = _one_mask_for_all_rows(layer)
-    try:
-        with keras_compat.layer_randomness_from(model, draw_seed):
-            yield
-    finally:
-        for layer, call in zip(dropouts, replaced):
-            if call is None:
-                del layer.call
-            else:
-                layer.call = call
+    calls = [(layer, "call", _one_mask_for_all_rows(layer)) for layer in dropouts]
+    with keras_compat.patched_attributes(calls), keras_compat.layer_randomness_from(model, draw_seed):
+        yield
 
 
 def _one_mask_for_all_rows(layer: keras.layers.Layer) -> Callable:
@@ -57,10 +48,7 @@ def _one_mask_for_all_rows(layer: keras.layers.Layer) -> Callable:
     def one_mask_call(inputs, *args, **kwargs):
         own = layer.noise_shape
         shared = (1, *(own[1:] if own is not None else [None] * (len(inputs.shape) - 1)))
-        object.__setattr__(layer, "noise_shape", shared)  # Not tracked (Keras would wrap it).
-        try:
+        with keras_compat.patched_attributes([(layer, "noise_shape", shared)]):  # Not tracked (Keras would wrap it).
             return call(inputs, *args, **kwargs)
-        finally:
-            object.__setattr__(layer, "noise_shape", own)
 
     return one_mask_call

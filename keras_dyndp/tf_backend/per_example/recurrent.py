@@ -22,13 +22,8 @@ from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
 
 def supports(layer: keras.layers.RNN) -> bool:
     """Not stateful, reversed, time-major (Keras 2 only) or with dropout."""
-    return not (
-        layer.stateful
-        or layer.go_backwards
-        or getattr(layer, "time_major", False)
-        or layer.dropout
-        or layer.recurrent_dropout
-    )
+    options = (layer.stateful, layer.go_backwards, getattr(layer, "time_major", False), layer.dropout)
+    return not any(options) and not layer.recurrent_dropout
 
 
 def _project(tap: Tap, inputs, mask, initial_state, kwargs, bias: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
@@ -39,8 +34,7 @@ def _project(tap: Tap, inputs, mask, initial_state, kwargs, bias: tf.Tensor | No
         raise UnsupportedModel(f"{type(layer).__name__} {layer.name!r} called with a mask or an initial state")
     inputs = tap.guard(tf.cast(inputs, cell.kernel.dtype))
     projection = tf.tensordot(inputs, tap.weight(cell.kernel), axes=[[2], [0]])
-    if bias is not None:
-        projection = projection + bias
+    projection = projection if bias is None else projection + bias
     tap.record(inputs, projection)
     return tf.transpose(projection, [1, 0, 2]), tf.zeros(tf.stack([tf.shape(inputs)[0], cell.units]), inputs.dtype)
 
@@ -63,11 +57,9 @@ def lstm_call(tap: Tap) -> Callable:
 
         def step(carry, projection_t):
             h_prev, c_prev = carry
-            z = projection_t + tf.matmul(h_prev, recurrent_kernel)
-            z_i, z_f, z_c, z_o = tf.split(z, 4, axis=1)
+            z_i, z_f, z_c, z_o = tf.split(projection_t + tf.matmul(h_prev, recurrent_kernel), 4, axis=1)
             c = cell.recurrent_activation(z_f) * c_prev + cell.recurrent_activation(z_i) * cell.activation(z_c)
-            h = cell.recurrent_activation(z_o) * cell.activation(c)
-            return h, c
+            return cell.recurrent_activation(z_o) * cell.activation(c), c
 
         hs, cs = tf.scan(step, projections, initializer=(zeros, zeros))
         # h_{t-1} for t = 0..T-1: the initial zeros, then hs shifted by one step (no third scan output to stack).
@@ -98,8 +90,7 @@ def _gru_step(cell: keras.layers.Layer, recurrent_kernel: tf.Tensor, recurrent_b
         x_zr, x_h = projection_t[:, : 2 * units], projection_t[:, 2 * units :]
         if cell.reset_after:
             recurrent = tf.matmul(h_prev, recurrent_kernel)
-            if recurrent_bias is not None:
-                recurrent = recurrent + recurrent_bias
+            recurrent = recurrent if recurrent_bias is None else recurrent + recurrent_bias
             z, r = tf.split(cell.recurrent_activation(x_zr + recurrent[:, : 2 * units]), 2, axis=1)
             candidate = cell.activation(x_h + r * recurrent[:, 2 * units :])
         else:
@@ -107,8 +98,7 @@ def _gru_step(cell: keras.layers.Layer, recurrent_kernel: tf.Tensor, recurrent_b
                 cell.recurrent_activation(x_zr + tf.matmul(h_prev, recurrent_kernel[:, : 2 * units])), 2, axis=1
             )
             candidate = cell.activation(x_h + tf.matmul(r * h_prev, recurrent_kernel[:, 2 * units :]))
-        h = z * h_prev + (1 - z) * candidate
-        return h, h_prev, r
+        return z * h_prev + (1 - z) * candidate, h_prev, r
 
     return step
 

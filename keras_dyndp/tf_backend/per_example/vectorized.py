@@ -1,9 +1,6 @@
-"""Per-example clipping by ``tf.vectorized_map`` over single-example passes: any model, B gradients materialised. Only
-models the ghost path cannot take come here under ``method='auto'``, and any model under ``method='vectorized'``. Where
-``pfor`` fails while tracing, ``tf.map_fn`` runs the passes one by one (never the batch gradient). Some models go to
-``tf.map_fn`` directly (`_pfor_fails_at_run_time`), where ``pfor`` builds a graph that fails only when run: recurrent
-models ("Tried to append a tensor with incompatible shape to a list"), and Keras 3's EinsumDense and MultiHeadAttention,
-whose vectorized step can kill the process (docs/performance.md)."""
+"""Per-example clipping by ``tf.vectorized_map`` over single-example passes: any model, B gradients materialised (under
+``method='auto'``, the models the ghost path cannot take). Where ``pfor`` fails while tracing, or builds a graph that
+fails only when run (`_pfor_fails_at_run_time`), ``tf.map_fn`` runs the passes one by one (never the batch gradient)."""
 
 from __future__ import annotations
 
@@ -71,8 +68,9 @@ def clipped_sum(
 
 
 def _pfor_fails_at_run_time(model: keras.Model) -> bool:
-    """Whether ``model`` has a layer whose ``pfor`` graph fails only when run (module docstring): a recurrent cell
-    (RNN, LSTM, GRU, ConvLSTM, also inside wrappers), or, on Keras 3, an EinsumDense or MultiHeadAttention."""
+    """Whether ``model`` has a layer whose ``pfor`` graph fails only when run: a recurrent cell (RNN, LSTM, GRU,
+    ConvLSTM, also inside wrappers: "Tried to append a tensor with incompatible shape to a list"), or, on Keras 3, an
+    EinsumDense or MultiHeadAttention, whose vectorized step can kill the process (docs/performance.md)."""
     crashing = (
         (keras.layers.EinsumDense, keras.layers.MultiHeadAttention) if keras_compat.KERAS_MAJOR_VERSION == 3 else ()
     )
