@@ -144,7 +144,8 @@ def main() -> None:
     for family, row in results.items():
         print(f"| {family} | " + " | ".join(_cell(row[path]) for path in PATHS) + " |")
     if args.record:
-        records.write_record(args.record, records.command_line(), results)
+        versions = {package: opacus_step_time._version(package) for package in ("torch", "opacus", "transformers")}
+        records.write_record(args.record, records.command_line(), {"versions": versions, **results})
 
 
 if __name__ == "__main__":
