@@ -56,10 +56,7 @@ class ReportRow:
 
 
 def schedule_row(
-    method: str,
-    schedule: schedules.DPSchedule,
-    delta: float,
-    accountants: Sequence[str] = registry.ACCOUNTANT_NAMES,
+    method: str, schedule: schedules.DPSchedule, delta: float, accountants: Sequence[str] = registry.ACCOUNTANT_NAMES
 ) -> ReportRow:
     """The `ReportRow` of one schedule; 'own' is the baseline's accountant for 'zcdp' / 'tcdp', else
     `schedule.calibration`'s (none for a schedule built by hand)."""

@@ -73,8 +73,7 @@ def dp_event(sampling_probability: float, noise_multipliers: np.ndarray) -> dp_a
         return dp_accounting.NoOpDpEvent()
     events = [
         dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(sampling_probability, dp_accounting.GaussianDpEvent(z)),
-            len(list(run)),
+            dp_accounting.PoissonSampledDpEvent(sampling_probability, dp_accounting.GaussianDpEvent(z)), len(list(run))
         )
         for z, run in itertools.groupby(map(float, noise_multipliers))
     ]

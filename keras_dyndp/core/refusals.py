@@ -25,9 +25,6 @@ def _value_error(message: str) -> ValueError:
     return user_error(ValueError(message))
 
 
-# The model and its optimizer.
-
-
 class BudgetExhaustedError(RuntimeError):
     """A DP step past the schedule's T steps was refused: the accounted epsilon covers only T (nothing applied)."""
 
@@ -55,9 +52,6 @@ def loss_scale_error(remedy: str) -> ValueError:
     )
 
 
-# The loss.
-
-
 def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
     """The compiled ``loss`` (a Keras loss object, its name, or a function) as a per-example loss function; raises
     ValueError for several losses (multi-output), a loss reduced over the batch (``is_per_example`` false), or
@@ -76,9 +70,6 @@ def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], b
     if callable(loss):
         return loss
     raise _value_error(f"`model.loss` must be a Keras loss or a loss function. Received: loss={loss!r}.")
-
-
-# What the model computes in training.
 
 
 def regularization_error(received: str) -> ValueError:
@@ -125,9 +116,6 @@ def embedding_ids(layer_name: str, input_dim: int) -> str:
     )
 
 
-# Gradients from outside the DP step.
-
-
 def foreign_gradients(entry: str, accepted: str, fix: str) -> str:
     """A DP optimizer's ``entry`` (``'DynamicDPKerasSGD.apply'``) handed gradients its DP step did not produce
     (``accepted`` says which it takes): the problem and ``fix`` on the first line, why on the next."""
@@ -155,8 +143,6 @@ def keras_train_step(private_config: Any = None) -> str:
         "example and applies through the DP optimizer, and a fit that checks the data it is handed."
     )
 
-
-# Values that are not finite.
 
 BATCHED_NON_FINITE_REFUSAL = (
     "keras_dyndp: a gradient in this batch is not finite (a NaN or inf input, loss or gradient, or a value that "
