@@ -356,16 +356,11 @@ class DPOptimizerBase(SavedDPState):
         """Adaptive clipping's C_{t+1} (`keras_dyndp.core.adaptive_clipping`) from the step's read ``clip_norm``, the
         stored C_t ``clip_state`` and its ``noised`` count (all replicas', with the noise of std
         `count_noise_stddev`) over the gradient's normaliser (``num_rows``, ``num_microbatches``: all replicas')."""
-        n = mechanism.normaliser(
-            ops,
-            clip_norm=1.0,
-            num_rows=num_rows,
-            expected_batch_size=self._expected_batch_size,
-            num_microbatches=num_microbatches,
-            rescale_to_unit_norm=False,
+        fixed = {"clip_norm": 1.0, "rescale_to_unit_norm": False, "expected_batch_size": self._expected_batch_size}
+        n = mechanism.normaliser(ops, num_rows=num_rows, num_microbatches=num_microbatches, **fixed)
+        return adaptive.next_clip_norm(
+            ops, clip_norm, clip_state, noised, normaliser=n, options=self._adaptive_clipping
         )
-        options = self._adaptive_clipping
-        return adaptive.next_clip_norm(ops, clip_norm, clip_state, noised, normaliser=n, options=options)
 
     def current_noise_stddev(self) -> Any:
         """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 as `current_clip_norm`)."""
@@ -397,16 +392,9 @@ class DPOptimizerBase(SavedDPState):
         self._schedule_fingerprint.assign(list(self._schedule.fingerprint))
 
     def host_refusal(self, budget_stop: str | None) -> RuntimeError | None:
-        """The refusal of the next step that the host can tell, as the DP step checks inside the step decide it
-        (`step_checks.StepChecks.host_refusal`), or None.
-
-        Args:
-          budget_stop: the callback the budget's refusal suggests, or None (`step_checks.budget_exhausted_parts`).
-
-        Returns:
-          `BudgetExhaustedError` when `released_steps` has reached the schedule's T; RuntimeError when `dp_step` is
-          not `released_steps` (`step_checks.counter_moved_parts`); None when neither.
-        """
+        """The refusal of the next step the host can tell, as the step's checks decide it (`StepChecks.host_refusal`):
+        `BudgetExhaustedError` once `released_steps` reached T (suggesting the callback ``budget_stop``, or None),
+        RuntimeError when `dp_step` is not `released_steps` (`step_checks.counter_moved_parts`), else None."""
         step, released = int(self.dp_step.numpy()), self.released_steps
         code = self._step_checks.host_refusal(step, released)
         if code == step_checks.BUDGET_SPENT:

@@ -137,14 +137,8 @@ def _report_spec() -> None:
         _NUM_EXAMPLES.value, _BATCH_SIZE.value, epochs=_EPOCHS.value, steps=_STEPS.value
     )
     delta = 1 / (10 * _NUM_EXAMPLES.value) if _DELTA.value is None else _DELTA.value
-    spec = dict(
-        target_epsilon=_EPSILON.value,
-        target_delta=delta,
-        sampling_probability=p,
-        num_steps=num_steps,
-        initial_clip=_INITIAL_CLIP.value,
-        accountant=_ACCOUNTANT.value,
-    )
+    spec = {"target_epsilon": _EPSILON.value, "target_delta": delta, "sampling_probability": p, "num_steps": num_steps}
+    spec.update(initial_clip=_INITIAL_CLIP.value, accountant=_ACCOUNTANT.value)
     rhos = {"rho_mu": _RHO_MU.value, "rho_c": _RHO_C.value}
     built = {method: schedules.calibrate(method, **spec, **rhos) for method in _methods()}
     print(

@@ -164,17 +164,10 @@ def plot_epsilon_consumption(
     """Paper Fig. 2 (the paper used 'gdp_clt'): epsilon of the first k steps of growing-mu schedules, one curve per
     rho_mu, calibrated and measured under `accountant` (every curve ends at the target). A PNG at `path`, returned."""
     figure, (axes,) = _new_figure(f"Privacy budget consumption ({accountant}), epsilon = {target_epsilon:g}")
+    budget = {"target_epsilon": target_epsilon, "target_delta": target_delta, "num_steps": num_steps}
+    budget.update(sampling_probability=sampling_probability, initial_clip=initial_clip, accountant=accountant)
     for rho_mu in rho_mus:
-        schedule = schedules.calibrate(
-            "growing_mu",
-            target_epsilon=target_epsilon,
-            target_delta=target_delta,
-            sampling_probability=sampling_probability,
-            num_steps=num_steps,
-            initial_clip=initial_clip,
-            rho_mu=rho_mu,
-            accountant=accountant,
-        )
+        schedule = schedules.calibrate("growing_mu", rho_mu=rho_mu, **budget)
         steps, curves = epsilon_curves(schedule, target_delta, [accountant], num_points)
         axes.plot(steps, curves[accountant], label=f"1/rho_mu = {1 / rho_mu:.2g}")
     axes.legend()

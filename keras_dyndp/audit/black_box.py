@@ -58,13 +58,9 @@ def _train(x, y, model_fn, optimizer_fn, loss, method, epochs, pad_to_multiple, 
     schedule = optimizer.schedule
     model = keras_dyndp.make_private(model_fn(), method)
     model.compile(optimizer=optimizer, loss=loss)
+    p, steps = schedule.sampling_probability, math.ceil(schedule.num_steps / epochs)
     batches = keras_dyndp.poisson_batches(
-        x,
-        y,
-        sampling_probability=schedule.sampling_probability,
-        steps_per_epoch=math.ceil(schedule.num_steps / epochs),
-        pad_to_multiple=pad_to_multiple,
-        seed=seed,
+        x, y, sampling_probability=p, steps_per_epoch=steps, pad_to_multiple=pad_to_multiple, seed=seed
     )
     model.fit(batches, epochs=epochs, verbose=0, callbacks=[keras_dyndp.BudgetStop()])
     return model, schedule

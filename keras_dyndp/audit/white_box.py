@@ -94,13 +94,8 @@ def _train_recording(schedule, x, y, weights, *, method, accumulation_steps, str
         model = keras_dyndp.make_private(model, method)
         # p N of the data trained on (the optimizer checks the batches against it): one factor on every update,
         # which the scores are invariant to.
-        optimizer = keras_dyndp.DynamicDPKerasSGD(
-            schedule=schedule,
-            expected_batch_size=p * len(x),
-            learning_rate=1.0,
-            accumulation_steps=accumulation_steps,
-            noise_seed=noise_seed,
-        )
+        dp = {"expected_batch_size": p * len(x), "accumulation_steps": accumulation_steps, "noise_seed": noise_seed}
+        optimizer = keras_dyndp.DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, **dp)
         model.compile(optimizer=optimizer, loss=_dirac_loss(total))
         # In the strategy's scope: padded to a multiple of its replicas.
         batches = keras_dyndp.poisson_batches(

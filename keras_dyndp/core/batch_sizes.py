@@ -142,8 +142,7 @@ def out_of_range_refusal(
 #: Tail probability that sets `default_max_batch_size`: P[Binomial(N, p) > cap] <= this.
 DEFAULT_OVERFLOW_TAIL = 1e-15
 
-#: Tail probability on each side of `batch_size_range`: the stop outside it adds (1 + e^eps) T 2 tail to delta, 3e-8
-#: at epsilon 8 and T 4800 (a tail of 1e-12 would add 2.9e-5, more than a target of 1e-5); the default cap's tail.
+#: Tail probability on each side of `batch_size_range`: the stop outside it adds (1 + e^eps) T 2 tail to delta.
 BATCH_SIZE_TAIL = 1e-15
 
 
@@ -225,20 +224,16 @@ def truncation_delta(
 
 
 TRUNCATION_DELTA_SHARE = 0.01
-"""`check_max_batch_size` refuses a cap whose added delta (`added_delta`) over the whole schedule exceeds this share of
-the run's target delta: the delta the run then reports (the target plus the cap's, `PrivacyLogger`'s ``delta_total``)
-stays within 1% of the delta the schedule was calibrated for, so its epsilon keeps its meaning. The default cap
-(`default_max_batch_size`) is never refused: its overflow probability is at most about 1e-15 a step."""
+"""`check_max_batch_size` refuses a cap whose `added_delta` over the schedule exceeds this share of the target delta,
+so the delta the run reports (`PrivacyLogger`'s ``delta_total``) stays within 1% of the calibrated one."""
 
 
 def check_max_batch_size(
     num_examples: int, max_batch_size: int, schedule: Any, size_range: tuple[int, int] | None = None
 ) -> float:
-    """The `overflow_probability` eta of Poisson batches of ``num_examples`` capped at ``max_batch_size`` for the
-    optimizer's ``schedule`` and the DP step's ``size_range`` (None: no size is checked), checked before the first step
-    so that the added delta is recorded for the run's report. ValueError for a cap below `default_max_batch_size`
-    whose `added_delta` (at the schedule's PLD epsilon) exceeds `TRUNCATION_DELTA_SHARE` of the target delta (for a
-    schedule built by hand, of 1 / N); an infinite epsilon (no noise) states no guarantee to void, and is accepted."""
+    """The `overflow_probability` eta of Poisson batches of ``num_examples`` capped at ``max_batch_size`` for
+    ``schedule`` and the DP step's ``size_range`` (None: none), before the first step. ValueError for a cap below
+    `default_max_batch_size` refused by `TRUNCATION_DELTA_SHARE` (of 1 / N for a schedule built by hand)."""
     p = schedule.sampling_probability
     overflow = overflow_probability(num_examples, p, max_batch_size, size_range)
     default = default_max_batch_size(num_examples, p)

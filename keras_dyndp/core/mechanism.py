@@ -17,9 +17,7 @@ law mixes such pairs, and the hockey-stick and Renyi divergences are jointly con
 ``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`; numpy in
 the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``, ``divide_no_nan(x, y)``
 (0 where y is 0), ``is_finite``, ``sqrt``, ``mean(x, axes)``, ``normals(source, tensors)`` (standard normal float32
-draws shaped like each tensor). References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic
-Differential-Privacy Preserving SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification
-through Scale, 2022.
+draws shaped like each tensor). References: Abadi et al. 2016 (arXiv:1607.00133), Du et al., De et al. 2022.
 """
 
 from __future__ import annotations
@@ -148,14 +146,8 @@ def private_update(
 ) -> list[Any]:
     """(clipped sum + noise) / normaliser for each sum, the update the base optimizer applies; then ``num_extra``
     standard normal scalars drawn with the noise (`add_noise`)."""
-    n = normaliser(
-        ops,
-        clip_norm=clip_norm,
-        num_rows=num_rows,
-        expected_batch_size=expected_batch_size,
-        num_microbatches=num_microbatches,
-        rescale_to_unit_norm=rescale_to_unit_norm,
-    )
+    sizes = {"num_rows": num_rows, "expected_batch_size": expected_batch_size, "num_microbatches": num_microbatches}
+    n = normaliser(ops, clip_norm=clip_norm, rescale_to_unit_norm=rescale_to_unit_norm, **sizes)
     noised = add_noise(ops, clipped_sums, noise_stddev(sigma, num_microbatches), noise_source, num_extra)
     sums, extra = noised[: len(clipped_sums)], noised[len(clipped_sums) :]
     return [ops.divide_no_nan(total, ops.cast(n, total.dtype)) for total in sums] + extra  # n = 0: a zero update

@@ -16,15 +16,15 @@ CHEST_XRAY_CLASSES = ["NORMAL", "PNEUMONIA"]
 def _read_chest_xray_split(directory: str, image_size: int) -> tuple[np.ndarray, np.ndarray]:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (the JAX example imports this module)
 
+    options = {
+        "labels": "inferred",
+        "label_mode": "int",
+        "color_mode": "grayscale",
+        "batch_size": 256,
+        "shuffle": False,
+    }
     images = tf.keras.utils.image_dataset_from_directory(
-        directory,
-        labels="inferred",
-        label_mode="int",
-        class_names=CHEST_XRAY_CLASSES,
-        color_mode="grayscale",
-        image_size=(image_size, image_size),
-        batch_size=256,
-        shuffle=False,
+        directory, class_names=CHEST_XRAY_CLASSES, image_size=(image_size, image_size), **options
     )
     x_parts, y_parts = [], []
     for x, y in images:
