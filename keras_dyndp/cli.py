@@ -109,9 +109,7 @@ def schedule_arguments(method: str) -> dict:
     Args:
       method: one of `METHODS`.
     """
-    if method == "adaptive":
-        return {"method": "vanilla", "adaptive_clipping": True}
-    return {"method": method}
+    return {"method": "vanilla", "adaptive_clipping": True} if method == "adaptive" else {"method": method}
 
 
 def define_training_flags(

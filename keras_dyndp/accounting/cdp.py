@@ -75,9 +75,7 @@ def decay_shape(num_steps: int, noise_decay: float, decay: str = "exponential") 
     validation.check_choice("decay", decay, DECAYS)
     noise_decay = validation.check_float("noise_decay", noise_decay, 1.0, inclusive=True)
     fraction = np.arange(1, num_steps + 1, dtype=np.float64) / num_steps
-    if decay == "exponential":
-        return noise_decay ** (-fraction)
-    return 1.0 / (1.0 + (noise_decay - 1.0) * fraction)
+    return noise_decay ** (-fraction) if decay == "exponential" else 1.0 / (1.0 + (noise_decay - 1.0) * fraction)
 
 
 def zcdp_rho(noise_multipliers) -> float:

@@ -75,9 +75,7 @@ def _scores(trajectory: np.ndarray, schedule, score: str) -> np.ndarray:
     sums = np.diff(trajectory, axis=0)  # S_t up to the public factor lr / n
     clip = schedule.clip_norms[:steps, None]
     sigma = schedule.noise_stddevs[:steps, None]
-    if score == "sum":
-        return np.sum(clip * sums / sigma**2, axis=0)
-    return np.std(sums / sigma, axis=0)
+    return np.sum(clip * sums / sigma**2, axis=0) if score == "sum" else np.std(sums / sigma, axis=0)
 
 
 def _train_recording(schedule, x, y, weights, *, method, accumulation_steps, strategy, noise_seed, seed) -> np.ndarray:

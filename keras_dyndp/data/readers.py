@@ -296,9 +296,7 @@ def _flatten(nest: Any, layout: Any, leaves: list) -> list | None:
 
 def _leaf_specs(layout: Any) -> list[str]:
     """Each leaf's `_LEAF` or `_ANY`, in `_flatten` order."""
-    if layout is _ANY or layout is _LEAF:
-        return [layout]
-    return [spec for part in layout[2] for spec in _leaf_specs(part)]
+    return [layout] if layout is _ANY or layout is _LEAF else [spec for part in layout[2] for spec in _leaf_specs(part)]
 
 
 def _unflatten(layout: Any, leaves: Any) -> Any:
@@ -358,9 +356,7 @@ def _mapped_file(leaf: np.ndarray) -> np.memmap | None:
     root = leaf
     while isinstance(root, np.ndarray) and not isinstance(root.base, mmap.mmap):
         root = root.base
-    if not isinstance(root, np.memmap) or root.mode == "c" or not getattr(root, "filename", None):
-        return None
-    return root
+    return root if isinstance(root, np.memmap) and root.mode != "c" and getattr(root, "filename", None) else None
 
 
 def file_reader(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:

@@ -3,10 +3,9 @@ independently with probability p; shuffle-and-slice has no tight analysis, tenso
 Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``): the
 rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
 Truncating to the cap is not free (one example can push another out), so it adds to delta (`batch_sizes`;
-docs/privacy.md, "What a reported epsilon covers"). ``seed=None`` draws from OS entropy (the only choice for a release).
-With an integer seed the sampler's state is (seed, start_step): a run resumed at step k draws from a seed mixed from
-both (`sampler_seed`), and `check_resume` refuses batches that would draw again the samples of steps the optimizer has
-taken. Each backend's ``data`` module materialises the batches."""
+docs/privacy.md, "What a reported epsilon covers"). ``seed=None`` draws from OS entropy (the only choice for a release);
+a seeded run resumed at step k draws fresh batches (`sampler_seed`, `check_resume`). Each backend's ``data`` module
+materialises the batches."""
 
 from __future__ import annotations
 
@@ -180,11 +179,9 @@ _TRAINED_ON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_resume(data: Any, poisson: PoissonSampling | None, optimizer: Any) -> None:
-    """Raises ValueError, before ``fit``'s first step, when ``data`` (`poisson_batches`' batches, whose sampling is
-    ``poisson``; None: not ours, nothing checked) has an integer seed, ``optimizer`` (a DP optimizer) has taken steps
-    and ``data``'s ``start_step`` is not its step count, unless this optimizer already trained on ``data`` in this
-    process (a later ``fit`` continues its fresh draws): its batches would draw again the samples of steps already
-    taken, which the accounting assumes fresh. Otherwise records that ``optimizer`` trains on ``data``."""
+    """Raises ValueError, before ``fit``'s first step, when seeded batches ``data`` (sampled as ``poisson``; None: not
+    ours) would draw again the samples of steps ``optimizer`` has taken: their ``start_step`` is not its step count and
+    it has not trained on ``data`` here (a later ``fit`` continues its draws). Else records that it trains on it."""
     if poisson is None or poisson.seed is None:
         return
     trained = _TRAINED_ON.setdefault(data, weakref.WeakSet())

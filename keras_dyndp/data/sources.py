@@ -190,12 +190,9 @@ def rows(
 
 
 def example_function(map_fn: Callable) -> Callable[[Any], Any]:
-    """``map_fn`` (`keras_dyndp.poisson_batches`' ``map``) as a function of one element, called as
-    ``tf.data.Dataset.map`` calls its function where that is what ``map_fn`` takes: a tuple element (arrays'
-    ``(x_i, y_i)``, a source's tuples) unpacked into its parts, ``map_fn(x_i, y_i)``, when ``map_fn`` takes two
-    positional arguments or more (or ``*args``); an element whole, ``map_fn(element)``, when it takes one (a tfds
-    dict, or a tuple to a function of one argument) or its signature cannot be read. ValueError if ``map_fn`` is not
-    callable or takes no argument, or (when an element is read) takes a tuple's parts and the element is not one."""
+    """``map_fn`` (`keras_dyndp.poisson_batches`' ``map``) as a function of one element, called as tf.data calls it:
+    a tuple element unpacked, ``map_fn(x_i, y_i)``, when it takes two positional arguments or more (or ``*args``); the
+    element whole when it takes one or its signature cannot be read. ValueError for what cannot take an element."""
     if not callable(map_fn):
         raise ValueError(
             f"`map` must be a function of an example: map(element) or map(x_i, y_i). Received: {map_fn!r}."

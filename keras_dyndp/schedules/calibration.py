@@ -76,9 +76,7 @@ def _clt_log_slope(mu0: float, p: float, mu_shape: np.ndarray, delta: float) -> 
             ]
     except ValueError:  # No bracket for an extreme mu.
         return math.nan
-    if not all(0 < epsilon < math.inf for epsilon in epsilons):
-        return math.nan
-    return math.log(epsilons[1] / epsilons[0]) / (2 * step)
+    return math.log(epsilons[1] / epsilons[0]) / (2 * step) if all(0 < e < math.inf for e in epsilons) else math.nan
 
 
 def calibrate_shape(
@@ -196,7 +194,7 @@ def calibrate(
     rho_c: float = 1.0,
     accountant: str = registry.DEFAULT_ACCOUNTANT,
 ) -> DPSchedule:
-    """One of the paper's schedules (module docstring), calibrated to (target_epsilon, target_delta) by
+    """One of the paper's schedules (`keras_dyndp.schedules`), calibrated to (target_epsilon, target_delta) by
     `calibrate_shape`, which says what is raised.
 
     Args:
