@@ -119,10 +119,8 @@ def _tfds_decoder(features: Any) -> Callable[[dict], list]:
         keys = list(parsed)
         if by_column is not None:
             return [dict(zip(keys, row)) for row in zip(*(by_column[key](parsed[key]) for key in keys))]
-        columns = []
-        for key in keys:
-            column = parsed[key].astype(flat_info[key].np_dtype)
-            columns.append(column.tolist() if column.ndim == 1 else column)
+        columns = [parsed[key].astype(flat_info[key].np_dtype) for key in keys]
+        columns = [column.tolist() if column.ndim == 1 else column for column in columns]
         examples = (dict(zip(keys, row)) for row in zip(*columns))
         return [features.decode_example_np(utils.pack_as_nest_dict(example, info)) for example in examples]
 

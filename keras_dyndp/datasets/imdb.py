@@ -38,10 +38,8 @@ def _read_imdb_csv(path: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.n
     csv.field_size_limit(1 << 24)
     with open(path, encoding="utf-8", newline="") as handle:
         rows = [(row["text"], int(row["label"])) for row in csv.DictReader(handle) if row["source"] == "imdb"]
-    texts = np.array([text for text, _ in rows], dtype=object)
-    x_train, x_test, y_train, y_test = split_train_test(
-        texts, np.array([label for _, label in rows], dtype=np.int64), 0.2
-    )
+    texts, labels = np.array([text for text, _ in rows], dtype=object), np.array([y for _, y in rows], dtype=np.int64)
+    x_train, x_test, y_train, y_test = split_train_test(texts, labels, 0.2)
     return (x_train, y_train), (x_test, y_test)
 
 
