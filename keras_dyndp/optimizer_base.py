@@ -358,9 +358,8 @@ class DPOptimizerBase(SavedDPState):
         `count_noise_stddev`) over the gradient's normaliser (``num_rows``, ``num_microbatches``: all replicas')."""
         fixed = {"clip_norm": 1.0, "rescale_to_unit_norm": False, "expected_batch_size": self._expected_batch_size}
         n = mechanism.normaliser(ops, num_rows=num_rows, num_microbatches=num_microbatches, **fixed)
-        return adaptive.next_clip_norm(
-            ops, clip_norm, clip_state, noised, normaliser=n, options=self._adaptive_clipping
-        )
+        options = self._adaptive_clipping
+        return adaptive.next_clip_norm(ops, clip_norm, clip_state, noised, normaliser=n, options=options)
 
     def current_noise_stddev(self) -> Any:
         """float32 scalar sigma at `dp_step`, the std of the noise on the clipped sum (0 as `current_clip_norm`)."""

@@ -167,8 +167,5 @@ def make_accountant(
     entry = get(name, "name")
     if "value_discretization_interval" not in entry.option_checks:
         return entry.make()
-    return entry.make(
-        value_discretization_interval=fast_pld.check_interval(
-            pld_value_discretization_interval, "pld_value_discretization_interval"
-        )
-    )
+    interval = fast_pld.check_interval(pld_value_discretization_interval, "pld_value_discretization_interval")
+    return entry.make(value_discretization_interval=interval)

@@ -36,8 +36,7 @@ def _make_canaries(x: np.ndarray, y: np.ndarray, m: int, num_classes: int, canar
 def _checked_arguments(x, y, num_canaries, canaries: str, num_classes: int | None, epochs: int):
     """(x, y as int32, m, number of classes, epochs), or ValueError naming the bad argument."""
     validation.check_choice("canaries", canaries, CANARIES)
-    x = np.asarray(x)
-    y = np.asarray(y)
+    x, y = np.asarray(x), np.asarray(y)
     if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"y must be integer class labels [N] matching x's {len(x)} rows, got {y.dtype} {y.shape}")
     m = validation.check_int("num_canaries", num_canaries, 2)

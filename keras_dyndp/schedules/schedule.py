@@ -64,8 +64,7 @@ class DPSchedule:
     """
 
     def __init__(self, clip_norms, noise_stddevs, sampling_probability: float, calibration: Calibration | None = None):
-        clip = np.array(clip_norms, dtype=np.float64)
-        noise = np.array(noise_stddevs, dtype=np.float64)
+        clip, noise = np.array(clip_norms, dtype=np.float64), np.array(noise_stddevs, dtype=np.float64)
         if clip.ndim != 1 or clip.size < 1:
             raise ValueError(f"`clip_norms` must be a non-empty 1-D array. Received shape {clip.shape}.")
         if noise.shape != clip.shape:
