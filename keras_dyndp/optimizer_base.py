@@ -270,10 +270,8 @@ class DPOptimizerBase(SavedDPState):
         """Raises if the backend cannot run this optimizer here (before the base optimizer is built)."""
 
     def _check_same_release(self, description: dict) -> None:
-        """Raises if the processes that train one model build their optimizers unlike (the JAX optimizers compare
-        them across ``jax.distributed`` processes, `keras_dyndp.jax_backend.distribution.check_same_release`). Called
-        before the base optimizer is built, with what determines the release, by name: the class, the schedule's
-        config, the checked DP settings and the base optimizer's arguments."""
+        """Raises if the processes that train one model build their optimizers unlike (JAX's compare ``description``,
+        what determines the release by name, across processes: `jax_backend.distribution.check_same_release`)."""
 
     def _unsupported_base_arguments(self) -> dict[str, str]:
         """Base-optimizer arguments refused on this backend, with the reason."""

@@ -58,8 +58,7 @@ class Rows:
     dtype (the padding rows are zeros of them)."""
 
     def __init__(self, num_examples: int, read: Callable[[np.ndarray], tuple[Any, Any, np.ndarray]]):
-        self.num_examples = num_examples
-        self._read, self.example = read, None
+        self.num_examples, self._read, self.example = num_examples, read, None
         self.example = self.read(np.zeros(1, np.int64))
 
     def read(self, indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
