@@ -112,17 +112,10 @@ def load_imdb(
     def vectorize(texts: np.ndarray) -> np.ndarray:
         return vectorizer(tf.constant(texts.astype(str))).numpy().astype(np.int32)
 
-    return TaskData(
-        x_train=vectorize(train_texts),
-        y_train=y_train.astype(np.float32)[:, None],
-        x_test=vectorize(test_texts),
-        y_test=y_test.astype(np.float32)[:, None],
-        num_classes=2,
-        description=f"imdb from {source}: {len(y_train)} training / {len(y_test)} test reviews, vocabulary "
-        f"of at most {max_tokens} tokens "
-        + (
-            f"from {vocabulary_file}"
-            if vocabulary_file
-            else "learnt from the training reviews (outside the DP guarantee; its size is not printed)"
-        ),
+    learnt = "learnt from the training reviews (outside the DP guarantee; its size is not printed)"
+    description = (
+        f"imdb from {source}: {len(y_train)} training / {len(y_test)} test reviews, vocabulary of at most {max_tokens} "
+        f"tokens {f'from {vocabulary_file}' if vocabulary_file else learnt}"
     )
+    y_train, y_test = (labels.astype(np.float32)[:, None] for labels in (y_train, y_test))
+    return TaskData(vectorize(train_texts), y_train, vectorize(test_texts), y_test, 2, description)
