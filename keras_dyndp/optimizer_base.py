@@ -341,9 +341,7 @@ class DPOptimizerBase(SavedDPState):
             )
         return read() if schedule_values is None else schedule_values
 
-    adaptive_clipping = _attribute(
-        "_adaptive_clipping", "The `AdaptiveClipping` options, or None (the schedule's C_t)."
-    )
+    adaptive_clipping = _attribute("_adaptive_clipping", "The `AdaptiveClipping` options, or None (schedule's C_t).")
     adaptive_clip_norm = _attribute("_adaptive_clip_norm", "float32 variable: adaptive clipping's C_t (else None).")
 
     def count_noise_stddev(self, num_microbatches: int | None) -> float:
