@@ -206,8 +206,7 @@ def plot_run_privacy(
     Raises:
       ValueError: if `steps` is empty or holds a count outside [1, T], or on a bad `delta` or `accountant`.
     """
-    delta = validation.check_delta(delta)
-    entry = registry.get(accountant)
+    delta, entry = validation.check_delta(delta), registry.get(accountant)
     counts = np.unique(np.asarray(steps, dtype=np.int64))
     if counts.size == 0 or counts[0] < 1 or counts[-1] > schedule.num_steps:
         raise ValueError(

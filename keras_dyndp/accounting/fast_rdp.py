@@ -111,16 +111,14 @@ def _log_a_fractional(q: float, sigmas: np.ndarray, alphas: np.ndarray) -> np.nd
         parts = [_log_a_fractional(q, sigmas[begin : begin + chunk], alphas) for begin in range(0, sigmas.size, chunk)]
         return np.concatenate(parts, axis=1)
     num_alphas, num_sigmas = alphas.size, sigmas.size
-    z0 = sigmas**2 * np.log(1 / q - 1) + 0.5
-    inverse_two_variances = 1 / (2 * sigmas**2)
+    z0, inverse_two_variances = sigmas**2 * np.log(1 / q - 1) + 0.5, 1 / (2 * sigmas**2)
     log_q, log_1mq = np.log(q), np.log1p(-q)
     # Running pairs, flattened; each pair is (alpha index, sigma index) with its sum so far and its last terms.
     alpha_index = np.repeat(np.arange(num_alphas), num_sigmas)
     sigma_index = np.tile(np.arange(num_sigmas), num_alphas)
     log_a = np.full(alpha_index.size, -np.inf)
     last_log_s0, last_log_s1 = log_a.copy(), log_a.copy()
-    result = np.full(alpha_index.size, np.inf)
-    pair_id = np.arange(alpha_index.size)
+    result, pair_id = np.full(alpha_index.size, np.inf), np.arange(alpha_index.size)
     start = 0
     while pair_id.size and start < _MAX_SERIES_TERMS:
         block_size = min(max(_MIN_SERIES_BLOCK, _BLOCK_ELEMENTS // pair_id.size), _MAX_SERIES_TERMS - start)
@@ -205,8 +203,7 @@ def poisson_subsampled_gaussian_rdp(
         `DEFAULT_RDP_ORDERS`.
     """
     q = validation.check_probability(sampling_probability, allow_zero=True)
-    noise_multipliers = _check_noise_multipliers(noise_multipliers)
-    orders = check_orders(orders)
+    noise_multipliers, orders = _check_noise_multipliers(noise_multipliers), check_orders(orders)
     unique_sigmas, inverse = np.unique(noise_multipliers, return_inverse=True)
     return _unique_rdp(q, unique_sigmas, orders)[inverse]
 
@@ -229,8 +226,7 @@ def rdp_epsilons_at(
       orders: the Renyi orders, as `poisson_subsampled_gaussian_rdp`'s (None: `DEFAULT_RDP_ORDERS`).
     """
     delta = validation.check_delta(delta, allow_ends=True)  # As dp_accounting: epsilon inf at 0.
-    noise_multipliers = _check_noise_multipliers(noise_multipliers)
-    orders = check_orders(orders)
+    noise_multipliers, orders = _check_noise_multipliers(noise_multipliers), check_orders(orders)
     steps = validation.check_step_counts(steps, noise_multipliers.size)
     per_step = poisson_subsampled_gaussian_rdp(sampling_probability, noise_multipliers, orders)
     cumulative = np.vstack([np.zeros((1, orders.size)), np.cumsum(per_step, axis=0)])

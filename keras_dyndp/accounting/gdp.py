@@ -26,8 +26,7 @@ _MAX_BRACKET_STEPS = 1000  # Doublings or halvings: 2**1000 covers every finite 
 
 def _log_delta_from_mu(epsilon: float, mu: float) -> float:
     """log(delta(epsilon; mu)), accurate when delta is tiny; clamped below at `_LOG_DELTA_FLOOR`."""
-    log_cdf_plus = stats.norm.logcdf(-epsilon / mu + mu / 2)
-    log_cdf_minus = stats.norm.logcdf(-epsilon / mu - mu / 2)
+    log_cdf_plus, log_cdf_minus = stats.norm.logcdf(-epsilon / mu + mu / 2), stats.norm.logcdf(-epsilon / mu - mu / 2)
     # delta = Phi(a) * (1 - exp(epsilon + log Phi(b) - log Phi(a))), and the exponent is < 0 in exact arithmetic.
     exponent = epsilon + log_cdf_minus - log_cdf_plus
     if exponent >= 0:
@@ -68,8 +67,7 @@ def epsilon_from_mu(mu: float, delta: float) -> float:
       mu: the GDP parameter, a float > 0, as `delta_from_mu`'s; `math.inf` (no privacy) gives epsilon inf.
       delta: the delta the epsilon is reported at, in (0, 1).
     """
-    mu = validation.check_float("mu", mu, allow_inf=True)
-    delta = validation.check_delta(delta)
+    mu, delta = validation.check_float("mu", mu, allow_inf=True), validation.check_delta(delta)
     if math.isinf(mu):
         return math.inf
     log_target = math.log(delta)
@@ -92,8 +90,7 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
       epsilon: the epsilon of the (epsilon, delta)-DP budget, a finite float > 0.
       delta: the delta of the budget, in (0, 1).
     """
-    epsilon = validation.check_float("epsilon", epsilon)
-    delta = validation.check_delta(delta)
+    epsilon, delta = validation.check_float("epsilon", epsilon), validation.check_delta(delta)
     log_target = math.log(delta)
 
     def excess(mu: float) -> float:  # Increasing in mu.

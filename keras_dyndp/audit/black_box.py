@@ -106,8 +106,7 @@ def black_box_audit(
     rng = np.random.default_rng(seed)
     train_x, train_y, canary_x, canary_y = _make_canaries(x, y, m, k, canaries, rng)
     included = rng.random(m) < 0.5
-    train_x = np.concatenate([train_x, canary_x[included]])
-    train_y = np.concatenate([train_y, canary_y[included]])
+    train_x, train_y = np.concatenate([train_x, canary_x[included]]), np.concatenate([train_y, canary_y[included]])
     if loss is None:
         loss = backend.keras_module().losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     model, schedule = _train(train_x, train_y, model_fn, optimizer_fn, loss, method, epochs, pad_to_multiple, seed)

@@ -79,8 +79,7 @@ def _one_run_p_value(r: int, v: int, m: int, epsilon: float, delta: float) -> fl
     tail_v = float(scipy.stats.binom.sf(v - 1, r, q))  # f(v) = P[B >= v]
     if delta == 0.0:
         return min(tail_v, 1.0)
-    c = 2.0 * m * delta
-    i = np.arange(1, v + 1)
+    c, i = 2.0 * m * delta, np.arange(1, v + 1)
     tails = scipy.stats.binom.sf(v - i - 1, r, q)  # f(v - i)
     terms = np.maximum(0.0, 1.0 - c / i) * tail_v + c * tails / i
     return float(min(1.0, np.max(terms)))
@@ -129,8 +128,7 @@ def gdp_epsilon(mu, delta) -> float:
         mu: the GDP parameter, a finite float >= 0 (0 gives epsilon 0).
         delta: the delta the epsilon is reported at, in (0, 1).
     """
-    mu = validation.check_float("mu", mu, 0.0, inclusive=True)
-    delta = validation.check_delta(delta)
+    mu, delta = validation.check_float("mu", mu, 0.0, inclusive=True), validation.check_delta(delta)
     return 0.0 if mu == 0.0 else gdp.epsilon_from_mu(mu, delta)
 
 
@@ -141,8 +139,7 @@ def _fdp_rejects(mu: float, r: int, v: int, m: int, alpha: float) -> bool:
     ``tp' = min(1, tp + i / (r - i) (fp' - fp))``, until fp stops moving. Reject if ``tp + fp > r / m``."""
     if v == 0:
         return False
-    tp = alpha * v / m
-    fp = alpha * (r - v) / m
+    tp, fp = alpha * v / m, alpha * (r - v) / m
     for i in range(v - 1, -1, -1):
         needed = float(scipy.special.ndtr(scipy.special.ndtri(tp) - mu))
         if needed <= fp:
@@ -250,8 +247,7 @@ def audit_from_scores(
         two_sided: True (default) guesses OUT for the r // 2 lowest scores too; False guesses IN only.
         seed: the seed of the random tie-breaking between equal scores, an int >= 0 (default 0).
     """
-    in_scores = _check_scores("in_scores", in_scores)
-    out_scores = _check_scores("out_scores", out_scores)
+    in_scores, out_scores = _check_scores("in_scores", in_scores), _check_scores("out_scores", out_scores)
     confidence = validation.check_delta(confidence, "confidence")
     delta = validation.check_delta(delta, allow_zero=True)
     m = in_scores.size + out_scores.size

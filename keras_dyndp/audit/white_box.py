@@ -73,8 +73,7 @@ def _scores(trajectory: np.ndarray, schedule, score: str) -> np.ndarray:
     """Scores [m] from the canaries' weights after each step, [T + 1, m] (float64)."""
     steps = trajectory.shape[0] - 1
     sums = np.diff(trajectory, axis=0)  # S_t up to the public factor lr / n
-    clip = schedule.clip_norms[:steps, None]
-    sigma = schedule.noise_stddevs[:steps, None]
+    clip, sigma = schedule.clip_norms[:steps, None], schedule.noise_stddevs[:steps, None]
     return np.sum(clip * sums / sigma**2, axis=0) if score == "sum" else np.std(sums / sigma, axis=0)
 
 
@@ -158,8 +157,7 @@ def white_box_audit(
         else validation.check_float("gradient_norm", gradient_norm)
     )
     included = np.random.default_rng(seed).random(m) < 0.5
-    x = np.eye(side, dtype="float32")[rows[included]]
-    y = s * np.eye(side, dtype="float32")[cols[included]]
+    x, y = np.eye(side, dtype="float32")[rows[included]], s * np.eye(side, dtype="float32")[cols[included]]
     training = {"accumulation_steps": accumulation_steps, "strategy": strategy, "noise_seed": noise_seed}
     trajectory = _train_recording(schedule, x, y, (rows, cols), method=method, seed=seed, **training)
     scores = _scores(trajectory, schedule, score)

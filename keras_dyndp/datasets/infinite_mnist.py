@@ -47,10 +47,8 @@ def deform(
 def _bilinear(images: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     batch, height, width = images.shape
     padded = np.pad(images, ((0, 0), (1, 1), (1, 1)))  # A zero border: samples outside the image read 0.
-    rows = np.clip(rows + 1, 0, height)
-    cols = np.clip(cols + 1, 0, width)
-    row0 = np.minimum(np.floor(rows).astype(np.int64), height)
-    col0 = np.minimum(np.floor(cols).astype(np.int64), width)
+    rows, cols = np.clip(rows + 1, 0, height), np.clip(cols + 1, 0, width)
+    row0, col0 = np.minimum(np.floor(rows).astype(np.int64), height), np.minimum(np.floor(cols).astype(np.int64), width)
     row_weight, col_weight = rows - row0, cols - col0
     flat = padded.reshape(-1)
     base = (np.arange(batch)[:, None, None] * (height + 2) + row0) * (width + 2) + col0
