@@ -31,9 +31,8 @@ def schedule_values(
 ):
     """float32 (C_t, sigma_t) at step counter ``step``: index min(step, T - 1), times ``scale`` (None: 1; adaptive
     clipping's C_t over arrays (1, z_g,t)); both 0 where ``step`` >= T or the bool ``may_run`` (None: true) is False."""
-    index, live = ops.minimum(step, num_steps - 1), step < num_steps
-    if may_run is not None:
-        live = live & may_run
+    index = ops.minimum(step, num_steps - 1)
+    live = step < num_steps if may_run is None else (step < num_steps) & may_run
     zero = ops.cast(0.0, "float32")
     clip_norm, noise = ops.take(clip_norms, index), ops.take(noise_stddevs, index)
     if scale is not None:

@@ -89,8 +89,7 @@ def _stack_leaf(leaves: Any) -> np.ndarray:
 
 def examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.ndarray]:
     """Per-example elements ``(x, y[, w])`` (after ``map_fn``) stacked into ``(x, y, float32 weights)``."""
-    if map_fn is not None:
-        elements = [map_fn(element) for element in elements]
+    elements = elements if map_fn is None else [map_fn(element) for element in elements]
     if any(not isinstance(element, tuple) or len(element) not in (2, 3) for element in elements):
         found = type(elements[0]).__name__
         raise ValueError(

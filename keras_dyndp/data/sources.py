@@ -102,8 +102,7 @@ def source_rows(source: Any, map_fn: Callable | None, threads: int | None = None
     # tfds, ArrayRecord and protobuf reading, imported with the first source read rather than with the optimizer.
     from keras_dyndp.data import tfds_reader  # pylint: disable=import-outside-toplevel
 
-    if threads is None and not readers.known_thread_safe(source):
-        threads = 1
+    threads = 1 if threads is None and not readers.known_thread_safe(source) else threads
     guard = contextlib.nullcontext() if threads is None else readers.source_guard(source, threads)
     fetch = tfds_reader.tfds_fetcher(source, guard) or readers.chunked_fetcher(
         source, threads or readers.READ_THREADS, guard
