@@ -92,8 +92,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS, pr
 
 
 METHODS = ["vanilla", "growing_mu", "sensitivity_decay", "dynamic", "adaptive"]
-"""``--method``'s values: the paper's schedules (`keras_dyndp.schedules.METHODS`; cli imports no accounting) and
-'adaptive' (`schedule_arguments`)."""
+"""``--method``'s values: the paper's schedules (`schedules.METHODS`; no accounting import here) and 'adaptive'."""
 
 METHOD_HELP = (
     "DP schedule: the paper's four, or 'adaptive' (vanilla noise with the clip norm adapted to the median per-example "

@@ -9,8 +9,7 @@ over the orders `DEFAULT_RDP_ORDERS` (dp_accounting's) or any > 1:
   is below e^-30 times the sum; a series not stopped after 1000 terms gives that order RDP inf;
 * a step's RDP is log(A_alpha) / (alpha - 1); it adds over steps; epsilon is dp_accounting's `rdp.compute_epsilon`.
 
-Each distinct z is computed once, all together; cumulative sums give the epsilon after many step counts at once
-(`rdp_epsilons_at`)."""
+Each distinct z is computed once; cumulative sums give epsilons after many step counts at once (`rdp_epsilons_at`)."""
 
 from __future__ import annotations
 

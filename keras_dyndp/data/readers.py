@@ -76,9 +76,8 @@ def _stack(elements: list) -> Any:
 
 
 def _stack_leaf(leaves: Any) -> np.ndarray:
-    """The leaves stacked; an object array of bytes (TensorFlow string tensors as numpy gives them) or of str as a numpy
-    string array: its padding rows are then empty strings, not the integer 0 of an object array, which TensorFlow
-    refuses."""
+    """The leaves stacked; an object array of bytes (TensorFlow's strings in numpy) or str as a numpy string array: its
+    padding rows are then empty strings, not the integer 0 of an object array, which TensorFlow refuses."""
     leaf = np.stack([np.asarray(leaf) for leaf in leaves])
     if leaf.dtype == object and leaf.size:
         for kind in (bytes, str):

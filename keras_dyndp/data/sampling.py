@@ -4,8 +4,7 @@ Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the ne
 rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
 Truncating to the cap is not free (one example can push another out), so it adds to delta (`batch_sizes`;
 docs/privacy.md, "What a reported epsilon covers"). ``seed=None`` draws from OS entropy (the only choice for a release);
-a seeded run resumed at step k draws fresh batches (`sampler_seed`, `check_resume`). Each backend's ``data`` module
-materialises the batches."""
+a resumed seeded run draws fresh batches (`sampler_seed`, `check_resume`). Each backend's ``data`` builds them."""
 
 from __future__ import annotations
 
@@ -200,9 +199,8 @@ def check_resume(data: Any, poisson: PoissonSampling | None, optimizer: Any) -> 
 
 
 def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = None) -> int:
-    """N, the rows of every array in ``x`` and ``y`` and of ``sample_weight`` ([N] or [N, 1]; or per loss entry,
-    [N, L, ...]); ValueError if an array has no leading example dimension, N < 1, or the rows differ or are not
-    ``num_examples`` (when given)."""
+    """N, the rows of the arrays in ``x``, ``y`` and ``sample_weight`` ([N], [N, 1] or per loss entry [N, L, ...]);
+    ValueError without a leading example dimension, for N < 1, or rows that differ or are not ``num_examples``."""
     shapes = [tuple(np.shape(leaf)) for leaf in batch_sizes.leaves(x) + batch_sizes.leaves(y)]
     if not shapes or any(not shape for shape in shapes):
         raise ValueError("`x` and `y` must be arrays (or nests of arrays) with a leading example dimension.")

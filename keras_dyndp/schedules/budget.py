@@ -119,10 +119,9 @@ def schedule_normaliser(schedule: DPSchedule, expected_batch_size, public_batch_
 def resolve_schedule(
     schedule, budget: dict, expected_batch_size, public_batch_size: bool
 ) -> tuple[DPSchedule, float | None]:
-    """The optimizer's schedule and normaliser, from exactly one of: ``schedule``, a `DPSchedule` (its normaliser
-    `schedule_normaliser`'s) or a `PrivacyBudget`, and ``budget``, the budget arguments by name (None: not given),
-    which are a `PrivacyBudget`. A budget is calibrated here (under its ``accountant``, default 'pld'), and its
-    normaliser is its ``batch_size``."""
+    """The optimizer's schedule and normaliser from exactly one of ``schedule``, a `DPSchedule` (normaliser:
+    `schedule_normaliser`) or a `PrivacyBudget`, and ``budget``, the budget arguments by name (None: not given), which
+    are one. A budget is calibrated here (under its ``accountant``), its normaliser its ``batch_size``."""
     given = {name: value for name, value in budget.items() if value is not None}
     if schedule is not None and given:
         raise ValueError(

@@ -1,5 +1,4 @@
-"""`DPSchedule`, the single description of a run's per-step clipping norms and noise, and the sampling (p, T) of a
-run from its epochs."""
+"""`DPSchedule`, the one description of a run's per-step clip norms and noise, and a run's (p, T) from its epochs."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
 """The paper's schedules, `calibrate`'s and the optimizers' ``method``: constant clip and noise (Abadi et al. 2016),
 growing mu_t (Alg. 1), a decaying clip, and both (Alg. 2)."""
 BASELINES = cdp.NAMES
-"""The paper's noise-decay baselines (its Table 1), 'zcdp' and 'tcdp', each calibrated by its own accountant
-(`accounting.cdp`)."""
+"""The paper's noise-decay baselines (its Table 1), 'zcdp' and 'tcdp', each calibrated by its own accountant (`cdp`)."""
 ALL_METHODS = METHODS + BASELINES
 
 
@@ -100,10 +98,9 @@ class DPSchedule:
 
     @property
     def fingerprint(self) -> tuple[int, int]:
-        """Two int32 words (first odd: never (0, 0)) of a 64-bit hash of T, p, the clip norms and the noise: equal
-        schedules have equal fingerprints. The DP optimizers store it with their step counter, so that a counter
-        restored into another schedule is refused (`step_checks.restored_schedule_refusal`); int32 survives
-        every backend's saving."""
+        """Two int32 words (first odd: never (0, 0); int32 survives every backend's saving) of a 64-bit hash of T, p,
+        the clip norms and the noise, equal for equal schedules. The DP optimizers store it with their step counter,
+        so that a counter restored into another schedule is refused (`step_checks.restored_schedule_refusal`)."""
         digest = hashlib.blake2b(digest_size=8)
         digest.update(np.asarray([self.num_steps], "<i8").tobytes())
         # + 0.0 makes -0.0 (equal to 0.0 under __eq__) hash as 0.0.
@@ -126,9 +123,8 @@ class DPSchedule:
         return int(steps)
 
     def check_accountable(self, accountant: str = registry.DEFAULT_ACCOUNTANT, **options) -> None:
-        """Raises now, before any training, if `epsilon(..., accountant, **options)` would refuse a step: ValueError
-        on an unknown accountant or option, `noise_range.NoiseOutOfRangeError` naming the first step it cannot
-        represent and the accepted range."""
+        """Raises now, before any training, if `epsilon(..., accountant, **options)` would refuse a step: ValueError on
+        an unknown accountant or option, `noise_range.NoiseOutOfRangeError` naming the first step outside its range."""
         entry = registry.get(accountant)
         noise_range.check_noise_multipliers(
             self.noise_multipliers, accountant, entry.min_noise_multiplier(**entry.check_options(options))
