@@ -259,9 +259,8 @@ class DPOptimizerBase(SavedDPState):
         return first
 
     def note_batch_cap(self, num_examples: int, max_batch_size: int) -> None:
-        """Checks the cap of the Poisson batches ``fit`` received, before the first step
-        (`batch_sizes.check_max_batch_size`), and records its chance of overflowing a step (the largest of the run's
-        caps) for `PrivacyLogger`'s total delta."""
+        """Checks the cap of ``fit``'s Poisson batches before the first step (`batch_sizes.check_max_batch_size`) and
+        records its chance of overflowing a step (the largest of the run's caps) for `PrivacyLogger`'s total delta."""
         size_range = self._step_checks.batch_size_range
         overflow = batch_sizes.check_max_batch_size(num_examples, max_batch_size, self._schedule, size_range)
         self._overflow_probability = max(self._overflow_probability or 0.0, overflow)

@@ -154,8 +154,7 @@ def zcdp_noise_multipliers(
     decay: str = "exponential",
 ) -> np.ndarray:
     """rho-zCDP-SGD (Yu et al. 2019): noise multipliers z_0 s_t [T] (`decay_shape`) whose `zcdp_epsilon` is the
-    target (<=, equal up to float rounding): z_0 = sqrt(rho(shape) / rho_target) in closed form. p in (0, 1] is
-    checked only (zCDP has no amplification)."""
+    target (<=, equal up to rounding): z_0 = sqrt(rho(shape) / rho_target); p in (0, 1] unused (no amplification)."""
     validation.check_budget(target_epsilon, target_delta)
     validation.check_probability(sampling_probability)
     shape = decay_shape(num_steps, noise_decay, decay)

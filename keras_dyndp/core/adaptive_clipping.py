@@ -94,9 +94,8 @@ def gradient_noise_multipliers(
     noise_multipliers: np.ndarray, stddev: float, default_from: float | None = None
 ) -> np.ndarray:
     """z_g,t = (z_t^-2 - (2 sigma_b)^-2)^(-1/2) [T], the gradient's noise multipliers that, with the count's noise
-    ``stddev`` = sigma_b, cost the schedule's ``noise_multipliers`` z_t (docs/privacy.md). ValueError unless
-    2 sigma_b > every z_t (the count alone would cost more than the whole step); ``default_from``: the n that a
-    default sigma_b = n / 20 came from, for the message."""
+    ``stddev`` = sigma_b, cost the schedule's ``noise_multipliers`` z_t (docs/privacy.md). ValueError unless 2 sigma_b
+    > every z_t (else the count costs more); ``default_from``: n of a default sigma_b = n / 20, for the message."""
     z = np.asarray(noise_multipliers, np.float64)
     if not 2.0 * stddev > z.max():
         raise ValueError(

@@ -1,6 +1,5 @@
-"""Poisson sampling's batch sizes, in plain Python, for `keras_dyndp.data.sampling` and both backends: steps per
-epoch, the cap of padded batches, the sizes the DP optimizers accept, the delta truncation costs, and the warnings
-and refusals of data not known to be Poisson-sampled."""
+"""Poisson batch sizes in plain Python (for `data.sampling` and both backends): steps per epoch, padded batches' cap,
+the sizes the DP optimizers accept, truncation's delta, and the refusals of data not known to be Poisson-sampled."""
 
 from __future__ import annotations
 

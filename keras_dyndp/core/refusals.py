@@ -53,9 +53,8 @@ def loss_scale_error(remedy: str) -> ValueError:
 
 
 def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
-    """The compiled ``loss`` (a Keras loss object, its name, or a function) as a per-example loss function; raises
-    ValueError for several losses (multi-output), a loss reduced over the batch (``is_per_example`` false), or
-    anything else. ``keras``: the Keras module in use."""
+    """The compiled ``loss`` (a Keras loss object, its name or a function; ``keras``: the Keras module) as a per-example
+    loss; ValueError for several (multi-output), one reduced over the batch (``is_per_example`` false), or another."""
     if isinstance(loss, (dict, list, tuple)):
         raise _value_error(f"make_private supports a single loss (one output). Received: loss={loss!r}.")
     if isinstance(loss, str):

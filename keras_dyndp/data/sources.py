@@ -54,8 +54,7 @@ def draw(rng: np.random.Generator, num_examples: int, sampling_probability: floa
 
 class Rows:
     """N examples read by index arrays: ``read(sorted indices)`` -> ``(x, y, sample_weight)`` numpy nests (``y``
-    None without labels, ``sample_weight`` float32 [k]). The first example, read once, gives every leaf's shape and
-    dtype (the padding rows are zeros of them)."""
+    None without labels, ``sample_weight`` float32 [k]); example 0, read once, sets the padding rows' shapes, dtypes."""
 
     def __init__(self, num_examples: int, read: Callable[[np.ndarray], tuple[Any, Any, np.ndarray]]):
         self.num_examples, self._read, self.example = num_examples, read, None

@@ -96,8 +96,7 @@ def load_imdb(
     vocabulary_file: str | None = None,
 ) -> TaskData:
     """Reviews vectorised to int token ids [N, sequence_length]; float labels [N, 1], 0 (neg) / 1 (pos). The vocabulary
-    (`max_tokens` tokens) is `vocabulary_file`'s (public data) or, by default, learnt from the training reviews: outside
-    the DP guarantee (the data itself, read without noise)."""
+    (`max_tokens` tokens) is `vocabulary_file`'s (public) or learnt from the training set (outside the guarantee)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (the JAX example imports this module)
 
     (train_texts, y_train), (test_texts, y_test), source = load_imdb_texts(imdb_dir, data_dir)
