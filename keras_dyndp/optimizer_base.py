@@ -434,9 +434,8 @@ def _warn_on_understatement(schedule: schedules.DPSchedule) -> None:
 def make_optimizer_class(base_cls: type, mixin: type, keras_module: Any, required: str, on: str) -> type:
     """``DynamicDPKeras<BaseName>(mixin, base_cls)``, in the package of ``mixin``'s module, registered with
     ``keras_module`` as 'keras_dyndp>DynamicDPKeras<BaseName>' (one name on both backends: a model saved on one loads
-    on the other). Its docstring is ``base_cls`` trained ``on`` the backend, then `DPOptimizerBase`'s arguments (so
-    ``help()`` of the class explains every argument). TypeError unless ``base_cls`` subclasses
-    ``keras_module.optimizers.Optimizer`` (named ``required`` in the message)."""
+    on the other). Its docstring is ``base_cls`` trained ``on`` the backend, then `DPOptimizerBase`'s arguments, for
+    ``help()``. TypeError unless ``base_cls`` subclasses ``keras_module.optimizers.Optimizer`` (named ``required``)."""
     if not (isinstance(base_cls, type) and issubclass(base_cls, keras_module.optimizers.Optimizer)):
         raise TypeError(f"`base_cls` must be a subclass of {required}. Received: base_cls={base_cls!r}.")
     class_name = f"DynamicDPKeras{base_cls.__name__}"

@@ -3,8 +3,7 @@ when telling neighbouring datasets apart is no easier than N(0, 1) from N(mu, 1)
 and noise std sigma is (C / sigma)-GDP. `delta_from_mu` is the exact duality (Dong, Roth and Su 2021; paper Eq. 1)
 delta(epsilon; mu) = Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2), which `epsilon_from_mu` and
 `mu_from_epsilon` invert; `clt_mu` the extended CLT (paper Corollary 1, Eq. 10). delta is evaluated in log space (a
-difference of two possibly tiny tails); the inverses run brentq on log(delta) in brackets expanded until they hold the
-root (a fixed one such as [0, 500] fails for extreme budgets: opacus #775)."""
+difference of two possibly tiny tails); the inverses run brentq on log(delta) in brackets grown to hold the root."""
 
 import math
 from collections.abc import Callable

@@ -200,10 +200,9 @@ def overflow_probability(
 
 
 def added_delta(overflow: float, num_steps: int, epsilon: float) -> float:
-    """``min(1, (1 + e^epsilon) * T * eta)``: the delta that truncating (or refusing) overflowing batches adds to the
-    ``epsilon`` (>= 0, inf allowed) of the exact Poisson mechanism over T = ``num_steps`` >= 0 steps, each
-    overflowing with probability ``overflow`` = eta in [0, 1] (`overflow_probability`; the argument: docs/privacy.md,
-    "What a reported epsilon covers"). 0 when no step can overflow."""
+    """``min(1, (1 + e^epsilon) * T * eta)`` (0 when no step can overflow): the delta that truncating (or refusing)
+    overflowing batches adds to the ``epsilon`` (>= 0, inf allowed) of the exact Poisson mechanism over T =
+    ``num_steps`` >= 0 steps, each overflowing with probability ``overflow`` = eta in [0, 1] (docs/privacy.md)."""
     if overflow == 0.0 or num_steps == 0:
         return 0.0
     epsilon = validation.check_float("epsilon", epsilon, 0.0, inclusive=True, allow_inf=True)

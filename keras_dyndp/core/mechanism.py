@@ -81,10 +81,9 @@ def norms_from_squares(ops: Any, squared_norms: Any) -> Any:
 
 
 def clip_factors(ops: Any, norms: Any, clip_norm: Any) -> Any:
-    """min(1, C / ||g||) per gradient norm, as C / max(||g||, C): a zero gradient gets 1, and C = 0 gives 0; so does
-    a norm that is not finite (NaN or inf: an input, loss or gradient that was not finite, or one that overflowed).
-    A factor-0 row must add exactly nothing (each backend's ``weighted_sum``: a select, since 0 x inf is NaN), so one
-    such example neither turns the release NaN nor shows that it was sampled."""
+    """min(1, C / ||g||) per gradient norm, as C / max(||g||, C): 1 for a zero gradient, 0 for C = 0 and for a norm
+    that is not finite (a NaN or inf input, loss or gradient, or an overflow), whose row must then add exactly nothing
+    (``weighted_sum``: a select, 0 x inf being NaN), neither turning the release NaN nor showing it was sampled."""
     clip_norm = ops.cast(clip_norm, norms.dtype)
     factors = ops.divide_no_nan(clip_norm, ops.maximum(norms, clip_norm))
     return ops.where(ops.is_finite(norms), factors, ops.cast(0.0, norms.dtype))

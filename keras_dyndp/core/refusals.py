@@ -1,8 +1,7 @@
 """What ``make_private`` refuses on every backend, and the messages that say what to do instead. Each backend's step
 finds these cases in its own way; the rule and its wording live here (no TensorFlow or JAX import: the caller passes its
-Keras module). Elsewhere: argument checks (`keras_dyndp.core.validation`, `keras_dyndp.optimizer_base`), sampling
-refusals (`keras_dyndp.core.batch_sizes`), the budget's and the restored schedule's (`keras_dyndp.optimizer_base`), the
-noise multiplier range (`keras_dyndp.accounting.noise_range`)."""
+Keras module). Elsewhere: argument checks (`validation`, `optimizer_base`), sampling refusals (`batch_sizes`), the
+budget's and the restored schedule's (`optimizer_base`), the noise multiplier range (`accounting.noise_range`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""Examples read on demand for `keras_dyndp.poisson_batches`: data that need not fit in memory. Two kinds of input are
-read row by row instead of being converted to tensors first: array-likes that index by a sorted integer array without
-loading everything (numpy memmaps, h5py / zarr-like datasets), and random-access sources (``len(source)``,
-``source[i]``, ``source.__getitems__(list)`` when present: the protocol of ``tfds.data_source`` and grain), each example
-``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``. Each step draws its batch exactly as Poisson
-sampling does (`draw`), in O(k), not O(N); the indices are read in increasing order and padded as the in-memory batches
-are (`Rows.batch`). A source is called from several threads at once only if it is `readers.known_thread_safe` or
-declared so (``source_threads``; why: docs/privacy.md, "Refused, and why")."""
+"""Examples read on demand for `keras_dyndp.poisson_batches` (data that need not fit in memory): array-likes indexed by
+a sorted integer array (numpy memmaps, h5py / zarr-like datasets) and random-access sources (``len(source)``,
+``source[i]``, ``source.__getitems__(list)`` if present: ``tfds.data_source``'s and grain's protocol), each example
+``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``. Each step draws its batch as Poisson sampling does
+(`draw`), in O(k), reads it in increasing index order and pads it as in-memory batches are (`Rows.batch`). A source is
+called from several threads only if `readers.known_thread_safe` or declared so (``source_threads``; docs/privacy.md)."""
 
 from __future__ import annotations
 
@@ -95,9 +93,8 @@ class Rows:
 
 def source_rows(source: Any, map_fn: Callable | None, threads: int | None = None) -> Rows:
     """`Rows` of a random-access source: its elements fetched (`tfds_reader.tfds_fetcher`, else
-    `readers.chunked_fetcher`), then ``map_fn``. ``threads`` (`keras_dyndp.poisson_batches`' ``source_threads``): at
-    most this many calls of the source at once, across batches too (`readers.source_guard`); None: unlimited for the
-    sources `readers.known_thread_safe`, one at a time for any other."""
+    `readers.chunked_fetcher`), then ``map_fn``; at most ``threads`` (``source_threads``) calls of it at once, across
+    batches too (`readers.source_guard`); None: unlimited if `readers.known_thread_safe`, else one at a time."""
     # tfds, ArrayRecord and protobuf reading, imported with the first source read rather than with the optimizer.
     from keras_dyndp.data import tfds_reader  # pylint: disable=import-outside-toplevel
 

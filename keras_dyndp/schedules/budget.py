@@ -91,10 +91,9 @@ def check_expected_batch_size(expected_batch_size) -> float | None:
 
 
 def schedule_normaliser(schedule: DPSchedule, expected_batch_size, public_batch_size: bool) -> float | None:
-    """The normaliser given a `DPSchedule`: ``expected_batch_size`` (p N), or None (each batch's rows) with
-    ``public_batch_size``; exactly one of them. It must not depend on the private data (a Poisson batch's size and a
-    padded batch's rows do): p N is public, and gives the N the batch-size check needs; rows are safe only for
-    fixed-size batches, which ``public_batch_size=True`` states."""
+    """The normaliser of a `DPSchedule`: exactly one of ``expected_batch_size`` (p N) and ``public_batch_size`` (None:
+    each batch's rows). It must not follow the private data as a Poisson batch's size or a padded batch's rows do: p N
+    is public and gives the batch-size check its N; rows are safe only for fixed-size batches, as the user states."""
     expected_batch_size = check_expected_batch_size(expected_batch_size)
     if public_batch_size and expected_batch_size is not None:
         raise ValueError(
