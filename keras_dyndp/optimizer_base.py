@@ -277,9 +277,8 @@ class DPOptimizerBase(SavedDPState):
         return KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks, and the int32
-        optimizer variables ``self._schedule_fingerprint`` [2] (zeros) and ``self._released_steps`` (scalar,
-        `step_checks.UNRECORDED_RELEASED`), both saved with the step counter."""
+        """Builds the backend's mechanism state: its random source, schedule tensors and checks, and the int32 variables
+        ``_schedule_fingerprint`` [2] (zeros) and ``_released_steps`` (`UNRECORDED_RELEASED`), saved with `dp_step`."""
         raise NotImplementedError
 
     schedule = _attribute("_schedule", "The `DPSchedule` this optimizer follows.")
@@ -306,9 +305,8 @@ class DPOptimizerBase(SavedDPState):
 
     @property
     def released_steps(self) -> int:
-        """The DP steps this optimizer has released, whatever its step counter says (read on the host): what the
-        budget and `PrivacyLogger`'s epsilon count. Saved with the optimizer as the counter is; a file saved before
-        keras_dyndp counted them loads with the counter's value standing for it."""
+        """The DP steps this optimizer has released, whatever its step counter says (read on the host), which the budget
+        and `PrivacyLogger` count; saved with the counter, which stands for it in a file saved before it was."""
         step = int(self.dp_step.numpy())
         return int(step_checks.released_steps(np.int64(step), np.int64(self._released_steps.numpy()), np.where))
 

@@ -36,8 +36,7 @@ def not_poisson_message(problem: str, sampling_probability: float) -> str:
 
 def check_poisson_batches(batches_p: float, sampling_probability: float, public_batch_size: bool, caller: str) -> None:
     """Raises ValueError, naming ``caller``, for keras_dyndp's Poisson batches sampled at another rate than the
-    schedule's (its epsilon would be wrong) or given to an optimizer with public batch sizes (it divides by the rows,
-    which follow the private number of examples when padded to a multiple)."""
+    schedule's (a wrong epsilon) or given to an optimizer with public batch sizes (its rows follow the private size)."""
     p = sampling_probability
     if not math.isclose(batches_p, p, rel_tol=1e-9):
         raise ValueError(
@@ -66,9 +65,8 @@ and T), so a small difference rescales the update by as much; data of another si
 
 
 def check_data_size(num_examples: int | None, data_size: int | None, optimizer_name: str) -> None:
-    """Raises ValueError, before the first step, when the data ``fit`` received has ``data_size`` examples but the
-    optimizer ``optimizer_name`` is for ``num_examples`` (`implied_num_examples`), beyond `DATA_SIZE_TOLERANCE`;
-    nothing when either is unknown (then the step's batch-size check is the only one)."""
+    """Raises ValueError, before the first step, when ``fit``'s data has ``data_size`` examples but the optimizer
+    ``optimizer_name`` is for ``num_examples`` (`implied_num_examples`), beyond `DATA_SIZE_TOLERANCE`; else nothing."""
     if num_examples is None or data_size is None:
         return
     if abs(data_size - num_examples) <= max(1, DATA_SIZE_TOLERANCE * num_examples):

@@ -165,9 +165,8 @@ def check_arguments(
 
 
 def sampler_seed(seed: int | None, start_step: int) -> int | None:
-    """The seed batches starting at ``start_step`` are drawn from: ``seed`` itself at step 0 (a new run's batches
-    are unchanged), else 63 bits mixed from (seed, start_step) by numpy's ``SeedSequence``, so a resumed run draws
-    independently of the run it resumes; None (OS entropy) stays None."""
+    """The seed of batches starting at ``start_step``: ``seed`` at step 0 (None, OS entropy, included), else 63 bits
+    mixed from (seed, start_step) by numpy's ``SeedSequence``, so a resumed run draws independently of the first."""
     if seed is None or start_step == 0:
         return seed
     return int(np.random.SeedSequence([seed, start_step]).generate_state(1, np.uint64)[0] >> np.uint64(1))
