@@ -61,10 +61,9 @@ class DegenerateNoiseWarning(UserWarning):
 
 
 def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_degenerate_noise) -> bool:
-    """Refuses, before any step, a schedule with a noise multiplier outside what every accountant represents
-    (z_t = 0 releases the clipped sum in the clear; z_t = 1e-6 gives one step epsilon > 1e7), unless
-    ``allow_degenerate_noise`` (returned): then a `DegenerateNoiseWarning`, for tests without noise. The refusal, a
-    `noise_range.NoiseOutOfRangeError`, names ``argument``, the step and the accepted range."""
+    """Refuses (`NoiseOutOfRangeError` naming ``argument``, the step and the range), before any step, a schedule with a
+    noise multiplier outside what every accountant represents (z_t = 0 releases the clipped sum in the clear), unless
+    ``allow_degenerate_noise`` (returned): then a `DegenerateNoiseWarning`, for tests without noise."""
     validation.check_bool("allow_degenerate_noise", allow_degenerate_noise)
     try:
         noise_range.check_trained_noise_multipliers(schedule.noise_multipliers, argument)

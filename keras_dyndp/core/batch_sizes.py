@@ -183,11 +183,10 @@ def batch_size_range(
 def overflow_probability(
     num_examples: int, sampling_probability: float, max_batch_size: int, size_range: tuple[int, int] | None = None
 ) -> float:
-    """eta, the chance that one step releases other than the exact Poisson mechanism would, on the larger or the
+    """eta in [0, 1], the chance that one step releases other than the exact Poisson mechanism would, on the larger or
     smaller of two neighbouring datasets (N + 1 and N >= 1 examples): its batch overflows ``max_batch_size``,
-    ``P[Binomial(N + 1, p) > cap]``; with ``size_range``, the DP step's `batch_size_range` ``(low, high)``, also that
-    its number of examples leaves the range and training stops: ``P[Binomial(N + 1, p) > min(cap, high)] +
-    P[Binomial(N, p) < low]``. A probability in [0, 1]."""
+    ``P[Binomial(N + 1, p) > cap]``; with ``size_range`` (`batch_size_range`'s ``(low, high)``) also that its examples
+    leave the range and training stops: ``P[Binomial(N + 1, p) > min(cap, high)] + P[Binomial(N, p) < low]``."""
     num_examples = validation.check_positive_int("num_examples", num_examples)
     sampling_probability = validation.check_probability(sampling_probability)
     max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)

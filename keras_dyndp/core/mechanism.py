@@ -43,10 +43,9 @@ def schedule_values(
 def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:
     """float32 [B]: example i's loss, whose gradient is g_i, from a loss function's unreduced ``losses`` ([B] or [B,
     ...], e.g. [B, L] per token) and the sample ``weights`` (None: 1; [B], [B, 1], or the losses' leading axes such as a
-    [B, L] padding mask). Each example is reduced alone, as Keras's default reduction weighs it within the batch: the
-    mean over all its positions of weight x loss (for a [B, L] mask, divided by L, the padded length: public). Nothing
-    is divided by a statistic of the batch (Keras's 'mean_with_sample_weight' would mix the examples' token counts).
-    ValueError where ``weights`` has axes beyond the losses' (other than trailing 1s)."""
+    [B, L] padding mask). Each example is reduced alone, as Keras's default reduction weighs it: the mean over its
+    positions of weight x loss (a [B, L] mask: divided by L, the public padded length), never by a batch statistic
+    (Keras's 'mean_with_sample_weight' would mix token counts). ValueError for ``weights`` axes beyond the losses'."""
     losses = ops.cast(losses, "float32")
     rank = len(losses.shape)
     if weights is None:

@@ -72,10 +72,9 @@ class Rows:
     def batch(
         self, chosen: np.ndarray, num_rows: int, keep_order: bool = False, read_at: np.ndarray | None = None
     ) -> tuple[Any, Any, np.ndarray]:
-        """``(x, y, sample_weight)`` of ``num_rows`` >= len(chosen) rows: the examples ``chosen`` first (in
-        increasing index order, or in ``chosen``'s order with ``keep_order``), then zero rows of weight 0. With
-        ``read_at`` (positions in the batch; implies ``keep_order``) only the examples at those positions are read,
-        the other rows are zeros of weight 0: another worker's share of the batch, which this one does not feed."""
+        """``(x, y, sample_weight)`` of ``num_rows`` >= len(chosen) rows: the examples ``chosen`` (in increasing index
+        order, or ``chosen``'s with ``keep_order``), then zero rows of weight 0. With ``read_at`` (batch positions;
+        implies ``keep_order``) only those are read, the others zero rows of weight 0: another worker's share."""
         at = np.arange(len(chosen)) if read_at is None else read_at[read_at < len(chosen)]
         order = np.argsort(chosen[at], kind="stable")
         rows = self.read(chosen[at][order])

@@ -160,10 +160,9 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
 
 
 class _ArrayRecordFiles:
-    """The records of a ``tfds.data_source``'s ArrayRecord files by key, read with array_record's
-    ``ArrayRecordReader`` in its random-access mode, one record a ``read(offset, offset + 1)`` in the calling thread
-    with the GIL released, with a file buffer of twice a record's mean size on disk (docs/performance.md). A reader is
-    not thread-safe: each calling thread keeps readers of its own; a file opens at its first read."""
+    """A ``tfds.data_source``'s ArrayRecord records by key, read with array_record's ``ArrayRecordReader`` in random
+    access (``read(offset, offset + 1)`` in the calling thread, GIL released, a file buffer of twice a record's mean
+    size: docs/performance.md). Readers are not thread-safe: each thread keeps its own, a file opened at first read."""
 
     def __init__(self, instructions: list, reader_class: type):
         self.reader_class = reader_class
