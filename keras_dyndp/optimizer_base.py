@@ -129,8 +129,7 @@ class DPOptimizerBase(SavedDPState):
         / N, and with ``epochs`` the number of steps T.
       batch_size: the EXPECTED batch size p N of Poisson sampling, an int in [1, N]: each example joins each batch
         with probability p, so batches vary in size around it. Also the normaliser of the noisy sum.
-      epochs: passes over the data, a float > 0: T = ceil(epochs * N / batch_size) steps. Give ``epochs`` or
-        ``steps``, not both.
+      epochs: passes over the data, a float > 0: T = ceil(epochs * N / batch_size) steps; this or ``steps``, not both.
       steps: T, the number of DP steps the budget covers, an int >= 1 (instead of ``epochs``). A step past T is
         refused (`BudgetExhaustedError`); `keras_dyndp.BudgetStop` ends ``fit`` there.
       method: the schedule's shape, one of `keras_dyndp.schedules.METHODS` or `BASELINES`:

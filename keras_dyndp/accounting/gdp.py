@@ -108,8 +108,7 @@ def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> fl
 
     Args:
       sampling_probability: p, the chance that each example joins a step's Poisson batch, in (0, 1].
-      mus: the per-step GDP parameters mu_t = C_t / sigma_t [T], each >= 0 (inf allowed: a step without noise); any
-        shape, flattened.
+      mus: the per-step GDP parameters mu_t = C_t / sigma_t [T], each >= 0 (inf: no noise); any shape, flattened.
     """
     sampling_probability = validation.check_probability(sampling_probability)
     with np.errstate(over="ignore"):

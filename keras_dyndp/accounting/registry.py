@@ -156,10 +156,8 @@ def make_accountant(
     """A fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one) with nothing composed.
 
     Args:
-      name: 'gdp_clt' (`GdpCltAccountant`, the paper's approximation), 'rdp' (`RdpAccountant`, default orders) or
-        'pld' (`PLDAccountant`).
-      pld_value_discretization_interval: the PLD's grid step, a float > 0, used for 'pld' only; smaller is tighter
-        and slower.
+      name: 'gdp_clt' (`GdpCltAccountant`, the paper's CLT), 'rdp' (`RdpAccountant`) or 'pld' (`PLDAccountant`).
+      pld_value_discretization_interval: the PLD's grid step, a float > 0, for 'pld' only; smaller: tighter, slower.
 
     Raises:
       ValueError: on an unknown ``name`` or an interval out of range.

@@ -191,12 +191,10 @@ class AuditResult:
         num_guesses: r, the number of guesses of the reported bounds, an int in [1, m].
         num_correct: v, how many of the r guesses are right, an int in [0, r].
         epsilon_one_run: the one-run lower bound (Steinke et al.) on epsilon at ``delta``, a float in [0, 100].
-        epsilon_fdp: the f-DP lower bound (Mahloujifar et al.; Gaussian trade-off shape) on epsilon at ``delta``, a
-            float >= 0 or inf.
+        epsilon_fdp: the f-DP lower bound (Mahloujifar et al.; Gaussian trade-off) on epsilon at ``delta``, >= 0 or inf.
         confidence: the confidence of the reported bounds, in (0, 1) (split over ``num_guesses_grid`` by Bonferroni).
         delta: the delta both bounds are stated at, in [0, 1).
-        mu_fdp: the largest mu-GDP claim rejected (`fdp_mu_lower_bound`), a float in [0, 64]; ``epsilon_fdp`` is
-            its epsilon at ``delta``.
+        mu_fdp: the largest mu-GDP claim rejected (`fdp_mu_lower_bound`), in [0, 64]; ``epsilon_fdp`` is its epsilon.
         num_guesses_grid: the guess counts searched, increasing ints in [1, m] of which r is one (default ()).
     """
 
@@ -237,8 +235,7 @@ def audit_from_scores(
     largest f-DP bound (ties: the larger one-run bound, then the smaller r).
 
     Args:
-        in_scores: the included canaries' scores, a 1-D array of finite floats (may be empty if ``out_scores`` is
-            not).
+        in_scores: the included canaries' scores, a 1-D array of finite floats (empty only if ``out_scores`` is not).
         out_scores: the excluded canaries' scores, a 1-D array of finite floats; m = the two sizes' sum, >= 1.
         delta: the delta the bounds are stated at, in [0, 1) (0: ``epsilon_fdp`` is inf once mu_fdp > 0).
         confidence: the confidence of the reported bounds over the whole grid, in (0, 1) (default 0.95).

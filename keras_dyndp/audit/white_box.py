@@ -132,16 +132,14 @@ def white_box_audit(
         num_canaries: m, the number of canaries, an int >= 2 (default 1000), each included with probability 1/2.
         delta: the delta of the claimed epsilon and of the lower bounds, in (0, 1) (default 1e-5).
         confidence: the confidence of the lower bounds, in (0, 1) (default 0.95).
-        score: 'sum' (default, the likelihood-ratio test) or 'reused_noise' (a test for repeated noise; module
-            docstring).
+        score: 'sum' (default, the likelihood-ratio test) or 'reused_noise' (a test for repeated noise; module doc).
         num_guesses: as `audit_from_scores`'s (None: its default grid).
         gradient_norm: s, each canary's gradient norm before clipping, a finite float > 0 (>= max_t C_t clips it
             to exactly C_t); None (default) for 10 max_t C_t.
         method: `make_private`'s method ('auto' default; TensorFlow's 'jacobian' audits the optimizer's own path).
         accumulation_steps: the optimizer's ``accumulation_steps`` k, an int >= 1 (default 1).
         strategy: a ``tf.distribute`` strategy to build, compile and fit in, or None (default) for none.
-        noise_seed: the optimizer's ``noise_seed``: None (default, OS entropy) or an int >= 0 (reproducible noise,
-            tests only).
+        noise_seed: the optimizer's ``noise_seed``: None (default, OS entropy) or an int >= 0 (tests: reproducible).
         seed: the coin flips, the Poisson batches and the tie-breaking (not the optimizer's noise), an int >= 0
             (default 0).
     """

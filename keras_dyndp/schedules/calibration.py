@@ -258,8 +258,7 @@ def calibrate_baseline(
       sampling_probability: p, as `calibrate`'s, in (0, 1]; in (0, 0.1] for 'tcdp' (its subsampling theorem).
       num_steps: T, the number of steps, an int >= 1.
       initial_clip: C_0, the clipping norm of every step (L2, per example), a finite float > 0.
-      noise_decay: z_0 / z_T, the decay of the noise multiplier over the run, a float >= 1 (default 1.25; 1:
-        constant noise).
+      noise_decay: z_0 / z_T, the decay of the noise multiplier over the run, a float >= 1 (default 1.25; 1: constant).
       decay: 'exponential' (default, z_t = z_0 noise_decay^(-t/T)) or 'time' (z_t = z_0 / (1 + (noise_decay - 1)
         t / T)).
     """
@@ -277,8 +276,7 @@ def gdp_clt_understatement(schedule: DPSchedule) -> str | None:
     other schedule) None.
 
     Args:
-      schedule: any `DPSchedule`; only one whose `calibration` names a non-rigorous accountant ('gdp_clt') is
-        checked, at that calibration's target delta.
+      schedule: any `DPSchedule`; only one calibrated under a non-rigorous accountant is checked, at its target delta.
     """
     calibration = schedule.calibration
     if calibration is None or registry.get(calibration.accountant).rigorous:

@@ -31,8 +31,7 @@ class Calibration:
     only (privacy depends on the arrays alone): the optimizer checks a GDP-CLT promise against the PLD.
 
     Attributes:
-      accountant: the accountant it was calibrated under, one of `keras_dyndp.accounting.ACCOUNTANT_NAMES` ('pld',
-        'rdp' or 'gdp_clt').
+      accountant: what it was calibrated under, one of `accounting.ACCOUNTANT_NAMES` ('pld', 'rdp', 'gdp_clt').
       target_epsilon: epsilon of the whole run, a finite float > 0.
       target_delta: delta of the whole run, in (0, 1).
     """
