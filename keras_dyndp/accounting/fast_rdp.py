@@ -195,8 +195,7 @@ def poisson_subsampled_gaussian_rdp(
 
     Args:
       sampling_probability: q, the chance that each example joins a step's Poisson batch, in [0, 1] (0: RDP 0).
-      noise_multipliers: z_t = sigma_t / C_t of each step, a 1-D array [T]: each 0 (RDP inf), inf (RDP 0) or in
-        [`MIN_NOISE_MULTIPLIER`, `MAX_NOISE_MULTIPLIER`] = [1e-4, 1e4].
+      noise_multipliers: z_t = sigma_t / C_t of each step, a 1-D array [T]: 0 (RDP inf), inf (RDP 0) or in [1e-4, 1e4].
       orders: the Renyi orders alpha, a non-empty 1-D sequence of floats > 1; None (default): `DEFAULT_RDP_ORDERS`.
     """
     q = validation.check_probability(sampling_probability, allow_zero=True)

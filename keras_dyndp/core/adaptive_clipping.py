@@ -22,8 +22,7 @@ class AdaptiveClipping:
     """The options of adaptive clipping (an optimizer's ``adaptive_clipping`` argument; docs/usage.md).
 
     Args:
-      target_quantile: gamma, the fraction of per-example gradient norms C_t should sit above, a float in (0, 1).
-        Default 0.5 (the median), the paper's choice for its experiments.
+      target_quantile: gamma, the fraction of per-example gradient norms C_t should sit above, in (0, 1) (default 0.5).
       learning_rate: eta of the geometric update C_{t+1} = C_t exp(-eta (b_t - gamma)), a float > 0 (default 0.2).
       count_stddev: sigma_b, the std of the noise on the count of unclipped examples, in examples, a float > 0
         with 2 sigma_b above every noise multiplier of the schedule. None (default): n / 20, n the expected batch
