@@ -235,8 +235,7 @@ class DPOptimizerBase(SavedDPState):
         )
         kwargs.setdefault("name", type(self).__name__)
         super().__init__(**kwargs)
-        self._schedule = schedule
-        self._adaptive_clipping, self._step_arrays = options, step_arrays
+        self._schedule, self._adaptive_clipping, self._step_arrays = schedule, options, step_arrays
         for name, value in settings.items():  # As `get_config` reads them.
             setattr(self, f"_{name}", value)
         self.private_config: PrivateConfig | None = None  # make_private's options, once it has used this optimizer.

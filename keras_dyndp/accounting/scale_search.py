@@ -11,6 +11,7 @@ accountant accepts) it raises `CalibrationError`."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -118,10 +119,8 @@ def largest_scale_within(
     x = min(max(start, lower), upper)
     slope = slope if math.isfinite(slope) and slope > 0 else 1.0
     if rough_epsilon_of is not None:
-        try:
+        with contextlib.suppress(CalibrationError):  # The stand-in is more pessimistic: the real search decides.
             x, slope = _search(rough_epsilon_of, target_epsilon, x, lower, upper, _ROUGH_RTOL, slope, what)
-        except CalibrationError:
-            pass  # The stand-in is more pessimistic than the real thing: let the real search decide.
     return _search(epsilon_of, target_epsilon, x, lower, upper, rtol, slope, what)[0]
 
 

@@ -130,10 +130,8 @@ def source_guard(source: Any, limit: int) -> Any:
         guard = _guards.get(key)
         if guard is None:
             guard = _guards[key] = threading.Lock() if limit == 1 else threading.BoundedSemaphore(limit)
-            try:
+            with contextlib.suppress(TypeError):
                 weakref.finalize(source, _guards.pop, key, None)
-            except TypeError:
-                pass
     return guard
 
 
