@@ -140,14 +140,10 @@ class PrivacyLogger(keras.callbacks.Callback):
         scalars = {key: value for key, value in values.items() if key != "dp_step"}
         optimizer = _dp_optimizer(self.model, type(self).__name__)
         unverified = optimizer.unverified_sampling
-        logging.info(
-            "keras_dyndp privacy after %d of %d DP steps (delta=%g): %s%s",
-            step,
-            optimizer.schedule.num_steps,
-            self.delta_of(optimizer)[0],
-            ", ".join(f"{key}={value:.6g}" for key, value in scalars.items()),
-            "" if unverified is None else f" -- {NOT_POISSON_NOTE} ({unverified})",
-        )
+        total, delta = optimizer.schedule.num_steps, self.delta_of(optimizer)[0]
+        shown = ", ".join(f"{key}={value:.6g}" for key, value in scalars.items())
+        note = "" if unverified is None else f" -- {NOT_POISSON_NOTE} ({unverified})"
+        logging.info("keras_dyndp privacy after %d of %d DP steps (delta=%g): %s%s", step, total, delta, shown, note)
         if self._writer is not None:
             _HOOKS.write_scalars(self._writer, scalars, step)
 

@@ -215,12 +215,8 @@ def plot_run_privacy(
     epsilons = schedule.epsilons_at(delta, counts, entry.name)
     taken = np.arange(1, counts[-1] + 1)
     figure, (privacy, knobs) = _new_figure(title, num_panels=2)
-    privacy.plot(  # From (0, 0): no step, no privacy spent.
-        np.concatenate([[0], counts]),
-        np.concatenate([[0.0], epsilons]),
-        marker="o",
-        label=f"{accountant}, delta = {delta:.3g}",
-    )
+    label = f"{accountant}, delta = {delta:.3g}"  # plotted from (0, 0): no step, no privacy spent
+    privacy.plot(np.concatenate([[0], counts]), np.concatenate([[0.0], epsilons]), marker="o", label=label)
     if schedule.calibration is not None:
         privacy.axhline(schedule.calibration.target_epsilon, color="grey", linestyle="--", label="target epsilon")
     privacy.legend()
