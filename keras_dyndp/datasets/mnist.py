@@ -164,14 +164,9 @@ def load_mnist(idx_dir: str | None = None, data_dir: str | None = None) -> TaskD
       DataNotFoundError: naming every place looked at and how to get the data.
     """
     try:
-        return load_mnist_like(
-            "mnist",
-            idx_dir,
-            data_dir,
-            idx_dirs=(os.path.join(KERAS_CACHE, "mnist"),),
-            npz_path=os.path.join(KERAS_CACHE, "mnist.npz"),
-            how_to_get=f"`pip install {SAMPLE_PACKAGE}` (a real 5000-digit sample), ",
-        )
+        cache = {"idx_dirs": (os.path.join(KERAS_CACHE, "mnist"),), "npz_path": os.path.join(KERAS_CACHE, "mnist.npz")}
+        advice = f"`pip install {SAMPLE_PACKAGE}` (a real 5000-digit sample), "
+        return load_mnist_like("mnist", idx_dir, data_dir, how_to_get=advice, **cache)
     except DataNotFoundError:
         sample = None if idx_dir else load_sample()
         if sample is None:
@@ -191,10 +186,6 @@ def load_fashion_mnist(idx_dir: str | None = None, data_dir: str | None = None) 
     Raises:
       DataNotFoundError: naming every place looked at and how to get the data.
     """
-    return load_mnist_like(
-        "fashion_mnist",
-        idx_dir,
-        data_dir,
-        idx_dirs=(FASHION_DEBIAN_DIR, os.path.join(KERAS_CACHE, "fashion-mnist")),
-        how_to_get=f"`apt-get install dataset-fashion-mnist` (Debian/Ubuntu; files land in {FASHION_DEBIAN_DIR}), or ",
-    )
+    advice = f"`apt-get install dataset-fashion-mnist` (Debian/Ubuntu; files land in {FASHION_DEBIAN_DIR}), or "
+    folders = (FASHION_DEBIAN_DIR, os.path.join(KERAS_CACHE, "fashion-mnist"))
+    return load_mnist_like("fashion_mnist", idx_dir, data_dir, idx_dirs=folders, how_to_get=advice)
