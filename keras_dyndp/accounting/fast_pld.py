@@ -308,8 +308,7 @@ def pld_epsilons_at(
     segments = [multipliers[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
     active = [segment[np.isfinite(segment)] for segment in segments]
     active_steps = sum(segment.size for segment in active)
-    epsilon_at, composed = {0: 0.0}, None
-    infinite = False
+    epsilon_at, composed, infinite = {0: 0.0}, None, False
     for end, segment in zip(bounds[1:], active):
         if infinite or (p > 0 and np.any(segment == 0)):
             infinite = True

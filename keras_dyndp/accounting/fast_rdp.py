@@ -58,8 +58,7 @@ def _log_a_integer(q: float, sigmas: np.ndarray, alpha: int) -> np.ndarray:
         + (alpha - i) * np.log(1 - q)
     )
     inverse_two_variances = 1 / (2 * sigmas**2)
-    log_a = np.empty(sigmas.size)
-    chunk = max(1, _BLOCK_ELEMENTS // (alpha + 1))
+    log_a, chunk = np.empty(sigmas.size), max(1, _BLOCK_ELEMENTS // (alpha + 1))
     for begin in range(0, sigmas.size, chunk):
         exponents = np.multiply.outer(inverse_two_variances[begin : begin + chunk], i * i - i)
         exponents += log_coef
@@ -113,8 +112,7 @@ def _log_a_fractional(q: float, sigmas: np.ndarray, alphas: np.ndarray) -> np.nd
     z0, inverse_two_variances = sigmas**2 * np.log(1 / q - 1) + 0.5, 1 / (2 * sigmas**2)
     log_q, log_1mq = np.log(q), np.log1p(-q)
     # Running pairs, flattened; each pair is (alpha index, sigma index) with its sum so far and its last terms.
-    alpha_index = np.repeat(np.arange(num_alphas), num_sigmas)
-    sigma_index = np.tile(np.arange(num_sigmas), num_alphas)
+    alpha_index, sigma_index = np.repeat(np.arange(num_alphas), num_sigmas), np.tile(np.arange(num_sigmas), num_alphas)
     log_a = np.full(alpha_index.size, -np.inf)
     last_log_s0, last_log_s1 = log_a.copy(), log_a.copy()
     result, pair_id = np.full(alpha_index.size, np.inf), np.arange(alpha_index.size)
