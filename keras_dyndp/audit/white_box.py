@@ -149,11 +149,8 @@ def white_box_audit(
     rows, cols = np.divmod(np.arange(m), side)
     # A non-finite or non-positive norm would give the canaries no (or a non-finite) gradient: an audit that passes
     # because its canaries moved nothing.
-    s = (
-        10.0 * float(np.max(schedule.clip_norms))
-        if gradient_norm is None
-        else validation.check_float("gradient_norm", gradient_norm)
-    )
+    default = 10.0 * float(np.max(schedule.clip_norms))
+    s = default if gradient_norm is None else validation.check_float("gradient_norm", gradient_norm)
     included = np.random.default_rng(seed).random(m) < 0.5
     x, y = np.eye(side, dtype="float32")[rows[included]], s * np.eye(side, dtype="float32")[cols[included]]
     training = {"accumulation_steps": accumulation_steps, "strategy": strategy, "noise_seed": noise_seed}

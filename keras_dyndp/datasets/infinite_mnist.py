@@ -70,8 +70,7 @@ def generate_clients(
       uint8 images [num_clients, images_per_client, 28, 28, 1] and int64 labels [num_clients, images_per_client];
       with images_per_client == 1 the client axis is dropped ([num_clients, 28, 28, 1] and [num_clients]).
     """
-    rng = np.random.default_rng(seed)
-    total = num_clients * images_per_client
+    rng, total = np.random.default_rng(seed), num_clients * images_per_client
     sources = rng.permutation(np.resize(np.arange(len(base_labels)), total))
     images = np.empty((total, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
     for start in range(0, total, _CHUNK):
