@@ -136,8 +136,7 @@ class StepChecks:
     at ``expected_batch_size`` (p N; None: unchecked), and of padding where ``normalises_by_rows`` (divides by rows)."""
 
     def __init__(self, schedule: Any, expected_batch_size: float | None, normalises_by_rows: bool):
-        self._schedule = schedule
-        self._normalises_by_rows = normalises_by_rows
+        self._schedule, self._normalises_by_rows = schedule, normalises_by_rows
         # p; N, the dataset size the schedule and p N are for, and the accepted (low, high) examples per batch, or None.
         self.sampling_probability = p = schedule.sampling_probability
         self.num_examples = n = batch_sizes.implied_num_examples(expected_batch_size, p)
