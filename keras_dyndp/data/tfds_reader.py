@@ -211,12 +211,9 @@ class _ArrayRecordFiles:
             records = []
             for file, offset in zip(files.tolist(), offsets):
                 reader = readers[file]
-                if reader is None:
-                    options = "readahead_buffer_size:0,max_parallelism:0"  # random access, no thread pool
-                    buffer_size = self.buffer_sizes[file]
-                    reader = readers[file] = self.reader_class(
-                        self.paths[file], options, file_reader_buffer_size=buffer_size
-                    )
+                if reader is None:  # random access, no thread pool
+                    options, size = "readahead_buffer_size:0,max_parallelism:0", self.buffer_sizes[file]
+                    reader = readers[file] = self.reader_class(self.paths[file], options, file_reader_buffer_size=size)
                 records.append(reader.read(offset, offset + 1)[0])
         finally:
             with self._lock:
