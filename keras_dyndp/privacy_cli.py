@@ -121,8 +121,7 @@ def _plot_comparison(schedule: schedules.DPSchedule, delta: float, title: str) -
 def _report_loaded(path: str) -> None:
     if _DELTA.value is None:
         raise ValueError("--delta is required with --schedule_json.")
-    schedule = _load_schedule(path)
-    name = os.path.basename(path)
+    schedule, name = _load_schedule(path), os.path.basename(path)
     print(privacy_report.format_table(privacy_report.report_rows({name: schedule}, _DELTA.value, _ACCOUNTANTS.value)))
     if _PLOT_DIR.value:
         _plot_comparison(schedule, _DELTA.value, f"{name}: epsilon over steps by accountant")

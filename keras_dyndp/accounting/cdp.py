@@ -130,8 +130,7 @@ def tcdp_epsilon_from_parameters(rho: float, omega: float, delta: float) -> floa
     """Epsilon of (rho, omega)-tCDP at `delta` (module docstring)."""
     delta = validation.check_delta(delta)
     rho = validation.check_float("rho", rho, 0.0, inclusive=True, allow_inf=True)
-    omega = validation.check_float("omega", omega, 1.0, allow_inf=True)
-    log_inv_delta = math.log(1.0 / delta)
+    omega, log_inv_delta = validation.check_float("omega", omega, 1.0, allow_inf=True), math.log(1.0 / delta)
     if math.isinf(rho):
         return math.inf
     if log_inv_delta <= (omega - 1) ** 2 * rho:
@@ -179,8 +178,7 @@ def tcdp_noise_multipliers(
     >= sqrt(20)). If even the smallest such z_0 spends less than the target, it is returned with a warning: the
     theorem certifies no schedule with less noise. Arguments as `zcdp_noise_multipliers`, with p in (0, 0.1]."""
     validation.check_budget(target_epsilon, target_delta)
-    p = _check_tcdp_sampling(sampling_probability)
-    shape = decay_shape(num_steps, noise_decay, decay)
+    p, shape = _check_tcdp_sampling(sampling_probability), decay_shape(num_steps, noise_decay, decay)
 
     def epsilon(log_z0: float) -> float:
         return tcdp_epsilon(p, math.exp(log_z0) * shape, target_delta)

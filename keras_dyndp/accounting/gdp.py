@@ -121,8 +121,7 @@ def gdp_clt_epsilons_at(
 ) -> np.ndarray:
     """GDP-CLT epsilon (`clt_mu` of the first k steps at `delta`; 0 where it is 0) for each k in [0, T] of `steps`."""
     sampling_probability = validation.check_probability(sampling_probability)
-    mus = validation.check_nonnegative_array("mus", np.reshape(mus, -1))
-    delta = validation.check_delta(delta)
+    mus, delta = validation.check_nonnegative_array("mus", np.reshape(mus, -1)), validation.check_delta(delta)
     with np.errstate(over="ignore"):
         cumulative = np.concatenate([[0.0], np.cumsum(np.expm1(mus**2))])
     totals = sampling_probability * np.sqrt(cumulative[np.asarray(steps, dtype=int)])

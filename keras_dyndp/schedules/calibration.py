@@ -110,8 +110,7 @@ def calibrate_shape(
         accountant accepts (`accounting.noise_range`), e.g. a target so large that it needs almost no noise.
     """
     validation.check_budget(target_epsilon, target_delta)
-    entry = registry.get(accountant)
-    p = validation.check_probability(sampling_probability)
+    entry, p = registry.get(accountant), validation.check_probability(sampling_probability)
     num_steps = validation.check_positive_int("num_steps", num_steps)
     clips = _as_step_array("clip_norms", clip_norms, num_steps)
     shape = _as_step_array("mu_shape", mu_shape, num_steps)

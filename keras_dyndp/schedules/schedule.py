@@ -146,10 +146,8 @@ class DPSchedule:
           ValueError: on a bad argument or option; `noise_range.NoiseOutOfRangeError` naming the step if a noise
             multiplier is outside what the accountant can represent.
         """
-        delta = validation.check_delta(delta)
-        entry = registry.get(accountant)
-        options = entry.check_options(options)
-        steps = self._check_steps(steps)
+        delta, entry = validation.check_delta(delta), registry.get(accountant)
+        options, steps = entry.check_options(options), self._check_steps(steps)
         if steps == 0:
             return 0.0
         if np.any(self._noise_stddevs[:steps] == 0):
