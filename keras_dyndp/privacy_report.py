@@ -212,8 +212,7 @@ def plot_run_privacy(
         raise ValueError(
             f"`steps` must hold step counts in [1, T = {schedule.num_steps}]. Received: steps={list(steps)}."
         )
-    epsilons = schedule.epsilons_at(delta, counts, entry.name)
-    taken = np.arange(1, counts[-1] + 1)
+    epsilons, taken = schedule.epsilons_at(delta, counts, entry.name), np.arange(1, counts[-1] + 1)
     figure, (privacy, knobs) = _new_figure(title, num_panels=2)
     label = f"{accountant}, delta = {delta:.3g}"  # plotted from (0, 0): no step, no privacy spent
     privacy.plot(np.concatenate([[0], counts]), np.concatenate([[0.0], epsilons]), marker="o", label=label)

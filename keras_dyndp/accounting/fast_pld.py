@@ -140,8 +140,7 @@ def _gaussian_step_pmf(noise_multiplier: float, q: float, interval: float, remov
     deltas = np.minimum.accumulate(np.clip(deltas, 0.0, 1.0))
     if deltas.size == 1:
         return _Pmf(lower_index, np.array([1.0 - deltas[0]]), float(deltas[0]))
-    differences = np.diff(deltas)
-    probs = np.empty_like(deltas)
+    differences, probs = np.diff(deltas), np.empty_like(deltas)
     probs[0] = 1.0 - deltas[0] + differences[0] / math.expm1(interval)
     probs[1:-1] = (differences[1:] - differences[:-1] * math.exp(interval)) / math.expm1(interval)
     probs[-1] = differences[-1] / math.expm1(-interval)
