@@ -35,8 +35,7 @@ def keras_module():
 
 def implementation_name(module: str = "") -> str | None:
     """The dotted name of ``module`` (e.g. ``'data'``; '' for the package) in keras_dyndp's implementation for the
-    backend Keras runs on (``keras_dyndp.tf_backend`` or ``keras_dyndp.jax_backend``); None on a backend keras_dyndp
-    has none for (Keras 3 on PyTorch or NumPy)."""
+    backend Keras runs on (``keras_dyndp.tf_backend`` or ``.jax_backend``); None on others (PyTorch, NumPy)."""
     package = _IMPLEMENTATIONS.get(keras_backend())
     return None if package is None else ".".join(filter(None, (package, module)))
 

@@ -80,13 +80,10 @@ class PrivacyLogger(keras.callbacks.Callback):
         delta = None if delta is None else validation.check_delta(delta)
         if log_every != "epoch" and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1):
             raise ValueError(f"`log_every` must be 'epoch' or an integer >= 1. Received: log_every={log_every!r}.")
-        self.accountant = accountant
-        self.accountant_options = options
+        self.accountant, self.accountant_options, self.delta = accountant, options, delta
+        self.log_every, self.log_dir = log_every, log_dir
         # The registry's always logged first, then `accountant`; each with its options.
         self._logged_accountants = dict.fromkeys(registry.ALWAYS_LOGGED_ACCOUNTANT_NAMES, {}) | {accountant: options}
-        self.delta = delta
-        self.log_every = log_every
-        self.log_dir = log_dir
         if log_dir is not None:
             _HOOKS.check_log_dir(log_dir)
         self._writer: Any = None  # The summary writer, during training with log_dir.
@@ -135,24 +132,18 @@ class PrivacyLogger(keras.callbacks.Callback):
         if optimizer.unverified_sampling is None:
             overflow = optimizer.overflow_probability or 0.0
             values[f"delta_total{at_delta}"] = delta + batch_sizes.added_delta(overflow, steps, max(epsilons.values()))
-        values["clip_norm"] = float(schedule.clip_norms[last])
-        values["noise_stddev"] = float(schedule.noise_stddevs[last])
-        values["dp_step"] = float(steps)
-        return values
+        values.update(clip_norm=float(schedule.clip_norms[last]), noise_stddev=float(schedule.noise_stddevs[last]))
+        return values | {"dp_step": float(steps)}
 
     def _report(self, values: dict[str, float]) -> None:
         step = self._last_logged_step = int(values["dp_step"])
         scalars = {key: value for key, value in values.items() if key != "dp_step"}
         optimizer = _dp_optimizer(self.model, type(self).__name__)
         unverified = optimizer.unverified_sampling
-        logging.info(
-            "keras_dyndp privacy after %d of %d DP steps (delta=%g): %s%s",
-            step,
-            optimizer.schedule.num_steps,
-            self.delta_of(optimizer)[0],
-            ", ".join(f"{key}={value:.6g}" for key, value in scalars.items()),
-            "" if unverified is None else f" -- {NOT_POISSON_NOTE} ({unverified})",
-        )
+        total, delta = optimizer.schedule.num_steps, self.delta_of(optimizer)[0]
+        shown = ", ".join(f"{key}={value:.6g}" for key, value in scalars.items())
+        note = "" if unverified is None else f" -- {NOT_POISSON_NOTE} ({unverified})"
+        logging.info("keras_dyndp privacy after %d of %d DP steps (delta=%g): %s%s", step, total, delta, shown, note)
         if self._writer is not None:
             _HOOKS.write_scalars(self._writer, scalars, step)
 

@@ -92,8 +92,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS, pr
 
 
 METHODS = ["vanilla", "growing_mu", "sensitivity_decay", "dynamic", "adaptive"]
-"""``--method``'s values: the paper's schedules (`keras_dyndp.schedules.METHODS`; cli imports no accounting) and
-'adaptive' (`schedule_arguments`)."""
+"""``--method``'s values: the paper's schedules (`schedules.METHODS`; no accounting import here) and 'adaptive'."""
 
 METHOD_HELP = (
     "DP schedule: the paper's four, or 'adaptive' (vanilla noise with the clip norm adapted to the median per-example "
@@ -109,9 +108,7 @@ def schedule_arguments(method: str) -> dict:
     Args:
       method: one of `METHODS`.
     """
-    if method == "adaptive":
-        return {"method": "vanilla", "adaptive_clipping": True}
-    return {"method": method}
+    return {"method": "vanilla", "adaptive_clipping": True} if method == "adaptive" else {"method": method}
 
 
 def define_training_flags(

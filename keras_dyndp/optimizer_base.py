@@ -61,10 +61,9 @@ class DegenerateNoiseWarning(UserWarning):
 
 
 def check_schedule_noise(schedule: schedules.DPSchedule, argument: str, allow_degenerate_noise) -> bool:
-    """Refuses, before any step, a schedule with a noise multiplier outside what every accountant represents
-    (z_t = 0 releases the clipped sum in the clear; z_t = 1e-6 gives one step epsilon > 1e7), unless
-    ``allow_degenerate_noise`` (returned): then a `DegenerateNoiseWarning`, for tests without noise. The refusal, a
-    `noise_range.NoiseOutOfRangeError`, names ``argument``, the step and the accepted range."""
+    """Refuses (`NoiseOutOfRangeError` naming ``argument``, the step and the range), before any step, a schedule with a
+    noise multiplier outside what every accountant represents (z_t = 0 releases the clipped sum in the clear), unless
+    ``allow_degenerate_noise`` (returned): then a `DegenerateNoiseWarning`, for tests without noise."""
     validation.check_bool("allow_degenerate_noise", allow_degenerate_noise)
     try:
         noise_range.check_trained_noise_multipliers(schedule.noise_multipliers, argument)
@@ -130,8 +129,7 @@ class DPOptimizerBase(SavedDPState):
         / N, and with ``epochs`` the number of steps T.
       batch_size: the EXPECTED batch size p N of Poisson sampling, an int in [1, N]: each example joins each batch
         with probability p, so batches vary in size around it. Also the normaliser of the noisy sum.
-      epochs: passes over the data, a float > 0: T = ceil(epochs * N / batch_size) steps. Give ``epochs`` or
-        ``steps``, not both.
+      epochs: passes over the data, a float > 0: T = ceil(epochs * N / batch_size) steps; this or ``steps``, not both.
       steps: T, the number of DP steps the budget covers, an int >= 1 (instead of ``epochs``). A step past T is
         refused (`BudgetExhaustedError`); `keras_dyndp.BudgetStop` ends ``fit`` there.
       method: the schedule's shape, one of `keras_dyndp.schedules.METHODS` or `BASELINES`:
@@ -237,8 +235,7 @@ class DPOptimizerBase(SavedDPState):
         )
         kwargs.setdefault("name", type(self).__name__)
         super().__init__(**kwargs)
-        self._schedule = schedule
-        self._adaptive_clipping, self._step_arrays = options, step_arrays
+        self._schedule, self._adaptive_clipping, self._step_arrays = schedule, options, step_arrays
         for name, value in settings.items():  # As `get_config` reads them.
             setattr(self, f"_{name}", value)
         self.private_config: PrivateConfig | None = None  # make_private's options, once it has used this optimizer.
@@ -259,9 +256,8 @@ class DPOptimizerBase(SavedDPState):
         return first
 
     def note_batch_cap(self, num_examples: int, max_batch_size: int) -> None:
-        """Checks the cap of the Poisson batches ``fit`` received, before the first step
-        (`batch_sizes.check_max_batch_size`), and records its chance of overflowing a step (the largest of the run's
-        caps) for `PrivacyLogger`'s total delta."""
+        """Checks the cap of ``fit``'s Poisson batches before the first step (`batch_sizes.check_max_batch_size`) and
+        records its chance of overflowing a step (the largest of the run's caps) for `PrivacyLogger`'s total delta."""
         size_range = self._step_checks.batch_size_range
         overflow = batch_sizes.check_max_batch_size(num_examples, max_batch_size, self._schedule, size_range)
         self._overflow_probability = max(self._overflow_probability or 0.0, overflow)
@@ -270,19 +266,16 @@ class DPOptimizerBase(SavedDPState):
         """Raises if the backend cannot run this optimizer here (before the base optimizer is built)."""
 
     def _check_same_release(self, description: dict) -> None:
-        """Raises if the processes that train one model build their optimizers unlike (the JAX optimizers compare
-        them across ``jax.distributed`` processes, `keras_dyndp.jax_backend.distribution.check_same_release`). Called
-        before the base optimizer is built, with what determines the release, by name: the class, the schedule's
-        config, the checked DP settings and the base optimizer's arguments."""
+        """Raises if the processes that train one model build their optimizers unlike (JAX's compare ``description``,
+        what determines the release by name, across processes: `jax_backend.distribution.check_same_release`)."""
 
     def _unsupported_base_arguments(self) -> dict[str, str]:
         """Base-optimizer arguments refused on this backend, with the reason."""
         return KERAS_3_UNSUPPORTED_OPTIMIZER_ARGUMENTS
 
     def _build_dp_state(self, noise_seed: int | None) -> None:
-        """Builds the backend's state of the mechanism: its random source, schedule tensors and checks, and the int32
-        optimizer variables ``self._schedule_fingerprint`` [2] (zeros) and ``self._released_steps`` (scalar,
-        `step_checks.UNRECORDED_RELEASED`), both saved with the step counter."""
+        """Builds the backend's mechanism state: its random source, schedule tensors and checks, and the int32 variables
+        ``_schedule_fingerprint`` [2] (zeros) and ``_released_steps`` (`UNRECORDED_RELEASED`), saved with `dp_step`."""
         raise NotImplementedError
 
     schedule = _attribute("_schedule", "The `DPSchedule` this optimizer follows.")
@@ -309,9 +302,8 @@ class DPOptimizerBase(SavedDPState):
 
     @property
     def released_steps(self) -> int:
-        """The DP steps this optimizer has released, whatever its step counter says (read on the host): what the
-        budget and `PrivacyLogger`'s epsilon count. Saved with the optimizer as the counter is; a file saved before
-        keras_dyndp counted them loads with the counter's value standing for it."""
+        """The DP steps this optimizer has released, whatever its step counter says (read on the host), which the budget
+        and `PrivacyLogger` count; saved with the counter, which stands for it in a file saved before it was."""
         step = int(self.dp_step.numpy())
         return int(step_checks.released_steps(np.int64(step), np.int64(self._released_steps.numpy()), np.where))
 
@@ -343,9 +335,7 @@ class DPOptimizerBase(SavedDPState):
             )
         return read() if schedule_values is None else schedule_values
 
-    adaptive_clipping = _attribute(
-        "_adaptive_clipping", "The `AdaptiveClipping` options, or None (the schedule's C_t)."
-    )
+    adaptive_clipping = _attribute("_adaptive_clipping", "The `AdaptiveClipping` options, or None (schedule's C_t).")
     adaptive_clip_norm = _attribute("_adaptive_clip_norm", "float32 variable: adaptive clipping's C_t (else None).")
 
     def count_noise_stddev(self, num_microbatches: int | None) -> float:
@@ -356,14 +346,8 @@ class DPOptimizerBase(SavedDPState):
         """Adaptive clipping's C_{t+1} (`keras_dyndp.core.adaptive_clipping`) from the step's read ``clip_norm``, the
         stored C_t ``clip_state`` and its ``noised`` count (all replicas', with the noise of std
         `count_noise_stddev`) over the gradient's normaliser (``num_rows``, ``num_microbatches``: all replicas')."""
-        n = mechanism.normaliser(
-            ops,
-            clip_norm=1.0,
-            num_rows=num_rows,
-            expected_batch_size=self._expected_batch_size,
-            num_microbatches=num_microbatches,
-            rescale_to_unit_norm=False,
-        )
+        fixed = {"clip_norm": 1.0, "rescale_to_unit_norm": False, "expected_batch_size": self._expected_batch_size}
+        n = mechanism.normaliser(ops, num_rows=num_rows, num_microbatches=num_microbatches, **fixed)
         options = self._adaptive_clipping
         return adaptive.next_clip_norm(ops, clip_norm, clip_state, noised, normaliser=n, options=options)
 
@@ -397,16 +381,9 @@ class DPOptimizerBase(SavedDPState):
         self._schedule_fingerprint.assign(list(self._schedule.fingerprint))
 
     def host_refusal(self, budget_stop: str | None) -> RuntimeError | None:
-        """The refusal of the next step that the host can tell, as the DP step checks inside the step decide it
-        (`step_checks.StepChecks.host_refusal`), or None.
-
-        Args:
-          budget_stop: the callback the budget's refusal suggests, or None (`step_checks.budget_exhausted_parts`).
-
-        Returns:
-          `BudgetExhaustedError` when `released_steps` has reached the schedule's T; RuntimeError when `dp_step` is
-          not `released_steps` (`step_checks.counter_moved_parts`); None when neither.
-        """
+        """The refusal of the next step the host can tell, as the step's checks decide it (`StepChecks.host_refusal`):
+        `BudgetExhaustedError` once `released_steps` reached T (suggesting the callback ``budget_stop``, or None),
+        RuntimeError when `dp_step` is not `released_steps` (`step_checks.counter_moved_parts`), else None."""
         step, released = int(self.dp_step.numpy()), self.released_steps
         code = self._step_checks.host_refusal(step, released)
         if code == step_checks.BUDGET_SPENT:
@@ -452,9 +429,8 @@ def _warn_on_understatement(schedule: schedules.DPSchedule) -> None:
 def make_optimizer_class(base_cls: type, mixin: type, keras_module: Any, required: str, on: str) -> type:
     """``DynamicDPKeras<BaseName>(mixin, base_cls)``, in the package of ``mixin``'s module, registered with
     ``keras_module`` as 'keras_dyndp>DynamicDPKeras<BaseName>' (one name on both backends: a model saved on one loads
-    on the other). Its docstring is ``base_cls`` trained ``on`` the backend, then `DPOptimizerBase`'s arguments (so
-    ``help()`` of the class explains every argument). TypeError unless ``base_cls`` subclasses
-    ``keras_module.optimizers.Optimizer`` (named ``required`` in the message)."""
+    on the other). Its docstring is ``base_cls`` trained ``on`` the backend, then `DPOptimizerBase`'s arguments, for
+    ``help()``. TypeError unless ``base_cls`` subclasses ``keras_module.optimizers.Optimizer`` (named ``required``)."""
     if not (isinstance(base_cls, type) and issubclass(base_cls, keras_module.optimizers.Optimizer)):
         raise TypeError(f"`base_cls` must be a subclass of {required}. Received: base_cls={base_cls!r}.")
     class_name = f"DynamicDPKeras{base_cls.__name__}"

@@ -34,9 +34,9 @@ from keras_dyndp.core import validation
 # The command's own flag registry, so that importing this module beside an example trainer (which defines flags of
 # the same names on absl's global registry) cannot clash.
 _FLAGS = flags.FlagValues()
-_string, _float, _integer = (
+_string, _float, _integer, _enum, _list = (
     functools.partial(define, flag_values=_FLAGS)
-    for define in (flags.DEFINE_string, flags.DEFINE_float, flags.DEFINE_integer)
+    for define in (flags.DEFINE_string, flags.DEFINE_float, flags.DEFINE_integer, flags.DEFINE_enum, flags.DEFINE_list)
 )
 _METHOD = _string("method", "all", f"Comma-separated methods among {schedules.ALL_METHODS}, or 'all'.")
 _EPSILON = _float("epsilon", None, "Target epsilon of the run (spec mode).")
@@ -53,17 +53,14 @@ _SCHEDULE_JSON = _string(
     None,
     "Path of a saved DPSchedule.to_json() file or of an example trainer's <model_dir>/run_config.json.",
 )
-_ACCOUNTANT = flags.DEFINE_enum(
+_ACCOUNTANT = _enum(
     "accountant",
     registry.DEFAULT_ACCOUNTANT,
     list(registry.ACCOUNTANT_NAMES),
     "Accountant the paper's methods are calibrated under (spec mode): pld (rigorous, tight), rdp (rigorous), or "
     "gdp_clt (the paper's approximation, which can understate epsilon).",
-    flag_values=_FLAGS,
 )
-_ACCOUNTANTS = flags.DEFINE_list(
-    "accountants", list(registry.ACCOUNTANT_NAMES), "Accountants to report.", flag_values=_FLAGS
-)
+_ACCOUNTANTS = _list("accountants", list(registry.ACCOUNTANT_NAMES), "Accountants to report.")
 _NUM_POINTS = _integer("num_points", privacy_report.DEFAULT_NUM_POINTS, "Points per plotted curve.")
 _PLOT_DIR = _string("plot_dir", None, "Directory for the PNG plots (created if missing).")
 
@@ -124,8 +121,7 @@ def _plot_comparison(schedule: schedules.DPSchedule, delta: float, title: str) -
 def _report_loaded(path: str) -> None:
     if _DELTA.value is None:
         raise ValueError("--delta is required with --schedule_json.")
-    schedule = _load_schedule(path)
-    name = os.path.basename(path)
+    schedule, name = _load_schedule(path), os.path.basename(path)
     print(privacy_report.format_table(privacy_report.report_rows({name: schedule}, _DELTA.value, _ACCOUNTANTS.value)))
     if _PLOT_DIR.value:
         _plot_comparison(schedule, _DELTA.value, f"{name}: epsilon over steps by accountant")
@@ -140,14 +136,8 @@ def _report_spec() -> None:
         _NUM_EXAMPLES.value, _BATCH_SIZE.value, epochs=_EPOCHS.value, steps=_STEPS.value
     )
     delta = 1 / (10 * _NUM_EXAMPLES.value) if _DELTA.value is None else _DELTA.value
-    spec = dict(
-        target_epsilon=_EPSILON.value,
-        target_delta=delta,
-        sampling_probability=p,
-        num_steps=num_steps,
-        initial_clip=_INITIAL_CLIP.value,
-        accountant=_ACCOUNTANT.value,
-    )
+    spec = {"target_epsilon": _EPSILON.value, "target_delta": delta, "sampling_probability": p, "num_steps": num_steps}
+    spec.update(initial_clip=_INITIAL_CLIP.value, accountant=_ACCOUNTANT.value)
     rhos = {"rho_mu": _RHO_MU.value, "rho_c": _RHO_C.value}
     built = {method: schedules.calibrate(method, **spec, **rhos) for method in _methods()}
     print(

@@ -56,10 +56,7 @@ class ReportRow:
 
 
 def schedule_row(
-    method: str,
-    schedule: schedules.DPSchedule,
-    delta: float,
-    accountants: Sequence[str] = registry.ACCOUNTANT_NAMES,
+    method: str, schedule: schedules.DPSchedule, delta: float, accountants: Sequence[str] = registry.ACCOUNTANT_NAMES
 ) -> ReportRow:
     """The `ReportRow` of one schedule; 'own' is the baseline's accountant for 'zcdp' / 'tcdp', else
     `schedule.calibration`'s (none for a schedule built by hand)."""
@@ -167,17 +164,10 @@ def plot_epsilon_consumption(
     """Paper Fig. 2 (the paper used 'gdp_clt'): epsilon of the first k steps of growing-mu schedules, one curve per
     rho_mu, calibrated and measured under `accountant` (every curve ends at the target). A PNG at `path`, returned."""
     figure, (axes,) = _new_figure(f"Privacy budget consumption ({accountant}), epsilon = {target_epsilon:g}")
+    budget = {"target_epsilon": target_epsilon, "target_delta": target_delta, "num_steps": num_steps}
+    budget.update(sampling_probability=sampling_probability, initial_clip=initial_clip, accountant=accountant)
     for rho_mu in rho_mus:
-        schedule = schedules.calibrate(
-            "growing_mu",
-            target_epsilon=target_epsilon,
-            target_delta=target_delta,
-            sampling_probability=sampling_probability,
-            num_steps=num_steps,
-            initial_clip=initial_clip,
-            rho_mu=rho_mu,
-            accountant=accountant,
-        )
+        schedule = schedules.calibrate("growing_mu", rho_mu=rho_mu, **budget)
         steps, curves = epsilon_curves(schedule, target_delta, [accountant], num_points)
         axes.plot(steps, curves[accountant], label=f"1/rho_mu = {1 / rho_mu:.2g}")
     axes.legend()
@@ -216,22 +206,16 @@ def plot_run_privacy(
     Raises:
       ValueError: if `steps` is empty or holds a count outside [1, T], or on a bad `delta` or `accountant`.
     """
-    delta = validation.check_delta(delta)
-    entry = registry.get(accountant)
+    delta, entry = validation.check_delta(delta), registry.get(accountant)
     counts = np.unique(np.asarray(steps, dtype=np.int64))
     if counts.size == 0 or counts[0] < 1 or counts[-1] > schedule.num_steps:
         raise ValueError(
             f"`steps` must hold step counts in [1, T = {schedule.num_steps}]. Received: steps={list(steps)}."
         )
-    epsilons = schedule.epsilons_at(delta, counts, entry.name)
-    taken = np.arange(1, counts[-1] + 1)
+    epsilons, taken = schedule.epsilons_at(delta, counts, entry.name), np.arange(1, counts[-1] + 1)
     figure, (privacy, knobs) = _new_figure(title, num_panels=2)
-    privacy.plot(  # From (0, 0): no step, no privacy spent.
-        np.concatenate([[0], counts]),
-        np.concatenate([[0.0], epsilons]),
-        marker="o",
-        label=f"{accountant}, delta = {delta:.3g}",
-    )
+    label = f"{accountant}, delta = {delta:.3g}"  # plotted from (0, 0): no step, no privacy spent
+    privacy.plot(np.concatenate([[0], counts]), np.concatenate([[0.0], epsilons]), marker="o", label=label)
     if schedule.calibration is not None:
         privacy.axhline(schedule.calibration.target_epsilon, color="grey", linestyle="--", label="target epsilon")
     privacy.legend()

@@ -75,9 +75,7 @@ def decay_shape(num_steps: int, noise_decay: float, decay: str = "exponential") 
     validation.check_choice("decay", decay, DECAYS)
     noise_decay = validation.check_float("noise_decay", noise_decay, 1.0, inclusive=True)
     fraction = np.arange(1, num_steps + 1, dtype=np.float64) / num_steps
-    if decay == "exponential":
-        return noise_decay ** (-fraction)
-    return 1.0 / (1.0 + (noise_decay - 1.0) * fraction)
+    return noise_decay ** (-fraction) if decay == "exponential" else 1.0 / (1.0 + (noise_decay - 1.0) * fraction)
 
 
 def zcdp_rho(noise_multipliers) -> float:
@@ -132,8 +130,7 @@ def tcdp_epsilon_from_parameters(rho: float, omega: float, delta: float) -> floa
     """Epsilon of (rho, omega)-tCDP at `delta` (module docstring)."""
     delta = validation.check_delta(delta)
     rho = validation.check_float("rho", rho, 0.0, inclusive=True, allow_inf=True)
-    omega = validation.check_float("omega", omega, 1.0, allow_inf=True)
-    log_inv_delta = math.log(1.0 / delta)
+    omega, log_inv_delta = validation.check_float("omega", omega, 1.0, allow_inf=True), math.log(1.0 / delta)
     if math.isinf(rho):
         return math.inf
     if log_inv_delta <= (omega - 1) ** 2 * rho:
@@ -156,8 +153,7 @@ def zcdp_noise_multipliers(
     decay: str = "exponential",
 ) -> np.ndarray:
     """rho-zCDP-SGD (Yu et al. 2019): noise multipliers z_0 s_t [T] (`decay_shape`) whose `zcdp_epsilon` is the
-    target (<=, equal up to float rounding): z_0 = sqrt(rho(shape) / rho_target) in closed form. p in (0, 1] is
-    checked only (zCDP has no amplification)."""
+    target (<=, equal up to rounding): z_0 = sqrt(rho(shape) / rho_target); p in (0, 1] unused (no amplification)."""
     validation.check_budget(target_epsilon, target_delta)
     validation.check_probability(sampling_probability)
     shape = decay_shape(num_steps, noise_decay, decay)
@@ -182,8 +178,7 @@ def tcdp_noise_multipliers(
     >= sqrt(20)). If even the smallest such z_0 spends less than the target, it is returned with a warning: the
     theorem certifies no schedule with less noise. Arguments as `zcdp_noise_multipliers`, with p in (0, 0.1]."""
     validation.check_budget(target_epsilon, target_delta)
-    p = _check_tcdp_sampling(sampling_probability)
-    shape = decay_shape(num_steps, noise_decay, decay)
+    p, shape = _check_tcdp_sampling(sampling_probability), decay_shape(num_steps, noise_decay, decay)
 
     def epsilon(log_z0: float) -> float:
         return tcdp_epsilon(p, math.exp(log_z0) * shape, target_delta)

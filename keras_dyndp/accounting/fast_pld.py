@@ -103,8 +103,7 @@ def _gaussian_step_pmf(noise_multiplier: float, q: float, interval: float, remov
     """Connect-the-dots PMF of one Poisson-subsampled Gaussian step (module docstring, item 2), one direction. With b(x)
     = (-1/2 - x) / z^2 (the unsampled REMOVE loss), the REMOVE loss is l(x) = log(1 - q + q e^b(x)) and the ADD loss is
     -l(-x); both decrease in x, so {loss >= epsilon} = {x <= x_epsilon}."""
-    variance = noise_multiplier**2
-    tail = noise_range.GAUSSIAN_TAIL_STDDEVS * noise_multiplier
+    variance, tail = noise_multiplier**2, noise_range.GAUSSIAN_TAIL_STDDEVS * noise_multiplier
     lowest_x, highest_x = (-tail - 1.0, tail) if remove else (-tail, tail + 1.0)
 
     def loss_at(x: np.ndarray) -> np.ndarray:
@@ -141,8 +140,7 @@ def _gaussian_step_pmf(noise_multiplier: float, q: float, interval: float, remov
     deltas = np.minimum.accumulate(np.clip(deltas, 0.0, 1.0))
     if deltas.size == 1:
         return _Pmf(lower_index, np.array([1.0 - deltas[0]]), float(deltas[0]))
-    differences = np.diff(deltas)
-    probs = np.empty_like(deltas)
+    differences, probs = np.diff(deltas), np.empty_like(deltas)
     probs[0] = 1.0 - deltas[0] + differences[0] / math.expm1(interval)
     probs[1:-1] = (differences[1:] - differences[:-1] * math.exp(interval)) / math.expm1(interval)
     probs[-1] = differences[-1] / math.expm1(-interval)
@@ -226,8 +224,7 @@ def _greedy_cuts(weights: np.ndarray, prefix: np.ndarray, tau: float) -> list[in
     sum when rounded down: [i, j) adds (j - i) w_i - sum_{i<=t<j} w_t, growing with j, so greedy is optimal."""
     n = weights.size
     slack = 1e-12 * prefix[-1]  # Absorbs cumsum rounding, so equal z always share a group.
-    cuts = [0]
-    start = 0
+    cuts, start = [0], 0
     positions = np.arange(n + 1)
     while start < n:
         excess = (positions[start + 1 :] - start) * weights[start] - (prefix[start + 1 :] - prefix[start])
@@ -310,9 +307,7 @@ def pld_epsilons_at(
     segments = [multipliers[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
     active = [segment[np.isfinite(segment)] for segment in segments]
     active_steps = sum(segment.size for segment in active)
-    epsilon_at = {0: 0.0}
-    composed = None
-    infinite = False
+    epsilon_at, composed, infinite = {0: 0.0}, None, False
     for end, segment in zip(bounds[1:], active):
         if infinite or (p > 0 and np.any(segment == 0)):
             infinite = True

@@ -9,9 +9,7 @@ over the orders `DEFAULT_RDP_ORDERS` (dp_accounting's) or any > 1:
   is below e^-30 times the sum; a series not stopped after 1000 terms gives that order RDP inf;
 * a step's RDP is log(A_alpha) / (alpha - 1); it adds over steps; epsilon is dp_accounting's `rdp.compute_epsilon`.
 
-It equals dp_accounting 0.5 and 0.6 to rounding and is never below 0.4.3 (which summed the signed series). Each distinct
-z is computed once, all together; cumulative sums give the epsilon after many step counts at once (`rdp_epsilons_at`).
-"""
+Each distinct z is computed once; cumulative sums give epsilons after many step counts at once (`rdp_epsilons_at`)."""
 
 from __future__ import annotations
 
@@ -60,8 +58,7 @@ def _log_a_integer(q: float, sigmas: np.ndarray, alpha: int) -> np.ndarray:
         + (alpha - i) * np.log(1 - q)
     )
     inverse_two_variances = 1 / (2 * sigmas**2)
-    log_a = np.empty(sigmas.size)
-    chunk = max(1, _BLOCK_ELEMENTS // (alpha + 1))
+    log_a, chunk = np.empty(sigmas.size), max(1, _BLOCK_ELEMENTS // (alpha + 1))
     for begin in range(0, sigmas.size, chunk):
         exponents = np.multiply.outer(inverse_two_variances[begin : begin + chunk], i * i - i)
         exponents += log_coef
@@ -112,16 +109,13 @@ def _log_a_fractional(q: float, sigmas: np.ndarray, alphas: np.ndarray) -> np.nd
         parts = [_log_a_fractional(q, sigmas[begin : begin + chunk], alphas) for begin in range(0, sigmas.size, chunk)]
         return np.concatenate(parts, axis=1)
     num_alphas, num_sigmas = alphas.size, sigmas.size
-    z0 = sigmas**2 * np.log(1 / q - 1) + 0.5
-    inverse_two_variances = 1 / (2 * sigmas**2)
+    z0, inverse_two_variances = sigmas**2 * np.log(1 / q - 1) + 0.5, 1 / (2 * sigmas**2)
     log_q, log_1mq = np.log(q), np.log1p(-q)
     # Running pairs, flattened; each pair is (alpha index, sigma index) with its sum so far and its last terms.
-    alpha_index = np.repeat(np.arange(num_alphas), num_sigmas)
-    sigma_index = np.tile(np.arange(num_sigmas), num_alphas)
+    alpha_index, sigma_index = np.repeat(np.arange(num_alphas), num_sigmas), np.tile(np.arange(num_sigmas), num_alphas)
     log_a = np.full(alpha_index.size, -np.inf)
     last_log_s0, last_log_s1 = log_a.copy(), log_a.copy()
-    result = np.full(alpha_index.size, np.inf)
-    pair_id = np.arange(alpha_index.size)
+    result, pair_id = np.full(alpha_index.size, np.inf), np.arange(alpha_index.size)
     start = 0
     while pair_id.size and start < _MAX_SERIES_TERMS:
         block_size = min(max(_MIN_SERIES_BLOCK, _BLOCK_ELEMENTS // pair_id.size), _MAX_SERIES_TERMS - start)
@@ -198,16 +192,12 @@ def poisson_subsampled_gaussian_rdp(
     raises `noise_range.NoiseOutOfRangeError` naming its step.
 
     Args:
-      sampling_probability: q, the chance that each example joins a step's Poisson batch, in [0, 1] (0: a free
-        step, RDP 0).
-      noise_multipliers: z_t = sigma_t / C_t of each step, a 1-D array [T]: each 0 (RDP inf), inf (RDP 0) or in
-        [`MIN_NOISE_MULTIPLIER`, `MAX_NOISE_MULTIPLIER`] = [1e-4, 1e4].
-      orders: the Renyi orders alpha, a non-empty 1-D sequence of floats > 1; None (default) for
-        `DEFAULT_RDP_ORDERS`.
+      sampling_probability: q, the chance that each example joins a step's Poisson batch, in [0, 1] (0: RDP 0).
+      noise_multipliers: z_t = sigma_t / C_t of each step, a 1-D array [T]: 0 (RDP inf), inf (RDP 0) or in [1e-4, 1e4].
+      orders: the Renyi orders alpha, a non-empty 1-D sequence of floats > 1; None (default): `DEFAULT_RDP_ORDERS`.
     """
     q = validation.check_probability(sampling_probability, allow_zero=True)
-    noise_multipliers = _check_noise_multipliers(noise_multipliers)
-    orders = check_orders(orders)
+    noise_multipliers, orders = _check_noise_multipliers(noise_multipliers), check_orders(orders)
     unique_sigmas, inverse = np.unique(noise_multipliers, return_inverse=True)
     return _unique_rdp(q, unique_sigmas, orders)[inverse]
 
@@ -230,8 +220,7 @@ def rdp_epsilons_at(
       orders: the Renyi orders, as `poisson_subsampled_gaussian_rdp`'s (None: `DEFAULT_RDP_ORDERS`).
     """
     delta = validation.check_delta(delta, allow_ends=True)  # As dp_accounting: epsilon inf at 0.
-    noise_multipliers = _check_noise_multipliers(noise_multipliers)
-    orders = check_orders(orders)
+    noise_multipliers, orders = _check_noise_multipliers(noise_multipliers), check_orders(orders)
     steps = validation.check_step_counts(steps, noise_multipliers.size)
     per_step = poisson_subsampled_gaussian_rdp(sampling_probability, noise_multipliers, orders)
     cumulative = np.vstack([np.zeros((1, orders.size)), np.cumsum(per_step, axis=0)])

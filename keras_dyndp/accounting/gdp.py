@@ -3,8 +3,7 @@ when telling neighbouring datasets apart is no easier than N(0, 1) from N(mu, 1)
 and noise std sigma is (C / sigma)-GDP. `delta_from_mu` is the exact duality (Dong, Roth and Su 2021; paper Eq. 1)
 delta(epsilon; mu) = Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2), which `epsilon_from_mu` and
 `mu_from_epsilon` invert; `clt_mu` the extended CLT (paper Corollary 1, Eq. 10). delta is evaluated in log space (a
-difference of two possibly tiny tails); the inverses run brentq on log(delta) in brackets expanded until they hold the
-root (a fixed one such as [0, 500] fails for extreme budgets: opacus #775)."""
+difference of two possibly tiny tails); the inverses run brentq on log(delta) in brackets grown to hold the root."""
 
 import math
 from collections.abc import Callable
@@ -26,8 +25,7 @@ _MAX_BRACKET_STEPS = 1000  # Doublings or halvings: 2**1000 covers every finite 
 
 def _log_delta_from_mu(epsilon: float, mu: float) -> float:
     """log(delta(epsilon; mu)), accurate when delta is tiny; clamped below at `_LOG_DELTA_FLOOR`."""
-    log_cdf_plus = stats.norm.logcdf(-epsilon / mu + mu / 2)
-    log_cdf_minus = stats.norm.logcdf(-epsilon / mu - mu / 2)
+    log_cdf_plus, log_cdf_minus = stats.norm.logcdf(-epsilon / mu + mu / 2), stats.norm.logcdf(-epsilon / mu - mu / 2)
     # delta = Phi(a) * (1 - exp(epsilon + log Phi(b) - log Phi(a))), and the exponent is < 0 in exact arithmetic.
     exponent = epsilon + log_cdf_minus - log_cdf_plus
     if exponent >= 0:
@@ -68,8 +66,7 @@ def epsilon_from_mu(mu: float, delta: float) -> float:
       mu: the GDP parameter, a float > 0, as `delta_from_mu`'s; `math.inf` (no privacy) gives epsilon inf.
       delta: the delta the epsilon is reported at, in (0, 1).
     """
-    mu = validation.check_float("mu", mu, allow_inf=True)
-    delta = validation.check_delta(delta)
+    mu, delta = validation.check_float("mu", mu, allow_inf=True), validation.check_delta(delta)
     if math.isinf(mu):
         return math.inf
     log_target = math.log(delta)
@@ -92,8 +89,7 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
       epsilon: the epsilon of the (epsilon, delta)-DP budget, a finite float > 0.
       delta: the delta of the budget, in (0, 1).
     """
-    epsilon = validation.check_float("epsilon", epsilon)
-    delta = validation.check_delta(delta)
+    epsilon, delta = validation.check_float("epsilon", epsilon), validation.check_delta(delta)
     log_target = math.log(delta)
 
     def excess(mu: float) -> float:  # Increasing in mu.
@@ -112,8 +108,7 @@ def clt_mu(sampling_probability: float, mus: Sequence[float] | np.ndarray) -> fl
 
     Args:
       sampling_probability: p, the chance that each example joins a step's Poisson batch, in (0, 1].
-      mus: the per-step GDP parameters mu_t = C_t / sigma_t [T], each >= 0 (inf allowed: a step without noise); any
-        shape, flattened.
+      mus: the per-step GDP parameters mu_t = C_t / sigma_t [T], each >= 0 (inf: no noise); any shape, flattened.
     """
     sampling_probability = validation.check_probability(sampling_probability)
     with np.errstate(over="ignore"):
@@ -126,8 +121,7 @@ def gdp_clt_epsilons_at(
 ) -> np.ndarray:
     """GDP-CLT epsilon (`clt_mu` of the first k steps at `delta`; 0 where it is 0) for each k in [0, T] of `steps`."""
     sampling_probability = validation.check_probability(sampling_probability)
-    mus = validation.check_nonnegative_array("mus", np.reshape(mus, -1))
-    delta = validation.check_delta(delta)
+    mus, delta = validation.check_nonnegative_array("mus", np.reshape(mus, -1)), validation.check_delta(delta)
     with np.errstate(over="ignore"):
         cumulative = np.concatenate([[0.0], np.cumsum(np.expm1(mus**2))])
     totals = sampling_probability * np.sqrt(cumulative[np.asarray(steps, dtype=int)])

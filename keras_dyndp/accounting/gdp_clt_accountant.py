@@ -34,9 +34,7 @@ class GdpCltAccountant(dp_accounting.PrivacyAccountant):
 
     def __init__(self) -> None:
         super().__init__(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-        self._clt_mu_squared = 0.0
-        self._exact_mu_squared = 0.0
-        self._non_private = False
+        self._clt_mu_squared, self._exact_mu_squared, self._non_private = 0.0, 0.0, False
 
     @property
     def mu(self) -> float:

@@ -1,11 +1,9 @@
-"""The noise multipliers z = sigma / C the accountants can represent, checked before any of them allocates or divides.
-Outside a bounded range they fail unhelpfully (division by zero, RDP series that never end or lose the divergence to
-rounding, a PLD grid that grows as 1 / z^2). So each accountant first raises a ValueError naming the step, the value and
-the range: z = 0 (epsilon inf) and z = inf (no loss) are exact; otherwise MIN_NOISE_MULTIPLIER <= z <=
-MAX_NOISE_MULTIPLIER (below 1e-4 one step is (epsilon > 1e7)-DP; above 1e4 its GDP mu is below 1e-4), and for the PLD z
->= `pld_min_noise_multiplier(value_discretization_interval)`: a step's privacy loss spans about 1 / z^2 + 2 t / z (t ~
-10.06 standard deviations, dp_accounting's default truncation of e^-50), and its grid of span / interval points must fit
-MAX_PLD_GRID_POINTS (2^21, 16 MiB per array). Composed PLDs are held to the same length (`check_pld_grid_points`)."""
+"""The noise multipliers z = sigma / C the accountants can represent, checked before any of them allocates or divides
+(outside a bounded range they fail unhelpfully: division by zero, RDP series that never end, a PLD grid growing as
+1 / z^2). Each accountant first raises a ValueError naming the step, the value and the range: z = 0 (epsilon inf) and
+z = inf (no loss) are exact; otherwise MIN_NOISE_MULTIPLIER <= z <= MAX_NOISE_MULTIPLIER (below 1e-4 one step is
+(epsilon > 1e7)-DP; above 1e4 its GDP mu is below 1e-4), and for the PLD z >= `pld_min_noise_multiplier`, whose
+one-step grid (`pld_grid_points`) fits MAX_PLD_GRID_POINTS, as composed PLDs must (`check_pld_grid_points`)."""
 
 from __future__ import annotations
 

@@ -73,8 +73,7 @@ def dp_event(sampling_probability: float, noise_multipliers: np.ndarray) -> dp_a
         return dp_accounting.NoOpDpEvent()
     events = [
         dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(sampling_probability, dp_accounting.GaussianDpEvent(z)),
-            len(list(run)),
+            dp_accounting.PoissonSampledDpEvent(sampling_probability, dp_accounting.GaussianDpEvent(z)), len(list(run))
         )
         for z, run in itertools.groupby(map(float, noise_multipliers))
     ]
@@ -157,10 +156,8 @@ def make_accountant(
     """A fresh `dp_accounting.PrivacyAccountant` (add-or-remove-one) with nothing composed.
 
     Args:
-      name: 'gdp_clt' (`GdpCltAccountant`, the paper's approximation), 'rdp' (`RdpAccountant`, default orders) or
-        'pld' (`PLDAccountant`).
-      pld_value_discretization_interval: the PLD's grid step, a float > 0, used for 'pld' only; smaller is tighter
-        and slower.
+      name: 'gdp_clt' (`GdpCltAccountant`, the paper's CLT), 'rdp' (`RdpAccountant`) or 'pld' (`PLDAccountant`).
+      pld_value_discretization_interval: the PLD's grid step, a float > 0, for 'pld' only; smaller: tighter, slower.
 
     Raises:
       ValueError: on an unknown ``name`` or an interval out of range.
@@ -168,8 +165,5 @@ def make_accountant(
     entry = get(name, "name")
     if "value_discretization_interval" not in entry.option_checks:
         return entry.make()
-    return entry.make(
-        value_discretization_interval=fast_pld.check_interval(
-            pld_value_discretization_interval, "pld_value_discretization_interval"
-        )
-    )
+    interval = fast_pld.check_interval(pld_value_discretization_interval, "pld_value_discretization_interval")
+    return entry.make(value_discretization_interval=interval)

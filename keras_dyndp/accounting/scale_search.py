@@ -11,6 +11,7 @@ accountant accepts) it raises `CalibrationError`."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -110,19 +111,16 @@ def largest_scale_within(
     rtol: float = DEFAULT_RTOL,
     what: str = "the schedule",
 ) -> float:
-    """The largest evaluated x in [lower, upper] with epsilon_of(x) <= target_epsilon, searched from `start`, the
-    epsilon in [target (1 - rtol), target] unless it jumps across that window (module docstring). `epsilon_of` is
-    increasing, inf where the accountant cannot represent the schedule; `rough_epsilon_of` an optional cheap stand-in
-    for a first pass to 1%; `slope` a guess of d log(epsilon) / dx at `start`; `what` names the object in errors.
-    CalibrationError if `lower` spends more than the target, `upper` (or the edge where epsilon_of is finite) less
-    than target (1 - rtol), or the search does not converge."""
+    """The largest evaluated x in [lower, upper] with epsilon_of(x) <= target_epsilon (in [target (1 - rtol), target]
+    unless it jumps that window), searched from `start`. `epsilon_of` increases, inf where the accountant cannot
+    represent the schedule; `rough_epsilon_of`: an optional cheap stand-in for a first pass to 1%; `slope`: a guess of
+    d log(epsilon) / dx at `start`; `what` names the object in errors. CalibrationError if `lower` spends more than
+    the target, `upper` (or epsilon_of's finite edge) less than target (1 - rtol), or the search does not converge."""
     x = min(max(start, lower), upper)
     slope = slope if math.isfinite(slope) and slope > 0 else 1.0
     if rough_epsilon_of is not None:
-        try:
+        with contextlib.suppress(CalibrationError):  # The stand-in is more pessimistic: the real search decides.
             x, slope = _search(rough_epsilon_of, target_epsilon, x, lower, upper, _ROUGH_RTOL, slope, what)
-        except CalibrationError:
-            pass  # The stand-in is more pessimistic than the real thing: let the real search decide.
     return _search(epsilon_of, target_epsilon, x, lower, upper, rtol, slope, what)[0]
 
 

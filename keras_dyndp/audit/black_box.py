@@ -36,8 +36,7 @@ def _make_canaries(x: np.ndarray, y: np.ndarray, m: int, num_classes: int, canar
 def _checked_arguments(x, y, num_canaries, canaries: str, num_classes: int | None, epochs: int):
     """(x, y as int32, m, number of classes, epochs), or ValueError naming the bad argument."""
     validation.check_choice("canaries", canaries, CANARIES)
-    x = np.asarray(x)
-    y = np.asarray(y)
+    x, y = np.asarray(x), np.asarray(y)
     if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"y must be integer class labels [N] matching x's {len(x)} rows, got {y.dtype} {y.shape}")
     m = validation.check_int("num_canaries", num_canaries, 2)
@@ -58,13 +57,9 @@ def _train(x, y, model_fn, optimizer_fn, loss, method, epochs, pad_to_multiple, 
     schedule = optimizer.schedule
     model = keras_dyndp.make_private(model_fn(), method)
     model.compile(optimizer=optimizer, loss=loss)
+    p, steps = schedule.sampling_probability, math.ceil(schedule.num_steps / epochs)
     batches = keras_dyndp.poisson_batches(
-        x,
-        y,
-        sampling_probability=schedule.sampling_probability,
-        steps_per_epoch=math.ceil(schedule.num_steps / epochs),
-        pad_to_multiple=pad_to_multiple,
-        seed=seed,
+        x, y, sampling_probability=p, steps_per_epoch=steps, pad_to_multiple=pad_to_multiple, seed=seed
     )
     model.fit(batches, epochs=epochs, verbose=0, callbacks=[keras_dyndp.BudgetStop()])
     return model, schedule
@@ -111,8 +106,7 @@ def black_box_audit(
     rng = np.random.default_rng(seed)
     train_x, train_y, canary_x, canary_y = _make_canaries(x, y, m, k, canaries, rng)
     included = rng.random(m) < 0.5
-    train_x = np.concatenate([train_x, canary_x[included]])
-    train_y = np.concatenate([train_y, canary_y[included]])
+    train_x, train_y = np.concatenate([train_x, canary_x[included]]), np.concatenate([train_y, canary_y[included]])
     if loss is None:
         loss = backend.keras_module().losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     model, schedule = _train(train_x, train_y, model_fn, optimizer_fn, loss, method, epochs, pad_to_multiple, seed)

@@ -79,8 +79,7 @@ def _one_run_p_value(r: int, v: int, m: int, epsilon: float, delta: float) -> fl
     tail_v = float(scipy.stats.binom.sf(v - 1, r, q))  # f(v) = P[B >= v]
     if delta == 0.0:
         return min(tail_v, 1.0)
-    c = 2.0 * m * delta
-    i = np.arange(1, v + 1)
+    c, i = 2.0 * m * delta, np.arange(1, v + 1)
     tails = scipy.stats.binom.sf(v - i - 1, r, q)  # f(v - i)
     terms = np.maximum(0.0, 1.0 - c / i) * tail_v + c * tails / i
     return float(min(1.0, np.max(terms)))
@@ -129,8 +128,7 @@ def gdp_epsilon(mu, delta) -> float:
         mu: the GDP parameter, a finite float >= 0 (0 gives epsilon 0).
         delta: the delta the epsilon is reported at, in (0, 1).
     """
-    mu = validation.check_float("mu", mu, 0.0, inclusive=True)
-    delta = validation.check_delta(delta)
+    mu, delta = validation.check_float("mu", mu, 0.0, inclusive=True), validation.check_delta(delta)
     return 0.0 if mu == 0.0 else gdp.epsilon_from_mu(mu, delta)
 
 
@@ -141,8 +139,7 @@ def _fdp_rejects(mu: float, r: int, v: int, m: int, alpha: float) -> bool:
     ``tp' = min(1, tp + i / (r - i) (fp' - fp))``, until fp stops moving. Reject if ``tp + fp > r / m``."""
     if v == 0:
         return False
-    tp = alpha * v / m
-    fp = alpha * (r - v) / m
+    tp, fp = alpha * v / m, alpha * (r - v) / m
     for i in range(v - 1, -1, -1):
         needed = float(scipy.special.ndtr(scipy.special.ndtri(tp) - mu))
         if needed <= fp:
@@ -194,12 +191,10 @@ class AuditResult:
         num_guesses: r, the number of guesses of the reported bounds, an int in [1, m].
         num_correct: v, how many of the r guesses are right, an int in [0, r].
         epsilon_one_run: the one-run lower bound (Steinke et al.) on epsilon at ``delta``, a float in [0, 100].
-        epsilon_fdp: the f-DP lower bound (Mahloujifar et al.; Gaussian trade-off shape) on epsilon at ``delta``, a
-            float >= 0 or inf.
+        epsilon_fdp: the f-DP lower bound (Mahloujifar et al.; Gaussian trade-off) on epsilon at ``delta``, >= 0 or inf.
         confidence: the confidence of the reported bounds, in (0, 1) (split over ``num_guesses_grid`` by Bonferroni).
         delta: the delta both bounds are stated at, in [0, 1).
-        mu_fdp: the largest mu-GDP claim rejected (`fdp_mu_lower_bound`), a float in [0, 64]; ``epsilon_fdp`` is
-            its epsilon at ``delta``.
+        mu_fdp: the largest mu-GDP claim rejected (`fdp_mu_lower_bound`), in [0, 64]; ``epsilon_fdp`` is its epsilon.
         num_guesses_grid: the guess counts searched, increasing ints in [1, m] of which r is one (default ()).
     """
 
@@ -240,8 +235,7 @@ def audit_from_scores(
     largest f-DP bound (ties: the larger one-run bound, then the smaller r).
 
     Args:
-        in_scores: the included canaries' scores, a 1-D array of finite floats (may be empty if ``out_scores`` is
-            not).
+        in_scores: the included canaries' scores, a 1-D array of finite floats (empty only if ``out_scores`` is not).
         out_scores: the excluded canaries' scores, a 1-D array of finite floats; m = the two sizes' sum, >= 1.
         delta: the delta the bounds are stated at, in [0, 1) (0: ``epsilon_fdp`` is inf once mu_fdp > 0).
         confidence: the confidence of the reported bounds over the whole grid, in (0, 1) (default 0.95).
@@ -250,8 +244,7 @@ def audit_from_scores(
         two_sided: True (default) guesses OUT for the r // 2 lowest scores too; False guesses IN only.
         seed: the seed of the random tie-breaking between equal scores, an int >= 0 (default 0).
     """
-    in_scores = _check_scores("in_scores", in_scores)
-    out_scores = _check_scores("out_scores", out_scores)
+    in_scores, out_scores = _check_scores("in_scores", in_scores), _check_scores("out_scores", out_scores)
     confidence = validation.check_delta(confidence, "confidence")
     delta = validation.check_delta(delta, allow_zero=True)
     m = in_scores.size + out_scores.size

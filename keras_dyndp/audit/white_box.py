@@ -73,11 +73,8 @@ def _scores(trajectory: np.ndarray, schedule, score: str) -> np.ndarray:
     """Scores [m] from the canaries' weights after each step, [T + 1, m] (float64)."""
     steps = trajectory.shape[0] - 1
     sums = np.diff(trajectory, axis=0)  # S_t up to the public factor lr / n
-    clip = schedule.clip_norms[:steps, None]
-    sigma = schedule.noise_stddevs[:steps, None]
-    if score == "sum":
-        return np.sum(clip * sums / sigma**2, axis=0)
-    return np.std(sums / sigma, axis=0)
+    clip, sigma = schedule.clip_norms[:steps, None], schedule.noise_stddevs[:steps, None]
+    return np.sum(clip * sums / sigma**2, axis=0) if score == "sum" else np.std(sums / sigma, axis=0)
 
 
 def _train_recording(schedule, x, y, weights, *, method, accumulation_steps, strategy, noise_seed, seed) -> np.ndarray:
@@ -94,13 +91,8 @@ def _train_recording(schedule, x, y, weights, *, method, accumulation_steps, str
         model = keras_dyndp.make_private(model, method)
         # p N of the data trained on (the optimizer checks the batches against it): one factor on every update,
         # which the scores are invariant to.
-        optimizer = keras_dyndp.DynamicDPKerasSGD(
-            schedule=schedule,
-            expected_batch_size=p * len(x),
-            learning_rate=1.0,
-            accumulation_steps=accumulation_steps,
-            noise_seed=noise_seed,
-        )
+        dp = {"expected_batch_size": p * len(x), "accumulation_steps": accumulation_steps, "noise_seed": noise_seed}
+        optimizer = keras_dyndp.DynamicDPKerasSGD(schedule=schedule, learning_rate=1.0, **dp)
         model.compile(optimizer=optimizer, loss=_dirac_loss(total))
         # In the strategy's scope: padded to a multiple of its replicas.
         batches = keras_dyndp.poisson_batches(
@@ -140,16 +132,14 @@ def white_box_audit(
         num_canaries: m, the number of canaries, an int >= 2 (default 1000), each included with probability 1/2.
         delta: the delta of the claimed epsilon and of the lower bounds, in (0, 1) (default 1e-5).
         confidence: the confidence of the lower bounds, in (0, 1) (default 0.95).
-        score: 'sum' (default, the likelihood-ratio test) or 'reused_noise' (a test for repeated noise; module
-            docstring).
+        score: 'sum' (default, the likelihood-ratio test) or 'reused_noise' (a test for repeated noise; module doc).
         num_guesses: as `audit_from_scores`'s (None: its default grid).
         gradient_norm: s, each canary's gradient norm before clipping, a finite float > 0 (>= max_t C_t clips it
             to exactly C_t); None (default) for 10 max_t C_t.
         method: `make_private`'s method ('auto' default; TensorFlow's 'jacobian' audits the optimizer's own path).
         accumulation_steps: the optimizer's ``accumulation_steps`` k, an int >= 1 (default 1).
         strategy: a ``tf.distribute`` strategy to build, compile and fit in, or None (default) for none.
-        noise_seed: the optimizer's ``noise_seed``: None (default, OS entropy) or an int >= 0 (reproducible noise,
-            tests only).
+        noise_seed: the optimizer's ``noise_seed``: None (default, OS entropy) or an int >= 0 (tests: reproducible).
         seed: the coin flips, the Poisson batches and the tie-breaking (not the optimizer's noise), an int >= 0
             (default 0).
     """
@@ -159,14 +149,10 @@ def white_box_audit(
     rows, cols = np.divmod(np.arange(m), side)
     # A non-finite or non-positive norm would give the canaries no (or a non-finite) gradient: an audit that passes
     # because its canaries moved nothing.
-    s = (
-        10.0 * float(np.max(schedule.clip_norms))
-        if gradient_norm is None
-        else validation.check_float("gradient_norm", gradient_norm)
-    )
+    default = 10.0 * float(np.max(schedule.clip_norms))
+    s = default if gradient_norm is None else validation.check_float("gradient_norm", gradient_norm)
     included = np.random.default_rng(seed).random(m) < 0.5
-    x = np.eye(side, dtype="float32")[rows[included]]
-    y = s * np.eye(side, dtype="float32")[cols[included]]
+    x, y = np.eye(side, dtype="float32")[rows[included]], s * np.eye(side, dtype="float32")[cols[included]]
     training = {"accumulation_steps": accumulation_steps, "strategy": strategy, "noise_seed": noise_seed}
     trajectory = _train_recording(schedule, x, y, (rows, cols), method=method, seed=seed, **training)
     scores = _scores(trajectory, schedule, score)

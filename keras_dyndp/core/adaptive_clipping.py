@@ -22,10 +22,8 @@ class AdaptiveClipping:
     """The options of adaptive clipping (an optimizer's ``adaptive_clipping`` argument; docs/usage.md).
 
     Args:
-      target_quantile: gamma, the fraction of per-example gradient norms C_t should sit above, a float in (0, 1).
-        Default 0.5 (the median), the paper's choice for its experiments.
-      learning_rate: eta, the step of the geometric update C_{t+1} = C_t exp(-eta (b_t - gamma)), a float > 0.
-        Default 0.2, the paper's.
+      target_quantile: gamma, the fraction of per-example gradient norms C_t should sit above, in (0, 1) (default 0.5).
+      learning_rate: eta of the geometric update C_{t+1} = C_t exp(-eta (b_t - gamma)), a float > 0 (default 0.2).
       count_stddev: sigma_b, the std of the noise on the count of unclipped examples, in examples, a float > 0
         with 2 sigma_b above every noise multiplier of the schedule. None (default): n / 20, n the expected batch
         size p N (or the number of microbatches), the paper's choice. The smaller sigma_b, the larger the
@@ -94,9 +92,8 @@ def gradient_noise_multipliers(
     noise_multipliers: np.ndarray, stddev: float, default_from: float | None = None
 ) -> np.ndarray:
     """z_g,t = (z_t^-2 - (2 sigma_b)^-2)^(-1/2) [T], the gradient's noise multipliers that, with the count's noise
-    ``stddev`` = sigma_b, cost the schedule's ``noise_multipliers`` z_t (docs/privacy.md). ValueError unless
-    2 sigma_b > every z_t (the count alone would cost more than the whole step); ``default_from``: the n that a
-    default sigma_b = n / 20 came from, for the message."""
+    ``stddev`` = sigma_b, cost the schedule's ``noise_multipliers`` z_t (docs/privacy.md). ValueError unless 2 sigma_b
+    > every z_t (else the count costs more); ``default_from``: n of a default sigma_b = n / 20, for the message."""
     z = np.asarray(noise_multipliers, np.float64)
     if not 2.0 * stddev > z.max():
         raise ValueError(

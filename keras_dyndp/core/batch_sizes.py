@@ -1,6 +1,5 @@
-"""Poisson sampling's batch sizes, in plain Python, for `keras_dyndp.data.sampling` and both backends: steps per
-epoch, the cap of padded batches, the sizes the DP optimizers accept, the delta truncation costs, and the warnings
-and refusals of data not known to be Poisson-sampled."""
+"""Poisson batch sizes in plain Python (for `data.sampling` and both backends): steps per epoch, padded batches' cap,
+the sizes the DP optimizers accept, truncation's delta, and the refusals of data not known to be Poisson-sampled."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def not_poisson_message(problem: str, sampling_probability: float) -> str:
 
 def check_poisson_batches(batches_p: float, sampling_probability: float, public_batch_size: bool, caller: str) -> None:
     """Raises ValueError, naming ``caller``, for keras_dyndp's Poisson batches sampled at another rate than the
-    schedule's (its epsilon would be wrong) or given to an optimizer with public batch sizes (it divides by the rows,
-    which follow the private number of examples when padded to a multiple)."""
+    schedule's (a wrong epsilon) or given to an optimizer with public batch sizes (its rows follow the private size)."""
     p = sampling_probability
     if not math.isclose(batches_p, p, rel_tol=1e-9):
         raise ValueError(
@@ -67,9 +65,8 @@ and T), so a small difference rescales the update by as much; data of another si
 
 
 def check_data_size(num_examples: int | None, data_size: int | None, optimizer_name: str) -> None:
-    """Raises ValueError, before the first step, when the data ``fit`` received has ``data_size`` examples but the
-    optimizer ``optimizer_name`` is for ``num_examples`` (`implied_num_examples`), beyond `DATA_SIZE_TOLERANCE`;
-    nothing when either is unknown (then the step's batch-size check is the only one)."""
+    """Raises ValueError, before the first step, when ``fit``'s data has ``data_size`` examples but the optimizer
+    ``optimizer_name`` is for ``num_examples`` (`implied_num_examples`), beyond `DATA_SIZE_TOLERANCE`; else nothing."""
     if num_examples is None or data_size is None:
         return
     if abs(data_size - num_examples) <= max(1, DATA_SIZE_TOLERANCE * num_examples):
@@ -142,8 +139,7 @@ def out_of_range_refusal(
 #: Tail probability that sets `default_max_batch_size`: P[Binomial(N, p) > cap] <= this.
 DEFAULT_OVERFLOW_TAIL = 1e-15
 
-#: Tail probability on each side of `batch_size_range`: the stop outside it adds (1 + e^eps) T 2 tail to delta, 3e-8
-#: at epsilon 8 and T 4800 (a tail of 1e-12 would add 2.9e-5, more than a target of 1e-5); the default cap's tail.
+#: Tail probability on each side of `batch_size_range`: the stop outside it adds (1 + e^eps) T 2 tail to delta.
 BATCH_SIZE_TAIL = 1e-15
 
 
@@ -187,11 +183,10 @@ def batch_size_range(
 def overflow_probability(
     num_examples: int, sampling_probability: float, max_batch_size: int, size_range: tuple[int, int] | None = None
 ) -> float:
-    """eta, the chance that one step releases other than the exact Poisson mechanism would, on the larger or the
+    """eta in [0, 1], the chance that one step releases other than the exact Poisson mechanism would, on the larger or
     smaller of two neighbouring datasets (N + 1 and N >= 1 examples): its batch overflows ``max_batch_size``,
-    ``P[Binomial(N + 1, p) > cap]``; with ``size_range``, the DP step's `batch_size_range` ``(low, high)``, also that
-    its number of examples leaves the range and training stops: ``P[Binomial(N + 1, p) > min(cap, high)] +
-    P[Binomial(N, p) < low]``. A probability in [0, 1]."""
+    ``P[Binomial(N + 1, p) > cap]``; with ``size_range`` (`batch_size_range`'s ``(low, high)``) also that its examples
+    leave the range and training stops: ``P[Binomial(N + 1, p) > min(cap, high)] + P[Binomial(N, p) < low]``."""
     num_examples = validation.check_positive_int("num_examples", num_examples)
     sampling_probability = validation.check_probability(sampling_probability)
     max_batch_size = validation.check_positive_int("max_batch_size", max_batch_size)
@@ -202,10 +197,9 @@ def overflow_probability(
 
 
 def added_delta(overflow: float, num_steps: int, epsilon: float) -> float:
-    """``min(1, (1 + e^epsilon) * T * eta)``: the delta that truncating (or refusing) overflowing batches adds to the
-    ``epsilon`` (>= 0, inf allowed) of the exact Poisson mechanism over T = ``num_steps`` >= 0 steps, each
-    overflowing with probability ``overflow`` = eta in [0, 1] (`overflow_probability`; the argument: docs/privacy.md,
-    "What a reported epsilon covers"). 0 when no step can overflow."""
+    """``min(1, (1 + e^epsilon) * T * eta)`` (0 when no step can overflow): the delta that truncating (or refusing)
+    overflowing batches adds to the ``epsilon`` (>= 0, inf allowed) of the exact Poisson mechanism over T =
+    ``num_steps`` >= 0 steps, each overflowing with probability ``overflow`` = eta in [0, 1] (docs/privacy.md)."""
     if overflow == 0.0 or num_steps == 0:
         return 0.0
     epsilon = validation.check_float("epsilon", epsilon, 0.0, inclusive=True, allow_inf=True)
@@ -225,20 +219,16 @@ def truncation_delta(
 
 
 TRUNCATION_DELTA_SHARE = 0.01
-"""`check_max_batch_size` refuses a cap whose added delta (`added_delta`) over the whole schedule exceeds this share of
-the run's target delta: the delta the run then reports (the target plus the cap's, `PrivacyLogger`'s ``delta_total``)
-stays within 1% of the delta the schedule was calibrated for, so its epsilon keeps its meaning. The default cap
-(`default_max_batch_size`) is never refused: its overflow probability is at most about 1e-15 a step."""
+"""`check_max_batch_size` refuses a cap whose `added_delta` over the schedule exceeds this share of the target delta,
+so the delta the run reports (`PrivacyLogger`'s ``delta_total``) stays within 1% of the calibrated one."""
 
 
 def check_max_batch_size(
     num_examples: int, max_batch_size: int, schedule: Any, size_range: tuple[int, int] | None = None
 ) -> float:
-    """The `overflow_probability` eta of Poisson batches of ``num_examples`` capped at ``max_batch_size`` for the
-    optimizer's ``schedule`` and the DP step's ``size_range`` (None: no size is checked), checked before the first step
-    so that the added delta is recorded for the run's report. ValueError for a cap below `default_max_batch_size`
-    whose `added_delta` (at the schedule's PLD epsilon) exceeds `TRUNCATION_DELTA_SHARE` of the target delta (for a
-    schedule built by hand, of 1 / N); an infinite epsilon (no noise) states no guarantee to void, and is accepted."""
+    """The `overflow_probability` eta of Poisson batches of ``num_examples`` capped at ``max_batch_size`` for
+    ``schedule`` and the DP step's ``size_range`` (None: none), before the first step. ValueError for a cap below
+    `default_max_batch_size` refused by `TRUNCATION_DELTA_SHARE` (of 1 / N for a schedule built by hand)."""
     p = schedule.sampling_probability
     overflow = overflow_probability(num_examples, p, max_batch_size, size_range)
     default = default_max_batch_size(num_examples, p)

@@ -17,9 +17,7 @@ law mixes such pairs, and the hockey-stick and Renyi divergences are jointly con
 ``ops``: a backend's array primitives (`keras_dyndp.tf_backend.ops.OPS`, `keras_dyndp.jax_backend.ops.OPS`; numpy in
 the tests): ``where``, ``minimum``, ``maximum``, ``take(values, index)``, ``cast(x, dtype)``, ``divide_no_nan(x, y)``
 (0 where y is 0), ``is_finite``, ``sqrt``, ``mean(x, axes)``, ``normals(source, tensors)`` (standard normal float32
-draws shaped like each tensor). References: Abadi et al. 2016, https://arxiv.org/abs/1607.00133; Du et al., Dynamic
-Differential-Privacy Preserving SGD; De et al., Unlocking High-Accuracy Differentially Private Image Classification
-through Scale, 2022.
+draws shaped like each tensor). References: Abadi et al. 2016 (arXiv:1607.00133), Du et al., De et al. 2022.
 """
 
 from __future__ import annotations
@@ -34,9 +32,7 @@ def schedule_values(
     """float32 (C_t, sigma_t) at step counter ``step``: index min(step, T - 1), times ``scale`` (None: 1; adaptive
     clipping's C_t over arrays (1, z_g,t)); both 0 where ``step`` >= T or the bool ``may_run`` (None: true) is False."""
     index = ops.minimum(step, num_steps - 1)
-    live = step < num_steps
-    if may_run is not None:
-        live = live & may_run
+    live = step < num_steps if may_run is None else (step < num_steps) & may_run
     zero = ops.cast(0.0, "float32")
     clip_norm, noise = ops.take(clip_norms, index), ops.take(noise_stddevs, index)
     if scale is not None:
@@ -47,10 +43,9 @@ def schedule_values(
 def per_example_losses(ops: Any, losses: Any, weights: Any = None) -> Any:
     """float32 [B]: example i's loss, whose gradient is g_i, from a loss function's unreduced ``losses`` ([B] or [B,
     ...], e.g. [B, L] per token) and the sample ``weights`` (None: 1; [B], [B, 1], or the losses' leading axes such as a
-    [B, L] padding mask). Each example is reduced alone, as Keras's default reduction weighs it within the batch: the
-    mean over all its positions of weight x loss (for a [B, L] mask, divided by L, the padded length: public). Nothing
-    is divided by a statistic of the batch (Keras's 'mean_with_sample_weight' would mix the examples' token counts).
-    ValueError where ``weights`` has axes beyond the losses' (other than trailing 1s)."""
+    [B, L] padding mask). Each example is reduced alone, as Keras's default reduction weighs it: the mean over its
+    positions of weight x loss (a [B, L] mask: divided by L, the public padded length), never by a batch statistic
+    (Keras's 'mean_with_sample_weight' would mix token counts). ValueError for ``weights`` axes beyond the losses'."""
     losses = ops.cast(losses, "float32")
     rank = len(losses.shape)
     if weights is None:
@@ -85,10 +80,9 @@ def norms_from_squares(ops: Any, squared_norms: Any) -> Any:
 
 
 def clip_factors(ops: Any, norms: Any, clip_norm: Any) -> Any:
-    """min(1, C / ||g||) per gradient norm, as C / max(||g||, C): a zero gradient gets 1, and C = 0 gives 0; so does
-    a norm that is not finite (NaN or inf: an input, loss or gradient that was not finite, or one that overflowed).
-    A factor-0 row must add exactly nothing (each backend's ``weighted_sum``: a select, since 0 x inf is NaN), so one
-    such example neither turns the release NaN nor shows that it was sampled."""
+    """min(1, C / ||g||) per gradient norm, as C / max(||g||, C): 1 for a zero gradient, 0 for C = 0 and for a norm
+    that is not finite (a NaN or inf input, loss or gradient, or an overflow), whose row must then add exactly nothing
+    (``weighted_sum``: a select, 0 x inf being NaN), neither turning the release NaN nor showing it was sampled."""
     clip_norm = ops.cast(clip_norm, norms.dtype)
     factors = ops.divide_no_nan(clip_norm, ops.maximum(norms, clip_norm))
     return ops.where(ops.is_finite(norms), factors, ops.cast(0.0, norms.dtype))
@@ -148,14 +142,8 @@ def private_update(
 ) -> list[Any]:
     """(clipped sum + noise) / normaliser for each sum, the update the base optimizer applies; then ``num_extra``
     standard normal scalars drawn with the noise (`add_noise`)."""
-    n = normaliser(
-        ops,
-        clip_norm=clip_norm,
-        num_rows=num_rows,
-        expected_batch_size=expected_batch_size,
-        num_microbatches=num_microbatches,
-        rescale_to_unit_norm=rescale_to_unit_norm,
-    )
+    sizes = {"num_rows": num_rows, "expected_batch_size": expected_batch_size, "num_microbatches": num_microbatches}
+    n = normaliser(ops, clip_norm=clip_norm, rescale_to_unit_norm=rescale_to_unit_norm, **sizes)
     noised = add_noise(ops, clipped_sums, noise_stddev(sigma, num_microbatches), noise_source, num_extra)
     sums, extra = noised[: len(clipped_sums)], noised[len(clipped_sums) :]
     return [ops.divide_no_nan(total, ops.cast(n, total.dtype)) for total in sums] + extra  # n = 0: a zero update

@@ -1,8 +1,7 @@
 """What ``make_private`` refuses on every backend, and the messages that say what to do instead. Each backend's step
 finds these cases in its own way; the rule and its wording live here (no TensorFlow or JAX import: the caller passes its
-Keras module). Elsewhere: argument checks (`keras_dyndp.core.validation`, `keras_dyndp.optimizer_base`), sampling
-refusals (`keras_dyndp.core.batch_sizes`), the budget's and the restored schedule's (`keras_dyndp.optimizer_base`), the
-noise multiplier range (`keras_dyndp.accounting.noise_range`)."""
+Keras module). Elsewhere: argument checks (`validation`, `optimizer_base`), sampling refusals (`batch_sizes`), the
+budget's and the restored schedule's (`optimizer_base`), the noise multiplier range (`accounting.noise_range`)."""
 
 from __future__ import annotations
 
@@ -23,9 +22,6 @@ def user_error(error: Exception) -> Exception:
 def _value_error(message: str) -> ValueError:
     """A ValueError saying ``message``, marked to reach the user as raised (`user_error`)."""
     return user_error(ValueError(message))
-
-
-# The model and its optimizer.
 
 
 class BudgetExhaustedError(RuntimeError):
@@ -55,13 +51,9 @@ def loss_scale_error(remedy: str) -> ValueError:
     )
 
 
-# The loss.
-
-
 def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
-    """The compiled ``loss`` (a Keras loss object, its name, or a function) as a per-example loss function; raises
-    ValueError for several losses (multi-output), a loss reduced over the batch (``is_per_example`` false), or
-    anything else. ``keras``: the Keras module in use."""
+    """The compiled ``loss`` (a Keras loss object, its name or a function; ``keras``: the Keras module) as a per-example
+    loss; ValueError for several (multi-output), one reduced over the batch (``is_per_example`` false), or another."""
     if isinstance(loss, (dict, list, tuple)):
         raise _value_error(f"make_private supports a single loss (one output). Received: loss={loss!r}.")
     if isinstance(loss, str):
@@ -76,9 +68,6 @@ def per_example_loss_fn(loss: Any, keras: Any, is_per_example: Callable[[Any], b
     if callable(loss):
         return loss
     raise _value_error(f"`model.loss` must be a Keras loss or a loss function. Received: loss={loss!r}.")
-
-
-# What the model computes in training.
 
 
 def regularization_error(received: str) -> ValueError:
@@ -125,9 +114,6 @@ def embedding_ids(layer_name: str, input_dim: int) -> str:
     )
 
 
-# Gradients from outside the DP step.
-
-
 def foreign_gradients(entry: str, accepted: str, fix: str) -> str:
     """A DP optimizer's ``entry`` (``'DynamicDPKerasSGD.apply'``) handed gradients its DP step did not produce
     (``accepted`` says which it takes): the problem and ``fix`` on the first line, why on the next."""
@@ -155,8 +141,6 @@ def keras_train_step(private_config: Any = None) -> str:
         "example and applies through the DP optimizer, and a fit that checks the data it is handed."
     )
 
-
-# Values that are not finite.
 
 BATCHED_NON_FINITE_REFUSAL = (
     "keras_dyndp: a gradient in this batch is not finite (a NaN or inf input, loss or gradient, or a value that "

@@ -131,14 +131,12 @@ def render(parts: Sequence[str], numbers: Sequence[int]) -> str:
 
 
 class StepChecks:
-    """The refusals of one optimizer's steps: past the budget, on a step counter that is not the steps released or
-    that comes from another schedule, and of batches outside the schedule's Poisson sampling
-    (`keras_dyndp.tf_backend.sampling_check` says why), for its ``schedule`` and ``expected_batch_size`` (p N; None:
-    no batch size is checked); ``normalises_by_rows``: the step divides by the rows, so padding rows are refused."""
+    """The refusals of one optimizer's steps under ``schedule``: past the budget, on a step counter that is not the
+    steps released or comes from another schedule, of batches outside its Poisson sampling (`tf_backend.sampling_check`)
+    at ``expected_batch_size`` (p N; None: unchecked), and of padding where ``normalises_by_rows`` (divides by rows)."""
 
     def __init__(self, schedule: Any, expected_batch_size: float | None, normalises_by_rows: bool):
-        self._schedule = schedule
-        self._normalises_by_rows = normalises_by_rows
+        self._schedule, self._normalises_by_rows = schedule, normalises_by_rows
         # p; N, the dataset size the schedule and p N are for, and the accepted (low, high) examples per batch, or None.
         self.sampling_probability = p = schedule.sampling_probability
         self.num_examples = n = batch_sizes.implied_num_examples(expected_batch_size, p)

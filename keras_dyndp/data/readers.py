@@ -76,12 +76,9 @@ def _stack(elements: list) -> Any:
 
 
 def _stack_leaf(leaves: Any) -> np.ndarray:
-    return _text_as_strings(np.stack([np.asarray(leaf) for leaf in leaves]))
-
-
-def _text_as_strings(leaf: np.ndarray) -> np.ndarray:
-    """An object array of bytes (TensorFlow string tensors as numpy gives them) or of str as a numpy string array:
-    its padding rows are then empty strings, not the integer 0 of an object array, which TensorFlow refuses."""
+    """The leaves stacked; an object array of bytes (TensorFlow's strings in numpy) or str as a numpy string array: its
+    padding rows are then empty strings, not the integer 0 of an object array, which TensorFlow refuses."""
+    leaf = np.stack([np.asarray(leaf) for leaf in leaves])
     if leaf.dtype == object and leaf.size:
         for kind in (bytes, str):
             if all(isinstance(item, kind) for item in leaf.flat):
@@ -91,8 +88,7 @@ def _text_as_strings(leaf: np.ndarray) -> np.ndarray:
 
 def examples(elements: list, map_fn: Callable | None) -> tuple[Any, Any, np.ndarray]:
     """Per-example elements ``(x, y[, w])`` (after ``map_fn``) stacked into ``(x, y, float32 weights)``."""
-    if map_fn is not None:
-        elements = [map_fn(element) for element in elements]
+    elements = elements if map_fn is None else [map_fn(element) for element in elements]
     if any(not isinstance(element, tuple) or len(element) not in (2, 3) for element in elements):
         found = type(elements[0]).__name__
         raise ValueError(
@@ -134,10 +130,8 @@ def source_guard(source: Any, limit: int) -> Any:
         guard = _guards.get(key)
         if guard is None:
             guard = _guards[key] = threading.Lock() if limit == 1 else threading.BoundedSemaphore(limit)
-            try:
+            with contextlib.suppress(TypeError):
                 weakref.finalize(source, _guards.pop, key, None)
-            except TypeError:
-                pass
     return guard
 
 
@@ -296,9 +290,7 @@ def _flatten(nest: Any, layout: Any, leaves: list) -> list | None:
 
 def _leaf_specs(layout: Any) -> list[str]:
     """Each leaf's `_LEAF` or `_ANY`, in `_flatten` order."""
-    if layout is _ANY or layout is _LEAF:
-        return [layout]
-    return [spec for part in layout[2] for spec in _leaf_specs(part)]
+    return [layout] if layout is _ANY or layout is _LEAF else [spec for part in layout[2] for spec in _leaf_specs(part)]
 
 
 def _unflatten(layout: Any, leaves: Any) -> Any:
@@ -358,9 +350,7 @@ def _mapped_file(leaf: np.ndarray) -> np.memmap | None:
     root = leaf
     while isinstance(root, np.ndarray) and not isinstance(root.base, mmap.mmap):
         root = root.base
-    if not isinstance(root, np.memmap) or root.mode == "c" or not getattr(root, "filename", None):
-        return None
-    return root
+    return root if isinstance(root, np.memmap) and root.mode != "c" and getattr(root, "filename", None) else None
 
 
 def file_reader(leaf: Any) -> Callable[[np.ndarray], np.ndarray]:

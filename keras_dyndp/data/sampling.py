@@ -3,10 +3,8 @@ independently with probability p; shuffle-and-slice has no tight analysis, tenso
 Batches are padded with sample-weight-0 rows to ``max_batch_size`` (or to the next multiple of ``pad_to_multiple``): the
 rows follow the private batch size, so the optimizers divide by p N and ``public_batch_size=True`` refuses them.
 Truncating to the cap is not free (one example can push another out), so it adds to delta (`batch_sizes`;
-docs/privacy.md, "What a reported epsilon covers"). ``seed=None`` draws from OS entropy (the only choice for a release).
-With an integer seed the sampler's state is (seed, start_step): a run resumed at step k draws from a seed mixed from
-both (`sampler_seed`), and `check_resume` refuses batches that would draw again the samples of steps the optimizer has
-taken. Each backend's ``data`` module materialises the batches."""
+docs/privacy.md, "What a reported epsilon covers"). ``seed=None`` draws from OS entropy (the only choice for a release);
+a resumed seeded run draws fresh batches (`sampler_seed`, `check_resume`). Each backend's ``data`` builds them."""
 
 from __future__ import annotations
 
@@ -167,9 +165,8 @@ def check_arguments(
 
 
 def sampler_seed(seed: int | None, start_step: int) -> int | None:
-    """The seed batches starting at ``start_step`` are drawn from: ``seed`` itself at step 0 (a new run's batches
-    are unchanged), else 63 bits mixed from (seed, start_step) by numpy's ``SeedSequence``, so a resumed run draws
-    independently of the run it resumes; None (OS entropy) stays None."""
+    """The seed of batches starting at ``start_step``: ``seed`` at step 0 (None, OS entropy, included), else 63 bits
+    mixed from (seed, start_step) by numpy's ``SeedSequence``, so a resumed run draws independently of the first."""
     if seed is None or start_step == 0:
         return seed
     return int(np.random.SeedSequence([seed, start_step]).generate_state(1, np.uint64)[0] >> np.uint64(1))
@@ -180,11 +177,9 @@ _TRAINED_ON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_resume(data: Any, poisson: PoissonSampling | None, optimizer: Any) -> None:
-    """Raises ValueError, before ``fit``'s first step, when ``data`` (`poisson_batches`' batches, whose sampling is
-    ``poisson``; None: not ours, nothing checked) has an integer seed, ``optimizer`` (a DP optimizer) has taken steps
-    and ``data``'s ``start_step`` is not its step count, unless this optimizer already trained on ``data`` in this
-    process (a later ``fit`` continues its fresh draws): its batches would draw again the samples of steps already
-    taken, which the accounting assumes fresh. Otherwise records that ``optimizer`` trains on ``data``."""
+    """Raises ValueError, before ``fit``'s first step, when seeded batches ``data`` (sampled as ``poisson``; None: not
+    ours) would draw again the samples of steps ``optimizer`` has taken: their ``start_step`` is not its step count and
+    it has not trained on ``data`` here (a later ``fit`` continues its draws). Else records that it trains on it."""
     if poisson is None or poisson.seed is None:
         return
     trained = _TRAINED_ON.setdefault(data, weakref.WeakSet())
@@ -203,9 +198,8 @@ def check_resume(data: Any, poisson: PoissonSampling | None, optimizer: Any) -> 
 
 
 def check_rows(x: Any, y: Any, sample_weight: Any, num_examples: int | None = None) -> int:
-    """N, the rows of every array in ``x`` and ``y`` and of ``sample_weight`` ([N] or [N, 1]; or per loss entry,
-    [N, L, ...]); ValueError if an array has no leading example dimension, N < 1, or the rows differ or are not
-    ``num_examples`` (when given)."""
+    """N, the rows of the arrays in ``x``, ``y`` and ``sample_weight`` ([N], [N, 1] or per loss entry [N, L, ...]);
+    ValueError without a leading example dimension, for N < 1, or rows that differ or are not ``num_examples``."""
     shapes = [tuple(np.shape(leaf)) for leaf in batch_sizes.leaves(x) + batch_sizes.leaves(y)]
     if not shapes or any(not shape for shape in shapes):
         raise ValueError("`x` and `y` must be arrays (or nests of arrays) with a leading example dimension.")

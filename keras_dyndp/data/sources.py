@@ -1,11 +1,9 @@
-"""Examples read on demand for `keras_dyndp.poisson_batches`: data that need not fit in memory. Two kinds of input are
-read row by row instead of being converted to tensors first: array-likes that index by a sorted integer array without
-loading everything (numpy memmaps, h5py / zarr-like datasets), and random-access sources (``len(source)``,
-``source[i]``, ``source.__getitems__(list)`` when present: the protocol of ``tfds.data_source`` and grain), each example
-``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``. Each step draws its batch exactly as Poisson
-sampling does (`draw`), in O(k), not O(N); the indices are read in increasing order and padded as the in-memory batches
-are (`Rows.batch`). A source is called from several threads at once only if it is `readers.known_thread_safe` or
-declared so (``source_threads``; why: docs/privacy.md, "Refused, and why")."""
+"""Examples read on demand for `keras_dyndp.poisson_batches` (data that need not fit in memory): array-likes indexed by
+a sorted integer array (numpy memmaps, h5py / zarr-like datasets) and random-access sources (``len(source)``,
+``source[i]``, ``source.__getitems__(list)`` if present: ``tfds.data_source``'s and grain's protocol), each example
+``(x, y)`` or ``(x, y, sample_weight)`` after the optional ``map``. Each step draws its batch as Poisson sampling does
+(`draw`), in O(k), reads it in increasing index order and pads it as in-memory batches are (`Rows.batch`). A source is
+called from several threads only if `readers.known_thread_safe` or declared so (``source_threads``; docs/privacy.md)."""
 
 from __future__ import annotations
 
@@ -54,12 +52,10 @@ def draw(rng: np.random.Generator, num_examples: int, sampling_probability: floa
 
 class Rows:
     """N examples read by index arrays: ``read(sorted indices)`` -> ``(x, y, sample_weight)`` numpy nests (``y``
-    None without labels, ``sample_weight`` float32 [k]). The first example, read once, gives every leaf's shape and
-    dtype (the padding rows are zeros of them)."""
+    None without labels, ``sample_weight`` float32 [k]); example 0, read once, sets the padding rows' shapes, dtypes."""
 
     def __init__(self, num_examples: int, read: Callable[[np.ndarray], tuple[Any, Any, np.ndarray]]):
-        self.num_examples = num_examples
-        self._read, self.example = read, None
+        self.num_examples, self._read, self.example = num_examples, read, None
         self.example = self.read(np.zeros(1, np.int64))
 
     def read(self, indices: np.ndarray) -> tuple[Any, Any, np.ndarray]:
@@ -76,10 +72,9 @@ class Rows:
     def batch(
         self, chosen: np.ndarray, num_rows: int, keep_order: bool = False, read_at: np.ndarray | None = None
     ) -> tuple[Any, Any, np.ndarray]:
-        """``(x, y, sample_weight)`` of ``num_rows`` >= len(chosen) rows: the examples ``chosen`` first (in
-        increasing index order, or in ``chosen``'s order with ``keep_order``), then zero rows of weight 0. With
-        ``read_at`` (positions in the batch; implies ``keep_order``) only the examples at those positions are read,
-        the other rows are zeros of weight 0: another worker's share of the batch, which this one does not feed."""
+        """``(x, y, sample_weight)`` of ``num_rows`` >= len(chosen) rows: the examples ``chosen`` (in increasing index
+        order, or ``chosen``'s with ``keep_order``), then zero rows of weight 0. With ``read_at`` (batch positions;
+        implies ``keep_order``) only those are read, the others zero rows of weight 0: another worker's share."""
         at = np.arange(len(chosen)) if read_at is None else read_at[read_at < len(chosen)]
         order = np.argsort(chosen[at], kind="stable")
         rows = self.read(chosen[at][order])
@@ -97,14 +92,12 @@ class Rows:
 
 def source_rows(source: Any, map_fn: Callable | None, threads: int | None = None) -> Rows:
     """`Rows` of a random-access source: its elements fetched (`tfds_reader.tfds_fetcher`, else
-    `readers.chunked_fetcher`), then ``map_fn``. ``threads`` (`keras_dyndp.poisson_batches`' ``source_threads``): at
-    most this many calls of the source at once, across batches too (`readers.source_guard`); None: unlimited for the
-    sources `readers.known_thread_safe`, one at a time for any other."""
+    `readers.chunked_fetcher`), then ``map_fn``; at most ``threads`` (``source_threads``) calls of it at once, across
+    batches too (`readers.source_guard`); None: unlimited if `readers.known_thread_safe`, else one at a time."""
     # tfds, ArrayRecord and protobuf reading, imported with the first source read rather than with the optimizer.
     from keras_dyndp.data import tfds_reader  # pylint: disable=import-outside-toplevel
 
-    if threads is None and not readers.known_thread_safe(source):
-        threads = 1
+    threads = 1 if threads is None and not readers.known_thread_safe(source) else threads
     guard = contextlib.nullcontext() if threads is None else readers.source_guard(source, threads)
     fetch = tfds_reader.tfds_fetcher(source, guard) or readers.chunked_fetcher(
         source, threads or readers.READ_THREADS, guard
@@ -190,12 +183,9 @@ def rows(
 
 
 def example_function(map_fn: Callable) -> Callable[[Any], Any]:
-    """``map_fn`` (`keras_dyndp.poisson_batches`' ``map``) as a function of one element, called as
-    ``tf.data.Dataset.map`` calls its function where that is what ``map_fn`` takes: a tuple element (arrays'
-    ``(x_i, y_i)``, a source's tuples) unpacked into its parts, ``map_fn(x_i, y_i)``, when ``map_fn`` takes two
-    positional arguments or more (or ``*args``); an element whole, ``map_fn(element)``, when it takes one (a tfds
-    dict, or a tuple to a function of one argument) or its signature cannot be read. ValueError if ``map_fn`` is not
-    callable or takes no argument, or (when an element is read) takes a tuple's parts and the element is not one."""
+    """``map_fn`` (`keras_dyndp.poisson_batches`' ``map``) as a function of one element, called as tf.data calls it:
+    a tuple element unpacked, ``map_fn(x_i, y_i)``, when it takes two positional arguments or more (or ``*args``); the
+    element whole when it takes one or its signature cannot be read. ValueError for what cannot take an element."""
     if not callable(map_fn):
         raise ValueError(
             f"`map` must be a function of an example: map(element) or map(x_i, y_i). Received: {map_fn!r}."

@@ -119,10 +119,8 @@ def _tfds_decoder(features: Any) -> Callable[[dict], list]:
         keys = list(parsed)
         if by_column is not None:
             return [dict(zip(keys, row)) for row in zip(*(by_column[key](parsed[key]) for key in keys))]
-        columns = []
-        for key in keys:
-            column = parsed[key].astype(flat_info[key].np_dtype)
-            columns.append(column.tolist() if column.ndim == 1 else column)
+        columns = [parsed[key].astype(flat_info[key].np_dtype) for key in keys]
+        columns = [column.tolist() if column.ndim == 1 else column for column in columns]
         examples = (dict(zip(keys, row)) for row in zip(*columns))
         return [features.decode_example_np(utils.pack_as_nest_dict(example, info)) for example in examples]
 
@@ -162,10 +160,9 @@ def _column_decoder(feature: Any, serialized: Any) -> Callable[[np.ndarray], Any
 
 
 class _ArrayRecordFiles:
-    """The records of a ``tfds.data_source``'s ArrayRecord files by key, read with array_record's
-    ``ArrayRecordReader`` in its random-access mode, one record a ``read(offset, offset + 1)`` in the calling thread
-    with the GIL released, with a file buffer of twice a record's mean size on disk (docs/performance.md). A reader is
-    not thread-safe: each calling thread keeps readers of its own; a file opens at its first read."""
+    """A ``tfds.data_source``'s ArrayRecord records by key, read with array_record's ``ArrayRecordReader`` in random
+    access (``read(offset, offset + 1)`` in the calling thread, GIL released, a file buffer of twice a record's mean
+    size: docs/performance.md). Readers are not thread-safe: each thread keeps its own, a file opened at first read."""
 
     def __init__(self, instructions: list, reader_class: type):
         self.reader_class = reader_class
@@ -214,12 +211,9 @@ class _ArrayRecordFiles:
             records = []
             for file, offset in zip(files.tolist(), offsets):
                 reader = readers[file]
-                if reader is None:
-                    options = "readahead_buffer_size:0,max_parallelism:0"  # random access, no thread pool
-                    buffer_size = self.buffer_sizes[file]
-                    reader = readers[file] = self.reader_class(
-                        self.paths[file], options, file_reader_buffer_size=buffer_size
-                    )
+                if reader is None:  # random access, no thread pool
+                    options, size = "readahead_buffer_size:0,max_parallelism:0", self.buffer_sizes[file]
+                    reader = readers[file] = self.reader_class(self.paths[file], options, file_reader_buffer_size=size)
                 records.append(reader.read(offset, offset + 1)[0])
         finally:
             with self._lock:

@@ -50,8 +50,7 @@ def package_file(package: str, *parts: str) -> str | None:
 
 def load_tfds_arrays(name: str, data_dir: str | None) -> list[tuple[np.ndarray, np.ndarray]]:
     """(features, labels) numpy arrays of the 'train' and 'test' splits of the tfds dataset ``name`` (e.g. 'mnist')
-    prepared in ``data_dir`` (None: tfds's default); never downloads. DataNotFoundError if tensorflow_datasets is not
-    installed or the dataset is not prepared there."""
+    prepared in ``data_dir`` (None: tfds's default), never downloaded; else DataNotFoundError (also without tfds)."""
     where = data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")  # tfds's default
     try:
         import tensorflow_datasets as tfds

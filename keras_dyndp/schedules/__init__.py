@@ -6,14 +6,12 @@ A `DPSchedule` is the single description of what a dynamic DP-SGD run does: step
 clips every per-example gradient to L2 norm `clip_norms[k]` and adds Gaussian noise of std `noise_stddevs[k]` to
 their SUM; the same schedule gives the event every accountant composes, so training and accounting cannot drift.
 
-`calibrate` builds the paper's schedules (Du et al., "Dynamic Differential-Privacy Preserving SGD"): ``vanilla``
-(C_t = C_0, mu_t = mu_0; Abadi et al. 2016), ``growing_mu`` (Eq. 11-14, Alg. 1: mu_t = rho_mu^(t/T) mu_0),
-``sensitivity_decay`` (Eq. 15-17: C_t = rho_c^(-t/T) C_0) and ``dynamic`` (Alg. 2: C_t = rho_c^(-t/T) C_0,
-sigma_t = (C_0 / mu_0) (rho_mu rho_c)^(-t/T)), and the baselines of its Table 1 (`calibrate_baseline`).
-Only mu_0 is solved for, so that the run spends the target under the accountant: 'pld' (default) or 'rdp' by a
-search (`accounting.scale_search`), 'gdp_clt' (the paper's) by solving the extended GDP CLT (Corollary 1)
-mu_tot = p sqrt(sum_t (exp(mu_t^2) - 1)), an approximation that can understate epsilon badly (docs/accounting.md), so
-the optimizers warn past 5% (`gdp_clt_understatement`).
+`calibrate` builds the paper's schedules (Du et al., "Dynamic Differential-Privacy Preserving SGD"; their shapes:
+`DPOptimizerBase`'s ``method``): ``vanilla`` (Abadi et al. 2016), ``growing_mu`` (Eq. 11-14, Alg. 1),
+``sensitivity_decay`` (Eq. 15-17) and ``dynamic`` (Alg. 2), and the baselines of its Table 1 (`calibrate_baseline`).
+Only mu_0 is solved for: under 'pld' (default) or 'rdp' by a search (`accounting.scale_search`), under 'gdp_clt' (the
+paper's) from the extended GDP CLT (Corollary 1), an approximation that can understate epsilon badly
+(docs/accounting.md), so the optimizers warn past 5% (`gdp_clt_understatement`).
 """
 
 from keras_dyndp.accounting.scale_search import CalibrationError

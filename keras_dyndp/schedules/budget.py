@@ -91,10 +91,9 @@ def check_expected_batch_size(expected_batch_size) -> float | None:
 
 
 def schedule_normaliser(schedule: DPSchedule, expected_batch_size, public_batch_size: bool) -> float | None:
-    """The normaliser given a `DPSchedule`: ``expected_batch_size`` (p N), or None (each batch's rows) with
-    ``public_batch_size``; exactly one of them. It must not depend on the private data (a Poisson batch's size and a
-    padded batch's rows do): p N is public, and gives the N the batch-size check needs; rows are safe only for
-    fixed-size batches, which ``public_batch_size=True`` states."""
+    """The normaliser of a `DPSchedule`: exactly one of ``expected_batch_size`` (p N) and ``public_batch_size`` (None:
+    each batch's rows). It must not follow the private data as a Poisson batch's size or a padded batch's rows do: p N
+    is public and gives the batch-size check its N; rows are safe only for fixed-size batches, as the user states."""
     expected_batch_size = check_expected_batch_size(expected_batch_size)
     if public_batch_size and expected_batch_size is not None:
         raise ValueError(
@@ -119,10 +118,9 @@ def schedule_normaliser(schedule: DPSchedule, expected_batch_size, public_batch_
 def resolve_schedule(
     schedule, budget: dict, expected_batch_size, public_batch_size: bool
 ) -> tuple[DPSchedule, float | None]:
-    """The optimizer's schedule and normaliser, from exactly one of: ``schedule``, a `DPSchedule` (its normaliser
-    `schedule_normaliser`'s) or a `PrivacyBudget`, and ``budget``, the budget arguments by name (None: not given),
-    which are a `PrivacyBudget`. A budget is calibrated here (under its ``accountant``, default 'pld'), and its
-    normaliser is its ``batch_size``."""
+    """The optimizer's schedule and normaliser from exactly one of ``schedule``, a `DPSchedule` (normaliser:
+    `schedule_normaliser`) or a `PrivacyBudget`, and ``budget``, the budget arguments by name (None: not given), which
+    are one. A budget is calibrated here (under its ``accountant``), its normaliser its ``batch_size``."""
     given = {name: value for name, value in budget.items() if value is not None}
     if schedule is not None and given:
         raise ValueError(

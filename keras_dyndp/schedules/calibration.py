@@ -76,9 +76,7 @@ def _clt_log_slope(mu0: float, p: float, mu_shape: np.ndarray, delta: float) -> 
             ]
     except ValueError:  # No bracket for an extreme mu.
         return math.nan
-    if not all(0 < epsilon < math.inf for epsilon in epsilons):
-        return math.nan
-    return math.log(epsilons[1] / epsilons[0]) / (2 * step)
+    return math.log(epsilons[1] / epsilons[0]) / (2 * step) if all(0 < e < math.inf for e in epsilons) else math.nan
 
 
 def calibrate_shape(
@@ -112,8 +110,7 @@ def calibrate_shape(
         accountant accepts (`accounting.noise_range`), e.g. a target so large that it needs almost no noise.
     """
     validation.check_budget(target_epsilon, target_delta)
-    entry = registry.get(accountant)
-    p = validation.check_probability(sampling_probability)
+    entry, p = registry.get(accountant), validation.check_probability(sampling_probability)
     num_steps = validation.check_positive_int("num_steps", num_steps)
     clips = _as_step_array("clip_norms", clip_norms, num_steps)
     shape = _as_step_array("mu_shape", mu_shape, num_steps)
@@ -196,7 +193,7 @@ def calibrate(
     rho_c: float = 1.0,
     accountant: str = registry.DEFAULT_ACCOUNTANT,
 ) -> DPSchedule:
-    """One of the paper's schedules (module docstring), calibrated to (target_epsilon, target_delta) by
+    """One of the paper's schedules (`keras_dyndp.schedules`), calibrated to (target_epsilon, target_delta) by
     `calibrate_shape`, which says what is raised.
 
     Args:
@@ -260,8 +257,7 @@ def calibrate_baseline(
       sampling_probability: p, as `calibrate`'s, in (0, 1]; in (0, 0.1] for 'tcdp' (its subsampling theorem).
       num_steps: T, the number of steps, an int >= 1.
       initial_clip: C_0, the clipping norm of every step (L2, per example), a finite float > 0.
-      noise_decay: z_0 / z_T, the decay of the noise multiplier over the run, a float >= 1 (default 1.25; 1:
-        constant noise).
+      noise_decay: z_0 / z_T, the decay of the noise multiplier over the run, a float >= 1 (default 1.25; 1: constant).
       decay: 'exponential' (default, z_t = z_0 noise_decay^(-t/T)) or 'time' (z_t = z_0 / (1 + (noise_decay - 1)
         t / T)).
     """
@@ -279,8 +275,7 @@ def gdp_clt_understatement(schedule: DPSchedule) -> str | None:
     other schedule) None.
 
     Args:
-      schedule: any `DPSchedule`; only one whose `calibration` names a non-rigorous accountant ('gdp_clt') is
-        checked, at that calibration's target delta.
+      schedule: any `DPSchedule`; only one calibrated under a non-rigorous accountant is checked, at its target delta.
     """
     calibration = schedule.calibration
     if calibration is None or registry.get(calibration.accountant).rigorous:

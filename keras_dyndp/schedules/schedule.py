@@ -1,5 +1,4 @@
-"""`DPSchedule`, the single description of a run's per-step clipping norms and noise, and the sampling (p, T) of a
-run from its epochs."""
+"""`DPSchedule`, the one description of a run's per-step clip norms and noise, and a run's (p, T) from its epochs."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ METHODS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
 """The paper's schedules, `calibrate`'s and the optimizers' ``method``: constant clip and noise (Abadi et al. 2016),
 growing mu_t (Alg. 1), a decaying clip, and both (Alg. 2)."""
 BASELINES = cdp.NAMES
-"""The paper's noise-decay baselines (its Table 1), 'zcdp' and 'tcdp', each calibrated by its own accountant
-(`accounting.cdp`)."""
+"""The paper's noise-decay baselines (its Table 1), 'zcdp' and 'tcdp', each calibrated by its own accountant (`cdp`)."""
 ALL_METHODS = METHODS + BASELINES
 
 
@@ -33,8 +31,7 @@ class Calibration:
     only (privacy depends on the arrays alone): the optimizer checks a GDP-CLT promise against the PLD.
 
     Attributes:
-      accountant: the accountant it was calibrated under, one of `keras_dyndp.accounting.ACCOUNTANT_NAMES` ('pld',
-        'rdp' or 'gdp_clt').
+      accountant: what it was calibrated under, one of `accounting.ACCOUNTANT_NAMES` ('pld', 'rdp', 'gdp_clt').
       target_epsilon: epsilon of the whole run, a finite float > 0.
       target_delta: delta of the whole run, in (0, 1).
     """
@@ -64,8 +61,7 @@ class DPSchedule:
     """
 
     def __init__(self, clip_norms, noise_stddevs, sampling_probability: float, calibration: Calibration | None = None):
-        clip = np.array(clip_norms, dtype=np.float64)
-        noise = np.array(noise_stddevs, dtype=np.float64)
+        clip, noise = np.array(clip_norms, dtype=np.float64), np.array(noise_stddevs, dtype=np.float64)
         if clip.ndim != 1 or clip.size < 1:
             raise ValueError(f"`clip_norms` must be a non-empty 1-D array. Received shape {clip.shape}.")
         if noise.shape != clip.shape:
@@ -101,10 +97,9 @@ class DPSchedule:
 
     @property
     def fingerprint(self) -> tuple[int, int]:
-        """Two int32 words (first odd: never (0, 0)) of a 64-bit hash of T, p, the clip norms and the noise: equal
-        schedules have equal fingerprints. The DP optimizers store it with their step counter, so that a counter
-        restored into another schedule is refused (`step_checks.restored_schedule_refusal`); int32 survives
-        every backend's saving."""
+        """Two int32 words (first odd: never (0, 0); int32 survives every backend's saving) of a 64-bit hash of T, p,
+        the clip norms and the noise, equal for equal schedules. The DP optimizers store it with their step counter,
+        so that a counter restored into another schedule is refused (`step_checks.restored_schedule_refusal`)."""
         digest = hashlib.blake2b(digest_size=8)
         digest.update(np.asarray([self.num_steps], "<i8").tobytes())
         # + 0.0 makes -0.0 (equal to 0.0 under __eq__) hash as 0.0.
@@ -127,9 +122,8 @@ class DPSchedule:
         return int(steps)
 
     def check_accountable(self, accountant: str = registry.DEFAULT_ACCOUNTANT, **options) -> None:
-        """Raises now, before any training, if `epsilon(..., accountant, **options)` would refuse a step: ValueError
-        on an unknown accountant or option, `noise_range.NoiseOutOfRangeError` naming the first step it cannot
-        represent and the accepted range."""
+        """Raises now, before any training, if `epsilon(..., accountant, **options)` would refuse a step: ValueError on
+        an unknown accountant or option, `noise_range.NoiseOutOfRangeError` naming the first step outside its range."""
         entry = registry.get(accountant)
         noise_range.check_noise_multipliers(
             self.noise_multipliers, accountant, entry.min_noise_multiplier(**entry.check_options(options))
@@ -152,10 +146,8 @@ class DPSchedule:
           ValueError: on a bad argument or option; `noise_range.NoiseOutOfRangeError` naming the step if a noise
             multiplier is outside what the accountant can represent.
         """
-        delta = validation.check_delta(delta)
-        entry = registry.get(accountant)
-        options = entry.check_options(options)
-        steps = self._check_steps(steps)
+        delta, entry = validation.check_delta(delta), registry.get(accountant)
+        options, steps = entry.check_options(options), self._check_steps(steps)
         if steps == 0:
             return 0.0
         if np.any(self._noise_stddevs[:steps] == 0):
