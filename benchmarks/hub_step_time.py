@@ -38,6 +38,7 @@ PARSER.add_argument("--length", type=int, default=32, help="tokens per example (
 PARSER.add_argument("--hidden", type=int, default=32, help="the backbone's width")
 PARSER.add_argument("--layers", type=int, default=2, help="the backbone's blocks")
 PARSER.add_argument("--vocabulary", type=int, default=1000)
+PARSER.add_argument("--dropout", type=float, default=None, help="the backbone's dropout (default: the family's)")
 PARSER.add_argument("--task", choices=["classifier", "causal_lm"], default="classifier")
 PARSER.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
 PARSER.add_argument("--steps", type=int, default=10, help="timed steps per path and repetition")
@@ -66,6 +67,7 @@ def backbone(family: str) -> keras.Model:
         num_layers=ARGS.layers,
         hidden_dim=ARGS.hidden,
         intermediate_dim=2 * ARGS.hidden,
+        **({} if ARGS.dropout is None else {"dropout": ARGS.dropout}),
     )
     positions = dict(num_heads=4, max_sequence_length=ARGS.length, **size)
     grouped = dict(num_query_heads=4, num_key_value_heads=2, **size)
