@@ -145,3 +145,25 @@ def test_the_tied_tables_norm_matches_the_materialised_gradients_on_random_value
     factors = np.linspace(0.0, 1.0, batch).astype(np.float32)
     summed = np.einsum("b,bvd->vd", factors.astype(np.float64), exact)
     np.testing.assert_allclose(gradient.clipped_sum(tf.constant(factors)).numpy(), summed, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tied_example_whose_values_are_not_finite_gets_a_norm_that_is_not_finite_and_adds_nothing():
+    """Its squared norm is NaN or inf (`mechanism.norms_from_squares` makes either infinite: clip factor 0), the
+    others' finite; with factor 0 its rows add exactly nothing to the table's sum."""
+    rng = np.random.default_rng(2)
+    layer = keras.layers.ReversibleEmbedding(VOCABULARY, WIDTH, tie_weights=True)
+    layer.build((None,))
+    ids = rng.integers(0, VOCABULARY, (4, 3)).astype("int32")
+    g1, h = rng.normal(size=(4, 3, WIDTH)).astype(np.float32), rng.normal(size=(4, 2, WIDTH)).astype(np.float32)
+    g2 = rng.normal(size=(4, 2, VOCABULARY)).astype(np.float32)
+    g2[0, 0, 0], h[0, 1, 0] = np.nan, np.inf  # example 0
+    lookup, projection = _tied_taps(layer, ids, g1, h, g2)
+    (gradient,) = reversible.norms_and_sums(projection, projection.gradient)
+    squared = gradient.squared_norms.numpy()
+    assert not np.isfinite(squared[0]) and np.all(np.isfinite(squared[1:]))
+    factors = np.array([0.0, 1.0, 1.0, 1.0], np.float32)
+    summed = gradient.clipped_sum(tf.constant(factors)).numpy()
+    exact = np.einsum("bsv,bsd->vd", g2[1:].astype(np.float64), h[1:].astype(np.float64))
+    for b in range(1, 4):
+        np.add.at(exact, ids[b], g1[b].astype(np.float64))
+    np.testing.assert_allclose(summed, exact, rtol=1e-4, atol=1e-4)
