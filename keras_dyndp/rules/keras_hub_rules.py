@@ -38,6 +38,19 @@ def _embedding_class() -> type:
     return backend.keras_module().layers.Embedding
 
 
+def covered_configuration(layer: Any) -> bool:
+    """A built ReversibleEmbedding without LoRA, quantization or ``mask_zero`` (its call sets the output's mask
+    itself, which a tap would drop), with its output table (tied, or ``reverse_embeddings``): what both backends'
+    forms of its rule cover (TensorFlow's: `keras_dyndp.tf_backend.per_example.reversible`)."""
+    return (
+        layer.built
+        and not getattr(layer, "lora_enabled", False)
+        and getattr(layer, "quantization_mode", None) is None
+        and not layer.mask_zero
+        and (layer.tie_weights or getattr(layer, "reverse_embeddings", None) is not None)
+    )
+
+
 def reversible_embedding() -> dict[str, Callable]:
     """The rule of ``ReversibleEmbedding``'s forward call (Embedding's lookup), module docstring.
 
@@ -64,11 +77,7 @@ def reversible_embedding() -> dict[str, Callable]:
 
     def supports(layer):
         return (
-            layer.built
-            and not getattr(layer, "lora_enabled", False)
-            and getattr(layer, "quantization_mode", None) is None
-            and not layer.mask_zero  # its call sets the output's mask itself, which JAX's tap would drop
-            and (layer.tie_weights or getattr(layer, "reverse_embeddings", None) is not None)
+            covered_configuration(layer)
             and registry.rule_for(layer, _embedding_class()) is not None
             and all(_forward_call(*call) for call in sublayers.recorded_calls(layer))
         )

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from keras_dyndp.rules import ghost_cost
+from keras_dyndp.rules import keras_hub_rules
 from keras_dyndp.rules import layer_rules
 from keras_dyndp.rules import sublayers
 from keras_dyndp.tf_backend.keras_compat import keras
@@ -24,13 +25,9 @@ from keras_dyndp.tf_backend.per_example.taps import UnsupportedModel
 
 
 def supports(layer: keras.layers.Layer) -> bool:
-    """Dense ids without a mask, no LoRA or quantization, and every recorded call on one input, ``reverse`` or not."""
+    """`keras_hub_rules.covered_configuration`, dense ids, and every recorded call on one input, ``reverse`` or not."""
     return (
-        layer.built
-        and not getattr(layer, "lora_enabled", False)
-        and getattr(layer, "quantization_mode", None) is None
-        and not layer.mask_zero  # its call sets the output's mask itself
-        and (layer.tie_weights or getattr(layer, "reverse_embeddings", None) is not None)
+        keras_hub_rules.covered_configuration(layer)
         and dense.embedding_supports(layer)
         and all(len(args) == 1 and set(kwargs) <= {"reverse"} for args, kwargs in sublayers.recorded_calls(layer))
     )
